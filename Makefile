@@ -1,0 +1,154 @@
+# salafw - one Makefile.
+#   make                 build/libsalafw.a and build/salafw (CPU only)
+#   make CUDA=1          also kernels/*.cu and *_cuda.c (CUDA_ARCH="sm_80 sm_86 sm_89 sm_90 sm_120")
+#   make test            unit, interop and golden tests; closing line "N passed, N failed"
+#   make check           test, plus test-ops when CUDA=1
+#   make bench | fuzz | format | clean ; SAN=1 for ASan/UBSan
+.DEFAULT_GOAL := all
+.SUFFIXES:
+
+CC      ?= cc
+CXX     ?= c++
+NVCC    ?= nvcc
+CUDA_HOME ?= /usr/local/cuda
+CUDA_ARCH ?= sm_80 sm_86 sm_89 sm_90 sm_120
+FUZZ_SECONDS ?= 20
+
+BUILD := build
+ifeq ($(SAN),1)
+BUILD := build-san
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+
+OPT      ?= -O2
+WARN     := -Wall -Wextra -Werror -Wno-format-truncation
+INCLUDES := -I. -Icore
+DEFS     := -D_GNU_SOURCE
+ifeq ($(CUDA),1)
+DEFS     += -DSFW_HAVE_CUDA=1
+endif
+CFLAGS   := -std=c11 $(OPT) -g $(WARN) $(DEFS) $(INCLUDES) -MMD -MP -pthread $(SANFLAGS) $(EXTRA_CFLAGS)
+CXXFLAGS := -std=c++17 $(OPT) -g $(WARN) $(DEFS) $(INCLUDES) -MMD -MP -pthread $(SANFLAGS)
+NVFLAGS  := -O3 -lineinfo -std=c++17 $(DEFS) $(INCLUDES) -Xcompiler -Wall,-Wextra,-Werror \
+            $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(subst sm_,,$(a)),code=$(a))
+
+# libsodium is linked statically so the binary runs where libsodium.so.23 is absent.
+SODIUM_A := $(wildcard /usr/lib/x86_64-linux-gnu/libsodium.a)
+ifneq ($(SODIUM_A),)
+SODIUM_LIB := $(SODIUM_A)
+else
+SODIUM_LIB := -lsodium
+endif
+LDLIBS := -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lsentencepiece -lsentencepiece_train -lstdc++ -lpthread -lm
+ifeq ($(CUDA),1)
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -ldl -lrt
+endif
+LDFLAGS := -pthread $(SANFLAGS)
+
+# Modules, in link order (a module may use only those after it).
+MODULES := runner quant kernels fetch verify core
+# Files named *_cuda.c are host code that needs the CUDA runtime: CUDA=1 only.
+srcs_c   = $(if $(filter 1,$(CUDA)),$(wildcard $(1)/*.c),$(filter-out %_cuda.c,$(wildcard $(1)/*.c)))
+srcs_cxx = $(wildcard $(1)/*.cpp)
+srcs_cu  = $(if $(filter 1,$(CUDA)),$(wildcard $(1)/*.cu))
+objs     = $(patsubst %.c,$(BUILD)/%.o,$(call srcs_c,$(1))) \
+           $(patsubst %.cpp,$(BUILD)/%.o,$(call srcs_cxx,$(1))) \
+           $(patsubst %.cu,$(BUILD)/%.cu.o,$(call srcs_cu,$(1)))
+
+$(foreach m,$(MODULES),$(eval OBJS_$(m) := $(call objs,$(m))))
+MODULE_LIBS := $(foreach m,$(MODULES),$(BUILD)/libsfw_$(m).a)
+ALL_OBJS := $(foreach m,$(MODULES),$(OBJS_$(m)))
+CLI_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cli/*.c))
+
+TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+TEST_HELPERS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/lib/*.c))
+BENCH_SRCS := $(wildcard bench/*.c)
+BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+
+.PHONY: all test check test-ops bench fuzz format clean deps setup demo
+all: deps $(BUILD)/libsalafw.a $(BUILD)/salafw $(TEST_BINS) $(BENCH_BINS)
+
+deps:
+	@for p in libcurl libsodium openssl libcjson sentencepiece; do \
+	  if pkg-config --exists $$p; then echo "✓ $$p $$(pkg-config --modversion $$p)"; \
+	  else echo "✗ $$p missing: run scripts/setup.sh"; fi; done
+	@if [ "$(CUDA)" = 1 ]; then command -v $(NVCC) >/dev/null && echo "✓ nvcc ($(CUDA_ARCH))" || echo "✗ nvcc missing"; fi
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
+define module_rule
+$(BUILD)/libsfw_$(1).a: $(OBJS_$(1))
+	@mkdir -p $$(dir $$@)
+	@rm -f $$@
+	ar rcs $$@ $$^ $$(if $$^,,$$(BUILD)/empty.o)
+endef
+$(BUILD)/empty.o:
+	@mkdir -p $(dir $@)
+	echo 'typedef int sfw_empty_unit;' | $(CC) -x c -c - -o $@
+$(foreach m,$(MODULES),$(eval $(call module_rule,$(m))))
+$(foreach m,$(MODULES),$(if $(OBJS_$(m)),,$(eval $(BUILD)/libsfw_$(m).a: $(BUILD)/empty.o)))
+
+$(BUILD)/libsalafw.a: $(ALL_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/salafw: $(CLI_OBJS) $(MODULE_LIBS)
+	$(CXX) $(LDFLAGS) -o $@ $(CLI_OBJS) $(MODULE_LIBS) $(LDLIBS)
+
+# A test links the module archives; tests/lib/*.c are shared test helpers.
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_HELPERS) $(MODULE_LIBS)
+	$(CXX) $(LDFLAGS) -o $@ $< $(TEST_HELPERS) $(MODULE_LIBS) $(LDLIBS)
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(MODULE_LIBS)
+	$(CXX) $(LDFLAGS) -o $@ $< $(MODULE_LIBS) $(LDLIBS)
+
+test: all
+	@BUILD=$(BUILD) bash tests/run.sh
+
+test-ops: all
+	@if [ "$(CUDA)" != 1 ]; then echo "test-ops needs CUDA=1"; exit 2; fi
+	@BUILD=$(BUILD) bash tests/run.sh --gpu
+
+check: test
+	@if [ "$(CUDA)" = 1 ]; then $(MAKE) test-ops; fi
+
+bench: all
+	@BUILD=$(BUILD) bash bench/run.sh
+
+# libFuzzer targets: every tests/fuzz/fuzz_*.c, linked with the library built
+# by clang with -fsanitize=fuzzer-no-link,address; each runs FUZZ_SECONDS.
+FUZZ_BUILD := build-fuzz
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
+FUZZ_LIB_SRCS := $(foreach m,fetch verify core,$(filter-out %_cuda.c,$(wildcard $(m)/*.c))) runner/safetensors.c runner/config.c
+FUZZ_CFLAGS := -std=c11 -O1 -g $(DEFS) $(INCLUDES) -fsanitize=fuzzer-no-link,address,undefined
+fuzz: $(FUZZ_BINS)
+	@set -e; for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/corpus-$$n; \
+	  seeds=; [ -d tests/fuzz/seeds/$$n ] && seeds=tests/fuzz/seeds/$$n; \
+	  echo "fuzz $$n for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(FUZZ_BUILD)/corpus-$$n $$seeds 2>&1 | tail -n 3; done
+$(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lpthread -lm
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.cuh')
+
+setup:
+	bash scripts/setup.sh
+
+demo: all
+	bash scripts/demo.sh
+
+clean:
+	rm -rf build build-san build-fuzz
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

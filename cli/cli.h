@@ -1,0 +1,64 @@
+/* cli.h - the salafw command line: the only code that prints usage and exits.
+ *
+ * Each subcommand lives in cli/cmd_<name>.c, owns one option table (the single
+ * place its flags are documented; --help is generated from it), turns argv
+ * into a params struct, makes one library call and returns an exit code
+ * (enum sfw_exit in core/sfw.h). */
+#ifndef SFW_CLI_H
+#define SFW_CLI_H
+
+#include "sfw.h"
+
+#include <stdio.h>
+
+struct cli_opt {
+	const char *name;   /* long name without "--" */
+	char short_name;    /* 0 if none */
+	const char *arg;    /* argument name shown in help, NULL for a flag */
+	const char *help;
+};
+
+#define CLI_MAX_POS 64
+
+struct cli_parser {
+	int argc;
+	char **argv;
+	int i;
+	const struct cli_opt *opts;
+	const char *cmd;  /* "salafw verify" for messages */
+	char *pos[CLI_MAX_POS]; /* positional arguments, in order */
+	int npos;
+	int only_pos;     /* after "--" */
+};
+
+#define CLI_DONE (-1)
+#define CLI_ERROR (-2)
+#define CLI_HELP (-3)
+
+/* argv[0] is the subcommand name. opts ends with a {0} entry. */
+void cli_init(struct cli_parser *p, const char *cmd, int argc, char **argv, const struct cli_opt *opts);
+/* Returns the index of the next option in opts (arg set when it takes one),
+ * CLI_DONE at the end, CLI_HELP for -h/--help, or CLI_ERROR (message printed). */
+int cli_next(struct cli_parser *p, const char **arg);
+void cli_usage(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts);
+
+/* "salafw: <message>" on stderr; returns the exit code for status. */
+int cli_report(enum sfw_status st, const struct sfw_err *err);
+int cli_usage_error(const char *cmd, const char *fmt, ...) SFW_PRINTF(2, 3);
+
+/* Parses a non-negative integer / float option value; prints and returns 0 on error. */
+int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long long *out);
+int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
+
+/* Subcommands (each returns an exit code). */
+int cmd_verify(int argc, char **argv);
+int cmd_manifest(int argc, char **argv);
+int cmd_sign(int argc, char **argv);
+int cmd_keygen(int argc, char **argv);
+int cmd_get(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_score(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

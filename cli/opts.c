@@ -1,0 +1,149 @@
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cli_init(struct cli_parser *p, const char *cmd, int argc, char **argv, const struct cli_opt *opts)
+{
+	memset(p, 0, sizeof(*p));
+	p->argc = argc;
+	p->argv = argv;
+	p->i = 1;
+	p->opts = opts;
+	p->cmd = cmd;
+}
+
+static int add_pos(struct cli_parser *p, char *a)
+{
+	if (p->npos >= CLI_MAX_POS) {
+		fprintf(stderr, "%s: too many arguments\n", p->cmd);
+		return CLI_ERROR;
+	}
+	p->pos[p->npos++] = a;
+	return 0;
+}
+
+int cli_next(struct cli_parser *p, const char **arg)
+{
+	*arg = NULL;
+	while (p->i < p->argc) {
+		char *a = p->argv[p->i++];
+		if (p->only_pos || a[0] != '-' || a[1] == '\0') {
+			if (add_pos(p, a) != 0)
+				return CLI_ERROR;
+			continue;
+		}
+		if (strcmp(a, "--") == 0) {
+			p->only_pos = 1;
+			continue;
+		}
+		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
+			return CLI_HELP;
+		const char *inline_val = NULL;
+		int found = -1;
+		if (a[1] == '-') {
+			const char *name = a + 2;
+			const char *eq = strchr(name, '=');
+			size_t len = eq ? (size_t)(eq - name) : strlen(name);
+			for (int k = 0; p->opts[k].name; k++)
+				if (strlen(p->opts[k].name) == len && strncmp(p->opts[k].name, name, len) == 0)
+					found = k;
+			if (eq)
+				inline_val = eq + 1;
+		} else if (a[2] == '\0') {
+			for (int k = 0; p->opts[k].name; k++)
+				if (p->opts[k].short_name == a[1])
+					found = k;
+		}
+		if (found < 0) {
+			fprintf(stderr, "%s: unknown option '%s' (see --help)\n", p->cmd, a);
+			return CLI_ERROR;
+		}
+		if (p->opts[found].arg) {
+			if (inline_val) {
+				*arg = inline_val;
+			} else if (p->i < p->argc) {
+				*arg = p->argv[p->i++];
+			} else {
+				fprintf(stderr, "%s: option '%s' needs a value (%s)\n", p->cmd, a, p->opts[found].arg);
+				return CLI_ERROR;
+			}
+		} else if (inline_val) {
+			fprintf(stderr, "%s: option '%s' takes no value\n", p->cmd, a);
+			return CLI_ERROR;
+		}
+		return found;
+	}
+	return CLI_DONE;
+}
+
+void cli_usage(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts)
+{
+	fprintf(f, "usage: %s %s\n\noptions:\n", cmd, synopsis);
+	for (int k = 0; opts[k].name; k++) {
+		char left[64];
+		if (opts[k].short_name)
+			snprintf(left, sizeof(left), "-%c, --%s%s%s", opts[k].short_name, opts[k].name,
+				 opts[k].arg ? " " : "", opts[k].arg ? opts[k].arg : "");
+		else
+			snprintf(left, sizeof(left), "    --%s%s%s", opts[k].name, opts[k].arg ? " " : "",
+				 opts[k].arg ? opts[k].arg : "");
+		fprintf(f, "  %-30s %s\n", left, opts[k].help);
+	}
+	fprintf(f, "  %-30s %s\n", "-h, --help", "show this help");
+}
+
+int cli_report(enum sfw_status st, const struct sfw_err *err)
+{
+	if (st == SFW_OK)
+		return SFW_EXIT_OK;
+	if (err && err->msg[0])
+		fprintf(stderr, "salafw: %s\n", err->msg);
+	else
+		fprintf(stderr, "salafw: %s\n", sfw_strerror(st));
+	return sfw_exit_code(st);
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "%s: ", cmd);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, " (see --help)\n");
+	return SFW_EXIT_USAGE;
+}
+
+int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long long *out)
+{
+	char *end;
+	errno = 0;
+	if (!s || !*s || *s == '-') {
+		fprintf(stderr, "%s: --%s needs a non-negative integer\n", cmd, opt);
+		return 0;
+	}
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || *end) {
+		fprintf(stderr, "%s: --%s: '%s' is not a non-negative integer\n", cmd, opt, s);
+		return 0;
+	}
+	*out = v;
+	return 1;
+}
+
+int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out)
+{
+	char *end;
+	errno = 0;
+	double v = s ? strtod(s, &end) : 0;
+	if (!s || !*s || errno || *end || !isfinite(v)) {
+		fprintf(stderr, "%s: --%s: '%s' is not a number\n", cmd, opt, s ? s : "");
+		return 0;
+	}
+	*out = v;
+	return 1;
+}

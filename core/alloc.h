@@ -1,0 +1,19 @@
+/* alloc.h - the one allocation path of libsalafw, with a test hook that
+ * makes the Nth allocation fail (torture runs check every NOMEM path). */
+#ifndef SFW_ALLOC_H
+#define SFW_ALLOC_H
+
+#include <stddef.h>
+
+void *sfw_malloc(size_t n);
+void *sfw_calloc(size_t count, size_t size);
+void *sfw_realloc(void *p, size_t n);
+void sfw_free(void *p);
+char *sfw_strdup(const char *s);
+char *sfw_strndup(const char *s, size_t n);
+
+/* Test hook: the nth allocation from now (1-based) and every one after it
+ * fails; 0 disables. Not thread-safe; tests only. */
+void sfw_alloc_fail_after(long nth);
+
+#endif

@@ -1,0 +1,300 @@
+#include "file.h"
+
+#include "alloc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum sfw_status sfw_read_file(const char *path, size_t max, struct sfw_buf *out, struct sfw_err *err)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return sfw_fail(err, errno == ENOENT ? SFW_E_MISSING : SFW_E_IO, "cannot open '%s': %s", path,
+				strerror(errno));
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return sfw_fail(err, SFW_E_IO, "'%s' is not a regular file", path);
+	}
+	if ((uint64_t)st.st_size > max) {
+		close(fd);
+		return sfw_fail(err, SFW_E_RANGE, "'%s' is too large (%lld bytes, limit %zu)", path,
+				(long long)st.st_size, max);
+	}
+	sfw_buf_init(out, max);
+	char chunk[65536];
+	for (;;) {
+		ssize_t n = read(fd, chunk, sizeof(chunk));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			int e = errno;
+			close(fd);
+			sfw_buf_release(out);
+			return sfw_fail(err, SFW_E_IO, "cannot read '%s': %s", path, strerror(e));
+		}
+		if (n == 0)
+			break;
+		enum sfw_status s = sfw_buf_append(out, chunk, (size_t)n);
+		if (s != SFW_OK) {
+			close(fd);
+			sfw_buf_release(out);
+			return sfw_fail(err, s, "'%s' grew past the limit of %zu bytes", path, max);
+		}
+	}
+	close(fd);
+	if (!out->data) { /* empty file: still give a NUL-terminated buffer */
+		enum sfw_status s = sfw_buf_append(out, "", 0);
+		if (s != SFW_OK)
+			return sfw_fail(err, s, "out of memory reading '%s'", path);
+	}
+	return SFW_OK;
+}
+
+enum sfw_status sfw_map_open(struct sfw_map *m, const char *path, struct sfw_err *err)
+{
+	m->data = NULL;
+	m->size = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return sfw_fail(err, errno == ENOENT ? SFW_E_MISSING : SFW_E_IO, "cannot open '%s': %s", path,
+				strerror(errno));
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return sfw_fail(err, SFW_E_IO, "'%s' is not a regular file", path);
+	}
+	if (st.st_size > 0) {
+		void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+		if (p == MAP_FAILED) {
+			int e = errno;
+			close(fd);
+			return sfw_fail(err, SFW_E_IO, "cannot map '%s': %s", path, strerror(e));
+		}
+		m->data = p;
+		m->size = (uint64_t)st.st_size;
+	}
+	close(fd);
+	return SFW_OK;
+}
+
+void sfw_map_close(struct sfw_map *m)
+{
+	if (m->data)
+		munmap((void *)m->data, (size_t)m->size);
+	m->data = NULL;
+	m->size = 0;
+}
+
+int sfw_write_all(int fd, const void *p, size_t n)
+{
+	const char *c = p;
+	while (n) {
+		ssize_t w = write(fd, c, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		c += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+int sfw_pwrite_all(int fd, const void *p, size_t n, uint64_t off)
+{
+	const char *c = p;
+	while (n) {
+		ssize_t w = pwrite(fd, c, n, (off_t)off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		c += w;
+		n -= (size_t)w;
+		off += (uint64_t)w;
+	}
+	return 0;
+}
+
+long long sfw_pread_full(int fd, void *p, size_t n, uint64_t off)
+{
+	char *c = p;
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = pread(fd, c + got, n - got, (off_t)(off + got));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -1;
+		if (r == 0)
+			break;
+		got += (size_t)r;
+	}
+	return (long long)got;
+}
+
+char *sfw_path_join(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	int slash = la > 0 && a[la - 1] != '/';
+	char *p = sfw_malloc(la + lb + 2);
+	if (!p)
+		return NULL;
+	memcpy(p, a, la);
+	if (slash)
+		p[la++] = '/';
+	memcpy(p + la, b, lb + 1);
+	return p;
+}
+
+static char *dir_of(const char *path)
+{
+	char *copy = sfw_strdup(path);
+	if (!copy)
+		return NULL;
+	char *d = sfw_strdup(dirname(copy));
+	sfw_free(copy);
+	return d;
+}
+
+enum sfw_status sfw_fsync_dir(const char *dir, struct sfw_err *err)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return sfw_fail(err, SFW_E_IO, "cannot open directory '%s': %s", dir, strerror(errno));
+	/* Some file systems refuse fsync on directories; that is not data loss. */
+	if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) {
+		int e = errno;
+		close(fd);
+		return sfw_fail(err, SFW_E_IO, "cannot sync directory '%s': %s", dir, strerror(e));
+	}
+	close(fd);
+	return SFW_OK;
+}
+
+enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct sfw_err *err)
+{
+	static atomic_uint counter;
+	a->fd = -1;
+	a->tmp = NULL;
+	a->path = sfw_strdup(path);
+	size_t n = strlen(path) + 64;
+	a->tmp = sfw_malloc(n);
+	if (!a->path || !a->tmp) {
+		sfw_atomic_abort(a);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	for (int tries = 0; tries < 100; tries++) {
+		snprintf(a->tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
+		a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		if (a->fd >= 0)
+			return SFW_OK;
+		if (errno != EEXIST)
+			break;
+	}
+	enum sfw_status s = sfw_fail(err, SFW_E_IO, "cannot create '%s': %s", a->tmp, strerror(errno));
+	sfw_free(a->tmp);
+	a->tmp = NULL;
+	sfw_atomic_abort(a);
+	return s;
+}
+
+enum sfw_status sfw_atomic_write(struct sfw_atomic *a, const void *p, size_t n, struct sfw_err *err)
+{
+	if (sfw_write_all(a->fd, p, n) != 0)
+		return sfw_fail(err, errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s", a->tmp,
+				strerror(errno));
+	return SFW_OK;
+}
+
+enum sfw_status sfw_atomic_commit(struct sfw_atomic *a, struct sfw_err *err)
+{
+	enum sfw_status s = SFW_OK;
+	if (fsync(a->fd) != 0) {
+		s = sfw_fail(err, SFW_E_IO, "cannot sync '%s': %s", a->tmp, strerror(errno));
+		goto fail;
+	}
+	if (close(a->fd) != 0) {
+		a->fd = -1;
+		s = sfw_fail(err, SFW_E_IO, "cannot close '%s': %s", a->tmp, strerror(errno));
+		goto fail;
+	}
+	a->fd = -1;
+	if (rename(a->tmp, a->path) != 0) {
+		s = sfw_fail(err, SFW_E_IO, "cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
+		goto fail;
+	}
+	char *dir = dir_of(a->path);
+	if (dir) {
+		s = sfw_fsync_dir(dir, err);
+		sfw_free(dir);
+	}
+	sfw_free(a->tmp);
+	sfw_free(a->path);
+	a->tmp = a->path = NULL;
+	return s;
+fail:
+	sfw_atomic_abort(a);
+	return s;
+}
+
+void sfw_atomic_abort(struct sfw_atomic *a)
+{
+	if (a->fd >= 0)
+		close(a->fd);
+	if (a->tmp)
+		unlink(a->tmp);
+	sfw_free(a->tmp);
+	sfw_free(a->path);
+	a->fd = -1;
+	a->tmp = a->path = NULL;
+}
+
+enum sfw_status sfw_write_file_atomic(const char *path, const void *p, size_t n, struct sfw_err *err)
+{
+	struct sfw_atomic a;
+	enum sfw_status s = sfw_atomic_open(&a, path, err);
+	if (s != SFW_OK)
+		return s;
+	s = sfw_atomic_write(&a, p, n, err);
+	if (s != SFW_OK) {
+		sfw_atomic_abort(&a);
+		return s;
+	}
+	return sfw_atomic_commit(&a, err);
+}
+
+enum sfw_status sfw_mkdirs(const char *path, struct sfw_err *err)
+{
+	char *p = sfw_strdup(path);
+	if (!p)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	size_t len = strlen(p);
+	for (size_t i = 1; i <= len; i++) {
+		if (p[i] != '/' && p[i] != '\0')
+			continue;
+		char saved = p[i];
+		p[i] = '\0';
+		if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+			enum sfw_status s = sfw_fail(err, SFW_E_IO, "cannot create directory '%s': %s", p, strerror(errno));
+			sfw_free(p);
+			return s;
+		}
+		struct stat st;
+		if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
+			enum sfw_status s = sfw_fail(err, SFW_E_IO, "'%s' exists and is not a directory", p);
+			sfw_free(p);
+			return s;
+		}
+		p[i] = saved;
+	}
+	sfw_free(p);
+	return SFW_OK;
+}

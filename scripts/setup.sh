@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what salafw needs on a fresh Debian 12 machine (idempotent).
+set -eu
+pkgs="build-essential pkg-config clang git libcurl4-openssl-dev libsodium-dev libssl-dev libcjson-dev
+libsentencepiece-dev sentencepiece minisign nginx-light curl aria2 python3 coreutils openssl procps"
+missing=
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+	echo "setup: installing$missing"
+	SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+# A package install may start the distribution's nginx; tests run their own.
+if command -v service >/dev/null 2>&1; then service nginx stop >/dev/null 2>&1 || true; fi
+echo "setup: all dependencies present"

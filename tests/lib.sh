@@ -1,0 +1,49 @@
+# tests/lib.sh - harness for shell tests: `check DESCR CMD...` runs CMD and
+# records PASS/FAIL; `check_report NAME` prints "NAME: N passed, N failed".
+# Tests run from the repository root with $SALAFW pointing at the binary.
+: "${BUILD:=build}"
+SALAFW=${SALAFW:-$PWD/$BUILD/salafw}
+GOLDEN=${SALAFW_GOLDEN:-$PWD/../shared/golden}
+_passed=0
+_failed=0
+
+pass() { _passed=$((_passed + 1)); [ -n "${CHECK_VERBOSE:-}" ] && echo "PASS $*"; return 0; }
+fail() { _failed=$((_failed + 1)); echo "FAIL $*"; return 0; }
+
+# check DESCR CMD... : passes when CMD exits 0.
+check() {
+	local d=$1; shift
+	if "$@" >/dev/null 2>&1; then pass "$d"; else fail "$d"; fi
+}
+
+# check_exit DESCR CODE CMD... : passes when CMD exits with CODE.
+check_exit() {
+	local d=$1 want=$2; shift 2
+	"$@" >/dev/null 2>&1
+	local got=$?
+	if [ "$got" = "$want" ]; then pass "$d"; else fail "$d (exit $got, want $want)"; fi
+}
+
+# check_err DESCR CODE PATTERN CMD... : exit CODE and one stderr line matching PATTERN.
+check_err() {
+	local d=$1 want=$2 pat=$3; shift 3
+	local errf; errf=$(mktemp)
+	"$@" >/dev/null 2>"$errf"
+	local got=$?
+	if [ "$got" = "$want" ] && grep -qE -- "$pat" "$errf"; then pass "$d"
+	else fail "$d (exit $got want $want; stderr: $(head -c 300 "$errf" | tr '\n' ' '))"; fi
+	rm -f "$errf"
+}
+
+check_report() {
+	echo "$1: $_passed passed, $_failed failed"
+	[ "$_failed" = 0 ]
+}
+
+# A scratch directory removed at exit.
+scratch() {
+	local d; d=$(mktemp -d "${TMPDIR:-/tmp}/salafw-test.XXXXXX")
+	# shellcheck disable=SC2064
+	trap "rm -rf '$d'" EXIT
+	echo "$d"
+}

@@ -1,0 +1,144 @@
+/* Core helpers against direct expectations: status mapping, checked
+ * arithmetic, capped buffers, strict JSON, atomic writes, parallel-for. */
+#include "check.h"
+
+#include "alloc.h"
+#include "buf.h"
+#include "checked.h"
+#include "file.h"
+#include "json.h"
+#include "thread.h"
+
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void test_status(void)
+{
+	struct sfw_err e;
+	CHECK(sfw_fail(&e, SFW_E_IO, "cannot open '%s'", "x") == SFW_E_IO, "sfw_fail returns its code");
+	CHECK(strcmp(e.msg, "cannot open 'x'") == 0, "sfw_fail formats the message");
+	sfw_err_prefix(&e, "model");
+	CHECK(strcmp(e.msg, "model: cannot open 'x'") == 0, "sfw_err_prefix prepends");
+	CHECK(sfw_exit_code(SFW_OK) == 0 && sfw_exit_code(SFW_E_HASH) == 1 && sfw_exit_code(SFW_E_INVAL) == 2 &&
+		      sfw_exit_code(SFW_E_SIG) == 3 && sfw_exit_code(SFW_E_EXHAUSTED) == 4 &&
+		      sfw_exit_code(SFW_E_IO) == 5,
+	      "exit codes follow the documented table");
+	for (int c = 0; c < SFW_E__COUNT; c++)
+		CHECK(strcmp(sfw_strerror((enum sfw_status)c), "unknown error") != 0, "strerror names code %d", c);
+}
+
+static void test_checked(void)
+{
+	uint64_t r;
+	CHECK(sfw_add_ok(1, 2, &r) && r == 3, "add");
+	CHECK(!sfw_add_ok(UINT64_MAX, 1, &r), "add overflow detected");
+	CHECK(!sfw_mul_ok(1ULL << 32, 1ULL << 32, &r), "mul overflow detected");
+	CHECK(sfw_mul_ok(1ULL << 31, 1ULL << 32, &r) && r == 1ULL << 63, "mul in range");
+	unsigned char b[8];
+	sfw_le64_store(b, 0x0102030405060708ULL);
+	CHECK(b[0] == 8 && b[7] == 1 && sfw_le64_load(b) == 0x0102030405060708ULL, "le64 round trip");
+}
+
+static void test_buf(void)
+{
+	struct sfw_buf b;
+	sfw_buf_init(&b, 10);
+	CHECK(sfw_buf_append(&b, "hello", 5) == SFW_OK, "append within cap");
+	CHECK(sfw_buf_append(&b, "world!", 6) == SFW_E_RANGE, "append past cap refused");
+	CHECK(b.len == 5 && strcmp(b.data, "hello") == 0, "refused append leaves buffer intact");
+	sfw_buf_release(&b);
+	sfw_buf_init(&b, 1 << 20);
+	sfw_alloc_fail_after(1);
+	CHECK(sfw_buf_append(&b, "x", 1) == SFW_E_NOMEM, "allocation failure reported");
+	sfw_alloc_fail_after(0);
+	sfw_buf_release(&b);
+}
+
+static void test_json(void)
+{
+	cJSON *j;
+	struct sfw_err e;
+	const char *ok = "{\"a\": 1, \"b\": {\"c\": \"x\"}}";
+	CHECK(sfw_json_parse(ok, strlen(ok), "t", &j, &e) == SFW_OK, "valid JSON parses");
+	uint64_t v = 0;
+	CHECK(j && sfw_json_u64(j, "a", "t", &v, &e) == SFW_OK && v == 1, "u64 read");
+	CHECK(j && sfw_json_u64(j, "A", "t", &v, &e) == SFW_E_FORMAT, "lookups are case-sensitive");
+	cJSON_Delete(j);
+	const char *dup = "{\"a\": 1, \"b\": {\"c\": 1, \"c\": 2}}";
+	CHECK(sfw_json_parse(dup, strlen(dup), "t", &j, &e) == SFW_E_FORMAT && strstr(e.msg, "duplicate"),
+	      "nested duplicate key rejected");
+	const char *trail = "{\"a\": 1} x";
+	CHECK(sfw_json_parse(trail, strlen(trail), "t", &j, &e) == SFW_E_FORMAT, "trailing bytes rejected");
+	const char bad_utf8[] = "{\"a\": \"\xc0\xaf\"}";
+	CHECK(sfw_json_parse(bad_utf8, strlen(bad_utf8), "t", &j, &e) == SFW_E_FORMAT, "overlong UTF-8 rejected");
+	const char nul[] = "{\"a\": 1}\0";
+	CHECK(sfw_json_parse(nul, sizeof(nul) - 1, "t", &j, &e) == SFW_E_FORMAT, "embedded NUL rejected");
+	const char *big = "{\"a\": 9007199254740993, \"n\": -1, \"f\": 1.5, \"m\": 9007199254740991}";
+	CHECK(sfw_json_parse(big, strlen(big), "t", &j, &e) == SFW_OK, "numbers parse");
+	CHECK(sfw_json_u64(j, "a", "t", &v, &e) == SFW_E_RANGE, "> 2^53 rejected");
+	CHECK(sfw_json_u64(j, "n", "t", &v, &e) == SFW_E_RANGE, "negative rejected");
+	CHECK(sfw_json_u64(j, "f", "t", &v, &e) == SFW_E_RANGE, "fraction rejected");
+	CHECK(sfw_json_u64(j, "m", "t", &v, &e) == SFW_OK && v == 9007199254740991ULL, "2^53-1 accepted");
+	cJSON_Delete(j);
+}
+
+static void test_files(void)
+{
+	char dir[] = "/tmp/sfw-core-XXXXXX";
+	CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+	char *p = sfw_path_join(dir, "a/b/c");
+	struct sfw_err e;
+	CHECK(sfw_mkdirs(p, &e) == SFW_OK, "mkdirs creates nested directories");
+	char *f = sfw_path_join(p, "file");
+	CHECK(sfw_write_file_atomic(f, "abc", 3, &e) == SFW_OK, "atomic write");
+	struct sfw_buf b;
+	CHECK(sfw_read_file(f, 100, &b, &e) == SFW_OK && b.len == 3 && memcmp(b.data, "abc", 3) == 0,
+	      "read back what was written");
+	sfw_buf_release(&b);
+	CHECK(sfw_read_file(f, 2, &b, &e) == SFW_E_RANGE, "read cap enforced");
+	struct sfw_atomic a;
+	CHECK(sfw_atomic_open(&a, f, &e) == SFW_OK, "atomic open over existing file");
+	CHECK(sfw_atomic_write(&a, "zzzz", 4, &e) == SFW_OK, "write to temp");
+	sfw_atomic_abort(&a);
+	CHECK(sfw_read_file(f, 100, &b, &e) == SFW_OK && b.len == 3, "aborted write leaves target untouched");
+	sfw_buf_release(&b);
+	struct sfw_map m;
+	CHECK(sfw_map_open(&m, f, &e) == SFW_OK && m.size == 3 && m.data[2] == 'c', "map reads the file");
+	sfw_map_close(&m);
+	CHECK(sfw_map_open(&m, "/nonexistent/x", &e) == SFW_E_MISSING && strstr(e.msg, "/nonexistent/x"),
+	      "missing file named in error");
+	char cmd[256];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	CHECK(system(cmd) == 0, "cleanup");
+	sfw_free(p);
+	sfw_free(f);
+}
+
+static atomic_long sum;
+static void add_range(void *ctx, size_t b, size_t e, int tid)
+{
+	(void)ctx;
+	(void)tid;
+	for (size_t i = b; i < e; i++)
+		atomic_fetch_add(&sum, (long)i);
+}
+
+static void test_parallel(void)
+{
+	atomic_store(&sum, 0);
+	CHECK(sfw_parallel_for(4, 10001, 7, add_range, NULL) == 0, "parallel_for runs");
+	CHECK(atomic_load(&sum) == 10000L * 10001 / 2, "parallel_for covers every item once");
+}
+
+int main(void)
+{
+	test_status();
+	test_checked();
+	test_buf();
+	test_json();
+	test_files();
+	test_parallel();
+	return CHECK_REPORT("test_core");
+}

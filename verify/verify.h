@@ -1,0 +1,176 @@
+/* verify.h - minisign signatures, signed manifests, SHA-256, and the record
+ * of what was verified. Public API of the verify module (libsodium, OpenSSL,
+ * cJSON). See manifests/README.md for the manifest schema and the trusted
+ * comment convention.
+ *
+ * Trust flow (fetch-verify.md §5.4): size caps -> minisign (parse, key id,
+ * signature over the exact bytes, global signature over sig || trusted
+ * comment) -> strict JSON -> schema -> publisher.key_id -> binding (repo_id,
+ * revision) -> pins -> expiry -> rollback ratchet -> per-file rules. */
+#ifndef SFW_VERIFY_H
+#define SFW_VERIFY_H
+
+#include "sfw.h"
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SFW_MANIFEST_MAX (1u << 20)  /* 1 MiB cap, checked before parsing */
+#define SFW_MINISIG_MAX (16u << 10)  /* a .minisig is < 10 KiB by minisign's limits */
+
+/* ---- SHA-256 (OpenSSL EVP) ---------------------------------------------- */
+struct sfw_sha256 {
+	void *ctx; /* EVP_MD_CTX */
+};
+SFW_MUST_CHECK enum sfw_status sfw_sha256_init(struct sfw_sha256 *h);
+void sfw_sha256_update(struct sfw_sha256 *h, const void *p, size_t n);
+void sfw_sha256_final(struct sfw_sha256 *h, unsigned char out[32]);
+void sfw_sha256_release(struct sfw_sha256 *h);
+/* Hashes a whole file with large sequential reads; *size gets its length. */
+SFW_MUST_CHECK enum sfw_status sfw_sha256_file(const char *path, unsigned char out[32], uint64_t *size,
+					       struct sfw_err *err);
+/* Hashes the first `len` bytes of an open fd (used to re-hash a partial). */
+SFW_MUST_CHECK enum sfw_status sfw_sha256_fd_prefix(int fd, uint64_t len, struct sfw_sha256 *h,
+						    struct sfw_err *err);
+void sfw_hex_encode(const unsigned char *in, size_t n, char *out /* 2n+1 */);
+/* Exactly 2n lower-case hex digits. Returns 0 on success. */
+int sfw_hex_decode(const char *hex, unsigned char *out, size_t n);
+
+/* ---- minisign ------------------------------------------------------------ */
+struct sfw_pubkey {
+	unsigned char key_id[8]; /* raw bytes as stored (minisign prints them little-endian) */
+	unsigned char pk[32];
+};
+/* Key file (two lines) or bare base64 (-P form). `what` names it in errors. */
+SFW_MUST_CHECK enum sfw_status sfw_pubkey_parse(const char *text, size_t len, const char *what,
+						struct sfw_pubkey *out, struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_pubkey_load(const char *path, struct sfw_pubkey *out, struct sfw_err *err);
+/* The signed-weights service's pinned key (manifests/freeweights.pub). */
+void sfw_pubkey_pinned(struct sfw_pubkey *out);
+/* Key id as minisign prints it: 16 upper-case hex digits, little-endian. */
+void sfw_pubkey_id_hex(const unsigned char key_id[8], char out[17]);
+
+struct sfw_minisig_info {
+	int prehashed;                /* 1 = "ED", 0 = legacy "Ed" */
+	unsigned char key_id[8];
+	char trusted_comment[8192];   /* verified text, without the prefix */
+};
+/* Verifies msg against a .minisig text, in minisign's order, with every check
+ * minisign makes. SFW_E_SIG / SFW_E_KEYID / SFW_E_FORMAT on rejection. */
+SFW_MUST_CHECK enum sfw_status sfw_minisig_verify(const void *msg, size_t msg_len, const char *sig_text,
+						  size_t sig_len, const char *sig_name,
+						  const struct sfw_pubkey *key, int require_prehashed,
+						  struct sfw_minisig_info *info, struct sfw_err *err);
+
+/* Publisher side (sign/keygen): unencrypted minisign-format keys. */
+struct sfw_seckey {
+	unsigned char key_id[8];
+	unsigned char sk[64];
+};
+SFW_MUST_CHECK enum sfw_status sfw_keygen(const char *pub_path, const char *sec_path, int force,
+					  struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_seckey_load(const char *path, struct sfw_seckey *out, struct sfw_err *err);
+/* Writes "<file>.minisig" (prehashed ED) atomically with the given trusted comment. */
+SFW_MUST_CHECK enum sfw_status sfw_sign_file(const char *file, const struct sfw_seckey *key,
+					     const char *trusted_comment, struct sfw_err *err);
+
+/* ---- manifest v1 --------------------------------------------------------- */
+enum sfw_source_kind { SFW_SOURCE_HTTP, SFW_SOURCE_HF };
+
+struct sfw_source {
+	enum sfw_source_kind kind;
+	char *url;  /* http: base_url ending in '/'; hf: endpoint without trailing '/' */
+	char *name; /* may be NULL */
+};
+
+struct sfw_manifest_file {
+	char *path;  /* validated: relative, normalised, safe */
+	uint64_t size;
+	unsigned char sha256[32];
+};
+
+struct sfw_manifest {
+	int schema_version;
+	char *generator;
+	char publisher_key_id[17]; /* 16 upper-case hex */
+	char *repo_id;
+	char revision[41];
+	uint64_t manifest_version;
+	int64_t created, expires; /* unix seconds */
+	uint64_t total_size;
+	struct sfw_manifest_file *files;
+	size_t nfiles;
+	struct sfw_source *sources;
+	size_t nsources;
+	unsigned char manifest_sha256[32]; /* of the exact signed bytes */
+};
+
+/* Strict parse of already-verified bytes (schema, types, path rules, sorting,
+ * total_size). Does not check signatures, binding or expiry. */
+SFW_MUST_CHECK enum sfw_status sfw_manifest_parse(const char *bytes, size_t len, const char *what,
+						  struct sfw_manifest *out, struct sfw_err *err);
+void sfw_manifest_release(struct sfw_manifest *m);
+
+/* Path rule of fetch-verify.md §3.12-4. Returns SFW_OK or SFW_E_PATH. */
+SFW_MUST_CHECK enum sfw_status sfw_path_check(const char *path, struct sfw_err *err);
+
+struct sfw_trust_params {
+	const struct sfw_pubkey *keys; /* trusted keys (pinned one by default) */
+	size_t nkeys;
+	const char *repo_id;      /* required binding, NULL = don't check */
+	const char *revision;     /* required binding, NULL = don't check */
+	int64_t now;              /* for expiry; 0 = time(NULL) */
+	int allow_expired;        /* offline verify only warns */
+	int allow_downgrade;
+	int require_prehashed;
+	const char *state_dir;    /* rollback ratchet dir; NULL = default per-user dir, "" = disabled */
+};
+struct sfw_trust_params sfw_trust_default_params(void);
+
+/* The whole trust flow over manifest bytes and signature text: signature,
+ * parse, key id, binding, pins, expiry, rollback (checked, not recorded). */
+SFW_MUST_CHECK enum sfw_status sfw_manifest_verify(const char *bytes, size_t len, const char *sig_text,
+						   size_t sig_len, const char *what,
+						   const struct sfw_trust_params *p, struct sfw_manifest *out,
+						   struct sfw_minisig_info *info, struct sfw_err *err);
+/* Records manifest_version for rollback checks; call only after full success. */
+SFW_MUST_CHECK enum sfw_status sfw_manifest_ratchet_commit(const struct sfw_manifest *m,
+							   const struct sfw_trust_params *p,
+							   struct sfw_err *err);
+
+/* ---- directory verification and the verified-state record ---------------- */
+enum sfw_file_result { SFW_FILE_OK, SFW_FILE_MISSING, SFW_FILE_SIZE, SFW_FILE_HASH, SFW_FILE_NOT_REGULAR };
+
+struct sfw_verify_report {
+	enum sfw_file_result *results; /* one per manifest file */
+	char **extra;                  /* files in DIR not in the manifest (excluding .salafw/) */
+	size_t nextra;
+	size_t nbad;
+};
+
+struct sfw_verify_params {
+	int threads;        /* 0 = all cores */
+	int record_state;   /* write DIR/.salafw/state.json for verified files */
+	/* optional progress: called from worker threads, must be thread-safe */
+	void (*on_file)(void *user, const struct sfw_manifest_file *f, enum sfw_file_result r);
+	void *user;
+};
+struct sfw_verify_params sfw_verify_default_params(void);
+
+/* Checks each file (lstat, regular, size, sha256); never modifies model files.
+ * Returns SFW_OK if all match, SFW_E_MISSING/SFW_E_SIZE/SFW_E_HASH otherwise. */
+SFW_MUST_CHECK enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
+					      const struct sfw_verify_params *p, struct sfw_verify_report *rep,
+					      struct sfw_err *err);
+void sfw_verify_report_release(struct sfw_verify_report *rep);
+
+/* DIR/.salafw/state.json: per file size, mtime_ns, ctime_ns, inode, dev and
+ * when its sha256 matched. Record after a verified download or verify. */
+SFW_MUST_CHECK enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m,
+						const char *const *paths, size_t npaths, struct sfw_err *err);
+/* Cheap check that every manifest file still matches its record (stat only).
+ * Also re-verifies DIR/.salafw/manifest.json against its signature. */
+SFW_MUST_CHECK enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *p,
+					       struct sfw_err *err);
+
+#endif
