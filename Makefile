@@ -60,8 +60,14 @@ MODULE_LIBS := $(foreach m,$(MODULES),$(BUILD)/libsfw_$(m).a)
 ALL_OBJS := $(foreach m,$(MODULES),$(OBJS_$(m)))
 CLI_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cli/*.c))
 
-TEST_SRCS := $(wildcard tests/test_*.c)
+# GPU tests (tests/gpu_*.c) need a GPU to run: built with CUDA=1 only.
+TEST_SRCS := $(wildcard tests/test_*.c) $(if $(filter 1,$(CUDA)),$(wildcard tests/gpu_*.c))
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+# A test may name the modules it links in a line "/* modules: verify core */";
+# the default is all of them. This keeps a test buildable while an unrelated
+# module is mid-change, and documents the dependency.
+test_modules = $(or $(shell sed -n 's|^/\* modules: \(.*\) \*/$$|\1|p' $(1) | head -n 1),$(MODULES))
+test_libs = $(foreach m,$(call test_modules,$(1)),$(BUILD)/libsfw_$(m).a)
 TEST_HELPERS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/lib/*.c))
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
@@ -105,8 +111,9 @@ $(BUILD)/salafw: $(CLI_OBJS) $(MODULE_LIBS)
 	$(CXX) $(LDFLAGS) -o $@ $(CLI_OBJS) $(MODULE_LIBS) $(LDLIBS)
 
 # A test links the module archives; tests/lib/*.c are shared test helpers.
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_HELPERS) $(MODULE_LIBS)
-	$(CXX) $(LDFLAGS) -o $@ $< $(TEST_HELPERS) $(MODULE_LIBS) $(LDLIBS)
+.SECONDEXPANSION:
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_HELPERS) $$(call test_libs,tests/%.c)
+	$(CXX) $(LDFLAGS) -o $@ $< $(TEST_HELPERS) $(call test_libs,tests/$*.c) $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(MODULE_LIBS)
 	$(CXX) $(LDFLAGS) -o $@ $< $(MODULE_LIBS) $(LDLIBS)
 

@@ -1,3 +1,4 @@
+/* modules: core */
 /* Core helpers against direct expectations: status mapping, checked
  * arithmetic, capped buffers, strict JSON, atomic writes, parallel-for. */
 #include "check.h"
