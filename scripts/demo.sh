@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: make a tiny random-weight SALA model,
+# publish it as a signed manifest on a loopback nginx mirror, then `get` it
+# from there, `verify` it offline, and `run` it. Everything lives in a temp
+# directory that is removed at the end (KEEP=1 keeps it).
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+SALAFW=$PWD/$BUILD/salafw
+[ -x "$SALAFW" ] || { echo "demo: build first (make)"; exit 2; }
+W=$(mktemp -d "${TMPDIR:-/tmp}/salafw-demo.XXXXXX")
+NGINX_PID=
+cleanup() {
+	[ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null || true
+	[ "${KEEP:-0}" = 1 ] && echo "demo: kept $W" || rm -rf "$W"
+}
+trap cleanup EXIT
+export SALAFW_STATE_DIR=$W/state
+REPO=salafw/tiny-sala
+step() { printf '\n== %s\n' "$*"; }
+
+step "publisher: make a tiny random-weight model"
+"$SALAFW" mkmodel --preset tiny --seed 7 -o "$W/publish/model"
+REV=$(cat "$W"/publish/model/config.json | sha1sum | cut -c1-40)
+
+step "publisher: key pair, manifest, signature"
+"$SALAFW" keygen -p "$W/demo.pub" -s "$W/demo.key"
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+mkdir -p "$W/www/manifests/salafw" "$W/www/files"
+cp -r "$W/publish/model/." "$W/www/files/"
+"$SALAFW" manifest "$W/publish/model" --repo "$REPO" --revision "$REV" \
+	--source "http:http://127.0.0.1:$PORT/files/" -o "$W/www/manifests/$REPO.json"
+"$SALAFW" sign -s "$W/demo.key" "$W/www/manifests/$REPO.json"
+
+step "mirror: nginx on 127.0.0.1:$PORT"
+mkdir -p "$W/nginx/logs"
+cat >"$W/nginx/nginx.conf" <<CONF
+daemon off;
+worker_processes 1;
+pid $W/nginx/nginx.pid;
+error_log $W/nginx/logs/error.log;
+events { worker_connections 64; }
+http {
+	access_log off;
+	client_body_temp_path $W/nginx/tmp;
+	proxy_temp_path $W/nginx/tmp;
+	fastcgi_temp_path $W/nginx/tmp;
+	uwsgi_temp_path $W/nginx/tmp;
+	scgi_temp_path $W/nginx/tmp;
+	types { application/octet-stream safetensors; application/json json; }
+	server { listen 127.0.0.1:$PORT; root $W/www; }
+}
+CONF
+mkdir -p "$W/nginx/tmp"
+nginx -p "$W/nginx" -c "$W/nginx/nginx.conf" &
+NGINX_PID=$!
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/manifests/$REPO.json" >/dev/null && break; sleep 0.1; done
+
+step "user: salafw get $REPO@$REV"
+"$SALAFW" get "$REPO@$REV" -d "$W/model" --endpoint "http://127.0.0.1:$PORT" --pubkey "$W/demo.pub"
+
+step "user: salafw verify (offline, signed manifest kept by get)"
+"$SALAFW" verify "$W/model" --pubkey "$W/demo.pub"
+
+step "user: salafw run (CPU reference engine)"
+"$SALAFW" run "$W/model" --device cpu -p "The signed weights" -n 24 --seed 1 --pubkey "$W/demo.pub"
+echo
+echo "demo: ok"
