@@ -42,8 +42,11 @@ endif
 LDLIBS := -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lsentencepiece -lsentencepiece_train -lstdc++ -lpthread -lm
 ifeq ($(CUDA),1)
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -ldl -lrt
+# forward.c refers to the CUDA backend weakly, which pulls nothing out of a
+# static archive: ask the linker for it so CUDA builds really contain it.
+CUDA_LDFLAGS := -Wl,-u,sfw_backend_cuda_new
 endif
-LDFLAGS := -pthread $(SANFLAGS)
+LDFLAGS := -pthread $(SANFLAGS) $(CUDA_LDFLAGS)
 
 # Modules, in link order (a module may use only those after it).
 MODULES := runner quant kernels fetch verify core

@@ -9,6 +9,7 @@
 
 #include "sfw.h"
 
+#include <stdint.h>
 #include <stdio.h>
 
 struct cli_opt {
@@ -49,6 +50,16 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) SFW_PRINTF(2, 3);
 /* Parses a non-negative integer / float option value; prints and returns 0 on error. */
 int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long long *out);
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
+
+/* Shared by run, score and bench (cli/cmd_run.c). cli_model_gate enforces the
+ * verified-weights rule on a model directory: the recorded state must hold
+ * (sfw_state_check), or with verify_full every file is re-hashed against the
+ * signed manifest; no_verify skips it and says so on stderr. pubkey (NULL =
+ * the pinned key) names a minisign public key file to trust instead. cli_read_ids
+ * reads token ids: a safetensors file's I32/I64 `input_ids`, or text integers
+ * separated by white space or commas. Both return an exit code (0 = ok). */
+int cli_model_gate(const char *cmd, const char *dir, int no_verify, int verify_full, const char *pubkey);
+int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n);
 
 /* Subcommands (each returns an exit code). */
 int cmd_verify(int argc, char **argv);

@@ -12,10 +12,18 @@
  * (duplicate names rejected); known dtype; shape product x dtype size ==
  * end-begin (overflow-checked); begin <= end <= data size; tensors do not
  * overlap; every byte of the data section belongs to some tensor is NOT
- * required (padding is allowed).
+ * required (padding is allowed). Also required: the data of every non-empty
+ * tensor starts at a file offset that is a multiple of its element size (the
+ * engine reads weights in place; the reference writer's 8-byte header padding
+ * and dtype ordering guarantee it), else SFW_E_UNSUPPORTED. Tensor entries
+ * may hold only dtype, shape and data_offsets.
  *
  * A model with several shards is opened through model.safetensors.index.json
- * ({"weight_map": {name: shard file}}); shard names must be plain file names. */
+ * ({"weight_map": {name: shard file}}); shard names must be plain file names.
+ * The set holds exactly the weight_map's tensors: each must be in the shard
+ * the index names (tensors of a shard that the index omits are not in the set).
+ * Writer: a declaration that would leave a tensor unaligned (e.g. f32 after an
+ * odd number of bf16 elements) is refused: declare larger element types first. */
 #ifndef SFW_SAFETENSORS_H
 #define SFW_SAFETENSORS_H
 

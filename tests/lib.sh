@@ -40,10 +40,17 @@ check_report() {
 	[ "$_failed" = 0 ]
 }
 
-# A scratch directory removed at exit.
+# Scratch directories, removed when the test script exits. `S=$(scratch)`
+# works: the directory is recorded in a list file that the main shell's EXIT
+# trap reads (a trap set inside the $( ) subshell would fire at once).
+_scratch_list=$(mktemp "${TMPDIR:-/tmp}/salafw-scratch.XXXXXX")
+_scratch_cleanup() {
+	while read -r d; do [ -n "$d" ] && rm -rf "$d"; done <"$_scratch_list"
+	rm -f "$_scratch_list"
+}
+trap _scratch_cleanup EXIT
 scratch() {
 	local d; d=$(mktemp -d "${TMPDIR:-/tmp}/salafw-test.XXXXXX")
-	# shellcheck disable=SC2064
-	trap "rm -rf '$d'" EXIT
+	echo "$d" >>"$_scratch_list"
 	echo "$d"
 }

@@ -138,6 +138,32 @@ SFW_MUST_CHECK enum sfw_status sfw_manifest_ratchet_commit(const struct sfw_mani
 							   const struct sfw_trust_params *p,
 							   struct sfw_err *err);
 
+/* ---- publisher side: building and signing a manifest ---------------------- */
+struct sfw_manifest_build_params {
+	const char *repo_id;
+	const char *revision;
+	const char *key_id;        /* 16 hex; NULL writes "" for `sfw_manifest_sign` to fill in */
+	const char *generator;     /* NULL = "salafw/<version>" */
+	uint64_t manifest_version; /* 0 = 1 */
+	int64_t created;           /* 0 = now */
+	int64_t expires;           /* 0 = created + 180 days */
+	const struct sfw_source *sources;
+	size_t nsources;
+	int threads;               /* 0 = all cores */
+};
+struct sfw_manifest_build_params sfw_manifest_build_default_params(void);
+/* Hashes every regular file under dir (skipping the .salafw state folder;
+ * symlinks and special files are refused) and returns the manifest text,
+ * sorted by path (free with sfw_free). */
+SFW_MUST_CHECK enum sfw_status sfw_manifest_build(const char *dir, const struct sfw_manifest_build_params *p,
+						  char **text, size_t *len, struct sfw_err *err);
+/* Signs a manifest file: fills an empty publisher.key_id with the key's id
+ * (rewriting the file atomically), checks the result parses, refuses a key
+ * id that differs, and writes FILE.minisig (prehashed) with the trusted
+ * comment "salafw-manifest repo_id=<id> revision=<sha> manifest_version=<n>". */
+SFW_MUST_CHECK enum sfw_status sfw_manifest_sign(const char *path, const struct sfw_seckey *key,
+						 struct sfw_err *err);
+
 /* ---- directory verification and the verified-state record ---------------- */
 enum sfw_file_result { SFW_FILE_OK, SFW_FILE_MISSING, SFW_FILE_SIZE, SFW_FILE_HASH, SFW_FILE_NOT_REGULAR };
 

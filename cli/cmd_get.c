@@ -1,0 +1,416 @@
+/* cmd_get.c - `salafw get REPO[@REV] [-d DEST]`: download a model's signed
+ * files, resumably, from ordered sources. Progress: a live block on a TTY,
+ * plain lines otherwise, one JSON object per line with --json (stdout). */
+#include "cli.h"
+#include "fetch/fetch.h"
+
+#include "alloc.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const struct cli_opt opts[] = {
+	{"dest", 'd', "DIR", "destination directory (default: ./NAME)"},
+	{"endpoint", 0, "URL", "manifest service (default $SALAFW_ENDPOINT or https://freeweights.allternit.com)"},
+	{"manifest", 'm', "URL|FILE", "take the manifest from here (+ '.minisig') instead of the service"},
+	{"pubkey", 'P', "KEY|FILE", "trust this minisign public key instead of the pinned one"},
+	{"mirror", 0, "KIND:URL", "extra source tried BEFORE the manifest's (http:URL or hf:URL; repeatable)"},
+	{"mirror-last", 0, "KIND:URL", "extra source tried AFTER the manifest's (repeatable)"},
+	{"jobs", 'j', "N", "files downloaded at once (default 4)"},
+	{"connections", 'c', "N", "ranged connections per file (default 4)"},
+	{"segment-size", 0, "BYTES", "never split a file into pieces smaller than this (default 32 MiB)"},
+	{"connect-timeout", 0, "SECONDS", "connect timeout (default 15)"},
+	{"stall-timeout", 0, "SECONDS", "abort a transfer below 1 KiB/s for this long (default 30)"},
+	{"retries", 0, "N", "retries per file and source, reset by progress (default 5)"},
+	{"retry-wait", 0, "MS", "first backoff delay, doubled each retry, jittered (default 1000)"},
+	{"retry-max-wait", 0, "MS", "backoff cap (default 30000)"},
+	{"limit-rate", 0, "BYTES", "per-transfer speed cap in bytes/s (default none)"},
+	{"no-space-check", 0, NULL, "do not refuse when free disk space looks too small"},
+	{"allow-expired", 0, NULL, "accept an expired manifest (archival fetch of a pinned revision)"},
+	{"allow-downgrade", 0, NULL, "accept a lower manifest_version than one seen before"},
+	{"json", 0, NULL, "one JSON event per line on stdout"},
+	{"quiet", 'q', NULL, "only errors and the summary"},
+	{0, 0, 0, 0},
+};
+
+static const char synopsis[] =
+	"[OPTIONS] REPO[@REVISION]\n"
+	"       (REPO is org/name; REVISION a 40-hex commit the manifest must name)\n"
+	"Sources are tried per file in this order: --mirror ones, the manifest's, --mirror-last ones.\n"
+	"Exit: 0 all verified, 1 a file failed verification, 2 usage, 3 manifest or signature\n"
+	"rejected, 4 network / every source failed, 5 local I/O, no space, lock, interrupted";
+
+static volatile sig_atomic_t g_cancel;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	g_cancel = 1;
+}
+
+enum mode { M_PLAIN, M_TTY, M_JSON };
+
+struct ui {
+	enum mode mode;
+	int quiet;
+	int drawn;     /* lines of the live block on screen */
+	struct {
+		const char *path;
+		uint64_t done, size;
+		double rate;
+		int live;
+	} *rows;
+	size_t nrows;
+};
+
+static void human(char *out, size_t n, double b)
+{
+	const char *u[] = {"B", "KB", "MB", "GB", "TB"};
+	int i = 0;
+	while (b >= 1000 && i < 4) {
+		b /= 1000;
+		i++;
+	}
+	snprintf(out, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20)
+			fprintf(f, "\\u%04x", *p);
+		else
+			fputc(*p, f);
+	}
+	fputc('"', f);
+}
+
+static const char *kind_name(enum sfw_fetch_event_kind k)
+{
+	static const char *const n[] = {"manifest", "skip", "plan", "file_start", "progress", "retry",
+					"source_failed", "source_demoted", "hash_mismatch", "file_done", "file_failed",
+					"done"};
+	return (size_t)k < sizeof(n) / sizeof(n[0]) ? n[k] : "?";
+}
+
+static void clear_block(struct ui *u)
+{
+	for (int i = 0; i < u->drawn; i++)
+		fprintf(stderr, "\033[1A\033[2K");
+	u->drawn = 0;
+}
+
+static void draw_block(struct ui *u, const struct sfw_fetch_event *ev)
+{
+	char a[32], b[32], r[32];
+	clear_block(u);
+	for (size_t i = 0; i < u->nrows; i++) {
+		if (!u->rows[i].live)
+			continue;
+		human(a, sizeof(a), (double)u->rows[i].done);
+		human(b, sizeof(b), (double)u->rows[i].size);
+		double pct = u->rows[i].size ? 100.0 * (double)u->rows[i].done / (double)u->rows[i].size : 100;
+		fprintf(stderr, "  %-40.40s %5.1f%% %10s / %-10s\n", u->rows[i].path, pct, a, b);
+		u->drawn++;
+	}
+	human(a, sizeof(a), (double)ev->total_done);
+	human(b, sizeof(b), (double)ev->total_size);
+	human(r, sizeof(r), ev->rate);
+	double left = ev->total_size > ev->total_done ? (double)(ev->total_size - ev->total_done) : 0;
+	long eta = ev->rate > 1 ? (long)(left / ev->rate) : -1;
+	if (eta >= 0)
+		fprintf(stderr, "total %s / %s  %s/s  ETA %ld:%02ld\n", a, b, r, eta / 60, eta % 60);
+	else
+		fprintf(stderr, "total %s / %s  %s/s  ETA --:--\n", a, b, r);
+	u->drawn++;
+	fflush(stderr);
+}
+
+static bool on_event(void *user, const struct sfw_fetch_event *ev)
+{
+	struct ui *u = user;
+	const char *path = ev->file ? ev->file->path : NULL;
+	if (u->mode == M_JSON) {
+		printf("{\"event\":\"%s\"", kind_name(ev->kind));
+		if (path) {
+			printf(",\"path\":");
+			json_str(stdout, path);
+			printf(",\"size\":%llu,\"file_done\":%llu", (unsigned long long)ev->file->size,
+			       (unsigned long long)ev->file_done);
+		}
+		if (ev->source) {
+			printf(",\"source\":");
+			json_str(stdout, ev->source);
+		}
+		if (ev->msg) {
+			printf(",\"msg\":");
+			json_str(stdout, ev->msg);
+		}
+		if (ev->kind == SFW_EV_RETRY)
+			printf(",\"delay_ms\":%llu", (unsigned long long)ev->delay_ms);
+		if (ev->http_status)
+			printf(",\"http_status\":%ld", ev->http_status);
+		printf(",\"total_done\":%llu,\"total_size\":%llu,\"received\":%llu,\"rate\":%.0f,\"elapsed\":%.3f}\n",
+		       (unsigned long long)ev->total_done, (unsigned long long)ev->total_size,
+		       (unsigned long long)ev->received, ev->rate, ev->elapsed);
+		fflush(stdout);
+		return true;
+	}
+	if (ev->file && ev->file_index < u->nrows) {
+		u->rows[ev->file_index].path = path;
+		u->rows[ev->file_index].size = ev->file->size;
+		u->rows[ev->file_index].done = ev->file_done;
+		if (ev->kind == SFW_EV_FILE_START)
+			u->rows[ev->file_index].live = 1;
+		if (ev->kind == SFW_EV_FILE_DONE || ev->kind == SFW_EV_FILE_FAILED)
+			u->rows[ev->file_index].live = 0;
+	}
+	if (ev->kind == SFW_EV_PROGRESS) {
+		if (u->mode == M_TTY && !u->quiet && !ev->file)
+			draw_block(u, ev);
+		return true;
+	}
+	if (u->quiet && ev->kind != SFW_EV_FILE_FAILED)
+		return true;
+	if (u->mode == M_TTY)
+		clear_block(u);
+	char a[32];
+	switch (ev->kind) {
+	case SFW_EV_MANIFEST:
+		fprintf(stderr, "manifest verified: %s\n", ev->msg ? ev->msg : "");
+		break;
+	case SFW_EV_SKIP:
+		fprintf(stderr, "ok       %s (already present and verified)\n", path);
+		break;
+	case SFW_EV_PLAN:
+		human(a, sizeof(a), (double)ev->total_size);
+		fprintf(stderr, "to fetch %s\n", a);
+		break;
+	case SFW_EV_FILE_START:
+		if (ev->file_done)
+			fprintf(stderr, "resume   %s from %llu of %llu bytes via %s\n", path,
+				(unsigned long long)ev->file_done, (unsigned long long)ev->file->size,
+				ev->source ? ev->source : "-");
+		else
+			fprintf(stderr, "get      %s (%llu bytes) via %s\n", path, (unsigned long long)ev->file->size,
+				ev->source ? ev->source : "-");
+		break;
+	case SFW_EV_RETRY:
+		fprintf(stderr, "retry    %s in %.1f s: %s\n", path, (double)ev->delay_ms / 1000, ev->msg ? ev->msg : "");
+		break;
+	case SFW_EV_SOURCE_FAILED:
+		fprintf(stderr, "source   %s failed for %s: %s\n", ev->source ? ev->source : "-", path ? path : "-",
+			ev->msg ? ev->msg : "");
+		break;
+	case SFW_EV_SOURCE_DEMOTED:
+		fprintf(stderr, "source   %s demoted: %s\n", ev->source ? ev->source : "-", ev->msg ? ev->msg : "");
+		break;
+	case SFW_EV_HASH_MISMATCH:
+		fprintf(stderr, "BAD      %s: %s\n", path, ev->msg ? ev->msg : "");
+		break;
+	case SFW_EV_FILE_DONE:
+		fprintf(stderr, "verified %s\n", path);
+		break;
+	case SFW_EV_FILE_FAILED:
+		fprintf(stderr, "FAILED   %s: %s\n", path, ev->msg ? ev->msg : "");
+		break;
+	default:
+		break;
+	}
+	return true;
+}
+
+static int parse_mirror(const char *cmd, const char *v, struct sfw_source *out)
+{
+	const char *c = strchr(v, ':');
+	if (!c)
+		return cli_usage_error(cmd, "--mirror '%s': expected http:URL or hf:URL", v), 0;
+	size_t k = (size_t)(c - v);
+	const char *url = c + 1;
+	if (k == 4 && strncmp(v, "http", 4) == 0)
+		out->kind = SFW_SOURCE_HTTP;
+	else if (k == 2 && strncmp(v, "hf", 2) == 0)
+		out->kind = SFW_SOURCE_HF;
+	else
+		return cli_usage_error(cmd, "--mirror '%s': kind must be http or hf", v), 0;
+	if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
+		return cli_usage_error(cmd, "--mirror '%s': URL must start with http:// or https://", v), 0;
+	out->url = (char *)url;
+	out->name = (char *)url;
+	return 1;
+}
+
+int cmd_get(int argc, char **argv)
+{
+	const char *cmd = "salafw get";
+	struct sfw_fetch_params p = sfw_fetch_default_params();
+	struct cli_parser cp;
+	struct sfw_source first[16], last[16];
+	size_t nfirst = 0, nlast = 0;
+	const char *pubkey = NULL;
+	int json = 0, quiet = 0;
+	unsigned long long v;
+	const char *env = getenv("SALAFW_ENDPOINT");
+	if (env && *env)
+		p.endpoint = env;
+	cli_init(&cp, cmd, argc, argv, opts);
+	for (;;) {
+		const char *arg;
+		int o = cli_next(&cp, &arg);
+		if (o == CLI_DONE)
+			break;
+		if (o == CLI_HELP) {
+			cli_usage(stdout, cmd, synopsis, opts);
+			return SFW_EXIT_OK;
+		}
+		if (o == CLI_ERROR)
+			return SFW_EXIT_USAGE;
+		const char *name = opts[o].name;
+		if (!strcmp(name, "dest")) {
+			p.dest = arg;
+		} else if (!strcmp(name, "endpoint")) {
+			p.endpoint = arg;
+		} else if (!strcmp(name, "manifest")) {
+			p.manifest = arg;
+		} else if (!strcmp(name, "pubkey")) {
+			pubkey = arg;
+		} else if (!strcmp(name, "mirror") || !strcmp(name, "mirror-last")) {
+			int is_first = !strcmp(name, "mirror");
+			size_t *n = is_first ? &nfirst : &nlast;
+			if (*n >= 16)
+				return cli_usage_error(cmd, "at most 16 --%s options", name);
+			if (!parse_mirror(cmd, arg, is_first ? &first[*n] : &last[*n]))
+				return SFW_EXIT_USAGE;
+			(*n)++;
+		} else if (!strcmp(name, "no-space-check")) {
+			p.no_space_check = 1;
+		} else if (!strcmp(name, "allow-expired")) {
+			p.trust.allow_expired = 1;
+		} else if (!strcmp(name, "allow-downgrade")) {
+			p.trust.allow_downgrade = 1;
+		} else if (!strcmp(name, "json")) {
+			json = 1;
+		} else if (!strcmp(name, "quiet")) {
+			quiet = 1;
+		} else {
+			if (!cli_parse_u64(cmd, name, arg, &v))
+				return SFW_EXIT_USAGE;
+			if (!strcmp(name, "jobs") || !strcmp(name, "connections")) {
+				if (v < 1 || v > 64)
+					return cli_usage_error(cmd, "--%s must be 1..64", name);
+				*(!strcmp(name, "jobs") ? &p.jobs : &p.connections) = (unsigned)v;
+			} else if (!strcmp(name, "segment-size")) {
+				p.min_segment = v ? v : 1;
+			} else if (!strcmp(name, "connect-timeout")) {
+				p.connect_timeout_s = (long)(v ? v : 1);
+			} else if (!strcmp(name, "stall-timeout")) {
+				p.stall_timeout_s = (long)(v ? v : 1);
+			} else if (!strcmp(name, "retries")) {
+				p.max_retries = (unsigned)v;
+			} else if (!strcmp(name, "retry-wait")) {
+				p.backoff_base_ms = v;
+			} else if (!strcmp(name, "retry-max-wait")) {
+				p.backoff_cap_ms = v;
+			} else if (!strcmp(name, "limit-rate")) {
+				p.limit_rate = v;
+			}
+		}
+	}
+	if (cp.npos > 1)
+		return cli_usage_error(cmd, "expected one REPO[@REVISION]");
+	char repo[512] = "", rev[64] = "";
+	if (cp.npos == 1) {
+		const char *a = cp.pos[0];
+		const char *at = strchr(a, '@');
+		size_t rl = at ? (size_t)(at - a) : strlen(a);
+		if (rl == 0 || rl >= sizeof(repo) || !memchr(a, '/', rl))
+			return cli_usage_error(cmd, "'%s' is not org/name[@revision]", a);
+		memcpy(repo, a, rl);
+		if (at) {
+			if (strlen(at + 1) != 40 || strspn(at + 1, "0123456789abcdef") != 40)
+				return cli_usage_error(cmd, "revision '%s' must be a 40-hex commit", at + 1);
+			snprintf(rev, sizeof(rev), "%s", at + 1);
+		}
+		p.repo_id = repo;
+		p.revision = rev[0] ? rev : NULL;
+	} else if (!p.manifest) {
+		return cli_usage_error(cmd, "missing REPO (or --manifest)");
+	}
+	if (!p.dest) {
+		const char *sl = strrchr(repo, '/');
+		if (!sl || !sl[1])
+			return cli_usage_error(cmd, "missing --dest");
+		p.dest = sl + 1;
+	}
+	struct sfw_err err;
+	sfw_err_clear(&err);
+	struct sfw_pubkey key;
+	if (pubkey) {
+		enum sfw_status st = access(pubkey, R_OK) == 0 ? sfw_pubkey_load(pubkey, &key, &err)
+							       : sfw_pubkey_parse(pubkey, strlen(pubkey), "--pubkey",
+										  &key, &err);
+		if (st != SFW_OK)
+			return cli_report(st, &err);
+		p.trust.keys = &key;
+		p.trust.nkeys = 1;
+	}
+	const char *sd = getenv("SALAFW_STATE_DIR");
+	if (sd && *sd)
+		p.trust.state_dir = sd;
+	p.mirrors_first = first;
+	p.nmirrors_first = nfirst;
+	p.mirrors_last = last;
+	p.nmirrors_last = nlast;
+
+	struct ui u;
+	memset(&u, 0, sizeof(u));
+	u.mode = json ? M_JSON : isatty(2) ? M_TTY : M_PLAIN;
+	u.quiet = quiet;
+	u.nrows = 4096;
+	u.rows = sfw_calloc(u.nrows, sizeof(*u.rows));
+	if (!u.rows)
+		return cli_report(SFW_E_NOMEM, NULL);
+	p.on_event = on_event;
+	p.user = &u;
+	p.cancel = &g_cancel;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	struct sfw_fetch_summary sum;
+	enum sfw_status st = sfw_fetch_get(&p, &sum, &err);
+	if (u.mode == M_TTY)
+		clear_block(&u);
+	sfw_free(u.rows);
+	char rb[32], rate[32];
+	human(rb, sizeof(rb), (double)sum.received);
+	human(rate, sizeof(rate), sum.seconds > 0 ? (double)sum.received / sum.seconds : 0);
+	if (json) {
+		printf("{\"event\":\"summary\",\"status\":\"%s\",\"exit\":%d,\"files\":%zu,\"skipped\":%zu,"
+		       "\"downloaded\":%zu,\"failed\":%zu,\"received\":%llu,\"resumed\":%llu,\"discarded\":%llu,"
+		       "\"seconds\":%.3f,\"error\":",
+		       st == SFW_OK ? "ok" : sfw_strerror(st), sfw_exit_code(st), sum.nfiles, sum.nskipped,
+		       sum.ndownloaded, sum.nfailed, (unsigned long long)sum.received,
+		       (unsigned long long)sum.resumed, (unsigned long long)sum.discarded, sum.seconds);
+		json_str(stdout, st == SFW_OK ? "" : err.msg);
+		printf("}\n");
+		fflush(stdout);
+	}
+	if (sum.nfiles)
+		fprintf(stderr, "%s@%s: %zu/%zu files verified (%zu downloaded, %zu already present, %zu failed); "
+				"%s received in %.1f s (%s/s), %llu bytes resumed, %llu discarded\n",
+			sum.repo_id, sum.revision, sum.ndownloaded + sum.nskipped, sum.nfiles, sum.ndownloaded,
+			sum.nskipped, sum.nfailed, rb, sum.seconds, rate, (unsigned long long)sum.resumed,
+			(unsigned long long)sum.discarded);
+	return cli_report(st, &err);
+}

@@ -1,0 +1,420 @@
+/* salafw run - generate text with a verified model: prompt (-p, --chat or
+ * --ids) -> prefill -> sample until EOS or -n tokens, streaming the text;
+ * then one line of prefill and decode speed on stderr.
+ *
+ * Also home of the helpers that run, score and bench share (cli.h). */
+#include "cli.h"
+#include "alloc.h"
+#include "buf.h"
+#include "file.h"
+#include "runner/runner.h"
+#include "runner/safetensors.h"
+#include "runner/sampler.h"
+#include "runner/tokenizer.h"
+#include "verify/verify.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+/* ---- shared helpers -------------------------------------------------------- */
+
+static enum sfw_status verify_full(const char *dir, struct sfw_trust_params *tp, struct sfw_err *err)
+{
+	char mp[4096], sp[4200];
+	snprintf(mp, sizeof(mp), "%s/.salafw/manifest.json", dir);
+	snprintf(sp, sizeof(sp), "%s.minisig", mp);
+	struct sfw_buf mb, sb;
+	sfw_buf_init(&mb, SFW_MANIFEST_MAX);
+	sfw_buf_init(&sb, SFW_MINISIG_MAX);
+	struct sfw_manifest m;
+	memset(&m, 0, sizeof(m));
+	enum sfw_status s = sfw_read_file(mp, SFW_MANIFEST_MAX, &mb, err);
+	if (s == SFW_E_MISSING)
+		s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s' has no signed manifest in .salafw/ (run 'salafw get')", dir);
+	if (s == SFW_OK)
+		s = sfw_read_file(sp, SFW_MINISIG_MAX, &sb, err);
+	tp->allow_expired = 1; /* verified files stay valid; expiry matters when fetching */
+	if (s == SFW_OK)
+		s = sfw_manifest_verify(mb.data, mb.len, sb.data, sb.len, mp, tp, &m, NULL, err);
+	if (s == SFW_OK) {
+		struct sfw_verify_params vp = sfw_verify_default_params();
+		struct sfw_verify_report rep;
+		memset(&rep, 0, sizeof(rep));
+		vp.record_state = 1;
+		s = sfw_verify_dir(dir, &m, &vp, &rep, err);
+		sfw_verify_report_release(&rep);
+		sfw_manifest_release(&m);
+	}
+	sfw_buf_release(&mb);
+	sfw_buf_release(&sb);
+	return s;
+}
+
+int cli_model_gate(const char *cmd, const char *dir, int no_verify, int full, const char *pubkey)
+{
+	struct sfw_err err = {0};
+	if (no_verify) {
+		fprintf(stderr, "%s: warning: --no-verify: running '%s' without checking its signed manifest\n", cmd,
+			dir);
+		return 0;
+	}
+	struct sfw_trust_params tp = sfw_trust_default_params();
+	struct sfw_pubkey key;
+	if (pubkey) {
+		if (sfw_pubkey_load(pubkey, &key, &err) != SFW_OK)
+			return cli_report(err.code, &err);
+		tp.keys = &key;
+		tp.nkeys = 1;
+	}
+	enum sfw_status s = full ? verify_full(dir, &tp, &err) : sfw_state_check(dir, &tp, &err);
+	if (s != SFW_OK) {
+		int rc = cli_report(s, &err);
+		fprintf(stderr, "%s: refusing to run unverified weights (run 'salafw verify %s', or pass --no-verify)\n",
+			cmd, dir);
+		return rc;
+	}
+	return 0;
+}
+
+int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n)
+{
+	struct sfw_err err = {0};
+	*ids = NULL;
+	*n = 0;
+	struct sfw_st_file *f = NULL;
+	size_t len = strlen(path);
+	if (len > 12 && strcmp(path + len - 12, ".safetensors") == 0) {
+		if (sfw_st_open(path, &f, &err) != SFW_OK)
+			return cli_report(err.code, &err);
+		const struct sfw_tensor_info *t = sfw_st_find(f, "input_ids");
+		if (!t || (t->dtype != SFW_DTYPE_I32 && t->dtype != SFW_DTYPE_I64) || t->nelem == 0 ||
+		    t->nelem > (1u << 30)) {
+			sfw_st_close(f);
+			fprintf(stderr, "%s: '%s' has no non-empty I32/I64 tensor 'input_ids'\n", cmd, path);
+			return SFW_EXIT_IO;
+		}
+		*ids = sfw_malloc((size_t)t->nelem * sizeof(int32_t));
+		if (!*ids) {
+			sfw_st_close(f);
+			return cli_report(SFW_E_NOMEM, NULL);
+		}
+		for (uint64_t i = 0; i < t->nelem; i++) {
+			int64_t v = t->dtype == SFW_DTYPE_I32 ? ((const int32_t *)t->data)[i] : ((const int64_t *)t->data)[i];
+			if (v < 0 || v > INT32_MAX) {
+				sfw_st_close(f);
+				sfw_free(*ids);
+				*ids = NULL;
+				fprintf(stderr, "%s: '%s': input_ids[%llu] = %lld is not a token id\n", cmd, path,
+					(unsigned long long)i, (long long)v);
+				return SFW_EXIT_IO;
+			}
+			(*ids)[i] = (int32_t)v;
+		}
+		*n = (size_t)t->nelem;
+		sfw_st_close(f);
+		return 0;
+	}
+	struct sfw_buf b;
+	sfw_buf_init(&b, 256u << 20);
+	if (sfw_read_file(path, 256u << 20, &b, &err) != SFW_OK)
+		return cli_report(err.code, &err);
+	size_t cap = 0;
+	const char *p = b.data ? b.data : "";
+	while (*p) {
+		if (isspace((unsigned char)*p) || *p == ',') {
+			p++;
+			continue;
+		}
+		char *end;
+		errno = 0;
+		long long v = strtoll(p, &end, 10);
+		if (end == p || errno || v < 0 || v > INT32_MAX) {
+			fprintf(stderr, "%s: '%s': not a token id near '%.16s'\n", cmd, path, p);
+			sfw_free(*ids);
+			*ids = NULL;
+			sfw_buf_release(&b);
+			return SFW_EXIT_IO;
+		}
+		if (*n == cap) {
+			cap = cap ? cap * 2 : 256;
+			int32_t *q = sfw_realloc(*ids, cap * sizeof(int32_t));
+			if (!q) {
+				sfw_free(*ids);
+				*ids = NULL;
+				sfw_buf_release(&b);
+				return cli_report(SFW_E_NOMEM, NULL);
+			}
+			*ids = q;
+		}
+		(*ids)[(*n)++] = (int32_t)v;
+		p = end;
+	}
+	sfw_buf_release(&b);
+	if (*n == 0) {
+		fprintf(stderr, "%s: '%s' holds no token ids\n", cmd, path);
+		return SFW_EXIT_IO;
+	}
+	return 0;
+}
+
+/* ---- salafw run ------------------------------------------------------------- */
+
+static const struct cli_opt opts[] = {
+	{"prompt", 'p', "TEXT", "prompt text (encoded with BOS)"},
+	{"chat", 0, NULL, "wrap the prompt (-p, or standard input) as a ChatML user turn"},
+	{"system", 0, "TEXT", "with --chat: a system message"},
+	{"ids", 0, "FILE", "prompt as token ids (text integers, or safetensors with input_ids)"},
+	{"n", 'n', "N", "tokens to generate at most (default 128)"},
+	{"temp", 0, "T", "sampling temperature (default 0.9; 0 = greedy)"},
+	{"top-k", 0, "K", "keep the K most likely tokens (default 0 = off)"},
+	{"top-p", 0, "P", "nucleus sampling mass (default 1 = off)"},
+	{"seed", 0, "S", "sampler seed"},
+	{"greedy", 0, NULL, "always take the most likely token"},
+	{"print-ids", 0, NULL, "print the generated token ids (one line) instead of text"},
+	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
+	{"threads", 0, "N", "CPU threads (default: all cores)"},
+	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
+	{"no-verify", 0, NULL, "run without checking the directory's signed manifest (says so)"},
+	{"verify-full", 0, NULL, "re-hash every model file before running"},
+	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"},
+	{0},
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int read_stdin(struct sfw_buf *b)
+{
+	char tmp[4096];
+	size_t k;
+	while ((k = fread(tmp, 1, sizeof(tmp), stdin)) > 0)
+		if (sfw_buf_append(b, tmp, k) != SFW_OK)
+			return -1;
+	return ferror(stdin) ? -1 : 0;
+}
+
+int cmd_run(int argc, char **argv)
+{
+	const char *C = "salafw run";
+	const char *prompt = NULL, *ids_path = NULL, *system = NULL, *device = NULL, *pubkey = NULL;
+	int chat = 0, print_ids = 0, no_verify = 0, full = 0, das = 0;
+	unsigned long long n_gen = 128, threads = 0, u;
+	double d;
+	struct sfw_sampler_params sp = sfw_sampler_default_params();
+	struct cli_parser cp;
+	const char *arg;
+	int k;
+	cli_init(&cp, C, argc, argv, opts);
+	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
+		if (k == CLI_HELP) {
+			cli_usage(stdout, C, "MODEL_DIR (-p TEXT | --chat | --ids FILE) [options]", opts);
+			return SFW_EXIT_OK;
+		}
+		if (k == CLI_ERROR)
+			return SFW_EXIT_USAGE;
+		const char *nm = opts[k].name;
+		if (!strcmp(nm, "prompt"))
+			prompt = arg;
+		else if (!strcmp(nm, "chat"))
+			chat = 1;
+		else if (!strcmp(nm, "system"))
+			system = arg;
+		else if (!strcmp(nm, "ids"))
+			ids_path = arg;
+		else if (!strcmp(nm, "n")) {
+			if (!cli_parse_u64(C, "-n", arg, &n_gen) || n_gen > (1u << 24))
+				return SFW_EXIT_USAGE;
+		} else if (!strcmp(nm, "temp")) {
+			if (!cli_parse_double(C, "--temp", arg, &d))
+				return SFW_EXIT_USAGE;
+			sp.temperature = (float)d;
+		} else if (!strcmp(nm, "top-k")) {
+			if (!cli_parse_u64(C, "--top-k", arg, &u) || u > INT32_MAX)
+				return SFW_EXIT_USAGE;
+			sp.top_k = (int)u;
+		} else if (!strcmp(nm, "top-p")) {
+			if (!cli_parse_double(C, "--top-p", arg, &d))
+				return SFW_EXIT_USAGE;
+			sp.top_p = (float)d;
+		} else if (!strcmp(nm, "seed")) {
+			if (!cli_parse_u64(C, "--seed", arg, &u))
+				return SFW_EXIT_USAGE;
+			sp.seed = u;
+		} else if (!strcmp(nm, "greedy"))
+			sp.greedy = 1;
+		else if (!strcmp(nm, "print-ids"))
+			print_ids = 1;
+		else if (!strcmp(nm, "device"))
+			device = arg;
+		else if (!strcmp(nm, "threads")) {
+			if (!cli_parse_u64(C, "--threads", arg, &threads) || threads > 256)
+				return SFW_EXIT_USAGE;
+		} else if (!strcmp(nm, "dense-as-sparse"))
+			das = 1;
+		else if (!strcmp(nm, "no-verify"))
+			no_verify = 1;
+		else if (!strcmp(nm, "verify-full"))
+			full = 1;
+		else if (!strcmp(nm, "pubkey"))
+			pubkey = arg;
+	}
+	if (cp.npos != 1)
+		return cli_usage_error(C, "expected one MODEL_DIR");
+	if ((prompt != NULL) + (ids_path != NULL) > 1 || (ids_path && chat) || (!prompt && !ids_path && !chat))
+		return cli_usage_error(C, "give exactly one of -p TEXT, --chat or --ids FILE");
+	if (system && !chat)
+		return cli_usage_error(C, "--system needs --chat");
+	struct sfw_model_params mp = sfw_model_default_params();
+	mp.threads = (int)threads;
+	if (device) {
+		if (!strcmp(device, "cpu"))
+			mp.device = SFW_DEVICE_CPU;
+		else if (!strcmp(device, "cuda"))
+			mp.device = SFW_DEVICE_CUDA;
+		else
+			return cli_usage_error(C, "--device must be cpu or cuda");
+	}
+	const char *dir = cp.pos[0];
+	int rc = cli_model_gate(C, dir, no_verify, full, pubkey);
+	if (rc)
+		return rc;
+
+	struct sfw_err err = {0};
+	enum sfw_status s;
+	struct sfw_model *m = NULL;
+	struct sfw_ctx *ctx = NULL;
+	struct sfw_tokenizer *tok = NULL;
+	struct sfw_sampler smp;
+	int smp_ok = 0;
+	int32_t *ids = NULL;
+	size_t n_ids = 0;
+	float *logits = NULL;
+	struct sfw_buf text, out;
+	sfw_buf_init(&text, 64u << 20);
+	sfw_buf_init(&out, 1u << 20);
+
+	if ((s = sfw_model_load(dir, &mp, &m, &err)) != SFW_OK)
+		goto fail;
+	const struct sfw_config *cf = sfw_model_config(m);
+	char tpath[4200];
+	struct stat st;
+	snprintf(tpath, sizeof(tpath), "%s/tokenizer.model", dir);
+	int have_tok = stat(tpath, &st) == 0;
+	if (!have_tok && (prompt || chat)) {
+		s = sfw_fail(&err, SFW_E_MISSING, "'%s' has no tokenizer.model (use --ids)", dir);
+		goto fail;
+	}
+	if (have_tok && (s = sfw_tokenizer_load(dir, cf->vocab_size, &tok, &err)) != SFW_OK)
+		goto fail;
+	if (ids_path) {
+		if ((rc = cli_read_ids(C, ids_path, &ids, &n_ids)) != 0)
+			goto out_rc;
+	} else {
+		if (chat) {
+			const char *user = prompt;
+			struct sfw_buf in;
+			sfw_buf_init(&in, 64u << 20);
+			if (!user) {
+				if (read_stdin(&in) != 0) {
+					sfw_buf_release(&in);
+					s = sfw_fail(&err, SFW_E_IO, "cannot read the chat message from standard input");
+					goto fail;
+				}
+				user = in.data ? in.data : "";
+			}
+			struct sfw_chat_msg msgs[2];
+			size_t nm = 0;
+			if (system)
+				msgs[nm++] = (struct sfw_chat_msg){"system", system};
+			msgs[nm++] = (struct sfw_chat_msg){"user", user};
+			s = sfw_chat_format(msgs, nm, 1, &text, &err);
+			sfw_buf_release(&in);
+			if (s != SFW_OK)
+				goto fail;
+		} else if ((s = sfw_buf_append(&text, prompt, strlen(prompt))) != SFW_OK) {
+			sfw_fail(&err, s, "prompt too long");
+			goto fail;
+		}
+		if ((s = sfw_tokenizer_encode(tok, text.data ? text.data : "", text.len, 1, &ids, &n_ids, &err)) !=
+		    SFW_OK)
+			goto fail;
+	}
+	struct sfw_ctx_params xp = sfw_ctx_default_params();
+	xp.n_ctx = (int64_t)n_ids + (int64_t)n_gen;
+	xp.dense_as_sparse = das;
+	if ((s = sfw_ctx_new(m, &xp, &ctx, &err)) != SFW_OK)
+		goto fail;
+	if ((s = sfw_sampler_init(&smp, &sp, cf->vocab_size, &err)) != SFW_OK)
+		goto fail;
+	smp_ok = 1;
+	logits = sfw_malloc((size_t)cf->vocab_size * sizeof(float));
+	if (!logits) {
+		s = sfw_fail(&err, SFW_E_NOMEM, "out of memory");
+		goto fail;
+	}
+	double t0 = now_s();
+	if ((s = sfw_ctx_prefill(ctx, ids, n_ids, logits, &err)) != SFW_OK)
+		goto fail;
+	double t1 = now_s();
+	struct sfw_tokdec dec;
+	if (tok)
+		sfw_tokdec_init(&dec, tok, 1);
+	unsigned long long produced = 0, steps = 0;
+	int use_text = tok && !print_ids;
+	for (; produced < n_gen; produced++) {
+		int32_t id = sfw_sampler_sample(&smp, logits, cf->vocab_size);
+		if (sfw_sampler_is_stop(id, cf->eos_token_ids, cf->n_eos))
+			break;
+		if (use_text) {
+			out.len = 0;
+			if ((s = sfw_tokdec_push(&dec, id, &out, &err)) != SFW_OK)
+				goto fail;
+			fwrite(out.data ? out.data : "", 1, out.len, stdout);
+		} else {
+			printf("%s%d", produced ? " " : "", id);
+		}
+		fflush(stdout);
+		if (produced + 1 == n_gen)
+			break; /* no forward pass for a token nobody will read */
+		if ((s = sfw_ctx_decode(ctx, id, logits, &err)) != SFW_OK)
+			goto fail;
+		steps++;
+	}
+	double t2 = now_s();
+	if (use_text) {
+		out.len = 0;
+		if ((s = sfw_tokdec_flush(&dec, &out, &err)) != SFW_OK)
+			goto fail;
+		fwrite(out.data ? out.data : "", 1, out.len, stdout);
+	}
+	printf("\n");
+	fflush(stdout);
+	/* Decode speed counts the one-token forward passes actually made. */
+	fprintf(stderr, "%s: prefill %zu tokens in %.3f s (%.1f tok/s), decode %llu tokens in %.3f s (%.1f tok/s) [%s]\n",
+		C, n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), steps, t2 - t1,
+		steps ? (double)steps / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0, sfw_model_device_name(m));
+	rc = 0;
+	goto out_rc;
+fail:
+	rc = cli_report(s, &err);
+out_rc:
+	if (smp_ok)
+		sfw_sampler_release(&smp);
+	sfw_free(logits);
+	sfw_free(ids);
+	sfw_buf_release(&text);
+	sfw_buf_release(&out);
+	sfw_ctx_free(ctx);
+	sfw_tokenizer_free(tok);
+	sfw_model_free(m);
+	return rc;
+}

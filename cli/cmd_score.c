@@ -1,0 +1,134 @@
+/* salafw score - logits (and with --taps the hidden states) for given token
+ * ids, written as a safetensors file with the golden files' tensor names, so
+ * an engine can be checked against ../shared/golden or another engine. */
+#include "cli.h"
+#include "alloc.h"
+#include "runner/runner.h"
+#include "runner/safetensors.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct cli_opt opts[] = {
+	{"ids", 0, "FILE", "prompt token ids (text integers, or safetensors with input_ids)"},
+	{"decode", 0, "N", "one-token decode steps after the prompt (default 0; with --feed-from: its length)"},
+	{"feed-from", 0, "GOLDEN", "feed decode.input_ids of this safetensors file instead of the greedy chain"},
+	{"taps", 0, NULL, "also write prefill/decode embed, layer outputs and final norm"},
+	{"output", 'o', "OUT", "output safetensors file"},
+	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
+	{"threads", 0, "N", "CPU threads (default: all cores)"},
+	{"chunk", 0, "N", "rows per internal prefill step (default 256)"},
+	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
+	{"no-verify", 0, NULL, "run without checking the directory's signed manifest (says so)"},
+	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"},
+	{"verify-full", 0, NULL, "re-hash every model file before running"},
+	{0},
+};
+
+int cmd_score(int argc, char **argv)
+{
+	const char *C = "salafw score";
+	const char *ids_path = NULL, *feed_path = NULL, *outp = NULL, *device = NULL, *pubkey = NULL;
+	unsigned long long n_dec = 0, threads = 0, chunk = 0;
+	int have_dec = 0, taps = 0, no_verify = 0, full = 0, das = 0;
+	struct cli_parser cp;
+	const char *arg;
+	int k;
+	cli_init(&cp, C, argc, argv, opts);
+	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
+		if (k == CLI_HELP) {
+			cli_usage(stdout, C, "MODEL_DIR --ids FILE [--decode N] [--feed-from GOLDEN] [--taps] -o OUT", opts);
+			return SFW_EXIT_OK;
+		}
+		if (k == CLI_ERROR)
+			return SFW_EXIT_USAGE;
+		const char *nm = opts[k].name;
+		if (!strcmp(nm, "ids"))
+			ids_path = arg;
+		else if (!strcmp(nm, "decode")) {
+			if (!cli_parse_u64(C, "--decode", arg, &n_dec) || n_dec > (1u << 20))
+				return SFW_EXIT_USAGE;
+			have_dec = 1;
+		} else if (!strcmp(nm, "feed-from"))
+			feed_path = arg;
+		else if (!strcmp(nm, "taps"))
+			taps = 1;
+		else if (!strcmp(nm, "output"))
+			outp = arg;
+		else if (!strcmp(nm, "device"))
+			device = arg;
+		else if (!strcmp(nm, "threads")) {
+			if (!cli_parse_u64(C, "--threads", arg, &threads) || threads > 256)
+				return SFW_EXIT_USAGE;
+		} else if (!strcmp(nm, "chunk")) {
+			if (!cli_parse_u64(C, "--chunk", arg, &chunk) || chunk < 1 || chunk > (1u << 20))
+				return SFW_EXIT_USAGE;
+		} else if (!strcmp(nm, "dense-as-sparse"))
+			das = 1;
+		else if (!strcmp(nm, "no-verify"))
+			no_verify = 1;
+		else if (!strcmp(nm, "pubkey"))
+			pubkey = arg;
+		else if (!strcmp(nm, "verify-full"))
+			full = 1;
+	}
+	if (cp.npos != 1)
+		return cli_usage_error(C, "expected one MODEL_DIR");
+	if (!ids_path || !outp)
+		return cli_usage_error(C, "--ids FILE and -o OUT are required");
+	struct sfw_model_params mp = sfw_model_default_params();
+	mp.threads = (int)threads;
+	if (device) {
+		if (!strcmp(device, "cpu"))
+			mp.device = SFW_DEVICE_CPU;
+		else if (!strcmp(device, "cuda"))
+			mp.device = SFW_DEVICE_CUDA;
+		else
+			return cli_usage_error(C, "--device must be cpu or cuda");
+	}
+	int rc = cli_model_gate(C, cp.pos[0], no_verify, full, pubkey);
+	if (rc)
+		return rc;
+	int32_t *ids = NULL;
+	size_t n = 0;
+	if ((rc = cli_read_ids(C, ids_path, &ids, &n)) != 0)
+		return rc;
+
+	struct sfw_err err = {0};
+	enum sfw_status s = SFW_OK;
+	struct sfw_st_file *feed = NULL;
+	struct sfw_model *m = NULL;
+	struct sfw_record *r = NULL;
+	const int32_t *feed_ids = NULL;
+	if (feed_path) {
+		if ((s = sfw_st_open(feed_path, &feed, &err)) != SFW_OK)
+			goto done;
+		const struct sfw_tensor_info *t = sfw_st_find(feed, "decode.input_ids");
+		if (!t || t->dtype != SFW_DTYPE_I32 || t->ndim != 1) {
+			s = sfw_fail(&err, SFW_E_FORMAT, "'%s' has no I32 vector 'decode.input_ids'", feed_path);
+			goto done;
+		}
+		if (!have_dec)
+			n_dec = t->nelem;
+		if (n_dec > t->nelem) {
+			s = sfw_fail(&err, SFW_E_INVAL, "--decode %llu but '%s' holds only %llu decode ids", n_dec,
+				     feed_path, (unsigned long long)t->nelem);
+			goto done;
+		}
+		feed_ids = t->data;
+	}
+	if ((s = sfw_model_load(cp.pos[0], &mp, &m, &err)) != SFW_OK)
+		goto done;
+	struct sfw_score_params sp = {ids, n, (int)n_dec, feed_ids, taps, sfw_ctx_default_params()};
+	sp.ctx.dense_as_sparse = das;
+	sp.ctx.prefill_chunk = (int)chunk;
+	if ((s = sfw_score_run(m, &sp, &r, &err)) != SFW_OK)
+		goto done;
+	s = sfw_record_write(r, outp, "salafw.score", das ? "dense-as-sparse" : "reference", &err);
+done:
+	sfw_record_free(r);
+	sfw_model_free(m);
+	sfw_st_close(feed);
+	sfw_free(ids);
+	return s == SFW_OK ? SFW_EXIT_OK : cli_report(s, &err);
+}

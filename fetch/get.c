@@ -1,0 +1,1482 @@
+/* get.c - the downloader behind `salafw get`: one libcurl multi handle, up to
+ * jobs x connections easy handles, each fetching one byte range of one file
+ * into DEST/.salafw/partial/<sha256>.part with pwrite at its final offset.
+ *
+ * Hashing: each file keeps a SHA-256 context over [0, hash_pos). A write at
+ * exactly hash_pos is hashed as it streams (the single-stream case hashes
+ * everything inline); whatever lies beyond is hashed in one sequential pass
+ * from disk when the file is complete.
+ *
+ * Durability: every journal_interval the data of each active file is
+ * fdatasync'ed and only then is the journal (ranges known written) replaced
+ * atomically, so a kill -9 loses at most the bytes since the last journal. */
+#include "fetch/fetch.h"
+
+#include "alloc.h"
+#include "buf.h"
+#include "checked.h"
+#include "file.h"
+#include "json.h"
+#include "log.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#define JOURNAL_MAX (256u << 10)
+#define HASH_CHUNK (4u << 20)
+#define DEFAULT_ENDPOINT "https://freeweights.allternit.com"
+
+struct sfw_fetch_params sfw_fetch_default_params(void)
+{
+	struct sfw_fetch_params p;
+	memset(&p, 0, sizeof(p));
+	p.trust = sfw_trust_default_params();
+	p.endpoint = DEFAULT_ENDPOINT;
+	p.jobs = 4;
+	p.connections = 4;
+	p.min_segment = 32u << 20;
+	p.connect_timeout_s = 15;
+	p.stall_timeout_s = 30;
+	p.stall_bytes_per_s = 1024;
+	p.max_retries = 5;
+	p.backoff_base_ms = 1000;
+	p.backoff_cap_ms = 30000;
+	p.retry_after_max_ms = 120000;
+	p.demote_after = 3;
+	p.journal_interval_s = 1.0;
+	p.progress_interval_s = 0.5;
+	return p;
+}
+
+/* ---- state ---------------------------------------------------------------- */
+
+struct src {
+	struct sfw_source s;
+	const char *label;
+	unsigned fails; /* consecutive failures */
+	int demoted;
+};
+
+enum reason { R_NONE, R_HTTP, R_RANGE, R_COMMIT, R_OVERFLOW, R_IO, R_CANCEL, R_RESTART };
+
+struct file;
+
+struct seg {
+	struct file *f;
+	CURL *h;
+	int src;
+	uint64_t start, end, pos, launch_pos, synced;
+	int ranged, checked;
+	enum reason reason;
+	int io_errno;
+	long status;
+	char content_range[128];
+	char retry_after[80];
+	char commit[64];
+	char errbuf[CURL_ERROR_SIZE];
+	struct seg *next;
+};
+
+enum fstate { F_PENDING, F_ACTIVE, F_DONE, F_FAILED, F_SKIPPED };
+
+struct file {
+	size_t idx;
+	const struct sfw_manifest_file *mf;
+	enum fstate state;
+	int fd;
+	char *part, *journal, *final;
+	struct sfw_range *done;
+	size_t ndone, capdone;
+	struct sfw_range *todo;
+	size_t ntodo, captodo;
+	struct seg *segs;
+	int nactive;
+	uint64_t not_before;
+	unsigned attempts;
+	int cur_src;
+	unsigned char *src_failed, *contributed;
+	struct sfw_sha256 h;
+	int h_ok;
+	uint64_t hash_pos;
+	uint64_t have;      /* bytes of the file written (done + active progress) */
+	uint64_t kept;      /* resumed from an earlier run */
+	int prior;          /* holds bytes whose source is unknown (earlier run) */
+	int dirty;
+	unsigned mismatches;
+	long last_status;
+	int last_curl;
+	char last_err[200];
+};
+
+struct run {
+	const struct sfw_fetch_params *p;
+	const struct sfw_manifest *m;
+	const char *dest;
+	struct src *srcs;
+	size_t nsrcs;
+	struct file *files;
+	size_t nfiles;
+	CURLM *multi;
+	int nhandles;
+	uint64_t t0;
+	uint64_t plan_total, plan_done_base;
+	uint64_t received, discarded, resumed;
+	uint64_t last_progress, last_journal, rate_bytes;
+	double rate;
+	uint32_t rng;
+	unsigned char *hashbuf;
+	int cancelled;
+	enum sfw_status fatal;
+	struct sfw_err fatal_err;
+};
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static uint32_t rnd32(struct run *r)
+{
+	uint32_t x = r->rng;
+	x ^= x << 13;
+	x ^= x >> 17;
+	x ^= x << 5;
+	return r->rng = x;
+}
+
+static bool emit(struct run *r, enum sfw_fetch_event_kind kind, struct file *f, int src, const char *msg)
+{
+	if (!r->p->on_event)
+		return true;
+	struct sfw_fetch_event ev;
+	memset(&ev, 0, sizeof(ev));
+	ev.kind = kind;
+	ev.file = f ? f->mf : NULL;
+	ev.file_index = f ? f->idx : 0;
+	ev.source = src >= 0 && (size_t)src < r->nsrcs ? r->srcs[src].label : NULL;
+	ev.msg = msg;
+	ev.file_done = f ? f->have : 0;
+	uint64_t done = 0;
+	for (size_t i = 0; i < r->nfiles; i++)
+		if (r->files[i].state == F_ACTIVE || r->files[i].state == F_DONE ||
+		    (r->files[i].state == F_FAILED && r->files[i].have))
+			done += r->files[i].have;
+	ev.total_done = done;
+	ev.total_size = r->plan_total;
+	ev.received = r->received;
+	ev.rate = r->rate;
+	ev.elapsed = (double)(now_ms() - r->t0) / 1000.0;
+	if (f) {
+		ev.http_status = f->last_status;
+		ev.curl_code = f->last_curl;
+	}
+	return r->p->on_event(r->p->user, &ev);
+}
+
+static bool emit_delay(struct run *r, struct file *f, int src, const char *msg, uint64_t delay)
+{
+	if (!r->p->on_event)
+		return true;
+	/* RETRY carries its delay; everything else goes through emit() */
+	struct sfw_fetch_event ev;
+	memset(&ev, 0, sizeof(ev));
+	ev.kind = SFW_EV_RETRY;
+	ev.file = f->mf;
+	ev.file_index = f->idx;
+	ev.source = src >= 0 ? r->srcs[src].label : NULL;
+	ev.msg = msg;
+	ev.file_done = f->have;
+	ev.total_size = r->plan_total;
+	ev.received = r->received;
+	ev.elapsed = (double)(now_ms() - r->t0) / 1000.0;
+	ev.delay_ms = delay;
+	ev.http_status = f->last_status;
+	ev.curl_code = f->last_curl;
+	return r->p->on_event(r->p->user, &ev);
+}
+
+/* ---- range lists ------------------------------------------------------------ */
+
+static int push_range(struct sfw_range **v, size_t *n, size_t *cap, uint64_t a, uint64_t b, int front)
+{
+	if (a >= b)
+		return 0;
+	if (*n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 8;
+		struct sfw_range *nv = sfw_realloc(*v, nc * sizeof(**v));
+		if (!nv)
+			return -1;
+		*v = nv;
+		*cap = nc;
+	}
+	if (front) {
+		memmove(*v + 1, *v, *n * sizeof(**v));
+		(*v)[0] = (struct sfw_range){a, b};
+	} else {
+		(*v)[*n] = (struct sfw_range){a, b};
+	}
+	(*n)++;
+	return 0;
+}
+
+static int hash_reset(struct file *f)
+{
+	if (f->h_ok)
+		sfw_sha256_release(&f->h);
+	f->h_ok = sfw_sha256_init(&f->h) == SFW_OK;
+	f->hash_pos = 0;
+	return f->h_ok ? 0 : -1;
+}
+
+/* ---- journal ------------------------------------------------------------------ */
+
+static enum sfw_status journal_write(struct run *r, struct file *f, struct sfw_err *err)
+{
+	size_t n = f->ndone;
+	for (struct seg *s = f->segs; s; s = s->next)
+		n++;
+	struct sfw_range *v = sfw_malloc((n + 1) * sizeof(*v));
+	if (!v)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	size_t k = 0;
+	for (size_t i = 0; i < f->ndone; i++)
+		v[k++] = f->done[i];
+	for (struct seg *s = f->segs; s; s = s->next)
+		if (s->synced > s->start)
+			v[k++] = (struct sfw_range){s->start, s->synced};
+	k = sfw_fetch_normalize_ranges(v, k, UINT64_MAX, f->mf->size, NULL);
+	char hex[65];
+	sfw_hex_encode(f->mf->sha256, 32, hex);
+	struct sfw_buf b;
+	sfw_buf_init(&b, JOURNAL_MAX);
+	enum sfw_status st = sfw_buf_printf(&b, "{\"v\":1,\"size\":%llu,\"sha256\":\"%s\",\"done\":[",
+					    (unsigned long long)f->mf->size, hex);
+	for (size_t i = 0; i < k && st == SFW_OK; i++)
+		st = sfw_buf_printf(&b, "%s[%llu,%llu]", i ? "," : "", (unsigned long long)v[i].start,
+				    (unsigned long long)v[i].end);
+	if (st == SFW_OK)
+		st = sfw_buf_printf(&b, "]}\n");
+	sfw_free(v);
+	(void)r;
+	if (st != SFW_OK) {
+		sfw_buf_release(&b);
+		return sfw_fail(err, st, "journal for '%s' too large", f->mf->path);
+	}
+	st = sfw_write_file_atomic(f->journal, b.data, b.len, err);
+	sfw_buf_release(&b);
+	return st;
+}
+
+/* fdatasync the data, then record what is now durable. */
+static enum sfw_status journal_flush(struct run *r, struct file *f, struct sfw_err *err)
+{
+	if (f->fd < 0 || !f->dirty)
+		return SFW_OK;
+	if (fdatasync(f->fd) != 0)
+		return sfw_fail(err, SFW_E_IO, "cannot sync '%s': %s", f->part, strerror(errno));
+	for (struct seg *s = f->segs; s; s = s->next)
+		s->synced = s->pos;
+	f->dirty = 0;
+	return journal_write(r, f, err);
+}
+
+/* Reads the journal's done ranges; anything unreadable or for other content
+ * counts as no journal (the partial is then started over). */
+static size_t journal_read(struct file *f, struct sfw_range **out)
+{
+	struct sfw_buf b;
+	*out = NULL;
+	if (sfw_read_file(f->journal, JOURNAL_MAX, &b, NULL) != SFW_OK)
+		return 0;
+	cJSON *j = NULL;
+	size_t n = 0;
+	if (sfw_json_parse(b.data, b.len, "journal", &j, NULL) != SFW_OK)
+		goto out;
+	uint64_t v = 0, size = 0;
+	const char *hex = NULL;
+	unsigned char sha[32];
+	if (sfw_json_u64(j, "v", "journal", &v, NULL) != SFW_OK || v != 1 ||
+	    sfw_json_u64(j, "size", "journal", &size, NULL) != SFW_OK || size != f->mf->size ||
+	    sfw_json_string(j, "sha256", "journal", &hex, NULL) != SFW_OK || sfw_hex_decode(hex, sha, 32) != 0 ||
+	    memcmp(sha, f->mf->sha256, 32) != 0)
+		goto out;
+	const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "done");
+	if (!cJSON_IsArray(d))
+		goto out;
+	int cnt = cJSON_GetArraySize(d);
+	if (cnt <= 0 || cnt > 100000)
+		goto out;
+	*out = sfw_calloc((size_t)cnt, sizeof(**out));
+	if (!*out)
+		goto out;
+	const cJSON *e;
+	cJSON_ArrayForEach(e, d)
+	{
+		uint64_t a, bb;
+		if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 ||
+		    sfw_json_item_u64(cJSON_GetArrayItem(e, 0), "start", "journal", &a, NULL) != SFW_OK ||
+		    sfw_json_item_u64(cJSON_GetArrayItem(e, 1), "end", "journal", &bb, NULL) != SFW_OK || a > bb) {
+			n = 0;
+			goto out;
+		}
+		(*out)[n++] = (struct sfw_range){a, bb};
+	}
+out:
+	if (j)
+		cJSON_Delete(j);
+	sfw_buf_release(&b);
+	if (n == 0) {
+		sfw_free(*out);
+		*out = NULL;
+	}
+	return n;
+}
+
+/* ---- sources ---------------------------------------------------------------- */
+
+static int pick_source(struct run *r, struct file *f)
+{
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; i < r->nsrcs; i++)
+			if (!f->src_failed[i] && r->srcs[i].demoted == pass)
+				return (int)i;
+	return -1;
+}
+
+static void strike_source(struct run *r, int src, struct file *f, const char *why)
+{
+	struct src *s = &r->srcs[src];
+	f->src_failed[src] = 1;
+	emit(r, SFW_EV_SOURCE_FAILED, f, src, why);
+	if (++s->fails >= r->p->demote_after && !s->demoted) {
+		s->demoted = 1;
+		emit(r, SFW_EV_SOURCE_DEMOTED, NULL, src, "kept failing; tried last from now on");
+	}
+	if (f->cur_src == src)
+		f->cur_src = pick_source(r, f);
+	f->attempts = 0;
+}
+
+/* ---- curl callbacks ------------------------------------------------------------- */
+
+static int hdr_is(const char *line, size_t n, const char *name, const char **val, size_t *vlen)
+{
+	size_t k = strlen(name);
+	if (n <= k || strncasecmp(line, name, k) != 0 || line[k] != ':')
+		return 0;
+	const char *v = line + k + 1;
+	const char *e = line + n;
+	while (v < e && (*v == ' ' || *v == '\t'))
+		v++;
+	while (e > v && (e[-1] == '\r' || e[-1] == '\n' || e[-1] == ' '))
+		e--;
+	*val = v;
+	*vlen = (size_t)(e - v);
+	return 1;
+}
+
+static void copy_hdr(char *dst, size_t cap, const char *v, size_t n)
+{
+	if (n >= cap)
+		n = cap - 1;
+	memcpy(dst, v, n);
+	dst[n] = '\0';
+}
+
+static size_t on_header(char *p, size_t sz, size_t nm, void *u)
+{
+	struct seg *s = u;
+	size_t n = sz * nm;
+	const char *v;
+	size_t vl;
+	if (n >= 5 && strncmp(p, "HTTP/", 5) == 0) {
+		/* a new response (after a redirect): forget the previous one's headers */
+		s->content_range[0] = '\0';
+		s->retry_after[0] = '\0';
+	} else if (hdr_is(p, n, "Content-Range", &v, &vl)) {
+		copy_hdr(s->content_range, sizeof(s->content_range), v, vl);
+	} else if (hdr_is(p, n, "Retry-After", &v, &vl)) {
+		copy_hdr(s->retry_after, sizeof(s->retry_after), v, vl);
+	} else if (hdr_is(p, n, "X-Repo-Commit", &v, &vl)) {
+		copy_hdr(s->commit, sizeof(s->commit), v, vl);
+	}
+	return n;
+}
+
+static int commit_ok(struct run *r, struct seg *s)
+{
+	return r->srcs[s->src].s.kind != SFW_SOURCE_HF || !s->commit[0] || strcmp(s->commit, r->m->revision) == 0;
+}
+
+static struct run *g_run; /* the write callback needs the run; one get at a time */
+
+static int check_first(struct run *r, struct seg *s)
+{
+	long status = 0;
+	curl_off_t cl = -1;
+	curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &status);
+	curl_easy_getinfo(s->h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
+	s->status = status;
+	if (!commit_ok(r, s)) {
+		s->reason = R_COMMIT;
+		return -1;
+	}
+	switch (sfw_fetch_check_response(s->ranged, s->start, s->end, s->f->mf->size, status,
+					 s->content_range[0] ? s->content_range : NULL, (int64_t)cl)) {
+	case SFW_RESP_ACCEPT:
+		return 0;
+	case SFW_RESP_RESTART:
+		s->reason = R_RESTART;
+		return -1;
+	case SFW_RESP_NEXT_SOURCE:
+		s->reason = R_RANGE;
+		return -1;
+	case SFW_RESP_ERROR:
+		s->reason = R_HTTP;
+		return -1;
+	}
+	return -1;
+}
+
+static size_t on_write(char *p, size_t sz, size_t nm, void *u)
+{
+	struct seg *s = u;
+	struct run *r = g_run;
+	struct file *f = s->f;
+	size_t n = sz * nm;
+	if (!s->checked) {
+		if (check_first(r, s) != 0)
+			return 0;
+		s->checked = 1;
+	}
+	if (r->p->cancel && *r->p->cancel) {
+		s->reason = R_CANCEL;
+		return 0;
+	}
+	r->received += n;
+	r->rate_bytes += n;
+	uint64_t room = s->end - s->pos;
+	size_t w = n > room ? (size_t)room : n;
+	if (w && sfw_pwrite_all(f->fd, p, w, s->pos) != 0) {
+		s->reason = R_IO;
+		s->io_errno = errno;
+		return 0;
+	}
+	if (w && f->hash_pos == s->pos && f->h_ok) {
+		sfw_sha256_update(&f->h, p, w);
+		f->hash_pos += w;
+	}
+	s->pos += w;
+	f->have += w;
+	if (w) {
+		f->dirty = 1;
+		f->contributed[s->src] = 1;
+	}
+	if (w < n) {
+		s->reason = R_OVERFLOW; /* more bytes than asked for: never written */
+		return 0;
+	}
+	return n;
+}
+
+/* ---- segments ------------------------------------------------------------------- */
+
+static void seg_free(struct run *r, struct seg *s)
+{
+	if (s->h) {
+		curl_multi_remove_handle(r->multi, s->h);
+		curl_easy_cleanup(s->h);
+		r->nhandles--;
+	}
+	struct file *f = s->f;
+	for (struct seg **pp = &f->segs; *pp; pp = &(*pp)->next)
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	f->nactive--;
+	sfw_free(s);
+}
+
+static enum sfw_status seg_start(struct run *r, struct file *f, struct sfw_err *err)
+{
+	const struct sfw_fetch_params *p = r->p;
+	struct sfw_range rg = f->todo[0];
+	struct seg *s = sfw_calloc(1, sizeof(*s));
+	if (!s)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	char *url = sfw_fetch_file_url(&r->srcs[f->cur_src].s, r->m->repo_id, r->m->revision, f->mf->path);
+	CURL *h = curl_easy_init();
+	if (!url || !h) {
+		sfw_free(url);
+		if (h)
+			curl_easy_cleanup(h);
+		sfw_free(s);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	s->f = f;
+	s->h = h;
+	s->src = f->cur_src;
+	s->start = s->pos = s->launch_pos = s->synced = rg.start;
+	s->end = rg.end;
+	s->ranged = !(rg.start == 0 && rg.end == f->mf->size);
+	char range[64];
+	snprintf(range, sizeof(range), "%llu-%llu", (unsigned long long)rg.start, (unsigned long long)rg.end - 1);
+	curl_easy_setopt(h, CURLOPT_URL, url);
+	if (s->ranged)
+		curl_easy_setopt(h, CURLOPT_RANGE, range);
+	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+	curl_easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_USERAGENT, "salafw/" SFW_VERSION);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, p->connect_timeout_s);
+	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, p->stall_bytes_per_s);
+	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, p->stall_timeout_s);
+	/* libcurl applies this to redirect and error bodies too, so allow a
+	 * small page on top; on_write is the hard cap at the range's end. */
+	curl_easy_setopt(h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)(f->mf->size + (64u << 10)));
+	curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
+	if (p->limit_rate)
+		curl_easy_setopt(h, CURLOPT_MAX_RECV_SPEED_LARGE, (curl_off_t)p->limit_rate);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
+	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(h, CURLOPT_HEADERDATA, s);
+	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, s->errbuf);
+	curl_easy_setopt(h, CURLOPT_PRIVATE, s);
+	/* no CURLOPT_ACCEPT_ENCODING: bodies stay identity-encoded, sizes exact */
+	sfw_free(url); /* libcurl copies option strings */
+	if (curl_multi_add_handle(r->multi, h) != CURLM_OK) {
+		curl_easy_cleanup(h);
+		sfw_free(s);
+		return sfw_fail(err, SFW_E_NOMEM, "cannot add a transfer");
+	}
+	r->nhandles++;
+	memmove(f->todo, f->todo + 1, (f->ntodo - 1) * sizeof(*f->todo));
+	f->ntodo--;
+	s->next = f->segs;
+	f->segs = s;
+	f->nactive++;
+	return SFW_OK;
+}
+
+/* ---- file lifecycle ------------------------------------------------------------ */
+
+static void file_close(struct file *f)
+{
+	if (f->fd >= 0)
+		close(f->fd); /* also drops the flock */
+	f->fd = -1;
+	if (f->h_ok)
+		sfw_sha256_release(&f->h);
+	f->h_ok = 0;
+}
+
+static enum sfw_status plan_todo(struct run *r, struct file *f, struct sfw_err *err)
+{
+	size_t cap = f->ndone + 2 + r->p->connections * 2 + 8;
+	struct sfw_range *v = sfw_malloc(cap * sizeof(*v));
+	if (!v)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	size_t k = sfw_fetch_plan_pieces(f->done, f->ndone, f->mf->size, r->p->connections, r->p->min_segment, v,
+					 cap);
+	SFW_ASSERT(k != SIZE_MAX);
+	sfw_free(f->todo);
+	f->todo = v;
+	f->ntodo = k;
+	f->captodo = cap;
+	return SFW_OK;
+}
+
+/* Forgets every byte of the partial and starts the file over. */
+static enum sfw_status file_reset(struct run *r, struct file *f, struct sfw_err *err)
+{
+	while (f->segs)
+		seg_free(r, f->segs);
+	r->discarded += f->have;
+	f->have = 0;
+	f->ndone = 0;
+	f->prior = 0;
+	f->dirty = 0;
+	memset(f->contributed, 0, r->nsrcs);
+	if (hash_reset(f) != 0)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	if (ftruncate(f->fd, 0) != 0)
+		return sfw_fail(err, SFW_E_IO, "cannot truncate '%s': %s", f->part, strerror(errno));
+	enum sfw_status st = journal_write(r, f, err);
+	if (st != SFW_OK)
+		return st;
+	return plan_todo(r, f, err);
+}
+
+static enum sfw_status file_activate(struct run *r, struct file *f, struct sfw_err *err)
+{
+	f->fd = open(f->part, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (f->fd < 0)
+		return sfw_fail(err, SFW_E_IO, "cannot open '%s': %s", f->part, strerror(errno));
+	if (flock(f->fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+		return sfw_fail(err, SFW_E_LOCKED, "'%s' is being written by another process", f->part);
+	struct stat st;
+	if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode))
+		return sfw_fail(err, SFW_E_IO, "'%s' is not a regular file", f->part);
+	if (hash_reset(f) != 0)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	struct sfw_range *d = NULL;
+	size_t n = journal_read(f, &d);
+	uint64_t have = 0;
+	n = sfw_fetch_normalize_ranges(d, n, (uint64_t)st.st_size, f->mf->size, &have);
+	sfw_free(f->done);
+	f->done = d;
+	f->ndone = n;
+	f->capdone = n;
+	if (n == 0 && st.st_size > 0 && ftruncate(f->fd, 0) != 0)
+		return sfw_fail(err, SFW_E_IO, "cannot truncate '%s': %s", f->part, strerror(errno));
+	/* Re-hash the kept prefix: a saved hash state is never trusted. */
+	if (n && d[0].start == 0) {
+		enum sfw_status s2 = sfw_sha256_fd_prefix(f->fd, d[0].end, &f->h, err);
+		if (s2 != SFW_OK)
+			return s2;
+		f->hash_pos = d[0].end;
+	}
+	f->have = f->kept = have;
+	f->prior = have > 0;
+	r->resumed += have;
+	/* Preallocate: fails early on a full disk; unsupported is fine. */
+	if (f->mf->size && (uint64_t)st.st_size < f->mf->size &&
+	    fallocate(f->fd, 0, 0, (off_t)f->mf->size) != 0 && errno == ENOSPC)
+		return sfw_fail(err, SFW_E_NOSPACE, "no space left for '%s'", f->part);
+	enum sfw_status s3 = plan_todo(r, f, err);
+	if (s3 != SFW_OK)
+		return s3;
+	f->cur_src = pick_source(r, f);
+	f->state = F_ACTIVE;
+	emit(r, SFW_EV_FILE_START, f, f->cur_src, have ? "resuming" : NULL);
+	return SFW_OK;
+}
+
+/* mkdir -p of the parent folders of rel under dest, refusing symlinks. */
+static enum sfw_status make_parents(const char *dest, const char *rel, struct sfw_err *err)
+{
+	char *full = sfw_path_join(dest, rel);
+	if (!full)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	size_t base = strlen(dest);
+	enum sfw_status st = SFW_OK;
+	for (size_t i = base + 1; full[i]; i++) {
+		if (full[i] != '/')
+			continue;
+		full[i] = '\0';
+		struct stat sb;
+		if (lstat(full, &sb) != 0) {
+			if (mkdir(full, 0755) != 0 && errno != EEXIST)
+				st = sfw_fail(err, SFW_E_IO, "cannot create directory '%s': %s", full, strerror(errno));
+			else if (lstat(full, &sb) != 0 || !S_ISDIR(sb.st_mode))
+				st = sfw_fail(err, SFW_E_PATH, "'%s' is not a directory", full);
+		} else if (!S_ISDIR(sb.st_mode)) {
+			st = sfw_fail(err, SFW_E_PATH, "'%s' is not a directory (symlinks are refused)", full);
+		}
+		full[i] = '/';
+		if (st != SFW_OK)
+			break;
+	}
+	sfw_free(full);
+	return st;
+}
+
+static char *dir_of(const char *path)
+{
+	const char *sl = strrchr(path, '/');
+	return sl ? sfw_strndup(path, (size_t)(sl - path)) : sfw_strdup(".");
+}
+
+/* All bytes are in: hash the rest, and rename into place only if it matches. */
+static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err *err)
+{
+	const struct sfw_manifest_file *mf = f->mf;
+	while (f->hash_pos < mf->size) {
+		uint64_t want = mf->size - f->hash_pos;
+		size_t k = want > HASH_CHUNK ? HASH_CHUNK : (size_t)want;
+		long long got = sfw_pread_full(f->fd, r->hashbuf, k, f->hash_pos);
+		if (got != (long long)k)
+			return sfw_fail(err, SFW_E_IO, "cannot read '%s': %s", f->part,
+					got < 0 ? strerror(errno) : "file is short");
+		sfw_sha256_update(&f->h, r->hashbuf, k);
+		f->hash_pos += k;
+	}
+	unsigned char got[32];
+	sfw_sha256_final(&f->h, got);
+	sfw_sha256_release(&f->h);
+	f->h_ok = 0;
+	if (memcmp(got, mf->sha256, 32) != 0) {
+		char msg[200];
+		int blamed = 0;
+		for (size_t i = 0; i < r->nsrcs; i++)
+			blamed |= f->contributed[i];
+		snprintf(msg, sizeof(msg), "sha256 mismatch: %llu bytes discarded%s", (unsigned long long)f->have,
+			 f->prior && !blamed ? " (partial from an earlier run)" : "");
+		emit(r, SFW_EV_HASH_MISMATCH, f, blamed ? f->cur_src : -1, msg);
+		snprintf(f->last_err, sizeof(f->last_err), "sha256 mismatch");
+		f->mismatches++;
+		for (size_t i = 0; i < r->nsrcs; i++)
+			if (f->contributed[i])
+				strike_source(r, (int)i, f, "sha256 mismatch");
+		enum sfw_status st = file_reset(r, f, err);
+		if (st != SFW_OK)
+			return st;
+		f->cur_src = pick_source(r, f);
+		if (f->mismatches > r->nsrcs + 1)
+			f->cur_src = -1;
+		return SFW_OK;
+	}
+	struct stat sb;
+	if (fstat(f->fd, &sb) == 0 && (uint64_t)sb.st_size != mf->size && ftruncate(f->fd, (off_t)mf->size) != 0)
+		return sfw_fail(err, SFW_E_IO, "cannot truncate '%s': %s", f->part, strerror(errno));
+	if (fsync(f->fd) != 0)
+		return sfw_fail(err, SFW_E_IO, "cannot sync '%s': %s", f->part, strerror(errno));
+	enum sfw_status st = make_parents(r->dest, mf->path, err);
+	if (st != SFW_OK)
+		return st;
+	if (rename(f->part, f->final) != 0)
+		return sfw_fail(err, SFW_E_IO, "cannot rename '%s' to '%s': %s", f->part, f->final, strerror(errno));
+	char *d = dir_of(f->final);
+	if (!d)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	st = sfw_fsync_dir(d, err);
+	sfw_free(d);
+	if (st != SFW_OK)
+		return st;
+	unlink(f->journal);
+	file_close(f);
+	f->state = F_DONE;
+	emit(r, SFW_EV_FILE_DONE, f, f->cur_src, NULL);
+	return SFW_OK;
+}
+
+static void file_fail(struct run *r, struct file *f)
+{
+	struct sfw_err e;
+	sfw_err_clear(&e);
+	while (f->segs)
+		seg_free(r, f->segs);
+	if (journal_flush(r, f, &e) != SFW_OK)
+		sfw_log(SFW_LOG_WARN, "%s", e.msg);
+	file_close(f);
+	f->state = F_FAILED;
+	emit(r, SFW_EV_FILE_FAILED, f, -1, f->last_err[0] ? f->last_err : "every source failed");
+}
+
+static const char *reason_text(enum reason rs)
+{
+	switch (rs) {
+	case R_RANGE:
+		return "response does not match the requested range or size";
+	case R_COMMIT:
+		return "X-Repo-Commit differs from the manifest revision";
+	case R_OVERFLOW:
+		return "body longer than requested";
+	default:
+		return NULL;
+	}
+}
+
+/* A transfer ended: keep its bytes, then decide what happens next. */
+static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struct sfw_err *err)
+{
+	struct file *f = s->f;
+	int src = s->src;
+	long status = s->status;
+	if (!status)
+		curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &status);
+	if (!s->checked && cc == CURLE_OK && s->reason == R_NONE) {
+		/* no body arrived (an empty error page, or an empty range) */
+		s->status = status;
+		if (!commit_ok(r, s))
+			s->reason = R_COMMIT;
+		else if (status != 200 && status != 206)
+			s->reason = R_HTTP;
+	}
+	f->last_status = status;
+	f->last_curl = (int)cc;
+	if (s->pos > s->start)
+		push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0);
+	f->ndone = sfw_fetch_normalize_ranges(f->done, f->ndone, UINT64_MAX, f->mf->size, NULL);
+	int progressed = s->pos > s->launch_pos;
+	uint64_t rest_a = s->pos, rest_b = s->end;
+	enum reason rs = s->reason;
+	int io_errno = s->io_errno;
+	char retry_after[80];
+	memcpy(retry_after, s->retry_after, sizeof(retry_after));
+	char ebuf[CURL_ERROR_SIZE];
+	memcpy(ebuf, s->errbuf, sizeof(ebuf));
+	seg_free(r, s);
+
+	if (rs == R_IO)
+		return sfw_fail(err, io_errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s",
+				f->part, strerror(io_errno));
+	if (rs == R_CANCEL) {
+		push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1);
+		return SFW_OK;
+	}
+	if (rs == R_RESTART) {
+		/* 200 to a ranged request: this source ignores Range. Start the file
+		 * over as one plain request from byte 0 (never append a 200). */
+		enum sfw_status st = file_reset(r, f, err);
+		if (st != SFW_OK)
+			return st;
+		f->ntodo = 0;
+		push_range(&f->todo, &f->ntodo, &f->captodo, 0, f->mf->size, 0);
+		emit(r, SFW_EV_RETRY, f, src, "server ignored Range (200): restarting the file from byte 0");
+		return SFW_OK;
+	}
+	if (rs == R_NONE && cc == CURLE_OK && rest_a == rest_b) {
+		r->srcs[src].fails = 0;
+		f->attempts = 0;
+		return SFW_OK;
+	}
+	push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1);
+	enum sfw_fetch_class cls;
+	const char *why = reason_text(rs);
+	if (why)
+		cls = SFW_FETCH_NEXT_SOURCE;
+	else if (rs == R_HTTP)
+		cls = sfw_fetch_classify(CURLE_HTTP_RETURNED_ERROR, status);
+	else
+		cls = sfw_fetch_classify(cc, status);
+	char msg[200];
+	if (why)
+		snprintf(msg, sizeof(msg), "%s", why);
+	else if (rs == R_HTTP || (cc == CURLE_OK && status != 200 && status != 206))
+		snprintf(msg, sizeof(msg), "HTTP %ld", status);
+	else if (cc == CURLE_OK)
+		snprintf(msg, sizeof(msg), "connection closed at byte %llu of range ending at %llu",
+			 (unsigned long long)rest_a, (unsigned long long)rest_b);
+	else
+		snprintf(msg, sizeof(msg), "%s", ebuf[0] ? ebuf : curl_easy_strerror(cc));
+	snprintf(f->last_err, sizeof(f->last_err), "%s: %s", r->srcs[src].label, msg);
+	if (cls == SFW_FETCH_FATAL)
+		return sfw_fail(err, SFW_E_NET, "'%s': %s", f->mf->path, msg);
+	if (progressed)
+		f->attempts = 0;
+	int64_t ra = -1;
+	if (cls == SFW_FETCH_RETRY) {
+		if (retry_after[0])
+			ra = sfw_fetch_retry_after_ms(retry_after, (int64_t)time(NULL));
+		if (ra > 0 && (uint64_t)ra > r->p->retry_after_max_ms)
+			cls = SFW_FETCH_NEXT_SOURCE; /* asked to wait longer than we will */
+		else if (++f->attempts > r->p->max_retries)
+			cls = SFW_FETCH_NEXT_SOURCE;
+	}
+	if (cls == SFW_FETCH_NEXT_SOURCE) {
+		if (!f->src_failed[src])
+			strike_source(r, src, f, msg);
+		return SFW_OK;
+	}
+	uint64_t delay = sfw_fetch_backoff_ms(f->attempts, r->p->backoff_base_ms, r->p->backoff_cap_ms,
+					      ra > 0 ? (uint64_t)ra : 0, rnd32(r));
+	uint64_t due = now_ms() + delay;
+	if (due > f->not_before)
+		f->not_before = due;
+	emit_delay(r, f, src, msg, delay);
+	return SFW_OK;
+}
+
+/* ---- the loop ---------------------------------------------------------------------- */
+
+static enum sfw_status schedule(struct run *r, struct sfw_err *err)
+{
+	const struct sfw_fetch_params *p = r->p;
+	unsigned active = 0;
+	for (size_t i = 0; i < r->nfiles; i++)
+		active += r->files[i].state == F_ACTIVE;
+	uint64_t now = now_ms();
+	for (size_t i = 0; i < r->nfiles; i++) {
+		struct file *f = &r->files[i];
+		if (f->state == F_PENDING && active < p->jobs) {
+			enum sfw_status st = file_activate(r, f, err);
+			if (st == SFW_E_LOCKED) {
+				snprintf(f->last_err, sizeof(f->last_err), "%s", err->msg);
+				file_close(f);
+				f->state = F_FAILED;
+				emit(r, SFW_EV_FILE_FAILED, f, -1, f->last_err);
+				sfw_err_clear(err);
+				continue;
+			}
+			if (st != SFW_OK)
+				return st;
+			active++;
+		}
+		if (f->state != F_ACTIVE)
+			continue;
+		if (f->ntodo == 0 && f->nactive == 0) {
+			enum sfw_status st = file_finish(r, f, err);
+			if (st != SFW_OK)
+				return st;
+			if (f->state == F_DONE) {
+				active--;
+				continue;
+			}
+		}
+		if (f->cur_src < 0 || f->src_failed[f->cur_src])
+			f->cur_src = pick_source(r, f);
+		if (f->cur_src < 0) {
+			if (f->nactive == 0) {
+				file_fail(r, f);
+				active--;
+			}
+			continue;
+		}
+		while (f->ntodo && f->nactive < (int)p->connections && now >= f->not_before) {
+			enum sfw_status st = seg_start(r, f, err);
+			if (st != SFW_OK)
+				return st;
+		}
+	}
+	return SFW_OK;
+}
+
+static void progress(struct run *r, int force)
+{
+	uint64_t now = now_ms();
+	uint64_t dt = now - r->last_progress;
+	if (!force && dt < (uint64_t)(r->p->progress_interval_s * 1000))
+		return;
+	if (dt) {
+		double inst = (double)r->rate_bytes * 1000.0 / (double)dt;
+		r->rate = r->rate == 0 ? inst : 0.5 * r->rate + 0.5 * inst;
+	}
+	r->rate_bytes = 0;
+	r->last_progress = now;
+	for (size_t i = 0; i < r->nfiles; i++)
+		if (r->files[i].state == F_ACTIVE && !emit(r, SFW_EV_PROGRESS, &r->files[i], r->files[i].cur_src, NULL))
+			r->cancelled = 1;
+	if (!emit(r, SFW_EV_PROGRESS, NULL, -1, NULL))
+		r->cancelled = 1;
+}
+
+static enum sfw_status flush_all(struct run *r, struct sfw_err *err)
+{
+	for (size_t i = 0; i < r->nfiles; i++)
+		if (r->files[i].state == F_ACTIVE) {
+			enum sfw_status st = journal_flush(r, &r->files[i], err);
+			if (st != SFW_OK)
+				return st;
+		}
+	return SFW_OK;
+}
+
+static enum sfw_status run_loop(struct run *r, struct sfw_err *err)
+{
+	const struct sfw_fetch_params *p = r->p;
+	r->last_progress = r->last_journal = now_ms();
+	for (;;) {
+		if (r->cancelled || (p->cancel && *p->cancel)) {
+			r->cancelled = 1;
+			return SFW_E_ABORTED;
+		}
+		enum sfw_status st = schedule(r, err);
+		if (st != SFW_OK)
+			return st;
+		int busy = 0;
+		for (size_t i = 0; i < r->nfiles; i++)
+			busy |= r->files[i].state == F_ACTIVE || r->files[i].state == F_PENDING;
+		if (!busy)
+			return SFW_OK;
+		int running = 0;
+		if (curl_multi_perform(r->multi, &running) != CURLM_OK)
+			return sfw_fail(err, SFW_E_NET, "libcurl multi failed");
+		CURLMsg *msg;
+		int left;
+		while ((msg = curl_multi_info_read(r->multi, &left))) {
+			if (msg->msg != CURLMSG_DONE)
+				continue;
+			struct seg *s = NULL;
+			CURLcode cc = msg->data.result;
+			curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&s);
+			st = seg_done(r, s, cc, err);
+			if (st != SFW_OK)
+				return st;
+		}
+		uint64_t now = now_ms();
+		if (now - r->last_journal >= (uint64_t)(p->journal_interval_s * 1000)) {
+			st = flush_all(r, err);
+			if (st != SFW_OK)
+				return st;
+			r->last_journal = now;
+		}
+		progress(r, 0);
+		/* sleep until I/O, or the next due retry / journal / progress tick */
+		int timeout = 100;
+		for (size_t i = 0; i < r->nfiles; i++) {
+			struct file *f = &r->files[i];
+			if (f->state == F_ACTIVE && f->ntodo && f->nactive == 0 && f->not_before > now &&
+			    f->not_before - now < (uint64_t)timeout)
+				timeout = (int)(f->not_before - now);
+		}
+		if (r->nhandles)
+			curl_multi_poll(r->multi, NULL, 0, timeout, NULL);
+		else if (timeout > 0)
+			usleep((useconds_t)timeout * 1000);
+	}
+}
+
+/* ---- manifest ------------------------------------------------------------------------ */
+
+static size_t buf_write(char *p, size_t sz, size_t nm, void *u)
+{
+	return sfw_buf_append(u, p, sz * nm) == SFW_OK ? sz * nm : 0;
+}
+
+static enum sfw_status http_get_small(const struct sfw_fetch_params *p, const char *url, size_t max,
+				      struct sfw_buf *out, struct sfw_err *err)
+{
+	char ebuf[CURL_ERROR_SIZE];
+	for (unsigned attempt = 1;; attempt++) {
+		sfw_buf_init(out, max);
+		CURL *h = curl_easy_init();
+		if (!h)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		ebuf[0] = '\0';
+		curl_easy_setopt(h, CURLOPT_URL, url);
+		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+		curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+		curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+		curl_easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
+		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+		curl_easy_setopt(h, CURLOPT_FAILONERROR, 1L);
+		curl_easy_setopt(h, CURLOPT_USERAGENT, "salafw/" SFW_VERSION);
+		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, p->connect_timeout_s);
+		curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, p->stall_bytes_per_s);
+		curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, p->stall_timeout_s);
+		curl_easy_setopt(h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)max);
+		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, buf_write);
+		curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+		curl_easy_setopt(h, CURLOPT_ERRORBUFFER, ebuf);
+		CURLcode cc = curl_easy_perform(h);
+		long status = 0;
+		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+		curl_easy_cleanup(h);
+		if (cc == CURLE_OK)
+			return SFW_OK;
+		sfw_buf_release(out);
+		if (cc == CURLE_WRITE_ERROR || cc == CURLE_FILESIZE_EXCEEDED)
+			return sfw_fail(err, SFW_E_MANIFEST, "'%s' is larger than %zu bytes", url, max);
+		enum sfw_fetch_class c = sfw_fetch_classify(cc, status);
+		if (c != SFW_FETCH_RETRY || attempt > p->max_retries || (p->cancel && *p->cancel))
+			return sfw_fail(err, SFW_E_NET, "cannot fetch '%s': %s", url,
+					ebuf[0] ? ebuf : curl_easy_strerror(cc));
+		uint64_t d = sfw_fetch_backoff_ms(attempt, p->backoff_base_ms, p->backoff_cap_ms, 0,
+						  (uint32_t)now_ms() * 2654435761u);
+		usleep((useconds_t)(d > 60000 ? 60000 : d) * 1000);
+	}
+}
+
+static int is_url(const char *s)
+{
+	return strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0;
+}
+
+static enum sfw_status load_manifest(const struct sfw_fetch_params *p, struct sfw_buf *man, struct sfw_buf *sig,
+				     char **what, struct sfw_err *err)
+{
+	char *loc;
+	if (p->manifest)
+		loc = sfw_strdup(p->manifest);
+	else if (p->repo_id)
+		loc = sfw_fetch_manifest_url(p->endpoint ? p->endpoint : DEFAULT_ENDPOINT, p->repo_id);
+	else
+		return sfw_fail(err, SFW_E_INVAL, "no repository and no --manifest given");
+	if (!loc)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	size_t n = strlen(loc);
+	char *sloc = sfw_malloc(n + 9);
+	if (!sloc) {
+		sfw_free(loc);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	memcpy(sloc, loc, n);
+	memcpy(sloc + n, ".minisig", 9);
+	enum sfw_status st;
+	if (is_url(loc)) {
+		st = http_get_small(p, loc, SFW_MANIFEST_MAX, man, err);
+		if (st == SFW_OK) {
+			st = http_get_small(p, sloc, SFW_MINISIG_MAX, sig, err);
+			if (st != SFW_OK)
+				sfw_buf_release(man);
+		}
+	} else {
+		st = sfw_read_file(loc, SFW_MANIFEST_MAX, man, err);
+		if (st == SFW_OK) {
+			st = sfw_read_file(sloc, SFW_MINISIG_MAX, sig, err);
+			if (st != SFW_OK)
+				sfw_buf_release(man);
+		}
+		if (st == SFW_E_RANGE || st == SFW_E_MISSING) {
+			/* too large: rejected as a manifest; absent: a local error, not
+			 * "verification failed" */
+			st = st == SFW_E_RANGE ? SFW_E_MANIFEST : SFW_E_IO;
+			if (err)
+				err->code = st;
+		}
+	}
+	sfw_free(sloc);
+	if (st != SFW_OK) {
+		sfw_free(loc);
+		return st;
+	}
+	*what = loc;
+	return SFW_OK;
+}
+
+/* ---- the whole get ---------------------------------------------------------------------- */
+
+static enum sfw_status space_check(struct run *r, struct sfw_err *err)
+{
+	uint64_t need = 0;
+	for (size_t i = 0; i < r->nfiles; i++) {
+		struct file *f = &r->files[i];
+		if (f->state != F_PENDING)
+			continue;
+		uint64_t n = f->mf->size;
+		struct stat sb;
+		if (lstat(f->part, &sb) == 0 && S_ISREG(sb.st_mode)) {
+			uint64_t alloc = (uint64_t)sb.st_blocks * 512;
+			n = alloc >= n ? 0 : n - alloc;
+		}
+		if (!sfw_add_ok(need, n, &need))
+			need = UINT64_MAX;
+	}
+	uint64_t margin = need / 100 + (16u << 20);
+	if (!sfw_add_ok(need, margin, &need))
+		need = UINT64_MAX;
+	struct statvfs vfs;
+	if (statvfs(r->dest, &vfs) != 0)
+		return SFW_OK; /* cannot tell: the write itself will report ENOSPC */
+	uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+	if (avail < need)
+		return sfw_fail(err, SFW_E_NOSPACE,
+				"not enough free space in '%s': need %llu bytes, %llu available "
+				"(--no-space-check to try anyway)",
+				r->dest, (unsigned long long)need, (unsigned long long)avail);
+	return SFW_OK;
+}
+
+static int take_dest_lock(const char *dir, struct sfw_err *err, enum sfw_status *st)
+{
+	char *path = sfw_path_join(dir, ".salafw/lock");
+	if (!path) {
+		*st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		return -1;
+	}
+	int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		*st = sfw_fail(err, SFW_E_IO, "cannot open '%s': %s", path, strerror(errno));
+		sfw_free(path);
+		return -1;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		if (errno == EWOULDBLOCK) {
+			*st = sfw_fail(err, SFW_E_LOCKED, "another 'salafw get' is writing into '%s' (lock '%s')", dir,
+				       path);
+			close(fd);
+			sfw_free(path);
+			return -1;
+		}
+		/* no flock on this file system: proceed, correctness does not need it */
+		sfw_log(SFW_LOG_WARN, "cannot lock '%s': %s; continuing without a lock", path, strerror(errno));
+	}
+	sfw_free(path);
+	*st = SFW_OK;
+	return fd;
+}
+
+static void files_release(struct run *r)
+{
+	for (size_t i = 0; i < r->nfiles; i++) {
+		struct file *f = &r->files[i];
+		while (f->segs)
+			seg_free(r, f->segs);
+		file_close(f);
+		sfw_free(f->part);
+		sfw_free(f->journal);
+		sfw_free(f->final);
+		sfw_free(f->done);
+		sfw_free(f->todo);
+		sfw_free(f->src_failed);
+		sfw_free(f->contributed);
+	}
+	sfw_free(r->files);
+}
+
+static enum sfw_status add_sources(struct run *r, const struct sfw_source *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct src *s = &r->srcs[r->nsrcs++];
+		s->s = v[i];
+		s->label = v[i].name && v[i].name[0] ? v[i].name : v[i].url;
+	}
+	return SFW_OK;
+}
+
+enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch_summary *sum,
+			      struct sfw_err *err)
+{
+	struct sfw_fetch_summary dummy;
+	if (!sum)
+		sum = &dummy;
+	memset(sum, 0, sizeof(*sum));
+	if (!p || !p->dest || !p->dest[0])
+		return sfw_fail(err, SFW_E_INVAL, "no destination directory");
+	if (p->jobs < 1 || p->connections < 1)
+		return sfw_fail(err, SFW_E_INVAL, "jobs and connections must be at least 1");
+	uint64_t t_start = now_ms();
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+		return sfw_fail(err, SFW_E_NOMEM, "cannot initialise libcurl");
+
+	/* 1. manifest: fetched, then verified, before anything touches DEST */
+	struct sfw_buf man, sig;
+	char *what = NULL;
+	enum sfw_status st = load_manifest(p, &man, &sig, &what, err);
+	if (st != SFW_OK)
+		return st;
+	struct sfw_trust_params tp = p->trust;
+	tp.repo_id = p->repo_id;
+	tp.revision = p->revision;
+	struct sfw_manifest m;
+	memset(&m, 0, sizeof(m));
+	struct sfw_minisig_info info;
+	st = sfw_manifest_verify(man.data, man.len, sig.data, sig.len, what, &tp, &m, &info, err);
+	if (st != SFW_OK) {
+		sfw_free(what);
+		sfw_buf_release(&man);
+		sfw_buf_release(&sig);
+		return st;
+	}
+	snprintf(sum->repo_id, sizeof(sum->repo_id), "%s", m.repo_id ? m.repo_id : "");
+	snprintf(sum->revision, sizeof(sum->revision), "%s", m.revision);
+	sum->nfiles = m.nfiles;
+
+	struct run r;
+	memset(&r, 0, sizeof(r));
+	r.p = p;
+	r.m = &m;
+	r.dest = p->dest;
+	r.rng = (uint32_t)(now_ms() ^ ((uint64_t)getpid() << 16)) | 1;
+	r.fatal = SFW_OK;
+	int lockfd = -1;
+	char *sdir = NULL, *pdir = NULL;
+
+	/* Defence in depth: the manifest parser validated every path already. */
+	for (size_t i = 0; i < m.nfiles; i++)
+		if ((st = sfw_path_check(m.files[i].path, err)) != SFW_OK)
+			goto out;
+
+	size_t ns = p->nmirrors_first + m.nsources + p->nmirrors_last;
+	r.srcs = sfw_calloc(ns ? ns : 1, sizeof(*r.srcs));
+	r.files = sfw_calloc(m.nfiles ? m.nfiles : 1, sizeof(*r.files));
+	r.hashbuf = sfw_malloc(HASH_CHUNK);
+	if (!r.srcs || !r.files || !r.hashbuf) {
+		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		goto out;
+	}
+	add_sources(&r, p->mirrors_first, p->nmirrors_first);
+	add_sources(&r, m.sources, m.nsources);
+	add_sources(&r, p->mirrors_last, p->nmirrors_last);
+	r.nfiles = m.nfiles;
+
+	/* 2. DEST bookkeeping: folders, lock, the verified manifest bytes */
+	sdir = sfw_path_join(p->dest, ".salafw");
+	pdir = sfw_path_join(p->dest, ".salafw/partial");
+	if (!sdir || !pdir) {
+		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		goto out;
+	}
+	if ((st = sfw_mkdirs(pdir, err)) != SFW_OK)
+		goto out;
+	lockfd = take_dest_lock(p->dest, err, &st);
+	if (st != SFW_OK)
+		goto out;
+	{
+		char *mp = sfw_path_join(sdir, "manifest.json");
+		char *sp = sfw_path_join(sdir, "manifest.json.minisig");
+		if (!mp || !sp)
+			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		if (st == SFW_OK)
+			st = sfw_write_file_atomic(mp, man.data, man.len, err);
+		if (st == SFW_OK)
+			st = sfw_write_file_atomic(sp, sig.data, sig.len, err);
+		sfw_free(mp);
+		sfw_free(sp);
+		if (st != SFW_OK)
+			goto out;
+	}
+	{
+		char msg[300];
+		snprintf(msg, sizeof(msg), "%s (%s@%s, %zu files)", what, m.repo_id, m.revision, m.nfiles);
+		r.t0 = now_ms();
+		if (!emit(&r, SFW_EV_MANIFEST, NULL, -1, msg)) {
+			st = sfw_fail(err, SFW_E_ABORTED, "cancelled");
+			goto out;
+		}
+	}
+
+	/* 3. what is already there and verified is skipped */
+	for (size_t i = 0; i < m.nfiles; i++) {
+		struct file *f = &r.files[i];
+		char hex[65];
+		sfw_hex_encode(m.files[i].sha256, 32, hex);
+		char name[80];
+		f->idx = i;
+		f->mf = &m.files[i];
+		f->fd = -1;
+		f->cur_src = -1;
+		snprintf(name, sizeof(name), "%s.part", hex);
+		f->part = sfw_path_join(pdir, name);
+		snprintf(name, sizeof(name), "%s.json", hex);
+		f->journal = sfw_path_join(pdir, name);
+		f->final = sfw_path_join(p->dest, m.files[i].path);
+		f->src_failed = sfw_calloc(ns ? ns : 1, 1);
+		f->contributed = sfw_calloc(ns ? ns : 1, 1);
+		if (!f->part || !f->journal || !f->final || !f->src_failed || !f->contributed) {
+			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			goto out;
+		}
+	}
+	{
+		struct sfw_verify_params vp = sfw_verify_default_params();
+		vp.record_state = 0;
+		struct sfw_verify_report rep;
+		memset(&rep, 0, sizeof(rep));
+		struct sfw_err verr;
+		sfw_err_clear(&verr);
+		enum sfw_status vs = sfw_verify_dir(p->dest, &m, &vp, &rep, &verr);
+		if (vs != SFW_OK && !rep.results) {
+			st = sfw_fail(err, vs, "%s", verr.msg);
+			goto out;
+		}
+		for (size_t i = 0; i < m.nfiles; i++)
+			if (rep.results && rep.results[i] == SFW_FILE_OK) {
+				r.files[i].state = F_SKIPPED;
+				r.files[i].have = m.files[i].size;
+				sum->nskipped++;
+				emit(&r, SFW_EV_SKIP, &r.files[i], -1, "already present and verified");
+				r.files[i].have = 0;
+			}
+		sfw_verify_report_release(&rep);
+	}
+	for (size_t i = 0; i < m.nfiles; i++)
+		if (r.files[i].state == F_PENDING)
+			r.plan_total += m.files[i].size;
+
+	/* 4. refuse before starting when the disk cannot hold it */
+	if (!p->no_space_check && (st = space_check(&r, err)) != SFW_OK)
+		goto out;
+	if (ns == 0 && r.plan_total + 0 > 0) {
+		for (size_t i = 0; i < m.nfiles; i++)
+			if (r.files[i].state == F_PENDING) {
+				st = sfw_fail(err, SFW_E_EXHAUSTED, "the manifest lists no sources; give one with --mirror");
+				goto out;
+			}
+	}
+	emit(&r, SFW_EV_PLAN, NULL, -1, NULL);
+
+	/* 5. download */
+	r.multi = curl_multi_init();
+	if (!r.multi) {
+		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		goto out;
+	}
+	curl_multi_setopt(r.multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)(p->jobs * p->connections));
+	g_run = &r;
+	st = run_loop(&r, err);
+	{
+		/* whatever happened, keep every byte written resumable */
+		struct sfw_err ferr;
+		sfw_err_clear(&ferr);
+		for (size_t i = 0; i < r.nfiles; i++) {
+			struct file *f = &r.files[i];
+			while (f->segs) {
+				struct seg *s = f->segs;
+				if (s->pos > s->start)
+					push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0);
+				seg_free(&r, s);
+			}
+			if (f->state == F_ACTIVE) {
+				f->dirty = 1;
+				if (journal_flush(&r, f, &ferr) != SFW_OK && st == SFW_OK)
+					st = sfw_fail(err, ferr.code, "%s", ferr.msg);
+			}
+		}
+	}
+	g_run = NULL;
+	if (st == SFW_E_ABORTED && (!err || !err->msg[0] || err->code != SFW_E_ABORTED))
+		st = sfw_fail(err, SFW_E_ABORTED, "interrupted; run the same command again to resume");
+	progress(&r, 1);
+	{
+		size_t nfail = 0;
+		struct file *first = NULL;
+		for (size_t i = 0; i < r.nfiles; i++) {
+			if (r.files[i].state == F_DONE)
+				sum->ndownloaded++;
+			if (r.files[i].state == F_FAILED && !nfail++)
+				first = &r.files[i];
+		}
+		sum->nfailed = nfail;
+		if (st == SFW_OK && nfail)
+			st = sfw_fail(err, SFW_E_EXHAUSTED, "%zu file%s failed; '%s': %s", nfail, nfail == 1 ? "" : "s",
+				      first->mf->path, first->last_err[0] ? first->last_err : "every source failed");
+	}
+	if (st == SFW_OK) {
+		/* 6. remember what was verified (rollback ratchet, offline verify) */
+		const char **paths = sfw_calloc(m.nfiles ? m.nfiles : 1, sizeof(*paths));
+		if (!paths) {
+			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			goto out;
+		}
+		for (size_t i = 0; i < m.nfiles; i++)
+			paths[i] = m.files[i].path;
+		st = sfw_manifest_ratchet_commit(&m, &tp, err);
+		if (st == SFW_OK)
+			st = sfw_state_record(p->dest, &m, paths, m.nfiles, err);
+		sfw_free(paths);
+		if (st == SFW_OK)
+			rmdir(pdir); /* only when empty */
+	}
+	sum->received = r.received;
+	sum->resumed = r.resumed;
+	sum->discarded = r.discarded;
+	emit(&r, SFW_EV_DONE, NULL, -1, st == SFW_OK ? "ok" : (err ? err->msg : sfw_strerror(st)));
+out:
+	sum->received = r.received;
+	sum->resumed = r.resumed;
+	sum->discarded = r.discarded;
+	sum->seconds = (double)(now_ms() - t_start) / 1000.0;
+	if (r.files)
+		files_release(&r);
+	if (r.multi)
+		curl_multi_cleanup(r.multi);
+	sfw_free(r.srcs);
+	sfw_free(r.hashbuf);
+	if (lockfd >= 0)
+		close(lockfd);
+	sfw_free(sdir);
+	sfw_free(pdir);
+	sfw_free(what);
+	sfw_manifest_release(&m);
+	sfw_buf_release(&man);
+	sfw_buf_release(&sig);
+	return st;
+}

@@ -1,0 +1,222 @@
+/* attention.cu - CUDA twins of kernels/attention.c: dense causal and
+ * block-sparse causal GQA attention (sparse layers).
+ *
+ * One block per (query row, KV group, split): the G = nh/nkv query heads of a
+ * group share every K/V tile (GQA packing), so a tile of 32 keys is loaded
+ * once for all of them. Warp w owns heads w and w+8: it scores its heads
+ * against the tile (lane = key), keeps the online-softmax max/sum, and
+ * accumulates P·V with lane = value column. Keys come in units of 32 tokens:
+ * dense rows walk [0, p]; sparse rows walk the two halves of each selected
+ * 64-token block (block order as in idx, which is ascending). Decode rows
+ * (few rows, many keys) split their units over several blocks and merge the
+ * partial (max, sum, o) in a second kernel (flash-decoding). */
+#include "cuda_act.cuh"
+
+#define ATT_THREADS 256
+#define ATT_WARPS 8
+#define ATT_KT 32
+
+struct att_args {
+	const void *q, *kc, *vc;
+	const int32_t *idx; /* NULL: dense */
+	void *o;
+	float *part; /* split partials: [rows*nkv][nsplit][G][HD + 2] */
+	int T, nh, nkv, k, block, nsplit;
+	int64_t pos0;
+	float scale;
+};
+
+/* Unit u of row (r, g): the first token of a 32-key tile, or -1 when the
+ * unit is empty (skipped block, or entirely in the future). */
+static __device__ __forceinline__ int64_t unit_start(const att_args &a, const int32_t *sel, int u, int64_t p)
+{
+	if (!sel) {
+		int64_t t0 = (int64_t)u * ATT_KT;
+		return t0 <= p ? t0 : -1;
+	}
+	int per = a.block / ATT_KT; /* units per block */
+	int b = sel[u / per];
+	if (b < 0)
+		return -1;
+	int64_t t0 = (int64_t)b * a.block + (int64_t)(u % per) * ATT_KT;
+	return t0 <= p ? t0 : -1;
+}
+
+template <typename A, int HD, int HPW>
+static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
+{
+	constexpr int CPL = HD / 32; /* value columns per lane */
+	__shared__ float qs[ATT_WARPS * HPW][HD];
+	__shared__ float Ks[ATT_KT][HD + 1];
+	__shared__ float Vs[ATT_KT][HD];
+	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv, split = blockIdx.y;
+	int G = a.nh / a.nkv, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	int64_t p = a.pos0 + r;
+	const A *q = (const A *)a.q, *kc = (const A *)a.kc, *vc = (const A *)a.vc;
+	const int32_t *sel = a.idx ? a.idx + ((size_t)g * a.T + r) * a.k : NULL;
+	for (int i = threadIdx.x; i < G * HD; i += ATT_THREADS)
+		qs[i / HD][i % HD] = act_ld(q, ((size_t)r * a.nh + (size_t)g * G) * HD + i);
+	int units = sel ? a.k * (a.block / ATT_KT) : (int)((p + ATT_KT) / ATT_KT);
+	int per_split = (units + a.nsplit - 1) / a.nsplit;
+	int u0 = split * per_split, u1 = min(units, u0 + per_split);
+	float m[HPW], l[HPW], acc[HPW][CPL];
+#pragma unroll
+	for (int j = 0; j < HPW; j++) {
+		m[j] = -INFINITY, l[j] = 0;
+#pragma unroll
+		for (int c = 0; c < CPL; c++)
+			acc[j][c] = 0;
+	}
+	size_t kstride = (size_t)a.nkv * HD;
+	for (int u = u0; u < u1; u++) {
+		int64_t t0 = unit_start(a, sel, u, p);
+		if (t0 < 0)
+			continue; /* uniform across the block: no barrier skipped unevenly */
+		__syncthreads();
+		for (int i = threadIdx.x; i < ATT_KT * HD; i += ATT_THREADS) {
+			int j = i / HD, c = i % HD;
+			int64_t t = t0 + j;
+			float kv = 0, vv = 0;
+			if (t <= p) {
+				size_t off = (size_t)t * kstride + (size_t)g * HD + c;
+				kv = act_ld(kc, off), vv = act_ld(vc, off);
+			}
+			Ks[j][c] = kv, Vs[j][c] = vv;
+		}
+		__syncthreads();
+		bool valid = t0 + lane <= p;
+#pragma unroll
+		for (int j = 0; j < HPW; j++) {
+			int hh = w + j * ATT_WARPS;
+			if (hh >= G)
+				break;
+			float s = 0;
+#pragma unroll 8
+			for (int c = 0; c < HD; c++)
+				s = fmaf(qs[hh][c], Ks[lane][c], s);
+			s = valid ? s * a.scale : -INFINITY;
+			float mx = fmaxf(m[j], sfwc_warp_max(s));
+			float pe = valid ? expf(s - mx) : 0.0f;
+			float corr = m[j] == -INFINITY ? 0.0f : expf(m[j] - mx);
+			l[j] = l[j] * corr + sfwc_warp_sum(pe);
+			m[j] = mx;
+#pragma unroll
+			for (int c = 0; c < CPL; c++)
+				acc[j][c] *= corr;
+			for (int kk = 0; kk < ATT_KT; kk++) {
+				float pk = __shfl_sync(0xffffffffu, pe, kk);
+#pragma unroll
+				for (int c = 0; c < CPL; c++)
+					acc[j][c] = fmaf(pk, Vs[kk][lane + 32 * c], acc[j][c]);
+			}
+		}
+	}
+#pragma unroll
+	for (int j = 0; j < HPW; j++) {
+		int hh = w + j * ATT_WARPS;
+		if (hh >= G)
+			break;
+		if (a.nsplit == 1) {
+			float inv = l[j] > 0 ? 1.0f / l[j] : 0.0f;
+			size_t ob = ((size_t)r * a.nh + (size_t)g * G + hh) * HD;
+#pragma unroll
+			for (int c = 0; c < CPL; c++)
+				act_st((A *)a.o, ob + lane + 32 * c, acc[j][c] * inv);
+		} else {
+			float *pp = a.part + (((size_t)blockIdx.x * a.nsplit + split) * G + hh) * (HD + 2);
+#pragma unroll
+			for (int c = 0; c < CPL; c++)
+				pp[lane + 32 * c] = acc[j][c];
+			if (lane == 0)
+				pp[HD] = m[j], pp[HD + 1] = l[j];
+		}
+	}
+}
+
+template <typename A, int HD>
+static __global__ void attn_combine_kernel(att_args a)
+{
+	int G = a.nh / a.nkv;
+	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv;
+	for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+		int hh = i / HD, c = i % HD;
+		float M = -INFINITY;
+		for (int s = 0; s < a.nsplit; s++)
+			M = fmaxf(M, a.part[(((size_t)blockIdx.x * a.nsplit + s) * G + hh) * (HD + 2) + HD]);
+		float L = 0, o = 0;
+		if (M != -INFINITY)
+			for (int s = 0; s < a.nsplit; s++) {
+				const float *pp = a.part + (((size_t)blockIdx.x * a.nsplit + s) * G + hh) * (HD + 2);
+				float f = expf(pp[HD] - M);
+				L += pp[HD + 1] * f;
+				o += pp[c] * f;
+			}
+		act_st((A *)a.o, ((size_t)r * a.nh + (size_t)g * G + hh) * HD + c, L > 0 ? o / L : 0.0f);
+	}
+}
+
+template <typename A, int HD>
+static void attn_launch(att_args a, int sms, cudaStream_t s)
+{
+	int G = a.nh / a.nkv;
+	int rows = a.T * a.nkv;
+	int64_t maxkeys = a.idx ? (int64_t)a.k * a.block : a.pos0 + a.T;
+	int units = (int)((maxkeys + ATT_KT - 1) / ATT_KT);
+	int nsplit = 1;
+	/* split-K only when the rows alone cannot fill the GPU */
+	while (rows * nsplit < 2 * sms && units / (nsplit * 2) >= 4 && nsplit < 64)
+		nsplit *= 2;
+	size_t need = (size_t)rows * nsplit * G * (HD + 2) * sizeof(float);
+	if (nsplit > 1)
+		a.part = (float *)sfwi_cuda_scratch(need);
+	a.nsplit = nsplit;
+	dim3 grid(rows, nsplit);
+	if (G <= ATT_WARPS)
+		attn_kernel<A, HD, 1><<<grid, ATT_THREADS, 0, s>>>(a);
+	else
+		attn_kernel<A, HD, 2><<<grid, ATT_THREADS, 0, s>>>(a);
+	SFW_CUDA_LAUNCHED();
+	if (nsplit > 1) {
+		attn_combine_kernel<A, HD><<<rows, 256, 0, s>>>(a);
+		SFW_CUDA_LAUNCHED();
+	}
+}
+
+static int g_sms;
+
+static void attn_any(att_args a, int hd, enum sfw_op_dtype act, void *stream)
+{
+	if (a.T <= 0)
+		return;
+	SFW_ASSERT(a.nkv > 0 && a.nh % a.nkv == 0 && a.nh / a.nkv <= 2 * ATT_WARPS);
+	SFW_ASSERT(!a.idx || a.block % ATT_KT == 0);
+	if (!g_sms) {
+		int dev;
+		SFW_CUDA_CHECK(cudaGetDevice(&dev));
+		SFW_CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
+	}
+	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	switch (hd) {
+	case 32: ACT_DISPATCH(act, attn_launch<A, 32>(a, g_sms, s)); break;
+	case 64: ACT_DISPATCH(act, attn_launch<A, 64>(a, g_sms, s)); break;
+	case 128: ACT_DISPATCH(act, attn_launch<A, 128>(a, g_sms, s)); break;
+	default:
+		fprintf(stderr, "salafw: attention head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
+		abort();
+	}
+}
+
+extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
+				       int hd, int64_t pos0, float scale, enum sfw_op_dtype act, void *stream)
+{
+	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale};
+	attn_any(a, hd, act, stream);
+}
+
+extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx,
+					int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
+					enum sfw_op_dtype act, void *stream)
+{
+	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale};
+	attn_any(a, hd, act, stream);
+}

@@ -1,0 +1,66 @@
+/* cuda_act.cuh - activation-dtype plumbing for the CUDA twins of ops.h:
+ * kernels are templates over the activation storage type A (float for
+ * SFW_OP_F32, uint16_t bf16 bits for SFW_OP_BF16). act_round<A> is the
+ * reference's bf16 rounding point: identity in float mode. */
+#ifndef SFW_CUDA_ACT_CUH
+#define SFW_CUDA_ACT_CUH
+
+#include "cuda_common.cuh"
+
+extern "C" {
+#include "kernels/ops.h"
+#include "kernels/ops_cuda.h"
+}
+
+static __device__ __forceinline__ float act_ld(const float *p, size_t i)
+{
+	return p[i];
+}
+static __device__ __forceinline__ float act_ld(const uint16_t *p, size_t i)
+{
+	return sfwc_bf(p[i]);
+}
+static __device__ __forceinline__ void act_st(float *p, size_t i, float v)
+{
+	p[i] = v;
+}
+static __device__ __forceinline__ void act_st(uint16_t *p, size_t i, float v)
+{
+	p[i] = sfwc_tobf(v);
+}
+
+template <typename A> static __device__ __forceinline__ float act_round(float v);
+template <> __device__ __forceinline__ float act_round<float>(float v)
+{
+	return v;
+}
+template <> __device__ __forceinline__ float act_round<uint16_t>(float v)
+{
+	return sfwc_rbf(v);
+}
+
+/* Weight element i, stored as bf16 or f32. */
+static __device__ __forceinline__ float wget(const void *w, enum sfw_op_dtype dt, size_t i)
+{
+	return dt == SFW_OP_BF16 ? sfwc_bf(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+/* Runs the statement with A bound to the activation storage type. */
+#define ACT_DISPATCH(act, ...)                                                                           \
+	do {                                                                                              \
+		if ((act) == SFW_OP_BF16) {                                                               \
+			typedef uint16_t A;                                                               \
+			__VA_ARGS__;                                                                             \
+		} else {                                                                                  \
+			typedef float A;                                                                  \
+			__VA_ARGS__;                                                                             \
+		}                                                                                         \
+	} while (0)
+
+/* Scratch memory and the cuBLASLt handle the twins share (kernels/cuda_rt.cu). */
+void *sfwi_cuda_scratch(size_t bytes);
+struct sfw_cuda_blas *sfwi_cuda_blas(void);
+void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
+			 enum sfw_op_dtype act, void *stream);
+
+#endif

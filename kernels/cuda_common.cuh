@@ -1,0 +1,140 @@
+/* cuda_common.cuh - shared by every kernels/ *.cu files: the CUDA fault check,
+ * warp/block reductions and bf16 helpers. Device code only sees raw uint16_t
+ * bf16 storage (the same bits the CPU twins use), converted here. */
+#ifndef SFW_CUDA_COMMON_CUH
+#define SFW_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "sfw.h"
+}
+
+/* An asynchronous CUDA fault leaves the context unusable: log the statement,
+ * function, file, line and device, then abort (style §13.4c). Recoverable
+ * failures (cudaMalloc out of memory) go through sfw_fail instead. */
+#define SFW_CUDA_CHECK(stmt)                                                                              \
+	do {                                                                                              \
+		cudaError_t e_ = (stmt);                                                                  \
+		if (e_ != cudaSuccess) {                                                                  \
+			int d_ = -1;                                                                      \
+			cudaGetDevice(&d_);                                                               \
+			fprintf(stderr, "salafw: CUDA error %s (%s)\n  in '%s'\n  at %s:%d (%s), device %d\n", \
+				cudaGetErrorName(e_), cudaGetErrorString(e_), #stmt, __FILE__, __LINE__,  \
+				__func__, d_);                                                            \
+			fflush(stderr);                                                                   \
+			abort();                                                                          \
+		}                                                                                         \
+	} while (0)
+
+/* After every launch: catches bad launch configurations at once. */
+#define SFW_CUDA_LAUNCHED() SFW_CUDA_CHECK(cudaGetLastError())
+
+#define SFW_CUDA_STREAM(s) ((cudaStream_t)(s))
+
+static __device__ __forceinline__ float sfwc_warp_sum(float v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+static __device__ __forceinline__ float sfwc_warp_max(float v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+/* Sum over the whole block (blockDim.x a multiple of 32, ≤ 1024); every
+ * thread gets the result. `scratch` holds 32 floats of shared memory. */
+static __device__ __forceinline__ float sfwc_block_sum(float v, float *scratch)
+{
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = sfwc_warp_sum(v);
+	__syncthreads(); /* scratch may still be read by a previous call */
+	if (lane == 0)
+		scratch[wid] = v;
+	__syncthreads();
+	v = lane < nw ? scratch[lane] : 0.0f;
+	return sfwc_warp_sum(v);
+}
+
+static __device__ __forceinline__ float sfwc_block_max(float v, float *scratch)
+{
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = sfwc_warp_max(v);
+	__syncthreads();
+	if (lane == 0)
+		scratch[wid] = v;
+	__syncthreads();
+	v = lane < nw ? scratch[lane] : -INFINITY;
+	return sfwc_warp_max(v);
+}
+
+/* bf16 bits <-> float, round to nearest even with NaN kept quiet: the same
+ * function as sfw_f32_to_bf16 on the CPU, so both sides round identically. */
+static __device__ __forceinline__ float sfwc_bf(uint16_t h)
+{
+	return __uint_as_float((uint32_t)h << 16);
+}
+
+static __device__ __forceinline__ uint16_t sfwc_tobf(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* float rounded through bf16 (the reference's rounding points). */
+static __device__ __forceinline__ float sfwc_rbf(float f)
+{
+	return sfwc_bf(sfwc_tobf(f));
+}
+
+/* The two bf16 halves of a 32-bit word. */
+static __device__ __forceinline__ float sfwc_lo(uint32_t w)
+{
+	return __uint_as_float(w << 16);
+}
+static __device__ __forceinline__ float sfwc_hi(uint32_t w)
+{
+	return __uint_as_float(w & 0xffff0000u);
+}
+
+/* 8 bf16 values (one 16-byte vector) to float. */
+static __device__ __forceinline__ void sfwc_unpack8(uint4 v, float f[8])
+{
+	f[0] = sfwc_lo(v.x), f[1] = sfwc_hi(v.x), f[2] = sfwc_lo(v.y), f[3] = sfwc_hi(v.y);
+	f[4] = sfwc_lo(v.z), f[5] = sfwc_hi(v.z), f[6] = sfwc_lo(v.w), f[7] = sfwc_hi(v.w);
+}
+
+static __device__ __forceinline__ uint32_t sfwc_pack2(float a, float b)
+{
+	return (uint32_t)sfwc_tobf(a) | ((uint32_t)sfwc_tobf(b) << 16);
+}
+
+/* Streaming 16-byte load that does not allocate in L1: weights are read once
+ * per token, so they should not evict the activations. */
+static __device__ __forceinline__ uint4 sfwc_ld_stream(const uint4 *p)
+{
+	uint4 r;
+	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+		     : "l"(p));
+	return r;
+}
+
+static inline unsigned sfwc_blocks(size_t n, unsigned threads)
+{
+	return (unsigned)((n + threads - 1) / threads);
+}
+
+#endif

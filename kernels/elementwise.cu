@@ -1,0 +1,173 @@
+/* elementwise.cu - CUDA twins of kernels/elementwise.c (embedding, RMSNorm,
+ * scaled residual, SiLU-gate, sigmoid gate, NeoX RoPE). Activations are
+ * float (SFW_OP_F32: the same arithmetic as the CPU twin) or bf16
+ * (SFW_OP_BF16: rounded where the reference rounds, model-spec §2). */
+#include "cuda_act.cuh"
+
+extern "C" {
+#include "kernels/ops.h"
+}
+
+template <typename T>
+static __global__ void embed_kernel(T *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int D, float scale)
+{
+	int t = blockIdx.x;
+	size_t base = (size_t)ids[t] * D;
+	for (int i = threadIdx.x; i < D; i += blockDim.x)
+		act_st(x, (size_t)t * D + i, wget(E, edt, base + i) * scale);
+}
+
+extern "C" void sfw_op_embed_cuda(void *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int T, int D,
+				  float scale, enum sfw_op_dtype act, void *stream)
+{
+	if (T <= 0)
+		return;
+	ACT_DISPATCH(act, embed_kernel<A><<<T, 256, 0, SFW_CUDA_STREAM(stream)>>>((A *)x, E, edt, ids, D, scale));
+	SFW_CUDA_LAUNCHED();
+}
+
+/* One warp per row (n ≤ 4096 typical): lanes read 8 strided values at a time.
+ * The same thread reads and later writes each element, so y may alias x. */
+template <typename T>
+static __global__ void rmsnorm_warp_kernel(T *y, const T *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
+					   float eps)
+{
+	int lane = threadIdx.x & 31;
+	long r = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	if (r >= rows)
+		return;
+	const T *xr = x + (size_t)r * n;
+	T *yr = y + (size_t)r * n;
+	float ss = 0;
+	for (int i = lane; i < n; i += 32) {
+		float v = act_ld(xr, i);
+		ss = fmaf(v, v, ss);
+	}
+	ss = sfwc_warp_sum(ss);
+	float inv = 1.0f / sqrtf(ss / (float)n + eps);
+	for (int i = lane; i < n; i += 32) {
+		float v = act_ld(xr, i);
+		/* bf16: round(x·rsqrt) then round(·w), the two roundings of §2.2 */
+		act_st(yr, i, act_round<T>(v * inv) * wget(w, wdt, i));
+	}
+}
+
+extern "C" void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
+				    float eps, enum sfw_op_dtype act, void *stream)
+{
+	if (rows <= 0)
+		return;
+	unsigned blocks = (unsigned)((rows + 7) / 8);
+	ACT_DISPATCH(act, rmsnorm_warp_kernel<A><<<blocks, 256, 0, SFW_CUDA_STREAM(stream)>>>(
+				  (A *)y, (const A *)x, w, wdt, rows, n, eps));
+	SFW_CUDA_LAUNCHED();
+}
+
+template <typename T>
+static __global__ void add_scaled_kernel(T *x, const T *b, size_t n, float scale)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+		act_st(x, i, act_ld(x, i) + act_round<T>(scale * act_ld(b, i)));
+}
+
+static unsigned grid_for(size_t n)
+{
+	size_t b = (n + 255) / 256;
+	return (unsigned)(b < 1 ? 1 : b > 65535 * 4 ? 65535 * 4 : b);
+}
+
+extern "C" void sfw_op_add_scaled_cuda(void *x, const void *b, size_t n, float scale, enum sfw_op_dtype act,
+				       void *stream)
+{
+	if (n == 0)
+		return;
+	ACT_DISPATCH(act, add_scaled_kernel<A><<<grid_for(n), 256, 0, SFW_CUDA_STREAM(stream)>>>((A *)x, (const A *)b,
+												 n, scale));
+	SFW_CUDA_LAUNCHED();
+}
+
+template <typename T>
+static __global__ void silu_mul_kernel(T *y, const T *gate, const T *up, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		float g = act_ld(gate, i);
+		act_st(y, i, act_round<T>(g / (1.0f + expf(-g))) * act_ld(up, i));
+	}
+}
+
+extern "C" void sfw_op_silu_mul_cuda(void *y, const void *gate, const void *up, size_t n, enum sfw_op_dtype act,
+				     void *stream)
+{
+	if (n == 0)
+		return;
+	ACT_DISPATCH(act, silu_mul_kernel<A><<<grid_for(n), 256, 0, SFW_CUDA_STREAM(stream)>>>(
+				  (A *)y, (const A *)gate, (const A *)up, n));
+	SFW_CUDA_LAUNCHED();
+}
+
+template <typename T>
+static __global__ void sigmoid_mul_kernel(T *y, const T *x, const T *gate, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+		act_st(y, i, act_ld(x, i) * act_round<T>(1.0f / (1.0f + expf(-act_ld(gate, i)))));
+}
+
+extern "C" void sfw_op_sigmoid_mul_cuda(void *y, const void *x, const void *gate, size_t n, enum sfw_op_dtype act,
+					void *stream)
+{
+	if (n == 0)
+		return;
+	ACT_DISPATCH(act, sigmoid_mul_kernel<A><<<grid_for(n), 256, 0, SFW_CUDA_STREAM(stream)>>>(
+				  (A *)y, (const A *)x, (const A *)gate, n));
+	SFW_CUDA_LAUNCHED();
+}
+
+/* One thread per (row, head, m < hd/2): rotates the pair (m, m + hd/2).
+ * Angles as torch: inv_freq = 1/theta^(2m/hd) in float32, angle = float(p)·inv. */
+/* inv_freq computed on the host with the same libm powf as the CPU twin: at
+ * positions near 1M one ulp of inv_freq moves the angle by ~0.06 rad. Passed
+ * by value, so a captured graph carries it. */
+struct rope_table {
+	float inv[256];
+};
+
+template <typename T>
+static __global__ void rope_kernel(T *x, int T_, int nh, int hd, int64_t pos0, const rope_table tab,
+				   const int64_t *dpos)
+{
+	int half = hd >> 1;
+	size_t n = (size_t)T_ * nh * half;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		int m = (int)(i % half);
+		size_t th = i / half;
+		int t = (int)(th / nh);
+		int64_t p0 = dpos ? *dpos : pos0;
+		float a = (float)(p0 + t) * tab.inv[m];
+		float c = cosf(a), s = sinf(a);
+		T *v = x + th * hd;
+		float x0 = act_ld(v, m), x1 = act_ld(v, m + half);
+		act_st(v, m, x0 * c - x1 * s);
+		act_st(v, m + half, x1 * c + x0 * s);
+	}
+}
+
+void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
+			 enum sfw_op_dtype act, void *stream)
+{
+	size_t n = (size_t)T * nh * (hd / 2);
+	if (n == 0)
+		return;
+	SFW_ASSERT(hd % 2 == 0 && hd / 2 <= 256);
+	rope_table tab;
+	for (int m = 0; m < hd / 2; m++)
+		tab.inv[m] = 1.0f / powf(theta, (float)(2 * m) / (float)hd);
+	ACT_DISPATCH(act, rope_kernel<A><<<grid_for(n), 256, 0, SFW_CUDA_STREAM(stream)>>>((A *)x, T, nh, hd, pos0,
+											   tab, dpos));
+	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta,
+				      enum sfw_op_dtype act, void *stream)
+{
+	sfwi_rope_neox_cuda(x, T, nh, hd, pos0, NULL, theta, act, stream);
+}

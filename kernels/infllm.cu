@@ -1,0 +1,361 @@
+/* infllm.cu - CUDA twins of kernels/infllm.c: InfLLM-v2 key compression,
+ * stage-1 scoring (level-2 LSE normaliser, summed over each KV group),
+ * max-pooling to blocks with forced init/local blocks, and top-k with ties
+ * to the lower block index (model-spec §2.6.3-2.6.4).
+ *
+ * In bf16 mode the stage-1 scores are rounded to bf16 values (the reference
+ * kernel writes bf16) and pooling works on those. */
+#include "cuda_act.cuh"
+
+/* ---- compression ---- */
+
+template <typename A>
+static __global__ void compress_kernel(A *c, const A *k, int row, int64_t j0, int64_t j1, int ksize, int stride)
+{
+	size_t n = (size_t)(j1 - j0) * row;
+	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+		int64_t j = j0 + (int64_t)(e / row);
+		int i = (int)(e % row);
+		float s = 0;
+		for (int t = 0; t < ksize; t++)
+			s += act_ld(k, ((size_t)j * stride + t) * row + i);
+		act_st(c, (size_t)j * row + i, s / (float)ksize);
+	}
+}
+
+extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
+				     int stride, enum sfw_op_dtype act, void *stream)
+{
+	if (j1 <= j0)
+		return;
+	size_t n = (size_t)(j1 - j0) * nkv * hd;
+	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256);
+	ACT_DISPATCH(act, compress_kernel<A><<<blocks, 256, 0, SFW_CUDA_STREAM(stream)>>>((A *)c, (const A *)k, nkv * hd,
+												 j0, j1, ksize, stride));
+	SFW_CUDA_LAUNCHED();
+}
+
+/* ---- stage 1 ---- */
+
+static __device__ __forceinline__ int64_t visible(int64_t p, int64_t n, int ksize, int stride)
+{
+	if (p < ksize - 1)
+		return 0;
+	int64_t v = (p - (ksize - 1)) / stride + 1;
+	return v < n ? v : n;
+}
+
+#define S1_THREADS 256
+#define S1_MAXG 16
+
+struct s1_args {
+	float *scores;
+	const void *q, *c1, *c2;
+	float *part; /* [rows*nkv][nsplit][G][2] = (max, sum) of the level-2 exponentials */
+	int64_t n1, n2, pos0;
+	int T, nh, nkv, ksize, stride, nsplit;
+	float scale;
+};
+
+/* Pass A: per head of the group, max and sum of exp over this split's share
+ * of the visible level-2 keys. */
+template <typename A, int HD>
+static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
+{
+	__shared__ float qs[S1_MAXG][HD];
+	__shared__ float red[32];
+	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
+	int64_t p = a.pos0 + r;
+	int64_t v2 = visible(p, a.n2, 4 * a.ksize, 4 * a.stride);
+	for (int i = threadIdx.x; i < G * HD; i += S1_THREADS)
+		qs[i / HD][i % HD] = act_ld((const A *)a.q, ((size_t)r * a.nh + (size_t)g * G) * HD + i);
+	__syncthreads();
+	int64_t per = (v2 + a.nsplit - 1) / a.nsplit;
+	int64_t c0 = (int64_t)blockIdx.y * per, c1 = min(v2, c0 + per);
+	float m[S1_MAXG], s[S1_MAXG];
+#pragma unroll
+	for (int h = 0; h < S1_MAXG; h++)
+		m[h] = -INFINITY, s[h] = 0;
+	size_t crow = (size_t)a.nkv * HD;
+	for (int64_t c = c0 + threadIdx.x; c < c1; c += S1_THREADS) {
+		const A *kr = (const A *)a.c2 + (size_t)c * crow + (size_t)g * HD;
+		float x[S1_MAXG];
+#pragma unroll
+		for (int h = 0; h < S1_MAXG; h++)
+			x[h] = 0;
+		for (int d = 0; d < HD; d++) {
+			float kv = act_ld(kr, d);
+#pragma unroll
+			for (int h = 0; h < S1_MAXG; h++)
+				if (h < G)
+					x[h] = fmaf(qs[h][d], kv, x[h]);
+		}
+#pragma unroll
+		for (int h = 0; h < S1_MAXG; h++) {
+			if (h >= G)
+				break;
+			float xv = a.scale * x[h];
+			float mx = fmaxf(m[h], xv);
+			s[h] = s[h] * (m[h] == -INFINITY ? 0.0f : expf(m[h] - mx)) + expf(xv - mx);
+			m[h] = mx;
+		}
+	}
+#pragma unroll
+	for (int h = 0; h < S1_MAXG; h++) {
+		if (h >= G) /* uniform over the block */
+			break;
+		float M = sfwc_block_max(m[h], red);
+		float S = sfwc_block_sum(M == -INFINITY ? 0.0f : s[h] * expf(m[h] - M), red);
+		if (threadIdx.x == 0) {
+			float *pp = a.part + (((size_t)rg * a.nsplit + blockIdx.y) * G + h) * 2;
+			pp[0] = M, pp[1] = S;
+		}
+	}
+}
+
+/* Pass B: one thread per level-1 chunk: Σ_h exp(x_h − LSE_h). */
+template <typename A, int HD>
+static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
+{
+	__shared__ float qs[S1_MAXG][HD];
+	__shared__ float lse[S1_MAXG];
+	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
+	int64_t p = a.pos0 + r;
+	int64_t v1 = visible(p, a.n1, a.ksize, a.stride);
+	for (int i = threadIdx.x; i < G * HD; i += S1_THREADS)
+		qs[i / HD][i % HD] = act_ld((const A *)a.q, ((size_t)r * a.nh + (size_t)g * G) * HD + i);
+	if (threadIdx.x < G) {
+		int h = threadIdx.x;
+		float M = -INFINITY;
+		for (int sp = 0; sp < a.nsplit; sp++)
+			M = fmaxf(M, a.part[(((size_t)rg * a.nsplit + sp) * G + h) * 2]);
+		float S = 0;
+		if (M != -INFINITY)
+			for (int sp = 0; sp < a.nsplit; sp++) {
+				const float *pp = a.part + (((size_t)rg * a.nsplit + sp) * G + h) * 2;
+				S += pp[1] * expf(pp[0] - M);
+			}
+		lse[h] = M == -INFINITY ? -INFINITY : M + logf(S);
+	}
+	__syncthreads();
+	int64_t j = (int64_t)blockIdx.y * S1_THREADS + threadIdx.x;
+	if (j >= a.n1)
+		return;
+	float out = 0;
+	if (j < v1) {
+		const A *kr = (const A *)a.c1 + (size_t)j * a.nkv * HD + (size_t)g * HD;
+		float x[S1_MAXG];
+#pragma unroll
+		for (int h = 0; h < S1_MAXG; h++)
+			x[h] = 0;
+		for (int d = 0; d < HD; d++) {
+			float kv = act_ld(kr, d);
+#pragma unroll
+			for (int h = 0; h < S1_MAXG; h++)
+				if (h < G)
+					x[h] = fmaf(qs[h][d], kv, x[h]);
+		}
+#pragma unroll
+		for (int h = 0; h < S1_MAXG; h++)
+			if (h < G)
+				out += expf(a.scale * x[h] - lse[h]);
+		if (isnan(out))
+			out = 0;
+		out = act_round<A>(out);
+	}
+	a.scores[((size_t)g * a.T + r) * a.n1 + j] = out;
+}
+
+static int g_sms;
+
+template <typename A, int HD>
+static void s1_launch(s1_args a, cudaStream_t s)
+{
+	int G = a.nh / a.nkv, rows = a.T * a.nkv;
+	int nsplit = 1;
+	while (rows * nsplit < 2 * g_sms && a.n2 / (nsplit * 2) >= S1_THREADS && nsplit < 64)
+		nsplit *= 2;
+	a.nsplit = nsplit;
+	a.part = (float *)sfwi_cuda_scratch((size_t)rows * nsplit * G * 2 * sizeof(float));
+	s1_lse_kernel<A, HD><<<dim3(rows, nsplit), S1_THREADS, 0, s>>>(a);
+	SFW_CUDA_LAUNCHED();
+	unsigned jb = (unsigned)((a.n1 + S1_THREADS - 1) / S1_THREADS);
+	s1_score_kernel<A, HD><<<dim3(rows, jb), S1_THREADS, 0, s>>>(a);
+	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2,
+				   int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
+				   float scale, enum sfw_op_dtype act, void *stream)
+{
+	if (T <= 0 || n1 <= 0)
+		return;
+	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
+	if (!g_sms) {
+		int dev;
+		SFW_CUDA_CHECK(cudaGetDevice(&dev));
+		SFW_CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
+	}
+	s1_args a = {scores, q, c1, c2, NULL, n1, n2, pos0, T, nh, nkv, ksize, stride, 1, scale};
+	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	switch (hd) {
+	case 32: ACT_DISPATCH(act, s1_launch<A, 32>(a, s)); break;
+	case 64: ACT_DISPATCH(act, s1_launch<A, 64>(a, s)); break;
+	case 128: ACT_DISPATCH(act, s1_launch<A, 128>(a, s)); break;
+	default:
+		fprintf(stderr, "salafw: stage-1 head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
+		abort();
+	}
+}
+
+/* ---- pooling ---- */
+
+static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
+				   int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks)
+{
+	size_t n = (size_t)nkv * T * nblocks;
+	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+		int64_t b = (int64_t)(e % nblocks);
+		size_t gr = e / nblocks;
+		int r = (int)(gr % T);
+		int64_t p = pos0 + r, qb = p / block;
+		if (b < init_blocks || (b >= qb - local_blocks && b <= qb)) {
+			pooled[e] = INFINITY;
+			continue;
+		}
+		const float *s = scores + gr * n1;
+		int64_t lo_num = b * block - ksize + 1;
+		int64_t lo = lo_num <= 0 ? 0 : (lo_num + stride - 1) / stride;
+		int64_t hi = (b * block + block - 1) / stride;
+		if (hi > n1 - 1)
+			hi = n1 - 1;
+		float m = -INFINITY;
+		for (int64_t c = lo; c <= hi; c++)
+			if (s[c] > m)
+				m = s[c];
+		pooled[e] = m;
+	}
+}
+
+extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv,
+					int T, int64_t pos0, int ksize, int stride, int block, int init_blocks,
+					int local_blocks, enum sfw_op_dtype act, void *stream)
+{
+	(void)act; /* scores are already rounded where the reference rounds */
+	size_t n = (size_t)nkv * T * nblocks;
+	if (n == 0)
+		return;
+	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
+	pool_kernel<<<blocks, 256, 0, SFW_CUDA_STREAM(stream)>>>(pooled, scores, n1, nblocks, nkv, T, pos0, ksize,
+								  stride, block, init_blocks, local_blocks);
+	SFW_CUDA_LAUNCHED();
+}
+
+/* ---- top-k ---- */
+
+#define TK_THREADS 256
+
+/* Order-preserving map float -> uint32 (NaN ranks as +inf, -0 as +0, as the
+ * CPU twin compares them). */
+static __device__ __forceinline__ uint32_t fkey(float v)
+{
+	if (isnan(v))
+		v = INFINITY;
+	if (v == 0.0f)
+		v = 0.0f;
+	uint32_t u = __float_as_uint(v);
+	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Exclusive prefix sum of one flag per thread across the block; *total gets
+ * the block's sum. */
+static __device__ __forceinline__ int block_scan(int flag, int *wsum, int *total)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	int x = flag;
+#pragma unroll
+	for (int o = 1; o < 32; o <<= 1) {
+		int y = __shfl_up_sync(0xffffffffu, x, o);
+		if (lane >= o)
+			x += y;
+	}
+	__syncthreads();
+	if (lane == 31)
+		wsum[w] = x;
+	__syncthreads();
+	int before = 0, all = 0;
+	for (int i = 0; i < TK_THREADS / 32; i++) {
+		if (i < w)
+			before += wsum[i];
+		all += wsum[i];
+	}
+	*total = all;
+	return before + x - flag;
+}
+
+static __global__ void __launch_bounds__(TK_THREADS)
+	topk_kernel(int32_t *idx, const float *pooled, int64_t nblocks, int T, int64_t pos0, int k, int block)
+{
+	__shared__ int hist[256];
+	__shared__ int wsum[TK_THREADS / 32];
+	__shared__ uint32_t s_prefix;
+	__shared__ int s_remaining;
+	int gr = blockIdx.x, r = gr % T;
+	const float *s = pooled + (size_t)gr * nblocks;
+	int32_t *out = idx + (size_t)gr * k;
+	int64_t qb = (pos0 + r) / block;
+	int kk = nblocks < k ? (int)nblocks : k;
+	/* radix select: the kk-th largest key, 8 bits at a time from the top */
+	uint32_t prefix = 0, mask = 0;
+	int remaining = kk;
+	for (int shift = 24; shift >= 0; shift -= 8) {
+		for (int i = threadIdx.x; i < 256; i += TK_THREADS)
+			hist[i] = 0;
+		__syncthreads();
+		for (int64_t b = threadIdx.x; b < nblocks; b += TK_THREADS) {
+			uint32_t key = fkey(s[b]);
+			if ((key & mask) == prefix)
+				atomicAdd(&hist[(key >> shift) & 255], 1);
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			int d = 255, above = 0;
+			while (d > 0 && above + hist[d] < remaining)
+				above += hist[d--];
+			s_prefix = prefix | ((uint32_t)d << shift);
+			s_remaining = remaining - above;
+		}
+		__syncthreads();
+		prefix = s_prefix;
+		remaining = s_remaining;
+		mask |= 255u << shift;
+	}
+	/* prefix = the threshold key; take every key above it and the first
+	 * `remaining` equal to it in index order; index order is the output order */
+	int eq_seen = 0, written = 0;
+	for (int64_t b0 = 0; b0 < nblocks; b0 += TK_THREADS) {
+		int64_t b = b0 + threadIdx.x;
+		uint32_t key = b < nblocks ? fkey(s[b]) : 0;
+		int eq = b < nblocks && key == prefix, tot;
+		int eq_rank = eq_seen + block_scan(eq, wsum, &tot);
+		eq_seen += tot;
+		int take = b < nblocks && (key > prefix || (eq && eq_rank < remaining));
+		int pos = written + block_scan(take, wsum, &tot);
+		written += tot;
+		if (take)
+			out[pos] = b > qb ? -1 : (int32_t)b;
+	}
+	for (int i = kk + threadIdx.x; i < k; i += TK_THREADS)
+		out[i] = -1;
+}
+
+extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T,
+					int64_t pos0, int k, int block, enum sfw_op_dtype act, void *stream)
+{
+	(void)act;
+	if (T <= 0 || nkv <= 0)
+		return;
+	SFW_ASSERT(nblocks >= 1);
+	topk_kernel<<<nkv * T, TK_THREADS, 0, SFW_CUDA_STREAM(stream)>>>(idx, pooled, nblocks, T, pos0, k, block);
+	SFW_CUDA_LAUNCHED();
+}

@@ -1,0 +1,178 @@
+/* ops.h - every op of the MiniCPM-SALA forward pass, as plain C twins.
+ *
+ * sfw_op_<op>_cpu (kernels/<family>.c, always built) is the reference: fp32
+ * activations, fp32 accumulation, weights read as bf16 or f32 and converted on
+ * the fly. sfw_op_<op>_cuda (kernels/<family>.cu, CUDA=1) has the same
+ * arguments in the same order with three changes:
+ *   - activation pointers (float * here) become void * in the activation dtype
+ *     `act` (SFW_OP_BF16 normally: rounded where the reference rounds,
+ *     model-spec §2; SFW_OP_F32 allowed for twin tests);
+ *   - `enum sfw_op_dtype act` and `void *stream` are appended;
+ *   - every pointer is in the twin's memory space (host for _cpu, device for
+ *     _cuda), including small parameter arrays such as `decay`.
+ * Buffers that the reference keeps in float32 (the lightning state, stage-1
+ * scores, pooled scores) stay float * in both twins. Integers (ids, top-k
+ * indices) are int32. A test (tests/test_ops.c, CUDA) compares each pair on
+ * random inputs.
+ *
+ * Layouts (row-major, token-major, head-major inside a row, model-spec §3):
+ *   activations x [T, n]; q [T, nh, hd]; sparse-layer KV cache [len, nkv, hd];
+ *   compressed keys [n_chunks, nkv, hd]; lightning state [nh, hd(k), hd(v)];
+ *   weights W [N, K] = [out, in] as stored by nn.Linear.
+ * Positions are absolute (0-based); row r of a call sits at pos0 + r.
+ * `y` may alias `x` only where the comment says so.
+ *
+ * Threads: the CPU twins use sfw_parallel_for with the process-wide count set
+ * by sfw_ops_cpu_set_threads (default sfw_default_threads()). */
+#ifndef SFW_OPS_H
+#define SFW_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum sfw_op_dtype { SFW_OP_F32 = 0, SFW_OP_BF16 = 1 };
+
+/* bf16 bits -> float (exact). */
+static inline float sfw_op_bf16(uint16_t h)
+{
+	union {
+		uint32_t u;
+		float f;
+	} v = {.u = (uint32_t)h << 16};
+	return v.f;
+}
+/* Element i of a weight stored as bf16 or f32. */
+static inline float sfw_op_wget(const void *w, enum sfw_op_dtype dt, size_t i)
+{
+	return dt == SFW_OP_BF16 ? sfw_op_bf16(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+void sfw_ops_cpu_set_threads(int n); /* n <= 0: the default */
+int sfw_ops_cpu_threads(void);
+
+/* ---- elementwise and norms (kernels/elementwise.c) ------------------------ */
+
+/* x[t, :] = E[ids[t], :] * scale  (E [vocab, D]; ids already range-checked). */
+void sfw_op_embed_cpu(float *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int T, int D,
+		      float scale);
+/* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w  for r < rows; w [n]
+ * shared by all rows, so per-head q/k norm is rows = T*nh, n = hd and the
+ * lightning o_norm is rows = T, n = nh*hd. y may alias x. */
+void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
+			float eps);
+/* x[i] += scale * b[i]  (the scaled residual branch, model-spec §2.3). */
+void sfw_op_add_scaled_cpu(float *x, const float *b, size_t n, float scale);
+/* y[i] = silu(gate[i]) * up[i]  (SwiGLU). y may alias gate or up. */
+void sfw_op_silu_mul_cpu(float *y, const float *gate, const float *up, size_t n);
+/* y[i] = x[i] * sigmoid(gate[i])  (sparse o_gate, lightning z gate). y may alias x. */
+void sfw_op_sigmoid_mul_cpu(float *y, const float *x, const float *gate, size_t n);
+/* In place NeoX ("rotate half") RoPE on x [T, nh, hd], row t at position
+ * pos0 + t: inv_freq_m = 1 / theta^(2m/hd) (float32), angle = float(p) * inv_freq_m,
+ * x' = x*cos + rotate_half(x)*sin, rotate_half(x) = [-x[hd/2:], x[:hd/2]]. */
+void sfw_op_rope_neox_cpu(float *x, int T, int nh, int hd, int64_t pos0, float theta);
+
+/* ---- matrix products (kernels/matmul.c) ----------------------------------- */
+
+/* y[M, N] = x[M, K] . W[N, K]^T ; W bf16 or f32. M == 1 is the decode GEMV. */
+void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K);
+/* logits[M, N] = (x[M, K] * in_scale) . W^T ; in_scale = 1/(hidden/dim_model_base). */
+void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
+		       float in_scale);
+
+/* ---- lightning attention: simple GLA, fp32 state (kernels/lightning.c) ---- */
+
+/* Per head h: S_h <- exp(-decay[h]) * S_h + k_t^T v_t ; o_t = scale * q_t S_h
+ * (current token included), for t = 0..T-1 in order. q, k, v, o [T, nh, hd];
+ * state [nh, hd, hd] is updated in place. decay[h] = slope_h > 0. */
+void sfw_op_gla_recurrent_cpu(float *o, const float *q, const float *k, const float *v, float *state,
+			      const float *decay, int T, int nh, int hd, float scale);
+/* The same result computed in chunks of `chunk` tokens (64 as fla): intra-chunk
+ * causal (q.k) with decay weights plus the inter-chunk state term. */
+void sfw_op_gla_chunked_cpu(float *o, const float *q, const float *k, const float *v, float *state,
+			    const float *decay, int T, int nh, int hd, float scale, int chunk);
+
+/* ---- attention (kernels/attention.c) -------------------------------------- */
+
+/* Dense causal GQA: o[r, h] = softmax_j(scale * q[r,h].K[j,g]) V[j,g] over
+ * j <= pos0 + r, g = h / (nh/nkv). kc, vc [>= pos0+T, nkv, hd]. */
+void sfw_op_attn_dense_cpu(float *o, const float *q, const float *kc, const float *vc, int T, int nh, int nkv,
+			   int hd, int64_t pos0, float scale);
+/* Block-sparse causal GQA: as dense, but row r / head h (group g) sees only
+ * the keys of blocks idx[g, r, 0..k-1] (block b = tokens [b*block, b*block+block-1],
+ * -1 = skipped) with key position <= pos0 + r. idx [nkv, T, k]. */
+void sfw_op_attn_sparse_cpu(float *o, const float *q, const float *kc, const float *vc, const int32_t *idx,
+			    int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale);
+
+/* ---- InfLLM-v2 block selection (kernels/infllm.c) ------------------------- */
+
+/* Mean-pooled key compression: c[j] = mean(k[j*stride .. j*stride+ksize-1])
+ * for chunks j in [j0, j1) (the caller guarantees j1*stride+ksize-1 < len(k)).
+ * k [len, nkv, hd] -> c [n, nkv, hd]. Level 1: ksize 32, stride 16; level 2:
+ * ksize 128, stride 64 (4x level 1, hard-coded in the reference). Incremental
+ * decode passes j0 = the chunks already made. */
+void sfw_op_compress_cpu(float *c, const float *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
+			 int stride);
+/* Stage-1 scores, model-spec §2.6.4 steps 1-3. For row r (position p = pos0+r)
+ * and KV group g:
+ *   LSE_h = log sum_{j2 : j2*4*stride + 4*ksize - 1 <= p} exp(scale * q[r,h].c2[j2,g])
+ *   s[g, r, j] = sum_{h in group g} exp(scale * q[r,h].c1[j,g] - LSE_h)
+ *                for j*stride + ksize - 1 <= p, else 0 (NaN -> 0).
+ * scores [nkv, T, n1]. */
+void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n1, const float *c2,
+		       int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
+		       float scale);
+/* Max-pool to blocks, §2.6.4 step 4: pooled[g, r, b] for b < nblocks =
+ * +inf if b < init_blocks or qb - local_blocks <= b <= qb (qb = p / block);
+ * else the max of scores[g, r, j] over the level-1 chunks j < n1 that overlap
+ * block b; -inf if there are none. pooled [nkv, T, nblocks]. */
+void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
+			    int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks);
+/* Top-k, §2.6.4 step 5: per (g, r), the indices of the min(k, nblocks) largest
+ * pooled values (ties -> lower index), sorted ascending, then every index >
+ * qb replaced by -1 in place; slots past min(k, nblocks) are -1.
+ * idx [nkv, T, k]. */
+void sfw_op_topk_blocks_cpu(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
+			    int k, int block);
+
+#ifdef SFW_HAVE_CUDA
+/* CUDA twins (kernels/<family>.cu), same meaning; see the top comment. */
+void sfw_op_embed_cuda(void *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int T, int D,
+		       float scale, enum sfw_op_dtype act, void *stream);
+void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
+			 float eps, enum sfw_op_dtype act, void *stream);
+void sfw_op_add_scaled_cuda(void *x, const void *b, size_t n, float scale, enum sfw_op_dtype act,
+			    void *stream);
+void sfw_op_silu_mul_cuda(void *y, const void *gate, const void *up, size_t n, enum sfw_op_dtype act,
+			  void *stream);
+void sfw_op_sigmoid_mul_cuda(void *y, const void *x, const void *gate, size_t n, enum sfw_op_dtype act,
+			     void *stream);
+void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta, enum sfw_op_dtype act,
+			   void *stream);
+void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
+			enum sfw_op_dtype act, void *stream);
+void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
+			float in_scale, enum sfw_op_dtype act, void *stream);
+void sfw_op_gla_recurrent_cuda(void *o, const void *q, const void *k, const void *v, float *state,
+			       const float *decay, int T, int nh, int hd, float scale, enum sfw_op_dtype act,
+			       void *stream);
+void sfw_op_gla_chunked_cuda(void *o, const void *q, const void *k, const void *v, float *state,
+			     const float *decay, int T, int nh, int hd, float scale, int chunk,
+			     enum sfw_op_dtype act, void *stream);
+void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
+			    int hd, int64_t pos0, float scale, enum sfw_op_dtype act, void *stream);
+void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T,
+			     int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
+			     enum sfw_op_dtype act, void *stream);
+void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
+			  int stride, enum sfw_op_dtype act, void *stream);
+void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
+			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
+			enum sfw_op_dtype act, void *stream);
+void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
+			     int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks,
+			     enum sfw_op_dtype act, void *stream);
+void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
+			     int k, int block, enum sfw_op_dtype act, void *stream);
+#endif
+
+#endif

@@ -1,0 +1,134 @@
+/* ops_cuda.h - the CUDA runtime seen from plain C (CUDA=1 builds only).
+ *
+ * runner/ *_cuda.c and tests/ gpu_ *.c are compiled by the C compiler without
+ * the CUDA headers, so every CUDA runtime / cuBLASLt call lives in
+ * the kernels/ .cu files behind these functions. Streams, events and graphs travel as
+ * opaque pointers (a cudaStream_t is a pointer). Device pointers are plain
+ * void * into device memory; bf16 tensors are uint16_t bit patterns, the same
+ * as on the CPU.
+ *
+ * Failure kinds (style §13.4): out-of-memory and similar recoverable errors
+ * return SFW_E_CUDA with a message; asynchronous faults abort through
+ * SFW_CUDA_CHECK inside the .cu files. */
+#ifndef SFW_OPS_CUDA_H
+#define SFW_OPS_CUDA_H
+
+#include "sfw.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct sfw_cuda_info {
+	char name[256];
+	int device;
+	int cc_major, cc_minor;
+	int sm_count;
+	size_t total_mem, free_mem;
+	int l2_bytes;
+	size_t smem_optin; /* max dynamic shared memory per block after opt-in */
+};
+
+/* Selects the device and fills info. SFW_E_CUDA when there is no usable GPU. */
+SFW_MUST_CHECK enum sfw_status sfw_cuda_init(int device, struct sfw_cuda_info *info, struct sfw_err *err);
+
+/* Streams (non-blocking), events, synchronisation. */
+SFW_MUST_CHECK enum sfw_status sfw_cuda_stream_new(void **stream, struct sfw_err *err);
+void sfw_cuda_stream_free(void *stream);
+void sfw_cuda_sync(void *stream); /* aborts on an asynchronous fault */
+void *sfw_cuda_event_new(void);
+void sfw_cuda_event_free(void *ev);
+void sfw_cuda_event_record(void *ev, void *stream);
+float sfw_cuda_event_ms(void *start, void *end); /* waits for end */
+
+/* Plain device allocations (used for the arenas; nothing allocates per tensor).
+ * Every successful allocation is counted for sfw_cuda_mem_stats. */
+SFW_MUST_CHECK enum sfw_status sfw_cuda_malloc(void **p, size_t bytes, const char *what, struct sfw_err *err);
+void sfw_cuda_free(void *p);
+/* bytes currently allocated through sfw_cuda_malloc, and their high-water mark;
+ * device_used = total - free as the driver reports it (context included). */
+void sfw_cuda_mem_stats(size_t *live, size_t *peak, size_t *device_used);
+/* Starts a new high-water mark (both figures) at the current level. */
+void sfw_cuda_mem_reset_peak(void);
+
+/* One cudaMalloc carved into aligned pieces; released as a whole. */
+struct sfw_cuda_arena {
+	unsigned char *base;
+	size_t size, used;
+};
+SFW_MUST_CHECK enum sfw_status sfw_cuda_arena_new(struct sfw_cuda_arena *a, size_t bytes, const char *what,
+						  struct sfw_err *err);
+/* NULL when the arena is full (the caller planned the size: a bug). */
+void *sfw_cuda_arena_take(struct sfw_cuda_arena *a, size_t bytes);
+void sfw_cuda_arena_release(struct sfw_cuda_arena *a);
+/* Rounds a size up the way sfw_cuda_arena_take does (for planning). */
+size_t sfw_cuda_arena_round(size_t bytes);
+
+/* Copies; the async ones are ordered on stream (host memory need not be pinned;
+ * then the copy is synchronous with respect to the host). */
+void sfw_cuda_h2d(void *dst, const void *src, size_t n, void *stream);
+void sfw_cuda_d2h(void *dst, const void *src, size_t n, void *stream);
+void sfw_cuda_d2d(void *dst, const void *src, size_t n, void *stream);
+void sfw_cuda_memset(void *dst, int byte, size_t n, void *stream);
+/* Page-locked host memory for staging uploads. */
+SFW_MUST_CHECK enum sfw_status sfw_cuda_host_alloc(void **p, size_t bytes, struct sfw_err *err);
+void sfw_cuda_host_free(void *p);
+
+/* Graph capture of everything queued on stream between begin and end. */
+void sfw_cuda_graph_begin(void *stream);
+SFW_MUST_CHECK enum sfw_status sfw_cuda_graph_end(void *stream, void **graph_exec, struct sfw_err *err);
+void sfw_cuda_graph_launch(void *graph_exec, void *stream);
+void sfw_cuda_graph_free(void *graph_exec);
+
+/* Test/bench helpers: fill with deterministic pseudo-random values
+ * uniform in [-scale, scale) (bf16 or float32). Never zeros: zeros hide
+ * unwritten outputs and run faster than real data. */
+void sfw_cuda_fill_bf16(uint16_t *p, size_t n, uint64_t seed, float scale, void *stream);
+void sfw_cuda_fill_f32(float *p, size_t n, uint64_t seed, float scale, void *stream);
+
+/* The two ceilings, measured on this device now: a device-to-device copy of
+ * `bytes` (GB/s counting bytes read + written) and a bf16 cuBLASLt GEMM
+ * n×n×n on random data (TFLOP/s). Medians of several timed repeats. */
+SFW_MUST_CHECK enum sfw_status sfw_cuda_measure_copy(size_t bytes, double *gbps, struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_cuda_measure_gemm(int n, double *tflops, struct sfw_err *err);
+
+/* ---- linear layers: Y[M,N] = X[M,K] · W[N,K]ᵀ, bf16 in/out, fp32 accumulate ----
+ * W is row-major [out=N, in=K] (PyTorch nn.Linear). X and Y are row-major with
+ * row strides ldx / ldy elements (so Y may be a column slice of a wider tensor).
+ * The result is rounded to bf16 once. M ≤ SFW_CUDA_GEMV_MAX_M runs the GEMV
+ * kernel (weights streamed once for all M rows); larger M runs cuBLASLt. */
+#define SFW_CUDA_GEMV_MAX_M 8
+struct sfw_cuda_blas; /* cuBLASLt handle + workspace, bound to one stream */
+SFW_MUST_CHECK enum sfw_status sfw_cuda_blas_new(struct sfw_cuda_blas **out, size_t workspace_bytes,
+						 struct sfw_err *err);
+void sfw_cuda_blas_free(struct sfw_cuda_blas *b);
+/* The workspace bytes it owns (for the memory plan). */
+size_t sfw_cuda_blas_workspace(const struct sfw_cuda_blas *b);
+
+void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y,
+		     int ldy, int M, int N, int K, void *stream);
+/* Y float32 = alpha · X Wᵀ (no bf16 rounding): the logits. */
+void sfw_cuda_linear_f32out(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, float *Y,
+			    int ldy, int M, int N, int K, float alpha, void *stream);
+/* Same, but always the GEMV kernel (M ≤ SFW_CUDA_GEMV_MAX_M), or always
+ * cuBLASLt: for tests and benchmarks. */
+void sfw_cuda_gemv(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M, int N, int K,
+		   void *stream);
+void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy,
+		   int M, int N, int K, void *stream);
+/* GEMV variant selection for tuning: rows per warp (1, 2, 4) and loads in
+ * flight per lane (2, 4, 8); 0 = the built-in choice. */
+void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M, int N,
+			   int K, int rows_per_warp, int unroll, void *stream);
+
+
+/* The sfw_op_*_cuda twins of kernels/ops.h carry only a stream; the cuBLASLt
+ * handle and the scratch memory they need (split-K partials) come from here.
+ * The CUDA backend binds its own (scratch ≥ SFW_CUDA_SCRATCH_MIN bytes); an op
+ * that finds none bound creates a default on first use (never inside a graph
+ * capture). Binding NULL unbinds. */
+#define SFW_CUDA_SCRATCH_MIN ((size_t)64 << 20)
+void sfw_cuda_ops_bind(struct sfw_cuda_blas *b, void *scratch, size_t scratch_bytes);
+/* Releases the default handle/scratch made by an unbound op (tests). */
+void sfw_cuda_ops_release_default(void);
+
+#endif

@@ -1,0 +1,157 @@
+/* backend.h - the op table that runner/forward.c is written against.
+ *
+ * One forward pass, several backends: the CPU backend (runner/backend_cpu.c,
+ * fp32 activations, weights read in place from the mmap) and a CUDA backend
+ * (bf16 activations with the reference's rounding points, weights uploaded
+ * into one device arena). forward.c never dereferences an activation: every
+ * buffer is an opaque pointer into backend memory, sized in elements of the
+ * backend's activation dtype (act_size bytes each), and the only ways across
+ * are the to_host / from_host calls. Buffers are plain addresses in the
+ * backend's memory space, so (char *)p + i * act_size is element i (forward.c
+ * offsets rows this way).
+ *
+ * Fused ops (norm+matmul, gate+up+SiLU, ...) enter this table as new members;
+ * forward.c uses them when non-NULL, and the CPU backend implements them as
+ * the composition of the unfused ops (style.md §13.10).
+ *
+ * Caches belong to the backend: per sparse layer the K and V of every token
+ * [len, nkv, hd], growing in 64-token blocks, and the two levels of
+ * compressed keys; per lightning layer the fp32 state [nh, hd, hd]. Memory
+ * follows the context actually used (cache_reserve), never
+ * max_position_embeddings. */
+#ifndef SFW_BACKEND_H
+#define SFW_BACKEND_H
+
+#include "kernels/ops.h"
+#include "runner/config.h"
+#include "sfw.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A weight as a backend holds it. `host` points into the read-only map and
+ * stays valid until sfw_model_free; `dev` is the backend's own copy (NULL on
+ * the CPU). */
+struct sfw_bweight {
+	const char *name;
+	const void *host;
+	void *dev;
+	enum sfw_op_dtype dtype; /* as stored: BF16 or F32 */
+	int64_t rows, cols;      /* [out, in]; a vector is rows = 1 */
+};
+
+struct sfw_bcache; /* opaque, backend-owned */
+
+/* Which sequence length a layer's cache must hold: filled from the config. */
+struct sfw_cache_desc {
+	int n_layers;
+	const enum sfw_mixer *mixer; /* [n_layers] */
+	int nkv, hd;                 /* sparse layers */
+	int lnh, lhd;                /* lightning layers */
+	int ksize, stride;           /* level-1 compression (level 2: x4) */
+	int block;                   /* KV growth granule and selection block (64) */
+};
+
+/* Parameters of one sparse-layer selection call (model-spec §2.6.4). */
+struct sfw_sparse_params {
+	int64_t pos0;       /* position of the call's first row */
+	int T;              /* rows */
+	int64_t nblocks;    /* ceil(L / block), L = total length at the END of the forward call */
+	int k;              /* topk + window/block */
+	int init_blocks, local_blocks;
+	int ksize, stride, block;
+	float scale;        /* 1/sqrt(hd) */
+};
+
+struct sfw_backend {
+	const char *name;          /* "cpu", "cuda" */
+	enum sfw_op_dtype act;     /* activation dtype */
+	size_t act_size;           /* bytes per activation element */
+	void *impl;                /* backend private state */
+
+	void (*destroy)(struct sfw_backend *be);
+
+	/* ---- memory ---- */
+	/* Uploads (or, on the CPU, adopts) one weight; fills w->dev. */
+	SFW_MUST_CHECK enum sfw_status (*weight_upload)(struct sfw_backend *be, struct sfw_bweight *w,
+							struct sfw_err *err);
+	void (*weight_release)(struct sfw_backend *be, struct sfw_bweight *w);
+	/* Activation / scratch buffers in backend memory; NULL on failure. */
+	void *(*alloc)(struct sfw_backend *be, size_t bytes);
+	void (*free)(struct sfw_backend *be, void *p);
+	/* n activation elements (dtype act) at src + off elements -> host float. */
+	void (*to_host_f32)(struct sfw_backend *be, float *dst, const void *src, size_t off, size_t n);
+	/* host float -> n activation elements at dst. */
+	void (*from_host_f32)(struct sfw_backend *be, void *dst, const float *src, size_t n);
+	/* raw bytes (ids, top-k indices, fp32 scores). */
+	void (*to_host)(struct sfw_backend *be, void *dst, const void *src, size_t bytes);
+	void (*from_host)(struct sfw_backend *be, void *dst, const void *src, size_t bytes);
+	void (*sync)(struct sfw_backend *be);
+
+	/* ---- ops (meaning: kernels/ops.h; every buffer, ids included, is a
+	 * backend pointer) ---- */
+	void (*embed)(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
+		      float scale);
+	void (*rmsnorm)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows,
+			int n, float eps);
+	void (*add_scaled)(struct sfw_backend *be, void *x, const void *b, size_t n, float scale);
+	void (*silu_mul)(struct sfw_backend *be, void *y, const void *gate, const void *up, size_t n);
+	void (*sigmoid_mul)(struct sfw_backend *be, void *y, const void *x, const void *gate, size_t n);
+	void (*rope_neox)(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta);
+	/* y[M, W.rows] = x[M, W.cols] . W^T */
+	void (*matmul)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M);
+	/* logits are always float32 (host-readable through to_host) */
+	void (*logits)(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
+		       float in_scale);
+
+	/* ---- caches ---- */
+	SFW_MUST_CHECK enum sfw_status (*cache_new)(struct sfw_backend *be, const struct sfw_cache_desc *d,
+						    struct sfw_bcache **out, struct sfw_err *err);
+	void (*cache_free)(struct sfw_backend *be, struct sfw_bcache *c);
+	/* Makes room for `tokens` tokens in every sparse layer (rounded up to
+	 * whole blocks); never shrinks. */
+	SFW_MUST_CHECK enum sfw_status (*cache_reserve)(struct sfw_backend *be, struct sfw_bcache *c,
+							int64_t tokens, struct sfw_err *err);
+	/* Forgets every token and zeroes the lightning states. */
+	void (*cache_reset)(struct sfw_backend *be, struct sfw_bcache *c);
+	/* Tokens currently in the cache (sparse layers all agree). */
+	int64_t (*cache_len)(struct sfw_backend *be, const struct sfw_bcache *c, int layer);
+	/* (level-1, level-2) compressed keys currently made for a sparse layer. */
+	void (*cache_ncompressed)(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[2]);
+
+	/* Sparse layer: appends k, v [T, nkv, hd] at the end of layer's cache
+	 * (room reserved beforehand). */
+	void (*kv_append)(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v,
+			  int T);
+	/* Dense causal GQA over the layer's cache; the call's rows are the last T
+	 * tokens of the cache. q, o [T, nh, hd]. */
+	void (*attn_dense)(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
+			   int nh, float scale);
+	/* Brings the layer's compressed keys (both levels) up to its cache length. */
+	SFW_MUST_CHECK enum sfw_status (*compress)(struct sfw_backend *be, struct sfw_bcache *c, int layer,
+						   struct sfw_err *err);
+	/* Stage 1 + max-pool + top-k for the call's rows; idx [nkv, T, k] int32 in
+	 * backend memory. pooled_last (host, may be NULL) receives the pooled
+	 * scores [nkv, nblocks] of the last row (for checks). */
+	SFW_MUST_CHECK enum sfw_status (*sparse_select)(struct sfw_backend *be, int32_t *idx, const void *q,
+							struct sfw_bcache *c, int layer, int nh,
+							const struct sfw_sparse_params *sp, float *pooled_last,
+							struct sfw_err *err);
+	void (*attn_sparse)(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
+			    const int32_t *idx, int nh, const struct sfw_sparse_params *sp);
+	/* Lightning layer: simple GLA against the layer's fp32 state; chunked
+	 * (chunk 64) when T >= 64, recurrent otherwise (as the reference).
+	 * decay: [nh] float slopes in backend memory (alloc + from_host). */
+	void (*gla)(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
+		    struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale);
+};
+
+/* The CPU backend; nthreads <= 0 means sfw_default_threads(). */
+SFW_MUST_CHECK enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, struct sfw_err *err);
+
+#ifdef SFW_HAVE_CUDA
+/* The CUDA backend (runner/backend_cuda.c), device index dev. */
+SFW_MUST_CHECK enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct sfw_err *err);
+#endif
+
+#endif

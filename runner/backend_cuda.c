@@ -1,0 +1,539 @@
+/* backend_cuda.c - the CUDA instance of struct sfw_backend (CUDA=1 builds):
+ * bf16 activations in device memory, rounded where the reference rounds;
+ * weights uploaded tensor by tensor from the map into a few large device
+ * slabs (no per-tensor cudaMalloc); caches in device memory, the sparse KV
+ * cache growing in whole 64-token blocks (exactly the reserved length when
+ * the context is reserved up front), lightning states fp32 updated in place.
+ * Every op runs on the backend's one stream; the host waits only in to_host
+ * and sync. CUDA runtime calls live in kernels/ (ops_cuda.h), so this file is
+ * plain C. */
+#include "runner/backend.h"
+#include "alloc.h"
+#include "kernels/ops_cuda.h"
+#include "log.h"
+#include "runner/safetensors.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define SLAB_MIN ((size_t)64 << 20)
+#define SLAB_MAX ((size_t)2 << 30)
+#define MAX_SLABS 256
+#define SELECT_BYTES ((size_t)512 << 20) /* stage-1 score scratch per row batch */
+
+struct cu_be {
+	void *stream;
+	struct sfw_cuda_blas *blas;
+	void *scratch;
+	size_t scratch_bytes;
+	struct sfw_cuda_arena slab[MAX_SLABS];
+	int nslabs;
+	size_t weight_bytes, next_report;
+	struct sfw_cuda_info info;
+	/* host staging for to_host_f32 / from_host_f32 */
+	uint16_t *stage;
+	size_t stage_n;
+	/* block-selection scratch (device): scores, pooled, top-k of one row batch */
+	void *sel;
+	size_t sel_bytes;
+};
+
+struct cu_layer {
+	int sparse;
+	void *k, *v;   /* bf16 [cap, nkv, hd] */
+	void *c1, *c2; /* bf16 [cap1, nkv, hd], [cap2, nkv, hd] */
+	int64_t len, cap, n1, n2, cap1, cap2;
+	float *state;  /* lightning: fp32 [lnh, lhd, lhd] */
+};
+
+struct sfw_bcache {
+	struct sfw_cache_desc d;
+	struct cu_layer *L;
+};
+
+static struct cu_be *IMPL(struct sfw_backend *be)
+{
+	return (struct cu_be *)be->impl;
+}
+
+static void cu_destroy(struct sfw_backend *be)
+{
+	struct cu_be *b = IMPL(be);
+	sfw_cuda_sync(b->stream);
+	sfw_cuda_ops_bind(NULL, NULL, 0);
+	for (int i = 0; i < b->nslabs; i++)
+		sfw_cuda_arena_release(&b->slab[i]);
+	sfw_cuda_free(b->scratch);
+	sfw_cuda_free(b->sel);
+	sfw_cuda_blas_free(b->blas);
+	sfw_cuda_stream_free(b->stream);
+	sfw_free(b->stage);
+	sfw_free(b);
+	sfw_free(be);
+}
+
+static size_t wbytes(const struct sfw_bweight *w)
+{
+	return (size_t)w->rows * (size_t)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
+}
+
+static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweight *w, struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	size_t n = wbytes(w);
+	void *p = b->nslabs ? sfw_cuda_arena_take(&b->slab[b->nslabs - 1], n) : NULL;
+	if (!p) {
+		if (b->nslabs == MAX_SLABS)
+			return sfw_fail(err, SFW_E_NOMEM, "too many weight slabs");
+		/* slabs double from 64 MiB to 2 GiB: a few allocations for the real
+		 * model, little waste for a tiny one */
+		size_t sz = b->nslabs ? b->slab[b->nslabs - 1].size * 2 : SLAB_MIN;
+		if (sz > SLAB_MAX)
+			sz = SLAB_MAX;
+		if (sz < sfw_cuda_arena_round(n))
+			sz = sfw_cuda_arena_round(n);
+		enum sfw_status s = sfw_cuda_arena_new(&b->slab[b->nslabs], sz, "the weights", err);
+		if (s != SFW_OK)
+			return s;
+		b->nslabs++;
+		p = sfw_cuda_arena_take(&b->slab[b->nslabs - 1], n);
+		SFW_ASSERT(p != NULL);
+	}
+	sfw_cuda_h2d(p, w->host, n, b->stream);
+	w->dev = p;
+	b->weight_bytes += n;
+	if (b->weight_bytes >= b->next_report) {
+		sfw_log(SFW_LOG_INFO, "cuda: uploaded %.2f GiB of weights", b->weight_bytes / 1073741824.0);
+		b->next_report += (size_t)2 << 30;
+	}
+	return SFW_OK;
+}
+
+static void cu_weight_release(struct sfw_backend *be, struct sfw_bweight *w)
+{
+	(void)be;
+	w->dev = NULL; /* the slabs go with the backend */
+}
+
+static void *cu_alloc(struct sfw_backend *be, size_t bytes)
+{
+	(void)be;
+	void *p;
+	struct sfw_err e;
+	if (sfw_cuda_malloc(&p, bytes ? bytes : 16, "activations", &e) != SFW_OK) {
+		sfw_log(SFW_LOG_WARN, "%s", e.msg);
+		return NULL;
+	}
+	return p;
+}
+
+static void cu_free(struct sfw_backend *be, void *p)
+{
+	sfw_cuda_sync(IMPL(be)->stream);
+	sfw_cuda_free(p);
+}
+
+static uint16_t *stage(struct cu_be *b, size_t n)
+{
+	if (n > b->stage_n) {
+		uint16_t *p = sfw_realloc(b->stage, n * 2);
+		SFW_ASSERT(p != NULL); /* host staging of one activation buffer */
+		b->stage = p;
+		b->stage_n = n;
+	}
+	return b->stage;
+}
+
+static void cu_to_host_f32(struct sfw_backend *be, float *dst, const void *src, size_t off, size_t n)
+{
+	struct cu_be *b = IMPL(be);
+	uint16_t *h = stage(b, n);
+	sfw_cuda_d2h(h, (const uint16_t *)src + off, n * 2, b->stream);
+	sfw_cuda_sync(b->stream);
+	for (size_t i = 0; i < n; i++)
+		dst[i] = sfw_bf16_to_f32(h[i]);
+}
+
+static void cu_from_host_f32(struct sfw_backend *be, void *dst, const float *src, size_t n)
+{
+	struct cu_be *b = IMPL(be);
+	uint16_t *h = stage(b, n);
+	sfw_cuda_sync(b->stream); /* the staging buffer may still feed a copy */
+	for (size_t i = 0; i < n; i++)
+		h[i] = sfw_f32_to_bf16(src[i]);
+	sfw_cuda_h2d(dst, h, n * 2, b->stream);
+	sfw_cuda_sync(b->stream);
+}
+
+static void cu_to_host(struct sfw_backend *be, void *dst, const void *src, size_t bytes)
+{
+	struct cu_be *b = IMPL(be);
+	sfw_cuda_d2h(dst, src, bytes, b->stream);
+	sfw_cuda_sync(b->stream);
+}
+
+static void cu_from_host(struct sfw_backend *be, void *dst, const void *src, size_t bytes)
+{
+	struct cu_be *b = IMPL(be);
+	sfw_cuda_h2d(dst, src, bytes, b->stream);
+	sfw_cuda_sync(b->stream); /* the source is the caller's, reusable at once */
+}
+
+static void cu_sync(struct sfw_backend *be)
+{
+	sfw_cuda_sync(IMPL(be)->stream);
+}
+
+/* ---- ops ---- */
+
+#define S(be) (IMPL(be)->stream)
+
+static void cu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
+		     float scale)
+{
+	sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_OP_BF16, S(be));
+}
+
+static void cu_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows, int n,
+		       float eps)
+{
+	sfw_op_rmsnorm_cuda(y, x, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be));
+}
+
+static void cu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t n, float scale)
+{
+	sfw_op_add_scaled_cuda(x, b, n, scale, SFW_OP_BF16, S(be));
+}
+
+static void cu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
+{
+	sfw_op_silu_mul_cuda(y, g, u, n, SFW_OP_BF16, S(be));
+}
+
+static void cu_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const void *g, size_t n)
+{
+	sfw_op_sigmoid_mul_cuda(y, x, g, n, SFW_OP_BF16, S(be));
+}
+
+static void cu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta)
+{
+	sfw_op_rope_neox_cuda(x, T, nh, hd, pos0, theta, SFW_OP_BF16, S(be));
+}
+
+static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
+{
+	sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_OP_BF16, S(be));
+}
+
+static void cu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
+		      float in_scale)
+{
+	sfw_op_logits_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, in_scale, SFW_OP_BF16, S(be));
+}
+
+/* ---- caches ---- */
+
+static void layer_free(struct cu_layer *l)
+{
+	sfw_cuda_free(l->k), sfw_cuda_free(l->v), sfw_cuda_free(l->c1), sfw_cuda_free(l->c2);
+	sfw_cuda_free(l->state);
+	memset(l, 0, sizeof(*l));
+}
+
+static void cu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
+{
+	if (!c)
+		return;
+	sfw_cuda_sync(S(be));
+	if (c->L)
+		for (int i = 0; i < c->d.n_layers; i++)
+			layer_free(&c->L[i]);
+	sfw_free(c->L);
+	sfw_free(c);
+}
+
+static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cache_desc *d, struct sfw_bcache **out,
+				    struct sfw_err *err)
+{
+	struct sfw_bcache *c = sfw_calloc(1, sizeof(*c));
+	if (!c || !(c->L = sfw_calloc((size_t)d->n_layers, sizeof(*c->L)))) {
+		sfw_free(c);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the context caches");
+	}
+	c->d = *d;
+	c->d.mixer = NULL;
+	size_t sbytes = (size_t)d->lnh * d->lhd * d->lhd * sizeof(float);
+	for (int i = 0; i < d->n_layers; i++) {
+		c->L[i].sparse = d->mixer[i] == SFW_MIXER_SPARSE;
+		if (!c->L[i].sparse) {
+			enum sfw_status s = sfw_cuda_malloc((void **)&c->L[i].state, sbytes, "the lightning states", err);
+			if (s != SFW_OK) {
+				cu_cache_free(be, c);
+				return s;
+			}
+			sfw_cuda_memset(c->L[i].state, 0, sbytes, S(be));
+		}
+	}
+	*out = c;
+	return SFW_OK;
+}
+
+/* Moves buffer *p of `old` bytes into a new one of `n` bytes. */
+static enum sfw_status regrow(struct sfw_backend *be, void **p, size_t old, size_t n, const char *what,
+			      struct sfw_err *err)
+{
+	void *q;
+	enum sfw_status s = sfw_cuda_malloc(&q, n, what, err);
+	if (s != SFW_OK)
+		return s;
+	if (*p && old)
+		sfw_cuda_d2d(q, *p, old, S(be));
+	sfw_cuda_sync(S(be));
+	sfw_cuda_free(*p);
+	*p = q;
+	return SFW_OK;
+}
+
+static enum sfw_status cu_cache_reserve(struct sfw_backend *be, struct sfw_bcache *c, int64_t tokens,
+					struct sfw_err *err)
+{
+	const struct sfw_cache_desc *d = &c->d;
+	size_t row = (size_t)d->nkv * d->hd * 2;
+	int64_t need = (tokens + d->block - 1) / d->block * d->block;
+	int grown = 0;
+	for (int i = 0; i < d->n_layers; i++) {
+		struct cu_layer *l = &c->L[i];
+		if (!l->sparse || need <= l->cap)
+			continue;
+		/* a cache that grows during generation grows by a quarter at a time
+		 * (every growth copies it); a reservation is taken exactly */
+		int64_t cap = l->cap ? l->cap + l->cap / 4 : need;
+		if (cap < need)
+			cap = need;
+		cap = (cap + d->block - 1) / d->block * d->block;
+		int64_t cap1 = cap / d->stride + 1, cap2 = cap / (4 * d->stride) + 1;
+		enum sfw_status s;
+		if ((s = regrow(be, &l->k, (size_t)l->len * row, (size_t)cap * row, "the KV cache", err)) ||
+		    (s = regrow(be, &l->v, (size_t)l->len * row, (size_t)cap * row, "the KV cache", err)) ||
+		    (s = regrow(be, &l->c1, (size_t)l->n1 * row, (size_t)cap1 * row, "the compressed keys", err)) ||
+		    (s = regrow(be, &l->c2, (size_t)l->n2 * row, (size_t)cap2 * row, "the compressed keys", err)))
+			return sfw_err_prefix(err, "KV cache for %lld tokens", (long long)tokens);
+		l->cap = cap, l->cap1 = cap1, l->cap2 = cap2;
+		grown = 1;
+	}
+	if (grown) {
+		size_t live, peak, used;
+		sfw_cuda_mem_stats(&live, &peak, &used);
+		sfw_log(SFW_LOG_DEBUG, "cuda: cache room for %lld tokens; device memory held %.2f GiB (peak %.2f GiB)",
+			(long long)tokens, live / 1073741824.0, peak / 1073741824.0);
+	}
+	return SFW_OK;
+}
+
+static void cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
+{
+	for (int i = 0; i < c->d.n_layers; i++) {
+		struct cu_layer *l = &c->L[i];
+		l->len = l->n1 = l->n2 = 0;
+		if (l->state)
+			sfw_cuda_memset(l->state, 0, (size_t)c->d.lnh * c->d.lhd * c->d.lhd * sizeof(float), S(be));
+	}
+}
+
+static int64_t cu_cache_len(struct sfw_backend *be, const struct sfw_bcache *c, int layer)
+{
+	(void)be;
+	return c->L[layer].len;
+}
+
+static void cu_cache_ncompressed(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[2])
+{
+	(void)be;
+	out[0] = c->L[layer].n1;
+	out[1] = c->L[layer].n2;
+}
+
+static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v, int T)
+{
+	struct cu_layer *l = &c->L[layer];
+	size_t row = (size_t)c->d.nkv * c->d.hd * 2;
+	SFW_ASSERT(l->sparse && l->len + T <= l->cap);
+	sfw_cuda_d2d((char *)l->k + (size_t)l->len * row, k, (size_t)T * row, S(be));
+	sfw_cuda_d2d((char *)l->v + (size_t)l->len * row, v, (size_t)T * row, S(be));
+	l->len += T;
+}
+
+static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
+			  int nh, float scale)
+{
+	struct cu_layer *l = &c->L[layer];
+	sfw_op_attn_dense_cuda(o, q, l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale, SFW_OP_BF16, S(be));
+}
+
+static int64_t nchunks(int64_t len, int ksize, int stride)
+{
+	return len < ksize ? 0 : (len - ksize) / stride + 1;
+}
+
+static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c, int layer, struct sfw_err *err)
+{
+	(void)err;
+	struct cu_layer *l = &c->L[layer];
+	const struct sfw_cache_desc *d = &c->d;
+	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
+	if (t1 > l->n1)
+		sfw_op_compress_cuda(l->c1, l->k, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_OP_BF16, S(be));
+	if (t2 > l->n2)
+		sfw_op_compress_cuda(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride, SFW_OP_BF16,
+				     S(be));
+	l->n1 = t1 > l->n1 ? t1 : l->n1;
+	l->n2 = t2 > l->n2 ? t2 : l->n2;
+	return SFW_OK;
+}
+
+static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	if (bytes <= b->sel_bytes)
+		return SFW_OK;
+	sfw_cuda_sync(b->stream);
+	sfw_cuda_free(b->sel);
+	b->sel = NULL;
+	b->sel_bytes = 0;
+	enum sfw_status s = sfw_cuda_malloc(&b->sel, bytes, "block selection", err);
+	if (s == SFW_OK)
+		b->sel_bytes = bytes;
+	return s;
+}
+
+static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, const void *q, struct sfw_bcache *c,
+					int layer, int nh, const struct sfw_sparse_params *sp, float *pooled_last,
+					struct sfw_err *err)
+{
+	struct cu_layer *l = &c->L[layer];
+	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
+	int64_t n1 = l->n1, nb = sp->nblocks;
+	/* rows per batch: scores [nkv, rb, n1] + pooled [nkv, rb, nb] within SELECT_BYTES */
+	size_t per_row = (size_t)nkv * ((size_t)(n1 ? n1 : 1) + (size_t)nb + (size_t)k) * 4;
+	int rb = (int)(SELECT_BYTES / per_row);
+	if (rb < 1)
+		rb = 1;
+	if (rb > sp->T)
+		rb = sp->T;
+	size_t sc_bytes = sfw_cuda_arena_round((size_t)nkv * rb * (size_t)(n1 ? n1 : 1) * 4);
+	size_t po_bytes = sfw_cuda_arena_round((size_t)nkv * rb * (size_t)nb * 4);
+	size_t tk_bytes = (size_t)nkv * rb * k * 4;
+	enum sfw_status s = sel_room(be, sc_bytes + po_bytes + tk_bytes, err);
+	if (s != SFW_OK)
+		return s;
+	float *scores = IMPL(be)->sel;
+	float *pooled = (float *)((char *)IMPL(be)->sel + sc_bytes);
+	int32_t *tk = (int32_t *)((char *)IMPL(be)->sel + sc_bytes + po_bytes);
+	size_t qrow = (size_t)nh * hd * 2;
+	for (int r0 = 0; r0 < sp->T; r0 += rb) {
+		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
+		int64_t p0 = sp->pos0 + r0;
+		int32_t *dst = n == sp->T ? idx : tk;
+		if (n1 > 0)
+			sfw_op_stage1_cuda(scores, (const char *)q + (size_t)r0 * qrow, l->c1, n1, l->c2, l->n2, n, nh, nkv,
+					   hd, p0, sp->ksize, sp->stride, sp->scale, SFW_OP_BF16, S(be));
+		sfw_op_pool_blocks_cuda(pooled, scores, n1, nb, nkv, n, p0, sp->ksize, sp->stride, sp->block,
+					sp->init_blocks, sp->local_blocks, SFW_OP_BF16, S(be));
+		sfw_op_topk_blocks_cuda(dst, pooled, nb, nkv, n, p0, k, sp->block, SFW_OP_BF16, S(be));
+		if (dst != idx)
+			for (int g = 0; g < nkv; g++)
+				sfw_cuda_d2d(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k,
+					     (size_t)n * k * sizeof(int32_t), S(be));
+		if (pooled_last && r0 + n == sp->T) {
+			for (int g = 0; g < nkv; g++)
+				sfw_cuda_d2h(pooled_last + (size_t)g * nb, pooled + ((size_t)g * n + (n - 1)) * nb,
+					     (size_t)nb * sizeof(float), S(be));
+			sfw_cuda_sync(S(be));
+		}
+	}
+	return SFW_OK;
+}
+
+static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
+			   const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
+{
+	struct cu_layer *l = &c->L[layer];
+	sfw_op_attn_sparse_cuda(o, q, l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k, sp->block,
+				sp->scale, SFW_OP_BF16, S(be));
+}
+
+static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
+		   int layer, const float *decay, int T, int nh, int hd, float scale)
+{
+	float *st = c->L[layer].state;
+	if (T >= 64)
+		sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, T, nh, hd, scale, 64, SFW_OP_BF16, S(be));
+	else
+		sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_OP_BF16, S(be));
+}
+
+enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct sfw_err *err)
+{
+	*out = NULL;
+	struct sfw_backend *be = sfw_calloc(1, sizeof(*be));
+	struct cu_be *b = sfw_calloc(1, sizeof(*b));
+	if (!be || !b) {
+		sfw_free(be), sfw_free(b);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	enum sfw_status s = sfw_cuda_init(dev, &b->info, err);
+	if (s == SFW_OK)
+		s = sfw_cuda_stream_new(&b->stream, err);
+	if (s == SFW_OK)
+		s = sfw_cuda_blas_new(&b->blas, (size_t)32 << 20, err);
+	if (s == SFW_OK)
+		s = sfw_cuda_malloc(&b->scratch, SFW_CUDA_SCRATCH_MIN, "op scratch", err);
+	if (s != SFW_OK) {
+		sfw_cuda_blas_free(b->blas);
+		sfw_cuda_stream_free(b->stream);
+		sfw_free(be), sfw_free(b);
+		return s;
+	}
+	b->scratch_bytes = SFW_CUDA_SCRATCH_MIN;
+	b->next_report = (size_t)2 << 30;
+	sfw_cuda_ops_bind(b->blas, b->scratch, b->scratch_bytes);
+	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
+		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);
+	be->name = "cuda";
+	be->act = SFW_OP_BF16;
+	be->act_size = 2;
+	be->impl = b;
+	be->destroy = cu_destroy;
+	be->weight_upload = cu_weight_upload;
+	be->weight_release = cu_weight_release;
+	be->alloc = cu_alloc;
+	be->free = cu_free;
+	be->to_host_f32 = cu_to_host_f32;
+	be->from_host_f32 = cu_from_host_f32;
+	be->to_host = cu_to_host;
+	be->from_host = cu_from_host;
+	be->sync = cu_sync;
+	be->embed = cu_embed;
+	be->rmsnorm = cu_rmsnorm;
+	be->add_scaled = cu_add_scaled;
+	be->silu_mul = cu_silu_mul;
+	be->sigmoid_mul = cu_sigmoid_mul;
+	be->rope_neox = cu_rope;
+	be->matmul = cu_matmul;
+	be->logits = cu_logits;
+	be->cache_new = cu_cache_new;
+	be->cache_free = cu_cache_free;
+	be->cache_reserve = cu_cache_reserve;
+	be->cache_reset = cu_cache_reset;
+	be->cache_len = cu_cache_len;
+	be->cache_ncompressed = cu_cache_ncompressed;
+	be->kv_append = cu_kv_append;
+	be->attn_dense = cu_attn_dense;
+	be->compress = cu_compress;
+	be->sparse_select = cu_sparse_select;
+	be->attn_sparse = cu_attn_sparse;
+	be->gla = cu_gla;
+	*out = be;
+	return SFW_OK;
+}

@@ -1,0 +1,514 @@
+/* forward.c - the one MiniCPM-SALA forward pass (model-spec §2), written
+ * against struct sfw_backend, plus the public engine API of runner/runner.h.
+ *
+ * A call (sfw_ctx_prefill / sfw_ctx_decode) is cut into pieces of at most
+ * prefill_chunk rows; each piece runs through all layers, appending to the
+ * caches, so memory follows the piece size, not the prompt. The sparse
+ * layers' dense/sparse decision and the block count are fixed per call from
+ * the total length at the end of the call, as the reference decides them. */
+#include "runner/model.h"
+#include "alloc.h"
+#include "runner/runner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef SFW_HAVE_CUDA
+#pragma weak sfw_backend_cuda_new
+#endif
+
+struct sfw_ctx {
+	struct sfw_model *m;
+	struct sfw_ctx_params p;
+	struct sfw_bcache *cache;
+	int64_t pos;
+	int cap_rows;
+	/* backend buffers for one piece of cap_rows rows */
+	void *x, *u, *q, *k, *v, *a, *g, *mg, *mu, *out;
+	int32_t *ids_dev, *idx_dev;
+	float *logits_dev; /* [cap_rows, V] when tapping, else [V] */
+	int logits_rows;
+	/* taps */
+	sfw_tap_fn tap;
+	void *tap_user;
+	float *host;       /* staging: cap_rows * max(D, V) floats */
+	int32_t *host_idx; /* nkv * cap_rows * k */
+	float *host_pool;  /* nkv * nblocks (grown) */
+	int64_t host_pool_cap;
+	/* last selection per layer */
+	int32_t *last_blocks; /* [L, nkv, k] */
+	int *last_state;      /* per layer: -1 not sparse, 0 dense, 1 sparse */
+};
+
+struct sfw_model_params sfw_model_default_params(void)
+{
+	struct sfw_model_params p = {SFW_DEVICE_AUTO, 0};
+	return p;
+}
+
+struct sfw_ctx_params sfw_ctx_default_params(void)
+{
+	struct sfw_ctx_params p = {0, 256, 0};
+	return p;
+}
+
+enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p, struct sfw_model **out,
+			       struct sfw_err *err)
+{
+	struct sfw_model_params dp = sfw_model_default_params();
+	if (!p)
+		p = &dp;
+	*out = NULL;
+	enum sfw_device dev = p->device;
+	const char *env = getenv("SALAFW_DEVICE");
+	if (dev == SFW_DEVICE_AUTO && env && strcmp(env, "cpu") == 0)
+		dev = SFW_DEVICE_CPU;
+	struct sfw_model *m = sfw_calloc(1, sizeof(*m));
+	if (!m)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	enum sfw_status s = SFW_E_UNSUPPORTED;
+	if (dev == SFW_DEVICE_CUDA || dev == SFW_DEVICE_AUTO) {
+#ifdef SFW_HAVE_CUDA
+		if (sfw_backend_cuda_new)
+			s = sfw_backend_cuda_new(0, &m->be, err);
+		else
+			s = sfw_fail(err, SFW_E_UNSUPPORTED, "this build has no CUDA backend");
+#else
+		s = sfw_fail(err, SFW_E_UNSUPPORTED, "this build has no CUDA support (rebuild with make CUDA=1)");
+#endif
+		if (s != SFW_OK && dev == SFW_DEVICE_CUDA) {
+			sfw_free(m);
+			return s;
+		}
+	}
+	if (s != SFW_OK && (s = sfw_backend_cpu_new(p->threads, &m->be, err)) != SFW_OK) {
+		sfw_free(m);
+		return s;
+	}
+	if ((s = sfwi_model_open(m, dir, err)) != SFW_OK) {
+		sfw_model_free(m);
+		return s;
+	}
+	*out = m;
+	return SFW_OK;
+}
+
+void sfw_model_free(struct sfw_model *m)
+{
+	if (!m)
+		return;
+	sfwi_model_close(m);
+	if (m->be)
+		m->be->destroy(m->be);
+	sfw_free(m);
+}
+
+const struct sfw_config *sfw_model_config(const struct sfw_model *m)
+{
+	return &m->cfg;
+}
+
+const char *sfw_model_device_name(const struct sfw_model *m)
+{
+	return m->be->name;
+}
+
+/* ---- context --------------------------------------------------------------- */
+
+static int maxi(int a, int b)
+{
+	return a > b ? a : b;
+}
+
+static void ctx_buffers_free(struct sfw_ctx *c)
+{
+	struct sfw_backend *be = c->m->be;
+	void *bufs[] = {c->x, c->u, c->q, c->k, c->v, c->a, c->g, c->mg, c->mu, c->out, c->ids_dev, c->idx_dev,
+			c->logits_dev};
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		if (bufs[i])
+			be->free(be, bufs[i]);
+}
+
+void sfw_ctx_free(struct sfw_ctx *c)
+{
+	if (!c)
+		return;
+	ctx_buffers_free(c);
+	if (c->cache)
+		c->m->be->cache_free(c->m->be, c->cache);
+	sfw_free(c->host);
+	sfw_free(c->host_idx);
+	sfw_free(c->host_pool);
+	sfw_free(c->last_blocks);
+	sfw_free(c->last_state);
+	sfw_free(c);
+}
+
+enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p, struct sfw_ctx **out,
+			    struct sfw_err *err)
+{
+	struct sfw_ctx_params dp = sfw_ctx_default_params();
+	if (!p)
+		p = &dp;
+	*out = NULL;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	struct sfw_ctx *c = sfw_calloc(1, sizeof(*c));
+	if (!c)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	c->m = m;
+	c->p = *p;
+	if (p->n_ctx < 0 || p->prefill_chunk < 0 || p->prefill_chunk > (1 << 20)) {
+		sfw_free(c);
+		return sfw_fail(err, SFW_E_INVAL, "invalid context parameters");
+	}
+	int chunk = p->prefill_chunk ? p->prefill_chunk : 256;
+	chunk = (chunk + 63) / 64 * 64;
+	c->cap_rows = chunk;
+	size_t R = (size_t)chunk, D = (size_t)cf->hidden_size, I = (size_t)cf->intermediate_size;
+	size_t qd = (size_t)cf->num_attention_heads * cf->head_dim, kvd = (size_t)cf->num_key_value_heads * cf->head_dim;
+	size_t ld = (size_t)cf->lightning_nh * cf->lightning_head_dim;
+	size_t wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld, as = be->act_size;
+	int nkv = cf->num_key_value_heads, k = cf->sparse_k, L = cf->num_hidden_layers;
+	c->x = be->alloc(be, R * D * as);
+	c->u = be->alloc(be, R * D * as);
+	c->out = be->alloc(be, R * D * as);
+	c->q = be->alloc(be, R * wq * as);
+	c->a = be->alloc(be, R * wq * as);
+	c->g = be->alloc(be, R * wq * as);
+	c->k = be->alloc(be, R * wk * as);
+	c->v = be->alloc(be, R * wk * as);
+	c->mg = be->alloc(be, R * I * as);
+	c->mu = be->alloc(be, R * I * as);
+	c->ids_dev = be->alloc(be, R * sizeof(int32_t));
+	c->idx_dev = be->alloc(be, (size_t)nkv * R * (size_t)k * sizeof(int32_t));
+	c->logits_dev = be->alloc(be, (size_t)cf->vocab_size * sizeof(float));
+	c->logits_rows = 1;
+	c->last_blocks = sfw_malloc((size_t)L * nkv * k * sizeof(int32_t));
+	c->last_state = sfw_malloc((size_t)L * sizeof(int));
+	enum sfw_status s = SFW_OK;
+	if (!c->x || !c->u || !c->out || !c->q || !c->a || !c->g || !c->k || !c->v || !c->mg || !c->mu ||
+	    !c->ids_dev || !c->idx_dev || !c->logits_dev || !c->last_blocks || !c->last_state)
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
+	struct sfw_cache_desc d = {L,
+				   cf->mixer,
+				   nkv,
+				   cf->head_dim,
+				   cf->lightning_nh,
+				   cf->lightning_head_dim,
+				   cf->sparse_kernel_size,
+				   cf->sparse_kernel_stride,
+				   cf->sparse_block_size};
+	if (s == SFW_OK)
+		s = be->cache_new(be, &d, &c->cache, err);
+	if (s == SFW_OK && p->n_ctx > 0)
+		s = be->cache_reserve(be, c->cache, p->n_ctx, err);
+	if (s != SFW_OK) {
+		sfw_ctx_free(c);
+		return s;
+	}
+	for (int i = 0; i < L; i++)
+		c->last_state[i] = cf->mixer[i] == SFW_MIXER_SPARSE ? 0 : -1;
+	for (size_t i = 0; i < (size_t)L * nkv * k; i++)
+		c->last_blocks[i] = -1;
+	*out = c;
+	return SFW_OK;
+}
+
+void sfw_ctx_reset(struct sfw_ctx *c)
+{
+	c->m->be->cache_reset(c->m->be, c->cache);
+	c->pos = 0;
+}
+
+int64_t sfw_ctx_pos(const struct sfw_ctx *c)
+{
+	return c->pos;
+}
+
+void sfw_ctx_set_tap(struct sfw_ctx *c, sfw_tap_fn fn, void *user)
+{
+	c->tap = fn;
+	c->tap_user = user;
+}
+
+int sfw_ctx_last_blocks(const struct sfw_ctx *c, int layer, int32_t *out)
+{
+	const struct sfw_config *cf = &c->m->cfg;
+	if (layer < 0 || layer >= cf->num_hidden_layers || c->last_state[layer] < 0)
+		return -1;
+	size_t n = (size_t)cf->num_key_value_heads * cf->sparse_k;
+	memcpy(out, c->last_blocks + (size_t)layer * n, n * sizeof(int32_t));
+	return c->last_state[layer];
+}
+
+/* Taps need host staging and full-width logits; sized lazily on first use. */
+static enum sfw_status tap_buffers(struct sfw_ctx *c, struct sfw_err *err)
+{
+	const struct sfw_config *cf = &c->m->cfg;
+	struct sfw_backend *be = c->m->be;
+	size_t R = (size_t)c->cap_rows;
+	if (!c->host) {
+		size_t w = (size_t)maxi(cf->hidden_size, cf->vocab_size);
+		c->host = sfw_malloc(R * w * sizeof(float));
+		c->host_idx = sfw_malloc((size_t)cf->num_key_value_heads * R * cf->sparse_k * sizeof(int32_t));
+		if (!c->host || !c->host_idx)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory for tap buffers");
+	}
+	if (c->logits_rows < c->cap_rows) {
+		float *l = be->alloc(be, R * (size_t)cf->vocab_size * sizeof(float));
+		if (!l)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory for all-row logits");
+		be->free(be, c->logits_dev);
+		c->logits_dev = l;
+		c->logits_rows = c->cap_rows;
+	}
+	return SFW_OK;
+}
+
+static void emit(struct sfw_ctx *c, const char *name, int layer, int64_t row0, int rows, int cols, int nkv,
+		 int is_int, const void *data)
+{
+	struct sfw_tap t = {name, layer, row0, rows, cols, nkv, is_int, data};
+	c->tap(c->tap_user, &t);
+}
+
+static void emit_act(struct sfw_ctx *c, const char *name, int layer, int64_t row0, int rows, const void *buf,
+		     int cols)
+{
+	struct sfw_backend *be = c->m->be;
+	be->to_host_f32(be, c->host, buf, 0, (size_t)rows * cols);
+	emit(c, name, layer, row0, rows, cols, 0, 0, c->host);
+}
+
+static void *row_ptr(const struct sfw_ctx *c, void *buf, size_t elems)
+{
+	return (char *)buf + elems * c->m->be->act_size;
+}
+
+struct call {
+	const char *phase;
+	int sparse;       /* this call takes the InfLLM-v2 path */
+	int64_t nblocks;  /* ceil(L_end / block) */
+	int last_piece;
+};
+
+static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, const struct call *cl,
+				    struct sfw_err *err)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	struct sfwi_layer *L = &m->layers[li];
+	int nh = cf->num_attention_heads, nkv = cf->num_key_value_heads, hd = cf->head_dim;
+	float scale = 1.0f / sqrtf((float)hd);
+	enum sfw_status s;
+	be->matmul(be, c->q, c->u, &L->q, R);
+	be->matmul(be, c->k, c->u, &L->k, R);
+	be->matmul(be, c->v, c->u, &L->v, R);
+	be->kv_append(be, c->cache, li, c->k, c->v, R);
+	size_t nsel = (size_t)nkv * cf->sparse_k;
+	if (cl->sparse) {
+		struct sfw_sparse_params sp = {pos0,
+					       R,
+					       cl->nblocks,
+					       cf->sparse_k,
+					       cf->sparse_init_blocks,
+					       cf->sparse_local_blocks,
+					       cf->sparse_kernel_size,
+					       cf->sparse_kernel_stride,
+					       cf->sparse_block_size,
+					       scale};
+		if ((s = be->compress(be, c->cache, li, err)) != SFW_OK)
+			return s;
+		float *pool_last = NULL;
+		if (c->tap && cl->last_piece) {
+			int64_t need = (int64_t)nkv * cl->nblocks;
+			if (need > c->host_pool_cap) {
+				float *np = sfw_realloc(c->host_pool, (size_t)need * sizeof(float));
+				if (!np)
+					return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+				c->host_pool = np;
+				c->host_pool_cap = need;
+			}
+			pool_last = c->host_pool;
+		}
+		if ((s = be->sparse_select(be, c->idx_dev, c->q, c->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
+			return s;
+		be->attn_sparse(be, c->a, c->q, c->cache, li, c->idx_dev, nh, &sp);
+		if (c->tap || cl->last_piece) {
+			size_t n = (size_t)nkv * R * cf->sparse_k;
+			int32_t *hi = c->host_idx;
+			int32_t *lastbuf = c->last_blocks + (size_t)li * nsel;
+			if (c->tap) {
+				be->to_host(be, hi, c->idx_dev, n * sizeof(int32_t));
+				char name[96];
+				snprintf(name, sizeof(name), "sparse.layer.%d.%s.topk_idx", li, cl->phase);
+				emit(c, name, li, pos0, R, cf->sparse_k, nkv, 1, hi);
+			}
+			if (cl->last_piece) {
+				for (int g = 0; g < nkv; g++) {
+					size_t off = ((size_t)g * R + (R - 1)) * cf->sparse_k;
+					if (c->tap)
+						memcpy(lastbuf + (size_t)g * cf->sparse_k, hi + off,
+						       (size_t)cf->sparse_k * sizeof(int32_t));
+					else
+						be->to_host(be, lastbuf + (size_t)g * cf->sparse_k, c->idx_dev + off,
+							    (size_t)cf->sparse_k * sizeof(int32_t));
+				}
+				c->last_state[li] = 1;
+			}
+			if (c->tap && cl->last_piece) {
+				char name[96];
+				snprintf(name, sizeof(name), "sparse.layer.%d.%s.block_score", li, cl->phase);
+				emit(c, name, li, pos0 + R - 1, 1, (int)cl->nblocks, nkv, 0, pool_last);
+				int64_t nc[2];
+				int32_t nc32[2];
+				be->cache_ncompressed(be, c->cache, li, nc);
+				nc32[0] = (int32_t)nc[0], nc32[1] = (int32_t)nc[1];
+				snprintf(name, sizeof(name), "sparse.layer.%d.%s.n_compressed", li, cl->phase);
+				emit(c, name, li, pos0 + R - 1, 1, 2, 0, 1, nc32);
+			}
+		}
+	} else {
+		be->attn_dense(be, c->a, c->q, c->cache, li, R, nh, scale);
+		if (cl->last_piece) {
+			c->last_state[li] = 0;
+			for (size_t i = 0; i < nsel; i++)
+				c->last_blocks[(size_t)li * nsel + i] = -1;
+		}
+	}
+	size_t n = (size_t)R * nh * hd;
+	if (L->o_gate.host) {
+		be->matmul(be, c->g, c->u, &L->o_gate, R);
+		be->sigmoid_mul(be, c->a, c->a, c->g, n);
+	}
+	be->matmul(be, c->out, c->a, &L->o, R);
+	return SFW_OK;
+}
+
+static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	struct sfwi_layer *L = &m->layers[li];
+	int nh = cf->lightning_nh, hd = cf->lightning_head_dim;
+	float eps = (float)cf->rms_norm_eps;
+	be->matmul(be, c->q, c->u, &L->q, R);
+	be->matmul(be, c->k, c->u, &L->k, R);
+	be->matmul(be, c->v, c->u, &L->v, R);
+	if (L->q_norm.host) {
+		be->rmsnorm(be, c->q, c->q, &L->q_norm, R * nh, hd, eps);
+		be->rmsnorm(be, c->k, c->k, &L->k_norm, R * nh, hd, eps);
+	}
+	if (cf->lightning_use_rope) {
+		be->rope_neox(be, c->q, R, nh, hd, pos0, (float)cf->rope_theta);
+		be->rope_neox(be, c->k, R, nh, hd, pos0, (float)cf->rope_theta);
+	}
+	be->gla(be, c->a, c->q, c->k, c->v, c->cache, li, m->decay, R, nh, hd, 1.0f / sqrtf((float)hd));
+	if (L->o_norm.host)
+		be->rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, eps);
+	if (L->z.host) {
+		be->matmul(be, c->g, c->u, &L->z, R);
+		be->sigmoid_mul(be, c->a, c->a, c->g, (size_t)R * nh * hd);
+	}
+	be->matmul(be, c->out, c->a, &L->o, R);
+}
+
+static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64_t pos0, const struct call *cl,
+			     float *logits, struct sfw_err *err)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	int D = cf->hidden_size, I = cf->intermediate_size, V = cf->vocab_size;
+	float eps = (float)cf->rms_norm_eps, rs = (float)cf->residual_scale;
+	char name[64];
+	enum sfw_status s;
+	be->from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
+	be->embed(be, c->x, &m->embed, c->ids_dev, R, (float)cf->scale_emb);
+	if (c->tap) {
+		snprintf(name, sizeof(name), "%s.embed", cl->phase);
+		emit_act(c, name, -1, pos0, R, c->x, D);
+	}
+	for (int li = 0; li < cf->num_hidden_layers; li++) {
+		struct sfwi_layer *L = &m->layers[li];
+		be->rmsnorm(be, c->u, c->x, &L->in_norm, R, D, eps);
+		if (L->kind == SFW_MIXER_SPARSE) {
+			if ((s = sparse_mixer(c, li, R, pos0, cl, err)) != SFW_OK)
+				return s;
+		} else {
+			lightning_mixer(c, li, R, pos0);
+		}
+		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
+		be->rmsnorm(be, c->u, c->x, &L->post_norm, R, D, eps);
+		be->matmul(be, c->mg, c->u, &L->gate, R);
+		be->matmul(be, c->mu, c->u, &L->up, R);
+		be->silu_mul(be, c->mg, c->mg, c->mu, (size_t)R * I);
+		be->matmul(be, c->out, c->mg, &L->down, R);
+		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
+		if (c->tap) {
+			snprintf(name, sizeof(name), "%s.layer.%d.out", cl->phase, li);
+			emit_act(c, name, li, pos0, R, c->x, D);
+		}
+	}
+	be->rmsnorm(be, c->u, c->x, &m->norm, R, D, eps);
+	float in_scale = (float)(1.0 / cf->logit_divisor);
+	if (c->tap) {
+		snprintf(name, sizeof(name), "%s.final_norm", cl->phase);
+		emit_act(c, name, -1, pos0, R, c->u, D);
+		be->logits(be, c->logits_dev, c->u, &m->lm_head, R, in_scale);
+		be->to_host(be, c->host, c->logits_dev, (size_t)R * V * sizeof(float));
+		snprintf(name, sizeof(name), "%s.logits", cl->phase);
+		emit(c, name, -1, pos0, R, V, 0, 0, c->host);
+		if (cl->last_piece && logits)
+			memcpy(logits, c->host + (size_t)(R - 1) * V, (size_t)V * sizeof(float));
+	} else if (cl->last_piece && logits) {
+		be->logits(be, c->logits_dev, row_ptr(c, c->u, (size_t)(R - 1) * D), &m->lm_head, 1, in_scale);
+		be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
+	}
+	return SFW_OK;
+}
+
+enum sfw_status sfw_ctx_prefill(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
+				struct sfw_err *err)
+{
+	const struct sfw_config *cf = &c->m->cfg;
+	struct sfw_backend *be = c->m->be;
+	enum sfw_status s;
+	if (n == 0)
+		return sfw_fail(err, SFW_E_INVAL, "no tokens to process");
+	for (size_t i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= cf->vocab_size)
+			return sfw_fail(err, SFW_E_INVAL, "token id %d at index %zu is outside the vocabulary (0..%d)",
+					(int)ids[i], i, cf->vocab_size - 1);
+	if (n > (size_t)INT32_MAX || c->pos + (int64_t)n > (int64_t)INT32_MAX)
+		return sfw_fail(err, SFW_E_RANGE, "sequence too long");
+	if (c->tap && (s = tap_buffers(c, err)) != SFW_OK)
+		return s;
+	int64_t end = c->pos + (int64_t)n;
+	if ((s = be->cache_reserve(be, c->cache, end, err)) != SFW_OK)
+		return s;
+	struct call cl;
+	cl.phase = n > 1 ? "prefill" : "decode";
+	cl.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
+	cl.nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;
+	for (size_t off = 0; off < n; off += (size_t)c->cap_rows) {
+		int R = (int)(n - off < (size_t)c->cap_rows ? n - off : (size_t)c->cap_rows);
+		cl.last_piece = off + (size_t)R == n;
+		if ((s = piece(c, ids + off, R, c->pos, &cl, logits, err)) != SFW_OK)
+			return s; /* the context is now inconsistent: the caller resets it */
+		c->pos += R;
+	}
+	be->sync(be);
+	return SFW_OK;
+}
+
+enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, struct sfw_err *err)
+{
+	return sfw_ctx_prefill(c, &id, 1, logits, err);
+}

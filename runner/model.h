@@ -1,0 +1,34 @@
+/* model.h - (library-internal) the MiniCPM-SALA tensor-name table of
+ * model-spec §3 bound to a backend, and the model/context structs that
+ * runner/forward.c works on. Public API: runner/runner.h. */
+#ifndef SFW_MODEL_H
+#define SFW_MODEL_H
+
+#include "runner/backend.h"
+#include "runner/config.h"
+#include "runner/runner.h"
+#include "runner/safetensors.h"
+
+struct sfwi_layer {
+	enum sfw_mixer kind;
+	struct sfw_bweight in_norm, post_norm, gate, up, down;
+	struct sfw_bweight q, k, v, o;
+	struct sfw_bweight o_gate;               /* sparse, when attn_use_output_gate */
+	struct sfw_bweight z, q_norm, k_norm, o_norm; /* lightning (each optional by config flag) */
+};
+
+struct sfw_model {
+	struct sfw_config cfg;
+	struct sfw_st_set *st;
+	struct sfw_backend *be;
+	struct sfw_bweight embed, norm, lm_head;
+	struct sfwi_layer *layers;
+	float *decay; /* backend memory: [lightning_nh] slopes */
+	int nweights;
+};
+
+/* Opens, checks and binds; on failure everything is released. */
+SFW_MUST_CHECK enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw_err *err);
+void sfwi_model_close(struct sfw_model *m);
+
+#endif

@@ -1,0 +1,151 @@
+/* runner.h - the MiniCPM-SALA engine: load a model directory, keep one
+ * sequence's state in a context, prefill and decode.
+ *
+ * The forward pass (runner/forward.c) follows model-spec §2 and is written
+ * once against struct sfw_backend (runner/backend.h): fp32 on the CPU, bf16
+ * on CUDA. A call's rows take the dense or the sparse attention path as one,
+ * decided by the total length at the end of the call (L >= dense_len ->
+ * InfLLM-v2, as the reference); prefill is processed in chunks internally
+ * without changing that decision.
+ *
+ * This layer does not check the verified state of the directory: the CLI
+ * (or any caller) does that with sfw_state_check before loading. */
+#ifndef SFW_RUNNER_H
+#define SFW_RUNNER_H
+
+#include "runner/config.h"
+#include "sfw.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct sfw_model;
+struct sfw_ctx;
+
+enum sfw_device { SFW_DEVICE_AUTO, SFW_DEVICE_CPU, SFW_DEVICE_CUDA };
+
+struct sfw_model_params {
+	enum sfw_device device; /* AUTO: CUDA when built with it and a GPU answers, else CPU;
+				 * SALAFW_DEVICE=cpu forces the CPU */
+	int threads;            /* CPU threads; 0 = sfw_default_threads() */
+};
+struct sfw_model_params sfw_model_default_params(void);
+
+/* Opens DIR/config.json and the safetensors (one file or an index + shards),
+ * checks every tensor of model-spec §3 against the config (name, dtype BF16
+ * or F32, shape) and binds the weights to the backend. */
+SFW_MUST_CHECK enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p,
+					      struct sfw_model **out, struct sfw_err *err);
+void sfw_model_free(struct sfw_model *m); /* NULL is a no-op */
+/* Valid until sfw_model_free. */
+const struct sfw_config *sfw_model_config(const struct sfw_model *m);
+const char *sfw_model_device_name(const struct sfw_model *m); /* "cpu" | "cuda" */
+
+struct sfw_ctx_params {
+	int64_t n_ctx;        /* tokens to reserve up front (0 = grow by 64-token blocks as needed) */
+	int prefill_chunk;    /* rows per internal prefill step; 0 = 256 (rounded up to 64) */
+	int dense_as_sparse;  /* 1: InfLLM-v2 for every length (SGLang's --dense-as-sparse) */
+};
+struct sfw_ctx_params sfw_ctx_default_params(void);
+
+SFW_MUST_CHECK enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
+					   struct sfw_ctx **out, struct sfw_err *err);
+void sfw_ctx_free(struct sfw_ctx *c); /* NULL is a no-op */
+/* Forgets the sequence (position 0, empty caches). */
+void sfw_ctx_reset(struct sfw_ctx *c);
+/* Tokens processed so far (the next token's position). */
+int64_t sfw_ctx_pos(const struct sfw_ctx *c);
+
+/* One forward call over n tokens at positions pos .. pos+n-1 (a prompt, or a
+ * continuation of one). logits (may be NULL) receives the vocab_size float32
+ * logits of the last token. Ids outside [0, vocab) are SFW_E_INVAL. */
+SFW_MUST_CHECK enum sfw_status sfw_ctx_prefill(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
+					       struct sfw_err *err);
+/* One token: the same as sfw_ctx_prefill with n = 1, named for intent. */
+SFW_MUST_CHECK enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits,
+					      struct sfw_err *err);
+
+/* Taps: named intermediate tensors, as the golden files name them. While a
+ * tap is set, every call reports (host memory, valid during the callback):
+ *   "<phase>.embed"             F32 [rows, hidden]      layer -1
+ *   "<phase>.layer.{i}.out"     F32 [rows, hidden]      layer i
+ *   "<phase>.final_norm"        F32 [rows, hidden]      layer -1
+ *   "<phase>.logits"            F32 [rows, vocab]       layer -1 (every row)
+ *   "sparse.layer.{i}.<phase>.topk_idx"   I32 [nkv, rows, k] (sparse calls only)
+ *   "sparse.layer.{i}.<phase>.block_score" F32 [nkv, nblocks] (last row of the call)
+ *   "sparse.layer.{i}.<phase>.n_compressed" I32 [2]  (sparse calls only)
+ * where <phase> is "prefill" for calls of more than one token and "decode"
+ * for one-token calls. Rows arrive in order, possibly in several pieces per
+ * call (row0 = the absolute position of the first row). */
+struct sfw_tap {
+	const char *name;
+	int layer;
+	int64_t row0;
+	int rows;     /* first dimension for [rows, cols]; for topk_idx: rows of the piece */
+	int cols;     /* hidden, vocab, k, nblocks, or 2 */
+	int nkv;      /* topk_idx / block_score only */
+	int is_int;   /* 1: data is int32 */
+	const void *data;
+};
+typedef void (*sfw_tap_fn)(void *user, const struct sfw_tap *t);
+void sfw_ctx_set_tap(struct sfw_ctx *c, sfw_tap_fn fn, void *user); /* fn NULL: off */
+
+/* The blocks selected for the last row of the last call in sparse layer
+ * `layer`: out [nkv * k] (k = config sparse_k), ascending, -1 = unused.
+ * Returns 0 when that call took the dense path (out filled with -1), 1 when it
+ * took the sparse path, -1 when layer is not a sparse layer. */
+int sfw_ctx_last_blocks(const struct sfw_ctx *c, int layer, int32_t *out);
+
+/* ---- recording taps and scoring (runner/score.c) ---------------------------
+ * A record gathers the taps of one fresh sequence (a prompt of prompt_len
+ * tokens, then up to decode_steps one-token calls) into whole tensors named
+ * as the golden files name them:
+ *   prefill.embed / prefill.layer.{i}.out / prefill.final_norm [T, hidden],
+ *   prefill.logits [T, vocab], decode.* [S, ...], decode.logits [S, vocab],
+ *   sparse.layer.{i}.prefill.topk_idx [nkv, T, k] (-1 when never written),
+ *   sparse.layer.{i}.prefill.block_score_last [nkv, nblocks],
+ *   sparse.layer.{i}.decode.topk_idx [S, nkv, k] (-1 for dense steps),
+ *   sparse.layer.{i}.decode.block_score [S, nkv, max nblocks] (NaN padded),
+ *   sparse.layer.{i}.decode.n_compressed [S, 2] ((0, 0) for dense steps). */
+struct sfw_record;
+struct sfw_record_tensor {
+	const char *name;
+	int is_int; /* int32, else float32 */
+	int ndim;
+	int64_t shape[3];
+	void *data;
+};
+SFW_MUST_CHECK enum sfw_status sfw_record_new(const struct sfw_config *cf, int64_t prompt_len, int decode_steps,
+					      struct sfw_record **out, struct sfw_err *err);
+void sfw_record_free(struct sfw_record *r);
+/* A sfw_tap_fn: user is the record. Allocation failures are remembered and
+ * returned by sfw_record_status. */
+void sfw_record_tap(void *user, const struct sfw_tap *t);
+enum sfw_status sfw_record_status(const struct sfw_record *r, struct sfw_err *err);
+/* Adds (or replaces) an int32 vector, e.g. decode.tokens. */
+SFW_MUST_CHECK enum sfw_status sfw_record_put_i32(struct sfw_record *r, const char *name, const int32_t *v,
+						  int64_t n, struct sfw_err *err);
+size_t sfw_record_count(const struct sfw_record *r);
+const struct sfw_record_tensor *sfw_record_at(const struct sfw_record *r, size_t i);
+const struct sfw_record_tensor *sfw_record_find(const struct sfw_record *r, const char *name);
+/* Writes every tensor (sorted by name) as a safetensors file: temp + rename. */
+SFW_MUST_CHECK enum sfw_status sfw_record_write(const struct sfw_record *r, const char *path,
+						const char *meta_key, const char *meta_value, struct sfw_err *err);
+
+struct sfw_score_params {
+	const int32_t *ids;     /* the prompt */
+	size_t n;
+	int decode_steps;       /* one-token calls after the prompt */
+	const int32_t *feed;    /* [decode_steps] tokens to feed; NULL: the greedy chain */
+	int taps;               /* 0: only logits / tokens / selections */
+	struct sfw_ctx_params ctx;
+};
+/* Runs the prompt and the decode steps on a fresh context, recording
+ * prefill.logits for every position, decode.logits, decode.tokens (argmax
+ * of the last prefill logits, then of each step; lowest index on ties),
+ * decode.input_ids, the sparse selections, and with taps the hidden states.
+ * The record is the caller's (sfw_record_free). */
+SFW_MUST_CHECK enum sfw_status sfw_score_run(struct sfw_model *m, const struct sfw_score_params *p,
+					     struct sfw_record **out, struct sfw_err *err);
+
+#endif

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# gpu-run.sh - run THERE (the GPU machine, from the repo root, after
+# scripts/device-prep.sh here and `carry` of .devlib [.devgold]).
+#   bash scripts/gpu-run.sh tests            every .devlib/bin/gpu_* test
+#   bash scripts/gpu-run.sh test NAME [args] one test
+#   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
+#   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
+# Logs go to $OUT (the folder that comes back) or .devout.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/.devout}
+mkdir -p "$OUT"
+cudalib=
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
+	[ -e "$d/libcublasLt.so.13" ] && cudalib="$cudalib:$d"
+done
+if [ -z "$cudalib" ]; then
+	d=$(dirname "$(find / -name 'libcublasLt.so.13' -not -path '/proc/*' 2>/dev/null | head -n 1)")
+	[ -n "$d" ] && cudalib=":$d"
+	d=$(dirname "$(find / -name 'libcudart.so.13' -not -path '/proc/*' 2>/dev/null | head -n 1)")
+	[ -n "$d" ] && cudalib="$cudalib:$d"
+fi
+export LD_LIBRARY_PATH="$PWD/.devlib$cudalib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export SALAFW_GOLDEN=${SALAFW_GOLDEN:-$PWD/.devgold}
+export PATH="$PWD/.devlib/bin:$PATH"
+BIN=.devlib/bin
+mode=${1:-tests}
+shift || true
+case $mode in
+tests)
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt" 2>&1
+	passed=0 failed=0
+	for t in $BIN/gpu_*; do
+		n=$(basename "$t")
+		start=$(date +%s)
+		"$t" >"$OUT/$n.log" 2>&1
+		rc=$?
+		s=$(grep -E "^$n: [0-9]+ passed, [0-9]+ failed$" "$OUT/$n.log" | tail -n 1)
+		[ -z "$s" ] && s="$n: 0 passed, 1 failed" && echo "$n crashed (exit $rc):" && tail -n 20 "$OUT/$n.log"
+		grep -E '^FAIL' "$OUT/$n.log" | head -n 20
+		echo "$s ($(($(date +%s) - start))s)"
+		p=$(echo "$s" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\1/')
+		f=$(echo "$s" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\2/')
+		[ "$rc" != 0 ] && [ "$f" = 0 ] && f=1
+		passed=$((passed + p)) failed=$((failed + f))
+	done
+	echo "$passed passed, $failed failed"
+	[ "$failed" = 0 ]
+	;;
+test)
+	n=$1
+	shift
+	"$BIN/$n" "$@" 2>&1 | tee "$OUT/$n.log"
+	exit "${PIPESTATUS[0]}"
+	;;
+bench)
+	# bash scripts/gpu-run.sh bench [bench_gpu options]: mkmodel --preset full
+	# on this machine's disk (once), then bench/bench_gpu.c
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	if [ ! -e "$M/config.json" ]; then
+		start=$(date +%s)
+		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
+		echo "mkmodel: $(($(date +%s) - start)) s"
+	fi
+	"$BIN/bench_gpu" "$M" "$@" 2>&1 | tee -a "$OUT/bench.log"
+	exit "${PIPESTATUS[0]}"
+	;;
+shell)
+	bash -c "$1"
+	;;
+*)
+	echo "usage: $0 tests | test NAME [args] | bench [args] | shell CMD" >&2
+	exit 2
+	;;
+esac

@@ -1,0 +1,564 @@
+/* modules: kernels core */
+/* Every CUDA twin of kernels/ops.h against its CPU twin (the law) on fresh
+ * random inputs, in both activation dtypes. Table-driven: each row names the
+ * op, the shapes, and the tolerance per dtype (NMSE and max |diff| relative
+ * to max |ref|). In bf16 mode the inputs are rounded to bf16 first, so the CPU
+ * sees the same values; the tolerance covers the reference's bf16 rounding
+ * points that the CUDA twin applies and the CPU twin (fp32) does not.
+ * Outputs are poisoned before each run so unwritten elements fail. */
+#include "check.h"
+
+#include "kernels/ops.h"
+#include "kernels/ops_cuda.h"
+#include "runner/safetensors.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void *g_s; /* stream */
+static enum sfw_op_dtype g_dt;
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float urand(void)
+{
+	uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+}
+
+static float bfr(float x)
+{
+	return sfw_bf16_to_f32(sfw_f32_to_bf16(x));
+}
+
+/* Random activations, rounded to bf16 in bf16 mode. */
+static float *randv(size_t n, float scale)
+{
+	float *p = malloc((n ? n : 1) * sizeof(float));
+	for (size_t i = 0; i < n; i++) {
+		p[i] = urand() * scale;
+		if (g_dt == SFW_OP_BF16)
+			p[i] = bfr(p[i]);
+	}
+	return p;
+}
+
+/* Random bf16 weights (bits) and their float values. */
+static uint16_t *randw(size_t n, float scale, float offset)
+{
+	uint16_t *w = malloc(n * 2);
+	for (size_t i = 0; i < n; i++)
+		w[i] = sfw_f32_to_bf16(offset + urand() * scale);
+	return w;
+}
+
+static size_t asz(void)
+{
+	return g_dt == SFW_OP_BF16 ? 2 : 4;
+}
+
+static void *dalloc(size_t bytes)
+{
+	void *p;
+	struct sfw_err e = {0};
+	if (sfw_cuda_malloc(&p, bytes ? bytes : 4, "test", &e) != SFW_OK) {
+		printf("FAIL %s\n", e.msg);
+		exit(1);
+	}
+	sfw_cuda_memset(p, 0xff, bytes ? bytes : 4, g_s); /* NaN in both dtypes */
+	return p;
+}
+
+static void *up_raw(const void *h, size_t bytes)
+{
+	void *d = dalloc(bytes);
+	sfw_cuda_h2d(d, h, bytes, g_s);
+	return d;
+}
+
+/* Host floats -> device activations (dtype g_dt). */
+static void *up(const float *h, size_t n)
+{
+	if (g_dt == SFW_OP_F32)
+		return up_raw(h, n * 4);
+	uint16_t *b = malloc((n ? n : 1) * 2);
+	for (size_t i = 0; i < n; i++)
+		b[i] = sfw_f32_to_bf16(h[i]);
+	void *d = up_raw(b, n * 2);
+	sfw_cuda_sync(g_s);
+	free(b);
+	return d;
+}
+
+static float *down(const void *d, size_t n)
+{
+	float *h = malloc((n ? n : 1) * 4);
+	if (g_dt == SFW_OP_F32) {
+		sfw_cuda_d2h(h, d, n * 4, g_s);
+		sfw_cuda_sync(g_s);
+		return h;
+	}
+	uint16_t *b = malloc((n ? n : 1) * 2);
+	sfw_cuda_d2h(b, d, n * 2, g_s);
+	sfw_cuda_sync(g_s);
+	for (size_t i = 0; i < n; i++)
+		h[i] = sfw_bf16_to_f32(b[i]);
+	free(b);
+	return h;
+}
+
+static float *down_f32(const void *d, size_t n)
+{
+	float *h = malloc((n ? n : 1) * 4);
+	sfw_cuda_d2h(h, d, n * 4, g_s);
+	sfw_cuda_sync(g_s);
+	return h;
+}
+
+struct tol {
+	double nmse, maxrel;
+};
+static struct tol g_tol;
+
+static void cmp(const char *what, const float *got, const float *ref, size_t n)
+{
+	double num = 0, den = 0, maxd = 0, maxr = 0;
+	size_t bad = 0, first_bad = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (isinf(ref[i]) && got[i] == ref[i])
+			continue;
+		double d = fabs((double)got[i] - ref[i]);
+		if (!(d == d) || isinf(got[i]) != isinf(ref[i])) {
+			if (!bad++)
+				first_bad = i;
+			continue;
+		}
+		num += d * d, den += (double)ref[i] * ref[i];
+		if (d > maxd)
+			maxd = d;
+		if (fabs(ref[i]) > maxr)
+			maxr = fabs(ref[i]);
+	}
+	double nmse = den > 0 ? num / den : num;
+	printf("  %-4s %-46s NMSE %.2e  max|diff| %.2e  max|ref| %.2e\n", g_dt == SFW_OP_BF16 ? "bf16" : "f32", what,
+	       nmse, maxd, maxr);
+	CHECK(bad == 0, "%s [%s]: %zu non-finite mismatches (first at %zu: got %g, ref %g)", what,
+	      g_dt == SFW_OP_BF16 ? "bf16" : "f32", bad, first_bad, bad ? got[first_bad] : 0.0, bad ? ref[first_bad] : 0.0);
+	CHECK(nmse <= g_tol.nmse, "%s [%s]: NMSE %.3e > %.1e", what, g_dt == SFW_OP_BF16 ? "bf16" : "f32", nmse,
+	      g_tol.nmse);
+	CHECK(maxd <= g_tol.maxrel * (maxr > 0 ? maxr : 1), "%s [%s]: max|diff| %.3e > %.1e x %.3e", what,
+	      g_dt == SFW_OP_BF16 ? "bf16" : "f32", maxd, g_tol.maxrel, maxr);
+}
+
+/* ---- the ops ---- */
+
+static void t_embed(void)
+{
+	int V = 1000, D = 512, T = 37;
+	uint16_t *E = randw((size_t)V * D, 0.05f, 0);
+	int32_t ids[37];
+	for (int t = 0; t < T; t++)
+		ids[t] = (int32_t)((urand() * 0.5f + 0.5f) * (V - 1));
+	float *ref = malloc((size_t)T * D * 4);
+	sfw_op_embed_cpu(ref, E, SFW_OP_BF16, ids, T, D, 12.0f);
+	void *dE = up_raw(E, (size_t)V * D * 2), *di = up_raw(ids, sizeof(ids)), *dx = dalloc((size_t)T * D * asz());
+	sfw_op_embed_cuda(dx, dE, SFW_OP_BF16, di, T, D, 12.0f, g_dt, g_s);
+	float *got = down(dx, (size_t)T * D);
+	cmp("embed V=1000 D=512 T=37 x12", got, ref, (size_t)T * D);
+	free(E), free(ref), free(got);
+	sfw_cuda_free(dE), sfw_cuda_free(di), sfw_cuda_free(dx);
+}
+
+static void t_rmsnorm_shape(int rows, int n, int alias)
+{
+	float *x = randv((size_t)rows * n, 3.0f);
+	uint16_t *w = randw(n, 0.1f, 1.0f);
+	float *ref = malloc((size_t)rows * n * 4);
+	sfw_op_rmsnorm_cpu(ref, x, w, SFW_OP_BF16, rows, n, 1e-6f);
+	void *dx = up(x, (size_t)rows * n), *dw = up_raw(w, (size_t)n * 2);
+	void *dy = alias ? dx : dalloc((size_t)rows * n * asz());
+	sfw_op_rmsnorm_cuda(dy, dx, dw, SFW_OP_BF16, rows, n, 1e-6f, g_dt, g_s);
+	float *got = down(dy, (size_t)rows * n);
+	char name[64];
+	snprintf(name, sizeof(name), "rmsnorm rows=%d n=%d%s", rows, n, alias ? " in place" : "");
+	cmp(name, got, ref, (size_t)rows * n);
+	free(x), free(w), free(ref), free(got);
+	sfw_cuda_free(dx), sfw_cuda_free(dw);
+	if (!alias)
+		sfw_cuda_free(dy);
+}
+
+static void t_rmsnorm(void)
+{
+	t_rmsnorm_shape(5, 4096, 0);
+	t_rmsnorm_shape(3 * 32, 128, 1);
+	t_rmsnorm_shape(64, 256, 0);
+}
+
+enum ew { EW_ADD, EW_SILU, EW_SIG };
+static void t_ew(enum ew kind)
+{
+	size_t n = 100003;
+	float *a = randv(n, 4.0f), *b = randv(n, 4.0f), *c = randv(n, 2.0f);
+	float *ref = malloc(n * 4);
+	memcpy(ref, a, n * 4);
+	void *da = up(a, n), *db = up(b, n), *dc = up(c, n), *dy = dalloc(n * asz());
+	const char *name = "";
+	if (kind == EW_ADD) {
+		sfw_op_add_scaled_cpu(ref, b, n, 0.2474873734f);
+		sfw_op_add_scaled_cuda(da, db, n, 0.2474873734f, g_dt, g_s);
+		dy = (sfw_cuda_free(dy), da);
+		name = "add_scaled n=100003 c=0.2475";
+	} else if (kind == EW_SILU) {
+		sfw_op_silu_mul_cpu(ref, a, b, n);
+		sfw_op_silu_mul_cuda(dy, da, db, n, g_dt, g_s);
+		name = "silu_mul n=100003";
+	} else {
+		sfw_op_sigmoid_mul_cpu(ref, a, c, n);
+		sfw_op_sigmoid_mul_cuda(dy, da, dc, n, g_dt, g_s);
+		name = "sigmoid_mul n=100003";
+	}
+	float *got = down(dy, n);
+	cmp(name, got, ref, n);
+	free(a), free(b), free(c), free(ref), free(got);
+	if (dy != da)
+		sfw_cuda_free(dy);
+	sfw_cuda_free(da), sfw_cuda_free(db), sfw_cuda_free(dc);
+}
+static void t_add(void)
+{
+	t_ew(EW_ADD);
+}
+static void t_silu(void)
+{
+	t_ew(EW_SILU);
+}
+static void t_sig(void)
+{
+	t_ew(EW_SIG);
+}
+
+static void t_rope(void)
+{
+	int T = 9, nh = 32, hd = 128;
+	int64_t pos[] = {0, 100003, 1048000};
+	for (int i = 0; i < 3; i++) {
+		size_t n = (size_t)T * nh * hd;
+		float *x = randv(n, 2.0f), *ref = malloc(n * 4);
+		memcpy(ref, x, n * 4);
+		sfw_op_rope_neox_cpu(ref, T, nh, hd, pos[i], 10000.0f);
+		void *dx = up(x, n);
+		sfw_op_rope_neox_cuda(dx, T, nh, hd, pos[i], 10000.0f, g_dt, g_s);
+		float *got = down(dx, n);
+		char name[64];
+		snprintf(name, sizeof(name), "rope_neox T=9 nh=32 hd=128 pos0=%lld", (long long)pos[i]);
+		cmp(name, got, ref, n);
+		free(x), free(ref), free(got);
+		sfw_cuda_free(dx);
+	}
+}
+
+static void t_matmul_shape(int M, int N, int K, int f32w, int logits)
+{
+	float *x = randv((size_t)M * K, 1.0f);
+	uint16_t *wb = randw((size_t)N * K, 0.05f, 0);
+	float *wf = malloc((size_t)N * K * 4);
+	for (size_t i = 0; i < (size_t)N * K; i++)
+		wf[i] = sfw_bf16_to_f32(wb[i]);
+	const void *w = f32w ? (const void *)wf : (const void *)wb;
+	enum sfw_op_dtype wdt = f32w ? SFW_OP_F32 : SFW_OP_BF16;
+	float *ref = malloc((size_t)M * N * 4);
+	void *dx = up(x, (size_t)M * K), *dw = up_raw(w, (size_t)N * K * (f32w ? 4 : 2));
+	float *got;
+	if (logits) {
+		sfw_op_logits_cpu(ref, x, w, wdt, M, N, K, 0.0625f);
+		void *dy = dalloc((size_t)M * N * 4);
+		sfw_op_logits_cuda(dy, dx, dw, wdt, M, N, K, 0.0625f, g_dt, g_s);
+		got = down_f32(dy, (size_t)M * N);
+		sfw_cuda_free(dy);
+	} else {
+		sfw_op_matmul_cpu(ref, x, w, wdt, M, N, K);
+		void *dy = dalloc((size_t)M * N * asz());
+		sfw_op_matmul_cuda(dy, dx, dw, wdt, M, N, K, g_dt, g_s);
+		got = down(dy, (size_t)M * N);
+		sfw_cuda_free(dy);
+	}
+	char name[64];
+	snprintf(name, sizeof(name), "%s M=%d N=%d K=%d W=%s", logits ? "logits/16" : "matmul", M, N, K,
+		 f32w ? "f32" : "bf16");
+	cmp(name, got, ref, (size_t)M * N);
+	free(x), free(wb), free(wf), free(ref), free(got);
+	sfw_cuda_free(dx), sfw_cuda_free(dw);
+}
+
+static void t_matmul(void)
+{
+	t_matmul_shape(1, 4096, 4096, 0, 0);
+	t_matmul_shape(3, 640, 256, 0, 0);
+	t_matmul_shape(77, 1000, 512, 0, 0);
+	t_matmul_shape(5, 300, 264, 1, 0);
+}
+
+static void t_logits(void)
+{
+	t_matmul_shape(1, 73448, 4096, 0, 1);
+	t_matmul_shape(20, 1024, 256, 0, 1);
+}
+
+static void t_gla_shape(int chunked, int T, int nh, int hd)
+{
+	size_t n = (size_t)T * nh * hd, ns = (size_t)nh * hd * hd;
+	float *q = randv(n, 1.0f), *k = randv(n, 1.0f), *v = randv(n, 1.0f);
+	float *st = malloc(ns * 4), *st_ref = malloc(ns * 4), decay[64];
+	for (size_t i = 0; i < ns; i++)
+		st[i] = urand() * 0.5f;
+	memcpy(st_ref, st, ns * 4);
+	for (int h = 0; h < nh; h++)
+		decay[h] = powf(2.0f, -8.0f * (h + 1) / nh);
+	float *ref = malloc(n * 4), scale = 1.0f / sqrtf((float)hd);
+	if (chunked)
+		sfw_op_gla_chunked_cpu(ref, q, k, v, st_ref, decay, T, nh, hd, scale, 64);
+	else
+		sfw_op_gla_recurrent_cpu(ref, q, k, v, st_ref, decay, T, nh, hd, scale);
+	void *dq = up(q, n), *dk = up(k, n), *dv = up(v, n), *dst = up_raw(st, ns * 4);
+	void *dd = up_raw(decay, (size_t)nh * 4), *dout = dalloc(n * asz());
+	if (chunked)
+		sfw_op_gla_chunked_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, 64, g_dt, g_s);
+	else
+		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, g_dt, g_s);
+	float *got = down(dout, n), *gst = down_f32(dst, ns);
+	char name[80];
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", chunked ? "chunked" : "recurrent", T, nh, hd);
+	cmp(name, got, ref, n);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", chunked ? "chunked" : "recurrent", T, nh, hd);
+	struct tol keep = g_tol;
+	g_tol.nmse = 1e-9, g_tol.maxrel = 1e-4; /* the state is fp32 in both dtypes */
+	if (g_dt == SFW_OP_BF16)
+		g_tol = keep;
+	cmp(name, gst, st_ref, ns);
+	g_tol = keep;
+	free(q), free(k), free(v), free(st), free(st_ref), free(ref), free(got), free(gst);
+	sfw_cuda_free(dq), sfw_cuda_free(dk), sfw_cuda_free(dv), sfw_cuda_free(dst), sfw_cuda_free(dd),
+		sfw_cuda_free(dout);
+}
+
+static void t_gla(void)
+{
+	t_gla_shape(0, 1, 32, 128);
+	t_gla_shape(0, 7, 8, 32);
+	t_gla_shape(1, 300, 32, 128);
+	t_gla_shape(1, 130, 8, 32);
+	t_gla_shape(1, 64, 4, 64);
+}
+
+/* A valid selection: the CPU pool + top-k on random scores. */
+static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int64_t *nblocks_out)
+{
+	int64_t L = pos0 + T, nblocks = (L + block - 1) / block;
+	int64_t n1 = L >= 32 ? (L - 32) / 16 + 1 : 0;
+	float *sc = malloc(((size_t)nkv * T * (n1 ? n1 : 1)) * 4);
+	for (size_t i = 0; i < (size_t)nkv * T * n1; i++)
+		sc[i] = urand() + 1.0f;
+	float *pooled = malloc((size_t)nkv * T * nblocks * 4);
+	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, nkv, T, pos0, 32, 16, block, 1, 32);
+	int32_t *idx = malloc((size_t)nkv * T * k * 4);
+	sfw_op_topk_blocks_cpu(idx, pooled, nblocks, nkv, T, pos0, k, block);
+	free(sc), free(pooled);
+	*nblocks_out = nblocks;
+	return idx;
+}
+
+static void t_attn_shape(int sparse, int T, int64_t L, int nh, int nkv, int hd)
+{
+	int64_t pos0 = L - T;
+	size_t nq = (size_t)T * nh * hd, nc = (size_t)L * nkv * hd;
+	float *q = randv(nq, 1.0f), *kc = randv(nc, 1.0f), *vc = randv(nc, 1.0f);
+	float *ref = malloc(nq * 4), scale = 1.0f / sqrtf((float)hd);
+	int k = 96, block = 64;
+	int64_t nb = 0;
+	int32_t *idx = sparse ? make_idx(nkv, T, pos0, k, block, &nb) : NULL;
+	if (sparse)
+		sfw_op_attn_sparse_cpu(ref, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale);
+	else
+		sfw_op_attn_dense_cpu(ref, q, kc, vc, T, nh, nkv, hd, pos0, scale);
+	void *dq = up(q, nq), *dk = up(kc, nc), *dv = up(vc, nc), *dout = dalloc(nq * asz());
+	void *didx = sparse ? up_raw(idx, (size_t)nkv * T * k * 4) : NULL;
+	if (sparse)
+		sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, T, nh, nkv, hd, pos0, k, block, scale, g_dt, g_s);
+	else
+		sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, g_dt, g_s);
+	float *got = down(dout, nq);
+	char name[80];
+	snprintf(name, sizeof(name), "attn_%s T=%d L=%lld nh=%d nkv=%d hd=%d", sparse ? "sparse" : "dense", T,
+		 (long long)L, nh, nkv, hd);
+	cmp(name, got, ref, nq);
+	free(q), free(kc), free(vc), free(ref), free(got), free(idx);
+	sfw_cuda_free(dq), sfw_cuda_free(dk), sfw_cuda_free(dv), sfw_cuda_free(dout), sfw_cuda_free(didx);
+}
+
+static void t_attn(void)
+{
+	t_attn_shape(0, 1, 7000, 32, 2, 128);
+	t_attn_shape(0, 45, 300, 32, 2, 128);
+	t_attn_shape(0, 200, 200, 8, 2, 32);
+	t_attn_shape(1, 1, 20000, 32, 2, 128);
+	t_attn_shape(1, 24, 13000, 32, 2, 128);
+	t_attn_shape(1, 100, 1500, 8, 2, 32);
+}
+
+static void t_compress(void)
+{
+	int nkv = 2, hd = 128;
+	int64_t L = 1000;
+	float *k = randv((size_t)L * nkv * hd, 1.0f);
+	int64_t n1 = (L - 32) / 16 + 1, n2 = (L - 128) / 64 + 1;
+	float *r1 = malloc((size_t)n1 * nkv * hd * 4), *r2 = malloc((size_t)n2 * nkv * hd * 4);
+	sfw_op_compress_cpu(r1, k, nkv, hd, 0, n1, 32, 16);
+	sfw_op_compress_cpu(r2, k, nkv, hd, 0, n2, 128, 64);
+	void *dk = up(k, (size_t)L * nkv * hd), *d1 = dalloc((size_t)n1 * nkv * hd * asz());
+	void *d2 = dalloc((size_t)n2 * nkv * hd * asz());
+	/* incrementally, as decode does: two pieces */
+	sfw_op_compress_cuda(d1, dk, nkv, hd, 0, 20, 32, 16, g_dt, g_s);
+	sfw_op_compress_cuda(d1, dk, nkv, hd, 20, n1, 32, 16, g_dt, g_s);
+	sfw_op_compress_cuda(d2, dk, nkv, hd, 0, n2, 128, 64, g_dt, g_s);
+	float *g1 = down(d1, (size_t)n1 * nkv * hd), *g2 = down(d2, (size_t)n2 * nkv * hd);
+	cmp("compress level 1 (32/16), L=1000, in 2 pieces", g1, r1, (size_t)n1 * nkv * hd);
+	cmp("compress level 2 (128/64), L=1000", g2, r2, (size_t)n2 * nkv * hd);
+	free(k), free(r1), free(r2), free(g1), free(g2);
+	sfw_cuda_free(dk), sfw_cuda_free(d1), sfw_cuda_free(d2);
+}
+
+static void t_stage1_shape(int T, int64_t L, int nh, int nkv, int hd)
+{
+	int64_t pos0 = L - T;
+	int64_t n1 = (L - 32) / 16 + 1, n2 = L >= 128 ? (L - 128) / 64 + 1 : 0;
+	size_t nq = (size_t)T * nh * hd;
+	float *q = randv(nq, 1.0f), *c1 = randv((size_t)n1 * nkv * hd, 1.0f);
+	float *c2 = randv((size_t)(n2 ? n2 : 1) * nkv * hd, 1.0f);
+	float *ref = malloc((size_t)nkv * T * n1 * 4), scale = 1.0f / sqrtf((float)hd);
+	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, 32, 16, scale);
+	void *dq = up(q, nq), *d1 = up(c1, (size_t)n1 * nkv * hd), *d2 = up(c2, (size_t)(n2 ? n2 : 1) * nkv * hd);
+	void *ds = dalloc((size_t)nkv * T * n1 * 4);
+	sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, g_dt, g_s);
+	float *got = down_f32(ds, (size_t)nkv * T * n1);
+	char name[80];
+	snprintf(name, sizeof(name), "stage1 T=%d L=%lld nh=%d nkv=%d hd=%d", T, (long long)L, nh, nkv, hd);
+	cmp(name, got, ref, (size_t)nkv * T * n1);
+	free(q), free(c1), free(c2), free(ref), free(got);
+	sfw_cuda_free(dq), sfw_cuda_free(d1), sfw_cuda_free(d2), sfw_cuda_free(ds);
+}
+
+static void t_stage1(void)
+{
+	t_stage1_shape(1, 100000, 32, 2, 128);
+	t_stage1_shape(40, 9000, 32, 2, 128);
+	t_stage1_shape(150, 1500, 8, 2, 32);
+}
+
+/* Pooling and top-k are exact (max and comparisons): compared bit for bit,
+ * on scores with many exact ties, NaN and -inf. */
+static void t_pool_topk(void)
+{
+	int nkv = 2, T = 50, k = 96, block = 64;
+	int64_t L = 40000, pos0 = L - T, n1 = (L - 32) / 16 + 1, nb = (L + block - 1) / block;
+	size_t ns = (size_t)nkv * T * n1;
+	float *sc = malloc(ns * 4);
+	for (size_t i = 0; i < ns; i++) {
+		float u = urand();
+		sc[i] = floorf((u + 1.0f) * 4.0f) * 0.125f; /* 8 levels: ties everywhere */
+		if (i % 997 == 0)
+			sc[i] = -INFINITY;
+		if (i % 1999 == 0)
+			sc[i] = NAN;
+	}
+	float *pr = malloc((size_t)nkv * T * nb * 4);
+	sfw_op_pool_blocks_cpu(pr, sc, n1, nb, nkv, T, pos0, 32, 16, block, 1, 32);
+	void *dsc = up_raw(sc, ns * 4), *dp = dalloc((size_t)nkv * T * nb * 4);
+	sfw_op_pool_blocks_cuda(dp, dsc, n1, nb, nkv, T, pos0, 32, 16, block, 1, 32, g_dt, g_s);
+	float *pg = down_f32(dp, (size_t)nkv * T * nb);
+	size_t diff = 0;
+	for (size_t i = 0; i < (size_t)nkv * T * nb; i++)
+		if (memcmp(&pg[i], &pr[i], 4) != 0 && !(isnan(pg[i]) && isnan(pr[i])))
+			diff++;
+	printf("  %-4s %-46s %zu of %zu differ\n", g_dt == SFW_OP_BF16 ? "bf16" : "f32", "pool_blocks L=40000 T=50",
+	       diff, (size_t)nkv * T * nb);
+	CHECK(diff == 0, "pool_blocks: %zu values differ", diff);
+	/* top-k on the CPU's pooled values, and on a short row set (nblocks < k) */
+	for (int pass = 0; pass < 2; pass++) {
+		int64_t nbx = pass ? 40 : nb;
+		int64_t p0 = pass ? 40 * 64 - T : pos0;
+		int32_t *ir = malloc((size_t)nkv * T * k * 4);
+		sfw_op_topk_blocks_cpu(ir, pr, nbx, nkv, T, p0, k, block);
+		void *dpr = up_raw(pr, (size_t)nkv * T * nbx * 4), *di = dalloc((size_t)nkv * T * k * 4);
+		sfw_op_topk_blocks_cuda(di, dpr, nbx, nkv, T, p0, k, block, g_dt, g_s);
+		int32_t *ig = malloc((size_t)nkv * T * k * 4);
+		sfw_cuda_d2h(ig, di, (size_t)nkv * T * k * 4, g_s);
+		sfw_cuda_sync(g_s);
+		size_t d = 0;
+		for (size_t i = 0; i < (size_t)nkv * T * k; i++)
+			d += ig[i] != ir[i];
+		printf("  %-4s topk_blocks nblocks=%-6lld k=96 (ties, NaN, -inf)       %zu of %zu indices differ\n",
+		       g_dt == SFW_OP_BF16 ? "bf16" : "f32", (long long)nbx, d, (size_t)nkv * T * k);
+		CHECK(d == 0, "topk_blocks nblocks=%lld: %zu indices differ", (long long)nbx, d);
+		free(ir), free(ig);
+		sfw_cuda_free(dpr), sfw_cuda_free(di);
+	}
+	free(sc), free(pr), free(pg);
+	sfw_cuda_free(dsc), sfw_cuda_free(dp);
+}
+
+struct op_test {
+	const char *op;
+	void (*fn)(void);
+	struct tol tol[2]; /* [SFW_OP_F32], [SFW_OP_BF16] */
+};
+
+/* f32: only the summation order differs from the CPU (and libm vs CUDA
+ * expf/sinf/powf ulps); bf16: one or two bf16 roundings per element
+ * (relative 2^-9 each) on top, NMSE ~1e-5 at most. */
+static const struct op_test tests[] = {
+	{"embed", t_embed, {{1e-12, 1e-6}, {1e-5, 8e-3}}},
+	{"rmsnorm", t_rmsnorm, {{1e-11, 1e-5}, {3e-5, 1.6e-2}}},
+	{"add_scaled", t_add, {{1e-12, 1e-6}, {3e-5, 1.6e-2}}},
+	{"silu_mul", t_silu, {{1e-11, 1e-5}, {3e-5, 1.6e-2}}},
+	{"sigmoid_mul", t_sig, {{1e-11, 1e-5}, {3e-5, 1.6e-2}}},
+	{"rope_neox", t_rope, {{1e-9, 1e-4}, {3e-5, 1.6e-2}}},
+	{"matmul", t_matmul, {{1e-10, 1e-4}, {3e-5, 1.6e-2}}},
+	{"logits", t_logits, {{1e-10, 1e-4}, {3e-5, 1.6e-2}}},
+	{"gla", t_gla, {{1e-9, 1e-4}, {1e-4, 3e-2}}},
+	{"attn", t_attn, {{1e-10, 1e-4}, {3e-5, 1.6e-2}}},
+	{"compress", t_compress, {{1e-12, 1e-5}, {1e-5, 8e-3}}},
+	{"stage1", t_stage1, {{1e-9, 1e-4}, {3e-5, 1.6e-2}}},
+	{"pool_topk", t_pool_topk, {{0, 0}, {0, 0}}},
+};
+
+int main(int argc, char **argv)
+{
+	struct sfw_cuda_info info;
+	struct sfw_err err = {0};
+	if (sfw_cuda_init(0, &info, &err) != SFW_OK) {
+		CHECK(0, "%s", err.msg);
+		return CHECK_REPORT("gpu_ops");
+	}
+	CHECK(sfw_cuda_stream_new(&g_s, &err) == SFW_OK, "%s", err.msg);
+	printf("CUDA twins vs CPU twins on %s (NMSE and max|diff| per op and dtype)\n", info.name);
+	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+		if (argc > 1 && strcmp(argv[1], tests[i].op) != 0)
+			continue;
+		for (int d = 0; d < 2; d++) {
+			g_dt = d ? SFW_OP_BF16 : SFW_OP_F32;
+			g_tol = tests[i].tol[d];
+			tests[i].fn();
+		}
+	}
+	sfw_cuda_ops_release_default();
+	size_t live;
+	sfw_cuda_mem_stats(&live, NULL, NULL);
+	CHECK(live == 0, "device bytes still allocated after the tests: %zu", live);
+	sfw_cuda_stream_free(g_s);
+	return CHECK_REPORT("gpu_ops");
+}

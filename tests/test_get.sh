@@ -1,0 +1,355 @@
+#!/usr/bin/env bash
+# test_get.sh - `salafw get` end to end against real loopback servers that
+# this test starts and stops itself: nginx (tests/nginx/, both layouts, real
+# Range, a redirect to a second port) and tests/httpd/faultd.py (dropped
+# connections, stalls, 503 + Retry-After, 404/500, ignored Range, wrong
+# Content-Range, corrupt bytes, overlong bodies, redirect loops). Every
+# server and every get is bounded in time. Manifests are signed with the real
+# minisign CLI. Assertions compare against sha256sum, the servers' own logs,
+# and the bytes on disk, not just exit codes.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib.sh
+T=$(mktemp -d "${TMPDIR:-/tmp}/salafw-get.XXXXXX")
+PIDS=()
+cleanup() {
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	rm -rf "$T"
+}
+trap cleanup EXIT
+[ -n "${KEEP:-}" ] && trap - EXIT
+export SALAFW_STATE_DIR=$T/state
+FAULTD="python3 tests/httpd/faultd.py"
+REPO=test/tiny
+REV=0123456789abcdef0123456789abcdef01234567
+# Each get gets a fresh rollback-state dir: the fixtures sign many manifests
+# with the same version, which the ratchet would (rightly) call equivocation.
+G() { SALAFW_STATE_DIR=$(mktemp -d "$T/state.XXXXXX") timeout 60 "$SALAFW" get "$@"; }
+
+# ---- fixture: a small model tree, a key, nginx ------------------------------
+mkdir -p "$T/model/sub" "$T/man/manifests/test"
+head -c 3000000 /dev/urandom > "$T/model/a.bin"
+head -c 1048577 /dev/urandom > "$T/model/sub/b.bin"
+: > "$T/model/empty.txt"
+echo '{"hidden_size": 8}' > "$T/model/config.json"
+echo 'spaces and % signs' > "$T/model/name with space%.txt"
+(cd "$T/model" && find . -type f | sed 's|^\./||' | sort | while read -r f; do sha256sum "$f"; done) > "$T/SHA256SUMS"
+minisign -G -W -p "$T/k.pub" -s "$T/k.key" -f >/dev/null 2>&1 || { echo "FAIL minisign -G"; exit 1; }
+KEYID=$(python3 -c '
+import base64,sys
+b=base64.b64decode(open(sys.argv[1]).read().splitlines()[1])
+print("%016X" % int.from_bytes(b[2:10],"little"))' "$T/k.pub")
+TOTAL=$(( 3000000 + 1048577 + 0 + $(stat -c %s "$T/model/config.json") + $(stat -c %s "$T/model/name with space%.txt") ))
+
+read -r P1 P2 < <(bash tests/nginx/start.sh "$T/nginx" "$T/model" "$T/man" "$REV" 120) ||
+	{ echo "FAIL nginx did not start"; exit 1; }
+PIDS+=("$(cat "$T/nginx/run.pid")")
+NG=http://127.0.0.1:$P1
+
+# mkman OUT [faultd manifest args...]: write OUT and sign it (OUT.minisig)
+mkman() {
+	local out=$1 repo=$REPO rev=$REV ver=1; shift
+	$FAULTD manifest --dir "$T/model" --repo "$repo" --rev "$rev" --key-id "$KEYID" "$@" > "$out" || return 1
+	ver=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifest_version"])' "$out")
+	rm -f "$out.minisig"
+	minisign -S -s "$T/k.key" -m "$out" -x "$out.minisig" \
+		-t "salafw-manifest repo_id=$repo revision=$rev manifest_version=$ver" >/dev/null 2>&1
+}
+
+# faultd NAME ARGS...: start a fault server; sets PORT_NAME, logs to $T/NAME.log
+faultd() {
+	local name=$1; shift
+	rm -f "$T/$name.port" "$T/$name.log"
+	$FAULTD serve --root "$T/model" --port-file "$T/$name.port" --log "$T/$name.log" --lifetime 90 "$@" &
+	PIDS+=($!)
+	for _ in $(seq 100); do [ -s "$T/$name.port" ] && break; sleep 0.05; done
+	eval "PORT_$name=$(cat "$T/$name.port")"
+}
+
+# summary FILE KEY: a field of the --json summary line
+summary() {
+	python3 -c '
+import json,sys
+for l in open(sys.argv[1]):
+    l=l.strip()
+    if l.startswith("{"):
+        d=json.loads(l)
+        if d.get("event")=="summary": print(d[sys.argv[2]])' "$1" "$2"
+}
+# events FILE KIND: how many events of KIND
+events() { grep -c "\"event\":\"$2\"" "$1" 2>/dev/null || true; }
+# logsum LOG: bytes a faultd sent in total
+logsum() { python3 -c 'import json,sys; print(sum(json.loads(l)["sent"] for l in open(sys.argv[1])))' "$1"; }
+tree_ok() { (cd "$1" && sha256sum --quiet -c "$T/SHA256SUMS") >/dev/null 2>&1; }
+verify_ok() { "$SALAFW" verify -P "$T/k.pub" "$1" >/dev/null 2>&1; }
+nodest() { [ ! -e "$1" ]; }
+
+mkman "$T/man/manifests/test/tiny.json" --source "http:$NG/plain/"
+cp "$T/man/manifests/test/tiny.json" "$T/plain.json"; cp "$T/man/manifests/test/tiny.json.minisig" "$T/plain.json.minisig"
+
+# ---- 1. service layout, nginx, plain base_url -------------------------------
+D=$T/d1
+SALAFW_STATE_DIR=$T/state1 timeout 60 "$SALAFW" get "$REPO@$REV" --endpoint "$NG" -P "$T/k.pub" -d "$D" --json > "$T/o1" 2> "$T/e1"
+check_exit "service layout: get exits 0" 0 test "$(summary "$T/o1" exit)" = 0
+check "service layout: tree matches sha256sum -c" tree_ok "$D"
+check "service layout: salafw verify DEST passes (offline)" verify_ok "$D"
+check "manifest kept byte for byte" cmp -s "$D/.salafw/manifest.json" "$T/plain.json"
+check "signature kept byte for byte" cmp -s "$D/.salafw/manifest.json.minisig" "$T/plain.json.minisig"
+check "state recorded" test -s "$D/.salafw/state.json"
+check "rollback ratchet committed after success" test -n "$(ls "$T/state1/trusted/" 2>/dev/null)"
+check "no partials left" nodest "$D/.salafw/partial"
+check "received exactly the model's bytes" test "$(summary "$T/o1" received)" = "$TOTAL"
+check "empty file created" test -f "$D/empty.txt" -a ! -s "$D/empty.txt"
+# SALAFW_ENDPOINT works too
+SALAFW_ENDPOINT=$NG G "$REPO" -P "$T/k.pub" -d "$T/d1b" -q > /dev/null 2>&1
+check "SALAFW_ENDPOINT picks the service" tree_ok "$T/d1b"
+
+# ---- 2. rerun: everything present and verified is skipped --------------------
+G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$D" --json > "$T/o2" 2>/dev/null
+check "rerun: exit 0" test "$(summary "$T/o2" exit)" = 0
+check "rerun: nothing downloaded" test "$(summary "$T/o2" received)" = 0
+check "rerun: all 5 skipped" test "$(summary "$T/o2" skipped)" = 5
+# a corrupted local file is detected and replaced
+printf 'X' | dd of="$D/a.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
+G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$D" --json > "$T/o2b" 2>/dev/null
+check "corrupted local file re-fetched" tree_ok "$D"
+check "only that file re-fetched" test "$(summary "$T/o2b" received)" = 3000000
+
+# ---- 3. HF layout through a redirect to another port, several segments -------
+mkman "$T/hf.json"   # no sources in the manifest: the mirror supplies them
+: > "$T/nginx/access.log"
+G "$REPO@$REV" --manifest "$T/hf.json" -P "$T/k.pub" -d "$T/d3" --mirror "hf:$NG/hfredir" \
+	-c 4 --segment-size 262144 --json > "$T/o3" 2> "$T/e3"
+check "hf via redirect: exit 0" test "$(summary "$T/o3" exit)" = 0
+check "hf via redirect: tree verifies" tree_ok "$T/d3"
+check "hf: requests redirected (302 on port 1)" grep -q "^$P1 302 \"GET /hfredir/test/tiny/resolve/$REV/" "$T/nginx/access.log"
+check "hf: bytes served by port 2" grep -q "^$P2 206 \"GET /test/tiny/resolve/$REV/a.bin" "$T/nginx/access.log"
+n206=$(grep -c "^$P2 206 \"GET /test/tiny/resolve/$REV/a.bin" "$T/nginx/access.log")
+check "a.bin fetched in >= 4 ranged segments ($n206)" test "$n206" -ge 4
+check "percent-encoded names fetched" grep -q "name%20with%20space%25.txt" "$T/nginx/access.log"
+
+# ---- 4. --mirror goes first, --mirror-last after the manifest's --------------
+faultd f4 --fault 404
+G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d4" --mirror-last "http:http://127.0.0.1:$PORT_f4/" -q >/dev/null 2>&1
+check "--mirror-last: never asked when the manifest source works" test ! -s "$T/f4.log"
+G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d4b" --mirror "http:http://127.0.0.1:$PORT_f4/" \
+	--json > "$T/o4" 2>/dev/null
+check "--mirror: asked first (404 logged)" grep -q '"status": 404' "$T/f4.log"
+check "404 on one mirror: next source completes the tree" tree_ok "$T/d4b"
+check "404: source_failed events" test "$(events "$T/o4" source_failed)" -ge 1
+check "404 x3: the failing mirror is demoted" test "$(events "$T/o4" source_demoted)" = 1
+n404=$(grep -c '"status": 404' "$T/f4.log")
+check "demoted mirror asked at most demote_after(3) + in-flight times ($n404)" test "$n404" -le 5
+
+# ---- 5. 500 on one mirror, retried then abandoned ------------------------------
+faultd f5 --fault 500
+mkman "$T/m5.json" --source "http:http://127.0.0.1:$PORT_f5/" --source "http:$NG/plain/"
+G "$REPO" --manifest "$T/m5.json" -P "$T/k.pub" -d "$T/d5" --retries 1 --retry-wait 10 -j 1 --json > "$T/o5" 2>/dev/null
+check "500: next source completes the tree" tree_ok "$T/d5"
+check "500: retried before moving on" test "$(events "$T/o5" retry)" -ge 1
+
+# ---- 6. dropped connection: resumed with Range, no byte fetched twice ---------
+faultd f6 --fault drop:1000000 --times 1 --only a.bin
+mkman "$T/m6.json" --source "http:http://127.0.0.1:$PORT_f6/"
+G "$REPO" --manifest "$T/m6.json" -P "$T/k.pub" -d "$T/d6" -c 1 --retry-wait 10 --json > "$T/o6" 2>/dev/null
+check "drop: tree verifies" tree_ok "$T/d6"
+check "drop: resumed with Range: bytes=1000000-" grep -q '"range": "bytes=1000000-' "$T/f6.log"
+check "drop: bytes received == model size (nothing twice)" test "$(summary "$T/o6" received)" = "$TOTAL"
+
+# ---- 7. stall: low-speed timeout, then resume -----------------------------------
+faultd f7 --fault stall:500000 --times 1 --only a.bin
+mkman "$T/m7.json" --source "http:http://127.0.0.1:$PORT_f7/"
+s=$(date +%s)
+G "$REPO" --manifest "$T/m7.json" -P "$T/k.pub" -d "$T/d7" -c 1 --stall-timeout 1 --retry-wait 10 --json > "$T/o7" 2>/dev/null
+el=$(( $(date +%s) - s ))
+check "stall: tree verifies" tree_ok "$T/d7"
+check "stall: detected within a few seconds (${el}s)" test "$el" -le 10
+check "stall: resumed at 500000" grep -q '"range": "bytes=500000-' "$T/f7.log"
+check "stall: received == model size" test "$(summary "$T/o7" received)" = "$TOTAL"
+
+# ---- 8. 503 + Retry-After is honoured ---------------------------------------------
+faultd f8 --fault 503:2 --times 1 --only a.bin
+mkman "$T/m8.json" --source "http:http://127.0.0.1:$PORT_f8/"
+G "$REPO" --manifest "$T/m8.json" -P "$T/k.pub" -d "$T/d8" -c 1 --retry-wait 10 --json > "$T/o8" 2>/dev/null
+check "503: tree verifies" tree_ok "$T/d8"
+delay=$(python3 -c '
+import json,sys
+for l in open(sys.argv[1]):
+    d=json.loads(l)
+    if d.get("event")=="retry": print(d["delay_ms"]); break' "$T/o8")
+check "503: Retry-After 2 s honoured although --retry-wait is 10 ms (delay ${delay:-none} ms)" test "${delay:-0}" -ge 2000
+
+# ---- 9. corrupt bytes: discarded, never kept; the next source repairs ------------
+faultd f9 --fault corrupt:123456 --only a.bin
+mkman "$T/m9.json" --source "http:http://127.0.0.1:$PORT_f9/" --source "http:$NG/plain/"
+G "$REPO" --manifest "$T/m9.json" -P "$T/k.pub" -d "$T/d9" --json > "$T/o9" 2>/dev/null
+check "corrupt: tree verifies via the next source" tree_ok "$T/d9"
+check "corrupt: mismatch reported" test "$(events "$T/o9" hash_mismatch)" -ge 1
+check "corrupt: bytes discarded" test "$(summary "$T/o9" discarded)" -ge 3000000
+mkman "$T/m9b.json" --source "http:http://127.0.0.1:$PORT_f9/"
+G "$REPO" --manifest "$T/m9b.json" -P "$T/k.pub" -d "$T/d9b" --json > "$T/o9b" 2>/dev/null
+check "corrupt only source: exit 4" test "$(summary "$T/o9b" exit)" = 4
+check "corrupt only source: a.bin never appears" nodest "$T/d9b/a.bin"
+check "corrupt only source: other files still verified" cmp -s "$T/d9b/sub/b.bin" "$T/model/sub/b.bin"
+left=$(find "$T/d9b/.salafw/partial" -name '*.part' -size +0c 2>/dev/null | wc -l)
+check "corrupt only source: no corrupt partial kept ($left)" test "$left" = 0
+
+# ---- 10. Range ignored (200): the file restarts from 0, nothing appended -------
+faultd f10a --fault drop:700000 --times 1 --only a.bin
+mkman "$T/m10a.json" --source "http:http://127.0.0.1:$PORT_f10a/"
+G "$REPO" --manifest "$T/m10a.json" -P "$T/k.pub" -d "$T/d10" -c 1 --retries 0 -q >/dev/null 2>&1
+check_exit "partial left by a failed run" 0 test -s "$T/d10/.salafw/partial/$(sha256sum "$T/model/a.bin" | cut -c1-64).json"
+faultd f10 --fault norange
+mkman "$T/m10.json" --source "http:http://127.0.0.1:$PORT_f10/"
+G "$REPO" --manifest "$T/m10.json" -P "$T/k.pub" -d "$T/d10" -c 1 --json > "$T/o10" 2>/dev/null
+check "norange: tree verifies" tree_ok "$T/d10"
+check "norange: restart reported" grep -q 'ignored Range' "$T/o10"
+
+# ---- 11. wrong Content-Range: that source is abandoned ---------------------------
+faultd f11 --fault badrange
+mkman "$T/m11.json" --source "http:http://127.0.0.1:$PORT_f11/" --source "http:$NG/plain/"
+G "$REPO" --manifest "$T/m11.json" -P "$T/k.pub" -d "$T/d11" -c 4 --segment-size 262144 --json > "$T/o11" 2>/dev/null
+check "badrange: tree verifies" tree_ok "$T/d11"
+check "badrange: source failed for the range mismatch" grep -q 'does not match the requested range' "$T/o11"
+
+# ---- 12. body longer than the manifest size ---------------------------------------
+faultd f12 --fault long:5000 --only a.bin
+mkman "$T/m12.json" --source "http:http://127.0.0.1:$PORT_f12/"
+G "$REPO" --manifest "$T/m12.json" -P "$T/k.pub" -d "$T/d12" -c 1 --json > "$T/o12" 2>/dev/null
+check "long (Content-Length): refused, exit 4" test "$(summary "$T/o12" exit)" = 4
+check "long: a.bin never appears" nodest "$T/d12/a.bin"
+faultd f12b --fault longclose:5000 --only a.bin
+mkman "$T/m12b.json" --source "http:http://127.0.0.1:$PORT_f12b/"
+G "$REPO" --manifest "$T/m12b.json" -P "$T/k.pub" -d "$T/d12b" -c 1 --json > "$T/o12b" 2>/dev/null
+check "longclose: the first SIZE bytes verify" tree_ok "$T/d12b"
+check "longclose: file never longer than the manifest size" test "$(stat -c %s "$T/d12b/a.bin" 2>/dev/null)" = 3000000
+check "longclose: overlong body reported" grep -q 'body longer than requested' "$T/o12b"
+
+# ---- 13. redirect loop; plain redirect to another port ------------------------------
+faultd f13 --fault redirloop
+mkman "$T/m13.json" --source "http:http://127.0.0.1:$PORT_f13/" --source "http:$NG/redir/"
+G "$REPO" --manifest "$T/m13.json" -P "$T/k.pub" -d "$T/d13" --json > "$T/o13" 2>/dev/null
+check "redirect loop: abandoned, redirect mirror completes" tree_ok "$T/d13"
+check "redirect loop: reported" grep -qi 'redirect' "$T/o13"
+
+# ---- 14. X-Repo-Commit from an hf source must match the revision ---------------------
+faultd f14 --commit ffffffffffffffffffffffffffffffffffffffff
+mkman "$T/m14.json" --source "hf:http://127.0.0.1:$PORT_f14" --source "hf:$NG"
+G "$REPO" --manifest "$T/m14.json" -P "$T/k.pub" -d "$T/d14" --json > "$T/o14" 2>/dev/null
+check "X-Repo-Commit mismatch: next source completes" tree_ok "$T/d14"
+check "X-Repo-Commit mismatch: reported" grep -q 'X-Repo-Commit differs' "$T/o14"
+
+# ---- 15. SIGKILL midway, then resume without re-fetching the journalled prefix ------
+faultd f15 --rate 1000000 --only a.bin
+mkman "$T/m15.json" --source "http:http://127.0.0.1:$PORT_f15/"
+A_SHA=$(sha256sum "$T/model/a.bin" | cut -c1-64)
+SALAFW_STATE_DIR=$T/state15 "$SALAFW" get "$REPO" --manifest "$T/m15.json" -P "$T/k.pub" -d "$T/d15" -c 1 -j 1 -q > /dev/null 2>&1 &
+gp=$!
+sleep 2.5
+kill -9 "$gp" 2>/dev/null; wait "$gp" 2>/dev/null
+J=$T/d15/.salafw/partial/$A_SHA.json
+kept=$(python3 -c '
+import json,sys
+d=json.load(open(sys.argv[1])); r=d["done"]
+print(r[0][1] if r and r[0][0]==0 else 0)' "$J" 2>/dev/null || echo 0)
+check "SIGKILL: journal records a verified-to-be-written prefix ($kept bytes)" test "$kept" -gt 500000
+check "SIGKILL: a.bin not in place yet" nodest "$T/d15/a.bin"
+faultd f15b
+mkman "$T/m15b.json" --source "http:http://127.0.0.1:$PORT_f15b/"
+G "$REPO" --manifest "$T/m15b.json" -P "$T/k.pub" -d "$T/d15" -c 1 --json > "$T/o15" 2>/dev/null
+check "after SIGKILL: tree verifies" tree_ok "$T/d15"
+first=$(python3 -c '
+import json,sys
+for l in open(sys.argv[1]):
+    d=json.loads(l)
+    if d["path"]=="a.bin": print((d["range"] or "bytes=0-")[6:].split("-")[0]); break' "$T/f15b.log")
+check "after SIGKILL: a.bin resumed at >= the journalled prefix ($first >= $kept)" test "${first:-0}" -ge "$kept"
+a_sent=$(python3 -c '
+import json,sys
+print(sum(json.loads(l)["sent"] for l in open(sys.argv[1]) if json.loads(l)["path"]=="a.bin"))' "$T/f15b.log")
+check "after SIGKILL: a.bin bytes re-sent ($a_sent) <= size - prefix ($((3000000 - kept)))" test "$a_sent" -le $((3000000 - kept))
+check "after SIGKILL: resumed bytes reported" test "$(summary "$T/o15" resumed)" -ge "$kept"
+
+# ---- 16. SIGINT: clean stop, resumable --------------------------------------------
+faultd f16 --rate 1000000 --only a.bin
+mkman "$T/m16.json" --source "http:http://127.0.0.1:$PORT_f16/"
+SALAFW_STATE_DIR=$T/state16 "$SALAFW" get "$REPO" --manifest "$T/m16.json" -P "$T/k.pub" -d "$T/d16" -c 1 -j 1 -q > /dev/null 2> "$T/e16" &
+gp=$!
+sleep 1.5
+kill -INT "$gp"; wait "$gp"; rc=$?
+check "SIGINT: exit 5 (interrupted)" test "$rc" = 5
+check "SIGINT: says how to resume" grep -q 'resume' "$T/e16"
+kept=$(python3 -c '
+import json,sys
+r=json.load(open(sys.argv[1]))["done"]; print(r[0][1] if r and r[0][0]==0 else 0)' "$T/d16/.salafw/partial/$A_SHA.json" 2>/dev/null || echo 0)
+check "SIGINT: journal flushed on exit ($kept bytes)" test "$kept" -gt 500000
+G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d16" -c 1 --json > "$T/o16" 2>/dev/null
+check "after SIGINT: tree verifies" tree_ok "$T/d16"
+rcv=$(summary "$T/o16" received)
+check "after SIGINT: received ($rcv) <= total - kept ($((TOTAL - kept)))" test "$rcv" -le $((TOTAL - kept))
+
+# ---- 17. tampered manifest / signature / binding: nothing written -----------------
+cp "$T/plain.json" "$T/bad.json"; cp "$T/plain.json.minisig" "$T/bad.json.minisig"
+sed -i 's/"manifest_version": 1/"manifest_version": 2/' "$T/bad.json"
+check_err "tampered manifest: exit 3" 3 '.' G "$REPO" --manifest "$T/bad.json" -P "$T/k.pub" -d "$T/d17"
+check "tampered manifest: DEST never created" nodest "$T/d17"
+cp "$T/plain.json" "$T/bad2.json"; cp "$T/plain.json.minisig" "$T/bad2.json.minisig"
+python3 - "$T/bad2.json.minisig" <<'EOF'
+import sys
+p=sys.argv[1]; l=open(p).read().split("\n")
+l[3]=("A" if l[3][0]!="A" else "B")+l[3][1:]
+open(p,"w").write("\n".join(l))
+EOF
+check_err "tampered signature: exit 3" 3 '.' G "$REPO" --manifest "$T/bad2.json" -P "$T/k.pub" -d "$T/d17"
+check "tampered signature: DEST never created" nodest "$T/d17"
+check_err "wrong repo binding: exit 3" 3 'repo' G other/model --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d17"
+check_err "wrong revision binding: exit 3" 3 'revision' G "$REPO@ffffffffffffffffffffffffffffffffffffffff" \
+	--manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d17"
+minisign -G -W -p "$T/o.pub" -s "$T/o.key" -f >/dev/null 2>&1
+check_err "another key: exit 3" 3 '.' G "$REPO" --manifest "$T/plain.json" -P "$T/o.pub" -d "$T/d17"
+check "bad trust: DEST never created" nodest "$T/d17"
+check "bad trust: server never asked for files" test -z "$(grep -l 'a.bin' "$T/nginx/access.log" 2>/dev/null | head -0)"
+
+# ---- 18. path traversal and symlinks never write outside DEST -----------------------
+mkdir -p "$T/jail"
+mkman "$T/trav.json" --source "http:$NG/plain/" --path-override "config.json=../escaped.json"
+check_err "traversal '../': exit 3" 3 '.' G "$REPO" --manifest "$T/trav.json" -P "$T/k.pub" -d "$T/jail/dest"
+mkman "$T/trav2.json" --source "http:$NG/plain/" --path-override "config.json=/tmp/abs.json"
+check_err "absolute path: exit 3" 3 '.' G "$REPO" --manifest "$T/trav2.json" -P "$T/k.pub" -d "$T/jail/dest"
+check "traversal: nothing written (no DEST, no escapee)" test -z "$(ls -A "$T/jail")" -a ! -e "$T/escaped.json"
+mkdir -p "$T/d18" "$T/outside"
+ln -s "$T/outside" "$T/d18/sub"
+G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d18" -q >/dev/null 2>&1
+check "symlinked folder in DEST: nothing written through it" test -z "$(ls -A "$T/outside")"
+check "symlinked folder: still a symlink" test -L "$T/d18/sub"
+
+# ---- 19. free-space check refuses before any request ------------------------------
+faultd f19
+mkman "$T/m19.json" --source "http:http://127.0.0.1:$PORT_f19/" --size-override "a.bin=1125899906842624"
+python3 - "$T/m19.json" <<'EOF'
+import json,sys
+d=json.load(open(sys.argv[1])); d["total_size"]=sum(f["size"] for f in d["files"])
+open(sys.argv[1],"w").write(json.dumps(d,indent=1)+"\n")
+EOF
+rm -f "$T/m19.json.minisig"
+minisign -S -s "$T/k.key" -m "$T/m19.json" -x "$T/m19.json.minisig" \
+	-t "salafw-manifest repo_id=$REPO revision=$REV manifest_version=1" >/dev/null 2>&1
+check_err "1 PiB manifest: refused for space, exit 5" 5 'free space' G "$REPO" --manifest "$T/m19.json" -P "$T/k.pub" -d "$T/d19"
+check "space refusal: no request made" test ! -s "$T/f19.log"
+
+# ---- 20. a second get into a locked DEST is refused --------------------------------
+mkdir -p "$T/d20/.salafw"
+: > "$T/d20/.salafw/lock"
+flock "$T/d20/.salafw/lock" sleep 5 &
+lp=$!; PIDS+=("$lp")
+sleep 0.3
+check_err "locked DEST: exit 5 naming the lock" 5 'another' G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d20"
+kill "$lp" 2>/dev/null; wait "$lp" 2>/dev/null
+
+# ---- 21. usage -----------------------------------------------------------------------
+check_exit "no repo: usage" 2 "$SALAFW" get
+check_exit "bad revision: usage" 2 "$SALAFW" get "$REPO@main"
+check_exit "bad mirror kind: usage" 2 "$SALAFW" get "$REPO" --mirror "ftp:ftp://x/"
+
+check_report test_get

@@ -1,0 +1,48 @@
+/* verify_int.h - internal helpers shared by the verify module's files. */
+#ifndef SFW_VERIFY_INT_H
+#define SFW_VERIFY_INT_H
+
+#include "verify.h"
+
+/* sodium_init once (thread-safe); returns 0 when libsodium is usable. */
+int sfwi_sodium_ready(void);
+
+/* The parsed lines of a .minisig, after every structural check (steps 1-12 of
+ * fetch-verify.md §1.4) but before key id and signature checks. */
+struct sfwi_minisig {
+	unsigned char alg[2];
+	unsigned char key_id[8];
+	unsigned char sig[64];
+	unsigned char global_sig[64];
+	char trusted_comment[8192];
+	size_t trusted_len;
+};
+SFW_MUST_CHECK enum sfw_status sfwi_minisig_parse(const char *text, size_t len, const char *name,
+						  struct sfwi_minisig *out, struct sfw_err *err);
+
+/* Pinned repo+revision file digests (manifests/pins/). NULL if not pinned. */
+struct sfwi_pin_file {
+	const char *sha256_hex;
+	const char *path;
+};
+struct sfwi_pin {
+	const char *repo_id;
+	const char *revision;
+	const char *manifest_sha256_hex;
+	const char *key_id_hex;
+	const struct sfwi_pin_file *files;
+	size_t nfiles;
+};
+const struct sfwi_pin *sfwi_pin_find(const char *repo_id, const char *revision);
+/* All pins, for tests: *n gets the count. */
+const struct sfwi_pin *sfwi_pins(size_t *n);
+
+/* Default per-user state dir: $SALAFW_STATE_DIR, $XDG_STATE_HOME/salafw,
+ * ~/.local/state/salafw. Fresh string (sfw_free) or NULL. */
+char *sfwi_state_dir(const char *override);
+
+/* Parses "YYYY-MM-DDTHH:MM:SSZ" into unix seconds. Returns 0 on success. */
+int sfwi_parse_rfc3339(const char *s, int64_t *out);
+void sfwi_format_rfc3339(int64_t t, char out[21]);
+
+#endif
