@@ -76,6 +76,8 @@ BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
 .PHONY: all test check test-ops bench fuzz format clean deps setup demo
+# Keep object files of tests and benches (make would delete them as intermediates).
+.SECONDARY:
 all: deps $(BUILD)/libsalafw.a $(BUILD)/salafw $(TEST_BINS) $(BENCH_BINS)
 
 deps:

@@ -26,7 +26,7 @@ for i in $(seq 1 $NFILES); do
 done
 FILES=$(cd "$W/model" && ls shard-*.bin)
 now() { date +%s.%N; }
-elapsed() { echo "$2 - $1" | bc -l; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.6f\n", b - a }'; }
 
 # Warm the page cache so every contender reads from memory.
 cat "$W"/model/shard-*.bin >/dev/null
@@ -44,7 +44,7 @@ best() { # cmd... ; prints the smallest wall time of REPS runs
 	for _ in $(seq 1 "$REPS"); do
 		t0=$(now); "$@" >/dev/null; t1=$(now)
 		t=$(elapsed "$t0" "$t1")
-		if [ -z "$b" ] || [ "$(echo "$t < $b" | bc -l)" = 1 ]; then b=$t; fi
+		if [ -z "$b" ] || awk -v t="$t" -v b="$b" 'BEGIN { exit !(t < b) }'; then b=$t; fi
 	done
 	echo "$b"
 }

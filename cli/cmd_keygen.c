@@ -5,10 +5,10 @@
 #include <stdio.h>
 
 static const struct cli_opt opts[] = {
-	{"pubkey", 'p', "FILE", "public key file to write (default minisign.pub)"},
-	{"seckey", 's', "FILE", "secret key file to write, mode 0600 (default minisign.key)"},
-	{"force", 'f', NULL, "overwrite existing key files"},
-	{0},
+    {"pubkey", 'p', "FILE", "public key file to write (default minisign.pub)"},
+    {"seckey", 's', "FILE", "secret key file to write, mode 0600 (default minisign.key)"},
+    {"force", 'f', NULL, "overwrite existing key files"},
+    {0},
 };
 
 int cmd_keygen(int argc, char **argv)

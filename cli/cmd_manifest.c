@@ -12,16 +12,16 @@
 #define MAX_SOURCES 32
 
 static const struct cli_opt opts[] = {
-	{"repo", 0, "ORG/NAME", "repo id the manifest binds to (required)"},
-	{"revision", 0, "HEX40", "40-hex commit the manifest binds to (required)"},
-	{"source", 0, "KIND:URL", "http:BASE_URL or hf:ENDPOINT, in order; repeatable"},
-	{"output", 'o', "FILE", "write here (atomically) instead of standard output"},
-	{"key-id", 0, "HEX16", "publisher key id (default: filled in by 'salafw sign')"},
-	{"pubkey", 'p', "FILE", "take the publisher key id from this public key"},
-	{"manifest-version", 0, "N", "rollback counter, >= 1 (default 1)"},
-	{"expires-days", 0, "N", "days until the manifest expires (default 180)"},
-	{"threads", 0, "N", "hashing threads (default: all cores)"},
-	{0},
+    {"repo", 0, "ORG/NAME", "repo id the manifest binds to (required)"},
+    {"revision", 0, "HEX40", "40-hex commit the manifest binds to (required)"},
+    {"source", 0, "KIND:URL", "http:BASE_URL or hf:ENDPOINT, in order; repeatable"},
+    {"output", 'o', "FILE", "write here (atomically) instead of standard output"},
+    {"key-id", 0, "HEX16", "publisher key id (default: filled in by 'salafw sign')"},
+    {"pubkey", 'p', "FILE", "take the publisher key id from this public key"},
+    {"manifest-version", 0, "N", "rollback counter, >= 1 (default 1)"},
+    {"expires-days", 0, "N", "days until the manifest expires (default 180)"},
+    {"threads", 0, "N", "hashing threads (default: all cores)"},
+    {0},
 };
 
 int cmd_manifest(int argc, char **argv)
@@ -37,7 +37,8 @@ int cmd_manifest(int argc, char **argv)
 	cli_init(&cp, cmd, argc, argv, opts);
 	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
-			cli_usage(stdout, cmd, "DIR --repo ORG/NAME --revision HEX40 [--source KIND:URL]... [-o FILE]",
+			cli_usage(stdout, cmd,
+				  "DIR --repo ORG/NAME --revision HEX40 [--source KIND:URL]... [-o FILE]",
 				  opts);
 			rc = SFW_EXIT_OK;
 			goto done;
@@ -58,7 +59,8 @@ int cmd_manifest(int argc, char **argv)
 			}
 			int hf = strncmp(arg, "hf:", 3) == 0;
 			if (!hf && strncmp(arg, "http:", 5) != 0) {
-				rc = cli_usage_error(cmd, "--source must be http:BASE_URL or hf:ENDPOINT, not '%s'", arg);
+				rc = cli_usage_error(
+				    cmd, "--source must be http:BASE_URL or hf:ENDPOINT, not '%s'", arg);
 				goto done;
 			}
 			const char *url = arg + (hf ? 3 : 5);

@@ -366,8 +366,12 @@ int cmd_run(int argc, char **argv)
 		goto fail;
 	double t1 = now_s();
 	struct sfw_tokdec dec;
-	if (tok)
+	if (tok) {
 		sfw_tokdec_init(&dec, tok, 1);
+		/* Prime with the prompt so the first piece keeps its leading space. */
+		if ((s = sfw_tokdec_prime(&dec, ids, n_ids, &err)) != SFW_OK)
+			goto fail;
+	}
 	unsigned long long produced = 0, steps = 0;
 	int use_text = tok && !print_ids;
 	for (; produced < n_gen; produced++) {

@@ -9,10 +9,10 @@
 #include <time.h>
 
 static const struct cli_opt opts[] = {
-	{"seckey", 's', "FILE", "unencrypted minisign secret key (salafw keygen, minisign -G -W)"},
-	{"trusted-comment", 't', "TEXT", "sign FILE as a plain file with this trusted comment"},
-	{"raw", 0, NULL, "FILE is not a manifest: minisign's default trusted comment"},
-	{0},
+    {"seckey", 's', "FILE", "unencrypted minisign secret key (salafw keygen, minisign -G -W)"},
+    {"trusted-comment", 't', "TEXT", "sign FILE as a plain file with this trusted comment"},
+    {"raw", 0, NULL, "FILE is not a manifest: minisign's default trusted comment"},
+    {0},
 };
 
 int cmd_sign(int argc, char **argv)

@@ -20,17 +20,17 @@
 #define MAX_KEYS 8
 
 static const struct cli_opt opts[] = {
-	{"manifest", 'm', "FILE", "signed manifest (default DIR/.salafw/manifest.json; FILE.minisig next to it)"},
-	{"pubkey", 'p', "FILE", "trust this minisign public key instead of the pinned one; repeatable"},
-	{"pubkey-string", 'P', "KEY", "trust this base64 public key instead of the pinned one; repeatable"},
-	{"json", 0, NULL, "print a machine-readable report on standard output"},
-	{"threads", 0, "N", "files hashed in parallel (default: all cores)"},
-	{"repo", 0, "ORG/NAME", "require the manifest to be for this repo"},
-	{"revision", 0, "HEX40", "require the manifest to be for this revision"},
-	{"require-prehashed", 0, NULL, "refuse legacy (non-prehashed) signatures"},
-	{"allow-downgrade", 0, NULL, "accept a manifest_version older than one seen before"},
-	{"no-state", 0, NULL, "do not write DIR/.salafw/state.json"},
-	{0},
+    {"manifest", 'm', "FILE", "signed manifest (default DIR/.salafw/manifest.json; FILE.minisig next to it)"},
+    {"pubkey", 'p', "FILE", "trust this minisign public key instead of the pinned one; repeatable"},
+    {"pubkey-string", 'P', "KEY", "trust this base64 public key instead of the pinned one; repeatable"},
+    {"json", 0, NULL, "print a machine-readable report on standard output"},
+    {"threads", 0, "N", "files hashed in parallel (default: all cores)"},
+    {"repo", 0, "ORG/NAME", "require the manifest to be for this repo"},
+    {"revision", 0, "HEX40", "require the manifest to be for this revision"},
+    {"require-prehashed", 0, NULL, "refuse legacy (non-prehashed) signatures"},
+    {"allow-downgrade", 0, NULL, "accept a manifest_version older than one seen before"},
+    {"no-state", 0, NULL, "do not write DIR/.salafw/state.json"},
+    {0},
 };
 
 static const char *status_word(enum sfw_file_result r)
@@ -114,10 +114,13 @@ int cmd_verify(int argc, char **argv)
 	cli_init(&cp, cmd, argc, argv, opts);
 	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
-			cli_usage(stdout, cmd, "DIR [--manifest FILE] [--pubkey FILE | -P KEY] [--json] [--threads N]",
+			cli_usage(stdout, cmd,
+				  "DIR [--manifest FILE] [--pubkey FILE | -P KEY] [--json] [--threads N]",
 				  opts);
-			printf("\nexit codes: 0 all files verified, 1 a file is missing or differs, 2 usage,\n"
-			       "            3 manifest or signature rejected (or an unsafe path), 5 local I/O\n");
+			printf(
+			    "\nexit codes: 0 all files verified, 1 a file is missing or differs, 2 usage,\n"
+			    "            3 manifest or signature rejected (or an unsafe path), 5 local "
+			    "I/O\n");
 			return SFW_EXIT_OK;
 		}
 		if (k == CLI_ERROR)
@@ -131,7 +134,8 @@ int cmd_verify(int argc, char **argv)
 			if (nkeys == MAX_KEYS)
 				return cli_usage_error(cmd, "at most %d trusted keys", MAX_KEYS);
 			s = k == 1 ? sfw_pubkey_load(arg, &keys[nkeys], &err)
-				   : sfw_pubkey_parse(arg, strlen(arg), "public key given with -P", &keys[nkeys], &err);
+				   : sfw_pubkey_parse(arg, strlen(arg), "public key given with -P",
+						      &keys[nkeys], &err);
 			if (s != SFW_OK)
 				return cli_report(s, &err);
 			nkeys++;
@@ -217,8 +221,8 @@ int cmd_verify(int argc, char **argv)
 	sfw_pubkey_id_hex(info.key_id, kid);
 	int expired = (int64_t)time(NULL) >= m.expires;
 	if (!json)
-		printf("signature ok: key %s, %s, trusted comment: %s\n", kid, info.prehashed ? "prehashed" : "legacy",
-		       info.trusted_comment);
+		printf("signature ok: key %s, %s, trusted comment: %s\n", kid,
+		       info.prehashed ? "prehashed" : "legacy", info.trusted_comment);
 
 	struct sfw_verify_params vp = sfw_verify_default_params();
 	vp.threads = (int)threads;
@@ -288,7 +292,8 @@ int cmd_verify(int argc, char **argv)
 			printf("%-14s %s\n", status_word(rep.results[i]), m.files[i].path);
 		if (s == SFW_OK)
 			printf("verified %zu files, %llu bytes: %s@%s manifest_version %llu\n", m.nfiles,
-			       (unsigned long long)bytes, m.repo_id, m.revision, (unsigned long long)m.manifest_version);
+			       (unsigned long long)bytes, m.repo_id, m.revision,
+			       (unsigned long long)m.manifest_version);
 	}
 	for (size_t i = 0; i < rep.nextra; i++)
 		fprintf(stderr, "salafw: warning: extra file not in the manifest: %s\n", rep.extra[i]);

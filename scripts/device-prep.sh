@@ -2,14 +2,14 @@
 # device-prep.sh - run HERE (the build machine) before a `run` on the GPU
 # machine: builds the CUDA binaries, and fills the git-ignored folders that
 # travel with `carry`:
-#   .devlib/      shared libraries the binaries need beyond glibc, libstdc++
-#                 and the CUDA libraries (the GPU machine's image has those),
-#                 plus .devlib/bin/ with stripped copies of build/salafw and
-#                 build/tests/gpu_* (the build/ folder itself is too big to carry)
-#   .devgold/     the golden cases (config, weights, golden_bf16) for the
-#                 end-to-end GPU tests; only with --gold (~45 MB of the 64 MiB)
+#   .devlib/bundle.tar.xz  (one file, ~9 MB; ~70 MB unpacked)
+#       bin/   stripped salafw, bench_gpu and tests/gpu_* of a CUDA build
+#       lib/   shared libraries the GPU image lacks (libcjson)
+#       gold/  with --gold: the golden cases (config, weights, golden_bf16)
+#   gpu-run.sh unpacks it there. xz matters: the fat CUDA binaries shrink 9x
+#   and the bf16-valued F32 golden files 3x, under the 64 MiB carry limit.
 # Usage: scripts/device-prep.sh [--gold] [--no-build]
-# Then: run(command="bash scripts/gpu-run.sh ...", carry=[".devlib", ".devgold"])
+# Then: run(command="bash scripts/gpu-run.sh ...", carry=[".devlib"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gold=0 build=1
@@ -24,7 +24,7 @@ ARCH=${CUDA_ARCH:-sm_90}
 # A build folder of its own: objects built without CUDA=1 (forward.c without
 # SFW_HAVE_CUDA) must never be reused here.
 BUILD=${BUILD:-build-cuda}
-for d in .devlib .devgold $BUILD; do
+for d in .devlib $BUILD; do
 	grep -qx "/$d/" .gitignore 2>/dev/null || grep -qx "/$d/" .git/info/exclude 2>/dev/null ||
 		echo "/$d/" >>.git/info/exclude
 done
@@ -34,36 +34,37 @@ if [ $build = 1 ]; then
 		make CUDA=1 CUDA_ARCH="$ARCH" BUILD="$BUILD" -j2 "$t" >/dev/null || echo "device-prep: cannot build $t (skipped)" >&2
 	done
 fi
-rm -rf .devlib && mkdir -p .devlib/bin
+ST=.devlib/stage
+rm -rf .devlib .devgold && mkdir -p $ST/bin $ST/lib
 for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD"/tests/gpu_*; do
 	case $b in *.o | *.d) continue ;; esac
 	[ -x "$b" ] || continue
-	strip -o ".devlib/bin/$(basename "$b")" "$b"
+	strip -o "$ST/bin/$(basename "$b")" "$b"
 done
 # Libraries the GPU image lacks (it has libcurl, libcrypto/libssl and
 # sentencepiece; Ubuntu 24.04, seen 2026-11-30): only cJSON. DEVLIB_ALL=1
 # copies every non-glibc, non-CUDA library instead (~19 MB).
-for b in .devlib/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+for b in $ST/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
 	n=$(basename "$lib")
 	case $n in
 	libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libstdc++.so* | libgcc_s.so* | \
 		libcuda.so* | libcudart.so* | libcublas*.so* | libnvidia*) continue ;;
 	esac
 	case $n in
-	libcjson*) cp -L "$lib" .devlib/ ;;
-	*) [ "${DEVLIB_ALL:-0}" = 1 ] && cp -L "$lib" .devlib/ ;;
+	libcjson*) cp -L "$lib" $ST/lib/ ;;
+	*) [ "${DEVLIB_ALL:-0}" = 1 ] && cp -L "$lib" $ST/lib/ ;;
 	esac
 done
-rm -rf .devgold
 if [ $gold = 1 ]; then
 	G=${SALAFW_GOLDEN:-../shared/golden}
-	mkdir -p .devgold
-	cp "$G/README.md" .devgold/
+	mkdir -p $ST/gold
+	cp "$G/README.md" $ST/gold/
 	for c in "$G"/*/; do
 		n=$(basename "$c")
-		mkdir -p ".devgold/$n"
-		cp "$c/config.json" "$c/model.safetensors" "$c/golden_bf16.safetensors" ".devgold/$n/"
+		mkdir -p "$ST/gold/$n"
+		cp "$c/config.json" "$c/model.safetensors" "$c/golden_bf16.safetensors" "$ST/gold/$n/"
 	done
 fi
-du -sh .devlib .devgold 2>/dev/null || true
-ls .devlib .devlib/bin
+tar -C $ST -cf - . | xz -T2 -1 >.devlib/bundle.tar.xz
+rm -rf $ST
+ls -la .devlib

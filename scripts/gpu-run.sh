@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-run.sh - run THERE (the GPU machine, from the repo root, after
-# scripts/device-prep.sh here and `carry` of .devlib [.devgold]).
+# scripts/device-prep.sh here and `carry` of .devlib): unpacks
+# .devlib/bundle.tar.xz into $DEV (default /tmp/salafw-dev) and runs from it.
 #   bash scripts/gpu-run.sh tests            every .devlib/bin/gpu_* test
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
@@ -20,10 +21,16 @@ if [ -z "$cudalib" ]; then
 	d=$(dirname "$(find / -name 'libcudart.so.13' -not -path '/proc/*' 2>/dev/null | head -n 1)")
 	[ -n "$d" ] && cudalib="$cudalib:$d"
 fi
-export LD_LIBRARY_PATH="$PWD/.devlib$cudalib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export SALAFW_GOLDEN=${SALAFW_GOLDEN:-$PWD/.devgold}
-export PATH="$PWD/.devlib/bin:$PATH"
-BIN=.devlib/bin
+DEV=${DEV:-/tmp/salafw-dev}
+if [ -f .devlib/bundle.tar.xz ]; then
+	rm -rf "$DEV" && mkdir -p "$DEV"
+	python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .devlib/bundle.tar.xz "$DEV" ||
+		{ echo "gpu-run: cannot unpack the bundle" >&2; exit 5; }
+fi
+export LD_LIBRARY_PATH="$DEV/lib$cudalib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export SALAFW_GOLDEN=${SALAFW_GOLDEN:-$DEV/gold}
+export PATH="$DEV/bin:$PATH"
+BIN=$DEV/bin
 mode=${1:-tests}
 shift || true
 case $mode in

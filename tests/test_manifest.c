@@ -52,12 +52,14 @@ static char *mf_text(const struct mf *d)
 {
 	struct sfw_buf b;
 	sfw_buf_init(&b, 4u << 20);
-	SFW_ASSERT(sfw_buf_printf(&b,
-				  "{\"schema_version\": %s, \"generator\": \"test/1\", \"publisher\": {\"key_id\": \"%s\"}, "
-				  "\"repo_id\": \"%s\", \"revision\": \"%s\", \"manifest_version\": %s, \"created\": \"%s\", "
-				  "\"expires\": \"%s\", \"total_size\": %s, \"files\": [%s]%s}\n",
-				  d->schema, d->key, d->repo, d->rev, d->ver, d->created, d->expires, d->total, d->files,
-				  d->tail) == SFW_OK);
+	SFW_ASSERT(
+	    sfw_buf_printf(
+		&b,
+		"{\"schema_version\": %s, \"generator\": \"test/1\", \"publisher\": {\"key_id\": \"%s\"}, "
+		"\"repo_id\": \"%s\", \"revision\": \"%s\", \"manifest_version\": %s, \"created\": \"%s\", "
+		"\"expires\": \"%s\", \"total_size\": %s, \"files\": [%s]%s}\n",
+		d->schema, d->key, d->repo, d->rev, d->ver, d->created, d->expires, d->total, d->files,
+		d->tail) == SFW_OK);
 	size_t n;
 	return sfw_buf_take(&b, &n);
 }
@@ -73,14 +75,14 @@ static enum sfw_status parse_mf(const struct mf *d, struct sfw_err *err)
 	return s;
 }
 
-#define BAD(field, value, want, needle)                                                                         \
-	do {                                                                                                    \
-		struct mf d_ = mf_default();                                                                    \
-		d_.field = (value);                                                                             \
-		struct sfw_err e_ = {0};                                                                        \
-		enum sfw_status s_ = parse_mf(&d_, &e_);                                                        \
-		CHECK(s_ == (want) && strstr(e_.msg, "m.json") && strstr(e_.msg, (needle)),                     \
-		      "%s=%s: got %s '%s'", #field, (value), sfw_strerror(s_), e_.msg);                         \
+#define BAD(field, value, want, needle)                                                                      \
+	do {                                                                                                 \
+		struct mf d_ = mf_default();                                                                 \
+		d_.field = (value);                                                                          \
+		struct sfw_err e_ = {0};                                                                     \
+		enum sfw_status s_ = parse_mf(&d_, &e_);                                                     \
+		CHECK(s_ == (want) && strstr(e_.msg, "m.json") && strstr(e_.msg, (needle)),                  \
+		      "%s=%s: got %s '%s'", #field, (value), sfw_strerror(s_), e_.msg);                      \
 	} while (0)
 
 static void test_parse(void)
@@ -89,13 +91,14 @@ static void test_parse(void)
 	char *t = mf_text(&d);
 	struct sfw_manifest m;
 	struct sfw_err err = {0};
-	CHECK(sfw_manifest_parse(t, strlen(t), "manifest 'm.json'", &m, &err) == SFW_OK, "valid manifest: %s", err.msg);
+	CHECK(sfw_manifest_parse(t, strlen(t), "manifest 'm.json'", &m, &err) == SFW_OK, "valid manifest: %s",
+	      err.msg);
 	CHECK(m.nfiles == 2 && strcmp(m.files[1].path, "sub/c.txt") == 0 && m.files[1].size == 56 &&
-		      m.total_size == 59 && strcmp(m.publisher_key_id, "8877665544332211") == 0 &&
-		      strcmp(m.repo_id, "org/tiny") == 0 && m.manifest_version == 1,
+		  m.total_size == 59 && strcmp(m.publisher_key_id, "8877665544332211") == 0 &&
+		  strcmp(m.repo_id, "org/tiny") == 0 && m.manifest_version == 1,
 	      "fields read");
 	CHECK(m.nsources == 2 && m.sources[0].kind == SFW_SOURCE_HTTP && m.sources[1].kind == SFW_SOURCE_HF &&
-		      strcmp(m.sources[1].url, "https://hf.example") == 0 && strcmp(m.sources[1].name, "hf") == 0,
+		  strcmp(m.sources[1].url, "https://hf.example") == 0 && strcmp(m.sources[1].name, "hf") == 0,
 	      "sources in order (%zu)", m.nsources);
 	CHECK(m.created == 1767225600 && m.expires == 4070908800LL, "RFC 3339 times (%lld, %lld)",
 	      (long long)m.created, (long long)m.expires);
@@ -113,7 +116,8 @@ static void test_parse(void)
 	d.total = "9007199254740991";
 	sfw_free(t);
 	t = mf_text(&d);
-	CHECK(sfw_manifest_parse(t, strlen(t), "m", &m, &err) == SFW_OK && m.files[0].size == 9007199254740991ULL,
+	CHECK(sfw_manifest_parse(t, strlen(t), "m", &m, &err) == SFW_OK &&
+		  m.files[0].size == 9007199254740991ULL,
 	      "2^53-1 size exact");
 	sfw_manifest_release(&m);
 	d.files = "{\"path\": \"big\", \"size\": 4990000001, \"sha256\": \"" SHA_ABC "\"}";
@@ -149,11 +153,15 @@ static void test_parse(void)
 	memset(big, ' ', SFW_MANIFEST_MAX + 1);
 	memcpy(big, t, n);
 	sfw_err_clear(&err);
-	CHECK(sfw_manifest_parse(big, SFW_MANIFEST_MAX + 1, "manifest 'm.json'", &m, &err) == SFW_E_MANIFEST &&
-		      strstr(err.msg, "too large"),
+	CHECK(sfw_manifest_parse(big, SFW_MANIFEST_MAX + 1, "manifest 'm.json'", &m, &err) ==
+		      SFW_E_MANIFEST &&
+		  strstr(err.msg, "too large"),
 	      "oversized: %s", err.msg);
 	sfw_free(big);
-	BAD(repo, "org/ti\xff" "ny", SFW_E_MANIFEST, "UTF-8");
+	BAD(repo,
+	    "org/ti\xff"
+	    "ny",
+	    SFW_E_MANIFEST, "UTF-8");
 	BAD(tail, ", \"repo_id\": \"org/tiny\"", SFW_E_MANIFEST, "duplicate key");
 	BAD(tail, "} {", SFW_E_MANIFEST, "m.json");
 	BAD(tail, ", \"publisher\": {\"key_id\": \"1111111111111111\"}", SFW_E_MANIFEST, "duplicate");
@@ -175,9 +183,10 @@ static void test_parse(void)
 	BAD(expires, "2026-02-30T00:00:00Z", SFW_E_MANIFEST, "expires");
 	BAD(expires, "2025-01-01T00:00:00Z", SFW_E_MANIFEST, "not after");
 	BAD(files, "", SFW_E_MANIFEST, "empty");
-	BAD(tail, ", \"sources\": [{\"kind\": \"http\", \"base_url\": \"https://m.example/x\"}]", SFW_E_MANIFEST,
-	    "base_url");
-	BAD(tail, ", \"sources\": [{\"kind\": \"hf\", \"endpoint\": \"ftp://h\"}]", SFW_E_MANIFEST, "endpoint");
+	BAD(tail, ", \"sources\": [{\"kind\": \"http\", \"base_url\": \"https://m.example/x\"}]",
+	    SFW_E_MANIFEST, "base_url");
+	BAD(tail, ", \"sources\": [{\"kind\": \"hf\", \"endpoint\": \"ftp://h\"}]", SFW_E_MANIFEST,
+	    "endpoint");
 	BAD(tail, ", \"sources\": {}", SFW_E_MANIFEST, "sources");
 	BAD(tail, ", \"repo_type\": \"dataset\"", SFW_E_MANIFEST, "repo_type");
 #define F1(path, size, sha) "{\"path\": \"" path "\", \"size\": " size ", \"sha256\": \"" sha "\"}"
@@ -186,8 +195,8 @@ static void test_parse(void)
 	BAD(files, F1("a", "9007199254740992", SHA_ABC), SFW_E_MANIFEST, "2^53");
 	BAD(files, F1("a", "3.5", SHA_ABC), SFW_E_MANIFEST, "size");
 	BAD(files, F1("a", "1e400", SHA_ABC), SFW_E_MANIFEST, "m.json");
-	BAD(files, F1("a", "3", "BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD"), SFW_E_MANIFEST,
-	    "sha256");
+	BAD(files, F1("a", "3", "BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD"),
+	    SFW_E_MANIFEST, "sha256");
 	BAD(files, F1("a", "3", "ba78"), SFW_E_MANIFEST, "sha256");
 	BAD(files, "{\"path\": 7, \"size\": 3, \"sha256\": \"" SHA_ABC "\"}", SFW_E_MANIFEST, "path");
 	BAD(files, "[]", SFW_E_MANIFEST, "files[0]");
@@ -196,22 +205,24 @@ static void test_parse(void)
 	BAD(files, F1("b", "3", SHA_ABC) ", " F1("a", "56", SHA_56), SFW_E_MANIFEST, "not sorted");
 	BAD(files, F1("a", "3", SHA_ABC) ", " F1("a", "56", SHA_56), SFW_E_MANIFEST, "duplicate path 'a'");
 	BAD(files, F1("A", "3", SHA_ABC) ", " F1("a", "56", SHA_56), SFW_E_MANIFEST, "case");
-	BAD(files, F1("a", "3", SHA_ABC) ", " F1("a.txt", "0", SHA_ABC) ", " F1("a/b", "56", SHA_56), SFW_E_MANIFEST,
-	    "folder");
+	BAD(files, F1("a", "3", SHA_ABC) ", " F1("a.txt", "0", SHA_ABC) ", " F1("a/b", "56", SHA_56),
+	    SFW_E_MANIFEST, "folder");
 	/* Paths (§3.12-4): each is SFW_E_PATH naming the entry. */
-	static const char *bad_paths[] = {"../x",     "/etc/x", "a/./b",  "a\\\\b",      "a//b",        "a/",
-					  ".",        "x/..",   "a:b",    ".salafw/x",   "s/.git/config", "",
-					  "a\\u0001b", "a\\u007fb", ".cache/huggingface/x"};
+	static const char *bad_paths[] = {"../x",      "/etc/x",	"a/./b",
+					  "a\\\\b",    "a//b",		"a/",
+					  ".",	       "x/..",		"a:b",
+					  ".salafw/x", "s/.git/config", "",
+					  "a\\u0001b", "a\\u007fb",	".cache/huggingface/x"};
 	for (size_t i = 0; i < sizeof(bad_paths) / sizeof(bad_paths[0]); i++) {
 		char files[512];
-		snprintf(files, sizeof(files), "{\"path\": \"%s\", \"size\": 59, \"sha256\": \"" SHA_ABC "\"}",
-			 bad_paths[i]);
+		snprintf(files, sizeof(files),
+			 "{\"path\": \"%s\", \"size\": 59, \"sha256\": \"" SHA_ABC "\"}", bad_paths[i]);
 		struct mf dd = mf_default();
 		dd.files = files;
 		struct sfw_err e = {0};
 		enum sfw_status s = parse_mf(&dd, &e);
-		CHECK(s == SFW_E_PATH && strstr(e.msg, "files[0]") && strstr(e.msg, "m.json"), "path '%s': %s '%s'",
-		      bad_paths[i], sfw_strerror(s), e.msg);
+		CHECK(s == SFW_E_PATH && strstr(e.msg, "files[0]") && strstr(e.msg, "m.json"),
+		      "path '%s': %s '%s'", bad_paths[i], sfw_strerror(s), e.msg);
 	}
 	{ /* NUL inside a path (JSON \u0000) is refused before anything else. */
 		struct mf dd = mf_default();
@@ -268,7 +279,8 @@ static char *sign_text(const char *text, const char *name, const struct tkey *k,
 static enum sfw_status trust(const char *text, const char *sig, const struct sfw_trust_params *p,
 			     struct sfw_manifest *m, struct sfw_err *err)
 {
-	return sfw_manifest_verify(text, strlen(text), sig, strlen(sig), "manifest 'm.json'", p, m, NULL, err);
+	return sfw_manifest_verify(text, strlen(text), sig, strlen(sig), "manifest 'm.json'", p, m, NULL,
+				   err);
 }
 
 static void test_trust(void)
@@ -286,14 +298,15 @@ static void test_trust(void)
 	struct mf d = mf_default();
 	d.key = k.id;
 	char *t = mf_text(&d);
-	char *sig = sign_text(t, "m.json", &k, "salafw-manifest repo_id=org/tiny revision=" REV " manifest_version=1");
+	char *sig = sign_text(t, "m.json", &k,
+			      "salafw-manifest repo_id=org/tiny revision=" REV " manifest_version=1");
 	struct sfw_manifest m;
 	struct sfw_err err = {0};
 	CHECK(trust(t, sig, &p, &m, &err) == SFW_OK, "trust flow ok: %s", err.msg);
 	sfw_manifest_release(&m);
 	struct sfw_minisig_info info;
 	CHECK(sfw_manifest_verify(t, strlen(t), sig, strlen(sig), "m", &p, NULL, &info, &err) == SFW_OK &&
-		      strstr(info.trusted_comment, "salafw-manifest"),
+		  strstr(info.trusted_comment, "salafw-manifest"),
 	      "info filled, out may be NULL");
 
 	/* Default keys: the pinned one, which did not sign this. */
@@ -315,7 +328,8 @@ static void test_trust(void)
 	/* Signature checked before cJSON sees the bytes. */
 	const char *junk = "{\"not json";
 	char *sigj = sign_text(junk, "j.json", &k, "x");
-	CHECK(trust(junk, sig, &p, NULL, &err) == SFW_E_SIG, "bad bytes with a wrong signature: signature error");
+	CHECK(trust(junk, sig, &p, NULL, &err) == SFW_E_SIG,
+	      "bad bytes with a wrong signature: signature error");
 	CHECK(trust(junk, sigj, &p, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "JSON"),
 	      "signed non-JSON: manifest error: %s", err.msg);
 	sfw_free(sigj);
@@ -323,22 +337,25 @@ static void test_trust(void)
 	/* Binding. */
 	struct sfw_trust_params pb = p;
 	pb.repo_id = "org/other";
-	CHECK(trust(t, sig, &pb, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "not the requested 'org/other'"),
+	CHECK(trust(t, sig, &pb, NULL, &err) == SFW_E_MANIFEST &&
+		  strstr(err.msg, "not the requested 'org/other'"),
 	      "repo binding: %s", err.msg);
 	pb = p;
 	pb.revision = "1123456789abcdef0123456789abcdef01234567";
-	CHECK(trust(t, sig, &pb, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "revision"), "revision binding: %s",
-	      err.msg);
+	CHECK(trust(t, sig, &pb, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "revision"),
+	      "revision binding: %s", err.msg);
 	pb = p;
 	pb.repo_id = "org/tiny";
 	pb.revision = REV;
 	CHECK(trust(t, sig, &pb, NULL, &err) == SFW_OK, "matching binding ok");
 	/* The trusted comment must agree when it uses the salafw convention. */
-	char *sigc = sign_text(t, "c.json", &k, "salafw-manifest repo_id=org/evil revision=" REV " manifest_version=1");
+	char *sigc = sign_text(t, "c.json", &k,
+			       "salafw-manifest repo_id=org/evil revision=" REV " manifest_version=1");
 	CHECK(trust(t, sigc, &p, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "trusted comment"),
 	      "trusted comment disagreeing: %s", err.msg);
 	sfw_free(sigc);
-	sigc = sign_text(t, "c.json", &k, "salafw-manifest repo_id=org/tiny revision=" REV " manifest_version=2");
+	sigc = sign_text(t, "c.json", &k,
+			 "salafw-manifest repo_id=org/tiny revision=" REV " manifest_version=2");
 	CHECK(trust(t, sigc, &p, NULL, &err) == SFW_E_MANIFEST, "trusted comment version disagreeing");
 	sfw_free(sigc);
 	sigc = sign_text(t, "c.json", &k, "timestamp:1\tfile:m.json\thashed");
@@ -348,8 +365,8 @@ static void test_trust(void)
 	/* Expiry: rejected unless allowed (offline verify warns). */
 	struct sfw_trust_params pe = p;
 	pe.now = 4070908800LL + 1;
-	CHECK(trust(t, sig, &pe, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "expired at 2099-01-01T00:00:00Z") &&
-		      strstr(err.msg, "clock"),
+	CHECK(trust(t, sig, &pe, NULL, &err) == SFW_E_MANIFEST &&
+		  strstr(err.msg, "expired at 2099-01-01T00:00:00Z") && strstr(err.msg, "clock"),
 	      "expired: %s", err.msg);
 	pe.allow_expired = 1;
 	CHECK(trust(t, sig, &pe, NULL, &err) == SFW_OK, "expired allowed for offline verify");
@@ -366,7 +383,7 @@ static void test_trust(void)
 	snprintf(rpath, sizeof(rpath), "%s/trusted/org--tiny.%s.json", state, k.id);
 	CHECK(access(rpath, R_OK) == 0, "ratchet file %s", rpath);
 	CHECK(trust(t, sig, &p, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "rollback") &&
-		      strstr(err.msg, "version 2"),
+		  strstr(err.msg, "version 2"),
 	      "v1 after v2 rejected: %s", err.msg);
 	struct sfw_trust_params pd = p;
 	pd.allow_downgrade = 1;
@@ -421,7 +438,8 @@ static void test_pins(void)
 	size_t np;
 	const struct sfwi_pin *pins = sfwi_pins(&np);
 	CHECK(np >= 1, "at least one pin");
-	const struct sfwi_pin *pin = sfwi_pin_find("openbmb/MiniCPM-SALA", "9180fe1db74f71fb81bc7105efe88f6b19c959b0");
+	const struct sfwi_pin *pin =
+	    sfwi_pin_find("openbmb/MiniCPM-SALA", "9180fe1db74f71fb81bc7105efe88f6b19c959b0");
 	CHECK(pin && pin->nfiles == 15, "MiniCPM-SALA pin has 15 files");
 	if (!pin)
 		return;
@@ -464,7 +482,8 @@ static void test_pins(void)
 		line++;
 		char sha[65], size[32], path[300];
 		if (sscanf(line, "%64[0-9a-f] %31s %299s", sha, size, path) == 3 && strlen(sha) == 64) {
-			SFW_ASSERT(sfw_buf_printf(&files, "%s{\"path\": \"%s\", \"size\": 1, \"sha256\": \"%s\"}",
+			SFW_ASSERT(sfw_buf_printf(&files,
+						  "%s{\"path\": \"%s\", \"size\": 1, \"sha256\": \"%s\"}",
 						  count ? ", " : "", path, sha) == SFW_OK);
 			count++;
 		}
@@ -492,7 +511,7 @@ static void test_pins(void)
 	t = mf_text(&d);
 	s = sign_text(t, "pin.json", &k, "x");
 	CHECK(trust(t, s, &p, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "tokenizer.model") &&
-		      strstr(err.msg, "pin"),
+		  strstr(err.msg, "pin"),
 	      "one digest off the pin rejected: %s", err.msg);
 	sfw_free(t);
 	sfw_free(s);
@@ -503,8 +522,8 @@ static void test_pins(void)
 	d.total = "14";
 	t = mf_text(&d);
 	s = sign_text(t, "pin.json", &k, "x");
-	CHECK(trust(t, s, &p, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "pin"), "a file short of the pin: %s",
-	      err.msg);
+	CHECK(trust(t, s, &p, NULL, &err) == SFW_E_MANIFEST && strstr(err.msg, "pin"),
+	      "a file short of the pin: %s", err.msg);
 	sfw_free(t);
 	sfw_free(s);
 	sfw_buf_release(&files);
@@ -528,8 +547,8 @@ static void sh(const char *fmt, const char *a)
 	SFW_ASSERT(system(cmd) == 0);
 }
 
-static enum sfw_status vdir(const struct sfw_manifest *m, int threads, int record, struct sfw_verify_report *rep,
-			    struct sfw_err *err)
+static enum sfw_status vdir(const struct sfw_manifest *m, int threads, int record,
+			    struct sfw_verify_report *rep, struct sfw_err *err)
 {
 	char dir[400];
 	snprintf(dir, sizeof(dir), "%s/model", tmp);
@@ -563,36 +582,40 @@ static void test_verify_dir(void)
 	SFW_ASSERT(stat(ap, &before) == 0);
 	for (int th = 1; th <= 2; th++) {
 		CHECK(vdir(&m, th, 0, &rep, &err) == SFW_OK && rep.nbad == 0 && rep.nextra == 0 &&
-			      rep.results[0] == SFW_FILE_OK && rep.results[1] == SFW_FILE_OK,
+			  rep.results[0] == SFW_FILE_OK && rep.results[1] == SFW_FILE_OK,
 		      "good tree verifies with %d thread(s): %s", th, err.msg);
 		sfw_verify_report_release(&rep);
 	}
 	SFW_ASSERT(stat(ap, &after) == 0);
-	CHECK(before.st_mtim.tv_nsec == after.st_mtim.tv_nsec && before.st_mtim.tv_sec == after.st_mtim.tv_sec &&
-		      before.st_ctim.tv_sec == after.st_ctim.tv_sec && before.st_ctim.tv_nsec == after.st_ctim.tv_nsec,
+	CHECK(before.st_mtim.tv_nsec == after.st_mtim.tv_nsec &&
+		  before.st_mtim.tv_sec == after.st_mtim.tv_sec &&
+		  before.st_ctim.tv_sec == after.st_ctim.tv_sec &&
+		  before.st_ctim.tv_nsec == after.st_ctim.tv_nsec,
 	      "verify does not touch model files");
 	char sp[500];
 	snprintf(sp, sizeof(sp), "%s/.salafw/state.json", dir);
 	CHECK(access(sp, F_OK) != 0, "no state without record_state");
 
 	put("model/extra.txt", "x");
-	CHECK(vdir(&m, 2, 0, &rep, &err) == SFW_OK && rep.nextra == 1 && strcmp(rep.extra[0], "extra.txt") == 0,
+	CHECK(vdir(&m, 2, 0, &rep, &err) == SFW_OK && rep.nextra == 1 &&
+		  strcmp(rep.extra[0], "extra.txt") == 0,
 	      "extra file listed, still ok");
 	sfw_verify_report_release(&rep);
 	sh("rm '%s/model/extra.txt'", tmp);
 
 	put("model/a.bin", "abd");
 	CHECK(vdir(&m, 2, 0, &rep, &err) == SFW_E_HASH && rep.results[0] == SFW_FILE_HASH && rep.nbad == 1 &&
-		      strstr(err.msg, "a.bin") && strstr(err.msg, "sha256 mismatch"),
+		  strstr(err.msg, "a.bin") && strstr(err.msg, "sha256 mismatch"),
 	      "hash mismatch: %s", err.msg);
 	sfw_verify_report_release(&rep);
 	put("model/a.bin", "abcd");
-	CHECK(vdir(&m, 2, 0, &rep, &err) == SFW_E_SIZE && rep.results[0] == SFW_FILE_SIZE && strstr(err.msg, "size"),
+	CHECK(vdir(&m, 2, 0, &rep, &err) == SFW_E_SIZE && rep.results[0] == SFW_FILE_SIZE &&
+		  strstr(err.msg, "size"),
 	      "size mismatch: %s", err.msg);
 	sfw_verify_report_release(&rep);
 	sh("rm '%s/model/a.bin'", tmp);
 	CHECK(vdir(&m, 2, 0, &rep, &err) == SFW_E_MISSING && rep.results[0] == SFW_FILE_MISSING &&
-		      strstr(err.msg, "missing"),
+		  strstr(err.msg, "missing"),
 	      "missing file: %s", err.msg);
 	sfw_verify_report_release(&rep);
 	sh("ln -s ../outside/a.bin '%s/model/a.bin'", tmp);
@@ -603,7 +626,7 @@ static void test_verify_dir(void)
 	put("model/a.bin", "abc");
 	sh("rm -r '%s/model/sub' && ln -s ../outside/sub '%s/model/sub'", tmp);
 	CHECK(vdir(&m, 2, 0, &rep, &err) == SFW_E_PATH && rep.results[1] == SFW_FILE_NOT_REGULAR &&
-		      strstr(err.msg, "sub/c.txt"),
+		  strstr(err.msg, "sub/c.txt"),
 	      "symlinked subdirectory refused: %s", err.msg);
 	sfw_verify_report_release(&rep);
 	sh("rm '%s/model/sub' && mkdir '%s/model/sub'", tmp);
@@ -641,8 +664,9 @@ static void test_verify_dir(void)
 	if (sfw_read_file(sp, 1 << 20, &sb, NULL) == SFW_OK) {
 		char ino[64];
 		snprintf(ino, sizeof(ino), "\"%llu\"", (unsigned long long)after.st_ino);
-		CHECK(strstr(sb.data, "\"sub/c.txt\"") && strstr(sb.data, "mtime_ns") && strstr(sb.data, "ctime_ns") &&
-			      strstr(sb.data, "verified_at") && strstr(sb.data, "\"dev\""),
+		CHECK(strstr(sb.data, "\"sub/c.txt\"") && strstr(sb.data, "mtime_ns") &&
+			  strstr(sb.data, "ctime_ns") && strstr(sb.data, "verified_at") &&
+			  strstr(sb.data, "\"dev\""),
 		      "state.json has the per-file record");
 		sfw_buf_release(&sb);
 	}
@@ -651,12 +675,13 @@ static void test_verify_dir(void)
 	tkey_make(&other, 9, "OTHERKEY");
 	struct sfw_trust_params po = p;
 	po.keys = &other.pk;
-	CHECK(sfw_state_check(dir, &po, &err) == SFW_E_KEYID, "state check re-verifies the signature: %s", err.msg);
+	CHECK(sfw_state_check(dir, &po, &err) == SFW_E_KEYID, "state check re-verifies the signature: %s",
+	      err.msg);
 	/* Any change of mtime is noticed with stat alone. */
 	struct timespec ts[2] = {{0, UTIME_OMIT}, {12345, 0}};
 	SFW_ASSERT(utimensat(AT_FDCWD, ap, ts, 0) == 0);
 	CHECK(sfw_state_check(dir, &p, &err) == SFW_E_UNVERIFIED && strstr(err.msg, "a.bin") &&
-		      strstr(err.msg, "changed"),
+		  strstr(err.msg, "changed"),
 	      "touched file: %s", err.msg);
 	CHECK(vdir(&m, 2, 1, &rep, &err) == SFW_OK, "re-verify");
 	sfw_verify_report_release(&rep);
@@ -667,7 +692,8 @@ static void test_verify_dir(void)
 	SFW_ASSERT(sfw_write_file_atomic(np, "abc", 3, NULL) == SFW_OK && rename(np, ap) == 0);
 	CHECK(sfw_state_check(dir, &p, &err) == SFW_E_UNVERIFIED, "replaced file noticed");
 	sh("rm '%s/model/sub/c.txt'", tmp);
-	CHECK(sfw_state_check(dir, &p, &err) == SFW_E_MISSING || sfw_state_check(dir, &p, &err) == SFW_E_UNVERIFIED,
+	CHECK(sfw_state_check(dir, &p, &err) == SFW_E_MISSING ||
+		  sfw_state_check(dir, &p, &err) == SFW_E_UNVERIFIED,
 	      "missing file noticed: %s", err.msg);
 	/* A record made for another manifest does not count. */
 	put("model/sub/c.txt", TEXT_56);
@@ -704,13 +730,14 @@ static void test_build(void)
 	if (!text)
 		return;
 	struct sfw_manifest m;
-	CHECK(sfw_manifest_parse(text, len, "built", &m, &err) == SFW_OK, "built manifest parses: %s", err.msg);
+	CHECK(sfw_manifest_parse(text, len, "built", &m, &err) == SFW_OK, "built manifest parses: %s",
+	      err.msg);
 	char h0[65], h1[65];
 	sfw_hex_encode(m.files[0].sha256, 32, h0);
 	sfw_hex_encode(m.files[1].sha256, 32, h1);
 	CHECK(m.nfiles == 2 && strcmp(m.files[0].path, "a.bin") == 0 && strcmp(h0, SHA_ABC) == 0 &&
-		      strcmp(m.files[1].path, "sub/c.txt") == 0 && strcmp(h1, SHA_56) == 0 && m.total_size == 59 &&
-		      m.expires == 1767225600 + 180 * 86400,
+		  strcmp(m.files[1].path, "sub/c.txt") == 0 && strcmp(h1, SHA_56) == 0 &&
+		  m.total_size == 59 && m.expires == 1767225600 + 180 * 86400,
 	      "built manifest has the FIPS digests, .salafw skipped");
 	sfw_manifest_release(&m);
 	sfw_free(text);

@@ -43,7 +43,8 @@ struct sfw_verify_params sfw_verify_default_params(void)
  * *res to MISSING / NOT_REGULAR. On success the lstat of the target is in *st. */
 enum walk_res { WALK_OK, WALK_MISSING, WALK_NOT_REGULAR, WALK_IO };
 
-static enum walk_res walk_stat(int dirfd, const char *rel, struct stat *st, int open_it, int *fd_out, int *eno)
+static enum walk_res walk_stat(int dirfd, const char *rel, struct stat *st, int open_it, int *fd_out,
+			       int *eno)
 {
 	char buf[1100];
 	size_t n = strlen(rel);
@@ -120,7 +121,7 @@ struct vjob {
 	const struct sfw_manifest *m;
 	const struct sfw_verify_params *p;
 	enum sfw_file_result *res;
-	size_t *order; /* indices of files to hash, largest first */
+	size_t *order;	      /* indices of files to hash, largest first */
 	unsigned char **bufs; /* one per thread */
 	pthread_mutex_t lock;
 	struct sfw_err io_err;
@@ -255,7 +256,8 @@ static void walk_extra(struct extra_walk *w, int fd, const char *prefix, int dep
 		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
 			continue;
 		if (S_ISDIR(st.st_mode)) {
-			int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			int sub =
+			    openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 			if (sub >= 0)
 				walk_extra(w, sub, rel, depth + 1);
 			continue;
@@ -302,8 +304,9 @@ static const char *result_text(enum sfw_file_result r)
 	return "?";
 }
 
-enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m, const struct sfw_verify_params *p,
-			       struct sfw_verify_report *rep, struct sfw_err *err)
+enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
+			       const struct sfw_verify_params *p, struct sfw_verify_report *rep,
+			       struct sfw_err *err)
 {
 	struct sfw_verify_params defaults = sfw_verify_default_params();
 	if (!p)
@@ -334,7 +337,8 @@ enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m, co
 		else if (w == WALK_NOT_REGULAR)
 			r = SFW_FILE_NOT_REGULAR;
 		else if (w == WALK_IO) {
-			s = sfw_fail(err, SFW_E_IO, "cannot read '%s/%s': %s", dir, m->files[i].path, strerror(eno));
+			s = sfw_fail(err, SFW_E_IO, "cannot read '%s/%s': %s", dir, m->files[i].path,
+				     strerror(eno));
 			goto out;
 		} else if ((uint64_t)st.st_size != m->files[i].size)
 			r = SFW_FILE_SIZE;
@@ -415,7 +419,8 @@ enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m, co
 			goto out_lock;
 	}
 	if (nbad) {
-		static const enum sfw_status code[] = {SFW_OK, SFW_E_MISSING, SFW_E_SIZE, SFW_E_HASH, SFW_E_PATH};
+		static const enum sfw_status code[] = {SFW_OK, SFW_E_MISSING, SFW_E_SIZE, SFW_E_HASH,
+						       SFW_E_PATH};
 		char more[64] = "";
 		if (nbad > 1)
 			snprintf(more, sizeof(more), " (%zu of %zu files failed)", nbad, n);
@@ -461,8 +466,8 @@ static int add_u64_str(cJSON *o, const char *k, unsigned long long v)
 static int get_u64_str(const cJSON *o, const char *k, unsigned long long *v)
 {
 	const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
-	if (!cJSON_IsString(it) || !it->valuestring[0] || strspn(it->valuestring, "0123456789") != strlen(it->valuestring) ||
-	    strlen(it->valuestring) > 20)
+	if (!cJSON_IsString(it) || !it->valuestring[0] ||
+	    strspn(it->valuestring, "0123456789") != strlen(it->valuestring) || strlen(it->valuestring) > 20)
 		return -1;
 	errno = 0;
 	*v = strtoull(it->valuestring, NULL, 10);
@@ -504,7 +509,8 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto out;
 	}
-	if (!cJSON_AddNumberToObject(root, "version", 1) || !cJSON_AddStringToObject(root, "manifest_sha256", hex) ||
+	if (!cJSON_AddNumberToObject(root, "version", 1) ||
+	    !cJSON_AddStringToObject(root, "manifest_sha256", hex) ||
 	    !cJSON_AddStringToObject(root, "repo_id", m->repo_id) ||
 	    !cJSON_AddStringToObject(root, "revision", m->revision)) {
 		cJSON_Delete(files);
@@ -520,7 +526,8 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 			cJSON *of = cJSON_GetObjectItemCaseSensitive(old, "files");
 			cJSON_ArrayForEach(e, of)
 			{
-				if (!bsearch(e->string, m->files, m->nfiles, sizeof(*m->files), cmp_file_path))
+				if (!bsearch(e->string, m->files, m->nfiles, sizeof(*m->files),
+					     cmp_file_path))
 					continue;
 				int again = 0;
 				for (size_t i = 0; i < npaths && !again; i++)
@@ -544,7 +551,7 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 	int64_t now = (int64_t)time(NULL);
 	for (size_t i = 0; i < npaths; i++) {
 		const struct sfw_manifest_file *f =
-			bsearch(paths[i], m->files, m->nfiles, sizeof(*m->files), cmp_file_path);
+		    bsearch(paths[i], m->files, m->nfiles, sizeof(*m->files), cmp_file_path);
 		if (!f) {
 			s = sfw_fail(err, SFW_E_INVAL, "'%s' is not in the manifest", paths[i]);
 			goto out;
@@ -552,8 +559,8 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 		struct stat st;
 		int eno;
 		if (walk_stat(dfd, f->path, &st, 0, NULL, &eno) != WALK_OK) {
-			s = sfw_fail(err, SFW_E_IO, "cannot record '%s/%s': not a regular file in the tree", dir,
-				     f->path);
+			s = sfw_fail(err, SFW_E_IO, "cannot record '%s/%s': not a regular file in the tree",
+				     dir, f->path);
 			goto out;
 		}
 		cJSON *e = cJSON_CreateObject();
@@ -624,7 +631,8 @@ enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *
 	if (s == SFW_OK)
 		s = sfw_read_file(spath, SFW_MINISIG_MAX, &sb, err);
 	if (s == SFW_E_MISSING) {
-		s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s' has no signed manifest in .salafw/ (run 'salafw get')", dir);
+		s = sfw_fail(err, SFW_E_UNVERIFIED,
+			     "'%s' has no signed manifest in .salafw/ (run 'salafw get')", dir);
 		goto out;
 	}
 	if (s == SFW_E_RANGE) {
@@ -642,7 +650,8 @@ enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *
 		goto out;
 	s = load_state(dir, &state, err);
 	if (s == SFW_E_MISSING) {
-		s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s' has not been verified yet (run 'salafw verify %s')", dir, dir);
+		s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s' has not been verified yet (run 'salafw verify %s')",
+			     dir, dir);
 		goto out;
 	}
 	if (s != SFW_OK) {
@@ -673,9 +682,11 @@ enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *
 		const cJSON *e = cJSON_GetObjectItemCaseSensitive(files, f->path);
 		unsigned long long size, mt, ct, ino, dev;
 		if (!cJSON_IsObject(e) || get_u64_str(e, "size", &size) || get_u64_str(e, "mtime_ns", &mt) ||
-		    get_u64_str(e, "ctime_ns", &ct) || get_u64_str(e, "inode", &ino) || get_u64_str(e, "dev", &dev)) {
-			s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s/%s' has not been verified (run 'salafw verify %s')",
-				     dir, f->path, dir);
+		    get_u64_str(e, "ctime_ns", &ct) || get_u64_str(e, "inode", &ino) ||
+		    get_u64_str(e, "dev", &dev)) {
+			s = sfw_fail(err, SFW_E_UNVERIFIED,
+				     "'%s/%s' has not been verified (run 'salafw verify %s')", dir, f->path,
+				     dir);
 			goto out;
 		}
 		struct stat st;
@@ -686,15 +697,17 @@ enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *
 			goto out;
 		}
 		if (w != WALK_OK) {
-			s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s/%s' is not a regular file in the tree", dir, f->path);
+			s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s/%s' is not a regular file in the tree", dir,
+				     f->path);
 			goto out;
 		}
-		if ((uint64_t)st.st_size != f->size || size != f->size || (unsigned long long)ts_ns(st.st_mtim) != mt ||
+		if ((uint64_t)st.st_size != f->size || size != f->size ||
+		    (unsigned long long)ts_ns(st.st_mtim) != mt ||
 		    (unsigned long long)ts_ns(st.st_ctim) != ct || (unsigned long long)st.st_ino != ino ||
 		    (unsigned long long)st.st_dev != dev) {
 			s = sfw_fail(err, SFW_E_UNVERIFIED,
-				     "'%s/%s' changed since it was verified (run 'salafw verify %s')", dir, f->path,
-				     dir);
+				     "'%s/%s' changed since it was verified (run 'salafw verify %s')", dir,
+				     f->path, dir);
 			goto out;
 		}
 	}

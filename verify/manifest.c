@@ -49,7 +49,8 @@ int sfwi_parse_rfc3339(const char *s, int64_t *out)
 		if (shape[i] == 'd' ? !isdigit((unsigned char)s[i]) : s[i] != shape[i])
 			return -1;
 	}
-	int y = atoi(s), mo = atoi(s + 5), d = atoi(s + 8), h = atoi(s + 11), mi = atoi(s + 14), se = atoi(s + 17);
+	int y = atoi(s), mo = atoi(s + 5), d = atoi(s + 8), h = atoi(s + 11), mi = atoi(s + 14),
+	    se = atoi(s + 17);
 	static const int mdays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
 	if (mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] || h > 23 || mi > 59 || se > 59)
 		return -1;
@@ -133,7 +134,8 @@ enum sfw_status sfw_path_check(const char *path, struct sfw_err *err)
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)path[i];
 		if (c < 0x20 || c == 0x7f)
-			return sfw_fail(err, SFW_E_PATH, "file path contains a control character (0x%02x)", c);
+			return sfw_fail(err, SFW_E_PATH, "file path contains a control character (0x%02x)",
+					c);
 		if (c == '\\')
 			return sfw_fail(err, SFW_E_PATH, "file path '%s' contains a backslash", path);
 		if (c == ':')
@@ -151,16 +153,17 @@ enum sfw_status sfw_path_check(const char *path, struct sfw_err *err)
 		if (len == 0)
 			return sfw_fail(err, SFW_E_PATH, "file path '%s' has an empty segment", path);
 		if ((len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
-			return sfw_fail(err, SFW_E_PATH, "file path '%s' is not normalised ('%.*s' segment)", path,
-					(int)len, seg);
+			return sfw_fail(err, SFW_E_PATH, "file path '%s' is not normalised ('%.*s' segment)",
+					path, (int)len, seg);
 		if (len > 255)
-			return sfw_fail(err, SFW_E_PATH, "file path '%.64s...' has a segment over 255 bytes", path);
+			return sfw_fail(err, SFW_E_PATH, "file path '%.64s...' has a segment over 255 bytes",
+					path);
 		if ((len == 7 && memcmp(seg, ".salafw", 7) == 0) || (len == 4 && memcmp(seg, ".git", 4) == 0))
 			return sfw_fail(err, SFW_E_PATH, "file path '%s' uses the reserved name '%.*s'", path,
 					(int)len, seg);
 		if (first && strncmp(path, ".cache/huggingface/", 19) == 0)
-			return sfw_fail(err, SFW_E_PATH, "file path '%s' is inside the reserved .cache/huggingface",
-					path);
+			return sfw_fail(err, SFW_E_PATH,
+					"file path '%s' is inside the reserved .cache/huggingface", path);
 		first = 0;
 		if (!slash)
 			break;
@@ -226,7 +229,8 @@ static enum sfw_status check_collisions(const struct sfw_manifest *m, const char
 	qsort(low, n, sizeof(*low), cmp_str);
 	for (size_t i = 1; i < n; i++)
 		if (strcmp(low[i - 1], low[i]) == 0) {
-			s = sfw_fail(err, SFW_E_MANIFEST, "%s: two paths differ only in case ('%s')", what, low[i]);
+			s = sfw_fail(err, SFW_E_MANIFEST, "%s: two paths differ only in case ('%s')", what,
+				     low[i]);
 			goto out;
 		}
 	for (size_t i = 0; i < n; i++) {
@@ -238,8 +242,9 @@ static enum sfw_status check_collisions(const struct sfw_manifest *m, const char
 			prefix[pl] = '\0';
 			char *key = prefix;
 			if (bsearch(&key, sorted, n, sizeof(*sorted), cmp_str)) {
-				s = sfw_fail(err, SFW_E_MANIFEST, "%s: '%s' is both a file and the folder of '%s'",
-					     what, prefix, p);
+				s = sfw_fail(err, SFW_E_MANIFEST,
+					     "%s: '%s' is both a file and the folder of '%s'", what, prefix,
+					     p);
 				goto out;
 			}
 		}
@@ -253,7 +258,8 @@ out:
 	return s;
 }
 
-static enum sfw_status parse_files(const cJSON *arr, const char *what, struct sfw_manifest *m, struct sfw_err *err)
+static enum sfw_status parse_files(const cJSON *arr, const char *what, struct sfw_manifest *m,
+				   struct sfw_err *err)
 {
 	if (!cJSON_IsArray(arr))
 		return sfw_fail(err, SFW_E_MANIFEST, "%s: 'files' must be an array", what);
@@ -284,7 +290,8 @@ static enum sfw_status parse_files(const cJSON *arr, const char *what, struct sf
 			return SFW_E_PATH;
 		}
 		if (!is_hex_lower(sha, 64) || sfw_hex_decode(sha, mf->sha256, 32) != 0)
-			return sfw_fail(err, SFW_E_MANIFEST, "%s: 'sha256' must be 64 lower-case hex digits", ctx);
+			return sfw_fail(err, SFW_E_MANIFEST, "%s: 'sha256' must be 64 lower-case hex digits",
+					ctx);
 		if (!(mf->path = sfw_strdup(path)))
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		m->nfiles = ++i;
@@ -293,15 +300,16 @@ static enum sfw_status parse_files(const cJSON *arr, const char *what, struct sf
 			if (c == 0)
 				return sfw_fail(err, SFW_E_MANIFEST, "%s: duplicate path '%s'", what, path);
 			if (c > 0)
-				return sfw_fail(err, SFW_E_MANIFEST, "%s: files are not sorted ('%s' comes after '%s')",
-						what, path, m->files[i - 2].path);
+				return sfw_fail(err, SFW_E_MANIFEST,
+						"%s: files are not sorted ('%s' comes after '%s')", what,
+						path, m->files[i - 2].path);
 		}
 		if (!sfw_add_ok(total, mf->size, &total))
 			return sfw_fail(err, SFW_E_MANIFEST, "%s: total of file sizes overflows", what);
 	}
 	if (total != m->total_size)
-		return sfw_fail(err, SFW_E_MANIFEST, "%s: total_size is %llu but the files add up to %llu", what,
-				(unsigned long long)m->total_size, (unsigned long long)total);
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: total_size is %llu but the files add up to %llu",
+				what, (unsigned long long)m->total_size, (unsigned long long)total);
 	return check_collisions(m, what, err);
 }
 
@@ -342,8 +350,8 @@ static enum sfw_status parse_sources(const cJSON *arr, const char *what, struct 
 				return as_manifest(err);
 			}
 			if (!url_ok(url) || url[strlen(url) - 1] != '/')
-				return sfw_fail(err, SFW_E_MANIFEST, "%s: base_url must be an http(s) URL ending in '/'",
-						ctx);
+				return sfw_fail(err, SFW_E_MANIFEST,
+						"%s: base_url must be an http(s) URL ending in '/'", ctx);
 			so->kind = SFW_SOURCE_HTTP;
 		} else if (strcmp(kind, "hf") == 0) {
 			if (sfw_json_string(src, "endpoint", ctx, &url, err) != SFW_OK) {
@@ -351,7 +359,8 @@ static enum sfw_status parse_sources(const cJSON *arr, const char *what, struct 
 			}
 			if (!url_ok(url) || url[strlen(url) - 1] == '/')
 				return sfw_fail(err, SFW_E_MANIFEST,
-						"%s: endpoint must be an http(s) URL without a trailing '/'", ctx);
+						"%s: endpoint must be an http(s) URL without a trailing '/'",
+						ctx);
 			so->kind = SFW_SOURCE_HF;
 		} else {
 			sfw_log(SFW_LOG_WARN, "%s: unknown source kind '%.32s' skipped", ctx, kind);
@@ -375,17 +384,18 @@ static enum sfw_status adapt_salafw_v1(const cJSON *root, const char *what, stru
 	uint64_t v;
 	const char *s;
 	enum sfw_status st;
-#define REQ(call)                                                                                        \
-	do {                                                                                             \
-		if ((st = (call)) != SFW_OK) {                                                           \
-			if (err && st != SFW_E_NOMEM)                                                    \
-				err->code = SFW_E_MANIFEST;                                              \
-			return st == SFW_E_NOMEM ? st : SFW_E_MANIFEST;                                  \
-		}                                                                                        \
+#define REQ(call)                                                                                            \
+	do {                                                                                                 \
+		if ((st = (call)) != SFW_OK) {                                                               \
+			if (err && st != SFW_E_NOMEM)                                                        \
+				err->code = SFW_E_MANIFEST;                                                  \
+			return st == SFW_E_NOMEM ? st : SFW_E_MANIFEST;                                      \
+		}                                                                                            \
 	} while (0)
 	REQ(sfw_json_u64(root, "schema_version", what, &v, err));
 	if (v != 1)
-		return sfw_fail(err, SFW_E_MANIFEST, "%s: unsupported schema_version %llu (this salafw reads 1)", what,
+		return sfw_fail(err, SFW_E_MANIFEST,
+				"%s: unsupported schema_version %llu (this salafw reads 1)", what,
 				(unsigned long long)v);
 	m->schema_version = 1;
 	REQ(sfw_json_string(root, "generator", what, &s, err));
@@ -405,12 +415,14 @@ static enum sfw_status adapt_salafw_v1(const cJSON *root, const char *what, stru
 		return sfw_fail(err, SFW_E_MANIFEST, "%s: repo_type must be \"model\"", what);
 	REQ(sfw_json_string(root, "repo_id", what, &s, err));
 	if (!repo_id_ok(s))
-		return sfw_fail(err, SFW_E_MANIFEST, "%s: repo_id '%.100s' is not of the form ORG/NAME", what, s);
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: repo_id '%.100s' is not of the form ORG/NAME", what,
+				s);
 	if (!(m->repo_id = sfw_strdup(s)))
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	REQ(sfw_json_string(root, "revision", what, &s, err));
 	if (!is_hex_lower(s, 40))
-		return sfw_fail(err, SFW_E_MANIFEST, "%s: revision must be 40 lower-case hex digits (a commit)", what);
+		return sfw_fail(err, SFW_E_MANIFEST,
+				"%s: revision must be 40 lower-case hex digits (a commit)", what);
 	memcpy(m->revision, s, 41);
 	REQ(sfw_json_u64(root, "manifest_version", what, &m->manifest_version, err));
 	if (m->manifest_version < 1)
@@ -445,7 +457,8 @@ enum sfw_status sfw_manifest_parse(const char *bytes, size_t len, const char *wh
 			in_str = !in_str;
 		} else if (in_str && bytes[i] == '\\' && i + 1 < len) {
 			if (bytes[i + 1] == 'u' && i + 5 < len && memcmp(bytes + i + 2, "0000", 4) == 0)
-				return sfw_fail(err, SFW_E_MANIFEST, "%s: contains an escaped NUL (\\u0000)", what);
+				return sfw_fail(err, SFW_E_MANIFEST, "%s: contains an escaped NUL (\\u0000)",
+						what);
 			i++;
 		}
 	}
@@ -515,9 +528,10 @@ static enum sfw_status check_trusted_comment(const char *tc, const struct sfw_ma
 			else if (kl == 16 && memcmp(p, "manifest_version", 16) == 0)
 				want = num;
 			if (want && (strlen(want) != vl || memcmp(want, v, vl) != 0))
-				return sfw_fail(err, SFW_E_MANIFEST,
-						"%s: the signed trusted comment says %.*s but the manifest says '%s'", what,
-						(int)(n > 120 ? 120 : n), p, want);
+				return sfw_fail(
+				    err, SFW_E_MANIFEST,
+				    "%s: the signed trusted comment says %.*s but the manifest says '%s'",
+				    what, (int)(n > 120 ? 120 : n), p, want);
 		}
 		p += n;
 	}
@@ -535,17 +549,19 @@ static enum sfw_status check_pin(const struct sfw_manifest *m, const char *what,
 			if (strcmp(pin->files[k].path, m->files[i].path) == 0)
 				pf = &pin->files[k];
 		if (!pf)
-			return sfw_fail(err, SFW_E_MANIFEST, "%s: '%s' is not among the pinned files of %s@%.12s", what,
+			return sfw_fail(err, SFW_E_MANIFEST,
+					"%s: '%s' is not among the pinned files of %s@%.12s", what,
 					m->files[i].path, m->repo_id, m->revision);
 		unsigned char want[32];
 		SFW_ASSERT(sfw_hex_decode(pf->sha256_hex, want, 32) == 0);
 		if (CRYPTO_memcmp(want, m->files[i].sha256, 32) != 0)
-			return sfw_fail(err, SFW_E_MANIFEST, "%s: sha256 of '%s' disagrees with the pin for %s@%.12s",
-					what, m->files[i].path, m->repo_id, m->revision);
+			return sfw_fail(err, SFW_E_MANIFEST,
+					"%s: sha256 of '%s' disagrees with the pin for %s@%.12s", what,
+					m->files[i].path, m->repo_id, m->revision);
 	}
 	if (m->nfiles != pin->nfiles)
-		return sfw_fail(err, SFW_E_MANIFEST, "%s: lists %zu files but the pin for %s@%.12s has %zu", what,
-				m->nfiles, m->repo_id, m->revision, pin->nfiles);
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: lists %zu files but the pin for %s@%.12s has %zu",
+				what, m->nfiles, m->repo_id, m->revision, pin->nfiles);
 	return SFW_OK;
 }
 
@@ -557,8 +573,8 @@ static char *ratchet_path(const struct sfw_manifest *m, const struct sfw_trust_p
 		return NULL;
 	char name[256];
 	const char *slash = strchr(m->repo_id, '/');
-	snprintf(name, sizeof(name), "trusted/%.*s--%s.%s.json", (int)(slash - m->repo_id), m->repo_id, slash + 1,
-		 m->publisher_key_id);
+	snprintf(name, sizeof(name), "trusted/%.*s--%s.%s.json", (int)(slash - m->repo_id), m->repo_id,
+		 slash + 1, m->publisher_key_id);
 	char *path = sfw_path_join(dir, name);
 	sfw_free(dir);
 	return path;
@@ -603,7 +619,8 @@ static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct 
 		return SFW_OK;
 	char *path = ratchet_path(m, p);
 	if (!path) {
-		sfw_log(SFW_LOG_WARN, "no state directory (set SALAFW_STATE_DIR or HOME): rollback not checked");
+		sfw_log(SFW_LOG_WARN,
+			"no state directory (set SALAFW_STATE_DIR or HOME): rollback not checked");
 		return SFW_OK;
 	}
 	struct ratchet r;
@@ -656,8 +673,8 @@ enum sfw_status sfw_manifest_ratchet_commit(const struct sfw_manifest *m, const 
 		if (sfw_buf_printf(&b,
 				   "{\"repo_id\": \"%s\", \"key_id\": \"%s\", \"manifest_version\": %llu, "
 				   "\"manifest_sha256\": \"%s\", \"revision\": \"%s\"}\n",
-				   m->repo_id, m->publisher_key_id, (unsigned long long)m->manifest_version, hex,
-				   m->revision) != SFW_OK)
+				   m->repo_id, m->publisher_key_id, (unsigned long long)m->manifest_version,
+				   hex, m->revision) != SFW_OK)
 			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		else
 			s = sfw_write_file_atomic(path, b.data, b.len, err);
@@ -668,8 +685,9 @@ enum sfw_status sfw_manifest_ratchet_commit(const struct sfw_manifest *m, const 
 }
 
 enum sfw_status sfw_manifest_verify(const char *bytes, size_t len, const char *sig_text, size_t sig_len,
-				    const char *what, const struct sfw_trust_params *p, struct sfw_manifest *out,
-				    struct sfw_minisig_info *info, struct sfw_err *err)
+				    const char *what, const struct sfw_trust_params *p,
+				    struct sfw_manifest *out, struct sfw_minisig_info *info,
+				    struct sfw_err *err)
 {
 	struct sfw_manifest local;
 	struct sfw_manifest *m = out ? out : &local;
@@ -715,13 +733,13 @@ enum sfw_status sfw_manifest_verify(const char *bytes, size_t len, const char *s
 		goto out;
 	}
 	if (p->repo_id && strcmp(p->repo_id, m->repo_id) != 0) {
-		s = sfw_fail(err, SFW_E_MANIFEST, "%s is for repo '%s', not the requested '%s'", what, m->repo_id,
-			     p->repo_id);
+		s = sfw_fail(err, SFW_E_MANIFEST, "%s is for repo '%s', not the requested '%s'", what,
+			     m->repo_id, p->repo_id);
 		goto out;
 	}
 	if (p->revision && strcmp(p->revision, m->revision) != 0) {
-		s = sfw_fail(err, SFW_E_MANIFEST, "%s is for revision %s, not the requested %.64s", what, m->revision,
-			     p->revision);
+		s = sfw_fail(err, SFW_E_MANIFEST, "%s is for revision %s, not the requested %.64s", what,
+			     m->revision, p->revision);
 		goto out;
 	}
 	if ((s = check_trusted_comment(inf->trusted_comment, m, what, err)) != SFW_OK)
@@ -734,12 +752,12 @@ enum sfw_status sfw_manifest_verify(const char *bytes, size_t len, const char *s
 		sfwi_format_rfc3339(m->expires, e);
 		sfwi_format_rfc3339(now, n);
 		if (!p->allow_expired) {
-			s = sfw_fail(err, SFW_E_MANIFEST, "%s expired at %s (this machine's clock says %s)", what, e,
-				     n);
+			s = sfw_fail(err, SFW_E_MANIFEST, "%s expired at %s (this machine's clock says %s)",
+				     what, e, n);
 			goto out;
 		}
-		sfw_log(SFW_LOG_WARN, "%s expired at %s (clock says %s); the signed bytes are still valid", what, e,
-			n);
+		sfw_log(SFW_LOG_WARN, "%s expired at %s (clock says %s); the signed bytes are still valid",
+			what, e, n);
 	}
 	if ((s = check_ratchet(m, p, what, err)) != SFW_OK)
 		goto out;

@@ -21,8 +21,8 @@
 #define SECKEY_BYTES 158
 #define UNTRUSTED_PREFIX "untrusted comment: "
 #define TRUSTED_PREFIX "trusted comment: "
-#define COMMENT_MAX 1024   /* minisign's line-1 buffer, line ending included */
-#define TRUSTED_MAX 8192   /* minisign's trusted-comment buffer, prefix included */
+#define COMMENT_MAX 1024 /* minisign's line-1 buffer, line ending included */
+#define TRUSTED_MAX 8192 /* minisign's trusted-comment buffer, prefix included */
 
 /* The signed-weights service's key (manifests/freeweights.pub; key id 2DC28CC7B26A283B). */
 static const char pinned_b64[] = "RWQ7KGqyx4zCLXtUFOqvfv8L3g+8fpKJ1FsuxPyOYMF+4KufbUxKq1Oq";
@@ -113,7 +113,8 @@ static int comment_printable(const char *s, size_t n)
 		if ((c < 0x20 && c != '\t') || c == 0x7f)
 			return 0;
 		/* C1 controls U+0080..U+009F are encoded C2 80..C2 9F */
-		if (c == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 && (unsigned char)s[i + 1] <= 0x9F)
+		if (c == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
+		    (unsigned char)s[i + 1] <= 0x9F)
 			return 0;
 	}
 	return 1;
@@ -125,8 +126,8 @@ enum sfw_status sfwi_minisig_parse(const char *text, size_t len, const char *nam
 	if (sfwi_sodium_ready() != 0)
 		return sfw_fail(err, SFW_E_IO, "libsodium could not be initialised");
 	if (len > SFW_MINISIG_MAX)
-		return sfw_fail(err, SFW_E_SIG, "signature '%s' is too large (%zu bytes, limit %u)", name, len,
-				SFW_MINISIG_MAX);
+		return sfw_fail(err, SFW_E_SIG, "signature '%s' is too large (%zu bytes, limit %u)", name,
+				len, SFW_MINISIG_MAX);
 	if (memchr(text, '\0', len))
 		return sfw_fail(err, SFW_E_SIG, "signature '%s' contains a NUL byte", name);
 	struct line l[5];
@@ -137,28 +138,28 @@ enum sfw_status sfwi_minisig_parse(const char *text, size_t len, const char *nam
 	if (l[0].len + 1 >= COMMENT_MAX || l[0].bad_cr)
 		return sfw_fail(err, SFW_E_SIG, "signature '%s': untrusted comment too long", name);
 	if (!starts_with(&l[0], UNTRUSTED_PREFIX))
-		return sfw_fail(err, SFW_E_SIG, "signature '%s': line 1 should start with '" UNTRUSTED_PREFIX "'",
-				name);
+		return sfw_fail(err, SFW_E_SIG,
+				"signature '%s': line 1 should start with '" UNTRUSTED_PREFIX "'", name);
 	if (n < 2)
 		return sfw_fail(err, SFW_E_SIG, "signature '%s' has 1 line, expected 4", name);
 	if (l[1].len > 100 || l[1].bad_cr)
 		return sfw_fail(err, SFW_E_SIG, "signature '%s': signature line too long", name);
 	if (n < 3)
-		return sfw_fail(err, SFW_E_SIG, "signature '%s' has 2 lines, expected 4 (trusted comment not present)",
-				name);
+		return sfw_fail(err, SFW_E_SIG,
+				"signature '%s' has 2 lines, expected 4 (trusted comment not present)", name);
 	if (!starts_with(&l[2], TRUSTED_PREFIX))
-		return sfw_fail(err, SFW_E_SIG, "signature '%s': line 3 should start with '" TRUSTED_PREFIX "'",
-				name);
+		return sfw_fail(err, SFW_E_SIG,
+				"signature '%s': line 3 should start with '" TRUSTED_PREFIX "'", name);
 	if (l[2].len + 1 >= TRUSTED_MAX || l[2].bad_cr)
 		return sfw_fail(err, SFW_E_SIG, "signature '%s': trusted comment too long", name);
 	const char *tc = l[2].p + strlen(TRUSTED_PREFIX);
 	size_t tclen = l[2].len - strlen(TRUSTED_PREFIX);
 	if (!comment_printable(tc, tclen))
-		return sfw_fail(err, SFW_E_SIG, "signature '%s': trusted comment contains unprintable characters",
-				name);
+		return sfw_fail(err, SFW_E_SIG,
+				"signature '%s': trusted comment contains unprintable characters", name);
 	if (n < 4)
-		return sfw_fail(err, SFW_E_SIG, "signature '%s' has 3 lines, expected 4 (global signature missing)",
-				name);
+		return sfw_fail(err, SFW_E_SIG,
+				"signature '%s' has 3 lines, expected 4 (global signature missing)", name);
 	/* minisign ignores what follows line 4; a signature file it writes never
 	 * has anything there, so refuse it rather than leave it unexplained. */
 	if (n > 4 || used < len)
@@ -168,11 +169,13 @@ enum sfw_status sfwi_minisig_parse(const char *text, size_t len, const char *nam
 		return sfw_fail(err, SFW_E_SIG,
 				"signature '%s': line 2 is not the base64 of a 74-byte signature", name);
 	if (!((raw[0] == 'E' && raw[1] == 'd') || (raw[0] == 'E' && raw[1] == 'D')))
-		return sfw_fail(err, SFW_E_SIG, "signature '%s': unsupported signature algorithm (0x%02x%02x)", name,
-				raw[0], raw[1]);
+		return sfw_fail(err, SFW_E_SIG,
+				"signature '%s': unsupported signature algorithm (0x%02x%02x)", name, raw[0],
+				raw[1]);
 	if (l[3].bad_cr || b64_decode_exact(l[3].p, l[3].len, out->global_sig, 64) != 0)
 		return sfw_fail(err, SFW_E_SIG,
-				"signature '%s': line 4 is not the base64 of a 64-byte global signature", name);
+				"signature '%s': line 4 is not the base64 of a 64-byte global signature",
+				name);
 	memcpy(out->alg, raw, 2);
 	memcpy(out->key_id, raw + 2, 8);
 	memcpy(out->sig, raw + 10, 64);
@@ -194,15 +197,16 @@ enum sfw_status sfw_minisig_verify(const void *msg, size_t msg_len, const char *
 		goto out;
 	int prehashed = ms->alg[1] == 'D';
 	if (require_prehashed && !prehashed) {
-		s = sfw_fail(err, SFW_E_SIG, "signature '%s': legacy (non-prehashed) signature found", sig_name);
+		s = sfw_fail(err, SFW_E_SIG, "signature '%s': legacy (non-prehashed) signature found",
+			     sig_name);
 		goto out;
 	}
 	if (memcmp(ms->key_id, key->key_id, 8) != 0) {
 		char a[17], b[17];
 		sfw_pubkey_id_hex(ms->key_id, a);
 		sfw_pubkey_id_hex(key->key_id, b);
-		s = sfw_fail(err, SFW_E_KEYID, "signature '%s' was made by key %s, but the trusted key is %s", sig_name,
-			     a, b);
+		s = sfw_fail(err, SFW_E_KEYID, "signature '%s' was made by key %s, but the trusted key is %s",
+			     sig_name, a, b);
 		goto out;
 	}
 	int bad;
@@ -255,14 +259,15 @@ enum sfw_status sfw_pubkey_parse(const char *text, size_t len, const char *what,
 	else if (n == 2)
 		b64 = &l[1];
 	else
-		return sfw_fail(err, SFW_E_SIG, "%s is not a minisign public key (expected 1 or 2 lines)", what);
+		return sfw_fail(err, SFW_E_SIG, "%s is not a minisign public key (expected 1 or 2 lines)",
+				what);
 	unsigned char raw[PUBKEY_BYTES];
 	if (b64->bad_cr || b64_decode_exact(b64->p, b64->len, raw, PUBKEY_BYTES) != 0)
-		return sfw_fail(err, SFW_E_SIG, "%s: base64 conversion failed - was an actual public key given?",
-				what);
+		return sfw_fail(err, SFW_E_SIG,
+				"%s: base64 conversion failed - was an actual public key given?", what);
 	if (raw[0] != 'E' || raw[1] != 'd')
-		return sfw_fail(err, SFW_E_SIG, "%s: unsupported signature algorithm (0x%02x%02x)", what, raw[0],
-				raw[1]);
+		return sfw_fail(err, SFW_E_SIG, "%s: unsupported signature algorithm (0x%02x%02x)", what,
+				raw[0], raw[1]);
 	memcpy(out->key_id, raw + 2, 8);
 	memcpy(out->pk, raw + 10, 32);
 	return SFW_OK;
@@ -275,8 +280,9 @@ enum sfw_status sfw_pubkey_load(const char *path, struct sfw_pubkey *out, struct
 	if (s == SFW_E_MISSING && err)
 		err->code = SFW_E_IO; /* a missing key file is a local problem, not a missing model file */
 	if (s != SFW_OK)
-		return s == SFW_E_RANGE ? sfw_fail(err, SFW_E_SIG, "public key '%s' is too large", path)
-					: s == SFW_E_MISSING ? SFW_E_IO : s;
+		return s == SFW_E_RANGE	    ? sfw_fail(err, SFW_E_SIG, "public key '%s' is too large", path)
+		       : s == SFW_E_MISSING ? SFW_E_IO
+					    : s;
 	char what[300];
 	snprintf(what, sizeof(what), "public key '%s'", path);
 	s = sfw_pubkey_parse(b.data, b.len, what, out, err);
@@ -292,14 +298,16 @@ void sfw_pubkey_pinned(struct sfw_pubkey *out)
 
 /* ---- publisher side -------------------------------------------------------- */
 
-static enum sfw_status write_private(const char *path, const void *p, size_t n, int secret, struct sfw_err *err)
+static enum sfw_status write_private(const char *path, const void *p, size_t n, int secret,
+				     struct sfw_err *err)
 {
 	struct sfw_atomic a;
 	enum sfw_status s = sfw_atomic_open(&a, path, err);
 	if (s != SFW_OK)
 		return s;
 	if (secret && fchmod(a.fd, 0600) != 0) {
-		s = sfw_fail(err, SFW_E_IO, "cannot restrict permissions of '%s': %s", a.tmp, strerror(errno));
+		s = sfw_fail(err, SFW_E_IO, "cannot restrict permissions of '%s': %s", a.tmp,
+			     strerror(errno));
 		sfw_atomic_abort(&a);
 		return s;
 	}
@@ -327,9 +335,11 @@ enum sfw_status sfw_keygen(const char *pub_path, const char *sec_path, int force
 		return sfw_fail(err, SFW_E_IO, "libsodium could not be initialised");
 	struct stat st;
 	if (!force && lstat(sec_path, &st) == 0)
-		return sfw_fail(err, SFW_E_IO, "secret key '%s' already exists (use -f to overwrite it)", sec_path);
+		return sfw_fail(err, SFW_E_IO, "secret key '%s' already exists (use -f to overwrite it)",
+				sec_path);
 	if (!force && lstat(pub_path, &st) == 0)
-		return sfw_fail(err, SFW_E_IO, "public key '%s' already exists (use -f to overwrite it)", pub_path);
+		return sfw_fail(err, SFW_E_IO, "public key '%s' already exists (use -f to overwrite it)",
+				pub_path);
 	unsigned char pub[PUBKEY_BYTES], sec[SECKEY_BYTES];
 	unsigned char key_id[8], pk[32], sk[64];
 	crypto_sign_keypair(pk, sk);
@@ -350,8 +360,10 @@ enum sfw_status sfw_keygen(const char *pub_path, const char *sec_path, int force
 	sfw_buf_init(&pt, 4096);
 	sfw_buf_init(&stx, 4096);
 	enum sfw_status s = SFW_E_NOMEM;
-	if (pb && sb && sfw_buf_printf(&pt, "untrusted comment: minisign public key %s\n%s\n", id, pb) == SFW_OK &&
-	    sfw_buf_printf(&stx, "untrusted comment: salafw unencrypted secret key %s\n%s\n", id, sb) == SFW_OK)
+	if (pb && sb &&
+	    sfw_buf_printf(&pt, "untrusted comment: minisign public key %s\n%s\n", id, pb) == SFW_OK &&
+	    sfw_buf_printf(&stx, "untrusted comment: salafw unencrypted secret key %s\n%s\n", id, sb) ==
+		SFW_OK)
 		s = SFW_OK;
 	else
 		sfw_fail(err, s, "out of memory");
@@ -399,9 +411,10 @@ enum sfw_status sfw_seckey_load(const char *path, struct sfw_seckey *out, struct
 	if (raw[0] != 'E' || raw[1] != 'd' || raw[4] != 'B' || raw[5] != '2')
 		s = sfw_fail(err, SFW_E_UNSUPPORTED, "secret key '%s': unsupported algorithm", path);
 	else if (raw[2] != 0 || raw[3] != 0)
-		s = sfw_fail(err, SFW_E_UNSUPPORTED,
-			     "secret key '%s' is encrypted; make an unencrypted one (salafw keygen or minisign -G -W)",
-			     path);
+		s = sfw_fail(
+		    err, SFW_E_UNSUPPORTED,
+		    "secret key '%s' is encrypted; make an unencrypted one (salafw keygen or minisign -G -W)",
+		    path);
 	if (s == SFW_OK) {
 		memcpy(out->key_id, raw + 54, 8);
 		memcpy(out->sk, raw + 62, 64);
@@ -481,8 +494,9 @@ enum sfw_status sfw_sign_file(const char *file, const struct sfw_seckey *key, co
 	sfw_buf_init(&text, SFW_MINISIG_MAX);
 	enum sfw_status s = SFW_E_NOMEM;
 	if (s1 && s2 && (out_path = sfw_malloc(pl)) &&
-	    sfw_buf_printf(&text, "untrusted comment: signature from salafw secret key\n%s\n" TRUSTED_PREFIX "%s\n%s\n",
-			   s1, trusted_comment, s2) == SFW_OK) {
+	    sfw_buf_printf(
+		&text, "untrusted comment: signature from salafw secret key\n%s\n" TRUSTED_PREFIX "%s\n%s\n",
+		s1, trusted_comment, s2) == SFW_OK) {
 		snprintf(out_path, pl, "%s.minisig", file);
 		s = sfw_write_file_atomic(out_path, text.data, text.len, err);
 	} else {

@@ -34,7 +34,8 @@ struct collect {
 	const char *root;
 };
 
-static void collect_fail(struct collect *c, enum sfw_status code, const char *fmt, const char *a, const char *b)
+static void collect_fail(struct collect *c, enum sfw_status code, const char *fmt, const char *a,
+			 const char *b)
 {
 	if (c->s == SFW_OK)
 		c->s = sfw_fail(c->err, code, fmt, a, b);
@@ -55,7 +56,8 @@ static void walk(struct collect *c, int fd, const char *prefix, int depth)
 		if (depth == 0 && strcmp(e->d_name, ".salafw") == 0)
 			continue; /* the tool's own state */
 		char rel[4096];
-		if ((size_t)snprintf(rel, sizeof(rel), "%s%s%s", prefix, *prefix ? "/" : "", e->d_name) >= sizeof(rel)) {
+		if ((size_t)snprintf(rel, sizeof(rel), "%s%s%s", prefix, *prefix ? "/" : "", e->d_name) >=
+		    sizeof(rel)) {
 			collect_fail(c, SFW_E_PATH, "path under '%s' is too long ('%s...')", c->root, prefix);
 			break;
 		}
@@ -69,7 +71,8 @@ static void walk(struct collect *c, int fd, const char *prefix, int depth)
 				collect_fail(c, SFW_E_PATH, "'%s/%s' is nested too deeply", c->root, rel);
 				break;
 			}
-			int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			int sub =
+			    openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 			if (sub < 0) {
 				collect_fail(c, SFW_E_IO, "cannot open directory '%s/%s'", c->root, rel);
 				break;
@@ -78,8 +81,10 @@ static void walk(struct collect *c, int fd, const char *prefix, int depth)
 			continue;
 		}
 		if (!S_ISREG(st.st_mode)) {
-			collect_fail(c, SFW_E_PATH, "'%s/%s' is a symlink or special file: a manifest lists regular files only",
-				     c->root, rel);
+			collect_fail(
+			    c, SFW_E_PATH,
+			    "'%s/%s' is a symlink or special file: a manifest lists regular files only",
+			    c->root, rel);
 			break;
 		}
 		if (c->n == MAX_FILES) {
@@ -230,11 +235,12 @@ enum sfw_status sfw_manifest_build(const char *dir, const struct sfw_manifest_bu
 	if (s == SFW_OK)
 		s = put_str(&b, p->revision);
 	if (s == SFW_OK)
-		s = sfw_buf_printf(&b,
-				   ",\n  \"manifest_version\": %llu,\n  \"created\": \"%s\",\n  \"expires\": \"%s\",\n"
-				   "  \"total_size\": %llu,\n  \"files\": [\n",
-				   (unsigned long long)(p->manifest_version ? p->manifest_version : 1), cr, ex,
-				   (unsigned long long)total);
+		s = sfw_buf_printf(
+		    &b,
+		    ",\n  \"manifest_version\": %llu,\n  \"created\": \"%s\",\n  \"expires\": \"%s\",\n"
+		    "  \"total_size\": %llu,\n  \"files\": [\n",
+		    (unsigned long long)(p->manifest_version ? p->manifest_version : 1), cr, ex,
+		    (unsigned long long)total);
 	for (size_t i = 0; i < c.n && s == SFW_OK; i++) {
 		char hex[65];
 		sfw_hex_encode(j.sha[i], 32, hex);
@@ -242,8 +248,8 @@ enum sfw_status sfw_manifest_build(const char *dir, const struct sfw_manifest_bu
 		if (s == SFW_OK)
 			s = put_str(&b, c.paths[i]);
 		if (s == SFW_OK)
-			s = sfw_buf_printf(&b, ", \"size\": %llu, \"sha256\": \"%s\"}%s\n", (unsigned long long)j.size[i],
-					   hex, i + 1 < c.n ? "," : "");
+			s = sfw_buf_printf(&b, ", \"size\": %llu, \"sha256\": \"%s\"}%s\n",
+					   (unsigned long long)j.size[i], hex, i + 1 < c.n ? "," : "");
 	}
 	if (s == SFW_OK)
 		s = sfw_buf_printf(&b, "  ],\n  \"sources\": [");
@@ -346,8 +352,8 @@ enum sfw_status sfw_manifest_sign(const char *path, const struct sfw_seckey *key
 	if (s != SFW_OK)
 		return s;
 	if (strcmp(m.publisher_key_id, kid) != 0) {
-		s = sfw_fail(err, SFW_E_MANIFEST, "%s names publisher key %s, but the signing key is %s", what,
-			     m.publisher_key_id, kid);
+		s = sfw_fail(err, SFW_E_MANIFEST, "%s names publisher key %s, but the signing key is %s",
+			     what, m.publisher_key_id, kid);
 		sfw_manifest_release(&m);
 		return s;
 	}

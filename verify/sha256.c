@@ -69,8 +69,8 @@ static enum sfw_status hash_fd(int fd, uint64_t limit, int to_eof, struct sfw_sh
 		}
 		if (n == 0) {
 			if (!to_eof)
-				s = sfw_fail(err, SFW_E_SIZE, "'%s' ends after %llu bytes, expected %llu", name,
-					     (unsigned long long)done, (unsigned long long)limit);
+				s = sfw_fail(err, SFW_E_SIZE, "'%s' ends after %llu bytes, expected %llu",
+					     name, (unsigned long long)done, (unsigned long long)limit);
 			break;
 		}
 		sfw_sha256_update(h, buf, (size_t)n);
