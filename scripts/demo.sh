@@ -33,6 +33,9 @@ cp -r "$W/publish/model/." "$W/www/files/"
 "$SALAFW" sign -s "$W/demo.key" "$W/www/manifests/$REPO.json"
 
 step "mirror: nginx on 127.0.0.1:$PORT"
+# nginx workers drop root privileges: the served tree must be world-readable.
+chmod 755 "$W"
+chmod -R a+rX "$W/www"
 mkdir -p "$W/nginx/logs"
 cat >"$W/nginx/nginx.conf" <<CONF
 daemon off;
