@@ -48,8 +48,9 @@ CUDA_LDFLAGS := -Wl,-u,sfw_backend_cuda_new
 endif
 LDFLAGS := -pthread $(SANFLAGS) $(CUDA_LDFLAGS)
 
-# Modules, in link order (a module may use only those after it).
-MODULES := runner quant kernels fetch verify core
+# Modules, in link order (a module may use only those after it; quant drives
+# the runner, the runner reads only quant/layout.h, which is header-only).
+MODULES := quant runner kernels fetch verify core
 # Files named *_cuda.c are host code that needs the CUDA runtime: CUDA=1 only.
 srcs_c   = $(if $(filter 1,$(CUDA)),$(wildcard $(1)/*.c),$(filter-out %_cuda.c,$(wildcard $(1)/*.c)))
 srcs_cxx = $(wildcard $(1)/*.cpp)

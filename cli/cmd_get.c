@@ -16,7 +16,8 @@ static const struct cli_opt opts[] = {
 	{"dest", 'd', "DIR", "destination directory (default: ./NAME)"},
 	{"endpoint", 0, "URL", "manifest service (default $SALAFW_ENDPOINT or https://freeweights.allternit.com)"},
 	{"manifest", 'm', "URL|FILE", "take the manifest from here (+ '.minisig') instead of the service"},
-	{"pubkey", 'P', "KEY|FILE", "trust this minisign public key instead of the pinned one"},
+	{"pubkey", 'P', "KEY|FILE", "trust this minisign public key (base64, or a key file) instead of the pinned one"},
+	{"pubkey-file", 'p', "FILE", "trust the minisign public key in FILE (as 'salafw verify -p')"},
 	{"mirror", 0, "KIND:URL", "extra source tried BEFORE the manifest's (http:URL or hf:URL; repeatable)"},
 	{"mirror-last", 0, "KIND:URL", "extra source tried AFTER the manifest's (repeatable)"},
 	{"jobs", 'j', "N", "files downloaded at once (default 4)"},
@@ -28,6 +29,7 @@ static const struct cli_opt opts[] = {
 	{"retry-wait", 0, "MS", "first backoff delay, doubled each retry, jittered (default 1000)"},
 	{"retry-max-wait", 0, "MS", "backoff cap (default 30000)"},
 	{"limit-rate", 0, "BYTES", "per-transfer speed cap in bytes/s (default none)"},
+	{"sync-interval", 0, "SECONDS", "fdatasync partials + journal this often; a kill loses at most that (default 5)"},
 	{"no-space-check", 0, NULL, "do not refuse when free disk space looks too small"},
 	{"allow-expired", 0, NULL, "accept an expired manifest (archival fetch of a pinned revision)"},
 	{"allow-downgrade", 0, NULL, "accept a lower manifest_version than one seen before"},
@@ -40,8 +42,9 @@ static const char synopsis[] =
 	"[OPTIONS] REPO[@REVISION]\n"
 	"       (REPO is org/name; REVISION a 40-hex commit the manifest must name)\n"
 	"Sources are tried per file in this order: --mirror ones, the manifest's, --mirror-last ones.\n"
-	"Exit: 0 all verified, 1 a file failed verification, 2 usage, 3 manifest or signature\n"
-	"rejected, 4 network / every source failed, 5 local I/O, no space, lock, interrupted";
+	"Exit: 0 all verified; 1 some file's every source served wrong bytes (sha256); 2 usage;\n"
+	"3 manifest or signature rejected; 4 network / every source failed; 5 local I/O, no space,\n"
+	"DEST locked by another get, interrupted (run again to resume)";
 
 static volatile sig_atomic_t g_cancel;
 
@@ -254,6 +257,7 @@ int cmd_get(int argc, char **argv)
 	struct sfw_source first[16], last[16];
 	size_t nfirst = 0, nlast = 0;
 	const char *pubkey = NULL;
+	int pubkey_file = 0;
 	int json = 0, quiet = 0;
 	unsigned long long v;
 	const char *env = getenv("SALAFW_ENDPOINT");
@@ -278,8 +282,9 @@ int cmd_get(int argc, char **argv)
 			p.endpoint = arg;
 		} else if (!strcmp(name, "manifest")) {
 			p.manifest = arg;
-		} else if (!strcmp(name, "pubkey")) {
+		} else if (!strcmp(name, "pubkey") || !strcmp(name, "pubkey-file")) {
 			pubkey = arg;
+			pubkey_file = !strcmp(name, "pubkey-file") || access(arg, R_OK) == 0;
 		} else if (!strcmp(name, "mirror") || !strcmp(name, "mirror-last")) {
 			int is_first = !strcmp(name, "mirror");
 			size_t *n = is_first ? &nfirst : &nlast;
@@ -317,6 +322,8 @@ int cmd_get(int argc, char **argv)
 				p.backoff_base_ms = v;
 			} else if (!strcmp(name, "retry-max-wait")) {
 				p.backoff_cap_ms = v;
+			} else if (!strcmp(name, "sync-interval")) {
+				p.journal_interval_s = v ? (double)v : 1;
 			} else if (!strcmp(name, "limit-rate")) {
 				p.limit_rate = v;
 			}
@@ -352,7 +359,7 @@ int cmd_get(int argc, char **argv)
 	sfw_err_clear(&err);
 	struct sfw_pubkey key;
 	if (pubkey) {
-		enum sfw_status st = access(pubkey, R_OK) == 0 ? sfw_pubkey_load(pubkey, &key, &err)
+		enum sfw_status st = pubkey_file ? sfw_pubkey_load(pubkey, &key, &err)
 							       : sfw_pubkey_parse(pubkey, strlen(pubkey), "--pubkey",
 										  &key, &err);
 		if (st != SFW_OK)

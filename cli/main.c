@@ -14,6 +14,7 @@
 #pragma weak cmd_run
 #pragma weak cmd_score
 #pragma weak cmd_bench
+#pragma weak cmd_quant
 
 struct command {
 	const char *name;
@@ -28,6 +29,7 @@ static const struct command commands[] = {
 	{"sign", cmd_sign, "sign a manifest with a minisign secret key (publishers)"},
 	{"keygen", cmd_keygen, "make a minisign key pair (publishers)"},
 	{"mkmodel", cmd_mkmodel, "write a random-weight SALA model directory (tests, benchmarks)"},
+	{"quant", cmd_quant, "quantize a verified model to 8-bit weights (AWQ, compressed-tensors)"},
 	{"run", cmd_run, "generate text with a verified model"},
 	{"score", cmd_score, "write logits and hidden states for given token ids (checks)"},
 	{"bench", cmd_bench, "measure prefill and decode speed"},

@@ -161,7 +161,7 @@ struct sfw_fetch_params {
 	unsigned demote_after;      /* consecutive failures before demotion (default 3) */
 	uint64_t limit_rate;        /* bytes/s per transfer, 0 = none */
 	int no_space_check;
-	double journal_interval_s;  /* how often data is fdatasync'ed and journalled (default 1) */
+	double journal_interval_s;  /* how often data is fdatasync'ed and journalled (default 5) */
 	double progress_interval_s; /* default 0.5 */
 	volatile sig_atomic_t *cancel; /* set (e.g. by SIGINT) to stop cleanly */
 	sfw_fetch_event_fn on_event;

@@ -53,7 +53,7 @@ struct sfw_fetch_params sfw_fetch_default_params(void)
 	p.backoff_cap_ms = 30000;
 	p.retry_after_max_ms = 120000;
 	p.demote_after = 3;
-	p.journal_interval_s = 1.0;
+	p.journal_interval_s = 5.0;
 	p.progress_interval_s = 0.5;
 	return p;
 }
@@ -1370,6 +1370,9 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 		for (size_t i = 0; i < m.nfiles; i++)
 			if (rep.results && rep.results[i] == SFW_FILE_OK) {
 				r.files[i].state = F_SKIPPED;
+				/* a leftover partial of a file already in place is useless */
+				unlink(r.files[i].part);
+				unlink(r.files[i].journal);
 				r.files[i].have = m.files[i].size;
 				sum->nskipped++;
 				emit(&r, SFW_EV_SKIP, &r.files[i], -1, "already present and verified");
@@ -1435,8 +1438,13 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 				first = &r.files[i];
 		}
 		sum->nfailed = nfail;
+		/* every failure a sha256 mismatch: say "verification failed" (exit 1) */
+		int all_hash = nfail > 0;
+		for (size_t i = 0; i < r.nfiles; i++)
+			if (r.files[i].state == F_FAILED && strcmp(r.files[i].last_err, "sha256 mismatch") != 0)
+				all_hash = 0;
 		if (st == SFW_OK && nfail)
-			st = sfw_fail(err, SFW_E_EXHAUSTED, "%zu file%s failed; '%s': %s", nfail, nfail == 1 ? "" : "s",
+			st = sfw_fail(err, all_hash ? SFW_E_HASH : SFW_E_EXHAUSTED, "%zu file%s failed; '%s': %s", nfail, nfail == 1 ? "" : "s",
 				      first->mf->path, first->last_err[0] ? first->last_err : "every source failed");
 	}
 	if (st == SFW_OK) {

@@ -45,17 +45,19 @@ static __device__ __forceinline__ int64_t unit_start(const att_args &a, const in
 template <typename A, int HD, int HPW>
 static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 {
+	sfwc_pdl_wait();
 	constexpr int CPL = HD / 32; /* value columns per lane */
-	__shared__ float qs[ATT_WARPS * HPW][HD];
-	__shared__ float Ks[ATT_KT][HD + 1];
+	/* K rows padded by 4 floats: 16-byte loads, lanes 8 apart never share a bank */
+	__shared__ __align__(16) float qs[ATT_WARPS * HPW][HD];
+	__shared__ __align__(16) float Ks[ATT_KT][HD + 4];
 	__shared__ float Vs[ATT_KT][HD];
 	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv, split = blockIdx.y;
 	int G = a.nh / a.nkv, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 	int64_t p = a.pos0 + r;
 	const A *q = (const A *)a.q, *kc = (const A *)a.kc, *vc = (const A *)a.vc;
 	const int32_t *sel = a.idx ? a.idx + ((size_t)g * a.T + r) * a.k : NULL;
-	for (int i = threadIdx.x; i < G * HD; i += ATT_THREADS)
-		qs[i / HD][i % HD] = act_ld(q, ((size_t)r * a.nh + (size_t)g * G) * HD + i);
+	for (int i = threadIdx.x; i < ATT_WARPS * HPW * HD; i += ATT_THREADS)
+		qs[i / HD][i % HD] = i < G * HD ? act_ld(q, ((size_t)r * a.nh + (size_t)g * G) * HD + i) : 0.0f;
 	int units = sel ? a.k * (a.block / ATT_KT) : (int)((p + ATT_KT) / ATT_KT);
 	int per_split = (units + a.nsplit - 1) / a.nsplit;
 	int u0 = split * per_split, u1 = min(units, u0 + per_split);
@@ -85,29 +87,47 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 		}
 		__syncthreads();
 		bool valid = t0 + lane <= p;
+		/* scores of this warp's heads against key `lane`, all heads in one pass */
+		float s[HPW];
+#pragma unroll
+		for (int j = 0; j < HPW; j++)
+			s[j] = 0;
+#pragma unroll 4
+		for (int c = 0; c < HD; c += 4) {
+			float4 kv = *(const float4 *)&Ks[lane][c];
+#pragma unroll
+			for (int j = 0; j < HPW; j++) {
+				float4 qv = *(const float4 *)&qs[w + j * ATT_WARPS][c];
+				s[j] = fmaf(qv.x, kv.x, s[j]);
+				s[j] = fmaf(qv.y, kv.y, s[j]);
+				s[j] = fmaf(qv.z, kv.z, s[j]);
+				s[j] = fmaf(qv.w, kv.w, s[j]);
+			}
+		}
+		float pe[HPW];
 #pragma unroll
 		for (int j = 0; j < HPW; j++) {
-			int hh = w + j * ATT_WARPS;
-			if (hh >= G)
-				break;
-			float s = 0;
-#pragma unroll 8
-			for (int c = 0; c < HD; c++)
-				s = fmaf(qs[hh][c], Ks[lane][c], s);
-			s = valid ? s * a.scale : -INFINITY;
-			float mx = fmaxf(m[j], sfwc_warp_max(s));
-			float pe = valid ? expf(s - mx) : 0.0f;
+			float sj = valid ? s[j] * a.scale : -INFINITY;
+			float mx = fmaxf(m[j], sfwc_warp_max(sj));
+			pe[j] = valid ? expf(sj - mx) : 0.0f;
 			float corr = m[j] == -INFINITY ? 0.0f : expf(m[j] - mx);
-			l[j] = l[j] * corr + sfwc_warp_sum(pe);
+			l[j] = l[j] * corr + sfwc_warp_sum(pe[j]);
 			m[j] = mx;
 #pragma unroll
 			for (int c = 0; c < CPL; c++)
 				acc[j][c] *= corr;
-			for (int kk = 0; kk < ATT_KT; kk++) {
-				float pk = __shfl_sync(0xffffffffu, pe, kk);
+		}
+		for (int kk = 0; kk < ATT_KT; kk++) {
+			float pk[HPW];
 #pragma unroll
-				for (int c = 0; c < CPL; c++)
-					acc[j][c] = fmaf(pk, Vs[kk][lane + 32 * c], acc[j][c]);
+			for (int j = 0; j < HPW; j++)
+				pk[j] = __shfl_sync(0xffffffffu, pe[j], kk);
+#pragma unroll
+			for (int c = 0; c < CPL; c++) {
+				float vv = Vs[kk][lane + 32 * c];
+#pragma unroll
+				for (int j = 0; j < HPW; j++)
+					acc[j][c] = fmaf(pk[j], vv, acc[j][c]);
 			}
 		}
 	}
@@ -136,6 +156,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 template <typename A, int HD>
 static __global__ void attn_combine_kernel(att_args a)
 {
+	sfwc_pdl_wait();
 	int G = a.nh / a.nkv;
 	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv;
 	for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
@@ -172,12 +193,12 @@ static void attn_launch(att_args a, int sms, cudaStream_t s)
 	a.nsplit = nsplit;
 	dim3 grid(rows, nsplit);
 	if (G <= ATT_WARPS)
-		attn_kernel<A, HD, 1><<<grid, ATT_THREADS, 0, s>>>(a);
+		sfwc_launch(attn_kernel<A, HD, 1>, dim3(grid), dim3(ATT_THREADS), 0, s, a);
 	else
-		attn_kernel<A, HD, 2><<<grid, ATT_THREADS, 0, s>>>(a);
+		sfwc_launch(attn_kernel<A, HD, 2>, dim3(grid), dim3(ATT_THREADS), 0, s, a);
 	SFW_CUDA_LAUNCHED();
 	if (nsplit > 1) {
-		attn_combine_kernel<A, HD><<<rows, 256, 0, s>>>(a);
+		sfwc_launch(attn_combine_kernel<A, HD>, dim3(rows), dim3(256), 0, s, a);
 		SFW_CUDA_LAUNCHED();
 	}
 }

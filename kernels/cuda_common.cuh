@@ -132,6 +132,49 @@ static __device__ __forceinline__ uint4 sfwc_ld_stream(const uint4 *p)
 	return r;
 }
 
+/* Programmatic dependent launch (sm_90+): a kernel launched through
+ * sfwc_launch may start while the previous kernel of the stream drains, so
+ * its launch and block scheduling overlap the other's tail (decode runs ~600
+ * small dependent kernels per token). Every such kernel calls sfwc_pdl_wait()
+ * before touching global memory: that waits for the previous grid to finish
+ * and see its writes. SALAFW_CUDA_PDL=0 turns it off. */
+static __device__ __forceinline__ void sfwc_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static inline int sfwc_pdl_enabled(void)
+{
+	static int on = -1; /* decided once per process */
+	if (on < 0) {
+		int dev = 0, major = 0;
+		const char *e = getenv("SALAFW_CUDA_PDL");
+		SFW_CUDA_CHECK(cudaGetDevice(&dev));
+		SFW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+		on = major >= 9 && !(e && e[0] == '0');
+	}
+	return on;
+}
+
+template <typename... KArgs, typename... Args>
+static inline void sfwc_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+			       Args... args)
+{
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = grid;
+	cfg.blockDim = block;
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = s;
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[0].val.programmaticStreamSerializationAllowed = sfwc_pdl_enabled();
+	cfg.attrs = at;
+	cfg.numAttrs = 1;
+	SFW_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, (KArgs)args...));
+}
+
 static inline unsigned sfwc_blocks(size_t n, unsigned threads)
 {
 	return (unsigned)((n + threads - 1) / threads);

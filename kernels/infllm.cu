@@ -12,6 +12,7 @@
 template <typename A>
 static __global__ void compress_kernel(A *c, const A *k, int row, int64_t j0, int64_t j1, int ksize, int stride)
 {
+	sfwc_pdl_wait();
 	size_t n = (size_t)(j1 - j0) * row;
 	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
 		int64_t j = j0 + (int64_t)(e / row);
@@ -30,7 +31,7 @@ extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, in
 		return;
 	size_t n = (size_t)(j1 - j0) * nkv * hd;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256);
-	ACT_DISPATCH(act, compress_kernel<A><<<blocks, 256, 0, SFW_CUDA_STREAM(stream)>>>((A *)c, (const A *)k, nkv * hd,
+	ACT_DISPATCH(act, sfwc_launch(compress_kernel<A>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), (A *)c, (const A *)k, nkv * hd,
 												 j0, j1, ksize, stride));
 	SFW_CUDA_LAUNCHED();
 }
@@ -62,6 +63,7 @@ struct s1_args {
 template <typename A, int HD>
 static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 {
+	sfwc_pdl_wait();
 	__shared__ float qs[S1_MAXG][HD];
 	__shared__ float red[32];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
@@ -117,6 +119,7 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 template <typename A, int HD>
 static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 {
+	sfwc_pdl_wait();
 	__shared__ float qs[S1_MAXG][HD];
 	__shared__ float lse[S1_MAXG];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
@@ -177,10 +180,10 @@ static void s1_launch(s1_args a, cudaStream_t s)
 		nsplit *= 2;
 	a.nsplit = nsplit;
 	a.part = (float *)sfwi_cuda_scratch((size_t)rows * nsplit * G * 2 * sizeof(float));
-	s1_lse_kernel<A, HD><<<dim3(rows, nsplit), S1_THREADS, 0, s>>>(a);
+	sfwc_launch(s1_lse_kernel<A, HD>, dim3(dim3(rows, nsplit)), dim3(S1_THREADS), 0, s, a);
 	SFW_CUDA_LAUNCHED();
 	unsigned jb = (unsigned)((a.n1 + S1_THREADS - 1) / S1_THREADS);
-	s1_score_kernel<A, HD><<<dim3(rows, jb), S1_THREADS, 0, s>>>(a);
+	sfwc_launch(s1_score_kernel<A, HD>, dim3(dim3(rows, jb)), dim3(S1_THREADS), 0, s, a);
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -213,6 +216,7 @@ extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1,
 static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
 				   int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks)
 {
+	sfwc_pdl_wait();
 	size_t n = (size_t)nkv * T * nblocks;
 	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
 		int64_t b = (int64_t)(e % nblocks);
@@ -246,7 +250,7 @@ extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int6
 	if (n == 0)
 		return;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
-	pool_kernel<<<blocks, 256, 0, SFW_CUDA_STREAM(stream)>>>(pooled, scores, n1, nblocks, nkv, T, pos0, ksize,
+	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), pooled, scores, n1, nblocks, nkv, T, pos0, ksize,
 								  stride, block, init_blocks, local_blocks);
 	SFW_CUDA_LAUNCHED();
 }
@@ -296,6 +300,7 @@ static __device__ __forceinline__ int block_scan(int flag, int *wsum, int *total
 static __global__ void __launch_bounds__(TK_THREADS)
 	topk_kernel(int32_t *idx, const float *pooled, int64_t nblocks, int T, int64_t pos0, int k, int block)
 {
+	sfwc_pdl_wait();
 	__shared__ int hist[256];
 	__shared__ int wsum[TK_THREADS / 32];
 	__shared__ uint32_t s_prefix;
@@ -356,6 +361,6 @@ extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64
 	if (T <= 0 || nkv <= 0)
 		return;
 	SFW_ASSERT(nblocks >= 1);
-	topk_kernel<<<nkv * T, TK_THREADS, 0, SFW_CUDA_STREAM(stream)>>>(idx, pooled, nblocks, T, pos0, k, block);
+	sfwc_launch(topk_kernel, dim3(nkv * T), dim3(TK_THREADS), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks, T, pos0, k, block);
 	SFW_CUDA_LAUNCHED();
 }

@@ -18,6 +18,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 	gla_rec_kernel(A *o, const A *q, const A *k, const A *v, float *state, const float *decay, int T, int nh,
 		       float scale)
 {
+	sfwc_pdl_wait();
 	constexpr int RPT = HD / GLA_WARPS; /* state rows per thread */
 	__shared__ float qs[HD], ks[HD], red[GLA_WARPS][32];
 	int h = blockIdx.x, col = blockIdx.y * 32 + (threadIdx.x & 31), w = threadIdx.x >> 5;
@@ -69,6 +70,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 	gla_chunk_kernel(A *o, const A *q, const A *k, const A *v, float *state, const float *decay, int T, int nh,
 			 float scale)
 {
+	sfwc_pdl_wait();
 	extern __shared__ float sm[];
 	float *qs = sm, *ks = qs + GLA_CI * HD, *vs = ks + GLA_CI * HD, *Am = vs + GLA_CI * 32;
 	float *S = Am + GLA_CI * (GLA_CI + 1), *dec = S + HD * 33;
@@ -133,7 +135,7 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 {
 	dim3 grid(nh, HD / 32);
 	if (!chunked) {
-		gla_rec_kernel<A, HD><<<grid, GLA_THREADS, 0, s>>>((A *)o, (const A *)q, (const A *)k, (const A *)v,
+		sfwc_launch(gla_rec_kernel<A, HD>, dim3(grid), dim3(GLA_THREADS), 0, s, (A *)o, (const A *)q, (const A *)k, (const A *)v,
 								     state, decay, T, nh, scale);
 	} else {
 		constexpr size_t smem = gla_chunk_smem<HD>();
@@ -143,7 +145,7 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 							    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 			attr_set = true;
 		}
-		gla_chunk_kernel<A, HD><<<grid, GLA_THREADS, smem, s>>>((A *)o, (const A *)q, (const A *)k,
+		sfwc_launch(gla_chunk_kernel<A, HD>, dim3(grid), dim3(GLA_THREADS), smem, s, (A *)o, (const A *)q, (const A *)k,
 									 (const A *)v, state, decay, T, nh, scale);
 	}
 	SFW_CUDA_LAUNCHED();

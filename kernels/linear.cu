@@ -43,6 +43,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 	gemv_kernel(const uint16_t *__restrict__ X, int ldx, const uint16_t *__restrict__ W, TO *__restrict__ Y,
 		    int ldy, int N, int K, float alpha)
 {
+	sfwc_pdl_wait();
 	int lane = threadIdx.x & 31;
 	int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
 	if (row0 >= N)
@@ -110,6 +111,7 @@ template <typename TO>
 static __global__ void gemv_scalar_kernel(const uint16_t *X, int ldx, const uint16_t *W, TO *Y, int ldy, int M,
 					  int N, int K, float alpha)
 {
+	sfwc_pdl_wait();
 	int lane = threadIdx.x & 31;
 	long w = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
 	if (w >= (long)M * N)
@@ -129,7 +131,7 @@ static void launch_gemv(const uint16_t *X, int ldx, const uint16_t *W, TO *Y, in
 {
 	int warps = (N + R - 1) / R;
 	int blocks = (warps + GEMV_WARPS - 1) / GEMV_WARPS;
-	gemv_kernel<R, U, M, TO><<<blocks, GEMV_WARPS * 32, 0, s>>>(X, ldx, W, Y, ldy, N, K, alpha);
+	sfwc_launch(gemv_kernel<R, U, M, TO>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, s, X, ldx, W, Y, ldy, N, K, alpha);
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -161,7 +163,7 @@ static void gemv_scalar(const uint16_t *X, int ldx, const uint16_t *W, TO *Y, in
 			float alpha, cudaStream_t s)
 {
 	long warps = (long)M * N;
-	gemv_scalar_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, s>>>(X, ldx, W, Y, ldy, M, N, K, alpha);
+	sfwc_launch(gemv_scalar_kernel<TO>, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, s, X, ldx, W, Y, ldy, M, N, K, alpha);
 	SFW_CUDA_LAUNCHED();
 }
 

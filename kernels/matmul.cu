@@ -8,6 +8,7 @@ template <typename A, bool LOGITS>
 static __global__ void matmul_generic_kernel(void *y, const A *x, const void *w, enum sfw_op_dtype wdt, int M, int N,
 					     int K, float in_scale)
 {
+	sfwc_pdl_wait();
 	int lane = threadIdx.x & 31;
 	long o = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
 	if (o >= (long)M * N)
@@ -40,13 +41,14 @@ extern "C" void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum s
 		return;
 	}
 	long outs = (long)M * N;
-	ACT_DISPATCH(act, matmul_generic_kernel<A, false><<<(unsigned)((outs + 7) / 8), 256, 0, SFW_CUDA_STREAM(stream)>>>(
+	ACT_DISPATCH(act, sfwc_launch(matmul_generic_kernel<A, false>, dim3((unsigned)((outs + 7) / 8)), dim3(256), 0, SFW_CUDA_STREAM(stream), 
 				  y, (const A *)x, w, wdt, M, N, K, 1.0f));
 	SFW_CUDA_LAUNCHED();
 }
 
 static __global__ void round_bf16_inplace(float *y, size_t n)
 {
+	sfwc_pdl_wait();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
 		y[i] = sfwc_rbf(y[i]);
 }
@@ -63,13 +65,12 @@ extern "C" void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum 
 		sfw_cuda_linear_f32out(sfwi_cuda_blas(), (const uint16_t *)x, K, (const uint16_t *)w, y, N, M, N, K,
 				       in_scale, stream);
 		size_t n = (size_t)M * N;
-		round_bf16_inplace<<<(unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256), 256, 0,
-				     SFW_CUDA_STREAM(stream)>>>(y, n);
+		sfwc_launch(round_bf16_inplace, dim3((unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256)), dim3(256), 0, SFW_CUDA_STREAM(stream), y, n);
 		SFW_CUDA_LAUNCHED();
 		return;
 	}
 	long outs = (long)M * N;
-	ACT_DISPATCH(act, matmul_generic_kernel<A, true><<<(unsigned)((outs + 7) / 8), 256, 0, SFW_CUDA_STREAM(stream)>>>(
+	ACT_DISPATCH(act, sfwc_launch(matmul_generic_kernel<A, true>, dim3((unsigned)((outs + 7) / 8)), dim3(256), 0, SFW_CUDA_STREAM(stream), 
 				  y, (const A *)x, w, wdt, M, N, K, in_scale));
 	SFW_CUDA_LAUNCHED();
 }

@@ -30,7 +30,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum sfw_op_dtype { SFW_OP_F32 = 0, SFW_OP_BF16 = 1 };
+enum sfw_op_dtype {
+	SFW_OP_F32 = 0,
+	SFW_OP_BF16 = 1,
+	/* int8 weights, compressed-tensors pack-quantized (quant/layout.h): codes
+	 * q + 128 as bytes, rows of ceil(K/4)*4 bytes, plus a scale tensor. Only
+	 * sfw_op_matmul_w8_* read them; the bf16/f32 ops never do. */
+	SFW_OP_W8 = 2,
+	SFW_OP_F16 = 3, /* scale tensors of third-party checkpoints only */
+};
 
 /* bf16 bits -> float (exact). */
 static inline float sfw_op_bf16(uint16_t h)
@@ -78,6 +86,13 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtyp
 /* logits[M, N] = (x[M, K] * in_scale) . W^T ; in_scale = 1/(hidden/dim_model_base). */
 void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
 		       float in_scale);
+
+/* y[M, N] = x[M, K] . W^T with W int8 (W8A16, kernels/matmul_w8.c):
+ * W[n, k] = (codes[n * ceil(K/4)*4 + k] - 128) * scale[n, k / group],
+ * scales [N, ceil(K/group)] in sdt (BF16, F16 or F32), group = K for
+ * per-channel scales. Dequantized on the fly, fp32 accumulation. */
+void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
+			  int group, int M, int N, int K);
 
 /* ---- lightning attention: simple GLA, fp32 state (kernels/lightning.c) ---- */
 

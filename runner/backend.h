@@ -36,8 +36,17 @@ struct sfw_bweight {
 	const char *name;
 	const void *host;
 	void *dev;
-	enum sfw_op_dtype dtype; /* as stored: BF16 or F32 */
+	enum sfw_op_dtype dtype; /* as stored: BF16 or F32, or W8 (below) */
 	int64_t rows, cols;      /* [out, in]; a vector is rows = 1 */
+	/* dtype SFW_OP_W8 (compressed-tensors pack-quantized int8, quant/layout.h):
+	 * host = the codes [rows, ceil(cols/4)*4] bytes (weight_packed), scales =
+	 * weight_scale [rows, ceil(cols/group)] in scale_dtype (BF16, F16 or F32),
+	 * group = the group size along cols (cols for per-channel). scales_dev is
+	 * the backend's copy of the scales (NULL on the CPU). */
+	const void *scales;
+	enum sfw_op_dtype scale_dtype;
+	int group;
+	void *scales_dev;
 };
 
 struct sfw_bcache; /* opaque, backend-owned */
@@ -144,6 +153,10 @@ struct sfw_backend {
 	 * decay: [nh] float slopes in backend memory (alloc + from_host). */
 	void (*gla)(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
 		    struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale);
+
+	/* 1 when matmul/logits accept SFW_OP_W8 weights; a backend that leaves it
+	 * 0 is refused int8 checkpoints at load (runner/model.c). */
+	int supports_w8;
 };
 
 /* The CPU backend; nthreads <= 0 means sfw_default_threads(). */

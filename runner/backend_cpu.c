@@ -119,13 +119,27 @@ static void cpu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int
 static void cpu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
 	(void)be;
-	sfw_op_matmul_cpu(F(y), F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols);
+	if (w->dtype == SFW_OP_W8)
+		sfw_op_matmul_w8_cpu(F(y), F(x), w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows,
+				     (int)w->cols);
+	else
+		sfw_op_matmul_cpu(F(y), F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols);
 }
 
 static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		       float in_scale)
 {
 	(void)be;
+	if (w->dtype == SFW_OP_W8) { /* a third-party checkpoint that quantized lm_head */
+		size_t n = (size_t)M * (size_t)w->cols;
+		float *xs = sfw_malloc(n * sizeof(float));
+		SFW_ASSERT(xs != NULL);
+		for (size_t i = 0; i < n; i++)
+			xs[i] = F(x)[i] * in_scale;
+		sfw_op_matmul_w8_cpu(y, xs, w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows, (int)w->cols);
+		sfw_free(xs);
+		return;
+	}
 	sfw_op_logits_cpu(y, F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols, in_scale);
 }
 
@@ -359,6 +373,7 @@ enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, stru
 	be->sparse_select = cpu_sparse_select;
 	be->attn_sparse = cpu_attn_sparse;
 	be->gla = cpu_gla;
+	be->supports_w8 = 1;
 	*out = be;
 	return SFW_OK;
 }

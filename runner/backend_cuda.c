@@ -14,12 +14,32 @@
 #include "runner/safetensors.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define SLAB_MIN ((size_t)64 << 20)
 #define SLAB_MAX ((size_t)2 << 30)
 #define MAX_SLABS 256
-#define SELECT_BYTES ((size_t)512 << 20) /* stage-1 score scratch per row batch */
+/* Stage-1 score + pooled scratch per row batch: 256 MiB keeps a 1M-token
+ * context under 30 GiB; SALAFW_CUDA_SELECT_MB overrides it (tests make it
+ * tiny to exercise the row batching). */
+#define SELECT_BYTES_DEFAULT ((size_t)256 << 20)
+
+static size_t select_bytes(void)
+{
+	const char *e = getenv("SALAFW_CUDA_SELECT_MB");
+	long mb = e ? atol(e) : 0;
+	return mb > 0 ? (size_t)mb << 20 : SELECT_BYTES_DEFAULT;
+}
+
+enum prof_op {
+	P_EMBED, P_RMSNORM, P_ADD, P_SILU, P_SIGMOID, P_ROPE, P_MATMUL_DEC, P_MATMUL_PRE, P_LOGITS, P_KV, P_DENSE,
+	P_COMPRESS, P_SELECT, P_SPARSE, P_GLA_REC, P_GLA_CHUNK, PROF_N
+};
+static const char *const prof_name[PROF_N] = {
+	"embed", "rmsnorm", "add_scaled", "silu_mul", "sigmoid_mul", "rope", "matmul M<=8 (GEMV)",
+	"matmul M>8 (cuBLASLt)", "logits", "kv_append", "attn_dense", "compress", "sparse_select",
+	"attn_sparse", "gla recurrent", "gla chunked"};
 
 struct cu_be {
 	void *stream;
@@ -36,6 +56,13 @@ struct cu_be {
 	/* block-selection scratch (device): scores, pooled, top-k of one row batch */
 	void *sel;
 	size_t sel_bytes;
+	/* SALAFW_CUDA_PROFILE=1: device time per op, from events around each op
+	 * (the host waits for each op, so this slows the run; the device times
+	 * themselves stay right) */
+	int prof;
+	void *ev0, *ev1;
+	double prof_ms[PROF_N];
+	long prof_calls[PROF_N];
 };
 
 struct cu_layer {
@@ -51,6 +78,8 @@ struct sfw_bcache {
 	struct cu_layer *L;
 };
 
+static void prof_report(struct cu_be *b);
+
 static struct cu_be *IMPL(struct sfw_backend *be)
 {
 	return (struct cu_be *)be->impl;
@@ -60,6 +89,9 @@ static void cu_destroy(struct sfw_backend *be)
 {
 	struct cu_be *b = IMPL(be);
 	sfw_cuda_sync(b->stream);
+	prof_report(b);
+	sfw_cuda_event_free(b->ev0);
+	sfw_cuda_event_free(b->ev1);
 	sfw_cuda_ops_bind(NULL, NULL, 0);
 	for (int i = 0; i < b->nslabs; i++)
 		sfw_cuda_arena_release(&b->slab[i]);
@@ -188,47 +220,91 @@ static void cu_sync(struct sfw_backend *be)
 
 #define S(be) (IMPL(be)->stream)
 
+static void prof_begin(struct sfw_backend *be)
+{
+	struct cu_be *b = IMPL(be);
+	if (b->prof)
+		sfw_cuda_event_record(b->ev0, b->stream);
+}
+
+static void prof_end(struct sfw_backend *be, enum prof_op op)
+{
+	struct cu_be *b = IMPL(be);
+	if (!b->prof)
+		return;
+	sfw_cuda_event_record(b->ev1, b->stream);
+	b->prof_ms[op] += sfw_cuda_event_ms(b->ev0, b->ev1);
+	b->prof_calls[op]++;
+}
+
+static void prof_report(struct cu_be *b)
+{
+	double tot = 0;
+	for (int i = 0; i < PROF_N; i++)
+		tot += b->prof_ms[i];
+	if (!b->prof || tot <= 0)
+		return;
+	fprintf(stderr, "cuda profile (device time per op, all calls):\n");
+	for (int i = 0; i < PROF_N; i++)
+		if (b->prof_calls[i])
+			fprintf(stderr, "  %-24s %10.2f ms %5.1f%%  %8ld calls  %9.1f us/call\n", prof_name[i],
+				b->prof_ms[i], 100 * b->prof_ms[i] / tot, b->prof_calls[i],
+				1e3 * b->prof_ms[i] / b->prof_calls[i]);
+	fprintf(stderr, "  %-24s %10.2f ms\n", "total", tot);
+	memset(b->prof_ms, 0, sizeof(b->prof_ms));
+	memset(b->prof_calls, 0, sizeof(b->prof_calls));
+}
+
+#define PROF(op, stmt)                                                                                    \
+	do {                                                                                              \
+		prof_begin(be);                                                                           \
+		stmt;                                                                                     \
+		prof_end(be, op);                                                                         \
+	} while (0)
+
 static void cu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
 		     float scale)
 {
-	sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_OP_BF16, S(be));
+	PROF(P_EMBED, sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_OP_BF16, S(be)));
 }
 
 static void cu_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows, int n,
 		       float eps)
 {
-	sfw_op_rmsnorm_cuda(y, x, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be));
+	PROF(P_RMSNORM, sfw_op_rmsnorm_cuda(y, x, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be)));
 }
 
 static void cu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t n, float scale)
 {
-	sfw_op_add_scaled_cuda(x, b, n, scale, SFW_OP_BF16, S(be));
+	PROF(P_ADD, sfw_op_add_scaled_cuda(x, b, n, scale, SFW_OP_BF16, S(be)));
 }
 
 static void cu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
 {
-	sfw_op_silu_mul_cuda(y, g, u, n, SFW_OP_BF16, S(be));
+	PROF(P_SILU, sfw_op_silu_mul_cuda(y, g, u, n, SFW_OP_BF16, S(be)));
 }
 
 static void cu_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const void *g, size_t n)
 {
-	sfw_op_sigmoid_mul_cuda(y, x, g, n, SFW_OP_BF16, S(be));
+	PROF(P_SIGMOID, sfw_op_sigmoid_mul_cuda(y, x, g, n, SFW_OP_BF16, S(be)));
 }
 
 static void cu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta)
 {
-	sfw_op_rope_neox_cuda(x, T, nh, hd, pos0, theta, SFW_OP_BF16, S(be));
+	PROF(P_ROPE, sfw_op_rope_neox_cuda(x, T, nh, hd, pos0, theta, SFW_OP_BF16, S(be)));
 }
 
 static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
-	sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_OP_BF16, S(be));
+	PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
+	     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_OP_BF16, S(be)));
 }
 
 static void cu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		      float in_scale)
 {
-	sfw_op_logits_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, in_scale, SFW_OP_BF16, S(be));
+	PROF(P_LOGITS,
+	     sfw_op_logits_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, in_scale, SFW_OP_BF16, S(be)));
 }
 
 /* ---- caches ---- */
@@ -245,6 +321,7 @@ static void cu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 	if (!c)
 		return;
 	sfw_cuda_sync(S(be));
+	prof_report(IMPL(be)); /* one report per context (a bench run) */
 	if (c->L)
 		for (int i = 0; i < c->d.n_layers; i++)
 			layer_free(&c->L[i]);
@@ -358,8 +435,10 @@ static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer
 	struct cu_layer *l = &c->L[layer];
 	size_t row = (size_t)c->d.nkv * c->d.hd * 2;
 	SFW_ASSERT(l->sparse && l->len + T <= l->cap);
+	prof_begin(be);
 	sfw_cuda_d2d((char *)l->k + (size_t)l->len * row, k, (size_t)T * row, S(be));
 	sfw_cuda_d2d((char *)l->v + (size_t)l->len * row, v, (size_t)T * row, S(be));
+	prof_end(be, P_KV);
 	l->len += T;
 }
 
@@ -367,7 +446,8 @@ static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct
 			  int nh, float scale)
 {
 	struct cu_layer *l = &c->L[layer];
-	sfw_op_attn_dense_cuda(o, q, l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale, SFW_OP_BF16, S(be));
+	PROF(P_DENSE,
+	     sfw_op_attn_dense_cuda(o, q, l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale, SFW_OP_BF16, S(be)));
 }
 
 static int64_t nchunks(int64_t len, int ksize, int stride)
@@ -382,11 +462,13 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	const struct sfw_cache_desc *d = &c->d;
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
+	prof_begin(be);
 	if (t1 > l->n1)
 		sfw_op_compress_cuda(l->c1, l->k, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_OP_BF16, S(be));
 	if (t2 > l->n2)
 		sfw_op_compress_cuda(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride, SFW_OP_BF16,
 				     S(be));
+	prof_end(be, P_COMPRESS);
 	l->n1 = t1 > l->n1 ? t1 : l->n1;
 	l->n2 = t2 > l->n2 ? t2 : l->n2;
 	return SFW_OK;
@@ -414,9 +496,9 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 	struct cu_layer *l = &c->L[layer];
 	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
 	int64_t n1 = l->n1, nb = sp->nblocks;
-	/* rows per batch: scores [nkv, rb, n1] + pooled [nkv, rb, nb] within SELECT_BYTES */
+	/* rows per batch: scores [nkv, rb, n1] + pooled [nkv, rb, nb] within select_bytes() */
 	size_t per_row = (size_t)nkv * ((size_t)(n1 ? n1 : 1) + (size_t)nb + (size_t)k) * 4;
-	int rb = (int)(SELECT_BYTES / per_row);
+	int rb = (int)(select_bytes() / per_row);
 	if (rb < 1)
 		rb = 1;
 	if (rb > sp->T)
@@ -431,6 +513,7 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 	float *pooled = (float *)((char *)IMPL(be)->sel + sc_bytes);
 	int32_t *tk = (int32_t *)((char *)IMPL(be)->sel + sc_bytes + po_bytes);
 	size_t qrow = (size_t)nh * hd * 2;
+	prof_begin(be);
 	for (int r0 = 0; r0 < sp->T; r0 += rb) {
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
 		int64_t p0 = sp->pos0 + r0;
@@ -452,6 +535,7 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 			sfw_cuda_sync(S(be));
 		}
 	}
+	prof_end(be, P_SELECT);
 	return SFW_OK;
 }
 
@@ -459,8 +543,8 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 			   const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
 {
 	struct cu_layer *l = &c->L[layer];
-	sfw_op_attn_sparse_cuda(o, q, l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k, sp->block,
-				sp->scale, SFW_OP_BF16, S(be));
+	PROF(P_SPARSE, sfw_op_attn_sparse_cuda(o, q, l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k,
+					      sp->block, sp->scale, SFW_OP_BF16, S(be)));
 }
 
 static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
@@ -468,9 +552,9 @@ static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k
 {
 	float *st = c->L[layer].state;
 	if (T >= 64)
-		sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, T, nh, hd, scale, 64, SFW_OP_BF16, S(be));
+		PROF(P_GLA_CHUNK, sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, T, nh, hd, scale, 64, SFW_OP_BF16, S(be)));
 	else
-		sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_OP_BF16, S(be));
+		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_OP_BF16, S(be)));
 }
 
 enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct sfw_err *err)
@@ -496,6 +580,12 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 		return s;
 	}
 	b->scratch_bytes = SFW_CUDA_SCRATCH_MIN;
+	const char *pe = getenv("SALAFW_CUDA_PROFILE");
+	if (pe && *pe && strcmp(pe, "0") != 0) {
+		b->prof = 1;
+		b->ev0 = sfw_cuda_event_new();
+		b->ev1 = sfw_cuda_event_new();
+	}
 	b->next_report = (size_t)2 << 30;
 	sfw_cuda_ops_bind(b->blas, b->scratch, b->scratch_bytes);
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,

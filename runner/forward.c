@@ -8,6 +8,7 @@
  * the total length at the end of the call, as the reference decides them. */
 #include "runner/model.h"
 #include "alloc.h"
+#include "log.h"
 #include "runner/runner.h"
 
 #include <math.h>
@@ -33,6 +34,7 @@ struct sfw_ctx {
 	/* taps */
 	sfw_tap_fn tap;
 	void *tap_user;
+	int tap_lin;       /* also report the inputs of the linears (AWQ calibration) */
 	float *host;       /* staging: cap_rows * max(D, V) floats */
 	int32_t *host_idx; /* nkv * cap_rows * k */
 	float *host_pool;  /* nkv * nblocks (grown) */
@@ -88,7 +90,16 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 		return s;
 	}
 	if ((s = sfwi_model_open(m, dir, err)) != SFW_OK) {
+		/* AUTO picked a backend without int8 support: the CPU runs it */
+		int retry = dev == SFW_DEVICE_AUTO && s == SFW_E_UNSUPPORTED && m->n_w8 == 0 && m->quantized && m->be &&
+			    !m->be->supports_w8;
 		sfw_model_free(m);
+		if (retry) {
+			struct sfw_model_params cp = *p;
+			cp.device = SFW_DEVICE_CPU;
+			sfw_log(SFW_LOG_WARN, "'%s' has int8 weights: running on the CPU", dir);
+			return sfw_model_load(dir, &cp, out, err);
+		}
 		return s;
 	}
 	*out = m;
@@ -235,6 +246,11 @@ void sfw_ctx_set_tap(struct sfw_ctx *c, sfw_tap_fn fn, void *user)
 	c->tap_user = user;
 }
 
+void sfw_ctx_set_tap_linear_inputs(struct sfw_ctx *c, int on)
+{
+	c->tap_lin = on != 0;
+}
+
 int sfw_ctx_last_blocks(const struct sfw_ctx *c, int layer, int32_t *out)
 {
 	const struct sfw_config *cf = &c->m->cfg;
@@ -253,6 +269,9 @@ static enum sfw_status tap_buffers(struct sfw_ctx *c, struct sfw_err *err)
 	size_t R = (size_t)c->cap_rows;
 	if (!c->host) {
 		size_t w = (size_t)maxi(cf->hidden_size, cf->vocab_size);
+		/* linear-input taps: the MLP and attention widths too */
+		w = (size_t)maxi((int)w, maxi(cf->intermediate_size, cf->num_attention_heads * cf->head_dim));
+		w = (size_t)maxi((int)w, cf->lightning_nh * cf->lightning_head_dim);
 		c->host = sfw_malloc(R * w * sizeof(float));
 		c->host_idx = sfw_malloc((size_t)cf->num_key_value_heads * R * cf->sparse_k * sizeof(int32_t));
 		if (!c->host || !c->host_idx)
@@ -386,11 +405,16 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 		be->matmul(be, c->g, c->u, &L->o_gate, R);
 		be->sigmoid_mul(be, c->a, c->a, c->g, n);
 	}
+	if (c->tap && c->tap_lin) {
+		char name[64];
+		snprintf(name, sizeof(name), "%s.layer.%d.o_in", cl->phase, li);
+		emit_act(c, name, li, pos0, R, c->a, nh * hd);
+	}
 	be->matmul(be, c->out, c->a, &L->o, R);
 	return SFW_OK;
 }
 
-static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0)
+static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, const char *phase)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
@@ -416,6 +440,11 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0)
 		be->matmul(be, c->g, c->u, &L->z, R);
 		be->sigmoid_mul(be, c->a, c->a, c->g, (size_t)R * nh * hd);
 	}
+	if (c->tap && c->tap_lin) {
+		char name[64];
+		snprintf(name, sizeof(name), "%s.layer.%d.o_in", phase, li);
+		emit_act(c, name, li, pos0, R, c->a, nh * hd);
+	}
 	be->matmul(be, c->out, c->a, &L->o, R);
 }
 
@@ -438,17 +467,29 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 	for (int li = 0; li < cf->num_hidden_layers; li++) {
 		struct sfwi_layer *L = &m->layers[li];
 		be->rmsnorm(be, c->u, c->x, &L->in_norm, R, D, eps);
+		if (c->tap && c->tap_lin) {
+			snprintf(name, sizeof(name), "%s.layer.%d.attn_in", cl->phase, li);
+			emit_act(c, name, li, pos0, R, c->u, D);
+		}
 		if (L->kind == SFW_MIXER_SPARSE) {
 			if ((s = sparse_mixer(c, li, R, pos0, cl, err)) != SFW_OK)
 				return s;
 		} else {
-			lightning_mixer(c, li, R, pos0);
+			lightning_mixer(c, li, R, pos0, cl->phase);
 		}
 		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
 		be->rmsnorm(be, c->u, c->x, &L->post_norm, R, D, eps);
+		if (c->tap && c->tap_lin) {
+			snprintf(name, sizeof(name), "%s.layer.%d.mlp_in", cl->phase, li);
+			emit_act(c, name, li, pos0, R, c->u, D);
+		}
 		be->matmul(be, c->mg, c->u, &L->gate, R);
 		be->matmul(be, c->mu, c->u, &L->up, R);
 		be->silu_mul(be, c->mg, c->mg, c->mu, (size_t)R * I);
+		if (c->tap && c->tap_lin) {
+			snprintf(name, sizeof(name), "%s.layer.%d.down_in", cl->phase, li);
+			emit_act(c, name, li, pos0, R, c->mg, I);
+		}
 		be->matmul(be, c->out, c->mg, &L->down, R);
 		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
 		if (c->tap) {

@@ -2,6 +2,9 @@
  * checking each name, dtype and shape against the config first. */
 #include "runner/model.h"
 #include "alloc.h"
+#include "file.h"
+#include "json.h"
+#include "quant/layout.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -12,11 +15,199 @@ struct binder {
 	char dir[1024];
 };
 
+/* ---- compressed-tensors pack-quantized int8 (quant/layout.h) ---------------- */
+
+static const char *jstr(const cJSON *o, const char *k)
+{
+	return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k));
+}
+
+static int jnull(const cJSON *o, const char *k)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+	return !v || cJSON_IsNull(v);
+}
+
+/* One config group's "weights": int8, symmetric, group or channel, static. */
+static enum sfw_status quant_group(struct sfw_model *m, const char *dir, const char *gname, const cJSON *g,
+				   const char *fmt, struct sfw_err *err)
+{
+	const cJSON *w = cJSON_GetObjectItemCaseSensitive(g, "weights");
+	const char *gf = jstr(g, "format");
+	if (gf)
+		fmt = gf;
+	if (!cJSON_IsObject(w))
+		return sfw_fail(err, SFW_E_FORMAT, "model '%s': quantization_config group '%.40s' has no weights", dir,
+				gname);
+	if (!fmt || strcmp(fmt, "pack-quantized") != 0)
+		return sfw_fail(err, SFW_E_UNSUPPORTED,
+				"model '%s': compressed-tensors format '%.40s' is not supported (salafw runs "
+				"pack-quantized int8 weights)", dir, fmt ? fmt : "(none)");
+	if (!jnull(g, "input_activations") || !jnull(g, "output_activations"))
+		return sfw_fail(err, SFW_E_UNSUPPORTED,
+				"model '%s': activation quantization (W8A8) is not supported (weight-only int8 is)", dir);
+	const cJSON *nb = cJSON_GetObjectItemCaseSensitive(w, "num_bits");
+	const char *type = jstr(w, "type"), *strat = jstr(w, "strategy");
+	if (!cJSON_IsNumber(nb) || nb->valuedouble != SFW_QL_BITS)
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': %g-bit weights are not supported (int8 only)", dir,
+				cJSON_IsNumber(nb) ? nb->valuedouble : 0.0);
+	if (!type || strcmp(type, "int") != 0)
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': weight type '%.20s' is not supported (int only)", dir,
+				type ? type : "(none)");
+	if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "symmetric")))
+		return sfw_fail(err, SFW_E_UNSUPPORTED,
+				"model '%s': asymmetric int8 (zero points) is not supported (symmetric only)", dir);
+	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "dynamic")) || !jnull(w, "actorder"))
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': dynamic or act-order weight quantization is not "
+				"supported", dir);
+	const cJSON *gs = cJSON_GetObjectItemCaseSensitive(w, "group_size");
+	int group;
+	if (strat && !strcmp(strat, "channel"))
+		group = 0;
+	else if (strat && !strcmp(strat, "group") && cJSON_IsNumber(gs) && gs->valuedouble == -1)
+		group = 0;
+	else if (strat && !strcmp(strat, "group") && cJSON_IsNumber(gs) && gs->valuedouble >= 1 &&
+		 gs->valuedouble <= 65536 && gs->valuedouble == (int)gs->valuedouble)
+		group = (int)gs->valuedouble;
+	else
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': weight strategy '%.20s' is not supported (group or "
+				"channel)", dir, strat ? strat : "(none)");
+	if (m->n_quant_groups >= (int)(sizeof(m->quant_groups) / sizeof(m->quant_groups[0])))
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': too many quantization config groups", dir);
+	m->quant_groups[m->n_quant_groups++] = group;
+	return SFW_OK;
+}
+
+/* Reads config.json's quantization_config (absent: a plain checkpoint). */
+static enum sfw_status quant_config(struct sfw_model *m, const char *dir, struct sfw_err *err)
+{
+	char *path = sfw_path_join(dir, "config.json");
+	if (!path)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	struct sfw_buf b;
+	sfw_buf_init(&b, 4u << 20);
+	cJSON *root = NULL;
+	enum sfw_status s = sfw_read_file(path, 4u << 20, &b, err);
+	if (s == SFW_OK)
+		s = sfw_json_parse(b.data, b.len, path, &root, err);
+	sfw_buf_release(&b);
+	sfw_free(path);
+	if (s != SFW_OK)
+		return s;
+	const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+	if (!q || cJSON_IsNull(q))
+		goto done;
+	m->quantized = 1;
+	const char *meth = jstr(q, "quant_method");
+	if (!cJSON_IsObject(q) || !meth || strcmp(meth, "compressed-tensors") != 0) {
+		s = sfw_fail(err, SFW_E_UNSUPPORTED,
+			     "model '%s': quantization method '%.40s' is not supported (salafw runs compressed-tensors "
+			     "pack-quantized int8, as `salafw quant` writes)", dir, meth ? meth : "(none)");
+		goto done;
+	}
+	if (!jnull(q, "kv_cache_scheme")) {
+		s = sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': a quantized KV cache (kv_cache_scheme) is not supported",
+			     dir);
+		goto done;
+	}
+	const cJSON *sp = cJSON_GetObjectItemCaseSensitive(q, "sparsity_config");
+	if (cJSON_IsObject(sp) && sp->child && jstr(sp, "format") && strcmp(jstr(sp, "format"), "dense") != 0) {
+		s = sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': sparse (%.20s) weights are not supported", dir,
+			     jstr(sp, "format"));
+		goto done;
+	}
+	const cJSON *groups = cJSON_GetObjectItemCaseSensitive(q, "config_groups"), *g;
+	if (!cJSON_IsObject(groups) || !groups->child) {
+		s = sfw_fail(err, SFW_E_FORMAT, "model '%s': quantization_config has no config_groups", dir);
+		goto done;
+	}
+	cJSON_ArrayForEach(g, groups)
+	{
+		if ((s = quant_group(m, dir, g->string, g, jstr(q, "format"), err)) != SFW_OK)
+			goto done;
+	}
+done:
+	cJSON_Delete(root);
+	return s;
+}
+
+/* Binds `<prefix>.weight_packed/_scale/_shape` as an int8 [d0, d1] weight. */
+static enum sfw_status bind_w8(struct sfw_model *m, struct sfw_bweight *w, const char *dir, const char *prefix,
+			       int64_t d0, int64_t d1, struct sfw_err *err)
+{
+	char nm[300];
+	const struct sfw_tensor_info *pk, *sc, *sh;
+	snprintf(nm, sizeof(nm), "%s.weight_zero_point", prefix);
+	if (sfw_st_set_find(m->st, nm))
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': '%s' has zero points (asymmetric int8 is not "
+				"supported)", dir, prefix);
+	snprintf(nm, sizeof(nm), "%s.weight_packed", prefix);
+	pk = sfw_st_set_find(m->st, nm);
+	snprintf(nm, sizeof(nm), "%s.weight_scale", prefix);
+	sc = sfw_st_set_find(m->st, nm);
+	snprintf(nm, sizeof(nm), "%s.weight_shape", prefix);
+	sh = sfw_st_set_find(m->st, nm);
+	if (!pk || !sc || !sh)
+		return sfw_fail(err, SFW_E_FORMAT, "model '%s': '%s' needs weight_packed, weight_scale and weight_shape",
+				dir, prefix);
+	if (pk->dtype != SFW_DTYPE_I32 || pk->ndim != 2 || (int64_t)pk->shape[0] != d0 ||
+	    (int64_t)pk->shape[1] != sfw_ql_words(d1))
+		return sfw_fail(err, SFW_E_FORMAT, "model '%s': '%s.weight_packed' must be I32 [%lld, %lld] (int8 "
+				"codes of a [%lld, %lld] weight)", dir, prefix, (long long)d0,
+				(long long)sfw_ql_words(d1), (long long)d0, (long long)d1);
+	int64_t shv[2] = {-1, -1};
+	if (sh->ndim == 1 && sh->nelem == 2 && sh->dtype == SFW_DTYPE_I64)
+		memcpy(shv, sh->data, sizeof(shv));
+	else if (sh->ndim == 1 && sh->nelem == 2 && sh->dtype == SFW_DTYPE_I32)
+		shv[0] = ((const int32_t *)sh->data)[0], shv[1] = ((const int32_t *)sh->data)[1];
+	if (shv[0] != d0 || shv[1] != d1)
+		return sfw_fail(err, SFW_E_FORMAT, "model '%s': '%s.weight_shape' is [%lld, %lld], config says "
+				"[%lld, %lld]", dir, prefix, (long long)shv[0], (long long)shv[1], (long long)d0,
+				(long long)d1);
+	if ((sc->dtype != SFW_DTYPE_BF16 && sc->dtype != SFW_DTYPE_F16 && sc->dtype != SFW_DTYPE_F32) ||
+	    sc->ndim != 2 || (int64_t)sc->shape[0] != d0 || sc->shape[1] < 1 || (int64_t)sc->shape[1] > d1)
+		return sfw_fail(err, SFW_E_FORMAT, "model '%s': '%s.weight_scale' must be BF16, F16 or F32 [%lld, G]",
+				dir, prefix, (long long)d0);
+	/* the group size the config declares that gives this many scale columns */
+	int64_t G = (int64_t)sc->shape[1];
+	int group = -1;
+	for (int i = 0; i < m->n_quant_groups && group < 0; i++)
+		if (sfw_ql_ngroups(d1, m->quant_groups[i]) == G)
+			group = m->quant_groups[i];
+	if (group < 0)
+		return sfw_fail(err, SFW_E_FORMAT, "model '%s': '%s.weight_scale' has %lld columns, which no group size "
+				"of quantization_config gives for %lld inputs", dir, prefix, (long long)G, (long long)d1);
+	if (!m->be->supports_w8)
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s' has int8 weights, which the %s backend cannot run "
+				"yet (use --device cpu)", dir, m->be->name);
+	w->name = pk->name;
+	w->host = pk->data;
+	w->dev = NULL;
+	w->dtype = SFW_OP_W8;
+	w->rows = d0;
+	w->cols = d1;
+	w->scales = sc->data;
+	w->scale_dtype = sc->dtype == SFW_DTYPE_BF16 ? SFW_OP_BF16 : sc->dtype == SFW_DTYPE_F16 ? SFW_OP_F16 : SFW_OP_F32;
+	w->group = (int)sfw_ql_group_span(d1, group);
+	w->scales_dev = NULL;
+	enum sfw_status s = m->be->weight_upload(m->be, w, err);
+	if (s == SFW_OK)
+		m->nweights++, m->n_w8++;
+	return s;
+}
+
 /* Finds `name` with dtype BF16 or F32 and shape [d0] or [d0, d1]. */
 static enum sfw_status bind(struct binder *b, struct sfw_bweight *w, const char *name, int ndim, int64_t d0,
 			    int64_t d1)
 {
 	const struct sfw_tensor_info *t = sfw_st_set_find(b->m->st, name);
+	size_t nl = strlen(name);
+	if (!t && b->m->quantized && ndim == 2 && nl > 7 && nl < 280 && !strcmp(name + nl - 7, ".weight")) {
+		char prefix[300];
+		memcpy(prefix, name, nl - 7);
+		prefix[nl - 7] = 0;
+		return bind_w8(b->m, w, b->dir, prefix, d0, d1, b->err);
+	}
 	if (!t)
 		return sfw_fail(b->err, SFW_E_FORMAT, "model '%s': tensor '%s' is missing", b->dir, name);
 	if (t->dtype != SFW_DTYPE_BF16 && t->dtype != SFW_DTYPE_F32)
@@ -68,7 +259,7 @@ enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw
 	snprintf(b.dir, sizeof(b.dir), "%s", dir);
 	const struct sfw_config *c = &m->cfg;
 	enum sfw_status s;
-	if ((s = sfw_config_load(dir, &m->cfg, err)) != SFW_OK)
+	if ((s = sfw_config_load(dir, &m->cfg, err)) != SFW_OK || (s = quant_config(m, dir, err)) != SFW_OK)
 		return s;
 	if (c->attn_use_rope)
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': attn_use_rope is true (sparse layers are NoPE)",

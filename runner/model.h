@@ -25,6 +25,12 @@ struct sfw_model {
 	struct sfwi_layer *layers;
 	float *decay; /* backend memory: [lightning_nh] slopes */
 	int nweights;
+	/* config.json quantization_config (compressed-tensors pack-quantized
+	 * int8, quant/layout.h); quantized = 0 for a bf16/f32 checkpoint */
+	int quantized;
+	int quant_groups[8]; /* group sizes the config declares (0 = channel) */
+	int n_quant_groups;
+	int n_w8;            /* linears bound as int8 */
 };
 
 /* Opens, checks and binds; on failure everything is released. */

@@ -89,6 +89,13 @@ struct sfw_tap {
 };
 typedef void (*sfw_tap_fn)(void *user, const struct sfw_tap *t);
 void sfw_ctx_set_tap(struct sfw_ctx *c, sfw_tap_fn fn, void *user); /* fn NULL: off */
+/* With on = 1 (and a tap set) every call also reports the inputs of the
+ * linears, per layer i (AWQ calibration, quant/awq.c):
+ *   "<phase>.layer.{i}.attn_in"  F32 [rows, hidden]  input_layernorm output (q,k,v,o_gate|z input)
+ *   "<phase>.layer.{i}.o_in"     F32 [rows, nh*hd]   o_proj input (after o_norm and the output gate)
+ *   "<phase>.layer.{i}.mlp_in"   F32 [rows, hidden]  post_attention_layernorm output (gate, up input)
+ *   "<phase>.layer.{i}.down_in"  F32 [rows, inter]   silu(gate) * up (down_proj input) */
+void sfw_ctx_set_tap_linear_inputs(struct sfw_ctx *c, int on);
 
 /* The blocks selected for the last row of the last call in sparse layer
  * `layer`: out [nkv * k] (k = config sparse_k), ascending, -1 = unused.

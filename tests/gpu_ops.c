@@ -194,7 +194,9 @@ static void t_rmsnorm_shape(int rows, int n, int alias)
 
 static void t_rmsnorm(void)
 {
+	t_rmsnorm_shape(1, 4096, 1);
 	t_rmsnorm_shape(5, 4096, 0);
+	t_rmsnorm_shape(2000, 1024, 0);
 	t_rmsnorm_shape(3 * 32, 128, 1);
 	t_rmsnorm_shape(64, 256, 0);
 }

@@ -82,7 +82,7 @@ events() { grep -c "\"event\":\"$2\"" "$1" 2>/dev/null || true; }
 # logsum LOG: bytes a faultd sent in total
 logsum() { python3 -c 'import json,sys; print(sum(json.loads(l)["sent"] for l in open(sys.argv[1])))' "$1"; }
 tree_ok() { (cd "$1" && sha256sum --quiet -c "$T/SHA256SUMS") >/dev/null 2>&1; }
-verify_ok() { "$SALAFW" verify -P "$T/k.pub" "$1" >/dev/null 2>&1; }
+verify_ok() { "$SALAFW" verify -p "$T/k.pub" "$1" >/dev/null 2>&1; }
 nodest() { [ ! -e "$1" ]; }
 
 mkman "$T/man/manifests/test/tiny.json" --source "http:$NG/plain/"
@@ -102,7 +102,7 @@ check "no partials left" nodest "$D/.salafw/partial"
 check "received exactly the model's bytes" test "$(summary "$T/o1" received)" = "$TOTAL"
 check "empty file created" test -f "$D/empty.txt" -a ! -s "$D/empty.txt"
 # SALAFW_ENDPOINT works too
-SALAFW_ENDPOINT=$NG G "$REPO" -P "$T/k.pub" -d "$T/d1b" -q > /dev/null 2>&1
+SALAFW_ENDPOINT=$NG G "$REPO" -p "$T/k.pub" -d "$T/d1b" -q > /dev/null 2>&1
 check "SALAFW_ENDPOINT picks the service" tree_ok "$T/d1b"
 
 # ---- 2. rerun: everything present and verified is skipped --------------------
@@ -189,7 +189,7 @@ check "corrupt: mismatch reported" test "$(events "$T/o9" hash_mismatch)" -ge 1
 check "corrupt: bytes discarded" test "$(summary "$T/o9" discarded)" -ge 3000000
 mkman "$T/m9b.json" --source "http:http://127.0.0.1:$PORT_f9/"
 G "$REPO" --manifest "$T/m9b.json" -P "$T/k.pub" -d "$T/d9b" --json > "$T/o9b" 2>/dev/null
-check "corrupt only source: exit 4" test "$(summary "$T/o9b" exit)" = 4
+check "corrupt only source: exit 1 (verification failed)" test "$(summary "$T/o9b" exit)" = 1
 check "corrupt only source: a.bin never appears" nodest "$T/d9b/a.bin"
 check "corrupt only source: other files still verified" cmp -s "$T/d9b/sub/b.bin" "$T/model/sub/b.bin"
 left=$(find "$T/d9b/.salafw/partial" -name '*.part' -size +0c 2>/dev/null | wc -l)
@@ -244,7 +244,7 @@ check "X-Repo-Commit mismatch: reported" grep -q 'X-Repo-Commit differs' "$T/o14
 faultd f15 --rate 1000000 --only a.bin
 mkman "$T/m15.json" --source "http:http://127.0.0.1:$PORT_f15/"
 A_SHA=$(sha256sum "$T/model/a.bin" | cut -c1-64)
-SALAFW_STATE_DIR=$T/state15 "$SALAFW" get "$REPO" --manifest "$T/m15.json" -P "$T/k.pub" -d "$T/d15" -c 1 -j 1 -q > /dev/null 2>&1 &
+SALAFW_STATE_DIR=$T/state15 "$SALAFW" get "$REPO" --manifest "$T/m15.json" -P "$T/k.pub" -d "$T/d15" -c 1 -j 1 --sync-interval 1 -q > /dev/null 2>&1 &
 gp=$!
 sleep 2.5
 kill -9 "$gp" 2>/dev/null; wait "$gp" 2>/dev/null
@@ -274,7 +274,7 @@ check "after SIGKILL: resumed bytes reported" test "$(summary "$T/o15" resumed)"
 # ---- 16. SIGINT: clean stop, resumable --------------------------------------------
 faultd f16 --rate 1000000 --only a.bin
 mkman "$T/m16.json" --source "http:http://127.0.0.1:$PORT_f16/"
-SALAFW_STATE_DIR=$T/state16 "$SALAFW" get "$REPO" --manifest "$T/m16.json" -P "$T/k.pub" -d "$T/d16" -c 1 -j 1 -q > /dev/null 2> "$T/e16" &
+SALAFW_STATE_DIR=$T/state16 "$SALAFW" get "$REPO" --manifest "$T/m16.json" -P "$T/k.pub" -d "$T/d16" -c 1 -j 1 --sync-interval 1 -q > /dev/null 2> "$T/e16" &
 gp=$!
 sleep 1.5
 kill -INT "$gp"; wait "$gp"; rc=$?

@@ -1,0 +1,227 @@
+/* matmul_w8.c - y = x . W^T with int8 pack-quantized weights (W8A16) on the
+ * CPU, fp32 accumulation; layout: quant/layout.h.
+ *
+ * Decode (M <= 4) is memory-bound: threads split the weight rows, each row's
+ * bytes are read once, widened to float 8 at a time and accumulated per
+ * group, then multiplied by the group scale (one multiply per group per row,
+ * no zero point). Prefill dequantizes a slab of rows into float scratch and
+ * runs the float GEMM of kernels/matmul.c on it, so the int8 path inherits
+ * its blocking; the dequantization is O(N K) against O(M N K). */
+#include "kernels/ops.h"
+#include "alloc.h"
+#include "quant/layout.h"
+#include "sfw.h"
+#include "thread.h"
+
+#include <string.h>
+
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#define TILE_ROWS 16
+#define SLAB_BYTES (16u << 20) /* float scratch per prefill slab */
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint8_t v8b __attribute__((vector_size(8)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define SFW_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define SFW_CLONES
+#endif
+
+static float f16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+	if (exp == 0x1f) {
+		u = sign | 0x7f800000u | (man << 13);
+	} else if (exp != 0) {
+		u = sign | ((exp + 112) << 23) | (man << 13);
+	} else if (man == 0) {
+		u = sign;
+	} else {
+		int e = -1;
+		do {
+			e++;
+			man <<= 1;
+		} while (!(man & 0x400));
+		u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+	}
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static inline float scale_at(const void *s, enum sfw_op_dtype sdt, size_t i)
+{
+	switch (sdt) {
+	case SFW_OP_BF16:
+		return sfw_op_bf16(((const uint16_t *)s)[i]);
+	case SFW_OP_F16:
+		return f16_to_f32(((const uint16_t *)s)[i]);
+	default:
+		return ((const float *)s)[i];
+	}
+}
+
+static inline v8 widen8(const uint8_t *p)
+{
+	v8b b;
+	memcpy(&b, p, 8);
+	v8i i = __builtin_convertvector(b, v8i) - SFW_QL_BIAS;
+	return __builtin_convertvector(i, v8);
+}
+
+static inline float hsum8(v8 v)
+{
+	return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+static inline v8 ld8(const float *p)
+{
+	v8 v;
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+struct w8_job {
+	float *y;
+	const float *x;
+	const uint8_t *codes;
+	const void *scales;
+	enum sfw_op_dtype sdt;
+	int group, M, N, K;
+	float *slab; /* prefill: dequantized rows */
+	int n0;      /* prefill: first row of the slab */
+};
+
+/* Decode: rows [n0, n1) for every x row (M <= 4), codes widened once. */
+SFW_CLONES
+static void gemv_rows(const struct w8_job *j, int n0, int n1)
+{
+	int K = j->K, M = j->M, span = j->group;
+	size_t rb = (size_t)sfw_ql_row_bytes(K), G = (size_t)sfw_ql_ngroups(K, span < K ? span : 0);
+	for (int n = n0; n < n1; n++) {
+		const uint8_t *c = j->codes + (size_t)n * rb;
+		float out[4] = {0, 0, 0, 0};
+		for (size_t g = 0; g < G; g++) {
+			int k0 = (int)g * span, k1 = k0 + span < K ? k0 + span : K, k = k0;
+			v8 a[4] = {{0}, {0}, {0}, {0}};
+			for (; k + 8 <= k1; k += 8) {
+				v8 f = widen8(c + k);
+				for (int m = 0; m < M; m++)
+					a[m] += ld8(j->x + (size_t)m * K + k) * f;
+			}
+			float sc = scale_at(j->scales, j->sdt, (size_t)n * G + g);
+			for (int m = 0; m < M; m++) {
+				float s = hsum8(a[m]);
+				for (int kk = k; kk < k1; kk++)
+					s += j->x[(size_t)m * K + kk] * (float)sfw_ql_q(c[kk]);
+				out[m] += s * sc;
+			}
+		}
+		for (int m = 0; m < M; m++)
+			j->y[(size_t)m * j->N + n] = out[m];
+	}
+}
+
+/* Decode with one x row: two rows of W at a time, 16 codes per step, the
+ * group scale applied once per group to a vector accumulator. */
+SFW_CLONES
+static void gemv1_rows(const struct w8_job *j, int n0, int n1)
+{
+	int K = j->K, span = j->group;
+	size_t rb = (size_t)sfw_ql_row_bytes(K), G = (size_t)sfw_ql_ngroups(K, span < K ? span : 0);
+	const float *x = j->x;
+	for (int n = n0; n < n1; n++) {
+		const uint8_t *c = j->codes + (size_t)n * rb;
+		v8 tot = {0};
+		float tail = 0;
+		for (size_t g = 0; g < G; g++) {
+			int k0 = (int)g * span, k1 = k0 + span < K ? k0 + span : K, k = k0;
+			v8 a0 = {0}, a1 = {0};
+			for (; k + 16 <= k1; k += 16) {
+				a0 += ld8(x + k) * widen8(c + k);
+				a1 += ld8(x + k + 8) * widen8(c + k + 8);
+			}
+			for (; k + 8 <= k1; k += 8)
+				a0 += ld8(x + k) * widen8(c + k);
+			float sc = scale_at(j->scales, j->sdt, (size_t)n * G + g), t = 0;
+			for (; k < k1; k++)
+				t += x[k] * (float)sfw_ql_q(c[k]);
+			tot += (a0 + a1) * sc;
+			tail += t * sc;
+		}
+		j->y[n] = hsum8(tot) + tail;
+	}
+}
+
+static void gemv_fn(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct w8_job *j = ctx;
+	(void)tid;
+	int n0 = (int)b * TILE_ROWS, n1 = (int)e * TILE_ROWS < j->N ? (int)e * TILE_ROWS : j->N;
+	if (j->M == 1)
+		gemv1_rows(j, n0, n1);
+	else
+		gemv_rows(j, n0, n1);
+}
+
+/* Prefill: dequantize rows [n0 + b, n0 + e) of the slab. */
+SFW_CLONES
+static void dequant_fn(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct w8_job *j = ctx;
+	(void)tid;
+	int K = j->K, span = j->group;
+	size_t rb = (size_t)sfw_ql_row_bytes(K), G = (size_t)sfw_ql_ngroups(K, span < K ? span : 0);
+	for (size_t r = b; r < e; r++) {
+		size_t n = (size_t)j->n0 + r;
+		const uint8_t *c = j->codes + n * rb;
+		float *o = j->slab + r * (size_t)K;
+		for (size_t g = 0; g < G; g++) {
+			int k0 = (int)g * span, k1 = k0 + span < K ? k0 + span : K;
+			float sc = scale_at(j->scales, j->sdt, n * G + g);
+			for (int k = k0; k < k1; k++)
+				o[k] = (float)sfw_ql_q(c[k]) * sc;
+		}
+	}
+}
+
+void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
+			  int group, int M, int N, int K)
+{
+	if (M <= 0 || N <= 0)
+		return;
+	if (group <= 0 || group > K)
+		group = K; /* per-channel */
+	int nt = sfw_ops_cpu_threads();
+	struct w8_job j = {y, x, codes, scales, sdt, group, M, N, K, NULL, 0};
+	if (M <= 4) {
+		size_t ntiles = ((size_t)N + TILE_ROWS - 1) / TILE_ROWS;
+		if ((size_t)nt > ntiles)
+			nt = (int)ntiles;
+		if ((double)M * N * K < 1 << 16)
+			nt = 1;
+		size_t grain = ntiles / ((size_t)nt * 4);
+		sfw_parallel_for(nt, ntiles, grain < 1 ? 1 : grain, gemv_fn, &j);
+		return;
+	}
+	int slab_rows = (int)(SLAB_BYTES / ((size_t)K * sizeof(float)));
+	slab_rows = slab_rows < TILE_ROWS ? TILE_ROWS : slab_rows / TILE_ROWS * TILE_ROWS;
+	if (slab_rows > N)
+		slab_rows = N;
+	j.slab = sfw_malloc((size_t)slab_rows * K * sizeof(float));
+	float *tmp = sfw_malloc((size_t)M * slab_rows * sizeof(float));
+	SFW_ASSERT(j.slab && tmp); /* bounded scratch; no recovery path mid-forward */
+	for (int n0 = 0; n0 < N; n0 += slab_rows) {
+		int nb = N - n0 < slab_rows ? N - n0 : slab_rows;
+		j.n0 = n0;
+		sfw_parallel_for(nt, (size_t)nb, 4, dequant_fn, &j);
+		sfw_op_matmul_cpu(tmp, x, j.slab, SFW_OP_F32, M, nb, K);
+		for (int m = 0; m < M; m++)
+			memcpy(y + (size_t)m * N + n0, tmp + (size_t)m * nb, (size_t)nb * sizeof(float));
+	}
+	sfw_free(j.slab);
+	sfw_free(tmp);
+}

@@ -1,0 +1,370 @@
+/* awq.c - the AWQ scale search (awq.md §1) with MiniCPM-SALA's mappings
+ * (awq.md §1.8), run before the writer folds the scales.
+ *
+ * 1. Calibration: the model's tokenizer on the calibration text (--calib, or
+ *    the built-in sfw_default_corpus); the tokens are cut into `samples`
+ *    sequences of `seq_len` (BOS first). A directory without tokenizer.model
+ *    (the golden test models) uses the text's bytes as ids (3 + byte mod
+ *    (vocab - 3)), with a warning. Each sequence is one prefill through the
+ *    bf16 model on the runner (fp32 on the CPU) with the linear-input taps
+ *    (runner.h): every row updates the per-channel mean |x| (double sums);
+ *    an evenly spaced subset of loss_rows rows per layer is kept for the loss.
+ *    The inputs are the full-precision model's (AutoAWQ's choice; at 8 bits
+ *    the difference to re-propagating the quantized model is negligible).
+ * 2. Per smoothing group (smooth -> balance):
+ *      input_layernorm -> q,k,v + o_gate (sparse) or z_proj (lightning)
+ *      o_norm -> o_proj (lightning, when use_output_norm)
+ *      post_attention_layernorm -> gate, up
+ *      up_proj -> down_proj
+ *    never v_proj -> o_proj (GQA in sparse layers, o_norm in lightning).
+ *    Candidates: the identity (s = 1: plain RTN, the llm-compressor baseline)
+ *    and alpha = k/n_grid, k = 1..n_grid-1 (AutoAWQ's grid without its
+ *    alpha = 0 point, which with duo scaling is not the identity), with duo
+ *    scaling by default: s = max(x^a / (w^(1-a) + 1e-4), 1e-4), w = mean over
+ *    balance rows of |w| / group max |w|; plain: s = max(x^a, 1e-4); then
+ *    s /= sqrt(max s * min s); non-finite -> 1.
+ *    Loss (the cheaper proxy of awq.md §1.8, documented): the mean squared
+ *    error, in fp32 with double sums, of the balance linears' outputs on the
+ *    cached input rows, Q(W diag s) diag(s)^-1 x against W x, with the final
+ *    quantizer (sfw_quant_fake_row_w8: same group size, same rounding). The
+ *    attention / MLP nonlinearity is not in the loop. Strictly lower loss
+ *    wins; the identity wins ties, so the search never loses to RTN on its
+ *    own loss.
+ * 3. The winning s (NULL for the identity) goes to the writer's fold
+ *    (quant_int.h), which is exact in real arithmetic. */
+#include "quant/quant_int.h"
+#include "alloc.h"
+#include "file.h"
+#include "kernels/ops.h"
+#include "log.h"
+#include "runner/model.h"
+#include "runner/runner.h"
+#include "runner/tokenizer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum { T_ATTN, T_O, T_MLP, T_DOWN, T_N };
+static const char *const tap_names[T_N] = {"attn_in", "o_in", "mlp_in", "down_in"};
+
+struct tapstat {
+	int cols;
+	double *sum; /* per channel sum |x| */
+	int64_t count;
+	float *rows; /* [loss_rows, cols] kept inputs */
+	int nrows;
+};
+
+struct calib {
+	int L, loss_rows;
+	int64_t stride; /* keep token rows whose index % stride == 0 */
+	int64_t seen[SFW_MAX_LAYERS][T_N];
+	struct tapstat *st; /* [L][T_N] */
+	int nomem;
+};
+
+static void on_tap(void *user, const struct sfw_tap *t)
+{
+	struct calib *c = user;
+	int li;
+	char what[16];
+	if (sscanf(t->name, "prefill.layer.%d.%15s", &li, what) != 2 || li < 0 || li >= c->L)
+		return;
+	int k = 0;
+	while (k < T_N && strcmp(what, tap_names[k]) != 0)
+		k++;
+	if (k == T_N)
+		return;
+	struct tapstat *s = &c->st[li * T_N + k];
+	if (!s->sum) {
+		s->cols = t->cols;
+		s->sum = sfw_calloc((size_t)t->cols, sizeof(double));
+		s->rows = sfw_malloc((size_t)c->loss_rows * t->cols * sizeof(float));
+		if (!s->sum || !s->rows) {
+			c->nomem = 1;
+			return;
+		}
+	}
+	if (t->cols != s->cols)
+		return;
+	const float *x = t->data;
+	for (int r = 0; r < t->rows; r++) {
+		const float *xr = x + (size_t)r * t->cols;
+		for (int j = 0; j < t->cols; j++)
+			s->sum[j] += fabsf(xr[j]);
+		int64_t idx = c->seen[li][k]++;
+		if (idx % c->stride == 0 && s->nrows < c->loss_rows)
+			memcpy(s->rows + (size_t)s->nrows++ * t->cols, xr, (size_t)t->cols * sizeof(float));
+	}
+	s->count += t->rows;
+}
+
+/* ---- calibration tokens ------------------------------------------------------- */
+static enum sfw_status calib_ids(const char *dir, const struct sfw_quant_params *p, int vocab, int32_t **ids,
+				 size_t *n, struct sfw_err *err)
+{
+	struct sfw_buf text;
+	sfw_buf_init(&text, 256u << 20);
+	const char *t = sfw_default_corpus;
+	size_t len = sfw_default_corpus_len();
+	enum sfw_status s = SFW_OK;
+	if (p->calib_path) {
+		if ((s = sfw_read_file(p->calib_path, 256u << 20, &text, err)) != SFW_OK)
+			return s;
+		t = text.data, len = text.len;
+	}
+	char *tp = sfw_path_join(dir, "tokenizer.model");
+	struct stat st;
+	int have = tp && stat(tp, &st) == 0;
+	sfw_free(tp);
+	if (have) {
+		struct sfw_tokenizer *tok = NULL;
+		if ((s = sfw_tokenizer_load(dir, vocab, &tok, err)) == SFW_OK)
+			s = sfw_tokenizer_encode(tok, t, len, 0, ids, n, err);
+		sfw_tokenizer_free(tok);
+	} else {
+		sfw_log(SFW_LOG_WARN, "'%s' has no tokenizer.model: AWQ calibrates on the text's bytes as token ids",
+			dir);
+		*ids = sfw_malloc((len ? len : 1) * sizeof(int32_t));
+		if (!*ids)
+			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		for (size_t i = 0; s == SFW_OK && i < len; i++)
+			(*ids)[i] = 3 + (int32_t)((unsigned char)t[i] % (unsigned)(vocab - 3));
+		*n = len;
+	}
+	sfw_buf_release(&text);
+	if (s == SFW_OK && *n < 16) {
+		sfw_free(*ids);
+		*ids = NULL;
+		s = sfw_fail(err, SFW_E_INVAL, "the calibration text gives only %zu tokens", *n);
+	}
+	return s;
+}
+
+/* ---- the search ---------------------------------------------------------------- */
+struct balance {
+	const struct sfw_bweight *w[5];
+	int n;
+};
+
+static double now_loss_mse(const float *a, const float *b, size_t n)
+{
+	double s = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = (double)a[i] - b[i];
+		s += d * d;
+	}
+	return s / (double)(n ? n : 1);
+}
+
+/* Searches one group; *out = the scales (NULL: identity). */
+static enum sfw_status search(const struct tapstat *ts, const struct balance *bl, const struct sfw_quant_params *p,
+			      float **out, struct sfw_quant_stats *st, struct sfw_err *err)
+{
+	*out = NULL;
+	int K = ts->cols, R = ts->nrows;
+	if (!ts->sum || R == 0 || ts->count == 0)
+		return SFW_OK;
+	int64_t N = 0;
+	for (int i = 0; i < bl->n; i++) {
+		if (bl->w[i]->cols != K || (bl->w[i]->dtype != SFW_OP_BF16 && bl->w[i]->dtype != SFW_OP_F32))
+			return sfw_fail(err, SFW_E_FORMAT, "AWQ: balance weight '%s' does not match its input width %d",
+					bl->w[i]->name, K);
+		N += bl->w[i]->rows;
+	}
+	size_t NK = (size_t)N * K;
+	float *W = sfw_malloc(NK * sizeof(float)), *Wq = sfw_malloc(NK * sizeof(float));
+	float *Y = sfw_malloc((size_t)R * N * sizeof(float)), *Yq = sfw_malloc((size_t)R * N * sizeof(float));
+	float *xm = sfw_malloc((size_t)K * sizeof(float)), *wm = sfw_calloc((size_t)K, sizeof(float));
+	float *s = sfw_malloc((size_t)K * sizeof(float)), *best = sfw_malloc((size_t)K * sizeof(float));
+	enum sfw_status rc = SFW_OK;
+	if (!W || !Wq || !Y || !Yq || !xm || !wm || !s || !best) {
+		rc = sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
+		goto done;
+	}
+	size_t at = 0;
+	for (int i = 0; i < bl->n; i++) {
+		size_t n = (size_t)bl->w[i]->rows * K;
+		for (size_t e = 0; e < n; e++)
+			W[at + e] = sfw_op_wget(bl->w[i]->host, bl->w[i]->dtype, e);
+		at += n;
+	}
+	for (int k = 0; k < K; k++)
+		xm[k] = (float)(ts->sum[k] / (double)ts->count);
+	/* duo statistic: |w| / group max |w|, averaged over the rows */
+	int64_t span = sfw_ql_group_span(K, p->group_size);
+	for (int64_t r = 0; r < N; r++) {
+		const float *wr = W + (size_t)r * K;
+		for (int64_t g0 = 0; g0 < K; g0 += span) {
+			int64_t g1 = g0 + span < K ? g0 + span : K;
+			float mx = 0;
+			for (int64_t k = g0; k < g1; k++)
+				mx = fabsf(wr[k]) > mx ? fabsf(wr[k]) : mx;
+			for (int64_t k = g0; k < g1; k++)
+				wm[k] += mx > 0 ? fabsf(wr[k]) / mx : 0.0f;
+		}
+	}
+	for (int k = 0; k < K; k++)
+		wm[k] /= (float)N;
+	sfw_op_matmul_cpu(Y, ts->rows, W, SFW_OP_F32, R, (int)N, K);
+	double best_loss = -1, loss0 = 0;
+	int best_k = 0;
+	for (int gk = 0; gk < p->n_grid; gk++) {
+		double a = (double)gk / p->n_grid;
+		if (gk == 0) {
+			for (int k = 0; k < K; k++)
+				s[k] = 1.0f;
+		} else {
+			float mx = 0, mn = INFINITY;
+			for (int k = 0; k < K; k++) {
+				double v = pow(xm[k], a);
+				if (p->duo_scaling)
+					v /= pow(wm[k], 1.0 - a) + 1e-4;
+				s[k] = (float)(v > 1e-4 ? v : 1e-4);
+				mx = s[k] > mx ? s[k] : mx;
+				mn = s[k] < mn ? s[k] : mn;
+			}
+			float nrm = sqrtf(mx * mn);
+			for (int k = 0; k < K; k++) {
+				s[k] /= nrm;
+				if (!isfinite(s[k]) || s[k] == 0)
+					s[k] = 1.0f;
+			}
+		}
+		for (int64_t r = 0; r < N; r++) {
+			float *q = Wq + (size_t)r * K;
+			const float *w = W + (size_t)r * K;
+			for (int k = 0; k < K; k++)
+				q[k] = w[k] * s[k];
+			if (sfw_quant_fake_row_w8(q, K, p->group_size) != 0) {
+				rc = sfw_fail(err, SFW_E_FORMAT, "AWQ: non-finite weights in '%s'", bl->w[0]->name);
+				goto done;
+			}
+			for (int k = 0; k < K; k++)
+				q[k] /= s[k];
+		}
+		sfw_op_matmul_cpu(Yq, ts->rows, Wq, SFW_OP_F32, R, (int)N, K);
+		double loss = now_loss_mse(Yq, Y, (size_t)R * N);
+		if (gk == 0)
+			loss0 = loss;
+		if (best_loss < 0 || loss < best_loss) {
+			best_loss = loss;
+			best_k = gk;
+			memcpy(best, s, (size_t)K * sizeof(float));
+		}
+	}
+	st->awq_mappings++;
+	st->awq_mean_alpha += (double)best_k / p->n_grid;
+	st->awq_loss_gain += loss0 > 0 ? 1.0 - best_loss / loss0 : 0.0;
+	if (best_k == 0) {
+		st->awq_identity++;
+	} else {
+		*out = best;
+		best = NULL;
+	}
+done:
+	sfw_free(W), sfw_free(Wq), sfw_free(Y), sfw_free(Yq), sfw_free(xm), sfw_free(wm), sfw_free(s), sfw_free(best);
+	return rc;
+}
+
+enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_params *p, struct sfwi_fold *out,
+				struct sfw_err *err)
+{
+	struct sfw_quant_stats local, *st = p->stats ? p->stats : &local;
+	out->n_layers = 0;
+	out->L = NULL;
+	if (p->samples < 1 || p->seq_len < 2 || p->loss_rows < 1 || p->n_grid < 1)
+		return sfw_fail(err, SFW_E_INVAL, "AWQ: samples, seq_len, loss_rows and n_grid must be positive");
+	struct sfw_model_params mp = sfw_model_default_params();
+	mp.device = (enum sfw_device)p->device;
+	mp.threads = p->threads;
+	struct sfw_model *m = NULL;
+	struct sfw_ctx *ctx = NULL;
+	int32_t *ids = NULL;
+	size_t n = 0;
+	struct calib c = {0};
+	enum sfw_status s;
+	if ((s = sfw_model_load(in_dir, &mp, &m, err)) != SFW_OK)
+		return s;
+	const struct sfw_config *cf = sfw_model_config(m);
+	if ((s = calib_ids(in_dir, p, cf->vocab_size, &ids, &n, err)) != SFW_OK)
+		goto done;
+	/* sequences: BOS + seq_len - 1 tokens each, as many as the text gives */
+	size_t per = (size_t)p->seq_len - 1;
+	size_t nseq = n / per;
+	if (nseq == 0)
+		nseq = 1, per = n;
+	if (nseq > (size_t)p->samples)
+		nseq = (size_t)p->samples;
+	int64_t total = (int64_t)(nseq * (per + 1));
+	c.L = cf->num_hidden_layers;
+	c.loss_rows = p->loss_rows;
+	c.stride = total / p->loss_rows > 1 ? total / p->loss_rows : 1;
+	c.st = sfw_calloc((size_t)c.L * T_N, sizeof(*c.st));
+	int32_t *seq = sfw_malloc((per + 1) * sizeof(int32_t));
+	if (!c.st || !seq) {
+		sfw_free(seq);
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		goto done;
+	}
+	struct sfw_ctx_params cp = sfw_ctx_default_params();
+	if ((s = sfw_ctx_new(m, &cp, &ctx, err)) != SFW_OK) {
+		sfw_free(seq);
+		goto done;
+	}
+	sfw_ctx_set_tap(ctx, on_tap, &c);
+	sfw_ctx_set_tap_linear_inputs(ctx, 1);
+	for (size_t q = 0; q < nseq && s == SFW_OK; q++) {
+		seq[0] = cf->bos_token_id >= 0 && cf->bos_token_id < cf->vocab_size ? cf->bos_token_id : 1;
+		memcpy(seq + 1, ids + q * per, per * sizeof(int32_t));
+		sfw_ctx_reset(ctx);
+		s = sfw_ctx_prefill(ctx, seq, per + 1, NULL, err);
+		if (s == SFW_OK && c.nomem)
+			s = sfw_fail(err, SFW_E_NOMEM, "out of memory for AWQ statistics");
+	}
+	sfw_free(seq);
+	st->calib_tokens = total;
+	if (s != SFW_OK)
+		goto done;
+
+	out->L = sfw_calloc((size_t)c.L, sizeof(*out->L));
+	if (!out->L) {
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		goto done;
+	}
+	out->n_layers = c.L;
+	for (int li = 0; li < c.L && s == SFW_OK; li++) {
+		const struct sfwi_layer *L = &m->layers[li];
+		struct sfwi_fold_layer *F = &out->L[li];
+		struct balance attn = {{&L->q, &L->k, &L->v}, 3};
+		if (L->kind == SFW_MIXER_SPARSE && L->o_gate.host)
+			attn.w[attn.n++] = &L->o_gate;
+		if (L->kind == SFW_MIXER_LIGHTNING && L->z.host)
+			attn.w[attn.n++] = &L->z;
+		struct balance o = {{&L->o}, 1}, mlp = {{&L->gate, &L->up}, 2}, down = {{&L->down}, 1};
+		s = search(&c.st[li * T_N + T_ATTN], &attn, p, &F->s_attn, st, err);
+		if (s == SFW_OK && L->kind == SFW_MIXER_LIGHTNING && L->o_norm.host)
+			s = search(&c.st[li * T_N + T_O], &o, p, &F->s_o, st, err);
+		if (s == SFW_OK)
+			s = search(&c.st[li * T_N + T_MLP], &mlp, p, &F->s_mlp, st, err);
+		if (s == SFW_OK)
+			s = search(&c.st[li * T_N + T_DOWN], &down, p, &F->s_down, st, err);
+	}
+	if (st->awq_mappings) {
+		st->awq_mean_alpha /= st->awq_mappings;
+		st->awq_loss_gain /= st->awq_mappings;
+	}
+done:
+	if (c.st)
+		for (int i = 0; i < c.L * T_N; i++)
+			sfw_free(c.st[i].sum), sfw_free(c.st[i].rows);
+	sfw_free(c.st);
+	sfw_free(ids);
+	sfw_ctx_free(ctx);
+	sfw_model_free(m);
+	if (s != SFW_OK)
+		sfwi_fold_free(out);
+	return s;
+}

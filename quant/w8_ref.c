@@ -1,0 +1,99 @@
+/* w8_ref.c - the reference int8 group quantizer (quant/layout.h): plain C,
+ * float32, round half to even. Every model file salafw writes comes from
+ * here; tests/ref/awq_ref.py computes the same bytes independently. */
+#include "quant/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+/* float -> bf16 bits, round to nearest even (as runner/safetensors.h; kept
+ * local so the quant module's reference has no runner dependency). */
+static uint16_t to_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static float from_bf16(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* The group's stored scale (bf16 bits) and its value; -1 on NaN/inf. */
+static int group_scale(const float *w, int64_t n, uint16_t *bits, float *value)
+{
+	float amax = 0.0f;
+	for (int64_t k = 0; k < n; k++) {
+		if (!isfinite(w[k]))
+			return -1;
+		float a = fabsf(w[k]);
+		amax = a > amax ? a : amax;
+	}
+	float s = amax / SFW_QL_SCALE_DIV;
+	if (s < SFW_QL_SCALE_MIN)
+		s = SFW_QL_SCALE_MIN;
+	*bits = to_bf16(s);
+	*value = from_bf16(*bits); /* divide by the scale as stored */
+	return 0;
+}
+
+static inline int quant_one(float w, float sd)
+{
+	float q = rintf(w / sd); /* default rounding mode: half to even */
+	if (q < (float)SFW_QL_QMIN)
+		q = (float)SFW_QL_QMIN;
+	if (q > (float)SFW_QL_QMAX)
+		q = (float)SFW_QL_QMAX;
+	return (int)q;
+}
+
+/* One group of n weights -> n codes and its bf16 scale. */
+static int quant_group(const float *w, int64_t n, uint8_t *codes, uint16_t *scale)
+{
+	float sd;
+	if (group_scale(w, n, scale, &sd) != 0)
+		return -1;
+	for (int64_t k = 0; k < n; k++)
+		codes[k] = (uint8_t)(quant_one(w[k], sd) + SFW_QL_BIAS);
+	return 0;
+}
+
+int sfw_quant_row_w8_ref(const float *w, int64_t K, int group, uint8_t *codes, uint16_t *scales)
+{
+	int64_t span = sfw_ql_group_span(K, group), G = sfw_ql_ngroups(K, group);
+	for (int64_t g = 0; g < G; g++) {
+		int64_t k0 = g * span, n = K - k0 < span ? K - k0 : span;
+		if (quant_group(w + k0, n, codes + k0, scales + g) != 0)
+			return -1;
+	}
+	memset(codes + K, 0, (size_t)(sfw_ql_row_bytes(K) - K));
+	return 0;
+}
+
+void sfw_quant_dequant_row_w8(const uint8_t *codes, const uint16_t *scales, int64_t K, int group, float *out)
+{
+	int64_t span = sfw_ql_group_span(K, group);
+	for (int64_t k = 0; k < K; k++)
+		out[k] = sfw_ql_dequant(codes[k], from_bf16(scales[k / span]));
+}
+
+int sfw_quant_fake_row_w8(float *w, int64_t K, int group)
+{
+	int64_t span = sfw_ql_group_span(K, group), G = sfw_ql_ngroups(K, group);
+	for (int64_t g = 0; g < G; g++) {
+		int64_t k0 = g * span, n = K - k0 < span ? K - k0 : span;
+		uint16_t bits;
+		float sd;
+		if (group_scale(w + k0, n, &bits, &sd) != 0)
+			return -1;
+		for (int64_t k = 0; k < n; k++)
+			w[k0 + k] = (float)quant_one(w[k0 + k], sd) * sd;
+	}
+	return 0;
+}

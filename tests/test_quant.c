@@ -1,0 +1,585 @@
+/* modules: quant runner kernels fetch verify core */
+/* test_quant.c - the int8 quantizer (quant/w8_ref.c), its on-disk layout
+ * (quant/layout.h) and the quantized model writer (sfw_quant_run).
+ *
+ * Independent references:
+ *   - tests/ref/awq_ref.py (stdlib python3) re-implements the quantizer and
+ *     the I32 packing; its bytes must equal ours exactly, for every group
+ *     size, with and without bf16 inputs, on matrices from a generator both
+ *     sides implement (splitmix64, exact float32 values, special rows: all
+ *     zeros, exact rounding ties, outliers, partial last groups, pad bytes).
+ *   - mathematics: hand-derived codes for a tie row; per-element error
+ *     <= 0.75 * scale (0.5 from rounding; up to 0.75 at +amax when the bf16
+ *     scale rounds down by <= 2^-9 and 127.75 is clamped to 127); weight
+ *     RMSE <= 1.15 x the uniform-rounding prediction sqrt(mean(scale^2)/12);
+ *     dot products |W x - Q(W) x| <= sum_k |x_k| * 0.75 * scale_k
+ *     (deterministic), and their relative RMS <= 1.25 x the weight relative
+ *     RMSE (random x independent of the rounding errors).
+ *   - the golden tiny models: the writer's output re-read byte by byte. */
+#include "check.h"
+#include "alloc.h"
+#include "json.h"
+#include "file.h"
+#include "quant/quant.h"
+#include "runner/runner.h"
+#include "runner/safetensors.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- the generator shared with tests/ref/awq_ref.py ------------------------ */
+static uint64_t sm_next(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+	return z ^ (z >> 31);
+}
+
+static float bf16_round(float f)
+{
+	return sfw_bf16_to_f32(sfw_f32_to_bf16(f));
+}
+
+static void gen_matrix(uint64_t seed, int rows, int cols, int bf16, float *w)
+{
+	uint64_t s = seed;
+	for (int r = 0; r < rows; r++)
+		for (int k = 0; k < cols; k++) {
+			int64_t m = (int64_t)(sm_next(&s) >> 41) - (1 << 22);
+			double v = (double)m * ldexp(1.0, -28);
+			if (r % 7 == 6)
+				v *= 64.0;
+			if (k == r % cols)
+				v *= 16.0;
+			if (r == 0)
+				v = 0.0;
+			if (r == 1)
+				v = k ? (((k % 21) - 10) + 0.5) * ldexp(1.0, -10) : 127.5 * ldexp(1.0, -10);
+			float f = (float)v;
+			w[(size_t)r * cols + k] = bf16 ? bf16_round(f) : f;
+		}
+}
+
+static double gauss(uint64_t *s)
+{
+	double u1 = ((double)(sm_next(s) >> 11) + 1.0) / 9007199254740993.0;
+	double u2 = (double)(sm_next(s) >> 11) / 9007199254740992.0;
+	return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* ---- A. layout helpers --------------------------------------------------- */
+static void test_layout(void)
+{
+	CHECK(sfw_ql_words(10) == 3 && sfw_ql_row_bytes(10) == 12 && sfw_ql_words(4096) == 1024, "packed widths");
+	CHECK(sfw_ql_ngroups(300, 128) == 3 && sfw_ql_ngroups(300, 0) == 1 && sfw_ql_ngroups(5376, 32) == 168,
+	      "scale widths (cyankiwi q_proj: 5376 / 32 = 168)");
+	size_t pl = 0;
+	CHECK(sfw_ql_is_quantized("model.layers.12.self_attn.q_proj.weight", &pl) && pl == 32, "q_proj is quantized");
+	CHECK(sfw_ql_is_quantized("model.layers.0.mlp.down_proj.weight", NULL), "down_proj is quantized");
+	CHECK(sfw_ql_is_quantized("model.layers.3.self_attn.z_proj.weight", NULL) &&
+		  sfw_ql_is_quantized("model.layers.3.self_attn.o_gate.weight", NULL),
+	      "z_proj and o_gate are quantized");
+	CHECK(!sfw_ql_is_quantized("lm_head.weight", NULL) && !sfw_ql_is_quantized("model.embed_tokens.weight", NULL) &&
+		  !sfw_ql_is_quantized("model.layers.1.input_layernorm.weight", NULL) &&
+		  !sfw_ql_is_quantized("model.layers.1.self_attn.o_norm.weight", NULL) &&
+		  !sfw_ql_is_quantized("model.layers.x.mlp.up_proj.weight", NULL) &&
+		  !sfw_ql_is_quantized("model.layers.1.mlp.up_proj.bias", NULL),
+	      "embeddings, lm_head, norms and non-weights stay");
+	CHECK(sfw_quant_group_parse("channel") == 0 && sfw_quant_group_parse("64") == 64 &&
+		  sfw_quant_group_parse("16") == -1 && sfw_quant_group_parse("") == -1,
+	      "group parsing");
+	CHECK(sfw_quant_traits(32) && !strcmp(sfw_quant_traits(32)->name, "w8-g32") && sfw_quant_traits(0) &&
+		  !sfw_quant_traits(16) && sfw_quant_traits(128)->bytes_per_group == 130,
+	      "traits table");
+}
+
+/* ---- B. hand-derived bytes ------------------------------------------------- */
+static void test_known_bytes(void)
+{
+	/* scale = amax/127.5 = 2^-10 exactly (bf16 0x3a80); w/scale = n + 0.5 ties */
+	float w[10];
+	w[0] = 127.5f / 1024.0f;
+	for (int k = 1; k < 10; k++)
+		w[k] = (float)(((k % 21) - 10) + 0.5) / 1024.0f;
+	uint8_t c[12];
+	uint16_t sc[1];
+	memset(c, 0xee, sizeof(c));
+	CHECK(sfw_quant_row_w8_ref(w, 10, 32, c, sc) == 0, "quantize the tie row");
+	/* 127.5 -> 128 (even) -> clamp 127; -8.5 -> -8; -7.5 -> -8; -6.5 -> -6; -5.5 -> -6;
+	 * -4.5 -> -4; -3.5 -> -4; -2.5 -> -2; -1.5 -> -2; -0.5 -> -0 */
+	const uint8_t want[12] = {255, 120, 120, 122, 122, 124, 124, 126, 126, 128, 0, 0};
+	CHECK(memcmp(c, want, 12) == 0, "tie row codes: half to even, +amax clamped to 127, pad bytes 0 "
+					 "(got %d %d %d %d ... %d | %d %d)", c[0], c[1], c[2], c[3], c[9], c[10], c[11]);
+	CHECK(sc[0] == 0x3a80, "scale bf16 0x3a80 (got 0x%04x)", sc[0]);
+	/* -amax maps to -127.5 -> -128 (even) -> byte 0; zero -> 128 */
+	float v[4] = {-1.0f, 1.0f, 0.0f, 0.5f};
+	CHECK(sfw_quant_row_w8_ref(v, 4, 0, c, sc) == 0, "channel row");
+	float s = sfw_bf16_to_f32(sc[0]);
+	CHECK(sc[0] == sfw_f32_to_bf16(1.0f / 127.5f), "channel scale = bf16(amax / 127.5)");
+	CHECK(c[0] == (uint8_t)(128 + (int)rintf(-1.0f / s)) && c[0] <= 1 && c[2] == 128 && c[1] == 255,
+	      "-amax -> %d, 0 -> 128, +amax -> 255", c[0]);
+	/* the packed word view: element k in bits 8*(k%4) of word k/4 */
+	uint32_t word;
+	memcpy(&word, c, 4);
+	CHECK((word & 0xff) == c[0] && ((word >> 8) & 0xff) == c[1] && ((word >> 24) & 0xff) == c[3],
+	      "little-endian word packing");
+	/* zeros: scale clamps at float32 eps (bf16 0x3400), codes 128 */
+	float z[5] = {0};
+	CHECK(sfw_quant_row_w8_ref(z, 5, 32, c, sc) == 0 && sc[0] == 0x3400 && c[0] == 128 && c[4] == 128 &&
+		  c[5] == 0 && c[7] == 0,
+	      "zero group: eps scale, code 128, zero padding");
+	float bad[3] = {1.0f, NAN, 0.0f};
+	CHECK(sfw_quant_row_w8_ref(bad, 3, 32, c, sc) == -1, "NaN refused");
+	bad[1] = INFINITY;
+	CHECK(sfw_quant_row_w8_ref(bad, 3, 32, c, sc) == -1, "infinity refused");
+}
+
+/* ---- C. bit-exact against the python reference ----------------------------- */
+static int hexval(int ch)
+{
+	return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+static void test_python(uint64_t seed, int rows, int cols, int group, int bf16)
+{
+	char cmd[256];
+	snprintf(cmd, sizeof(cmd), "python3 tests/ref/awq_ref.py %llu %d %d %d %s", (unsigned long long)seed, rows,
+		 cols, group, bf16 ? "bf16" : "");
+	FILE *f = popen(cmd, "r");
+	CHECK(f != NULL, "run %s", cmd);
+	if (!f)
+		return;
+	float *w = malloc((size_t)rows * cols * sizeof(float));
+	int64_t rb = sfw_ql_row_bytes(cols), G = sfw_ql_ngroups(cols, group);
+	uint8_t *codes = malloc((size_t)rb);
+	uint16_t *sc = malloc((size_t)G * 2);
+	size_t cap = (size_t)(rb + G * 2) * 2 + 16;
+	char *line = malloc(cap);
+	gen_matrix(seed, rows, cols, bf16, w);
+	int rows_ok = 0, nlines = 0;
+	for (int r = 0; r < rows && fgets(line, (int)cap, f); r++) {
+		nlines++;
+		if (sfw_quant_row_w8_ref(w + (size_t)r * cols, cols, group, codes, sc) != 0)
+			continue;
+		int ok = 1;
+		const char *p = line;
+		for (int64_t i = 0; i < rb && ok; i++, p += 2)
+			ok = hexval(p[0]) >= 0 && hexval(p[1]) >= 0 && (hexval(p[0]) << 4 | hexval(p[1])) == codes[i];
+		ok = ok && *p++ == ' ';
+		for (int64_t g = 0; g < G && ok; g++, p += 4) {
+			int h = 0;
+			for (int d = 0; d < 4; d++)
+				h = h << 4 | (hexval(p[d]) & 15);
+			ok = h == sc[g];
+		}
+		if (ok)
+			rows_ok++;
+		else if (rows_ok == r)
+			printf("first mismatching row %d (seed %llu, group %d)\n", r, (unsigned long long)seed, group);
+	}
+	int rc = pclose(f);
+	CHECK(rc == 0 && nlines == rows, "python reference ran (%s): %d lines", cmd, nlines);
+	CHECK(rows_ok == rows, "bit-exact vs awq_ref.py: %d/%d rows, %dx%d group %d%s", rows_ok, rows, rows, cols,
+	      group, bf16 ? " bf16" : "");
+	free(w), free(codes), free(sc), free(line);
+}
+
+/* ---- D/E/F. error bounds --------------------------------------------------- */
+static void test_errors(int group)
+{
+	const int N = 96, K = 4096;
+	uint64_t s = 1234 + (uint64_t)group;
+	float *w = malloc((size_t)N * K * 4), *dq = malloc((size_t)N * K * 4), *x = malloc((size_t)K * 4);
+	float *fk = malloc((size_t)K * 4);
+	uint8_t *c = malloc((size_t)sfw_ql_row_bytes(K));
+	uint16_t *sc = malloc((size_t)sfw_ql_ngroups(K, group) * 2);
+	int64_t span = sfw_ql_group_span(K, group);
+	double se = 0, sw = 0, pred = 0, worst = 0, dy2 = 0, y2 = 0;
+	int bound_ok = 1, dot_ok = 1, fake_ok = 1;
+	for (int k = 0; k < K; k++)
+		x[k] = (float)gauss(&s);
+	for (int r = 0; r < N; r++) {
+		float *wr = w + (size_t)r * K, *dr = dq + (size_t)r * K;
+		for (int k = 0; k < K; k++)
+			wr[k] = bf16_round((float)(0.02 * gauss(&s) * (r % 5 == 0 && k % 97 == 0 ? 8.0 : 1.0)));
+		if (sfw_quant_row_w8_ref(wr, K, group, c, sc) != 0) {
+			bound_ok = 0;
+			continue;
+		}
+		sfw_quant_dequant_row_w8(c, sc, K, group, dr);
+		memcpy(fk, wr, (size_t)K * 4);
+		fake_ok &= sfw_quant_fake_row_w8(fk, K, group) == 0 && memcmp(fk, dr, (size_t)K * 4) == 0;
+		double y = 0, yq = 0, lim = 0;
+		for (int k = 0; k < K; k++) {
+			double sd = sfw_bf16_to_f32(sc[k / span]), e = fabs((double)wr[k] - dr[k]);
+			if (e > 0.75 * sd * (1 + 1e-6))
+				bound_ok = 0;
+			worst = e / sd > worst ? e / sd : worst;
+			se += e * e, sw += (double)wr[k] * wr[k], pred += sd * sd / 12.0;
+			y += (double)x[k] * wr[k], yq += (double)x[k] * dr[k], lim += fabs(x[k]) * 0.75 * sd;
+		}
+		if (fabs(y - yq) > lim * (1 + 1e-6))
+			dot_ok = 0;
+		dy2 += (y - yq) * (y - yq), y2 += y * y;
+	}
+	double rel = sqrt(se / sw), rel_pred = sqrt(pred / sw), drel = sqrt(dy2 / y2);
+	CHECK(bound_ok, "group %d: every |w - deq| <= 0.75 scale (worst %.3f scale)", group, worst);
+	CHECK(rel <= 1.15 * rel_pred, "group %d: weight relative RMSE %.3e <= 1.15 x uniform prediction %.3e", group,
+	      rel, rel_pred);
+	CHECK(dot_ok, "group %d: |Wx - Q(W)x| within sum |x| * 0.75 scale for every row", group);
+	CHECK(drel <= 1.25 * rel, "group %d: dot-product relative RMS error %.3e <= 1.25 x %.3e", group, drel, rel);
+	CHECK(fake_ok, "group %d: fake quantizer == dequant(quant) bit for bit", group);
+	printf("group %-7s: weight rel RMSE %.3e (uniform prediction %.3e), dot rel RMS %.3e, worst %.3f scale\n",
+	       group ? (group == 32 ? "32" : group == 64 ? "64" : "128") : "channel", rel, rel_pred, drel, worst);
+	free(w), free(dq), free(x), free(fk), free(c), free(sc);
+}
+
+/* ---- G. the writer on a golden model --------------------------------------- */
+static char tmpdir[256];
+#define LOGIT_BOUND 1.5e-2
+
+static void rm_rf(const char *d)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d);
+	if (system(cmd) != 0)
+		printf("warning: could not remove %s\n", d);
+}
+
+static void test_writer(const char *golden, int group)
+{
+	char in[512], out[600];
+	snprintf(in, sizeof(in), "%s/tiny-dense", golden);
+	snprintf(out, sizeof(out), "%s/q%d", tmpdir, group);
+	struct sfw_quant_params p = sfw_quant_default_params();
+	struct sfw_quant_stats st;
+	p.method = SFW_QUANT_RTN;
+	p.group_size = group;
+	p.stats = &st;
+	p.threads = 2;
+	p.shard_bytes = 1500000; /* several shards on a 7 MB model */
+	struct sfw_err err = {0};
+	enum sfw_status s = sfw_quant_run(in, out, &p, &err);
+	CHECK(s == SFW_OK, "quantize tiny-dense group %d: %s", group, err.msg);
+	if (s != SFW_OK)
+		return;
+	CHECK(st.n_quantized == 4 * 7 + 2 * 1 + 2 * 1 && st.n_shards >= 2,
+	      "32 linears (4 layers x q,k,v,o,gate,up,down + o_gate x2 + z x2), %d shards", st.n_shards);
+	struct sfw_st_set *qs = NULL, *is = NULL;
+	CHECK(sfw_st_set_open(out, &qs, &err) == SFW_OK, "output opens as a sharded set: %s", err.msg);
+	CHECK(sfw_st_set_open(in, &is, &err) == SFW_OK, "input opens");
+	if (!qs || !is) {
+		sfw_st_set_close(qs), sfw_st_set_close(is);
+		return;
+	}
+	int lin = 0, lin_ok = 0, copies = 0, copies_ok = 0;
+	for (size_t i = 0; i < sfw_st_set_count(is); i++) {
+		const struct sfw_tensor_info *t = sfw_st_set_at(is, i);
+		size_t plen;
+		if (!sfw_ql_is_quantized(t->name, &plen)) {
+			const struct sfw_tensor_info *o = sfw_st_set_find(qs, t->name);
+			copies++;
+			copies_ok += o && o->dtype == t->dtype && o->nbytes == t->nbytes && !memcmp(o->data, t->data, t->nbytes);
+			continue;
+		}
+		lin++;
+		char nm[256];
+		int64_t N = (int64_t)t->shape[0], K = (int64_t)t->shape[1];
+		snprintf(nm, sizeof(nm), "%.*s.weight_packed", (int)plen, t->name);
+		const struct sfw_tensor_info *pk = sfw_st_set_find(qs, nm);
+		snprintf(nm, sizeof(nm), "%.*s.weight_scale", (int)plen, t->name);
+		const struct sfw_tensor_info *sc = sfw_st_set_find(qs, nm);
+		snprintf(nm, sizeof(nm), "%.*s.weight_shape", (int)plen, t->name);
+		const struct sfw_tensor_info *sh = sfw_st_set_find(qs, nm);
+		int ok = pk && sc && sh && !sfw_st_set_find(qs, t->name) && pk->dtype == SFW_DTYPE_I32 && pk->ndim == 2 &&
+			 (int64_t)pk->shape[0] == N && (int64_t)pk->shape[1] == sfw_ql_words(K) &&
+			 sc->dtype == SFW_DTYPE_BF16 && sc->ndim == 2 && (int64_t)sc->shape[1] == sfw_ql_ngroups(K, group) &&
+			 sh->dtype == SFW_DTYPE_I64 && sh->nelem == 2 && ((const int64_t *)sh->data)[0] == N &&
+			 ((const int64_t *)sh->data)[1] == K;
+		float *row = malloc((size_t)K * 4);
+		uint8_t *c = malloc((size_t)sfw_ql_row_bytes(K));
+		uint16_t *g = malloc((size_t)sfw_ql_ngroups(K, group) * 2);
+		for (int64_t r = 0; ok && r < N; r++) {
+			for (int64_t k = 0; k < K; k++)
+				row[k] = sfw_bf16_to_f32(((const uint16_t *)t->data)[r * K + k]);
+			ok = sfw_quant_row_w8_ref(row, K, group, c, g) == 0 &&
+			     !memcmp((const uint8_t *)pk->data + r * sfw_ql_row_bytes(K), c, (size_t)sfw_ql_row_bytes(K)) &&
+			     !memcmp((const uint16_t *)sc->data + r * sfw_ql_ngroups(K, group), g,
+				     (size_t)sfw_ql_ngroups(K, group) * 2);
+		}
+		free(row), free(c), free(g);
+		lin_ok += ok;
+	}
+	CHECK(lin == 32 && lin_ok == lin, "group %d: %d/%d linears: I32 [N, K/4] codes, bf16 [N, G] scales, I64 "
+					  "shape, bytes = reference quantizer of the source rows", group, lin_ok, lin);
+	CHECK(copies > 0 && copies_ok == copies, "group %d: %d/%d other tensors copied byte for byte", group,
+	      copies_ok, copies);
+	/* config.json and shard metadata */
+	char path[700];
+	snprintf(path, sizeof(path), "%s/config.json", out);
+	struct sfw_buf b;
+	sfw_buf_init(&b, 1 << 20);
+	cJSON *root = NULL;
+	int cfg_ok = sfw_read_file(path, 1 << 20, &b, &err) == SFW_OK &&
+		     sfw_json_parse(b.data, b.len, path, &root, &err) == SFW_OK;
+	const cJSON *q = cfg_ok ? cJSON_GetObjectItemCaseSensitive(root, "quantization_config") : NULL;
+	const cJSON *w = q ? cJSON_GetObjectItemCaseSensitive(
+				 cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(q, "config_groups"), "group_0"),
+				 "weights")
+			   : NULL;
+	const cJSON *gs = w ? cJSON_GetObjectItemCaseSensitive(w, "group_size") : NULL;
+	const cJSON *ig = q ? cJSON_GetObjectItemCaseSensitive(q, "ignore") : NULL;
+	CHECK(q && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(q, "quant_method")), "compressed-tensors") &&
+		  !strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(q, "format")), "pack-quantized") &&
+		  w && cJSON_GetObjectItemCaseSensitive(w, "num_bits")->valuedouble == 8 &&
+		  cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "symmetric")) &&
+		  !strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(w, "strategy")), group ? "group" : "channel") &&
+		  (group ? cJSON_IsNumber(gs) && gs->valuedouble == group : cJSON_IsNull(gs)) &&
+		  cJSON_GetArraySize(ig) == 1 && !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(ig, 0)), "lm_head") &&
+		  cJSON_GetObjectItemCaseSensitive(root, "mixer_types"),
+	      "group %d: config.json keeps the model config and adds quantization_config", group);
+	cJSON_Delete(root);
+	sfw_buf_release(&b);
+	snprintf(path, sizeof(path), "%s/model-00001-of-%05d.safetensors", out, st.n_shards);
+	struct sfw_st_file *f = NULL;
+	CHECK(sfw_st_open(path, &f, &err) == SFW_OK && !strcmp(sfw_st_metadata(f, "salafw.format"), "awq-w8") &&
+		  !strcmp(sfw_st_metadata(f, "salafw.version"), SFW_QL_VERSION) &&
+		  !strcmp(sfw_st_metadata(f, "quant.group_size"), group ? (group == 32 ? "32" : group == 64 ? "64" : "128") : "channel") &&
+		  !strcmp(sfw_st_metadata(f, "format"), "pt"),
+	      "group %d: shard __metadata__ salafw.format, version, group size, format pt", group);
+	sfw_st_close(f);
+	sfw_st_set_close(qs);
+	sfw_st_set_close(is);
+}
+
+
+/* ---- H. the runner on quantized golden models -------------------------------- */
+struct model_err {
+	double max_prefill, max_decode, logit_scale, rms_prefill;
+	int forced_agree, steps, greedy_prefix;
+};
+
+static const struct sfw_tensor_info *gfind(struct sfw_st_file *f, const char *n)
+{
+	const struct sfw_tensor_info *t = sfw_st_find(f, n);
+	CHECK(t != NULL, "golden tensor %s", n);
+	return t;
+}
+
+/* Logits of model_dir on the golden prompt (+ fed decode tokens) against
+ * golden_f32; and the free-running greedy chain against decode.tokens. */
+static int model_vs_golden(const char *model_dir, const char *golden_case, struct model_err *me)
+{
+	char gp[700];
+	snprintf(gp, sizeof(gp), "%s/golden_f32.safetensors", golden_case);
+	struct sfw_st_file *g = NULL;
+	struct sfw_err err = {0};
+	struct sfw_model *m = NULL;
+	struct sfw_record *r = NULL, *r2 = NULL;
+	memset(me, 0, sizeof(*me));
+	if (sfw_st_open(gp, &g, &err) != SFW_OK) {
+		CHECK(0, "open %s: %s", gp, err.msg);
+		return -1;
+	}
+	const struct sfw_tensor_info *ids = gfind(g, "input_ids"), *din = gfind(g, "decode.input_ids"),
+				     *pl = gfind(g, "prefill.logits"), *dl = gfind(g, "decode.logits"),
+				     *tok = gfind(g, "decode.tokens");
+	struct sfw_model_params mp = sfw_model_default_params();
+	mp.device = SFW_DEVICE_CPU;
+	int rc = -1;
+	if (!ids || !din || !pl || !dl || !tok)
+		goto out;
+	if (sfw_model_load(model_dir, &mp, &m, &err) != SFW_OK) {
+		CHECK(0, "load %s: %s", model_dir, err.msg);
+		goto out;
+	}
+	struct sfw_score_params sp = {ids->data, (size_t)ids->nelem, (int)din->nelem, din->data, 0,
+				      sfw_ctx_default_params()};
+	if (sfw_score_run(m, &sp, &r, &err) != SFW_OK) {
+		CHECK(0, "score %s: %s", model_dir, err.msg);
+		goto out;
+	}
+	const struct sfw_record_tensor *rp = sfw_record_find(r, "prefill.logits"), *rd = sfw_record_find(r, "decode.logits"),
+				       *rt = sfw_record_find(r, "decode.tokens");
+	int64_t T = (int64_t)ids->nelem, V = (int64_t)pl->shape[1], Tl = (int64_t)pl->shape[0], S = (int64_t)din->nelem;
+	const float *gl = pl->data, *gd = dl->data, *ql = rp->data, *qd = rd->data;
+	for (int64_t i = 0; i < Tl * V; i++) {
+		double d = fabs((double)gl[i] - ql[(T - Tl) * V + i]);
+		me->max_prefill = d > me->max_prefill ? d : me->max_prefill;
+		me->logit_scale = fabs(gl[i]) > me->logit_scale ? fabs(gl[i]) : me->logit_scale;
+		me->rms_prefill += d * d;
+	}
+	me->rms_prefill = sqrt(me->rms_prefill / (double)(Tl * V));
+	for (int64_t i = 0; i < S * V; i++) {
+		double d = fabs((double)gd[i] - qd[i]);
+		me->max_decode = d > me->max_decode ? d : me->max_decode;
+	}
+	const int32_t *gt = tok->data, *qt = rt->data;
+	me->steps = (int)S + 1;
+	for (int64_t i = 0; i <= S; i++)
+		me->forced_agree += gt[i] == qt[i];
+	sp.feed = NULL; /* free-running greedy chain */
+	if (sfw_score_run(m, &sp, &r2, &err) != SFW_OK) {
+		CHECK(0, "greedy %s: %s", model_dir, err.msg);
+		goto out;
+	}
+	qt = sfw_record_find(r2, "decode.tokens")->data;
+	while (me->greedy_prefix <= S && qt[me->greedy_prefix] == gt[me->greedy_prefix])
+		me->greedy_prefix++;
+	rc = 0;
+out:
+	sfw_record_free(r);
+	sfw_record_free(r2);
+	sfw_model_free(m);
+	sfw_st_close(g);
+	return rc;
+}
+
+static void test_models(const char *golden)
+{
+	static const char *cases[] = {"tiny-dense", "tiny-sparse"};
+	static const int groups[] = {32, 128, 0};
+	for (int c = 0; c < 2; c++) {
+		char in[600];
+		snprintf(in, sizeof(in), "%s/%s", golden, cases[c]);
+		for (int gi = 0; gi < (c ? 1 : 3); gi++) { /* tiny-sparse (1500 tokens) costs more: g32 only */
+			char out[700];
+			snprintf(out, sizeof(out), "%s/m-%s-%d", tmpdir, cases[c], groups[gi]);
+			struct sfw_quant_params p = sfw_quant_default_params();
+			p.method = SFW_QUANT_RTN;
+			p.group_size = groups[gi];
+			struct sfw_err err = {0};
+			if (sfw_quant_run(in, out, &p, &err) != SFW_OK) {
+				CHECK(0, "quantize %s: %s", in, err.msg);
+				continue;
+			}
+			struct model_err me;
+			if (model_vs_golden(out, in, &me) != 0)
+				continue;
+			printf("%s rtn g%-3d: max |dlogit| prefill %.2e decode %.2e (%.1f%% of max |logit| %.3f); "
+			       "teacher-forced argmax %d/%d; greedy prefix %d/%d\n",
+			       cases[c], groups[gi], me.max_prefill, me.max_decode,
+			       100 * (me.max_prefill > me.max_decode ? me.max_prefill : me.max_decode) / me.logit_scale,
+			       me.logit_scale, me.forced_agree, me.steps, me.greedy_prefix, me.steps);
+			CHECK(me.max_prefill <= LOGIT_BOUND && me.max_decode <= LOGIT_BOUND,
+			      "%s int8 g%d logits within %.0e of golden_f32 (%.2e, %.2e)", cases[c], groups[gi], LOGIT_BOUND,
+			      me.max_prefill, me.max_decode);
+			CHECK(me.forced_agree >= me.steps - 2, "%s int8 g%d: teacher-forced argmax agrees %d/%d", cases[c],
+			      groups[gi], me.forced_agree, me.steps);
+		}
+	}
+}
+
+/* ---- I. AWQ: the fold is an identity; the search does not lose to RTN -------- */
+static void test_awq(const char *golden)
+{
+	char in[600], out[700];
+	snprintf(in, sizeof(in), "%s/tiny-dense", golden);
+	struct sfw_quant_params p = sfw_quant_default_params();
+	struct sfw_quant_stats st;
+	struct sfw_err err = {0};
+	p.samples = 6, p.seq_len = 128, p.loss_rows = 256, p.stats = &st;
+	/* fold only, float32: the logits of the folded model equal the original's */
+	p.fold_only = 1;
+	snprintf(out, sizeof(out), "%s/fold", tmpdir);
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "AWQ fold-only run: %s", err.msg);
+	CHECK(st.awq_mappings == 4 * 3 + 2 && st.awq_identity < st.awq_mappings && st.calib_tokens == 6 * 128,
+	      "14 smoothing groups searched (3 per sparse layer, 4 per lightning layer), %d non-identity, %lld tokens",
+	      st.awq_mappings - st.awq_identity, (long long)st.calib_tokens);
+	struct sfw_st_set *fs = NULL;
+	const struct sfw_tensor_info *nw = NULL;
+	if (sfw_st_set_open(out, &fs, &err) == SFW_OK) {
+		nw = sfw_st_set_find(fs, "model.layers.1.post_attention_layernorm.weight");
+		CHECK(nw && nw->dtype == SFW_DTYPE_F32, "folded norms are written in float32 (fold-only)");
+	}
+	struct model_err fe, re, ae;
+	if (model_vs_golden(out, in, &fe) == 0) {
+		printf("awq fold-only: max |dlogit| vs golden_f32 prefill %.2e decode %.2e\n", fe.max_prefill, fe.max_decode);
+		CHECK(fe.max_prefill <= 1e-5 && fe.max_decode <= 1e-5 && fe.forced_agree == fe.steps,
+		      "the AWQ fold is an identity: logits within 1e-5 (%.2e, %.2e)", fe.max_prefill, fe.max_decode);
+	}
+	sfw_st_set_close(fs);
+	/* AWQ vs RTN, same group size: logit error against the bf16 model */
+	static const int groups[] = {128, 32};
+	for (int gi = 0; gi < 2; gi++) {
+		p.fold_only = 0;
+		p.group_size = groups[gi];
+		p.method = SFW_QUANT_AWQ;
+		snprintf(out, sizeof(out), "%s/awq%d", tmpdir, groups[gi]);
+		CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "AWQ g%d: %s", groups[gi], err.msg);
+		double alpha = st.awq_mean_alpha, gain = st.awq_loss_gain;
+		int ok = model_vs_golden(out, in, &ae) == 0;
+		p.method = SFW_QUANT_RTN;
+		snprintf(out, sizeof(out), "%s/rtn%d", tmpdir, groups[gi]);
+		CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "RTN g%d: %s", groups[gi], err.msg);
+		ok = ok && model_vs_golden(out, in, &re) == 0;
+		if (!ok)
+			continue;
+		printf("tiny-dense g%d: logit error vs bf16  RTN rms %.3e max %.3e | AWQ rms %.3e max %.3e "
+		       "(mean alpha %.3f, proxy loss -%.1f%%)\n", groups[gi], re.rms_prefill, re.max_prefill,
+		       ae.rms_prefill, ae.max_prefill, alpha, 100 * gain);
+		/* The search never loses on its own objective (the identity is a
+		 * candidate). On these random-weight models there are no salient
+		 * channels and the proxy's gain does not carry to the logits: measured
+		 * AWQ/RTN logit RMS 1.019 (g128) and 1.058 (g32). We hold it to 1.10
+		 * and say so in the report, rather than claim AWQ <= RTN here. */
+		CHECK(gain >= 0, "g%d: AWQ proxy loss never above RTN's (gain %.3f)", groups[gi], gain);
+		CHECK(ae.rms_prefill <= 1.10 * re.rms_prefill, "g%d: AWQ logit RMS error %.3e <= 1.10 x RTN's %.3e",
+		      groups[gi], ae.rms_prefill, re.rms_prefill);
+		CHECK(ae.max_prefill <= LOGIT_BOUND && ae.forced_agree >= ae.steps - 2, "g%d: AWQ model runs within bounds",
+		      groups[gi]);
+	}
+}
+
+static void test_refusals(const char *golden)
+{
+	char in[512], out[600];
+	snprintf(in, sizeof(in), "%s/tiny-dense", golden);
+	struct sfw_quant_params p = sfw_quant_default_params();
+	p.method = SFW_QUANT_RTN;
+	struct sfw_err err = {0};
+	snprintf(out, sizeof(out), "%s/q128", tmpdir);
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_E_INVAL && strstr(err.msg, "already holds a model"),
+	      "an existing output needs force: %s", err.msg);
+	p.force = 1;
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "force overwrites: %s", err.msg);
+	p.force = 0;
+	snprintf(out, sizeof(out), "%s/again", tmpdir);
+	char q128[600];
+	snprintf(q128, sizeof(q128), "%s/q128", tmpdir);
+	CHECK(sfw_quant_run(q128, out, &p, &err) == SFW_E_UNSUPPORTED && strstr(err.msg, "already quantized"),
+	      "a quantized input is refused: %s", err.msg);
+	CHECK(sfw_quant_run(in, in, &p, &err) != SFW_OK, "output == input refused: %s", err.msg);
+	p.group_size = 16;
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_E_INVAL && strstr(err.msg, "group size"), "group 16 refused: %s",
+	      err.msg);
+}
+
+int main(void)
+{
+	test_layout();
+	test_known_bytes();
+	static const int groups[] = {32, 64, 128, 0};
+	for (int i = 0; i < 4; i++) {
+		test_python(42 + (uint64_t)i, 24, 301, groups[i], 0);
+		test_python(7 + (uint64_t)i, 16, 256, groups[i], 1);
+		test_errors(groups[i]);
+	}
+	const char *golden = check_golden_dir();
+	snprintf(tmpdir, sizeof(tmpdir), "%s/salafw-quant.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	if (golden && mkdtemp(tmpdir)) {
+		test_writer(golden, 32);
+		test_writer(golden, 128);
+		test_writer(golden, 0);
+		test_refusals(golden);
+		test_models(golden);
+		test_awq(golden);
+		rm_rf(tmpdir);
+	}
+	return CHECK_REPORT("test_quant");
+}

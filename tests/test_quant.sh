@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# test_quant.sh - salafw quant end to end: usage and the verified-weights
+# rule, a quantized golden model run through `salafw run` / `score`, a
+# third-party variant of the same layout (F32/F16 scales, I32 weight_shape,
+# an ignored module kept in bf16: cyankiwi-style), and clear refusals of
+# quantization configs the runner cannot run.
+. tests/lib.sh
+S=$(scratch)
+G=$GOLDEN
+D=$G/tiny-dense
+
+st_ints() {
+	python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
+t = h[sys.argv[2]]; a, b = t['data_offsets']; f.seek(8 + n + a); d = f.read(b - a)
+print(' '.join(str(x) for x in struct.unpack('<%di' % (len(d) // 4), d)))
+PY
+}
+
+# usage and the gate
+check_exit "quant needs -o" 2 $SALAFW quant "$D" --no-verify
+check_exit "bad --group" 2 $SALAFW quant "$D" -o "$S/x" --group 16 --no-verify
+check_exit "bad --method" 2 $SALAFW quant "$D" -o "$S/x" --method gptq --no-verify
+check_exit "--fold-only needs awq" 2 $SALAFW quant "$D" -o "$S/x" --method rtn --fold-only --no-verify
+check_err "quant refuses a directory without a signed manifest" 1 "no signed manifest" \
+	$SALAFW quant "$D" -o "$S/x" --method rtn
+check_err "quant --no-verify says so and reports" 0 "32 linears int8 \(w8-g32\)" \
+	$SALAFW quant "$D" -o "$S/q" --method rtn --group 32 --no-verify
+check_err "an existing output needs --force" 2 "already holds a model" \
+	$SALAFW quant "$D" -o "$S/q" --method rtn --no-verify
+check "the output is a complete model directory" test -f "$S/q/config.json" -a -f "$S/q/model.safetensors.index.json"
+
+# the quantized model runs: greedy chain as the bf16 reference (17/17 measured)
+want=$(st_ints "$D/golden_f32.safetensors" decode.tokens)
+got=$($SALAFW run "$S/q" --ids "$D/golden_f32.safetensors" --greedy -n 17 --print-ids --no-verify 2>/dev/null)
+[ "$got" = "$want" ] && pass "int8 tiny-dense greedy chain == golden decode.tokens" ||
+	fail "int8 greedy chain: got '$got' want '$want'"
+check "score runs on the int8 model" $SALAFW score "$S/q" --ids "$D/golden_f32.safetensors" -o "$S/q.safetensors" \
+	--no-verify
+check_err "the CUDA device is refused or absent, never silently wrong" 5 "int8 weights|no CUDA|CUDA" \
+	$SALAFW score "$S/q" --ids "$D/golden_f32.safetensors" -o "$S/c.safetensors" --device cuda --no-verify
+
+# third-party layout variants, rewritten from our output with stdlib python:
+#   v1: weight_scale as F32 and weight_shape as I32 (same values) -> identical logits
+#   v2: weight_scale as F16, layer 1 down_proj left in bf16 and listed in `ignore`
+python3 - "$S/q" "$D" "$S/v1" "$S/v2" <<'PY' || fail "writing third-party variants"
+import json, os, shutil, struct, sys
+q, src, v1, v2 = sys.argv[1:5]
+def read(path):
+    f = open(path, 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); base = 8 + n
+    out = {}
+    for k, t in h.items():
+        if k == '__metadata__': continue
+        a, b = t['data_offsets']; f.seek(base + a); out[k] = (t['dtype'], t['shape'], f.read(b - a))
+    return out
+def write(path, tensors):
+    order = sorted(tensors, key=lambda k: (-{'I64': 8, 'F32': 4, 'I32': 4, 'BF16': 2, 'F16': 2}[tensors[k][0]], k))
+    hdr, off = {'__metadata__': {'format': 'pt'}}, 0
+    for k in order:
+        dt, sh, d = tensors[k]; hdr[k] = {'dtype': dt, 'shape': sh, 'data_offsets': [off, off + len(d)]}; off += len(d)
+    j = json.dumps(hdr).encode(); j += b' ' * (-len(j) % 8)
+    with open(path, 'wb') as f:
+        f.write(struct.pack('<Q', len(j))); f.write(j)
+        for k in order: f.write(tensors[k][2])
+def bf16_to_f32(h): return struct.unpack('<f', struct.pack('<I', h << 16))[0]
+def f32_to_f16(x): return struct.pack('<e', x)
+idx = json.load(open(os.path.join(q, 'model.safetensors.index.json')))
+t = {}
+for shard in sorted(set(idx['weight_map'].values())): t.update(read(os.path.join(q, shard)))
+orig = read(os.path.join(src, 'model.safetensors'))
+cfg = json.load(open(os.path.join(q, 'config.json')))
+for out, mode in ((v1, 1), (v2, 2)):
+    os.makedirs(out, exist_ok=True); tt = {}
+    for k, (dt, sh, d) in t.items():
+        if k.endswith('.weight_scale'):
+            vals = [bf16_to_f32(x) for x in struct.unpack('<%dH' % (len(d) // 2), d)]
+            if mode == 1: tt[k] = ('F32', sh, struct.pack('<%df' % len(vals), *vals))
+            else: tt[k] = ('F16', sh, b''.join(f32_to_f16(v) for v in vals))
+        elif k.endswith('.weight_shape'):
+            tt[k] = ('I32', sh, struct.pack('<2i', *struct.unpack('<2q', d)))
+        else: tt[k] = (dt, sh, d)
+    if mode == 2:
+        p = 'model.layers.1.mlp.down_proj'
+        for s in ('.weight_packed', '.weight_scale', '.weight_shape'): del tt[p + s]
+        tt[p + '.weight'] = orig[p + '.weight']
+    write(os.path.join(out, 'model.safetensors'), tt)
+    c = json.loads(json.dumps(cfg))
+    if mode == 2: c['quantization_config']['ignore'].append('model.layers.1.mlp.down_proj')
+    json.dump(c, open(os.path.join(out, 'config.json'), 'w'))
+PY
+check "score the F32-scale / I32-shape variant" $SALAFW score "$S/v1" --ids "$D/golden_f32.safetensors" \
+	-o "$S/v1.safetensors" --no-verify
+same=$(python3 - "$S/q.safetensors" "$S/v1.safetensors" <<'PY'
+import json, struct, sys
+def get(p, name):
+    f = open(p, 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
+    a, b = h[name]['data_offsets']; f.seek(8 + n + a); return f.read(b - a)
+print(int(get(sys.argv[1], 'prefill.logits') == get(sys.argv[2], 'prefill.logits')))
+PY
+)
+[ "$same" = 1 ] && pass "F32 scales and I32 shapes give bit-identical logits" || fail "F32/I32 variant logits differ"
+got=$($SALAFW run "$S/v2" --ids "$D/golden_f32.safetensors" --greedy -n 17 --print-ids --no-verify 2>/dev/null)
+[ "$got" = "$want" ] && pass "F16 scales + an ignored bf16 module: greedy chain == golden" ||
+	fail "cyankiwi-style variant: got '$got' want '$want'"
+
+# configurations the runner cannot run are refused by name
+mkbad() { # NAME PYTHON-EXPR-ON-q
+	mkdir -p "$S/$1"; ln -sf "$S/v1/model.safetensors" "$S/$1/model.safetensors"
+	python3 -c "import json,sys; c=json.load(open('$S/v1/config.json')); q=c['quantization_config']; w=q['config_groups']['group_0']['weights']; $2; json.dump(c, open('$S/$1/config.json','w'))"
+}
+mkbad b4 "w['num_bits']=4"
+mkbad basym "w['symmetric']=False"
+mkbad bawq "c['quantization_config']={'quant_method':'awq','bits':8,'group_size':128}"
+mkbad bw8a8 "q['config_groups']['group_0']['input_activations']={'num_bits':8}"
+mkbad bfmt "q['format']='int-quantized'; q['config_groups']['group_0']['format']='int-quantized'"
+mkbad bgrp "w['group_size']=64"
+for b in "b4:4-bit weights are not supported" "basym:asymmetric int8" "bawq:quantization method 'awq' is not supported" \
+	"bw8a8:activation quantization" "bfmt:format 'int-quantized' is not supported" "bgrp:which no group size"; do
+	check_err "refuses ${b%%:*}: ${b#*:}" 5 "${b#*:}" \
+		$SALAFW score "$S/${b%%:*}" --ids "$D/golden_f32.safetensors" -o "$S/b.safetensors" --no-verify
+done
+
+check_report test_quant.sh
