@@ -91,6 +91,7 @@ struct w8_job {
 	const void *scales;
 	enum sfw_op_dtype sdt;
 	int group, M, N, K;
+	int avx2;    /* decode: the AVX2 path is usable */
 	float *slab; /* prefill: dequantized rows */
 	int n0;      /* prefill: first row of the slab */
 };
@@ -156,11 +157,60 @@ static void gemv1_rows(const struct w8_job *j, int n0, int n1)
 	}
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+/* GCC widens uint8 vectors element by element; AVX2 does it in one
+ * instruction: b ^ 0x80 is q as int8, then sign-extend and convert. */
+__attribute__((target("avx2,fma"))) static void gemv1_rows_avx2(const struct w8_job *j, int n0, int n1)
+{
+	int K = j->K, span = j->group;
+	size_t rb = (size_t)sfw_ql_row_bytes(K), G = (size_t)sfw_ql_ngroups(K, span < K ? span : 0);
+	const float *x = j->x;
+	const __m128i flip = _mm_set1_epi8((char)0x80);
+	for (int n = n0; n < n1; n++) {
+		const uint8_t *c = j->codes + (size_t)n * rb;
+		__m256 tot = _mm256_setzero_ps();
+		float tail = 0;
+		for (size_t g = 0; g < G; g++) {
+			int k0 = (int)g * span, k1 = k0 + span < K ? k0 + span : K, k = k0;
+			__m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+			for (; k + 16 <= k1; k += 16) {
+				__m128i b = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(c + k)), flip);
+				__m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+				__m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+				a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), f0, a0);
+				a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), f1, a1);
+			}
+			for (; k + 8 <= k1; k += 8) {
+				__m128i b = _mm_xor_si128(_mm_loadl_epi64((const __m128i *)(c + k)), flip);
+				a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), a0);
+			}
+			float sc = scale_at(j->scales, j->sdt, (size_t)n * G + g), t = 0;
+			for (; k < k1; k++)
+				t += x[k] * (float)sfw_ql_q(c[k]);
+			tot = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(sc), tot);
+			tail += t * sc;
+		}
+		__m128 h = _mm_add_ps(_mm256_castps256_ps128(tot), _mm256_extractf128_ps(tot, 1));
+		h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+		h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+		j->y[n] = _mm_cvtss_f32(h) + tail;
+	}
+}
+#endif
+
 static void gemv_fn(void *ctx, size_t b, size_t e, int tid)
 {
 	const struct w8_job *j = ctx;
 	(void)tid;
 	int n0 = (int)b * TILE_ROWS, n1 = (int)e * TILE_ROWS < j->N ? (int)e * TILE_ROWS : j->N;
+#ifdef HAVE_AVX2_PATH
+	if (j->M == 1 && j->avx2) {
+		gemv1_rows_avx2(j, n0, n1);
+		return;
+	}
+#endif
 	if (j->M == 1)
 		gemv1_rows(j, n0, n1);
 	else
@@ -196,7 +246,10 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 	if (group <= 0 || group > K)
 		group = K; /* per-channel */
 	int nt = sfw_ops_cpu_threads();
-	struct w8_job j = {y, x, codes, scales, sdt, group, M, N, K, NULL, 0};
+	struct w8_job j = {y, x, codes, scales, sdt, group, M, N, K, 0, NULL, 0};
+#ifdef HAVE_AVX2_PATH
+	j.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
 	if (M <= 4) {
 		size_t ntiles = ((size_t)N + TILE_ROWS - 1) / TILE_ROWS;
 		if ((size_t)nt > ntiles)

@@ -9,7 +9,7 @@ export BUILD
 passed=0 failed=0
 mode=${1:-}
 if [ "$mode" = --gpu ]; then
-	list=$(ls tests/gpu_*.sh $BUILD/tests/gpu_* 2>/dev/null)
+	list=$(ls tests/gpu_*.sh $BUILD/tests/gpu_* 2>/dev/null | grep -v '\.o$' | grep -v '\.d$')
 else
 	list=$(ls $BUILD/tests/test_* tests/test_*.sh 2>/dev/null | grep -v '\.o$' | grep -v '\.d$')
 fi

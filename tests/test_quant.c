@@ -19,6 +19,7 @@
 #include "check.h"
 #include "alloc.h"
 #include "json.h"
+#include "kernels/ops.h"
 #include "file.h"
 #include "quant/quant.h"
 #include "runner/runner.h"
@@ -237,6 +238,48 @@ static void test_errors(int group)
 	printf("group %-7s: weight rel RMSE %.3e (uniform prediction %.3e), dot rel RMS %.3e, worst %.3f scale\n",
 	       group ? (group == 32 ? "32" : group == 64 ? "64" : "128") : "channel", rel, rel_pred, drel, worst);
 	free(w), free(dq), free(x), free(fk), free(c), free(sc);
+}
+
+/* ---- J. the W8A16 CPU op against a double-precision reference ---------------- */
+static void test_matmul_w8(void)
+{
+	static const int Ms[] = {1, 3, 7}, groups[] = {32, 128, 0};
+	const int N = 37, K = 300;
+	uint64_t s = 99;
+	int64_t rb = sfw_ql_row_bytes(K);
+	uint8_t *codes = malloc((size_t)N * rb);
+	float *x = malloc((size_t)7 * K * 4), *y = malloc((size_t)7 * N * 4), *sf = malloc((size_t)N * 10 * 4);
+	uint16_t *sb = malloc((size_t)N * 10 * 2);
+	for (size_t i = 0; i < (size_t)N * rb; i++)
+		codes[i] = (uint8_t)(sm_next(&s) >> 56);
+	for (int i = 0; i < 7 * K; i++)
+		x[i] = (float)gauss(&s);
+	for (int gi = 0; gi < 3; gi++)
+		for (int sdt = 0; sdt < 2; sdt++)
+			for (int mi = 0; mi < 3; mi++) {
+				int g = groups[gi], M = Ms[mi], span = (int)sfw_ql_group_span(K, g);
+				int64_t G = sfw_ql_ngroups(K, g);
+				for (int64_t i = 0; i < N * G; i++) {
+					sb[i] = sfw_f32_to_bf16((float)(0.001 * (1 + (sm_next(&s) >> 60))));
+					sf[i] = sfw_bf16_to_f32(sb[i]);
+				}
+				sfw_op_matmul_w8_cpu(y, x, codes, sdt ? (const void *)sf : (const void *)sb,
+						     sdt ? SFW_OP_F32 : SFW_OP_BF16, span, M, N, K);
+				double worst = 0;
+				for (int m = 0; m < M; m++)
+					for (int n = 0; n < N; n++) {
+						double ref = 0, mag = 0;
+						for (int k = 0; k < K; k++) {
+							double w = (double)((int)codes[(size_t)n * rb + k] - 128) * sf[n * G + k / span];
+							ref += x[m * K + k] * w, mag += fabs(x[m * K + k] * w);
+						}
+						double e = fabs(y[m * N + n] - ref) / (mag + 1e-30);
+						worst = e > worst ? e : worst;
+					}
+				CHECK(worst < 1e-5, "matmul_w8 M=%d group %d %s scales: worst error %.1e of sum |x w|", M, g,
+				      sdt ? "f32" : "bf16", worst);
+			}
+	free(codes), free(x), free(y), free(sf), free(sb);
 }
 
 /* ---- G. the writer on a golden model --------------------------------------- */
@@ -564,6 +607,7 @@ int main(void)
 {
 	test_layout();
 	test_known_bytes();
+	test_matmul_w8();
 	static const int groups[] = {32, 64, 128, 0};
 	for (int i = 0; i < 4; i++) {
 		test_python(42 + (uint64_t)i, 24, 301, groups[i], 0);
