@@ -112,6 +112,11 @@ static size_t wbytes(const struct sfw_bweight *w)
 static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweight *w, struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
+	/* The CUDA kernels read bf16 or f32 weights only; int8 checkpoints are
+	 * refused earlier (supports_w8 == 0), this guards every other caller. */
+	if (w->dtype != SFW_OP_BF16 && w->dtype != SFW_OP_F32)
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "weight '%s': the cuda backend runs bf16 or f32 weights only",
+				w->name ? w->name : "?");
 	size_t n = wbytes(w);
 	void *p = b->nslabs ? sfw_cuda_arena_take(&b->slab[b->nslabs - 1], n) : NULL;
 	if (!p) {
