@@ -147,7 +147,9 @@ fuzz: $(FUZZ_BINS)
 	@set -e; for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/corpus-$$n; \
 	  seeds=; [ -d tests/fuzz/seeds/$$n ] && seeds=tests/fuzz/seeds/$$n; \
 	  echo "fuzz $$n for $(FUZZ_SECONDS)s"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(FUZZ_BUILD)/corpus-$$n $$seeds 2>&1 | tail -n 3; done
+	  if $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(FUZZ_BUILD)/corpus-$$n $$seeds \
+	     >$(FUZZ_BUILD)/$$n.log 2>&1; then tail -n 2 $(FUZZ_BUILD)/$$n.log; \
+	  else tail -n 40 $(FUZZ_BUILD)/$$n.log; echo "fuzz $$n: FAILED"; exit 1; fi; done
 $(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lpthread -lm

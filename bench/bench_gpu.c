@@ -7,7 +7,9 @@
  * one-token steps. Prints prefill tok/s, TTFT, decode tok/s, the peak device
  * memory of the run, and the ratios to the limits: decode as weight bytes per
  * step over the copy ceiling, prefill as linear-layer FLOPs over the GEMM
- * ceiling. Built in every build; without CUDA=1 it says so and exits 0. */
+ * ceiling. The measuring is runner/bench.c's (the same as `salafw bench`).
+ * Built in every build; without CUDA=1 it says so and exits 0. */
+#include "runner/bench.h"
 #include "runner/runner.h"
 #include "sfw.h"
 
@@ -32,28 +34,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-/* Linear-layer parameters (every matmul weight, lm_head apart). */
-static double linear_params(const struct sfw_config *c)
-{
-	double D = c->hidden_size, I = c->intermediate_size, p = 0;
-	double qd = (double)c->num_attention_heads * c->head_dim, kvd = (double)c->num_key_value_heads * c->head_dim;
-	double ld = (double)c->lightning_nh * c->lightning_head_dim;
-	for (int i = 0; i < c->num_hidden_layers; i++) {
-		p += 3 * D * I;
-		if (c->mixer[i] == SFW_MIXER_SPARSE)
-			p += qd * D + 2 * kvd * D + D * qd + (c->attn_use_output_gate ? qd * D : 0);
-		else
-			p += 4 * ld * D + (c->use_output_gate ? ld * D : 0);
-	}
-	return p;
-}
-
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -75,8 +55,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	double copy = 0, gemm = 0;
-	if (sfw_cuda_measure_copy((size_t)2 << 30, &copy, &err) != SFW_OK ||
-	    sfw_cuda_measure_gemm(8192, &gemm, &err) != SFW_OK) {
+	if (sfw_bench_limits(&copy, &gemm, &err) != SFW_OK) {
 		fprintf(stderr, "bench_gpu: %s\n", err.msg);
 		return 1;
 	}
@@ -92,7 +71,7 @@ int main(int argc, char **argv)
 	size_t wlive, wpeak, wused;
 	sfw_cuda_mem_stats(&wlive, &wpeak, &wused);
 	const struct sfw_config *cf = sfw_model_config(m);
-	double lp = linear_params(cf), head = (double)cf->vocab_size * cf->hidden_size;
+	double lp = sfw_bench_linear_params(cf), head = (double)cf->vocab_size * cf->hidden_size;
 	double step_bytes = 2 * (lp + head); /* bf16 weights read per decode step */
 	printf("model %s: %d layers, loaded on %s in %.1f s; device memory after load %.2f GiB (ours), "
 	       "%.2f GiB (driver)\n",
@@ -100,8 +79,6 @@ int main(int argc, char **argv)
 	       wused / 1073741824.0);
 	printf("per token: %.2f GB of weights per decode step, %.2f GFLOP of linear layers per prefill token\n",
 	       step_bytes / 1e9, 2 * lp / 1e9);
-	int32_t *ids = NULL;
-	float *logits = malloc((size_t)cf->vocab_size * sizeof(float));
 	const char *r = runs;
 	int rc = 0;
 	while (*r) {
@@ -112,75 +89,31 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		r += used;
-		if (*r == '@') {
+		if (*r == '@')
 			X = strtoll(r + 1, (char **)&r, 10);
-		}
 		if (*r == ',')
 			r++;
-		if (X < P + G)
-			X = P + G;
-		ids = realloc(ids, (size_t)P * sizeof(int32_t));
-		uint32_t x = 12345;
-		ids[0] = cf->bos_token_id;
-		for (long long i = 1; i < P; i++) {
-			x = x * 1664525u + 1013904223u;
-			ids[i] = (int32_t)(3 + (x >> 8) % (uint32_t)(cf->vocab_size - 3));
-		}
-		sfw_cuda_mem_reset_peak();
-		struct sfw_ctx_params xp = sfw_ctx_default_params();
-		xp.n_ctx = X;
-		xp.prefill_chunk = chunk;
-		struct sfw_ctx *ctx = NULL;
-		if (sfw_ctx_new(m, &xp, &ctx, &err) != SFW_OK) {
+		struct sfw_bench_params bp = {P, G, X, chunk, 0};
+		struct sfw_bench_result res;
+		if (sfw_bench_run(m, &bp, &res, &err) != SFW_OK) {
 			printf("run prompt %lld gen %lld ctx %lld: %s\n", P, G, X, err.msg);
 			rc = 1;
 			continue;
 		}
-		double a = now_s();
-		if (sfw_ctx_prefill(ctx, ids, (size_t)P, logits, &err) != SFW_OK) {
-			printf("run prompt %lld: prefill failed: %s\n", P, err.msg);
-			sfw_ctx_free(ctx);
-			rc = 1;
-			continue;
-		}
-		double ttft = now_s() - a;
-		double *st = malloc((size_t)(G ? G : 1) * sizeof(double));
-		double d0 = now_s();
-		for (long long i = 0; i < G; i++) {
-			int32_t best = 0;
-			for (int v = 1; v < cf->vocab_size; v++)
-				if (logits[v] > logits[best])
-					best = v;
-			double s0 = now_s();
-			if (sfw_ctx_decode(ctx, best, logits, &err) != SFW_OK) {
-				printf("decode failed: %s\n", err.msg);
-				rc = 1;
-				break;
-			}
-			st[i] = now_s() - s0;
-		}
-		double dec = now_s() - d0;
-		size_t live, peak, dused;
-		sfw_cuda_mem_stats(&live, &peak, &dused);
-		double pf_tps = P / ttft, pf_tf = 2 * lp * P / ttft / 1e12;
-		printf("RUN prompt %lld gen %lld ctx %lld chunk %d: prefill %.0f tok/s, TTFT %.3f s "
+		double pf_tf = res.linear_flops * P / res.ttft_s / 1e12;
+		printf("RUN prompt %lld gen %lld ctx %lld chunk %lld: prefill %.0f tok/s, TTFT %.3f s "
 		       "(linear-layer %.0f TFLOP/s = %.2f of GEMM ceiling)\n",
-		       P, G, X, chunk, pf_tps, ttft, pf_tf, pf_tf / gemm);
+		       P, G, (long long)res.n_ctx, (long long)res.chunk, res.prefill_tps, res.ttft_s, pf_tf, pf_tf / gemm);
 		if (G > 0) {
-			qsort(st, (size_t)G, sizeof(double), cmp_d);
-			double med = st[G / 2], bw = step_bytes / med / 1e9;
+			double med = res.decode_median_s, bw = res.weight_bytes / med / 1e9;
 			printf("RUN   decode %.1f tok/s over %lld steps (median step %.3f ms -> %.1f tok/s; "
 			       "weights %.0f GB/s = %.2f of copy ceiling)\n",
-			       G / dec, G, med * 1e3, 1 / med, bw, bw / copy);
+			       res.decode_tps, G, med * 1e3, 1 / med, bw, bw / copy);
 		}
 		printf("RUN   peak device memory %.2f GiB (salafw allocations), %.2f GiB (driver: whole process "
 		       "incl. CUDA context)\n",
-		       peak / 1073741824.0, dused / 1073741824.0);
-		free(st);
-		sfw_ctx_free(ctx);
+		       res.peak_bytes / 1073741824.0, res.driver_bytes / 1073741824.0);
 	}
-	free(ids);
-	free(logits);
 	sfw_model_free(m);
 	return rc;
 }

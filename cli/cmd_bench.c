@@ -1,9 +1,14 @@
 /* salafw bench - prefill and decode speed on random token ids (no tokenizer
- * needed): one prefill of --prompt N tokens, then --gen M one-token steps. */
+ * needed): one prefill of --prompt N tokens, then --gen M one-token steps
+ * (runner/bench.c measures; bench/bench_gpu.c uses the same code). On CUDA
+ * it also prints the peak device memory and the ratios to the two limits
+ * measured in the same run: a device copy (bandwidth, for decode) and a
+ * cuBLASLt GEMM (FLOP/s, for prefill). */
 #include "cli.h"
 #include "thread.h"
 #include "alloc.h"
 #include "kernels/ops.h"
+#include "runner/bench.h"
 #include "runner/runner.h"
 
 #include <stdio.h>
@@ -13,6 +18,8 @@
 static const struct cli_opt opts[] = {
 	{"prompt", 0, "N", "prompt tokens (default 512)"},
 	{"gen", 0, "M", "decode steps (default 64)"},
+	{"prefill-chunk", 0, "C", "prefill rows per piece (default 8192, capped at the prompt)"},
+	{"max-context", 0, "N", "reserve the context for N tokens (default prompt + gen)"},
 	{"gemm", 0, "MxNxK", "instead: time the CPU bf16 GEMM at this shape, all threads vs one"},
 	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
 	{"threads", 0, "N", "CPU threads (default: all cores)"},
@@ -70,7 +77,7 @@ int cmd_bench(int argc, char **argv)
 {
 	const char *C = "salafw bench";
 	const char *device = NULL, *pubkey = NULL, *gemm = NULL;
-	unsigned long long n_prompt = 512, n_gen = 64, threads = 0;
+	unsigned long long n_prompt = 512, n_gen = 64, threads = 0, chunk = 8192, max_ctx = 0;
 	int no_verify = 0, das = 0;
 	struct cli_parser cp;
 	const char *arg;
@@ -89,6 +96,12 @@ int cmd_bench(int argc, char **argv)
 				return SFW_EXIT_USAGE;
 		} else if (!strcmp(nm, "gen")) {
 			if (!cli_parse_u64(C, "--gen", arg, &n_gen) || n_gen > (1u << 24))
+				return SFW_EXIT_USAGE;
+		} else if (!strcmp(nm, "prefill-chunk")) {
+			if (!cli_parse_u64(C, "--prefill-chunk", arg, &chunk) || chunk < 1 || chunk > (1u << 20))
+				return SFW_EXIT_USAGE;
+		} else if (!strcmp(nm, "max-context")) {
+			if (!cli_parse_u64(C, "--max-context", arg, &max_ctx) || max_ctx > (1ull << 30))
 				return SFW_EXIT_USAGE;
 		} else if (!strcmp(nm, "gemm"))
 			gemm = arg;
@@ -124,52 +137,40 @@ int cmd_bench(int argc, char **argv)
 	struct sfw_err err = {0};
 	enum sfw_status s;
 	struct sfw_model *m = NULL;
-	struct sfw_ctx *ctx = NULL;
-	int32_t *ids = NULL;
-	float *logits = NULL;
 	if ((s = sfw_model_load(cp.pos[0], &mp, &m, &err)) != SFW_OK)
-		goto done;
+		return cli_report(s, &err);
 	const struct sfw_config *cf = sfw_model_config(m);
-	struct sfw_ctx_params xp = sfw_ctx_default_params();
-	xp.n_ctx = (int64_t)(n_prompt + n_gen);
-	xp.dense_as_sparse = das;
-	ids = sfw_malloc((size_t)n_prompt * sizeof(int32_t));
-	logits = sfw_malloc((size_t)cf->vocab_size * sizeof(float));
-	if (!ids || !logits) {
-		s = sfw_fail(&err, SFW_E_NOMEM, "out of memory");
+	int cuda = !strcmp(sfw_model_device_name(m), "cuda");
+	double copy = 0, gemm_tf = 0;
+	if (cuda && (s = sfw_bench_limits(&copy, &gemm_tf, &err)) != SFW_OK)
 		goto done;
-	}
-	/* A fixed LCG: the speed does not depend on the ids, only reproducibility matters. */
-	uint32_t x = 12345;
-	ids[0] = cf->bos_token_id;
-	for (size_t i = 1; i < n_prompt; i++) {
-		x = x * 1664525u + 1013904223u;
-		ids[i] = (int32_t)(3 + (x >> 8) % (uint32_t)(cf->vocab_size - 3));
-	}
-	if ((s = sfw_ctx_new(m, &xp, &ctx, &err)) != SFW_OK)
+	struct sfw_bench_params bp = {(int64_t)n_prompt, (int64_t)n_gen, (int64_t)max_ctx, (int)chunk, das};
+	struct sfw_bench_result r;
+	if ((s = sfw_bench_run(m, &bp, &r, &err)) != SFW_OK)
 		goto done;
-	double t0 = now_s();
-	if ((s = sfw_ctx_prefill(ctx, ids, n_prompt, logits, &err)) != SFW_OK)
-		goto done;
-	double t1 = now_s();
-	for (unsigned long long i = 0; i < n_gen; i++) {
-		int32_t best = 0;
-		for (int v = 1; v < cf->vocab_size; v++)
-			if (logits[v] > logits[best])
-				best = v;
-		if ((s = sfw_ctx_decode(ctx, best, logits, &err)) != SFW_OK)
-			goto done;
+	printf("device %s, %d layers, hidden %d, prompt %llu, gen %llu, context %lld, prefill chunk %lld\n",
+	       sfw_model_device_name(m), cf->num_hidden_layers, cf->hidden_size, n_prompt, n_gen, (long long)r.n_ctx,
+	       (long long)r.chunk);
+	if (cuda)
+		printf("limits (measured now): copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", copy, gemm_tf);
+	double tf = r.linear_flops * (double)n_prompt / (r.ttft_s > 0 ? r.ttft_s : 1e-9) / 1e12;
+	printf("prefill: %.1f tok/s (%.3f s), TTFT %.3f s", r.prefill_tps, r.ttft_s, r.ttft_s);
+	if (cuda)
+		printf(", linear layers %.1f TFLOP/s = %.2f of the GEMM limit", tf, tf / gemm_tf);
+	printf("\n");
+	if (n_gen) {
+		double bw = r.weight_bytes / r.decode_median_s / 1e9;
+		printf("decode: %.1f tok/s (%.3f s), median step %.3f ms -> %.1f tok/s", r.decode_tps, r.decode_s,
+		       r.decode_median_s * 1e3, 1 / r.decode_median_s);
+		if (cuda)
+			printf(", weights %.0f GB/s = %.2f of the copy limit (roofline %.1f tok/s)", bw, bw / copy,
+			       copy * 1e9 / r.weight_bytes);
+		printf("\n");
 	}
-	double t2 = now_s();
-	printf("device %s, %d layers, hidden %d, prompt %llu, gen %llu\n", sfw_model_device_name(m),
-	       cf->num_hidden_layers, cf->hidden_size, n_prompt, n_gen);
-	printf("prefill: %.1f tok/s (%.3f s)\n", (double)n_prompt / (t1 - t0), t1 - t0);
-	if (n_gen)
-		printf("decode: %.1f tok/s (%.3f s)\n", (double)n_gen / (t2 - t1), t2 - t1);
+	if (r.device_mem)
+		printf("peak device memory: %.2f GiB (salafw allocations), %.2f GiB (driver: whole process)\n",
+		       r.peak_bytes / 1073741824.0, r.driver_bytes / 1073741824.0);
 done:
-	sfw_free(ids);
-	sfw_free(logits);
-	sfw_ctx_free(ctx);
 	sfw_model_free(m);
 	return s == SFW_OK ? SFW_EXIT_OK : cli_report(s, &err);
 }

@@ -303,7 +303,8 @@ size_t sfw_fetch_normalize_ranges(struct sfw_range *r, size_t n, uint64_t part_l
 		r[k].end = b;
 		k++;
 	}
-	qsort(r, k, sizeof(*r), range_cmp);
+	if (k > 1) /* qsort with a NULL base is undefined even for 0 items */
+		qsort(r, k, sizeof(*r), range_cmp);
 	size_t m = 0;
 	uint64_t total = 0;
 	for (size_t i = 0; i < k; i++) {

@@ -9,8 +9,12 @@
  * dense rows walk [0, p]; sparse rows walk the two halves of each selected
  * 64-token block (block order as in idx, which is ascending). Decode rows
  * (few rows, many keys) split their units over several blocks and merge the
- * partial (max, sum, o) in a second kernel (flash-decoding). */
-#include "cuda_act.cuh"
+ * partial (max, sum, o) in a second kernel (flash-decoding).
+ *
+ * Prefill-sized bf16 calls go to the tensor-core kernel (kernels/attn_tc.cu)
+ * unless SALAFW_CUDA_ATTN=simt; SALAFW_CUDA_ATTN=tc sends every shape it
+ * supports there (tests). */
+#include "attn_tc.cuh"
 
 #define ATT_THREADS 256
 #define ATT_WARPS 8
@@ -230,6 +234,8 @@ static void attn_any(att_args a, int hd, enum sfw_op_dtype act, void *stream)
 extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
 				       int hd, int64_t pos0, float scale, enum sfw_op_dtype act, void *stream)
 {
+	if (sfwi_attn_tc(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, stream))
+		return;
 	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale};
 	attn_any(a, hd, act, stream);
 }
@@ -238,6 +244,8 @@ extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, 
 					int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
 					enum sfw_op_dtype act, void *stream)
 {
+	if (sfwi_attn_tc(o, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale, act, stream))
+		return;
 	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale};
 	attn_any(a, hd, act, stream);
 }

@@ -4,8 +4,12 @@
  * to the lower block index (model-spec §2.6.3-2.6.4).
  *
  * In bf16 mode the stage-1 scores are rounded to bf16 values (the reference
- * kernel writes bf16) and pooling works on those. */
-#include "cuda_act.cuh"
+ * kernel writes bf16) and pooling works on those.
+ *
+ * Prefill-sized bf16 stage-1 calls go to the tensor-core kernel
+ * (kernels/attn_tc_stage1.cu) unless SALAFW_CUDA_STAGE1=simt;
+ * SALAFW_CUDA_STAGE1=tc sends every shape it supports there (tests). */
+#include "attn_tc.cuh"
 
 /* ---- compression ---- */
 
@@ -194,6 +198,8 @@ extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1,
 	if (T <= 0 || n1 <= 0)
 		return;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
+	if (sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, act, stream))
+		return;
 	if (!g_sms) {
 		int dev;
 		SFW_CUDA_CHECK(cudaGetDevice(&dev));

@@ -78,6 +78,10 @@ void sfw_op_sigmoid_mul_cpu(float *y, const float *x, const float *gate, size_t 
  * pos0 + t: inv_freq_m = 1 / theta^(2m/hd) (float32), angle = float(p) * inv_freq_m,
  * x' = x*cos + rotate_half(x)*sin, rotate_half(x) = [-x[hd/2:], x[:hd/2]]. */
 void sfw_op_rope_neox_cpu(float *x, int T, int nh, int hd, int64_t pos0, float theta);
+/* Fused (kernels/fused.c): x[r, :] += scale * b[r, :], then y = rmsnorm(x)
+ * with w, exactly add_scaled followed by rmsnorm. y must not alias x or b. */
+void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_op_dtype wdt,
+			    int rows, int n, float eps);
 
 /* ---- matrix products (kernels/matmul.c) ----------------------------------- */
 
@@ -163,6 +167,10 @@ void sfw_op_sigmoid_mul_cuda(void *y, const void *x, const void *gate, size_t n,
 			     void *stream);
 void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta, enum sfw_op_dtype act,
 			   void *stream);
+/* kernels/fused.cu: one kernel for few wide rows (decode), bit-identical to
+ * sfw_op_add_scaled_cuda + sfw_op_rmsnorm_cuda (the two launches otherwise). */
+void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w, enum sfw_op_dtype wdt,
+			     int rows, int n, float eps, enum sfw_op_dtype act, void *stream);
 void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
 			enum sfw_op_dtype act, void *stream);
 void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,

@@ -157,6 +157,28 @@ struct sfw_backend {
 	/* 1 when matmul/logits accept SFW_OP_W8 weights; a backend that leaves it
 	 * 0 is refused int8 checkpoints at load (runner/model.c). */
 	int supports_w8;
+
+	/* ---- optional members (NULL: forward.c takes the plain path) ---- */
+	/* Copies bytes between two backend buffers, ordered with the ops (no
+	 * host wait): keeps per-step results such as the selected blocks in
+	 * backend memory until someone asks for them. */
+	void (*copy)(struct sfw_backend *be, void *dst, const void *src, size_t bytes);
+	/* Merged projections (performance.md §5.7). Between load_begin and
+	 * load_end weight_upload may defer its copy. merge places parts[0..n-1]
+	 * (same cols and dtype) as consecutive row ranges of one [sum rows, cols]
+	 * matrix in backend memory and points each part's dev into it; *merged
+	 * = 1 when it did (0: the parts stay separate, e.g. SALAFW_CUDA_NOMERGE=1).
+	 * No weight is held twice. load_end uploads whatever is still deferred.
+	 * forward.c sees a merge only through contiguous dev pointers
+	 * (sfwi_merged_view) and then runs one matmul over the wide matrix. */
+	void (*load_begin)(struct sfw_backend *be);
+	SFW_MUST_CHECK enum sfw_status (*merge)(struct sfw_backend *be, struct sfw_bweight *const *parts, int n,
+						int *merged, struct sfw_err *err);
+	SFW_MUST_CHECK enum sfw_status (*load_end)(struct sfw_backend *be, struct sfw_err *err);
+	/* Fused ops; the CPU backend composes the unfused ones.
+	 * add_rmsnorm: x += scale * b (rounded as add_scaled), then y = rmsnorm(x). */
+	void (*add_rmsnorm)(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
+			    const struct sfw_bweight *w, int rows, int n, float eps);
 };
 
 /* The CPU backend; nthreads <= 0 means sfw_default_threads(). */

@@ -98,6 +98,14 @@ static void cpu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_
 	sfw_op_add_scaled_cpu(F(x), F(b), n, scale);
 }
 
+/* the composition of add_scaled and rmsnorm (kernels/fused.c) */
+static void cpu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
+			    const struct sfw_bweight *w, int rows, int n, float eps)
+{
+	(void)be;
+	sfw_op_add_rmsnorm_cpu(F(y), F(x), F(b), scale, w->host, w->dtype, rows, n, eps);
+}
+
 static void cpu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
 {
 	(void)be;
@@ -374,6 +382,7 @@ enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, stru
 	be->attn_sparse = cpu_attn_sparse;
 	be->gla = cpu_gla;
 	be->supports_w8 = 1;
+	be->add_rmsnorm = cpu_add_rmsnorm;
 	*out = be;
 	return SFW_OK;
 }

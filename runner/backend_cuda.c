@@ -34,12 +34,12 @@ static size_t select_bytes(void)
 
 enum prof_op {
 	P_EMBED, P_RMSNORM, P_ADD, P_SILU, P_SIGMOID, P_ROPE, P_MATMUL_DEC, P_MATMUL_PRE, P_LOGITS, P_KV, P_DENSE,
-	P_COMPRESS, P_SELECT, P_SPARSE, P_GLA_REC, P_GLA_CHUNK, PROF_N
+	P_COMPRESS, P_SELECT, P_SPARSE, P_GLA_REC, P_GLA_CHUNK, P_ADDNORM, PROF_N
 };
 static const char *const prof_name[PROF_N] = {
 	"embed", "rmsnorm", "add_scaled", "silu_mul", "sigmoid_mul", "rope", "matmul M<=8 (GEMV)",
 	"matmul M>8 (cuBLASLt)", "logits", "kv_append", "attn_dense", "compress", "sparse_select",
-	"attn_sparse", "gla recurrent", "gla chunked"};
+	"attn_sparse", "gla recurrent", "gla chunked", "add_rmsnorm (fused)"};
 
 struct cu_be {
 	void *stream;
@@ -63,6 +63,13 @@ struct cu_be {
 	void *ev0, *ev1;
 	double prof_ms[PROF_N];
 	long prof_calls[PROF_N];
+	/* SALAFW_CUDA_STEPSYNC=1: the old per-step host waits (from_host waits,
+	 * no device-side copy of the selected blocks) */
+	int stepsync;
+	/* weight uploads deferred between load_begin and load_end (merging) */
+	int defer;
+	struct sfw_bweight **pend;
+	size_t npend, pend_cap;
 };
 
 struct cu_layer {
@@ -100,6 +107,7 @@ static void cu_destroy(struct sfw_backend *be)
 	sfw_cuda_blas_free(b->blas);
 	sfw_cuda_stream_free(b->stream);
 	sfw_free(b->stage);
+	sfw_free(b->pend);
 	sfw_free(b);
 	sfw_free(be);
 }
@@ -109,6 +117,8 @@ static size_t wbytes(const struct sfw_bweight *w)
 	return (size_t)w->rows * (size_t)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
 }
 
+static enum sfw_status place(struct cu_be *b, size_t n, void **out, struct sfw_err *err);
+
 static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweight *w, struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
@@ -117,7 +127,31 @@ static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweig
 	if (w->dtype != SFW_OP_BF16 && w->dtype != SFW_OP_F32)
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "weight '%s': the cuda backend runs bf16 or f32 weights only",
 				w->name ? w->name : "?");
-	size_t n = wbytes(w);
+	if (b->defer && w->rows > 1) {
+		/* placed by cu_merge or cu_load_end */
+		if (b->npend == b->pend_cap) {
+			size_t nc = b->pend_cap ? 2 * b->pend_cap : 512;
+			struct sfw_bweight **np = sfw_realloc(b->pend, nc * sizeof(*np));
+			if (!np)
+				return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			b->pend = np, b->pend_cap = nc;
+		}
+		b->pend[b->npend++] = w;
+		w->dev = NULL;
+		return SFW_OK;
+	}
+	void *p;
+	enum sfw_status s = place(b, wbytes(w), &p, err);
+	if (s != SFW_OK)
+		return s;
+	sfw_cuda_h2d(p, w->host, wbytes(w), b->stream);
+	w->dev = p;
+	return SFW_OK;
+}
+
+/* Room for n bytes of weights in the slabs. */
+static enum sfw_status place(struct cu_be *b, size_t n, void **out, struct sfw_err *err)
+{
 	void *p = b->nslabs ? sfw_cuda_arena_take(&b->slab[b->nslabs - 1], n) : NULL;
 	if (!p) {
 		if (b->nslabs == MAX_SLABS)
@@ -136,14 +170,80 @@ static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweig
 		p = sfw_cuda_arena_take(&b->slab[b->nslabs - 1], n);
 		SFW_ASSERT(p != NULL);
 	}
-	sfw_cuda_h2d(p, w->host, n, b->stream);
-	w->dev = p;
+	*out = p;
 	b->weight_bytes += n;
 	if (b->weight_bytes >= b->next_report) {
 		sfw_log(SFW_LOG_INFO, "cuda: uploaded %.2f GiB of weights", b->weight_bytes / 1073741824.0);
 		b->next_report += (size_t)2 << 30;
 	}
 	return SFW_OK;
+}
+
+static void cu_load_begin(struct sfw_backend *be)
+{
+	IMPL(be)->defer = 1;
+}
+
+static int pending_index(const struct cu_be *b, const struct sfw_bweight *w)
+{
+	for (size_t i = b->npend; i-- > 0;) /* the parts were bound last */
+		if (b->pend[i] == w)
+			return (int)i;
+	return -1;
+}
+
+/* One slab region for the group, each part's rows at its offset: the
+ * separate weights are views into the merged one (no second copy). */
+static enum sfw_status cu_merge(struct sfw_backend *be, struct sfw_bweight *const *parts, int n, int *merged,
+				struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	*merged = 0;
+	if (!b->defer || n < 2)
+		return SFW_OK;
+	size_t total = 0;
+	for (int i = 0; i < n; i++) {
+		const struct sfw_bweight *w = parts[i];
+		/* keep every part on the arena's alignment (16-byte loads) */
+		if (w->dtype != SFW_OP_BF16 || w->cols != parts[0]->cols || wbytes(w) % 256 != 0 ||
+		    pending_index(b, w) < 0)
+			return SFW_OK;
+		total += wbytes(w);
+	}
+	void *p;
+	enum sfw_status s = place(b, total, &p, err);
+	if (s != SFW_OK)
+		return s;
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		struct sfw_bweight *w = parts[i];
+		sfw_cuda_h2d((char *)p + off, w->host, wbytes(w), b->stream);
+		w->dev = (char *)p + off;
+		off += wbytes(w);
+		b->pend[pending_index(b, w)] = NULL;
+	}
+	*merged = 1;
+	return SFW_OK;
+}
+
+static enum sfw_status cu_load_end(struct sfw_backend *be, struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	enum sfw_status s = SFW_OK;
+	for (size_t i = 0; i < b->npend && s == SFW_OK; i++) {
+		struct sfw_bweight *w = b->pend[i];
+		void *p;
+		if (!w)
+			continue;
+		if ((s = place(b, wbytes(w), &p, err)) == SFW_OK) {
+			sfw_cuda_h2d(p, w->host, wbytes(w), b->stream);
+			w->dev = p;
+		}
+	}
+	b->defer = 0;
+	b->npend = 0;
+	sfw_cuda_sync(b->stream);
+	return s;
 }
 
 static void cu_weight_release(struct sfw_backend *be, struct sfw_bweight *w)
@@ -212,8 +312,17 @@ static void cu_to_host(struct sfw_backend *be, void *dst, const void *src, size_
 static void cu_from_host(struct sfw_backend *be, void *dst, const void *src, size_t bytes)
 {
 	struct cu_be *b = IMPL(be);
+	/* Callers pass pageable memory (token ids, slopes): the runtime stages a
+	 * pageable source before the call returns, so it is reusable at once
+	 * without a host wait (one fewer per decode step). */
 	sfw_cuda_h2d(dst, src, bytes, b->stream);
-	sfw_cuda_sync(b->stream); /* the source is the caller's, reusable at once */
+	if (b->stepsync)
+		sfw_cuda_sync(b->stream);
+}
+
+static void cu_copy(struct sfw_backend *be, void *dst, const void *src, size_t bytes)
+{
+	sfw_cuda_d2d(dst, src, bytes, IMPL(be)->stream);
 }
 
 static void cu_sync(struct sfw_backend *be)
@@ -282,6 +391,12 @@ static void cu_rmsnorm(struct sfw_backend *be, void *y, const void *x, const str
 static void cu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t n, float scale)
 {
 	PROF(P_ADD, sfw_op_add_scaled_cuda(x, b, n, scale, SFW_OP_BF16, S(be)));
+}
+
+static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
+			   const struct sfw_bweight *w, int rows, int n, float eps)
+{
+	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be)));
 }
 
 static void cu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
@@ -484,6 +599,17 @@ static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw
 	struct cu_be *b = IMPL(be);
 	if (bytes <= b->sel_bytes)
 		return SFW_OK;
+	/* Decode asks for a little more every few steps: grow by half (at least
+	 * 4 MiB) so the reallocation, which waits for the device, stays rare;
+	 * never beyond the larger of the request and the configured cap. */
+	size_t want = b->sel_bytes + b->sel_bytes / 2;
+	if (want < ((size_t)4 << 20))
+		want = (size_t)4 << 20;
+	if (want > select_bytes())
+		want = select_bytes();
+	if (want < bytes)
+		want = bytes;
+	bytes = want;
 	sfw_cuda_sync(b->stream);
 	sfw_cuda_free(b->sel);
 	b->sel = NULL;
@@ -562,6 +688,13 @@ static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k
 		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_OP_BF16, S(be)));
 }
 
+/* Switches that bring back an older path without a rebuild. */
+static int env_on(const char *name)
+{
+	const char *e = getenv(name);
+	return e && *e && strcmp(e, "0") != 0;
+}
+
 enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct sfw_err *err)
 {
 	*out = NULL;
@@ -592,6 +725,7 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 		b->ev1 = sfw_cuda_event_new();
 	}
 	b->next_report = (size_t)2 << 30;
+	b->stepsync = env_on("SALAFW_CUDA_STEPSYNC");
 	sfw_cuda_ops_bind(b->blas, b->scratch, b->scratch_bytes);
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
 		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);
@@ -629,6 +763,15 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 	be->sparse_select = cu_sparse_select;
 	be->attn_sparse = cu_attn_sparse;
 	be->gla = cu_gla;
+	if (!b->stepsync)
+		be->copy = cu_copy;
+	if (!env_on("SALAFW_CUDA_NOFUSE"))
+		be->add_rmsnorm = cu_add_rmsnorm;
+	if (!env_on("SALAFW_CUDA_NOMERGE")) {
+		be->load_begin = cu_load_begin;
+		be->merge = cu_merge;
+		be->load_end = cu_load_end;
+	}
 	*out = be;
 	return SFW_OK;
 }

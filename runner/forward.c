@@ -28,6 +28,7 @@ struct sfw_ctx {
 	int cap_rows;
 	/* backend buffers for one piece of cap_rows rows */
 	void *x, *u, *q, *k, *v, *a, *g, *mg, *mu, *out;
+	void *wide; /* one row of a merged projection's output (decode) */
 	int32_t *ids_dev, *idx_dev;
 	float *logits_dev; /* [cap_rows, V] when tapping, else [V] */
 	int logits_rows;
@@ -42,6 +43,10 @@ struct sfw_ctx {
 	/* last selection per layer */
 	int32_t *last_blocks; /* [L, nkv, k] */
 	int *last_state;      /* per layer: -1 not sparse, 0 dense, 1 sparse */
+	/* With be->copy the last selection stays in backend memory (no host
+	 * wait per decode step) and reaches last_blocks only when asked. */
+	int32_t *last_dev;    /* backend [L, nkv, k], NULL without be->copy */
+	int *last_fresh;      /* per layer: last_dev is newer than last_blocks */
 };
 
 struct sfw_model_params sfw_model_default_params(void)
@@ -54,6 +59,28 @@ struct sfw_ctx_params sfw_ctx_default_params(void)
 {
 	struct sfw_ctx_params p = {0, 256, 0};
 	return p;
+}
+
+/* Asks the backend to place each layer's projections that read the same
+ * input as one matrix (decode runs one GEMV over it). */
+static enum sfw_status merge_weights(struct sfw_model *m, struct sfw_err *err)
+{
+	struct sfw_backend *be = m->be;
+	int done = 0, merged;
+	enum sfw_status s;
+	for (int i = 0; i < m->cfg.num_hidden_layers; i++) {
+		struct sfwi_layer *L = &m->layers[i];
+		struct sfw_bweight *att[4] = {&L->q, &L->k, &L->v, L->kind == SFW_MIXER_SPARSE ? &L->o_gate : &L->z};
+		struct sfw_bweight *mlp[2] = {&L->gate, &L->up};
+		if ((s = be->merge(be, att, att[3]->host ? 4 : 3, &merged, err)) != SFW_OK)
+			return s;
+		done += merged;
+		if ((s = be->merge(be, mlp, 2, &merged, err)) != SFW_OK)
+			return s;
+		done += merged;
+	}
+	sfw_log(SFW_LOG_DEBUG, "%s: %d merged projections", be->name, done);
+	return SFW_OK;
 }
 
 enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p, struct sfw_model **out,
@@ -89,7 +116,13 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 		sfw_free(m);
 		return s;
 	}
-	if ((s = sfwi_model_open(m, dir, err)) != SFW_OK) {
+	if (m->be->load_begin)
+		m->be->load_begin(m->be);
+	if ((s = sfwi_model_open(m, dir, err)) == SFW_OK && m->be->merge)
+		s = merge_weights(m, err);
+	if (s == SFW_OK && m->be->load_end)
+		s = m->be->load_end(m->be, err);
+	if (s != SFW_OK) {
 		/* AUTO picked a backend without int8 support: the CPU runs it */
 		int retry = dev == SFW_DEVICE_AUTO && s == SFW_E_UNSUPPORTED && m->n_w8 == 0 && m->quantized && m->be &&
 			    !m->be->supports_w8;
@@ -136,8 +169,9 @@ static int maxi(int a, int b)
 static void ctx_buffers_free(struct sfw_ctx *c)
 {
 	struct sfw_backend *be = c->m->be;
-	void *bufs[] = {c->x, c->u, c->q, c->k, c->v, c->a, c->g, c->mg, c->mu, c->out, c->ids_dev, c->idx_dev,
-			c->logits_dev};
+	void *bufs[] = {c->x,	   c->u,	c->q,	    c->k,	   c->v,	c->a,	    c->g,
+			c->mg,	   c->mu,	c->out,	    c->ids_dev, c->idx_dev, c->logits_dev, c->wide,
+			c->last_dev};
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		if (bufs[i])
 			be->free(be, bufs[i]);
@@ -155,6 +189,7 @@ void sfw_ctx_free(struct sfw_ctx *c)
 	sfw_free(c->host_pool);
 	sfw_free(c->last_blocks);
 	sfw_free(c->last_state);
+	sfw_free(c->last_fresh);
 	sfw_free(c);
 }
 
@@ -198,11 +233,18 @@ enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
 	c->idx_dev = be->alloc(be, (size_t)nkv * R * (size_t)k * sizeof(int32_t));
 	c->logits_dev = be->alloc(be, (size_t)cf->vocab_size * sizeof(float));
 	c->logits_rows = 1;
+	/* merged decode projections: lightning q|k|v|z, sparse q|k|v|o_gate, gate|up */
+	size_t wide = (size_t)maxi(maxi(4 * (int)ld, (int)(2 * qd + 2 * kvd)), 2 * (int)I);
+	c->wide = be->alloc(be, wide * as);
+	if (be->copy)
+		c->last_dev = be->alloc(be, (size_t)L * nkv * k * sizeof(int32_t));
+	c->last_fresh = sfw_calloc((size_t)L, sizeof(int));
 	c->last_blocks = sfw_malloc((size_t)L * nkv * k * sizeof(int32_t));
 	c->last_state = sfw_malloc((size_t)L * sizeof(int));
 	enum sfw_status s = SFW_OK;
 	if (!c->x || !c->u || !c->out || !c->q || !c->a || !c->g || !c->k || !c->v || !c->mg || !c->mu ||
-	    !c->ids_dev || !c->idx_dev || !c->logits_dev || !c->last_blocks || !c->last_state)
+	    !c->ids_dev || !c->idx_dev || !c->logits_dev || !c->last_blocks || !c->last_state || !c->wide ||
+	    (be->copy && !c->last_dev) || !c->last_fresh)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
 	struct sfw_cache_desc d = {L,
 				   cf->mixer,
@@ -257,6 +299,12 @@ int sfw_ctx_last_blocks(const struct sfw_ctx *c, int layer, int32_t *out)
 	if (layer < 0 || layer >= cf->num_hidden_layers || c->last_state[layer] < 0)
 		return -1;
 	size_t n = (size_t)cf->num_key_value_heads * cf->sparse_k;
+	if (c->last_fresh[layer]) {
+		struct sfw_backend *be = c->m->be;
+		be->to_host(be, c->last_blocks + (size_t)layer * n, c->last_dev + (size_t)layer * n,
+			    n * sizeof(int32_t));
+		c->last_fresh[layer] = 0;
+	}
 	memcpy(out, c->last_blocks + (size_t)layer * n, n * sizeof(int32_t));
 	return c->last_state[layer];
 }
@@ -308,6 +356,31 @@ static void *row_ptr(const struct sfw_ctx *c, void *buf, size_t elems)
 	return (char *)buf + elems * c->m->be->act_size;
 }
 
+/* The merged matrix that parts[0..n-1] form when the backend placed them as
+ * consecutive row ranges (be->merge): one matmul over it gives, for one row,
+ * the parts' outputs side by side. 0 when they are separate. */
+static int merged_view(const struct sfw_backend *be, struct sfw_bweight *const *parts, int n,
+		       struct sfw_bweight *out)
+{
+	if (!be->merge || !parts[0]->dev || parts[0]->dtype != SFW_OP_BF16)
+		return 0;
+	int64_t rows = 0;
+	for (int i = 0; i < n; i++) {
+		const struct sfw_bweight *w = parts[i];
+		if (!w->dev || w->dtype != parts[0]->dtype || w->cols != parts[0]->cols ||
+		    (const char *)w->dev != (const char *)parts[0]->dev + (size_t)rows * w->cols * 2)
+			return 0;
+		rows += w->rows;
+	}
+	memset(out, 0, sizeof(*out));
+	out->name = "merged";
+	out->dev = parts[0]->dev;
+	out->dtype = parts[0]->dtype;
+	out->rows = rows;
+	out->cols = parts[0]->cols;
+	return 1;
+}
+
 struct call {
 	const char *phase;
 	int sparse;       /* this call takes the InfLLM-v2 path */
@@ -325,10 +398,19 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 	int nh = cf->num_attention_heads, nkv = cf->num_key_value_heads, hd = cf->head_dim;
 	float scale = 1.0f / sqrtf((float)hd);
 	enum sfw_status s;
-	be->matmul(be, c->q, c->u, &L->q, R);
-	be->matmul(be, c->k, c->u, &L->k, R);
-	be->matmul(be, c->v, c->u, &L->v, R);
-	be->kv_append(be, c->cache, li, c->k, c->v, R);
+	void *q = c->q, *k = c->k, *v = c->v, *g = c->g;
+	struct sfw_bweight *parts[4] = {&L->q, &L->k, &L->v, &L->o_gate}, wv;
+	int merged = R == 1 && merged_view(be, parts, L->o_gate.host ? 4 : 3, &wv);
+	if (merged) {
+		size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd;
+		be->matmul(be, c->wide, c->u, &wv, 1);
+		q = c->wide, k = row_ptr(c, q, qd), v = row_ptr(c, k, kvd), g = row_ptr(c, v, kvd);
+	} else {
+		be->matmul(be, q, c->u, &L->q, R);
+		be->matmul(be, k, c->u, &L->k, R);
+		be->matmul(be, v, c->u, &L->v, R);
+	}
+	be->kv_append(be, c->cache, li, k, v, R);
 	size_t nsel = (size_t)nkv * cf->sparse_k;
 	if (cl->sparse) {
 		struct sfw_sparse_params sp = {pos0,
@@ -355,9 +437,9 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 			}
 			pool_last = c->host_pool;
 		}
-		if ((s = be->sparse_select(be, c->idx_dev, c->q, c->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
+		if ((s = be->sparse_select(be, c->idx_dev, q, c->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
 			return s;
-		be->attn_sparse(be, c->a, c->q, c->cache, li, c->idx_dev, nh, &sp);
+		be->attn_sparse(be, c->a, q, c->cache, li, c->idx_dev, nh, &sp);
 		if (c->tap || cl->last_piece) {
 			size_t n = (size_t)nkv * R * cf->sparse_k;
 			int32_t *hi = c->host_idx;
@@ -369,15 +451,18 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 				emit(c, name, li, pos0, R, cf->sparse_k, nkv, 1, hi);
 			}
 			if (cl->last_piece) {
-				for (int g = 0; g < nkv; g++) {
-					size_t off = ((size_t)g * R + (R - 1)) * cf->sparse_k;
+				int32_t *lastdev = c->last_dev ? c->last_dev + (size_t)li * nsel : NULL;
+				for (int h = 0; h < nkv; h++) {
+					size_t off = ((size_t)h * R + (R - 1)) * cf->sparse_k;
+					size_t kb = (size_t)cf->sparse_k * sizeof(int32_t);
 					if (c->tap)
-						memcpy(lastbuf + (size_t)g * cf->sparse_k, hi + off,
-						       (size_t)cf->sparse_k * sizeof(int32_t));
+						memcpy(lastbuf + (size_t)h * cf->sparse_k, hi + off, kb);
+					else if (lastdev) /* stays on the device until asked */
+						be->copy(be, lastdev + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
 					else
-						be->to_host(be, lastbuf + (size_t)g * cf->sparse_k, c->idx_dev + off,
-							    (size_t)cf->sparse_k * sizeof(int32_t));
+						be->to_host(be, lastbuf + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
 				}
+				c->last_fresh[li] = !c->tap && lastdev;
 				c->last_state[li] = 1;
 			}
 			if (c->tap && cl->last_piece) {
@@ -393,17 +478,19 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 			}
 		}
 	} else {
-		be->attn_dense(be, c->a, c->q, c->cache, li, R, nh, scale);
+		be->attn_dense(be, c->a, q, c->cache, li, R, nh, scale);
 		if (cl->last_piece) {
 			c->last_state[li] = 0;
+			c->last_fresh[li] = 0;
 			for (size_t i = 0; i < nsel; i++)
 				c->last_blocks[(size_t)li * nsel + i] = -1;
 		}
 	}
 	size_t n = (size_t)R * nh * hd;
 	if (L->o_gate.host) {
-		be->matmul(be, c->g, c->u, &L->o_gate, R);
-		be->sigmoid_mul(be, c->a, c->a, c->g, n);
+		if (!merged)
+			be->matmul(be, g, c->u, &L->o_gate, R);
+		be->sigmoid_mul(be, c->a, c->a, g, n);
 	}
 	if (c->tap && c->tap_lin) {
 		char name[64];
@@ -422,23 +509,33 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, cons
 	struct sfwi_layer *L = &m->layers[li];
 	int nh = cf->lightning_nh, hd = cf->lightning_head_dim;
 	float eps = (float)cf->rms_norm_eps;
-	be->matmul(be, c->q, c->u, &L->q, R);
-	be->matmul(be, c->k, c->u, &L->k, R);
-	be->matmul(be, c->v, c->u, &L->v, R);
+	void *q = c->q, *k = c->k, *v = c->v, *g = c->g;
+	struct sfw_bweight *parts[4] = {&L->q, &L->k, &L->v, &L->z}, wv;
+	int merged = R == 1 && merged_view(be, parts, L->z.host ? 4 : 3, &wv);
+	if (merged) {
+		size_t ld = (size_t)nh * hd;
+		be->matmul(be, c->wide, c->u, &wv, 1);
+		q = c->wide, k = row_ptr(c, q, ld), v = row_ptr(c, k, ld), g = row_ptr(c, v, ld);
+	} else {
+		be->matmul(be, q, c->u, &L->q, R);
+		be->matmul(be, k, c->u, &L->k, R);
+		be->matmul(be, v, c->u, &L->v, R);
+	}
 	if (L->q_norm.host) {
-		be->rmsnorm(be, c->q, c->q, &L->q_norm, R * nh, hd, eps);
-		be->rmsnorm(be, c->k, c->k, &L->k_norm, R * nh, hd, eps);
+		be->rmsnorm(be, q, q, &L->q_norm, R * nh, hd, eps);
+		be->rmsnorm(be, k, k, &L->k_norm, R * nh, hd, eps);
 	}
 	if (cf->lightning_use_rope) {
-		be->rope_neox(be, c->q, R, nh, hd, pos0, (float)cf->rope_theta);
-		be->rope_neox(be, c->k, R, nh, hd, pos0, (float)cf->rope_theta);
+		be->rope_neox(be, q, R, nh, hd, pos0, (float)cf->rope_theta);
+		be->rope_neox(be, k, R, nh, hd, pos0, (float)cf->rope_theta);
 	}
-	be->gla(be, c->a, c->q, c->k, c->v, c->cache, li, m->decay, R, nh, hd, 1.0f / sqrtf((float)hd));
+	be->gla(be, c->a, q, k, v, c->cache, li, m->decay, R, nh, hd, 1.0f / sqrtf((float)hd));
 	if (L->o_norm.host)
 		be->rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, eps);
 	if (L->z.host) {
-		be->matmul(be, c->g, c->u, &L->z, R);
-		be->sigmoid_mul(be, c->a, c->a, c->g, (size_t)R * nh * hd);
+		if (!merged)
+			be->matmul(be, g, c->u, &L->z, R);
+		be->sigmoid_mul(be, c->a, c->a, g, (size_t)R * nh * hd);
 	}
 	if (c->tap && c->tap_lin) {
 		char name[64];
@@ -464,9 +561,11 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 		snprintf(name, sizeof(name), "%s.embed", cl->phase);
 		emit_act(c, name, -1, pos0, R, c->x, D);
 	}
+	int fuse = be->add_rmsnorm != NULL; /* the previous layer's add also made u */
 	for (int li = 0; li < cf->num_hidden_layers; li++) {
 		struct sfwi_layer *L = &m->layers[li];
-		be->rmsnorm(be, c->u, c->x, &L->in_norm, R, D, eps);
+		if (!fuse || li == 0)
+			be->rmsnorm(be, c->u, c->x, &L->in_norm, R, D, eps);
 		if (c->tap && c->tap_lin) {
 			snprintf(name, sizeof(name), "%s.layer.%d.attn_in", cl->phase, li);
 			emit_act(c, name, li, pos0, R, c->u, D);
@@ -477,27 +576,44 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 		} else {
 			lightning_mixer(c, li, R, pos0, cl->phase);
 		}
-		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
-		be->rmsnorm(be, c->u, c->x, &L->post_norm, R, D, eps);
+		if (fuse) {
+			be->add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
+		} else {
+			be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
+			be->rmsnorm(be, c->u, c->x, &L->post_norm, R, D, eps);
+		}
 		if (c->tap && c->tap_lin) {
 			snprintf(name, sizeof(name), "%s.layer.%d.mlp_in", cl->phase, li);
 			emit_act(c, name, li, pos0, R, c->u, D);
 		}
-		be->matmul(be, c->mg, c->u, &L->gate, R);
-		be->matmul(be, c->mu, c->u, &L->up, R);
-		be->silu_mul(be, c->mg, c->mg, c->mu, (size_t)R * I);
+		struct sfw_bweight *gu[2] = {&L->gate, &L->up}, wv;
+		if (R == 1 && merged_view(be, gu, 2, &wv)) {
+			be->matmul(be, c->wide, c->u, &wv, 1);
+			be->silu_mul(be, c->mg, c->wide, row_ptr(c, c->wide, (size_t)I), (size_t)I);
+		} else {
+			be->matmul(be, c->mg, c->u, &L->gate, R);
+			be->matmul(be, c->mu, c->u, &L->up, R);
+			be->silu_mul(be, c->mg, c->mg, c->mu, (size_t)R * I);
+		}
 		if (c->tap && c->tap_lin) {
 			snprintf(name, sizeof(name), "%s.layer.%d.down_in", cl->phase, li);
 			emit_act(c, name, li, pos0, R, c->mg, I);
 		}
 		be->matmul(be, c->out, c->mg, &L->down, R);
-		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
+		if (fuse) { /* with the next layer's input norm, or the final norm */
+			const struct sfw_bweight *nw =
+				li + 1 < cf->num_hidden_layers ? &m->layers[li + 1].in_norm : &m->norm;
+			be->add_rmsnorm(be, c->u, c->x, c->out, rs, nw, R, D, eps);
+		} else {
+			be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
+		}
 		if (c->tap) {
 			snprintf(name, sizeof(name), "%s.layer.%d.out", cl->phase, li);
 			emit_act(c, name, li, pos0, R, c->x, D);
 		}
 	}
-	be->rmsnorm(be, c->u, c->x, &m->norm, R, D, eps);
+	if (!fuse)
+		be->rmsnorm(be, c->u, c->x, &m->norm, R, D, eps);
 	float in_scale = (float)(1.0 / cf->logit_divisor);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.final_norm", cl->phase);

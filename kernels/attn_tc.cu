@@ -1,0 +1,278 @@
+/* attn_tc.cu - tensor-core dense causal and block-sparse causal GQA attention
+ * for prefill (the meaning of sfw_op_attn_dense/sparse, kernels/attention.c).
+ * Fragment layouts: kernels/attn_tc.cuh.
+ *
+ * GQA packing: one warp owns one query token and the G = nh/nkv heads of one
+ * KV group: an M = 16 tile (rows >= G are zero and never stored) against
+ * 64-key tiles (N = 64, K = head dim). A CTA holds ATC_W consecutive tokens of
+ * one group; they share most of their blocks (init block, the local window,
+ * usually much of the top-k), so the CTA walks the merge of the warps' block
+ * lists and loads each distinct block once (cp.async, two stages) for every
+ * warp whose list holds it. The merge takes, each step, the smallest current
+ * entry of all lists and advances every list whose current entry equals it,
+ * so each list entry is visited exactly once in list order whatever the
+ * order, duplicates included (sorted lists, as top-k makes, merge best).
+ * Every thread runs the merge itself on the lists in shared memory, so the
+ * next block is known without a barrier and can be prefetched.
+ * Dense rows use the implicit lists 0..p/64. Softmax: online, in the log2
+ * domain, fp32; P is rounded to bf16 for the P·V product (as flash-attn). */
+#include "attn_tc.cuh"
+
+#include <limits.h>
+
+#define ATC_BLK 64   /* keys per tile = the sparse block size */
+#define ATC_W 4      /* warps = query tokens per CTA */
+#define ATC_KMAX 256 /* longest block list held in shared memory */
+
+struct atc_args {
+	const uint16_t *q, *kc, *vc;
+	const int32_t *idx; /* NULL: dense */
+	uint16_t *o;
+	int T, nh, nkv, k;
+	int64_t pos0;
+	float scale_log2; /* scale * log2(e) */
+};
+
+template <int HD> static constexpr size_t atc_smem(void)
+{
+	return (size_t)2 * 2 * ATC_BLK * (HD + 8) * 2 + (size_t)ATC_W * ATC_KMAX * 4;
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
+{
+	sfwc_pdl_wait();
+	/* K and V tiles [64][HD + 8]: rows 16 bytes longer than HD so that the 8
+	 * row addresses of one ldmatrix fall in 8 different 4-bank groups. */
+	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8;
+	extern __shared__ __align__(16) unsigned char smem_raw[];
+	uint16_t *kvs = (uint16_t *)smem_raw; /* [stage][K, V][64][LD] */
+	int *lists = (int *)(smem_raw + (size_t)2 * 2 * TILE * 2);
+	__shared__ int lens_s[ATC_W];
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
+	const int g = blockIdx.y, G = a.nh / a.nkv;
+	const int r0 = blockIdx.x * ATC_W, r = r0 + w;
+	const bool active = r < a.T;
+	const int64_t p = a.pos0 + r;
+	const int64_t pmax = a.pos0 + min(a.T - 1, r0 + ATC_W - 1);
+
+	/* this warp's list: the non-negative entries of idx[g, r, :] in order */
+	if (a.idx) {
+		int n = 0;
+		if (active) {
+			const int32_t *sel = a.idx + ((size_t)g * a.T + r) * a.k;
+			for (int s0 = 0; s0 < a.k; s0 += 32) {
+				int v = s0 + lane < a.k ? sel[s0 + lane] : -1;
+				unsigned bal = __ballot_sync(0xffffffffu, v >= 0);
+				if (v >= 0)
+					lists[w * ATC_KMAX + n + __popc(bal & ((1u << lane) - 1))] = v;
+				n += __popc(bal);
+			}
+		}
+		if (lane == 0)
+			lens_s[w] = n;
+	} else if (lane == 0) {
+		lens_s[w] = active ? (int)(p / ATC_BLK) + 1 : 0;
+	}
+	__syncthreads();
+	int len[ATC_W], cur[ATC_W];
+#pragma unroll
+	for (int i = 0; i < ATC_W; i++)
+		len[i] = lens_s[i], cur[i] = 0;
+	const bool dense = a.idx == NULL;
+	/* next block of the merge (INT_MAX: done); *mask = warps that use it */
+	auto next = [&](unsigned *mask) -> int {
+		int e[ATC_W], b = INT_MAX;
+#pragma unroll
+		for (int i = 0; i < ATC_W; i++) {
+			e[i] = cur[i] < len[i] ? (dense ? cur[i] : lists[i * ATC_KMAX + cur[i]]) : INT_MAX;
+			b = min(b, e[i]);
+		}
+		unsigned m = 0;
+#pragma unroll
+		for (int i = 0; i < ATC_W; i++)
+			if (b != INT_MAX && e[i] == b)
+				m |= 1u << i, cur[i]++;
+		*mask = m;
+		return b;
+	};
+	/* block b -> stage st; keys past the CTA's last position are zeros
+	 * (they may lie past the cache; masked anyway) */
+	auto load = [&](int b, int st) {
+		uint16_t *dst = kvs + (size_t)st * 2 * TILE;
+		for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
+			int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH, ch = rem % CH;
+			int64_t t = (int64_t)b * ATC_BLK + row;
+			bool ok = t <= pmax;
+			const uint16_t *src = (which ? a.vc : a.kc) + (ok ? ((size_t)t * a.nkv + g) * HD + ch * 8 : 0);
+			tc_cp16(dst + which * TILE + row * LD + ch * 8, src, ok ? 16 : 0);
+		}
+		tc_cp_commit();
+	};
+
+	/* Q as A fragments: rows = heads g*G + m (m < G), cols = head dims */
+	uint32_t qa[HD / 16][4];
+#pragma unroll
+	for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			int row = gid + (i & 1) * 8, col = kk * 16 + tq * 2 + (i >> 1) * 8;
+			qa[kk][i] = active && row < G ? *(const uint32_t *)(a.q + ((size_t)r * a.nh + (size_t)g * G + row) * HD + col)
+						      : 0u;
+		}
+	float o[HD / 8][4];
+#pragma unroll
+	for (int j = 0; j < HD / 8; j++)
+		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f; /* rows gid, gid + 8 */
+
+	unsigned mask0, mask1;
+	int b0 = next(&mask0), st = 0;
+	if (b0 != INT_MAX)
+		load(b0, 0);
+	while (b0 != INT_MAX) {
+		int b1 = next(&mask1);
+		if (b1 != INT_MAX) {
+			load(b1, st ^ 1); /* that stage was last read before the previous barrier */
+			tc_cp_wait<1>();
+		} else {
+			tc_cp_wait<0>();
+		}
+		__syncthreads();
+		if ((mask0 >> w) & 1) {
+			const uint16_t *Ks = kvs + (size_t)st * 2 * TILE, *Vs = Ks + TILE;
+			/* S = Q Kᵀ: 8 n-tiles of 8 keys */
+			float s[8][4];
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+			for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+				for (int np = 0; np < 4; np++) {
+					uint32_t bf[4];
+					tc_ldsm_x4(bf, Ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 +
+							       ((lane >> 3) & 1) * 8);
+					tc_mma(s[2 * np], qa[kk], bf[0], bf[1]);
+					tc_mma(s[2 * np + 1], qa[kk], bf[2], bf[3]);
+				}
+			/* scale, causal mask (key position <= p), row maxima */
+			const int64_t kb = (int64_t)b0 * ATC_BLK;
+			const bool full = kb + ATC_BLK - 1 <= p;
+			float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					float x0 = s[j][e] * a.scale_log2, x1 = s[j][2 + e] * a.scale_log2;
+					if (!full && kb + j * 8 + 2 * tq + e > p)
+						x0 = x1 = -INFINITY;
+					s[j][e] = x0, s[j][2 + e] = x1;
+					mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
+				}
+			/* the 4 lanes of a quad hold one row */
+			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+			float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+			float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+			float c_lo = exp2f(m_lo - mu_lo), c_hi = exp2f(m_hi - mu_hi); /* 0 while m = -inf */
+			m_lo = mn_lo, m_hi = mn_hi;
+			l_lo *= c_lo, l_hi *= c_hi; /* per-lane partial sums; the quad is summed at the end */
+#pragma unroll
+			for (int j = 0; j < HD / 8; j++)
+				o[j][0] *= c_lo, o[j][1] *= c_lo, o[j][2] *= c_hi, o[j][3] *= c_hi;
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				s[j][0] = exp2f(s[j][0] - mu_lo), s[j][1] = exp2f(s[j][1] - mu_lo);
+				s[j][2] = exp2f(s[j][2] - mu_hi), s[j][3] = exp2f(s[j][3] - mu_hi);
+				l_lo += s[j][0] + s[j][1], l_hi += s[j][2] + s[j][3];
+			}
+			/* O += P V, P (bf16) straight from the S accumulators */
+#pragma unroll
+			for (int ks = 0; ks < 4; ks++) {
+				uint32_t pa[4] = {tc_pack(s[2 * ks][0], s[2 * ks][1]), tc_pack(s[2 * ks][2], s[2 * ks][3]),
+						  tc_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+						  tc_pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+				for (int dp = 0; dp < HD / 16; dp++) {
+					uint32_t bf[4];
+					tc_ldsm_x4_trans(bf, Vs + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+								     dp * 16 + (lane >> 4) * 8);
+					tc_mma(o[2 * dp], pa, bf[0], bf[1]);
+					tc_mma(o[2 * dp + 1], pa, bf[2], bf[3]);
+				}
+			}
+		}
+		__syncthreads(); /* stage st is free for the load two steps on */
+		b0 = b1, mask0 = mask1, st ^= 1;
+	}
+	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+	if (!active)
+		return;
+	/* no visible key: zeros, as the CPU twin */
+	float inv_lo = l_lo > 0 ? 1.0f / l_lo : 0.0f, inv_hi = l_hi > 0 ? 1.0f / l_hi : 0.0f;
+	uint16_t *orow = a.o + ((size_t)r * a.nh + (size_t)g * G) * HD;
+#pragma unroll
+	for (int j = 0; j < HD / 8; j++) {
+		int col = j * 8 + 2 * tq;
+		if (gid < G)
+			*(uint32_t *)(orow + (size_t)gid * HD + col) = tc_pack(o[j][0] * inv_lo, o[j][1] * inv_lo);
+		if (gid + 8 < G)
+			*(uint32_t *)(orow + (size_t)(gid + 8) * HD + col) = tc_pack(o[j][2] * inv_hi, o[j][3] * inv_hi);
+	}
+}
+
+template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
+{
+	static int ready; /* 1: dynamic shared memory limit raised; -1: refused */
+	size_t smem = atc_smem<HD>();
+	if (!ready) {
+		cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						     (int)smem);
+		if (e != cudaSuccess) {
+			(void)cudaGetLastError(); /* clear it: the CUDA-core kernel runs instead */
+			ready = -1;
+		} else {
+			ready = 1;
+		}
+	}
+	if (ready < 0)
+		return 0;
+	dim3 grid((unsigned)((a.T + ATC_W - 1) / ATC_W), (unsigned)a.nkv);
+	sfwc_launch(attn_tc_kernel<HD>, grid, dim3(ATC_W * 32), smem, s, a);
+	SFW_CUDA_LAUNCHED();
+	return 1;
+}
+
+int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T, int nh, int nkv,
+		 int hd, int64_t pos0, int k, int block, float scale, enum sfw_op_dtype act, void *stream)
+{
+	enum tc_mode mode = tc_mode_of("SALAFW_CUDA_ATTN");
+	if (mode == TC_SIMT || act != SFW_OP_BF16 || T <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
+		return 0;
+	if (idx && (block != ATC_BLK || k <= 0 || k > ATC_KMAX))
+		return 0;
+	if (hd != 32 && hd != 64 && hd != 128)
+		return 0;
+	/* (p / 64) + 1 must fit an int; the merge uses INT_MAX as "done" */
+	if (pos0 + T >= (int64_t)INT_MAX)
+		return 0;
+	/* auto: prefill-sized calls only; decode rows (few, long) are better
+	 * served by the CUDA-core kernel's split over the keys */
+	if (mode == TC_AUTO && T < 128)
+		return 0;
+	atc_args a = {(const uint16_t *)q, (const uint16_t *)kc, (const uint16_t *)vc, idx, (uint16_t *)o,
+		      T,		   nh,			nkv,		      k,   pos0,
+		      scale * 1.4426950408889634f};
+	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	switch (hd) {
+	case 32: return attn_tc_launch<32>(a, s);
+	case 64: return attn_tc_launch<64>(a, s);
+	default: return attn_tc_launch<128>(a, s);
+	}
+}

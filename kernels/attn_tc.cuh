@@ -1,0 +1,122 @@
+/* attn_tc.cuh - tensor-core (sm_80+ mma.sync m16n8k16 bf16, fp32 accumulate)
+ * building blocks shared by the tensor-core attention (kernels/attn_tc.cu)
+ * and stage-1 scoring (kernels/attn_tc_stage1.cu), and the run-time switch
+ * between them and the CUDA-core kernels.
+ *
+ * Fragment layouts of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+ * (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"),
+ * with gid = lane >> 2 (groupID) and tq = lane & 3 (threadID_in_group); a
+ * .b32 register holding two bf16 keeps the lower column/row index in its low
+ * 16 bits:
+ *   A (16x16, row-major, 4 regs):  a[0] = A[gid  ][2tq, 2tq+1]
+ *                                  a[1] = A[gid+8][2tq, 2tq+1]
+ *                                  a[2] = A[gid  ][2tq+8, 2tq+9]
+ *                                  a[3] = A[gid+8][2tq+8, 2tq+9]
+ *   B (16x8, "col" = K-major, 2 regs): b[0] = B[2tq, 2tq+1][gid]
+ *                                      b[1] = B[2tq+8, 2tq+9][gid]
+ *   C/D (16x8 f32, 4 regs): c[0], c[1] = C[gid  ][2tq], C[gid  ][2tq+1]
+ *                           c[2], c[3] = C[gid+8][2tq], C[gid+8][2tq+1]
+ * ldmatrix.m8n8.x4.b16: lanes 8i..8i+7 give the 8 row addresses (16 bytes
+ * each) of matrix i; every lane gets register i = matrix i [lane>>2][2(lane&3),
+ * +1] (a row pair of two consecutive elements); with .trans it gets
+ * matrix i [2(lane&3), +1][lane>>2] (two consecutive rows of one column).
+ * So for a row-major tile X[row][col] in shared memory:
+ *   - an A fragment of rows R..R+15, cols C..C+15 is ldmatrix.x4 with lane l
+ *     pointing at X[R + (l&7) + ((l>>3)&1)*8][C + (l>>4)*8];
+ *   - B = Xᵀ (X stored [n][k], e.g. K [key][dim] for Q·Kᵀ): for keys N..N+15,
+ *     dims C..C+15, lane l points at X[N + (l&7) + (l>>4)*8][C + ((l>>3)&1)*8]
+ *     and gets {b[0], b[1]} of n-tile N..N+7 in r[0], r[1] and of n-tile
+ *     N+8..N+15 in r[2], r[3];
+ *   - B = X (X stored [k][n], e.g. V [key][dim] for P·V) via .trans: for keys
+ *     K..K+15, dims D..D+15, lane l points at X[K + (l&7) + ((l>>3)&1)*8][D +
+ *     (l>>4)*8] and gets {b[0], b[1]} of n-tile D..D+7 in r[0], r[1] and of
+ *     D+8..D+15 in r[2], r[3].
+ * The accumulator C of Q·Kᵀ (rows = heads, cols = keys) becomes the A operand
+ * of P·V without moving data: for keys 16s..16s+15, a[0] = pack(c(2s)[0..1]),
+ * a[1] = pack(c(2s)[2..3]), a[2] = pack(c(2s+1)[0..1]), a[3] = pack(c(2s+1)[2..3]). */
+#ifndef SFW_ATTN_TC_CUH
+#define SFW_ATTN_TC_CUH
+
+#include "cuda_act.cuh"
+
+#include <string.h>
+
+static __device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+		     "{%0,%1,%2,%3};"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t tc_smem_addr(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void tc_ldsm_x4(uint32_t r[4], const void *p)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(tc_smem_addr(p))
+		     : "memory");
+}
+
+static __device__ __forceinline__ void tc_ldsm_x4_trans(uint32_t r[4], const void *p)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(tc_smem_addr(p))
+		     : "memory");
+}
+
+/* 16-byte global -> shared copy; bytes = 0 writes zeros (no global read). */
+static __device__ __forceinline__ void tc_cp16(void *dst, const void *src, int bytes)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(tc_smem_addr(dst)), "l"(src), "r"(bytes)
+		     : "memory");
+}
+static __device__ __forceinline__ void tc_cp_commit(void)
+{
+	asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void tc_cp_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Two floats -> bf16x2 (round to nearest even, as sfwc_tobf), lo in the low half. */
+static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
+{
+	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+	return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Run-time choice between the tensor-core kernels and the CUDA-core ones.
+ * var = "SALAFW_CUDA_ATTN" (dense + block-sparse attention) or
+ * "SALAFW_CUDA_STAGE1": "simt" = always the CUDA-core kernels, "tc" = tensor
+ * cores for every shape they support (tests), anything else or unset = auto
+ * (tensor cores for supported prefill-sized calls). Read on every call (a
+ * getenv is cheap next to a kernel launch) so tests can flip it. */
+enum tc_mode { TC_SIMT = 0, TC_AUTO = 1, TC_FORCE = 2 };
+static inline enum tc_mode tc_mode_of(const char *var)
+{
+	const char *e = getenv(var);
+	if (!e)
+		return TC_AUTO;
+	if (!strcmp(e, "simt"))
+		return TC_SIMT;
+	if (!strcmp(e, "tc"))
+		return TC_FORCE;
+	return TC_AUTO;
+}
+
+/* Tensor-core twins (bf16 activations only). Each returns 1 when it took the
+ * call, 0 when the shape or the mode says the CUDA-core kernel should run. */
+int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T, int nh, int nkv,
+		 int hd, int64_t pos0, int k, int block, float scale, enum sfw_op_dtype act, void *stream);
+int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2, int T,
+		   int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale, enum sfw_op_dtype act,
+		   void *stream);
+
+#endif

@@ -1,0 +1,175 @@
+/* bench.c - see bench.h. The measuring loop that bench/bench_gpu.c started
+ * with, moved here so `salafw bench` and bench_gpu print the same figures. */
+#include "runner/bench.h"
+#include "alloc.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef SFW_HAVE_CUDA
+#include "kernels/ops_cuda.h"
+#endif
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+double sfw_bench_linear_params(const struct sfw_config *c)
+{
+	double D = c->hidden_size, I = c->intermediate_size, p = 0;
+	double qd = (double)c->num_attention_heads * c->head_dim, kvd = (double)c->num_key_value_heads * c->head_dim;
+	double ld = (double)c->lightning_nh * c->lightning_head_dim;
+	for (int i = 0; i < c->num_hidden_layers; i++) {
+		p += 3 * D * I;
+		if (c->mixer[i] == SFW_MIXER_SPARSE)
+			p += qd * D + 2 * kvd * D + D * qd + (c->attn_use_output_gate ? qd * D : 0);
+		else
+			p += 4 * ld * D + (c->use_output_gate ? ld * D : 0);
+	}
+	return p;
+}
+
+#ifdef SFW_HAVE_CUDA
+static int is_cuda(const struct sfw_model *m)
+{
+	return strcmp(sfw_model_device_name(m), "cuda") == 0;
+}
+#endif
+
+enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params *p, struct sfw_bench_result *r,
+			      struct sfw_err *err)
+{
+	const struct sfw_config *cf = sfw_model_config(m);
+	memset(r, 0, sizeof(*r));
+	if (p->prompt < 1 || p->prompt > INT32_MAX / 2 || p->gen < 0 || p->gen > INT32_MAX / 2 || p->n_ctx < 0 ||
+	    p->prefill_chunk < 0 || p->prefill_chunk > (1 << 20))
+		return sfw_fail(err, SFW_E_INVAL, "invalid benchmark parameters");
+	int64_t chunk = p->prefill_chunk ? p->prefill_chunk : 8192;
+	int64_t need = (p->prompt + 63) / 64 * 64; /* more rows than the prompt buy nothing */
+	if (chunk > need)
+		chunk = need;
+	r->chunk = chunk;
+	r->n_ctx = p->n_ctx > p->prompt + p->gen ? p->n_ctx : p->prompt + p->gen;
+	double lp = sfw_bench_linear_params(cf);
+	r->weight_bytes = 2 * (lp + (double)cf->vocab_size * cf->hidden_size);
+	r->linear_flops = 2 * lp;
+	int32_t *ids = sfw_malloc((size_t)p->prompt * sizeof(int32_t));
+	float *logits = sfw_malloc((size_t)cf->vocab_size * sizeof(float));
+	double *st = sfw_malloc((size_t)(p->gen ? p->gen : 1) * sizeof(double));
+	struct sfw_ctx *ctx = NULL;
+	enum sfw_status s = SFW_OK;
+	if (!ids || !logits || !st) {
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		goto done;
+	}
+	/* a fixed LCG: the speed does not depend on the ids, reproducibility does */
+	uint32_t x = 12345;
+	ids[0] = cf->bos_token_id;
+	for (int64_t i = 1; i < p->prompt; i++) {
+		x = x * 1664525u + 1013904223u;
+		ids[i] = (int32_t)(3 + (x >> 8) % (uint32_t)(cf->vocab_size - 3));
+	}
+#ifdef SFW_HAVE_CUDA
+	if (is_cuda(m))
+		sfw_cuda_mem_reset_peak();
+#endif
+	struct sfw_ctx_params xp = sfw_ctx_default_params();
+	xp.n_ctx = r->n_ctx;
+	xp.prefill_chunk = (int)chunk;
+	xp.dense_as_sparse = p->dense_as_sparse;
+	if ((s = sfw_ctx_new(m, &xp, &ctx, err)) != SFW_OK)
+		goto done;
+	double a = now_s();
+	if ((s = sfw_ctx_prefill(ctx, ids, (size_t)p->prompt, logits, err)) != SFW_OK)
+		goto done;
+	r->ttft_s = now_s() - a;
+	r->prefill_tps = (double)p->prompt / (r->ttft_s > 0 ? r->ttft_s : 1e-9);
+	double d0 = now_s();
+	for (int64_t i = 0; i < p->gen; i++) {
+		int32_t best = 0;
+		for (int v = 1; v < cf->vocab_size; v++)
+			if (logits[v] > logits[best])
+				best = v;
+		double s0 = now_s();
+		if ((s = sfw_ctx_decode(ctx, best, logits, err)) != SFW_OK)
+			goto done;
+		st[i] = now_s() - s0;
+	}
+	r->decode_s = now_s() - d0;
+	if (p->gen > 0) {
+		r->decode_tps = (double)p->gen / (r->decode_s > 0 ? r->decode_s : 1e-9);
+		qsort(st, (size_t)p->gen, sizeof(double), cmp_d);
+		r->decode_median_s = st[p->gen / 2];
+	}
+#ifdef SFW_HAVE_CUDA
+	if (is_cuda(m)) {
+		size_t live, peak, used;
+		sfw_cuda_mem_stats(&live, &peak, &used);
+		r->device_mem = 1;
+		r->peak_bytes = (double)peak;
+		r->driver_bytes = (double)used;
+	}
+#endif
+done:
+	sfw_ctx_free(ctx);
+	sfw_free(ids);
+	sfw_free(logits);
+	sfw_free(st);
+	return s;
+}
+
+enum sfw_status sfw_bench_limits(double *copy_gbps, double *gemm_tflops, struct sfw_err *err)
+{
+	*copy_gbps = *gemm_tflops = 0;
+#ifdef SFW_HAVE_CUDA
+	enum sfw_status s = sfw_cuda_measure_copy((size_t)2 << 30, copy_gbps, err);
+	if (s == SFW_OK)
+		s = sfw_cuda_measure_gemm(8192, gemm_tflops, err);
+	return s;
+#else
+	return sfw_fail(err, SFW_E_UNSUPPORTED, "this build has no CUDA support: no device limits to measure");
+#endif
+}
+
+void sfw_bench_mem_plan(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p)
+{
+	double D = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+	double hd = c->head_dim, nkv = c->num_key_value_heads;
+	double qd = (double)c->num_attention_heads * hd, kvd = nkv * hd;
+	double ld = (double)c->lightning_nh * c->lightning_head_dim, lhd = c->lightning_head_dim;
+	int ns = 0, nl = 0;
+	for (int i = 0; i < c->num_hidden_layers; i++)
+		c->mixer[i] == SFW_MIXER_SPARSE ? ns++ : nl++;
+	double norms = c->num_hidden_layers * 2 * D + D + nl * ((c->qk_norm ? 2 * lhd : 0) + (c->use_output_norm ? ld : 0));
+	memset(p, 0, sizeof(*p));
+	p->weights = 2 * (sfw_bench_linear_params(c) + 2 * V * D + norms);
+	int64_t blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64;
+	int64_t cap = (max_ctx + blk - 1) / blk * blk;
+	p->kv_per_token = ns * 2 * kvd * 2;
+	p->kv = p->kv_per_token * (double)cap;
+	double st = c->sparse_kernel_stride > 0 ? c->sparse_kernel_stride : 16;
+	p->compressed = ns * ((double)(cap / (int64_t)st + 1) + (double)(cap / (int64_t)(4 * st) + 1)) * kvd * 2;
+	p->lightning = nl * (double)c->lightning_nh * lhd * lhd * 4;
+	double R = chunk > 0 ? chunk : 256;
+	double wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld;
+	double wide = 4 * ld;
+	if (2 * qd + 2 * kvd > wide)
+		wide = 2 * qd + 2 * kvd;
+	if (2 * I > wide)
+		wide = 2 * I;
+	p->activations = R * (3 * D + 3 * wq + 2 * wk + 2 * I) * 2 + R * 4 + nkv * R * c->sparse_k * 4 + V * 4 +
+			 wide * 2;
+	p->scratch = (double)((size_t)64 << 20) + (double)((size_t)32 << 20) +
+		     (max_ctx >= c->sparse_dense_len ? (double)((size_t)256 << 20) : 0);
+	p->total = p->weights + p->kv + p->compressed + p->lightning + p->activations + p->scratch;
+}
