@@ -7,6 +7,7 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "runner/bench.h"
 #include "runner/runner.h"
 #include "runner/safetensors.h"
 #include "runner/sampler.h"
@@ -179,6 +180,8 @@ static const struct cli_opt opts[] = {
 	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
 	{"threads", 0, "N", "CPU threads (default: all cores)"},
 	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
+	{"max-context", 0, "N", "reserve the context for N tokens (default prompt + -n)"},
+	{"prefill-chunk", 0, "C", "prefill rows per piece (default 256 on the CPU, 8192 on CUDA)"},
 	{"no-verify", 0, NULL, "run without checking the directory's signed manifest (says so)"},
 	{"verify-full", 0, NULL, "re-hash every model file before running"},
 	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"},
@@ -207,7 +210,7 @@ int cmd_run(int argc, char **argv)
 	const char *C = "salafw run";
 	const char *prompt = NULL, *ids_path = NULL, *system = NULL, *device = NULL, *pubkey = NULL;
 	int chat = 0, print_ids = 0, no_verify = 0, full = 0, das = 0;
-	unsigned long long n_gen = 128, threads = 0, u;
+	unsigned long long n_gen = 128, threads = 0, u, max_ctx = 0, chunk = 0;
 	double d;
 	struct sfw_sampler_params sp = sfw_sampler_default_params();
 	struct cli_parser cp;
@@ -260,6 +263,13 @@ int cmd_run(int argc, char **argv)
 				return SFW_EXIT_USAGE;
 		} else if (!strcmp(nm, "dense-as-sparse"))
 			das = 1;
+		else if (!strcmp(nm, "max-context")) {
+			if (!cli_parse_u64(C, "--max-context", arg, &max_ctx) || max_ctx > (1ull << 30))
+				return SFW_EXIT_USAGE;
+		} else if (!strcmp(nm, "prefill-chunk")) {
+			if (!cli_parse_u64(C, "--prefill-chunk", arg, &chunk) || chunk < 1 || chunk > (1u << 20))
+				return SFW_EXIT_USAGE;
+		}
 		else if (!strcmp(nm, "no-verify"))
 			no_verify = 1;
 		else if (!strcmp(nm, "verify-full"))
@@ -350,7 +360,25 @@ int cmd_run(int argc, char **argv)
 	}
 	struct sfw_ctx_params xp = sfw_ctx_default_params();
 	xp.n_ctx = (int64_t)n_ids + (int64_t)n_gen;
+	if ((int64_t)max_ctx > xp.n_ctx)
+		xp.n_ctx = (int64_t)max_ctx;
 	xp.dense_as_sparse = das;
+	int cuda = !strcmp(sfw_model_device_name(m), "cuda");
+	if (chunk)
+		xp.prefill_chunk = (int)chunk;
+	else if (cuda) /* bounded activations, large GEMMs; no more rows than the prompt */
+		xp.prefill_chunk = n_ids < 8192 ? (int)((n_ids + 63) / 64 * 64) : 8192;
+	if (cuda) {
+		struct sfw_mem_plan pl;
+		double G = 1073741824.0;
+		sfw_bench_mem_plan(cf, xp.n_ctx, xp.prefill_chunk, &pl);
+		fprintf(stderr,
+			"%s: device memory plan for %lld tokens: weights %.2f GiB, KV %.0f B/token (%.2f GiB), "
+			"compressed keys %.2f GiB, lightning state %.3f GiB, activations (%d-row pieces) %.2f GiB, "
+			"scratch %.2f GiB; total %.2f GiB\n",
+			C, (long long)xp.n_ctx, pl.weights / G, pl.kv_per_token, pl.kv / G, pl.compressed / G,
+			pl.lightning / G, xp.prefill_chunk, pl.activations / G, pl.scratch / G, pl.total / G);
+	}
 	if ((s = sfw_ctx_new(m, &xp, &ctx, &err)) != SFW_OK)
 		goto fail;
 	if ((s = sfw_sampler_init(&smp, &sp, cf->vocab_size, &err)) != SFW_OK)

@@ -100,10 +100,15 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 	enum sfw_status s = SFW_E_UNSUPPORTED;
 	if (dev == SFW_DEVICE_CUDA || dev == SFW_DEVICE_AUTO) {
 #ifdef SFW_HAVE_CUDA
+		struct sfw_err ce = {0};
 		if (sfw_backend_cuda_new)
-			s = sfw_backend_cuda_new(0, &m->be, err);
+			s = sfw_backend_cuda_new(0, &m->be, &ce);
 		else
-			s = sfw_fail(err, SFW_E_UNSUPPORTED, "this build has no CUDA backend");
+			s = sfw_fail(&ce, SFW_E_UNSUPPORTED, "this build has no CUDA backend");
+		if (s != SFW_OK && dev == SFW_DEVICE_CUDA && err)
+			*err = ce;
+		else if (s != SFW_OK) /* a CUDA build on a machine without a usable GPU */
+			sfw_log(SFW_LOG_WARN, "no usable GPU (%s): running on the CPU", ce.msg);
 #else
 		s = sfw_fail(err, SFW_E_UNSUPPORTED, "this build has no CUDA support (rebuild with make CUDA=1)");
 #endif
