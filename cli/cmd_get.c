@@ -63,7 +63,8 @@ struct ui {
 	struct {
 		const char *path;
 		uint64_t done, size;
-		double rate;
+		uint64_t done0; /* bytes on disk when the file started (resumed prefix) */
+		double t0;      /* run time (s) when the file started */
 		int live;
 	} *rows;
 	size_t nrows;
@@ -119,7 +120,20 @@ static void draw_block(struct ui *u, const struct sfw_fetch_event *ev)
 		human(a, sizeof(a), (double)u->rows[i].done);
 		human(b, sizeof(b), (double)u->rows[i].size);
 		double pct = u->rows[i].size ? 100.0 * (double)u->rows[i].done / (double)u->rows[i].size : 100;
-		fprintf(stderr, "  %-40.40s %5.1f%% %10s / %-10s\n", u->rows[i].path, pct, a, b);
+		/* The file's own rate: bytes received since it started over its time. */
+		double dt = ev->elapsed - u->rows[i].t0;
+		double fr = dt > 0.2 && u->rows[i].done > u->rows[i].done0
+				    ? (double)(u->rows[i].done - u->rows[i].done0) / dt
+				    : 0;
+		human(r, sizeof(r), fr);
+		double fleft = u->rows[i].size > u->rows[i].done ? (double)(u->rows[i].size - u->rows[i].done) : 0;
+		long feta = fr > 1 ? (long)(fleft / fr) : -1;
+		if (feta >= 0)
+			fprintf(stderr, "  %-40.40s %5.1f%% %10s / %-10s %10s/s  ETA %ld:%02ld\n", u->rows[i].path, pct, a,
+				b, r, feta / 60, feta % 60);
+		else
+			fprintf(stderr, "  %-40.40s %5.1f%% %10s / %-10s %10s/s  ETA --:--\n", u->rows[i].path, pct, a,
+				b, r);
 		u->drawn++;
 	}
 	human(a, sizeof(a), (double)ev->total_done);
@@ -169,8 +183,11 @@ static bool on_event(void *user, const struct sfw_fetch_event *ev)
 		u->rows[ev->file_index].path = path;
 		u->rows[ev->file_index].size = ev->file->size;
 		u->rows[ev->file_index].done = ev->file_done;
-		if (ev->kind == SFW_EV_FILE_START)
+		if (ev->kind == SFW_EV_FILE_START) {
 			u->rows[ev->file_index].live = 1;
+			u->rows[ev->file_index].done0 = ev->file_done;
+			u->rows[ev->file_index].t0 = ev->elapsed;
+		}
 		if (ev->kind == SFW_EV_FILE_DONE || ev->kind == SFW_EV_FILE_FAILED)
 			u->rows[ev->file_index].live = 0;
 	}

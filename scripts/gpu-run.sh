@@ -5,6 +5,7 @@
 #   bash scripts/gpu-run.sh tests            every .devlib/bin/gpu_* test
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
+#   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout.
 set -u
@@ -72,11 +73,27 @@ bench)
 	"$BIN/bench_gpu" "$M" "$@" 2>&1 | tee -a "$OUT/bench.log"
 	exit "${PIPESTATUS[0]}"
 	;;
+decode-ab)
+	# bash scripts/gpu-run.sh decode-ab [PROMPT [GEN]]: `salafw bench` on the
+	# full-size model with the new decode paths, then with each switch that
+	# restores an old one (SALAFW_CUDA_STEPSYNC / NOFUSE / NOMERGE), then all
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	if [ ! -e "$M/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
+	fi
+	P=${1:-1024} G=${2:-128}
+	for sw in "" SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE \
+		"SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE"; do
+		echo "== switches: ${sw:-none (new paths)}" | tee -a "$OUT/decode-ab.log"
+		env $(for v in $sw; do printf '%s=1 ' "$v"; done) "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" \
+			--no-verify 2>&1 | tee -a "$OUT/decode-ab.log"
+	done
+	;;
 shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | decode-ab [P [G]] | shell CMD" >&2
 	exit 2
 	;;
 esac

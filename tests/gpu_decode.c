@@ -1,0 +1,323 @@
+/* modules: runner quant kernels fetch verify core */
+/* gpu_decode.c - the decode-path switches of the CUDA backend, each new path
+ * against the old one it replaces (the env switch that restores it):
+ *   SALAFW_CUDA_STEPSYNC=1  selected blocks copied to the host every step
+ *                           (new: kept on the device until asked) - equal bits
+ *   SALAFW_CUDA_NOFUSE=1    add_scaled + rmsnorm as two kernels (new: one
+ *                           fused kernel) - equal bits
+ *   SALAFW_CUDA_NOMERGE=1   q, k, v, z / o_gate and gate, up as separate
+ *                           GEMVs (new: one GEMV over the merged matrix) -
+ *                           equal up to GEMV summation order
+ * on the golden models and a `mkmodel --preset small` model made here: one
+ * prefill, then >= 32 greedy steps fed the same tokens on both sides, logits
+ * and the selected blocks compared every step. Plus the fused kernel against
+ * its CPU twin (kernels/fused.c) and its unfused CUDA pair on random data.
+ *   gpu_decode            (SALAFW_GOLDEN names the golden folder) */
+#include "check.h"
+
+#include "kernels/ops.h"
+#include "kernels/ops_cuda.h"
+#include "runner/backend.h"
+#include "runner/mkmodel.h"
+#include "runner/model.h"
+#include "runner/runner.h"
+#include "runner/safetensors.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* forward.c refers to the CUDA backend weakly: make sure it is linked. */
+enum sfw_status (*const gpu_decode_backend)(int, struct sfw_backend **, struct sfw_err *) = sfw_backend_cuda_new;
+
+#define STEPS 40
+
+static const char *const SWITCHES[] = {"SALAFW_CUDA_STEPSYNC", "SALAFW_CUDA_NOFUSE", "SALAFW_CUDA_NOMERGE"};
+#define NSW 3
+
+/* What one engine run produced: logits per step (prefill last row first),
+ * selected blocks of every sparse layer per step. */
+struct trace {
+	float *logits; /* [STEPS + 1, V] */
+	int32_t *blocks; /* [STEPS + 1, L, nkv * k] */
+	int *state;      /* [STEPS + 1, L] */
+	int ok;
+};
+
+static void trace_free(struct trace *t)
+{
+	free(t->logits), free(t->blocks), free(t->state);
+	memset(t, 0, sizeof(*t));
+}
+
+static struct sfw_model *load_with(const char *dir, int sw_on)
+{
+	for (int i = 0; i < NSW; i++)
+		unsetenv(SWITCHES[i]);
+	if (sw_on >= 0)
+		setenv(SWITCHES[sw_on], "1", 1);
+	struct sfw_err err = {0};
+	struct sfw_model *m = NULL;
+	struct sfw_model_params mp = sfw_model_default_params();
+	mp.device = SFW_DEVICE_CUDA;
+	enum sfw_status s = sfw_model_load(dir, &mp, &m, &err);
+	for (int i = 0; i < NSW; i++)
+		unsetenv(SWITCHES[i]);
+	CHECK(s == SFW_OK, "%s: load (%s): %s", dir, sw_on >= 0 ? SWITCHES[sw_on] : "new paths", err.msg);
+	return s == SFW_OK ? m : NULL;
+}
+
+/* 1 when every layer's q|k|v(|z|o_gate) and gate|up are one matrix. */
+static int layout_merged(const struct sfw_model *m)
+{
+	for (int i = 0; i < m->cfg.num_hidden_layers; i++) {
+		const struct sfwi_layer *L = &m->layers[i];
+		const struct sfw_bweight *last = L->kind == SFW_MIXER_SPARSE ? &L->o_gate : &L->z;
+		const struct sfw_bweight *seq[4] = {&L->q, &L->k, &L->v, last};
+		int n = last->host ? 4 : 3;
+		for (int j = 1; j < n; j++)
+			if ((const char *)seq[j]->dev != (const char *)seq[j - 1]->dev + seq[j - 1]->rows * seq[j - 1]->cols * 2)
+				return 0;
+		if ((const char *)L->up.dev != (const char *)L->gate.dev + L->gate.rows * L->gate.cols * 2)
+			return 0;
+	}
+	return 1;
+}
+
+/* Prefill ids, then STEPS decode steps fed feed[i] (or, when feed is NULL,
+ * the argmax, written to chain). */
+static void run_trace(struct sfw_model *m, const int32_t *ids, size_t n, int das, const int32_t *feed,
+		      int32_t *chain, struct trace *t)
+{
+	const struct sfw_config *cf = sfw_model_config(m);
+	int V = cf->vocab_size, L = cf->num_hidden_layers;
+	size_t nb = (size_t)cf->num_key_value_heads * cf->sparse_k;
+	memset(t, 0, sizeof(*t));
+	t->logits = malloc((size_t)(STEPS + 1) * V * sizeof(float));
+	t->blocks = calloc((size_t)(STEPS + 1) * L * nb, sizeof(int32_t)); /* non-sparse layers stay 0 */
+	t->state = malloc((size_t)(STEPS + 1) * L * sizeof(int));
+	struct sfw_err err = {0};
+	struct sfw_ctx_params xp = sfw_ctx_default_params();
+	xp.dense_as_sparse = das;
+	xp.prefill_chunk = 256;
+	struct sfw_ctx *c = NULL;
+	enum sfw_status s = sfw_ctx_new(m, &xp, &c, &err);
+	CHECK(s == SFW_OK, "ctx: %s", err.msg);
+	if (s != SFW_OK)
+		return;
+	for (int st = 0; st <= STEPS && s == SFW_OK; st++) {
+		float *lg = t->logits + (size_t)st * V;
+		if (st == 0)
+			s = sfw_ctx_prefill(c, ids, n, lg, &err);
+		else {
+			int32_t id = feed ? feed[st - 1] : chain[st - 1];
+			s = sfw_ctx_decode(c, id, lg, &err);
+		}
+		CHECK(s == SFW_OK, "step %d: %s", st, err.msg);
+		if (!feed && s == SFW_OK) {
+			int32_t best = 0;
+			for (int v = 1; v < V; v++)
+				if (lg[v] > lg[best])
+					best = v;
+			if (st < STEPS)
+				chain[st] = best;
+		}
+		for (int l = 0; l < L; l++)
+			t->state[st * L + l] = sfw_ctx_last_blocks(c, l, t->blocks + ((size_t)st * L + l) * nb);
+	}
+	t->ok = s == SFW_OK;
+	sfw_ctx_free(c);
+}
+
+static void compare(const char *what, const struct sfw_config *cf, const struct trace *a, const struct trace *b,
+		    int exact)
+{
+	int V = cf->vocab_size, L = cf->num_hidden_layers;
+	size_t nb = (size_t)cf->num_key_value_heads * cf->sparse_k;
+	double maxd = 0, maxref = 0;
+	int argmax_diff = 0, blocks_diff = 0, state_diff = 0, near_ties = 0;
+	for (int st = 0; st <= STEPS; st++) {
+		const float *x = a->logits + (size_t)st * V, *y = b->logits + (size_t)st * V;
+		int ba = 0, bb = 0;
+		for (int v = 0; v < V; v++) {
+			double d = fabs((double)x[v] - y[v]);
+			maxd = d > maxd || isnan(d) ? (isnan(d) ? INFINITY : d) : maxd;
+			maxref = fabs(x[v]) > maxref ? fabs(x[v]) : maxref;
+			if (x[v] > x[ba])
+				ba = v;
+			if (y[v] > y[bb])
+				bb = v;
+		}
+		if (ba != bb) {
+			/* a different argmax is only acceptable as a near tie */
+			if (fabs((double)x[ba] - x[bb]) > 2e-2)
+				argmax_diff++;
+			else
+				near_ties++;
+		}
+		for (int l = 0; l < L; l++) {
+			if (a->state[st * L + l] != b->state[st * L + l])
+				state_diff++;
+			if (memcmp(a->blocks + ((size_t)st * L + l) * nb, b->blocks + ((size_t)st * L + l) * nb,
+				   nb * sizeof(int32_t)))
+				blocks_diff++;
+		}
+	}
+	printf("  %s: max |dlogit| %.3g (max |logit| %.3g), argmax differs %d (near ties %d), block sets differ %d\n",
+	       what, maxd, maxref, argmax_diff, near_ties, blocks_diff);
+	CHECK(state_diff == 0, "%s: the dense/sparse state per layer agrees (%d differ)", what, state_diff);
+	if (exact) {
+		CHECK(maxd == 0, "%s: logits equal bit for bit over %d steps (max diff %g)", what, STEPS + 1, maxd);
+		CHECK(blocks_diff == 0, "%s: selected blocks equal (%d layer-steps differ)", what, blocks_diff);
+		CHECK(argmax_diff + near_ties == 0, "%s: greedy tokens equal", what);
+	} else {
+		/* summation order only: bf16 logits of the tiny models are O(1) */
+		CHECK(maxd <= 1.5e-2 * (maxref > 1 ? maxref : 1), "%s: logits within 1.5e-2 (max diff %g)", what, maxd);
+		CHECK(argmax_diff == 0, "%s: greedy tokens equal up to near ties (%d differ)", what, argmax_diff);
+		CHECK(blocks_diff <= (STEPS + 1) * L / 10, "%s: selected blocks mostly equal (%d layer-steps differ)",
+		      what, blocks_diff);
+	}
+}
+
+static void model_case(const char *dir, int prompt, int das)
+{
+	printf("%s (prompt %d%s):\n", dir, prompt, das ? ", dense-as-sparse" : "");
+	struct sfw_model *base = load_with(dir, -1);
+	if (!base)
+		return;
+	const struct sfw_config *cf = sfw_model_config(base);
+	CHECK(layout_merged(base), "%s: the new path placed every projection group as one matrix", dir);
+	int32_t *ids = malloc((size_t)prompt * sizeof(int32_t)), chain[STEPS];
+	uint32_t x = 777;
+	ids[0] = cf->bos_token_id;
+	for (int i = 1; i < prompt; i++) {
+		x = x * 1664525u + 1013904223u;
+		ids[i] = (int32_t)(3 + (x >> 8) % (uint32_t)(cf->vocab_size - 3));
+	}
+	struct trace tb;
+	run_trace(base, ids, (size_t)prompt, das, NULL, chain, &tb);
+	for (int sw = 0; sw < NSW && tb.ok; sw++) {
+		struct sfw_model *om = load_with(dir, sw);
+		if (!om)
+			continue;
+		if (sw == 2)
+			CHECK(!layout_merged(om), "%s: SALAFW_CUDA_NOMERGE keeps the projections separate", dir);
+		struct trace to;
+		run_trace(om, ids, (size_t)prompt, das, chain, NULL, &to);
+		if (to.ok)
+			compare(SWITCHES[sw], cf, &tb, &to, sw != 2);
+		trace_free(&to);
+		sfw_model_free(om);
+	}
+	trace_free(&tb);
+	free(ids);
+	sfw_model_free(base);
+}
+
+/* ---- the fused kernel against its twins ---- */
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static float urand(void)
+{
+	uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+}
+
+static void fused_case(int rows, int n)
+{
+	size_t N = (size_t)rows * n;
+	float *x = malloc(N * 4), *b = malloc(N * 4), *w = malloc((size_t)n * 4), *y = malloc(N * 4);
+	uint16_t *hx = malloc(N * 2), *hb = malloc(N * 2), *hw = malloc((size_t)n * 2);
+	uint16_t *o1 = malloc(N * 2), *o2 = malloc(N * 2), *x1 = malloc(N * 2), *x2 = malloc(N * 2);
+	for (size_t i = 0; i < N; i++) {
+		hx[i] = sfw_f32_to_bf16(3 * urand()), x[i] = sfw_bf16_to_f32(hx[i]);
+		hb[i] = sfw_f32_to_bf16(urand()), b[i] = sfw_bf16_to_f32(hb[i]);
+	}
+	for (int i = 0; i < n; i++)
+		hw[i] = sfw_f32_to_bf16(1 + 0.1f * urand()), w[i] = sfw_bf16_to_f32(hw[i]);
+	void *s = NULL, *dx = NULL, *db = NULL, *dw = NULL, *dy = NULL, *dx2 = NULL, *dy2 = NULL;
+	struct sfw_err err = {0};
+	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK && sfw_cuda_malloc(&dx, N * 2, "t", &err) == SFW_OK &&
+		 sfw_cuda_malloc(&db, N * 2, "t", &err) == SFW_OK && sfw_cuda_malloc(&dw, (size_t)n * 2, "t", &err) == SFW_OK &&
+		 sfw_cuda_malloc(&dy, N * 2, "t", &err) == SFW_OK && sfw_cuda_malloc(&dx2, N * 2, "t", &err) == SFW_OK &&
+		 sfw_cuda_malloc(&dy2, N * 2, "t", &err) == SFW_OK;
+	CHECK(ok, "fused: device buffers: %s", err.msg);
+	if (ok) {
+		float sc = 0.5715476f, eps = 1e-6f;
+		sfw_cuda_h2d(dx, hx, N * 2, s), sfw_cuda_h2d(dx2, hx, N * 2, s), sfw_cuda_h2d(db, hb, N * 2, s);
+		sfw_cuda_h2d(dw, hw, (size_t)n * 2, s);
+		sfw_cuda_memset(dy, 0xff, N * 2, s), sfw_cuda_memset(dy2, 0xff, N * 2, s); /* NaN poison */
+		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_OP_BF16, rows, n, eps, SFW_OP_BF16, s);
+		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_OP_BF16, s);
+		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_OP_BF16, rows, n, eps, SFW_OP_BF16, s);
+		sfw_cuda_d2h(o1, dy, N * 2, s), sfw_cuda_d2h(o2, dy2, N * 2, s);
+		sfw_cuda_d2h(x1, dx, N * 2, s), sfw_cuda_d2h(x2, dx2, N * 2, s);
+		sfw_cuda_sync(s);
+		CHECK(!memcmp(o1, o2, N * 2) && !memcmp(x1, x2, N * 2),
+		      "fused add_rmsnorm %dx%d equals add_scaled + rmsnorm on the GPU bit for bit", rows, n);
+		sfw_op_add_rmsnorm_cpu(y, x, b, sc, w, SFW_OP_F32, rows, n, eps);
+		double e2 = 0, r2 = 0, md = 0;
+		for (size_t i = 0; i < N; i++) {
+			double d = sfw_bf16_to_f32(o1[i]) - (double)y[i];
+			e2 += d * d, r2 += (double)y[i] * y[i];
+			md = fabs(d) > md || isnan(d) ? fabs(d) : md;
+		}
+		double nmse = e2 / (r2 > 0 ? r2 : 1);
+		printf("  fused add_rmsnorm %dx%d vs CPU twin: NMSE %.3g, max |diff| %.3g\n", rows, n, nmse, md);
+		CHECK(nmse < 1e-4 && md < 0.1, "fused add_rmsnorm %dx%d vs the CPU twin (bf16 rounding points): NMSE %g",
+		      rows, n, nmse);
+	}
+	sfw_cuda_free(dx), sfw_cuda_free(db), sfw_cuda_free(dw), sfw_cuda_free(dy), sfw_cuda_free(dx2),
+		sfw_cuda_free(dy2);
+	if (s)
+		sfw_cuda_stream_free(s);
+	free(x), free(b), free(w), free(y), free(hx), free(hb), free(hw), free(o1), free(o2), free(x1), free(x2);
+}
+
+int main(void)
+{
+	struct sfw_cuda_info info;
+	struct sfw_err err = {0};
+	if (sfw_cuda_init(0, &info, &err) != SFW_OK) {
+		CHECK(0, "no GPU: %s", err.msg);
+		return CHECK_REPORT("gpu_decode");
+	}
+	fused_case(1, 4096);
+	fused_case(3, 1024);
+	fused_case(1, 256);    /* unfused fallback shape */
+	fused_case(2048, 256); /* unfused fallback shape */
+	const char *g = check_golden_dir();
+	if (g) {
+		const char *cases[] = {"tiny-dense", "tiny-sparse", "tiny-cross"};
+		for (int i = 0; i < 3; i++) {
+			char dir[4096];
+			snprintf(dir, sizeof(dir), "%s/%s", g, cases[i]);
+			model_case(dir, 600, 0);
+		}
+	}
+	/* a larger model (mkmodel --preset small), sparse path forced */
+	char tmpl[] = "/tmp/gpu_decode.XXXXXX";
+	char *d = mkdtemp(tmpl);
+	CHECK(d != NULL, "temporary directory");
+	if (d) {
+		char dir[256];
+		snprintf(dir, sizeof(dir), "%s/small", d);
+		struct sfw_mkmodel_params mp = {0};
+		mp.preset = SFW_MKMODEL_SMALL;
+		mp.seed = 7;
+		mp.no_tokenizer = 1;
+		enum sfw_status s = sfw_mkmodel(dir, &mp, &err);
+		CHECK(s == SFW_OK, "mkmodel small: %s", err.msg);
+		if (s == SFW_OK)
+			model_case(dir, 700, 1);
+		char cmd[512];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d);
+		CHECK(system(cmd) == 0, "remove %s", d);
+	}
+	return CHECK_REPORT("gpu_decode");
+}
