@@ -7,6 +7,7 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "kernels/ops.h"
 #include "runner/bench.h"
 #include "runner/runner.h"
 #include "runner/safetensors.h"
@@ -402,8 +403,16 @@ int cmd_run(int argc, char **argv)
 	}
 	unsigned long long produced = 0, steps = 0;
 	int use_text = tok && !print_ids;
+	/* On CUDA the token is chosen on the GPU (kernels/sample.cu, the sampler's
+	 * meaning for the sampler's own uniform stream): one id per step crosses
+	 * to the host instead of the logits. SALAFW_CUDA_NOSAMPLE=1: host sampler. */
+	const char *ns = getenv("SALAFW_CUDA_NOSAMPLE");
+	int dev_sample = cuda && !(ns && *ns && strcmp(ns, "0") != 0);
+	struct sfw_op_sample_params osp = {sp.temperature, sp.top_k, sp.top_p, sp.greedy};
+	int32_t id = -1;
 	for (; produced < n_gen; produced++) {
-		int32_t id = sfw_sampler_sample(&smp, logits, cf->vocab_size);
+		if (produced == 0 || !dev_sample)
+			id = sfw_sampler_sample(&smp, logits, cf->vocab_size);
 		if (sfw_sampler_is_stop(id, cf->eos_token_ids, cf->n_eos))
 			break;
 		if (use_text) {
@@ -417,7 +426,11 @@ int cmd_run(int argc, char **argv)
 		fflush(stdout);
 		if (produced + 1 == n_gen)
 			break; /* no forward pass for a token nobody will read */
-		if ((s = sfw_ctx_decode(ctx, id, logits, &err)) != SFW_OK)
+		if (dev_sample)
+			s = sfw_ctx_decode_next(ctx, id, &osp, sfw_op_sample_uniform(smp.rng), &id, &err);
+		else
+			s = sfw_ctx_decode(ctx, id, logits, &err);
+		if (s != SFW_OK)
 			goto fail;
 		steps++;
 	}

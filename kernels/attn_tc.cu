@@ -21,7 +21,7 @@
 #include <limits.h>
 
 #define ATC_BLK 64   /* keys per tile = the sparse block size */
-#define ATC_W 4      /* warps = query tokens per CTA */
+#define ATC_W 4	     /* warps = query tokens per CTA */
 #define ATC_KMAX 256 /* longest block list held in shared memory */
 
 struct atc_args {
@@ -38,8 +38,7 @@ template <int HD> static constexpr size_t atc_smem(void)
 	return (size_t)2 * 2 * ATC_BLK * (HD + 8) * 2 + (size_t)ATC_W * ATC_KMAX * 4;
 }
 
-template <int HD>
-static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
+template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
 {
 	sfwc_pdl_wait();
 	/* K and V tiles [64][HD + 8]: rows 16 bytes longer than HD so that the 8
@@ -101,10 +100,12 @@ static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
 	auto load = [&](int b, int st) {
 		uint16_t *dst = kvs + (size_t)st * 2 * TILE;
 		for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
-			int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH, ch = rem % CH;
+			int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH,
+			    ch = rem % CH;
 			int64_t t = (int64_t)b * ATC_BLK + row;
 			bool ok = t <= pmax;
-			const uint16_t *src = (which ? a.vc : a.kc) + (ok ? ((size_t)t * a.nkv + g) * HD + ch * 8 : 0);
+			const uint16_t *src =
+			    (which ? a.vc : a.kc) + (ok ? ((size_t)t * a.nkv + g) * HD + ch * 8 : 0);
 			tc_cp16(dst + which * TILE + row * LD + ch * 8, src, ok ? 16 : 0);
 		}
 		tc_cp_commit();
@@ -117,8 +118,11 @@ static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
 			int row = gid + (i & 1) * 8, col = kk * 16 + tq * 2 + (i >> 1) * 8;
-			qa[kk][i] = active && row < G ? *(const uint32_t *)(a.q + ((size_t)r * a.nh + (size_t)g * G + row) * HD + col)
-						      : 0u;
+			qa[kk][i] =
+			    active && row < G
+				? *(const uint32_t *)(a.q + ((size_t)r * a.nh + (size_t)g * G + row) * HD +
+						      col)
+				: 0u;
 		}
 	float o[HD / 8][4];
 #pragma unroll
@@ -151,8 +155,8 @@ static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
 #pragma unroll
 				for (int np = 0; np < 4; np++) {
 					uint32_t bf[4];
-					tc_ldsm_x4(bf, Ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 +
-							       ((lane >> 3) & 1) * 8);
+					tc_ldsm_x4(bf, Ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD +
+							   kk * 16 + ((lane >> 3) & 1) * 8);
 					tc_mma(s[2 * np], qa[kk], bf[0], bf[1]);
 					tc_mma(s[2 * np + 1], qa[kk], bf[2], bf[3]);
 				}
@@ -176,7 +180,8 @@ static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
 			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
 			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
 			float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-			float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+			float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo,
+			      mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
 			float c_lo = exp2f(m_lo - mu_lo), c_hi = exp2f(m_hi - mu_hi); /* 0 while m = -inf */
 			m_lo = mn_lo, m_hi = mn_hi;
 			l_lo *= c_lo, l_hi *= c_hi; /* per-lane partial sums; the quad is summed at the end */
@@ -192,14 +197,16 @@ static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
 			/* O += P V, P (bf16) straight from the S accumulators */
 #pragma unroll
 			for (int ks = 0; ks < 4; ks++) {
-				uint32_t pa[4] = {tc_pack(s[2 * ks][0], s[2 * ks][1]), tc_pack(s[2 * ks][2], s[2 * ks][3]),
+				uint32_t pa[4] = {tc_pack(s[2 * ks][0], s[2 * ks][1]),
+						  tc_pack(s[2 * ks][2], s[2 * ks][3]),
 						  tc_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
 						  tc_pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
 #pragma unroll
 				for (int dp = 0; dp < HD / 16; dp++) {
 					uint32_t bf[4];
-					tc_ldsm_x4_trans(bf, Vs + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
-								     dp * 16 + (lane >> 4) * 8);
+					tc_ldsm_x4_trans(
+					    bf, Vs + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+						    dp * 16 + (lane >> 4) * 8);
 					tc_mma(o[2 * dp], pa, bf[0], bf[1]);
 					tc_mma(o[2 * dp + 1], pa, bf[2], bf[3]);
 				}
@@ -221,9 +228,11 @@ static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
 	for (int j = 0; j < HD / 8; j++) {
 		int col = j * 8 + 2 * tq;
 		if (gid < G)
-			*(uint32_t *)(orow + (size_t)gid * HD + col) = tc_pack(o[j][0] * inv_lo, o[j][1] * inv_lo);
+			*(uint32_t *)(orow + (size_t)gid * HD + col) =
+			    tc_pack(o[j][0] * inv_lo, o[j][1] * inv_lo);
 		if (gid + 8 < G)
-			*(uint32_t *)(orow + (size_t)(gid + 8) * HD + col) = tc_pack(o[j][2] * inv_hi, o[j][3] * inv_hi);
+			*(uint32_t *)(orow + (size_t)(gid + 8) * HD + col) =
+			    tc_pack(o[j][2] * inv_hi, o[j][3] * inv_hi);
 	}
 }
 
@@ -232,8 +241,8 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 	static int ready; /* 1: dynamic shared memory limit raised; -1: refused */
 	size_t smem = atc_smem<HD>();
 	if (!ready) {
-		cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						     (int)smem);
+		cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<HD>,
+						     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 		if (e != cudaSuccess) {
 			(void)cudaGetLastError(); /* clear it: the CUDA-core kernel runs instead */
 			ready = -1;
@@ -249,8 +258,9 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 	return 1;
 }
 
-int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T, int nh, int nkv,
-		 int hd, int64_t pos0, int k, int block, float scale, enum sfw_op_dtype act, void *stream)
+int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T, int nh,
+		 int nkv, int hd, int64_t pos0, int k, int block, float scale, enum sfw_op_dtype act,
+		 void *stream)
 {
 	enum tc_mode mode = tc_mode_of("SALAFW_CUDA_ATTN");
 	if (mode == TC_SIMT || act != SFW_OP_BF16 || T <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
@@ -266,13 +276,24 @@ int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const i
 	 * served by the CUDA-core kernel's split over the keys */
 	if (mode == TC_AUTO && T < 128)
 		return 0;
-	atc_args a = {(const uint16_t *)q, (const uint16_t *)kc, (const uint16_t *)vc, idx, (uint16_t *)o,
-		      T,		   nh,			nkv,		      k,   pos0,
+	atc_args a = {(const uint16_t *)q,
+		      (const uint16_t *)kc,
+		      (const uint16_t *)vc,
+		      idx,
+		      (uint16_t *)o,
+		      T,
+		      nh,
+		      nkv,
+		      k,
+		      pos0,
 		      scale * 1.4426950408889634f};
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	switch (hd) {
-	case 32: return attn_tc_launch<32>(a, s);
-	case 64: return attn_tc_launch<64>(a, s);
-	default: return attn_tc_launch<128>(a, s);
+	case 32:
+		return attn_tc_launch<32>(a, s);
+	case 64:
+		return attn_tc_launch<64>(a, s);
+	default:
+		return attn_tc_launch<128>(a, s);
 	}
 }

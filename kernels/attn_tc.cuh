@@ -43,10 +43,11 @@
 
 static __device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-		     "{%0,%1,%2,%3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+	asm volatile(
+	    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+	    "{%0,%1,%2,%3};"
+	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 static __device__ __forceinline__ uint32_t tc_smem_addr(const void *p)
@@ -73,7 +74,8 @@ static __device__ __forceinline__ void tc_ldsm_x4_trans(uint32_t r[4], const voi
 /* 16-byte global -> shared copy; bytes = 0 writes zeros (no global read). */
 static __device__ __forceinline__ void tc_cp16(void *dst, const void *src, int bytes)
 {
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(tc_smem_addr(dst)), "l"(src), "r"(bytes)
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(tc_smem_addr(dst)), "l"(src),
+		     "r"(bytes)
 		     : "memory");
 }
 static __device__ __forceinline__ void tc_cp_commit(void)
@@ -113,10 +115,11 @@ static inline enum tc_mode tc_mode_of(const char *var)
 
 /* Tensor-core twins (bf16 activations only). Each returns 1 when it took the
  * call, 0 when the shape or the mode says the CUDA-core kernel should run. */
-int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T, int nh, int nkv,
-		 int hd, int64_t pos0, int k, int block, float scale, enum sfw_op_dtype act, void *stream);
-int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2, int T,
-		   int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale, enum sfw_op_dtype act,
-		   void *stream);
+int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T, int nh,
+		 int nkv, int hd, int64_t pos0, int k, int block, float scale, enum sfw_op_dtype act,
+		 void *stream);
+int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
+		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
+		   enum sfw_op_dtype act, void *stream);
 
 #endif

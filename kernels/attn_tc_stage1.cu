@@ -34,8 +34,7 @@ static __device__ __forceinline__ int64_t s1t_visible(int64_t p, int64_t n, int 
 	return v < n ? v : n;
 }
 
-template <int HD>
-static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_args a)
+template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_args a)
 {
 	sfwc_pdl_wait();
 	constexpr int LD = HD + 8, CH = HD / 8; /* padded rows: conflict-free ldmatrix */
@@ -50,7 +49,8 @@ static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_ar
 	/* visibility grows with p: the CTA's last token sees the most */
 	const int64_t v1max = s1t_visible(pmax, a.n1, a.ksize, a.stride);
 	const int64_t v2max = s1t_visible(pmax, a.n2, 4 * a.ksize, 4 * a.stride);
-	const int nA = (int)((v2max + S1T_TILE - 1) / S1T_TILE), nB = (int)((v1max + S1T_TILE - 1) / S1T_TILE);
+	const int nA = (int)((v2max + S1T_TILE - 1) / S1T_TILE),
+		  nB = (int)((v1max + S1T_TILE - 1) / S1T_TILE);
 
 	/* tile i: level-2 tile i for i < nA, else level-1 tile i - nA */
 	auto load = [&](int i, int st) {
@@ -60,8 +60,8 @@ static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_ar
 			int row = e / CH, ch = e % CH;
 			int64_t j = j0 + row;
 			bool ok = j < lim;
-			tc_cp16(&tile[st][row * LD + ch * 8], src + (ok ? ((size_t)j * a.nkv + g) * HD + ch * 8 : 0),
-				ok ? 16 : 0);
+			tc_cp16(&tile[st][row * LD + ch * 8],
+				src + (ok ? ((size_t)j * a.nkv + g) * HD + ch * 8 : 0), ok ? 16 : 0);
 		}
 		tc_cp_commit();
 	};
@@ -72,8 +72,11 @@ static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_ar
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
 			int row = gid + (i & 1) * 8, col = kk * 16 + tq * 2 + (i >> 1) * 8;
-			qa[kk][i] = active && row < G ? *(const uint32_t *)(a.q + ((size_t)r * a.nh + (size_t)g * G + row) * HD + col)
-						      : 0u;
+			qa[kk][i] =
+			    active && row < G
+				? *(const uint32_t *)(a.q + ((size_t)r * a.nh + (size_t)g * G + row) * HD +
+						      col)
+				: 0u;
 		}
 	/* rows gid and gid + 8: running max / per-lane partial sum (log2 domain) */
 	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
@@ -101,8 +104,9 @@ static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_ar
 #pragma unroll
 				for (int np = 0; np < 4; np++) {
 					uint32_t bf[4];
-					tc_ldsm_x4(bf, &tile[st][(np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 +
-								 ((lane >> 3) & 1) * 8]);
+					tc_ldsm_x4(bf,
+						   &tile[st][(np * 16 + (lane & 7) + (lane >> 4) * 8) * LD +
+							     kk * 16 + ((lane >> 3) & 1) * 8]);
 					tc_mma(s[2 * np], qa[kk], bf[0], bf[1]);
 					tc_mma(s[2 * np + 1], qa[kk], bf[2], bf[3]);
 				}
@@ -122,13 +126,14 @@ static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_ar
 					mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
 				}
 			float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-			float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+			float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo,
+			      mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
 			l_lo *= exp2f(m_lo - mu_lo), l_hi *= exp2f(m_hi - mu_hi);
 			m_lo = mn_lo, m_hi = mn_hi;
 #pragma unroll
 			for (int j = 0; j < 8; j++)
 				l_lo += exp2f(s[j][0] - mu_lo) + exp2f(s[j][1] - mu_lo),
-					l_hi += exp2f(s[j][2] - mu_hi) + exp2f(s[j][3] - mu_hi);
+				    l_hi += exp2f(s[j][2] - mu_hi) + exp2f(s[j][3] - mu_hi);
 		} else if (i >= nA) {
 			if (i == nA) {
 				/* LSE of each row from the 4 lanes of its quad (lane-local maxima differ) */
@@ -153,8 +158,11 @@ static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_ar
 #pragma unroll
 				for (int e = 0; e < 2; e++) {
 					bool vis = j0 + j * 8 + 2 * tq + e < v1;
-					float lo = vis && gid < G ? exp2f(s[j][e] * a.scale_log2 - lse_lo) : 0.0f;
-					float hi = vis && gid + 8 < G ? exp2f(s[j][2 + e] * a.scale_log2 - lse_hi) : 0.0f;
+					float lo =
+					    vis && gid < G ? exp2f(s[j][e] * a.scale_log2 - lse_lo) : 0.0f;
+					float hi = vis && gid + 8 < G
+						       ? exp2f(s[j][2 + e] * a.scale_log2 - lse_hi)
+						       : 0.0f;
 					float v = lo + hi;
 					v += __shfl_xor_sync(0xffffffffu, v, 4);
 					v += __shfl_xor_sync(0xffffffffu, v, 8);
@@ -184,12 +192,13 @@ static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_ar
 			out[col] = 0.0f;
 }
 
-int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2, int T,
-		   int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale, enum sfw_op_dtype act,
-		   void *stream)
+int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
+		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
+		   enum sfw_op_dtype act, void *stream)
 {
 	enum tc_mode mode = tc_mode_of("SALAFW_CUDA_STAGE1");
-	if (mode == TC_SIMT || act != SFW_OP_BF16 || T <= 0 || n1 <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
+	if (mode == TC_SIMT || act != SFW_OP_BF16 || T <= 0 || n1 <= 0 || nkv <= 0 || nh % nkv != 0 ||
+	    nh / nkv > 16)
 		return 0;
 	if (hd != 32 && hd != 64 && hd != 128)
 		return 0;
@@ -200,16 +209,31 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, con
 	 * CUDA-core kernel's split over the level-2 keys */
 	if (mode == TC_AUTO && T < 64)
 		return 0;
-	s1tc_args a = {scores, (const uint16_t *)q, (const uint16_t *)c1, (const uint16_t *)c2,
-		       n1,     n2 > 0 ? n2 : 0,	    pos0,		  T,
-		       nh,     nkv,		    ksize,		  stride,
+	s1tc_args a = {scores,
+		       (const uint16_t *)q,
+		       (const uint16_t *)c1,
+		       (const uint16_t *)c2,
+		       n1,
+		       n2 > 0 ? n2 : 0,
+		       pos0,
+		       T,
+		       nh,
+		       nkv,
+		       ksize,
+		       stride,
 		       scale * 1.4426950408889634f};
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	dim3 grid((unsigned)((T + S1T_W - 1) / S1T_W), (unsigned)nkv);
 	switch (hd) {
-	case 32: sfwc_launch(stage1_tc_kernel<32>, grid, dim3(S1T_W * 32), 0, s, a); break;
-	case 64: sfwc_launch(stage1_tc_kernel<64>, grid, dim3(S1T_W * 32), 0, s, a); break;
-	default: sfwc_launch(stage1_tc_kernel<128>, grid, dim3(S1T_W * 32), 0, s, a); break;
+	case 32:
+		sfwc_launch(stage1_tc_kernel<32>, grid, dim3(S1T_W * 32), 0, s, a);
+		break;
+	case 64:
+		sfwc_launch(stage1_tc_kernel<64>, grid, dim3(S1T_W * 32), 0, s, a);
+		break;
+	default:
+		sfwc_launch(stage1_tc_kernel<128>, grid, dim3(S1T_W * 32), 0, s, a);
+		break;
 	}
 	SFW_CUDA_LAUNCHED();
 	return 1;

@@ -198,6 +198,12 @@ void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int
 	SFW_CUDA_LAUNCHED();
 }
 
+extern "C" void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta,
+					  void *stream)
+{
+	sfwi_rope_neox_cuda(x, T, nh, hd, 0, dpos, theta, SFW_OP_BF16, stream);
+}
+
 extern "C" void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta,
 				      enum sfw_op_dtype act, void *stream)
 {

@@ -153,6 +153,28 @@ void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int6
 void sfw_op_topk_blocks_cpu(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
 			    int k, int block);
 
+/* ---- sampling (kernels/sample.c, kernels/sample.cu) ----------------------- */
+
+/* The meaning of runner/sampler.h (top-k, then top-p at temperature 1
+ * renormalised over the survivors, then a draw at the temperature; greedy or
+ * temperature 0 = argmax, lowest id on ties; NaN never chosen; the first
+ * +inf wins) with the uniform u in [0, 1) as an input, so the CPU and CUDA
+ * twins can be compared exactly. The draw walks the survivors in id order
+ * when nothing was cut (top_k off or >= candidates, top_p 1), else best
+ * first, as the host sampler does; sums are in double over SFWS_THREADS
+ * contiguous chunks (kernels/sample_twin.h), so a u within rounding of a
+ * boundary may pick the neighbour the host sampler would not. */
+struct sfw_op_sample_params {
+	float temperature;
+	int top_k;   /* 0 = off */
+	float top_p; /* (0, 1] */
+	int greedy;
+};
+int32_t sfw_op_sample_cpu(const float *logits, int V, const struct sfw_op_sample_params *p, double u);
+/* The sampler's uniform stream (xoshiro256** as runner/sampler.c): the next
+ * 53-bit uniform of state rng[4] (struct sfw_sampler's rng). */
+double sfw_op_sample_uniform(uint64_t rng[4]);
+
 #ifdef SFW_HAVE_CUDA
 /* CUDA twins (kernels/<family>.cu), same meaning; see the top comment. */
 void sfw_op_embed_cuda(void *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int T, int D,
@@ -169,6 +191,11 @@ void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float t
 			   void *stream);
 /* kernels/fused.cu: one kernel for few wide rows (decode), bit-identical to
  * sfw_op_add_scaled_cuda + sfw_op_rmsnorm_cuda (the two launches otherwise). */
+/* kernels/sample.cu: one block; writes the id to *out (device), or -1 when
+ * the host must finish (top_k > SFWS_MAX_SORT, or a nucleus wider than
+ * that): then sfw_op_sample_cpu on the same logits gives the answer. */
+void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct sfw_op_sample_params *p, double u,
+			void *stream);
 void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w, enum sfw_op_dtype wdt,
 			     int rows, int n, float eps, enum sfw_op_dtype act, void *stream);
 void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,

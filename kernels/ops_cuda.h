@@ -79,6 +79,11 @@ SFW_MUST_CHECK enum sfw_status sfw_cuda_graph_end(void *stream, void **graph_exe
 void sfw_cuda_graph_launch(void *graph_exec, void *stream);
 void sfw_cuda_graph_free(void *graph_exec);
 
+/* NeoX RoPE (sfw_op_rope_neox_cuda) with the position of row 0 read from
+ * device memory (*dpos, int64) when the kernel runs: a captured decode graph
+ * replays with the position of the step (kernels/elementwise.cu). */
+void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, void *stream);
+
 /* Test/bench helpers: fill with deterministic pseudo-random values
  * uniform in [-scale, scale) (bf16 or float32). Never zeros: zeros hide
  * unwritten outputs and run faster than real data. */

@@ -179,6 +179,22 @@ struct sfw_backend {
 	 * add_rmsnorm: x += scale * b (rounded as add_scaled), then y = rmsnorm(x). */
 	void (*add_rmsnorm)(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			    const struct sfw_bweight *w, int rows, int n, float eps);
+	/* Next-token choice from one row of float logits (backend memory), the
+	 * meaning of sfw_op_sample_cpu for uniform u; *out (backend memory) = the
+	 * id, or -1 when the host must finish with sfw_op_sample_cpu. */
+	void (*sample)(struct sfw_backend *be, int32_t *out, const float *logits, int V,
+		       const struct sfw_op_sample_params *p, double u);
+	/* Decode graphs: graph_begin starts recording the backend's ops instead
+	 * of running them; graph_end returns the recorded sequence (NULL when
+	 * recording failed: nothing ran, the caller runs the ops itself);
+	 * graph_run replays it. Only ops whose shapes and buffers are fixed may
+	 * be recorded; a varying position goes through rope_neox_dev, which reads
+	 * it from backend memory (int64) when the op runs. */
+	void (*graph_begin)(struct sfw_backend *be);
+	void *(*graph_end)(struct sfw_backend *be);
+	void (*graph_run)(struct sfw_backend *be, void *g);
+	void (*graph_free)(struct sfw_backend *be, void *g);
+	void (*rope_neox_dev)(struct sfw_backend *be, void *x, int T, int nh, int hd, const int64_t *pos, float theta);
 };
 
 /* The CPU backend; nthreads <= 0 means sfw_default_threads(). */

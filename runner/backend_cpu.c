@@ -98,6 +98,13 @@ static void cpu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_
 	sfw_op_add_scaled_cpu(F(x), F(b), n, scale);
 }
 
+static void cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
+		       const struct sfw_op_sample_params *p, double u)
+{
+	(void)be;
+	*out = sfw_op_sample_cpu(logits, V, p, u);
+}
+
 /* the composition of add_scaled and rmsnorm (kernels/fused.c) */
 static void cpu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			    const struct sfw_bweight *w, int rows, int n, float eps)
@@ -383,6 +390,7 @@ enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, stru
 	be->gla = cpu_gla;
 	be->supports_w8 = 1;
 	be->add_rmsnorm = cpu_add_rmsnorm;
+	be->sample = cpu_sample;
 	*out = be;
 	return SFW_OK;
 }

@@ -34,12 +34,12 @@ static size_t select_bytes(void)
 
 enum prof_op {
 	P_EMBED, P_RMSNORM, P_ADD, P_SILU, P_SIGMOID, P_ROPE, P_MATMUL_DEC, P_MATMUL_PRE, P_LOGITS, P_KV, P_DENSE,
-	P_COMPRESS, P_SELECT, P_SPARSE, P_GLA_REC, P_GLA_CHUNK, P_ADDNORM, PROF_N
+	P_COMPRESS, P_SELECT, P_SPARSE, P_GLA_REC, P_GLA_CHUNK, P_ADDNORM, P_SAMPLE, PROF_N
 };
 static const char *const prof_name[PROF_N] = {
 	"embed", "rmsnorm", "add_scaled", "silu_mul", "sigmoid_mul", "rope", "matmul M<=8 (GEMV)",
 	"matmul M>8 (cuBLASLt)", "logits", "kv_append", "attn_dense", "compress", "sparse_select",
-	"attn_sparse", "gla recurrent", "gla chunked", "add_rmsnorm (fused)"};
+	"attn_sparse", "gla recurrent", "gla chunked", "add_rmsnorm (fused)", "sample"};
 
 struct cu_be {
 	void *stream;
@@ -397,6 +397,44 @@ static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void 
 			   const struct sfw_bweight *w, int rows, int n, float eps)
 {
 	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be)));
+}
+
+static void cu_graph_begin(struct sfw_backend *be)
+{
+	sfw_cuda_graph_begin(S(be));
+}
+
+static void *cu_graph_end(struct sfw_backend *be)
+{
+	void *g = NULL;
+	struct sfw_err e = {0};
+	if (sfw_cuda_graph_end(S(be), &g, &e) != SFW_OK) {
+		sfw_log(SFW_LOG_WARN, "cuda: %s; decoding without graphs", e.msg);
+		return NULL;
+	}
+	return g;
+}
+
+static void cu_graph_run(struct sfw_backend *be, void *g)
+{
+	sfw_cuda_graph_launch(g, S(be));
+}
+
+static void cu_graph_free(struct sfw_backend *be, void *g)
+{
+	sfw_cuda_sync(S(be));
+	sfw_cuda_graph_free(g);
+}
+
+static void cu_rope_dev(struct sfw_backend *be, void *x, int T, int nh, int hd, const int64_t *pos, float theta)
+{
+	PROF(P_ROPE, sfw_cuda_rope_neox_devpos(x, T, nh, hd, pos, theta, S(be)));
+}
+
+static void cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
+		      const struct sfw_op_sample_params *p, double u)
+{
+	PROF(P_SAMPLE, sfw_op_sample_cuda(out, logits, V, p, u, S(be)));
 }
 
 static void cu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
@@ -765,6 +803,16 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 	be->gla = cu_gla;
 	if (!b->stepsync)
 		be->copy = cu_copy;
+	/* graphs record, they do not time ops: none while profiling */
+	if (!env_on("SALAFW_CUDA_NOGRAPH") && !b->prof) {
+		be->graph_begin = cu_graph_begin;
+		be->graph_end = cu_graph_end;
+		be->graph_run = cu_graph_run;
+		be->graph_free = cu_graph_free;
+		be->rope_neox_dev = cu_rope_dev;
+	}
+	if (!env_on("SALAFW_CUDA_NOSAMPLE"))
+		be->sample = cu_sample;
 	if (!env_on("SALAFW_CUDA_NOFUSE"))
 		be->add_rmsnorm = cu_add_rmsnorm;
 	if (!env_on("SALAFW_CUDA_NOMERGE")) {

@@ -29,6 +29,18 @@ struct sfw_ctx {
 	/* backend buffers for one piece of cap_rows rows */
 	void *x, *u, *q, *k, *v, *a, *g, *mg, *mu, *out;
 	void *wide; /* one row of a merged projection's output (decode) */
+	int32_t *next_dev;  /* the sampled id (sfw_ctx_decode_next) */
+	/* Decode graphs (be->graph_begin): one per run of consecutive lightning
+	 * layers, keyed by its first layer, recorded on the first one-token
+	 * call and replayed after. Nothing in such a run depends on the step but
+	 * the RoPE position, which the recorded rope reads from pos_dev; buffers,
+	 * weights and states never move for the context's life, so nothing
+	 * triggers a re-record. Sparse layers (cache lengths, block counts,
+	 * dense/sparse switch, selection scratch) run outside the graphs. */
+	void **graphs;      /* [L] */
+	int64_t *pos_dev;
+	int capturing, nograph;
+	float *host_logits; /* [V] when the host finishes a sample */
 	int32_t *ids_dev, *idx_dev;
 	float *logits_dev; /* [cap_rows, V] when tapping, else [V] */
 	int logits_rows;
@@ -176,7 +188,7 @@ static void ctx_buffers_free(struct sfw_ctx *c)
 	struct sfw_backend *be = c->m->be;
 	void *bufs[] = {c->x,	   c->u,	c->q,	    c->k,	   c->v,	c->a,	    c->g,
 			c->mg,	   c->mu,	c->out,	    c->ids_dev, c->idx_dev, c->logits_dev, c->wide,
-			c->last_dev};
+			c->last_dev, c->next_dev, c->pos_dev};
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		if (bufs[i])
 			be->free(be, bufs[i]);
@@ -195,6 +207,12 @@ void sfw_ctx_free(struct sfw_ctx *c)
 	sfw_free(c->last_blocks);
 	sfw_free(c->last_state);
 	sfw_free(c->last_fresh);
+	sfw_free(c->host_logits);
+	if (c->graphs)
+		for (int i = 0; i < c->m->cfg.num_hidden_layers; i++)
+			if (c->graphs[i])
+				c->m->be->graph_free(c->m->be, c->graphs[i]);
+	sfw_free(c->graphs);
 	sfw_free(c);
 }
 
@@ -241,6 +259,11 @@ enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
 	/* merged decode projections: lightning q|k|v|z, sparse q|k|v|o_gate, gate|up */
 	size_t wide = (size_t)maxi(maxi(4 * (int)ld, (int)(2 * qd + 2 * kvd)), 2 * (int)I);
 	c->wide = be->alloc(be, wide * as);
+	c->next_dev = be->alloc(be, 16);
+	if (be->graph_begin && be->rope_neox_dev) {
+		c->pos_dev = be->alloc(be, 16);
+		c->graphs = sfw_calloc((size_t)L, sizeof(void *));
+	}
 	if (be->copy)
 		c->last_dev = be->alloc(be, (size_t)L * nkv * k * sizeof(int32_t));
 	c->last_fresh = sfw_calloc((size_t)L, sizeof(int));
@@ -248,7 +271,8 @@ enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
 	c->last_state = sfw_malloc((size_t)L * sizeof(int));
 	enum sfw_status s = SFW_OK;
 	if (!c->x || !c->u || !c->out || !c->q || !c->a || !c->g || !c->k || !c->v || !c->mg || !c->mu ||
-	    !c->ids_dev || !c->idx_dev || !c->logits_dev || !c->last_blocks || !c->last_state || !c->wide ||
+	    !c->ids_dev || !c->idx_dev || !c->logits_dev || !c->last_blocks || !c->last_state || !c->wide || !c->next_dev ||
+	    (be->graph_begin && be->rope_neox_dev && (!c->pos_dev || !c->graphs)) ||
 	    (be->copy && !c->last_dev) || !c->last_fresh)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
 	struct sfw_cache_desc d = {L,
@@ -391,7 +415,38 @@ struct call {
 	int sparse;       /* this call takes the InfLLM-v2 path */
 	int64_t nblocks;  /* ceil(L_end / block) */
 	int last_piece;
+	/* sfw_ctx_decode_next: choose the next token where the logits are */
+	const struct sfw_op_sample_params *sp;
+	double u;
+	int32_t *next;
 };
+
+/* The next token from the last row's logits (logits_dev, or host rows when
+ * tapping): on the backend when it can, else (or when it hands back -1)
+ * the CPU twin on a host copy. One 4-byte read in the common case. */
+static enum sfw_status sample_next(struct sfw_ctx *c, const struct call *cl, const float *host_row,
+				   struct sfw_err *err)
+{
+	struct sfw_backend *be = c->m->be;
+	int V = c->m->cfg.vocab_size;
+	if (host_row) {
+		*cl->next = sfw_op_sample_cpu(host_row, V, cl->sp, cl->u);
+		return SFW_OK;
+	}
+	int32_t id = -1;
+	if (be->sample) {
+		be->sample(be, c->next_dev, c->logits_dev, V, cl->sp, cl->u);
+		be->to_host(be, &id, c->next_dev, sizeof(id));
+	}
+	if (id < 0) {
+		if (!c->host_logits && !(c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		be->to_host(be, c->host_logits, c->logits_dev, (size_t)V * sizeof(float));
+		id = sfw_op_sample_cpu(c->host_logits, V, cl->sp, cl->u);
+	}
+	*cl->next = id;
+	return SFW_OK;
+}
 
 static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, const struct call *cl,
 				    struct sfw_err *err)
@@ -530,7 +585,10 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, cons
 		be->rmsnorm(be, q, q, &L->q_norm, R * nh, hd, eps);
 		be->rmsnorm(be, k, k, &L->k_norm, R * nh, hd, eps);
 	}
-	if (cf->lightning_use_rope) {
+	if (cf->lightning_use_rope && c->capturing) { /* the replay's position */
+		be->rope_neox_dev(be, q, R, nh, hd, c->pos_dev, (float)cf->rope_theta);
+		be->rope_neox_dev(be, k, R, nh, hd, c->pos_dev, (float)cf->rope_theta);
+	} else if (cf->lightning_use_rope) {
 		be->rope_neox(be, q, R, nh, hd, pos0, (float)cf->rope_theta);
 		be->rope_neox(be, k, R, nh, hd, pos0, (float)cf->rope_theta);
 	}
@@ -550,14 +608,77 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, cons
 	be->matmul(be, c->out, c->a, &L->o, R);
 }
 
+/* One layer for the piece's rows: mixer, residual, MLP, residual (with the
+ * next norm when the backend fuses them). */
+static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, int64_t pos0, const struct call *cl, int fuse,
+				  struct sfw_err *err)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	int D = cf->hidden_size, I = cf->intermediate_size;
+	float eps = (float)cf->rms_norm_eps, rs = (float)cf->residual_scale;
+	char name[64];
+	enum sfw_status s;
+	struct sfwi_layer *L = &m->layers[li];
+	if (!fuse || li == 0)
+		be->rmsnorm(be, c->u, c->x, &L->in_norm, R, D, eps);
+	if (c->tap && c->tap_lin) {
+		snprintf(name, sizeof(name), "%s.layer.%d.attn_in", cl->phase, li);
+		emit_act(c, name, li, pos0, R, c->u, D);
+	}
+	if (L->kind == SFW_MIXER_SPARSE) {
+		if ((s = sparse_mixer(c, li, R, pos0, cl, err)) != SFW_OK)
+			return s;
+	} else {
+		lightning_mixer(c, li, R, pos0, cl->phase);
+	}
+	if (fuse) {
+		be->add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
+	} else {
+		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
+		be->rmsnorm(be, c->u, c->x, &L->post_norm, R, D, eps);
+	}
+	if (c->tap && c->tap_lin) {
+		snprintf(name, sizeof(name), "%s.layer.%d.mlp_in", cl->phase, li);
+		emit_act(c, name, li, pos0, R, c->u, D);
+	}
+	struct sfw_bweight *gu[2] = {&L->gate, &L->up}, wv;
+	if (R == 1 && merged_view(be, gu, 2, &wv)) {
+		be->matmul(be, c->wide, c->u, &wv, 1);
+		be->silu_mul(be, c->mg, c->wide, row_ptr(c, c->wide, (size_t)I), (size_t)I);
+	} else {
+		be->matmul(be, c->mg, c->u, &L->gate, R);
+		be->matmul(be, c->mu, c->u, &L->up, R);
+		be->silu_mul(be, c->mg, c->mg, c->mu, (size_t)R * I);
+	}
+	if (c->tap && c->tap_lin) {
+		snprintf(name, sizeof(name), "%s.layer.%d.down_in", cl->phase, li);
+		emit_act(c, name, li, pos0, R, c->mg, I);
+	}
+	be->matmul(be, c->out, c->mg, &L->down, R);
+	if (fuse) { /* with the next layer's input norm, or the final norm */
+		const struct sfw_bweight *nw =
+			li + 1 < cf->num_hidden_layers ? &m->layers[li + 1].in_norm : &m->norm;
+		be->add_rmsnorm(be, c->u, c->x, c->out, rs, nw, R, D, eps);
+	} else {
+		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
+	}
+	if (c->tap) {
+		snprintf(name, sizeof(name), "%s.layer.%d.out", cl->phase, li);
+		emit_act(c, name, li, pos0, R, c->x, D);
+	}
+	return SFW_OK;
+}
+
 static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64_t pos0, const struct call *cl,
 			     float *logits, struct sfw_err *err)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
-	int D = cf->hidden_size, I = cf->intermediate_size, V = cf->vocab_size;
-	float eps = (float)cf->rms_norm_eps, rs = (float)cf->residual_scale;
+	int D = cf->hidden_size, V = cf->vocab_size;
+	float eps = (float)cf->rms_norm_eps;
 	char name[64];
 	enum sfw_status s;
 	be->from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
@@ -567,55 +688,35 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 		emit_act(c, name, -1, pos0, R, c->x, D);
 	}
 	int fuse = be->add_rmsnorm != NULL; /* the previous layer's add also made u */
-	for (int li = 0; li < cf->num_hidden_layers; li++) {
-		struct sfwi_layer *L = &m->layers[li];
-		if (!fuse || li == 0)
-			be->rmsnorm(be, c->u, c->x, &L->in_norm, R, D, eps);
-		if (c->tap && c->tap_lin) {
-			snprintf(name, sizeof(name), "%s.layer.%d.attn_in", cl->phase, li);
-			emit_act(c, name, li, pos0, R, c->u, D);
+	int nl = cf->num_hidden_layers;
+	int graph = R == 1 && !c->tap && c->graphs && !c->nograph;
+	if (graph) /* before any recording: the replays read it */
+		be->from_host(be, c->pos_dev, &pos0, sizeof(pos0));
+	for (int li = 0; li < nl; li++) {
+		if (graph && m->layers[li].kind != SFW_MIXER_SPARSE) {
+			int b = li;
+			while (b + 1 < nl && m->layers[b + 1].kind != SFW_MIXER_SPARSE)
+				b++;
+			if (!c->graphs[li]) {
+				be->graph_begin(be);
+				c->capturing = 1;
+				for (int j = li; j <= b; j++) /* lightning layers: no failure path */
+					(void)layer_step(c, j, R, pos0, cl, fuse, err);
+				c->capturing = 0;
+				if (!(c->graphs[li] = be->graph_end(be))) {
+					c->nograph = 1; /* nothing ran: run the layers here, and from now on */
+					for (int j = li; j <= b; j++)
+						(void)layer_step(c, j, R, pos0, cl, fuse, err);
+					li = b;
+					continue;
+				}
+			}
+			be->graph_run(be, c->graphs[li]);
+			li = b;
+			continue;
 		}
-		if (L->kind == SFW_MIXER_SPARSE) {
-			if ((s = sparse_mixer(c, li, R, pos0, cl, err)) != SFW_OK)
-				return s;
-		} else {
-			lightning_mixer(c, li, R, pos0, cl->phase);
-		}
-		if (fuse) {
-			be->add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
-		} else {
-			be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
-			be->rmsnorm(be, c->u, c->x, &L->post_norm, R, D, eps);
-		}
-		if (c->tap && c->tap_lin) {
-			snprintf(name, sizeof(name), "%s.layer.%d.mlp_in", cl->phase, li);
-			emit_act(c, name, li, pos0, R, c->u, D);
-		}
-		struct sfw_bweight *gu[2] = {&L->gate, &L->up}, wv;
-		if (R == 1 && merged_view(be, gu, 2, &wv)) {
-			be->matmul(be, c->wide, c->u, &wv, 1);
-			be->silu_mul(be, c->mg, c->wide, row_ptr(c, c->wide, (size_t)I), (size_t)I);
-		} else {
-			be->matmul(be, c->mg, c->u, &L->gate, R);
-			be->matmul(be, c->mu, c->u, &L->up, R);
-			be->silu_mul(be, c->mg, c->mg, c->mu, (size_t)R * I);
-		}
-		if (c->tap && c->tap_lin) {
-			snprintf(name, sizeof(name), "%s.layer.%d.down_in", cl->phase, li);
-			emit_act(c, name, li, pos0, R, c->mg, I);
-		}
-		be->matmul(be, c->out, c->mg, &L->down, R);
-		if (fuse) { /* with the next layer's input norm, or the final norm */
-			const struct sfw_bweight *nw =
-				li + 1 < cf->num_hidden_layers ? &m->layers[li + 1].in_norm : &m->norm;
-			be->add_rmsnorm(be, c->u, c->x, c->out, rs, nw, R, D, eps);
-		} else {
-			be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
-		}
-		if (c->tap) {
-			snprintf(name, sizeof(name), "%s.layer.%d.out", cl->phase, li);
-			emit_act(c, name, li, pos0, R, c->x, D);
-		}
+		if ((s = layer_step(c, li, R, pos0, cl, fuse, err)) != SFW_OK)
+			return s;
 	}
 	if (!fuse)
 		be->rmsnorm(be, c->u, c->x, &m->norm, R, D, eps);
@@ -629,15 +730,37 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 		emit(c, name, -1, pos0, R, V, 0, 0, c->host);
 		if (cl->last_piece && logits)
 			memcpy(logits, c->host + (size_t)(R - 1) * V, (size_t)V * sizeof(float));
-	} else if (cl->last_piece && logits) {
+		if (cl->last_piece && cl->next)
+			return sample_next(c, cl, c->host + (size_t)(R - 1) * V, err);
+	} else if (cl->last_piece && (logits || cl->next)) {
 		be->logits(be, c->logits_dev, row_ptr(c, c->u, (size_t)(R - 1) * D), &m->lm_head, 1, in_scale);
-		be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
+		if (logits)
+			be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
+		if (cl->next)
+			return sample_next(c, cl, NULL, err);
 	}
 	return SFW_OK;
 }
 
+static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
+			       const struct sfw_op_sample_params *sp, double u, int32_t *next, struct sfw_err *err);
+
 enum sfw_status sfw_ctx_prefill(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
 				struct sfw_err *err)
+{
+	return run_call(c, ids, n, logits, NULL, 0, NULL, err);
+}
+
+enum sfw_status sfw_ctx_decode_next(struct sfw_ctx *c, int32_t id, const struct sfw_op_sample_params *sp, double u,
+				    int32_t *next, struct sfw_err *err)
+{
+	if (!sp || !next || !(u >= 0 && u < 1))
+		return sfw_fail(err, SFW_E_INVAL, "invalid sampling parameters");
+	return run_call(c, &id, 1, NULL, sp, u, next, err);
+}
+
+static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
+			       const struct sfw_op_sample_params *sp, double u, int32_t *next, struct sfw_err *err)
 {
 	const struct sfw_config *cf = &c->m->cfg;
 	struct sfw_backend *be = c->m->be;
@@ -656,6 +779,7 @@ enum sfw_status sfw_ctx_prefill(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	if ((s = be->cache_reserve(be, c->cache, end, err)) != SFW_OK)
 		return s;
 	struct call cl;
+	cl.sp = sp, cl.u = u, cl.next = next;
 	cl.phase = n > 1 ? "prefill" : "decode";
 	cl.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
 	cl.nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;

@@ -64,6 +64,14 @@ SFW_MUST_CHECK enum sfw_status sfw_ctx_prefill(struct sfw_ctx *c, const int32_t 
 /* One token: the same as sfw_ctx_prefill with n = 1, named for intent. */
 SFW_MUST_CHECK enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits,
 					      struct sfw_err *err);
+/* One token whose successor is chosen where the logits are (on the GPU for
+ * the CUDA backend: only the id crosses to the host): *next = the choice of
+ * sfw_op_sample_cpu (kernels/ops.h: runner/sampler.h's meaning for the
+ * uniform u in [0, 1), e.g. sfw_op_sample_uniform on a sampler's rng). */
+struct sfw_op_sample_params;
+SFW_MUST_CHECK enum sfw_status sfw_ctx_decode_next(struct sfw_ctx *c, int32_t id,
+						   const struct sfw_op_sample_params *sp, double u, int32_t *next,
+						   struct sfw_err *err);
 
 /* Taps: named intermediate tensors, as the golden files name them. While a
  * tap is set, every call reports (host memory, valid during the callback):

@@ -107,8 +107,8 @@ static void set_mode(const char *m)
 
 /* NMSE and max|diff| against ref; equal infinities are skipped, any other
  * non-finite mismatch fails. Returns the NMSE. */
-static double cmp(const char *path, const char *what, const float *got, const float *ref, size_t n, double tol_nmse,
-		  double tol_maxrel)
+static double cmp(const char *path, const char *what, const float *got, const float *ref, size_t n,
+		  double tol_nmse, double tol_maxrel)
 {
 	double num = 0, den = 0, maxd = 0, maxr = 0;
 	size_t bad = 0, first_bad = 0;
@@ -129,11 +129,11 @@ static double cmp(const char *path, const char *what, const float *got, const fl
 	}
 	double nmse = den > 0 ? num / den : num;
 	printf("  %-4s %-58s NMSE %.2e  max|diff| %.2e  max|ref| %.2e\n", path, what, nmse, maxd, maxr);
-	CHECK(bad == 0, "%s [%s]: %zu non-finite mismatches (first at %zu: got %g, ref %g)", what, path, bad, first_bad,
-	      bad ? got[first_bad] : 0.0, bad ? ref[first_bad] : 0.0);
+	CHECK(bad == 0, "%s [%s]: %zu non-finite mismatches (first at %zu: got %g, ref %g)", what, path, bad,
+	      first_bad, bad ? got[first_bad] : 0.0, bad ? ref[first_bad] : 0.0);
 	CHECK(nmse <= tol_nmse, "%s [%s]: NMSE %.3e > %.1e", what, path, nmse, tol_nmse);
-	CHECK(maxd <= tol_maxrel * (maxr > 0 ? maxr : 1), "%s [%s]: max|diff| %.3e > %.1e x %.3e", what, path, maxd,
-	      tol_maxrel, maxr);
+	CHECK(maxd <= tol_maxrel * (maxr > 0 ? maxr : 1), "%s [%s]: max|diff| %.3e > %.1e x %.3e", what, path,
+	      maxd, tol_maxrel, maxr);
 	return nmse;
 }
 
@@ -170,7 +170,9 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int hol
 			int64_t p = pos0 + (int64_t)(row % T), qb = p / block;
 			for (int i = 0; i < k; i++)
 				if (s[i] < 0) {
-					s[i] = (int32_t)(qb + 1 + (int64_t)(urand64() % 3)); /* past p: contributes nothing */
+					s[i] = (int32_t)(qb + 1 +
+							 (int64_t)(urand64() %
+								   3)); /* past p: contributes nothing */
 					break;
 				}
 		}
@@ -195,18 +197,20 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 	void *dq = up(qb, nq * 2), *dk = up(kb, nc * 2), *dv = up(vb, nc * 2);
 	void *didx = sparse ? up(idx, (size_t)nkv * T * k * 4) : NULL;
 	char name[128];
-	snprintf(name, sizeof(name), "attn_%s T=%d L=%lld nh=%d nkv=%d hd=%d%s%s", sparse ? "sparse" : "dense", T,
-		 (long long)L, nh, nkv, hd, holes ? " -1s" : "", mess ? " unsorted+future" : "");
+	snprintf(name, sizeof(name), "attn_%s T=%d L=%lld nh=%d nkv=%d hd=%d%s%s",
+		 sparse ? "sparse" : "dense", T, (long long)L, nh, nkv, hd, holes ? " -1s" : "",
+		 mess ? " unsorted+future" : "");
 	const char *modes[3] = {"simt", "tc", NULL};
 	float *got[3];
 	for (int m = 0; m < 3; m++) {
 		set_mode(modes[m]);
 		void *dout = dalloc(nq * 2);
 		if (sparse)
-			sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, T, nh, nkv, hd, pos0, k, block, scale, SFW_OP_BF16,
-						g_s);
+			sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, T, nh, nkv, hd, pos0, k, block, scale,
+						SFW_OP_BF16, g_s);
 		else
-			sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, SFW_OP_BF16, g_s);
+			sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, SFW_OP_BF16,
+					       g_s);
 		got[m] = down_bf(dout, nq);
 		sfw_cuda_free(dout);
 		if (m < 2)
@@ -236,21 +240,23 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	void *dq = up(qb, nq * 2), *d1 = up(c1b, (size_t)n1 * nkv * hd * 2);
 	void *d2 = up(c2b, (size_t)(n2 ? n2 : 1) * nkv * hd * 2);
 	char name[128];
-	snprintf(name, sizeof(name), "stage1 T=%d L=%lld nh=%d nkv=%d hd=%d (n1=%lld n2=%lld)", T, (long long)L, nh,
-		 nkv, hd, (long long)n1, (long long)n2);
+	snprintf(name, sizeof(name), "stage1 T=%d L=%lld nh=%d nkv=%d hd=%d (n1=%lld n2=%lld)", T,
+		 (long long)L, nh, nkv, hd, (long long)n1, (long long)n2);
 	const char *modes[3] = {"simt", "tc", NULL};
 	float *got[3];
 	for (int m = 0; m < 3; m++) {
 		set_mode(modes[m]);
 		void *ds = dalloc(ns * 4);
-		sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, SFW_OP_BF16, g_s);
+		sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, SFW_OP_BF16,
+				   g_s);
 		got[m] = down_f32(ds, ns);
 		sfw_cuda_free(ds);
 		if (m < 2)
 			cmp(modes[m], name, got[m], ref, ns, TOL_NMSE, TOL_MAXREL);
 	}
 	int want = T >= 64 ? 1 : 0; /* attn_tc_stage1.cu */
-	CHECK(memcmp(got[2], got[want], ns * 4) == 0, "%s: the default path is not the %s kernel", name, modes[want]);
+	CHECK(memcmp(got[2], got[want], ns * 4) == 0, "%s: the default path is not the %s kernel", name,
+	      modes[want]);
 	set_mode(NULL);
 	for (int m = 0; m < 3; m++)
 		free(got[m]);
@@ -318,7 +324,10 @@ static int32_t *bench_idx(int nkv, int T, int64_t pos0, int k, int share)
 			int64_t lo = 1, hi = qb - 33; /* [lo, hi]: the blocks top-k ranks */
 			if (r % share == 0)
 				for (int i = 0; i < 62; i++)
-					picks[i] = hi >= lo ? (int32_t)(lo + (int64_t)(urand64() % (uint64_t)(hi - lo + 1))) : -1;
+					picks[i] = hi >= lo
+						       ? (int32_t)(lo + (int64_t)(urand64() %
+										  (uint64_t)(hi - lo + 1)))
+						       : -1;
 			for (int i = 0; i < 62 && n < k; i++) {
 				int dup = picks[i] < 0;
 				for (int j = 0; j < n && !dup; j++)
@@ -362,8 +371,8 @@ static void run_attn(void *ctx)
 {
 	struct bench_attn *b = ctx;
 	if (b->idx)
-		sfw_op_attn_sparse_cuda(b->o, b->q, b->k, b->v, b->idx, b->T, b->nh, b->nkv, b->hd, b->pos0, b->kk, 64,
-					1.0f / sqrtf((float)b->hd), SFW_OP_BF16, g_s);
+		sfw_op_attn_sparse_cuda(b->o, b->q, b->k, b->v, b->idx, b->T, b->nh, b->nkv, b->hd, b->pos0,
+					b->kk, 64, 1.0f / sqrtf((float)b->hd), SFW_OP_BF16, g_s);
 	else
 		sfw_op_attn_dense_cuda(b->o, b->q, b->k, b->v, b->T, b->nh, b->nkv, b->hd, b->pos0,
 				       1.0f / sqrtf((float)b->hd), SFW_OP_BF16, g_s);
@@ -374,7 +383,8 @@ static void bench_attn(int sparse, int T, int64_t L, int share)
 	int nh = 32, nkv = 2, hd = 128, k = 96;
 	int64_t pos0 = L - T;
 	size_t nq = (size_t)T * nh * hd, nc = (size_t)L * nkv * hd;
-	struct bench_attn b = {NULL, dalloc(nq * 2), dalloc(nc * 2), dalloc(nc * 2), NULL, T, nh, nkv, hd, k, pos0};
+	struct bench_attn b = {NULL, dalloc(nq * 2), dalloc(nc * 2), dalloc(nc * 2), NULL, T, nh, nkv, hd, k,
+			       pos0};
 	sfw_cuda_fill_bf16(b.q, nq, 1, 1.0f, g_s);
 	sfw_cuda_fill_bf16(b.k, nc, 2, 1.0f, g_s);
 	sfw_cuda_fill_bf16(b.v, nc, 3, 1.0f, g_s);
@@ -387,7 +397,9 @@ static void bench_attn(int sparse, int T, int64_t L, int share)
 			for (int i = 0; i < k; i++) {
 				int32_t bl = idx[(size_t)r * k + i]; /* group 0 */
 				if (bl >= 0)
-					keys += (double)((int64_t)bl * 64 + 63 <= pos0 + r ? 64 : pos0 + r - (int64_t)bl * 64 + 1);
+					keys += (double)((int64_t)bl * 64 + 63 <= pos0 + r
+							     ? 64
+							     : pos0 + r - (int64_t)bl * 64 + 1);
 			}
 	} else {
 		for (int r = 0; r < T; r++)
@@ -407,12 +419,13 @@ static void bench_attn(int sparse, int T, int64_t L, int share)
 	set_mode(NULL);
 	char name[128];
 	if (sparse)
-		snprintf(name, sizeof(name), "attn_sparse T=%d L=%lld nh=32 nkv=2 hd=128 k=96, picks shared by %d row%s", T,
+		snprintf(name, sizeof(name),
+			 "attn_sparse T=%d L=%lld nh=32 nkv=2 hd=128 k=96, picks shared by %d row%s", T,
 			 (long long)L, share, share > 1 ? "s" : "");
 	else
 		snprintf(name, sizeof(name), "attn_dense T=%d L=%lld nh=32 nkv=2 hd=128", T, (long long)L);
-	printf("  %s\n    simt %8.3f ms (%6.1f TFLOP/s)   tc %8.3f ms (%6.1f TFLOP/s)   speed-up %.2fx\n", name, ms[0],
-	       flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9, ms[0] / ms[1]);
+	printf("  %s\n    simt %8.3f ms (%6.1f TFLOP/s)   tc %8.3f ms (%6.1f TFLOP/s)   speed-up %.2fx\n",
+	       name, ms[0], flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9, ms[0] / ms[1]);
 	cmp("tc", "  ... tc against simt on that shape", out[1], out[0], nq, TOL_NMSE, TOL_MAXREL);
 	free(out[0]), free(out[1]), free(idx);
 	sfw_cuda_free(b.q), sfw_cuda_free(b.k), sfw_cuda_free(b.v), sfw_cuda_free(b.idx);
@@ -434,8 +447,14 @@ static void bench_stage1(int T, int64_t L)
 {
 	int64_t n1 = (L - 32) / 16 + 1, n2 = (L - 128) / 64 + 1, pos0 = L - T;
 	size_t nq = (size_t)T * 32 * 128, ns = (size_t)2 * T * n1;
-	struct bench_s1 b = {NULL, dalloc(nq * 2), dalloc((size_t)n1 * 2 * 128 * 2), dalloc((size_t)n2 * 2 * 128 * 2),
-			     n1,   n2,		   pos0,				T};
+	struct bench_s1 b = {NULL,
+			     dalloc(nq * 2),
+			     dalloc((size_t)n1 * 2 * 128 * 2),
+			     dalloc((size_t)n2 * 2 * 128 * 2),
+			     n1,
+			     n2,
+			     pos0,
+			     T};
 	sfw_cuda_fill_bf16(b.q, nq, 4, 1.0f, g_s);
 	sfw_cuda_fill_bf16(b.c1, (size_t)n1 * 256, 5, 1.0f, g_s);
 	sfw_cuda_fill_bf16(b.c2, (size_t)n2 * 256, 6, 1.0f, g_s);
@@ -455,10 +474,11 @@ static void bench_stage1(int T, int64_t L)
 		sfw_cuda_free(b.s);
 	}
 	set_mode(NULL);
-	printf("  stage1 T=%d L=%lld nh=32 nkv=2 hd=128 (n1=%lld n2=%lld)\n    simt %8.3f ms (%6.1f TFLOP/s)   tc %8.3f ms "
+	printf("  stage1 T=%d L=%lld nh=32 nkv=2 hd=128 (n1=%lld n2=%lld)\n    simt %8.3f ms (%6.1f TFLOP/s) "
+	       "  tc %8.3f ms "
 	       "(%6.1f TFLOP/s)   speed-up %.2fx\n",
-	       T, (long long)L, (long long)n1, (long long)n2, ms[0], flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9,
-	       ms[0] / ms[1]);
+	       T, (long long)L, (long long)n1, (long long)n2, ms[0], flop / ms[0] * 1e-9, ms[1],
+	       flop / ms[1] * 1e-9, ms[0] / ms[1]);
 	cmp("tc", "  ... tc against simt on that shape", out[1], out[0], ns, TOL_NMSE, TOL_MAXREL);
 	free(out[0]), free(out[1]);
 	sfw_cuda_free(b.q), sfw_cuda_free(b.c1), sfw_cuda_free(b.c2);

@@ -5,12 +5,16 @@
  *                           (new: kept on the device until asked) - equal bits
  *   SALAFW_CUDA_NOFUSE=1    add_scaled + rmsnorm as two kernels (new: one
  *                           fused kernel) - equal bits
+ *   SALAFW_CUDA_NOGRAPH=1   every op launched one by one (new: each run of
+ *                           lightning layers replayed as one CUDA graph,
+ *                           RoPE position read on the device) - equal bits
  *   SALAFW_CUDA_NOMERGE=1   q, k, v, z / o_gate and gate, up as separate
  *                           GEMVs (new: one GEMV over the merged matrix) -
  *                           equal up to GEMV summation order
  * on the golden models and a `mkmodel --preset small` model made here: one
  * prefill, then >= 32 greedy steps fed the same tokens on both sides, logits
- * and the selected blocks compared every step. Plus the fused kernel against
+ * and the selected blocks compared every step; sfw_ctx_decode_next (token
+ * chosen on the GPU) against decode + the CPU twin of the sampler. Plus the fused kernel against
  * its CPU twin (kernels/fused.c) and its unfused CUDA pair on random data.
  *   gpu_decode            (SALAFW_GOLDEN names the golden folder) */
 #include "check.h"
@@ -34,8 +38,10 @@ enum sfw_status (*const gpu_decode_backend)(int, struct sfw_backend **, struct s
 
 #define STEPS 40
 
-static const char *const SWITCHES[] = {"SALAFW_CUDA_STEPSYNC", "SALAFW_CUDA_NOFUSE", "SALAFW_CUDA_NOMERGE"};
-#define NSW 3
+static const char *const SWITCHES[] = {"SALAFW_CUDA_STEPSYNC", "SALAFW_CUDA_NOFUSE", "SALAFW_CUDA_NOGRAPH",
+				       "SALAFW_CUDA_NOMERGE"};
+#define NSW 4
+#define SW_NOMERGE 3
 
 /* What one engine run produced: logits per step (prefill last row first),
  * selected blocks of every sparse layer per step. */
@@ -181,6 +187,54 @@ static void compare(const char *what, const struct sfw_config *cf, const struct 
 	}
 }
 
+/* sfw_ctx_decode_next (token chosen on the GPU) against sfw_ctx_decode +
+ * the CPU twin on the host copy of the same logits, fed the same uniforms:
+ * equal ids every step. */
+static void sample_steps(struct sfw_model *m, const int32_t *ids, int prompt, int das)
+{
+	const struct sfw_config *cf = sfw_model_config(m);
+	int V = cf->vocab_size;
+	struct sfw_op_sample_params ps[] = {
+		{0.0f, 0, 1.0f, 1}, {0.9f, 0, 1.0f, 0}, {0.8f, 40, 0.9f, 0}, {1.0f, 0, 0.7f, 0}, {0.7f, 3, 1.0f, 0}};
+	float *lg = malloc((size_t)V * sizeof(float));
+	for (size_t k = 0; k < sizeof(ps) / sizeof(ps[0]); k++) {
+		struct sfw_err err = {0};
+		struct sfw_ctx_params xp = sfw_ctx_default_params();
+		xp.dense_as_sparse = das;
+		struct sfw_ctx *a = NULL, *b = NULL;
+		enum sfw_status s = sfw_ctx_new(m, &xp, &a, &err);
+		if (s == SFW_OK)
+			s = sfw_ctx_new(m, &xp, &b, &err);
+		if (s == SFW_OK)
+			s = sfw_ctx_prefill(a, ids, (size_t)prompt, lg, &err);
+		if (s == SFW_OK)
+			s = sfw_ctx_prefill(b, ids, (size_t)prompt, lg, &err);
+		CHECK(s == SFW_OK, "sampling contexts: %s", err.msg);
+		uint64_t st[4] = {1, 2, 3, 4 + k};
+		int32_t id = sfw_op_sample_cpu(lg, V, &ps[k], 0.5), same = 0, steps = 0;
+		for (int i = 0; i < 32 && s == SFW_OK; i++) {
+			double u = sfw_op_sample_uniform(st);
+			int32_t na = -1, nb;
+			s = sfw_ctx_decode_next(a, id, &ps[k], u, &na, &err);
+			if (s == SFW_OK)
+				s = sfw_ctx_decode(b, id, lg, &err);
+			CHECK(s == SFW_OK, "sampling step %d: %s", i, err.msg);
+			if (s != SFW_OK)
+				break;
+			nb = sfw_op_sample_cpu(lg, V, &ps[k], u);
+			same += na == nb;
+			steps++;
+			id = nb;
+		}
+		CHECK(steps == 32 && same == steps,
+		      "decode_next (T %.1f top-k %d top-p %.1f%s) = decode + CPU twin on %d of %d steps", ps[k].temperature,
+		      ps[k].top_k, ps[k].top_p, ps[k].greedy ? " greedy" : "", same, steps);
+		sfw_ctx_free(a);
+		sfw_ctx_free(b);
+	}
+	free(lg);
+}
+
 static void model_case(const char *dir, int prompt, int das)
 {
 	printf("%s (prompt %d%s):\n", dir, prompt, das ? ", dense-as-sparse" : "");
@@ -198,16 +252,17 @@ static void model_case(const char *dir, int prompt, int das)
 	}
 	struct trace tb;
 	run_trace(base, ids, (size_t)prompt, das, NULL, chain, &tb);
+	sample_steps(base, ids, prompt, das);
 	for (int sw = 0; sw < NSW && tb.ok; sw++) {
 		struct sfw_model *om = load_with(dir, sw);
 		if (!om)
 			continue;
-		if (sw == 2)
+		if (sw == SW_NOMERGE)
 			CHECK(!layout_merged(om), "%s: SALAFW_CUDA_NOMERGE keeps the projections separate", dir);
 		struct trace to;
 		run_trace(om, ids, (size_t)prompt, das, chain, NULL, &to);
 		if (to.ok)
-			compare(SWITCHES[sw], cf, &tb, &to, sw != 2);
+			compare(SWITCHES[sw], cf, &tb, &to, sw != SW_NOMERGE);
 		trace_free(&to);
 		sfw_model_free(om);
 	}
@@ -279,6 +334,62 @@ static void fused_case(int rows, int n)
 	free(x), free(b), free(w), free(y), free(hx), free(hb), free(hw), free(o1), free(o2), free(x1), free(x2);
 }
 
+/* the sampling kernel against its CPU twin on random rows: equal ids */
+static void sample_twin_case(int V)
+{
+	struct sfw_op_sample_params ps[] = {{0.0f, 0, 1.0f, 1}, {0.9f, 0, 1.0f, 0}, {0.7f, 40, 1.0f, 0},
+					    {1.0f, 0, 0.9f, 0},	 {0.8f, 50, 0.8f, 0}, {1.2f, 1024, 0.95f, 0},
+					    {1.0f, 2000, 1.0f, 0}, {1.0f, 0, 0.999f, 0}, {0.5f, 1, 1.0f, 0}};
+	float *h = malloc((size_t)V * sizeof(float));
+	void *s = NULL, *dl = NULL, *dout = NULL;
+	struct sfw_err err = {0};
+	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK &&
+		 sfw_cuda_malloc(&dl, (size_t)V * sizeof(float), "t", &err) == SFW_OK &&
+		 sfw_cuda_malloc(&dout, 16, "t", &err) == SFW_OK;
+	CHECK(ok, "sample: device buffers: %s", err.msg);
+	int total = 0, equal = 0, host = 0, bad_host = 0;
+	for (int row = 0; ok && row < 40; row++) {
+		float sharp = row % 4 == 0 ? 0.2f : row % 4 == 1 ? 3 : 12; /* flat to peaked */
+		for (int i = 0; i < V; i++) {
+			float x = urand() * 0.5f + 0.5f;
+			h[i] = sharp * x * x * x + urand();
+			if (row % 5 == 0 && x > 0.998f)
+				h[i] = NAN;
+			if (row % 7 == 0 && x < 0.002f)
+				h[i] = -INFINITY;
+			if (row % 9 == 0 && i % 3 == 0)
+				h[i] = h[i - (i > 0)]; /* ties */
+		}
+		if (row == 11)
+			h[V / 2] = INFINITY;
+		sfw_cuda_h2d(dl, h, (size_t)V * sizeof(float), s);
+		for (size_t k = 0; k < sizeof(ps) / sizeof(ps[0]); k++) {
+			double u = (double)(urand() * 0.5f + 0.5f);
+			int32_t g = -2;
+			sfw_op_sample_cuda(dout, dl, V, &ps[k], u, s);
+			sfw_cuda_d2h(&g, dout, sizeof(g), s);
+			sfw_cuda_sync(s);
+			int32_t c = sfw_op_sample_cpu(h, V, &ps[k], u);
+			total++;
+			if (g == -1) {
+				host++;
+				bad_host += !(ps[k].top_k > 1024 || (ps[k].top_k == 0 && ps[k].top_p < 1));
+			} else {
+				equal += g == c;
+				if (g != c)
+					printf("  sample V %d row %d params %zu u %.17g: cuda %d, cpu %d\n", V, row, k, u, g, c);
+			}
+		}
+	}
+	printf("  sample V %d: %d of %d equal, %d handed to the host\n", V, equal, total - host, host);
+	CHECK(ok && equal == total - host, "sampling kernel = CPU twin, V %d (%d of %d)", V, equal, total - host);
+	CHECK(bad_host == 0, "the kernel hands back only top-k > %d or wide nuclei (%d others)", 1024, bad_host);
+	sfw_cuda_free(dl), sfw_cuda_free(dout);
+	if (s)
+		sfw_cuda_stream_free(s);
+	free(h);
+}
+
 int main(void)
 {
 	struct sfw_cuda_info info;
@@ -287,6 +398,9 @@ int main(void)
 		CHECK(0, "no GPU: %s", err.msg);
 		return CHECK_REPORT("gpu_decode");
 	}
+	sample_twin_case(1000);
+	sample_twin_case(73448); /* the real vocabulary */
+	sample_twin_case(37);
 	fused_case(1, 4096);
 	fused_case(3, 1024);
 	fused_case(1, 256);    /* unfused fallback shape */

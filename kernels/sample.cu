@@ -1,0 +1,231 @@
+/* sample.cu - next-token choice on the GPU (CPU twin: kernels/sample.c, the
+ * meaning: kernels/ops.h, sfw_op_sample_cpu). One block of SFWS_THREADS
+ * threads; thread t owns the contiguous vocabulary chunk [t*C, (t+1)*C), so
+ * every double sum runs in the order the twin uses and the two agree
+ * exactly. The survivors of top-k / top-p come from a radix select of the
+ * best S <= SFWS_MAX_SORT candidate keys and a bitonic sort in shared
+ * memory; the sequential walks (nucleus, draw) are thread 0's. Only the id
+ * (4 bytes) has to reach the host. */
+#include "cuda_common.cuh"
+
+extern "C" {
+#include "kernels/ops.h"
+}
+#include "kernels/sample_twin.h"
+
+static __device__ __forceinline__ bool is_cand(float l)
+{
+	return !isnan(l) && l != -INFINITY;
+}
+
+struct red {
+	float bv;
+	int best, inf, n, last;
+	float mx;
+};
+
+static __device__ __forceinline__ void combine(red &a, const red &b)
+{
+	if (b.best >= 0 && (a.best < 0 || b.bv > a.bv || (b.bv == a.bv && b.best < a.best)))
+		a.bv = b.bv, a.best = b.best;
+	a.inf = min(a.inf, b.inf);
+	a.n += b.n;
+	a.last = max(a.last, b.last);
+	a.mx = fmaxf(a.mx, b.mx);
+}
+
+static __global__ void __launch_bounds__(SFWS_THREADS)
+	sample_kernel(int32_t *out, const float *lg, int V, float inv_t, int top_k, float top_p, int greedy, double u)
+{
+	sfwc_pdl_wait();
+	__shared__ red r[SFWS_THREADS];
+	__shared__ double part[SFWS_THREADS];
+	__shared__ unsigned long long keys[SFWS_MAX_SORT];
+	__shared__ int hist[256];
+	__shared__ unsigned long long prefix, mask;
+	__shared__ int need, cnt, S;
+	const int t = threadIdx.x, C = (V + SFWS_THREADS - 1) / SFWS_THREADS;
+	const int i0 = t * C, i1 = min(V, i0 + C);
+	red m = {0.0f, -1, INT_MAX, 0, -1, -INFINITY};
+	for (int i = i0; i < i1; i++) {
+		float l = lg[i];
+		if (isnan(l))
+			continue;
+		if (m.best < 0 || l > m.bv)
+			m.bv = l, m.best = i;
+		if (l == INFINITY) {
+			m.inf = min(m.inf, i);
+		} else if (l != -INFINITY) {
+			m.n++;
+			m.mx = fmaxf(m.mx, l);
+			m.last = i;
+		}
+	}
+	r[t] = m;
+	__syncthreads();
+	for (int s = SFWS_THREADS / 2; s > 0; s >>= 1) {
+		if (t < s) {
+			red a = r[t];
+			combine(a, r[t + s]);
+			r[t] = a;
+		}
+		__syncthreads();
+	}
+	const red g = r[0];
+	const int best = g.best < 0 ? 0 : g.best;
+	/* greedy, temperature 0 (inv_t = 0 passed), no candidate, or +inf */
+	if (greedy || inv_t == 0.0f || g.n == 0 || g.inf != INT_MAX) {
+		if (t == 0)
+			*out = g.inf != INT_MAX ? g.inf : best;
+		return;
+	}
+	const float max = g.mx;
+	const int n = g.n, kk = top_k > 0 && top_k < n ? top_k : 0, cut_p = top_p < 1.0f;
+	if (kk > SFWS_MAX_SORT) {
+		if (t == 0)
+			*out = -1; /* the host finishes */
+		return;
+	}
+	if (!kk) {
+		double s = 0;
+		for (int i = i0; i < i1; i++)
+			if (is_cand(lg[i]))
+				s += cut_p ? sfws_exp(SFWS_SUB(lg[i], max)) : sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), inv_t));
+		part[t] = s;
+		__syncthreads();
+		if (!cut_p) { /* draw in id order */
+			if (t == 0) {
+				double total = 0;
+				for (int c = 0; c < SFWS_THREADS; c++)
+					total += part[c];
+				double target = u * total, start = 0;
+				for (int c = 0; c < SFWS_THREADS; c++) {
+					if (target < start + part[c]) {
+						double acc = start;
+						for (int i = c * C; i < V && i < (c + 1) * C; i++) {
+							if (!is_cand(lg[i]))
+								continue;
+							acc += sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), inv_t));
+							if (target < acc) {
+								*out = i;
+								return;
+							}
+						}
+					}
+					start += part[c];
+				}
+				*out = g.last;
+			}
+			return;
+		}
+	}
+	/* the best S candidates: radix select of the S-th largest key (keys
+	 * are unique: the id is part of them), then gather and sort */
+	if (t == 0) {
+		S = kk ? kk : min(n, SFWS_MAX_SORT);
+		need = S;
+		prefix = 0, mask = 0, cnt = 0;
+	}
+	__syncthreads();
+	for (int shift = 56; shift >= 0; shift -= 8) {
+		for (int b = t; b < 256; b += SFWS_THREADS)
+			hist[b] = 0;
+		__syncthreads();
+		const unsigned long long pf = prefix, mk = mask;
+		for (int i = i0; i < i1; i++) {
+			float l = lg[i];
+			if (!is_cand(l))
+				continue;
+			unsigned long long k = sfws_key(l, i);
+			if ((k & mk) == pf)
+				atomicAdd(&hist[(k >> shift) & 255], 1);
+		}
+		__syncthreads();
+		if (t == 0) {
+			for (int b = 255; b >= 0; b--) {
+				if (hist[b] >= need) {
+					prefix |= (unsigned long long)b << shift;
+					break;
+				}
+				need -= hist[b];
+			}
+			mask |= 255ull << shift;
+		}
+		__syncthreads();
+	}
+	const unsigned long long kth = prefix;
+	for (int i = t; i < SFWS_MAX_SORT; i += SFWS_THREADS)
+		keys[i] = 0;
+	__syncthreads();
+	for (int i = i0; i < i1; i++) {
+		float l = lg[i];
+		if (!is_cand(l))
+			continue;
+		unsigned long long k = sfws_key(l, i);
+		if (k >= kth)
+			keys[atomicAdd(&cnt, 1)] = k;
+	}
+	__syncthreads();
+	for (int k = 2; k <= SFWS_MAX_SORT; k <<= 1)
+		for (int j = k >> 1; j > 0; j >>= 1) {
+			for (int a = t; a < SFWS_MAX_SORT; a += SFWS_THREADS) {
+				int b = a ^ j;
+				if (b > a) {
+					unsigned long long x = keys[a], y = keys[b];
+					bool desc = (a & k) == 0;
+					if (desc ? x < y : x > y)
+						keys[a] = y, keys[b] = x;
+				}
+			}
+			__syncthreads();
+		}
+	if (t != 0)
+		return;
+	int mm = S;
+	if (cut_p) {
+		double total = 0, acc = 0;
+		if (kk)
+			for (int i = 0; i < kk; i++)
+				total += sfws_exp(SFWS_SUB(sfws_key_logit(keys[i]), max));
+		else
+			for (int c = 0; c < SFWS_THREADS; c++)
+				total += part[c];
+		double want = (double)top_p * total;
+		int found = 0;
+		for (int i = 0; i < S; i++) {
+			acc += sfws_exp(SFWS_SUB(sfws_key_logit(keys[i]), max));
+			if (acc >= want) {
+				mm = i + 1;
+				found = 1;
+				break;
+			}
+		}
+		if (!found && !kk && n > S) {
+			*out = -1; /* the nucleus is wider than SFWS_MAX_SORT: the host finishes */
+			return;
+		}
+	}
+	double sum = 0, acc = 0;
+	for (int i = 0; i < mm; i++)
+		sum += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), inv_t));
+	double target = u * sum;
+	int32_t id = sfws_key_id(keys[mm - 1]);
+	for (int i = 0; i < mm; i++) {
+		acc += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), inv_t));
+		if (target < acc) {
+			id = sfws_key_id(keys[i]);
+			break;
+		}
+	}
+	*out = id;
+}
+
+extern "C" void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct sfw_op_sample_params *p,
+				   double u, void *stream)
+{
+	/* inv_t as the twin computes it; 0 marks greedy / temperature 0 */
+	float inv_t = p->temperature == 0.0f ? 0.0f : 1.0f / p->temperature;
+	sfwc_launch(sample_kernel, dim3(1), dim3(SFWS_THREADS), 0, SFW_CUDA_STREAM(stream), out, logits, V, inv_t,
+		    p->top_k, p->top_p, p->greedy, u);
+	SFW_CUDA_LAUNCHED();
+}
