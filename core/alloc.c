@@ -35,6 +35,14 @@ void *sfw_realloc(void *p, size_t n)
 	return should_fail() ? NULL : realloc(p, n ? n : 1);
 }
 
+void *sfw_malloc_aligned(size_t align, size_t n)
+{
+	void *p = NULL;
+	if (should_fail() || posix_memalign(&p, align, n ? n : 1) != 0)
+		return NULL;
+	return p;
+}
+
 void sfw_free(void *p)
 {
 	free(p);

@@ -1287,7 +1287,7 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 	size_t ns = p->nmirrors_first + m.nsources + p->nmirrors_last;
 	r.srcs = sfw_calloc(ns ? ns : 1, sizeof(*r.srcs));
 	r.files = sfw_calloc(m.nfiles ? m.nfiles : 1, sizeof(*r.files));
-	r.hashbuf = sfw_malloc(HASH_CHUNK);
+	r.hashbuf = sfw_malloc_aligned(4096, HASH_CHUNK);
 	if (!r.srcs || !r.files || !r.hashbuf) {
 		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto out;

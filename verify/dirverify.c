@@ -364,7 +364,7 @@ enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
 	pthread_mutex_init(&j.lock, NULL);
 	j.bufs = sfw_calloc((size_t)threads, sizeof(*j.bufs));
 	for (int t = 0; j.bufs && t < threads; t++)
-		if (!(j.bufs[t] = sfw_malloc(READ_BUF)))
+		if (!(j.bufs[t] = sfw_malloc_aligned(4096, READ_BUF)))
 			break;
 	if (!j.bufs || !j.bufs[threads - 1]) {
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");

@@ -51,7 +51,7 @@ void sfw_sha256_release(struct sfw_sha256 *h)
 static enum sfw_status hash_fd(int fd, uint64_t limit, int to_eof, struct sfw_sha256 *h, uint64_t *got,
 			       const char *name, struct sfw_err *err)
 {
-	unsigned char *buf = sfw_malloc(HASH_BUF);
+	unsigned char *buf = sfw_malloc_aligned(4096, HASH_BUF);
 	if (!buf)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory hashing '%s'", name);
 	uint64_t done = 0;
