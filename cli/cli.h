@@ -51,7 +51,28 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) SFW_PRINTF(2, 3);
 int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long long *out);
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
 
-/* Shared by run, score and bench (cli/cmd_run.c). cli_model_gate enforces the
+/* Options of every command that opens a model (run, score, bench, quant),
+ * parsed by cli_model_opt (cli/model.c): --device, --threads, --no-verify,
+ * --verify-full, --pubkey. CLI_MODEL_OPT_ROWS(VERB) are their table rows but
+ * --device, whose default differs between commands. */
+struct cli_model_opts {
+	int device; /* enum sfw_device (runner/runner.h); AUTO unless --device */
+	unsigned long long threads; /* 0 = all cores */
+	int no_verify, verify_full;
+	const char *pubkey;
+};
+#define CLI_MODEL_OPT_ROWS(VERB)                                                                             \
+	{"threads", 0, "N", "CPU threads (default: all cores)"},                                               \
+	{"no-verify", 0, NULL, VERB " without checking the directory's signed manifest (says so)"},           \
+	{"verify-full", 0, NULL, "re-hash every model file first"},                                            \
+	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"}
+void cli_model_opts_init(struct cli_model_opts *o);
+/* 1: name was a model option (taken), 0: it was not, -1: bad value (printed). */
+int cli_model_opt(struct cli_model_opts *o, const char *cmd, const char *name, const char *arg);
+/* Seconds on the monotonic clock. */
+double cli_now_s(void);
+
+/* Shared by run, score, bench and quant (cli/model.c). cli_model_gate enforces the
  * verified-weights rule on a model directory: the recorded state must hold
  * (sfw_state_check), or with verify_full every file is re-hashed against the
  * signed manifest; no_verify skips it and says so on stderr. pubkey (NULL =

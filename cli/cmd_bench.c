@@ -22,30 +22,21 @@ static const struct cli_opt opts[] = {
 	{"max-context", 0, "N", "reserve the context for N tokens (default prompt + gen)"},
 	{"gemm", 0, "MxNxK", "instead: time the CPU bf16 GEMM at this shape, all threads vs one"},
 	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
-	{"threads", 0, "N", "CPU threads (default: all cores)"},
 	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
-	{"no-verify", 0, NULL, "run without checking the directory's signed manifest (says so)"},
-	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"},
+	CLI_MODEL_OPT_ROWS("run"),
 	{0},
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static double gemm_gflops(int M, int N, int K, int threads, const float *x, const uint16_t *w, float *y)
 {
 	sfw_ops_cpu_set_threads(threads);
 	sfw_op_matmul_cpu(y, x, w, SFW_OP_BF16, M, N, K); /* warm-up */
 	int reps = 0;
-	double t0 = now_s(), t;
+	double t0 = cli_now_s(), t;
 	do {
 		sfw_op_matmul_cpu(y, x, w, SFW_OP_BF16, M, N, K);
 		reps++;
-	} while ((t = now_s() - t0) < 0.5);
+	} while ((t = cli_now_s() - t0) < 0.5);
 	return 2.0 * M * N * K * reps / t / 1e9;
 }
 
@@ -76,9 +67,11 @@ static int bench_gemm(const char *C, const char *shape, int threads)
 int cmd_bench(int argc, char **argv)
 {
 	const char *C = "salafw bench";
-	const char *device = NULL, *pubkey = NULL, *gemm = NULL;
-	unsigned long long n_prompt = 512, n_gen = 64, threads = 0, chunk = 8192, max_ctx = 0;
-	int no_verify = 0, das = 0;
+	const char *gemm = NULL;
+	unsigned long long n_prompt = 512, n_gen = 64, chunk = 8192, max_ctx = 0;
+	int das = 0;
+	struct cli_model_opts mo;
+	cli_model_opts_init(&mo);
 	struct cli_parser cp;
 	const char *arg;
 	int k;
@@ -91,6 +84,11 @@ int cmd_bench(int argc, char **argv)
 		if (k == CLI_ERROR)
 			return SFW_EXIT_USAGE;
 		const char *nm = opts[k].name;
+		int mo_taken = cli_model_opt(&mo, C, nm, arg);
+		if (mo_taken < 0)
+			return SFW_EXIT_USAGE;
+		if (mo_taken)
+			continue;
 		if (!strcmp(nm, "prompt")) {
 			if (!cli_parse_u64(C, "--prompt", arg, &n_prompt) || n_prompt < 1 || n_prompt > (1u << 24))
 				return SFW_EXIT_USAGE;
@@ -105,33 +103,17 @@ int cmd_bench(int argc, char **argv)
 				return SFW_EXIT_USAGE;
 		} else if (!strcmp(nm, "gemm"))
 			gemm = arg;
-		else if (!strcmp(nm, "device"))
-			device = arg;
-		else if (!strcmp(nm, "threads")) {
-			if (!cli_parse_u64(C, "--threads", arg, &threads) || threads > 256)
-				return SFW_EXIT_USAGE;
-		} else if (!strcmp(nm, "dense-as-sparse"))
+		else if (!strcmp(nm, "dense-as-sparse"))
 			das = 1;
-		else if (!strcmp(nm, "no-verify"))
-			no_verify = 1;
-		else if (!strcmp(nm, "pubkey"))
-			pubkey = arg;
 	}
 	if (gemm)
-		return cp.npos ? cli_usage_error(C, "--gemm takes no MODEL_DIR") : bench_gemm(C, gemm, (int)threads);
+		return cp.npos ? cli_usage_error(C, "--gemm takes no MODEL_DIR") : bench_gemm(C, gemm, (int)mo.threads);
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
 	struct sfw_model_params mp = sfw_model_default_params();
-	mp.threads = (int)threads;
-	if (device) {
-		if (!strcmp(device, "cpu"))
-			mp.device = SFW_DEVICE_CPU;
-		else if (!strcmp(device, "cuda"))
-			mp.device = SFW_DEVICE_CUDA;
-		else
-			return cli_usage_error(C, "--device must be cpu or cuda");
-	}
-	int rc = cli_model_gate(C, cp.pos[0], no_verify, 0, pubkey);
+	mp.threads = (int)mo.threads;
+	mp.device = mo.device;
+	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc)
 		return rc;
 	struct sfw_err err = {0};

@@ -20,13 +20,10 @@ static const struct cli_opt opts[] = {
 	{"no-duo", 0, NULL, "AWQ: plain scales x^a instead of duo scaling x^a / w^(1-a)"},
 	{"fold-only", 0, NULL, "AWQ fold without quantization, float32 output (checks)"},
 	{"device", 0, "cpu|cuda", "where the AWQ calibration forward runs (default cpu)"},
-	{"threads", 0, "N", "CPU threads (default: all cores)"},
 	{"shard-size", 0, "BYTES", "largest output shard (default 5000000000)"},
 	{"force", 0, NULL, "overwrite a model already in OUT"},
 	{"quiet", 'q', NULL, "no progress or summary on stderr"},
-	{"no-verify", 0, NULL, "quantize without checking the directory's signed manifest (says so)"},
-	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"},
-	{"verify-full", 0, NULL, "re-hash every model file before quantizing"},
+	CLI_MODEL_OPT_ROWS("quantize"),
 	{0},
 };
 
@@ -50,9 +47,11 @@ static int on_progress(void *user, const char *tensor, uint64_t done, uint64_t t
 int cmd_quant(int argc, char **argv)
 {
 	const char *C = "salafw quant";
-	const char *out = NULL, *pubkey = NULL, *device = NULL;
+	const char *out = NULL;
 	unsigned long long u;
-	int no_verify = 0, full = 0, quiet = 0;
+	int quiet = 0;
+	struct cli_model_opts mo;
+	cli_model_opts_init(&mo);
 	struct sfw_quant_params p = sfw_quant_default_params();
 	struct sfw_quant_stats st;
 	struct cli_parser cp;
@@ -68,6 +67,11 @@ int cmd_quant(int argc, char **argv)
 		if (k == CLI_ERROR)
 			return SFW_EXIT_USAGE;
 		const char *nm = opts[k].name;
+		int mo_taken = cli_model_opt(&mo, C, nm, arg);
+		if (mo_taken < 0)
+			return SFW_EXIT_USAGE;
+		if (mo_taken)
+			continue;
 		if (!strcmp(nm, "output"))
 			out = arg;
 		else if (!strcmp(nm, "group")) {
@@ -98,13 +102,7 @@ int cmd_quant(int argc, char **argv)
 			p.duo_scaling = 0;
 		else if (!strcmp(nm, "fold-only"))
 			p.fold_only = 1;
-		else if (!strcmp(nm, "device"))
-			device = arg;
-		else if (!strcmp(nm, "threads")) {
-			if (!cli_parse_u64(C, "threads", arg, &u) || u > 256)
-				return SFW_EXIT_USAGE;
-			p.threads = (int)u;
-		} else if (!strcmp(nm, "shard-size")) {
+		else if (!strcmp(nm, "shard-size")) {
 			if (!cli_parse_u64(C, "shard-size", arg, &u) || u < 1)
 				return SFW_EXIT_USAGE;
 			p.shard_bytes = u;
@@ -112,12 +110,6 @@ int cmd_quant(int argc, char **argv)
 			p.force = 1;
 		else if (!strcmp(nm, "quiet"))
 			quiet = 1;
-		else if (!strcmp(nm, "no-verify"))
-			no_verify = 1;
-		else if (!strcmp(nm, "pubkey"))
-			pubkey = arg;
-		else if (!strcmp(nm, "verify-full"))
-			full = 1;
 	}
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
@@ -125,15 +117,10 @@ int cmd_quant(int argc, char **argv)
 		return cli_usage_error(C, "-o OUT is required");
 	if (p.fold_only && p.method != SFW_QUANT_AWQ)
 		return cli_usage_error(C, "--fold-only needs --method awq");
-	if (device) {
-		if (!strcmp(device, "cpu"))
-			p.device = SFW_DEVICE_CPU;
-		else if (!strcmp(device, "cuda"))
-			p.device = SFW_DEVICE_CUDA;
-		else
-			return cli_usage_error(C, "--device must be cpu or cuda");
-	}
-	int rc = cli_model_gate(C, cp.pos[0], no_verify, full, pubkey);
+	p.threads = (int)mo.threads;
+	if (mo.device != SFW_DEVICE_AUTO) /* AWQ calibration runs on the CPU unless asked */
+		p.device = mo.device;
+	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc)
 		return rc;
 	struct progress pr = {quiet, -1};

@@ -23,147 +23,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-/* ---- shared helpers -------------------------------------------------------- */
-
-static enum sfw_status verify_full(const char *dir, struct sfw_trust_params *tp, struct sfw_err *err)
-{
-	char mp[4096], sp[4200];
-	snprintf(mp, sizeof(mp), "%s/.salafw/manifest.json", dir);
-	snprintf(sp, sizeof(sp), "%s.minisig", mp);
-	struct sfw_buf mb, sb;
-	sfw_buf_init(&mb, SFW_MANIFEST_MAX);
-	sfw_buf_init(&sb, SFW_MINISIG_MAX);
-	struct sfw_manifest m;
-	memset(&m, 0, sizeof(m));
-	enum sfw_status s = sfw_read_file(mp, SFW_MANIFEST_MAX, &mb, err);
-	if (s == SFW_E_MISSING)
-		s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s' has no signed manifest in .salafw/ (run 'salafw get')", dir);
-	if (s == SFW_OK)
-		s = sfw_read_file(sp, SFW_MINISIG_MAX, &sb, err);
-	tp->allow_expired = 1; /* verified files stay valid; expiry matters when fetching */
-	if (s == SFW_OK)
-		s = sfw_manifest_verify(mb.data, mb.len, sb.data, sb.len, mp, tp, &m, NULL, err);
-	if (s == SFW_OK) {
-		struct sfw_verify_params vp = sfw_verify_default_params();
-		struct sfw_verify_report rep;
-		memset(&rep, 0, sizeof(rep));
-		vp.record_state = 1;
-		s = sfw_verify_dir(dir, &m, &vp, &rep, err);
-		sfw_verify_report_release(&rep);
-		sfw_manifest_release(&m);
-	}
-	sfw_buf_release(&mb);
-	sfw_buf_release(&sb);
-	return s;
-}
-
-int cli_model_gate(const char *cmd, const char *dir, int no_verify, int full, const char *pubkey)
-{
-	struct sfw_err err = {0};
-	if (no_verify) {
-		fprintf(stderr, "%s: warning: --no-verify: running '%s' without checking its signed manifest\n", cmd,
-			dir);
-		return 0;
-	}
-	struct sfw_trust_params tp = sfw_trust_default_params();
-	struct sfw_pubkey key;
-	if (pubkey) {
-		if (sfw_pubkey_load(pubkey, &key, &err) != SFW_OK)
-			return cli_report(err.code, &err);
-		tp.keys = &key;
-		tp.nkeys = 1;
-	}
-	enum sfw_status s = full ? verify_full(dir, &tp, &err) : sfw_state_check(dir, &tp, &err);
-	if (s != SFW_OK) {
-		int rc = cli_report(s, &err);
-		fprintf(stderr, "%s: refusing to run unverified weights (run 'salafw verify %s', or pass --no-verify)\n",
-			cmd, dir);
-		return rc;
-	}
-	return 0;
-}
-
-int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n)
-{
-	struct sfw_err err = {0};
-	*ids = NULL;
-	*n = 0;
-	struct sfw_st_file *f = NULL;
-	size_t len = strlen(path);
-	if (len > 12 && strcmp(path + len - 12, ".safetensors") == 0) {
-		if (sfw_st_open(path, &f, &err) != SFW_OK)
-			return cli_report(err.code, &err);
-		const struct sfw_tensor_info *t = sfw_st_find(f, "input_ids");
-		if (!t || (t->dtype != SFW_DTYPE_I32 && t->dtype != SFW_DTYPE_I64) || t->nelem == 0 ||
-		    t->nelem > (1u << 30)) {
-			sfw_st_close(f);
-			fprintf(stderr, "%s: '%s' has no non-empty I32/I64 tensor 'input_ids'\n", cmd, path);
-			return SFW_EXIT_IO;
-		}
-		*ids = sfw_malloc((size_t)t->nelem * sizeof(int32_t));
-		if (!*ids) {
-			sfw_st_close(f);
-			return cli_report(SFW_E_NOMEM, NULL);
-		}
-		for (uint64_t i = 0; i < t->nelem; i++) {
-			int64_t v = t->dtype == SFW_DTYPE_I32 ? ((const int32_t *)t->data)[i] : ((const int64_t *)t->data)[i];
-			if (v < 0 || v > INT32_MAX) {
-				sfw_st_close(f);
-				sfw_free(*ids);
-				*ids = NULL;
-				fprintf(stderr, "%s: '%s': input_ids[%llu] = %lld is not a token id\n", cmd, path,
-					(unsigned long long)i, (long long)v);
-				return SFW_EXIT_IO;
-			}
-			(*ids)[i] = (int32_t)v;
-		}
-		*n = (size_t)t->nelem;
-		sfw_st_close(f);
-		return 0;
-	}
-	struct sfw_buf b;
-	sfw_buf_init(&b, 256u << 20);
-	if (sfw_read_file(path, 256u << 20, &b, &err) != SFW_OK)
-		return cli_report(err.code, &err);
-	size_t cap = 0;
-	const char *p = b.data ? b.data : "";
-	while (*p) {
-		if (isspace((unsigned char)*p) || *p == ',') {
-			p++;
-			continue;
-		}
-		char *end;
-		errno = 0;
-		long long v = strtoll(p, &end, 10);
-		if (end == p || errno || v < 0 || v > INT32_MAX) {
-			fprintf(stderr, "%s: '%s': not a token id near '%.16s'\n", cmd, path, p);
-			sfw_free(*ids);
-			*ids = NULL;
-			sfw_buf_release(&b);
-			return SFW_EXIT_IO;
-		}
-		if (*n == cap) {
-			cap = cap ? cap * 2 : 256;
-			int32_t *q = sfw_realloc(*ids, cap * sizeof(int32_t));
-			if (!q) {
-				sfw_free(*ids);
-				*ids = NULL;
-				sfw_buf_release(&b);
-				return cli_report(SFW_E_NOMEM, NULL);
-			}
-			*ids = q;
-		}
-		(*ids)[(*n)++] = (int32_t)v;
-		p = end;
-	}
-	sfw_buf_release(&b);
-	if (*n == 0) {
-		fprintf(stderr, "%s: '%s' holds no token ids\n", cmd, path);
-		return SFW_EXIT_IO;
-	}
-	return 0;
-}
-
 /* ---- salafw run ------------------------------------------------------------- */
 
 static const struct cli_opt opts[] = {
@@ -179,22 +38,12 @@ static const struct cli_opt opts[] = {
 	{"greedy", 0, NULL, "always take the most likely token"},
 	{"print-ids", 0, NULL, "print the generated token ids (one line) instead of text"},
 	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
-	{"threads", 0, "N", "CPU threads (default: all cores)"},
 	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
 	{"max-context", 0, "N", "reserve the context for N tokens (default prompt + -n)"},
 	{"prefill-chunk", 0, "C", "prefill rows per piece (default 256 on the CPU, 8192 on CUDA)"},
-	{"no-verify", 0, NULL, "run without checking the directory's signed manifest (says so)"},
-	{"verify-full", 0, NULL, "re-hash every model file before running"},
-	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"},
+	CLI_MODEL_OPT_ROWS("run"),
 	{0},
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int read_stdin(struct sfw_buf *b)
 {
@@ -209,9 +58,11 @@ static int read_stdin(struct sfw_buf *b)
 int cmd_run(int argc, char **argv)
 {
 	const char *C = "salafw run";
-	const char *prompt = NULL, *ids_path = NULL, *system = NULL, *device = NULL, *pubkey = NULL;
-	int chat = 0, print_ids = 0, no_verify = 0, full = 0, das = 0;
-	unsigned long long n_gen = 128, threads = 0, u, max_ctx = 0, chunk = 0;
+	const char *prompt = NULL, *ids_path = NULL, *system = NULL;
+	int chat = 0, print_ids = 0, das = 0;
+	unsigned long long n_gen = 128, u, max_ctx = 0, chunk = 0;
+	struct cli_model_opts mo;
+	cli_model_opts_init(&mo);
 	double d;
 	struct sfw_sampler_params sp = sfw_sampler_default_params();
 	struct cli_parser cp;
@@ -226,6 +77,11 @@ int cmd_run(int argc, char **argv)
 		if (k == CLI_ERROR)
 			return SFW_EXIT_USAGE;
 		const char *nm = opts[k].name;
+		int mo_taken = cli_model_opt(&mo, C, nm, arg);
+		if (mo_taken < 0)
+			return SFW_EXIT_USAGE;
+		if (mo_taken)
+			continue;
 		if (!strcmp(nm, "prompt"))
 			prompt = arg;
 		else if (!strcmp(nm, "chat"))
@@ -257,12 +113,7 @@ int cmd_run(int argc, char **argv)
 			sp.greedy = 1;
 		else if (!strcmp(nm, "print-ids"))
 			print_ids = 1;
-		else if (!strcmp(nm, "device"))
-			device = arg;
-		else if (!strcmp(nm, "threads")) {
-			if (!cli_parse_u64(C, "--threads", arg, &threads) || threads > 256)
-				return SFW_EXIT_USAGE;
-		} else if (!strcmp(nm, "dense-as-sparse"))
+		else if (!strcmp(nm, "dense-as-sparse"))
 			das = 1;
 		else if (!strcmp(nm, "max-context")) {
 			if (!cli_parse_u64(C, "--max-context", arg, &max_ctx) || max_ctx > (1ull << 30))
@@ -271,12 +122,6 @@ int cmd_run(int argc, char **argv)
 			if (!cli_parse_u64(C, "--prefill-chunk", arg, &chunk) || chunk < 1 || chunk > (1u << 20))
 				return SFW_EXIT_USAGE;
 		}
-		else if (!strcmp(nm, "no-verify"))
-			no_verify = 1;
-		else if (!strcmp(nm, "verify-full"))
-			full = 1;
-		else if (!strcmp(nm, "pubkey"))
-			pubkey = arg;
 	}
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
@@ -285,17 +130,10 @@ int cmd_run(int argc, char **argv)
 	if (system && !chat)
 		return cli_usage_error(C, "--system needs --chat");
 	struct sfw_model_params mp = sfw_model_default_params();
-	mp.threads = (int)threads;
-	if (device) {
-		if (!strcmp(device, "cpu"))
-			mp.device = SFW_DEVICE_CPU;
-		else if (!strcmp(device, "cuda"))
-			mp.device = SFW_DEVICE_CUDA;
-		else
-			return cli_usage_error(C, "--device must be cpu or cuda");
-	}
+	mp.threads = (int)mo.threads;
+	mp.device = mo.device;
 	const char *dir = cp.pos[0];
-	int rc = cli_model_gate(C, dir, no_verify, full, pubkey);
+	int rc = cli_model_gate(C, dir, mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc)
 		return rc;
 
@@ -390,10 +228,10 @@ int cmd_run(int argc, char **argv)
 		s = sfw_fail(&err, SFW_E_NOMEM, "out of memory");
 		goto fail;
 	}
-	double t0 = now_s();
+	double t0 = cli_now_s();
 	if ((s = sfw_ctx_prefill(ctx, ids, n_ids, logits, &err)) != SFW_OK)
 		goto fail;
-	double t1 = now_s();
+	double t1 = cli_now_s();
 	struct sfw_tokdec dec;
 	if (tok) {
 		sfw_tokdec_init(&dec, tok, 1);
@@ -434,7 +272,7 @@ int cmd_run(int argc, char **argv)
 			goto fail;
 		steps++;
 	}
-	double t2 = now_s();
+	double t2 = cli_now_s();
 	if (use_text) {
 		out.len = 0;
 		if ((s = sfw_tokdec_flush(&dec, &out, &err)) != SFW_OK)

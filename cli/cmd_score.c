@@ -16,21 +16,20 @@ static const struct cli_opt opts[] = {
 	{"taps", 0, NULL, "also write prefill/decode embed, layer outputs and final norm"},
 	{"output", 'o', "OUT", "output safetensors file"},
 	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
-	{"threads", 0, "N", "CPU threads (default: all cores)"},
 	{"chunk", 0, "N", "rows per internal prefill step (default 256)"},
 	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
-	{"no-verify", 0, NULL, "run without checking the directory's signed manifest (says so)"},
-	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"},
-	{"verify-full", 0, NULL, "re-hash every model file before running"},
+	CLI_MODEL_OPT_ROWS("score"),
 	{0},
 };
 
 int cmd_score(int argc, char **argv)
 {
 	const char *C = "salafw score";
-	const char *ids_path = NULL, *feed_path = NULL, *outp = NULL, *device = NULL, *pubkey = NULL;
-	unsigned long long n_dec = 0, threads = 0, chunk = 0;
-	int have_dec = 0, taps = 0, no_verify = 0, full = 0, das = 0;
+	const char *ids_path = NULL, *feed_path = NULL, *outp = NULL;
+	unsigned long long n_dec = 0, chunk = 0;
+	int have_dec = 0, taps = 0, das = 0;
+	struct cli_model_opts mo;
+	cli_model_opts_init(&mo);
 	struct cli_parser cp;
 	const char *arg;
 	int k;
@@ -43,6 +42,11 @@ int cmd_score(int argc, char **argv)
 		if (k == CLI_ERROR)
 			return SFW_EXIT_USAGE;
 		const char *nm = opts[k].name;
+		int mo_taken = cli_model_opt(&mo, C, nm, arg);
+		if (mo_taken < 0)
+			return SFW_EXIT_USAGE;
+		if (mo_taken)
+			continue;
 		if (!strcmp(nm, "ids"))
 			ids_path = arg;
 		else if (!strcmp(nm, "decode")) {
@@ -55,38 +59,20 @@ int cmd_score(int argc, char **argv)
 			taps = 1;
 		else if (!strcmp(nm, "output"))
 			outp = arg;
-		else if (!strcmp(nm, "device"))
-			device = arg;
-		else if (!strcmp(nm, "threads")) {
-			if (!cli_parse_u64(C, "--threads", arg, &threads) || threads > 256)
-				return SFW_EXIT_USAGE;
-		} else if (!strcmp(nm, "chunk")) {
+		else if (!strcmp(nm, "chunk")) {
 			if (!cli_parse_u64(C, "--chunk", arg, &chunk) || chunk < 1 || chunk > (1u << 20))
 				return SFW_EXIT_USAGE;
 		} else if (!strcmp(nm, "dense-as-sparse"))
 			das = 1;
-		else if (!strcmp(nm, "no-verify"))
-			no_verify = 1;
-		else if (!strcmp(nm, "pubkey"))
-			pubkey = arg;
-		else if (!strcmp(nm, "verify-full"))
-			full = 1;
 	}
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
 	if (!ids_path || !outp)
 		return cli_usage_error(C, "--ids FILE and -o OUT are required");
 	struct sfw_model_params mp = sfw_model_default_params();
-	mp.threads = (int)threads;
-	if (device) {
-		if (!strcmp(device, "cpu"))
-			mp.device = SFW_DEVICE_CPU;
-		else if (!strcmp(device, "cuda"))
-			mp.device = SFW_DEVICE_CUDA;
-		else
-			return cli_usage_error(C, "--device must be cpu or cuda");
-	}
-	int rc = cli_model_gate(C, cp.pos[0], no_verify, full, pubkey);
+	mp.threads = (int)mo.threads;
+	mp.device = mo.device;
+	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc)
 		return rc;
 	int32_t *ids = NULL;
