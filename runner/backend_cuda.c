@@ -490,6 +490,15 @@ static void cu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cache_desc *d, struct sfw_bcache **out,
 				    struct sfw_err *err)
 {
+	/* The attention, stage-1 and GLA kernels are instantiated for these head
+	 * sizes only; refuse others here rather than abort inside a launch. */
+	for (int k = 0; k < 2; k++) {
+		int hd = k ? d->lhd : d->hd;
+		if (hd != 32 && hd != 64 && hd != 128)
+			return sfw_fail(err, SFW_E_UNSUPPORTED,
+					"%s head_dim %d is not supported by the cuda backend (32, 64 or 128; use --device cpu)",
+					k ? "lightning" : "sparse-layer", hd);
+	}
 	struct sfw_bcache *c = sfw_calloc(1, sizeof(*c));
 	if (!c || !(c->L = sfw_calloc((size_t)d->n_layers, sizeof(*c->L)))) {
 		sfw_free(c);
