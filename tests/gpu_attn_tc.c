@@ -15,6 +15,7 @@
  *   gpu_attn_tc check      the CPU comparisons only
  *   gpu_attn_tc bench      the timings only */
 #include "check.h"
+#include "lib/compare.h"
 
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
@@ -110,24 +111,9 @@ static void set_mode(const char *m)
 static double cmp(const char *path, const char *what, const float *got, const float *ref, size_t n,
 		  double tol_nmse, double tol_maxrel)
 {
-	double num = 0, den = 0, maxd = 0, maxr = 0;
-	size_t bad = 0, first_bad = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (isinf(ref[i]) && got[i] == ref[i])
-			continue;
-		double d = fabs((double)got[i] - ref[i]);
-		if (!(d == d) || isinf(got[i]) != isinf(ref[i])) {
-			if (!bad++)
-				first_bad = i;
-			continue;
-		}
-		num += d * d, den += (double)ref[i] * ref[i];
-		if (d > maxd)
-			maxd = d;
-		if (fabs(ref[i]) > maxr)
-			maxr = fabs(ref[i]);
-	}
-	double nmse = den > 0 ? num / den : num;
+	struct cmp_stats c = cmp_stats(got, ref, n);
+	double nmse = c.nmse, maxd = c.maxd, maxr = c.maxr;
+	size_t bad = c.bad, first_bad = c.first_bad;
 	printf("  %-4s %-58s NMSE %.2e  max|diff| %.2e  max|ref| %.2e\n", path, what, nmse, maxd, maxr);
 	CHECK(bad == 0, "%s [%s]: %zu non-finite mismatches (first at %zu: got %g, ref %g)", what, path, bad,
 	      first_bad, bad ? got[first_bad] : 0.0, bad ? ref[first_bad] : 0.0);

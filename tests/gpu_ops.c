@@ -7,6 +7,7 @@
  * points that the CUDA twin applies and the CPU twin (fp32) does not.
  * Outputs are poisoned before each run so unwritten elements fail. */
 #include "check.h"
+#include "lib/compare.h"
 
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
@@ -126,24 +127,9 @@ static struct tol g_tol;
 
 static void cmp(const char *what, const float *got, const float *ref, size_t n)
 {
-	double num = 0, den = 0, maxd = 0, maxr = 0;
-	size_t bad = 0, first_bad = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (isinf(ref[i]) && got[i] == ref[i])
-			continue;
-		double d = fabs((double)got[i] - ref[i]);
-		if (!(d == d) || isinf(got[i]) != isinf(ref[i])) {
-			if (!bad++)
-				first_bad = i;
-			continue;
-		}
-		num += d * d, den += (double)ref[i] * ref[i];
-		if (d > maxd)
-			maxd = d;
-		if (fabs(ref[i]) > maxr)
-			maxr = fabs(ref[i]);
-	}
-	double nmse = den > 0 ? num / den : num;
+	struct cmp_stats c = cmp_stats(got, ref, n);
+	double nmse = c.nmse, maxd = c.maxd, maxr = c.maxr;
+	size_t bad = c.bad, first_bad = c.first_bad;
 	printf("  %-4s %-46s NMSE %.2e  max|diff| %.2e  max|ref| %.2e\n", g_dt == SFW_OP_BF16 ? "bf16" : "f32", what,
 	       nmse, maxd, maxr);
 	CHECK(bad == 0, "%s [%s]: %zu non-finite mismatches (first at %zu: got %g, ref %g)", what,
