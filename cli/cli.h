@@ -52,7 +52,7 @@ int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
 
 /* Options of every command that opens a model (run, score, bench, quant),
- * parsed by cli_model_opt (cli/model.c): --device, --threads, --no-verify,
+ * taken by cli_next_model (cli/model.c): --device, --threads, --no-verify,
  * --verify-full, --pubkey. CLI_MODEL_OPT_ROWS(VERB) are their table rows but
  * --device, whose default differs between commands. */
 struct cli_model_opts {
@@ -67,8 +67,9 @@ struct cli_model_opts {
 	{"verify-full", 0, NULL, "re-hash every model file first"},                                            \
 	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"}
 void cli_model_opts_init(struct cli_model_opts *o);
-/* 1: name was a model option (taken), 0: it was not, -1: bad value (printed). */
-int cli_model_opt(struct cli_model_opts *o, const char *cmd, const char *name, const char *arg);
+/* cli_next that takes the model options into o itself: returns the next
+ * other option, CLI_DONE, CLI_HELP, or CLI_ERROR (also for a bad value). */
+int cli_next_model(struct cli_parser *p, struct cli_model_opts *o, const char **arg);
 /* Seconds on the monotonic clock. */
 double cli_now_s(void);
 

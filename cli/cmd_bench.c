@@ -76,7 +76,7 @@ int cmd_bench(int argc, char **argv)
 	const char *arg;
 	int k;
 	cli_init(&cp, C, argc, argv, opts);
-	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
+	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
 			cli_usage(stdout, C, "MODEL_DIR [--prompt N] [--gen M]", opts);
 			return SFW_EXIT_OK;
@@ -84,11 +84,6 @@ int cmd_bench(int argc, char **argv)
 		if (k == CLI_ERROR)
 			return SFW_EXIT_USAGE;
 		const char *nm = opts[k].name;
-		int mo_taken = cli_model_opt(&mo, C, nm, arg);
-		if (mo_taken < 0)
-			return SFW_EXIT_USAGE;
-		if (mo_taken)
-			continue;
 		if (!strcmp(nm, "prompt")) {
 			if (!cli_parse_u64(C, "--prompt", arg, &n_prompt) || n_prompt < 1 || n_prompt > (1u << 24))
 				return SFW_EXIT_USAGE;

@@ -69,7 +69,7 @@ int cmd_run(int argc, char **argv)
 	const char *arg;
 	int k;
 	cli_init(&cp, C, argc, argv, opts);
-	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
+	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
 			cli_usage(stdout, C, "MODEL_DIR (-p TEXT | --chat | --ids FILE) [options]", opts);
 			return SFW_EXIT_OK;
@@ -77,11 +77,6 @@ int cmd_run(int argc, char **argv)
 		if (k == CLI_ERROR)
 			return SFW_EXIT_USAGE;
 		const char *nm = opts[k].name;
-		int mo_taken = cli_model_opt(&mo, C, nm, arg);
-		if (mo_taken < 0)
-			return SFW_EXIT_USAGE;
-		if (mo_taken)
-			continue;
 		if (!strcmp(nm, "prompt"))
 			prompt = arg;
 		else if (!strcmp(nm, "chat"))

@@ -34,7 +34,7 @@ int cmd_score(int argc, char **argv)
 	const char *arg;
 	int k;
 	cli_init(&cp, C, argc, argv, opts);
-	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
+	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
 			cli_usage(stdout, C, "MODEL_DIR --ids FILE [--decode N] [--feed-from GOLDEN] [--taps] -o OUT", opts);
 			return SFW_EXIT_OK;
@@ -42,11 +42,6 @@ int cmd_score(int argc, char **argv)
 		if (k == CLI_ERROR)
 			return SFW_EXIT_USAGE;
 		const char *nm = opts[k].name;
-		int mo_taken = cli_model_opt(&mo, C, nm, arg);
-		if (mo_taken < 0)
-			return SFW_EXIT_USAGE;
-		if (mo_taken)
-			continue;
 		if (!strcmp(nm, "ids"))
 			ids_path = arg;
 		else if (!strcmp(nm, "decode")) {

@@ -28,7 +28,8 @@ void cli_model_opts_init(struct cli_model_opts *o)
 	o->device = SFW_DEVICE_AUTO;
 }
 
-int cli_model_opt(struct cli_model_opts *o, const char *cmd, const char *name, const char *arg)
+/* 1: name was a model option (taken), 0: it was not, -1: bad value (printed). */
+static int model_opt(struct cli_model_opts *o, const char *cmd, const char *name, const char *arg)
 {
 	if (!strcmp(name, "device")) {
 		if (!strcmp(arg, "cpu"))
@@ -52,6 +53,20 @@ int cli_model_opt(struct cli_model_opts *o, const char *cmd, const char *name, c
 		return 0;
 	}
 	return 1;
+}
+
+int cli_next_model(struct cli_parser *p, struct cli_model_opts *o, const char **arg)
+{
+	for (;;) {
+		int k = cli_next(p, arg);
+		if (k < 0)
+			return k;
+		int taken = model_opt(o, p->cmd, p->opts[k].name, *arg);
+		if (taken < 0)
+			return CLI_ERROR;
+		if (!taken)
+			return k;
+	}
 }
 
 static enum sfw_status verify_full(const char *dir, struct sfw_trust_params *tp, struct sfw_err *err)
