@@ -24,7 +24,9 @@ check "minisign -G -W makes a key" test -s "$W/ms.key"
 check "salafw keygen" $S keygen -p "$W/sf.pub" -s "$W/sf.key"
 check_err "keygen refuses to overwrite" 5 "already exists" $S keygen -p "$W/sf.pub" -s "$W/sf.key"
 check "secret key is mode 600" test "$(stat -c %a "$W/sf.key")" = 600
-MSID=$(sed -n 's/.*public key \([0-9A-F]*\).*/\1/p' "$W/ms.pub")
+# The key id from the key itself: minisign's comment prints it without zero
+# padding (%PRIX64), so a leading zero nibble (1 key in 16) would shorten it.
+MSID=$(python3 -c 'import base64,sys; print(base64.b64decode(open(sys.argv[1]).read().split()[-1])[2:10][::-1].hex().upper())' "$W/ms.pub")
 
 # --- manifest: digests agree with sha256sum, sorted, .salafw skipped
 mkdir -p "$M/.salafw" && echo junk >"$M/.salafw/ignored"
