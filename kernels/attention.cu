@@ -28,6 +28,10 @@ struct att_args {
 	int T, nh, nkv, k, block, nsplit;
 	int64_t pos0;
 	float scale;
+	/* non-NULL: the position of row 0 is *dpos when the kernel runs (a
+	 * recorded decode step); pos0 then only bounds the launch (dense: the
+	 * cache holds at most pos0 + T tokens) */
+	const int64_t *dpos;
 };
 
 /* Unit u of row (r, g): the first token of a 32-key tile, or -1 when the
@@ -57,7 +61,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 	__shared__ float Vs[ATT_KT][HD];
 	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv, split = blockIdx.y;
 	int G = a.nh / a.nkv, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-	int64_t p = a.pos0 + r;
+	int64_t p = (a.dpos ? *a.dpos : a.pos0) + r;
 	const A *q = (const A *)a.q, *kc = (const A *)a.kc, *vc = (const A *)a.vc;
 	const int32_t *sel = a.idx ? a.idx + ((size_t)g * a.T + r) * a.k : NULL;
 	for (int i = threadIdx.x; i < ATT_WARPS * HPW * HD; i += ATT_THREADS)
@@ -236,7 +240,7 @@ extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, c
 {
 	if (sfwi_attn_tc(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, stream))
 		return;
-	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale};
+	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale, NULL};
 	attn_any(a, hd, act, stream);
 }
 
@@ -246,6 +250,66 @@ extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, 
 {
 	if (sfwi_attn_tc(o, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale, act, stream))
 		return;
-	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale};
+	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale, NULL};
 	attn_any(a, hd, act, stream);
+}
+
+/* ---- a recorded decode step: the row's position read on the device ---- */
+
+extern "C" void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc, int nh, int nkv,
+					   int hd, int64_t len_bound, float scale, const int64_t *dpos,
+					   enum sfw_op_dtype act, void *stream)
+{
+	SFW_ASSERT(len_bound >= 1 && dpos);
+	/* the split count is planned for len_bound keys; a split past the
+	 * row's last key writes an empty partial (max -inf, sum 0) */
+	att_args a = {q, kc, vc, NULL, o, NULL, 1, nh, nkv, 0, 0, 1, len_bound - 1, scale, dpos};
+	attn_any(a, hd, act, stream);
+}
+
+extern "C" void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
+					    const int32_t *idx, int nh, int nkv, int hd, int k, int block, float scale,
+					    const int64_t *dpos, enum sfw_op_dtype act, void *stream)
+{
+	SFW_ASSERT(dpos);
+	att_args a = {q, kc, vc, idx, o, NULL, 1, nh, nkv, k, block, 1, 0, scale, dpos};
+	attn_any(a, hd, act, stream);
+}
+
+/* One token's K and V rows (row_bytes each) to row *dpos of the caches. */
+static __global__ void kv_append_devpos_kernel(uint4 *kc, uint4 *vc, const uint4 *k, const uint4 *v, int n16,
+					       const int64_t *dpos)
+{
+	sfwc_pdl_wait();
+	size_t base = (size_t)*dpos * (size_t)n16;
+	for (int i = threadIdx.x; i < n16; i += blockDim.x) {
+		kc[base + i] = k[i];
+		vc[base + i] = v[i];
+	}
+}
+
+static __global__ void kv_append_devpos_kernel2(uint16_t *kc, uint16_t *vc, const uint16_t *k, const uint16_t *v,
+						int n2, const int64_t *dpos)
+{
+	sfwc_pdl_wait();
+	size_t base = (size_t)*dpos * (size_t)n2;
+	for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+		kc[base + i] = k[i];
+		vc[base + i] = v[i];
+	}
+}
+
+extern "C" void sfw_cuda_kv_append_devpos(void *kc, void *vc, const void *k, const void *v, size_t row_bytes,
+					  const int64_t *dpos, void *stream)
+{
+	SFW_ASSERT(row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX && dpos);
+	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	uintptr_t al = (uintptr_t)kc | (uintptr_t)vc | (uintptr_t)k | (uintptr_t)v | (uintptr_t)row_bytes;
+	if (al % 16 == 0)
+		sfwc_launch(kv_append_devpos_kernel, dim3(1), dim3(256), 0, s, (uint4 *)kc, (uint4 *)vc,
+			    (const uint4 *)k, (const uint4 *)v, (int)(row_bytes / 16), dpos);
+	else
+		sfwc_launch(kv_append_devpos_kernel2, dim3(1), dim3(256), 0, s, (uint16_t *)kc, (uint16_t *)vc,
+			    (const uint16_t *)k, (const uint16_t *)v, (int)(row_bytes / 2), dpos);
+	SFW_CUDA_LAUNCHED();
 }

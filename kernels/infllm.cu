@@ -40,6 +40,40 @@ extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, in
 	SFW_CUDA_LAUNCHED();
 }
 
+/* A recorded decode step appended the token at position *dpos: the level-1
+ * (blockIdx.y 0) and level-2 (1) chunks that this token completes, i.e.
+ * chunks [nchunks(p), nchunks(p + 1)) of each level (at most one). */
+template <typename A>
+static __global__ void compress_devpos_kernel(A *c1, A *c2, const A *k, int row, int ksize, int stride,
+					      const int64_t *dpos)
+{
+	sfwc_pdl_wait();
+	int lv = blockIdx.y;
+	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
+	A *c = lv ? c2 : c1;
+	int64_t p = *dpos;
+	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
+	size_t n = (size_t)(j1 - j0) * row;
+	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+		int64_t j = j0 + (int64_t)(e / row);
+		int i = (int)(e % row);
+		float s = 0;
+		for (int t = 0; t < ks; t++)
+			s += act_ld(k, ((size_t)j * st + t) * row + i);
+		act_st(c, (size_t)j * row + i, s / (float)ks);
+	}
+}
+
+extern "C" void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, int nkv, int hd, int ksize, int stride,
+					 const int64_t *dpos, enum sfw_op_dtype act, void *stream)
+{
+	SFW_ASSERT(dpos && ksize >= 1 && stride >= 1);
+	int row = nkv * hd;
+	ACT_DISPATCH(act, sfwc_launch(compress_devpos_kernel<A>, dim3((unsigned)((row + 255) / 256), 2), dim3(256), 0,
+				      SFW_CUDA_STREAM(stream), (A *)c1, (A *)c2, (const A *)k, row, ksize, stride, dpos));
+	SFW_CUDA_LAUNCHED();
+}
+
 /* ---- stage 1 ---- */
 
 static __device__ __forceinline__ int64_t visible(int64_t p, int64_t n, int ksize, int stride)
@@ -60,7 +94,25 @@ struct s1_args {
 	int64_t n1, n2, pos0;
 	int T, nh, nkv, ksize, stride, nsplit;
 	float scale;
+	/* non-NULL: a recorded decode step; pos0 = *dpos when the kernel runs
+	 * and n1, n2 follow from the cache length pos0 + T (the host values
+	 * only bound the launch and the score stride) */
+	const int64_t *dpos;
 };
+
+static __device__ __forceinline__ int64_t nchunks_dev(int64_t len, int ksize, int stride)
+{
+	return len < ksize ? 0 : (len - ksize) / stride + 1;
+}
+
+static __device__ __forceinline__ void s1_resolve(s1_args &a)
+{
+	if (!a.dpos)
+		return;
+	a.pos0 = *a.dpos;
+	a.n1 = nchunks_dev(a.pos0 + a.T, a.ksize, a.stride);
+	a.n2 = nchunks_dev(a.pos0 + a.T, 4 * a.ksize, 4 * a.stride);
+}
 
 /* Pass A: per head of the group, max and sum of exp over this split's share
  * of the visible level-2 keys. */
@@ -68,6 +120,7 @@ template <typename A, int HD>
 static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 {
 	sfwc_pdl_wait();
+	s1_resolve(a);
 	__shared__ float qs[S1_MAXG][HD];
 	__shared__ float red[32];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
@@ -124,6 +177,7 @@ template <typename A, int HD>
 static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 {
 	sfwc_pdl_wait();
+	s1_resolve(a);
 	__shared__ float qs[S1_MAXG][HD];
 	__shared__ float lse[S1_MAXG];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
@@ -191,6 +245,8 @@ static void s1_launch(s1_args a, cudaStream_t s)
 	SFW_CUDA_LAUNCHED();
 }
 
+static void s1_any(s1_args a, int hd, enum sfw_op_dtype act, void *stream);
+
 extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2,
 				   int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
 				   float scale, enum sfw_op_dtype act, void *stream)
@@ -200,12 +256,30 @@ extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1,
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
 	if (sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, act, stream))
 		return;
+	s1_args a = {scores, q, c1, c2, NULL, n1, n2, pos0, T, nh, nkv, ksize, stride, 1, scale, NULL};
+	s1_any(a, hd, act, stream);
+}
+
+extern "C" void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv,
+				       int hd, int64_t len_bound, int ksize, int stride, float scale,
+				       const int64_t *dpos, enum sfw_op_dtype act, void *stream)
+{
+	SFW_ASSERT(dpos && len_bound >= 1 && nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
+	int64_t n1 = len_bound < ksize ? 0 : (len_bound - ksize) / stride + 1;
+	int64_t n2 = len_bound < 4 * ksize ? 0 : (len_bound - 4 * ksize) / (4 * stride) + 1;
+	if (n1 <= 0) /* no chunk can be complete within the bound: no scores */
+		return;
+	s1_args a = {scores, q, c1, c2, NULL, n1, n2, 0, 1, nh, nkv, ksize, stride, 1, scale, dpos};
+	s1_any(a, hd, act, stream);
+}
+
+static void s1_any(s1_args a, int hd, enum sfw_op_dtype act, void *stream)
+{
 	if (!g_sms) {
 		int dev;
 		SFW_CUDA_CHECK(cudaGetDevice(&dev));
 		SFW_CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
 	}
-	s1_args a = {scores, q, c1, c2, NULL, n1, n2, pos0, T, nh, nkv, ksize, stride, 1, scale};
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	switch (hd) {
 	case 32: ACT_DISPATCH(act, s1_launch<A, 32>(a, s)); break;
@@ -220,9 +294,15 @@ extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1,
 /* ---- pooling ---- */
 
 static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
-				   int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks)
+				   int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks,
+				   const int64_t *dpos)
 {
 	sfwc_pdl_wait();
+	if (dpos) { /* a recorded decode step: lengths from the position */
+		pos0 = *dpos;
+		n1 = nchunks_dev(pos0 + T, ksize, stride);
+		nblocks = (pos0 + T + block - 1) / block;
+	}
 	size_t n = (size_t)nkv * T * nblocks;
 	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
 		int64_t b = (int64_t)(e % nblocks);
@@ -257,7 +337,20 @@ extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int6
 		return;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
 	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), pooled, scores, n1, nblocks, nkv, T, pos0, ksize,
-								  stride, block, init_blocks, local_blocks);
+								  stride, block, init_blocks, local_blocks, (const int64_t *)NULL);
+	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, int nkv, int64_t len_bound, int ksize,
+					    int stride, int block, int init_blocks, int local_blocks,
+					    const int64_t *dpos, void *stream)
+{
+	SFW_ASSERT(dpos && len_bound >= 1);
+	int64_t nb = (len_bound + block - 1) / block;
+	size_t n = (size_t)nkv * nb;
+	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
+	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), pooled, scores, (int64_t)0, nb, nkv,
+		    1, (int64_t)0, ksize, stride, block, init_blocks, local_blocks, dpos);
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -304,9 +397,14 @@ static __device__ __forceinline__ int block_scan(int flag, int *wsum, int *total
 }
 
 static __global__ void __launch_bounds__(TK_THREADS)
-	topk_kernel(int32_t *idx, const float *pooled, int64_t nblocks, int T, int64_t pos0, int k, int block)
+	topk_kernel(int32_t *idx, const float *pooled, int64_t nblocks, int T, int64_t pos0, int k, int block,
+		    const int64_t *dpos)
 {
 	sfwc_pdl_wait();
+	if (dpos) { /* a recorded decode step */
+		pos0 = *dpos;
+		nblocks = (pos0 + T + block - 1) / block;
+	}
 	__shared__ int hist[256];
 	__shared__ int wsum[TK_THREADS / 32];
 	__shared__ uint32_t s_prefix;
@@ -367,6 +465,16 @@ extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64
 	if (T <= 0 || nkv <= 0)
 		return;
 	SFW_ASSERT(nblocks >= 1);
-	sfwc_launch(topk_kernel, dim3(nkv * T), dim3(TK_THREADS), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks, T, pos0, k, block);
+	sfwc_launch(topk_kernel, dim3(nkv * T), dim3(TK_THREADS), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks, T, pos0, k, block,
+		    (const int64_t *)NULL);
+	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int k, int block,
+					    const int64_t *dpos, void *stream)
+{
+	SFW_ASSERT(dpos && nkv > 0);
+	sfwc_launch(topk_kernel, dim3(nkv), dim3(TK_THREADS), 0, SFW_CUDA_STREAM(stream), idx, pooled, (int64_t)1, 1,
+		    (int64_t)0, k, block, dpos);
 	SFW_CUDA_LAUNCHED();
 }

@@ -13,6 +13,7 @@
 #ifndef SFW_OPS_CUDA_H
 #define SFW_OPS_CUDA_H
 
+#include "kernels/ops.h" /* enum sfw_op_dtype */
 #include "sfw.h"
 
 #include <stddef.h>
@@ -83,6 +84,37 @@ void sfw_cuda_graph_free(void *graph_exec);
  * device memory (*dpos, int64) when the kernel runs: a captured decode graph
  * replays with the position of the step (kernels/elementwise.cu). */
 void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, void *stream);
+
+/* ---- a recorded decode step (one row, its position read on the device) ----
+ * Each op means its sfw_op_*_cuda twin (kernels/ops.h) called with T = 1 and
+ * pos0 = *dpos, read when the kernel runs, so one captured graph serves every
+ * step. The cache then holds len = *dpos + 1 tokens (this row's K and V
+ * appended), n1 = nchunks(len, ksize, stride) level-1 and n2 = nchunks(len,
+ * 4 ksize, 4 stride) level-2 compressed keys, and nblocks = ceil(len / block)
+ * blocks. len_bound bounds len for the whole life of the recording: grids,
+ * split counts and the stage-1 / pooled strides of the scratch are planned
+ * for it (scores [nkv, n1(len_bound)], pooled [nkv, ceil(len_bound/block)]
+ * floats). Callers (runner/backend_cuda.c) re-record past it. */
+/* K and V rows (row_bytes each) to row *dpos of the caches (sfw_backend kv_append). */
+void sfw_cuda_kv_append_devpos(void *kc, void *vc, const void *k, const void *v, size_t row_bytes,
+			       const int64_t *dpos, void *stream);
+/* The level-1 and level-2 chunks the token at *dpos completes (sfw_op_compress_cuda
+ * for chunks [nchunks(p), nchunks(p + 1)) of each level; c1, c2 as the cache holds them). */
+void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, int nkv, int hd, int ksize, int stride,
+			      const int64_t *dpos, enum sfw_op_dtype act, void *stream);
+void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv, int hd,
+			    int64_t len_bound, int ksize, int stride, float scale, const int64_t *dpos,
+			    enum sfw_op_dtype act, void *stream);
+void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, int nkv, int64_t len_bound, int ksize, int stride,
+				 int block, int init_blocks, int local_blocks, const int64_t *dpos, void *stream);
+void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int k, int block, const int64_t *dpos,
+				 void *stream);
+void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int nh,
+				 int nkv, int hd, int k, int block, float scale, const int64_t *dpos,
+				 enum sfw_op_dtype act, void *stream);
+void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc, int nh, int nkv, int hd,
+				int64_t len_bound, float scale, const int64_t *dpos, enum sfw_op_dtype act,
+				void *stream);
 
 /* Test/bench helpers: fill with deterministic pseudo-random values
  * uniform in [-scale, scale) (bf16 or float32). Never zeros: zeros hide

@@ -59,6 +59,7 @@ struct sfw_cache_desc {
 	int lnh, lhd;                /* lightning layers */
 	int ksize, stride;           /* level-1 compression (level 2: x4) */
 	int block;                   /* KV growth granule and selection block (64) */
+	int sel_k;                   /* blocks selected per row (topk + window/block) */
 };
 
 /* Parameters of one sparse-layer selection call (model-spec §2.6.4). */
@@ -185,16 +186,31 @@ struct sfw_backend {
 	void (*sample)(struct sfw_backend *be, int32_t *out, const float *logits, int V,
 		       const struct sfw_op_sample_params *p, double u);
 	/* Decode graphs: graph_begin starts recording the backend's ops instead
-	 * of running them; graph_end returns the recorded sequence (NULL when
-	 * recording failed: nothing ran, the caller runs the ops itself);
-	 * graph_run replays it. Only ops whose shapes and buffers are fixed may
-	 * be recorded; a varying position goes through rope_neox_dev, which reads
-	 * it from backend memory (int64) when the op runs. */
-	void (*graph_begin)(struct sfw_backend *be);
+	 * of running them, for one-row calls whose position the caller writes to
+	 * `pos` (int64, backend memory) before each graph_run; graph_end returns
+	 * the recorded sequence (NULL when recording failed: nothing ran, the
+	 * caller runs the ops itself); graph_run replays it. A varying position
+	 * goes through rope_neox_dev, which reads it from `pos` when the op runs.
+	 * An error from graph_begin means nothing is being recorded. */
+	SFW_MUST_CHECK enum sfw_status (*graph_begin)(struct sfw_backend *be, struct sfw_bcache *c, const int64_t *pos,
+						      int64_t bound, struct sfw_err *err);
 	void *(*graph_end)(struct sfw_backend *be);
 	void (*graph_run)(struct sfw_backend *be, void *g);
 	void (*graph_free)(struct sfw_backend *be, void *g);
 	void (*rope_neox_dev)(struct sfw_backend *be, void *x, int T, int nh, int hd, const int64_t *pos, float theta);
+	/* Whole-step decode graphs (backends that set cache_advance): while
+	 * recording, the sparse-layer ops (kv_append, compress, sparse_select,
+	 * attn_sparse, attn_dense) of a one-row call read the row's position
+	 * from `pos` when they run, plan their launches for cache lengths up to
+	 * `bound` tokens (bound <= cache_room), and leave the host-side cache
+	 * counters alone; compress keeps the compressed keys current in either
+	 * mode, provided they were current (compress called) before the step.
+	 * cache_advance applies a replayed step's T rows to those counters.
+	 * mem_epoch changes whenever the backend moves memory a recording may
+	 * hold (cache regrowth, selection scratch): the recording is then stale. */
+	void (*cache_advance)(struct sfw_backend *be, struct sfw_bcache *c, int T);
+	int64_t (*cache_room)(struct sfw_backend *be, const struct sfw_bcache *c);
+	uint64_t (*mem_epoch)(struct sfw_backend *be, const struct sfw_bcache *c);
 };
 
 /* The CPU backend; nthreads <= 0 means sfw_default_threads(). */

@@ -66,6 +66,14 @@ struct cu_be {
 	/* SALAFW_CUDA_STEPSYNC=1: the old per-step host waits (from_host waits,
 	 * no device-side copy of the selected blocks) */
 	int stepsync;
+	/* recording a whole decode step (graph_begin with cache_advance): the
+	 * sparse-layer ops read the row position from rec_pos and plan for
+	 * cache lengths up to rec_bound */
+	int rec;
+	const int64_t *rec_pos;
+	int64_t rec_bound;
+	/* bumped when the caches or the selection scratch move */
+	uint64_t epoch;
 	/* weight uploads deferred between load_begin and load_end (merging) */
 	int defer;
 	struct sfw_bweight **pend;
@@ -399,15 +407,47 @@ static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void 
 	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be)));
 }
 
-static void cu_graph_begin(struct sfw_backend *be)
+static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err);
+static int64_t nchunks(int64_t len, int ksize, int stride);
+
+/* Selection scratch of one recorded decode row at cache lengths up to bound:
+ * scores [nkv, n1], pooled [nkv, nblocks], and the sizes of the first two. */
+static size_t sel_plan_row(const struct sfw_cache_desc *d, int64_t bound, int k, size_t *sc, size_t *po)
 {
+	int64_t n1 = nchunks(bound, d->ksize, d->stride), nb = (bound + d->block - 1) / d->block;
+	*sc = sfw_cuda_arena_round((size_t)d->nkv * (size_t)(n1 ? n1 : 1) * 4);
+	*po = sfw_cuda_arena_round((size_t)d->nkv * (size_t)nb * 4);
+	return *sc + *po + (size_t)d->nkv * k * 4;
+}
+
+static enum sfw_status cu_graph_begin(struct sfw_backend *be, struct sfw_bcache *c, const int64_t *pos, int64_t bound,
+				      struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	int any_sparse = 0;
+	for (int i = 0; c && i < c->d.n_layers; i++)
+		any_sparse |= c->L[i].sparse;
+	if (be->cache_advance && any_sparse) {
+		/* everything a recorded step touches is in place before the
+		 * recording starts: no allocation (and no host wait) inside it */
+		size_t sc, po;
+		if (bound < 1 || bound > be->cache_room(be, c))
+			return sfw_fail(err, SFW_E_INVAL, "decode graph bound %lld outside the cache room",
+					(long long)bound);
+		enum sfw_status s = sel_room(be, sel_plan_row(&c->d, bound, c->d.sel_k, &sc, &po), err);
+		if (s != SFW_OK)
+			return s;
+		b->rec = 1, b->rec_pos = pos, b->rec_bound = bound;
+	}
 	sfw_cuda_graph_begin(S(be));
+	return SFW_OK;
 }
 
 static void *cu_graph_end(struct sfw_backend *be)
 {
 	void *g = NULL;
 	struct sfw_err e = {0};
+	IMPL(be)->rec = 0;
 	if (sfw_cuda_graph_end(S(be), &g, &e) != SFW_OK) {
 		sfw_log(SFW_LOG_WARN, "cuda: %s; decoding without graphs", e.msg);
 		return NULL;
@@ -564,6 +604,7 @@ static enum sfw_status cu_cache_reserve(struct sfw_backend *be, struct sfw_bcach
 			return sfw_err_prefix(err, "KV cache for %lld tokens", (long long)tokens);
 		l->cap = cap, l->cap1 = cap1, l->cap2 = cap2;
 		grown = 1;
+		IMPL(be)->epoch++;
 	}
 	if (grown) {
 		size_t live, peak, used;
@@ -597,10 +638,47 @@ static void cu_cache_ncompressed(struct sfw_backend *be, const struct sfw_bcache
 	out[1] = c->L[layer].n2;
 }
 
+static void cu_cache_advance(struct sfw_backend *be, struct sfw_bcache *c, int T)
+{
+	(void)be;
+	const struct sfw_cache_desc *d = &c->d;
+	for (int i = 0; i < d->n_layers; i++) {
+		struct cu_layer *l = &c->L[i];
+		if (!l->sparse)
+			continue;
+		SFW_ASSERT(T >= 0 && l->len + T <= l->cap);
+		l->len += T;
+		int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+		l->n1 = t1 > l->n1 ? t1 : l->n1;
+		l->n2 = t2 > l->n2 ? t2 : l->n2;
+	}
+}
+
+static int64_t cu_cache_room(struct sfw_backend *be, const struct sfw_bcache *c)
+{
+	(void)be;
+	int64_t room = INT64_MAX;
+	for (int i = 0; i < c->d.n_layers; i++)
+		if (c->L[i].sparse && c->L[i].cap < room)
+			room = c->L[i].cap;
+	return room;
+}
+
+static uint64_t cu_mem_epoch(struct sfw_backend *be, const struct sfw_bcache *c)
+{
+	(void)c;
+	return IMPL(be)->epoch;
+}
+
 static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v, int T)
 {
 	struct cu_layer *l = &c->L[layer];
 	size_t row = (size_t)c->d.nkv * c->d.hd * 2;
+	if (IMPL(be)->rec) { /* at row *rec_pos; cache_advance moves len */
+		SFW_ASSERT(l->sparse && T == 1);
+		sfw_cuda_kv_append_devpos(l->k, l->v, k, v, row, IMPL(be)->rec_pos, S(be));
+		return;
+	}
 	SFW_ASSERT(l->sparse && l->len + T <= l->cap);
 	prof_begin(be);
 	sfw_cuda_d2d((char *)l->k + (size_t)l->len * row, k, (size_t)T * row, S(be));
@@ -613,6 +691,12 @@ static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct
 			  int nh, float scale)
 {
 	struct cu_layer *l = &c->L[layer];
+	if (IMPL(be)->rec) {
+		SFW_ASSERT(T == 1);
+		sfw_cuda_attn_dense_devpos(o, q, l->k, l->v, nh, c->d.nkv, c->d.hd, IMPL(be)->rec_bound, scale,
+					   IMPL(be)->rec_pos, SFW_OP_BF16, S(be));
+		return;
+	}
 	PROF(P_DENSE,
 	     sfw_op_attn_dense_cuda(o, q, l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale, SFW_OP_BF16, S(be)));
 }
@@ -627,6 +711,11 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	(void)err;
 	struct cu_layer *l = &c->L[layer];
 	const struct sfw_cache_desc *d = &c->d;
+	if (IMPL(be)->rec) { /* the chunks the step's token completes */
+		sfw_cuda_compress_devpos(l->c1, l->c2, l->k, d->nkv, d->hd, d->ksize, d->stride, IMPL(be)->rec_pos,
+					 SFW_OP_BF16, S(be));
+		return SFW_OK;
+	}
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 	prof_begin(be);
@@ -646,6 +735,8 @@ static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw
 	struct cu_be *b = IMPL(be);
 	if (bytes <= b->sel_bytes)
 		return SFW_OK;
+	if (b->rec) /* planned by graph_begin; growing here would wait inside the recording */
+		return sfw_fail(err, SFW_E_CUDA, "block selection scratch too small for the decode graph");
 	/* Decode asks for a little more every few steps: grow by half (at least
 	 * 4 MiB) so the reallocation, which waits for the device, stays rare;
 	 * never beyond the larger of the request and the configured cap. */
@@ -661,6 +752,7 @@ static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw
 	sfw_cuda_free(b->sel);
 	b->sel = NULL;
 	b->sel_bytes = 0;
+	b->epoch++;
 	enum sfw_status s = sfw_cuda_malloc(&b->sel, bytes, "block selection", err);
 	if (s == SFW_OK)
 		b->sel_bytes = bytes;
@@ -673,6 +765,22 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 {
 	struct cu_layer *l = &c->L[layer];
 	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
+	if (IMPL(be)->rec) { /* one row at *rec_pos, lengths up to rec_bound */
+		struct cu_be *b = IMPL(be);
+		size_t sc, po;
+		SFW_ASSERT(sp->T == 1);
+		enum sfw_status s = sel_room(be, sel_plan_row(&c->d, b->rec_bound, k, &sc, &po), err);
+		if (s != SFW_OK)
+			return s;
+		float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
+		sfw_cuda_stage1_devpos(scores, q, l->c1, l->c2, nh, nkv, hd, b->rec_bound, sp->ksize, sp->stride, sp->scale,
+				       b->rec_pos, SFW_OP_BF16, S(be));
+		sfw_cuda_pool_blocks_devpos(pooled, scores, nkv, b->rec_bound, sp->ksize, sp->stride, sp->block,
+					    sp->init_blocks, sp->local_blocks, b->rec_pos, S(be));
+		sfw_cuda_topk_blocks_devpos(idx, pooled, nkv, k, sp->block, b->rec_pos, S(be));
+		(void)pooled_last; /* no taps while recording */
+		return SFW_OK;
+	}
 	int64_t n1 = l->n1, nb = sp->nblocks;
 	/* rows per batch: scores [nkv, rb, n1] + pooled [nkv, rb, nb] within select_bytes() */
 	size_t per_row = (size_t)nkv * ((size_t)(n1 ? n1 : 1) + (size_t)nb + (size_t)k) * 4;
@@ -721,6 +829,12 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 			   const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
 {
 	struct cu_layer *l = &c->L[layer];
+	if (IMPL(be)->rec) {
+		SFW_ASSERT(sp->T == 1);
+		sfw_cuda_attn_sparse_devpos(o, q, l->k, l->v, idx, nh, c->d.nkv, c->d.hd, sp->k, sp->block, sp->scale,
+					    IMPL(be)->rec_pos, SFW_OP_BF16, S(be));
+		return;
+	}
 	PROF(P_SPARSE, sfw_op_attn_sparse_cuda(o, q, l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k,
 					      sp->block, sp->scale, SFW_OP_BF16, S(be)));
 }
@@ -819,6 +933,14 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 		be->graph_run = cu_graph_run;
 		be->graph_free = cu_graph_free;
 		be->rope_neox_dev = cu_rope_dev;
+		/* whole-step decode graphs need the device-side copy of the
+		 * selection (no host wait inside a step); until they have been
+		 * measured on a GPU they are opt-in: SALAFW_CUDA_STEPGRAPH=1 */
+		if (be->copy && env_on("SALAFW_CUDA_STEPGRAPH")) {
+			be->cache_advance = cu_cache_advance;
+			be->cache_room = cu_cache_room;
+			be->mem_epoch = cu_mem_epoch;
+		}
 	}
 	if (!env_on("SALAFW_CUDA_NOSAMPLE"))
 		be->sample = cu_sample;

@@ -40,6 +40,14 @@ struct sfw_ctx {
 	void **graphs;      /* [L] */
 	int64_t *pos_dev;
 	int capturing, nograph;
+	/* Whole-step decode graph (backends with cache_advance): embed, every
+	 * layer, final norm and logits of a one-token call in one recording,
+	 * valid for positions below step_bound, in one mode (sparse or dense
+	 * selection) and while the backend's memory epoch stays step_epoch. */
+	void *step;
+	int64_t step_bound;
+	int step_sparse;
+	uint64_t step_epoch;
 	float *host_logits; /* [V] when the host finishes a sample */
 	int32_t *ids_dev, *idx_dev;
 	float *logits_dev; /* [cap_rows, V] when tapping, else [V] */
@@ -213,6 +221,8 @@ void sfw_ctx_free(struct sfw_ctx *c)
 			if (c->graphs[i])
 				c->m->be->graph_free(c->m->be, c->graphs[i]);
 	sfw_free(c->graphs);
+	if (c->step)
+		c->m->be->graph_free(c->m->be, c->step);
 	sfw_free(c);
 }
 
@@ -283,7 +293,8 @@ enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
 				   cf->lightning_head_dim,
 				   cf->sparse_kernel_size,
 				   cf->sparse_kernel_stride,
-				   cf->sparse_block_size};
+				   cf->sparse_block_size,
+				   cf->sparse_k};
 	if (s == SFW_OK)
 		s = be->cache_new(be, &d, &c->cache, err);
 	if (s == SFW_OK && p->n_ctx > 0)
@@ -472,6 +483,10 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 	}
 	be->kv_append(be, c->cache, li, k, v, R);
 	size_t nsel = (size_t)nkv * cf->sparse_k;
+	/* a recorded step keeps the compressed keys current in both modes
+	 * (backend.h, cache_advance) */
+	if (!cl->sparse && c->capturing && be->cache_advance && (s = be->compress(be, c->cache, li, err)) != SFW_OK)
+		return s;
 	if (cl->sparse) {
 		struct sfw_sparse_params sp = {pos0,
 					       R,
@@ -671,6 +686,96 @@ static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, int64_t pos0
 	return SFW_OK;
 }
 
+/* Positions one whole-step recording serves: re-recorded every STEP_SPAN
+ * tokens, so launches planned for its bound stay close to the real lengths. */
+#define STEP_SPAN 4096
+
+/* The ops of one decode step (one row, no taps), as a recording holds them. */
+static enum sfw_status step_ops(struct sfw_ctx *c, int64_t pos0, const struct call *cl, int fuse,
+				struct sfw_err *err)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	enum sfw_status s;
+	be->embed(be, c->x, &m->embed, c->ids_dev, 1, (float)cf->scale_emb);
+	for (int li = 0; li < cf->num_hidden_layers; li++)
+		if ((s = layer_step(c, li, 1, pos0, cl, fuse, err)) != SFW_OK)
+			return s;
+	if (!fuse)
+		be->rmsnorm(be, c->u, c->x, &m->norm, 1, cf->hidden_size, (float)cf->rms_norm_eps);
+	be->logits(be, c->logits_dev, c->u, &m->lm_head, 1, (float)(1.0 / cf->logit_divisor));
+	return SFW_OK;
+}
+
+/* One decode step through the whole-step recording, made first when there is
+ * none or it is stale. *done = 0: no recording could be made (nothing ran),
+ * the caller runs the step itself, as it will from now on. */
+static enum sfw_status step_graph(struct sfw_ctx *c, int64_t pos0, const struct call *cl, int fuse, int *done,
+				  struct sfw_err *err)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	int nl = cf->num_hidden_layers;
+	enum sfw_status s;
+	*done = 0;
+	if (c->step && (c->step_sparse != cl->sparse || pos0 + 1 > c->step_bound ||
+			c->step_epoch != be->mem_epoch(be, c->cache))) {
+		be->graph_free(be, c->step);
+		c->step = NULL;
+	}
+	/* the recorded compress starts from current compressed keys (a no-op
+	 * after a replay; a catch-up after dense steps or a prefill) */
+	for (int li = 0; li < nl; li++)
+		if (m->layers[li].kind == SFW_MIXER_SPARSE && (s = be->compress(be, c->cache, li, err)) != SFW_OK)
+			return s;
+	be->from_host(be, c->pos_dev, &pos0, sizeof(pos0));
+	if (!c->step) {
+		int64_t bound = (pos0 + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN, room = be->cache_room(be, c->cache);
+		struct sfw_err e = {0};
+		if (bound > room)
+			bound = room;
+		if (be->graph_begin(be, c->cache, c->pos_dev, bound, &e) != SFW_OK) {
+			sfw_log(SFW_LOG_WARN, "%s: %s; decoding without graphs", be->name, e.msg);
+			c->nograph = 1;
+			return SFW_OK;
+		}
+		c->capturing = 1;
+		s = step_ops(c, pos0, cl, fuse, &e);
+		c->capturing = 0;
+		void *g = be->graph_end(be);
+		if (s != SFW_OK || !g) { /* nothing ran: the step runs eagerly, from now on */
+			if (g)
+				be->graph_free(be, g);
+			if (s != SFW_OK)
+				sfw_log(SFW_LOG_WARN, "%s: recording a decode step: %s; decoding without graphs", be->name,
+					e.msg);
+			c->nograph = 1;
+			return SFW_OK;
+		}
+		c->step = g;
+		c->step_bound = bound;
+		c->step_sparse = cl->sparse;
+		c->step_epoch = be->mem_epoch(be, c->cache);
+	}
+	be->graph_run(be, c->step);
+	be->cache_advance(be, c->cache, 1);
+	/* the host-side notes sparse_mixer makes for a step it runs itself */
+	size_t nsel = (size_t)cf->num_key_value_heads * cf->sparse_k;
+	for (int li = 0; li < nl; li++) {
+		if (m->layers[li].kind != SFW_MIXER_SPARSE)
+			continue;
+		c->last_state[li] = cl->sparse;
+		c->last_fresh[li] = cl->sparse; /* the recorded copy to last_dev */
+		if (!cl->sparse)
+			for (size_t i = 0; i < nsel; i++)
+				c->last_blocks[(size_t)li * nsel + i] = -1;
+	}
+	*done = 1;
+	return SFW_OK;
+}
+
 static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64_t pos0, const struct call *cl,
 			     float *logits, struct sfw_err *err)
 {
@@ -681,15 +786,25 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 	float eps = (float)cf->rms_norm_eps;
 	char name[64];
 	enum sfw_status s;
+	int fuse = be->add_rmsnorm != NULL; /* the previous layer's add also made u */
 	be->from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
+	if (R == 1 && !c->tap && c->graphs && !c->nograph && be->cache_advance && c->last_dev && cl->last_piece) {
+		int done;
+		if ((s = step_graph(c, pos0, cl, fuse, &done, err)) != SFW_OK)
+			return s;
+		if (done) {
+			if (logits)
+				be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
+			return cl->next ? sample_next(c, cl, NULL, err) : SFW_OK;
+		}
+	}
 	be->embed(be, c->x, &m->embed, c->ids_dev, R, (float)cf->scale_emb);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.embed", cl->phase);
 		emit_act(c, name, -1, pos0, R, c->x, D);
 	}
-	int fuse = be->add_rmsnorm != NULL; /* the previous layer's add also made u */
 	int nl = cf->num_hidden_layers;
-	int graph = R == 1 && !c->tap && c->graphs && !c->nograph;
+	int graph = R == 1 && !c->tap && c->graphs && !c->nograph && !be->cache_advance;
 	if (graph) /* before any recording: the replays read it */
 		be->from_host(be, c->pos_dev, &pos0, sizeof(pos0));
 	for (int li = 0; li < nl; li++) {
@@ -698,12 +813,17 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 			while (b + 1 < nl && m->layers[b + 1].kind != SFW_MIXER_SPARSE)
 				b++;
 			if (!c->graphs[li]) {
-				be->graph_begin(be);
-				c->capturing = 1;
-				for (int j = li; j <= b; j++) /* lightning layers: no failure path */
-					(void)layer_step(c, j, R, pos0, cl, fuse, err);
-				c->capturing = 0;
-				if (!(c->graphs[li] = be->graph_end(be))) {
+				struct sfw_err e = {0};
+				int rec = be->graph_begin(be, c->cache, c->pos_dev, 0, &e) == SFW_OK;
+				if (rec) {
+					c->capturing = 1;
+					for (int j = li; j <= b; j++) /* lightning layers: no failure path */
+						(void)layer_step(c, j, R, pos0, cl, fuse, err);
+					c->capturing = 0;
+				} else {
+					sfw_log(SFW_LOG_WARN, "%s: %s; decoding without graphs", be->name, e.msg);
+				}
+				if (!rec || !(c->graphs[li] = be->graph_end(be))) {
 					c->nograph = 1; /* nothing ran: run the layers here, and from now on */
 					for (int j = li; j <= b; j++)
 						(void)layer_step(c, j, R, pos0, cl, fuse, err);

@@ -41,7 +41,14 @@ tests)
 	for t in $BIN/gpu_*; do
 		n=$(basename "$t")
 		start=$(date +%s)
-		"$t" >"$OUT/$n.log" 2>&1
+		if [ "$n" = gpu_long ] && ls "$SALAFW_GOLDEN"/long-*.ref >/dev/null 2>&1; then
+			# the longest prompt whose CPU side scripts/long-ref.sh made ahead
+			tok=$(ls "$SALAFW_GOLDEN"/long-*.ref | sed 's/.*long-//; s/\.ref$//' | sort -n | tail -n 1)
+			ref=$SALAFW_GOLDEN/long-$tok.ref
+			GPU_LONG_TOKENS=$tok GPU_LONG_REF=$ref "$t" >"$OUT/$n.log" 2>&1
+		else
+			"$t" >"$OUT/$n.log" 2>&1
+		fi
 		rc=$?
 		s=$(grep -E "^$n: [0-9]+ passed, [0-9]+ failed$" "$OUT/$n.log" | tail -n 1)
 		[ -z "$s" ] && s="$n: 0 passed, 1 failed" && echo "$n crashed (exit $rc):" && tail -n 20 "$OUT/$n.log"

@@ -11,6 +11,13 @@
  *   SALAFW_CUDA_NOMERGE=1   q, k, v, z / o_gate and gate, up as separate
  *                           GEMVs (new: one GEMV over the merged matrix) -
  *                           equal up to GEMV summation order
+ *   SALAFW_CUDA_STEPGRAPH=1 (opt-in, the other way round) the whole decode
+ *                           step as one recorded graph, sparse layers with
+ *                           the position read on the device, against the
+ *                           default - equal up to the split counts planned
+ *                           for the recording's length bound; prompts that
+ *                           make the decode cross dense_len (dense -> sparse
+ *                           recording) and 4096 (a new recording)
  * on the golden models and a `mkmodel --preset small` model made here: one
  * prefill, then >= 32 greedy steps fed the same tokens on both sides, logits
  * and the selected blocks compared every step; sfw_ctx_decode_next (token
@@ -39,9 +46,10 @@ enum sfw_status (*const gpu_decode_backend)(int, struct sfw_backend **, struct s
 #define STEPS 40
 
 static const char *const SWITCHES[] = {"SALAFW_CUDA_STEPSYNC", "SALAFW_CUDA_NOFUSE", "SALAFW_CUDA_NOGRAPH",
-				       "SALAFW_CUDA_NOMERGE"};
-#define NSW 4
+				       "SALAFW_CUDA_NOMERGE", "SALAFW_CUDA_STEPGRAPH"};
+#define NSW 5
 #define SW_NOMERGE 3
+#define SW_STEPGRAPH 4
 
 /* What one engine run produced: logits per step (prefill last row first),
  * selected blocks of every sparse layer per step. */
@@ -262,7 +270,9 @@ static void model_case(const char *dir, int prompt, int das)
 		struct trace to;
 		run_trace(om, ids, (size_t)prompt, das, chain, NULL, &to);
 		if (to.ok)
-			compare(SWITCHES[sw], cf, &tb, &to, sw != SW_NOMERGE);
+			compare(SWITCHES[sw], cf, &tb, &to, sw != SW_NOMERGE && sw != SW_STEPGRAPH);
+		if (sw == SW_STEPGRAPH) /* the token chosen on the GPU after a replay */
+			sample_steps(om, ids, prompt, das);
 		trace_free(&to);
 		sfw_model_free(om);
 	}
@@ -413,6 +423,12 @@ int main(void)
 			snprintf(dir, sizeof(dir), "%s/%s", g, cases[i]);
 			model_case(dir, 600, 0);
 		}
+		/* tiny-sparse: the decode crosses dense_len 512, then the
+		 * whole-step recording's first bound (4096) */
+		char dir[4096];
+		snprintf(dir, sizeof(dir), "%s/tiny-sparse", g);
+		model_case(dir, 490, 0);
+		model_case(dir, 4070, 0);
 	}
 	/* a larger model (mkmodel --preset small), sparse path forced */
 	char tmpl[] = "/tmp/gpu_decode.XXXXXX";

@@ -9,13 +9,21 @@
  * first greedy token, and the blocks selected for the last row in every
  * sparse layer (a bf16 engine swaps near-tied blocks: on tiny-sparse the
  * bf16 reference and the fp32 CPU engine differ in ~29% of selection rows,
- * so up to a third may differ here; the logits are the real check). 256K tokens works the same way (set GPU_LONG_TOKENS);
- * the CPU side then takes minutes, so the default is shorter. */
+ * so up to a third may differ here; the logits are the real check).
+ *
+ * 256K tokens works the same way (GPU_LONG_TOKENS=262144), but the CPU side
+ * then takes long on the GPU machine's clock, so it can be computed ahead on
+ * any machine: GPU_LONG_WRITE_REF=FILE runs only the CPU engine and writes its
+ * results (scripts/long-ref.sh); GPU_LONG_REF=FILE reads them back instead of
+ * running the CPU engine. The file names the prompt length, vocabulary, layer
+ * count and the prompt's hash; a file that does not match is a failure, never
+ * a silent fallback. */
 #include "check.h"
 #include "runner/backend.h"
 #include "runner/runner.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -83,6 +91,71 @@ static int run(const char *dir, enum sfw_device dev, int chunk, const int32_t *i
 	return s == SFW_OK ? V : 0;
 }
 
+/* The CPU engine's results as a file: a header of 8 little-endian int64
+ * (magic, tokens, steps, V, L, nk, prompt hash, CPU milliseconds), then logits, tokens,
+ * blocks. Written under a temporary name and renamed when complete. */
+#define REF_MAGIC 0x314645524c465353LL /* "SSFLREF1" */
+
+static uint64_t ids_hash(const int32_t *ids, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < n; i++) {
+		h ^= (uint32_t)ids[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+static int ref_write(const char *path, const struct out *o, size_t n, uint64_t hash, int V, int L, int nk)
+{
+	char tmp[4200];
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "wb");
+	if (!f)
+		return 0;
+	int64_t h[8] = {REF_MAGIC, (int64_t)n, STEPS, V, L, nk, (int64_t)hash, (int64_t)(o->secs * 1e3)};
+	int ok = fwrite(h, sizeof(h), 1, f) == 1 &&
+		 fwrite(o->logits, sizeof(float), (size_t)(STEPS + 1) * V, f) == (size_t)(STEPS + 1) * V &&
+		 fwrite(o->tokens, sizeof(int32_t), STEPS + 1, f) == STEPS + 1 &&
+		 fwrite(o->blocks, sizeof(int32_t), (size_t)L * nk, f) == (size_t)L * nk;
+	ok = fclose(f) == 0 && ok;
+	if (ok && rename(tmp, path) == 0)
+		return 1;
+	remove(tmp);
+	return 0;
+}
+
+/* V on success, 0 (with a failed check naming the file) otherwise. */
+static int ref_read(const char *path, struct out *o, size_t n, uint64_t hash, int V, int L, int nk)
+{
+	FILE *f = fopen(path, "rb");
+	CHECK(f != NULL, "%s: cannot open the CPU reference (scripts/long-ref.sh makes it)", path);
+	if (!f)
+		return 0;
+	int64_t h[8];
+	int ok = fread(h, sizeof(h), 1, f) == 1;
+	CHECK(ok && h[0] == REF_MAGIC, "%s: not a gpu_long CPU reference", path);
+	if (ok && h[0] == REF_MAGIC) {
+		ok = h[1] == (int64_t)n && h[2] == STEPS && h[3] == V && h[4] == L && h[5] == nk && h[6] == (int64_t)hash;
+		CHECK(ok, "%s: made for %lld tokens (V %lld, L %lld), this run has %zu tokens (V %d, L %d) or another prompt",
+		      path, (long long)h[1], (long long)h[3], (long long)h[4], n, V, L);
+	} else {
+		ok = 0;
+	}
+	if (ok) {
+		o->secs = (double)h[7] / 1e3;
+		o->logits = malloc((size_t)(STEPS + 1) * V * sizeof(float));
+		o->blocks = malloc((size_t)L * nk * sizeof(int32_t));
+		ok = o->logits && o->blocks &&
+		     fread(o->logits, sizeof(float), (size_t)(STEPS + 1) * V, f) == (size_t)(STEPS + 1) * V &&
+		     fread(o->tokens, sizeof(int32_t), STEPS + 1, f) == STEPS + 1 &&
+		     fread(o->blocks, sizeof(int32_t), (size_t)L * nk, f) == (size_t)L * nk && fgetc(f) == EOF;
+		CHECK(ok, "%s: truncated or longer than its header says", path);
+	}
+	fclose(f);
+	return ok ? V : 0;
+}
+
 int main(void)
 {
 	const char *gdir = check_golden_dir();
@@ -99,13 +172,44 @@ int main(void)
 		ids[i] = (int32_t)(3 + (x >> 8) % 1021u);
 	}
 	struct out g = {0}, c = {0};
+	const char *write_ref = getenv("GPU_LONG_WRITE_REF"), *read_ref = getenv("GPU_LONG_REF");
+	uint64_t hash = ids_hash(ids, n);
+	int Vc = 0, Lc = 0, nkc = 0;
+	{
+		/* the shapes the reference file is checked against */
+		struct sfw_model *m = NULL;
+		struct sfw_err err = {0};
+		struct sfw_model_params mp = sfw_model_default_params();
+		mp.device = SFW_DEVICE_CPU;
+		enum sfw_status s = sfw_model_load(dir, &mp, &m, &err);
+		CHECK(s == SFW_OK, "load %s: %s", dir, err.msg);
+		if (s != SFW_OK)
+			return CHECK_REPORT("gpu_long");
+		const struct sfw_config *cf = sfw_model_config(m);
+		Vc = cf->vocab_size, Lc = cf->num_hidden_layers, nkc = cf->num_key_value_heads * cf->sparse_k;
+		sfw_model_free(m);
+	}
+	if (write_ref && *write_ref) { /* the CPU side only, for a later GPU run */
+		int V2 = run(dir, SFW_DEVICE_CPU, 256, ids, n, &c);
+		if (V2) {
+			int ok = ref_write(write_ref, &c, n, hash, Vc, Lc, nkc);
+			CHECK(ok, "%s: cannot write the CPU reference", write_ref);
+			if (ok)
+				printf("gpu_long: CPU reference for %zu tokens + %d steps written to %s (%.1f s)\n", n, STEPS,
+				       write_ref, c.secs);
+		}
+		free(c.logits), free(c.blocks), free(ids);
+		return CHECK_REPORT("gpu_long");
+	}
 	/* 1 MiB of selection scratch: the CUDA backend must cut every 4096-row
 	 * piece into small row batches, the path a 1M-token prompt takes */
 	setenv("SALAFW_CUDA_SELECT_MB", "1", 1);
 	int V = run(dir, SFW_DEVICE_CUDA, 4096, ids, n, &g);
-	int V2 = run(dir, SFW_DEVICE_CPU, 256, ids, n, &c);
+	int V2 = read_ref && *read_ref ? ref_read(read_ref, &c, n, hash, Vc, Lc, nkc)
+				       : run(dir, SFW_DEVICE_CPU, 256, ids, n, &c);
 	if (V && V == V2) {
-		printf("gpu_long: %zu-token prompt + %d steps: cuda %.2f s, cpu %.2f s\n", n, STEPS, g.secs, c.secs);
+		printf("gpu_long: %zu-token prompt + %d steps: cuda %.2f s, cpu %.2f s%s\n", n, STEPS, g.secs, c.secs,
+		       read_ref && *read_ref ? " (CPU side read from the reference file)" : "");
 		for (int i = 0; i <= STEPS; i++) {
 			double md = 0, mr = 0;
 			for (int v = 0; v < V; v++) {

@@ -1,0 +1,247 @@
+/* modules: runner kernels core */
+/* gpu_devpos.c - the ops of a recorded decode step (kernels/ops_cuda.h,
+ * "a recorded decode step") inside a real CUDA graph: recorded once for a
+ * length bound, replayed at many positions with only the device-side
+ * position changed. Each replay is compared with
+ *   - the CPU twins (kernels/ops.h) on the same bf16 data: the appended K/V
+ *     row, the compressed keys, the attention outputs (dense, and sparse over
+ *     the blocks the GPU selected);
+ *   - the same ops called with the position from the host (sfw_op_*_cuda,
+ *     T = 1): stage-1 scores, pooled scores, selected blocks, attention.
+ * Positions cross every boundary that changes the lengths: chunk ends of
+ * both compression levels, block ends, the first position with a level-2
+ * chunk, and the bound itself. */
+#include "check.h"
+#include "lib/compare.h"
+
+#include "kernels/ops.h"
+#include "kernels/ops_cuda.h"
+#include "runner/safetensors.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+static float urand(void)
+{
+	uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+}
+
+static int64_t nch(int64_t len, int ks, int st)
+{
+	return len < ks ? 0 : (len - ks) / st + 1;
+}
+
+/* bf16 device copy of n random values; *host gets their float values. */
+static uint16_t *dev_rand(size_t n, float scale, float **host)
+{
+	uint16_t *h = malloc(n * 2), *d = NULL;
+	*host = malloc(n * sizeof(float));
+	for (size_t i = 0; i < n; i++) {
+		h[i] = sfw_f32_to_bf16(urand() * scale);
+		(*host)[i] = sfw_bf16_to_f32(h[i]);
+	}
+	struct sfw_err e;
+	if (sfw_cuda_malloc((void **)&d, n * 2, "test", &e) == SFW_OK)
+		sfw_cuda_h2d(d, h, n * 2, NULL);
+	free(h);
+	return d;
+}
+
+static void *dev_alloc(size_t n)
+{
+	void *p = NULL;
+	struct sfw_err e;
+	if (sfw_cuda_malloc(&p, n ? n : 16, "test", &e) != SFW_OK)
+		return NULL;
+	sfw_cuda_memset(p, 0xff, n ? n : 16, NULL); /* poisoned: unwritten values show */
+	return p;
+}
+
+static float *bf16_to_host(const void *d, size_t n, void *s)
+{
+	uint16_t *h = malloc(n * 2);
+	float *f = malloc(n * sizeof(float));
+	sfw_cuda_d2h(h, d, n * 2, s);
+	sfw_cuda_sync(s);
+	for (size_t i = 0; i < n; i++)
+		f[i] = sfw_bf16_to_f32(h[i]);
+	free(h);
+	return f;
+}
+
+struct shape {
+	int nh, nkv, hd, ksize, stride, block, k, init_blocks, local_blocks;
+	int64_t bound;
+};
+
+static void run_case(const struct shape *sh, const int64_t *pos, int npos)
+{
+	const int nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ks = sh->ksize, st = sh->stride, blk = sh->block, k = sh->k;
+	const int64_t bound = sh->bound, cap = (bound + blk - 1) / blk * blk;
+	const size_t row = (size_t)nkv * hd;
+	const float scale = 1.0f / sqrtf((float)hd);
+	printf("shape nh %d nkv %d hd %d, bound %lld:\n", nh, nkv, hd, (long long)bound);
+	void *s = NULL;
+	struct sfw_err err = {0};
+	CHECK(sfw_cuda_stream_new(&s, &err) == SFW_OK, "stream: %s", err.msg);
+	float *K, *Vh, *q, *kn, *vn;
+	uint16_t *dK = dev_rand((size_t)cap * row, 1.0f, &K), *dV = dev_rand((size_t)cap * row, 1.0f, &Vh);
+	uint16_t *dq = dev_rand((size_t)nh * hd, 1.0f, &q);
+	uint16_t *dkn = dev_rand(row, 1.0f, &kn), *dvn = dev_rand(row, 1.0f, &vn);
+	int64_t cap1 = cap / st + 1, cap2 = cap / (4 * st) + 1, n1b = nch(bound, ks, st), nbb = (bound + blk - 1) / blk;
+	void *dc1 = dev_alloc((size_t)cap1 * row * 2), *dc2 = dev_alloc((size_t)cap2 * row * 2);
+	float *dsc = dev_alloc((size_t)nkv * (n1b ? n1b : 1) * 4), *dpo = dev_alloc((size_t)nkv * nbb * 4);
+	int32_t *didx = dev_alloc((size_t)nkv * k * 4);
+	void *dos = dev_alloc((size_t)nh * hd * 2), *dod = dev_alloc((size_t)nh * hd * 2);
+	/* the host-position twins' outputs */
+	float *rsc = dev_alloc((size_t)nkv * (n1b ? n1b : 1) * 4), *rpo = dev_alloc((size_t)nkv * nbb * 4);
+	int32_t *ridx = dev_alloc((size_t)nkv * k * 4);
+	void *ros = dev_alloc((size_t)nh * hd * 2), *rod = dev_alloc((size_t)nh * hd * 2);
+	int64_t *dpos = dev_alloc(sizeof(int64_t));
+	sfw_cuda_sync(NULL); /* the uploads and poisoning ran on the default stream */
+	if (!dK || !dV || !dq || !dkn || !dvn || !dc1 || !dc2 || !dsc || !dpo || !didx || !dos || !dod || !rsc || !rpo ||
+	    !ridx || !ros || !rod || !dpos) {
+		CHECK(0, "device buffers");
+		return;
+	}
+	/* the recording: what one sparse layer of a decode step does */
+	sfw_cuda_graph_begin(s);
+	sfw_cuda_kv_append_devpos(dK, dV, dkn, dvn, row * 2, dpos, s);
+	sfw_cuda_compress_devpos(dc1, dc2, dK, nkv, hd, ks, st, dpos, SFW_OP_BF16, s);
+	sfw_cuda_stage1_devpos(dsc, dq, dc1, dc2, nh, nkv, hd, bound, ks, st, scale, dpos, SFW_OP_BF16, s);
+	sfw_cuda_pool_blocks_devpos(dpo, dsc, nkv, bound, ks, st, blk, sh->init_blocks, sh->local_blocks, dpos, s);
+	sfw_cuda_topk_blocks_devpos(didx, dpo, nkv, k, blk, dpos, s);
+	sfw_cuda_attn_sparse_devpos(dos, dq, dK, dV, didx, nh, nkv, hd, k, blk, scale, dpos, SFW_OP_BF16, s);
+	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, nh, nkv, hd, bound, scale, dpos, SFW_OP_BF16, s);
+	void *g = NULL;
+	enum sfw_status gs = sfw_cuda_graph_end(s, &g, &err);
+	CHECK(gs == SFW_OK && g, "record the step: %s", err.msg);
+	if (gs != SFW_OK)
+		return;
+	float *c1 = calloc((size_t)cap1 * row, sizeof(float)), *c2 = calloc((size_t)cap2 * row, sizeof(float));
+	float *o_cpu = malloc((size_t)nh * hd * sizeof(float));
+	int64_t made1 = 0, made2 = 0; /* compressed keys the device holds */
+	for (int pi = 0; pi < npos; pi++) {
+		int64_t p = pos[pi], len = p + 1;
+		if (p >= bound)
+			continue;
+		/* the compressed keys current before the step (as forward.c's
+		 * catch-up makes them), K row p replaced by the new token */
+		sfw_op_compress_cuda(dc1, dK, nkv, hd, made1, nch(p, ks, st), ks, st, SFW_OP_BF16, s);
+		sfw_op_compress_cuda(dc2, dK, nkv, hd, made2, nch(p, 4 * ks, 4 * st), 4 * ks, 4 * st, SFW_OP_BF16, s);
+		memcpy(K + (size_t)p * row, kn, row * sizeof(float));
+		memcpy(Vh + (size_t)p * row, vn, row * sizeof(float));
+		sfw_cuda_h2d(dpos, &p, sizeof(p), s);
+		sfw_cuda_graph_launch(g, s);
+		sfw_cuda_sync(s);
+		int64_t n1 = nch(len, ks, st), n2 = nch(len, 4 * ks, 4 * st), nb = (len + blk - 1) / blk;
+		made1 = n1, made2 = n2;
+		/* appended row */
+		float *krow = bf16_to_host((uint16_t *)dK + (size_t)p * row, row, s);
+		float *vrow = bf16_to_host((uint16_t *)dV + (size_t)p * row, row, s);
+		CHECK(!memcmp(krow, kn, row * 4) && !memcmp(vrow, vn, row * 4), "p %lld: K/V row appended at p", (long long)p);
+		free(krow), free(vrow);
+		/* compressed keys against the CPU twin (rounded to bf16 as stored) */
+		sfw_op_compress_cpu(c1, K, nkv, hd, 0, n1, ks, st);
+		sfw_op_compress_cpu(c2, K, nkv, hd, 0, n2, 4 * ks, 4 * st);
+		for (size_t i = 0; i < (size_t)n1 * row; i++)
+			c1[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(c1[i]));
+		for (size_t i = 0; i < (size_t)n2 * row; i++)
+			c2[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(c2[i]));
+		float *g1 = bf16_to_host(dc1, (size_t)n1 * row, s), *g2 = bf16_to_host(dc2, (size_t)n2 * row, s);
+		struct cmp_stats a1 = cmp_stats(g1, c1, (size_t)n1 * row), a2 = cmp_stats(g2, c2, (size_t)n2 * row);
+		CHECK(a1.bad == 0 && a2.bad == 0 && a1.maxd <= 1e-2 * (a1.maxr + 1e-30) && a2.maxd <= 1e-2 * (a2.maxr + 1e-30),
+		      "p %lld: compressed keys (%lld, %lld) = CPU twin (max diff %g, %g)", (long long)p, (long long)n1,
+		      (long long)n2, a1.maxd, a2.maxd);
+		free(g1), free(g2);
+		/* the host-position twins on the same cache */
+		sfw_op_stage1_cuda(rsc, dq, dc1, n1, dc2, n2, 1, nh, nkv, hd, p, ks, st, scale, SFW_OP_BF16, s);
+		sfw_op_pool_blocks_cuda(rpo, rsc, n1, nb, nkv, 1, p, ks, st, blk, sh->init_blocks, sh->local_blocks,
+					SFW_OP_BF16, s);
+		sfw_op_topk_blocks_cuda(ridx, rpo, nb, nkv, 1, p, k, blk, SFW_OP_BF16, s);
+		sfw_op_attn_sparse_cuda(ros, dq, dK, dV, didx, 1, nh, nkv, hd, p, k, blk, scale, SFW_OP_BF16, s);
+		sfw_op_attn_dense_cuda(rod, dq, dK, dV, 1, nh, nkv, hd, p, scale, SFW_OP_BF16, s);
+		sfw_cuda_sync(s);
+		size_t nsc = (size_t)nkv * n1, npo = (size_t)nkv * nb;
+		float *gs1 = malloc((nsc ? nsc : 1) * 4), *rs1 = malloc((nsc ? nsc : 1) * 4);
+		float *gpo = malloc(npo * 4), *rpoh = malloc(npo * 4);
+		int32_t *gi = malloc((size_t)nkv * k * 4), *ri = malloc((size_t)nkv * k * 4);
+		sfw_cuda_d2h(gs1, dsc, nsc * 4, s), sfw_cuda_d2h(rs1, rsc, nsc * 4, s);
+		sfw_cuda_d2h(gpo, dpo, npo * 4, s), sfw_cuda_d2h(rpoh, rpo, npo * 4, s);
+		sfw_cuda_d2h(gi, didx, (size_t)nkv * k * 4, s), sfw_cuda_d2h(ri, ridx, (size_t)nkv * k * 4, s);
+		sfw_cuda_sync(s);
+		struct cmp_stats ss = cmp_stats(gs1, rs1, nsc), sp = cmp_stats(gpo, rpoh, npo);
+		/* split counts planned for the bound may differ from the host
+		 * call's: the level-2 sums then differ in order, and a bf16 score
+		 * by one rounding step at most */
+		CHECK(ss.bad == 0 && ss.maxd <= 8e-3 * (ss.maxr + 1e-30), "p %lld: stage-1 scores [%d, %lld] (max diff %g of %g)",
+		      (long long)p, nkv, (long long)n1, ss.maxd, ss.maxr);
+		CHECK(sp.bad == 0 && sp.maxd <= 8e-3 * (sp.maxr + 1e-30), "p %lld: pooled scores [%d, %lld] (max diff %g)",
+		      (long long)p, nkv, (long long)nb, sp.maxd);
+		int idiff = 0;
+		for (int i = 0; i < nkv * k; i++)
+			idiff += gi[i] != ri[i];
+		/* equal scores select equal blocks; scores one rounding apart may
+		 * swap a near tie or two */
+		CHECK(idiff == 0 || (ss.maxd > 0 && idiff <= 4),
+		      "p %lld: selected blocks equal the host-position twin's (%d differ)", (long long)p, idiff);
+		/* attention: against the host-position twin and the CPU twin */
+		float *os = bf16_to_host(dos, (size_t)nh * hd, s), *od = bf16_to_host(dod, (size_t)nh * hd, s);
+		float *rs = bf16_to_host(ros, (size_t)nh * hd, s), *rd = bf16_to_host(rod, (size_t)nh * hd, s);
+		struct cmp_stats e1 = cmp_stats(os, rs, (size_t)nh * hd), e2 = cmp_stats(od, rd, (size_t)nh * hd);
+		CHECK(e1.bad == 0 && e1.maxd == 0, "p %lld: sparse attention = host-position twin (max diff %g)",
+		      (long long)p, e1.maxd);
+		CHECK(e2.bad == 0 && e2.nmse <= 1e-5, "p %lld: dense attention = host-position twin (nmse %.2g)",
+		      (long long)p, e2.nmse);
+		sfw_op_attn_sparse_cpu(o_cpu, q, K, Vh, gi, 1, nh, nkv, hd, p, k, blk, scale);
+		struct cmp_stats c3 = cmp_stats(os, o_cpu, (size_t)nh * hd);
+		sfw_op_attn_dense_cpu(o_cpu, q, K, Vh, 1, nh, nkv, hd, p, scale);
+		struct cmp_stats c4 = cmp_stats(od, o_cpu, (size_t)nh * hd);
+		CHECK(c3.bad == 0 && c3.nmse <= 1e-4 && c4.bad == 0 && c4.nmse <= 1e-4,
+		      "p %lld: attention = CPU twin (sparse nmse %.2g, dense nmse %.2g)", (long long)p, c3.nmse, c4.nmse);
+		free(gs1), free(rs1), free(gpo), free(rpoh), free(gi), free(ri), free(os), free(od), free(rs), free(rd);
+	}
+	sfw_cuda_graph_free(g);
+	void *bufs[] = {dK, dV, dq, dkn, dvn, dc1, dc2, dsc, dpo, didx, dos, dod, rsc, rpo, ridx, ros, rod, dpos};
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		sfw_cuda_free(bufs[i]);
+	free(K), free(Vh), free(q), free(kn), free(vn), free(c1), free(c2), free(o_cpu);
+	sfw_cuda_stream_free(s);
+}
+
+int main(void)
+{
+	struct sfw_cuda_info info;
+	struct sfw_err err = {0};
+	if (sfw_cuda_init(0, &info, &err) != SFW_OK) {
+		CHECK(0, "no GPU: %s", err.msg);
+		return CHECK_REPORT("gpu_devpos");
+	}
+	struct sfw_cuda_blas *blas = NULL;
+	void *scratch = NULL;
+	CHECK(sfw_cuda_blas_new(&blas, (size_t)4 << 20, &err) == SFW_OK, "cuBLASLt: %s", err.msg);
+	CHECK(sfw_cuda_malloc(&scratch, SFW_CUDA_SCRATCH_MIN, "scratch", &err) == SFW_OK, "scratch: %s", err.msg);
+	sfw_cuda_ops_bind(blas, scratch, SFW_CUDA_SCRATCH_MIN); /* nothing allocates inside a recording */
+	/* positions: chunk ends of both levels (ksize 32 / stride 16, 128 / 64),
+	 * block ends, the first level-2 chunk, the bound */
+	const int64_t pos[] = {0, 1, 30, 31, 32, 47, 63, 64, 126, 127, 128, 191, 500, 1023, 1024, 2047, 3001, 4094, 4095};
+	struct shape real = {32, 2, 128, 32, 16, 64, 96, 1, 32, 4096}; /* the model's sparse layers */
+	run_case(&real, pos, (int)(sizeof(pos) / sizeof(pos[0])));
+	struct shape small = {8, 2, 64, 32, 16, 64, 16, 1, 2, 2048};
+	run_case(&small, pos, (int)(sizeof(pos) / sizeof(pos[0])));
+	/* a bound far above the positions: split counts planned for 64K keys */
+	const int64_t far[] = {100, 5000, 20000, 65535};
+	struct shape big = {32, 2, 128, 32, 16, 64, 96, 1, 32, 65536};
+	run_case(&big, far, 4);
+	sfw_cuda_ops_bind(NULL, NULL, 0);
+	sfw_cuda_free(scratch);
+	sfw_cuda_blas_free(blas);
+	return CHECK_REPORT("gpu_devpos");
+}
