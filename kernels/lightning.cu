@@ -61,8 +61,9 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 
 template <int HD> static constexpr size_t gla_chunk_smem()
 {
-	/* q, k [CI][HD]; v tile [CI][32]; A [CI][CI+1]; S tile [HD][33]; decay powers */
-	return sizeof(float) * ((size_t)2 * GLA_CI * HD + GLA_CI * 32 + GLA_CI * (GLA_CI + 1) + HD * 33 + GLA_CI + 1);
+	/* q, k [CI][HD+1]; v tile [CI][32]; A [CI][CI+1]; S tile [HD][33]; decay powers */
+	return sizeof(float) *
+	       ((size_t)2 * GLA_CI * (HD + 1) + GLA_CI * 32 + GLA_CI * (GLA_CI + 1) + HD * 33 + GLA_CI + 1);
 }
 
 template <typename A, int HD>
@@ -71,8 +72,12 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 			 float scale)
 {
 	sfwc_pdl_wait();
+	/* q and k rows padded to HD + 1 floats: the intra-chunk products read
+	 * k rows r = 0..31 across a warp at the same column, which an
+	 * unpadded stride of HD (a multiple of 32) puts all in one bank */
+	constexpr int LD = HD + 1;
 	extern __shared__ float sm[];
-	float *qs = sm, *ks = qs + GLA_CI * HD, *vs = ks + GLA_CI * HD, *Am = vs + GLA_CI * 32;
+	float *qs = sm, *ks = qs + GLA_CI * LD, *vs = ks + GLA_CI * LD, *Am = vs + GLA_CI * 32;
 	float *S = Am + GLA_CI * (GLA_CI + 1), *dec = S + HD * 33;
 	int h = blockIdx.x, c0 = blockIdx.y * 32, tid = threadIdx.x;
 	float *Sg = state + (size_t)h * HD * HD;
@@ -87,7 +92,8 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 		__syncthreads();
 		for (int i = tid; i < c * HD; i += GLA_THREADS) {
 			size_t gi = (size_t)(t0 + i / HD) * rs + (size_t)h * HD + i % HD;
-			qs[i] = act_ld(q, gi), ks[i] = act_ld(k, gi);
+			int si = i / HD * LD + i % HD;
+			qs[si] = act_ld(q, gi), ks[si] = act_ld(k, gi);
 		}
 		for (int i = tid; i < c * 32; i += GLA_THREADS)
 			vs[i] = act_ld(v, (size_t)(t0 + (i >> 5)) * rs + (size_t)h * HD + c0 + (i & 31));
@@ -99,7 +105,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 				continue;
 			float d = 0;
 			for (int a = 0; a < HD; a++)
-				d += qs[i * HD + a] * ks[r * HD + a];
+				d += qs[i * LD + a] * ks[r * LD + a];
 			Am[i * (GLA_CI + 1) + r] = d * dec[i - r];
 		}
 		__syncthreads();
@@ -108,7 +114,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 			int i = e >> 5, cc = e & 31;
 			float acc = 0;
 			for (int a = 0; a < HD; a++)
-				acc += qs[i * HD + a] * S[a * 33 + cc];
+				acc += qs[i * LD + a] * S[a * 33 + cc];
 			acc *= dec[i + 1];
 			for (int r = 0; r <= i; r++)
 				acc += Am[i * (GLA_CI + 1) + r] * vs[r * 32 + cc];
@@ -120,7 +126,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 			int a = e >> 5, cc = e & 31;
 			float acc = S[a * 33 + cc] * dec[c];
 			for (int r = 0; r < c; r++)
-				acc += ks[r * HD + a] * dec[c - 1 - r] * vs[r * 32 + cc];
+				acc += ks[r * LD + a] * dec[c - 1 - r] * vs[r * 32 + cc];
 			S[a * 33 + cc] = acc;
 		}
 	}

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SLAB_MIN ((size_t)64 << 20)
+#define SLAB_MIN ((size_t)4 << 20)
 #define SLAB_MAX ((size_t)2 << 30)
 #define MAX_SLABS 256
 /* Stage-1 score + pooled scratch per row batch: 256 MiB keeps a 1M-token
@@ -125,7 +125,7 @@ static size_t wbytes(const struct sfw_bweight *w)
 	return (size_t)w->rows * (size_t)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
 }
 
-static enum sfw_status place(struct cu_be *b, size_t n, void **out, struct sfw_err *err);
+static enum sfw_status place(struct cu_be *b, size_t n, int deferred, void **out, struct sfw_err *err);
 
 static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweight *w, struct sfw_err *err)
 {
@@ -149,7 +149,7 @@ static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweig
 		return SFW_OK;
 	}
 	void *p;
-	enum sfw_status s = place(b, wbytes(w), &p, err);
+	enum sfw_status s = place(b, wbytes(w), 0, &p, err);
 	if (s != SFW_OK)
 		return s;
 	sfw_cuda_h2d(p, w->host, wbytes(w), b->stream);
@@ -157,21 +157,39 @@ static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweig
 	return SFW_OK;
 }
 
-/* Room for n bytes of weights in the slabs. */
-static enum sfw_status place(struct cu_be *b, size_t n, void **out, struct sfw_err *err)
+/* Bytes the deferred weights still to be placed take in a slab. */
+static size_t pending_bytes(const struct cu_be *b)
+{
+	size_t sum = 0;
+	for (size_t i = 0; i < b->npend; i++)
+		if (b->pend[i])
+			sum += sfw_cuda_arena_round(wbytes(b->pend[i]));
+	return sum;
+}
+
+/* Room for n bytes of weights in the slabs. deferred: n belongs to the
+ * deferred weights (merge, load_end), whose total is known, so a new slab
+ * holds exactly all of them: no slack at the end of the last slab (2 GiB
+ * slabs left up to ~2 GiB unused, the margin a 32 GB card needs at 1M). */
+static enum sfw_status place(struct cu_be *b, size_t n, int deferred, void **out, struct sfw_err *err)
 {
 	void *p = b->nslabs ? sfw_cuda_arena_take(&b->slab[b->nslabs - 1], n) : NULL;
 	if (!p) {
 		if (b->nslabs == MAX_SLABS)
 			return sfw_fail(err, SFW_E_NOMEM, "too many weight slabs");
-		/* slabs double from 64 MiB to 2 GiB: a few allocations for the real
-		 * model, little waste for a tiny one */
+		/* otherwise slabs double from SLAB_MIN to 2 GiB: a few allocations
+		 * for a big model, little waste for a tiny one */
 		size_t sz = b->nslabs ? b->slab[b->nslabs - 1].size * 2 : SLAB_MIN;
 		if (sz > SLAB_MAX)
 			sz = SLAB_MAX;
 		if (sz < sfw_cuda_arena_round(n))
 			sz = sfw_cuda_arena_round(n);
-		enum sfw_status s = sfw_cuda_arena_new(&b->slab[b->nslabs], sz, "the weights", err);
+		enum sfw_status s = SFW_E_NOMEM;
+		size_t exact = deferred ? pending_bytes(b) : 0;
+		if (exact >= sfw_cuda_arena_round(n))
+			s = sfw_cuda_arena_new(&b->slab[b->nslabs], exact, "the weights", err);
+		if (s != SFW_OK) /* not deferred, or one exact slab is more than the device gives at once */
+			s = sfw_cuda_arena_new(&b->slab[b->nslabs], sz, "the weights", err);
 		if (s != SFW_OK)
 			return s;
 		b->nslabs++;
@@ -219,7 +237,7 @@ static enum sfw_status cu_merge(struct sfw_backend *be, struct sfw_bweight *cons
 		total += wbytes(w);
 	}
 	void *p;
-	enum sfw_status s = place(b, total, &p, err);
+	enum sfw_status s = place(b, total, 1, &p, err);
 	if (s != SFW_OK)
 		return s;
 	size_t off = 0;
@@ -243,7 +261,7 @@ static enum sfw_status cu_load_end(struct sfw_backend *be, struct sfw_err *err)
 		void *p;
 		if (!w)
 			continue;
-		if ((s = place(b, wbytes(w), &p, err)) == SFW_OK) {
+		if ((s = place(b, wbytes(w), 1, &p, err)) == SFW_OK) {
 			sfw_cuda_h2d(p, w->host, wbytes(w), b->stream);
 			w->dev = p;
 		}

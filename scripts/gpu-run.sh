@@ -84,14 +84,15 @@ decode-ab)
 	# bash scripts/gpu-run.sh decode-ab [PROMPT [GEN]]: `salafw bench` on the
 	# full-size model with the new decode paths, then with each switch that
 	# restores an old one (SALAFW_CUDA_STEPSYNC / NOFUSE / NOMERGE / NOGRAPH /
-	# NOSAMPLE), then all of them (the decode path before this work)
+	# NOSAMPLE), then all of them (the decode path before this work); and the
+	# opt-in whole-step graph (SALAFW_CUDA_STEPGRAPH)
 	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
 	if [ ! -e "$M/config.json" ]; then
 		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
 	fi
 	P=${1:-1024} G=${2:-128}
 	for sw in "" SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE SALAFW_CUDA_NOGRAPH \
-		SALAFW_CUDA_NOSAMPLE \
+		SALAFW_CUDA_NOSAMPLE SALAFW_CUDA_STEPGRAPH \
 		"SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE SALAFW_CUDA_NOGRAPH SALAFW_CUDA_NOSAMPLE"; do
 		echo "== switches: ${sw:-none (new paths)}" | tee -a "$OUT/decode-ab.log"
 		env $(for v in $sw; do printf '%s=1 ' "$v"; done) "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" \
