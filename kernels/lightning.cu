@@ -10,6 +10,8 @@
  * length changes only the fp32 summation order, not the function). */
 #include "cuda_act.cuh"
 
+#include <string.h>
+
 #define GLA_THREADS 256
 #define GLA_WARPS (GLA_THREADS / 32)
 
@@ -135,6 +137,230 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 		Sg[(size_t)(i >> 5) * HD + c0 + (i & 31)] = S[(i >> 5) * 33 + (i & 31)];
 }
 
+/* ---- chunk-parallel prefill (bf16, SALAFW_CUDA_GLA=scan) ----
+ * The serial kernel above walks every token of a head in one block; this
+ * form spreads the chunks (64 tokens) of a piece over blocks, three launches
+ * per group of up to NC chunks:
+ *   delta: D[j] = Σ_r γ^(c-1-r) k_rᵀ v_r             (block per chunk, head)
+ *   scan:  D[j] <- S at the start of chunk j, S = γ^c S + D[j] (in place,
+ *          one thread per state element, serial over the group's chunks)
+ *   out:   o_i = scale (γ^(i+1) q_i S_j + Σ_{r≤i} γ^(i-r) (q_i·k_r) v_r)
+ * The same function as the serial form and the CPU twin; only the fp32
+ * summation order differs. D lives in the op scratch. */
+#define GLA_C 64
+
+/* per thread: TA rows x TA cols of the HD x HD delta (16 x 16 threads) */
+template <int HD>
+static __global__ void __launch_bounds__(GLA_THREADS)
+	gla_delta_kernel(float *D, const uint16_t *k, const uint16_t *v, const float *decay, int T, int t0, int nh)
+{
+	sfwc_pdl_wait();
+	constexpr int TA = HD / 16;
+	__shared__ uint16_t ks[GLA_C][HD], vs[GLA_C][HD];
+	int j = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+	int tb = t0 + j * GLA_C, c = min(GLA_C, T - tb);
+	size_t rs = (size_t)nh * HD;
+	for (int i = tid; i < c * HD; i += GLA_THREADS) {
+		size_t g = (size_t)(tb + i / HD) * rs + (size_t)h * HD + i % HD;
+		ks[i / HD][i % HD] = k[g], vs[i / HD][i % HD] = v[g];
+	}
+	__syncthreads();
+	float lg = -decay[h];
+	int ta = tid / 16, tc = tid % 16; /* rows ta + 16x, cols tc + 16y */
+	float acc[TA][TA];
+#pragma unroll
+	for (int x = 0; x < TA; x++)
+#pragma unroll
+		for (int y = 0; y < TA; y++)
+			acc[x][y] = 0;
+	for (int r = 0; r < c; r++) {
+		float w = expf(lg * (float)(c - 1 - r)), kk[TA], vv[TA];
+#pragma unroll
+		for (int x = 0; x < TA; x++)
+			kk[x] = sfwc_bf(ks[r][ta + 16 * x]) * w, vv[x] = sfwc_bf(vs[r][tc + 16 * x]);
+#pragma unroll
+		for (int x = 0; x < TA; x++)
+#pragma unroll
+			for (int y = 0; y < TA; y++)
+				acc[x][y] = fmaf(kk[x], vv[y], acc[x][y]);
+	}
+	float *Dj = D + ((size_t)j * nh + h) * HD * HD;
+#pragma unroll
+	for (int x = 0; x < TA; x++)
+#pragma unroll
+		for (int y = 0; y < TA; y++)
+			Dj[(size_t)(ta + 16 * x) * HD + tc + 16 * y] = acc[x][y];
+}
+
+static __global__ void gla_scan_kernel(float *D, float *state, const float *decay, int T, int t0, int nh, int hd,
+				       int nc)
+{
+	sfwc_pdl_wait();
+	size_t hh = (size_t)hd * hd, e = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+	if (e >= (size_t)nh * hh)
+		return;
+	int h = (int)(e / hh);
+	float lg = -decay[h], S = state[e];
+	for (int j = 0; j < nc; j++) {
+		int c = min(GLA_C, T - (t0 + j * GLA_C));
+		float *dp = D + (size_t)j * nh * hh + e; /* D[j][h][a][b], e = h*hh + a*hd + b */
+		float d = *dp;
+		*dp = S;
+		S = expf(lg * (float)c) * S + d;
+	}
+	state[e] = S;
+}
+
+template <int HD> static constexpr size_t gla_out_smem()
+{
+	/* q, k [C][HD+2] and v [C][HD] bf16; A [C][C+1] and a 32-row state slab fp32 */
+	return (size_t)2 * GLA_C * (HD + 2) * 2 + (size_t)GLA_C * HD * 2 + sizeof(float) * ((size_t)GLA_C * (GLA_C + 1) + 32 * HD);
+}
+
+/* rows i = ti + 16x (x < 4), value columns b = tb + 16y (y < HD/16) */
+template <int HD>
+static __global__ void __launch_bounds__(GLA_THREADS)
+	gla_out_kernel(uint16_t *o, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *D,
+		       const float *decay, int T, int t0, int nh, float scale)
+{
+	sfwc_pdl_wait();
+	constexpr int LDB = HD + 2, TB = HD / 16;
+	extern __shared__ float4 sm4[];
+	uint16_t *qs = (uint16_t *)sm4, *ks = qs + GLA_C * LDB, *vs = ks + GLA_C * LDB;
+	float *Am = (float *)(vs + GLA_C * HD), *Ss = Am + GLA_C * (GLA_C + 1);
+	int j = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+	int tok = t0 + j * GLA_C, c = min(GLA_C, T - tok);
+	size_t rs = (size_t)nh * HD;
+	for (int i = tid; i < c * HD; i += GLA_THREADS) {
+		int r = i / HD, a = i % HD;
+		size_t g = (size_t)(tok + r) * rs + (size_t)h * HD + a;
+		qs[r * LDB + a] = q[g], ks[r * LDB + a] = k[g], vs[r * HD + a] = v[g];
+	}
+	__syncthreads();
+	float lg = -decay[h];
+	int ti = tid / 16, tb = tid % 16;
+	{ /* A[i][r] = γ^(i-r) q_i·k_r for r <= i < c, else 0 */
+		float acc[4][4];
+#pragma unroll
+		for (int x = 0; x < 4; x++)
+#pragma unroll
+			for (int y = 0; y < 4; y++)
+				acc[x][y] = 0;
+		for (int a = 0; a < HD; a++) {
+			float qv[4], kv[4];
+#pragma unroll
+			for (int x = 0; x < 4; x++)
+				qv[x] = sfwc_bf(qs[(ti + 16 * x) * LDB + a]), kv[x] = sfwc_bf(ks[(tb + 16 * x) * LDB + a]);
+#pragma unroll
+			for (int x = 0; x < 4; x++)
+#pragma unroll
+				for (int y = 0; y < 4; y++)
+					acc[x][y] = fmaf(qv[x], kv[y], acc[x][y]);
+		}
+#pragma unroll
+		for (int x = 0; x < 4; x++)
+#pragma unroll
+			for (int y = 0; y < 4; y++) {
+				int i = ti + 16 * x, r = tb + 16 * y;
+				Am[i * (GLA_C + 1) + r] = r <= i && i < c ? acc[x][y] * expf(lg * (float)(i - r)) : 0.0f;
+			}
+	}
+	float acc[4][TB];
+#pragma unroll
+	for (int x = 0; x < 4; x++)
+#pragma unroll
+		for (int y = 0; y < TB; y++)
+			acc[x][y] = 0;
+	/* inter-chunk: q_i S_j, S_j streamed through shared memory 32 rows at a time */
+	const float *Sj = D + ((size_t)j * nh + h) * HD * HD;
+	for (int a0 = 0; a0 < HD; a0 += 32) {
+		__syncthreads();
+		for (int e = tid; e < 32 * HD; e += GLA_THREADS)
+			Ss[e] = Sj[(size_t)a0 * HD + e];
+		__syncthreads();
+		for (int aa = 0; aa < 32; aa++) {
+			float qv[4], sv[TB];
+#pragma unroll
+			for (int x = 0; x < 4; x++)
+				qv[x] = sfwc_bf(qs[(ti + 16 * x) * LDB + a0 + aa]);
+#pragma unroll
+			for (int y = 0; y < TB; y++)
+				sv[y] = Ss[aa * HD + tb + 16 * y];
+#pragma unroll
+			for (int x = 0; x < 4; x++)
+#pragma unroll
+				for (int y = 0; y < TB; y++)
+					acc[x][y] = fmaf(qv[x], sv[y], acc[x][y]);
+		}
+	}
+#pragma unroll
+	for (int x = 0; x < 4; x++) {
+		float w = expf(lg * (float)(ti + 16 * x + 1));
+#pragma unroll
+		for (int y = 0; y < TB; y++)
+			acc[x][y] *= w;
+	}
+	/* intra-chunk: Σ_r A[i][r] v_r (A is 0 above the diagonal) */
+	for (int r = 0; r < c; r++) {
+		float av[4], vv[TB];
+#pragma unroll
+		for (int x = 0; x < 4; x++)
+			av[x] = Am[(ti + 16 * x) * (GLA_C + 1) + r];
+#pragma unroll
+		for (int y = 0; y < TB; y++)
+			vv[y] = sfwc_bf(vs[r * HD + tb + 16 * y]);
+#pragma unroll
+		for (int x = 0; x < 4; x++)
+#pragma unroll
+			for (int y = 0; y < TB; y++)
+				acc[x][y] = fmaf(av[x], vv[y], acc[x][y]);
+	}
+#pragma unroll
+	for (int x = 0; x < 4; x++) {
+		int i = ti + 16 * x;
+		if (i >= c)
+			continue;
+#pragma unroll
+		for (int y = 0; y < TB; y++)
+			o[(size_t)(tok + i) * rs + (size_t)h * HD + tb + 16 * y] = sfwc_tobf(acc[x][y] * scale);
+	}
+}
+
+template <int HD>
+static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *state,
+			    const float *decay, int T, int nh, float scale, cudaStream_t s)
+{
+	size_t per_chunk = (size_t)nh * HD * HD * sizeof(float);
+	int64_t chunks = (T + GLA_C - 1) / GLA_C, cap = (int64_t)(((size_t)32 << 20) / per_chunk);
+	int NC = (int)(chunks < cap ? chunks : cap > 0 ? cap : 1);
+	float *D = (float *)sfwi_cuda_scratch((size_t)NC * per_chunk);
+	constexpr size_t smem = gla_out_smem<HD>();
+	static bool attr_set = false; /* per instantiation; harmless if raced */
+	if (!attr_set) {
+		SFW_CUDA_CHECK(cudaFuncSetAttribute(gla_out_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						    (int)smem));
+		attr_set = true;
+	}
+	unsigned sblocks = (unsigned)(((size_t)nh * HD * HD + GLA_THREADS - 1) / GLA_THREADS);
+	for (int t0 = 0; t0 < T; t0 += NC * GLA_C) {
+		int nc = (int)(((int64_t)T - t0 + GLA_C - 1) / GLA_C);
+		nc = nc < NC ? nc : NC;
+		sfwc_launch(gla_delta_kernel<HD>, dim3(nc, nh), dim3(GLA_THREADS), 0, s, D, k, v, decay, T, t0, nh);
+		SFW_CUDA_LAUNCHED();
+		sfwc_launch(gla_scan_kernel, dim3(sblocks), dim3(GLA_THREADS), 0, s, D, state, decay, T, t0, nh, HD, nc);
+		SFW_CUDA_LAUNCHED();
+		sfwc_launch(gla_out_kernel<HD>, dim3(nc, nh), dim3(GLA_THREADS), smem, s, o, q, k, v, (const float *)D,
+			    decay, T, t0, nh, scale);
+		SFW_CUDA_LAUNCHED();
+	}
+}
+
+static bool gla_scan_on(void)
+{
+	const char *e = getenv("SALAFW_CUDA_GLA");
+	return e && !strcmp(e, "scan");
+}
+
 template <typename A, int HD>
 static void gla_launch(bool chunked, void *o, const void *q, const void *k, const void *v, float *state,
 		       const float *decay, int T, int nh, float scale, cudaStream_t s)
@@ -143,6 +369,10 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 	if (!chunked) {
 		sfwc_launch(gla_rec_kernel<A, HD>, dim3(grid), dim3(GLA_THREADS), 0, s, (A *)o, (const A *)q, (const A *)k, (const A *)v,
 								     state, decay, T, nh, scale);
+	} else if (sizeof(A) == 2 && gla_scan_on()) {
+		gla_scan_launch<HD>((uint16_t *)o, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, state,
+				    decay, T, nh, scale, s);
+		return;
 	} else {
 		constexpr size_t smem = gla_chunk_smem<HD>();
 		static bool attr_set = false; /* per instantiation; harmless if raced */

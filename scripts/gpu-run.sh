@@ -6,6 +6,7 @@
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
+#   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, serial vs chunk-parallel GLA prefill
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout.
 set -u
@@ -99,11 +100,25 @@ decode-ab)
 			--no-verify 2>&1 | tee -a "$OUT/decode-ab.log"
 	done
 	;;
+prefill-ab)
+	# bash scripts/gpu-run.sh prefill-ab [PROMPT [GEN]]: `salafw bench` with the
+	# serial Lightning prefill, then the chunk-parallel one (SALAFW_CUDA_GLA=scan),
+	# then that with the whole-step decode graph (SALAFW_CUDA_STEPGRAPH=1)
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	if [ ! -e "$M/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
+	fi
+	P=${1:-32768} G=${2:-32}
+	for sw in "" "SALAFW_CUDA_GLA=scan" "SALAFW_CUDA_GLA=scan SALAFW_CUDA_STEPGRAPH=1"; do
+		echo "== ${sw:-serial GLA prefill, lightning-run graphs}" | tee -a "$OUT/prefill-ab.log"
+		env $sw "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" --no-verify 2>&1 | tee -a "$OUT/prefill-ab.log"
+	done
+	;;
 shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | decode-ab [P [G]] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | decode-ab [P [G]] | prefill-ab [P [G]] | shell CMD" >&2
 	exit 2
 	;;
 esac

@@ -319,10 +319,10 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 	else
 		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, g_dt, g_s);
 	float *got = down(dout, n), *gst = down_f32(dst, ns);
-	char name[80];
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", chunked ? "chunked" : "recurrent", T, nh, hd);
+	char name[96];
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : getenv("SALAFW_CUDA_GLA") ? "chunked (scan)" : "chunked", T, nh, hd);
 	cmp(name, got, ref, n);
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", chunked ? "chunked" : "recurrent", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : getenv("SALAFW_CUDA_GLA") ? "chunked (scan)" : "chunked", T, nh, hd);
 	struct tol keep = g_tol;
 	g_tol.nmse = 1e-9, g_tol.maxrel = 1e-4; /* the state is fp32 in both dtypes */
 	if (g_dt == SFW_OP_BF16)
@@ -338,9 +338,19 @@ static void t_gla(void)
 {
 	t_gla_shape(0, 1, 32, 128);
 	t_gla_shape(0, 7, 8, 32);
-	t_gla_shape(1, 300, 32, 128);
-	t_gla_shape(1, 130, 8, 32);
-	t_gla_shape(1, 64, 4, 64);
+	/* chunked: the serial form, then (bf16) the chunk-parallel form
+	 * (SALAFW_CUDA_GLA=scan); 2100 rows = 33 chunks, the last partial, in
+	 * three groups of at most 16 chunks at the model's shape */
+	for (int scan = 0; scan < 2; scan++) {
+		if (scan)
+			setenv("SALAFW_CUDA_GLA", "scan", 1);
+		t_gla_shape(1, 300, 32, 128);
+		t_gla_shape(1, 130, 8, 32);
+		t_gla_shape(1, 64, 4, 64);
+		t_gla_shape(1, 2100, 32, 128);
+		t_gla_shape(1, 1, 8, 32);
+		unsetenv("SALAFW_CUDA_GLA");
+	}
 }
 
 /* A valid selection: the CPU pool + top-k on random scores. */
@@ -380,7 +390,7 @@ static void t_attn_shape(int sparse, int T, int64_t L, int nh, int nkv, int hd)
 	else
 		sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, g_dt, g_s);
 	float *got = down(dout, nq);
-	char name[80];
+	char name[96];
 	snprintf(name, sizeof(name), "attn_%s T=%d L=%lld nh=%d nkv=%d hd=%d", sparse ? "sparse" : "dense", T,
 		 (long long)L, nh, nkv, hd);
 	cmp(name, got, ref, nq);
@@ -433,7 +443,7 @@ static void t_stage1_shape(int T, int64_t L, int nh, int nkv, int hd)
 	void *ds = dalloc((size_t)nkv * T * n1 * 4);
 	sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, g_dt, g_s);
 	float *got = down_f32(ds, (size_t)nkv * T * n1);
-	char name[80];
+	char name[96];
 	snprintf(name, sizeof(name), "stage1 T=%d L=%lld nh=%d nkv=%d hd=%d", T, (long long)L, nh, nkv, hd);
 	cmp(name, got, ref, (size_t)nkv * T * n1);
 	free(q), free(c1), free(c2), free(ref), free(got);
