@@ -6,7 +6,7 @@
 #       bin/   stripped salafw, bench_gpu and tests/gpu_* of a CUDA build
 #       lib/   shared libraries the GPU image lacks (libcjson)
 #       gold/  with --gold: the golden cases (config, weights, golden_bf16)
-#              and the gpu_long CPU references in .devref (scripts/long-ref.sh)
+#              and the gpu_long CPU references (tests/data/gpu_long, scripts/long-ref.sh)
 #   gpu-run.sh unpacks it there. xz matters: the fat CUDA binaries shrink 9x
 #   and the bf16-valued F32 golden files 3x, under the 64 MiB carry limit.
 # Usage: scripts/device-prep.sh [--gold] [--no-build]
@@ -66,7 +66,7 @@ if [ $gold = 1 ]; then
 		cp "$c/config.json" "$c/model.safetensors" "$c/golden_bf16.safetensors" "$ST/gold/$n/"
 	done
 	# CPU references of gpu_long made ahead by scripts/long-ref.sh
-	for r in .devref/long-*.ref; do
+	for r in tests/data/gpu_long/long-*.ref; do
 		[ -f "$r" ] && cp "$r" $ST/gold/
 	done
 fi
