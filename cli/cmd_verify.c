@@ -199,8 +199,9 @@ int cmd_verify(int argc, char **argv)
 	if (s == SFW_OK)
 		s = sfw_read_file(spath, SFW_MINISIG_MAX, &sb, &err);
 	if (s != SFW_OK) {
-		/* No manifest, no signature, or an oversized one: rejected. */
-		if (s == SFW_E_MISSING || s == SFW_E_RANGE || s == SFW_E_IO) {
+		/* No manifest, no signature, or an oversized one: rejected; a
+		 * local read error stays one (exit 5) */
+		if (s == SFW_E_MISSING || s == SFW_E_RANGE) {
 			s = SFW_E_MANIFEST;
 			err.code = s;
 		}
@@ -210,6 +211,12 @@ int cmd_verify(int argc, char **argv)
 	tp.keys = nkeys ? keys : NULL;
 	tp.nkeys = nkeys;
 	tp.allow_expired = 1; /* offline verify only warns (fetch-verify.md §3.12-3) */
+	/* Rollback matters when a manifest is taken in (get, or --manifest
+	 * here); the folder's own copy was checked when it came, and another
+	 * folder holding a newer version must not make it unverifiable. Equal
+	 * versions with other bytes (equivocation) are still refused. */
+	if (!manifest)
+		tp.allow_downgrade = 1;
 	char what[300];
 	snprintf(what, sizeof(what), "manifest '%s'", mpath);
 	s = sfw_manifest_verify(mb.data, mb.len, sb.data, sb.len, what, &tp, &m, &info, &err);
@@ -226,7 +233,9 @@ int cmd_verify(int argc, char **argv)
 
 	struct sfw_verify_params vp = sfw_verify_default_params();
 	vp.threads = (int)threads;
-	vp.record_state = !no_state;
+	/* With --manifest the record is written only once that manifest is
+	 * installed: a failure leaves the folder's state as it was. */
+	vp.record_state = !no_state && !manifest;
 	s = sfw_verify_dir(dir, &m, &vp, &rep, &err);
 	if (s != SFW_OK && s != SFW_E_MISSING && s != SFW_E_SIZE && s != SFW_E_HASH && s != SFW_E_PATH) {
 		rc = fail(json, dir, s, &err);
@@ -237,6 +246,16 @@ int cmd_verify(int argc, char **argv)
 		enum sfw_status s2 = sfw_manifest_ratchet_commit(&m, &tp, &e2);
 		if (s2 == SFW_OK && manifest && !no_state)
 			s2 = install_manifest(dir, &mb, &sb, &e2);
+		if (s2 == SFW_OK && manifest && !no_state) {
+			struct sfw_state_file *sf = sfw_calloc(m.nfiles ? m.nfiles : 1, sizeof(*sf));
+			if (!sf)
+				s2 = sfw_fail(&e2, SFW_E_NOMEM, "out of memory");
+			for (size_t i = 0; sf && i < m.nfiles; i++)
+				sf[i].path = m.files[i].path, sf[i].ok = 1, sf[i].id = rep.ids[i];
+			if (sf)
+				s2 = sfw_state_record(dir, &m, sf, m.nfiles, &e2);
+			sfw_free(sf);
+		}
 		if (s2 != SFW_OK) {
 			s = s2;
 			err = e2;

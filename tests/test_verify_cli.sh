@@ -223,6 +223,39 @@ mv "$M/config.json" "$W/config.real" && ln -s "$W/config.real" "$M/config.json"
 check_err "symlinked file refused" 3 "config.json': not a regular file" V
 rm "$M/config.json" && mv "$W/config.real" "$M/config.json"
 check "all good again" V
+mv "$M/config.json" "$W/config.real" && mv "$M/sub/tok.txt" "$W/tok.real" && ln -s "$W/tok.real" "$M/sub/tok.txt"
+check_err "the file named is one of the worst kind (exit 3: the symlink, not the missing file)" 3 "sub/tok.txt': not a regular file" V
+rm "$M/sub/tok.txt" && mv "$W/tok.real" "$M/sub/tok.txt" && mv "$W/config.real" "$M/config.json"
+
+# --- the verified-state record follows the last verify
+V >/dev/null 2>&1
+rec() { python3 -c 'import json,sys; print(" ".join(sorted(json.load(open(sys.argv[1]))["files"])))' "$M/.salafw/state.json"; }
+check "state lists every file" test "$(rec)" = "config.json model.safetensors sub/tok.txt"
+printf 'TOKENIZER
+' >"$M/sub/tok.txt"
+check_err "a corrupted file fails verify" 1 "sha256 mismatch" V
+check "... and loses its record (a stale record would let run use it)" test "$(rec)" = "config.json model.safetensors"
+printf 'tokenizer
+' >"$M/sub/tok.txt"
+check "verify again records it" sh -c "$S verify '$M' --pubkey '$W/sf.pub' >/dev/null 2>&1 && test \"\$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))[\"files\"]))' '$M/.salafw/state.json')\" = 3"
+# a failing verify --manifest leaves the folder's manifest and record as they were
+cp "$M/.salafw/state.json" "$W/state.before" && cp "$M/.salafw/manifest.json" "$W/manifest.before"
+printf 'TOKENIZER
+' >"$M/sub/tok.txt"
+check_err "verify --manifest with a bad file" 1 "sha256 mismatch" $S verify "$M" --manifest "$W/v5.json" --pubkey "$W/sf.pub"
+check "... keeps state.json" cmp -s "$W/state.before" "$M/.salafw/state.json"
+check "... keeps the installed manifest" cmp -s "$W/manifest.before" "$M/.salafw/manifest.json"
+printf 'tokenizer
+' >"$M/sub/tok.txt"
+check "verify --manifest v5 (all good) installs it" $S verify "$M" --manifest "$W/v5.json" --pubkey "$W/sf.pub"
+check "... and records against it" python3 -c 'import json,sys,hashlib; s=json.load(open(sys.argv[1])); assert s["manifest_sha256"]==hashlib.sha256(open(sys.argv[2],"rb").read()).hexdigest() and len(s["files"])==3' "$M/.salafw/state.json" "$W/v5.json"
+# rollback is about taking a manifest in: a folder keeping its own older
+# version stays verifiable after a newer one was seen elsewhere
+rm -rf "$W/m1" && cp -r "$M" "$W/m1" && cp "$W/sf-signed.json" "$W/m1/.salafw/manifest.json" && cp "$W/sf-signed.json.minisig" "$W/m1/.salafw/manifest.json.minisig"
+check "offline verify of a folder's own version 1 after version 5" $S verify "$W/m1" --pubkey "$W/sf.pub"
+check_err "... but taking version 1 in is a rollback" 3 "rollback" $S verify "$W/m1" --manifest "$W/sf-signed.json" --pubkey "$W/sf.pub"
+cp "$W/sf-signed.json" "$M/.salafw/manifest.json" && cp "$W/sf-signed.json.minisig" "$M/.salafw/manifest.json.minisig"
+rm -rf "$SALAFW_STATE_DIR" "$W/m1"
 before=$(stat -c '%Y %Z %i' "$M/model.safetensors")
 V >/dev/null 2>&1
 check "verify never modifies a model file" test "$(stat -c '%Y %Z %i' "$M/model.safetensors")" = "$before"

@@ -121,6 +121,7 @@ struct vjob {
 	const struct sfw_manifest *m;
 	const struct sfw_verify_params *p;
 	enum sfw_file_result *res;
+	struct sfw_file_id *ids;
 	size_t *order;	      /* indices of files to hash, largest first */
 	unsigned char **bufs; /* one per thread */
 	pthread_mutex_t lock;
@@ -182,14 +183,23 @@ static void hash_range(void *ctx, size_t begin, size_t end, int tid)
 			unsigned char d[32];
 			sfw_sha256_final(&h, d);
 			sfw_sha256_release(&h);
+			/* the file as it is after the last byte was read: the id a
+			 * record vouches for; a different size or time than at open
+			 * means it changed while being read */
+			struct stat after;
+			int changed = fstat(fd, &after) != 0 || after.st_size != st.st_size ||
+				      after.st_mtim.tv_sec != st.st_mtim.tv_sec || after.st_mtim.tv_nsec != st.st_mtim.tv_nsec ||
+				      after.st_ctim.tv_sec != st.st_ctim.tv_sec || after.st_ctim.tv_nsec != st.st_ctim.tv_nsec;
 			close(fd);
 			if (bad_io) {
 				io_fail(j, SFW_E_IO, "cannot read '%s/%s'", j->dir, f->path);
 				r = SFW_FILE_MISSING;
-			} else if (done != f->size) {
+			} else if (done != f->size || changed) {
 				r = SFW_FILE_SIZE; /* changed while we read it */
 			} else {
 				r = CRYPTO_memcmp(d, f->sha256, 32) == 0 ? SFW_FILE_OK : SFW_FILE_HASH;
+				if (r == SFW_FILE_OK)
+					sfw_file_id_of(&after, &j->ids[i]);
 			}
 		}
 		j->res[i] = r;
@@ -281,6 +291,7 @@ void sfw_verify_report_release(struct sfw_verify_report *rep)
 	if (!rep)
 		return;
 	sfw_free(rep->results);
+	sfw_free(rep->ids);
 	for (size_t i = 0; i < rep->nextra; i++)
 		sfw_free(rep->extra[i]);
 	sfw_free(rep->extra);
@@ -317,11 +328,12 @@ enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
 		return sfw_fail(err, SFW_E_IO, "cannot open directory '%s': %s", dir, strerror(errno));
 	size_t n = m->nfiles;
 	rep->results = sfw_calloc(n ? n : 1, sizeof(*rep->results));
+	rep->ids = sfw_calloc(n ? n : 1, sizeof(*rep->ids));
 	size_t *order = sfw_calloc(n ? n : 1, sizeof(*order));
 	struct vjob j;
 	memset(&j, 0, sizeof(j));
 	enum sfw_status s = SFW_OK;
-	if (!rep->results || !order) {
+	if (!rep->results || !rep->ids || !order) {
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto out;
 	}
@@ -360,6 +372,7 @@ enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
 	j.m = m;
 	j.p = p;
 	j.res = rep->results;
+	j.ids = rep->ids;
 	j.order = order;
 	pthread_mutex_init(&j.lock, NULL);
 	j.bufs = sfw_calloc((size_t)threads, sizeof(*j.bufs));
@@ -403,22 +416,30 @@ enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
 			worst = rep->results[i];
 	}
 	rep->nbad = nbad;
-	if (p->record_state && nok) {
-		const char **paths = sfw_calloc(nok, sizeof(*paths));
-		if (!paths) {
+	(void)nok;
+	if (p->record_state) { /* every file was checked: bad ones lose their records */
+		struct sfw_state_file *sf = sfw_calloc(n ? n : 1, sizeof(*sf));
+		if (!sf) {
 			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 			goto out_lock;
 		}
-		size_t k = 0;
-		for (size_t i = 0; i < n; i++)
-			if (rep->results[i] == SFW_FILE_OK)
-				paths[k++] = m->files[i].path;
-		s = sfw_state_record(dir, m, paths, k, err);
-		sfw_free(paths);
+		for (size_t i = 0; i < n; i++) {
+			sf[i].path = m->files[i].path;
+			sf[i].ok = rep->results[i] == SFW_FILE_OK;
+			sf[i].id = rep->ids[i];
+		}
+		s = sfw_state_record(dir, m, sf, n, err);
+		sfw_free(sf);
 		if (s != SFW_OK)
 			goto out_lock;
 	}
 	if (nbad) {
+		/* the file named is one of the worst kind, so message and code agree */
+		for (size_t i = 0; i < n; i++)
+			if (rep->results[i] == worst) {
+				first = i;
+				break;
+			}
 		static const enum sfw_status code[] = {SFW_OK, SFW_E_MISSING, SFW_E_SIZE, SFW_E_HASH,
 						       SFW_E_PATH};
 		char more[64] = "";
@@ -495,7 +516,16 @@ static enum sfw_status load_state(const char *dir, cJSON **out, struct sfw_err *
 	return s;
 }
 
-enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, const char *const *paths,
+void sfw_file_id_of(const struct stat *st, struct sfw_file_id *id)
+{
+	id->size = (uint64_t)st->st_size;
+	id->ino = (uint64_t)st->st_ino;
+	id->dev = (uint64_t)st->st_dev;
+	id->mtime_ns = (uint64_t)ts_ns(st->st_mtim);
+	id->ctime_ns = (uint64_t)ts_ns(st->st_ctim);
+}
+
+enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, const struct sfw_state_file *sf,
 				 size_t npaths, struct sfw_err *err)
 {
 	char hex[65];
@@ -529,9 +559,9 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 				if (!bsearch(e->string, m->files, m->nfiles, sizeof(*m->files),
 					     cmp_file_path))
 					continue;
-				int again = 0;
+				int again = 0; /* checked now: recorded anew if ok, dropped if not */
 				for (size_t i = 0; i < npaths && !again; i++)
-					again = strcmp(paths[i], e->string) == 0;
+					again = strcmp(sf[i].path, e->string) == 0;
 				if (!again) {
 					cJSON *dup = cJSON_Duplicate(e, 1);
 					if (!dup) {
@@ -551,24 +581,33 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 	int64_t now = (int64_t)time(NULL);
 	for (size_t i = 0; i < npaths; i++) {
 		const struct sfw_manifest_file *f =
-		    bsearch(paths[i], m->files, m->nfiles, sizeof(*m->files), cmp_file_path);
+		    bsearch(sf[i].path, m->files, m->nfiles, sizeof(*m->files), cmp_file_path);
 		if (!f) {
-			s = sfw_fail(err, SFW_E_INVAL, "'%s' is not in the manifest", paths[i]);
+			s = sfw_fail(err, SFW_E_INVAL, "'%s' is not in the manifest", sf[i].path);
 			goto out;
 		}
+		if (!sf[i].ok)
+			continue;
 		struct stat st;
+		struct sfw_file_id now_id;
 		int eno;
 		if (walk_stat(dfd, f->path, &st, 0, NULL, &eno) != WALK_OK) {
 			s = sfw_fail(err, SFW_E_IO, "cannot record '%s/%s': not a regular file in the tree",
 				     dir, f->path);
 			goto out;
 		}
+		sfw_file_id_of(&st, &now_id);
+		if (memcmp(&now_id, &sf[i].id, sizeof(now_id)) != 0 || now_id.size != f->size) {
+			s = sfw_fail(err, SFW_E_IO, "'%s/%s' changed after it was verified; verify again", dir,
+				     f->path);
+			goto out;
+		}
 		cJSON *e = cJSON_CreateObject();
-		if (!e || add_u64_str(e, "size", (unsigned long long)st.st_size) ||
-		    add_u64_str(e, "mtime_ns", (unsigned long long)ts_ns(st.st_mtim)) ||
-		    add_u64_str(e, "ctime_ns", (unsigned long long)ts_ns(st.st_ctim)) ||
-		    add_u64_str(e, "inode", (unsigned long long)st.st_ino) ||
-		    add_u64_str(e, "dev", (unsigned long long)st.st_dev) ||
+		if (!e || add_u64_str(e, "size", (unsigned long long)now_id.size) ||
+		    add_u64_str(e, "mtime_ns", (unsigned long long)now_id.mtime_ns) ||
+		    add_u64_str(e, "ctime_ns", (unsigned long long)now_id.ctime_ns) ||
+		    add_u64_str(e, "inode", (unsigned long long)now_id.ino) ||
+		    add_u64_str(e, "dev", (unsigned long long)now_id.dev) ||
 		    !cJSON_AddNumberToObject(e, "verified_at", (double)now)) {
 			cJSON_Delete(e);
 			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
@@ -614,6 +653,32 @@ out:
 	return s;
 }
 
+enum sfw_status sfw_state_record_paths(const char *dir, const struct sfw_manifest *m, const char *const *paths,
+				       size_t npaths, struct sfw_err *err)
+{
+	struct sfw_state_file *sf = sfw_calloc(npaths ? npaths : 1, sizeof(*sf));
+	if (!sf)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	enum sfw_status s = SFW_OK;
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		s = sfw_fail(err, SFW_E_IO, "cannot open directory '%s': %s", dir, strerror(errno));
+	for (size_t i = 0; s == SFW_OK && i < npaths; i++) {
+		struct stat st;
+		int eno;
+		sf[i].path = paths[i];
+		sf[i].ok = 1;
+		if (walk_stat(dfd, paths[i], &st, 0, NULL, &eno) == WALK_OK)
+			sfw_file_id_of(&st, &sf[i].id);
+	}
+	if (dfd >= 0)
+		close(dfd);
+	if (s == SFW_OK)
+		s = sfw_state_record(dir, m, sf, npaths, err);
+	sfw_free(sf);
+	return s;
+}
+
 enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *p, struct sfw_err *err)
 {
 	char *mpath = salafw_file(dir, "manifest.json"), *spath = salafw_file(dir, "manifest.json.minisig");
@@ -646,6 +711,7 @@ enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *
 	snprintf(what, sizeof(what), "manifest '%s'", mpath);
 	struct sfw_trust_params tp = p ? *p : sfw_trust_default_params();
 	tp.allow_expired = 1; /* already-verified files stay valid; expiry matters when fetching */
+	tp.allow_downgrade = 1; /* so does rollback (a newer version elsewhere); equivocation still fails */
 	if ((s = sfw_manifest_verify(mb.data, mb.len, sb.data, sb.len, what, &tp, &m, NULL, err)) != SFW_OK)
 		goto out;
 	s = load_state(dir, &state, err);

@@ -615,7 +615,7 @@ static enum sfw_status ratchet_load(const char *path, struct ratchet *r, struct 
 static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct sfw_trust_params *p,
 				     const char *what, struct sfw_err *err)
 {
-	if (p->allow_downgrade || (p->state_dir && !*p->state_dir))
+	if (p->state_dir && !*p->state_dir)
 		return SFW_OK;
 	char *path = ratchet_path(m, p);
 	if (!path) {
@@ -628,7 +628,7 @@ static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct 
 	sfw_free(path);
 	if (s != SFW_OK || !r.present)
 		return s;
-	if (m->manifest_version < r.version)
+	if (m->manifest_version < r.version && !p->allow_downgrade)
 		return sfw_fail(err, SFW_E_MANIFEST,
 				"%s: manifest_version %llu is older than version %llu already seen for %s "
 				"(key %s): possible rollback (--allow-downgrade overrides)",
@@ -695,8 +695,13 @@ enum sfw_status sfw_manifest_verify(const char *bytes, size_t len, const char *s
 	if (len > SFW_MANIFEST_MAX)
 		return sfw_fail(err, SFW_E_MANIFEST, "%s is too large (%zu bytes, limit %u)", what, len,
 				SFW_MANIFEST_MAX);
+	/* what is "manifest '<path>'": the signature is '<path>.minisig' */
 	char sig_name[300];
-	snprintf(sig_name, sizeof(sig_name), "%s.minisig", what);
+	const char *q1 = strchr(what, '\''), *q2 = strrchr(what, '\'');
+	if (q1 && q2 > q1 + 1)
+		snprintf(sig_name, sizeof(sig_name), "%.*s.minisig", (int)(q2 - q1 - 1), q1 + 1);
+	else
+		snprintf(sig_name, sizeof(sig_name), "%s.minisig", what);
 	/* Pick the trusted key by the signature's key id. */
 	struct sfwi_minisig *ms = sfw_malloc(sizeof(*ms));
 	struct sfw_minisig_info *inf = sfw_malloc(sizeof(*inf));

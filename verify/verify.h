@@ -13,6 +13,7 @@
 #include "sfw.h"
 
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #define SFW_MANIFEST_MAX (1u << 20)  /* 1 MiB cap, checked before parsing */
@@ -121,7 +122,7 @@ struct sfw_trust_params {
 	const char *revision;     /* required binding, NULL = don't check */
 	int64_t now;              /* for expiry; 0 = time(NULL) */
 	int allow_expired;        /* offline verify only warns */
-	int allow_downgrade;
+	int allow_downgrade;       /* accept a lower manifest_version (an equal one with other bytes never) */
 	int require_prehashed;
 	const char *state_dir;    /* rollback ratchet dir; NULL = default per-user dir, "" = disabled */
 };
@@ -167,8 +168,16 @@ SFW_MUST_CHECK enum sfw_status sfw_manifest_sign(const char *path, const struct 
 /* ---- directory verification and the verified-state record ---------------- */
 enum sfw_file_result { SFW_FILE_OK, SFW_FILE_MISSING, SFW_FILE_SIZE, SFW_FILE_HASH, SFW_FILE_NOT_REGULAR };
 
+/* What a file was when its sha256 was computed: the stat of the open file
+ * taken after the last byte was read (so a record never vouches for bytes
+ * that were not hashed). */
+struct sfw_file_id {
+	uint64_t size, ino, dev, mtime_ns, ctime_ns;
+};
+
 struct sfw_verify_report {
 	enum sfw_file_result *results; /* one per manifest file */
+	struct sfw_file_id *ids;       /* one per manifest file; set where results[i] is OK */
 	char **extra;                  /* files in DIR not in the manifest (excluding .salafw/) */
 	size_t nextra;
 	size_t nbad;
@@ -191,9 +200,23 @@ SFW_MUST_CHECK enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_
 void sfw_verify_report_release(struct sfw_verify_report *rep);
 
 /* DIR/.salafw/state.json: per file size, mtime_ns, ctime_ns, inode, dev and
- * when its sha256 matched. Record after a verified download or verify. */
+ * when its sha256 matched. Record after a verified download or verify: each
+ * checked file with its result; ok files with the id they had when hashed
+ * (a file whose current stat differs from it is refused: it changed after
+ * it was hashed); a file checked and found bad loses any earlier record;
+ * records of files not named stay (same manifest only). */
+struct sfw_state_file {
+	const char *path;
+	int ok;
+	struct sfw_file_id id; /* when ok */
+};
 SFW_MUST_CHECK enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m,
-						const char *const *paths, size_t npaths, struct sfw_err *err);
+						const struct sfw_state_file *files, size_t n, struct sfw_err *err);
+/* TRANSITIONAL: paths recorded with their stat now (get.c, until it passes ids). */
+SFW_MUST_CHECK enum sfw_status sfw_state_record_paths(const char *dir, const struct sfw_manifest *m,
+						      const char *const *paths, size_t npaths, struct sfw_err *err);
+/* The id of an open file as sfw_state_record compares it. */
+void sfw_file_id_of(const struct stat *st, struct sfw_file_id *id);
 /* Cheap check that every manifest file still matches its record (stat only).
  * Also re-verifies DIR/.salafw/manifest.json against its signature. */
 SFW_MUST_CHECK enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *p,
