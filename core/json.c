@@ -1,6 +1,8 @@
 #include "json.h"
+#include "alloc.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 int sfw_utf8_valid(const unsigned char *s, size_t n)
@@ -43,19 +45,41 @@ int sfw_utf8_valid(const unsigned char *s, size_t n)
 	return 1;
 }
 
+static int cmp_key(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* 1 with *dup set when an object repeats a key, -1 when out of memory.
+ * Keys are sorted per object, so a header of a million tensors costs
+ * n log n, not n^2 (a crafted 100 MiB safetensors header would otherwise
+ * take hours to parse). */
 static int has_duplicate_keys(const cJSON *node, const char **dup)
 {
-	for (const cJSON *c = node ? node->child : NULL; c; c = c->next) {
-		if (cJSON_IsObject(node) && c->string) {
-			for (const cJSON *d = c->next; d; d = d->next) {
-				if (d->string && strcmp(c->string, d->string) == 0) {
-					*dup = c->string;
+	if (cJSON_IsObject(node)) {
+		size_t n = 0, k = 0;
+		for (const cJSON *c = node->child; c; c = c->next)
+			n++;
+		if (n > 1) {
+			const char **keys = sfw_malloc(n * sizeof(*keys));
+			if (!keys)
+				return -1;
+			for (const cJSON *c = node->child; c; c = c->next)
+				keys[k++] = c->string ? c->string : "";
+			qsort(keys, n, sizeof(*keys), cmp_key);
+			for (size_t i = 1; i < n; i++)
+				if (strcmp(keys[i - 1], keys[i]) == 0) {
+					*dup = keys[i];
+					sfw_free(keys);
 					return 1;
 				}
-			}
+			sfw_free(keys);
 		}
-		if (has_duplicate_keys(c, dup))
-			return 1;
+	}
+	for (const cJSON *c = node ? node->child : NULL; c; c = c->next) {
+		int r = has_duplicate_keys(c, dup);
+		if (r)
+			return r;
 	}
 	return 0;
 }
@@ -83,8 +107,10 @@ enum sfw_status sfw_json_parse(const char *bytes, size_t len, const char *what, 
 		}
 	}
 	const char *dup = NULL;
-	if (has_duplicate_keys(root, &dup)) {
-		enum sfw_status s = sfw_fail(err, SFW_E_FORMAT, "%s: duplicate key '%.64s'", what, dup);
+	int dk = has_duplicate_keys(root, &dup);
+	if (dk) {
+		enum sfw_status s = dk < 0 ? sfw_fail(err, SFW_E_NOMEM, "%s: out of memory", what)
+					   : sfw_fail(err, SFW_E_FORMAT, "%s: duplicate key '%.64s'", what, dup);
 		cJSON_Delete(root);
 		return s;
 	}

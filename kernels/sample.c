@@ -42,7 +42,8 @@ int32_t sfw_op_sample_cpu(const float *lg, int V, const struct sfw_op_sample_par
 	}
 	if (best < 0)
 		best = 0;
-	if (p->greedy || p->temperature == 0.0f || n == 0)
+	/* a temperature so small that 1/T overflows is the greedy limit */
+	if (p->greedy || p->temperature == 0.0f || !isfinite(1.0f / p->temperature) || n == 0)
 		return inf >= 0 ? inf : best;
 	if (inf >= 0)
 		return inf;

@@ -225,6 +225,8 @@ extern "C" void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, con
 {
 	/* inv_t as the twin computes it; 0 marks greedy / temperature 0 */
 	float inv_t = p->temperature == 0.0f ? 0.0f : 1.0f / p->temperature;
+	if (!isfinite(inv_t)) /* the greedy limit, as the twin takes it */
+		inv_t = 0.0f;
 	sfwc_launch(sample_kernel, dim3(1), dim3(SFWS_THREADS), 0, SFW_CUDA_STREAM(stream), out, logits, V, inv_t,
 		    p->top_k, p->top_p, p->greedy, u);
 	SFW_CUDA_LAUNCHED();

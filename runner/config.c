@@ -32,6 +32,10 @@ static enum sfw_status get_int(struct ctx *c, const cJSON *obj, const char *key,
 		if (required)
 			return sfw_fail(c->err, SFW_E_FORMAT, "%s: missing field '%s%s'", c->what, prefix,
 					key);
+		if (dflt < lo || dflt > hi) /* a default derived from other fields obeys the same range */
+			return sfw_fail(c->err, SFW_E_RANGE, "%s: field '%s%s' is missing and its default %lld is "
+					"outside [%lld, %lld]",
+					c->what, prefix, key, (long long)dflt, (long long)lo, (long long)hi);
 		*out = dflt;
 		return SFW_OK;
 	}
@@ -290,6 +294,10 @@ static enum sfw_status parse_root(struct ctx *c, struct sfw_config *o)
 		    c->err, SFW_E_UNSUPPORTED,
 		    "%s: lightning_nkv %d differs from lightning_nh %d (no GQA in lightning layers)", c->what,
 		    o->lightning_nkv, o->lightning_nh);
+	/* NeoX RoPE rotates half-dimension pairs: an odd head size has none to pair. */
+	if (o->lightning_use_rope && o->lightning_head_dim % 2)
+		return sfw_fail(c->err, SFW_E_UNSUPPORTED, "%s: lightning_head_dim %d must be even with lightning_use_rope",
+				c->what, o->lightning_head_dim);
 	/* o_norm and the z gate work on hidden_size-wide lightning outputs. */
 	if ((int64_t)o->lightning_nh * o->lightning_head_dim != o->hidden_size)
 		return sfw_fail(c->err, SFW_E_FORMAT,

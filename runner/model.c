@@ -203,6 +203,14 @@ static enum sfw_status bind(struct binder *b, struct sfw_bweight *w, const char 
 	const struct sfw_tensor_info *t = sfw_st_set_find(b->m->st, name);
 	size_t nl = strlen(name);
 	if (!t && b->m->quantized && ndim == 2 && nl > 7 && nl < 280 && !strcmp(name + nl - 7, ".weight")) {
+		/* int8 only where the engine computes through matmul/logits: the
+		 * decoder linears and lm_head; an int8 embedding would be read as
+		 * floats (4x past its end) */
+		if (!sfw_ql_is_quantized(name, NULL) && strcmp(name, "lm_head.weight") != 0)
+			return sfw_fail(b->err, SFW_E_UNSUPPORTED,
+					"model '%s': tensor '%s' is missing (stored quantized? only the decoder linears "
+					"and lm_head may be int8)",
+					b->dir, name);
 		char prefix[300];
 		memcpy(prefix, name, nl - 7);
 		prefix[nl - 7] = 0;

@@ -224,6 +224,24 @@ static void test_hostile(void)
 	CHECK(try_edit("dtype", cJSON_CreateNumber(5), &c, &err) == SFW_OK, "dtype ignored");
 	CHECK(try_edit("head_dim", NULL, &c, &err) == SFW_OK && c.head_dim == 32,
 	      "head_dim defaults to hidden/heads");
+	{
+		/* a default obeys the field's range; an odd lightning head with RoPE
+		 * is refused here, not by an assertion in the first layer */
+		static const char *const keys[2][4] = {{"head_dim", "num_attention_heads", "num_key_value_heads", "hidden_size"},
+						      {"hidden_size", "lightning_nh", "lightning_nkv", "lightning_head_dim"}};
+		static const double vals[2][4] = {{-1, 1, 1, 2048}, {258, 2, 2, 129}};
+		static const char *const want[2] = {"default 2048 is outside", "lightning_head_dim 129 must be even"};
+		for (int t = 0; t < 2; t++) {
+			cJSON *r = base_config();
+			for (int i = 0; r && i < 4 && keys[t][i]; i++)
+				set(r, keys[t][i], vals[t][i] < 0 ? NULL : cJSON_CreateNumber(vals[t][i]));
+			char *text = r ? cJSON_PrintUnformatted(r) : NULL;
+			enum sfw_status st = text ? sfw_config_parse(text, strlen(text), "x/config.json", &c, &err) : SFW_OK;
+			CHECK(st != SFW_OK && strstr(err.msg, want[t]), "config refused: '%s' in: %s", want[t], err.msg);
+			free(text);
+			cJSON_Delete(r);
+		}
+	}
 
 	/* Wrong types. */
 	bad("hidden_size string", "hidden_size", cJSON_CreateString("256"), SFW_E_FORMAT,

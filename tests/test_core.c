@@ -11,6 +11,7 @@
 #include "thread.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -70,6 +71,23 @@ static void test_json(void)
 	const char *dup = "{\"a\": 1, \"b\": {\"c\": 1, \"c\": 2}}";
 	CHECK(sfw_json_parse(dup, strlen(dup), "t", &j, &e) == SFW_E_FORMAT && strstr(e.msg, "duplicate"),
 	      "nested duplicate key rejected");
+	/* many keys (a safetensors header of empty tensors): the first and the
+	 * last equal is still found; all distinct parses */
+	{
+		size_t nk = 200000, cap = nk * 16 + 64, len = 0;
+		char *wide = malloc(cap);
+		len += (size_t)snprintf(wide + len, cap - len, "{");
+		for (size_t i = 0; i < nk; i++)
+			len += (size_t)snprintf(wide + len, cap - len, "%s\"k%zu\":0", i ? "," : "", i);
+		len += (size_t)snprintf(wide + len, cap - len, "}");
+		CHECK(sfw_json_parse(wide, len, "t", &j, &e) == SFW_OK, "%zu distinct keys parse", nk);
+		cJSON_Delete(j);
+		len -= 1;
+		len += (size_t)snprintf(wide + len, cap - len, ",\"k0\":1}");
+		CHECK(sfw_json_parse(wide, len, "t", &j, &e) == SFW_E_FORMAT && strstr(e.msg, "duplicate key 'k0'"),
+		      "a duplicate %zu keys apart is found (%s)", nk, e.msg);
+		free(wide);
+	}
 	const char *trail = "{\"a\": 1} x";
 	CHECK(sfw_json_parse(trail, strlen(trail), "t", &j, &e) == SFW_E_FORMAT, "trailing bytes rejected");
 	const char bad_utf8[] = "{\"a\": \"\xc0\xaf\"}";

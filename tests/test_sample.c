@@ -74,6 +74,9 @@ int main(void)
 	CHECK(sfw_op_sample_cpu(lg, V, &g, 0.5) == sfw_sampler_argmax(lg, V), "greedy = argmax, lowest id on ties");
 	struct sfw_op_sample_params t0 = {0.0f, 0, 1.0f, 0};
 	CHECK(sfw_op_sample_cpu(lg, V, &t0, 0.5) == 96, "temperature 0 = argmax");
+	struct sfw_op_sample_params tiny = {1e-40f, 0, 1.0f, 0}; /* 1/T = inf: the greedy limit */
+	CHECK(sfw_op_sample_cpu(lg, V, &tiny, 0.5) == 96 && sfw_op_sample_cpu(lg, V, &tiny, 0.999) == 96,
+	      "temperature 1e-40 = argmax (not the least likely id)");
 	lg[500] = INFINITY, lg[700] = INFINITY;
 	struct sfw_op_sample_params tp = {1.0f, 5, 0.5f, 0};
 	CHECK(sfw_op_sample_cpu(lg, V, &tp, 0.99) == 500, "the first +inf wins");

@@ -258,7 +258,8 @@ static void test_edges(void)
 		float tp;
 		int v;
 	} bad[] = {{-1, 0, 1, 4}, {NAN, 0, 1, 4}, {INFINITY, 0, 1, 4}, {1, -1, 1, 4},
-		   {1, 0, 0, 4},  {1, 0, 1.5f, 4}, {1, 0, NAN, 4},     {1, 0, 1, 0}};
+		   {1, 0, 0, 4},  {1, 0, 1.5f, 4}, {1, 0, NAN, 4},     {1, 0, 1, 0},
+		   {1e-40f, 0, 1, 4}}; /* 1/T overflows: was the least likely id every time */
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
 		p.temperature = bad[i].t;
 		p.top_k = bad[i].k;
