@@ -212,7 +212,8 @@ static void test_parse(void)
 					  "a\\\\b",    "a//b",		"a/",
 					  ".",	       "x/..",		"a:b",
 					  ".salafw/x", "s/.git/config", "",
-					  "a\\u0001b", "a\\u007fb",	".cache/huggingface/x"};
+					  "a\\u0001b", "a\\u007fb",	".cache/huggingface/x",
+					  ".SALAFW/x", "s/.Git/config", ".Cache/HuggingFace/x"};
 	for (size_t i = 0; i < sizeof(bad_paths) / sizeof(bad_paths[0]); i++) {
 		char files[512];
 		snprintf(files, sizeof(files),

@@ -51,6 +51,11 @@ check "manifest shape (python json)" grep -qx ok "$W/py.out"
 	grep -q "\"path\": \"$p\", \"size\": [0-9]*, \"sha256\": \"$h\"" "$W/m.json" || echo "BAD $p"
 done >"$W/sha.out"
 check "manifest sha256 equal sha256sum's" test ! -s "$W/sha.out"
+mkdir -p "$M/.git" "$M/.cache/huggingface/download" "$M/sub/.git"
+echo ref >"$M/.git/HEAD" && echo lock >"$M/.cache/huggingface/download/x.lock" && echo x >"$M/sub/.git/config"
+check "manifest of a git/HF-cache checkout" $S manifest "$M" --repo org/tiny --revision $REV -o "$W/m-git.json"
+check "... lists no .git or .cache/huggingface file" test "$(grep -c '"path"' "$W/m-git.json")" = 3
+rm -rf "$M/.git" "$M/.cache" "$M/sub/.git"
 check_err "manifest without --repo" 2 "--repo and --revision" $S manifest "$M" --revision $REV
 check_err "manifest of a missing DIR" 5 "cannot open directory" $S manifest "$W/nope" --repo org/tiny --revision $REV
 check_err "manifest with a bad revision" 3 "revision" $S manifest "$M" --repo org/tiny --revision main
@@ -214,7 +219,10 @@ check_err "missing file" 1 "sub/tok.txt': missing" V
 printf 'tokenizer\n' >"$M/sub/tok.txt"
 echo x >"$M/stray.bin"
 check_err "extra file is a warning" 0 "warning: extra file not in the manifest: stray.bin" V
-rm "$M/stray.bin"
+mkdir -p "$M/.git" "$M/.cache/huggingface" && echo ref >"$M/.git/HEAD" && echo x >"$M/.cache/huggingface/y"
+V >"$W/extra.out" 2>&1
+check "... but .git and .cache/huggingface are not extra files" test "$(grep -c 'extra file' "$W/extra.out")" = 1
+rm -rf "$M/stray.bin" "$M/.git" "$M/.cache"
 mkdir -p "$W/elsewhere/sub" && cp "$M/sub/tok.txt" "$W/elsewhere/sub/"
 mv "$M/sub" "$W/sub.real" && ln -s "$W/elsewhere/sub" "$M/sub"
 check_err "symlinked subdirectory refused" 3 "sub/tok.txt': not a regular file" V

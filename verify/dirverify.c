@@ -254,7 +254,7 @@ static void walk_extra(struct extra_walk *w, int fd, const char *prefix, int dep
 	while ((e = readdir(d)) && !w->failed) {
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
 			continue;
-		if (depth == 0 && strcmp(e->d_name, ".salafw") == 0)
+		if (sfwi_skip_dir_entry(prefix, e->d_name, depth))
 			continue;
 		if (++w->seen > 1000000) {
 			w->failed = 1;

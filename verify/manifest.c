@@ -15,6 +15,7 @@
 #include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -158,10 +159,11 @@ enum sfw_status sfw_path_check(const char *path, struct sfw_err *err)
 		if (len > 255)
 			return sfw_fail(err, SFW_E_PATH, "file path '%.64s...' has a segment over 255 bytes",
 					path);
-		if ((len == 7 && memcmp(seg, ".salafw", 7) == 0) || (len == 4 && memcmp(seg, ".git", 4) == 0))
+		/* case-blind: on a case-insensitive file system .SALAFW is .salafw */
+		if ((len == 7 && strncasecmp(seg, ".salafw", 7) == 0) || (len == 4 && strncasecmp(seg, ".git", 4) == 0))
 			return sfw_fail(err, SFW_E_PATH, "file path '%s' uses the reserved name '%.*s'", path,
 					(int)len, seg);
-		if (first && strncmp(path, ".cache/huggingface/", 19) == 0)
+		if (first && strncasecmp(path, ".cache/huggingface/", 19) == 0)
 			return sfw_fail(err, SFW_E_PATH,
 					"file path '%s' is inside the reserved .cache/huggingface", path);
 		first = 0;

@@ -53,8 +53,8 @@ static void walk(struct collect *c, int fd, const char *prefix, int depth)
 	while (c->s == SFW_OK && (errno = 0, e = readdir(d))) {
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
 			continue;
-		if (depth == 0 && strcmp(e->d_name, ".salafw") == 0)
-			continue; /* the tool's own state */
+		if (sfwi_skip_dir_entry(prefix, e->d_name, depth))
+			continue; /* the tool's own state, git's, the HF cache */
 		char rel[4096];
 		if ((size_t)snprintf(rel, sizeof(rel), "%s%s%s", prefix, *prefix ? "/" : "", e->d_name) >=
 		    sizeof(rel)) {

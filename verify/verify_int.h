@@ -4,6 +4,8 @@
 
 #include "verify.h"
 
+#include <string.h>
+
 /* sodium_init once (thread-safe); returns 0 when libsodium is usable. */
 int sfwi_sodium_ready(void);
 
@@ -44,5 +46,15 @@ char *sfwi_state_dir(const char *override);
 /* Parses "YYYY-MM-DDTHH:MM:SSZ" into unix seconds. Returns 0 on success. */
 int sfwi_parse_rfc3339(const char *s, int64_t *out);
 void sfwi_format_rfc3339(int64_t t, char out[21]);
+
+/* Folders that are never part of a model tree: the tool's state, git's,
+ * and the Hugging Face local-dir cache (the manifest path rules reserve the
+ * same names). name is one directory entry at `depth` under DIR, prefix the
+ * path of its parent ("" at the top). */
+static inline int sfwi_skip_dir_entry(const char *prefix, const char *name, int depth)
+{
+	return (depth == 0 && strcmp(name, ".salafw") == 0) || strcmp(name, ".git") == 0 ||
+	       (depth == 1 && strcmp(prefix, ".cache") == 0 && strcmp(name, "huggingface") == 0);
+}
 
 #endif
