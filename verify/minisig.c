@@ -436,14 +436,36 @@ enum sfw_status sfw_seckey_load(const char *path, struct sfw_seckey *out, struct
 	return s;
 }
 
-enum sfw_status sfw_sign_file(const char *file, const struct sfw_seckey *key, const char *trusted_comment,
-			      struct sfw_err *err)
+static enum sfw_status write_sig(const unsigned char *h, size_t hlen, const char *file, const struct sfw_seckey *key,
+				 const char *trusted_comment, struct sfw_err *err);
+
+static enum sfw_status check_comment(const char *trusted_comment, struct sfw_err *err)
 {
 	if (sfwi_sodium_ready() != 0)
 		return sfw_fail(err, SFW_E_IO, "libsodium could not be initialised");
 	size_t tclen = strlen(trusted_comment);
 	if (tclen + strlen(TRUSTED_PREFIX) + 2 >= TRUSTED_MAX || !comment_printable(trusted_comment, tclen))
 		return sfw_fail(err, SFW_E_INVAL, "trusted comment must be one printable line under 8 KiB");
+	return SFW_OK;
+}
+
+enum sfw_status sfw_sign_bytes(const void *data, size_t len, const char *file, const struct sfw_seckey *key,
+			       const char *trusted_comment, struct sfw_err *err)
+{
+	enum sfw_status s = check_comment(trusted_comment, err);
+	if (s != SFW_OK)
+		return s;
+	unsigned char h[crypto_generichash_BYTES_MAX];
+	crypto_generichash(h, sizeof(h), data, len, NULL, 0);
+	return write_sig(h, sizeof(h), file, key, trusted_comment, err);
+}
+
+enum sfw_status sfw_sign_file(const char *file, const struct sfw_seckey *key, const char *trusted_comment,
+			      struct sfw_err *err)
+{
+	enum sfw_status cs = check_comment(trusted_comment, err);
+	if (cs != SFW_OK)
+		return cs;
 	int fd = open(file, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return sfw_fail(err, errno == ENOENT ? SFW_E_MISSING : SFW_E_IO, "cannot open '%s': %s", file,
@@ -473,11 +495,18 @@ enum sfw_status sfw_sign_file(const char *file, const struct sfw_seckey *key, co
 	close(fd);
 	unsigned char h[crypto_generichash_BYTES_MAX];
 	crypto_generichash_final(&st, h, sizeof(h));
+	return write_sig(h, sizeof(h), file, key, trusted_comment, err);
+}
 
+/* "<file>.minisig" for the BLAKE2b-512 hash h of file's bytes. */
+static enum sfw_status write_sig(const unsigned char *h, size_t hlen, const char *file, const struct sfw_seckey *key,
+				 const char *trusted_comment, struct sfw_err *err)
+{
+	size_t tclen = strlen(trusted_comment);
 	unsigned char raw[SIG_BYTES];
 	memcpy(raw, "ED", 2);
 	memcpy(raw + 2, key->key_id, 8);
-	crypto_sign_detached(raw + 10, NULL, h, sizeof(h), key->sk);
+	crypto_sign_detached(raw + 10, NULL, h, hlen, key->sk);
 	unsigned char *gmsg = sfw_malloc(64 + tclen);
 	if (!gmsg)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");

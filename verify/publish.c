@@ -322,9 +322,11 @@ enum sfw_status sfw_manifest_sign(const char *path, const struct sfw_seckey *key
 		return s;
 	char kid[17];
 	sfw_pubkey_id_hex(key->key_id, kid);
-	/* Bind the placeholder written by `salafw manifest` without a key. */
+	/* Bind the placeholder written by `salafw manifest` without a key. The
+	 * new bytes are parsed, checked and signed before anything is written. */
 	static const char ph[] = "\"key_id\": \"\"";
 	char *hit = strstr(b.data, ph);
+	int rewritten = 0;
 	if (hit && !strstr(hit + 1, ph)) {
 		struct sfw_buf nb;
 		sfw_buf_init(&nb, SFW_MANIFEST_MAX + 32);
@@ -336,30 +338,28 @@ enum sfw_status sfw_manifest_sign(const char *path, const struct sfw_seckey *key
 			sfw_buf_release(&b);
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		}
-		s = sfw_write_file_atomic(path, nb.data, nb.len, err);
 		sfw_buf_release(&b);
 		b = nb;
-		if (s != SFW_OK) {
-			sfw_buf_release(&b);
-			return s;
-		}
+		rewritten = 1;
 	}
 	char what[300];
 	snprintf(what, sizeof(what), "manifest '%s'", path);
 	struct sfw_manifest m;
 	s = sfw_manifest_parse(b.data, b.len, what, &m, err);
-	sfw_buf_release(&b);
-	if (s != SFW_OK)
-		return s;
-	if (strcmp(m.publisher_key_id, kid) != 0) {
-		s = sfw_fail(err, SFW_E_MANIFEST, "%s names publisher key %s, but the signing key is %s",
-			     what, m.publisher_key_id, kid);
-		sfw_manifest_release(&m);
-		return s;
-	}
 	char tc[512];
-	snprintf(tc, sizeof(tc), "salafw-manifest repo_id=%s revision=%s manifest_version=%llu", m.repo_id,
-		 m.revision, (unsigned long long)m.manifest_version);
-	sfw_manifest_release(&m);
-	return sfw_sign_file(path, key, tc, err);
+	if (s == SFW_OK) {
+		if (strcmp(m.publisher_key_id, kid) != 0)
+			s = sfw_fail(err, SFW_E_MANIFEST, "%s names publisher key %s, but the signing key is %s",
+				     what, m.publisher_key_id, kid);
+		snprintf(tc, sizeof(tc), "salafw-manifest repo_id=%s revision=%s manifest_version=%llu", m.repo_id,
+			 m.revision, (unsigned long long)m.manifest_version);
+		sfw_manifest_release(&m);
+	}
+	/* the manifest first, then its signature over exactly those bytes */
+	if (s == SFW_OK && rewritten)
+		s = sfw_write_file_atomic(path, b.data, b.len, err);
+	if (s == SFW_OK)
+		s = sfw_sign_bytes(b.data, b.len, path, key, tc, err);
+	sfw_buf_release(&b);
+	return s;
 }

@@ -74,6 +74,10 @@ SFW_MUST_CHECK enum sfw_status sfw_seckey_load(const char *path, struct sfw_seck
 /* Writes "<file>.minisig" (prehashed ED) atomically with the given trusted comment. */
 SFW_MUST_CHECK enum sfw_status sfw_sign_file(const char *file, const struct sfw_seckey *key,
 					     const char *trusted_comment, struct sfw_err *err);
+/* The same for bytes in memory that are (or are about to be) file's contents. */
+SFW_MUST_CHECK enum sfw_status sfw_sign_bytes(const void *data, size_t len, const char *file,
+					      const struct sfw_seckey *key, const char *trusted_comment,
+					      struct sfw_err *err);
 
 /* ---- manifest v1 --------------------------------------------------------- */
 enum sfw_source_kind { SFW_SOURCE_HTTP, SFW_SOURCE_HF };
