@@ -46,8 +46,14 @@ void cli_usage(FILE *f, const char *cmd, const char *synopsis, const struct cli_
 /* "salafw: <message>" on stderr; returns the exit code for status. */
 int cli_report(enum sfw_status st, const struct sfw_err *err);
 int cli_usage_error(const char *cmd, const char *fmt, ...) SFW_PRINTF(2, 3);
+/* Flushes standard output: SFW_E_IO (exit 5) when the output could not be
+ * written (a full disk, /dev/full), so a command never exits 0 without it. */
+SFW_MUST_CHECK enum sfw_status cli_stdout_flush(struct sfw_err *err);
 
-/* Parses a non-negative integer / float option value; prints and returns 0 on error. */
+/* Parse a non-negative decimal integer / a finite number as the value of
+ * option opt: its bare name as in the table ("temp", "n"; shown as --temp,
+ * -n). On error they print "CMD: --opt: 'VALUE' is not ..." and return 0;
+ * range checks are the caller's, reported with cli_usage_error. */
 int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long long *out);
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
 
@@ -79,7 +85,9 @@ double cli_now_s(void);
  * signed manifest; no_verify skips it and says so on stderr. pubkey (NULL =
  * the pinned key) names a minisign public key file to trust instead. cli_read_ids
  * reads token ids: a safetensors file's I32/I64 `input_ids`, or text integers
- * separated by white space or commas. Both return an exit code (0 = ok). */
+ * separated by white space or commas; a file it cannot open or parse is
+ * reported (naming --ids and the file) with exit 5. Both return an exit code
+ * (0 = ok). */
 int cli_model_gate(const char *cmd, const char *dir, int no_verify, int verify_full, const char *pubkey);
 int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n);
 

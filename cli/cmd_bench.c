@@ -61,7 +61,9 @@ static int bench_gemm(const char *C, const char *shape, int threads)
 	printf("gemm %dx%dx%d bf16 weights: %.1f GFLOP/s with %d threads, %.1f GFLOP/s with 1 thread (x%.2f)\n", M,
 	       N, K, all, nt, one, all / one);
 	sfw_free(x), sfw_free(y), sfw_free(w);
-	return SFW_EXIT_OK;
+	struct sfw_err err = {0};
+	enum sfw_status s = cli_stdout_flush(&err);
+	return cli_report(s, &err);
 }
 
 int cmd_bench(int argc, char **argv)
@@ -85,17 +87,25 @@ int cmd_bench(int argc, char **argv)
 			return SFW_EXIT_USAGE;
 		const char *nm = opts[k].name;
 		if (!strcmp(nm, "prompt")) {
-			if (!cli_parse_u64(C, "--prompt", arg, &n_prompt) || n_prompt < 1 || n_prompt > (1u << 24))
+			if (!cli_parse_u64(C, nm, arg, &n_prompt))
 				return SFW_EXIT_USAGE;
+			if (n_prompt < 1 || n_prompt > (1u << 24))
+				return cli_usage_error(C, "--prompt must be 1 to %u tokens", 1u << 24);
 		} else if (!strcmp(nm, "gen")) {
-			if (!cli_parse_u64(C, "--gen", arg, &n_gen) || n_gen > (1u << 24))
+			if (!cli_parse_u64(C, nm, arg, &n_gen))
 				return SFW_EXIT_USAGE;
+			if (n_gen > (1u << 24))
+				return cli_usage_error(C, "--gen %llu is more than %u steps", n_gen, 1u << 24);
 		} else if (!strcmp(nm, "prefill-chunk")) {
-			if (!cli_parse_u64(C, "--prefill-chunk", arg, &chunk) || chunk < 1 || chunk > (1u << 20))
+			if (!cli_parse_u64(C, nm, arg, &chunk))
 				return SFW_EXIT_USAGE;
+			if (chunk < 1 || chunk > (1u << 20))
+				return cli_usage_error(C, "--prefill-chunk must be 1 to %u rows", 1u << 20);
 		} else if (!strcmp(nm, "max-context")) {
-			if (!cli_parse_u64(C, "--max-context", arg, &max_ctx) || max_ctx > (1ull << 30))
+			if (!cli_parse_u64(C, nm, arg, &max_ctx))
 				return SFW_EXIT_USAGE;
+			if (max_ctx > (1ull << 30))
+				return cli_usage_error(C, "--max-context %llu is more than %llu tokens", max_ctx, 1ull << 30);
 		} else if (!strcmp(nm, "gemm"))
 			gemm = arg;
 		else if (!strcmp(nm, "dense-as-sparse"))
@@ -147,6 +157,7 @@ int cmd_bench(int argc, char **argv)
 	if (r.device_mem)
 		printf("peak device memory: %.2f GiB (salafw allocations), %.2f GiB (driver: whole process)\n",
 		       r.peak_bytes / 1073741824.0, r.driver_bytes / 1073741824.0);
+	s = cli_stdout_flush(&err);
 done:
 	sfw_model_free(m);
 	return s == SFW_OK ? SFW_EXIT_OK : cli_report(s, &err);

@@ -45,15 +45,36 @@ static const struct cli_opt opts[] = {
 	{0},
 };
 
-static int read_stdin(struct sfw_buf *b)
+#define CHAT_STDIN_MAX (64u << 20)
+
+/* The --chat message from standard input: at most CHAT_STDIN_MAX bytes of
+ * text without NUL (the message is a C string from here on). Prints the
+ * problem and returns an exit code (0 = ok). */
+static int read_stdin(const char *cmd, struct sfw_buf *b)
 {
-	char tmp[4096];
+	char tmp[65536];
 	size_t k;
-	while ((k = fread(tmp, 1, sizeof(tmp), stdin)) > 0)
-		if (sfw_buf_append(b, tmp, k) != SFW_OK)
-			return -1;
-	return ferror(stdin) ? -1 : 0;
+	while ((k = fread(tmp, 1, sizeof(tmp), stdin)) > 0) {
+		if (memchr(tmp, '\0', k)) {
+			fprintf(stderr, "%s: --chat: standard input holds a NUL byte; the message must be text\n", cmd);
+			return SFW_EXIT_IO;
+		}
+		enum sfw_status s = sfw_buf_append(b, tmp, k);
+		if (s == SFW_E_RANGE) {
+			fprintf(stderr, "%s: --chat: the message on standard input is too long (limit %u MiB)\n", cmd,
+				CHAT_STDIN_MAX >> 20);
+			return SFW_EXIT_IO;
+		}
+		if (s != SFW_OK)
+			return cli_report(s, NULL);
+	}
+	if (ferror(stdin)) {
+		fprintf(stderr, "%s: --chat: cannot read standard input: %s\n", cmd, strerror(errno));
+		return SFW_EXIT_IO;
+	}
+	return 0;
 }
+
 
 int cmd_run(int argc, char **argv)
 {
@@ -65,6 +86,7 @@ int cmd_run(int argc, char **argv)
 	cli_model_opts_init(&mo);
 	double d;
 	struct sfw_sampler_params sp = sfw_sampler_default_params();
+	double temp = sp.temperature, top_p = sp.top_p;
 	struct cli_parser cp;
 	const char *arg;
 	int k;
@@ -86,22 +108,26 @@ int cmd_run(int argc, char **argv)
 		else if (!strcmp(nm, "ids"))
 			ids_path = arg;
 		else if (!strcmp(nm, "n")) {
-			if (!cli_parse_u64(C, "-n", arg, &n_gen) || n_gen > (1u << 24))
+			if (!cli_parse_u64(C, nm, arg, &n_gen))
 				return SFW_EXIT_USAGE;
+			if (n_gen > (1u << 24))
+				return cli_usage_error(C, "-n %llu is more than %u tokens", n_gen, 1u << 24);
 		} else if (!strcmp(nm, "temp")) {
-			if (!cli_parse_double(C, "--temp", arg, &d))
+			if (!cli_parse_double(C, nm, arg, &d))
 				return SFW_EXIT_USAGE;
-			sp.temperature = (float)d;
+			temp = d;
 		} else if (!strcmp(nm, "top-k")) {
-			if (!cli_parse_u64(C, "--top-k", arg, &u) || u > INT32_MAX)
+			if (!cli_parse_u64(C, nm, arg, &u))
 				return SFW_EXIT_USAGE;
+			if (u > INT32_MAX)
+				return cli_usage_error(C, "--top-k %llu is more than %d", u, INT32_MAX);
 			sp.top_k = (int)u;
 		} else if (!strcmp(nm, "top-p")) {
-			if (!cli_parse_double(C, "--top-p", arg, &d))
+			if (!cli_parse_double(C, nm, arg, &d))
 				return SFW_EXIT_USAGE;
-			sp.top_p = (float)d;
+			top_p = d;
 		} else if (!strcmp(nm, "seed")) {
-			if (!cli_parse_u64(C, "--seed", arg, &u))
+			if (!cli_parse_u64(C, nm, arg, &u))
 				return SFW_EXIT_USAGE;
 			sp.seed = u;
 		} else if (!strcmp(nm, "greedy"))
@@ -111,13 +137,30 @@ int cmd_run(int argc, char **argv)
 		else if (!strcmp(nm, "dense-as-sparse"))
 			das = 1;
 		else if (!strcmp(nm, "max-context")) {
-			if (!cli_parse_u64(C, "--max-context", arg, &max_ctx) || max_ctx > (1ull << 30))
+			if (!cli_parse_u64(C, nm, arg, &max_ctx))
 				return SFW_EXIT_USAGE;
+			if (max_ctx > (1ull << 30))
+				return cli_usage_error(C, "--max-context %llu is more than %llu tokens", max_ctx, 1ull << 30);
 		} else if (!strcmp(nm, "prefill-chunk")) {
-			if (!cli_parse_u64(C, "--prefill-chunk", arg, &chunk) || chunk < 1 || chunk > (1u << 20))
+			if (!cli_parse_u64(C, nm, arg, &chunk))
 				return SFW_EXIT_USAGE;
+			if (chunk < 1 || chunk > (1u << 20))
+				return cli_usage_error(C, "--prefill-chunk must be 1 to %u rows", 1u << 20);
 		}
 	}
+	/* Sampler values are checked here, before any model is loaded. A
+	 * temperature whose reciprocal overflows a float (1e-40) would turn the
+	 * logits into inf and NaN: refuse it, 0 already means greedy. */
+	if (temp < 0)
+		return cli_usage_error(C, "--temp %g is negative (0 = greedy)", temp);
+	if (temp > 0 && temp < 1e-6)
+		return cli_usage_error(C, "--temp %g is too small; use --temp 0 for greedy", temp);
+	if (temp > 1e6)
+		return cli_usage_error(C, "--temp %g is too large (at most 1e6)", temp);
+	if (!(top_p > 0 && top_p <= 1))
+		return cli_usage_error(C, "--top-p %g must be in (0, 1]", top_p);
+	sp.temperature = (float)temp;
+	sp.top_p = (float)top_p;
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
 	if ((prompt != NULL) + (ids_path != NULL) > 1 || (ids_path && chat) || (!prompt && !ids_path && !chat))
@@ -142,47 +185,40 @@ int cmd_run(int argc, char **argv)
 	int32_t *ids = NULL;
 	size_t n_ids = 0;
 	float *logits = NULL;
-	struct sfw_buf text, out;
-	sfw_buf_init(&text, 64u << 20);
+	struct sfw_buf text, out, in;
+	/* The chat turn is the message plus the system text and a few markers. */
+	sfw_buf_init(&text, CHAT_STDIN_MAX + (system ? strlen(system) : 0) + 4096);
 	sfw_buf_init(&out, 1u << 20);
+	sfw_buf_init(&in, CHAT_STDIN_MAX);
 
-	if ((s = sfw_model_load(dir, &mp, &m, &err)) != SFW_OK)
-		goto fail;
-	const struct sfw_config *cf = sfw_model_config(m);
+	/* Input problems are reported before the model is loaded. */
 	char tpath[4200];
 	struct stat st;
 	snprintf(tpath, sizeof(tpath), "%s/tokenizer.model", dir);
 	int have_tok = stat(tpath, &st) == 0;
 	if (!have_tok && (prompt || chat)) {
-		s = sfw_fail(&err, SFW_E_MISSING, "'%s' has no tokenizer.model (use --ids)", dir);
-		goto fail;
+		fprintf(stderr, "%s: '%s' has no tokenizer.model (use --ids)\n", C, dir);
+		rc = SFW_EXIT_USAGE;
+		goto out_rc;
 	}
+	if (ids_path && (rc = cli_read_ids(C, ids_path, &ids, &n_ids)) != 0)
+		goto out_rc;
+	if (chat && !prompt && (rc = read_stdin(C, &in)) != 0)
+		goto out_rc;
+
+	if ((s = sfw_model_load(dir, &mp, &m, &err)) != SFW_OK)
+		goto fail;
+	const struct sfw_config *cf = sfw_model_config(m);
 	if (have_tok && (s = sfw_tokenizer_load(dir, cf->vocab_size, &tok, &err)) != SFW_OK)
 		goto fail;
-	if (ids_path) {
-		if ((rc = cli_read_ids(C, ids_path, &ids, &n_ids)) != 0)
-			goto out_rc;
-	} else {
+	if (!ids_path) {
 		if (chat) {
-			const char *user = prompt;
-			struct sfw_buf in;
-			sfw_buf_init(&in, 64u << 20);
-			if (!user) {
-				if (read_stdin(&in) != 0) {
-					sfw_buf_release(&in);
-					s = sfw_fail(&err, SFW_E_IO, "cannot read the chat message from standard input");
-					goto fail;
-				}
-				user = in.data ? in.data : "";
-			}
 			struct sfw_chat_msg msgs[2];
 			size_t nm = 0;
 			if (system)
 				msgs[nm++] = (struct sfw_chat_msg){"system", system};
-			msgs[nm++] = (struct sfw_chat_msg){"user", user};
-			s = sfw_chat_format(msgs, nm, 1, &text, &err);
-			sfw_buf_release(&in);
-			if (s != SFW_OK)
+			msgs[nm++] = (struct sfw_chat_msg){"user", prompt ? prompt : in.data ? in.data : ""};
+			if ((s = sfw_chat_format(msgs, nm, 1, &text, &err)) != SFW_OK)
 				goto fail;
 		} else if ((s = sfw_buf_append(&text, prompt, strlen(prompt))) != SFW_OK) {
 			sfw_fail(&err, s, "prompt too long");
@@ -256,7 +292,8 @@ int cmd_run(int argc, char **argv)
 		} else {
 			printf("%s%d", produced ? " " : "", id);
 		}
-		fflush(stdout);
+		if ((s = cli_stdout_flush(&err)) != SFW_OK)
+			goto fail;
 		if (produced + 1 == n_gen)
 			break; /* no forward pass for a token nobody will read */
 		if (dev_sample)
@@ -275,7 +312,8 @@ int cmd_run(int argc, char **argv)
 		fwrite(out.data ? out.data : "", 1, out.len, stdout);
 	}
 	printf("\n");
-	fflush(stdout);
+	if ((s = cli_stdout_flush(&err)) != SFW_OK)
+		goto fail;
 	/* Decode speed counts the one-token forward passes actually made. */
 	fprintf(stderr, "%s: prefill %zu tokens in %.3f s (%.1f tok/s), decode %llu tokens in %.3f s (%.1f tok/s) [%s]\n",
 		C, n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), steps, t2 - t1,
@@ -291,6 +329,7 @@ out_rc:
 	sfw_free(ids);
 	sfw_buf_release(&text);
 	sfw_buf_release(&out);
+	sfw_buf_release(&in);
 	sfw_ctx_free(ctx);
 	sfw_tokenizer_free(tok);
 	sfw_model_free(m);

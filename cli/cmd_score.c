@@ -22,6 +22,9 @@ static const struct cli_opt opts[] = {
 	{0},
 };
 
+/* Decode steps at most, with --decode or taken from --feed-from. */
+#define SCORE_DECODE_MAX (1u << 20)
+
 int cmd_score(int argc, char **argv)
 {
 	const char *C = "salafw score";
@@ -45,8 +48,10 @@ int cmd_score(int argc, char **argv)
 		if (!strcmp(nm, "ids"))
 			ids_path = arg;
 		else if (!strcmp(nm, "decode")) {
-			if (!cli_parse_u64(C, "--decode", arg, &n_dec) || n_dec > (1u << 20))
+			if (!cli_parse_u64(C, nm, arg, &n_dec))
 				return SFW_EXIT_USAGE;
+			if (n_dec > SCORE_DECODE_MAX)
+				return cli_usage_error(C, "--decode %llu is more than %u steps", n_dec, SCORE_DECODE_MAX);
 			have_dec = 1;
 		} else if (!strcmp(nm, "feed-from"))
 			feed_path = arg;
@@ -55,8 +60,10 @@ int cmd_score(int argc, char **argv)
 		else if (!strcmp(nm, "output"))
 			outp = arg;
 		else if (!strcmp(nm, "chunk")) {
-			if (!cli_parse_u64(C, "--chunk", arg, &chunk) || chunk < 1 || chunk > (1u << 20))
+			if (!cli_parse_u64(C, nm, arg, &chunk))
 				return SFW_EXIT_USAGE;
+			if (chunk < 1 || chunk > (1u << 20))
+				return cli_usage_error(C, "--chunk must be 1 to %u rows", 1u << 20);
 		} else if (!strcmp(nm, "dense-as-sparse"))
 			das = 1;
 	}
@@ -82,17 +89,28 @@ int cmd_score(int argc, char **argv)
 	struct sfw_record *r = NULL;
 	const int32_t *feed_ids = NULL;
 	if (feed_path) {
-		if ((s = sfw_st_open(feed_path, &feed, &err)) != SFW_OK)
+		if ((s = sfw_st_open(feed_path, &feed, &err)) != SFW_OK) {
+			/* an input file: exit 5, not 1 ("verification failed") */
+			char msg[sizeof(err.msg)];
+			snprintf(msg, sizeof(msg), "%s", err.msg);
+			s = sfw_fail(&err, s == SFW_E_MISSING ? SFW_E_IO : s, "--feed-from: %s", msg);
 			goto done;
+		}
 		const struct sfw_tensor_info *t = sfw_st_find(feed, "decode.input_ids");
 		if (!t || t->dtype != SFW_DTYPE_I32 || t->ndim != 1) {
-			s = sfw_fail(&err, SFW_E_FORMAT, "'%s' has no I32 vector 'decode.input_ids'", feed_path);
+			s = sfw_fail(&err, SFW_E_FORMAT, "--feed-from: '%s' has no I32 vector 'decode.input_ids'", feed_path);
+			goto done;
+		}
+		if (!have_dec && t->nelem > SCORE_DECODE_MAX) {
+			s = sfw_fail(&err, SFW_E_INVAL,
+				     "--feed-from: '%s' holds %llu decode ids, more than %u steps (pass --decode N)",
+				     feed_path, (unsigned long long)t->nelem, SCORE_DECODE_MAX);
 			goto done;
 		}
 		if (!have_dec)
 			n_dec = t->nelem;
 		if (n_dec > t->nelem) {
-			s = sfw_fail(&err, SFW_E_INVAL, "--decode %llu but '%s' holds only %llu decode ids", n_dec,
+			s = sfw_fail(&err, SFW_E_INVAL, "--decode %llu but --feed-from '%s' holds only %llu decode ids", n_dec,
 				     feed_path, (unsigned long long)t->nelem);
 			goto done;
 		}

@@ -41,8 +41,12 @@ static int model_opt(struct cli_model_opts *o, const char *cmd, const char *name
 			return -1;
 		}
 	} else if (!strcmp(name, "threads")) {
-		if (!cli_parse_u64(cmd, "threads", arg, &o->threads) || o->threads > 256)
+		if (!cli_parse_u64(cmd, "threads", arg, &o->threads))
 			return -1;
+		if (o->threads > 256) {
+			cli_usage_error(cmd, "--threads must be at most 256 (0 = all cores)");
+			return -1;
+		}
 	} else if (!strcmp(name, "no-verify")) {
 		o->no_verify = 1;
 	} else if (!strcmp(name, "verify-full")) {
@@ -127,6 +131,14 @@ int cli_model_gate(const char *cmd, const char *dir, int no_verify, int full, co
 	return 0;
 }
 
+/* An --ids file that cannot be opened or parsed is a local input problem:
+ * exit 5 (I/O), never 1, which means "verification failed". */
+static int ids_fail(const char *cmd, const struct sfw_err *err)
+{
+	fprintf(stderr, "%s: --ids: %s\n", cmd, err->msg[0] ? err->msg : sfw_strerror(err->code));
+	return SFW_EXIT_IO;
+}
+
 int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n)
 {
 	struct sfw_err err = {0};
@@ -136,12 +148,17 @@ int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n)
 	size_t len = strlen(path);
 	if (len > 12 && strcmp(path + len - 12, ".safetensors") == 0) {
 		if (sfw_st_open(path, &f, &err) != SFW_OK)
-			return cli_report(err.code, &err);
+			return ids_fail(cmd, &err);
 		const struct sfw_tensor_info *t = sfw_st_find(f, "input_ids");
-		if (!t || (t->dtype != SFW_DTYPE_I32 && t->dtype != SFW_DTYPE_I64) || t->nelem == 0 ||
-		    t->nelem > (1u << 30)) {
+		if (!t || (t->dtype != SFW_DTYPE_I32 && t->dtype != SFW_DTYPE_I64) || t->nelem == 0) {
 			sfw_st_close(f);
-			fprintf(stderr, "%s: '%s' has no non-empty I32/I64 tensor 'input_ids'\n", cmd, path);
+			fprintf(stderr, "%s: --ids: '%s' has no non-empty I32/I64 tensor 'input_ids'\n", cmd, path);
+			return SFW_EXIT_IO;
+		}
+		if (t->nelem > (1u << 30)) {
+			fprintf(stderr, "%s: --ids: '%s': input_ids holds %llu ids, more than the limit %u\n", cmd, path,
+				(unsigned long long)t->nelem, 1u << 30);
+			sfw_st_close(f);
 			return SFW_EXIT_IO;
 		}
 		*ids = sfw_malloc((size_t)t->nelem * sizeof(int32_t));
@@ -155,7 +172,7 @@ int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n)
 				sfw_st_close(f);
 				sfw_free(*ids);
 				*ids = NULL;
-				fprintf(stderr, "%s: '%s': input_ids[%llu] = %lld is not a token id\n", cmd, path,
+				fprintf(stderr, "%s: --ids: '%s': input_ids[%llu] = %lld is not a token id\n", cmd, path,
 					(unsigned long long)i, (long long)v);
 				return SFW_EXIT_IO;
 			}
@@ -168,7 +185,13 @@ int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n)
 	struct sfw_buf b;
 	sfw_buf_init(&b, 256u << 20);
 	if (sfw_read_file(path, 256u << 20, &b, &err) != SFW_OK)
-		return cli_report(err.code, &err);
+		return ids_fail(cmd, &err);
+	if (b.data && memchr(b.data, '\0', b.len)) {
+		fprintf(stderr, "%s: --ids: '%s' holds a NUL byte (want text integers or a .safetensors file)\n", cmd,
+			path);
+		sfw_buf_release(&b);
+		return SFW_EXIT_IO;
+	}
 	size_t cap = 0;
 	const char *p = b.data ? b.data : "";
 	while (*p) {
@@ -180,7 +203,7 @@ int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n)
 		errno = 0;
 		long long v = strtoll(p, &end, 10);
 		if (end == p || errno || v < 0 || v > INT32_MAX) {
-			fprintf(stderr, "%s: '%s': not a token id near '%.16s'\n", cmd, path, p);
+			fprintf(stderr, "%s: --ids: '%s': not a token id near '%.16s'\n", cmd, path, p);
 			sfw_free(*ids);
 			*ids = NULL;
 			sfw_buf_release(&b);
@@ -202,7 +225,7 @@ int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n)
 	}
 	sfw_buf_release(&b);
 	if (*n == 0) {
-		fprintf(stderr, "%s: '%s' holds no token ids\n", cmd, path);
+		fprintf(stderr, "%s: --ids: '%s' holds no token ids\n", cmd, path);
 		return SFW_EXIT_IO;
 	}
 	return 0;

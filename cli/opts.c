@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -107,6 +108,15 @@ int cli_report(enum sfw_status st, const struct sfw_err *err)
 	return sfw_exit_code(st);
 }
 
+enum sfw_status cli_stdout_flush(struct sfw_err *err)
+{
+	errno = 0;
+	if (fflush(stdout) != 0 || ferror(stdout))
+		return sfw_fail(err, SFW_E_IO, "cannot write to standard output: %s",
+				errno ? strerror(errno) : "write error");
+	return SFW_OK;
+}
+
 int cli_usage_error(const char *cmd, const char *fmt, ...)
 {
 	va_list ap;
@@ -118,17 +128,34 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 	return SFW_EXIT_USAGE;
 }
 
+/* The option as the user typed it: "-n" for a one-letter name, "--name"
+ * otherwise; a name given with its dashes is shown as it is. */
+static void opt_label(char *buf, size_t size, const char *opt)
+{
+	if (opt[0] == '-')
+		snprintf(buf, size, "%s", opt);
+	else
+		snprintf(buf, size, "%s%s", opt[1] ? "--" : "-", opt);
+}
+
 int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long long *out)
 {
-	char *end;
-	errno = 0;
-	if (!s || !*s || *s == '-') {
-		fprintf(stderr, "%s: --%s needs a non-negative integer\n", cmd, opt);
+	char lab[64], *end;
+	opt_label(lab, sizeof(lab), opt);
+	/* Digits only: strtoull would skip white space and accept a sign
+	 * (" -1" wraps to 2^64 - 1). */
+	if (!s || !isdigit((unsigned char)*s)) {
+		fprintf(stderr, "%s: %s: '%s' is not a non-negative integer\n", cmd, lab, s ? s : "");
 		return 0;
 	}
+	errno = 0;
 	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || *end) {
-		fprintf(stderr, "%s: --%s: '%s' is not a non-negative integer\n", cmd, opt, s);
+	if (*end) {
+		fprintf(stderr, "%s: %s: '%s' is not a non-negative integer\n", cmd, lab, s);
+		return 0;
+	}
+	if (errno) {
+		fprintf(stderr, "%s: %s: '%s' is too large\n", cmd, lab, s);
 		return 0;
 	}
 	*out = v;
@@ -137,11 +164,20 @@ int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long
 
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out)
 {
-	char *end;
+	char lab[64], *end;
+	opt_label(lab, sizeof(lab), opt);
 	errno = 0;
-	double v = s ? strtod(s, &end) : 0;
-	if (!s || !*s || errno || *end || !isfinite(v)) {
-		fprintf(stderr, "%s: --%s: '%s' is not a number\n", cmd, opt, s ? s : "");
+	double v = s && *s && !isspace((unsigned char)*s) ? strtod(s, &end) : 0;
+	if (!s || !*s || isspace((unsigned char)*s) || *end) {
+		fprintf(stderr, "%s: %s: '%s' is not a number\n", cmd, lab, s ? s : "");
+		return 0;
+	}
+	if (!isfinite(v) || (errno == ERANGE && (v > 1 || v < -1))) {
+		fprintf(stderr, "%s: %s: '%s' is not a finite number\n", cmd, lab, s);
+		return 0;
+	}
+	if (errno == ERANGE) { /* underflow: 1e-400 must not quietly become 0 */
+		fprintf(stderr, "%s: %s: '%s' is too close to zero\n", cmd, lab, s);
 		return 0;
 	}
 	*out = v;

@@ -7,7 +7,8 @@ static enum sfw_status put(struct sfw_buf *out, const char *s, struct sfw_err *e
 {
 	enum sfw_status st = sfw_buf_append(out, s, strlen(s));
 	if (st != SFW_OK)
-		return sfw_fail(err, st, "chat prompt does not fit the buffer");
+		return st == SFW_E_RANGE ? sfw_fail(err, st, "chat prompt is too long (limit %zu bytes)", out->max)
+					 : sfw_fail(err, st, "out of memory for the chat prompt");
 	return SFW_OK;
 }
 

@@ -92,9 +92,93 @@ if $SALAFW mkmodel --preset tiny -o "$S/t" >/dev/null 2>&1; then
 	[ -n "$a" ] && [ "$a" = "$b" ] && pass "run -p is deterministic for a seed" || fail "run -p: '$a' vs '$b'"
 	check "run --chat" $SALAFW run "$S/t" --chat -p "Hi" -n 8 --greedy --no-verify
 	check "run --chat from stdin" bash -c "echo 'Hi there' | $SALAFW run '$S/t' --chat -n 4 --no-verify"
+	# a chat message with a NUL byte is refused, not cut short; over 64 MiB is "too long"
+	check_err "run --chat refuses a NUL on stdin" 5 "^salafw run: --chat: standard input holds a NUL byte" \
+		bash -c "printf 'Hi\\0there' | $SALAFW run '$S/t' --chat -n 4 --no-verify"
+	check_err "run --chat: over 64 MiB on stdin is too long" 5 "^salafw run: --chat: .* too long \(limit 64 MiB\)" \
+		bash -c "head -c $((64 * 1048576 + 1)) /dev/zero | tr '\\0' a | $SALAFW run '$S/t' --chat -n 4 --no-verify"
+	# output that cannot be written is exit 5, in text and in --print-ids mode
+	check_err "run > /dev/full exits 5" 5 "cannot write to standard output" \
+		bash -c "$SALAFW run '$S/t' -p Hello -n 4 --greedy --no-verify > /dev/full"
+	check_err "run --print-ids > /dev/full exits 5" 5 "cannot write to standard output" \
+		bash -c "$SALAFW run '$S/t' -p Hello -n 4 --greedy --print-ids --no-verify > /dev/full"
 else
 	fail "mkmodel tiny"
 fi
 check_exit "run needs a prompt" 2 $SALAFW run "$G/tiny-dense" --no-verify
 check_exit "run -p and --ids conflict" 2 $SALAFW run "$G/tiny-dense" -p x --ids "$S/ids.txt" --no-verify
+
+# Option values: each bad one is a usage error (exit 2) with one line naming
+# the option as typed and the problem.
+D="$G/tiny-dense"
+R="$SALAFW run $D --ids $S/ids.txt --no-verify"
+check_err "run -n too large" 2 "^salafw run: -n 16777217 is more than 16777216 tokens" $R -n 16777217
+check_err "run --top-k too large" 2 "^salafw run: --top-k 2147483648 is more than 2147483647" $R --top-k 2147483648
+check_err "run --max-context too large" 2 "^salafw run: --max-context 1073741825 is more than" \
+	$R --max-context 1073741825
+check_err "run --prefill-chunk 0" 2 "^salafw run: --prefill-chunk must be 1 to 1048576 rows" $R --prefill-chunk 0
+check_err "run --threads too large" 2 "^salafw run: --threads must be at most 256" $R --threads 257
+check_err "score --decode too large" 2 "^salafw score: --decode 1048577 is more than 1048576 steps" \
+	$SALAFW score "$D" --ids "$S/ids.txt" -o "$S/x.safetensors" --no-verify --decode 1048577
+check_err "score --chunk 0" 2 "^salafw score: --chunk must be 1 to 1048576 rows" \
+	$SALAFW score "$D" --ids "$S/ids.txt" -o "$S/x.safetensors" --no-verify --chunk 0
+check_err "bench --prompt 0" 2 "^salafw bench: --prompt must be 1 to 16777216 tokens" \
+	$SALAFW bench "$D" --no-verify --prompt 0
+check_err "bench --gen too large" 2 "^salafw bench: --gen 16777217 is more than" $SALAFW bench "$D" --no-verify --gen 16777217
+check_err "bench --prefill-chunk 0" 2 "^salafw bench: --prefill-chunk must be 1 to" \
+	$SALAFW bench "$D" --no-verify --prefill-chunk 0
+check_err "bench --max-context too large" 2 "^salafw bench: --max-context 1073741825 is more than" \
+	$SALAFW bench "$D" --no-verify --max-context 1073741825
+# the option is named once with its dashes ("--temp", not "----temp")
+check_err "run --temp x names --temp" 2 "^salafw run: --temp: 'x' is not a number$" $R --temp x
+check_err "run -n x names -n" 2 "^salafw run: -n: 'x' is not a non-negative integer$" $R -n x
+check_err "run --seed ' -1' is not wrapped to 2^64-1" 2 "^salafw run: --seed: ' -1' is not a non-negative integer$" \
+	$R --seed ' -1'
+check_err "score --decode x names --decode" 2 "^salafw score: --decode: 'x' is not a non-negative integer$" \
+	$SALAFW score "$D" --ids "$S/ids.txt" -o "$S/x.safetensors" --no-verify --decode x
+check_err "bench --gen x names --gen" 2 "^salafw bench: --gen: 'x' is not a non-negative integer$" \
+	$SALAFW bench "$D" --no-verify --gen x
+check_err "verify --threads x names --threads" 2 "^salafw verify: --threads: 'x' is not a non-negative integer$" \
+	$SALAFW verify "$D" --threads x
+# sampler values are refused before any model is opened (the directory does not exist)
+N="$SALAFW run $S/no-such-model -p x --no-verify"
+check_err "run --temp -1 before loading" 2 "^salafw run: --temp -1 is negative" $N --temp -1
+check_err "run --temp nan" 2 "^salafw run: --temp: 'nan' is not a finite number$" $N --temp nan
+check_err "run --temp inf" 2 "^salafw run: --temp: 'inf' is not a finite number$" $N --temp inf
+check_err "run --temp 1e-40 (1/T overflows)" 2 "use --temp 0 for greedy" $N --temp 1e-40
+check_err "run --temp 1e-400 is not read as 0" 2 "^salafw run: --temp: '1e-400' is too close to zero$" $N --temp 1e-400
+check_err "run --top-p 0" 2 "^salafw run: --top-p 0 must be in \(0, 1\]" $N --top-p 0
+check_err "run --top-p 1.5" 2 "^salafw run: --top-p 1.5 must be in \(0, 1\]" $N --top-p 1.5
+check_err "run --top-k -1" 2 "^salafw run: --top-k: '-1' is not a non-negative integer$" $N --top-k -1
+check "run --temp 1e-6 samples" $R --temp 1e-6 -n 2
+
+# input files: exit 5 naming the option and file, never 1 ("verification failed")
+check_err "run --ids missing file exits 5" 5 "^salafw run: --ids: cannot open '$S/nope.txt'" $R --ids "$S/nope.txt"
+check_err "score --ids missing file exits 5" 5 "^salafw score: --ids: cannot open '$S/nope.txt'" \
+	$SALAFW score "$D" --ids "$S/nope.txt" -o "$S/x.safetensors" --no-verify
+printf '1 2\0 3' > "$S/nul.txt"
+check_err "run --ids with a NUL byte" 5 "^salafw run: --ids: '$S/nul.txt' holds a NUL byte" $R --ids "$S/nul.txt"
+check_err "run -p without tokenizer.model is a usage error" 2 "has no tokenizer.model \(use --ids\)" \
+	$SALAFW run "$D" -p hello --no-verify
+check_err "score --feed-from missing file exits 5" 5 "^salafw: --feed-from: cannot open '$S/nope.st'" \
+	$SALAFW score "$D" --ids "$S/ids.txt" --feed-from "$S/nope.st" -o "$S/x.safetensors" --no-verify
+# --feed-from longer than the 2^20 decode cap: refused unless --decode N says how many
+python3 - "$S/bigfeed.safetensors" <<'PY'
+import json, struct, sys
+n = (1 << 20) + 1
+h = json.dumps({"decode.input_ids": {"dtype": "I32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+h += b' ' * (-len(h) % 8)
+with open(sys.argv[1], 'wb') as f:
+	f.write(struct.pack('<Q', len(h)) + h + bytes(4 * n))
+PY
+check_err "score --feed-from over 2^20 ids" 2 "holds 1048577 decode ids, more than 1048576 steps \(pass --decode N\)" \
+	$SALAFW score "$D" --ids "$S/ids.txt" --feed-from "$S/bigfeed.safetensors" -o "$S/x.safetensors" --no-verify
+check "score --feed-from over 2^20 ids with --decode 2" $SALAFW score "$D" --ids "$S/ids.txt" \
+	--feed-from "$S/bigfeed.safetensors" --decode 2 -o "$S/x.safetensors" --no-verify
+# output that cannot be written
+check_err "run --ids > /dev/full exits 5" 5 "cannot write to standard output" \
+	bash -c "$R -n 2 --greedy > /dev/full"
+check_err "bench > /dev/full exits 5" 5 "cannot write to standard output" \
+	bash -c "$SALAFW bench '$D' --no-verify --prompt 8 --gen 2 > /dev/full"
+
 check_report test_run.sh
