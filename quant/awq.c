@@ -4,8 +4,8 @@
  * 1. Calibration: the model's tokenizer on the calibration text (--calib, or
  *    the built-in sfw_default_corpus); the tokens are cut into `samples`
  *    sequences of `seq_len` (BOS first). A directory without tokenizer.model
- *    (the golden test models) uses the text's bytes as ids (3 + byte mod
- *    (vocab - 3)), with a warning. Each sequence is one prefill through the
+ *    (the golden test models) uses the text's bytes as ids (3 + byte), with
+ *    a warning; a vocab below 259 cannot hold them and is refused. Each sequence is one prefill through the
  *    bf16 model on the runner (fp32 on the CPU) with the linear-input taps
  *    (runner.h): every row updates the per-channel mean |x| (double sums);
  *    an evenly spaced subset of loss_rows rows per layer is kept for the loss.
@@ -68,6 +68,8 @@ struct calib {
 static void on_tap(void *user, const struct sfw_tap *t)
 {
 	struct calib *c = user;
+	if (c->nomem) /* the run stops after this prefill; later chunks must not touch a half-made tapstat */
+		return;
 	int li;
 	char what[16];
 	if (sscanf(t->name, "prefill.layer.%d.%15s", &li, what) != 2 || li < 0 || li >= c->L)
@@ -83,6 +85,8 @@ static void on_tap(void *user, const struct sfw_tap *t)
 		s->sum = sfw_calloc((size_t)t->cols, sizeof(double));
 		s->rows = sfw_malloc((size_t)c->loss_rows * t->cols * sizeof(float));
 		if (!s->sum || !s->rows) {
+			sfw_free(s->sum), sfw_free(s->rows);
+			s->sum = NULL, s->rows = NULL;
 			c->nomem = 1;
 			return;
 		}
@@ -124,6 +128,10 @@ static enum sfw_status calib_ids(const char *dir, const struct sfw_quant_params 
 		if ((s = sfw_tokenizer_load(dir, vocab, &tok, err)) == SFW_OK)
 			s = sfw_tokenizer_encode(tok, t, len, 0, ids, n, err);
 		sfw_tokenizer_free(tok);
+	} else if (vocab < 259) { /* ids 3 + byte must stay below the vocab */
+		s = sfw_fail(err, SFW_E_UNSUPPORTED,
+			     "model '%s': no tokenizer.model, and vocab_size %d is too small to calibrate on bytes "
+			     "(259 needed); use --method rtn", dir, vocab);
 	} else {
 		sfw_log(SFW_LOG_WARN, "'%s' has no tokenizer.model: AWQ calibrates on the text's bytes as token ids",
 			dir);
@@ -131,7 +139,7 @@ static enum sfw_status calib_ids(const char *dir, const struct sfw_quant_params 
 		if (!*ids)
 			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		for (size_t i = 0; s == SFW_OK && i < len; i++)
-			(*ids)[i] = 3 + (int32_t)((unsigned char)t[i] % (unsigned)(vocab - 3));
+			(*ids)[i] = 3 + (int32_t)(unsigned char)t[i];
 		*n = len;
 	}
 	sfw_buf_release(&text);
@@ -160,8 +168,9 @@ static double now_loss_mse(const float *a, const float *b, size_t n)
 }
 
 /* Searches one group; *out = the scales (NULL: identity). */
-static enum sfw_status search(const struct tapstat *ts, const struct balance *bl, const struct sfw_quant_params *p,
-			      float **out, struct sfw_quant_stats *st, struct sfw_err *err)
+static enum sfw_status search(const char *dir, const struct tapstat *ts, const struct balance *bl,
+			      const struct sfw_quant_params *p, float **out, struct sfw_quant_stats *st,
+			      struct sfw_err *err)
 {
 	*out = NULL;
 	int K = ts->cols, R = ts->nrows;
@@ -170,7 +179,8 @@ static enum sfw_status search(const struct tapstat *ts, const struct balance *bl
 	int64_t N = 0;
 	for (int i = 0; i < bl->n; i++) {
 		if (bl->w[i]->cols != K || (bl->w[i]->dtype != SFW_OP_BF16 && bl->w[i]->dtype != SFW_OP_F32))
-			return sfw_fail(err, SFW_E_FORMAT, "AWQ: balance weight '%s' does not match its input width %d",
+			return sfw_fail(err, SFW_E_FORMAT,
+					"model '%s': AWQ: balance weight '%s' does not match its input width %d", dir,
 					bl->w[i]->name, K);
 		N += bl->w[i]->rows;
 	}
@@ -239,7 +249,11 @@ static enum sfw_status search(const struct tapstat *ts, const struct balance *bl
 			for (int k = 0; k < K; k++)
 				q[k] = w[k] * s[k];
 			if (sfw_quant_fake_row_w8(q, K, p->group_size) != 0) {
-				rc = sfw_fail(err, SFW_E_FORMAT, "AWQ: non-finite weights in '%s'", bl->w[0]->name);
+				int i = 0; /* name the tensor that row r belongs to */
+				for (int64_t r0 = 0; i + 1 < bl->n && r >= r0 + bl->w[i]->rows; i++)
+					r0 += bl->w[i]->rows;
+				rc = sfw_fail(err, SFW_E_FORMAT, "model '%s': AWQ: non-finite weights in '%s'", dir,
+					      bl->w[i]->name);
 				goto done;
 			}
 			for (int k = 0; k < K; k++)
@@ -272,7 +286,7 @@ done:
 enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_params *p, struct sfwi_fold *out,
 				struct sfw_err *err)
 {
-	struct sfw_quant_stats local, *st = p->stats ? p->stats : &local;
+	struct sfw_quant_stats local = {0}, *st = p->stats ? p->stats : &local;
 	out->n_layers = 0;
 	out->L = NULL;
 	if (p->samples < 1 || p->seq_len < 2 || p->loss_rows < 1 || p->n_grid < 1)
@@ -344,13 +358,13 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		if (L->kind == SFW_MIXER_LIGHTNING && L->z.host)
 			attn.w[attn.n++] = &L->z;
 		struct balance o = {{&L->o}, 1}, mlp = {{&L->gate, &L->up}, 2}, down = {{&L->down}, 1};
-		s = search(&c.st[li * T_N + T_ATTN], &attn, p, &F->s_attn, st, err);
+		s = search(in_dir, &c.st[li * T_N + T_ATTN], &attn, p, &F->s_attn, st, err);
 		if (s == SFW_OK && L->kind == SFW_MIXER_LIGHTNING && L->o_norm.host)
-			s = search(&c.st[li * T_N + T_O], &o, p, &F->s_o, st, err);
+			s = search(in_dir, &c.st[li * T_N + T_O], &o, p, &F->s_o, st, err);
 		if (s == SFW_OK)
-			s = search(&c.st[li * T_N + T_MLP], &mlp, p, &F->s_mlp, st, err);
+			s = search(in_dir, &c.st[li * T_N + T_MLP], &mlp, p, &F->s_mlp, st, err);
 		if (s == SFW_OK)
-			s = search(&c.st[li * T_N + T_DOWN], &down, p, &F->s_down, st, err);
+			s = search(in_dir, &c.st[li * T_N + T_DOWN], &down, p, &F->s_down, st, err);
 	}
 	if (st->awq_mappings) {
 		st->awq_mean_alpha /= st->awq_mappings;

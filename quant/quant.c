@@ -187,6 +187,7 @@ static void rows_fn(void *ctx, size_t b, size_t e_, int tid)
 
 struct writer_ctx {
 	const struct sfw_quant_params *p;
+	const char *in_dir; /* for error messages */
 	int nt;
 	float **rowbuf;
 	uint8_t **codebuf;
@@ -218,20 +219,22 @@ static enum sfw_status produce(struct writer_ctx *c, struct sfw_st_writer *w, co
 	int64_t rows = t->ndim == 1 ? 1 : (int64_t)t->shape[0];
 	int64_t K = t->ndim == 1 ? (int64_t)t->shape[0] : (int64_t)t->shape[1];
 	if (t->ndim > 2 || K > c->maxK)
-		return sfw_fail(err, SFW_E_UNSUPPORTED, "tensor '%s': unexpected shape for a folded copy", t->name);
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s': tensor '%s': unexpected shape for a folded copy",
+				c->in_dir, t->name);
 	size_t out_row = e->part == P_PACKED  ? (size_t)sfw_ql_row_bytes(K)
 			 : e->part == P_SCALE ? (size_t)sfw_ql_ngroups(K, c->p->group_size) * 2
 					      : (size_t)K * sfw_dtype_size(e->dtype);
 	int64_t per = (int64_t)(c->chunk_cap / out_row);
 	if (per < 1)
-		return sfw_fail(err, SFW_E_RANGE, "tensor '%s': rows too long", t->name);
+		return sfw_fail(err, SFW_E_RANGE, "model '%s': tensor '%s': rows too long", c->in_dir, t->name);
 	for (int64_t r0 = 0; r0 < rows; r0 += per) {
 		int64_t n = rows - r0 < per ? rows - r0 : per;
 		struct rows_job j = {e, r0, K, c->p->group_size, e->part, c->chunk, c->rowbuf, c->codebuf, c->scalebuf, 0};
 		int nt = (double)n * K < 65536 ? 1 : c->nt;
 		sfw_parallel_for(nt, (size_t)n, 1, rows_fn, &j);
 		if (j.bad)
-			return sfw_fail(err, SFW_E_FORMAT, "tensor '%s' holds NaN or infinite values", t->name);
+			return sfw_fail(err, SFW_E_FORMAT, "model '%s': tensor '%s' holds NaN or infinite values",
+					c->in_dir, t->name);
 		if ((s = sfw_st_writer_write(w, c->chunk, (size_t)n * out_row, err)) != SFW_OK)
 			return s;
 	}
@@ -240,7 +243,7 @@ static enum sfw_status produce(struct writer_ctx *c, struct sfw_st_writer *w, co
 
 /* ---- plan ----------------------------------------------------------------- */
 
-static enum sfw_status make_plan(const struct sfw_st_set *set, const struct sfw_quant_params *p,
+static enum sfw_status make_plan(const char *in_dir, const struct sfw_st_set *set, const struct sfw_quant_params *p,
 				 const struct sfwi_fold *fold, struct plan *pl, int *n_quant, struct sfw_err *err)
 {
 	enum sfw_status s;
@@ -252,18 +255,19 @@ static enum sfw_status make_plan(const struct sfw_st_set *set, const struct sfw_
 		if (fold)
 			sfwi_fold_lookup(fold, t->name, &col, &div);
 		if ((col || div) && !is_float(t->dtype))
-			return sfw_fail(err, SFW_E_FORMAT, "tensor '%s' has dtype %s; a float type was expected",
-					t->name, sfw_dtype_name(t->dtype));
+			return sfw_fail(err, SFW_E_FORMAT, "model '%s': tensor '%s' has dtype %s; a float type was expected",
+					in_dir, t->name, sfw_dtype_name(t->dtype));
 		size_t plen;
 		if (sfw_ql_is_quantized(t->name, &plen) && !p->fold_only) {
 			if (t->ndim != 2 || !is_float(t->dtype) || t->shape[0] == 0 || t->shape[1] == 0 ||
 			    t->shape[0] > INT32_MAX || t->shape[1] > INT32_MAX)
 				return sfw_fail(err, SFW_E_FORMAT,
-						"tensor '%s': a linear weight must be a non-empty 2-D float tensor",
-						t->name);
+						"model '%s': tensor '%s': a linear weight must be a non-empty 2-D float tensor",
+						in_dir, t->name);
 			char mod[512];
 			if (plen >= sizeof(mod))
-				return sfw_fail(err, SFW_E_FORMAT, "tensor name '%.80s...' is too long", t->name);
+				return sfw_fail(err, SFW_E_FORMAT, "model '%s': tensor name '%.80s...' is too long", in_dir,
+						t->name);
 			memcpy(mod, t->name, plen);
 			mod[plen] = 0;
 			int64_t K = (int64_t)t->shape[1];
@@ -337,7 +341,11 @@ static enum sfw_status copy_side_files(const char *in, const char *out, struct s
 		struct stat st;
 		if (!src || !dst) {
 			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		} else if (lstat(src, &st) == 0 && S_ISREG(st.st_mode)) {
+		} else if (stat(src, &st) != 0) { /* stat: a symlink's target is copied */
+			sfw_log(SFW_LOG_WARN, "cannot read '%s': %s; not copied", src, strerror(errno));
+		} else if (!S_ISREG(st.st_mode)) {
+			sfw_log(SFW_LOG_WARN, "'%s' is not a regular file: not copied", src);
+		} else {
 			struct sfw_buf b;
 			sfw_buf_init(&b, COPY_MAX);
 			s = sfw_read_file(src, COPY_MAX, &b, err);
@@ -458,6 +466,25 @@ static int cmp_size_desc(const void *a, const void *b)
 	return x < y ? -1 : x > y; /* stable: plan (name) order */
 }
 
+/* Before the first shard lands: OUT stops looking like a complete model
+ * (an older config.json or index next to our shards would load as a mix of
+ * two models); config.json comes back last, when the run is complete. */
+static enum sfw_status unpublish(const char *out_dir, struct sfw_err *err)
+{
+	static const char *const names[] = {"config.json", INDEX_NAME, "model.safetensors"};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		char *path = sfw_path_join(out_dir, names[i]);
+		if (!path)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		int bad = unlink(path) != 0 && errno != ENOENT;
+		enum sfw_status s = bad ? sfw_fail(err, SFW_E_IO, "cannot remove '%s': %s", path, strerror(errno)) : SFW_OK;
+		sfw_free(path);
+		if (s != SFW_OK)
+			return s;
+	}
+	return SFW_OK;
+}
+
 static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct writer_ctx *wc,
 				    const struct sfw_quant_params *p, struct sfw_quant_stats *st, struct sfw_err *err)
 {
@@ -505,6 +532,8 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 			if (s == SFW_OK && p->progress && !p->progress(p->progress_user, order[i]->name, done, pl->total))
 				s = sfw_fail(err, SFW_E_ABORTED, "quantization cancelled");
 		}
+		if (s == SFW_OK && sh == 0)
+			s = unpublish(out_dir, err);
 		if (s == SFW_OK)
 			s = sfw_st_writer_commit(w, err);
 		sfw_st_writer_free(w);
@@ -537,28 +566,45 @@ static enum sfw_status write_index(const char *out_dir, const struct plan *pl, s
 	return s;
 }
 
-/* With force: shards of an older model that this run did not write. */
-static void remove_stale(const char *out_dir, int n_shards)
+/* A shard this run did not write: with force, any older model's; without,
+ * only the leftovers of a failed run of ours (salafw.format in the header). */
+static int stale_shard(const char *out_dir, const char *name, int n_shards, int force)
+{
+	int a, b;
+	char tail[32], keep[64];
+	if (strcmp(name, "model.safetensors") == 0)
+		return force;
+	if (sscanf(name, "model-%5d-of-%5d%31s", &a, &b, tail) != 3 || strcmp(tail, ".safetensors") != 0)
+		return 0;
+	if (a >= 1 && a <= n_shards) {
+		shard_name(keep, sizeof(keep), a - 1, n_shards);
+		if (strcmp(keep, name) == 0)
+			return 0;
+	}
+	if (force)
+		return 1;
+	char *path = sfw_path_join(out_dir, name);
+	struct sfw_st_file *f = NULL;
+	struct sfw_err e2;
+	int ours = path && sfw_st_open(path, &f, &e2) == SFW_OK && sfw_st_metadata(f, "salafw.format") != NULL;
+	sfw_st_close(f);
+	sfw_free(path);
+	return ours;
+}
+
+static void remove_stale(const char *out_dir, int n_shards, int force)
 {
 	DIR *d = opendir(out_dir);
 	if (!d)
 		return;
 	struct dirent *de;
-	char keep[64];
 	while ((de = readdir(d))) {
-		int a, b;
-		char tail[32];
-		int stale = strcmp(de->d_name, "model.safetensors") == 0;
-		if (sscanf(de->d_name, "model-%5d-of-%5d%31s", &a, &b, tail) == 3 && strcmp(tail, ".safetensors") == 0) {
-			shard_name(keep, sizeof(keep), a - 1, n_shards);
-			stale = strcmp(keep, de->d_name) != 0;
-		}
-		if (stale) {
-			char *path = sfw_path_join(out_dir, de->d_name);
-			if (path && unlink(path) != 0)
-				sfw_log(SFW_LOG_WARN, "cannot remove stale '%s': %s", path, strerror(errno));
-			sfw_free(path);
-		}
+		if (!stale_shard(out_dir, de->d_name, n_shards, force))
+			continue;
+		char *path = sfw_path_join(out_dir, de->d_name);
+		if (path && unlink(path) != 0)
+			sfw_log(SFW_LOG_WARN, "cannot remove stale '%s': %s", path, strerror(errno));
+		sfw_free(path);
 	}
 	closedir(d);
 }
@@ -619,7 +665,8 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	enum sfw_status s;
 	if ((s = sfw_config_load(in_dir, &cfg, err)) != SFW_OK || (s = load_config_json(in_dir, &cj, err)) != SFW_OK)
 		goto done;
-	if (cJSON_GetObjectItemCaseSensitive(cj, "quantization_config")) {
+	const cJSON *qc = cJSON_GetObjectItemCaseSensitive(cj, "quantization_config");
+	if (qc && !cJSON_IsNull(qc)) { /* null: not quantized, as the runner reads it */
 		s = sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s' is already quantized (config.json has quantization_config)",
 			     in_dir);
 		goto done;
@@ -634,7 +681,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 			goto done;
 		st->seconds_calib = now_s() - tc;
 	}
-	if ((s = make_plan(set, p, p->method == SFW_QUANT_AWQ ? &fold : NULL, &pl, &st->n_quantized, err)) != SFW_OK)
+	if ((s = make_plan(in_dir, set, p, p->method == SFW_QUANT_AWQ ? &fold : NULL, &pl, &st->n_quantized, err)) != SFW_OK)
 		goto done;
 	st->n_copied = (int)pl.n - 3 * st->n_quantized;
 	st->n_shards = pl.n_shards;
@@ -643,6 +690,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 
 	/* per-thread row buffers and one chunk buffer */
 	wc.p = p;
+	wc.in_dir = in_dir;
 	wc.nt = p->threads > 0 ? p->threads : sfw_default_threads();
 	for (size_t i = 0; i < pl.n; i++) {
 		const struct sfw_tensor_info *t = pl.e[i].src;
@@ -669,10 +717,12 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 			goto done;
 		}
 	}
-	if ((s = write_shards(out_dir, &pl, &wc, p, st, err)) != SFW_OK || (s = write_index(out_dir, &pl, err)) != SFW_OK ||
-	    (s = copy_side_files(in_dir, out_dir, err)) != SFW_OK)
+	/* side files before the index: a failed copy leaves no index that blocks a rerun */
+	if ((s = write_shards(out_dir, &pl, &wc, p, st, err)) != SFW_OK ||
+	    (s = copy_side_files(in_dir, out_dir, err)) != SFW_OK || (s = write_index(out_dir, &pl, err)) != SFW_OK)
 		goto done;
 	if (!p->fold_only) {
+		cJSON_DeleteItemFromObjectCaseSensitive(cj, "quantization_config"); /* a null one */
 		cJSON *q = quant_config(p, set);
 		if (!q || !cJSON_AddItemToObject(cj, "quantization_config", q)) {
 			cJSON_Delete(q);
@@ -682,8 +732,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	}
 	if ((s = write_json(out_dir, "config.json", cj, err)) != SFW_OK) /* last: the model is complete */
 		goto done;
-	if (p->force)
-		remove_stale(out_dir, pl.n_shards);
+	remove_stale(out_dir, pl.n_shards, p->force);
 	st->seconds_total = now_s() - t0;
 done:
 	if (wc.rowbuf)

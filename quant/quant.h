@@ -8,8 +8,11 @@
  *
  * The output is streamed tensor by tensor from the read-only map of the
  * input (memory: one tensor's rows at a time plus, for AWQ, the calibration
- * statistics), each shard written to a temporary name and renamed;
- * config.json (with quantization_config) is written last. Quantization
+ * statistics), each shard written to a temporary name and renamed. Before
+ * the first shard lands, out_dir's config.json and index are removed, and
+ * config.json (with quantization_config) is written last, so a failed run
+ * never leaves a directory that loads; shards the new index does not list
+ * are removed at the end (without force, only those salafw wrote). Quantization
  * always runs the plain-C reference quantizer below, so output files are a
  * deterministic function of (input, params). */
 #ifndef SFW_QUANT_H

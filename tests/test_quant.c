@@ -22,15 +22,28 @@
 #include "kernels/ops.h"
 #include "file.h"
 #include "quant/quant.h"
+#include "quant/quant_int.h"
 #include "runner/runner.h"
 #include "runner/safetensors.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* The AWQ statistics test asks for a 2 TiB buffer: ASan returns NULL, as
+ * malloc does, instead of aborting. */
+#if defined(__SANITIZE_ADDRESS__)
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+	return "allocator_may_return_null=1";
+}
+#endif
 
 /* ---- the generator shared with tests/ref/awq_ref.py ------------------------ */
 static uint64_t sm_next(uint64_t *s)
@@ -401,6 +414,274 @@ static void test_writer(const char *golden, int group)
 }
 
 
+/* ---- K. replacing an output directory; hostile inputs ------------------------ */
+static int path_exists(const char *dir, const char *name)
+{
+	char path[900];
+	struct stat st;
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	return stat(path, &st) == 0;
+}
+
+static cJSON *load_json(const char *dir, const char *name)
+{
+	char path[900];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	struct sfw_buf b;
+	struct sfw_err err;
+	cJSON *root = NULL;
+	sfw_buf_init(&b, 1 << 20);
+	if (sfw_read_file(path, 1 << 20, &b, &err) != SFW_OK || sfw_json_parse(b.data, b.len, path, &root, &err) != SFW_OK)
+		root = NULL;
+	sfw_buf_release(&b);
+	return root;
+}
+
+/* Replaces (or adds) config.json's key; val is taken. */
+static int set_config(const char *dir, const char *key, cJSON *val)
+{
+	cJSON *root = load_json(dir, "config.json");
+	int ok = root != NULL;
+	if (ok) {
+		cJSON_DeleteItemFromObjectCaseSensitive(root, key);
+		cJSON_AddItemToObject(root, key, val);
+		char *text = cJSON_Print(root), path[900];
+		snprintf(path, sizeof(path), "%s/config.json", dir);
+		struct sfw_err err;
+		ok = text && sfw_write_file_atomic(path, text, strlen(text), &err) == SFW_OK;
+		cJSON_free(text);
+	} else {
+		cJSON_Delete(val);
+	}
+	cJSON_Delete(root);
+	return ok;
+}
+
+/* Shard files in dir (model.safetensors, model-*-of-*.safetensors); *listed:
+ * how many of them the index names. */
+static int count_shards(const char *dir, int *listed)
+{
+	cJSON *idx = load_json(dir, "model.safetensors.index.json");
+	const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map"), *e;
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	int n = 0;
+	*listed = 0;
+	while (d && (de = readdir(d))) {
+		if (strcmp(de->d_name, "model.safetensors") != 0 &&
+		    (strncmp(de->d_name, "model-", 6) != 0 || !strstr(de->d_name, "-of-") ||
+		     strcmp(de->d_name + strlen(de->d_name) - 12, ".safetensors") != 0))
+			continue;
+		n++;
+		int hit = 0;
+		cJSON_ArrayForEach(e, wm) hit |= cJSON_IsString(e) && !strcmp(e->valuestring, de->d_name);
+		*listed += hit;
+	}
+	if (d)
+		closedir(d);
+	cJSON_Delete(idx);
+	return n;
+}
+
+/* The shard the index puts tensor name in ("" if none). */
+static void shard_of(const char *dir, const char *name, char *out, size_t cap)
+{
+	cJSON *idx = load_json(dir, "model.safetensors.index.json");
+	const char *v = cJSON_GetStringValue(
+		cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(idx, "weight_map"), name));
+	snprintf(out, cap, "%s", v ? v : "");
+	cJSON_Delete(idx);
+}
+
+static int copy_dir(const char *src, const char *dst)
+{
+	char cmd[2000];
+	snprintf(cmd, sizeof(cmd), "cp -rL '%s' '%s' && chmod -R u+w '%s'", src, dst, dst);
+	return system(cmd) == 0;
+}
+
+/* Element i of bf16 tensor name, in place in the file (a copy). */
+static int poke_bf16(const char *path, const char *name, uint64_t i, uint16_t v)
+{
+	struct sfw_map m;
+	struct sfw_st_file *f = NULL;
+	struct sfw_err err;
+	long long off = -1;
+	if (sfw_map_open(&m, path, &err) != SFW_OK)
+		return 0;
+	if (sfw_st_parse(m.data, m.size, path, &f, &err) == SFW_OK) {
+		const struct sfw_tensor_info *t = sfw_st_find(f, name);
+		if (t && t->dtype == SFW_DTYPE_BF16 && i < t->nelem)
+			off = (long long)((const unsigned char *)t->data - m.data) + 2 * (long long)i;
+	}
+	sfw_st_close(f);
+	sfw_map_close(&m);
+	int fd = off >= 0 ? open(path, O_WRONLY) : -1;
+	int ok = fd >= 0 && sfw_pwrite_all(fd, &v, 2, (uint64_t)off) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+/* dst: tiny-dense with its vocab cut to V (the first V rows of embed_tokens
+ * and lm_head). */
+static int cut_vocab(const char *src, const char *dst, int V)
+{
+	char path[900];
+	struct sfw_err err = {0};
+	struct sfw_st_set *in = NULL;
+	struct sfw_st_writer *w = NULL;
+	if (mkdir(dst, 0755) != 0 || sfw_st_set_open(src, &in, &err) != SFW_OK)
+		return 0;
+	snprintf(path, sizeof(path), "%s/model.safetensors", dst);
+	enum sfw_status s = sfw_st_writer_new(path, &w, &err);
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; s == SFW_OK && i < sfw_st_set_count(in); i++) {
+			const struct sfw_tensor_info *t = sfw_st_set_at(in, i);
+			uint64_t sh[SFW_ST_MAX_DIMS], nb = t->nbytes;
+			memcpy(sh, t->shape, sizeof(sh));
+			if (strstr(t->name, "embed_tokens") || !strcmp(t->name, "lm_head.weight")) {
+				sh[0] = (uint64_t)V;
+				nb = t->nbytes / t->shape[0] * (uint64_t)V;
+			}
+			s = pass ? sfw_st_writer_write(w, t->data, nb, &err)
+				 : sfw_st_writer_declare(w, t->name, t->dtype, t->ndim, sh, &err);
+		}
+	if (s == SFW_OK)
+		s = sfw_st_writer_commit(w, &err);
+	sfw_st_writer_free(w);
+	sfw_st_set_close(in);
+	snprintf(path, sizeof(path), "cp '%s/config.json' '%s/' && chmod u+w '%s/config.json'", src, dst, dst);
+	return s == SFW_OK && system(path) == 0 && set_config(dst, "vocab_size", cJSON_CreateNumber(V));
+}
+
+/* Finding: --force over a model, and a run failing mid-write. */
+static void test_outdir(const char *golden)
+{
+	char in[512], bad[600], out[600], shard[64];
+	snprintf(in, sizeof(in), "%s/tiny-dense", golden);
+	snprintf(bad, sizeof(bad), "%s/nan-in", tmpdir);
+	snprintf(out, sizeof(out), "%s/redo", tmpdir);
+	const char *nan_t = "model.layers.3.self_attn.k_proj.weight";
+	char bad_st[700];
+	snprintf(bad_st, sizeof(bad_st), "%s/model.safetensors", bad);
+	CHECK(copy_dir(in, bad) && poke_bf16(bad_st, nan_t, 5, 0x7fc0), "a tiny-dense copy with a NaN in %s", nan_t);
+	struct sfw_quant_params p = sfw_quant_default_params();
+	struct sfw_quant_stats st;
+	struct sfw_err err = {0};
+	int listed, n;
+	p.method = SFW_QUANT_RTN, p.group_size = 32, p.shard_bytes = 1500000, p.stats = &st;
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK && st.n_shards >= 3, "%d shards: %s", st.n_shards, err.msg);
+	shard_of(out, "model.layers.3.self_attn.k_proj.weight_packed", shard, sizeof(shard));
+	CHECK(shard[0] && strcmp(shard, "model-00001-of-00001.safetensors") && strncmp(shard, "model-00001-", 12),
+	      "the NaN tensor lands after shard 1 (%s): the failure comes after a commit", shard);
+	/* a forced run that fails after its first shard: no config.json, no index */
+	p.force = 1;
+	enum sfw_status s = sfw_quant_run(bad, out, &p, &err);
+	CHECK(s == SFW_E_FORMAT && strstr(err.msg, "k_proj") && strstr(err.msg, bad) && strstr(err.msg, "model '"),
+	      "NaN refused, naming the model dir and the tensor: %s", err.msg);
+	CHECK(!path_exists(out, "config.json") && !path_exists(out, "model.safetensors.index.json"),
+	      "a failed --force run leaves no config.json or index (the old ones would load a mix of two models)");
+	/* a plain rerun works and removes the leftovers of the failed run (ours) */
+	p.force = 0, p.shard_bytes = 0;
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "rerun without --force after a failed run: %s", err.msg);
+	n = count_shards(out, &listed);
+	CHECK(n == 1 && listed == 1, "leftover shards of the failed run removed: %d shard files, %d listed", n, listed);
+	/* --force: a model with fewer shards replaces one with more */
+	p.force = 1, p.shard_bytes = 1500000;
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "--force, many shards: %s", err.msg);
+	n = count_shards(out, &listed);
+	CHECK(n == st.n_shards && listed == n, "%d shard files, all %d listed", n, listed);
+	p.shard_bytes = 0;
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "--force, one shard: %s", err.msg);
+	n = count_shards(out, &listed);
+	CHECK(n == 1 && listed == 1 && path_exists(out, "model-00001-of-00001.safetensors"),
+	      "--force over a model with more shards leaves only the new shard (%d files, %d listed)", n, listed);
+	/* AWQ: a non-finite weight is named by its own tensor, not its group's first */
+	p.method = SFW_QUANT_AWQ, p.samples = 1, p.seq_len = 64, p.n_grid = 2, p.loss_rows = 16;
+	snprintf(out, sizeof(out), "%s/nan-awq", tmpdir);
+	s = sfw_quant_run(bad, out, &p, &err);
+	CHECK(s == SFW_E_FORMAT && strstr(err.msg, "self_attn.k_proj") && strstr(err.msg, bad),
+	      "AWQ names the tensor with the non-finite row: %s", err.msg);
+}
+
+/* Findings: null quantization_config, symlinked / oversized side files,
+ * small vocab without a tokenizer, AWQ statistics out of memory. */
+static void test_inputs(const char *golden)
+{
+	char in[512], src[600], out[600], path[800];
+	snprintf(in, sizeof(in), "%s/tiny-dense", golden);
+	snprintf(src, sizeof(src), "%s/side-in", tmpdir);
+	struct sfw_quant_params p = sfw_quant_default_params();
+	struct sfw_err err = {0};
+	p.method = SFW_QUANT_RTN, p.group_size = 32;
+	/* "quantization_config": null is a plain checkpoint; a symlinked side
+	 * file is copied (its target's bytes), a dangling one skipped */
+	snprintf(path, sizeof(path), "%s/gen.json", tmpdir);
+	FILE *f = fopen(path, "w");
+	if (f)
+		fputs("{\"bos_token_id\": 1}\n", f), fclose(f);
+	char lnk[800];
+	snprintf(lnk, sizeof(lnk), "%s/generation_config.json", src);
+	int made = copy_dir(in, src) && set_config(src, "quantization_config", cJSON_CreateNull()) &&
+		   symlink(path, lnk) == 0;
+	snprintf(lnk, sizeof(lnk), "%s/tokenizer_config.json", src);
+	made = made && symlink("/nonexistent/salafw", lnk) == 0;
+	CHECK(made, "input with a null quantization_config and symlinked side files");
+	snprintf(out, sizeof(out), "%s/side-out", tmpdir);
+	CHECK(sfw_quant_run(src, out, &p, &err) == SFW_OK, "quantization_config null is accepted: %s", err.msg);
+	cJSON *cfg = load_json(out, "config.json"), *e;
+	int nq = 0, obj = 0;
+	cJSON_ArrayForEach(e, cfg) if (e->string && !strcmp(e->string, "quantization_config")) nq++, obj = cJSON_IsObject(e);
+	cJSON_Delete(cfg);
+	CHECK(nq == 1 && obj, "the output has one quantization_config, an object (%d)", nq);
+	struct sfw_model *m = NULL;
+	struct sfw_model_params mp = sfw_model_default_params();
+	mp.device = SFW_DEVICE_CPU;
+	CHECK(sfw_model_load(out, &mp, &m, &err) == SFW_OK, "the output loads: %s", err.msg);
+	sfw_model_free(m);
+	struct stat sb;
+	snprintf(path, sizeof(path), "%s/generation_config.json", out);
+	struct sfw_buf b;
+	sfw_buf_init(&b, 4096);
+	CHECK(lstat(path, &sb) == 0 && S_ISREG(sb.st_mode) && sfw_read_file(path, 4096, &b, &err) == SFW_OK &&
+		  !strcmp(b.data, "{\"bos_token_id\": 1}\n"),
+	      "a symlinked side file is copied as a regular file with its target's bytes");
+	sfw_buf_release(&b);
+	CHECK(!path_exists(out, "tokenizer_config.json"), "a dangling side-file link is skipped");
+	/* a side file that cannot be copied leaves no index (nor config.json) */
+	snprintf(path, sizeof(path), "truncate -s 300M '%s/huge.txt'", src);
+	CHECK(system(path) == 0, "a 300 MB (sparse) side file");
+	snprintf(out, sizeof(out), "%s/side-fail", tmpdir);
+	CHECK(sfw_quant_run(src, out, &p, &err) == SFW_E_RANGE && strstr(err.msg, "huge.txt"),
+	      "an oversized side file is refused: %s", err.msg);
+	CHECK(!path_exists(out, "model.safetensors.index.json") && !path_exists(out, "config.json"),
+	      "a failed side-file copy leaves no index that would block a rerun");
+	/* AWQ without tokenizer.model calibrates on bytes: ids 3..258 */
+	p.method = SFW_QUANT_AWQ, p.samples = 1, p.seq_len = 64, p.n_grid = 2, p.loss_rows = 16;
+	static const int vocabs[] = {3, 258, 259};
+	for (int i = 0; i < 3; i++) {
+		snprintf(src, sizeof(src), "%s/vocab%d", tmpdir, vocabs[i]);
+		snprintf(out, sizeof(out), "%s/vocab%d-out", tmpdir, vocabs[i]);
+		CHECK(cut_vocab(in, src, vocabs[i]), "tiny-dense with vocab %d", vocabs[i]);
+		enum sfw_status s = sfw_quant_run(src, out, &p, &err);
+		if (vocabs[i] < 259)
+			CHECK(s == SFW_E_UNSUPPORTED && strstr(err.msg, "vocab_size") && strstr(err.msg, src),
+			      "vocab %d without tokenizer.model is refused: %s", vocabs[i], err.msg);
+		else
+			CHECK(s == SFW_OK, "vocab 259 calibrates on bytes: %s", err.msg);
+	}
+	/* the AWQ statistics cannot be allocated (2 TiB of cached rows): a
+	 * clean NOMEM, also when the prefill comes in several chunks */
+	struct sfwi_fold fold;
+	p.seq_len = 600, p.loss_rows = INT32_MAX;
+	enum sfw_status s = sfwi_awq_search(in, &p, &fold, &err);
+	if (s == SFW_OK) /* an overcommitting host gave the memory */
+		sfwi_fold_free(&fold);
+	CHECK(s == SFW_OK || (s == SFW_E_NOMEM && strstr(err.msg, "AWQ statistics")),
+	      "AWQ statistics out of memory: %s", s == SFW_OK ? "(allocated)" : err.msg);
+}
+
 /* ---- H. the runner on quantized golden models -------------------------------- */
 struct model_err {
 	double max_prefill, max_decode, logit_scale, rms_prefill;
@@ -621,6 +902,8 @@ int main(void)
 		test_writer(golden, 128);
 		test_writer(golden, 0);
 		test_refusals(golden);
+		test_outdir(golden);
+		test_inputs(golden);
 		test_models(golden);
 		test_awq(golden);
 		rm_rf(tmpdir);

@@ -30,6 +30,13 @@ check_err "quant --no-verify says so and reports" 0 "32 linears int8 \(w8-g32\)"
 check_err "an existing output needs --force" 2 "already holds a model" \
 	$SALAFW quant "$D" -o "$S/q" --method rtn --no-verify
 check "the output is a complete model directory" test -f "$S/q/config.json" -a -f "$S/q/model.safetensors.index.json"
+# --force replaces the model as a whole: one shard over several leaves one shard file
+check "--shard-size writes several shards" $SALAFW quant "$D" -o "$S/f" --method rtn --shard-size 1500000 --no-verify -q
+n=$(ls "$S/f" | grep -c '^model.*\.safetensors$')
+[ "$n" -gt 1 ] && pass "$n shards" || fail "--shard-size 1500000 wrote $n shard files"
+check "--force over it with one shard" $SALAFW quant "$D" -o "$S/f" --method rtn --force --no-verify -q
+n=$(ls "$S/f" | grep -c '^model.*\.safetensors$')
+[ "$n" = 1 ] && pass "--force leaves only the new shard" || fail "--force left $n shard files"
 
 # the quantized model runs: greedy chain as the bf16 reference (17/17 measured)
 want=$(st_ints "$D/golden_f32.safetensors" decode.tokens)
