@@ -555,6 +555,83 @@ static int cut_vocab(const char *src, const char *dst, int V)
 	return s == SFW_OK && system(path) == 0 && set_config(dst, "vocab_size", cJSON_CreateNumber(V));
 }
 
+/* A checkpoint that also ships model.embed_tokens as int8 (weight_packed,
+ * weight_scale, weight_shape; index updated): the engine reads embeddings as
+ * bf16/f32 rows, so it must refuse the model, never read the codes as floats
+ * (4x past the end of the table). */
+static void test_int8_embedding(const char *golden)
+{
+	char in[512], out[600], shard[64], path[800], tmp[820];
+	snprintf(in, sizeof(in), "%s/tiny-dense", golden);
+	snprintf(out, sizeof(out), "%s/q-embed", tmpdir);
+	struct sfw_quant_params p = sfw_quant_default_params();
+	struct sfw_err err = {0};
+	p.method = SFW_QUANT_RTN, p.group_size = 32;
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "quantize tiny-dense: %s", err.msg);
+	shard_of(out, "model.embed_tokens.weight", shard, sizeof(shard));
+	snprintf(path, sizeof(path), "%s/%s", out, shard);
+	snprintf(tmp, sizeof(tmp), "%s.new", path);
+	struct sfw_st_file *f = NULL;
+	struct sfw_st_writer *w = NULL;
+	enum sfw_status s = shard[0] ? sfw_st_open(path, &f, &err) : SFW_E_MISSING;
+	if (s == SFW_OK)
+		s = sfw_st_writer_new(tmp, &w, &err);
+	const struct sfw_tensor_info *E = f ? sfw_st_find(f, "model.embed_tokens.weight") : NULL;
+	uint64_t V = E ? E->shape[0] : 0, D = E ? E->shape[1] : 0;
+	int64_t wshape[2] = {(int64_t)V, (int64_t)D};
+	for (int pass = 0; s == SFW_OK && E && pass < 2; pass++) {
+		for (size_t i = 0; s == SFW_OK && i < sfw_st_count(f); i++) {
+			const struct sfw_tensor_info *t = sfw_st_at(f, i);
+			if (t == E)
+				continue;
+			uint64_t sh[SFW_ST_MAX_DIMS];
+			memcpy(sh, t->shape, sizeof(sh));
+			s = pass ? sfw_st_writer_write(w, t->data, t->nbytes, &err)
+				 : sfw_st_writer_declare(w, t->name, t->dtype, t->ndim, sh, &err);
+		}
+		uint64_t ps[2] = {V, D / 4}, ss[2] = {V, D / 32}, ws[1] = {2};
+		if (s == SFW_OK)
+			s = pass ? sfw_st_writer_write(w, E->data, V * D, &err)
+				 : sfw_st_writer_declare(w, "model.embed_tokens.weight_packed", SFW_DTYPE_I32, 2, ps, &err);
+		if (s == SFW_OK)
+			s = pass ? sfw_st_writer_write(w, E->data, V * (D / 32) * 2, &err)
+				 : sfw_st_writer_declare(w, "model.embed_tokens.weight_scale", SFW_DTYPE_BF16, 2, ss, &err);
+		if (s == SFW_OK)
+			s = pass ? sfw_st_writer_write(w, wshape, sizeof(wshape), &err)
+				 : sfw_st_writer_declare(w, "model.embed_tokens.weight_shape", SFW_DTYPE_I64, 1, ws, &err);
+	}
+	if (s == SFW_OK && E)
+		s = sfw_st_writer_commit(w, &err);
+	sfw_st_writer_free(w);
+	sfw_st_close(f);
+	int made = s == SFW_OK && E && rename(tmp, path) == 0;
+	cJSON *idx = made ? load_json(out, "model.safetensors.index.json") : NULL;
+	cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+	if (wm) {
+		cJSON_DeleteItemFromObjectCaseSensitive(wm, "model.embed_tokens.weight");
+		cJSON_AddStringToObject(wm, "model.embed_tokens.weight_packed", shard);
+		cJSON_AddStringToObject(wm, "model.embed_tokens.weight_scale", shard);
+		cJSON_AddStringToObject(wm, "model.embed_tokens.weight_shape", shard);
+		char *text = cJSON_Print(idx), ip[900];
+		snprintf(ip, sizeof(ip), "%s/model.safetensors.index.json", out);
+		made = text && sfw_write_file_atomic(ip, text, strlen(text), &err) == SFW_OK;
+		cJSON_free(text);
+	} else {
+		made = 0;
+	}
+	cJSON_Delete(idx);
+	CHECK(made, "an int8 embedding variant of the quantized model: %s", err.msg);
+	if (!made)
+		return;
+	struct sfw_model_params mp = sfw_model_default_params();
+	mp.device = SFW_DEVICE_CPU;
+	struct sfw_model *m = NULL;
+	s = sfw_model_load(out, &mp, &m, &err);
+	CHECK(s == SFW_E_UNSUPPORTED && strstr(err.msg, "model.embed_tokens.weight") && strstr(err.msg, "lm_head"),
+	      "int8 embedding refused (status %d): %s", s, err.msg);
+	sfw_model_free(m);
+}
+
 /* Finding: --force over a model, and a run failing mid-write. */
 static void test_outdir(const char *golden)
 {
@@ -903,6 +980,7 @@ int main(void)
 		test_writer(golden, 0);
 		test_refusals(golden);
 		test_outdir(golden);
+		test_int8_embedding(golden);
 		test_inputs(golden);
 		test_models(golden);
 		test_awq(golden);
