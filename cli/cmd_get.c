@@ -44,7 +44,7 @@ static const char synopsis[] =
 	"Sources are tried per file in this order: --mirror ones, the manifest's, --mirror-last ones.\n"
 	"Exit: 0 all verified; 1 some file's every source served wrong bytes (sha256); 2 usage;\n"
 	"3 manifest or signature rejected; 4 network / every source failed; 5 local I/O, no space,\n"
-	"DEST locked by another get, interrupted (run again to resume)";
+	"DEST or a partial locked by another process, interrupted (run again to resume)";
 
 static volatile sig_atomic_t g_cancel;
 

@@ -11,12 +11,17 @@
  * On disk, under DEST/.salafw/:
  *   manifest.json, manifest.json.minisig  the verified bytes, unchanged
  *   lock                                  advisory flock (a helper only)
- *   partial/<sha256>.part                 data at its final offsets
- *   partial/<sha256>.json                 journal: {"v":1,"size":N,
+ *   partial/<sha256>-<P>.part             data at its final offsets; P is
+ *                                         sfw_fetch_path_tag(path): two
+ *                                         entries with equal content each
+ *                                         get their own partial and lock
+ *   partial/<sha256>-<P>.json             journal: {"v":1,"size":N,
  *       "sha256":"<hex>","done":[[a,b],...]} - byte ranges [a,b) whose data
  *       was fdatasync'ed before the journal was written (atomically).
- * Partials are keyed by content, claimed with a per-partial flock, and never
- * trusted: the whole-file sha256 decides, and a mismatch discards them.
+ * Partials are keyed by content (and path), claimed with a per-partial flock,
+ * and never trusted: the whole-file sha256 decides, and a mismatch discards
+ * them. The manifest copies are written only after every file verified, so
+ * a failed get never leaves DEST claiming another manifest.
  *
  * Sources: user mirrors given with prepend=1 come first, then the manifest's
  * sources in order, then user mirrors with prepend=0. A source that fails
@@ -84,6 +89,13 @@ char *sfw_fetch_file_url(const struct sfw_source *src, const char *repo_id, cons
 			 const char *path);
 /* {endpoint}/manifests/{org}/{name}.json for repo_id "org/name". */
 char *sfw_fetch_manifest_url(const char *endpoint, const char *repo_id);
+/* Protocols redirects from url may go to (CURLOPT_REDIR_PROTOCOLS_STR):
+ * "http,https" only when url itself is plain http, else "https", so an https
+ * source is never downgraded by a redirect. */
+const char *sfw_fetch_redir_protocols(const char *url);
+/* 16 hex digits (FNV-1a 64 of path) + NUL into out: the partial's name
+ * suffix, so equal content at two paths never shares a partial. */
+void sfw_fetch_path_tag(const char *path, char out[17]);
 
 /* A byte range [start, end). */
 struct sfw_range {

@@ -1,6 +1,7 @@
 /* get.c - the downloader behind `salafw get`: one libcurl multi handle, up to
  * jobs x connections easy handles, each fetching one byte range of one file
- * into DEST/.salafw/partial/<sha256>.part with pwrite at its final offset.
+ * into DEST/.salafw/partial/<sha256>-<path tag>.part with pwrite at its final
+ * offset.
  *
  * Hashing: each file keeps a SHA-256 context over [0, hash_pos). A write at
  * exactly hash_pos is hashed as it streams (the single-stream case hashes
@@ -114,12 +115,14 @@ struct file {
 	unsigned attempts;
 	int cur_src;
 	unsigned char *src_failed, *contributed;
+	unsigned char *norange; /* per source: answered a Range with 200 once already */
 	struct sfw_sha256 h;
 	int h_ok;
 	uint64_t hash_pos;
 	uint64_t have;      /* bytes of the file written (done + active progress) */
 	uint64_t kept;      /* resumed from an earlier run */
 	int prior;          /* holds bytes whose source is unknown (earlier run) */
+	int locked;         /* its partial is held by another process */
 	int dirty;
 	unsigned mismatches;
 	long last_status;
@@ -591,7 +594,9 @@ static enum sfw_status seg_start(struct run *r, struct file *f, struct sfw_err *
 	if (s->ranged)
 		curl_easy_setopt(h, CURLOPT_RANGE, range);
 	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+	/* an https source stays https through its redirects */
+	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR,
+			 sfw_fetch_redir_protocols(r->srcs[f->cur_src].s.url));
 	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
 	curl_easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -656,6 +661,16 @@ static enum sfw_status plan_todo(struct run *r, struct file *f, struct sfw_err *
 	return SFW_OK;
 }
 
+/* Preallocates the file: fails early on a full disk; a file system without
+ * support is fine (the writes themselves report ENOSPC then). */
+static enum sfw_status prealloc(struct file *f, uint64_t cur_size, struct sfw_err *err)
+{
+	if (f->mf->size && cur_size < f->mf->size && fallocate(f->fd, 0, 0, (off_t)f->mf->size) != 0 &&
+	    errno == ENOSPC)
+		return sfw_fail(err, SFW_E_NOSPACE, "no space left for '%s'", f->part);
+	return SFW_OK;
+}
+
 /* Forgets every byte of the partial and starts the file over. */
 static enum sfw_status file_reset(struct run *r, struct file *f, struct sfw_err *err)
 {
@@ -697,8 +712,11 @@ static enum sfw_status file_activate(struct run *r, struct file *f, struct sfw_e
 	f->done = d;
 	f->ndone = n;
 	f->capdone = n;
-	if (n == 0 && st.st_size > 0 && ftruncate(f->fd, 0) != 0)
-		return sfw_fail(err, SFW_E_IO, "cannot truncate '%s': %s", f->part, strerror(errno));
+	if (n == 0 && st.st_size > 0) {
+		if (ftruncate(f->fd, 0) != 0)
+			return sfw_fail(err, SFW_E_IO, "cannot truncate '%s': %s", f->part, strerror(errno));
+		st.st_size = 0; /* so it is preallocated again below */
+	}
 	/* Re-hash the kept prefix: a saved hash state is never trusted. */
 	if (n && d[0].start == 0) {
 		enum sfw_status s2 = sfw_sha256_fd_prefix(f->fd, d[0].end, &f->h, err);
@@ -709,11 +727,9 @@ static enum sfw_status file_activate(struct run *r, struct file *f, struct sfw_e
 	f->have = f->kept = have;
 	f->prior = have > 0;
 	r->resumed += have;
-	/* Preallocate: fails early on a full disk; unsupported is fine. */
-	if (f->mf->size && (uint64_t)st.st_size < f->mf->size &&
-	    fallocate(f->fd, 0, 0, (off_t)f->mf->size) != 0 && errno == ENOSPC)
-		return sfw_fail(err, SFW_E_NOSPACE, "no space left for '%s'", f->part);
-	enum sfw_status s3 = plan_todo(r, f, err);
+	enum sfw_status s3 = prealloc(f, (uint64_t)st.st_size, err);
+	if (s3 == SFW_OK)
+		s3 = plan_todo(r, f, err);
 	if (s3 != SFW_OK)
 		return s3;
 	f->cur_src = pick_source(r, f);
@@ -776,22 +792,33 @@ static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err
 	sfw_sha256_release(&f->h);
 	f->h_ok = 0;
 	if (memcmp(got, mf->sha256, 32) != 0) {
-		char msg[200];
-		int blamed = 0;
+		/* Strike a source only when it alone served every byte: bytes mixed
+		 * from several sources, or kept from an earlier run's partial, do
+		 * not say which one was bad. Then the file starts over from the
+		 * highest-priority source alone, to isolate it (fetch-verify §3.4). */
+		int sole = -1, nsrc = 0;
 		for (size_t i = 0; i < r->nsrcs; i++)
-			blamed |= f->contributed[i];
+			if (f->contributed[i]) {
+				sole = (int)i;
+				nsrc++;
+			}
+		if (nsrc != 1 || f->prior)
+			sole = -1;
+		char msg[200];
 		snprintf(msg, sizeof(msg), "sha256 mismatch: %llu bytes discarded%s", (unsigned long long)f->have,
-			 f->prior && !blamed ? " (partial from an earlier run)" : "");
-		emit(r, SFW_EV_HASH_MISMATCH, f, blamed ? f->cur_src : -1, msg);
+			 sole >= 0    ? ""
+			 : f->prior ? " (partly from an earlier run's partial); starting over from one source"
+				    : " (from several sources); starting over from one source");
+		emit(r, SFW_EV_HASH_MISMATCH, f, sole, msg);
 		snprintf(f->last_err, sizeof(f->last_err), "sha256 mismatch");
 		f->mismatches++;
-		for (size_t i = 0; i < r->nsrcs; i++)
-			if (f->contributed[i])
-				strike_source(r, (int)i, f, "sha256 mismatch");
+		if (sole >= 0)
+			strike_source(r, sole, f, "sha256 mismatch");
 		enum sfw_status st = file_reset(r, f, err);
 		if (st != SFW_OK)
 			return st;
 		f->cur_src = pick_source(r, f);
+		f->attempts = 0;
 		if (f->mismatches > r->nsrcs + 1)
 			f->cur_src = -1;
 		return SFW_OK;
@@ -873,8 +900,8 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 	}
 	f->last_status = status;
 	f->last_curl = (int)cc;
-	if (s->pos > s->start)
-		push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0);
+	/* out of memory: those bytes stay unrecorded (fetched again on resume) */
+	int oom = s->pos > s->start && push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0) != 0;
 	f->ndone = sfw_fetch_normalize_ranges(f->done, f->ndone, UINT64_MAX, f->mf->size, NULL);
 	int progressed = s->pos > s->launch_pos;
 	uint64_t rest_a = s->pos, rest_b = s->end;
@@ -886,21 +913,38 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 	memcpy(ebuf, s->errbuf, sizeof(ebuf));
 	seg_free(r, s);
 
+	if (oom)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	if (rs == R_IO)
 		return sfw_fail(err, io_errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s",
 				f->part, strerror(io_errno));
 	if (rs == R_CANCEL) {
-		push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1);
+		if (push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		return SFW_OK;
+	}
+	if (rs == R_RESTART && f->norange[src]) {
+		/* Range ignored again after a restart from byte 0: its transfers keep
+		 * breaking, and restarting never counts an attempt, so take the rest
+		 * from the next source instead of going round for ever. */
+		if (push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		snprintf(f->last_err, sizeof(f->last_err), "%s: ignores Range and its transfer broke again",
+			 r->srcs[src].label);
+		if (!f->src_failed[src])
+			strike_source(r, src, f, "server ignores Range and its transfer broke again");
 		return SFW_OK;
 	}
 	if (rs == R_RESTART) {
 		/* 200 to a ranged request: this source ignores Range. Start the file
 		 * over as one plain request from byte 0 (never append a 200). */
+		f->norange[src] = 1;
 		enum sfw_status st = file_reset(r, f, err);
 		if (st != SFW_OK)
 			return st;
 		f->ntodo = 0;
-		push_range(&f->todo, &f->ntodo, &f->captodo, 0, f->mf->size, 0);
+		if (push_range(&f->todo, &f->ntodo, &f->captodo, 0, f->mf->size, 0) != 0)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		emit(r, SFW_EV_RETRY, f, src, "server ignored Range (200): restarting the file from byte 0");
 		return SFW_OK;
 	}
@@ -909,7 +953,8 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 		f->attempts = 0;
 		return SFW_OK;
 	}
-	push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1);
+	if (push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	enum sfw_fetch_class cls;
 	const char *why = reason_text(rs);
 	if (why)
@@ -930,7 +975,8 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 		snprintf(msg, sizeof(msg), "%s", ebuf[0] ? ebuf : curl_easy_strerror(cc));
 	snprintf(f->last_err, sizeof(f->last_err), "%s: %s", r->srcs[src].label, msg);
 	if (cls == SFW_FETCH_FATAL)
-		return sfw_fail(err, SFW_E_NET, "'%s': %s", f->mf->path, msg);
+		return sfw_fail(err, cc == CURLE_OUT_OF_MEMORY ? SFW_E_NOMEM : SFW_E_NET, "'%s': %s", f->mf->path,
+				msg);
 	if (progressed)
 		f->attempts = 0;
 	int64_t ra = -1;
@@ -970,6 +1016,7 @@ static enum sfw_status schedule(struct run *r, struct sfw_err *err)
 		if (f->state == F_PENDING && active < p->jobs) {
 			enum sfw_status st = file_activate(r, f, err);
 			if (st == SFW_E_LOCKED) {
+				f->locked = 1;
 				snprintf(f->last_err, sizeof(f->last_err), "%s", err->msg);
 				file_close(f);
 				f->state = F_FAILED;
@@ -1114,7 +1161,7 @@ static enum sfw_status http_get_small(const struct sfw_fetch_params *p, const ch
 		ebuf[0] = '\0';
 		curl_easy_setopt(h, CURLOPT_URL, url);
 		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-		curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+		curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, sfw_fetch_redir_protocols(url));
 		curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
 		curl_easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
 		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -1138,7 +1185,8 @@ static enum sfw_status http_get_small(const struct sfw_fetch_params *p, const ch
 			return sfw_fail(err, SFW_E_MANIFEST, "'%s' is larger than %zu bytes", url, max);
 		enum sfw_fetch_class c = sfw_fetch_classify(cc, status);
 		if (c != SFW_FETCH_RETRY || attempt > p->max_retries || (p->cancel && *p->cancel))
-			return sfw_fail(err, SFW_E_NET, "cannot fetch '%s': %s", url,
+			return sfw_fail(err, cc == CURLE_OUT_OF_MEMORY ? SFW_E_NOMEM : SFW_E_NET,
+					"cannot fetch '%s': %s", url,
 					ebuf[0] ? ebuf : curl_easy_strerror(cc));
 		uint64_t d = sfw_fetch_backoff_ms(attempt, p->backoff_base_ms, p->backoff_cap_ms, 0,
 						  (uint32_t)now_ms() * 2654435761u);
@@ -1279,8 +1327,27 @@ static void files_release(struct run *r)
 		sfw_free(f->todo);
 		sfw_free(f->src_failed);
 		sfw_free(f->contributed);
+		sfw_free(f->norange);
 	}
 	sfw_free(r->files);
+}
+
+/* DEST/.salafw/manifest.json(.minisig): the verified bytes, unchanged. */
+static enum sfw_status write_manifest_copies(const char *sdir, const struct sfw_buf *man, const struct sfw_buf *sig,
+					     struct sfw_err *err)
+{
+	char *mp = sfw_path_join(sdir, "manifest.json");
+	char *sp = sfw_path_join(sdir, "manifest.json.minisig");
+	enum sfw_status st = SFW_OK;
+	if (!mp || !sp)
+		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	if (st == SFW_OK)
+		st = sfw_write_file_atomic(mp, man->data, man->len, err);
+	if (st == SFW_OK)
+		st = sfw_write_file_atomic(sp, sig->data, sig->len, err);
+	sfw_free(mp);
+	sfw_free(sp);
+	return st;
 }
 
 static enum sfw_status add_sources(struct run *r, const struct sfw_source *v, size_t n)
@@ -1359,7 +1426,9 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 	add_sources(&r, p->mirrors_last, p->nmirrors_last);
 	r.nfiles = m.nfiles;
 
-	/* 2. DEST bookkeeping: folders, lock, the verified manifest bytes */
+	/* 2. DEST bookkeeping: folders, lock. The verified manifest bytes are
+	 * copied only on success (6.): until then DEST keeps the manifest its
+	 * files were last verified against (nothing below reads the copies). */
 	sdir = sfw_path_join(p->dest, ".salafw");
 	pdir = sfw_path_join(p->dest, ".salafw/partial");
 	if (!sdir || !pdir) {
@@ -1371,20 +1440,6 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 	lockfd = take_dest_lock(p->dest, err, &st);
 	if (st != SFW_OK)
 		goto out;
-	{
-		char *mp = sfw_path_join(sdir, "manifest.json");
-		char *sp = sfw_path_join(sdir, "manifest.json.minisig");
-		if (!mp || !sp)
-			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		if (st == SFW_OK)
-			st = sfw_write_file_atomic(mp, man.data, man.len, err);
-		if (st == SFW_OK)
-			st = sfw_write_file_atomic(sp, sig.data, sig.len, err);
-		sfw_free(mp);
-		sfw_free(sp);
-		if (st != SFW_OK)
-			goto out;
-	}
 	{
 		char msg[300];
 		snprintf(msg, sizeof(msg), "%s (%s@%s, %zu files)", what, m.repo_id, m.revision, m.nfiles);
@@ -1398,21 +1453,25 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 	/* 3. what is already there and verified is skipped */
 	for (size_t i = 0; i < m.nfiles; i++) {
 		struct file *f = &r.files[i];
-		char hex[65];
+		char hex[65], tag[17];
 		sfw_hex_encode(m.files[i].sha256, 32, hex);
-		char name[80];
+		/* content + path: equal files each get their own partial and lock,
+		 * and resume still finds the partial of the same path */
+		sfw_fetch_path_tag(m.files[i].path, tag);
+		char name[100];
 		f->idx = i;
 		f->mf = &m.files[i];
 		f->fd = -1;
 		f->cur_src = -1;
-		snprintf(name, sizeof(name), "%s.part", hex);
+		snprintf(name, sizeof(name), "%s-%s.part", hex, tag);
 		f->part = sfw_path_join(pdir, name);
-		snprintf(name, sizeof(name), "%s.json", hex);
+		snprintf(name, sizeof(name), "%s-%s.json", hex, tag);
 		f->journal = sfw_path_join(pdir, name);
 		f->final = sfw_path_join(p->dest, m.files[i].path);
 		f->src_failed = sfw_calloc(ns ? ns : 1, 1);
 		f->contributed = sfw_calloc(ns ? ns : 1, 1);
-		if (!f->part || !f->journal || !f->final || !f->src_failed || !f->contributed) {
+		f->norange = sfw_calloc(ns ? ns : 1, 1);
+		if (!f->part || !f->journal || !f->final || !f->src_failed || !f->contributed || !f->norange) {
 			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 			goto out;
 		}
@@ -1477,8 +1536,9 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 				struct seg *s = f->segs;
 				if (seg_flush(s) != 0) /* unwritten bytes are not done */
 					s->pos -= s->wlen;
-				if (s->pos > s->start)
-					push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0);
+				if (s->pos > s->start &&
+				    push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0) != 0 && st == SFW_OK)
+					st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 				seg_free(&r, s);
 			}
 			if (f->state == F_ACTIVE) {
@@ -1501,6 +1561,13 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 			if (r.files[i].state == F_FAILED && !nfail++)
 				first = &r.files[i];
 		}
+		/* a partial held by another process is a local condition (exit 5) */
+		int locked = 0;
+		for (size_t i = 0; i < r.nfiles && !locked; i++)
+			if (r.files[i].state == F_FAILED && r.files[i].locked) {
+				locked = 1;
+				first = &r.files[i];
+			}
 		sum->nfailed = nfail;
 		/* every failure a sha256 mismatch: say "verification failed" (exit 1) */
 		int all_hash = nfail > 0;
@@ -1508,7 +1575,8 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 			if (r.files[i].state == F_FAILED && strcmp(r.files[i].last_err, "sha256 mismatch") != 0)
 				all_hash = 0;
 		if (st == SFW_OK && nfail)
-			st = sfw_fail(err, all_hash ? SFW_E_HASH : SFW_E_EXHAUSTED, "%zu file%s failed; '%s': %s", nfail, nfail == 1 ? "" : "s",
+			st = sfw_fail(err, all_hash ? SFW_E_HASH : locked ? SFW_E_LOCKED : SFW_E_EXHAUSTED,
+				      "%zu file%s failed; '%s': %s", nfail, nfail == 1 ? "" : "s",
 				      first->mf->path, first->last_err[0] ? first->last_err : "every source failed");
 	}
 	if (st == SFW_OK) {
@@ -1522,7 +1590,9 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 			paths[i] = m.files[i].path;
 		st = sfw_manifest_ratchet_commit(&m, &tp, err);
 		if (st == SFW_OK)
-			st = sfw_state_record(p->dest, &m, paths, m.nfiles, err);
+			st = write_manifest_copies(sdir, &man, &sig, err);
+		if (st == SFW_OK)
+			st = sfw_state_record_paths(p->dest, &m, paths, m.nfiles, err);
 		sfw_free(paths);
 		if (st == SFW_OK)
 			rmdir(pdir); /* only when empty */

@@ -9,6 +9,7 @@
 #include <curl/curl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 enum sfw_fetch_class sfw_fetch_classify(int curlcode, long http_status)
 {
@@ -278,6 +279,23 @@ char *sfw_fetch_manifest_url(const char *endpoint, const char *repo_id)
 		return NULL;
 	}
 	return sfw_buf_take(&b, NULL);
+}
+
+const char *sfw_fetch_redir_protocols(const char *url)
+{
+	/* case-insensitive like libcurl's scheme match: "HTTP://" is plain too */
+	return url && strncasecmp(url, "http://", 7) == 0 ? "http,https" : "https";
+}
+
+void sfw_fetch_path_tag(const char *path, char out[17])
+{
+	static const char hex[] = "0123456789abcdef";
+	uint64_t h = 14695981039346656037ull; /* FNV-1a 64: stable across builds and hosts */
+	for (const unsigned char *p = (const unsigned char *)path; p && *p; p++)
+		h = (h ^ *p) * 1099511628211ull;
+	for (int i = 15; i >= 0; i--, h >>= 4)
+		out[i] = hex[h & 15];
+	out[16] = '\0';
 }
 
 static int range_cmp(const void *a, const void *b)

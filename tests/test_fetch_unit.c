@@ -331,6 +331,44 @@ static void test_ranges(void)
 	CHECK(ok, "pieces partition the missing bytes (random cases)");
 }
 
+static void test_redirects_and_names(void)
+{
+	static const struct {
+		const char *url, *want;
+	} t[] = {
+		{"https://weights.example/a/", "https"}, /* never downgraded by a redirect */
+		{"HTTPS://weights.example/", "https"},
+		{"http://127.0.0.1:8080/", "http,https"}, /* a plain source may stay plain */
+		{"HTTP://mirror/", "http,https"},
+		{"httpx://odd/", "https"},
+		{"", "https"},
+		{NULL, "https"},
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		const char *got = sfw_fetch_redir_protocols(t[i].url);
+		CHECK(strcmp(got, t[i].want) == 0, "redirect protocols of '%s': got %s want %s",
+		      t[i].url ? t[i].url : "(null)", got, t[i].want);
+	}
+	/* published FNV-1a 64 vectors (and one computed with Python) */
+	static const struct {
+		const char *path, *want;
+	} v[] = {
+		{"", "cbf29ce484222325"},
+		{"a", "af63dc4c8601ec8c"},
+		{"foobar", "85944171f73967e8"},
+		{"sub/dup2.bin", "ee37672410131684"},
+	};
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+		char tag[17];
+		sfw_fetch_path_tag(v[i].path, tag);
+		CHECK(strcmp(tag, v[i].want) == 0, "path tag of '%s': got %s want %s", v[i].path, tag, v[i].want);
+	}
+	char t1[17], t2[17];
+	sfw_fetch_path_tag("dup1.bin", t1);
+	sfw_fetch_path_tag("sub/dup1.bin", t2);
+	CHECK(strcmp(t1, t2) != 0, "equal content at two paths gets two partial names");
+}
+
 int main(void)
 {
 	test_classify();
@@ -340,5 +378,6 @@ int main(void)
 	test_check_response();
 	test_urls();
 	test_ranges();
+	test_redirects_and_names();
 	return CHECK_REPORT("test_fetch_unit");
 }

@@ -42,15 +42,16 @@ b=base64.b64decode(open(sys.argv[1]).read().splitlines()[1])
 print("%016X" % int.from_bytes(b[2:10],"little"))' "$T/k.pub")
 TOTAL=$(( 3000000 + 1048577 + 0 + $(stat -c %s "$T/model/config.json") + $(stat -c %s "$T/model/name with space%.txt") ))
 
-read -r P1 P2 < <(bash tests/nginx/start.sh "$T/nginx" "$T/model" "$T/man" "$REV" 120) ||
+read -r P1 P2 < <(bash tests/nginx/start.sh "$T/nginx" "$T/model" "$T/man" "$REV" 180) ||
 	{ echo "FAIL nginx did not start"; exit 1; }
 PIDS+=("$(cat "$T/nginx/run.pid")")
 NG=http://127.0.0.1:$P1
 
-# mkman OUT [faultd manifest args...]: write OUT and sign it (OUT.minisig)
+# mkman OUT [faultd manifest args...]: write OUT and sign it (OUT.minisig);
+# the files listed are those under $MKDIR (default $T/model)
 mkman() {
 	local out=$1 repo=$REPO rev=$REV ver=1; shift
-	$FAULTD manifest --dir "$T/model" --repo "$repo" --rev "$rev" --key-id "$KEYID" "$@" > "$out" || return 1
+	$FAULTD manifest --dir "${MKDIR:-$T/model}" --repo "$repo" --rev "$rev" --key-id "$KEYID" "$@" > "$out" || return 1
 	ver=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifest_version"])' "$out")
 	rm -f "$out.minisig"
 	minisign -S -s "$T/k.key" -m "$out" -x "$out.minisig" \
@@ -77,12 +78,22 @@ for l in open(sys.argv[1]):
         d=json.loads(l)
         if d.get("event")=="summary": print(d[sys.argv[2]])' "$1" "$2"
 }
+# ptag PATH: the path part of a partial's name (FNV-1a 64, computed here
+# independently of the C code)
+ptag() { python3 -c '
+import sys
+h=14695981039346656037
+for b in sys.argv[1].encode(): h=((h^b)*1099511628211)%2**64
+print("%016x"%h)' "$1"; }
+A_SHA=$(sha256sum "$T/model/a.bin" | cut -c1-64)
 # events FILE KIND: how many events of KIND
 events() { grep -c "\"event\":\"$2\"" "$1" 2>/dev/null || true; }
 # logsum LOG: bytes a faultd sent in total
 logsum() { python3 -c 'import json,sys; print(sum(json.loads(l)["sent"] for l in open(sys.argv[1])))' "$1"; }
 tree_ok() { (cd "$1" && sha256sum --quiet -c "$T/SHA256SUMS") >/dev/null 2>&1; }
 verify_ok() { "$SALAFW" verify -p "$T/k.pub" "$1" >/dev/null 2>&1; }
+# ... with a fresh rollback state, for DESTs holding another manifest of version 1
+verify_fresh() { SALAFW_STATE_DIR=$(mktemp -d "$T/state.XXXXXX") "$SALAFW" verify -p "$T/k.pub" "$1" >/dev/null 2>&1; }
 nodest() { [ ! -e "$1" ]; }
 
 mkman "$T/man/manifests/test/tiny.json" --source "http:$NG/plain/"
@@ -199,7 +210,7 @@ check "corrupt only source: no corrupt partial kept ($left)" test "$left" = 0
 faultd f10a --fault drop:700000 --times 1 --only a.bin
 mkman "$T/m10a.json" --source "http:http://127.0.0.1:$PORT_f10a/"
 G "$REPO" --manifest "$T/m10a.json" -P "$T/k.pub" -d "$T/d10" -c 1 --retries 0 -q >/dev/null 2>&1
-check_exit "partial left by a failed run" 0 test -s "$T/d10/.salafw/partial/$(sha256sum "$T/model/a.bin" | cut -c1-64).json"
+check_exit "partial left by a failed run" 0 test -s "$T/d10/.salafw/partial/$A_SHA-$(ptag a.bin).json"
 faultd f10 --fault norange
 mkman "$T/m10.json" --source "http:http://127.0.0.1:$PORT_f10/"
 G "$REPO" --manifest "$T/m10.json" -P "$T/k.pub" -d "$T/d10" -c 1 --json > "$T/o10" 2>/dev/null
@@ -243,12 +254,11 @@ check "X-Repo-Commit mismatch: reported" grep -q 'X-Repo-Commit differs' "$T/o14
 # ---- 15. SIGKILL midway, then resume without re-fetching the journalled prefix ------
 faultd f15 --rate 1000000 --only a.bin
 mkman "$T/m15.json" --source "http:http://127.0.0.1:$PORT_f15/"
-A_SHA=$(sha256sum "$T/model/a.bin" | cut -c1-64)
 SALAFW_STATE_DIR=$T/state15 "$SALAFW" get "$REPO" --manifest "$T/m15.json" -P "$T/k.pub" -d "$T/d15" -c 1 -j 1 --sync-interval 1 -q > /dev/null 2>&1 &
 gp=$!
 sleep 2.5
 kill -9 "$gp" 2>/dev/null; wait "$gp" 2>/dev/null
-J=$T/d15/.salafw/partial/$A_SHA.json
+J=$T/d15/.salafw/partial/$A_SHA-$(ptag a.bin).json
 kept=$(python3 -c '
 import json,sys
 d=json.load(open(sys.argv[1])); r=d["done"]
@@ -282,7 +292,7 @@ check "SIGINT: exit 5 (interrupted)" test "$rc" = 5
 check "SIGINT: says how to resume" grep -q 'resume' "$T/e16"
 kept=$(python3 -c '
 import json,sys
-r=json.load(open(sys.argv[1]))["done"]; print(r[0][1] if r and r[0][0]==0 else 0)' "$T/d16/.salafw/partial/$A_SHA.json" 2>/dev/null || echo 0)
+r=json.load(open(sys.argv[1]))["done"]; print(r[0][1] if r and r[0][0]==0 else 0)' "$T/d16/.salafw/partial/$A_SHA-$(ptag a.bin).json" 2>/dev/null || echo 0)
 check "SIGINT: journal flushed on exit ($kept bytes)" test "$kept" -gt 500000
 G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d16" -c 1 --json > "$T/o16" 2>/dev/null
 check "after SIGINT: tree verifies" tree_ok "$T/d16"
@@ -347,7 +357,95 @@ sleep 0.3
 check_err "locked DEST: exit 5 naming the lock" 5 'another' G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d20"
 kill "$lp" 2>/dev/null; wait "$lp" 2>/dev/null
 
-# ---- 21. usage -----------------------------------------------------------------------
+# ---- 21. equal content at two paths: each gets its own partial and lock -----------
+mkdir -p "$T/model2/sub"
+head -c 1500000 /dev/urandom > "$T/model2/dup1.bin"
+cp "$T/model2/dup1.bin" "$T/model2/sub/dup2.bin"
+: > "$T/model2/e1.txt"
+: > "$T/model2/sub/e2.txt"
+(cd "$T/model2" && find . -type f | sed 's|^\./||' | sort | while read -r f; do sha256sum "$f"; done) > "$T/SUMS2"
+tree2_ok() { (cd "$1" && sha256sum --quiet -c "$T/SUMS2") >/dev/null 2>&1; }
+DUP_SHA=$(sha256sum "$T/model2/dup1.bin" | cut -c1-64)
+faultd f22 --root "$T/model2"
+MKDIR=$T/model2 mkman "$T/m22.json" --source "http:http://127.0.0.1:$PORT_f22/"
+G "$REPO" --manifest "$T/m22.json" -P "$T/k.pub" -d "$T/d22" --json > "$T/o22" 2>/dev/null
+check "equal files: exit 0" test "$(summary "$T/o22" exit)" = 0
+check "equal files: all 4 downloaded" test "$(summary "$T/o22" downloaded)" = 4
+check "equal files: tree matches sha256sum -c" tree2_ok "$T/d22"
+check "equal files: salafw verify DEST passes" verify_fresh "$T/d22"
+check "two empty files created" test -f "$T/d22/e1.txt" -a ! -s "$T/d22/e1.txt" -a -f "$T/d22/sub/e2.txt" -a ! -s "$T/d22/sub/e2.txt"
+# one twin lands, the other fails midway; the rerun skips the first and must
+# resume (not delete) the second's partial
+faultd f22b --root "$T/model2" --fault drop:700000 --times 1 --only sub/dup2.bin
+MKDIR=$T/model2 mkman "$T/m22b.json" --source "http:http://127.0.0.1:$PORT_f22b/"
+G "$REPO" --manifest "$T/m22b.json" -P "$T/k.pub" -d "$T/d22b" -c 1 --retries 0 -q >/dev/null 2>&1
+check "twin: dup1.bin verified in the failed run" cmp -s "$T/d22b/dup1.bin" "$T/model2/dup1.bin"
+check "twin: sub/dup2.bin partial named by sha256 + path hash" test -s "$T/d22b/.salafw/partial/$DUP_SHA-$(ptag sub/dup2.bin).json"
+G "$REPO" --manifest "$T/m22b.json" -P "$T/k.pub" -d "$T/d22b" -c 1 --json > "$T/o22b" 2>/dev/null
+check "twin: rerun exit 0" test "$(summary "$T/o22b" exit)" = 0
+check "twin: dup1.bin skipped" test "$(summary "$T/o22b" skipped)" -ge 1
+check "twin: sub/dup2.bin resumed at 700000" grep -q '"path": "sub/dup2.bin", "range": "bytes=700000-' "$T/f22b.log"
+check "twin: resumed bytes reported" test "$(summary "$T/o22b" resumed)" -ge 700000
+check "twin: tree verifies" tree2_ok "$T/d22b"
+
+# ---- 22. a mismatch blames no source unless it alone served the file ------------
+# run 1 keeps 1000000 bytes (one of them flipped) from a bad mirror, then fails
+faultd f23 --corrupt 123456 --fault drop:1000000 --only a.bin
+mkman "$T/m23.json" --source "http:http://127.0.0.1:$PORT_f23/"
+G "$REPO" --manifest "$T/m23.json" -P "$T/k.pub" -d "$T/d23" -c 1 --retries 0 -q >/dev/null 2>&1
+check "bad partial left by a failed run" test -s "$T/d23/.salafw/partial/$A_SHA-$(ptag a.bin).json"
+G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d23" -c 1 --json > "$T/o23" 2>/dev/null
+check "earlier run's bad bytes, good source: exit 0" test "$(summary "$T/o23" exit)" = 0
+check "earlier run's bad bytes: tree verifies" tree_ok "$T/d23"
+check "earlier run's bad bytes: mismatch reported" test "$(events "$T/o23" hash_mismatch)" = 1
+check "earlier run's bad bytes: the good source is not struck" test "$(events "$T/o23" source_failed)" = 0
+# one run: the bad mirror serves a prefix and drops, the good one the rest
+mkman "$T/m23b.json" --source "http:http://127.0.0.1:$PORT_f23/" --source "http:$NG/plain/"
+G "$REPO" --manifest "$T/m23b.json" -P "$T/k.pub" -d "$T/d23b" -c 1 --retries 0 --json > "$T/o23b" 2>/dev/null
+check "two sources mixed: exit 0" test "$(summary "$T/o23b" exit)" = 0
+check "two sources mixed: tree verifies" tree_ok "$T/d23b"
+check "two sources mixed: mismatch reported" test "$(events "$T/o23b" hash_mismatch)" = 1
+check "two sources mixed: only the dropping mirror struck" test "$(events "$T/o23b" source_failed)" = 1
+
+# ---- 23. Range ignored and connections dropped: bounded, then the next source ----
+faultd f24 --norange --fault drop:500000 --only a.bin
+mkman "$T/m24.json" --source "http:http://127.0.0.1:$PORT_f24/" --source "http:$NG/plain/"
+G "$REPO" --manifest "$T/m24.json" -P "$T/k.pub" -d "$T/d24" -c 1 --retry-wait 10 --json > "$T/o24" 2>/dev/null
+check "norange + drop: exit 0" test "$(summary "$T/o24" exit)" = 0
+check "norange + drop: tree verifies" tree_ok "$T/d24"
+n24=$(grep -c '"path": "a.bin"' "$T/f24.log")
+check "norange + drop: a.bin asked of it at most 4 times ($n24)" test "$n24" -le 4
+check "norange + drop: moved on, saying why" grep -q 'ignores Range and its transfer broke again' "$T/o24"
+
+# ---- 24. a failed get keeps DEST's manifest copies; a good one replaces them -----
+cp -a "$T/d1" "$T/d25"
+printf 'X' | dd of="$T/d25/a.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
+faultd f25 --fault 404
+mkman "$T/m25.json" --source "http:http://127.0.0.1:$PORT_f25/"
+G "$REPO" --manifest "$T/m25.json" -P "$T/k.pub" -d "$T/d25" --json > "$T/o25" 2>/dev/null
+check "failed get (404 only): exit 4" test "$(summary "$T/o25" exit)" = 4
+check "failed get: manifest copy still the one DEST was verified with" cmp -s "$T/d25/.salafw/manifest.json" "$T/plain.json"
+check "failed get: signature copy unchanged" cmp -s "$T/d25/.salafw/manifest.json.minisig" "$T/plain.json.minisig"
+mkman "$T/m25b.json" --source "http:$NG/plain/"
+G "$REPO" --manifest "$T/m25b.json" -P "$T/k.pub" -d "$T/d25" -q >/dev/null 2>&1
+check "good get: manifest copy replaced" cmp -s "$T/d25/.salafw/manifest.json" "$T/m25b.json"
+check "good get: signature copy replaced" cmp -s "$T/d25/.salafw/manifest.json.minisig" "$T/m25b.json.minisig"
+check "good get: salafw verify DEST passes" verify_fresh "$T/d25"
+
+# ---- 25. a partial locked by another process: exit 5 naming it -------------------
+faultd f26 --fault drop:700000 --times 1 --only a.bin
+mkman "$T/m26.json" --source "http:http://127.0.0.1:$PORT_f26/"
+G "$REPO" --manifest "$T/m26.json" -P "$T/k.pub" -d "$T/d26" -c 1 --retries 0 -q >/dev/null 2>&1
+P26=$T/d26/.salafw/partial/$A_SHA-$(ptag a.bin).part
+check "partial left to lock" test -s "$P26"
+flock "$P26" sleep 5 &
+lp=$!; PIDS+=("$lp")
+sleep 0.3
+check_err "locked partial: exit 5 naming it" 5 "being written by another process" \
+	G "$REPO" --manifest "$T/m26.json" -P "$T/k.pub" -d "$T/d26" -c 1
+kill "$lp" 2>/dev/null; wait "$lp" 2>/dev/null
+
+# ---- 26. usage -----------------------------------------------------------------------
 check_exit "no repo: usage" 2 "$SALAFW" get
 check_exit "bad revision: usage" 2 "$SALAFW" get "$REPO@main"
 check_exit "bad mirror kind: usage" 2 "$SALAFW" get "$REPO" --mirror "ftp:ftp://x/"

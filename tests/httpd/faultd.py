@@ -7,7 +7,7 @@ line per request to --log, and exits by itself after --lifetime seconds.
 
   faultd.py serve --root DIR --port-file F [--log F] [--lifetime S]
                   [--fault MODE[:ARG]] [--times K] [--only PATH] [--commit HEX]
-                  [--rate BYTES_PER_S]
+                  [--rate BYTES_PER_S] [--norange] [--corrupt OFF]
   faultd.py manifest --dir DIR --repo ORG/NAME --rev HEX --key-id ID
                   [--source http:URL|hf:URL ...] [--version N] [--path-override OLD=NEW]
 
@@ -24,6 +24,9 @@ else to all; --only limits them to one file path):
   longclose:N  no Content-Length, body N bytes longer, then close
   redirloop    302 to the same URL, forever
   redirect:URL 302 to URL + the request path
+--norange and --corrupt OFF act like those faults on every request (--only
+still limits them, --times does not), so they combine with a --fault: e.g.
+--norange --fault drop:N is a server that ignores Range and drops.
 """
 import argparse
 import hashlib
@@ -113,16 +116,21 @@ class Handler(BaseHTTPRequestHandler):
         rel = unquote(m.group(1) if m else raw.lstrip("/"))
         fault = st.take_fault(rel)
         kind, _, arg = (fault or "").partition(":")
+        always = not a.only or rel == a.only  # --norange / --corrupt apply here
+        norange = kind == "norange" or (a.norange and always)
+        corrupt = [int(arg)] if kind == "corrupt" else []
+        if a.corrupt is not None and always:
+            corrupt.append(a.corrupt)
         rng = self.headers.get("Range")
         entry = dict(path=rel, range=rng, fault=fault, sent=0, status=0)
         try:
-            self.handle_get(rel, kind, arg, rng, entry, m is not None)
+            self.handle_get(rel, kind, arg, rng, entry, m is not None, norange, corrupt)
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
             pass
         finally:
             st.record(**entry)
 
-    def handle_get(self, rel, kind, arg, rng, entry, hf):
+    def handle_get(self, rel, kind, arg, rng, entry, hf, norange, corrupt):
         st = self.server.state
         a = st.args
         extra = []
@@ -148,15 +156,14 @@ class Handler(BaseHTTPRequestHandler):
         with open(full, "rb") as f:
             data = f.read()
         size = len(data)
-        if kind == "corrupt":
-            off = int(arg)
+        for off in corrupt:
             if off < size:
                 b = bytearray(data)
                 b[off] ^= 0xFF
                 data = bytes(b)
         start, end = 0, size  # [start, end)
         status = 200
-        if rng and kind != "norange":
+        if rng and not norange:
             mm = re.match(r"^bytes=(\d+)-(\d*)$", rng.strip())
             if not mm:
                 entry["status"] = 416
@@ -312,6 +319,8 @@ def main():
     s.add_argument("--only")
     s.add_argument("--commit")
     s.add_argument("--rate", type=float, default=0)
+    s.add_argument("--norange", action="store_true")
+    s.add_argument("--corrupt", type=int)
     m = sub.add_parser("manifest")
     m.add_argument("--dir", required=True)
     m.add_argument("--repo", required=True)
