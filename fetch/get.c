@@ -123,6 +123,7 @@ struct file {
 	uint64_t kept;      /* resumed from an earlier run */
 	int prior;          /* holds bytes whose source is unknown (earlier run) */
 	int locked;         /* its partial is held by another process */
+	struct sfw_file_id id; /* in place and verified: what the state record vouches for */
 	int dirty;
 	unsigned mismatches;
 	long last_status;
@@ -840,6 +841,10 @@ static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err
 	sfw_free(d);
 	if (st != SFW_OK)
 		return st;
+	struct stat fin; /* after the rename (it moves ctime): the record's id */
+	if (fstat(f->fd, &fin) != 0)
+		return sfw_fail(err, SFW_E_IO, "cannot stat '%s': %s", f->final, strerror(errno));
+	sfw_file_id_of(&fin, &f->id);
 	unlink(f->journal);
 	file_close(f);
 	f->state = F_DONE;
@@ -1491,6 +1496,7 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 		for (size_t i = 0; i < m.nfiles; i++)
 			if (rep.results && rep.results[i] == SFW_FILE_OK) {
 				r.files[i].state = F_SKIPPED;
+				r.files[i].id = rep.ids[i];
 				/* a leftover partial of a file already in place is useless */
 				unlink(r.files[i].part);
 				unlink(r.files[i].journal);
@@ -1580,19 +1586,21 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 				      first->mf->path, first->last_err[0] ? first->last_err : "every source failed");
 	}
 	if (st == SFW_OK) {
-		/* 6. remember what was verified (rollback ratchet, offline verify) */
-		const char **paths = sfw_calloc(m.nfiles ? m.nfiles : 1, sizeof(*paths));
+		/* 6. remember what was verified (rollback ratchet, offline verify):
+		 * each file as it was when its sha256 matched; one changed since
+		 * (while others downloaded) is refused by the record */
+		struct sfw_state_file *paths = sfw_calloc(m.nfiles ? m.nfiles : 1, sizeof(*paths));
 		if (!paths) {
 			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 			goto out;
 		}
 		for (size_t i = 0; i < m.nfiles; i++)
-			paths[i] = m.files[i].path;
+			paths[i].path = m.files[i].path, paths[i].ok = 1, paths[i].id = r.files[i].id;
 		st = sfw_manifest_ratchet_commit(&m, &tp, err);
 		if (st == SFW_OK)
 			st = write_manifest_copies(sdir, &man, &sig, err);
 		if (st == SFW_OK)
-			st = sfw_state_record_paths(p->dest, &m, paths, m.nfiles, err);
+			st = sfw_state_record(p->dest, &m, paths, m.nfiles, err);
 		sfw_free(paths);
 		if (st == SFW_OK)
 			rmdir(pdir); /* only when empty */

@@ -597,6 +597,25 @@ static void test_verify_dir(void)
 	snprintf(sp, sizeof(sp), "%s/.salafw/state.json", dir);
 	CHECK(access(sp, F_OK) != 0, "no state without record_state");
 
+	/* The record vouches for what was hashed: the ids of the report match
+	 * the files now; a file changed after its hash (same bytes even) is
+	 * refused, and nothing is written. */
+	CHECK(vdir(&m, 1, 0, &rep, &err) == SFW_OK, "ids for the record: %s", err.msg);
+	struct sfw_state_file sf[2] = {{m.files[0].path, 1, rep.ids[0]}, {m.files[1].path, 1, rep.ids[1]}};
+	CHECK(rep.ids[0].size == 3 && rep.ids[0].ino == (uint64_t)before.st_ino, "report id = the file's stat");
+	sfw_verify_report_release(&rep);
+	usleep(20000);
+	put("model/a.bin", "abc"); /* rewritten: same bytes, new times */
+	CHECK(sfw_state_record(dir, &m, sf, 2, &err) == SFW_E_IO && strstr(err.msg, "a.bin") &&
+		  strstr(err.msg, "changed after it was verified") && access(sp, F_OK) != 0,
+	      "a file changed after its hash is not recorded: %s", err.msg);
+	CHECK(vdir(&m, 1, 0, &rep, &err) == SFW_OK, "ids again: %s", err.msg);
+	sf[0].id = rep.ids[0];
+	sfw_verify_report_release(&rep);
+	CHECK(sfw_state_record(dir, &m, sf, 2, &err) == SFW_OK && access(sp, F_OK) == 0, "recorded: %s", err.msg);
+	sh("rm -rf '%s/model/.salafw'", tmp);
+	SFW_ASSERT(stat(ap, &before) == 0);
+
 	put("model/extra.txt", "x");
 	CHECK(vdir(&m, 2, 0, &rep, &err) == SFW_OK && rep.nextra == 1 &&
 		  strcmp(rep.extra[0], "extra.txt") == 0,

@@ -653,32 +653,6 @@ out:
 	return s;
 }
 
-enum sfw_status sfw_state_record_paths(const char *dir, const struct sfw_manifest *m, const char *const *paths,
-				       size_t npaths, struct sfw_err *err)
-{
-	struct sfw_state_file *sf = sfw_calloc(npaths ? npaths : 1, sizeof(*sf));
-	if (!sf)
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	enum sfw_status s = SFW_OK;
-	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		s = sfw_fail(err, SFW_E_IO, "cannot open directory '%s': %s", dir, strerror(errno));
-	for (size_t i = 0; s == SFW_OK && i < npaths; i++) {
-		struct stat st;
-		int eno;
-		sf[i].path = paths[i];
-		sf[i].ok = 1;
-		if (walk_stat(dfd, paths[i], &st, 0, NULL, &eno) == WALK_OK)
-			sfw_file_id_of(&st, &sf[i].id);
-	}
-	if (dfd >= 0)
-		close(dfd);
-	if (s == SFW_OK)
-		s = sfw_state_record(dir, m, sf, npaths, err);
-	sfw_free(sf);
-	return s;
-}
-
 enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *p, struct sfw_err *err)
 {
 	char *mpath = salafw_file(dir, "manifest.json"), *spath = salafw_file(dir, "manifest.json.minisig");

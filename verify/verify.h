@@ -216,9 +216,6 @@ struct sfw_state_file {
 };
 SFW_MUST_CHECK enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m,
 						const struct sfw_state_file *files, size_t n, struct sfw_err *err);
-/* TRANSITIONAL: paths recorded with their stat now (get.c, until it passes ids). */
-SFW_MUST_CHECK enum sfw_status sfw_state_record_paths(const char *dir, const struct sfw_manifest *m,
-						      const char *const *paths, size_t npaths, struct sfw_err *err);
 /* The id of an open file as sfw_state_record compares it. */
 void sfw_file_id_of(const struct stat *st, struct sfw_file_id *id);
 /* Cheap check that every manifest file still matches its record (stat only).
