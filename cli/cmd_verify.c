@@ -77,29 +77,6 @@ static int fail(int json, const char *dir, enum sfw_status s, const struct sfw_e
 	return cli_report(s, err);
 }
 
-/* Installs the manifest that verified the tree as DIR/.salafw/manifest.json
- * (+ .minisig), so `run` can re-check the tree against it later. */
-static enum sfw_status install_manifest(const char *dir, const struct sfw_buf *mb, const struct sfw_buf *sb,
-					struct sfw_err *err)
-{
-	char *sdir = sfw_path_join(dir, ".salafw");
-	char *mp = sfw_path_join(dir, ".salafw/manifest.json");
-	char *sp = sfw_path_join(dir, ".salafw/manifest.json.minisig");
-	enum sfw_status s = SFW_OK;
-	if (!sdir || !mp || !sp)
-		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	if (s == SFW_OK)
-		s = sfw_mkdirs(sdir, err);
-	if (s == SFW_OK)
-		s = sfw_write_file_atomic(sp, sb->data, sb->len, err);
-	if (s == SFW_OK)
-		s = sfw_write_file_atomic(mp, mb->data, mb->len, err);
-	sfw_free(sdir);
-	sfw_free(mp);
-	sfw_free(sp);
-	return s;
-}
-
 int cmd_verify(int argc, char **argv)
 {
 	struct cli_parser cp;
@@ -245,7 +222,7 @@ int cmd_verify(int argc, char **argv)
 		struct sfw_err e2 = {0};
 		enum sfw_status s2 = sfw_manifest_ratchet_commit(&m, &tp, &e2);
 		if (s2 == SFW_OK && manifest && !no_state)
-			s2 = install_manifest(dir, &mb, &sb, &e2);
+			s2 = sfw_state_install_manifest(dir, mb.data, mb.len, sb.data, sb.len, &e2);
 		if (s2 == SFW_OK && manifest && !no_state) {
 			struct sfw_state_file *sf = sfw_calloc(m.nfiles ? m.nfiles : 1, sizeof(*sf));
 			if (!sf)

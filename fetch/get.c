@@ -1337,24 +1337,6 @@ static void files_release(struct run *r)
 	sfw_free(r->files);
 }
 
-/* DEST/.salafw/manifest.json(.minisig): the verified bytes, unchanged. */
-static enum sfw_status write_manifest_copies(const char *sdir, const struct sfw_buf *man, const struct sfw_buf *sig,
-					     struct sfw_err *err)
-{
-	char *mp = sfw_path_join(sdir, "manifest.json");
-	char *sp = sfw_path_join(sdir, "manifest.json.minisig");
-	enum sfw_status st = SFW_OK;
-	if (!mp || !sp)
-		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	if (st == SFW_OK)
-		st = sfw_write_file_atomic(mp, man->data, man->len, err);
-	if (st == SFW_OK)
-		st = sfw_write_file_atomic(sp, sig->data, sig->len, err);
-	sfw_free(mp);
-	sfw_free(sp);
-	return st;
-}
-
 static enum sfw_status add_sources(struct run *r, const struct sfw_source *v, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
@@ -1598,7 +1580,7 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 			paths[i].path = m.files[i].path, paths[i].ok = 1, paths[i].id = r.files[i].id;
 		st = sfw_manifest_ratchet_commit(&m, &tp, err);
 		if (st == SFW_OK)
-			st = write_manifest_copies(sdir, &man, &sig, err);
+			st = sfw_state_install_manifest(p->dest, man.data, man.len, sig.data, sig.len, err);
 		if (st == SFW_OK)
 			st = sfw_state_record(p->dest, &m, paths, m.nfiles, err);
 		sfw_free(paths);

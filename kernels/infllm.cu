@@ -13,10 +13,11 @@
 
 /* ---- compression ---- */
 
+/* Chunks [j0, j1) of one level, grid-strided over (chunk, element). */
 template <typename A>
-static __global__ void compress_kernel(A *c, const A *k, int row, int64_t j0, int64_t j1, int ksize, int stride)
+static __device__ __forceinline__ void compress_chunks(A *c, const A *k, int row, int64_t j0, int64_t j1, int ksize,
+						       int stride)
 {
-	sfwc_pdl_wait();
 	size_t n = (size_t)(j1 - j0) * row;
 	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
 		int64_t j = j0 + (int64_t)(e / row);
@@ -26,6 +27,13 @@ static __global__ void compress_kernel(A *c, const A *k, int row, int64_t j0, in
 			s += act_ld(k, ((size_t)j * stride + t) * row + i);
 		act_st(c, (size_t)j * row + i, s / (float)ksize);
 	}
+}
+
+template <typename A>
+static __global__ void compress_kernel(A *c, const A *k, int row, int64_t j0, int64_t j1, int ksize, int stride)
+{
+	sfwc_pdl_wait();
+	compress_chunks(c, k, row, j0, j1, ksize, stride);
 }
 
 extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
@@ -53,15 +61,7 @@ static __global__ void compress_devpos_kernel(A *c1, A *c2, const A *k, int row,
 	A *c = lv ? c2 : c1;
 	int64_t p = *dpos;
 	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
-	size_t n = (size_t)(j1 - j0) * row;
-	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-		int64_t j = j0 + (int64_t)(e / row);
-		int i = (int)(e % row);
-		float s = 0;
-		for (int t = 0; t < ks; t++)
-			s += act_ld(k, ((size_t)j * st + t) * row + i);
-		act_st(c, (size_t)j * row + i, s / (float)ks);
-	}
+	compress_chunks(c, k, row, j0, j1, ks, st);
 }
 
 extern "C" void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, int nkv, int hd, int ksize, int stride,

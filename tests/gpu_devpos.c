@@ -12,6 +12,7 @@
  * both compression levels, block ends, the first position with a level-2
  * chunk, and the bound itself. */
 #include "check.h"
+#include "lib/rng.h"
 #include "lib/compare.h"
 
 #include "kernels/ops.h"
@@ -26,11 +27,7 @@
 static uint64_t rng = 0x243f6a8885a308d3ull;
 static float urand(void)
 {
-	uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
-	return (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+	return sfwt_urand(&rng);
 }
 
 static int64_t nch(int64_t len, int ks, int st)

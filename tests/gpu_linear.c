@@ -6,6 +6,7 @@
  * ceiling, and the prefill GEMMs as a fraction of the GEMM ceiling.
  * GPU_LINEAR_QUICK=1 skips the timing tables. */
 #include "check.h"
+#include "lib/rng.h"
 
 #include "kernels/ops_cuda.h"
 #include "runner/safetensors.h"
@@ -18,11 +19,7 @@
 static uint64_t rng_state = 0x1234567;
 static float urand(void)
 {
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
-	return (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+	return sfwt_urand(&rng_state);
 }
 
 static void rand_bf16(uint16_t *p, size_t n, float scale)

@@ -7,6 +7,7 @@
  * points that the CUDA twin applies and the CPU twin (fp32) does not.
  * Outputs are poisoned before each run so unwritten elements fail. */
 #include "check.h"
+#include "lib/rng.h"
 #include "lib/compare.h"
 
 #include "kernels/ops.h"
@@ -24,11 +25,7 @@ static enum sfw_op_dtype g_dt;
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float urand(void)
 {
-	uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
-	return (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+	return sfwt_urand(&rng);
 }
 
 static float bfr(float x)

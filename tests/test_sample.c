@@ -6,6 +6,7 @@
  * allowed for at most 1% of draws; greedy, +inf and all-NaN rows must match
  * exactly. */
 #include "check.h"
+#include "lib/rng.h"
 
 #include "kernels/ops.h"
 #include "runner/runner.h"
@@ -19,11 +20,7 @@
 static uint64_t rng = 0x1234567887654321ull;
 static float urand(void)
 {
-	uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
-	return (float)(z >> 40) * (1.0f / 16777216.0f);
+	return sfwt_unit(&rng);
 }
 
 int main(void)

@@ -653,6 +653,26 @@ out:
 	return s;
 }
 
+enum sfw_status sfw_state_install_manifest(const char *dir, const void *man, size_t man_len, const void *sig,
+					   size_t sig_len, struct sfw_err *err)
+{
+	char *sdir = sfw_path_join(dir, ".salafw");
+	char *mp = salafw_file(dir, "manifest.json"), *sp = salafw_file(dir, "manifest.json.minisig");
+	enum sfw_status s = SFW_OK;
+	if (!sdir || !mp || !sp)
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	if (s == SFW_OK)
+		s = sfw_mkdirs(sdir, err);
+	if (s == SFW_OK)
+		s = sfw_write_file_atomic(sp, sig, sig_len, err);
+	if (s == SFW_OK)
+		s = sfw_write_file_atomic(mp, man, man_len, err);
+	sfw_free(sdir);
+	sfw_free(mp);
+	sfw_free(sp);
+	return s;
+}
+
 enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *p, struct sfw_err *err)
 {
 	char *mpath = salafw_file(dir, "manifest.json"), *spath = salafw_file(dir, "manifest.json.minisig");

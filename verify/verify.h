@@ -216,6 +216,11 @@ struct sfw_state_file {
 };
 SFW_MUST_CHECK enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m,
 						const struct sfw_state_file *files, size_t n, struct sfw_err *err);
+/* DIR/.salafw/manifest.json and its .minisig: the verified bytes, each
+ * written atomically (the folder made if needed). A crash between the two
+ * leaves a pair that fails its signature check: closed, never open. */
+SFW_MUST_CHECK enum sfw_status sfw_state_install_manifest(const char *dir, const void *man, size_t man_len,
+							  const void *sig, size_t sig_len, struct sfw_err *err);
 /* The id of an open file as sfw_state_record compares it. */
 void sfw_file_id_of(const struct stat *st, struct sfw_file_id *id);
 /* Cheap check that every manifest file still matches its record (stat only).
