@@ -11,7 +11,8 @@ static atomic_int g_threads;
 
 void sfw_ops_cpu_set_threads(int n)
 {
-	atomic_store(&g_threads, n > 0 ? n : 0);
+	/* per-thread scratch (matmul, attention) is sized for 256 threads */
+	atomic_store(&g_threads, n > 256 ? 256 : n > 0 ? n : 0);
 }
 
 int sfw_ops_cpu_threads(void)

@@ -40,6 +40,7 @@ struct sfw_ctx {
 	void **graphs;      /* [L] */
 	int64_t *pos_dev;
 	int capturing, nograph;
+	int broken; /* a call failed half-way: refused until sfw_ctx_reset */
 	/* Whole-step decode graph (backends with cache_advance): embed, every
 	 * layer, final norm and logits of a one-token call in one recording,
 	 * valid for positions below step_bound, in one mode (sparse or dense
@@ -226,6 +227,18 @@ void sfw_ctx_free(struct sfw_ctx *c)
 	sfw_free(c);
 }
 
+static void last_selection_clear(struct sfw_ctx *c)
+{
+	const struct sfw_config *cf = &c->m->cfg;
+	size_t nsel = (size_t)cf->num_key_value_heads * cf->sparse_k;
+	for (int i = 0; i < cf->num_hidden_layers; i++) {
+		c->last_state[i] = cf->mixer[i] == SFW_MIXER_SPARSE ? 0 : -1;
+		c->last_fresh[i] = 0;
+	}
+	for (size_t i = 0; i < (size_t)cf->num_hidden_layers * nsel; i++)
+		c->last_blocks[i] = -1;
+}
+
 enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p, struct sfw_ctx **out,
 			    struct sfw_err *err)
 {
@@ -303,10 +316,7 @@ enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
 		sfw_ctx_free(c);
 		return s;
 	}
-	for (int i = 0; i < L; i++)
-		c->last_state[i] = cf->mixer[i] == SFW_MIXER_SPARSE ? 0 : -1;
-	for (size_t i = 0; i < (size_t)L * nkv * k; i++)
-		c->last_blocks[i] = -1;
+	last_selection_clear(c);
 	*out = c;
 	return SFW_OK;
 }
@@ -315,6 +325,8 @@ void sfw_ctx_reset(struct sfw_ctx *c)
 {
 	c->m->be->cache_reset(c->m->be, c->cache);
 	c->pos = 0;
+	c->broken = 0;
+	last_selection_clear(c);
 }
 
 int64_t sfw_ctx_pos(const struct sfw_ctx *c)
@@ -874,7 +886,8 @@ enum sfw_status sfw_ctx_prefill(struct sfw_ctx *c, const int32_t *ids, size_t n,
 enum sfw_status sfw_ctx_decode_next(struct sfw_ctx *c, int32_t id, const struct sfw_op_sample_params *sp, double u,
 				    int32_t *next, struct sfw_err *err)
 {
-	if (!sp || !next || !(u >= 0 && u < 1))
+	if (!sp || !next || !(u >= 0 && u < 1) || !(sp->temperature >= 0) || !isfinite(sp->temperature) ||
+	    sp->top_k < 0 || !(sp->top_p > 0 && sp->top_p <= 1))
 		return sfw_fail(err, SFW_E_INVAL, "invalid sampling parameters");
 	return run_call(c, &id, 1, NULL, sp, u, next, err);
 }
@@ -885,6 +898,8 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	const struct sfw_config *cf = &c->m->cfg;
 	struct sfw_backend *be = c->m->be;
 	enum sfw_status s;
+	if (c->broken)
+		return sfw_fail(err, SFW_E_INVAL, "the context is inconsistent after a failed call; reset it");
 	if (n == 0)
 		return sfw_fail(err, SFW_E_INVAL, "no tokens to process");
 	for (size_t i = 0; i < n; i++)
@@ -906,8 +921,10 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	for (size_t off = 0; off < n; off += (size_t)c->cap_rows) {
 		int R = (int)(n - off < (size_t)c->cap_rows ? n - off : (size_t)c->cap_rows);
 		cl.last_piece = off + (size_t)R == n;
-		if ((s = piece(c, ids + off, R, c->pos, &cl, logits, err)) != SFW_OK)
-			return s; /* the context is now inconsistent: the caller resets it */
+		if ((s = piece(c, ids + off, R, c->pos, &cl, logits, err)) != SFW_OK) {
+			c->broken = 1; /* some layers ran this piece, others not */
+			return s;
+		}
 		c->pos += R;
 	}
 	be->sync(be);

@@ -27,7 +27,8 @@ enum sfw_device { SFW_DEVICE_AUTO, SFW_DEVICE_CPU, SFW_DEVICE_CUDA };
 struct sfw_model_params {
 	enum sfw_device device; /* AUTO: CUDA when built with it and a GPU answers, else CPU;
 				 * SALAFW_DEVICE=cpu forces the CPU */
-	int threads;            /* CPU threads; 0 = sfw_default_threads() */
+	int threads;            /* CPU threads, at most 256; 0 = sfw_default_threads(). The CPU
+				 * ops share one setting per process: the last model loaded sets it */
 };
 struct sfw_model_params sfw_model_default_params(void);
 
@@ -51,14 +52,17 @@ struct sfw_ctx_params sfw_ctx_default_params(void);
 SFW_MUST_CHECK enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
 					   struct sfw_ctx **out, struct sfw_err *err);
 void sfw_ctx_free(struct sfw_ctx *c); /* NULL is a no-op */
-/* Forgets the sequence (position 0, empty caches). */
+/* Forgets the sequence (position 0, empty caches, no selected blocks). */
 void sfw_ctx_reset(struct sfw_ctx *c);
 /* Tokens processed so far (the next token's position). */
 int64_t sfw_ctx_pos(const struct sfw_ctx *c);
 
 /* One forward call over n tokens at positions pos .. pos+n-1 (a prompt, or a
  * continuation of one). logits (may be NULL) receives the vocab_size float32
- * logits of the last token. Ids outside [0, vocab) are SFW_E_INVAL. */
+ * logits of the last token. Ids outside [0, vocab) are SFW_E_INVAL. A call
+ * that fails once it has started computing leaves some layers' caches ahead
+ * of others: the context then refuses every call (SFW_E_INVAL) until
+ * sfw_ctx_reset. */
 SFW_MUST_CHECK enum sfw_status sfw_ctx_prefill(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
 					       struct sfw_err *err);
 /* One token: the same as sfw_ctx_prefill with n = 1, named for intent. */
