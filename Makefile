@@ -1,6 +1,6 @@
 # salafw - one Makefile.
 #   make                 build/libsalafw.a and build/salafw (CPU only)
-#   make CUDA=1          also kernels/*.cu and *_cuda.c (CUDA_ARCH="sm_80 sm_86 sm_89 sm_90 sm_120")
+#   make CUDA=1          also kernels/*.cu and *_cuda.c, in build-cuda/ (CUDA_ARCH="sm_80 sm_86 sm_89 sm_90 sm_120")
 #   make test            unit, interop and golden tests; closing line "N passed, N failed"
 #   make check           test, plus test-ops when CUDA=1
 #   make bench | fuzz | format | clean ; SAN=1 for ASan/UBSan
@@ -14,9 +14,14 @@ CUDA_HOME ?= /usr/local/cuda
 CUDA_ARCH ?= sm_80 sm_86 sm_89 sm_90 sm_120
 FUZZ_SECONDS ?= 20
 
+# Each flavour builds in its own tree: objects do not depend on the flags, so
+# a CUDA and a CPU build sharing one would link each other's forward.o.
 BUILD := build
+ifeq ($(CUDA),1)
+BUILD := build-cuda
+endif
 ifeq ($(SAN),1)
-BUILD := build-san
+BUILD := build-san$(if $(filter 1,$(CUDA)),-cuda)
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
 

@@ -95,8 +95,8 @@ struct s1_args {
 	int T, nh, nkv, ksize, stride, nsplit;
 	float scale;
 	/* non-NULL: a recorded decode step; pos0 = *dpos when the kernel runs
-	 * and n1, n2 follow from the cache length pos0 + T (the host values
-	 * only bound the launch and the score stride) */
+	 * and n1, n2 (also the score stride) follow from the cache length
+	 * pos0 + T; the host values only bound the launch */
 	const int64_t *dpos;
 };
 

@@ -91,10 +91,11 @@ void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dp
  * step. The cache then holds len = *dpos + 1 tokens (this row's K and V
  * appended), n1 = nchunks(len, ksize, stride) level-1 and n2 = nchunks(len,
  * 4 ksize, 4 stride) level-2 compressed keys, and nblocks = ceil(len / block)
- * blocks. len_bound bounds len for the whole life of the recording: grids,
- * split counts and the stage-1 / pooled strides of the scratch are planned
- * for it (scores [nkv, n1(len_bound)], pooled [nkv, ceil(len_bound/block)]
- * floats). Callers (runner/backend_cuda.c) re-record past it. */
+ * blocks. len_bound bounds len for the whole life of the recording: it sizes
+ * the grids, split counts and scratch bytes (scores up to [nkv, n1(len_bound)],
+ * pooled up to [nkv, ceil(len_bound/block)] floats); the kernels pack scores
+ * and pooled values at the actual lengths ([nkv, n1], [nkv, nblocks]).
+ * Callers (runner/backend_cuda.c) re-record past it. */
 /* K and V rows (row_bytes each) to row *dpos of the caches (sfw_backend kv_append). */
 void sfw_cuda_kv_append_devpos(void *kc, void *vc, const void *k, const void *v, size_t row_bytes,
 			       const int64_t *dpos, void *stream);

@@ -115,8 +115,11 @@ static enum sfw_status calib_ids(const char *dir, const struct sfw_quant_params 
 	size_t len = sfw_default_corpus_len();
 	enum sfw_status s = SFW_OK;
 	if (p->calib_path) {
-		if ((s = sfw_read_file(p->calib_path, 256u << 20, &text, err)) != SFW_OK)
-			return s;
+		if ((s = sfw_read_file(p->calib_path, 256u << 20, &text, err)) != SFW_OK) {
+			if (s == SFW_E_MISSING && err) /* a local input problem: exit 5, not 1 */
+				err->code = SFW_E_IO;
+			return s == SFW_E_MISSING ? SFW_E_IO : s;
+		}
 		t = text.data, len = text.len;
 	}
 	char *tp = sfw_path_join(dir, "tokenizer.model");

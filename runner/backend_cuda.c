@@ -264,6 +264,7 @@ static enum sfw_status cu_load_end(struct sfw_backend *be, struct sfw_err *err)
 		if ((s = place(b, wbytes(w), 1, &p, err)) == SFW_OK) {
 			sfw_cuda_h2d(p, w->host, wbytes(w), b->stream);
 			w->dev = p;
+			b->pend[i] = NULL; /* placed: no longer pending for the slab plan */
 		}
 	}
 	b->defer = 0;
@@ -593,6 +594,7 @@ static enum sfw_status regrow(struct sfw_backend *be, void **p, size_t old, size
 	sfw_cuda_sync(S(be));
 	sfw_cuda_free(*p);
 	*p = q;
+	IMPL(be)->epoch++; /* here, not after the whole regrowth: a later one may fail */
 	return SFW_OK;
 }
 
@@ -622,7 +624,6 @@ static enum sfw_status cu_cache_reserve(struct sfw_backend *be, struct sfw_bcach
 			return sfw_err_prefix(err, "KV cache for %lld tokens", (long long)tokens);
 		l->cap = cap, l->cap1 = cap1, l->cap2 = cap2;
 		grown = 1;
-		IMPL(be)->epoch++;
 	}
 	if (grown) {
 		size_t live, peak, used;

@@ -49,6 +49,7 @@ struct sfw_ctx {
 	int64_t step_bound;
 	int step_sparse;
 	uint64_t step_epoch;
+	int64_t step_replays; /* for tests: steps that ran as a replay */
 	float *host_logits; /* [V] when the host finishes a sample */
 	int32_t *ids_dev, *idx_dev;
 	float *logits_dev; /* [cap_rows, V] when tapping, else [V] */
@@ -334,6 +335,11 @@ int64_t sfw_ctx_pos(const struct sfw_ctx *c)
 	return c->pos;
 }
 
+int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c)
+{
+	return c->step_replays;
+}
+
 void sfw_ctx_set_tap(struct sfw_ctx *c, sfw_tap_fn fn, void *user)
 {
 	c->tap = fn;
@@ -384,6 +390,10 @@ static enum sfw_status tap_buffers(struct sfw_ctx *c, struct sfw_err *err)
 		be->free(be, c->logits_dev);
 		c->logits_dev = l;
 		c->logits_rows = c->cap_rows;
+		if (c->step) { /* it wrote the old buffer */
+			be->graph_free(be, c->step);
+			c->step = NULL;
+		}
 	}
 	return SFW_OK;
 }
@@ -773,6 +783,7 @@ static enum sfw_status step_graph(struct sfw_ctx *c, int64_t pos0, const struct 
 	}
 	be->graph_run(be, c->step);
 	be->cache_advance(be, c->cache, 1);
+	c->step_replays++;
 	/* the host-side notes sparse_mixer makes for a step it runs itself */
 	size_t nsel = (size_t)cf->num_key_value_heads * cf->sparse_k;
 	for (int li = 0; li < nl; li++) {

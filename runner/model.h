@@ -37,4 +37,7 @@ struct sfw_model {
 SFW_MUST_CHECK enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw_err *err);
 void sfwi_model_close(struct sfw_model *m);
 
+/* Decode steps of c that ran as a replay of the whole-step graph (tests). */
+int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c);
+
 #endif

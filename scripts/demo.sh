@@ -56,9 +56,17 @@ http {
 }
 CONF
 mkdir -p "$W/nginx/tmp"
-nginx -p "$W/nginx" -c "$W/nginx/nginx.conf" &
+# /usr/sbin is not on a non-root user's PATH on Debian
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+"$NGINX" -p "$W/nginx" -c "$W/nginx/nginx.conf" -e "$W/nginx/logs/error.log" &
 NGINX_PID=$!
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/manifests/$REPO.json" >/dev/null && break; sleep 0.1; done
+up=0
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/manifests/$REPO.json" >/dev/null && up=1 && break; sleep 0.1; done
+if [ $up = 0 ]; then
+	echo "demo: the loopback nginx mirror did not start ($W/nginx/logs/error.log):" >&2
+	tail -n 5 "$W/nginx/logs/error.log" >&2 2>/dev/null
+	exit 5
+fi
 
 step "user: salafw get $REPO@$REV"
 "$SALAFW" get "$REPO@$REV" -d "$W/model" --endpoint "http://127.0.0.1:$PORT" --pubkey "$W/demo.pub"

@@ -53,7 +53,7 @@ for b in $ST/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | whil
 	esac
 	case $n in
 	libcjson*) cp -L "$lib" $ST/lib/ ;;
-	*) [ "${DEVLIB_ALL:-0}" = 1 ] && cp -L "$lib" $ST/lib/ ;;
+	*) if [ "${DEVLIB_ALL:-0}" = 1 ]; then cp -L "$lib" $ST/lib/; fi ;; # (an && here ends the loop with 1 under set -e)
 	esac
 done
 if [ $gold = 1 ]; then

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what salafw needs on a fresh Debian 12 machine (idempotent).
 set -eu
-pkgs="build-essential pkg-config clang git libcurl4-openssl-dev libsodium-dev libssl-dev libcjson-dev
+# libclang-rt-14-dev: the libFuzzer runtime (only recommended by clang, and
+# recommendations are not installed)
+pkgs="build-essential pkg-config clang libclang-rt-14-dev git libcurl4-openssl-dev libsodium-dev libssl-dev libcjson-dev
 libsentencepiece-dev sentencepiece minisign nginx-light curl aria2 python3 coreutils openssl procps bc"
 missing=
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

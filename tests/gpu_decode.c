@@ -56,6 +56,7 @@ static const char *const SWITCHES[] = {"SALAFW_CUDA_STEPSYNC", "SALAFW_CUDA_NOFU
 struct trace {
 	float *logits; /* [STEPS + 1, V] */
 	int32_t *blocks; /* [STEPS + 1, L, nkv * k] */
+	int64_t replays; /* decode steps that ran as a whole-step graph replay */
 	int *state;      /* [STEPS + 1, L] */
 	int ok;
 };
@@ -100,6 +101,9 @@ static int layout_merged(const struct sfw_model *m)
 	return 1;
 }
 
+/* Context length reserved up front (0: grown as needed). */
+static int64_t g_n_ctx;
+
 /* Prefill ids, then STEPS decode steps fed feed[i] (or, when feed is NULL,
  * the argmax, written to chain). */
 static void run_trace(struct sfw_model *m, const int32_t *ids, size_t n, int das, const int32_t *feed,
@@ -116,6 +120,7 @@ static void run_trace(struct sfw_model *m, const int32_t *ids, size_t n, int das
 	struct sfw_ctx_params xp = sfw_ctx_default_params();
 	xp.dense_as_sparse = das;
 	xp.prefill_chunk = 256;
+	xp.n_ctx = g_n_ctx;
 	struct sfw_ctx *c = NULL;
 	enum sfw_status s = sfw_ctx_new(m, &xp, &c, &err);
 	CHECK(s == SFW_OK, "ctx: %s", err.msg);
@@ -142,6 +147,7 @@ static void run_trace(struct sfw_model *m, const int32_t *ids, size_t n, int das
 			t->state[st * L + l] = sfw_ctx_last_blocks(c, l, t->blocks + ((size_t)st * L + l) * nb);
 	}
 	t->ok = s == SFW_OK;
+	t->replays = sfwi_ctx_step_replays(c);
 	sfw_ctx_free(c);
 }
 
@@ -271,6 +277,11 @@ static void model_case(const char *dir, int prompt, int das)
 		run_trace(om, ids, (size_t)prompt, das, chain, NULL, &to);
 		if (to.ok)
 			compare(SWITCHES[sw], cf, &tb, &to, sw != SW_NOMERGE && sw != SW_STEPGRAPH);
+		/* the new path really ran (a failed recording falls back to the
+		 * eager steps, which would match the default by construction) */
+		CHECK(sw != SW_STEPGRAPH || to.replays == STEPS, "%s: %lld of %d decode steps were graph replays",
+		      SWITCHES[sw], (long long)to.replays, STEPS);
+		CHECK(sw == SW_STEPGRAPH || to.replays == 0, "%s: no whole-step replays without the switch", SWITCHES[sw]);
 		if (sw == SW_STEPGRAPH) /* the token chosen on the GPU after a replay */
 			sample_steps(om, ids, prompt, das);
 		trace_free(&to);
@@ -429,6 +440,11 @@ int main(void)
 		snprintf(dir, sizeof(dir), "%s/tiny-sparse", g);
 		model_case(dir, 490, 0);
 		model_case(dir, 4070, 0);
+		/* room reserved past 4096: the re-record at 4096 comes from the
+		 * bound alone, not from a cache regrowth */
+		g_n_ctx = 4300;
+		model_case(dir, 4070, 0);
+		g_n_ctx = 0;
 	}
 	/* a larger model (mkmodel --preset small), sparse path forced */
 	char tmpl[] = "/tmp/gpu_decode.XXXXXX";

@@ -288,6 +288,8 @@ check_err "unknown option" 2 "unknown option" $S verify "$M" --frobnicate
 check_err "bad -P key" 3 "base64" $S verify "$M" -P notakey
 check_err "sign without key" 2 "secret key is required" $S sign "$W/m.json"
 check_err "sign with a missing key" 5 "cannot open" $S sign -s "$W/nokey" "$W/m.json"
+check_err "sign a missing manifest: exit 5 (local input), not 1" 5 "nope.json" $S sign -s "$W/sf.key" "$W/nope.json"
+check_err "sign --raw a missing file: exit 5" 5 "cannot open" $S sign -s "$W/sf.key" --raw "$W/nope.bin"
 check_err "verify with a missing --pubkey file" 5 "cannot open" $S verify "$M" --pubkey "$W/nokey.pub"
 
 check_report test_verify_cli

@@ -468,7 +468,7 @@ enum sfw_status sfw_sign_file(const char *file, const struct sfw_seckey *key, co
 		return cs;
 	int fd = open(file, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return sfw_fail(err, errno == ENOENT ? SFW_E_MISSING : SFW_E_IO, "cannot open '%s': %s", file,
+		return sfw_fail(err, SFW_E_IO, "cannot open '%s': %s", file, /* exit 5, not 1 (a hash mismatch) */
 				strerror(errno));
 	crypto_generichash_state st;
 	crypto_generichash_init(&st, NULL, 0, crypto_generichash_BYTES_MAX);

@@ -318,6 +318,11 @@ enum sfw_status sfw_manifest_sign(const char *path, const struct sfw_seckey *key
 {
 	struct sfw_buf b;
 	enum sfw_status s = sfw_read_file(path, SFW_MANIFEST_MAX, &b, err);
+	if (s == SFW_E_MISSING) { /* a local input problem: exit 5, not 1 */
+		if (err)
+			err->code = SFW_E_IO;
+		return SFW_E_IO;
+	}
 	if (s != SFW_OK)
 		return s;
 	char kid[17];
