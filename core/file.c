@@ -13,7 +13,9 @@
 
 enum sfw_status sfw_read_file(const char *path, size_t max, struct sfw_buf *out, struct sfw_err *err)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: opening a FIFO would otherwise wait for a writer before
+	 * the regular-file check can refuse it (regular files ignore it) */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0)
 		return sfw_fail(err, errno == ENOENT ? SFW_E_MISSING : SFW_E_IO, "cannot open '%s': %s", path,
 				strerror(errno));
@@ -61,7 +63,7 @@ enum sfw_status sfw_map_open(struct sfw_map *m, const char *path, struct sfw_err
 {
 	m->data = NULL;
 	m->size = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* see sfw_read_file */
 	if (fd < 0)
 		return sfw_fail(err, errno == ENOENT ? SFW_E_MISSING : SFW_E_IO, "cannot open '%s': %s", path,
 				strerror(errno));
@@ -194,8 +196,14 @@ enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct s
 	for (int tries = 0; tries < 100; tries++) {
 		snprintf(a->tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
 		a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-		if (a->fd >= 0)
+		if (a->fd >= 0) {
+			/* a replaced file keeps its permission bits (a 0600 one
+			 * must not become readable by others) */
+			struct stat old;
+			if (stat(path, &old) == 0 && S_ISREG(old.st_mode))
+				(void)fchmod(a->fd, old.st_mode & 07777);
 			return SFW_OK;
+		}
 		if (errno != EEXIST)
 			break;
 	}
@@ -231,10 +239,14 @@ enum sfw_status sfw_atomic_commit(struct sfw_atomic *a, struct sfw_err *err)
 		s = sfw_fail(err, SFW_E_IO, "cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
 		goto fail;
 	}
+	/* the rename is done: a failure from here on means "in place, but not
+	 * yet durable" (file.h) */
 	char *dir = dir_of(a->path);
 	if (dir) {
 		s = sfw_fsync_dir(dir, err);
 		sfw_free(dir);
+	} else {
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory syncing the directory of '%s'", a->path);
 	}
 	sfw_free(a->tmp);
 	sfw_free(a->path);

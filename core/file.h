@@ -2,7 +2,9 @@
  *
  * Atomic write protocol: create "<path>.tmp.<pid>.<n>" with O_EXCL|O_NOFOLLOW
  * in the target's directory, write, fsync, rename over <path>, fsync the
- * directory. A failed or abandoned write leaves the target untouched. */
+ * directory. A failed or abandoned write leaves the target untouched, except
+ * a failure syncing the directory after the rename: the new content is then
+ * in place but not yet durable. A replaced file keeps its permission bits. */
 #ifndef SFW_FILE_H
 #define SFW_FILE_H
 
@@ -16,7 +18,10 @@
 SFW_MUST_CHECK enum sfw_status sfw_read_file(const char *path, size_t max, struct sfw_buf *out,
 					     struct sfw_err *err);
 
-/* Read-only mapping of a whole file. size 0 files map to data == NULL. */
+/* Read-only mapping of a whole file. size 0 files map to data == NULL.
+ * The map reads the file as it is now: if another program truncates it in
+ * place while it is mapped, a later read past the new end raises SIGBUS
+ * (salafw's own writers replace files by rename, which is safe). */
 struct sfw_map {
 	const unsigned char *data;
 	uint64_t size;

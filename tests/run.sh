@@ -16,7 +16,9 @@ fi
 for t in $list; do
 	name=$(basename "$t")
 	start=$(date +%s)
-	if [ "${t%.sh}" != "$t" ]; then out=$(bash "$t" 2>&1); else out=$("$t" 2>&1); fi
+	# a hung test must not eat the CI budget: TEST_TIMEOUT seconds each
+	if [ "${t%.sh}" != "$t" ]; then out=$(timeout -k 10 "${TEST_TIMEOUT:-1200}" bash "$t" 2>&1)
+	else out=$(timeout -k 10 "${TEST_TIMEOUT:-1200}" "$t" 2>&1); fi
 	rc=$?
 	secs=$(( $(date +%s) - start ))
 	summary=$(printf '%s\n' "$out" | grep -E '^[A-Za-z0-9_.-]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1)

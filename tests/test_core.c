@@ -128,6 +128,16 @@ static void test_files(void)
 	sfw_map_close(&m);
 	CHECK(sfw_map_open(&m, "/nonexistent/x", &e) == SFW_E_MISSING && strstr(e.msg, "/nonexistent/x"),
 	      "missing file named in error");
+	/* a replaced file keeps its mode; a FIFO is refused, not waited on */
+	struct stat st;
+	CHECK(chmod(f, 0600) == 0 && sfw_write_file_atomic(f, "xyz", 3, &e) == SFW_OK && stat(f, &st) == 0 &&
+		  (st.st_mode & 0777) == 0600,
+	      "atomic replace keeps mode 0600 (got %o)", (unsigned)(st.st_mode & 0777));
+	char *fifo = sfw_path_join(dir, "fifo");
+	CHECK(mkfifo(fifo, 0600) == 0 && sfw_read_file(fifo, 100, &b, &e) == SFW_E_IO && strstr(e.msg, "not a regular file"),
+	      "a FIFO is refused at once: %s", e.msg);
+	CHECK(sfw_map_open(&m, fifo, &e) == SFW_E_IO, "a FIFO is not mapped: %s", e.msg);
+	sfw_free(fifo);
 	char cmd[256];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	CHECK(system(cmd) == 0, "cleanup");
