@@ -136,7 +136,9 @@ void sfw_op_compress_cpu(float *c, const float *k, int nkv, int hd, int64_t j0, 
  *   LSE_h = log sum_{j2 : j2*4*stride + 4*ksize - 1 <= p} exp(scale * q[r,h].c2[j2,g])
  *   s[g, r, j] = sum_{h in group g} exp(scale * q[r,h].c1[j,g] - LSE_h)
  *                for j*stride + ksize - 1 <= p, else 0 (NaN -> 0).
- * scores [nkv, T, n1]. */
+ * scores [nkv, T, n1]. The reference kernel's causal-offset quirk for call
+ * lengths = 15 (mod 16) / 63 (mod 64) (model-spec §2.6.6, derived by reading,
+ * not run) is not reproduced: every row sees exactly the chunks above. */
 void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n1, const float *c2,
 		       int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
 		       float scale);
