@@ -334,6 +334,8 @@ int cmd_get(int argc, char **argv)
 			} else if (!strcmp(name, "stall-timeout")) {
 				p.stall_timeout_s = (long)(v ? v : 1);
 			} else if (!strcmp(name, "retries")) {
+				if (v > 1000)
+					return cli_usage_error(cmd, "--retries %llu is more than 1000", v);
 				p.max_retries = (unsigned)v;
 			} else if (!strcmp(name, "retry-wait")) {
 				p.backoff_base_ms = v;

@@ -82,24 +82,32 @@ int cmd_quant(int argc, char **argv)
 		} else if (!strcmp(nm, "calib"))
 			p.calib_path = arg;
 		else if (!strcmp(nm, "samples")) {
-			if (!cli_parse_u64(C, "samples", arg, &u) || u < 1 || u > 100000)
+			if (!cli_parse_u64(C, "samples", arg, &u))
 				return SFW_EXIT_USAGE;
+			if (u < 1 || u > 100000)
+				return cli_usage_error(C, "--samples must be in [1, 100000]");
 			p.samples = (int)u;
 		} else if (!strcmp(nm, "seq-len")) {
-			if (!cli_parse_u64(C, "seq-len", arg, &u) || u < 2 || u > (1u << 20))
+			if (!cli_parse_u64(C, "seq-len", arg, &u))
 				return SFW_EXIT_USAGE;
+			if (u < 2 || u > (1u << 20))
+				return cli_usage_error(C, "--seq-len must be in [2, 1048576]");
 			p.seq_len = (int)u;
 		} else if (!strcmp(nm, "loss-rows")) {
-			if (!cli_parse_u64(C, "loss-rows", arg, &u) || u < 1 || u > (1u << 20))
+			if (!cli_parse_u64(C, "loss-rows", arg, &u))
 				return SFW_EXIT_USAGE;
+			if (u < 1 || u > (1u << 20))
+				return cli_usage_error(C, "--loss-rows must be in [1, 1048576]");
 			p.loss_rows = (int)u;
 		} else if (!strcmp(nm, "no-duo"))
 			p.duo_scaling = 0;
 		else if (!strcmp(nm, "fold-only"))
 			p.fold_only = 1;
 		else if (!strcmp(nm, "shard-size")) {
-			if (!cli_parse_u64(C, "shard-size", arg, &u) || u < 1)
+			if (!cli_parse_u64(C, "shard-size", arg, &u))
 				return SFW_EXIT_USAGE;
+			if (u < 1)
+				return cli_usage_error(C, "--shard-size must be at least 1 byte");
 			p.shard_bytes = u;
 		} else if (!strcmp(nm, "force"))
 			p.force = 1;

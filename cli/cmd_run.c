@@ -148,16 +148,16 @@ int cmd_run(int argc, char **argv)
 				return cli_usage_error(C, "--prefill-chunk must be 1 to %u rows", 1u << 20);
 		}
 	}
-	/* Sampler values are checked here, before any model is loaded. A
-	 * temperature whose reciprocal overflows a float (1e-40) would turn the
-	 * logits into inf and NaN: refuse it, 0 already means greedy. */
+	/* Sampler values are checked here, before any model is loaded, as the
+	 * floats the sampler gets. Below 1e-6 a temperature only rounds the
+	 * logits apart (1e-40 would overflow 1/T): 0 already means greedy. */
 	if (temp < 0)
 		return cli_usage_error(C, "--temp %g is negative (0 = greedy)", temp);
 	if (temp > 0 && temp < 1e-6)
 		return cli_usage_error(C, "--temp %g is too small; use --temp 0 for greedy", temp);
 	if (temp > 1e6)
 		return cli_usage_error(C, "--temp %g is too large (at most 1e6)", temp);
-	if (!(top_p > 0 && top_p <= 1))
+	if (!((float)top_p > 0 && top_p <= 1))
 		return cli_usage_error(C, "--top-p %g must be in (0, 1]", top_p);
 	sp.temperature = (float)temp;
 	sp.top_p = (float)top_p;

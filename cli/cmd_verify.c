@@ -218,6 +218,12 @@ int cmd_verify(int argc, char **argv)
 		rc = fail(json, dir, s, &err);
 		goto out;
 	}
+	if (s != SFW_OK && manifest && !no_state) {
+		/* bad files lose a record made for this same manifest */
+		struct sfw_err e3 = {0};
+		if (sfw_state_forget(dir, &m, &rep, &e3) != SFW_OK)
+			fprintf(stderr, "salafw: warning: %s\n", e3.msg);
+	}
 	if (s == SFW_OK) {
 		struct sfw_err e2 = {0};
 		enum sfw_status s2 = sfw_manifest_ratchet_commit(&m, &tp, &e2);

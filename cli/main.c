@@ -45,6 +45,18 @@ static void usage(FILE *f)
 		   "            4 network / sources exhausted, 5 local I/O or other error\n");
 }
 
+/* Whatever a command printed must have reached stdout: a command never
+ * exits 0 when its output was lost (a full disk, a closed pipe). */
+static int finish(int rc)
+{
+	struct sfw_err err = {0};
+	if (cli_stdout_flush(&err) != SFW_OK && rc == SFW_EXIT_OK) {
+		fprintf(stderr, "salafw: %s\n", err.msg);
+		return SFW_EXIT_IO;
+	}
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -53,11 +65,11 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {
 		usage(stdout);
-		return SFW_EXIT_OK;
+		return finish(SFW_EXIT_OK);
 	}
 	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
 		printf("salafw %s\n", SFW_VERSION);
-		return SFW_EXIT_OK;
+		return finish(SFW_EXIT_OK);
 	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		if (strcmp(argv[1], commands[i].name) != 0)
@@ -66,7 +78,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "salafw: '%s' is not part of this build\n", argv[1]);
 			return SFW_EXIT_USAGE;
 		}
-		return commands[i].fn(argc - 1, argv + 1);
+		return finish(commands[i].fn(argc - 1, argv + 1));
 	}
 	fprintf(stderr, "salafw: '%s' is not a salafw command (see 'salafw --help')\n", argv[1]);
 	return SFW_EXIT_USAGE;

@@ -89,6 +89,7 @@ static enum sfw_status verify_full(const char *dir, struct sfw_trust_params *tp,
 	if (s == SFW_OK)
 		s = sfw_read_file(sp, SFW_MINISIG_MAX, &sb, err);
 	tp->allow_expired = 1; /* verified files stay valid; expiry matters when fetching */
+	tp->allow_downgrade = 1; /* and rollback when taking a manifest in, not for the folder's own */
 	if (s == SFW_OK)
 		s = sfw_manifest_verify(mb.data, mb.len, sb.data, sb.len, mp, tp, &m, NULL, err);
 	if (s == SFW_OK) {

@@ -199,9 +199,9 @@ enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct s
 		if (a->fd >= 0) {
 			/* a replaced file keeps its permission bits (a 0600 one
 			 * must not become readable by others) */
-			struct stat old;
-			if (stat(path, &old) == 0 && S_ISREG(old.st_mode))
-				(void)fchmod(a->fd, old.st_mode & 07777);
+			struct stat old; /* the path itself: a link's target is not what is replaced */
+			if (lstat(path, &old) == 0 && S_ISREG(old.st_mode))
+				(void)fchmod(a->fd, old.st_mode & 0777);
 			return SFW_OK;
 		}
 		if (errno != EEXIST)

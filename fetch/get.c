@@ -123,6 +123,7 @@ struct file {
 	uint64_t kept;      /* resumed from an earlier run */
 	int prior;          /* holds bytes whose source is unknown (earlier run) */
 	int locked;         /* its partial is held by another process */
+	int exhausted;      /* mismatches that no source can be blamed for: fail it */
 	struct sfw_file_id id; /* in place and verified: what the state record vouches for */
 	int dirty;
 	unsigned mismatches;
@@ -806,10 +807,14 @@ static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err
 		if (nsrc != 1 || f->prior)
 			sole = -1;
 		char msg[200];
+		/* no bytes from anyone: the signed size and sha256 disagree
+		 * (e.g. size 0 with another file's hash); no source can fix that */
+		int hopeless = nsrc == 0 && !f->prior;
 		snprintf(msg, sizeof(msg), "sha256 mismatch: %llu bytes discarded%s", (unsigned long long)f->have,
-			 sole >= 0    ? ""
-			 : f->prior ? " (partly from an earlier run's partial); starting over from one source"
-				    : " (from several sources); starting over from one source");
+			 hopeless    ? " (no source served any: the manifest's size and sha256 disagree)"
+			 : sole >= 0 ? ""
+			 : f->prior  ? " (partly from an earlier run's partial); starting over from one source"
+				     : " (from several sources); starting over from one source");
 		emit(r, SFW_EV_HASH_MISMATCH, f, sole, msg);
 		snprintf(f->last_err, sizeof(f->last_err), "sha256 mismatch");
 		f->mismatches++;
@@ -820,8 +825,10 @@ static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err
 			return st;
 		f->cur_src = pick_source(r, f);
 		f->attempts = 0;
-		if (f->mismatches > r->nsrcs + 1)
+		if (hopeless || f->mismatches > r->nsrcs + 1) { /* fails it (schedule) */
+			f->exhausted = 1;
 			f->cur_src = -1;
+		}
 		return SFW_OK;
 	}
 	struct stat sb;
@@ -1044,7 +1051,7 @@ static enum sfw_status schedule(struct run *r, struct sfw_err *err)
 				continue;
 			}
 		}
-		if (f->cur_src < 0 || f->src_failed[f->cur_src])
+		if (!f->exhausted && (f->cur_src < 0 || f->src_failed[f->cur_src]))
 			f->cur_src = pick_source(r, f);
 		if (f->cur_src < 0) {
 			if (f->nactive == 0) {

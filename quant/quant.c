@@ -471,7 +471,9 @@ static int cmp_size_desc(const void *a, const void *b)
  * two models); config.json comes back last, when the run is complete. */
 static enum sfw_status unpublish(const char *out_dir, struct sfw_err *err)
 {
-	static const char *const names[] = {"config.json", INDEX_NAME, "model.safetensors"};
+	/* what makes OUT load; the old weights stay until the new model is
+	 * complete (remove_stale), so a failed run never loses data */
+	static const char *const names[] = {"config.json", INDEX_NAME};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		char *path = sfw_path_join(out_dir, names[i]);
 		if (!path)

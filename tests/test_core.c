@@ -133,6 +133,12 @@ static void test_files(void)
 	CHECK(chmod(f, 0600) == 0 && sfw_write_file_atomic(f, "xyz", 3, &e) == SFW_OK && stat(f, &st) == 0 &&
 		  (st.st_mode & 0777) == 0600,
 	      "atomic replace keeps mode 0600 (got %o)", (unsigned)(st.st_mode & 0777));
+	char *lnk = sfw_path_join(dir, "link"), *tgt = sfw_path_join(dir, "target");
+	CHECK(sfw_write_file_atomic(tgt, "t", 1, &e) == SFW_OK && chmod(tgt, 0777) == 0 && symlink(tgt, lnk) == 0 &&
+		  sfw_write_file_atomic(lnk, "n", 1, &e) == SFW_OK && lstat(lnk, &st) == 0 && S_ISREG(st.st_mode) &&
+		  (st.st_mode & 0777) != 0777,
+	      "replacing a link does not copy its target's mode (got %o)", (unsigned)(st.st_mode & 0777));
+	sfw_free(lnk), sfw_free(tgt);
 	char *fifo = sfw_path_join(dir, "fifo");
 	CHECK(mkfifo(fifo, 0600) == 0 && sfw_read_file(fifo, 100, &b, &e) == SFW_E_IO && strstr(e.msg, "not a regular file"),
 	      "a FIFO is refused at once: %s", e.msg);

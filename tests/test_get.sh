@@ -90,6 +90,10 @@ A_SHA=$(sha256sum "$T/model/a.bin" | cut -c1-64)
 events() { grep -c "\"event\":\"$2\"" "$1" 2>/dev/null || true; }
 # logsum LOG: bytes a faultd sent in total
 logsum() { python3 -c 'import json,sys; print(sum(json.loads(l)["sent"] for l in open(sys.argv[1])))' "$1"; }
+# XOR one byte (always a change, unlike writing a fixed one)
+flip_byte() {
+	python3 -c 'import sys; p, o = sys.argv[1], int(sys.argv[2]); f = open(p, "r+b"); f.seek(o); b = f.read(1)[0]; f.seek(o); f.write(bytes([b ^ 0xff]))' "$1" "$2"
+}
 tree_ok() { (cd "$1" && sha256sum --quiet -c "$T/SHA256SUMS") >/dev/null 2>&1; }
 verify_ok() { "$SALAFW" verify -p "$T/k.pub" "$1" >/dev/null 2>&1; }
 # ... with a fresh rollback state, for DESTs holding another manifest of version 1
@@ -122,7 +126,7 @@ check "rerun: exit 0" test "$(summary "$T/o2" exit)" = 0
 check "rerun: nothing downloaded" test "$(summary "$T/o2" received)" = 0
 check "rerun: all 5 skipped" test "$(summary "$T/o2" skipped)" = 5
 # a corrupted local file is detected and replaced
-printf 'X' | dd of="$D/a.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
+flip_byte "$D/a.bin" 1000
 G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$D" --json > "$T/o2b" 2>/dev/null
 check "corrupted local file re-fetched" tree_ok "$D"
 check "only that file re-fetched" test "$(summary "$T/o2b" received)" = 3000000
@@ -351,9 +355,9 @@ check "space refusal: no request made" test ! -s "$T/f19.log"
 # ---- 20. a second get into a locked DEST is refused --------------------------------
 mkdir -p "$T/d20/.salafw"
 : > "$T/d20/.salafw/lock"
-flock "$T/d20/.salafw/lock" sleep 5 &
+flock -o "$T/d20/.salafw/lock" sleep 5 &
 lp=$!; PIDS+=("$lp")
-sleep 0.3
+for _ in $(seq 100); do flock -n "$T/d20/.salafw/lock" true 2>/dev/null || break; sleep 0.05; done # held now
 check_err "locked DEST: exit 5 naming the lock" 5 'another' G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d20"
 kill "$lp" 2>/dev/null; wait "$lp" 2>/dev/null
 
@@ -419,7 +423,7 @@ check "norange + drop: moved on, saying why" grep -q 'ignores Range and its tran
 
 # ---- 24. a failed get keeps DEST's manifest copies; a good one replaces them -----
 cp -a "$T/d1" "$T/d25"
-printf 'X' | dd of="$T/d25/a.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
+flip_byte "$T/d25/a.bin" 1000
 faultd f25 --fault 404
 mkman "$T/m25.json" --source "http:http://127.0.0.1:$PORT_f25/"
 G "$REPO" --manifest "$T/m25.json" -P "$T/k.pub" -d "$T/d25" --json > "$T/o25" 2>/dev/null
@@ -438,12 +442,26 @@ mkman "$T/m26.json" --source "http:http://127.0.0.1:$PORT_f26/"
 G "$REPO" --manifest "$T/m26.json" -P "$T/k.pub" -d "$T/d26" -c 1 --retries 0 -q >/dev/null 2>&1
 P26=$T/d26/.salafw/partial/$A_SHA-$(ptag a.bin).part
 check "partial left to lock" test -s "$P26"
-flock "$P26" sleep 5 &
+flock -o "$P26" sleep 5 &
 lp=$!; PIDS+=("$lp")
-sleep 0.3
+for _ in $(seq 100); do flock -n "$P26" true 2>/dev/null || break; sleep 0.05; done # held now
 check_err "locked partial: exit 5 naming it" 5 "being written by another process" \
 	G "$REPO" --manifest "$T/m26.json" -P "$T/k.pub" -d "$T/d26" -c 1
 kill "$lp" 2>/dev/null; wait "$lp" 2>/dev/null
+
+# ---- 25b. a signed size that contradicts the signed sha256: fails, never loops -----
+faultd f27
+mkman "$T/m27.json" --source "http:http://127.0.0.1:$PORT_f27/" --size-override "a.bin=0"
+python3 - "$T/m27.json" <<'EOF'
+import json,sys
+d=json.load(open(sys.argv[1])); d["total_size"]=sum(f["size"] for f in d["files"])
+open(sys.argv[1],"w").write(json.dumps(d,indent=1)+"\n")
+EOF
+rm -f "$T/m27.json.minisig"
+minisign -S -s "$T/k.key" -m "$T/m27.json" -x "$T/m27.json.minisig" \
+	-t "salafw-manifest repo_id=$REPO revision=$REV manifest_version=1" >/dev/null 2>&1
+check_err "size 0 with a non-empty file's sha256: exit 1, not a loop" 1 'sha256 mismatch' \
+	G "$REPO" --manifest "$T/m27.json" -P "$T/k.pub" -d "$T/d27"
 
 # ---- 26. usage -----------------------------------------------------------------------
 check_exit "no repo: usage" 2 "$SALAFW" get

@@ -181,4 +181,7 @@ check_err "run --ids > /dev/full exits 5" 5 "cannot write to standard output" \
 check_err "bench > /dev/full exits 5" 5 "cannot write to standard output" \
 	bash -c "$SALAFW bench '$D' --no-verify --prompt 8 --gen 2 > /dev/full"
 
+# output lost is never success
+check_err "--version into a full disk: exit 5" 5 "cannot write to standard output" sh -c '"$0" --version >/dev/full' "$SALAFW"
+check_err "--help into a full disk: exit 5" 5 "cannot write to standard output" sh -c '"$0" --help >/dev/full' "$SALAFW"
 check_report test_run.sh

@@ -207,6 +207,12 @@ $S sign -s "$W/sf.key" "$W/v5.json" >/dev/null 2>&1
 check "manifest_version 5 verifies" $S verify "$M" --manifest "$W/v5.json" --pubkey "$W/sf.pub" --no-state
 check_err "older manifest_version refused (rollback)" 3 "rollback" $S verify "$M" --manifest "$W/sf-signed.json" --pubkey "$W/sf.pub"
 check "--allow-downgrade" $S verify "$M" --manifest "$W/sf-signed.json" --pubkey "$W/sf.pub" --allow-downgrade --no-state
+SFID=$(sed -n 's/.*public key \([0-9A-F]*\)$/\1/p' "$W/sf.pub")
+RAT=$(ls "$SALAFW_STATE_DIR"/trusted/*."$SFID".json)
+echo '{broken' >"$RAT"
+check_err "a damaged rollback state is an error with a way out" 5 "allow-downgrade starts it afresh" $S verify "$M" --manifest "$W/v5.json" --pubkey "$W/sf.pub" --no-state
+check_err "... which --allow-downgrade takes (and rewrites it)" 0 "damaged" $S verify "$M" --manifest "$W/v5.json" --pubkey "$W/sf.pub" --allow-downgrade --no-state
+check "... so the next intake is checked again" python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["manifest_version"] == 5' "$RAT"
 rm -rf "$SALAFW_STATE_DIR"
 
 # --- the tree: missing, size, hash, symlinks, extra
@@ -242,22 +248,20 @@ rm "$M/sub/tok.txt" && mv "$W/tok.real" "$M/sub/tok.txt" && mv "$W/config.real" 
 V >/dev/null 2>&1
 rec() { python3 -c 'import json,sys; print(" ".join(sorted(json.load(open(sys.argv[1]))["files"])))' "$M/.salafw/state.json"; }
 check "state lists every file" test "$(rec)" = "config.json model.safetensors sub/tok.txt"
-printf 'TOKENIZER
-' >"$M/sub/tok.txt"
+printf 'TOKENIZER\n' >"$M/sub/tok.txt"
 check_err "a corrupted file fails verify" 1 "sha256 mismatch" V
 check "... and loses its record (a stale record would let run use it)" test "$(rec)" = "config.json model.safetensors"
-printf 'tokenizer
-' >"$M/sub/tok.txt"
+printf 'tokenizer\n' >"$M/sub/tok.txt"
 check "verify again records it" sh -c "$S verify '$M' --pubkey '$W/sf.pub' >/dev/null 2>&1 && test \"\$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))[\"files\"]))' '$M/.salafw/state.json')\" = 3"
 # a failing verify --manifest leaves the folder's manifest and record as they were
 cp "$M/.salafw/state.json" "$W/state.before" && cp "$M/.salafw/manifest.json" "$W/manifest.before"
-printf 'TOKENIZER
-' >"$M/sub/tok.txt"
+printf 'TOKENIZER\n' >"$M/sub/tok.txt"
 check_err "verify --manifest with a bad file" 1 "sha256 mismatch" $S verify "$M" --manifest "$W/v5.json" --pubkey "$W/sf.pub"
 check "... keeps state.json" cmp -s "$W/state.before" "$M/.salafw/state.json"
 check "... keeps the installed manifest" cmp -s "$W/manifest.before" "$M/.salafw/manifest.json"
-printf 'tokenizer
-' >"$M/sub/tok.txt"
+check_err "verify --manifest (the folder's own) with a bad file" 1 "sha256 mismatch" $S verify "$M" --manifest "$W/sf-signed.json" --pubkey "$W/sf.pub"
+check "... drops that file's record (same manifest)" test "$(rec)" = "config.json model.safetensors"
+printf 'tokenizer\n' >"$M/sub/tok.txt"
 check "verify --manifest v5 (all good) installs it" $S verify "$M" --manifest "$W/v5.json" --pubkey "$W/sf.pub"
 check "... and records against it" python3 -c 'import json,sys,hashlib; s=json.load(open(sys.argv[1])); assert s["manifest_sha256"]==hashlib.sha256(open(sys.argv[2],"rb").read()).hexdigest() and len(s["files"])==3' "$M/.salafw/state.json" "$W/v5.json"
 # rollback is about taking a manifest in: a folder keeping its own older

@@ -139,72 +139,81 @@ static void io_fail(struct vjob *j, enum sfw_status code, const char *fmt, const
 	pthread_mutex_unlock(&j->lock);
 }
 
+/* One file's sha256 check; *changed = 1 when its size or times moved while
+ * it was read (the bytes hashed are then no version of the file). */
+static enum sfw_file_result hash_one(struct vjob *j, size_t i, int tid, int *changed)
+{
+	const struct sfw_manifest_file *f = &j->m->files[i];
+	struct stat st;
+	int fd, eno;
+	*changed = 0;
+	enum walk_res w = walk_stat(j->dirfd, f->path, &st, 1, &fd, &eno);
+	if (w == WALK_MISSING)
+		return SFW_FILE_MISSING;
+	if (w == WALK_NOT_REGULAR)
+		return SFW_FILE_NOT_REGULAR;
+	if (w == WALK_IO) {
+		io_fail(j, SFW_E_IO, "cannot open '%s/%s'", j->dir, f->path);
+		return SFW_FILE_MISSING;
+	}
+	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	struct sfw_sha256 h;
+	uint64_t done = 0;
+	int bad_io = 0;
+	if (sfw_sha256_init(&h) != SFW_OK) {
+		io_fail(j, SFW_E_NOMEM, "out of memory hashing '%s/%s'", j->dir, f->path);
+		close(fd);
+		return SFW_FILE_MISSING;
+	}
+	for (;;) {
+		ssize_t n = read(fd, j->bufs[tid], READ_BUF);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			bad_io = 1;
+			break;
+		}
+		if (n == 0)
+			break;
+		sfw_sha256_update(&h, j->bufs[tid], (size_t)n);
+		done += (uint64_t)n;
+	}
+	unsigned char d[32];
+	sfw_sha256_final(&h, d);
+	sfw_sha256_release(&h);
+	/* the file as it is after the last byte was read: the id a record
+	 * vouches for */
+	struct stat after;
+	*changed = fstat(fd, &after) != 0 || after.st_size != st.st_size ||
+		   after.st_mtim.tv_sec != st.st_mtim.tv_sec || after.st_mtim.tv_nsec != st.st_mtim.tv_nsec ||
+		   after.st_ctim.tv_sec != st.st_ctim.tv_sec || after.st_ctim.tv_nsec != st.st_ctim.tv_nsec;
+	close(fd);
+	if (bad_io) {
+		io_fail(j, SFW_E_IO, "cannot read '%s/%s'", j->dir, f->path);
+		return SFW_FILE_MISSING;
+	}
+	if (*changed || done != f->size)
+		return done != f->size ? SFW_FILE_SIZE : SFW_FILE_HASH;
+	enum sfw_file_result r = CRYPTO_memcmp(d, f->sha256, 32) == 0 ? SFW_FILE_OK : SFW_FILE_HASH;
+	if (r == SFW_FILE_OK)
+		sfw_file_id_of(&after, &j->ids[i]);
+	return r;
+}
+
 static void hash_range(void *ctx, size_t begin, size_t end, int tid)
 {
 	struct vjob *j = ctx;
 	for (size_t k = begin; k < end; k++) {
 		size_t i = j->order[k];
-		const struct sfw_manifest_file *f = &j->m->files[i];
-		struct stat st;
-		int fd, eno;
-		enum walk_res w = walk_stat(j->dirfd, f->path, &st, 1, &fd, &eno);
-		enum sfw_file_result r;
-		if (w == WALK_MISSING)
-			r = SFW_FILE_MISSING;
-		else if (w == WALK_NOT_REGULAR)
-			r = SFW_FILE_NOT_REGULAR;
-		else if (w == WALK_IO) {
-			io_fail(j, SFW_E_IO, "cannot open '%s/%s'", j->dir, f->path);
-			r = SFW_FILE_MISSING;
-		} else {
-			(void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-			struct sfw_sha256 h;
-			uint64_t done = 0;
-			int bad_io = 0;
-			if (sfw_sha256_init(&h) != SFW_OK) {
-				io_fail(j, SFW_E_NOMEM, "out of memory hashing '%s/%s'", j->dir, f->path);
-				close(fd);
-				j->res[i] = SFW_FILE_MISSING;
-				continue;
-			}
-			for (;;) {
-				ssize_t n = read(fd, j->bufs[tid], READ_BUF);
-				if (n < 0 && errno == EINTR)
-					continue;
-				if (n < 0) {
-					bad_io = 1;
-					break;
-				}
-				if (n == 0)
-					break;
-				sfw_sha256_update(&h, j->bufs[tid], (size_t)n);
-				done += (uint64_t)n;
-			}
-			unsigned char d[32];
-			sfw_sha256_final(&h, d);
-			sfw_sha256_release(&h);
-			/* the file as it is after the last byte was read: the id a
-			 * record vouches for; a different size or time than at open
-			 * means it changed while being read */
-			struct stat after;
-			int changed = fstat(fd, &after) != 0 || after.st_size != st.st_size ||
-				      after.st_mtim.tv_sec != st.st_mtim.tv_sec || after.st_mtim.tv_nsec != st.st_mtim.tv_nsec ||
-				      after.st_ctim.tv_sec != st.st_ctim.tv_sec || after.st_ctim.tv_nsec != st.st_ctim.tv_nsec;
-			close(fd);
-			if (bad_io) {
-				io_fail(j, SFW_E_IO, "cannot read '%s/%s'", j->dir, f->path);
-				r = SFW_FILE_MISSING;
-			} else if (done != f->size || changed) {
-				r = SFW_FILE_SIZE; /* changed while we read it */
-			} else {
-				r = CRYPTO_memcmp(d, f->sha256, 32) == 0 ? SFW_FILE_OK : SFW_FILE_HASH;
-				if (r == SFW_FILE_OK)
-					sfw_file_id_of(&after, &j->ids[i]);
-			}
-		}
+		int changed;
+		enum sfw_file_result r = hash_one(j, i, tid, &changed);
+		if (changed) /* touched while read (chmod, touch, a writer): once more */
+			r = hash_one(j, i, tid, &changed);
+		if (changed)
+			sfw_log(SFW_LOG_WARN, "'%s/%s' changed while it was being verified", j->dir, j->m->files[i].path);
 		j->res[i] = r;
 		if (j->p->on_file)
-			j->p->on_file(j->p->user, f, r);
+			j->p->on_file(j->p->user, &j->m->files[i], r);
 	}
 }
 
@@ -428,10 +437,17 @@ enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
 			sf[i].ok = rep->results[i] == SFW_FILE_OK;
 			sf[i].id = rep->ids[i];
 		}
-		s = sfw_state_record(dir, m, sf, n, err);
+		struct sfw_err rerr = {0};
+		s = sfw_state_record(dir, m, sf, n, &rerr);
 		sfw_free(sf);
-		if (s != SFW_OK)
+		if (s != SFW_OK && nbad == 0) {
+			if (err)
+				*err = rerr;
 			goto out_lock;
+		}
+		if (s != SFW_OK) /* the mismatch is the news: the record is secondary */
+			sfw_log(SFW_LOG_WARN, "%s", rerr.msg);
+		s = SFW_OK;
 	}
 	if (nbad) {
 		/* the file named is one of the worst kind, so message and code agree */
@@ -650,6 +666,31 @@ out:
 	sfw_free(spath);
 	cJSON_Delete(old);
 	cJSON_Delete(root);
+	return s;
+}
+
+enum sfw_status sfw_state_forget(const char *dir, const struct sfw_manifest *m, const struct sfw_verify_report *rep,
+				 struct sfw_err *err)
+{
+	cJSON *old = NULL;
+	if (!rep->results || load_state(dir, &old, NULL) != SFW_OK)
+		return SFW_OK; /* no record, or one we cannot read: nothing to drop */
+	char hex[65];
+	sfw_hex_encode(m->manifest_sha256, 32, hex);
+	const cJSON *sha = cJSON_GetObjectItemCaseSensitive(old, "manifest_sha256");
+	int same = cJSON_IsString(sha) && strcmp(sha->valuestring, hex) == 0;
+	cJSON_Delete(old);
+	if (!same)
+		return SFW_OK;
+	struct sfw_state_file *sf = sfw_calloc(m->nfiles ? m->nfiles : 1, sizeof(*sf));
+	if (!sf)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	size_t k = 0;
+	for (size_t i = 0; i < m->nfiles; i++)
+		if (rep->results[i] != SFW_FILE_OK)
+			sf[k].path = m->files[i].path, sf[k++].ok = 0;
+	enum sfw_status s = k ? sfw_state_record(dir, m, sf, k, err) : SFW_OK;
+	sfw_free(sf);
 	return s;
 }
 

@@ -627,6 +627,15 @@ static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct 
 	}
 	struct ratchet r;
 	enum sfw_status s = ratchet_load(path, &r, err);
+	if (s == SFW_E_FORMAT && p->allow_downgrade) {
+		/* a damaged record cannot be compared with; the commit rewrites it */
+		sfw_log(SFW_LOG_WARN, "rollback state '%s' is damaged: not checked (it will be rewritten)", path);
+		s = SFW_OK, r.present = 0;
+	} else if (s == SFW_E_FORMAT && err) {
+		char m0[sizeof(err->msg)];
+		snprintf(m0, sizeof(m0), "%s", err->msg);
+		sfw_fail(err, s, "%.400s (--allow-downgrade starts it afresh)", m0);
+	}
 	sfw_free(path);
 	if (s != SFW_OK || !r.present)
 		return s;

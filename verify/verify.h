@@ -216,6 +216,11 @@ struct sfw_state_file {
 };
 SFW_MUST_CHECK enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m,
 						const struct sfw_state_file *files, size_t n, struct sfw_err *err);
+/* Drops the records of files found bad when DIR's record was made for
+ * manifest m (a verify against that same manifest elsewhere); leaves a record
+ * for another manifest alone. */
+SFW_MUST_CHECK enum sfw_status sfw_state_forget(const char *dir, const struct sfw_manifest *m,
+						const struct sfw_verify_report *rep, struct sfw_err *err);
 /* DIR/.salafw/manifest.json and its .minisig: the verified bytes, each
  * written atomically (the folder made if needed). A crash between the two
  * leaves a pair that fails its signature check: closed, never open. */
