@@ -42,7 +42,11 @@ static void attn_items(void *ctx, size_t b, size_t e, int tid)
 	size_t kstride = (size_t)j->nkv * hd;
 	float *sc = sfw_malloc(j->maxkeys * sizeof(float));
 	int64_t *pos = sfw_malloc(j->maxkeys * sizeof(int64_t));
-	SFW_ASSERT(sc && pos);
+	if (!sc || !pos) { /* the caller learns it from sfw_ops_cpu_take_failure */
+		sfw_free(sc), sfw_free(pos);
+		sfwi_ops_cpu_fail();
+		return;
+	}
 	for (size_t it = b; it < e; it++) {
 		int r = (int)(it / (size_t)j->nh), h = (int)(it % (size_t)j->nh), g = h / group;
 		int64_t p = j->pos0 + r;

@@ -15,6 +15,18 @@ void sfw_ops_cpu_set_threads(int n)
 	atomic_store(&g_threads, n > 256 ? 256 : n > 0 ? n : 0);
 }
 
+static atomic_int g_failed;
+
+void sfwi_ops_cpu_fail(void)
+{
+	atomic_store(&g_failed, 1);
+}
+
+int sfw_ops_cpu_take_failure(void)
+{
+	return atomic_exchange(&g_failed, 0);
+}
+
 int sfw_ops_cpu_threads(void)
 {
 	int n = atomic_load(&g_threads);

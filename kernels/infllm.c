@@ -151,7 +151,12 @@ void sfw_op_topk_blocks_cpu(int32_t *idx, const float *pooled, int64_t nblocks, 
 {
 	int kk = nblocks < k ? (int)nblocks : k;
 	float *best = sfw_malloc(((size_t)kk + 1) * sizeof(float));
-	SFW_ASSERT(best != NULL);
+	if (!best) { /* no block selected: the attention that reads idx stays in bounds */
+		for (size_t i = 0; i < (size_t)nkv * T * (size_t)k; i++)
+			idx[i] = -1;
+		sfwi_ops_cpu_fail();
+		return;
+	}
 	for (int g = 0; g < nkv; g++)
 		for (int r = 0; r < T; r++) {
 			int64_t qb = (pos0 + r) / block;

@@ -62,7 +62,10 @@ static void gla_chunk_heads(void *ctx, size_t b, size_t e, int tid)
 	size_t rs = (size_t)j->nh * hd;
 	/* A: C x C intra-chunk weights; dec: gamma^n for n = 0..C. */
 	float *A = sfw_malloc(((size_t)C * C + (size_t)C + 1) * sizeof(float));
-	SFW_ASSERT(A != NULL);
+	if (!A) {
+		sfwi_ops_cpu_fail();
+		return;
+	}
 	float *dec = A + (size_t)C * C;
 	for (size_t h = b; h < e; h++) {
 		float *S = j->state + h * (size_t)hd * hd;

@@ -222,7 +222,10 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtyp
 	float *block = NULL;
 	if (wdt == SFW_OP_BF16) {
 		block = sfw_malloc((size_t)nt * TILE_N * (size_t)K * sizeof(float) + 64);
-		SFW_ASSERT(block != NULL); /* a few MiB at most; no recovery path mid-forward */
+		if (!block) {
+			sfwi_ops_cpu_fail();
+			return;
+		}
 		for (int i = 0; i < nt; i++)
 			scr_ptrs[i] = block + (size_t)i * TILE_N * K;
 	}
@@ -238,7 +241,10 @@ void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_op_dtyp
 		       float in_scale)
 {
 	float *xs = sfw_malloc((size_t)M * K * sizeof(float));
-	SFW_ASSERT(xs != NULL);
+	if (!xs) {
+		sfwi_ops_cpu_fail();
+		return;
+	}
 	for (size_t i = 0; i < (size_t)M * K; i++)
 		xs[i] = x[i] * in_scale;
 	sfw_op_matmul_cpu(y, xs, w, wdt, M, N, K);

@@ -266,7 +266,11 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 		slab_rows = N;
 	j.slab = sfw_malloc((size_t)slab_rows * K * sizeof(float));
 	float *tmp = sfw_malloc((size_t)M * slab_rows * sizeof(float));
-	SFW_ASSERT(j.slab && tmp); /* bounded scratch; no recovery path mid-forward */
+	if (!j.slab || !tmp) {
+		sfw_free(j.slab), sfw_free(tmp);
+		sfwi_ops_cpu_fail();
+		return;
+	}
 	for (int n0 = 0; n0 < N; n0 += slab_rows) {
 		int nb = N - n0 < slab_rows ? N - n0 : slab_rows;
 		j.n0 = n0;

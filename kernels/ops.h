@@ -57,6 +57,12 @@ static inline float sfw_op_wget(const void *w, enum sfw_op_dtype dt, size_t i)
 
 void sfw_ops_cpu_set_threads(int n); /* n <= 0: the default */
 int sfw_ops_cpu_threads(void);
+/* A CPU op that cannot get its scratch memory leaves its output undefined
+ * and raises a process-wide flag instead of aborting (the ops return void):
+ * sfw_ops_cpu_take_failure returns 1 when some op failed since the last
+ * take, and clears it. sfwi_ops_cpu_fail raises it (the ops themselves). */
+int sfw_ops_cpu_take_failure(void);
+void sfwi_ops_cpu_fail(void);
 
 /* ---- elementwise and norms (kernels/elementwise.c) ------------------------ */
 

@@ -86,7 +86,10 @@ int32_t sfw_op_sample_cpu(const float *lg, int V, const struct sfw_op_sample_par
 		}
 		/* top-p alone: the nucleus is a prefix of all candidates, best first */
 		uint64_t *k = sfw_malloc((size_t)n * sizeof(uint64_t));
-		SFW_ASSERT(k != NULL); /* V entries of scratch */
+		if (!k) { /* V entries of scratch; the greedy choice stands in */
+			sfwi_ops_cpu_fail();
+			return best;
+		}
 		int m = 0;
 		for (int i = 0; i < V; i++)
 			if (is_cand(lg[i]))
@@ -119,7 +122,10 @@ int32_t sfw_op_sample_cpu(const float *lg, int V, const struct sfw_op_sample_par
 	}
 	/* top-k: the kk best, best first; then the nucleus among them */
 	uint64_t *k = sfw_malloc((size_t)n * sizeof(uint64_t));
-	SFW_ASSERT(k != NULL);
+	if (!k) {
+		sfwi_ops_cpu_fail();
+		return best;
+	}
 	int m = 0;
 	for (int i = 0; i < V; i++)
 		if (is_cand(lg[i]))

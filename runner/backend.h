@@ -209,6 +209,10 @@ struct sfw_backend {
 	 * mem_epoch changes whenever the backend moves memory a recording may
 	 * hold (cache regrowth, selection scratch): the recording is then stale. */
 	void (*cache_advance)(struct sfw_backend *be, struct sfw_bcache *c, int T);
+	/* A failure the ops could not return (they return void): the CPU ops
+	 * whose scratch could not be allocated left their outputs undefined.
+	 * SFW_OK, or the error once (then cleared). NULL: ops never fail so. */
+	SFW_MUST_CHECK enum sfw_status (*take_failure)(struct sfw_backend *be, struct sfw_err *err);
 	int64_t (*cache_room)(struct sfw_backend *be, const struct sfw_bcache *c);
 	uint64_t (*mem_epoch)(struct sfw_backend *be, const struct sfw_bcache *c);
 };

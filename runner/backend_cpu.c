@@ -148,7 +148,10 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 	if (w->dtype == SFW_OP_W8) { /* a third-party checkpoint that quantized lm_head */
 		size_t n = (size_t)M * (size_t)w->cols;
 		float *xs = sfw_malloc(n * sizeof(float));
-		SFW_ASSERT(xs != NULL);
+		if (!xs) {
+			sfwi_ops_cpu_fail();
+			return;
+		}
 		for (size_t i = 0; i < n; i++)
 			xs[i] = F(x)[i] * in_scale;
 		sfw_op_matmul_w8_cpu(y, xs, w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows, (int)w->cols);
@@ -349,6 +352,14 @@ static void cpu_gla(struct sfw_backend *be, void *o, const void *q, const void *
 		sfw_op_gla_recurrent_cpu(F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale);
 }
 
+static enum sfw_status cpu_take_failure(struct sfw_backend *be, struct sfw_err *err)
+{
+	(void)be;
+	if (sfw_ops_cpu_take_failure())
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for a CPU op's scratch");
+	return SFW_OK;
+}
+
 enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, struct sfw_err *err)
 {
 	struct sfw_backend *be = sfw_calloc(1, sizeof(*be));
@@ -388,6 +399,7 @@ enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, stru
 	be->sparse_select = cpu_sparse_select;
 	be->attn_sparse = cpu_attn_sparse;
 	be->gla = cpu_gla;
+	be->take_failure = cpu_take_failure;
 	be->supports_w8 = 1;
 	be->add_rmsnorm = cpu_add_rmsnorm;
 	be->sample = cpu_sample;

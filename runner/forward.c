@@ -911,6 +911,9 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	enum sfw_status s;
 	if (c->broken)
 		return sfw_fail(err, SFW_E_INVAL, "the context is inconsistent after a failed call; reset it");
+	struct sfw_err stale = {0}; /* a stale flag belongs to a call that already failed */
+	if (be->take_failure && be->take_failure(be, &stale) != SFW_OK)
+		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
 	if (n == 0)
 		return sfw_fail(err, SFW_E_INVAL, "no tokens to process");
 	for (size_t i = 0; i < n; i++)
@@ -932,7 +935,17 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	for (size_t off = 0; off < n; off += (size_t)c->cap_rows) {
 		int R = (int)(n - off < (size_t)c->cap_rows ? n - off : (size_t)c->cap_rows);
 		cl.last_piece = off + (size_t)R == n;
-		if ((s = piece(c, ids + off, R, c->pos, &cl, logits, err)) != SFW_OK) {
+		s = piece(c, ids + off, R, c->pos, &cl, logits, err);
+		if (be->take_failure) { /* an op that could not say so itself; taken (cleared) either way */
+			struct sfw_err fe = {0};
+			enum sfw_status fs = be->take_failure(be, &fe);
+			if (s == SFW_OK && fs != SFW_OK) {
+				s = fs;
+				if (err)
+					*err = fe;
+			}
+		}
+		if (s != SFW_OK) {
 			c->broken = 1; /* some layers ran this piece, others not */
 			return s;
 		}

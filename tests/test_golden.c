@@ -24,6 +24,7 @@
  *     allow 1.5e-2 on logits (3x) and 3e-2 relative on hidden states, and do
  *     not require equal selections (bf16 ties change them). */
 #include "check.h"
+#include "alloc.h"
 #include "kernels/ops.h"
 #include "runner/runner.h"
 #include "runner/safetensors.h"
@@ -316,6 +317,62 @@ static void test_ctx_contract(const char *gdir)
 	sfw_model_free(m);
 }
 
+/* Allocation failures anywhere inside a call never abort: the call fails
+ * with SFW_E_NOMEM, a context left half-way refuses calls until reset, and
+ * a reset context computes the logits of a fresh one, bit for bit. */
+static void test_alloc_failures(const char *gdir, const char *name)
+{
+	char dir[4096];
+	struct sfw_err err = {0};
+	snprintf(dir, sizeof(dir), "%s/%s", gdir, name);
+	struct sfw_model *m = NULL;
+	struct sfw_model_params mp = sfw_model_default_params();
+	mp.device = SFW_DEVICE_CPU;
+	mp.threads = 1; /* the failure hook counts allocations on one thread */
+	if (sfw_model_load(dir, &mp, &m, &err) != SFW_OK) {
+		CHECK(0, "%s: %s", name, err.msg);
+		return;
+	}
+	const struct sfw_config *cf = sfw_model_config(m);
+	int V = cf->vocab_size;
+	struct sfw_ctx *c = NULL;
+	struct sfw_ctx_params xp = sfw_ctx_default_params();
+	float *ref = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
+	int32_t ids[600];
+	for (int i = 0; i < 600; i++)
+		ids[i] = 3 + (i * 53) % (V - 3);
+	enum sfw_status s = sfw_ctx_new(m, &xp, &c, &err);
+	if (s == SFW_OK)
+		s = sfw_ctx_prefill(c, ids, 600, ref, &err);
+	CHECK(s == SFW_OK, "reference prefill: %s", err.msg);
+	int failed = 0, refused = 0, bad_code = 0, differ = 0;
+	for (long n = 1; s == SFW_OK && n < 4000; n = n * 3 / 2 + 1) {
+		sfw_ctx_reset(c);
+		sfw_alloc_fail_after(n);
+		enum sfw_status f = sfw_ctx_prefill(c, ids, 600, lg, &err);
+		sfw_alloc_fail_after(0);
+		if (f == SFW_OK) {
+			differ += memcmp(lg, ref, (size_t)V * sizeof(float)) != 0;
+			continue;
+		}
+		failed++;
+		bad_code += f != SFW_E_NOMEM;
+		int32_t one = 5;
+		enum sfw_status f2 = sfw_ctx_prefill(c, &one, 1, NULL, &err);
+		refused += f2 == SFW_E_INVAL && strstr(err.msg, "inconsistent") != NULL;
+		sfw_ctx_reset(c);
+		if (sfw_ctx_prefill(c, ids, 600, lg, &err) != SFW_OK || memcmp(lg, ref, (size_t)V * sizeof(float)) != 0)
+			differ++;
+	}
+	CHECK(failed > 3 && bad_code == 0, "%s: injected allocation failures: %d calls failed, %d not with NOMEM", name,
+	      failed, bad_code);
+	CHECK(refused > 0, "%s: a context left half-way refuses the next call (%d of %d)", name, refused, failed);
+	CHECK(differ == 0, "%s: after reset the logits equal a fresh context's (%d differ)", name, differ);
+	free(ref), free(lg);
+	sfw_ctx_free(c);
+	sfw_model_free(m);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 4 && strcmp(argv[1], "--file") == 0) {
@@ -356,8 +413,11 @@ int main(int argc, char **argv)
 			if (argc < 2 || strcmp(argv[1], cases[i]) == 0)
 				run_case(gdir, cases[i]), ran++;
 		CHECK(ran > 0, "no golden case named '%s' (tiny-dense, tiny-sparse, tiny-cross)", argc > 1 ? argv[1] : "");
-		if (argc < 2)
+		if (argc < 2) {
 			test_ctx_contract(gdir);
+			test_alloc_failures(gdir, "tiny-sparse"); /* the selection's own NOMEM path */
+			test_alloc_failures(gdir, "tiny-dense");  /* the ops' failure flag alone */
+		}
 	}
 	return CHECK_REPORT("test_golden");
 }
