@@ -149,6 +149,26 @@ static __global__ void __launch_bounds__(GLA_THREADS)
  * summation order differs. D lives in the op scratch. */
 #define GLA_C 64
 
+/* Register tiles of the chunk-parallel kernels: acc = 0, and acc += a bᵀ. */
+template <int X, int Y> static __device__ __forceinline__ void tile_zero(float (&acc)[X][Y])
+{
+#pragma unroll
+	for (int x = 0; x < X; x++)
+#pragma unroll
+		for (int y = 0; y < Y; y++)
+			acc[x][y] = 0;
+}
+
+template <int X, int Y>
+static __device__ __forceinline__ void tile_outer(float (&acc)[X][Y], const float (&a)[X], const float (&b)[Y])
+{
+#pragma unroll
+	for (int x = 0; x < X; x++)
+#pragma unroll
+		for (int y = 0; y < Y; y++)
+			acc[x][y] = fmaf(a[x], b[y], acc[x][y]);
+}
+
 /* per thread: TA rows x TA cols of the HD x HD delta (16 x 16 threads) */
 template <int HD>
 static __global__ void __launch_bounds__(GLA_THREADS)
@@ -168,21 +188,13 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 	float lg = -decay[h];
 	int ta = tid / 16, tc = tid % 16; /* rows ta + 16x, cols tc + 16y */
 	float acc[TA][TA];
-#pragma unroll
-	for (int x = 0; x < TA; x++)
-#pragma unroll
-		for (int y = 0; y < TA; y++)
-			acc[x][y] = 0;
+	tile_zero(acc);
 	for (int r = 0; r < c; r++) {
 		float w = expf(lg * (float)(c - 1 - r)), kk[TA], vv[TA];
 #pragma unroll
 		for (int x = 0; x < TA; x++)
 			kk[x] = sfwc_bf(ks[r][ta + 16 * x]) * w, vv[x] = sfwc_bf(vs[r][tc + 16 * x]);
-#pragma unroll
-		for (int x = 0; x < TA; x++)
-#pragma unroll
-			for (int y = 0; y < TA; y++)
-				acc[x][y] = fmaf(kk[x], vv[y], acc[x][y]);
+		tile_outer(acc, kk, vv);
 	}
 	float *Dj = D + ((size_t)j * nh + h) * HD * HD;
 #pragma unroll
@@ -241,21 +253,13 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 	int ti = tid / 16, tb = tid % 16;
 	{ /* A[i][r] = γ^(i-r) q_i·k_r for r <= i < c, else 0 */
 		float acc[4][4];
-#pragma unroll
-		for (int x = 0; x < 4; x++)
-#pragma unroll
-			for (int y = 0; y < 4; y++)
-				acc[x][y] = 0;
+		tile_zero(acc);
 		for (int a = 0; a < HD; a++) {
 			float qv[4], kv[4];
 #pragma unroll
 			for (int x = 0; x < 4; x++)
 				qv[x] = sfwc_bf(qs[(ti + 16 * x) * LDB + a]), kv[x] = sfwc_bf(ks[(tb + 16 * x) * LDB + a]);
-#pragma unroll
-			for (int x = 0; x < 4; x++)
-#pragma unroll
-				for (int y = 0; y < 4; y++)
-					acc[x][y] = fmaf(qv[x], kv[y], acc[x][y]);
+			tile_outer(acc, qv, kv);
 		}
 #pragma unroll
 		for (int x = 0; x < 4; x++)
@@ -266,11 +270,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 			}
 	}
 	float acc[4][TB];
-#pragma unroll
-	for (int x = 0; x < 4; x++)
-#pragma unroll
-		for (int y = 0; y < TB; y++)
-			acc[x][y] = 0;
+	tile_zero(acc);
 	/* inter-chunk: q_i S_j, S_j streamed through shared memory 32 rows at a time */
 	const float *Sj = D + ((size_t)j * nh + h) * HD * HD;
 	for (int a0 = 0; a0 < HD; a0 += 32) {
@@ -286,11 +286,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 #pragma unroll
 			for (int y = 0; y < TB; y++)
 				sv[y] = Ss[aa * HD + tb + 16 * y];
-#pragma unroll
-			for (int x = 0; x < 4; x++)
-#pragma unroll
-				for (int y = 0; y < TB; y++)
-					acc[x][y] = fmaf(qv[x], sv[y], acc[x][y]);
+			tile_outer(acc, qv, sv);
 		}
 	}
 #pragma unroll
@@ -309,11 +305,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 #pragma unroll
 		for (int y = 0; y < TB; y++)
 			vv[y] = sfwc_bf(vs[r * HD + tb + 16 * y]);
-#pragma unroll
-		for (int x = 0; x < 4; x++)
-#pragma unroll
-			for (int y = 0; y < TB; y++)
-				acc[x][y] = fmaf(av[x], vv[y], acc[x][y]);
+		tile_outer(acc, av, vv);
 	}
 #pragma unroll
 	for (int x = 0; x < 4; x++) {
