@@ -50,6 +50,62 @@ static __device__ __forceinline__ int64_t unit_start(const att_args &a, const in
 	return t0 <= p ? t0 : -1;
 }
 
+/* A K/V tile is ATT_KT * HD / 8 vectors of 8 (vec8, cuda_act.cuh) per cache;
+ * every thread loads its share of the next tile into registers while the
+ * block works on the current one (independent loads: one memory latency per
+ * tile, not one per element as scalar loads in a loop would cost). */
+/* The tile of unit start t0 (tokens t0 .. t0 + ATT_KT - 1 of KV group g):
+ * thread-owned vectors i = threadIdx.x + n * ATT_THREADS; tokens past p load
+ * as zeros (their scores are masked, their values weighted 0). */
+template <typename A, int HD>
+struct kv_tile {
+	static constexpr int NV = (ATT_KT * HD / 8 + ATT_THREADS - 1) / ATT_THREADS;
+	vec8<A> k[NV], v[NV];
+	__device__ __forceinline__ void load(const A *kc, const A *vc, size_t kstride, int g, int64_t t0, int64_t p)
+	{
+#pragma unroll
+		for (int n = 0; n < NV; n++) {
+			int i = threadIdx.x + n * ATT_THREADS;
+			int j = i / (HD / 8), c = (i % (HD / 8)) * 8;
+			int64_t t = t0 + j;
+			if (i < ATT_KT * HD / 8 && t <= p) {
+				size_t off = (size_t)t * kstride + (size_t)g * HD + c;
+				k[n].load(kc + off), v[n].load(vc + off);
+			} else {
+				k[n].zero(), v[n].zero();
+			}
+		}
+	}
+	__device__ __forceinline__ void store(float (*Ks)[HD + 4], float (*Vs)[HD]) const
+	{
+#pragma unroll
+		for (int n = 0; n < NV; n++) {
+			int i = threadIdx.x + n * ATT_THREADS;
+			if (i >= ATT_KT * HD / 8)
+				break;
+			int j = i / (HD / 8), c = (i % (HD / 8)) * 8;
+			float f[8];
+			k[n].to_f32(f);
+			*(float4 *)&Ks[j][c] = make_float4(f[0], f[1], f[2], f[3]);
+			*(float4 *)&Ks[j][c + 4] = make_float4(f[4], f[5], f[6], f[7]);
+			v[n].to_f32(f);
+			*(float4 *)&Vs[j][c] = make_float4(f[0], f[1], f[2], f[3]);
+			*(float4 *)&Vs[j][c + 4] = make_float4(f[4], f[5], f[6], f[7]);
+		}
+	}
+};
+
+/* The first unit in [u, u1) that is not empty (u1 when none). Uniform over
+ * the block: every thread reads the same selection. */
+static __device__ __forceinline__ int next_unit(const att_args &a, const int32_t *sel, int u, int u1, int64_t p,
+						int64_t *t0)
+{
+	for (; u < u1; u++)
+		if ((*t0 = unit_start(a, sel, u, p)) >= 0)
+			return u;
+	return u1;
+}
+
 template <typename A, int HD, int HPW>
 static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 {
@@ -58,7 +114,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 	/* K rows padded by 4 floats: 16-byte loads, lanes 8 apart never share a bank */
 	__shared__ __align__(16) float qs[ATT_WARPS * HPW][HD];
 	__shared__ __align__(16) float Ks[ATT_KT][HD + 4];
-	__shared__ float Vs[ATT_KT][HD];
+	__shared__ __align__(16) float Vs[ATT_KT][HD];
 	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv, split = blockIdx.y;
 	int G = a.nh / a.nkv, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 	int64_t p = (a.dpos ? *a.dpos : a.pos0) + r;
@@ -78,22 +134,19 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 			acc[j][c] = 0;
 	}
 	size_t kstride = (size_t)a.nkv * HD;
-	for (int u = u0; u < u1; u++) {
-		int64_t t0 = unit_start(a, sel, u, p);
-		if (t0 < 0)
-			continue; /* uniform across the block: no barrier skipped unevenly */
+	kv_tile<A, HD> tile;
+	int64_t t0 = -1, tn = -1;
+	int u = next_unit(a, sel, u0, u1, p, &t0);
+	if (u < u1)
+		tile.load(kc, vc, kstride, g, t0, p);
+	while (u < u1) {
+		__syncthreads(); /* the previous tile is no longer read */
+		tile.store(Ks, Vs);
 		__syncthreads();
-		for (int i = threadIdx.x; i < ATT_KT * HD; i += ATT_THREADS) {
-			int j = i / HD, c = i % HD;
-			int64_t t = t0 + j;
-			float kv = 0, vv = 0;
-			if (t <= p) {
-				size_t off = (size_t)t * kstride + (size_t)g * HD + c;
-				kv = act_ld(kc, off), vv = act_ld(vc, off);
-			}
-			Ks[j][c] = kv, Vs[j][c] = vv;
-		}
-		__syncthreads();
+		/* the next tile's loads fly while this one is scored */
+		int un = next_unit(a, sel, u + 1, u1, p, &tn);
+		if (un < u1)
+			tile.load(kc, vc, kstride, g, tn, p);
 		bool valid = t0 + lane <= p;
 		/* scores of this warp's heads against key `lane`, all heads in one pass */
 		float s[HPW];
@@ -138,6 +191,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 					acc[j][c] = fmaf(pk[j], vv, acc[j][c]);
 			}
 		}
+		u = un, t0 = tn;
 	}
 #pragma unroll
 	for (int j = 0; j < HPW; j++) {
@@ -161,27 +215,46 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 	}
 }
 
+/* One block per (row, group, head), one thread per value column: warp 0
+ * turns the splits' (max, sum) into weights in shared memory, then every
+ * column sums its splits with independent loads. (A block per (row, group)
+ * walking the splits serially cost ~150 µs per decode call.) */
+#define ATT_MAXSPLIT 64
 template <typename A, int HD>
-static __global__ void attn_combine_kernel(att_args a)
+static __global__ void __launch_bounds__(HD) attn_combine_kernel(att_args a)
 {
 	sfwc_pdl_wait();
-	int G = a.nh / a.nkv;
-	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv;
-	for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-		int hh = i / HD, c = i % HD;
-		float M = -INFINITY;
-		for (int s = 0; s < a.nsplit; s++)
-			M = fmaxf(M, a.part[(((size_t)blockIdx.x * a.nsplit + s) * G + hh) * (HD + 2) + HD]);
-		float L = 0, o = 0;
-		if (M != -INFINITY)
-			for (int s = 0; s < a.nsplit; s++) {
-				const float *pp = a.part + (((size_t)blockIdx.x * a.nsplit + s) * G + hh) * (HD + 2);
-				float f = expf(pp[HD] - M);
-				L += pp[HD + 1] * f;
-				o += pp[c] * f;
-			}
-		act_st((A *)a.o, ((size_t)r * a.nh + (size_t)g * G + hh) * HD + c, L > 0 ? o / L : 0.0f);
+	__shared__ float wt[ATT_MAXSPLIT];
+	__shared__ float s_l;
+	int G = a.nh / a.nkv, rg = blockIdx.x, hh = blockIdx.y, c = threadIdx.x;
+	int r = rg / a.nkv, g = rg % a.nkv;
+	const float *base = a.part + ((size_t)rg * a.nsplit * G + hh) * (HD + 2);
+	size_t sstride = (size_t)G * (HD + 2); /* one split to the next */
+	if (threadIdx.x < 32) {
+		int lane = threadIdx.x;
+		float m0 = lane < a.nsplit ? base[lane * sstride + HD] : -INFINITY;
+		float m1 = lane + 32 < a.nsplit ? base[(lane + 32) * sstride + HD] : -INFINITY;
+		float M = sfwc_warp_max(fmaxf(m0, m1));
+		float f0 = M == -INFINITY || m0 == -INFINITY ? 0.0f : expf(m0 - M);
+		float f1 = M == -INFINITY || m1 == -INFINITY ? 0.0f : expf(m1 - M);
+		float l = 0;
+		if (lane < a.nsplit)
+			l += base[lane * sstride + HD + 1] * f0;
+		if (lane + 32 < a.nsplit)
+			l += base[(lane + 32) * sstride + HD + 1] * f1;
+		l = sfwc_warp_sum(l);
+		wt[lane] = f0;
+		wt[lane + 32] = f1;
+		if (lane == 0)
+			s_l = l;
 	}
+	__syncthreads();
+	float o = 0;
+#pragma unroll 8
+	for (int sp = 0; sp < a.nsplit; sp++)
+		o += wt[sp] * base[sp * sstride + c];
+	float L = s_l;
+	act_st((A *)a.o, ((size_t)r * a.nh + (size_t)g * G + hh) * HD + c, L > 0 ? o / L : 0.0f);
 }
 
 template <typename A, int HD>
@@ -193,7 +266,7 @@ static void attn_launch(att_args a, int sms, cudaStream_t s)
 	int units = (int)((maxkeys + ATT_KT - 1) / ATT_KT);
 	int nsplit = 1;
 	/* split-K only when the rows alone cannot fill the GPU */
-	while (rows * nsplit < 2 * sms && units / (nsplit * 2) >= 4 && nsplit < 64)
+	while (rows * nsplit < 2 * sms && units / (nsplit * 2) >= 2 && nsplit < ATT_MAXSPLIT)
 		nsplit *= 2;
 	size_t need = (size_t)rows * nsplit * G * (HD + 2) * sizeof(float);
 	if (nsplit > 1)
@@ -206,7 +279,7 @@ static void attn_launch(att_args a, int sms, cudaStream_t s)
 		sfwc_launch(attn_kernel<A, HD, 2>, dim3(grid), dim3(ATT_THREADS), 0, s, a);
 	SFW_CUDA_LAUNCHED();
 	if (nsplit > 1) {
-		sfwc_launch(attn_combine_kernel<A, HD>, dim3(rows), dim3(256), 0, s, a);
+		sfwc_launch(attn_combine_kernel<A, HD>, dim3(rows, G), dim3(HD), 0, s, a);
 		SFW_CUDA_LAUNCHED();
 	}
 }

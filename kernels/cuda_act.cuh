@@ -39,6 +39,28 @@ template <> __device__ __forceinline__ float act_round<uint16_t>(float v)
 	return sfwc_rbf(v);
 }
 
+/* 8 consecutive activations as raw bits: one 16-byte load in bf16, two in
+ * f32 (8-element aligned addresses only). */
+template <typename A> struct vec8;
+template <> struct vec8<uint16_t> {
+	uint4 v;
+	__device__ __forceinline__ void load(const uint16_t *p) { v = __ldg((const uint4 *)p); }
+	__device__ __forceinline__ void zero() { v = make_uint4(0, 0, 0, 0); }
+	__device__ __forceinline__ void to_f32(float *f) const { sfwc_unpack8(v, f); }
+};
+template <> struct vec8<float> {
+	float4 a, b;
+	__device__ __forceinline__ void load(const float *p)
+	{
+		a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+	}
+	__device__ __forceinline__ void zero() { a = b = make_float4(0, 0, 0, 0); }
+	__device__ __forceinline__ void to_f32(float *f) const
+	{
+		f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+	}
+};
+
 /* Weight element i, stored as bf16 or f32. */
 static __device__ __forceinline__ float wget(const void *w, enum sfw_op_dtype dt, size_t i)
 {

@@ -133,15 +133,20 @@ static __device__ __forceinline__ uint4 sfwc_ld_stream(const uint4 *p)
 }
 
 /* Programmatic dependent launch (sm_90+): a kernel launched through
- * sfwc_launch may start while the previous kernel of the stream drains, so
- * its launch and block scheduling overlap the other's tail (decode runs ~600
- * small dependent kernels per token). Every such kernel calls sfwc_pdl_wait()
- * before touching global memory: that waits for the previous grid to finish
- * and see its writes. SALAFW_CUDA_PDL=0 turns it off. */
+ * sfwc_launch may start while the previous kernel of the stream runs, so its
+ * launch, block scheduling and anything that does not depend on that kernel
+ * (the GEMV's first weight loads) overlap the other's tail (decode runs
+ * ~450 small dependent kernels per token). Every such kernel calls
+ * sfwc_pdl_wait() before touching memory the previous kernels write: that
+ * waits for the previous grid to finish and see its writes. It then lets the
+ * next kernel launch at once: all of this grid's blocks are running by then,
+ * so the next one's blocks only take free slots, and they wait in turn.
+ * SALAFW_CUDA_PDL=0 turns it off. */
 static __device__ __forceinline__ void sfwc_pdl_wait(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 	asm volatile("griddepcontrol.wait;" ::: "memory");
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

@@ -9,3 +9,16 @@ void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, con
 	sfw_op_add_scaled_cpu(x, b, (size_t)rows * (size_t)n, scale);
 	sfw_op_rmsnorm_cpu(y, x, w, wdt, rows, n, eps);
 }
+
+/* No rounding between the steps: the CPU backend's activations are fp32. */
+void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
+			     enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
+			     float theta)
+{
+	sfw_op_rmsnorm_cpu(q, q, qw, qwdt, T * nhq, hd, eps);
+	sfw_op_rmsnorm_cpu(k, k, kw, kwdt, T * nhk, hd, eps);
+	if (rope) {
+		sfw_op_rope_neox_cpu(q, T, nhq, hd, pos0, theta);
+		sfw_op_rope_neox_cpu(k, T, nhk, hd, pos0, theta);
+	}
+}

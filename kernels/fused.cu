@@ -49,3 +49,108 @@ extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float s
 				      (A *)x, (const A *)b, scale, w, wdt, n, eps));
 	SFW_CUDA_LAUNCHED();
 }
+
+/* ---- per-head q/k RMSNorm + NeoX RoPE (lightning layers) ----
+ * One warp per head row, q rows first, then k rows, 8 warps a block: the
+ * lane/element assignment (i = lane + 32 j), fmaf order and warp reduction
+ * of rmsnorm_warp_kernel at n = hd and its store (rounded to the activation
+ * type), then, in the same warp, rope_kernel's arithmetic on the stored row
+ * (lane m rotates the pairs (m, m + hd/2), m += 32). */
+#define QKN_WARPS 8
+
+/* inv_freq as sfwi_rope_neox_cuda computes it (host powf), hd <= 128 */
+struct qkn_table {
+	float inv[64];
+};
+
+template <typename A, int HD>
+static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
+					   enum sfw_op_dtype kwdt, int rows_q, int rows, int nhq, int nhk, int n,
+					   float eps, int rope, int64_t pos0, const qkn_table tab,
+					   const int64_t *dpos)
+{
+	sfwc_pdl_wait();
+	constexpr int NJ = HD / 32;
+	int lane = threadIdx.x & 31;
+	int r = blockIdx.x * QKN_WARPS + (threadIdx.x >> 5);
+	if (r >= rows) /* whole warps leave: the shuffles and __syncwarp below see all lanes */
+		return;
+	int isq = r < rows_q, rr = isq ? r : r - rows_q;
+	A *xr = (isq ? q : k) + (size_t)rr * HD;
+	const void *w = isq ? qw : kw;
+	enum sfw_op_dtype wdt = isq ? qwdt : kwdt;
+	float y[NJ];
+	float ss = 0;
+#pragma unroll
+	for (int j = 0; j < NJ; j++) {
+		y[j] = act_ld(xr, lane + 32 * j);
+		ss = fmaf(y[j], y[j], ss);
+	}
+	ss = sfwc_warp_sum(ss);
+	/* n = HD passed at run time: a constant divisor could be folded into
+	 * a multiply-add with eps, which the rmsnorm kernel cannot do */
+	float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+	for (int j = 0; j < NJ; j++) /* rmsnorm's store */
+		act_st(xr, lane + 32 * j, act_round<A>(y[j] * inv) * wget(w, wdt, lane + 32 * j));
+	if (!rope)
+		return;
+	/* rope_kernel's arithmetic on values loaded back as it loads them: with
+	 * registers (or a shuffle) instead, the compiler contracted x1*c + x0*s
+	 * into a different FMA than rope_kernel's at hd = 32 (f32 bits differed) */
+	__syncwarp(); /* the warp's stores are visible to its lanes */
+	int t = rr / (isq ? nhq : nhk);
+	for (int m = lane; m < HD / 2; m += 32) {
+		int64_t p0 = dpos ? *dpos : pos0;
+		float a = (float)(p0 + t) * tab.inv[m];
+		float c = cosf(a), s = sinf(a);
+		float x0 = act_ld(xr, m), x1 = act_ld(xr, m + HD / 2);
+		act_st(xr, m, x0 * c - x1 * s);
+		act_st(xr, m + HD / 2, x1 * c + x0 * s);
+	}
+}
+
+extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
+					     enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
+					     int64_t pos0, const int64_t *dpos, float theta, enum sfw_op_dtype act,
+					     void *stream)
+{
+	if (T <= 0 || nhq + nhk <= 0)
+		return;
+	SFW_ASSERT(nhq >= 0 && nhk >= 0 && (int64_t)T * (nhq + nhk) <= INT32_MAX);
+	if (hd != 32 && hd != 64 && hd != 128) { /* other head dims: the unfused launches */
+		sfw_op_rmsnorm_cuda(q, q, qw, qwdt, T * nhq, hd, eps, act, stream);
+		sfw_op_rmsnorm_cuda(k, k, kw, kwdt, T * nhk, hd, eps, act, stream);
+		if (rope) {
+			sfwi_rope_neox_cuda(q, T, nhq, hd, pos0, dpos, theta, act, stream);
+			sfwi_rope_neox_cuda(k, T, nhk, hd, pos0, dpos, theta, act, stream);
+		}
+		return;
+	}
+	int rows_q = T * nhq, rows = T * (nhq + nhk);
+	qkn_table tab = {};
+	if (rope)
+		for (int m = 0; m < hd / 2; m++)
+			tab.inv[m] = 1.0f / powf(theta, (float)(2 * m) / (float)hd);
+	dim3 grid((unsigned)((rows + QKN_WARPS - 1) / QKN_WARPS)), block(32 * QKN_WARPS);
+#define QKN_LAUNCH(HD)                                                                                            \
+	ACT_DISPATCH(act, sfwc_launch(qk_norm_rope_kernel<A, HD>, grid, block, 0, SFW_CUDA_STREAM(stream), (A *)q,   \
+				      (A *)k, qw, qwdt, kw, kwdt, rows_q, rows, nhq, nhk, hd, eps, rope, pos0, tab,  \
+				      dpos))
+	if (hd == 32)
+		QKN_LAUNCH(32);
+	else if (hd == 64)
+		QKN_LAUNCH(64);
+	else
+		QKN_LAUNCH(128);
+#undef QKN_LAUNCH
+	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
+					 enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
+					 int64_t pos0, float theta, enum sfw_op_dtype act, void *stream)
+{
+	sfw_cuda_qk_norm_rope_devpos(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, NULL, theta, act,
+				     stream);
+}

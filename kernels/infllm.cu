@@ -114,6 +114,39 @@ static __device__ __forceinline__ void s1_resolve(s1_args &a)
 	a.n2 = nchunks_dev(a.pos0 + a.T, 4 * a.ksize, 4 * a.stride);
 }
 
+/* x[h] += q_h · k for the G heads of the group, d ascending (as the CPU
+ * twin sums). The key row is read as 16-byte vectors, all in flight at
+ * once; the head loop stays rolled: unrolled over heads and dimensions the
+ * body was ~100 KB of code, and instruction fetch made a decode step's
+ * stage 1 (a few thousand threads) take ~200 µs. */
+template <typename A, int HD>
+static __device__ __forceinline__ void s1_dot(float x[S1_MAXG], const A *kr, const float (*qs)[HD], int G)
+{
+	vec8<A> kv[HD / 8];
+#pragma unroll
+	for (int i = 0; i < HD / 8; i++)
+		kv[i].load(kr + 8 * i);
+#pragma unroll 1
+	for (int h = 0; h < G; h++) {
+		float acc = x[h];
+#pragma unroll
+		for (int i = 0; i < HD / 8; i++) {
+			float f[8];
+			kv[i].to_f32(f);
+			float4 q0 = *(const float4 *)&qs[h][8 * i], q1 = *(const float4 *)&qs[h][8 * i + 4];
+			acc = fmaf(q0.x, f[0], acc);
+			acc = fmaf(q0.y, f[1], acc);
+			acc = fmaf(q0.z, f[2], acc);
+			acc = fmaf(q0.w, f[3], acc);
+			acc = fmaf(q1.x, f[4], acc);
+			acc = fmaf(q1.y, f[5], acc);
+			acc = fmaf(q1.z, f[6], acc);
+			acc = fmaf(q1.w, f[7], acc);
+		}
+		x[h] = acc;
+	}
+}
+
 /* Pass A: per head of the group, max and sum of exp over this split's share
  * of the visible level-2 keys. */
 template <typename A, int HD>
@@ -121,7 +154,7 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 {
 	sfwc_pdl_wait();
 	s1_resolve(a);
-	__shared__ float qs[S1_MAXG][HD];
+	__shared__ __align__(16) float qs[S1_MAXG][HD];
 	__shared__ float red[32];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
 	int64_t p = a.pos0 + r;
@@ -142,13 +175,7 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 #pragma unroll
 		for (int h = 0; h < S1_MAXG; h++)
 			x[h] = 0;
-		for (int d = 0; d < HD; d++) {
-			float kv = act_ld(kr, d);
-#pragma unroll
-			for (int h = 0; h < S1_MAXG; h++)
-				if (h < G)
-					x[h] = fmaf(qs[h][d], kv, x[h]);
-		}
+		s1_dot<A, HD>(x, kr, qs, G);
 #pragma unroll
 		for (int h = 0; h < S1_MAXG; h++) {
 			if (h >= G)
@@ -178,7 +205,7 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 {
 	sfwc_pdl_wait();
 	s1_resolve(a);
-	__shared__ float qs[S1_MAXG][HD];
+	__shared__ __align__(16) float qs[S1_MAXG][HD];
 	__shared__ float lse[S1_MAXG];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
 	int64_t p = a.pos0 + r;
@@ -209,13 +236,7 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 #pragma unroll
 		for (int h = 0; h < S1_MAXG; h++)
 			x[h] = 0;
-		for (int d = 0; d < HD; d++) {
-			float kv = act_ld(kr, d);
-#pragma unroll
-			for (int h = 0; h < S1_MAXG; h++)
-				if (h < G)
-					x[h] = fmaf(qs[h][d], kv, x[h]);
-		}
+		s1_dot<A, HD>(x, kr, qs, G);
 #pragma unroll
 		for (int h = 0; h < S1_MAXG; h++)
 			if (h < G)
@@ -234,7 +255,9 @@ static void s1_launch(s1_args a, cudaStream_t s)
 {
 	int G = a.nh / a.nkv, rows = a.T * a.nkv;
 	int nsplit = 1;
-	while (rows * nsplit < 2 * g_sms && a.n2 / (nsplit * 2) >= S1_THREADS && nsplit < 64)
+	/* decode (two rows): spread the level-2 keys over blocks down to 64 per
+	 * block, else a handful of blocks walks them all */
+	while (rows * nsplit < 2 * g_sms && a.n2 / (nsplit * 2) >= 64 && nsplit < 64)
 		nsplit *= 2;
 	a.nsplit = nsplit;
 	a.part = (float *)sfwi_cuda_scratch((size_t)rows * nsplit * G * 2 * sizeof(float));
@@ -356,8 +379,6 @@ extern "C" void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, 
 
 /* ---- top-k ---- */
 
-#define TK_THREADS 256
-
 /* Order-preserving map float -> uint32 (NaN ranks as +inf, -0 as +0, as the
  * CPU twin compares them). */
 static __device__ __forceinline__ uint32_t fkey(float v)
@@ -370,12 +391,13 @@ static __device__ __forceinline__ uint32_t fkey(float v)
 	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* Exclusive prefix sum of one flag per thread across the block; *total gets
- * the block's sum. */
-static __device__ __forceinline__ int block_scan(int flag, int *wsum, int *total)
+/* Exclusive prefix sum of one count per thread across the block of NT
+ * threads; *total gets the block's sum. */
+template <int NT>
+static __device__ __forceinline__ int block_scan(int count, int *wsum, int *total)
 {
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-	int x = flag;
+	int x = count;
 #pragma unroll
 	for (int o = 1; o < 32; o <<= 1) {
 		int y = __shfl_up_sync(0xffffffffu, x, o);
@@ -387,16 +409,20 @@ static __device__ __forceinline__ int block_scan(int flag, int *wsum, int *total
 		wsum[w] = x;
 	__syncthreads();
 	int before = 0, all = 0;
-	for (int i = 0; i < TK_THREADS / 32; i++) {
+	for (int i = 0; i < NT / 32; i++) {
 		if (i < w)
 			before += wsum[i];
 		all += wsum[i];
 	}
 	*total = all;
-	return before + x - flag;
+	return before + x - count;
 }
 
-static __global__ void __launch_bounds__(TK_THREADS)
+/* One block of NT threads per (group, row): 256 when rows are many
+ * (prefill), 1024 for the few rows of a decode step, whose one block per
+ * KV group would otherwise walk 16K blocks (1M tokens) with 256 threads. */
+template <int NT>
+static __global__ void __launch_bounds__(NT)
 	topk_kernel(int32_t *idx, const float *pooled, int64_t nblocks, int T, int64_t pos0, int k, int block,
 		    const int64_t *dpos)
 {
@@ -406,7 +432,7 @@ static __global__ void __launch_bounds__(TK_THREADS)
 		nblocks = (pos0 + T + block - 1) / block;
 	}
 	__shared__ int hist[256];
-	__shared__ int wsum[TK_THREADS / 32];
+	__shared__ int wsum[NT / 32];
 	__shared__ uint32_t s_prefix;
 	__shared__ int s_remaining;
 	int gr = blockIdx.x, r = gr % T;
@@ -418,10 +444,10 @@ static __global__ void __launch_bounds__(TK_THREADS)
 	uint32_t prefix = 0, mask = 0;
 	int remaining = kk;
 	for (int shift = 24; shift >= 0; shift -= 8) {
-		for (int i = threadIdx.x; i < 256; i += TK_THREADS)
+		for (int i = threadIdx.x; i < 256; i += NT)
 			hist[i] = 0;
 		__syncthreads();
-		for (int64_t b = threadIdx.x; b < nblocks; b += TK_THREADS) {
+		for (int64_t b = threadIdx.x; b < nblocks; b += NT) {
 			uint32_t key = fkey(s[b]);
 			if ((key & mask) == prefix)
 				atomicAdd(&hist[(key >> shift) & 255], 1);
@@ -440,21 +466,29 @@ static __global__ void __launch_bounds__(TK_THREADS)
 		mask |= 255u << shift;
 	}
 	/* prefix = the threshold key; take every key above it and the first
-	 * `remaining` equal to it in index order; index order is the output order */
-	int eq_seen = 0, written = 0;
-	for (int64_t b0 = 0; b0 < nblocks; b0 += TK_THREADS) {
-		int64_t b = b0 + threadIdx.x;
-		uint32_t key = b < nblocks ? fkey(s[b]) : 0;
-		int eq = b < nblocks && key == prefix, tot;
-		int eq_rank = eq_seen + block_scan(eq, wsum, &tot);
-		eq_seen += tot;
-		int take = b < nblocks && (key > prefix || (eq && eq_rank < remaining));
-		int pos = written + block_scan(take, wsum, &tot);
-		written += tot;
-		if (take)
-			out[pos] = b > qb ? -1 : (int32_t)b;
+	 * `remaining` equal to it in index order; index order is the output
+	 * order. Each thread owns one contiguous range of blocks, so two block
+	 * scans place every output. */
+	int64_t per = (nblocks + NT - 1) / NT;
+	int64_t b0 = (int64_t)threadIdx.x * per, b1 = min(nblocks, b0 + per);
+	int above = 0, equal = 0, tot;
+	for (int64_t b = b0; b < b1; b++) {
+		uint32_t key = fkey(s[b]);
+		above += key > prefix;
+		equal += key == prefix;
 	}
-	for (int i = kk + threadIdx.x; i < k; i += TK_THREADS)
+	int eq_before = block_scan<NT>(equal, wsum, &tot);
+	int eq_take = min(max(remaining - eq_before, 0), equal);
+	int pos = block_scan<NT>(above + eq_take, wsum, &tot);
+	for (int64_t b = b0; b < b1; b++) {
+		uint32_t key = fkey(s[b]);
+		int take = key > prefix;
+		if (key == prefix && eq_take > 0)
+			take = 1, eq_take--;
+		if (take)
+			out[pos++] = b > qb ? -1 : (int32_t)b;
+	}
+	for (int i = kk + threadIdx.x; i < k; i += NT)
 		out[i] = -1;
 }
 
@@ -465,8 +499,12 @@ extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64
 	if (T <= 0 || nkv <= 0)
 		return;
 	SFW_ASSERT(nblocks >= 1);
-	sfwc_launch(topk_kernel, dim3(nkv * T), dim3(TK_THREADS), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks, T, pos0, k, block,
-		    (const int64_t *)NULL);
+	if ((int64_t)nkv * T < 64) /* a decode step: few blocks, each with many threads */
+		sfwc_launch(topk_kernel<1024>, dim3(nkv * T), dim3(1024), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks,
+			    T, pos0, k, block, (const int64_t *)NULL);
+	else
+		sfwc_launch(topk_kernel<256>, dim3(nkv * T), dim3(256), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks,
+			    T, pos0, k, block, (const int64_t *)NULL);
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -474,7 +512,7 @@ extern "C" void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, i
 					    const int64_t *dpos, void *stream)
 {
 	SFW_ASSERT(dpos && nkv > 0);
-	sfwc_launch(topk_kernel, dim3(nkv), dim3(TK_THREADS), 0, SFW_CUDA_STREAM(stream), idx, pooled, (int64_t)1, 1,
+	sfwc_launch(topk_kernel<1024>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(stream), idx, pooled, (int64_t)1, 1,
 		    (int64_t)0, k, block, dpos);
 	SFW_CUDA_LAUNCHED();
 }

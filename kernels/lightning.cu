@@ -137,7 +137,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 		Sg[(size_t)(i >> 5) * HD + c0 + (i & 31)] = S[(i >> 5) * 33 + (i & 31)];
 }
 
-/* ---- chunk-parallel prefill (bf16, SALAFW_CUDA_GLA=scan) ----
+/* ---- chunk-parallel prefill (bf16; the default, SALAFW_CUDA_GLA=serial turns it off) ----
  * The serial kernel above walks every token of a head in one block; this
  * form spreads the chunks (64 tokens) of a piece over blocks, three launches
  * per group of up to NC chunks:
@@ -347,10 +347,12 @@ static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, c
 	}
 }
 
+/* SALAFW_CUDA_GLA=serial: one block walks each head's chunks in order (the
+ * first form; kept to bisect with) */
 static bool gla_scan_on(void)
 {
 	const char *e = getenv("SALAFW_CUDA_GLA");
-	return e && !strcmp(e, "scan");
+	return !(e && !strcmp(e, "serial"));
 }
 
 template <typename A, int HD>

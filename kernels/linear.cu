@@ -43,7 +43,6 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 	gemv_kernel(const uint16_t *__restrict__ X, int ldx, const uint16_t *__restrict__ W, TO *__restrict__ Y,
 		    int ldy, int N, int K, float alpha)
 {
-	sfwc_pdl_wait();
 	int lane = threadIdx.x & 31;
 	int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
 	if (row0 >= N)
@@ -59,8 +58,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
 		for (int m = 0; m < M; m++)
 			acc[r][m] = 0.0f;
-	for (int base = 0; base < kv; base += 32 * U) {
-		uint4 w[U][R];
+	uint4 w[U][R];
+	auto load = [&](int base) {
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			int i = base + u * 32 + lane;
@@ -68,6 +67,13 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 			for (int r = 0; r < R; r++)
 				w[u][r] = i < kv ? sfwc_ld_stream(wr[r] + i) : make_uint4(0, 0, 0, 0);
 		}
+	};
+	/* The weights do not depend on the previous kernel: the first batch is
+	 * in flight while that kernel drains (programmatic dependent launch);
+	 * only X waits for it. */
+	load(0);
+	sfwc_pdl_wait();
+	for (int base = 0; base < kv; base += 32 * U) {
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			int i = base + u * 32 + lane;
@@ -89,6 +95,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 				}
 			}
 		}
+		if (base + 32 * U < kv)
+			load(base + 32 * U);
 	}
 #pragma unroll
 	for (int r = 0; r < R; r++)

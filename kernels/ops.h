@@ -88,6 +88,14 @@ void sfw_op_rope_neox_cpu(float *x, int T, int nh, int hd, int64_t pos0, float t
  * with w, exactly add_scaled followed by rmsnorm. y must not alias x or b. */
 void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_op_dtype wdt,
 			    int rows, int n, float eps);
+/* Fused (kernels/fused.c): the lightning layers' per-head q/k norm and RoPE
+ * (model-spec §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
+ * q = rmsnorm(q) with qw [hd] and k = rmsnorm(k) with kw [hd] per head
+ * (rows T*nhq and T*nhk, n = hd), then, when rope != 0, NeoX RoPE on both
+ * from pos0: exactly sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
+void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
+			     enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
+			     float theta);
 
 /* ---- matrix products (kernels/matmul.c) ----------------------------------- */
 
@@ -206,6 +214,12 @@ void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct s
 			void *stream);
 void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w, enum sfw_op_dtype wdt,
 			     int rows, int n, float eps, enum sfw_op_dtype act, void *stream);
+/* kernels/fused.cu: one launch for q and k, bit-identical to
+ * sfw_op_rmsnorm_cuda on each followed by sfw_op_rope_neox_cuda on each
+ * (hd 32, 64, 128; other head dims take those unfused launches). */
+void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
+			      enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
+			      float theta, enum sfw_op_dtype act, void *stream);
 void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
 			enum sfw_op_dtype act, void *stream);
 void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,

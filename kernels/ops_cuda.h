@@ -84,6 +84,12 @@ void sfw_cuda_graph_free(void *graph_exec);
  * device memory (*dpos, int64) when the kernel runs: a captured decode graph
  * replays with the position of the step (kernels/elementwise.cu). */
 void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, void *stream);
+/* sfw_op_qk_norm_rope_cuda with the position of row 0 read from *dpos (int64,
+ * device memory) when the kernel runs if dpos is non-NULL, else pos0: the
+ * same kernel serves eager calls and recorded decode steps. */
+void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
+				  enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
+				  int64_t pos0, const int64_t *dpos, float theta, enum sfw_op_dtype act, void *stream);
 
 /* ---- a recorded decode step (one row, its position read on the device) ----
  * Each op means its sfw_op_*_cuda twin (kernels/ops.h) called with T = 1 and

@@ -180,6 +180,15 @@ struct sfw_backend {
 	 * add_rmsnorm: x += scale * b (rounded as add_scaled), then y = rmsnorm(x). */
 	void (*add_rmsnorm)(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			    const struct sfw_bweight *w, int rows, int n, float eps);
+	/* qk_norm_rope: the lightning layers' per-head norms and RoPE in place,
+	 * q [T, nhq, hd] = rmsnorm(q; qw), k [T, nhk, hd] = rmsnorm(k; kw) (rows
+	 * of hd), then, when rope != 0, rope_neox on both from position pos0, or
+	 * from *dpos (int64, backend memory, read when the op runs) when dpos is
+	 * non-NULL (recorded steps): equal to those four calls. NULL: forward.c
+	 * makes the four calls. */
+	void (*qk_norm_rope)(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+			     const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
+			     int64_t pos0, const int64_t *dpos, float theta);
 	/* Next-token choice from one row of float logits (backend memory), the
 	 * meaning of sfw_op_sample_cpu for uniform u; *out (backend memory) = the
 	 * id, or -1 when the host must finish with sfw_op_sample_cpu. */

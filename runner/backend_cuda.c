@@ -34,12 +34,12 @@ static size_t select_bytes(void)
 
 enum prof_op {
 	P_EMBED, P_RMSNORM, P_ADD, P_SILU, P_SIGMOID, P_ROPE, P_MATMUL_DEC, P_MATMUL_PRE, P_LOGITS, P_KV, P_DENSE,
-	P_COMPRESS, P_SELECT, P_SPARSE, P_GLA_REC, P_GLA_CHUNK, P_ADDNORM, P_SAMPLE, PROF_N
+	P_COMPRESS, P_SELECT, P_SPARSE, P_GLA_REC, P_GLA_CHUNK, P_ADDNORM, P_SAMPLE, P_QKNORM, PROF_N
 };
 static const char *const prof_name[PROF_N] = {
 	"embed", "rmsnorm", "add_scaled", "silu_mul", "sigmoid_mul", "rope", "matmul M<=8 (GEMV)",
 	"matmul M>8 (cuBLASLt)", "logits", "kv_append", "attn_dense", "compress", "sparse_select",
-	"attn_sparse", "gla recurrent", "gla chunked", "add_rmsnorm (fused)", "sample"};
+	"attn_sparse", "gla recurrent", "gla chunked", "add_rmsnorm (fused)", "sample", "qk_norm_rope (fused)"};
 
 struct cu_be {
 	void *stream;
@@ -61,8 +61,9 @@ struct cu_be {
 	 * themselves stay right) */
 	int prof;
 	void *ev0, *ev1;
-	double prof_ms[PROF_N];
-	long prof_calls[PROF_N];
+	int prof_decode; /* the ops since the last embed serve one row: a decode step */
+	double prof_ms[2][PROF_N];
+	long prof_calls[2][PROF_N];
 	/* SALAFW_CUDA_STEPSYNC=1: the old per-step host waits (from_host waits,
 	 * no device-side copy of the selected blocks) */
 	int stepsync;
@@ -374,24 +375,27 @@ static void prof_end(struct sfw_backend *be, enum prof_op op)
 	if (!b->prof)
 		return;
 	sfw_cuda_event_record(b->ev1, b->stream);
-	b->prof_ms[op] += sfw_cuda_event_ms(b->ev0, b->ev1);
-	b->prof_calls[op]++;
+	b->prof_ms[b->prof_decode][op] += sfw_cuda_event_ms(b->ev0, b->ev1);
+	b->prof_calls[b->prof_decode][op]++;
 }
 
 static void prof_report(struct cu_be *b)
 {
-	double tot = 0;
-	for (int i = 0; i < PROF_N; i++)
-		tot += b->prof_ms[i];
-	if (!b->prof || tot <= 0)
-		return;
-	fprintf(stderr, "cuda profile (device time per op, all calls):\n");
-	for (int i = 0; i < PROF_N; i++)
-		if (b->prof_calls[i])
-			fprintf(stderr, "  %-24s %10.2f ms %5.1f%%  %8ld calls  %9.1f us/call\n", prof_name[i],
-				b->prof_ms[i], 100 * b->prof_ms[i] / tot, b->prof_calls[i],
-				1e3 * b->prof_ms[i] / b->prof_calls[i]);
-	fprintf(stderr, "  %-24s %10.2f ms\n", "total", tot);
+	static const char *const phase[2] = {"prefill (calls of more than one row)", "decode steps"};
+	for (int ph = 0; b->prof && ph < 2; ph++) {
+		double tot = 0;
+		for (int i = 0; i < PROF_N; i++)
+			tot += b->prof_ms[ph][i];
+		if (tot <= 0)
+			continue;
+		fprintf(stderr, "cuda profile, %s (device time per op; the host waits for each op):\n", phase[ph]);
+		for (int i = 0; i < PROF_N; i++)
+			if (b->prof_calls[ph][i])
+				fprintf(stderr, "  %-24s %10.2f ms %5.1f%%  %8ld calls  %9.1f us/call\n", prof_name[i],
+					b->prof_ms[ph][i], 100 * b->prof_ms[ph][i] / tot, b->prof_calls[ph][i],
+					1e3 * b->prof_ms[ph][i] / b->prof_calls[ph][i]);
+		fprintf(stderr, "  %-24s %10.2f ms\n", "total", tot);
+	}
 	memset(b->prof_ms, 0, sizeof(b->prof_ms));
 	memset(b->prof_calls, 0, sizeof(b->prof_calls));
 }
@@ -406,6 +410,7 @@ static void prof_report(struct cu_be *b)
 static void cu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
 		     float scale)
 {
+	IMPL(be)->prof_decode = T == 1;
 	PROF(P_EMBED, sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_OP_BF16, S(be)));
 }
 
@@ -424,6 +429,14 @@ static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void 
 			   const struct sfw_bweight *w, int rows, int n, float eps)
 {
 	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be)));
+}
+
+static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+			    const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
+			    int64_t pos0, const int64_t *dpos, float theta)
+{
+	PROF(P_QKNORM, sfw_cuda_qk_norm_rope_devpos(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, T, nhq, nhk, hd, eps,
+						    rope, pos0, dpos, theta, SFW_OP_BF16, S(be)));
 }
 
 static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err);
@@ -953,9 +966,10 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 		be->graph_free = cu_graph_free;
 		be->rope_neox_dev = cu_rope_dev;
 		/* whole-step decode graphs need the device-side copy of the
-		 * selection (no host wait inside a step); until they have been
-		 * measured on a GPU they are opt-in: SALAFW_CUDA_STEPGRAPH=1 */
-		if (be->copy && env_on("SALAFW_CUDA_STEPGRAPH")) {
+		 * selection (no host wait inside a step);
+		 * SALAFW_CUDA_NOSTEPGRAPH=1 keeps graphs to runs of lightning
+		 * layers, the sparse layers launched one by one */
+		if (be->copy && !env_on("SALAFW_CUDA_NOSTEPGRAPH")) {
 			be->cache_advance = cu_cache_advance;
 			be->cache_room = cu_cache_room;
 			be->mem_epoch = cu_mem_epoch;
@@ -963,8 +977,10 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 	}
 	if (!env_on("SALAFW_CUDA_NOSAMPLE"))
 		be->sample = cu_sample;
-	if (!env_on("SALAFW_CUDA_NOFUSE"))
+	if (!env_on("SALAFW_CUDA_NOFUSE")) {
 		be->add_rmsnorm = cu_add_rmsnorm;
+		be->qk_norm_rope = cu_qk_norm_rope;
+	}
 	if (!env_on("SALAFW_CUDA_NOMERGE")) {
 		be->load_begin = cu_load_begin;
 		be->merge = cu_merge;

@@ -618,16 +618,21 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, cons
 		be->matmul(be, k, c->u, &L->k, R);
 		be->matmul(be, v, c->u, &L->v, R);
 	}
-	if (L->q_norm.host) {
-		be->rmsnorm(be, q, q, &L->q_norm, R * nh, hd, eps);
-		be->rmsnorm(be, k, k, &L->k_norm, R * nh, hd, eps);
-	}
-	if (cf->lightning_use_rope && c->capturing) { /* the replay's position */
-		be->rope_neox_dev(be, q, R, nh, hd, c->pos_dev, (float)cf->rope_theta);
-		be->rope_neox_dev(be, k, R, nh, hd, c->pos_dev, (float)cf->rope_theta);
-	} else if (cf->lightning_use_rope) {
-		be->rope_neox(be, q, R, nh, hd, pos0, (float)cf->rope_theta);
-		be->rope_neox(be, k, R, nh, hd, pos0, (float)cf->rope_theta);
+	if (L->q_norm.host && be->qk_norm_rope) { /* the four calls below in one op */
+		be->qk_norm_rope(be, q, k, &L->q_norm, &L->k_norm, R, nh, nh, hd, eps, cf->lightning_use_rope, pos0,
+				 c->capturing ? c->pos_dev : NULL, (float)cf->rope_theta);
+	} else {
+		if (L->q_norm.host) {
+			be->rmsnorm(be, q, q, &L->q_norm, R * nh, hd, eps);
+			be->rmsnorm(be, k, k, &L->k_norm, R * nh, hd, eps);
+		}
+		if (cf->lightning_use_rope && c->capturing) { /* the replay's position */
+			be->rope_neox_dev(be, q, R, nh, hd, c->pos_dev, (float)cf->rope_theta);
+			be->rope_neox_dev(be, k, R, nh, hd, c->pos_dev, (float)cf->rope_theta);
+		} else if (cf->lightning_use_rope) {
+			be->rope_neox(be, q, R, nh, hd, pos0, (float)cf->rope_theta);
+			be->rope_neox(be, k, R, nh, hd, pos0, (float)cf->rope_theta);
+		}
 	}
 	be->gla(be, c->a, q, k, v, c->cache, li, m->decay, R, nh, hd, 1.0f / sqrtf((float)hd));
 	if (L->o_norm.host)

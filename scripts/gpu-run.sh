@@ -6,7 +6,8 @@
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
-#   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, serial vs chunk-parallel GLA prefill
+#   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
+#   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout.
 set -u
@@ -84,16 +85,14 @@ bench)
 decode-ab)
 	# bash scripts/gpu-run.sh decode-ab [PROMPT [GEN]]: `salafw bench` on the
 	# full-size model with the new decode paths, then with each switch that
-	# restores an old one (SALAFW_CUDA_STEPSYNC / NOFUSE / NOMERGE / NOGRAPH /
-	# NOSAMPLE), then all of them (the decode path before this work); and the
-	# opt-in whole-step graph (SALAFW_CUDA_STEPGRAPH)
+	# restores an old one, then all of them (the decode path before this work)
 	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
 	if [ ! -e "$M/config.json" ]; then
 		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
 	fi
 	P=${1:-1024} G=${2:-128}
-	for sw in "" SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE SALAFW_CUDA_NOGRAPH \
-		SALAFW_CUDA_NOSAMPLE SALAFW_CUDA_STEPGRAPH \
+	for sw in "" SALAFW_CUDA_NOSTEPGRAPH SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE \
+		SALAFW_CUDA_NOGRAPH SALAFW_CUDA_NOSAMPLE \
 		"SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE SALAFW_CUDA_NOGRAPH SALAFW_CUDA_NOSAMPLE"; do
 		echo "== switches: ${sw:-none (new paths)}" | tee -a "$OUT/decode-ab.log"
 		env $(for v in $sw; do printf '%s=1 ' "$v"; done) "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" \
@@ -102,17 +101,27 @@ decode-ab)
 	;;
 prefill-ab)
 	# bash scripts/gpu-run.sh prefill-ab [PROMPT [GEN]]: `salafw bench` with the
-	# serial Lightning prefill, then the chunk-parallel one (SALAFW_CUDA_GLA=scan),
-	# then that with the whole-step decode graph (SALAFW_CUDA_STEPGRAPH=1)
+	# chunk-parallel Lightning prefill (the default), then the serial one
 	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
 	if [ ! -e "$M/config.json" ]; then
 		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
 	fi
 	P=${1:-32768} G=${2:-32}
-	for sw in "" "SALAFW_CUDA_GLA=scan" "SALAFW_CUDA_GLA=scan SALAFW_CUDA_STEPGRAPH=1"; do
-		echo "== ${sw:-serial GLA prefill, lightning-run graphs}" | tee -a "$OUT/prefill-ab.log"
+	for sw in "" "SALAFW_CUDA_GLA=serial"; do
+		echo "== ${sw:-chunk-parallel GLA prefill}" | tee -a "$OUT/prefill-ab.log"
 		env $sw "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" --no-verify 2>&1 | tee -a "$OUT/prefill-ab.log"
 	done
+	;;
+profile)
+	# bash scripts/gpu-run.sh profile [PROMPT [GEN]]: device time per op,
+	# prefill and decode apart (the host waits after each op: shares, not speed)
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	if [ ! -e "$M/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
+	fi
+	P=${1:-1024} G=${2:-32}
+	SALAFW_CUDA_PROFILE=1 "$BIN/bench_gpu" "$M" --runs "$P:$G" 2>&1 | grep -v 'uploaded' | tee -a "$OUT/profile.log"
+	exit "${PIPESTATUS[0]}"
 	;;
 shell)
 	bash -c "$1"

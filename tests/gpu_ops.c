@@ -185,27 +185,30 @@ static void t_rmsnorm(void)
 }
 
 enum ew { EW_ADD, EW_SILU, EW_SIG };
-static void t_ew(enum ew kind)
+/* n = 100003: the scalar kernels; n = 131072 (a multiple of 8, aligned):
+ * the bf16 8-wide form; in place: y = the first input, as forward.c calls
+ * sigmoid_mul */
+static void t_ew_n(enum ew kind, size_t n, int inplace)
 {
-	size_t n = 100003;
 	float *a = randv(n, 4.0f), *b = randv(n, 4.0f), *c = randv(n, 2.0f);
 	float *ref = malloc(n * 4);
 	memcpy(ref, a, n * 4);
 	void *da = up(a, n), *db = up(b, n), *dc = up(c, n), *dy = dalloc(n * asz());
-	const char *name = "";
+	if (inplace || kind == EW_ADD)
+		dy = (sfw_cuda_free(dy), da);
+	char name[96];
 	if (kind == EW_ADD) {
 		sfw_op_add_scaled_cpu(ref, b, n, 0.2474873734f);
 		sfw_op_add_scaled_cuda(da, db, n, 0.2474873734f, g_dt, g_s);
-		dy = (sfw_cuda_free(dy), da);
-		name = "add_scaled n=100003 c=0.2475";
+		snprintf(name, sizeof(name), "add_scaled n=%zu c=0.2475", n);
 	} else if (kind == EW_SILU) {
 		sfw_op_silu_mul_cpu(ref, a, b, n);
 		sfw_op_silu_mul_cuda(dy, da, db, n, g_dt, g_s);
-		name = "silu_mul n=100003";
+		snprintf(name, sizeof(name), "silu_mul n=%zu%s", n, inplace ? " in place" : "");
 	} else {
 		sfw_op_sigmoid_mul_cpu(ref, a, c, n);
 		sfw_op_sigmoid_mul_cuda(dy, da, dc, n, g_dt, g_s);
-		name = "sigmoid_mul n=100003";
+		snprintf(name, sizeof(name), "sigmoid_mul n=%zu%s", n, inplace ? " in place" : "");
 	}
 	float *got = down(dy, n);
 	cmp(name, got, ref, n);
@@ -213,6 +216,13 @@ static void t_ew(enum ew kind)
 	if (dy != da)
 		sfw_cuda_free(dy);
 	sfw_cuda_free(da), sfw_cuda_free(db), sfw_cuda_free(dc);
+}
+static void t_ew(enum ew kind)
+{
+	t_ew_n(kind, 100003, 0);
+	t_ew_n(kind, 131072, 0);
+	if (kind != EW_ADD)
+		t_ew_n(kind, 131072, 1);
 }
 static void t_add(void)
 {
@@ -244,6 +254,94 @@ static void t_rope(void)
 		cmp(name, got, ref, n);
 		free(x), free(ref), free(got);
 		sfw_cuda_free(dx);
+	}
+}
+
+/* Downloads both buffers' raw bytes and counts the elements that differ. */
+static void same_bits(const char *what, const void *da, const void *db, size_t n)
+{
+	size_t es = asz(), diff = 0;
+	unsigned char *a = malloc(n * es), *b = malloc(n * es);
+	sfw_cuda_d2h(a, da, n * es, g_s);
+	sfw_cuda_d2h(b, db, n * es, g_s);
+	sfw_cuda_sync(g_s);
+	for (size_t i = 0; i < n; i++)
+		diff += memcmp(a + i * es, b + i * es, es) != 0;
+	printf("  %-4s %-46s %zu of %zu differ\n", g_dt == SFW_OP_BF16 ? "bf16" : "f32", what, diff, n);
+	CHECK(diff == 0, "%s [%s]: %zu of %zu elements differ", what, g_dt == SFW_OP_BF16 ? "bf16" : "f32", diff, n);
+	free(a), free(b);
+}
+
+/* The fused lightning q/k norm + RoPE: against the CPU twin (NMSE), and
+ * against the unfused CUDA launches it replaces (rmsnorm q, rmsnorm k, rope
+ * q, rope k) with equal bits. devpos: the position comes from device memory
+ * and the host pos0 passed beside it is wrong on purpose. hd 96 takes the
+ * unfused fallback inside the op. */
+static const struct {
+	int T, nhq, nhk, hd, rope, devpos;
+	int64_t pos;
+} qkn_cases[] = {
+	{1, 32, 32, 128, 1, 0, 100003}, /* the model's decode step */
+	{1, 32, 32, 128, 1, 1, 1048000},
+	{9, 4, 2, 128, 1, 0, 0},
+	{9, 4, 2, 128, 0, 0, 0},
+	{300, 32, 32, 128, 1, 0, 5},
+	{1, 8, 8, 64, 1, 1, 4097},
+	{70, 3, 5, 64, 1, 0, 31},
+	{6, 5, 3, 64, 0, 1, 0},
+	{1, 8, 4, 32, 1, 0, 77},
+	{17, 8, 4, 32, 1, 1, 100003},
+	{5, 2, 2, 32, 0, 0, 0},
+	{3, 4, 4, 96, 1, 1, 500},
+};
+
+static void t_qknorm(void)
+{
+	const float eps = 1e-6f, theta = 10000.0f;
+	for (size_t ci = 0; ci < sizeof(qkn_cases) / sizeof(qkn_cases[0]); ci++) {
+		int T = qkn_cases[ci].T, nhq = qkn_cases[ci].nhq, nhk = qkn_cases[ci].nhk, hd = qkn_cases[ci].hd;
+		int rope = qkn_cases[ci].rope, devpos = qkn_cases[ci].devpos;
+		int64_t pos = qkn_cases[ci].pos;
+		size_t nq = (size_t)T * nhq * hd, nk = (size_t)T * nhk * hd;
+		float *q = randv(nq, 3.0f), *k = randv(nk, 3.0f);
+		uint16_t *qw = randw((size_t)hd, 0.1f, 1.0f), *kw = randw((size_t)hd, 0.1f, 1.0f);
+		float *rq = malloc(nq * 4), *rk = malloc(nk * 4);
+		memcpy(rq, q, nq * 4), memcpy(rk, k, nk * 4);
+		sfw_op_qk_norm_rope_cpu(rq, rk, qw, SFW_OP_BF16, kw, SFW_OP_BF16, T, nhq, nhk, hd, eps, rope, pos, theta);
+		void *dqw = up_raw(qw, (size_t)hd * 2), *dkw = up_raw(kw, (size_t)hd * 2);
+		void *dq = up(q, nq), *dk = up(k, nk), *uq = up(q, nq), *uk = up(k, nk);
+		void *dpos = up_raw(&pos, sizeof(pos));
+		if (devpos)
+			sfw_cuda_qk_norm_rope_devpos(dq, dk, dqw, SFW_OP_BF16, dkw, SFW_OP_BF16, T, nhq, nhk, hd, eps, rope,
+						     pos + 12345, dpos, theta, g_dt, g_s);
+		else
+			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, SFW_OP_BF16, dkw, SFW_OP_BF16, T, nhq, nhk, hd, eps, rope, pos,
+						 theta, g_dt, g_s);
+		/* the unfused sequence forward.c runs without the fused op */
+		sfw_op_rmsnorm_cuda(uq, uq, dqw, SFW_OP_BF16, T * nhq, hd, eps, g_dt, g_s);
+		sfw_op_rmsnorm_cuda(uk, uk, dkw, SFW_OP_BF16, T * nhk, hd, eps, g_dt, g_s);
+		if (rope) {
+			sfw_op_rope_neox_cuda(uq, T, nhq, hd, pos, theta, g_dt, g_s);
+			sfw_op_rope_neox_cuda(uk, T, nhk, hd, pos, theta, g_dt, g_s);
+		}
+		float *gq = down(dq, nq), *gk = down(dk, nk);
+		char name[96], where[32];
+		if (rope)
+			snprintf(where, sizeof(where), "pos=%lld%s", (long long)pos, devpos ? " devpos" : "");
+		else
+			snprintf(where, sizeof(where), "no rope");
+		snprintf(name, sizeof(name), "qk_norm_rope T=%d nh=%d/%d hd=%d %s: q", T, nhq, nhk, hd, where);
+		cmp(name, gq, rq, nq);
+		name[strlen(name) - 1] = 'k';
+		cmp(name, gk, rk, nk);
+		snprintf(name, sizeof(name), "qk_norm_rope T=%d hd=%d%s%s vs unfused: q", T, hd, rope ? "" : " no rope",
+			 devpos ? " devpos" : "");
+		same_bits(name, dq, uq, nq);
+		name[strlen(name) - 1] = 'k';
+		same_bits(name, dk, uk, nk);
+		free(q), free(k), free(qw), free(kw), free(rq), free(rk), free(gq), free(gk);
+		sfw_cuda_free(dqw), sfw_cuda_free(dkw), sfw_cuda_free(dq), sfw_cuda_free(dk);
+		sfw_cuda_free(uq), sfw_cuda_free(uk), sfw_cuda_free(dpos);
 	}
 }
 
@@ -317,9 +415,9 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, g_dt, g_s);
 	float *got = down(dout, n), *gst = down_f32(dst, ns);
 	char name[96];
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : getenv("SALAFW_CUDA_GLA") ? "chunked (scan)" : "chunked", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : getenv("SALAFW_CUDA_GLA") ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	cmp(name, got, ref, n);
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : getenv("SALAFW_CUDA_GLA") ? "chunked (scan)" : "chunked", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : getenv("SALAFW_CUDA_GLA") ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	struct tol keep = g_tol;
 	g_tol.nmse = 1e-9, g_tol.maxrel = 1e-4; /* the state is fp32 in both dtypes */
 	if (g_dt == SFW_OP_BF16)
@@ -335,12 +433,12 @@ static void t_gla(void)
 {
 	t_gla_shape(0, 1, 32, 128);
 	t_gla_shape(0, 7, 8, 32);
-	/* chunked: the serial form, then (bf16) the chunk-parallel form
-	 * (SALAFW_CUDA_GLA=scan); 2100 rows = 33 chunks, the last partial, in
+	/* chunked: (bf16) the chunk-parallel form, then the serial one
+	 * (SALAFW_CUDA_GLA=serial); 2100 rows = 33 chunks, the last partial, in
 	 * three groups of at most 16 chunks at the model's shape */
-	for (int scan = 0; scan < 2; scan++) {
-		if (scan)
-			setenv("SALAFW_CUDA_GLA", "scan", 1);
+	for (int serial = 0; serial < 2; serial++) {
+		if (serial)
+			setenv("SALAFW_CUDA_GLA", "serial", 1);
 		t_gla_shape(1, 300, 32, 128);
 		t_gla_shape(1, 130, 8, 32);
 		t_gla_shape(1, 64, 4, 64);
@@ -403,6 +501,8 @@ static void t_attn(void)
 	t_attn_shape(1, 1, 20000, 32, 2, 128);
 	t_attn_shape(1, 24, 13000, 32, 2, 128);
 	t_attn_shape(1, 100, 1500, 8, 2, 32);
+	t_attn_shape(0, 1, 777, 8, 2, 32);
+	t_attn_shape(0, 1, 100, 32, 2, 128);
 }
 
 static void t_compress(void)
@@ -452,6 +552,7 @@ static void t_stage1(void)
 	t_stage1_shape(1, 100000, 32, 2, 128);
 	t_stage1_shape(40, 9000, 32, 2, 128);
 	t_stage1_shape(150, 1500, 8, 2, 32);
+	t_stage1_shape(1, 3000, 8, 2, 32);
 }
 
 /* Pooling and top-k are exact (max and comparisons): compared bit for bit,
@@ -502,6 +603,32 @@ static void t_pool_topk(void)
 		free(ir), free(ig);
 		sfw_cuda_free(dpr), sfw_cuda_free(di);
 	}
+	/* one row per KV group (a decode step: the 1024-thread form), up to
+	 * the 16K blocks of a 1M-token context */
+	int64_t nbs[] = {nb, 16384};
+	for (int pass = 0; pass < 2; pass++) {
+		int64_t nbx = nbs[pass], p0 = nbx * block - 1;
+		float *po = malloc((size_t)nkv * nbx * 4);
+		for (int64_t i = 0; i < nkv * nbx; i++) {
+			po[i] = floorf((urand() + 1.0f) * 8.0f) * 0.0625f;
+			if (i % 389 == 0)
+				po[i] = i % 2 ? -INFINITY : NAN;
+		}
+		int32_t *ir = malloc((size_t)nkv * k * 4), *ig = malloc((size_t)nkv * k * 4);
+		sfw_op_topk_blocks_cpu(ir, po, nbx, nkv, 1, p0, k, block);
+		void *dpo = up_raw(po, (size_t)nkv * nbx * 4), *di = dalloc((size_t)nkv * k * 4);
+		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, 1, p0, k, block, g_dt, g_s);
+		sfw_cuda_d2h(ig, di, (size_t)nkv * k * 4, g_s);
+		sfw_cuda_sync(g_s);
+		size_t d = 0;
+		for (size_t i = 0; i < (size_t)nkv * k; i++)
+			d += ig[i] != ir[i];
+		printf("  %-4s topk_blocks T=1 nblocks=%-6lld k=96 (ties, NaN, -inf)   %zu of %zu indices differ\n",
+		       g_dt == SFW_OP_BF16 ? "bf16" : "f32", (long long)nbx, d, (size_t)nkv * k);
+		CHECK(d == 0, "topk_blocks T=1 nblocks=%lld: %zu indices differ", (long long)nbx, d);
+		free(po), free(ir), free(ig);
+		sfw_cuda_free(dpo), sfw_cuda_free(di);
+	}
 	free(sc), free(pr), free(pg);
 	sfw_cuda_free(dsc), sfw_cuda_free(dp);
 }
@@ -522,6 +649,7 @@ static const struct op_test tests[] = {
 	{"silu_mul", t_silu, {{1e-11, 1e-5}, {3e-5, 1.6e-2}}},
 	{"sigmoid_mul", t_sig, {{1e-11, 1e-5}, {3e-5, 1.6e-2}}},
 	{"rope_neox", t_rope, {{1e-9, 1e-4}, {3e-5, 1.6e-2}}},
+	{"qk_norm_rope", t_qknorm, {{1e-9, 1e-4}, {3e-5, 1.6e-2}}},
 	{"matmul", t_matmul, {{1e-10, 1e-4}, {3e-5, 1.6e-2}}},
 	{"logits", t_logits, {{1e-10, 1e-4}, {3e-5, 1.6e-2}}},
 	{"gla", t_gla, {{1e-9, 1e-4}, {1e-4, 3e-2}}},
