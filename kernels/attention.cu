@@ -266,7 +266,7 @@ static void attn_launch(att_args a, int sms, cudaStream_t s)
 	int units = (int)((maxkeys + ATT_KT - 1) / ATT_KT);
 	int nsplit = 1;
 	/* split-K only when the rows alone cannot fill the GPU */
-	while (rows * nsplit < 2 * sms && units / (nsplit * 2) >= 2 && nsplit < ATT_MAXSPLIT)
+	while (rows * nsplit < 2 * sms && units / (nsplit * 2) >= 1 && nsplit < ATT_MAXSPLIT)
 		nsplit *= 2;
 	size_t need = (size_t)rows * nsplit * G * (HD + 2) * sizeof(float);
 	if (nsplit > 1)

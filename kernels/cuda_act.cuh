@@ -81,6 +81,8 @@ static __device__ __forceinline__ float wget(const void *w, enum sfw_op_dtype dt
 
 /* Scratch memory and the cuBLASLt handle the twins share (kernels/cuda_rt.cu). */
 void *sfwi_cuda_scratch(size_t bytes);
+/* The one-block-per-row RMSNorm takes its 8-wide form (elementwise.cu). */
+bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_op_dtype act);
 struct sfw_cuda_blas *sfwi_cuda_blas(void);
 void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
 			 enum sfw_op_dtype act, void *stream);

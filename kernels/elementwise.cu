@@ -55,8 +55,13 @@ static __global__ void rmsnorm_warp_kernel(T *y, const T *x, const void *w, enum
 }
 
 /* One block per row for few wide rows (decode: 1 row of 4096): a single warp
- * per row left 31/32 of the GPU idle and cost ~38 µs per call on H200. */
-template <typename T>
+ * per row left 31/32 of the GPU idle and cost ~38 µs per call on H200.
+ * VEC (bf16, n % 8 == 0, x and y 16-byte aligned: sfwi_rmsnorm_vec_ok): each
+ * thread owns 8-element vectors v = tid, tid + blockDim, ... (one 16-byte
+ * load per vector instead of eight dependent scalar ones). The fused
+ * add + RMSNorm (kernels/fused.cu) walks the same vectors in the same order,
+ * so the two give equal bits. */
+template <typename T, bool VEC>
 static __global__ void rmsnorm_block_kernel(T *y, const T *x, const void *w, enum sfw_op_dtype wdt, int n, float eps)
 {
 	sfwc_pdl_wait();
@@ -64,14 +69,41 @@ static __global__ void rmsnorm_block_kernel(T *y, const T *x, const void *w, enu
 	const T *xr = x + (size_t)blockIdx.x * n;
 	T *yr = y + (size_t)blockIdx.x * n;
 	float ss = 0;
-	for (int i = threadIdx.x; i < n; i += blockDim.x) {
-		float v = act_ld(xr, i);
-		ss = fmaf(v, v, ss);
+	if (VEC) {
+		for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
+			float f[8];
+			sfwc_unpack8(((const uint4 *)xr)[v], f);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				ss = fmaf(f[e], f[e], ss);
+		}
+	} else {
+		for (int i = threadIdx.x; i < n; i += blockDim.x) {
+			float v = act_ld(xr, i);
+			ss = fmaf(v, v, ss);
+		}
 	}
 	ss = sfwc_block_sum(ss, red);
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
-	for (int i = threadIdx.x; i < n; i += blockDim.x)
-		act_st(yr, i, act_round<T>(act_ld(xr, i) * inv) * wget(w, wdt, i));
+	if (VEC) {
+		for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
+			float f[8];
+			sfwc_unpack8(((const uint4 *)xr)[v], f);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				f[e] = sfwc_rbf(f[e] * inv) * wget(w, wdt, (size_t)8 * v + e);
+			((uint4 *)yr)[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]),
+						      sfwc_pack2(f[4], f[5]), sfwc_pack2(f[6], f[7]));
+		}
+	} else {
+		for (int i = threadIdx.x; i < n; i += blockDim.x)
+			act_st(yr, i, act_round<T>(act_ld(xr, i) * inv) * wget(w, wdt, i));
+	}
+}
+
+bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_op_dtype act)
+{
+	return act == SFW_OP_BF16 && n % 8 == 0 && !(((uintptr_t)y | (uintptr_t)x) & 15);
 }
 
 extern "C" void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
@@ -80,8 +112,12 @@ extern "C" void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum 
 	if (rows <= 0)
 		return;
 	if (n >= 1024 && rows < 1024) {
-		ACT_DISPATCH(act, sfwc_launch(rmsnorm_block_kernel<A>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream), 
-					  (A *)y, (const A *)x, w, wdt, n, eps));
+		if (sfwi_rmsnorm_vec_ok(y, x, n, act))
+			sfwc_launch(rmsnorm_block_kernel<uint16_t, true>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream),
+				    (uint16_t *)y, (const uint16_t *)x, w, wdt, n, eps);
+		else
+			ACT_DISPATCH(act, sfwc_launch(rmsnorm_block_kernel<A, false>, dim3(rows), dim3(512), 0,
+						      SFW_CUDA_STREAM(stream), (A *)y, (const A *)x, w, wdt, n, eps));
 		SFW_CUDA_LAUNCHED();
 		return;
 	}

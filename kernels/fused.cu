@@ -32,6 +32,44 @@ static __global__ void add_rmsnorm_kernel(T *y, T *x, const T *b, float scale, c
 		act_st(yr, i, act_round<T>(act_ld(xr, i) * inv) * wget(w, wdt, i));
 }
 
+/* bf16, 8-wide: the vectors of rmsnorm_block_kernel's VEC form, in its
+ * order (equal bits to add_scaled + rmsnorm); the sum of squares is taken
+ * over the stored (rounded) sums, as the scalar form reads them back. */
+static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const uint16_t *b, float scale, const void *w,
+					      enum sfw_op_dtype wdt, int n, float eps)
+{
+	sfwc_pdl_wait();
+	__shared__ float red[32];
+	uint4 *xr = (uint4 *)(x + (size_t)blockIdx.x * n);
+	const uint4 *br = (const uint4 *)(b + (size_t)blockIdx.x * n);
+	uint4 *yr = (uint4 *)(y + (size_t)blockIdx.x * n);
+	float ss = 0;
+	for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
+		float fx[8], fb[8];
+		sfwc_unpack8(xr[v], fx);
+		sfwc_unpack8(br[v], fb);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			fx[e] = sfwc_rbf(fx[e] + sfwc_rbf(scale * fb[e]));
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ss = fmaf(fx[e], fx[e], ss);
+		xr[v] = make_uint4(sfwc_pack2(fx[0], fx[1]), sfwc_pack2(fx[2], fx[3]), sfwc_pack2(fx[4], fx[5]),
+				   sfwc_pack2(fx[6], fx[7]));
+	}
+	ss = sfwc_block_sum(ss, red);
+	float inv = 1.0f / sqrtf(ss / (float)n + eps);
+	for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
+		float f[8];
+		sfwc_unpack8(xr[v], f);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			f[e] = sfwc_rbf(f[e] * inv) * wget(w, wdt, (size_t)8 * v + e);
+		yr[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]), sfwc_pack2(f[4], f[5]),
+				   sfwc_pack2(f[6], f[7]));
+	}
+}
+
 extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w,
 					enum sfw_op_dtype wdt, int rows, int n, float eps, enum sfw_op_dtype act,
 					void *stream)
@@ -45,8 +83,18 @@ extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float s
 		sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, stream);
 		return;
 	}
-	ACT_DISPATCH(act, sfwc_launch(add_rmsnorm_kernel<A>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream), (A *)y,
-				      (A *)x, (const A *)b, scale, w, wdt, n, eps));
+	if (sfwi_rmsnorm_vec_ok(y, x, n, act)) {
+		if ((uintptr_t)b & 15) { /* the unfused pair: its bits, as NOFUSE gives */
+			sfw_op_add_scaled_cuda(x, b, (size_t)rows * (size_t)n, scale, act, stream);
+			sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, stream);
+			return;
+		}
+		sfwc_launch(add_rmsnorm_vec_kernel, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream), (uint16_t *)y,
+			    (uint16_t *)x, (const uint16_t *)b, scale, w, wdt, n, eps);
+	} else {
+		ACT_DISPATCH(act, sfwc_launch(add_rmsnorm_kernel<A>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream),
+					      (A *)y, (A *)x, (const A *)b, scale, w, wdt, n, eps));
+	}
 	SFW_CUDA_LAUNCHED();
 }
 
