@@ -28,8 +28,12 @@ extern "C" void sfw_op_embed_cuda(void *x, const void *E, enum sfw_op_dtype edt,
 }
 
 /* One warp per row (n ≤ 4096 typical): lanes read 8 strided values at a time.
- * The same thread reads and later writes each element, so y may alias x. */
-template <typename T>
+ * The same thread reads and later writes each element, so y may alias x.
+ * VEC (bf16 rows of n >= 1024, n % 8 == 0, aligned: prefill's hidden-size
+ * norms): lane-owned 8-element vectors v = lane, lane + 32, ... read with
+ * one 16-byte load each. Head-sized rows (n = hd) keep the scalar order,
+ * which the fused q/k norm + RoPE kernel reproduces bit for bit. */
+template <typename T, bool VEC>
 static __global__ void rmsnorm_warp_kernel(T *y, const T *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
 					   float eps)
 {
@@ -41,16 +45,38 @@ static __global__ void rmsnorm_warp_kernel(T *y, const T *x, const void *w, enum
 	const T *xr = x + (size_t)r * n;
 	T *yr = y + (size_t)r * n;
 	float ss = 0;
-	for (int i = lane; i < n; i += 32) {
-		float v = act_ld(xr, i);
-		ss = fmaf(v, v, ss);
+	if (VEC) {
+		for (int v = lane; v < n / 8; v += 32) {
+			float f[8];
+			sfwc_unpack8(((const uint4 *)xr)[v], f);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				ss = fmaf(f[e], f[e], ss);
+		}
+	} else {
+		for (int i = lane; i < n; i += 32) {
+			float v = act_ld(xr, i);
+			ss = fmaf(v, v, ss);
+		}
 	}
 	ss = sfwc_warp_sum(ss);
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
-	for (int i = lane; i < n; i += 32) {
-		float v = act_ld(xr, i);
-		/* bf16: round(x·rsqrt) then round(·w), the two roundings of §2.2 */
-		act_st(yr, i, act_round<T>(v * inv) * wget(w, wdt, i));
+	if (VEC) {
+		for (int v = lane; v < n / 8; v += 32) {
+			float f[8];
+			sfwc_unpack8(((const uint4 *)xr)[v], f);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				f[e] = sfwc_rbf(f[e] * inv) * wget(w, wdt, (size_t)8 * v + e);
+			((uint4 *)yr)[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]),
+						      sfwc_pack2(f[4], f[5]), sfwc_pack2(f[6], f[7]));
+		}
+	} else {
+		for (int i = lane; i < n; i += 32) {
+			float v = act_ld(xr, i);
+			/* bf16: round(x·rsqrt) then round(·w), the two roundings of §2.2 */
+			act_st(yr, i, act_round<T>(v * inv) * wget(w, wdt, i));
+		}
 	}
 }
 
@@ -122,8 +148,12 @@ extern "C" void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum 
 		return;
 	}
 	unsigned blocks = (unsigned)((rows + 7) / 8);
-	ACT_DISPATCH(act, sfwc_launch(rmsnorm_warp_kernel<A>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), 
-				  (A *)y, (const A *)x, w, wdt, rows, n, eps));
+	if (n >= 1024 && sfwi_rmsnorm_vec_ok(y, x, n, act))
+		sfwc_launch(rmsnorm_warp_kernel<uint16_t, true>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream),
+			    (uint16_t *)y, (const uint16_t *)x, w, wdt, rows, n, eps);
+	else
+		ACT_DISPATCH(act, sfwc_launch(rmsnorm_warp_kernel<A, false>, dim3(blocks), dim3(256), 0,
+					      SFW_CUDA_STREAM(stream), (A *)y, (const A *)x, w, wdt, rows, n, eps));
 	SFW_CUDA_LAUNCHED();
 }
 

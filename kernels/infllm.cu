@@ -453,12 +453,32 @@ static __global__ void __launch_bounds__(NT)
 				atomicAdd(&hist[(key >> shift) & 255], 1);
 		}
 		__syncthreads();
-		if (threadIdx.x == 0) {
-			int d = 255, above = 0;
-			while (d > 0 && above + hist[d] < remaining)
-				above += hist[d--];
-			s_prefix = prefix | ((uint32_t)d << shift);
-			s_remaining = remaining - above;
+		if (threadIdx.x < 32) {
+			/* the highest digit d whose count from 255 down to d reaches
+			 * `remaining` (0 when none does): lane l sums bins
+			 * 255 - 8l .. 248 - 8l, a warp scan finds the lane, the lane
+			 * walks its 8 bins (one thread walking 256 bins in a row cost
+			 * ~4 µs per digit in a decode step) */
+			int lane = threadIdx.x, top = 255 - 8 * lane, c = 0;
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				c += hist[top - j];
+			int incl = c;
+#pragma unroll
+			for (int o = 1; o < 32; o <<= 1) {
+				int y = __shfl_up_sync(0xffffffffu, incl, o);
+				if (lane >= o)
+					incl += y;
+			}
+			unsigned hit = __ballot_sync(0xffffffffu, incl >= remaining);
+			int owner = hit ? __ffs(hit) - 1 : 31;
+			if (lane == owner) {
+				int above = incl - c, d = top;
+				while (d > top - 7 && above + hist[d] < remaining)
+					above += hist[d--];
+				s_prefix = prefix | ((uint32_t)d << shift);
+				s_remaining = remaining - above;
+			}
 		}
 		__syncthreads();
 		prefix = s_prefix;
