@@ -79,6 +79,55 @@ static __device__ __forceinline__ float wget(const void *w, enum sfw_op_dtype dt
 		}                                                                                         \
 	} while (0)
 
+/* RMSNorm pieces over one row, each thread (or lane) taking the elements
+ * first, first + step, ... (scalar) or the 8-element vectors first,
+ * first + step, ... (vec8, bf16 only): the sum of squares in that order,
+ * and y = round(x * inv) * w, the two roundings of model-spec §2.2. The
+ * norm kernels and the fused add + norm share them, so equal orders give
+ * equal bits. */
+template <typename T>
+static __device__ __forceinline__ float rms_sumsq(const T *xr, int n, int first, int step)
+{
+	float ss = 0;
+	for (int i = first; i < n; i += step) {
+		float v = act_ld(xr, i);
+		ss = fmaf(v, v, ss);
+	}
+	return ss;
+}
+template <typename T>
+static __device__ __forceinline__ void rms_store(T *yr, const T *xr, const void *w, enum sfw_op_dtype wdt, int n,
+						 float inv, int first, int step)
+{
+	for (int i = first; i < n; i += step)
+		act_st(yr, i, act_round<T>(act_ld(xr, i) * inv) * wget(w, wdt, i));
+}
+static __device__ __forceinline__ float rms_sumsq_vec8(const uint16_t *xr, int n, int first, int step)
+{
+	float ss = 0;
+	for (int v = first; v < n / 8; v += step) {
+		float f[8];
+		sfwc_unpack8(((const uint4 *)xr)[v], f);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ss = fmaf(f[e], f[e], ss);
+	}
+	return ss;
+}
+static __device__ __forceinline__ void rms_store_vec8(uint16_t *yr, const uint16_t *xr, const void *w,
+						      enum sfw_op_dtype wdt, int n, float inv, int first, int step)
+{
+	for (int v = first; v < n / 8; v += step) {
+		float f[8];
+		sfwc_unpack8(((const uint4 *)xr)[v], f);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			f[e] = sfwc_rbf(f[e] * inv) * wget(w, wdt, (size_t)8 * v + e);
+		((uint4 *)yr)[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]), sfwc_pack2(f[4], f[5]),
+					      sfwc_pack2(f[6], f[7]));
+	}
+}
+
 /* Scratch memory and the cuBLASLt handle the twins share (kernels/cuda_rt.cu). */
 void *sfwi_cuda_scratch(size_t bytes);
 /* The one-block-per-row RMSNorm takes its 8-wide form (elementwise.cu). */

@@ -44,40 +44,17 @@ static __global__ void rmsnorm_warp_kernel(T *y, const T *x, const void *w, enum
 		return;
 	const T *xr = x + (size_t)r * n;
 	T *yr = y + (size_t)r * n;
-	float ss = 0;
-	if (VEC) {
-		for (int v = lane; v < n / 8; v += 32) {
-			float f[8];
-			sfwc_unpack8(((const uint4 *)xr)[v], f);
-#pragma unroll
-			for (int e = 0; e < 8; e++)
-				ss = fmaf(f[e], f[e], ss);
-		}
-	} else {
-		for (int i = lane; i < n; i += 32) {
-			float v = act_ld(xr, i);
-			ss = fmaf(v, v, ss);
-		}
-	}
+	float ss;
+	if constexpr (VEC)
+		ss = rms_sumsq_vec8(xr, n, lane, 32);
+	else
+		ss = rms_sumsq(xr, n, lane, 32);
 	ss = sfwc_warp_sum(ss);
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
-	if (VEC) {
-		for (int v = lane; v < n / 8; v += 32) {
-			float f[8];
-			sfwc_unpack8(((const uint4 *)xr)[v], f);
-#pragma unroll
-			for (int e = 0; e < 8; e++)
-				f[e] = sfwc_rbf(f[e] * inv) * wget(w, wdt, (size_t)8 * v + e);
-			((uint4 *)yr)[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]),
-						      sfwc_pack2(f[4], f[5]), sfwc_pack2(f[6], f[7]));
-		}
-	} else {
-		for (int i = lane; i < n; i += 32) {
-			float v = act_ld(xr, i);
-			/* bf16: round(x·rsqrt) then round(·w), the two roundings of §2.2 */
-			act_st(yr, i, act_round<T>(v * inv) * wget(w, wdt, i));
-		}
-	}
+	if constexpr (VEC)
+		rms_store_vec8(yr, xr, w, wdt, n, inv, lane, 32);
+	else
+		rms_store(yr, xr, w, wdt, n, inv, lane, 32);
 }
 
 /* One block per row for few wide rows (decode: 1 row of 4096): a single warp
@@ -94,37 +71,17 @@ static __global__ void rmsnorm_block_kernel(T *y, const T *x, const void *w, enu
 	__shared__ float red[32];
 	const T *xr = x + (size_t)blockIdx.x * n;
 	T *yr = y + (size_t)blockIdx.x * n;
-	float ss = 0;
-	if (VEC) {
-		for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
-			float f[8];
-			sfwc_unpack8(((const uint4 *)xr)[v], f);
-#pragma unroll
-			for (int e = 0; e < 8; e++)
-				ss = fmaf(f[e], f[e], ss);
-		}
-	} else {
-		for (int i = threadIdx.x; i < n; i += blockDim.x) {
-			float v = act_ld(xr, i);
-			ss = fmaf(v, v, ss);
-		}
-	}
+	float ss;
+	if constexpr (VEC)
+		ss = rms_sumsq_vec8(xr, n, threadIdx.x, blockDim.x);
+	else
+		ss = rms_sumsq(xr, n, threadIdx.x, blockDim.x);
 	ss = sfwc_block_sum(ss, red);
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
-	if (VEC) {
-		for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
-			float f[8];
-			sfwc_unpack8(((const uint4 *)xr)[v], f);
-#pragma unroll
-			for (int e = 0; e < 8; e++)
-				f[e] = sfwc_rbf(f[e] * inv) * wget(w, wdt, (size_t)8 * v + e);
-			((uint4 *)yr)[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]),
-						      sfwc_pack2(f[4], f[5]), sfwc_pack2(f[6], f[7]));
-		}
-	} else {
-		for (int i = threadIdx.x; i < n; i += blockDim.x)
-			act_st(yr, i, act_round<T>(act_ld(xr, i) * inv) * wget(w, wdt, i));
-	}
+	if constexpr (VEC)
+		rms_store_vec8(yr, xr, w, wdt, n, inv, threadIdx.x, blockDim.x);
+	else
+		rms_store(yr, xr, w, wdt, n, inv, threadIdx.x, blockDim.x);
 }
 
 bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_op_dtype act)

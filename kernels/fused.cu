@@ -28,8 +28,7 @@ static __global__ void add_rmsnorm_kernel(T *y, T *x, const T *b, float scale, c
 	}
 	ss = sfwc_block_sum(ss, red);
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
-	for (int i = threadIdx.x; i < n; i += blockDim.x)
-		act_st(yr, i, act_round<T>(act_ld(xr, i) * inv) * wget(w, wdt, i));
+	rms_store(yr, xr, w, wdt, n, inv, threadIdx.x, blockDim.x);
 }
 
 /* bf16, 8-wide: the vectors of rmsnorm_block_kernel's VEC form, in its
@@ -42,7 +41,6 @@ static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const ui
 	__shared__ float red[32];
 	uint4 *xr = (uint4 *)(x + (size_t)blockIdx.x * n);
 	const uint4 *br = (const uint4 *)(b + (size_t)blockIdx.x * n);
-	uint4 *yr = (uint4 *)(y + (size_t)blockIdx.x * n);
 	float ss = 0;
 	for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
 		float fx[8], fb[8];
@@ -59,15 +57,7 @@ static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const ui
 	}
 	ss = sfwc_block_sum(ss, red);
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
-	for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
-		float f[8];
-		sfwc_unpack8(xr[v], f);
-#pragma unroll
-		for (int e = 0; e < 8; e++)
-			f[e] = sfwc_rbf(f[e] * inv) * wget(w, wdt, (size_t)8 * v + e);
-		yr[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]), sfwc_pack2(f[4], f[5]),
-				   sfwc_pack2(f[6], f[7]));
-	}
+	rms_store_vec8(y + (size_t)blockIdx.x * n, x + (size_t)blockIdx.x * n, w, wdt, n, inv, threadIdx.x, blockDim.x);
 }
 
 extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w,

@@ -4,6 +4,9 @@
  * whole rows of W, reads them with 16-byte no-L1-allocate loads, U vectors
  * per lane in flight per row, and applies each weight vector to all M
  * activation rows (read through L1, they are tiny and shared by every warp).
+ * Its first weight loads are issued before the programmatic-launch wait, so
+ * W must never be written by a kernel just before the GEMV (weights are
+ * uploaded by copies, never by kernels).
  * Prefill goes to cuBLASLt (bf16 tensor cores, fp32 compute). */
 #include "cuda_common.cuh"
 
