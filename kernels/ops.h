@@ -220,6 +220,8 @@ void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const
 void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
 			      enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
 			      float theta, enum sfw_op_dtype act, void *stream);
+/* w must not be written by the kernel just before (the GEMV streams it
+ * before the programmatic-launch wait: kernels/ops_cuda.h, sfw_cuda_gemv). */
 void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
 			enum sfw_op_dtype act, void *stream);
 void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,

@@ -154,7 +154,11 @@ void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const 
 void sfw_cuda_linear_f32out(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, float *Y,
 			    int ldy, int M, int N, int K, float alpha, void *stream);
 /* Same, but always the GEMV kernel (M ≤ SFW_CUDA_GEMV_MAX_M), or always
- * cuBLASLt: for tests and benchmarks. */
+ * cuBLASLt: for tests and benchmarks. Every GEMV (these and the M ≤ 8 calls
+ * of sfw_cuda_linear / sfw_op_matmul_cuda) reads its first weights before
+ * it waits for the previous kernel (programmatic dependent launch): W must
+ * not be written by a kernel launched just before it on the stream (weights
+ * arrive by copies; a copy orders fully). */
 void sfw_cuda_gemv(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M, int N, int K,
 		   void *stream);
 void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy,

@@ -438,6 +438,7 @@ int main(void)
 	sample_twin_case(37);
 	fused_case(1, 4096);
 	fused_case(3, 1024);
+	fused_case(2, 1028);   /* n % 8 != 0: the scalar fused kernel against the scalar norm */
 	fused_case(1, 256);    /* unfused fallback shape */
 	fused_case(2048, 256); /* unfused fallback shape */
 	const char *g = check_golden_dir();

@@ -415,9 +415,9 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, g_dt, g_s);
 	float *got = down(dout, n), *gst = down_f32(dst, ns);
 	char name[96];
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : getenv("SALAFW_CUDA_GLA") ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : g_dt != SFW_OP_BF16 || getenv("SALAFW_CUDA_GLA") ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	cmp(name, got, ref, n);
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : getenv("SALAFW_CUDA_GLA") ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : g_dt != SFW_OP_BF16 || getenv("SALAFW_CUDA_GLA") ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	struct tol keep = g_tol;
 	g_tol.nmse = 1e-9, g_tol.maxrel = 1e-4; /* the state is fp32 in both dtypes */
 	if (g_dt == SFW_OP_BF16)
@@ -503,6 +503,10 @@ static void t_attn(void)
 	t_attn_shape(1, 100, 1500, 8, 2, 32);
 	t_attn_shape(0, 1, 777, 8, 2, 32);
 	t_attn_shape(0, 1, 100, 32, 2, 128);
+	/* one head per group (G = 1) at hd 64; a sparse decode row whose
+	 * selection is mostly -1 (47 blocks < k), one unit per split */
+	t_attn_shape(1, 1, 3000, 2, 2, 64);
+	t_attn_shape(0, 1, 5000, 4, 4, 64);
 }
 
 static void t_compress(void)
@@ -626,6 +630,31 @@ static void t_pool_topk(void)
 		printf("  %-4s topk_blocks T=1 nblocks=%-6lld k=96 (ties, NaN, -inf)   %zu of %zu indices differ\n",
 		       g_dt == SFW_OP_BF16 ? "bf16" : "f32", (long long)nbx, d, (size_t)nkv * k);
 		CHECK(d == 0, "topk_blocks T=1 nblocks=%lld: %zu indices differ", (long long)nbx, d);
+		free(po), free(ir), free(ig);
+		sfw_cuda_free(dpo), sfw_cuda_free(di);
+	}
+	/* several rows on the 1024-thread form (nkv * T < 64), the query
+	 * blocks well inside the row: blocks past a row's own come back -1 */
+	{
+		int Tr = 20;
+		int64_t nbx = 3000, p0 = 1200 * (int64_t)block + 7;
+		size_t np = (size_t)nkv * Tr * nbx;
+		float *po = malloc(np * 4);
+		for (size_t i = 0; i < np; i++)
+			po[i] = floorf((urand() + 1.0f) * 8.0f) * 0.0625f;
+		int32_t *ir = malloc((size_t)nkv * Tr * k * 4), *ig = malloc((size_t)nkv * Tr * k * 4);
+		sfw_op_topk_blocks_cpu(ir, po, nbx, nkv, Tr, p0, k, block);
+		void *dpo = up_raw(po, np * 4), *di = dalloc((size_t)nkv * Tr * k * 4);
+		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, Tr, p0, k, block, g_dt, g_s);
+		sfw_cuda_d2h(ig, di, (size_t)nkv * Tr * k * 4, g_s);
+		sfw_cuda_sync(g_s);
+		size_t d = 0, past = 0;
+		for (size_t i = 0; i < (size_t)nkv * Tr * k; i++)
+			d += ig[i] != ir[i], past += ir[i] == -1;
+		printf("  %-4s topk_blocks T=20 nblocks=3000 k=96 (query block 1200)    %zu of %zu indices differ\n",
+		       g_dt == SFW_OP_BF16 ? "bf16" : "f32", d, (size_t)nkv * Tr * k);
+		CHECK(d == 0, "topk_blocks T=20 query block 1200: %zu indices differ", d);
+		CHECK(past > 0, "topk_blocks T=20: the case selects blocks past the query block (%zu)", past);
 		free(po), free(ir), free(ig);
 		sfw_cuda_free(dpo), sfw_cuda_free(di);
 	}
