@@ -393,17 +393,24 @@ static __device__ __forceinline__ uint32_t fkey(float v)
 
 /* Exclusive prefix sum of one count per thread across the block of NT
  * threads; *total gets the block's sum. */
-template <int NT>
-static __device__ __forceinline__ int block_scan(int count, int *wsum, int *total)
+/* Inclusive prefix sum of one value per lane across the (full) warp. */
+static __device__ __forceinline__ int warp_incl_scan(int x)
 {
-	int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-	int x = count;
+	int lane = threadIdx.x & 31;
 #pragma unroll
 	for (int o = 1; o < 32; o <<= 1) {
 		int y = __shfl_up_sync(0xffffffffu, x, o);
 		if (lane >= o)
 			x += y;
 	}
+	return x;
+}
+
+template <int NT>
+static __device__ __forceinline__ int block_scan(int count, int *wsum, int *total)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	int x = warp_incl_scan(count);
 	__syncthreads();
 	if (lane == 31)
 		wsum[w] = x;
@@ -463,13 +470,7 @@ static __global__ void __launch_bounds__(NT)
 #pragma unroll
 			for (int j = 0; j < 8; j++)
 				c += hist[top - j];
-			int incl = c;
-#pragma unroll
-			for (int o = 1; o < 32; o <<= 1) {
-				int y = __shfl_up_sync(0xffffffffu, incl, o);
-				if (lane >= o)
-					incl += y;
-			}
+			int incl = warp_incl_scan(c);
 			unsigned hit = __ballot_sync(0xffffffffu, incl >= remaining);
 			int owner = hit ? __ffs(hit) - 1 : 31;
 			if (lane == owner) {
