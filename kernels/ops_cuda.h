@@ -48,6 +48,8 @@ void sfw_cuda_free(void *p);
 /* bytes currently allocated through sfw_cuda_malloc, and their high-water mark;
  * device_used = total - free as the driver reports it (context included). */
 void sfw_cuda_mem_stats(size_t *live, size_t *peak, size_t *device_used);
+/* The driver's free and total device memory now. */
+void sfw_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Starts a new high-water mark (both figures) at the current level. */
 void sfw_cuda_mem_reset_peak(void);
 
@@ -167,6 +169,27 @@ void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const ui
  * flight per lane (2, 4, 8); 0 = the built-in choice. */
 void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M, int N,
 			   int K, int rows_per_warp, int unroll, void *stream);
+
+/* ---- int8 (W8A16) linear layers (kernels/linear_w8.cu) ----
+ * W is codes [N, ceil(K/4)*4] bytes + scales [N, ceil(K/group)] (BF16, F16
+ * or F32), quant/layout.h; group = K (or <= 0) for per-channel scales. The
+ * GEMV (M <= 8) reads each code and scale once, before the programmatic
+ * launch wait like sfw_cuda_gemv; rows_per_warp (1, 2, 4) and unroll (2, 4,
+ * 8) pick a variant for tuning (0 = built-in; the full set for M = 1 with
+ * BF16 scales only). sfw_cuda_gemm_w8 dequantizes slabs of
+ * sfw_cuda_w8_slab_rows rows to bf16 in `scratch` ((b - 128) * scale in
+ * float32, rounded to bf16) and runs cuBLASLt on each. */
+void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
+			      enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K,
+			      int rows_per_warp, int unroll, void *stream);
+void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
+		      enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K, void *scratch,
+		      size_t scratch_bytes, void *stream);
+/* Rows [r0, r0 + nr) of W dequantized into Wd [nr, K] bf16. */
+void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt, int group,
+			 int r0, int nr, int K, void *stream);
+/* Rows per dequantized slab (a multiple of 64, at least 64, at most N). */
+size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes);
 
 
 /* The sfw_op_*_cuda twins of kernels/ops.h carry only a stream; the cuBLASLt
