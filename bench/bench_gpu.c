@@ -125,13 +125,13 @@ int main(int argc, char **argv)
 		 * run's start level, the weights and scratch included) */
 		struct sfw_mem_plan pl;
 		sfw_bench_mem_plan_model(m, res.n_ctx, (int)res.chunk, &pl);
-		double real = res.peak_bytes, G = 1073741824.0, off = real - pl.total;
+		double real = res.peak_bytes, GiB = 1073741824.0, off = real - pl.total;
 		double margin = pl.total * 0.05 > 256.0 * 1048576 ? pl.total * 0.05 : 256.0 * 1048576;
 		printf("RUN   plan %.2f GiB (weights %.2f, KV %.2f, compressed %.2f, lightning %.3f, activations %.2f, "
 		       "scratch %.2f) vs measured %.2f GiB: %+.2f GiB, %s (margin %.2f GiB)\n",
-		       pl.total / G, pl.weights / G, pl.kv / G, pl.compressed / G, pl.lightning / G, pl.activations / G,
-		       pl.scratch / G, real / G, off / G, off <= margin && -off <= margin ? "PLAN OK" : "PLAN OFF",
-		       margin / G);
+		       pl.total / GiB, pl.weights / GiB, pl.kv / GiB, pl.compressed / GiB, pl.lightning / GiB, pl.activations / GiB,
+		       pl.scratch / GiB, real / GiB, off / GiB, off <= margin && -off <= margin ? "PLAN OK" : "PLAN OFF",
+		       margin / GiB);
 		if (!(off <= margin && -off <= margin))
 			rc = 1;
 	}
