@@ -278,6 +278,22 @@ static void launch_w8_m(const uint16_t *X, int ldx, const uint8_t *C, const void
 	}
 }
 
+/* The decode variant (M = 1, BF16 scales): one row per warp with 8 loads
+ * per lane in flight, so a 4096-wide row is requested whole at once (int8
+ * rows are half the bytes of bf16 ones; bench/RESULTS.md has the table);
+ * SALAFW_CUDA_W8_GEMV=RU (e.g. 24 = 2 rows per warp, 4 loads) picks another
+ * of the tuning variants for benchmarks. */
+static void w8_default_variant(int *R, int *U)
+{
+	static int ru = -1;
+	if (ru < 0) {
+		const char *e = getenv("SALAFW_CUDA_W8_GEMV");
+		int v = e ? atoi(e) : 0;
+		ru = v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 ? v : 18;
+	}
+	*R = ru / 10, *U = ru % 10;
+}
+
 template <typename TO>
 static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void *S, enum sfw_op_dtype sdt, int group,
 			TO *Y, int ldy, int M, int N, int K, int R, int U, float alpha, cudaStream_t s)
@@ -291,7 +307,9 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 		SFW_CUDA_LAUNCHED();
 		return;
 	}
-	if (R == 0) /* measured on H200: bench/RESULTS.md, the W8 GEMV table */
+	if (R == 0 && U == 0 && M == 1 && sdt == SFW_OP_BF16 && sizeof(TO) == 2)
+		w8_default_variant(&R, &U);
+	if (R == 0) /* M > 1 or other scales: two rows per warp on wide matrices */
 		R = N >= 8192 ? 2 : 1;
 	if (U == 0)
 		U = 4;

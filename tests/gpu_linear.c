@@ -317,10 +317,13 @@ static const char *sdt_name(enum sfw_op_dtype d)
 }
 
 /* Y (bf16 or, for logits, float) against the C twin on the same bf16 inputs:
- * per element |d| <= |r|/128 + 2e-3 rms(r) (bf16 output rounding, and for
- * M > 8 the bf16 rounding of each dequantized weight), NMSE < 2e-5. */
+ * per element |d| <= |r|/128 + a rms(r), NMSE < 2e-5. a = 2e-3 for the GEMV
+ * (bf16 output rounding only); 8e-3 when the weights went through bf16
+ * (M > 8: each dequantized weight rounded, relative error up to 2^-9, whose
+ * sum over K has a standard deviation near 1e-3 rms(r): 8e-3 is ~7 of them). */
 static void w8_compare(const char *what, const float *ref, const void *got, int out_f32, int M, int N, int ldy)
 {
+	double a = M > 8 ? 8e-3 : 2e-3;
 	double num = 0, den = 0, maxd = 0;
 	for (size_t i = 0; i < (size_t)M * N; i++)
 		den += (double)ref[i] * ref[i];
@@ -334,7 +337,7 @@ static void w8_compare(const char *what, const float *ref, const void *got, int 
 			double d = fabs(y - r);
 			num += d * d;
 			maxd = d > maxd ? d : maxd;
-			if (!(d <= fabs(r) / 128 + 2e-3 * rms) && bm < 0)
+			if (!(d <= fabs(r) / 128 + a * rms) && bm < 0)
 				bad = y, bm = m, bn = n;
 		}
 	double nmse = den > 0 ? num / den : num;
@@ -415,8 +418,10 @@ static void correctness_w8(void *s)
 				{
 					int r0 = N > 8 ? 5 : 0, nr = N - r0;
 					uint16_t *got = malloc((size_t)nr * K * 2);
-					sfw_cuda_dequant_w8(dy, dc, dsc, sdt, span, r0, nr, K, s);
-					sfw_cuda_d2h(got, dy, (size_t)nr * K * 2, s);
+					void *dw;
+					CHECK(sfw_cuda_malloc(&dw, (size_t)nr * K * 2, "w", &e) == SFW_OK, "%s", e.msg);
+					sfw_cuda_dequant_w8(dw, dc, dsc, sdt, span, r0, nr, K, s);
+					sfw_cuda_d2h(got, dw, (size_t)nr * K * 2, s);
 					sfw_cuda_sync(s);
 					long bad = 0;
 					for (int r = 0; r < nr; r++) {
@@ -437,6 +442,10 @@ static void correctness_w8(void *s)
 					}
 					CHECK(bad == 0, "w8 dequant N=%d K=%d group %d %s: %ld of %ld weights differ", N, K,
 					      group, sdt_name(sdt), bad, (long)nr * K);
+					if (bad == 0)
+						printf("w8 dequant rows %d.. N=%d K=%d group %d %s: bf16 bits equal\n", r0, N, K, group,
+						       sdt_name(sdt));
+					sfw_cuda_free(dw);
 					free(got);
 				}
 				sfw_cuda_free(dx), sfw_cuda_free(dc), sfw_cuda_free(dsc), sfw_cuda_free(dy);
