@@ -73,7 +73,7 @@ static __device__ __forceinline__ void w8_out(float *p, size_t i, float v)
 	p[i] = sfwc_rbf(v);
 }
 
-template <int R, int U, int M, int SDT, typename TO>
+template <int R, int U, int M, int SDT, typename TO, bool PIPE = false>
 static __global__ void __launch_bounds__(W8_WARPS * 32)
 	gemv_w8_kernel(const uint16_t *__restrict__ X, int ldx, const uint8_t *__restrict__ C, const void *__restrict__ S,
 		       int G, int group, int gshift, TO *__restrict__ Y, int ldy, int N, int K, float alpha)
@@ -97,51 +97,71 @@ static __global__ void __launch_bounds__(W8_WARPS * 32)
 #pragma unroll
 		for (int m = 0; m < M; m++)
 			acc[r][m] = 0.0f;
-	uint4 w[U][R];
-	float sc[U][R];
+	uint4 w[U][R], wn[PIPE ? U : 1][R];
+	float sc[U][R], scn[PIPE ? U : 1][R];
 	/* gshift: log2(group / 16) when the group is a power of two, else -1 */
 	auto gidx = [&](int i) { return gshift >= 0 ? i >> gshift : (i << 4) / group; };
-	auto load = [&](int base) {
+	auto load = [&](int base, uint4 (*wd)[R], float (*sd)[R]) {
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			int i = base + u * 32 + lane;
 #pragma unroll
 			for (int r = 0; r < R; r++) {
-				w[u][r] = i < nv ? sfwc_ld_stream(cr[r] + i) : make_uint4(0, 0, 0, 0);
-				sc[u][r] = i < nv ? w8_scale<SDT>(S, sr[r] + gidx(i)) : 0.0f;
+				wd[u][r] = i < nv ? sfwc_ld_stream(cr[r] + i) : make_uint4(0, 0, 0, 0);
+				sd[u][r] = i < nv ? w8_scale<SDT>(S, sr[r] + gidx(i)) : 0.0f;
 			}
 		}
 	};
-	load(0);
-	sfwc_pdl_wait();
-	for (int base = 0; base < nv; base += 32 * U) {
+	/* One 16-code vector of each of the R rows against the M activation
+	 * rows: four independent FMA chains per vector, then the group scale. */
+	auto consume = [&](int u, int i) {
+		float q[R][16];
 #pragma unroll
-		for (int u = 0; u < U; u++) {
-			int i = base + u * 32 + lane;
-			if (i >= nv)
-				break;
-			float q[R][16];
+		for (int r = 0; r < R; r++)
+			w8_unpack16(w[u][r], q[r]);
 #pragma unroll
-			for (int r = 0; r < R; r++)
-				w8_unpack16(w[u][r], q[r]);
+		for (int m = 0; m < M; m++) {
+			const uint4 *xp = (const uint4 *)(X + (size_t)m * ldx) + 2 * i;
+			float xf[16];
+			sfwc_unpack8(__ldg(xp), xf);
+			sfwc_unpack8(__ldg(xp + 1), xf + 8);
 #pragma unroll
-			for (int m = 0; m < M; m++) {
-				const uint4 *xp = (const uint4 *)(X + (size_t)m * ldx) + 2 * i;
-				float xf[16];
-				sfwc_unpack8(__ldg(xp), xf);
-				sfwc_unpack8(__ldg(xp + 1), xf + 8);
+			for (int r = 0; r < R; r++) {
+				float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-				for (int r = 0; r < R; r++) {
-					float s = 0.0f;
-#pragma unroll
-					for (int j = 0; j < 16; j++)
-						s = fmaf(q[r][j], xf[j], s);
-					acc[r][m] = fmaf(s, sc[u][r], acc[r][m]);
-				}
+				for (int j = 0; j < 16; j++)
+					s4[j & 3] = fmaf(q[r][j], xf[j], s4[j & 3]);
+				acc[r][m] = fmaf((s4[0] + s4[1]) + (s4[2] + s4[3]), sc[u][r], acc[r][m]);
 			}
 		}
-		if (base + 32 * U < nv)
-			load(base + 32 * U);
+	};
+	load(0, w, sc);
+	sfwc_pdl_wait();
+	for (int base = 0; base < nv; base += 32 * U) {
+		int next = base + 32 * U;
+		if (PIPE && next < nv) /* the next batch in flight while this one is consumed */
+			load(next, wn, scn);
+		if (next <= nv) { /* a full batch: no bounds checks between the vectors */
+#pragma unroll
+			for (int u = 0; u < U; u++)
+				consume(u, base + u * 32 + lane);
+		} else {
+#pragma unroll
+			for (int u = 0; u < U; u++)
+				if (base + u * 32 + lane < nv)
+					consume(u, base + u * 32 + lane);
+		}
+		if (next < nv) {
+			if (PIPE) {
+#pragma unroll
+				for (int u = 0; u < U; u++)
+#pragma unroll
+					for (int r = 0; r < R; r++)
+						w[u][r] = wn[PIPE ? u : 0][r], sc[u][r] = scn[PIPE ? u : 0][r];
+			} else {
+				load(next, w, sc);
+			}
+		}
 	}
 #pragma unroll
 	for (int r = 0; r < R; r++)
@@ -249,14 +269,14 @@ static int w8_gshift(int group)
 	return s;
 }
 
-template <int R, int U, int M, int SDT, typename TO>
+template <int R, int U, int M, int SDT, typename TO, bool PIPE = false>
 static void launch_w8(const uint16_t *X, int ldx, const uint8_t *C, const void *S, int group, TO *Y, int ldy, int N,
 		      int K, float alpha, cudaStream_t s)
 {
 	int warps = (N + R - 1) / R;
 	int blocks = (warps + W8_WARPS - 1) / W8_WARPS;
 	int G = (K + group - 1) / group;
-	sfwc_launch(gemv_w8_kernel<R, U, M, SDT, TO>, dim3(blocks), dim3(W8_WARPS * 32), 0, s, X, ldx, C, S, G,
+	sfwc_launch(gemv_w8_kernel<R, U, M, SDT, TO, PIPE>, dim3(blocks), dim3(W8_WARPS * 32), 0, s, X, ldx, C, S, G,
 		    group, w8_gshift(group), Y, ldy, N, K, alpha);
 	SFW_CUDA_LAUNCHED();
 }
@@ -278,20 +298,25 @@ static void launch_w8_m(const uint16_t *X, int ldx, const uint8_t *C, const void
 	}
 }
 
-/* The decode variant (M = 1, BF16 scales): one row per warp with 8 loads
- * per lane in flight, so a 4096-wide row is requested whole at once (int8
- * rows are half the bytes of bf16 ones; bench/RESULTS.md has the table);
- * SALAFW_CUDA_W8_GEMV=RU (e.g. 24 = 2 rows per warp, 4 loads) picks another
- * of the tuning variants for benchmarks. */
+/* The decode variant (M = 1, BF16 scales): one row per warp, 2 loads per
+ * lane in flight (measured on H200 against 4 and 8 loads and 2 or 4 rows
+ * per warp: bench/RESULTS.md, the W8 GEMV table; the int8 kernel does ~3x
+ * the arithmetic per byte of the bf16 one, so more warps beat deeper
+ * batches). SALAFW_CUDA_W8_GEMV=RU picks another variant for benchmarks
+ * (12 14 18 22 24 28 42 44 = R rows per warp, U loads; 112 114 122 the
+ * same with the next batch loaded while the current one is consumed). */
 static void w8_default_variant(int *R, int *U)
 {
 	static int ru = -1;
 	if (ru < 0) {
 		const char *e = getenv("SALAFW_CUDA_W8_GEMV");
 		int v = e ? atoi(e) : 0;
-		ru = v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 ? v : 18;
+		ru = v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 || v == 112 ||
+			     v == 114 || v == 122
+			 ? v
+			 : 12;
 	}
-	*R = ru / 10, *U = ru % 10;
+	*R = ru >= 100 ? 100 + (ru / 10) % 10 : ru / 10, *U = ru % 10;
 }
 
 template <typename TO>
@@ -314,17 +339,21 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 	if (U == 0)
 		U = 4;
 	if (M == 1 && sdt == SFW_OP_BF16 && sizeof(TO) == 2) { /* the tuning variants (R4U4 .. R1U2) */
-		switch (R * 10 + U) {
+		switch ((R >= 100 ? 100 : 0) + (R % 100) * 10 + U) {
 		case 12: launch_w8<1, 2, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 18: launch_w8<1, 8, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 22: launch_w8<2, 2, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 28: launch_w8<2, 8, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 42: launch_w8<4, 2, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 44: launch_w8<4, 4, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		/* 1RU: the next batch loaded while the current one is consumed */
+		case 112: launch_w8<1, 2, 1, SDT_BF16, TO, true>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 114: launch_w8<1, 4, 1, SDT_BF16, TO, true>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 122: launch_w8<2, 2, 1, SDT_BF16, TO, true>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		default: break;
 		}
 	}
-	int r2 = R >= 2;
+	int r2 = R % 100 >= 2;
 	switch (sdt) {
 	case SFW_OP_F32:
 		r2 ? launch_w8_m<2, SDT_F32>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s)

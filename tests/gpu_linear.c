@@ -318,12 +318,13 @@ static const char *sdt_name(enum sfw_op_dtype d)
 
 /* Y (bf16 or, for logits, float) against the C twin on the same bf16 inputs:
  * per element |d| <= |r|/128 + a rms(r), NMSE < 2e-5. a = 2e-3 for the GEMV
- * (bf16 output rounding only); 8e-3 when the weights went through bf16
- * (M > 8: each dequantized weight rounded, relative error up to 2^-9, whose
- * sum over K has a standard deviation near 1e-3 rms(r): 8e-3 is ~7 of them). */
+ * (bf16 output rounding only); 1.6e-2 when the weights went through bf16
+ * (M > 8: each dequantized weight rounded to 8 significant bits, whose sum
+ * over K has a standard deviation near 1.6e-3 rms(r), maxima seen 8.7e-3 on
+ * 40,000 outputs: 1.6e-2 is ~10 of them; the NMSE bound stays tight). */
 static void w8_compare(const char *what, const float *ref, const void *got, int out_f32, int M, int N, int ldy)
 {
-	double a = M > 8 ? 8e-3 : 2e-3;
+	double a = M > 8 ? 1.6e-2 : 2e-3;
 	double num = 0, den = 0, maxd = 0;
 	for (size_t i = 0; i < (size_t)M * N; i++)
 		den += (double)ref[i] * ref[i];
@@ -495,7 +496,9 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 		{32768, 4096, "gate|up merged"},
 		{4096, 16384, "down_proj"},
 	};
-	static const int variants[][2] = {{1, 2}, {1, 4}, {1, 8}, {2, 2}, {2, 4}, {2, 8}, {4, 2}, {4, 4}, {0, 0}};
+	/* rows per warp 101, 102: the pipelined forms (next batch in flight) */
+	static const int variants[][2] = {{1, 2},   {1, 4},   {1, 8},   {2, 2}, {2, 4}, {2, 8}, {4, 2},
+					  {4, 4},   {101, 2}, {101, 4}, {102, 2}, {0, 0}};
 	size_t nv = sizeof(variants) / sizeof(variants[0]);
 	void *e0 = sfw_cuda_event_new(), *e1 = sfw_cuda_event_new();
 	printf("\nGEMV int8 (g128, BF16 scales), M=1: GB/s of code + scale bytes, ratio to the copy ceiling %.0f GB/s;\n"
@@ -532,7 +535,8 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 			double ga = bytes / (a * 1e-3) / 1e9, gb = bytes / (b * 1e-3) / 1e9;
 			char nm[16];
 			if (variants[v][0])
-				snprintf(nm, sizeof(nm), "R%dU%d", variants[v][0], variants[v][1]);
+				snprintf(nm, sizeof(nm), "%s%dU%d", variants[v][0] > 100 ? "P" : "R", variants[v][0] % 100,
+					 variants[v][1]);
 			else
 				snprintf(nm, sizeof(nm), "default");
 			printf("   %-8s %5.0f GB/s %.2f | %5.0f GB/s %.2f\n", nm, gb, gb / copy_gbps, ga, ga / copy_gbps);
