@@ -14,6 +14,7 @@
 
 #include "quant/quant.h"
 #include "runner/backend.h"
+#include "runner/bench.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -54,6 +55,40 @@ static struct sfw_model *load(const char *dir, enum sfw_device dev)
 		CHECK(strcmp(sfw_model_device_name(m), dev == SFW_DEVICE_CUDA ? "cuda" : "cpu") == 0,
 		      "%s: runs on %s", dir, sfw_model_device_name(m));
 	return s == SFW_OK ? m : NULL;
+}
+
+/* The memory plan on a loaded CUDA model: a context far past the device is
+ * refused with the numbers and a largest context that fits, which is then
+ * accepted; a benchmark run's real peak matches the plan. */
+static void mem_plan_checks(struct sfw_model *m, const char *name)
+{
+	struct sfw_err err = {0};
+	struct sfw_mem_plan pl;
+	enum sfw_status s = sfw_bench_mem_check(m, (int64_t)1 << 40, 256, &pl, &err);
+	CHECK(s == SFW_E_NOMEM && strstr(err.msg, "does not fit the GPU") && strstr(err.msg, "GiB are free"),
+	      "%s: 2^40 tokens refused with the numbers (%s)", name, err.msg);
+	const char *at = strstr(err.msg, "at most about ");
+	long long fit = 0;
+	CHECK(at && sscanf(at, "at most about %lld", &fit) == 1 && fit > 4096, "%s: a largest context named", name);
+	if (fit > 4096) {
+		struct sfw_err e2 = {0};
+		CHECK(sfw_bench_mem_check(m, fit, 256, NULL, &e2) == SFW_OK, "%s: the named %lld tokens fit: %s", name, fit,
+		      e2.msg);
+		CHECK(sfw_bench_mem_check(m, fit * 2 + 4096, 256, NULL, &e2) == SFW_E_NOMEM, "%s: twice that does not",
+		      name);
+	}
+	struct sfw_bench_params bp = {300, 4, 0, 0, 0};
+	struct sfw_bench_result r;
+	s = sfw_bench_run(m, &bp, &r, &err);
+	CHECK(s == SFW_OK, "%s: bench run: %s", name, err.msg);
+	if (s == SFW_OK) {
+		sfw_bench_mem_plan_model(m, r.n_ctx, (int)r.chunk, &pl);
+		double off = r.peak_bytes - pl.total, margin = 0.1 * pl.total + (32 << 20);
+		printf("  %s: memory plan %.1f MiB, measured peak %.1f MiB (%+.1f MiB)\n", name, pl.total / 1048576.0,
+		       r.peak_bytes / 1048576.0, off / 1048576.0);
+		CHECK(off <= margin && -off <= margin, "%s: plan %.1f MiB vs peak %.1f MiB", name, pl.total / 1048576.0,
+		      r.peak_bytes / 1048576.0);
+	}
 }
 
 /* int8 on CUDA against int8 on the CPU: the case quantized with the
@@ -108,6 +143,8 @@ static void gpu_case_w8(const char *gdir, const char *name, int group)
 			sfw_record_free(rg);
 			sfw_record_free(rc);
 		}
+		if (gm)
+			mem_plan_checks(gm, name);
 		sfw_model_free(gm);
 		sfw_model_free(cm);
 		sfw_st_close(g);
