@@ -34,22 +34,19 @@ static size_t utf8_seq(const unsigned char *p, size_t n)
 	return len;
 }
 
-const char *sfw_esc(const char *s, char *out, size_t cap)
+/* Escapes s into out while it fits in limit bytes (no NUL); returns the
+ * bytes written and sets *all when the whole string fitted. */
+static size_t esc_into(const unsigned char *p, char *out, size_t limit, int *all)
 {
 	static const char hex[] = "0123456789abcdef";
-	if (!s)
-		s = "(null)";
-	const unsigned char *p = (const unsigned char *)s;
-	size_t n = strlen(s), o = 0, room = cap - 4; /* keeps space for "..." + NUL */
+	size_t n = strlen((const char *)p), o = 0;
 	for (size_t i = 0; i < n;) {
 		size_t k = utf8_seq(p + i, n - i);
 		char piece[4];
 		const char *src = (const char *)p + i;
 		size_t len = k;
-		if (k == 1 && (p[i] < 0x20 || p[i] == 0x7f || p[i] == '\\')) {
-			k = 0;
-		}
-		if (k == 0) { /* one byte as \xNN, the backslash as \\ */
+		if (k == 0 || (k == 1 && (p[i] < 0x20 || p[i] == 0x7f || p[i] == '\\'))) {
+			/* one byte as \xNN, the backslash as \\ */
 			piece[0] = '\\';
 			if (p[i] == '\\') {
 				piece[1] = '\\';
@@ -63,14 +60,28 @@ const char *sfw_esc(const char *s, char *out, size_t cap)
 			src = piece;
 			k = 1;
 		}
-		/* the last piece may use the room kept for "..." */
-		if (o + len > (i + k == n ? cap - 1 : room)) {
-			memcpy(out + (o < room ? o : room), "...", 4);
-			return out;
+		if (o + len > limit) {
+			*all = 0;
+			return o;
 		}
-		memcpy(out + o, src, len);
+		if (out)
+			memcpy(out + o, src, len);
 		o += len;
 		i += k;
+	}
+	*all = 1;
+	return o;
+}
+
+const char *sfw_esc(const char *s, char *out, size_t cap)
+{
+	const unsigned char *p = (const unsigned char *)(s ? s : "(null)");
+	int all;
+	size_t o = esc_into(p, out, cap - 1, &all);
+	if (!all) { /* cut at a whole piece, with room for the mark */
+		o = esc_into(p, out, cap - 4, &all);
+		memcpy(out + o, "...", 3);
+		o += 3;
 	}
 	out[o] = '\0';
 	return out;
