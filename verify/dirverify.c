@@ -524,6 +524,8 @@ static void lock_dir(int sfd, int how)
 		;
 }
 
+static void sweep_stale(int sfd);
+
 static int64_t ts_ns(struct timespec t)
 {
 	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
@@ -608,6 +610,7 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 	if ((s = sfw_state_dir_open(dir, NULL, 1, &sfd, err)) != SFW_OK)
 		goto out;
 	lock_dir(sfd, LOCK_EX);
+	sweep_stale(sfd);
 	/* Keep earlier records made for the same manifest (get records as it goes). */
 	if (load_state(sfd, dir, &old, NULL) == SFW_OK) {
 		const cJSON *sha = cJSON_GetObjectItemCaseSensitive(old, "manifest_sha256");
@@ -800,7 +803,7 @@ static void pair_tmp_remove(int sfd, const char *name)
 	(void)unlinkat(sfd, name, AT_REMOVEDIR);
 }
 
-static void pair_tmp_sweep(int sfd)
+static void sweep_stale(int sfd)
 {
 	int fd = openat(sfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -810,9 +813,13 @@ static void pair_tmp_sweep(int sfd)
 		return;
 	}
 	struct dirent *e;
+	/* writers of these hold the lock while they exist: any seen under it
+	 * is a killed writer's */
 	while ((e = readdir(d)))
 		if (strncmp(e->d_name, "pair.tmp.", 9) == 0)
-			pair_tmp_remove(sfd, e->d_name); /* writers hold the lock: none is in use */
+			pair_tmp_remove(sfd, e->d_name);
+		else if (strncmp(e->d_name, "state.json.tmp.", 15) == 0)
+			(void)unlinkat(sfd, e->d_name, 0);
 	closedir(d);
 }
 
@@ -834,7 +841,7 @@ enum sfw_status sfw_state_install_manifest(const char *dir, const void *man, siz
 	s = pair_roll_forward(sfd, sshown, err); /* an earlier install killed in step 3 */
 	if (s != SFW_OK)
 		goto out;
-	pair_tmp_sweep(sfd);
+	sweep_stale(sfd);
 	/* 1. the new pair in a fresh folder */
 	snprintf(tname, sizeof(tname), "pair.tmp.%ld.%u", (long)getpid(), atomic_fetch_add(&counter, 1));
 	snprintf(shown, sizeof(shown), "%s/%s", sshown, tname);
