@@ -16,14 +16,14 @@
 #include "thread.h"
 
 #include <dirent.h>
-#include <stdatomic.h>
-#include <sys/file.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
