@@ -86,10 +86,12 @@ SFW_MUST_CHECK enum sfw_status sfw_write_file_atomicat(int dfd, const char *name
 /* sfw_read_file of one entry of dfd, refusing a symlink (O_NOFOLLOW). */
 SFW_MUST_CHECK enum sfw_status sfw_read_fileat(int dfd, const char *name, const char *shown, size_t max,
 					       struct sfw_buf *out, struct sfw_err *err);
-/* Fault injection for tests: when set, the writes, renames and folder
- * creations above (and the atomic commit) ask it first; a non-zero errno it
- * returns is reported as if the call had failed with it. op is "write",
- * "rename", "mkdir"; name the entry concerned. */
+/* Fault injection for tests: when set, sfw_atomic_write ("write"),
+ * sfw_renameat_checked ("rename", so also the commit of sfw_atomic_openat)
+ * and the folders sfw_dir_openat makes ("mkdir") ask it first, with the
+ * entry concerned; a non-zero errno it returns is reported as if the call
+ * had failed with it (ENOSPC: a full disk), and a hook that exits there
+ * is a kill at that instant. NULL (the default) costs one test. */
 extern int (*sfwi_fault_hook)(const char *op, const char *name);
 int sfwi_fault(const char *op, const char *name);
 

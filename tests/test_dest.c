@@ -330,6 +330,11 @@ static void test_pair(void)
 	snprintf(p, sizeof(p), "%s/.salafw/manifest.json.minisig", d);
 	put(p, S2);
 	CHECK(which_pair(d) == 2, "half-moved step 3 reads as the new pair");
+	snprintf(p, sizeof(p), "%s/.salafw/manifest.next/junk", d);
+	put(p, "planted");
+	CHECK(sfw_state_install_manifest(d, M3, strlen(M3), S3, strlen(S3), &err) == SFW_OK && which_pair(d) == 3 &&
+		  tidy(d),
+	      "the next install finishes it, junk in manifest.next or not: %s", err.msg);
 }
 
 /* ---- the rollback record under concurrent commits ------------------------------------------- */

@@ -760,6 +760,25 @@ enum sfw_status sfw_state_forget(const char *dir, const struct sfw_manifest *m, 
 #define PAIR_NEXT "manifest.next"
 static const char *const pair_names[2] = {"manifest.json", "manifest.json.minisig"};
 
+/* Removes a step-1 folder (flat: regular files only), best effort. */
+static void pair_tmp_remove(int sfd, const char *name)
+{
+	int fd = openat(sfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return;
+	}
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+			(void)unlinkat(dirfd(d), e->d_name, 0);
+	closedir(d);
+	(void)unlinkat(sfd, name, AT_REMOVEDIR);
+}
+
 /* Step 3, for an install that reached step 2. */
 static enum sfw_status pair_roll_forward(int sfd, const char *sshown, struct sfw_err *err)
 {
@@ -779,28 +798,13 @@ static enum sfw_status pair_roll_forward(int sfd, const char *sshown, struct sfw
 	close(nfd);
 	if (s == SFW_OK)
 		s = sfw_fsync_dirfd(sfd, sshown, err);
-	if (s == SFW_OK && unlinkat(sfd, PAIR_NEXT, AT_REMOVEDIR) != 0 && errno != ENOENT)
-		s = sfw_fail(err, SFW_E_IO, "cannot remove '%s/" PAIR_NEXT "': %s", sshown, strerror(errno));
-	return s;
-}
-
-/* Removes a step-1 folder (flat: regular files only), best effort. */
-static void pair_tmp_remove(int sfd, const char *name)
-{
-	int fd = openat(sfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return;
-	DIR *d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return;
+	if (s == SFW_OK && unlinkat(sfd, PAIR_NEXT, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+		pair_tmp_remove(sfd, PAIR_NEXT); /* anything else put there goes too */
+		struct stat st;
+		if (fstatat(sfd, PAIR_NEXT, &st, AT_SYMLINK_NOFOLLOW) == 0)
+			s = sfw_fail(err, SFW_E_IO, "cannot remove '%s/" PAIR_NEXT "'", sshown);
 	}
-	struct dirent *e;
-	while ((e = readdir(d)))
-		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-			(void)unlinkat(dirfd(d), e->d_name, 0);
-	closedir(d);
-	(void)unlinkat(sfd, name, AT_REMOVEDIR);
+	return s;
 }
 
 static void sweep_stale(int sfd)
