@@ -174,6 +174,40 @@ check "... a get afterwards completes" GET1 "$D"
 left=$(ls -A "$D/.salafw" | grep -v -x -e manifest.json -e manifest.json.minisig -e state.json -e lock | tr "\n" " ")
 check "... no step folder or temporary left in .salafw ($left)" test -z "$left"
 
+# ---- 6b. a full disk at each step of the install (root: a tiny tmpfs) --------------
+# DEST on its own small tmpfs, holding the model and the v1 pair; a filler
+# file leaves N pages free, N = 0..10, so the v2 get runs out of space at a
+# different write each time. With the filler removed, DEST must verify with
+# one of the two pairs.
+MNT=$T/mnt
+if [ "$(id -u)" = 0 ] && mkdir -p "$MNT" && mount -t tmpfs -o size=4m tmpfs "$MNT" 2>/dev/null; then
+	trap 'umount "$MNT" 2>/dev/null; cleanup; _scratch_cleanup' EXIT
+	n_old=0 n_new=0 bad=0 nospace=0
+	for N in $(seq 0 10); do
+		rm -rf "${MNT:?}"/*
+		cp -r "$T/d6" "$MNT/d" && GET1 "$MNT/d" >/dev/null 2>&1
+		avail=$(python3 -c 'import os,sys; v=os.statvfs(sys.argv[1]); print(v.f_bavail*v.f_frsize)' "$MNT")
+		head -c $((avail - N * 4096)) /dev/zero >"$MNT/filler" 2>/dev/null
+		G --manifest "$T/m2.json" --pubkey "$T/k.pub" -d "$MNT/d" --no-space-check >/dev/null 2>"$T/e6b"
+		rc=$?
+		grep -q "No space left\|not enough disk space" "$T/e6b" && nospace=$((nospace + 1))
+		rm -f "$MNT/filler"
+		out=$(SALAFW_STATE_DIR=$(mktemp -d "$T/state.XXXXXX") "$SALAFW" verify --pubkey "$T/k.pub" --json --no-state "$MNT/d" 2>/dev/null)
+		vrc=$?
+		sha=$(printf '%s' "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("manifest_sha256",""))' 2>/dev/null)
+		if [ "$vrc" != 0 ]; then bad=$((bad + 1)); echo "ENOSPC with $N pages free (get exit $rc): verify exit $vrc"
+		elif [ "$sha" = "$SHA1" ]; then n_old=$((n_old + 1))
+		elif [ "$sha" = "$SHA2" ]; then n_new=$((n_new + 1))
+		else bad=$((bad + 1)); fi
+	done
+	umount "$MNT"
+	check "full disk at 11 points of a v1 -> v2 get: verify passes with one signed pair ($bad bad)" test "$bad" = 0
+	check "... the disk did run out ($nospace of 11 gets said so)" test "$nospace" -gt 0
+	check "... both outcomes seen (v1 $n_old, v2 $n_new)" test "$n_old" -gt 0 -a "$n_new" -gt 0
+else
+	echo "note: no tmpfs mount (needs root): the full-disk install case runs in tests/test_dest.c only"
+fi
+
 # ---- 7. untrusted strings printed escaped ------------------------------------------
 # A signed manifest whose source names carry ESC, CR and LF (the first source
 # answers 404, so its name is printed in a failure line too), an extra file
