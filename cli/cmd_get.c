@@ -5,6 +5,7 @@
 #include "fetch/fetch.h"
 
 #include "alloc.h"
+#include "log.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -87,7 +88,7 @@ static void json_str(FILE *f, const char *s)
 	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
 		if (*p == '"' || *p == '\\')
 			fprintf(f, "\\%c", *p);
-		else if (*p < 0x20)
+		else if (*p < 0x20 || *p == 0x7f)
 			fprintf(f, "\\u%04x", *p);
 		else
 			fputc(*p, f);
@@ -201,9 +202,16 @@ static bool on_event(void *user, const struct sfw_fetch_event *ev)
 	if (u->mode == M_TTY)
 		clear_block(u);
 	char a[32];
+	/* source names, URLs and messages come from the manifest and servers:
+	 * printed escaped (a name could otherwise colour the terminal or forge
+	 * a "verified" line) */
+	char pb[1100], sb[600], mb[600];
+	path = path ? sfw_esc(path, pb, sizeof(pb)) : NULL;
+	const char *src = ev->source ? sfw_esc(ev->source, sb, sizeof(sb)) : NULL;
+	const char *msg = ev->msg ? sfw_esc(ev->msg, mb, sizeof(mb)) : NULL;
 	switch (ev->kind) {
 	case SFW_EV_MANIFEST:
-		fprintf(stderr, "manifest verified: %s\n", ev->msg ? ev->msg : "");
+		fprintf(stderr, "manifest verified: %s\n", msg ? msg : "");
 		break;
 	case SFW_EV_SKIP:
 		fprintf(stderr, "ok       %s (already present and verified)\n", path);
@@ -216,29 +224,29 @@ static bool on_event(void *user, const struct sfw_fetch_event *ev)
 		if (ev->file_done)
 			fprintf(stderr, "resume   %s from %llu of %llu bytes via %s\n", path,
 				(unsigned long long)ev->file_done, (unsigned long long)ev->file->size,
-				ev->source ? ev->source : "-");
+				src ? src : "-");
 		else
 			fprintf(stderr, "get      %s (%llu bytes) via %s\n", path, (unsigned long long)ev->file->size,
-				ev->source ? ev->source : "-");
+				src ? src : "-");
 		break;
 	case SFW_EV_RETRY:
-		fprintf(stderr, "retry    %s in %.1f s: %s\n", path, (double)ev->delay_ms / 1000, ev->msg ? ev->msg : "");
+		fprintf(stderr, "retry    %s in %.1f s: %s\n", path, (double)ev->delay_ms / 1000, msg ? msg : "");
 		break;
 	case SFW_EV_SOURCE_FAILED:
-		fprintf(stderr, "source   %s failed for %s: %s\n", ev->source ? ev->source : "-", path ? path : "-",
-			ev->msg ? ev->msg : "");
+		fprintf(stderr, "source   %s failed for %s: %s\n", src ? src : "-", path ? path : "-",
+			msg ? msg : "");
 		break;
 	case SFW_EV_SOURCE_DEMOTED:
-		fprintf(stderr, "source   %s demoted: %s\n", ev->source ? ev->source : "-", ev->msg ? ev->msg : "");
+		fprintf(stderr, "source   %s demoted: %s\n", src ? src : "-", msg ? msg : "");
 		break;
 	case SFW_EV_HASH_MISMATCH:
-		fprintf(stderr, "BAD      %s: %s\n", path, ev->msg ? ev->msg : "");
+		fprintf(stderr, "BAD      %s: %s\n", path, msg ? msg : "");
 		break;
 	case SFW_EV_FILE_DONE:
 		fprintf(stderr, "verified %s\n", path);
 		break;
 	case SFW_EV_FILE_FAILED:
-		fprintf(stderr, "FAILED   %s: %s\n", path, ev->msg ? ev->msg : "");
+		fprintf(stderr, "FAILED   %s: %s\n", path, msg ? msg : "");
 		break;
 	default:
 		break;

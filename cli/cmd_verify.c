@@ -7,6 +7,7 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "log.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -171,10 +172,16 @@ int cmd_verify(int argc, char **argv)
 	cJSON *o = NULL;
 	int rc;
 
-	/* Signature first: the manifest bytes are only parsed once it verified. */
-	s = sfw_read_file(mpath, SFW_MANIFEST_MAX, &mb, &err);
-	if (s == SFW_OK)
-		s = sfw_read_file(spath, SFW_MINISIG_MAX, &sb, &err);
+	/* Signature first: the manifest bytes are only parsed once it verified.
+	 * The folder's own pair as installed (never through a symlink, never
+	 * half of an interrupted install); --manifest FILE as named. */
+	if (manifest) {
+		s = sfw_read_file(mpath, SFW_MANIFEST_MAX, &mb, &err);
+		if (s == SFW_OK)
+			s = sfw_read_file(spath, SFW_MINISIG_MAX, &sb, &err);
+	} else {
+		s = sfw_state_read_manifest(dir, &mb, &sb, &err);
+	}
 	if (s != SFW_OK) {
 		/* No manifest, no signature, or an oversized one: rejected; a
 		 * local read error stays one (exit 5) */
@@ -204,9 +211,11 @@ int cmd_verify(int argc, char **argv)
 	char kid[17];
 	sfw_pubkey_id_hex(info.key_id, kid);
 	int expired = (int64_t)time(NULL) >= m.expires;
+	char esc[1100];
 	if (!json)
 		printf("signature ok: key %s, %s, trusted comment: %s\n", kid,
-		       info.prehashed ? "prehashed" : "legacy", info.trusted_comment);
+		       info.prehashed ? "prehashed" : "legacy",
+		       sfw_esc(info.trusted_comment, esc, sizeof(esc)));
 
 	struct sfw_verify_params vp = sfw_verify_default_params();
 	vp.threads = (int)threads;
@@ -222,7 +231,7 @@ int cmd_verify(int argc, char **argv)
 		/* bad files lose a record made for this same manifest */
 		struct sfw_err e3 = {0};
 		if (sfw_state_forget(dir, &m, &rep, &e3) != SFW_OK)
-			fprintf(stderr, "salafw: warning: %s\n", e3.msg);
+			fprintf(stderr, "salafw: warning: %s\n", sfw_esc(e3.msg, esc, sizeof(esc)));
 	}
 	if (s == SFW_OK) {
 		struct sfw_err e2 = {0};
@@ -291,14 +300,16 @@ int cmd_verify(int argc, char **argv)
 		print_json(o);
 	} else {
 		for (size_t i = 0; i < m.nfiles; i++)
-			printf("%-14s %s\n", status_word(rep.results[i]), m.files[i].path);
+			printf("%-14s %s\n", status_word(rep.results[i]), sfw_esc(m.files[i].path, esc, sizeof(esc)));
 		if (s == SFW_OK)
 			printf("verified %zu files, %llu bytes: %s@%s manifest_version %llu\n", m.nfiles,
-			       (unsigned long long)bytes, m.repo_id, m.revision,
+			       (unsigned long long)bytes, sfw_esc(m.repo_id, esc, sizeof(esc)), m.revision,
 			       (unsigned long long)m.manifest_version);
 	}
+	/* names found on disk: anything a file system allows */
 	for (size_t i = 0; i < rep.nextra; i++)
-		fprintf(stderr, "salafw: warning: extra file not in the manifest: %s\n", rep.extra[i]);
+		fprintf(stderr, "salafw: warning: extra file not in the manifest: %s\n",
+			sfw_esc(rep.extra[i], esc, sizeof(esc)));
 	rc = cli_report(s, &err);
 out:
 	cJSON_Delete(o);

@@ -75,19 +75,16 @@ int cli_next_model(struct cli_parser *p, struct cli_model_opts *o, const char **
 
 static enum sfw_status verify_full(const char *dir, struct sfw_trust_params *tp, struct sfw_err *err)
 {
-	char mp[4096], sp[4200];
+	char mp[4096];
 	snprintf(mp, sizeof(mp), "%s/.salafw/manifest.json", dir);
-	snprintf(sp, sizeof(sp), "%s.minisig", mp);
 	struct sfw_buf mb, sb;
 	sfw_buf_init(&mb, SFW_MANIFEST_MAX);
 	sfw_buf_init(&sb, SFW_MINISIG_MAX);
 	struct sfw_manifest m;
 	memset(&m, 0, sizeof(m));
-	enum sfw_status s = sfw_read_file(mp, SFW_MANIFEST_MAX, &mb, err);
+	enum sfw_status s = sfw_state_read_manifest(dir, &mb, &sb, err); /* as installed */
 	if (s == SFW_E_MISSING)
 		s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s' has no signed manifest in .salafw/ (run 'salafw get')", dir);
-	if (s == SFW_OK)
-		s = sfw_read_file(sp, SFW_MINISIG_MAX, &sb, err);
 	tp->allow_expired = 1; /* verified files stay valid; expiry matters when fetching */
 	tp->allow_downgrade = 1; /* and rollback when taking a manifest in, not for the folder's own */
 	if (s == SFW_OK)

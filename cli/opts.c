@@ -1,4 +1,5 @@
 #include "cli.h"
+#include "log.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -101,8 +102,9 @@ int cli_report(enum sfw_status st, const struct sfw_err *err)
 {
 	if (st == SFW_OK)
 		return SFW_EXIT_OK;
+	char esc[1100]; /* messages carry untrusted names: never raw control bytes */
 	if (err && err->msg[0])
-		fprintf(stderr, "salafw: %s\n", err->msg);
+		fprintf(stderr, "salafw: %s\n", sfw_esc(err->msg, esc, sizeof(esc)));
 	else
 		fprintf(stderr, "salafw: %s\n", sfw_strerror(st));
 	return sfw_exit_code(st);

@@ -11,6 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static enum sfw_status read_opened(int fd, const char *path, size_t max, struct sfw_buf *out,
+				   struct sfw_err *err);
+
 enum sfw_status sfw_read_file(const char *path, size_t max, struct sfw_buf *out, struct sfw_err *err)
 {
 	/* O_NONBLOCK: opening a FIFO would otherwise wait for a writer before
@@ -19,6 +22,24 @@ enum sfw_status sfw_read_file(const char *path, size_t max, struct sfw_buf *out,
 	if (fd < 0)
 		return sfw_fail(err, errno == ENOENT ? SFW_E_MISSING : SFW_E_IO, "cannot open '%s': %s", path,
 				strerror(errno));
+	return read_opened(fd, path, max, out, err);
+}
+
+enum sfw_status sfw_read_fileat(int dfd, const char *name, const char *shown, size_t max, struct sfw_buf *out,
+				struct sfw_err *err)
+{
+	int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+	if (fd < 0 && errno == ELOOP)
+		return sfw_fail(err, SFW_E_PATH, "unsafe path: '%s' is a symlink", shown);
+	if (fd < 0)
+		return sfw_fail(err, errno == ENOENT ? SFW_E_MISSING : SFW_E_IO, "cannot open '%s': %s", shown,
+				strerror(errno));
+	return read_opened(fd, shown, max, out, err);
+}
+
+static enum sfw_status read_opened(int fd, const char *path, size_t max, struct sfw_buf *out,
+				   struct sfw_err *err)
+{
 	struct stat st;
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
 		close(fd);
@@ -181,10 +202,13 @@ enum sfw_status sfw_fsync_dir(const char *dir, struct sfw_err *err)
 	return SFW_OK;
 }
 
+static atomic_uint tmp_counter;
+
 enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct sfw_err *err)
 {
-	static atomic_uint counter;
 	a->fd = -1;
+	a->dfd = -1;
+	a->name = a->tmpname = NULL;
 	a->tmp = NULL;
 	a->path = sfw_strdup(path);
 	size_t n = strlen(path) + 64;
@@ -194,7 +218,7 @@ enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct s
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	}
 	for (int tries = 0; tries < 100; tries++) {
-		snprintf(a->tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
+		snprintf(a->tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tmp_counter, 1));
 		a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 		if (a->fd >= 0) {
 			/* a replaced file keeps its permission bits (a 0600 one
@@ -216,9 +240,12 @@ enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct s
 
 enum sfw_status sfw_atomic_write(struct sfw_atomic *a, const void *p, size_t n, struct sfw_err *err)
 {
-	if (sfw_write_all(a->fd, p, n) != 0)
-		return sfw_fail(err, errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s", a->tmp,
-				strerror(errno));
+	int fe = sfwi_fault("write", a->name ? a->name : a->path);
+	if (fe || sfw_write_all(a->fd, p, n) != 0) {
+		int e = fe ? fe : errno;
+		return sfw_fail(err, e == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s", a->tmp,
+				strerror(e));
+	}
 	return SFW_OK;
 }
 
@@ -235,6 +262,15 @@ enum sfw_status sfw_atomic_commit(struct sfw_atomic *a, struct sfw_err *err)
 		goto fail;
 	}
 	a->fd = -1;
+	if (a->dfd >= 0) {
+		if ((s = sfw_renameat_checked(a->dfd, a->tmpname, a->dfd, a->name, a->tmp, a->path, err)) != SFW_OK)
+			goto fail;
+		s = sfw_fsync_dirfd(a->dfd, a->path, err); /* in place; durable once this succeeds */
+		sfw_free(a->tmpname);
+		a->tmpname = NULL;
+		sfw_atomic_abort(a);
+		return s;
+	}
 	if (rename(a->tmp, a->path) != 0) {
 		s = sfw_fail(err, SFW_E_IO, "cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
 		goto fail;
@@ -261,12 +297,71 @@ void sfw_atomic_abort(struct sfw_atomic *a)
 {
 	if (a->fd >= 0)
 		close(a->fd);
-	if (a->tmp)
+	if (a->dfd >= 0 && a->tmpname)
+		unlinkat(a->dfd, a->tmpname, 0);
+	else if (a->dfd < 0 && a->tmp)
 		unlink(a->tmp);
+	if (a->dfd >= 0)
+		close(a->dfd);
 	sfw_free(a->tmp);
 	sfw_free(a->path);
+	sfw_free(a->name);
+	sfw_free(a->tmpname);
+	a->fd = a->dfd = -1;
+	a->tmp = a->path = a->name = a->tmpname = NULL;
+}
+
+enum sfw_status sfw_atomic_openat(struct sfw_atomic *a, int dfd, const char *name, const char *shown,
+				  struct sfw_err *err)
+{
 	a->fd = -1;
-	a->tmp = a->path = NULL;
+	a->dfd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+	size_t n = strlen(name) + 64, sn = strlen(shown) + 64;
+	a->name = sfw_strdup(name);
+	a->path = sfw_strdup(shown);
+	a->tmpname = sfw_malloc(n);
+	a->tmp = sfw_malloc(sn);
+	if (a->dfd < 0 || !a->name || !a->path || !a->tmpname || !a->tmp) {
+		int e = a->dfd < 0 ? errno : ENOMEM;
+		sfw_atomic_abort(a);
+		return sfw_fail(err, e == ENOMEM ? SFW_E_NOMEM : SFW_E_IO, "cannot write '%s': %s", shown,
+				strerror(e));
+	}
+	for (int tries = 0; tries < 100; tries++) {
+		unsigned k = atomic_fetch_add(&tmp_counter, 1);
+		snprintf(a->tmpname, n, "%s.tmp.%ld.%u", name, (long)getpid(), k);
+		snprintf(a->tmp, sn, "%s.tmp.%ld.%u", shown, (long)getpid(), k);
+		a->fd = openat(a->dfd, a->tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		if (a->fd >= 0) {
+			struct stat old; /* a replaced file keeps its permission bits */
+			if (fstatat(a->dfd, name, &old, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(old.st_mode))
+				(void)fchmod(a->fd, old.st_mode & 0777);
+			return SFW_OK;
+		}
+		if (errno != EEXIST)
+			break;
+	}
+	enum sfw_status s = sfw_fail(err, errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot create '%s': %s",
+				     a->tmp, strerror(errno));
+	sfw_free(a->tmpname);
+	a->tmpname = NULL;
+	sfw_atomic_abort(a);
+	return s;
+}
+
+enum sfw_status sfw_write_file_atomicat(int dfd, const char *name, const char *shown, const void *p, size_t n,
+					struct sfw_err *err)
+{
+	struct sfw_atomic a;
+	enum sfw_status s = sfw_atomic_openat(&a, dfd, name, shown, err);
+	if (s != SFW_OK)
+		return s;
+	s = sfw_atomic_write(&a, p, n, err);
+	if (s != SFW_OK) {
+		sfw_atomic_abort(&a);
+		return s;
+	}
+	return sfw_atomic_commit(&a, err);
 }
 
 enum sfw_status sfw_write_file_atomic(const char *path, const void *p, size_t n, struct sfw_err *err)

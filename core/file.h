@@ -33,6 +33,8 @@ struct sfw_atomic {
 	int fd;
 	char *path; /* final name */
 	char *tmp;  /* temporary name in the same directory */
+	int dfd;    /* sfw_atomic_openat: the directory (its own descriptor), else -1 */
+	char *name, *tmpname; /* ... and the names in it */
 };
 SFW_MUST_CHECK enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfw_atomic_write(struct sfw_atomic *a, const void *p, size_t n,
@@ -55,6 +57,43 @@ SFW_MUST_CHECK long long sfw_pread_full(int fd, void *p, size_t n, uint64_t off)
 /* mkdir -p with mode 0755; every existing component must be a directory. */
 SFW_MUST_CHECK enum sfw_status sfw_mkdirs(const char *path, struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfw_fsync_dir(const char *dir, struct sfw_err *err);
+
+/* ---- directory descriptors (core/dirfd.c) --------------------------------
+ * Every write under a destination tree goes through descriptors opened from
+ * its root down, one segment at a time with O_NOFOLLOW | O_DIRECTORY: a
+ * symlink (or a file) planted where a folder is expected is refused with
+ * SFW_E_PATH ("unsafe path: ..."), never followed, and names are resolved
+ * against an open descriptor, never as a path string a second time. `shown`
+ * is how messages name the directory. */
+#define SFW_DIR_CREATE 1 /* make missing segments (mode 0755) */
+#define SFW_DIR_OWNED 2  /* the last segment must belong to the effective user */
+/* The root itself, as the caller named it (the one path that is followed). */
+SFW_MUST_CHECK enum sfw_status sfw_dir_open(const char *path, int *fd, struct sfw_err *err);
+/* The folder rel ("a/b", no "." or ".." segments) under dfd; "" gives a new
+ * descriptor for dfd itself. */
+SFW_MUST_CHECK enum sfw_status sfw_dir_openat(int dfd, const char *shown, const char *rel, int flags, int *out,
+					      struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_fsync_dirfd(int dfd, const char *shown, struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_renameat_checked(int from_dfd, const char *from, int to_dfd, const char *to,
+						    const char *shown_from, const char *shown_to,
+						    struct sfw_err *err);
+/* The atomic write protocol inside an open directory: name is one entry of
+ * dfd (the temporary beside it), shown names the final file in messages. */
+SFW_MUST_CHECK enum sfw_status sfw_atomic_openat(struct sfw_atomic *a, int dfd, const char *name,
+						 const char *shown, struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_write_file_atomicat(int dfd, const char *name, const char *shown, const void *p,
+						       size_t n, struct sfw_err *err);
+/* sfw_read_file of one entry of dfd, refusing a symlink (O_NOFOLLOW). */
+SFW_MUST_CHECK enum sfw_status sfw_read_fileat(int dfd, const char *name, const char *shown, size_t max,
+					       struct sfw_buf *out, struct sfw_err *err);
+/* Fault injection for tests: when set, sfw_atomic_write ("write"),
+ * sfw_renameat_checked ("rename", so also the commit of sfw_atomic_openat)
+ * and the folders sfw_dir_openat makes ("mkdir") ask it first, with the
+ * entry concerned; a non-zero errno it returns is reported as if the call
+ * had failed with it (ENOSPC: a full disk), and a hook that exits there
+ * is a kill at that instant. NULL (the default) costs one test. */
+extern int (*sfwi_fault_hook)(const char *op, const char *name);
+int sfwi_fault(const char *op, const char *name);
 
 /* "a" + "/" + "b" into a fresh string (sfw_free), NULL on NOMEM. */
 char *sfw_path_join(const char *a, const char *b);

@@ -8,8 +8,14 @@
  * the rest (several files at once, large files in ranged segments) ->
  * size + sha256 -> fsync -> rename into place -> ratchet + state record.
  *
- * On disk, under DEST/.salafw/:
- *   manifest.json, manifest.json.minisig  the verified bytes, unchanged
+ * On disk, under DEST/.salafw/ (a real folder owned by the user running
+ * get, as is partial/: a symlink or another user's folder is refused with
+ * SFW_E_PATH; every write goes through descriptors opened from DEST down
+ * with O_NOFOLLOW, and a verified file is renamed into a parent folder
+ * opened the same way, so a folder swapped for a symlink is never followed):
+ *   manifest.json, manifest.json.minisig  the verified bytes, unchanged,
+ *                                         installed as one unit through
+ *                                         manifest.next/ (verify.h)
  *   lock                                  advisory flock (a helper only)
  *   partial/<sha256>-<P>.part             data at its final offsets; P is
  *                                         sfw_fetch_path_tag(path): two

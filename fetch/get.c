@@ -104,7 +104,8 @@ struct file {
 	const struct sfw_manifest_file *mf;
 	enum fstate state;
 	int fd;
-	char *part, *journal, *final;
+	char *part, *journal, *final; /* as messages name them */
+	char *pname, *jname;          /* the partial's and journal's names in partial/ */
 	struct sfw_range *done;
 	size_t ndone, capdone;
 	struct sfw_range *todo;
@@ -136,6 +137,7 @@ struct run {
 	const struct sfw_fetch_params *p;
 	const struct sfw_manifest *m;
 	const char *dest;
+	int dfd, sfd, pfd; /* DEST, DEST/.salafw, DEST/.salafw/partial: every write goes through them */
 	struct src *srcs;
 	size_t nsrcs;
 	struct file *files;
@@ -283,12 +285,11 @@ static enum sfw_status journal_write(struct run *r, struct file *f, struct sfw_e
 	if (st == SFW_OK)
 		st = sfw_buf_printf(&b, "]}\n");
 	sfw_free(v);
-	(void)r;
 	if (st != SFW_OK) {
 		sfw_buf_release(&b);
 		return sfw_fail(err, st, "journal for '%s' too large", f->mf->path);
 	}
-	st = sfw_write_file_atomic(f->journal, b.data, b.len, err);
+	st = sfw_write_file_atomicat(r->pfd, f->jname, f->journal, b.data, b.len, err);
 	sfw_buf_release(&b);
 	return st;
 }
@@ -316,11 +317,11 @@ static enum sfw_status journal_flush(struct run *r, struct file *f, struct sfw_e
 
 /* Reads the journal's done ranges; anything unreadable or for other content
  * counts as no journal (the partial is then started over). */
-static size_t journal_read(struct file *f, struct sfw_range **out)
+static size_t journal_read(struct run *r, struct file *f, struct sfw_range **out)
 {
 	struct sfw_buf b;
 	*out = NULL;
-	if (sfw_read_file(f->journal, JOURNAL_MAX, &b, NULL) != SFW_OK)
+	if (sfw_read_fileat(r->pfd, f->jname, f->journal, JOURNAL_MAX, &b, NULL) != SFW_OK)
 		return 0;
 	cJSON *j = NULL;
 	size_t n = 0;
@@ -696,7 +697,7 @@ static enum sfw_status file_reset(struct run *r, struct file *f, struct sfw_err 
 
 static enum sfw_status file_activate(struct run *r, struct file *f, struct sfw_err *err)
 {
-	f->fd = open(f->part, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+	f->fd = openat(r->pfd, f->pname, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
 	if (f->fd < 0)
 		return sfw_fail(err, SFW_E_IO, "cannot open '%s': %s", f->part, strerror(errno));
 	if (flock(f->fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
@@ -707,7 +708,7 @@ static enum sfw_status file_activate(struct run *r, struct file *f, struct sfw_e
 	if (hash_reset(f) != 0)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	struct sfw_range *d = NULL;
-	size_t n = journal_read(f, &d);
+	size_t n = journal_read(r, f, &d);
 	uint64_t have = 0;
 	n = sfw_fetch_normalize_ranges(d, n, (uint64_t)st.st_size, f->mf->size, &have);
 	sfw_free(f->done);
@@ -740,39 +741,21 @@ static enum sfw_status file_activate(struct run *r, struct file *f, struct sfw_e
 	return SFW_OK;
 }
 
-/* mkdir -p of the parent folders of rel under dest, refusing symlinks. */
-static enum sfw_status make_parents(const char *dest, const char *rel, struct sfw_err *err)
+/* The folder of rel under DEST, made if missing, opened segment by segment
+ * from DEST's descriptor without following a symlink: a folder swapped for
+ * a link at any moment is refused or written through its descriptor, never
+ * followed out of DEST. *base gets rel's last segment. */
+static enum sfw_status open_parent(struct run *r, const char *rel, int *fd, const char **base,
+				   struct sfw_err *err)
 {
-	char *full = sfw_path_join(dest, rel);
-	if (!full)
+	const char *sl = strrchr(rel, '/');
+	*base = sl ? sl + 1 : rel;
+	char *dir = sl ? sfw_strndup(rel, (size_t)(sl - rel)) : sfw_strdup("");
+	if (!dir)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	size_t base = strlen(dest);
-	enum sfw_status st = SFW_OK;
-	for (size_t i = base + 1; full[i]; i++) {
-		if (full[i] != '/')
-			continue;
-		full[i] = '\0';
-		struct stat sb;
-		if (lstat(full, &sb) != 0) {
-			if (mkdir(full, 0755) != 0 && errno != EEXIST)
-				st = sfw_fail(err, SFW_E_IO, "cannot create directory '%s': %s", full, strerror(errno));
-			else if (lstat(full, &sb) != 0 || !S_ISDIR(sb.st_mode))
-				st = sfw_fail(err, SFW_E_PATH, "'%s' is not a directory", full);
-		} else if (!S_ISDIR(sb.st_mode)) {
-			st = sfw_fail(err, SFW_E_PATH, "'%s' is not a directory (symlinks are refused)", full);
-		}
-		full[i] = '/';
-		if (st != SFW_OK)
-			break;
-	}
-	sfw_free(full);
+	enum sfw_status st = sfw_dir_openat(r->dfd, r->dest, dir, SFW_DIR_CREATE, fd, err);
+	sfw_free(dir);
 	return st;
-}
-
-static char *dir_of(const char *path)
-{
-	const char *sl = strrchr(path, '/');
-	return sl ? sfw_strndup(path, (size_t)(sl - path)) : sfw_strdup(".");
 }
 
 /* All bytes are in: hash the rest, and rename into place only if it matches. */
@@ -836,23 +819,24 @@ static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err
 		return sfw_fail(err, SFW_E_IO, "cannot truncate '%s': %s", f->part, strerror(errno));
 	if (fsync(f->fd) != 0)
 		return sfw_fail(err, SFW_E_IO, "cannot sync '%s': %s", f->part, strerror(errno));
-	enum sfw_status st = make_parents(r->dest, mf->path, err);
+	int pfd;
+	const char *base;
+	enum sfw_status st = open_parent(r, mf->path, &pfd, &base, err);
 	if (st != SFW_OK)
 		return st;
-	if (rename(f->part, f->final) != 0)
-		return sfw_fail(err, SFW_E_IO, "cannot rename '%s' to '%s': %s", f->part, f->final, strerror(errno));
-	char *d = dir_of(f->final);
-	if (!d)
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	st = sfw_fsync_dir(d, err);
-	sfw_free(d);
+	/* a symlink (or folder) at the final name itself is replaced, never
+	 * followed: rename works on the name */
+	st = sfw_renameat_checked(r->pfd, f->pname, pfd, base, f->part, f->final, err);
+	if (st == SFW_OK)
+		st = sfw_fsync_dirfd(pfd, f->final, err);
+	close(pfd);
 	if (st != SFW_OK)
 		return st;
 	struct stat fin; /* after the rename (it moves ctime): the record's id */
 	if (fstat(f->fd, &fin) != 0)
 		return sfw_fail(err, SFW_E_IO, "cannot stat '%s': %s", f->final, strerror(errno));
 	sfw_file_id_of(&fin, &f->id);
-	unlink(f->journal);
+	unlinkat(r->pfd, f->jname, 0);
 	file_close(f);
 	f->state = F_DONE;
 	emit(r, SFW_EV_FILE_DONE, f, f->cur_src, NULL);
@@ -1274,7 +1258,7 @@ static enum sfw_status space_check(struct run *r, struct sfw_err *err)
 			continue;
 		uint64_t n = f->mf->size;
 		struct stat sb;
-		if (lstat(f->part, &sb) == 0 && S_ISREG(sb.st_mode)) {
+		if (fstatat(r->pfd, f->pname, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode)) {
 			uint64_t alloc = (uint64_t)sb.st_blocks * 512;
 			n = alloc >= n ? 0 : n - alloc;
 		}
@@ -1296,16 +1280,22 @@ static enum sfw_status space_check(struct run *r, struct sfw_err *err)
 	return SFW_OK;
 }
 
-static int take_dest_lock(const char *dir, struct sfw_err *err, enum sfw_status *st)
+static int take_dest_lock(int sfd, const char *dir, struct sfw_err *err, enum sfw_status *st)
 {
 	char *path = sfw_path_join(dir, ".salafw/lock");
 	if (!path) {
 		*st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		return -1;
 	}
-	int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		*st = sfw_fail(err, SFW_E_IO, "cannot open '%s': %s", path, strerror(errno));
+	int fd = openat(sfd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+	struct stat lst;
+	if (fd < 0 || fstat(fd, &lst) != 0 || !S_ISREG(lst.st_mode)) {
+		int e = fd < 0 ? errno : 0;
+		*st = e == ELOOP ? sfw_fail(err, SFW_E_PATH, "unsafe path: '%s' is a symlink", path)
+		      : e	 ? sfw_fail(err, SFW_E_IO, "cannot open '%s': %s", path, strerror(e))
+				 : sfw_fail(err, SFW_E_PATH, "unsafe path: '%s' is not a regular file", path);
+		if (fd >= 0)
+			close(fd);
 		sfw_free(path);
 		return -1;
 	}
@@ -1334,6 +1324,8 @@ static void files_release(struct run *r)
 		file_close(f);
 		sfw_free(f->part);
 		sfw_free(f->journal);
+		sfw_free(f->pname);
+		sfw_free(f->jname);
 		sfw_free(f->final);
 		sfw_free(f->done);
 		sfw_free(f->todo);
@@ -1399,6 +1391,7 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 	r.dest = p->dest;
 	r.rng = (uint32_t)(now_ms() ^ ((uint64_t)getpid() << 16)) | 1;
 	r.fatal = SFW_OK;
+	r.dfd = r.sfd = r.pfd = -1;
 	int lockfd = -1;
 	char *sdir = NULL, *pdir = NULL;
 
@@ -1429,9 +1422,13 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto out;
 	}
-	if ((st = sfw_mkdirs(pdir, err)) != SFW_OK)
+	/* DEST itself as named (made if missing), then .salafw and partial/ as
+	 * real folders of this user's, never through a symlink */
+	if ((st = sfw_mkdirs(p->dest, err)) != SFW_OK || (st = sfw_dir_open(p->dest, &r.dfd, err)) != SFW_OK ||
+	    (st = sfw_dir_openat(r.dfd, p->dest, ".salafw", SFW_DIR_CREATE | SFW_DIR_OWNED, &r.sfd, err)) != SFW_OK ||
+	    (st = sfw_dir_openat(r.sfd, sdir, "partial", SFW_DIR_CREATE | SFW_DIR_OWNED, &r.pfd, err)) != SFW_OK)
 		goto out;
-	lockfd = take_dest_lock(p->dest, err, &st);
+	lockfd = take_dest_lock(r.sfd, p->dest, err, &st);
 	if (st != SFW_OK)
 		goto out;
 	{
@@ -1458,14 +1455,16 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 		f->fd = -1;
 		f->cur_src = -1;
 		snprintf(name, sizeof(name), "%s-%s.part", hex, tag);
+		f->pname = sfw_strdup(name);
 		f->part = sfw_path_join(pdir, name);
 		snprintf(name, sizeof(name), "%s-%s.json", hex, tag);
+		f->jname = sfw_strdup(name);
 		f->journal = sfw_path_join(pdir, name);
 		f->final = sfw_path_join(p->dest, m.files[i].path);
 		f->src_failed = sfw_calloc(ns ? ns : 1, 1);
 		f->contributed = sfw_calloc(ns ? ns : 1, 1);
 		f->norange = sfw_calloc(ns ? ns : 1, 1);
-		if (!f->part || !f->journal || !f->final || !f->src_failed || !f->contributed || !f->norange) {
+		if (!f->part || !f->journal || !f->pname || !f->jname || !f->final || !f->src_failed || !f->contributed || !f->norange) {
 			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 			goto out;
 		}
@@ -1487,8 +1486,8 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 				r.files[i].state = F_SKIPPED;
 				r.files[i].id = rep.ids[i];
 				/* a leftover partial of a file already in place is useless */
-				unlink(r.files[i].part);
-				unlink(r.files[i].journal);
+				unlinkat(r.pfd, r.files[i].pname, 0);
+				unlinkat(r.pfd, r.files[i].jname, 0);
 				r.files[i].have = m.files[i].size;
 				sum->nskipped++;
 				emit(&r, SFW_EV_SKIP, &r.files[i], -1, "already present and verified");
@@ -1592,7 +1591,7 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 			st = sfw_state_record(p->dest, &m, paths, m.nfiles, err);
 		sfw_free(paths);
 		if (st == SFW_OK)
-			rmdir(pdir); /* only when empty */
+			unlinkat(r.sfd, "partial", AT_REMOVEDIR); /* only when empty */
 	}
 	sum->received = r.received;
 	sum->resumed = r.resumed;
@@ -1611,6 +1610,9 @@ out:
 	sfw_free(r.hashbuf);
 	if (lockfd >= 0)
 		close(lockfd);
+	for (int *fdp = &r.dfd; fdp <= &r.pfd; fdp++)
+		if (*fdp >= 0)
+			close(*fdp);
 	sfw_free(sdir);
 	sfw_free(pdir);
 	sfw_free(what);

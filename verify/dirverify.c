@@ -20,8 +20,10 @@
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -487,6 +489,43 @@ static char *salafw_file(const char *dir, const char *name)
 	return sfw_path_join(dir, rel);
 }
 
+enum sfw_status sfw_state_dir_open(const char *dir, const char *sub, int write, int *out, struct sfw_err *err)
+{
+	*out = -1;
+	int dfd, sfd = -1;
+	enum sfw_status s = sfw_dir_open(dir, &dfd, err);
+	if (s != SFW_OK)
+		return s;
+	int flags = write ? SFW_DIR_CREATE | SFW_DIR_OWNED : 0;
+	char *shown = sfw_path_join(dir, ".salafw");
+	if (!shown)
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	if (s == SFW_OK)
+		s = sfw_dir_openat(dfd, dir, ".salafw", flags, &sfd, err);
+	close(dfd);
+	if (s == SFW_OK && sub) {
+		int pfd;
+		s = sfw_dir_openat(sfd, shown, sub, flags, &pfd, err);
+		close(sfd);
+		sfd = pfd;
+	}
+	sfw_free(shown);
+	if (s == SFW_OK)
+		*out = sfd;
+	return s;
+}
+
+/* flock on the .salafw folder itself: writers of state.json and of the
+ * manifest pair hold it exclusively, readers of the pair shared. A file
+ * system without flock is no lock (fetch-verify.md §3.9). */
+static void lock_dir(int sfd, int how)
+{
+	while (flock(sfd, how) != 0 && errno == EINTR)
+		;
+}
+
+static void sweep_stale(int sfd);
+
 static int64_t ts_ns(struct timespec t)
 {
 	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
@@ -511,14 +550,15 @@ static int get_u64_str(const cJSON *o, const char *k, unsigned long long *v)
 	return errno ? -1 : 0;
 }
 
-static enum sfw_status load_state(const char *dir, cJSON **out, struct sfw_err *err)
+/* DIR/.salafw/state.json read through the open .salafw folder (no symlink). */
+static enum sfw_status load_state(int sfd, const char *dir, cJSON **out, struct sfw_err *err)
 {
 	*out = NULL;
 	char *path = salafw_file(dir, "state.json");
 	if (!path)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	struct sfw_buf b;
-	enum sfw_status s = sfw_read_file(path, STATE_MAX, &b, err);
+	enum sfw_status s = sfw_read_fileat(sfd, "state.json", path, STATE_MAX, &b, err);
 	if (s == SFW_OK) {
 		s = sfw_json_parse(b.data, b.len, path, out, err);
 		sfw_buf_release(&b);
@@ -548,8 +588,8 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 	sfw_hex_encode(m->manifest_sha256, 32, hex);
 	cJSON *old = NULL, *root = cJSON_CreateObject(), *files = NULL;
 	enum sfw_status s = SFW_OK;
-	int dfd = -1;
-	char *sdir = NULL, *spath = NULL;
+	int dfd = -1, sfd = -1;
+	char *spath = NULL;
 	if (!root || !(files = cJSON_CreateObject())) {
 		cJSON_Delete(files);
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
@@ -564,8 +604,15 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 		goto out;
 	}
 	cJSON_AddItemToObject(root, "files", files);
+	/* The folder written into: a real one of this user's (never a planted
+	 * symlink), locked while state.json is read, changed and replaced, so
+	 * two writers cannot drop each other's records. */
+	if ((s = sfw_state_dir_open(dir, NULL, 1, &sfd, err)) != SFW_OK)
+		goto out;
+	lock_dir(sfd, LOCK_EX);
+	sweep_stale(sfd);
 	/* Keep earlier records made for the same manifest (get records as it goes). */
-	if (load_state(dir, &old, NULL) == SFW_OK) {
+	if (load_state(sfd, dir, &old, NULL) == SFW_OK) {
 		const cJSON *sha = cJSON_GetObjectItemCaseSensitive(old, "manifest_sha256");
 		if (cJSON_IsString(sha) && strcmp(sha->valuestring, hex) == 0) {
 			cJSON *e;
@@ -631,19 +678,11 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 		}
 		cJSON_AddItemToObject(files, f->path, e);
 	}
-	sdir = sfw_path_join(dir, ".salafw");
 	spath = salafw_file(dir, "state.json");
-	if (!sdir || !spath) {
+	if (!spath) {
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto out;
 	}
-	struct stat sst;
-	if (lstat(sdir, &sst) == 0 && !S_ISDIR(sst.st_mode)) {
-		s = sfw_fail(err, SFW_E_PATH, "'%s' is not a directory", sdir);
-		goto out;
-	}
-	if ((s = sfw_mkdirs(sdir, err)) != SFW_OK)
-		goto out;
 	char *text = cJSON_Print(root);
 	if (!text) {
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
@@ -656,13 +695,14 @@ enum sfw_status sfw_state_record(const char *dir, const struct sfw_manifest *m, 
 	if (sfw_buf_append(&b, text, tl) != SFW_OK || sfw_buf_append(&b, "\n", 1) != SFW_OK)
 		s = sfw_fail(err, SFW_E_NOMEM, "state record too large");
 	else
-		s = sfw_write_file_atomic(spath, b.data, b.len, err);
+		s = sfw_write_file_atomicat(sfd, "state.json", spath, b.data, b.len, err);
 	sfw_buf_release(&b);
 	cJSON_free(text);
 out:
 	if (dfd >= 0)
 		close(dfd);
-	sfw_free(sdir);
+	if (sfd >= 0)
+		close(sfd); /* drops the lock */
 	sfw_free(spath);
 	cJSON_Delete(old);
 	cJSON_Delete(root);
@@ -673,7 +713,12 @@ enum sfw_status sfw_state_forget(const char *dir, const struct sfw_manifest *m, 
 				 struct sfw_err *err)
 {
 	cJSON *old = NULL;
-	if (!rep->results || load_state(dir, &old, NULL) != SFW_OK)
+	int sfd;
+	if (!rep->results || sfw_state_dir_open(dir, NULL, 0, &sfd, NULL) != SFW_OK)
+		return SFW_OK; /* no record: nothing to drop */
+	enum sfw_status ls = load_state(sfd, dir, &old, NULL);
+	close(sfd);
+	if (ls != SFW_OK)
 		return SFW_OK; /* no record, or one we cannot read: nothing to drop */
 	char hex[65];
 	sfw_hex_encode(m->manifest_sha256, 32, hex);
@@ -694,23 +739,182 @@ enum sfw_status sfw_state_forget(const char *dir, const struct sfw_manifest *m, 
 	return s;
 }
 
+/* ---- the signed manifest pair, installed as one unit ----------------------------------------
+ *
+ * DIR/.salafw/manifest.json and manifest.json.minisig stay where readers
+ * (and people) look for them; an install never leaves the two from different
+ * versions, whatever instant it is killed at or runs out of space:
+ *   1. the new pair is written and synced into a fresh folder
+ *      .salafw/pair.tmp.<pid>.<n>/ (space runs out here, if at all);
+ *   2. that folder is renamed to .salafw/manifest.next: the commit point;
+ *   3. each file is renamed from manifest.next/ over its old copy, then the
+ *      empty manifest.next is removed.
+ * A reader takes each of the two files from manifest.next/ while it is
+ * there, else from .salafw/: before 2 that is the old pair, from 2 on the
+ * new one, at every step of 3 included. The next install (or pair write)
+ * first finishes a step 3 that a kill interrupted and removes step-1 folders
+ * left behind. A directory without manifest.next (every layout before this
+ * one) reads as it always did. Writers hold an exclusive flock on .salafw,
+ * readers a shared one, so a reader never sees half of step 3 between its
+ * two reads. */
+#define PAIR_NEXT "manifest.next"
+static const char *const pair_names[2] = {"manifest.json", "manifest.json.minisig"};
+
+/* Removes a step-1 folder (flat: regular files only), best effort. */
+static void pair_tmp_remove(int sfd, const char *name)
+{
+	int fd = openat(sfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return;
+	}
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+			(void)unlinkat(dirfd(d), e->d_name, 0);
+	closedir(d);
+	(void)unlinkat(sfd, name, AT_REMOVEDIR);
+}
+
+/* Step 3, for an install that reached step 2. */
+static enum sfw_status pair_roll_forward(int sfd, const char *sshown, struct sfw_err *err)
+{
+	int nfd = openat(sfd, PAIR_NEXT, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (nfd < 0 && errno == ENOENT)
+		return SFW_OK;
+	if (nfd < 0)
+		return sfw_fail(err, errno == ELOOP || errno == ENOTDIR ? SFW_E_PATH : SFW_E_IO,
+				"cannot open '%s/" PAIR_NEXT "': %s", sshown, strerror(errno));
+	enum sfw_status s = SFW_OK;
+	for (int i = 1; i >= 0 && s == SFW_OK; i--) { /* the signature first, then the manifest */
+		struct stat st;
+		if (fstatat(nfd, pair_names[i], &st, AT_SYMLINK_NOFOLLOW) != 0)
+			continue; /* moved already */
+		s = sfw_renameat_checked(nfd, pair_names[i], sfd, pair_names[i], PAIR_NEXT, pair_names[i], err);
+	}
+	close(nfd);
+	if (s == SFW_OK)
+		s = sfw_fsync_dirfd(sfd, sshown, err);
+	if (s == SFW_OK && unlinkat(sfd, PAIR_NEXT, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+		pair_tmp_remove(sfd, PAIR_NEXT); /* anything else put there goes too */
+		struct stat st;
+		if (fstatat(sfd, PAIR_NEXT, &st, AT_SYMLINK_NOFOLLOW) == 0)
+			s = sfw_fail(err, SFW_E_IO, "cannot remove '%s/" PAIR_NEXT "'", sshown);
+	}
+	return s;
+}
+
+static void sweep_stale(int sfd)
+{
+	int fd = openat(sfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	struct dirent *e;
+	/* writers of these hold the lock while they exist: any seen under it
+	 * is a killed writer's */
+	while ((e = readdir(d)))
+		if (strncmp(e->d_name, "pair.tmp.", 9) == 0)
+			pair_tmp_remove(sfd, e->d_name);
+		else if (strncmp(e->d_name, "state.json.tmp.", 15) == 0)
+			(void)unlinkat(sfd, e->d_name, 0);
+	closedir(d);
+}
+
 enum sfw_status sfw_state_install_manifest(const char *dir, const void *man, size_t man_len, const void *sig,
 					   size_t sig_len, struct sfw_err *err)
 {
-	char *sdir = sfw_path_join(dir, ".salafw");
-	char *mp = salafw_file(dir, "manifest.json"), *sp = salafw_file(dir, "manifest.json.minisig");
-	enum sfw_status s = SFW_OK;
-	if (!sdir || !mp || !sp)
-		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	static atomic_uint counter;
+	int sfd, tfd = -1;
+	enum sfw_status s = sfw_state_dir_open(dir, NULL, 1, &sfd, err);
+	if (s != SFW_OK)
+		return s;
+	char *sshown = sfw_path_join(dir, ".salafw");
+	char tname[64], shown[4200];
+	if (!sshown) {
+		close(sfd);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	lock_dir(sfd, LOCK_EX);
+	s = pair_roll_forward(sfd, sshown, err); /* an earlier install killed in step 3 */
+	if (s != SFW_OK)
+		goto out;
+	sweep_stale(sfd);
+	/* 1. the new pair in a fresh folder */
+	snprintf(tname, sizeof(tname), "pair.tmp.%ld.%u", (long)getpid(), atomic_fetch_add(&counter, 1));
+	snprintf(shown, sizeof(shown), "%s/%s", sshown, tname);
+	if ((s = sfw_dir_openat(sfd, sshown, tname, SFW_DIR_CREATE | SFW_DIR_OWNED, &tfd, err)) != SFW_OK)
+		goto out;
+	const void *data[2] = {man, sig};
+	size_t len[2] = {man_len, sig_len};
+	for (int i = 0; i < 2 && s == SFW_OK; i++) {
+		char fshown[4300];
+		snprintf(fshown, sizeof(fshown), "%s/%s", shown, pair_names[i]);
+		s = sfw_write_file_atomicat(tfd, pair_names[i], fshown, data[i], len[i], err);
+	}
 	if (s == SFW_OK)
-		s = sfw_mkdirs(sdir, err);
+		s = sfw_fsync_dirfd(tfd, shown, err);
+	/* 2. the commit point */
 	if (s == SFW_OK)
-		s = sfw_write_file_atomic(sp, sig, sig_len, err);
-	if (s == SFW_OK)
-		s = sfw_write_file_atomic(mp, man, man_len, err);
-	sfw_free(sdir);
-	sfw_free(mp);
-	sfw_free(sp);
+		s = sfw_renameat_checked(sfd, tname, sfd, PAIR_NEXT, shown, sshown, err);
+	if (s != SFW_OK) {
+		pair_tmp_remove(sfd, tname); /* the old pair stays, untouched */
+		goto out;
+	}
+	if ((s = sfw_fsync_dirfd(sfd, sshown, err)) != SFW_OK)
+		goto out;
+	/* 3. into place */
+	s = pair_roll_forward(sfd, sshown, err);
+out:
+	if (tfd >= 0)
+		close(tfd);
+	close(sfd);
+	sfw_free(sshown);
+	return s;
+}
+
+enum sfw_status sfw_state_read_manifest(const char *dir, struct sfw_buf *man, struct sfw_buf *sig,
+					struct sfw_err *err)
+{
+	sfw_buf_init(man, SFW_MANIFEST_MAX);
+	sfw_buf_init(sig, SFW_MINISIG_MAX);
+	int sfd;
+	enum sfw_status s = sfw_state_dir_open(dir, NULL, 0, &sfd, err);
+	if (s == SFW_E_MISSING) {
+		char *mp = salafw_file(dir, pair_names[0]);
+		s = sfw_fail(err, SFW_E_MISSING, "cannot open '%s': %s", mp ? mp : dir, strerror(ENOENT));
+		sfw_free(mp);
+	}
+	if (s != SFW_OK)
+		return s;
+	lock_dir(sfd, LOCK_SH);
+	int nfd = openat(sfd, PAIR_NEXT, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct sfw_buf *out[2] = {man, sig};
+	size_t max[2] = {SFW_MANIFEST_MAX, SFW_MINISIG_MAX};
+	for (int i = 0; i < 2 && s == SFW_OK; i++) {
+		char *shown = salafw_file(dir, pair_names[i]);
+		if (!shown) {
+			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			break;
+		}
+		s = nfd >= 0 ? sfw_read_fileat(nfd, pair_names[i], shown, max[i], out[i], err) : SFW_E_MISSING;
+		if (s == SFW_E_MISSING) /* not in manifest.next (or no install under way) */
+			s = sfw_read_fileat(sfd, pair_names[i], shown, max[i], out[i], err);
+		sfw_free(shown);
+	}
+	if (s != SFW_OK) {
+		sfw_buf_release(man);
+		sfw_buf_release(sig);
+	}
+	if (nfd >= 0)
+		close(nfd);
+	close(sfd);
 	return s;
 }
 
@@ -727,9 +931,7 @@ enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto out;
 	}
-	s = sfw_read_file(mpath, SFW_MANIFEST_MAX, &mb, err);
-	if (s == SFW_OK)
-		s = sfw_read_file(spath, SFW_MINISIG_MAX, &sb, err);
+	s = sfw_state_read_manifest(dir, &mb, &sb, err);
 	if (s == SFW_E_MISSING) {
 		s = sfw_fail(err, SFW_E_UNVERIFIED,
 			     "'%s' has no signed manifest in .salafw/ (run 'salafw get')", dir);
@@ -749,7 +951,14 @@ enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *
 	tp.allow_downgrade = 1; /* so does rollback (a newer version elsewhere); equivocation still fails */
 	if ((s = sfw_manifest_verify(mb.data, mb.len, sb.data, sb.len, what, &tp, &m, NULL, err)) != SFW_OK)
 		goto out;
-	s = load_state(dir, &state, err);
+	{
+		int sfd;
+		s = sfw_state_dir_open(dir, NULL, 0, &sfd, err);
+		if (s == SFW_OK) {
+			s = load_state(sfd, dir, &state, err);
+			close(sfd);
+		}
+	}
 	if (s == SFW_E_MISSING) {
 		s = sfw_fail(err, SFW_E_UNVERIFIED, "'%s' has not been verified yet (run 'salafw verify %s')",
 			     dir, dir);

@@ -12,11 +12,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- small helpers --------------------------------------------------------- */
 
@@ -614,6 +617,23 @@ static enum sfw_status ratchet_load(const char *path, struct ratchet *r, struct 
 	return s;
 }
 
+static enum sfw_status ratchet_compare(const struct sfw_manifest *m, const struct sfw_trust_params *p,
+				       const struct ratchet *r, const char *what, struct sfw_err *err)
+{
+	if (m->manifest_version < r->version && !p->allow_downgrade)
+		return sfw_fail(err, SFW_E_MANIFEST,
+				"%s: manifest_version %llu is older than version %llu already seen for %s "
+				"(key %s): possible rollback (--allow-downgrade overrides)",
+				what, (unsigned long long)m->manifest_version, (unsigned long long)r->version,
+				m->repo_id, m->publisher_key_id);
+	if (m->manifest_version == r->version && CRYPTO_memcmp(r->sha, m->manifest_sha256, 32) != 0)
+		return sfw_fail(err, SFW_E_MANIFEST,
+				"%s: manifest_version %llu of %s differs from the one already seen with that "
+				"version (equivocation)",
+				what, (unsigned long long)m->manifest_version, m->repo_id);
+	return SFW_OK;
+}
+
 static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct sfw_trust_params *p,
 				     const char *what, struct sfw_err *err)
 {
@@ -639,18 +659,35 @@ static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct 
 	sfw_free(path);
 	if (s != SFW_OK || !r.present)
 		return s;
-	if (m->manifest_version < r.version && !p->allow_downgrade)
-		return sfw_fail(err, SFW_E_MANIFEST,
-				"%s: manifest_version %llu is older than version %llu already seen for %s "
-				"(key %s): possible rollback (--allow-downgrade overrides)",
-				what, (unsigned long long)m->manifest_version, (unsigned long long)r.version,
-				m->repo_id, m->publisher_key_id);
-	if (m->manifest_version == r.version && CRYPTO_memcmp(r.sha, m->manifest_sha256, 32) != 0)
-		return sfw_fail(err, SFW_E_MANIFEST,
-				"%s: manifest_version %llu of %s differs from the one already seen with that "
-				"version (equivocation)",
-				what, (unsigned long long)m->manifest_version, m->repo_id);
-	return SFW_OK;
+	return ratchet_compare(m, p, &r, what, err);
+}
+
+/* The rollback record is read, compared and replaced under an exclusive
+ * flock on <state>/trusted/.lock, so two runs taking in manifests at once
+ * (get, verify --manifest) cannot lower it: the later one compares against
+ * what the earlier one wrote. Without flock (some network file systems) the
+ * record is still replaced atomically, only that race is open again. */
+static int ratchet_lock(const char *dir, struct sfw_err *err, enum sfw_status *s)
+{
+	char *lp = sfw_path_join(dir, ".lock");
+	if (!lp) {
+		*s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		return -1;
+	}
+	int fd = open(lp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		*s = sfw_fail(err, SFW_E_IO, "cannot open '%s': %s", lp, strerror(errno));
+		sfw_free(lp);
+		return -1;
+	}
+	int r;
+	while ((r = flock(fd, LOCK_EX)) != 0 && errno == EINTR)
+		;
+	if (r != 0)
+		sfw_log(SFW_LOG_WARN, "cannot lock '%s': %s; continuing without a lock", lp, strerror(errno));
+	sfw_free(lp);
+	*s = SFW_OK;
+	return fd;
 }
 
 enum sfw_status sfw_manifest_ratchet_commit(const struct sfw_manifest *m, const struct sfw_trust_params *p,
@@ -661,22 +698,29 @@ enum sfw_status sfw_manifest_ratchet_commit(const struct sfw_manifest *m, const 
 	char *path = ratchet_path(m, p);
 	if (!path)
 		return SFW_OK;
-	struct ratchet r;
-	enum sfw_status s = ratchet_load(path, &r, err);
-	/* Never lower the ratchet (a downgrade allowed once stays a one-off). */
-	if (s == SFW_OK && r.present && r.version > m->manifest_version) {
-		sfw_free(path);
-		return SFW_OK;
-	}
-	if (s != SFW_OK && s != SFW_E_FORMAT) {
+	char *slash = strrchr(path, '/');
+	*slash = '\0';
+	enum sfw_status s = sfw_mkdirs(path, err);
+	int lockfd = s == SFW_OK ? ratchet_lock(path, err, &s) : -1;
+	*slash = '/';
+	if (s != SFW_OK) {
 		sfw_free(path);
 		return s;
 	}
-	char *slash = strrchr(path, '/');
-	*slash = '\0';
-	s = sfw_mkdirs(path, err);
-	*slash = '/';
-	if (s == SFW_OK) {
+	struct ratchet r;
+	s = ratchet_load(path, &r, err);
+	if (s == SFW_E_FORMAT) /* damaged: rewritten (the check before already said so) */
+		s = SFW_OK, r.present = 0;
+	char what[300];
+	snprintf(what, sizeof(what), "manifest for %s", m->repo_id);
+	/* Compared again under the lock: another run may have taken in a newer
+	 * (or an equal, other) manifest since this one was checked. */
+	if (s == SFW_OK && r.present)
+		s = ratchet_compare(m, p, &r, what, err);
+	/* Never lower the ratchet (a downgrade allowed once stays a one-off),
+	 * and an equal record needs no write. */
+	int write = s == SFW_OK && (!r.present || r.version < m->manifest_version);
+	if (write) {
 		char hex[65];
 		sfw_hex_encode(m->manifest_sha256, 32, hex);
 		struct sfw_buf b;
@@ -691,6 +735,8 @@ enum sfw_status sfw_manifest_ratchet_commit(const struct sfw_manifest *m, const 
 			s = sfw_write_file_atomic(path, b.data, b.len, err);
 		sfw_buf_release(&b);
 	}
+	if (lockfd >= 0)
+		close(lockfd);
 	sfw_free(path);
 	return s;
 }

@@ -10,6 +10,7 @@
 #ifndef SFW_VERIFY_H
 #define SFW_VERIFY_H
 
+#include "buf.h"
 #include "sfw.h"
 
 #include <stdint.h>
@@ -221,11 +222,23 @@ SFW_MUST_CHECK enum sfw_status sfw_state_record(const char *dir, const struct sf
  * for another manifest alone. */
 SFW_MUST_CHECK enum sfw_status sfw_state_forget(const char *dir, const struct sfw_manifest *m,
 						const struct sfw_verify_report *rep, struct sfw_err *err);
-/* DIR/.salafw/manifest.json and its .minisig: the verified bytes, each
- * written atomically (the folder made if needed). A crash between the two
- * leaves a pair that fails its signature check: closed, never open. */
+/* DIR/.salafw/manifest.json and its .minisig: the verified bytes, installed
+ * as one unit (dirverify.c: the new pair is written in a fresh folder and
+ * committed with one rename); after a kill or a full disk at any instant,
+ * sfw_state_read_manifest gives the old pair or the new one, never a mix. */
 SFW_MUST_CHECK enum sfw_status sfw_state_install_manifest(const char *dir, const void *man, size_t man_len,
 							  const void *sig, size_t sig_len, struct sfw_err *err);
+/* The pair as installed (what `verify DIR` and the runner check); also
+ * reads the plain layout of older versions. SFW_E_MISSING when absent,
+ * SFW_E_PATH for a symlinked .salafw or file. */
+SFW_MUST_CHECK enum sfw_status sfw_state_read_manifest(const char *dir, struct sfw_buf *man, struct sfw_buf *sig,
+						       struct sfw_err *err);
+/* DIR/.salafw (and its folder sub, when not NULL) as a directory descriptor,
+ * opened from DIR down without following symlinks. With write, made when
+ * missing and required to belong to this process's user; refused otherwise
+ * (SFW_E_PATH, "unsafe path: ..."). */
+SFW_MUST_CHECK enum sfw_status sfw_state_dir_open(const char *dir, const char *sub, int write, int *fd,
+						  struct sfw_err *err);
 /* The id of an open file as sfw_state_record compares it. */
 void sfw_file_id_of(const struct stat *st, struct sfw_file_id *id);
 /* Cheap check that every manifest file still matches its record (stat only).
