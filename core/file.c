@@ -181,11 +181,43 @@ enum sfw_status sfw_fsync_dir(const char *dir, struct sfw_err *err)
 	return SFW_OK;
 }
 
+/* Temporary files that may exist; -1 once sfw_atomic_quiesce closed the door. */
+static atomic_int g_live;
+static volatile sig_atomic_t *g_cancel;
+
+void sfw_atomic_set_cancel(volatile sig_atomic_t *flag)
+{
+	g_cancel = flag;
+}
+
+int sfw_atomic_quiesce(void)
+{
+	int zero = 0;
+	return atomic_compare_exchange_strong(&g_live, &zero, -1);
+}
+
+static void live_drop(struct sfw_atomic *a)
+{
+	if (a->live)
+		atomic_fetch_sub(&g_live, 1);
+	a->live = 0;
+}
+
 enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct sfw_err *err)
 {
 	static atomic_uint counter;
 	a->fd = -1;
 	a->tmp = NULL;
+	a->live = 0;
+	for (int v = atomic_load(&g_live);;) {
+		if (v < 0 || (g_cancel && *g_cancel)) {
+			a->path = NULL;
+			return sfw_fail(err, SFW_E_ABORTED, "interrupted before writing '%s'", path);
+		}
+		if (atomic_compare_exchange_weak(&g_live, &v, v + 1))
+			break;
+	}
+	a->live = 1;
 	a->path = sfw_strdup(path);
 	size_t n = strlen(path) + 64;
 	a->tmp = sfw_malloc(n);
@@ -216,6 +248,8 @@ enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct s
 
 enum sfw_status sfw_atomic_write(struct sfw_atomic *a, const void *p, size_t n, struct sfw_err *err)
 {
+	if (g_cancel && *g_cancel)
+		return sfw_fail(err, SFW_E_ABORTED, "interrupted while writing '%s'", a->path);
 	if (sfw_write_all(a->fd, p, n) != 0)
 		return sfw_fail(err, errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s", a->tmp,
 				strerror(errno));
@@ -239,6 +273,7 @@ enum sfw_status sfw_atomic_commit(struct sfw_atomic *a, struct sfw_err *err)
 		s = sfw_fail(err, SFW_E_IO, "cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
 		goto fail;
 	}
+	live_drop(a);
 	/* the rename is done: a failure from here on means "in place, but not
 	 * yet durable" (file.h) */
 	char *dir = dir_of(a->path);
@@ -263,6 +298,7 @@ void sfw_atomic_abort(struct sfw_atomic *a)
 		close(a->fd);
 	if (a->tmp)
 		unlink(a->tmp);
+	live_drop(a);
 	sfw_free(a->tmp);
 	sfw_free(a->path);
 	a->fd = -1;

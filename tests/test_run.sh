@@ -66,7 +66,7 @@ export SALAFW_STATE_DIR=$S/state
 mkdir -p "$S/m/.salafw"
 cp "$G/tiny-dense/config.json" "$G/tiny-dense/model.safetensors" "$S/m/"
 chmod u+w "$S/m"/*
-check "keygen" $SALAFW keygen -p "$S/k.pub" -s "$S/k.key"
+check "keygen" $SALAFW keygen --pubkey-out "$S/k.pub" -s "$S/k.key"
 check "manifest" $SALAFW manifest "$S/m" --repo test/tiny --revision 0123456789abcdef0123456789abcdef01234567 \
 	-p "$S/k.pub" -o "$S/m/.salafw/manifest.json"
 check "sign" $SALAFW sign -s "$S/k.key" "$S/m/.salafw/manifest.json"

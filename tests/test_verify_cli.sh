@@ -21,8 +21,8 @@ printf 'tokenizer\n' >"$M/sub/tok.txt"
 # --- keys: minisign -G -W and salafw keygen
 minisign -G -W -p "$W/ms.pub" -s "$W/ms.key" -f >/dev/null 2>&1
 check "minisign -G -W makes a key" test -s "$W/ms.key"
-check "salafw keygen" $S keygen -p "$W/sf.pub" -s "$W/sf.key"
-check_err "keygen refuses to overwrite" 5 "already exists" $S keygen -p "$W/sf.pub" -s "$W/sf.key"
+check "salafw keygen" $S keygen --pubkey-out "$W/sf.pub" -s "$W/sf.key"
+check_err "keygen refuses to overwrite" 5 "already exists" $S keygen --pubkey-out "$W/sf.pub" -s "$W/sf.key"
 check "secret key is mode 600" test "$(stat -c %a "$W/sf.key")" = 600
 # The key id from the key itself: minisign's comment prints it without zero
 # padding (%PRIX64), so a leading zero nibble (1 key in 16) would shorten it.

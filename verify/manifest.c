@@ -636,9 +636,23 @@ static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct 
 		snprintf(m0, sizeof(m0), "%s", err->msg);
 		sfw_fail(err, s, "%.400s (--allow-downgrade starts it afresh)", m0);
 	}
-	sfw_free(path);
-	if (s != SFW_OK || !r.present)
+	if (s != SFW_OK || !r.present) {
+		sfw_free(path);
 		return s;
+	}
+	if (m->manifest_version == r.version && CRYPTO_memcmp(r.sha, m->manifest_sha256, 32) != 0) {
+		char seen[65], here[65];
+		sfw_hex_encode(r.sha, 32, seen);
+		sfw_hex_encode(m->manifest_sha256, 32, here);
+		s = sfw_fail(err, SFW_E_MANIFEST,
+			     "equivocation: %s manifest_version %llu was seen before with other bytes (%.8s.. "
+			     "now, %.8s.. then): ask the publisher for a higher version, or remove '%s' to accept it",
+			     m->repo_id, (unsigned long long)m->manifest_version, here, seen, path);
+		(void)what;
+		sfw_free(path);
+		return s;
+	}
+	sfw_free(path);
 	if (m->manifest_version < r.version && !p->allow_downgrade)
 		return sfw_fail(err, SFW_E_MANIFEST,
 				"%s: manifest_version %llu is older than version %llu already seen for %s "
