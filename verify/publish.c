@@ -34,6 +34,21 @@ struct collect {
 	const char *root;
 };
 
+/* "<name>.tmp.<pid>.<n>": a file another salafw is writing (core/file.h's
+ * atomic protocol) is never part of the tree. */
+static int atomic_tmp_name(const char *name)
+{
+	const char *t = strstr(name, ".tmp.");
+	while (t) {
+		const char *p = t + 5;
+		size_t a = strspn(p, "0123456789");
+		if (a && p[a] == '.' && strspn(p + a + 1, "0123456789") == strlen(p + a + 1) && p[a + 1])
+			return 1;
+		t = strstr(t + 1, ".tmp.");
+	}
+	return 0;
+}
+
 static void collect_fail(struct collect *c, enum sfw_status code, const char *fmt, const char *a,
 			 const char *b)
 {
@@ -53,7 +68,7 @@ static void walk(struct collect *c, int fd, const char *prefix, int depth)
 	while (c->s == SFW_OK && (errno = 0, e = readdir(d))) {
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
 			continue;
-		if (sfwi_skip_dir_entry(prefix, e->d_name, depth))
+		if (sfwi_skip_dir_entry(prefix, e->d_name, depth) || atomic_tmp_name(e->d_name))
 			continue; /* the tool's own state, git's, the HF cache */
 		char rel[4096];
 		if ((size_t)snprintf(rel, sizeof(rel), "%s%s%s", prefix, *prefix ? "/" : "", e->d_name) >=
