@@ -6,6 +6,7 @@
 #include "file.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -181,7 +182,8 @@ int cmd_manifest(int argc, char **argv)
 		if (out) {
 			s = sfw_write_file_atomic(out, text, len, &err);
 		} else if (fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0) {
-			s = sfw_fail(&err, SFW_E_IO, "cannot write the manifest to standard output");
+			s = sfw_fail(&err, errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO,
+				     "cannot write to standard output: %s", strerror(errno));
 		}
 	}
 	sfw_free(text);

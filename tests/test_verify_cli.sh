@@ -286,7 +286,7 @@ else
 	mkdir -p "$W/locked/.salafw" && printf '{}' >"$W/locked/.salafw/manifest.json" && chmod 000 "$W/locked/.salafw/manifest.json"
 	check_err "unreadable manifest (root: no DIR permission test)" 3 "manifest.json" $S verify "$W/locked"
 fi
-check_err "no manifest in DIR" 3 "manifest.json" $S verify "$W/elsewhere"
+check_err "no manifest in DIR: not verified (exit 1, as run and quant)" 1 "has no signed manifest" $S verify "$W/elsewhere"
 check_err "verify without DIR" 2 "expected one DIR" $S verify
 check_err "unknown option" 2 "unknown option" $S verify "$M" --frobnicate
 check_err "bad -P key" 3 "base64" $S verify "$M" -P notakey
