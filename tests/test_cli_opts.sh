@@ -40,7 +40,7 @@ printf '  -p, --prompt TEXT  x\n' > "$T/fake.run"; printf '  -p, --pubkey FILE  
 python3 "$T/letters.py" "$T/fake.run" "$T/fake.verify" > "$T/clash.txt"
 [ $? = 1 ] && grep -q -- "-p means" "$T/clash.txt" && pass "the checker reports a clash" || fail "checker missed a clash"
 # the mapping the README documents
-for pair in "p prompt" "P pubkey" "o output" "s seckey" "t threads" "x connections" "d dest" "m manifest" "j jobs" "q quiet" "n n"; do
+for pair in "p prompt" "P pubkey" "o output" "s seckey" "t threads" "x connections" "d dest" "m manifest" "j jobs" "q quiet"; do
 	set -- $pair
 	grep -qE "^  -$1, --$2( |$)" "$T"/help.* && pass "-$1 is --$2" || fail "-$1 is not --$2"
 done

@@ -115,4 +115,26 @@ check "a higher version: no warning" test ! -s "$T/r3.err"
 mkdir -p "$T/src/.salafw" && cp "$T/r.json" "$T/src/.salafw/manifest.json"; sleep 1.1
 "$S" manifest "$T/src" --repo $REPO --revision $REV --manifest-version 2 > /dev/null 2> "$T/r4.err"
 check "DIR's own manifest of that version: warns" grep -q "$T/src/.salafw/manifest.json' already holds manifest_version 2" "$T/r4.err"
+# ---- the terminal display fits the terminal (a pty of 60 columns) ------------
+LONG="a-very-long-shard-name-that-would-wrap-an-80-column-terminal-model-00001-of-00002.safetensors"
+mkdir -p "$T/src2"; head -c 700000 /dev/urandom > "$T/src2/$LONG"; head -c 700000 /dev/urandom > "$T/src2/short.bin"
+$FAULTD serve --root "$T/src2" --port-file "$T/slow.port" --rate 300000 --lifetime 60 & PIDS+=($!)
+for _ in $(seq 100); do [ -s "$T/slow.port" ] && break; sleep 0.05; done
+$FAULTD manifest --dir "$T/src2" --repo test/tty --rev $REV --key-id "$KID" --source "http:$H:$(cat "$T/slow.port")/" > "$T/tty.json"
+"$S" sign -s "$T/k.key" "$T/tty.json" >/dev/null
+SALAFW_STATE_DIR=$T/sttty script -qec "stty cols 60 rows 40; '$S' get test/tty --manifest '$T/tty.json' -P '$T/k.pub' -d '$T/tty' -x 1" "$T/tty.log" >/dev/null 2>&1
+check "get on a pty: exit 0" cmp -s "$T/tty/$LONG" "$T/src2/$LONG"
+python3 - "$T/tty.log" > "$T/tty.txt" <<'PY'
+import re, sys, unicodedata
+raw = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
+rows = [l for l in re.split(r"\r\n|\n|\r", raw)]
+cols = lambda s: sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
+live = [re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", l) for l in rows]
+print("rows", sum(1 for l in live if "%" in l))
+print("widest", max(cols(l) for l in live if "%" in l) if live else 0)
+print("ellipsis", sum(1 for l in live if "\u2026" in l and "%" in l))
+PY
+check "the live block was drawn" test "$(sed -n 's/^rows //p' "$T/tty.txt")" -ge 2
+check "every row fits 59 of 60 columns ($(sed -n 's/^widest //p' "$T/tty.txt"))" test "$(sed -n 's/^widest //p' "$T/tty.txt")" -le 59
+check "the long name is cut with an ellipsis" test "$(sed -n 's/^ellipsis //p' "$T/tty.txt")" -ge 1
 check_report test_get_cli
