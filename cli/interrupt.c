@@ -19,7 +19,9 @@ static void on_signal(int sig)
 {
 	if (!g_sig)
 		g_sig = sig;
-	if (g_polled) {
+	/* a polling command stops at its next check; a second signal ends it
+	 * at once unless a temporary file is being written */
+	if (g_polled && !g_cancel) {
 		g_cancel = 1;
 		return;
 	}
@@ -66,6 +68,7 @@ void cli_interrupt_finish(void)
 	int sig = g_sig;
 	if (!sig)
 		return;
+	sfw_atomic_quiesce(); /* a second signal from here on ends the process at once */
 	fflush(stdout);
 	fprintf(stderr, "salafw: interrupted by %s; temporary files removed%s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
 		g_polled ? ", partial downloads kept (run the same command again to resume)" : "");

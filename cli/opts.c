@@ -283,7 +283,6 @@ int cli_load_pubkey(const char *cmd, const char *arg, struct sfw_pubkey *key)
 {
 	struct sfw_err err = {0};
 	enum sfw_status s;
-	(void)cmd;
 	if (access(arg, F_OK) == 0) {
 		s = sfw_pubkey_load(arg, key, &err);
 	} else if (looks_base64_key(arg)) {
@@ -297,8 +296,18 @@ int cli_load_pubkey(const char *cmd, const char *arg, struct sfw_pubkey *key)
 			s = sfw_pubkey_load(path, key, &err);
 		else if (strchr(arg, '/') || (strlen(arg) > 4 && strcmp(arg + strlen(arg) - 4, ".pub") == 0))
 			s = sfw_pubkey_load(arg, key, &err); /* a file that is not there: "cannot open" */
-		else
-			s = sfw_pubkey_parse(arg, strlen(arg), "public key given with --pubkey", key, &err);
+		else if ((s = sfw_pubkey_parse(arg, strlen(arg), "public key given with --pubkey", key, &err)) != SFW_OK) {
+			char shown[64];
+			size_t o = 0;
+			for (const unsigned char *p = (const unsigned char *)arg; *p && o + 4 < sizeof(shown); p++)
+				shown[o++] = *p < 0x20 || *p >= 0x7f ? '?' : (char)*p;
+			shown[o] = '\0';
+			fprintf(stderr,
+				"%s: --pubkey '%s' is not a key file, not an installed key (%s/%s.pub) and not a "
+				"base64 minisign public key\n",
+				cmd, shown, cli_keys_dir(), shown);
+			return sfw_exit_code(s);
+		}
 	}
 	return s == SFW_OK ? 0 : cli_report(s, &err);
 }
