@@ -132,6 +132,9 @@ void cli_interrupt_finish(void);
 int cli_term_width(int fd);
 int cli_progress_line(char *out, size_t cap, int width, const char *name, uint64_t done, uint64_t size,
 		      double rate, long eta);
+/* s with control characters and DEL shown as '?' (one line, no terminal
+ * escapes), cut to cap - 1 bytes. */
+void cli_printable(char *out, size_t cap, const char *s);
 /* "1.5 MB" (powers of 1000). */
 void cli_human_bytes(char *out, size_t n, double b);
 /* The columns a UTF-8 string takes (code points; no wide-character table). */

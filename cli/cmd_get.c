@@ -72,10 +72,7 @@ struct ui {
 	size_t nrows;
 };
 
-static void human(char *out, size_t n, double b)
-{
-	cli_human_bytes(out, n, b);
-}
+#define human cli_human_bytes
 
 /* The file's own rate: bytes received since it started over its time. */
 static double row_rate(const struct ui *u, size_t i, double now)
@@ -160,10 +157,7 @@ static void plain_lines(struct ui *u, const struct sfw_fetch_event *ev)
 		human(b, sizeof(b), (double)u->rows[i].size);
 		human(r, sizeof(r), row_rate(u, i, ev->elapsed));
 		double pct = u->rows[i].size ? 100.0 * (double)u->rows[i].done / (double)u->rows[i].size : 100;
-		size_t o = 0;
-		for (const unsigned char *p = (const unsigned char *)u->rows[i].path; *p && o + 1 < sizeof(nm); p++)
-			nm[o++] = *p < 0x20 || *p == 0x7f ? '?' : (char)*p;
-		nm[o] = '\0';
+		cli_printable(nm, sizeof(nm), u->rows[i].path);
 		fprintf(stderr, "progress %s %llu / %llu bytes (%.1f%%, %s of %s) %s/s\n", nm,
 			(unsigned long long)u->rows[i].done, (unsigned long long)u->rows[i].size, pct, a, b, r);
 	}
@@ -401,17 +395,13 @@ int cmd_get(int argc, char **argv)
 			return SFW_EXIT_USAGE;
 		if (at && revision && strcmp(at + 1, revision) != 0)
 			return cli_usage_error(cmd, "REPO@%s and --revision %s disagree", at + 1, revision);
-		const char *rv = at ? at + 1 : revision;
-		if (rv) {
-			if (strlen(rv) != 40 || strspn(rv, "0123456789abcdef") != 40)
-				return cli_usage_error(cmd, "revision '%s' must be a 40-hex commit (lower case)", rv);
-			snprintf(rev, sizeof(rev), "%s", rv);
-		}
+		if (at)
+			revision = at + 1;
 		p.repo_id = repo;
-		p.revision = rev[0] ? rev : NULL;
 	} else if (!p.manifest) {
 		return cli_usage_error(cmd, "missing REPO (or --manifest)");
-	} else if (revision) {
+	}
+	if (revision) {
 		if (strlen(revision) != 40 || strspn(revision, "0123456789abcdef") != 40)
 			return cli_usage_error(cmd, "revision '%s' must be a 40-hex commit (lower case)", revision);
 		snprintf(rev, sizeof(rev), "%s", revision);

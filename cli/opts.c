@@ -298,10 +298,7 @@ int cli_load_pubkey(const char *cmd, const char *arg, struct sfw_pubkey *key)
 			s = sfw_pubkey_load(arg, key, &err); /* a file that is not there: "cannot open" */
 		else if ((s = sfw_pubkey_parse(arg, strlen(arg), "public key given with --pubkey", key, &err)) != SFW_OK) {
 			char shown[64];
-			size_t o = 0;
-			for (const unsigned char *p = (const unsigned char *)arg; *p && o + 4 < sizeof(shown); p++)
-				shown[o++] = *p < 0x20 || *p >= 0x7f ? '?' : (char)*p;
-			shown[o] = '\0';
+			cli_printable(shown, sizeof(shown), arg);
 			fprintf(stderr,
 				"%s: --pubkey '%s' is not a key file, not an installed key (%s/%s.pub) and not a "
 				"base64 minisign public key\n",
@@ -332,10 +329,7 @@ int cli_check_repo_id(const char *cmd, const char *opt, const char *id)
 	if (sl && !strchr(sl + 1, '/') && repo_part_ok(id, (size_t)(sl - id)) && repo_part_ok(sl + 1, strlen(sl + 1)))
 		return 1;
 	char shown[120];
-	size_t o = 0;
-	for (const unsigned char *p = (const unsigned char *)id; *p && o + 5 < sizeof(shown); p++)
-		shown[o++] = *p < 0x20 || *p >= 0x7f ? '?' : (char)*p;
-	shown[o] = '\0';
+	cli_printable(shown, sizeof(shown), id);
 	fprintf(stderr,
 		"%s: %s'%s' is not a repository id: expected ORG/NAME, each part 1-96 of A-Z a-z 0-9 . _ -, "
 		"not starting or ending with . or - (e.g. openbmb/MiniCPM-SALA)\n",

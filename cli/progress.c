@@ -41,6 +41,15 @@ int cli_str_cols(const char *s)
 	return n;
 }
 
+void cli_printable(char *out, size_t cap, const char *s)
+{
+	size_t o = 0;
+	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p && o + 1 < cap; p++)
+		out[o++] = *p < 0x20 || *p == 0x7f ? '?' : (char)*p;
+	if (cap)
+		out[o] = '\0';
+}
+
 /* Copies name into out (cap bytes) in at most cols columns: control bytes
  * (and DEL) become '?', a longer name ends in "…". Returns the columns. */
 static int fit_name(char *out, size_t cap, const char *name, int cols)
