@@ -645,7 +645,7 @@ static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct 
 		sfw_hex_encode(r.sha, 32, seen);
 		sfw_hex_encode(m->manifest_sha256, 32, here);
 		s = sfw_fail(err, SFW_E_MANIFEST,
-			     "equivocation: %s manifest_version %llu was seen before with other bytes (%.8s.. "
+			     "equivocation: %.60s manifest_version %llu was seen before with other bytes (%.8s.. "
 			     "now, %.8s.. then): ask the publisher for a higher version, or remove '%s' to accept it",
 			     m->repo_id, (unsigned long long)m->manifest_version, here, seen, path);
 		(void)what;
