@@ -41,11 +41,23 @@ int cli_str_cols(const char *s)
 	return n;
 }
 
+/* A C0 or C1 control character (C1 as its UTF-8 form C2 80..9F) or DEL. */
+static int control_at(const unsigned char *p)
+{
+	return *p < 0x20 || *p == 0x7f || (p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F);
+}
+
 void cli_printable(char *out, size_t cap, const char *s)
 {
 	size_t o = 0;
-	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p && o + 1 < cap; p++)
-		out[o++] = *p < 0x20 || *p == 0x7f ? '?' : (char)*p;
+	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p && o + 1 < cap; p++) {
+		if (control_at(p)) {
+			out[o++] = '?';
+			p += *p == 0xC2; /* both bytes of a C1 */
+		} else {
+			out[o++] = (char)*p;
+		}
+	}
 	if (cap)
 		out[o] = '\0';
 }
@@ -64,7 +76,7 @@ static int fit_name(char *out, size_t cap, const char *name, int cols)
 				len++;
 		if (used + 1 > room)
 			break;
-		if (*p < 0x20 || *p == 0x7f || (*p >= 0x80 && *p < 0xC0)) {
+		if (control_at(p) || (*p >= 0x80 && *p < 0xC0)) {
 			out[o++] = '?';
 		} else {
 			memcpy(out + o, p, len);

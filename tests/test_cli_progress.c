@@ -77,5 +77,11 @@ int main(void)
 	unsetenv("COLUMNS");
 	CHECK(cli_term_width(-1) == 80, "no COLUMNS: 80");
 	CHECK(cli_str_cols("a\xc3\xa9\xe2\x80\xa6") == 3, "columns of a UTF-8 string");
+	/* printable: C0, DEL and C1 (UTF-8 C2 9B is CSI) become '?', other UTF-8 stays */
+	char pr[64];
+	cli_printable(pr, sizeof(pr), "a\033[31m\x7f\xc2\x9b" "2J\xc3\xa9");
+	CHECK(strcmp(pr, "a?[31m??2J\xc3\xa9") == 0, "printable: '%s'", pr);
+	cli_progress_line(line, sizeof(line), 80, "x\xc2\x9b" "31m.bin", 1, 2, 0, -1);
+	CHECK(strstr(line, "\xc2\x9b") == NULL && strstr(line, "x?31m.bin"), "a C1 CSI in a name is shown as '?': '%s'", line);
 	return CHECK_REPORT("test_cli_progress");
 }
