@@ -122,11 +122,12 @@ check "manifest SIGINT: OUT unchanged" cmp -s "$T/keep.json" "$T/old.json"
 check "manifest SIGINT: no *.tmp.* left" notmp "$T"
 rm -f "$T/big/sparse.bin"
 # ... and a manifest never lists another writer's temporary file
-: > "$T/m/config.json.tmp.4242.7"; : > "$T/m/notes.tmp.txt"
+: > "$T/m/config.json.tmp.4242.7"; : > "$T/m/notes.tmp.txt"; : > "$T/m/draft.tmp"
 "$S" manifest "$T/m" --repo test/ec --revision $REV > "$T/mt.json" 2>/dev/null
 check "manifest skips *.tmp.<pid>.<n>" bash -c "! grep -q 'config.json.tmp.4242.7' '$T/mt.json'"
-check "... but lists an ordinary name with .tmp. in it" grep -q '"notes.tmp.txt"' "$T/mt.json"
-rm -f "$T/m/config.json.tmp.4242.7" "$T/m/notes.tmp.txt"
+check "... and any *.tmp.* name" bash -c "! grep -q 'notes.tmp.txt' '$T/mt.json'"
+check "... but lists a name that only ends in .tmp" grep -q '"draft.tmp"' "$T/mt.json"
+rm -f "$T/m/config.json.tmp.4242.7" "$T/m/notes.tmp.txt" "$T/m/draft.tmp"
 
 # get: SIGINT during a slow transfer; the partial stays and resumes
 FAULTD="python3 tests/httpd/faultd.py"

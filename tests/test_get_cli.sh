@@ -137,4 +137,30 @@ PY
 check "the live block was drawn" test "$(sed -n 's/^rows //p' "$T/tty.txt")" -ge 2
 check "every row fits 59 of 60 columns ($(sed -n 's/^widest //p' "$T/tty.txt"))" test "$(sed -n 's/^widest //p' "$T/tty.txt")" -le 59
 check "the long name is cut with an ellipsis" test "$(sed -n 's/^ellipsis //p' "$T/tty.txt")" -ge 1
+# replay the session in a terminal emulator (pyte, 60 columns): after each
+# redraw at most one row per file plus the total is on screen (stale rows
+# would pile up), and none is left when get is done
+PY=; for p in /usr/bin/python3 python3; do "$p" -c 'import pyte' 2>/dev/null && { PY=$p; break; }; done
+if [ -z "$PY" ]; then fail "python3-pyte missing (scripts/setup.sh installs it)"; else
+"$PY" - "$T/tty.log" > "$T/pyte.txt" <<'PY'
+import sys, pyte
+data = open(sys.argv[1], "rb").read()
+screen = pyte.Screen(60, 40)
+stream = pyte.ByteStream(screen)
+worst = 0
+pieces = data.split(b"\x1b[J")
+for i, piece in enumerate(pieces):
+    stream.feed(piece)  # a redraw, up to the next clear
+    rows = [l for l in screen.display if "%" in l or l.startswith("total ")]
+    worst = max(worst, len(rows))
+    if i + 1 < len(pieces):
+        stream.feed(b"\x1b[J")
+left = [l for l in screen.display if "%" in l or l.startswith("total ")]
+print("worst", worst)
+print("left", len(left))
+PY
+check "emulated 60-column terminal: at most 3 progress rows at any time ($(sed -n 's/^worst //p' "$T/pyte.txt"))" \
+	test "$(sed -n 's/^worst //p' "$T/pyte.txt")" -le 3 -a "$(sed -n 's/^worst //p' "$T/pyte.txt")" -ge 1
+check "... and none left at the end" test "$(sed -n 's/^left //p' "$T/pyte.txt")" = 0
+fi
 check_report test_get_cli

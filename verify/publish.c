@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,19 +35,12 @@ struct collect {
 	const char *root;
 };
 
-/* "<name>.tmp.<pid>.<n>": a file another salafw is writing (core/file.h's
- * atomic protocol) is never part of the tree. */
+/* "*.tmp.*": a temporary file another writer has not renamed yet (core/file.h's
+ * "<name>.tmp.<pid>.<n>", and the same pattern .gitignore keeps out) is never
+ * part of the tree. */
 static int atomic_tmp_name(const char *name)
 {
-	const char *t = strstr(name, ".tmp.");
-	while (t) {
-		const char *p = t + 5;
-		size_t a = strspn(p, "0123456789");
-		if (a && p[a] == '.' && strspn(p + a + 1, "0123456789") == strlen(p + a + 1) && p[a + 1])
-			return 1;
-		t = strstr(t + 1, ".tmp.");
-	}
-	return 0;
+	return fnmatch("*.tmp.*", name, 0) == 0;
 }
 
 static void collect_fail(struct collect *c, enum sfw_status code, const char *fmt, const char *a,
@@ -69,7 +63,7 @@ static void walk(struct collect *c, int fd, const char *prefix, int depth)
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
 			continue;
 		if (sfwi_skip_dir_entry(prefix, e->d_name, depth) || atomic_tmp_name(e->d_name))
-			continue; /* the tool's own state, git's, the HF cache */
+			continue; /* the tool's own state, git's, the HF cache, temporary files */
 		char rel[4096];
 		if ((size_t)snprintf(rel, sizeof(rel), "%s%s%s", prefix, *prefix ? "/" : "", e->d_name) >=
 		    sizeof(rel)) {
