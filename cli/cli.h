@@ -118,7 +118,6 @@ int cli_check_repo_id(const char *cmd, const char *opt, const char *id);
  * returns: the shell sees 128 + signal (130 SIGINT, 143 SIGTERM). */
 void cli_interrupt_install(void);
 volatile sig_atomic_t *cli_interrupt_polled(void);
-int cli_interrupted(void); /* the signal caught, or 0 */
 /* After the command: if a signal was caught, say so and end by it. */
 void cli_interrupt_finish(void);
 

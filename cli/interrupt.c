@@ -58,11 +58,6 @@ volatile sig_atomic_t *cli_interrupt_polled(void)
 	return &g_cancel;
 }
 
-int cli_interrupted(void)
-{
-	return g_sig;
-}
-
 void cli_interrupt_finish(void)
 {
 	int sig = g_sig;
