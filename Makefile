@@ -83,7 +83,7 @@ TEST_HELPERS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/lib/*.c))
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
-.PHONY: all test check test-ops bench fuzz format clean deps setup demo
+.PHONY: all test check test-ops bench fuzz format clean deps setup demo install
 # Keep object files of tests and benches (make would delete them as intermediates).
 .SECONDARY:
 all: deps $(BUILD)/libsalafw.a $(BUILD)/salafw $(TEST_BINS) $(BENCH_BINS)
@@ -163,6 +163,18 @@ $(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.cuh')
+
+# make install PREFIX=DIR: the binary, the pinned keys and pins (read by
+# --pubkey NAME), and salafw.1 generated from the option tables (salafw --man).
+PREFIX ?= /usr/local
+DESTDIR ?=
+install: $(BUILD)/salafw
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/salafw/manifests/pins $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 0755 $(BUILD)/salafw $(DESTDIR)$(PREFIX)/bin/salafw
+	install -m 0644 manifests/*.pub manifests/README.md $(DESTDIR)$(PREFIX)/share/salafw/manifests/
+	install -m 0644 manifests/pins/*.pin $(DESTDIR)$(PREFIX)/share/salafw/manifests/pins/
+	$(BUILD)/salafw --man > $(DESTDIR)$(PREFIX)/share/man/man1/salafw.1.tmp
+	mv $(DESTDIR)$(PREFIX)/share/man/man1/salafw.1.tmp $(DESTDIR)$(PREFIX)/share/man/man1/salafw.1
 
 setup:
 	bash scripts/setup.sh

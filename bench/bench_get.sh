@@ -2,7 +2,7 @@
 # bench_get.sh - `salafw get` throughput on loopback against aria2c and curl,
 # in the same run, on the same nginx (tests/nginx/), as ratios.
 #   4 files x SIZE_MB MiB (default 1024) of random bytes, signed manifest.
-#   salafw get -j 4 -c 4 (every byte SHA-256 verified, fsync + rename)
+#   salafw get -j 4 -x 4 (every byte SHA-256 verified, fsync + rename)
 #   aria2c -x4 -j4 (no verification)       curl, one file after another
 # Each tool downloads into a fresh directory that is deleted right after.
 # Env: SIZE_MB, NFILES (4), REPS (1: best of REPS), KEEP_TMP=1 to keep files,
@@ -76,7 +76,7 @@ best() { # best CMD...: fastest wall time of REPS runs, in seconds; fails if any
 # GET_ARGS: salafw's parallelism (default: 4 files at once, two ranged streams
 # each; the first stream is hashed as it arrives, the rest in one pass from the
 # page cache when the file is complete).
-GET_ARGS=${GET_ARGS:--j 4 -c 2}
+GET_ARGS=${GET_ARGS:--j 4 -x 2}
 run_salafw() {
 	SALAFW_STATE_DIR=$T/state-$RANDOM "$SALAFW" get bench/model --manifest "$M" -P "$T/k.pub" \
 		-d "$O/out" $GET_ARGS -q

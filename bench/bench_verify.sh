@@ -51,7 +51,7 @@ best() { # cmd... ; prints the smallest wall time of REPS runs
 T_OPENSSL1=$(best openssl dgst -sha256 "$W/model/shard-1.bin") # one file, one core
 
 # A signed manifest from sha256sum's digests.
-"$S" keygen -p "$W/k.pub" -s "$W/k.key" >/dev/null
+"$S" keygen --pubkey-out "$W/k.pub" -s "$W/k.key" >/dev/null
 KID=$(sed -n 's/.*key \([0-9A-F]*\)$/\1/p' "$W/k.pub")
 TOTAL=$((SIZE_MB * 1048576 * NFILES))
 {

@@ -8,7 +8,9 @@
 #define SFW_CLI_H
 
 #include "sfw.h"
+#include "verify/verify.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -68,10 +70,10 @@ struct cli_model_opts {
 	const char *pubkey;
 };
 #define CLI_MODEL_OPT_ROWS(VERB)                                                                             \
-	{"threads", 0, "N", "CPU threads (default: all cores)"},                                               \
+	{"threads", 't', "N", "CPU threads (default: all cores)"},                                             \
 	{"no-verify", 0, NULL, VERB " without checking the directory's signed manifest (says so)"},           \
 	{"verify-full", 0, NULL, "re-hash every model file first"},                                            \
-	{"pubkey", 0, "FILE", "trust this minisign public key instead of the pinned one"}
+	{"pubkey", 'P', "KEY|FILE", "trust this minisign public key (a file, base64, or an installed key's name) instead of the pinned one"}
 void cli_model_opts_init(struct cli_model_opts *o);
 /* cli_next that takes the model options into o itself: returns the next
  * other option, CLI_DONE, CLI_HELP, or CLI_ERROR (also for a bad value). */
@@ -90,6 +92,56 @@ double cli_now_s(void);
  * (0 = ok). */
 int cli_model_gate(const char *cmd, const char *dir, int no_verify, int verify_full, const char *pubkey);
 int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n);
+
+/* --pubkey (every command): a key file, a base64 minisign public key, or
+ * the name of a key installed with salafw (NAME.pub in cli_keys_dir(),
+ * e.g. "freeweights"). An existing file wins; then a base64 key; then an
+ * installed name; otherwise the argument is opened as a file. Returns an
+ * exit code (0 = ok), the problem printed. */
+int cli_load_pubkey(const char *cmd, const char *arg, struct sfw_pubkey *key);
+/* The folder holding the pinned keys (manifests/, NAME.pub files): $SALAFW_KEYS_DIR,
+ * else PREFIX/share/salafw/manifests next to an installed binary
+ * (PREFIX/bin/salafw), else the source tree's manifests/ next to build/. */
+const char *cli_keys_dir(void);
+/* ORG/NAME as the Hugging Face Hub allows it (two parts of [A-Za-z0-9._-],
+ * 1..96 characters each, not starting or ending with '.' or '-', no "--"
+ * or ".."). Returns 1 when valid; 0 after printing why (usage error). */
+int cli_check_repo_id(const char *cmd, const char *opt, const char *id);
+
+/* Interrupts (cli/interrupt.c). main installs the SIGINT/SIGTERM handler
+ * before running a command. A command that polls for interrupts (get: the
+ * downloader's cancel flag) calls cli_interrupt_polled() and gets the flag
+ * the handler sets. Otherwise the handler ends the process at once when no
+ * temporary file exists (sfw_atomic_quiesce), or makes the library's
+ * atomic writers fail (SFW_E_ABORTED) so their error paths remove their
+ * temporary files, and the process ends by the signal when the command
+ * returns: the shell sees 128 + signal (130 SIGINT, 143 SIGTERM). */
+void cli_interrupt_install(void);
+volatile sig_atomic_t *cli_interrupt_polled(void);
+/* After the command: if a signal was caught, say so and end by it. */
+void cli_interrupt_finish(void);
+
+/* Progress display (cli/progress.c). cli_term_width: the width of the
+ * terminal on fd (TIOCGWINSZ), else $COLUMNS, else 80. cli_progress_line
+ * formats one file's row to fit `width` columns (at most width - 1 are
+ * used, so the terminal never wraps): name (control characters shown as
+ * '?', cut with an ellipsis), percent, bytes, rate and ETA, dropping ETA
+ * then rate then sizes when narrow. eta < 0: unknown. Returns the columns
+ * used. */
+int cli_term_width(int fd);
+int cli_progress_line(char *out, size_t cap, int width, const char *name, uint64_t done, uint64_t size,
+		      double rate, long eta);
+/* s with control characters and DEL shown as '?' (one line, no terminal
+ * escapes), cut to cap - 1 bytes. */
+void cli_printable(char *out, size_t cap, const char *s);
+/* "1.5 MB" (powers of 1000). */
+void cli_human_bytes(char *out, size_t n, double b);
+/* The columns a UTF-8 string takes (code points; no wide-character table). */
+int cli_str_cols(const char *s);
+
+/* Help: cli_usage prints plain text, or with cli_help_roff set (salafw
+ * --man) a roff section of the salafw(1) page, from the same table. */
+extern int cli_help_roff;
 
 /* Subcommands (each returns an exit code). */
 int cmd_verify(int argc, char **argv);

@@ -15,14 +15,18 @@
 
 static const struct cli_opt opts[] = {
 	{"dest", 'd', "DIR", "destination directory (default: ./NAME)"},
+	{"local-dir", 0, "DIR", "the same as --dest (the hf CLI's name)"},
+	{"revision", 0, "HEX40", "the 40-hex commit the manifest must name (the same as REPO@HEX40)"},
+	{"include", 0, "GLOB", "fetch only files matching GLOB (fnmatch, '*' matches '/' too; repeatable)"},
+	{"exclude", 0, "GLOB", "skip files matching GLOB (repeatable; applied after --include)"},
 	{"endpoint", 0, "URL", "manifest service (default $SALAFW_ENDPOINT or https://freeweights.allternit.com)"},
 	{"manifest", 'm', "URL|FILE", "take the manifest from here (+ '.minisig') instead of the service"},
-	{"pubkey", 'P', "KEY|FILE", "trust this minisign public key (base64, or a key file) instead of the pinned one"},
-	{"pubkey-file", 'p', "FILE", "trust the minisign public key in FILE (as 'salafw verify -p')"},
+	{"pubkey", 'P', "KEY|FILE", "trust this minisign public key (a file, base64, or an installed key's name) instead of the pinned one"},
+	{"pubkey-file", 0, "FILE", "the same, a key file only (older spelling)"},
 	{"mirror", 0, "KIND:URL", "extra source tried BEFORE the manifest's (http:URL or hf:URL; repeatable)"},
 	{"mirror-last", 0, "KIND:URL", "extra source tried AFTER the manifest's (repeatable)"},
 	{"jobs", 'j', "N", "files downloaded at once (default 4)"},
-	{"connections", 'c', "N", "ranged connections per file (default 4)"},
+	{"connections", 'x', "N", "ranged connections per file (default 4; aria2's -x)"},
 	{"segment-size", 0, "BYTES", "never split a file into pieces smaller than this (default 32 MiB)"},
 	{"connect-timeout", 0, "SECONDS", "connect timeout (default 15)"},
 	{"stall-timeout", 0, "SECONDS", "abort a transfer below 1 KiB/s for this long (default 30)"},
@@ -34,6 +38,7 @@ static const struct cli_opt opts[] = {
 	{"no-space-check", 0, NULL, "do not refuse when free disk space looks too small"},
 	{"allow-expired", 0, NULL, "accept an expired manifest (archival fetch of a pinned revision)"},
 	{"allow-downgrade", 0, NULL, "accept a lower manifest_version than one seen before"},
+	{"progress-interval", 0, "SECONDS", "when stderr is not a terminal: a line per active file this often (default 5)"},
 	{"json", 0, NULL, "one JSON event per line on stdout"},
 	{"quiet", 'q', NULL, "only errors and the summary"},
 	{0, 0, 0, 0},
@@ -43,24 +48,21 @@ static const char synopsis[] =
 	"[OPTIONS] REPO[@REVISION]\n"
 	"       (REPO is org/name; REVISION a 40-hex commit the manifest must name)\n"
 	"Sources are tried per file in this order: --mirror ones, the manifest's, --mirror-last ones.\n"
+	"Environment: HF_ENDPOINT replaces the endpoint of the manifest's hf sources; HF_TOKEN is sent\n"
+	"as a bearer token to those only (never to http sources or --mirror ones, never printed).\n"
 	"Exit: 0 all verified; 1 some file's every source served wrong bytes (sha256); 2 usage;\n"
-	"3 manifest or signature rejected; 4 network / every source failed; 5 local I/O, no space,\n"
-	"DEST or a partial locked by another process, interrupted (run again to resume)";
-
-static volatile sig_atomic_t g_cancel;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	g_cancel = 1;
-}
+	"3 manifest or signature rejected; 4 not on the endpoint / network / every source failed;\n"
+	"5 local I/O, no space, DEST or a partial locked by another process;\n"
+	"130/143 interrupted (partials kept: run again to resume)";
 
 enum mode { M_PLAIN, M_TTY, M_JSON };
 
 struct ui {
 	enum mode mode;
 	int quiet;
-	int drawn;     /* lines of the live block on screen */
+	int drawn;              /* lines of the live block on screen */
+	double plain_every;     /* M_PLAIN: seconds between progress lines */
+	double plain_last;      /* ... when the last ones were printed */
 	struct {
 		const char *path;
 		uint64_t done, size;
@@ -71,15 +73,13 @@ struct ui {
 	size_t nrows;
 };
 
-static void human(char *out, size_t n, double b)
+#define human cli_human_bytes
+
+/* The file's own rate: bytes received since it started over its time. */
+static double row_rate(const struct ui *u, size_t i, double now)
 {
-	const char *u[] = {"B", "KB", "MB", "GB", "TB"};
-	int i = 0;
-	while (b >= 1000 && i < 4) {
-		b /= 1000;
-		i++;
-	}
-	snprintf(out, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+	double dt = now - u->rows[i].t0;
+	return dt > 0.2 && u->rows[i].done > u->rows[i].done0 ? (double)(u->rows[i].done - u->rows[i].done0) / dt : 0;
 }
 
 static void json_str(FILE *f, const char *s)
@@ -106,35 +106,25 @@ static const char *kind_name(enum sfw_fetch_event_kind k)
 
 static void clear_block(struct ui *u)
 {
-	for (int i = 0; i < u->drawn; i++)
-		fprintf(stderr, "\033[1A\033[2K");
+	/* every row fits the width (cli_progress_line), so a row is one line */
+	if (u->drawn)
+		fprintf(stderr, "\033[%dA\r\033[J", u->drawn);
 	u->drawn = 0;
 }
 
 static void draw_block(struct ui *u, const struct sfw_fetch_event *ev)
 {
-	char a[32], b[32], r[32];
+	char a[32], b[32], r[32], line[2048];
+	int width = cli_term_width(2);
 	clear_block(u);
 	for (size_t i = 0; i < u->nrows; i++) {
 		if (!u->rows[i].live)
 			continue;
-		human(a, sizeof(a), (double)u->rows[i].done);
-		human(b, sizeof(b), (double)u->rows[i].size);
-		double pct = u->rows[i].size ? 100.0 * (double)u->rows[i].done / (double)u->rows[i].size : 100;
-		/* The file's own rate: bytes received since it started over its time. */
-		double dt = ev->elapsed - u->rows[i].t0;
-		double fr = dt > 0.2 && u->rows[i].done > u->rows[i].done0
-				    ? (double)(u->rows[i].done - u->rows[i].done0) / dt
-				    : 0;
-		human(r, sizeof(r), fr);
+		double fr = row_rate(u, i, ev->elapsed);
 		double fleft = u->rows[i].size > u->rows[i].done ? (double)(u->rows[i].size - u->rows[i].done) : 0;
-		long feta = fr > 1 ? (long)(fleft / fr) : -1;
-		if (feta >= 0)
-			fprintf(stderr, "  %-40.40s %5.1f%% %10s / %-10s %10s/s  ETA %ld:%02ld\n", u->rows[i].path, pct, a,
-				b, r, feta / 60, feta % 60);
-		else
-			fprintf(stderr, "  %-40.40s %5.1f%% %10s / %-10s %10s/s  ETA --:--\n", u->rows[i].path, pct, a,
-				b, r);
+		cli_progress_line(line, sizeof(line), width, u->rows[i].path, u->rows[i].done, u->rows[i].size, fr,
+				  fr > 1 ? (long)(fleft / fr) : -1);
+		fprintf(stderr, "%s\n", line);
 		u->drawn++;
 	}
 	human(a, sizeof(a), (double)ev->total_done);
@@ -142,11 +132,36 @@ static void draw_block(struct ui *u, const struct sfw_fetch_event *ev)
 	human(r, sizeof(r), ev->rate);
 	double left = ev->total_size > ev->total_done ? (double)(ev->total_size - ev->total_done) : 0;
 	long eta = ev->rate > 1 ? (long)(left / ev->rate) : -1;
+	char eta_s[32] = "--:--";
 	if (eta >= 0)
-		fprintf(stderr, "total %s / %s  %s/s  ETA %ld:%02ld\n", a, b, r, eta / 60, eta % 60);
-	else
-		fprintf(stderr, "total %s / %s  %s/s  ETA --:--\n", a, b, r);
+		snprintf(eta_s, sizeof(eta_s), "%ld:%02ld", eta / 60, eta % 60);
+	snprintf(line, sizeof(line), "total %s / %s  %s/s  ETA %s", a, b, r, eta_s);
+	if (width > 1 && (int)strlen(line) > width - 1)
+		line[width - 1] = '\0'; /* ASCII only */
+	fprintf(stderr, "%s\n", line);
 	u->drawn++;
+	fflush(stderr);
+}
+
+/* Not a terminal (a CI log): every plain_every seconds one line per active
+ * file, so a long shard is never minutes of silence. */
+static void plain_lines(struct ui *u, const struct sfw_fetch_event *ev)
+{
+	if (ev->elapsed - u->plain_last < u->plain_every)
+		return;
+	u->plain_last = ev->elapsed;
+	for (size_t i = 0; i < u->nrows; i++) {
+		if (!u->rows[i].live)
+			continue;
+		char a[32], b[32], r[32], nm[1024];
+		human(a, sizeof(a), (double)u->rows[i].done);
+		human(b, sizeof(b), (double)u->rows[i].size);
+		human(r, sizeof(r), row_rate(u, i, ev->elapsed));
+		double pct = u->rows[i].size ? 100.0 * (double)u->rows[i].done / (double)u->rows[i].size : 100;
+		cli_printable(nm, sizeof(nm), u->rows[i].path);
+		fprintf(stderr, "progress %s %llu / %llu bytes (%.1f%%, %s of %s) %s/s\n", nm,
+			(unsigned long long)u->rows[i].done, (unsigned long long)u->rows[i].size, pct, a, b, r);
+	}
 	fflush(stderr);
 }
 
@@ -195,6 +210,8 @@ static bool on_event(void *user, const struct sfw_fetch_event *ev)
 	if (ev->kind == SFW_EV_PROGRESS) {
 		if (u->mode == M_TTY && !u->quiet && !ev->file)
 			draw_block(u, ev);
+		else if (u->mode == M_PLAIN && !u->quiet && !ev->file)
+			plain_lines(u, ev);
 		return true;
 	}
 	if (u->quiet && ev->kind != SFW_EV_FILE_FAILED)
@@ -281,9 +298,12 @@ int cmd_get(int argc, char **argv)
 	struct cli_parser cp;
 	struct sfw_source first[16], last[16];
 	size_t nfirst = 0, nlast = 0;
-	const char *pubkey = NULL;
+	const char *pubkey = NULL, *revision = NULL;
+	const char *include[64], *exclude[64];
+	size_t ninclude = 0, nexclude = 0;
 	int pubkey_file = 0;
 	int json = 0, quiet = 0;
+	double plain_every = 5;
 	unsigned long long v;
 	const char *env = getenv("SALAFW_ENDPOINT");
 	if (env && *env)
@@ -301,15 +321,28 @@ int cmd_get(int argc, char **argv)
 		if (o == CLI_ERROR)
 			return SFW_EXIT_USAGE;
 		const char *name = opts[o].name;
-		if (!strcmp(name, "dest")) {
+		if (!strcmp(name, "dest") || !strcmp(name, "local-dir")) {
 			p.dest = arg;
+		} else if (!strcmp(name, "revision")) {
+			revision = arg;
+		} else if (!strcmp(name, "include") || !strcmp(name, "exclude")) {
+			int inc = !strcmp(name, "include");
+			size_t *n = inc ? &ninclude : &nexclude;
+			if (*n >= 64)
+				return cli_usage_error(cmd, "at most 64 --%s options", name);
+			(inc ? include : exclude)[(*n)++] = arg;
+		} else if (!strcmp(name, "progress-interval")) {
+			if (!cli_parse_double(cmd, name, arg, &plain_every))
+				return SFW_EXIT_USAGE;
+			if (plain_every < 0.1 || plain_every > 86400)
+				return cli_usage_error(cmd, "--progress-interval must be 0.1 to 86400 seconds");
 		} else if (!strcmp(name, "endpoint")) {
 			p.endpoint = arg;
 		} else if (!strcmp(name, "manifest")) {
 			p.manifest = arg;
 		} else if (!strcmp(name, "pubkey") || !strcmp(name, "pubkey-file")) {
 			pubkey = arg;
-			pubkey_file = !strcmp(name, "pubkey-file") || access(arg, R_OK) == 0;
+			pubkey_file = !strcmp(name, "pubkey-file");
 		} else if (!strcmp(name, "mirror") || !strcmp(name, "mirror-last")) {
 			int is_first = !strcmp(name, "mirror");
 			size_t *n = is_first ? &nfirst : &nlast;
@@ -363,18 +396,24 @@ int cmd_get(int argc, char **argv)
 		const char *a = cp.pos[0];
 		const char *at = strchr(a, '@');
 		size_t rl = at ? (size_t)(at - a) : strlen(a);
-		if (rl == 0 || rl >= sizeof(repo) || !memchr(a, '/', rl))
-			return cli_usage_error(cmd, "'%s' is not org/name[@revision]", a);
+		if (rl >= sizeof(repo))
+			return cli_usage_error(cmd, "'%.40s...' is not org/name[@revision]", a);
 		memcpy(repo, a, rl);
-		if (at) {
-			if (strlen(at + 1) != 40 || strspn(at + 1, "0123456789abcdef") != 40)
-				return cli_usage_error(cmd, "revision '%s' must be a 40-hex commit", at + 1);
-			snprintf(rev, sizeof(rev), "%s", at + 1);
-		}
+		if (!cli_check_repo_id(cmd, NULL, repo)) /* before any network */
+			return SFW_EXIT_USAGE;
+		if (at && revision && strcmp(at + 1, revision) != 0)
+			return cli_usage_error(cmd, "REPO@%s and --revision %s disagree", at + 1, revision);
+		if (at)
+			revision = at + 1;
 		p.repo_id = repo;
-		p.revision = rev[0] ? rev : NULL;
 	} else if (!p.manifest) {
 		return cli_usage_error(cmd, "missing REPO (or --manifest)");
+	}
+	if (revision) {
+		if (strlen(revision) != 40 || strspn(revision, "0123456789abcdef") != 40)
+			return cli_usage_error(cmd, "revision '%s' must be a 40-hex commit (lower case)", revision);
+		snprintf(rev, sizeof(rev), "%s", revision);
+		p.revision = rev;
 	}
 	if (!p.dest) {
 		const char *sl = strrchr(repo, '/');
@@ -386,13 +425,40 @@ int cmd_get(int argc, char **argv)
 	sfw_err_clear(&err);
 	struct sfw_pubkey key;
 	if (pubkey) {
-		enum sfw_status st = pubkey_file ? sfw_pubkey_load(pubkey, &key, &err)
-							       : sfw_pubkey_parse(pubkey, strlen(pubkey), "--pubkey",
-										  &key, &err);
-		if (st != SFW_OK)
-			return cli_report(st, &err);
+		if (pubkey_file) {
+			enum sfw_status st = sfw_pubkey_load(pubkey, &key, &err);
+			if (st != SFW_OK)
+				return cli_report(st, &err);
+		} else {
+			int rc = cli_load_pubkey(cmd, pubkey, &key);
+			if (rc)
+				return rc;
+		}
 		p.trust.keys = &key;
 		p.trust.nkeys = 1;
+	}
+	p.include = include;
+	p.ninclude = ninclude;
+	p.exclude = exclude;
+	p.nexclude = nexclude;
+	char hf_ep[1024];
+	const char *hfe = getenv("HF_ENDPOINT");
+	if (hfe && *hfe) {
+		size_t n = strlen(hfe);
+		while (n > 0 && hfe[n - 1] == '/')
+			n--;
+		if ((strncmp(hfe, "http://", 7) != 0 && strncmp(hfe, "https://", 8) != 0) || n >= sizeof(hf_ep))
+			return cli_usage_error(cmd, "HF_ENDPOINT must be an http:// or https:// URL");
+		memcpy(hf_ep, hfe, n);
+		hf_ep[n] = '\0';
+		p.hf_endpoint = hf_ep;
+	}
+	const char *tok = getenv("HF_TOKEN");
+	if (tok && *tok) {
+		for (const unsigned char *c = (const unsigned char *)tok; *c; c++)
+			if (*c <= 0x20 || *c >= 0x7f) /* never echoed: say what is wrong, not what it is */
+				return cli_usage_error(cmd, "HF_TOKEN holds a space or control character");
+		p.hf_token = tok;
 	}
 	const char *sd = getenv("SALAFW_STATE_DIR");
 	if (sd && *sd)
@@ -406,19 +472,14 @@ int cmd_get(int argc, char **argv)
 	memset(&u, 0, sizeof(u));
 	u.mode = json ? M_JSON : isatty(2) ? M_TTY : M_PLAIN;
 	u.quiet = quiet;
+	u.plain_every = plain_every;
 	u.nrows = 4096;
 	u.rows = sfw_calloc(u.nrows, sizeof(*u.rows));
 	if (!u.rows)
 		return cli_report(SFW_E_NOMEM, NULL);
 	p.on_event = on_event;
 	p.user = &u;
-	p.cancel = &g_cancel;
-	struct sigaction sa;
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_signal;
-	sigemptyset(&sa.sa_mask);
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	p.cancel = cli_interrupt_polled();
 	signal(SIGPIPE, SIG_IGN);
 
 	struct sfw_fetch_summary sum;

@@ -5,9 +5,9 @@
 #include <stdio.h>
 
 static const struct cli_opt opts[] = {
-    {"pubkey", 'p', "FILE", "public key file to write (default minisign.pub)"},
+    {"pubkey-out", 0, "FILE", "public key file to write (default minisign.pub)"},
     {"seckey", 's', "FILE", "secret key file to write, mode 0600 (default minisign.key)"},
-    {"force", 'f', NULL, "overwrite existing key files"},
+    {"force", 0, NULL, "overwrite existing key files"},
     {0},
 };
 
@@ -20,7 +20,7 @@ int cmd_keygen(int argc, char **argv)
 	cli_init(&cp, cmd, argc, argv, opts);
 	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
-			cli_usage(stdout, cmd, "[-p PUBKEY] [-s SECKEY] [-f]", opts);
+			cli_usage(stdout, cmd, "[--pubkey-out PUBKEY] [-s SECKEY] [--force]", opts);
 			return SFW_EXIT_OK;
 		}
 		if (k == CLI_ERROR)

@@ -5,6 +5,8 @@
 #include "alloc.h"
 #include "file.h"
 
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -17,12 +19,39 @@ static const struct cli_opt opts[] = {
     {"source", 0, "KIND:URL", "http:BASE_URL or hf:ENDPOINT, in order; repeatable"},
     {"output", 'o', "FILE", "write here (atomically) instead of standard output"},
     {"key-id", 0, "HEX16", "publisher key id (default: filled in by 'salafw sign')"},
-    {"pubkey", 'p', "FILE", "take the publisher key id from this public key"},
+    {"pubkey", 'P', "KEY|FILE", "take the publisher key id from this public key (a file, base64, or an installed key's name)"},
     {"manifest-version", 0, "N", "rollback counter, >= 1 (default 1)"},
     {"expires-days", 0, "N", "days until the manifest expires (default 180)"},
-    {"threads", 0, "N", "hashing threads (default: all cores)"},
+    {"threads", 't', "N", "hashing threads (default: all cores)"},
     {0},
 };
+
+/* A manifest already at path for the same repository and manifest_version,
+ * with other bytes: signing this one too would be equivocation, which every
+ * client that saw the other refuses. Says so (a warning: the publisher may
+ * mean to replace an unpublished one). */
+static void warn_same_version(const char *cmd, const char *path, const struct sfw_manifest_build_params *p,
+			      const char *text, size_t len)
+{
+	struct sfw_buf b;
+	struct sfw_err e = {0};
+	if (!path || sfw_read_file(path, SFW_MANIFEST_MAX, &b, &e) != SFW_OK)
+		return;
+	cJSON *o = cJSON_ParseWithLength(b.data, b.len);
+	int same = b.len == len && memcmp(b.data, text, len) == 0;
+	sfw_buf_release(&b);
+	const cJSON *repo = cJSON_GetObjectItemCaseSensitive(o, "repo_id");
+	const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "manifest_version");
+	unsigned long long want = p->manifest_version ? p->manifest_version : 1;
+	if (!same && cJSON_IsString(repo) && strcmp(repo->valuestring, p->repo_id) == 0 && cJSON_IsNumber(ver) &&
+	    ver->valuedouble == (double)want)
+		fprintf(stderr,
+			"%s: warning: '%s' already holds manifest_version %llu of %s with other bytes: signing "
+			"this one too is equivocation, which clients that saw the other refuse; pass "
+			"--manifest-version %llu\n",
+			cmd, path, want, p->repo_id, want + 1);
+	cJSON_Delete(o);
+}
 
 int cmd_manifest(int argc, char **argv)
 {
@@ -47,6 +76,8 @@ int cmd_manifest(int argc, char **argv)
 			goto done;
 		switch (k) {
 		case 0:
+			if (!cli_check_repo_id(cmd, "--repo ", arg))
+				goto done;
 			p.repo_id = arg;
 			break;
 		case 1:
@@ -130,11 +161,8 @@ int cmd_manifest(int argc, char **argv)
 	char kid[17];
 	if (pubkey) {
 		struct sfw_pubkey pk;
-		enum sfw_status s = sfw_pubkey_load(pubkey, &pk, &err);
-		if (s != SFW_OK) {
-			rc = cli_report(s, &err);
+		if ((rc = cli_load_pubkey(cmd, pubkey, &pk)) != 0)
 			goto done;
-		}
 		sfw_pubkey_id_hex(pk.key_id, kid);
 		p.key_id = kid;
 	}
@@ -146,10 +174,16 @@ int cmd_manifest(int argc, char **argv)
 	size_t len = 0;
 	enum sfw_status s = sfw_manifest_build(cp.pos[0], &p, &text, &len, &err);
 	if (s == SFW_OK) {
+		char *own = sfw_path_join(cp.pos[0], ".salafw/manifest.json");
+		warn_same_version(cmd, out, &p, text, len);
+		if (own && (!out || strcmp(own, out) != 0))
+			warn_same_version(cmd, own, &p, text, len);
+		sfw_free(own);
 		if (out) {
 			s = sfw_write_file_atomic(out, text, len, &err);
 		} else if (fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0) {
-			s = sfw_fail(&err, SFW_E_IO, "cannot write the manifest to standard output");
+			s = sfw_fail(&err, errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO,
+				     "cannot write to standard output: %s", strerror(errno));
 		}
 	}
 	sfw_free(text);

@@ -9,11 +9,11 @@
 #include <unistd.h>
 
 static const struct cli_opt opts[] = {
-    {"preset", 'p', "NAME", "tiny (tests, demo), small (CPU benchmarks) or full (the real shapes, ~19 GB)"},
-    {"seed", 's', "N", "weight seed (default 0); the output is a pure function of preset and seed"},
+    {"preset", 0, "NAME", "tiny (tests, demo), small (CPU benchmarks) or full (the real shapes, ~19 GB)"},
+    {"seed", 0, "N", "weight seed (default 0); the output is a pure function of preset and seed"},
     {"output", 'o', "DIR", "output directory (created if needed)"},
     {"dry-run", 0, NULL, "print the tensors, shards and parameter count; write nothing"},
-    {"force", 'f', NULL, "overwrite a model already in DIR"},
+    {"force", 0, NULL, "overwrite a model already in DIR"},
     {"threads", 't', "N", "generator threads (default: all cores)"},
     {"shard-mib", 0, "N", "shard size limit in MiB (default: tiny 6, small 128, full 4768 = 5 GB)"},
     {"no-tokenizer", 0, NULL, "skip tokenizer.model and tokenizer_config.json"},

@@ -10,7 +10,7 @@
 
 static const struct cli_opt opts[] = {
     {"seckey", 's', "FILE", "unencrypted minisign secret key (salafw keygen, minisign -G -W)"},
-    {"trusted-comment", 't', "TEXT", "sign FILE as a plain file with this trusted comment"},
+    {"trusted-comment", 0, "TEXT", "sign FILE as a plain file with this trusted comment"},
     {"raw", 0, NULL, "FILE is not a manifest: minisign's default trusted comment"},
     {0},
 };

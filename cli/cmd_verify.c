@@ -22,10 +22,10 @@
 
 static const struct cli_opt opts[] = {
     {"manifest", 'm', "FILE", "signed manifest (default DIR/.salafw/manifest.json; FILE.minisig next to it)"},
-    {"pubkey", 'p', "FILE", "trust this minisign public key instead of the pinned one; repeatable"},
-    {"pubkey-string", 'P', "KEY", "trust this base64 public key instead of the pinned one; repeatable"},
+    {"pubkey", 'P', "KEY|FILE", "trust this minisign public key (a file, base64, or an installed key's name) instead of the pinned one; repeatable"},
+    {"pubkey-string", 0, "KEY", "the same, base64 only (older spelling)"},
     {"json", 0, NULL, "print a machine-readable report on standard output"},
-    {"threads", 0, "N", "files hashed in parallel (default: all cores)"},
+    {"threads", 't', "N", "files hashed in parallel (default: all cores)"},
     {"repo", 0, "ORG/NAME", "require the manifest to be for this repo"},
     {"revision", 0, "HEX40", "require the manifest to be for this revision"},
     {"require-prehashed", 0, NULL, "refuse legacy (non-prehashed) signatures"},
@@ -93,12 +93,12 @@ int cmd_verify(int argc, char **argv)
 	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
 			cli_usage(stdout, cmd,
-				  "DIR [--manifest FILE] [--pubkey FILE | -P KEY] [--json] [--threads N]",
+				  "DIR [--manifest FILE] [-P KEY|FILE] [--json] [--threads N]",
 				  opts);
 			printf(
-			    "\nexit codes: 0 all files verified, 1 a file is missing or differs, 2 usage,\n"
-			    "            3 manifest or signature rejected (or an unsafe path), 5 local "
-			    "I/O\n");
+			    "\nexit codes: 0 all files verified, 1 a file is missing or differs, or DIR has no\n"
+			    "            signed manifest, 2 usage, 3 manifest or signature rejected (or an unsafe\n"
+			    "            path), 5 local I/O (a missing --manifest FILE)\n");
 			return SFW_EXIT_OK;
 		}
 		if (k == CLI_ERROR)
@@ -111,11 +111,14 @@ int cmd_verify(int argc, char **argv)
 		case 2:
 			if (nkeys == MAX_KEYS)
 				return cli_usage_error(cmd, "at most %d trusted keys", MAX_KEYS);
-			s = k == 1 ? sfw_pubkey_load(arg, &keys[nkeys], &err)
-				   : sfw_pubkey_parse(arg, strlen(arg), "public key given with -P",
-						      &keys[nkeys], &err);
-			if (s != SFW_OK)
+			if (k == 1) {
+				int rc = cli_load_pubkey(cmd, arg, &keys[nkeys]);
+				if (rc)
+					return rc;
+			} else if ((s = sfw_pubkey_parse(arg, strlen(arg), "public key given with --pubkey-string",
+							 &keys[nkeys], &err)) != SFW_OK) {
 				return cli_report(s, &err);
+			}
 			nkeys++;
 			break;
 		case 3:
@@ -128,6 +131,8 @@ int cmd_verify(int argc, char **argv)
 				threads = 256;
 			break;
 		case 5:
+			if (!cli_check_repo_id(cmd, "--repo ", arg))
+				return SFW_EXIT_USAGE;
 			tp.repo_id = arg;
 			break;
 		case 6:
@@ -175,17 +180,30 @@ int cmd_verify(int argc, char **argv)
 	/* Signature first: the manifest bytes are only parsed once it verified.
 	 * The folder's own pair as installed (never through a symlink, never
 	 * half of an interrupted install); --manifest FILE as named. */
+	int no_manifest;
 	if (manifest) {
 		s = sfw_read_file(mpath, SFW_MANIFEST_MAX, &mb, &err);
+		no_manifest = s == SFW_E_MISSING;
 		if (s == SFW_OK)
 			s = sfw_read_file(spath, SFW_MINISIG_MAX, &sb, &err);
 	} else {
 		s = sfw_state_read_manifest(dir, &mb, &sb, &err);
+		struct stat mst;
+		no_manifest = s == SFW_E_MISSING && lstat(mpath, &mst) != 0 && errno == ENOENT;
 	}
 	if (s != SFW_OK) {
-		/* No manifest, no signature, or an oversized one: rejected; a
-		 * local read error stays one (exit 5) */
-		if (s == SFW_E_MISSING || s == SFW_E_RANGE) {
+		/* DIR without a manifest: not verified (exit 1, as run says);
+		 * a --manifest FILE that is not there: a missing input (exit 5);
+		 * no signature or an oversized file: rejected (exit 3); a local
+		 * read error stays one (exit 5) */
+		if (no_manifest && !manifest) {
+			s = sfw_fail(&err, SFW_E_UNVERIFIED,
+				     "'%s' has no signed manifest in .salafw/ (run 'salafw get', or pass --manifest FILE)",
+				     dir);
+		} else if (no_manifest) {
+			s = SFW_E_IO;
+			err.code = s;
+		} else if (s == SFW_E_MISSING || s == SFW_E_RANGE) {
 			s = SFW_E_MANIFEST;
 			err.code = s;
 		}

@@ -114,8 +114,9 @@ int cli_model_gate(const char *cmd, const char *dir, int no_verify, int full, co
 	struct sfw_trust_params tp = sfw_trust_default_params();
 	struct sfw_pubkey key;
 	if (pubkey) {
-		if (sfw_pubkey_load(pubkey, &key, &err) != SFW_OK)
-			return cli_report(err.code, &err);
+		int rc = cli_load_pubkey(cmd, pubkey, &key); /* a file, base64, or an installed key's name */
+		if (rc)
+			return rc;
 		tp.keys = &key;
 		tp.nkeys = 1;
 	}

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void cli_init(struct cli_parser *p, const char *cmd, int argc, char **argv, const struct cli_opt *opts)
 {
@@ -82,8 +83,60 @@ int cli_next(struct cli_parser *p, const char **arg)
 	return CLI_DONE;
 }
 
+int cli_help_roff;
+
+/* roff text: a backslash doubled, a leading '.' or '\'' guarded. */
+static void roff_text(FILE *f, const char *s)
+{
+	int bol = 1;
+	for (; *s; s++) {
+		if (bol && (*s == '.' || *s == '\''))
+			fputs("\\&", f);
+		if (*s == '\\')
+			fputs("\\e", f);
+		else if (*s == '-')
+			fputs("\\-", f);
+		else
+			fputc(*s, f);
+		bol = *s == '\n';
+	}
+}
+
+static void usage_roff(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts)
+{
+	fprintf(f, ".SH \"");
+	for (const char *c = cmd; *c; c++)
+		fputc(*c >= 'a' && *c <= 'z' ? *c - 32 : *c, f);
+	fprintf(f, "\"\n.nf\n.B ");
+	roff_text(f, cmd);
+	fputc(' ', f);
+	roff_text(f, synopsis);
+	fprintf(f, "\n.fi\n");
+	for (int k = 0; opts[k].name; k++) {
+		fprintf(f, ".TP\n");
+		if (opts[k].short_name)
+			fprintf(f, "\\fB\\-%c\\fR, ", opts[k].short_name);
+		fprintf(f, "\\fB\\-\\-");
+		roff_text(f, opts[k].name);
+		fprintf(f, "\\fR");
+		if (opts[k].arg) {
+			fprintf(f, " \\fI");
+			roff_text(f, opts[k].arg);
+			fprintf(f, "\\fR");
+		}
+		fputc('\n', f);
+		roff_text(f, opts[k].help);
+		fputc('\n', f);
+	}
+	fprintf(f, ".TP\n\\fB\\-h\\fR, \\fB\\-\\-help\\fR\nshow this help\n.PP\n");
+}
+
 void cli_usage(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts)
 {
+	if (cli_help_roff) {
+		usage_roff(f, cmd, synopsis, opts);
+		return;
+	}
 	fprintf(f, "usage: %s %s\n\noptions:\n", cmd, synopsis);
 	for (int k = 0; opts[k].name; k++) {
 		char left[64];
@@ -184,4 +237,104 @@ int cli_parse_double(const char *cmd, const char *opt, const char *s, double *ou
 	}
 	*out = v;
 	return 1;
+}
+
+/* ---- --pubkey, keys, repo ids ----------------------------------------------- */
+
+const char *cli_keys_dir(void)
+{
+	static char dir[4096];
+	if (dir[0])
+		return dir;
+	const char *env = getenv("SALAFW_KEYS_DIR");
+	if (env && *env) {
+		snprintf(dir, sizeof(dir), "%s", env);
+		return dir;
+	}
+	char exe[4000];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n > 0) {
+		exe[n] = '\0';
+		char *sl = strrchr(exe, '/');
+		if (sl) {
+			*sl = '\0'; /* PREFIX/bin or the build folder */
+			char *up = strrchr(exe, '/');
+			const char *base = up ? up + 1 : exe;
+			if (up)
+				*up = '\0';
+			const char *root = up ? (exe[0] ? exe : "/") : ".";
+			if (strcmp(base, "bin") == 0)
+				snprintf(dir, sizeof(dir), "%s/share/salafw/manifests", root);
+			else
+				snprintf(dir, sizeof(dir), "%s/manifests", root);
+			if (access(dir, R_OK | X_OK) == 0)
+				return dir;
+		}
+	}
+	snprintf(dir, sizeof(dir), "%s", "/usr/local/share/salafw/manifests");
+	return dir;
+}
+
+static int looks_base64_key(const char *s)
+{
+	size_t n = strlen(s);
+	return n == 56 && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == n;
+}
+
+int cli_load_pubkey(const char *cmd, const char *arg, struct sfw_pubkey *key)
+{
+	struct sfw_err err = {0};
+	enum sfw_status s;
+	if (access(arg, F_OK) == 0) {
+		s = sfw_pubkey_load(arg, key, &err);
+	} else if (looks_base64_key(arg)) {
+		s = sfw_pubkey_parse(arg, strlen(arg), "public key given with --pubkey", key, &err);
+	} else {
+		char path[4200];
+		int named = !strchr(arg, '/') && arg[0] && arg[0] != '.';
+		if (named)
+			snprintf(path, sizeof(path), "%s/%s.pub", cli_keys_dir(), arg);
+		if (named && access(path, F_OK) == 0)
+			s = sfw_pubkey_load(path, key, &err);
+		else if (strchr(arg, '/') || (strlen(arg) > 4 && strcmp(arg + strlen(arg) - 4, ".pub") == 0))
+			s = sfw_pubkey_load(arg, key, &err); /* a file that is not there: "cannot open" */
+		else if ((s = sfw_pubkey_parse(arg, strlen(arg), "public key given with --pubkey", key, &err)) != SFW_OK) {
+			char shown[64];
+			cli_printable(shown, sizeof(shown), arg);
+			fprintf(stderr,
+				"%s: --pubkey '%s' is not a key file, not an installed key (%s/%s.pub) and not a "
+				"base64 minisign public key\n",
+				cmd, shown, cli_keys_dir(), shown);
+			return sfw_exit_code(s);
+		}
+	}
+	return s == SFW_OK ? 0 : cli_report(s, &err);
+}
+
+static int repo_part_ok(const char *p, size_t n)
+{
+	if (n < 1 || n > 96)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)p[i];
+		if (!isalnum(c) && c != '.' && c != '_' && c != '-')
+			return 0;
+		if (i + 1 < n && (c == '.' || c == '-') && p[i + 1] == c)
+			return 0;
+	}
+	return p[0] != '.' && p[0] != '-' && p[n - 1] != '.' && p[n - 1] != '-';
+}
+
+int cli_check_repo_id(const char *cmd, const char *opt, const char *id)
+{
+	const char *sl = strchr(id, '/');
+	if (sl && !strchr(sl + 1, '/') && repo_part_ok(id, (size_t)(sl - id)) && repo_part_ok(sl + 1, strlen(sl + 1)))
+		return 1;
+	char shown[120];
+	cli_printable(shown, sizeof(shown), id);
+	fprintf(stderr,
+		"%s: %s'%s' is not a repository id: expected ORG/NAME, each part 1-96 of A-Z a-z 0-9 . _ -, "
+		"not starting or ending with . or - (e.g. openbmb/MiniCPM-SALA)\n",
+		cmd, opt ? opt : "", shown);
+	return 0;
 }

@@ -204,12 +204,52 @@ enum sfw_status sfw_fsync_dir(const char *dir, struct sfw_err *err)
 
 static atomic_uint tmp_counter;
 
+/* Temporary files that may exist; -1 once sfw_atomic_quiesce closed the door. */
+static atomic_int g_live;
+static volatile sig_atomic_t *g_cancel;
+
+void sfw_atomic_set_cancel(volatile sig_atomic_t *flag)
+{
+	g_cancel = flag;
+}
+
+int sfw_atomic_quiesce(void)
+{
+	int zero = 0;
+	return atomic_compare_exchange_strong(&g_live, &zero, -1);
+}
+
+static void live_drop(struct sfw_atomic *a)
+{
+	if (a->live)
+		atomic_fetch_sub(&g_live, 1);
+	a->live = 0;
+}
+
+/* Counts a temporary file that may come to exist, unless an interrupt came
+ * first (then nothing is created). */
+static enum sfw_status live_take(struct sfw_atomic *a, const char *shown, struct sfw_err *err)
+{
+	a->live = 0;
+	for (int v = atomic_load(&g_live);;) {
+		if (v < 0 || (g_cancel && *g_cancel))
+			return sfw_fail(err, SFW_E_ABORTED, "interrupted before writing '%s'", shown);
+		if (atomic_compare_exchange_weak(&g_live, &v, v + 1))
+			break;
+	}
+	a->live = 1;
+	return SFW_OK;
+}
+
 enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct sfw_err *err)
 {
 	a->fd = -1;
 	a->dfd = -1;
 	a->name = a->tmpname = NULL;
 	a->tmp = NULL;
+	a->path = NULL;
+	if (live_take(a, path, err) != SFW_OK)
+		return SFW_E_ABORTED;
 	a->path = sfw_strdup(path);
 	size_t n = strlen(path) + 64;
 	a->tmp = sfw_malloc(n);
@@ -240,6 +280,8 @@ enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct s
 
 enum sfw_status sfw_atomic_write(struct sfw_atomic *a, const void *p, size_t n, struct sfw_err *err)
 {
+	if (g_cancel && *g_cancel)
+		return sfw_fail(err, SFW_E_ABORTED, "interrupted while writing '%s'", a->path);
 	int fe = sfwi_fault("write", a->name ? a->name : a->path);
 	if (fe || sfw_write_all(a->fd, p, n) != 0) {
 		int e = fe ? fe : errno;
@@ -275,6 +317,7 @@ enum sfw_status sfw_atomic_commit(struct sfw_atomic *a, struct sfw_err *err)
 		s = sfw_fail(err, SFW_E_IO, "cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
 		goto fail;
 	}
+	live_drop(a);
 	/* the rename is done: a failure from here on means "in place, but not
 	 * yet durable" (file.h) */
 	char *dir = dir_of(a->path);
@@ -303,6 +346,7 @@ void sfw_atomic_abort(struct sfw_atomic *a)
 		unlink(a->tmp);
 	if (a->dfd >= 0)
 		close(a->dfd);
+	live_drop(a);
 	sfw_free(a->tmp);
 	sfw_free(a->path);
 	sfw_free(a->name);
@@ -314,7 +358,10 @@ void sfw_atomic_abort(struct sfw_atomic *a)
 enum sfw_status sfw_atomic_openat(struct sfw_atomic *a, int dfd, const char *name, const char *shown,
 				  struct sfw_err *err)
 {
-	a->fd = -1;
+	a->fd = a->dfd = -1;
+	a->name = a->tmpname = a->tmp = a->path = NULL;
+	if (live_take(a, shown, err) != SFW_OK)
+		return SFW_E_ABORTED;
 	a->dfd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
 	size_t n = strlen(name) + 64, sn = strlen(shown) + 64;
 	a->name = sfw_strdup(name);

@@ -11,6 +11,7 @@
 #include "buf.h"
 #include "sfw.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -35,6 +36,7 @@ struct sfw_atomic {
 	char *tmp;  /* temporary name in the same directory */
 	int dfd;    /* sfw_atomic_openat: the directory (its own descriptor), else -1 */
 	char *name, *tmpname; /* ... and the names in it */
+	int live;   /* the temporary file may exist (counted by sfw_atomic_quiesce) */
 };
 SFW_MUST_CHECK enum sfw_status sfw_atomic_open(struct sfw_atomic *a, const char *path, struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfw_atomic_write(struct sfw_atomic *a, const void *p, size_t n,
@@ -43,6 +45,15 @@ SFW_MUST_CHECK enum sfw_status sfw_atomic_write(struct sfw_atomic *a, const void
 SFW_MUST_CHECK enum sfw_status sfw_atomic_commit(struct sfw_atomic *a, struct sfw_err *err);
 /* Removes the temporary file and releases; safe after a failed commit. */
 void sfw_atomic_abort(struct sfw_atomic *a);
+
+/* Interrupts (the CLI's SIGINT/SIGTERM handler): once *flag is non-zero,
+ * sfw_atomic_open and sfw_atomic_write fail with SFW_E_ABORTED, so the
+ * writer's error path removes its temporary file. flag NULL: none.
+ * sfw_atomic_quiesce (async-signal-safe) returns 1 when no temporary file
+ * exists and none can be created any more (the process may end at once),
+ * 0 while one is being written. */
+void sfw_atomic_set_cancel(volatile sig_atomic_t *flag);
+int sfw_atomic_quiesce(void);
 
 /* One-shot atomic write of a buffer. */
 SFW_MUST_CHECK enum sfw_status sfw_write_file_atomic(const char *path, const void *p, size_t n,

@@ -47,6 +47,7 @@ enum sfw_status {
 	SFW_E_EXHAUSTED,   /* every source failed */
 	SFW_E_LOCKED,      /* resource held by another process */
 	SFW_E_UNVERIFIED,  /* model directory not (or no longer) verified */
+	SFW_E_EXISTS,      /* the output exists and --force was not given */
 	SFW_E__COUNT
 };
 

@@ -27,6 +27,7 @@ static const char *const status_names[SFW_E__COUNT] = {
 	[SFW_E_EXHAUSTED] = "all sources failed",
 	[SFW_E_LOCKED] = "locked by another process",
 	[SFW_E_UNVERIFIED] = "not verified",
+	[SFW_E_EXISTS] = "output exists",
 };
 
 const char *sfw_strerror(enum sfw_status code)

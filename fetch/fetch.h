@@ -182,6 +182,17 @@ struct sfw_fetch_params {
 	double journal_interval_s;  /* how often data is fdatasync'ed and journalled (default 5) */
 	double progress_interval_s; /* default 0.5 */
 	volatile sig_atomic_t *cancel; /* set (e.g. by SIGINT) to stop cleanly */
+	/* Which files: a manifest path is fetched when it matches one of
+	 * include (fnmatch(3) without flags: '*' also matches '/', as the hf
+	 * CLI's globs) and none of exclude; none given = every file. Files left
+	 * out are not recorded as verified. */
+	const char *const *include;
+	size_t ninclude;
+	const char *const *exclude;
+	size_t nexclude;
+	const char *hf_endpoint; /* replaces the endpoint of the manifest's hf sources (HF_ENDPOINT); NULL = as listed */
+	const char *hf_token;    /* Authorization: Bearer for the manifest's hf sources only (HF_TOKEN), never
+				  * for http sources or user mirrors, nor across a redirect to another host */
 	sfw_fetch_event_fn on_event;
 	void *user;
 };

@@ -23,6 +23,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,7 @@ struct sfw_fetch_params sfw_fetch_default_params(void)
 struct src {
 	struct sfw_source s;
 	const char *label;
+	int bearer;     /* a manifest hf source: gets p->hf_token */
 	unsigned fails; /* consecutive failures */
 	int demoted;
 };
@@ -97,7 +99,7 @@ struct seg {
 	struct seg *next;
 };
 
-enum fstate { F_PENDING, F_ACTIVE, F_DONE, F_FAILED, F_SKIPPED };
+enum fstate { F_PENDING, F_ACTIVE, F_DONE, F_FAILED, F_SKIPPED, F_UNSELECTED };
 
 struct file {
 	size_t idx;
@@ -613,6 +615,10 @@ static enum sfw_status seg_start(struct run *r, struct file *f, struct sfw_err *
 	curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
 	if (p->limit_rate)
 		curl_easy_setopt(h, CURLOPT_MAX_RECV_SPEED_LARGE, (curl_off_t)p->limit_rate);
+	if (p->hf_token && r->srcs[f->cur_src].bearer) { /* libcurl keeps it to this host */
+		curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BEARER);
+		curl_easy_setopt(h, CURLOPT_XOAUTH2_BEARER, p->hf_token);
+	}
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
@@ -1180,6 +1186,8 @@ static enum sfw_status http_get_small(const struct sfw_fetch_params *p, const ch
 		if (cc == CURLE_WRITE_ERROR || cc == CURLE_FILESIZE_EXCEEDED)
 			return sfw_fail(err, SFW_E_MANIFEST, "'%s' is larger than %zu bytes", url, max);
 		enum sfw_fetch_class c = sfw_fetch_classify(cc, status);
+		if (cc == CURLE_HTTP_RETURNED_ERROR && (status == 404 || status == 410))
+			return sfw_fail(err, SFW_E_HTTP, "'%s' is not there (HTTP %ld)", url, status);
 		if (c != SFW_FETCH_RETRY || attempt > p->max_retries || (p->cancel && *p->cancel))
 			return sfw_fail(err, cc == CURLE_OUT_OF_MEMORY ? SFW_E_NOMEM : SFW_E_NET,
 					"cannot fetch '%s': %s", url,
@@ -1218,6 +1226,11 @@ static enum sfw_status load_manifest(const struct sfw_fetch_params *p, struct sf
 	enum sfw_status st;
 	if (is_url(loc)) {
 		st = http_get_small(p, loc, SFW_MANIFEST_MAX, man, err);
+		if (st == SFW_E_HTTP && !p->manifest && err && err->code == SFW_E_HTTP)
+			sfw_fail(err, st,
+				 "repository '%s' is not on '%s' (no manifest at '%s'): check the name, or give "
+				 "--endpoint or --manifest",
+				 p->repo_id, p->endpoint ? p->endpoint : DEFAULT_ENDPOINT, loc);
 		if (st == SFW_OK) {
 			st = http_get_small(p, sloc, SFW_MINISIG_MAX, sig, err);
 			if (st != SFW_OK)
@@ -1336,6 +1349,16 @@ static void files_release(struct run *r)
 	sfw_free(r->files);
 }
 
+static int selected(const struct sfw_fetch_params *p, const char *path)
+{
+	int in = p->ninclude == 0;
+	for (size_t i = 0; !in && i < p->ninclude; i++)
+		in = fnmatch(p->include[i], path, 0) == 0;
+	for (size_t i = 0; in && i < p->nexclude; i++)
+		in = fnmatch(p->exclude[i], path, 0) != 0;
+	return in;
+}
+
 static enum sfw_status add_sources(struct run *r, const struct sfw_source *v, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
@@ -1410,6 +1433,16 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 	}
 	add_sources(&r, p->mirrors_first, p->nmirrors_first);
 	add_sources(&r, m.sources, m.nsources);
+	for (size_t i = p->nmirrors_first; i < r.nsrcs; i++)
+		if (r.srcs[i].s.kind == SFW_SOURCE_HF) {
+			r.srcs[i].bearer = 1;
+			if (p->hf_endpoint)
+			{
+				if (r.srcs[i].label == r.srcs[i].s.url)
+					r.srcs[i].label = p->hf_endpoint;
+				r.srcs[i].s.url = (char *)p->hf_endpoint;
+			}
+		}
 	add_sources(&r, p->mirrors_last, p->nmirrors_last);
 	r.nfiles = m.nfiles;
 
@@ -1495,6 +1528,11 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 			}
 		sfw_verify_report_release(&rep);
 	}
+	for (size_t i = 0; i < m.nfiles; i++)
+		if (r.files[i].state == F_PENDING && !selected(p, m.files[i].path)) {
+			r.files[i].state = F_UNSELECTED;
+			sum->nfiles--;
+		}
 	for (size_t i = 0; i < m.nfiles; i++)
 		if (r.files[i].state == F_PENDING)
 			r.plan_total += m.files[i].size;
@@ -1583,7 +1621,8 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 			goto out;
 		}
 		for (size_t i = 0; i < m.nfiles; i++)
-			paths[i].path = m.files[i].path, paths[i].ok = 1, paths[i].id = r.files[i].id;
+			paths[i].path = m.files[i].path, paths[i].ok = r.files[i].state != F_UNSELECTED,
+			paths[i].id = r.files[i].id;
 		st = sfw_manifest_ratchet_commit(&m, &tp, err);
 		if (st == SFW_OK)
 			st = sfw_state_install_manifest(p->dest, man.data, man.len, sig.data, sig.len, err);

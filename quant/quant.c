@@ -637,7 +637,7 @@ static enum sfw_status check_dirs(const char *in, const char *out, int force, st
 		int exists = pth && stat(pth, &st) == 0;
 		sfw_free(pth);
 		if (exists)
-			return sfw_fail(err, SFW_E_INVAL, "'%s' already holds a model (use --force to overwrite)", out);
+			return sfw_fail(err, SFW_E_EXISTS, "'%s' already holds a model (use --force to overwrite)", out);
 	}
 	return SFW_OK;
 }

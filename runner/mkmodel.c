@@ -548,7 +548,7 @@ enum sfw_status sfw_mkmodel(const char *out_dir, const struct sfw_mkmodel_params
 		for (size_t i = 0; i < 3 && !p->force; i++)
 			if (exists_in(out_dir, model_files[i]))
 				return sfw_fail(
-				    err, SFW_E_INVAL,
+				    err, SFW_E_EXISTS,
 				    "'%s' already holds a model ('%s'); use --force to overwrite it", out_dir,
 				    model_files[i]);
 	}

@@ -25,7 +25,7 @@ step "publisher: make a tiny random-weight model"
 REV=$(cat "$W"/publish/model/config.json | sha1sum | cut -c1-40)
 
 step "publisher: key pair, manifest, signature"
-"$SALAFW" keygen -p "$W/demo.pub" -s "$W/demo.key"
+"$SALAFW" keygen --pubkey-out "$W/demo.pub" -s "$W/demo.key"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 mkdir -p "$W/www/manifests/salafw" "$W/www/files"
 cp -r "$W/publish/model/." "$W/www/files/"
@@ -85,7 +85,7 @@ step "user: sign the quantized model with a local key, verify it, run it"
 # The int8 checkpoint is a new artifact: the publisher's signature covers the
 # bf16 files only, so the user vouches for the derived files with a key of
 # their own, and the runner checks that signature like any other.
-"$SALAFW" keygen -p "$W/local.pub" -s "$W/local.key"
+"$SALAFW" keygen --pubkey-out "$W/local.pub" -s "$W/local.key"
 "$SALAFW" manifest "$W/model-w8" --repo local/tiny-sala-w8 --revision "$REV" -o "$W/w8.json"
 "$SALAFW" sign -s "$W/local.key" "$W/w8.json"
 "$SALAFW" verify "$W/model-w8" --manifest "$W/w8.json" --pubkey "$W/local.pub" >/dev/null

@@ -25,7 +25,7 @@ static void test_status(void)
 	CHECK(strcmp(e.msg, "model: cannot open 'x'") == 0, "sfw_err_prefix prepends");
 	CHECK(sfw_exit_code(SFW_OK) == 0 && sfw_exit_code(SFW_E_HASH) == 1 && sfw_exit_code(SFW_E_INVAL) == 2 &&
 		      sfw_exit_code(SFW_E_SIG) == 3 && sfw_exit_code(SFW_E_EXHAUSTED) == 4 &&
-		      sfw_exit_code(SFW_E_IO) == 5,
+		      sfw_exit_code(SFW_E_IO) == 5 && sfw_exit_code(SFW_E_EXISTS) == 5 && sfw_exit_code(SFW_E_NOSPACE) == 5,
 	      "exit codes follow the documented table");
 	for (int c = 0; c < SFW_E__COUNT; c++)
 		CHECK(strcmp(sfw_strerror((enum sfw_status)c), "unknown error") != 0, "strerror names code %d", c);

@@ -103,9 +103,9 @@ flip_byte() {
 	python3 -c 'import sys; p, o = sys.argv[1], int(sys.argv[2]); f = open(p, "r+b"); f.seek(o); b = f.read(1)[0]; f.seek(o); f.write(bytes([b ^ 0xff]))' "$1" "$2"
 }
 tree_ok() { (cd "$1" && sha256sum --quiet -c "$T/SHA256SUMS") >/dev/null 2>&1; }
-verify_ok() { "$SALAFW" verify -p "$T/k.pub" "$1" >/dev/null 2>&1; }
+verify_ok() { "$SALAFW" verify -P "$T/k.pub" "$1" >/dev/null 2>&1; }
 # ... with a fresh rollback state, for DESTs holding another manifest of version 1
-verify_fresh() { SALAFW_STATE_DIR=$(mktemp -d "$T/state.XXXXXX") "$SALAFW" verify -p "$T/k.pub" "$1" >/dev/null 2>&1; }
+verify_fresh() { SALAFW_STATE_DIR=$(mktemp -d "$T/state.XXXXXX") "$SALAFW" verify -P "$T/k.pub" "$1" >/dev/null 2>&1; }
 nodest() { [ ! -e "$1" ]; }
 
 mkman "$T/man/manifests/test/tiny.json" --source "http:$NG/plain/"
@@ -125,7 +125,7 @@ check "no partials left" nodest "$D/.salafw/partial"
 check "received exactly the model's bytes" test "$(summary "$T/o1" received)" = "$TOTAL"
 check "empty file created" test -f "$D/empty.txt" -a ! -s "$D/empty.txt"
 # SALAFW_ENDPOINT works too
-SALAFW_ENDPOINT=$NG G "$REPO" -p "$T/k.pub" -d "$T/d1b" -q > /dev/null 2>&1
+SALAFW_ENDPOINT=$NG G "$REPO" -P "$T/k.pub" -d "$T/d1b" -q > /dev/null 2>&1
 check "SALAFW_ENDPOINT picks the service" tree_ok "$T/d1b"
 
 # ---- 2. rerun: everything present and verified is skipped --------------------
@@ -143,7 +143,7 @@ check "only that file re-fetched" test "$(summary "$T/o2b" received)" = 3000000
 mkman "$T/hf.json"   # no sources in the manifest: the mirror supplies them
 : > "$T/nginx/access.log"
 G "$REPO@$REV" --manifest "$T/hf.json" -P "$T/k.pub" -d "$T/d3" --mirror "hf:$NG/hfredir" \
-	-c 4 --segment-size 262144 --json > "$T/o3" 2> "$T/e3"
+	-x 4 --segment-size 262144 --json > "$T/o3" 2> "$T/e3"
 check "hf via redirect: exit 0" test "$(summary "$T/o3" exit)" = 0
 check "hf via redirect: tree verifies" tree_ok "$T/d3"
 check "hf: requests redirected (302 on port 1)" grep -q "^$P1 302 \"GET /hfredir/test/tiny/resolve/$REV/" "$T/nginx/access.log"
@@ -175,7 +175,7 @@ check "500: retried before moving on" test "$(events "$T/o5" retry)" -ge 1
 # ---- 6. dropped connection: resumed with Range, no byte fetched twice ---------
 faultd f6 --fault drop:1000000 --times 1 --only a.bin
 mkman "$T/m6.json" --source "http:http://127.0.0.1:$PORT_f6/"
-G "$REPO" --manifest "$T/m6.json" -P "$T/k.pub" -d "$T/d6" -c 1 --retry-wait 10 --json > "$T/o6" 2>/dev/null
+G "$REPO" --manifest "$T/m6.json" -P "$T/k.pub" -d "$T/d6" -x 1 --retry-wait 10 --json > "$T/o6" 2>/dev/null
 check "drop: tree verifies" tree_ok "$T/d6"
 check "drop: resumed with Range: bytes=1000000-" grep -q '"range": "bytes=1000000-' "$T/f6.log"
 check "drop: bytes received == model size (nothing twice)" test "$(summary "$T/o6" received)" = "$TOTAL"
@@ -184,7 +184,7 @@ check "drop: bytes received == model size (nothing twice)" test "$(summary "$T/o
 faultd f7 --fault stall:500000 --times 1 --only a.bin
 mkman "$T/m7.json" --source "http:http://127.0.0.1:$PORT_f7/"
 s=$(date +%s)
-G "$REPO" --manifest "$T/m7.json" -P "$T/k.pub" -d "$T/d7" -c 1 --stall-timeout 1 --retry-wait 10 --json > "$T/o7" 2>/dev/null
+G "$REPO" --manifest "$T/m7.json" -P "$T/k.pub" -d "$T/d7" -x 1 --stall-timeout 1 --retry-wait 10 --json > "$T/o7" 2>/dev/null
 el=$(( $(date +%s) - s ))
 check "stall: tree verifies" tree_ok "$T/d7"
 check "stall: detected within a few seconds (${el}s)" test "$el" -le 10
@@ -194,7 +194,7 @@ check "stall: received == model size" test "$(summary "$T/o7" received)" = "$TOT
 # ---- 8. 503 + Retry-After is honoured ---------------------------------------------
 faultd f8 --fault 503:2 --times 1 --only a.bin
 mkman "$T/m8.json" --source "http:http://127.0.0.1:$PORT_f8/"
-G "$REPO" --manifest "$T/m8.json" -P "$T/k.pub" -d "$T/d8" -c 1 --retry-wait 10 --json > "$T/o8" 2>/dev/null
+G "$REPO" --manifest "$T/m8.json" -P "$T/k.pub" -d "$T/d8" -x 1 --retry-wait 10 --json > "$T/o8" 2>/dev/null
 check "503: tree verifies" tree_ok "$T/d8"
 delay=$(python3 -c '
 import json,sys
@@ -221,30 +221,30 @@ check "corrupt only source: no corrupt partial kept ($left)" test "$left" = 0
 # ---- 10. Range ignored (200): the file restarts from 0, nothing appended -------
 faultd f10a --fault drop:700000 --times 1 --only a.bin
 mkman "$T/m10a.json" --source "http:http://127.0.0.1:$PORT_f10a/"
-G "$REPO" --manifest "$T/m10a.json" -P "$T/k.pub" -d "$T/d10" -c 1 --retries 0 -q >/dev/null 2>&1
+G "$REPO" --manifest "$T/m10a.json" -P "$T/k.pub" -d "$T/d10" -x 1 --retries 0 -q >/dev/null 2>&1
 check_exit "partial left by a failed run" 0 test -s "$T/d10/.salafw/partial/$A_SHA-$(ptag a.bin).json"
 faultd f10 --fault norange
 mkman "$T/m10.json" --source "http:http://127.0.0.1:$PORT_f10/"
-G "$REPO" --manifest "$T/m10.json" -P "$T/k.pub" -d "$T/d10" -c 1 --json > "$T/o10" 2>/dev/null
+G "$REPO" --manifest "$T/m10.json" -P "$T/k.pub" -d "$T/d10" -x 1 --json > "$T/o10" 2>/dev/null
 check "norange: tree verifies" tree_ok "$T/d10"
 check "norange: restart reported" grep -q 'ignored Range' "$T/o10"
 
 # ---- 11. wrong Content-Range: that source is abandoned ---------------------------
 faultd f11 --fault badrange
 mkman "$T/m11.json" --source "http:http://127.0.0.1:$PORT_f11/" --source "http:$NG/plain/"
-G "$REPO" --manifest "$T/m11.json" -P "$T/k.pub" -d "$T/d11" -c 4 --segment-size 262144 --json > "$T/o11" 2>/dev/null
+G "$REPO" --manifest "$T/m11.json" -P "$T/k.pub" -d "$T/d11" -x 4 --segment-size 262144 --json > "$T/o11" 2>/dev/null
 check "badrange: tree verifies" tree_ok "$T/d11"
 check "badrange: source failed for the range mismatch" grep -q 'does not match the requested range' "$T/o11"
 
 # ---- 12. body longer than the manifest size ---------------------------------------
 faultd f12 --fault long:5000 --only a.bin
 mkman "$T/m12.json" --source "http:http://127.0.0.1:$PORT_f12/"
-G "$REPO" --manifest "$T/m12.json" -P "$T/k.pub" -d "$T/d12" -c 1 --json > "$T/o12" 2>/dev/null
+G "$REPO" --manifest "$T/m12.json" -P "$T/k.pub" -d "$T/d12" -x 1 --json > "$T/o12" 2>/dev/null
 check "long (Content-Length): refused, exit 4" test "$(summary "$T/o12" exit)" = 4
 check "long: a.bin never appears" nodest "$T/d12/a.bin"
 faultd f12b --fault longclose:5000 --only a.bin
 mkman "$T/m12b.json" --source "http:http://127.0.0.1:$PORT_f12b/"
-G "$REPO" --manifest "$T/m12b.json" -P "$T/k.pub" -d "$T/d12b" -c 1 --json > "$T/o12b" 2>/dev/null
+G "$REPO" --manifest "$T/m12b.json" -P "$T/k.pub" -d "$T/d12b" -x 1 --json > "$T/o12b" 2>/dev/null
 check "longclose: the first SIZE bytes verify" tree_ok "$T/d12b"
 check "longclose: file never longer than the manifest size" test "$(stat -c %s "$T/d12b/a.bin" 2>/dev/null)" = 3000000
 check "longclose: overlong body reported" grep -q 'body longer than requested' "$T/o12b"
@@ -266,7 +266,7 @@ check "X-Repo-Commit mismatch: reported" grep -q 'X-Repo-Commit differs' "$T/o14
 # ---- 15. SIGKILL midway, then resume without re-fetching the journalled prefix ------
 faultd f15 --rate 1000000 --only a.bin
 mkman "$T/m15.json" --source "http:http://127.0.0.1:$PORT_f15/"
-SALAFW_STATE_DIR=$T/state15 "$SALAFW" get "$REPO" --manifest "$T/m15.json" -P "$T/k.pub" -d "$T/d15" -c 1 -j 1 --sync-interval 1 -q > /dev/null 2>&1 &
+SALAFW_STATE_DIR=$T/state15 "$SALAFW" get "$REPO" --manifest "$T/m15.json" -P "$T/k.pub" -d "$T/d15" -x 1 -j 1 --sync-interval 1 -q > /dev/null 2>&1 &
 gp=$!
 sleep 2.5
 kill -9 "$gp" 2>/dev/null; wait "$gp" 2>/dev/null
@@ -279,7 +279,7 @@ check "SIGKILL: journal records a verified-to-be-written prefix ($kept bytes)" t
 check "SIGKILL: a.bin not in place yet" nodest "$T/d15/a.bin"
 faultd f15b
 mkman "$T/m15b.json" --source "http:http://127.0.0.1:$PORT_f15b/"
-G "$REPO" --manifest "$T/m15b.json" -P "$T/k.pub" -d "$T/d15" -c 1 --json > "$T/o15" 2>/dev/null
+G "$REPO" --manifest "$T/m15b.json" -P "$T/k.pub" -d "$T/d15" -x 1 --json > "$T/o15" 2>/dev/null
 check "after SIGKILL: tree verifies" tree_ok "$T/d15"
 first=$(python3 -c '
 import json,sys
@@ -296,17 +296,17 @@ check "after SIGKILL: resumed bytes reported" test "$(summary "$T/o15" resumed)"
 # ---- 16. SIGINT: clean stop, resumable --------------------------------------------
 faultd f16 --rate 1000000 --only a.bin
 mkman "$T/m16.json" --source "http:http://127.0.0.1:$PORT_f16/"
-SALAFW_STATE_DIR=$T/state16 "$SALAFW" get "$REPO" --manifest "$T/m16.json" -P "$T/k.pub" -d "$T/d16" -c 1 -j 1 --sync-interval 1 -q > /dev/null 2> "$T/e16" &
+SALAFW_STATE_DIR=$T/state16 "$SALAFW" get "$REPO" --manifest "$T/m16.json" -P "$T/k.pub" -d "$T/d16" -x 1 -j 1 --sync-interval 1 -q > /dev/null 2> "$T/e16" &
 gp=$!
 sleep 1.5
 kill -INT "$gp"; wait "$gp"; rc=$?
-check "SIGINT: exit 5 (interrupted)" test "$rc" = 5
+check "SIGINT: exit 130 (interrupted, README)" test "$rc" = 130
 check "SIGINT: says how to resume" grep -q 'resume' "$T/e16"
 kept=$(python3 -c '
 import json,sys
 r=json.load(open(sys.argv[1]))["done"]; print(r[0][1] if r and r[0][0]==0 else 0)' "$T/d16/.salafw/partial/$A_SHA-$(ptag a.bin).json" 2>/dev/null || echo 0)
 check "SIGINT: journal flushed on exit ($kept bytes)" test "$kept" -gt 500000
-G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d16" -c 1 --json > "$T/o16" 2>/dev/null
+G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d16" -x 1 --json > "$T/o16" 2>/dev/null
 check "after SIGINT: tree verifies" tree_ok "$T/d16"
 rcv=$(summary "$T/o16" received)
 check "after SIGINT: received ($rcv) <= total - kept ($((TOTAL - kept)))" test "$rcv" -le $((TOTAL - kept))
@@ -383,10 +383,10 @@ check "two empty files created" test -f "$T/d22/e1.txt" -a ! -s "$T/d22/e1.txt" 
 # resume (not delete) the second's partial
 faultd f22b --root "$T/model2" --fault drop:700000 --times 1 --only sub/dup2.bin
 MKDIR=$T/model2 mkman "$T/m22b.json" --source "http:http://127.0.0.1:$PORT_f22b/"
-G "$REPO" --manifest "$T/m22b.json" -P "$T/k.pub" -d "$T/d22b" -c 1 --retries 0 -q >/dev/null 2>&1
+G "$REPO" --manifest "$T/m22b.json" -P "$T/k.pub" -d "$T/d22b" -x 1 --retries 0 -q >/dev/null 2>&1
 check "twin: dup1.bin verified in the failed run" cmp -s "$T/d22b/dup1.bin" "$T/model2/dup1.bin"
 check "twin: sub/dup2.bin partial named by sha256 + path hash" test -s "$T/d22b/.salafw/partial/$DUP_SHA-$(ptag sub/dup2.bin).json"
-G "$REPO" --manifest "$T/m22b.json" -P "$T/k.pub" -d "$T/d22b" -c 1 --json > "$T/o22b" 2>/dev/null
+G "$REPO" --manifest "$T/m22b.json" -P "$T/k.pub" -d "$T/d22b" -x 1 --json > "$T/o22b" 2>/dev/null
 check "twin: rerun exit 0" test "$(summary "$T/o22b" exit)" = 0
 check "twin: dup1.bin skipped" test "$(summary "$T/o22b" skipped)" -ge 1
 check "twin: sub/dup2.bin resumed at 700000" grep -q '"path": "sub/dup2.bin", "range": "bytes=700000-' "$T/f22b.log"
@@ -397,16 +397,16 @@ check "twin: tree verifies" tree2_ok "$T/d22b"
 # run 1 keeps 1000000 bytes (one of them flipped) from a bad mirror, then fails
 faultd f23 --corrupt 123456 --fault drop:1000000 --only a.bin
 mkman "$T/m23.json" --source "http:http://127.0.0.1:$PORT_f23/"
-G "$REPO" --manifest "$T/m23.json" -P "$T/k.pub" -d "$T/d23" -c 1 --retries 0 -q >/dev/null 2>&1
+G "$REPO" --manifest "$T/m23.json" -P "$T/k.pub" -d "$T/d23" -x 1 --retries 0 -q >/dev/null 2>&1
 check "bad partial left by a failed run" test -s "$T/d23/.salafw/partial/$A_SHA-$(ptag a.bin).json"
-G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d23" -c 1 --json > "$T/o23" 2>/dev/null
+G "$REPO" --manifest "$T/plain.json" -P "$T/k.pub" -d "$T/d23" -x 1 --json > "$T/o23" 2>/dev/null
 check "earlier run's bad bytes, good source: exit 0" test "$(summary "$T/o23" exit)" = 0
 check "earlier run's bad bytes: tree verifies" tree_ok "$T/d23"
 check "earlier run's bad bytes: mismatch reported" test "$(events "$T/o23" hash_mismatch)" = 1
 check "earlier run's bad bytes: the good source is not struck" test "$(events "$T/o23" source_failed)" = 0
 # one run: the bad mirror serves a prefix and drops, the good one the rest
 mkman "$T/m23b.json" --source "http:http://127.0.0.1:$PORT_f23/" --source "http:$NG/plain/"
-G "$REPO" --manifest "$T/m23b.json" -P "$T/k.pub" -d "$T/d23b" -c 1 --retries 0 --json > "$T/o23b" 2>/dev/null
+G "$REPO" --manifest "$T/m23b.json" -P "$T/k.pub" -d "$T/d23b" -x 1 --retries 0 --json > "$T/o23b" 2>/dev/null
 check "two sources mixed: exit 0" test "$(summary "$T/o23b" exit)" = 0
 check "two sources mixed: tree verifies" tree_ok "$T/d23b"
 check "two sources mixed: mismatch reported" test "$(events "$T/o23b" hash_mismatch)" = 1
@@ -415,7 +415,7 @@ check "two sources mixed: only the dropping mirror struck" test "$(events "$T/o2
 # ---- 23. Range ignored and connections dropped: bounded, then the next source ----
 faultd f24 --norange --fault drop:500000 --only a.bin
 mkman "$T/m24.json" --source "http:http://127.0.0.1:$PORT_f24/" --source "http:$NG/plain/"
-G "$REPO" --manifest "$T/m24.json" -P "$T/k.pub" -d "$T/d24" -c 1 --retry-wait 10 --json > "$T/o24" 2>/dev/null
+G "$REPO" --manifest "$T/m24.json" -P "$T/k.pub" -d "$T/d24" -x 1 --retry-wait 10 --json > "$T/o24" 2>/dev/null
 check "norange + drop: exit 0" test "$(summary "$T/o24" exit)" = 0
 check "norange + drop: tree verifies" tree_ok "$T/d24"
 n24=$(grep -c '"path": "a.bin"' "$T/f24.log")
@@ -440,14 +440,14 @@ check "good get: salafw verify DEST passes" verify_fresh "$T/d25"
 # ---- 25. a partial locked by another process: exit 5 naming it -------------------
 faultd f26 --fault drop:700000 --times 1 --only a.bin
 mkman "$T/m26.json" --source "http:http://127.0.0.1:$PORT_f26/"
-G "$REPO" --manifest "$T/m26.json" -P "$T/k.pub" -d "$T/d26" -c 1 --retries 0 -q >/dev/null 2>&1
+G "$REPO" --manifest "$T/m26.json" -P "$T/k.pub" -d "$T/d26" -x 1 --retries 0 -q >/dev/null 2>&1
 P26=$T/d26/.salafw/partial/$A_SHA-$(ptag a.bin).part
 check "partial left to lock" test -s "$P26"
 flock -o "$P26" sleep 5 &
 lp=$!; PIDS+=("$lp")
 for _ in $(seq 100); do flock -n "$P26" true 2>/dev/null || break; sleep 0.05; done # held now
 check_err "locked partial: exit 5 naming it" 5 "being written by another process" \
-	G "$REPO" --manifest "$T/m26.json" -P "$T/k.pub" -d "$T/d26" -c 1
+	G "$REPO" --manifest "$T/m26.json" -P "$T/k.pub" -d "$T/d26" -x 1
 kill "$lp" 2>/dev/null; wait "$lp" 2>/dev/null
 
 # ---- 25b. a signed size that contradicts the signed sha256: fails, never loops -----

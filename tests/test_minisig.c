@@ -446,7 +446,7 @@ static void test_publisher(void)
 	snprintf(sigp, sizeof(sigp), "%s.minisig", file);
 	struct sfw_err err = {0};
 	CHECK(sfw_keygen(pub, sec, 0, &err) == SFW_OK, "keygen: %s", err.msg);
-	CHECK(sfw_keygen(pub, sec, 0, &err) == SFW_E_IO && strstr(err.msg, "already exists"),
+	CHECK(sfw_keygen(pub, sec, 0, &err) == SFW_E_EXISTS && strstr(err.msg, "already exists"),
 	      "keygen refuses to overwrite: %s", err.msg);
 	CHECK(sfw_keygen(pub, sec, 1, &err) == SFW_OK, "keygen -f overwrites");
 	CHECK(access(sec, R_OK) == 0, "secret key written");

@@ -294,7 +294,7 @@ int main(void)
 	CHECK(access(path, F_OK) != 0, "no_tokenizer skips tokenizer.model");
 
 	/* An existing model is refused; --force replaces it and drops stale shards. */
-	CHECK(sfw_mkmodel(b, &p, &err) == SFW_E_INVAL && strstr(err.msg, "already holds a model") &&
+	CHECK(sfw_mkmodel(b, &p, &err) == SFW_E_EXISTS && strstr(err.msg, "already holds a model") &&
 		  strstr(err.msg, b),
 	      "existing model refused: %s", err.msg);
 	snprintf(path, sizeof(path), "%s/model-00003-of-00003.safetensors", b);

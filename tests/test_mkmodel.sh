@@ -10,7 +10,7 @@ T=$(scratch)
 
 check "tiny, seed 1" "$SALAFW" mkmodel --preset tiny --seed 1 -o "$T/a"
 check "tiny, seed 1 again" "$SALAFW" mkmodel --preset tiny --seed 1 -o "$T/b"
-check "tiny, seed 2" "$SALAFW" mkmodel -p tiny -s 2 -o "$T/c"
+check "tiny, seed 2" "$SALAFW" mkmodel --preset tiny --seed 2 -o "$T/c"
 
 sums() { (cd "$1" && sha256sum -- * | sort -k2); }
 if [ -n "$(ls "$T/a")" ] && [ "$(sums "$T/a")" = "$(sums "$T/b")" ]; then pass "same seed: identical sha256 of every file"
@@ -59,7 +59,7 @@ else
 	check_err "-o unwritable" 5 "cannot create directory '/proc/salafw-" "$SALAFW" mkmodel --preset tiny \
 		-o "/proc/salafw-test-$$/m"
 fi
-check_err "existing model refused" 2 "already holds a model.*--force" "$SALAFW" mkmodel --preset tiny -o "$T/a"
+check_err "existing model refused (exit 5, as every existing output)" 5 "already holds a model.*--force" "$SALAFW" mkmodel --preset tiny -o "$T/a"
 check "existing model with --force" "$SALAFW" mkmodel --preset tiny --seed 1 --force -o "$T/a"
 [ "$(sums "$T/a")" = "$(sums "$T/b")" ] && pass "forced rewrite gives the same bytes" || fail "forced rewrite differs"
 

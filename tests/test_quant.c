@@ -945,7 +945,7 @@ static void test_refusals(const char *golden)
 	p.method = SFW_QUANT_RTN;
 	struct sfw_err err = {0};
 	snprintf(out, sizeof(out), "%s/q128", tmpdir);
-	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_E_INVAL && strstr(err.msg, "already holds a model"),
+	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_E_EXISTS && strstr(err.msg, "already holds a model"),
 	      "an existing output needs force: %s", err.msg);
 	p.force = 1;
 	CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "force overwrites: %s", err.msg);

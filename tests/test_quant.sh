@@ -27,7 +27,7 @@ check_err "quant refuses a directory without a signed manifest" 1 "no signed man
 	$SALAFW quant "$D" -o "$S/x" --method rtn
 check_err "quant --no-verify says so and reports" 0 "32 linears int8 \(w8-g32\)" \
 	$SALAFW quant "$D" -o "$S/q" --method rtn --group 32 --no-verify
-check_err "an existing output needs --force" 2 "already holds a model" \
+check_err "an existing output needs --force (exit 5)" 5 "already holds a model" \
 	$SALAFW quant "$D" -o "$S/q" --method rtn --no-verify
 check "the output is a complete model directory" test -f "$S/q/config.json" -a -f "$S/q/model.safetensors.index.json"
 # --force replaces the model as a whole: one shard over several leaves one shard file

@@ -66,11 +66,11 @@ export SALAFW_STATE_DIR=$S/state
 mkdir -p "$S/m/.salafw"
 cp "$G/tiny-dense/config.json" "$G/tiny-dense/model.safetensors" "$S/m/"
 chmod u+w "$S/m"/*
-check "keygen" $SALAFW keygen -p "$S/k.pub" -s "$S/k.key"
+check "keygen" $SALAFW keygen --pubkey-out "$S/k.pub" -s "$S/k.key"
 check "manifest" $SALAFW manifest "$S/m" --repo test/tiny --revision 0123456789abcdef0123456789abcdef01234567 \
-	-p "$S/k.pub" -o "$S/m/.salafw/manifest.json"
+	-P "$S/k.pub" -o "$S/m/.salafw/manifest.json"
 check "sign" $SALAFW sign -s "$S/k.key" "$S/m/.salafw/manifest.json"
-check "verify records the state" $SALAFW verify "$S/m" -p "$S/k.pub"
+check "verify records the state" $SALAFW verify "$S/m" -P "$S/k.pub"
 check "run on a verified copy" $SALAFW run "$S/m" --pubkey "$S/k.pub" --ids "$S/ids.txt" -n 2 --greedy
 check_err "run with the pinned key only refuses a foreign signature" 3 "refusing" \
 	$SALAFW run "$S/m" --ids "$S/ids.txt" -n 2 --greedy

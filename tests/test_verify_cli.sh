@@ -21,8 +21,8 @@ printf 'tokenizer\n' >"$M/sub/tok.txt"
 # --- keys: minisign -G -W and salafw keygen
 minisign -G -W -p "$W/ms.pub" -s "$W/ms.key" -f >/dev/null 2>&1
 check "minisign -G -W makes a key" test -s "$W/ms.key"
-check "salafw keygen" $S keygen -p "$W/sf.pub" -s "$W/sf.key"
-check_err "keygen refuses to overwrite" 5 "already exists" $S keygen -p "$W/sf.pub" -s "$W/sf.key"
+check "salafw keygen" $S keygen --pubkey-out "$W/sf.pub" -s "$W/sf.key"
+check_err "keygen refuses to overwrite" 5 "already exists" $S keygen --pubkey-out "$W/sf.pub" -s "$W/sf.key"
 check "secret key is mode 600" test "$(stat -c %a "$W/sf.key")" = 600
 # The key id from the key itself: minisign's comment prints it without zero
 # padding (%PRIX64), so a leading zero nibble (1 key in 16) would shorten it.
@@ -286,7 +286,7 @@ else
 	mkdir -p "$W/locked/.salafw" && printf '{}' >"$W/locked/.salafw/manifest.json" && chmod 000 "$W/locked/.salafw/manifest.json"
 	check_err "unreadable manifest (root: no DIR permission test)" 3 "manifest.json" $S verify "$W/locked"
 fi
-check_err "no manifest in DIR" 3 "manifest.json" $S verify "$W/elsewhere"
+check_err "no manifest in DIR: not verified (exit 1, as run and quant)" 1 "has no signed manifest" $S verify "$W/elsewhere"
 check_err "verify without DIR" 2 "expected one DIR" $S verify
 check_err "unknown option" 2 "unknown option" $S verify "$M" --frobnicate
 check_err "bad -P key" 3 "base64" $S verify "$M" -P notakey

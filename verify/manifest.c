@@ -618,7 +618,8 @@ static enum sfw_status ratchet_load(const char *path, struct ratchet *r, struct 
 }
 
 static enum sfw_status ratchet_compare(const struct sfw_manifest *m, const struct sfw_trust_params *p,
-				       const struct ratchet *r, const char *what, struct sfw_err *err)
+				       const struct ratchet *r, const char *what, const char *path,
+				       struct sfw_err *err)
 {
 	if (m->manifest_version < r->version && !p->allow_downgrade)
 		return sfw_fail(err, SFW_E_MANIFEST,
@@ -626,11 +627,15 @@ static enum sfw_status ratchet_compare(const struct sfw_manifest *m, const struc
 				"(key %s): possible rollback (--allow-downgrade overrides)",
 				what, (unsigned long long)m->manifest_version, (unsigned long long)r->version,
 				m->repo_id, m->publisher_key_id);
-	if (m->manifest_version == r->version && CRYPTO_memcmp(r->sha, m->manifest_sha256, 32) != 0)
+	if (m->manifest_version == r->version && CRYPTO_memcmp(r->sha, m->manifest_sha256, 32) != 0) {
+		char seen[65], here[65];
+		sfw_hex_encode(r->sha, 32, seen);
+		sfw_hex_encode(m->manifest_sha256, 32, here);
 		return sfw_fail(err, SFW_E_MANIFEST,
-				"%s: manifest_version %llu of %s differs from the one already seen with that "
-				"version (equivocation)",
-				what, (unsigned long long)m->manifest_version, m->repo_id);
+				"equivocation: %.60s manifest_version %llu was seen before with other bytes (%.8s.. "
+				"now, %.8s.. then): ask the publisher for a higher version, or remove '%s' to accept it",
+				m->repo_id, (unsigned long long)m->manifest_version, here, seen, path);
+	}
 	return SFW_OK;
 }
 
@@ -656,10 +661,13 @@ static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct 
 		snprintf(m0, sizeof(m0), "%s", err->msg);
 		sfw_fail(err, s, "%.400s (--allow-downgrade starts it afresh)", m0);
 	}
-	sfw_free(path);
-	if (s != SFW_OK || !r.present)
+	if (s != SFW_OK || !r.present) {
+		sfw_free(path);
 		return s;
-	return ratchet_compare(m, p, &r, what, err);
+	}
+	s = ratchet_compare(m, p, &r, what, path, err);
+	sfw_free(path);
+	return s;
 }
 
 /* The rollback record is read, compared and replaced under an exclusive
@@ -716,7 +724,7 @@ enum sfw_status sfw_manifest_ratchet_commit(const struct sfw_manifest *m, const 
 	/* Compared again under the lock: another run may have taken in a newer
 	 * (or an equal, other) manifest since this one was checked. */
 	if (s == SFW_OK && r.present)
-		s = ratchet_compare(m, p, &r, what, err);
+		s = ratchet_compare(m, p, &r, what, path, err);
 	/* Never lower the ratchet (a downgrade allowed once stays a one-off),
 	 * and an equal record needs no write. */
 	int write = s == SFW_OK && (!r.present || r.version < m->manifest_version);

@@ -335,10 +335,10 @@ enum sfw_status sfw_keygen(const char *pub_path, const char *sec_path, int force
 		return sfw_fail(err, SFW_E_IO, "libsodium could not be initialised");
 	struct stat st;
 	if (!force && lstat(sec_path, &st) == 0)
-		return sfw_fail(err, SFW_E_IO, "secret key '%s' already exists (use -f to overwrite it)",
+		return sfw_fail(err, SFW_E_EXISTS, "secret key '%s' already exists (use --force to overwrite it)",
 				sec_path);
 	if (!force && lstat(pub_path, &st) == 0)
-		return sfw_fail(err, SFW_E_IO, "public key '%s' already exists (use -f to overwrite it)",
+		return sfw_fail(err, SFW_E_EXISTS, "public key '%s' already exists (use --force to overwrite it)",
 				pub_path);
 	unsigned char pub[PUBKEY_BYTES], sec[SECKEY_BYTES];
 	unsigned char key_id[8], pk[32], sk[64];

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,14 @@ struct collect {
 	const char *root;
 };
 
+/* "*.tmp.*": a temporary file another writer has not renamed yet (core/file.h's
+ * "<name>.tmp.<pid>.<n>", and the same pattern .gitignore keeps out) is never
+ * part of the tree. */
+static int atomic_tmp_name(const char *name)
+{
+	return fnmatch("*.tmp.*", name, 0) == 0;
+}
+
 static void collect_fail(struct collect *c, enum sfw_status code, const char *fmt, const char *a,
 			 const char *b)
 {
@@ -53,8 +62,8 @@ static void walk(struct collect *c, int fd, const char *prefix, int depth)
 	while (c->s == SFW_OK && (errno = 0, e = readdir(d))) {
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
 			continue;
-		if (sfwi_skip_dir_entry(prefix, e->d_name, depth))
-			continue; /* the tool's own state, git's, the HF cache */
+		if (sfwi_skip_dir_entry(prefix, e->d_name, depth) || atomic_tmp_name(e->d_name))
+			continue; /* the tool's own state, git's, the HF cache, temporary files */
 		char rel[4096];
 		if ((size_t)snprintf(rel, sizeof(rel), "%s%s%s", prefix, *prefix ? "/" : "", e->d_name) >=
 		    sizeof(rel)) {

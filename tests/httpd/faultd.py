@@ -122,7 +122,7 @@ class Handler(BaseHTTPRequestHandler):
         if a.corrupt is not None and always:
             corrupt.append(a.corrupt)
         rng = self.headers.get("Range")
-        entry = dict(path=rel, range=rng, fault=fault, sent=0, status=0)
+        entry = dict(path=rel, range=rng, fault=fault, sent=0, status=0, auth=self.headers.get("Authorization"))
         try:
             self.handle_get(rel, kind, arg, rng, entry, m is not None, norange, corrupt)
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
