@@ -797,7 +797,7 @@ static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err
 		/* Strike a source only when it alone served every byte: bytes mixed
 		 * from several sources, or kept from an earlier run's partial, do
 		 * not say which one was bad. Then the file starts over from the
-		 * highest-priority source alone, to isolate it (fetch-verify §3.4). */
+		 * highest-priority source alone, to isolate it (docs/fetch-verify.md §3.4). */
 		int sole = -1, nsrc = 0;
 		for (size_t i = 0; i < r->nsrcs; i++)
 			if (f->contributed[i]) {

@@ -1,5 +1,5 @@
 /* attention.c - dense causal and block-sparse causal GQA softmax attention
- * on the CPU (sparse layers, model-spec §2.6.2 and §2.6.5). Work items are
+ * on the CPU (sparse layers, docs/model-spec.md §2.6.2 and §2.6.5). Work items are
  * (row, head) pairs; each computes its scores, then an exact softmax. */
 #include "kernels/ops.h"
 #include "alloc.h"

@@ -15,7 +15,7 @@ extern "C" {
 }
 
 /* An asynchronous CUDA fault leaves the context unusable: log the statement,
- * function, file, line and device, then abort (style §13.4c). Recoverable
+ * function, file, line and device, then abort (docs/style.md §13.4c). Recoverable
  * failures (cudaMalloc out of memory) go through sfw_fail instead. */
 #define SFW_CUDA_CHECK(stmt)                                                                              \
 	do {                                                                                              \

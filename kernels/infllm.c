@@ -1,4 +1,4 @@
-/* infllm.c - InfLLM-v2 block selection on the CPU (model-spec §2.6.3-2.6.4):
+/* infllm.c - InfLLM-v2 block selection on the CPU (docs/model-spec.md §2.6.3-2.6.4):
  * mean-pooled key compression, stage-1 scores normalised by the level-2 LSE
  * and summed over each KV group, max-pooling to blocks with forced init and
  * local blocks, and top-k with ties to the lower block index. */

@@ -1,7 +1,7 @@
 /* infllm.cu - CUDA twins of kernels/infllm.c: InfLLM-v2 key compression,
  * stage-1 scoring (level-2 LSE normaliser, summed over each KV group),
  * max-pooling to blocks with forced init/local blocks, and top-k with ties
- * to the lower block index (model-spec §2.6.3-2.6.4).
+ * to the lower block index (docs/model-spec.md §2.6.3-2.6.4).
  *
  * In bf16 mode the stage-1 scores are rounded to bf16 values (the reference
  * kernel writes bf16) and pooling works on those.

@@ -1,4 +1,4 @@
-/* lightning.c - simple gated linear attention (Lightning layers, model-spec
+/* lightning.c - simple gated linear attention (Lightning layers, docs/model-spec.md
  * §2.7 step 5) on the CPU: the recurrent form used for decode and the chunked
  * form (as fla's chunk_simple_gla) used for prefill. Heads run in parallel. */
 #include "kernels/ops.h"

@@ -6,7 +6,7 @@
  * arguments in the same order with three changes:
  *   - activation pointers (float * here) become void * in the activation dtype
  *     `act` (SFW_OP_BF16 normally: rounded where the reference rounds,
- *     model-spec §2; SFW_OP_F32 allowed for twin tests);
+ *     docs/model-spec.md §2; SFW_OP_F32 allowed for twin tests);
  *   - `enum sfw_op_dtype act` and `void *stream` are appended;
  *   - every pointer is in the twin's memory space (host for _cpu, device for
  *     _cuda), including small parameter arrays such as `decay`.
@@ -15,7 +15,7 @@
  * indices) are int32. A test (tests/test_ops.c, CUDA) compares each pair on
  * random inputs.
  *
- * Layouts (row-major, token-major, head-major inside a row, model-spec §3):
+ * Layouts (row-major, token-major, head-major inside a row, docs/model-spec.md §3):
  *   activations x [T, n]; q [T, nh, hd]; sparse-layer KV cache [len, nkv, hd];
  *   compressed keys [n_chunks, nkv, hd]; lightning state [nh, hd(k), hd(v)];
  *   weights W [N, K] = [out, in] as stored by nn.Linear.
@@ -74,7 +74,7 @@ void sfw_op_embed_cpu(float *x, const void *E, enum sfw_op_dtype edt, const int3
  * lightning o_norm is rows = T, n = nh*hd. y may alias x. */
 void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
 			float eps);
-/* x[i] += scale * b[i]  (the scaled residual branch, model-spec §2.3). */
+/* x[i] += scale * b[i]  (the scaled residual branch, docs/model-spec.md §2.3). */
 void sfw_op_add_scaled_cpu(float *x, const float *b, size_t n, float scale);
 /* y[i] = silu(gate[i]) * up[i]  (SwiGLU). y may alias gate or up. */
 void sfw_op_silu_mul_cpu(float *y, const float *gate, const float *up, size_t n);
@@ -89,7 +89,7 @@ void sfw_op_rope_neox_cpu(float *x, int T, int nh, int hd, int64_t pos0, float t
 void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_op_dtype wdt,
 			    int rows, int n, float eps);
 /* Fused (kernels/fused.c): the lightning layers' per-head q/k norm and RoPE
- * (model-spec §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
+ * (docs/model-spec.md §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
  * q = rmsnorm(q) with qw [hd] and k = rmsnorm(k) with kw [hd] per head
  * (rows T*nhq and T*nhk, n = hd), then, when rope != 0, NeoX RoPE on both
  * from pos0: exactly sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
@@ -145,13 +145,13 @@ void sfw_op_attn_sparse_cpu(float *o, const float *q, const float *kc, const flo
  * decode passes j0 = the chunks already made. */
 void sfw_op_compress_cpu(float *c, const float *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
 			 int stride);
-/* Stage-1 scores, model-spec §2.6.4 steps 1-3. For row r (position p = pos0+r)
+/* Stage-1 scores, docs/model-spec.md §2.6.4 steps 1-3. For row r (position p = pos0+r)
  * and KV group g:
  *   LSE_h = log sum_{j2 : j2*4*stride + 4*ksize - 1 <= p} exp(scale * q[r,h].c2[j2,g])
  *   s[g, r, j] = sum_{h in group g} exp(scale * q[r,h].c1[j,g] - LSE_h)
  *                for j*stride + ksize - 1 <= p, else 0 (NaN -> 0).
  * scores [nkv, T, n1]. The reference kernel's causal-offset quirk for call
- * lengths = 15 (mod 16) / 63 (mod 64) (model-spec §2.6.6, derived by reading,
+ * lengths = 15 (mod 16) / 63 (mod 64) (docs/model-spec.md §2.6.6, derived by reading,
  * not run) is not reproduced: every row sees exactly the chunks above. */
 void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n1, const float *c2,
 		       int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,

@@ -7,7 +7,7 @@
  * void * into device memory; bf16 tensors are uint16_t bit patterns, the same
  * as on the CPU.
  *
- * Failure kinds (style §13.4): out-of-memory and similar recoverable errors
+ * Failure kinds (docs/style.md §13.4): out-of-memory and similar recoverable errors
  * return SFW_E_CUDA with a message; asynchronous faults abort through
  * SFW_CUDA_CHECK inside the .cu files. */
 #ifndef SFW_OPS_CUDA_H

@@ -12,7 +12,7 @@
  *
  * Fused ops (norm+matmul, gate+up+SiLU, ...) enter this table as new members;
  * forward.c uses them when non-NULL, and the CPU backend implements them as
- * the composition of the unfused ops (style.md §13.10).
+ * the composition of the unfused ops (docs/style.md §13.10).
  *
  * Caches belong to the backend: per sparse layer the K and V of every token
  * [len, nkv, hd], growing in 64-token blocks, and the two levels of
@@ -62,7 +62,7 @@ struct sfw_cache_desc {
 	int sel_k;                   /* blocks selected per row (topk + window/block) */
 };
 
-/* Parameters of one sparse-layer selection call (model-spec §2.6.4). */
+/* Parameters of one sparse-layer selection call (docs/model-spec.md §2.6.4). */
 struct sfw_sparse_params {
 	int64_t pos0;       /* position of the call's first row */
 	int T;              /* rows */
@@ -164,7 +164,7 @@ struct sfw_backend {
 	 * host wait): keeps per-step results such as the selected blocks in
 	 * backend memory until someone asks for them. */
 	void (*copy)(struct sfw_backend *be, void *dst, const void *src, size_t bytes);
-	/* Merged projections (performance.md §5.7). Between load_begin and
+	/* Merged projections (docs/performance.md §5.7). Between load_begin and
 	 * load_end weight_upload may defer its copy. merge places parts[0..n-1]
 	 * (same cols and dtype) as consecutive row ranges of one [sum rows, cols]
 	 * matrix in backend memory and points each part's dev into it; *merged

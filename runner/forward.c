@@ -1,4 +1,4 @@
-/* forward.c - the one MiniCPM-SALA forward pass (model-spec §2), written
+/* forward.c - the one MiniCPM-SALA forward pass (docs/model-spec.md §2), written
  * against struct sfw_backend, plus the public engine API of runner/runner.h.
  *
  * A call (sfw_ctx_prefill / sfw_ctx_decode) is cut into pieces of at most

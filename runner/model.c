@@ -1,4 +1,4 @@
-/* model.c - binds the checkpoint's tensors (model-spec §3) to the backend,
+/* model.c - binds the checkpoint's tensors (docs/model-spec.md §3) to the backend,
  * checking each name, dtype and shape against the config first. */
 #include "runner/model.h"
 #include "alloc.h"
@@ -323,7 +323,7 @@ enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw
 				return s;
 		}
 	}
-	/* Lightning decays: the ALiBi slope list (model-spec §1.2). */
+	/* Lightning decays: the ALiBi slope list (docs/model-spec.md §1.2). */
 	int nh = c->lightning_nh;
 	float slopes[1024];
 	if (nh > 1024)

@@ -1,7 +1,7 @@
 /* runner.h - the MiniCPM-SALA engine: load a model directory, keep one
  * sequence's state in a context, prefill and decode.
  *
- * The forward pass (runner/forward.c) follows model-spec §2 and is written
+ * The forward pass (runner/forward.c) follows docs/model-spec.md §2 and is written
  * once against struct sfw_backend (runner/backend.h): fp32 on the CPU, bf16
  * on CUDA. A call's rows take the dense or the sparse attention path as one,
  * decided by the total length at the end of the call (L >= dense_len ->
@@ -33,7 +33,7 @@ struct sfw_model_params {
 struct sfw_model_params sfw_model_default_params(void);
 
 /* Opens DIR/config.json and the safetensors (one file or an index + shards),
- * checks every tensor of model-spec §3 against the config (name, dtype BF16
+ * checks every tensor of docs/model-spec.md §3 against the config (name, dtype BF16
  * or F32, shape) and binds the weights to the backend. */
 SFW_MUST_CHECK enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p,
 					      struct sfw_model **out, struct sfw_err *err);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # salafw mkmodel from the command line: same seed -> identical bytes (sha256sum
 # of every file), another seed -> other weights, --dry-run of the full preset
-# gives model-spec §3's counts and writes nothing, bad -o and existing models
+# gives docs/model-spec.md §3's counts and writes nothing, bad -o and existing models
 # give clear errors and the documented exit codes.
 set -u
 cd "$(dirname "$0")/.."
