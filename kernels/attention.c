@@ -96,7 +96,7 @@ static void run(struct attn_job *j)
 	size_t items = (size_t)j->T * j->nh;
 	double work = (double)items * (double)j->maxkeys * j->hd;
 	int nt = work < 1e5 ? 1 : sfw_ops_cpu_threads();
-	sfw_parallel_for(nt, items, 1, attn_items, j);
+	sfwi_ops_cpu_for(nt, items, 1, attn_items, j);
 }
 
 void sfw_op_attn_dense_cpu(float *o, const float *q, const float *kc, const float *vc, int T, int nh, int nkv,

@@ -109,7 +109,7 @@ void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n
 	struct s1_job j = {scores, q, c1, c2, n1, n2, pos0, T, nh, nkv, hd, ksize, stride, scale};
 	size_t items = (size_t)nkv * T;
 	double work = (double)items * (double)(n1 + n2) * nh / nkv * hd;
-	sfw_parallel_for(work < 1e5 ? 1 : sfw_ops_cpu_threads(), items, 1, s1_items, &j);
+	sfwi_ops_cpu_for(work < 1e5 ? 1 : sfw_ops_cpu_threads(), items, 1, s1_items, &j);
 }
 
 void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,

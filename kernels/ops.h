@@ -22,10 +22,13 @@
  * Positions are absolute (0-based); row r of a call sits at pos0 + r.
  * `y` may alias `x` only where the comment says so.
  *
- * Threads: the CPU twins use sfw_parallel_for with the process-wide count set
- * by sfw_ops_cpu_set_threads (default sfw_default_threads()). */
+ * Threads: the CPU twins run on the executor bound to the calling thread
+ * (sfw_ops_cpu_bind; the CPU backend binds its own around every op), or on
+ * the calling thread alone when none is bound. No process-wide state. */
 #ifndef SFW_OPS_H
 #define SFW_OPS_H
+
+#include "sfw.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -55,14 +58,29 @@ static inline float sfw_op_wget(const void *w, enum sfw_op_dtype dt, size_t i)
 	return dt == SFW_OP_BF16 ? sfw_op_bf16(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
-void sfw_ops_cpu_set_threads(int n); /* n <= 0: the default */
-int sfw_ops_cpu_threads(void);
+/* The CPU ops' executor: a persistent thread pool (core/thread.h) and a
+ * failure flag. One per CPU backend; ex may be shared by several threads
+ * (their jobs take turns on the pool). */
+struct sfw_ops_cpu;
+/* nthreads in [1, 256]. */
+SFW_MUST_CHECK enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct sfw_err *err);
+void sfw_ops_cpu_free(struct sfw_ops_cpu *ex); /* NULL is a no-op */
+/* Binds ex to the calling thread (NULL unbinds): the CPU ops it calls run
+ * on ex's threads and report to ex. Returns the previous binding, which the
+ * caller restores when done. */
+struct sfw_ops_cpu *sfw_ops_cpu_bind(struct sfw_ops_cpu *ex);
+int sfw_ops_cpu_threads(void); /* of the bound executor; 1 when none is */
 /* A CPU op that cannot get its scratch memory leaves its output undefined
- * and raises a process-wide flag instead of aborting (the ops return void):
- * sfw_ops_cpu_take_failure returns 1 when some op failed since the last
- * take, and clears it. sfwi_ops_cpu_fail raises it (the ops themselves). */
-int sfw_ops_cpu_take_failure(void);
+ * and raises the flag of the bound executor (of the calling thread when none
+ * is bound) instead of aborting (the ops return void): take_failure returns
+ * 1 when some op failed since the last take, and clears it; ex NULL: the
+ * calling thread's own flag. sfwi_ops_cpu_fail raises it (the ops). */
+int sfw_ops_cpu_take_failure(struct sfw_ops_cpu *ex);
 void sfwi_ops_cpu_fail(void);
+/* The ops' parallel-for: fn over [0, n) in chunks of grain on at most
+ * nthreads threads of the bound executor (the workers see the same binding,
+ * so sfwi_ops_cpu_fail inside fn reaches it). */
+void sfwi_ops_cpu_for(int nthreads, size_t n, size_t grain, void (*fn)(void *, size_t, size_t, int), void *ctx);
 
 /* ---- elementwise and norms (kernels/elementwise.c) ------------------------ */
 
