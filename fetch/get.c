@@ -80,6 +80,7 @@ struct file;
 
 struct seg {
 	struct file *f;
+	struct run *run;       /* the get this transfer belongs to (the write callback's) */
 	CURL *h;
 	int src;
 	uint64_t start, end, pos, launch_pos, synced;
@@ -442,8 +443,6 @@ static int commit_ok(struct run *r, struct seg *s)
 	return r->srcs[s->src].s.kind != SFW_SOURCE_HF || !s->commit[0] || strcmp(s->commit, r->m->revision) == 0;
 }
 
-static struct run *g_run; /* the write callback needs the run; one get at a time */
-
 static int check_first(struct run *r, struct seg *s)
 {
 	long status = 0;
@@ -475,7 +474,7 @@ static int check_first(struct run *r, struct seg *s)
 static size_t on_write(char *p, size_t sz, size_t nm, void *u)
 {
 	struct seg *s = u;
-	struct run *r = g_run;
+	struct run *r = s->run;
 	struct file *f = s->f;
 	size_t n = sz * nm;
 	if (!s->checked) {
@@ -612,6 +611,7 @@ static enum sfw_status seg_start(struct run *r, struct file *f, struct sfw_err *
 	curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
 	if (p->limit_rate)
 		curl_easy_setopt(h, CURLOPT_MAX_RECV_SPEED_LARGE, (curl_off_t)p->limit_rate);
+	s->run = r;
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
@@ -1519,7 +1519,6 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 		goto out;
 	}
 	curl_multi_setopt(r.multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)(p->jobs * p->connections));
-	g_run = &r;
 	st = run_loop(&r, err);
 	{
 		/* whatever happened, keep every byte written resumable */
@@ -1543,7 +1542,6 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 			}
 		}
 	}
-	g_run = NULL;
 	if (st == SFW_E_ABORTED && (!err || !err->msg[0] || err->code != SFW_E_ABORTED))
 		st = sfw_fail(err, SFW_E_ABORTED, "interrupted; run the same command again to resume");
 	progress(&r, 1);
