@@ -127,9 +127,9 @@ int cmd_bench(int argc, char **argv)
 		return cp.npos ? cli_usage_error(C, "--gemm takes no MODEL_DIR") : bench_gemm(C, gemm, (int)mo.threads);
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
-	struct sfw_model_params mp = sfw_model_default_params();
-	mp.threads = (int)mo.threads;
-	mp.device = mo.device;
+	struct sfw_model_params mp;
+	if (cli_model_params(C, &mo, &mp))
+		return SFW_EXIT_USAGE;
 	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc)
 		return rc;

@@ -10,8 +10,7 @@
 
 int sfw_default_threads(void)
 {
-	const char *env = getenv("SALAFW_THREADS");
-	long n = env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
 	if (n < 1)
 		n = 1;
 	if (n > 256)

@@ -10,8 +10,9 @@
 /* Called for items [begin, end) by worker `tid`. */
 typedef void (*sfw_range_fn)(void *ctx, size_t begin, size_t end, int tid);
 
-/* Number of threads to use by default: SALAFW_THREADS if set, else the
- * online CPU count (at least 1, at most 256). */
+/* Number of threads to use by default: the online CPU count (at least 1, at
+ * most 256). The library reads no environment (the CLI maps SALAFW_THREADS
+ * onto the model's thread count). */
 int sfw_default_threads(void);
 
 /* Runs fn over [0, n) in chunks of `grain` items on up to nthreads threads

@@ -262,7 +262,7 @@ int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const i
 		 int nkv, int hd, int64_t pos0, int k, int block, float scale, enum sfw_op_dtype act,
 		 void *stream)
 {
-	enum tc_mode mode = tc_mode_of("SALAFW_CUDA_ATTN");
+	enum tc_mode mode = tc_mode_of(sfwi_cuda_cfg_attn());
 	if (mode == TC_SIMT || act != SFW_OP_BF16 || T <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
 		return 0;
 	if (idx && (block != ATC_BLK || k <= 0 || k > ATC_KMAX))

@@ -150,17 +150,23 @@ static __device__ __forceinline__ void sfwc_pdl_wait(void)
 #endif
 }
 
+/* The calling thread's struct sfw_cuda_ops_cfg (ops_cuda.h), member by member
+ * (kernels/linear.cu); sms: the bound count or the current device's. */
+int sfwi_cuda_cfg_attn(void);
+int sfwi_cuda_cfg_stage1(void);
+int sfwi_cuda_cfg_gla_serial(void);
+int sfwi_cuda_cfg_no_pdl(void);
+int sfwi_cuda_sms(void);
+
+/* sm_90+ and not switched off (cfg no_pdl) */
 static inline int sfwc_pdl_enabled(void)
 {
-	static int on = -1; /* decided once per process */
-	if (on < 0) {
-		int dev = 0, major = 0;
-		const char *e = getenv("SALAFW_CUDA_PDL");
-		SFW_CUDA_CHECK(cudaGetDevice(&dev));
-		SFW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-		on = major >= 9 && !(e && e[0] == '0');
-	}
-	return on;
+	if (sfwi_cuda_cfg_no_pdl())
+		return 0;
+	int dev = 0, major = 0;
+	SFW_CUDA_CHECK(cudaGetDevice(&dev));
+	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+	return major >= 9;
 }
 
 template <typename... KArgs, typename... Args>

@@ -347,12 +347,11 @@ static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, c
 	}
 }
 
-/* SALAFW_CUDA_GLA=serial: one block walks each head's chunks in order (the
- * first form; kept to bisect with) */
+/* gla_serial (struct sfw_cuda_ops_cfg): one block walks each head's chunks in
+ * order (the first form; kept to bisect with) */
 static bool gla_scan_on(void)
 {
-	const char *e = getenv("SALAFW_CUDA_GLA");
-	return !(e && !strcmp(e, "serial"));
+	return !sfwi_cuda_cfg_gla_serial();
 }
 
 template <typename A, int HD>

@@ -199,10 +199,10 @@ void sfw_op_topk_blocks_cpu(int32_t *idx, const float *pooled, int64_t nblocks, 
  * contiguous chunks (kernels/sample_twin.h), so a u within rounding of a
  * boundary may pick the neighbour the host sampler would not. */
 struct sfw_op_sample_params {
-	float temperature;
-	int top_k;   /* 0 = off */
-	float top_p; /* (0, 1] */
-	int greedy;
+	float temperature; /* >= 0; 0 means greedy */
+	int top_k;         /* 0 = off */
+	float top_p;       /* (0, 1]; 1 = off */
+	int greedy;        /* 1 = argmax, ignores the rest */
 };
 int32_t sfw_op_sample_cpu(const float *logits, int V, const struct sfw_op_sample_params *p, double u);
 /* The sampler's uniform stream (xoshiro256** as runner/sampler.c): the next

@@ -24,6 +24,7 @@
 
 #include "kernels/ops.h"
 #include "runner/config.h"
+#include "runner/runner.h"
 #include "sfw.h"
 
 #include <stddef.h>
@@ -230,8 +231,9 @@ struct sfw_backend {
 SFW_MUST_CHECK enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, struct sfw_err *err);
 
 #ifdef SFW_HAVE_CUDA
-/* The CUDA backend (runner/backend_cuda.c), device index dev. */
-SFW_MUST_CHECK enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct sfw_err *err);
+/* The CUDA backend (runner/backend_cuda.c) on GPU o->cuda_device. */
+SFW_MUST_CHECK enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sfw_backend **out,
+						    struct sfw_err *err);
 #endif
 
 #endif

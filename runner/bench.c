@@ -95,20 +95,14 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 		goto done;
 	r->ttft_s = now_s() - a;
 	r->prefill_tps = (double)p->prompt / (r->ttft_s > 0 ? r->ttft_s : 1e-9);
-	/* greedy; on CUDA the argmax runs on the GPU and only the id comes back
-	 * (SALAFW_CUDA_NOSAMPLE=1: logits to the host, argmax there) */
-	const char *ns = getenv("SALAFW_CUDA_NOSAMPLE");
-	int dev_sample = !strcmp(sfw_model_device_name(m), "cuda") && !(ns && *ns && strcmp(ns, "0") != 0);
+	/* greedy; where the backend samples (CUDA) only the id comes back, else
+	 * (backend option no_sample) the logits come to the host for the argmax */
 	struct sfw_op_sample_params gp = {0.0f, 0, 1.0f, 1};
 	int32_t best = sfw_op_sample_cpu(logits, cf->vocab_size, &gp, 0);
 	double d0 = now_s();
 	for (int64_t i = 0; i < p->gen; i++) {
 		double s0 = now_s();
-		if (dev_sample)
-			s = sfw_ctx_decode_next(ctx, best, &gp, 0, &best, err);
-		else if ((s = sfw_ctx_decode(ctx, best, logits, err)) == SFW_OK)
-			best = sfw_op_sample_cpu(logits, cf->vocab_size, &gp, 0);
-		if (s != SFW_OK)
+		if ((s = sfw_ctx_decode_next(ctx, best, &gp, 0, &best, err)) != SFW_OK)
 			goto done;
 		st[i] = now_s() - s0;
 	}

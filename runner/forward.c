@@ -73,7 +73,7 @@ struct sfw_ctx {
 
 struct sfw_model_params sfw_model_default_params(void)
 {
-	struct sfw_model_params p = {SFW_DEVICE_AUTO, 0};
+	struct sfw_model_params p = {SFW_DEVICE_AUTO, 0, {0}};
 	return p;
 }
 
@@ -113,9 +113,6 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 		p = &dp;
 	*out = NULL;
 	enum sfw_device dev = p->device;
-	const char *env = getenv("SALAFW_DEVICE");
-	if (dev == SFW_DEVICE_AUTO && env && strcmp(env, "cpu") == 0)
-		dev = SFW_DEVICE_CPU;
 	struct sfw_model *m = sfw_calloc(1, sizeof(*m));
 	if (!m)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
@@ -124,7 +121,7 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 #ifdef SFW_HAVE_CUDA
 		struct sfw_err ce = {0};
 		if (sfw_backend_cuda_new)
-			s = sfw_backend_cuda_new(0, &m->be, &ce);
+			s = sfw_backend_cuda_new(&p->be, &m->be, &ce);
 		else
 			s = sfw_fail(&ce, SFW_E_UNSUPPORTED, "this build has no CUDA backend");
 		if (s != SFW_OK && dev == SFW_DEVICE_CUDA && err)
@@ -333,6 +330,11 @@ void sfw_ctx_reset(struct sfw_ctx *c)
 int64_t sfw_ctx_pos(const struct sfw_ctx *c)
 {
 	return c->pos;
+}
+
+struct sfw_model *sfw_ctx_model(const struct sfw_ctx *c)
+{
+	return c->m;
 }
 
 int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c)
