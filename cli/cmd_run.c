@@ -317,7 +317,7 @@ int cmd_run(int argc, char **argv)
 		else if (!strcmp(nm, "ids"))
 			ids_path = arg;
 		else if (!strcmp(nm, "n-predict")) {
-			if (!cli_parse_u64(C, nm, arg, &n_gen))
+			if (!cli_parse_u64(C, "n", arg, &n_gen)) /* "-n: ...", as before --n-predict */
 				return SFW_EXIT_USAGE;
 			if (n_gen > (1u << 24))
 				return cli_usage_error(C, "-n %llu is more than %u tokens", n_gen, 1u << 24);

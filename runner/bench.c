@@ -3,6 +3,7 @@
 #include "runner/bench.h"
 #include "alloc.h"
 #include "kernels/ops.h"
+#include "runner/generate.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,20 @@ double sfw_bench_linear_params(const struct sfw_config *c)
 	return p;
 }
 
+/* The generation callback: the time each token was made. */
+struct stamps {
+	double *t;
+	int64_t n, cap;
+};
+
+static int stamp(void *user, const struct sfw_gen_token *tk)
+{
+	struct stamps *s = user;
+	if (tk->id >= 0 && s->n < s->cap)
+		s->t[s->n++] = now_s();
+	return 0;
+}
+
 #ifdef SFW_HAVE_CUDA
 static int is_cuda(const struct sfw_model *m)
 {
@@ -65,11 +80,10 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 	r->weight_bytes = 2 * (lp + (double)cf->vocab_size * cf->hidden_size);
 	r->linear_flops = 2 * lp;
 	int32_t *ids = sfw_malloc((size_t)p->prompt * sizeof(int32_t));
-	float *logits = sfw_malloc((size_t)cf->vocab_size * sizeof(float));
-	double *st = sfw_malloc((size_t)(p->gen ? p->gen : 1) * sizeof(double));
+	double *st = sfw_malloc((size_t)(p->gen + 1) * sizeof(double));
 	struct sfw_ctx *ctx = NULL;
 	enum sfw_status s = SFW_OK;
-	if (!ids || !logits || !st) {
+	if (!ids || !st) {
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto done;
 	}
@@ -90,24 +104,32 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 	xp.dense_as_sparse = p->dense_as_sparse;
 	if ((s = sfw_ctx_new(m, &xp, &ctx, err)) != SFW_OK)
 		goto done;
-	double a = now_s();
-	if ((s = sfw_ctx_prefill(ctx, ids, (size_t)p->prompt, logits, err)) != SFW_OK)
-		goto done;
-	r->ttft_s = now_s() - a;
-	r->prefill_tps = (double)p->prompt / (r->ttft_s > 0 ? r->ttft_s : 1e-9);
-	/* greedy; where the backend samples (CUDA) only the id comes back, else
-	 * (backend option no_sample) the logits come to the host for the argmax */
+	/* greedy generation of gen + 1 tokens = gen one-token steps; where the
+	 * backend samples (CUDA) only the id comes back, else (backend option
+	 * no_sample) the logits come to the host for the argmax */
 	struct sfw_op_sample_params gp = {0.0f, 0, 1.0f, 1};
-	int32_t best = sfw_op_sample_cpu(logits, cf->vocab_size, &gp, 0);
-	double d0 = now_s();
-	for (int64_t i = 0; i < p->gen; i++) {
-		double s0 = now_s();
-		if ((s = sfw_ctx_decode_next(ctx, best, &gp, 0, &best, err)) != SFW_OK)
-			goto done;
-		st[i] = now_s() - s0;
-	}
-	r->decode_s = now_s() - d0;
-	if (p->gen > 0) {
+	struct sfw_sampler smp;
+	if ((s = sfw_sampler_init(&smp, &gp, 0, cf->vocab_size, err)) != SFW_OK)
+		goto done;
+	struct sfw_eos_set none = {0};
+	struct sfw_gen_params g = sfw_gen_default_params();
+	g.ids = ids;
+	g.n_ids = (size_t)p->prompt;
+	g.max_tokens = p->gen + 1;
+	g.eos = &none;
+	struct stamps sts = {st, 0, p->gen + 1};
+	struct sfw_gen_stats gs;
+	s = sfw_generate(ctx, NULL, &smp, &g, stamp, &sts, &gs, err);
+	sfw_sampler_release(&smp);
+	if (s != SFW_OK)
+		goto done;
+	r->ttft_s = gs.prefill_s;
+	r->prefill_tps = (double)p->prompt / (r->ttft_s > 0 ? r->ttft_s : 1e-9);
+	r->decode_s = gs.decode_s;
+	/* step i: from token i to token i + 1 */
+	for (int64_t i = 0; i + 1 < sts.n; i++)
+		st[i] = st[i + 1] - st[i];
+	if (p->gen > 0 && sts.n == p->gen + 1) {
 		r->decode_tps = (double)p->gen / (r->decode_s > 0 ? r->decode_s : 1e-9);
 		qsort(st, (size_t)p->gen, sizeof(double), cmp_d);
 		r->decode_median_s = st[p->gen / 2];
@@ -124,7 +146,6 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 done:
 	sfw_ctx_free(ctx);
 	sfw_free(ids);
-	sfw_free(logits);
 	sfw_free(st);
 	return s;
 }
