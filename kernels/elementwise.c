@@ -17,6 +17,7 @@ struct sfw_ops_cpu {
 /* The executor bound to this thread, and the flag failures go to when none is. */
 static _Thread_local struct sfw_ops_cpu *t_bound;
 static _Thread_local int t_failed;
+static _Thread_local int t_in_job; /* inside a parallel-for: a nested one runs inline */
 
 enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct sfw_err *err)
 {
@@ -81,14 +82,17 @@ static void bound_range(void *ctx, size_t b, size_t e, int tid)
 {
 	const struct bound_job *j = ctx;
 	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(j->ex);
+	int in = t_in_job;
+	t_in_job = 1;
 	j->fn(j->ctx, b, e, tid);
+	t_in_job = in;
 	sfw_ops_cpu_bind(prev);
 }
 
 void sfwi_ops_cpu_for(int nthreads, size_t n, size_t grain, sfw_range_fn fn, void *ctx)
 {
 	struct sfw_ops_cpu *ex = t_bound;
-	if (!ex || nthreads <= 1) {
+	if (!ex || nthreads <= 1 || t_in_job) {
 		if (grain == 0)
 			grain = 1;
 		for (size_t b = 0; b < n; b += grain)

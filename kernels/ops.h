@@ -193,11 +193,11 @@ void sfw_op_topk_blocks_cpu(int32_t *idx, const float *pooled, int64_t nblocks, 
  * renormalised over the survivors, then a draw at the temperature; greedy or
  * temperature 0 = argmax, lowest id on ties; NaN never chosen; the first
  * +inf wins) with the uniform u in [0, 1) as an input, so the CPU and CUDA
- * twins can be compared exactly. The draw walks the survivors in id order
- * when nothing was cut (top_k off or >= candidates, top_p 1), else best
- * first, as the host sampler does; sums are in double over SFWS_THREADS
- * contiguous chunks (kernels/sample_twin.h), so a u within rounding of a
- * boundary may pick the neighbour the host sampler would not. */
+ * twins can be compared exactly; the host sampler (runner/sampler.c) is
+ * this CPU twin fed its own uniform stream. The draw walks the survivors in
+ * id order when nothing was cut (top_k off or >= candidates, top_p 1), else
+ * best first; sums are in double over SFWS_THREADS contiguous chunks
+ * (kernels/sample_twin.h), as the CUDA kernel makes them. */
 struct sfw_op_sample_params {
 	float temperature; /* >= 0; 0 means greedy */
 	int top_k;         /* 0 = off */
@@ -205,8 +205,8 @@ struct sfw_op_sample_params {
 	int greedy;        /* 1 = argmax, ignores the rest */
 };
 int32_t sfw_op_sample_cpu(const float *logits, int V, const struct sfw_op_sample_params *p, double u);
-/* The sampler's uniform stream (xoshiro256** as runner/sampler.c): the next
- * 53-bit uniform of state rng[4] (struct sfw_sampler's rng). */
+/* The sampler's uniform stream, the one xoshiro256**: the next 53-bit
+ * uniform of state rng[4] (struct sfw_sampler's rng). */
 double sfw_op_sample_uniform(uint64_t rng[4]);
 
 #ifdef SFW_HAVE_CUDA

@@ -8,6 +8,9 @@
  * InfLLM-v2, as the reference); prefill is processed in chunks internally
  * without changing that decision.
  *
+ * The generation loop over a context (prompt, sampling, stop conditions,
+ * streamed text) is runner/generate.h.
+ *
  * This layer does not check the verified state of the directory: the CLI
  * (or any caller) does that with sfw_state_check before loading. */
 #ifndef SFW_RUNNER_H
