@@ -97,9 +97,9 @@ static const struct cli_opt opts[] = {
 	{"chat", 0, NULL, "wrap the prompt (-p, -f, or standard input) as one ChatML user turn"},
 	{"system", 0, "TEXT", "with --chat or -i: a system message"},
 	{"ids", 0, "FILE", "prompt as token ids (text integers, or safetensors with input_ids)"},
-	{"n-predict", 'n', "N", "tokens to generate per reply at most (default 128; 0 = until EOS or the context)"},
-	{"ctx-size", 'c', "N", "context size in tokens: replies stop there (default: prompt + -n; -i: 4096)"},
-	{"stop", 0, "STR", "stop when the text ends with STR (not shown; repeatable)"},
+	{"n-predict", 'n', "N", "tokens per reply at most (default 128, with -i 512; 0 = to EOS or the context)"},
+	{"ctx-size", 'c', "N", "context size: replies stop there (default prompt + -n, or + 4096; -i 4096)"},
+	{"stop", 0, "STR", "stop where STR appears in the reply (STR not shown; repeatable)"},
 	{"temp", 0, "T", "sampling temperature (default 0.9; 0 = greedy)"},
 	{"top-k", 0, "K", "keep the K most likely tokens (default 0 = off)"},
 	{"top-p", 0, "P", "nucleus sampling mass (default 1 = off)"},
@@ -469,11 +469,10 @@ int cmd_run(int argc, char **argv)
 		    SFW_OK)
 			goto fail;
 	}
-	/* The context: -c, else (one reply) prompt + -n, else (chat) 4096. */
+	/* The context: -c, else (chat) 4096, else prompt + -n (-n 0: + 4096). */
 	int64_t limit = ctx_size ? (int64_t)ctx_size
 			: inter  ? CHAT_CTX_DEFAULT
-			: n_gen  ? (int64_t)n_ids + (int64_t)n_gen
-				 : 0;
+				 : (int64_t)n_ids + (n_gen ? (int64_t)n_gen : CHAT_CTX_DEFAULT);
 	struct sfw_ctx_params xp = sfw_ctx_default_params();
 	xp.n_ctx = limit;
 	if ((int64_t)max_ctx > xp.n_ctx)

@@ -238,7 +238,8 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_k
 
 template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 {
-	static int ready; /* 1: dynamic shared memory limit raised; -1: refused */
+	static int ready_dev[SFWC_MAX_DEVICES]; /* per device: 1 limit raised; -1: refused */
+	int &ready = ready_dev[sfwc_device()];
 	size_t smem = atc_smem<HD>();
 	if (!ready) {
 		cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<HD>,

@@ -158,6 +158,17 @@ int sfwi_cuda_cfg_gla_serial(void);
 int sfwi_cuda_cfg_no_pdl(void);
 int sfwi_cuda_sms(void);
 
+/* The current device, for memos of per-device driver state (a kernel's
+ * shared-memory limit is set once per device, as the driver keeps it). */
+#define SFWC_MAX_DEVICES 64
+static inline int sfwc_device(void)
+{
+	int d = 0;
+	SFW_CUDA_CHECK(cudaGetDevice(&d));
+	SFW_ASSERT(d >= 0 && d < SFWC_MAX_DEVICES);
+	return d;
+}
+
 /* sm_90+ and not switched off (cfg no_pdl) */
 static inline int sfwc_pdl_enabled(void)
 {

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define GEN_CONFIG_MAX (1u << 20) /* generation_config.json bytes */
-#define TOKCFG_MAX (16u << 20)    /* tokenizer_config.json may carry a long chat template */
+#define TOKCFG_MAX (16u << 20)	  /* tokenizer_config.json may carry a long chat template */
 
 enum sfw_status sfw_eos_add(struct sfw_eos_set *s, int32_t id, struct sfw_err *err)
 {
@@ -45,15 +45,18 @@ enum sfw_status sfw_eos_parse_generation_config(const char *bytes, size_t len, c
 	if (e && !cJSON_IsNull(e)) {
 		const cJSON *one = cJSON_IsNumber(e) ? e : NULL;
 		if (!one && !cJSON_IsArray(e))
-			st = sfw_fail(err, SFW_E_FORMAT, "%s: field 'eos_token_id' must be an integer or a list", what);
+			st = sfw_fail(err, SFW_E_FORMAT,
+				      "%s: field 'eos_token_id' must be an integer or a list", what);
 		else if (!one && cJSON_GetArraySize(e) > SFW_EOS_MAX)
-			st = sfw_fail(err, SFW_E_RANGE, "%s: eos_token_id has more than %d ids", what, SFW_EOS_MAX);
+			st = sfw_fail(err, SFW_E_RANGE, "%s: eos_token_id has more than %d ids", what,
+				      SFW_EOS_MAX);
 		for (const cJSON *v = one ? one : e->child; st == SFW_OK && v; v = one ? NULL : v->next) {
 			uint64_t id;
 			if ((st = sfw_json_item_u64(v, "eos_token_id", what, &id, err)) != SFW_OK)
 				break;
 			if (id >= (uint64_t)vocab)
-				st = sfw_fail(err, SFW_E_RANGE, "%s: eos_token_id %llu is not below the vocab size %d", what,
+				st = sfw_fail(err, SFW_E_RANGE,
+					      "%s: eos_token_id %llu is not below the vocab size %d", what,
 					      (unsigned long long)id, vocab);
 			else
 				st = sfw_eos_add(s, (int32_t)id, err);
@@ -82,14 +85,14 @@ enum sfw_status sfw_eos_parse_tokenizer_config(const char *bytes, size_t len, co
 	if (st == SFW_OK && e && !cJSON_IsNull(e)) {
 		size_t n = cJSON_IsString(e) ? strlen(e->valuestring) : 0;
 		if (!cJSON_IsString(e))
-			st = sfw_fail(err, SFW_E_FORMAT, "%s: eos_token must be a string or {\"content\": string}", what);
+			st = sfw_fail(err, SFW_E_FORMAT,
+				      "%s: eos_token must be a string or {\"content\": string}", what);
 		else if (n == 0 || n > SFW_STOP_MAX_LEN || n >= cap)
-			st = sfw_fail(err, SFW_E_RANGE, "%s: eos_token of %zu bytes (1 to %d allowed)", what, n,
-				      SFW_STOP_MAX_LEN);
+			st = sfw_fail(err, SFW_E_RANGE, "%s: eos_token of %zu bytes (1 to %d allowed)", what,
+				      n, SFW_STOP_MAX_LEN);
 		else
 			memcpy(name, e->valuestring, n + 1);
 	}
 	cJSON_Delete(root);
 	return st;
 }
-

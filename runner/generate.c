@@ -10,10 +10,9 @@
 #include <time.h>
 
 #define GEN_CONFIG_MAX (1u << 20) /* generation_config.json bytes */
-#define TOKCFG_MAX (16u << 20)    /* tokenizer_config.json may carry a long chat template */
+#define TOKCFG_MAX (16u << 20)	  /* tokenizer_config.json may carry a long chat template */
 
 /* ---- end-of-sequence ids (the parsers: runner/eos.c) ----------------------- */
-
 
 /* Reads DIR/NAME into b; *found = 0 when it does not exist. */
 static enum sfw_status read_opt(const char *dir, const char *name, size_t max, struct sfw_buf *b, int *found,
@@ -43,18 +42,22 @@ enum sfw_status sfw_eos_load(const char *dir, const struct sfw_config *cf, const
 	int found;
 	sfw_buf_init(&b, TOKCFG_MAX);
 	if (s == SFW_OK)
-		s = read_opt(dir, "generation_config.json", GEN_CONFIG_MAX, &b, &found, path, sizeof(path), err);
+		s = read_opt(dir, "generation_config.json", GEN_CONFIG_MAX, &b, &found, path, sizeof(path),
+			     err);
 	if (s == SFW_OK && found)
-		s = sfw_eos_parse_generation_config(b.data ? b.data : "", b.len, path, cf->vocab_size, out, err);
+		s = sfw_eos_parse_generation_config(b.data ? b.data : "", b.len, path, cf->vocab_size, out,
+						    err);
 	sfw_buf_reset(&b);
 	if (s == SFW_OK && tok)
 		s = read_opt(dir, "tokenizer_config.json", TOKCFG_MAX, &b, &found, path, sizeof(path), err);
 	if (s == SFW_OK && tok && found &&
-	    (s = sfw_eos_parse_tokenizer_config(b.data ? b.data : "", b.len, path, name, sizeof(name), err)) == SFW_OK &&
+	    (s = sfw_eos_parse_tokenizer_config(b.data ? b.data : "", b.len, path, name, sizeof(name),
+						err)) == SFW_OK &&
 	    name[0]) {
 		int32_t id = sfw_tokenizer_special_id(tok, name);
 		if (id < 0)
-			s = sfw_fail(err, SFW_E_FORMAT, "%s: eos_token is not one of the tokenizer's special tokens", path);
+			s = sfw_fail(err, SFW_E_FORMAT,
+				     "%s: eos_token is not one of the tokenizer's special tokens", path);
 		else
 			s = sfw_eos_add(out, id, err);
 	}
@@ -137,8 +140,8 @@ static enum sfw_status check_params(const struct sfw_gen_params *p, const struct
 	for (size_t i = 0; i < p->n_stop; i++) {
 		size_t n = p->stop[i] ? strlen(p->stop[i]) : 0;
 		if (n == 0 || n > SFW_STOP_MAX_LEN)
-			return sfw_fail(err, SFW_E_INVAL, "stop string %zu has %zu bytes (1 to %d allowed)", i + 1, n,
-					SFW_STOP_MAX_LEN);
+			return sfw_fail(err, SFW_E_INVAL, "stop string %zu has %zu bytes (1 to %d allowed)",
+					i + 1, n, SFW_STOP_MAX_LEN);
 		if (!sfw_utf8_valid((const unsigned char *)p->stop[i], n))
 			return sfw_fail(err, SFW_E_INVAL, "stop string %zu is not valid UTF-8", i + 1);
 	}
@@ -187,8 +190,8 @@ static enum sfw_status take_text(struct gen *g, int32_t id, size_t *stop_at, str
 }
 
 enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *tok, struct sfw_sampler *smp,
-			     const struct sfw_gen_params *p, sfw_gen_fn cb, void *user, struct sfw_gen_stats *st,
-			     struct sfw_err *err)
+			     const struct sfw_gen_params *p, sfw_gen_fn cb, void *user,
+			     struct sfw_gen_stats *st, struct sfw_err *err)
 {
 	memset(st, 0, sizeof(*st));
 	st->pending = -1;
@@ -198,7 +201,8 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 	if (s != SFW_OK)
 		return s;
 	if (smp->vocab != V)
-		return sfw_fail(err, SFW_E_INVAL, "sampler made for vocab %d, the model has %d", smp->vocab, V);
+		return sfw_fail(err, SFW_E_INVAL, "sampler made for vocab %d, the model has %d", smp->vocab,
+				V);
 	struct sfw_eos_set eos = {0};
 	if (p->eos)
 		eos = *p->eos;
@@ -210,7 +214,8 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 	const int32_t *ids = p->ids;
 	size_t n = p->n_ids;
 	if (!ids) {
-		if ((s = sfw_tokenizer_encode(tok, p->text, p->text_len, sfw_ctx_pos(ctx) == 0, &enc, &n, err)) != SFW_OK)
+		if ((s = sfw_tokenizer_encode(tok, p->text, p->text_len, sfw_ctx_pos(ctx) == 0, &enc, &n,
+					      err)) != SFW_OK)
 			return s;
 		ids = enc;
 	}
@@ -224,7 +229,8 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 		goto done;
 	}
 	if (p->max_ctx && pos0 + (int64_t)n > p->max_ctx) {
-		s = sfw_fail(err, SFW_E_RANGE, "a prompt of %zu tokens does not fit the context of %lld (%lld in use)", n,
+		s = sfw_fail(err, SFW_E_RANGE,
+			     "a prompt of %zu tokens does not fit the context of %lld (%lld in use)", n,
 			     (long long)p->max_ctx, (long long)pos0);
 		goto done;
 	}
@@ -268,12 +274,15 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 			fin = SFW_FINISH_STOP;
 			break;
 		}
-		size_t keep = g.text ? sfw_stop_holdback(g.hold.data ? g.hold.data : "", g.hold.len, p->stop, p->n_stop) : 0;
+		size_t keep =
+		    g.text ? sfw_stop_holdback(g.hold.data ? g.hold.data : "", g.hold.len, p->stop, p->n_stop)
+			   : 0;
 		if (show(&g, id, i, g.hold.len - keep)) {
 			fin = SFW_FINISH_CANCEL;
 			break;
 		}
-		if ((p->max_tokens && st->tokens >= p->max_tokens) || (p->max_ctx && sfw_ctx_pos(ctx) >= p->max_ctx)) {
+		if ((p->max_tokens && st->tokens >= p->max_tokens) ||
+		    (p->max_ctx && sfw_ctx_pos(ctx) >= p->max_ctx)) {
 			fin = SFW_FINISH_LENGTH;
 			break;
 		}

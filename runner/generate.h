@@ -29,9 +29,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SFW_EOS_MAX 16        /* end-of-sequence ids in one set */
-#define SFW_STOP_MAX 16       /* stop strings per call */
-#define SFW_STOP_MAX_LEN 256  /* bytes per stop string */
+#define SFW_EOS_MAX 16	     /* end-of-sequence ids in one set */
+#define SFW_STOP_MAX 16	     /* stop strings per call */
+#define SFW_STOP_MAX_LEN 256 /* bytes per stop string */
 
 /* ---- end-of-sequence ids --------------------------------------------------- */
 
@@ -48,9 +48,9 @@ int sfw_eos_has(const struct sfw_eos_set *s, int32_t id);
  * of ids below vocab, is added to the set; a file without the field adds
  * nothing. Strict JSON (core/json.h); anything else is SFW_E_FORMAT or
  * SFW_E_RANGE naming `what`. */
-SFW_MUST_CHECK enum sfw_status sfw_eos_parse_generation_config(const char *bytes, size_t len, const char *what,
-							       int vocab, struct sfw_eos_set *s,
-							       struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_eos_parse_generation_config(const char *bytes, size_t len,
+							       const char *what, int vocab,
+							       struct sfw_eos_set *s, struct sfw_err *err);
 /* tokenizer_config.json's eos_token: a string, or an object whose "content"
  * is one (HF's AddedToken form), copied into name (cap bytes, NUL-terminated);
  * "" when the file has none. At most SFW_STOP_MAX_LEN bytes. */
@@ -76,14 +76,14 @@ struct sfw_gen_params {
 	size_t n_ids;
 	const char *text;
 	size_t text_len;
-	int64_t max_tokens;              /* tokens to make at most; 0 = no limit but max_ctx */
-	int64_t max_ctx;                 /* context positions at most (prompt included); 0 = none */
-	const struct sfw_eos_set *eos;   /* NULL: config.json's eos_token_id; n = 0: never */
-	const char *const *stop;         /* stop strings (UTF-8, 1..SFW_STOP_MAX_LEN bytes) */
+	int64_t max_tokens;	       /* tokens to make at most; 0 = no limit but max_ctx */
+	int64_t max_ctx;	       /* context positions at most (prompt included); 0 = none */
+	const struct sfw_eos_set *eos; /* NULL: config.json's eos_token_id; n = 0: never */
+	const char *const *stop;       /* stop strings (UTF-8, 1..SFW_STOP_MAX_LEN bytes) */
 	size_t n_stop;
-	const int32_t *force;            /* [n_force]: token i is force[i] instead of a sample (scoring) */
+	const int32_t *force; /* [n_force]: token i is force[i] instead of a sample (scoring) */
 	size_t n_force;
-	int skip_special;                /* special tokens show no text */
+	int skip_special; /* special tokens show no text */
 };
 struct sfw_gen_params sfw_gen_default_params(void);
 
@@ -92,20 +92,20 @@ struct sfw_gen_params sfw_gen_default_params(void);
  * held. Return nonzero to stop (finish CANCEL). */
 struct sfw_gen_token {
 	int32_t id;
-	int64_t index;    /* 0-based among the tokens made; -1 for the flush */
+	int64_t index;	  /* 0-based among the tokens made; -1 for the flush */
 	const char *text; /* len bytes of complete UTF-8, not NUL-terminated */
 	size_t len;
 };
 typedef int (*sfw_gen_fn)(void *user, const struct sfw_gen_token *t);
 
 struct sfw_gen_stats {
-	int64_t prompt_tokens;   /* tokens prefilled by this call */
-	int64_t tokens;          /* tokens made (the EOS id, when it came, not counted) */
-	int64_t decode_steps;    /* one-token forward passes */
+	int64_t prompt_tokens; /* tokens prefilled by this call */
+	int64_t tokens;	       /* tokens made (the EOS id, when it came, not counted) */
+	int64_t decode_steps;  /* one-token forward passes */
 	double prefill_s, decode_s;
 	enum sfw_finish finish;
-	int32_t pending;         /* the last token made (or the EOS id), not fed; -1 if none */
-	int64_t ctx_pos;         /* the context's position after the call */
+	int32_t pending; /* the last token made (or the EOS id), not fed; -1 if none */
+	int64_t ctx_pos; /* the context's position after the call */
 };
 
 /* tok may be NULL for ids-only generation (then no text pieces, and stop

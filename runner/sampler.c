@@ -24,7 +24,8 @@ enum sfw_status sfw_sampler_init(struct sfw_sampler *s, const struct sfw_op_samp
 {
 	memset(s, 0, sizeof(*s));
 	if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
-		return sfw_fail(err, SFW_E_INVAL, "temperature %g must be finite and >= 0", (double)p->temperature);
+		return sfw_fail(err, SFW_E_INVAL, "temperature %g must be finite and >= 0",
+				(double)p->temperature);
 	if (p->temperature > 0.0f && !isfinite(1.0f / p->temperature))
 		return sfw_fail(err, SFW_E_INVAL, "temperature %g is too small to divide by (0 means greedy)",
 				(double)p->temperature);

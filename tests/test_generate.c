@@ -57,15 +57,17 @@ static void collect_init(struct collect *c, const struct sfw_tokenizer *tok)
 }
 
 /* One generation on a fresh context. */
-static enum sfw_status gen(struct sfw_model *m, const struct sfw_tokenizer *tok, const struct sfw_op_sample_params *sp,
-			   uint64_t seed, const struct sfw_gen_params *g, struct collect *c, struct sfw_gen_stats *st,
+static enum sfw_status gen(struct sfw_model *m, const struct sfw_tokenizer *tok,
+			   const struct sfw_op_sample_params *sp, uint64_t seed,
+			   const struct sfw_gen_params *g, struct collect *c, struct sfw_gen_stats *st,
 			   struct sfw_err *err)
 {
 	struct sfw_ctx *ctx = NULL;
 	struct sfw_ctx_params xp = sfw_ctx_default_params();
 	struct sfw_sampler smp;
 	enum sfw_status s = sfw_ctx_new(m, &xp, &ctx, err);
-	if (s == SFW_OK && (s = sfw_sampler_init(&smp, sp, seed, sfw_model_config(m)->vocab_size, err)) == SFW_OK) {
+	if (s == SFW_OK &&
+	    (s = sfw_sampler_init(&smp, sp, seed, sfw_model_config(m)->vocab_size, err)) == SFW_OK) {
 		s = sfw_generate(ctx, tok, &smp, g, on_tok, c, st, err);
 		sfw_sampler_release(&smp);
 	}
@@ -90,8 +92,10 @@ static void test_golden_chain(const char *gdir, const char *name)
 		sfw_model_free(m);
 		return;
 	}
-	const struct sfw_tensor_info *ids = sfw_st_find(g, "input_ids"), *want = sfw_st_find(g, "decode.tokens");
-	CHECK(ids && want && ids->dtype == SFW_DTYPE_I32 && want->dtype == SFW_DTYPE_I32, "%s: golden ids", name);
+	const struct sfw_tensor_info *ids = sfw_st_find(g, "input_ids"),
+				     *want = sfw_st_find(g, "decode.tokens");
+	CHECK(ids && want && ids->dtype == SFW_DTYPE_I32 && want->dtype == SFW_DTYPE_I32, "%s: golden ids",
+	      name);
 	if (ids && want) {
 		struct sfw_eos_set none = {0};
 		struct sfw_gen_params gp = sfw_gen_default_params();
@@ -104,12 +108,12 @@ static void test_golden_chain(const char *gdir, const char *name)
 		struct sfw_gen_stats st;
 		enum sfw_status s = gen(m, NULL, &GREEDY, 1, &gp, &c, &st, &err);
 		CHECK(s == SFW_OK && st.finish == SFW_FINISH_LENGTH && c.n == (int64_t)want->nelem &&
-			      memcmp(c.ids, want->data, (size_t)c.n * sizeof(int32_t)) == 0,
+			  memcmp(c.ids, want->data, (size_t)c.n * sizeof(int32_t)) == 0,
 		      "%s: greedy generate gives golden decode.tokens (%lld tokens, finish %s): %s", name,
 		      (long long)c.n, sfw_finish_name(st.finish), err.msg);
 		int64_t T = (int64_t)ids->nelem, W = (int64_t)want->nelem;
 		CHECK(st.prompt_tokens == T && st.decode_steps == W - 1 && st.ctx_pos == T + W - 1 &&
-			      st.pending == c.ids[c.n - 1],
+			  st.pending == c.ids[c.n - 1],
 		      "%s: counts: %lld prefilled, %lld steps, context %lld, the last token pending", name,
 		      (long long)st.prompt_tokens, (long long)st.decode_steps, (long long)st.ctx_pos);
 		sfw_buf_release(&c.text);
@@ -125,7 +129,8 @@ static void test_holdback(void)
 	CHECK(sfw_stop_holdback("abcE", 4, stops, 2) == 1, "holdback: 'E'");
 	CHECK(sfw_stop_holdback("abcx", 4, stops, 2) == 0, "holdback: nothing");
 	CHECK(sfw_stop_holdback("ab\xe2\x82\xac", 5, stops, 2) == 3, "holdback: a whole multi-byte prefix");
-	CHECK(sfw_stop_holdback("END", 3, stops, 2) == 0, "holdback: only proper prefixes (a whole match is a stop)");
+	CHECK(sfw_stop_holdback("END", 3, stops, 2) == 0,
+	      "holdback: only proper prefixes (a whole match is a stop)");
 }
 
 /* A tiny mkmodel model with its tokenizer: stop strings, UTF-8, EOS, seeds. */
@@ -162,8 +167,8 @@ static void test_text(const char *dir)
 	CHECK(s == SFW_OK && st.finish == SFW_FINISH_LENGTH && st.tokens == 60 && r.n == 60,
 	      "tiny: 60 tokens, finish length (%s): %s", sfw_finish_name(st.finish), err.msg);
 	s = gen(m, tok, &warm, 11, &gp, &r2, &st2, &err);
-	CHECK(s == SFW_OK && r2.n == r.n && !memcmp(r.ids, r2.ids, (size_t)r.n * 4) && r.text.len == r2.text.len &&
-		      !memcmp(r.text.data, r2.text.data, r.text.len),
+	CHECK(s == SFW_OK && r2.n == r.n && !memcmp(r.ids, r2.ids, (size_t)r.n * 4) &&
+		  r.text.len == r2.text.len && !memcmp(r.text.data, r2.text.data, r.text.len),
 	      "tiny: the same seed gives the same tokens and text");
 	sfw_buf_release(&r2.text);
 	collect_init(&r2, tok);
@@ -205,8 +210,9 @@ static void test_text(const char *dir)
 		s = gen(m, tok, &warm, 11, &gp, &c, &st, &err);
 		size_t want = (size_t)(strstr(r.text.data, stop) - r.text.data);
 		CHECK(s == SFW_OK && st.finish == SFW_FINISH_STOP && c.text.len == want &&
-			      !memcmp(c.text.data ? c.text.data : "", r.text.data, want),
-		      "tiny: stop '%s' (tokens %zu|%zu) ends the text where it starts (%zu bytes, got %zu, finish %s): %s",
+			  !memcmp(c.text.data ? c.text.data : "", r.text.data, want),
+		      "tiny: stop '%s' (tokens %zu|%zu) ends the text where it starts (%zu bytes, got %zu, "
+		      "finish %s): %s",
 		      stop, stop_tok, stop_tok + 1, want, c.text.len, sfw_finish_name(st.finish), err.msg);
 		CHECK(st.pending == c.ids[c.n - 1] && c.n <= (int64_t)stop_tok + 2,
 		      "tiny: the run stopped at the token that completed the stop string (%lld tokens)",
@@ -228,9 +234,11 @@ static void test_text(const char *dir)
 	int bytes = 0;
 	for (int64_t i = 0; i < u.n; i++)
 		bytes += u.ids[i] >= 3 && u.ids[i] < 3 + 256; /* <0x00>..<0xFF> */
-	CHECK(s == SFW_OK && u.bad_utf8 == 0 && sfw_utf8_valid((const unsigned char *)u.text.data, u.text.len),
+	CHECK(s == SFW_OK && u.bad_utf8 == 0 &&
+		  sfw_utf8_valid((const unsigned char *)u.text.data, u.text.len),
 	      "tiny: %d pieces, every one whole UTF-8: %s", u.pieces, err.msg);
-	CHECK(bytes > 10 && u.held > 0, "tiny: %d byte-fallback tokens came, %d pieces held back", bytes, u.held);
+	CHECK(bytes > 10 && u.held > 0, "tiny: %d byte-fallback tokens came, %d pieces held back", bytes,
+	      u.held);
 	sfw_buf_release(&u.text);
 	sfw_buf_release(&r.text);
 
@@ -266,7 +274,8 @@ static void test_text(const char *dir)
 		size_t na = 0;
 		int32_t *enc = NULL;
 		size_t ne = 0;
-		if (ok && sfw_tokenizer_encode(tok, "Hello", 5, 1, &enc, &ne, &err) == SFW_OK && ne + 8 < 64) {
+		if (ok && sfw_tokenizer_encode(tok, "Hello", 5, 1, &enc, &ne, &err) == SFW_OK &&
+		    ne + 8 < 64) {
 			memcpy(all, enc, ne * 4);
 			na = ne;
 			for (int64_t i = 0; i + 1 < t1.n; i++)
@@ -311,16 +320,18 @@ static void test_text(const char *dir)
 			 sfw_write_file_atomic(path, json, strlen(json), &err) == SFW_OK &&
 			 sfw_eos_load(dir, cf, tok, &eos, &err) == SFW_OK;
 		CHECK(ok && sfw_eos_has(&eos, x) && sfw_eos_has(&eos, 2) &&
-			      sfw_eos_has(&eos, sfw_tokenizer_special_id(tok, "<|im_end|>")),
-		      "tiny: EOS set = config.json + generation_config.json + tokenizer_config.json's <|im_end|>: %s",
+			  sfw_eos_has(&eos, sfw_tokenizer_special_id(tok, "<|im_end|>")),
+		      "tiny: EOS set = config.json + generation_config.json + tokenizer_config.json's "
+		      "<|im_end|>: %s",
 		      err.msg);
 		struct collect c;
 		collect_init(&c, tok);
 		ge.eos = &eos;
 		s = gen(m, tok, &GREEDY, 0, &ge, &c, &st, &err);
-		CHECK(ok && s == SFW_OK && st.finish == SFW_FINISH_EOS && st.tokens == first && st.pending == x &&
-			      c.n == first,
-		      "tiny: generation_config.json's id %d stops the run after %d tokens, not shown (%lld, finish %s)",
+		CHECK(ok && s == SFW_OK && st.finish == SFW_FINISH_EOS && st.tokens == first &&
+			  st.pending == x && c.n == first,
+		      "tiny: generation_config.json's id %d stops the run after %d tokens, not shown (%lld, "
+		      "finish %s)",
 		      x, first, (long long)st.tokens, sfw_finish_name(st.finish));
 		sfw_buf_release(&g0.text);
 		sfw_buf_release(&c.text);
@@ -333,36 +344,46 @@ static void test_eos_parse(void)
 {
 	struct sfw_eos_set s = {0};
 	struct sfw_err err = {0};
-	const char *ok1 = "{\"eos_token_id\": 7}", *ok2 = "{\"eos_token_id\": [2, 9, 2]}", *ok3 = "{\"x\": 1}";
+	const char *ok1 = "{\"eos_token_id\": 7}", *ok2 = "{\"eos_token_id\": [2, 9, 2]}",
+		   *ok3 = "{\"x\": 1}";
 	CHECK(sfw_eos_parse_generation_config(ok1, strlen(ok1), "g", 100, &s, &err) == SFW_OK && s.n == 1 &&
-		      s.ids[0] == 7,
+		  s.ids[0] == 7,
 	      "generation_config: one id");
 	CHECK(sfw_eos_parse_generation_config(ok2, strlen(ok2), "g", 100, &s, &err) == SFW_OK && s.n == 3 &&
-		      sfw_eos_has(&s, 9) && sfw_eos_has(&s, 2),
+		  sfw_eos_has(&s, 9) && sfw_eos_has(&s, 2),
 	      "generation_config: a list, duplicates once");
 	CHECK(sfw_eos_parse_generation_config(ok3, strlen(ok3), "g", 100, &s, &err) == SFW_OK && s.n == 3,
 	      "generation_config without eos_token_id adds nothing");
-	const char *bad[] = {"{\"eos_token_id\": 100}", "{\"eos_token_id\": -1}", "{\"eos_token_id\": 1.5}",
-			     "{\"eos_token_id\": \"2\"}", "{\"eos_token_id\": [1, \"x\"]}", "[2]",
-			     "{\"eos_token_id\": 1, \"eos_token_id\": 2}", "{\"eos_token_id\": 1} x",
+	const char *bad[] = {"{\"eos_token_id\": 100}",
+			     "{\"eos_token_id\": -1}",
+			     "{\"eos_token_id\": 1.5}",
+			     "{\"eos_token_id\": \"2\"}",
+			     "{\"eos_token_id\": [1, \"x\"]}",
+			     "[2]",
+			     "{\"eos_token_id\": 1, \"eos_token_id\": 2}",
+			     "{\"eos_token_id\": 1} x",
 			     "{\"eos_token_id\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}"};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		struct sfw_eos_set t = {0};
-		enum sfw_status r = sfw_eos_parse_generation_config(bad[i], strlen(bad[i]), "g", 100, &t, &err);
-		CHECK(r != SFW_OK && (r == SFW_E_FORMAT || r == SFW_E_RANGE), "generation_config %zu refused: %s", i,
-		      err.msg);
+		enum sfw_status r =
+		    sfw_eos_parse_generation_config(bad[i], strlen(bad[i]), "g", 100, &t, &err);
+		CHECK(r != SFW_OK && (r == SFW_E_FORMAT || r == SFW_E_RANGE),
+		      "generation_config %zu refused: %s", i, err.msg);
 	}
 	char name[300];
-	const char *t1 = "{\"eos_token\": \"<|im_end|>\"}", *t2 = "{\"eos_token\": {\"content\": \"</s>\", \"lstrip\": false}}";
+	const char *t1 = "{\"eos_token\": \"<|im_end|>\"}",
+		   *t2 = "{\"eos_token\": {\"content\": \"</s>\", \"lstrip\": false}}";
 	CHECK(sfw_eos_parse_tokenizer_config(t1, strlen(t1), "t", name, sizeof(name), &err) == SFW_OK &&
-		      !strcmp(name, "<|im_end|>"),
+		  !strcmp(name, "<|im_end|>"),
 	      "tokenizer_config: eos_token as a string");
 	CHECK(sfw_eos_parse_tokenizer_config(t2, strlen(t2), "t", name, sizeof(name), &err) == SFW_OK &&
-		      !strcmp(name, "</s>"),
+		  !strcmp(name, "</s>"),
 	      "tokenizer_config: eos_token as an AddedToken object");
-	const char *tb[] = {"{\"eos_token\": 2}", "{\"eos_token\": \"\"}", "{\"eos_token\": {\"content\": 3}}", "x"};
+	const char *tb[] = {"{\"eos_token\": 2}", "{\"eos_token\": \"\"}",
+			    "{\"eos_token\": {\"content\": 3}}", "x"};
 	for (size_t i = 0; i < sizeof(tb) / sizeof(tb[0]); i++)
-		CHECK(sfw_eos_parse_tokenizer_config(tb[i], strlen(tb[i]), "t", name, sizeof(name), &err) != SFW_OK,
+		CHECK(sfw_eos_parse_tokenizer_config(tb[i], strlen(tb[i]), "t", name, sizeof(name), &err) !=
+			  SFW_OK,
 		      "tokenizer_config %zu refused: %s", i, err.msg);
 }
 

@@ -28,10 +28,10 @@ struct seq {
 	const int32_t *ids, *feed;
 	size_t n;
 	int steps, V;
-	float *ref;  /* [(steps + 1) * V]: the run alone */
-	float *got;  /* a later run */
+	float *ref; /* [(steps + 1) * V]: the run alone */
+	float *got; /* a later run */
 	struct sfw_ctx *c;
-	int step;    /* next call: 0 = the prompt, i = feed[i - 1] */
+	int step; /* next call: 0 = the prompt, i = feed[i - 1] */
 	enum sfw_status st;
 	char msg[256];
 };
@@ -51,7 +51,8 @@ static int seq_open(const char *gdir, const char *name, struct seq *q)
 		CHECK(0, "%s: %s", name, err.msg);
 		return -1;
 	}
-	const struct sfw_tensor_info *ids = sfw_st_find(q->g, "input_ids"), *feed = sfw_st_find(q->g, "decode.input_ids");
+	const struct sfw_tensor_info *ids = sfw_st_find(q->g, "input_ids"),
+				     *feed = sfw_st_find(q->g, "decode.input_ids");
 	if (!ids || !feed || ids->dtype != SFW_DTYPE_I32 || feed->dtype != SFW_DTYPE_I32) {
 		CHECK(0, "%s: golden input ids", name);
 		return -1;
@@ -118,14 +119,16 @@ static int same(const struct seq *q)
 /* The run alone against golden_f32: the last row of prefill.logits, then decode.logits. */
 static void check_golden(const struct seq *q)
 {
-	const struct sfw_tensor_info *pl = sfw_st_find(q->g, "prefill.logits"), *dl = sfw_st_find(q->g, "decode.logits");
+	const struct sfw_tensor_info *pl = sfw_st_find(q->g, "prefill.logits"),
+				     *dl = sfw_st_find(q->g, "decode.logits");
 	if (!pl || !dl || pl->dtype != SFW_DTYPE_F32 || dl->dtype != SFW_DTYPE_F32) {
 		CHECK(0, "%s: golden logits present", q->name);
 		return;
 	}
 	double worst = 0;
 	for (int s = 0; s <= q->steps; s++) {
-		/* prefill.logits may hold only the last positions (tiny-sparse): its last row is the prompt's */
+		/* prefill.logits may hold only the last positions (tiny-sparse): its last row is the prompt's
+		 */
 		const float *r = s == 0 ? (const float *)pl->data + (size_t)(pl->shape[0] - 1) * q->V
 					: (const float *)dl->data + (size_t)(s - 1) * q->V;
 		for (int i = 0; i < q->V; i++) {
@@ -134,7 +137,8 @@ static void check_golden(const struct seq *q)
 				worst = isnan(d) ? INFINITY : d;
 		}
 	}
-	CHECK(worst < 1e-5, "%s alone: logits of the prompt and %d decode steps within 1e-5 of golden_f32 (max %.3g)",
+	CHECK(worst < 1e-5,
+	      "%s alone: logits of the prompt and %d decode steps within 1e-5 of golden_f32 (max %.3g)",
 	      q->name, q->steps, worst);
 }
 
@@ -205,19 +209,20 @@ int main(void)
 		if (more_b)
 			more_b = seq_step(&b, b.got);
 	}
-	CHECK(same(&a) && same(&b), "interleaved on one thread: both models' logits equal their runs alone (%s%s)",
-	      a.msg, b.msg);
+	CHECK(same(&a) && same(&b),
+	      "interleaved on one thread: both models' logits equal their runs alone (%s%s)", a.msg, b.msg);
 
 	/* 3. two threads */
 	memset(a.got, 0, (size_t)(a.steps + 1) * a.V * sizeof(float));
 	memset(b.got, 0, (size_t)(b.steps + 1) * b.V * sizeof(float));
 	pthread_t ta, tb;
-	CHECK(pthread_create(&ta, NULL, thread_run, &a) == 0 && pthread_create(&tb, NULL, thread_run, &b) == 0,
+	CHECK(pthread_create(&ta, NULL, thread_run, &a) == 0 &&
+		  pthread_create(&tb, NULL, thread_run, &b) == 0,
 	      "two threads start");
 	pthread_join(ta, NULL);
 	pthread_join(tb, NULL);
-	CHECK(same(&a) && same(&b), "on two threads at once: both models' logits equal their runs alone (%s%s)", a.msg,
-	      b.msg);
+	CHECK(same(&a) && same(&b),
+	      "on two threads at once: both models' logits equal their runs alone (%s%s)", a.msg, b.msg);
 
 	/* 4. tiny-sparse three times while tiny-dense's calls fail on another thread */
 	atomic_int stop;
@@ -234,7 +239,8 @@ int main(void)
 	if (ok)
 		pthread_join(tf, NULL);
 	CHECK(ok && f.failed > 0 && f.bad == 0,
-	      "the failing model: %d of %d calls failed, all with NOMEM (%d otherwise)", f.failed, f.calls, f.bad);
+	      "the failing model: %d of %d calls failed, all with NOMEM (%d otherwise)", f.failed, f.calls,
+	      f.bad);
 	CHECK(all_same, "the other model meanwhile: no failed call, logits equal its run alone (%s)", b.msg);
 	seq_close(&a);
 	seq_close(&b);

@@ -25,7 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	char name[SFW_STOP_MAX_LEN + 1];
 	memset(name, 'x', sizeof(name));
-	if (sfw_eos_parse_tokenizer_config((const char *)data, size, "fuzz", name, sizeof(name), &err) == SFW_OK) {
+	if (sfw_eos_parse_tokenizer_config((const char *)data, size, "fuzz", name, sizeof(name), &err) ==
+	    SFW_OK) {
 		size_t n = strnlen(name, sizeof(name));
 		if (n >= sizeof(name))
 			abort();
