@@ -47,7 +47,7 @@ enum sfw_status sfw_eos_load(const char *dir, const struct sfw_config *cf, const
 	if (s == SFW_OK && found)
 		s = sfw_eos_parse_generation_config(b.data ? b.data : "", b.len, path, cf->vocab_size, out,
 						    err);
-	sfw_buf_reset(&b);
+	sfw_buf_release(&b); /* sfw_read_file starts a fresh buffer */
 	if (s == SFW_OK && tok)
 		s = read_opt(dir, "tokenizer_config.json", TOKCFG_MAX, &b, &found, path, sizeof(path), err);
 	if (s == SFW_OK && tok && found &&
