@@ -10,16 +10,12 @@
 #include "buf.h"
 #include "file.h"
 #include "json.h"
-#include "kernels/ops.h"
 #include "runner/bench.h"
 #include "runner/generate.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
 #include "runner/sampler.h"
 #include "runner/tokenizer.h"
-#include "verify/verify.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
