@@ -508,7 +508,7 @@ int cmd_run(int argc, char **argv)
 		if (inter && (turns > 0 || !first_turn)) {
 			/* the next user turn, after a visible prompt */
 			int eof;
-			printf("\n> ");
+			printf("%s> ", turns ? "\n" : "");
 			if ((s = cli_stdout_flush(&err)) != SFW_OK)
 				goto fail;
 			if ((rc = read_turn(C, &line, &eof)) != 0)
