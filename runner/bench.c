@@ -224,6 +224,27 @@ void sfw_bench_mem_print(FILE *f, const char *who, const struct sfw_mem_plan *p,
 		p->activations / G, chunk, p->scratch / G, p->total / G);
 }
 
+enum sfw_status sfw_bench_mem_fit(const struct sfw_mem_plan *p, int64_t n_ctx, double free_bytes, struct sfw_err *err)
+{
+	/* the weights are resident already: the context needs the rest */
+	double need = p->total - p->weights, G = 1073741824.0;
+	if (need <= free_bytes)
+		return SFW_OK;
+	/* what does not grow with the context (as planned for this one: a long
+	 * one has the block-selection scratch), and the cache bytes per token */
+	double fixed = need - p->kv - p->compressed, per = (p->kv + p->compressed) / (double)(n_ctx > 0 ? n_ctx : 1);
+	double fit = per > 0 && free_bytes > fixed ? (free_bytes - fixed) / per : 0;
+	if (fit > 1e15)
+		fit = 1e15;
+	/* the largest context first: the message must fit struct sfw_err */
+	return sfw_fail(err, SFW_E_NOMEM,
+			"a context of %lld tokens does not fit the GPU (at most about %lld do): it needs %.2f GiB "
+			"beyond the %.2f GiB of weights (KV %.2f, compressed keys %.2f, activations %.2f, scratch and "
+			"states %.2f GiB); %.2f GiB are free",
+			(long long)n_ctx, (long long)(fit / 64) * 64, need / G, p->weights / G, p->kv / G,
+			p->compressed / G, p->activations / G, (p->scratch + p->lightning) / G, free_bytes / G);
+}
+
 enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, int chunk, struct sfw_mem_plan *out,
 				    struct sfw_err *err)
 {
@@ -236,21 +257,7 @@ enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, in
 		return SFW_OK;
 	size_t fr = 0, tot = 0;
 	sfw_cuda_mem_info(&fr, &tot);
-	/* the weights are resident already: the context needs the rest */
-	double need = p.total - p.weights, G = 1073741824.0;
-	if (need <= (double)fr)
-		return SFW_OK;
-	struct sfw_mem_plan one;
-	sfw_bench_mem_plan_model(m, 0, chunk > 0 ? chunk : 256, &one);
-	double fixed = one.total - one.weights, per = (p.kv + p.compressed) / (double)(n_ctx > 0 ? n_ctx : 1);
-	double fit = per > 0 && (double)fr > fixed ? ((double)fr - fixed) / per : 0;
-	return sfw_fail(err, SFW_E_NOMEM,
-			"a context of %lld tokens does not fit the GPU: it needs %.2f GiB beyond the %.2f GiB of weights "
-			"(KV cache %.2f, compressed keys %.2f, lightning states %.2f, activations %.2f, scratch %.2f GiB) "
-			"and %.2f GiB of %.2f GiB are free; at most about %lld tokens fit (--max-context)",
-			(long long)n_ctx, need / G, p.weights / G, p.kv / G, p.compressed / G, p.lightning / G,
-			p.activations / G, p.scratch / G, (double)fr / G, (double)tot / G,
-			(long long)(fit / 64) * 64);
+	return sfw_bench_mem_fit(&p, n_ctx, (double)fr, err);
 #else
 	(void)err;
 	return SFW_OK;
