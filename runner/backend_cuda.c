@@ -11,7 +11,6 @@
 #include "alloc.h"
 #include "kernels/ops_cuda.h"
 #include "log.h"
-#include "quant/layout.h"
 #include "runner/safetensors.h"
 
 #include <stdio.h>
@@ -128,13 +127,12 @@ static void cu_destroy(struct sfw_backend *be)
  * back to back. */
 static size_t w8_code_bytes(const struct sfw_bweight *w)
 {
-	return (size_t)w->rows * (size_t)sfw_ql_row_bytes(w->cols);
+	return (size_t)w->rows * sfw_bweight_w8_code_row(w);
 }
 
 static size_t w8_scale_bytes(const struct sfw_bweight *w)
 {
-	int span = w->group > 0 && w->group < w->cols ? w->group : 0;
-	return (size_t)w->rows * (size_t)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_OP_F32 ? 4 : 2);
+	return (size_t)w->rows * sfw_bweight_w8_scale_row(w);
 }
 
 /* Bytes of the weight's main tensor (the codes for int8). */

@@ -9,7 +9,6 @@
 #include "runner/model.h"
 #include "alloc.h"
 #include "log.h"
-#include "quant/layout.h"
 #include "runner/runner.h"
 
 #include <math.h>
@@ -430,10 +429,8 @@ static int merged_view(const struct sfw_backend *be, struct sfw_bweight *const *
 	if (!be->merge || !p0->dev || (p0->dtype != SFW_OP_BF16 && !w8))
 		return 0;
 	/* bytes per row: bf16, or int8 codes plus (separately) scales */
-	size_t rb = w8 ? (size_t)sfw_ql_row_bytes(p0->cols) : (size_t)p0->cols * 2;
-	size_t sb = w8 ? (size_t)sfw_ql_ngroups(p0->cols, p0->group < p0->cols ? p0->group : 0) *
-				 (p0->scale_dtype == SFW_OP_F32 ? 4 : 2)
-		       : 0;
+	size_t rb = w8 ? sfw_bweight_w8_code_row(p0) : (size_t)p0->cols * 2;
+	size_t sb = w8 ? sfw_bweight_w8_scale_row(p0) : 0;
 	int64_t rows = 0;
 	for (int i = 0; i < n; i++) {
 		const struct sfw_bweight *w = parts[i];

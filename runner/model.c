@@ -341,11 +341,8 @@ static double bweight_bytes(const struct sfw_bweight *w)
 {
 	if (!w->host)
 		return 0;
-	if (w->dtype == SFW_OP_W8) {
-		int span = w->group > 0 && w->group < w->cols ? w->group : 0;
-		return (double)w->rows * (double)sfw_ql_row_bytes(w->cols) +
-		       (double)w->rows * (double)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_OP_F32 ? 4 : 2);
-	}
+	if (w->dtype == SFW_OP_W8)
+		return (double)w->rows * (double)(sfw_bweight_w8_code_row(w) + sfw_bweight_w8_scale_row(w));
 	return (double)w->rows * (double)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
 }
 
