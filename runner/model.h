@@ -37,6 +37,11 @@ struct sfw_model {
 SFW_MUST_CHECK enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw_err *err);
 void sfwi_model_close(struct sfw_model *m);
 
+/* Bytes of the model's weights as bound (int8: codes + scales; bf16/f32 as
+ * stored): *all of them, and *step, those one decode step reads (the decoder
+ * linears and lm_head). */
+void sfwi_model_weight_bytes(const struct sfw_model *m, double *all, double *step);
+
 /* Decode steps of c that ran as a replay of the whole-step graph (tests). */
 int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c);
 
