@@ -92,6 +92,13 @@ double cli_now_s(void);
  * (0 = ok). */
 int cli_model_gate(const char *cmd, const char *dir, int no_verify, int verify_full, const char *pubkey);
 int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n);
+/* The model-load parameters of o plus the environment: the one place the
+ * command line reads the engine's variables (README, "Environment"):
+ * SALAFW_DEVICE=cpu (without --device), SALAFW_THREADS (without --threads)
+ * and the SALAFW_CUDA_* switches (struct sfw_backend_opts). Returns 0, or
+ * prints the bad value and returns the usage exit code. (cli/cmd_run.c) */
+struct sfw_model_params;
+int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw_model_params *mp);
 
 /* --pubkey (every command): a key file, a base64 minisign public key, or
  * the name of a key installed with salafw (NAME.pub in cli_keys_dir(),

@@ -27,9 +27,15 @@ static const struct cli_opt opts[] = {
 	{0},
 };
 
-static double gemm_gflops(int M, int N, int K, int threads, const float *x, const uint16_t *w, float *y)
+/* GFLOP/s of the CPU bf16 GEMM on an executor of `threads` threads; 0 when
+ * the executor cannot start (err says why). */
+static double gemm_gflops(int M, int N, int K, int threads, const float *x, const uint16_t *w, float *y,
+			  struct sfw_err *err)
 {
-	sfw_ops_cpu_set_threads(threads);
+	struct sfw_ops_cpu *ex;
+	if (sfw_ops_cpu_new(threads, &ex, err) != SFW_OK)
+		return 0;
+	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
 	sfw_op_matmul_cpu(y, x, w, SFW_OP_BF16, M, N, K); /* warm-up */
 	int reps = 0;
 	double t0 = cli_now_s(), t;
@@ -37,6 +43,8 @@ static double gemm_gflops(int M, int N, int K, int threads, const float *x, cons
 		sfw_op_matmul_cpu(y, x, w, SFW_OP_BF16, M, N, K);
 		reps++;
 	} while ((t = cli_now_s() - t0) < 0.5);
+	sfw_ops_cpu_bind(prev);
+	sfw_ops_cpu_free(ex);
 	return 2.0 * M * N * K * reps / t / 1e9;
 }
 
@@ -57,11 +65,15 @@ static int bench_gemm(const char *C, const char *shape, int threads)
 	for (size_t i = 0; i < (size_t)N * K; i++)
 		w[i] = (uint16_t)(0x3c00 + (i * 40503u) % 512); /* bf16 values around 0.01 */
 	int nt = threads > 0 ? threads : sfw_default_threads();
-	double all = gemm_gflops(M, N, K, nt, x, w, y), one = gemm_gflops(M, N, K, 1, x, w, y);
+	struct sfw_err err = {0};
+	double all = gemm_gflops(M, N, K, nt, x, w, y, &err), one = all ? gemm_gflops(M, N, K, 1, x, w, y, &err) : 0;
+	if (!one) {
+		sfw_free(x), sfw_free(y), sfw_free(w);
+		return cli_report(err.code, &err);
+	}
 	printf("gemm %dx%dx%d bf16 weights: %.1f GFLOP/s with %d threads, %.1f GFLOP/s with 1 thread (x%.2f)\n", M,
 	       N, K, all, nt, one, all / one);
 	sfw_free(x), sfw_free(y), sfw_free(w);
-	struct sfw_err err = {0};
 	enum sfw_status s = cli_stdout_flush(&err);
 	return cli_report(s, &err);
 }
@@ -115,9 +127,9 @@ int cmd_bench(int argc, char **argv)
 		return cp.npos ? cli_usage_error(C, "--gemm takes no MODEL_DIR") : bench_gemm(C, gemm, (int)mo.threads);
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
-	struct sfw_model_params mp = sfw_model_default_params();
-	mp.threads = (int)mo.threads;
-	mp.device = mo.device;
+	struct sfw_model_params mp;
+	if (cli_model_params(C, &mo, &mp))
+		return SFW_EXIT_USAGE;
 	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc)
 		return rc;

@@ -1,51 +1,122 @@
-/* salafw run - generate text with a verified model: prompt (-p, --chat or
- * --ids) -> prefill -> sample until EOS or -n tokens, streaming the text;
- * then one line of prefill and decode speed on stderr.
+/* salafw run - generate text with a verified model through the runner's
+ * generation API (runner/generate.h): a prompt (-p, -f, --chat or --ids), or
+ * with -i a multi-turn ChatML chat whose history stays in the context; the
+ * text streams to stdout, one stats line per reply goes to stderr (speed,
+ * finish reason, context use and the seed that repeats the run).
  *
  * Also home of the helpers that run, score and bench share (cli.h). */
 #include "cli.h"
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
-#include "kernels/ops.h"
+#include "json.h"
 #include "runner/bench.h"
+#include "runner/generate.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
 #include "runner/sampler.h"
 #include "runner/tokenizer.h"
-#include "verify/verify.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
+
+/* ---- the engine's environment ---------------------------------------------- */
+
+/* A switch is on when set to anything but "" or "0". */
+static int env_on(const char *name)
+{
+	const char *e = getenv(name);
+	return e && *e && strcmp(e, "0") != 0;
+}
+
+/* "simt" -> 1, "tc" -> 2, unset or anything else -> 0 (auto) */
+static int env_tc(const char *name)
+{
+	const char *e = getenv(name);
+	return !e ? 0 : !strcmp(e, "simt") ? 1 : !strcmp(e, "tc") ? 2 : 0;
+}
+
+int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw_model_params *mp)
+{
+	*mp = sfw_model_default_params();
+	mp->device = o->device;
+	const char *dev = getenv("SALAFW_DEVICE");
+	if (mp->device == SFW_DEVICE_AUTO && dev && !strcmp(dev, "cpu"))
+		mp->device = SFW_DEVICE_CPU;
+	mp->threads = (int)o->threads;
+	const char *th = getenv("SALAFW_THREADS");
+	if (!o->threads && th && *th) {
+		unsigned long long n;
+		if (!cli_parse_u64(cmd, "SALAFW_THREADS", th, &n))
+			return SFW_EXIT_USAGE;
+		if (n > 256)
+			return cli_usage_error(cmd, "SALAFW_THREADS must be at most 256 (0 = all cores)");
+		mp->threads = (int)n;
+	}
+	struct sfw_backend_opts *b = &mp->be;
+	b->attn = env_tc("SALAFW_CUDA_ATTN");
+	b->stage1 = env_tc("SALAFW_CUDA_STAGE1");
+	const char *gla = getenv("SALAFW_CUDA_GLA");
+	b->gla_serial = gla && !strcmp(gla, "serial");
+	b->no_step_graph = env_on("SALAFW_CUDA_NOSTEPGRAPH");
+	b->no_merge = env_on("SALAFW_CUDA_NOMERGE");
+	b->no_fuse = env_on("SALAFW_CUDA_NOFUSE");
+	b->no_graph = env_on("SALAFW_CUDA_NOGRAPH");
+	b->no_sample = env_on("SALAFW_CUDA_NOSAMPLE");
+	b->step_sync = env_on("SALAFW_CUDA_STEPSYNC");
+	b->profile = env_on("SALAFW_CUDA_PROFILE");
+	const char *pdl = getenv("SALAFW_CUDA_PDL");
+	b->no_pdl = pdl && pdl[0] == '0';
+	const char *w8 = getenv("SALAFW_CUDA_W8_GEMV");
+	b->w8_gemv = w8 ? atoi(w8) : 0; /* the kernel takes only its listed variants */
+	const char *mb = getenv("SALAFW_CUDA_SELECT_MB");
+	if (mb && *mb) {
+		unsigned long long n;
+		if (!cli_parse_u64(cmd, "SALAFW_CUDA_SELECT_MB", mb, &n))
+			return SFW_EXIT_USAGE;
+		if (n > (1u << 20))
+			return cli_usage_error(cmd, "SALAFW_CUDA_SELECT_MB must be at most %u", 1u << 20);
+		b->select_mb = (int)n;
+	}
+	return 0;
+}
 
 /* ---- salafw run ------------------------------------------------------------- */
 
 static const struct cli_opt opts[] = {
-	{"prompt", 'p', "TEXT", "prompt text (encoded with BOS)"},
-	{"chat", 0, NULL, "wrap the prompt (-p, or standard input) as a ChatML user turn"},
-	{"system", 0, "TEXT", "with --chat: a system message"},
+	{"prompt", 'p', "TEXT", "prompt text (encoded with BOS); with -i the first user turn"},
+	{"file", 'f', "FILE", "prompt text from a file"},
+	{"interactive", 'i', NULL, "chat: read user turns from standard input after a \"> \" prompt (ChatML)"},
+	{"chat", 0, NULL, "wrap the prompt (-p, -f, or standard input) as one ChatML user turn"},
+	{"system", 0, "TEXT", "with --chat or -i: a system message"},
 	{"ids", 0, "FILE", "prompt as token ids (text integers, or safetensors with input_ids)"},
-	{"n", 'n', "N", "tokens to generate at most (default 128)"},
+	{"n-predict", 'n', "N", "tokens per reply at most (default 128, with -i 512; 0 = to EOS or the context)"},
+	{"ctx-size", 'c', "N", "context size: replies stop there (default prompt + -n, or + 4096; -i 4096)"},
+	{"stop", 0, "STR", "stop where STR appears in the reply (STR not shown; repeatable)"},
 	{"temp", 0, "T", "sampling temperature (default 0.9; 0 = greedy)"},
 	{"top-k", 0, "K", "keep the K most likely tokens (default 0 = off)"},
 	{"top-p", 0, "P", "nucleus sampling mass (default 1 = off)"},
-	{"seed", 0, "S", "sampler seed"},
+	{"seed", 0, "S", "sampler seed (default: random, printed with the stats)"},
 	{"greedy", 0, NULL, "always take the most likely token"},
+	{"ignore-eos", 0, NULL, "do not stop at end-of-sequence tokens"},
 	{"print-ids", 0, NULL, "print the generated token ids (one line) instead of text"},
 	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
 	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
-	{"max-context", 0, "N", "reserve the context for N tokens (default prompt + -n)"},
+	{"max-context", 0, "N", "reserve the context for N tokens up front (default: the context size)"},
 	{"prefill-chunk", 0, "C", "prefill rows per piece (default 256 on the CPU, 8192 on CUDA)"},
 	CLI_MODEL_OPT_ROWS("run"),
 	{0},
 };
 
 #define CHAT_STDIN_MAX (64u << 20)
+#define PROMPT_FILE_MAX (64u << 20)
+#define CHAT_LINE_MAX (1u << 20)
+#define CHAT_CTX_DEFAULT 4096
 
 /* The --chat message from standard input: at most CHAT_STDIN_MAX bytes of
  * text without NUL (the message is a C string from here on). Prints the
@@ -75,17 +146,149 @@ static int read_stdin(const char *cmd, struct sfw_buf *b)
 	return 0;
 }
 
+/* -f FILE: text without NUL bytes, at most PROMPT_FILE_MAX bytes. */
+static int read_prompt_file(const char *cmd, const char *path, struct sfw_buf *b)
+{
+	struct sfw_err err = {0};
+	enum sfw_status s = sfw_read_file(path, PROMPT_FILE_MAX, b, &err);
+	if (s != SFW_OK) {
+		fprintf(stderr, "%s: --file: %s\n", cmd, err.msg);
+		return SFW_EXIT_IO;
+	}
+	if (b->len && memchr(b->data, '\0', b->len)) {
+		fprintf(stderr, "%s: --file: '%s' holds a NUL byte; the prompt must be text\n", cmd, path);
+		return SFW_EXIT_IO;
+	}
+	return 0;
+}
+
+/* One user line for -i: *eof = 1 at the end of input. The line loses its
+ * "\n" (and a "\r" before it); NUL bytes and lines over CHAT_LINE_MAX are
+ * refused. Returns an exit code (0 = ok). */
+static int read_turn(const char *cmd, struct sfw_buf *b, int *eof)
+{
+	b->len = 0;
+	*eof = 0;
+	int c;
+	while ((c = getchar()) != EOF && c != '\n') {
+		char ch = (char)c;
+		if (ch == '\0') {
+			fprintf(stderr, "%s: -i: a NUL byte in the input; turns must be text\n", cmd);
+			return SFW_EXIT_IO;
+		}
+		if (sfw_buf_append(b, &ch, 1) != SFW_OK) {
+			fprintf(stderr, "%s: -i: a line longer than %u MiB\n", cmd, CHAT_LINE_MAX >> 20);
+			return SFW_EXIT_IO;
+		}
+	}
+	if (c == EOF && ferror(stdin)) {
+		fprintf(stderr, "%s: -i: cannot read standard input: %s\n", cmd, strerror(errno));
+		return SFW_EXIT_IO;
+	}
+	if (c == EOF && b->len == 0)
+		*eof = 1;
+	if (b->len && b->data[b->len - 1] == '\r')
+		b->data[--b->len] = 0;
+	return 0;
+}
+
+struct run_out {
+	int print_ids;
+	int64_t shown;   /* ids printed (--print-ids) */
+	struct sfw_err err;
+	enum sfw_status status;
+};
+
+/* The generation callback: text (or ids) to stdout, flushed per token. */
+static int on_token(void *user, const struct sfw_gen_token *t)
+{
+	struct run_out *o = user;
+	if (o->print_ids) {
+		if (t->id >= 0)
+			printf("%s%d", o->shown++ ? " " : "", t->id);
+	} else if (t->len) {
+		fwrite(t->text, 1, t->len, stdout);
+	}
+	if ((o->status = cli_stdout_flush(&o->err)) != SFW_OK)
+		return 1;
+	return 0;
+}
+
+static uint64_t random_seed(void)
+{
+	uint64_t x = 0;
+	if (getrandom(&x, sizeof(x), 0) != (ssize_t)sizeof(x)) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		x = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+	}
+	return x;
+}
+
+static void print_stats(const char *C, const struct sfw_gen_stats *st, const char *dev, uint64_t seed)
+{
+	double pt = st->prefill_s > 0 ? st->prefill_s : 1e-9, dt = st->decode_s > 0 ? st->decode_s : 1e-9;
+	/* decode speed counts the one-token forward passes actually made */
+	fprintf(stderr,
+		"%s: prefill %lld tokens in %.3f s (%.1f tok/s), decode %lld tokens in %.3f s (%.1f tok/s) [%s]; "
+		"%lld generated, finish %s, context %lld tokens, seed %llu\n",
+		C, (long long)st->prompt_tokens, st->prefill_s, (double)st->prompt_tokens / pt,
+		(long long)st->decode_steps, st->decode_s, st->decode_steps ? (double)st->decode_steps / dt : 0.0, dev,
+		(long long)st->tokens, sfw_finish_name(st->finish), (long long)st->ctx_pos, (unsigned long long)seed);
+}
+
+/* The ids of chat turn 2+: the reply's last token (never fed, stats.pending)
+ * unless it was an end-of-sequence id, <|im_end|> closing the reply, then
+ * "\n" + the user turn + the assistant header, without BOS. */
+static enum sfw_status next_turn_ids(const struct sfw_tokenizer *tok, const struct sfw_eos_set *eos,
+				     int32_t pending, const char *msg, int32_t **ids, size_t *n, struct sfw_err *err)
+{
+	int32_t im_end = sfw_tokenizer_special_id(tok, "<|im_end|>");
+	if (im_end < 0)
+		return sfw_fail(err, SFW_E_FORMAT, "the tokenizer has no <|im_end|> token for a chat");
+	struct sfw_buf t;
+	sfw_buf_init(&t, CHAT_LINE_MAX + 4096);
+	struct sfw_chat_msg m = {"user", msg};
+	enum sfw_status s = sfw_buf_append(&t, "\n", 1);
+	if (s == SFW_OK)
+		s = sfw_chat_format(&m, 1, 1, &t, err);
+	int32_t *body = NULL;
+	size_t nb = 0;
+	if (s == SFW_OK)
+		s = sfw_tokenizer_encode(tok, t.data, t.len, 0, &body, &nb, err);
+	sfw_buf_release(&t);
+	if (s != SFW_OK)
+		return s;
+	int lead = pending >= 0 && !sfw_eos_has(eos, pending);
+	int32_t *v = sfw_malloc((nb + 2) * sizeof(int32_t));
+	if (!v) {
+		sfw_free(body);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	size_t k = 0;
+	if (lead)
+		v[k++] = pending;
+	v[k++] = im_end;
+	memcpy(v + k, body, nb * sizeof(int32_t));
+	sfw_free(body);
+	*ids = v;
+	*n = k + nb;
+	return SFW_OK;
+}
 
 int cmd_run(int argc, char **argv)
 {
 	const char *C = "salafw run";
-	const char *prompt = NULL, *ids_path = NULL, *system = NULL;
-	int chat = 0, print_ids = 0, das = 0;
-	unsigned long long n_gen = 128, u, max_ctx = 0, chunk = 0;
+	const char *prompt = NULL, *ids_path = NULL, *system = NULL, *file = NULL;
+	const char *stops[SFW_STOP_MAX];
+	size_t n_stop = 0;
+	int chat = 0, inter = 0, print_ids = 0, das = 0, have_seed = 0, have_n = 0, ignore_eos = 0;
+	unsigned long long n_gen = 128, u, max_ctx = 0, ctx_size = 0, chunk = 0;
+	uint64_t seed = 0;
 	struct cli_model_opts mo;
 	cli_model_opts_init(&mo);
 	double d;
-	struct sfw_sampler_params sp = sfw_sampler_default_params();
+	struct sfw_op_sample_params sp = sfw_sampler_default_params();
 	double temp = sp.temperature, top_p = sp.top_p;
 	struct cli_parser cp;
 	const char *arg;
@@ -93,7 +296,7 @@ int cmd_run(int argc, char **argv)
 	cli_init(&cp, C, argc, argv, opts);
 	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
-			cli_usage(stdout, C, "MODEL_DIR (-p TEXT | --chat | --ids FILE) [options]", opts);
+			cli_usage(stdout, C, "MODEL_DIR (-p TEXT | -f FILE | --chat | -i | --ids FILE) [options]", opts);
 			return SFW_EXIT_OK;
 		}
 		if (k == CLI_ERROR)
@@ -101,17 +304,34 @@ int cmd_run(int argc, char **argv)
 		const char *nm = opts[k].name;
 		if (!strcmp(nm, "prompt"))
 			prompt = arg;
+		else if (!strcmp(nm, "file"))
+			file = arg;
+		else if (!strcmp(nm, "interactive"))
+			inter = 1;
 		else if (!strcmp(nm, "chat"))
 			chat = 1;
 		else if (!strcmp(nm, "system"))
 			system = arg;
 		else if (!strcmp(nm, "ids"))
 			ids_path = arg;
-		else if (!strcmp(nm, "n")) {
-			if (!cli_parse_u64(C, nm, arg, &n_gen))
+		else if (!strcmp(nm, "n-predict")) {
+			if (!cli_parse_u64(C, "n", arg, &n_gen)) /* "-n: ...", as before --n-predict */
 				return SFW_EXIT_USAGE;
 			if (n_gen > (1u << 24))
 				return cli_usage_error(C, "-n %llu is more than %u tokens", n_gen, 1u << 24);
+			have_n = 1;
+		} else if (!strcmp(nm, "ctx-size")) {
+			if (!cli_parse_u64(C, nm, arg, &ctx_size))
+				return SFW_EXIT_USAGE;
+			if (ctx_size < 1 || ctx_size > (1ull << 30))
+				return cli_usage_error(C, "--ctx-size must be 1 to %llu tokens", 1ull << 30);
+		} else if (!strcmp(nm, "stop")) {
+			if (n_stop >= SFW_STOP_MAX)
+				return cli_usage_error(C, "more than %d --stop strings", SFW_STOP_MAX);
+			size_t L = strlen(arg);
+			if (L < 1 || L > SFW_STOP_MAX_LEN || !sfw_utf8_valid((const unsigned char *)arg, L))
+				return cli_usage_error(C, "--stop wants 1 to %d bytes of UTF-8", SFW_STOP_MAX_LEN);
+			stops[n_stop++] = arg;
 		} else if (!strcmp(nm, "temp")) {
 			if (!cli_parse_double(C, nm, arg, &d))
 				return SFW_EXIT_USAGE;
@@ -129,9 +349,12 @@ int cmd_run(int argc, char **argv)
 		} else if (!strcmp(nm, "seed")) {
 			if (!cli_parse_u64(C, nm, arg, &u))
 				return SFW_EXIT_USAGE;
-			sp.seed = u;
+			seed = u;
+			have_seed = 1;
 		} else if (!strcmp(nm, "greedy"))
 			sp.greedy = 1;
+		else if (!strcmp(nm, "ignore-eos"))
+			ignore_eos = 1;
 		else if (!strcmp(nm, "print-ids"))
 			print_ids = 1;
 		else if (!strcmp(nm, "dense-as-sparse"))
@@ -163,13 +386,20 @@ int cmd_run(int argc, char **argv)
 	sp.top_p = (float)top_p;
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
-	if ((prompt != NULL) + (ids_path != NULL) > 1 || (ids_path && chat) || (!prompt && !ids_path && !chat))
-		return cli_usage_error(C, "give exactly one of -p TEXT, --chat or --ids FILE");
-	if (system && !chat)
-		return cli_usage_error(C, "--system needs --chat");
-	struct sfw_model_params mp = sfw_model_default_params();
-	mp.threads = (int)mo.threads;
-	mp.device = mo.device;
+	if ((prompt != NULL) + (file != NULL) + (ids_path != NULL) > 1 || (ids_path && (chat || inter)) ||
+	    (chat && inter) || (!prompt && !file && !ids_path && !chat && !inter))
+		return cli_usage_error(C, "give exactly one of -p TEXT, -f FILE, --chat, -i or --ids FILE");
+	if (system && !chat && !inter)
+		return cli_usage_error(C, "--system needs --chat or -i");
+	if (n_stop && print_ids)
+		return cli_usage_error(C, "--stop needs text output (not --print-ids)");
+	if (!have_seed)
+		seed = random_seed();
+	if (inter && !have_n)
+		n_gen = 512;
+	struct sfw_model_params mp;
+	if (cli_model_params(C, &mo, &mp))
+		return SFW_EXIT_USAGE;
 	const char *dir = cp.pos[0];
 	int rc = cli_model_gate(C, dir, mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc)
@@ -184,26 +414,28 @@ int cmd_run(int argc, char **argv)
 	int smp_ok = 0;
 	int32_t *ids = NULL;
 	size_t n_ids = 0;
-	float *logits = NULL;
-	struct sfw_buf text, out, in;
+	struct sfw_buf text, in, line;
 	/* The chat turn is the message plus the system text and a few markers. */
 	sfw_buf_init(&text, CHAT_STDIN_MAX + (system ? strlen(system) : 0) + 4096);
-	sfw_buf_init(&out, 1u << 20);
 	sfw_buf_init(&in, CHAT_STDIN_MAX);
+	sfw_buf_init(&line, CHAT_LINE_MAX);
+	struct run_out ro = {.print_ids = print_ids};
 
 	/* Input problems are reported before the model is loaded. */
 	char tpath[4200];
-	struct stat st;
+	struct stat stt;
 	snprintf(tpath, sizeof(tpath), "%s/tokenizer.model", dir);
-	int have_tok = stat(tpath, &st) == 0;
-	if (!have_tok && (prompt || chat)) {
+	int have_tok = stat(tpath, &stt) == 0;
+	if (!have_tok && !ids_path) {
 		fprintf(stderr, "%s: '%s' has no tokenizer.model (use --ids)\n", C, dir);
 		rc = SFW_EXIT_USAGE;
 		goto out_rc;
 	}
 	if (ids_path && (rc = cli_read_ids(C, ids_path, &ids, &n_ids)) != 0)
 		goto out_rc;
-	if (chat && !prompt && (rc = read_stdin(C, &in)) != 0)
+	if (file && (rc = read_prompt_file(C, file, &in)) != 0)
+		goto out_rc;
+	if (chat && !prompt && !file && (rc = read_stdin(C, &in)) != 0)
 		goto out_rc;
 
 	if ((s = sfw_model_load(dir, &mp, &m, &err)) != SFW_OK)
@@ -211,16 +443,23 @@ int cmd_run(int argc, char **argv)
 	const struct sfw_config *cf = sfw_model_config(m);
 	if (have_tok && (s = sfw_tokenizer_load(dir, cf->vocab_size, &tok, &err)) != SFW_OK)
 		goto fail;
-	if (!ids_path) {
-		if (chat) {
+	struct sfw_eos_set eos;
+	if ((s = sfw_eos_load(dir, cf, tok, &eos, &err)) != SFW_OK)
+		goto fail;
+	if (ignore_eos)
+		eos.n = 0;
+	const char *body = prompt ? prompt : in.data ? in.data : "";
+	int first_turn = !inter || prompt || file;
+	if (!ids_path && first_turn) {
+		if (chat || inter) {
 			struct sfw_chat_msg msgs[2];
 			size_t nm = 0;
 			if (system)
 				msgs[nm++] = (struct sfw_chat_msg){"system", system};
-			msgs[nm++] = (struct sfw_chat_msg){"user", prompt ? prompt : in.data ? in.data : ""};
+			msgs[nm++] = (struct sfw_chat_msg){"user", body};
 			if ((s = sfw_chat_format(msgs, nm, 1, &text, &err)) != SFW_OK)
 				goto fail;
-		} else if ((s = sfw_buf_append(&text, prompt, strlen(prompt))) != SFW_OK) {
+		} else if ((s = sfw_buf_append(&text, body, strlen(body))) != SFW_OK) {
 			sfw_fail(&err, s, "prompt too long");
 			goto fail;
 		}
@@ -228,8 +467,12 @@ int cmd_run(int argc, char **argv)
 		    SFW_OK)
 			goto fail;
 	}
+	/* The context: -c, else (chat) 4096, else prompt + -n (-n 0: + 4096). */
+	int64_t limit = ctx_size ? (int64_t)ctx_size
+			: inter  ? CHAT_CTX_DEFAULT
+				 : (int64_t)n_ids + (n_gen ? (int64_t)n_gen : CHAT_CTX_DEFAULT);
 	struct sfw_ctx_params xp = sfw_ctx_default_params();
-	xp.n_ctx = (int64_t)n_ids + (int64_t)n_gen;
+	xp.n_ctx = limit;
 	if ((int64_t)max_ctx > xp.n_ctx)
 		xp.n_ctx = (int64_t)max_ctx;
 	xp.dense_as_sparse = das;
@@ -237,7 +480,7 @@ int cmd_run(int argc, char **argv)
 	if (chunk)
 		xp.prefill_chunk = (int)chunk;
 	else if (cuda) /* bounded activations, large GEMMs; no more rows than the prompt */
-		xp.prefill_chunk = n_ids < 8192 ? (int)((n_ids + 63) / 64 * 64) : 8192;
+		xp.prefill_chunk = n_ids && n_ids < 8192 ? (int)((n_ids + 63) / 64 * 64) : 8192;
 	if (cuda) { /* the plan at start, and a context that cannot fit refused with its numbers */
 		struct sfw_mem_plan pl;
 		s = sfw_bench_mem_check(m, xp.n_ctx, xp.prefill_chunk, &pl, &err);
@@ -247,73 +490,72 @@ int cmd_run(int argc, char **argv)
 	}
 	if ((s = sfw_ctx_new(m, &xp, &ctx, &err)) != SFW_OK)
 		goto fail;
-	if ((s = sfw_sampler_init(&smp, &sp, cf->vocab_size, &err)) != SFW_OK)
+	if ((s = sfw_sampler_init(&smp, &sp, seed, cf->vocab_size, &err)) != SFW_OK)
 		goto fail;
 	smp_ok = 1;
-	logits = sfw_malloc((size_t)cf->vocab_size * sizeof(float));
-	if (!logits) {
-		s = sfw_fail(&err, SFW_E_NOMEM, "out of memory");
-		goto fail;
-	}
-	double t0 = cli_now_s();
-	if ((s = sfw_ctx_prefill(ctx, ids, n_ids, logits, &err)) != SFW_OK)
-		goto fail;
-	double t1 = cli_now_s();
-	struct sfw_tokdec dec;
-	if (tok) {
-		sfw_tokdec_init(&dec, tok, 1);
-		/* Prime with the prompt so the first piece keeps its leading space. */
-		if ((s = sfw_tokdec_prime(&dec, ids, n_ids, &err)) != SFW_OK)
-			goto fail;
-	}
-	unsigned long long produced = 0, steps = 0;
-	int use_text = tok && !print_ids;
-	/* On CUDA the token is chosen on the GPU (kernels/sample.cu, the sampler's
-	 * meaning for the sampler's own uniform stream): one id per step crosses
-	 * to the host instead of the logits. SALAFW_CUDA_NOSAMPLE=1: host sampler. */
-	const char *ns = getenv("SALAFW_CUDA_NOSAMPLE");
-	int dev_sample = cuda && !(ns && *ns && strcmp(ns, "0") != 0);
-	struct sfw_op_sample_params osp = {sp.temperature, sp.top_k, sp.top_p, sp.greedy};
-	int32_t id = -1;
-	for (; produced < n_gen; produced++) {
-		if (produced == 0 || !dev_sample)
-			id = sfw_sampler_sample(&smp, logits, cf->vocab_size);
-		if (sfw_sampler_is_stop(id, cf->eos_token_ids, cf->n_eos))
-			break;
-		if (use_text) {
-			out.len = 0;
-			if ((s = sfw_tokdec_push(&dec, id, &out, &err)) != SFW_OK)
+	struct sfw_gen_params gp = sfw_gen_default_params();
+	gp.max_tokens = (int64_t)n_gen;
+	gp.max_ctx = limit;
+	gp.eos = &eos;
+	gp.stop = stops;
+	gp.n_stop = n_stop;
+	struct sfw_gen_stats st;
+	st.pending = -1;
+	int turns = 0;
+	for (;;) {
+		if (inter && (turns > 0 || !first_turn)) {
+			/* the next user turn, after a visible prompt */
+			int eof;
+			printf("%s> ", turns ? "\n" : "");
+			if ((s = cli_stdout_flush(&err)) != SFW_OK)
 				goto fail;
-			fwrite(out.data ? out.data : "", 1, out.len, stdout);
-		} else {
-			printf("%s%d", produced ? " " : "", id);
+			if ((rc = read_turn(C, &line, &eof)) != 0)
+				goto out_rc;
+			if (eof)
+				break;
+			if (!line.len)
+				continue;
+			sfw_free(ids);
+			ids = NULL;
+			if (turns == 0) {
+				struct sfw_chat_msg msgs[2];
+				size_t nm = 0;
+				if (system)
+					msgs[nm++] = (struct sfw_chat_msg){"system", system};
+				msgs[nm++] = (struct sfw_chat_msg){"user", line.data};
+				text.len = 0;
+				if ((s = sfw_chat_format(msgs, nm, 1, &text, &err)) != SFW_OK ||
+				    (s = sfw_tokenizer_encode(tok, text.data, text.len, 1, &ids, &n_ids, &err)) != SFW_OK)
+					goto fail;
+			} else if ((s = next_turn_ids(tok, &eos, st.pending, line.data, &ids, &n_ids, &err)) != SFW_OK) {
+				goto fail;
+			}
 		}
-		if ((s = cli_stdout_flush(&err)) != SFW_OK)
+		gp.ids = ids;
+		gp.n_ids = n_ids;
+		ro.shown = 0;
+		s = sfw_generate(ctx, tok, &smp, &gp, on_token, &ro, &st, &err);
+		if (ro.status != SFW_OK) {
+			s = ro.status;
+			err = ro.err;
 			goto fail;
-		if (produced + 1 == n_gen)
-			break; /* no forward pass for a token nobody will read */
-		if (dev_sample)
-			s = sfw_ctx_decode_next(ctx, id, &osp, sfw_op_sample_uniform(smp.rng), &id, &err);
-		else
-			s = sfw_ctx_decode(ctx, id, logits, &err);
+		}
 		if (s != SFW_OK)
 			goto fail;
-		steps++;
-	}
-	double t2 = cli_now_s();
-	if (use_text) {
-		out.len = 0;
-		if ((s = sfw_tokdec_flush(&dec, &out, &err)) != SFW_OK)
+		turns++;
+		if (!inter)
+			printf("\n");
+		if ((s = cli_stdout_flush(&err)) != SFW_OK)
 			goto fail;
-		fwrite(out.data ? out.data : "", 1, out.len, stdout);
+		print_stats(C, &st, sfw_model_device_name(m), seed);
+		if (!inter)
+			break;
 	}
-	printf("\n");
-	if ((s = cli_stdout_flush(&err)) != SFW_OK)
-		goto fail;
-	/* Decode speed counts the one-token forward passes actually made. */
-	fprintf(stderr, "%s: prefill %zu tokens in %.3f s (%.1f tok/s), decode %llu tokens in %.3f s (%.1f tok/s) [%s]\n",
-		C, n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), steps, t2 - t1,
-		steps ? (double)steps / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0, sfw_model_device_name(m));
+	if (inter) {
+		printf("\n");
+		if ((s = cli_stdout_flush(&err)) != SFW_OK)
+			goto fail;
+	}
 	rc = 0;
 	goto out_rc;
 fail:
@@ -321,11 +563,10 @@ fail:
 out_rc:
 	if (smp_ok)
 		sfw_sampler_release(&smp);
-	sfw_free(logits);
 	sfw_free(ids);
 	sfw_buf_release(&text);
-	sfw_buf_release(&out);
 	sfw_buf_release(&in);
+	sfw_buf_release(&line);
 	sfw_ctx_free(ctx);
 	sfw_tokenizer_free(tok);
 	sfw_model_free(m);

@@ -71,9 +71,9 @@ int cmd_score(int argc, char **argv)
 		return cli_usage_error(C, "expected one MODEL_DIR");
 	if (!ids_path || !outp)
 		return cli_usage_error(C, "--ids FILE and -o OUT are required");
-	struct sfw_model_params mp = sfw_model_default_params();
-	mp.threads = (int)mo.threads;
-	mp.device = mo.device;
+	struct sfw_model_params mp;
+	if (cli_model_params(C, &mo, &mp))
+		return SFW_EXIT_USAGE;
 	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc)
 		return rc;

@@ -212,7 +212,7 @@ int cmd_verify(int argc, char **argv)
 	}
 	tp.keys = nkeys ? keys : NULL;
 	tp.nkeys = nkeys;
-	tp.allow_expired = 1; /* offline verify only warns (fetch-verify.md §3.12-3) */
+	tp.allow_expired = 1; /* offline verify only warns (docs/fetch-verify.md §3.12-3) */
 	/* Rollback matters when a manifest is taken in (get, or --manifest
 	 * here); the folder's own copy was checked when it came, and another
 	 * folder holding a newer version must not make it unverifiable. Equal

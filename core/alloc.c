@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static long fail_countdown; /* 0 = never fail */
+static _Thread_local long fail_countdown; /* 0 = never fail; per thread: a test arms its own */
 
 static int should_fail(void)
 {

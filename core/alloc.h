@@ -18,7 +18,8 @@ void *sfw_malloc_aligned(size_t align, size_t n);
 char *sfw_strndup(const char *s, size_t n);
 
 /* Test hook: the nth allocation from now (1-based) and every one after it
- * fails; 0 disables. Not thread-safe; tests only. */
+ * fails; 0 disables. Counts the calling thread's allocations only (other
+ * threads, a pool's workers included, are not affected); tests only. */
 void sfw_alloc_fail_after(long nth);
 
 #endif

@@ -1,5 +1,5 @@
 /* fetch.h - `salafw get`: resumable, verified downloads of a signed
- * manifest's files from ordered sources (fetch-verify.md §2-§5). Public API
+ * manifest's files from ordered sources (docs/fetch-verify.md §2-§5). Public API
  * of the fetch module (libcurl multi, verify module for trust and hashing).
  *
  * Flow of sfw_fetch_get: fetch manifest + .minisig (capped) -> full trust

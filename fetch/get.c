@@ -82,6 +82,7 @@ struct file;
 
 struct seg {
 	struct file *f;
+	struct run *run;       /* the get this transfer belongs to (the write callback's) */
 	CURL *h;
 	int src;
 	uint64_t start, end, pos, launch_pos, synced;
@@ -445,8 +446,6 @@ static int commit_ok(struct run *r, struct seg *s)
 	return r->srcs[s->src].s.kind != SFW_SOURCE_HF || !s->commit[0] || strcmp(s->commit, r->m->revision) == 0;
 }
 
-static struct run *g_run; /* the write callback needs the run; one get at a time */
-
 static int check_first(struct run *r, struct seg *s)
 {
 	long status = 0;
@@ -478,7 +477,7 @@ static int check_first(struct run *r, struct seg *s)
 static size_t on_write(char *p, size_t sz, size_t nm, void *u)
 {
 	struct seg *s = u;
-	struct run *r = g_run;
+	struct run *r = s->run;
 	struct file *f = s->f;
 	size_t n = sz * nm;
 	if (!s->checked) {
@@ -619,6 +618,7 @@ static enum sfw_status seg_start(struct run *r, struct file *f, struct sfw_err *
 		curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BEARER);
 		curl_easy_setopt(h, CURLOPT_XOAUTH2_BEARER, p->hf_token);
 	}
+	s->run = r;
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
@@ -786,7 +786,7 @@ static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err
 		/* Strike a source only when it alone served every byte: bytes mixed
 		 * from several sources, or kept from an earlier run's partial, do
 		 * not say which one was bad. Then the file starts over from the
-		 * highest-priority source alone, to isolate it (fetch-verify §3.4). */
+		 * highest-priority source alone, to isolate it (docs/fetch-verify.md §3.4). */
 		int sole = -1, nsrc = 0;
 		for (size_t i = 0; i < r->nsrcs; i++)
 			if (f->contributed[i]) {
@@ -1556,7 +1556,6 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 		goto out;
 	}
 	curl_multi_setopt(r.multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)(p->jobs * p->connections));
-	g_run = &r;
 	st = run_loop(&r, err);
 	{
 		/* whatever happened, keep every byte written resumable */
@@ -1580,7 +1579,6 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 			}
 		}
 	}
-	g_run = NULL;
 	if (st == SFW_E_ABORTED && (!err || !err->msg[0] || err->code != SFW_E_ABORTED))
 		st = sfw_fail(err, SFW_E_ABORTED, "interrupted; run the same command again to resume");
 	progress(&r, 1);

@@ -1,5 +1,5 @@
 /* attention.c - dense causal and block-sparse causal GQA softmax attention
- * on the CPU (sparse layers, model-spec §2.6.2 and §2.6.5). Work items are
+ * on the CPU (sparse layers, docs/model-spec.md §2.6.2 and §2.6.5). Work items are
  * (row, head) pairs; each computes its scores, then an exact softmax. */
 #include "kernels/ops.h"
 #include "alloc.h"
@@ -96,7 +96,7 @@ static void run(struct attn_job *j)
 	size_t items = (size_t)j->T * j->nh;
 	double work = (double)items * (double)j->maxkeys * j->hd;
 	int nt = work < 1e5 ? 1 : sfw_ops_cpu_threads();
-	sfw_parallel_for(nt, items, 1, attn_items, j);
+	sfwi_ops_cpu_for(nt, items, 1, attn_items, j);
 }
 
 void sfw_op_attn_dense_cpu(float *o, const float *q, const float *kc, const float *vc, int T, int nh, int nkv,

@@ -284,24 +284,18 @@ static void attn_launch(att_args a, int sms, cudaStream_t s)
 	}
 }
 
-static int g_sms;
-
 static void attn_any(att_args a, int hd, enum sfw_op_dtype act, void *stream)
 {
 	if (a.T <= 0)
 		return;
 	SFW_ASSERT(a.nkv > 0 && a.nh % a.nkv == 0 && a.nh / a.nkv <= 2 * ATT_WARPS);
 	SFW_ASSERT(!a.idx || a.block % ATT_KT == 0);
-	if (!g_sms) {
-		int dev;
-		SFW_CUDA_CHECK(cudaGetDevice(&dev));
-		SFW_CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-	}
+	int sms = sfwi_cuda_sms();
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	switch (hd) {
-	case 32: ACT_DISPATCH(act, attn_launch<A, 32>(a, g_sms, s)); break;
-	case 64: ACT_DISPATCH(act, attn_launch<A, 64>(a, g_sms, s)); break;
-	case 128: ACT_DISPATCH(act, attn_launch<A, 128>(a, g_sms, s)); break;
+	case 32: ACT_DISPATCH(act, attn_launch<A, 32>(a, sms, s)); break;
+	case 64: ACT_DISPATCH(act, attn_launch<A, 64>(a, sms, s)); break;
+	case 128: ACT_DISPATCH(act, attn_launch<A, 128>(a, sms, s)); break;
 	default:
 		fprintf(stderr, "salafw: attention head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
 		abort();

@@ -238,7 +238,8 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_k
 
 template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 {
-	static int ready; /* 1: dynamic shared memory limit raised; -1: refused */
+	static int ready_dev[SFWC_MAX_DEVICES]; /* per device: 1 limit raised; -1: refused */
+	int &ready = ready_dev[sfwc_device()];
 	size_t smem = atc_smem<HD>();
 	if (!ready) {
 		cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<HD>,
@@ -262,7 +263,7 @@ int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const i
 		 int nkv, int hd, int64_t pos0, int k, int block, float scale, enum sfw_op_dtype act,
 		 void *stream)
 {
-	enum tc_mode mode = tc_mode_of("SALAFW_CUDA_ATTN");
+	enum tc_mode mode = tc_mode_of(sfwi_cuda_cfg_attn());
 	if (mode == TC_SIMT || act != SFW_OP_BF16 || T <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
 		return 0;
 	if (idx && (block != ATC_BLK || k <= 0 || k > ATC_KMAX))

@@ -94,23 +94,15 @@ static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
 	return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* Run-time choice between the tensor-core kernels and the CUDA-core ones.
- * var = "SALAFW_CUDA_ATTN" (dense + block-sparse attention) or
- * "SALAFW_CUDA_STAGE1": "simt" = always the CUDA-core kernels, "tc" = tensor
- * cores for every shape they support (tests), anything else or unset = auto
- * (tensor cores for supported prefill-sized calls). Read on every call (a
- * getenv is cheap next to a kernel launch) so tests can flip it. */
+/* Run-time choice between the tensor-core kernels and the CUDA-core ones,
+ * from the bound struct sfw_cuda_ops_cfg (ops_cuda.h): its attn (dense +
+ * block-sparse attention) or stage1 member, 1 = always the CUDA-core
+ * kernels, 2 = tensor cores for every shape they support (tests), 0 = auto
+ * (tensor cores for supported prefill-sized calls). */
 enum tc_mode { TC_SIMT = 0, TC_AUTO = 1, TC_FORCE = 2 };
-static inline enum tc_mode tc_mode_of(const char *var)
+static inline enum tc_mode tc_mode_of(int cfg_mode)
 {
-	const char *e = getenv(var);
-	if (!e)
-		return TC_AUTO;
-	if (!strcmp(e, "simt"))
-		return TC_SIMT;
-	if (!strcmp(e, "tc"))
-		return TC_FORCE;
-	return TC_AUTO;
+	return cfg_mode == 1 ? TC_SIMT : cfg_mode == 2 ? TC_FORCE : TC_AUTO;
 }
 
 /* Tensor-core twins (bf16 activations only). Each returns 1 when it took the

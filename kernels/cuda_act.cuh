@@ -82,7 +82,7 @@ static __device__ __forceinline__ float wget(const void *w, enum sfw_op_dtype dt
 /* RMSNorm pieces over one row, each thread (or lane) taking the elements
  * first, first + step, ... (scalar) or the 8-element vectors first,
  * first + step, ... (vec8, bf16 only): the sum of squares in that order,
- * and y = round(x * inv) * w, the two roundings of model-spec §2.2. The
+ * and y = round(x * inv) * w, the two roundings of docs/model-spec.md §2.2. The
  * norm kernels and the fused add + norm share them, so equal orders give
  * equal bits. */
 template <typename T>

@@ -15,7 +15,7 @@ extern "C" {
 }
 
 /* An asynchronous CUDA fault leaves the context unusable: log the statement,
- * function, file, line and device, then abort (style §13.4c). Recoverable
+ * function, file, line and device, then abort (docs/style.md §13.4c). Recoverable
  * failures (cudaMalloc out of memory) go through sfw_fail instead. */
 #define SFW_CUDA_CHECK(stmt)                                                                              \
 	do {                                                                                              \
@@ -150,17 +150,35 @@ static __device__ __forceinline__ void sfwc_pdl_wait(void)
 #endif
 }
 
+/* The calling thread's struct sfw_cuda_ops_cfg (ops_cuda.h), member by member
+ * (kernels/linear.cu); sms: the bound count or the current device's. */
+int sfwi_cuda_cfg_attn(void);
+int sfwi_cuda_cfg_stage1(void);
+int sfwi_cuda_cfg_gla_serial(void);
+int sfwi_cuda_cfg_no_pdl(void);
+int sfwi_cuda_cfg_w8_gemv(void);
+int sfwi_cuda_sms(void);
+
+/* The current device, for memos of per-device driver state (a kernel's
+ * shared-memory limit is set once per device, as the driver keeps it). */
+#define SFWC_MAX_DEVICES 64
+static inline int sfwc_device(void)
+{
+	int d = 0;
+	SFW_CUDA_CHECK(cudaGetDevice(&d));
+	SFW_ASSERT(d >= 0 && d < SFWC_MAX_DEVICES);
+	return d;
+}
+
+/* sm_90+ and not switched off (cfg no_pdl) */
 static inline int sfwc_pdl_enabled(void)
 {
-	static int on = -1; /* decided once per process */
-	if (on < 0) {
-		int dev = 0, major = 0;
-		const char *e = getenv("SALAFW_CUDA_PDL");
-		SFW_CUDA_CHECK(cudaGetDevice(&dev));
-		SFW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-		on = major >= 9 && !(e && e[0] == '0');
-	}
-	return on;
+	if (sfwi_cuda_cfg_no_pdl())
+		return 0;
+	int dev = 0, major = 0;
+	SFW_CUDA_CHECK(cudaGetDevice(&dev));
+	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+	return major >= 9;
 }
 
 template <typename... KArgs, typename... Args>

@@ -1,5 +1,5 @@
 /* elementwise.c - CPU twins of the elementwise ops, the norms, RoPE, and the
- * process-wide thread count of the CPU ops (kernels/ops.h). */
+ * CPU ops' executor (kernels/ops.h). */
 #include "kernels/ops.h"
 #include "sfw.h"
 #include "thread.h"
@@ -7,30 +7,100 @@
 #include <math.h>
 #include <stdatomic.h>
 
-static atomic_int g_threads;
+#include "alloc.h"
 
-void sfw_ops_cpu_set_threads(int n)
+struct sfw_ops_cpu {
+	struct sfw_pool *pool;
+	atomic_int failed;
+};
+
+/* The executor bound to this thread, and the flag failures go to when none is. */
+static _Thread_local struct sfw_ops_cpu *t_bound;
+static _Thread_local int t_failed;
+static _Thread_local int t_in_job; /* inside a parallel-for: a nested one runs inline */
+
+enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct sfw_err *err)
 {
-	/* per-thread scratch (matmul, attention) is sized for 256 threads */
-	atomic_store(&g_threads, n > 256 ? 256 : n > 0 ? n : 0);
+	struct sfw_ops_cpu *ex = sfw_calloc(1, sizeof(*ex));
+	if (!ex)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the CPU executor");
+	enum sfw_status s = sfw_pool_new(nthreads, &ex->pool, err);
+	if (s != SFW_OK) {
+		sfw_free(ex);
+		return s;
+	}
+	atomic_init(&ex->failed, 0);
+	*out = ex;
+	return SFW_OK;
 }
 
-static atomic_int g_failed;
-
-void sfwi_ops_cpu_fail(void)
+void sfw_ops_cpu_free(struct sfw_ops_cpu *ex)
 {
-	atomic_store(&g_failed, 1);
+	if (!ex)
+		return;
+	sfw_pool_free(ex->pool);
+	sfw_free(ex);
 }
 
-int sfw_ops_cpu_take_failure(void)
+struct sfw_ops_cpu *sfw_ops_cpu_bind(struct sfw_ops_cpu *ex)
 {
-	return atomic_exchange(&g_failed, 0);
+	struct sfw_ops_cpu *prev = t_bound;
+	t_bound = ex;
+	return prev;
 }
 
 int sfw_ops_cpu_threads(void)
 {
-	int n = atomic_load(&g_threads);
-	return n > 0 ? n : sfw_default_threads();
+	return t_bound ? sfw_pool_threads(t_bound->pool) : 1;
+}
+
+void sfwi_ops_cpu_fail(void)
+{
+	if (t_bound)
+		atomic_store(&t_bound->failed, 1);
+	else
+		t_failed = 1;
+}
+
+int sfw_ops_cpu_take_failure(struct sfw_ops_cpu *ex)
+{
+	if (ex)
+		return atomic_exchange(&ex->failed, 0);
+	int f = t_failed;
+	t_failed = 0;
+	return f;
+}
+
+struct bound_job {
+	struct sfw_ops_cpu *ex;
+	sfw_range_fn fn;
+	void *ctx;
+};
+
+/* A pool worker runs the range with the caller's executor bound. */
+static void bound_range(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct bound_job *j = ctx;
+	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(j->ex);
+	int in = t_in_job;
+	t_in_job = 1;
+	j->fn(j->ctx, b, e, tid);
+	t_in_job = in;
+	sfw_ops_cpu_bind(prev);
+}
+
+void sfwi_ops_cpu_for(int nthreads, size_t n, size_t grain, sfw_range_fn fn, void *ctx)
+{
+	struct sfw_ops_cpu *ex = t_bound;
+	if (!ex || nthreads <= 1 || t_in_job) {
+		if (grain == 0)
+			grain = 1;
+		for (size_t b = 0; b < n; b += grain)
+			fn(ctx, b, b + grain < n ? b + grain : n, 0);
+		return;
+	}
+	struct bound_job j = {ex, fn, ctx};
+	sfw_pool_for(ex->pool, nthreads, n, grain, bound_range, &j);
 }
 
 void sfw_op_embed_cpu(float *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int T, int D,
@@ -75,7 +145,7 @@ void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_op_dty
 	size_t grain = (size_t)(rows * (size_t)n > 65536 ? 16 : rows);
 	if (grain == 0)
 		grain = 1;
-	sfw_parallel_for(grain >= (size_t)rows ? 1 : sfw_ops_cpu_threads(), (size_t)rows, grain, norm_rows, &j);
+	sfwi_ops_cpu_for(grain >= (size_t)rows ? 1 : sfw_ops_cpu_threads(), (size_t)rows, grain, norm_rows, &j);
 }
 
 void sfw_op_add_scaled_cpu(float *x, const float *b, size_t n, float scale)

@@ -1,7 +1,7 @@
 /* elementwise.cu - CUDA twins of kernels/elementwise.c (embedding, RMSNorm,
  * scaled residual, SiLU-gate, sigmoid gate, NeoX RoPE). Activations are
  * float (SFW_OP_F32: the same arithmetic as the CPU twin) or bf16
- * (SFW_OP_BF16: rounded where the reference rounds, model-spec §2). */
+ * (SFW_OP_BF16: rounded where the reference rounds, docs/model-spec.md §2). */
 #include "cuda_act.cuh"
 
 extern "C" {

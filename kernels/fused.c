@@ -1,6 +1,6 @@
 /* fused.c - CPU twins of the fused ops (kernels/fused.cu): each is the
  * composition of the unfused CPU ops, so a backend that fuses must give
- * what the unfused sequence gives (style.md §13.10). */
+ * what the unfused sequence gives (docs/style.md §13.10). */
 #include "kernels/ops.h"
 
 void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_op_dtype wdt,

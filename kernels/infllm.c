@@ -1,4 +1,4 @@
-/* infllm.c - InfLLM-v2 block selection on the CPU (model-spec §2.6.3-2.6.4):
+/* infllm.c - InfLLM-v2 block selection on the CPU (docs/model-spec.md §2.6.3-2.6.4):
  * mean-pooled key compression, stage-1 scores normalised by the level-2 LSE
  * and summed over each KV group, max-pooling to blocks with forced init and
  * local blocks, and top-k with ties to the lower block index. */
@@ -109,7 +109,7 @@ void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n
 	struct s1_job j = {scores, q, c1, c2, n1, n2, pos0, T, nh, nkv, hd, ksize, stride, scale};
 	size_t items = (size_t)nkv * T;
 	double work = (double)items * (double)(n1 + n2) * nh / nkv * hd;
-	sfw_parallel_for(work < 1e5 ? 1 : sfw_ops_cpu_threads(), items, 1, s1_items, &j);
+	sfwi_ops_cpu_for(work < 1e5 ? 1 : sfw_ops_cpu_threads(), items, 1, s1_items, &j);
 }
 
 void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,

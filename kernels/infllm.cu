@@ -1,7 +1,7 @@
 /* infllm.cu - CUDA twins of kernels/infllm.c: InfLLM-v2 key compression,
  * stage-1 scoring (level-2 LSE normaliser, summed over each KV group),
  * max-pooling to blocks with forced init/local blocks, and top-k with ties
- * to the lower block index (model-spec §2.6.3-2.6.4).
+ * to the lower block index (docs/model-spec.md §2.6.3-2.6.4).
  *
  * In bf16 mode the stage-1 scores are rounded to bf16 values (the reference
  * kernel writes bf16) and pooling works on those.
@@ -248,8 +248,6 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 	a.scores[((size_t)g * a.T + r) * a.n1 + j] = out;
 }
 
-static int g_sms;
-
 template <typename A, int HD>
 static void s1_launch(s1_args a, cudaStream_t s)
 {
@@ -257,7 +255,8 @@ static void s1_launch(s1_args a, cudaStream_t s)
 	int nsplit = 1;
 	/* decode (two rows): spread the level-2 keys over blocks down to 64 per
 	 * block, else a handful of blocks walks them all */
-	while (rows * nsplit < 2 * g_sms && a.n2 / (nsplit * 2) >= 64 && nsplit < 64)
+	int sms = sfwi_cuda_sms();
+	while (rows * nsplit < 2 * sms && a.n2 / (nsplit * 2) >= 64 && nsplit < 64)
 		nsplit *= 2;
 	a.nsplit = nsplit;
 	a.part = (float *)sfwi_cuda_scratch((size_t)rows * nsplit * G * 2 * sizeof(float));
@@ -298,11 +297,6 @@ extern "C" void sfw_cuda_stage1_devpos(float *scores, const void *q, const void 
 
 static void s1_any(s1_args a, int hd, enum sfw_op_dtype act, void *stream)
 {
-	if (!g_sms) {
-		int dev;
-		SFW_CUDA_CHECK(cudaGetDevice(&dev));
-		SFW_CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-	}
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	switch (hd) {
 	case 32: ACT_DISPATCH(act, s1_launch<A, 32>(a, s)); break;

@@ -1,4 +1,4 @@
-/* lightning.c - simple gated linear attention (Lightning layers, model-spec
+/* lightning.c - simple gated linear attention (Lightning layers, docs/model-spec.md
  * §2.7 step 5) on the CPU: the recurrent form used for decode and the chunked
  * form (as fla's chunk_simple_gla) used for prefill. Heads run in parallel. */
 #include "kernels/ops.h"
@@ -51,7 +51,7 @@ void sfw_op_gla_recurrent_cpu(float *o, const float *q, const float *k, const fl
 {
 	struct gla_job j = {o, q, k, v, state, decay, T, nh, hd, 0, scale};
 	int nt = T * (size_t)nh * hd * hd < 1 << 16 ? 1 : sfw_ops_cpu_threads();
-	sfw_parallel_for(nt, (size_t)nh, 1, gla_rec_heads, &j);
+	sfwi_ops_cpu_for(nt, (size_t)nh, 1, gla_rec_heads, &j);
 }
 
 static void gla_chunk_heads(void *ctx, size_t b, size_t e, int tid)
@@ -132,5 +132,5 @@ void sfw_op_gla_chunked_cpu(float *o, const float *q, const float *k, const floa
 {
 	SFW_ASSERT(chunk > 0);
 	struct gla_job j = {o, q, k, v, state, decay, T, nh, hd, chunk, scale};
-	sfw_parallel_for(sfw_ops_cpu_threads(), (size_t)nh, 1, gla_chunk_heads, &j);
+	sfwi_ops_cpu_for(sfw_ops_cpu_threads(), (size_t)nh, 1, gla_chunk_heads, &j);
 }

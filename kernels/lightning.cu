@@ -327,7 +327,8 @@ static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, c
 	int NC = (int)(chunks < cap ? chunks : cap > 0 ? cap : 1);
 	float *D = (float *)sfwi_cuda_scratch((size_t)NC * per_chunk);
 	constexpr size_t smem = gla_out_smem<HD>();
-	static bool attr_set = false; /* per instantiation; harmless if raced */
+	static bool attr_dev[SFWC_MAX_DEVICES]; /* per instantiation and device; harmless if raced */
+	bool &attr_set = attr_dev[sfwc_device()];
 	if (!attr_set) {
 		SFW_CUDA_CHECK(cudaFuncSetAttribute(gla_out_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)smem));
@@ -347,12 +348,11 @@ static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, c
 	}
 }
 
-/* SALAFW_CUDA_GLA=serial: one block walks each head's chunks in order (the
- * first form; kept to bisect with) */
+/* gla_serial (struct sfw_cuda_ops_cfg): one block walks each head's chunks in
+ * order (the first form; kept to bisect with) */
 static bool gla_scan_on(void)
 {
-	const char *e = getenv("SALAFW_CUDA_GLA");
-	return !(e && !strcmp(e, "serial"));
+	return !sfwi_cuda_cfg_gla_serial();
 }
 
 template <typename A, int HD>
@@ -369,7 +369,8 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 		return;
 	} else {
 		constexpr size_t smem = gla_chunk_smem<HD>();
-		static bool attr_set = false; /* per instantiation; harmless if raced */
+		static bool attr_dev[SFWC_MAX_DEVICES]; /* per instantiation and device; harmless if raced */
+		bool &attr_set = attr_dev[sfwc_device()];
 		if (!attr_set) {
 			SFW_CUDA_CHECK(cudaFuncSetAttribute(gla_chunk_kernel<A, HD>,
 							    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

@@ -402,9 +402,53 @@ out0:
 
 /* ---- the handle and scratch the op twins use (see ops_cuda.h) ---- */
 
-static struct sfw_cuda_blas *g_blas, *g_blas_default;
-static void *g_scratch, *g_scratch_default;
-static size_t g_scratch_bytes;
+static thread_local struct sfw_cuda_blas *g_blas, *g_blas_default;
+static thread_local void *g_scratch, *g_scratch_default;
+static thread_local size_t g_scratch_bytes;
+static thread_local struct sfw_cuda_ops_cfg g_cfg;
+
+extern "C" void sfw_cuda_ops_set_cfg(const struct sfw_cuda_ops_cfg *cfg)
+{
+	if (cfg)
+		g_cfg = *cfg;
+	else
+		g_cfg = sfw_cuda_ops_cfg{};
+}
+
+int sfwi_cuda_cfg_attn(void)
+{
+	return g_cfg.attn;
+}
+
+int sfwi_cuda_cfg_stage1(void)
+{
+	return g_cfg.stage1;
+}
+
+int sfwi_cuda_cfg_gla_serial(void)
+{
+	return g_cfg.gla_serial;
+}
+
+int sfwi_cuda_cfg_no_pdl(void)
+{
+	return g_cfg.no_pdl;
+}
+
+int sfwi_cuda_cfg_w8_gemv(void)
+{
+	return g_cfg.w8_gemv;
+}
+
+int sfwi_cuda_sms(void)
+{
+	if (g_cfg.sms > 0)
+		return g_cfg.sms;
+	int dev = 0, n = 0;
+	SFW_CUDA_CHECK(cudaGetDevice(&dev));
+	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+	return n;
+}
 
 extern "C" void sfw_cuda_ops_bind(struct sfw_cuda_blas *b, void *scratch, size_t scratch_bytes)
 {

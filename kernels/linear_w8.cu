@@ -298,23 +298,28 @@ static void launch_w8_m(const uint16_t *X, int ldx, const uint8_t *C, const void
 	}
 }
 
-/* The decode variant (M = 1, BF16 scales): one row per warp, 2 loads per
- * lane in flight (measured on H200 against 4 and 8 loads and 2 or 4 rows
- * per warp: bench/RESULTS.md, the W8 GEMV table; the int8 kernel does ~3x
- * the arithmetic per byte of the bf16 one, so more warps beat deeper
- * batches). SALAFW_CUDA_W8_GEMV=RU picks another variant for benchmarks
- * (12 14 18 22 24 28 42 44 = R rows per warp, U loads; 112 114 122 the
- * same with the next batch loaded while the current one is consumed). */
-static void w8_default_variant(int *R, int *U)
+/* The decode variant (M = 1, BF16 scales), from the W8 GEMV table of
+ * bench/RESULTS.md (H200, back-to-back launches): one row per warp; 2 loads
+ * per lane in flight on the wide K = 4096 matrices (q|k|v|z 0.80 of the copy
+ * limit against 0.76 with 4, gate|up 0.88 against 0.85), 4 on the narrower
+ * ones and the long rows of down_proj (o_proj 0.47 against 0.40, q|k|v|o_gate
+ * 0.66 against 0.64, down 0.66 against 0.57): the int8 kernel does ~3x the
+ * arithmetic per byte of the bf16 one, so many warps with short batches win
+ * where there are rows enough. The bound cfg's w8_gemv (struct
+ * sfw_cuda_ops_cfg; SALAFW_CUDA_W8_GEMV=RU in the CLI) forces one variant for
+ * every shape (benchmarks): 12 14 18 22 24 28 42 44 = R rows per warp, U
+ * loads; 112 114 122 the same with the next batch loaded while the current
+ * one is consumed; any other value is the table. */
+static void w8_default_variant(int N, int K, int *R, int *U)
 {
-	static int ru = -1;
-	if (ru < 0) {
-		const char *e = getenv("SALAFW_CUDA_W8_GEMV");
-		int v = e ? atoi(e) : 0;
-		ru = v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 || v == 112 ||
-			     v == 114 || v == 122
-			 ? v
-			 : 12;
+	int v = sfwi_cuda_cfg_w8_gemv();
+	int ru = v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 || v == 112 ||
+			 v == 114 || v == 122
+		     ? v
+		     : 0;
+	if (ru == 0) {
+		*R = 1, *U = K >= 8192 || N < 12288 ? 4 : 2;
+		return;
 	}
 	*R = ru >= 100 ? 100 + (ru / 10) % 10 : ru / 10, *U = ru % 10;
 }
@@ -333,7 +338,7 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 		return;
 	}
 	if (R == 0 && U == 0 && M == 1 && sdt == SFW_OP_BF16 && sizeof(TO) == 2)
-		w8_default_variant(&R, &U);
+		w8_default_variant(N, K, &R, &U);
 	if (R == 0) /* M > 1 or other scales: two rows per warp on wide matrices */
 		R = N >= 8192 ? 2 : 1;
 	if (U == 0)

@@ -215,7 +215,7 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtyp
 		/* memory-bound: stream the bf16 weights once, no conversion scratch */
 		struct gemv_job g = {y, x, w, M, N, K};
 		size_t grain = ntiles / ((size_t)nt * 4);
-		sfw_parallel_for(nt, ntiles, grain < 1 ? 1 : grain, gemv_tiles, &g);
+		sfwi_ops_cpu_for(nt, ntiles, grain < 1 ? 1 : grain, gemv_tiles, &g);
 		return;
 	}
 	float *scr_ptrs[256];
@@ -233,7 +233,7 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtyp
 	size_t grain = ntiles / ((size_t)nt * 8);
 	if (grain < 1)
 		grain = 1;
-	sfw_parallel_for(nt, ntiles, grain, mm_tiles, &j);
+	sfwi_ops_cpu_for(nt, ntiles, grain, mm_tiles, &j);
 	sfw_free(block);
 }
 

@@ -257,7 +257,7 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 		if ((double)M * N * K < 1 << 16)
 			nt = 1;
 		size_t grain = ntiles / ((size_t)nt * 4);
-		sfw_parallel_for(nt, ntiles, grain < 1 ? 1 : grain, gemv_fn, &j);
+		sfwi_ops_cpu_for(nt, ntiles, grain < 1 ? 1 : grain, gemv_fn, &j);
 		return;
 	}
 	int slab_rows = (int)(SLAB_BYTES / ((size_t)K * sizeof(float)));
@@ -274,7 +274,7 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 	for (int n0 = 0; n0 < N; n0 += slab_rows) {
 		int nb = N - n0 < slab_rows ? N - n0 : slab_rows;
 		j.n0 = n0;
-		sfw_parallel_for(nt, (size_t)nb, 4, dequant_fn, &j);
+		sfwi_ops_cpu_for(nt, (size_t)nb, 4, dequant_fn, &j);
 		sfw_op_matmul_cpu(tmp, x, j.slab, SFW_OP_F32, M, nb, K);
 		for (int m = 0; m < M; m++)
 			memcpy(y + (size_t)m * N + n0, tmp + (size_t)m * nb, (size_t)nb * sizeof(float));

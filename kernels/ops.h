@@ -6,7 +6,7 @@
  * arguments in the same order with three changes:
  *   - activation pointers (float * here) become void * in the activation dtype
  *     `act` (SFW_OP_BF16 normally: rounded where the reference rounds,
- *     model-spec §2; SFW_OP_F32 allowed for twin tests);
+ *     docs/model-spec.md §2; SFW_OP_F32 allowed for twin tests);
  *   - `enum sfw_op_dtype act` and `void *stream` are appended;
  *   - every pointer is in the twin's memory space (host for _cpu, device for
  *     _cuda), including small parameter arrays such as `decay`.
@@ -15,17 +15,20 @@
  * indices) are int32. A test (tests/test_ops.c, CUDA) compares each pair on
  * random inputs.
  *
- * Layouts (row-major, token-major, head-major inside a row, model-spec §3):
+ * Layouts (row-major, token-major, head-major inside a row, docs/model-spec.md §3):
  *   activations x [T, n]; q [T, nh, hd]; sparse-layer KV cache [len, nkv, hd];
  *   compressed keys [n_chunks, nkv, hd]; lightning state [nh, hd(k), hd(v)];
  *   weights W [N, K] = [out, in] as stored by nn.Linear.
  * Positions are absolute (0-based); row r of a call sits at pos0 + r.
  * `y` may alias `x` only where the comment says so.
  *
- * Threads: the CPU twins use sfw_parallel_for with the process-wide count set
- * by sfw_ops_cpu_set_threads (default sfw_default_threads()). */
+ * Threads: the CPU twins run on the executor bound to the calling thread
+ * (sfw_ops_cpu_bind; the CPU backend binds its own around every op), or on
+ * the calling thread alone when none is bound. No process-wide state. */
 #ifndef SFW_OPS_H
 #define SFW_OPS_H
+
+#include "sfw.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -55,14 +58,29 @@ static inline float sfw_op_wget(const void *w, enum sfw_op_dtype dt, size_t i)
 	return dt == SFW_OP_BF16 ? sfw_op_bf16(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
-void sfw_ops_cpu_set_threads(int n); /* n <= 0: the default */
-int sfw_ops_cpu_threads(void);
+/* The CPU ops' executor: a persistent thread pool (core/thread.h) and a
+ * failure flag. One per CPU backend; ex may be shared by several threads
+ * (their jobs take turns on the pool). */
+struct sfw_ops_cpu;
+/* nthreads in [1, 256]. */
+SFW_MUST_CHECK enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct sfw_err *err);
+void sfw_ops_cpu_free(struct sfw_ops_cpu *ex); /* NULL is a no-op */
+/* Binds ex to the calling thread (NULL unbinds): the CPU ops it calls run
+ * on ex's threads and report to ex. Returns the previous binding, which the
+ * caller restores when done. */
+struct sfw_ops_cpu *sfw_ops_cpu_bind(struct sfw_ops_cpu *ex);
+int sfw_ops_cpu_threads(void); /* of the bound executor; 1 when none is */
 /* A CPU op that cannot get its scratch memory leaves its output undefined
- * and raises a process-wide flag instead of aborting (the ops return void):
- * sfw_ops_cpu_take_failure returns 1 when some op failed since the last
- * take, and clears it. sfwi_ops_cpu_fail raises it (the ops themselves). */
-int sfw_ops_cpu_take_failure(void);
+ * and raises the flag of the bound executor (of the calling thread when none
+ * is bound) instead of aborting (the ops return void): take_failure returns
+ * 1 when some op failed since the last take, and clears it; ex NULL: the
+ * calling thread's own flag. sfwi_ops_cpu_fail raises it (the ops). */
+int sfw_ops_cpu_take_failure(struct sfw_ops_cpu *ex);
 void sfwi_ops_cpu_fail(void);
+/* The ops' parallel-for: fn over [0, n) in chunks of grain on at most
+ * nthreads threads of the bound executor (the workers see the same binding,
+ * so sfwi_ops_cpu_fail inside fn reaches it). */
+void sfwi_ops_cpu_for(int nthreads, size_t n, size_t grain, void (*fn)(void *, size_t, size_t, int), void *ctx);
 
 /* ---- elementwise and norms (kernels/elementwise.c) ------------------------ */
 
@@ -74,7 +92,7 @@ void sfw_op_embed_cpu(float *x, const void *E, enum sfw_op_dtype edt, const int3
  * lightning o_norm is rows = T, n = nh*hd. y may alias x. */
 void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
 			float eps);
-/* x[i] += scale * b[i]  (the scaled residual branch, model-spec §2.3). */
+/* x[i] += scale * b[i]  (the scaled residual branch, docs/model-spec.md §2.3). */
 void sfw_op_add_scaled_cpu(float *x, const float *b, size_t n, float scale);
 /* y[i] = silu(gate[i]) * up[i]  (SwiGLU). y may alias gate or up. */
 void sfw_op_silu_mul_cpu(float *y, const float *gate, const float *up, size_t n);
@@ -89,7 +107,7 @@ void sfw_op_rope_neox_cpu(float *x, int T, int nh, int hd, int64_t pos0, float t
 void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_op_dtype wdt,
 			    int rows, int n, float eps);
 /* Fused (kernels/fused.c): the lightning layers' per-head q/k norm and RoPE
- * (model-spec §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
+ * (docs/model-spec.md §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
  * q = rmsnorm(q) with qw [hd] and k = rmsnorm(k) with kw [hd] per head
  * (rows T*nhq and T*nhk, n = hd), then, when rope != 0, NeoX RoPE on both
  * from pos0: exactly sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
@@ -145,13 +163,13 @@ void sfw_op_attn_sparse_cpu(float *o, const float *q, const float *kc, const flo
  * decode passes j0 = the chunks already made. */
 void sfw_op_compress_cpu(float *c, const float *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
 			 int stride);
-/* Stage-1 scores, model-spec §2.6.4 steps 1-3. For row r (position p = pos0+r)
+/* Stage-1 scores, docs/model-spec.md §2.6.4 steps 1-3. For row r (position p = pos0+r)
  * and KV group g:
  *   LSE_h = log sum_{j2 : j2*4*stride + 4*ksize - 1 <= p} exp(scale * q[r,h].c2[j2,g])
  *   s[g, r, j] = sum_{h in group g} exp(scale * q[r,h].c1[j,g] - LSE_h)
  *                for j*stride + ksize - 1 <= p, else 0 (NaN -> 0).
  * scores [nkv, T, n1]. The reference kernel's causal-offset quirk for call
- * lengths = 15 (mod 16) / 63 (mod 64) (model-spec §2.6.6, derived by reading,
+ * lengths = 15 (mod 16) / 63 (mod 64) (docs/model-spec.md §2.6.6, derived by reading,
  * not run) is not reproduced: every row sees exactly the chunks above. */
 void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n1, const float *c2,
 		       int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
@@ -175,20 +193,20 @@ void sfw_op_topk_blocks_cpu(int32_t *idx, const float *pooled, int64_t nblocks, 
  * renormalised over the survivors, then a draw at the temperature; greedy or
  * temperature 0 = argmax, lowest id on ties; NaN never chosen; the first
  * +inf wins) with the uniform u in [0, 1) as an input, so the CPU and CUDA
- * twins can be compared exactly. The draw walks the survivors in id order
- * when nothing was cut (top_k off or >= candidates, top_p 1), else best
- * first, as the host sampler does; sums are in double over SFWS_THREADS
- * contiguous chunks (kernels/sample_twin.h), so a u within rounding of a
- * boundary may pick the neighbour the host sampler would not. */
+ * twins can be compared exactly; the host sampler (runner/sampler.c) is
+ * this CPU twin fed its own uniform stream. The draw walks the survivors in
+ * id order when nothing was cut (top_k off or >= candidates, top_p 1), else
+ * best first; sums are in double over SFWS_THREADS contiguous chunks
+ * (kernels/sample_twin.h), as the CUDA kernel makes them. */
 struct sfw_op_sample_params {
-	float temperature;
-	int top_k;   /* 0 = off */
-	float top_p; /* (0, 1] */
-	int greedy;
+	float temperature; /* >= 0; 0 means greedy */
+	int top_k;         /* 0 = off */
+	float top_p;       /* (0, 1]; 1 = off */
+	int greedy;        /* 1 = argmax, ignores the rest */
 };
 int32_t sfw_op_sample_cpu(const float *logits, int V, const struct sfw_op_sample_params *p, double u);
-/* The sampler's uniform stream (xoshiro256** as runner/sampler.c): the next
- * 53-bit uniform of state rng[4] (struct sfw_sampler's rng). */
+/* The sampler's uniform stream, the one xoshiro256**: the next 53-bit
+ * uniform of state rng[4] (struct sfw_sampler's rng). */
 double sfw_op_sample_uniform(uint64_t rng[4]);
 
 #ifdef SFW_HAVE_CUDA

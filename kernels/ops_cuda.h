@@ -7,7 +7,7 @@
  * void * into device memory; bf16 tensors are uint16_t bit patterns, the same
  * as on the CPU.
  *
- * Failure kinds (style §13.4): out-of-memory and similar recoverable errors
+ * Failure kinds (docs/style.md §13.4): out-of-memory and similar recoverable errors
  * return SFW_E_CUDA with a message; asynchronous faults abort through
  * SFW_CUDA_CHECK inside the .cu files. */
 #ifndef SFW_OPS_CUDA_H
@@ -199,6 +199,19 @@ size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes);
  * capture). Binding NULL unbinds. */
 #define SFW_CUDA_SCRATCH_MIN ((size_t)64 << 20)
 void sfw_cuda_ops_bind(struct sfw_cuda_blas *b, void *scratch, size_t scratch_bytes);
+/* The run-time choices of the twins (the CUDA backend binds its own, from
+ * struct sfw_backend_opts, before each op; tests bind theirs). Bindings
+ * (this one and sfw_cuda_ops_bind's) belong to the calling thread. */
+struct sfw_cuda_ops_cfg {
+	int attn;       /* attention: 0 auto (tensor cores for supported prefill-sized calls), 1 CUDA
+			 * cores only ("simt"), 2 tensor cores for every shape they support ("tc") */
+	int stage1;     /* stage-1 scoring: the same three modes */
+	int gla_serial; /* 1: Lightning prefill walks each head's chunks in one block */
+	int no_pdl;     /* 1: no programmatic dependent launch (else on sm_90+) */
+	int sms;        /* multiprocessors of the device; 0 = ask the current device */
+	int w8_gemv;    /* int8 decode GEMV variant RU for every shape (kernels/linear_w8.cu); 0 = the table */
+};
+void sfw_cuda_ops_set_cfg(const struct sfw_cuda_ops_cfg *cfg); /* copied; NULL = all defaults */
 /* Releases the default handle/scratch made by an unbound op (tests). */
 void sfw_cuda_ops_release_default(void);
 

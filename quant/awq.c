@@ -1,5 +1,5 @@
-/* awq.c - the AWQ scale search (awq.md §1) with MiniCPM-SALA's mappings
- * (awq.md §1.8), run before the writer folds the scales.
+/* awq.c - the AWQ scale search (docs/awq.md §1) with MiniCPM-SALA's mappings
+ * (docs/awq.md §1.8), run before the writer folds the scales.
  *
  * 1. Calibration: the model's tokenizer on the calibration text (--calib, or
  *    the built-in sfw_default_corpus); the tokens are cut into `samples`
@@ -23,7 +23,7 @@
  *    scaling by default: s = max(x^a / (w^(1-a) + 1e-4), 1e-4), w = mean over
  *    balance rows of |w| / group max |w|; plain: s = max(x^a, 1e-4); then
  *    s /= sqrt(max s * min s); non-finite -> 1.
- *    Loss (the cheaper proxy of awq.md §1.8, documented): the mean squared
+ *    Loss (the cheaper proxy of docs/awq.md §1.8, documented): the mean squared
  *    error, in fp32 with double sums, of the balance linears' outputs on the
  *    cached input rows, Q(W diag s) diag(s)^-1 x against W x, with the final
  *    quantizer (sfw_quant_fake_row_w8: same group size, same rounding). The

@@ -4,7 +4,7 @@
  * Container: safetensors (runner/safetensors.h), sharded as
  * model-0000i-of-0000n.safetensors + model.safetensors.index.json. The
  * layout is compressed-tensors' "pack-quantized" INT8 symmetric weight-only
- * format (awq.md §2a), which vLLM, SGLang and transformers load.
+ * format (docs/awq.md §2a), which vLLM, SGLang and transformers load.
  *
  * Per quantized linear `<p>` (W [N, K] = [out, in], nn.Linear order):
  *   <p>.weight_packed  I32  [N, P], P = ceil(K / 4)

@@ -1,4 +1,4 @@
-/* qtypes.c - the traits table of the int8 formats (style.md §13.9): name,
+/* qtypes.c - the traits table of the int8 formats (docs/style.md §13.9): name,
  * group size, bytes per group and the reference row functions. */
 #include "quant/quant.h"
 

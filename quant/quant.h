@@ -47,7 +47,7 @@ typedef int (*sfw_quant_progress_fn)(void *user, const char *tensor, uint64_t by
 struct sfw_quant_params {
 	int group_size;               /* 32, 64, 128 (default) or SFW_QL_GROUP_CHANNEL */
 	enum sfw_quant_method method; /* default SFW_QUANT_AWQ */
-	/* AWQ calibration (awq.md §1.2-1.4) */
+	/* AWQ calibration (docs/awq.md §1.2-1.4) */
 	const char *calib_path;       /* UTF-8 text; NULL: sfw_default_corpus */
 	int samples;                  /* sequences (default 128) */
 	int seq_len;                  /* tokens per sequence (default 512) */

@@ -6,8 +6,8 @@
 #include "quant/quant.h"
 #include "runner/config.h"
 
-/* Per-input-channel smoothing scales of one decoder layer (awq.md §1.8);
- * NULL = identity. The fold (exact in real arithmetic, awq.md §1.5):
+/* Per-input-channel smoothing scales of one decoder layer (docs/awq.md §1.8);
+ * NULL = identity. The fold (exact in real arithmetic, docs/awq.md §1.5):
  *   s_attn [D]:  input_layernorm.weight /= s; q,k,v,o_gate|z_proj columns *= s
  *   s_o    [ld]: (lightning) o_norm.weight /= s; o_proj columns *= s
  *   s_mlp  [D]:  post_attention_layernorm.weight /= s; gate,up columns *= s

@@ -12,7 +12,7 @@
  *
  * Fused ops (norm+matmul, gate+up+SiLU, ...) enter this table as new members;
  * forward.c uses them when non-NULL, and the CPU backend implements them as
- * the composition of the unfused ops (style.md §13.10).
+ * the composition of the unfused ops (docs/style.md §13.10).
  *
  * Caches belong to the backend: per sparse layer the K and V of every token
  * [len, nkv, hd], growing in 64-token blocks, and the two levels of
@@ -23,7 +23,9 @@
 #define SFW_BACKEND_H
 
 #include "kernels/ops.h"
+#include "quant/layout.h"
 #include "runner/config.h"
+#include "runner/runner.h"
 #include "sfw.h"
 
 #include <stddef.h>
@@ -49,6 +51,17 @@ struct sfw_bweight {
 	void *scales_dev;
 };
 
+/* Bytes per row of an SFW_OP_W8 weight's codes, and of its scales. */
+static inline size_t sfw_bweight_w8_code_row(const struct sfw_bweight *w)
+{
+	return (size_t)sfw_ql_row_bytes(w->cols);
+}
+static inline size_t sfw_bweight_w8_scale_row(const struct sfw_bweight *w)
+{
+	int span = w->group > 0 && w->group < w->cols ? w->group : SFW_QL_GROUP_CHANNEL;
+	return (size_t)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_OP_F32 ? 4 : 2);
+}
+
 struct sfw_bcache; /* opaque, backend-owned */
 
 /* Which sequence length a layer's cache must hold: filled from the config. */
@@ -62,7 +75,7 @@ struct sfw_cache_desc {
 	int sel_k;                   /* blocks selected per row (topk + window/block) */
 };
 
-/* Parameters of one sparse-layer selection call (model-spec §2.6.4). */
+/* Parameters of one sparse-layer selection call (docs/model-spec.md §2.6.4). */
 struct sfw_sparse_params {
 	int64_t pos0;       /* position of the call's first row */
 	int T;              /* rows */
@@ -164,7 +177,7 @@ struct sfw_backend {
 	 * host wait): keeps per-step results such as the selected blocks in
 	 * backend memory until someone asks for them. */
 	void (*copy)(struct sfw_backend *be, void *dst, const void *src, size_t bytes);
-	/* Merged projections (performance.md §5.7). Between load_begin and
+	/* Merged projections (docs/performance.md §5.7). Between load_begin and
 	 * load_end weight_upload may defer its copy. merge places parts[0..n-1]
 	 * (same cols and dtype) as consecutive row ranges of one [sum rows, cols]
 	 * matrix in backend memory and points each part's dev into it; *merged
@@ -230,8 +243,9 @@ struct sfw_backend {
 SFW_MUST_CHECK enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, struct sfw_err *err);
 
 #ifdef SFW_HAVE_CUDA
-/* The CUDA backend (runner/backend_cuda.c), device index dev. */
-SFW_MUST_CHECK enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct sfw_err *err);
+/* The CUDA backend (runner/backend_cuda.c) on GPU o->cuda_device. */
+SFW_MUST_CHECK enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sfw_backend **out,
+						    struct sfw_err *err);
 #endif
 
 #endif

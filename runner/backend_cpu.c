@@ -26,8 +26,17 @@ static float *F(const void *p)
 	return (float *)(uintptr_t)p;
 }
 
+/* The backend's executor (thread pool + failure flag, kernels/ops.h) is bound
+ * to the calling thread for the length of each op call and the previous
+ * binding restored after: two CPU backends never share threads or flags. */
+static struct sfw_ops_cpu *enter(struct sfw_backend *be)
+{
+	return sfw_ops_cpu_bind(be->impl);
+}
+
 static void cpu_destroy(struct sfw_backend *be)
 {
+	sfw_ops_cpu_free(be->impl);
 	sfw_free(be);
 }
 
@@ -81,84 +90,95 @@ static void cpu_sync(struct sfw_backend *be)
 static void cpu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
 		      float scale)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	sfw_op_embed_cpu(F(x), E->host, E->dtype, ids, T, (int)E->cols, scale);
+	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows,
 			int n, float eps)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	sfw_op_rmsnorm_cpu(F(y), F(x), w->host, w->dtype, rows, n, eps);
+	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t n, float scale)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	sfw_op_add_scaled_cpu(F(x), F(b), n, scale);
+	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
 		       const struct sfw_op_sample_params *p, double u)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	*out = sfw_op_sample_cpu(logits, V, p, u);
+	sfw_ops_cpu_bind(prev);
 }
 
 /* the composition of add_scaled and rmsnorm (kernels/fused.c) */
 static void cpu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			    const struct sfw_bweight *w, int rows, int n, float eps)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	sfw_op_add_rmsnorm_cpu(F(y), F(x), F(b), scale, w->host, w->dtype, rows, n, eps);
+	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	sfw_op_silu_mul_cpu(F(y), F(g), F(u), n);
+	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const void *g, size_t n)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	sfw_op_sigmoid_mul_cpu(F(y), F(x), F(g), n);
+	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	sfw_op_rope_neox_cpu(F(x), T, nh, hd, pos0, theta);
+	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	if (w->dtype == SFW_OP_W8)
 		sfw_op_matmul_w8_cpu(F(y), F(x), w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows,
 				     (int)w->cols);
 	else
 		sfw_op_matmul_cpu(F(y), F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols);
+	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		       float in_scale)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	if (w->dtype == SFW_OP_W8) { /* a third-party checkpoint that quantized lm_head */
 		size_t n = (size_t)M * (size_t)w->cols;
 		float *xs = sfw_malloc(n * sizeof(float));
 		if (!xs) {
 			sfwi_ops_cpu_fail();
-			return;
+		} else {
+			for (size_t i = 0; i < n; i++)
+				xs[i] = F(x)[i] * in_scale;
+			sfw_op_matmul_w8_cpu(y, xs, w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows,
+					     (int)w->cols);
+			sfw_free(xs);
 		}
-		for (size_t i = 0; i < n; i++)
-			xs[i] = F(x)[i] * in_scale;
-		sfw_op_matmul_w8_cpu(y, xs, w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows, (int)w->cols);
-		sfw_free(xs);
-		return;
+	} else {
+		sfw_op_logits_cpu(y, F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols, in_scale);
 	}
-	sfw_op_logits_cpu(y, F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols, in_scale);
+	sfw_ops_cpu_bind(prev);
 }
 
 /* ---- caches --------------------------------------------------------------- */
@@ -269,9 +289,10 @@ static void cpu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int laye
 static void cpu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
 			   int nh, float scale)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	struct cpu_layer *l = &c->L[layer];
 	sfw_op_attn_dense_cpu(F(o), F(q), l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale);
+	sfw_ops_cpu_bind(prev);
 }
 
 static int64_t nchunks(int64_t len, int ksize, int stride)
@@ -281,7 +302,8 @@ static int64_t nchunks(int64_t len, int ksize, int stride)
 
 static enum sfw_status cpu_compress(struct sfw_backend *be, struct sfw_bcache *c, int layer, struct sfw_err *err)
 {
-	(void)be, (void)err;
+	(void)err;
+	struct sfw_ops_cpu *prev = enter(be);
 	struct cpu_layer *l = &c->L[layer];
 	const struct sfw_cache_desc *d = &c->d;
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
@@ -292,6 +314,7 @@ static enum sfw_status cpu_compress(struct sfw_backend *be, struct sfw_bcache *c
 		sfw_op_compress_cpu(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride);
 	l->n1 = t1 > l->n1 ? t1 : l->n1;
 	l->n2 = t2 > l->n2 ? t2 : l->n2;
+	sfw_ops_cpu_bind(prev);
 	return SFW_OK;
 }
 
@@ -301,7 +324,6 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 					 int layer, int nh, const struct sfw_sparse_params *sp, float *pooled_last,
 					 struct sfw_err *err)
 {
-	(void)be;
 	struct cpu_layer *l = &c->L[layer];
 	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
 	int64_t n1 = l->n1, nb = sp->nblocks;
@@ -313,6 +335,7 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 		sfw_free(scores), sfw_free(pooled), sfw_free(tk);
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory for block selection");
 	}
+	struct sfw_ops_cpu *prev = enter(be);
 	for (int r0 = 0; r0 < sp->T; r0 += rb) {
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
 		int64_t p0 = sp->pos0 + r0;
@@ -328,6 +351,7 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 				memcpy(pooled_last + (size_t)g * nb, pooled + ((size_t)g * n + (n - 1)) * nb,
 				       (size_t)nb * sizeof(float));
 	}
+	sfw_ops_cpu_bind(prev);
 	sfw_free(scores), sfw_free(pooled), sfw_free(tk);
 	return SFW_OK;
 }
@@ -335,27 +359,28 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 static void cpu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
 			    const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	struct cpu_layer *l = &c->L[layer];
 	sfw_op_attn_sparse_cpu(F(o), F(q), l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k, sp->block,
 			       sp->scale);
+	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
 		    struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale)
 {
-	(void)be;
+	struct sfw_ops_cpu *prev = enter(be);
 	float *S = c->L[layer].state;
 	if (T >= 64)
 		sfw_op_gla_chunked_cpu(F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale, 64);
 	else
 		sfw_op_gla_recurrent_cpu(F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale);
+	sfw_ops_cpu_bind(prev);
 }
 
 static enum sfw_status cpu_take_failure(struct sfw_backend *be, struct sfw_err *err)
 {
-	(void)be;
-	if (sfw_ops_cpu_take_failure())
+	if (sfw_ops_cpu_take_failure(be->impl))
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory for a CPU op's scratch");
 	return SFW_OK;
 }
@@ -365,7 +390,15 @@ enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, stru
 	struct sfw_backend *be = sfw_calloc(1, sizeof(*be));
 	if (!be)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	sfw_ops_cpu_set_threads(nthreads);
+	if (nthreads <= 0)
+		nthreads = sfw_default_threads();
+	struct sfw_ops_cpu *ex = NULL;
+	enum sfw_status s = sfw_ops_cpu_new(nthreads > 256 ? 256 : nthreads, &ex, err);
+	if (s != SFW_OK) {
+		sfw_free(be);
+		return s;
+	}
+	be->impl = ex;
 	be->name = "cpu";
 	be->act = SFW_OP_F32;
 	be->act_size = sizeof(float);

@@ -11,7 +11,6 @@
 #include "alloc.h"
 #include "kernels/ops_cuda.h"
 #include "log.h"
-#include "quant/layout.h"
 #include "runner/safetensors.h"
 
 #include <stdio.h>
@@ -22,16 +21,9 @@
 #define SLAB_MAX ((size_t)2 << 30)
 #define MAX_SLABS 256
 /* Stage-1 score + pooled scratch per row batch: 256 MiB keeps a 1M-token
- * context under 30 GiB; SALAFW_CUDA_SELECT_MB overrides it (tests make it
- * tiny to exercise the row batching). */
+ * context under 30 GiB; struct sfw_backend_opts select_mb overrides it
+ * (tests make it tiny to exercise the row batching). */
 #define SELECT_BYTES_DEFAULT ((size_t)256 << 20)
-
-static size_t select_bytes(void)
-{
-	const char *e = getenv("SALAFW_CUDA_SELECT_MB");
-	long mb = e ? atol(e) : 0;
-	return mb > 0 ? (size_t)mb << 20 : SELECT_BYTES_DEFAULT;
-}
 
 enum prof_op {
 	P_EMBED, P_RMSNORM, P_ADD, P_SILU, P_SIGMOID, P_ROPE, P_MATMUL_DEC, P_MATMUL_PRE, P_LOGITS, P_KV, P_DENSE,
@@ -68,6 +60,8 @@ struct cu_be {
 	/* SALAFW_CUDA_STEPSYNC=1: the old per-step host waits (from_host waits,
 	 * no device-side copy of the selected blocks) */
 	int stepsync;
+	size_t select_bytes;          /* block-selection scratch cap */
+	struct sfw_cuda_ops_cfg cfg;  /* bound with blas and scratch before every op */
 	/* recording a whole decode step (graph_begin with cache_advance): the
 	 * sparse-layer ops read the row position from rec_pos and plan for
 	 * cache lengths up to rec_bound */
@@ -128,13 +122,12 @@ static void cu_destroy(struct sfw_backend *be)
  * back to back. */
 static size_t w8_code_bytes(const struct sfw_bweight *w)
 {
-	return (size_t)w->rows * (size_t)sfw_ql_row_bytes(w->cols);
+	return (size_t)w->rows * sfw_bweight_w8_code_row(w);
 }
 
 static size_t w8_scale_bytes(const struct sfw_bweight *w)
 {
-	int span = w->group > 0 && w->group < w->cols ? w->group : 0;
-	return (size_t)w->rows * (size_t)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_OP_F32 ? 4 : 2);
+	return (size_t)w->rows * sfw_bweight_w8_scale_row(w);
 }
 
 /* Bytes of the weight's main tensor (the codes for int8). */
@@ -411,7 +404,17 @@ static void cu_sync(struct sfw_backend *be)
 
 /* ---- ops ---- */
 
-#define S(be) (IMPL(be)->stream)
+/* The stream of an op, after binding this backend's cuBLASLt handle, scratch
+ * and choices to the calling thread (kernels/ops_cuda.h): every op passes
+ * through here, so two backends in one process never use each other's. */
+static void *cu_stream(struct sfw_backend *be)
+{
+	struct cu_be *b = IMPL(be);
+	sfw_cuda_ops_bind(b->blas, b->scratch, b->scratch_bytes);
+	sfw_cuda_ops_set_cfg(&b->cfg);
+	return b->stream;
+}
+#define S(be) cu_stream(be)
 
 static void prof_begin(struct sfw_backend *be)
 {
@@ -835,8 +838,8 @@ static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw
 	size_t want = b->sel_bytes + b->sel_bytes / 2;
 	if (want < ((size_t)4 << 20))
 		want = (size_t)4 << 20;
-	if (want > select_bytes())
-		want = select_bytes();
+	if (want > b->select_bytes)
+		want = b->select_bytes;
 	if (want < bytes)
 		want = bytes;
 	bytes = want;
@@ -876,7 +879,7 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 	int64_t n1 = l->n1, nb = sp->nblocks;
 	/* rows per batch: scores [nkv, rb, n1] + pooled [nkv, rb, nb] within select_bytes() */
 	size_t per_row = (size_t)nkv * ((size_t)(n1 ? n1 : 1) + (size_t)nb + (size_t)k) * 4;
-	int rb = (int)(select_bytes() / per_row);
+	int rb = (int)(IMPL(be)->select_bytes / per_row);
 	if (rb < 1)
 		rb = 1;
 	if (rb > sp->T)
@@ -941,15 +944,11 @@ static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k
 		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_OP_BF16, S(be)));
 }
 
-/* Switches that bring back an older path without a rebuild. */
-static int env_on(const char *name)
+/* o: the switches that bring back an older path without a rebuild. */
+enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sfw_backend **out,
+				     struct sfw_err *err)
 {
-	const char *e = getenv(name);
-	return e && *e && strcmp(e, "0") != 0;
-}
-
-enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct sfw_err *err)
-{
+	int dev = o->cuda_device;
 	*out = NULL;
 	struct sfw_backend *be = sfw_calloc(1, sizeof(*be));
 	struct cu_be *b = sfw_calloc(1, sizeof(*b));
@@ -971,15 +970,20 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 		return s;
 	}
 	b->scratch_bytes = SFW_CUDA_SCRATCH_MIN;
-	const char *pe = getenv("SALAFW_CUDA_PROFILE");
-	if (pe && *pe && strcmp(pe, "0") != 0) {
+	if (o->profile) {
 		b->prof = 1;
 		b->ev0 = sfw_cuda_event_new();
 		b->ev1 = sfw_cuda_event_new();
 	}
 	b->next_report = (size_t)2 << 30;
-	b->stepsync = env_on("SALAFW_CUDA_STEPSYNC");
-	sfw_cuda_ops_bind(b->blas, b->scratch, b->scratch_bytes);
+	b->stepsync = o->step_sync;
+	b->select_bytes = o->select_mb > 0 ? (size_t)o->select_mb << 20 : SELECT_BYTES_DEFAULT;
+	b->cfg.attn = o->attn;
+	b->cfg.stage1 = o->stage1;
+	b->cfg.gla_serial = o->gla_serial;
+	b->cfg.no_pdl = o->no_pdl;
+	b->cfg.sms = b->info.sm_count;
+	b->cfg.w8_gemv = o->w8_gemv;
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
 		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);
 	be->name = "cuda";
@@ -1020,7 +1024,7 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 	if (!b->stepsync)
 		be->copy = cu_copy;
 	/* graphs record, they do not time ops: none while profiling */
-	if (!env_on("SALAFW_CUDA_NOGRAPH") && !b->prof) {
+	if (!o->no_graph && !b->prof) {
 		be->graph_begin = cu_graph_begin;
 		be->graph_end = cu_graph_end;
 		be->graph_run = cu_graph_run;
@@ -1030,19 +1034,19 @@ enum sfw_status sfw_backend_cuda_new(int dev, struct sfw_backend **out, struct s
 		 * selection (no host wait inside a step);
 		 * SALAFW_CUDA_NOSTEPGRAPH=1 keeps graphs to runs of lightning
 		 * layers, the sparse layers launched one by one */
-		if (be->copy && !env_on("SALAFW_CUDA_NOSTEPGRAPH")) {
+		if (be->copy && !o->no_step_graph) {
 			be->cache_advance = cu_cache_advance;
 			be->cache_room = cu_cache_room;
 			be->mem_epoch = cu_mem_epoch;
 		}
 	}
-	if (!env_on("SALAFW_CUDA_NOSAMPLE"))
+	if (!o->no_sample)
 		be->sample = cu_sample;
-	if (!env_on("SALAFW_CUDA_NOFUSE")) {
+	if (!o->no_fuse) {
 		be->add_rmsnorm = cu_add_rmsnorm;
 		be->qk_norm_rope = cu_qk_norm_rope;
 	}
-	if (!env_on("SALAFW_CUDA_NOMERGE")) {
+	if (!o->no_merge) {
 		be->load_begin = cu_load_begin;
 		be->merge = cu_merge;
 		be->load_end = cu_load_end;

@@ -5,6 +5,7 @@
 #include "kernels/ops.h"
 #include "log.h"
 #include "quant/layout.h"
+#include "runner/generate.h"
 #include "runner/model.h"
 
 #include <stdio.h>
@@ -45,6 +46,20 @@ double sfw_bench_linear_params(const struct sfw_config *c)
 	return p;
 }
 
+/* The generation callback: the time each token was made. */
+struct stamps {
+	double *t;
+	int64_t n, cap;
+};
+
+static int stamp(void *user, const struct sfw_gen_token *tk)
+{
+	struct stamps *s = user;
+	if (tk->id >= 0 && s->n < s->cap)
+		s->t[s->n++] = now_s();
+	return 0;
+}
+
 #ifdef SFW_HAVE_CUDA
 static int is_cuda(const struct sfw_model *m)
 {
@@ -70,11 +85,10 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 	sfwi_model_weight_bytes(m, &wall, &r->weight_bytes); /* int8: codes + scales */
 	r->linear_flops = 2 * lp;
 	int32_t *ids = sfw_malloc((size_t)p->prompt * sizeof(int32_t));
-	float *logits = sfw_malloc((size_t)cf->vocab_size * sizeof(float));
-	double *st = sfw_malloc((size_t)(p->gen ? p->gen : 1) * sizeof(double));
+	double *st = sfw_malloc((size_t)(p->gen + 1) * sizeof(double));
 	struct sfw_ctx *ctx = NULL;
 	enum sfw_status s = SFW_OK;
-	if (!ids || !logits || !st) {
+	if (!ids || !st) {
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto done;
 	}
@@ -97,30 +111,32 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 	xp.dense_as_sparse = p->dense_as_sparse;
 	if ((s = sfw_ctx_new(m, &xp, &ctx, err)) != SFW_OK)
 		goto done;
-	double a = now_s();
-	if ((s = sfw_ctx_prefill(ctx, ids, (size_t)p->prompt, logits, err)) != SFW_OK)
-		goto done;
-	r->ttft_s = now_s() - a;
-	r->prefill_tps = (double)p->prompt / (r->ttft_s > 0 ? r->ttft_s : 1e-9);
-	/* greedy; on CUDA the argmax runs on the GPU and only the id comes back
-	 * (SALAFW_CUDA_NOSAMPLE=1: logits to the host, argmax there) */
-	const char *ns = getenv("SALAFW_CUDA_NOSAMPLE");
-	int dev_sample = !strcmp(sfw_model_device_name(m), "cuda") && !(ns && *ns && strcmp(ns, "0") != 0);
+	/* greedy generation of gen + 1 tokens = gen one-token steps; where the
+	 * backend samples (CUDA) only the id comes back, else (backend option
+	 * no_sample) the logits come to the host for the argmax */
 	struct sfw_op_sample_params gp = {0.0f, 0, 1.0f, 1};
-	int32_t best = sfw_op_sample_cpu(logits, cf->vocab_size, &gp, 0);
-	double d0 = now_s();
-	for (int64_t i = 0; i < p->gen; i++) {
-		double s0 = now_s();
-		if (dev_sample)
-			s = sfw_ctx_decode_next(ctx, best, &gp, 0, &best, err);
-		else if ((s = sfw_ctx_decode(ctx, best, logits, err)) == SFW_OK)
-			best = sfw_op_sample_cpu(logits, cf->vocab_size, &gp, 0);
-		if (s != SFW_OK)
-			goto done;
-		st[i] = now_s() - s0;
-	}
-	r->decode_s = now_s() - d0;
-	if (p->gen > 0) {
+	struct sfw_sampler smp;
+	if ((s = sfw_sampler_init(&smp, &gp, 0, cf->vocab_size, err)) != SFW_OK)
+		goto done;
+	struct sfw_eos_set none = {0};
+	struct sfw_gen_params g = sfw_gen_default_params();
+	g.ids = ids;
+	g.n_ids = (size_t)p->prompt;
+	g.max_tokens = p->gen + 1;
+	g.eos = &none;
+	struct stamps sts = {st, 0, p->gen + 1};
+	struct sfw_gen_stats gs;
+	s = sfw_generate(ctx, NULL, &smp, &g, stamp, &sts, &gs, err);
+	sfw_sampler_release(&smp);
+	if (s != SFW_OK)
+		goto done;
+	r->ttft_s = gs.prefill_s;
+	r->prefill_tps = (double)p->prompt / (r->ttft_s > 0 ? r->ttft_s : 1e-9);
+	r->decode_s = gs.decode_s;
+	/* step i: from token i to token i + 1 */
+	for (int64_t i = 0; i + 1 < sts.n; i++)
+		st[i] = st[i + 1] - st[i];
+	if (p->gen > 0 && sts.n == p->gen + 1) {
 		r->decode_tps = (double)p->gen / (r->decode_s > 0 ? r->decode_s : 1e-9);
 		qsort(st, (size_t)p->gen, sizeof(double), cmp_d);
 		r->decode_median_s = st[p->gen / 2];
@@ -137,7 +153,6 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 done:
 	sfw_ctx_free(ctx);
 	sfw_free(ids);
-	sfw_free(logits);
 	sfw_free(st);
 	return s;
 }
@@ -224,6 +239,27 @@ void sfw_bench_mem_print(FILE *f, const char *who, const struct sfw_mem_plan *p,
 		p->activations / G, chunk, p->scratch / G, p->total / G);
 }
 
+enum sfw_status sfw_bench_mem_fit(const struct sfw_mem_plan *p, int64_t n_ctx, double free_bytes, struct sfw_err *err)
+{
+	/* the weights are resident already: the context needs the rest */
+	double need = p->total - p->weights, G = 1073741824.0;
+	if (need <= free_bytes)
+		return SFW_OK;
+	/* what does not grow with the context (as planned for this one: a long
+	 * one has the block-selection scratch), and the cache bytes per token */
+	double fixed = need - p->kv - p->compressed, per = (p->kv + p->compressed) / (double)(n_ctx > 0 ? n_ctx : 1);
+	double fit = per > 0 && free_bytes > fixed ? (free_bytes - fixed) / per : 0;
+	if (fit > 1e15)
+		fit = 1e15;
+	/* the largest context first: the message must fit struct sfw_err */
+	return sfw_fail(err, SFW_E_NOMEM,
+			"a context of %lld tokens does not fit the GPU (at most about %lld do): it needs %.2f GiB "
+			"beyond the %.2f GiB of weights (KV %.2f, compressed keys %.2f, activations %.2f, scratch and "
+			"states %.2f GiB); %.2f GiB are free",
+			(long long)n_ctx, (long long)(fit / 64) * 64, need / G, p->weights / G, p->kv / G,
+			p->compressed / G, p->activations / G, (p->scratch + p->lightning) / G, free_bytes / G);
+}
+
 enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, int chunk, struct sfw_mem_plan *out,
 				    struct sfw_err *err)
 {
@@ -236,21 +272,7 @@ enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, in
 		return SFW_OK;
 	size_t fr = 0, tot = 0;
 	sfw_cuda_mem_info(&fr, &tot);
-	/* the weights are resident already: the context needs the rest */
-	double need = p.total - p.weights, G = 1073741824.0;
-	if (need <= (double)fr)
-		return SFW_OK;
-	struct sfw_mem_plan one;
-	sfw_bench_mem_plan_model(m, 0, chunk > 0 ? chunk : 256, &one);
-	double fixed = one.total - one.weights, per = (p.kv + p.compressed) / (double)(n_ctx > 0 ? n_ctx : 1);
-	double fit = per > 0 && (double)fr > fixed ? ((double)fr - fixed) / per : 0;
-	return sfw_fail(err, SFW_E_NOMEM,
-			"a context of %lld tokens does not fit the GPU: it needs %.2f GiB beyond the %.2f GiB of weights "
-			"(KV cache %.2f, compressed keys %.2f, lightning states %.2f, activations %.2f, scratch %.2f GiB) "
-			"and %.2f GiB of %.2f GiB are free; at most about %lld tokens fit (--max-context)",
-			(long long)n_ctx, need / G, p.weights / G, p.kv / G, p.compressed / G, p.lightning / G,
-			p.activations / G, p.scratch / G, (double)fr / G, (double)tot / G,
-			(long long)(fit / 64) * 64);
+	return sfw_bench_mem_fit(&p, n_ctx, (double)fr, err);
 #else
 	(void)err;
 	return SFW_OK;

@@ -71,6 +71,11 @@ void sfw_bench_mem_print(FILE *f, const char *who, const struct sfw_mem_plan *p,
  * free memory and the largest context that fits, when a context of n_ctx
  * tokens needs more than the device has free (the weights are placed
  * already); SFW_OK otherwise and on the CPU. *out (may be NULL) gets the plan. */
+/* The arithmetic of that check: p = the plan at n_ctx tokens, free_bytes
+ * the device's free memory with the weights placed. The message (within
+ * struct sfw_err) names the largest context that fits, in 64-token blocks. */
+SFW_MUST_CHECK enum sfw_status sfw_bench_mem_fit(const struct sfw_mem_plan *p, int64_t n_ctx, double free_bytes,
+						 struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, int chunk,
 						   struct sfw_mem_plan *out, struct sfw_err *err);
 

@@ -1,4 +1,4 @@
-/* chat.c - the ChatML prompt of the MiniCPM4 family (model-spec §4). */
+/* chat.c - the ChatML prompt of the MiniCPM4 family (docs/model-spec.md §4). */
 #include "runner/tokenizer.h"
 
 #include <string.h>

@@ -1,4 +1,4 @@
-/* config.c - config.json of a MiniCPM-SALA model (model-spec §1), strict:
+/* config.c - config.json of a MiniCPM-SALA model (docs/model-spec.md §1), strict:
  * every field the forward pass depends on must be present with the right
  * type; fields with a fixed meaning in this family must have the value the
  * engine implements; sizes are bounded so products fit comfortably. */

@@ -1,4 +1,4 @@
-/* config.h - MiniCPM-SALA config.json -> struct sfw_config (model-spec §1).
+/* config.h - MiniCPM-SALA config.json -> struct sfw_config (docs/model-spec.md §1).
  * Untrusted input: strict JSON, every size bounded, consistency checked. */
 #ifndef SFW_CONFIG_H
 #define SFW_CONFIG_H

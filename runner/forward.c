@@ -1,4 +1,4 @@
-/* forward.c - the one MiniCPM-SALA forward pass (model-spec §2), written
+/* forward.c - the one MiniCPM-SALA forward pass (docs/model-spec.md §2), written
  * against struct sfw_backend, plus the public engine API of runner/runner.h.
  *
  * A call (sfw_ctx_prefill / sfw_ctx_decode) is cut into pieces of at most
@@ -9,7 +9,6 @@
 #include "runner/model.h"
 #include "alloc.h"
 #include "log.h"
-#include "quant/layout.h"
 #include "runner/runner.h"
 
 #include <math.h>
@@ -74,7 +73,7 @@ struct sfw_ctx {
 
 struct sfw_model_params sfw_model_default_params(void)
 {
-	struct sfw_model_params p = {SFW_DEVICE_AUTO, 0};
+	struct sfw_model_params p = {SFW_DEVICE_AUTO, 0, {0}};
 	return p;
 }
 
@@ -114,9 +113,6 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 		p = &dp;
 	*out = NULL;
 	enum sfw_device dev = p->device;
-	const char *env = getenv("SALAFW_DEVICE");
-	if (dev == SFW_DEVICE_AUTO && env && strcmp(env, "cpu") == 0)
-		dev = SFW_DEVICE_CPU;
 	struct sfw_model *m = sfw_calloc(1, sizeof(*m));
 	if (!m)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
@@ -125,7 +121,7 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 #ifdef SFW_HAVE_CUDA
 		struct sfw_err ce = {0};
 		if (sfw_backend_cuda_new)
-			s = sfw_backend_cuda_new(0, &m->be, &ce);
+			s = sfw_backend_cuda_new(&p->be, &m->be, &ce);
 		else
 			s = sfw_fail(&ce, SFW_E_UNSUPPORTED, "this build has no CUDA backend");
 		if (s != SFW_OK && dev == SFW_DEVICE_CUDA && err)
@@ -336,6 +332,11 @@ int64_t sfw_ctx_pos(const struct sfw_ctx *c)
 	return c->pos;
 }
 
+struct sfw_model *sfw_ctx_model(const struct sfw_ctx *c)
+{
+	return c->m;
+}
+
 int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c)
 {
 	return c->step_replays;
@@ -430,10 +431,8 @@ static int merged_view(const struct sfw_backend *be, struct sfw_bweight *const *
 	if (!be->merge || !p0->dev || (p0->dtype != SFW_OP_BF16 && !w8))
 		return 0;
 	/* bytes per row: bf16, or int8 codes plus (separately) scales */
-	size_t rb = w8 ? (size_t)sfw_ql_row_bytes(p0->cols) : (size_t)p0->cols * 2;
-	size_t sb = w8 ? (size_t)sfw_ql_ngroups(p0->cols, p0->group < p0->cols ? p0->group : 0) *
-				 (p0->scale_dtype == SFW_OP_F32 ? 4 : 2)
-		       : 0;
+	size_t rb = w8 ? sfw_bweight_w8_code_row(p0) : (size_t)p0->cols * 2;
+	size_t sb = w8 ? sfw_bweight_w8_scale_row(p0) : 0;
 	int64_t rows = 0;
 	for (int i = 0; i < n; i++) {
 		const struct sfw_bweight *w = parts[i];

@@ -8,7 +8,7 @@
  *           vocab 1024, dense_len 512); two shards so the index is exercised.
  *   small - CPU benchmarks: hidden 1024, intermediate 2816, 8 layers (sparse 0
  *           and 5), 16 heads of 64, 2 KV heads, lightning 16 x 64, vocab 16384.
- *   full  - the real model's shapes (model-spec §1, §3): 395 tensors,
+ *   full  - the real model's shapes (docs/model-spec.md §1, §3): 395 tensors,
  *           9,477,203,968 parameters in 4 shards of at most 5 GB (as the
  *           real checkpoint).
  *

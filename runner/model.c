@@ -1,4 +1,4 @@
-/* model.c - binds the checkpoint's tensors (model-spec §3) to the backend,
+/* model.c - binds the checkpoint's tensors (docs/model-spec.md §3) to the backend,
  * checking each name, dtype and shape against the config first. */
 #include "runner/model.h"
 #include "alloc.h"
@@ -323,7 +323,7 @@ enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw
 				return s;
 		}
 	}
-	/* Lightning decays: the ALiBi slope list (model-spec §1.2). */
+	/* Lightning decays: the ALiBi slope list (docs/model-spec.md §1.2). */
 	int nh = c->lightning_nh;
 	float slopes[1024];
 	if (nh > 1024)
@@ -341,11 +341,8 @@ static double bweight_bytes(const struct sfw_bweight *w)
 {
 	if (!w->host)
 		return 0;
-	if (w->dtype == SFW_OP_W8) {
-		int span = w->group > 0 && w->group < w->cols ? w->group : 0;
-		return (double)w->rows * (double)sfw_ql_row_bytes(w->cols) +
-		       (double)w->rows * (double)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_OP_F32 ? 4 : 2);
-	}
+	if (w->dtype == SFW_OP_W8)
+		return (double)w->rows * (double)(sfw_bweight_w8_code_row(w) + sfw_bweight_w8_scale_row(w));
 	return (double)w->rows * (double)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
 }
 

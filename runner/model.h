@@ -1,5 +1,5 @@
 /* model.h - (library-internal) the MiniCPM-SALA tensor-name table of
- * model-spec §3 bound to a backend, and the model/context structs that
+ * docs/model-spec.md §3 bound to a backend, and the model/context structs that
  * runner/forward.c works on. Public API: runner/runner.h. */
 #ifndef SFW_MODEL_H
 #define SFW_MODEL_H

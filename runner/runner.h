@@ -1,12 +1,15 @@
 /* runner.h - the MiniCPM-SALA engine: load a model directory, keep one
  * sequence's state in a context, prefill and decode.
  *
- * The forward pass (runner/forward.c) follows model-spec §2 and is written
+ * The forward pass (runner/forward.c) follows docs/model-spec.md §2 and is written
  * once against struct sfw_backend (runner/backend.h): fp32 on the CPU, bf16
  * on CUDA. A call's rows take the dense or the sparse attention path as one,
  * decided by the total length at the end of the call (L >= dense_len ->
  * InfLLM-v2, as the reference); prefill is processed in chunks internally
  * without changing that decision.
+ *
+ * The generation loop over a context (prompt, sampling, stop conditions,
+ * streamed text) is runner/generate.h.
  *
  * This layer does not check the verified state of the directory: the CLI
  * (or any caller) does that with sfw_state_check before loading. */
@@ -24,16 +27,37 @@ struct sfw_ctx;
 
 enum sfw_device { SFW_DEVICE_AUTO, SFW_DEVICE_CPU, SFW_DEVICE_CUDA };
 
+/* Backend choices that older paths can be switched back to (for bisecting a
+ * GPU problem), given at model load; all 0 = the defaults. The library reads
+ * no environment: `salafw` maps its SALAFW_CUDA_* variables onto these
+ * (README, "Environment"). */
+struct sfw_backend_opts {
+	int cuda_device;     /* GPU index */
+	int attn;            /* attention kernels: 0 auto, 1 CUDA cores only, 2 tensor cores wherever supported */
+	int stage1;          /* stage-1 scoring kernels: the same */
+	int gla_serial;      /* Lightning prefill walks each head's chunks in one block */
+	int no_step_graph;   /* graphs over runs of lightning layers only, not the whole decode step */
+	int no_merge;        /* separate projection GEMVs */
+	int no_fuse;         /* unfused add + RMSNorm and q/k norm + RoPE */
+	int no_graph;        /* no decode graphs */
+	int no_sample;       /* choose the next token on the host */
+	int step_sync;       /* the old per-step host waits */
+	int profile;         /* device time per op, printed when the model is freed */
+	int no_pdl;          /* no programmatic dependent launch */
+	int select_mb;       /* block-selection scratch in MiB; 0 = 256 */
+	int w8_gemv;         /* int8 decode GEMV variant for every shape (kernels/linear_w8.cu); 0 = the table */
+};
+
 struct sfw_model_params {
-	enum sfw_device device; /* AUTO: CUDA when built with it and a GPU answers, else CPU;
-				 * SALAFW_DEVICE=cpu forces the CPU */
-	int threads;            /* CPU threads, at most 256; 0 = sfw_default_threads(). The CPU
-				 * ops share one setting per process: the last model loaded sets it */
+	enum sfw_device device; /* AUTO: CUDA when built with it and a GPU answers, else CPU */
+	int threads;            /* CPU threads (the CPU backend's own pool), at most 256;
+				 * 0 = sfw_default_threads() */
+	struct sfw_backend_opts be;
 };
 struct sfw_model_params sfw_model_default_params(void);
 
 /* Opens DIR/config.json and the safetensors (one file or an index + shards),
- * checks every tensor of model-spec §3 against the config (name, dtype BF16
+ * checks every tensor of docs/model-spec.md §3 against the config (name, dtype BF16
  * or F32, shape) and binds the weights to the backend. */
 SFW_MUST_CHECK enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p,
 					      struct sfw_model **out, struct sfw_err *err);
@@ -56,6 +80,8 @@ void sfw_ctx_free(struct sfw_ctx *c); /* NULL is a no-op */
 void sfw_ctx_reset(struct sfw_ctx *c);
 /* Tokens processed so far (the next token's position). */
 int64_t sfw_ctx_pos(const struct sfw_ctx *c);
+/* The model the context runs. */
+struct sfw_model *sfw_ctx_model(const struct sfw_ctx *c);
 
 /* One forward call over n tokens at positions pos .. pos+n-1 (a prompt, or a
  * continuation of one). logits (may be NULL) receives the vocab_size float32

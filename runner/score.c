@@ -1,6 +1,7 @@
 /* score.c - gathers the forward pass's taps into whole, golden-named tensors
  * (struct sfw_record) and runs the scoring sequence behind `salafw score`. */
 #include "alloc.h"
+#include "runner/generate.h"
 #include "runner/runner.h"
 #include "runner/safetensors.h"
 
@@ -221,13 +222,18 @@ enum sfw_status sfw_record_write(const struct sfw_record *r, const char *path, c
 	return s;
 }
 
-static int32_t argmax(const float *v, int n)
+/* The tokens made, in order (the generation callback). */
+struct made {
+	int32_t *ids;
+	int64_t n, cap;
+};
+
+static int on_made(void *user, const struct sfw_gen_token *t)
 {
-	int32_t best = 0;
-	for (int i = 1; i < n; i++)
-		if (v[i] > v[best] || (isnan(v[best]) && !isnan(v[i])))
-			best = i;
-	return best;
+	struct made *m = user;
+	if (t->id >= 0 && m->n < m->cap)
+		m->ids[m->n++] = t->id;
+	return 0;
 }
 
 enum sfw_status sfw_score_run(struct sfw_model *m, const struct sfw_score_params *p, struct sfw_record **out,
@@ -239,8 +245,8 @@ enum sfw_status sfw_score_run(struct sfw_model *m, const struct sfw_score_params
 		cp.n_ctx = (int64_t)p->n + p->decode_steps;
 	struct sfw_ctx *c = NULL;
 	struct sfw_record *r = NULL;
-	int32_t *toks = NULL, *fed = NULL;
-	float *logits = NULL;
+	int32_t *toks = NULL;
+	struct made made = {0};
 	enum sfw_status s;
 	*out = NULL;
 	if (p->decode_steps < 0)
@@ -248,32 +254,52 @@ enum sfw_status sfw_score_run(struct sfw_model *m, const struct sfw_score_params
 	if ((s = sfw_record_new(cf, (int64_t)p->n, p->decode_steps, &r, err)) != SFW_OK)
 		return s;
 	r->keep_hidden = p->taps;
-	toks = sfw_malloc(((size_t)p->decode_steps + 1) * sizeof(int32_t));
-	fed = sfw_malloc(((size_t)p->decode_steps + 1) * sizeof(int32_t));
-	logits = sfw_malloc((size_t)cf->vocab_size * sizeof(float));
-	if (!toks || !fed || !logits) {
+	int S = p->decode_steps, V = cf->vocab_size;
+	toks = sfw_malloc(((size_t)S + 1) * sizeof(int32_t));
+	made.ids = sfw_malloc(((size_t)S + 1) * sizeof(int32_t));
+	made.cap = S + 1;
+	if (!toks || !made.ids) {
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto done;
 	}
 	if ((s = sfw_ctx_new(m, &cp, &c, err)) != SFW_OK)
 		goto done;
 	sfw_ctx_set_tap(c, sfw_record_tap, r);
-	if ((s = sfw_ctx_prefill(c, p->ids, p->n, logits, err)) != SFW_OK)
+	/* The prompt, then S one-token calls: S + 1 tokens made greedily (or
+	 * fed from p->feed), the last one never fed. */
+	struct sfw_op_sample_params greedy = {0.0f, 0, 1.0f, 1};
+	struct sfw_sampler smp;
+	if ((s = sfw_sampler_init(&smp, &greedy, 0, V, err)) != SFW_OK)
 		goto done;
-	toks[0] = argmax(logits, cf->vocab_size);
-	for (int i = 0; i < p->decode_steps; i++) {
-		fed[i] = p->feed ? p->feed[i] : toks[i];
-		if ((s = sfw_ctx_decode(c, fed[i], logits, err)) != SFW_OK)
-			goto done;
-		toks[i + 1] = argmax(logits, cf->vocab_size);
-	}
+	struct sfw_eos_set none = {0};
+	struct sfw_gen_params g = sfw_gen_default_params();
+	g.ids = p->ids;
+	g.n_ids = p->n;
+	g.max_tokens = S + 1;
+	g.eos = &none;
+	g.force = p->feed;
+	g.n_force = p->feed ? (size_t)S : 0;
+	struct sfw_gen_stats st;
+	s = sfw_generate(c, NULL, &smp, &g, on_made, &made, &st, err);
+	sfw_sampler_release(&smp);
+	if (s != SFW_OK)
+		goto done;
 	if ((s = sfw_record_status(r, err)) != SFW_OK)
 		goto done;
-	if ((s = sfw_record_put_i32(r, "input_ids", p->ids, (int64_t)p->n, err)) != SFW_OK ||
-	    (s = sfw_record_put_i32(r, "decode.tokens", toks, p->decode_steps + 1, err)) != SFW_OK)
+	/* decode.tokens: the argmax of the last prefill row, then of each step */
+	const struct sfw_record_tensor *pl = sfw_record_find(r, "prefill.logits");
+	const struct sfw_record_tensor *dl = sfw_record_find(r, "decode.logits");
+	if (!pl || (S > 0 && !dl) || made.n != S + 1) {
+		s = sfw_fail(err, SFW_E_INVAL, "the scoring run recorded no logits");
 		goto done;
-	if (p->decode_steps > 0 &&
-	    (s = sfw_record_put_i32(r, "decode.input_ids", fed, p->decode_steps, err)) != SFW_OK)
+	}
+	toks[0] = sfw_sampler_argmax((const float *)pl->data + (size_t)(p->n - 1) * V, V);
+	for (int i = 0; i < S; i++)
+		toks[i + 1] = sfw_sampler_argmax((const float *)dl->data + (size_t)i * V, V);
+	if ((s = sfw_record_put_i32(r, "input_ids", p->ids, (int64_t)p->n, err)) != SFW_OK ||
+	    (s = sfw_record_put_i32(r, "decode.tokens", toks, S + 1, err)) != SFW_OK)
+		goto done;
+	if (S > 0 && (s = sfw_record_put_i32(r, "decode.input_ids", made.ids, S, err)) != SFW_OK)
 		goto done;
 	*out = r;
 	r = NULL;
@@ -281,7 +307,6 @@ done:
 	sfw_ctx_free(c);
 	sfw_record_free(r);
 	sfw_free(toks);
-	sfw_free(fed);
-	sfw_free(logits);
+	sfw_free(made.ids);
 	return s;
 }

@@ -3,7 +3,7 @@
  * Implemented by runner/tokenizer.cpp (a C++ shim over libsentencepiece; no
  * exception crosses this interface) and runner/chat.c.
  *
- * Id layout (model-spec §4): ids [0, n_pieces) are SentencePiece pieces
+ * Id layout (docs/model-spec.md §4): ids [0, n_pieces) are SentencePiece pieces
  * (0 <unk>, 1 <s>, 2 </s>, byte pieces <0x00>..<0xFF>, BPE pieces); the added
  * special tokens come from tokenizer_config.json's "added_tokens_decoder"
  * when that file exists, else they are the MiniCPM defaults computed from the
@@ -131,7 +131,7 @@ size_t sfw_default_corpus_len(void);
 /* ---- ChatML (runner/chat.c) ----
  * Each message renders as "<|im_start|>{role}\n{content}<|im_end|>\n"; with
  * add_generation_prompt the text ends with "<|im_start|>assistant\n". Encode
- * the result with sfw_tokenizer_encode(..., add_bos = 1, ...) (model-spec §4:
+ * the result with sfw_tokenizer_encode(..., add_bos = 1, ...) (docs/model-spec.md §4:
  * the tokenizer prepends <s>). role must be non-empty without '\n'. */
 struct sfw_chat_msg {
 	const char *role; /* "system", "user", "assistant" */

@@ -154,7 +154,9 @@ profile)
 		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
 	fi
 	P=${1:-1024} G=${2:-32}
-	SALAFW_CUDA_PROFILE=1 "$BIN/bench_gpu" "$M" --runs "$P:$G" 2>&1 | grep -v 'uploaded' | tee -a "$OUT/profile.log"
+	# the variable reaches the engine through the command line (cli_model_params), not bench_gpu
+	SALAFW_CUDA_PROFILE=1 "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" --no-verify 2>&1 | grep -v 'uploaded' |
+		tee -a "$OUT/profile.log"
 	exit "${PIPESTATUS[0]}"
 	;;
 shell)

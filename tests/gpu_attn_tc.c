@@ -94,16 +94,12 @@ static float *down_f32(const void *d, size_t n)
 	return h;
 }
 
-/* "simt", "tc", or NULL (the default, auto) for both switches */
+/* "simt", "tc", or NULL (the default, auto) for both choices */
 static void set_mode(const char *m)
 {
-	if (m) {
-		setenv("SALAFW_CUDA_ATTN", m, 1);
-		setenv("SALAFW_CUDA_STAGE1", m, 1);
-	} else {
-		unsetenv("SALAFW_CUDA_ATTN");
-		unsetenv("SALAFW_CUDA_STAGE1");
-	}
+	struct sfw_cuda_ops_cfg cfg = {0};
+	cfg.attn = cfg.stage1 = !m ? 0 : !strcmp(m, "simt") ? 1 : 2;
+	sfw_cuda_ops_set_cfg(&cfg);
 }
 
 /* NMSE and max|diff| against ref; equal infinities are skipped, any other

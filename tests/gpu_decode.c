@@ -45,7 +45,8 @@
 #include <unistd.h>
 
 /* forward.c refers to the CUDA backend weakly: make sure it is linked. */
-enum sfw_status (*const gpu_decode_backend)(int, struct sfw_backend **, struct sfw_err *) = sfw_backend_cuda_new;
+enum sfw_status (*const gpu_decode_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
+					  struct sfw_err *) = sfw_backend_cuda_new;
 
 #define STEPS 40
 
@@ -74,19 +75,19 @@ static void trace_free(struct trace *t)
 	memset(t, 0, sizeof(*t));
 }
 
+/* SWITCHES[sw_on] as the CLI maps it onto struct sfw_backend_opts */
 static struct sfw_model *load_with(const char *dir, int sw_on)
 {
-	for (int i = 0; i < NSW; i++)
-		unsetenv(SWITCHES[i]);
-	if (sw_on >= 0)
-		setenv(SWITCHES[sw_on], "1", 1);
 	struct sfw_err err = {0};
 	struct sfw_model *m = NULL;
 	struct sfw_model_params mp = sfw_model_default_params();
 	mp.device = SFW_DEVICE_CUDA;
+	mp.be.no_step_graph = sw_on == SW_NOSTEPGRAPH;
+	mp.be.step_sync = sw_on == SW_STEPSYNC;
+	mp.be.no_fuse = sw_on == SW_NOFUSE;
+	mp.be.no_graph = sw_on == SW_NOGRAPH;
+	mp.be.no_merge = sw_on == SW_NOMERGE;
 	enum sfw_status s = sfw_model_load(dir, &mp, &m, &err);
-	for (int i = 0; i < NSW; i++)
-		unsetenv(SWITCHES[i]);
 	CHECK(s == SFW_OK, "%s: load (%s): %s", dir, sw_on >= 0 ? SWITCHES[sw_on] : "new paths", err.msg);
 	return s == SFW_OK ? m : NULL;
 }

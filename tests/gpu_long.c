@@ -28,7 +28,8 @@
 #include <string.h>
 #include <time.h>
 
-enum sfw_status (*const gpu_long_backend)(int, struct sfw_backend **, struct sfw_err *) = sfw_backend_cuda_new;
+enum sfw_status (*const gpu_long_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
+					  struct sfw_err *) = sfw_backend_cuda_new;
 
 #define STEPS 4
 
@@ -52,6 +53,9 @@ static int run(const char *dir, enum sfw_device dev, int chunk, const int32_t *i
 	struct sfw_model *m = NULL;
 	struct sfw_model_params mp = sfw_model_default_params();
 	mp.device = dev;
+	/* 1 MiB of selection scratch: the CUDA backend must cut every 4096-row
+	 * piece into small row batches, the path a 1M-token prompt takes */
+	mp.be.select_mb = 1;
 	enum sfw_status s = sfw_model_load(dir, &mp, &m, &err);
 	CHECK(s == SFW_OK, "load: %s", err.msg);
 	if (s != SFW_OK)
@@ -201,9 +205,6 @@ int main(void)
 		free(c.logits), free(c.blocks), free(ids);
 		return CHECK_REPORT("gpu_long");
 	}
-	/* 1 MiB of selection scratch: the CUDA backend must cut every 4096-row
-	 * piece into small row batches, the path a 1M-token prompt takes */
-	setenv("SALAFW_CUDA_SELECT_MB", "1", 1);
 	int V = run(dir, SFW_DEVICE_CUDA, 4096, ids, n, &g);
 	int V2 = read_ref && *read_ref ? ref_read(read_ref, &c, n, hash, Vc, Lc, nkc)
 				       : run(dir, SFW_DEVICE_CPU, 256, ids, n, &c);

@@ -1,7 +1,7 @@
 /* test_bench_plan.c - runner/bench.c's device-memory plan and parameter
  * count against independent figures: mkmodel's tensor list for the real
  * shapes (preset full: 9,477,203,968 parameters, bf16), and the KV /
- * compressed-key / lightning-state sizes of performance.md §4b worked out by
+ * compressed-key / lightning-state sizes of docs/performance.md §4b worked out by
  * hand for 1M tokens. */
 #include "check.h"
 
@@ -70,6 +70,29 @@ int main(void)
 		      "group %d: caches, activations and scratch as for bf16", groups[g]);
 		CHECK(w8.total == w8.weights + p.total - p.weights, "group %d: total", groups[g]);
 		if (groups[g] == 128) {
+			/* the --max-context refusal's arithmetic: a 16 GiB card with the
+			 * int8 weights placed and ~0.55 GiB of CUDA context */
+			struct sfw_mem_plan pn;
+			double fr = 16.0 * 1073741824.0 - w8.weights - 0.55 * 1073741824.0;
+			struct sfw_err e = {0};
+			CHECK(sfw_bench_mem_fit(&w8, 1 << 20, fr, &e) == SFW_E_NOMEM, "1M tokens refused on 16 GiB");
+			long long fit = 0;
+			const char *at = strstr(e.msg, "at most about ");
+			CHECK(at && sscanf(at, "at most about %lld", &fit) == 1 && fit % 64 == 0 && fit > 100000 && fit < (1 << 20),
+			      "a largest context named: %s", e.msg);
+			size_t ml = strlen(e.msg);
+			CHECK(ml < sizeof(e.msg) - 1 && ml > 12 && strcmp(e.msg + ml - 12, "GiB are free") == 0,
+			      "the message is whole: %s", e.msg);
+			sfw_bench_mem_plan_w8(&wpl.config, fit, 8192, 128, &pn);
+			CHECK(sfw_bench_mem_fit(&pn, fit, fr, &e) == SFW_OK, "the named %lld tokens fit", fit);
+			sfw_bench_mem_plan_w8(&wpl.config, fit + 4096, 8192, 128, &pn);
+			CHECK(sfw_bench_mem_fit(&pn, fit + 4096, fr, &e) == SFW_E_NOMEM, "4096 more do not");
+			/* the longest figures still leave the message whole */
+			sfw_bench_mem_plan_w8(&wpl.config, (int64_t)1 << 40, 8192, 128, &pn);
+			CHECK(sfw_bench_mem_fit(&pn, (int64_t)1 << 40, fr, &e) == SFW_E_NOMEM &&
+				  strlen(e.msg) < sizeof(e.msg) - 1 && strstr(e.msg, "GiB are free"),
+			      "2^40 tokens: the message is whole (%zu chars): %s", strlen(e.msg), e.msg);
+			printf("refusal at 1M on a 16 GiB card: %s\n", e.msg);
 			/* 8.87 GB of codes + 1/64 of that in scales + 1.2 GB of bf16 embedding and lm_head */
 			double codes = sfw_bench_linear_params(c);
 			CHECK(fabs(w8.weights - (codes * (1 + 2.0 / 128) + 4.0 * c->vocab_size * c->hidden_size +

@@ -1,6 +1,6 @@
 /* modules: runner core */
 /* config.json parsing: the three golden configs and the real model's config
- * (model-spec §1) give the documented values and derived constants; ALiBi
+ * (docs/model-spec.md §1) give the documented values and derived constants; ALiBi
  * slopes match the closed forms; every class of broken config is rejected
  * with a one-line message naming the file and the field. */
 #include "check.h"
@@ -15,7 +15,7 @@
 
 static const char *golden;
 
-/* The real config as model-spec §1 lists it (transformers 4.57.1 re-save: "dtype"). */
+/* The real config as docs/model-spec.md §1 lists it (transformers 4.57.1 re-save: "dtype"). */
 static const char real_config[] =
     "{\"architectures\":[\"MiniCPMSALAForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
     "\"attn_use_output_gate\":true,\"attn_use_rope\":false,\"bos_token_id\":1,\"dim_model_base\":256,"
@@ -101,7 +101,7 @@ static void test_real(void)
 	      "real sizes");
 	mixers_are(&c, "SLLLLLLLLSLLLLLLSSLLLLSLLLLLLSSS", "real");
 	CHECK(c.n_eos == 2 && c.eos_token_ids[0] == 2 && c.eos_token_ids[1] == 73440, "real eos [2, 73440]");
-	/* model-spec: c = 1.4/sqrt(32) = 0.2474873734152916, h / 16, 96 blocks, 32 local blocks. */
+	/* docs/model-spec.md: c = 1.4/sqrt(32) = 0.2474873734152916, h / 16, 96 blocks, 32 local blocks. */
 	CHECK(fabs(c.residual_scale - 0.2474873734152916) < 1e-15, "real residual scale %.17g",
 	      c.residual_scale);
 	CHECK(c.logit_divisor == 16.0 && c.sparse_k == 96 && c.sparse_local_blocks == 32 &&
@@ -117,7 +117,7 @@ static void test_slopes(void)
 	for (int h = 0; h < 8; h++)
 		ok &= sfw_config_lightning_slope(8, h) == ldexpf(0.5f, -h);
 	CHECK(ok, "8-head slopes 0.5 * 2^-h");
-	/* model-spec §1.2: 2^(-(h+1)/4) for 32 heads, stored as float32. */
+	/* docs/model-spec.md §1.2: 2^(-(h+1)/4) for 32 heads, stored as float32. */
 	ok = 1;
 	for (int h = 0; h < 32; h++)
 		ok &= fabsf(sfw_config_lightning_slope(32, h) - (float)exp2(-(h + 1) / 4.0)) <=

@@ -10,6 +10,7 @@
 #include "json.h"
 #include "thread.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +168,64 @@ static void test_parallel(void)
 	CHECK(atomic_load(&sum) == 10000L * 10001 / 2, "parallel_for covers every item once");
 }
 
+static atomic_int max_tid;
+static void tid_range(void *ctx, size_t b, size_t e, int tid)
+{
+	add_range(ctx, b, e, tid);
+	int m = atomic_load(&max_tid);
+	while (tid > m && !atomic_compare_exchange_weak(&max_tid, &m, tid))
+		;
+}
+
+struct pool_use {
+	struct sfw_pool *p;
+};
+
+/* 200 jobs on one pool, from the thread given; each must cover [0, 1000). */
+static atomic_long sum2;
+static void sum2_range(void *ctx, size_t b, size_t e, int tid)
+{
+	(void)ctx, (void)tid;
+	for (size_t i = b; i < e; i++)
+		atomic_fetch_add(&sum2, (long)i);
+}
+static void *pool_user(void *arg)
+{
+	struct pool_use *u = arg;
+	for (int r = 0; r < 200; r++) {
+		sfw_pool_for(u->p, 4, 1000, 3, sum2_range, NULL);
+	}
+	return NULL;
+}
+
+static void test_pool(void)
+{
+	struct sfw_pool *p = NULL;
+	CHECK(sfw_pool_new(0, &p, NULL) == SFW_E_INVAL && sfw_pool_new(257, &p, NULL) == SFW_E_INVAL,
+	      "pool sizes outside 1..256 are refused");
+	CHECK(sfw_pool_new(4, &p, NULL) == SFW_OK && sfw_pool_threads(p) == 4, "a pool of 4 threads");
+	/* many jobs in a row: the workers sleep and wake between them */
+	int all = 1;
+	for (int r = 0; r < 500; r++) {
+		atomic_store(&sum, 0);
+		atomic_store(&max_tid, 0);
+		sfw_pool_for(p, r % 5, 10001, 7, tid_range, NULL);
+		all &= atomic_load(&sum) == 10000L * 10001 / 2 && atomic_load(&max_tid) < (r % 5 > 1 ? r % 5 : 1);
+	}
+	CHECK(all, "500 jobs of 0..4 threads each cover every item once, on tids below their thread count");
+	/* two threads sharing the pool take turns */
+	atomic_store(&sum2, 0);
+	struct pool_use u1 = {p}, u2 = {p};
+	pthread_t t1, t2;
+	CHECK(pthread_create(&t1, NULL, pool_user, &u1) == 0 && pthread_create(&t2, NULL, pool_user, &u2) == 0,
+	      "two users start");
+	pthread_join(t1, NULL);
+	pthread_join(t2, NULL);
+	CHECK(atomic_load(&sum2) == 400L * (999L * 1000 / 2), "jobs from two threads on one pool all complete");
+	sfw_pool_free(p);
+	sfw_pool_free(NULL);
+}
+
 int main(void)
 {
 	test_status();
@@ -175,5 +234,6 @@ int main(void)
 	test_json();
 	test_files();
 	test_parallel();
+	test_pool();
 	return CHECK_REPORT("test_core");
 }

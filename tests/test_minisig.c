@@ -1,7 +1,7 @@
 /* modules: verify core */
 /* test_minisig - SHA-256 against the FIPS 180-2 vectors, hex, public keys, and
  * minisign signatures made by an independent libsodium fixture writer below
- * (it follows fetch-verify.md §1.3 directly, sharing no code with verify/),
+ * (it follows docs/fetch-verify.md §1.3 directly, sharing no code with verify/),
  * including every malformed case the minisign CLI cannot produce. */
 #include "check.h"
 #include "verify/verify.h"

@@ -1,7 +1,7 @@
 /* modules: runner core */
 /* The model generator against independent references: the tiny preset has
  * exactly the config and the tensor names/dtypes/shapes of golden tiny-sparse
- * (written by the reference code); the full preset's plan has model-spec §3's
+ * (written by the reference code); the full preset's plan has docs/model-spec.md §3's
  * 395 tensors and per-part parameter counts; weights have the documented
  * distributions; the output does not depend on the thread count; the
  * directory re-opens through the safetensors set, the config parser and the
@@ -166,7 +166,7 @@ out:
 	sfw_st_set_close(g);
 }
 
-/* model-spec §3 parameter arithmetic for the real shapes. */
+/* docs/model-spec.md §3 parameter arithmetic for the real shapes. */
 static void test_full_plan(void)
 {
 	struct sfw_mkmodel_params p = {.preset = SFW_MKMODEL_FULL};
@@ -202,8 +202,8 @@ static void test_full_plan(void)
 		ok &= attn[l] == (is_sparse ? 52428800ULL : 83890432ULL) && rest[l] == 201334784ULL;
 		ok &= pl.config.mixer[l] == (is_sparse ? SFW_MIXER_SPARSE : SFW_MIXER_LIGHTNING);
 	}
-	CHECK(ok, "full: per-layer parameters as model-spec §3 (sparse 52428800, lightning 83890432, MLP "
-		  "201334784)");
+	CHECK(ok, "full: per-layer parameters as docs/model-spec.md §3 (sparse 52428800, "
+		  "lightning 83890432, MLP 201334784)");
 	CHECK(pl.config.vocab_size == 73448 && pl.config.n_eos == 2 && pl.config.eos_token_ids[1] == 73440 &&
 		  pl.config.sparse_k == 96 && pl.config.sparse_dense_len == 8192,
 	      "full config: vocab 73448, eos [2, 73440], k 96");

@@ -93,7 +93,9 @@ static void test_matmul(void)
 {
 	const int shapes[][3] = {{1, 37, 129}, {7, 53, 64}, {66, 129, 200}, {3, 16, 8}};
 	for (int threads = 1; threads <= 3; threads += 2) {
-		sfw_ops_cpu_set_threads(threads);
+		struct sfw_ops_cpu *ex = NULL;
+		CHECK(sfw_ops_cpu_new(threads, &ex, NULL) == SFW_OK, "executor of %d threads", threads);
+		struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
 			int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
 			float *x = malloc(sizeof(float) * M * K), *wf = malloc(sizeof(float) * N * K);
@@ -121,8 +123,9 @@ static void test_matmul(void)
 			      maxrel(y2, ref2, (size_t)M * N));
 			free(x), free(wf), free(y), free(y2), free(wb), free(ref), free(ref2);
 		}
+		sfw_ops_cpu_bind(prev);
+		sfw_ops_cpu_free(ex);
 	}
-	sfw_ops_cpu_set_threads(0);
 }
 
 static void test_elementwise(void)

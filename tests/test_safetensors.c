@@ -58,7 +58,7 @@ static void test_golden_model(const char *g, const char *cas, int layers, const 
 	int nsparse = 0;
 	for (int i = 0; i < layers; i++)
 		nsparse += mix[i] == 'S';
-	/* model-spec §3 count: 3 + 5 per layer + 5 per sparse + 8 per lightning layer. */
+	/* docs/model-spec.md §3 count: 3 + 5 per layer + 5 per sparse + 8 per lightning layer. */
 	size_t want = 3 + 5 * (size_t)layers + 5 * (size_t)nsparse + 8 * (size_t)(layers - nsparse);
 	CHECK(sfw_st_set_count(s) == want, "%s has %zu tensors (want %zu)", cas, sfw_st_set_count(s), want);
 	const struct sfw_tensor_info *e =

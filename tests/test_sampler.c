@@ -1,4 +1,4 @@
-/* modules: runner core */
+/* modules: runner kernels core */
 /* test_sampler.c - the sampler against mathematics: argmax ties, empirical
  * distributions of 20000 draws against softmax(logits / T) by chi-square,
  * truncation sets computed independently here, seeds and bad parameters. */
@@ -75,12 +75,12 @@ static void allowed_set(const float *l, int V, int top_k, double top_p, int *all
 
 /* Draws DRAWS samples and compares them with softmax(l / T) over `allowed`.
  * Returns the chi-square statistic; *outside counts draws outside allowed. */
-static double chi2_run(const float *l, int V, const struct sfw_sampler_params *p, const int *allowed, int *df,
+static double chi2_run(const float *l, int V, const struct sfw_op_sample_params *p, uint64_t seed, const int *allowed, int *df,
 		       int *outside)
 {
 	struct sfw_sampler s;
 	struct sfw_err err = {0};
-	if (sfw_sampler_init(&s, p, V, &err) != SFW_OK) {
+	if (sfw_sampler_init(&s, p, seed, V, &err) != SFW_OK) {
 		printf("init: %s\n", err.msg);
 		return INFINITY;
 	}
@@ -117,14 +117,13 @@ static double chi2_run(const float *l, int V, const struct sfw_sampler_params *p
 static void test_distribution(const char *name, const float *l, int V, float T, int top_k, float top_p,
 			      uint64_t seed)
 {
-	struct sfw_sampler_params p = sfw_sampler_default_params();
+	struct sfw_op_sample_params p = sfw_sampler_default_params();
 	p.temperature = T;
 	p.top_k = top_k;
 	p.top_p = top_p;
-	p.seed = seed;
 	int *allowed = malloc(sizeof(int) * (size_t)V), df = 0, outside = -1;
 	allowed_set(l, V, top_k, top_p, allowed);
-	double chi2 = chi2_run(l, V, &p, allowed, &df, &outside);
+	double chi2 = chi2_run(l, V, &p, seed, allowed, &df, &outside);
 	free(allowed);
 	CHECK(outside == 0, "%s: %d draws outside the allowed set", name, outside);
 	CHECK(df >= 1 && chi2 < chi2_crit(df), "%s: chi2 %.2f < %.3f (df %d)", name, chi2, df >= 1 ? chi2_crit(df) : 0.0,
@@ -169,18 +168,18 @@ static void test_greedy(void)
 	CHECK(sfw_sampler_argmax(all_nan, 2) == 0, "argmax of all NaN is 0");
 	CHECK(sfw_sampler_argmax(neg, 3) == 1, "argmax with -inf");
 
-	struct sfw_sampler_params p = sfw_sampler_default_params();
+	struct sfw_op_sample_params p = sfw_sampler_default_params();
 	CHECK(p.temperature == 0.9f && p.top_k == 0 && p.top_p == 1.0f && !p.greedy, "defaults: T 0.9, no top-k/p");
 	struct sfw_sampler g, z, k1;
 	struct sfw_err err = {0};
 	p.greedy = 1;
-	int ok = sfw_sampler_init(&g, &p, 64, &err) == SFW_OK;
+	int ok = sfw_sampler_init(&g, &p, SFW_SAMPLER_DEFAULT_SEED, 64, &err) == SFW_OK;
 	p.greedy = 0;
 	p.temperature = 0;
-	ok = ok && sfw_sampler_init(&z, &p, 64, &err) == SFW_OK;
+	ok = ok && sfw_sampler_init(&z, &p, SFW_SAMPLER_DEFAULT_SEED, 64, &err) == SFW_OK;
 	p.temperature = 0.9f;
 	p.top_k = 1;
-	ok = ok && sfw_sampler_init(&k1, &p, 64, &err) == SFW_OK;
+	ok = ok && sfw_sampler_init(&k1, &p, SFW_SAMPLER_DEFAULT_SEED, 64, &err) == SFW_OK;
 	CHECK(ok, "init greedy samplers");
 	int same = 1;
 	for (int r = 0; r < 200 && ok; r++) {
@@ -202,19 +201,17 @@ static void test_greedy(void)
 
 static void test_seeds(void)
 {
-	struct sfw_sampler_params p = sfw_sampler_default_params();
+	struct sfw_op_sample_params p = sfw_sampler_default_params();
 	struct sfw_sampler a, b, c;
 	struct sfw_err err = {0};
-	p.seed = 0;
-	CHECK(sfw_sampler_init(&a, &p, 32, &err) == SFW_OK, "init");
+	CHECK(sfw_sampler_init(&a, &p, 0, 32, &err) == SFW_OK, "init");
 	/* splitmix64's first output for state 0 (Vigna's reference code). */
 	CHECK(a.rng[0] == 0xE220A8397B1DCDAFull, "splitmix64 seeding: %016llx", (unsigned long long)a.rng[0]);
 	sfw_sampler_release(&a);
-	p.seed = 7;
+
 	p.top_p = 0.95f;
-	int ok = sfw_sampler_init(&a, &p, 32, &err) == SFW_OK && sfw_sampler_init(&b, &p, 32, &err) == SFW_OK;
-	p.seed = 8;
-	ok = ok && sfw_sampler_init(&c, &p, 32, &err) == SFW_OK;
+	int ok = sfw_sampler_init(&a, &p, 7, 32, &err) == SFW_OK && sfw_sampler_init(&b, &p, 7, 32, &err) == SFW_OK;
+	ok = ok && sfw_sampler_init(&c, &p, 8, 32, &err) == SFW_OK;
 	CHECK(ok, "init seeded samplers");
 	float l[32];
 	for (int i = 0; i < 32; i++)
@@ -237,8 +234,8 @@ static void test_edges(void)
 {
 	struct sfw_sampler s;
 	struct sfw_err err = {0};
-	struct sfw_sampler_params p = sfw_sampler_default_params();
-	CHECK(sfw_sampler_init(&s, &p, 4, &err) == SFW_OK, "init");
+	struct sfw_op_sample_params p = sfw_sampler_default_params();
+	CHECK(sfw_sampler_init(&s, &p, SFW_SAMPLER_DEFAULT_SEED, 4, &err) == SFW_OK, "init");
 	float inf[] = {0, INFINITY, 1, INFINITY};
 	float masked[] = {-INFINITY, 0.5f, NAN, -INFINITY};
 	float none[] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -264,7 +261,7 @@ static void test_edges(void)
 		p.temperature = bad[i].t;
 		p.top_k = bad[i].k;
 		p.top_p = bad[i].tp;
-		CHECK(sfw_sampler_init(&s, &p, bad[i].v, &err) == SFW_E_INVAL && !s.cand, "bad params %zu: %s", i,
+		CHECK(sfw_sampler_init(&s, &p, 1, bad[i].v, &err) == SFW_E_INVAL && !s.vocab, "bad params %zu: %s", i,
 		      err.msg);
 	}
 	int eos[] = {2, 73440};
@@ -287,10 +284,9 @@ static void test_big_vocab(void)
 	/* Threshold of the 40th largest, computed by counting. */
 	struct sfw_sampler s;
 	struct sfw_err err = {0};
-	struct sfw_sampler_params p = sfw_sampler_default_params();
+	struct sfw_op_sample_params p = sfw_sampler_default_params();
 	p.top_k = 40;
-	p.seed = 3;
-	CHECK(sfw_sampler_init(&s, &p, V, &err) == SFW_OK, "init big");
+	CHECK(sfw_sampler_init(&s, &p, 3, V, &err) == SFW_OK, "init big");
 	int ok = 1;
 	for (int r = 0; r < 100; r++) {
 		int32_t id = sfw_sampler_sample(&s, l, V);

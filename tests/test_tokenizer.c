@@ -197,7 +197,7 @@ static void test_peer_model(void)
 	CHECK(sfw_tokenizer_bos(t) == 1 && sfw_tokenizer_eos(t) == 2, "bos 1, eos 2");
 	compare_with_spm_encode(t, model, "peer");
 
-	/* Default special tokens: <unk> <s> </s> and 8 at V-8 .. V-1 (spec §4). */
+	/* Default special tokens: <unk> <s> </s> and 8 at V-8 .. V-1 (docs/model-spec.md §4). */
 	static const char *names[8] = {"<|im_end|>",      "<|im_start|>",   "<|tool_call|>",
 				       "<|execute_start|>", "<|execute_end|>", "<|fim_prefix|>",
 				       "<|fim_middle|>",  "<|fim_suffix|>"};

@@ -1,4 +1,4 @@
-/* manifest.c - manifest v1 (fetch-verify.md §5): strict parse behind a small
+/* manifest.c - manifest v1 (docs/fetch-verify.md §5): strict parse behind a small
  * adapter, path rules (§3.12-4), and the trust flow of §5.4: caps, minisign,
  * strict JSON, schema, publisher.key_id, binding, pins, expiry, rollback. */
 #include "verify_int.h"

@@ -1,5 +1,5 @@
 /* minisig.c - minisign public keys, signatures, and the publisher side
- * (unencrypted key pairs, prehashed signing), following fetch-verify.md §1.
+ * (unencrypted key pairs, prehashed signing), following docs/fetch-verify.md §1.
  * Every check minisign 0.11/0.12 makes is made here, in the same order. */
 #include "verify_int.h"
 

@@ -3,7 +3,7 @@
  * cJSON). See manifests/README.md for the manifest schema and the trusted
  * comment convention.
  *
- * Trust flow (fetch-verify.md §5.4): size caps -> minisign (parse, key id,
+ * Trust flow (docs/fetch-verify.md §5.4): size caps -> minisign (parse, key id,
  * signature over the exact bytes, global signature over sig || trusted
  * comment) -> strict JSON -> schema -> publisher.key_id -> binding (repo_id,
  * revision) -> pins -> expiry -> rollback ratchet -> per-file rules. */
@@ -117,7 +117,7 @@ SFW_MUST_CHECK enum sfw_status sfw_manifest_parse(const char *bytes, size_t len,
 						  struct sfw_manifest *out, struct sfw_err *err);
 void sfw_manifest_release(struct sfw_manifest *m);
 
-/* Path rule of fetch-verify.md §3.12-4. Returns SFW_OK or SFW_E_PATH. */
+/* Path rule of docs/fetch-verify.md §3.12-4. Returns SFW_OK or SFW_E_PATH. */
 SFW_MUST_CHECK enum sfw_status sfw_path_check(const char *path, struct sfw_err *err);
 
 struct sfw_trust_params {

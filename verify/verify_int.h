@@ -10,7 +10,7 @@
 int sfwi_sodium_ready(void);
 
 /* The parsed lines of a .minisig, after every structural check (steps 1-12 of
- * fetch-verify.md §1.4) but before key id and signature checks. */
+ * docs/fetch-verify.md §1.4) but before key id and signature checks. */
 struct sfwi_minisig {
 	unsigned char alg[2];
 	unsigned char key_id[8];

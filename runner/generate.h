@@ -1,0 +1,123 @@
+/* generate.h - text generation on a context: append a prompt, sample until a
+ * stop condition, stream the tokens with UTF-8-safe text pieces.
+ *
+ * sfw_generate appends its prompt to whatever the context already holds (a
+ * fresh context: the whole prompt; a chat: only the new turn, the history
+ * stays in the caches), then samples with the caller's sampler (one uniform
+ * per token, so a seed fixes the output) until
+ *   - an end-of-sequence id comes (finish EOS; the id is neither fed nor
+ *     shown),
+ *   - the text ends in a stop string (finish STOP; the text before it is
+ *     shown, the stop string is not),
+ *   - max_tokens tokens were made, or the context reached max_ctx (LENGTH),
+ *   - the callback asked to stop (CANCEL).
+ * The last token made is never fed to the context (nobody would read its
+ * logits): stats.pending names it, and a chat feeds it first on the next
+ * turn. Text pieces hold only complete UTF-8 characters (the tokenizer's
+ * streaming decoder holds back partial byte-fallback sequences) and never a
+ * tail that may still grow into a stop string: that tail is held back and
+ * shown once it cannot, or at the end. */
+#ifndef SFW_GENERATE_H
+#define SFW_GENERATE_H
+
+#include "runner/config.h"
+#include "runner/runner.h"
+#include "runner/sampler.h"
+#include "runner/tokenizer.h"
+#include "sfw.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SFW_EOS_MAX 16	     /* end-of-sequence ids in one set */
+#define SFW_STOP_MAX 16	     /* stop strings per call */
+#define SFW_STOP_MAX_LEN 256 /* bytes per stop string */
+
+/* ---- end-of-sequence ids --------------------------------------------------- */
+
+struct sfw_eos_set {
+	int n;
+	int32_t ids[SFW_EOS_MAX];
+};
+
+/* Adds id unless present; SFW_E_RANGE when the set is full. */
+SFW_MUST_CHECK enum sfw_status sfw_eos_add(struct sfw_eos_set *s, int32_t id, struct sfw_err *err);
+int sfw_eos_has(const struct sfw_eos_set *s, int32_t id);
+
+/* generation_config.json (at most 1 MiB): its eos_token_id, an id or a list
+ * of ids below vocab, is added to the set; a file without the field adds
+ * nothing. Strict JSON (core/json.h); anything else is SFW_E_FORMAT or
+ * SFW_E_RANGE naming `what`. */
+SFW_MUST_CHECK enum sfw_status sfw_eos_parse_generation_config(const char *bytes, size_t len,
+							       const char *what, int vocab,
+							       struct sfw_eos_set *s, struct sfw_err *err);
+/* tokenizer_config.json's eos_token: a string, or an object whose "content"
+ * is one (HF's AddedToken form), copied into name (cap bytes, NUL-terminated);
+ * "" when the file has none. At most SFW_STOP_MAX_LEN bytes. */
+SFW_MUST_CHECK enum sfw_status sfw_eos_parse_tokenizer_config(const char *bytes, size_t len, const char *what,
+							      char *name, size_t cap, struct sfw_err *err);
+/* The model directory's set: config.json's eos_token_id (cf), then
+ * DIR/generation_config.json's, then DIR/tokenizer_config.json's eos_token
+ * mapped through tok (a special token it must know; skipped when tok is
+ * NULL). Missing files add nothing; unreadable or bad ones are errors. */
+SFW_MUST_CHECK enum sfw_status sfw_eos_load(const char *dir, const struct sfw_config *cf,
+					    const struct sfw_tokenizer *tok, struct sfw_eos_set *out,
+					    struct sfw_err *err);
+
+/* ---- generation ------------------------------------------------------------ */
+
+enum sfw_finish { SFW_FINISH_NONE, SFW_FINISH_EOS, SFW_FINISH_STOP, SFW_FINISH_LENGTH, SFW_FINISH_CANCEL };
+const char *sfw_finish_name(enum sfw_finish f); /* "eos", "stop", "length", "cancel", "none" */
+
+struct sfw_gen_params {
+	/* the prompt to append: ids, or (ids NULL) text encoded with the tokenizer
+	 * (BOS first when the context is empty) */
+	const int32_t *ids;
+	size_t n_ids;
+	const char *text;
+	size_t text_len;
+	int64_t max_tokens;	       /* tokens to make at most; 0 = no limit but max_ctx */
+	int64_t max_ctx;	       /* context positions at most (prompt included); 0 = none */
+	const struct sfw_eos_set *eos; /* NULL: config.json's eos_token_id; n = 0: never */
+	const char *const *stop;       /* stop strings (UTF-8, 1..SFW_STOP_MAX_LEN bytes) */
+	size_t n_stop;
+	const int32_t *force; /* [n_force]: token i is force[i] instead of a sample (scoring) */
+	size_t n_force;
+	int skip_special; /* special tokens show no text */
+};
+struct sfw_gen_params sfw_gen_default_params(void);
+
+/* One token made: its id and the text that became showable with it (may be
+ * empty, held back). At the end one more call with id -1 flushes what was
+ * held. Return nonzero to stop (finish CANCEL). */
+struct sfw_gen_token {
+	int32_t id;
+	int64_t index;	  /* 0-based among the tokens made; -1 for the flush */
+	const char *text; /* len bytes of complete UTF-8, not NUL-terminated */
+	size_t len;
+};
+typedef int (*sfw_gen_fn)(void *user, const struct sfw_gen_token *t);
+
+struct sfw_gen_stats {
+	int64_t prompt_tokens; /* tokens prefilled by this call */
+	int64_t tokens;	       /* tokens made (the EOS id, when it came, not counted) */
+	int64_t decode_steps;  /* one-token forward passes */
+	double prefill_s, decode_s;
+	enum sfw_finish finish;
+	int32_t pending; /* the last token made (or the EOS id), not fed; -1 if none */
+	int64_t ctx_pos; /* the context's position after the call */
+};
+
+/* tok may be NULL for ids-only generation (then no text pieces, and stop
+ * strings are SFW_E_INVAL). On error the context may hold part of the prompt
+ * or of the reply (sfw_ctx_pos says how much) or refuse calls until reset. */
+SFW_MUST_CHECK enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *tok,
+					    struct sfw_sampler *smp, const struct sfw_gen_params *p,
+					    sfw_gen_fn cb, void *user, struct sfw_gen_stats *st,
+					    struct sfw_err *err);
+
+/* The longest suffix of text[0..n) that is a proper prefix of one of the
+ * stop strings (the part a stream must hold back). */
+size_t sfw_stop_holdback(const char *text, size_t n, const char *const *stop, size_t n_stop);
+
+#endif

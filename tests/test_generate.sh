@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# test_generate.sh - salafw run as a generation front end, on a generated tiny
+# model with its tokenizer: the printed seed repeats a run, --stop ends the
+# text where the stop string starts, -f reads the prompt, -c bounds the
+# context, and -i chats (stdin script and a pty through script(1)) with the
+# history kept in the context: turn 2 prefills only its own tokens.
+. tests/lib.sh
+S=$(scratch)
+M=$S/tiny
+$SALAFW mkmodel --preset tiny -o "$M" >/dev/null 2>&1 || fail "mkmodel tiny"
+R="$SALAFW run $M --no-verify"
+
+# the seed: random unless given, printed with the stats; the printed one repeats the run
+a=$($R -p "Hello world" -n 16 2>"$S/a.err")
+seed=$(sed -nE 's/.*, seed ([0-9]+)$/\1/p' "$S/a.err")
+b=$($R -p "Hello world" -n 16 --seed "$seed" 2>/dev/null)
+$R -p "Hello world" -n 16 2>"$S/c.err" >/dev/null
+seed2=$(sed -nE 's/.*, seed ([0-9]+)$/\1/p' "$S/c.err")
+[ -n "$seed" ] && [ -n "$a" ] && [ "$a" = "$b" ] && pass "the printed seed $seed repeats the output" ||
+	fail "seed '$seed': '$a' vs '$b'"
+[ -n "$seed2" ] && [ "$seed2" != "$seed" ] && pass "without --seed the seed is random ($seed, $seed2)" ||
+	fail "two runs without --seed printed '$seed' and '$seed2'"
+grep -qE "prefill [0-9]+ tokens .*decode 15 tokens .* 16 generated, finish length, context [0-9]+ tokens, seed" \
+	"$S/a.err" && pass "stats: prefill, decode, generated count, finish, context, seed" ||
+	fail "stats line: $(cat "$S/a.err")"
+
+# -f FILE is -p with the file's text
+printf 'Hello world' > "$S/prompt.txt"
+f=$($R -f "$S/prompt.txt" -n 16 --seed "$seed" 2>/dev/null)
+[ "$f" = "$a" ] && pass "-f FILE gives what -p gives" || fail "-f: '$f' vs '$a'"
+check_err "-f of a missing file exits 5" 5 "^salafw run: --file: cannot open" $R -f "$S/none.txt" -n 2
+
+# --stop: a piece of the reference text from its middle (python picks 3
+# characters at the first place they occur); the output must end just before it
+ref=$($R -p "Hello world" -n 40 --seed 9 --ignore-eos 2>/dev/null)
+printf '%s' "$ref" > "$S/ref.txt"
+python3 - "$S/ref.txt" "$S/stop.txt" "$S/want.txt" <<'PY'
+import sys
+t = open(sys.argv[1], encoding='utf-8', errors='strict').read()
+for i in range(len(t) // 3, len(t) - 3):
+    s = t[i:i + 3]
+    if s.strip() == s and s and t.find(s) == i:
+        open(sys.argv[2], 'w', encoding='utf-8').write(s)
+        open(sys.argv[3], 'w', encoding='utf-8').write(t[:i])
+        break
+PY
+stop=$(cat "$S/stop.txt")
+got=$($R -p "Hello world" -n 40 --seed 9 --ignore-eos --stop "never-matches" --stop "$stop" 2>"$S/stop.err")
+printf '%s' "$got" > "$S/got.txt"
+if [ -n "$stop" ] && cmp -s "$S/got.txt" "$S/want.txt" && grep -q "finish stop" "$S/stop.err"; then
+	pass "--stop '$stop' ends the text where it first starts"
+else fail "--stop '$stop': got '$got' want '$(cat "$S/want.txt")' ($(cat "$S/stop.err"))"; fi
+check_err "--stop '' is a usage error" 2 "^salafw run: --stop wants" $R -p x --stop ""
+
+# -c: the prompt must fit; the reply stops at the context's end
+check_err "-c smaller than the prompt" 5 "does not fit the context of 3" $R -p "Hello world" -c 3 -n 4
+$R -p "Hello world" -c 12 -n 100 --seed 1 2>"$S/c12.err" >/dev/null
+grep -q "finish length, context 12 tokens" "$S/c12.err" && pass "-c 12 stops the reply at 12 positions" ||
+	fail "-c 12: $(cat "$S/c12.err")"
+
+# -i from a stdin script: two turns, a visible prompt each, turn 2 prefills only its own tokens
+out=$(printf 'Hi there\nTell me more\n' | $R -i -n 6 --seed 4 2>"$S/i.err")
+n_prompts=$(printf '%s' "$out" | grep -c '^> ')
+[ "$n_prompts" = 3 ] && pass "-i shows the '> ' prompt before each turn (and at the end)" ||
+	fail "-i prompts: $n_prompts in '$out'"
+mapfile -t L < <(grep -E '^salafw run: prefill' "$S/i.err")
+p1=$(echo "${L[0]}" | sed -nE 's/.*prefill ([0-9]+) tokens.*/\1/p')
+c1=$(echo "${L[0]}" | sed -nE 's/.*context ([0-9]+) tokens.*/\1/p')
+p2=$(echo "${L[1]}" | sed -nE 's/.*prefill ([0-9]+) tokens.*/\1/p')
+d2=$(echo "${L[1]}" | sed -nE 's/.*decode ([0-9]+) tokens.*/\1/p')
+c2=$(echo "${L[1]}" | sed -nE 's/.*context ([0-9]+) tokens.*/\1/p')
+if [ ${#L[@]} = 2 ] && [ -n "$p2" ] && [ "$p2" -lt "$c1" ] && [ "$c2" = $((c1 + p2 + d2)) ]; then
+	pass "-i turn 2 prefills $p2 new tokens onto the $c1 kept (turn 1 prefilled $p1), context $c2"
+else fail "-i turn counts: $(cat "$S/i.err")"; fi
+# the same conversation, replayed: the seed fixes both replies
+out2=$(printf 'Hi there\nTell me more\n' | $R -i -n 6 --seed 4 2>/dev/null)
+[ "$out" = "$out2" ] && pass "-i with a seed repeats the conversation" || fail "-i replay differs"
+# through a pty (script(1)): the same two turns, typed
+if command -v script >/dev/null; then
+	printf 'Hi there\nTell me more\n' | script -qfec "$R -i -n 6 --seed 4" /dev/null >"$S/pty.out" 2>&1
+	n=$(grep -c 'salafw run: prefill' "$S/pty.out")
+	[ "$n" = 2 ] && grep -q '> ' "$S/pty.out" && pass "-i through a pty: two replies" ||
+		fail "-i through a pty: $(head -c 400 "$S/pty.out")"
+else
+	fail "script(1) missing (util-linux)"
+fi
+check_err "-i and --ids conflict" 2 "give exactly one of" $R -i --ids "$S/prompt.txt"
+check_report test_generate.sh
