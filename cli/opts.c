@@ -165,10 +165,16 @@ int cli_report(enum sfw_status st, const struct sfw_err *err)
 
 enum sfw_status cli_stdout_flush(struct sfw_err *err)
 {
+	/* Called right after the writes it checks: on an unbuffered stdout the
+	 * write that failed already set errno, and fflush has nothing left to
+	 * fail with, so that errno is the reason. */
+	int before = errno;
 	errno = 0;
-	if (fflush(stdout) != 0 || ferror(stdout))
-		return sfw_fail(err, SFW_E_IO, "cannot write to standard output: %s",
-				errno ? strerror(errno) : "write error");
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		int e = errno ? errno : before;
+		return sfw_fail(err, e == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write to standard output: %s",
+				e ? strerror(e) : "write error");
+	}
 	return SFW_OK;
 }
 
