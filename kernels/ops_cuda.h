@@ -174,9 +174,10 @@ void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16
  * W is codes [N, ceil(K/4)*4] bytes + scales [N, ceil(K/group)] (BF16, F16
  * or F32), quant/layout.h; group = K (or <= 0) for per-channel scales. The
  * GEMV (M <= 8) reads each code and scale once, before the programmatic
- * launch wait like sfw_cuda_gemv; rows_per_warp (1, 2, 4) and unroll (2, 4,
- * 8) pick a variant for tuning (0 = built-in; the full set for M = 1 with
- * BF16 scales only). sfw_cuda_gemm_w8 dequantizes slabs of
+ * launch wait like sfw_cuda_gemv; rows_per_warp (1, 2, 4; 101, 102 the same
+ * with the next batch loaded while one is consumed) and unroll (2, 4, 8)
+ * pick a variant for tuning (0 = built-in; the full set for M = 1 with BF16
+ * scales only). sfw_cuda_gemm_w8 dequantizes slabs of
  * sfw_cuda_w8_slab_rows rows to bf16 in `scratch` ((b - 128) * scale in
  * float32, rounded to bf16) and runs cuBLASLt on each. */
 void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,

@@ -111,7 +111,8 @@ static void fill_range(void *vctx, size_t begin, size_t end, int tid)
 	size_t lo = begin * GRAIN_ELEMS, hi = end * GRAIN_ELEMS;
 	if (hi > c->n)
 		hi = c->n;
-	if (c->kind == SFW_MKT_W8_PACKED) { /* two uniform code bytes per slot */
+	if (c->kind == SFW_MKT_W8_PACKED) { /* two uniform code bytes per slot (every preset width is a
+					     * multiple of 4: no pad bytes, which must be 0) */
 		for (size_t i = lo; i < hi; i++)
 			c->out[i] = (uint16_t)(mix64(c->key + (c->first + i + 1) * 0x9e3779b97f4a7c15ULL) >> 48);
 		return;
@@ -272,11 +273,11 @@ enum sfw_status sfw_mkmodel_plan(const struct sfw_mkmodel_params *p, struct sfw_
 	if ((unsigned)p->preset >= sizeof(presets) / sizeof(presets[0]))
 		return sfw_fail(err, SFW_E_INVAL, "unknown mkmodel preset %d", (int)p->preset);
 	const struct preset *pr = &presets[p->preset];
-	struct sfw_buf b;
-	sfw_buf_init(&b, 1 << 20);
 	if (p->w8 && p->w8_group != 32 && p->w8_group != 64 && p->w8_group != 128 &&
 	    p->w8_group != SFW_QL_GROUP_CHANNEL)
 		return sfw_fail(err, SFW_E_INVAL, "int8 group size %d (32, 64, 128 or channel)", p->w8_group);
+	struct sfw_buf b;
+	sfw_buf_init(&b, 1 << 20);
 	enum sfw_status s = config_text(pr, p, &b);
 	if (s != SFW_OK) {
 		sfw_buf_release(&b);

@@ -398,6 +398,20 @@ static void correctness_w8(void *s)
 						 sdt_name(sdt));
 					w8_compare(name, ref, Y, 0, M, N, N);
 				}
+				/* every tuning variant of the M = 1 GEMV (BF16 scales) on the same data */
+				static const int var[][2] = {{1, 2}, {1, 4}, {1, 8}, {2, 2}, {2, 4}, {2, 8},
+							     {4, 2}, {4, 4}, {101, 2}, {101, 4}, {102, 2}};
+				for (size_t v = 0; sdt == SFW_OP_BF16 && v < sizeof(var) / sizeof(var[0]); v++) {
+					sfw_op_matmul_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, 1, N, K);
+					sfw_cuda_memset(dy, 0xff, (size_t)N * 2, s);
+					sfw_cuda_gemv_w8_variant(dx, K, dc, dsc, sdt, span, dy, N, 1, N, K, var[v][0], var[v][1], s);
+					sfw_cuda_d2h(Y, dy, (size_t)N * 2, s);
+					sfw_cuda_sync(s);
+					char name[128];
+					snprintf(name, sizeof(name), "w8 gemv variant %s%dU%d N=%d K=%d group %d", var[v][0] > 100 ? "P" : "R",
+						 var[v][0] % 100, var[v][1], N, K, group);
+					w8_compare(name, ref, Y, 0, 1, N, N);
+				}
 				/* logits: in_scale 1/16 rides as alpha; bf16-rounded float out */
 				for (int M = 1; M <= 40; M += 39) {
 					float *xs = malloc((size_t)M * K * 4);
