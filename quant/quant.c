@@ -435,6 +435,62 @@ static enum sfw_status write_json(const char *dir, const char *name, cJSON *root
 	return s;
 }
 
+/* The number tokens of a JSON text in document order: the start of each is
+ * a '-' or digit outside a string; it runs over [-+.0-9eE]. */
+struct numtok {
+	const char *p;
+	size_t n;
+};
+
+static size_t lex_numbers(const char *t, size_t len, struct numtok *out, size_t cap)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < len; i++) {
+		char c = t[i];
+		if (c == '"') { /* skip the string, escapes included */
+			for (i++; i < len && t[i] != '"'; i++)
+				if (t[i] == '\\')
+					i++;
+		} else if (c == '-' || (c >= '0' && c <= '9')) {
+			size_t j = i;
+			while (j < len && (strchr("-+.eE", t[j]) || (t[j] >= '0' && t[j] <= '9')))
+				j++;
+			if (n < cap)
+				out[n] = (struct numtok){t + i, j - i};
+			n++;
+			i = j - 1;
+		}
+	}
+	return n;
+}
+
+/* Replaces every number of the tree (document order, as cJSON keeps it) by a
+ * raw item holding the number's original text, so the rewritten config.json
+ * keeps `0.0` and `10000.0` floats (cJSON would print 10000) and `1e-06` as
+ * written. Returns -1 on a count mismatch or no memory. */
+static int keep_numbers(cJSON *node, const struct numtok *tok, size_t ntok, size_t *at)
+{
+	for (cJSON *c = node->child, *next; c; c = next) {
+		next = c->next;
+		if (cJSON_IsNumber(c)) {
+			if (*at >= ntok)
+				return -1;
+			char *txt = sfw_strndup(tok[*at].p, tok[*at].n);
+			cJSON *raw = txt ? cJSON_CreateRaw(txt) : NULL;
+			sfw_free(txt);
+			if (!raw)
+				return -1;
+			raw->string = c->string; /* the member's key moves over */
+			c->string = NULL;
+			cJSON_ReplaceItemViaPointer(node, c, raw); /* cannot fail: c is node's child */
+			(*at)++;
+		} else if ((cJSON_IsObject(c) || cJSON_IsArray(c)) && keep_numbers(c, tok, ntok, at) != 0) {
+			return -1;
+		}
+	}
+	return 0;
+}
+
 static enum sfw_status load_config_json(const char *dir, cJSON **out, struct sfw_err *err)
 {
 	char *path = sfw_path_join(dir, "config.json");
@@ -445,6 +501,18 @@ static enum sfw_status load_config_json(const char *dir, cJSON **out, struct sfw
 	enum sfw_status s = sfw_read_file(path, 4u << 20, &b, err);
 	if (s == SFW_OK)
 		s = sfw_json_parse(b.data, b.len, path, out, err);
+	if (s == SFW_OK) {
+		size_t ntok = lex_numbers(b.data, b.len, NULL, 0), at = 0;
+		struct numtok *tok = sfw_malloc((ntok ? ntok : 1) * sizeof(*tok));
+		if (!tok || lex_numbers(b.data, b.len, tok, ntok) != ntok || keep_numbers(*out, tok, ntok, &at) != 0 ||
+		    at != ntok) {
+			s = sfw_fail(err, tok ? SFW_E_FORMAT : SFW_E_NOMEM, "'%s': cannot keep its numbers as written",
+				     path);
+			cJSON_Delete(*out);
+			*out = NULL;
+		}
+		sfw_free(tok);
+	}
 	sfw_buf_release(&b);
 	sfw_free(path);
 	return s;

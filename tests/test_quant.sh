@@ -30,6 +30,25 @@ check_err "quant --no-verify says so and reports" 0 "32 linears int8 \(w8-g32\)"
 check_err "an existing output needs --force" 2 "already holds a model" \
 	$SALAFW quant "$D" -o "$S/q" --method rtn --no-verify
 check "the output is a complete model directory" test -f "$S/q/config.json" -a -f "$S/q/model.safetensors.index.json"
+# config.json keeps its numbers' types (10000.0 and 0.0 stay floats) for python readers
+r=$(python3 - "$D/config.json" "$S/q/config.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+def walk(x, y, at):
+    if type(x) is not type(y) or (not isinstance(x, (dict, list)) and x != y):
+        return ['%s: %r -> %r' % (at, x, y)]
+    if isinstance(x, dict):
+        return sum((walk(x[k], y.get(k), at + '.' + k) for k in x), [])
+    if isinstance(x, list):
+        return sum((walk(u, v, at + '[]') for u, v in zip(x, y)), []) if len(x) == len(y) else [at + ': length']
+    return []
+floats = sum(isinstance(v, float) and v == int(v) for v in a.values())
+bad = walk({k: v for k, v in a.items() if k != 'quantization_config'}, b, 'config')
+print('ok %d' % floats if not bad and floats >= 2 else 'bad %d %s' % (floats, bad[:4]))
+PY
+)
+case $r in ok*) pass "config.json keeps every field's value and JSON type (${r#ok } integral floats stay floats)";;
+*) fail "config.json rewritten with other types: $r";; esac
 # --force replaces the model as a whole: one shard over several leaves one shard file
 check "--shard-size writes several shards" $SALAFW quant "$D" -o "$S/f" --method rtn --shard-size 1500000 --no-verify -q
 n=$(ls "$S/f" | grep -c '^model.*\.safetensors$')
