@@ -28,19 +28,87 @@ static const struct cli_opt opts[] = {
 };
 
 struct progress {
-	int quiet;
-	int last_pct;
+	int quiet, tty;
+	int open_line;           /* a refreshing line is on the terminal */
+	enum sfw_quant_phase ph; /* of the last line */
+	int64_t last_step;       /* non-terminal: the last step printed */
+	const char *device;
 };
+
+static void clock_text(double s, char *out, size_t cap)
+{
+	long t = s < 0 ? 0 : (long)(s + 0.5);
+	if (t >= 3600)
+		snprintf(out, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+	else
+		snprintf(out, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+/* One line per step when stderr is not a terminal (a layer, a calibration
+ * sequence out of about 16, 5% of the output), one refreshing line on a
+ * terminal; each with the phase's elapsed time and an ETA. */
+static void on_phase(void *user, const struct sfw_quant_event *ev)
+{
+	struct progress *pr = user;
+	if (pr->quiet)
+		return;
+	char line[200], el[32], eta[32];
+	clock_text(ev->elapsed, el, sizeof(el));
+	int64_t step = ev->i;
+	if (ev->phase == SFW_QP_CALIB && !pr->tty) {
+		int64_t every = ev->n >= 16 ? ev->n / 16 : 1;
+		step = ev->i == ev->n ? ev->n : ev->i / every * every;
+	} else if (ev->phase == SFW_QP_WRITE) {
+		step = ev->n ? ev->i * 20 / ev->n : 20; /* 5% steps */
+	}
+	if (!pr->tty && ev->phase == pr->ph && step == pr->last_step && ev->phase != SFW_QP_LOAD)
+		return;
+	if (ev->i > 0 && ev->i < ev->n)
+		clock_text(ev->elapsed / (double)ev->i * (double)(ev->n - ev->i), eta, sizeof(eta));
+	else
+		snprintf(eta, sizeof(eta), "0:00");
+	switch (ev->phase) {
+	case SFW_QP_LOAD:
+		if (ev->i == 0)
+			snprintf(line, sizeof(line), "loading the model%s%s%s", strcmp(pr->device, "cpu") ? " (uploading to " : "",
+				 strcmp(pr->device, "cpu") ? pr->device : "", strcmp(pr->device, "cpu") ? ")" : "");
+		else
+			snprintf(line, sizeof(line), "model loaded in %s", el);
+		break;
+	case SFW_QP_CALIB:
+		snprintf(line, sizeof(line), "calibrating (%s): sequence %lld/%lld, %s elapsed, ETA %s", pr->device,
+			 (long long)ev->i, (long long)ev->n, el, eta);
+		break;
+	case SFW_QP_SEARCH:
+		snprintf(line, sizeof(line), "searching AWQ scales: layer %lld/%lld, %s elapsed, ETA %s", (long long)ev->i,
+			 (long long)ev->n, el, eta);
+		break;
+	case SFW_QP_WRITE:
+		snprintf(line, sizeof(line), "writing shard %d/%d: %3d%% of %.1f %s, %s elapsed, ETA %s", ev->shard,
+			 ev->n_shards, ev->n ? (int)(ev->i * 100 / ev->n) : 100, ev->n >= 1e9 ? ev->n / 1e9 : ev->n / 1e6,
+			 ev->n >= 1e9 ? "GB" : "MB", el, eta);
+		break;
+	}
+	if (pr->tty) {
+		if (pr->open_line && ev->phase != pr->ph)
+			fputc('\n', stderr);
+		fprintf(stderr, "\rsalafw quant: %-100s", line);
+		pr->open_line = 1;
+		if (ev->phase == SFW_QP_LOAD && ev->i == 0) { /* no steps follow until it is loaded */
+			fputc('\n', stderr);
+			pr->open_line = 0;
+		}
+	} else {
+		fprintf(stderr, "salafw quant: %s\n", line);
+	}
+	fflush(stderr);
+	pr->ph = ev->phase;
+	pr->last_step = step;
+}
 
 static int on_progress(void *user, const char *tensor, uint64_t done, uint64_t total)
 {
-	struct progress *pr = user;
-	(void)tensor;
-	int pct = total ? (int)(done * 100 / total) : 100;
-	if (!pr->quiet && pct != pr->last_pct && isatty(2)) {
-		fprintf(stderr, "\rsalafw quant: writing %3d%%", pct);
-		pr->last_pct = pct;
-	}
+	(void)user, (void)tensor, (void)done, (void)total;
 	return 1;
 }
 
@@ -126,13 +194,14 @@ int cmd_quant(int argc, char **argv)
 	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc)
 		return rc;
-	struct progress pr = {quiet, -1};
+	struct progress pr = {quiet, isatty(2), 0, SFW_QP_LOAD, -1, p.device == SFW_DEVICE_CUDA ? "cuda" : "cpu"};
 	p.progress = on_progress;
+	p.on_phase = on_phase;
 	p.progress_user = &pr;
 	p.stats = &st;
 	struct sfw_err err = {0};
 	enum sfw_status s = sfw_quant_run(cp.pos[0], out, &p, &err);
-	if (!quiet && pr.last_pct >= 0)
+	if (pr.open_line)
 		fprintf(stderr, "\n");
 	if (s != SFW_OK)
 		return cli_report(s, &err);

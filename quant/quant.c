@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,6 +143,31 @@ static void src_row(const struct entry *e, int64_t r, int64_t K, float *out)
 			v /= vec ? e->div[k] : e->div[r];
 		out[k] = v;
 	}
+}
+
+void sfwi_release_pages(const void *p, uint64_t n)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	if (!p || n == 0 || pg <= 0)
+		return;
+	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1), b = ((uintptr_t)p + (uintptr_t)n + (uintptr_t)pg - 1) &
+							       ~(uintptr_t)(pg - 1);
+	(void)madvise((void *)a, (size_t)(b - a), MADV_DONTNEED); /* advice: a failure only costs memory */
+}
+
+double sfwi_now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void sfwi_phase(const struct sfw_quant_params *p, enum sfw_quant_phase ph, int64_t i, int64_t n, double t0)
+{
+	if (!p->on_phase)
+		return;
+	struct sfw_quant_event ev = {ph, i, n, 0, 0, sfwi_now_s() - t0};
+	p->on_phase(p->progress_user, &ev);
 }
 
 /* ---- producing one tensor's bytes --------------------------------------- */
@@ -563,6 +589,7 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 	if (!order)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	uint64_t done = 0;
+	double t_write = sfwi_now_s();
 	char gs[16];
 	if (p->group_size > 0)
 		snprintf(gs, sizeof(gs), "%d", p->group_size);
@@ -598,7 +625,15 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 			s = sfw_st_writer_declare(w, order[i]->name, order[i]->dtype, order[i]->ndim, order[i]->shape, err);
 		for (size_t i = 0; s == SFW_OK && i < n; i++) {
 			s = produce(wc, w, order[i], err);
+			/* the input pages of this tensor are done with (a linear's other
+			 * part reads them again from the page cache, not the disk) */
+			sfwi_release_pages(order[i]->src->data, order[i]->src->nbytes);
 			done += order[i]->nbytes;
+			if (p->on_phase) {
+				struct sfw_quant_event ev = {SFW_QP_WRITE, (int64_t)done, (int64_t)pl->total, sh + 1,
+							     pl->n_shards, sfwi_now_s() - t_write};
+				p->on_phase(p->progress_user, &ev);
+			}
 			if (s == SFW_OK && p->progress && !p->progress(p->progress_user, order[i]->name, done, pl->total))
 				s = sfw_fail(err, SFW_E_ABORTED, "quantization cancelled");
 		}
@@ -679,13 +714,6 @@ static void remove_stale(const char *out_dir, int n_shards, int force)
 	closedir(d);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static enum sfw_status check_dirs(const char *in, const char *out, int force, struct sfw_err *err)
 {
 	enum sfw_status s = sfw_mkdirs(out, err);
@@ -717,7 +745,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	const struct sfw_quant_params *p = pp ? pp : &dp;
 	struct sfw_quant_stats local, *st = p->stats ? p->stats : &local;
 	memset(st, 0, sizeof(*st));
-	double t0 = now_s();
+	double t0 = sfwi_now_s();
 	if (!sfw_quant_traits(p->group_size))
 		return sfw_fail(err, SFW_E_INVAL, "group size %d is not supported (32, 64, 128 or channel)",
 				p->group_size);
@@ -746,10 +774,10 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	if ((s = sfw_st_set_open(in_dir, &set, err)) != SFW_OK)
 		goto done;
 	if (p->method == SFW_QUANT_AWQ) {
-		double tc = now_s();
+		double tc = sfwi_now_s();
 		if ((s = sfwi_awq_search(in_dir, p, &fold, err)) != SFW_OK)
 			goto done;
-		st->seconds_calib = now_s() - tc;
+		st->seconds_calib = sfwi_now_s() - tc;
 	}
 	if ((s = make_plan(in_dir, set, p, p->method == SFW_QUANT_AWQ ? &fold : NULL, &pl, &st->n_quantized, err)) != SFW_OK)
 		goto done;
@@ -803,7 +831,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	if ((s = write_json(out_dir, "config.json", cj, err)) != SFW_OK) /* last: the model is complete */
 		goto done;
 	remove_stale(out_dir, pl.n_shards, p->force);
-	st->seconds_total = now_s() - t0;
+	st->seconds_total = sfwi_now_s() - t0;
 done:
 	if (wc.rowbuf)
 		for (int i = 0; i < wc.nt; i++) {
