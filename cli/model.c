@@ -122,10 +122,10 @@ static void print_get_hint(const char *cmd, const char *dir, const struct sfw_ma
 	if (!repo && pinned_origin(dir, &pin))
 		repo = pin.repo_id, rev = pin.revision;
 	if (repo)
-		fprintf(stderr, "%s: fix: salafw get %s@%s -d %s%s%s\n", cmd, repo, rev, dir, file ? " --include " : "",
+		fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s\n", cmd, repo, rev, dir, file ? " --include " : "",
 			file ? file : "");
 	else
-		fprintf(stderr, "%s: fix: salafw get ORG/NAME@REVISION -d %s (the repo it came from)\n", cmd, dir);
+		fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s (the repo it came from)\n", cmd, dir);
 }
 
 /* The bytes of an unsigned manifest that `salafw manifest` or `quant`
@@ -214,7 +214,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			 missing ? "does not exist" : S_ISDIR(dst.st_mode) ? strerror(errno) : "is not a directory");
 		int rc = cli_report(err.code, &err);
 		if (missing)
-			fprintf(stderr, "%s: fix: salafw get ORG/NAME@REVISION -d %s fetches one, or check the path\n", cmd,
+			fprintf(stderr, "%s: hint: check the path, or fetch a model there: salafw get ORG/NAME@REVISION -d %s\n", cmd,
 				dir);
 		return rc;
 	}
@@ -246,7 +246,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		sfw_fail(&err, SFW_E_UNVERIFIED, "'%s' has no signed manifest in .salafw/", dir);
 		rc = cli_report(err.code, &err);
 		if (is_quantized(dir))
-			fprintf(stderr, "%s: fix: salafw sign --user %s (signs the model you derived with your local key)\n",
+			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw sign --user %s (signs the model you derived with your local key)\n",
 				cmd, dir);
 		else
 			print_get_hint(cmd, dir, NULL, NULL);
@@ -260,7 +260,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			 dir);
 		rc = cli_report(err.code, &err);
 		if (derived)
-			fprintf(stderr, "%s: fix: salafw sign --user %s\n", cmd, dir);
+			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw sign --user %s\n", cmd, dir);
 		else
 			print_get_hint(cmd, dir, NULL, NULL);
 		goto out;
@@ -282,7 +282,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	if (s != SFW_OK) {
 		rc = cli_report(s, &err);
 		if (!pubkey && (s == SFW_E_KEYID || s == SFW_E_SIG))
-			fprintf(stderr, "%s: fix: pass --pubkey FILE with the key of whoever signed it%s\n", cmd,
+			fprintf(stderr, "%s: refusing to run unverified weights; fix: pass --pubkey FILE with the key of whoever signed it%s\n", cmd,
 				user_at < 0 ? " (or, for a model you derived, salafw sign --user DIR)" : "");
 		goto out;
 	}
@@ -319,14 +319,14 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			sfw_free(fp);
 		}
 		if (m.lineage.present && (gone || s == SFW_E_HASH || s == SFW_E_SIZE))
-			fprintf(stderr, "%s: fix: make the derived model again: salafw quant PARENT_DIR -o %s --force\n",
+			fprintf(stderr, "%s: refusing to run unverified weights; fix: make the derived model again: salafw quant PARENT_DIR -o %s --force\n",
 				cmd, dir);
 		else if (gone)
 			print_get_hint(cmd, dir, &m, gone);
 		else if (s == SFW_E_HASH || s == SFW_E_SIZE)
 			print_get_hint(cmd, dir, &m, NULL);
 		else
-			fprintf(stderr, "%s: fix: salafw verify %s%s%s\n", cmd, dir, pubkey ? " --pubkey " : "",
+			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw verify %s%s%s\n", cmd, dir, pubkey ? " --pubkey " : "",
 				pubkey ? pubkey : "");
 		goto out;
 	}
