@@ -40,6 +40,7 @@ struct progress {
 	int open_line;           /* a refreshing line is on the terminal */
 	enum sfw_quant_phase ph; /* of the last line */
 	int64_t last_step;       /* non-terminal: the last step printed */
+	double last_print;       /* ... and when (writing) */
 	const char *device;
 };
 
@@ -71,6 +72,11 @@ static void on_phase(void *user, const struct sfw_quant_event *ev)
 	}
 	if (!pr->tty && ev->phase == pr->ph && step == pr->last_step && ev->phase != SFW_QP_LOAD)
 		return;
+	/* writing, to a log: the first and last 5% step, and one every 10 s between */
+	if (!pr->tty && ev->phase == SFW_QP_WRITE && pr->ph == SFW_QP_WRITE && ev->i < ev->n &&
+	    ev->elapsed - pr->last_print < 10.0)
+		return;
+	pr->last_print = ev->phase == SFW_QP_WRITE ? ev->elapsed : 0;
 	if (ev->i > 0 && ev->i < ev->n)
 		clock_text(ev->elapsed / (double)ev->i * (double)(ev->n - ev->i), eta, sizeof(eta));
 	else
@@ -296,7 +302,7 @@ int cmd_quant(int argc, char **argv)
 		return rc;
 	if (sign < 0) /* the default: sign what was derived from verified weights */
 		sign = gi.verified;
-	struct progress pr = {quiet, isatty(2), 0, SFW_QP_LOAD, -1, p.device == SFW_DEVICE_CUDA ? "cuda" : "cpu"};
+	struct progress pr = {quiet, isatty(2), 0, SFW_QP_LOAD, -1, 0, p.device == SFW_DEVICE_CUDA ? "cuda" : "cpu"};
 	p.progress = on_progress;
 	p.on_phase = on_phase;
 	p.progress_user = &pr;

@@ -236,7 +236,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	struct sfw_manifest m;
 	struct sfw_minisig_info *si = sfw_malloc(sizeof(*si));
 	memset(&m, 0, sizeof(m));
-	int rc = 0, have_m = 0;
+	int rc = 0;
 	if (!mp || !sp || !si) {
 		rc = cli_report(SFW_E_NOMEM, NULL);
 		goto out;
@@ -286,7 +286,6 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 				user_at < 0 ? " (or, for a model you derived, salafw sign --user DIR)" : "");
 		goto out;
 	}
-	have_m = 1;
 	const struct sfw_pubkey *signer = &keys[0];
 	for (size_t i = 0; i < nkeys; i++)
 		if (memcmp(keys[i].key_id, si->key_id, 8) == 0)
@@ -337,18 +336,17 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	sfw_pubkey_id_hex(si->key_id, info->key_id);
 	sfw_hex_encode(m.manifest_sha256, 32, info->manifest_sha256);
 	if (local || m.lineage.present) {
-		char par[200], how[600];
+		char par[200];
+		const char *group = "";
+		for (size_t i = 0; i < m.lineage.nparams; i++)
+			if (!strcmp(m.lineage.param_key[i], "group_size"))
+				group = m.lineage.param_value[i];
 		cli_parent_text(&m.lineage, par, sizeof(par));
-		cli_lineage_text(&m.lineage, how, sizeof(how));
-		if (local)
-			fprintf(stderr, "%s: verified: signed by your local key %s, derived from %s (%s)\n", cmd,
-				info->key_id, par, how);
-		else
-			fprintf(stderr, "%s: verified: signed by key %s, derived from %s (%s)\n", cmd, info->key_id, par,
-				how);
+		fprintf(stderr, "%s: verified: signed by %s %s, derived from %s (%s%s%s; salafw verify %s shows how)\n",
+			cmd, local ? "your local key" : "key", info->key_id, par, m.lineage.method, *group ? " group " : "",
+			group, dir);
 	}
 out:
-	(void)have_m;
 	sfw_manifest_release(&m);
 	sfw_buf_release(&mb);
 	sfw_buf_release(&sb);
