@@ -22,6 +22,7 @@
 #include "kernels/ops.h"
 #include "file.h"
 #include "quant/quant.h"
+#include "verify/verify.h"
 #include "quant/quant_int.h"
 #include "runner/runner.h"
 #include "runner/safetensors.h"
@@ -977,9 +978,79 @@ static void test_refusals(const char *golden)
 	      err.msg);
 }
 
+/* ---- K. the manifest's lineage object (verify/manifest.c) -------------------- */
+static int parse_lineage(const char *lineage, struct sfw_manifest *m, struct sfw_err *err)
+{
+	char t[4096];
+	snprintf(t, sizeof(t),
+		 "{\"schema_version\": 1, \"generator\": \"salafw/0.1.0\", \"publisher\": {\"key_id\": "
+		 "\"0123456789ABCDEF\"}, \"repo_type\": \"model\", \"repo_id\": \"local/m\", \"revision\": "
+		 "\"%s\", %s%s%s\"manifest_version\": 1, \"created\": \"2026-01-01T00:00:00Z\", \"expires\": "
+		 "\"2027-01-01T00:00:00Z\", \"total_size\": 3, \"files\": [{\"path\": \"a\", \"size\": 3, "
+		 "\"sha256\": \"%s\"}]}",
+		 "0123456789abcdef0123456789abcdef01234567", lineage ? "\"lineage\": " : "", lineage ? lineage : "",
+		 lineage ? ", " : "", "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
+	return sfw_manifest_parse(t, strlen(t), "manifest", m, err);
+}
+
+static void test_lineage_parse(void)
+{
+	struct sfw_manifest m;
+	struct sfw_err err = {0};
+	static const char good[] =
+	    "{\"derived_by\": \"salafw/0.1.0\", \"method\": \"awq\", \"params\": {\"group_size\": \"128\", "
+	    "\"samples\": \"128\"}, \"parent\": {\"repo_id\": \"openbmb/MiniCPM-SALA\", \"revision\": "
+	    "\"9180fe1db74f71fb81bc7105efe88f6b19c959b0\", \"manifest_sha256\": "
+	    "\"2263a168d94c135114578ce8ca12f8d227cab567a5ba9b4e5cff929ed7247d87\", \"key_id\": \"2DC28CC7B26A283B\"}}";
+	CHECK(parse_lineage(good, &m, &err) == SFW_OK && m.lineage.present && m.lineage.has_parent &&
+		  !strcmp(m.lineage.method, "awq") && m.lineage.nparams == 2 && !strcmp(m.lineage.param_key[0], "group_size") &&
+		  !strcmp(m.lineage.param_value[0], "128") && !strcmp(m.lineage.parent_repo_id, "openbmb/MiniCPM-SALA") &&
+		  !strcmp(m.lineage.parent_key_id, "2DC28CC7B26A283B") && m.lineage.parent_manifest_sha256[0] == 0x22 &&
+		  m.lineage.parent_manifest_sha256[31] == 0x87,
+	      "a lineage parses: method, params, parent repo, revision, manifest sha256, key (%s)", err.msg);
+	sfw_manifest_release(&m);
+	CHECK(parse_lineage(NULL, &m, &err) == SFW_OK && !m.lineage.present, "no lineage: a publisher's manifest");
+	sfw_manifest_release(&m);
+	CHECK(parse_lineage("{\"derived_by\": \"x\", \"method\": \"rtn\"}", &m, &err) == SFW_OK && m.lineage.present &&
+		  !m.lineage.has_parent && m.lineage.nparams == 0,
+	      "a lineage without params or parent (an unverified input)");
+	sfw_manifest_release(&m);
+	char many[4096] = "{\"derived_by\": \"x\", \"method\": \"rtn\", \"params\": {";
+	for (int i = 0; i <= SFW_LINEAGE_MAX_PARAMS; i++)
+		snprintf(many + strlen(many), sizeof(many) - strlen(many), "%s\"p%d\": \"v\"", i ? ", " : "", i);
+	strcat(many, "}}");
+	const struct {
+		const char *lineage, *why;
+	} bad[] = {
+	    {"[]", "must be an object"},
+	    {"{\"derived_by\": \"x\", \"method\": \"rtn\", \"extra\": 1}", "unknown member 'extra'"},
+	    {"{\"method\": \"rtn\"}", "derived_by"},
+	    {"{\"derived_by\": \"x\", \"method\": \"RTN\"}", "method must be"},
+	    {"{\"derived_by\": \"x\\u0001\", \"method\": \"rtn\"}", "printable"},
+	    {"{\"derived_by\": \"x\", \"method\": \"rtn\", \"params\": {\"g\": 128}}", "must be a string"},
+	    {"{\"derived_by\": \"x\", \"method\": \"rtn\", \"params\": {\"G-S\": \"1\"}}", "param name"},
+	    {"{\"derived_by\": \"x\", \"method\": \"rtn\", \"parent\": {\"repo_id\": \"a/b\", \"revision\": \"00\", "
+	     "\"manifest_sha256\": \"00\", \"key_id\": \"00\"}}",
+	     "revision must be"},
+	    {"{\"derived_by\": \"x\", \"method\": \"rtn\", \"parent\": {\"repo_id\": \"a/b\", \"revision\": "
+	     "\"0123456789abcdef0123456789abcdef01234567\", \"manifest_sha256\": \"00\", \"key_id\": \"00\"}}",
+	     "manifest_sha256 must be"},
+	    {"{\"derived_by\": \"x\", \"method\": \"rtn\", \"parent\": {\"repo_id\": \"../b\"}}", "ORG/NAME"},
+	    {many, "more than 32 params"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		memset(&err, 0, sizeof(err));
+		enum sfw_status s = parse_lineage(bad[i].lineage, &m, &err);
+		CHECK(s == SFW_E_MANIFEST && strstr(err.msg, bad[i].why), "lineage refused (%s): %s", bad[i].why, err.msg);
+		if (s == SFW_OK)
+			sfw_manifest_release(&m);
+	}
+}
+
 int main(void)
 {
 	test_layout();
+	test_lineage_parse();
 	test_known_bytes();
 	test_matmul_w8();
 	static const int groups[] = {32, 64, 128, 0};
