@@ -38,7 +38,7 @@ static int sign_user(const char *cmd, const char *dir)
 	char lj[512];
 	if (s == SFW_OK && !have) {
 		/* only what salafw quant wrote: its shards name the method */
-		char *ip = sfw_path_join(dir, "model.safetensors.index.json"), *sh = sfw_path_join(dir, "model-00001-of-00001.safetensors");
+		char *ip = sfw_path_join(dir, "model.safetensors.index.json");
 		struct sfw_buf ib;
 		sfw_buf_init(&ib, 64u << 20);
 		const char *method = NULL, *group = NULL;
@@ -71,7 +71,6 @@ static int sign_user(const char *cmd, const char *dir)
 		sfw_st_close(f);
 		sfw_buf_release(&ib);
 		sfw_free(ip);
-		sfw_free(sh);
 	}
 	if (s == SFW_OK)
 		s = sfw_userkey_ensure(&sk, &pk, &created, &err);

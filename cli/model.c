@@ -282,8 +282,11 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	if (s != SFW_OK) {
 		rc = cli_report(s, &err);
 		if (!pubkey && (s == SFW_E_KEYID || s == SFW_E_SIG))
-			fprintf(stderr, "%s: refusing to run unverified weights; fix: pass --pubkey FILE with the key of whoever signed it%s\n", cmd,
-				user_at < 0 ? " (or, for a model you derived, salafw sign --user DIR)" : "");
+			fprintf(stderr,
+				"%s: refusing to run unverified weights; fix: pass --pubkey FILE with the key of whoever "
+				"signed it%s%s%s\n",
+				cmd, user_at < 0 ? " (or, for a model you derived: salafw sign --user " : "",
+				user_at < 0 ? dir : "", user_at < 0 ? ")" : "");
 		goto out;
 	}
 	const struct sfw_pubkey *signer = &keys[0];

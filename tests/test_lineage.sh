@@ -134,6 +134,14 @@ cp "$S/good.json" "$Q/.salafw/manifest.json"
 $SALAFW sign -s "$XDG_CONFIG_HOME/salafw/user.key" "$Q/.salafw/manifest.json" >/dev/null
 check "the genuine derived manifest runs again" $SALAFW run "$Q" -p x -n 1
 
+# the local key signs only what the user derived
+cp "$M/.salafw/manifest.json.minisig" "$S/pubsig.bak"
+check_err "sign --user refuses a publisher's manifest" 3 "not a model you derived|names publisher key" \
+	$SALAFW sign --user "$M"
+check "... and leaves its signature as it was" cmp "$M/.salafw/manifest.json.minisig" "$S/pubsig.bak"
+check_err "sign --user refuses a directory that is no salafw quant output" 1 "not a model salafw quant wrote" \
+	$SALAFW sign --user "$S/plain"
+
 # --no-verify: the output is not signed unless asked, and says how
 check_err "quant --no-verify leaves the manifest unsigned and names sign --user" 0 "salafw sign --user $S/q3" \
 	$SALAFW quant "$M" -o "$S/q3" --method rtn --no-verify

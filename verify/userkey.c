@@ -226,12 +226,49 @@ out:
 	return s;
 }
 
+/* The manifest is a derived one of a local repo (quant's), not a
+ * publisher's: the user key never signs anything else. An empty key id
+ * (quant without a key) is filled in for the parse only. */
+static enum sfw_status check_derived(const char *mpath, struct sfw_err *err)
+{
+	struct sfw_buf b, pb;
+	enum sfw_status s = sfw_read_file(mpath, SFW_MANIFEST_MAX, &b, err);
+	if (s != SFW_OK)
+		return s;
+	sfw_buf_init(&pb, SFW_MANIFEST_MAX + 32);
+	char *k = b.data ? strstr(b.data, "\"key_id\": \"\"") : NULL;
+	if (k) {
+		*k = 0;
+		s = sfw_buf_printf(&pb, "%s\"key_id\": \"0000000000000000\"%s", b.data, k + 12);
+	}
+	struct sfw_manifest m;
+	char what[300];
+	snprintf(what, sizeof(what), "manifest '%s'", mpath);
+	if (s == SFW_OK)
+		s = sfw_manifest_parse(k ? pb.data : b.data, k ? pb.len : b.len, what, &m, err);
+	else
+		s = sfw_fail(err, s, "out of memory");
+	if (s == SFW_OK) {
+		if (!m.lineage.present || strncmp(m.repo_id, LOCAL_NS, sizeof(LOCAL_NS) - 1) != 0)
+			s = sfw_fail(err, SFW_E_MANIFEST,
+				     "%s is for '%s' without a lineage: not a model you derived, so your local key does "
+				     "not sign it",
+				     what, m.repo_id);
+		sfw_manifest_release(&m);
+	}
+	sfw_buf_release(&pb);
+	sfw_buf_release(&b);
+	return s;
+}
+
 enum sfw_status sfw_derived_sign(const char *dir, const struct sfw_seckey *key, struct sfw_err *err)
 {
 	char *mpath = sfw_path_join(dir, ".salafw/manifest.json");
 	if (!mpath)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	enum sfw_status s = sfw_manifest_sign(mpath, key, err);
+	enum sfw_status s = check_derived(mpath, err);
+	if (s == SFW_OK)
+		s = sfw_manifest_sign(mpath, key, err);
 	if (s == SFW_OK)
 		s = record_verified(dir, mpath, err);
 	sfw_free(mpath);

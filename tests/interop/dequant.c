@@ -81,9 +81,10 @@ int main(int argc, char **argv)
 		}
 		packed[m] = t, scale[m] = s, Ks[m] = K, m++;
 		uint64_t shape[2] = {(uint64_t)N, (uint64_t)K};
-		strcat(mod, ".weight");
-		if (sfw_st_writer_declare(w, mod, SFW_DTYPE_F32, 2, shape, &err) != SFW_OK)
-			return fail(mod, &err);
+		char wn[520];
+		snprintf(wn, sizeof(wn), "%s.weight", mod);
+		if (sfw_st_writer_declare(w, wn, SFW_DTYPE_F32, 2, shape, &err) != SFW_OK)
+			return fail(wn, &err);
 	}
 	for (size_t i = 0; i < m; i++) {
 		const struct sfw_tensor_info *t = packed[i], *s = scale[i];
