@@ -18,7 +18,8 @@ static const struct cli_opt opts[] = {
     {"seckey", 's', "FILE", "unencrypted minisign secret key (salafw keygen, minisign -G -W)"},
     {"trusted-comment", 't', "TEXT", "sign FILE as a plain file with this trusted comment"},
     {"raw", 0, NULL, "FILE is not a manifest: minisign's default trusted comment"},
-    {"user", 0, NULL, "sign the model directory you derived (salafw quant) with your local key, made on first use"},
+    {"user", 0, NULL,
+     "sign the model directory you derived (salafw quant) with your local key, made on first use"},
     {0},
 };
 
@@ -46,27 +47,32 @@ static int sign_user(const char *cmd, const char *dir)
 		char first[300] = "";
 		if (ip && sfw_read_file(ip, 64u << 20, &ib, &err) == SFW_OK && ib.data) {
 			const char *q = strstr(ib.data, "\"model-00001-of-");
-			if (q && strlen(q) > 40 && sscanf(q + 1, "%250[^\"]", first) == 1 && !strchr(first, '/')) {
+			if (q && strlen(q) > 40 && sscanf(q + 1, "%250[^\"]", first) == 1 &&
+			    !strchr(first, '/')) {
 				char *fp = sfw_path_join(dir, first);
-				if (fp && sfw_st_open(fp, &f, &err) == SFW_OK && sfw_st_metadata(f, "salafw.format")) {
+				if (fp && sfw_st_open(fp, &f, &err) == SFW_OK &&
+				    sfw_st_metadata(f, "salafw.format")) {
 					method = sfw_st_metadata(f, "quant.method");
 					group = sfw_st_metadata(f, "quant.group_size");
 				}
 				sfw_free(fp);
 			}
 		}
-		if (!method || !group || strspn(method, "abcdefghijklmnopqrstuvwxyz") != strlen(method) || !*method ||
-		    strspn(group, "0123456789channel") != strlen(group) || !*group || strlen(method) > 16 ||
-		    strlen(group) > 16) {
-			s = sfw_fail(&err, SFW_E_UNVERIFIED,
-				     "'%s' has no manifest and is not a model salafw quant wrote: your local key signs only "
-				     "what you derived (fetch a publisher's model with 'salafw get ORG/NAME -d %s')",
-				     dir, dir);
+		if (!method || !group || strspn(method, "abcdefghijklmnopqrstuvwxyz") != strlen(method) ||
+		    !*method || strspn(group, "0123456789channel") != strlen(group) || !*group ||
+		    strlen(method) > 16 || strlen(group) > 16) {
+			s = sfw_fail(
+			    &err, SFW_E_UNVERIFIED,
+			    "'%s' has no manifest and is not a model salafw quant wrote: your local key "
+			    "signs only "
+			    "what you derived (fetch a publisher's model with 'salafw get ORG/NAME -d %s')",
+			    dir, dir);
 		} else {
-			snprintf(lj, sizeof(lj),
-				 "{\"derived_by\": \"salafw/%s\", \"method\": \"%s\", \"params\": {\"format\": "
-				 "\"pack-quantized int8\", \"group_size\": \"%s\", \"signed_later\": \"1\"}}",
-				 SFW_VERSION, method, group);
+			snprintf(
+			    lj, sizeof(lj),
+			    "{\"derived_by\": \"salafw/%s\", \"method\": \"%s\", \"params\": {\"format\": "
+			    "\"pack-quantized int8\", \"group_size\": \"%s\", \"signed_later\": \"1\"}}",
+			    SFW_VERSION, method, group);
 		}
 		sfw_st_close(f);
 		sfw_buf_release(&ib);
@@ -81,13 +87,15 @@ static int sign_user(const char *cmd, const char *dir)
 		char id[17];
 		sfw_pubkey_id_hex(pk.key_id, id);
 		if (created)
-			printf("created your local signing key %s in '%s' (.pub beside it)\n", id, kp ? kp : "?");
+			printf("created your local signing key %s in '%s' (.pub beside it)\n", id,
+			       kp ? kp : "?");
 		printf("signed '%s' with your local key %s; run it: salafw run %s\n", dir, id, dir);
 	}
 	sfw_free(mp);
 	sfw_free(kp);
 	if (s == SFW_E_MANIFEST && have)
-		fprintf(stderr, "%s: '%s/.salafw/manifest.json' is not a manifest salafw quant wrote\n", cmd, dir);
+		fprintf(stderr, "%s: '%s/.salafw/manifest.json' is not a manifest salafw quant wrote\n", cmd,
+			dir);
 	return s == SFW_OK ? SFW_EXIT_OK : cli_report(s, &err);
 }
 

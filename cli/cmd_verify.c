@@ -220,14 +220,16 @@ int cmd_verify(int argc, char **argv)
 		cli_lineage_text(&m.lineage, how, sizeof(how));
 	}
 	if (!json) {
-		printf("signature ok: key %s%s, %s, trusted comment: %s\n", kid, local_key ? " (your local key)" : "",
-		       info.prehashed ? "prehashed" : "legacy", info.trusted_comment);
+		printf("signature ok: key %s%s, %s, trusted comment: %s\n", kid,
+		       local_key ? " (your local key)" : "", info.prehashed ? "prehashed" : "legacy",
+		       info.trusted_comment);
 		if (m.lineage.present) {
 			printf("lineage: derived from %s: %s\n", par, how);
 			if (m.lineage.has_parent) {
 				char ph[65];
 				sfw_hex_encode(m.lineage.parent_manifest_sha256, 32, ph);
-				printf("lineage: parent manifest sha256 %s, signed by key %s\n", ph, m.lineage.parent_key_id);
+				printf("lineage: parent manifest sha256 %s, signed by key %s\n", ph,
+				       m.lineage.parent_key_id);
 			}
 		}
 	}

@@ -108,8 +108,10 @@ static int is_quantized(const char *dir)
 	struct sfw_buf b;
 	sfw_buf_init(&b, 4u << 20);
 	struct sfw_err e = {0};
-	int q = cp && sfw_read_file(cp, 4u << 20, &b, &e) == SFW_OK && b.data && strstr(b.data, "\"quantization_config\"") &&
-		!strstr(b.data, "\"quantization_config\": null") && !strstr(b.data, "\"quantization_config\":null");
+	int q = cp && sfw_read_file(cp, 4u << 20, &b, &e) == SFW_OK && b.data &&
+		strstr(b.data, "\"quantization_config\"") &&
+		!strstr(b.data, "\"quantization_config\": null") &&
+		!strstr(b.data, "\"quantization_config\":null");
 	sfw_buf_release(&b);
 	sfw_free(cp);
 	return q;
@@ -122,10 +124,13 @@ static void print_get_hint(const char *cmd, const char *dir, const struct sfw_ma
 	if (!repo && pinned_origin(dir, &pin))
 		repo = pin.repo_id, rev = pin.revision;
 	if (repo)
-		fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s\n", cmd, repo, rev, dir, file ? " --include " : "",
-			file ? file : "");
+		fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s\n",
+			cmd, repo, rev, dir, file ? " --include " : "", file ? file : "");
 	else
-		fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s (the repo it came from)\n", cmd, dir);
+		fprintf(stderr,
+			"%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s "
+			"(the repo it came from)\n",
+			cmd, dir);
 }
 
 /* The bytes of an unsigned manifest that `salafw manifest` or `quant`
@@ -178,7 +183,8 @@ void cli_parent_text(const struct sfw_manifest_lineage *l, char *out, size_t cap
 		snprintf(out, cap, "%s@%s", l->parent_repo_id, l->parent_revision);
 }
 
-int cli_trusted_keys(const char *pubkey, struct sfw_pubkey *keys, size_t *n, int *user_at, struct sfw_err *err)
+int cli_trusted_keys(const char *pubkey, struct sfw_pubkey *keys, size_t *n, int *user_at,
+		     struct sfw_err *err)
 {
 	*n = 0;
 	*user_at = -1;
@@ -211,15 +217,20 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	if (stat(dir, &dst) != 0 || !S_ISDIR(dst.st_mode)) {
 		int missing = errno == ENOENT || errno == ENOTDIR;
 		sfw_fail(&err, SFW_E_IO, "model directory '%s' %s", dir,
-			 missing ? "does not exist" : S_ISDIR(dst.st_mode) ? strerror(errno) : "is not a directory");
+			 missing		? "does not exist"
+			 : S_ISDIR(dst.st_mode) ? strerror(errno)
+						: "is not a directory");
 		int rc = cli_report(err.code, &err);
 		if (missing)
-			fprintf(stderr, "%s: hint: check the path, or fetch a model there: salafw get ORG/NAME@REVISION -d %s\n", cmd,
-				dir);
+			fprintf(stderr,
+				"%s: hint: check the path, or fetch a model there: salafw get "
+				"ORG/NAME@REVISION -d %s\n",
+				cmd, dir);
 		return rc;
 	}
 	if (no_verify) {
-		fprintf(stderr, "%s: warning: --no-verify: running '%s' without checking its signed manifest\n", cmd,
+		fprintf(stderr,
+			"%s: warning: --no-verify: running '%s' without checking its signed manifest\n", cmd,
 			dir);
 		return 0;
 	}
@@ -246,7 +257,9 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		sfw_fail(&err, SFW_E_UNVERIFIED, "'%s' has no signed manifest in .salafw/", dir);
 		rc = cli_report(err.code, &err);
 		if (is_quantized(dir))
-			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw sign --user %s (signs the model you derived with your local key)\n",
+			fprintf(stderr,
+				"%s: refusing to run unverified weights; fix: salafw sign --user %s (signs "
+				"the model you derived with your local key)\n",
 				cmd, dir);
 		else
 			print_get_hint(cmd, dir, NULL, NULL);
@@ -256,11 +269,13 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		s = sfw_read_file(sp, SFW_MINISIG_MAX, &sb, &err);
 	if (s == SFW_E_MISSING) {
 		int derived = unsigned_is_derived(mp);
-		sfw_fail(&err, SFW_E_UNVERIFIED, "the manifest of %s model '%s' is not signed", derived ? "the derived" : "",
-			 dir);
+		sfw_fail(&err, SFW_E_UNVERIFIED, "the manifest of %s model '%s' is not signed",
+			 derived ? "the derived" : "", dir);
 		rc = cli_report(err.code, &err);
 		if (derived)
-			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw sign --user %s\n", cmd, dir);
+			fprintf(stderr,
+				"%s: refusing to run unverified weights; fix: salafw sign --user %s\n", cmd,
+				dir);
 		else
 			print_get_hint(cmd, dir, NULL, NULL);
 		goto out;
@@ -274,7 +289,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	struct sfw_trust_params tp = sfw_trust_default_params();
 	tp.keys = keys;
 	tp.nkeys = nkeys;
-	tp.allow_expired = 1;   /* verified files stay valid; expiry matters when fetching */
+	tp.allow_expired = 1;	/* verified files stay valid; expiry matters when fetching */
 	tp.allow_downgrade = 1; /* and rollback when taking a manifest in, not for the folder's own */
 	char what[300];
 	snprintf(what, sizeof(what), "manifest '%s'", mp);
@@ -283,7 +298,8 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		rc = cli_report(s, &err);
 		if (!pubkey && (s == SFW_E_KEYID || s == SFW_E_SIG))
 			fprintf(stderr,
-				"%s: refusing to run unverified weights; fix: pass --pubkey FILE with the key of whoever "
+				"%s: refusing to run unverified weights; fix: pass --pubkey FILE with the "
+				"key of whoever "
 				"signed it%s%s%s\n",
 				cmd, user_at < 0 ? " (or, for a model you derived: salafw sign --user " : "",
 				user_at < 0 ? dir : "", user_at < 0 ? ")" : "");
@@ -321,15 +337,17 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			sfw_free(fp);
 		}
 		if (m.lineage.present && (gone || s == SFW_E_HASH || s == SFW_E_SIZE))
-			fprintf(stderr, "%s: refusing to run unverified weights; fix: make the derived model again: salafw quant PARENT_DIR -o %s --force\n",
+			fprintf(stderr,
+				"%s: refusing to run unverified weights; fix: make the derived model again: "
+				"salafw quant PARENT_DIR -o %s --force\n",
 				cmd, dir);
 		else if (gone)
 			print_get_hint(cmd, dir, &m, gone);
 		else if (s == SFW_E_HASH || s == SFW_E_SIZE)
 			print_get_hint(cmd, dir, &m, NULL);
 		else
-			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw verify %s%s%s\n", cmd, dir, pubkey ? " --pubkey " : "",
-				pubkey ? pubkey : "");
+			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw verify %s%s%s\n",
+				cmd, dir, pubkey ? " --pubkey " : "", pubkey ? pubkey : "");
 		goto out;
 	}
 	info->verified = 1;
@@ -345,9 +363,11 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			if (!strcmp(m.lineage.param_key[i], "group_size"))
 				group = m.lineage.param_value[i];
 		cli_parent_text(&m.lineage, par, sizeof(par));
-		fprintf(stderr, "%s: verified: signed by %s %s, derived from %s (%s%s%s; salafw verify %s shows how)\n",
-			cmd, local ? "your local key" : "key", info->key_id, par, m.lineage.method, *group ? " group " : "",
-			group, dir);
+		fprintf(
+		    stderr,
+		    "%s: verified: signed by %s %s, derived from %s (%s%s%s; salafw verify %s shows how)\n",
+		    cmd, local ? "your local key" : "key", info->key_id, par, m.lineage.method,
+		    *group ? " group " : "", group, dir);
 	}
 out:
 	sfw_manifest_release(&m);

@@ -150,8 +150,8 @@ void sfwi_release_pages(const void *p, uint64_t n)
 	long pg = sysconf(_SC_PAGESIZE);
 	if (!p || n == 0 || pg <= 0)
 		return;
-	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1), b = ((uintptr_t)p + (uintptr_t)n + (uintptr_t)pg - 1) &
-							       ~(uintptr_t)(pg - 1);
+	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1),
+		  b = ((uintptr_t)p + (uintptr_t)n + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
 	(void)madvise((void *)a, (size_t)(b - a), MADV_DONTNEED); /* advice: a failure only costs memory */
 }
 
@@ -530,10 +530,10 @@ static enum sfw_status load_config_json(const char *dir, cJSON **out, struct sfw
 	if (s == SFW_OK) {
 		size_t ntok = lex_numbers(b.data, b.len, NULL, 0), at = 0;
 		struct numtok *tok = sfw_malloc((ntok ? ntok : 1) * sizeof(*tok));
-		if (!tok || lex_numbers(b.data, b.len, tok, ntok) != ntok || keep_numbers(*out, tok, ntok, &at) != 0 ||
-		    at != ntok) {
-			s = sfw_fail(err, tok ? SFW_E_FORMAT : SFW_E_NOMEM, "'%s': cannot keep its numbers as written",
-				     path);
+		if (!tok || lex_numbers(b.data, b.len, tok, ntok) != ntok ||
+		    keep_numbers(*out, tok, ntok, &at) != 0 || at != ntok) {
+			s = sfw_fail(err, tok ? SFW_E_FORMAT : SFW_E_NOMEM,
+				     "'%s': cannot keep its numbers as written", path);
 			cJSON_Delete(*out);
 			*out = NULL;
 		}
@@ -630,8 +630,9 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 			sfwi_release_pages(order[i]->src->data, order[i]->src->nbytes);
 			done += order[i]->nbytes;
 			if (p->on_phase) {
-				struct sfw_quant_event ev = {SFW_QP_WRITE, (int64_t)done, (int64_t)pl->total, sh + 1,
-							     pl->n_shards, sfwi_now_s() - t_write};
+				struct sfw_quant_event ev = {SFW_QP_WRITE,	 (int64_t)done,
+							     (int64_t)pl->total, sh + 1,
+							     pl->n_shards,	 sfwi_now_s() - t_write};
 				p->on_phase(p->progress_user, &ev);
 			}
 			if (s == SFW_OK && p->progress && !p->progress(p->progress_user, order[i]->name, done, pl->total))

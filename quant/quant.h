@@ -77,7 +77,7 @@ struct sfw_quant_params {
 	uint64_t shard_bytes;         /* 0: 5 GB, as the original checkpoint */
 	int force;                    /* overwrite a model already in out_dir */
 	sfw_quant_progress_fn progress;
-	sfw_quant_phase_fn on_phase;  /* optional; gets progress_user too */
+	sfw_quant_phase_fn on_phase; /* optional; gets progress_user too */
 	void *progress_user;
 	struct sfw_quant_stats *stats; /* filled when non-NULL */
 };

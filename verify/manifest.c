@@ -404,7 +404,8 @@ static int text_ok(const char *s, size_t max, const char *set)
 static const char lower_word[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
 
 /* Only the named members: a lineage says nothing the parser does not read. */
-static enum sfw_status only_keys(const cJSON *o, const char *const *keys, const char *ctx, struct sfw_err *err)
+static enum sfw_status only_keys(const cJSON *o, const char *const *keys, const char *ctx,
+				 struct sfw_err *err)
 {
 	const cJSON *c;
 	cJSON_ArrayForEach(c, o)
@@ -435,7 +436,8 @@ static enum sfw_status parse_lineage(const cJSON *lo, const char *what, struct s
 	if (sfw_json_string(lo, "derived_by", ctx, &s, err) != SFW_OK)
 		return as_manifest(err);
 	if (!text_ok(s, 64, NULL))
-		return sfw_fail(err, SFW_E_MANIFEST, "%s: derived_by must be 1 to 64 printable characters", ctx);
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: derived_by must be 1 to 64 printable characters",
+				ctx);
 	if (!(l->derived_by = sfw_strdup(s)))
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	if (sfw_json_string(lo, "method", ctx, &s, err) != SFW_OK)
@@ -449,15 +451,18 @@ static enum sfw_status parse_lineage(const cJSON *lo, const char *what, struct s
 		if (!cJSON_IsObject(pa))
 			return sfw_fail(err, SFW_E_MANIFEST, "%s: params must be an object", ctx);
 		if (cJSON_GetArraySize(pa) > SFW_LINEAGE_MAX_PARAMS)
-			return sfw_fail(err, SFW_E_MANIFEST, "%s: more than %d params", ctx, SFW_LINEAGE_MAX_PARAMS);
+			return sfw_fail(err, SFW_E_MANIFEST, "%s: more than %d params", ctx,
+					SFW_LINEAGE_MAX_PARAMS);
 		cJSON_ArrayForEach(c, pa)
 		{
 			if (!text_ok(c->string, 32, lower_word))
-				return sfw_fail(err, SFW_E_MANIFEST, "%s: a param name must be 1 to 32 of [a-z0-9_]", ctx);
-			if (!cJSON_IsString(c) || !text_ok(c->valuestring, 128, NULL))
 				return sfw_fail(err, SFW_E_MANIFEST,
-						"%s: params.%s must be a string of 1 to 128 printable characters", ctx,
-						c->string);
+						"%s: a param name must be 1 to 32 of [a-z0-9_]", ctx);
+			if (!cJSON_IsString(c) || !text_ok(c->valuestring, 128, NULL))
+				return sfw_fail(
+				    err, SFW_E_MANIFEST,
+				    "%s: params.%s must be a string of 1 to 128 printable characters", ctx,
+				    c->string);
 			size_t i = l->nparams;
 			l->param_key[i] = sfw_strdup(c->string);
 			l->param_value[i] = sfw_strdup(c->valuestring);
@@ -488,7 +493,8 @@ static enum sfw_status parse_lineage(const cJSON *lo, const char *what, struct s
 	if (sfw_json_string(po, "manifest_sha256", ctx, &s, err) != SFW_OK)
 		return as_manifest(err);
 	if (!is_hex_lower(s, 64) || sfw_hex_decode(s, l->parent_manifest_sha256, 32) != 0)
-		return sfw_fail(err, SFW_E_MANIFEST, "%s: manifest_sha256 must be 64 lower-case hex digits", ctx);
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: manifest_sha256 must be 64 lower-case hex digits",
+				ctx);
 	if (sfw_json_string(po, "key_id", ctx, &s, err) != SFW_OK)
 		return as_manifest(err);
 	if (!text_ok(s, 16, "0123456789ABCDEF") || strlen(s) != 16)

@@ -50,7 +50,8 @@ enum sfw_status sfw_userkey_load_pub(struct sfw_pubkey *out, struct sfw_err *err
 	return s;
 }
 
-enum sfw_status sfw_userkey_ensure(struct sfw_seckey *sk, struct sfw_pubkey *pk, int *created, struct sfw_err *err)
+enum sfw_status sfw_userkey_ensure(struct sfw_seckey *sk, struct sfw_pubkey *pk, int *created,
+				   struct sfw_err *err)
 {
 	*created = 0;
 	char *d = config_dir(), *sp = sfw_userkey_path(1), *pp = sfw_userkey_path(0);
@@ -91,15 +92,17 @@ enum sfw_status sfw_userkey_trust(const struct sfw_manifest *m, const char *what
 	const struct sfwi_pin *pins = sfwi_pins(&n);
 	for (size_t i = 0; i < n; i++)
 		if (strcmp(pins[i].repo_id, m->repo_id) == 0)
-			return sfw_fail(err, SFW_E_MANIFEST,
-					"%s claims the pinned publisher repo '%s' but is signed by your local key %s: "
-					"a local key is trusted only for models you derived (repo local/NAME)",
-					what, m->repo_id, m->publisher_key_id);
+			return sfw_fail(
+			    err, SFW_E_MANIFEST,
+			    "%s claims the pinned publisher repo '%s' but is signed by your local key %s: "
+			    "a local key is trusted only for models you derived (repo local/NAME)",
+			    what, m->repo_id, m->publisher_key_id);
 	if (strncmp(m->repo_id, LOCAL_NS, sizeof(LOCAL_NS) - 1) != 0 || !m->lineage.present)
-		return sfw_fail(err, SFW_E_MANIFEST,
-				"%s is for '%s' and is signed by your local key %s, which is trusted only for "
-				"derived models (repo local/NAME with a lineage)",
-				what, m->repo_id, m->publisher_key_id);
+		return sfw_fail(
+		    err, SFW_E_MANIFEST,
+		    "%s is for '%s' and is signed by your local key %s, which is trusted only for "
+		    "derived models (repo local/NAME with a lineage)",
+		    what, m->repo_id, m->publisher_key_id);
 	return SFW_OK;
 }
 
@@ -111,7 +114,8 @@ int sfw_pin_of_file(const char *path, const unsigned char sha256[32], struct sfw
 	sfw_hex_encode(sha256, 32, hex);
 	for (size_t i = 0; i < n; i++)
 		for (size_t k = 0; k < pins[i].nfiles; k++)
-			if (strcmp(pins[i].files[k].path, path) == 0 && strcmp(pins[i].files[k].sha256_hex, hex) == 0) {
+			if (strcmp(pins[i].files[k].path, path) == 0 &&
+			    strcmp(pins[i].files[k].sha256_hex, hex) == 0) {
 				out->repo_id = pins[i].repo_id;
 				out->revision = pins[i].revision;
 				return 1;
@@ -131,8 +135,8 @@ void sfw_local_repo_id(const char *dir, char *out, size_t cap)
 	size_t n = 0;
 	for (size_t i = b; i < len && n < sizeof(name) - 1; i++) {
 		char c = dir[i];
-		int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-			 c == '-' || c == '.';
+		int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			 c == '_' || c == '-' || c == '.';
 		c = ok ? c : '-';
 		if (n > 0 && (c == '-' || c == '.') && (name[n - 1] == '-' || name[n - 1] == '.'))
 			continue; /* no "--" or ".." */
@@ -189,8 +193,9 @@ enum sfw_status sfw_derived_publish(const char *dir, const char *lineage_json, c
 	bp.revision = rev;
 	bp.lineage_json = lineage_json;
 	bp.created = (int64_t)time(NULL);
-	bp.expires = bp.created + 10 * 366 * 86400ll; /* the user's own artifact: expiry is a fetch-time rule */
-	bp.manifest_version = (uint64_t)bp.created;   /* a rebuild supersedes the older manifest */
+	bp.expires =
+	    bp.created + 10 * 366 * 86400ll;	    /* the user's own artifact: expiry is a fetch-time rule */
+	bp.manifest_version = (uint64_t)bp.created; /* a rebuild supersedes the older manifest */
 	if (key) {
 		sfw_pubkey_id_hex(key->key_id, kid);
 		bp.key_id = kid;
@@ -204,7 +209,8 @@ enum sfw_status sfw_derived_publish(const char *dir, const char *lineage_json, c
 		goto out;
 	}
 	sprintf(spath, "%s.minisig", mpath);
-	if ((s = sfw_manifest_build(dir, &bp, &text, &len, err)) != SFW_OK || (s = sfw_mkdirs(sd, err)) != SFW_OK)
+	if ((s = sfw_manifest_build(dir, &bp, &text, &len, err)) != SFW_OK ||
+	    (s = sfw_mkdirs(sd, err)) != SFW_OK)
 		goto out;
 	/* an older signature never stands next to a new manifest */
 	if (unlink(spath) != 0 && errno != ENOENT) {
@@ -251,7 +257,8 @@ static enum sfw_status check_derived(const char *mpath, struct sfw_err *err)
 	if (s == SFW_OK) {
 		if (!m.lineage.present || strncmp(m.repo_id, LOCAL_NS, sizeof(LOCAL_NS) - 1) != 0)
 			s = sfw_fail(err, SFW_E_MANIFEST,
-				     "%s is for '%s' without a lineage: not a model you derived, so your local key does "
+				     "%s is for '%s' without a lineage: not a model you derived, so your "
+				     "local key does "
 				     "not sign it",
 				     what, m.repo_id);
 		sfw_manifest_release(&m);

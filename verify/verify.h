@@ -106,7 +106,7 @@ struct sfw_manifest_file {
 struct sfw_manifest_lineage {
 	int present;
 	char *derived_by; /* printable ASCII, at most 64 bytes */
-	char *method;     /* [a-z0-9_-], at most 32 bytes */
+	char *method;	  /* [a-z0-9_-], at most 32 bytes */
 	size_t nparams;
 	char *param_key[SFW_LINEAGE_MAX_PARAMS];   /* [a-z0-9_], at most 32 bytes */
 	char *param_value[SFW_LINEAGE_MAX_PARAMS]; /* printable ASCII, at most 128 bytes */
@@ -274,7 +274,8 @@ SFW_MUST_CHECK enum sfw_status sfw_userkey_ensure(struct sfw_seckey *sk, struct 
 /* The rule for the user's key: a manifest it signed is trusted only when it
  * is a derived one (a lineage object) of a local repo ("local/NAME") that
  * no pin names. SFW_E_MANIFEST (naming why) otherwise. */
-SFW_MUST_CHECK enum sfw_status sfw_userkey_trust(const struct sfw_manifest *m, const char *what, struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_userkey_trust(const struct sfw_manifest *m, const char *what,
+						 struct sfw_err *err);
 /* "local/<name>" from a directory's last path component (HF's characters;
  * others become '-'). */
 void sfw_local_repo_id(const char *dir, char *out, size_t cap);
@@ -298,6 +299,7 @@ SFW_MUST_CHECK enum sfw_status sfw_derived_publish(const char *dir, const char *
 						   const struct sfw_seckey *key, struct sfw_err *err);
 /* Signs dir's existing derived manifest with key after checking every file
  * against it, and records the verified state. */
-SFW_MUST_CHECK enum sfw_status sfw_derived_sign(const char *dir, const struct sfw_seckey *key, struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_derived_sign(const char *dir, const struct sfw_seckey *key,
+						struct sfw_err *err);
 
 #endif

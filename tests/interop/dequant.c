@@ -56,7 +56,8 @@ int main(int argc, char **argv)
 	if (sfw_st_writer_new(argv[2], &w, &err) != SFW_OK)
 		return fail(argv[2], &err);
 	size_t n = sfw_st_set_count(set);
-	const struct sfw_tensor_info **packed = calloc(n, sizeof(*packed)), **scale = calloc(n, sizeof(*scale));
+	const struct sfw_tensor_info **packed = calloc(n, sizeof(*packed)),
+				     **scale = calloc(n, sizeof(*scale));
 	int64_t *Ks = calloc(n, sizeof(*Ks));
 	size_t m = 0;
 	static const char suf[] = ".weight_packed";
@@ -67,10 +68,13 @@ int main(int argc, char **argv)
 			continue;
 		char mod[512];
 		snprintf(mod, sizeof(mod), "%.*s", (int)(l - (sizeof(suf) - 1)), t->name);
-		const struct sfw_tensor_info *s = find(set, mod, ".weight_scale"), *ws = find(set, mod, ".weight_shape");
-		if (!s || s->dtype != SFW_DTYPE_BF16 || s->ndim != 2 || t->ndim != 2 || t->dtype != SFW_DTYPE_I32 ||
-		    s->shape[0] != t->shape[0] || !ws || ws->dtype != SFW_DTYPE_I64 || ws->nelem != 2) {
-			fprintf(stderr, "dequant: '%s' lacks a BF16 weight_scale or an I64 weight_shape\n", mod);
+		const struct sfw_tensor_info *s = find(set, mod, ".weight_scale"),
+					     *ws = find(set, mod, ".weight_shape");
+		if (!s || s->dtype != SFW_DTYPE_BF16 || s->ndim != 2 || t->ndim != 2 ||
+		    t->dtype != SFW_DTYPE_I32 || s->shape[0] != t->shape[0] || !ws ||
+		    ws->dtype != SFW_DTYPE_I64 || ws->nelem != 2) {
+			fprintf(stderr, "dequant: '%s' lacks a BF16 weight_scale or an I64 weight_shape\n",
+				mod);
 			return 1;
 		}
 		int64_t N = ((const int64_t *)ws->data)[0], K = ((const int64_t *)ws->data)[1];
@@ -88,12 +92,14 @@ int main(int argc, char **argv)
 	}
 	for (size_t i = 0; i < m; i++) {
 		const struct sfw_tensor_info *t = packed[i], *s = scale[i];
-		int64_t N = (int64_t)t->shape[0], G = (int64_t)s->shape[1], P = (int64_t)t->shape[1], K = Ks[i];
+		int64_t N = (int64_t)t->shape[0], G = (int64_t)s->shape[1], P = (int64_t)t->shape[1],
+			K = Ks[i];
 		int group = group_of(K, G);
 		float *row = malloc((size_t)K * sizeof(float));
 		for (int64_t r = 0; r < N; r++) {
 			sfw_quant_dequant_row_w8((const uint8_t *)t->data + (size_t)r * (size_t)P * 4,
-						 (const uint16_t *)s->data + (size_t)r * (size_t)G, K, group, row);
+						 (const uint16_t *)s->data + (size_t)r * (size_t)G, K, group,
+						 row);
 			if (sfw_st_writer_write(w, row, (size_t)K * sizeof(float), &err) != SFW_OK)
 				return fail(argv[2], &err);
 		}
