@@ -207,12 +207,6 @@ static int publish(const char *C, const char *out, const struct sfw_quant_params
 	return SFW_EXIT_OK;
 }
 
-static int on_progress(void *user, const char *tensor, uint64_t done, uint64_t total)
-{
-	(void)user, (void)tensor, (void)done, (void)total;
-	return 1;
-}
-
 int cmd_quant(int argc, char **argv)
 {
 	const char *C = "salafw quant";
@@ -303,7 +297,6 @@ int cmd_quant(int argc, char **argv)
 	if (sign < 0) /* the default: sign what was derived from verified weights */
 		sign = gi.verified;
 	struct progress pr = {quiet, isatty(2), 0, SFW_QP_LOAD, -1, 0, p.device == SFW_DEVICE_CUDA ? "cuda" : "cpu"};
-	p.progress = on_progress;
 	p.on_phase = on_phase;
 	p.progress_user = &pr;
 	p.stats = &st;
