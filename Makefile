@@ -186,3 +186,9 @@ clean:
 	rm -rf build build-san build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# Interoperability with compressed-tensors from PyPI (tests/interop/run.sh:
+# a venv in $(BUILD)/interop-venv; pulls torch, ~2.5 GB; not part of `make test`).
+.PHONY: interop
+interop: all $(BUILD)/tests/interop/dequant
+	@BUILD=$(BUILD) bash tests/interop/run.sh

@@ -91,6 +91,24 @@ double cli_now_s(void);
  * reported (naming --ids and the file) with exit 5. Both return an exit code
  * (0 = ok). */
 int cli_model_gate(const char *cmd, const char *dir, int no_verify, int verify_full, const char *pubkey);
+/* The gate, telling what it checked (cmd_quant records the parent). A model
+ * signed by the user's own key (verify.h) passes only when its manifest is
+ * a local derived one, and says so on stderr, with its lineage. */
+struct cli_gate_info {
+	int verified, local_key;
+	char repo_id[200], revision[41], key_id[17], manifest_sha256[65];
+};
+int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int verify_full, const char *pubkey,
+			struct cli_gate_info *info);
+/* Trusted keys for a command without explicit keys: the pinned one and the
+ * user's own (*user_at its index, -1 when the user has none); with pubkey
+ * only that one. Returns a status. */
+struct sfw_pubkey;
+struct sfw_manifest_lineage;
+int cli_trusted_keys(const char *pubkey, struct sfw_pubkey *keys /* [2] */, size_t *n, int *user_at, struct sfw_err *err);
+/* "awq by salafw/0.1 (group_size 128, ...)" and "REPO@REV" of a lineage. */
+void cli_lineage_text(const struct sfw_manifest_lineage *l, char *out, size_t cap);
+void cli_parent_text(const struct sfw_manifest_lineage *l, char *out, size_t cap);
 int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n);
 /* The model-load parameters of o plus the environment: the one place the
  * command line reads the engine's variables (README, "Environment"):

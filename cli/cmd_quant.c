@@ -2,8 +2,13 @@
  * of a verified model directory into a compressed-tensors pack-quantized
  * checkpoint (quant/layout.h) that vLLM, SGLang, transformers and salafw run. */
 #include "cli.h"
+#include "alloc.h"
+#include "buf.h"
 #include "quant/quant.h"
 #include "runner/runner.h"
+#include "verify/verify.h"
+
+#include <sodium.h>
 
 #include <stdio.h>
 #include <string.h>
@@ -22,26 +27,184 @@ static const struct cli_opt opts[] = {
 	{"device", 0, "cpu|cuda", "where the AWQ calibration forward runs (default cpu)"},
 	{"shard-size", 0, "BYTES", "largest output shard (default 5000000000)"},
 	{"force", 0, NULL, "overwrite a model already in OUT"},
+	{"sign", 0, NULL, "sign OUT with your local key even when MODEL_DIR was not verified (--no-verify)"},
+	{"no-sign", 0, NULL, "leave OUT's manifest unsigned (default: signed with your local key when MODEL_DIR "
+			     "was verified; sign later with 'salafw sign --user OUT')"},
 	{"quiet", 'q', NULL, "no progress or summary on stderr"},
 	CLI_MODEL_OPT_ROWS("quantize"),
 	{0},
 };
 
 struct progress {
-	int quiet;
-	int last_pct;
+	int quiet, tty;
+	int open_line;           /* a refreshing line is on the terminal */
+	enum sfw_quant_phase ph; /* of the last line */
+	int64_t last_step;       /* non-terminal: the last step printed */
+	double last_print;       /* ... and when (writing) */
+	const char *device;
 };
 
-static int on_progress(void *user, const char *tensor, uint64_t done, uint64_t total)
+static void clock_text(double s, char *out, size_t cap)
+{
+	long t = s < 0 ? 0 : (long)(s + 0.5);
+	if (t >= 3600)
+		snprintf(out, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+	else
+		snprintf(out, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+/* One line per step when stderr is not a terminal (a layer, a calibration
+ * sequence out of about 16, 5% of the output), one refreshing line on a
+ * terminal; each with the phase's elapsed time and an ETA. */
+static void on_phase(void *user, const struct sfw_quant_event *ev)
 {
 	struct progress *pr = user;
-	(void)tensor;
-	int pct = total ? (int)(done * 100 / total) : 100;
-	if (!pr->quiet && pct != pr->last_pct && isatty(2)) {
-		fprintf(stderr, "\rsalafw quant: writing %3d%%", pct);
-		pr->last_pct = pct;
+	if (pr->quiet)
+		return;
+	char line[200], el[32], eta[32];
+	clock_text(ev->elapsed, el, sizeof(el));
+	int64_t step = ev->i;
+	if (ev->phase == SFW_QP_CALIB && !pr->tty) {
+		int64_t every = ev->n >= 16 ? ev->n / 16 : 1;
+		step = ev->i == ev->n ? ev->n : ev->i / every * every;
+	} else if (ev->phase == SFW_QP_WRITE) {
+		step = ev->n ? ev->i * 20 / ev->n : 20; /* 5% steps */
 	}
-	return 1;
+	if (!pr->tty && ev->phase == pr->ph && step == pr->last_step && ev->phase != SFW_QP_LOAD)
+		return;
+	/* writing, to a log: the first and last 5% step, and one every 10 s between */
+	if (!pr->tty && ev->phase == SFW_QP_WRITE && pr->ph == SFW_QP_WRITE && ev->i < ev->n &&
+	    ev->elapsed - pr->last_print < 10.0)
+		return;
+	pr->last_print = ev->phase == SFW_QP_WRITE ? ev->elapsed : 0;
+	if (ev->i > 0 && ev->i < ev->n)
+		clock_text(ev->elapsed / (double)ev->i * (double)(ev->n - ev->i), eta, sizeof(eta));
+	else
+		snprintf(eta, sizeof(eta), "0:00");
+	switch (ev->phase) {
+	case SFW_QP_LOAD:
+		if (ev->i == 0)
+			snprintf(line, sizeof(line), "loading the model%s%s%s", strcmp(pr->device, "cpu") ? " (uploading to " : "",
+				 strcmp(pr->device, "cpu") ? pr->device : "", strcmp(pr->device, "cpu") ? ")" : "");
+		else
+			snprintf(line, sizeof(line), "model loaded in %s", el);
+		break;
+	case SFW_QP_CALIB:
+		snprintf(line, sizeof(line), "calibrating (%s): sequence %lld/%lld, %s elapsed, ETA %s", pr->device,
+			 (long long)ev->i, (long long)ev->n, el, eta);
+		break;
+	case SFW_QP_SEARCH:
+		snprintf(line, sizeof(line), "searching AWQ scales: layer %lld/%lld, %s elapsed, ETA %s", (long long)ev->i,
+			 (long long)ev->n, el, eta);
+		break;
+	case SFW_QP_WRITE:
+		snprintf(line, sizeof(line), "writing shard %d/%d: %3d%% of %.1f %s, %s elapsed, ETA %s", ev->shard,
+			 ev->n_shards, ev->n ? (int)(ev->i * 100 / ev->n) : 100, ev->n >= 1e9 ? ev->n / 1e9 : ev->n / 1e6,
+			 ev->n >= 1e9 ? "GB" : "MB", el, eta);
+		break;
+	}
+	if (pr->tty) {
+		if (pr->open_line && ev->phase != pr->ph)
+			fputc('\n', stderr);
+		fprintf(stderr, "\rsalafw quant: %-100s", line);
+		pr->open_line = 1;
+		if (ev->phase == SFW_QP_LOAD && ev->i == 0) { /* no steps follow until it is loaded */
+			fputc('\n', stderr);
+			pr->open_line = 0;
+		}
+	} else {
+		fprintf(stderr, "salafw quant: %s\n", line);
+	}
+	fflush(stderr);
+	pr->ph = ev->phase;
+	pr->last_step = step;
+}
+
+/* OUT's lineage (verify.h): the verified parent, the method and every
+ * parameter that shapes the output, and this salafw. */
+static char *lineage_json(const struct sfw_quant_params *p, const struct cli_gate_info *g)
+{
+	struct sfw_buf b;
+	sfw_buf_init(&b, 1u << 16);
+	char gs[16], calib[80] = "built-in";
+	if (p->group_size > 0)
+		snprintf(gs, sizeof(gs), "%d", p->group_size);
+	else
+		snprintf(gs, sizeof(gs), "channel");
+	if (p->calib_path) {
+		unsigned char h[32];
+		uint64_t n;
+		struct sfw_err e = {0};
+		char hex[65];
+		if (sfw_sha256_file(p->calib_path, h, &n, &e) == SFW_OK) {
+			sfw_hex_encode(h, 32, hex);
+			snprintf(calib, sizeof(calib), "sha256:%s", hex);
+		} else {
+			snprintf(calib, sizeof(calib), "unreadable");
+		}
+	}
+	enum sfw_status s = sfw_buf_printf(&b, "{\"derived_by\": \"salafw/%s\", \"method\": \"%s\", \"params\": "
+					   "{\"format\": \"pack-quantized int8\", \"group_size\": \"%s\"",
+					   SFW_VERSION, p->method == SFW_QUANT_AWQ ? "awq" : "rtn", gs);
+	if (s == SFW_OK && p->method == SFW_QUANT_AWQ)
+		s = sfw_buf_printf(&b,
+				   ", \"samples\": \"%d\", \"seq_len\": \"%d\", \"loss_rows\": \"%d\", \"n_grid\": \"%d\", "
+				   "\"duo_scaling\": \"%d\", \"calib\": \"%s\", \"calib_device\": \"%s\"%s",
+				   p->samples, p->seq_len, p->loss_rows, p->n_grid, p->duo_scaling, calib,
+				   p->device == SFW_DEVICE_CUDA ? "cuda" : "cpu", p->fold_only ? ", \"fold_only\": \"1\"" : "");
+	if (s == SFW_OK)
+		s = sfw_buf_printf(&b, "}");
+	if (s == SFW_OK && g->verified)
+		s = sfw_buf_printf(&b,
+				   ", \"parent\": {\"repo_id\": \"%s\", \"revision\": \"%s\", \"manifest_sha256\": \"%s\", "
+				   "\"key_id\": \"%s\"}",
+				   g->repo_id, g->revision, g->manifest_sha256, g->key_id);
+	if (s == SFW_OK)
+		s = sfw_buf_printf(&b, "}");
+	if (s != SFW_OK) {
+		sfw_buf_release(&b);
+		return NULL;
+	}
+	size_t len;
+	return sfw_buf_take(&b, &len);
+}
+
+/* OUT/.salafw/manifest.json with the lineage; signed with the user's key
+ * (made on first use) when sign, so that `salafw run OUT` runs verified. */
+static int publish(const char *C, const char *out, const struct sfw_quant_params *p, const struct cli_gate_info *g,
+		   int sign, int quiet)
+{
+	struct sfw_err err = {0};
+	char *lj = lineage_json(p, g);
+	if (!lj)
+		return cli_report(SFW_E_NOMEM, NULL);
+	struct sfw_seckey sk;
+	struct sfw_pubkey pk;
+	int created = 0;
+	enum sfw_status s = sign ? sfw_userkey_ensure(&sk, &pk, &created, &err) : SFW_OK;
+	if (s == SFW_OK)
+		s = sfw_derived_publish(out, lj, sign ? &sk : NULL, &err);
+	sodium_memzero(&sk, sizeof(sk));
+	sfw_free(lj);
+	if (s != SFW_OK)
+		return cli_report(s, &err);
+	if (!quiet) {
+		char id[17], *kp = sfw_userkey_path(1);
+		if (sign) {
+			sfw_pubkey_id_hex(pk.key_id, id);
+			if (created)
+				fprintf(stderr, "%s: created your local signing key %s in '%s' (.pub beside it)\n", C, id,
+					kp ? kp : "?");
+			fprintf(stderr, "%s: signed '%s' with your local key %s; derived from %s%s%s; run it: salafw run %s\n",
+				C, out, id, g->verified ? g->repo_id : "an unverified model", g->verified ? "@" : "",
+				g->verified ? g->revision : "", out);
+		} else {
+			fprintf(stderr, "%s: '%s' has an unsigned manifest; to run it verified: salafw sign --user %s\n", C,
+				out, out);
+		}
+		sfw_free(kp);
+	}
+	return SFW_EXIT_OK;
 }
 
 int cmd_quant(int argc, char **argv)
@@ -49,7 +212,7 @@ int cmd_quant(int argc, char **argv)
 	const char *C = "salafw quant";
 	const char *out = NULL;
 	unsigned long long u;
-	int quiet = 0;
+	int quiet = 0, sign = -1;
 	struct cli_model_opts mo;
 	cli_model_opts_init(&mo);
 	struct sfw_quant_params p = sfw_quant_default_params();
@@ -113,6 +276,10 @@ int cmd_quant(int argc, char **argv)
 			p.force = 1;
 		else if (!strcmp(nm, "quiet"))
 			quiet = 1;
+		else if (!strcmp(nm, "sign"))
+			sign = 1;
+		else if (!strcmp(nm, "no-sign"))
+			sign = 0;
 	}
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
@@ -123,16 +290,19 @@ int cmd_quant(int argc, char **argv)
 	p.threads = (int)mo.threads;
 	if (mo.device != SFW_DEVICE_AUTO) /* AWQ calibration runs on the CPU unless asked */
 		p.device = mo.device;
-	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
+	struct cli_gate_info gi;
+	int rc = cli_model_gate_info(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey, &gi);
 	if (rc)
 		return rc;
-	struct progress pr = {quiet, -1};
-	p.progress = on_progress;
+	if (sign < 0) /* the default: sign what was derived from verified weights */
+		sign = gi.verified;
+	struct progress pr = {quiet, isatty(2), 0, SFW_QP_LOAD, -1, 0, p.device == SFW_DEVICE_CUDA ? "cuda" : "cpu"};
+	p.on_phase = on_phase;
 	p.progress_user = &pr;
 	p.stats = &st;
 	struct sfw_err err = {0};
 	enum sfw_status s = sfw_quant_run(cp.pos[0], out, &p, &err);
-	if (!quiet && pr.last_pct >= 0)
+	if (pr.open_line)
 		fprintf(stderr, "\n");
 	if (s != SFW_OK)
 		return cli_report(s, &err);
@@ -146,5 +316,5 @@ int cmd_quant(int argc, char **argv)
 				(long long)st.calib_tokens, st.seconds_calib, st.awq_mappings, st.awq_identity,
 				st.awq_mean_alpha, 100.0 * st.awq_loss_gain);
 	}
-	return SFW_EXIT_OK;
+	return publish(C, out, &p, &gi, sign, quiet);
 }

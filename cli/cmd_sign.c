@@ -1,7 +1,13 @@
 /* salafw sign - sign a manifest (or any file) with an unencrypted minisign
  * secret key; writes FILE.minisig, prehashed. */
 #include "cli.h"
+#include "alloc.h"
+#include "buf.h"
+#include "file.h"
+#include "runner/safetensors.h"
 #include "verify/verify.h"
+
+#include <sys/stat.h>
 
 #include <sodium.h>
 #include <stdio.h>
@@ -12,18 +18,96 @@ static const struct cli_opt opts[] = {
     {"seckey", 's', "FILE", "unencrypted minisign secret key (salafw keygen, minisign -G -W)"},
     {"trusted-comment", 0, "TEXT", "sign FILE as a plain file with this trusted comment"},
     {"raw", 0, NULL, "FILE is not a manifest: minisign's default trusted comment"},
+    {"user", 0, NULL,
+     "sign the model directory you derived (salafw quant) with your local key, made on first use"},
     {0},
 };
+
+/* salafw sign --user DIR: DIR's derived manifest (written by quant), or
+ * for a salafw quant output without one a fresh manifest whose lineage is
+ * what its shards say, signed with the user's key; DIR then runs verified. */
+static int sign_user(const char *cmd, const char *dir)
+{
+	struct sfw_err err = {0};
+	struct sfw_seckey sk;
+	struct sfw_pubkey pk;
+	int created = 0;
+	char *mp = sfw_path_join(dir, ".salafw/manifest.json"), *kp = sfw_userkey_path(1);
+	struct stat st;
+	enum sfw_status s = mp ? SFW_OK : SFW_E_NOMEM;
+	int have = mp && stat(mp, &st) == 0;
+	char lj[512];
+	if (s == SFW_OK && !have) {
+		/* only what salafw quant wrote: its shards name the method */
+		char *ip = sfw_path_join(dir, "model.safetensors.index.json");
+		struct sfw_buf ib;
+		sfw_buf_init(&ib, 64u << 20);
+		const char *method = NULL, *group = NULL;
+		struct sfw_st_file *f = NULL;
+		char first[300] = "";
+		if (ip && sfw_read_file(ip, 64u << 20, &ib, &err) == SFW_OK && ib.data) {
+			const char *q = strstr(ib.data, "\"model-00001-of-");
+			if (q && strlen(q) > 40 && sscanf(q + 1, "%250[^\"]", first) == 1 &&
+			    !strchr(first, '/')) {
+				char *fp = sfw_path_join(dir, first);
+				if (fp && sfw_st_open(fp, &f, &err) == SFW_OK &&
+				    sfw_st_metadata(f, "salafw.format")) {
+					method = sfw_st_metadata(f, "quant.method");
+					group = sfw_st_metadata(f, "quant.group_size");
+				}
+				sfw_free(fp);
+			}
+		}
+		if (!method || !group || strspn(method, "abcdefghijklmnopqrstuvwxyz") != strlen(method) ||
+		    !*method || strspn(group, "0123456789channel") != strlen(group) || !*group ||
+		    strlen(method) > 16 || strlen(group) > 16) {
+			s = sfw_fail(
+			    &err, SFW_E_UNVERIFIED,
+			    "'%s' has no manifest and is not a model salafw quant wrote: your local key "
+			    "signs only "
+			    "what you derived (fetch a publisher's model with 'salafw get ORG/NAME -d %s')",
+			    dir, dir);
+		} else {
+			snprintf(
+			    lj, sizeof(lj),
+			    "{\"derived_by\": \"salafw/%s\", \"method\": \"%s\", \"params\": {\"format\": "
+			    "\"pack-quantized int8\", \"group_size\": \"%s\", \"signed_later\": \"1\"}}",
+			    SFW_VERSION, method, group);
+		}
+		sfw_st_close(f);
+		sfw_buf_release(&ib);
+		sfw_free(ip);
+	}
+	if (s == SFW_OK)
+		s = sfw_userkey_ensure(&sk, &pk, &created, &err);
+	if (s == SFW_OK)
+		s = have ? sfw_derived_sign(dir, &sk, &err) : sfw_derived_publish(dir, lj, &sk, &err);
+	sodium_memzero(&sk, sizeof(sk));
+	if (s == SFW_OK) {
+		char id[17];
+		sfw_pubkey_id_hex(pk.key_id, id);
+		if (created)
+			printf("created your local signing key %s in '%s' (.pub beside it)\n", id,
+			       kp ? kp : "?");
+		printf("signed '%s' with your local key %s; run it: salafw run %s\n", dir, id, dir);
+	}
+	sfw_free(mp);
+	sfw_free(kp);
+	if (s == SFW_E_MANIFEST && have)
+		fprintf(stderr, "%s: '%s/.salafw/manifest.json' is not a manifest salafw quant wrote\n", cmd,
+			dir);
+	return s == SFW_OK ? SFW_EXIT_OK : cli_report(s, &err);
+}
 
 int cmd_sign(int argc, char **argv)
 {
 	struct cli_parser cp;
 	const char *cmd = "salafw sign", *arg, *seckey = NULL, *comment = NULL;
-	int raw = 0, k;
+	int raw = 0, user = 0, k;
 	cli_init(&cp, cmd, argc, argv, opts);
 	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
-			cli_usage(stdout, cmd, "-s SECKEY FILE", opts);
+			cli_usage(stdout, cmd, "-s SECKEY FILE | --user DIR", opts);
 			printf("\nA manifest gets the trusted comment\n"
 			       "  salafw-manifest repo_id=<id> revision=<sha> manifest_version=<n>\n"
 			       "and an empty publisher.key_id is filled in with the signing key's id.\n");
@@ -35,8 +119,17 @@ int cmd_sign(int argc, char **argv)
 			seckey = arg;
 		else if (k == 1)
 			comment = arg;
-		else
+		else if (k == 2)
 			raw = 1;
+		else
+			user = 1;
+	}
+	if (user) {
+		if (seckey || comment || raw)
+			return cli_usage_error(cmd, "--user signs with your local key: no -s, -t or --raw");
+		if (cp.npos != 1)
+			return cli_usage_error(cmd, "--user takes exactly one model DIR");
+		return sign_user(cmd, cp.pos[0]);
 	}
 	if (!seckey)
 		return cli_usage_error(cmd, "a secret key is required (-s FILE)");

@@ -210,6 +210,11 @@ int cmd_verify(int argc, char **argv)
 		rc = fail(json, dir, s, &err);
 		goto out;
 	}
+	/* no key given: the pinned one, and the user's own for a model they
+	 * derived (sfw_userkey_trust below) */
+	int user_at = -1;
+	if (nkeys == 0 && cli_trusted_keys(NULL, keys, &nkeys, &user_at, &err) != SFW_OK)
+		nkeys = 0;
 	tp.keys = nkeys ? keys : NULL;
 	tp.nkeys = nkeys;
 	tp.allow_expired = 1; /* offline verify only warns (docs/fetch-verify.md §3.12-3) */
@@ -228,12 +233,33 @@ int cmd_verify(int argc, char **argv)
 	}
 	char kid[17];
 	sfw_pubkey_id_hex(info.key_id, kid);
+	int local_key = user_at >= 0 && memcmp(info.key_id, keys[user_at].key_id, 8) == 0;
+	if (local_key && (s = sfw_userkey_trust(&m, what, &err)) != SFW_OK) {
+		rc = fail(json, dir, s, &err);
+		goto out;
+	}
 	int expired = (int64_t)time(NULL) >= m.expires;
-	char esc[1100];
-	if (!json)
-		printf("signature ok: key %s, %s, trusted comment: %s\n", kid,
-		       info.prehashed ? "prehashed" : "legacy",
+	char esc[1100], par[200] = "", how[600] = "";
+	if (m.lineage.present) {
+		cli_parent_text(&m.lineage, par, sizeof(par));
+		cli_lineage_text(&m.lineage, how, sizeof(how));
+	}
+	if (!json) {
+		char epar[800], ehow[2400];
+		printf("signature ok: key %s%s, %s, trusted comment: %s\n", kid,
+		       local_key ? " (your local key)" : "", info.prehashed ? "prehashed" : "legacy",
 		       sfw_esc(info.trusted_comment, esc, sizeof(esc)));
+		if (m.lineage.present) {
+			printf("lineage: derived from %s: %s\n", sfw_esc(par, epar, sizeof(epar)),
+			       sfw_esc(how, ehow, sizeof(ehow)));
+			if (m.lineage.has_parent) {
+				char ph[65];
+				sfw_hex_encode(m.lineage.parent_manifest_sha256, 32, ph);
+				printf("lineage: parent manifest sha256 %s, signed by key %s\n", ph,
+				       m.lineage.parent_key_id);
+			}
+		}
+	}
 
 	struct sfw_verify_params vp = sfw_verify_default_params();
 	vp.threads = (int)threads;
@@ -292,7 +318,25 @@ int cmd_verify(int argc, char **argv)
 		cJSON_AddStringToObject(sig, "key_id", kid);
 		cJSON_AddBoolToObject(sig, "prehashed", info.prehashed);
 		cJSON_AddStringToObject(sig, "trusted_comment", info.trusted_comment);
+		cJSON_AddBoolToObject(sig, "local_key", local_key);
 		cJSON_AddItemToObject(o, "signature", sig);
+		if (m.lineage.present) {
+			cJSON *lo = cJSON_AddObjectToObject(o, "lineage"), *pa = cJSON_CreateObject();
+			cJSON_AddStringToObject(lo, "derived_by", m.lineage.derived_by);
+			cJSON_AddStringToObject(lo, "method", m.lineage.method);
+			for (size_t i = 0; pa && i < m.lineage.nparams; i++)
+				cJSON_AddStringToObject(pa, m.lineage.param_key[i], m.lineage.param_value[i]);
+			cJSON_AddItemToObject(lo, "params", pa);
+			if (m.lineage.has_parent) {
+				char ph[65];
+				sfw_hex_encode(m.lineage.parent_manifest_sha256, 32, ph);
+				cJSON *po = cJSON_AddObjectToObject(lo, "parent");
+				cJSON_AddStringToObject(po, "repo_id", m.lineage.parent_repo_id);
+				cJSON_AddStringToObject(po, "revision", m.lineage.parent_revision);
+				cJSON_AddStringToObject(po, "manifest_sha256", ph);
+				cJSON_AddStringToObject(po, "key_id", m.lineage.parent_key_id);
+			}
+		}
 		cJSON_AddStringToObject(o, "repo_id", m.repo_id);
 		cJSON_AddStringToObject(o, "revision", m.revision);
 		cJSON_AddNumberToObject(o, "manifest_version", (double)m.manifest_version);

@@ -58,12 +58,27 @@ struct tapstat {
 };
 
 struct calib {
+	const struct sfw_model *m; /* its weights' pages are released layer by layer */
+	int last_layer;            /* the layer whose taps came last */
 	int L, loss_rows;
 	int64_t stride; /* keep token rows whose index % stride == 0 */
 	int64_t seen[SFW_MAX_LAYERS][T_N];
 	struct tapstat *st; /* [L][T_N] */
 	int nomem;
 };
+
+/* Drops the resident pages of layer li's weights (all of them: the CPU
+ * engine reads the map in place, the CUDA one read it for the upload). */
+static void release_layer(const struct sfw_model *m, int li)
+{
+	char pre[48];
+	int n = snprintf(pre, sizeof(pre), "model.layers.%d.", li);
+	for (size_t i = 0; i < sfw_st_set_count(m->st); i++) {
+		const struct sfw_tensor_info *t = sfw_st_set_at(m->st, i);
+		if (strncmp(t->name, pre, (size_t)n) == 0)
+			sfwi_release_pages(t->data, t->nbytes);
+	}
+}
 
 static void on_tap(void *user, const struct sfw_tap *t)
 {
@@ -79,6 +94,11 @@ static void on_tap(void *user, const struct sfw_tap *t)
 		k++;
 	if (k == T_N)
 		return;
+	if (li != c->last_layer) { /* the forward moved on: the layer before is done with for this sequence */
+		if (c->last_layer >= 0)
+			release_layer(c->m, c->last_layer);
+		c->last_layer = li;
+	}
 	struct tapstat *s = &c->st[li * T_N + k];
 	if (!s->sum) {
 		s->cols = t->cols;
@@ -303,9 +323,18 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	size_t n = 0;
 	struct calib c = {0};
 	enum sfw_status s;
+	double t0 = sfwi_now_s();
+	sfwi_phase(p, SFW_QP_LOAD, 0, 1, t0);
 	if ((s = sfw_model_load(in_dir, &mp, &m, err)) != SFW_OK)
 		return s;
+	sfwi_phase(p, SFW_QP_LOAD, 1, 1, t0);
 	const struct sfw_config *cf = sfw_model_config(m);
+	/* host memory is what is held, not the model: the upload's pages (a
+	 * device backend keeps its own copy) and, below, each layer's pages once
+	 * the forward is past it */
+	if (mp.device != SFW_DEVICE_CPU)
+		for (int li = 0; li < cf->num_hidden_layers; li++)
+			release_layer(m, li);
 	if ((s = calib_ids(in_dir, p, cf->vocab_size, &ids, &n, err)) != SFW_OK)
 		goto done;
 	/* sequences: BOS + seq_len - 1 tokens each, as many as the text gives */
@@ -316,6 +345,8 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	if (nseq > (size_t)p->samples)
 		nseq = (size_t)p->samples;
 	int64_t total = (int64_t)(nseq * (per + 1));
+	c.m = m;
+	c.last_layer = -1;
 	c.L = cf->num_hidden_layers;
 	c.loss_rows = p->loss_rows;
 	c.stride = total / p->loss_rows > 1 ? total / p->loss_rows : 1;
@@ -333,6 +364,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	}
 	sfw_ctx_set_tap(ctx, on_tap, &c);
 	sfw_ctx_set_tap_linear_inputs(ctx, 1);
+	t0 = sfwi_now_s();
 	for (size_t q = 0; q < nseq && s == SFW_OK; q++) {
 		seq[0] = cf->bos_token_id >= 0 && cf->bos_token_id < cf->vocab_size ? cf->bos_token_id : 1;
 		memcpy(seq + 1, ids + q * per, per * sizeof(int32_t));
@@ -340,7 +372,11 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		s = sfw_ctx_prefill(ctx, seq, per + 1, NULL, err);
 		if (s == SFW_OK && c.nomem)
 			s = sfw_fail(err, SFW_E_NOMEM, "out of memory for AWQ statistics");
+		if (s == SFW_OK)
+			sfwi_phase(p, SFW_QP_CALIB, (int64_t)q + 1, (int64_t)nseq, t0);
 	}
+	if (c.last_layer >= 0)
+		release_layer(m, c.last_layer);
 	sfw_free(seq);
 	st->calib_tokens = total;
 	if (s != SFW_OK)
@@ -352,6 +388,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		goto done;
 	}
 	out->n_layers = c.L;
+	t0 = sfwi_now_s();
 	for (int li = 0; li < c.L && s == SFW_OK; li++) {
 		const struct sfwi_layer *L = &m->layers[li];
 		struct sfwi_fold_layer *F = &out->L[li];
@@ -368,6 +405,16 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 			s = search(in_dir, &c.st[li * T_N + T_MLP], &mlp, p, &F->s_mlp, st, err);
 		if (s == SFW_OK)
 			s = search(in_dir, &c.st[li * T_N + T_DOWN], &down, p, &F->s_down, st, err);
+		/* this layer's statistics and weight pages are done with: what is
+		 * held stays one layer's search, not the model's */
+		for (int k = 0; k < T_N; k++) {
+			struct tapstat *ts = &c.st[li * T_N + k];
+			sfw_free(ts->rows);
+			ts->rows = NULL;
+		}
+		release_layer(m, li);
+		if (s == SFW_OK)
+			sfwi_phase(p, SFW_QP_SEARCH, li + 1, c.L, t0);
 	}
 	if (st->awq_mappings) {
 		st->awq_mean_alpha /= st->awq_mappings;

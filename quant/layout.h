@@ -28,13 +28,17 @@
  *   amax  = max |w| over the group (float32; w = the bf16 weight as float,
  *           or the float32 AWQ-scaled weight)
  *   scale = bf16_rne(max(amax / 127.5f, FLT_EPSILON))        (stored)
+ *           then, if amax / (float)scale > 127.5f, scale += one bf16 ulp
+ *           (the next bf16 up), so that no weight is clamped by more than
+ *           half a step (amax = 1: 2^-7 would put +amax at 128 -> 127)
  *   q     = clamp(rint(w / (float)scale), -128, 127)  rint = round half to even
  * This is compressed-tensors' symmetric rule (scale = absmax / (255 / 2),
  * clamped below at float32 eps, torch.round = half to even, clamp to the
- * int8 range: +amax lands on 127.5 -> 128 -> clamped to 127). Deviation,
+ * int8 range: +amax lands on 127.5 -> 128 -> clamped to 127). Deviations,
  * deliberate: we divide in float32 by the scale *as stored* (bf16-rounded),
- * so codes are optimal for the scale the runtime multiplies by; torch run
- * in bf16 divides in bf16. Non-finite weights are refused.
+ * so codes are optimal for the scale the runtime multiplies by (torch run
+ * in bf16 divides in bf16), and the ulp bump above. Non-finite weights are
+ * refused.
  *
  * Which tensors are quantized: the 2-D `.weight` of the decoder linears
  * model.layers.{i}.self_attn.{q,k,v,o}_proj, self_attn.o_gate (sparse

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,6 +143,31 @@ static void src_row(const struct entry *e, int64_t r, int64_t K, float *out)
 			v /= vec ? e->div[k] : e->div[r];
 		out[k] = v;
 	}
+}
+
+void sfwi_release_pages(const void *p, uint64_t n)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	if (!p || n == 0 || pg <= 0)
+		return;
+	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1),
+		  b = ((uintptr_t)p + (uintptr_t)n + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+	(void)madvise((void *)a, (size_t)(b - a), MADV_DONTNEED); /* advice: a failure only costs memory */
+}
+
+double sfwi_now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void sfwi_phase(const struct sfw_quant_params *p, enum sfw_quant_phase ph, int64_t i, int64_t n, double t0)
+{
+	if (!p->on_phase)
+		return;
+	struct sfw_quant_event ev = {ph, i, n, 0, 0, sfwi_now_s() - t0};
+	p->on_phase(p->progress_user, &ev);
 }
 
 /* ---- producing one tensor's bytes --------------------------------------- */
@@ -435,6 +461,62 @@ static enum sfw_status write_json(const char *dir, const char *name, cJSON *root
 	return s;
 }
 
+/* The number tokens of a JSON text in document order: the start of each is
+ * a '-' or digit outside a string; it runs over [-+.0-9eE]. */
+struct numtok {
+	const char *p;
+	size_t n;
+};
+
+static size_t lex_numbers(const char *t, size_t len, struct numtok *out, size_t cap)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < len; i++) {
+		char c = t[i];
+		if (c == '"') { /* skip the string, escapes included */
+			for (i++; i < len && t[i] != '"'; i++)
+				if (t[i] == '\\')
+					i++;
+		} else if (c == '-' || (c >= '0' && c <= '9')) {
+			size_t j = i;
+			while (j < len && (strchr("-+.eE", t[j]) || (t[j] >= '0' && t[j] <= '9')))
+				j++;
+			if (n < cap)
+				out[n] = (struct numtok){t + i, j - i};
+			n++;
+			i = j - 1;
+		}
+	}
+	return n;
+}
+
+/* Replaces every number of the tree (document order, as cJSON keeps it) by a
+ * raw item holding the number's original text, so the rewritten config.json
+ * keeps `0.0` and `10000.0` floats (cJSON would print 10000) and `1e-06` as
+ * written. Returns -1 on a count mismatch or no memory. */
+static int keep_numbers(cJSON *node, const struct numtok *tok, size_t ntok, size_t *at)
+{
+	for (cJSON *c = node->child, *next; c; c = next) {
+		next = c->next;
+		if (cJSON_IsNumber(c)) {
+			if (*at >= ntok)
+				return -1;
+			char *txt = sfw_strndup(tok[*at].p, tok[*at].n);
+			cJSON *raw = txt ? cJSON_CreateRaw(txt) : NULL;
+			sfw_free(txt);
+			if (!raw)
+				return -1;
+			raw->string = c->string; /* the member's key moves over */
+			c->string = NULL;
+			cJSON_ReplaceItemViaPointer(node, c, raw); /* cannot fail: c is node's child */
+			(*at)++;
+		} else if ((cJSON_IsObject(c) || cJSON_IsArray(c)) && keep_numbers(c, tok, ntok, at) != 0) {
+			return -1;
+		}
+	}
+	return 0;
+}
+
 static enum sfw_status load_config_json(const char *dir, cJSON **out, struct sfw_err *err)
 {
 	char *path = sfw_path_join(dir, "config.json");
@@ -445,6 +527,18 @@ static enum sfw_status load_config_json(const char *dir, cJSON **out, struct sfw
 	enum sfw_status s = sfw_read_file(path, 4u << 20, &b, err);
 	if (s == SFW_OK)
 		s = sfw_json_parse(b.data, b.len, path, out, err);
+	if (s == SFW_OK) {
+		size_t ntok = lex_numbers(b.data, b.len, NULL, 0), at = 0;
+		struct numtok *tok = sfw_malloc((ntok ? ntok : 1) * sizeof(*tok));
+		if (!tok || lex_numbers(b.data, b.len, tok, ntok) != ntok ||
+		    keep_numbers(*out, tok, ntok, &at) != 0 || at != ntok) {
+			s = sfw_fail(err, tok ? SFW_E_FORMAT : SFW_E_NOMEM,
+				     "'%s': cannot keep its numbers as written", path);
+			cJSON_Delete(*out);
+			*out = NULL;
+		}
+		sfw_free(tok);
+	}
 	sfw_buf_release(&b);
 	sfw_free(path);
 	return s;
@@ -495,6 +589,7 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 	if (!order)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	uint64_t done = 0;
+	double t_write = sfwi_now_s();
 	char gs[16];
 	if (p->group_size > 0)
 		snprintf(gs, sizeof(gs), "%d", p->group_size);
@@ -530,7 +625,16 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 			s = sfw_st_writer_declare(w, order[i]->name, order[i]->dtype, order[i]->ndim, order[i]->shape, err);
 		for (size_t i = 0; s == SFW_OK && i < n; i++) {
 			s = produce(wc, w, order[i], err);
+			/* the input pages of this tensor are done with (a linear's other
+			 * part reads them again from the page cache, not the disk) */
+			sfwi_release_pages(order[i]->src->data, order[i]->src->nbytes);
 			done += order[i]->nbytes;
+			if (p->on_phase) {
+				struct sfw_quant_event ev = {SFW_QP_WRITE,	 (int64_t)done,
+							     (int64_t)pl->total, sh + 1,
+							     pl->n_shards,	 sfwi_now_s() - t_write};
+				p->on_phase(p->progress_user, &ev);
+			}
 			if (s == SFW_OK && p->progress && !p->progress(p->progress_user, order[i]->name, done, pl->total))
 				s = sfw_fail(err, SFW_E_ABORTED, "quantization cancelled");
 		}
@@ -611,13 +715,6 @@ static void remove_stale(const char *out_dir, int n_shards, int force)
 	closedir(d);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static enum sfw_status check_dirs(const char *in, const char *out, int force, struct sfw_err *err)
 {
 	enum sfw_status s = sfw_mkdirs(out, err);
@@ -649,7 +746,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	const struct sfw_quant_params *p = pp ? pp : &dp;
 	struct sfw_quant_stats local, *st = p->stats ? p->stats : &local;
 	memset(st, 0, sizeof(*st));
-	double t0 = now_s();
+	double t0 = sfwi_now_s();
 	if (!sfw_quant_traits(p->group_size))
 		return sfw_fail(err, SFW_E_INVAL, "group size %d is not supported (32, 64, 128 or channel)",
 				p->group_size);
@@ -678,10 +775,10 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	if ((s = sfw_st_set_open(in_dir, &set, err)) != SFW_OK)
 		goto done;
 	if (p->method == SFW_QUANT_AWQ) {
-		double tc = now_s();
+		double tc = sfwi_now_s();
 		if ((s = sfwi_awq_search(in_dir, p, &fold, err)) != SFW_OK)
 			goto done;
-		st->seconds_calib = now_s() - tc;
+		st->seconds_calib = sfwi_now_s() - tc;
 	}
 	if ((s = make_plan(in_dir, set, p, p->method == SFW_QUANT_AWQ ? &fold : NULL, &pl, &st->n_quantized, err)) != SFW_OK)
 		goto done;
@@ -735,7 +832,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	if ((s = write_json(out_dir, "config.json", cj, err)) != SFW_OK) /* last: the model is complete */
 		goto done;
 	remove_stale(out_dir, pl.n_shards, p->force);
-	st->seconds_total = now_s() - t0;
+	st->seconds_total = sfwi_now_s() - t0;
 done:
 	if (wc.rowbuf)
 		for (int i = 0; i < wc.nt; i++) {

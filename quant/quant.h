@@ -8,7 +8,9 @@
  *
  * The output is streamed tensor by tensor from the read-only map of the
  * input (memory: one tensor's rows at a time plus, for AWQ, the calibration
- * statistics), each shard written to a temporary name and renamed. Before
+ * statistics; each input tensor's pages are released from the map once it
+ * is written, so the resident set stays at about one tensor, not the
+ * model), each shard written to a temporary name and renamed. Before
  * the first shard lands, out_dir's config.json and index are removed, and
  * config.json (with quantization_config) is written last, so a failed run
  * never leaves a directory that loads; shards the new index does not list
@@ -44,6 +46,20 @@ struct sfw_quant_stats {
  * cancels with SFW_E_ABORTED. */
 typedef int (*sfw_quant_progress_fn)(void *user, const char *tensor, uint64_t bytes_done, uint64_t bytes_total);
 
+/* What the quantizer is doing, for a progress display (from the calling
+ * thread): LOAD (i = 0 before the model is loaded, or uploaded to the
+ * calibration device, i = 1 after), CALIB (sequence i of n done), SEARCH
+ * (layer i of n searched), WRITE (i of n output bytes written, in shard
+ * `shard` of `n_shards`). elapsed: seconds since the phase began. */
+enum sfw_quant_phase { SFW_QP_LOAD, SFW_QP_CALIB, SFW_QP_SEARCH, SFW_QP_WRITE };
+struct sfw_quant_event {
+	enum sfw_quant_phase phase;
+	int64_t i, n;
+	int shard, n_shards; /* WRITE: 1-based */
+	double elapsed;
+};
+typedef void (*sfw_quant_phase_fn)(void *user, const struct sfw_quant_event *ev);
+
 struct sfw_quant_params {
 	int group_size;               /* 32, 64, 128 (default) or SFW_QL_GROUP_CHANNEL */
 	enum sfw_quant_method method; /* default SFW_QUANT_AWQ */
@@ -61,6 +77,7 @@ struct sfw_quant_params {
 	uint64_t shard_bytes;         /* 0: 5 GB, as the original checkpoint */
 	int force;                    /* overwrite a model already in out_dir */
 	sfw_quant_progress_fn progress;
+	sfw_quant_phase_fn on_phase; /* optional; gets progress_user too */
 	void *progress_user;
 	struct sfw_quant_stats *stats; /* filled when non-NULL */
 };

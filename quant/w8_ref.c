@@ -40,6 +40,15 @@ static int group_scale(const float *w, int64_t n, uint16_t *bits, float *value)
 		s = SFW_QL_SCALE_MIN;
 	*bits = to_bf16(s);
 	*value = from_bf16(*bits); /* divide by the scale as stored */
+	/* bf16 rounding may have lowered the scale so far that amax lands past
+	 * 127.5 steps (e.g. amax = 1: 1/127.5 rounds to 2^-7, and 1/2^-7 = 128
+	 * would be clamped to 127, almost a step off): one bf16 ulp up (it
+	 * suffices: rounding lowers by at most half an ulp) keeps every weight
+	 * within half a step of its code */
+	if (amax / *value > SFW_QL_SCALE_DIV) {
+		(*bits)++;
+		*value = from_bf16(*bits);
+	}
 	return 0;
 }
 

@@ -30,6 +30,25 @@ check_err "quant --no-verify says so and reports" 0 "32 linears int8 \(w8-g32\)"
 check_err "an existing output needs --force (exit 5)" 5 "already holds a model" \
 	$SALAFW quant "$D" -o "$S/q" --method rtn --no-verify
 check "the output is a complete model directory" test -f "$S/q/config.json" -a -f "$S/q/model.safetensors.index.json"
+# config.json keeps its numbers' types (10000.0 and 0.0 stay floats) for python readers
+r=$(python3 - "$D/config.json" "$S/q/config.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+def walk(x, y, at):
+    if type(x) is not type(y) or (not isinstance(x, (dict, list)) and x != y):
+        return ['%s: %r -> %r' % (at, x, y)]
+    if isinstance(x, dict):
+        return sum((walk(x[k], y.get(k), at + '.' + k) for k in x), [])
+    if isinstance(x, list):
+        return sum((walk(u, v, at + '[]') for u, v in zip(x, y)), []) if len(x) == len(y) else [at + ': length']
+    return []
+floats = sum(isinstance(v, float) and v == int(v) for v in a.values())
+bad = walk({k: v for k, v in a.items() if k != 'quantization_config'}, b, 'config')
+print('ok %d' % floats if not bad and floats >= 2 else 'bad %d %s' % (floats, bad[:4]))
+PY
+)
+case $r in ok*) pass "config.json keeps every field's value and JSON type (${r#ok } integral floats stay floats)";;
+*) fail "config.json rewritten with other types: $r";; esac
 # --force replaces the model as a whole: one shard over several leaves one shard file
 check "--shard-size writes several shards" $SALAFW quant "$D" -o "$S/f" --method rtn --shard-size 1500000 --no-verify -q
 n=$(ls "$S/f" | grep -c '^model.*\.safetensors$')
@@ -37,6 +56,28 @@ n=$(ls "$S/f" | grep -c '^model.*\.safetensors$')
 check "--force over it with one shard" $SALAFW quant "$D" -o "$S/f" --method rtn --force --no-verify -q
 n=$(ls "$S/f" | grep -c '^model.*\.safetensors$')
 [ "$n" = 1 ] && pass "--force leaves only the new shard" || fail "--force left $n shard files"
+
+# progress to a log (stderr not a terminal): a line per phase step, with elapsed time and ETA
+$SALAFW quant "$D" -o "$S/p" --method awq --samples 6 --seq-len 32 --no-verify 2>"$S/p.err" >/dev/null
+for pat in "loading the model" "calibrating \(cpu\): sequence 6/6, [0-9:]+ elapsed, ETA" \
+	"searching AWQ scales: layer 1/4, [0-9:]+ elapsed, ETA [0-9:]+" "searching AWQ scales: layer 4/4" \
+	"writing shard 1/1: 100% of [0-9.]+ MB, [0-9:]+ elapsed"; do
+	grep -qE "^salafw quant: $pat" "$S/p.err" && pass "progress: $pat" || fail "progress line '$pat' missing: $(head -c 400 "$S/p.err")"
+done
+[ "$(grep -c 'searching AWQ scales: layer' "$S/p.err")" = 4 ] && pass "one search line per layer" ||
+	fail "search lines: $(grep -c 'searching AWQ' "$S/p.err")"
+# host memory: each input tensor's pages are released once written, so the
+# peak resident set stays well below the mapped model (270 MB small preset;
+# 289 MB before the release, 48 MB after)
+if $SALAFW mkmodel --preset small -o "$S/small" >/dev/null 2>&1; then
+	kb=$(/usr/bin/time -f %M $SALAFW quant "$S/small" -o "$S/small-q" --method rtn --no-verify -q 2>&1 >/dev/null | tail -n 1)
+	mb=$(( $(du -sk "$S/small" | cut -f1) ))
+	[ "$kb" -lt $((mb / 2)) ] && pass "rtn on the small preset peaks at $kb kB RSS, under half the model ($mb kB)" ||
+		fail "rtn peak RSS $kb kB, model $mb kB: the map stays resident"
+	rm -rf "$S/small" "$S/small-q"
+else
+	fail "mkmodel --preset small"
+fi
 
 # the quantized model runs: greedy chain as the bf16 reference (17/17 measured)
 want=$(st_ints "$D/golden_f32.safetensors" decode.tokens)

@@ -203,6 +203,14 @@ void sfw_manifest_release(struct sfw_manifest *m)
 		sfw_free(m->sources[i].name);
 	}
 	sfw_free(m->sources);
+	struct sfw_manifest_lineage *l = &m->lineage;
+	sfw_free(l->derived_by);
+	sfw_free(l->method);
+	for (size_t i = 0; i < l->nparams; i++) {
+		sfw_free(l->param_key[i]);
+		sfw_free(l->param_value[i]);
+	}
+	sfw_free(l->parent_repo_id);
 	memset(m, 0, sizeof(*m));
 }
 
@@ -380,6 +388,125 @@ static enum sfw_status parse_sources(const cJSON *arr, const char *what, struct 
 	return SFW_OK;
 }
 
+/* ---- lineage (a derived model's parent and recipe; verify.h) --------------- */
+
+/* 1 when s is 1..max bytes, each printable ASCII (or, with set, in set). */
+static int text_ok(const char *s, size_t max, const char *set)
+{
+	size_t n = strlen(s);
+	if (n < 1 || n > max)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if (set ? !strchr(set, c) || c == 0 : c < 0x20 || c > 0x7e)
+			return 0;
+	}
+	return 1;
+}
+
+static const char lower_word[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
+
+/* Only the named members: a lineage says nothing the parser does not read. */
+static enum sfw_status only_keys(const cJSON *o, const char *const *keys, const char *ctx,
+				 struct sfw_err *err)
+{
+	const cJSON *c;
+	cJSON_ArrayForEach(c, o)
+	{
+		int known = 0;
+		for (size_t i = 0; keys[i] && !known; i++)
+			known = strcmp(c->string, keys[i]) == 0;
+		if (!known)
+			return sfw_fail(err, SFW_E_MANIFEST, "%s: unknown member '%.32s'", ctx,
+					text_ok(c->string, 32, lower_word) ? c->string : "?");
+	}
+	return SFW_OK;
+}
+
+static enum sfw_status parse_lineage(const cJSON *lo, const char *what, struct sfw_manifest_lineage *l,
+				     struct sfw_err *err)
+{
+	static const char *const top[] = {"derived_by", "method", "params", "parent", NULL};
+	static const char *const par[] = {"repo_id", "revision", "manifest_sha256", "key_id", NULL};
+	char ctx[320];
+	snprintf(ctx, sizeof(ctx), "%s: lineage", what);
+	const char *s;
+	if (!cJSON_IsObject(lo))
+		return sfw_fail(err, SFW_E_MANIFEST, "%s must be an object", ctx);
+	if (only_keys(lo, top, ctx, err) != SFW_OK)
+		return SFW_E_MANIFEST;
+	l->present = 1;
+	if (sfw_json_string(lo, "derived_by", ctx, &s, err) != SFW_OK)
+		return as_manifest(err);
+	if (!text_ok(s, 64, NULL))
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: derived_by must be 1 to 64 printable characters",
+				ctx);
+	if (!(l->derived_by = sfw_strdup(s)))
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	if (sfw_json_string(lo, "method", ctx, &s, err) != SFW_OK)
+		return as_manifest(err);
+	if (!text_ok(s, 32, "abcdefghijklmnopqrstuvwxyz0123456789_-"))
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: method must be 1 to 32 of [a-z0-9_-]", ctx);
+	if (!(l->method = sfw_strdup(s)))
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	const cJSON *pa = cJSON_GetObjectItemCaseSensitive(lo, "params"), *c;
+	if (pa) {
+		if (!cJSON_IsObject(pa))
+			return sfw_fail(err, SFW_E_MANIFEST, "%s: params must be an object", ctx);
+		if (cJSON_GetArraySize(pa) > SFW_LINEAGE_MAX_PARAMS)
+			return sfw_fail(err, SFW_E_MANIFEST, "%s: more than %d params", ctx,
+					SFW_LINEAGE_MAX_PARAMS);
+		cJSON_ArrayForEach(c, pa)
+		{
+			if (!text_ok(c->string, 32, lower_word))
+				return sfw_fail(err, SFW_E_MANIFEST,
+						"%s: a param name must be 1 to 32 of [a-z0-9_]", ctx);
+			if (!cJSON_IsString(c) || !text_ok(c->valuestring, 128, NULL))
+				return sfw_fail(
+				    err, SFW_E_MANIFEST,
+				    "%s: params.%s must be a string of 1 to 128 printable characters", ctx,
+				    c->string);
+			size_t i = l->nparams;
+			l->param_key[i] = sfw_strdup(c->string);
+			l->param_value[i] = sfw_strdup(c->valuestring);
+			l->nparams++;
+			if (!l->param_key[i] || !l->param_value[i])
+				return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		}
+	}
+	const cJSON *po = cJSON_GetObjectItemCaseSensitive(lo, "parent");
+	if (!po)
+		return SFW_OK;
+	snprintf(ctx, sizeof(ctx), "%s: lineage.parent", what);
+	if (!cJSON_IsObject(po))
+		return sfw_fail(err, SFW_E_MANIFEST, "%s must be an object", ctx);
+	if (only_keys(po, par, ctx, err) != SFW_OK)
+		return SFW_E_MANIFEST;
+	if (sfw_json_string(po, "repo_id", ctx, &s, err) != SFW_OK)
+		return as_manifest(err);
+	if (!repo_id_ok(s))
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: repo_id is not of the form ORG/NAME", ctx);
+	if (!(l->parent_repo_id = sfw_strdup(s)))
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	if (sfw_json_string(po, "revision", ctx, &s, err) != SFW_OK)
+		return as_manifest(err);
+	if (!is_hex_lower(s, 40))
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: revision must be 40 lower-case hex digits", ctx);
+	memcpy(l->parent_revision, s, 41);
+	if (sfw_json_string(po, "manifest_sha256", ctx, &s, err) != SFW_OK)
+		return as_manifest(err);
+	if (!is_hex_lower(s, 64) || sfw_hex_decode(s, l->parent_manifest_sha256, 32) != 0)
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: manifest_sha256 must be 64 lower-case hex digits",
+				ctx);
+	if (sfw_json_string(po, "key_id", ctx, &s, err) != SFW_OK)
+		return as_manifest(err);
+	if (!text_ok(s, 16, "0123456789ABCDEF") || strlen(s) != 16)
+		return sfw_fail(err, SFW_E_MANIFEST, "%s: key_id must be 16 upper-case hex digits", ctx);
+	memcpy(l->parent_key_id, s, 17);
+	l->has_parent = 1;
+	return SFW_OK;
+}
+
 /* The adapter: salafw's own v1 schema. Another generator family (the
  * service's real field names, §5.5) gets its own function mapping its JSON
  * onto struct sfw_manifest, chosen in sfw_manifest_parse. */
@@ -444,6 +571,9 @@ static enum sfw_status adapt_salafw_v1(const cJSON *root, const char *what, stru
 #undef REQ
 	st = parse_files(cJSON_GetObjectItemCaseSensitive(root, "files"), what, m, err);
 	if (st != SFW_OK)
+		return st;
+	const cJSON *lin = cJSON_GetObjectItemCaseSensitive(root, "lineage");
+	if (lin && (st = parse_lineage(lin, what, &m->lineage, err)) != SFW_OK)
 		return st;
 	return parse_sources(cJSON_GetObjectItemCaseSensitive(root, "sources"), what, m, err);
 }

@@ -243,6 +243,9 @@ enum sfw_status sfw_manifest_build(const char *dir, const struct sfw_manifest_bu
 		s = sfw_buf_printf(&b, ",\n  \"revision\": ");
 	if (s == SFW_OK)
 		s = put_str(&b, p->revision);
+	/* a derived model's parent and recipe (checked by the probe below) */
+	if (s == SFW_OK && p->lineage_json)
+		s = sfw_buf_printf(&b, ",\n  \"lineage\": %s", p->lineage_json);
 	if (s == SFW_OK)
 		s = sfw_buf_printf(
 		    &b,

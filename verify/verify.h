@@ -95,6 +95,29 @@ struct sfw_manifest_file {
 	unsigned char sha256[32];
 };
 
+/* The optional `lineage` object of a derived model's manifest (one that
+ * salafw made from another, e.g. `salafw quant`): what it came from and how.
+ *   "lineage": {"derived_by": "salafw/<version>", "method": "awq",
+ *               "params": {"group_size": "128", ...},        (strings)
+ *               "parent": {"repo_id": ..., "revision": <hex40>,
+ *                          "manifest_sha256": <hex64>, "key_id": <hex16>}}
+ * parent is absent when the input was not verified. Strict: no other keys,
+ * at most SFW_LINEAGE_MAX_PARAMS params, printable ASCII values. */
+#define SFW_LINEAGE_MAX_PARAMS 32
+struct sfw_manifest_lineage {
+	int present;
+	char *derived_by; /* printable ASCII, at most 64 bytes */
+	char *method;	  /* [a-z0-9_-], at most 32 bytes */
+	size_t nparams;
+	char *param_key[SFW_LINEAGE_MAX_PARAMS];   /* [a-z0-9_], at most 32 bytes */
+	char *param_value[SFW_LINEAGE_MAX_PARAMS]; /* printable ASCII, at most 128 bytes */
+	int has_parent;
+	char *parent_repo_id;
+	char parent_revision[41];
+	unsigned char parent_manifest_sha256[32];
+	char parent_key_id[17];
+};
+
 struct sfw_manifest {
 	int schema_version;
 	char *generator;
@@ -109,6 +132,7 @@ struct sfw_manifest {
 	struct sfw_source *sources;
 	size_t nsources;
 	unsigned char manifest_sha256[32]; /* of the exact signed bytes */
+	struct sfw_manifest_lineage lineage;
 };
 
 /* Strict parse of already-verified bytes (schema, types, path rules, sorting,
@@ -156,6 +180,7 @@ struct sfw_manifest_build_params {
 	const struct sfw_source *sources;
 	size_t nsources;
 	int threads;               /* 0 = all cores */
+	const char *lineage_json;  /* NULL, or the `lineage` object's JSON text (checked by the parse) */
 };
 struct sfw_manifest_build_params sfw_manifest_build_default_params(void);
 /* Hashes every regular file under dir (skipping the .salafw state folder;
@@ -245,5 +270,49 @@ void sfw_file_id_of(const struct stat *st, struct sfw_file_id *id);
  * Also re-verifies DIR/.salafw/manifest.json against its signature. */
 SFW_MUST_CHECK enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *p,
 					       struct sfw_err *err);
+
+/* ---- the user's own key, for the models they derive (verify/userkey.c) ---
+ * A per-user minisign key pair kept apart from the pinned publisher key:
+ * $XDG_CONFIG_HOME/salafw/user.key + user.pub (~/.config/salafw without
+ * XDG_CONFIG_HOME), folder 0700, secret key 0600 and unencrypted (signing
+ * is one step in scripts; the key is only ever trusted for the user's own
+ * derived models, below, so it cannot stand in for a publisher). */
+/* Fresh paths (sfw_free); NULL when neither XDG_CONFIG_HOME nor HOME is set. */
+char *sfw_userkey_path(int secret);
+/* The public key; SFW_E_MISSING when the user has none yet. */
+SFW_MUST_CHECK enum sfw_status sfw_userkey_load_pub(struct sfw_pubkey *out, struct sfw_err *err);
+/* The pair, created on first use (*created = 1 then). */
+SFW_MUST_CHECK enum sfw_status sfw_userkey_ensure(struct sfw_seckey *sk, struct sfw_pubkey *pk, int *created,
+						  struct sfw_err *err);
+/* The rule for the user's key: a manifest it signed is trusted only when it
+ * is a derived one (a lineage object) of a local repo ("local/NAME") that
+ * no pin names. SFW_E_MANIFEST (naming why) otherwise. */
+SFW_MUST_CHECK enum sfw_status sfw_userkey_trust(const struct sfw_manifest *m, const char *what,
+						 struct sfw_err *err);
+/* "local/<name>" from a directory's last path component (HF's characters;
+ * others become '-'). */
+void sfw_local_repo_id(const char *dir, char *out, size_t cap);
+
+/* The pinned release one of whose files (path, sha256) is this one: 1 and
+ * *out filled (static strings), or 0. Names the get command that fetches a
+ * directory's signed manifest back. */
+struct sfw_pin_info {
+	const char *repo_id, *revision;
+};
+int sfw_pin_of_file(const char *path, const unsigned char sha256[32], struct sfw_pin_info *out);
+
+/* Publishes a derived model: hashes dir into a manifest for
+ * local/<basename> (revision: the first 40 hex digits of the lineage's
+ * sha256; manifest_version: the time, so a rebuild supersedes), written as
+ * dir/.salafw/manifest.json; with key, signs it (user key id in the
+ * manifest), then checks every file against it and records the verified
+ * state, so the directory runs verified. Without key it removes a stale
+ * signature and leaves the manifest for `salafw sign --user`. */
+SFW_MUST_CHECK enum sfw_status sfw_derived_publish(const char *dir, const char *lineage_json,
+						   const struct sfw_seckey *key, struct sfw_err *err);
+/* Signs dir's existing derived manifest with key after checking every file
+ * against it, and records the verified state. */
+SFW_MUST_CHECK enum sfw_status sfw_derived_sign(const char *dir, const struct sfw_seckey *key,
+						struct sfw_err *err);
 
 #endif

@@ -27,6 +27,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		if (total != m.total_size || m.nfiles == 0)
 			abort();
+		const struct sfw_manifest_lineage *l = &m.lineage; /* bounded, and complete when present */
+		if (l->present && (!l->derived_by || !l->method || l->nparams > SFW_LINEAGE_MAX_PARAMS ||
+				   (l->has_parent && (!l->parent_repo_id || strlen(l->parent_key_id) != 16))))
+			abort();
+		for (size_t i = 0; i < l->nparams; i++)
+			if (!l->param_key[i] || !l->param_value[i] || strlen(l->param_value[i]) > 128)
+				abort();
 		sfw_manifest_release(&m);
 	}
 	char *s = malloc(size + 1);

@@ -13,7 +13,8 @@ little-endian bytes of its I32 words (ceil(COLS/4) words) and the bf16 scale
 bits, both in hex.
 
 The rule (compressed-tensors' symmetric int8, scale divided as stored):
-  scale = bf16_rne(max(amax / 127.5, float32 eps)); q = clamp(round_half_even(w / scale), -128, 127);
+  scale = bf16_rne(max(amax / 127.5, float32 eps)), one bf16 ulp up when amax / scale > 127.5
+  (so no weight is clamped by more than half a step); q = clamp(round_half_even(w / scale), -128, 127);
   byte = q + 128; element k of a row goes into word k // 4 at bit 8 * (k % 4).
 Float32 arithmetic is emulated exactly: a float32 +, -, *, / computed in
 double and rounded once to float32 is the correctly rounded float32 result.
@@ -59,7 +60,7 @@ class SplitMix64:
 
 
 def gen_matrix(seed, rows, cols, bf16):
-    """Row 0 all zeros; row 1 exact rounding ties; every 7th row x64; one x16
+    """Row 0 all zeros; row 1 exact rounding ties; row 2 a scale that needs its bf16 ulp bump; every 7th row x64; one x16
     outlier per row; the rest m * 2^-28 with m a 23-bit signed integer."""
     g = SplitMix64(seed)
     out = []
@@ -76,6 +77,8 @@ def gen_matrix(seed, rows, cols, bf16):
                 v = 0.0
             if r == 1:
                 v = (((k % 21) - 10) + 0.5) * 2.0 ** -10 if k else 127.5 * 2.0 ** -10
+            if r == 2:  # amax / 127.5 rounds down in bf16: the scale needs its ulp bump
+                v = 127.5 * 1.003125 * 2.0 ** -15 if k % 3 == 0 else ((k % 7) - 3) * 2.0 ** -17
             v = f32(v)
             if bf16:
                 v = bf16_value(bf16_rne(v))
@@ -98,8 +101,11 @@ def quant_row(row, group):
         s = f32(amax / 127.5)
         s = max(s, bits_f32(0x34000000))  # float32 eps = 2^-23
         h = bf16_rne(s)
-        scales.append(h)
         sd = bf16_value(h)
+        if f32(amax / sd) > 127.5:  # rounded too low: one bf16 ulp up
+            h += 1
+            sd = bf16_value(h)
+        scales.append(h)
         for v in grp:
             q = round_half_even(f32(v / sd))
             q = min(max(q, -128), 127)
