@@ -23,7 +23,7 @@ run_fix() { # DESCR STDERR-FILE : runs the named salafw command
 
 # a publisher's model, verified with its key
 $SALAFW mkmodel --preset tiny --seed 3 -o "$M" >/dev/null
-$SALAFW keygen -p "$S/pub.pub" -s "$S/pub.key" >/dev/null
+$SALAFW keygen --pubkey-out "$S/pub.pub" -s "$S/pub.key" >/dev/null
 REV=$(sha1sum "$M/config.json" | cut -c1-40)
 $SALAFW manifest "$M" --repo salafw/tiny-sala --revision "$REV" -o "$S/m.json" >/dev/null
 $SALAFW sign -s "$S/pub.key" "$S/m.json" >/dev/null
