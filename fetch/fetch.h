@@ -26,7 +26,13 @@
  * Sources: user mirrors given with prepend=1 come first, then the manifest's
  * sources in order, then user mirrors with prepend=0. A source that fails
  * (after its retries) for `demote_after` consecutive attempts is demoted:
- * tried after every healthy source for the rest of the run. */
+ * tried after every healthy source for the rest of the run. So is a source
+ * measured several times slower per connection than another one usable for
+ * the same file (an unmeasured one is measured by a probe: the tail of a slow
+ * transfer's range); its transfers give their remaining ranges to the faster
+ * one. A source whose transfers keep stalling after some progress is struck
+ * for the file when another source is left; one that ignores Range restarts
+ * the file from byte 0 on each retry when it is the only one left. */
 #ifndef SFW_FETCH_H
 #define SFW_FETCH_H
 
@@ -171,7 +177,7 @@ struct sfw_fetch_params {
 	uint64_t backoff_cap_ms;    /* default 30000 */
 	uint64_t retry_after_max_ms;/* a longer Retry-After moves to the next source (default 120000) */
 	unsigned demote_after;      /* consecutive failures before demotion (default 3) */
-	uint64_t limit_rate;        /* bytes/s per transfer, 0 = none */
+	uint64_t limit_rate;        /* bytes/s, the sum over all transfers (each gets a share), 0 = none */
 	int no_space_check;
 	double journal_interval_s;  /* how often data is fdatasync'ed and journalled (default 5) */
 	double progress_interval_s; /* default 0.5 */

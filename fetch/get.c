@@ -61,7 +61,8 @@
 #define RATE_SAMPLE_MIN (64u << 10) /* a finished transfer this short says little about a source's speed */
 /* A source whose transfers of one file end in a stall (the low-speed abort)
  * this many times with no completed range between is struck for that file,
- * even though each stall came after some progress. */
+ * even though each stall came after some progress, when another source is
+ * left for it. */
 #define STALL_STRIKES 3
 /* Verified files wait for their fsync in batches: up to SYNC_BATCH files or
  * SYNC_WAIT_MS, then SYNC_THREADS fsyncs at once (a device flush each: run
@@ -1234,8 +1235,9 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 		return restart_whole(r, f, src, msg, err);
 	}
 	int stalled = cc == CURLE_OPERATION_TIMEDOUT && progressed;
-	if (stalled && ++f->stalls[src] >= STALL_STRIKES) {
-		/* progress, then a stall, again and again: a failing source */
+	if (stalled && ++f->stalls[src] >= STALL_STRIKES && other_source(r, f, src)) {
+		/* progress, then a stall, again and again: a failing source (the
+		 * only one left still resumes: every retry gains bytes) */
 		snprintf(msg, sizeof(msg), "stalled %u times after sending some data", (unsigned)f->stalls[src]);
 		snprintf(f->last_err, sizeof(f->last_err), "%s: %s", r->srcs[src].label, msg);
 		if (!f->src_failed[src])
