@@ -122,6 +122,7 @@ struct seg {
 	int rate_ok;           /* a whole window measured */
 	int probe;             /* measures its source for the scheduler */
 	int cut;               /* end lowered: its tail went to another source */
+	int paused;            /* held by the --limit-rate bucket (CURL_WRITEFUNC_PAUSE) */
 	uint64_t kicked;       /* [kicked, pos - wlen) on disk, writeback not started */
 	unsigned char *wbuf;   /* received bytes [pos - wlen, pos) not yet written */
 	size_t wlen;
@@ -193,6 +194,9 @@ struct run {
 	size_t nverified;       /* files in F_VERIFIED */
 	uint64_t verified_since;/* when the oldest of them got there */
 	int woke;               /* something finished: run the scheduler before waiting */
+	double tokens;          /* --limit-rate bucket: bytes that may arrive now (< 0: owed) */
+	uint64_t tokens_t;      /* when it was last refilled */
+	int npaused;            /* transfers paused until it refills */
 	double rate;
 	uint32_t rng;
 	unsigned char *hashbuf;
@@ -525,6 +529,14 @@ static size_t on_write(char *p, size_t sz, size_t nm, void *u)
 	struct run *r = g_run;
 	struct file *f = s->f;
 	size_t n = sz * nm;
+	if (r->p->limit_rate && r->tokens <= 0 && n) {
+		/* over the cap: libcurl keeps these bytes and hands them over
+		 * again when bucket_refill() resumes the transfer */
+		s->paused = 1;
+		r->npaused++;
+		return CURL_WRITEFUNC_PAUSE;
+	}
+	r->tokens -= (double)n;
 	if (!s->checked) {
 		if (check_first(r, s) != 0)
 			return 0;
@@ -588,6 +600,8 @@ static void seg_free(struct run *r, struct seg *s)
 	struct file *f = s->f;
 	if (s->probe)
 		r->srcs[s->src].probing = 0;
+	if (s->paused)
+		r->npaused--;
 	r->woke = 1;
 	for (struct seg **pp = &f->segs; *pp; pp = &(*pp)->next)
 		if (*pp == s) {
@@ -661,7 +675,13 @@ static enum sfw_status seg_start(struct run *r, struct file *f, int src, struct 
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(h, CURLOPT_USERAGENT, "salafw/" SFW_VERSION);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, p->connect_timeout_s);
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, p->stall_bytes_per_s);
+	long low = p->stall_bytes_per_s;
+	if (p->limit_rate) { /* a transfer held back by the cap is not stalled */
+		uint64_t floor = p->limit_rate / ((uint64_t)p->jobs * p->connections + r->nsrcs) / 4;
+		if ((uint64_t)low > floor)
+			low = floor ? (long)floor : 1;
+	}
+	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, low);
 	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, p->stall_timeout_s);
 	/* libcurl applies this to redirect and error bodies too, so allow a
 	 * small page on top; on_write is the hard cap at the range's end. */
@@ -1273,6 +1293,36 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 
 static void rate_share(struct run *r);
 
+/* The --limit-rate bucket: limit_rate bytes/s flow in, at most BURST_MS of
+ * them saved up; every byte received takes its share (going below zero
+ * when libcurl hands over more at once). Paused transfers resume once it is
+ * positive again. Returns the ms until it will be (0 = now or no cap). */
+#define BURST_MS 50
+static int bucket_refill(struct run *r)
+{
+	uint64_t lim = r->p->limit_rate;
+	if (!lim)
+		return 0;
+	uint64_t now = now_ms();
+	double cap = (double)lim * BURST_MS / 1000.0;
+	if (cap < 16384)
+		cap = 16384;
+	r->tokens += (double)(now - r->tokens_t) * (double)lim / 1000.0;
+	if (r->tokens > cap)
+		r->tokens = cap;
+	r->tokens_t = now;
+	if (r->tokens <= 0)
+		return (int)(-r->tokens * 1000.0 / (double)lim) + 1;
+	for (size_t i = 0; i < r->nfiles && r->npaused; i++)
+		for (struct seg *s = r->files[i].segs; s; s = s->next)
+			if (s->paused) {
+				s->paused = 0; /* first: the resume may call on_write at once */
+				r->npaused--;
+				curl_easy_pause(s->h, CURLPAUSE_CONT);
+			}
+	return 0;
+}
+
 static enum sfw_status schedule(struct run *r, struct sfw_err *err)
 {
 	const struct sfw_fetch_params *p = r->p;
@@ -1530,7 +1580,8 @@ static enum sfw_status flush_all(struct run *r, struct sfw_err *err)
 static enum sfw_status run_loop(struct run *r, struct sfw_err *err)
 {
 	const struct sfw_fetch_params *p = r->p;
-	r->last_progress = r->last_journal = now_ms();
+	r->last_progress = r->last_journal = r->tokens_t = now_ms();
+	r->tokens = (double)p->limit_rate * BURST_MS / 1000.0;
 	for (;;) {
 		if (r->cancelled || (p->cancel && *p->cancel)) {
 			r->cancelled = 1;
@@ -1548,6 +1599,7 @@ static enum sfw_status run_loop(struct run *r, struct sfw_err *err)
 		if (!busy)
 			return SFW_OK;
 		int running = 0;
+		int owed_ms = bucket_refill(r);
 		if (curl_multi_perform(r->multi, &running) != CURLM_OK)
 			return sfw_fail(err, SFW_E_NET, "libcurl multi failed");
 		CURLMsg *msg;
@@ -1576,6 +1628,8 @@ static enum sfw_status run_loop(struct run *r, struct sfw_err *err)
 		int timeout = r->woke ? 0 : 100;
 		if (r->nverified && timeout > SYNC_WAIT_MS)
 			timeout = SYNC_WAIT_MS;
+		if (r->npaused && owed_ms < timeout)
+			timeout = owed_ms ? owed_ms : 1;
 		for (size_t i = 0; i < r->nfiles; i++) {
 			struct file *f = &r->files[i];
 			if (f->state == F_ACTIVE && f->ntodo && f->nactive == 0 && f->not_before > now &&
