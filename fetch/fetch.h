@@ -119,6 +119,22 @@ size_t sfw_fetch_normalize_ranges(struct sfw_range *r, size_t n, uint64_t part_l
 size_t sfw_fetch_plan_pieces(const struct sfw_range *done, size_t ndone, uint64_t size, unsigned connections,
 			     uint64_t min_piece, struct sfw_range *out, size_t max_out);
 
+/* Scheduling by measured throughput (aria2's lowest-speed limit and range
+ * stealing). A transfer receiving `rate` bytes/s per connection, with
+ * `remaining` bytes of its range to go, and another source usable for the
+ * same file measured at `other` bytes/s per connection (0 = not measured):
+ * MOVE when the other is SFW_FETCH_SLOW_FACTOR times faster or more (the
+ * transfer's rest goes there), PROBE when it is unmeasured (measure it with
+ * the tail of this range), KEEP otherwise, and always when the transfer
+ * would finish within SFW_FETCH_STEAL_ETA_MS or its rest is too short to
+ * split (2 x SFW_FETCH_PROBE_MIN). A stalled transfer (rate 0) never
+ * finishes. */
+#define SFW_FETCH_SLOW_FACTOR 4.0
+#define SFW_FETCH_STEAL_ETA_MS 2000
+#define SFW_FETCH_PROBE_MIN (256u << 10)
+enum sfw_fetch_speed { SFW_SPEED_KEEP, SFW_SPEED_MOVE, SFW_SPEED_PROBE };
+enum sfw_fetch_speed sfw_fetch_speed_verdict(double rate, uint64_t remaining, double other);
+
 /* ---- the downloader -------------------------------------------------------- */
 
 enum sfw_fetch_event_kind {

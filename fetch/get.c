@@ -43,20 +43,16 @@
  * transfer, never counted as durable (the journal flushes it first). */
 #define WRITE_COALESCE (1u << 20)
 #define DEFAULT_ENDPOINT "https://freeweights.allternit.com"
-/* Scheduling by measured throughput (aria2's lowest-speed limit and range
- * stealing): every MEASURE_MS each transfer's rate over its last WINDOW_MS is
- * taken; a transfer that would still need STEAL_ETA_MS or more, on a source
- * SLOW_FACTOR times slower (per connection) than another source usable for
- * the same file, loses its remaining range to that source, and the slow
- * source is demoted (tried after the others from then on). A source with no
- * measurement yet is measured first by a probe: the tail of the slow
- * transfer's range, PROBE_MIN..PROBE_MAX bytes. Below SLOW_FACTOR the
+/* Scheduling by measured throughput (sfw_fetch_speed_verdict): every
+ * MEASURE_MS each transfer's rate over its last WINDOW_MS is taken; a
+ * transfer on a source several times slower (per connection) than another
+ * source usable for the same file loses its remaining range to that source,
+ * and the slow source is demoted (tried after the others from then on). A
+ * source with no measurement yet is measured first by a probe: the tail of
+ * the slow transfer's range, at most PROBE_MAX bytes. Below the factor the
  * order of sources decides, as before. */
 #define MEASURE_MS 500
 #define WINDOW_MS 1000
-#define SLOW_FACTOR 4.0
-#define STEAL_ETA_MS 2000
-#define PROBE_MIN (256u << 10)
 #define PROBE_MAX (8u << 20)
 #define RATE_SAMPLE_MIN (64u << 10) /* a finished transfer this short says little about a source's speed */
 /* A source whose transfers of one file end in a stall (the low-speed abort)
@@ -123,6 +119,7 @@ struct seg {
 	int probe;             /* measures its source for the scheduler */
 	int cut;               /* end lowered: its tail went to another source */
 	int paused;            /* held by the --limit-rate bucket (CURL_WRITEFUNC_PAUSE) */
+	int held, held_win;    /* paused at some time in the current / last rate window */
 	uint64_t kicked;       /* [kicked, pos - wlen) on disk, writeback not started */
 	unsigned char *wbuf;   /* received bytes [pos - wlen, pos) not yet written */
 	size_t wlen;
@@ -532,7 +529,7 @@ static size_t on_write(char *p, size_t sz, size_t nm, void *u)
 	if (r->p->limit_rate && r->tokens <= 0 && n) {
 		/* over the cap: libcurl keeps these bytes and hands them over
 		 * again when bucket_refill() resumes the transfer */
-		s->paused = 1;
+		s->paused = s->held = 1;
 		r->npaused++;
 		return CURL_WRITEFUNC_PAUSE;
 	}
@@ -1495,6 +1492,8 @@ static enum sfw_status measure(struct run *r, struct sfw_err *err)
 			s->rate_ok = 1;
 			s->win_t = now;
 			s->win_pos = s->pos;
+			s->held_win = s->held;
+			s->held = s->paused;
 			if (s->rate > best[s->src])
 				best[s->src] = s->rate;
 		}
@@ -1507,26 +1506,33 @@ static enum sfw_status measure(struct run *r, struct sfw_err *err)
 		if (f->state != F_ACTIVE)
 			continue;
 		for (struct seg *s = f->segs; s; s = s->next) {
-			/* judged once it has sent something: before its first byte
-			 * the connect and stall timeouts are the judges */
-			if (!s->rate_ok || s->pos >= s->end || s->pos == s->launch_pos)
+			/* judged once it has sent something (before its first byte
+			 * the connect and stall timeouts are the judges), and not when
+			 * the --limit-rate cap held it back (the cap set its pace) */
+			if (!s->rate_ok || s->pos >= s->end || s->pos == s->launch_pos || s->held_win)
 				continue;
 			uint64_t rem = s->end - s->pos;
-			if (s->rate > 0 && (double)rem * 1000.0 / s->rate < STEAL_ETA_MS)
-				continue; /* nearly done: not worth moving */
 			int fast = -1, unknown = -1;
 			for (size_t k = 0; k < r->nsrcs; k++) {
 				if ((int)k == s->src || !src_usable(r, f, k))
 					continue;
 				double rk = r->srcs[k].rate;
-				if (rk > 0 && rk >= SLOW_FACTOR * s->rate && (fast < 0 || rk > r->srcs[fast].rate))
-					fast = (int)k;
-				if (rk == 0 && unknown < 0 && !r->srcs[k].probing && !f->probed[k])
-					unknown = (int)k;
+				switch (sfw_fetch_speed_verdict(s->rate, rem, rk)) {
+				case SFW_SPEED_MOVE:
+					if (fast < 0 || rk > r->srcs[fast].rate)
+						fast = (int)k;
+					break;
+				case SFW_SPEED_PROBE:
+					if (unknown < 0 && !r->srcs[k].probing && !f->probed[k])
+						unknown = (int)k;
+					break;
+				case SFW_SPEED_KEEP:
+					break;
+				}
 			}
 			if (fast >= 0)
 				return demote_slow(r, s->src, fast, s->rate, err);
-			if (unknown < 0 || rem / 2 < PROBE_MIN)
+			if (unknown < 0)
 				continue;
 			/* probe: the tail of this range goes to the unmeasured source */
 			uint64_t len = rem / 2 < PROBE_MAX ? rem / 2 : PROBE_MAX;
