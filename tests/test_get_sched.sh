@@ -20,6 +20,7 @@ cleanup() {
 	rm -rf "$T"
 }
 trap cleanup EXIT
+[ -n "${KEEP:-}" ] && trap - EXIT
 FAULTD="python3 tests/httpd/faultd.py"
 REPO=test/sched
 REV=0123456789abcdef0123456789abcdef01234567
@@ -170,5 +171,80 @@ n=$(python3 -c 'import json,sys; print(len({(d["path"],d["range"]) for d in map(
 check "limit-rate 1M: really several transfers ($n distinct requests)" test "$n" -ge 6
 check_exit "limit-rate garbage: usage error" 2 "$SALAFW" get "$REPO" --manifest "$T/m6.json" --limit-rate 1Q
 check_exit "limit-rate overflow: usage error" 2 "$SALAFW" get "$REPO" --manifest "$T/m6.json" --limit-rate 99999999999999G
+
+# ---- 7. many small files: each durable before the state record names it -----
+# The batched finish (fsyncs in parallel, then renames, then one fsync per
+# directory) must keep the order a crash needs, checked from strace's own
+# record of the syscalls: every partial's fsync completed before its rename,
+# every directory a file was renamed into synced after its last rename and
+# before state.json was put in place.
+mkdir -p "$T/model7/sub"
+for i in $(seq 40); do printf 'small file %d\n' $((i % 10)) > "$T/model7/f$i.txt"; done
+for i in $(seq 10); do printf 'small sub %d\n' "$i" > "$T/model7/sub/g$i.txt"; done
+faultd r7 --root "$T/model7"
+$FAULTD manifest --dir "$T/model7" --repo "$REPO" --rev "$REV" --key-id "$KEYID" \
+	--source "http:http://127.0.0.1:$PORT_r7/" > "$T/m7.json"
+minisign -S -s "$T/k.key" -m "$T/m7.json" -x "$T/m7.json.minisig" \
+	-t "salafw-manifest repo_id=$REPO revision=$REV manifest_version=1" >/dev/null 2>&1
+command -v strace >/dev/null || echo "FAIL strace missing (scripts/setup.sh installs it)"
+SALAFW_STATE_DIR=$T/state7 timeout 60 strace -f -y -qq -e trace=fsync,fdatasync,rename,renameat,renameat2 \
+	-o "$T/trace7" "$SALAFW" get "$REPO" --manifest "$T/m7.json" -P "$T/k.pub" -d "$T/d7" -q >/dev/null 2>&1
+check "small files: all 50 in place and verified" sh -c "cd '$T/model7' && find . -type f | sort | \
+	xargs sha256sum > '$T/SUMS7' && cd '$T/d7' && sha256sum --quiet -c '$T/SUMS7'"
+order7() { python3 - "$T/trace7" "$T/m7.json" "$T/d7" <<'PY'
+import json, os, re, sys
+lines = open(sys.argv[1]).read().splitlines()
+files = [f["path"] for f in json.load(open(sys.argv[2]))["files"]]
+dest = os.path.realpath(sys.argv[3])
+def tag(p):
+    h = 14695981039346656037
+    for b in p.encode(): h = ((h ^ b) * 1099511628211) % 2**64
+    return "%016x" % h
+done_at, pending = {}, {}   # fsync'ed path -> index of its completion
+renames = []                # (index, source text, target basename, target dir)
+for i, l in enumerate(lines):
+    m = re.match(r"^(\d+)\s+(.*)$", l)  # strace pads short pids
+    if not m: continue
+    pid, rest = m.groups()
+    fm = re.match(r"^f(?:data)?sync\(\d+<([^>]*)>\)?(.*)$", rest)
+    if fm:
+        if "unfinished" in fm.group(2): pending[pid] = fm.group(1)
+        elif fm.group(2).strip().endswith("= 0") or rest.endswith("= 0"): done_at.setdefault(fm.group(1), []).append(i)
+        continue
+    if rest.startswith("<... f") and "resumed" in rest and rest.endswith("= 0") and pid in pending:
+        done_at.setdefault(pending.pop(pid), []).append(i)
+        continue
+    if re.match(r"^rename(at2?)?\(", rest) and rest.endswith("= 0"):
+        q = re.findall(r'"([^"]*)"', rest)
+        dirs = re.findall(r"<([^>]*)>", rest)
+        tgt = q[-1]
+        tdir = os.path.dirname(tgt) if "/" in tgt or not dirs else dirs[-1]
+        if "/" in tgt and not tgt.startswith("/"):
+            tdir = os.path.realpath(os.path.dirname(tgt))
+        renames.append((i, rest, os.path.basename(tgt), os.path.realpath(tdir)))
+bad = []
+state = [r for r in renames if r[2] == "state.json"]
+if not state: bad.append("no rename of state.json")
+state_i = state[-1][0] if state else 0
+last_into = {}
+for f in files:
+    base, fdir = os.path.basename(f), os.path.realpath(os.path.join(dest, os.path.dirname(f)))
+    rn = [r for r in renames if r[2] == base and r[3] == fdir and (tag(f) + ".part") in r[1]]
+    if not rn: bad.append("no rename into place of " + f); continue
+    ri = rn[-1][0]
+    fs = [i for p, v in done_at.items() if p.endswith("-" + tag(f) + ".part") for i in v]
+    if not fs or min(fs) > ri: bad.append("%s renamed before its fsync completed" % f)
+    last_into[fdir] = max(last_into.get(fdir, 0), ri)
+    if ri > state_i: bad.append("%s renamed after the state record" % f)
+for d, ri in last_into.items():
+    ds = [i for i in done_at.get(d, []) if ri < i < state_i]
+    if not ds: bad.append("directory %s not synced between its last rename and the state record" % d)
+print("\n".join(bad) if bad else "ok: %d files, %d directories" % (len(files), len(last_into)))
+sys.exit(1 if bad else 0)
+PY
+}
+o7=$(order7 2>&1)
+check "small files: fsync -> rename -> directory fsync -> state record, for every file (${o7%%$'\n'*})" test "$o7" = "ok: 50 files, 2 directories"
+[ "${o7#ok}" = "$o7" ] && printf '%s\n' "$o7" | head -5
 
 check_report test_get_sched
