@@ -10,7 +10,15 @@
  *
  * Durability: every journal_interval the data of each active file is
  * fdatasync'ed and only then is the journal (ranges known written) replaced
- * atomically, so a kill -9 loses at most the bytes since the last journal. */
+ * atomically, so a kill -9 loses at most the bytes since the last journal.
+ * A verified file is fsync'ed, renamed into place and its directory synced
+ * (in batches: finish_batch) before it counts as done, and so before the
+ * state record can name it.
+ *
+ * Sources: each transfer's speed is measured (measure()); a source several
+ * times slower than another one usable for the same file is demoted and its
+ * transfers' remaining ranges move (sfw_fetch_speed_verdict). --limit-rate
+ * is one byte bucket for the whole run (bucket_refill). */
 #include "fetch/fetch.h"
 
 #include "alloc.h"
