@@ -4,6 +4,9 @@
 #   4 files x SIZE_MB MiB (default 1024) of random bytes, signed manifest.
 #   salafw get -j 4 -x 4 (every byte SHA-256 verified, fsync + rename)
 #   aria2c -x4 -j4 (no verification)       curl, one file after another
+# and first, many small files: NSMALL (5000) files of 13 bytes, in files/s,
+# salafw against aria2c -j4 (and SALAFW_BEFORE, an older build, if given);
+# SMALL_ONLY=1 runs that part alone.
 # Each tool downloads into a fresh directory that is deleted right after.
 # Env: SIZE_MB, NFILES (4), REPS (1: best of REPS), KEEP_TMP=1 to keep files,
 # OUT_DIR (where the tools write; default the temp dir). salafw fsyncs every
@@ -34,11 +37,15 @@ for tool in aria2c curl minisign nginx python3; do
 done
 [ -x "$SALAFW" ] || { echo "bench_get: $SALAFW not built"; exit 1; }
 
+# SMALL_ONLY=1: only the many-small-files figure (below), not the big files.
+SMALL_ONLY=${SMALL_ONLY:-}
 need=$(( SIZE_MB * NFILES * 2 + 256 ))
+[ -n "$SMALL_ONLY" ] && need=256
 avail=$(( $(df -Pk "$T" | awk 'NR==2{print $4}') / 1024 ))
 [ "$avail" -ge "$need" ] || { echo "bench_get: needs $need MiB free in $T, has $avail"; exit 1; }
 
 mkdir -p "$T/model" "$T/man/manifests/bench"
+[ -n "$SMALL_ONLY" ] && NFILES=0
 for i in $(seq "$NFILES"); do
 	head -c $((SIZE_MB << 20)) /dev/urandom > "$T/model/shard-$i.bin"
 done
@@ -86,6 +93,39 @@ run_curl() {
 	local u
 	while read -r u; do curl -sf -o "$O/out/$(basename "$u")" "$u" || return 1; done < "$T/urls"
 }
+
+# ---- many small files: NSMALL (5000) files of 13 bytes, files/s --------------
+# salafw get with its defaults (every file sha256-checked, fsync'ed, renamed,
+# its directory synced before the state record), against aria2c -j4 on the
+# same list; SALAFW_BEFORE=path/to/an/older/salafw adds its figure, same run.
+NSMALL=${NSMALL:-5000}
+small() {
+	# made after the big files' manifest, in a folder of the same nginx root
+	local S=$T/small
+	mkdir -p "$S" "$T/model/small"
+	for i in $(seq "$NSMALL"); do printf 'small file %d\n' $((i % 10)) > "$T/model/small/f$i.txt"; done
+	python3 tests/httpd/faultd.py manifest --dir "$T/model/small" --repo bench/small --rev "$REV" --key-id "$KEYID" \
+		--source "http:$URL/small/" > "$S/small.json"
+	minisign -S -s "$T/k.key" -m "$S/small.json" -x "$S/small.json.minisig" \
+		-t "salafw-manifest repo_id=bench/small revision=$REV manifest_version=1" >/dev/null 2>&1
+	for i in $(seq "$NSMALL"); do echo "$URL/small/f$i.txt"; done > "$S/urls"
+	small_get() { SALAFW_STATE_DIR=$T/state-$RANDOM "$1" get bench/small --manifest "$S/small.json" \
+		-P "$T/k.pub" -d "$O/out" -q; }
+	small_aria2() { aria2c -j4 -q --allow-overwrite=true -d "$O/out" -i "$S/urls"; }
+	local t_s t_a t_b=
+	t_s=$(best small_get "$SALAFW") || return 1
+	# the older build and aria2c take a minute or more here (5000 files at
+	# ~60/s): one run each
+	[ -n "${SALAFW_BEFORE:-}" ] && { t_b=$(REPS=1 best small_get "$SALAFW_BEFORE") || return 1; }
+	t_a=$(REPS=1 best small_aria2) || return 1
+	printf 'bench_get: %d files of 13 bytes on loopback nginx (salafw best of %d), written to %s\n' "$NSMALL" "$REPS" "${OUT_DIR:-disk}"
+	printf '  salafw get (defaults: sha256, fsync)     %7.2f s  %6.0f files/s\n' "$t_s" "$(echo "$NSMALL / $t_s" | bc -l)"
+	[ -n "$t_b" ] && printf '  before (%s) %7.2f s  %6.0f files/s\n' "$SALAFW_BEFORE" "$t_b" "$(echo "$NSMALL / $t_b" | bc -l)"
+	printf '  aria2c -j4 (not verified, no fsync)      %7.2f s  %6.0f files/s\n' "$t_a" "$(echo "$NSMALL / $t_a" | bc -l)"
+	rm -rf "$T/model/small"
+}
+small || exit 1
+[ -n "$SMALL_ONLY" ] && exit 0
 
 ts=$(best run_salafw) || exit 1
 ta=$(best run_aria2) || exit 1

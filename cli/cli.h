@@ -58,6 +58,13 @@ SFW_MUST_CHECK enum sfw_status cli_stdout_flush(struct sfw_err *err);
  * range checks are the caller's, reported with cli_usage_error. */
 int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long long *out);
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
+/* A byte count: decimal digits and an optional suffix K, M, G or T (either
+ * case, "KiB"-style spelling too), each a power of 1024 as in curl ("10K" =
+ * 10240, "1M" = 1048576). cli_bytes_value returns 0, -1 for anything else
+ * (sign, space, fraction, unknown suffix) or -2 when it does not fit in 64
+ * bits; cli_parse_bytes prints the error like cli_parse_u64. */
+int cli_bytes_value(const char *s, unsigned long long *out);
+int cli_parse_bytes(const char *cmd, const char *opt, const char *s, unsigned long long *out);
 
 /* Options of every command that opens a model (run, score, bench, quant),
  * taken by cli_next_model (cli/model.c): --device, --threads, --no-verify,

@@ -27,13 +27,13 @@ static const struct cli_opt opts[] = {
 	{"mirror-last", 0, "KIND:URL", "extra source tried AFTER the manifest's (repeatable)"},
 	{"jobs", 'j', "N", "files downloaded at once (default 4)"},
 	{"connections", 'x', "N", "ranged connections per file (default 4; aria2's -x)"},
-	{"segment-size", 0, "BYTES", "never split a file into pieces smaller than this (default 32 MiB)"},
+	{"segment-size", 0, "BYTES", "never split a file into pieces smaller than this (default 32M)"},
 	{"connect-timeout", 0, "SECONDS", "connect timeout (default 15)"},
 	{"stall-timeout", 0, "SECONDS", "abort a transfer below 1 KiB/s for this long (default 30)"},
 	{"retries", 0, "N", "retries per file and source, reset by progress (default 5)"},
 	{"retry-wait", 0, "MS", "first backoff delay, doubled each retry, jittered (default 1000)"},
 	{"retry-max-wait", 0, "MS", "backoff cap (default 30000)"},
-	{"limit-rate", 0, "BYTES", "per-transfer speed cap in bytes/s (default none)"},
+	{"limit-rate", 0, "BYTES", "cap on the total download speed in bytes/s, shared by all transfers (default none)"},
 	{"sync-interval", 0, "SECONDS", "fdatasync partials + journal this often; a kill loses at most that (default 5)"},
 	{"no-space-check", 0, NULL, "do not refuse when free disk space looks too small"},
 	{"allow-expired", 0, NULL, "accept an expired manifest (archival fetch of a pinned revision)"},
@@ -47,7 +47,9 @@ static const struct cli_opt opts[] = {
 static const char synopsis[] =
 	"[OPTIONS] REPO[@REVISION]\n"
 	"       (REPO is org/name; REVISION a 40-hex commit the manifest must name)\n"
-	"Sources are tried per file in this order: --mirror ones, the manifest's, --mirror-last ones.\n"
+	"Sources are tried per file in this order: --mirror ones, the manifest's, --mirror-last ones;\n"
+	"a source several times slower than another (measured) gives its remaining ranges to it.\n"
+	"BYTES take K, M, G, T suffixes (powers of 1024, as curl: 10K = 10240).\n"
 	"Environment: HF_ENDPOINT replaces the endpoint of the manifest's hf sources; HF_TOKEN is sent\n"
 	"as a bearer token to those only (never to http sources or --mirror ones, never printed).\n"
 	"Exit: 0 all verified; 1 some file's every source served wrong bytes (sha256); 2 usage;\n"
@@ -361,6 +363,14 @@ int cmd_get(int argc, char **argv)
 			json = 1;
 		} else if (!strcmp(name, "quiet")) {
 			quiet = 1;
+		} else if (!strcmp(name, "segment-size") || !strcmp(name, "limit-rate")) {
+			/* byte counts: K/M/G/T suffixes, powers of 1024 (as curl) */
+			if (!cli_parse_bytes(cmd, name, arg, &v))
+				return SFW_EXIT_USAGE;
+			if (!strcmp(name, "segment-size"))
+				p.min_segment = v ? v : 1;
+			else
+				p.limit_rate = v;
 		} else {
 			if (!cli_parse_u64(cmd, name, arg, &v))
 				return SFW_EXIT_USAGE;
@@ -368,8 +378,6 @@ int cmd_get(int argc, char **argv)
 				if (v < 1 || v > 64)
 					return cli_usage_error(cmd, "--%s must be 1..64", name);
 				*(!strcmp(name, "jobs") ? &p.jobs : &p.connections) = (unsigned)v;
-			} else if (!strcmp(name, "segment-size")) {
-				p.min_segment = v ? v : 1;
 			} else if (!strcmp(name, "connect-timeout")) {
 				p.connect_timeout_s = (long)(v ? v : 1);
 			} else if (!strcmp(name, "stall-timeout")) {
@@ -384,8 +392,6 @@ int cmd_get(int argc, char **argv)
 				p.backoff_cap_ms = v;
 			} else if (!strcmp(name, "sync-interval")) {
 				p.journal_interval_s = v ? (double)v : 1;
-			} else if (!strcmp(name, "limit-rate")) {
-				p.limit_rate = v;
 			}
 		}
 	}

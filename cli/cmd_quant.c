@@ -25,7 +25,7 @@ static const struct cli_opt opts[] = {
 	{"no-duo", 0, NULL, "AWQ: plain scales x^a instead of duo scaling x^a / w^(1-a)"},
 	{"fold-only", 0, NULL, "AWQ fold without quantization, float32 output (checks)"},
 	{"device", 0, "cpu|cuda", "where the AWQ calibration forward runs (default cpu)"},
-	{"shard-size", 0, "BYTES", "largest output shard (default 5000000000)"},
+	{"shard-size", 0, "BYTES", "largest output shard (K/M/G suffixes: powers of 1024; default 5000000000)"},
 	{"force", 0, NULL, "overwrite a model already in OUT"},
 	{"sign", 0, NULL, "sign OUT with your local key even when MODEL_DIR was not verified (--no-verify)"},
 	{"no-sign", 0, NULL, "leave OUT's manifest unsigned (default: signed with your local key when MODEL_DIR "
@@ -267,7 +267,7 @@ int cmd_quant(int argc, char **argv)
 		else if (!strcmp(nm, "fold-only"))
 			p.fold_only = 1;
 		else if (!strcmp(nm, "shard-size")) {
-			if (!cli_parse_u64(C, "shard-size", arg, &u))
+			if (!cli_parse_bytes(C, "shard-size", arg, &u))
 				return SFW_EXIT_USAGE;
 			if (u < 1)
 				return cli_usage_error(C, "--shard-size must be at least 1 byte");

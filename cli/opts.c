@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -343,4 +344,69 @@ int cli_check_repo_id(const char *cmd, const char *opt, const char *id)
 		"not starting or ending with . or - (e.g. openbmb/MiniCPM-SALA)\n",
 		cmd, opt ? opt : "", shown);
 	return 0;
+}
+
+int cli_bytes_value(const char *s, unsigned long long *out)
+{
+	if (!s || !isdigit((unsigned char)*s))
+		return -1;
+	unsigned long long v = 0;
+	for (; isdigit((unsigned char)*s); s++) {
+		unsigned d = (unsigned)(*s - '0');
+		if (v > (ULLONG_MAX - d) / 10)
+			return -2;
+		v = v * 10 + d;
+	}
+	int shift = 0;
+	switch (*s) {
+	case '\0':
+		break;
+	case 'k':
+	case 'K':
+		shift = 10;
+		break;
+	case 'm':
+	case 'M':
+		shift = 20;
+		break;
+	case 'g':
+	case 'G':
+		shift = 30;
+		break;
+	case 't':
+	case 'T':
+		shift = 40;
+		break;
+	default:
+		return -1;
+	}
+	if (shift) {
+		s++;
+		if (strcmp(s, "iB") == 0)
+			s += 2;
+		if (*s)
+			return -1;
+		if (v > (ULLONG_MAX >> shift))
+			return -2;
+		v <<= shift;
+	}
+	*out = v;
+	return 0;
+}
+
+int cli_parse_bytes(const char *cmd, const char *opt, const char *s, unsigned long long *out)
+{
+	char lab[64];
+	opt_label(lab, sizeof(lab), opt);
+	switch (cli_bytes_value(s, out)) {
+	case 0:
+		return 1;
+	case -2:
+		fprintf(stderr, "%s: %s: '%s' is too large\n", cmd, lab, s);
+		return 0;
+	default:
+		fprintf(stderr, "%s: %s: '%s' is not a byte count (digits, then optionally K, M, G or T: powers of 1024)\n",
+			cmd, lab, s ? s : "");
+		return 0;
+	}
 }

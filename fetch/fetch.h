@@ -32,7 +32,13 @@
  * Sources: user mirrors given with prepend=1 come first, then the manifest's
  * sources in order, then user mirrors with prepend=0. A source that fails
  * (after its retries) for `demote_after` consecutive attempts is demoted:
- * tried after every healthy source for the rest of the run. */
+ * tried after every healthy source for the rest of the run. So is a source
+ * measured several times slower per connection than another one usable for
+ * the same file (an unmeasured one is measured by a probe: the tail of a slow
+ * transfer's range); its transfers give their remaining ranges to the faster
+ * one. A source whose transfers keep stalling after some progress is struck
+ * for the file when another source is left; one that ignores Range restarts
+ * the file from byte 0 on each retry when it is the only one left. */
 #ifndef SFW_FETCH_H
 #define SFW_FETCH_H
 
@@ -119,6 +125,22 @@ size_t sfw_fetch_normalize_ranges(struct sfw_range *r, size_t n, uint64_t part_l
 size_t sfw_fetch_plan_pieces(const struct sfw_range *done, size_t ndone, uint64_t size, unsigned connections,
 			     uint64_t min_piece, struct sfw_range *out, size_t max_out);
 
+/* Scheduling by measured throughput (aria2's lowest-speed limit and range
+ * stealing). A transfer receiving `rate` bytes/s per connection, with
+ * `remaining` bytes of its range to go, and another source usable for the
+ * same file measured at `other` bytes/s per connection (0 = not measured):
+ * MOVE when the other is SFW_FETCH_SLOW_FACTOR times faster or more (the
+ * transfer's rest goes there), PROBE when it is unmeasured (measure it with
+ * the tail of this range), KEEP otherwise, and always when the transfer
+ * would finish within SFW_FETCH_STEAL_ETA_MS or its rest is too short to
+ * split (2 x SFW_FETCH_PROBE_MIN). A stalled transfer (rate 0) never
+ * finishes. */
+#define SFW_FETCH_SLOW_FACTOR 4.0
+#define SFW_FETCH_STEAL_ETA_MS 2000
+#define SFW_FETCH_PROBE_MIN (256u << 10)
+enum sfw_fetch_speed { SFW_SPEED_KEEP, SFW_SPEED_MOVE, SFW_SPEED_PROBE };
+enum sfw_fetch_speed sfw_fetch_speed_verdict(double rate, uint64_t remaining, double other);
+
 /* ---- the downloader -------------------------------------------------------- */
 
 enum sfw_fetch_event_kind {
@@ -177,7 +199,7 @@ struct sfw_fetch_params {
 	uint64_t backoff_cap_ms;    /* default 30000 */
 	uint64_t retry_after_max_ms;/* a longer Retry-After moves to the next source (default 120000) */
 	unsigned demote_after;      /* consecutive failures before demotion (default 3) */
-	uint64_t limit_rate;        /* bytes/s per transfer, 0 = none */
+	uint64_t limit_rate;        /* bytes/s, the sum over all transfers (each gets a share), 0 = none */
 	int no_space_check;
 	double journal_interval_s;  /* how often data is fdatasync'ed and journalled (default 5) */
 	double progress_interval_s; /* default 0.5 */

@@ -10,7 +10,15 @@
  *
  * Durability: every journal_interval the data of each active file is
  * fdatasync'ed and only then is the journal (ranges known written) replaced
- * atomically, so a kill -9 loses at most the bytes since the last journal. */
+ * atomically, so a kill -9 loses at most the bytes since the last journal.
+ * A verified file is fsync'ed, renamed into place and its directory synced
+ * (in batches: finish_batch) before it counts as done, and so before the
+ * state record can name it.
+ *
+ * Sources: each transfer's speed is measured (measure()); a source several
+ * times slower than another one usable for the same file is demoted and its
+ * transfers' remaining ranges move (sfw_fetch_speed_verdict). --limit-rate
+ * is one byte bucket for the whole run (bucket_refill). */
 #include "fetch/fetch.h"
 
 #include "alloc.h"
@@ -19,6 +27,7 @@
 #include "file.h"
 #include "json.h"
 #include "log.h"
+#include "thread.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -43,6 +52,32 @@
  * transfer, never counted as durable (the journal flushes it first). */
 #define WRITE_COALESCE (1u << 20)
 #define DEFAULT_ENDPOINT "https://freeweights.allternit.com"
+/* Scheduling by measured throughput (sfw_fetch_speed_verdict): every
+ * MEASURE_MS each transfer's rate over its last WINDOW_MS is taken; a
+ * transfer on a source several times slower (per connection) than another
+ * source usable for the same file loses its remaining range to that source,
+ * and the slow source is demoted (tried after the others from then on). A
+ * source with no measurement yet is measured first by a probe: the tail of
+ * the slow transfer's range, at most PROBE_MAX bytes. Below the factor the
+ * order of sources decides, as before. */
+#define MEASURE_MS 500
+#define WINDOW_MS 1000
+#define PROBE_MAX (8u << 20)
+#define RATE_SAMPLE_MIN (64u << 10) /* a finished transfer this short says little about a source's speed */
+/* A source whose transfers of one file end in a stall (the low-speed abort)
+ * this many times with no completed range between is struck for that file,
+ * even though each stall came after some progress, when another source is
+ * left for it. */
+#define STALL_STRIKES 3
+/* Verified files wait for their fsync in batches: up to SYNC_BATCH files or
+ * SYNC_WAIT_MS, then SYNC_THREADS fsyncs at once (a device flush each: run
+ * one after another they cap a run at ~300 files/s on this disk, in
+ * parallel the flushes coalesce), then the renames, then one fsync per
+ * directory. A file counts as done (and the state record may name it) only
+ * after all of that. */
+#define SYNC_BATCH 128
+#define SYNC_WAIT_MS 20
+#define SYNC_THREADS 16
 
 struct sfw_fetch_params sfw_fetch_default_params(void)
 {
@@ -74,9 +109,11 @@ struct src {
 	int bearer;     /* a manifest hf source: gets p->hf_token */
 	unsigned fails; /* consecutive failures */
 	int demoted;
+	double rate;    /* measured bytes/s per connection, 0 = not measured yet */
+	int probing;    /* a probe transfer is measuring it */
 };
 
-enum reason { R_NONE, R_HTTP, R_RANGE, R_COMMIT, R_OVERFLOW, R_IO, R_CANCEL, R_RESTART };
+enum reason { R_NONE, R_HTTP, R_RANGE, R_COMMIT, R_OVERFLOW, R_IO, R_CANCEL, R_RESTART, R_CUT };
 
 struct file;
 
@@ -86,6 +123,14 @@ struct seg {
 	CURL *h;
 	int src;
 	uint64_t start, end, pos, launch_pos, synced;
+	uint64_t req_end;      /* end of the range asked for; end may be lowered below it (cut) */
+	uint64_t t_launch, win_t, win_pos; /* ms; the rate window's start */
+	double rate;           /* bytes/s over the last window */
+	int rate_ok;           /* a whole window measured */
+	int probe;             /* measures its source for the scheduler */
+	int cut;               /* end lowered: its tail went to another source */
+	int paused;            /* held by the --limit-rate bucket (CURL_WRITEFUNC_PAUSE) */
+	int held, held_win;    /* paused at some time in the current / last rate window */
 	uint64_t kicked;       /* [kicked, pos - wlen) on disk, writeback not started */
 	unsigned char *wbuf;   /* received bytes [pos - wlen, pos) not yet written */
 	size_t wlen;
@@ -100,7 +145,10 @@ struct seg {
 	struct seg *next;
 };
 
-enum fstate { F_PENDING, F_ACTIVE, F_DONE, F_FAILED, F_SKIPPED, F_UNSELECTED };
+/* F_VERIFIED: every byte in and the sha256 matched; waiting for the batched
+ * fsync + rename (finish_batch) before it is F_DONE. F_UNSELECTED: left out
+ * by --include/--exclude. */
+enum fstate { F_PENDING, F_ACTIVE, F_VERIFIED, F_DONE, F_FAILED, F_SKIPPED, F_UNSELECTED };
 
 struct file {
 	size_t idx;
@@ -120,6 +168,8 @@ struct file {
 	int cur_src;
 	unsigned char *src_failed, *contributed;
 	unsigned char *norange; /* per source: answered a Range with 200 once already */
+	unsigned char *stalls;  /* per source: stalls since its last completed range */
+	unsigned char *probed;  /* per source: a probe for this file was started */
 	struct sfw_sha256 h;
 	int h_ok;
 	uint64_t hash_pos;
@@ -150,7 +200,14 @@ struct run {
 	uint64_t t0;
 	uint64_t plan_total, plan_done_base;
 	uint64_t received, discarded, resumed;
-	uint64_t last_progress, last_journal, rate_bytes;
+	uint64_t last_progress, last_journal, rate_bytes, last_measure;
+	int rate_nhandles;      /* handles the --limit-rate share was last computed for */
+	size_t nverified;       /* files in F_VERIFIED */
+	uint64_t verified_since;/* when the oldest of them got there */
+	int woke;               /* something finished: run the scheduler before waiting */
+	double tokens;          /* --limit-rate bucket: bytes that may arrive now (< 0: owed) */
+	uint64_t tokens_t;      /* when it was last refilled */
+	int npaused;            /* transfers paused until it refills */
 	double rate;
 	uint32_t rng;
 	unsigned char *hashbuf;
@@ -189,7 +246,7 @@ static bool emit(struct run *r, enum sfw_fetch_event_kind kind, struct file *f, 
 	ev.file_done = f ? f->have : 0;
 	uint64_t done = 0;
 	for (size_t i = 0; i < r->nfiles; i++)
-		if (r->files[i].state == F_ACTIVE || r->files[i].state == F_DONE ||
+		if (r->files[i].state == F_ACTIVE || r->files[i].state == F_VERIFIED || r->files[i].state == F_DONE ||
 		    (r->files[i].state == F_FAILED && r->files[i].have))
 			done += r->files[i].have;
 	ev.total_done = done;
@@ -457,7 +514,7 @@ static int check_first(struct run *r, struct seg *s)
 		s->reason = R_COMMIT;
 		return -1;
 	}
-	switch (sfw_fetch_check_response(s->ranged, s->start, s->end, s->f->mf->size, status,
+	switch (sfw_fetch_check_response(s->ranged, s->start, s->req_end, s->f->mf->size, status,
 					 s->content_range[0] ? s->content_range : NULL, (int64_t)cl)) {
 	case SFW_RESP_ACCEPT:
 		return 0;
@@ -480,6 +537,14 @@ static size_t on_write(char *p, size_t sz, size_t nm, void *u)
 	struct run *r = s->run;
 	struct file *f = s->f;
 	size_t n = sz * nm;
+	if (r->p->limit_rate && r->tokens <= 0 && n) {
+		/* over the cap: libcurl keeps these bytes and hands them over
+		 * again when bucket_refill() resumes the transfer */
+		s->paused = s->held = 1;
+		r->npaused++;
+		return CURL_WRITEFUNC_PAUSE;
+	}
+	r->tokens -= (double)n;
 	if (!s->checked) {
 		if (check_first(r, s) != 0)
 			return 0;
@@ -519,7 +584,13 @@ static size_t on_write(char *p, size_t sz, size_t nm, void *u)
 		f->contributed[s->src] = 1;
 	}
 	if (w < n) {
-		s->reason = R_OVERFLOW; /* more bytes than asked for: never written */
+		/* past a cut: the rest is another transfer's; past the range
+		 * asked for: more bytes than asked for, never written */
+		s->reason = s->cut && s->end < s->req_end ? R_CUT : R_OVERFLOW;
+		return 0;
+	}
+	if (w && s->pos == s->end && s->cut && s->end < s->req_end) {
+		s->reason = R_CUT; /* the cut point reached: stop here, not at the next byte */
 		return 0;
 	}
 	return n;
@@ -535,6 +606,11 @@ static void seg_free(struct run *r, struct seg *s)
 		r->nhandles--;
 	}
 	struct file *f = s->f;
+	if (s->probe)
+		r->srcs[s->src].probing = 0;
+	if (s->paused)
+		r->npaused--;
+	r->woke = 1;
 	for (struct seg **pp = &f->segs; *pp; pp = &(*pp)->next)
 		if (*pp == s) {
 			*pp = s->next;
@@ -565,7 +641,7 @@ static int seg_flush(struct seg *s)
 	return 0;
 }
 
-static enum sfw_status seg_start(struct run *r, struct file *f, struct sfw_err *err)
+static enum sfw_status seg_start(struct run *r, struct file *f, int src, struct sfw_err *err)
 {
 	const struct sfw_fetch_params *p = r->p;
 	struct sfw_range rg = f->todo[0];
@@ -576,7 +652,7 @@ static enum sfw_status seg_start(struct run *r, struct file *f, struct sfw_err *
 	}
 	if (!s)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	char *url = sfw_fetch_file_url(&r->srcs[f->cur_src].s, r->m->repo_id, r->m->revision, f->mf->path);
+	char *url = sfw_fetch_file_url(&r->srcs[src].s, r->m->repo_id, r->m->revision, f->mf->path);
 	CURL *h = curl_easy_init();
 	if (!url || !h) {
 		sfw_free(url);
@@ -588,9 +664,10 @@ static enum sfw_status seg_start(struct run *r, struct file *f, struct sfw_err *
 	}
 	s->f = f;
 	s->h = h;
-	s->src = f->cur_src;
-	s->start = s->pos = s->launch_pos = s->synced = s->kicked = rg.start;
-	s->end = rg.end;
+	s->src = src;
+	s->start = s->pos = s->launch_pos = s->synced = s->kicked = s->win_pos = rg.start;
+	s->end = s->req_end = rg.end;
+	s->t_launch = s->win_t = now_ms();
 	s->ranged = !(rg.start == 0 && rg.end == f->mf->size);
 	char range[64];
 	snprintf(range, sizeof(range), "%llu-%llu", (unsigned long long)rg.start, (unsigned long long)rg.end - 1);
@@ -600,20 +677,30 @@ static enum sfw_status seg_start(struct run *r, struct file *f, struct sfw_err *
 	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 	/* an https source stays https through its redirects */
 	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR,
-			 sfw_fetch_redir_protocols(r->srcs[f->cur_src].s.url));
+			 sfw_fetch_redir_protocols(r->srcs[src].s.url));
 	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
 	curl_easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(h, CURLOPT_USERAGENT, "salafw/" SFW_VERSION);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, p->connect_timeout_s);
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, p->stall_bytes_per_s);
+	long low = p->stall_bytes_per_s;
+	if (p->limit_rate) { /* a transfer held back by the cap is not stalled */
+		uint64_t floor = p->limit_rate / ((uint64_t)p->jobs * p->connections + r->nsrcs) / 4;
+		if ((uint64_t)low > floor)
+			low = floor ? (long)floor : 1;
+	}
+	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, low);
 	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, p->stall_timeout_s);
 	/* libcurl applies this to redirect and error bodies too, so allow a
 	 * small page on top; on_write is the hard cap at the range's end. */
 	curl_easy_setopt(h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)(f->mf->size + (64u << 10)));
 	curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
-	if (p->limit_rate)
-		curl_easy_setopt(h, CURLOPT_MAX_RECV_SPEED_LARGE, (curl_off_t)p->limit_rate);
+	if (p->limit_rate) { /* this transfer's share: rate_share() keeps the sum at the cap */
+		uint64_t share = p->limit_rate / (uint64_t)(r->nhandles + 1);
+		curl_easy_setopt(h, CURLOPT_MAX_RECV_SPEED_LARGE, (curl_off_t)(share ? share : 1));
+		curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 64L * 1024);
+		r->rate_nhandles = -1;
+	}
 	if (p->hf_token && r->srcs[f->cur_src].bearer) { /* libcurl keeps it to this host */
 		curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BEARER);
 		curl_easy_setopt(h, CURLOPT_XOAUTH2_BEARER, p->hf_token);
@@ -764,7 +851,8 @@ static enum sfw_status open_parent(struct run *r, const char *rel, int *fd, cons
 	return st;
 }
 
-/* All bytes are in: hash the rest, and rename into place only if it matches. */
+/* All bytes are in: hash the rest; if it matches the file waits, F_VERIFIED,
+ * for finish_batch to sync it and rename it into place. */
 static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err *err)
 {
 	const struct sfw_manifest_file *mf = f->mf;
@@ -823,30 +911,137 @@ static enum sfw_status file_finish(struct run *r, struct file *f, struct sfw_err
 	struct stat sb;
 	if (fstat(f->fd, &sb) == 0 && (uint64_t)sb.st_size != mf->size && ftruncate(f->fd, (off_t)mf->size) != 0)
 		return sfw_fail(err, SFW_E_IO, "cannot truncate '%s': %s", f->part, strerror(errno));
-	if (fsync(f->fd) != 0)
-		return sfw_fail(err, SFW_E_IO, "cannot sync '%s': %s", f->part, strerror(errno));
-	int pfd;
+	/* the data's writeback starts now; its fsync comes with the batch */
+	if (mf->size)
+		(void)sync_file_range(f->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+	if (r->nverified++ == 0)
+		r->verified_since = now_ms();
+	f->state = F_VERIFIED;
+	return SFW_OK;
+}
+
+/* A verified file, its data synced: rename it into place through its parent
+ * folder, opened from DEST down without following links (a symlink or folder
+ * at the final name itself is replaced, never followed: rename works on the
+ * name). *pfd stays open for the caller (finish_batch), which syncs it
+ * before the file counts as done. */
+static enum sfw_status file_install(struct run *r, struct file *f, int *pfd, struct sfw_err *err)
+{
+	const struct sfw_manifest_file *mf = f->mf;
 	const char *base;
-	enum sfw_status st = open_parent(r, mf->path, &pfd, &base, err);
+	enum sfw_status st = open_parent(r, mf->path, pfd, &base, err);
 	if (st != SFW_OK)
 		return st;
-	/* a symlink (or folder) at the final name itself is replaced, never
-	 * followed: rename works on the name */
-	st = sfw_renameat_checked(r->pfd, f->pname, pfd, base, f->part, f->final, err);
-	if (st == SFW_OK)
-		st = sfw_fsync_dirfd(pfd, f->final, err);
-	close(pfd);
-	if (st != SFW_OK)
+	st = sfw_renameat_checked(r->pfd, f->pname, *pfd, base, f->part, f->final, err);
+	if (st != SFW_OK) {
+		close(*pfd);
+		*pfd = -1;
 		return st;
+	}
 	struct stat fin; /* after the rename (it moves ctime): the record's id */
 	if (fstat(f->fd, &fin) != 0)
 		return sfw_fail(err, SFW_E_IO, "cannot stat '%s': %s", f->final, strerror(errno));
 	sfw_file_id_of(&fin, &f->id);
 	unlinkat(r->pfd, f->jname, 0);
 	file_close(f);
-	f->state = F_DONE;
-	emit(r, SFW_EV_FILE_DONE, f, f->cur_src, NULL);
 	return SFW_OK;
+}
+
+struct sync_job {
+	struct file **f;
+	int *dfd;  /* the folder each rename went into, one descriptor per folder */
+	int *err;  /* errno per item, 0 = synced */
+};
+
+static void sync_files_fn(void *ctx, size_t a, size_t b, int tid)
+{
+	struct sync_job *j = ctx;
+	(void)tid;
+	for (size_t i = a; i < b; i++)
+		j->err[i] = fsync(j->f[i]->fd) != 0 ? errno : 0;
+}
+
+static void sync_dirs_fn(void *ctx, size_t a, size_t b, int tid)
+{
+	struct sync_job *j = ctx;
+	(void)tid;
+	/* some file systems refuse fsync on directories: not data loss */
+	for (size_t i = a; i < b; i++)
+		j->err[i] = fsync(j->dfd[i]) != 0 && errno != EINVAL && errno != EROFS ? errno : 0;
+}
+
+/* Every F_VERIFIED file: fsync (in parallel), rename into place, fsync each
+ * folder a rename went into (once, through the descriptor the rename used),
+ * then F_DONE and its event. */
+static enum sfw_status finish_batch(struct run *r, struct sfw_err *err)
+{
+	size_t n = r->nverified, k = 0, nd = 0;
+	if (!n)
+		return SFW_OK;
+	struct sync_job j;
+	j.f = sfw_calloc(n, sizeof(*j.f));
+	j.dfd = sfw_calloc(n, sizeof(*j.dfd));
+	j.err = sfw_calloc(n, sizeof(*j.err));
+	struct stat *ds = sfw_calloc(n, sizeof(*ds));
+	const char **dname = sfw_calloc(n, sizeof(*dname));
+	enum sfw_status st = SFW_OK;
+	if (!j.f || !j.dfd || !j.err || !ds || !dname) {
+		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < r->nfiles && k < n; i++)
+		if (r->files[i].state == F_VERIFIED)
+			j.f[k++] = &r->files[i];
+	SFW_ASSERT(k == n);
+	sfw_parallel_for(n < SYNC_THREADS ? (int)n : SYNC_THREADS, n, 1, sync_files_fn, &j);
+	for (size_t i = 0; i < n; i++)
+		if (j.err[i]) {
+			st = sfw_fail(err, SFW_E_IO, "cannot sync '%s': %s", j.f[i]->part, strerror(j.err[i]));
+			goto out;
+		}
+	for (size_t i = 0; i < n; i++) {
+		int fd;
+		struct stat sb;
+		if ((st = file_install(r, j.f[i], &fd, err)) != SFW_OK)
+			goto out;
+		if (fstat(fd, &sb) != 0) {
+			st = sfw_fail(err, SFW_E_IO, "cannot stat the folder of '%s': %s", j.f[i]->final,
+				      strerror(errno));
+			close(fd);
+			goto out;
+		}
+		size_t u = 0;
+		while (u < nd && (ds[u].st_dev != sb.st_dev || ds[u].st_ino != sb.st_ino))
+			u++;
+		if (u < nd) { /* that folder is synced once */
+			close(fd);
+			continue;
+		}
+		ds[nd] = sb;
+		dname[nd] = j.f[i]->final;
+		j.dfd[nd++] = fd;
+	}
+	sfw_parallel_for(nd < SYNC_THREADS ? (int)nd : SYNC_THREADS, nd, 1, sync_dirs_fn, &j);
+	for (size_t i = 0; i < nd; i++)
+		if (j.err[i]) {
+			st = sfw_fail(err, SFW_E_IO, "cannot sync the folder of '%s': %s", dname[i],
+				      strerror(j.err[i]));
+			goto out;
+		}
+	for (size_t i = 0; i < n; i++) {
+		j.f[i]->state = F_DONE;
+		emit(r, SFW_EV_FILE_DONE, j.f[i], j.f[i]->cur_src, NULL);
+	}
+	r->nverified = 0;
+out:
+	for (size_t i = 0; j.dfd && i < nd; i++)
+		close(j.dfd[i]);
+	sfw_free(j.dfd);
+	sfw_free(j.f);
+	sfw_free(j.err);
+	sfw_free(ds);
+	sfw_free(dname);
+	return st;
 }
 
 static void file_fail(struct run *r, struct file *f)
@@ -874,6 +1069,46 @@ static const char *reason_text(enum reason rs)
 	default:
 		return NULL;
 	}
+}
+
+/* Another source not yet struck for this file? */
+static int other_source(struct run *r, struct file *f, int src)
+{
+	for (size_t i = 0; i < r->nsrcs; i++)
+		if ((int)i != src && !f->src_failed[i])
+			return 1;
+	return 0;
+}
+
+/* The only source left ignores Range and a transfer broke: count an attempt;
+ * within the budget the file starts over from byte 0 as one plain request
+ * after the backoff, past it the source is struck. */
+static enum sfw_status restart_whole(struct run *r, struct file *f, int src, const char *why,
+				     struct sfw_err *err)
+{
+	if (++f->attempts > r->p->max_retries) {
+		snprintf(f->last_err, sizeof(f->last_err), "%s: ignores Range and its transfers kept breaking (%s)",
+			 r->srcs[src].label, why);
+		if (!f->src_failed[src])
+			strike_source(r, src, f, "server ignores Range and its transfers kept breaking");
+		return SFW_OK;
+	}
+	enum sfw_status st = file_reset(r, f, err);
+	if (st != SFW_OK)
+		return st;
+	f->ntodo = 0;
+	if (push_range(&f->todo, &f->ntodo, &f->captodo, 0, f->mf->size, 0) != 0)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	uint64_t delay =
+		sfw_fetch_backoff_ms(f->attempts, r->p->backoff_base_ms, r->p->backoff_cap_ms, 0, rnd32(r));
+	uint64_t due = now_ms() + delay;
+	if (due > f->not_before)
+		f->not_before = due;
+	char msg[240];
+	snprintf(msg, sizeof(msg), "%s; it ignores Range: starting the file over from byte 0 (attempt %u of %u)",
+		 why, f->attempts, r->p->max_retries);
+	emit_delay(r, f, src, msg, delay);
+	return SFW_OK;
 }
 
 /* A transfer ended: keep its bytes, then decide what happens next. */
@@ -908,6 +1143,20 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 	int progressed = s->pos > s->launch_pos;
 	uint64_t rest_a = s->pos, rest_b = s->end;
 	enum reason rs = s->reason;
+	int probe = s->probe;
+	if (rs == R_CUT && rest_a == rest_b) { /* stopped at its cut: complete */
+		rs = R_NONE;
+		cc = CURLE_OK;
+	}
+	{
+		/* what a whole transfer achieved feeds its source's measured rate */
+		uint64_t got = s->pos - s->launch_pos, dt = now_ms() - s->t_launch;
+		if (rs == R_NONE && cc == CURLE_OK && got >= RATE_SAMPLE_MIN) {
+			double sample = (double)got * 1000.0 / (double)(dt ? dt : 1);
+			struct src *sr = &r->srcs[src];
+			sr->rate = sr->rate > 0 && !probe ? 0.5 * sr->rate + 0.5 * sample : sample;
+		}
+	}
 	int io_errno = s->io_errno;
 	char retry_after[80];
 	memcpy(retry_after, s->retry_after, sizeof(retry_after));
@@ -924,6 +1173,19 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 		if (push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		return SFW_OK;
+	}
+	if (rs == R_RESTART && probe) {
+		/* a probe's ranged request answered with the whole file: this source
+		 * cannot take part of a file; the range goes back to the others */
+		f->norange[src] = 1;
+		if (push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		return SFW_OK;
+	}
+	if (rs == R_RESTART && f->norange[src] && !other_source(r, f, src)) {
+		/* the only source left ignores Range: every retry starts over from
+		 * byte 0, one attempt each, within the retry budget */
+		return restart_whole(r, f, src, "server ignores Range: restarting the file from byte 0", err);
 	}
 	if (rs == R_RESTART && f->norange[src]) {
 		/* Range ignored again after a restart from byte 0: its transfers keep
@@ -953,6 +1215,7 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 	if (rs == R_NONE && cc == CURLE_OK && rest_a == rest_b) {
 		r->srcs[src].fails = 0;
 		f->attempts = 0;
+		f->stalls[src] = 0;
 		return SFW_OK;
 	}
 	if (push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
@@ -979,6 +1242,29 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 	if (cls == SFW_FETCH_FATAL)
 		return sfw_fail(err, cc == CURLE_OUT_OF_MEMORY ? SFW_E_NOMEM : SFW_E_NET, "'%s': %s", f->mf->path,
 				msg);
+	if (f->norange[src] && cls == SFW_FETCH_RETRY) {
+		/* it ignores Range, so resuming from here is impossible: move on if
+		 * another source can serve the file, else start over from byte 0
+		 * (the bytes of this attempt are lost, so progress resets nothing) */
+		if (other_source(r, f, src)) {
+			snprintf(f->last_err, sizeof(f->last_err), "%s: ignores Range and its transfer broke again",
+				 r->srcs[src].label);
+			if (!f->src_failed[src])
+				strike_source(r, src, f, "server ignores Range and its transfer broke again");
+			return SFW_OK;
+		}
+		return restart_whole(r, f, src, msg, err);
+	}
+	int stalled = cc == CURLE_OPERATION_TIMEDOUT && progressed;
+	if (stalled && ++f->stalls[src] >= STALL_STRIKES && other_source(r, f, src)) {
+		/* progress, then a stall, again and again: a failing source (the
+		 * only one left still resumes: every retry gains bytes) */
+		snprintf(msg, sizeof(msg), "stalled %u times after sending some data", (unsigned)f->stalls[src]);
+		snprintf(f->last_err, sizeof(f->last_err), "%s: %s", r->srcs[src].label, msg);
+		if (!f->src_failed[src])
+			strike_source(r, src, f, msg);
+		return SFW_OK;
+	}
 	if (progressed)
 		f->attempts = 0;
 	int64_t ra = -1;
@@ -1005,6 +1291,38 @@ static enum sfw_status seg_done(struct run *r, struct seg *s, CURLcode cc, struc
 }
 
 /* ---- the loop ---------------------------------------------------------------------- */
+
+static void rate_share(struct run *r);
+
+/* The --limit-rate bucket: limit_rate bytes/s flow in, at most BURST_MS of
+ * them saved up; every byte received takes its share (going below zero
+ * when libcurl hands over more at once). Paused transfers resume once it is
+ * positive again. Returns the ms until it will be (0 = now or no cap). */
+#define BURST_MS 50
+static int bucket_refill(struct run *r)
+{
+	uint64_t lim = r->p->limit_rate;
+	if (!lim)
+		return 0;
+	uint64_t now = now_ms();
+	double cap = (double)lim * BURST_MS / 1000.0;
+	if (cap < 16384)
+		cap = 16384;
+	r->tokens += (double)(now - r->tokens_t) * (double)lim / 1000.0;
+	if (r->tokens > cap)
+		r->tokens = cap;
+	r->tokens_t = now;
+	if (r->tokens <= 0)
+		return (int)(-r->tokens * 1000.0 / (double)lim) + 1;
+	for (size_t i = 0; i < r->nfiles && r->npaused; i++)
+		for (struct seg *s = r->files[i].segs; s; s = s->next)
+			if (s->paused) {
+				s->paused = 0; /* first: the resume may call on_write at once */
+				r->npaused--;
+				curl_easy_pause(s->h, CURLPAUSE_CONT);
+			}
+	return 0;
+}
 
 static enum sfw_status schedule(struct run *r, struct sfw_err *err)
 {
@@ -1036,12 +1354,13 @@ static enum sfw_status schedule(struct run *r, struct sfw_err *err)
 			enum sfw_status st = file_finish(r, f, err);
 			if (st != SFW_OK)
 				return st;
-			if (f->state == F_DONE) {
+			if (f->state != F_ACTIVE) {
 				active--;
 				continue;
 			}
 		}
-		if (!f->exhausted && (f->cur_src < 0 || f->src_failed[f->cur_src]))
+		if (!f->exhausted &&
+		    (f->cur_src < 0 || f->src_failed[f->cur_src] || r->srcs[f->cur_src].demoted))
 			f->cur_src = pick_source(r, f);
 		if (f->cur_src < 0) {
 			if (f->nactive == 0) {
@@ -1051,9 +1370,188 @@ static enum sfw_status schedule(struct run *r, struct sfw_err *err)
 			continue;
 		}
 		while (f->ntodo && f->nactive < (int)p->connections && now >= f->not_before) {
-			enum sfw_status st = seg_start(r, f, err);
+			enum sfw_status st = seg_start(r, f, f->cur_src, err);
 			if (st != SFW_OK)
 				return st;
+		}
+	}
+	/* the batch of verified files is synced when full, when it has waited
+	 * long enough, or when nothing else is in flight */
+	if (r->nverified && (r->nverified >= SYNC_BATCH || now - r->verified_since >= SYNC_WAIT_MS || !r->nhandles)) {
+		enum sfw_status st = finish_batch(r, err);
+		if (st != SFW_OK)
+			return st;
+		r->woke = 1; /* jobs freed: more files may start */
+	}
+	rate_share(r);
+	return SFW_OK;
+}
+
+/* --limit-rate caps the sum: each transfer gets an equal share
+ * (CURLOPT_MAX_RECV_SPEED_LARGE, which libcurl reads as the transfer runs),
+ * recomputed whenever the number of transfers changes. */
+static void rate_share(struct run *r)
+{
+	if (!r->p->limit_rate || r->nhandles == r->rate_nhandles)
+		return;
+	r->rate_nhandles = r->nhandles;
+	if (!r->nhandles)
+		return;
+	curl_off_t share = (curl_off_t)(r->p->limit_rate / (uint64_t)r->nhandles);
+	if (share < 1)
+		share = 1;
+	for (size_t i = 0; i < r->nfiles; i++)
+		for (struct seg *s = r->files[i].segs; s; s = s->next)
+			curl_easy_setopt(s->h, CURLOPT_MAX_RECV_SPEED_LARGE, share);
+}
+
+/* Can src take a part of f now? (not struck for it, not demoted, and able to
+ * answer a Range) */
+static int src_usable(struct run *r, struct file *f, size_t src)
+{
+	return !f->src_failed[src] && !f->norange[src] && !r->srcs[src].demoted;
+}
+
+/* Stops s and gives its rest back to the file's plan: the bytes it wrote
+ * stay done, [pos, end) is fetched again by whoever the scheduler picks. */
+static enum sfw_status seg_requeue(struct run *r, struct seg *s, struct sfw_err *err)
+{
+	struct file *f = s->f;
+	int e = seg_flush(s);
+	if (e) /* unwritten bytes are not done */
+		s->pos -= s->wlen;
+	uint64_t a = s->pos, b = s->end;
+	int bad = s->pos > s->start && push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0) != 0;
+	f->ndone = sfw_fetch_normalize_ranges(f->done, f->ndone, UINT64_MAX, f->mf->size, NULL);
+	seg_free(r, s);
+	if (bad || push_range(&f->todo, &f->ntodo, &f->captodo, a, b, 1) != 0)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	if (e)
+		return sfw_fail(err, e == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s", f->part,
+				strerror(e));
+	return SFW_OK;
+}
+
+static void human_rate(char *out, size_t n, double b)
+{
+	if (b >= 1e6)
+		snprintf(out, n, "%.1f MB/s", b / 1e6);
+	else
+		snprintf(out, n, "%.0f KB/s", b / 1e3);
+}
+
+/* slow is several times slower than fast: demote it, and every transfer on
+ * it whose file can go to a faster source gives its rest back. */
+static enum sfw_status demote_slow(struct run *r, int slow, int fast, double slow_rate, struct sfw_err *err)
+{
+	struct src *s = &r->srcs[slow];
+	char a[32], b[32], msg[300];
+	human_rate(a, sizeof(a), slow_rate);
+	human_rate(b, sizeof(b), r->srcs[fast].rate);
+	snprintf(msg, sizeof(msg), "%s per connection against %s from %s: its remaining ranges go to the faster source",
+		 a, b, r->srcs[fast].label);
+	s->demoted = 1;
+	emit(r, SFW_EV_SOURCE_DEMOTED, NULL, slow, msg);
+	for (size_t i = 0; i < r->nfiles; i++) {
+		struct file *f = &r->files[i];
+		if (f->state != F_ACTIVE)
+			continue;
+		int alt = 0;
+		for (size_t k = 0; k < r->nsrcs; k++)
+			alt |= (int)k != slow && src_usable(r, f, k);
+		if (!alt)
+			continue;
+		for (struct seg *g = f->segs, *next; g; g = next) {
+			next = g->next;
+			if (g->src == slow) {
+				enum sfw_status st = seg_requeue(r, g, err);
+				if (st != SFW_OK)
+					return st;
+			}
+		}
+		if (f->cur_src == slow)
+			f->cur_src = pick_source(r, f);
+	}
+	return SFW_OK;
+}
+
+/* Every MEASURE_MS: each transfer's rate over its last window, each source's
+ * best per-connection rate, then at most one decision: demote a source
+ * several times slower than another usable one, or probe an unmeasured one
+ * with the tail of a transfer that still has a while to go. */
+static enum sfw_status measure(struct run *r, struct sfw_err *err)
+{
+	uint64_t now = now_ms();
+	if (now - r->last_measure < MEASURE_MS)
+		return SFW_OK;
+	r->last_measure = now;
+	double *best = sfw_calloc(r->nsrcs ? r->nsrcs : 1, sizeof(*best));
+	if (!best)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < r->nfiles; i++)
+		for (struct seg *s = r->files[i].segs; s; s = s->next) {
+			if (now - s->win_t < WINDOW_MS)
+				continue;
+			s->rate = (double)(s->pos - s->win_pos) * 1000.0 / (double)(now - s->win_t);
+			s->rate_ok = 1;
+			s->win_t = now;
+			s->win_pos = s->pos;
+			s->held_win = s->held;
+			s->held = s->paused;
+			if (s->rate > best[s->src])
+				best[s->src] = s->rate;
+		}
+	for (size_t i = 0; i < r->nsrcs; i++)
+		if (best[i] > 0)
+			r->srcs[i].rate = best[i];
+	sfw_free(best);
+	for (size_t i = 0; i < r->nfiles; i++) {
+		struct file *f = &r->files[i];
+		if (f->state != F_ACTIVE)
+			continue;
+		for (struct seg *s = f->segs; s; s = s->next) {
+			/* judged once it has sent something (before its first byte
+			 * the connect and stall timeouts are the judges), and not when
+			 * the --limit-rate cap held it back (the cap set its pace) */
+			if (!s->rate_ok || s->pos >= s->end || s->pos == s->launch_pos || s->held_win)
+				continue;
+			uint64_t rem = s->end - s->pos;
+			int fast = -1, unknown = -1;
+			for (size_t k = 0; k < r->nsrcs; k++) {
+				if ((int)k == s->src || !src_usable(r, f, k))
+					continue;
+				double rk = r->srcs[k].rate;
+				switch (sfw_fetch_speed_verdict(s->rate, rem, rk)) {
+				case SFW_SPEED_MOVE:
+					if (fast < 0 || rk > r->srcs[fast].rate)
+						fast = (int)k;
+					break;
+				case SFW_SPEED_PROBE:
+					if (unknown < 0 && !r->srcs[k].probing && !f->probed[k])
+						unknown = (int)k;
+					break;
+				case SFW_SPEED_KEEP:
+					break;
+				}
+			}
+			if (fast >= 0)
+				return demote_slow(r, s->src, fast, s->rate, err);
+			if (unknown < 0)
+				continue;
+			/* probe: the tail of this range goes to the unmeasured source */
+			uint64_t len = rem / 2 < PROBE_MAX ? rem / 2 : PROBE_MAX;
+			uint64_t mid = s->end - len;
+			if (push_range(&f->todo, &f->ntodo, &f->captodo, mid, s->end, 1) != 0)
+				return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			s->end = mid;
+			s->cut = 1;
+			enum sfw_status st = seg_start(r, f, unknown, err);
+			if (st != SFW_OK)
+				return st;
+			f->segs->probe = 1; /* seg_start puts the new one first */
+			r->srcs[unknown].probing = 1;
+			f->probed[unknown] = 1;
+			return SFW_OK;
 		}
 	}
 	return SFW_OK;
@@ -1092,21 +1590,26 @@ static enum sfw_status flush_all(struct run *r, struct sfw_err *err)
 static enum sfw_status run_loop(struct run *r, struct sfw_err *err)
 {
 	const struct sfw_fetch_params *p = r->p;
-	r->last_progress = r->last_journal = now_ms();
+	r->last_progress = r->last_journal = r->tokens_t = now_ms();
+	r->tokens = (double)p->limit_rate * BURST_MS / 1000.0;
 	for (;;) {
 		if (r->cancelled || (p->cancel && *p->cancel)) {
 			r->cancelled = 1;
 			return SFW_E_ABORTED;
 		}
+		r->woke = 0;
 		enum sfw_status st = schedule(r, err);
+		if (st == SFW_OK)
+			st = measure(r, err);
 		if (st != SFW_OK)
 			return st;
-		int busy = 0;
-		for (size_t i = 0; i < r->nfiles; i++)
+		int busy = r->nverified > 0;
+		for (size_t i = 0; i < r->nfiles && !busy; i++)
 			busy |= r->files[i].state == F_ACTIVE || r->files[i].state == F_PENDING;
 		if (!busy)
 			return SFW_OK;
 		int running = 0;
+		int owed_ms = bucket_refill(r);
 		if (curl_multi_perform(r->multi, &running) != CURLM_OK)
 			return sfw_fail(err, SFW_E_NET, "libcurl multi failed");
 		CURLMsg *msg;
@@ -1129,8 +1632,14 @@ static enum sfw_status run_loop(struct run *r, struct sfw_err *err)
 			r->last_journal = now;
 		}
 		progress(r, 0);
-		/* sleep until I/O, or the next due retry / journal / progress tick */
-		int timeout = 100;
+		/* sleep until I/O, or the next due retry / journal / progress tick;
+		 * not at all when a transfer ended (its file may finish, the next
+		 * file start) */
+		int timeout = r->woke ? 0 : 100;
+		if (r->nverified && timeout > SYNC_WAIT_MS)
+			timeout = SYNC_WAIT_MS;
+		if (r->npaused && owed_ms < timeout)
+			timeout = owed_ms ? owed_ms : 1;
 		for (size_t i = 0; i < r->nfiles; i++) {
 			struct file *f = &r->files[i];
 			if (f->state == F_ACTIVE && f->ntodo && f->nactive == 0 && f->not_before > now &&
@@ -1345,6 +1854,8 @@ static void files_release(struct run *r)
 		sfw_free(f->src_failed);
 		sfw_free(f->contributed);
 		sfw_free(f->norange);
+		sfw_free(f->stalls);
+		sfw_free(f->probed);
 	}
 	sfw_free(r->files);
 }
@@ -1497,7 +2008,10 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 		f->src_failed = sfw_calloc(ns ? ns : 1, 1);
 		f->contributed = sfw_calloc(ns ? ns : 1, 1);
 		f->norange = sfw_calloc(ns ? ns : 1, 1);
-		if (!f->part || !f->journal || !f->pname || !f->jname || !f->final || !f->src_failed || !f->contributed || !f->norange) {
+		f->stalls = sfw_calloc(ns ? ns : 1, 1);
+		f->probed = sfw_calloc(ns ? ns : 1, 1);
+		if (!f->part || !f->journal || !f->pname || !f->jname || !f->final || !f->src_failed ||
+		    !f->contributed || !f->norange || !f->stalls || !f->probed) {
 			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 			goto out;
 		}
@@ -1555,8 +2069,16 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		goto out;
 	}
-	curl_multi_setopt(r.multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)(p->jobs * p->connections));
+	/* + one per source: a probe (measure()) never waits for a free slot */
+	curl_multi_setopt(r.multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)(p->jobs * p->connections + ns));
 	st = run_loop(&r, err);
+	if (r.nverified) { /* verified before a stop: still installed */
+		struct sfw_err berr;
+		sfw_err_clear(&berr);
+		enum sfw_status bs = finish_batch(&r, &berr);
+		if (bs != SFW_OK && st == SFW_OK)
+			st = sfw_fail(err, bs, "%s", berr.msg);
+	}
 	{
 		/* whatever happened, keep every byte written resumable */
 		struct sfw_err ferr;

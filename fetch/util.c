@@ -375,3 +375,14 @@ size_t sfw_fetch_plan_pieces(const struct sfw_range *done, size_t ndone, uint64_
 	}
 	return k;
 }
+
+enum sfw_fetch_speed sfw_fetch_speed_verdict(double rate, uint64_t remaining, double other)
+{
+	if (!(rate >= 0) || !(other >= 0) || remaining == 0)
+		return SFW_SPEED_KEEP; /* NaN or nothing left: nothing to decide */
+	if (rate > 0 && (double)remaining * 1000.0 / rate < SFW_FETCH_STEAL_ETA_MS)
+		return SFW_SPEED_KEEP; /* nearly done: not worth moving */
+	if (other > 0)
+		return other >= SFW_FETCH_SLOW_FACTOR * rate ? SFW_SPEED_MOVE : SFW_SPEED_KEEP;
+	return remaining / 2 >= SFW_FETCH_PROBE_MIN ? SFW_SPEED_PROBE : SFW_SPEED_KEEP;
+}

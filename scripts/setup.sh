@@ -6,6 +6,8 @@ set -eu
 pkgs="build-essential pkg-config clang libclang-rt-14-dev git libcurl4-openssl-dev libsodium-dev libssl-dev libcjson-dev
 libsentencepiece-dev sentencepiece minisign nginx-light curl aria2 python3 coreutils openssl procps bc
 man-db groff-base bsdutils python3-pyte"
+# strace: tests/test_get_sched.sh checks the order of fsync and rename from its record
+pkgs="$pkgs strace"
 missing=
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -369,6 +369,40 @@ static void test_redirects_and_names(void)
 	CHECK(strcmp(t1, t2) != 0, "equal content at two paths gets two partial names");
 }
 
+static void test_speed_verdict(void)
+{
+	/* rate and other in bytes/s per connection; remaining in bytes. The
+	 * expected column follows the rule: nearly done (remaining/rate under
+	 * 2 s) keeps; a measured other source >= 4x faster takes the rest; an
+	 * unmeasured one is probed when the rest can be halved into >= 256 KiB. */
+	static const struct {
+		double rate;
+		uint64_t remaining;
+		double other;
+		enum sfw_fetch_speed want;
+	} t[] = {
+		{100e3, 20000000, 50e6, SFW_SPEED_MOVE},   /* the 100 KB/s mirror */
+		{100e3, 20000000, 0, SFW_SPEED_PROBE},     /* other not measured yet */
+		{100e3, 20000000, 399e3, SFW_SPEED_KEEP},  /* under 4x: order decides */
+		{100e3, 20000000, 400e3, SFW_SPEED_MOVE},  /* exactly 4x */
+		{50e6, 20000000, 60e6, SFW_SPEED_KEEP},    /* comparable */
+		{50e6, 20000000, 0, SFW_SPEED_KEEP},       /* 0.4 s to go: no probe */
+		{100e3, 150000, 50e6, SFW_SPEED_KEEP},     /* 1.5 s to go */
+		{100e3, 200000, 50e6, SFW_SPEED_MOVE},     /* 2.0 s to go */
+		{0, 18000000, 1, SFW_SPEED_MOVE},          /* stalled: anything moving beats it */
+		{0, 18000000, 0, SFW_SPEED_PROBE},
+		{0, 500000, 0, SFW_SPEED_KEEP},            /* too short to split for a probe */
+		{0, 524288, 0, SFW_SPEED_PROBE},           /* exactly 2 x 256 KiB */
+		{100e3, 0, 50e6, SFW_SPEED_KEEP},          /* nothing left */
+		{-1, 20000000, 50e6, SFW_SPEED_KEEP},      /* nonsense in: no decision */
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		enum sfw_fetch_speed got = sfw_fetch_speed_verdict(t[i].rate, t[i].remaining, t[i].other);
+		CHECK(got == t[i].want, "speed verdict %zu (rate %.0f, remaining %llu, other %.0f): got %d want %d", i,
+		      t[i].rate, (unsigned long long)t[i].remaining, t[i].other, (int)got, (int)t[i].want);
+	}
+}
+
 int main(void)
 {
 	test_classify();
@@ -379,5 +413,6 @@ int main(void)
 	test_urls();
 	test_ranges();
 	test_redirects_and_names();
+	test_speed_verdict();
 	return CHECK_REPORT("test_fetch_unit");
 }
