@@ -133,7 +133,7 @@ check "drip + norange second: struck, saying why" grep -q 'stalled 3 times after
 # ---- 5. the only source ignores Range and drops: from byte 0, within the budget
 faultd nrd --norange --fault drop:3000000 --times 4 --only big.bin
 mkman "$T/m5.json" --source "http:http://127.0.0.1:$PORT_nrd/"
-G "$REPO" --manifest "$T/m5.json" -P "$T/k.pub" -d "$T/d5" -c 1 --retry-wait 10 --json > "$T/o5" 2>/dev/null
+G "$REPO" --manifest "$T/m5.json" -P "$T/k.pub" -d "$T/d5" -x 1 --retry-wait 10 --json > "$T/o5" 2>/dev/null
 check "only source, norange + drops: exit 0" test "$(summary "$T/o5" exit)" = 0
 check "only source, norange + drops: tree verifies" tree_ok "$T/d5"
 check "only source, norange + drops: restarts from byte 0 said so" grep -q 'starting the file over from byte 0' "$T/o5"
@@ -142,7 +142,7 @@ check "only source, norange + drops: at most 5 requests for big.bin ($n)" test "
 # ... and past the budget it gives up (bounded), exit 4
 faultd nrd2 --norange --fault drop:1000000 --only big.bin
 mkman "$T/m5b.json" --source "http:http://127.0.0.1:$PORT_nrd2/"
-G "$REPO" --manifest "$T/m5b.json" -P "$T/k.pub" -d "$T/d5b" -c 1 --retries 2 --retry-wait 10 --json > "$T/o5b" 2>/dev/null
+G "$REPO" --manifest "$T/m5b.json" -P "$T/k.pub" -d "$T/d5b" -x 1 --retries 2 --retry-wait 10 --json > "$T/o5b" 2>/dev/null
 check "norange + drops past --retries 2: exit 4" test "$(summary "$T/o5b" exit)" = 4
 n=$(asked "$T/nrd2.log" big.bin)
 check "norange + drops past --retries 2: bounded ($n requests <= 5)" test "$n" -le 5
@@ -159,7 +159,7 @@ $FAULTD manifest --dir "$T/model6" --repo "$REPO" --rev "$REV" --key-id "$KEYID"
 minisign -S -s "$T/k.key" -m "$T/m6.json" -x "$T/m6.json.minisig" \
 	-t "salafw-manifest repo_id=$REPO revision=$REV manifest_version=1" >/dev/null 2>&1
 s=$(now)
-G "$REPO" --manifest "$T/m6.json" -P "$T/k.pub" -d "$T/d6" -j 2 -c 4 --segment-size 256K --limit-rate 1M -q \
+G "$REPO" --manifest "$T/m6.json" -P "$T/k.pub" -d "$T/d6" -j 2 -x 4 --segment-size 256K --limit-rate 1M -q \
 	>/dev/null 2>&1
 rc=$?
 el=$(elapsed "$s" "$(now)")
