@@ -80,7 +80,12 @@ static __device__ __forceinline__ void w8_out(float *p, size_t i, float v)
  * taking the 16-code vectors j·32 + lane + t·32·KS, so every warp still reads
  * 512 contiguous bytes per load and a row of K = 4096 is a single batch;
  * their sums are added in shared memory in a fixed order (warp 0 + 1 + …). */
-template <int R, int U, int M, int SDT, typename TO, bool PIPE = false, int KS = 1>
+/* SILU (R = 2, M = 1, bf16 out; the merged gate|up of 2N rows): the warp
+ * takes rows n and N + n, rounds both sums to bf16 as the plain GEMV writes
+ * them, and writes silu(g)·u rounded as silu_mul_kernel (kernels/
+ * elementwise.cu) does: bit-equal to the GEMV R1 with the same U followed by
+ * sfw_op_silu_mul_cuda, one launch less. */
+template <int R, int U, int M, int SDT, typename TO, bool PIPE = false, int KS = 1, bool SILU = false>
 static __global__ void __launch_bounds__(W8_BW(KS) * 32)
 	gemv_w8_kernel(const uint16_t *__restrict__ X, int ldx, const uint8_t *__restrict__ C, const void *__restrict__ S,
 		       int G, int group, int gshift, TO *__restrict__ Y, int ldy, int N, int K, float alpha)
@@ -88,7 +93,8 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
 	constexpr int BW = W8_BW(KS);
 	int warp = threadIdx.x >> 5;
 	int lane = (warp % KS) * 32 + (threadIdx.x & 31); /* the lane within the row's KS warps */
-	int row0 = (blockIdx.x * (BW / KS) + warp / KS) * R;
+	static_assert(!SILU || (R == 2 && M == 1 && KS == 1), "the SiLU epilogue: two rows, one activation row");
+	int row0 = (blockIdx.x * (BW / KS) + warp / KS) * (SILU ? 1 : R);
 	if (KS == 1 && row0 >= N)
 		return;
 	int nv = K >> 4; /* 16-code vectors per row (rows are K bytes: K % 16 == 0) */
@@ -96,7 +102,7 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
 	size_t sr[R];
 #pragma unroll
 	for (int r = 0; r < R; r++) {
-		int row = min(row0 + r, N - 1);
+		int row = SILU ? row0 + r * N : min(row0 + r, N - 1);
 		cr[r] = (const uint4 *)(C + (size_t)row * K);
 		sr[r] = (size_t)row * G;
 	}
@@ -195,6 +201,13 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
 #pragma unroll
 				for (int m = 0; m < M; m++)
 					acc[r][m] += part[warp + j][r][m];
+	}
+	if (SILU) {
+		if (lane == 0) {
+			float g = sfwc_rbf(alpha * acc[0][0]), u = sfwc_rbf(alpha * acc[1 % R][0]);
+			w8_out(Y, row0, sfwc_rbf(g / (1.0f + expf(-g))) * u);
+		}
+		return;
 	}
 	if (lane == 0) {
 #pragma unroll
@@ -481,6 +494,21 @@ extern "C" void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8
 {
 	gemv_w8_any(X, ldx, codes, scales, sdt, group, Y, ldy, M, N, K, rows_per_warp, unroll, 1.0f,
 		    SFW_CUDA_STREAM(stream));
+}
+
+extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
+					  enum sfw_op_dtype sdt, int group, int N, int K, void *stream)
+{
+	group = w8_group(group, K);
+	if (N <= 0 || sdt != SFW_OP_BF16 || !w8_vec_ok(x, K, codes, group, 1, K))
+		return 0;
+	int blocks = (N + W8_WARPS - 1) / W8_WARPS;
+	/* U2: the unroll of the plain decode GEMV on gate|up (w8_default_variant) */
+	sfwc_launch(gemv_w8_kernel<2, 2, 1, SDT_BF16, uint16_t, false, 1, true>, dim3(blocks), dim3(W8_WARPS * 32), 0,
+		    SFW_CUDA_STREAM(stream), (const uint16_t *)x, K, codes, scales, (K + group - 1) / group, group,
+		    w8_gshift(group), (uint16_t *)y, N, N, K, 1.0f);
+	SFW_CUDA_LAUNCHED();
+	return 1;
 }
 
 extern "C" void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *codes,

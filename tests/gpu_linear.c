@@ -414,6 +414,41 @@ static void correctness_w8(void *s)
 						 var[v][0] % 100, var[v][1], N, K, group);
 					w8_compare(name, ref, Y, 0, 1, N, N);
 				}
+				/* the SwiGLU epilogue over these rows as a merged gate|up [2I, K]:
+				 * bit-equal to the R1U2 GEMV + sfw_op_silu_mul_cuda it replaces,
+				 * near the C twin; refused (0, nothing written) where the vector
+				 * kernel cannot run or the scales are not BF16 */
+				if (N % 2 == 0) {
+					int I = N / 2;
+					int takes = sdt == SFW_OP_BF16 && K % 16 == 0 && span % 16 == 0;
+					uint16_t *Yf = malloc((size_t)I * 2), *Yu = malloc((size_t)I * 2);
+					void *dyu;
+					CHECK(sfw_cuda_malloc(&dyu, (size_t)N * 2, "y", &e) == SFW_OK, "%s", e.msg);
+					sfw_cuda_memset(dy, 0xff, (size_t)I * 2, s);
+					int got = sfw_op_matmul_silu_w8_cuda(dy, dx, dc, dsc, sdt, span, I, K, s);
+					sfw_cuda_d2h(Yf, dy, (size_t)I * 2, s);
+					sfw_cuda_sync(s);
+					char name[128];
+					snprintf(name, sizeof(name), "w8 gemv+silu I=%d K=%d group %s %s", I, K,
+						 group ? (group == 32 ? "32" : group == 64 ? "64" : "128") : "channel", sdt_name(sdt));
+					CHECK(got == takes, "%s: returned %d, expected %d", name, got, takes);
+					if (got && takes) {
+						sfw_cuda_gemv_w8_variant(dx, K, dc, dsc, sdt, span, dyu, N, 1, N, K, 1, 2, s);
+						sfw_op_silu_mul_cuda(dyu, dyu, (uint16_t *)dyu + I, (size_t)I, SFW_OP_BF16, s);
+						sfw_cuda_d2h(Yu, dyu, (size_t)I * 2, s);
+						sfw_cuda_sync(s);
+						int diff = -1;
+						for (int i = 0; i < I && diff < 0; i++)
+							if (Yf[i] != Yu[i])
+								diff = i;
+						CHECK(diff < 0, "%s: y[%d] = %#x, unfused GEMV + silu_mul %#x", name, diff,
+						      diff < 0 ? 0 : Yf[diff], diff < 0 ? 0 : Yu[diff]);
+						sfw_op_matmul_silu_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, I, K);
+						w8_compare(name, ref, Yf, 0, 1, I, I);
+					}
+					sfw_cuda_free(dyu);
+					free(Yf), free(Yu);
+				}
 				/* logits: in_scale 1/16 rides as alpha; bf16-rounded float out */
 				for (int M = 1; M <= 40; M += 39) {
 					float *xs = malloc((size_t)M * K * 4);
