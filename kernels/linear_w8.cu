@@ -73,21 +73,36 @@ static __device__ __forceinline__ void w8_out(float *p, size_t i, float v)
 	p[i] = sfwc_rbf(v);
 }
 
-template <int R, int U, int M, int SDT, typename TO, bool PIPE = false>
-static __global__ void __launch_bounds__(W8_WARPS * 32)
+/* Warps per block of a variant: 4, or KS where a row takes more. */
+#define W8_BW(KS) ((KS) > W8_WARPS ? (KS) : W8_WARPS)
+
+/* KS > 1 (split K): KS warps of the block share each R rows, warp j of them
+ * taking the 16-code vectors j·32 + lane + t·32·KS, so every warp still reads
+ * 512 contiguous bytes per load and a row of K = 4096 is a single batch;
+ * their sums are added in shared memory in a fixed order (warp 0 + 1 + …). */
+/* SILU (R = 2, M = 1, bf16 out; the merged gate|up of 2N rows): the warp
+ * takes rows n and N + n, rounds both sums to bf16 as the plain GEMV writes
+ * them, and writes silu(g)·u rounded as silu_mul_kernel (kernels/
+ * elementwise.cu) does: bit-equal to the GEMV R1 with the same U followed by
+ * sfw_op_silu_mul_cuda, one launch less. */
+template <int R, int U, int M, int SDT, typename TO, bool PIPE = false, int KS = 1, bool SILU = false>
+static __global__ void __launch_bounds__(W8_BW(KS) * 32)
 	gemv_w8_kernel(const uint16_t *__restrict__ X, int ldx, const uint8_t *__restrict__ C, const void *__restrict__ S,
 		       int G, int group, int gshift, TO *__restrict__ Y, int ldy, int N, int K, float alpha)
 {
-	int lane = threadIdx.x & 31;
-	int row0 = (blockIdx.x * W8_WARPS + (threadIdx.x >> 5)) * R;
-	if (row0 >= N)
+	constexpr int BW = W8_BW(KS);
+	int warp = threadIdx.x >> 5;
+	int lane = (warp % KS) * 32 + (threadIdx.x & 31); /* the lane within the row's KS warps */
+	static_assert(!SILU || (R == 2 && M == 1 && KS == 1), "the SiLU epilogue: two rows, one activation row");
+	int row0 = (blockIdx.x * (BW / KS) + warp / KS) * (SILU ? 1 : R);
+	if (KS == 1 && row0 >= N)
 		return;
 	int nv = K >> 4; /* 16-code vectors per row (rows are K bytes: K % 16 == 0) */
 	const uint4 *cr[R];
 	size_t sr[R];
 #pragma unroll
 	for (int r = 0; r < R; r++) {
-		int row = min(row0 + r, N - 1);
+		int row = SILU ? row0 + r * N : min(row0 + r, N - 1);
 		cr[r] = (const uint4 *)(C + (size_t)row * K);
 		sr[r] = (size_t)row * G;
 	}
@@ -104,7 +119,7 @@ static __global__ void __launch_bounds__(W8_WARPS * 32)
 	auto load = [&](int base, uint4 (*wd)[R], float (*sd)[R]) {
 #pragma unroll
 		for (int u = 0; u < U; u++) {
-			int i = base + u * 32 + lane;
+			int i = base + u * 32 * KS + lane;
 #pragma unroll
 			for (int r = 0; r < R; r++) {
 				wd[u][r] = i < nv ? sfwc_ld_stream(cr[r] + i) : make_uint4(0, 0, 0, 0);
@@ -137,19 +152,19 @@ static __global__ void __launch_bounds__(W8_WARPS * 32)
 	};
 	load(0, w, sc);
 	sfwc_pdl_wait();
-	for (int base = 0; base < nv; base += 32 * U) {
-		int next = base + 32 * U;
+	for (int base = 0; base < nv; base += 32 * KS * U) {
+		int next = base + 32 * KS * U;
 		if (PIPE && next < nv) /* the next batch in flight while this one is consumed */
 			load(next, wn, scn);
 		if (next <= nv) { /* a full batch: no bounds checks between the vectors */
 #pragma unroll
 			for (int u = 0; u < U; u++)
-				consume(u, base + u * 32 + lane);
+				consume(u, base + u * 32 * KS + lane);
 		} else {
 #pragma unroll
 			for (int u = 0; u < U; u++)
-				if (base + u * 32 + lane < nv)
-					consume(u, base + u * 32 + lane);
+				if (base + u * 32 * KS + lane < nv)
+					consume(u, base + u * 32 * KS + lane);
 		}
 		if (next < nv) {
 			if (PIPE) {
@@ -168,6 +183,32 @@ static __global__ void __launch_bounds__(W8_WARPS * 32)
 #pragma unroll
 		for (int m = 0; m < M; m++)
 			acc[r][m] = sfwc_warp_sum(acc[r][m]);
+	if (KS > 1) {
+		__shared__ float part[BW][R][M];
+		if ((threadIdx.x & 31) == 0)
+#pragma unroll
+			for (int r = 0; r < R; r++)
+#pragma unroll
+				for (int m = 0; m < M; m++)
+					part[warp][r][m] = acc[r][m];
+		__syncthreads();
+		if (warp % KS != 0 || row0 >= N)
+			return;
+#pragma unroll
+		for (int j = 1; j < KS; j++)
+#pragma unroll
+			for (int r = 0; r < R; r++)
+#pragma unroll
+				for (int m = 0; m < M; m++)
+					acc[r][m] += part[warp + j][r][m];
+	}
+	if (SILU) {
+		if (lane == 0) {
+			float g = sfwc_rbf(alpha * acc[0][0]), u = sfwc_rbf(alpha * acc[1 % R][0]);
+			w8_out(Y, row0, sfwc_rbf(g / (1.0f + expf(-g))) * u);
+		}
+		return;
+	}
 	if (lane == 0) {
 #pragma unroll
 		for (int r = 0; r < R; r++)
@@ -269,15 +310,15 @@ static int w8_gshift(int group)
 	return s;
 }
 
-template <int R, int U, int M, int SDT, typename TO, bool PIPE = false>
+template <int R, int U, int M, int SDT, typename TO, bool PIPE = false, int KS = 1>
 static void launch_w8(const uint16_t *X, int ldx, const uint8_t *C, const void *S, int group, TO *Y, int ldy, int N,
 		      int K, float alpha, cudaStream_t s)
 {
-	int warps = (N + R - 1) / R;
-	int blocks = (warps + W8_WARPS - 1) / W8_WARPS;
+	int rowsets = (N + R - 1) / R, per = W8_BW(KS) / KS; /* R-row sets, and per block */
+	int blocks = (rowsets + per - 1) / per;
 	int G = (K + group - 1) / group;
-	sfwc_launch(gemv_w8_kernel<R, U, M, SDT, TO, PIPE>, dim3(blocks), dim3(W8_WARPS * 32), 0, s, X, ldx, C, S, G,
-		    group, w8_gshift(group), Y, ldy, N, K, alpha);
+	sfwc_launch(gemv_w8_kernel<R, U, M, SDT, TO, PIPE, KS>, dim3(blocks), dim3(W8_BW(KS) * 32), 0, s, X, ldx, C, S,
+		    G, group, w8_gshift(group), Y, ldy, N, K, alpha);
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -298,30 +339,42 @@ static void launch_w8_m(const uint16_t *X, int ldx, const uint8_t *C, const void
 	}
 }
 
-/* The decode variant (M = 1, BF16 scales), from the W8 GEMV table of
- * bench/RESULTS.md (H200, back-to-back launches): one row per warp; 2 loads
- * per lane in flight on the wide K = 4096 matrices (q|k|v|z 0.80 of the copy
- * limit against 0.76 with 4, gate|up 0.88 against 0.85), 4 on the narrower
- * ones and the long rows of down_proj (o_proj 0.47 against 0.40, q|k|v|o_gate
- * 0.66 against 0.64, down 0.66 against 0.57): the int8 kernel does ~3x the
- * arithmetic per byte of the bf16 one, so many warps with short batches win
- * where there are rows enough. The bound cfg's w8_gemv (struct
- * sfw_cuda_ops_cfg; SALAFW_CUDA_W8_GEMV=RU in the CLI) forces one variant for
- * every shape (benchmarks): 12 14 18 22 24 28 42 44 = R rows per warp, U
- * loads; 112 114 122 the same with the next batch loaded while the current
- * one is consumed; any other value is the table. */
+/* The decode variant (M = 1, BF16 scales). The W8 GEMV table of
+ * bench/RESULTS.md (H200, back-to-back launches) has the wide matrices
+ * fastest with many warps and short batches (gate|up 32768 rows, R1U2: 0.88
+ * of the copy limit; q|k|v|z 16384 rows: 0.80) and the narrow ones far below
+ * (o_proj 4096 rows: 0.47 at best), since the int8 kernel does ~3x the
+ * arithmetic per byte of the bf16 one and 4096 warps leave too little in
+ * flight. So: 2 loads per lane, and rows split over KS warps (split K) until
+ * N·KS ≥ 16384 warps, as many as q|k|v|z has, while each warp keeps at least
+ * one full batch (o_proj and down_proj KS 4, q|k|v|o_gate KS 2).
+ * The bound cfg's w8_gemv (struct sfw_cuda_ops_cfg; SALAFW_CUDA_W8_GEMV in
+ * the CLI) forces one variant for every shape (benchmarks, A/B):
+ * 1 = the per-shape default before split K (R1, U2 on K = 4096 with N ≥
+ * 12288, else U4); 12 14 18 22 24 28 42 44 = R rows per warp, U loads; 112
+ * 114 122 the same with the next batch loaded while the current one is
+ * consumed; 222 224 242 244 282 284 = one row over KS = 2, 4, 8 warps, U
+ * loads; any other value is the default. */
 static void w8_default_variant(int N, int K, int *R, int *U)
 {
 	int v = sfwi_cuda_cfg_w8_gemv();
-	int ru = v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 || v == 112 ||
-			 v == 114 || v == 122
+	int ru = v == 1 || v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 ||
+			 v == 112 || v == 114 || v == 122 || v == 222 || v == 224 || v == 242 || v == 244 || v == 282 ||
+			 v == 284
 		     ? v
 		     : 0;
-	if (ru == 0) {
+	if (ru == 1) {
 		*R = 1, *U = K >= 8192 || N < 12288 ? 4 : 2;
 		return;
 	}
-	*R = ru >= 100 ? 100 + (ru / 10) % 10 : ru / 10, *U = ru % 10;
+	if (ru == 0) {
+		int ks = 1, nv = K / 16;
+		while (ks < 8 && (long)N * ks < 16384 && nv >= 32 * 2 * ks * 2)
+			ks *= 2;
+		*R = ks > 1 ? 200 + ks : 1, *U = 2;
+		return;
+	}
+	*R = ru >= 200 ? 200 + (ru / 10) % 10 : ru >= 100 ? 100 + (ru / 10) % 10 : ru / 10, *U = ru % 10;
 }
 
 template <typename TO>
@@ -344,7 +397,7 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 	if (U == 0)
 		U = 4;
 	if (M == 1 && sdt == SFW_OP_BF16 && sizeof(TO) == 2) { /* the tuning variants (R4U4 .. R1U2) */
-		switch ((R >= 100 ? 100 : 0) + (R % 100) * 10 + U) {
+		switch ((R >= 200 ? 200 : R >= 100 ? 100 : 0) + (R % 100) * 10 + U) {
 		case 12: launch_w8<1, 2, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 18: launch_w8<1, 8, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 22: launch_w8<2, 2, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
@@ -355,6 +408,13 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 		case 112: launch_w8<1, 2, 1, SDT_BF16, TO, true>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 114: launch_w8<1, 4, 1, SDT_BF16, TO, true>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 122: launch_w8<2, 2, 1, SDT_BF16, TO, true>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		/* 2KU: one row over KS warps (split K) */
+		case 222: launch_w8<1, 2, 1, SDT_BF16, TO, false, 2>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 224: launch_w8<1, 4, 1, SDT_BF16, TO, false, 2>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 242: launch_w8<1, 2, 1, SDT_BF16, TO, false, 4>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 244: launch_w8<1, 4, 1, SDT_BF16, TO, false, 4>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 282: launch_w8<1, 2, 1, SDT_BF16, TO, false, 8>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 284: launch_w8<1, 4, 1, SDT_BF16, TO, false, 8>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		default: break;
 		}
 	}
@@ -431,6 +491,21 @@ extern "C" void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8
 {
 	gemv_w8_any(X, ldx, codes, scales, sdt, group, Y, ldy, M, N, K, rows_per_warp, unroll, 1.0f,
 		    SFW_CUDA_STREAM(stream));
+}
+
+extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
+					  enum sfw_op_dtype sdt, int group, int N, int K, void *stream)
+{
+	group = w8_group(group, K);
+	if (N <= 0 || sdt != SFW_OP_BF16 || !w8_vec_ok(x, K, codes, group, 1, K))
+		return 0;
+	int blocks = (N + W8_WARPS - 1) / W8_WARPS;
+	/* U2: the unroll of the plain decode GEMV on gate|up (w8_default_variant) */
+	sfwc_launch(gemv_w8_kernel<2, 2, 1, SDT_BF16, uint16_t, false, 1, true>, dim3(blocks), dim3(W8_WARPS * 32), 0,
+		    SFW_CUDA_STREAM(stream), (const uint16_t *)x, K, codes, scales, (K + group - 1) / group, group,
+		    w8_gshift(group), (uint16_t *)y, N, N, K, 1.0f);
+	SFW_CUDA_LAUNCHED();
+	return 1;
 }
 
 extern "C" void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *codes,

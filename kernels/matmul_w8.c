@@ -282,3 +282,18 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 	sfw_free(j.slab);
 	sfw_free(tmp);
 }
+
+void sfw_op_matmul_silu_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
+			       enum sfw_op_dtype sdt, int group, int N, int K)
+{
+	if (N <= 0)
+		return;
+	float *gu = sfw_malloc((size_t)2 * N * sizeof(float));
+	if (!gu) {
+		sfwi_ops_cpu_fail(); /* output undefined, the flag raised (ops.h) */
+		return;
+	}
+	sfw_op_matmul_w8_cpu(gu, x, codes, scales, sdt, group, 1, 2 * N, K);
+	sfw_op_silu_mul_cpu(y, gu, gu + N, (size_t)N);
+	sfw_free(gu);
+}

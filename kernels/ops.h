@@ -129,6 +129,11 @@ void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_op_dtyp
  * per-channel scales. Dequantized on the fly, fp32 accumulation. */
 void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
 			  int group, int M, int N, int K);
+/* The decode MLP's SwiGLU over an int8 merged gate|up [2N, K] (one token):
+ * y[N] = silu(g)·u with g, u the halves of x·Wᵀ, as sfw_op_matmul_w8_cpu
+ * followed by sfw_op_silu_mul_cpu (the C twin of sfw_op_matmul_silu_w8_cuda). */
+void sfw_op_matmul_silu_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
+			       enum sfw_op_dtype sdt, int group, int N, int K);
 
 /* ---- lightning attention: simple GLA, fp32 state (kernels/lightning.c) ---- */
 
@@ -250,6 +255,15 @@ void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_op_dtyp
  * codes and scales are device copies in the layout of quant/layout.h. */
 void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
 			   int group, int M, int N, int K, enum sfw_op_dtype act, void *stream);
+/* The decode MLP's SwiGLU in the int8 GEMV (M = 1, bf16 activations, BF16
+ * scales, K and the group multiples of 16, 16-byte aligned codes and x):
+ * codes/scales hold the merged gate|up [2N, K]; y[N] = silu(g)·u with g, u
+ * the two halves of x·Wᵀ, each rounded to bf16 first: bit-equal to
+ * sfw_op_matmul_w8_cuda into [2N] followed by sfw_op_silu_mul_cuda (the
+ * default gate|up variant), twin sfw_op_matmul_silu_w8_cpu. Returns 0 (nothing
+ * launched) for shapes it does not take. */
+int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
+			       enum sfw_op_dtype sdt, int group, int N, int K, void *stream);
 /* Logits with an int8 lm_head (third-party checkpoints): y = bf16-rounded
  * in_scale * x . W^T as float, like sfw_op_logits_cuda (act BF16 only). */
 void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,

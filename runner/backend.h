@@ -123,6 +123,10 @@ struct sfw_backend {
 	void (*rope_neox)(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta);
 	/* y[M, W.rows] = x[M, W.cols] . W^T */
 	void (*matmul)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M);
+	/* Optional (NULL: none): one token's SwiGLU y[N] = silu(g)·u over a merged
+	 * gate|up view gu [2N, K] (meaning: sfw_op_matmul_silu_w8_cpu); returns 0,
+	 * doing nothing, for weights it does not take. */
+	int (*matmul_silu)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *gu, int N);
 	/* logits are always float32 (host-readable through to_host) */
 	void (*logits)(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		       float in_scale);

@@ -589,6 +589,18 @@ static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const stru
 		     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_OP_BF16, S(be)));
 }
 
+/* opts.w8_silu (SALAFW_CUDA_W8_SILU=1 in the CLI; not yet the default: not measured on a GPU yet): the
+ * decode SwiGLU in the int8 gate|up GEMV's epilogue, one launch less per
+ * layer; bit-equal to the GEMV and silu_mul it replaces. */
+static int cu_matmul_silu(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *gu, int N)
+{
+	int done = 0;
+	if (gu->dtype == SFW_OP_W8 && gu->rows == (int64_t)2 * N)
+		PROF(P_MATMUL_DEC, done = sfw_op_matmul_silu_w8_cuda(y, x, gu->dev, gu->scales_dev, gu->scale_dtype,
+								     gu->group, N, (int)gu->cols, S(be)));
+	return done;
+}
+
 static void cu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		      float in_scale)
 {
@@ -1007,6 +1019,8 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	be->sigmoid_mul = cu_sigmoid_mul;
 	be->rope_neox = cu_rope;
 	be->matmul = cu_matmul;
+	if (o->w8_silu)
+		be->matmul_silu = cu_matmul_silu;
 	be->logits = cu_logits;
 	be->cache_new = cu_cache_new;
 	be->cache_free = cu_cache_free;

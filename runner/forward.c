@@ -702,8 +702,10 @@ static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, int64_t pos0
 	}
 	struct sfw_bweight *gu[2] = {&L->gate, &L->up}, wv;
 	if (R == 1 && merged_view(be, gu, 2, &wv)) {
-		be->matmul(be, c->wide, c->u, &wv, 1);
-		be->silu_mul(be, c->mg, c->wide, row_ptr(c, c->wide, (size_t)I), (size_t)I);
+		if (!be->matmul_silu || !be->matmul_silu(be, c->mg, c->u, &wv, I)) {
+			be->matmul(be, c->wide, c->u, &wv, 1);
+			be->silu_mul(be, c->mg, c->wide, row_ptr(c, c->wide, (size_t)I), (size_t)I);
+		}
 	} else {
 		be->matmul(be, c->mg, c->u, &L->gate, R);
 		be->matmul(be, c->mu, c->u, &L->up, R);

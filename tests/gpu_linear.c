@@ -399,8 +399,9 @@ static void correctness_w8(void *s)
 					w8_compare(name, ref, Y, 0, M, N, N);
 				}
 				/* every tuning variant of the M = 1 GEMV (BF16 scales) on the same data */
-				static const int var[][2] = {{1, 2}, {1, 4}, {1, 8}, {2, 2}, {2, 4}, {2, 8},
-							     {4, 2}, {4, 4}, {101, 2}, {101, 4}, {102, 2}};
+				static const int var[][2] = {{1, 2},   {1, 4},   {1, 8},   {2, 2},   {2, 4},   {2, 8},
+							     {4, 2},   {4, 4},   {101, 2}, {101, 4}, {102, 2}, {202, 2},
+							     {202, 4}, {204, 2}, {204, 4}, {208, 2}, {208, 4}};
 				for (size_t v = 0; sdt == SFW_OP_BF16 && v < sizeof(var) / sizeof(var[0]); v++) {
 					sfw_op_matmul_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, 1, N, K);
 					sfw_cuda_memset(dy, 0xff, (size_t)N * 2, s);
@@ -408,9 +409,45 @@ static void correctness_w8(void *s)
 					sfw_cuda_d2h(Y, dy, (size_t)N * 2, s);
 					sfw_cuda_sync(s);
 					char name[128];
-					snprintf(name, sizeof(name), "w8 gemv variant %s%dU%d N=%d K=%d group %d", var[v][0] > 100 ? "P" : "R",
+					snprintf(name, sizeof(name), "w8 gemv variant %s%dU%d N=%d K=%d group %d",
+						 var[v][0] > 200 ? "S" : var[v][0] > 100 ? "P" : "R",
 						 var[v][0] % 100, var[v][1], N, K, group);
 					w8_compare(name, ref, Y, 0, 1, N, N);
+				}
+				/* the SwiGLU epilogue over these rows as a merged gate|up [2I, K]:
+				 * bit-equal to the R1U2 GEMV + sfw_op_silu_mul_cuda it replaces,
+				 * near the C twin; refused (0, nothing written) where the vector
+				 * kernel cannot run or the scales are not BF16 */
+				if (N % 2 == 0) {
+					int I = N / 2;
+					int takes = sdt == SFW_OP_BF16 && K % 16 == 0 && span % 16 == 0;
+					uint16_t *Yf = malloc((size_t)I * 2), *Yu = malloc((size_t)I * 2);
+					void *dyu;
+					CHECK(sfw_cuda_malloc(&dyu, (size_t)N * 2, "y", &e) == SFW_OK, "%s", e.msg);
+					sfw_cuda_memset(dy, 0xff, (size_t)I * 2, s);
+					int got = sfw_op_matmul_silu_w8_cuda(dy, dx, dc, dsc, sdt, span, I, K, s);
+					sfw_cuda_d2h(Yf, dy, (size_t)I * 2, s);
+					sfw_cuda_sync(s);
+					char name[128];
+					snprintf(name, sizeof(name), "w8 gemv+silu I=%d K=%d group %s %s", I, K,
+						 group ? (group == 32 ? "32" : group == 64 ? "64" : "128") : "channel", sdt_name(sdt));
+					CHECK(got == takes, "%s: returned %d, expected %d", name, got, takes);
+					if (got && takes) {
+						sfw_cuda_gemv_w8_variant(dx, K, dc, dsc, sdt, span, dyu, N, 1, N, K, 1, 2, s);
+						sfw_op_silu_mul_cuda(dyu, dyu, (uint16_t *)dyu + I, (size_t)I, SFW_OP_BF16, s);
+						sfw_cuda_d2h(Yu, dyu, (size_t)I * 2, s);
+						sfw_cuda_sync(s);
+						int diff = -1;
+						for (int i = 0; i < I && diff < 0; i++)
+							if (Yf[i] != Yu[i])
+								diff = i;
+						CHECK(diff < 0, "%s: y[%d] = %#x, unfused GEMV + silu_mul %#x", name, diff,
+						      diff < 0 ? 0 : Yf[diff], diff < 0 ? 0 : Yu[diff]);
+						sfw_op_matmul_silu_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, I, K);
+						w8_compare(name, ref, Yf, 0, 1, I, I);
+					}
+					sfw_cuda_free(dyu);
+					free(Yf), free(Yu);
 				}
 				/* logits: in_scale 1/16 rides as alpha; bf16-rounded float out */
 				for (int M = 1; M <= 40; M += 39) {
@@ -510,9 +547,10 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 		{32768, 4096, "gate|up merged"},
 		{4096, 16384, "down_proj"},
 	};
-	/* rows per warp 101, 102: the pipelined forms (next batch in flight) */
-	static const int variants[][2] = {{1, 2},   {1, 4},   {1, 8},   {2, 2}, {2, 4}, {2, 8}, {4, 2},
-					  {4, 4},   {101, 2}, {101, 4}, {102, 2}, {0, 0}};
+	/* rows per warp 101, 102: the pipelined forms (next batch in flight);
+	 * 202, 204, 208: one row over 2, 4, 8 warps (split K, S2U2 ..) */
+	static const int variants[][2] = {{1, 2},   {1, 4},   {1, 8},   {2, 2},   {2, 4},   {4, 4},   {101, 2},
+					  {101, 4}, {202, 2}, {202, 4}, {204, 2}, {204, 4}, {208, 2}, {0, 0}};
 	size_t nv = sizeof(variants) / sizeof(variants[0]);
 	void *e0 = sfw_cuda_event_new(), *e1 = sfw_cuda_event_new();
 	printf("\nGEMV int8 (g128, BF16 scales), M=1: GB/s of code + scale bytes, ratio to the copy ceiling %.0f GB/s;\n"
@@ -549,7 +587,8 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 			double ga = bytes / (a * 1e-3) / 1e9, gb = bytes / (b * 1e-3) / 1e9;
 			char nm[16];
 			if (variants[v][0])
-				snprintf(nm, sizeof(nm), "%s%dU%d", variants[v][0] > 100 ? "P" : "R", variants[v][0] % 100,
+				snprintf(nm, sizeof(nm), "%s%dU%d", variants[v][0] > 200 ? "S" : variants[v][0] > 100 ? "P" : "R",
+					 variants[v][0] % 100,
 					 variants[v][1]);
 			else
 				snprintf(nm, sizeof(nm), "default");

@@ -312,6 +312,42 @@ static void test_matmul_w8(void)
 	free(codes), free(x), free(y), free(sf), free(sb);
 }
 
+/* ---- J2. the SwiGLU twin (sfw_op_matmul_silu_w8_cpu) against double precision ---- */
+static void test_matmul_silu_w8(void)
+{
+	const int I = 19, K = 300, N = 2 * I, span = 32;
+	uint64_t s = 7;
+	int64_t rb = sfw_ql_row_bytes(K), G = sfw_ql_ngroups(K, span);
+	uint8_t *codes = malloc((size_t)N * rb);
+	float *x = malloc((size_t)K * 4), *y = malloc((size_t)I * 4);
+	uint16_t *sb = malloc((size_t)N * G * 2);
+	for (size_t i = 0; i < (size_t)N * rb; i++)
+		codes[i] = (uint8_t)(sm_next(&s) >> 56);
+	for (int k = 0; k < K; k++)
+		x[k] = (float)gauss(&s) * 0.3f;
+	for (int64_t i = 0; i < N * G; i++)
+		sb[i] = sfw_f32_to_bf16((float)(0.001 * (1 + (sm_next(&s) >> 60))));
+	sfw_op_matmul_silu_w8_cpu(y, x, codes, sb, SFW_OP_BF16, span, I, K);
+	double worst = 0;
+	for (int i = 0; i < I; i++) {
+		double h[2], mag[2] = {0, 0};
+		for (int r = 0; r < 2; r++) {
+			int n = i + r * I;
+			h[r] = 0;
+			for (int k = 0; k < K; k++) {
+				double w = (double)((int)codes[(size_t)n * rb + k] - 128) * sfw_bf16_to_f32(sb[n * G + k / span]);
+				h[r] += x[k] * w, mag[r] += fabs(x[k] * w);
+			}
+		}
+		double ref = h[0] / (1 + exp(-h[0])) * h[1];
+		/* |d silu/dg| <= 1.1: a bound from the two dot products' errors */
+		double e = fabs(y[i] - ref) / (1.1 * mag[0] * fabs(h[1]) + fabs(h[0]) * mag[1] + 1e-30);
+		worst = e > worst ? e : worst;
+	}
+	CHECK(worst < 1e-5, "matmul_silu_w8 (merged gate|up [%d, %d], group %d): worst error %.1e", N, K, span, worst);
+	free(codes), free(x), free(y), free(sb);
+}
+
 /* ---- G. the writer on a golden model --------------------------------------- */
 static char tmpdir[256];
 #define LOGIT_BOUND 1.5e-2
@@ -1053,6 +1089,7 @@ int main(void)
 	test_lineage_parse();
 	test_known_bytes();
 	test_matmul_w8();
+	test_matmul_silu_w8();
 	static const int groups[] = {32, 64, 128, 0};
 	for (int i = 0; i < 4; i++) {
 		test_python(42 + (uint64_t)i, 24, 301, groups[i], 0);
