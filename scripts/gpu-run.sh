@@ -9,6 +9,8 @@
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
 #   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
 #   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
+#   bash scripts/gpu-run.sh quant-time [quant options]  mkmodel --preset full, then
+#                                            salafw quant --device cuda under /usr/bin/time -v (wall, peak RSS)
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout.
 set -u
@@ -159,11 +161,27 @@ profile)
 		tee -a "$OUT/profile.log"
 	exit "${PIPESTATUS[0]}"
 	;;
+quant-time)
+	# bash scripts/gpu-run.sh quant-time [quant options]: the full-size bf16
+	# model (once), then `salafw quant` with the default AWQ calibration and
+	# the calibration forward on CUDA (issue 9 §4: <= 10 min wall, peak RSS
+	# <= 8 GiB); progress lines and the time report go to $OUT/quant-time.log
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	if [ ! -e "$M/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 2 | tee -a "$OUT/mkmodel.log"
+	fi
+	rm -rf /tmp/sala-full-awq
+	TIME=/usr/bin/time
+	[ -x $TIME ] || TIME=
+	${TIME:+$TIME -v} "$BIN/salafw" quant "$M" -o /tmp/sala-full-awq --device cuda --no-verify --no-sign "$@" \
+		2>&1 | tee "$OUT/quant-time.log" | grep -vE '^\s+(Page|Volun|Invol|Swaps|File sys|Socket|Signals|Average|Exit|Minor)'
+	exit "${PIPESTATUS[0]}"
+	;;
 shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | decode-ab [P [G]] | prefill-ab [P [G]] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | decode-ab [P [G]] | prefill-ab [P [G]] | profile [P [G]] | quant-time [args] | shell CMD" >&2
 	exit 2
 	;;
 esac
