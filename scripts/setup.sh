@@ -4,7 +4,7 @@ set -eu
 # libclang-rt-14-dev: the libFuzzer runtime (only recommended by clang, and
 # recommendations are not installed)
 pkgs="build-essential pkg-config clang libclang-rt-14-dev git libcurl4-openssl-dev libsodium-dev libssl-dev libcjson-dev
-libsentencepiece-dev sentencepiece minisign nginx-light curl aria2 python3 coreutils openssl procps bc"
+libsentencepiece-dev libmicrohttpd-dev python3-venv sentencepiece minisign nginx-light curl aria2 python3 coreutils openssl procps bc"
 missing=
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
