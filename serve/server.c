@@ -386,11 +386,11 @@ static int hung_up(struct MHD_Connection *c)
 	return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
-/* Waits (srv->mu held) until r has text or is done; 0 when the client went
- * away meanwhile (r is then marked cancelled and the engine woken). */
-static int wait_output_locked(struct sfw_server *s, struct req *r)
+/* Waits (srv->mu held) until r is done or (any_text) has text; 0 when the
+ * client went away meanwhile (r is then marked cancelled, the engine woken). */
+static int wait_output_locked(struct sfw_server *s, struct req *r, int any_text)
 {
-	while (!r->done && r->out.len == 0) {
+	while (!r->done && (!any_text || r->out.len == 0)) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
 		ts.tv_nsec += WAIT_SLICE_MS * 1000000L;
@@ -399,7 +399,7 @@ static int wait_output_locked(struct sfw_server *s, struct req *r)
 			ts.tv_nsec -= 1000000000L;
 		}
 		pthread_cond_timedwait(&r->cv, &s->mu, &ts);
-		if (!r->done && r->out.len == 0 && hung_up(r->conn)) {
+		if (!r->done && (!any_text || r->out.len == 0) && hung_up(r->conn)) {
 			r->cancelled = 1;
 			pthread_cond_signal(&s->engine_cv);
 			return 0;
@@ -507,7 +507,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			pthread_mutex_unlock(&s->mu);
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		}
-		if (!wait_output_locked(s, r)) {
+		if (!wait_output_locked(s, r, 1)) {
 			pthread_mutex_unlock(&s->mu);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
@@ -829,9 +829,7 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 		return ret;
 	}
 	/* not streamed: the whole reply, then one response */
-	while (!r->done)
-		if (!wait_output_locked(s, r))
-			break;
+	wait_output_locked(s, r, 0);
 	enum MHD_Result ret = MHD_NO;
 	if (!r->done) { /* the client went away */
 	} else if (r->error[0]) {
