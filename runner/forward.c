@@ -237,6 +237,22 @@ static void last_selection_clear(struct sfw_ctx *c)
 		c->last_blocks[i] = -1;
 }
 
+enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bcache **out, struct sfw_err *err)
+{
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_cache_desc d = {cf->num_hidden_layers,
+				   cf->mixer,
+				   cf->num_key_value_heads,
+				   cf->head_dim,
+				   cf->lightning_nh,
+				   cf->lightning_head_dim,
+				   cf->sparse_kernel_size,
+				   cf->sparse_kernel_stride,
+				   cf->sparse_block_size,
+				   cf->sparse_k};
+	return m->be->cache_new(m->be, &d, out, err);
+}
+
 /* A context with buffers for p->prefill_chunk rows and logits for
  * logit_rows rows; own_cache = 0 makes a workspace without a sequence of
  * its own (a batch's: runner/batch.c gives the caches per step). */
@@ -297,19 +313,9 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 	    (c->graphs && !c->pos_dev) || (own_cache && be->graph_begin && be->rope_neox_dev && !c->graphs) ||
 	    (be->copy && !c->last_dev) || !c->last_fresh)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
-	struct sfw_cache_desc d = {L,
-				   cf->mixer,
-				   nkv,
-				   cf->head_dim,
-				   cf->lightning_nh,
-				   cf->lightning_head_dim,
-				   cf->sparse_kernel_size,
-				   cf->sparse_kernel_stride,
-				   cf->sparse_block_size,
-				   cf->sparse_k};
 	if (s == SFW_OK && own_cache)
-		s = be->cache_new(be, &d, &c->cache, err);
-	if (s == SFW_OK && p->n_ctx > 0)
+		s = sfwi_cache_new(m, &c->cache, err);
+	if (s == SFW_OK && own_cache && p->n_ctx > 0)
 		s = be->cache_reserve(be, c->cache, p->n_ctx, err);
 	if (s != SFW_OK) {
 		sfw_ctx_free(c);

@@ -50,6 +50,9 @@ struct sfwi_part {
 	int last_piece;
 };
 
+/* One sequence's caches (every layer), empty. */
+SFW_MUST_CHECK enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bcache **out, struct sfw_err *err);
+
 /* A context without a sequence of its own: step buffers for `rows` rows and
  * logits for logit_rows of them (runner/batch.c). Freed with sfw_ctx_free. */
 SFW_MUST_CHECK enum sfw_status sfwi_ctx_workspace(struct sfw_model *m, int rows, int logit_rows,
