@@ -31,13 +31,13 @@ for d in .devlib $BUILD; do
 done
 if [ $build = 1 ]; then
 	# each target on its own: a broken file elsewhere must not stop the rest
-	for t in $BUILD/salafw $BUILD/bench/bench_gpu $(ls tests/gpu_*.c 2>/dev/null | sed "s|tests/\(.*\)\.c|$BUILD/tests/\1|"); do
+	for t in $BUILD/salafw $BUILD/bench/bench_gpu $BUILD/bench/bench_batch $(ls tests/gpu_*.c 2>/dev/null | sed "s|tests/\(.*\)\.c|$BUILD/tests/\1|"); do
 		make CUDA=1 CUDA_ARCH="$ARCH" BUILD="$BUILD" -j2 "$t" >/dev/null || echo "device-prep: cannot build $t (skipped)" >&2
 	done
 fi
 ST=.devlib/stage
 rm -rf .devlib .devgold && mkdir -p $ST/bin $ST/lib
-for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD"/tests/gpu_*; do
+for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD/bench/bench_batch" "$BUILD"/tests/gpu_*; do
 	case $b in *.o | *.d) continue ;; esac
 	[ -x "$b" ] || continue
 	strip -o "$ST/bin/$(basename "$b")" "$b"

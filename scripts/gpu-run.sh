@@ -5,6 +5,7 @@
 #   bash scripts/gpu-run.sh tests            every .devlib/bin/gpu_* test
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
+#   bash scripts/gpu-run.sh batch [G]          mkmodel --preset full + bench_batch: B = 1, 8, 32, 64 at 1K and 1K-32K
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
 #   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
 #   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
@@ -82,6 +83,23 @@ bench)
 	"$BIN/bench_gpu" "$M" "$@" 2>&1 | tee -a "$OUT/bench.log"
 	exit "${PIPESTATUS[0]}"
 	;;
+batch)
+	# bash scripts/gpu-run.sh batch [GEN]: aggregate decode throughput of
+	# batched decode (bench/bench_batch.c) on the full-size model, every
+	# sequence at 1K context, then mixed lengths 1K-32K (geometric spread)
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	if [ ! -e "$M/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
+	fi
+	G=${1:-32}
+	rc=0
+	for ctx in 1024 1024-32768; do
+		"$BIN/bench_batch" "$M" --device cuda --batch 1,8,32,64 --ctx "$ctx" --gen "$G" --chunk 8192 2>&1 |
+			tee -a "$OUT/batch.log"
+		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	done
+	exit $rc
+	;;
 decode-ab)
 	# bash scripts/gpu-run.sh decode-ab [PROMPT [GEN]]: `salafw bench` on the
 	# full-size model with the new decode paths, then with each switch that
@@ -129,7 +147,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | decode-ab [P [G]] | prefill-ab [P [G]] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | shell CMD" >&2
 	exit 2
 	;;
 esac
