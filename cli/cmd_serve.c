@@ -22,7 +22,7 @@ static const struct cli_opt opts[] = {
 	{"max-running", 0, "N", "sequences decoded together at most (default 16, at most 64)"},
 	{"max-queue", 0, "N", "requests waiting beyond those (default 256; more get 429)"},
 	{"max-context", 0, "N", "context positions per request, prompt and reply (default 4096)"},
-	{"prefill-chunk", 0, "N", "prompt tokens per engine step (default 512)"},
+	{"prefill-chunk", 0, "N", "prompt tokens per engine step (default 256 on the CPU, 2048 on CUDA)"},
 	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
 	CLI_MODEL_OPT_ROWS("serve"),
 	{0},
@@ -66,6 +66,7 @@ int cmd_serve(int argc, char **argv)
 {
 	const char *C = "salafw serve";
 	struct sfw_serve_params sp = sfw_serve_default_params();
+	int have_chunk = 0;
 	const char *key = NULL, *key_file = NULL;
 	unsigned long long u;
 	struct cli_model_opts mo;
@@ -116,6 +117,7 @@ int cmd_serve(int argc, char **argv)
 			if (u < 1 || u > (1u << 20))
 				return cli_usage_error(C, "--prefill-chunk must be 1 to %u tokens", 1u << 20);
 			sp.prefill_chunk = (int)u;
+			have_chunk = 1;
 		}
 	}
 	if (cp.npos != 1)
@@ -164,6 +166,8 @@ int cmd_serve(int argc, char **argv)
 		goto fail;
 	if ((s = sfw_eos_load(dir, cf, tok, &eos, &err)) != SFW_OK)
 		goto fail;
+	if (!have_chunk) /* a chunk per step that keeps the decode rows flowing */
+		sp.prefill_chunk = strcmp(sfw_model_device_name(m), "cuda") ? 256 : 2048;
 	if ((s = sfw_serve_start(m, tok, &eos, &sp, &srv, &err)) != SFW_OK)
 		goto fail;
 	fprintf(stderr, "%s: serving '%s' on http://%s%s%s:%d/v1 [%s], up to %d running, %d queued, %lld-token context\n",

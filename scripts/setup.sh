@@ -15,4 +15,12 @@ if [ -n "$missing" ]; then
 fi
 # A package install may start the distribution's nginx; tests run their own.
 if command -v service >/dev/null 2>&1; then service nginx stop >/dev/null 2>&1 || true; fi
+# tests/test_serve.sh drives `salafw serve` with the real `openai` client
+# from PyPI, in a virtual environment of its own.
+VENV=${SALAFW_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/salafw/venv}
+if ! "$VENV/bin/python3" -c 'import openai' >/dev/null 2>&1; then
+	echo "setup: the openai client into $VENV"
+	python3 -m venv "$VENV"
+	"$VENV/bin/pip" install -q --disable-pip-version-check openai
+fi
 echo "setup: all dependencies present"

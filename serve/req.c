@@ -301,6 +301,10 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 			if (!is_null(f) && !cJSON_IsBool(f))
 				s = bad(e, k, "'stream' must be true or false");
 			r->stream = cJSON_IsTrue(f);
+		} else if (!strcmp(k, "ignore_eos")) {
+			if (!is_null(f) && !cJSON_IsBool(f))
+				s = bad(e, k, "'ignore_eos' must be true or false");
+			r->ignore_eos = cJSON_IsTrue(f);
 		} else if (!strcmp(k, "stream_options")) {
 			if (is_null(f))
 				continue;

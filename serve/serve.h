@@ -69,6 +69,7 @@ struct sfw_serve_req {
 	size_t n_stop;
 	int stream;
 	int include_usage; /* stream_options.include_usage */
+	int ignore_eos;	   /* vLLM's extension: end-of-sequence ids do not stop it */
 };
 
 /* Parses body (len bytes, untrusted) as a request of kind for the model

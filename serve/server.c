@@ -27,7 +27,7 @@
 
 #define OUT_MAX (64u << 20)   /* generated text bytes per request */
 #define WAIT_SLICE_MS 50      /* a waiting connection looks for a hang-up this often */
-#define MAX_SEQS 64
+#define MAX_SEQS SFW_BATCH_MAX_SEQS
 
 /* ---- metrics ------------------------------------------------------------------ */
 
@@ -102,7 +102,7 @@ struct req {
 struct sfw_server {
 	struct sfw_model *m;
 	const struct sfw_tokenizer *tok;
-	struct sfw_eos_set eos;
+	struct sfw_eos_set eos, no_eos; /* the model's; none (ignore_eos) */
 	struct sfw_serve_params p;
 	char model_name[256];
 	int vocab;
@@ -382,8 +382,16 @@ static int hung_up(struct MHD_Connection *c)
 	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
 	if (!ci)
 		return 0;
-	struct pollfd pf = {.fd = ci->connect_fd, .events = POLLRDHUP};
-	return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+	struct pollfd pf = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+	if (poll(&pf, 1, 0) <= 0)
+		return 0;
+	if (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
+		return 1;
+	/* readable: the end of the stream (0) or a reset, unless it is the next
+	 * pipelined request's bytes */
+	char b;
+	ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 /* Waits (srv->mu held) until r is done or (any_text) has text; 0 when the
@@ -757,7 +765,7 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 	r->gp = sfw_gen_default_params();
 	r->gp.max_tokens = r->p.max_tokens ? r->p.max_tokens : r->p.kind == SFW_SERVE_COMPLETION ? 16 : 0;
 	r->gp.max_ctx = s->p.max_context;
-	r->gp.eos = &s->eos;
+	r->gp.eos = r->p.ignore_eos ? &s->no_eos : &s->eos;
 	r->gp.stop = r->p.stop;
 	r->gp.n_stop = r->p.n_stop;
 	if ((st = sfw_gen_stream_init(&r->gs, s->tok, sfw_model_config(s->m), &r->gp, r->ids, r->n_ids, &err)) !=
@@ -793,7 +801,7 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 		return send_error(s, c, rt, &e, NULL);
 	r->conn = c;
 	pthread_mutex_lock(&s->mu);
-	if (s->draining || s->nqueue >= s->p.max_queue) {
+	if (s->draining || s->nqueue + s->nrun >= s->p.max_queue + s->p.max_running) {
 		int drain = s->draining;
 		req_unref_locked(r);
 		pthread_mutex_unlock(&s->mu);
@@ -951,7 +959,7 @@ struct sfw_serve_params sfw_serve_default_params(void)
 	p.max_running = 16;
 	p.max_queue = 256;
 	p.max_context = 4096;
-	p.prefill_chunk = 512;
+	p.prefill_chunk = 256;
 	return p;
 }
 
@@ -1010,6 +1018,8 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	bp.max_seqs = p->max_running;
 	bp.max_ctx = p->max_context;
 	bp.pool_tokens = p->pool_tokens ? p->pool_tokens : (int64_t)p->max_running * p->max_context;
+	bp.pool_tokens = (bp.pool_tokens + SFW_BATCH_BLOCK - 1) / SFW_BATCH_BLOCK * SFW_BATCH_BLOCK;
+	bp.max_step_rows = p->max_running + p->prefill_chunk; /* a step: every decode row and the prefill budget */
 	enum sfw_status st = sfw_batch_new(m, &bp, &s->b, err);
 	if (st != SFW_OK) {
 		server_free(s);
