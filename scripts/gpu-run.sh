@@ -9,6 +9,7 @@
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
 #   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
 #   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
+#   bash scripts/gpu-run.sh serve-bench [C]  mkmodel --preset full, salafw serve --device cuda, bench/bench_serve.py
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout.
 set -u
@@ -98,6 +99,44 @@ batch)
 			tee -a "$OUT/batch.log"
 		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 	done
+	exit $rc
+	;;
+serve-bench)
+	# bash scripts/gpu-run.sh serve-bench [CONCURRENCY]: salafw serve on the
+	# full-size model (--device cuda, unsigned: --no-verify), loaded through
+	# HTTP by bench/bench_serve.py (asyncio + aiohttp, the image has it):
+	# 1K-token prompts, 256 output tokens, concurrency 1, 8 and 32
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	if [ ! -e "$M/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
+	fi
+	CONC=${1:-1,8,32}
+	PORT=${SALAFW_SERVE_PORT:-18080}
+	"$BIN/salafw" serve "$M" --no-verify --device cuda --port "$PORT" --max-running 32 --max-context 2048 \
+		2>"$OUT/serve.log" &
+	spid=$!
+	up=0
+	for _ in $(seq 600); do
+		if python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+			"http://127.0.0.1:$PORT/health" 2>/dev/null; then up=1; break; fi
+		kill -0 $spid 2>/dev/null || break
+		sleep 0.5
+	done
+	if [ $up != 1 ]; then
+		echo "serve-bench: the server did not come up:"; tail -n 20 "$OUT/serve.log"
+		kill $spid 2>/dev/null
+		exit 1
+	fi
+	python3 bench/bench_serve.py --url "http://127.0.0.1:$PORT/v1" --model "$(basename "$M")" \
+		--concurrency "$CONC" --prompt-tokens 1024 --gen 256 --json "$OUT/serve-bench.json" 2>&1 |
+		tee "$OUT/serve-bench.log"
+	rc=${PIPESTATUS[0]}
+	curl -s "http://127.0.0.1:$PORT/metrics" >"$OUT/serve-metrics.txt" 2>/dev/null ||
+		python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+			"http://127.0.0.1:$PORT/metrics" >"$OUT/serve-metrics.txt" 2>/dev/null
+	kill -TERM $spid
+	wait $spid || rc=1
+	cat "$OUT/serve.log"
 	exit $rc
 	;;
 decode-ab)
