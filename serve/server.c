@@ -1065,7 +1065,12 @@ void sfw_serve_stop(struct sfw_server *s)
 {
 	if (!s)
 		return;
-	MHD_quiesce_daemon(s->d); /* no new connections */
+	/* no new connections: MHD stops accepting, and the socket stops
+	 * listening (connects are refused, not left in the backlog); MHD
+	 * closes it in MHD_stop_daemon */
+	MHD_socket ls = MHD_quiesce_daemon(s->d);
+	if (ls != MHD_INVALID_SOCKET)
+		shutdown(ls, SHUT_RDWR);
 	pthread_mutex_lock(&s->mu);
 	s->draining = 1; /* new requests on open connections get 503 */
 	while (s->active > 0)

@@ -171,11 +171,16 @@ wait $c1 $c2 2>/dev/null
 for _ in $(seq 100); do [ "$(metric salafw_running)" = 0 ] && [ "$(metric salafw_queue_depth)" = 0 ] && break; sleep 0.05; done
 [ "$(metric salafw_running)" = 0 ] && pass "the killed clients' sequences are freed" || fail "running after the kills: $(metric salafw_running)"
 # SIGTERM mid-stream: the stream still ends with [DONE], the server exits 0
-curl -sN "${J[@]}" "${A[@]}" -d '{"model": "tiny-sala", "prompt": "x", "max_tokens": 60, "stream": true, "ignore_eos": true}' \
+curl -sN "${J[@]}" "${A[@]}" -d '{"model": "tiny-sala", "prompt": "x", "max_tokens": 400, "stream": true, "ignore_eos": true}' \
 	"$C" >"$S/term.out" &
 c3=$!
 for _ in $(seq 100); do grep -q '^data: {' "$S/term.out" && break; sleep 0.02; done
 kill -TERM "$PID"
+sleep 0.2
+curl -s -m 2 -o /dev/null "$U/health"
+code=$? # 7: refused (not 28: left waiting in the listen backlog)
+[ "$code" = 7 ] && kill -0 "$PID" 2>/dev/null && pass "SIGTERM: new connections are refused while the stream finishes" ||
+	fail "SIGTERM: a new connection while draining: curl exit $code"
 wait $c3
 wait "$PID"
 rc=$?
