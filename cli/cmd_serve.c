@@ -15,17 +15,17 @@
 #include <string.h>
 
 static const struct cli_opt opts[] = {
-	{"host", 0, "ADDR", "address to listen on (default 127.0.0.1: this machine only)"},
-	{"port", 0, "N", "TCP port (default 8080; 0 = any free port, printed)"},
-	{"api-key", 0, "KEY", "ask every /v1 request for Authorization: Bearer KEY"},
-	{"api-key-file", 0, "FILE", "the same with the key read from FILE (first line)"},
-	{"max-running", 0, "N", "sequences decoded together at most (default 16, at most 64)"},
-	{"max-queue", 0, "N", "requests waiting beyond those (default 256; more get 429)"},
-	{"max-context", 0, "N", "context positions per request, prompt and reply (default 4096)"},
-	{"prefill-chunk", 0, "N", "prompt tokens per engine step (default 256 on the CPU, 2048 on CUDA)"},
-	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
-	CLI_MODEL_OPT_ROWS("serve"),
-	{0},
+    {"host", 0, "ADDR", "address to listen on (default 127.0.0.1: this machine only)"},
+    {"port", 0, "N", "TCP port (default 8080; 0 = any free port, printed)"},
+    {"api-key", 0, "KEY", "ask every /v1 request for Authorization: Bearer KEY"},
+    {"api-key-file", 0, "FILE", "the same with the key read from FILE (first line)"},
+    {"max-running", 0, "N", "sequences decoded together at most (default 16, at most 64)"},
+    {"max-queue", 0, "N", "requests waiting beyond those (default 256; more get 429)"},
+    {"max-context", 0, "N", "context positions per request, prompt and reply (default 4096)"},
+    {"prefill-chunk", 0, "N", "prompt tokens per engine step (default 256 on the CPU, 2048 on CUDA)"},
+    {"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
+    CLI_MODEL_OPT_ROWS("serve"),
+    {0},
 };
 
 #define KEY_FILE_MAX 4096
@@ -111,7 +111,8 @@ int cmd_serve(int argc, char **argv)
 			sp.max_queue = (int)u;
 		} else if (!strcmp(nm, "max-context")) {
 			if (u < 1 || u > (1ull << 30))
-				return cli_usage_error(C, "--max-context must be 1 to %llu tokens", 1ull << 30);
+				return cli_usage_error(C, "--max-context must be 1 to %llu tokens",
+						       1ull << 30);
 			sp.max_context = (int64_t)u;
 		} else if (!strcmp(nm, "prefill-chunk")) {
 			if (u < 1 || u > (1u << 20))
@@ -170,9 +171,12 @@ int cmd_serve(int argc, char **argv)
 		sp.prefill_chunk = strcmp(sfw_model_device_name(m), "cuda") ? 256 : 2048;
 	if ((s = sfw_serve_start(m, tok, &eos, &sp, &srv, &err)) != SFW_OK)
 		goto fail;
-	fprintf(stderr, "%s: serving '%s' on http://%s%s%s:%d/v1 [%s], up to %d running, %d queued, %lld-token context\n",
-		C, name, strchr(sp.host, ':') ? "[" : "", sp.host, strchr(sp.host, ':') ? "]" : "", sfw_serve_port(srv),
-		sfw_model_device_name(m), sp.max_running, sp.max_queue, (long long)sp.max_context);
+	fprintf(
+	    stderr,
+	    "%s: serving '%s' on http://%s%s%s:%d/v1 [%s], up to %d running, %d queued, %lld-token context\n",
+	    C, name, strchr(sp.host, ':') ? "[" : "", sp.host, strchr(sp.host, ':') ? "]" : "",
+	    sfw_serve_port(srv), sfw_model_device_name(m), sp.max_running, sp.max_queue,
+	    (long long)sp.max_context);
 	int sig = 0;
 	sigwait(&sigs, &sig);
 	fprintf(stderr, "%s: %s: finishing the accepted requests\n", C, sig == SIGINT ? "SIGINT" : "SIGTERM");

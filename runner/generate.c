@@ -224,7 +224,8 @@ enum sfw_status sfw_gen_stream_push(struct sfw_gen_stream *g, int32_t id, int fo
 	size_t keep = 0;
 	if (g->text) {
 		g->piece.len = 0;
-		if ((s = sfw_tokdec_push(&g->dec, id, &g->piece, err)) != SFW_OK || (s = hold_piece(g, err)) != SFW_OK)
+		if ((s = sfw_tokdec_push(&g->dec, id, &g->piece, err)) != SFW_OK ||
+		    (s = hold_piece(g, err)) != SFW_OK)
 			return s;
 		const char *h = g->hold.data ? g->hold.data : "";
 		size_t stop_at = stop_find(h, g->hold.len, p->stop, p->n_stop);
@@ -253,7 +254,8 @@ enum sfw_status sfw_gen_stream_flush(struct sfw_gen_stream *g, const char **text
 		g->finish = SFW_FINISH_CANCEL;
 	if (g->text && g->finish != SFW_FINISH_STOP) {
 		g->piece.len = 0;
-		if ((s = sfw_tokdec_flush(&g->dec, &g->piece, err)) != SFW_OK || (s = hold_piece(g, err)) != SFW_OK)
+		if ((s = sfw_tokdec_flush(&g->dec, &g->piece, err)) != SFW_OK ||
+		    (s = hold_piece(g, err)) != SFW_OK)
 			return s;
 	}
 	return show(g, g->hold.len, text, len, err);
@@ -333,8 +335,8 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 	const char *text;
 	size_t len;
 	for (int64_t i = 0;; i++) {
-		if ((s = sfw_gen_stream_push(&g, id, (size_t)i < p->n_force, sfw_ctx_pos(ctx), &text, &len, &fin,
-					     err)) != SFW_OK)
+		if ((s = sfw_gen_stream_push(&g, id, (size_t)i < p->n_force, sfw_ctx_pos(ctx), &text, &len,
+					     &fin, err)) != SFW_OK)
 			goto done;
 		if (fin == SFW_FINISH_EOS)
 			break;

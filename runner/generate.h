@@ -139,8 +139,9 @@ struct sfw_gen_stream {
  * first piece keeps its leading space). tok may be NULL (ids only). Release
  * with sfw_gen_stream_release, also after a failed init. */
 SFW_MUST_CHECK enum sfw_status sfw_gen_stream_init(struct sfw_gen_stream *g, const struct sfw_tokenizer *tok,
-						   const struct sfw_config *cf, const struct sfw_gen_params *p,
-						   const int32_t *prompt, size_t n, struct sfw_err *err);
+						   const struct sfw_config *cf,
+						   const struct sfw_gen_params *p, const int32_t *prompt,
+						   size_t n, struct sfw_err *err);
 /* One token made; forced: a scoring token (never EOS). *text / *len: the
  * showable piece (valid until the next call); *fin: SFW_FINISH_NONE while
  * the sequence goes on. */

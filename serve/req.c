@@ -9,7 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static enum sfw_status bad(struct sfw_serve_error *e, const char *param, const char *fmt, ...) SFW_PRINTF(3, 4);
+static enum sfw_status bad(struct sfw_serve_error *e, const char *param, const char *fmt, ...)
+    SFW_PRINTF(3, 4);
 static enum sfw_status bad(struct sfw_serve_error *e, const char *param, const char *fmt, ...)
 {
 	e->http = 400;
@@ -30,7 +31,10 @@ static enum sfw_status bad(struct sfw_serve_error *e, const char *param, const c
 	return SFW_E_INVAL;
 }
 
-static int is_null(const cJSON *v) { return !v || cJSON_IsNull(v); }
+static int is_null(const cJSON *v)
+{
+	return !v || cJSON_IsNull(v);
+}
 
 /* An integral number within [lo, hi]. */
 static int get_int(const cJSON *v, double lo, double hi, int64_t *out)
@@ -66,7 +70,8 @@ static enum sfw_status take_stop(struct sfw_serve_req *r, const cJSON *v, struct
 
 /* prompt: a string, a list of one string, a list of token ids, or a list of
  * one list of token ids. */
-static enum sfw_status take_prompt(struct sfw_serve_req *r, const cJSON *v, int vocab, struct sfw_serve_error *e)
+static enum sfw_status take_prompt(struct sfw_serve_req *r, const cJSON *v, int vocab,
+				   struct sfw_serve_error *e)
 {
 	if (is_null(v))
 		return bad(e, "prompt", "'prompt' is required");
@@ -75,7 +80,8 @@ static enum sfw_status take_prompt(struct sfw_serve_req *r, const cJSON *v, int 
 		return SFW_OK;
 	}
 	if (!cJSON_IsArray(v))
-		return bad(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
+		return bad(e, "prompt",
+			   "'prompt' must be a string, a list of token ids, or a list of one of those");
 	int n = cJSON_GetArraySize(v);
 	const cJSON *first = cJSON_GetArrayItem(v, 0);
 	if (n == 1 && (cJSON_IsString(first) || cJSON_IsArray(first))) {
@@ -98,7 +104,8 @@ static enum sfw_status take_prompt(struct sfw_serve_req *r, const cJSON *v, int 
 	for (const cJSON *t = v->child; t; t = t->next, i++) {
 		int64_t id;
 		if (!get_int(t, 0, (double)vocab - 1, &id))
-			return bad(e, "prompt", "prompt token %d is not an id below the vocabulary size %d", i, vocab);
+			return bad(e, "prompt", "prompt token %d is not an id below the vocabulary size %d",
+				   i, vocab);
 		r->prompt_ids[i] = (int32_t)id;
 	}
 	r->n_prompt_ids = (size_t)n;
@@ -115,14 +122,17 @@ static enum sfw_status take_content(struct sfw_serve_req *r, const cJSON *c, siz
 		return SFW_OK;
 	}
 	if (!cJSON_IsArray(c))
-		return bad(e, "messages", "messages[%zu].content must be a string or a list of text parts", i);
+		return bad(e, "messages", "messages[%zu].content must be a string or a list of text parts",
+			   i);
 	size_t total = 0;
 	for (const cJSON *p = c->child; p; p = p->next) {
 		const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
 		const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
 		if (!cJSON_IsObject(p) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text") ||
 		    !cJSON_IsString(tx) || cJSON_GetArraySize(p) != 2)
-			return bad(e, "messages", "messages[%zu].content: only {\"type\": \"text\", \"text\": ...} parts", i);
+			return bad(e, "messages",
+				   "messages[%zu].content: only {\"type\": \"text\", \"text\": ...} parts",
+				   i);
 		total += strlen(tx->valuestring);
 	}
 	char *s = sfw_malloc(total + 1);
@@ -172,12 +182,16 @@ static enum sfw_status take_messages(struct sfw_serve_req *r, const cJSON *v, st
 				if (!cJSON_IsString(f))
 					return bad(e, "messages", "messages[%zu].name must be a string", i);
 			} else
-				return bad(e, "messages", "messages[%zu] has a field that is not supported (role, content and name are)", i);
+				return bad(e, "messages",
+					   "messages[%zu] has a field that is not supported (role, content "
+					   "and name are)",
+					   i);
 		}
 		if (!cJSON_IsString(role) ||
 		    (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
 		     strcmp(role->valuestring, "assistant")))
-			return bad(e, "messages", "messages[%zu].role must be \"system\", \"user\" or \"assistant\"", i);
+			return bad(e, "messages",
+				   "messages[%zu].role must be \"system\", \"user\" or \"assistant\"", i);
 		if (!content)
 			return bad(e, "messages", "messages[%zu] has no content", i);
 		enum sfw_status s = take_content(r, content, i, &r->msgs[i].content, e);
@@ -190,7 +204,8 @@ static enum sfw_status take_messages(struct sfw_serve_req *r, const cJSON *v, st
 }
 
 /* Fields that change nothing here, taken when of any JSON type. */
-static const char *const ignored[] = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", NULL};
+static const char *const ignored[] = {"user", "metadata", "store", "service_tier", "parallel_tool_calls",
+				      NULL};
 
 static int is_ignored(const char *k)
 {
@@ -215,16 +230,19 @@ static int feature_off(const char *k, const cJSON *v)
 		return is_null(v) || (cJSON_IsArray(v) && !v->child);
 	if (!strcmp(k, "suffix") || !strcmp(k, "tool_choice") || !strcmp(k, "function_call") ||
 	    !strcmp(k, "top_logprobs"))
-		return is_null(v) || (!strcmp(k, "tool_choice") && cJSON_IsString(v) && !strcmp(v->valuestring, "none"));
+		return is_null(v) ||
+		       (!strcmp(k, "tool_choice") && cJSON_IsString(v) && !strcmp(v->valuestring, "none"));
 	if (!strcmp(k, "response_format")) {
 		const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
-		return is_null(v) || (cJSON_IsObject(v) && cJSON_IsString(t) && !strcmp(t->valuestring, "text"));
+		return is_null(v) ||
+		       (cJSON_IsObject(v) && cJSON_IsString(t) && !strcmp(t->valuestring, "text"));
 	}
 	return -1; /* not a feature field */
 }
 
-enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve_kind kind, const char *served_model,
-				    int vocab, struct sfw_serve_req *r, struct sfw_serve_error *e)
+enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve_kind kind,
+				    const char *served_model, int vocab, struct sfw_serve_req *r,
+				    struct sfw_serve_error *e)
 {
 	memset(r, 0, sizeof(*r));
 	memset(e, 0, sizeof(*e));
@@ -261,7 +279,8 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 			prompt = f;
 		else if (!strcmp(k, "messages") && kind == SFW_SERVE_CHAT)
 			messages = f;
-		else if (!strcmp(k, "max_tokens") || (!strcmp(k, "max_completion_tokens") && kind == SFW_SERVE_CHAT)) {
+		else if (!strcmp(k, "max_tokens") ||
+			 (!strcmp(k, "max_completion_tokens") && kind == SFW_SERVE_CHAT)) {
 			if (is_null(f))
 				continue;
 			if (!get_int(f, 1, 1 << 30, &iv))
@@ -309,7 +328,8 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 			if (is_null(f))
 				continue;
 			const cJSON *u = cJSON_GetObjectItemCaseSensitive(f, "include_usage");
-			if (!cJSON_IsObject(f) || (f->child && (!cJSON_IsBool(u) || cJSON_GetArraySize(f) != 1)))
+			if (!cJSON_IsObject(f) ||
+			    (f->child && (!cJSON_IsBool(u) || cJSON_GetArraySize(f) != 1)))
 				s = bad(e, k, "'stream_options' may hold only include_usage (true or false)");
 			r->include_usage = cJSON_IsTrue(u);
 		} else
@@ -320,13 +340,15 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 	if (!have_model)
 		return bad(e, "model", "'model' is required");
 	if (strcmp(r->model, served_model)) {
-		bad(e, "model", "the model '%.200s' does not exist (this server has '%.200s')", r->model, served_model);
+		bad(e, "model", "the model '%.200s' does not exist (this server has '%.200s')", r->model,
+		    served_model);
 		e->code = "model_not_found";
 		return SFW_E_INVAL;
 	}
 	if (r->stream == 0 && r->include_usage)
 		return bad(e, "stream_options", "'stream_options' needs 'stream': true");
-	return kind == SFW_SERVE_COMPLETION ? take_prompt(r, prompt, vocab, e) : take_messages(r, messages, e);
+	return kind == SFW_SERVE_COMPLETION ? take_prompt(r, prompt, vocab, e)
+					    : take_messages(r, messages, e);
 }
 
 void sfw_serve_req_release(struct sfw_serve_req *r)

@@ -52,17 +52,17 @@ struct sfw_serve_req {
 	enum sfw_serve_kind kind;
 	cJSON *root;
 	const char *model;
-	const char *prompt;   /* completion: text, or NULL when prompt_ids */
-	int32_t *prompt_ids;  /* completion: token ids (sfw_malloc) */
+	const char *prompt;  /* completion: text, or NULL when prompt_ids */
+	int32_t *prompt_ids; /* completion: token ids (sfw_malloc) */
 	size_t n_prompt_ids;
 	struct sfw_chat_msg *msgs; /* chat (sfw_malloc; content may be a joined copy in text) */
 	size_t n_msgs;
-	char **owned;	      /* joined content parts, freed with the request */
+	char **owned; /* joined content parts, freed with the request */
 	size_t n_owned;
-	int64_t max_tokens;   /* 0 = not given */
-	double temperature;   /* default 1 */
-	double top_p;	      /* default 1 */
-	int top_k;	      /* 0 = off */
+	int64_t max_tokens; /* 0 = not given */
+	double temperature; /* default 1 */
+	double top_p;	    /* default 1 */
+	int top_k;	    /* 0 = off */
 	int have_seed;
 	uint64_t seed;
 	const char *stop[SFW_STOP_MAX];
@@ -78,8 +78,8 @@ struct sfw_serve_req {
  * have (logprobs, echo, suffix, penalties, logit_bias, tools) asked for.
  * SFW_OK, or SFW_E_INVAL with e filled. Release r (also after a failure). */
 SFW_MUST_CHECK enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve_kind kind,
-						   const char *served_model, int vocab, struct sfw_serve_req *r,
-						   struct sfw_serve_error *e);
+						   const char *served_model, int vocab,
+						   struct sfw_serve_req *r, struct sfw_serve_error *e);
 void sfw_serve_req_release(struct sfw_serve_req *r);
 /* The OpenAI error object of e as JSON text (sfw_malloc'd, NUL-terminated). */
 char *sfw_serve_error_json(const struct sfw_serve_error *e);
@@ -104,8 +104,9 @@ struct sfw_server;
 /* Starts the engine thread and the HTTP daemon on a loaded model. tok and eos
  * are borrowed and must outlive the server. */
 SFW_MUST_CHECK enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer *tok,
-					       const struct sfw_eos_set *eos, const struct sfw_serve_params *p,
-					       struct sfw_server **out, struct sfw_err *err);
+					       const struct sfw_eos_set *eos,
+					       const struct sfw_serve_params *p, struct sfw_server **out,
+					       struct sfw_err *err);
 int sfw_serve_port(const struct sfw_server *s);
 /* Stops accepting, lets every accepted request finish (streams included),
  * then stops the daemon and the engine and frees the server. */

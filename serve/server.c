@@ -25,8 +25,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#define OUT_MAX (64u << 20)   /* generated text bytes per request */
-#define WAIT_SLICE_MS 50      /* a waiting connection looks for a hang-up this often */
+#define OUT_MAX (64u << 20) /* generated text bytes per request */
+#define WAIT_SLICE_MS 50    /* a waiting connection looks for a hang-up this often */
 #define MAX_SEQS SFW_BATCH_MAX_SEQS
 
 /* ---- metrics ------------------------------------------------------------------ */
@@ -52,8 +52,8 @@ static void hist_add(struct hist *h, const double *bounds, size_t nb, double v)
 }
 
 enum route { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT, R__COUNT };
-static const char *const route_path[R__COUNT] = {"other", "/health", "/metrics", "/v1/models", "/v1/completions",
-						 "/v1/chat/completions"};
+static const char *const route_path[R__COUNT] = {"other",      "/health",	  "/metrics",
+						 "/v1/models", "/v1/completions", "/v1/chat/completions"};
 static const int codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define N_CODES (sizeof(codes) / sizeof(codes[0]))
 
@@ -67,21 +67,21 @@ struct metrics {
 
 struct req {
 	struct sfw_server *srv;
-	int refs;	     /* the connection and the engine */
+	int refs; /* the connection and the engine */
 	struct sfw_serve_req p;
-	int32_t *ids;	     /* the prompt */
+	int32_t *ids; /* the prompt */
 	size_t n_ids;
 	struct sfw_gen_params gp;
 	struct sfw_sampler smp;
 	int smp_ok;
-	uint64_t id;	     /* for the response's "id" */
+	uint64_t id; /* for the response's "id" */
 	long long created;
 	double t_arrive, t_last;
-	struct req *next;    /* in the queue */
+	struct req *next; /* in the queue */
 	/* engine side */
-	int seq;	     /* -1: none */
+	int seq; /* -1: none */
 	size_t prefilled;
-	int32_t next_id;     /* the token to feed next */
+	int32_t next_id; /* the token to feed next */
 	struct sfw_gen_stream gs;
 	int gs_ok;
 	int64_t made;
@@ -92,7 +92,7 @@ struct req {
 	int cancelled;	    /* the client went away */
 	enum sfw_finish finish;
 	int64_t completion_tokens;
-	char error[256];    /* set when it failed on the engine side */
+	char error[256]; /* set when it failed on the engine side */
 	/* connection side (stream) */
 	struct MHD_Connection *conn;
 	struct sfw_buf sse; /* bytes formatted, not yet handed to MHD */
@@ -197,9 +197,9 @@ static void take_token(struct sfw_server *s, struct req *r, const float *logits)
 	size_t n = 0, n2 = 0;
 	enum sfw_finish fin = SFW_FINISH_NONE;
 	int32_t id = sfw_sampler_sample(&r->smp, logits, s->vocab);
-	enum sfw_status st = id < 0 ? sfw_fail(&err, SFW_E_NOMEM, "out of memory for the sampler's scratch")
-				    : sfw_gen_stream_push(&r->gs, id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &n,
-							  &fin, &err);
+	enum sfw_status st =
+	    id < 0 ? sfw_fail(&err, SFW_E_NOMEM, "out of memory for the sampler's scratch")
+		   : sfw_gen_stream_push(&r->gs, id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &n, &fin, &err);
 	double now = now_s();
 	pthread_mutex_lock(&s->mu);
 	if (st == SFW_OK && fin != SFW_FINISH_EOS) {
@@ -222,7 +222,11 @@ static void take_token(struct sfw_server *s, struct req *r, const float *logits)
 	pthread_mutex_lock(&s->mu);
 	if (ok)
 		ok = put_text_locked(r, t2, n2);
-	retire_locked(s, r, ok ? fin : SFW_FINISH_NONE, ok ? NULL : err.msg[0] ? err.msg : r->error[0] ? r->error : "generation failed");
+	retire_locked(s, r, ok ? fin : SFW_FINISH_NONE,
+		      ok	    ? NULL
+		      : err.msg[0]  ? err.msg
+		      : r->error[0] ? r->error
+				    : "generation failed");
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -293,7 +297,8 @@ static void *engine_main(void *arg)
 			/* all or nothing: the newest sequence of the step fails, the
 			 * others go on with the next step */
 			struct req *r = ir[n - 1];
-			sfw_log(SFW_LOG_WARN, "serve: request %llu failed: %s", (unsigned long long)r->id, err.msg);
+			sfw_log(SFW_LOG_WARN, "serve: request %llu failed: %s", (unsigned long long)r->id,
+				err.msg);
 			retire_locked(s, r, SFW_FINISH_NONE, err.msg[0] ? err.msg : "the engine step failed");
 			continue;
 		}
@@ -365,7 +370,8 @@ static enum MHD_Result send_error(struct sfw_server *s, struct MHD_Connection *c
 }
 
 static enum MHD_Result fail_with(struct sfw_server *s, struct MHD_Connection *c, enum route rt, int http,
-				 const char *type, const char *param, const char *msg, const char *retry_after)
+				 const char *type, const char *param, const char *msg,
+				 const char *retry_after)
 {
 	struct sfw_serve_error e;
 	memset(&e, 0, sizeof(e));
@@ -483,12 +489,14 @@ static int sse_put(struct req *r, cJSON *o)
 	if (!txt)
 		return 0;
 	int ok = sfw_buf_append(&r->sse, "data: ", 6) == SFW_OK &&
-		 sfw_buf_append(&r->sse, txt, strlen(txt)) == SFW_OK && sfw_buf_append(&r->sse, "\n\n", 2) == SFW_OK;
+		 sfw_buf_append(&r->sse, txt, strlen(txt)) == SFW_OK &&
+		 sfw_buf_append(&r->sse, "\n\n", 2) == SFW_OK;
 	cJSON_free(txt);
 	return ok;
 }
 
-static cJSON *chunk_json(const struct sfw_server *s, struct req *r, const char *text, size_t len, const char *fin)
+static cJSON *chunk_json(const struct sfw_server *s, struct req *r, const char *text, size_t len,
+			 const char *fin)
 {
 	cJSON *o = head_json(s, r, r->p.kind == SFW_SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
 	cJSON *arr = cJSON_AddArrayToObject(o, "choices");
@@ -539,7 +547,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			ok = sse_put(r, chunk_json(s, r, NULL, 0, finish_reason(r->finish)));
 			if (ok && r->p.include_usage) {
 				cJSON *o = head_json(s, r,
-						     r->p.kind == SFW_SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+						     r->p.kind == SFW_SERVE_CHAT ? "chat.completion.chunk"
+										 : "text_completion");
 				cJSON_AddArrayToObject(o, "choices");
 				cJSON_AddItemToObject(o, "usage", usage_json(r));
 				ok = sse_put(r, o);
@@ -606,11 +615,11 @@ static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connectio
 	struct sfw_buf b;
 	sfw_buf_init(&b, 1u << 20);
 	char line[512];
-#define PUT(...)                                                                                                       \
-	do {                                                                                                           \
-		int k_ = snprintf(line, sizeof(line), __VA_ARGS__);                                                    \
-		if (sfw_buf_append(&b, line, (size_t)k_) != SFW_OK)                                                    \
-			goto oom;                                                                                      \
+#define PUT(...)                                                                                             \
+	do {                                                                                                 \
+		int k_ = snprintf(line, sizeof(line), __VA_ARGS__);                                          \
+		if (sfw_buf_append(&b, line, (size_t)k_) != SFW_OK)                                          \
+			goto oom;                                                                            \
 	} while (0)
 	pthread_mutex_lock(&s->mu);
 	count_locked(s, R_METRICS, 200);
@@ -622,8 +631,8 @@ static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connectio
 	for (int r = 0; r < R__COUNT; r++)
 		for (size_t i = 0; i < N_CODES; i++)
 			if (mt.requests[r][i])
-				PUT("salafw_requests_total{endpoint=\"%s\",code=\"%d\"} %llu\n", route_path[r], codes[i],
-				    (unsigned long long)mt.requests[r][i]);
+				PUT("salafw_requests_total{endpoint=\"%s\",code=\"%d\"} %llu\n",
+				    route_path[r], codes[i], (unsigned long long)mt.requests[r][i]);
 	PUT("# HELP salafw_prompt_tokens_total Prompt tokens of accepted requests.\n"
 	    "# TYPE salafw_prompt_tokens_total counter\nsalafw_prompt_tokens_total %llu\n",
 	    (unsigned long long)mt.prompt_tokens);
@@ -640,16 +649,18 @@ static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connectio
 	    "# TYPE salafw_engine_steps_total counter\nsalafw_engine_steps_total %llu\n",
 	    (unsigned long long)mt.steps);
 	PUT("# HELP salafw_queue_depth Requests waiting for a place in the batch.\n"
-	    "# TYPE salafw_queue_depth gauge\nsalafw_queue_depth %d\n", nq);
+	    "# TYPE salafw_queue_depth gauge\nsalafw_queue_depth %d\n",
+	    nq);
 	PUT("# HELP salafw_running Sequences in the running batch.\n"
-	    "# TYPE salafw_running gauge\nsalafw_running %d\n", nr);
+	    "# TYPE salafw_running gauge\nsalafw_running %d\n",
+	    nr);
 	const struct {
 		const char *name, *help;
 		const struct hist *h;
 		const double *bounds;
 		size_t nb;
-	} hs[] = {{"salafw_time_to_first_token_seconds", "From the request's arrival to its first token.", &mt.ttft,
-		   ttft_bounds, NB_TTFT},
+	} hs[] = {{"salafw_time_to_first_token_seconds", "From the request's arrival to its first token.",
+		   &mt.ttft, ttft_bounds, NB_TTFT},
 		  {"salafw_inter_token_latency_seconds", "Between successive tokens of one request.", &mt.itl,
 		   itl_bounds, NB_ITL}};
 	for (size_t k = 0; k < 2; k++) {
@@ -657,7 +668,8 @@ static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connectio
 		uint64_t cum = 0;
 		for (size_t i = 0; i < hs[k].nb; i++) {
 			cum += hs[k].h->bucket[i];
-			PUT("%s_bucket{le=\"%g\"} %llu\n", hs[k].name, hs[k].bounds[i], (unsigned long long)cum);
+			PUT("%s_bucket{le=\"%g\"} %llu\n", hs[k].name, hs[k].bounds[i],
+			    (unsigned long long)cum);
 		}
 		PUT("%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", hs[k].name,
 		    (unsigned long long)hs[k].h->count, hs[k].name, hs[k].h->sum, hs[k].name,
@@ -719,10 +731,12 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 		sfw_buf_init(&t, 2 * SFW_SERVE_BODY_MAX);
 		st = sfw_chat_format(r->p.msgs, r->p.n_msgs, 1, &t, &err);
 		if (st == SFW_OK)
-			st = sfw_tokenizer_encode(s->tok, t.data ? t.data : "", t.len, 1, &r->ids, &r->n_ids, &err);
+			st = sfw_tokenizer_encode(s->tok, t.data ? t.data : "", t.len, 1, &r->ids, &r->n_ids,
+						  &err);
 		sfw_buf_release(&t);
 	} else if (r->p.prompt) {
-		st = sfw_tokenizer_encode(s->tok, r->p.prompt, strlen(r->p.prompt), 1, &r->ids, &r->n_ids, &err);
+		st = sfw_tokenizer_encode(s->tok, r->p.prompt, strlen(r->p.prompt), 1, &r->ids, &r->n_ids,
+					  &err);
 	} else {
 		r->ids = r->p.prompt_ids;
 		r->n_ids = r->p.n_prompt_ids;
@@ -731,7 +745,8 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 	if (st != SFW_OK) {
 		e->http = st == SFW_E_NOMEM ? 500 : 400;
 		e->type = e->http == 400 ? "invalid_request_error" : "server_error";
-		snprintf(e->param, sizeof(e->param), "%s", r->p.kind == SFW_SERVE_CHAT ? "messages" : "prompt");
+		snprintf(e->param, sizeof(e->param), "%s",
+			 r->p.kind == SFW_SERVE_CHAT ? "messages" : "prompt");
 		snprintf(e->message, sizeof(e->message), "%s", err.msg);
 		goto fail;
 	}
@@ -739,7 +754,8 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 		e->http = 400;
 		e->type = "invalid_request_error";
 		e->code = "context_length_exceeded";
-		snprintf(e->param, sizeof(e->param), "%s", r->p.kind == SFW_SERVE_CHAT ? "messages" : "prompt");
+		snprintf(e->param, sizeof(e->param), "%s",
+			 r->p.kind == SFW_SERVE_CHAT ? "messages" : "prompt");
 		snprintf(e->message, sizeof(e->message),
 			 "the prompt has %zu tokens; this server's context is %lld tokens", r->n_ids,
 			 (long long)s->p.max_context);
@@ -768,8 +784,8 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 	r->gp.eos = r->p.ignore_eos ? &s->no_eos : &s->eos;
 	r->gp.stop = r->p.stop;
 	r->gp.n_stop = r->p.n_stop;
-	if ((st = sfw_gen_stream_init(&r->gs, s->tok, sfw_model_config(s->m), &r->gp, r->ids, r->n_ids, &err)) !=
-	    SFW_OK) {
+	if ((st = sfw_gen_stream_init(&r->gs, s->tok, sfw_model_config(s->m), &r->gp, r->ids, r->n_ids,
+				      &err)) != SFW_OK) {
 		r->gs_ok = 1;
 		e->http = st == SFW_E_INVAL ? 400 : 500;
 		snprintf(e->message, sizeof(e->message), "%s", err.msg);
@@ -791,8 +807,8 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 	struct sfw_serve_req p;
 	struct sfw_serve_error e;
 	if (sfw_serve_req_parse(cs->body.data ? cs->body.data : "", cs->body.len,
-				rt == R_CHAT ? SFW_SERVE_CHAT : SFW_SERVE_COMPLETION, s->model_name, s->vocab, &p,
-				&e) != SFW_OK) {
+				rt == R_CHAT ? SFW_SERVE_CHAT : SFW_SERVE_COMPLETION, s->model_name, s->vocab,
+				&p, &e) != SFW_OK) {
 		sfw_serve_req_release(&p);
 		return send_error(s, c, rt, &e, NULL);
 	}
@@ -805,7 +821,8 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 		int drain = s->draining;
 		req_unref_locked(r);
 		pthread_mutex_unlock(&s->mu);
-		return drain ? fail_with(s, c, rt, 503, "server_error", NULL, "the server is shutting down", NULL)
+		return drain ? fail_with(s, c, rt, 503, "server_error", NULL, "the server is shutting down",
+					 NULL)
 			     : fail_with(s, c, rt, 429, "rate_limit_error", NULL,
 					 "too many requests are waiting; try again later", "1");
 	}
@@ -876,7 +893,8 @@ static enum route route_of(const char *url)
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-				  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+				  const char *version, const char *upload, size_t *upload_size,
+				  void **con_cls)
 {
 	(void)version;
 	struct sfw_server *s = cls;
@@ -889,19 +907,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		*con_cls = cs;
 		int post = cs->rt == R_COMPLETIONS || cs->rt == R_CHAT;
 		if (cs->rt == R_NONE)
-			return fail_with(s, c, R_NONE, 404, "invalid_request_error", NULL, "no such endpoint", NULL);
+			return fail_with(s, c, R_NONE, 404, "invalid_request_error", NULL, "no such endpoint",
+					 NULL);
 		if (strcmp(method, post ? "POST" : "GET"))
 			return fail_with(s, c, cs->rt, 405, "invalid_request_error", NULL,
 					 post ? "this endpoint takes POST" : "this endpoint takes GET", NULL);
 		if (cs->rt == R_MODELS || post) {
 			if (!authorized(s, c))
-				return fail_with(s, c, cs->rt, 401, "invalid_request_error", NULL,
-						 "a missing or wrong API key (send Authorization: Bearer KEY)", NULL);
+				return fail_with(
+				    s, c, cs->rt, 401, "invalid_request_error", NULL,
+				    "a missing or wrong API key (send Authorization: Bearer KEY)", NULL);
 		}
 		const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
 		if (cl && strtoull(cl, NULL, 10) > SFW_SERVE_BODY_MAX) {
 			char m[128];
-			snprintf(m, sizeof(m), "the request body is larger than %u bytes", SFW_SERVE_BODY_MAX);
+			snprintf(m, sizeof(m), "the request body is larger than %u bytes",
+				 SFW_SERVE_BODY_MAX);
 			return fail_with(s, c, cs->rt, 413, "invalid_request_error", NULL, m, NULL);
 		}
 		return MHD_YES;
@@ -934,7 +955,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	}
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+			 enum MHD_RequestTerminationCode toe)
 {
 	(void)cls;
 	(void)c;
@@ -985,8 +1007,9 @@ static void server_free(struct sfw_server *s)
 	sfw_free(s);
 }
 
-enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer *tok, const struct sfw_eos_set *eos,
-				const struct sfw_serve_params *p, struct sfw_server **out, struct sfw_err *err)
+enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer *tok,
+				const struct sfw_eos_set *eos, const struct sfw_serve_params *p,
+				struct sfw_server **out, struct sfw_err *err)
 {
 	*out = NULL;
 	if (!tok)
@@ -1019,7 +1042,8 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	bp.max_ctx = p->max_context;
 	bp.pool_tokens = p->pool_tokens ? p->pool_tokens : (int64_t)p->max_running * p->max_context;
 	bp.pool_tokens = (bp.pool_tokens + SFW_BATCH_BLOCK - 1) / SFW_BATCH_BLOCK * SFW_BATCH_BLOCK;
-	bp.max_step_rows = p->max_running + p->prefill_chunk; /* a step: every decode row and the prefill budget */
+	bp.max_step_rows =
+	    p->max_running + p->prefill_chunk; /* a step: every decode row and the prefill budget */
 	enum sfw_status st = sfw_batch_new(m, &bp, &s->b, err);
 	if (st != SFW_OK) {
 		server_free(s);
@@ -1042,14 +1066,16 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	int gai = getaddrinfo(p->host ? p->host : "127.0.0.1", port, &hints, &ai);
 	if (gai != 0 || !ai) {
 		server_free(s);
-		return sfw_fail(err, SFW_E_NET, "cannot resolve the address '%s': %s", p->host, gai_strerror(gai));
+		return sfw_fail(err, SFW_E_NET, "cannot resolve the address '%s': %s", p->host,
+				gai_strerror(gai));
 	}
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC |
 			 (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
 	unsigned limit = (unsigned)(p->max_queue + p->max_running + 64);
-	s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-				MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT, limit,
-				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+	s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+				ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+				MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT,
+				(unsigned)600, MHD_OPTION_END);
 	int e = errno;
 	freeaddrinfo(ai);
 	if (!s->d) {

@@ -240,11 +240,13 @@ static void test_text(const char *dir)
 		}
 		CHECK(s == SFW_OK && fin == SFW_FINISH_STOP && k == c.n && t.len == c.text.len &&
 			  !memcmp(t.data ? t.data : "", c.text.data ? c.text.data : "", t.len),
-		      "tiny: a gen stream fed the same ids stops at token %lld with sfw_generate's text (%zu bytes): %s",
+		      "tiny: a gen stream fed the same ids stops at token %lld with sfw_generate's text (%zu "
+		      "bytes): %s",
 		      (long long)k, t.len, err.msg);
 		const char *x;
 		size_t xl;
-		CHECK(s == SFW_OK && sfw_gen_stream_push(&gs, r.ids[0], 0, 0, &x, &xl, &fin, &err) == SFW_E_INVAL &&
+		CHECK(s == SFW_OK &&
+			  sfw_gen_stream_push(&gs, r.ids[0], 0, 0, &x, &xl, &fin, &err) == SFW_E_INVAL &&
 			  sfw_gen_stream_flush(&gs, &x, &xl, &err) == SFW_OK && xl == 0,
 		      "tiny: a finished stream refuses tokens; after a stop nothing is left to flush");
 		sfw_gen_stream_release(&gs);
@@ -257,7 +259,8 @@ static void test_text(const char *dir)
 		for (fin = SFW_FINISH_NONE; s == SFW_OK && fin == SFW_FINISH_NONE; made++)
 			s = sfw_gen_stream_push(&gs, r.ids[made], 0, (int64_t)np + made, &x, &xl, &fin, &err);
 		CHECK(s == SFW_OK && fin == SFW_FINISH_LENGTH && made == 4 && gs.tokens == 4,
-		      "tiny: a stream finishes with length when the context is full (%lld tokens)", (long long)made);
+		      "tiny: a stream finishes with length when the context is full (%lld tokens)",
+		      (long long)made);
 		sfw_gen_stream_release(&gs);
 		sfw_buf_release(&t);
 		sfw_free(pids);

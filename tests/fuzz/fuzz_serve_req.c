@@ -30,8 +30,9 @@ static void check_error(const struct sfw_serve_error *e)
 
 static void check_req(const struct sfw_serve_req *r, int vocab)
 {
-	if (r->n_stop > SFW_STOP_MAX || r->max_tokens < 0 || r->max_tokens > (1 << 30) || r->temperature < 0 ||
-	    r->temperature > 2 || !(r->top_p > 0 && r->top_p <= 1) || r->top_k < 0 || strcmp(r->model, "m"))
+	if (r->n_stop > SFW_STOP_MAX || r->max_tokens < 0 || r->max_tokens > (1 << 30) ||
+	    r->temperature < 0 || r->temperature > 2 || !(r->top_p > 0 && r->top_p <= 1) || r->top_k < 0 ||
+	    strcmp(r->model, "m"))
 		abort();
 	for (size_t i = 0; i < r->n_stop; i++) {
 		size_t n = strlen(r->stop[i]);
@@ -48,8 +49,9 @@ static void check_req(const struct sfw_serve_req *r, int vocab)
 		if (r->n_msgs < 1 || r->n_msgs > SFW_SERVE_MSGS_MAX)
 			abort();
 		for (size_t i = 0; i < r->n_msgs; i++)
-			if (!r->msgs[i].content || (strcmp(r->msgs[i].role, "system") && strcmp(r->msgs[i].role, "user") &&
-						    strcmp(r->msgs[i].role, "assistant")))
+			if (!r->msgs[i].content ||
+			    (strcmp(r->msgs[i].role, "system") && strcmp(r->msgs[i].role, "user") &&
+			     strcmp(r->msgs[i].role, "assistant")))
 				abort();
 	}
 }
