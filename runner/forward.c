@@ -237,19 +237,29 @@ static void last_selection_clear(struct sfw_ctx *c)
 		c->last_blocks[i] = -1;
 }
 
-enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bcache **out, struct sfw_err *err)
+void sfwi_cache_desc(const struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens, struct sfw_cache_desc *d)
 {
 	const struct sfw_config *cf = &m->cfg;
-	struct sfw_cache_desc d = {cf->num_hidden_layers,
-				   cf->mixer,
-				   cf->num_key_value_heads,
-				   cf->head_dim,
-				   cf->lightning_nh,
-				   cf->lightning_head_dim,
-				   cf->sparse_kernel_size,
-				   cf->sparse_kernel_stride,
-				   cf->sparse_block_size,
-				   cf->sparse_k};
+	memset(d, 0, sizeof(*d));
+	d->n_layers = cf->num_hidden_layers;
+	d->mixer = cf->mixer;
+	d->nkv = cf->num_key_value_heads;
+	d->hd = cf->head_dim;
+	d->lnh = cf->lightning_nh;
+	d->lhd = cf->lightning_head_dim;
+	d->ksize = cf->sparse_kernel_size;
+	d->stride = cf->sparse_kernel_stride;
+	d->block = cf->sparse_block_size;
+	d->sel_k = cf->sparse_k;
+	d->pool = pool;
+	d->max_tokens = max_tokens;
+}
+
+enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens,
+			       struct sfw_bcache **out, struct sfw_err *err)
+{
+	struct sfw_cache_desc d;
+	sfwi_cache_desc(m, pool, max_tokens, &d);
 	return m->be->cache_new(m->be, &d, out, err);
 }
 
@@ -314,7 +324,7 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 	    (be->copy && !c->last_dev) || !c->last_fresh)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
 	if (s == SFW_OK && own_cache)
-		s = sfwi_cache_new(m, &c->cache, err);
+		s = sfwi_cache_new(m, NULL, 0, &c->cache, err);
 	if (s == SFW_OK && own_cache && p->n_ctx > 0)
 		s = be->cache_reserve(be, c->cache, p->n_ctx, err);
 	if (s != SFW_OK) {

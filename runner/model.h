@@ -50,8 +50,12 @@ struct sfwi_part {
 	int last_piece;
 };
 
+/* The cache description of m's shapes; pool / max_tokens as in backend.h
+ * (NULL, 0: a cache that grows on its own). */
+void sfwi_cache_desc(const struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens, struct sfw_cache_desc *d);
 /* One sequence's caches (every layer), empty. */
-SFW_MUST_CHECK enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bcache **out, struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens,
+					      struct sfw_bcache **out, struct sfw_err *err);
 
 /* A context without a sequence of its own: step buffers for `rows` rows and
  * logits for logit_rows of them (runner/batch.c). Freed with sfw_ctx_free. */
