@@ -23,6 +23,7 @@
 #define SFW_BACKEND_H
 
 #include "kernels/ops.h"
+#include "quant/layout.h"
 #include "runner/config.h"
 #include "runner/runner.h"
 #include "sfw.h"
@@ -49,6 +50,17 @@ struct sfw_bweight {
 	int group;
 	void *scales_dev;
 };
+
+/* Bytes per row of an SFW_OP_W8 weight's codes, and of its scales. */
+static inline size_t sfw_bweight_w8_code_row(const struct sfw_bweight *w)
+{
+	return (size_t)sfw_ql_row_bytes(w->cols);
+}
+static inline size_t sfw_bweight_w8_scale_row(const struct sfw_bweight *w)
+{
+	int span = w->group > 0 && w->group < w->cols ? w->group : SFW_QL_GROUP_CHANNEL;
+	return (size_t)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_OP_F32 ? 4 : 2);
+}
 
 struct sfw_bcache; /* opaque, backend-owned */
 struct sfw_bpool;  /* opaque: a paged KV pool (pool_new) */

@@ -462,22 +462,35 @@ static void *row_ptr(const struct sfw_ctx *c, void *buf, size_t elems)
 static int merged_view(const struct sfw_backend *be, struct sfw_bweight *const *parts, int n,
 		       struct sfw_bweight *out)
 {
-	if (!be->merge || !parts[0]->dev || parts[0]->dtype != SFW_OP_BF16)
+	const struct sfw_bweight *p0 = parts[0];
+	int w8 = p0->dtype == SFW_OP_W8;
+	if (!be->merge || !p0->dev || (p0->dtype != SFW_OP_BF16 && !w8))
 		return 0;
+	/* bytes per row: bf16, or int8 codes plus (separately) scales */
+	size_t rb = w8 ? sfw_bweight_w8_code_row(p0) : (size_t)p0->cols * 2;
+	size_t sb = w8 ? sfw_bweight_w8_scale_row(p0) : 0;
 	int64_t rows = 0;
 	for (int i = 0; i < n; i++) {
 		const struct sfw_bweight *w = parts[i];
-		if (!w->dev || w->dtype != parts[0]->dtype || w->cols != parts[0]->cols ||
-		    (const char *)w->dev != (const char *)parts[0]->dev + (size_t)rows * w->cols * 2)
+		if (!w->dev || w->dtype != p0->dtype || w->cols != p0->cols ||
+		    (const char *)w->dev != (const char *)p0->dev + (size_t)rows * rb)
+			return 0;
+		if (w8 && (w->group != p0->group || w->scale_dtype != p0->scale_dtype || !w->scales_dev ||
+			   (const char *)w->scales_dev != (const char *)p0->scales_dev + (size_t)rows * sb))
 			return 0;
 		rows += w->rows;
 	}
 	memset(out, 0, sizeof(*out));
 	out->name = "merged";
-	out->dev = parts[0]->dev;
-	out->dtype = parts[0]->dtype;
+	out->dev = p0->dev;
+	out->dtype = p0->dtype;
 	out->rows = rows;
-	out->cols = parts[0]->cols;
+	out->cols = p0->cols;
+	if (w8) {
+		out->scales_dev = p0->scales_dev;
+		out->scale_dtype = p0->scale_dtype;
+		out->group = p0->group;
+	}
 	return 1;
 }
 

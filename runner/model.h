@@ -37,6 +37,11 @@ struct sfw_model {
 SFW_MUST_CHECK enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw_err *err);
 void sfwi_model_close(struct sfw_model *m);
 
+/* Bytes of the model's weights as bound (int8: codes + scales; bf16/f32 as
+ * stored): *all of them, and *step, those one decode step reads (the decoder
+ * linears and lm_head). */
+void sfwi_model_weight_bytes(const struct sfw_model *m, double *all, double *step);
+
 /* One sequence's rows in a forward step (runner/forward.c): rows [row0,
  * row0 + R) of the step's buffers, at positions pos0 .. pos0 + R - 1 of its
  * cache. sparse / nblocks are its call's InfLLM-v2 decision, fixed from the

@@ -45,6 +45,7 @@ struct sfw_backend_opts {
 	int profile;         /* device time per op, printed when the model is freed */
 	int no_pdl;          /* no programmatic dependent launch */
 	int select_mb;       /* block-selection scratch in MiB; 0 = 256 */
+	int w8_gemv;         /* int8 decode GEMV variant for every shape (kernels/linear_w8.cu); 0 = the table */
 };
 
 struct sfw_model_params {
