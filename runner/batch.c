@@ -192,7 +192,7 @@ static enum sfw_status step_check(struct sfw_batch *b, const struct sfw_batch_it
 				  struct sfw_err *err)
 {
 	const struct sfw_config *cf = sfw_model_config(b->m);
-	if (n < 1 || n > b->p.max_seqs)
+	if (!it || n < 1 || n > b->p.max_seqs)
 		return sfw_fail(err, SFW_E_INVAL, "a step takes 1 to %d items, not %d", b->p.max_seqs, n);
 	if (++b->stamp <= 0) { /* wrapped: restart the stamps */
 		for (int i = 0; i < SFW_BATCH_MAX_SEQS; i++)

@@ -5,7 +5,15 @@
  * prefill_chunk rows; each piece runs through all layers, appending to the
  * caches, so memory follows the piece size, not the prompt. The sparse
  * layers' dense/sparse decision and the block count are fixed per call from
- * the total length at the end of the call, as the reference decides them. */
+ * the total length at the end of the call, as the reference decides them.
+ *
+ * One forward path: forward_rows runs the step's rows, which belong to one
+ * or more sequences (struct sfwi_part, runner/model.h): embedding, norms and
+ * every linear once over all rows, then per part the attention, compression,
+ * block selection and Lightning state against that part's cache. A context's
+ * piece is one part (its own cache; graphs, taps and the selection notes are
+ * the context's); a batched step (runner/batch.c, sfwi_forward) is one part
+ * per sequence on a workspace context that has no cache of its own. */
 #include "runner/model.h"
 #include "alloc.h"
 #include "log.h"
