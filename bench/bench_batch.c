@@ -48,11 +48,11 @@ static double run_batch(struct sfw_model *m, int B, int64_t lmin, int64_t lmax, 
 {
 	const struct sfw_config *cf = sfw_model_config(m);
 	int V = cf->vocab_size;
-	int64_t len[SFW_BATCH_MAX_SEQS], pool = 0;
+	int64_t len[SFW_BATCH_MAX_SEQS], pool = 0, blk = cf->sparse_block_size;
 	for (int i = 0; i < B; i++) {
 		double f = B > 1 ? (double)i / (B - 1) : 0;
 		len[i] = (int64_t)llround((double)lmin * pow((double)lmax / (double)lmin, f));
-		pool += (len[i] + gen + SFW_BATCH_BLOCK - 1) / SFW_BATCH_BLOCK * SFW_BATCH_BLOCK;
+		pool += (len[i] + gen + blk - 1) / blk * blk;
 	}
 	struct sfw_batch_params bp = sfw_batch_default_params();
 	bp.max_seqs = B;

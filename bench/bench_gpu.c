@@ -71,14 +71,16 @@ int main(int argc, char **argv)
 	size_t wlive, wpeak, wused;
 	sfw_cuda_mem_stats(&wlive, &wpeak, &wused);
 	const struct sfw_config *cf = sfw_model_config(m);
-	double lp = sfw_bench_linear_params(cf), head = (double)cf->vocab_size * cf->hidden_size;
-	double step_bytes = 2 * (lp + head); /* bf16 weights read per decode step */
+	double lp = sfw_bench_linear_params(cf);
+	/* weights read per decode step, as bound (int8: codes + scales) */
+	struct sfw_mem_plan wp;
+	sfw_bench_mem_plan_model(m, 0, chunk, &wp);
+	double step_bytes = 0;
 	printf("model %s: %d layers, loaded on %s in %.1f s; device memory after load %.2f GiB (ours), "
 	       "%.2f GiB (driver)\n",
 	       dir, cf->num_hidden_layers, sfw_model_device_name(m), now_s() - t0, wlive / 1073741824.0,
 	       wused / 1073741824.0);
-	printf("per token: %.2f GB of weights per decode step, %.2f GFLOP of linear layers per prefill token\n",
-	       step_bytes / 1e9, 2 * lp / 1e9);
+	printf("weights on the device: %.2f GiB (the plan's figure for this model)\n", wp.weights / 1073741824.0);
 	const char *r = runs;
 	int rc = 0;
 	while (*r) {
@@ -101,6 +103,12 @@ int main(int argc, char **argv)
 			continue;
 		}
 		double pf_tf = res.linear_flops * P / res.ttft_s / 1e12;
+		if (step_bytes == 0) {
+			step_bytes = res.weight_bytes;
+			printf("per token: %.2f GB of weights per decode step (roofline %.0f tok/s at the copy limit), "
+			       "%.2f GFLOP of linear layers per prefill token\n",
+			       step_bytes / 1e9, copy * 1e9 / step_bytes, 2 * lp / 1e9);
+		}
 		printf("RUN prompt %lld gen %lld ctx %lld chunk %lld: prefill %.0f tok/s, TTFT %.3f s "
 		       "(linear-layer %.0f TFLOP/s = %.2f of GEMM ceiling)\n",
 		       P, G, (long long)res.n_ctx, (long long)res.chunk, res.prefill_tps, res.ttft_s, pf_tf, pf_tf / gemm);
@@ -113,6 +121,19 @@ int main(int argc, char **argv)
 		printf("RUN   peak device memory %.2f GiB (salafw allocations), %.2f GiB (driver: whole process "
 		       "incl. CUDA context)\n",
 		       res.peak_bytes / 1073741824.0, res.driver_bytes / 1073741824.0);
+		/* the plan against the real allocations (the peak counts from the
+		 * run's start level, the weights and scratch included) */
+		struct sfw_mem_plan pl;
+		sfw_bench_mem_plan_model(m, res.n_ctx, (int)res.chunk, &pl);
+		double real = res.peak_bytes, GiB = 1073741824.0, off = real - pl.total;
+		double margin = pl.total * 0.05 > 256.0 * 1048576 ? pl.total * 0.05 : 256.0 * 1048576;
+		printf("RUN   plan %.2f GiB (weights %.2f, KV %.2f, compressed %.2f, lightning %.3f, activations %.2f, "
+		       "scratch %.2f) vs measured %.2f GiB: %+.2f GiB, %s (margin %.2f GiB)\n",
+		       pl.total / GiB, pl.weights / GiB, pl.kv / GiB, pl.compressed / GiB, pl.lightning / GiB, pl.activations / GiB,
+		       pl.scratch / GiB, real / GiB, off / GiB, off <= margin && -off <= margin ? "PLAN OK" : "PLAN OFF",
+		       margin / GiB);
+		if (!(off <= margin && -off <= margin))
+			rc = 1;
 	}
 	sfw_model_free(m);
 	return rc;

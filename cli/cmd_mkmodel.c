@@ -1,6 +1,7 @@
 /* salafw mkmodel - write a random-weight SALA model directory. */
 #include "cli.h"
 
+#include "quant/quant.h"
 #include "runner/mkmodel.h"
 
 #include <stdio.h>
@@ -16,10 +17,12 @@ static const struct cli_opt opts[] = {
     {"threads", 't', "N", "generator threads (default: all cores)"},
     {"shard-mib", 0, "N", "shard size limit in MiB (default: tiny 6, small 128, full 4768 = 5 GB)"},
     {"no-tokenizer", 0, NULL, "skip tokenizer.model and tokenizer_config.json"},
+    {"w8", 0, NULL, "write the decoder linears as int8 (pack-quantized, random codes and scales) directly"},
+    {"group", 0, "G", "with --w8: scale group size 32, 64, 128 (default) or channel"},
     {0},
 };
 
-static const char synopsis[] = "--preset tiny|small|full [--seed N] [--dry-run] [--force] -o DIR";
+static const char synopsis[] = "--preset tiny|small|full [--seed N] [--w8 [--group G]] [--dry-run] [--force] -o DIR";
 
 struct progress {
 	int tty;
@@ -46,10 +49,12 @@ static void print_plan(const struct sfw_mkmodel_plan *pl, int list)
 		char shard[64];
 		sfw_mkmodel_shard_name(shard, sizeof(shard), t->shard, pl->n_shards);
 		if (t->ndim == 2)
-			printf("%s bf16 [%llu, %llu] %s\n", t->name, (unsigned long long)t->shape[0],
+			printf("%s %s [%llu, %llu] %s\n", t->name, t->kind == SFW_MKT_W8_PACKED ? "i32" : "bf16",
+			       (unsigned long long)t->shape[0],
 			       (unsigned long long)t->shape[1], shard);
 		else
-			printf("%s bf16 [%llu] %s\n", t->name, (unsigned long long)t->shape[0], shard);
+			printf("%s %s [%llu] %s\n", t->name, t->kind == SFW_MKT_W8_SHAPE ? "i64" : "bf16",
+			       (unsigned long long)t->shape[0], shard);
 	}
 	printf("%zu tensors, %llu parameters, %llu bytes in %d shard%s\n", pl->n_tensors,
 	       (unsigned long long)pl->n_params, (unsigned long long)pl->n_bytes, pl->n_shards,
@@ -63,7 +68,7 @@ int cmd_mkmodel(int argc, char **argv)
 	struct sfw_mkmodel_params p;
 	memset(&p, 0, sizeof(p));
 	const char *preset = NULL, *out = NULL, *arg;
-	int dry_run = 0, k;
+	int dry_run = 0, k, group = SFW_QL_GROUP_DEFAULT;
 	unsigned long long v;
 	cli_init(&cp, cmd, argc, argv, opts);
 	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
@@ -100,6 +105,11 @@ int cmd_mkmodel(int argc, char **argv)
 			p.shard_bytes = (uint64_t)v << 20;
 		} else if (strcmp(name, "no-tokenizer") == 0) {
 			p.no_tokenizer = 1;
+		} else if (strcmp(name, "w8") == 0) {
+			p.w8 = 1;
+		} else if (strcmp(name, "group") == 0) {
+			if ((group = sfw_quant_group_parse(arg)) < 0)
+				return cli_usage_error(cmd, "--group must be 32, 64, 128 or channel");
 		}
 	}
 	if (cp.npos > 0)
@@ -110,6 +120,7 @@ int cmd_mkmodel(int argc, char **argv)
 		return cli_usage_error(cmd, "unknown preset '%s' (tiny, small or full)", preset);
 	if (!out && !dry_run)
 		return cli_usage_error(cmd, "-o DIR is required");
+	p.w8_group = group;
 
 	struct sfw_err err = {0};
 	struct sfw_mkmodel_plan pl;

@@ -72,6 +72,8 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 	b->profile = env_on("SALAFW_CUDA_PROFILE");
 	const char *pdl = getenv("SALAFW_CUDA_PDL");
 	b->no_pdl = pdl && pdl[0] == '0';
+	const char *w8 = getenv("SALAFW_CUDA_W8_GEMV");
+	b->w8_gemv = w8 ? atoi(w8) : 0; /* the kernel takes only its listed variants */
 	const char *mb = getenv("SALAFW_CUDA_SELECT_MB");
 	if (mb && *mb) {
 		unsigned long long n;
@@ -479,16 +481,12 @@ int cmd_run(int argc, char **argv)
 		xp.prefill_chunk = (int)chunk;
 	else if (cuda) /* bounded activations, large GEMMs; no more rows than the prompt */
 		xp.prefill_chunk = n_ids && n_ids < 8192 ? (int)((n_ids + 63) / 64 * 64) : 8192;
-	if (cuda) {
+	if (cuda) { /* the plan at start, and a context that cannot fit refused with its numbers */
 		struct sfw_mem_plan pl;
-		double G = 1073741824.0;
-		sfw_bench_mem_plan(cf, xp.n_ctx, xp.prefill_chunk, &pl);
-		fprintf(stderr,
-			"%s: device memory plan for %lld tokens: weights %.2f GiB, KV %.0f B/token (%.2f GiB), "
-			"compressed keys %.2f GiB, lightning state %.3f GiB, activations (%d-row pieces) %.2f GiB, "
-			"scratch %.2f GiB; total %.2f GiB\n",
-			C, (long long)xp.n_ctx, pl.weights / G, pl.kv_per_token, pl.kv / G, pl.compressed / G,
-			pl.lightning / G, xp.prefill_chunk, pl.activations / G, pl.scratch / G, pl.total / G);
+		s = sfw_bench_mem_check(m, xp.n_ctx, xp.prefill_chunk, &pl, &err);
+		sfw_bench_mem_print(stderr, C, &pl, xp.n_ctx, xp.prefill_chunk);
+		if (s != SFW_OK)
+			goto fail;
 	}
 	if ((s = sfw_ctx_new(m, &xp, &ctx, &err)) != SFW_OK)
 		goto fail;
@@ -508,7 +506,7 @@ int cmd_run(int argc, char **argv)
 		if (inter && (turns > 0 || !first_turn)) {
 			/* the next user turn, after a visible prompt */
 			int eof;
-			printf("\n> ");
+			printf("%s> ", turns ? "\n" : "");
 			if ((s = cli_stdout_flush(&err)) != SFW_OK)
 				goto fail;
 			if ((rc = read_turn(C, &line, &eof)) != 0)

@@ -156,6 +156,7 @@ int sfwi_cuda_cfg_attn(void);
 int sfwi_cuda_cfg_stage1(void);
 int sfwi_cuda_cfg_gla_serial(void);
 int sfwi_cuda_cfg_no_pdl(void);
+int sfwi_cuda_cfg_w8_gemv(void);
 int sfwi_cuda_sms(void);
 
 /* The current device, for memos of per-device driver state (a kernel's

@@ -177,6 +177,14 @@ extern "C" void sfw_cuda_mem_stats(size_t *live, size_t *peak, size_t *device_us
 		*device_used = g_dev_peak_used.load();
 }
 
+extern "C" void sfw_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+	size_t f = 0, t = 0;
+	SFW_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+	*free_bytes = f;
+	*total_bytes = t;
+}
+
 extern "C" void sfw_cuda_mem_reset_peak(void)
 {
 	g_peak.store(g_live.load());

@@ -244,6 +244,16 @@ void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype
 			enum sfw_op_dtype act, void *stream);
 void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
 			float in_scale, enum sfw_op_dtype act, void *stream);
+/* sfw_op_matmul_w8_cpu with bf16 activations (kernels/linear_w8.cu; act F32
+ * runs a plain warp-per-output kernel): M <= 8 a GEMV over the codes and
+ * scales, M > 8 dequantization to bf16 slabs in the op scratch + cuBLASLt.
+ * codes and scales are device copies in the layout of quant/layout.h. */
+void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
+			   int group, int M, int N, int K, enum sfw_op_dtype act, void *stream);
+/* Logits with an int8 lm_head (third-party checkpoints): y = bf16-rounded
+ * in_scale * x . W^T as float, like sfw_op_logits_cuda (act BF16 only). */
+void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
+			   int group, int M, int N, int K, float in_scale, enum sfw_op_dtype act, void *stream);
 void sfw_op_gla_recurrent_cuda(void *o, const void *q, const void *k, const void *v, float *state,
 			       const float *decay, int T, int nh, int hd, float scale, enum sfw_op_dtype act,
 			       void *stream);

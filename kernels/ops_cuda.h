@@ -48,6 +48,8 @@ void sfw_cuda_free(void *p);
 /* bytes currently allocated through sfw_cuda_malloc, and their high-water mark;
  * device_used = total - free as the driver reports it (context included). */
 void sfw_cuda_mem_stats(size_t *live, size_t *peak, size_t *device_used);
+/* The driver's free and total device memory now. */
+void sfw_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Starts a new high-water mark (both figures) at the current level. */
 void sfw_cuda_mem_reset_peak(void);
 
@@ -168,6 +170,27 @@ void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const ui
 void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M, int N,
 			   int K, int rows_per_warp, int unroll, void *stream);
 
+/* ---- int8 (W8A16) linear layers (kernels/linear_w8.cu) ----
+ * W is codes [N, ceil(K/4)*4] bytes + scales [N, ceil(K/group)] (BF16, F16
+ * or F32), quant/layout.h; group = K (or <= 0) for per-channel scales. The
+ * GEMV (M <= 8) reads each code and scale once, before the programmatic
+ * launch wait like sfw_cuda_gemv; rows_per_warp (1, 2, 4) and unroll (2, 4,
+ * 8) pick a variant for tuning (0 = built-in; the full set for M = 1 with
+ * BF16 scales only). sfw_cuda_gemm_w8 dequantizes slabs of
+ * sfw_cuda_w8_slab_rows rows to bf16 in `scratch` ((b - 128) * scale in
+ * float32, rounded to bf16) and runs cuBLASLt on each. */
+void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
+			      enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K,
+			      int rows_per_warp, int unroll, void *stream);
+void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
+		      enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K, void *scratch,
+		      size_t scratch_bytes, void *stream);
+/* Rows [r0, r0 + nr) of W dequantized into Wd [nr, K] bf16. */
+void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt, int group,
+			 int r0, int nr, int K, void *stream);
+/* Rows per dequantized slab (a multiple of 64, at least 64, at most N). */
+size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes);
+
 
 /* The sfw_op_*_cuda twins of kernels/ops.h carry only a stream; the cuBLASLt
  * handle and the scratch memory they need (split-K partials) come from here.
@@ -186,6 +209,7 @@ struct sfw_cuda_ops_cfg {
 	int gla_serial; /* 1: Lightning prefill walks each head's chunks in one block */
 	int no_pdl;     /* 1: no programmatic dependent launch (else on sm_90+) */
 	int sms;        /* multiprocessors of the device; 0 = ask the current device */
+	int w8_gemv;    /* int8 decode GEMV variant RU for every shape (kernels/linear_w8.cu); 0 = the table */
 };
 void sfw_cuda_ops_set_cfg(const struct sfw_cuda_ops_cfg *cfg); /* copied; NULL = all defaults */
 /* Releases the default handle/scratch made by an unbound op (tests). */

@@ -116,20 +116,65 @@ static void cu_destroy(struct sfw_backend *be)
 	sfw_free(be);
 }
 
+/* int8 weights (quant/layout.h): codes [rows, ceil(cols/4)*4] bytes, then
+ * scales [rows, ceil(cols/group)] in their stored dtype, each in its own
+ * slab piece; a merged group keeps its parts' codes and its parts' scales
+ * back to back. */
+static size_t w8_code_bytes(const struct sfw_bweight *w)
+{
+	return (size_t)w->rows * sfw_bweight_w8_code_row(w);
+}
+
+static size_t w8_scale_bytes(const struct sfw_bweight *w)
+{
+	return (size_t)w->rows * sfw_bweight_w8_scale_row(w);
+}
+
+/* Bytes of the weight's main tensor (the codes for int8). */
 static size_t wbytes(const struct sfw_bweight *w)
 {
+	if (w->dtype == SFW_OP_W8)
+		return w8_code_bytes(w);
 	return (size_t)w->rows * (size_t)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
+}
+
+/* What the weight takes in a slab (arena-rounded pieces). */
+static size_t slab_bytes(const struct sfw_bweight *w)
+{
+	size_t n = sfw_cuda_arena_round(wbytes(w));
+	if (w->dtype == SFW_OP_W8)
+		n += sfw_cuda_arena_round(w8_scale_bytes(w));
+	return n;
 }
 
 static enum sfw_status place(struct cu_be *b, size_t n, int deferred, void **out, struct sfw_err *err);
 
+/* Places and uploads one weight (int8: codes, then scales). */
+static enum sfw_status place_one(struct cu_be *b, struct sfw_bweight *w, int deferred, struct sfw_err *err)
+{
+	void *p, *q = NULL;
+	enum sfw_status s = place(b, wbytes(w), deferred, &p, err);
+	if (s == SFW_OK && w->dtype == SFW_OP_W8)
+		s = place(b, w8_scale_bytes(w), deferred, &q, err);
+	if (s != SFW_OK)
+		return s;
+	sfw_cuda_h2d(p, w->host, wbytes(w), b->stream);
+	w->dev = p;
+	if (q) {
+		sfw_cuda_h2d(q, w->scales, w8_scale_bytes(w), b->stream);
+		w->scales_dev = q;
+	}
+	return SFW_OK;
+}
+
 static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweight *w, struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
-	/* The CUDA kernels read bf16 or f32 weights only; int8 checkpoints are
-	 * refused earlier (supports_w8 == 0), this guards every other caller. */
-	if (w->dtype != SFW_OP_BF16 && w->dtype != SFW_OP_F32)
-		return sfw_fail(err, SFW_E_UNSUPPORTED, "weight '%s': the cuda backend runs bf16 or f32 weights only",
+	/* bf16, f32, or int8 with BF16 / F16 / F32 scales (kernels/linear_w8.cu) */
+	if (w->dtype != SFW_OP_BF16 && w->dtype != SFW_OP_F32 &&
+	    !(w->dtype == SFW_OP_W8 && (w->scale_dtype == SFW_OP_BF16 || w->scale_dtype == SFW_OP_F16 ||
+					w->scale_dtype == SFW_OP_F32)))
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "weight '%s': the cuda backend runs bf16, f32 or int8 weights only",
 				w->name ? w->name : "?");
 	if (b->defer && w->rows > 1) {
 		/* placed by cu_merge or cu_load_end */
@@ -144,13 +189,7 @@ static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweig
 		w->dev = NULL;
 		return SFW_OK;
 	}
-	void *p;
-	enum sfw_status s = place(b, wbytes(w), 0, &p, err);
-	if (s != SFW_OK)
-		return s;
-	sfw_cuda_h2d(p, w->host, wbytes(w), b->stream);
-	w->dev = p;
-	return SFW_OK;
+	return place_one(b, w, 0, err);
 }
 
 /* Bytes the deferred weights still to be placed take in a slab. */
@@ -159,7 +198,7 @@ static size_t pending_bytes(const struct cu_be *b)
 	size_t sum = 0;
 	for (size_t i = 0; i < b->npend; i++)
 		if (b->pend[i])
-			sum += sfw_cuda_arena_round(wbytes(b->pend[i]));
+			sum += slab_bytes(b->pend[i]);
 	return sum;
 }
 
@@ -223,25 +262,38 @@ static enum sfw_status cu_merge(struct sfw_backend *be, struct sfw_bweight *cons
 	*merged = 0;
 	if (!b->defer || n < 2)
 		return SFW_OK;
-	size_t total = 0;
+	size_t total = 0, stotal = 0;
+	int w8 = parts[0]->dtype == SFW_OP_W8;
 	for (int i = 0; i < n; i++) {
 		const struct sfw_bweight *w = parts[i];
-		/* keep every part on the arena's alignment (16-byte loads) */
-		if (w->dtype != SFW_OP_BF16 || w->cols != parts[0]->cols || wbytes(w) % 256 != 0 ||
-		    pending_index(b, w) < 0)
+		/* keep every part on the arena's alignment (16-byte loads); int8
+		 * parts merge codes with codes and scales with scales, so they must
+		 * agree on the group and the scale dtype */
+		if ((w->dtype != SFW_OP_BF16 && !w8) || w->dtype != parts[0]->dtype || w->cols != parts[0]->cols ||
+		    wbytes(w) % 256 != 0 || pending_index(b, w) < 0)
+			return SFW_OK;
+		if (w8 && (w->group != parts[0]->group || w->scale_dtype != parts[0]->scale_dtype))
 			return SFW_OK;
 		total += wbytes(w);
+		stotal += w8 ? w8_scale_bytes(w) : 0;
 	}
-	void *p;
+	void *p, *q = NULL;
 	enum sfw_status s = place(b, total, 1, &p, err);
+	if (s == SFW_OK && w8)
+		s = place(b, stotal, 1, &q, err);
 	if (s != SFW_OK)
 		return s;
-	size_t off = 0;
+	size_t off = 0, soff = 0;
 	for (int i = 0; i < n; i++) {
 		struct sfw_bweight *w = parts[i];
 		sfw_cuda_h2d((char *)p + off, w->host, wbytes(w), b->stream);
 		w->dev = (char *)p + off;
 		off += wbytes(w);
+		if (w8) {
+			sfw_cuda_h2d((char *)q + soff, w->scales, w8_scale_bytes(w), b->stream);
+			w->scales_dev = (char *)q + soff;
+			soff += w8_scale_bytes(w);
+		}
 		b->pend[pending_index(b, w)] = NULL;
 	}
 	*merged = 1;
@@ -254,14 +306,10 @@ static enum sfw_status cu_load_end(struct sfw_backend *be, struct sfw_err *err)
 	enum sfw_status s = SFW_OK;
 	for (size_t i = 0; i < b->npend && s == SFW_OK; i++) {
 		struct sfw_bweight *w = b->pend[i];
-		void *p;
 		if (!w)
 			continue;
-		if ((s = place(b, wbytes(w), 1, &p, err)) == SFW_OK) {
-			sfw_cuda_h2d(p, w->host, wbytes(w), b->stream);
-			w->dev = p;
+		if ((s = place_one(b, w, 1, err)) == SFW_OK)
 			b->pend[i] = NULL; /* placed: no longer pending for the slab plan */
-		}
 	}
 	b->defer = 0;
 	b->npend = 0;
@@ -273,6 +321,7 @@ static void cu_weight_release(struct sfw_backend *be, struct sfw_bweight *w)
 {
 	(void)be;
 	w->dev = NULL; /* the slabs go with the backend */
+	w->scales_dev = NULL;
 }
 
 static void *cu_alloc(struct sfw_backend *be, size_t bytes)
@@ -531,15 +580,24 @@ static void cu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int6
 
 static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
-	PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
-	     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_OP_BF16, S(be)));
+	if (w->dtype == SFW_OP_W8)
+		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
+		     sfw_op_matmul_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M, (int)w->rows,
+					   (int)w->cols, SFW_OP_BF16, S(be)));
+	else
+		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
+		     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_OP_BF16, S(be)));
 }
 
 static void cu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		      float in_scale)
 {
-	PROF(P_LOGITS,
-	     sfw_op_logits_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, in_scale, SFW_OP_BF16, S(be)));
+	if (w->dtype == SFW_OP_W8)
+		PROF(P_LOGITS, sfw_op_logits_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M,
+						     (int)w->rows, (int)w->cols, in_scale, SFW_OP_BF16, S(be)));
+	else
+		PROF(P_LOGITS, sfw_op_logits_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, in_scale,
+						  SFW_OP_BF16, S(be)));
 }
 
 /* ---- caches ---- */
@@ -925,6 +983,7 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	b->cfg.gla_serial = o->gla_serial;
 	b->cfg.no_pdl = o->no_pdl;
 	b->cfg.sms = b->info.sm_count;
+	b->cfg.w8_gemv = o->w8_gemv;
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
 		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);
 	be->name = "cuda";
@@ -961,6 +1020,7 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	be->sparse_select = cu_sparse_select;
 	be->attn_sparse = cu_attn_sparse;
 	be->gla = cu_gla;
+	be->supports_w8 = 1;
 	if (!b->stepsync)
 		be->copy = cu_copy;
 	/* graphs record, they do not time ops: none while profiling */

@@ -4,9 +4,14 @@
  * logits for max_seqs rows: sfwi_ctx_workspace) and one backend cache per
  * open sequence. A step checks everything that can refuse it (items, ids,
  * lengths, the pool, cache room) before the first op runs, then hands the
- * rows to sfwi_forward as one part per sequence. */
+ * rows to sfwi_forward as one part per sequence.
+ *
+ * The block count: a sequence holds the blocks its cache has reserved
+ * (room, in tokens, block-granular; a reserve never shrinks), so the
+ * accounting is exact in both modes, paged (the backend's pool) or not. */
 #include "runner/batch.h"
 #include "alloc.h"
+#include "log.h"
 #include "runner/model.h"
 
 #include <string.h>
@@ -14,6 +19,7 @@
 struct bseq {
 	struct sfw_bcache *cache; /* NULL: the slot is free */
 	int64_t pos;
+	int64_t room;  /* tokens its cache has reserved */
 	int broken; /* a step failed half-way */
 	int stamp;  /* the step that last named it (duplicate check) */
 };
@@ -22,7 +28,9 @@ struct sfw_batch {
 	struct sfw_model *m;
 	struct sfw_batch_params p;
 	struct sfw_ctx *ws;
+	struct sfw_bpool *pool; /* the backend's paged KV pool; NULL: caches of their own */
 	struct bseq seq[SFW_BATCH_MAX_SEQS];
+	int block;              /* tokens per KV block (sparse_block_size) */
 	int64_t pool_blocks;
 	int stamp;
 	/* per step */
@@ -40,9 +48,9 @@ struct sfw_batch_params sfw_batch_default_params(void)
 	return p;
 }
 
-static int64_t blocks_for(int64_t tokens)
+static int64_t blocks_for(const struct sfw_batch *b, int64_t tokens)
 {
-	return (tokens + SFW_BATCH_BLOCK - 1) / SFW_BATCH_BLOCK;
+	return (tokens + b->block - 1) / b->block;
 }
 
 int64_t sfw_batch_blocks_used(const struct sfw_batch *b)
@@ -50,8 +58,13 @@ int64_t sfw_batch_blocks_used(const struct sfw_batch *b)
 	int64_t used = 0;
 	for (int i = 0; i < b->p.max_seqs; i++)
 		if (b->seq[i].cache)
-			used += blocks_for(b->seq[i].pos);
+			used += blocks_for(b, b->seq[i].room);
 	return used;
+}
+
+int sfw_batch_paged(const struct sfw_batch *b)
+{
+	return b->pool != NULL;
 }
 
 int64_t sfw_batch_blocks_total(const struct sfw_batch *b)
@@ -70,9 +83,9 @@ enum sfw_status sfw_batch_new(struct sfw_model *m, const struct sfw_batch_params
 	if (p->max_seqs < 1 || p->max_seqs > SFW_BATCH_MAX_SEQS)
 		return sfw_fail(err, SFW_E_INVAL, "a batch holds 1 to %d sequences, not %d", SFW_BATCH_MAX_SEQS,
 				p->max_seqs);
-	if (p->pool_tokens < SFW_BATCH_BLOCK || p->pool_tokens > ((int64_t)1 << 40))
+	if (p->pool_tokens < cf->sparse_block_size || p->pool_tokens > ((int64_t)1 << 40))
 		return sfw_fail(err, SFW_E_INVAL, "invalid KV pool size (%lld tokens; at least one block of %d)",
-				(long long)p->pool_tokens, SFW_BATCH_BLOCK);
+				(long long)p->pool_tokens, cf->sparse_block_size);
 	if (p->max_ctx < 1 || p->max_ctx > (int64_t)INT32_MAX)
 		return sfw_fail(err, SFW_E_INVAL, "invalid per-sequence context (%lld tokens)", (long long)p->max_ctx);
 	if (p->max_step_rows < 0 || p->max_step_rows > (1 << 16))
@@ -86,8 +99,25 @@ enum sfw_status sfw_batch_new(struct sfw_model *m, const struct sfw_batch_params
 		b->p.max_step_rows = p->max_seqs + 256;
 	if (b->p.max_step_rows < b->p.max_seqs)
 		b->p.max_step_rows = b->p.max_seqs; /* room for one decode row each */
-	b->pool_blocks = p->pool_tokens / SFW_BATCH_BLOCK;
-	enum sfw_status s = sfwi_ctx_workspace(m, b->p.max_step_rows, b->p.max_seqs, &b->ws, err);
+	b->block = cf->sparse_block_size;
+	b->pool_blocks = p->pool_tokens / b->block;
+	enum sfw_status s = SFW_OK;
+	struct sfw_backend *be = m->be;
+	if (be->pool_new) {
+		struct sfw_cache_desc d;
+		struct sfw_err pe = {0};
+		sfwi_cache_desc(m, NULL, 0, &d);
+		s = be->pool_new(be, &d, b->pool_blocks, &b->pool, &pe);
+		if (s == SFW_E_UNSUPPORTED) { /* per-sequence caches under the same budget */
+			sfw_log(SFW_LOG_DEBUG, "%s: %s; KV caches per sequence", be->name, pe.msg);
+			b->pool = NULL;
+			s = SFW_OK;
+		} else if (s != SFW_OK && err) {
+			*err = pe;
+		}
+	}
+	if (s == SFW_OK)
+		s = sfwi_ctx_workspace(m, b->p.max_step_rows, b->p.max_seqs, &b->ws, err);
 	if (s == SFW_OK) {
 		b->ids = sfw_malloc((size_t)b->p.max_step_rows * sizeof(int32_t));
 		b->logits = sfw_malloc((size_t)b->p.max_seqs * cf->vocab_size * sizeof(float));
@@ -109,6 +139,8 @@ void sfw_batch_free(struct sfw_batch *b)
 	for (int i = 0; i < SFW_BATCH_MAX_SEQS; i++)
 		sfw_batch_seq_close(b, i);
 	sfw_ctx_free(b->ws);
+	if (b->pool)
+		b->m->be->pool_free(b->m->be, b->pool);
 	sfw_free(b->ids);
 	sfw_free(b->logits);
 	sfw_free(b);
@@ -121,12 +153,12 @@ enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err
 		struct bseq *q = &b->seq[i];
 		if (q->cache)
 			continue;
-		enum sfw_status s = sfwi_cache_new(b->m, &q->cache, err);
+		enum sfw_status s = sfwi_cache_new(b->m, b->pool, b->p.max_ctx, &q->cache, err);
 		if (s != SFW_OK) {
 			q->cache = NULL;
 			return s;
 		}
-		q->pos = 0, q->broken = 0, q->stamp = 0;
+		q->pos = 0, q->room = 0, q->broken = 0, q->stamp = 0;
 		*seq = i;
 		return SFW_OK;
 	}
@@ -160,7 +192,7 @@ static enum sfw_status step_check(struct sfw_batch *b, const struct sfw_batch_it
 				  struct sfw_err *err)
 {
 	const struct sfw_config *cf = sfw_model_config(b->m);
-	if (n < 1 || n > b->p.max_seqs)
+	if (!it || n < 1 || n > b->p.max_seqs)
 		return sfw_fail(err, SFW_E_INVAL, "a step takes 1 to %d items, not %d", b->p.max_seqs, n);
 	if (++b->stamp <= 0) { /* wrapped: restart the stamps */
 		for (int i = 0; i < SFW_BATCH_MAX_SEQS; i++)
@@ -189,7 +221,8 @@ static enum sfw_status step_check(struct sfw_batch *b, const struct sfw_batch_it
 			return sfw_fail(err, SFW_E_RANGE, "sequence %d: %lld + %d tokens exceed its context of %lld", sq,
 					(long long)q->pos, it[i].n, (long long)b->p.max_ctx);
 		total += it[i].n;
-		need += blocks_for(q->pos + it[i].n) - blocks_for(q->pos);
+		int64_t more = blocks_for(b, q->pos + it[i].n) - blocks_for(b, q->room);
+		need += more > 0 ? more : 0;
 	}
 	if (total > b->p.max_step_rows)
 		return sfw_fail(err, SFW_E_RANGE, "a step of %lld rows exceeds the batch's %d", (long long)total,
@@ -205,6 +238,8 @@ static enum sfw_status step_check(struct sfw_batch *b, const struct sfw_batch_it
 		enum sfw_status s = be->cache_reserve(be, q->cache, q->pos + it[i].n, err);
 		if (s != SFW_OK)
 			return s;
+		if (q->pos + it[i].n > q->room) /* whole blocks: what the cache now holds */
+			q->room = blocks_for(b, q->pos + it[i].n) * b->block;
 	}
 	*rows = (int)total;
 	return SFW_OK;

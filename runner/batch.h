@@ -19,20 +19,26 @@
  * (one InfLLM-v2 dense/sparse decision, from its end); it matches
  * sfw_ctx_prefill of those n tokens when n <= that context's prefill_chunk.
  *
- * KV blocks: the pool is pool_tokens / 64 blocks of 64 tokens, shared by the
- * sequences: a sequence holds ceil(len / 64) of them (in every sparse layer),
- * takes more as it grows and gives them all back when closed. A step whose
- * new tokens need more blocks than are free fails with SFW_E_NOSPACE "KV
- * pool full: N of M blocks in use" before anything ran: every sequence stays
- * as it was and usable.
- *   What is not done yet (say so to the caller): the blocks are an accounting
- * of one budget, not one arena. Each sequence's K/V stays contiguous per
- * layer in its own backend cache, grown block by block (as struct sfw_ctx's)
- * and released when the sequence closes; the ops read it as before. True
- * paging (one arena allocated at sfw_batch_new, block tables read by the
- * attention, compression and selection ops on the CPU and CUDA) remains, and
- * so do the CUDA graphs of whole batched steps: on CUDA a batched step is
- * launched op by op (a B = 1 step of a context keeps its graphs).
+ * KV blocks: the pool is pool_tokens / 64 blocks of 64 tokens (the model's
+ * sparse_block_size), shared by the sequences: a sequence holds
+ * ceil(len / 64) of them (each block holds its 64 tokens' K and V in every
+ * sparse layer), takes more as it grows and gives them all back when closed.
+ * A step whose new tokens need more blocks than are free fails with
+ * SFW_E_NOSPACE "KV pool full: N of M blocks in use" before anything ran:
+ * every sequence stays as it was and usable.
+ *   Paged (sfw_batch_paged = 1; the CPU backend, when a block is whole pages
+ * and the pool within its mapping limit: runner/backend_cpu.c): the pool is
+ * one allocation made at sfw_batch_new, and a sequence's blocks are mapped
+ * into an address range of its own, so the ops read its K/V as one array
+ * while the memory is the pool's. Not paged (CUDA, or shapes the CPU cannot
+ * map): the blocks are a budget over per-sequence caches grown block by
+ * block (as struct sfw_ctx's) and freed when the sequence closes; the same
+ * API and errors, but memory is taken as sequences grow, not up front.
+ *   Not done yet: paging on CUDA (block tables read by the CUDA attention,
+ * compression and selection kernels, or virtual-memory mapping), and the
+ * CUDA graphs of whole batched steps per batch-size bucket: on CUDA a
+ * batched step is launched op by op (a context's B = 1 steps keep their
+ * graphs). The compressed keys (1/16 of the tokens) stay per sequence.
  *
  * A batch is used by one thread at a time. */
 #ifndef SFW_BATCH_H
@@ -44,7 +50,6 @@
 #include <stdint.h>
 
 #define SFW_BATCH_MAX_SEQS 64
-#define SFW_BATCH_BLOCK 64 /* tokens per KV block */
 
 struct sfw_batch;
 
@@ -75,6 +80,8 @@ int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq);
 /* KV blocks in use by all sequences, and the pool's size in blocks. */
 int64_t sfw_batch_blocks_used(const struct sfw_batch *b);
 int64_t sfw_batch_blocks_total(const struct sfw_batch *b);
+/* 1 when the KV blocks are one pool allocated at sfw_batch_new (above). */
+int sfw_batch_paged(const struct sfw_batch *b);
 
 struct sfw_batch_item {
 	int seq;

@@ -3,7 +3,12 @@
 #include "runner/bench.h"
 #include "alloc.h"
 #include "kernels/ops.h"
+#include "log.h"
+#include "quant/layout.h"
 #include "runner/generate.h"
+#include "runner/model.h"
+
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -76,8 +81,8 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 		chunk = need;
 	r->chunk = chunk;
 	r->n_ctx = p->n_ctx > p->prompt + p->gen ? p->n_ctx : p->prompt + p->gen;
-	double lp = sfw_bench_linear_params(cf);
-	r->weight_bytes = 2 * (lp + (double)cf->vocab_size * cf->hidden_size);
+	double lp = sfw_bench_linear_params(cf), wall;
+	sfwi_model_weight_bytes(m, &wall, &r->weight_bytes); /* int8: codes + scales */
 	r->linear_flops = 2 * lp;
 	int32_t *ids = sfw_malloc((size_t)p->prompt * sizeof(int32_t));
 	double *st = sfw_malloc((size_t)(p->gen + 1) * sizeof(double));
@@ -98,6 +103,8 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 	if (is_cuda(m))
 		sfw_cuda_mem_reset_peak();
 #endif
+	if ((s = sfw_bench_mem_check(m, r->n_ctx, (int)chunk, NULL, err)) != SFW_OK)
+		goto done;
 	struct sfw_ctx_params xp = sfw_ctx_default_params();
 	xp.n_ctx = r->n_ctx;
 	xp.prefill_chunk = (int)chunk;
@@ -163,7 +170,116 @@ enum sfw_status sfw_bench_limits(double *copy_gbps, double *gemm_tflops, struct 
 #endif
 }
 
+static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
+
+/* Bytes of the norm weights (bf16). */
+static double norm_params(const struct sfw_config *c)
+{
+	double D = c->hidden_size, ld = (double)c->lightning_nh * c->lightning_head_dim, lhd = c->lightning_head_dim;
+	int nl = 0;
+	for (int i = 0; i < c->num_hidden_layers; i++)
+		nl += c->mixer[i] != SFW_MIXER_SPARSE;
+	return c->num_hidden_layers * 2 * D + D + nl * ((c->qk_norm ? 2 * lhd : 0) + (c->use_output_norm ? ld : 0));
+}
+
 void sfw_bench_mem_plan(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p)
+{
+	memset(p, 0, sizeof(*p));
+	double V = c->vocab_size, D = c->hidden_size;
+	p->weights = 2 * (sfw_bench_linear_params(c) + 2 * V * D + norm_params(c));
+	plan_rest(c, max_ctx, chunk, p);
+}
+
+/* One [N, K] linear as int8: codes (rows padded to 4 bytes) + BF16 scales. */
+static double w8_linear(double N, int64_t K, int group)
+{
+	return N * (double)sfw_ql_row_bytes(K) + N * (double)sfw_ql_ngroups(K, group) * 2;
+}
+
+void sfw_bench_mem_plan_w8(const struct sfw_config *c, int64_t max_ctx, int chunk, int group, struct sfw_mem_plan *p)
+{
+	memset(p, 0, sizeof(*p));
+	int64_t D = c->hidden_size, I = c->intermediate_size;
+	double qd = (double)c->num_attention_heads * c->head_dim, kvd = (double)c->num_key_value_heads * c->head_dim;
+	double ld = (double)c->lightning_nh * c->lightning_head_dim, w = 0;
+	for (int i = 0; i < c->num_hidden_layers; i++) {
+		w += 2 * w8_linear((double)I, D, group) + w8_linear((double)D, I, group);
+		if (c->mixer[i] == SFW_MIXER_SPARSE)
+			w += w8_linear(qd + 2 * kvd + (c->attn_use_output_gate ? qd : 0), D, group) +
+			     w8_linear((double)D, (int64_t)qd, group);
+		else
+			w += w8_linear(3 * ld + (c->use_output_gate ? ld : 0), D, group) + w8_linear((double)D, (int64_t)ld, group);
+	}
+	p->weights = w + 2 * (2 * (double)c->vocab_size * (double)D + norm_params(c));
+	plan_rest(c, max_ctx, chunk, p);
+}
+
+void sfw_bench_mem_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struct sfw_mem_plan *p)
+{
+	double all, step;
+	memset(p, 0, sizeof(*p));
+	sfwi_model_weight_bytes(m, &all, &step);
+	p->weights = all;
+	plan_rest(&m->cfg, max_ctx, chunk, p);
+}
+
+void sfw_bench_mem_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk)
+{
+	const double G = 1073741824.0;
+	fprintf(f,
+		"%s: device memory plan for %lld tokens:\n"
+		"  weights            %8.2f GiB\n"
+		"  KV cache           %8.2f GiB (%.0f B/token)\n"
+		"  compressed keys    %8.2f GiB\n"
+		"  lightning states   %8.2f GiB\n"
+		"  activations        %8.2f GiB (%d-row pieces)\n"
+		"  scratch            %8.2f GiB (op scratch, cuBLASLt workspace, block selection)\n"
+		"  total              %8.2f GiB\n",
+		who, (long long)n_ctx, p->weights / G, p->kv / G, p->kv_per_token, p->compressed / G, p->lightning / G,
+		p->activations / G, chunk, p->scratch / G, p->total / G);
+}
+
+enum sfw_status sfw_bench_mem_fit(const struct sfw_mem_plan *p, int64_t n_ctx, double free_bytes, struct sfw_err *err)
+{
+	/* the weights are resident already: the context needs the rest */
+	double need = p->total - p->weights, G = 1073741824.0;
+	if (need <= free_bytes)
+		return SFW_OK;
+	/* what does not grow with the context (as planned for this one: a long
+	 * one has the block-selection scratch), and the cache bytes per token */
+	double fixed = need - p->kv - p->compressed, per = (p->kv + p->compressed) / (double)(n_ctx > 0 ? n_ctx : 1);
+	double fit = per > 0 && free_bytes > fixed ? (free_bytes - fixed) / per : 0;
+	if (fit > 1e15)
+		fit = 1e15;
+	/* the largest context first: the message must fit struct sfw_err */
+	return sfw_fail(err, SFW_E_NOMEM,
+			"a context of %lld tokens does not fit the GPU (at most about %lld do): it needs %.2f GiB "
+			"beyond the %.2f GiB of weights (KV %.2f, compressed keys %.2f, activations %.2f, scratch and "
+			"states %.2f GiB); %.2f GiB are free",
+			(long long)n_ctx, (long long)(fit / 64) * 64, need / G, p->weights / G, p->kv / G,
+			p->compressed / G, p->activations / G, (p->scratch + p->lightning) / G, free_bytes / G);
+}
+
+enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, int chunk, struct sfw_mem_plan *out,
+				    struct sfw_err *err)
+{
+	struct sfw_mem_plan p;
+	sfw_bench_mem_plan_model(m, n_ctx, chunk > 0 ? chunk : 256, &p);
+	if (out)
+		*out = p;
+#ifdef SFW_HAVE_CUDA
+	if (strcmp(sfw_model_device_name(m), "cuda") != 0)
+		return SFW_OK;
+	size_t fr = 0, tot = 0;
+	sfw_cuda_mem_info(&fr, &tot);
+	return sfw_bench_mem_fit(&p, n_ctx, (double)fr, err);
+#else
+	(void)err;
+	return SFW_OK;
+#endif
+}
+
+static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p)
 {
 	double D = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
 	double hd = c->head_dim, nkv = c->num_key_value_heads;
@@ -172,9 +288,6 @@ void sfw_bench_mem_plan(const struct sfw_config *c, int64_t max_ctx, int chunk, 
 	int ns = 0, nl = 0;
 	for (int i = 0; i < c->num_hidden_layers; i++)
 		c->mixer[i] == SFW_MIXER_SPARSE ? ns++ : nl++;
-	double norms = c->num_hidden_layers * 2 * D + D + nl * ((c->qk_norm ? 2 * lhd : 0) + (c->use_output_norm ? ld : 0));
-	memset(p, 0, sizeof(*p));
-	p->weights = 2 * (sfw_bench_linear_params(c) + 2 * V * D + norms);
 	int64_t blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64;
 	int64_t cap = (max_ctx + blk - 1) / blk * blk;
 	p->kv_per_token = ns * 2 * kvd * 2;

@@ -9,6 +9,7 @@
 #include "sfw.h"
 
 #include <stdint.h>
+#include <stdio.h>
 
 struct sfw_bench_params {
 	int64_t prompt;      /* prompt tokens (random ids after BOS, fixed LCG) */
@@ -58,5 +59,24 @@ struct sfw_mem_plan {
 	double total;
 };
 void sfw_bench_mem_plan(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
+/* The same with int8 decoder linears (codes + BF16 scales of `group`, 32,
+ * 64, 128 or SFW_QL_GROUP_CHANNEL), embedding, lm_head and norms bf16: what
+ * `salafw quant --group G` and `mkmodel --w8` produce. */
+void sfw_bench_mem_plan_w8(const struct sfw_config *c, int64_t max_ctx, int chunk, int group, struct sfw_mem_plan *p);
+/* The plan of a loaded model: its weights as bound (int8 or bf16). */
+void sfw_bench_mem_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
+/* The plan as one block of lines (salafw run prints it to stderr at start). */
+void sfw_bench_mem_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk);
+/* On the CUDA backend: SFW_E_NOMEM, with the plan's figures, the device's
+ * free memory and the largest context that fits, when a context of n_ctx
+ * tokens needs more than the device has free (the weights are placed
+ * already); SFW_OK otherwise and on the CPU. *out (may be NULL) gets the plan. */
+/* The arithmetic of that check: p = the plan at n_ctx tokens, free_bytes
+ * the device's free memory with the weights placed. The message (within
+ * struct sfw_err) names the largest context that fits, in 64-token blocks. */
+SFW_MUST_CHECK enum sfw_status sfw_bench_mem_fit(const struct sfw_mem_plan *p, int64_t n_ctx, double free_bytes,
+						 struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, int chunk,
+						   struct sfw_mem_plan *out, struct sfw_err *err);
 
 #endif

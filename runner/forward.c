@@ -5,7 +5,15 @@
  * prefill_chunk rows; each piece runs through all layers, appending to the
  * caches, so memory follows the piece size, not the prompt. The sparse
  * layers' dense/sparse decision and the block count are fixed per call from
- * the total length at the end of the call, as the reference decides them. */
+ * the total length at the end of the call, as the reference decides them.
+ *
+ * One forward path: forward_rows runs the step's rows, which belong to one
+ * or more sequences (struct sfwi_part, runner/model.h): embedding, norms and
+ * every linear once over all rows, then per part the attention, compression,
+ * block selection and Lightning state against that part's cache. A context's
+ * piece is one part (its own cache; graphs, taps and the selection notes are
+ * the context's); a batched step (runner/batch.c, sfwi_forward) is one part
+ * per sequence on a workspace context that has no cache of its own. */
 #include "runner/model.h"
 #include "alloc.h"
 #include "log.h"
@@ -237,19 +245,29 @@ static void last_selection_clear(struct sfw_ctx *c)
 		c->last_blocks[i] = -1;
 }
 
-enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bcache **out, struct sfw_err *err)
+void sfwi_cache_desc(const struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens, struct sfw_cache_desc *d)
 {
 	const struct sfw_config *cf = &m->cfg;
-	struct sfw_cache_desc d = {cf->num_hidden_layers,
-				   cf->mixer,
-				   cf->num_key_value_heads,
-				   cf->head_dim,
-				   cf->lightning_nh,
-				   cf->lightning_head_dim,
-				   cf->sparse_kernel_size,
-				   cf->sparse_kernel_stride,
-				   cf->sparse_block_size,
-				   cf->sparse_k};
+	memset(d, 0, sizeof(*d));
+	d->n_layers = cf->num_hidden_layers;
+	d->mixer = cf->mixer;
+	d->nkv = cf->num_key_value_heads;
+	d->hd = cf->head_dim;
+	d->lnh = cf->lightning_nh;
+	d->lhd = cf->lightning_head_dim;
+	d->ksize = cf->sparse_kernel_size;
+	d->stride = cf->sparse_kernel_stride;
+	d->block = cf->sparse_block_size;
+	d->sel_k = cf->sparse_k;
+	d->pool = pool;
+	d->max_tokens = max_tokens;
+}
+
+enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens,
+			       struct sfw_bcache **out, struct sfw_err *err)
+{
+	struct sfw_cache_desc d;
+	sfwi_cache_desc(m, pool, max_tokens, &d);
 	return m->be->cache_new(m->be, &d, out, err);
 }
 
@@ -314,7 +332,7 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 	    (be->copy && !c->last_dev) || !c->last_fresh)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
 	if (s == SFW_OK && own_cache)
-		s = sfwi_cache_new(m, &c->cache, err);
+		s = sfwi_cache_new(m, NULL, 0, &c->cache, err);
 	if (s == SFW_OK && own_cache && p->n_ctx > 0)
 		s = be->cache_reserve(be, c->cache, p->n_ctx, err);
 	if (s != SFW_OK) {
@@ -452,22 +470,35 @@ static void *row_ptr(const struct sfw_ctx *c, void *buf, size_t elems)
 static int merged_view(const struct sfw_backend *be, struct sfw_bweight *const *parts, int n,
 		       struct sfw_bweight *out)
 {
-	if (!be->merge || !parts[0]->dev || parts[0]->dtype != SFW_OP_BF16)
+	const struct sfw_bweight *p0 = parts[0];
+	int w8 = p0->dtype == SFW_OP_W8;
+	if (!be->merge || !p0->dev || (p0->dtype != SFW_OP_BF16 && !w8))
 		return 0;
+	/* bytes per row: bf16, or int8 codes plus (separately) scales */
+	size_t rb = w8 ? sfw_bweight_w8_code_row(p0) : (size_t)p0->cols * 2;
+	size_t sb = w8 ? sfw_bweight_w8_scale_row(p0) : 0;
 	int64_t rows = 0;
 	for (int i = 0; i < n; i++) {
 		const struct sfw_bweight *w = parts[i];
-		if (!w->dev || w->dtype != parts[0]->dtype || w->cols != parts[0]->cols ||
-		    (const char *)w->dev != (const char *)parts[0]->dev + (size_t)rows * w->cols * 2)
+		if (!w->dev || w->dtype != p0->dtype || w->cols != p0->cols ||
+		    (const char *)w->dev != (const char *)p0->dev + (size_t)rows * rb)
+			return 0;
+		if (w8 && (w->group != p0->group || w->scale_dtype != p0->scale_dtype || !w->scales_dev ||
+			   (const char *)w->scales_dev != (const char *)p0->scales_dev + (size_t)rows * sb))
 			return 0;
 		rows += w->rows;
 	}
 	memset(out, 0, sizeof(*out));
 	out->name = "merged";
-	out->dev = parts[0]->dev;
-	out->dtype = parts[0]->dtype;
+	out->dev = p0->dev;
+	out->dtype = p0->dtype;
 	out->rows = rows;
-	out->cols = parts[0]->cols;
+	out->cols = p0->cols;
+	if (w8) {
+		out->scales_dev = p0->scales_dev;
+		out->scale_dtype = p0->scale_dtype;
+		out->group = p0->group;
+	}
 	return 1;
 }
 

@@ -4,6 +4,7 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "quant/layout.h"
 #include "runner/safetensors.h"
 #include "runner/tokenizer.h"
 #include "thread.h"
@@ -100,6 +101,7 @@ struct fill_ctx {
 	uint64_t first; /* element index of out[0] in the tensor (even) */
 	size_t n;
 	int is_norm;
+	int kind; /* SFW_MKT_BF16, _W8_PACKED (random bytes), _W8_SCALE */
 };
 
 static void fill_range(void *vctx, size_t begin, size_t end, int tid)
@@ -109,8 +111,20 @@ static void fill_range(void *vctx, size_t begin, size_t end, int tid)
 	size_t lo = begin * GRAIN_ELEMS, hi = end * GRAIN_ELEMS;
 	if (hi > c->n)
 		hi = c->n;
+	if (c->kind == SFW_MKT_W8_PACKED) { /* two uniform code bytes per slot */
+		for (size_t i = lo; i < hi; i++)
+			c->out[i] = (uint16_t)(mix64(c->key + (c->first + i + 1) * 0x9e3779b97f4a7c15ULL) >> 48);
+		return;
+	}
 	for (size_t i = lo; i < hi; i += 2) {
 		double z0, z1;
+		if (c->kind == SFW_MKT_W8_SCALE) {
+			normal_pair(c->key, (c->first + i) / 2, &z0, &z1);
+			c->out[i] = sfw_f32_to_bf16((float)(2.7e-4 * (1.0 + 0.1 * z0)));
+			if (i + 1 < hi)
+				c->out[i + 1] = sfw_f32_to_bf16((float)(2.7e-4 * (1.0 + 0.1 * z1)));
+			continue;
+		}
 		normal_pair(c->key, (c->first + i) / 2, &z0, &z1);
 		c->out[i] = sfw_f32_to_bf16(weight_of(z0, c->is_norm));
 		if (i + 1 < hi)
@@ -120,7 +134,7 @@ static void fill_range(void *vctx, size_t begin, size_t end, int tid)
 
 /* ------------------------------------------------------------ plan */
 
-static enum sfw_status config_text(const struct preset *pr, struct sfw_buf *b)
+static enum sfw_status config_text(const struct preset *pr, const struct sfw_mkmodel_params *p, struct sfw_buf *b)
 {
 	int V = pr->vocab;
 	enum sfw_status s = sfw_buf_printf(
@@ -159,6 +173,27 @@ static enum sfw_status config_text(const struct preset *pr, struct sfw_buf *b)
 	for (int i = 0; s == SFW_OK && i < pr->layers; i++)
 		s = sfw_buf_printf(b, "    \"%s\"%s\n", pr->mixers[i] == 'S' ? "minicpm4" : "lightning-attn",
 				   i + 1 < pr->layers ? "," : "");
+	/* int8: quantization_config as salafw quant writes it (quant/layout.h) */
+	char qcfg[1024] = "", gs[16];
+	if (p->w8) {
+		if (p->w8_group > 0)
+			snprintf(gs, sizeof(gs), "%d", p->w8_group);
+		else
+			snprintf(gs, sizeof(gs), "null");
+		snprintf(qcfg, sizeof(qcfg),
+			 "  \"quantization_config\": {\n"
+			 "    \"config_groups\": {\"group_0\": {\"format\": \"pack-quantized\", \"input_activations\": null, "
+			 "\"output_activations\": null, \"targets\": [\"Linear\"], \"weights\": {\"actorder\": null, "
+			 "\"block_structure\": null, \"dynamic\": false, \"group_size\": %s, \"num_bits\": 8, "
+			 "\"observer\": \"minmax\", \"observer_kwargs\": {}, \"strategy\": \"%s\", \"symmetric\": true, "
+			 "\"type\": \"int\"}}},\n"
+			 "    \"format\": \"pack-quantized\", \"global_compression_ratio\": null, \"ignore\": [\"lm_head\"], "
+			 "\"kv_cache_scheme\": null, \"quant_method\": \"compressed-tensors\", "
+			 "\"quantization_status\": \"compressed\", \"sparsity_config\": {}, \"transform_config\": {}, "
+			 "\"version\": \"%s\"\n"
+			 "  },\n",
+			 gs, p->w8_group > 0 ? "group" : "channel", SFW_QL_CT_VERSION);
+	}
 	if (s == SFW_OK)
 		s = sfw_buf_printf(b,
 				   "  ],\n"
@@ -169,6 +204,7 @@ static enum sfw_status config_text(const struct preset *pr, struct sfw_buf *b)
 				   "  \"num_key_value_heads\": %d,\n"
 				   "  \"pad_token_id\": 2,\n"
 				   "  \"pretraining_tp\": 1,\n"
+				   "%s"
 				   "  \"qk_norm\": true,\n"
 				   "  \"rms_norm_eps\": 1e-06,\n"
 				   "  \"rope_scaling\": null,\n"
@@ -194,9 +230,16 @@ static enum sfw_status config_text(const struct preset *pr, struct sfw_buf *b)
 				   "  \"use_output_norm\": true,\n"
 				   "  \"vocab_size\": %d\n"
 				   "}\n",
-				   pr->heads, pr->layers, pr->kv, pr->topk, pr->window, pr->dense_len, V);
+				   pr->heads, pr->layers, pr->kv, qcfg, pr->topk, pr->window, pr->dense_len, V);
 	return s;
 }
+
+static uint64_t tensor_elem_bytes(const struct sfw_mkmodel_tensor *t)
+{
+	return t->kind == SFW_MKT_W8_PACKED ? 4 : t->kind == SFW_MKT_W8_SHAPE ? 8 : 2;
+}
+
+static const enum sfw_dtype kind_dtype[] = {SFW_DTYPE_BF16, SFW_DTYPE_I32, SFW_DTYPE_BF16, SFW_DTYPE_I64};
 
 static int add_tensor(struct sfw_mkmodel_plan *pl, size_t cap, int is_norm, uint64_t d0, uint64_t d1,
 		      const char *fmt, int layer)
@@ -231,7 +274,10 @@ enum sfw_status sfw_mkmodel_plan(const struct sfw_mkmodel_params *p, struct sfw_
 	const struct preset *pr = &presets[p->preset];
 	struct sfw_buf b;
 	sfw_buf_init(&b, 1 << 20);
-	enum sfw_status s = config_text(pr, &b);
+	if (p->w8 && p->w8_group != 32 && p->w8_group != 64 && p->w8_group != 128 &&
+	    p->w8_group != SFW_QL_GROUP_CHANNEL)
+		return sfw_fail(err, SFW_E_INVAL, "int8 group size %d (32, 64, 128 or channel)", p->w8_group);
+	enum sfw_status s = config_text(pr, p, &b);
 	if (s != SFW_OK) {
 		sfw_buf_release(&b);
 		return sfw_fail(err, s, "out of memory");
@@ -245,7 +291,7 @@ enum sfw_status sfw_mkmodel_plan(const struct sfw_mkmodel_params *p, struct sfw_
 		return s;
 	}
 	const struct sfw_config *c = &out->config;
-	size_t cap = 3 + 13 * (size_t)c->num_hidden_layers;
+	size_t cap = 3 + 13 * 3 * (size_t)c->num_hidden_layers;
 	out->tensors = sfw_calloc(cap, sizeof(*out->tensors));
 	if (!out->tensors) {
 		sfw_mkmodel_plan_free(out);
@@ -285,22 +331,56 @@ enum sfw_status sfw_mkmodel_plan(const struct sfw_mkmodel_params *p, struct sfw_
 	ok &= add_tensor(out, cap, 1, D, 0, "model.norm.weight", 0);
 	ok &= add_tensor(out, cap, 0, V, D, "lm_head.weight", 0);
 	SFW_ASSERT(ok);
+	if (p->w8) { /* each decoder linear becomes weight_packed, weight_scale, weight_shape */
+		size_t n0 = out->n_tensors;
+		struct sfw_mkmodel_tensor *old = sfw_calloc(n0, sizeof(*old));
+		if (!old) {
+			sfw_mkmodel_plan_free(out);
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		}
+		memcpy(old, out->tensors, n0 * sizeof(*old));
+		out->n_tensors = 0;
+		for (size_t i = 0; i < n0; i++) {
+			size_t pl;
+			if (!sfw_ql_is_quantized(old[i].name, &pl)) {
+				out->tensors[out->n_tensors++] = old[i];
+				continue;
+			}
+			uint64_t N = old[i].shape[0], K = old[i].shape[1];
+			static const char *const suf[3] = {"weight_packed", "weight_scale", "weight_shape"};
+			for (int k = 0; k < 3; k++) {
+				struct sfw_mkmodel_tensor *t = &out->tensors[out->n_tensors++];
+				memset(t, 0, sizeof(*t));
+				snprintf(t->name, sizeof(t->name), "%.*s.%s", (int)pl, old[i].name, suf[k]);
+				t->kind = SFW_MKT_W8_PACKED + k;
+				t->ndim = k == 2 ? 1 : 2;
+				t->shape[0] = k == 2 ? 2 : N;
+				t->shape[1] = k == 0 ? (uint64_t)sfw_ql_words((int64_t)K)
+					      : k == 1 ? (uint64_t)sfw_ql_ngroups((int64_t)K, p->w8_group)
+						       : 0;
+				/* weight_shape's values ride in shape-independent fields */
+				if (k == 2)
+					t->w8_n = N, t->w8_k = K;
+			}
+		}
+		sfw_free(old);
+	}
 	/* Greedy sharding: a new shard when the next tensor would pass the limit. */
 	uint64_t limit = p->shard_bytes ? p->shard_bytes : pr->shard_bytes, in_shard = 0;
 	int shard = 0;
 	for (size_t i = 0; i < out->n_tensors; i++) {
 		struct sfw_mkmodel_tensor *t = &out->tensors[i];
-		uint64_t n = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
-		if (in_shard > 0 && in_shard + 2 * n > limit) {
+		uint64_t n = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1), bytes = n * tensor_elem_bytes(t);
+		if (in_shard > 0 && in_shard + bytes > limit) {
 			shard++;
 			in_shard = 0;
 		}
 		t->shard = shard;
-		in_shard += 2 * n;
-		out->n_params += n;
+		in_shard += bytes;
+		out->n_params += t->kind == SFW_MKT_BF16 ? n : t->kind == SFW_MKT_W8_PACKED ? 4 * n : 0;
+		out->n_bytes += bytes;
 	}
 	out->n_shards = shard + 1;
-	out->n_bytes = 2 * out->n_params;
 	return SFW_OK;
 }
 
@@ -321,18 +401,26 @@ static enum sfw_status write_shard(const char *dir, const struct sfw_mkmodel_pla
 		s = sfw_st_writer_meta(w, "format", "pt", err);
 	for (size_t i = 0; s == SFW_OK && i < pl->n_tensors; i++)
 		if (pl->tensors[i].shard == shard)
-			s = sfw_st_writer_declare(w, pl->tensors[i].name, SFW_DTYPE_BF16, pl->tensors[i].ndim,
-						  pl->tensors[i].shape, err);
+			s = sfw_st_writer_declare(w, pl->tensors[i].name, kind_dtype[pl->tensors[i].kind],
+						  pl->tensors[i].ndim, pl->tensors[i].shape, err);
 	int nthreads = p->nthreads > 0 ? p->nthreads : sfw_default_threads();
 	for (size_t i = 0; s == SFW_OK && i < pl->n_tensors; i++) {
 		const struct sfw_mkmodel_tensor *t = &pl->tensors[i];
 		if (t->shard != shard)
 			continue;
 		uint64_t n = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
-		struct fill_ctx c = {buf, tensor_key(p->seed, t->name), 0, 0, t->is_norm};
-		for (uint64_t at = 0; s == SFW_OK && at < n; at += CHUNK_ELEMS) {
+		if (t->kind == SFW_MKT_W8_SHAPE) {
+			int64_t sh[2] = {(int64_t)t->w8_n, (int64_t)t->w8_k};
+			s = sfw_st_writer_write(w, sh, sizeof(sh), err);
+			*done += sizeof(sh);
+			continue;
+		}
+		/* int8 codes: 2 random bytes per bf16-sized slot (n words = 2n slots) */
+		uint64_t slots = t->kind == SFW_MKT_W8_PACKED ? 2 * n : n;
+		struct fill_ctx c = {buf, tensor_key(p->seed, t->name), 0, 0, t->is_norm, t->kind};
+		for (uint64_t at = 0; s == SFW_OK && at < slots; at += CHUNK_ELEMS) {
 			c.first = at;
-			c.n = (size_t)(n - at < CHUNK_ELEMS ? n - at : CHUNK_ELEMS);
+			c.n = (size_t)(slots - at < CHUNK_ELEMS ? slots - at : CHUNK_ELEMS);
 			sfw_parallel_for(nthreads, (c.n + GRAIN_ELEMS - 1) / GRAIN_ELEMS, 1, fill_range, &c);
 			s = sfw_st_writer_write(w, buf, c.n * 2, err);
 			*done += c.n * 2;

@@ -49,6 +49,15 @@ struct sfw_mkmodel_params {
 	int no_tokenizer;		  /* skip tokenizer.model / tokenizer_config.json */
 	sfw_mkmodel_progress_fn progress; /* may be NULL */
 	void *progress_user;
+	/* w8 = 1: the decoder linears (sfw_ql_is_quantized) are written directly
+	 * as compressed-tensors pack-quantized int8 (quant/layout.h) with group
+	 * w8_group (32, 64, 128; SFW_QL_GROUP_CHANNEL = 0 per channel): random
+	 * uniform codes, BF16 scales 2.7e-4 * (1 + 0.1 N(0,1)) (weights of about
+	 * the bf16 preset's spread), and config.json's quantization_config. No
+	 * bf16 weights are made and quantized: a full-size int8 model for
+	 * benchmarks in a minute. Embedding, lm_head and norms stay bf16. */
+	int w8;
+	int w8_group;
 };
 
 struct sfw_mkmodel_tensor {
@@ -57,7 +66,10 @@ struct sfw_mkmodel_tensor {
 	uint64_t shape[2];
 	int is_norm; /* 1 + 0.1*N(0,1) instead of 0.02*N(0,1) */
 	int shard;   /* 0-based */
+	int kind;    /* SFW_MKT_*: what the tensor holds */
+	uint64_t w8_n, w8_k; /* SFW_MKT_W8_SHAPE: the values written */
 };
+enum { SFW_MKT_BF16, SFW_MKT_W8_PACKED, SFW_MKT_W8_SCALE, SFW_MKT_W8_SHAPE };
 
 /* What sfw_mkmodel writes (--dry-run prints this). */
 struct sfw_mkmodel_plan {
@@ -68,7 +80,7 @@ struct sfw_mkmodel_plan {
 	size_t n_tensors;
 	int n_shards;
 	uint64_t n_params;
-	uint64_t n_bytes; /* tensor data bytes (bf16) */
+	uint64_t n_bytes; /* tensor data bytes */
 };
 
 SFW_MUST_CHECK enum sfw_status sfw_mkmodel_plan(const struct sfw_mkmodel_params *p,

@@ -337,6 +337,31 @@ enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw
 	return SFW_OK;
 }
 
+static double bweight_bytes(const struct sfw_bweight *w)
+{
+	if (!w->host)
+		return 0;
+	if (w->dtype == SFW_OP_W8)
+		return (double)w->rows * (double)(sfw_bweight_w8_code_row(w) + sfw_bweight_w8_scale_row(w));
+	return (double)w->rows * (double)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
+}
+
+void sfwi_model_weight_bytes(const struct sfw_model *m, double *all, double *step)
+{
+	double a = bweight_bytes(&m->embed) + bweight_bytes(&m->norm), st = bweight_bytes(&m->lm_head);
+	for (int i = 0; m->layers && i < m->cfg.num_hidden_layers; i++) {
+		const struct sfwi_layer *L = &m->layers[i];
+		const struct sfw_bweight *lin[] = {&L->gate, &L->up, &L->down, &L->q, &L->k, &L->v, &L->o, &L->o_gate, &L->z};
+		const struct sfw_bweight *nrm[] = {&L->in_norm, &L->post_norm, &L->q_norm, &L->k_norm, &L->o_norm};
+		for (size_t k = 0; k < sizeof(lin) / sizeof(lin[0]); k++)
+			st += bweight_bytes(lin[k]);
+		for (size_t k = 0; k < sizeof(nrm) / sizeof(nrm[0]); k++)
+			a += bweight_bytes(nrm[k]);
+	}
+	*all = a + st;
+	*step = st;
+}
+
 void sfwi_model_close(struct sfw_model *m)
 {
 	if (m->layers) {

@@ -37,6 +37,11 @@ struct sfw_model {
 SFW_MUST_CHECK enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw_err *err);
 void sfwi_model_close(struct sfw_model *m);
 
+/* Bytes of the model's weights as bound (int8: codes + scales; bf16/f32 as
+ * stored): *all of them, and *step, those one decode step reads (the decoder
+ * linears and lm_head). */
+void sfwi_model_weight_bytes(const struct sfw_model *m, double *all, double *step);
+
 /* One sequence's rows in a forward step (runner/forward.c): rows [row0,
  * row0 + R) of the step's buffers, at positions pos0 .. pos0 + R - 1 of its
  * cache. sparse / nblocks are its call's InfLLM-v2 decision, fixed from the
@@ -50,8 +55,12 @@ struct sfwi_part {
 	int last_piece;
 };
 
+/* The cache description of m's shapes; pool / max_tokens as in backend.h
+ * (NULL, 0: a cache that grows on its own). */
+void sfwi_cache_desc(const struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens, struct sfw_cache_desc *d);
 /* One sequence's caches (every layer), empty. */
-SFW_MUST_CHECK enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bcache **out, struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens,
+					      struct sfw_bcache **out, struct sfw_err *err);
 
 /* A context without a sequence of its own: step buffers for `rows` rows and
  * logits for logit_rows of them (runner/batch.c). Freed with sfw_ctx_free. */

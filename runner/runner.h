@@ -9,7 +9,8 @@
  * without changing that decision.
  *
  * The generation loop over a context (prompt, sampling, stop conditions,
- * streamed text) is runner/generate.h.
+ * streamed text) is runner/generate.h; many sequences in one forward step
+ * (continuous batching) are runner/batch.h.
  *
  * This layer does not check the verified state of the directory: the CLI
  * (or any caller) does that with sfw_state_check before loading. */
@@ -45,6 +46,7 @@ struct sfw_backend_opts {
 	int profile;         /* device time per op, printed when the model is freed */
 	int no_pdl;          /* no programmatic dependent launch */
 	int select_mb;       /* block-selection scratch in MiB; 0 = 256 */
+	int w8_gemv;         /* int8 decode GEMV variant for every shape (kernels/linear_w8.cu); 0 = the table */
 };
 
 struct sfw_model_params {

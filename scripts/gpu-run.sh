@@ -5,6 +5,7 @@
 #   bash scripts/gpu-run.sh tests            every .devlib/bin/gpu_* test
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
+#   bash scripts/gpu-run.sh bench-w8 [--runs P:G,...] [--group G]  bf16 and int8 full-size models, bench_gpu on each
 #   bash scripts/gpu-run.sh batch [G]          mkmodel --preset full + bench_batch: B = 1, 8, 32, 64 at 1K and 1K-32K
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
 #   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
@@ -83,6 +84,39 @@ bench)
 	fi
 	"$BIN/bench_gpu" "$M" "$@" 2>&1 | tee -a "$OUT/bench.log"
 	exit "${PIPESTATUS[0]}"
+	;;
+bench-w8)
+	# bash scripts/gpu-run.sh bench-w8 [--runs ...] [--group G]: the bf16 model
+	# (mkmodel --preset full) and an int8 one written directly in the layout
+	# (mkmodel --preset full --w8 --group G, default 128), then bench_gpu on
+	# each with the same runs, in this one call (limits measured by each)
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	Q=${SALAFW_BENCH_MODEL_W8:-/tmp/sala-full-w8}
+	runs="1024:128,32768:16,131072:32" group=128
+	while [ $# -gt 0 ]; do
+		case $1 in
+		--runs) runs=$2; shift 2 ;;
+		--group) group=$2; shift 2 ;;
+		*) echo "bench-w8: unknown option $1" >&2; exit 2 ;;
+		esac
+	done
+	for d in "$M" "$Q"; do
+		[ -e "$d/config.json" ] && continue
+		start=$(date +%s)
+		if [ "$d" = "$Q" ]; then
+			"$BIN/salafw" mkmodel --preset full --w8 --group "$group" --no-tokenizer -o "$d" 2>&1 | tail -n 2 | tee -a "$OUT/mkmodel.log"
+		else
+			"$BIN/salafw" mkmodel --preset full --no-tokenizer -o "$d" 2>&1 | tail -n 2 | tee -a "$OUT/mkmodel.log"
+		fi
+		echo "mkmodel $d: $(($(date +%s) - start)) s" | tee -a "$OUT/mkmodel.log"
+	done
+	rc=0
+	for d in "$M" "$Q"; do
+		echo "== bench_gpu $d --runs $runs" | tee -a "$OUT/bench-w8.log"
+		"$BIN/bench_gpu" "$d" --runs "$runs" 2>&1 | grep -v uploaded | tee -a "$OUT/bench-w8.log"
+		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	done
+	exit $rc
 	;;
 batch)
 	# bash scripts/gpu-run.sh batch [GEN]: aggregate decode throughput of

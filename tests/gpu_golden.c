@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: quant runner kernels fetch verify core */
 /* gpu_golden.c - the CUDA engine end to end: every golden case against
  * golden_bf16 (the reference computed in bf16, as this backend computes), and
  * against the CPU engine on the same case (its record written to a temporary
@@ -12,8 +12,11 @@
 #include "test_golden.c"
 #undef main
 
+#include "quant/quant.h"
 #include "runner/backend.h"
+#include "runner/bench.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* forward.c refers to the CUDA backend weakly: make sure this binary has it
@@ -53,6 +56,103 @@ static struct sfw_model *load(const char *dir, enum sfw_device dev)
 		CHECK(strcmp(sfw_model_device_name(m), dev == SFW_DEVICE_CUDA ? "cuda" : "cpu") == 0,
 		      "%s: runs on %s", dir, sfw_model_device_name(m));
 	return s == SFW_OK ? m : NULL;
+}
+
+/* The memory plan on a loaded CUDA model: a context far past the device is
+ * refused with the numbers and a largest context that fits, which is then
+ * accepted; a benchmark run's real peak matches the plan. */
+static void mem_plan_checks(struct sfw_model *m, const char *name)
+{
+	struct sfw_err err = {0};
+	struct sfw_mem_plan pl;
+	enum sfw_status s = sfw_bench_mem_check(m, (int64_t)1 << 40, 256, &pl, &err);
+	CHECK(s == SFW_E_NOMEM && strstr(err.msg, "does not fit the GPU") && strstr(err.msg, "GiB are free"),
+	      "%s: 2^40 tokens refused with the numbers (%s)", name, err.msg);
+	const char *at = strstr(err.msg, "at most about ");
+	long long fit = 0;
+	CHECK(at && sscanf(at, "at most about %lld", &fit) == 1 && fit > 4096, "%s: a largest context named", name);
+	if (fit > 4096) {
+		struct sfw_err e2 = {0};
+		CHECK(sfw_bench_mem_check(m, fit, 256, NULL, &e2) == SFW_OK, "%s: the named %lld tokens fit: %s", name, fit,
+		      e2.msg);
+		CHECK(sfw_bench_mem_check(m, fit * 2 + 4096, 256, NULL, &e2) == SFW_E_NOMEM, "%s: twice that does not",
+		      name);
+	}
+	struct sfw_bench_params bp = {300, 4, 0, 0, 0};
+	struct sfw_bench_result r;
+	s = sfw_bench_run(m, &bp, &r, &err);
+	CHECK(s == SFW_OK, "%s: bench run: %s", name, err.msg);
+	if (s == SFW_OK) {
+		sfw_bench_mem_plan_model(m, r.n_ctx, (int)r.chunk, &pl);
+		double off = r.peak_bytes - pl.total, margin = 0.1 * pl.total + (32 << 20);
+		printf("  %s: memory plan %.1f MiB, measured peak %.1f MiB (%+.1f MiB)\n", name, pl.total / 1048576.0,
+		       r.peak_bytes / 1048576.0, off / 1048576.0);
+		CHECK(off <= margin && -off <= margin, "%s: plan %.1f MiB vs peak %.1f MiB", name, pl.total / 1048576.0,
+		      r.peak_bytes / 1048576.0);
+	}
+}
+
+/* int8 on CUDA against int8 on the CPU: the case quantized with the
+ * project's quantizer (RTN, in process, group `group`), then both engines
+ * on it, compared as bf16 CUDA vs CPU is (TOL_BF16). */
+static void gpu_case_w8(const char *gdir, const char *name, int group)
+{
+	char src[4096], dst[256], path[4200];
+	struct sfw_err err = {0};
+	snprintf(src, sizeof(src), "%s/%s", gdir, name);
+	snprintf(dst, sizeof(dst), "/tmp/gpu_golden_w8_%s_%d", name, (int)getpid());
+	snprintf(path, sizeof(path), "%s/golden_bf16.safetensors", src);
+	struct sfw_quant_params qp = sfw_quant_default_params();
+	qp.method = SFW_QUANT_RTN;
+	qp.group_size = group;
+	qp.force = 1;
+	struct sfw_quant_stats st = {0};
+	qp.stats = &st;
+	enum sfw_status s = sfw_quant_run(src, dst, &qp, &err);
+	CHECK(s == SFW_OK, "%s: quantize (rtn, group %d): %s", name, group, err.msg);
+	struct sfw_st_file *g = NULL;
+	if (s == SFW_OK)
+		s = sfw_st_open(path, &g, &err);
+	CHECK(s == SFW_OK, "%s: %s", path, err.msg);
+	if (s == SFW_OK) {
+		CHECK(st.n_quantized > 0, "%s: %d linears quantized", name, st.n_quantized);
+		struct sfw_model *gm = load(dst, SFW_DEVICE_CUDA);
+		struct sfw_model *cm = load(dst, SFW_DEVICE_CPU);
+		if (gm && cm) {
+			double gs = 0, cs = 0;
+			struct sfw_record *rg = run_on(gm, g, &gs);
+			struct sfw_record *rc = run_on(cm, g, &cs);
+			char tmp[256], label[160];
+			struct worst w;
+			if (rg && rc) {
+				printf("  %s int8 (rtn, group %d, %d linears): cuda %.2fs, cpu %.2fs (wall)\n", name, group,
+				       st.n_quantized, gs, cs);
+				snprintf(tmp, sizeof(tmp), "/tmp/gpu_golden_cpu_w8_%d.safetensors", (int)getpid());
+				s = sfw_record_write(rc, tmp, "case", name, &err);
+				CHECK(s == SFW_OK, "write %s: %s", tmp, err.msg);
+				struct sfw_st_file *cpu = NULL;
+				if (s == SFW_OK && sfw_st_open(tmp, &cpu, &err) == SFW_OK) {
+					double keep = g_score_factor;
+					g_score_factor = 1;
+					snprintf(label, sizeof(label), "%s int8 g%d cuda vs cpu engine", name, group);
+					compare(label, cpu, from_record, rg, &TOL_BF16, &w);
+					g_score_factor = keep;
+					sfw_st_close(cpu);
+				}
+				unlink(tmp);
+			}
+			sfw_record_free(rg);
+			sfw_record_free(rc);
+		}
+		if (gm)
+			mem_plan_checks(gm, name);
+		sfw_model_free(gm);
+		sfw_model_free(cm);
+		sfw_st_close(g);
+	}
+	char cmd[400];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dst);
+	CHECK(system(cmd) == 0, "remove %s", dst);
 }
 
 static void gpu_case(const char *gdir, const char *name)
@@ -112,8 +212,13 @@ int main(int argc, char **argv)
 	if (gdir) {
 		const char *cases[] = {"tiny-dense", "tiny-sparse", "tiny-cross"};
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-			if (argc < 2 || strcmp(argv[1], cases[i]) == 0)
+			if (argc < 2 || strcmp(argv[1], cases[i]) == 0) {
 				gpu_case(gdir, cases[i]);
+				/* int8: every case at two group sizes, all four sizes covered */
+				static const int groups[][2] = {{128, 32}, {64, SFW_QL_GROUP_CHANNEL}, {32, 128}};
+				for (int k = 0; k < 2; k++)
+					gpu_case_w8(gdir, cases[i], groups[i][k]);
+			}
 	}
 	return CHECK_REPORT("gpu_golden");
 }

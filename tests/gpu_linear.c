@@ -247,6 +247,398 @@ static void bench_gemm(struct sfw_cuda_blas *blas, double gemm_tflops, void *s)
 	sfw_cuda_event_free(e0), sfw_cuda_event_free(e1);
 }
 
+/* ---- int8 (W8A16): kernels/linear_w8.cu against its C twin sfw_op_matmul_w8_cpu ---- */
+
+/* float -> IEEE half bits, round to nearest even (normal range: the test's
+ * scales are normal halves). */
+static uint16_t f32_to_f16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	uint32_t sign = (u >> 16) & 0x8000u;
+	int e = (int)((u >> 23) & 0xff) - 127 + 15;
+	uint32_t man = u & 0x7fffffu;
+	if (e <= 0 || e >= 31)
+		return (uint16_t)sign; /* never reached by the test's values */
+	uint32_t h = ((uint32_t)e << 10) | (man >> 13), rest = man & 0x1fffu;
+	if (rest > 0x1000u || (rest == 0x1000u && (h & 1)))
+		h++;
+	return (uint16_t)(sign | h);
+}
+
+/* half bits (normal numbers: all the test writes) -> float */
+static float f16_to_f32_normal(uint16_t h)
+{
+	uint32_t u = ((uint32_t)(h & 0x8000u) << 16) | ((uint32_t)(((h >> 10) & 0x1f) + 112) << 23) |
+		     ((uint32_t)(h & 0x3ffu) << 13);
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+struct w8_host {
+	uint8_t *codes;  /* [N, rb] */
+	void *scales;    /* [N, G] in sdt */
+	size_t rb, G, ss, cbytes, sbytes;
+};
+
+static void w8_make(struct w8_host *h, int N, int K, int group, enum sfw_op_dtype sdt)
+{
+	int span = group > 0 ? group : K;
+	h->rb = (size_t)(K + 3) / 4 * 4;
+	h->G = (size_t)((K + span - 1) / span);
+	h->ss = sdt == SFW_OP_F32 ? 4 : 2;
+	h->cbytes = (size_t)N * h->rb;
+	h->sbytes = (size_t)N * h->G * h->ss;
+	h->codes = calloc(h->cbytes, 1);
+	h->scales = malloc(h->sbytes);
+	for (int n = 0; n < N; n++)
+		for (int k = 0; k < K; k++)
+			h->codes[(size_t)n * h->rb + k] = (uint8_t)(sfwt_next(&rng_state) & 0xff);
+	for (size_t i = 0; i < (size_t)N * h->G; i++) {
+		float v = 1e-3f * (1.5f + urand()); /* (0.5, 2.5) x 1e-3, never zero */
+		if (sdt == SFW_OP_F32)
+			((float *)h->scales)[i] = v;
+		else if (sdt == SFW_OP_F16)
+			((uint16_t *)h->scales)[i] = f32_to_f16(v);
+		else
+			((uint16_t *)h->scales)[i] = sfw_f32_to_bf16(v);
+	}
+}
+
+static void w8_free(struct w8_host *h)
+{
+	free(h->codes), free(h->scales);
+}
+
+static const char *sdt_name(enum sfw_op_dtype d)
+{
+	return d == SFW_OP_F32 ? "F32" : d == SFW_OP_F16 ? "F16" : "BF16";
+}
+
+/* Y (bf16 or, for logits, float) against the C twin on the same bf16 inputs:
+ * per element |d| <= |r|/128 + a rms(r), NMSE < 2e-5. a = 2e-3 for the GEMV
+ * (bf16 output rounding only); 1.6e-2 when the weights went through bf16
+ * (M > 8: each dequantized weight rounded to 8 significant bits, whose sum
+ * over K has a standard deviation near 1.6e-3 rms(r), maxima seen 8.7e-3 on
+ * 40,000 outputs: 1.6e-2 is ~10 of them; the NMSE bound stays tight). */
+static void w8_compare(const char *what, const float *ref, const void *got, int out_f32, int M, int N, int ldy)
+{
+	double a = M > 8 ? 1.6e-2 : 2e-3;
+	double num = 0, den = 0, maxd = 0;
+	for (size_t i = 0; i < (size_t)M * N; i++)
+		den += (double)ref[i] * ref[i];
+	double rms = sqrt(den / ((double)M * N)), bad = 0;
+	int bm = -1, bn = 0;
+	for (int m = 0; m < M; m++)
+		for (int n = 0; n < N; n++) {
+			double r = ref[(size_t)m * N + n];
+			double y = out_f32 ? ((const float *)got)[(size_t)m * ldy + n]
+					   : sfw_bf16_to_f32(((const uint16_t *)got)[(size_t)m * ldy + n]);
+			double d = fabs(y - r);
+			num += d * d;
+			maxd = d > maxd ? d : maxd;
+			if (!(d <= fabs(r) / 128 + a * rms) && bm < 0)
+				bad = y, bm = m, bn = n;
+		}
+	double nmse = den > 0 ? num / den : num;
+	printf("%-58s NMSE %.2e  max|diff| %.2e  (rms ref %.2e)\n", what, nmse, maxd, rms);
+	CHECK(bm < 0, "%s: y[%d,%d] = %g, C twin %g", what, bm, bn, bad, bm < 0 ? 0.0 : ref[(size_t)bm * N + bn]);
+	CHECK(nmse < 2e-5, "%s: NMSE %.3e", what, nmse);
+}
+
+static void correctness_w8(void *s)
+{
+	static const int groups[] = {32, 64, 128, 0};
+	static const enum sfw_op_dtype sdts[] = {SFW_OP_BF16, SFW_OP_F16, SFW_OP_F32};
+	/* widths: multiples of 16 and of every group, a width that ends in a
+	 * partial group (208 = 6.5 x 32), one that is not a multiple of 16 (the
+	 * scalar kernel) and one not a multiple of 4 (padded code rows) */
+	static const struct {
+		int N, K;
+	} shapes[] = {{256, 512}, {100, 208}, {77, 200}, {33, 130}, {1000, 1024}};
+	static const int Ms[] = {1, 3, 8, 40};
+	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+		for (size_t gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
+			for (size_t di = 0; di < sizeof(sdts) / sizeof(sdts[0]); di++) {
+				int N = shapes[si].N, K = shapes[si].K, group = groups[gi];
+				enum sfw_op_dtype sdt = sdts[di];
+				if (group > K)
+					continue;
+				struct w8_host h;
+				w8_make(&h, N, K, group, sdt);
+				int Mmax = 40;
+				size_t nx = (size_t)Mmax * K;
+				uint16_t *X = malloc(nx * 2);
+				float *xf = malloc(nx * 4), *ref = malloc((size_t)Mmax * N * 4);
+				void *Y = malloc((size_t)Mmax * N * 4);
+				rand_bf16(X, nx, 1.0f);
+				for (size_t i = 0; i < nx; i++)
+					xf[i] = sfw_bf16_to_f32(X[i]);
+				void *dx, *dc, *dsc, *dy;
+				struct sfw_err e = {0};
+				CHECK(sfw_cuda_malloc(&dx, nx * 2, "x", &e) == SFW_OK, "%s", e.msg);
+				CHECK(sfw_cuda_malloc(&dc, h.cbytes, "codes", &e) == SFW_OK, "%s", e.msg);
+				CHECK(sfw_cuda_malloc(&dsc, h.sbytes, "scales", &e) == SFW_OK, "%s", e.msg);
+				CHECK(sfw_cuda_malloc(&dy, (size_t)Mmax * N * 4, "y", &e) == SFW_OK, "%s", e.msg);
+				sfw_cuda_h2d(dx, X, nx * 2, s);
+				sfw_cuda_h2d(dc, h.codes, h.cbytes, s);
+				sfw_cuda_h2d(dsc, h.scales, h.sbytes, s);
+				int span = group > 0 ? group : K;
+				for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++) {
+					int M = Ms[mi];
+					sfw_op_matmul_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, M, N, K);
+					sfw_cuda_memset(dy, 0xff, (size_t)Mmax * N * 4, s);
+					sfw_op_matmul_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, SFW_OP_BF16, s);
+					sfw_cuda_d2h(Y, dy, (size_t)M * N * 2, s);
+					sfw_cuda_sync(s);
+					char name[128];
+					snprintf(name, sizeof(name), "w8 %s M=%d N=%d K=%d group %s %s",
+						 M <= 8 ? "gemv" : "gemm", M, N, K, group ? (group == 32 ? "32" : group == 64 ? "64" : "128") : "channel",
+						 sdt_name(sdt));
+					w8_compare(name, ref, Y, 0, M, N, N);
+				}
+				/* logits: in_scale 1/16 rides as alpha; bf16-rounded float out */
+				for (int M = 1; M <= 40; M += 39) {
+					float *xs = malloc((size_t)M * K * 4);
+					for (size_t i = 0; i < (size_t)M * K; i++)
+						xs[i] = xf[i] / 16;
+					sfw_op_matmul_w8_cpu(ref, xs, h.codes, h.scales, sdt, span, M, N, K);
+					for (size_t i = 0; i < (size_t)M * N; i++)
+						ref[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(ref[i]));
+					sfw_op_logits_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, 1.0f / 16, SFW_OP_BF16, s);
+					sfw_cuda_d2h(Y, dy, (size_t)M * N * 4, s);
+					sfw_cuda_sync(s);
+					char name[128];
+					snprintf(name, sizeof(name), "w8 logits M=%d N=%d K=%d group %d %s", M, N, K, group,
+						 sdt_name(sdt));
+					w8_compare(name, ref, Y, 1, M, N, N);
+					free(xs);
+				}
+				/* the prefill dequantization, bit for bit: bf16((b - 128) * scale) */
+				{
+					int r0 = N > 8 ? 5 : 0, nr = N - r0;
+					uint16_t *got = malloc((size_t)nr * K * 2);
+					void *dw;
+					CHECK(sfw_cuda_malloc(&dw, (size_t)nr * K * 2, "w", &e) == SFW_OK, "%s", e.msg);
+					sfw_cuda_dequant_w8(dw, dc, dsc, sdt, span, r0, nr, K, s);
+					sfw_cuda_d2h(got, dw, (size_t)nr * K * 2, s);
+					sfw_cuda_sync(s);
+					long bad = 0;
+					for (int r = 0; r < nr; r++) {
+						int n = r0 + r;
+						size_t g0 = (size_t)n * h.G;
+						for (int k = 0; k < K; k++) {
+							float sc;
+							size_t gi2 = g0 + (size_t)(k / span);
+							if (sdt == SFW_OP_F32)
+								sc = ((float *)h.scales)[gi2];
+							else if (sdt == SFW_OP_BF16)
+								sc = sfw_bf16_to_f32(((uint16_t *)h.scales)[gi2]);
+							else
+								sc = f16_to_f32_normal(((uint16_t *)h.scales)[gi2]);
+							float w = (float)((int)h.codes[(size_t)n * h.rb + k] - 128) * sc;
+							bad += got[(size_t)r * K + k] != sfw_f32_to_bf16(w);
+						}
+					}
+					CHECK(bad == 0, "w8 dequant N=%d K=%d group %d %s: %ld of %ld weights differ", N, K,
+					      group, sdt_name(sdt), bad, (long)nr * K);
+					if (bad == 0)
+						printf("w8 dequant rows %d.. N=%d K=%d group %d %s: bf16 bits equal\n", r0, N, K, group,
+						       sdt_name(sdt));
+					sfw_cuda_free(dw);
+					free(got);
+				}
+				sfw_cuda_free(dx), sfw_cuda_free(dc), sfw_cuda_free(dsc), sfw_cuda_free(dy);
+				free(X), free(xf), free(ref), free(Y);
+				w8_free(&h);
+			}
+}
+
+/* Median ms per launch of `reps` back-to-back launches of one W8 GEMV
+ * variant over rotating copies (as a decode step issues them), and of one
+ * launch alone between two events (launch and ramp-up included). */
+static void time_gemv_w8(uint8_t **c, void **sc, int ncopies, const uint16_t *x, uint16_t *y, int M, int N, int K,
+			 int R, int U, void *s, void *e0, void *e1, float *alone, float *stream)
+{
+	float t[25];
+	for (int i = 0; i < 3; i++)
+		sfw_cuda_gemv_w8_variant(x, K, c[i % ncopies], sc[i % ncopies], SFW_OP_BF16, 128, y, N, M, N, K, R, U, s);
+	for (int i = 0; i < 25; i++) {
+		sfw_cuda_event_record(e0, s);
+		sfw_cuda_gemv_w8_variant(x, K, c[i % ncopies], sc[i % ncopies], SFW_OP_BF16, 128, y, N, M, N, K, R, U, s);
+		sfw_cuda_event_record(e1, s);
+		t[i] = sfw_cuda_event_ms(e0, e1);
+	}
+	qsort(t, 25, sizeof(float), cmp_float);
+	*alone = t[12];
+	for (int rep = 0; rep < 9; rep++) {
+		sfw_cuda_event_record(e0, s);
+		for (int i = 0; i < 20; i++)
+			sfw_cuda_gemv_w8_variant(x, K, c[(rep * 20 + i) % ncopies], sc[(rep * 20 + i) % ncopies], SFW_OP_BF16,
+						 128, y, N, M, N, K, R, U, s);
+		sfw_cuda_event_record(e1, s);
+		t[rep] = sfw_cuda_event_ms(e0, e1) / 20;
+	}
+	qsort(t, 9, sizeof(float), cmp_float);
+	*stream = t[4];
+}
+
+static void bench_gemv_w8(double copy_gbps, void *s)
+{
+	static const struct {
+		int N, K;
+		const char *what;
+	} shapes[] = {
+		{4096, 4096, "o_proj"},
+		{8704, 4096, "sparse q|k|v|o_gate merged"},
+		{16384, 4096, "lightning q|k|v|z merged"},
+		{32768, 4096, "gate|up merged"},
+		{4096, 16384, "down_proj"},
+	};
+	/* rows per warp 101, 102: the pipelined forms (next batch in flight) */
+	static const int variants[][2] = {{1, 2},   {1, 4},   {1, 8},   {2, 2}, {2, 4}, {2, 8}, {4, 2},
+					  {4, 4},   {101, 2}, {101, 4}, {102, 2}, {0, 0}};
+	size_t nv = sizeof(variants) / sizeof(variants[0]);
+	void *e0 = sfw_cuda_event_new(), *e1 = sfw_cuda_event_new();
+	printf("\nGEMV int8 (g128, BF16 scales), M=1: GB/s of code + scale bytes, ratio to the copy ceiling %.0f GB/s;\n"
+	       "each cell: back-to-back launches (per launch) | one launch alone between events\n",
+	       copy_gbps);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		int N = shapes[i].N, K = shapes[i].K;
+		size_t cb = (size_t)N * K, sb = (size_t)N * (K / 128) * 2, bytes = cb + sb;
+		int ncopies = (int)((600u << 20) / bytes) + 1;
+		if (ncopies > 48)
+			ncopies = 48;
+		uint8_t *c[48];
+		void *sc[48], *x, *y;
+		struct sfw_err e = {0};
+		int ok = 1;
+		for (int k = 0; k < ncopies; k++) {
+			ok &= sfw_cuda_malloc((void **)&c[k], cb, "codes", &e) == SFW_OK;
+			ok &= sfw_cuda_malloc(&sc[k], sb, "scales", &e) == SFW_OK;
+			if (!ok)
+				break;
+			sfw_cuda_fill_bf16((uint16_t *)c[k], cb / 2, 300 + k, 1.0f, s); /* random bytes */
+			sfw_cuda_fill_bf16(sc[k], sb / 2, 400 + k, 0.002f, s);
+		}
+		ok &= sfw_cuda_malloc(&x, (size_t)K * 2 * 8, "x", &e) == SFW_OK;
+		ok &= sfw_cuda_malloc(&y, (size_t)N * 2 * 8, "y", &e) == SFW_OK;
+		CHECK(ok, "w8 bench allocations: %s", e.msg);
+		if (!ok)
+			return;
+		sfw_cuda_fill_bf16(x, (size_t)K * 8, 98, 1.0f, s);
+		printf("%-6d x %-6d %-28s\n", N, K, shapes[i].what);
+		for (size_t v = 0; v < nv; v++) {
+			float a, b;
+			time_gemv_w8(c, sc, ncopies, x, y, 1, N, K, variants[v][0], variants[v][1], s, e0, e1, &a, &b);
+			double ga = bytes / (a * 1e-3) / 1e9, gb = bytes / (b * 1e-3) / 1e9;
+			char nm[16];
+			if (variants[v][0])
+				snprintf(nm, sizeof(nm), "%s%dU%d", variants[v][0] > 100 ? "P" : "R", variants[v][0] % 100,
+					 variants[v][1]);
+			else
+				snprintf(nm, sizeof(nm), "default");
+			printf("   %-8s %5.0f GB/s %.2f | %5.0f GB/s %.2f\n", nm, gb, gb / copy_gbps, ga, ga / copy_gbps);
+			if (!variants[v][0])
+				printf("W8GEMV %dx%d %s: %.2f of copy (back to back), %.2f (alone)\n", N, K, shapes[i].what,
+				       gb / copy_gbps, ga / copy_gbps);
+		}
+		float a4, b4;
+		time_gemv_w8(c, sc, ncopies, x, y, 4, N, K, 0, 0, s, e0, e1, &a4, &b4);
+		printf("   M=4      %5.0f GB/s\n", bytes / (b4 * 1e-3) / 1e9);
+		/* the timed matrix against the C twin on its first 512 rows */
+		{
+			int n = N < 512 ? N : 512;
+			uint8_t *hc = malloc((size_t)n * K);
+			uint16_t *hs = malloc((size_t)n * (K / 128) * 2), *hx = malloc((size_t)K * 2), *hy = malloc((size_t)N * 2);
+			float *xf = malloc((size_t)K * 4), *ref = malloc((size_t)n * 4);
+			sfw_cuda_gemv_w8_variant(x, K, c[0], sc[0], SFW_OP_BF16, 128, y, N, 1, N, K, 0, 0, s);
+			sfw_cuda_d2h(hc, c[0], (size_t)n * K, s);
+			sfw_cuda_d2h(hs, sc[0], (size_t)n * (K / 128) * 2, s);
+			sfw_cuda_d2h(hx, x, (size_t)K * 2, s);
+			sfw_cuda_d2h(hy, y, (size_t)N * 2, s);
+			sfw_cuda_sync(s);
+			for (int k = 0; k < K; k++)
+				xf[k] = sfw_bf16_to_f32(hx[k]);
+			sfw_op_matmul_w8_cpu(ref, xf, hc, hs, SFW_OP_BF16, 128, 1, n, K);
+			char name[96];
+			snprintf(name, sizeof(name), "w8 gemv timed matrix %dx%d (first %d rows)", N, K, n);
+			w8_compare(name, ref, hy, 0, 1, n, N);
+			free(hc), free(hs), free(hx), free(hy), free(xf), free(ref);
+		}
+		for (int k = 0; k < ncopies; k++)
+			sfw_cuda_free(c[k]), sfw_cuda_free(sc[k]);
+		sfw_cuda_free(x), sfw_cuda_free(y);
+	}
+	sfw_cuda_event_free(e0), sfw_cuda_event_free(e1);
+}
+
+/* Prefill with int8 weights: dequantize to a bf16 slab (64 MiB, as the op
+ * scratch) + cuBLASLt, against the bf16 GEMM of the same shape. */
+static void bench_gemm_w8(struct sfw_cuda_blas *blas, double gemm_tflops, void *s)
+{
+	static const struct {
+		int N, K;
+		const char *what;
+	} shapes[] = {
+		{4096, 4096, "o_proj / z / o_gate"}, {4608, 4096, "sparse q|k|v"}, {12288, 4096, "lightning q|k|v"},
+		{16384, 4096, "gate or up"},        {4096, 16384, "down_proj"},
+	};
+	int M = 8192;
+	size_t scr_bytes = SFW_CUDA_SCRATCH_MIN;
+	void *e0 = sfw_cuda_event_new(), *e1 = sfw_cuda_event_new(), *scr;
+	struct sfw_err e = {0};
+	CHECK(sfw_cuda_malloc(&scr, scr_bytes, "scratch", &e) == SFW_OK, "%s", e.msg);
+	printf("\nGEMM int8 g128 (dequantize to bf16 slabs + cuBLASLt), M=%d: TFLOP/s, ratio to the GEMM ceiling %.0f\n"
+	       "and to the bf16 GEMM of the same shape\n",
+	       M, gemm_tflops);
+	double t8 = 0, t16 = 0;
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		int N = shapes[i].N, K = shapes[i].K;
+		void *x, *w, *y, *c, *sc;
+		size_t sb = (size_t)N * (K / 128) * 2;
+		int ok = sfw_cuda_malloc(&x, (size_t)M * K * 2, "x", &e) == SFW_OK;
+		ok &= sfw_cuda_malloc(&w, (size_t)N * K * 2, "w", &e) == SFW_OK;
+		ok &= sfw_cuda_malloc(&y, (size_t)M * N * 2, "y", &e) == SFW_OK;
+		ok &= sfw_cuda_malloc(&c, (size_t)N * K, "codes", &e) == SFW_OK;
+		ok &= sfw_cuda_malloc(&sc, sb, "scales", &e) == SFW_OK;
+		CHECK(ok, "w8 gemm bench allocations: %s", e.msg);
+		if (!ok)
+			return;
+		sfw_cuda_fill_bf16(x, (size_t)M * K, 5, 1.0f, s);
+		sfw_cuda_fill_bf16(w, (size_t)N * K, 6, 0.05f, s);
+		sfw_cuda_fill_bf16(c, (size_t)N * K / 2, 7, 1.0f, s);
+		sfw_cuda_fill_bf16(sc, sb / 2, 8, 0.002f, s);
+		float t[2][9];
+		for (int r = 0; r < 2; r++) {
+			sfw_cuda_gemm(blas, x, K, w, y, N, M, N, K, s);
+			sfw_cuda_gemm_w8(blas, x, K, c, sc, SFW_OP_BF16, 128, y, N, M, N, K, scr, scr_bytes, s);
+		}
+		for (int r = 0; r < 9; r++) {
+			sfw_cuda_event_record(e0, s);
+			sfw_cuda_gemm(blas, x, K, w, y, N, M, N, K, s);
+			sfw_cuda_event_record(e1, s);
+			t[0][r] = sfw_cuda_event_ms(e0, e1);
+			sfw_cuda_event_record(e0, s);
+			sfw_cuda_gemm_w8(blas, x, K, c, sc, SFW_OP_BF16, 128, y, N, M, N, K, scr, scr_bytes, s);
+			sfw_cuda_event_record(e1, s);
+			t[1][r] = sfw_cuda_event_ms(e0, e1);
+		}
+		qsort(t[0], 9, sizeof(float), cmp_float);
+		qsort(t[1], 9, sizeof(float), cmp_float);
+		double fl = 2.0 * M * N * K, tb = fl / (t[0][4] * 1e-3) / 1e12, tq = fl / (t[1][4] * 1e-3) / 1e12;
+		printf("  %6d x %-6d %-22s bf16 %7.3f ms %4.0f TFLOP/s | int8 %7.3f ms %4.0f TFLOP/s  %.2f of ceiling, "
+		       "%.2f of bf16\n",
+		       N, K, shapes[i].what, t[0][4], tb, t[1][4], tq, tq / gemm_tflops, tq / tb);
+		t16 += t[0][4], t8 += t[1][4];
+		sfw_cuda_free(x), sfw_cuda_free(w), sfw_cuda_free(y), sfw_cuda_free(c), sfw_cuda_free(sc);
+	}
+	printf("W8GEMM all shapes: int8 %.3f ms vs bf16 %.3f ms: %.2f of the bf16 rate\n", t8, t16, t16 / t8);
+	sfw_cuda_free(scr);
+	sfw_cuda_event_free(e0), sfw_cuda_event_free(e1);
+}
+
 int main(void)
 {
 	struct sfw_cuda_info info;
@@ -263,6 +655,8 @@ int main(void)
 	struct sfw_cuda_blas *blas;
 	CHECK(sfw_cuda_blas_new(&blas, 32u << 20, &err) == SFW_OK, "%s", err.msg);
 	correctness(blas, s);
+	sfw_cuda_ops_bind(blas, NULL, 0); /* the W8 op twins' GEMMs on this handle, their scratch the default */
+	correctness_w8(s);
 	if (!getenv("GPU_LINEAR_QUICK")) {
 		double copy = 0, gemm = 0;
 		CHECK(sfw_cuda_measure_copy((size_t)2 << 30, &copy, &err) == SFW_OK, "%s", err.msg);
@@ -272,7 +666,11 @@ int main(void)
 		CHECK(copy > 100 && gemm > 10, "ceilings look wrong: %.0f GB/s, %.0f TFLOP/s", copy, gemm);
 		bench_gemv(copy, s);
 		bench_gemm(blas, gemm, s);
+		bench_gemv_w8(copy, s);
+		bench_gemm_w8(blas, gemm, s);
 	}
+	sfw_cuda_ops_bind(NULL, NULL, 0);
+	sfw_cuda_ops_release_default();
 	size_t live, peak, used;
 	sfw_cuda_mem_stats(&live, &peak, &used);
 	CHECK(live == 32u << 20, "device bytes still allocated: %zu (expected the 32 MiB workspace)", live);

@@ -15,10 +15,15 @@
  *     sequence has given its blocks back;
  *   - 64 sequences decoding in one step;
  *   - refusals: an unknown or repeated sequence, a bad id, a step over
- *     max_ctx, all slots in use. */
+ *     max_ctx, all slots in use;
+ *   - both KV modes: paged (the CPU backend's pool, its blocks mapped into
+ *     each sequence's range: the join/leave run reuses every block many
+ *     times through a pool just big enough) and, with the backend's pool_new
+ *     taken away, per-sequence caches under the same budget (CUDA's mode). */
 #include "check.h"
 #include "alloc.h"
 #include "runner/batch.h"
+#include "runner/model.h"
 #include "runner/runner.h"
 
 #include <stdio.h>
@@ -164,12 +169,12 @@ struct sched_stats {
  * step carries every open sequence that is decoding plus at most `prefills`
  * prefill chunks; a finished sequence is closed at once. */
 static void run_schedule(struct sfw_model *m, struct sq *qs, int nq, int max_seqs, int gap, int prefills,
-			 struct sched_stats *st)
+			 int64_t pool_tokens, struct sched_stats *st)
 {
 	int V = sfw_model_config(m)->vocab_size;
 	struct sfw_batch_params bp = sfw_batch_default_params();
 	bp.max_seqs = max_seqs;
-	bp.pool_tokens = 1 << 20;
+	bp.pool_tokens = pool_tokens;
 	bp.max_ctx = 4096;
 	bp.max_step_rows = prefills * 256 + max_seqs;
 	struct sfw_batch *b = NULL;
@@ -179,6 +184,7 @@ static void run_schedule(struct sfw_model *m, struct sq *qs, int nq, int max_seq
 		CHECK(0, "batch: %s", err.msg);
 		return;
 	}
+	CHECK(sfw_batch_paged(b) == (m->be->pool_new != NULL), "paged KV exactly when the backend has a pool");
 	int used_slot[SFW_BATCH_MAX_SEQS] = {0};
 	struct sfw_batch_item items[SFW_BATCH_MAX_SEQS];
 	struct sq *owner[SFW_BATCH_MAX_SEQS];
@@ -236,7 +242,7 @@ static void run_schedule(struct sfw_model *m, struct sq *qs, int nq, int max_seq
 }
 
 static void check_sched(struct sfw_model *m, const char *what, const int *lens, const int *chunks, int nq,
-			int steps, int max_seqs, int gap, int prefills, int expect_reuse)
+			int steps, int max_seqs, int gap, int prefills, int expect_reuse, int64_t pool_tokens)
 {
 	int V = sfw_model_config(m)->vocab_size;
 	struct sq *qs = calloc((size_t)nq, sizeof(*qs));
@@ -246,7 +252,7 @@ static void check_sched(struct sfw_model *m, const char *what, const int *lens, 
 	CHECK(ok, "%s: references alone", what);
 	if (ok) {
 		struct sched_stats st;
-		run_schedule(m, qs, nq, max_seqs, gap, prefills, &st);
+		run_schedule(m, qs, nq, max_seqs, gap, prefills, pool_tokens, &st);
 		int bl = 0, bt = 0, done = 0;
 		for (int i = 0; i < nq; i++)
 			bl += qs[i].bad_logits, bt += qs[i].bad_tok, done += qs[i].done;
@@ -271,12 +277,15 @@ static void test_sizes(struct sfw_model *m)
 	static const int lens[16] = {5, 700, 130, 64, 1, 33, 520, 90, 200, 17, 65, 300, 8, 129, 45, 600};
 	/* enough decode steps that the first sequence still decodes when the
 	 * last one's prompt is in (one prefill chunk per step) */
-	check_sched(m, "B=1", lens + 1, chunks + 1, 1, 6, 1, 0, 1, 0);
-	check_sched(m, "B=2", lens, chunks, 2, 12, 2, 0, 1, 0);
-	check_sched(m, "B=5", lens + 2, chunks, 5, 16, 5, 0, 1, 0);
-	check_sched(m, "B=16", lens, chunks, 16, 48, 16, 0, 1, 0);
-	/* join and leave: 9 sequences through 4 slots, arriving one by one */
-	check_sched(m, "join/leave", lens + 3, chunks, 9, 12, 4, 3, 1, 1);
+	int64_t big = 1 << 14;
+	check_sched(m, "B=1", lens + 1, chunks + 1, 1, 6, 1, 0, 1, 0, big);
+	check_sched(m, "B=2", lens, chunks, 2, 12, 2, 0, 1, 0, big);
+	check_sched(m, "B=5", lens + 2, chunks, 5, 16, 5, 0, 1, 0, big);
+	check_sched(m, "B=16", lens, chunks, 16, 48, 16, 0, 1, 0, big);
+	/* join and leave: 9 sequences through 4 slots, arriving one by one; the
+	 * pool holds 4 of the longest (520 + 12 tokens: 9 blocks), so blocks
+	 * freed by one sequence serve the next */
+	check_sched(m, "join/leave", lens + 3, chunks, 9, 12, 4, 3, 1, 1, 4 * 9 * 64);
 }
 
 /* 64 sequences at once: 64 prompts of one chunk each in the first step,
@@ -287,7 +296,7 @@ static void test_64(struct sfw_model *m)
 	int lens[64];
 	for (int i = 0; i < 64; i++)
 		lens[i] = 1 + (i * 37) % 64;
-	check_sched(m, "B=64", lens, chunks, 64, 4, 64, 0, 64, 0);
+	check_sched(m, "B=64", lens, chunks, 64, 4, 64, 0, 64, 0, 64 * 2 * 64);
 }
 
 static int step1(struct sfw_batch *b, int seq, const int32_t *ids, int n, struct sfw_err *err)
@@ -315,6 +324,7 @@ static void test_pool(struct sfw_model *m)
 	CHECK(sfw_batch_new(m, &bp, &b, &err) == SFW_OK, "pool batch: %s", err.msg);
 	if (!b)
 		return;
+	CHECK(sfw_batch_paged(b) == (m->be->pool_new != NULL), "pool test: paged as the backend allows");
 	CHECK(sfw_batch_blocks_total(b) == 6, "a pool of %lld tokens is 6 blocks", (long long)bp.pool_tokens);
 	CHECK(sfw_batch_seq_open(b, &A.slot, &err) == SFW_OK && sfw_batch_seq_open(b, &B.slot, &err) == SFW_OK,
 	      "two sequences");
@@ -438,6 +448,18 @@ int main(void)
 			test_64(m);
 			test_pool(m);
 			test_refusals(m);
+			/* the other KV mode: per-sequence caches under the budget */
+			struct sfw_backend *be = m->be;
+			enum sfw_status (*pool_new)(struct sfw_backend *, const struct sfw_cache_desc *, int64_t,
+						    struct sfw_bpool **, struct sfw_err *) = be->pool_new;
+			CHECK(pool_new != NULL, "the CPU backend pages the KV cache");
+			be->pool_new = NULL;
+			printf("%s, KV caches per sequence:\n", models[i]);
+			static const int chunks[3] = {64, 100, 256};
+			static const int lens[9] = {64, 1, 33, 520, 90, 200, 17, 65, 300};
+			check_sched(m, "join/leave", lens, chunks, 9, 12, 4, 3, 1, 1, 4 * 9 * 64);
+			test_pool(m);
+			be->pool_new = pool_new;
 		}
 		sfw_model_free(m);
 	}

@@ -6,6 +6,7 @@
 #include "check.h"
 
 #include "runner/bench.h"
+#include "quant/layout.h"
 #include "runner/mkmodel.h"
 
 #include <math.h>
@@ -42,6 +43,69 @@ int main(void)
 	sfw_bench_mem_plan(c, 1024, 1024, &q);
 	CHECK(q.scratch < p.scratch && q.activations < p.activations && q.kv == 1024 * 8192.0,
 	      "a 1K context needs no selection scratch and smaller pieces");
+	/* int8: the plan's weights against mkmodel --w8's own tensor list, for
+	 * every group size; the rest of the plan does not depend on the format */
+	static const int groups[] = {32, 64, 128, SFW_QL_GROUP_CHANNEL};
+	for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
+		struct sfw_mkmodel_params wp = mp;
+		wp.w8 = 1;
+		wp.w8_group = groups[g];
+		struct sfw_mkmodel_plan wpl;
+		s = sfw_mkmodel_plan(&wp, &wpl, &err);
+		CHECK(s == SFW_OK, "mkmodel --w8 plan: %s", err.msg);
+		if (s != SFW_OK)
+			continue;
+		/* mkmodel also writes the 16-byte weight_shape of each linear: 32 layers
+		 * x (gate, up, down + q, k, v, o and o_gate or z) */
+		int n_lin = 0;
+		for (size_t i = 0; i < wpl.n_tensors; i++)
+			n_lin += wpl.tensors[i].kind == SFW_MKT_W8_SHAPE;
+		CHECK(n_lin == 32 * 8, "%d int8 linears (256)", n_lin);
+		struct sfw_mem_plan w8;
+		sfw_bench_mem_plan_w8(&wpl.config, 1 << 20, 8192, groups[g], &w8);
+		CHECK(w8.weights + 16.0 * n_lin == (double)wpl.n_bytes, "group %d: int8 weights %.0f B + shapes == mkmodel's %llu B",
+		      groups[g], w8.weights, (unsigned long long)wpl.n_bytes);
+		CHECK(w8.kv == p.kv && w8.compressed == p.compressed && w8.activations == p.activations &&
+			  w8.scratch == p.scratch && w8.lightning == p.lightning,
+		      "group %d: caches, activations and scratch as for bf16", groups[g]);
+		CHECK(w8.total == w8.weights + p.total - p.weights, "group %d: total", groups[g]);
+		if (groups[g] == 128) {
+			/* the --max-context refusal's arithmetic: a 16 GiB card with the
+			 * int8 weights placed and ~0.55 GiB of CUDA context */
+			struct sfw_mem_plan pn;
+			double fr = 16.0 * 1073741824.0 - w8.weights - 0.55 * 1073741824.0;
+			struct sfw_err e = {0};
+			CHECK(sfw_bench_mem_fit(&w8, 1 << 20, fr, &e) == SFW_E_NOMEM, "1M tokens refused on 16 GiB");
+			long long fit = 0;
+			const char *at = strstr(e.msg, "at most about ");
+			CHECK(at && sscanf(at, "at most about %lld", &fit) == 1 && fit % 64 == 0 && fit > 100000 && fit < (1 << 20),
+			      "a largest context named: %s", e.msg);
+			size_t ml = strlen(e.msg);
+			CHECK(ml < sizeof(e.msg) - 1 && ml > 12 && strcmp(e.msg + ml - 12, "GiB are free") == 0,
+			      "the message is whole: %s", e.msg);
+			sfw_bench_mem_plan_w8(&wpl.config, fit, 8192, 128, &pn);
+			CHECK(sfw_bench_mem_fit(&pn, fit, fr, &e) == SFW_OK, "the named %lld tokens fit", fit);
+			sfw_bench_mem_plan_w8(&wpl.config, fit + 4096, 8192, 128, &pn);
+			CHECK(sfw_bench_mem_fit(&pn, fit + 4096, fr, &e) == SFW_E_NOMEM, "4096 more do not");
+			/* the longest figures still leave the message whole */
+			sfw_bench_mem_plan_w8(&wpl.config, (int64_t)1 << 40, 8192, 128, &pn);
+			CHECK(sfw_bench_mem_fit(&pn, (int64_t)1 << 40, fr, &e) == SFW_E_NOMEM &&
+				  strlen(e.msg) < sizeof(e.msg) - 1 && strstr(e.msg, "GiB are free"),
+			      "2^40 tokens: the message is whole (%zu chars): %s", strlen(e.msg), e.msg);
+			printf("refusal at 1M on a 16 GiB card: %s\n", e.msg);
+			/* 8.87 GB of codes + 1/64 of that in scales + 1.2 GB of bf16 embedding and lm_head */
+			double codes = sfw_bench_linear_params(c);
+			CHECK(fabs(w8.weights - (codes * (1 + 2.0 / 128) + 4.0 * c->vocab_size * c->hidden_size +
+						 (p.weights - 2 * codes - 4.0 * c->vocab_size * c->hidden_size))) < 1,
+			      "g128 weights = codes + scales + bf16 rest (%.0f B)", w8.weights);
+			/* the bound: int8 at 1M context in under 20 GiB */
+			CHECK(w8.total / 1073741824.0 < 20, "int8 1M-token plan %.2f GiB under 20 GiB", w8.total / 1073741824.0);
+			printf("int8 g128 plan at 1M tokens: weights %.2f GiB, total %.2f GiB (bf16: %.2f, %.2f)\n",
+			       w8.weights / 1073741824.0, w8.total / 1073741824.0, p.weights / 1073741824.0,
+			       p.total / 1073741824.0);
+		}
+		sfw_mkmodel_plan_free(&wpl);
+	}
 	sfw_mkmodel_plan_free(&plan);
 	return CHECK_REPORT("test_bench_plan");
 }

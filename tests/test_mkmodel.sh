@@ -63,6 +63,22 @@ check_err "existing model refused" 2 "already holds a model.*--force" "$SALAFW" 
 check "existing model with --force" "$SALAFW" mkmodel --preset tiny --seed 1 --force -o "$T/a"
 [ "$(sums "$T/a")" = "$(sums "$T/b")" ] && pass "forced rewrite gives the same bytes" || fail "forced rewrite differs"
 
+# --w8: the decoder linears written directly as int8 (quant/layout.h); the
+# model loads and generates on the CPU engine; the same bytes twice.
+check "mkmodel --w8" "$SALAFW" mkmodel --preset tiny --w8 --group 32 --no-tokenizer -o "$T/w8"
+check "mkmodel --w8 again" "$SALAFW" mkmodel --preset tiny --w8 --group 32 --no-tokenizer -o "$T/w8b"
+[ "$(sums "$T/w8")" = "$(sums "$T/w8b")" ] && pass "--w8 is deterministic" || fail "--w8 output differs between runs"
+out=$("$SALAFW" mkmodel --preset full --w8 --dry-run)
+echo "$out" | grep -q '^model.layers.0.mlp.down_proj.weight_packed i32 \[4096, 4096\]' \
+	&& pass "full --w8: down_proj packed [4096, 16384/4]" || fail "full --w8: down_proj packed missing"
+echo "$out" | grep -q '^model.layers.0.mlp.down_proj.weight_scale bf16 \[4096, 128\]' \
+	&& pass "full --w8: g128 scales [4096, 128]" || fail "full --w8: scale shape"
+echo "$out" | grep -q '^lm_head.weight bf16 \[73448, 4096\]' && pass "full --w8: lm_head stays bf16" || fail "lm_head"
+grep -q '"group_size": 32' "$T/w8/config.json" && grep -q '"quant_method": "compressed-tensors"' "$T/w8/config.json" \
+	&& pass "--w8 config.json has quantization_config" || fail "--w8 quantization_config"
+check "--w8 model scores on the CPU" "$SALAFW" bench "$T/w8" --prompt 16 --gen 2 --device cpu --no-verify
+check_err "--w8 bad group" 2 "--group must be 32, 64, 128 or channel" "$SALAFW" mkmodel --preset tiny --w8 --group 48 -o "$T/x"
+
 # Usage errors.
 check_err "no preset" 2 "--preset is required" "$SALAFW" mkmodel -o "$T/x"
 check_err "unknown preset" 2 "unknown preset 'huge'" "$SALAFW" mkmodel --preset huge -o "$T/x"

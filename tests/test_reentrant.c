@@ -9,7 +9,10 @@
  *   3. on two threads at once;
  *   4. while a third thread makes the other model's calls fail (injected
  *      allocation failures on that thread alone);
- * and 2-4 must give the logits of 1 bit for bit, without a failed call. */
+ * and 2-4 must give the logits of 1 bit for bit, without a failed call.
+ * tests/gpu_reentrant.c builds the same test for the CUDA backend (RE_CUDA:
+ * golden_bf16, its tolerance, the two models with different backend options,
+ * no step 4). */
 #include "check.h"
 #include "alloc.h"
 #include "runner/runner.h"
@@ -20,6 +23,13 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifndef RE_CUDA
+#define RE_NAME "test_reentrant"
+#define RE_DEVICE SFW_DEVICE_CPU
+#define RE_GOLDEN "golden_f32"
+#define RE_TOL 1e-5 /* test_golden's logit tolerance for golden_f32 */
+#endif
 
 struct seq {
 	const char *name;
@@ -36,17 +46,20 @@ struct seq {
 	char msg[256];
 };
 
-static int seq_open(const char *gdir, const char *name, struct seq *q)
+/* opts: the backend options of this model (the CUDA test gives the two
+ * models different ones). */
+static int seq_open(const char *gdir, const char *name, const struct sfw_backend_opts *opts, struct seq *q)
 {
 	char dir[4096], path[4200];
 	struct sfw_err err = {0};
 	memset(q, 0, sizeof(*q));
 	q->name = name;
 	snprintf(dir, sizeof(dir), "%s/%s", gdir, name);
-	snprintf(path, sizeof(path), "%s/golden_f32.safetensors", dir);
+	snprintf(path, sizeof(path), "%s/" RE_GOLDEN ".safetensors", dir);
 	struct sfw_model_params mp = sfw_model_default_params();
-	mp.device = SFW_DEVICE_CPU;
+	mp.device = RE_DEVICE;
 	mp.threads = 2;
+	mp.be = *opts;
 	if (sfw_model_load(dir, &mp, &q->m, &err) != SFW_OK || sfw_st_open(path, &q->g, &err) != SFW_OK) {
 		CHECK(0, "%s: %s", name, err.msg);
 		return -1;
@@ -116,7 +129,7 @@ static int same(const struct seq *q)
 	return q->st == SFW_OK && memcmp(q->ref, q->got, (size_t)(q->steps + 1) * q->V * sizeof(float)) == 0;
 }
 
-/* The run alone against golden_f32: the last row of prefill.logits, then decode.logits. */
+/* The run alone against the golden file: the last row of prefill.logits, then decode.logits. */
 static void check_golden(const struct seq *q)
 {
 	const struct sfw_tensor_info *pl = sfw_st_find(q->g, "prefill.logits"),
@@ -137,9 +150,9 @@ static void check_golden(const struct seq *q)
 				worst = isnan(d) ? INFINITY : d;
 		}
 	}
-	CHECK(worst < 1e-5,
-	      "%s alone: logits of the prompt and %d decode steps within 1e-5 of golden_f32 (max %.3g)",
-	      q->name, q->steps, worst);
+	CHECK(worst < RE_TOL,
+	      "%s alone: logits of the prompt and %d decode steps within %g of " RE_GOLDEN " (max %.3g)",
+	      q->name, q->steps, RE_TOL, worst);
 }
 
 static void *thread_run(void *arg)
@@ -149,6 +162,7 @@ static void *thread_run(void *arg)
 	return NULL;
 }
 
+#ifndef RE_CUDA
 /* Injected allocation failures on this thread only, on the other model,
  * until *stop: every call must fail with NOMEM or succeed. */
 struct failer {
@@ -181,16 +195,23 @@ static void *thread_fail(void *arg)
 	sfw_ctx_free(c);
 	return NULL;
 }
+#endif
 
 int main(void)
 {
 	const char *gdir = check_golden_dir();
 	if (!gdir)
-		return CHECK_REPORT("test_reentrant");
+		return CHECK_REPORT(RE_NAME);
 	struct seq a, b;
-	if (seq_open(gdir, "tiny-dense", &a) || seq_open(gdir, "tiny-sparse", &b)) {
+	struct sfw_backend_opts oa = {0}, ob = {0};
+#ifdef RE_CUDA
+	oa.attn = oa.stage1 = 1; /* CUDA-core kernels for one model, tensor cores for the other */
+	ob.attn = ob.stage1 = 2;
+#endif
+	memset(&a, 0, sizeof(a)), memset(&b, 0, sizeof(b));
+	if (seq_open(gdir, "tiny-dense", &oa, &a) || seq_open(gdir, "tiny-sparse", &ob, &b)) {
 		seq_close(&a), seq_close(&b);
-		return CHECK_REPORT("test_reentrant");
+		return CHECK_REPORT(RE_NAME);
 	}
 	/* 1. alone */
 	seq_run(&a, a.ref);
@@ -224,6 +245,7 @@ int main(void)
 	CHECK(same(&a) && same(&b),
 	      "on two threads at once: both models' logits equal their runs alone (%s%s)", a.msg, b.msg);
 
+#ifndef RE_CUDA
 	/* 4. tiny-sparse three times while tiny-dense's calls fail on another thread */
 	atomic_int stop;
 	atomic_init(&stop, 0);
@@ -242,7 +264,8 @@ int main(void)
 	      "the failing model: %d of %d calls failed, all with NOMEM (%d otherwise)", f.failed, f.calls,
 	      f.bad);
 	CHECK(all_same, "the other model meanwhile: no failed call, logits equal its run alone (%s)", b.msg);
+#endif
 	seq_close(&a);
 	seq_close(&b);
-	return CHECK_REPORT("test_reentrant");
+	return CHECK_REPORT(RE_NAME);
 }

@@ -1,0 +1,493 @@
+/* linear_w8.cu - Y[M,N] = X[M,K] · Wᵀ with W int8 pack-quantized (W8A16,
+ * quant/layout.h), bf16 activations, fp32 accumulation: the CUDA twins of
+ * sfw_op_matmul_w8_cpu (kernels/matmul_w8.c).
+ *
+ * Decode (M ≤ 8) is a pure stream of codes and scales: each warp takes R
+ * whole rows, each lane reads 16 codes per 16-byte no-L1-allocate load (U
+ * loads per row in flight) together with the scale of their group, turns
+ * each byte into the float b - 128 exactly (the byte under a 2^23 exponent,
+ * minus 2^23 + 128: one byte permute and one subtract), and accumulates
+ * Σ (b - 128)·x over the 16 codes, then adds that sum times the group's
+ * scale: the meaning w = (b - 128) · scale in float32 of the C twin, summed
+ * in another order. The weights are read before the programmatic-launch
+ * wait, as the bf16 GEMV's (kernels/linear.cu): codes and scales are written
+ * only by copies.
+ *
+ * Prefill (M > 8) dequantizes a slab of rows into bf16 in the op scratch
+ * ((b - 128) · scale in float32, rounded to bf16 once: the bf16 tensor cores'
+ * input) and runs cuBLASLt on it, slab after slab, each writing its column
+ * range of Y. Shapes the vector kernels cannot take (K or the group not a
+ * multiple of 16, unaligned pointers) run a scalar warp-per-output kernel of
+ * the same meaning. */
+#include "cuda_act.cuh"
+
+#include <cuda_fp16.h>
+
+#define W8_WARPS 4
+#define SDT_F32 0
+#define SDT_BF16 1
+#define SDT_F16 3
+
+static_assert(SFW_OP_F32 == SDT_F32 && SFW_OP_BF16 == SDT_BF16 && SFW_OP_F16 == SDT_F16, "scale dtype codes");
+
+template <int SDT> static __device__ __forceinline__ float w8_scale(const void *s, size_t i)
+{
+	if (SDT == SDT_F32)
+		return __ldg((const float *)s + i);
+	uint16_t h = __ldg((const uint16_t *)s + i);
+	if (SDT == SDT_BF16)
+		return sfwc_bf(h);
+	return __half2float(__ushort_as_half(h));
+}
+
+static __device__ __forceinline__ float w8_scale_any(const void *s, enum sfw_op_dtype sdt, size_t i)
+{
+	return sdt == SFW_OP_F32 ? w8_scale<SDT_F32>(s, i)
+	       : sdt == SFW_OP_F16 ? w8_scale<SDT_F16>(s, i)
+				   : w8_scale<SDT_BF16>(s, i);
+}
+
+/* The four codes of a word as exact floats b - 128: byte j under the
+ * exponent of 2^23 is 2^23 + b. */
+static __device__ __forceinline__ void w8_unpack4(uint32_t w, float *f)
+{
+	const float magic = 8388736.0f; /* 2^23 + 128 */
+	f[0] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540)) - magic;
+	f[1] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7541)) - magic;
+	f[2] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7542)) - magic;
+	f[3] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7543)) - magic;
+}
+
+static __device__ __forceinline__ void w8_unpack16(uint4 v, float *f)
+{
+	w8_unpack4(v.x, f), w8_unpack4(v.y, f + 4), w8_unpack4(v.z, f + 8), w8_unpack4(v.w, f + 12);
+}
+
+static __device__ __forceinline__ void w8_out(uint16_t *p, size_t i, float v)
+{
+	p[i] = sfwc_tobf(v);
+}
+/* float outputs are the logits: rounded through bf16 as the reference does */
+static __device__ __forceinline__ void w8_out(float *p, size_t i, float v)
+{
+	p[i] = sfwc_rbf(v);
+}
+
+template <int R, int U, int M, int SDT, typename TO, bool PIPE = false>
+static __global__ void __launch_bounds__(W8_WARPS * 32)
+	gemv_w8_kernel(const uint16_t *__restrict__ X, int ldx, const uint8_t *__restrict__ C, const void *__restrict__ S,
+		       int G, int group, int gshift, TO *__restrict__ Y, int ldy, int N, int K, float alpha)
+{
+	int lane = threadIdx.x & 31;
+	int row0 = (blockIdx.x * W8_WARPS + (threadIdx.x >> 5)) * R;
+	if (row0 >= N)
+		return;
+	int nv = K >> 4; /* 16-code vectors per row (rows are K bytes: K % 16 == 0) */
+	const uint4 *cr[R];
+	size_t sr[R];
+#pragma unroll
+	for (int r = 0; r < R; r++) {
+		int row = min(row0 + r, N - 1);
+		cr[r] = (const uint4 *)(C + (size_t)row * K);
+		sr[r] = (size_t)row * G;
+	}
+	float acc[R][M];
+#pragma unroll
+	for (int r = 0; r < R; r++)
+#pragma unroll
+		for (int m = 0; m < M; m++)
+			acc[r][m] = 0.0f;
+	uint4 w[U][R], wn[PIPE ? U : 1][R];
+	float sc[U][R], scn[PIPE ? U : 1][R];
+	/* gshift: log2(group / 16) when the group is a power of two, else -1 */
+	auto gidx = [&](int i) { return gshift >= 0 ? i >> gshift : (i << 4) / group; };
+	auto load = [&](int base, uint4 (*wd)[R], float (*sd)[R]) {
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			int i = base + u * 32 + lane;
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				wd[u][r] = i < nv ? sfwc_ld_stream(cr[r] + i) : make_uint4(0, 0, 0, 0);
+				sd[u][r] = i < nv ? w8_scale<SDT>(S, sr[r] + gidx(i)) : 0.0f;
+			}
+		}
+	};
+	/* One 16-code vector of each of the R rows against the M activation
+	 * rows: four independent FMA chains per vector, then the group scale. */
+	auto consume = [&](int u, int i) {
+		float q[R][16];
+#pragma unroll
+		for (int r = 0; r < R; r++)
+			w8_unpack16(w[u][r], q[r]);
+#pragma unroll
+		for (int m = 0; m < M; m++) {
+			const uint4 *xp = (const uint4 *)(X + (size_t)m * ldx) + 2 * i;
+			float xf[16];
+			sfwc_unpack8(__ldg(xp), xf);
+			sfwc_unpack8(__ldg(xp + 1), xf + 8);
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+				for (int j = 0; j < 16; j++)
+					s4[j & 3] = fmaf(q[r][j], xf[j], s4[j & 3]);
+				acc[r][m] = fmaf((s4[0] + s4[1]) + (s4[2] + s4[3]), sc[u][r], acc[r][m]);
+			}
+		}
+	};
+	load(0, w, sc);
+	sfwc_pdl_wait();
+	for (int base = 0; base < nv; base += 32 * U) {
+		int next = base + 32 * U;
+		if (PIPE && next < nv) /* the next batch in flight while this one is consumed */
+			load(next, wn, scn);
+		if (next <= nv) { /* a full batch: no bounds checks between the vectors */
+#pragma unroll
+			for (int u = 0; u < U; u++)
+				consume(u, base + u * 32 + lane);
+		} else {
+#pragma unroll
+			for (int u = 0; u < U; u++)
+				if (base + u * 32 + lane < nv)
+					consume(u, base + u * 32 + lane);
+		}
+		if (next < nv) {
+			if (PIPE) {
+#pragma unroll
+				for (int u = 0; u < U; u++)
+#pragma unroll
+					for (int r = 0; r < R; r++)
+						w[u][r] = wn[PIPE ? u : 0][r], sc[u][r] = scn[PIPE ? u : 0][r];
+			} else {
+				load(next, w, sc);
+			}
+		}
+	}
+#pragma unroll
+	for (int r = 0; r < R; r++)
+#pragma unroll
+		for (int m = 0; m < M; m++)
+			acc[r][m] = sfwc_warp_sum(acc[r][m]);
+	if (lane == 0) {
+#pragma unroll
+		for (int r = 0; r < R; r++)
+			if (row0 + r < N)
+#pragma unroll
+				for (int m = 0; m < M; m++)
+					w8_out(Y, (size_t)m * ldy + row0 + r, alpha * acc[r][m]);
+	}
+}
+
+/* Any K, group, alignment and activation type: one warp per (row, m). */
+template <typename A, typename TO>
+static __global__ void gemv_w8_scalar_kernel(const A *X, int ldx, const uint8_t *C, const void *S,
+					     enum sfw_op_dtype sdt, int group, TO *Y, int ldy, int M, int N, int K,
+					     float alpha)
+{
+	sfwc_pdl_wait();
+	int lane = threadIdx.x & 31;
+	long o = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	if (o >= (long)M * N)
+		return;
+	int m = (int)(o / N), n = (int)(o % N);
+	size_t rb = (size_t)(K + 3) / 4 * 4, G = (size_t)((K + group - 1) / group);
+	float s = 0;
+	for (int k = lane; k < K; k += 32) {
+		float wv = (float)((int)C[(size_t)n * rb + k] - 128) * w8_scale_any(S, sdt, (size_t)n * G + k / group);
+		s = fmaf(wv, act_ld(X, (size_t)m * ldx + k), s);
+	}
+	s = sfwc_warp_sum(s);
+	if (lane == 0) {
+		if (sizeof(TO) == 4)
+			((float *)Y)[(size_t)m * ldy + n] = act_round<A>(alpha * s);
+		else
+			act_st((A *)Y, (size_t)m * ldy + n, alpha * s);
+	}
+}
+
+/* Rows [r0, r0 + nr) dequantized to bf16 Wd[nr, K]: (b - 128) · scale in
+ * float32, rounded once. */
+static __global__ void dequant_w8_kernel(uint16_t *Wd, const uint8_t *C, const void *S, enum sfw_op_dtype sdt,
+					 int group, int r0, int nr, int K, int vec)
+{
+	sfwc_pdl_wait(); /* Wd may still be read by the kernel before (the last slab's GEMM) */
+	size_t rb = (size_t)(K + 3) / 4 * 4, G = (size_t)((K + group - 1) / group);
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+	if (vec) {
+		size_t per = (size_t)K / 16, n = (size_t)nr * per;
+		for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += stride) {
+			size_t r = t / per, k = (t % per) * 16, row = (size_t)r0 + r;
+			uint4 c = __ldg((const uint4 *)(C + row * rb + k));
+			float sc = w8_scale_any(S, sdt, row * G + k / group), q[16];
+			w8_unpack16(c, q);
+			uint4 *o = (uint4 *)(Wd + r * K + k);
+			o[0] = make_uint4(sfwc_pack2(q[0] * sc, q[1] * sc), sfwc_pack2(q[2] * sc, q[3] * sc),
+					  sfwc_pack2(q[4] * sc, q[5] * sc), sfwc_pack2(q[6] * sc, q[7] * sc));
+			o[1] = make_uint4(sfwc_pack2(q[8] * sc, q[9] * sc), sfwc_pack2(q[10] * sc, q[11] * sc),
+					  sfwc_pack2(q[12] * sc, q[13] * sc), sfwc_pack2(q[14] * sc, q[15] * sc));
+		}
+		return;
+	}
+	size_t n = (size_t)nr * K;
+	for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += stride) {
+		size_t r = t / K, k = t % K, row = (size_t)r0 + r;
+		float v = (float)((int)C[row * rb + k] - 128) * w8_scale_any(S, sdt, row * G + k / group);
+		Wd[t] = sfwc_tobf(v);
+	}
+}
+
+static __global__ void round_bf16_rows(float *y, int M, int N, int ldy)
+{
+	sfwc_pdl_wait();
+	size_t n = (size_t)M * N;
+	for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
+		size_t i = (t / N) * ldy + t % N;
+		y[i] = sfwc_rbf(y[i]);
+	}
+}
+
+/* ---- launch ---- */
+
+static int w8_group(int group, int K)
+{
+	return group <= 0 || group > K ? K : group;
+}
+
+static bool w8_vec_ok(const void *X, int ldx, const uint8_t *C, int group, int M, int K)
+{
+	return K % 16 == 0 && group % 16 == 0 && ((uintptr_t)C & 15) == 0 && ((uintptr_t)X & 15) == 0 &&
+	       (M == 1 || ldx % 8 == 0);
+}
+
+static int w8_gshift(int group)
+{
+	int g = group / 16, s = 0;
+	if (g & (g - 1))
+		return -1;
+	while ((1 << s) < g)
+		s++;
+	return s;
+}
+
+template <int R, int U, int M, int SDT, typename TO, bool PIPE = false>
+static void launch_w8(const uint16_t *X, int ldx, const uint8_t *C, const void *S, int group, TO *Y, int ldy, int N,
+		      int K, float alpha, cudaStream_t s)
+{
+	int warps = (N + R - 1) / R;
+	int blocks = (warps + W8_WARPS - 1) / W8_WARPS;
+	int G = (K + group - 1) / group;
+	sfwc_launch(gemv_w8_kernel<R, U, M, SDT, TO, PIPE>, dim3(blocks), dim3(W8_WARPS * 32), 0, s, X, ldx, C, S, G,
+		    group, w8_gshift(group), Y, ldy, N, K, alpha);
+	SFW_CUDA_LAUNCHED();
+}
+
+template <int R, int SDT, typename TO>
+static void launch_w8_m(const uint16_t *X, int ldx, const uint8_t *C, const void *S, int group, TO *Y, int ldy, int M,
+			int N, int K, float alpha, cudaStream_t s)
+{
+	switch (M) {
+	case 1: launch_w8<R, 4, 1, SDT>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); break;
+	case 2: launch_w8<R, 4, 2, SDT>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); break;
+	case 3: launch_w8<R, 4, 3, SDT>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); break;
+	case 4: launch_w8<R, 4, 4, SDT>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); break;
+	default: /* 5..8 rows: two passes of at most 4 */
+		launch_w8<R, 4, 4, SDT>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s);
+		launch_w8_m<R, SDT>(X + (size_t)4 * ldx, ldx, C, S, group, Y + (size_t)4 * ldy, ldy, M - 4, N, K, alpha,
+				    s);
+		break;
+	}
+}
+
+/* The decode variant (M = 1, BF16 scales), from the W8 GEMV table of
+ * bench/RESULTS.md (H200, back-to-back launches): one row per warp; 2 loads
+ * per lane in flight on the wide K = 4096 matrices (q|k|v|z 0.80 of the copy
+ * limit against 0.76 with 4, gate|up 0.88 against 0.85), 4 on the narrower
+ * ones and the long rows of down_proj (o_proj 0.47 against 0.40, q|k|v|o_gate
+ * 0.66 against 0.64, down 0.66 against 0.57): the int8 kernel does ~3x the
+ * arithmetic per byte of the bf16 one, so many warps with short batches win
+ * where there are rows enough. The bound cfg's w8_gemv (struct
+ * sfw_cuda_ops_cfg; SALAFW_CUDA_W8_GEMV=RU in the CLI) forces one variant for
+ * every shape (benchmarks): 12 14 18 22 24 28 42 44 = R rows per warp, U
+ * loads; 112 114 122 the same with the next batch loaded while the current
+ * one is consumed; any other value is the table. */
+static void w8_default_variant(int N, int K, int *R, int *U)
+{
+	int v = sfwi_cuda_cfg_w8_gemv();
+	int ru = v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 || v == 112 ||
+			 v == 114 || v == 122
+		     ? v
+		     : 0;
+	if (ru == 0) {
+		*R = 1, *U = K >= 8192 || N < 12288 ? 4 : 2;
+		return;
+	}
+	*R = ru >= 100 ? 100 + (ru / 10) % 10 : ru / 10, *U = ru % 10;
+}
+
+template <typename TO>
+static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void *S, enum sfw_op_dtype sdt, int group,
+			TO *Y, int ldy, int M, int N, int K, int R, int U, float alpha, cudaStream_t s)
+{
+	SFW_ASSERT(M >= 1 && M <= SFW_CUDA_GEMV_MAX_M && N >= 1 && K >= 1);
+	group = w8_group(group, K);
+	if (!w8_vec_ok(X, ldx, C, group, M, K)) {
+		long outs = (long)M * N;
+		sfwc_launch(gemv_w8_scalar_kernel<uint16_t, TO>, dim3((unsigned)((outs + 7) / 8)), dim3(256), 0, s, X, ldx,
+			    C, S, sdt, group, Y, ldy, M, N, K, alpha);
+		SFW_CUDA_LAUNCHED();
+		return;
+	}
+	if (R == 0 && U == 0 && M == 1 && sdt == SFW_OP_BF16 && sizeof(TO) == 2)
+		w8_default_variant(N, K, &R, &U);
+	if (R == 0) /* M > 1 or other scales: two rows per warp on wide matrices */
+		R = N >= 8192 ? 2 : 1;
+	if (U == 0)
+		U = 4;
+	if (M == 1 && sdt == SFW_OP_BF16 && sizeof(TO) == 2) { /* the tuning variants (R4U4 .. R1U2) */
+		switch ((R >= 100 ? 100 : 0) + (R % 100) * 10 + U) {
+		case 12: launch_w8<1, 2, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 18: launch_w8<1, 8, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 22: launch_w8<2, 2, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 28: launch_w8<2, 8, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 42: launch_w8<4, 2, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 44: launch_w8<4, 4, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		/* 1RU: the next batch loaded while the current one is consumed */
+		case 112: launch_w8<1, 2, 1, SDT_BF16, TO, true>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 114: launch_w8<1, 4, 1, SDT_BF16, TO, true>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		case 122: launch_w8<2, 2, 1, SDT_BF16, TO, true>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
+		default: break;
+		}
+	}
+	int r2 = R % 100 >= 2;
+	switch (sdt) {
+	case SFW_OP_F32:
+		r2 ? launch_w8_m<2, SDT_F32>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s)
+		   : launch_w8_m<1, SDT_F32>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s);
+		break;
+	case SFW_OP_F16:
+		r2 ? launch_w8_m<2, SDT_F16>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s)
+		   : launch_w8_m<1, SDT_F16>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s);
+		break;
+	default:
+		r2 ? launch_w8_m<2, SDT_BF16>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s)
+		   : launch_w8_m<1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s);
+		break;
+	}
+}
+
+extern "C" void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
+				    int group, int r0, int nr, int K, void *stream)
+{
+	if (nr <= 0)
+		return;
+	group = w8_group(group, K);
+	int vec = K % 16 == 0 && group % 16 == 0 && ((uintptr_t)codes & 15) == 0 && ((uintptr_t)Wd & 15) == 0;
+	size_t work = vec ? (size_t)nr * (K / 16) : (size_t)nr * K;
+	unsigned blocks = sfwc_blocks(work, 256);
+	if (blocks > 132 * 16)
+		blocks = 132 * 16;
+	sfwc_launch(dequant_w8_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), Wd, codes, scales, sdt,
+		    group, r0, nr, K, vec);
+	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes)
+{
+	size_t rows = scratch_bytes / ((size_t)K * 2) / 64 * 64;
+	if (rows < 64)
+		rows = 64;
+	return rows > (size_t)N ? (size_t)N : rows;
+}
+
+/* Slab by slab: dequantize rows [n0, n0 + nb) into the scratch, then one
+ * cuBLASLt GEMM writes Y's columns [n0, n0 + nb). */
+static void gemm_w8_any(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *C, const void *S,
+			enum sfw_op_dtype sdt, int group, void *Y, int ldy, int M, int N, int K, int out_f32,
+			float alpha, void *scratch, size_t scratch_bytes, void *stream)
+{
+	int rows = (int)sfw_cuda_w8_slab_rows(N, K, scratch_bytes);
+	SFW_ASSERT((size_t)rows * K * 2 <= scratch_bytes); /* planned: K ≤ scratch / 128 */
+	for (int n0 = 0; n0 < N; n0 += rows) {
+		int nb = N - n0 < rows ? N - n0 : rows;
+		sfw_cuda_dequant_w8((uint16_t *)scratch, C, S, sdt, group, n0, nb, K, stream);
+		if (out_f32)
+			sfw_cuda_linear_f32out(b, X, ldx, (const uint16_t *)scratch, (float *)Y + n0, ldy, M, nb, K, alpha,
+					       stream);
+		else
+			sfw_cuda_gemm(b, X, ldx, (const uint16_t *)scratch, (uint16_t *)Y + n0, ldy, M, nb, K, stream);
+	}
+	if (out_f32) {
+		size_t n = (size_t)M * N;
+		unsigned blocks = sfwc_blocks(n, 256);
+		sfwc_launch(round_bf16_rows, dim3(blocks > 65535 ? 65535 : blocks), dim3(256), 0, SFW_CUDA_STREAM(stream),
+			    (float *)Y, M, N, ldy);
+		SFW_CUDA_LAUNCHED();
+	}
+}
+
+extern "C" void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
+					 enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K,
+					 int rows_per_warp, int unroll, void *stream)
+{
+	gemv_w8_any(X, ldx, codes, scales, sdt, group, Y, ldy, M, N, K, rows_per_warp, unroll, 1.0f,
+		    SFW_CUDA_STREAM(stream));
+}
+
+extern "C" void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *codes,
+				 const void *scales, enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N,
+				 int K, void *scratch, size_t scratch_bytes, void *stream)
+{
+	gemm_w8_any(b, X, ldx, codes, scales, sdt, group, Y, ldy, M, N, K, 0, 1.0f, scratch, scratch_bytes, stream);
+}
+
+/* The scratch the op twins dequantize into: the bound op scratch (≥
+ * SFW_CUDA_SCRATCH_MIN, reused in stream order), at least 64 rows. */
+static void *w8_scratch(int K, size_t *bytes)
+{
+	size_t want = (size_t)64 * K * 2;
+	*bytes = want > SFW_CUDA_SCRATCH_MIN ? want : SFW_CUDA_SCRATCH_MIN;
+	return sfwi_cuda_scratch(*bytes);
+}
+
+extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
+				      enum sfw_op_dtype sdt, int group, int M, int N, int K, enum sfw_op_dtype act,
+				      void *stream)
+{
+	if (M <= 0 || N <= 0)
+		return;
+	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	if (act == SFW_OP_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
+		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0, 0,
+			    1.0f, s);
+		return;
+	}
+	if (act == SFW_OP_BF16) {
+		size_t sb;
+		void *scr = w8_scratch(K, &sb);
+		gemm_w8_any(sfwi_cuda_blas(), (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 1.0f, scr,
+			    sb, stream);
+		return;
+	}
+	long outs = (long)M * N;
+	sfwc_launch(gemv_w8_scalar_kernel<float, float>, dim3((unsigned)((outs + 7) / 8)), dim3(256), 0, s,
+		    (const float *)x, K, codes, scales, sdt, w8_group(group, K), (float *)y, N, M, N, K, 1.0f);
+	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales,
+				      enum sfw_op_dtype sdt, int group, int M, int N, int K, float in_scale,
+				      enum sfw_op_dtype act, void *stream)
+{
+	if (M <= 0 || N <= 0)
+		return;
+	SFW_ASSERT(act == SFW_OP_BF16); /* the engine's activations; float twins use the CPU */
+	if (M <= SFW_CUDA_GEMV_MAX_M) {
+		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 0, in_scale,
+			    SFW_CUDA_STREAM(stream));
+		return;
+	}
+	size_t sb;
+	void *scr = w8_scratch(K, &sb);
+	gemm_w8_any(sfwi_cuda_blas(), (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 1, in_scale, scr,
+		    sb, stream);
+}
