@@ -1040,8 +1040,9 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	struct sfw_batch_params bp = sfw_batch_default_params();
 	bp.max_seqs = p->max_running;
 	bp.max_ctx = p->max_context;
-	bp.pool_tokens = p->pool_tokens ? p->pool_tokens : (int64_t)p->max_running * p->max_context;
-	bp.pool_tokens = (bp.pool_tokens + SFW_BATCH_BLOCK - 1) / SFW_BATCH_BLOCK * SFW_BATCH_BLOCK;
+	/* every sequence can reach max_context: whole 64-token blocks each (runner/batch.h) */
+	bp.pool_tokens =
+	    p->pool_tokens ? p->pool_tokens : (int64_t)p->max_running * ((p->max_context + 63) / 64 * 64);
 	bp.max_step_rows =
 	    p->max_running + p->prefill_chunk; /* a step: every decode row and the prefill budget */
 	enum sfw_status st = sfw_batch_new(m, &bp, &s->b, err);
