@@ -88,8 +88,10 @@ struct req {
 	/* shared (srv->mu) */
 	pthread_cond_t cv;
 	struct sfw_buf out; /* text made, not yet taken by the connection */
-	int done;	    /* the engine is through with it */
-	int cancelled;	    /* the client went away */
+	size_t *cuts;	    /* stream: where each piece in out ends */
+	size_t ncuts, capcuts;
+	int done;      /* the engine is through with it */
+	int cancelled; /* the client went away */
 	enum sfw_finish finish;
 	int64_t completion_tokens;
 	char error[256]; /* set when it failed on the engine side */
@@ -142,6 +144,7 @@ static void req_unref_locked(struct req *r)
 	if (r->gs_ok)
 		sfw_gen_stream_release(&r->gs);
 	sfw_buf_release(&r->out);
+	sfw_free(r->cuts);
 	sfw_buf_release(&r->sse);
 	pthread_cond_destroy(&r->cv);
 	sfw_free(r);
@@ -182,6 +185,19 @@ static int put_text_locked(struct req *r, const char *t, size_t n)
 	if (n && sfw_buf_append(&r->out, t, n) != SFW_OK) {
 		snprintf(r->error, sizeof(r->error), "the reply is longer than %u MiB", OUT_MAX >> 20);
 		return 0;
+	}
+	if (n && r->p.stream) { /* where the piece ends: one event per piece */
+		if (r->ncuts == r->capcuts) {
+			size_t cap = r->capcuts ? 2 * r->capcuts : 16;
+			size_t *c = sfw_realloc(r->cuts, cap * sizeof(*c));
+			if (!c) {
+				snprintf(r->error, sizeof(r->error), "out of memory for the stream");
+				return 0;
+			}
+			r->cuts = c;
+			r->capcuts = cap;
+		}
+		r->cuts[r->ncuts++] = r->out.len;
 	}
 	if (n)
 		pthread_cond_broadcast(&r->cv);
@@ -529,8 +545,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		}
 		int ok = 1;
 		if (r->out.len) {
-			ok = sse_put(r, chunk_json(s, r, r->out.data, r->out.len, NULL));
+			/* the pieces made since the last read, one event each */
+			size_t a = 0;
+			for (size_t i = 0; ok && i < r->ncuts; i++) {
+				ok = sse_put(r, chunk_json(s, r, r->out.data + a, r->cuts[i] - a, NULL));
+				a = r->cuts[i];
+			}
 			r->out.len = 0;
+			r->ncuts = 0;
 		} else if (r->done && r->error[0]) {
 			struct sfw_serve_error e;
 			memset(&e, 0, sizeof(e));
