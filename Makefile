@@ -44,7 +44,7 @@ SODIUM_LIB := $(SODIUM_A)
 else
 SODIUM_LIB := -lsodium
 endif
-LDLIBS := -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lsentencepiece -lsentencepiece_train -lstdc++ -lpthread -lm
+LDLIBS := -lmicrohttpd -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lsentencepiece -lsentencepiece_train -lstdc++ -lpthread -lm
 ifeq ($(CUDA),1)
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -ldl -lrt
 # forward.c refers to the CUDA backend weakly, which pulls nothing out of a
@@ -54,8 +54,9 @@ endif
 LDFLAGS := -pthread $(SANFLAGS)
 
 # Modules, in link order (a module may use only those after it; quant drives
-# the runner, the runner reads only quant/layout.h, which is header-only).
-MODULES := quant runner kernels fetch verify core
+# the runner, the runner reads only quant/layout.h, which is header-only;
+# serve drives the runner).
+MODULES := serve quant runner kernels fetch verify core
 # Files named *_cuda.c are host code that needs the CUDA runtime: CUDA=1 only.
 srcs_c   = $(if $(filter 1,$(CUDA)),$(wildcard $(1)/*.c),$(filter-out %_cuda.c,$(wildcard $(1)/*.c)))
 srcs_cxx = $(wildcard $(1)/*.cpp)
@@ -89,7 +90,7 @@ BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 all: deps $(BUILD)/libsalafw.a $(BUILD)/salafw $(TEST_BINS) $(BENCH_BINS)
 
 deps:
-	@for p in libcurl libsodium openssl libcjson sentencepiece; do \
+	@for p in libcurl libsodium openssl libcjson sentencepiece libmicrohttpd; do \
 	  if pkg-config --exists $$p; then echo "✓ $$p $$(pkg-config --modversion $$p)"; \
 	  else echo "✗ $$p missing: run scripts/setup.sh"; fi; done
 	@if [ "$(CUDA)" = 1 ]; then command -v $(NVCC) >/dev/null && echo "✓ nvcc ($(CUDA_ARCH))" || echo "✗ nvcc missing"; fi
@@ -148,7 +149,7 @@ bench: all
 FUZZ_BUILD := build-fuzz
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
-FUZZ_LIB_SRCS := $(foreach m,fetch verify core,$(filter-out %_cuda.c,$(wildcard $(m)/*.c))) runner/safetensors.c runner/config.c runner/eos.c
+FUZZ_LIB_SRCS := $(foreach m,fetch verify core,$(filter-out %_cuda.c,$(wildcard $(m)/*.c))) runner/safetensors.c runner/config.c runner/eos.c serve/req.c
 FUZZ_CFLAGS := -std=c11 -O1 -g $(DEFS) $(INCLUDES) -fsanitize=fuzzer-no-link,address,undefined
 fuzz: $(FUZZ_BINS)
 	@set -e; for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/corpus-$$n; \

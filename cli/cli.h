@@ -186,5 +186,6 @@ int cmd_run(int argc, char **argv);
 int cmd_score(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_quant(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@
 #pragma weak cmd_score
 #pragma weak cmd_bench
 #pragma weak cmd_quant
+#pragma weak cmd_serve
 
 struct command {
 	const char *name;
@@ -31,6 +32,7 @@ static const struct command commands[] = {
 	{"mkmodel", cmd_mkmodel, "write a random-weight SALA model directory (tests, benchmarks)"},
 	{"quant", cmd_quant, "quantize a verified model to 8-bit weights (AWQ, compressed-tensors)"},
 	{"run", cmd_run, "generate text with a verified model"},
+	{"serve", cmd_serve, "serve a verified model over an OpenAI-compatible HTTP API"},
 	{"score", cmd_score, "write logits and hidden states for given token ids (checks)"},
 	{"bench", cmd_bench, "measure prefill and decode speed"},
 };

@@ -120,36 +120,49 @@ static void convert_bf16(float *dst, const uint16_t *src, size_t n)
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
 
-/* Decode GEMV: y[n] = x . W[n] reading bf16 directly (no scratch), 4 rows at a time. */
+static inline v8 bf16x8(const uint16_t *p)
+{
+	v8h h;
+	memcpy(&h, p, 16);
+	v8u u = __builtin_convertvector(h, v8u) << 16;
+	v8 f;
+	memcpy(&f, &u, 32);
+	return f;
+}
+
+/* Decode GEMV: y[n] = x . W[n] reading bf16 directly (no scratch), 4 rows at
+ * a time. Each output is summed exactly as block_kernel sums it (one 8-wide
+ * accumulator over k, hsum8, then the scalar tail in order), so a row of x
+ * gets the same bits from either path: a row's result never depends on how
+ * many rows share the call (batched decode, runner/batch.h). */
 SFW_CLONES
 static void gemv_bf16_rows(float *y, const float *x, const uint16_t *w, int n0, int n1, int K)
 {
 	int K8 = K & ~7;
-	for (int n = n0; n < n1; n++) {
+	int n = n0;
+	for (; n + 4 <= n1; n += 4) {
+		const uint16_t *w0 = w + (size_t)n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+		v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+		for (int k = 0; k < K8; k += 8) {
+			v8 p = ld8(x + k);
+			a0 += p * bf16x8(w0 + k), a1 += p * bf16x8(w1 + k), a2 += p * bf16x8(w2 + k),
+				a3 += p * bf16x8(w3 + k);
+		}
+		float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+		for (int k = K8; k < K; k++) {
+			float xk = x[k];
+			s[0] += xk * sfw_op_bf16(w0[k]), s[1] += xk * sfw_op_bf16(w1[k]), s[2] += xk * sfw_op_bf16(w2[k]),
+				s[3] += xk * sfw_op_bf16(w3[k]);
+		}
+		memcpy(y + n, s, sizeof(s));
+	}
+	for (; n < n1; n++) {
 		const uint16_t *wr = w + (size_t)n * K;
-		v8 a0 = {0}, a1 = {0};
-		int k = 0;
-		for (; k + 16 <= K8; k += 16) {
-			v8h h0, h1;
-			memcpy(&h0, wr + k, 16);
-			memcpy(&h1, wr + k + 8, 16);
-			v8u u0 = __builtin_convertvector(h0, v8u) << 16, u1 = __builtin_convertvector(h1, v8u) << 16;
-			v8 f0, f1;
-			memcpy(&f0, &u0, 32);
-			memcpy(&f1, &u1, 32);
-			a0 += ld8(x + k) * f0;
-			a1 += ld8(x + k + 8) * f1;
-		}
-		for (; k < K8; k += 8) {
-			v8h h0;
-			memcpy(&h0, wr + k, 16);
-			v8u u0 = __builtin_convertvector(h0, v8u) << 16;
-			v8 f0;
-			memcpy(&f0, &u0, 32);
-			a0 += ld8(x + k) * f0;
-		}
-		float s = hsum8(a0 + a1);
-		for (; k < K; k++)
+		v8 a = {0};
+		for (int k = 0; k < K8; k += 8)
+			a += ld8(x + k) * bf16x8(wr + k);
+		float s = hsum8(a);
+		for (int k = K8; k < K; k++)
 			s += x[k] * sfw_op_bf16(wr[k]);
 		y[n] = s;
 	}

@@ -63,6 +63,7 @@ static inline size_t sfw_bweight_w8_scale_row(const struct sfw_bweight *w)
 }
 
 struct sfw_bcache; /* opaque, backend-owned */
+struct sfw_bpool;  /* opaque: a paged KV pool (pool_new) */
 
 /* Which sequence length a layer's cache must hold: filled from the config. */
 struct sfw_cache_desc {
@@ -73,6 +74,11 @@ struct sfw_cache_desc {
 	int ksize, stride;           /* level-1 compression (level 2: x4) */
 	int block;                   /* KV growth granule and selection block (64) */
 	int sel_k;                   /* blocks selected per row (topk + window/block) */
+	/* Paged KV (backends with pool_new): the K and V of the sparse layers
+	 * in blocks drawn from pool by cache_reserve, at most max_tokens;
+	 * NULL: the cache grows on its own. */
+	struct sfw_bpool *pool;
+	int64_t max_tokens;
 };
 
 /* Parameters of one sparse-layer selection call (docs/model-spec.md §2.6.4). */
@@ -241,6 +247,19 @@ struct sfw_backend {
 	SFW_MUST_CHECK enum sfw_status (*take_failure)(struct sfw_backend *be, struct sfw_err *err);
 	int64_t (*cache_room)(struct sfw_backend *be, const struct sfw_bcache *c);
 	uint64_t (*mem_epoch)(struct sfw_backend *be, const struct sfw_bcache *c);
+	/* Paged KV (runner/batch.h): a pool of `blocks` blocks of d->block
+	 * tokens, each holding those tokens' K and V in every sparse layer,
+	 * allocated now. Caches made with d->pool set take a free block per
+	 * d->block tokens in cache_reserve (SFW_E_NOSPACE "KV pool full" when
+	 * none is left; a failed reserve takes none) and give every block back
+	 * in cache_reset and cache_free. The ops see each cache's K/V as before:
+	 * [len, nkv, hd] at one address (the CPU backend maps the blocks there;
+	 * backend_cpu.c). SFW_E_UNSUPPORTED: the shapes do not allow paging
+	 * here (the caller keeps caches of their own). pool_used: blocks taken. */
+	SFW_MUST_CHECK enum sfw_status (*pool_new)(struct sfw_backend *be, const struct sfw_cache_desc *d,
+						   int64_t blocks, struct sfw_bpool **out, struct sfw_err *err);
+	void (*pool_free)(struct sfw_backend *be, struct sfw_bpool *p);
+	int64_t (*pool_used)(struct sfw_backend *be, const struct sfw_bpool *p);
 };
 
 /* The CPU backend; nthreads <= 0 means sfw_default_threads(). */

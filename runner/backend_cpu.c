@@ -1,12 +1,29 @@
 /* backend_cpu.c - the CPU instance of struct sfw_backend: fp32 activations in
  * host memory, weights used in place from the read-only map (bf16 converted
- * inside the matmul), caches grown with realloc in whole blocks. */
+ * inside the matmul), caches grown with realloc in whole blocks.
+ *
+ * Paged KV (pool_new, runner/batch.h): the pool is one anonymous shared
+ * file (memfd) holding, per sparse layer and K/V, `blocks` blocks of 64
+ * tokens, allocated up front (fallocate). A paged cache reserves, per sparse
+ * layer, an address range for its K and one for its V (max_tokens each, no
+ * memory behind them), and cache_reserve maps a free pool block into the
+ * next 64-token slot of every range: the page table is the block table, and
+ * the ops keep reading K/V [len, nkv, hd] at one address. A block's bytes
+ * must be whole pages (64 * nkv * hd * 4 a multiple of the page size) and
+ * the mappings (blocks x sparse layers x 2) within max_maps(); otherwise
+ * pool_new says SFW_E_UNSUPPORTED and the caller keeps per-sequence caches.
+ * The compressed keys stay per cache (1/16 of the tokens, grown by realloc). */
 #include "runner/backend.h"
 #include "alloc.h"
 #include "thread.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 struct cpu_layer {
 	int sparse;
@@ -19,6 +36,33 @@ struct cpu_layer {
 struct sfw_bcache {
 	struct sfw_cache_desc d;
 	struct cpu_layer *L;
+	/* paged (d.pool != NULL): per sparse layer, k and v are views of
+	 * maxblk blocks; table[0..nblk) the pool blocks mapped there */
+	int32_t *table;
+	int64_t nblk, maxblk;
+};
+
+/* The mappings a full pool may need (blocks x sparse layers x 2, adjacent
+ * ones merge, so this is the worst case): half of vm.max_map_count, the
+ * rest left to the process. */
+static int64_t max_maps(void)
+{
+	long long n = 65530; /* Linux's default */
+	FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+	if (f) {
+		if (fscanf(f, "%lld", &n) != 1)
+			n = 65530;
+		fclose(f);
+	}
+	return n / 2;
+}
+
+struct sfw_bpool {
+	int fd;
+	size_t bb;      /* bytes of one block of one layer's K (or V) */
+	int nsparse;
+	int64_t nblocks, nfree;
+	int32_t *free;  /* stack of free block ids */
 };
 
 static float *F(const void *p)
@@ -183,16 +227,140 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 
 /* ---- caches --------------------------------------------------------------- */
 
+/* ---- paged KV pool --------------------------------------------------------- */
+
+static off_t pool_off(const struct sfw_bpool *p, int si, int kv, int32_t b)
+{
+	return (off_t)((((size_t)si * 2 + (size_t)kv) * (size_t)p->nblocks + (size_t)b) * p->bb);
+}
+
+static enum sfw_status cpu_pool_new(struct sfw_backend *be, const struct sfw_cache_desc *d, int64_t blocks,
+				    struct sfw_bpool **out, struct sfw_err *err)
+{
+	(void)be;
+	*out = NULL;
+	int nsparse = 0;
+	for (int i = 0; i < d->n_layers; i++)
+		nsparse += d->mixer[i] == SFW_MIXER_SPARSE;
+	size_t bb = (size_t)d->block * d->nkv * d->hd * sizeof(float);
+	long page = sysconf(_SC_PAGESIZE);
+	if (blocks < 1 || page <= 0 || bb % (size_t)page || nsparse == 0 ||
+	    blocks * 2 * nsparse > max_maps())
+		return sfw_fail(err, SFW_E_UNSUPPORTED,
+				"no paged KV pool of %lld blocks of %zu bytes here (whole pages, at most %lld mappings)",
+				(long long)blocks, bb, (long long)max_maps());
+	struct sfw_bpool *p = sfw_calloc(1, sizeof(*p));
+	if (!p || !(p->free = sfw_malloc((size_t)blocks * sizeof(int32_t)))) {
+		sfw_free(p);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	p->bb = bb, p->nsparse = nsparse, p->nblocks = blocks, p->nfree = blocks;
+	for (int64_t i = 0; i < blocks; i++) /* popped lowest first */
+		p->free[i] = (int32_t)(blocks - 1 - i);
+	off_t size = pool_off(p, nsparse, 0, 0);
+	p->fd = memfd_create("salafw-kv-pool", MFD_CLOEXEC);
+	int e = p->fd < 0 ? errno : 0;
+	if (!e && ftruncate(p->fd, size) != 0)
+		e = errno;
+	if (!e) { /* the memory now; where fallocate is not supported, on first touch */
+		int r = posix_fallocate(p->fd, 0, size);
+		if (r != 0 && r != EOPNOTSUPP && r != EINVAL)
+			e = r;
+	}
+	if (e) {
+		if (p->fd >= 0)
+			close(p->fd);
+		sfw_free(p->free), sfw_free(p);
+		return sfw_fail(err, e == ENOSPC || e == ENOMEM ? SFW_E_NOMEM : SFW_E_IO,
+				"cannot allocate a KV pool of %lld blocks (%.1f MiB): %s", (long long)blocks,
+				(double)size / 1048576.0, strerror(e));
+	}
+	*out = p;
+	return SFW_OK;
+}
+
+static void cpu_pool_free(struct sfw_backend *be, struct sfw_bpool *p)
+{
+	(void)be;
+	if (!p)
+		return;
+	close(p->fd);
+	sfw_free(p->free);
+	sfw_free(p);
+}
+
+static int64_t cpu_pool_used(struct sfw_backend *be, const struct sfw_bpool *p)
+{
+	(void)be;
+	return p->nblocks - p->nfree;
+}
+
+/* Slot j of every sparse layer's views back to reserved, inaccessible
+ * address space; the block returns to the pool. */
+static void pool_unmap_slot(struct sfw_bcache *c, int64_t j)
+{
+	struct sfw_bpool *p = c->d.pool;
+	for (int i = 0; i < c->d.n_layers; i++) {
+		struct cpu_layer *l = &c->L[i];
+		if (!l->sparse)
+			continue;
+		mmap((char *)l->k + j * p->bb, p->bb, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+		mmap((char *)l->v + j * p->bb, p->bb, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+	}
+	p->free[p->nfree++] = c->table[j];
+}
+
+/* A free block into slot j (= c->nblk) of every sparse layer's views. */
+static enum sfw_status pool_map_slot(struct sfw_bcache *c, int64_t j, struct sfw_err *err)
+{
+	struct sfw_bpool *p = c->d.pool;
+	if (p->nfree == 0)
+		return sfw_fail(err, SFW_E_NOSPACE, "KV pool full: %lld of %lld blocks in use",
+				(long long)(p->nblocks - p->nfree), (long long)p->nblocks);
+	int32_t b = p->free[--p->nfree];
+	c->table[j] = b;
+	int si = 0;
+	for (int i = 0; i < c->d.n_layers; i++) {
+		struct cpu_layer *l = &c->L[i];
+		if (!l->sparse)
+			continue;
+		for (int kv = 0; kv < 2; kv++) {
+			void *at = (char *)(kv ? l->v : l->k) + j * p->bb;
+			if (mmap(at, p->bb, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd, pool_off(p, si, kv, b)) ==
+			    MAP_FAILED) {
+				int e = errno;
+				pool_unmap_slot(c, j); /* what was mapped of it, and the block */
+				return sfw_fail(err, SFW_E_NOMEM, "cannot map a KV block: %s", strerror(e));
+			}
+		}
+		si++;
+	}
+	return SFW_OK;
+}
+
 static void cpu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 {
 	(void)be;
 	if (!c)
 		return;
+	if (c->d.pool && c->table)
+		while (c->nblk > 0)
+			pool_unmap_slot(c, --c->nblk);
 	if (c->L)
 		for (int i = 0; i < c->d.n_layers; i++) {
 			struct cpu_layer *l = &c->L[i];
-			sfw_free(l->k), sfw_free(l->v), sfw_free(l->c1), sfw_free(l->c2), sfw_free(l->state);
+			if (c->d.pool) {
+				size_t span = (size_t)c->maxblk * c->d.pool->bb;
+				if (l->k)
+					munmap(l->k, span);
+				if (l->v)
+					munmap(l->v, span);
+			} else {
+				sfw_free(l->k), sfw_free(l->v);
+			}
+			sfw_free(l->c1), sfw_free(l->c2), sfw_free(l->state);
 		}
+	sfw_free(c->table);
 	sfw_free(c->L);
 	sfw_free(c);
 }
@@ -207,8 +375,26 @@ static enum sfw_status cpu_cache_new(struct sfw_backend *be, const struct sfw_ca
 	}
 	c->d = *d;
 	c->d.mixer = NULL; /* not kept: the per-layer flag below is enough */
+	if (d->pool) {
+		c->maxblk = (d->max_tokens + d->block - 1) / d->block;
+		if (c->maxblk < 1 || !(c->table = sfw_malloc((size_t)c->maxblk * sizeof(int32_t)))) {
+			cpu_cache_free(be, c);
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory for a block table");
+		}
+	}
 	for (int i = 0; i < d->n_layers; i++) {
 		c->L[i].sparse = d->mixer[i] == SFW_MIXER_SPARSE;
+		if (c->L[i].sparse && d->pool) { /* address space for max_tokens, no memory */
+			size_t span = (size_t)c->maxblk * d->pool->bb;
+			for (int kv = 0; kv < 2; kv++) {
+				void *v = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+				if (v == MAP_FAILED) {
+					cpu_cache_free(be, c);
+					return sfw_fail(err, SFW_E_NOMEM, "cannot reserve address space for a paged KV cache");
+				}
+				*(kv ? &c->L[i].v : &c->L[i].k) = v;
+			}
+		}
 		if (!c->L[i].sparse) {
 			c->L[i].state = sfw_calloc((size_t)d->lnh * d->lhd * d->lhd, sizeof(float));
 			if (!c->L[i].state) {
@@ -237,12 +423,27 @@ static enum sfw_status cpu_cache_reserve(struct sfw_backend *be, struct sfw_bcac
 	const struct sfw_cache_desc *d = &c->d;
 	int64_t cap = (tokens + d->block - 1) / d->block * d->block;
 	size_t row = (size_t)d->nkv * d->hd;
+	if (d->pool) { /* the K/V blocks first: all of them or none */
+		int64_t need = cap / d->block, had = c->nblk;
+		if (need > c->maxblk)
+			return sfw_fail(err, SFW_E_RANGE, "a paged KV cache holds at most %lld tokens, not %lld",
+					(long long)d->max_tokens, (long long)tokens);
+		for (; c->nblk < need; c->nblk++) {
+			enum sfw_status s = pool_map_slot(c, c->nblk, err);
+			if (s != SFW_OK) {
+				while (c->nblk > had)
+					pool_unmap_slot(c, --c->nblk);
+				return s;
+			}
+		}
+	}
 	for (int i = 0; i < d->n_layers; i++) {
 		struct cpu_layer *l = &c->L[i];
 		if (!l->sparse || cap <= l->cap)
 			continue;
 		int64_t cap1 = cap / d->stride + 1, cap2 = cap / (4 * d->stride) + 1;
-		if (grow(&l->k, cap, row) || grow(&l->v, cap, row) || grow(&l->c1, cap1, row) || grow(&l->c2, cap2, row))
+		if ((!d->pool && (grow(&l->k, cap, row) || grow(&l->v, cap, row))) || grow(&l->c1, cap1, row) ||
+		    grow(&l->c2, cap2, row))
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory for a KV cache of %lld tokens",
 					(long long)tokens);
 		l->cap = cap, l->cap1 = cap1, l->cap2 = cap2;
@@ -253,9 +454,14 @@ static enum sfw_status cpu_cache_reserve(struct sfw_backend *be, struct sfw_bcac
 static void cpu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 {
 	(void)be;
+	if (c->d.pool) /* every block back to the pool */
+		while (c->nblk > 0)
+			pool_unmap_slot(c, --c->nblk);
 	for (int i = 0; i < c->d.n_layers; i++) {
 		struct cpu_layer *l = &c->L[i];
 		l->len = l->n1 = l->n2 = 0;
+		if (c->d.pool)
+			l->cap = 0;
 		if (l->state)
 			memset(l->state, 0, (size_t)c->d.lnh * c->d.lhd * c->d.lhd * sizeof(float));
 	}
@@ -436,6 +642,9 @@ enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, stru
 	be->supports_w8 = 1;
 	be->add_rmsnorm = cpu_add_rmsnorm;
 	be->sample = cpu_sample;
+	be->pool_new = cpu_pool_new;
+	be->pool_free = cpu_pool_free;
+	be->pool_used = cpu_pool_used;
 	*out = be;
 	return SFW_OK;
 }

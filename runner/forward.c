@@ -5,7 +5,15 @@
  * prefill_chunk rows; each piece runs through all layers, appending to the
  * caches, so memory follows the piece size, not the prompt. The sparse
  * layers' dense/sparse decision and the block count are fixed per call from
- * the total length at the end of the call, as the reference decides them. */
+ * the total length at the end of the call, as the reference decides them.
+ *
+ * One forward path: forward_rows runs the step's rows, which belong to one
+ * or more sequences (struct sfwi_part, runner/model.h): embedding, norms and
+ * every linear once over all rows, then per part the attention, compression,
+ * block selection and Lightning state against that part's cache. A context's
+ * piece is one part (its own cache; graphs, taps and the selection notes are
+ * the context's); a batched step (runner/batch.c, sfwi_forward) is one part
+ * per sequence on a workspace context that has no cache of its own. */
 #include "runner/model.h"
 #include "alloc.h"
 #include "log.h"
@@ -237,12 +245,38 @@ static void last_selection_clear(struct sfw_ctx *c)
 		c->last_blocks[i] = -1;
 }
 
-enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p, struct sfw_ctx **out,
-			    struct sfw_err *err)
+void sfwi_cache_desc(const struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens, struct sfw_cache_desc *d)
 {
-	struct sfw_ctx_params dp = sfw_ctx_default_params();
-	if (!p)
-		p = &dp;
+	const struct sfw_config *cf = &m->cfg;
+	memset(d, 0, sizeof(*d));
+	d->n_layers = cf->num_hidden_layers;
+	d->mixer = cf->mixer;
+	d->nkv = cf->num_key_value_heads;
+	d->hd = cf->head_dim;
+	d->lnh = cf->lightning_nh;
+	d->lhd = cf->lightning_head_dim;
+	d->ksize = cf->sparse_kernel_size;
+	d->stride = cf->sparse_kernel_stride;
+	d->block = cf->sparse_block_size;
+	d->sel_k = cf->sparse_k;
+	d->pool = pool;
+	d->max_tokens = max_tokens;
+}
+
+enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens,
+			       struct sfw_bcache **out, struct sfw_err *err)
+{
+	struct sfw_cache_desc d;
+	sfwi_cache_desc(m, pool, max_tokens, &d);
+	return m->be->cache_new(m->be, &d, out, err);
+}
+
+/* A context with buffers for p->prefill_chunk rows and logits for
+ * logit_rows rows; own_cache = 0 makes a workspace without a sequence of
+ * its own (a batch's: runner/batch.c gives the caches per step). */
+static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_params *p, int own_cache,
+				  int logit_rows, struct sfw_ctx **out, struct sfw_err *err)
+{
 	*out = NULL;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
@@ -275,13 +309,14 @@ enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
 	c->mu = be->alloc(be, R * I * as);
 	c->ids_dev = be->alloc(be, R * sizeof(int32_t));
 	c->idx_dev = be->alloc(be, (size_t)nkv * R * (size_t)k * sizeof(int32_t));
-	c->logits_dev = be->alloc(be, (size_t)cf->vocab_size * sizeof(float));
-	c->logits_rows = 1;
+	c->logits_dev = be->alloc(be, (size_t)logit_rows * cf->vocab_size * sizeof(float));
+	c->logits_rows = logit_rows;
 	/* merged decode projections: lightning q|k|v|z, sparse q|k|v|o_gate, gate|up */
 	size_t wide = (size_t)maxi(maxi(4 * (int)ld, (int)(2 * qd + 2 * kvd)), 2 * (int)I);
 	c->wide = be->alloc(be, wide * as);
 	c->next_dev = be->alloc(be, 16);
-	if (be->graph_begin && be->rope_neox_dev) {
+	c->nograph = !own_cache;
+	if (own_cache && be->graph_begin && be->rope_neox_dev) {
 		c->pos_dev = be->alloc(be, 16);
 		c->graphs = sfw_calloc((size_t)L, sizeof(void *));
 	}
@@ -293,22 +328,12 @@ enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
 	enum sfw_status s = SFW_OK;
 	if (!c->x || !c->u || !c->out || !c->q || !c->a || !c->g || !c->k || !c->v || !c->mg || !c->mu ||
 	    !c->ids_dev || !c->idx_dev || !c->logits_dev || !c->last_blocks || !c->last_state || !c->wide || !c->next_dev ||
-	    (be->graph_begin && be->rope_neox_dev && (!c->pos_dev || !c->graphs)) ||
+	    (c->graphs && !c->pos_dev) || (own_cache && be->graph_begin && be->rope_neox_dev && !c->graphs) ||
 	    (be->copy && !c->last_dev) || !c->last_fresh)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
-	struct sfw_cache_desc d = {L,
-				   cf->mixer,
-				   nkv,
-				   cf->head_dim,
-				   cf->lightning_nh,
-				   cf->lightning_head_dim,
-				   cf->sparse_kernel_size,
-				   cf->sparse_kernel_stride,
-				   cf->sparse_block_size,
-				   cf->sparse_k};
-	if (s == SFW_OK)
-		s = be->cache_new(be, &d, &c->cache, err);
-	if (s == SFW_OK && p->n_ctx > 0)
+	if (s == SFW_OK && own_cache)
+		s = sfwi_cache_new(m, NULL, 0, &c->cache, err);
+	if (s == SFW_OK && own_cache && p->n_ctx > 0)
 		s = be->cache_reserve(be, c->cache, p->n_ctx, err);
 	if (s != SFW_OK) {
 		sfw_ctx_free(c);
@@ -317,6 +342,25 @@ enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p,
 	last_selection_clear(c);
 	*out = c;
 	return SFW_OK;
+}
+
+enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p, struct sfw_ctx **out,
+			    struct sfw_err *err)
+{
+	struct sfw_ctx_params dp = sfw_ctx_default_params();
+	return ctx_create(m, p ? p : &dp, 1, 1, out, err);
+}
+
+enum sfw_status sfwi_ctx_workspace(struct sfw_model *m, int rows, int logit_rows, struct sfw_ctx **out,
+				   struct sfw_err *err)
+{
+	struct sfw_ctx_params p = sfw_ctx_default_params();
+	if (rows < 1 || rows > (1 << 20) || logit_rows < 1 || logit_rows > rows) {
+		*out = NULL;
+		return sfw_fail(err, SFW_E_INVAL, "invalid batch workspace (%d rows, %d logit rows)", rows, logit_rows);
+	}
+	p.prefill_chunk = rows;
+	return ctx_create(m, &p, 0, logit_rows, out, err);
 }
 
 void sfw_ctx_reset(struct sfw_ctx *c)
@@ -460,9 +504,6 @@ static int merged_view(const struct sfw_backend *be, struct sfw_bweight *const *
 
 struct call {
 	const char *phase;
-	int sparse;       /* this call takes the InfLLM-v2 path */
-	int64_t nblocks;  /* ceil(L_end / block) */
-	int last_piece;
 	/* sfw_ctx_decode_next: choose the next token where the logits are */
 	const struct sfw_op_sample_params *sp;
 	double u;
@@ -496,38 +537,38 @@ static enum sfw_status sample_next(struct sfw_ctx *c, const struct call *cl, con
 	return SFW_OK;
 }
 
-static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, const struct call *cl,
-				    struct sfw_err *err)
+/* A sequence's rows of a step buffer: row r of buf (rows of width w). */
+static void *rows_at(const struct sfw_ctx *c, void *buf, int r, size_t w)
+{
+	return row_ptr(c, buf, (size_t)r * w);
+}
+
+/* The per-sequence part of a sparse layer: append its K/V, then dense
+ * attention or InfLLM-v2 selection + sparse attention over its own cache.
+ * q, k, v, a are the step's buffers; the part's rows start at p->row0. */
+static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfwi_part *p, const struct call *cl,
+				     void *q_all, void *k_all, void *v_all, struct sfw_err *err)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
-	struct sfwi_layer *L = &m->layers[li];
 	int nh = cf->num_attention_heads, nkv = cf->num_key_value_heads, hd = cf->head_dim;
 	float scale = 1.0f / sqrtf((float)hd);
 	enum sfw_status s;
-	void *q = c->q, *k = c->k, *v = c->v, *g = c->g;
-	struct sfw_bweight *parts[4] = {&L->q, &L->k, &L->v, &L->o_gate}, wv;
-	int merged = R == 1 && merged_view(be, parts, L->o_gate.host ? 4 : 3, &wv);
-	if (merged) {
-		size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd;
-		be->matmul(be, c->wide, c->u, &wv, 1);
-		q = c->wide, k = row_ptr(c, q, qd), v = row_ptr(c, k, kvd), g = row_ptr(c, v, kvd);
-	} else {
-		be->matmul(be, q, c->u, &L->q, R);
-		be->matmul(be, k, c->u, &L->k, R);
-		be->matmul(be, v, c->u, &L->v, R);
-	}
-	be->kv_append(be, c->cache, li, k, v, R);
+	int R = p->R, own = p->cache == c->cache; /* the context's own sequence: notes and taps */
+	int64_t pos0 = p->pos0;
+	size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd;
+	void *q = rows_at(c, q_all, p->row0, qd), *a = rows_at(c, c->a, p->row0, qd);
+	be->kv_append(be, p->cache, li, rows_at(c, k_all, p->row0, kvd), rows_at(c, v_all, p->row0, kvd), R);
 	size_t nsel = (size_t)nkv * cf->sparse_k;
 	/* a recorded step keeps the compressed keys current in both modes
 	 * (backend.h, cache_advance) */
-	if (!cl->sparse && c->capturing && be->cache_advance && (s = be->compress(be, c->cache, li, err)) != SFW_OK)
+	if (!p->sparse && c->capturing && be->cache_advance && (s = be->compress(be, p->cache, li, err)) != SFW_OK)
 		return s;
-	if (cl->sparse) {
+	if (p->sparse) {
 		struct sfw_sparse_params sp = {pos0,
 					       R,
-					       cl->nblocks,
+					       p->nblocks,
 					       cf->sparse_k,
 					       cf->sparse_init_blocks,
 					       cf->sparse_local_blocks,
@@ -535,11 +576,11 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 					       cf->sparse_kernel_stride,
 					       cf->sparse_block_size,
 					       scale};
-		if ((s = be->compress(be, c->cache, li, err)) != SFW_OK)
+		if ((s = be->compress(be, p->cache, li, err)) != SFW_OK)
 			return s;
 		float *pool_last = NULL;
-		if (c->tap && cl->last_piece) {
-			int64_t need = (int64_t)nkv * cl->nblocks;
+		if (own && c->tap && p->last_piece) {
+			int64_t need = (int64_t)nkv * p->nblocks;
 			if (need > c->host_pool_cap) {
 				float *np = sfw_realloc(c->host_pool, (size_t)need * sizeof(float));
 				if (!np)
@@ -549,10 +590,10 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 			}
 			pool_last = c->host_pool;
 		}
-		if ((s = be->sparse_select(be, c->idx_dev, q, c->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
+		if ((s = be->sparse_select(be, c->idx_dev, q, p->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
 			return s;
-		be->attn_sparse(be, c->a, q, c->cache, li, c->idx_dev, nh, &sp);
-		if (c->tap || cl->last_piece) {
+		be->attn_sparse(be, a, q, p->cache, li, c->idx_dev, nh, &sp);
+		if (own && (c->tap || p->last_piece)) {
 			size_t n = (size_t)nkv * R * cf->sparse_k;
 			int32_t *hi = c->host_idx;
 			int32_t *lastbuf = c->last_blocks + (size_t)li * nsel;
@@ -562,7 +603,7 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 				snprintf(name, sizeof(name), "sparse.layer.%d.%s.topk_idx", li, cl->phase);
 				emit(c, name, li, pos0, R, cf->sparse_k, nkv, 1, hi);
 			}
-			if (cl->last_piece) {
+			if (p->last_piece) {
 				int32_t *lastdev = c->last_dev ? c->last_dev + (size_t)li * nsel : NULL;
 				for (int h = 0; h < nkv; h++) {
 					size_t off = ((size_t)h * R + (R - 1)) * cf->sparse_k;
@@ -577,27 +618,57 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 				c->last_fresh[li] = !c->tap && lastdev;
 				c->last_state[li] = 1;
 			}
-			if (c->tap && cl->last_piece) {
+			if (c->tap && p->last_piece) {
 				char name[96];
 				snprintf(name, sizeof(name), "sparse.layer.%d.%s.block_score", li, cl->phase);
-				emit(c, name, li, pos0 + R - 1, 1, (int)cl->nblocks, nkv, 0, pool_last);
+				emit(c, name, li, pos0 + R - 1, 1, (int)p->nblocks, nkv, 0, pool_last);
 				int64_t nc[2];
 				int32_t nc32[2];
-				be->cache_ncompressed(be, c->cache, li, nc);
+				be->cache_ncompressed(be, p->cache, li, nc);
 				nc32[0] = (int32_t)nc[0], nc32[1] = (int32_t)nc[1];
 				snprintf(name, sizeof(name), "sparse.layer.%d.%s.n_compressed", li, cl->phase);
 				emit(c, name, li, pos0 + R - 1, 1, 2, 0, 1, nc32);
 			}
 		}
 	} else {
-		be->attn_dense(be, c->a, q, c->cache, li, R, nh, scale);
-		if (cl->last_piece) {
+		be->attn_dense(be, a, q, p->cache, li, R, nh, scale);
+		if (own && p->last_piece) {
 			c->last_state[li] = 0;
 			c->last_fresh[li] = 0;
 			for (size_t i = 0; i < nsel; i++)
 				c->last_blocks[(size_t)li * nsel + i] = -1;
 		}
 	}
+	return SFW_OK;
+}
+
+/* A sparse layer's mixer over the step's R rows: the projections once over
+ * all rows, attention per sequence. */
+static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts, int np,
+				    const struct call *cl, struct sfw_err *err)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	struct sfwi_layer *L = &m->layers[li];
+	int nh = cf->num_attention_heads, nkv = cf->num_key_value_heads, hd = cf->head_dim;
+	enum sfw_status s;
+	void *q = c->q, *k = c->k, *v = c->v, *g = c->g;
+	struct sfw_bweight *proj[4] = {&L->q, &L->k, &L->v, &L->o_gate}, wv;
+	int merged = R == 1 && merged_view(be, proj, L->o_gate.host ? 4 : 3, &wv);
+	if (merged) {
+		size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd;
+		be->matmul(be, c->wide, c->u, &wv, 1);
+		q = c->wide, k = row_ptr(c, q, qd), v = row_ptr(c, k, kvd), g = row_ptr(c, v, kvd);
+	} else {
+		be->matmul(be, q, c->u, &L->q, R);
+		be->matmul(be, k, c->u, &L->k, R);
+		be->matmul(be, v, c->u, &L->v, R);
+	}
+	for (int i = 0; i < np; i++)
+		if ((s = sparse_attend(c, li, &parts[i], cl, q, k, v, err)) != SFW_OK)
+			return s;
+	int64_t pos0 = parts[0].pos0; /* taps: one part */
 	size_t n = (size_t)R * nh * hd;
 	if (L->o_gate.host) {
 		if (!merged)
@@ -613,7 +684,41 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, int64_t po
 	return SFW_OK;
 }
 
-static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, const char *phase)
+/* A lightning layer's per-sequence part: q/k norms and RoPE at its own
+ * positions, then GLA against its own state. */
+static void lightning_attend(struct sfw_ctx *c, int li, const struct sfwi_part *p, void *q_all, void *k_all,
+			     void *v_all)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	struct sfwi_layer *L = &m->layers[li];
+	int nh = cf->lightning_nh, hd = cf->lightning_head_dim, R = p->R;
+	float eps = (float)cf->rms_norm_eps, theta = (float)cf->rope_theta;
+	size_t ld = (size_t)nh * hd;
+	void *q = rows_at(c, q_all, p->row0, ld), *k = rows_at(c, k_all, p->row0, ld);
+	void *v = rows_at(c, v_all, p->row0, ld), *a = rows_at(c, c->a, p->row0, ld);
+	if (L->q_norm.host && be->qk_norm_rope) { /* the four calls below in one op */
+		be->qk_norm_rope(be, q, k, &L->q_norm, &L->k_norm, R, nh, nh, hd, eps, cf->lightning_use_rope, p->pos0,
+				 c->capturing ? c->pos_dev : NULL, theta);
+	} else {
+		if (L->q_norm.host) {
+			be->rmsnorm(be, q, q, &L->q_norm, R * nh, hd, eps);
+			be->rmsnorm(be, k, k, &L->k_norm, R * nh, hd, eps);
+		}
+		if (cf->lightning_use_rope && c->capturing) { /* the replay's position */
+			be->rope_neox_dev(be, q, R, nh, hd, c->pos_dev, theta);
+			be->rope_neox_dev(be, k, R, nh, hd, c->pos_dev, theta);
+		} else if (cf->lightning_use_rope) {
+			be->rope_neox(be, q, R, nh, hd, p->pos0, theta);
+			be->rope_neox(be, k, R, nh, hd, p->pos0, theta);
+		}
+	}
+	be->gla(be, a, q, k, v, p->cache, li, m->decay, R, nh, hd, 1.0f / sqrtf((float)hd));
+}
+
+static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts, int np,
+			    const char *phase)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
@@ -622,8 +727,8 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, cons
 	int nh = cf->lightning_nh, hd = cf->lightning_head_dim;
 	float eps = (float)cf->rms_norm_eps;
 	void *q = c->q, *k = c->k, *v = c->v, *g = c->g;
-	struct sfw_bweight *parts[4] = {&L->q, &L->k, &L->v, &L->z}, wv;
-	int merged = R == 1 && merged_view(be, parts, L->z.host ? 4 : 3, &wv);
+	struct sfw_bweight *proj[4] = {&L->q, &L->k, &L->v, &L->z}, wv;
+	int merged = R == 1 && merged_view(be, proj, L->z.host ? 4 : 3, &wv);
 	if (merged) {
 		size_t ld = (size_t)nh * hd;
 		be->matmul(be, c->wide, c->u, &wv, 1);
@@ -633,23 +738,8 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, cons
 		be->matmul(be, k, c->u, &L->k, R);
 		be->matmul(be, v, c->u, &L->v, R);
 	}
-	if (L->q_norm.host && be->qk_norm_rope) { /* the four calls below in one op */
-		be->qk_norm_rope(be, q, k, &L->q_norm, &L->k_norm, R, nh, nh, hd, eps, cf->lightning_use_rope, pos0,
-				 c->capturing ? c->pos_dev : NULL, (float)cf->rope_theta);
-	} else {
-		if (L->q_norm.host) {
-			be->rmsnorm(be, q, q, &L->q_norm, R * nh, hd, eps);
-			be->rmsnorm(be, k, k, &L->k_norm, R * nh, hd, eps);
-		}
-		if (cf->lightning_use_rope && c->capturing) { /* the replay's position */
-			be->rope_neox_dev(be, q, R, nh, hd, c->pos_dev, (float)cf->rope_theta);
-			be->rope_neox_dev(be, k, R, nh, hd, c->pos_dev, (float)cf->rope_theta);
-		} else if (cf->lightning_use_rope) {
-			be->rope_neox(be, q, R, nh, hd, pos0, (float)cf->rope_theta);
-			be->rope_neox(be, k, R, nh, hd, pos0, (float)cf->rope_theta);
-		}
-	}
-	be->gla(be, c->a, q, k, v, c->cache, li, m->decay, R, nh, hd, 1.0f / sqrtf((float)hd));
+	for (int i = 0; i < np; i++)
+		lightning_attend(c, li, &parts[i], q, k, v);
 	if (L->o_norm.host)
 		be->rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, eps);
 	if (L->z.host) {
@@ -660,16 +750,17 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, int64_t pos0, cons
 	if (c->tap && c->tap_lin) {
 		char name[64];
 		snprintf(name, sizeof(name), "%s.layer.%d.o_in", phase, li);
-		emit_act(c, name, li, pos0, R, c->a, nh * hd);
+		emit_act(c, name, li, parts[0].pos0, R, c->a, nh * hd);
 	}
 	be->matmul(be, c->out, c->a, &L->o, R);
 }
 
 /* One layer for the piece's rows: mixer, residual, MLP, residual (with the
  * next norm when the backend fuses them). */
-static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, int64_t pos0, const struct call *cl, int fuse,
-				  struct sfw_err *err)
+static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts, int np,
+				  const struct call *cl, int fuse, struct sfw_err *err)
 {
+	int64_t pos0 = parts[0].pos0; /* taps: one part */
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
@@ -685,10 +776,10 @@ static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, int64_t pos0
 		emit_act(c, name, li, pos0, R, c->u, D);
 	}
 	if (L->kind == SFW_MIXER_SPARSE) {
-		if ((s = sparse_mixer(c, li, R, pos0, cl, err)) != SFW_OK)
+		if ((s = sparse_mixer(c, li, R, parts, np, cl, err)) != SFW_OK)
 			return s;
 	} else {
-		lightning_mixer(c, li, R, pos0, cl->phase);
+		lightning_mixer(c, li, R, parts, np, cl->phase);
 	}
 	if (fuse) {
 		be->add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
@@ -735,7 +826,7 @@ static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, int64_t pos0
 #define STEP_SPAN 4096
 
 /* The ops of one decode step (one row, no taps), as a recording holds them. */
-static enum sfw_status step_ops(struct sfw_ctx *c, int64_t pos0, const struct call *cl, int fuse,
+static enum sfw_status step_ops(struct sfw_ctx *c, const struct sfwi_part *p, const struct call *cl, int fuse,
 				struct sfw_err *err)
 {
 	struct sfw_model *m = c->m;
@@ -744,7 +835,7 @@ static enum sfw_status step_ops(struct sfw_ctx *c, int64_t pos0, const struct ca
 	enum sfw_status s;
 	be->embed(be, c->x, &m->embed, c->ids_dev, 1, (float)cf->scale_emb);
 	for (int li = 0; li < cf->num_hidden_layers; li++)
-		if ((s = layer_step(c, li, 1, pos0, cl, fuse, err)) != SFW_OK)
+		if ((s = layer_step(c, li, 1, p, 1, cl, fuse, err)) != SFW_OK)
 			return s;
 	if (!fuse)
 		be->rmsnorm(be, c->u, c->x, &m->norm, 1, cf->hidden_size, (float)cf->rms_norm_eps);
@@ -755,16 +846,17 @@ static enum sfw_status step_ops(struct sfw_ctx *c, int64_t pos0, const struct ca
 /* One decode step through the whole-step recording, made first when there is
  * none or it is stale. *done = 0: no recording could be made (nothing ran),
  * the caller runs the step itself, as it will from now on. */
-static enum sfw_status step_graph(struct sfw_ctx *c, int64_t pos0, const struct call *cl, int fuse, int *done,
-				  struct sfw_err *err)
+static enum sfw_status step_graph(struct sfw_ctx *c, const struct sfwi_part *p, const struct call *cl, int fuse,
+				  int *done, struct sfw_err *err)
 {
+	int64_t pos0 = p->pos0;
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
 	int nl = cf->num_hidden_layers;
 	enum sfw_status s;
 	*done = 0;
-	if (c->step && (c->step_sparse != cl->sparse || pos0 + 1 > c->step_bound ||
+	if (c->step && (c->step_sparse != p->sparse || pos0 + 1 > c->step_bound ||
 			c->step_epoch != be->mem_epoch(be, c->cache))) {
 		be->graph_free(be, c->step);
 		c->step = NULL;
@@ -786,7 +878,7 @@ static enum sfw_status step_graph(struct sfw_ctx *c, int64_t pos0, const struct 
 			return SFW_OK;
 		}
 		c->capturing = 1;
-		s = step_ops(c, pos0, cl, fuse, &e);
+		s = step_ops(c, p, cl, fuse, &e);
 		c->capturing = 0;
 		void *g = be->graph_end(be);
 		if (s != SFW_OK || !g) { /* nothing ran: the step runs eagerly, from now on */
@@ -800,7 +892,7 @@ static enum sfw_status step_graph(struct sfw_ctx *c, int64_t pos0, const struct 
 		}
 		c->step = g;
 		c->step_bound = bound;
-		c->step_sparse = cl->sparse;
+		c->step_sparse = p->sparse;
 		c->step_epoch = be->mem_epoch(be, c->cache);
 	}
 	be->graph_run(be, c->step);
@@ -811,9 +903,9 @@ static enum sfw_status step_graph(struct sfw_ctx *c, int64_t pos0, const struct 
 	for (int li = 0; li < nl; li++) {
 		if (m->layers[li].kind != SFW_MIXER_SPARSE)
 			continue;
-		c->last_state[li] = cl->sparse;
-		c->last_fresh[li] = cl->sparse; /* the recorded copy to last_dev */
-		if (!cl->sparse)
+		c->last_state[li] = p->sparse;
+		c->last_fresh[li] = p->sparse; /* the recorded copy to last_dev */
+		if (!p->sparse)
 			for (size_t i = 0; i < nsel; i++)
 				c->last_blocks[(size_t)li * nsel + i] = -1;
 	}
@@ -821,35 +913,29 @@ static enum sfw_status step_graph(struct sfw_ctx *c, int64_t pos0, const struct 
 	return SFW_OK;
 }
 
-static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64_t pos0, const struct call *cl,
-			     float *logits, struct sfw_err *err)
+/* The forward pass proper over the step's R rows (ids already in
+ * c->ids_dev): embedding, every layer, the final norm into c->u. The rows
+ * belong to np sequences (parts, in row order); the linears and norms run
+ * once over all rows, the attention and the states per part. Decode graphs
+ * over runs of lightning layers (backends without cache_advance) serve the
+ * context's own one-row calls. */
+static enum sfw_status forward_rows(struct sfw_ctx *c, int R, const struct sfwi_part *parts, int np,
+				    const struct call *cl, int fuse, struct sfw_err *err)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
-	int D = cf->hidden_size, V = cf->vocab_size;
-	float eps = (float)cf->rms_norm_eps;
+	int D = cf->hidden_size;
+	int64_t pos0 = parts[0].pos0;
 	char name[64];
 	enum sfw_status s;
-	int fuse = be->add_rmsnorm != NULL; /* the previous layer's add also made u */
-	be->from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
-	if (R == 1 && !c->tap && c->graphs && !c->nograph && be->cache_advance && c->last_dev && cl->last_piece) {
-		int done;
-		if ((s = step_graph(c, pos0, cl, fuse, &done, err)) != SFW_OK)
-			return s;
-		if (done) {
-			if (logits)
-				be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
-			return cl->next ? sample_next(c, cl, NULL, err) : SFW_OK;
-		}
-	}
 	be->embed(be, c->x, &m->embed, c->ids_dev, R, (float)cf->scale_emb);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.embed", cl->phase);
 		emit_act(c, name, -1, pos0, R, c->x, D);
 	}
 	int nl = cf->num_hidden_layers;
-	int graph = R == 1 && !c->tap && c->graphs && !c->nograph && !be->cache_advance;
+	int graph = R == 1 && np == 1 && !c->tap && c->graphs && !c->nograph && !be->cache_advance;
 	if (graph) /* before any recording: the replays read it */
 		be->from_host(be, c->pos_dev, &pos0, sizeof(pos0));
 	for (int li = 0; li < nl; li++) {
@@ -863,7 +949,7 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 				if (rec) {
 					c->capturing = 1;
 					for (int j = li; j <= b; j++) /* lightning layers: no failure path */
-						(void)layer_step(c, j, R, pos0, cl, fuse, err);
+						(void)layer_step(c, j, R, parts, np, cl, fuse, err);
 					c->capturing = 0;
 				} else {
 					sfw_log(SFW_LOG_WARN, "%s: %s; decoding without graphs", be->name, e.msg);
@@ -871,7 +957,7 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 				if (!rec || !(c->graphs[li] = be->graph_end(be))) {
 					c->nograph = 1; /* nothing ran: run the layers here, and from now on */
 					for (int j = li; j <= b; j++)
-						(void)layer_step(c, j, R, pos0, cl, fuse, err);
+						(void)layer_step(c, j, R, parts, np, cl, fuse, err);
 					li = b;
 					continue;
 				}
@@ -880,11 +966,40 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 			li = b;
 			continue;
 		}
-		if ((s = layer_step(c, li, R, pos0, cl, fuse, err)) != SFW_OK)
+		if ((s = layer_step(c, li, R, parts, np, cl, fuse, err)) != SFW_OK)
 			return s;
 	}
 	if (!fuse)
-		be->rmsnorm(be, c->u, c->x, &m->norm, R, D, eps);
+		be->rmsnorm(be, c->u, c->x, &m->norm, R, D, (float)cf->rms_norm_eps);
+	return SFW_OK;
+}
+
+/* One piece of a context's call: its rows are part p of the context's own
+ * sequence. */
+static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct sfwi_part *p,
+			     const struct call *cl, float *logits, struct sfw_err *err)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	int D = cf->hidden_size, V = cf->vocab_size, R = p->R;
+	int64_t pos0 = p->pos0;
+	char name[64];
+	enum sfw_status s;
+	int fuse = be->add_rmsnorm != NULL; /* the previous layer's add also made u */
+	be->from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
+	if (R == 1 && !c->tap && c->graphs && !c->nograph && be->cache_advance && c->last_dev && p->last_piece) {
+		int done;
+		if ((s = step_graph(c, p, cl, fuse, &done, err)) != SFW_OK)
+			return s;
+		if (done) {
+			if (logits)
+				be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
+			return cl->next ? sample_next(c, cl, NULL, err) : SFW_OK;
+		}
+	}
+	if ((s = forward_rows(c, R, p, 1, cl, fuse, err)) != SFW_OK)
+		return s;
 	float in_scale = (float)(1.0 / cf->logit_divisor);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.final_norm", cl->phase);
@@ -893,11 +1008,11 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 		be->to_host(be, c->host, c->logits_dev, (size_t)R * V * sizeof(float));
 		snprintf(name, sizeof(name), "%s.logits", cl->phase);
 		emit(c, name, -1, pos0, R, V, 0, 0, c->host);
-		if (cl->last_piece && logits)
+		if (p->last_piece && logits)
 			memcpy(logits, c->host + (size_t)(R - 1) * V, (size_t)V * sizeof(float));
-		if (cl->last_piece && cl->next)
+		if (p->last_piece && cl->next)
 			return sample_next(c, cl, c->host + (size_t)(R - 1) * V, err);
-	} else if (cl->last_piece && (logits || cl->next)) {
+	} else if (p->last_piece && (logits || cl->next)) {
 		be->logits(be, c->logits_dev, row_ptr(c, c->u, (size_t)(R - 1) * D), &m->lm_head, 1, in_scale);
 		if (logits)
 			be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
@@ -905,6 +1020,22 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, int R, int64
 			return sample_next(c, cl, NULL, err);
 	}
 	return SFW_OK;
+}
+
+/* The failure an op could not return itself, taken (cleared) either way;
+ * s when s already failed. */
+static enum sfw_status op_failure(struct sfw_backend *be, enum sfw_status s, struct sfw_err *err)
+{
+	if (be->take_failure) {
+		struct sfw_err fe = {0};
+		enum sfw_status fs = be->take_failure(be, &fe);
+		if (s == SFW_OK && fs != SFW_OK) {
+			s = fs;
+			if (err)
+				*err = fe;
+		}
+	}
+	return s;
 }
 
 static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
@@ -952,21 +1083,14 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	struct call cl;
 	cl.sp = sp, cl.u = u, cl.next = next;
 	cl.phase = n > 1 ? "prefill" : "decode";
-	cl.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
-	cl.nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;
+	struct sfwi_part p = {c->cache, 0, 0, 0, 0, 0, 0};
+	p.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
+	p.nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;
 	for (size_t off = 0; off < n; off += (size_t)c->cap_rows) {
 		int R = (int)(n - off < (size_t)c->cap_rows ? n - off : (size_t)c->cap_rows);
-		cl.last_piece = off + (size_t)R == n;
-		s = piece(c, ids + off, R, c->pos, &cl, logits, err);
-		if (be->take_failure) { /* an op that could not say so itself; taken (cleared) either way */
-			struct sfw_err fe = {0};
-			enum sfw_status fs = be->take_failure(be, &fe);
-			if (s == SFW_OK && fs != SFW_OK) {
-				s = fs;
-				if (err)
-					*err = fe;
-			}
-		}
+		p.pos0 = c->pos, p.R = R;
+		p.last_piece = off + (size_t)R == n;
+		s = op_failure(be, piece(c, ids + off, &p, &cl, logits, err), err);
 		if (s != SFW_OK) {
 			c->broken = 1; /* some layers ran this piece, others not */
 			return s;
@@ -980,4 +1104,42 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, struct sfw_err *err)
 {
 	return sfw_ctx_prefill(c, &id, 1, logits, err);
+}
+
+/* ---- the batch's step (runner/batch.c) -------------------------------------- */
+
+enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, const struct sfwi_part *parts, int np,
+			     const int *lrows, int nl, float *logits, struct sfw_err *err)
+{
+	struct sfw_model *m = ws->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	int D = cf->hidden_size, V = cf->vocab_size;
+	struct call cl = {"decode", NULL, 0, NULL};
+	SFW_ASSERT(R >= 1 && R <= ws->cap_rows && nl <= ws->logits_rows);
+	struct sfw_err stale = {0};
+	if (be->take_failure && be->take_failure(be, &stale) != SFW_OK)
+		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
+	be->from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
+	enum sfw_status s = op_failure(be, forward_rows(ws, R, parts, np, &cl, be->add_rmsnorm != NULL, err), err);
+	if (s != SFW_OK || nl == 0)
+		return s;
+	/* the rows whose logits are wanted, side by side in out (free now):
+	 * one lm_head product over them */
+	float *stage = NULL;
+	if (!be->copy && !(stage = sfw_malloc((size_t)D * sizeof(float))))
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	for (int i = 0; i < nl; i++) {
+		void *dst = rows_at(ws, ws->out, i, (size_t)D), *src = rows_at(ws, ws->u, lrows[i], (size_t)D);
+		if (be->copy) {
+			be->copy(be, dst, src, (size_t)D * be->act_size);
+		} else {
+			be->to_host_f32(be, stage, src, 0, (size_t)D);
+			be->from_host_f32(be, dst, stage, (size_t)D);
+		}
+	}
+	sfw_free(stage);
+	be->logits(be, ws->logits_dev, ws->out, &m->lm_head, nl, (float)(1.0 / cf->logit_divisor));
+	be->to_host(be, logits, ws->logits_dev, (size_t)nl * V * sizeof(float));
+	return op_failure(be, SFW_OK, err);
 }

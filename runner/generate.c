@@ -124,15 +124,12 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static enum sfw_status check_params(const struct sfw_gen_params *p, const struct sfw_tokenizer *tok,
-				    struct sfw_err *err)
+/* The parameters a stream uses (the prompt fields are sfw_generate's). */
+static enum sfw_status check_stream_params(const struct sfw_gen_params *p, const struct sfw_tokenizer *tok,
+					   struct sfw_err *err)
 {
 	if (p->max_tokens < 0 || p->max_ctx < 0)
 		return sfw_fail(err, SFW_E_INVAL, "negative token limit");
-	if (!p->ids && !p->text)
-		return sfw_fail(err, SFW_E_INVAL, "no prompt (ids or text)");
-	if (!p->ids && !tok)
-		return sfw_fail(err, SFW_E_INVAL, "a text prompt needs a tokenizer");
 	if (p->n_stop > SFW_STOP_MAX)
 		return sfw_fail(err, SFW_E_INVAL, "%zu stop strings (at most %d)", p->n_stop, SFW_STOP_MAX);
 	if (p->n_stop && !tok)
@@ -148,45 +145,129 @@ static enum sfw_status check_params(const struct sfw_gen_params *p, const struct
 	return SFW_OK;
 }
 
-struct gen {
-	const struct sfw_gen_params *p;
-	sfw_gen_fn cb;
-	void *user;
-	struct sfw_buf hold;  /* decoded text not shown yet */
-	struct sfw_buf piece; /* one push's bytes */
-	struct sfw_tokdec dec;
-	int text;
-};
+/* ---- one sequence's output stream ----------------------------------------- */
 
-/* Shows hold[0..n) with the token's callback and drops it; returns the
- * callback's answer. */
-static int show(struct gen *g, int32_t id, int64_t index, size_t n)
+enum sfw_status sfw_gen_stream_init(struct sfw_gen_stream *g, const struct sfw_tokenizer *tok,
+				    const struct sfw_config *cf, const struct sfw_gen_params *p,
+				    const int32_t *prompt, size_t n, struct sfw_err *err)
 {
-	struct sfw_gen_token t = {id, index, g->hold.data ? g->hold.data : "", n};
-	int r = g->cb ? g->cb(g->user, &t) : 0;
+	memset(g, 0, sizeof(*g));
+	g->p = p;
+	g->text = tok != NULL;
+	sfw_buf_init(&g->hold, 1u << 20);
+	sfw_buf_init(&g->piece, 1u << 16);
+	sfw_buf_init(&g->out, 1u << 20);
+	enum sfw_status s = check_stream_params(p, tok, err);
+	if (s != SFW_OK)
+		return s;
+	if (p->eos)
+		g->eos = *p->eos;
+	else
+		for (int i = 0; i < cf->n_eos && i < SFW_EOS_MAX; i++)
+			g->eos.ids[g->eos.n++] = cf->eos_token_ids[i];
+	if (g->text) {
+		sfw_tokdec_init(&g->dec, tok, p->skip_special);
+		if ((s = sfw_tokdec_prime(&g->dec, prompt, n, err)) != SFW_OK)
+			return s;
+	}
+	return SFW_OK;
+}
+
+void sfw_gen_stream_release(struct sfw_gen_stream *g)
+{
+	sfw_buf_release(&g->hold);
+	sfw_buf_release(&g->piece);
+	sfw_buf_release(&g->out);
+}
+
+/* Moves hold[0..n) to out (the piece shown) and drops it from hold. */
+static enum sfw_status show(struct sfw_gen_stream *g, size_t n, const char **text, size_t *len,
+			    struct sfw_err *err)
+{
+	g->out.len = 0;
+	if (n && sfw_buf_append(&g->out, g->hold.data, n) != SFW_OK)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for a text piece");
 	if (g->hold.data) {
 		memmove(g->hold.data, g->hold.data + n, g->hold.len - n);
 		g->hold.len -= n;
 		g->hold.data[g->hold.len] = 0;
 	}
-	return r;
+	*text = g->out.data ? g->out.data : "";
+	*len = n;
+	return SFW_OK;
 }
 
-/* Decodes one made token into hold; *stop_at = where a stop string starts
- * (hold.len when none). */
-static enum sfw_status take_text(struct gen *g, int32_t id, size_t *stop_at, struct sfw_err *err)
+/* Appends the decoder's bytes in piece to hold. */
+static enum sfw_status hold_piece(struct sfw_gen_stream *g, struct sfw_err *err)
 {
-	enum sfw_status s = SFW_OK;
-	*stop_at = 0;
-	if (!g->text)
-		return SFW_OK;
-	g->piece.len = 0;
-	if ((s = sfw_tokdec_push(&g->dec, id, &g->piece, err)) != SFW_OK)
-		return s;
+	enum sfw_status s;
 	if (g->piece.len && (s = sfw_buf_append(&g->hold, g->piece.data, g->piece.len)) != SFW_OK)
 		return sfw_fail(err, s, "generated text longer than %zu bytes held back", g->hold.max);
-	*stop_at = stop_find(g->hold.data ? g->hold.data : "", g->hold.len, g->p->stop, g->p->n_stop);
 	return SFW_OK;
+}
+
+enum sfw_status sfw_gen_stream_push(struct sfw_gen_stream *g, int32_t id, int forced, int64_t ctx_pos,
+				    const char **text, size_t *len, enum sfw_finish *fin, struct sfw_err *err)
+{
+	const struct sfw_gen_params *p = g->p;
+	enum sfw_status s;
+	*text = "";
+	*len = 0;
+	*fin = g->finish;
+	if (g->finish != SFW_FINISH_NONE)
+		return sfw_fail(err, SFW_E_INVAL, "a token pushed to a finished stream");
+	if (!forced && sfw_eos_has(&g->eos, id)) {
+		*fin = g->finish = SFW_FINISH_EOS;
+		return SFW_OK;
+	}
+	g->tokens++;
+	size_t keep = 0;
+	if (g->text) {
+		g->piece.len = 0;
+		if ((s = sfw_tokdec_push(&g->dec, id, &g->piece, err)) != SFW_OK ||
+		    (s = hold_piece(g, err)) != SFW_OK)
+			return s;
+		const char *h = g->hold.data ? g->hold.data : "";
+		size_t stop_at = stop_find(h, g->hold.len, p->stop, p->n_stop);
+		if (stop_at < g->hold.len) {
+			s = show(g, stop_at, text, len, err);
+			g->hold.len = 0; /* the stop string and what followed it are not shown */
+			*fin = g->finish = SFW_FINISH_STOP;
+			return s;
+		}
+		keep = sfw_stop_holdback(h, g->hold.len, p->stop, p->n_stop);
+	}
+	if ((s = show(g, g->hold.len - keep, text, len, err)) != SFW_OK)
+		return s;
+	if ((p->max_tokens && g->tokens >= p->max_tokens) || (p->max_ctx && ctx_pos >= p->max_ctx))
+		*fin = g->finish = SFW_FINISH_LENGTH;
+	return SFW_OK;
+}
+
+enum sfw_status sfw_gen_stream_flush(struct sfw_gen_stream *g, const char **text, size_t *len,
+				     struct sfw_err *err)
+{
+	enum sfw_status s;
+	*text = "";
+	*len = 0;
+	if (g->finish == SFW_FINISH_NONE)
+		g->finish = SFW_FINISH_CANCEL;
+	if (g->text && g->finish != SFW_FINISH_STOP) {
+		g->piece.len = 0;
+		if ((s = sfw_tokdec_flush(&g->dec, &g->piece, err)) != SFW_OK ||
+		    (s = hold_piece(g, err)) != SFW_OK)
+			return s;
+	}
+	return show(g, g->hold.len, text, len, err);
+}
+
+/* ---- the generation loop ---------------------------------------------------- */
+
+/* The callback's answer for one piece (nonzero: stop). */
+static int emit(sfw_gen_fn cb, void *user, int32_t id, int64_t index, const char *text, size_t len)
+{
+	struct sfw_gen_token t = {id, index, text, len};
+	return cb ? cb(user, &t) : 0;
 }
 
 enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *tok, struct sfw_sampler *smp,
@@ -197,18 +278,16 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 	st->pending = -1;
 	const struct sfw_config *cf = sfw_model_config(sfw_ctx_model(ctx));
 	int V = cf->vocab_size;
-	enum sfw_status s = check_params(p, tok, err);
+	if (!p->ids && !p->text)
+		return sfw_fail(err, SFW_E_INVAL, "no prompt (ids or text)");
+	if (!p->ids && !tok)
+		return sfw_fail(err, SFW_E_INVAL, "a text prompt needs a tokenizer");
+	enum sfw_status s = check_stream_params(p, tok, err);
 	if (s != SFW_OK)
 		return s;
 	if (smp->vocab != V)
 		return sfw_fail(err, SFW_E_INVAL, "sampler made for vocab %d, the model has %d", smp->vocab,
 				V);
-	struct sfw_eos_set eos = {0};
-	if (p->eos)
-		eos = *p->eos;
-	else
-		for (int i = 0; i < cf->n_eos && i < SFW_EOS_MAX; i++)
-			eos.ids[eos.n++] = cf->eos_token_ids[i];
 
 	int32_t *enc = NULL;
 	const int32_t *ids = p->ids;
@@ -219,11 +298,11 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 			return s;
 		ids = enc;
 	}
-	struct gen g = {.p = p, .cb = cb, .user = user, .text = tok != NULL};
-	sfw_buf_init(&g.hold, 1u << 20);
-	sfw_buf_init(&g.piece, 1u << 16);
+	struct sfw_gen_stream g;
 	float *logits = NULL;
 	int64_t pos0 = sfw_ctx_pos(ctx);
+	if ((s = sfw_gen_stream_init(&g, tok, cf, p, ids, n, err)) != SFW_OK)
+		goto done;
 	if (n == 0) {
 		s = sfw_fail(err, SFW_E_INVAL, "empty prompt");
 		goto done;
@@ -237,12 +316,6 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 	if (!(logits = sfw_malloc((size_t)V * sizeof(float)))) {
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the logits");
 		goto done;
-	}
-	if (g.text) {
-		sfw_tokdec_init(&g.dec, tok, p->skip_special);
-		/* primed with the prompt: the first piece keeps its leading space */
-		if ((s = sfw_tokdec_prime(&g.dec, ids, n, err)) != SFW_OK)
-			goto done;
 	}
 	double t0 = now_s();
 	if ((s = sfw_ctx_prefill(ctx, ids, n, logits, err)) != SFW_OK)
@@ -259,33 +332,18 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 		goto done;
 	}
 	enum sfw_finish fin = SFW_FINISH_NONE;
+	const char *text;
+	size_t len;
 	for (int64_t i = 0;; i++) {
-		if ((size_t)i >= p->n_force && sfw_eos_has(&eos, id)) {
-			fin = SFW_FINISH_EOS;
-			break;
-		}
-		st->tokens++;
-		size_t stop_at;
-		if ((s = take_text(&g, id, &stop_at, err)) != SFW_OK)
+		if ((s = sfw_gen_stream_push(&g, id, (size_t)i < p->n_force, sfw_ctx_pos(ctx), &text, &len,
+					     &fin, err)) != SFW_OK)
 			goto done;
-		if (g.text && stop_at < g.hold.len) {
-			show(&g, id, i, stop_at);
-			g.hold.len = 0; /* the stop string and what followed it are not shown */
-			fin = SFW_FINISH_STOP;
+		if (fin == SFW_FINISH_EOS)
 			break;
-		}
-		size_t keep =
-		    g.text ? sfw_stop_holdback(g.hold.data ? g.hold.data : "", g.hold.len, p->stop, p->n_stop)
-			   : 0;
-		if (show(&g, id, i, g.hold.len - keep)) {
+		if (emit(cb, user, id, i, text, len) && fin != SFW_FINISH_STOP)
 			fin = SFW_FINISH_CANCEL;
+		if (fin != SFW_FINISH_NONE)
 			break;
-		}
-		if ((p->max_tokens && st->tokens >= p->max_tokens) ||
-		    (p->max_ctx && sfw_ctx_pos(ctx) >= p->max_ctx)) {
-			fin = SFW_FINISH_LENGTH;
-			break;
-		}
 		int32_t next = -1;
 		double u = sfw_sampler_uniform(smp);
 		double a = now_s();
@@ -295,24 +353,17 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 		st->decode_steps++;
 		id = (size_t)(i + 1) < p->n_force ? p->force[i + 1] : next;
 	}
+	st->tokens = g.tokens;
 	st->finish = fin;
 	st->pending = id;
-	if (g.text && fin != SFW_FINISH_STOP) {
-		g.piece.len = 0;
-		if ((s = sfw_tokdec_flush(&g.dec, &g.piece, err)) != SFW_OK)
-			goto done;
-		if (g.piece.len && (s = sfw_buf_append(&g.hold, g.piece.data, g.piece.len)) != SFW_OK) {
-			s = sfw_fail(err, s, "generated text longer than %zu bytes held back", g.hold.max);
-			goto done;
-		}
-	}
-	if (g.hold.len || fin != SFW_FINISH_STOP)
-		show(&g, -1, -1, g.hold.len);
+	if ((s = sfw_gen_stream_flush(&g, &text, &len, err)) != SFW_OK)
+		goto done;
+	if (len || fin != SFW_FINISH_STOP)
+		emit(cb, user, -1, -1, text, len);
 done:
 	st->ctx_pos = sfw_ctx_pos(ctx);
 	sfw_free(logits);
 	sfw_free(enc);
-	sfw_buf_release(&g.hold);
-	sfw_buf_release(&g.piece);
+	sfw_gen_stream_release(&g);
 	return s;
 }

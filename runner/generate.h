@@ -116,6 +116,44 @@ SFW_MUST_CHECK enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sf
 					    sfw_gen_fn cb, void *user, struct sfw_gen_stats *st,
 					    struct sfw_err *err);
 
+/* ---- one sequence's output stream ------------------------------------------
+ * The per-sequence half of sfw_generate, for callers that run the forward
+ * themselves (the server's batch): push each token made, get the text that
+ * became showable with it and whether the sequence has finished. The same
+ * rules as sfw_generate: an EOS id (unless forced) finishes with EOS and is
+ * neither counted nor shown; a stop string finishes with STOP (the text
+ * before it shown); max_tokens tokens, or ctx_pos (the positions the context
+ * holds, the token pushed not fed) reaching max_ctx, finish with LENGTH.
+ * After any finish but STOP, sfw_gen_stream_flush gives the held tail. */
+struct sfw_gen_stream {
+	const struct sfw_gen_params *p; /* borrowed: stop strings, limits */
+	struct sfw_eos_set eos;
+	int64_t tokens; /* tokens made (EOS not counted) */
+	int text;	/* a tokenizer: text pieces */
+	enum sfw_finish finish;
+	struct sfw_buf hold, piece, out;
+	struct sfw_tokdec dec;
+};
+/* Checks p (stop strings, limits; not the prompt fields), takes its EOS set
+ * (NULL: cf's eos_token_id) and primes the decoder with the prompt ids (the
+ * first piece keeps its leading space). tok may be NULL (ids only). Release
+ * with sfw_gen_stream_release, also after a failed init. */
+SFW_MUST_CHECK enum sfw_status sfw_gen_stream_init(struct sfw_gen_stream *g, const struct sfw_tokenizer *tok,
+						   const struct sfw_config *cf,
+						   const struct sfw_gen_params *p, const int32_t *prompt,
+						   size_t n, struct sfw_err *err);
+/* One token made; forced: a scoring token (never EOS). *text / *len: the
+ * showable piece (valid until the next call); *fin: SFW_FINISH_NONE while
+ * the sequence goes on. */
+SFW_MUST_CHECK enum sfw_status sfw_gen_stream_push(struct sfw_gen_stream *g, int32_t id, int forced,
+						   int64_t ctx_pos, const char **text, size_t *len,
+						   enum sfw_finish *fin, struct sfw_err *err);
+/* Ends the stream (finish CANCEL unless it has finished): the text still
+ * held back (empty after STOP). */
+SFW_MUST_CHECK enum sfw_status sfw_gen_stream_flush(struct sfw_gen_stream *g, const char **text, size_t *len,
+						    struct sfw_err *err);
+void sfw_gen_stream_release(struct sfw_gen_stream *g);
+
 /* The longest suffix of text[0..n) that is a proper prefix of one of the
  * stop strings (the part a stream must hold back). */
 size_t sfw_stop_holdback(const char *text, size_t n, const char *const *stop, size_t n_stop);

@@ -42,6 +42,40 @@ void sfwi_model_close(struct sfw_model *m);
  * linears and lm_head). */
 void sfwi_model_weight_bytes(const struct sfw_model *m, double *all, double *step);
 
+/* One sequence's rows in a forward step (runner/forward.c): rows [row0,
+ * row0 + R) of the step's buffers, at positions pos0 .. pos0 + R - 1 of its
+ * cache. sparse / nblocks are its call's InfLLM-v2 decision, fixed from the
+ * length at the end of the call; last_piece: the call ends with these rows. */
+struct sfwi_part {
+	struct sfw_bcache *cache;
+	int64_t pos0;
+	int row0, R;
+	int sparse;
+	int64_t nblocks;
+	int last_piece;
+};
+
+/* The cache description of m's shapes; pool / max_tokens as in backend.h
+ * (NULL, 0: a cache that grows on its own). */
+void sfwi_cache_desc(const struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens, struct sfw_cache_desc *d);
+/* One sequence's caches (every layer), empty. */
+SFW_MUST_CHECK enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens,
+					      struct sfw_bcache **out, struct sfw_err *err);
+
+/* A context without a sequence of its own: step buffers for `rows` rows and
+ * logits for logit_rows of them (runner/batch.c). Freed with sfw_ctx_free. */
+SFW_MUST_CHECK enum sfw_status sfwi_ctx_workspace(struct sfw_model *m, int rows, int logit_rows,
+						  struct sfw_ctx **out, struct sfw_err *err);
+/* One forward step of R rows (host ids) belonging to np sequences (parts,
+ * in row order, each cache reserved for its rows) on workspace ws: the
+ * linears once over all rows, attention, compression, selection and the
+ * lightning states per part. logits [nl, vocab] (host) receives the logits
+ * of rows lrows[0..nl). A failure leaves the parts' caches in an unknown
+ * state. */
+SFW_MUST_CHECK enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R,
+					    const struct sfwi_part *parts, int np, const int *lrows, int nl,
+					    float *logits, struct sfw_err *err);
+
 /* Decode steps of c that ran as a replay of the whole-step graph (tests). */
 int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c);
 

@@ -9,7 +9,8 @@
  * without changing that decision.
  *
  * The generation loop over a context (prompt, sampling, stop conditions,
- * streamed text) is runner/generate.h.
+ * streamed text) is runner/generate.h; many sequences in one forward step
+ * (continuous batching) are runner/batch.h.
  *
  * This layer does not check the verified state of the directory: the CLI
  * (or any caller) does that with sfw_state_check before loading. */

@@ -11,8 +11,10 @@ SALAFW=$PWD/$BUILD/salafw
 [ -x "$SALAFW" ] || { echo "demo: build first (make)"; exit 2; }
 W=$(mktemp -d "${TMPDIR:-/tmp}/salafw-demo.XXXXXX")
 NGINX_PID=
+SERVE_PID=
 cleanup() {
 	[ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null || true
+	[ -n "$SERVE_PID" ] && kill "$SERVE_PID" 2>/dev/null || true
 	[ "${KEEP:-0}" = 1 ] && echo "demo: kept $W" || rm -rf "$W"
 }
 trap cleanup EXIT
@@ -77,6 +79,18 @@ step "user: salafw verify (offline, signed manifest kept by get)"
 
 step "user: salafw run (bf16 weights, CPU reference engine)"
 "$SALAFW" run "$W/model" --device cpu -p "The signed weights" -n 24 --seed 1 --pubkey "$W/demo.pub"
+
+step "user: salafw serve (OpenAI-compatible API on loopback), one completion with curl, SIGTERM"
+SPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$SALAFW" serve "$W/model" --device cpu --port "$SPORT" --pubkey "$W/demo.pub" &
+SERVE_PID=$!
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$SPORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$SPORT/v1/completions" -H 'Content-Type: application/json' \
+	-d '{"model": "model", "prompt": "The signed weights", "max_tokens": 16, "seed": 1}'
+echo
+kill -TERM "$SERVE_PID"
+wait "$SERVE_PID"
+SERVE_PID=
 
 step "user: salafw quant (AWQ int8, compressed-tensors pack-quantized), signed in the same step"
 # The int8 checkpoint is a new artifact: the publisher's signature covers the

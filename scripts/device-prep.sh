@@ -31,19 +31,19 @@ for d in .devlib $BUILD; do
 done
 if [ $build = 1 ]; then
 	# each target on its own: a broken file elsewhere must not stop the rest
-	for t in $BUILD/salafw $BUILD/bench/bench_gpu $(ls tests/gpu_*.c 2>/dev/null | sed "s|tests/\(.*\)\.c|$BUILD/tests/\1|"); do
+	for t in $BUILD/salafw $BUILD/bench/bench_gpu $BUILD/bench/bench_batch $(ls tests/gpu_*.c 2>/dev/null | sed "s|tests/\(.*\)\.c|$BUILD/tests/\1|"); do
 		make CUDA=1 CUDA_ARCH="$ARCH" BUILD="$BUILD" -j2 "$t" >/dev/null || echo "device-prep: cannot build $t (skipped)" >&2
 	done
 fi
 ST=.devlib/stage
 rm -rf .devlib .devgold && mkdir -p $ST/bin $ST/lib
-for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD"/tests/gpu_*; do
+for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD/bench/bench_batch" "$BUILD"/tests/gpu_*; do
 	case $b in *.o | *.d) continue ;; esac
 	[ -x "$b" ] || continue
 	strip -o "$ST/bin/$(basename "$b")" "$b"
 done
 # Libraries the GPU image lacks (it has libcurl, libcrypto/libssl and
-# sentencepiece; Ubuntu 24.04, seen 2026-11-30): only cJSON. DEVLIB_ALL=1
+# sentencepiece; Ubuntu 24.04, seen 2026-11-30): only cJSON and (for serve) libmicrohttpd. DEVLIB_ALL=1
 # copies every non-glibc, non-CUDA library instead (~19 MB).
 for b in $ST/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
 	n=$(basename "$lib")
@@ -52,7 +52,7 @@ for b in $ST/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | whil
 		libcuda.so* | libcudart.so* | libcublas*.so* | libnvidia*) continue ;;
 	esac
 	case $n in
-	libcjson*) cp -L "$lib" $ST/lib/ ;;
+	libcjson* | libmicrohttpd*) cp -L "$lib" $ST/lib/ ;; # (libmicrohttpd's gnutls: libcurl's librtmp has it there)
 	*) if [ "${DEVLIB_ALL:-0}" = 1 ]; then cp -L "$lib" $ST/lib/; fi ;; # (an && here ends the loop with 1 under set -e)
 	esac
 done

@@ -6,11 +6,13 @@
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
 #   bash scripts/gpu-run.sh bench-w8 [--runs P:G,...] [--group G]  bf16 and int8 full-size models, bench_gpu on each
+#   bash scripts/gpu-run.sh batch [G]          mkmodel --preset full + bench_batch: B = 1, 8, 32, 64 at 1K and 1K-32K
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
 #   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
 #   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
 #   bash scripts/gpu-run.sh quant-time [quant options]  mkmodel --preset full, then
 #                                            salafw quant --device cuda under /usr/bin/time -v (wall, peak RSS)
+#   bash scripts/gpu-run.sh serve-bench [C]  mkmodel --preset full, salafw serve --device cuda, bench/bench_serve.py
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout.
 set -u
@@ -118,6 +120,61 @@ bench-w8)
 	done
 	exit $rc
 	;;
+batch)
+	# bash scripts/gpu-run.sh batch [GEN]: aggregate decode throughput of
+	# batched decode (bench/bench_batch.c) on the full-size model, every
+	# sequence at 1K context, then mixed lengths 1K-32K (geometric spread)
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	if [ ! -e "$M/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
+	fi
+	G=${1:-32}
+	rc=0
+	for ctx in 1024 1024-32768; do
+		"$BIN/bench_batch" "$M" --device cuda --batch 1,8,32,64 --ctx "$ctx" --gen "$G" --chunk 8192 2>&1 |
+			tee -a "$OUT/batch.log"
+		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	done
+	exit $rc
+	;;
+serve-bench)
+	# bash scripts/gpu-run.sh serve-bench [CONCURRENCY]: salafw serve on the
+	# full-size model (--device cuda, unsigned: --no-verify), loaded through
+	# HTTP by bench/bench_serve.py (asyncio + aiohttp, the image has it):
+	# 1K-token prompts, 256 output tokens, concurrency 1, 8 and 32
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	if [ ! -e "$M/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
+	fi
+	CONC=${1:-1,8,32}
+	PORT=${SALAFW_SERVE_PORT:-18080}
+	"$BIN/salafw" serve "$M" --no-verify --device cuda --port "$PORT" --max-running 32 --max-context 2048 \
+		2>"$OUT/serve.log" &
+	spid=$!
+	up=0
+	for _ in $(seq 600); do
+		if python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+			"http://127.0.0.1:$PORT/health" 2>/dev/null; then up=1; break; fi
+		kill -0 $spid 2>/dev/null || break
+		sleep 0.5
+	done
+	if [ $up != 1 ]; then
+		echo "serve-bench: the server did not come up:"; tail -n 20 "$OUT/serve.log"
+		kill $spid 2>/dev/null
+		exit 1
+	fi
+	python3 bench/bench_serve.py --url "http://127.0.0.1:$PORT/v1" --model "$(basename "$M")" \
+		--concurrency "$CONC" --prompt-tokens 1024 --gen 256 --json "$OUT/serve-bench.json" 2>&1 |
+		tee "$OUT/serve-bench.log"
+	rc=${PIPESTATUS[0]}
+	curl -s "http://127.0.0.1:$PORT/metrics" >"$OUT/serve-metrics.txt" 2>/dev/null ||
+		python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+			"http://127.0.0.1:$PORT/metrics" >"$OUT/serve-metrics.txt" 2>/dev/null
+	kill -TERM $spid
+	wait $spid || rc=1
+	cat "$OUT/serve.log"
+	exit $rc
+	;;
 decode-ab)
 	# bash scripts/gpu-run.sh decode-ab [PROMPT [GEN]]: `salafw bench` on the
 	# full-size model with the new decode paths, then with each switch that
@@ -181,7 +238,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | decode-ab [P [G]] | prefill-ab [P [G]] | profile [P [G]] | quant-time [args] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | profile [P [G]] | quant-time [args] | serve-bench [C] | shell CMD" >&2
 	exit 2
 	;;
 esac

@@ -4,7 +4,7 @@ set -eu
 # libclang-rt-14-dev: the libFuzzer runtime (only recommended by clang, and
 # recommendations are not installed)
 pkgs="build-essential pkg-config clang libclang-rt-14-dev git libcurl4-openssl-dev libsodium-dev libssl-dev libcjson-dev
-libsentencepiece-dev sentencepiece minisign nginx-light curl aria2 python3 coreutils openssl procps bc
+libsentencepiece-dev libmicrohttpd-dev python3-venv sentencepiece minisign nginx-light curl aria2 python3 coreutils openssl procps bc
 man-db groff-base bsdutils python3-pyte"
 # strace: tests/test_get_sched.sh checks the order of fsync and rename from its record
 pkgs="$pkgs strace"
@@ -18,4 +18,12 @@ if [ -n "$missing" ]; then
 fi
 # A package install may start the distribution's nginx; tests run their own.
 if command -v service >/dev/null 2>&1; then service nginx stop >/dev/null 2>&1 || true; fi
+# tests/test_serve.sh drives `salafw serve` with the real `openai` client
+# from PyPI, in a virtual environment of its own.
+VENV=${SALAFW_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/salafw/venv}
+if ! "$VENV/bin/python3" -c 'import openai' >/dev/null 2>&1; then
+	echo "setup: the openai client into $VENV"
+	python3 -m venv "$VENV"
+	"$VENV/bin/pip" install -q --disable-pip-version-check openai
+fi
 echo "setup: all dependencies present"

@@ -11,7 +11,9 @@
  *   - EOS ids from generation_config.json and tokenizer_config.json stop the
  *     run (finish eos, the id not shown), malformed files are refused;
  *   - a seed fixes the output; the token limit; appending to a context keeps
- *     its history (turn 2 prefills only its own tokens). */
+ *     its history (turn 2 prefills only its own tokens);
+ *   - struct sfw_gen_stream on its own (serve's per-request half): the same
+ *     text and stop as sfw_generate for the same ids, the context limit. */
 #include "check.h"
 #include "alloc.h"
 #include "buf.h"
@@ -217,6 +219,51 @@ static void test_text(const char *dir)
 		CHECK(st.pending == c.ids[c.n - 1] && c.n <= (int64_t)stop_tok + 2,
 		      "tiny: the run stopped at the token that completed the stop string (%lld tokens)",
 		      (long long)c.n);
+		/* the same tokens through a struct sfw_gen_stream on its own (what
+		 * serve drives): the same text, the same finish at the same token */
+		int32_t *pids = NULL;
+		size_t np = 0;
+		struct sfw_gen_stream gs;
+		struct sfw_buf t;
+		sfw_buf_init(&t, 1u << 20);
+		enum sfw_finish fin = SFW_FINISH_NONE;
+		int64_t k = 0;
+		s = sfw_tokenizer_encode(tok, prompt, strlen(prompt), 1, &pids, &np, &err);
+		if (s == SFW_OK)
+			s = sfw_gen_stream_init(&gs, tok, cf, &gp, pids, np, &err);
+		for (; s == SFW_OK && fin == SFW_FINISH_NONE && k < r.n; k++) {
+			const char *x;
+			size_t xl;
+			s = sfw_gen_stream_push(&gs, r.ids[k], 0, (int64_t)np + k, &x, &xl, &fin, &err);
+			if (s == SFW_OK && xl)
+				s = sfw_buf_append(&t, x, xl);
+		}
+		CHECK(s == SFW_OK && fin == SFW_FINISH_STOP && k == c.n && t.len == c.text.len &&
+			  !memcmp(t.data ? t.data : "", c.text.data ? c.text.data : "", t.len),
+		      "tiny: a gen stream fed the same ids stops at token %lld with sfw_generate's text (%zu "
+		      "bytes): %s",
+		      (long long)k, t.len, err.msg);
+		const char *x;
+		size_t xl;
+		CHECK(s == SFW_OK &&
+			  sfw_gen_stream_push(&gs, r.ids[0], 0, 0, &x, &xl, &fin, &err) == SFW_E_INVAL &&
+			  sfw_gen_stream_flush(&gs, &x, &xl, &err) == SFW_OK && xl == 0,
+		      "tiny: a finished stream refuses tokens; after a stop nothing is left to flush");
+		sfw_gen_stream_release(&gs);
+		/* the context limit: ctx_pos reaching max_ctx finishes with LENGTH */
+		struct sfw_gen_params lp = sfw_gen_default_params();
+		lp.max_ctx = (int64_t)np + 3;
+		lp.eos = &none;
+		s = sfw_gen_stream_init(&gs, tok, cf, &lp, pids, np, &err);
+		int64_t made = 0;
+		for (fin = SFW_FINISH_NONE; s == SFW_OK && fin == SFW_FINISH_NONE; made++)
+			s = sfw_gen_stream_push(&gs, r.ids[made], 0, (int64_t)np + made, &x, &xl, &fin, &err);
+		CHECK(s == SFW_OK && fin == SFW_FINISH_LENGTH && made == 4 && gs.tokens == 4,
+		      "tiny: a stream finishes with length when the context is full (%lld tokens)",
+		      (long long)made);
+		sfw_gen_stream_release(&gs);
+		sfw_buf_release(&t);
+		sfw_free(pids);
 		sfw_buf_release(&c.text);
 		gp.stop = NULL;
 		gp.n_stop = 0;

@@ -384,11 +384,49 @@ static void test_pool_topk(void)
 	      idx[5]);
 }
 
+/* Batched decode (runner/batch.h) needs a row of x to get the same bits
+ * whatever the other rows of the call: every M (the GEMV below 3 rows, the
+ * blocked GEMM above, odd and even row counts) against M = 1, bit for bit,
+ * with bf16 and f32 weights and a K that leaves a scalar tail. */
+static void test_matmul_rows(void)
+{
+	enum { N = 45, K = 203, MMAX = 67 };
+	float *x = malloc(sizeof(float) * MMAX * K), *wf = malloc(sizeof(float) * N * K);
+	float *y = malloc(sizeof(float) * MMAX * N), *y1 = malloc(sizeof(float) * N);
+	uint16_t *wb = malloc(2 * (size_t)N * K);
+	fill(x, (size_t)MMAX * K, 1);
+	fill(wf, (size_t)N * K, 0.1);
+	for (int i = 0; i < N * K; i++)
+		wb[i] = to_bf16(wf[i]);
+	struct sfw_ops_cpu *ex = NULL;
+	CHECK(sfw_ops_cpu_new(3, &ex, NULL) == SFW_OK, "executor of 3 threads");
+	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
+	const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 16, 33, 64, 67};
+	for (int d = 0; d < 2; d++) {
+		const void *w = d ? (const void *)wf : (const void *)wb;
+		enum sfw_op_dtype dt = d ? SFW_OP_F32 : SFW_OP_BF16;
+		for (size_t s = 0; s < sizeof(Ms) / sizeof(Ms[0]); s++) {
+			int M = Ms[s], bad = 0;
+			sfw_op_matmul_cpu(y, x, w, dt, M, N, K);
+			for (int m = 0; m < M; m++) {
+				sfw_op_matmul_cpu(y1, x + (size_t)m * K, w, dt, 1, N, K);
+				bad += memcmp(y1, y + (size_t)m * N, sizeof(float) * N) != 0;
+			}
+			CHECK(bad == 0, "matmul %s M=%d: %d rows differ from the same row alone", d ? "f32" : "bf16", M,
+			      bad);
+		}
+	}
+	sfw_ops_cpu_bind(prev);
+	sfw_ops_cpu_free(ex);
+	free(x), free(wf), free(y), free(y1), free(wb);
+}
+
 int main(void)
 {
 	test_rmsnorm();
 	test_rope();
 	test_matmul();
+	test_matmul_rows();
 	test_elementwise();
 	test_attention();
 	test_gla();

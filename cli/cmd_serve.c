@@ -1,0 +1,195 @@
+/* salafw serve - an OpenAI-compatible HTTP server on a verified model
+ * (serve/serve.h): the same gate, model options and messages as run; binds
+ * to loopback unless --host says otherwise; SIGTERM or SIGINT stops
+ * accepting, lets the accepted requests finish and exits 0. */
+#include "cli.h"
+#include "buf.h"
+#include "file.h"
+#include "runner/generate.h"
+#include "runner/runner.h"
+#include "runner/tokenizer.h"
+#include "serve/serve.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct cli_opt opts[] = {
+    {"host", 0, "ADDR", "address to listen on (default 127.0.0.1: this machine only)"},
+    {"port", 0, "N", "TCP port (default 8080; 0 = any free port, printed)"},
+    {"api-key", 0, "KEY", "ask every /v1 request for Authorization: Bearer KEY"},
+    {"api-key-file", 0, "FILE", "the same with the key read from FILE (first line)"},
+    {"max-running", 0, "N", "sequences decoded together at most (default 16, at most 64)"},
+    {"max-queue", 0, "N", "requests waiting beyond those (default 256; more get 429)"},
+    {"max-context", 0, "N", "context positions per request, prompt and reply (default 4096)"},
+    {"prefill-chunk", 0, "N", "prompt tokens per engine step (default 256 on the CPU, 2048 on CUDA)"},
+    {"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
+    CLI_MODEL_OPT_ROWS("serve"),
+    {0},
+};
+
+#define KEY_FILE_MAX 4096
+
+/* The key of --api-key-file: its first line, without the line end. */
+static int read_key_file(const char *cmd, const char *path, struct sfw_buf *b)
+{
+	struct sfw_err err = {0};
+	if (sfw_read_file(path, KEY_FILE_MAX, b, &err) != SFW_OK) {
+		fprintf(stderr, "%s: --api-key-file: %s\n", cmd, err.msg);
+		return SFW_EXIT_IO;
+	}
+	size_t n = 0;
+	while (n < b->len && b->data[n] != '\n' && b->data[n] != '\r' && b->data[n] != '\0')
+		n++;
+	if (n == 0) {
+		fprintf(stderr, "%s: --api-key-file: '%s' holds no key on its first line\n", cmd, path);
+		return SFW_EXIT_IO;
+	}
+	b->data[n] = 0;
+	b->len = n;
+	return 0;
+}
+
+/* The directory's last name: the model id the server answers to. */
+static void model_name(const char *dir, char *out, size_t cap)
+{
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')
+		n--;
+	size_t a = n;
+	while (a > 0 && dir[a - 1] != '/')
+		a--;
+	snprintf(out, cap, "%.*s", (int)(n - a), dir + a);
+}
+
+int cmd_serve(int argc, char **argv)
+{
+	const char *C = "salafw serve";
+	struct sfw_serve_params sp = sfw_serve_default_params();
+	int have_chunk = 0;
+	const char *key = NULL, *key_file = NULL;
+	unsigned long long u;
+	struct cli_model_opts mo;
+	cli_model_opts_init(&mo);
+	struct cli_parser cp;
+	const char *arg;
+	int k;
+	cli_init(&cp, C, argc, argv, opts);
+	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
+		if (k == CLI_HELP) {
+			cli_usage(stdout, C, "MODEL_DIR [options]", opts);
+			return SFW_EXIT_OK;
+		}
+		if (k == CLI_ERROR)
+			return SFW_EXIT_USAGE;
+		const char *nm = opts[k].name;
+		if (!strcmp(nm, "host")) {
+			sp.host = arg;
+			continue;
+		}
+		if (!strcmp(nm, "api-key")) {
+			key = arg;
+			continue;
+		}
+		if (!strcmp(nm, "api-key-file")) {
+			key_file = arg;
+			continue;
+		}
+		if (!cli_parse_u64(C, nm, arg, &u))
+			return SFW_EXIT_USAGE;
+		if (!strcmp(nm, "port")) {
+			if (u > 65535)
+				return cli_usage_error(C, "--port must be 0 to 65535");
+			sp.port = (int)u;
+		} else if (!strcmp(nm, "max-running")) {
+			if (u < 1 || u > 64)
+				return cli_usage_error(C, "--max-running must be 1 to 64");
+			sp.max_running = (int)u;
+		} else if (!strcmp(nm, "max-queue")) {
+			if (u > 65536)
+				return cli_usage_error(C, "--max-queue must be at most 65536");
+			sp.max_queue = (int)u;
+		} else if (!strcmp(nm, "max-context")) {
+			if (u < 1 || u > (1ull << 30))
+				return cli_usage_error(C, "--max-context must be 1 to %llu tokens",
+						       1ull << 30);
+			sp.max_context = (int64_t)u;
+		} else if (!strcmp(nm, "prefill-chunk")) {
+			if (u < 1 || u > (1u << 20))
+				return cli_usage_error(C, "--prefill-chunk must be 1 to %u tokens", 1u << 20);
+			sp.prefill_chunk = (int)u;
+			have_chunk = 1;
+		}
+	}
+	if (cp.npos != 1)
+		return cli_usage_error(C, "expected one MODEL_DIR");
+	if (key && key_file)
+		return cli_usage_error(C, "give --api-key or --api-key-file, not both");
+	if (key && !*key)
+		return cli_usage_error(C, "--api-key is empty");
+	struct sfw_model_params mp;
+	if (cli_model_params(C, &mo, &mp))
+		return SFW_EXIT_USAGE;
+	const char *dir = cp.pos[0];
+	int rc = cli_model_gate(C, dir, mo.no_verify, mo.verify_full, mo.pubkey);
+	if (rc)
+		return rc;
+	struct sfw_buf kb;
+	sfw_buf_init(&kb, KEY_FILE_MAX);
+	if (key_file && (rc = read_key_file(C, key_file, &kb)) != 0) {
+		sfw_buf_release(&kb);
+		return rc;
+	}
+	if (key_file)
+		key = kb.data;
+	sp.api_key = key;
+	char name[256];
+	model_name(dir, name, sizeof(name));
+	sp.model_name = name;
+
+	struct sfw_err err = {0};
+	enum sfw_status s;
+	struct sfw_model *m = NULL;
+	struct sfw_tokenizer *tok = NULL;
+	struct sfw_server *srv = NULL;
+	struct sfw_eos_set eos;
+	/* SIGTERM and SIGINT wait for sigwait below, in every thread started from here */
+	sigset_t sigs, old;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &sigs, &old);
+	signal(SIGPIPE, SIG_IGN); /* a client that goes away is an error on its socket */
+	if ((s = sfw_model_load(dir, &mp, &m, &err)) != SFW_OK)
+		goto fail;
+	const struct sfw_config *cf = sfw_model_config(m);
+	if ((s = sfw_tokenizer_load(dir, cf->vocab_size, &tok, &err)) != SFW_OK)
+		goto fail;
+	if ((s = sfw_eos_load(dir, cf, tok, &eos, &err)) != SFW_OK)
+		goto fail;
+	if (!have_chunk) /* a chunk per step that keeps the decode rows flowing */
+		sp.prefill_chunk = strcmp(sfw_model_device_name(m), "cuda") ? 256 : 2048;
+	if ((s = sfw_serve_start(m, tok, &eos, &sp, &srv, &err)) != SFW_OK)
+		goto fail;
+	fprintf(
+	    stderr,
+	    "%s: serving '%s' on http://%s%s%s:%d/v1 [%s], up to %d running, %d queued, %lld-token context\n",
+	    C, name, strchr(sp.host, ':') ? "[" : "", sp.host, strchr(sp.host, ':') ? "]" : "",
+	    sfw_serve_port(srv), sfw_model_device_name(m), sp.max_running, sp.max_queue,
+	    (long long)sp.max_context);
+	int sig = 0;
+	sigwait(&sigs, &sig);
+	fprintf(stderr, "%s: %s: finishing the accepted requests\n", C, sig == SIGINT ? "SIGINT" : "SIGTERM");
+	sfw_serve_stop(srv);
+	fprintf(stderr, "%s: stopped\n", C);
+	rc = 0;
+	goto out;
+fail:
+	rc = cli_report(s, &err);
+out:
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	sfw_tokenizer_free(tok);
+	sfw_model_free(m);
+	sfw_buf_release(&kb);
+	return rc;
+}

@@ -1,0 +1,287 @@
+/* batch.c - batched decode over one forward path (runner/batch.h).
+ *
+ * A batch owns a workspace context (step buffers for max_step_rows rows,
+ * logits for max_seqs rows: sfwi_ctx_workspace) and one backend cache per
+ * open sequence. A step checks everything that can refuse it (items, ids,
+ * lengths, the pool, cache room) before the first op runs, then hands the
+ * rows to sfwi_forward as one part per sequence.
+ *
+ * The block count: a sequence holds the blocks its cache has reserved
+ * (room, in tokens, block-granular; a reserve never shrinks), so the
+ * accounting is exact in both modes, paged (the backend's pool) or not. */
+#include "runner/batch.h"
+#include "alloc.h"
+#include "log.h"
+#include "runner/model.h"
+
+#include <string.h>
+
+struct bseq {
+	struct sfw_bcache *cache; /* NULL: the slot is free */
+	int64_t pos;
+	int64_t room;  /* tokens its cache has reserved */
+	int broken; /* a step failed half-way */
+	int stamp;  /* the step that last named it (duplicate check) */
+};
+
+struct sfw_batch {
+	struct sfw_model *m;
+	struct sfw_batch_params p;
+	struct sfw_ctx *ws;
+	struct sfw_bpool *pool; /* the backend's paged KV pool; NULL: caches of their own */
+	struct bseq seq[SFW_BATCH_MAX_SEQS];
+	int block;              /* tokens per KV block (sparse_block_size) */
+	int64_t pool_blocks;
+	int stamp;
+	/* per step */
+	struct sfwi_part parts[SFW_BATCH_MAX_SEQS];
+	int32_t *ids;           /* [max_step_rows] */
+	int lrows[SFW_BATCH_MAX_SEQS];
+	int item_logit[SFW_BATCH_MAX_SEQS]; /* item -> logits row, -1 none */
+	int n_items;
+	float *logits;          /* [max_seqs, vocab] host */
+};
+
+struct sfw_batch_params sfw_batch_default_params(void)
+{
+	struct sfw_batch_params p = {16, 65536, 8192, 0, 0};
+	return p;
+}
+
+static int64_t blocks_for(const struct sfw_batch *b, int64_t tokens)
+{
+	return (tokens + b->block - 1) / b->block;
+}
+
+int64_t sfw_batch_blocks_used(const struct sfw_batch *b)
+{
+	int64_t used = 0;
+	for (int i = 0; i < b->p.max_seqs; i++)
+		if (b->seq[i].cache)
+			used += blocks_for(b, b->seq[i].room);
+	return used;
+}
+
+int sfw_batch_paged(const struct sfw_batch *b)
+{
+	return b->pool != NULL;
+}
+
+int64_t sfw_batch_blocks_total(const struct sfw_batch *b)
+{
+	return b->pool_blocks;
+}
+
+enum sfw_status sfw_batch_new(struct sfw_model *m, const struct sfw_batch_params *p, struct sfw_batch **out,
+			      struct sfw_err *err)
+{
+	struct sfw_batch_params dp = sfw_batch_default_params();
+	if (!p)
+		p = &dp;
+	*out = NULL;
+	const struct sfw_config *cf = sfw_model_config(m);
+	if (p->max_seqs < 1 || p->max_seqs > SFW_BATCH_MAX_SEQS)
+		return sfw_fail(err, SFW_E_INVAL, "a batch holds 1 to %d sequences, not %d", SFW_BATCH_MAX_SEQS,
+				p->max_seqs);
+	if (p->pool_tokens < cf->sparse_block_size || p->pool_tokens > ((int64_t)1 << 40))
+		return sfw_fail(err, SFW_E_INVAL, "invalid KV pool size (%lld tokens; at least one block of %d)",
+				(long long)p->pool_tokens, cf->sparse_block_size);
+	if (p->max_ctx < 1 || p->max_ctx > (int64_t)INT32_MAX)
+		return sfw_fail(err, SFW_E_INVAL, "invalid per-sequence context (%lld tokens)", (long long)p->max_ctx);
+	if (p->max_step_rows < 0 || p->max_step_rows > (1 << 16))
+		return sfw_fail(err, SFW_E_INVAL, "invalid step size (%d rows)", p->max_step_rows);
+	struct sfw_batch *b = sfw_calloc(1, sizeof(*b));
+	if (!b)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	b->m = m;
+	b->p = *p;
+	if (!b->p.max_step_rows)
+		b->p.max_step_rows = p->max_seqs + 256;
+	if (b->p.max_step_rows < b->p.max_seqs)
+		b->p.max_step_rows = b->p.max_seqs; /* room for one decode row each */
+	b->block = cf->sparse_block_size;
+	b->pool_blocks = p->pool_tokens / b->block;
+	enum sfw_status s = SFW_OK;
+	struct sfw_backend *be = m->be;
+	if (be->pool_new) {
+		struct sfw_cache_desc d;
+		struct sfw_err pe = {0};
+		sfwi_cache_desc(m, NULL, 0, &d);
+		s = be->pool_new(be, &d, b->pool_blocks, &b->pool, &pe);
+		if (s == SFW_E_UNSUPPORTED) { /* per-sequence caches under the same budget */
+			sfw_log(SFW_LOG_DEBUG, "%s: %s; KV caches per sequence", be->name, pe.msg);
+			b->pool = NULL;
+			s = SFW_OK;
+		} else if (s != SFW_OK && err) {
+			*err = pe;
+		}
+	}
+	if (s == SFW_OK)
+		s = sfwi_ctx_workspace(m, b->p.max_step_rows, b->p.max_seqs, &b->ws, err);
+	if (s == SFW_OK) {
+		b->ids = sfw_malloc((size_t)b->p.max_step_rows * sizeof(int32_t));
+		b->logits = sfw_malloc((size_t)b->p.max_seqs * cf->vocab_size * sizeof(float));
+		if (!b->ids || !b->logits)
+			s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the batch buffers");
+	}
+	if (s != SFW_OK) {
+		sfw_batch_free(b);
+		return s;
+	}
+	*out = b;
+	return SFW_OK;
+}
+
+void sfw_batch_free(struct sfw_batch *b)
+{
+	if (!b)
+		return;
+	for (int i = 0; i < SFW_BATCH_MAX_SEQS; i++)
+		sfw_batch_seq_close(b, i);
+	sfw_ctx_free(b->ws);
+	if (b->pool)
+		b->m->be->pool_free(b->m->be, b->pool);
+	sfw_free(b->ids);
+	sfw_free(b->logits);
+	sfw_free(b);
+}
+
+enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err *err)
+{
+	*seq = -1;
+	for (int i = 0; i < b->p.max_seqs; i++) {
+		struct bseq *q = &b->seq[i];
+		if (q->cache)
+			continue;
+		enum sfw_status s = sfwi_cache_new(b->m, b->pool, b->p.max_ctx, &q->cache, err);
+		if (s != SFW_OK) {
+			q->cache = NULL;
+			return s;
+		}
+		q->pos = 0, q->room = 0, q->broken = 0, q->stamp = 0;
+		*seq = i;
+		return SFW_OK;
+	}
+	return sfw_fail(err, SFW_E_RANGE, "all %d sequences in use", b->p.max_seqs);
+}
+
+void sfw_batch_seq_close(struct sfw_batch *b, int seq)
+{
+	if (!b || seq < 0 || seq >= SFW_BATCH_MAX_SEQS || !b->seq[seq].cache)
+		return;
+	b->m->be->cache_free(b->m->be, b->seq[seq].cache);
+	memset(&b->seq[seq], 0, sizeof(b->seq[seq]));
+}
+
+int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq)
+{
+	if (seq < 0 || seq >= b->p.max_seqs || !b->seq[seq].cache)
+		return -1;
+	return b->seq[seq].pos;
+}
+
+const float *sfw_batch_logits(const struct sfw_batch *b, int item)
+{
+	if (item < 0 || item >= b->n_items || b->item_logit[item] < 0)
+		return NULL;
+	return b->logits + (size_t)b->item_logit[item] * sfw_model_config(b->m)->vocab_size;
+}
+
+/* Everything that can refuse the step, before anything runs. */
+static enum sfw_status step_check(struct sfw_batch *b, const struct sfw_batch_item *it, int n, int *rows,
+				  struct sfw_err *err)
+{
+	const struct sfw_config *cf = sfw_model_config(b->m);
+	if (!it || n < 1 || n > b->p.max_seqs)
+		return sfw_fail(err, SFW_E_INVAL, "a step takes 1 to %d items, not %d", b->p.max_seqs, n);
+	if (++b->stamp <= 0) { /* wrapped: restart the stamps */
+		for (int i = 0; i < SFW_BATCH_MAX_SEQS; i++)
+			b->seq[i].stamp = 0;
+		b->stamp = 1;
+	}
+	int64_t total = 0, need = 0;
+	for (int i = 0; i < n; i++) {
+		int sq = it[i].seq;
+		if (sq < 0 || sq >= b->p.max_seqs || !b->seq[sq].cache)
+			return sfw_fail(err, SFW_E_INVAL, "item %d: sequence %d is not open", i, sq);
+		struct bseq *q = &b->seq[sq];
+		if (q->stamp == b->stamp)
+			return sfw_fail(err, SFW_E_INVAL, "item %d: sequence %d appears twice in one step", i, sq);
+		q->stamp = b->stamp;
+		if (q->broken)
+			return sfw_fail(err, SFW_E_INVAL, "sequence %d is inconsistent after a failed step; close it", sq);
+		if (it[i].n < 1 || !it[i].ids)
+			return sfw_fail(err, SFW_E_INVAL, "item %d: no tokens", i);
+		for (int j = 0; j < it[i].n; j++)
+			if (it[i].ids[j] < 0 || it[i].ids[j] >= cf->vocab_size)
+				return sfw_fail(err, SFW_E_INVAL,
+						"item %d: token id %d at index %d is outside the vocabulary (0..%d)", i,
+						(int)it[i].ids[j], j, cf->vocab_size - 1);
+		if (q->pos + it[i].n > b->p.max_ctx)
+			return sfw_fail(err, SFW_E_RANGE, "sequence %d: %lld + %d tokens exceed its context of %lld", sq,
+					(long long)q->pos, it[i].n, (long long)b->p.max_ctx);
+		total += it[i].n;
+		int64_t more = blocks_for(b, q->pos + it[i].n) - blocks_for(b, q->room);
+		need += more > 0 ? more : 0;
+	}
+	if (total > b->p.max_step_rows)
+		return sfw_fail(err, SFW_E_RANGE, "a step of %lld rows exceeds the batch's %d", (long long)total,
+				b->p.max_step_rows);
+	int64_t used = sfw_batch_blocks_used(b);
+	if (used + need > b->pool_blocks)
+		return sfw_fail(err, SFW_E_NOSPACE, "KV pool full: %lld of %lld blocks in use (the step needs %lld more)",
+				(long long)used, (long long)b->pool_blocks, (long long)need);
+	/* room in each cache (grows, never changes what is there) */
+	struct sfw_backend *be = b->m->be;
+	for (int i = 0; i < n; i++) {
+		struct bseq *q = &b->seq[it[i].seq];
+		enum sfw_status s = be->cache_reserve(be, q->cache, q->pos + it[i].n, err);
+		if (s != SFW_OK)
+			return s;
+		if (q->pos + it[i].n > q->room) /* whole blocks: what the cache now holds */
+			q->room = blocks_for(b, q->pos + it[i].n) * b->block;
+	}
+	*rows = (int)total;
+	return SFW_OK;
+}
+
+enum sfw_status sfw_batch_step(struct sfw_batch *b, const struct sfw_batch_item *it, int n, struct sfw_err *err)
+{
+	const struct sfw_config *cf = sfw_model_config(b->m);
+	int rows = 0, nl = 0;
+	b->n_items = 0;
+	enum sfw_status s = step_check(b, it, n, &rows, err);
+	if (s != SFW_OK)
+		return s;
+	int r = 0;
+	for (int i = 0; i < n; i++) {
+		struct bseq *q = &b->seq[it[i].seq];
+		int64_t end = q->pos + it[i].n;
+		struct sfwi_part *p = &b->parts[i];
+		p->cache = q->cache;
+		p->pos0 = q->pos;
+		p->row0 = r;
+		p->R = it[i].n;
+		p->sparse = b->p.dense_as_sparse || end >= cf->sparse_dense_len;
+		p->nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;
+		p->last_piece = 1;
+		memcpy(b->ids + r, it[i].ids, (size_t)it[i].n * sizeof(int32_t));
+		r += it[i].n;
+		b->item_logit[i] = -1;
+		if (it[i].want_logits) {
+			b->item_logit[i] = nl;
+			b->lrows[nl++] = r - 1;
+		}
+	}
+	s = sfwi_forward(b->ws, b->ids, rows, b->parts, n, b->lrows, nl, b->logits, err);
+	for (int i = 0; i < n; i++) {
+		struct bseq *q = &b->seq[it[i].seq];
+		if (s == SFW_OK)
+			q->pos += it[i].n;
+		else
+			q->broken = 1; /* some layers ran its rows, others not */
+	}
+	if (s == SFW_OK)
+		b->n_items = n;
+	return s;
+}

@@ -1,0 +1,106 @@
+/* batch.h - batched decode (continuous batching): one forward step advances
+ * up to 64 sequences at different lengths.
+ *
+ * A batch holds up to max_seqs sequences of one model. Each step takes a list
+ * of items, one per sequence: 1 token when decoding, a chunk of its prompt
+ * when prefilling; a step may mix both. The step runs the model once over all
+ * the items' rows (runner/forward.c, the same forward path as struct
+ * sfw_ctx): every linear (q/k/v/o, MLP, lm_head) once over all rows, so the
+ * weights stream once per step; the attention, the key compression, the
+ * InfLLM-v2 block selection and the Lightning state per sequence, each
+ * against its own cache. Sequences open and close between steps.
+ *
+ * Same meaning at every batch size: a sequence's rows are computed exactly as
+ * they are by a context of its own (runner/runner.h), fed the same tokens in
+ * calls of the same sizes: on the CPU backend bit for bit (tests/test_batch.c;
+ * the CPU linears give a row the same bits whatever the other rows,
+ * kernels/matmul.c; int8 checkpoints excepted: kernels/matmul_w8.c still
+ * takes per-M paths). A prefill chunk of n tokens is one call of n tokens
+ * (one InfLLM-v2 dense/sparse decision, from its end); it matches
+ * sfw_ctx_prefill of those n tokens when n <= that context's prefill_chunk.
+ *
+ * KV blocks: the pool is pool_tokens / 64 blocks of 64 tokens (the model's
+ * sparse_block_size), shared by the sequences: a sequence holds
+ * ceil(len / 64) of them (each block holds its 64 tokens' K and V in every
+ * sparse layer), takes more as it grows and gives them all back when closed.
+ * A step whose new tokens need more blocks than are free fails with
+ * SFW_E_NOSPACE "KV pool full: N of M blocks in use" before anything ran:
+ * every sequence stays as it was and usable.
+ *   Paged (sfw_batch_paged = 1; the CPU backend, when a block is whole pages
+ * and the pool within its mapping limit: runner/backend_cpu.c): the pool is
+ * one allocation made at sfw_batch_new, and a sequence's blocks are mapped
+ * into an address range of its own, so the ops read its K/V as one array
+ * while the memory is the pool's. Not paged (CUDA, or shapes the CPU cannot
+ * map): the blocks are a budget over per-sequence caches grown block by
+ * block (as struct sfw_ctx's) and freed when the sequence closes; the same
+ * API and errors, but memory is taken as sequences grow, not up front.
+ *   Not done yet: paging on CUDA (block tables read by the CUDA attention,
+ * compression and selection kernels, or virtual-memory mapping), and the
+ * CUDA graphs of whole batched steps per batch-size bucket: on CUDA a
+ * batched step is launched op by op (a context's B = 1 steps keep their
+ * graphs). The compressed keys (1/16 of the tokens) stay per sequence.
+ *
+ * A batch is used by one thread at a time. */
+#ifndef SFW_BATCH_H
+#define SFW_BATCH_H
+
+#include "runner/runner.h"
+#include "sfw.h"
+
+#include <stdint.h>
+
+#define SFW_BATCH_MAX_SEQS 64
+
+struct sfw_batch;
+
+struct sfw_batch_params {
+	int max_seqs;        /* 1 .. SFW_BATCH_MAX_SEQS */
+	int64_t pool_tokens; /* KV pool size in tokens (whole blocks of 64), shared by all sequences */
+	int64_t max_ctx;     /* tokens per sequence */
+	/* additions to the agreed interface: */
+	int max_step_rows;   /* rows one step may carry (the sum of the items' n); 0 = max_seqs + 256 */
+	int dense_as_sparse; /* as struct sfw_ctx_params */
+};
+/* max_seqs 16, pool_tokens 65536, max_ctx 8192, max_step_rows 0. */
+struct sfw_batch_params sfw_batch_default_params(void);
+
+SFW_MUST_CHECK enum sfw_status sfw_batch_new(struct sfw_model *m, const struct sfw_batch_params *p,
+					     struct sfw_batch **out, struct sfw_err *err);
+void sfw_batch_free(struct sfw_batch *b); /* NULL is a no-op */
+
+/* A free sequence slot, empty (position 0): SFW_E_RANGE "all N sequences in
+ * use" when there is none. */
+SFW_MUST_CHECK enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err *err);
+/* Frees the slot; its KV blocks return to the pool at once. A closed or
+ * invalid seq is a no-op. */
+void sfw_batch_seq_close(struct sfw_batch *b, int seq);
+/* Tokens in the sequence's context (its next token's position); -1 when seq
+ * is not open. */
+int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq);
+/* KV blocks in use by all sequences, and the pool's size in blocks. */
+int64_t sfw_batch_blocks_used(const struct sfw_batch *b);
+int64_t sfw_batch_blocks_total(const struct sfw_batch *b);
+/* 1 when the KV blocks are one pool allocated at sfw_batch_new (above). */
+int sfw_batch_paged(const struct sfw_batch *b);
+
+struct sfw_batch_item {
+	int seq;
+	const int32_t *ids;
+	int n;           /* tokens appended: 1 when decoding, a prompt chunk when prefilling */
+	int want_logits; /* logits of its last row */
+};
+
+/* One forward step over the items (each open sequence at most once, n >= 1,
+ * ids in the vocabulary, pos + n <= max_ctx, the rows within max_step_rows).
+ * All or nothing: a refused step (SFW_E_INVAL, SFW_E_RANGE, SFW_E_NOSPACE
+ * "KV pool full: N of M blocks in use", SFW_E_NOMEM growing a cache) changes
+ * nothing. A step that fails once computing has begun (an op's scratch)
+ * leaves the items' sequences inconsistent: they refuse further steps
+ * (SFW_E_INVAL) until closed; the other sequences are untouched. */
+SFW_MUST_CHECK enum sfw_status sfw_batch_step(struct sfw_batch *b, const struct sfw_batch_item *it, int n,
+					      struct sfw_err *err);
+/* Item `item` of the last successful step: its vocab_size float logits when
+ * it asked for them, else NULL. Valid until the next step. */
+const float *sfw_batch_logits(const struct sfw_batch *b, int item);
+
+#endif

@@ -1,0 +1,467 @@
+/* modules: runner quant kernels fetch verify core */
+/* test_batch.c - batched decode (runner/batch.h) on the CPU against the same
+ * sequences run alone, each on a context of its own (runner/runner.h) fed the
+ * same calls: every logit bit for bit and the greedy tokens, on the golden
+ * tiny models (../shared/golden):
+ *   - B = 1, 2, 5, 16 sequences of different lengths (short, past one 64-token
+ *     block, past tiny-sparse's dense_len 512 so the InfLLM-v2 path runs),
+ *     prompts prefilled in chunks, one chunk per step, mixed into the other
+ *     sequences' decode rows;
+ *   - joining and leaving in the middle of a run: more sequences than slots,
+ *     each closed when done and its slot reused by a later one;
+ *   - the KV pool: a step that needs more blocks than are free fails with
+ *     SFW_E_NOSPACE "KV pool full" and changes nothing; the other sequences
+ *     go on with the right logits; the failed one goes on once a closed
+ *     sequence has given its blocks back;
+ *   - 64 sequences decoding in one step;
+ *   - refusals: an unknown or repeated sequence, a bad id, a step over
+ *     max_ctx, all slots in use;
+ *   - both KV modes: paged (the CPU backend's pool, its blocks mapped into
+ *     each sequence's range: the join/leave run reuses every block many
+ *     times through a pool just big enough) and, with the backend's pool_new
+ *     taken away, per-sequence caches under the same budget (CUDA's mode). */
+#include "check.h"
+#include "alloc.h"
+#include "runner/batch.h"
+#include "runner/model.h"
+#include "runner/runner.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state;
+static int32_t rand_id(int V)
+{
+	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (int32_t)(3 + (rng_state >> 33) % (uint64_t)(V - 11));
+}
+
+static int32_t argmax(const float *l, int V)
+{
+	int32_t b = 0;
+	for (int i = 1; i < V; i++)
+		if (l[i] > l[b])
+			b = i;
+	return b;
+}
+
+/* One sequence of a schedule: a prompt prefilled in chunks, then greedy
+ * decode steps; the calls in order are chunk 0..C-1, then steps. */
+struct sq {
+	int len, chunk, steps;
+	int32_t *prompt;
+	int ncalls;
+	float *ref;       /* [ncalls, V]: logits alone */
+	int32_t *ref_tok; /* [steps]: the greedy chain alone (fed tokens) */
+	/* batch run */
+	int slot, call, off, done, started;
+	int64_t pos;
+	int32_t next;
+	int bad_logits, bad_tok;
+};
+
+static int call_n(const struct sq *q, int call, int off)
+{
+	(void)call;
+	if (off < q->len)
+		return q->len - off < q->chunk ? q->len - off : q->chunk;
+	return 1;
+}
+
+static int sq_init(struct sq *q, int len, int chunk, int steps, int V, uint64_t seed)
+{
+	memset(q, 0, sizeof(*q));
+	q->len = len, q->chunk = chunk, q->steps = steps;
+	q->ncalls = (len + chunk - 1) / chunk + steps;
+	q->prompt = malloc(sizeof(int32_t) * (size_t)len);
+	q->ref = malloc(sizeof(float) * (size_t)q->ncalls * V);
+	q->ref_tok = malloc(sizeof(int32_t) * (size_t)(steps ? steps : 1));
+	if (!q->prompt || !q->ref || !q->ref_tok)
+		return -1;
+	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+	q->prompt[0] = 1;
+	for (int i = 1; i < len; i++)
+		q->prompt[i] = rand_id(V);
+	q->slot = -1;
+	return 0;
+}
+
+static void sq_free(struct sq *q)
+{
+	free(q->prompt), free(q->ref), free(q->ref_tok);
+}
+
+/* The sequence alone on a fresh context: the same calls, logits kept. */
+static int sq_alone(struct sfw_model *m, struct sq *q)
+{
+	int V = sfw_model_config(m)->vocab_size;
+	struct sfw_ctx_params cp = sfw_ctx_default_params();
+	cp.prefill_chunk = 256;
+	struct sfw_ctx *c = NULL;
+	struct sfw_err err = {0};
+	if (sfw_ctx_new(m, &cp, &c, &err) != SFW_OK) {
+		CHECK(0, "context: %s", err.msg);
+		return -1;
+	}
+	int off = 0, call = 0;
+	for (; off < q->len; call++) {
+		int n = call_n(q, call, off);
+		if (sfw_ctx_prefill(c, q->prompt + off, (size_t)n, q->ref + (size_t)call * V, &err) != SFW_OK) {
+			CHECK(0, "alone prefill: %s", err.msg);
+			sfw_ctx_free(c);
+			return -1;
+		}
+		off += n;
+	}
+	for (int s = 0; s < q->steps; s++, call++) {
+		q->ref_tok[s] = argmax(q->ref + (size_t)(call - 1) * V, V);
+		if (sfw_ctx_decode(c, q->ref_tok[s], q->ref + (size_t)call * V, &err) != SFW_OK) {
+			CHECK(0, "alone decode: %s", err.msg);
+			sfw_ctx_free(c);
+			return -1;
+		}
+	}
+	sfw_ctx_free(c);
+	return 0;
+}
+
+/* The item for q's next call (its chunk or its greedy token). */
+static void sq_item(struct sq *q, struct sfw_batch_item *it)
+{
+	it->seq = q->slot;
+	it->want_logits = 1;
+	if (q->off < q->len) {
+		it->ids = q->prompt + q->off;
+		it->n = call_n(q, q->call, q->off);
+	} else {
+		it->ids = &q->next;
+		it->n = 1;
+	}
+}
+
+/* After a step: compare its logits with the run alone, choose the next token. */
+static void sq_after(struct sq *q, const struct sfw_batch_item *it, const float *logits, int V)
+{
+	if (!logits || memcmp(logits, q->ref + (size_t)q->call * V, sizeof(float) * (size_t)V) != 0)
+		q->bad_logits++;
+	if (q->off >= q->len) {
+		int s = q->call - (q->ncalls - q->steps);
+		if (q->next != q->ref_tok[s])
+			q->bad_tok++;
+	}
+	if (q->off < q->len)
+		q->off += it->n;
+	q->pos += it->n;
+	q->call++;
+	if (logits)
+		q->next = argmax(logits, V);
+	if (q->call == q->ncalls)
+		q->done = 1;
+}
+
+struct sched_stats {
+	int steps, mixed, max_items, reused, failed;
+};
+
+/* Runs nq sequences through a batch of max_seqs slots: sequence i becomes
+ * ready at step i * gap; a ready sequence gets a slot when one is free; each
+ * step carries every open sequence that is decoding plus at most `prefills`
+ * prefill chunks; a finished sequence is closed at once. */
+static void run_schedule(struct sfw_model *m, struct sq *qs, int nq, int max_seqs, int gap, int prefills,
+			 int64_t pool_tokens, struct sched_stats *st)
+{
+	int V = sfw_model_config(m)->vocab_size;
+	struct sfw_batch_params bp = sfw_batch_default_params();
+	bp.max_seqs = max_seqs;
+	bp.pool_tokens = pool_tokens;
+	bp.max_ctx = 4096;
+	bp.max_step_rows = prefills * 256 + max_seqs;
+	struct sfw_batch *b = NULL;
+	struct sfw_err err = {0};
+	memset(st, 0, sizeof(*st));
+	if (sfw_batch_new(m, &bp, &b, &err) != SFW_OK) {
+		CHECK(0, "batch: %s", err.msg);
+		return;
+	}
+	CHECK(sfw_batch_paged(b) == (m->be->pool_new != NULL), "paged KV exactly when the backend has a pool");
+	int used_slot[SFW_BATCH_MAX_SEQS] = {0};
+	struct sfw_batch_item items[SFW_BATCH_MAX_SEQS];
+	struct sq *owner[SFW_BATCH_MAX_SEQS];
+	for (int step = 0; step < 100000; step++) {
+		int left = 0;
+		for (int i = 0; i < nq; i++) {
+			struct sq *q = &qs[i];
+			left += !q->done;
+			if (!q->started && !q->done && step >= i * gap) {
+				int slot;
+				if (sfw_batch_seq_open(b, &slot, &err) != SFW_OK)
+					continue; /* all in use: waits */
+				CHECK(sfw_batch_seq_pos(b, slot) == 0, "a new sequence starts empty");
+				st->reused += used_slot[slot]++ > 0;
+				q->slot = slot, q->started = 1;
+			}
+		}
+		if (!left)
+			break;
+		int n = 0, prefill = 0, decode = 0;
+		for (int i = 0; i < nq; i++) {
+			struct sq *q = &qs[i];
+			if (!q->started || q->done)
+				continue;
+			int pre = q->off < q->len;
+			if (pre && prefill == prefills)
+				continue;
+			prefill += pre, decode += !pre;
+			sq_item(q, &items[n]);
+			owner[n++] = q;
+		}
+		if (!n)
+			continue;
+		if (sfw_batch_step(b, items, n, &err) != SFW_OK) {
+			CHECK(0, "step %d (%d items): %s", step, n, err.msg);
+			st->failed++;
+			break;
+		}
+		st->steps++;
+		st->mixed += prefill && decode;
+		st->max_items = n > st->max_items ? n : st->max_items;
+		for (int i = 0; i < n; i++) {
+			struct sq *q = owner[i];
+			CHECK(sfw_batch_seq_pos(b, q->slot) == q->pos + items[i].n, "position after a step");
+			sq_after(q, &items[i], sfw_batch_logits(b, i), V);
+			if (q->done) {
+				sfw_batch_seq_close(b, q->slot);
+				CHECK(sfw_batch_seq_pos(b, q->slot) == -1, "a closed sequence has no position");
+			}
+		}
+	}
+	CHECK(sfw_batch_blocks_used(b) == 0, "every block back in the pool at the end (%lld)",
+	      (long long)sfw_batch_blocks_used(b));
+	sfw_batch_free(b);
+}
+
+static void check_sched(struct sfw_model *m, const char *what, const int *lens, const int *chunks, int nq,
+			int steps, int max_seqs, int gap, int prefills, int expect_reuse, int64_t pool_tokens)
+{
+	int V = sfw_model_config(m)->vocab_size;
+	struct sq *qs = calloc((size_t)nq, sizeof(*qs));
+	int ok = qs != NULL;
+	for (int i = 0; ok && i < nq; i++)
+		ok = sq_init(&qs[i], lens[i], chunks[i % 3], steps, V, (uint64_t)i + 77) == 0 && sq_alone(m, &qs[i]) == 0;
+	CHECK(ok, "%s: references alone", what);
+	if (ok) {
+		struct sched_stats st;
+		run_schedule(m, qs, nq, max_seqs, gap, prefills, pool_tokens, &st);
+		int bl = 0, bt = 0, done = 0;
+		for (int i = 0; i < nq; i++)
+			bl += qs[i].bad_logits, bt += qs[i].bad_tok, done += qs[i].done;
+		CHECK(done == nq && !st.failed, "%s: every sequence ran to the end (%d of %d)", what, done, nq);
+		CHECK(bl == 0, "%s: logits bit-identical to the runs alone (%d calls differ)", what, bl);
+		CHECK(bt == 0, "%s: greedy tokens identical (%d differ)", what, bt);
+		CHECK(nq == 1 || prefills > 1 || st.mixed > 0, "%s: some step mixed a prefill chunk with decode rows (%d)", what, st.mixed);
+		CHECK(st.max_items == (nq < max_seqs ? nq : max_seqs) || gap > 0,
+		      "%s: a step carried every sequence (%d)", what, st.max_items);
+		CHECK(!expect_reuse || st.reused > 0, "%s: closed slots reused by later sequences (%d)", what, st.reused);
+		printf("  %s: %d sequences, %d steps, %d mixed, at most %d items\n", what, nq, st.steps, st.mixed,
+		       st.max_items);
+	}
+	for (int i = 0; qs && i < nq; i++)
+		sq_free(&qs[i]);
+	free(qs);
+}
+
+static void test_sizes(struct sfw_model *m)
+{
+	static const int chunks[3] = {64, 100, 256};
+	static const int lens[16] = {5, 700, 130, 64, 1, 33, 520, 90, 200, 17, 65, 300, 8, 129, 45, 600};
+	/* enough decode steps that the first sequence still decodes when the
+	 * last one's prompt is in (one prefill chunk per step) */
+	int64_t big = 1 << 14;
+	check_sched(m, "B=1", lens + 1, chunks + 1, 1, 6, 1, 0, 1, 0, big);
+	check_sched(m, "B=2", lens, chunks, 2, 12, 2, 0, 1, 0, big);
+	check_sched(m, "B=5", lens + 2, chunks, 5, 16, 5, 0, 1, 0, big);
+	check_sched(m, "B=16", lens, chunks, 16, 48, 16, 0, 1, 0, big);
+	/* join and leave: 9 sequences through 4 slots, arriving one by one; the
+	 * pool holds 4 of the longest (520 + 12 tokens: 9 blocks), so blocks
+	 * freed by one sequence serve the next */
+	check_sched(m, "join/leave", lens + 3, chunks, 9, 12, 4, 3, 1, 1, 4 * 9 * 64);
+}
+
+/* 64 sequences at once: 64 prompts of one chunk each in the first step,
+ * then every decode step one row each. */
+static void test_64(struct sfw_model *m)
+{
+	static const int chunks[3] = {64, 64, 64};
+	int lens[64];
+	for (int i = 0; i < 64; i++)
+		lens[i] = 1 + (i * 37) % 64;
+	check_sched(m, "B=64", lens, chunks, 64, 4, 64, 0, 64, 0, 64 * 2 * 64);
+}
+
+static int step1(struct sfw_batch *b, int seq, const int32_t *ids, int n, struct sfw_err *err)
+{
+	struct sfw_batch_item it = {seq, ids, n, 1};
+	return sfw_batch_step(b, &it, 1, err) == SFW_OK;
+}
+
+/* A pool of 6 blocks: A takes 3, B takes 2; B's chunk that needs 2 more is
+ * refused (nothing moves), A goes on decoding exactly as alone; once A is
+ * closed, B's chunk goes through and B continues exactly as alone. */
+static void test_pool(struct sfw_model *m)
+{
+	int V = sfw_model_config(m)->vocab_size;
+	struct sq A, B;
+	/* A: a 150-token prompt (3 blocks) and 20 steps; B: 300 in chunks of 100, 10 steps */
+	if (sq_init(&A, 150, 150, 20, V, 5) || sq_init(&B, 300, 100, 10, V, 6) || sq_alone(m, &A) || sq_alone(m, &B)) {
+		CHECK(0, "pool: references");
+		return;
+	}
+	struct sfw_batch_params bp = sfw_batch_default_params();
+	bp.max_seqs = 2, bp.pool_tokens = 6 * 64 + 10, bp.max_ctx = 4096;
+	struct sfw_batch *b = NULL;
+	struct sfw_err err = {0};
+	CHECK(sfw_batch_new(m, &bp, &b, &err) == SFW_OK, "pool batch: %s", err.msg);
+	if (!b)
+		return;
+	CHECK(sfw_batch_paged(b) == (m->be->pool_new != NULL), "pool test: paged as the backend allows");
+	CHECK(sfw_batch_blocks_total(b) == 6, "a pool of %lld tokens is 6 blocks", (long long)bp.pool_tokens);
+	CHECK(sfw_batch_seq_open(b, &A.slot, &err) == SFW_OK && sfw_batch_seq_open(b, &B.slot, &err) == SFW_OK,
+	      "two sequences");
+	int extra = -1;
+	CHECK(sfw_batch_seq_open(b, &extra, &err) == SFW_E_RANGE && strstr(err.msg, "all 2 sequences in use"),
+	      "a third is refused: %s", err.msg);
+	struct sfw_batch_item it[2];
+	/* A's prompt (3 blocks) with B's first chunk (2 blocks) */
+	sq_item(&A, &it[0]);
+	sq_item(&B, &it[1]);
+	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_OK, "A's prompt and B's first chunk: %s", err.msg);
+	sq_after(&A, &it[0], sfw_batch_logits(b, 0), V);
+	sq_after(&B, &it[1], sfw_batch_logits(b, 1), V);
+	CHECK(sfw_batch_blocks_used(b) == 5, "5 blocks in use (%lld)", (long long)sfw_batch_blocks_used(b));
+	/* B's second chunk (tokens 100..199: blocks 2 and 3) needs 2, 1 is free */
+	int refused = 0;
+	for (int s = 0; s < A.steps; s++) {
+		sq_item(&A, &it[0]);
+		sq_item(&B, &it[1]);
+		enum sfw_status st = sfw_batch_step(b, it, 2, &err);
+		if (s == 0) {
+			CHECK(st == SFW_E_NOSPACE && strstr(err.msg, "KV pool full: 5 of 6 blocks in use"),
+			      "B's chunk refused: %s", err.msg);
+			CHECK(sfw_batch_seq_pos(b, A.slot) == 150 && sfw_batch_seq_pos(b, B.slot) == 100,
+			      "a refused step moved nothing");
+			CHECK(sfw_batch_logits(b, 0) == NULL, "no logits after a refused step");
+		}
+		refused += st == SFW_E_NOSPACE;
+		/* A alone in the step: its decode row fits in its 3rd block */
+		CHECK(sfw_batch_step(b, it, 1, &err) == SFW_OK, "A decodes while B waits: %s", err.msg);
+		sq_after(&A, &it[0], sfw_batch_logits(b, 0), V);
+	}
+	CHECK(refused == A.steps, "B refused while A holds its blocks (%d of %d)", refused, A.steps);
+	CHECK(A.done && A.bad_logits == 0 && A.bad_tok == 0, "A bit-identical to alone beside the full pool (%d, %d)",
+	      A.bad_logits, A.bad_tok);
+	sfw_batch_seq_close(b, A.slot);
+	CHECK(sfw_batch_blocks_used(b) == 2, "A's blocks back at once (%lld in use)", (long long)sfw_batch_blocks_used(b));
+	while (!B.done) {
+		sq_item(&B, &it[0]);
+		if (!step1(b, B.slot, it[0].ids, it[0].n, &err)) {
+			CHECK(0, "B after A closed: %s", err.msg);
+			break;
+		}
+		sq_after(&B, &it[0], sfw_batch_logits(b, 0), V);
+	}
+	CHECK(B.done && B.bad_logits == 0 && B.bad_tok == 0, "B bit-identical to alone after the refusals (%d, %d)",
+	      B.bad_logits, B.bad_tok);
+	/* B now holds 5 blocks (310 tokens): a new sequence gets A's slot and
+	 * one block; a second block is refused */
+	int c;
+	CHECK(sfw_batch_seq_open(b, &c, &err) == SFW_OK && sfw_batch_seq_pos(b, c) == 0, "a new sequence in A's slot");
+	int32_t ids[70];
+	for (int i = 0; i < 70; i++)
+		ids[i] = 5 + i;
+	CHECK(step1(b, c, ids, 64, &err), "its first block: %s", err.msg);
+	CHECK(!step1(b, c, ids, 1, &err) && strstr(err.msg, "KV pool full: 6 of 6 blocks in use"),
+	      "the pool is full again: %s", err.msg);
+	sfw_batch_free(b);
+	sq_free(&A), sq_free(&B);
+}
+
+static void test_refusals(struct sfw_model *m)
+{
+	struct sfw_batch_params bp = sfw_batch_default_params();
+	bp.max_seqs = 3, bp.max_ctx = 100;
+	struct sfw_batch *b = NULL;
+	struct sfw_err err = {0};
+	bp.max_seqs = 65;
+	CHECK(sfw_batch_new(m, &bp, &b, &err) == SFW_E_INVAL && !b, "65 sequences refused: %s", err.msg);
+	bp.max_seqs = 3;
+	if (sfw_batch_new(m, &bp, &b, &err) != SFW_OK) {
+		CHECK(0, "batch: %s", err.msg);
+		return;
+	}
+	int s0, s1;
+	CHECK(sfw_batch_seq_open(b, &s0, &err) == SFW_OK && sfw_batch_seq_open(b, &s1, &err) == SFW_OK, "open");
+	int32_t ids[120] = {1};
+	struct sfw_batch_item it[2] = {{s0, ids, 1, 1}, {s0, ids, 1, 1}};
+	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_E_INVAL && strstr(err.msg, "twice"), "a repeated sequence: %s",
+	      err.msg);
+	it[1].seq = 2;
+	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_E_INVAL && strstr(err.msg, "not open"), "a closed slot: %s",
+	      err.msg);
+	it[1].seq = s1;
+	ids[0] = sfw_model_config(m)->vocab_size;
+	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_E_INVAL && strstr(err.msg, "outside the vocabulary"), "a bad id: %s",
+	      err.msg);
+	ids[0] = 1;
+	it[1].n = 101;
+	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_E_RANGE && strstr(err.msg, "exceed its context"),
+	      "past max_ctx: %s", err.msg);
+	CHECK(sfw_batch_seq_pos(b, s0) == 0 && sfw_batch_seq_pos(b, s1) == 0, "refusals moved nothing");
+	it[1].n = 100;
+	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_OK, "then the step runs: %s", err.msg);
+	CHECK(sfw_batch_seq_pos(b, s0) == 1 && sfw_batch_seq_pos(b, s1) == 100, "positions 1 and 100");
+	CHECK(sfw_batch_logits(b, 0) && sfw_batch_logits(b, 1) && !sfw_batch_logits(b, 2), "logits per item");
+	sfw_batch_free(b);
+}
+
+int main(void)
+{
+	const char *g = check_golden_dir();
+	if (!g)
+		return CHECK_REPORT("test_batch");
+	const char *models[] = {"tiny-sparse", "tiny-dense"};
+	for (int i = 0; i < 2; i++) {
+		char dir[4096];
+		snprintf(dir, sizeof(dir), "%s/%s", g, models[i]);
+		struct sfw_model_params mp = sfw_model_default_params();
+		mp.device = SFW_DEVICE_CPU;
+		mp.threads = 2;
+		struct sfw_model *m = NULL;
+		struct sfw_err err = {0};
+		if (sfw_model_load(dir, &mp, &m, &err) != SFW_OK) {
+			CHECK(0, "%s: %s", models[i], err.msg);
+			continue;
+		}
+		printf("%s:\n", models[i]);
+		test_sizes(m);
+		if (i == 0) {
+			test_64(m);
+			test_pool(m);
+			test_refusals(m);
+			/* the other KV mode: per-sequence caches under the budget */
+			struct sfw_backend *be = m->be;
+			enum sfw_status (*pool_new)(struct sfw_backend *, const struct sfw_cache_desc *, int64_t,
+						    struct sfw_bpool **, struct sfw_err *) = be->pool_new;
+			CHECK(pool_new != NULL, "the CPU backend pages the KV cache");
+			be->pool_new = NULL;
+			printf("%s, KV caches per sequence:\n", models[i]);
+			static const int chunks[3] = {64, 100, 256};
+			static const int lens[9] = {64, 1, 33, 520, 90, 200, 17, 65, 300};
+			check_sched(m, "join/leave", lens, chunks, 9, 12, 4, 3, 1, 1, 4 * 9 * 64);
+			test_pool(m);
+			be->pool_new = pool_new;
+		}
+		sfw_model_free(m);
+	}
+	return CHECK_REPORT("test_batch");
+}

@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# test_serve.sh - salafw serve end to end on a generated tiny model, signed and
+# verified as tests/test_run.sh does: the gate; the real `openai` client
+# (tests/serve_client.py: completions and chat, streamed and not, equal to
+# `salafw run`; 64 concurrent streams; clients that go away); every error
+# answer with curl; API keys; the queue limit; SIGTERM finishing a stream;
+# the README's curl examples.
+. tests/lib.sh
+S=$(scratch)
+VENV=${SALAFW_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/salafw/venv}
+PIDS=
+stop_all() { for p in $PIDS; do kill "$p" 2>/dev/null; done; }
+trap 'stop_all; _scratch_cleanup' EXIT
+
+if ! "$VENV/bin/python3" -c 'import openai' >/dev/null 2>&1; then
+	python3 -m venv "$VENV" >/dev/null 2>&1 && "$VENV/bin/pip" install -q --disable-pip-version-check openai >/dev/null 2>&1
+fi
+"$VENV/bin/python3" -c 'import openai' >/dev/null 2>&1 || { fail "the openai client in $VENV (scripts/setup.sh)"; # the first server too ends cleanly after all of the above (no leak or
+# sanitizer report under make SAN=1), and nothing in the logs is raw request text
+kill -TERM "$MAIN_PID"
+wait "$MAIN_PID"
+rc=$?
+[ "$rc" = 0 ] && pass "the main server exits 0 on SIGTERM" || fail "main server: exit $rc: $(tail -c 400 "$S/main.log")"
+! grep -qE 'AddressSanitizer|runtime error|LeakSanitizer' "$S"/*.log && pass "no sanitizer reports" ||
+	fail "sanitizer: $(grep -hE -A5 'AddressSanitizer|runtime error|LeakSanitizer' "$S"/*.log | head -c 600)"
+! grep -qE 'frobnicate|gpt-4|lorem' "$S"/*.log && pass "request text is not logged" || fail "the log holds request text"
+
+check_report test_serve.sh; exit 1; }
+
+# a tiny model, signed with a local key and verified (its name is the model id)
+export SALAFW_STATE_DIR=$S/state
+M=$S/tiny-sala
+$SALAFW mkmodel --preset tiny -o "$M" >/dev/null 2>&1 || fail "mkmodel tiny"
+cp -r "$M" "$S/unsigned"
+mkdir -p "$M/.salafw"
+check "keygen" $SALAFW keygen -p "$S/k.pub" -s "$S/k.key"
+check "manifest" $SALAFW manifest "$M" --repo test/tiny-sala --revision 0123456789abcdef0123456789abcdef01234567 \
+	-p "$S/k.pub" -o "$M/.salafw/manifest.json"
+check "sign" $SALAFW sign -s "$S/k.key" "$M/.salafw/manifest.json"
+check "verify records the state" $SALAFW verify "$M" -p "$S/k.pub"
+
+# the gate and the options: run's messages and exit codes
+check_err "serve refuses a directory without a signed manifest" 1 "refusing to run unverified" \
+	$SALAFW serve "$S/unsigned" --port 0
+check_err "serve with the pinned key only refuses a foreign signature" 3 "refusing" $SALAFW serve "$M" --port 0
+check_err "--api-key with --api-key-file" 2 "not both" $SALAFW serve "$M" --api-key a --api-key-file /dev/null
+check_err "--max-running 65" 2 "max-running" $SALAFW serve "$M" --max-running 65
+check_err "--api-key-file missing" 5 "api-key-file" $SALAFW serve "$M" --pubkey "$S/k.pub" --api-key-file "$S/none"
+
+# start NAME ARGS...: a server on a free port; sets PORT and PID
+start() {
+	local name=$1
+	shift
+	$SALAFW serve "$M" --pubkey "$S/k.pub" --port 0 "$@" 2>"$S/$name.log" &
+	PID=$!
+	PIDS="$PIDS $PID"
+	PORT=
+	for _ in $(seq 200); do
+		PORT=$(sed -n 's|.*on http://127\.0\.0\.1:\([0-9][0-9]*\)/v1.*|\1|p' "$S/$name.log")
+		[ -n "$PORT" ] && break
+		sleep 0.05
+	done
+	[ -n "$PORT" ] || fail "server $name did not start: $(head -c 300 "$S/$name.log")"
+}
+# metric NAME: its value on $U
+metric() { curl -s "$U/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
+
+start main --max-context 1024
+MAIN_PID=$PID
+U=http://127.0.0.1:$PORT
+check "health" bash -c "curl -sf $U/health | grep -q ok"
+grep -q "serving 'tiny-sala' on http://127.0.0.1:$PORT/v1 \[cpu\]" "$S/main.log" && pass "startup line" ||
+	fail "startup line: $(cat "$S/main.log")"
+
+# the openai client
+RUN=$(printf '["%s", "run", "%s", "--pubkey", "%s"]' "$SALAFW" "$M" "$S/k.pub")
+timeout 150 "$VENV/bin/python3" tests/serve_client.py "$U/v1" tiny-sala "$RUN" >"$S/client.out" 2>&1
+while read -r w rest; do
+	case $w in PASS) pass "openai: $rest" ;; FAIL) fail "openai: $rest" ;; esac
+done <"$S/client.out"
+grep -q '^PASS' "$S/client.out" || fail "serve_client.py printed nothing: $(tail -c 500 "$S/client.out")"
+
+# errors, with curl: status, and an OpenAI error object naming the field
+# err DESCR STATUS PARAM CURL-ARGS...
+err() {
+	local d=$1 want=$2 param=$3
+	shift 3
+	local got
+	got=$(curl -s -o "$S/body" -w '%{http_code}' "$@")
+	if [ "$got" = "$want" ] && python3 -c '
+import json, sys
+e = json.load(open(sys.argv[1]))["error"]
+assert isinstance(e["message"], str) and e["message"] and isinstance(e["type"], str)
+assert (e["param"] or "") == sys.argv[2], e["param"]' "$S/body" "$param" 2>/dev/null; then
+		pass "$d"
+	else
+		fail "$d (HTTP $got want $want, param $param: $(head -c 300 "$S/body"))"
+	fi
+}
+J=(-H 'Content-Type: application/json')
+C=$U/v1/completions
+err "malformed JSON: 400" 400 "" "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x",}' "$C"
+err "duplicate key: 400" 400 "" "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "prompt": "y"}' "$C"
+err "not an object: 400" 400 "" "${J[@]}" -d '[1, 2]' "$C"
+err "wrong type: 400 max_tokens" 400 max_tokens "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "max_tokens": "ten"}' "$C"
+err "temperature out of range: 400" 400 temperature "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "temperature": 7}' "$C"
+err "stop of a number: 400" 400 stop "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "stop": 3}' "$C"
+err "unknown model: 400" 400 model "${J[@]}" -d '{"model": "gpt-4", "prompt": "x"}' "$C"
+err "no model: 400" 400 model "${J[@]}" -d '{"prompt": "x"}' "$C"
+err "unknown field: 400" 400 frobnicate "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "frobnicate": 1}' "$C"
+err "logprobs asked for: 400" 400 logprobs "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "logprobs": 3}' "$C"
+err "n = 2: 400" 400 n "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "n": 2}' "$C"
+err "token id past the vocabulary: 400" 400 prompt "${J[@]}" -d '{"model": "tiny-sala", "prompt": [1, 99999999]}' "$C"
+err "chat: bad role: 400" 400 messages "${J[@]}" -d '{"model": "tiny-sala", "messages": [{"role": "root", "content": "x"}]}' "$U/v1/chat/completions"
+err "chat: no messages: 400" 400 messages "${J[@]}" -d '{"model": "tiny-sala"}' "$U/v1/chat/completions"
+python3 -c 'import json; print(json.dumps({"model": "tiny-sala", "prompt": "lorem ipsum dolor " * 800}))' >"$S/long.json"
+err "prompt longer than the context: 400" 400 prompt "${J[@]}" --data-binary @"$S/long.json" "$C"
+head -c $((5 << 20)) /dev/zero | tr '\0' ' ' >"$S/big.json"
+err "body over 4 MiB: 413" 413 "" "${J[@]}" --data-binary @"$S/big.json" "$C"
+err "body over 4 MiB without a length (chunked): 413" 413 "" "${J[@]}" -H 'Transfer-Encoding: chunked' \
+	--data-binary @"$S/big.json" "$C"
+err "unknown path: 404" 404 "" "$U/v1/engines"
+err "GET on completions: 405" 405 "" "$C"
+code=$(curl -s -o /dev/null -w '%{http_code}' "${J[@]}" -d '{"model": "tiny-sala", "prompt": "still here", "max_tokens": 2}' "$C")
+[ "$code" = 200 ] && pass "the server answers after the bad requests" || fail "after the bad requests: HTTP $code"
+metric 'salafw_requests_total{endpoint="/v1/completions",code="400"}' | grep -qE '^[1-9][0-9]*$' &&
+	pass "metrics count the 400s" || fail "metrics count the 400s"
+
+# the README's curl examples, as written but for the port
+sed -n '/^## Serving/,/^## /p' README.md | awk '/^```sh/{f=1; next} /^```/{f=0} f' |
+	sed -n '/^curl/,/[^\\]$/p' >"$S/readme.sh"
+n=0
+while IFS= read -r line; do
+	cmd=$line
+	while [ "${cmd%\\}" != "$cmd" ] && IFS= read -r more; do cmd="${cmd%\\}$more"; done
+	n=$((n + 1))
+	out=$(bash -c "${cmd//127.0.0.1:8080/127.0.0.1:$PORT}" 2>&1)
+	if [ $? = 0 ] && echo "$out" | grep -qE '"(choices|data)"|^data: \[DONE\]' && ! echo "$out" | grep -q '"error"'; then
+		pass "README example $n"
+	else fail "README example $n: $cmd: $(echo "$out" | head -c 300)"; fi
+done <"$S/readme.sh"
+[ "$n" -ge 4 ] && pass "README has $n curl examples" || fail "README curl examples: found $n"
+
+# API keys, the queue limit, SIGTERM: a second server
+printf 'sekrit-key\n' >"$S/key"
+start keyed --api-key-file "$S/key" --max-running 1 --max-queue 1
+U=http://127.0.0.1:$PORT
+C=$U/v1/completions
+BODY='{"model": "tiny-sala", "prompt": "x", "max_tokens": 2}'
+err "no API key: 401" 401 "" "${J[@]}" -d "$BODY" "$C"
+err "a wrong API key: 401" 401 "" "${J[@]}" -H 'Authorization: Bearer sekrit-kez' -d "$BODY" "$C"
+err "a key prefix: 401" 401 "" "${J[@]}" -H 'Authorization: Bearer sekrit' -d "$BODY" "$C"
+err "models without the key: 401" 401 "" "$U/v1/models"
+A=(-H 'Authorization: Bearer sekrit-key')
+code=$(curl -s -o /dev/null -w '%{http_code}' "${J[@]}" "${A[@]}" -d "$BODY" "$C")
+[ "$code" = 200 ] && pass "the right API key: 200" || fail "the right API key: HTTP $code"
+check "health needs no key" bash -c "curl -sf $U/health | grep -q ok"
+# one running, one queued, the third is refused with Retry-After
+LONG='{"model": "tiny-sala", "prompt": "x", "max_tokens": 4000, "stream": true, "ignore_eos": true}'
+curl -sN "${J[@]}" "${A[@]}" -d "$LONG" "$C" >/dev/null &
+c1=$!
+for _ in $(seq 100); do [ "$(metric salafw_running)" = 1 ] && break; sleep 0.05; done
+curl -sN "${J[@]}" "${A[@]}" -d "$LONG" "$C" >/dev/null &
+c2=$!
+for _ in $(seq 100); do [ "$(metric salafw_queue_depth)" = 1 ] && break; sleep 0.05; done
+hdr=$(curl -s -D - -o "$S/body" "${J[@]}" "${A[@]}" -d "$BODY" "$C")
+echo "$hdr" | grep -q '^HTTP/1.1 429' && echo "$hdr" | grep -qi '^Retry-After: 1' && grep -q '"error"' "$S/body" &&
+	pass "queue full: 429 with Retry-After" || fail "queue full: $(echo "$hdr" | head -n 1) $(head -c 200 "$S/body")"
+kill $c1 $c2 2>/dev/null
+wait $c1 $c2 2>/dev/null
+for _ in $(seq 100); do [ "$(metric salafw_running)" = 0 ] && [ "$(metric salafw_queue_depth)" = 0 ] && break; sleep 0.05; done
+[ "$(metric salafw_running)" = 0 ] && pass "the killed clients' sequences are freed" || fail "running after the kills: $(metric salafw_running)"
+# SIGTERM mid-stream: the stream still ends with [DONE], the server exits 0
+curl -sN "${J[@]}" "${A[@]}" -d '{"model": "tiny-sala", "prompt": "x", "max_tokens": 400, "stream": true, "ignore_eos": true}' \
+	"$C" >"$S/term.out" &
+c3=$!
+for _ in $(seq 100); do grep -q '^data: {' "$S/term.out" && break; sleep 0.02; done
+kill -TERM "$PID"
+sleep 0.2
+curl -s -m 2 -o /dev/null "$U/health"
+code=$? # 7: refused (not 28: left waiting in the listen backlog)
+[ "$code" = 7 ] && kill -0 "$PID" 2>/dev/null && pass "SIGTERM: new connections are refused while the stream finishes" ||
+	fail "SIGTERM: a new connection while draining: curl exit $code"
+wait $c3
+wait "$PID"
+rc=$?
+[ "$rc" = 0 ] && pass "SIGTERM: exit 0" || fail "SIGTERM: exit $rc"
+grep -v '^$' "$S/term.out" | tail -n 1 | grep -q '^data: \[DONE\]' && grep -q '"finish_reason":"length"' "$S/term.out" &&
+	[ "$(grep -c '^data: {' "$S/term.out")" -ge 2 ] && pass "SIGTERM: the running stream finishes" ||
+	fail "SIGTERM: the stream: $(tail -c 300 "$S/term.out")"
+grep -q "finishing the accepted requests" "$S/keyed.log" && pass "SIGTERM: says so" || fail "SIGTERM: log $(tail -c 300 "$S/keyed.log")"
+! curl -s -m 2 "$U/health" >/dev/null 2>&1 && pass "SIGTERM: no longer listening" || fail "SIGTERM: still listening"
+
+# the first server too ends cleanly after all of the above (no leak or
+# sanitizer report under make SAN=1), and nothing in the logs is raw request text
+kill -TERM "$MAIN_PID"
+wait "$MAIN_PID"
+rc=$?
+[ "$rc" = 0 ] && pass "the main server exits 0 on SIGTERM" || fail "main server: exit $rc: $(tail -c 400 "$S/main.log")"
+! grep -qE 'AddressSanitizer|runtime error|LeakSanitizer' "$S"/*.log && pass "no sanitizer reports" ||
+	fail "sanitizer: $(grep -hE -A5 'AddressSanitizer|runtime error|LeakSanitizer' "$S"/*.log | head -c 600)"
+! grep -qE 'frobnicate|gpt-4|lorem' "$S"/*.log && pass "request text is not logged" || fail "the log holds request text"
+
+check_report test_serve.sh
