@@ -7,6 +7,8 @@
 #       lib/   shared libraries the GPU image lacks (libcjson)
 #       gold/  with --gold: the golden cases (config, weights, golden_bf16)
 #              and the gpu_long CPU references (tests/data/gpu_long, scripts/long-ref.sh)
+#       gpu_wide/  the CPU references of gpu_wide and the sha256 of the models'
+#              shards they were made from (tests/data/gpu_wide, scripts/wide-ref.sh)
 #   gpu-run.sh unpacks it there. xz matters: the fat CUDA binaries shrink 9x
 #   and the bf16-valued F32 golden files 3x, under the 64 MiB carry limit.
 # Usage: scripts/device-prep.sh [--gold] [--no-build]
@@ -55,6 +57,11 @@ for b in $ST/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | whil
 	libcjson*) cp -L "$lib" $ST/lib/ ;;
 	*) if [ "${DEVLIB_ALL:-0}" = 1 ]; then cp -L "$lib" $ST/lib/; fi ;; # (an && here ends the loop with 1 under set -e)
 	esac
+done
+# gpu_wide's CPU references (~1.7 MB, made ahead by scripts/wide-ref.sh)
+mkdir -p $ST/gpu_wide
+for r in tests/data/gpu_wide/*; do
+	[ -f "$r" ] && cp "$r" $ST/gpu_wide/
 done
 if [ $gold = 1 ]; then
 	G=${SALAFW_GOLDEN:-../shared/golden}

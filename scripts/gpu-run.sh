@@ -2,7 +2,8 @@
 # gpu-run.sh - run THERE (the GPU machine, from the repo root, after
 # scripts/device-prep.sh here and `carry` of .devlib): unpacks
 # .devlib/bundle.tar.xz into $DEV (default /tmp/salafw-dev) and runs from it.
-#   bash scripts/gpu-run.sh tests            every .devlib/bin/gpu_* test
+#   bash scripts/gpu-run.sh tests            every .devlib/bin/gpu_* test (gpu_wide: makes
+#                                            /tmp/sala-wide4 and its int8 quant first, once)
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
@@ -36,6 +37,33 @@ export PATH="$DEV/bin:$PATH"
 BIN=$DEV/bin
 mode=${1:-tests}
 shift || true
+# gpu_wide's models (tests/gpu_wide.c): mkmodel --preset wide4 and its RTN
+# int8 quant, made once on this machine's disk; their shards must be
+# byte-identical to those scripts/wide-ref.sh made the CPU references from
+W=${GPU_WIDE_MODEL:-/tmp/sala-wide4}
+export GPU_WIDE_MODEL=$W GPU_WIDE_REFS=${GPU_WIDE_REFS:-$DEV/gpu_wide}
+wide_models() {
+	local start=$(date +%s) made=0 k d
+	if [ ! -e "$W/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset wide4 -o "$W" 2>&1 | tail -n 2
+		made=1
+	fi
+	if [ ! -e "$W-int8/config.json" ]; then
+		"$BIN/salafw" quant "$W" -o "$W-int8" --method rtn --group 128 --no-verify 2>&1 | tail -n 2
+		made=1
+	fi
+	[ $made = 1 ] && echo "gpu_wide: mkmodel --preset wide4 + quant --method rtn --group 128: $(($(date +%s) - start)) s"
+	for k in bf16 int8; do
+		d=$W
+		[ $k = int8 ] && d=$W-int8
+		if (cd "$d" && sha256sum --quiet -c "$GPU_WIDE_REFS/wide4-$k.sha256"); then
+			echo "gpu_wide: $d: shards byte-identical to the $k reference's (sha256sum -c)"
+		else
+			echo "FAIL gpu_wide: $d differs from the model the $k CPU reference was made from (scripts/wide-ref.sh remakes it)"
+			return 1
+		fi
+	done
+}
 case $mode in
 tests)
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt" 2>&1
@@ -48,6 +76,11 @@ tests)
 			tok=$(ls "$SALAFW_GOLDEN"/long-*.ref | sed 's/.*long-//; s/\.ref$//' | sort -n | tail -n 1)
 			ref=$SALAFW_GOLDEN/long-$tok.ref
 			GPU_LONG_TOKENS=$tok GPU_LONG_REF=$ref "$t" >"$OUT/$n.log" 2>&1
+		elif [ "$n" = gpu_wide ]; then
+			wide_models | tee "$OUT/wide-models.log"
+			wide_ok=${PIPESTATUS[0]}
+			"$t" >"$OUT/$n.log" 2>&1
+			[ "$wide_ok" = 0 ] || failed=$((failed + 1))
 		else
 			"$t" >"$OUT/$n.log" 2>&1
 		fi
@@ -67,6 +100,7 @@ tests)
 test)
 	n=$1
 	shift
+	[ "$n" = gpu_wide ] && { wide_models || true; }
 	"$BIN/$n" "$@" 2>&1 | tee "$OUT/$n.log"
 	exit "${PIPESTATUS[0]}"
 	;;

@@ -4,7 +4,8 @@
 # deterministic, so the GPU machine's copy is byte-identical) and its int8
 # copy (salafw quant --method rtn --group 128), runs the CPU engine on the
 # 12,288-token prompt + 8 greedy steps of tests/wide_ref.h and writes
-# tests/data/gpu_wide/wide4-{bf16,int8}.ref (committed, ~840 KB each);
+# tests/data/gpu_wide/wide4-{bf16,int8}.ref (committed, ~840 KB each) and the
+# sha256 of the shards they were made from (wide4-{bf16,int8}.sha256);
 # scripts/device-prep.sh packs them, gpu-run.sh tests passes them to gpu_wide.
 # Remake them when the CPU engine's numbers or the preset change.
 #
@@ -35,6 +36,8 @@ for k in ${*:-bf16 int8}; do
 			echo "wide-ref: quant --method rtn --group 128: $(($(t) - s)) s"
 		fi
 	fi
+	# the shards the reference is made from: gpu-run.sh checks its copies
+	(cd "$dir" && sha256sum model-*.safetensors) >"tests/data/gpu_wide/wide4-$k.sha256"
 	s=$(t)
 	"$BUILD/tests/test_wide" --write-ref "$k" "$dir" "tests/data/gpu_wide/wide4-$k.ref"
 	echo "wide-ref: $k reference: $(($(t) - s)) s"

@@ -342,6 +342,39 @@ static void test_ref(const struct sfw_config *cf, const char *kind, struct wide_
 	      path);
 }
 
+/* The shards' sha256 the reference was made from (sha256sum lines, for
+ * gpu-run.sh's sha256sum -c): 64 hex digits, two spaces, a shard name; for
+ * the bf16 model exactly the preset's shards. */
+static void test_sums(const struct sfw_mkmodel_plan *pl, const char *kind)
+{
+	char path[256], line[512];
+	snprintf(path, sizeof(path), "%s/wide4-%s.sha256", REF_DIR, kind);
+	FILE *f = fopen(path, "r");
+	CHECK(f != NULL, "cannot open '%s' (scripts/wide-ref.sh writes it)", path);
+	if (!f)
+		return;
+	int n = 0, ok = 1;
+	while (fgets(line, sizeof(line), f)) {
+		size_t len = strcspn(line, "\n");
+		line[len] = 0;
+		int hex = len > 66 && line[64] == ' ' && line[65] == ' ';
+		for (int i = 0; hex && i < 64; i++)
+			hex = (line[i] >= '0' && line[i] <= '9') || (line[i] >= 'a' && line[i] <= 'f');
+		int a = 0, b = 0, end = 0;
+		ok &= hex && sscanf(line + 66, "model-%5d-of-%5d.safetensors%n", &a, &b, &end) == 2 &&
+		      line[66 + end] == 0 && a == n + 1;
+		if (ok && strcmp(kind, "bf16") == 0) {
+			char want[64];
+			sfw_mkmodel_shard_name(want, sizeof(want), n, pl->n_shards);
+			ok &= b == pl->n_shards && strcmp(line + 66, want) == 0;
+		}
+		n++;
+	}
+	fclose(f);
+	CHECK(ok && n >= 1 && (strcmp(kind, "bf16") != 0 || n == pl->n_shards),
+	      "%s: one sha256sum line per shard of the %s model (%d)", path, kind, n);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 5 && strcmp(argv[1], "--write-ref") == 0) {
@@ -364,6 +397,8 @@ int main(int argc, char **argv)
 	int hb = 0, hq = 0;
 	test_ref(&pl.config, "bf16", &b, &hb);
 	test_ref(&pl.config, "int8", &q, &hq);
+	test_sums(&pl, "bf16");
+	test_sums(&pl, "int8");
 	if (hb && hq) {
 		/* the int8 model is the bf16 one rounded: close, not equal */
 		double md = 0;
