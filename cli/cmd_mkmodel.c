@@ -8,13 +8,16 @@
 #include <unistd.h>
 
 static const struct cli_opt opts[] = {
-    {"preset", 'p', "NAME", "tiny (tests, demo), small (CPU benchmarks), full (the real shapes, ~19 GB) or wide4 (the real widths in 4 layers, ~3.4 GB)"},
+    {"preset", 'p', "NAME",
+     "tiny (tests, demo), small (CPU benchmarks), full (the real shapes, ~19 GB) or wide4 (the real widths "
+     "in 4 layers, ~3.4 GB)"},
     {"seed", 's', "N", "weight seed (default 0); the output is a pure function of preset and seed"},
     {"output", 'o', "DIR", "output directory (created if needed)"},
     {"dry-run", 0, NULL, "print the tensors, shards and parameter count; write nothing"},
     {"force", 'f', NULL, "overwrite a model already in DIR"},
     {"threads", 't', "N", "generator threads (default: all cores)"},
-    {"shard-mib", 0, "N", "shard size limit in MiB (default: tiny 6, small 128, full 4768 = 5 GB, wide4 1907 = 2 GB)"},
+    {"shard-mib", 0, "N",
+     "shard size limit in MiB (default: tiny 6, small 128, full 4768 = 5 GB, wide4 1907 = 2 GB)"},
     {"no-tokenizer", 0, NULL, "skip tokenizer.model and tokenizer_config.json"},
     {0},
 };

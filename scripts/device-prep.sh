@@ -61,7 +61,7 @@ done
 # gpu_wide's CPU references (~1.7 MB, made ahead by scripts/wide-ref.sh)
 mkdir -p $ST/gpu_wide
 for r in tests/data/gpu_wide/*; do
-	[ -f "$r" ] && cp "$r" $ST/gpu_wide/
+	if [ -f "$r" ]; then cp "$r" $ST/gpu_wide/; fi
 done
 if [ $gold = 1 ]; then
 	G=${SALAFW_GOLDEN:-../shared/golden}

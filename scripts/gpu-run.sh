@@ -78,9 +78,8 @@ tests)
 			GPU_LONG_TOKENS=$tok GPU_LONG_REF=$ref "$t" >"$OUT/$n.log" 2>&1
 		elif [ "$n" = gpu_wide ]; then
 			wide_models | tee "$OUT/wide-models.log"
-			wide_ok=${PIPESTATUS[0]}
+			[ "${PIPESTATUS[0]}" = 0 ] || failed=$((failed + 1))
 			"$t" >"$OUT/$n.log" 2>&1
-			[ "$wide_ok" = 0 ] || failed=$((failed + 1))
 		else
 			"$t" >"$OUT/$n.log" 2>&1
 		fi

@@ -32,7 +32,8 @@
 #include <time.h>
 
 /* forward.c refers to the CUDA backend weakly: make sure this binary has it. */
-enum sfw_status (*const gpu_wide_backend)(int, struct sfw_backend **, struct sfw_err *) = sfw_backend_cuda_new;
+enum sfw_status (*const gpu_wide_backend)(int, struct sfw_backend **,
+					  struct sfw_err *) = sfw_backend_cuda_new;
 
 static double now_s(void)
 {
@@ -69,8 +70,9 @@ static void half(const char *kind, const char *dir, const char *refs)
 	double t0 = now_s();
 	enum sfw_status s = sfw_model_load(dir, &mp, &m, &err);
 	if (s == SFW_E_UNSUPPORTED && int8) {
-		CHECK(0, "int8 half: the CUDA backend cannot run int8 (W8A16) weights yet, so CUDA int8 was not "
-			 "compared: %s",
+		CHECK(0,
+		      "int8 half: the CUDA backend cannot run int8 (W8A16) weights yet, so CUDA int8 was not "
+		      "compared: %s",
 		      err.msg);
 		wide_ref_free(&r);
 		return;
@@ -81,7 +83,8 @@ static void half(const char *kind, const char *dir, const char *refs)
 		return;
 	}
 	double t_load = now_s() - t0;
-	CHECK(strcmp(sfw_model_device_name(m), "cuda") == 0, "%s: runs on %s", kind, sfw_model_device_name(m));
+	CHECK(strcmp(sfw_model_device_name(m), "cuda") == 0, "%s: runs on %s", kind,
+	      sfw_model_device_name(m));
 	const struct sfw_config *cf = sfw_model_config(m);
 	ok = r.V == cf->vocab_size && r.L == cf->num_hidden_layers && r.nkv == cf->num_key_value_heads &&
 	     r.k == cf->sparse_k && r.sparse_mask == sparse_mask(cf) && r.tokens == WIDE_TOKENS &&
@@ -111,7 +114,8 @@ static void half(const char *kind, const char *dir, const char *refs)
 	long near_greedy = 0;
 	for (int i = 0; ok && i <= r.steps; i++) {
 		double t1 = now_s();
-		s = i == 0 ? sfw_ctx_prefill(c, ids, WIDE_TOKENS, lg, &err) : sfw_ctx_decode(c, r.tok[i - 1], lg, &err);
+		s = i == 0 ? sfw_ctx_prefill(c, ids, WIDE_TOKENS, lg, &err)
+			   : sfw_ctx_decode(c, r.tok[i - 1], lg, &err);
 		*(i == 0 ? &t_prefill : &t_decode) += now_s() - t1;
 		CHECK(s == SFW_OK, "%s: %s: %s", kind, i == 0 ? "prefill" : "decode", err.msg);
 		if (s != SFW_OK)
@@ -122,21 +126,23 @@ static void half(const char *kind, const char *dir, const char *refs)
 		const float *tv = r.top_val + (size_t)i * r.topn;
 		int32_t g = wide_argmax(lg, r.V);
 		double gap = (double)tv[0] - tv[1];
-		printf("  %s row %d (position %d): logits max|diff| %.3g over %ld logits (top logit %.3g), greedy "
-		       "cuda %d / cpu %d (cpu top-2 gap %.3g)\n",
+		printf("  %s row %d (position %d): logits max|diff| %.3g over %ld logits (top logit %.3g), "
+		       "greedy cuda %d / cpu %d (cpu top-2 gap %.3g)\n",
 		       kind, i, WIDE_TOKENS - 1 + i, md, n, tv[0], g, r.tok[i], gap);
-		CHECK(md <= WIDE_TOL_LOGITS, "%s row %d: logits differ by %.3g > %.3g", kind, i, md, WIDE_TOL_LOGITS);
+		CHECK(md <= WIDE_TOL_LOGITS, "%s row %d: logits differ by %.3g > %.3g", kind, i, md,
+		      WIDE_TOL_LOGITS);
 		if (g != r.tok[i]) {
 			double cg = wide_ref_logit(&r, i, g);
 			int tie = isfinite(cg) && (double)tv[0] - cg <= 2 * WIDE_TOL_LOGITS;
 			if (tie) {
 				near_greedy++;
-				printf("  %s row %d: greedy differs on a near tie: cpu logits %.6g (id %d) and %.6g (id "
-				       "%d), gap %.3g <= %.3g\n",
+				printf("  %s row %d: greedy differs on a near tie: cpu logits %.6g (id %d) "
+				       "and %.6g (id %d), gap %.3g <= %.3g\n",
 				       kind, i, tv[0], r.tok[i], cg, g, tv[0] - cg, 2 * WIDE_TOL_LOGITS);
 			}
-			CHECK(tie, "%s row %d: greedy token %d on cuda, %d on the cpu (cpu logit of %d: %.6g, of %d: %.6g)",
-			      kind, i, g, r.tok[i], g, cg, r.tok[i], tv[0]);
+			CHECK(tie,
+			      "%s row %d: greedy token %d on cuda, %d on the cpu (cpu logits %.6g and %.6g)",
+			      kind, i, g, r.tok[i], cg, tv[0]);
 		}
 		for (int l = 0; l < r.L; l++) {
 			if (!(r.sparse_mask >> l & 1))
@@ -148,13 +154,16 @@ static void half(const char *kind, const char *dir, const char *refs)
 		}
 	}
 	if (ok) {
-		printf("  %s: cuda load %.1f s, prefill %.2f s, %d decode steps %.3f s; cpu reference %.0f s\n", kind,
-		       t_load, t_prefill, WIDE_STEPS, t_decode, r.cpu_ms / 1e3);
-		printf("  %s: logits max|diff| %.3g (tolerance %.3g); greedy near ties %ld; selections per KV head: "
-		       "%ld equal, %ld differ only by near ties (worst gap %.3g), %ld really differ (worst gap %.3g)\n",
+		printf(
+		    "  %s: cuda load %.1f s, prefill %.2f s, %d decode steps %.3f s; cpu reference %.0f s\n",
+		    kind, t_load, t_prefill, WIDE_STEPS, t_decode, r.cpu_ms / 1e3);
+		printf("  %s: logits max|diff| %.3g (tolerance %.3g); greedy near ties %ld; selections per "
+		       "KV head: %ld equal, %ld differ only by near ties (worst gap %.3g), %ld really differ "
+		       "(worst gap %.3g)\n",
 		       kind, worst, WIDE_TOL_LOGITS, near_greedy, sel.same, sel.ties, sel.worst_tie, sel.real,
 		       sel.worst_real);
-		CHECK(sel.real == 0, "%s: %ld KV-head selections differ beyond near ties (worst relative gap %.3g)", kind,
+		CHECK(sel.real == 0,
+		      "%s: %ld KV-head selections differ beyond near ties (worst relative gap %.3g)", kind,
 		      sel.real, sel.worst_real);
 		long n_sparse = 0;
 		for (int l = 0; l < r.L; l++)

@@ -77,7 +77,8 @@ static int write_ref(const char *kind, const char *dir, const char *out)
 		return 0;
 	}
 	const struct sfw_config *cf = sfw_model_config(m);
-	CHECK(cf->vocab_size == pl.config.vocab_size && cf->num_hidden_layers == pl.config.num_hidden_layers &&
+	CHECK(cf->vocab_size == pl.config.vocab_size &&
+		  cf->num_hidden_layers == pl.config.num_hidden_layers &&
 		  cf->hidden_size == pl.config.hidden_size && sparse_mask(cf) == sparse_mask(&pl.config),
 	      "%s has the wide4 shapes", dir);
 	/* the int8 reference is of a quantized checkpoint, the bf16 one is not */
@@ -131,7 +132,8 @@ static int write_ref(const char *kind, const char *dir, const char *out)
 		if (s != SFW_OK)
 			break;
 		r.tok[i] = wide_argmax(lg, r.V);
-		wide_topn(lg, r.V, (int)r.topn, r.top_ids + (size_t)i * r.topn, r.top_val + (size_t)i * r.topn);
+		wide_topn(lg, r.V, (int)r.topn, r.top_ids + (size_t)i * r.topn,
+			  r.top_val + (size_t)i * r.topn);
 		for (int64_t j = 0; j < r.nstr; j++)
 			r.strided[(size_t)i * r.nstr + j] = lg[j * r.stride];
 		if (i == 0 || i == WIDE_STEPS)
@@ -142,10 +144,11 @@ static int write_ref(const char *kind, const char *dir, const char *out)
 			if (st < 0)
 				for (int64_t j = 0; j < r.nkv * r.k; j++)
 					b[j] = -1;
-			CHECK(st == ((r.sparse_mask >> l & 1) ? 1 : -1), "row %d layer %d: took the %s path", i, l,
-			      st == 1 ? "sparse" : st == 0 ? "dense" : "lightning");
-			CHECK(st != 1 || r.nblocks[(size_t)i * r.L + l] > 0, "row %d layer %d: block scores tapped",
-			      i, l);
+			const char *path = st == 1 ? "sparse" : st == 0 ? "dense" : "lightning";
+			CHECK(st == ((r.sparse_mask >> l & 1) ? 1 : -1), "row %d layer %d: took the %s path",
+			      i, l, path);
+			CHECK(st != 1 || r.nblocks[(size_t)i * r.L + l] > 0,
+			      "row %d layer %d: block scores tapped", i, l);
 		}
 	}
 	r.cpu_ms = (int64_t)((now_s() - t0) * 1e3);
@@ -155,8 +158,8 @@ static int write_ref(const char *kind, const char *dir, const char *out)
 		ok = wide_ref_write(out, &r);
 		CHECK(ok, "cannot write '%s'", out);
 		if (ok)
-			printf("test_wide: %s CPU reference (%d tokens + %d steps, %.1f s) written to %s\n", kind,
-			       WIDE_TOKENS, WIDE_STEPS, r.cpu_ms / 1e3, out);
+			printf("test_wide: %s CPU reference (%d tokens + %d steps, %.1f s) written to %s\n",
+			       kind, WIDE_TOKENS, WIDE_STEPS, r.cpu_ms / 1e3, out);
 	}
 	free(ids), free(lg), wide_ref_free(&r);
 	return 1;
@@ -169,7 +172,8 @@ static void test_preset(struct sfw_mkmodel_plan *wide)
 {
 	struct sfw_err err = {0};
 	enum sfw_mkmodel_preset pr;
-	CHECK(sfw_mkmodel_preset_parse("wide4", &pr) && pr == SFW_MKMODEL_WIDE4, "\"wide4\" names the preset");
+	CHECK(sfw_mkmodel_preset_parse("wide4", &pr) && pr == SFW_MKMODEL_WIDE4,
+	      "\"wide4\" names the preset");
 	struct sfw_mkmodel_params p = {.preset = SFW_MKMODEL_FULL};
 	struct sfw_mkmodel_plan full;
 	if (sfw_mkmodel_plan(&p, &full, &err) != SFW_OK) {
@@ -184,23 +188,28 @@ static void test_preset(struct sfw_mkmodel_plan *wide)
 	      "wide4: hidden 4096, 32/2 heads of 128, lightning 32 x 128, vocab 73448, topk 64, window 2048, "
 	      "dense_len 8192");
 	CHECK(a->hidden_size == b->hidden_size && a->intermediate_size == b->intermediate_size &&
-		  a->num_attention_heads == b->num_attention_heads && a->num_key_value_heads == b->num_key_value_heads &&
-		  a->head_dim == b->head_dim && a->vocab_size == b->vocab_size && a->lightning_nh == b->lightning_nh &&
+		  a->num_attention_heads == b->num_attention_heads &&
+		  a->num_key_value_heads == b->num_key_value_heads && a->head_dim == b->head_dim &&
+		  a->vocab_size == b->vocab_size && a->lightning_nh == b->lightning_nh &&
 		  a->lightning_nkv == b->lightning_nkv && a->lightning_head_dim == b->lightning_head_dim &&
 		  a->dim_model_base == b->dim_model_base && a->scale_emb == b->scale_emb &&
 		  a->scale_depth == b->scale_depth && a->sparse_topk == b->sparse_topk &&
-		  a->sparse_window_size == b->sparse_window_size && a->sparse_dense_len == b->sparse_dense_len &&
-		  a->sparse_block_size == b->sparse_block_size && a->sparse_kernel_size == b->sparse_kernel_size &&
-		  a->sparse_kernel_stride == b->sparse_kernel_stride && a->sparse_init_blocks == b->sparse_init_blocks &&
-		  a->sparse_k == b->sparse_k,
+		  a->sparse_window_size == b->sparse_window_size &&
+		  a->sparse_dense_len == b->sparse_dense_len &&
+		  a->sparse_block_size == b->sparse_block_size &&
+		  a->sparse_kernel_size == b->sparse_kernel_size &&
+		  a->sparse_kernel_stride == b->sparse_kernel_stride &&
+		  a->sparse_init_blocks == b->sparse_init_blocks && a->sparse_k == b->sparse_k,
 	      "wide4: every width and sparse setting equals the full preset's (intermediate %d)",
 	      a->intermediate_size);
-	CHECK(a->num_hidden_layers == 4 && a->mixer[0] == SFW_MIXER_SPARSE && a->mixer[1] == SFW_MIXER_LIGHTNING &&
-		  a->mixer[2] == SFW_MIXER_LIGHTNING && a->mixer[3] == SFW_MIXER_SPARSE,
+	CHECK(a->num_hidden_layers == 4 && a->mixer[0] == SFW_MIXER_SPARSE &&
+		  a->mixer[1] == SFW_MIXER_LIGHTNING && a->mixer[2] == SFW_MIXER_LIGHTNING &&
+		  a->mixer[3] == SFW_MIXER_SPARSE,
 	      "wide4: 4 layers S L L S");
 	/* model-spec §3 arithmetic: embedding + lm_head + final norm, then per
 	 * layer two norms, the MLP and the mixer's projections (+ 3 norms) */
-	uint64_t D = 4096, I = (uint64_t)a->intermediate_size, V = 73448, q = 32 * 128, kv = 2 * 128, ld = 32 * 128;
+	uint64_t D = 4096, I = (uint64_t)a->intermediate_size, V = 73448, q = 32 * 128, kv = 2 * 128,
+		 ld = 32 * 128;
 	uint64_t sparse = 2 * q * D + 2 * kv * D + D * q, light = 4 * ld * D + D * ld + 2 * 128 + ld;
 	uint64_t layer = 2 * D + 3 * I * D;
 	uint64_t want = 2 * V * D + D + 2 * (layer + sparse) + 2 * (layer + light);
@@ -210,8 +219,9 @@ static void test_preset(struct sfw_mkmodel_plan *wide)
 	uint64_t in_shard[8] = {0};
 	int shards_ok = wide->n_shards == 2;
 	for (size_t i = 0; shards_ok && i < wide->n_tensors; i++)
-		in_shard[wide->tensors[i].shard] += 2 * wide->tensors[i].shape[0] *
-						    (wide->tensors[i].ndim == 2 ? wide->tensors[i].shape[1] : 1);
+		in_shard[wide->tensors[i].shard] +=
+		    2 * wide->tensors[i].shape[0] *
+		    (wide->tensors[i].ndim == 2 ? wide->tensors[i].shape[1] : 1);
 	CHECK(shards_ok && in_shard[0] <= 2000000000u && in_shard[1] <= 2000000000u,
 	      "wide4: 2 shards of at most 2 GB (%d)", wide->n_shards);
 	sfw_mkmodel_plan_free(&full);
@@ -231,16 +241,17 @@ static void test_ref(const struct sfw_config *cf, const char *kind, struct wide_
 	if (!ids)
 		return;
 	wide_prompt(ids, WIDE_TOKENS, cf->vocab_size);
-	CHECK(r->tokens == WIDE_TOKENS && r->steps == WIDE_STEPS && r->hash == wide_ids_hash(ids, WIDE_TOKENS),
+	CHECK(r->tokens == WIDE_TOKENS && r->steps == WIDE_STEPS &&
+		  r->hash == wide_ids_hash(ids, WIDE_TOKENS),
 	      "%s: made for this prompt (%lld tokens + %lld steps)", path, (long long)r->tokens,
 	      (long long)r->steps);
 	free(ids);
 	CHECK(r->V == cf->vocab_size && r->L == cf->num_hidden_layers && r->nkv == cf->num_key_value_heads &&
 		  r->k == cf->sparse_k && r->sparse_mask == sparse_mask(cf) && r->topn == WIDE_TOPN &&
 		  r->stride == WIDE_STRIDE && r->int8 == (strcmp(kind, "int8") == 0),
-	      "%s: the preset's shapes (V %lld, L %lld, nkv %lld, k %lld, sparse layers %#llx, int8 %lld)", path,
-	      (long long)r->V, (long long)r->L, (long long)r->nkv, (long long)r->k, (long long)r->sparse_mask,
-	      (long long)r->int8);
+	      "%s: the preset's shapes (V %lld, L %lld, nkv %lld, k %lld, sparse layers %#llx, int8 %lld)",
+	      path, (long long)r->V, (long long)r->L, (long long)r->nkv, (long long)r->k,
+	      (long long)r->sparse_mask, (long long)r->int8);
 	if (check_failed_ > failed0)
 		return;
 	/* logits: greedy token = top-1; top-N descending; every strided logit
@@ -255,7 +266,8 @@ static void test_ref(const struct sfw_config *cf, const char *kind, struct wide_
 			lg_ok &= tv[j] < tv[j - 1] || (tv[j] == tv[j - 1] && ti[j] > ti[j - 1]);
 		for (int64_t j = 0; j < r->nstr; j++) {
 			float x = r->strided[(size_t)i * r->nstr + j];
-			lg_ok &= isfinite(x) && (wide_in(ti, r->topn, (int32_t)(j * r->stride)) || x <= tv[r->topn - 1]);
+			lg_ok &= isfinite(x) &&
+				 (wide_in(ti, r->topn, (int32_t)(j * r->stride)) || x <= tv[r->topn - 1]);
 			maxabs = fmax(maxabs, fabs(x));
 		}
 		if (i == 0 || i == r->steps) {
@@ -286,7 +298,8 @@ static void test_ref(const struct sfw_config *cf, const char *kind, struct wide_
 				const int32_t *b = r->blocks + (rl * r->nkv + h) * r->k;
 				const float *s = r->scores + (rl * r->nkv + h) * r->nb;
 				int64_t nsel = 0, ncand = 0, ncand_sel = 0, distinct = 0;
-				double lo_sel = INFINITY, hi_rest = -INFINITY, smin = INFINITY, smax = -INFINITY;
+				double lo_sel = INFINITY, hi_rest = -INFINITY, smin = INFINITY,
+				       smax = -INFINITY;
 				for (int64_t j = 0; j < r->k; j++) {
 					if (b[j] < 0)
 						continue;
@@ -325,20 +338,22 @@ static void test_ref(const struct sfw_config *cf, const char *kind, struct wide_
 						in += rel > WIDE_TIE_REL;
 						out += rel < -WIDE_TIE_REL;
 					}
-					printf("  %s layer %d head %lld: %lld of %lld candidate blocks chosen, scores %.3g "
-					       "to %.3g, threshold margin %.3g; %lld clearly in, %lld clearly out, %lld "
-					       "within the tie band\n",
-					       kind, l, (long long)h, (long long)ncand_sel, (long long)ncand, smin, smax,
-					       (lo_sel - hi_rest) / lo_sel, (long long)in, (long long)out, (long long)near);
+					printf("  %s layer %d head %lld: %lld of %lld candidate blocks "
+					       "chosen, scores %.3g to %.3g, threshold margin %.3g; %lld "
+					       "clearly in, %lld clearly out, %lld within the tie band\n",
+					       kind, l, (long long)h, (long long)ncand_sel, (long long)ncand,
+					       smin, smax, (lo_sel - hi_rest) / lo_sel, (long long)in,
+					       (long long)out, (long long)near);
 					choice_ok &= ncand >= 2 * ncand_sel && ncand_sel >= r->k / 2 &&
-						     distinct * 10 >= ncand * 9 && smax > 1.5 * smin && in * 4 >= ncand_sel &&
-						     out * 4 >= ncand - ncand_sel;
+						     distinct * 10 >= ncand * 9 && smax > 1.5 * smin &&
+						     in * 4 >= ncand_sel && out * 4 >= ncand - ncand_sel;
 				}
 			}
 		}
 	CHECK(sel_ok, "%s: selections ascending, forced blocks in, the rest the top blocks by score", path);
-	CHECK(choice_ok, "%s: the prompt's selection is a real choice (at most half the candidates chosen, "
-			 "distinct and spread scores)",
+	CHECK(choice_ok,
+	      "%s: the prompt's selection is a real choice (at most half the candidates chosen, "
+	      "distinct and spread scores)",
 	      path);
 }
 
@@ -403,9 +418,11 @@ int main(int argc, char **argv)
 		/* the int8 model is the bf16 one rounded: close, not equal */
 		double md = 0;
 		long n = 0;
-		md = fmax(wide_logits_diff(&b, 0, q.full, &n), wide_logits_diff(&b, (int)b.steps, q.full + q.V, &n));
+		md = fmax(wide_logits_diff(&b, 0, q.full, &n),
+			  wide_logits_diff(&b, (int)b.steps, q.full + q.V, &n));
 		printf("  int8 vs bf16 CPU references: full-row logits max|diff| %.3g\n", md);
-		CHECK(md > 0 && md < 0.1, "int8 and bf16 references are of the same model, rounded (%.3g)", md);
+		CHECK(md > 0 && md < 0.1, "int8 and bf16 references are of the same model, rounded (%.3g)",
+		      md);
 	}
 	wide_ref_free(&b), wide_ref_free(&q);
 	sfw_mkmodel_plan_free(&pl);

@@ -51,15 +51,15 @@
 struct wide_ref {
 	int64_t tokens, steps, V, L, nkv, k, nb, topn, stride, int8, cpu_ms, sparse_mask;
 	uint64_t hash;
-	int64_t nstr;     /* ceil(V / stride) */
+	int64_t nstr;	  /* ceil(V / stride) */
 	int32_t *top_ids; /* [rows][topn] */
-	float *top_val;   /* [rows][topn] */
-	float *strided;   /* [rows][nstr] */
-	float *full;      /* [2][V]: row 0 and row steps */
-	int32_t *tok;     /* [rows] */
+	float *top_val;	  /* [rows][topn] */
+	float *strided;	  /* [rows][nstr] */
+	float *full;	  /* [2][V]: row 0 and row steps */
+	int32_t *tok;	  /* [rows] */
 	int32_t *blocks;  /* [rows][L][nkv * k] */
 	int32_t *nblocks; /* [rows][L] */
-	float *scores;    /* [rows][L][nkv * nb] */
+	float *scores;	  /* [rows][L][nkv * nb] */
 	void *mem_;
 };
 
@@ -166,18 +166,18 @@ static inline void wide_ref_free(struct wide_ref *r)
 /* The file is the payload in the order wide_ref_alloc lays it out: per-row
  * groups are interleaved on disk as the header comment says, so write and
  * read go group by group. */
-#define WIDE_REF_GROUPS(X, r, R)                                                                          \
-	for (size_t i_ = 0; i_ < (R); i_++) {                                                             \
-		X((r)->top_ids + i_ * (r)->topn, 4, (size_t)(r)->topn);                                   \
-		X((r)->top_val + i_ * (r)->topn, 4, (size_t)(r)->topn);                                   \
-		X((r)->strided + i_ * (r)->nstr, 4, (size_t)(r)->nstr);                                   \
-	}                                                                                                 \
-	X((r)->full, 4, 2 * (size_t)(r)->V);                                                              \
-	X((r)->tok, 4, (R));                                                                              \
-	for (size_t i_ = 0; i_ < (R) * (size_t)(r)->L; i_++) {                                            \
-		X((r)->blocks + i_ * (r)->nkv * (r)->k, 4, (size_t)((r)->nkv * (r)->k));                  \
-		X((r)->nblocks + i_, 4, 1);                                                               \
-		X((r)->scores + i_ * (r)->nkv * (r)->nb, 4, (size_t)((r)->nkv * (r)->nb));                \
+#define WIDE_REF_GROUPS(X, r, R)                                                                             \
+	for (size_t i_ = 0; i_ < (R); i_++) {                                                                \
+		X((r)->top_ids + i_ * (r)->topn, 4, (size_t)(r)->topn);                                      \
+		X((r)->top_val + i_ * (r)->topn, 4, (size_t)(r)->topn);                                      \
+		X((r)->strided + i_ * (r)->nstr, 4, (size_t)(r)->nstr);                                      \
+	}                                                                                                    \
+	X((r)->full, 4, 2 * (size_t)(r)->V);                                                                 \
+	X((r)->tok, 4, (R));                                                                                 \
+	for (size_t i_ = 0; i_ < (R) * (size_t)(r)->L; i_++) {                                               \
+		X((r)->blocks + i_ * (r)->nkv * (r)->k, 4, (size_t)((r)->nkv * (r)->k));                     \
+		X((r)->nblocks + i_, 4, 1);                                                                  \
+		X((r)->scores + i_ * (r)->nkv * (r)->nb, 4, (size_t)((r)->nkv * (r)->nb));                   \
 	}
 
 static inline int wide_ref_write(const char *path, const struct wide_ref *r)
@@ -187,8 +187,9 @@ static inline int wide_ref_write(const char *path, const struct wide_ref *r)
 	FILE *f = fopen(tmp, "wb");
 	if (!f)
 		return 0;
-	int64_t h[16] = {WIDE_MAGIC, r->tokens, r->steps, r->V, r->L, r->nkv, r->k, r->nb,
-			 r->topn, r->stride, r->int8, (int64_t)r->hash, r->cpu_ms, r->sparse_mask, 0, 0};
+	int64_t h[16] = {WIDE_MAGIC, r->tokens,	     r->steps, r->V,	  r->L,	   r->nkv,
+			 r->k,	     r->nb,	     r->topn,  r->stride, r->int8, (int64_t)r->hash,
+			 r->cpu_ms,  r->sparse_mask, 0,	       0};
 	int ok = fwrite(h, sizeof(h), 1, f) == 1;
 	size_t R = (size_t)r->steps + 1;
 #define WIDE_W_(p, sz, n) ok = ok && fwrite((p), (sz), (n), f) == (n);
@@ -218,10 +219,11 @@ static inline int wide_ref_read(const char *path, struct wide_ref *r, char *why,
 		return 0;
 	}
 	/* every count bounded, so the size arithmetic cannot overflow */
-	ok = h[1] > 0 && h[1] <= (1 << 24) && h[2] >= 1 && h[2] <= 64 && h[3] >= 16 && h[3] <= (1 << 20) && h[4] >= 1 &&
-	     h[4] <= 63 && h[5] >= 1 && h[5] <= 64 && h[6] >= 1 && h[6] <= 4096 && h[7] >= 1 && h[7] <= (1 << 18) &&
-	     h[8] >= 1 && h[8] <= h[3] && h[8] <= 4096 && h[9] >= 1 && h[9] <= h[3] && (h[10] == 0 || h[10] == 1) &&
-	     h[12] >= 0 && h[13] >= 0 && h[13] < ((int64_t)1 << h[4]) && h[14] == 0 && h[15] == 0;
+	ok = h[1] > 0 && h[1] <= (1 << 24) && h[2] >= 1 && h[2] <= 64 && h[3] >= 16 && h[3] <= (1 << 20) &&
+	     h[4] >= 1 && h[4] <= 63 && h[5] >= 1 && h[5] <= 64 && h[6] >= 1 && h[6] <= 4096 && h[7] >= 1 &&
+	     h[7] <= (1 << 18) && h[8] >= 1 && h[8] <= h[3] && h[8] <= 4096 && h[9] >= 1 && h[9] <= h[3] &&
+	     (h[10] == 0 || h[10] == 1) && h[12] >= 0 && h[13] >= 0 && h[13] < ((int64_t)1 << h[4]) &&
+	     h[14] == 0 && h[15] == 0;
 	if (!ok) {
 		snprintf(why, whycap, "'%s': header out of range", path);
 		fclose(f);
@@ -291,7 +293,8 @@ static inline double wide_logits_diff(const struct wide_ref *r, int i, const flo
 	double md = 0;
 	long n = 0;
 	for (int64_t j = 0; j < r->topn; j++, n++)
-		md = fmax(md, fabs((double)got[r->top_ids[(size_t)i * r->topn + j]] - r->top_val[(size_t)i * r->topn + j]));
+		md = fmax(md, fabs((double)got[r->top_ids[(size_t)i * r->topn + j]] -
+				   r->top_val[(size_t)i * r->topn + j]));
 	for (int64_t j = 0; j < r->nstr; j++, n++)
 		md = fmax(md, fabs((double)got[j * r->stride] - r->strided[(size_t)i * r->nstr + j]));
 	const float *full = i == 0 ? r->full : i == r->steps ? r->full + r->V : NULL;
@@ -332,7 +335,8 @@ struct wide_sel {
  * layer l. A KV head's sets may differ only where every block the reference
  * chose and `got` dropped scores within WIDE_TIE_REL of every block `got`
  * chose instead (by the reference's scores). */
-static inline void wide_sel_compare(const struct wide_ref *r, int i, int l, const int32_t *got, struct wide_sel *w)
+static inline void wide_sel_compare(const struct wide_ref *r, int i, int l, const int32_t *got,
+				    struct wide_sel *w)
 {
 	size_t rl = (size_t)i * r->L + l;
 	const int32_t *ref = r->blocks + rl * r->nkv * r->k;
@@ -364,8 +368,9 @@ static inline void wide_sel_compare(const struct wide_ref *r, int i, int l, cons
 		}
 		/* relative gap of the worst swap; forced (+inf) or absent (-inf)
 		 * blocks swapped, or a count mismatch, are real differences */
-		double gap = isfinite(hi_drop) && isfinite(lo_pick) ? (hi_drop - lo_pick) / fmax(fabs(hi_drop), 1e-30)
-								     : INFINITY;
+		double gap = isfinite(hi_drop) && isfinite(lo_pick)
+				 ? (hi_drop - lo_pick) / fmax(fabs(hi_drop), 1e-30)
+				 : INFINITY;
 		if (!bad_id && gap <= WIDE_TIE_REL) {
 			w->ties++;
 			w->worst_tie = fmax(w->worst_tie, gap);
