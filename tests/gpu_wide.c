@@ -42,15 +42,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int64_t sparse_mask(const struct sfw_config *c)
-{
-	int64_t m = 0;
-	for (int l = 0; l < c->num_hidden_layers && l < 63; l++)
-		if (c->mixer[l] == SFW_MIXER_SPARSE)
-			m |= (int64_t)1 << l;
-	return m;
-}
-
 /* One half: the model in dir on CUDA against the reference file. */
 static void half(const char *kind, const char *dir, const char *refs)
 {
@@ -87,7 +78,7 @@ static void half(const char *kind, const char *dir, const char *refs)
 	      sfw_model_device_name(m));
 	const struct sfw_config *cf = sfw_model_config(m);
 	ok = r.V == cf->vocab_size && r.L == cf->num_hidden_layers && r.nkv == cf->num_key_value_heads &&
-	     r.k == cf->sparse_k && r.sparse_mask == sparse_mask(cf) && r.tokens == WIDE_TOKENS &&
+	     r.k == cf->sparse_k && r.sparse_mask == wide_sparse_mask(cf) && r.tokens == WIDE_TOKENS &&
 	     r.steps == WIDE_STEPS;
 	CHECK(ok, "%s: '%s' (V %d, L %d) is the model the reference was made for (V %lld, L %lld)", kind, dir,
 	      cf->vocab_size, cf->num_hidden_layers, (long long)r.V, (long long)r.L);

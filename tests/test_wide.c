@@ -15,6 +15,7 @@
 #include "wide_ref.h"
 
 #include <time.h>
+#include <unistd.h>
 
 #define REF_DIR "tests/data/gpu_wide"
 
@@ -23,15 +24,6 @@ static double now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int64_t sparse_mask(const struct sfw_config *c)
-{
-	int64_t m = 0;
-	for (int l = 0; l < c->num_hidden_layers && l < 63; l++)
-		if (c->mixer[l] == SFW_MIXER_SPARSE)
-			m |= (int64_t)1 << l;
-	return m;
 }
 
 /* ------------------------------------------------------------ --write-ref */
@@ -79,7 +71,8 @@ static int write_ref(const char *kind, const char *dir, const char *out)
 	const struct sfw_config *cf = sfw_model_config(m);
 	CHECK(cf->vocab_size == pl.config.vocab_size &&
 		  cf->num_hidden_layers == pl.config.num_hidden_layers &&
-		  cf->hidden_size == pl.config.hidden_size && sparse_mask(cf) == sparse_mask(&pl.config),
+		  cf->hidden_size == pl.config.hidden_size &&
+		  wide_sparse_mask(cf) == wide_sparse_mask(&pl.config),
 	      "%s has the wide4 shapes", dir);
 	/* the int8 reference is of a quantized checkpoint, the bf16 one is not */
 	char cfgp[4200], buf[1 << 16];
@@ -96,7 +89,7 @@ static int write_ref(const char *kind, const char *dir, const char *out)
 	r.tokens = WIDE_TOKENS, r.steps = WIDE_STEPS, r.V = cf->vocab_size, r.L = cf->num_hidden_layers;
 	r.nkv = cf->num_key_value_heads, r.k = cf->sparse_k, r.topn = WIDE_TOPN, r.stride = WIDE_STRIDE;
 	r.nb = (WIDE_TOKENS + WIDE_STEPS + cf->sparse_block_size - 1) / cf->sparse_block_size + 1;
-	r.int8 = int8, r.sparse_mask = sparse_mask(cf);
+	r.int8 = int8, r.sparse_mask = wide_sparse_mask(cf);
 	r.nstr = (r.V + r.stride - 1) / r.stride;
 	int32_t *ids = malloc(WIDE_TOKENS * sizeof(int32_t));
 	float *lg = malloc((size_t)r.V * sizeof(float));
@@ -247,7 +240,7 @@ static void test_ref(const struct sfw_config *cf, const char *kind, struct wide_
 	      (long long)r->steps);
 	free(ids);
 	CHECK(r->V == cf->vocab_size && r->L == cf->num_hidden_layers && r->nkv == cf->num_key_value_heads &&
-		  r->k == cf->sparse_k && r->sparse_mask == sparse_mask(cf) && r->topn == WIDE_TOPN &&
+		  r->k == cf->sparse_k && r->sparse_mask == wide_sparse_mask(cf) && r->topn == WIDE_TOPN &&
 		  r->stride == WIDE_STRIDE && r->int8 == (strcmp(kind, "int8") == 0),
 	      "%s: the preset's shapes (V %lld, L %lld, nkv %lld, k %lld, sparse layers %#llx, int8 %lld)",
 	      path, (long long)r->V, (long long)r->L, (long long)r->nkv, (long long)r->k,
@@ -390,6 +383,73 @@ static void test_sums(const struct sfw_mkmodel_plan *pl, const char *kind)
 	      "%s: one sha256sum line per shard of the %s model (%d)", path, kind, n);
 }
 
+/* The reader refuses damaged files with the reason (the bytes are committed
+ * data, but still go through a bounded parser): copies of the bf16 reference
+ * truncated, lengthened, with another magic, a header field out of range,
+ * and a token and a block id past their bounds. */
+static void test_corrupt(void)
+{
+	char path[256], why[512], tmp[64];
+	snprintf(path, sizeof(path), "%s/wide4-bf16.ref", REF_DIR);
+	snprintf(tmp, sizeof(tmp), "/tmp/test_wide_%d.ref", (int)getpid());
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return; /* test_ref has failed already */
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	unsigned char *b = n > 128 ? malloc((size_t)n + 1) : NULL;
+	int ok = b && fread(b, 1, (size_t)n, f) == (size_t)n;
+	fclose(f);
+	if (!ok) {
+		CHECK(0, "cannot read %s", path);
+		free(b);
+		return;
+	}
+	int64_t h[16];
+	memcpy(h, b, sizeof(h));
+	/* the offsets of tok[0] and the first block of row 0, layer 0 */
+	int64_t R = h[2] + 1, nstr = (h[3] + h[9] - 1) / h[9];
+	long tok_at = 128 + (long)(R * (h[8] * 8 + nstr * 4) + 2 * h[3] * 4), blk_at = tok_at + (long)R * 4;
+	struct {
+		const char *what, *want;
+		long at, len; /* patch `width` bytes at `at` (-1: none), file length len */
+		int width;
+		int64_t value;
+	} cases[] = {
+	    {"truncated", "truncated", -1, n - 4, 0, 0},
+	    {"one byte longer", "longer than its header", -1, n + 1, 0, 0},
+	    {"another magic", "not a gpu_wide CPU reference", 0, n, 8, 0x3246455244495753LL},
+	    {"vocab 0", "header out of range", 3 * 8, n, 8, 0},
+	    {"layers 63", "header out of range", 4 * 8, n, 8, 63},
+	    {"a token = V", "out of range", tok_at, n, 4, h[3]},
+	    {"a block id past nblocks", "out of range", blk_at, n, 4, 100000},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		unsigned char *c = malloc((size_t)n + 1);
+		if (!c)
+			break;
+		memcpy(c, b, (size_t)n);
+		c[n] = 0;
+		int32_t v32 = (int32_t)cases[i].value;
+		if (cases[i].at >= 0)
+			memcpy(c + cases[i].at, cases[i].width == 8 ? (const void *)&cases[i].value : &v32,
+			       (size_t)cases[i].width);
+		FILE *o = fopen(tmp, "wb");
+		ok = o && fwrite(c, 1, (size_t)cases[i].len, o) == (size_t)cases[i].len;
+		ok = o && fclose(o) == 0 && ok;
+		free(c);
+		struct wide_ref r;
+		int read = ok && wide_ref_read(tmp, &r, why, sizeof(why));
+		if (read)
+			wide_ref_free(&r);
+		CHECK(ok && !read && strstr(why, cases[i].want), "damaged reference (%s) refused: %s",
+		      cases[i].what, why);
+	}
+	remove(tmp);
+	free(b);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 5 && strcmp(argv[1], "--write-ref") == 0) {
@@ -412,6 +472,7 @@ int main(int argc, char **argv)
 	int hb = 0, hq = 0;
 	test_ref(&pl.config, "bf16", &b, &hb);
 	test_ref(&pl.config, "int8", &q, &hq);
+	test_corrupt();
 	test_sums(&pl, "bf16");
 	test_sums(&pl, "int8");
 	if (hb && hq) {

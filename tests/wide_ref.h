@@ -95,6 +95,16 @@ static inline void wide_prompt(int32_t *ids, size_t n, int V)
 	}
 }
 
+/* Bit l set when layer l is a sparse (InfLLM-v2) layer; at most 62 layers. */
+static inline int64_t wide_sparse_mask(const struct sfw_config *c)
+{
+	int64_t m = 0;
+	for (int l = 0; l < c->num_hidden_layers && l < 62; l++)
+		if (c->mixer[l] == SFW_MIXER_SPARSE)
+			m |= (int64_t)1 << l;
+	return m;
+}
+
 static inline uint64_t wide_ids_hash(const int32_t *ids, size_t n)
 {
 	uint64_t h = 1469598103934665603ull; /* FNV-1a over the ids */
@@ -220,7 +230,7 @@ static inline int wide_ref_read(const char *path, struct wide_ref *r, char *why,
 	}
 	/* every count bounded, so the size arithmetic cannot overflow */
 	ok = h[1] > 0 && h[1] <= (1 << 24) && h[2] >= 1 && h[2] <= 64 && h[3] >= 16 && h[3] <= (1 << 20) &&
-	     h[4] >= 1 && h[4] <= 63 && h[5] >= 1 && h[5] <= 64 && h[6] >= 1 && h[6] <= 4096 && h[7] >= 1 &&
+	     h[4] >= 1 && h[4] <= 62 && h[5] >= 1 && h[5] <= 64 && h[6] >= 1 && h[6] <= 4096 && h[7] >= 1 &&
 	     h[7] <= (1 << 18) && h[8] >= 1 && h[8] <= h[3] && h[8] <= 4096 && h[9] >= 1 && h[9] <= h[3] &&
 	     (h[10] == 0 || h[10] == 1) && h[12] >= 0 && h[13] >= 0 && h[13] < ((int64_t)1 << h[4]) &&
 	     h[14] == 0 && h[15] == 0;
