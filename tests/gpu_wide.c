@@ -24,7 +24,9 @@
  * scripts/gpu-run.sh makes the models (GPU_WIDE_MODEL, default
  * /tmp/sala-wide4, and GPU_WIDE_INT8, default GPU_WIDE_MODEL-int8) and names
  * the references' folder (GPU_WIDE_REFS, default tests/data/gpu_wide).
- *   gpu_wide [bf16|int8]      (default both) */
+ *   gpu_wide [bf16|int8]      (default both)
+ * GPU_WIDE_DEVICE=cpu runs the same comparisons on the CPU engine (a check
+ * of this test: the CPU's one-call prefill against its own reference). */
 #include "check.h"
 #include "runner/backend.h"
 #include "wide_ref.h"
@@ -43,8 +45,9 @@ static double now_s(void)
 }
 
 /* One half: the model in dir on CUDA against the reference file. */
-static void half(const char *kind, const char *dir, const char *refs)
+static void half(const char *kind, const char *dir, const char *refs, enum sfw_device dev)
 {
+	const char *dname = dev == SFW_DEVICE_CPU ? "cpu" : "cuda";
 	char path[4200], why[4400];
 	int int8 = strcmp(kind, "int8") == 0;
 	snprintf(path, sizeof(path), "%s/wide4-%s.ref", refs, kind);
@@ -57,7 +60,7 @@ static void half(const char *kind, const char *dir, const char *refs)
 	struct sfw_err err = {0};
 	struct sfw_model *m = NULL;
 	struct sfw_model_params mp = sfw_model_default_params();
-	mp.device = SFW_DEVICE_CUDA;
+	mp.device = dev;
 	double t0 = now_s();
 	enum sfw_status s = sfw_model_load(dir, &mp, &m, &err);
 	if (s == SFW_E_UNSUPPORTED && int8) {
@@ -68,14 +71,13 @@ static void half(const char *kind, const char *dir, const char *refs)
 		wide_ref_free(&r);
 		return;
 	}
-	CHECK(s == SFW_OK, "%s: load '%s' on cuda: %s", kind, dir, err.msg);
+	CHECK(s == SFW_OK, "%s: load '%s' on %s: %s", kind, dir, dname, err.msg);
 	if (s != SFW_OK) {
 		wide_ref_free(&r);
 		return;
 	}
 	double t_load = now_s() - t0;
-	CHECK(strcmp(sfw_model_device_name(m), "cuda") == 0, "%s: runs on %s", kind,
-	      sfw_model_device_name(m));
+	CHECK(strcmp(sfw_model_device_name(m), dname) == 0, "%s: runs on %s", kind, sfw_model_device_name(m));
 	const struct sfw_config *cf = sfw_model_config(m);
 	ok = r.V == cf->vocab_size && r.L == cf->num_hidden_layers && r.nkv == cf->num_key_value_heads &&
 	     r.k == cf->sparse_k && r.sparse_mask == wide_sparse_mask(cf) && r.tokens == WIDE_TOKENS &&
@@ -118,8 +120,8 @@ static void half(const char *kind, const char *dir, const char *refs)
 		int32_t g = wide_argmax(lg, r.V);
 		double gap = (double)tv[0] - tv[1];
 		printf("  %s row %d (position %d): logits max|diff| %.3g over %ld logits (top logit %.3g), "
-		       "greedy cuda %d / cpu %d (cpu top-2 gap %.3g)\n",
-		       kind, i, WIDE_TOKENS - 1 + i, md, n, tv[0], g, r.tok[i], gap);
+		       "greedy %s %d / cpu %d (cpu top-2 gap %.3g)\n",
+		       kind, i, WIDE_TOKENS - 1 + i, md, n, tv[0], dname, g, r.tok[i], gap);
 		CHECK(md <= WIDE_TOL_LOGITS, "%s row %d: logits differ by %.3g > %.3g", kind, i, md,
 		      WIDE_TOL_LOGITS);
 		if (g != r.tok[i]) {
@@ -131,9 +133,11 @@ static void half(const char *kind, const char *dir, const char *refs)
 				       "and %.6g (id %d), gap %.3g <= %.3g\n",
 				       kind, i, tv[0], r.tok[i], cg, g, tv[0] - cg, 2 * WIDE_TOL_LOGITS);
 			}
-			CHECK(tie,
-			      "%s row %d: greedy token %d on cuda, %d on the cpu (cpu logits %.6g and %.6g)",
-			      kind, i, g, r.tok[i], cg, tv[0]);
+			CHECK(
+			    tie,
+			    "%s row %d: greedy token %d on %s, %d on the cpu (cpu logits %.6g and %.6g; nan: "
+			    "not kept)",
+			    kind, i, g, dname, r.tok[i], cg, tv[0]);
 		}
 		for (int l = 0; l < r.L; l++) {
 			if (!(r.sparse_mask >> l & 1))
@@ -145,9 +149,8 @@ static void half(const char *kind, const char *dir, const char *refs)
 		}
 	}
 	if (ok) {
-		printf(
-		    "  %s: cuda load %.1f s, prefill %.2f s, %d decode steps %.3f s; cpu reference %.0f s\n",
-		    kind, t_load, t_prefill, WIDE_STEPS, t_decode, r.cpu_ms / 1e3);
+		printf("  %s: %s load %.1f s, prefill %.2f s, %d decode steps %.3f s; cpu reference %.0f s\n",
+		       kind, dname, t_load, t_prefill, WIDE_STEPS, t_decode, r.cpu_ms / 1e3);
 		printf("  %s: logits max|diff| %.3g (tolerance %.3g); greedy near ties %ld; selections per "
 		       "KV head: %ld equal, %ld differ only by near ties (worst gap %.3g), %ld really differ "
 		       "(worst gap %.3g)\n",
@@ -179,9 +182,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: gpu_wide [bf16|int8]\n");
 		return 2;
 	}
+	const char *d = getenv("GPU_WIDE_DEVICE");
+	enum sfw_device dev = d && strcmp(d, "cpu") == 0 ? SFW_DEVICE_CPU : SFW_DEVICE_CUDA;
 	if (argc < 2 || strcmp(argv[1], "bf16") == 0)
-		half("bf16", model, refs);
+		half("bf16", model, refs, dev);
 	if (argc < 2 || strcmp(argv[1], "int8") == 0)
-		half("int8", q, refs);
+		half("int8", q, refs, dev);
 	return CHECK_REPORT("gpu_wide");
 }
