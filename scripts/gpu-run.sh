@@ -9,6 +9,7 @@
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
 #   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
 #   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
+#   bash scripts/gpu-run.sh wide-ref [bf16] [int8]  gpu_wide's CPU references, made here
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout.
 set -u
@@ -42,8 +43,8 @@ shift || true
 # byte-identical to those scripts/wide-ref.sh made the CPU references from
 W=${GPU_WIDE_MODEL:-/tmp/sala-wide4}
 export GPU_WIDE_MODEL=$W GPU_WIDE_REFS=${GPU_WIDE_REFS:-$DEV/gpu_wide}
-wide_models() {
-	local start=$(date +%s) made=0 k d
+wide_make() {
+	local start=$(date +%s) made=0
 	if [ ! -e "$W/config.json" ]; then
 		"$BIN/salafw" mkmodel --preset wide4 -o "$W" 2>&1 | tail -n 2
 		made=1
@@ -53,6 +54,11 @@ wide_models() {
 		made=1
 	fi
 	[ $made = 1 ] && echo "gpu_wide: mkmodel --preset wide4 + quant --method rtn --group 128: $(($(date +%s) - start)) s"
+	return 0
+}
+wide_models() {
+	local k d
+	wide_make
 	for k in bf16 int8; do
 		d=$W
 		[ $k = int8 ] && d=$W-int8
@@ -156,11 +162,27 @@ profile)
 	SALAFW_CUDA_PROFILE=1 "$BIN/bench_gpu" "$M" --runs "$P:$G" 2>&1 | grep -v 'uploaded' | tee -a "$OUT/profile.log"
 	exit "${PIPESTATUS[0]}"
 	;;
+wide-ref)
+	# bash scripts/gpu-run.sh wide-ref [bf16] [int8]: scripts/wide-ref.sh's
+	# work (gpu_wide's CPU references) on this machine's cores, for when the
+	# build machine is too busy: wide4-K.ref and wide4-K.sha256 go to
+	# $OUT/gpu_wide, to be committed in tests/data/gpu_wide
+	wide_make
+	mkdir -p "$OUT/gpu_wide"
+	for k in ${*:-bf16 int8}; do
+		d=$W
+		[ "$k" = int8 ] && d=$W-int8
+		(cd "$d" && sha256sum model-*.safetensors) >"$OUT/gpu_wide/wide4-$k.sha256"
+		start=$(date +%s)
+		"$BIN/test_wide" --write-ref "$k" "$d" "$OUT/gpu_wide/wide4-$k.ref" 2>&1 | tee -a "$OUT/wide-ref.log"
+		echo "wide-ref: $k reference: $(($(date +%s) - start)) s" | tee -a "$OUT/wide-ref.log"
+	done
+	;;
 shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | decode-ab [P [G]] | prefill-ab [P [G]] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | decode-ab [P [G]] | prefill-ab [P [G]] | wide-ref [K] | shell CMD" >&2
 	exit 2
 	;;
 esac

@@ -9,8 +9,14 @@
 # scripts/device-prep.sh packs them, gpu-run.sh tests passes them to gpu_wide.
 # Remake them when the CPU engine's numbers or the preset change.
 #
-# Measured on the build machine (2 cores shared with other jobs, nice):
-#   mkmodel --preset wide4 67 s; bf16 reference TBD; quant rtn TBD; int8 reference TBD
+# Measured on the build machine (2 cores shared with 6 other helpers' jobs,
+# load 9-14; 2026-12-01): mkmodel --preset wide4 67 s, quant --method rtn
+# --group 128 56 s; the bf16 reference BF16_TIME: the 12,287-token CPU
+# prefill is ~27 TFLOP of GEMM (~40 CPU-minutes here, 2 threads), so a busy
+# 2-core machine takes about an hour per model. The int8 one did not fit
+# the day's slot here: `bash scripts/gpu-run.sh wide-ref int8` (after
+# scripts/device-prep.sh, which packs test_wide) does the same work on the
+# GPU machine's 16 cores and leaves wide4-int8.{ref,sha256} in $OUT/gpu_wide.
 #
 # Usage: scripts/wide-ref.sh [bf16] [int8]    (default both)
 #   WIDE_MODEL=DIR (default /tmp/sala-wide4; the int8 copy goes to DIR-int8)
