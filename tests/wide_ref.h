@@ -296,6 +296,13 @@ static inline int wide_ref_read(const char *path, struct wide_ref *r, char *why,
  * products), so such a pair may rank either way. */
 #define WIDE_TIE_REL 3e-2
 
+/* max(md, |a - b|), where a NaN difference is infinitely bad (fmax would drop it). */
+static inline double wide_worse(double md, double a, double b)
+{
+	double d = fabs(a - b);
+	return isnan(d) ? INFINITY : d > md ? d : md;
+}
+
 /* max |got - ref| over every logit row i of the reference keeps (top-N,
  * strided, and the full row for rows 0 and steps); *n_cmp = how many. */
 static inline double wide_logits_diff(const struct wide_ref *r, int i, const float *got, long *n_cmp)
@@ -303,13 +310,13 @@ static inline double wide_logits_diff(const struct wide_ref *r, int i, const flo
 	double md = 0;
 	long n = 0;
 	for (int64_t j = 0; j < r->topn; j++, n++)
-		md = fmax(md, fabs((double)got[r->top_ids[(size_t)i * r->topn + j]] -
-				   r->top_val[(size_t)i * r->topn + j]));
+		md = wide_worse(md, got[r->top_ids[(size_t)i * r->topn + j]],
+				r->top_val[(size_t)i * r->topn + j]);
 	for (int64_t j = 0; j < r->nstr; j++, n++)
-		md = fmax(md, fabs((double)got[j * r->stride] - r->strided[(size_t)i * r->nstr + j]));
+		md = wide_worse(md, got[j * r->stride], r->strided[(size_t)i * r->nstr + j]);
 	const float *full = i == 0 ? r->full : i == r->steps ? r->full + r->V : NULL;
 	for (int64_t v = 0; full && v < r->V; v++, n++)
-		md = fmax(md, fabs((double)got[v] - full[v]));
+		md = wide_worse(md, got[v], full[v]);
 	*n_cmp = n;
 	return md;
 }
