@@ -11,8 +11,8 @@
 #
 # Measured on the build machine (2 cores shared with 6 other helpers' jobs,
 # load 9-14; 2026-12-01): mkmodel --preset wide4 67 s, quant --method rtn
-# --group 128 56 s; the bf16 reference BF16_TIME: the 12,287-token CPU
-# prefill is ~27 TFLOP of GEMM (~40 CPU-minutes here, 2 threads), so a busy
+# --group 128 56 s; the bf16 reference 4727 s wall (79 min; the 12,287-token CPU
+# prefill is ~27 TFLOP of GEMM, ~35 CPU-minutes here on 2 threads), so a busy
 # 2-core machine takes about an hour per model. The int8 one did not fit
 # the day's slot here: `bash scripts/gpu-run.sh wide-ref int8` (after
 # scripts/device-prep.sh, which packs test_wide) does the same work on the
