@@ -57,18 +57,23 @@ wide_make() {
 	return 0
 }
 wide_models() {
-	local k d
+	local k d sums rc=0
 	wide_make
 	for k in bf16 int8; do
 		d=$W
 		[ $k = int8 ] && d=$W-int8
-		if (cd "$d" && sha256sum --quiet -c "$GPU_WIDE_REFS/wide4-$k.sha256"); then
+		sums=$GPU_WIDE_REFS/wide4-$k.sha256
+		if [ ! -f "$sums" ]; then
+			echo "FAIL gpu_wide: no $k CPU reference ($sums: scripts/wide-ref.sh, or gpu-run.sh wide-ref $k, makes it)"
+			rc=1
+		elif (cd "$d" && sha256sum --quiet -c "$sums"); then
 			echo "gpu_wide: $d: shards byte-identical to the $k reference's (sha256sum -c)"
 		else
 			echo "FAIL gpu_wide: $d differs from the model the $k CPU reference was made from (scripts/wide-ref.sh remakes it)"
-			return 1
+			rc=1
 		fi
 	done
+	return $rc
 }
 case $mode in
 tests)

@@ -218,7 +218,7 @@ static inline int wide_ref_read(const char *path, struct wide_ref *r, char *why,
 	memset(r, 0, sizeof(*r));
 	FILE *f = fopen(path, "rb");
 	if (!f) {
-		snprintf(why, whycap, "cannot open '%s' (scripts/wide-ref.sh makes it)", path);
+		snprintf(why, whycap, "cannot open '%s' (scripts/wide-ref.sh, or gpu-run.sh wide-ref, makes it)", path);
 		return 0;
 	}
 	int64_t h[16];
