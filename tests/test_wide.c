@@ -7,7 +7,9 @@
  *                        parse, match the preset's shapes and the prompt, and
  *                        hold together (greedy tokens = argmax, top-N = the full
  *                        rows, selections = the top blocks by their scores, and
- *                        the prompt's selection a real choice)
+ *                        the prompt's selection a real choice), with their
+ *                        shard sums; damaged files are refused. The bf16 pair
+ *                        must be there; the int8 pair is checked once committed.
  *   test_wide --write-ref bf16|int8 MODEL OUT
  *                        the CPU engine on MODEL (scripts/wide-ref.sh): writes OUT */
 #include "check.h"
