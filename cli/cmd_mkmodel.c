@@ -9,20 +9,23 @@
 #include <unistd.h>
 
 static const struct cli_opt opts[] = {
-    {"preset", 0, "NAME", "tiny (tests, demo), small (CPU benchmarks) or full (the real shapes, ~19 GB)"},
+    {"preset", 0, "NAME",
+     "tiny (tests, demo), small (CPU benchmarks), full (the real shapes, ~19 GB) or wide4 (the real widths "
+     "in 4 layers, ~3.4 GB)"},
     {"seed", 0, "N", "weight seed (default 0); the output is a pure function of preset and seed"},
     {"output", 'o', "DIR", "output directory (created if needed)"},
     {"dry-run", 0, NULL, "print the tensors, shards and parameter count; write nothing"},
     {"force", 0, NULL, "overwrite a model already in DIR"},
     {"threads", 't', "N", "generator threads (default: all cores)"},
-    {"shard-mib", 0, "N", "shard size limit in MiB (default: tiny 6, small 128, full 4768 = 5 GB)"},
+    {"shard-mib", 0, "N",
+     "shard size limit in MiB (default: tiny 6, small 128, full 4768 = 5 GB, wide4 1907 = 2 GB)"},
     {"no-tokenizer", 0, NULL, "skip tokenizer.model and tokenizer_config.json"},
     {"w8", 0, NULL, "write the decoder linears as int8 (pack-quantized, random codes and scales) directly"},
     {"group", 0, "G", "with --w8: scale group size 32, 64, 128 (default) or channel"},
     {0},
 };
 
-static const char synopsis[] = "--preset tiny|small|full [--seed N] [--w8 [--group G]] [--dry-run] [--force] -o DIR";
+static const char synopsis[] = "--preset tiny|small|full|wide4 [--seed N] [--w8 [--group G]] [--dry-run] [--force] -o DIR";
 
 struct progress {
 	int tty;
@@ -117,7 +120,7 @@ int cmd_mkmodel(int argc, char **argv)
 	if (!preset)
 		return cli_usage_error(cmd, "--preset is required");
 	if (!sfw_mkmodel_preset_parse(preset, &p.preset))
-		return cli_usage_error(cmd, "unknown preset '%s' (tiny, small or full)", preset);
+		return cli_usage_error(cmd, "unknown preset '%s' (tiny, small, full or wide4)", preset);
 	if (!out && !dry_run)
 		return cli_usage_error(cmd, "-o DIR is required");
 	p.w8_group = group;

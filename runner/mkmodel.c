@@ -38,6 +38,8 @@ static const struct preset presets[] = {
 			   "SLLLLSLL", 128u << 20, 4000},
     [SFW_MKMODEL_FULL] = {"full", 4096, 16384, 32, 32, 2, 128, 73448, 32, 128, 256, 524288, 64, 2048, 8192,
 			  "SLLLLLLLLSLLLLLLSSLLLLSLLLLLLSSS", 5000000000u, 4000},
+    [SFW_MKMODEL_WIDE4] = {"wide4", 4096, 16384, 4, 32, 2, 128, 73448, 32, 128, 256, 524288, 64, 2048, 8192,
+			   "SLLS", 2000000000u, 4000},
 };
 
 int sfw_mkmodel_preset_parse(const char *name, enum sfw_mkmodel_preset *out)

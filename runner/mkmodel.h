@@ -11,6 +11,10 @@
  *   full  - the real model's shapes (docs/model-spec.md §1, §3): 395 tensors,
  *           9,477,203,968 parameters in 4 shards of at most 5 GB (as the
  *           real checkpoint).
+ *   wide4 - the full preset's widths (hidden 4096, intermediate 16384, 32
+ *           heads / 2 KV heads of 128, lightning 32 x 128, vocab 73448, topk
+ *           64, window 2048, dense_len 8192) in 4 layers S L L S: 1.68 G
+ *           parameters in 2 shards of at most 2 GB (tests/gpu_wide.c).
  *
  * Weights (as the golden models): linear and embedding 0.02*N(0,1), norm
  * weights 1 + 0.1*N(0,1), rounded to bf16. Element e of tensor `name` comes
@@ -32,9 +36,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum sfw_mkmodel_preset { SFW_MKMODEL_TINY, SFW_MKMODEL_SMALL, SFW_MKMODEL_FULL };
+enum sfw_mkmodel_preset { SFW_MKMODEL_TINY, SFW_MKMODEL_SMALL, SFW_MKMODEL_FULL, SFW_MKMODEL_WIDE4 };
 
-/* "tiny" | "small" | "full"; 0 if unknown. */
+/* "tiny" | "small" | "full" | "wide4"; 0 if unknown. */
 int sfw_mkmodel_preset_parse(const char *name, enum sfw_mkmodel_preset *out);
 
 /* Called after each chunk of weights is written (from the calling thread). */

@@ -3,10 +3,13 @@
 # machine: builds the CUDA binaries, and fills the git-ignored folders that
 # travel with `carry`:
 #   .devlib/bundle.tar.xz  (one file, ~9 MB; ~70 MB unpacked)
-#       bin/   stripped salafw, bench_gpu and tests/gpu_* of a CUDA build
+#       bin/   stripped salafw, bench_gpu and tests/gpu_* of a CUDA build (and
+#              test_wide, for gpu-run.sh wide-ref)
 #       lib/   shared libraries the GPU image lacks (libcjson)
 #       gold/  with --gold: the golden cases (config, weights, golden_bf16)
 #              and the gpu_long CPU references (tests/data/gpu_long, scripts/long-ref.sh)
+#       gpu_wide/  the CPU references of gpu_wide and the sha256 of the models'
+#              shards they were made from (tests/data/gpu_wide, scripts/wide-ref.sh)
 #   gpu-run.sh unpacks it there. xz matters: the fat CUDA binaries shrink 9x
 #   and the bf16-valued F32 golden files 3x, under the 64 MiB carry limit.
 # Usage: scripts/device-prep.sh [--gold] [--no-build]
@@ -31,13 +34,13 @@ for d in .devlib $BUILD; do
 done
 if [ $build = 1 ]; then
 	# each target on its own: a broken file elsewhere must not stop the rest
-	for t in $BUILD/salafw $BUILD/bench/bench_gpu $BUILD/bench/bench_batch $(ls tests/gpu_*.c 2>/dev/null | sed "s|tests/\(.*\)\.c|$BUILD/tests/\1|"); do
+	for t in $BUILD/salafw $BUILD/bench/bench_gpu $BUILD/bench/bench_batch $BUILD/tests/test_wide $(ls tests/gpu_*.c 2>/dev/null | sed "s|tests/\(.*\)\.c|$BUILD/tests/\1|"); do
 		make CUDA=1 CUDA_ARCH="$ARCH" BUILD="$BUILD" -j2 "$t" >/dev/null || echo "device-prep: cannot build $t (skipped)" >&2
 	done
 fi
 ST=.devlib/stage
 rm -rf .devlib .devgold && mkdir -p $ST/bin $ST/lib
-for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD/bench/bench_batch" "$BUILD"/tests/gpu_*; do
+for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD/bench/bench_batch" "$BUILD/tests/test_wide" "$BUILD"/tests/gpu_*; do
 	case $b in *.o | *.d) continue ;; esac
 	[ -x "$b" ] || continue
 	strip -o "$ST/bin/$(basename "$b")" "$b"
@@ -55,6 +58,11 @@ for b in $ST/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | whil
 	libcjson* | libmicrohttpd*) cp -L "$lib" $ST/lib/ ;; # (libmicrohttpd's gnutls: libcurl's librtmp has it there)
 	*) if [ "${DEVLIB_ALL:-0}" = 1 ]; then cp -L "$lib" $ST/lib/; fi ;; # (an && here ends the loop with 1 under set -e)
 	esac
+done
+# gpu_wide's CPU references (~1.7 MB, made ahead by scripts/wide-ref.sh)
+mkdir -p $ST/gpu_wide
+for r in tests/data/gpu_wide/*; do
+	if [ -f "$r" ]; then cp "$r" $ST/gpu_wide/; fi
 done
 if [ $gold = 1 ]; then
 	G=${SALAFW_GOLDEN:-../shared/golden}

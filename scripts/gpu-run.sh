@@ -2,7 +2,8 @@
 # gpu-run.sh - run THERE (the GPU machine, from the repo root, after
 # scripts/device-prep.sh here and `carry` of .devlib): unpacks
 # .devlib/bundle.tar.xz into $DEV (default /tmp/salafw-dev) and runs from it.
-#   bash scripts/gpu-run.sh tests            every .devlib/bin/gpu_* test
+#   bash scripts/gpu-run.sh tests            every .devlib/bin/gpu_* test (gpu_wide: makes
+#                                            /tmp/sala-wide4 and its int8 quant first, once)
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
 #   bash scripts/gpu-run.sh bench-w8 [--runs P:G,...] [--group G]  bf16 and int8 full-size models, bench_gpu on each
@@ -13,6 +14,7 @@
 #   bash scripts/gpu-run.sh quant-time [quant options]  mkmodel --preset full, then
 #                                            salafw quant --device cuda under /usr/bin/time -v (wall, peak RSS)
 #   bash scripts/gpu-run.sh serve-bench [C]  mkmodel --preset full, salafw serve --device cuda, bench/bench_serve.py
+#   bash scripts/gpu-run.sh wide-ref [bf16] [int8]  gpu_wide's CPU references, made here
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout.
 set -u
@@ -41,6 +43,43 @@ export PATH="$DEV/bin:$PATH"
 BIN=$DEV/bin
 mode=${1:-tests}
 shift || true
+# gpu_wide's models (tests/gpu_wide.c): mkmodel --preset wide4 and its RTN
+# int8 quant, made once on this machine's disk; their shards must be
+# byte-identical to those scripts/wide-ref.sh made the CPU references from
+W=${GPU_WIDE_MODEL:-/tmp/sala-wide4}
+export GPU_WIDE_MODEL=$W GPU_WIDE_REFS=${GPU_WIDE_REFS:-$DEV/gpu_wide}
+wide_make() {
+	local start=$(date +%s) made=0
+	if [ ! -e "$W/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset wide4 -o "$W" 2>&1 | tail -n 2
+		made=1
+	fi
+	if [ ! -e "$W-int8/config.json" ]; then
+		"$BIN/salafw" quant "$W" -o "$W-int8" --method rtn --group 128 --no-verify 2>&1 | tail -n 2
+		made=1
+	fi
+	[ $made = 1 ] && echo "gpu_wide: mkmodel --preset wide4 + quant --method rtn --group 128: $(($(date +%s) - start)) s"
+	return 0
+}
+wide_models() {
+	local k d sums rc=0
+	wide_make
+	for k in bf16 int8; do
+		d=$W
+		[ $k = int8 ] && d=$W-int8
+		sums=$GPU_WIDE_REFS/wide4-$k.sha256
+		if [ ! -f "$sums" ]; then
+			echo "FAIL gpu_wide: no $k CPU reference ($sums: scripts/wide-ref.sh, or gpu-run.sh wide-ref $k, makes it)"
+			rc=1
+		elif (cd "$d" && sha256sum --quiet -c "$sums"); then
+			echo "gpu_wide: $d: shards byte-identical to the $k reference's (sha256sum -c)"
+		else
+			echo "FAIL gpu_wide: $d differs from the model the $k CPU reference was made from (scripts/wide-ref.sh remakes it)"
+			rc=1
+		fi
+	done
+	return $rc
+}
 case $mode in
 tests)
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt" 2>&1
@@ -53,6 +92,10 @@ tests)
 			tok=$(ls "$SALAFW_GOLDEN"/long-*.ref | sed 's/.*long-//; s/\.ref$//' | sort -n | tail -n 1)
 			ref=$SALAFW_GOLDEN/long-$tok.ref
 			GPU_LONG_TOKENS=$tok GPU_LONG_REF=$ref "$t" >"$OUT/$n.log" 2>&1
+		elif [ "$n" = gpu_wide ]; then
+			wide_models | tee "$OUT/wide-models.log"
+			[ "${PIPESTATUS[0]}" = 0 ] || failed=$((failed + 1))
+			"$t" >"$OUT/$n.log" 2>&1
 		else
 			"$t" >"$OUT/$n.log" 2>&1
 		fi
@@ -72,6 +115,7 @@ tests)
 test)
 	n=$1
 	shift
+	[ "$n" = gpu_wide ] && { wide_models || true; }
 	"$BIN/$n" "$@" 2>&1 | tee "$OUT/$n.log"
 	exit "${PIPESTATUS[0]}"
 	;;
@@ -234,11 +278,27 @@ quant-time)
 		2>&1 | tee "$OUT/quant-time.log" | grep -vE '^\s+(Page|Volun|Invol|Swaps|File sys|Socket|Signals|Average|Exit|Minor)'
 	exit "${PIPESTATUS[0]}"
 	;;
+wide-ref)
+	# bash scripts/gpu-run.sh wide-ref [bf16] [int8]: scripts/wide-ref.sh's
+	# work (gpu_wide's CPU references) on this machine's cores, for when the
+	# build machine is too busy: wide4-K.ref and wide4-K.sha256 go to
+	# $OUT/gpu_wide, to be committed in tests/data/gpu_wide
+	wide_make
+	mkdir -p "$OUT/gpu_wide"
+	for k in ${*:-bf16 int8}; do
+		d=$W
+		[ "$k" = int8 ] && d=$W-int8
+		(cd "$d" && sha256sum model-*.safetensors) >"$OUT/gpu_wide/wide4-$k.sha256"
+		start=$(date +%s)
+		"$BIN/test_wide" --write-ref "$k" "$d" "$OUT/gpu_wide/wide4-$k.ref" 2>&1 | tee -a "$OUT/wide-ref.log"
+		echo "wide-ref: $k reference: $(($(date +%s) - start)) s" | tee -a "$OUT/wide-ref.log"
+	done
+	;;
 shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | profile [P [G]] | quant-time [args] | serve-bench [C] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | shell CMD" >&2
 	exit 2
 	;;
 esac

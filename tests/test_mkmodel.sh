@@ -46,6 +46,12 @@ echo "$out" | grep -q '^model.layers.31.self_attn.o_gate.weight bf16 \[4096, 409
 	&& pass "layer 31 is sparse (o_gate)" || fail "layer 31 o_gate missing"
 echo "$out" | grep -q '^model.layers.30.self_attn.z_proj' && fail "layer 30 has z_proj" || pass "layer 30 has no z_proj"
 [ ! -e "$T/full" ] && pass "dry run writes nothing" || fail "dry run created $T/full"
+out=$("$SALAFW" mkmodel --dry-run --preset wide4 -o "$T/wide4" 2>&1); rc=$?
+if [ $rc = 0 ] && echo "$out" | grep -q '^49 tensors, 1679667712 parameters, 3359335424 bytes in 2 shards$' &&
+	echo "$out" | grep -q '^model.layers.3.self_attn.o_gate.weight bf16 \[4096, 4096\]' &&
+	echo "$out" | grep -q '^model.layers.2.self_attn.z_proj.weight bf16 \[4096, 4096\]'; then
+	pass "wide4 dry run: 49 tensors, 1679667712 parameters, layers S L L S"
+else fail "wide4 dry run (exit $rc): $(echo "$out" | tail -n 1)"; fi
 
 # Bad output paths and existing models.
 touch "$T/file"
