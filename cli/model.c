@@ -214,12 +214,12 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		info = &scratch;
 	memset(info, 0, sizeof(*info));
 	struct stat dst;
-	if (stat(dir, &dst) != 0 || !S_ISDIR(dst.st_mode)) {
-		int missing = errno == ENOENT || errno == ENOTDIR;
-		sfw_fail(&err, SFW_E_IO, "model directory '%s' %s", dir,
-			 missing		? "does not exist"
-			 : S_ISDIR(dst.st_mode) ? strerror(errno)
-						: "is not a directory");
+	int st_ok = stat(dir, &dst) == 0;
+	if (!st_ok || !S_ISDIR(dst.st_mode)) {
+		/* worded as verify and manifest word it (one condition, one message) */
+		int e = st_ok ? ENOTDIR : errno;
+		int missing = !st_ok && (e == ENOENT || e == ENOTDIR);
+		sfw_fail(&err, SFW_E_IO, "cannot open directory '%s': %s", dir, strerror(e));
 		int rc = cli_report(err.code, &err);
 		if (missing)
 			fprintf(stderr,

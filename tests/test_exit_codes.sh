@@ -36,6 +36,16 @@ mkdir -p "$T/m/.salafw"
 echo "1 2 3" > "$T/ids.txt"
 N=$T/nope
 
+# ---- a directory that is not there: 5, "cannot open directory 'PATH'" ------
+W="cannot open directory '$N/dir': No such file or directory"
+check_err "verify DIR missing" 5 "$W" "$S" verify "$N/dir"
+check_err "manifest DIR missing" 5 "$W" "$S" manifest "$N/dir" --repo test/ec --revision $REV
+check_err "run DIR missing" 5 "$W" "$S" run "$N/dir" -p hi
+check_err "score DIR missing" 5 "$W" "$S" score "$N/dir" --ids "$T/ids.txt" -o "$T/s0.st"
+check_err "bench DIR missing" 5 "$W" "$S" bench "$N/dir"
+check_err "quant DIR missing" 5 "$W" "$S" quant "$N/dir" -o "$T/q0"
+check_err "serve DIR missing" 5 "$W" "$S" serve "$N/dir" --port 0
+
 # ---- a missing input file: 5, "cannot open 'PATH'" ------------------------
 W="cannot open '$N"
 check_err "verify --manifest missing" 5 "$W" "$S" verify "$T/m" --manifest "$N.json"

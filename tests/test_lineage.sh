@@ -98,9 +98,9 @@ check_err "a missing model file is refused, naming the get that re-fetches only 
 	"fix: salafw get salafw/tiny-sala@$REV -d $M --include tokenizer.model" \
 	$SALAFW run "$M" -p x -n 1 --pubkey "$S/pub.pub"
 mv "$S/tok.bak" "$M/tokenizer.model"
-check_err "a nonexistent model directory says so" 5 "model directory '$S/nope' does not exist" \
+check_err "a nonexistent model directory says so" 5 "cannot open directory '$S/nope': No such file or directory" \
 	$SALAFW run "$S/nope" -p x -n 1
-check_err "... quant too" 5 "model directory '$S/nope' does not exist" $SALAFW quant "$S/nope" -o "$S/x"
+check_err "... quant too" 5 "cannot open directory '$S/nope': No such file or directory" $SALAFW quant "$S/nope" -o "$S/x"
 
 # the user key is never a publisher's: a user-signed manifest claiming the
 # pinned repo (or lacking a lineage) is refused by run and verify
