@@ -33,11 +33,11 @@ M=$S/tiny-sala
 $SALAFW mkmodel --preset tiny -o "$M" >/dev/null 2>&1 || fail "mkmodel tiny"
 cp -r "$M" "$S/unsigned"
 mkdir -p "$M/.salafw"
-check "keygen" $SALAFW keygen -p "$S/k.pub" -s "$S/k.key"
+check "keygen" $SALAFW keygen --pubkey-out "$S/k.pub" -s "$S/k.key"
 check "manifest" $SALAFW manifest "$M" --repo test/tiny-sala --revision 0123456789abcdef0123456789abcdef01234567 \
-	-p "$S/k.pub" -o "$M/.salafw/manifest.json"
+	-P "$S/k.pub" -o "$M/.salafw/manifest.json"
 check "sign" $SALAFW sign -s "$S/k.key" "$M/.salafw/manifest.json"
-check "verify records the state" $SALAFW verify "$M" -p "$S/k.pub"
+check "verify records the state" $SALAFW verify "$M" -P "$S/k.pub"
 
 # the gate and the options: run's messages and exit codes
 check_err "serve refuses a directory without a signed manifest" 1 "refusing to run unverified" \
