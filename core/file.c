@@ -396,33 +396,31 @@ enum sfw_status sfw_atomic_openat(struct sfw_atomic *a, int dfd, const char *nam
 	return s;
 }
 
+/* Writes n bytes into an opened atomic file and commits it (or removes it). */
+static enum sfw_status write_and_commit(struct sfw_atomic *a, enum sfw_status opened, const void *p, size_t n,
+					struct sfw_err *err)
+{
+	if (opened != SFW_OK)
+		return opened;
+	enum sfw_status s = sfw_atomic_write(a, p, n, err);
+	if (s != SFW_OK) {
+		sfw_atomic_abort(a);
+		return s;
+	}
+	return sfw_atomic_commit(a, err);
+}
+
 enum sfw_status sfw_write_file_atomicat(int dfd, const char *name, const char *shown, const void *p, size_t n,
 					struct sfw_err *err)
 {
 	struct sfw_atomic a;
-	enum sfw_status s = sfw_atomic_openat(&a, dfd, name, shown, err);
-	if (s != SFW_OK)
-		return s;
-	s = sfw_atomic_write(&a, p, n, err);
-	if (s != SFW_OK) {
-		sfw_atomic_abort(&a);
-		return s;
-	}
-	return sfw_atomic_commit(&a, err);
+	return write_and_commit(&a, sfw_atomic_openat(&a, dfd, name, shown, err), p, n, err);
 }
 
 enum sfw_status sfw_write_file_atomic(const char *path, const void *p, size_t n, struct sfw_err *err)
 {
 	struct sfw_atomic a;
-	enum sfw_status s = sfw_atomic_open(&a, path, err);
-	if (s != SFW_OK)
-		return s;
-	s = sfw_atomic_write(&a, p, n, err);
-	if (s != SFW_OK) {
-		sfw_atomic_abort(&a);
-		return s;
-	}
-	return sfw_atomic_commit(&a, err);
+	return write_and_commit(&a, sfw_atomic_open(&a, path, err), p, n, err);
 }
 
 enum sfw_status sfw_mkdirs(const char *path, struct sfw_err *err)
