@@ -54,3 +54,18 @@ scratch() {
 	echo "$d" >>"$_scratch_list"
 	echo "$d"
 }
+
+# scratch NAME: T = a fresh temporary folder, PIDS = background servers to end;
+# both go on exit (KEEP=1 keeps the folder for a look).
+scratch() {
+	T=$(mktemp -d "${TMPDIR:-/tmp}/salafw-$1.XXXXXX")
+	PIDS=()
+	trap _scratch_cleanup EXIT
+	[ -n "${KEEP:-}" ] && trap - EXIT
+	return 0
+}
+_scratch_cleanup() {
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	rm -rf "$T"
+}

@@ -10,15 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
-T=$(mktemp -d "${TMPDIR:-/tmp}/salafw-get.XXXXXX")
-PIDS=()
-cleanup() {
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-	wait 2>/dev/null
-	rm -rf "$T"
-}
-trap cleanup EXIT
-[ -n "${KEEP:-}" ] && trap - EXIT
+scratch get
 export SALAFW_STATE_DIR=$T/state
 FAULTD="python3 tests/httpd/faultd.py"
 REPO=test/tiny

@@ -12,15 +12,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
-T=$(mktemp -d "${TMPDIR:-/tmp}/salafw-sched.XXXXXX")
-PIDS=()
-cleanup() {
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-	wait 2>/dev/null
-	rm -rf "$T"
-}
-trap cleanup EXIT
-[ -n "${KEEP:-}" ] && trap - EXIT
+scratch sched
 FAULTD="python3 tests/httpd/faultd.py"
 REPO=test/sched
 REV=0123456789abcdef0123456789abcdef01234567
