@@ -44,8 +44,17 @@ check_report() {
 # works: the directory is recorded in a list file that the main shell's EXIT
 # trap reads (a trap set inside the $( ) subshell would fire at once).
 _scratch_list=$(mktemp "${TMPDIR:-/tmp}/salafw-scratch.XXXXXX")
+# PIDS holds background servers a script starts; they are ended first.
+# KEEP=1 keeps the directories for a look (their names are printed).
+PIDS=()
 _scratch_cleanup() {
-	while read -r d; do [ -n "$d" ] && rm -rf "$d"; done <"$_scratch_list"
+	local p d
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	[ ${#PIDS[@]} -gt 0 ] && wait 2>/dev/null
+	while read -r d; do
+		[ -n "$d" ] || continue
+		if [ -n "${KEEP:-}" ]; then echo "kept $d" >&2; else rm -rf "$d"; fi
+	done <"$_scratch_list"
 	rm -f "$_scratch_list"
 }
 trap _scratch_cleanup EXIT
@@ -55,17 +64,3 @@ scratch() {
 	echo "$d"
 }
 
-# scratch NAME: T = a fresh temporary folder, PIDS = background servers to end;
-# both go on exit (KEEP=1 keeps the folder for a look).
-scratch() {
-	T=$(mktemp -d "${TMPDIR:-/tmp}/salafw-$1.XXXXXX")
-	PIDS=()
-	trap _scratch_cleanup EXIT
-	[ -n "${KEEP:-}" ] && trap - EXIT
-	return 0
-}
-_scratch_cleanup() {
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-	wait 2>/dev/null
-	rm -rf "$T"
-}

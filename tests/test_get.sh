@@ -10,7 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
-scratch get
+T=$(scratch)
 export SALAFW_STATE_DIR=$T/state
 FAULTD="python3 tests/httpd/faultd.py"
 REPO=test/tiny

@@ -12,7 +12,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
-scratch sched
+T=$(scratch)
 FAULTD="python3 tests/httpd/faultd.py"
 REPO=test/sched
 REV=0123456789abcdef0123456789abcdef01234567
