@@ -52,12 +52,12 @@ static float f16_to_f32(uint16_t h)
 	return f;
 }
 
-static inline float scale_at(const void *s, enum sfw_op_dtype sdt, size_t i)
+static inline float scale_at(const void *s, enum sfw_dtype sdt, size_t i)
 {
 	switch (sdt) {
-	case SFW_OP_BF16:
-		return sfw_op_bf16(((const uint16_t *)s)[i]);
-	case SFW_OP_F16:
+	case SFW_DTYPE_BF16:
+		return sfw_bf16_to_f32(((const uint16_t *)s)[i]);
+	case SFW_DTYPE_F16:
 		return f16_to_f32(((const uint16_t *)s)[i]);
 	default:
 		return ((const float *)s)[i];
@@ -89,7 +89,7 @@ struct w8_job {
 	const float *x;
 	const uint8_t *codes;
 	const void *scales;
-	enum sfw_op_dtype sdt;
+	enum sfw_dtype sdt;
 	int group, M, N, K;
 	int avx2;    /* decode: the AVX2 path is usable */
 	float *slab; /* prefill: dequantized rows */
@@ -238,7 +238,7 @@ static void dequant_fn(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
+void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
 			  int group, int M, int N, int K)
 {
 	if (M <= 0 || N <= 0)
@@ -275,7 +275,7 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 		int nb = N - n0 < slab_rows ? N - n0 : slab_rows;
 		j.n0 = n0;
 		sfwi_ops_cpu_for(nt, (size_t)nb, 4, dequant_fn, &j);
-		sfw_op_matmul_cpu(tmp, x, j.slab, SFW_OP_F32, M, nb, K);
+		sfw_op_matmul_cpu(tmp, x, j.slab, SFW_DTYPE_F32, M, nb, K);
 		for (int m = 0; m < M; m++)
 			memcpy(y + (size_t)m * N + n0, tmp + (size_t)m * nb, (size_t)nb * sizeof(float));
 	}
@@ -284,7 +284,7 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 }
 
 void sfw_op_matmul_silu_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
-			       enum sfw_op_dtype sdt, int group, int N, int K)
+			       enum sfw_dtype sdt, int group, int N, int K)
 {
 	if (N <= 0)
 		return;

@@ -38,20 +38,20 @@ struct sfw_bweight {
 	const char *name;
 	const void *host;
 	void *dev;
-	enum sfw_op_dtype dtype; /* as stored: BF16 or F32, or W8 (below) */
+	enum sfw_dtype dtype; /* as stored: BF16 or F32, or W8 (below) */
 	int64_t rows, cols;      /* [out, in]; a vector is rows = 1 */
-	/* dtype SFW_OP_W8 (compressed-tensors pack-quantized int8, quant/layout.h):
+	/* dtype SFW_DTYPE_W8 (compressed-tensors pack-quantized int8, quant/layout.h):
 	 * host = the codes [rows, ceil(cols/4)*4] bytes (weight_packed), scales =
 	 * weight_scale [rows, ceil(cols/group)] in scale_dtype (BF16, F16 or F32),
 	 * group = the group size along cols (cols for per-channel). scales_dev is
 	 * the backend's copy of the scales (NULL on the CPU). */
 	const void *scales;
-	enum sfw_op_dtype scale_dtype;
+	enum sfw_dtype scale_dtype;
 	int group;
 	void *scales_dev;
 };
 
-/* Bytes per row of an SFW_OP_W8 weight's codes, and of its scales. */
+/* Bytes per row of an SFW_DTYPE_W8 weight's codes, and of its scales. */
 static inline size_t sfw_bweight_w8_code_row(const struct sfw_bweight *w)
 {
 	return (size_t)sfw_ql_row_bytes(w->cols);
@@ -59,7 +59,7 @@ static inline size_t sfw_bweight_w8_code_row(const struct sfw_bweight *w)
 static inline size_t sfw_bweight_w8_scale_row(const struct sfw_bweight *w)
 {
 	int span = w->group > 0 && w->group < w->cols ? w->group : SFW_QL_GROUP_CHANNEL;
-	return (size_t)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_OP_F32 ? 4 : 2);
+	return (size_t)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_DTYPE_F32 ? 4 : 2);
 }
 
 struct sfw_bcache; /* opaque, backend-owned */
@@ -94,7 +94,7 @@ struct sfw_sparse_params {
 
 struct sfw_backend {
 	const char *name;          /* "cpu", "cuda" */
-	enum sfw_op_dtype act;     /* activation dtype */
+	enum sfw_dtype act;     /* activation dtype */
 	size_t act_size;           /* bytes per activation element */
 	void *impl;                /* backend private state */
 
@@ -178,7 +178,7 @@ struct sfw_backend {
 	void (*gla)(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
 		    struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale);
 
-	/* 1 when matmul/logits accept SFW_OP_W8 weights; a backend that leaves it
+	/* 1 when matmul/logits accept SFW_DTYPE_W8 weights; a backend that leaves it
 	 * 0 is refused int8 checkpoints at load (runner/model.c). */
 	int supports_w8;
 

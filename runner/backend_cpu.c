@@ -195,7 +195,7 @@ static void cpu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int
 static void cpu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
 	struct sfw_ops_cpu *prev = enter(be);
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		sfw_op_matmul_w8_cpu(F(y), F(x), w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows,
 				     (int)w->cols);
 	else
@@ -207,7 +207,7 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 		       float in_scale)
 {
 	struct sfw_ops_cpu *prev = enter(be);
-	if (w->dtype == SFW_OP_W8) { /* a third-party checkpoint that quantized lm_head */
+	if (w->dtype == SFW_DTYPE_W8) { /* a third-party checkpoint that quantized lm_head */
 		size_t n = (size_t)M * (size_t)w->cols;
 		float *xs = sfw_malloc(n * sizeof(float));
 		if (!xs) {
@@ -606,7 +606,7 @@ enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, stru
 	}
 	be->impl = ex;
 	be->name = "cpu";
-	be->act = SFW_OP_F32;
+	be->act = SFW_DTYPE_F32;
 	be->act_size = sizeof(float);
 	be->destroy = cpu_destroy;
 	be->weight_upload = cpu_weight_upload;

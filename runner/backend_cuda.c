@@ -133,16 +133,16 @@ static size_t w8_scale_bytes(const struct sfw_bweight *w)
 /* Bytes of the weight's main tensor (the codes for int8). */
 static size_t wbytes(const struct sfw_bweight *w)
 {
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		return w8_code_bytes(w);
-	return (size_t)w->rows * (size_t)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
+	return (size_t)w->rows * (size_t)w->cols * (w->dtype == SFW_DTYPE_BF16 ? 2 : 4);
 }
 
 /* What the weight takes in a slab (arena-rounded pieces). */
 static size_t slab_bytes(const struct sfw_bweight *w)
 {
 	size_t n = sfw_cuda_arena_round(wbytes(w));
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		n += sfw_cuda_arena_round(w8_scale_bytes(w));
 	return n;
 }
@@ -154,7 +154,7 @@ static enum sfw_status place_one(struct cu_be *b, struct sfw_bweight *w, int def
 {
 	void *p, *q = NULL;
 	enum sfw_status s = place(b, wbytes(w), deferred, &p, err);
-	if (s == SFW_OK && w->dtype == SFW_OP_W8)
+	if (s == SFW_OK && w->dtype == SFW_DTYPE_W8)
 		s = place(b, w8_scale_bytes(w), deferred, &q, err);
 	if (s != SFW_OK)
 		return s;
@@ -171,9 +171,9 @@ static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweig
 {
 	struct cu_be *b = IMPL(be);
 	/* bf16, f32, or int8 with BF16 / F16 / F32 scales (kernels/linear_w8.cu) */
-	if (w->dtype != SFW_OP_BF16 && w->dtype != SFW_OP_F32 &&
-	    !(w->dtype == SFW_OP_W8 && (w->scale_dtype == SFW_OP_BF16 || w->scale_dtype == SFW_OP_F16 ||
-					w->scale_dtype == SFW_OP_F32)))
+	if (w->dtype != SFW_DTYPE_BF16 && w->dtype != SFW_DTYPE_F32 &&
+	    !(w->dtype == SFW_DTYPE_W8 && (w->scale_dtype == SFW_DTYPE_BF16 || w->scale_dtype == SFW_DTYPE_F16 ||
+					w->scale_dtype == SFW_DTYPE_F32)))
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "weight '%s': the cuda backend runs bf16, f32 or int8 weights only",
 				w->name ? w->name : "?");
 	if (b->defer && w->rows > 1) {
@@ -263,13 +263,13 @@ static enum sfw_status cu_merge(struct sfw_backend *be, struct sfw_bweight *cons
 	if (!b->defer || n < 2)
 		return SFW_OK;
 	size_t total = 0, stotal = 0;
-	int w8 = parts[0]->dtype == SFW_OP_W8;
+	int w8 = parts[0]->dtype == SFW_DTYPE_W8;
 	for (int i = 0; i < n; i++) {
 		const struct sfw_bweight *w = parts[i];
 		/* keep every part on the arena's alignment (16-byte loads); int8
 		 * parts merge codes with codes and scales with scales, so they must
 		 * agree on the group and the scale dtype */
-		if ((w->dtype != SFW_OP_BF16 && !w8) || w->dtype != parts[0]->dtype || w->cols != parts[0]->cols ||
+		if ((w->dtype != SFW_DTYPE_BF16 && !w8) || w->dtype != parts[0]->dtype || w->cols != parts[0]->cols ||
 		    wbytes(w) % 256 != 0 || pending_index(b, w) < 0)
 			return SFW_OK;
 		if (w8 && (w->group != parts[0]->group || w->scale_dtype != parts[0]->scale_dtype))
@@ -465,24 +465,24 @@ static void cu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *
 		     float scale)
 {
 	IMPL(be)->prof_decode = T == 1;
-	PROF(P_EMBED, sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_OP_BF16, S(be)));
+	PROF(P_EMBED, sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows, int n,
 		       float eps)
 {
-	PROF(P_RMSNORM, sfw_op_rmsnorm_cuda(y, x, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be)));
+	PROF(P_RMSNORM, sfw_op_rmsnorm_cuda(y, x, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t n, float scale)
 {
-	PROF(P_ADD, sfw_op_add_scaled_cuda(x, b, n, scale, SFW_OP_BF16, S(be)));
+	PROF(P_ADD, sfw_op_add_scaled_cuda(x, b, n, scale, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			   const struct sfw_bweight *w, int rows, int n, float eps)
 {
-	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be)));
+	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
@@ -490,7 +490,7 @@ static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const stru
 			    int64_t pos0, const int64_t *dpos, float theta)
 {
 	PROF(P_QKNORM, sfw_cuda_qk_norm_rope_devpos(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, T, nhq, nhk, hd, eps,
-						    rope, pos0, dpos, theta, SFW_OP_BF16, S(be)));
+						    rope, pos0, dpos, theta, SFW_DTYPE_BF16, S(be)));
 }
 
 static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err);
@@ -565,28 +565,28 @@ static void cu_sample(struct sfw_backend *be, int32_t *out, const float *logits,
 
 static void cu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
 {
-	PROF(P_SILU, sfw_op_silu_mul_cuda(y, g, u, n, SFW_OP_BF16, S(be)));
+	PROF(P_SILU, sfw_op_silu_mul_cuda(y, g, u, n, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const void *g, size_t n)
 {
-	PROF(P_SIGMOID, sfw_op_sigmoid_mul_cuda(y, x, g, n, SFW_OP_BF16, S(be)));
+	PROF(P_SIGMOID, sfw_op_sigmoid_mul_cuda(y, x, g, n, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta)
 {
-	PROF(P_ROPE, sfw_op_rope_neox_cuda(x, T, nh, hd, pos0, theta, SFW_OP_BF16, S(be)));
+	PROF(P_ROPE, sfw_op_rope_neox_cuda(x, T, nh, hd, pos0, theta, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
 		     sfw_op_matmul_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M, (int)w->rows,
-					   (int)w->cols, SFW_OP_BF16, S(be)));
+					   (int)w->cols, SFW_DTYPE_BF16, S(be)));
 	else
 		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
-		     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_OP_BF16, S(be)));
+		     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_DTYPE_BF16, S(be)));
 }
 
 /* opts.w8_silu (SALAFW_CUDA_W8_SILU=1 in the CLI; not yet the default: not measured on a GPU yet): the
@@ -595,7 +595,7 @@ static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const stru
 static int cu_matmul_silu(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *gu, int N)
 {
 	int done = 0;
-	if (gu->dtype == SFW_OP_W8 && gu->rows == (int64_t)2 * N)
+	if (gu->dtype == SFW_DTYPE_W8 && gu->rows == (int64_t)2 * N)
 		PROF(P_MATMUL_DEC, done = sfw_op_matmul_silu_w8_cuda(y, x, gu->dev, gu->scales_dev, gu->scale_dtype,
 								     gu->group, N, (int)gu->cols, S(be)));
 	return done;
@@ -604,12 +604,12 @@ static int cu_matmul_silu(struct sfw_backend *be, void *y, const void *x, const 
 static void cu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		      float in_scale)
 {
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		PROF(P_LOGITS, sfw_op_logits_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M,
-						     (int)w->rows, (int)w->cols, in_scale, SFW_OP_BF16, S(be)));
+						     (int)w->rows, (int)w->cols, in_scale, SFW_DTYPE_BF16, S(be)));
 	else
 		PROF(P_LOGITS, sfw_op_logits_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, in_scale,
-						  SFW_OP_BF16, S(be)));
+						  SFW_DTYPE_BF16, S(be)));
 }
 
 /* ---- caches ---- */
@@ -801,11 +801,11 @@ static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct
 	if (IMPL(be)->rec) {
 		SFW_ASSERT(T == 1);
 		sfw_cuda_attn_dense_devpos(o, q, l->k, l->v, nh, c->d.nkv, c->d.hd, IMPL(be)->rec_bound, scale,
-					   IMPL(be)->rec_pos, SFW_OP_BF16, S(be));
+					   IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
 		return;
 	}
 	PROF(P_DENSE,
-	     sfw_op_attn_dense_cuda(o, q, l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale, SFW_OP_BF16, S(be)));
+	     sfw_op_attn_dense_cuda(o, q, l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale, SFW_DTYPE_BF16, S(be)));
 }
 
 static int64_t nchunks(int64_t len, int ksize, int stride)
@@ -820,16 +820,16 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	const struct sfw_cache_desc *d = &c->d;
 	if (IMPL(be)->rec) { /* the chunks the step's token completes */
 		sfw_cuda_compress_devpos(l->c1, l->c2, l->k, d->nkv, d->hd, d->ksize, d->stride, IMPL(be)->rec_pos,
-					 SFW_OP_BF16, S(be));
+					 SFW_DTYPE_BF16, S(be));
 		return SFW_OK;
 	}
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 	prof_begin(be);
 	if (t1 > l->n1)
-		sfw_op_compress_cuda(l->c1, l->k, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_OP_BF16, S(be));
+		sfw_op_compress_cuda(l->c1, l->k, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_DTYPE_BF16, S(be));
 	if (t2 > l->n2)
-		sfw_op_compress_cuda(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride, SFW_OP_BF16,
+		sfw_op_compress_cuda(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride, SFW_DTYPE_BF16,
 				     S(be));
 	prof_end(be, P_COMPRESS);
 	l->n1 = t1 > l->n1 ? t1 : l->n1;
@@ -881,7 +881,7 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 			return s;
 		float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
 		sfw_cuda_stage1_devpos(scores, q, l->c1, l->c2, nh, nkv, hd, b->rec_bound, sp->ksize, sp->stride, sp->scale,
-				       b->rec_pos, SFW_OP_BF16, S(be));
+				       b->rec_pos, SFW_DTYPE_BF16, S(be));
 		sfw_cuda_pool_blocks_devpos(pooled, scores, nkv, b->rec_bound, sp->ksize, sp->stride, sp->block,
 					    sp->init_blocks, sp->local_blocks, b->rec_pos, S(be));
 		sfw_cuda_topk_blocks_devpos(idx, pooled, nkv, k, sp->block, b->rec_pos, S(be));
@@ -913,10 +913,10 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 		int32_t *dst = n == sp->T ? idx : tk;
 		if (n1 > 0)
 			sfw_op_stage1_cuda(scores, (const char *)q + (size_t)r0 * qrow, l->c1, n1, l->c2, l->n2, n, nh, nkv,
-					   hd, p0, sp->ksize, sp->stride, sp->scale, SFW_OP_BF16, S(be));
+					   hd, p0, sp->ksize, sp->stride, sp->scale, SFW_DTYPE_BF16, S(be));
 		sfw_op_pool_blocks_cuda(pooled, scores, n1, nb, nkv, n, p0, sp->ksize, sp->stride, sp->block,
-					sp->init_blocks, sp->local_blocks, SFW_OP_BF16, S(be));
-		sfw_op_topk_blocks_cuda(dst, pooled, nb, nkv, n, p0, k, sp->block, SFW_OP_BF16, S(be));
+					sp->init_blocks, sp->local_blocks, SFW_DTYPE_BF16, S(be));
+		sfw_op_topk_blocks_cuda(dst, pooled, nb, nkv, n, p0, k, sp->block, SFW_DTYPE_BF16, S(be));
 		if (dst != idx)
 			for (int g = 0; g < nkv; g++)
 				sfw_cuda_d2d(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k,
@@ -939,11 +939,11 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 	if (IMPL(be)->rec) {
 		SFW_ASSERT(sp->T == 1);
 		sfw_cuda_attn_sparse_devpos(o, q, l->k, l->v, idx, nh, c->d.nkv, c->d.hd, sp->k, sp->block, sp->scale,
-					    IMPL(be)->rec_pos, SFW_OP_BF16, S(be));
+					    IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
 		return;
 	}
 	PROF(P_SPARSE, sfw_op_attn_sparse_cuda(o, q, l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k,
-					      sp->block, sp->scale, SFW_OP_BF16, S(be)));
+					      sp->block, sp->scale, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
@@ -951,9 +951,9 @@ static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k
 {
 	float *st = c->L[layer].state;
 	if (T >= 64)
-		PROF(P_GLA_CHUNK, sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, T, nh, hd, scale, 64, SFW_OP_BF16, S(be)));
+		PROF(P_GLA_CHUNK, sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, T, nh, hd, scale, 64, SFW_DTYPE_BF16, S(be)));
 	else
-		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_OP_BF16, S(be)));
+		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
 }
 
 /* o: the switches that bring back an older path without a rebuild. */
@@ -999,7 +999,7 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
 		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);
 	be->name = "cuda";
-	be->act = SFW_OP_BF16;
+	be->act = SFW_DTYPE_BF16;
 	be->act_size = 2;
 	be->impl = b;
 	be->destroy = cu_destroy;

@@ -471,8 +471,8 @@ static int merged_view(const struct sfw_backend *be, struct sfw_bweight *const *
 		       struct sfw_bweight *out)
 {
 	const struct sfw_bweight *p0 = parts[0];
-	int w8 = p0->dtype == SFW_OP_W8;
-	if (!be->merge || !p0->dev || (p0->dtype != SFW_OP_BF16 && !w8))
+	int w8 = p0->dtype == SFW_DTYPE_W8;
+	if (!be->merge || !p0->dev || (p0->dtype != SFW_DTYPE_BF16 && !w8))
 		return 0;
 	/* bytes per row: bf16, or int8 codes plus (separately) scales */
 	size_t rb = w8 ? sfw_bweight_w8_code_row(p0) : (size_t)p0->cols * 2;

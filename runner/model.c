@@ -183,11 +183,11 @@ static enum sfw_status bind_w8(struct sfw_model *m, struct sfw_bweight *w, const
 	w->name = pk->name;
 	w->host = pk->data;
 	w->dev = NULL;
-	w->dtype = SFW_OP_W8;
+	w->dtype = SFW_DTYPE_W8;
 	w->rows = d0;
 	w->cols = d1;
 	w->scales = sc->data;
-	w->scale_dtype = sc->dtype == SFW_DTYPE_BF16 ? SFW_OP_BF16 : sc->dtype == SFW_DTYPE_F16 ? SFW_OP_F16 : SFW_OP_F32;
+	w->scale_dtype = sc->dtype == SFW_DTYPE_BF16 ? SFW_DTYPE_BF16 : sc->dtype == SFW_DTYPE_F16 ? SFW_DTYPE_F16 : SFW_DTYPE_F32;
 	w->group = (int)sfw_ql_group_span(d1, group);
 	w->scales_dev = NULL;
 	enum sfw_status s = m->be->weight_upload(m->be, w, err);
@@ -237,7 +237,7 @@ static enum sfw_status bind(struct binder *b, struct sfw_bweight *w, const char 
 	w->name = t->name;
 	w->host = t->data;
 	w->dev = NULL;
-	w->dtype = t->dtype == SFW_DTYPE_BF16 ? SFW_OP_BF16 : SFW_OP_F32;
+	w->dtype = t->dtype == SFW_DTYPE_BF16 ? SFW_DTYPE_BF16 : SFW_DTYPE_F32;
 	w->rows = ndim == 1 ? 1 : d0;
 	w->cols = ndim == 1 ? d0 : d1;
 	enum sfw_status s = b->m->be->weight_upload(b->m->be, w, b->err);
@@ -341,9 +341,9 @@ static double bweight_bytes(const struct sfw_bweight *w)
 {
 	if (!w->host)
 		return 0;
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		return (double)w->rows * (double)(sfw_bweight_w8_code_row(w) + sfw_bweight_w8_scale_row(w));
-	return (double)w->rows * (double)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
+	return (double)w->rows * (double)w->cols * (w->dtype == SFW_DTYPE_BF16 ? 2 : 4);
 }
 
 void sfwi_model_weight_bytes(const struct sfw_model *m, double *all, double *step)

@@ -343,15 +343,15 @@ static void fused_case(int rows, int n)
 		sfw_cuda_h2d(dx, hx, N * 2, s), sfw_cuda_h2d(dx2, hx, N * 2, s), sfw_cuda_h2d(db, hb, N * 2, s);
 		sfw_cuda_h2d(dw, hw, (size_t)n * 2, s);
 		sfw_cuda_memset(dy, 0xff, N * 2, s), sfw_cuda_memset(dy2, 0xff, N * 2, s); /* NaN poison */
-		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_OP_BF16, rows, n, eps, SFW_OP_BF16, s);
-		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_OP_BF16, s);
-		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_OP_BF16, rows, n, eps, SFW_OP_BF16, s);
+		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, s);
+		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_DTYPE_BF16, s);
+		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, s);
 		sfw_cuda_d2h(o1, dy, N * 2, s), sfw_cuda_d2h(o2, dy2, N * 2, s);
 		sfw_cuda_d2h(x1, dx, N * 2, s), sfw_cuda_d2h(x2, dx2, N * 2, s);
 		sfw_cuda_sync(s);
 		CHECK(!memcmp(o1, o2, N * 2) && !memcmp(x1, x2, N * 2),
 		      "fused add_rmsnorm %dx%d equals add_scaled + rmsnorm on the GPU bit for bit", rows, n);
-		sfw_op_add_rmsnorm_cpu(y, x, b, sc, w, SFW_OP_F32, rows, n, eps);
+		sfw_op_add_rmsnorm_cpu(y, x, b, sc, w, SFW_DTYPE_F32, rows, n, eps);
 		double e2 = 0, r2 = 0, md = 0;
 		for (size_t i = 0; i < N; i++) {
 			double d = sfw_bf16_to_f32(o1[i]) - (double)y[i];

@@ -294,7 +294,7 @@ static void test_matmul_w8(void)
 					sf[i] = sfw_bf16_to_f32(sb[i]);
 				}
 				sfw_op_matmul_w8_cpu(y, x, codes, sdt ? (const void *)sf : (const void *)sb,
-						     sdt ? SFW_OP_F32 : SFW_OP_BF16, span, M, N, K);
+						     sdt ? SFW_DTYPE_F32 : SFW_DTYPE_BF16, span, M, N, K);
 				double worst = 0;
 				for (int m = 0; m < M; m++)
 					for (int n = 0; n < N; n++) {
@@ -327,7 +327,7 @@ static void test_matmul_silu_w8(void)
 		x[k] = (float)gauss(&s) * 0.3f;
 	for (int64_t i = 0; i < N * G; i++)
 		sb[i] = sfw_f32_to_bf16((float)(0.001 * (1 + (sm_next(&s) >> 60))));
-	sfw_op_matmul_silu_w8_cpu(y, x, codes, sb, SFW_OP_BF16, span, I, K);
+	sfw_op_matmul_silu_w8_cpu(y, x, codes, sb, SFW_DTYPE_BF16, span, I, K);
 	double worst = 0;
 	for (int i = 0; i < I; i++) {
 		double h[2], mag[2] = {0, 0};
