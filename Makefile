@@ -54,7 +54,7 @@ endif
 LDFLAGS := -pthread $(SANFLAGS)
 
 # Modules, in link order (a module may use only those after it; quant drives
-# the runner, the runner reads only quant/layout.h, which is header-only;
+# the runner, the runner reads only num/w8_layout.h, which is header-only;
 # serve drives the runner).
 MODULES := serve quant runner kernels fetch verify core
 # Files named *_cuda.c are host code that needs the CUDA runtime: CUDA=1 only.

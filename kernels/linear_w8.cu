@@ -1,5 +1,5 @@
 /* linear_w8.cu - Y[M,N] = X[M,K] · Wᵀ with W int8 pack-quantized (W8A16,
- * quant/layout.h), bf16 activations, fp32 accumulation: the CUDA twins of
+ * num/w8_layout.h), bf16 activations, fp32 accumulation: the CUDA twins of
  * sfw_op_matmul_w8_cpu (kernels/matmul_w8.c).
  *
  * Decode (M ≤ 8) is a pure stream of codes and scales: each warp takes R

@@ -1,5 +1,5 @@
 /* matmul_w8.c - y = x . W^T with int8 pack-quantized weights (W8A16) on the
- * CPU, fp32 accumulation; layout: quant/layout.h.
+ * CPU, fp32 accumulation; layout: num/w8_layout.h.
  *
  * Decode (M <= 4) is memory-bound: threads split the weight rows, each row's
  * bytes are read once, widened to float 8 at a time and accumulated per
@@ -9,7 +9,7 @@
  * its blocking; the dequantization is O(N K) against O(M N K). */
 #include "kernels/ops.h"
 #include "alloc.h"
-#include "quant/layout.h"
+#include "num/w8_layout.h"
 #include "sfw.h"
 #include "thread.h"
 
@@ -30,35 +30,13 @@ typedef uint8_t v8b __attribute__((vector_size(8)));
 #define SFW_CLONES
 #endif
 
-static float f16_to_f32(uint16_t h)
-{
-	uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-	if (exp == 0x1f) {
-		u = sign | 0x7f800000u | (man << 13);
-	} else if (exp != 0) {
-		u = sign | ((exp + 112) << 23) | (man << 13);
-	} else if (man == 0) {
-		u = sign;
-	} else {
-		int e = -1;
-		do {
-			e++;
-			man <<= 1;
-		} while (!(man & 0x400));
-		u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-	}
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 static inline float scale_at(const void *s, enum sfw_dtype sdt, size_t i)
 {
 	switch (sdt) {
 	case SFW_DTYPE_BF16:
 		return sfw_bf16_to_f32(((const uint16_t *)s)[i]);
 	case SFW_DTYPE_F16:
-		return f16_to_f32(((const uint16_t *)s)[i]);
+		return sfw_f16_to_f32(((const uint16_t *)s)[i]);
 	default:
 		return ((const float *)s)[i];
 	}

@@ -234,7 +234,7 @@ void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_dtype w
 /* sfw_op_matmul_w8_cpu with bf16 activations (kernels/linear_w8.cu; act F32
  * runs a plain warp-per-output kernel): M <= 8 a GEMV over the codes and
  * scales, M > 8 dequantization to bf16 slabs in the op scratch + cuBLASLt.
- * codes and scales are device copies in the layout of quant/layout.h. */
+ * codes and scales are device copies in the layout of num/w8_layout.h. */
 void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
 			   int group, int M, int N, int K, enum sfw_dtype act, void *stream);
 /* The decode MLP's SwiGLU in the int8 GEMV (M = 1, bf16 activations, BF16

@@ -172,7 +172,7 @@ void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16
 
 /* ---- int8 (W8A16) linear layers (kernels/linear_w8.cu) ----
  * W is codes [N, ceil(K/4)*4] bytes + scales [N, ceil(K/group)] (BF16, F16
- * or F32), quant/layout.h; group = K (or <= 0) for per-channel scales. The
+ * or F32), num/w8_layout.h; group = K (or <= 0) for per-channel scales. The
  * GEMV (M <= 8) reads each code and scale once, before the programmatic
  * launch wait like sfw_cuda_gemv; rows_per_warp (1, 2, 4; 101, 102 the same
  * with the next batch loaded while one is consumed) and unroll (2, 4, 8)

@@ -23,7 +23,7 @@
 #define SFW_BACKEND_H
 
 #include "kernels/ops.h"
-#include "quant/layout.h"
+#include "num/w8_layout.h"
 #include "runner/config.h"
 #include "runner/runner.h"
 #include "sfw.h"

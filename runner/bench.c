@@ -4,7 +4,7 @@
 #include "alloc.h"
 #include "kernels/ops.h"
 #include "log.h"
-#include "quant/layout.h"
+#include "num/w8_layout.h"
 #include "runner/generate.h"
 #include "runner/model.h"
 

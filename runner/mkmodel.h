@@ -54,7 +54,7 @@ struct sfw_mkmodel_params {
 	sfw_mkmodel_progress_fn progress; /* may be NULL */
 	void *progress_user;
 	/* w8 = 1: the decoder linears (sfw_ql_is_quantized) are written directly
-	 * as compressed-tensors pack-quantized int8 (quant/layout.h) with group
+	 * as compressed-tensors pack-quantized int8 (num/w8_layout.h) with group
 	 * w8_group (32, 64, 128; SFW_QL_GROUP_CHANNEL = 0 per channel): random
 	 * uniform codes, BF16 scales 2.7e-4 * (1 + 0.1 N(0,1)) (weights of about
 	 * the bf16 preset's spread), and config.json's quantization_config. No

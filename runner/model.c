@@ -4,7 +4,7 @@
 #include "alloc.h"
 #include "file.h"
 #include "json.h"
-#include "quant/layout.h"
+#include "num/w8_layout.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -26,7 +26,7 @@ struct sfw_model {
 	float *decay; /* backend memory: [lightning_nh] slopes */
 	int nweights;
 	/* config.json quantization_config (compressed-tensors pack-quantized
-	 * int8, quant/layout.h); quantized = 0 for a bf16/f32 checkpoint */
+	 * int8, num/w8_layout.h); quantized = 0 for a bf16/f32 checkpoint */
 	int quantized;
 	int quant_groups[8]; /* group sizes the config declares (0 = channel) */
 	int n_quant_groups;

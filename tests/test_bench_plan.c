@@ -6,7 +6,7 @@
 #include "check.h"
 
 #include "runner/bench.h"
-#include "quant/layout.h"
+#include "num/w8_layout.h"
 #include "runner/mkmodel.h"
 
 #include <math.h>

@@ -23,12 +23,6 @@ static void fill(float *x, size_t n, double s)
 	for (size_t i = 0; i < n; i++)
 		x[i] = (float)(urand() * s);
 }
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
 static double maxrel(const float *a, const double *b, size_t n)
 {
 	double m = 0, s = 1e-30;
@@ -49,7 +43,7 @@ static void test_rmsnorm(void)
 	double ref[R * N];
 	fill(x, R * N, 3);
 	for (int i = 0; i < N; i++)
-		w[i] = to_bf16((float)(1 + 0.1 * urand()));
+		w[i] = sfw_f32_to_bf16((float)(1 + 0.1 * urand()));
 	for (int r = 0; r < R; r++) {
 		double ss = 0;
 		for (int i = 0; i < N; i++)
@@ -105,7 +99,7 @@ static void test_matmul(void)
 			fill(x, (size_t)M * K, 1);
 			fill(wf, (size_t)N * K, 0.1);
 			for (int i = 0; i < N * K; i++)
-				wb[i] = to_bf16(wf[i]);
+				wb[i] = sfw_f32_to_bf16(wf[i]);
 			for (int m = 0; m < M; m++)
 				for (int n = 0; n < N; n++) {
 					double a = 0, b = 0;
@@ -149,7 +143,7 @@ static void test_elementwise(void)
 	CHECK(maxrel(x, r, N) < 1e-6, "add_scaled");
 	uint16_t E[4 * 8];
 	for (int i = 0; i < 32; i++)
-		E[i] = to_bf16((float)i);
+		E[i] = sfw_f32_to_bf16((float)i);
 	int32_t ids[2] = {3, 1};
 	sfw_op_embed_cpu(y, E, SFW_DTYPE_BF16, ids, 2, 8, 12.0f);
 	CHECK(y[0] == 24 * 12.0f && y[7] == 31 * 12.0f && y[8] == 8 * 12.0f, "embed picks rows and scales");
@@ -397,7 +391,7 @@ static void test_matmul_rows(void)
 	fill(x, (size_t)MMAX * K, 1);
 	fill(wf, (size_t)N * K, 0.1);
 	for (int i = 0; i < N * K; i++)
-		wb[i] = to_bf16(wf[i]);
+		wb[i] = sfw_f32_to_bf16(wf[i]);
 	struct sfw_ops_cpu *ex = NULL;
 	CHECK(sfw_ops_cpu_new(3, &ex, NULL) == SFW_OK, "executor of 3 threads");
 	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);

@@ -1,6 +1,6 @@
 /* modules: quant runner kernels fetch verify core */
 /* test_quant.c - the int8 quantizer (quant/w8_ref.c), its on-disk layout
- * (quant/layout.h) and the quantized model writer (sfw_quant_run).
+ * (num/w8_layout.h) and the quantized model writer (sfw_quant_run).
  *
  * Independent references:
  *   - tests/ref/awq_ref.py (stdlib python3) re-implements the quantizer and

@@ -1,4 +1,4 @@
-/* layout.h - the int8 weight layout of salafw quant, defined once for C and
+/* w8_layout.h - the int8 weight layout of salafw quant, defined once for C and
  * CUDA (header only: constants, static_asserts and inline decoders).
  *
  * Container: safetensors (runner/safetensors.h), sharded as
