@@ -1,15 +1,15 @@
 /* salafw bench - prefill and decode speed on random token ids (no tokenizer
  * needed): one prefill of --prompt N tokens, then --gen M one-token steps
- * (runner/bench.c measures; bench/bench_gpu.c uses the same code). On CUDA
+ * (tools/bench.c measures; bench/bench_gpu.c uses the same code). On CUDA
  * it also prints the peak device memory and the ratios to the two limits
  * measured in the same run: a device copy (bandwidth, for decode) and a
  * cuBLASLt GEMM (FLOP/s, for prefill). */
 #include "cli.h"
-#include "thread.h"
 #include "alloc.h"
 #include "kernels/ops.h"
-#include "runner/bench.h"
 #include "runner/runner.h"
+#include "thread.h"
+#include "tools/tools.h"
 
 #include <stdio.h>
 #include <string.h>

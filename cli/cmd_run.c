@@ -9,12 +9,12 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "formats/tokenizer.h"
 #include "json.h"
-#include "runner/bench.h"
 #include "runner/generate.h"
 #include "runner/runner.h"
 #include "runner/sampler.h"
-#include "runner/tokenizer.h"
+#include "tools/tools.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * streaming writer. Every number in a header is untrusted: sizes go through
  * checked.h, offsets are range- and overlap-checked before any pointer into
  * the map is formed. */
-#include "safetensors.h"
+#include "formats/safetensors.h"
 
 #include "alloc.h"
 #include "buf.h"

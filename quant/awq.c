@@ -35,11 +35,11 @@
 #include "quant/quant_int.h"
 #include "alloc.h"
 #include "file.h"
+#include "formats/tokenizer.h"
 #include "kernels/ops.h"
 #include "log.h"
 #include "runner/model.h"
 #include "runner/runner.h"
-#include "runner/tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -11,10 +11,10 @@
 #include "alloc.h"
 #include "checked.h"
 #include "file.h"
+#include "formats/safetensors.h"
 #include "json.h"
 #include "log.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
 #include "thread.h"
 
 #include <dirent.h>

@@ -3,8 +3,8 @@
 #ifndef SFW_QUANT_INT_H
 #define SFW_QUANT_INT_H
 
+#include "formats/config.h"
 #include "quant/quant.h"
-#include "runner/config.h"
 
 /* Per-input-channel smoothing scales of one decoder layer (docs/awq.md §1.8);
  * NULL = identity. The fold (exact in real arithmetic, docs/awq.md §1.5):

@@ -24,7 +24,7 @@
 
 #include "kernels/ops.h"
 #include "num/w8_layout.h"
-#include "runner/config.h"
+#include "formats/config.h"
 #include "runner/runner.h"
 #include "sfw.h"
 

@@ -11,7 +11,7 @@
 #include "alloc.h"
 #include "kernels/ops_cuda.h"
 #include "log.h"
-#include "runner/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <stdio.h>
 #include <stdlib.h>

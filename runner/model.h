@@ -4,10 +4,10 @@
 #ifndef SFW_MODEL_H
 #define SFW_MODEL_H
 
+#include "formats/config.h"
+#include "formats/safetensors.h"
 #include "runner/backend.h"
-#include "runner/config.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
 
 struct sfwi_layer {
 	enum sfw_mixer kind;

@@ -1,4 +1,4 @@
-/* modules: kernels core */
+/* modules: kernels num core */
 /* The tensor-core attention and stage-1 kernels (kernels/attn_tc*.cu) and the
  * CUDA-core ones they replace, both against the CPU twins (the law) on random
  * bf16 inputs, at many shapes: head dim 32/64/128, 4 and 16 heads per KV
@@ -19,7 +19,7 @@
 
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
-#include "runner/safetensors.h"
+#include "num/num.h"
 
 #include <math.h>
 #include <stdint.h>

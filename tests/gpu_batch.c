@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* gpu_batch.c - batched decode (runner/batch.h) on the CUDA backend against
  * the same sequences run alone, each on a CUDA context of its own fed the
  * same calls (prompt chunks, then the alone run's greedy chain as the fed

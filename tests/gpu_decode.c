@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: tools quant runner formats kernels num fetch verify core */
 /* gpu_decode.c - the decode-path switches of the CUDA backend, each new path
  * against the old one it replaces (the env switch that restores it):
  *   SALAFW_CUDA_NOSTEPGRAPH=1 one graph per run of lightning layers, the
@@ -31,12 +31,12 @@
 #include "check.h"
 
 #include "kernels/ops.h"
+#include "formats/safetensors.h"
 #include "kernels/ops_cuda.h"
 #include "runner/backend.h"
-#include "runner/mkmodel.h"
 #include "runner/model.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
+#include "tools/tools.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* modules: runner kernels core */
+/* modules: runner formats kernels num core */
 /* gpu_devpos.c - the ops of a recorded decode step (kernels/ops_cuda.h,
  * "a recorded decode step") inside a real CUDA graph: recorded once for a
  * length bound, replayed at many positions with only the device-side
@@ -12,12 +12,12 @@
  * both compression levels, block ends, the first position with a level-2
  * chunk, and the bound itself. */
 #include "check.h"
-#include "lib/rng.h"
 #include "lib/compare.h"
+#include "lib/rng.h"
 
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
-#include "runner/safetensors.h"
+#include "num/num.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* modules: quant runner kernels fetch verify core */
+/* modules: tools quant runner formats kernels num fetch verify core */
 /* gpu_golden.c - the CUDA engine end to end: every golden case against
  * golden_bf16 (the reference computed in bf16, as this backend computes), and
  * against the CPU engine on the same case (its record written to a temporary
@@ -14,7 +14,7 @@
 
 #include "quant/quant.h"
 #include "runner/backend.h"
-#include "runner/bench.h"
+#include "tools/tools.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-/* modules: kernels core */
+/* modules: kernels num core */
 /* GPU linear layers against a float64 CPU reference (mathematics), and the
  * two ceilings of this device: copy bandwidth and cuBLASLt bf16 GEMM rate.
  * Then the decode GEMV on the real model's shapes, each variant timed with
@@ -9,7 +9,7 @@
 #include "lib/rng.h"
 
 #include "kernels/ops_cuda.h"
-#include "runner/safetensors.h"
+#include "num/num.h"
 
 #include <math.h>
 #include <stdint.h>

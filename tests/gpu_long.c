@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* gpu_long.c - long context: the tiny-sparse golden model (InfLLM-v2 from
  * 512 tokens on) fed a long random prompt (GPU_LONG_TOKENS, default 65536)
  * on the CUDA engine (prefill pieces of 4096 rows, block selection forced

@@ -1,4 +1,4 @@
-/* modules: kernels core */
+/* modules: kernels num core */
 /* Every CUDA twin of kernels/ops.h against its CPU twin (the law) on fresh
  * random inputs, in both activation dtypes. Table-driven: each row names the
  * op, the shapes, and the tolerance per dtype (NMSE and max |diff| relative
@@ -7,12 +7,12 @@
  * points that the CUDA twin applies and the CPU twin (fp32) does not.
  * Outputs are poisoned before each run so unwritten elements fail. */
 #include "check.h"
-#include "lib/rng.h"
 #include "lib/compare.h"
+#include "lib/rng.h"
 
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
-#include "runner/safetensors.h"
+#include "num/num.h"
 
 #include <math.h>
 #include <stdint.h>

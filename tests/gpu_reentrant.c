@@ -1,4 +1,4 @@
-/* modules: quant runner kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* gpu_reentrant.c - tests/test_reentrant.c on the CUDA backend: tiny-dense
  * and tiny-sparse loaded side by side, each with its own CUDA backend (its
  * stream, cuBLASLt handle, scratch and options: CUDA-core attention and

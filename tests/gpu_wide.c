@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* gpu_wide.c - the CUDA engine at the real widths: the wide4 model (mkmodel
  * --preset wide4: hidden 4096, 32 / 2 heads of 128, lightning 32 x 128, vocab
  * 73,448, topk 64, window 2048, dense_len 8192, 4 layers S L L S) and its

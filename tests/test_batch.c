@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* test_batch.c - batched decode (runner/batch.h) on the CPU against the same
  * sequences run alone, each on a context of its own (runner/runner.h) fed the
  * same calls: every logit bit for bit and the greedy tokens, on the golden

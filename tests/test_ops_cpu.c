@@ -1,4 +1,4 @@
-/* modules: kernels core */
+/* modules: kernels num core */
 /* test_ops_cpu.c - each CPU op of kernels/ops.h against direct mathematics
  * (double-precision formulas written out here), plus hand-made cases for
  * compression, pooling and top-k ties. Tolerances: fp32 ops on O(1) data

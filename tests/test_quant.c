@@ -1,4 +1,4 @@
-/* modules: quant runner kernels fetch verify core */
+/* modules: tools quant runner formats kernels num fetch verify core */
 /* test_quant.c - the int8 quantizer (quant/w8_ref.c), its on-disk layout
  * (num/w8_layout.h) and the quantized model writer (sfw_quant_run).
  *
@@ -18,14 +18,15 @@
  *   - the golden tiny models: the writer's output re-read byte by byte. */
 #include "check.h"
 #include "alloc.h"
+#include "file.h"
+#include "formats/safetensors.h"
 #include "json.h"
 #include "kernels/ops.h"
-#include "file.h"
 #include "quant/quant.h"
-#include "verify/verify.h"
 #include "quant/quant_int.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
+#include "tools/tools.h"
+#include "verify/verify.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-/* modules: runner core */
+/* modules: formats num core */
 /* safetensors reader and writer: the golden files written by the reference
  * library open with the shapes, dtypes and values golden/README.md states;
  * the writer round-trips; every class of hostile file is rejected with a
@@ -8,7 +8,7 @@
 #include "alloc.h"
 #include "checked.h"
 #include "file.h"
-#include "runner/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <dirent.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* bench.c - see bench.h. The measuring loop that bench/bench_gpu.c started
  * with, moved here so `salafw bench` and bench_gpu print the same figures. */
-#include "runner/bench.h"
+#include "tools/tools.h"
 #include "alloc.h"
 #include "kernels/ops.h"
 #include "log.h"

@@ -1,12 +1,12 @@
 /* mkmodel.c - random-weight SALA model directories, streamed shard by shard. */
-#include "mkmodel.h"
+#include "tools/tools.h"
 
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "formats/safetensors.h"
+#include "formats/tokenizer.h"
 #include "num/w8_layout.h"
-#include "runner/safetensors.h"
-#include "runner/tokenizer.h"
 #include "thread.h"
 
 #include <dirent.h>

@@ -7,8 +7,8 @@
  *   dequant MODEL_DIR OUT.safetensors */
 /* modules: quant runner kernels core */
 #include "alloc.h"
+#include "formats/safetensors.h"
 #include "quant/quant.h"
-#include "runner/safetensors.h"
 
 #include <stdio.h>
 #include <stdlib.h>
