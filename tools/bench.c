@@ -1,4 +1,4 @@
-/* bench.c - see bench.h. The measuring loop that bench/bench_gpu.c started
+/* bench.c - see tools/tools.h. The measuring loop that bench/bench_gpu.c started
  * with, moved here so `salafw bench` and bench_gpu print the same figures. */
 #include "tools/tools.h"
 #include "alloc.h"

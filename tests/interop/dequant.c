@@ -5,7 +5,7 @@
  * dequantizer (sfw_quant_dequant_row_w8: (b - 128) * scale in float32, the
  * runtime contract of num/w8_layout.h).
  *   dequant MODEL_DIR OUT.safetensors */
-/* modules: quant runner kernels core */
+/* modules: quant runner formats kernels num core */
 #include "alloc.h"
 #include "formats/safetensors.h"
 #include "quant/quant.h"
