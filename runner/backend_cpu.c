@@ -154,12 +154,13 @@ static void cpu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_
 	sfw_ops_cpu_bind(prev);
 }
 
-static void cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
-		       const struct sfw_op_sample_params *p, double u)
+static int cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
+		      const struct sfw_op_sample_params *p, double u)
 {
 	struct sfw_ops_cpu *prev = enter(be);
 	*out = sfw_op_sample_cpu(logits, V, p, u);
 	sfw_ops_cpu_bind(prev);
+	return 1;
 }
 
 /* the composition of add_scaled and rmsnorm (kernels/fused.c) */
@@ -223,6 +224,46 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 		sfw_op_logits_cpu(y, F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols, in_scale);
 	}
 	sfw_ops_cpu_bind(prev);
+}
+
+/* Weights as stored (bf16, f32, int8 pack-quantized); paged KV; no
+ * recording (a decode step runs its ops as they come). */
+static int cpu_supports(const struct sfw_backend *be, enum sfw_bop op, enum sfw_op_dtype dt)
+{
+	(void)be;
+	switch (op) {
+	case SFW_BOP_MATMUL:
+	case SFW_BOP_LOGITS:
+		return dt == SFW_OP_BF16 || dt == SFW_OP_F32 || dt == SFW_OP_W8;
+	case SFW_BOP_EMBED:
+	case SFW_BOP_NORM:
+		return dt == SFW_OP_BF16 || dt == SFW_OP_F32;
+	case SFW_BOP_POOL:
+		return 1;
+	case SFW_BOP_RECORD:
+		return 0;
+	}
+	return 0;
+}
+
+/* The weights stay in the map where they are: nothing to defer or merge. */
+static void cpu_load_begin(struct sfw_backend *be)
+{
+	(void)be;
+}
+
+static enum sfw_status cpu_merge(struct sfw_backend *be, struct sfw_bweight *const *parts, int n, int *merged,
+				 struct sfw_err *err)
+{
+	(void)be, (void)parts, (void)n, (void)err;
+	*merged = 0;
+	return SFW_OK;
+}
+
+static enum sfw_status cpu_load_end(struct sfw_backend *be, struct sfw_err *err)
+{
+	(void)be, (void)err;
+	return SFW_OK;
 }
 
 /* ---- caches --------------------------------------------------------------- */
@@ -639,9 +680,18 @@ enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, stru
 	be->attn_sparse = cpu_attn_sparse;
 	be->gla = cpu_gla;
 	be->take_failure = cpu_take_failure;
-	be->supports_w8 = 1;
+	be->supports = cpu_supports;
+	be->matmul_group = sfwi_compose_matmul_group;
+	be->swiglu = sfwi_compose_swiglu;
 	be->add_rmsnorm = cpu_add_rmsnorm;
+	be->qk_norm_rope = sfwi_compose_qk_norm_rope;
+	be->copy = cpu_copy;
+	be->load_begin = cpu_load_begin;
+	be->merge = cpu_merge;
+	be->load_end = cpu_load_end;
 	be->sample = cpu_sample;
+	be->step = sfwi_step_direct;
+	be->step_free = sfwi_step_free_none;
 	be->pool_new = cpu_pool_new;
 	be->pool_free = cpu_pool_free;
 	be->pool_used = cpu_pool_used;

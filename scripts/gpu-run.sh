@@ -228,7 +228,7 @@ decode-ab)
 		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
 	fi
 	P=${1:-1024} G=${2:-128}
-	for sw in "" SALAFW_CUDA_NOSTEPGRAPH SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE \
+	for sw in "" SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE \
 		SALAFW_CUDA_NOGRAPH SALAFW_CUDA_NOSAMPLE \
 		"SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE SALAFW_CUDA_NOGRAPH SALAFW_CUDA_NOSAMPLE"; do
 		echo "== switches: ${sw:-none (new paths)}" | tee -a "$OUT/decode-ab.log"
