@@ -1118,6 +1118,60 @@ static enum sfw_status cu_take_failure(struct sfw_backend *be, struct sfw_err *e
 	return SFW_OK;
 }
 
+/* The CUDA backend's table: every member (backend.h); impl is the device
+ * state, set per instance, and the options choose paths inside the members. */
+static const struct sfw_backend cuda_backend = {
+	.name = "cuda",
+	.act = SFW_OP_BF16,
+	.act_size = 2, /* bf16 */
+	.destroy = cu_destroy,
+	.weight_upload = cu_weight_upload,
+	.weight_release = cu_weight_release,
+	.alloc = cu_alloc,
+	.free = cu_free,
+	.to_host_f32 = cu_to_host_f32,
+	.from_host_f32 = cu_from_host_f32,
+	.to_host = cu_to_host,
+	.from_host = cu_from_host,
+	.sync = cu_sync,
+	.embed = cu_embed,
+	.rmsnorm = cu_rmsnorm,
+	.add_scaled = cu_add_scaled,
+	.silu_mul = cu_silu_mul,
+	.sigmoid_mul = cu_sigmoid_mul,
+	.rope_neox = cu_rope,
+	.matmul = cu_matmul,
+	.matmul_group = cu_matmul_group,
+	.swiglu = cu_swiglu,
+	.add_rmsnorm = cu_add_rmsnorm,
+	.qk_norm_rope = cu_qk_norm_rope,
+	.logits = cu_logits,
+	.cache_new = cu_cache_new,
+	.cache_free = cu_cache_free,
+	.cache_reserve = cu_cache_reserve,
+	.cache_reset = cu_cache_reset,
+	.cache_len = cu_cache_len,
+	.cache_ncompressed = cu_cache_ncompressed,
+	.kv_append = cu_kv_append,
+	.attn_dense = cu_attn_dense,
+	.compress = cu_compress,
+	.sparse_select = cu_sparse_select,
+	.attn_sparse = cu_attn_sparse,
+	.gla = cu_gla,
+	.supports = cu_supports,
+	.copy = cu_copy,
+	.load_begin = cu_load_begin,
+	.merge = cu_merge,
+	.load_end = cu_load_end,
+	.sample = cu_sample,
+	.step = cu_step,
+	.step_free = cu_step_free,
+	.take_failure = cu_take_failure,
+	.pool_new = cu_pool_new,
+	.pool_free = cu_pool_free,
+	.pool_used = cu_pool_used,
+};
+
 enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sfw_backend **out,
 				     struct sfw_err *err)
 {
@@ -1159,56 +1213,8 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	b->cfg.w8_gemv = o->w8_gemv;
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
 		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);
-	be->name = "cuda";
-	be->act = SFW_OP_BF16;
-	be->act_size = 2;
+	*be = cuda_backend;
 	be->impl = b;
-	be->destroy = cu_destroy;
-	be->weight_upload = cu_weight_upload;
-	be->weight_release = cu_weight_release;
-	be->alloc = cu_alloc;
-	be->free = cu_free;
-	be->to_host_f32 = cu_to_host_f32;
-	be->from_host_f32 = cu_from_host_f32;
-	be->to_host = cu_to_host;
-	be->from_host = cu_from_host;
-	be->sync = cu_sync;
-	be->embed = cu_embed;
-	be->rmsnorm = cu_rmsnorm;
-	be->add_scaled = cu_add_scaled;
-	be->silu_mul = cu_silu_mul;
-	be->sigmoid_mul = cu_sigmoid_mul;
-	be->rope_neox = cu_rope;
-	be->matmul = cu_matmul;
-	be->matmul_group = cu_matmul_group;
-	be->swiglu = cu_swiglu;
-	be->add_rmsnorm = cu_add_rmsnorm;
-	be->qk_norm_rope = cu_qk_norm_rope;
-	be->logits = cu_logits;
-	be->cache_new = cu_cache_new;
-	be->cache_free = cu_cache_free;
-	be->cache_reserve = cu_cache_reserve;
-	be->cache_reset = cu_cache_reset;
-	be->cache_len = cu_cache_len;
-	be->cache_ncompressed = cu_cache_ncompressed;
-	be->kv_append = cu_kv_append;
-	be->attn_dense = cu_attn_dense;
-	be->compress = cu_compress;
-	be->sparse_select = cu_sparse_select;
-	be->attn_sparse = cu_attn_sparse;
-	be->gla = cu_gla;
-	be->supports = cu_supports;
-	be->copy = cu_copy;
-	be->load_begin = cu_load_begin;
-	be->merge = cu_merge;
-	be->load_end = cu_load_end;
-	be->sample = cu_sample;
-	be->step = cu_step;
-	be->step_free = cu_step_free;
-	be->take_failure = cu_take_failure;
-	be->pool_new = cu_pool_new;
-	be->pool_free = cu_pool_free;
-	be->pool_used = cu_pool_used;
 	/* graphs record, they do not time ops: none while profiling; the
 	 * per-step host waits of STEPSYNC have none either */
 	b->graphs = !o->no_graph && !b->prof && !b->stepsync;
