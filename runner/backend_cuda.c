@@ -871,7 +871,7 @@ static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw
 	struct cu_be *b = IMPL(be);
 	if (bytes <= b->sel_bytes)
 		return SFW_OK;
-	if (b->rec) /* planned by graph_begin; growing here would wait inside the recording */
+	if (b->rec) /* planned by rec_begin; growing here would wait inside the recording */
 		return sfw_fail(err, SFW_E_CUDA, "block selection scratch too small for the decode graph");
 	/* Decode asks for a little more every few steps: grow by half (at least
 	 * 4 MiB) so the reallocation, which waits for the device, stays rare;
