@@ -39,10 +39,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* forward.c refers to the CUDA backend weakly: make sure it is linked. */
-enum sfw_status (*const gpu_decode_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					  struct sfw_err *) = sfw_backend_cuda_new;
-
 #define STEPS 40
 
 static const char *const SWITCHES[] = {"SALAFW_CUDA_NOGRAPH", "SALAFW_CUDA_STEPSYNC", "SALAFW_CUDA_NOFUSE",
