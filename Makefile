@@ -50,9 +50,6 @@ LDLIBS := -lmicrohttpd -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lsentencepiece -ls
 SPM_TRAIN_LIB := -lsentencepiece_train
 ifeq ($(CUDA),1)
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -ldl -lrt
-# forward.c refers to the CUDA backend weakly, which pulls nothing out of a
-# static archive: ask the linker for it so CUDA builds really contain it.
-CUDA_LDFLAGS := -Wl,-u,sfw_backend_cuda_new
 endif
 LDFLAGS := -pthread $(SANFLAGS)
 
@@ -86,8 +83,6 @@ TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 # module is mid-change, and documents the dependency.
 test_modules = $(or $(shell sed -n 's|^/\* modules: \(.*\) \*/$$|\1|p' $(1) | head -n 1),$(MODULES))
 test_libs = $(foreach m,$(call test_modules,$(1)),$(BUILD)/libsfw_$(m).a)
-# Only a test that links the kernels can carry the CUDA backend.
-test_ldflags = $(if $(filter kernels,$(call test_modules,$(1))),$(CUDA_LDFLAGS))
 # Only a test that links tools needs the SentencePiece trainer.
 test_spm = $(if $(filter tools,$(call test_modules,$(1))),$(SPM_TRAIN_LIB))
 TEST_HELPERS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/lib/*.c))
@@ -132,15 +127,14 @@ $(BUILD)/libsalafw.a: $(ALL_OBJS)
 	ar rcs $@ $^
 
 $(BUILD)/salafw: $(CLI_OBJS) $(MODULE_LIBS)
-	$(CXX) $(LDFLAGS) $(CUDA_LDFLAGS) -o $@ $(CLI_OBJS) $(MODULE_LIBS) $(SPM_TRAIN_LIB) $(LDLIBS)
+	$(CXX) $(LDFLAGS) -o $@ $(CLI_OBJS) $(MODULE_LIBS) $(SPM_TRAIN_LIB) $(LDLIBS)
 
 # A test links the module archives; tests/lib/*.c are shared test helpers.
 .SECONDEXPANSION:
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_HELPERS) $$(call test_libs,tests/%.c)
-	$(CXX) $(LDFLAGS) $(call test_ldflags,tests/$*.c) -o $@ $< $(TEST_HELPERS) $(call test_libs,tests/$*.c) \
-	  $(call test_spm,tests/$*.c) $(LDLIBS)
+	$(CXX) $(LDFLAGS) -o $@ $< $(TEST_HELPERS) $(call test_libs,tests/$*.c) $(call test_spm,tests/$*.c) $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(MODULE_LIBS)
-	$(CXX) $(LDFLAGS) $(CUDA_LDFLAGS) -o $@ $< $(MODULE_LIBS) $(SPM_TRAIN_LIB) $(LDLIBS)
+	$(CXX) $(LDFLAGS) -o $@ $< $(MODULE_LIBS) $(SPM_TRAIN_LIB) $(LDLIBS)
 
 test: all
 	@BUILD=$(BUILD) bash tests/run.sh

@@ -37,10 +37,9 @@ struct sfw_backend_opts {
 	int attn;            /* attention kernels: 0 auto, 1 CUDA cores only, 2 tensor cores wherever supported */
 	int stage1;          /* stage-1 scoring kernels: the same */
 	int gla_serial;      /* Lightning prefill walks each head's chunks in one block */
-	int no_step_graph;   /* graphs over runs of lightning layers only, not the whole decode step */
 	int no_merge;        /* separate projection GEMVs */
 	int no_fuse;         /* unfused add + RMSNorm and q/k norm + RoPE */
-	int no_graph;        /* no decode graphs */
+	int no_graph;        /* no decode-step graphs: every op launched one by one */
 	int no_sample;       /* choose the next token on the host */
 	int step_sync;       /* the old per-step host waits */
 	int profile;         /* device time per op, printed when the model is freed */

@@ -29,10 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* forward.c refers to the CUDA backend weakly: make sure it is linked. */
-enum sfw_status (*const gpu_batch_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					 struct sfw_err *) = sfw_backend_cuda_new;
-
 #define STEPS 24
 #define CHUNK 200
 

@@ -19,11 +19,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* forward.c refers to the CUDA backend weakly: make sure this binary has it
- * even if the link flags change. */
-enum sfw_status (*const gpu_golden_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					  struct sfw_err *) = sfw_backend_cuda_new;
-
 static struct sfw_record *run_on(struct sfw_model *m, const struct sfw_st_file *g, double *secs)
 {
 	struct sfw_err err = {0};

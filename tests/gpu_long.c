@@ -28,9 +28,6 @@
 #include <string.h>
 #include <time.h>
 
-enum sfw_status (*const gpu_long_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					  struct sfw_err *) = sfw_backend_cuda_new;
-
 #define STEPS 4
 
 static double now_s(void)

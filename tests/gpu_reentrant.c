@@ -8,10 +8,6 @@
  * the later runs must give the logits of the runs alone bit for bit. */
 #include "runner/backend.h"
 
-/* forward.c refers to the CUDA backend weakly: make sure it is linked. */
-enum sfw_status (*const gpu_reentrant_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					       struct sfw_err *) = sfw_backend_cuda_new;
-
 #define RE_CUDA 1
 #define RE_NAME "gpu_reentrant"
 #define RE_DEVICE SFW_DEVICE_CUDA

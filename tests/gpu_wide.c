@@ -33,10 +33,6 @@
 
 #include <time.h>
 
-/* forward.c refers to the CUDA backend weakly: make sure this binary has it. */
-enum sfw_status (*const gpu_wide_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					  struct sfw_err *) = sfw_backend_cuda_new;
-
 static double now_s(void)
 {
 	struct timespec ts;
