@@ -13,7 +13,10 @@
  *      and a perturbed attn_dense (scale) must fail;
  *   4. the memory plan (runner/bench.h) against what the CPU backend
  *      allocates for a context (a counting wrapper around the model's
- *      backend), for three models and three contexts. */
+ *      backend), for three models and four contexts;
+ *   5. the comparison gpu_backend_ops makes (the table's tolerances), on a
+ *      CPU backend whose outputs come back rounded to bf16: it passes, and
+ *      mutants it could hide fail. */
 #include "check.h"
 #include "lib/backend_ops.h"
 #include "lib/compare.h"
@@ -226,6 +229,72 @@ static void mutant(struct sfw_backend *real, struct sfw_backend *ref, const char
 	CHECK(r.failed == 0 && r.passed > 0, "unmutated %s: %d cases pass", filter, r.passed);
 }
 
+/* ---- 5. the tolerance path, as gpu_backend_ops takes it -------------------------
+ * A CPU backend whose activations come back rounded to bf16 (one rounding
+ * point on every output read, the least a bf16 backend does) must pass the
+ * table's tolerances, and mutants that a bf16 backend could hide behind
+ * them must not: the same code path as the CUDA comparison, run here. */
+
+static void bf16_to_host_f32(struct sfw_backend *be, float *dst, const void *src, size_t off, size_t n)
+{
+	(void)be;
+	g_real->to_host_f32(g_real, dst, src, off, n);
+	for (size_t i = 0; i < n; i++)
+		dst[i] = bo_bf16_round(dst[i]);
+}
+
+static void bad5_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows, int n,
+			 float eps)
+{
+	(void)be;
+	g_real->rmsnorm(g_real, y, x, w, rows, n, eps + 0.1f);
+}
+
+static void bad5_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
+			    int nh, float scale)
+{
+	(void)be;
+	g_real->attn_dense(g_real, o, q, c, layer, T, nh, scale * 1.2f);
+}
+
+static void bad5_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
+		     int layer, const float *decay, int T, int nh, int hd, float scale)
+{
+	(void)be;
+	g_real->gla(g_real, o, q, k, v, c, layer, decay, T, nh, hd, scale * 1.05f);
+}
+
+static void tolerance_path(struct sfw_backend *real, struct sfw_backend *ref)
+{
+	struct sfw_backend b = *real;
+	g_real = real;
+	b.name = "cpu (bf16 outputs)";
+	b.to_host_f32 = bf16_to_host_f32;
+	struct bo_opts o = {0, 11, NULL, getenv("CHECK_VERBOSE") != NULL, 0};
+	struct bo_result r;
+	bo_run(&b, ref, &o, &r);
+	check_passed_ += r.checks_passed, check_failed_ += r.checks_failed;
+	CHECK(r.failed == 0 && r.passed == r.cases - 6, "bf16-rounded outputs within the tolerances: %d of %d cases pass",
+	      r.passed, r.cases - r.skipped);
+	static const struct {
+		const char *filter;
+		int which;
+	} mu[] = {{"rmsnorm", 0}, {"attn_dense", 1}, {"gla", 2}};
+	for (size_t i = 0; i < sizeof(mu) / sizeof(mu[0]); i++) {
+		struct sfw_backend m = b;
+		if (mu[i].which == 0)
+			m.rmsnorm = bad5_rmsnorm;
+		else if (mu[i].which == 1)
+			m.attn_dense = bad5_attn_dense;
+		else
+			m.gla = bad5_gla;
+		struct bo_opts q = {0, 11, mu[i].filter, 0, 1};
+		bo_run(&m, ref, &q, &r);
+		CHECK(r.failed > 0 && r.failed == r.cases - r.skipped, "tolerance mutant %s: all %d cases fail (%d failed)",
+		      mu[i].filter, r.cases - r.skipped, r.failed);
+	}
+}
+
 /* ---- 4. the memory plan ---------------------------------------------------------- */
 
 /* Bytes the heap holds now (glibc: every arena plus mmapped chunks). */
@@ -322,6 +391,8 @@ int main(void)
 		/* 3. the table catches a wrong op */
 		mutant(be, ref, "rmsnorm", 0);
 		mutant(be, ref, "attn_dense", 1);
+		/* 5. the tolerance path of gpu_backend_ops */
+		tolerance_path(be, ref);
 		/* 4. the memory plan against the allocations */
 		const char *g = check_golden_dir();
 		if (g) {
