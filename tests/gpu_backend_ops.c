@@ -140,9 +140,9 @@ int main(int argc, char **argv)
 	bo_run(be, ref, &o, &r);
 	fold(&r);
 	/* default options: no matmul_silu (w8_silu off: 2 cases) and no paged
-	 * pool (1 case) on the CUDA backend */
-	CHECK(r.failed == 0 && r.skipped == 3 && r.passed == r.cases - 3,
-	      "cuda vs cpu: %d cases passed, %d failed, %d skipped (3 expected)", r.passed, r.failed, r.skipped);
+	 * pool (1 case) on the CUDA backend today: at most 3 skipped */
+	CHECK(r.failed == 0 && r.skipped <= 3 && r.passed == r.cases - r.skipped && (o.filter || r.passed >= 73),
+	      "cuda vs cpu: %d cases passed, %d failed, %d skipped (at most 3)", r.passed, r.failed, r.skipped);
 	be->destroy(be);
 	/* the int8 SwiGLU GEMV the default leaves off */
 	bo.w8_silu = 1;

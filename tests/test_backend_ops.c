@@ -27,10 +27,12 @@
 #include "runner/model.h"
 
 #include <malloc.h>
+#ifdef __SANITIZE_ADDRESS__
+size_t __sanitizer_get_current_allocated_bytes(void); /* the ASan runtime's (sanitizer/allocator_interface.h) */
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* ---- 2. scalar references ----------------------------------------------------- */
 
@@ -274,8 +276,8 @@ static void tolerance_path(struct sfw_backend *real, struct sfw_backend *ref)
 	struct bo_result r;
 	bo_run(&b, ref, &o, &r);
 	check_passed_ += r.checks_passed, check_failed_ += r.checks_failed;
-	CHECK(r.failed == 0 && r.passed == r.cases - 6, "bf16-rounded outputs within the tolerances: %d of %d cases pass",
-	      r.passed, r.cases - r.skipped);
+	CHECK(r.failed == 0 && r.passed == r.cases - r.skipped && r.passed >= 70,
+	      "bf16-rounded outputs within the tolerances: %d of %d cases pass", r.passed, r.cases - r.skipped);
 	static const struct {
 		const char *filter;
 		int which;
@@ -297,11 +299,16 @@ static void tolerance_path(struct sfw_backend *real, struct sfw_backend *ref)
 
 /* ---- 4. the memory plan ---------------------------------------------------------- */
 
-/* Bytes the heap holds now (glibc: every arena plus mmapped chunks). */
+/* Bytes the heap holds now (glibc: every arena plus mmapped chunks; under
+ * ASan, which replaces malloc, its allocator's count). */
 static size_t heap_now(void)
 {
+#ifdef __SANITIZE_ADDRESS__
+	return __sanitizer_get_current_allocated_bytes();
+#else
 	struct mallinfo2 mi = mallinfo2();
 	return mi.uordblks + mi.hblkhd;
+#endif
 }
 
 /* The plan is the CUDA backend's (bf16 activations and KV, fp32 lightning
@@ -339,12 +346,14 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 		/* activations: exact but for the 16-byte next-token slot the plan leaves out */
 		CHECK(fabs((double)w->alloc_live - act) <= 64, "%s, %lld tokens, %d-row pieces: activations %zu B, plan %.0f B (x2 for fp32)",
 		      dir, (long long)n_ctx, chunk, w->alloc_live, act);
-		/* caches: within 1% + 64 KiB (malloc headers, page-rounded mmapped chunks) */
-		CHECK(fabs((double)w->cache_bytes - cache) <= 0.01 * cache + 65536,
+		/* caches: within 64 KiB, the cache's bookkeeping (672 B under ASan,
+		 * which counts requested bytes) and glibc's page rounding of the
+		 * mmapped K, V and compressed-key buffers (4 per sparse layer) */
+		CHECK(fabs((double)w->cache_bytes - cache) <= 65536,
 		      "%s, %lld tokens: caches %lld B, plan %.0f B (KV %.0f + compressed %.0f, x2 for fp32, + lightning %.0f)", dir,
 		      (long long)n_ctx, w->cache_bytes, cache, p.kv, p.compressed, p.lightning);
 		/* and nothing else of size: the whole context is those two + bookkeeping */
-		CHECK(fabs((double)heap - act - cache) <= 0.01 * (act + cache) + 131072,
+		CHECK(fabs((double)heap - act - cache) <= 131072,
 		      "%s: the context's heap %lld B = activations + caches %.0f B", dir, heap, act + cache);
 		/* a prompt within the reservation allocates no cache memory */
 		int32_t *ids = malloc((size_t)prompt * sizeof(int32_t));
@@ -380,10 +389,10 @@ int main(void)
 	struct bo_result r;
 	bo_run(be, ref, &o, &r);
 	check_passed_ += r.checks_passed, check_failed_ += r.checks_failed;
-	/* the CPU backend has no matmul_silu, qk_norm_rope or copy member:
-	 * those 2 + 3 + 1 cases are the skips */
-	CHECK(r.failed == 0 && r.skipped == 6 && r.passed == r.cases - 6,
-	      "3 threads vs 1: %d cases passed bit for bit, %d failed, %d skipped (6 expected)", r.passed, r.failed,
+	/* the CPU backend has no matmul_silu, qk_norm_rope or copy member
+	 * today: at most those 2 + 3 + 1 cases are skipped */
+	CHECK(r.failed == 0 && r.skipped <= 6 && r.passed == r.cases - r.skipped && (o.filter || r.passed >= 70),
+	      "3 threads vs 1: %d cases passed bit for bit, %d failed, %d skipped (at most 6)", r.passed, r.failed,
 	      r.skipped);
 	if (!o.filter) {
 		/* 2. against the formulas */

@@ -665,8 +665,8 @@ static void t_sample(struct run *x)
 		for (int i = 0; i < 2; i++) {
 			struct sfw_backend *b = x->b[i];
 			float *d = dup_raw(b, l, (size_t)c->N * 4);
-			int32_t init = -2;
-			int32_t *o = dup_raw(b, &init, 16);
+			int32_t init[4] = {-2, -2, -2, -2};
+			int32_t *o = dup_raw(b, init, sizeof(init));
 			b->sample(b, o, d, c->N, p, u);
 			b->to_host(b, &id[i], o, 4);
 			b->free(b, d), b->free(b, o);
@@ -1137,8 +1137,7 @@ static enum sfw_status cw_cache_reserve(struct sfw_backend *be, struct sfw_bcach
 	struct bo_counting *w = CW(be);
 	size_t t0 = w->now();
 	enum sfw_status s = w->real->cache_reserve(w->real, c, tokens, err);
-	long long dl = delta(t0, w->now());
-	w->cache_bytes += dl, w->cache_reserve_bytes += dl, w->cache_reserves++;
+	w->cache_bytes += delta(t0, w->now());
 	return s;
 }
 

@@ -74,9 +74,7 @@ struct bo_counting {
 	struct sfw_backend *real;
 	size_t (*now)(void);
 	size_t alloc_live, alloc_peak;
-	long long cache_bytes;   /* sum of now() deltas across cache_new / cache_reserve / cache_free */
-	long long cache_reserve_bytes; /* the cache_reserve part of it */
-	int cache_reserves;
+	long long cache_bytes; /* sum of now() deltas across cache_new / cache_reserve / cache_free */
 	struct bo_block {
 		void *p;
 		size_t n;
