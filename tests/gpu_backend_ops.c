@@ -25,7 +25,7 @@
 
 /* forward.c refers to the CUDA backend weakly: make sure it is linked. */
 enum sfw_status (*const gpu_backend_ops_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					       struct sfw_err *) = sfw_backend_cuda_new;
+						 struct sfw_err *) = sfw_backend_cuda_new;
 
 static size_t cuda_live(void)
 {
@@ -66,7 +66,8 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 	double fixed = 96 * MIB, sel = p.scratch - fixed;
 	double placed = (double)cuda_live() - (double)live0 - fixed;
 	CHECK(placed >= p.weights && placed <= p.weights * 1.01 + 4 * MIB + 4096,
-	      "%s: weights and slabs %.0f B, plan %.0f B (+ at most the first 4 MiB slab)", dir, placed, p.weights);
+	      "%s: weights and slabs %.0f B, plan %.0f B (+ at most the first 4 MiB slab)", dir, placed,
+	      p.weights);
 	struct bo_counting *w = bo_counting_wrap(m->be, cuda_live);
 	m->be = &w->be;
 	struct sfw_ctx_params cp = sfw_ctx_default_params();
@@ -77,18 +78,23 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 	CHECK(sfw_ctx_new(m, &cp, &c, &err) == SFW_OK, "context of %lld: %s", (long long)n_ctx, err.msg);
 	sfw_cuda_mem_info(&fr1, &tot);
 	if (c) {
-		double extra = 64 + (double)cf->num_hidden_layers * cf->num_key_value_heads * cf->sparse_k * 4;
+		double extra =
+		    64 + (double)cf->num_hidden_layers * cf->num_key_value_heads * cf->sparse_k * 4;
 		double cache = p.kv + p.compressed + p.lightning;
-		CHECK((double)w->alloc_live >= p.activations && (double)w->alloc_live <= p.activations + extra,
-		      "%s, %lld tokens, %d-row pieces: activations %zu B, plan %.0f B (+ %.0f unplanned)", dir, (long long)n_ctx,
-		      chunk, w->alloc_live, p.activations, extra);
-		CHECK(fabs((double)w->cache_bytes - cache) <= 0.001 * cache + 4096,
-		      "%s, %lld tokens: caches %lld B, plan %.0f B (KV %.0f, compressed %.0f, lightning %.0f)", dir,
-		      (long long)n_ctx, w->cache_bytes, cache, p.kv, p.compressed, p.lightning);
+		CHECK((double)w->alloc_live >= p.activations &&
+			  (double)w->alloc_live <= p.activations + extra,
+		      "%s, %lld tokens, %d-row pieces: activations %zu B, plan %.0f B (+ %.0f unplanned)",
+		      dir, (long long)n_ctx, chunk, w->alloc_live, p.activations, extra);
+		CHECK(
+		    fabs((double)w->cache_bytes - cache) <= 0.001 * cache + 4096,
+		    "%s, %lld tokens: caches %lld B, plan %.0f B (KV %.0f, compressed %.0f, lightning %.0f)",
+		    dir, (long long)n_ctx, w->cache_bytes, cache, p.kv, p.compressed, p.lightning);
 		if (driver) { /* the driver's view, at a size where its 2 MiB granules do not matter */
 			double used = (double)fr0 - (double)fr1, want = cache + p.activations;
 			CHECK(used >= 0.99 * want && used <= 1.05 * want + 16 * MIB,
-			      "%s: the driver's free memory fell by %.0f B for a context the plan puts at %.0f B", dir, used, want);
+			      "%s: the driver's free memory fell by %.0f B for a context the plan puts at "
+			      "%.0f B",
+			      dir, used, want);
 		}
 		if (prompt > 0) {
 			int32_t *ids = malloc((size_t)prompt * sizeof(int32_t));
@@ -97,28 +103,31 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 			long long before = w->cache_bytes;
 			size_t base = cuda_live(), peak = 0;
 			sfw_cuda_mem_reset_peak();
-			CHECK(sfw_ctx_prefill(c, ids, (size_t)prompt, NULL, &err) == SFW_OK, "prefill %lld: %s", (long long)prompt,
-			      err.msg);
+			CHECK(sfw_ctx_prefill(c, ids, (size_t)prompt, NULL, &err) == SFW_OK,
+			      "prefill %lld: %s", (long long)prompt, err.msg);
 			sfw_cuda_mem_stats(NULL, &peak, NULL);
 			double grew = (double)peak - (double)base;
-			CHECK(w->cache_bytes == before, "%s: a %lld-token prompt in a %lld-token context grows no cache (%+lld B)",
-			      dir, (long long)prompt, (long long)n_ctx, w->cache_bytes - before);
-			CHECK(grew <= sel + 4096, "%s: the call's peak growth %.0f B within the planned selection scratch %.0f B",
+			CHECK(w->cache_bytes == before,
+			      "%s: a %lld-token prompt in a %lld-token context grows no cache (%+lld B)", dir,
+			      (long long)prompt, (long long)n_ctx, w->cache_bytes - before);
+			CHECK(grew <= sel + 4096,
+			      "%s: the call's peak growth %.0f B within the planned selection scratch %.0f B",
 			      dir, grew, sel);
 			CHECK((double)peak - (double)live0 <= p.total * 1.01 + 4 * MIB,
-			      "%s: peak device memory %.0f B within the plan's total %.0f B", dir, (double)peak - (double)live0,
-			      p.total);
-			printf("plan %s at %lld tokens on cuda: weights %.0f B (plan %.0f), activations %zu B (plan %.0f), caches "
+			      "%s: peak device memory %.0f B within the plan's total %.0f B", dir,
+			      (double)peak - (double)live0, p.total);
+			printf("plan %s at %lld tokens on cuda: weights %.0f B (plan %.0f), activations %zu "
+			       "B (plan %.0f), caches "
 			       "%lld B (plan %.0f), a %lld-token call's scratch %.0f B (plan at most %.0f)\n",
-			       dir, (long long)n_ctx, placed, p.weights, w->alloc_live, p.activations, w->cache_bytes, cache,
-			       (long long)prompt, grew, sel);
+			       dir, (long long)n_ctx, placed, p.weights, w->alloc_live, p.activations,
+			       w->cache_bytes, cache, (long long)prompt, grew, sel);
 			free(ids);
 		}
 		sfw_ctx_free(c);
 	}
 	CHECK(w->alloc_live == 0 && llabs(w->cache_bytes) <= 4096,
-	      "%s: freeing the context gives everything back (%zu B of buffers, %lld B of caches left)", dir, w->alloc_live,
-	      w->cache_bytes);
+	      "%s: freeing the context gives everything back (%zu B of buffers, %lld B of caches left)", dir,
+	      w->alloc_live, w->cache_bytes);
 	sfw_model_free(m);
 }
 
@@ -130,7 +139,7 @@ static void plan_checks(void)
 		char d1[4096], d2[4096];
 		snprintf(d1, sizeof(d1), "%s/tiny-sparse", g);
 		snprintf(d2, sizeof(d2), "%s/tiny-dense", g);
-		plan_check(d1, 1000, 256, 600, 0);  /* past dense_len 512: the selection scratch */
+		plan_check(d1, 1000, 256, 600, 0); /* past dense_len 512: the selection scratch */
 		plan_check(d1, 131072, 256, 0, 1); /* a large context: the driver's view too */
 		plan_check(d2, 2048, 128, 300, 0);
 	}
@@ -180,8 +189,8 @@ int main(int argc, char **argv)
 		os.filter = "matmul_silu";
 		bo_run(be, ref, &os, &r);
 		fold(&r);
-		CHECK(r.failed == 0 && r.skipped == 0 && r.passed == 2, "w8_silu: %d matmul_silu cases passed (2), %d skipped",
-		      r.passed, r.skipped);
+		CHECK(r.failed == 0 && r.skipped == 0 && r.passed == 2,
+		      "w8_silu: %d matmul_silu cases passed (2), %d skipped", r.passed, r.skipped);
 	}
 	if (be)
 		be->destroy(be);
@@ -193,8 +202,10 @@ int main(int argc, char **argv)
 		fold(&r);
 		/* default options: no matmul_silu (w8_silu off: 2 cases) and no
 		 * paged pool (1 case) on the CUDA backend today: at most 3 skipped */
-		CHECK(r.failed == 0 && r.skipped <= 3 && r.passed == r.cases - r.skipped && (filter || r.passed >= 73),
-		      "cuda vs cpu: %d cases passed, %d failed, %d skipped (at most 3)", r.passed, r.failed, r.skipped);
+		CHECK(r.failed == 0 && r.skipped <= 3 && r.passed == r.cases - r.skipped &&
+			  (filter || r.passed >= 73),
+		      "cuda vs cpu: %d cases passed, %d failed, %d skipped (at most 3)", r.passed, r.failed,
+		      r.skipped);
 		be->destroy(be);
 	}
 	ref->destroy(ref);

@@ -11,12 +11,12 @@
  *      wrong answers;
  *   3. mutants: the table run on a backend with a perturbed rmsnorm (eps)
  *      and a perturbed attn_dense (scale) must fail;
- *   4. the memory plan (runner/bench.h) against what the CPU backend
- *      allocates for a context (a counting wrapper around the model's
- *      backend), for three models and four contexts;
- *   5. the comparison gpu_backend_ops makes (the table's tolerances), on a
+ *   4. the comparison gpu_backend_ops makes (the table's tolerances), on a
  *      CPU backend whose outputs come back rounded to bf16: it passes, and
- *      mutants it could hide fail. */
+ *      mutants it could hide fail;
+ *   5. the memory plan (runner/bench.h) against what the CPU backend
+ *      allocates for a context (a counting wrapper around the model's
+ *      backend), for three models and four contexts. */
 #include "check.h"
 #include "lib/backend_ops.h"
 #include "lib/compare.h"
@@ -28,7 +28,8 @@
 
 #include <malloc.h>
 #ifdef __SANITIZE_ADDRESS__
-size_t __sanitizer_get_current_allocated_bytes(void); /* the ASan runtime's (sanitizer/allocator_interface.h) */
+size_t
+__sanitizer_get_current_allocated_bytes(void); /* the ASan runtime's (sanitizer/allocator_interface.h) */
 #endif
 #include <math.h>
 #include <stdlib.h>
@@ -46,7 +47,8 @@ static void cmp_ref(const char *what, const float *got, const double *ref, size_
 		r[i] = (float)ref[i];
 	struct cmp_stats s = cmp_stats(got, r, n);
 	CHECK(s.bad == 0 && s.nmse <= 1e-10 && s.maxd <= 1e-5 * (s.maxr > 0 ? s.maxr : 1),
-	      "%s against the scalar reference: NMSE %.2e, max|d| %.2e of max|ref| %.3g", what, s.nmse, s.maxd, s.maxr);
+	      "%s against the scalar reference: NMSE %.2e, max|d| %.2e of max|ref| %.3g", what, s.nmse,
+	      s.maxd, s.maxr);
 	free(r);
 }
 
@@ -159,28 +161,38 @@ static void scalar_refs(struct sfw_backend *be)
 		  {SFW_OP_W8, SFW_OP_BF16, SFW_QL_GROUP_CHANNEL, "matmul w8 channel bf16 scales"}};
 	for (size_t i = 0; i < sizeof(mm) / sizeof(mm[0]); i++) {
 		struct bo_weight W;
-		CHECK(bo_weight_make(&W, mm[i].dt, mm[i].sdt, mm[i].group, N, K, 0.05f, 0, &rng) == 0, "weight");
+		CHECK(bo_weight_make(&W, mm[i].dt, mm[i].sdt, mm[i].group, N, K, 0.05f, 0, &rng) == 0,
+		      "weight");
 		CHECK(be->weight_upload(be, &W.w[0], NULL) == SFW_OK, "upload");
 		float *dz = be->alloc(be, (size_t)M * N * sizeof(float));
 		be->matmul(be, dz, dy, &W.w[0], M); /* dy holds x * sigmoid(b) */
 		float *in = back(be, dy, n);
-		int64_t rb = sfw_ql_row_bytes(K), span = sfw_ql_group_span(K, mm[i].group), ng = sfw_ql_ngroups(K, mm[i].group);
+		int64_t rb = sfw_ql_row_bytes(K), span = sfw_ql_group_span(K, mm[i].group),
+			ng = sfw_ql_ngroups(K, mm[i].group);
 		for (int m = 0; m < M; m++)
 			for (int o = 0; o < N; o++) {
 				double s = 0;
 				for (int k = 0; k < K; k++) {
 					double wv;
 					if (mm[i].dt == SFW_OP_BF16) {
-						wv = sfw_op_bf16(((const uint16_t *)W.host)[(size_t)o * K + k]);
+						wv = sfw_op_bf16(
+						    ((const uint16_t *)W.host)[(size_t)o * K + k]);
 					} else if (mm[i].dt == SFW_OP_F32) {
 						wv = ((const float *)W.host)[(size_t)o * K + k];
 					} else {
 						size_t si = (size_t)(o * ng + k / span);
-						double sc = mm[i].sdt == SFW_OP_F32 ? ((const float *)W.scales)[si]
-							    : mm[i].sdt == SFW_OP_BF16 ? sfw_op_bf16(((const uint16_t *)W.scales)[si])
-							    : ldexp(1.0 + (((const uint16_t *)W.scales)[si] & 1023) / 1024.0,
-								    ((((const uint16_t *)W.scales)[si] >> 10) & 31) - 15);
-						wv = (double)(((const uint8_t *)W.host)[o * rb + k] - 128) * sc;
+						double sc =
+						    mm[i].sdt == SFW_OP_F32 ? ((const float *)W.scales)[si]
+						    : mm[i].sdt == SFW_OP_BF16
+							? sfw_op_bf16(((const uint16_t *)W.scales)[si])
+							: ldexp(1.0 + (((const uint16_t *)W.scales)[si] &
+								       1023) /
+									  1024.0,
+								((((const uint16_t *)W.scales)[si] >> 10) &
+								 31) -
+								    15);
+						wv = (double)(((const uint8_t *)W.host)[o * rb + k] - 128) *
+						     sc;
 					}
 					s += (double)in[m * K + k] * wv;
 				}
@@ -198,15 +210,15 @@ static void scalar_refs(struct sfw_backend *be)
 
 static struct sfw_backend *g_real; /* the backend the mutants forward to */
 
-static void bad_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows, int n,
-			float eps)
+static void bad_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows,
+			int n, float eps)
 {
 	(void)be;
 	g_real->rmsnorm(g_real, y, x, w, rows, n, eps + 1e-3f);
 }
 
-static void bad_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
-			   int nh, float scale)
+static void bad_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
+			   int T, int nh, float scale)
 {
 	(void)be;
 	g_real->attn_dense(g_real, o, q, c, layer, T, nh, scale * 1.001f);
@@ -223,15 +235,15 @@ static void mutant(struct sfw_backend *real, struct sfw_backend *ref, const char
 	struct bo_opts o = {1, 7, filter, 0, 1};
 	struct bo_result r;
 	bo_run(&m, ref, &o, &r);
-	CHECK(r.failed > 0 && r.failed == r.cases - r.skipped, "mutant %s: all %d cases fail (%d failed)", filter,
-	      r.cases - r.skipped, r.failed);
+	CHECK(r.failed > 0 && r.failed == r.cases - r.skipped, "mutant %s: all %d cases fail (%d failed)",
+	      filter, r.cases - r.skipped, r.failed);
 	/* the same cases on the real backend pass: the failures are the mutant's */
 	o.quiet = 0;
 	bo_run(real, ref, &o, &r);
 	CHECK(r.failed == 0 && r.passed > 0, "unmutated %s: %d cases pass", filter, r.passed);
 }
 
-/* ---- 5. the tolerance path, as gpu_backend_ops takes it -------------------------
+/* ---- 4. the tolerance path, as gpu_backend_ops takes it -------------------------
  * A CPU backend whose activations come back rounded to bf16 (one rounding
  * point on every output read, the least a bf16 backend does) must pass the
  * table's tolerances, and mutants that a bf16 backend could hide behind
@@ -245,22 +257,22 @@ static void bf16_to_host_f32(struct sfw_backend *be, float *dst, const void *src
 		dst[i] = bo_bf16_round(dst[i]);
 }
 
-static void bad5_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows, int n,
-			 float eps)
+static void bad5_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
+			 int rows, int n, float eps)
 {
 	(void)be;
 	g_real->rmsnorm(g_real, y, x, w, rows, n, eps + 0.1f);
 }
 
-static void bad5_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
-			    int nh, float scale)
+static void bad5_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
+			    int T, int nh, float scale)
 {
 	(void)be;
 	g_real->attn_dense(g_real, o, q, c, layer, T, nh, scale * 1.2f);
 }
 
-static void bad5_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
-		     int layer, const float *decay, int T, int nh, int hd, float scale)
+static void bad5_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
+		     struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale)
 {
 	(void)be;
 	g_real->gla(g_real, o, q, k, v, c, layer, decay, T, nh, hd, scale * 1.05f);
@@ -277,7 +289,8 @@ static void tolerance_path(struct sfw_backend *real, struct sfw_backend *ref)
 	bo_run(&b, ref, &o, &r);
 	check_passed_ += r.checks_passed, check_failed_ += r.checks_failed;
 	CHECK(r.failed == 0 && r.passed == r.cases - r.skipped && r.passed >= 70,
-	      "bf16-rounded outputs within the tolerances: %d of %d cases pass", r.passed, r.cases - r.skipped);
+	      "bf16-rounded outputs within the tolerances: %d of %d cases pass", r.passed,
+	      r.cases - r.skipped);
 	static const struct {
 		const char *filter;
 		int which;
@@ -292,12 +305,13 @@ static void tolerance_path(struct sfw_backend *real, struct sfw_backend *ref)
 			m.gla = bad5_gla;
 		struct bo_opts q = {0, 11, mu[i].filter, 0, 1};
 		bo_run(&m, ref, &q, &r);
-		CHECK(r.failed > 0 && r.failed == r.cases - r.skipped, "tolerance mutant %s: all %d cases fail (%d failed)",
-		      mu[i].filter, r.cases - r.skipped, r.failed);
+		CHECK(r.failed > 0 && r.failed == r.cases - r.skipped,
+		      "tolerance mutant %s: all %d cases fail (%d failed)", mu[i].filter, r.cases - r.skipped,
+		      r.failed);
 	}
 }
 
-/* ---- 4. the memory plan ---------------------------------------------------------- */
+/* ---- 5. the memory plan ---------------------------------------------------------- */
 
 /* Bytes the heap holds now (glibc: every arena plus mmapped chunks; under
  * ASan, which replaces malloc, its allocator's count). */
@@ -341,17 +355,20 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 	CHECK(sfw_ctx_new(m, &cp, &c, &err) == SFW_OK, "context: %s", err.msg);
 	long long heap = (long long)heap_now() - (long long)h0;
 	if (c) {
-		double R = chunk, nonact = R * 4 + (double)cf->num_key_value_heads * R * cf->sparse_k * 4 + (double)cf->vocab_size * 4;
+		double R = chunk, nonact = R * 4 + (double)cf->num_key_value_heads * R * cf->sparse_k * 4 +
+					   (double)cf->vocab_size * 4;
 		double act = 2 * p.activations - nonact, cache = 2 * (p.kv + p.compressed) + p.lightning;
 		/* activations: exact but for the 16-byte next-token slot the plan leaves out */
-		CHECK(fabs((double)w->alloc_live - act) <= 64, "%s, %lld tokens, %d-row pieces: activations %zu B, plan %.0f B (x2 for fp32)",
-		      dir, (long long)n_ctx, chunk, w->alloc_live, act);
+		CHECK(fabs((double)w->alloc_live - act) <= 64,
+		      "%s, %lld tokens, %d-row pieces: activations %zu B, plan %.0f B (x2 for fp32)", dir,
+		      (long long)n_ctx, chunk, w->alloc_live, act);
 		/* caches: within 64 KiB, the cache's bookkeeping (672 B under ASan,
 		 * which counts requested bytes) and glibc's page rounding of the
 		 * mmapped K, V and compressed-key buffers (4 per sparse layer) */
 		CHECK(fabs((double)w->cache_bytes - cache) <= 65536,
-		      "%s, %lld tokens: caches %lld B, plan %.0f B (KV %.0f + compressed %.0f, x2 for fp32, + lightning %.0f)", dir,
-		      (long long)n_ctx, w->cache_bytes, cache, p.kv, p.compressed, p.lightning);
+		      "%s, %lld tokens: caches %lld B, plan %.0f B (KV %.0f + compressed %.0f, x2 for fp32, "
+		      "+ lightning %.0f)",
+		      dir, (long long)n_ctx, w->cache_bytes, cache, p.kv, p.compressed, p.lightning);
 		/* and nothing else of size: the whole context is those two + bookkeeping */
 		CHECK(fabs((double)heap - act - cache) <= 131072,
 		      "%s: the context's heap %lld B = activations + caches %.0f B", dir, heap, act + cache);
@@ -361,18 +378,21 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 			ids[i] = (int32_t)(1 + (i * 7919) % (cf->vocab_size - 9));
 		long long before = w->cache_bytes;
 		size_t live = w->alloc_live;
-		CHECK(sfw_ctx_prefill(c, ids, (size_t)prompt, NULL, &err) == SFW_OK, "prefill %lld: %s", (long long)prompt, err.msg);
+		CHECK(sfw_ctx_prefill(c, ids, (size_t)prompt, NULL, &err) == SFW_OK, "prefill %lld: %s",
+		      (long long)prompt, err.msg);
 		CHECK(w->cache_bytes == before && w->alloc_live == live,
-		      "%s: a %lld-token prompt in a %lld-token context grows nothing (caches %+lld B, buffers %+lld B)", dir,
-		      (long long)prompt, (long long)n_ctx, w->cache_bytes - before, (long long)w->alloc_live - (long long)live);
+		      "%s: a %lld-token prompt in a %lld-token context grows nothing (caches %+lld B, "
+		      "buffers %+lld B)",
+		      dir, (long long)prompt, (long long)n_ctx, w->cache_bytes - before,
+		      (long long)w->alloc_live - (long long)live);
 		free(ids);
-		printf("plan %s at %lld tokens: activations %zu B (plan %.0f), caches %lld B (plan %.0f)\n", dir,
-		       (long long)n_ctx, w->alloc_live, act, w->cache_bytes, cache);
+		printf("plan %s at %lld tokens: activations %zu B (plan %.0f), caches %lld B (plan %.0f)\n",
+		       dir, (long long)n_ctx, w->alloc_live, act, w->cache_bytes, cache);
 		sfw_ctx_free(c);
 	}
 	CHECK(w->alloc_live == 0 && llabs(w->cache_bytes) <= 65536,
-	      "%s: freeing the context gives everything back (%zu B of buffers, %lld B of caches left)", dir, w->alloc_live,
-	      w->cache_bytes);
+	      "%s: freeing the context gives everything back (%zu B of buffers, %lld B of caches left)", dir,
+	      w->alloc_live, w->cache_bytes);
 	sfw_model_free(m);
 }
 
@@ -391,18 +411,19 @@ int main(void)
 	check_passed_ += r.checks_passed, check_failed_ += r.checks_failed;
 	/* the CPU backend has no matmul_silu, qk_norm_rope or copy member
 	 * today: at most those 2 + 3 + 1 cases are skipped */
-	CHECK(r.failed == 0 && r.skipped <= 6 && r.passed == r.cases - r.skipped && (o.filter || r.passed >= 70),
-	      "3 threads vs 1: %d cases passed bit for bit, %d failed, %d skipped (at most 6)", r.passed, r.failed,
-	      r.skipped);
+	CHECK(r.failed == 0 && r.skipped <= 6 && r.passed == r.cases - r.skipped &&
+		  (o.filter || r.passed >= 70),
+	      "3 threads vs 1: %d cases passed bit for bit, %d failed, %d skipped (at most 6)", r.passed,
+	      r.failed, r.skipped);
 	if (!o.filter) {
 		/* 2. against the formulas */
 		scalar_refs(be);
 		/* 3. the table catches a wrong op */
 		mutant(be, ref, "rmsnorm", 0);
 		mutant(be, ref, "attn_dense", 1);
-		/* 5. the tolerance path of gpu_backend_ops */
+		/* 4. the tolerance path of gpu_backend_ops */
 		tolerance_path(be, ref);
-		/* 4. the memory plan against the allocations */
+		/* 5. the memory plan against the allocations */
 		const char *g = check_golden_dir();
 		if (g) {
 			char d1[4096], d2[4096];

@@ -29,7 +29,7 @@ enum bo_op {
 	BO_COPY,
 	BO_DENSE,  /* cache_reserve + kv_append + attn_dense, call after call */
 	BO_SPARSE, /* kv_append + compress + sparse_select + attn_sparse */
-	BO_GLA,    /* gla against the lightning state, call after call */
+	BO_GLA,	   /* gla against the lightning state, call after call */
 	BO_CACHE,  /* cache_len, cache_ncompressed, cache_reset */
 	BO_POOL,   /* pool_new, paged cache_reserve, pool_used, exhaustion */
 };
@@ -100,71 +100,77 @@ struct bo_case {
  * (K2, N2): the engine's widths are multiples of 64, and a GEMM whose rows
  * are only 2-byte aligned is the table's last case (an abort there names
  * the shape cuBLASLt refused, and nothing else is lost). */
-#define MM1(nm, wdt, sdt, g, M, K, N, tol) {nm " M=" #M, BO_MATMUL, wdt, sdt, g, M, K, N, 0, 0, 0, 0, {0}, tol}
-#define MM(nm, wdt, sdt, g, k, n, K2, N2, tol)                                                            \
-	MM1(nm, wdt, sdt, g, 1, k, n, tol), MM1(nm, wdt, sdt, g, 2, k, n, tol), MM1(nm, wdt, sdt, g, 4, k, n, tol), \
-	MM1(nm, wdt, sdt, g, 8, k, n, tol), MM1(nm, wdt, sdt, g, 17, K2, N2, tol), MM1(nm, wdt, sdt, g, 64, K2, N2, tol)
+#define MM1(nm, wdt, sdt, g, M, K, N, tol)                                                                   \
+	{                                                                                                    \
+		nm " M=" #M, BO_MATMUL, wdt, sdt, g, M, K, N, 0, 0, 0, 0, {0}, tol                           \
+	}
+#define MM(nm, wdt, sdt, g, k, n, K2, N2, tol)                                                               \
+	MM1(nm, wdt, sdt, g, 1, k, n, tol), MM1(nm, wdt, sdt, g, 2, k, n, tol),                              \
+	    MM1(nm, wdt, sdt, g, 4, k, n, tol), MM1(nm, wdt, sdt, g, 8, k, n, tol),                          \
+	    MM1(nm, wdt, sdt, g, 17, K2, N2, tol), MM1(nm, wdt, sdt, g, 64, K2, N2, tol)
 
 static const struct bo_case cases[] = {
-	{"embed bf16", BO_EMBED, BF, 0, 0, 5, 256, 1000, 0, 0, 0, 0, {0}, T1},
-	{"embed bf16 M=64", BO_EMBED, BF, 0, 0, 64, 200, 301, 0, 0, 0, 0, {0}, T1},
-	{"embed f32", BO_EMBED, F32, 0, 0, 17, 130, 77, 0, 0, 0, 0, {0}, T1},
-	{"rmsnorm bf16 w", BO_RMSNORM, BF, 0, 0, 1, 256, 0, 0, 0, 0, 0, {0}, T2},
-	{"rmsnorm bf16 w M=17", BO_RMSNORM, BF, 0, 0, 17, 1030, 0, 0, 0, 0, 0, {0}, T2},
-	{"rmsnorm f32 w per head", BO_RMSNORM, F32, 0, 0, 64 * 4, 64, 0, 0, 0, 0, 0, {0}, T2},
-	{"rmsnorm odd n", BO_RMSNORM, BF, 0, 0, 8, 77, 0, 0, 0, 0, 0, {0}, T2},
-	{"add_scaled", BO_ADD_SCALED, 0, 0, 0, 17, 1023, 0, 0, 0, 0, 0, {0}, T2},
-	{"add_scaled M=1", BO_ADD_SCALED, 0, 0, 0, 1, 8, 0, 0, 0, 0, 0, {0}, T2},
-	{"silu_mul", BO_SILU_MUL, 0, 0, 0, 17, 999, 0, 0, 0, 0, 0, {0}, T2},
-	{"silu_mul M=64", BO_SILU_MUL, 0, 0, 0, 64, 256, 0, 0, 0, 0, 0, {0}, T2},
-	{"sigmoid_mul", BO_SIGMOID_MUL, 0, 0, 0, 8, 513, 0, 0, 0, 0, 0, {0}, T2},
-	{"sigmoid_mul M=1", BO_SIGMOID_MUL, 0, 0, 0, 1, 7, 0, 0, 0, 0, 0, {0}, T2},
-	{"rope hd64", BO_ROPE, 0, 0, 0, 17, 0, 0, 4, 0, 64, 5, {0}, T2},
-	{"rope hd128 far", BO_ROPE, 0, 0, 0, 2, 0, 0, 3, 0, 128, 70000, {0}, T2},
-	{"rope hd32 M=64", BO_ROPE, 0, 0, 0, 64, 0, 0, 2, 0, 32, 0, {0}, T2},
-	MM("matmul bf16", BF, 0, 0, 255, 129, 258, 130, T2),
-	MM("matmul f32", F32, 0, 0, 131, 67, 131, 67, T2), /* a plain kernel for every M on CUDA */
-	MM("matmul w8 g128 bf16 scales", W8, BF, 128, 385, 97, 386, 98, TW8),
-	MM("matmul w8 g32 f16 scales odd K", W8, F16, 32, 199, 77, 202, 78, TW8),
-	{"matmul w8 g64 bf16 scales M=1", BO_MATMUL, W8, BF, 64, 1, 256, 130, 0, 0, 0, 0, {0}, TW8},
-	{"matmul w8 g64 f32 scales M=17", BO_MATMUL, W8, F32, 64, 17, 320, 66, 0, 0, 0, 0, {0}, TW8},
-	{"matmul w8 g64 f16 scales M=8", BO_MATMUL, W8, F16, 64, 8, 192, 33, 0, 0, 0, 0, {0}, TW8},
-	{"matmul w8 channel bf16 scales M=4", BO_MATMUL, W8, BF, CH, 4, 256, 64, 0, 0, 0, 0, {0}, TW8},
-	{"matmul w8 channel f32 scales M=64", BO_MATMUL, W8, F32, CH, 64, 130, 50, 0, 0, 0, 0, {0}, TW8},
-	{"matmul w8 g128 f32 scales M=2 odd K", BO_MATMUL, W8, F32, 128, 2, 301, 40, 0, 0, 0, 0, {0}, TW8},
-	{"matmul w8 g32 bf16 scales M=17", BO_MATMUL, W8, BF, 32, 17, 256, 96, 0, 0, 0, 0, {0}, TW8},
-	{"matmul_silu w8 g128", BO_MATMUL_SILU, W8, BF, 128, 1, 256, 96, 0, 0, 0, 0, {0}, TW8},
-	{"matmul_silu w8 g32", BO_MATMUL_SILU, W8, BF, 32, 1, 512, 64, 0, 0, 0, 0, {0}, TW8},
-	{"logits bf16 M=1", BO_LOGITS, BF, 0, 0, 1, 256, 1001, 0, 0, 0, 0, {0}, T2},
-	{"logits bf16 M=17", BO_LOGITS, BF, 0, 0, 17, 130, 334, 0, 0, 0, 0, {0}, T2},
-	{"logits f32 M=4", BO_LOGITS, F32, 0, 0, 4, 64, 99, 0, 0, 0, 0, {0}, T2},
-	{"logits w8 g128 M=2", BO_LOGITS, W8, BF, 128, 2, 256, 300, 0, 0, 0, 0, {0}, TW8},
-	{"add_rmsnorm M=1", BO_ADD_RMSNORM, BF, 0, 0, 1, 1024, 0, 0, 0, 0, 0, {0}, T2}, /* CUDA: the fused kernel */
-	{"add_rmsnorm M=17", BO_ADD_RMSNORM, BF, 0, 0, 17, 1024, 0, 0, 0, 0, 0, {0}, T2},
-	{"add_rmsnorm odd n", BO_ADD_RMSNORM, F32, 0, 0, 4, 99, 0, 0, 0, 0, 0, {0}, T2},
-	{"add_rmsnorm M=8 n=256", BO_ADD_RMSNORM, BF, 0, 0, 8, 256, 0, 0, 0, 0, 0, {0}, T2}, /* CUDA: the unfused pair */
-	{"qk_norm_rope hd64", BO_QK_NORM_ROPE, BF, 0, 0, 1, 0, 1, 4, 4, 64, 9, {0}, T2},
-	{"qk_norm_rope hd128 M=17", BO_QK_NORM_ROPE, BF, 0, 0, 17, 0, 1, 4, 2, 128, 100, {0}, T2},
-	{"qk_norm_rope no rope M=64", BO_QK_NORM_ROPE, F32, 0, 0, 64, 0, 0, 2, 2, 32, 0, {0}, T2},
-	{"sample greedy", BO_SAMPLE, 0, 0, 0, 0, 0, 1000, 0, 0, 0, 0, {0}, T0},
-	{"sample temperature", BO_SAMPLE, 0, 0, 0, 1, 0, 1000, 0, 0, 0, 0, {0}, T0},
-	{"sample top_k 40", BO_SAMPLE, 0, 0, 0, 2, 0, 5003, 0, 0, 0, 0, {0}, T0},
-	{"sample top_p 0.9", BO_SAMPLE, 0, 0, 0, 3, 0, 777, 0, 0, 0, 0, {0}, T0},
-	{"copy", BO_COPY, 0, 0, 0, 0, 4099, 0, 0, 0, 0, 0, {0}, T0},
-	{"attn_dense prefill+decode", BO_DENSE, 0, 0, 0, 0, 0, 0, 4, 2, 64, 0, {100, 1, 1, 17}, T2},
-	{"attn_dense M=64 hd128", BO_DENSE, 0, 0, 0, 0, 0, 0, 4, 2, 128, 0, {64, 64, 2, 0}, T2},
-	{"attn_dense hd32 MHA", BO_DENSE, 0, 0, 0, 0, 0, 0, 2, 2, 32, 0, {8, 4, 1, 0}, T2},
-	{"attn_sparse decode", BO_SPARSE, 0, 0, 0, 0, 8, 0, 4, 2, 64, 1000, {1, 1, 0, 0}, T2},
-	{"attn_sparse M=17", BO_SPARSE, 0, 0, 0, 0, 8, 0, 4, 2, 64, 1100, {17, 0, 0, 0}, T2},
-	{"attn_sparse M=64 hd128", BO_SPARSE, 0, 0, 0, 0, 6, 0, 4, 2, 128, 700, {64, 1, 0, 0}, T2},
-	{"gla recurrent", BO_GLA, 0, 0, 0, 0, 0, 0, 4, 0, 64, 0, {1, 17, 2, 0}, TGLA},
-	{"gla chunked", BO_GLA, 0, 0, 0, 0, 0, 0, 4, 0, 64, 0, {64, 130, 1, 0}, TGLA},
-	{"gla chunked hd128", BO_GLA, 0, 0, 0, 0, 0, 0, 2, 0, 128, 0, {200, 8, 0, 0}, TGLA},
-	{"gla hd32 M=4", BO_GLA, 0, 0, 0, 0, 0, 0, 3, 0, 32, 0, {4, 4, 70, 0}, TGLA},
-	{"cache reserve/len/reset", BO_CACHE, 0, 0, 0, 0, 0, 0, 4, 2, 64, 0, {0}, TGLA},
-	{"pool exhaustion", BO_POOL, 0, 0, 0, 0, 0, 0, 4, 2, 64, 0, {0}, T2},
-	/* last (see MM above) */
-	{"matmul bf16 M=17 odd K and N", BO_MATMUL, BF, 0, 0, 17, 255, 129, 0, 0, 0, 0, {0}, T2},
+    {"embed bf16", BO_EMBED, BF, 0, 0, 5, 256, 1000, 0, 0, 0, 0, {0}, T1},
+    {"embed bf16 M=64", BO_EMBED, BF, 0, 0, 64, 200, 301, 0, 0, 0, 0, {0}, T1},
+    {"embed f32", BO_EMBED, F32, 0, 0, 17, 130, 77, 0, 0, 0, 0, {0}, T1},
+    {"rmsnorm bf16 w", BO_RMSNORM, BF, 0, 0, 1, 256, 0, 0, 0, 0, 0, {0}, T2},
+    {"rmsnorm bf16 w M=17", BO_RMSNORM, BF, 0, 0, 17, 1030, 0, 0, 0, 0, 0, {0}, T2},
+    {"rmsnorm f32 w per head", BO_RMSNORM, F32, 0, 0, 64 * 4, 64, 0, 0, 0, 0, 0, {0}, T2},
+    {"rmsnorm odd n", BO_RMSNORM, BF, 0, 0, 8, 77, 0, 0, 0, 0, 0, {0}, T2},
+    {"add_scaled", BO_ADD_SCALED, 0, 0, 0, 17, 1023, 0, 0, 0, 0, 0, {0}, T2},
+    {"add_scaled M=1", BO_ADD_SCALED, 0, 0, 0, 1, 8, 0, 0, 0, 0, 0, {0}, T2},
+    {"silu_mul", BO_SILU_MUL, 0, 0, 0, 17, 999, 0, 0, 0, 0, 0, {0}, T2},
+    {"silu_mul M=64", BO_SILU_MUL, 0, 0, 0, 64, 256, 0, 0, 0, 0, 0, {0}, T2},
+    {"sigmoid_mul", BO_SIGMOID_MUL, 0, 0, 0, 8, 513, 0, 0, 0, 0, 0, {0}, T2},
+    {"sigmoid_mul M=1", BO_SIGMOID_MUL, 0, 0, 0, 1, 7, 0, 0, 0, 0, 0, {0}, T2},
+    {"rope hd64", BO_ROPE, 0, 0, 0, 17, 0, 0, 4, 0, 64, 5, {0}, T2},
+    {"rope hd128 far", BO_ROPE, 0, 0, 0, 2, 0, 0, 3, 0, 128, 70000, {0}, T2},
+    {"rope hd32 M=64", BO_ROPE, 0, 0, 0, 64, 0, 0, 2, 0, 32, 0, {0}, T2},
+    MM("matmul bf16", BF, 0, 0, 255, 129, 258, 130, T2),
+    MM("matmul f32", F32, 0, 0, 131, 67, 131, 67, T2), /* a plain kernel for every M on CUDA */
+    MM("matmul w8 g128 bf16 scales", W8, BF, 128, 385, 97, 386, 98, TW8),
+    MM("matmul w8 g32 f16 scales odd K", W8, F16, 32, 199, 77, 202, 78, TW8),
+    {"matmul w8 g64 bf16 scales M=1", BO_MATMUL, W8, BF, 64, 1, 256, 130, 0, 0, 0, 0, {0}, TW8},
+    {"matmul w8 g64 f32 scales M=17", BO_MATMUL, W8, F32, 64, 17, 320, 66, 0, 0, 0, 0, {0}, TW8},
+    {"matmul w8 g64 f16 scales M=8", BO_MATMUL, W8, F16, 64, 8, 192, 33, 0, 0, 0, 0, {0}, TW8},
+    {"matmul w8 channel bf16 scales M=4", BO_MATMUL, W8, BF, CH, 4, 256, 64, 0, 0, 0, 0, {0}, TW8},
+    {"matmul w8 channel f32 scales M=64", BO_MATMUL, W8, F32, CH, 64, 130, 50, 0, 0, 0, 0, {0}, TW8},
+    {"matmul w8 g128 f32 scales M=2 odd K", BO_MATMUL, W8, F32, 128, 2, 301, 40, 0, 0, 0, 0, {0}, TW8},
+    {"matmul w8 g32 bf16 scales M=17", BO_MATMUL, W8, BF, 32, 17, 256, 96, 0, 0, 0, 0, {0}, TW8},
+    {"matmul_silu w8 g128", BO_MATMUL_SILU, W8, BF, 128, 1, 256, 96, 0, 0, 0, 0, {0}, TW8},
+    {"matmul_silu w8 g32", BO_MATMUL_SILU, W8, BF, 32, 1, 512, 64, 0, 0, 0, 0, {0}, TW8},
+    {"logits bf16 M=1", BO_LOGITS, BF, 0, 0, 1, 256, 1001, 0, 0, 0, 0, {0}, T2},
+    {"logits bf16 M=17", BO_LOGITS, BF, 0, 0, 17, 130, 334, 0, 0, 0, 0, {0}, T2},
+    {"logits f32 M=4", BO_LOGITS, F32, 0, 0, 4, 64, 99, 0, 0, 0, 0, {0}, T2},
+    {"logits w8 g128 M=2", BO_LOGITS, W8, BF, 128, 2, 256, 300, 0, 0, 0, 0, {0}, TW8},
+    {"add_rmsnorm M=1", BO_ADD_RMSNORM, BF, 0, 0, 1, 1024, 0, 0, 0, 0, 0, {0}, T2}, /* CUDA: the fused kernel
+										     */
+    {"add_rmsnorm M=17", BO_ADD_RMSNORM, BF, 0, 0, 17, 1024, 0, 0, 0, 0, 0, {0}, T2},
+    {"add_rmsnorm odd n", BO_ADD_RMSNORM, F32, 0, 0, 4, 99, 0, 0, 0, 0, 0, {0}, T2},
+    {"add_rmsnorm M=8 n=256", BO_ADD_RMSNORM, BF, 0, 0, 8, 256, 0, 0, 0, 0, 0, {0}, T2}, /* CUDA: the unfused
+											    pair */
+    {"qk_norm_rope hd64", BO_QK_NORM_ROPE, BF, 0, 0, 1, 0, 1, 4, 4, 64, 9, {0}, T2},
+    {"qk_norm_rope hd128 M=17", BO_QK_NORM_ROPE, BF, 0, 0, 17, 0, 1, 4, 2, 128, 100, {0}, T2},
+    {"qk_norm_rope no rope M=64", BO_QK_NORM_ROPE, F32, 0, 0, 64, 0, 0, 2, 2, 32, 0, {0}, T2},
+    {"sample greedy", BO_SAMPLE, 0, 0, 0, 0, 0, 1000, 0, 0, 0, 0, {0}, T0},
+    {"sample temperature", BO_SAMPLE, 0, 0, 0, 1, 0, 1000, 0, 0, 0, 0, {0}, T0},
+    {"sample top_k 40", BO_SAMPLE, 0, 0, 0, 2, 0, 5003, 0, 0, 0, 0, {0}, T0},
+    {"sample top_p 0.9", BO_SAMPLE, 0, 0, 0, 3, 0, 777, 0, 0, 0, 0, {0}, T0},
+    {"copy", BO_COPY, 0, 0, 0, 0, 4099, 0, 0, 0, 0, 0, {0}, T0},
+    {"attn_dense prefill+decode", BO_DENSE, 0, 0, 0, 0, 0, 0, 4, 2, 64, 0, {100, 1, 1, 17}, T2},
+    {"attn_dense M=64 hd128", BO_DENSE, 0, 0, 0, 0, 0, 0, 4, 2, 128, 0, {64, 64, 2, 0}, T2},
+    {"attn_dense hd32 MHA", BO_DENSE, 0, 0, 0, 0, 0, 0, 2, 2, 32, 0, {8, 4, 1, 0}, T2},
+    {"attn_sparse decode", BO_SPARSE, 0, 0, 0, 0, 8, 0, 4, 2, 64, 1000, {1, 1, 0, 0}, T2},
+    {"attn_sparse M=17", BO_SPARSE, 0, 0, 0, 0, 8, 0, 4, 2, 64, 1100, {17, 0, 0, 0}, T2},
+    {"attn_sparse M=64 hd128", BO_SPARSE, 0, 0, 0, 0, 6, 0, 4, 2, 128, 700, {64, 1, 0, 0}, T2},
+    {"gla recurrent", BO_GLA, 0, 0, 0, 0, 0, 0, 4, 0, 64, 0, {1, 17, 2, 0}, TGLA},
+    {"gla chunked", BO_GLA, 0, 0, 0, 0, 0, 0, 4, 0, 64, 0, {64, 130, 1, 0}, TGLA},
+    {"gla chunked hd128", BO_GLA, 0, 0, 0, 0, 0, 0, 2, 0, 128, 0, {200, 8, 0, 0}, TGLA},
+    {"gla hd32 M=4", BO_GLA, 0, 0, 0, 0, 0, 0, 3, 0, 32, 0, {4, 4, 70, 0}, TGLA},
+    {"cache reserve/len/reset", BO_CACHE, 0, 0, 0, 0, 0, 0, 4, 2, 64, 0, {0}, TGLA},
+    {"pool exhaustion", BO_POOL, 0, 0, 0, 0, 0, 0, 4, 2, 64, 0, {0}, T2},
+    /* last (see MM above) */
+    {"matmul bf16 M=17 odd K and N", BO_MATMUL, BF, 0, 0, 17, 255, 129, 0, 0, 0, 0, {0}, T2},
 };
 
 /* ---- plumbing ------------------------------------------------------------- */
@@ -367,14 +373,16 @@ static void cmp(struct run *x, const char *what, const float *got, const float *
 		while (i < n && memcmp(&got[i], &ref[i], sizeof(float)) == 0 && !isnan(got[i]))
 			i++;
 		check(x, i == n, "%s: bit-identical (%zu values)%s%.9g vs %.9g at %zu", what, n,
-		      i == n ? "" : "; first difference or NaN ", i < n ? got[i] : 0.0, i < n ? ref[i] : 0.0, i);
+		      i == n ? "" : "; first difference or NaN ", i < n ? got[i] : 0.0, i < n ? ref[i] : 0.0,
+		      i);
 		return;
 	}
 	struct cmp_stats s = cmp_stats(got, ref, n);
 	struct tol t = tols[x->c->tol];
 	int ok = s.bad == 0 && s.nmse <= t.nmse && s.maxd <= t.maxrel * (s.maxr > 0 ? s.maxr : 1);
-	check(x, ok, "%s: NMSE %.2e (<= %.1e), max|d| %.2e (<= %.1e x max|ref| %.3g), %zu non-finite mismatches", what,
-	      s.nmse, t.nmse, s.maxd, t.maxrel, s.maxr, s.bad);
+	check(x, ok,
+	      "%s: NMSE %.2e (<= %.1e), max|d| %.2e (<= %.1e x max|ref| %.3g), %zu non-finite mismatches",
+	      what, s.nmse, t.nmse, s.maxd, t.maxrel, s.maxr, s.bad);
 }
 
 /* Device buffers of both backends for the same host data. */
@@ -562,7 +570,8 @@ static void t_matmul_silu(struct run *x)
 		be->matmul(be, t.d[0], in.d[0], &w.w[0], 1);
 		be->silu_mul(be, own, t.d[0], at(be, t.d[0], (size_t)c->N), (size_t)c->N);
 		float *a = get(be, y.d[0], (size_t)c->N), *b = get(be, own, (size_t)c->N);
-		check(x, memcmp(a, b, (size_t)c->N * sizeof(float)) == 0, "fused == own matmul + silu_mul bit for bit");
+		check(x, memcmp(a, b, (size_t)c->N * sizeof(float)) == 0,
+		      "fused == own matmul + silu_mul bit for bit");
 		free(a), free(b);
 		be->free(be, own);
 	}
@@ -632,11 +641,11 @@ static void t_qk_norm_rope(struct run *x)
 	size_t nq = (size_t)c->M * c->nh * c->hd, nk = (size_t)c->M * c->nkv * c->hd;
 	float *hq = bo_rand_act(nq, 2.0f, &x->rng), *hk = bo_rand_act(nk, 2.0f, &x->rng);
 	struct pair q = pair_act(x, hq, nq), k = pair_act(x, hk, nk);
-	be->qk_norm_rope(be, q.d[0], k.d[0], &qw.w[0], &kw.w[0], c->M, c->nh, c->nkv, c->hd, 1e-6f, c->N, c->pos0, NULL,
-			 10000.0f);
+	be->qk_norm_rope(be, q.d[0], k.d[0], &qw.w[0], &kw.w[0], c->M, c->nh, c->nkv, c->hd, 1e-6f, c->N,
+			 c->pos0, NULL, 10000.0f);
 	if (ref->qk_norm_rope)
-		ref->qk_norm_rope(ref, q.d[1], k.d[1], &qw.w[1], &kw.w[1], c->M, c->nh, c->nkv, c->hd, 1e-6f, c->N,
-				  c->pos0, NULL, 10000.0f);
+		ref->qk_norm_rope(ref, q.d[1], k.d[1], &qw.w[1], &kw.w[1], c->M, c->nh, c->nkv, c->hd, 1e-6f,
+				  c->N, c->pos0, NULL, 10000.0f);
 	else
 		qk_compose(ref, q.d[1], k.d[1], &qw.w[1], &kw.w[1], c);
 	pair_cmp(x, "q", &q, nq);
@@ -644,7 +653,8 @@ static void t_qk_norm_rope(struct run *x)
 	void *q2 = dup_act(be, hq, nq), *k2 = dup_act(be, hk, nk);
 	qk_compose(be, q2, k2, &qw.w[0], &kw.w[0], c);
 	float *a = get(be, q.d[0], nq), *b = get(be, q2, nq), *e = get(be, k.d[0], nk), *f = get(be, k2, nk);
-	check(x, !memcmp(a, b, nq * 4) && !memcmp(e, f, nk * 4), "fused == own rmsnorm x2 + rope x2 bit for bit");
+	check(x, !memcmp(a, b, nq * 4) && !memcmp(e, f, nk * 4),
+	      "fused == own rmsnorm x2 + rope x2 bit for bit");
 	free(a), free(b), free(e), free(f);
 	be->free(be, q2), be->free(be, k2);
 	pair_free(x, &q), pair_free(x, &k), free(hq), free(hk);
@@ -657,7 +667,7 @@ static void t_sample(struct run *x)
 	if (!x->b[0]->sample)
 		return skip(x, "no sample member");
 	static const struct sfw_op_sample_params ps[] = {
-		{0, 0, 1, 1}, {0.8f, 0, 1, 0}, {0.7f, 40, 1, 0}, {1.0f, 0, 0.9f, 0}};
+	    {0, 0, 1, 1}, {0.8f, 0, 1, 0}, {0.7f, 40, 1, 0}, {1.0f, 0, 0.9f, 0}};
 	const struct sfw_op_sample_params *p = &ps[c->M];
 	float *l = need(malloc((size_t)c->N * sizeof(float)));
 	for (int round = 0; round < 8; round++) {
@@ -676,8 +686,8 @@ static void t_sample(struct run *x)
 		}
 		/* -1: the backend hands the draw to the host (sfw_op_sample_cpu,
 		 * which is the CPU backend's own answer) */
-		check(x, id[1] >= 0 && id[1] < c->N && (id[0] == id[1] || id[0] == -1), "round %d (u %.4f): id %d vs %d",
-		      round, u, id[0], id[1]);
+		check(x, id[1] >= 0 && id[1] < c->N && (id[0] == id[1] || id[0] == -1),
+		      "round %d (u %.4f): id %d vs %d", round, u, id[0], id[1]);
 	}
 	free(l);
 }
@@ -741,7 +751,8 @@ static int reserve(struct run *x, struct sfw_bcache *cc[2], int64_t tokens)
 		struct sfw_err err = {0};
 		enum sfw_status s = x->b[i]->cache_reserve(x->b[i], cc[i], tokens, &err);
 		if (s != SFW_OK) {
-			check(x, 0, "cache_reserve(%lld) on %s: %s", (long long)tokens, x->b[i]->name, err.msg);
+			check(x, 0, "cache_reserve(%lld) on %s: %s", (long long)tokens, x->b[i]->name,
+			      err.msg);
 			return -1;
 		}
 	}
@@ -782,11 +793,14 @@ static void t_dense(struct run *x)
 			float *hq = bo_rand_act(n, 1.0f, &x->rng);
 			struct pair q = pair_act(x, hq, n), o = pair_poisoned(x, n);
 			for (int i = 0; i < 2; i++)
-				x->b[i]->attn_dense(x->b[i], o.d[i], q.d[i], cc[i], 0, T, c->nh, 1.0f / sqrtf((float)c->hd));
+				x->b[i]->attn_dense(x->b[i], o.d[i], q.d[i], cc[i], 0, T, c->nh,
+						    1.0f / sqrtf((float)c->hd));
 			char what[64];
 			snprintf(what, sizeof(what), "call %d (%d rows at %lld)", j, T, (long long)(len - T));
 			pair_cmp(x, what, &o, n);
-			check(x, x->b[0]->cache_len(x->b[0], cc[0], 0) == len && x->b[1]->cache_len(x->b[1], cc[1], 0) == len,
+			check(x,
+			      x->b[0]->cache_len(x->b[0], cc[0], 0) == len &&
+				  x->b[1]->cache_len(x->b[1], cc[1], 0) == len,
 			      "cache_len %lld after call %d", (long long)len, j);
 			pair_free(x, &q), pair_free(x, &o), free(hq);
 		}
@@ -822,20 +836,20 @@ static void t_sparse(struct run *x)
 		len += T;
 		for (int i = 0; i < 2; i++) {
 			struct sfw_err err = {0};
-			check(x, x->b[i]->compress(x->b[i], cc[i], 0, &err) == SFW_OK, "compress on %s: %s", x->b[i]->name,
-			      err.msg);
+			check(x, x->b[i]->compress(x->b[i], cc[i], 0, &err) == SFW_OK, "compress on %s: %s",
+			      x->b[i]->name, err.msg);
 		}
 		int64_t n2[2][2];
 		for (int i = 0; i < 2; i++)
 			x->b[i]->cache_ncompressed(x->b[i], cc[i], 0, n2[i]);
 		check(x,
-		      n2[0][0] == nchunks(len, 32, 16) && n2[0][1] == nchunks(len, 128, 64) && n2[1][0] == n2[0][0] &&
-			  n2[1][1] == n2[0][1],
-		      "compressed keys at %lld tokens: (%lld, %lld) and (%lld, %lld), want (%lld, %lld)", (long long)len,
-		      (long long)n2[0][0], (long long)n2[0][1], (long long)n2[1][0], (long long)n2[1][1],
-		      (long long)nchunks(len, 32, 16), (long long)nchunks(len, 128, 64));
-		struct sfw_sparse_params sp = {len - T, T, (len + 63) / 64, d.sel_k, 1, 2, 32, 16, 64,
-					       1.0f / sqrtf((float)c->hd)};
+		      n2[0][0] == nchunks(len, 32, 16) && n2[0][1] == nchunks(len, 128, 64) &&
+			  n2[1][0] == n2[0][0] && n2[1][1] == n2[0][1],
+		      "compressed keys at %lld tokens: (%lld, %lld) and (%lld, %lld), want (%lld, %lld)",
+		      (long long)len, (long long)n2[0][0], (long long)n2[0][1], (long long)n2[1][0],
+		      (long long)n2[1][1], (long long)nchunks(len, 32, 16), (long long)nchunks(len, 128, 64));
+		struct sfw_sparse_params sp = {len - T, T,  (len + 63) / 64,	       d.sel_k, 1, 2, 32,
+					       16,	64, 1.0f / sqrtf((float)c->hd)};
 		size_t nq = (size_t)T * c->nh * c->hd, ni = (size_t)d.nkv * T * sp.k;
 		float *hq = bo_rand_act(nq, 2.0f, &x->rng);
 		struct pair q = pair_act(x, hq, nq), o = pair_poisoned(x, nq);
@@ -847,7 +861,9 @@ static void t_sparse(struct run *x)
 			idev[i] = need(b->alloc(b, ni * 4));
 			idx[i] = need(malloc(ni * 4));
 			pl[i] = need(malloc((size_t)d.nkv * sp.nblocks * 4));
-			check(x, b->sparse_select(b, idev[i], q.d[i], cc[i], 0, c->nh, &sp, pl[i], &err) == SFW_OK,
+			check(x,
+			      b->sparse_select(b, idev[i], q.d[i], cc[i], 0, c->nh, &sp, pl[i], &err) ==
+				  SFW_OK,
 			      "sparse_select on %s: %s", b->name, err.msg);
 			b->to_host(b, idx[i], idev[i], ni * 4);
 		}
@@ -860,12 +876,13 @@ static void t_sparse(struct run *x)
 		cmp(x, what, pl[0], pl[1], (size_t)d.nkv * sp.nblocks);
 		/* bf16: at most 1 in 10 slots on another block (near ties of the
 		 * pooled scores, whose tolerance is checked just above) */
-		check(x, x->o->exact ? same == ni : same * 10 >= ni * 9, "call %d: %zu of %zu selected blocks agree", j,
-		      same, ni);
+		check(x, x->o->exact ? same == ni : same * 10 >= ni * 9,
+		      "call %d: %zu of %zu selected blocks agree", j, same, ni);
 		x->b[0]->from_host(x->b[0], idev[0], idx[1], ni * 4);
 		for (int i = 0; i < 2; i++)
 			x->b[i]->attn_sparse(x->b[i], o.d[i], q.d[i], cc[i], 0, idev[i], c->nh, &sp);
-		snprintf(what, sizeof(what), "call %d (%d rows): attn_sparse over the reference's blocks", j, T);
+		snprintf(what, sizeof(what), "call %d (%d rows): attn_sparse over the reference's blocks", j,
+			 T);
 		pair_cmp(x, what, &o, nq);
 		for (int i = 0; i < 2; i++)
 			x->b[i]->free(x->b[i], idev[i]), free(idx[i]), free(pl[i]);
@@ -887,18 +904,21 @@ static void gla_calls(struct run *x, struct sfw_bcache *cc[2], const int *calls,
 {
 	const struct bo_case *c = x->c;
 	float *hs = slopes(c->nh);
-	struct pair dec = {{dup_raw(x->b[0], hs, (size_t)c->nh * 4), dup_raw(x->b[1], hs, (size_t)c->nh * 4)}};
+	struct pair dec = {
+	    {dup_raw(x->b[0], hs, (size_t)c->nh * 4), dup_raw(x->b[1], hs, (size_t)c->nh * 4)}};
 	for (int j = 0; j < ncalls && calls[j]; j++) {
 		int T = calls[j];
 		size_t n = (size_t)T * c->nh * c->hd;
 		float *hq = bo_rand_act(n, 1.0f, &x->rng), *hk = bo_rand_act(n, 1.0f, &x->rng),
 		      *hv = bo_rand_act(n, 1.0f, &x->rng);
-		struct pair q = pair_act(x, hq, n), k = pair_act(x, hk, n), v = pair_act(x, hv, n), o = pair_poisoned(x, n);
+		struct pair q = pair_act(x, hq, n), k = pair_act(x, hk, n), v = pair_act(x, hv, n),
+			    o = pair_poisoned(x, n);
 		for (int i = 0; i < 2; i++)
-			x->b[i]->gla(x->b[i], o.d[i], q.d[i], k.d[i], v.d[i], cc[i], 1, dec.d[i], T, c->nh, c->hd,
-				     1.0f / sqrtf((float)c->hd));
+			x->b[i]->gla(x->b[i], o.d[i], q.d[i], k.d[i], v.d[i], cc[i], 1, dec.d[i], T, c->nh,
+				     c->hd, 1.0f / sqrtf((float)c->hd));
 		char what[80];
-		snprintf(what, sizeof(what), "%scall %d (%d rows, %s)", tag, j, T, T >= 64 ? "chunked" : "recurrent");
+		snprintf(what, sizeof(what), "%scall %d (%d rows, %s)", tag, j, T,
+			 T >= 64 ? "chunked" : "recurrent");
 		pair_cmp(x, what, &o, n);
 		pair_free(x, &q), pair_free(x, &k), pair_free(x, &v), pair_free(x, &o);
 		free(hq), free(hk), free(hv);
@@ -931,7 +951,8 @@ static void t_cache(struct run *x)
 		append(x, cc, 70, &d);
 		for (int i = 0; i < 2; i++) {
 			struct sfw_err err = {0};
-			check(x, x->b[i]->compress(x->b[i], cc[i], 0, &err) == SFW_OK, "compress: %s", err.msg);
+			check(x, x->b[i]->compress(x->b[i], cc[i], 0, &err) == SFW_OK, "compress: %s",
+			      err.msg);
 		}
 		int64_t n[2];
 		x->b[0]->cache_ncompressed(x->b[0], cc[0], 0, n);
@@ -945,11 +966,13 @@ static void t_cache(struct run *x)
 		for (int i = 0; i < 2; i++)
 			x->b[i]->cache_reset(x->b[i], cc[i]);
 		x->b[0]->cache_ncompressed(x->b[0], cc[0], 0, n);
-		check(x, x->b[0]->cache_len(x->b[0], cc[0], 0) == 0 && n[0] == 0 && n[1] == 0, "reset: empty");
+		check(x, x->b[0]->cache_len(x->b[0], cc[0], 0) == 0 && n[0] == 0 && n[1] == 0,
+		      "reset: empty");
 		/* after the reset: backend 0's reset cache against a fresh reference cache */
 		struct sfw_bcache *fresh[2] = {cc[0], NULL};
 		struct sfw_err err = {0};
-		check(x, x->b[1]->cache_new(x->b[1], &d, &fresh[1], &err) == SFW_OK, "cache_new: %s", err.msg);
+		check(x, x->b[1]->cache_new(x->b[1], &d, &fresh[1], &err) == SFW_OK, "cache_new: %s",
+		      err.msg);
 		if (fresh[1]) {
 			gla_calls(x, fresh, warm, 2, "after reset: ");
 			x->b[1]->cache_free(x->b[1], fresh[1]);
@@ -985,13 +1008,14 @@ static void t_pool(struct run *x)
 	struct sfw_cache_desc dp = d;
 	dp.pool = pool, dp.max_tokens = 256;
 	struct sfw_bcache *A = NULL, *B = NULL, *cc[2] = {NULL, NULL};
-	check(x, be->cache_new(be, &dp, &A, &err) == SFW_OK && be->cache_new(be, &dp, &B, &err) == SFW_OK, "paged caches: %s",
-	      err.msg);
+	check(x, be->cache_new(be, &dp, &A, &err) == SFW_OK && be->cache_new(be, &dp, &B, &err) == SFW_OK,
+	      "paged caches: %s", err.msg);
 	check(x, ref->cache_new(ref, &d, &cc[1], &err) == SFW_OK, "reference cache: %s", err.msg);
 	if (A && B && cc[1]) {
 		check(x, be->pool_used(be, pool) == 0, "a new pool is unused");
 		check(x, be->cache_reserve(be, A, 100, &err) == SFW_OK && be->pool_used(be, pool) == 2,
-		      "100 tokens take 2 blocks (used %lld): %s", (long long)be->pool_used(be, pool), err.msg);
+		      "100 tokens take 2 blocks (used %lld): %s", (long long)be->pool_used(be, pool),
+		      err.msg);
 		err.msg[0] = 0;
 		s = be->cache_reserve(be, B, 128, &err);
 		check(x, s == SFW_E_NOSPACE && be->pool_used(be, pool) == 2,
@@ -1002,7 +1026,8 @@ static void t_pool(struct run *x)
 		check(x, be->cache_reserve(be, B, 65, &err) == SFW_E_NOSPACE && be->pool_used(be, pool) == 3,
 		      "the full pool refuses a fourth block");
 		be->cache_reset(be, B);
-		check(x, be->pool_used(be, pool) == 2 && be->cache_len(be, B, 0) == 0, "a reset gives the block back");
+		check(x, be->pool_used(be, pool) == 2 && be->cache_len(be, B, 0) == 0,
+		      "a reset gives the block back");
 		s = ref->cache_reserve(ref, cc[1], 100, &err);
 		check(x, s == SFW_OK, "reference reserve: %s", err.msg);
 		cc[0] = A;
@@ -1012,7 +1037,8 @@ static void t_pool(struct run *x)
 			float *hq = bo_rand_act(n, 1.0f, &x->rng);
 			struct pair q = pair_act(x, hq, n), o = pair_poisoned(x, n);
 			for (int i = 0; i < 2; i++)
-				x->b[i]->attn_dense(x->b[i], o.d[i], q.d[i], cc[i], 0, 5, c->nh, 1.0f / sqrtf((float)c->hd));
+				x->b[i]->attn_dense(x->b[i], o.d[i], q.d[i], cc[i], 0, 5, c->nh,
+						    1.0f / sqrtf((float)c->hd));
 			pair_cmp(x, "attn_dense over a paged cache", &o, n);
 			pair_free(x, &q), pair_free(x, &o), free(hq);
 		}
@@ -1041,32 +1067,64 @@ void bo_run(struct sfw_backend *be, struct sfw_backend *ref, const struct bo_opt
 		x.fail = 0;
 		r->cases++;
 		int skipped0 = r->skipped;
-		x.rng = (o->seed ? o->seed : 0x5eed) * 0x9e3779b97f4a7c15ull + i; /* a case's inputs do not depend on the others */
+		x.rng = (o->seed ? o->seed : 0x5eed) * 0x9e3779b97f4a7c15ull +
+			i; /* a case's inputs do not depend on the others */
 		if ((c->op == BO_MATMUL || c->op == BO_MATMUL_SILU || c->op == BO_LOGITS) && lacks_w8(&x))
 			continue;
 		switch (c->op) {
-		case BO_EMBED: t_embed(&x); break;
-		case BO_RMSNORM: t_rmsnorm(&x); break;
+		case BO_EMBED:
+			t_embed(&x);
+			break;
+		case BO_RMSNORM:
+			t_rmsnorm(&x);
+			break;
 		case BO_ADD_SCALED:
 		case BO_SILU_MUL:
-		case BO_SIGMOID_MUL: t_elementwise(&x); break;
-		case BO_ROPE: t_rope(&x); break;
+		case BO_SIGMOID_MUL:
+			t_elementwise(&x);
+			break;
+		case BO_ROPE:
+			t_rope(&x);
+			break;
 		case BO_MATMUL:
-		case BO_LOGITS: t_matmul(&x); break;
-		case BO_MATMUL_SILU: t_matmul_silu(&x); break;
-		case BO_ADD_RMSNORM: t_add_rmsnorm(&x); break;
-		case BO_QK_NORM_ROPE: t_qk_norm_rope(&x); break;
-		case BO_SAMPLE: t_sample(&x); break;
-		case BO_COPY: t_copy(&x); break;
-		case BO_DENSE: t_dense(&x); break;
-		case BO_SPARSE: t_sparse(&x); break;
-		case BO_GLA: t_gla(&x); break;
-		case BO_CACHE: t_cache(&x); break;
-		case BO_POOL: t_pool(&x); break;
+		case BO_LOGITS:
+			t_matmul(&x);
+			break;
+		case BO_MATMUL_SILU:
+			t_matmul_silu(&x);
+			break;
+		case BO_ADD_RMSNORM:
+			t_add_rmsnorm(&x);
+			break;
+		case BO_QK_NORM_ROPE:
+			t_qk_norm_rope(&x);
+			break;
+		case BO_SAMPLE:
+			t_sample(&x);
+			break;
+		case BO_COPY:
+			t_copy(&x);
+			break;
+		case BO_DENSE:
+			t_dense(&x);
+			break;
+		case BO_SPARSE:
+			t_sparse(&x);
+			break;
+		case BO_GLA:
+			t_gla(&x);
+			break;
+		case BO_CACHE:
+			t_cache(&x);
+			break;
+		case BO_POOL:
+			t_pool(&x);
+			break;
 		}
 		if (be->take_failure) {
 			struct sfw_err err = {0};
-			check(&x, be->take_failure(be, &err) == SFW_OK, "no op failure reported: %s", err.msg);
+			check(&x, be->take_failure(be, &err) == SFW_OK, "no op failure reported: %s",
+			      err.msg);
 		}
 		if (r->skipped != skipped0)
 			continue;
@@ -1077,9 +1135,10 @@ void bo_run(struct sfw_backend *be, struct sfw_backend *ref, const struct bo_opt
 		if (o->verbose || (x.fail && !o->quiet))
 			printf("%s %s\n", x.fail ? "FAIL case" : "case ok:", c->name);
 	}
-	printf("backend ops, %s against %s (%s): %d cases: %d passed, %d failed, %d skipped (%d checks passed, %d failed)\n",
-	       be->name, ref->name, o->exact ? "bit-identical" : "tolerances of the table", r->cases, r->passed,
-	       r->failed, r->skipped, r->checks_passed, r->checks_failed);
+	printf("backend ops, %s against %s (%s): %d cases: %d passed, %d failed, %d skipped (%d checks "
+	       "passed, %d failed)\n",
+	       be->name, ref->name, o->exact ? "bit-identical" : "tolerances of the table", r->cases,
+	       r->passed, r->failed, r->skipped, r->checks_passed, r->checks_failed);
 }
 
 /* ---- the counting wrapper ---------------------------------------------------- */
@@ -1124,8 +1183,8 @@ static long long delta(size_t before, size_t after)
 	return (long long)after - (long long)before;
 }
 
-static enum sfw_status cw_cache_new(struct sfw_backend *be, const struct sfw_cache_desc *d, struct sfw_bcache **out,
-				    struct sfw_err *err)
+static enum sfw_status cw_cache_new(struct sfw_backend *be, const struct sfw_cache_desc *d,
+				    struct sfw_bcache **out, struct sfw_err *err)
 {
 	struct bo_counting *w = CW(be);
 	size_t t0 = w->now();
@@ -1166,6 +1225,7 @@ struct bo_counting *bo_counting_wrap(struct sfw_backend *real, size_t (*now)(voi
 	w->be = *real;
 	w->real = real, w->now = now;
 	w->be.alloc = cw_alloc, w->be.free = cw_free, w->be.destroy = cw_destroy;
-	w->be.cache_new = cw_cache_new, w->be.cache_reserve = cw_cache_reserve, w->be.cache_free = cw_cache_free;
+	w->be.cache_new = cw_cache_new, w->be.cache_reserve = cw_cache_reserve,
+	w->be.cache_free = cw_cache_free;
 	return w;
 }

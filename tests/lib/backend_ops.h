@@ -22,11 +22,11 @@
 #include <stdint.h>
 
 struct bo_opts {
-	int exact;          /* 1: every output bit-identical to ref's; 0: the table's tolerances */
+	int exact; /* 1: every output bit-identical to ref's; 0: the table's tolerances */
 	uint64_t seed;
 	const char *filter; /* run only cases whose name contains this (NULL: all) */
-	int verbose;        /* one line per case, not only failures */
-	int quiet;          /* no FAIL lines (a run that must fail: the mutation checks) */
+	int verbose;	    /* one line per case, not only failures */
+	int quiet;	    /* no FAIL lines (a run that must fail: the mutation checks) */
 };
 
 struct bo_result {
@@ -44,9 +44,9 @@ void bo_run(struct sfw_backend *be, struct sfw_backend *ref, const struct bo_opt
  * (dequantized by the contract of quant/layout.h for int8), and one
  * sfw_bweight per backend that uploads it. */
 struct bo_weight {
-	void *host;       /* bf16 bits, f32, or int8 codes [rows, ceil(cols/4)*4] */
-	void *scales;     /* W8: [rows, ceil(cols/group)] in sdt */
-	float *val;       /* [rows, cols] the values the weight stands for */
+	void *host;   /* bf16 bits, f32, or int8 codes [rows, ceil(cols/4)*4] */
+	void *scales; /* W8: [rows, ceil(cols/group)] in sdt */
+	float *val;   /* [rows, cols] the values the weight stands for */
 	struct sfw_bweight w[2];
 };
 /* dt BF16 / F32: values offset + scale * U(-1, 1) (bf16-rounded for BF16);
@@ -78,7 +78,7 @@ struct bo_counting {
 	struct bo_block {
 		void *p;
 		size_t n;
-	} *blocks;
+	} * blocks;
 	size_t nblocks, cap;
 };
 struct bo_counting *bo_counting_wrap(struct sfw_backend *real, size_t (*now)(void));
