@@ -416,6 +416,13 @@ int main(void)
 	      "3 threads vs 1: %d cases passed bit for bit, %d failed, %d skipped (at most 6)", r.passed,
 	      r.failed, r.skipped);
 	if (!o.filter) {
+		/* a backend without int8 support: every int8 case is skipped and counted, none passes */
+		struct sfw_backend no8 = *be;
+		no8.supports_w8 = 0;
+		struct bo_opts o8 = {1, 1, "w8", 0, 0};
+		bo_run(&no8, ref, &o8, &r);
+		CHECK(r.cases >= 20 && r.skipped == r.cases && r.passed == 0 && r.failed == 0,
+		      "supports_w8 = 0: %d of %d int8 cases skipped", r.skipped, r.cases);
 		/* 2. against the formulas */
 		scalar_refs(be);
 		/* 3. the table catches a wrong op */
