@@ -296,6 +296,13 @@ struct sfw_backend_entry {
 };
 const struct sfw_backend_entry *sfw_backend_list(int *n);
 
+/* A group's parts offered to be->merge (between load_begin and load_end),
+ * then g->merged set from where they landed (sfwi_group_view: the view of
+ * one matrix when the parts are consecutive row ranges in backend memory,
+ * rows 0 otherwise). */
+SFW_MUST_CHECK enum sfw_status sfwi_group_bind(struct sfw_backend *be, struct sfw_bgroup *g, struct sfw_err *err);
+void sfwi_group_view(struct sfw_bgroup *g);
+
 /* The compositions a backend without a fused kernel fills its members with
  * (runner/backend_compose.c): each is the unfused ops of this table. */
 void sfwi_compose_matmul_group(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M);

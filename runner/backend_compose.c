@@ -5,6 +5,7 @@
 #include "runner/backend.h"
 
 #include <stddef.h>
+#include <string.h>
 
 void sfwi_compose_matmul_group(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M)
 {
@@ -55,4 +56,52 @@ enum sfw_status sfwi_step_direct(struct sfw_backend *be, void **rec, struct sfw_
 void sfwi_step_free_none(struct sfw_backend *be, void *rec)
 {
 	(void)be, (void)rec;
+}
+
+/* ---- projection groups ------------------------------------------------------ */
+
+/* The merged matrix that g's parts form when the backend placed them as
+ * consecutive row ranges (be->merge): g->merged is its view (rows 0 when
+ * they are separate). */
+void sfwi_group_view(struct sfw_bgroup *g)
+{
+	const struct sfw_bweight *p0 = g->part[0];
+	int w8 = p0->dtype == SFW_DTYPE_W8;
+	memset(&g->merged, 0, sizeof(g->merged));
+	if (!p0->dev || (p0->dtype != SFW_DTYPE_BF16 && !w8))
+		return;
+	/* bytes per row: bf16, or int8 codes plus (separately) scales */
+	size_t rb = w8 ? sfw_bweight_w8_code_row(p0) : (size_t)p0->cols * 2;
+	size_t sb = w8 ? sfw_bweight_w8_scale_row(p0) : 0;
+	int64_t rows = 0;
+	for (int i = 0; i < g->n; i++) {
+		const struct sfw_bweight *w = g->part[i];
+		if (!w->dev || w->dtype != p0->dtype || w->cols != p0->cols ||
+		    (const char *)w->dev != (const char *)p0->dev + (size_t)rows * rb)
+			return;
+		if (w8 && (w->group != p0->group || w->scale_dtype != p0->scale_dtype || !w->scales_dev ||
+			   (const char *)w->scales_dev != (const char *)p0->scales_dev + (size_t)rows * sb))
+			return;
+		rows += w->rows;
+	}
+	struct sfw_bweight *o = &g->merged;
+	o->name = "merged";
+	o->dev = p0->dev;
+	o->dtype = p0->dtype;
+	o->rows = rows;
+	o->cols = p0->cols;
+	if (w8) {
+		o->scales_dev = p0->scales_dev;
+		o->scale_dtype = p0->scale_dtype;
+		o->group = p0->group;
+	}
+}
+
+enum sfw_status sfwi_group_bind(struct sfw_backend *be, struct sfw_bgroup *g, struct sfw_err *err)
+{
+	int merged = 0;
+	enum sfw_status s = be->merge(be, g->part, g->n, &merged, err);
+	if (s == SFW_OK)
+		sfwi_group_view(g);
+	return s;
 }

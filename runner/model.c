@@ -392,54 +392,6 @@ static void model_close(struct sfw_model *m)
 
 /* ---- projection groups ------------------------------------------------------ */
 
-/* The merged matrix that g's parts form when the backend placed them as
- * consecutive row ranges (be->merge): g->merged is its view (rows 0 when
- * they are separate). */
-static void group_view(struct sfw_bgroup *g)
-{
-	const struct sfw_bweight *p0 = g->part[0];
-	int w8 = p0->dtype == SFW_DTYPE_W8;
-	memset(&g->merged, 0, sizeof(g->merged));
-	if (!p0->dev || (p0->dtype != SFW_DTYPE_BF16 && !w8))
-		return;
-	/* bytes per row: bf16, or int8 codes plus (separately) scales */
-	size_t rb = w8 ? sfw_bweight_w8_code_row(p0) : (size_t)p0->cols * 2;
-	size_t sb = w8 ? sfw_bweight_w8_scale_row(p0) : 0;
-	int64_t rows = 0;
-	for (int i = 0; i < g->n; i++) {
-		const struct sfw_bweight *w = g->part[i];
-		if (!w->dev || w->dtype != p0->dtype || w->cols != p0->cols ||
-		    (const char *)w->dev != (const char *)p0->dev + (size_t)rows * rb)
-			return;
-		if (w8 && (w->group != p0->group || w->scale_dtype != p0->scale_dtype || !w->scales_dev ||
-			   (const char *)w->scales_dev != (const char *)p0->scales_dev + (size_t)rows * sb))
-			return;
-		rows += w->rows;
-	}
-	struct sfw_bweight *o = &g->merged;
-	o->name = "merged";
-	o->dev = p0->dev;
-	o->dtype = p0->dtype;
-	o->rows = rows;
-	o->cols = p0->cols;
-	if (w8) {
-		o->scales_dev = p0->scales_dev;
-		o->scale_dtype = p0->scale_dtype;
-		o->group = p0->group;
-	}
-}
-
-static enum sfw_status group_bind(struct sfw_model *m, struct sfw_bgroup *g, int *done, struct sfw_err *err)
-{
-	int merged = 0;
-	enum sfw_status s = m->be->merge(m->be, g->part, g->n, &merged, err);
-	if (s != SFW_OK)
-		return s;
-	group_view(g);
-	*done += g->merged.rows > 0;
-	return SFW_OK;
-}
-
 /* Each layer's projections that read the same input, offered to the
  * backend as one matrix (decode then runs one GEMV over it). */
 static enum sfw_status groups_bind(struct sfw_model *m, struct sfw_err *err)
@@ -454,8 +406,9 @@ static enum sfw_status groups_bind(struct sfw_model *m, struct sfw_err *err)
 		p->n = last->host ? 4 : 3;
 		gu->part[0] = &L->gate, gu->part[1] = &L->up;
 		gu->n = 2;
-		if ((s = group_bind(m, p, &done, err)) != SFW_OK || (s = group_bind(m, gu, &done, err)) != SFW_OK)
+		if ((s = sfwi_group_bind(m->be, p, err)) != SFW_OK || (s = sfwi_group_bind(m->be, gu, err)) != SFW_OK)
 			return s;
+		done += (p->merged.rows > 0) + (gu->merged.rows > 0);
 	}
 	sfw_log(SFW_LOG_DEBUG, "%s: %d merged projections", m->be->name, done);
 	return SFW_OK;

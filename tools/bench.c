@@ -299,8 +299,11 @@ static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, st
 	double wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld;
 	/* a context's buffers (runner/forward.c ctx_create): x, u, out [R, D];
 	 * the projection group's outputs [R, 2 wq + 2 wk]; the attention
-	 * output [R, wq]; the MLP rows [R, I] and their gate | up [R, 2 I] */
-	p->activations = R * (3 * D + 3 * wq + 2 * wk + 3 * I) * 2 + R * 4 + nkv * R * c->sparse_k * 4 + V * 4;
+	 * output [R, wq]; the MLP rows [R, I] and their gate | up [R, 2 I];
+	 * then 4-byte ones: token ids [R], top-k indices [nkv, R, k], float32
+	 * logits [V], the last selection [L, nkv, k] and the sampled id (16) */
+	p->activations = R * (3 * D + 3 * wq + 2 * wk + 3 * I) * 2 + R * 4 + nkv * R * c->sparse_k * 4 + V * 4 +
+			 (double)c->num_hidden_layers * nkv * c->sparse_k * 4 + 16;
 	p->scratch = (double)((size_t)64 << 20) + (double)((size_t)32 << 20) +
 		     (max_ctx >= c->sparse_dense_len ? (double)((size_t)256 << 20) : 0);
 	p->total = p->weights + p->kv + p->compressed + p->lightning + p->activations + p->scratch;
