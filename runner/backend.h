@@ -44,7 +44,7 @@ struct sfw_bweight {
 	void *dev;
 	enum sfw_dtype dtype; /* as stored: BF16 or F32, or W8 (below) */
 	int64_t rows, cols;      /* [out, in]; a vector is rows = 1 */
-	/* dtype SFW_DTYPE_W8 (compressed-tensors pack-quantized int8, quant/layout.h):
+	/* dtype SFW_DTYPE_W8 (compressed-tensors pack-quantized int8, num/w8_layout.h):
 	 * host = the codes [rows, ceil(cols/4)*4] bytes (weight_packed), scales =
 	 * weight_scale [rows, ceil(cols/group)] in scale_dtype (BF16, F16 or F32),
 	 * group = the group size along cols (cols for per-channel). scales_dev is

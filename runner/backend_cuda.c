@@ -118,7 +118,7 @@ static void cu_destroy(struct sfw_backend *be)
 	sfw_free(be);
 }
 
-/* int8 weights (quant/layout.h): codes [rows, ceil(cols/4)*4] bytes, then
+/* int8 weights (num/w8_layout.h): codes [rows, ceil(cols/4)*4] bytes, then
  * scales [rows, ceil(cols/group)] in their stored dtype, each in its own
  * slab piece; a merged group keeps its parts' codes and its parts' scales
  * back to back. */

@@ -19,7 +19,7 @@ struct binder {
 	char dir[1024];
 };
 
-/* ---- compressed-tensors pack-quantized int8 (quant/layout.h) ---------------- */
+/* ---- compressed-tensors pack-quantized int8 (num/w8_layout.h) ---------------- */
 
 static const char *jstr(const cJSON *o, const char *k)
 {
@@ -191,7 +191,7 @@ static enum sfw_status bind_w8(struct sfw_model *m, struct sfw_bweight *w, const
 	w->rows = d0;
 	w->cols = d1;
 	w->scales = sc->data;
-	w->scale_dtype = sc->dtype == SFW_DTYPE_BF16 ? SFW_DTYPE_BF16 : sc->dtype == SFW_DTYPE_F16 ? SFW_DTYPE_F16 : SFW_DTYPE_F32;
+	w->scale_dtype = sc->dtype; /* BF16, F16 or F32: checked above */
 	w->group = (int)sfw_ql_group_span(d1, group);
 	w->scales_dev = NULL;
 	enum sfw_status s = m->be->weight_upload(m->be, w, err);
@@ -241,7 +241,7 @@ static enum sfw_status bind(struct binder *b, struct sfw_bweight *w, const char 
 	w->name = t->name;
 	w->host = t->data;
 	w->dev = NULL;
-	w->dtype = t->dtype == SFW_DTYPE_BF16 ? SFW_DTYPE_BF16 : SFW_DTYPE_F32;
+	w->dtype = t->dtype; /* BF16 or F32: checked above */
 	w->rows = ndim == 1 ? 1 : d0;
 	w->cols = ndim == 1 ? d0 : d1;
 	enum sfw_status s = b->m->be->weight_upload(b->m->be, w, b->err);
