@@ -313,6 +313,10 @@ void sfwi_compose_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const vo
 void sfwi_compose_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 			       const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			       int64_t pos0, float theta);
+/* The weight dtypes of the weight-taking ops (SFW_BOP_MATMUL, LOGITS,
+ * EMBED, NORM) as every backend of this tree takes them: bf16 and f32
+ * everywhere, int8 (pack-quantized) in the products. 0 for other ops. */
+int sfwi_weight_dtype_ok(enum sfw_bop op, enum sfw_dtype dt);
 /* step for a backend that does not record: runs fn (*replayed = 0). */
 SFW_MUST_CHECK enum sfw_status sfwi_step_direct(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
 						int64_t pos, int sparse, sfw_step_fn fn, void *arg, int *replayed,

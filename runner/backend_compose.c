@@ -45,6 +45,22 @@ void sfwi_compose_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const s
 	}
 }
 
+int sfwi_weight_dtype_ok(enum sfw_bop op, enum sfw_dtype dt)
+{
+	switch (op) {
+	case SFW_BOP_MATMUL:
+	case SFW_BOP_LOGITS:
+		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32 || dt == SFW_DTYPE_W8;
+	case SFW_BOP_EMBED:
+	case SFW_BOP_NORM:
+		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32;
+	case SFW_BOP_POOL:
+	case SFW_BOP_RECORD:
+		break;
+	}
+	return 0;
+}
+
 enum sfw_status sfwi_step_direct(struct sfw_backend *be, void **rec, struct sfw_bcache *c, int64_t pos, int sparse,
 				 sfw_step_fn fn, void *arg, int *replayed, struct sfw_err *err)
 {

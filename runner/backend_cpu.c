@@ -231,19 +231,9 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 static int cpu_supports(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
 {
 	(void)be;
-	switch (op) {
-	case SFW_BOP_MATMUL:
-	case SFW_BOP_LOGITS:
-		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32 || dt == SFW_DTYPE_W8;
-	case SFW_BOP_EMBED:
-	case SFW_BOP_NORM:
-		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32;
-	case SFW_BOP_POOL:
+	if (op == SFW_BOP_POOL)
 		return 1;
-	case SFW_BOP_RECORD:
-		return 0;
-	}
-	return 0;
+	return op != SFW_BOP_RECORD && sfwi_weight_dtype_ok(op, dt);
 }
 
 /* The weights stay in the map where they are: nothing to defer or merge. */

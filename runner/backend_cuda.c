@@ -1077,19 +1077,9 @@ static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_b
  * (batches keep a cache per sequence); recordings unless graphs are off. */
 static int cu_supports(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
 {
-	switch (op) {
-	case SFW_BOP_MATMUL:
-	case SFW_BOP_LOGITS:
-		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32 || dt == SFW_DTYPE_W8;
-	case SFW_BOP_EMBED:
-	case SFW_BOP_NORM:
-		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32;
-	case SFW_BOP_POOL:
-		return 0;
-	case SFW_BOP_RECORD:
+	if (op == SFW_BOP_RECORD)
 		return ((const struct cu_be *)be->impl)->graphs;
-	}
-	return 0;
+	return op != SFW_BOP_POOL && sfwi_weight_dtype_ok(op, dt);
 }
 
 static enum sfw_status cu_pool_new(struct sfw_backend *be, const struct sfw_cache_desc *d, int64_t blocks,
