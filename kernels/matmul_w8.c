@@ -153,23 +153,35 @@ static void dequant_row(float *o, const uint8_t *c, const void *s, enum sfw_op_d
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
 /* GCC widens uint8 vectors element by element; AVX2 does it in one
- * instruction (zero-extend, convert, subtract the bias: exact). The two
- * functions below are row_dot and dequant_row operation for operation. */
-__attribute__((target("avx2"))) static inline __m256 dequant8_avx2(const uint8_t *p, __m256 sc)
+ * instruction. w = (b - 128) * s is formed as fma(b, s, -128 s): -128 s is
+ * exact and the fma rounds the exact (b - 128) s once, so it is the same
+ * float as the generic path's product (scales below 2^120, as every real
+ * one), in one instruction. The two functions below are row_dot and
+ * dequant_row operation for operation otherwise. */
+struct scale8 {
+	__m256 s, bias; /* s and -128 s */
+};
+
+__attribute__((target("avx2,fma"))) static inline struct scale8 scale8_avx2(float s)
 {
-	__m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-	return _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(b), _mm256_set1_ps((float)SFW_QL_BIAS)), sc);
+	struct scale8 r = {_mm256_set1_ps(s), _mm256_set1_ps(s * -(float)SFW_QL_BIAS)};
+	return r;
 }
 
-__attribute__((target("avx2"))) static float row_dot_avx2(const float *x, const uint8_t *c, const void *s,
+__attribute__((target("avx2,fma"))) static inline __m256 dequant8_avx2(const uint8_t *p, struct scale8 sc)
+{
+	__m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+	return _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), sc.s, sc.bias);
+}
+
+__attribute__((target("avx2,fma"))) static float row_dot_avx2(const float *x, const uint8_t *c, const void *s,
 							 enum sfw_op_dtype sdt, size_t s0, int K, int G, int span)
 {
 	int K8 = K & ~7, k = 0;
 	__m256 a0 = _mm256_setzero_ps(), a1 = a0;
 	for (int g = 0; g < G; g++) {
 		int k1 = (g + 1) * span < K8 ? (g + 1) * span : K8;
-		float scf = scale_at(s, sdt, s0 + (size_t)g);
-		__m256 sc = _mm256_set1_ps(scf);
+		struct scale8 sc = scale8_avx2(scale_at(s, sdt, s0 + (size_t)g));
 		for (; k + 16 <= k1; k += 16) {
 			a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc)));
 			a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + k + 8), dequant8_avx2(c + k + 8, sc)));
@@ -183,13 +195,13 @@ __attribute__((target("avx2"))) static float row_dot_avx2(const float *x, const 
 	return y;
 }
 
-__attribute__((target("avx2"))) static void dequant_row_avx2(float *o, const uint8_t *c, const void *s,
+__attribute__((target("avx2,fma"))) static void dequant_row_avx2(float *o, const uint8_t *c, const void *s,
 							    enum sfw_op_dtype sdt, size_t s0, int K, int span)
 {
 	for (int k0 = 0, g = 0; k0 < K; k0 += span, g++) {
 		int k1 = k0 + span < K ? k0 + span : K, k = k0;
 		float scf = scale_at(s, sdt, s0 + (size_t)g);
-		__m256 sc = _mm256_set1_ps(scf);
+		struct scale8 sc = scale8_avx2(scf);
 		for (; k + 8 <= k1; k += 8)
 			_mm256_storeu_ps(o + k, dequant8_avx2(c + k, sc));
 		for (; k < k1; k++)
@@ -304,7 +316,7 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 	j.G = (int)sfw_ql_ngroups(K, group < K ? group : 0);
 	j.rb = (size_t)sfw_ql_row_bytes(K);
 #ifdef HAVE_AVX2_PATH
-	if (!force_generic && __builtin_cpu_supports("avx2"))
+	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
 		j.row = row_dot_avx2, j.dequant = dequant_row_avx2;
 #endif
 	size_t ntiles = ((size_t)N + TILE_ROWS - 1) / TILE_ROWS;
