@@ -44,19 +44,24 @@ SODIUM_LIB := $(SODIUM_A)
 else
 SODIUM_LIB := -lsodium
 endif
-LDLIBS := -lmicrohttpd -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lsentencepiece -lsentencepiece_train -lstdc++ -lpthread -lm
+LDLIBS := -lmicrohttpd -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lsentencepiece -lstdc++ -lpthread -lm
+# The SentencePiece trainer: only tools/spm_train.cpp uses it, so only links
+# whose modules include tools get it (the CLI, benches, tests that link tools).
+SPM_TRAIN_LIB := -lsentencepiece_train
 ifeq ($(CUDA),1)
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -ldl -lrt
-# forward.c refers to the CUDA backend weakly, which pulls nothing out of a
-# static archive: ask the linker for it so CUDA builds really contain it.
-CUDA_LDFLAGS := -Wl,-u,sfw_backend_cuda_new
 endif
 LDFLAGS := -pthread $(SANFLAGS)
 
-# Modules, in link order (a module may use only those after it; quant drives
-# the runner, the runner reads only quant/layout.h, which is header-only;
-# serve drives the runner).
-MODULES := serve quant runner kernels fetch verify core
+# Modules, in link order (a module may use only those after it): serve drives
+# the engine; tools (mkmodel, bench, score, tokenizer training) use quant and
+# the engine; quant drives the engine (AWQ calibration); runner is the engine
+# (forward, model, backends, batch, generate, sampler); formats reads and
+# writes the files (safetensors, config, tokenizer, eos); kernels are the ops;
+# num holds the number formats every layer shares (dtype enum, bf16/f16,
+# the int8 layout; header-only). tests/run.sh checks that no include points
+# back up from runner, formats, kernels or num to quant or tools.
+MODULES := serve tools quant runner formats kernels num fetch verify core
 # Files named *_cuda.c are host code that needs the CUDA runtime: CUDA=1 only.
 srcs_c   = $(if $(filter 1,$(CUDA)),$(wildcard $(1)/*.c),$(filter-out %_cuda.c,$(wildcard $(1)/*.c)))
 srcs_cxx = $(wildcard $(1)/*.cpp)
@@ -78,8 +83,8 @@ TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 # module is mid-change, and documents the dependency.
 test_modules = $(or $(shell sed -n 's|^/\* modules: \(.*\) \*/$$|\1|p' $(1) | head -n 1),$(MODULES))
 test_libs = $(foreach m,$(call test_modules,$(1)),$(BUILD)/libsfw_$(m).a)
-# Only a test that links the kernels can carry the CUDA backend.
-test_ldflags = $(if $(filter kernels,$(call test_modules,$(1))),$(CUDA_LDFLAGS))
+# Only a test that links tools needs the SentencePiece trainer.
+test_spm = $(if $(filter tools,$(call test_modules,$(1))),$(SPM_TRAIN_LIB))
 TEST_HELPERS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/lib/*.c))
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
@@ -122,14 +127,14 @@ $(BUILD)/libsalafw.a: $(ALL_OBJS)
 	ar rcs $@ $^
 
 $(BUILD)/salafw: $(CLI_OBJS) $(MODULE_LIBS)
-	$(CXX) $(LDFLAGS) $(CUDA_LDFLAGS) -o $@ $(CLI_OBJS) $(MODULE_LIBS) $(LDLIBS)
+	$(CXX) $(LDFLAGS) -o $@ $(CLI_OBJS) $(MODULE_LIBS) $(SPM_TRAIN_LIB) $(LDLIBS)
 
 # A test links the module archives; tests/lib/*.c are shared test helpers.
 .SECONDEXPANSION:
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_HELPERS) $$(call test_libs,tests/%.c)
-	$(CXX) $(LDFLAGS) $(call test_ldflags,tests/$*.c) -o $@ $< $(TEST_HELPERS) $(call test_libs,tests/$*.c) $(LDLIBS)
+	$(CXX) $(LDFLAGS) -o $@ $< $(TEST_HELPERS) $(call test_libs,tests/$*.c) $(call test_spm,tests/$*.c) $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(MODULE_LIBS)
-	$(CXX) $(LDFLAGS) $(CUDA_LDFLAGS) -o $@ $< $(MODULE_LIBS) $(LDLIBS)
+	$(CXX) $(LDFLAGS) -o $@ $< $(MODULE_LIBS) $(SPM_TRAIN_LIB) $(LDLIBS)
 
 test: all
 	@BUILD=$(BUILD) bash tests/run.sh
@@ -149,7 +154,7 @@ bench: all
 FUZZ_BUILD := build-fuzz
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
-FUZZ_LIB_SRCS := $(foreach m,fetch verify core,$(filter-out %_cuda.c,$(wildcard $(m)/*.c))) runner/safetensors.c runner/config.c runner/eos.c serve/req.c
+FUZZ_LIB_SRCS := $(foreach m,fetch verify core,$(filter-out %_cuda.c,$(wildcard $(m)/*.c))) formats/safetensors.c formats/config.c formats/eos.c serve/req.c
 FUZZ_CFLAGS := -std=c11 -O1 -g $(DEFS) $(INCLUDES) -fsanitize=fuzzer-no-link,address,undefined
 fuzz: $(FUZZ_BINS)
 	@set -e; for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/corpus-$$n; \

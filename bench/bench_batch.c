@@ -2,13 +2,16 @@
  * (runner/batch.h) on one model directory:
  *   bench_batch MODEL [--device cpu|cuda] [--threads N] [--batch 1,8,32,64]
  *               [--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C]
- * For each batch size B: a fresh batch of B sequences; sequence i gets a
- * prompt of L tokens (or, with LMIN-LMAX, lengths spread geometrically from
- * LMIN to LMAX: the mixed-length case), BOS then random ids, prefilled in
- * chunks of C rows (default 512), one chunk per step (not timed); then G
- * steps in which every sequence decodes one token (greedy, host argmax,
- * included in the time). Prints the aggregate decode tokens/s (B * G / time)
- * and the median step, against B times the B = 1 figure of the same run.
+ * One batch of Bmax sequences (the largest B asked for), prefilled once:
+ * sequence i gets a prompt of L tokens (or, with LMIN-LMAX, lengths spread
+ * geometrically from LMIN to LMAX: the mixed-length case), BOS then random
+ * ids, in chunks of C rows (default 512), one chunk per step (not timed).
+ * Then for each batch size B, B of them spread evenly over the set (the
+ * shortest and the longest included) decode G steps together (greedy, host
+ * argmax, included in the time). Prints the aggregate decode tokens/s
+ * (B * G / time), the lengths it ran at and the median step, against B
+ * times the B = 1 figure of the same run. (Each run leaves its sequences
+ * G tokens longer for the next: small against the contexts measured.)
  * Built in every build; on the CPU it runs as is (small presets: the
  * prefill dominates the wall time, keep L small). */
 #include "runner/batch.h"
@@ -43,73 +46,98 @@ static int32_t argmax(const float *l, int V)
 	return b;
 }
 
-/* One batch size: returns the aggregate tok/s, or < 0 on failure. */
-static double run_batch(struct sfw_model *m, int B, int64_t lmin, int64_t lmax, int gen, int chunk, double *med_ms)
+/* The sequences of one run: n of them, sequence i prefilled with a prompt
+ * of len[i] tokens (BOS then random ids) in chunks of `chunk` rows, one
+ * chunk per step (not timed); next[i] its first greedy token. */
+struct seqs {
+	struct sfw_batch *b;
+	int n;
+	int seq[SFW_BATCH_MAX_SEQS];
+	int32_t next[SFW_BATCH_MAX_SEQS];
+	int64_t len[SFW_BATCH_MAX_SEQS];
+};
+
+static int prefill_all(struct sfw_model *m, struct seqs *S, int nmax, int64_t lmin, int64_t lmax, int gen, int nruns,
+		       int chunk)
 {
 	const struct sfw_config *cf = sfw_model_config(m);
 	int V = cf->vocab_size;
-	int64_t len[SFW_BATCH_MAX_SEQS], pool = 0, blk = cf->sparse_block_size;
-	for (int i = 0; i < B; i++) {
-		double f = B > 1 ? (double)i / (B - 1) : 0;
-		len[i] = (int64_t)llround((double)lmin * pow((double)lmax / (double)lmin, f));
-		pool += (len[i] + gen + blk - 1) / blk * blk;
+	int64_t pool = 0, blk = cf->sparse_block_size;
+	S->n = nmax;
+	for (int i = 0; i < nmax; i++) {
+		double f = nmax > 1 ? (double)i / (nmax - 1) : 0;
+		S->len[i] = (int64_t)llround((double)lmin * pow((double)lmax / (double)lmin, f));
+		pool += (S->len[i] + (int64_t)gen * nruns + blk - 1) / blk * blk;
 	}
 	struct sfw_batch_params bp = sfw_batch_default_params();
-	bp.max_seqs = B;
+	bp.max_seqs = nmax;
 	bp.pool_tokens = pool;
-	bp.max_ctx = lmax + gen;
-	bp.max_step_rows = chunk > B ? chunk : B;
-	struct sfw_batch *b = NULL;
+	bp.max_ctx = lmax + (int64_t)gen * nruns;
+	bp.max_step_rows = chunk > nmax ? chunk : nmax;
 	struct sfw_err err = {0};
 	int32_t *ids = malloc(sizeof(int32_t) * (size_t)chunk);
-	double *steps = malloc(sizeof(double) * (size_t)(gen ? gen : 1));
-	int seq[SFW_BATCH_MAX_SEQS];
-	int32_t next[SFW_BATCH_MAX_SEQS];
-	struct sfw_batch_item it[SFW_BATCH_MAX_SEQS];
-	double tps = -1;
-	if (!ids || !steps || sfw_batch_new(m, &bp, &b, &err) != SFW_OK) {
-		fprintf(stderr, "bench_batch: B=%d: %s\n", B, err.msg[0] ? err.msg : "out of memory");
-		goto out;
+	if (!ids || sfw_batch_new(m, &bp, &S->b, &err) != SFW_OK) {
+		fprintf(stderr, "bench_batch: %d sequences: %s\n", nmax, err.msg[0] ? err.msg : "out of memory");
+		free(ids);
+		return -1;
 	}
 	uint64_t rng = 12345;
-	for (int i = 0; i < B; i++) {
-		if (sfw_batch_seq_open(b, &seq[i], &err) != SFW_OK)
+	for (int i = 0; i < nmax; i++) {
+		if (sfw_batch_seq_open(S->b, &S->seq[i], &err) != SFW_OK)
 			goto fail;
-		for (int64_t off = 0; off < len[i]; off += chunk) {
-			int n = (int)(len[i] - off < chunk ? len[i] - off : chunk);
+		for (int64_t off = 0; off < S->len[i]; off += chunk) {
+			int n = (int)(S->len[i] - off < chunk ? S->len[i] - off : chunk);
 			for (int j = 0; j < n; j++) {
 				rng = rng * 6364136223846793005ull + 1442695040888963407ull;
 				ids[j] = off + j == 0 ? 1 : (int32_t)(3 + (rng >> 33) % (uint64_t)(V - 11));
 			}
-			struct sfw_batch_item p = {seq[i], ids, n, off + n == len[i]};
-			if (sfw_batch_step(b, &p, 1, &err) != SFW_OK)
+			struct sfw_batch_item p = {S->seq[i], ids, n, off + n == S->len[i]};
+			if (sfw_batch_step(S->b, &p, 1, &err) != SFW_OK)
 				goto fail;
 		}
-		next[i] = argmax(sfw_batch_logits(b, 0), V);
+		S->next[i] = argmax(sfw_batch_logits(S->b, 0), V);
 	}
+	free(ids);
+	return 0;
+fail:
+	fprintf(stderr, "bench_batch: prefill: %s\n", err.msg);
+	free(ids);
+	return -1;
+}
+
+/* B of the sequences, spread evenly over them (so a mixed-length run keeps
+ * its spread), decode gen steps together: returns the aggregate tok/s, or
+ * < 0 on failure. */
+static double run_batch(struct seqs *S, int V, int B, int gen, double *med_ms, int64_t *lo, int64_t *hi)
+{
+	struct sfw_batch_item it[SFW_BATCH_MAX_SEQS];
+	int pick[SFW_BATCH_MAX_SEQS];
+	struct sfw_err err = {0};
+	double *steps = malloc(sizeof(double) * (size_t)gen);
+	if (!steps)
+		return -1;
+	for (int j = 0; j < B; j++)
+		pick[j] = B > 1 ? (int)llround((double)j * (S->n - 1) / (B - 1)) : 0;
+	*lo = S->len[pick[0]], *hi = S->len[pick[B - 1]];
 	double t0 = now_s();
 	for (int s = 0; s < gen; s++) {
 		double ts = now_s();
-		for (int i = 0; i < B; i++)
-			it[i] = (struct sfw_batch_item){seq[i], &next[i], 1, 1};
-		if (sfw_batch_step(b, it, B, &err) != SFW_OK)
-			goto fail;
-		for (int i = 0; i < B; i++)
-			next[i] = argmax(sfw_batch_logits(b, i), V);
+		for (int j = 0; j < B; j++)
+			it[j] = (struct sfw_batch_item){S->seq[pick[j]], &S->next[pick[j]], 1, 1};
+		if (sfw_batch_step(S->b, it, B, &err) != SFW_OK) {
+			fprintf(stderr, "bench_batch: B=%d: %s\n", B, err.msg);
+			free(steps);
+			return -1;
+		}
+		for (int j = 0; j < B; j++)
+			S->next[pick[j]] = argmax(sfw_batch_logits(S->b, j), V);
 		steps[s] = now_s() - ts;
 	}
 	double dt = now_s() - t0;
 	qsort(steps, (size_t)gen, sizeof(double), cmp_d);
-	*med_ms = gen ? steps[gen / 2] * 1e3 : 0;
-	tps = dt > 0 ? (double)B * gen / dt : 0;
-	goto out;
-fail:
-	fprintf(stderr, "bench_batch: B=%d: %s\n", B, err.msg);
-out:
-	sfw_batch_free(b);
-	free(ids);
+	*med_ms = steps[gen / 2] * 1e3;
 	free(steps);
-	return tps;
+	return dt > 0 ? (double)B * gen / dt : 0;
 }
 
 int main(int argc, char **argv)
@@ -157,30 +185,44 @@ int main(int argc, char **argv)
 	}
 	printf("model %s on %s; context %lld%s%lld tokens, %d decode steps, prefill chunk %d\n", dir,
 	       sfw_model_device_name(m), lmin, lmin == lmax ? " (all), max " : " to ", lmax, gen, chunk);
-	double one = 0;
-	int rc = 0;
-	for (const char *p = batches; *p;) {
+	int Bs[64], nb = 0, bmax = 0, rc = 0;
+	for (const char *p = batches; *p && nb < 64;) {
 		char *e;
 		long B = strtol(p, &e, 10);
-		if (e == p || B < 1 || B > SFW_BATCH_MAX_SEQS) {
+		if (e == p || B < 1 || B > SFW_BATCH_MAX_SEQS || (*e && *e != ',')) {
 			fprintf(stderr, "bench_batch: bad --batch '%s'\n", batches);
-			rc = 2;
-			break;
+			sfw_model_free(m);
+			return 2;
 		}
 		p = *e == ',' ? e + 1 : e;
-		double med = 0, tps = run_batch(m, (int)B, lmin, lmax, gen, chunk, &med);
+		Bs[nb++] = (int)B;
+		bmax = B > bmax ? (int)B : bmax;
+	}
+	/* one set of sequences, prefilled once, for every batch size */
+	struct seqs S = {0};
+	if (prefill_all(m, &S, bmax, lmin, lmax, gen, nb, chunk) != 0) {
+		sfw_batch_free(S.b);
+		sfw_model_free(m);
+		return 1;
+	}
+	double one = 0;
+	for (int k = 0; k < nb; k++) {
+		int B = Bs[k];
+		int64_t lo, hi;
+		double med = 0, tps = run_batch(&S, sfw_model_config(m)->vocab_size, B, gen, &med, &lo, &hi);
 		if (tps < 0) {
 			rc = 1;
 			continue;
 		}
 		if (B == 1)
 			one = tps;
-		printf("BATCH B=%ld ctx %lld-%lld: aggregate decode %.1f tok/s (%.2f per sequence), median step %.2f ms",
-		       B, lmin, lmax, tps, tps / B, med);
+		printf("BATCH B=%d ctx %lld-%lld: aggregate decode %.1f tok/s (%.2f per sequence), median step %.2f ms", B,
+		       (long long)lo, (long long)hi, tps, tps / B, med);
 		if (one > 0 && B > 1)
-			printf(", %.2fx B=1 (ideal %ld)", tps / one, B);
+			printf(", %.2fx B=1 (ideal %d)", tps / one, B);
 		printf("\n");
 	}
+	sfw_batch_free(S.b);
 	sfw_model_free(m);
 	return rc;
 }

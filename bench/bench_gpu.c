@@ -7,9 +7,9 @@
  * one-token steps. Prints prefill tok/s, TTFT, decode tok/s, the peak device
  * memory of the run, and the ratios to the limits: decode as weight bytes per
  * step over the copy ceiling, prefill as linear-layer FLOPs over the GEMM
- * ceiling. The measuring is runner/bench.c's (the same as `salafw bench`).
+ * ceiling. The measuring is tools/bench.c's (the same as `salafw bench`).
  * Built in every build; without CUDA=1 it says so and exits 0. */
-#include "runner/bench.h"
+#include "tools/tools.h"
 #include "runner/runner.h"
 #include "sfw.h"
 

@@ -11,7 +11,7 @@
  * run the two in turn: bench/bench_w8_ab.sh. */
 #include "kernels/ops.h"
 #include "alloc.h"
-#include "quant/layout.h"
+#include "num/w8_layout.h"
 #include "sfw.h"
 #include "thread.h"
 
@@ -54,7 +54,7 @@ static int bench_shape(int M, int N, int K, int group, double secs)
 		x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
 	size_t c = 0;
 #define CALL()                                                                                                   \
-	(sfw_op_matmul_w8_cpu(y, x, codes + c * wbytes, sc + c * (size_t)N * G, SFW_OP_BF16, span, M, N, K), \
+	(sfw_op_matmul_w8_cpu(y, x, codes + c * wbytes, sc + c * (size_t)N * G, SFW_DTYPE_BF16, span, M, N, K), \
 	 c = (c + 1) % ncopy)
 	for (size_t i = 0; i < ncopy; i++)
 		CALL(); /* warm-up: page in every copy */

@@ -19,8 +19,11 @@ trap 'rm -rf "$D"' EXIT
 for side in before after; do
 	lib=$BEFORE
 	[ "$side" = after ] && lib=$BUILD
-	${CC:-cc} -std=c11 -O2 -D_GNU_SOURCE -I. -Icore -pthread bench/bench_w8.c "$lib/libsfw_kernels.a" \
-		"$lib/libsfw_core.a" -lm -o "$D/$side" || { echo "bench_w8_ab: cannot build the $side binary"; exit 1; }
+	libs="$lib/libsfw_kernels.a"
+	[ -e "$lib/libsfw_num.a" ] && libs="$libs $lib/libsfw_num.a" # trees before num/ have none
+	# shellcheck disable=SC2086
+	${CC:-cc} -std=c11 -O2 -D_GNU_SOURCE -I. -Icore -pthread bench/bench_w8.c $libs "$lib/libsfw_core.a" -lm \
+		-o "$D/$side" || { echo "bench_w8_ab: cannot build the $side binary"; exit 1; }
 done
 echo "== bench_w8_ab: $ROUNDS rounds, before = $BEFORE, after = $BUILD, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$ROUNDS"); do

@@ -1,15 +1,15 @@
 /* salafw bench - prefill and decode speed on random token ids (no tokenizer
  * needed): one prefill of --prompt N tokens, then --gen M one-token steps
- * (runner/bench.c measures; bench/bench_gpu.c uses the same code). On CUDA
+ * (tools/bench.c measures; bench/bench_gpu.c uses the same code). On CUDA
  * it also prints the peak device memory and the ratios to the two limits
  * measured in the same run: a device copy (bandwidth, for decode) and a
  * cuBLASLt GEMM (FLOP/s, for prefill). */
 #include "cli.h"
-#include "thread.h"
 #include "alloc.h"
 #include "kernels/ops.h"
-#include "runner/bench.h"
 #include "runner/runner.h"
+#include "thread.h"
+#include "tools/tools.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -36,11 +36,11 @@ static double gemm_gflops(int M, int N, int K, int threads, const float *x, cons
 	if (sfw_ops_cpu_new(threads, &ex, err) != SFW_OK)
 		return 0;
 	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
-	sfw_op_matmul_cpu(y, x, w, SFW_OP_BF16, M, N, K); /* warm-up */
+	sfw_op_matmul_cpu(y, x, w, SFW_DTYPE_BF16, M, N, K); /* warm-up */
 	int reps = 0;
 	double t0 = cli_now_s(), t;
 	do {
-		sfw_op_matmul_cpu(y, x, w, SFW_OP_BF16, M, N, K);
+		sfw_op_matmul_cpu(y, x, w, SFW_DTYPE_BF16, M, N, K);
 		reps++;
 	} while ((t = cli_now_s() - t0) < 0.5);
 	sfw_ops_cpu_bind(prev);

@@ -2,7 +2,7 @@
 #include "cli.h"
 
 #include "quant/quant.h"
-#include "runner/mkmodel.h"
+#include "tools/tools.h"
 
 #include <stdio.h>
 #include <string.h>

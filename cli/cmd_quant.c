@@ -1,6 +1,6 @@
 /* salafw quant - 8-bit weight quantization (W8A16, AWQ or round-to-nearest)
  * of a verified model directory into a compressed-tensors pack-quantized
- * checkpoint (quant/layout.h) that vLLM, SGLang, transformers and salafw run. */
+ * checkpoint (num/w8_layout.h) that vLLM, SGLang, transformers and salafw run. */
 #include "cli.h"
 #include "alloc.h"
 #include "buf.h"

@@ -9,12 +9,12 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "formats/tokenizer.h"
 #include "json.h"
-#include "runner/bench.h"
 #include "runner/generate.h"
 #include "runner/runner.h"
 #include "runner/sampler.h"
-#include "runner/tokenizer.h"
+#include "tools/tools.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -63,7 +63,6 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 	b->stage1 = env_tc("SALAFW_CUDA_STAGE1");
 	const char *gla = getenv("SALAFW_CUDA_GLA");
 	b->gla_serial = gla && !strcmp(gla, "serial");
-	b->no_step_graph = env_on("SALAFW_CUDA_NOSTEPGRAPH");
 	b->no_merge = env_on("SALAFW_CUDA_NOMERGE");
 	b->no_fuse = env_on("SALAFW_CUDA_NOFUSE");
 	b->no_graph = env_on("SALAFW_CUDA_NOGRAPH");

@@ -3,8 +3,9 @@
  * an engine can be checked against ../shared/golden or another engine. */
 #include "cli.h"
 #include "alloc.h"
+#include "formats/safetensors.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
+#include "tools/tools.h"
 
 #include <stdio.h>
 #include <string.h>

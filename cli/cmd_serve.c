@@ -5,9 +5,9 @@
 #include "cli.h"
 #include "buf.h"
 #include "file.h"
+#include "formats/tokenizer.h"
 #include "runner/generate.h"
 #include "runner/runner.h"
-#include "runner/tokenizer.h"
 #include "serve/serve.h"
 
 #include <signal.h>

@@ -4,7 +4,7 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
-#include "runner/safetensors.h"
+#include "formats/safetensors.h"
 #include "verify/verify.h"
 
 #include <sys/stat.h>

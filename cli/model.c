@@ -4,8 +4,8 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "formats/safetensors.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
 #include "verify/verify.h"
 
 #include <ctype.h>

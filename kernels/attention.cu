@@ -284,7 +284,7 @@ static void attn_launch(att_args a, int sms, cudaStream_t s)
 	}
 }
 
-static void attn_any(att_args a, int hd, enum sfw_op_dtype act, void *stream)
+static void attn_any(att_args a, int hd, enum sfw_dtype act, void *stream)
 {
 	if (a.T <= 0)
 		return;
@@ -303,7 +303,7 @@ static void attn_any(att_args a, int hd, enum sfw_op_dtype act, void *stream)
 }
 
 extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
-				       int hd, int64_t pos0, float scale, enum sfw_op_dtype act, void *stream)
+				       int hd, int64_t pos0, float scale, enum sfw_dtype act, void *stream)
 {
 	if (sfwi_attn_tc(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, stream))
 		return;
@@ -313,7 +313,7 @@ extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, c
 
 extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx,
 					int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
-					enum sfw_op_dtype act, void *stream)
+					enum sfw_dtype act, void *stream)
 {
 	if (sfwi_attn_tc(o, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale, act, stream))
 		return;
@@ -325,7 +325,7 @@ extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, 
 
 extern "C" void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc, int nh, int nkv,
 					   int hd, int64_t len_bound, float scale, const int64_t *dpos,
-					   enum sfw_op_dtype act, void *stream)
+					   enum sfw_dtype act, void *stream)
 {
 	SFW_ASSERT(len_bound >= 1 && dpos);
 	/* the split count is planned for len_bound keys; a split past the
@@ -336,7 +336,7 @@ extern "C" void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *k
 
 extern "C" void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
 					    const int32_t *idx, int nh, int nkv, int hd, int k, int block, float scale,
-					    const int64_t *dpos, enum sfw_op_dtype act, void *stream)
+					    const int64_t *dpos, enum sfw_dtype act, void *stream)
 {
 	SFW_ASSERT(dpos);
 	att_args a = {q, kc, vc, idx, o, NULL, 1, nh, nkv, k, block, 1, 0, scale, dpos};

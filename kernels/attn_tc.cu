@@ -260,11 +260,11 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 }
 
 int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T, int nh,
-		 int nkv, int hd, int64_t pos0, int k, int block, float scale, enum sfw_op_dtype act,
+		 int nkv, int hd, int64_t pos0, int k, int block, float scale, enum sfw_dtype act,
 		 void *stream)
 {
 	enum tc_mode mode = tc_mode_of(sfwi_cuda_cfg_attn());
-	if (mode == TC_SIMT || act != SFW_OP_BF16 || T <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
+	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
 		return 0;
 	if (idx && (block != ATC_BLK || k <= 0 || k > ATC_KMAX))
 		return 0;

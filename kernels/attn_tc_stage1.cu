@@ -194,10 +194,10 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-		   enum sfw_op_dtype act, void *stream)
+		   enum sfw_dtype act, void *stream)
 {
 	enum tc_mode mode = tc_mode_of(sfwi_cuda_cfg_stage1());
-	if (mode == TC_SIMT || act != SFW_OP_BF16 || T <= 0 || n1 <= 0 || nkv <= 0 || nh % nkv != 0 ||
+	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || n1 <= 0 || nkv <= 0 || nh % nkv != 0 ||
 	    nh / nkv > 16)
 		return 0;
 	if (hd != 32 && hd != 64 && hd != 128)

@@ -1,6 +1,6 @@
 /* cuda_act.cuh - activation-dtype plumbing for the CUDA twins of ops.h:
  * kernels are templates over the activation storage type A (float for
- * SFW_OP_F32, uint16_t bf16 bits for SFW_OP_BF16). act_round<A> is the
+ * SFW_DTYPE_F32, uint16_t bf16 bits for SFW_DTYPE_BF16). act_round<A> is the
  * reference's bf16 rounding point: identity in float mode. */
 #ifndef SFW_CUDA_ACT_CUH
 #define SFW_CUDA_ACT_CUH
@@ -62,15 +62,15 @@ template <> struct vec8<float> {
 };
 
 /* Weight element i, stored as bf16 or f32. */
-static __device__ __forceinline__ float wget(const void *w, enum sfw_op_dtype dt, size_t i)
+static __device__ __forceinline__ float wget(const void *w, enum sfw_dtype dt, size_t i)
 {
-	return dt == SFW_OP_BF16 ? sfwc_bf(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+	return dt == SFW_DTYPE_BF16 ? sfwc_bf(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
 /* Runs the statement with A bound to the activation storage type. */
 #define ACT_DISPATCH(act, ...)                                                                           \
 	do {                                                                                              \
-		if ((act) == SFW_OP_BF16) {                                                               \
+		if ((act) == SFW_DTYPE_BF16) {                                                               \
 			typedef uint16_t A;                                                               \
 			__VA_ARGS__;                                                                             \
 		} else {                                                                                  \
@@ -96,7 +96,7 @@ static __device__ __forceinline__ float rms_sumsq(const T *xr, int n, int first,
 	return ss;
 }
 template <typename T>
-static __device__ __forceinline__ void rms_store(T *yr, const T *xr, const void *w, enum sfw_op_dtype wdt, int n,
+static __device__ __forceinline__ void rms_store(T *yr, const T *xr, const void *w, enum sfw_dtype wdt, int n,
 						 float inv, int first, int step)
 {
 	for (int i = first; i < n; i += step)
@@ -115,7 +115,7 @@ static __device__ __forceinline__ float rms_sumsq_vec8(const uint16_t *xr, int n
 	return ss;
 }
 static __device__ __forceinline__ void rms_store_vec8(uint16_t *yr, const uint16_t *xr, const void *w,
-						      enum sfw_op_dtype wdt, int n, float inv, int first, int step)
+						      enum sfw_dtype wdt, int n, float inv, int first, int step)
 {
 	for (int v = first; v < n / 8; v += step) {
 		float f[8];
@@ -131,9 +131,9 @@ static __device__ __forceinline__ void rms_store_vec8(uint16_t *yr, const uint16
 /* Scratch memory and the cuBLASLt handle the twins share (kernels/cuda_rt.cu). */
 void *sfwi_cuda_scratch(size_t bytes);
 /* The one-block-per-row RMSNorm takes its 8-wide form (elementwise.cu). */
-bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_op_dtype act);
+bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_dtype act);
 struct sfw_cuda_blas *sfwi_cuda_blas(void);
 void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
-			 enum sfw_op_dtype act, void *stream);
+			 enum sfw_dtype act, void *stream);
 
 #endif

@@ -78,8 +78,9 @@ static __device__ __forceinline__ float sfwc_block_max(float v, float *scratch)
 	return sfwc_warp_max(v);
 }
 
-/* bf16 bits <-> float, round to nearest even with NaN kept quiet: the same
- * function as sfw_f32_to_bf16 on the CPU, so both sides round identically. */
+/* bf16 bits <-> float, round to nearest even with NaN kept quiet: device
+ * copies of sfw_bf16_to_f32 / sfw_f32_to_bf16 of num/num.h, which is the law
+ * they match bit for bit (so the CPU twins and the kernels round identically). */
 static __device__ __forceinline__ float sfwc_bf(uint16_t h)
 {
 	return __uint_as_float((uint32_t)h << 16);

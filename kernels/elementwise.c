@@ -103,7 +103,7 @@ void sfwi_ops_cpu_for(int nthreads, size_t n, size_t grain, sfw_range_fn fn, voi
 	sfw_pool_for(ex->pool, nthreads, n, grain, bound_range, &j);
 }
 
-void sfw_op_embed_cpu(float *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int T, int D,
+void sfw_op_embed_cpu(float *x, const void *E, enum sfw_dtype edt, const int32_t *ids, int T, int D,
 		      float scale)
 {
 	for (int t = 0; t < T; t++) {
@@ -117,7 +117,7 @@ struct norm_job {
 	float *y;
 	const float *x;
 	const void *w;
-	enum sfw_op_dtype wdt;
+	enum sfw_dtype wdt;
 	int n;
 	float eps;
 };
@@ -138,7 +138,7 @@ static void norm_rows(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
+void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int rows, int n,
 			float eps)
 {
 	struct norm_job j = {y, x, w, wdt, n, eps};

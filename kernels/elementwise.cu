@@ -1,7 +1,7 @@
 /* elementwise.cu - CUDA twins of kernels/elementwise.c (embedding, RMSNorm,
  * scaled residual, SiLU-gate, sigmoid gate, NeoX RoPE). Activations are
- * float (SFW_OP_F32: the same arithmetic as the CPU twin) or bf16
- * (SFW_OP_BF16: rounded where the reference rounds, docs/model-spec.md §2). */
+ * float (SFW_DTYPE_F32: the same arithmetic as the CPU twin) or bf16
+ * (SFW_DTYPE_BF16: rounded where the reference rounds, docs/model-spec.md §2). */
 #include "cuda_act.cuh"
 
 extern "C" {
@@ -9,7 +9,7 @@ extern "C" {
 }
 
 template <typename T>
-static __global__ void embed_kernel(T *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int D, float scale)
+static __global__ void embed_kernel(T *x, const void *E, enum sfw_dtype edt, const int32_t *ids, int D, float scale)
 {
 	sfwc_pdl_wait();
 	int t = blockIdx.x;
@@ -18,8 +18,8 @@ static __global__ void embed_kernel(T *x, const void *E, enum sfw_op_dtype edt, 
 		act_st(x, (size_t)t * D + i, wget(E, edt, base + i) * scale);
 }
 
-extern "C" void sfw_op_embed_cuda(void *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int T, int D,
-				  float scale, enum sfw_op_dtype act, void *stream)
+extern "C" void sfw_op_embed_cuda(void *x, const void *E, enum sfw_dtype edt, const int32_t *ids, int T, int D,
+				  float scale, enum sfw_dtype act, void *stream)
 {
 	if (T <= 0)
 		return;
@@ -34,7 +34,7 @@ extern "C" void sfw_op_embed_cuda(void *x, const void *E, enum sfw_op_dtype edt,
  * one 16-byte load each. Head-sized rows (n = hd) keep the scalar order,
  * which the fused q/k norm + RoPE kernel reproduces bit for bit. */
 template <typename T, bool VEC>
-static __global__ void rmsnorm_warp_kernel(T *y, const T *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
+static __global__ void rmsnorm_warp_kernel(T *y, const T *x, const void *w, enum sfw_dtype wdt, int rows, int n,
 					   float eps)
 {
 	sfwc_pdl_wait();
@@ -65,7 +65,7 @@ static __global__ void rmsnorm_warp_kernel(T *y, const T *x, const void *w, enum
  * add + RMSNorm (kernels/fused.cu) walks the same vectors in the same order,
  * so the two give equal bits. */
 template <typename T, bool VEC>
-static __global__ void rmsnorm_block_kernel(T *y, const T *x, const void *w, enum sfw_op_dtype wdt, int n, float eps)
+static __global__ void rmsnorm_block_kernel(T *y, const T *x, const void *w, enum sfw_dtype wdt, int n, float eps)
 {
 	sfwc_pdl_wait();
 	__shared__ float red[32];
@@ -84,13 +84,13 @@ static __global__ void rmsnorm_block_kernel(T *y, const T *x, const void *w, enu
 		rms_store(yr, xr, w, wdt, n, inv, threadIdx.x, blockDim.x);
 }
 
-bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_op_dtype act)
+bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_dtype act)
 {
-	return act == SFW_OP_BF16 && n % 8 == 0 && !(((uintptr_t)y | (uintptr_t)x) & 15);
+	return act == SFW_DTYPE_BF16 && n % 8 == 0 && !(((uintptr_t)y | (uintptr_t)x) & 15);
 }
 
-extern "C" void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
-				    float eps, enum sfw_op_dtype act, void *stream)
+extern "C" void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int rows, int n,
+				    float eps, enum sfw_dtype act, void *stream)
 {
 	if (rows <= 0)
 		return;
@@ -158,9 +158,9 @@ static __global__ void ew8_kernel(uint4 *y, const uint4 *a, const uint4 *b, size
 
 /* 1 when the bf16 vector form applies (and was launched). */
 template <int OP>
-static bool ew8(void *y, const void *a, const void *b, size_t n, float scale, enum sfw_op_dtype act, void *stream)
+static bool ew8(void *y, const void *a, const void *b, size_t n, float scale, enum sfw_dtype act, void *stream)
 {
-	if (act != SFW_OP_BF16 || n % 8 || (((uintptr_t)y | (uintptr_t)a | (uintptr_t)b) & 15))
+	if (act != SFW_DTYPE_BF16 || n % 8 || (((uintptr_t)y | (uintptr_t)a | (uintptr_t)b) & 15))
 		return false;
 	sfwc_launch(ew8_kernel<OP>, dim3(grid_for(n / 8)), dim3(256), 0, SFW_CUDA_STREAM(stream), (uint4 *)y,
 		    (const uint4 *)a, (const uint4 *)b, n / 8, scale);
@@ -168,7 +168,7 @@ static bool ew8(void *y, const void *a, const void *b, size_t n, float scale, en
 	return true;
 }
 
-extern "C" void sfw_op_add_scaled_cuda(void *x, const void *b, size_t n, float scale, enum sfw_op_dtype act,
+extern "C" void sfw_op_add_scaled_cuda(void *x, const void *b, size_t n, float scale, enum sfw_dtype act,
 				       void *stream)
 {
 	if (n == 0)
@@ -190,7 +190,7 @@ static __global__ void silu_mul_kernel(T *y, const T *gate, const T *up, size_t 
 	}
 }
 
-extern "C" void sfw_op_silu_mul_cuda(void *y, const void *gate, const void *up, size_t n, enum sfw_op_dtype act,
+extern "C" void sfw_op_silu_mul_cuda(void *y, const void *gate, const void *up, size_t n, enum sfw_dtype act,
 				     void *stream)
 {
 	if (n == 0)
@@ -210,7 +210,7 @@ static __global__ void sigmoid_mul_kernel(T *y, const T *x, const T *gate, size_
 		act_st(y, i, act_ld(x, i) * act_round<T>(1.0f / (1.0f + expf(-act_ld(gate, i)))));
 }
 
-extern "C" void sfw_op_sigmoid_mul_cuda(void *y, const void *x, const void *gate, size_t n, enum sfw_op_dtype act,
+extern "C" void sfw_op_sigmoid_mul_cuda(void *y, const void *x, const void *gate, size_t n, enum sfw_dtype act,
 					void *stream)
 {
 	if (n == 0)
@@ -253,7 +253,7 @@ static __global__ void rope_kernel(T *x, int T_, int nh, int hd, int64_t pos0, c
 }
 
 void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
-			 enum sfw_op_dtype act, void *stream)
+			 enum sfw_dtype act, void *stream)
 {
 	size_t n = (size_t)T * nh * (hd / 2);
 	if (n == 0)
@@ -270,11 +270,11 @@ void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int
 extern "C" void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta,
 					  void *stream)
 {
-	sfwi_rope_neox_cuda(x, T, nh, hd, 0, dpos, theta, SFW_OP_BF16, stream);
+	sfwi_rope_neox_cuda(x, T, nh, hd, 0, dpos, theta, SFW_DTYPE_BF16, stream);
 }
 
 extern "C" void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta,
-				      enum sfw_op_dtype act, void *stream)
+				      enum sfw_dtype act, void *stream)
 {
 	sfwi_rope_neox_cuda(x, T, nh, hd, pos0, NULL, theta, act, stream);
 }

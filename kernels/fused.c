@@ -3,7 +3,7 @@
  * what the unfused sequence gives (docs/style.md §13.10). */
 #include "kernels/ops.h"
 
-void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_op_dtype wdt,
+void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_dtype wdt,
 			    int rows, int n, float eps)
 {
 	sfw_op_add_scaled_cpu(x, b, (size_t)rows * (size_t)n, scale);
@@ -11,8 +11,8 @@ void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, con
 }
 
 /* No rounding between the steps: the CPU backend's activations are fp32. */
-void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
-			     enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
+void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+			     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
 			     float theta)
 {
 	sfw_op_rmsnorm_cpu(q, q, qw, qwdt, T * nhq, hd, eps);

@@ -12,7 +12,7 @@ extern "C" {
  * then rmsnorm_block_kernel's arithmetic on the new x. One 512-thread block
  * per row; each thread re-reads only the elements it wrote itself. */
 template <typename T>
-static __global__ void add_rmsnorm_kernel(T *y, T *x, const T *b, float scale, const void *w, enum sfw_op_dtype wdt,
+static __global__ void add_rmsnorm_kernel(T *y, T *x, const T *b, float scale, const void *w, enum sfw_dtype wdt,
 					  int n, float eps)
 {
 	sfwc_pdl_wait();
@@ -35,7 +35,7 @@ static __global__ void add_rmsnorm_kernel(T *y, T *x, const T *b, float scale, c
  * order (equal bits to add_scaled + rmsnorm); the sum of squares is taken
  * over the stored (rounded) sums, as the scalar form reads them back. */
 static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const uint16_t *b, float scale, const void *w,
-					      enum sfw_op_dtype wdt, int n, float eps)
+					      enum sfw_dtype wdt, int n, float eps)
 {
 	sfwc_pdl_wait();
 	__shared__ float red[32];
@@ -61,7 +61,7 @@ static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const ui
 }
 
 extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w,
-					enum sfw_op_dtype wdt, int rows, int n, float eps, enum sfw_op_dtype act,
+					enum sfw_dtype wdt, int rows, int n, float eps, enum sfw_dtype act,
 					void *stream)
 {
 	if (rows <= 0)
@@ -102,8 +102,8 @@ struct qkn_table {
 };
 
 template <typename A, int HD>
-static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
-					   enum sfw_op_dtype kwdt, int rows_q, int rows, int nhq, int nhk, int n,
+static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+					   enum sfw_dtype kwdt, int rows_q, int rows, int nhq, int nhk, int n,
 					   float eps, int rope, int64_t pos0, const qkn_table tab,
 					   const int64_t *dpos)
 {
@@ -116,7 +116,7 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 	int isq = r < rows_q, rr = isq ? r : r - rows_q;
 	A *xr = (isq ? q : k) + (size_t)rr * HD;
 	const void *w = isq ? qw : kw;
-	enum sfw_op_dtype wdt = isq ? qwdt : kwdt;
+	enum sfw_dtype wdt = isq ? qwdt : kwdt;
 	float y[NJ];
 	float ss = 0;
 #pragma unroll
@@ -148,9 +148,9 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 	}
 }
 
-extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
-					     enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-					     int64_t pos0, const int64_t *dpos, float theta, enum sfw_op_dtype act,
+extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+					     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
+					     int64_t pos0, const int64_t *dpos, float theta, enum sfw_dtype act,
 					     void *stream)
 {
 	if (T <= 0 || nhq + nhk <= 0)
@@ -185,9 +185,9 @@ extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, e
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
-					 enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-					 int64_t pos0, float theta, enum sfw_op_dtype act, void *stream)
+extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+					 enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
+					 int64_t pos0, float theta, enum sfw_dtype act, void *stream)
 {
 	sfw_cuda_qk_norm_rope_devpos(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, NULL, theta, act,
 				     stream);

@@ -37,7 +37,7 @@ static __global__ void compress_kernel(A *c, const A *k, int row, int64_t j0, in
 }
 
 extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
-				     int stride, enum sfw_op_dtype act, void *stream)
+				     int stride, enum sfw_dtype act, void *stream)
 {
 	if (j1 <= j0)
 		return;
@@ -65,7 +65,7 @@ static __global__ void compress_devpos_kernel(A *c1, A *c2, const A *k, int row,
 }
 
 extern "C" void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, int nkv, int hd, int ksize, int stride,
-					 const int64_t *dpos, enum sfw_op_dtype act, void *stream)
+					 const int64_t *dpos, enum sfw_dtype act, void *stream)
 {
 	SFW_ASSERT(dpos && ksize >= 1 && stride >= 1);
 	int row = nkv * hd;
@@ -267,11 +267,11 @@ static void s1_launch(s1_args a, cudaStream_t s)
 	SFW_CUDA_LAUNCHED();
 }
 
-static void s1_any(s1_args a, int hd, enum sfw_op_dtype act, void *stream);
+static void s1_any(s1_args a, int hd, enum sfw_dtype act, void *stream);
 
 extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2,
 				   int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
-				   float scale, enum sfw_op_dtype act, void *stream)
+				   float scale, enum sfw_dtype act, void *stream)
 {
 	if (T <= 0 || n1 <= 0)
 		return;
@@ -284,7 +284,7 @@ extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1,
 
 extern "C" void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv,
 				       int hd, int64_t len_bound, int ksize, int stride, float scale,
-				       const int64_t *dpos, enum sfw_op_dtype act, void *stream)
+				       const int64_t *dpos, enum sfw_dtype act, void *stream)
 {
 	SFW_ASSERT(dpos && len_bound >= 1 && nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
 	int64_t n1 = len_bound < ksize ? 0 : (len_bound - ksize) / stride + 1;
@@ -295,7 +295,7 @@ extern "C" void sfw_cuda_stage1_devpos(float *scores, const void *q, const void 
 	s1_any(a, hd, act, stream);
 }
 
-static void s1_any(s1_args a, int hd, enum sfw_op_dtype act, void *stream)
+static void s1_any(s1_args a, int hd, enum sfw_dtype act, void *stream)
 {
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	switch (hd) {
@@ -346,7 +346,7 @@ static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n
 
 extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv,
 					int T, int64_t pos0, int ksize, int stride, int block, int init_blocks,
-					int local_blocks, enum sfw_op_dtype act, void *stream)
+					int local_blocks, enum sfw_dtype act, void *stream)
 {
 	(void)act; /* scores are already rounded where the reference rounds */
 	size_t n = (size_t)nkv * T * nblocks;
@@ -508,7 +508,7 @@ static __global__ void __launch_bounds__(NT)
 }
 
 extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T,
-					int64_t pos0, int k, int block, enum sfw_op_dtype act, void *stream)
+					int64_t pos0, int k, int block, enum sfw_dtype act, void *stream)
 {
 	(void)act;
 	if (T <= 0 || nkv <= 0)

@@ -383,7 +383,7 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 }
 
 static void gla_any(bool chunked, void *o, const void *q, const void *k, const void *v, float *state,
-		    const float *decay, int T, int nh, int hd, float scale, enum sfw_op_dtype act, void *stream)
+		    const float *decay, int T, int nh, int hd, float scale, enum sfw_dtype act, void *stream)
 {
 	if (T <= 0)
 		return;
@@ -399,7 +399,7 @@ static void gla_any(bool chunked, void *o, const void *q, const void *k, const v
 }
 
 extern "C" void sfw_op_gla_recurrent_cuda(void *o, const void *q, const void *k, const void *v, float *state,
-					  const float *decay, int T, int nh, int hd, float scale, enum sfw_op_dtype act,
+					  const float *decay, int T, int nh, int hd, float scale, enum sfw_dtype act,
 					  void *stream)
 {
 	gla_any(false, o, q, k, v, state, decay, T, nh, hd, scale, act, stream);
@@ -407,7 +407,7 @@ extern "C" void sfw_op_gla_recurrent_cuda(void *o, const void *q, const void *k,
 
 extern "C" void sfw_op_gla_chunked_cuda(void *o, const void *q, const void *k, const void *v, float *state,
 					const float *decay, int T, int nh, int hd, float scale, int chunk,
-					enum sfw_op_dtype act, void *stream)
+					enum sfw_dtype act, void *stream)
 {
 	SFW_ASSERT(chunk > 0);
 	gla_any(true, o, q, k, v, state, decay, T, nh, hd, scale, act, stream);

@@ -1,5 +1,5 @@
 /* linear_w8.cu - Y[M,N] = X[M,K] · Wᵀ with W int8 pack-quantized (W8A16,
- * quant/layout.h), bf16 activations, fp32 accumulation: the CUDA twins of
+ * num/w8_layout.h), bf16 activations, fp32 accumulation: the CUDA twins of
  * sfw_op_matmul_w8_cpu (kernels/matmul_w8.c).
  *
  * Decode (M ≤ 8) is a pure stream of codes and scales: each warp takes R
@@ -28,7 +28,7 @@
 #define SDT_BF16 1
 #define SDT_F16 3
 
-static_assert(SFW_OP_F32 == SDT_F32 && SFW_OP_BF16 == SDT_BF16 && SFW_OP_F16 == SDT_F16, "scale dtype codes");
+static_assert(SFW_DTYPE_F32 == SDT_F32 && SFW_DTYPE_BF16 == SDT_BF16 && SFW_DTYPE_F16 == SDT_F16, "scale dtype codes");
 
 template <int SDT> static __device__ __forceinline__ float w8_scale(const void *s, size_t i)
 {
@@ -40,10 +40,10 @@ template <int SDT> static __device__ __forceinline__ float w8_scale(const void *
 	return __half2float(__ushort_as_half(h));
 }
 
-static __device__ __forceinline__ float w8_scale_any(const void *s, enum sfw_op_dtype sdt, size_t i)
+static __device__ __forceinline__ float w8_scale_any(const void *s, enum sfw_dtype sdt, size_t i)
 {
-	return sdt == SFW_OP_F32 ? w8_scale<SDT_F32>(s, i)
-	       : sdt == SFW_OP_F16 ? w8_scale<SDT_F16>(s, i)
+	return sdt == SFW_DTYPE_F32 ? w8_scale<SDT_F32>(s, i)
+	       : sdt == SFW_DTYPE_F16 ? w8_scale<SDT_F16>(s, i)
 				   : w8_scale<SDT_BF16>(s, i);
 }
 
@@ -222,7 +222,7 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
 /* Any K, group, alignment and activation type: one warp per (row, m). */
 template <typename A, typename TO>
 static __global__ void gemv_w8_scalar_kernel(const A *X, int ldx, const uint8_t *C, const void *S,
-					     enum sfw_op_dtype sdt, int group, TO *Y, int ldy, int M, int N, int K,
+					     enum sfw_dtype sdt, int group, TO *Y, int ldy, int M, int N, int K,
 					     float alpha)
 {
 	sfwc_pdl_wait();
@@ -248,7 +248,7 @@ static __global__ void gemv_w8_scalar_kernel(const A *X, int ldx, const uint8_t 
 
 /* Rows [r0, r0 + nr) dequantized to bf16 Wd[nr, K]: (b - 128) · scale in
  * float32, rounded once. */
-static __global__ void dequant_w8_kernel(uint16_t *Wd, const uint8_t *C, const void *S, enum sfw_op_dtype sdt,
+static __global__ void dequant_w8_kernel(uint16_t *Wd, const uint8_t *C, const void *S, enum sfw_dtype sdt,
 					 int group, int r0, int nr, int K, int vec)
 {
 	sfwc_pdl_wait(); /* Wd may still be read by the kernel before (the last slab's GEMM) */
@@ -378,7 +378,7 @@ static void w8_default_variant(int N, int K, int *R, int *U)
 }
 
 template <typename TO>
-static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void *S, enum sfw_op_dtype sdt, int group,
+static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void *S, enum sfw_dtype sdt, int group,
 			TO *Y, int ldy, int M, int N, int K, int R, int U, float alpha, cudaStream_t s)
 {
 	SFW_ASSERT(M >= 1 && M <= SFW_CUDA_GEMV_MAX_M && N >= 1 && K >= 1);
@@ -390,13 +390,13 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 		SFW_CUDA_LAUNCHED();
 		return;
 	}
-	if (R == 0 && U == 0 && M == 1 && sdt == SFW_OP_BF16 && sizeof(TO) == 2)
+	if (R == 0 && U == 0 && M == 1 && sdt == SFW_DTYPE_BF16 && sizeof(TO) == 2)
 		w8_default_variant(N, K, &R, &U);
 	if (R == 0) /* M > 1 or other scales: two rows per warp on wide matrices */
 		R = N >= 8192 ? 2 : 1;
 	if (U == 0)
 		U = 4;
-	if (M == 1 && sdt == SFW_OP_BF16 && sizeof(TO) == 2) { /* the tuning variants (R4U4 .. R1U2) */
+	if (M == 1 && sdt == SFW_DTYPE_BF16 && sizeof(TO) == 2) { /* the tuning variants (R4U4 .. R1U2) */
 		switch ((R >= 200 ? 200 : R >= 100 ? 100 : 0) + (R % 100) * 10 + U) {
 		case 12: launch_w8<1, 2, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
 		case 18: launch_w8<1, 8, 1, SDT_BF16>(X, ldx, C, S, group, Y, ldy, N, K, alpha, s); return;
@@ -420,11 +420,11 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 	}
 	int r2 = R % 100 >= 2;
 	switch (sdt) {
-	case SFW_OP_F32:
+	case SFW_DTYPE_F32:
 		r2 ? launch_w8_m<2, SDT_F32>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s)
 		   : launch_w8_m<1, SDT_F32>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s);
 		break;
-	case SFW_OP_F16:
+	case SFW_DTYPE_F16:
 		r2 ? launch_w8_m<2, SDT_F16>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s)
 		   : launch_w8_m<1, SDT_F16>(X, ldx, C, S, group, Y, ldy, M, N, K, alpha, s);
 		break;
@@ -435,7 +435,7 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 	}
 }
 
-extern "C" void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
+extern "C" void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
 				    int group, int r0, int nr, int K, void *stream)
 {
 	if (nr <= 0)
@@ -462,7 +462,7 @@ extern "C" size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes)
 /* Slab by slab: dequantize rows [n0, n0 + nb) into the scratch, then one
  * cuBLASLt GEMM writes Y's columns [n0, n0 + nb). */
 static void gemm_w8_any(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *C, const void *S,
-			enum sfw_op_dtype sdt, int group, void *Y, int ldy, int M, int N, int K, int out_f32,
+			enum sfw_dtype sdt, int group, void *Y, int ldy, int M, int N, int K, int out_f32,
 			float alpha, void *scratch, size_t scratch_bytes, void *stream)
 {
 	int rows = (int)sfw_cuda_w8_slab_rows(N, K, scratch_bytes);
@@ -486,7 +486,7 @@ static void gemm_w8_any(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, con
 }
 
 extern "C" void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
-					 enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K,
+					 enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K,
 					 int rows_per_warp, int unroll, void *stream)
 {
 	gemv_w8_any(X, ldx, codes, scales, sdt, group, Y, ldy, M, N, K, rows_per_warp, unroll, 1.0f,
@@ -494,10 +494,10 @@ extern "C" void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8
 }
 
 extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-					  enum sfw_op_dtype sdt, int group, int N, int K, void *stream)
+					  enum sfw_dtype sdt, int group, int N, int K, void *stream)
 {
 	group = w8_group(group, K);
-	if (N <= 0 || sdt != SFW_OP_BF16 || !w8_vec_ok(x, K, codes, group, 1, K))
+	if (N <= 0 || sdt != SFW_DTYPE_BF16 || !w8_vec_ok(x, K, codes, group, 1, K))
 		return 0;
 	int blocks = (N + W8_WARPS - 1) / W8_WARPS;
 	/* U2: the unroll of the plain decode GEMV on gate|up (w8_default_variant) */
@@ -509,7 +509,7 @@ extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t 
 }
 
 extern "C" void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *codes,
-				 const void *scales, enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N,
+				 const void *scales, enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N,
 				 int K, void *scratch, size_t scratch_bytes, void *stream)
 {
 	gemm_w8_any(b, X, ldx, codes, scales, sdt, group, Y, ldy, M, N, K, 0, 1.0f, scratch, scratch_bytes, stream);
@@ -525,18 +525,18 @@ static void *w8_scratch(int K, size_t *bytes)
 }
 
 extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-				      enum sfw_op_dtype sdt, int group, int M, int N, int K, enum sfw_op_dtype act,
+				      enum sfw_dtype sdt, int group, int M, int N, int K, enum sfw_dtype act,
 				      void *stream)
 {
 	if (M <= 0 || N <= 0)
 		return;
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
-	if (act == SFW_OP_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
+	if (act == SFW_DTYPE_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
 		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0, 0,
 			    1.0f, s);
 		return;
 	}
-	if (act == SFW_OP_BF16) {
+	if (act == SFW_DTYPE_BF16) {
 		size_t sb;
 		void *scr = w8_scratch(K, &sb);
 		gemm_w8_any(sfwi_cuda_blas(), (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 1.0f, scr,
@@ -550,12 +550,12 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *cod
 }
 
 extern "C" void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales,
-				      enum sfw_op_dtype sdt, int group, int M, int N, int K, float in_scale,
-				      enum sfw_op_dtype act, void *stream)
+				      enum sfw_dtype sdt, int group, int M, int N, int K, float in_scale,
+				      enum sfw_dtype act, void *stream)
 {
 	if (M <= 0 || N <= 0)
 		return;
-	SFW_ASSERT(act == SFW_OP_BF16); /* the engine's activations; float twins use the CPU */
+	SFW_ASSERT(act == SFW_DTYPE_BF16); /* the engine's activations; float twins use the CPU */
 	if (M <= SFW_CUDA_GEMV_MAX_M) {
 		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 0, in_scale,
 			    SFW_CUDA_STREAM(stream));

@@ -151,8 +151,8 @@ static void gemv_bf16_rows(float *y, const float *x, const uint16_t *w, int n0, 
 		float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
 		for (int k = K8; k < K; k++) {
 			float xk = x[k];
-			s[0] += xk * sfw_op_bf16(w0[k]), s[1] += xk * sfw_op_bf16(w1[k]), s[2] += xk * sfw_op_bf16(w2[k]),
-				s[3] += xk * sfw_op_bf16(w3[k]);
+			s[0] += xk * sfw_bf16_to_f32(w0[k]), s[1] += xk * sfw_bf16_to_f32(w1[k]), s[2] += xk * sfw_bf16_to_f32(w2[k]),
+				s[3] += xk * sfw_bf16_to_f32(w3[k]);
 		}
 		memcpy(y + n, s, sizeof(s));
 	}
@@ -163,7 +163,7 @@ static void gemv_bf16_rows(float *y, const float *x, const uint16_t *w, int n0, 
 			a += ld8(x + k) * bf16x8(wr + k);
 		float s = hsum8(a);
 		for (int k = K8; k < K; k++)
-			s += x[k] * sfw_op_bf16(wr[k]);
+			s += x[k] * sfw_bf16_to_f32(wr[k]);
 		y[n] = s;
 	}
 }
@@ -188,7 +188,7 @@ struct mm_job {
 	float *y;
 	const float *x;
 	const void *w;
-	enum sfw_op_dtype wdt;
+	enum sfw_dtype wdt;
 	int M, N, K;
 	float **scratch; /* per thread TILE_N * K floats (bf16 weights only) */
 };
@@ -200,7 +200,7 @@ static void mm_tiles(void *ctx, size_t b, size_t e, int tid)
 		int n0 = (int)t * TILE_N;
 		int nb = j->N - n0 < TILE_N ? j->N - n0 : TILE_N;
 		const float *wt;
-		if (j->wdt == SFW_OP_BF16) {
+		if (j->wdt == SFW_DTYPE_BF16) {
 			convert_bf16(j->scratch[tid], (const uint16_t *)j->w + (size_t)n0 * j->K, (size_t)nb * j->K);
 			wt = j->scratch[tid];
 		} else {
@@ -213,7 +213,7 @@ static void mm_tiles(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K)
+void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int M, int N, int K)
 {
 	if (M <= 0 || N <= 0)
 		return;
@@ -224,7 +224,7 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtyp
 	/* Tiny products are not worth waking threads for. */
 	if ((double)M * N * K < 1 << 16)
 		nt = 1;
-	if (wdt == SFW_OP_BF16 && M <= 2) {
+	if (wdt == SFW_DTYPE_BF16 && M <= 2) {
 		/* memory-bound: stream the bf16 weights once, no conversion scratch */
 		struct gemv_job g = {y, x, w, M, N, K};
 		size_t grain = ntiles / ((size_t)nt * 4);
@@ -233,7 +233,7 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtyp
 	}
 	float *scr_ptrs[256];
 	float *block = NULL;
-	if (wdt == SFW_OP_BF16) {
+	if (wdt == SFW_DTYPE_BF16) {
 		block = sfw_malloc((size_t)nt * TILE_N * (size_t)K * sizeof(float) + 64);
 		if (!block) {
 			sfwi_ops_cpu_fail();
@@ -250,7 +250,7 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtyp
 	sfw_free(block);
 }
 
-void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
+void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
 		       float in_scale)
 {
 	float *xs = sfw_malloc((size_t)M * K * sizeof(float));

@@ -5,7 +5,7 @@
 #include "cuda_act.cuh"
 
 template <typename A, bool LOGITS>
-static __global__ void matmul_generic_kernel(void *y, const A *x, const void *w, enum sfw_op_dtype wdt, int M, int N,
+static __global__ void matmul_generic_kernel(void *y, const A *x, const void *w, enum sfw_dtype wdt, int M, int N,
 					     int K, float in_scale)
 {
 	sfwc_pdl_wait();
@@ -30,12 +30,12 @@ static __global__ void matmul_generic_kernel(void *y, const A *x, const void *w,
 	}
 }
 
-extern "C" void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
-				   enum sfw_op_dtype act, void *stream)
+extern "C" void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
+				   enum sfw_dtype act, void *stream)
 {
 	if (M <= 0 || N <= 0)
 		return;
-	if (act == SFW_OP_BF16 && wdt == SFW_OP_BF16) {
+	if (act == SFW_DTYPE_BF16 && wdt == SFW_DTYPE_BF16) {
 		sfw_cuda_linear(sfwi_cuda_blas(), (const uint16_t *)x, K, (const uint16_t *)w, (uint16_t *)y, N, M, N, K,
 				stream);
 		return;
@@ -53,12 +53,12 @@ static __global__ void round_bf16_inplace(float *y, size_t n)
 		y[i] = sfwc_rbf(y[i]);
 }
 
-extern "C" void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
-				   float in_scale, enum sfw_op_dtype act, void *stream)
+extern "C" void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
+				   float in_scale, enum sfw_dtype act, void *stream)
 {
 	if (M <= 0 || N <= 0)
 		return;
-	if (act == SFW_OP_BF16 && wdt == SFW_OP_BF16) {
+	if (act == SFW_DTYPE_BF16 && wdt == SFW_DTYPE_BF16) {
 		/* round(x·s) = x·s exactly when s is a power of two (hidden/dim_model_base
 		 * = 16 here), so the scale rides as alpha; then the reference's bf16
 		 * rounding of the logits before the float cast (§2.5). */

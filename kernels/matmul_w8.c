@@ -1,5 +1,5 @@
 /* matmul_w8.c - y = x . W^T with int8 pack-quantized weights (W8A16) on the
- * CPU, fp32 accumulation; layout: quant/layout.h.
+ * CPU, fp32 accumulation; layout: num/w8_layout.h.
  *
  * One sum per output element, whatever M, the thread split or the code path
  * (batched decode needs a row's bits not to depend on the other rows of the
@@ -30,7 +30,7 @@
  *     formed first does not matter). */
 #include "kernels/ops.h"
 #include "alloc.h"
-#include "quant/layout.h"
+#include "num/w8_layout.h"
 #include "sfw.h"
 #include "thread.h"
 
@@ -52,35 +52,13 @@ typedef uint8_t v8b __attribute__((vector_size(8)));
 #define SFW_CLONES
 #endif
 
-static float f16_to_f32(uint16_t h)
-{
-	uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-	if (exp == 0x1f) {
-		u = sign | 0x7f800000u | (man << 13);
-	} else if (exp != 0) {
-		u = sign | ((exp + 112) << 23) | (man << 13);
-	} else if (man == 0) {
-		u = sign;
-	} else {
-		int e = -1;
-		do {
-			e++;
-			man <<= 1;
-		} while (!(man & 0x400));
-		u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-	}
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
-static inline float scale_at(const void *s, enum sfw_op_dtype sdt, size_t i)
+static inline float scale_at(const void *s, enum sfw_dtype sdt, size_t i)
 {
 	switch (sdt) {
-	case SFW_OP_BF16:
-		return sfw_op_bf16(((const uint16_t *)s)[i]);
-	case SFW_OP_F16:
-		return f16_to_f32(((const uint16_t *)s)[i]);
+	case SFW_DTYPE_BF16:
+		return sfw_bf16_to_f32(((const uint16_t *)s)[i]);
+	case SFW_DTYPE_F16:
+		return sfw_f16_to_f32(((const uint16_t *)s)[i]);
 	default:
 		return ((const float *)s)[i];
 	}
@@ -109,11 +87,11 @@ static inline v8 ld8(const float *p)
 /* One x row against one code row (scales s[s0 + g]; group g spans
  * [g * span, (g + 1) * span), span a multiple of 16 unless there is one
  * group): the header's sum. */
-typedef float (*row_fn)(const float *x, const uint8_t *c, const void *s, enum sfw_op_dtype sdt, size_t s0, int K,
+typedef float (*row_fn)(const float *x, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K,
 			int G, int span);
 
 SFW_CLONES
-static float row_dot(const float *x, const uint8_t *c, const void *s, enum sfw_op_dtype sdt, size_t s0, int K, int G,
+static float row_dot(const float *x, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K, int G,
 		     int span)
 {
 	int K8 = K & ~7, k = 0;
@@ -135,11 +113,11 @@ static float row_dot(const float *x, const uint8_t *c, const void *s, enum sfw_o
 }
 
 /* o[k] = w[k] for k < K (one row; scales s[s0 + k / span]). */
-typedef void (*dequant_fn)(float *o, const uint8_t *c, const void *s, enum sfw_op_dtype sdt, size_t s0, int K,
+typedef void (*dequant_fn)(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K,
 			   int span);
 
 SFW_CLONES
-static void dequant_row(float *o, const uint8_t *c, const void *s, enum sfw_op_dtype sdt, size_t s0, int K, int span)
+static void dequant_row(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K, int span)
 {
 	for (int k0 = 0, g = 0; k0 < K; k0 += span, g++) {
 		int k1 = k0 + span < K ? k0 + span : K;
@@ -175,7 +153,7 @@ __attribute__((target("avx2,fma"))) static inline __m256 dequant8_avx2(const uin
 }
 
 __attribute__((target("avx2,fma"))) static float row_dot_avx2(const float *x, const uint8_t *c, const void *s,
-							 enum sfw_op_dtype sdt, size_t s0, int K, int G, int span)
+							 enum sfw_dtype sdt, size_t s0, int K, int G, int span)
 {
 	int K8 = K & ~7, k = 0;
 	__m256 a0 = _mm256_setzero_ps(), a1 = a0;
@@ -196,7 +174,7 @@ __attribute__((target("avx2,fma"))) static float row_dot_avx2(const float *x, co
 }
 
 __attribute__((target("avx2,fma"))) static void dequant_row_avx2(float *o, const uint8_t *c, const void *s,
-							    enum sfw_op_dtype sdt, size_t s0, int K, int span)
+							    enum sfw_dtype sdt, size_t s0, int K, int span)
 {
 	for (int k0 = 0, g = 0; k0 < K; k0 += span, g++) {
 		int k1 = k0 + span < K ? k0 + span : K, k = k0;
@@ -222,7 +200,7 @@ struct w8_job {
 	const float *x;
 	const uint8_t *codes;
 	const void *scales;
-	enum sfw_op_dtype sdt;
+	enum sfw_dtype sdt;
 	int group, M, N, K, G;
 	size_t rb;	/* bytes per code row */
 	row_fn row;	    /* streaming: one row's sum */
@@ -305,7 +283,7 @@ static void tiles_fn(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
+void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
 			  int group, int M, int N, int K)
 {
 	if (M <= 0 || N <= 0)
@@ -341,7 +319,7 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 }
 
 void sfw_op_matmul_silu_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
-			       enum sfw_op_dtype sdt, int group, int N, int K)
+			       enum sfw_dtype sdt, int group, int N, int K)
 {
 	if (N <= 0)
 		return;

@@ -5,9 +5,9 @@
  * the fly. sfw_op_<op>_cuda (kernels/<family>.cu, CUDA=1) has the same
  * arguments in the same order with three changes:
  *   - activation pointers (float * here) become void * in the activation dtype
- *     `act` (SFW_OP_BF16 normally: rounded where the reference rounds,
- *     docs/model-spec.md §2; SFW_OP_F32 allowed for twin tests);
- *   - `enum sfw_op_dtype act` and `void *stream` are appended;
+ *     `act` (SFW_DTYPE_BF16 normally: rounded where the reference rounds,
+ *     docs/model-spec.md §2; SFW_DTYPE_F32 allowed for twin tests);
+ *   - `enum sfw_dtype act` and `void *stream` are appended;
  *   - every pointer is in the twin's memory space (host for _cpu, device for
  *     _cuda), including small parameter arrays such as `decay`.
  * Buffers that the reference keeps in float32 (the lightning state, stage-1
@@ -28,34 +28,16 @@
 #ifndef SFW_OPS_H
 #define SFW_OPS_H
 
+#include "num/num.h" /* enum sfw_dtype, sfw_bf16_to_f32 */
 #include "sfw.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-enum sfw_op_dtype {
-	SFW_OP_F32 = 0,
-	SFW_OP_BF16 = 1,
-	/* int8 weights, compressed-tensors pack-quantized (quant/layout.h): codes
-	 * q + 128 as bytes, rows of ceil(K/4)*4 bytes, plus a scale tensor. Only
-	 * sfw_op_matmul_w8_* read them; the bf16/f32 ops never do. */
-	SFW_OP_W8 = 2,
-	SFW_OP_F16 = 3, /* scale tensors of third-party checkpoints only */
-};
-
-/* bf16 bits -> float (exact). */
-static inline float sfw_op_bf16(uint16_t h)
-{
-	union {
-		uint32_t u;
-		float f;
-	} v = {.u = (uint32_t)h << 16};
-	return v.f;
-}
 /* Element i of a weight stored as bf16 or f32. */
-static inline float sfw_op_wget(const void *w, enum sfw_op_dtype dt, size_t i)
+static inline float sfw_op_wget(const void *w, enum sfw_dtype dt, size_t i)
 {
-	return dt == SFW_OP_BF16 ? sfw_op_bf16(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+	return dt == SFW_DTYPE_BF16 ? sfw_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
 /* The CPU ops' executor: a persistent thread pool (core/thread.h) and a
@@ -88,12 +70,12 @@ void sfwi_op_matmul_w8_generic(int on);
 /* ---- elementwise and norms (kernels/elementwise.c) ------------------------ */
 
 /* x[t, :] = E[ids[t], :] * scale  (E [vocab, D]; ids already range-checked). */
-void sfw_op_embed_cpu(float *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int T, int D,
+void sfw_op_embed_cpu(float *x, const void *E, enum sfw_dtype edt, const int32_t *ids, int T, int D,
 		      float scale);
 /* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w  for r < rows; w [n]
  * shared by all rows, so per-head q/k norm is rows = T*nh, n = hd and the
  * lightning o_norm is rows = T, n = nh*hd. y may alias x. */
-void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
+void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int rows, int n,
 			float eps);
 /* x[i] += scale * b[i]  (the scaled residual branch, docs/model-spec.md §2.3). */
 void sfw_op_add_scaled_cpu(float *x, const float *b, size_t n, float scale);
@@ -107,36 +89,36 @@ void sfw_op_sigmoid_mul_cpu(float *y, const float *x, const float *gate, size_t 
 void sfw_op_rope_neox_cpu(float *x, int T, int nh, int hd, int64_t pos0, float theta);
 /* Fused (kernels/fused.c): x[r, :] += scale * b[r, :], then y = rmsnorm(x)
  * with w, exactly add_scaled followed by rmsnorm. y must not alias x or b. */
-void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_op_dtype wdt,
+void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_dtype wdt,
 			    int rows, int n, float eps);
 /* Fused (kernels/fused.c): the lightning layers' per-head q/k norm and RoPE
  * (docs/model-spec.md §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
  * q = rmsnorm(q) with qw [hd] and k = rmsnorm(k) with kw [hd] per head
  * (rows T*nhq and T*nhk, n = hd), then, when rope != 0, NeoX RoPE on both
  * from pos0: exactly sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
-void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
-			     enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
+void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+			     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
 			     float theta);
 
 /* ---- matrix products (kernels/matmul.c) ----------------------------------- */
 
 /* y[M, N] = x[M, K] . W[N, K]^T ; W bf16 or f32. M == 1 is the decode GEMV. */
-void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K);
+void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int M, int N, int K);
 /* logits[M, N] = (x[M, K] * in_scale) . W^T ; in_scale = 1/(hidden/dim_model_base). */
-void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
+void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
 		       float in_scale);
 
 /* y[M, N] = x[M, K] . W^T with W int8 (W8A16, kernels/matmul_w8.c):
  * W[n, k] = (codes[n * ceil(K/4)*4 + k] - 128) * scale[n, k / group],
  * scales [N, ceil(K/group)] in sdt (BF16, F16 or F32), group = K for
  * per-channel scales. Dequantized on the fly, fp32 accumulation. */
-void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
+void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
 			  int group, int M, int N, int K);
 /* The decode MLP's SwiGLU over an int8 merged gate|up [2N, K] (one token):
  * y[N] = silu(g)·u with g, u the halves of x·Wᵀ, as sfw_op_matmul_w8_cpu
  * followed by sfw_op_silu_mul_cpu (the C twin of sfw_op_matmul_silu_w8_cuda). */
 void sfw_op_matmul_silu_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
-			       enum sfw_op_dtype sdt, int group, int N, int K);
+			       enum sfw_dtype sdt, int group, int N, int K);
 
 /* ---- lightning attention: simple GLA, fp32 state (kernels/lightning.c) ---- */
 
@@ -219,17 +201,17 @@ double sfw_op_sample_uniform(uint64_t rng[4]);
 
 #ifdef SFW_HAVE_CUDA
 /* CUDA twins (kernels/<family>.cu), same meaning; see the top comment. */
-void sfw_op_embed_cuda(void *x, const void *E, enum sfw_op_dtype edt, const int32_t *ids, int T, int D,
-		       float scale, enum sfw_op_dtype act, void *stream);
-void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int rows, int n,
-			 float eps, enum sfw_op_dtype act, void *stream);
-void sfw_op_add_scaled_cuda(void *x, const void *b, size_t n, float scale, enum sfw_op_dtype act,
+void sfw_op_embed_cuda(void *x, const void *E, enum sfw_dtype edt, const int32_t *ids, int T, int D,
+		       float scale, enum sfw_dtype act, void *stream);
+void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int rows, int n,
+			 float eps, enum sfw_dtype act, void *stream);
+void sfw_op_add_scaled_cuda(void *x, const void *b, size_t n, float scale, enum sfw_dtype act,
 			    void *stream);
-void sfw_op_silu_mul_cuda(void *y, const void *gate, const void *up, size_t n, enum sfw_op_dtype act,
+void sfw_op_silu_mul_cuda(void *y, const void *gate, const void *up, size_t n, enum sfw_dtype act,
 			  void *stream);
-void sfw_op_sigmoid_mul_cuda(void *y, const void *x, const void *gate, size_t n, enum sfw_op_dtype act,
+void sfw_op_sigmoid_mul_cuda(void *y, const void *x, const void *gate, size_t n, enum sfw_dtype act,
 			     void *stream);
-void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta, enum sfw_op_dtype act,
+void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta, enum sfw_dtype act,
 			   void *stream);
 /* kernels/fused.cu: one kernel for few wide rows (decode), bit-identical to
  * sfw_op_add_scaled_cuda + sfw_op_rmsnorm_cuda (the two launches otherwise). */
@@ -238,26 +220,26 @@ void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float t
  * that): then sfw_op_sample_cpu on the same logits gives the answer. */
 void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct sfw_op_sample_params *p, double u,
 			void *stream);
-void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w, enum sfw_op_dtype wdt,
-			     int rows, int n, float eps, enum sfw_op_dtype act, void *stream);
+void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w, enum sfw_dtype wdt,
+			     int rows, int n, float eps, enum sfw_dtype act, void *stream);
 /* kernels/fused.cu: one launch for q and k, bit-identical to
  * sfw_op_rmsnorm_cuda on each followed by sfw_op_rope_neox_cuda on each
  * (hd 32, 64, 128; other head dims take those unfused launches). */
-void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
-			      enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
-			      float theta, enum sfw_op_dtype act, void *stream);
+void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+			      enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
+			      float theta, enum sfw_dtype act, void *stream);
 /* w must not be written by the kernel just before (the GEMV streams it
  * before the programmatic-launch wait: kernels/ops_cuda.h, sfw_cuda_gemv). */
-void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
-			enum sfw_op_dtype act, void *stream);
-void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_op_dtype wdt, int M, int N, int K,
-			float in_scale, enum sfw_op_dtype act, void *stream);
+void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
+			enum sfw_dtype act, void *stream);
+void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
+			float in_scale, enum sfw_dtype act, void *stream);
 /* sfw_op_matmul_w8_cpu with bf16 activations (kernels/linear_w8.cu; act F32
  * runs a plain warp-per-output kernel): M <= 8 a GEMV over the codes and
  * scales, M > 8 dequantization to bf16 slabs in the op scratch + cuBLASLt.
- * codes and scales are device copies in the layout of quant/layout.h. */
-void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
-			   int group, int M, int N, int K, enum sfw_op_dtype act, void *stream);
+ * codes and scales are device copies in the layout of num/w8_layout.h. */
+void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
+			   int group, int M, int N, int K, enum sfw_dtype act, void *stream);
 /* The decode MLP's SwiGLU in the int8 GEMV (M = 1, bf16 activations, BF16
  * scales, K and the group multiples of 16, 16-byte aligned codes and x):
  * codes/scales hold the merged gate|up [2N, K]; y[N] = silu(g)·u with g, u
@@ -266,32 +248,32 @@ void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const v
  * default gate|up variant), twin sfw_op_matmul_silu_w8_cpu. Returns 0 (nothing
  * launched) for shapes it does not take. */
 int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-			       enum sfw_op_dtype sdt, int group, int N, int K, void *stream);
+			       enum sfw_dtype sdt, int group, int N, int K, void *stream);
 /* Logits with an int8 lm_head (third-party checkpoints): y = bf16-rounded
  * in_scale * x . W^T as float, like sfw_op_logits_cuda (act BF16 only). */
-void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt,
-			   int group, int M, int N, int K, float in_scale, enum sfw_op_dtype act, void *stream);
+void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
+			   int group, int M, int N, int K, float in_scale, enum sfw_dtype act, void *stream);
 void sfw_op_gla_recurrent_cuda(void *o, const void *q, const void *k, const void *v, float *state,
-			       const float *decay, int T, int nh, int hd, float scale, enum sfw_op_dtype act,
+			       const float *decay, int T, int nh, int hd, float scale, enum sfw_dtype act,
 			       void *stream);
 void sfw_op_gla_chunked_cuda(void *o, const void *q, const void *k, const void *v, float *state,
 			     const float *decay, int T, int nh, int hd, float scale, int chunk,
-			     enum sfw_op_dtype act, void *stream);
+			     enum sfw_dtype act, void *stream);
 void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
-			    int hd, int64_t pos0, float scale, enum sfw_op_dtype act, void *stream);
+			    int hd, int64_t pos0, float scale, enum sfw_dtype act, void *stream);
 void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T,
 			     int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
-			     enum sfw_op_dtype act, void *stream);
+			     enum sfw_dtype act, void *stream);
 void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
-			  int stride, enum sfw_op_dtype act, void *stream);
+			  int stride, enum sfw_dtype act, void *stream);
 void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			enum sfw_op_dtype act, void *stream);
+			enum sfw_dtype act, void *stream);
 void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
 			     int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks,
-			     enum sfw_op_dtype act, void *stream);
+			     enum sfw_dtype act, void *stream);
 void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
-			     int k, int block, enum sfw_op_dtype act, void *stream);
+			     int k, int block, enum sfw_dtype act, void *stream);
 #endif
 
 #endif

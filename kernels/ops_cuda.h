@@ -13,7 +13,7 @@
 #ifndef SFW_OPS_CUDA_H
 #define SFW_OPS_CUDA_H
 
-#include "kernels/ops.h" /* enum sfw_op_dtype */
+#include "kernels/ops.h" /* enum sfw_dtype */
 #include "sfw.h"
 
 #include <stddef.h>
@@ -89,9 +89,9 @@ void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dp
 /* sfw_op_qk_norm_rope_cuda with the position of row 0 read from *dpos (int64,
  * device memory) when the kernel runs if dpos is non-NULL, else pos0: the
  * same kernel serves eager calls and recorded decode steps. */
-void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_op_dtype qwdt, const void *kw,
-				  enum sfw_op_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-				  int64_t pos0, const int64_t *dpos, float theta, enum sfw_op_dtype act, void *stream);
+void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+				  enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
+				  int64_t pos0, const int64_t *dpos, float theta, enum sfw_dtype act, void *stream);
 
 /* ---- a recorded decode step (one row, its position read on the device) ----
  * Each op means its sfw_op_*_cuda twin (kernels/ops.h) called with T = 1 and
@@ -110,19 +110,19 @@ void sfw_cuda_kv_append_devpos(void *kc, void *vc, const void *k, const void *v,
 /* The level-1 and level-2 chunks the token at *dpos completes (sfw_op_compress_cuda
  * for chunks [nchunks(p), nchunks(p + 1)) of each level; c1, c2 as the cache holds them). */
 void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, int nkv, int hd, int ksize, int stride,
-			      const int64_t *dpos, enum sfw_op_dtype act, void *stream);
+			      const int64_t *dpos, enum sfw_dtype act, void *stream);
 void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv, int hd,
 			    int64_t len_bound, int ksize, int stride, float scale, const int64_t *dpos,
-			    enum sfw_op_dtype act, void *stream);
+			    enum sfw_dtype act, void *stream);
 void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, int nkv, int64_t len_bound, int ksize, int stride,
 				 int block, int init_blocks, int local_blocks, const int64_t *dpos, void *stream);
 void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int k, int block, const int64_t *dpos,
 				 void *stream);
 void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int nh,
 				 int nkv, int hd, int k, int block, float scale, const int64_t *dpos,
-				 enum sfw_op_dtype act, void *stream);
+				 enum sfw_dtype act, void *stream);
 void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc, int nh, int nkv, int hd,
-				int64_t len_bound, float scale, const int64_t *dpos, enum sfw_op_dtype act,
+				int64_t len_bound, float scale, const int64_t *dpos, enum sfw_dtype act,
 				void *stream);
 
 /* Test/bench helpers: fill with deterministic pseudo-random values
@@ -172,7 +172,7 @@ void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16
 
 /* ---- int8 (W8A16) linear layers (kernels/linear_w8.cu) ----
  * W is codes [N, ceil(K/4)*4] bytes + scales [N, ceil(K/group)] (BF16, F16
- * or F32), quant/layout.h; group = K (or <= 0) for per-channel scales. The
+ * or F32), num/w8_layout.h; group = K (or <= 0) for per-channel scales. The
  * GEMV (M <= 8) reads each code and scale once, before the programmatic
  * launch wait like sfw_cuda_gemv; rows_per_warp (1, 2, 4; 101, 102 the same
  * with the next batch loaded while one is consumed) and unroll (2, 4, 8)
@@ -181,13 +181,13 @@ void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16
  * sfw_cuda_w8_slab_rows rows to bf16 in `scratch` ((b - 128) * scale in
  * float32, rounded to bf16) and runs cuBLASLt on each. */
 void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
-			      enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K,
+			      enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K,
 			      int rows_per_warp, int unroll, void *stream);
 void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
-		      enum sfw_op_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K, void *scratch,
+		      enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K, void *scratch,
 		      size_t scratch_bytes, void *stream);
 /* Rows [r0, r0 + nr) of W dequantized into Wd [nr, K] bf16. */
-void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales, enum sfw_op_dtype sdt, int group,
+void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales, enum sfw_dtype sdt, int group,
 			 int r0, int nr, int K, void *stream);
 /* Rows per dequantized slab (a multiple of 64, at least 64, at most N). */
 size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes);

@@ -35,11 +35,11 @@
 #include "quant/quant_int.h"
 #include "alloc.h"
 #include "file.h"
+#include "formats/tokenizer.h"
 #include "kernels/ops.h"
 #include "log.h"
 #include "runner/model.h"
 #include "runner/runner.h"
-#include "runner/tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -201,7 +201,7 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 		return SFW_OK;
 	int64_t N = 0;
 	for (int i = 0; i < bl->n; i++) {
-		if (bl->w[i]->cols != K || (bl->w[i]->dtype != SFW_OP_BF16 && bl->w[i]->dtype != SFW_OP_F32))
+		if (bl->w[i]->cols != K || (bl->w[i]->dtype != SFW_DTYPE_BF16 && bl->w[i]->dtype != SFW_DTYPE_F32))
 			return sfw_fail(err, SFW_E_FORMAT,
 					"model '%s': AWQ: balance weight '%s' does not match its input width %d", dir,
 					bl->w[i]->name, K);
@@ -241,7 +241,7 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 	}
 	for (int k = 0; k < K; k++)
 		wm[k] /= (float)N;
-	sfw_op_matmul_cpu(Y, ts->rows, W, SFW_OP_F32, R, (int)N, K);
+	sfw_op_matmul_cpu(Y, ts->rows, W, SFW_DTYPE_F32, R, (int)N, K);
 	double best_loss = -1, loss0 = 0;
 	int best_k = 0;
 	for (int gk = 0; gk < p->n_grid; gk++) {
@@ -282,7 +282,7 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 			for (int k = 0; k < K; k++)
 				q[k] /= s[k];
 		}
-		sfw_op_matmul_cpu(Yq, ts->rows, Wq, SFW_OP_F32, R, (int)N, K);
+		sfw_op_matmul_cpu(Yq, ts->rows, Wq, SFW_DTYPE_F32, R, (int)N, K);
 		double loss = now_loss_mse(Yq, Y, (size_t)R * N);
 		if (gk == 0)
 			loss0 = loss;

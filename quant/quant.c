@@ -11,10 +11,10 @@
 #include "alloc.h"
 #include "checked.h"
 #include "file.h"
+#include "formats/safetensors.h"
 #include "json.h"
 #include "log.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
 #include "thread.h"
 
 #include <dirent.h>
@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -143,31 +142,6 @@ static void src_row(const struct entry *e, int64_t r, int64_t K, float *out)
 			v /= vec ? e->div[k] : e->div[r];
 		out[k] = v;
 	}
-}
-
-void sfwi_release_pages(const void *p, uint64_t n)
-{
-	long pg = sysconf(_SC_PAGESIZE);
-	if (!p || n == 0 || pg <= 0)
-		return;
-	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1),
-		  b = ((uintptr_t)p + (uintptr_t)n + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
-	(void)madvise((void *)a, (size_t)(b - a), MADV_DONTNEED); /* advice: a failure only costs memory */
-}
-
-double sfwi_now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-void sfwi_phase(const struct sfw_quant_params *p, enum sfw_quant_phase ph, int64_t i, int64_t n, double t0)
-{
-	if (!p->on_phase)
-		return;
-	struct sfw_quant_event ev = {ph, i, n, 0, 0, sfwi_now_s() - t0};
-	p->on_phase(p->progress_user, &ev);
 }
 
 /* ---- producing one tensor's bytes --------------------------------------- */
@@ -851,51 +825,4 @@ done:
 	sfw_st_set_close(set);
 	cJSON_Delete(cj);
 	return s;
-}
-
-/* ---- fold helpers (used by awq.c and the plan) ------------------------------ */
-
-void sfwi_fold_free(struct sfwi_fold *f)
-{
-	if (!f || !f->L)
-		return;
-	for (int i = 0; i < f->n_layers; i++) {
-		sfw_free(f->L[i].s_attn);
-		sfw_free(f->L[i].s_o);
-		sfw_free(f->L[i].s_mlp);
-		sfw_free(f->L[i].s_down);
-	}
-	sfw_free(f->L);
-	f->L = NULL;
-	f->n_layers = 0;
-}
-
-void sfwi_fold_lookup(const struct sfwi_fold *f, const char *name, const float **col, const float **div)
-{
-	*col = *div = NULL;
-	int li, off = 0;
-	if (!f || !f->L || sscanf(name, "model.layers.%d.%n", &li, &off) != 1 || off == 0 || li < 0 ||
-	    li >= f->n_layers)
-		return;
-	const struct sfwi_fold_layer *L = &f->L[li];
-	const char *s = name + off;
-	if (!strcmp(s, "input_layernorm.weight"))
-		*div = L->s_attn;
-	else if (!strcmp(s, "self_attn.q_proj.weight") || !strcmp(s, "self_attn.k_proj.weight") ||
-		 !strcmp(s, "self_attn.v_proj.weight") || !strcmp(s, "self_attn.o_gate.weight") ||
-		 !strcmp(s, "self_attn.z_proj.weight"))
-		*col = L->s_attn;
-	else if (!strcmp(s, "self_attn.o_norm.weight"))
-		*div = L->s_o;
-	else if (!strcmp(s, "self_attn.o_proj.weight"))
-		*col = L->s_o;
-	else if (!strcmp(s, "post_attention_layernorm.weight"))
-		*div = L->s_mlp;
-	else if (!strcmp(s, "mlp.gate_proj.weight"))
-		*col = L->s_mlp;
-	else if (!strcmp(s, "mlp.up_proj.weight")) {
-		*col = L->s_mlp;
-		*div = L->s_down;
-	} else if (!strcmp(s, "mlp.down_proj.weight"))
-		*col = L->s_down;
 }

@@ -1,6 +1,6 @@
 /* quant.h - offline 8-bit weight quantization (W8A16) of a MiniCPM-SALA
  * model directory into a compressed-tensors "pack-quantized" checkpoint
- * (layout: quant/layout.h), with round-to-nearest or AWQ scale search.
+ * (layout: num/w8_layout.h), with round-to-nearest or AWQ scale search.
  *
  *   struct sfw_quant_params p = sfw_quant_default_params();
  *   p.group_size = 32;
@@ -20,7 +20,7 @@
 #ifndef SFW_QUANT_H
 #define SFW_QUANT_H
 
-#include "quant/layout.h"
+#include "num/w8_layout.h"
 #include "sfw.h"
 
 #include <stddef.h>
@@ -91,7 +91,7 @@ SFW_MUST_CHECK enum sfw_status sfw_quant_run(const char *in_dir, const char *out
 
 /* ---- the reference quantizer (quant/w8_ref.c) ------------------------------
  * One row of K weights (float) -> codes[ceil(K/4)*4] bytes (pad bytes 0) and
- * scales[ngroups] bf16 bits, by the rule of quant/layout.h. Returns 0, or -1
+ * scales[ngroups] bf16 bits, by the rule of num/w8_layout.h. Returns 0, or -1
  * when the row holds a NaN or infinity (nothing meaningful is written). */
 int sfw_quant_row_w8_ref(const float *w, int64_t K, int group, uint8_t *codes, uint16_t *scales);
 /* codes + bf16 scales -> K floats: (b - 128) * scale. */

@@ -1,10 +1,12 @@
 /* quant_int.h - (module-internal) the AWQ fold handed from the scale search
- * (quant/awq.c) to the writer (quant/quant.c). */
+ * (quant/awq.c) to the writer (quant/quant.c), and the helpers both share.
+ * Calls run one way: quant.c -> awq.c (sfwi_awq_search); both -> fold.c
+ * (the fold, the clock, phase events, page release). */
 #ifndef SFW_QUANT_INT_H
 #define SFW_QUANT_INT_H
 
+#include "formats/config.h"
 #include "quant/quant.h"
-#include "runner/config.h"
 
 /* Per-input-channel smoothing scales of one decoder layer (docs/awq.md §1.8);
  * NULL = identity. The fold (exact in real arithmetic, docs/awq.md §1.5):
@@ -20,7 +22,7 @@ struct sfwi_fold {
 	int n_layers;
 	struct sfwi_fold_layer *L;
 };
-void sfwi_fold_free(struct sfwi_fold *f);
+void sfwi_fold_free(struct sfwi_fold *f); /* quant/fold.c, as the three below */
 
 /* What a tensor of the checkpoint receives from the fold: columns multiplied
  * by col[k] (2-D) and rows / elements divided by div[r] (a 1-D norm weight:

@@ -1,29 +1,11 @@
-/* w8_ref.c - the reference int8 group quantizer (quant/layout.h): plain C,
+/* w8_ref.c - the reference int8 group quantizer (num/w8_layout.h): plain C,
  * float32, round half to even. Every model file salafw writes comes from
  * here; tests/ref/awq_ref.py computes the same bytes independently. */
+#include "num/num.h"
 #include "quant/quant.h"
 
 #include <math.h>
 #include <string.h>
-
-/* float -> bf16 bits, round to nearest even (as runner/safetensors.h; kept
- * local so the quant module's reference has no runner dependency). */
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x40);
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static float from_bf16(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
 
 /* The group's stored scale (bf16 bits) and its value; -1 on NaN/inf. */
 static int group_scale(const float *w, int64_t n, uint16_t *bits, float *value)
@@ -38,8 +20,8 @@ static int group_scale(const float *w, int64_t n, uint16_t *bits, float *value)
 	float s = amax / SFW_QL_SCALE_DIV;
 	if (s < SFW_QL_SCALE_MIN)
 		s = SFW_QL_SCALE_MIN;
-	*bits = to_bf16(s);
-	*value = from_bf16(*bits); /* divide by the scale as stored */
+	*bits = sfw_f32_to_bf16(s);
+	*value = sfw_bf16_to_f32(*bits); /* divide by the scale as stored */
 	/* bf16 rounding may have lowered the scale so far that amax lands past
 	 * 127.5 steps (e.g. amax = 1: 1/127.5 rounds to 2^-7, and 1/2^-7 = 128
 	 * would be clamped to 127, almost a step off): one bf16 ulp up (it
@@ -47,7 +29,7 @@ static int group_scale(const float *w, int64_t n, uint16_t *bits, float *value)
 	 * within half a step of its code */
 	if (amax / *value > SFW_QL_SCALE_DIV) {
 		(*bits)++;
-		*value = from_bf16(*bits);
+		*value = sfw_bf16_to_f32(*bits);
 	}
 	return 0;
 }
@@ -89,7 +71,7 @@ void sfw_quant_dequant_row_w8(const uint8_t *codes, const uint16_t *scales, int6
 {
 	int64_t span = sfw_ql_group_span(K, group);
 	for (int64_t k = 0; k < K; k++)
-		out[k] = sfw_ql_dequant(codes[k], from_bf16(scales[k / span]));
+		out[k] = sfw_ql_dequant(codes[k], sfw_bf16_to_f32(scales[k / span]));
 }
 
 int sfw_quant_fake_row_w8(float *w, int64_t K, int group)

@@ -10,9 +10,13 @@
  * backend's memory space, so (char *)p + i * act_size is element i (forward.c
  * offsets rows this way).
  *
- * Fused ops (norm+matmul, gate+up+SiLU, ...) enter this table as new members;
- * forward.c uses them when non-NULL, and the CPU backend implements them as
- * the composition of the unfused ops (docs/style.md §13.10).
+ * Every member is filled by every backend: forward.c calls each op the same
+ * way whatever the backend. Fused ops (add+norm, q/k norm+RoPE, gate|up+SiLU,
+ * projection groups) are always called; a backend that has no fused kernel
+ * composes the unfused ops (runner/backend_compose.c, docs/style.md §13.10).
+ * What a backend takes is declared by `supports` (per op and weight dtype),
+ * not by NULL members. Decode-step recording (CUDA graphs) is the backend's
+ * business: forward.c hands it one step's ops as a function (`step`).
  *
  * Caches belong to the backend: per sparse layer the K and V of every token
  * [len, nkv, hd], growing in 64-token blocks, and the two levels of
@@ -23,8 +27,8 @@
 #define SFW_BACKEND_H
 
 #include "kernels/ops.h"
-#include "quant/layout.h"
-#include "runner/config.h"
+#include "num/w8_layout.h"
+#include "formats/config.h"
 #include "runner/runner.h"
 #include "sfw.h"
 
@@ -38,20 +42,20 @@ struct sfw_bweight {
 	const char *name;
 	const void *host;
 	void *dev;
-	enum sfw_op_dtype dtype; /* as stored: BF16 or F32, or W8 (below) */
+	enum sfw_dtype dtype; /* as stored: BF16 or F32, or W8 (below) */
 	int64_t rows, cols;      /* [out, in]; a vector is rows = 1 */
-	/* dtype SFW_OP_W8 (compressed-tensors pack-quantized int8, quant/layout.h):
+	/* dtype SFW_DTYPE_W8 (compressed-tensors pack-quantized int8, num/w8_layout.h):
 	 * host = the codes [rows, ceil(cols/4)*4] bytes (weight_packed), scales =
 	 * weight_scale [rows, ceil(cols/group)] in scale_dtype (BF16, F16 or F32),
 	 * group = the group size along cols (cols for per-channel). scales_dev is
 	 * the backend's copy of the scales (NULL on the CPU). */
 	const void *scales;
-	enum sfw_op_dtype scale_dtype;
+	enum sfw_dtype scale_dtype;
 	int group;
 	void *scales_dev;
 };
 
-/* Bytes per row of an SFW_OP_W8 weight's codes, and of its scales. */
+/* Bytes per row of an SFW_DTYPE_W8 weight's codes, and of its scales. */
 static inline size_t sfw_bweight_w8_code_row(const struct sfw_bweight *w)
 {
 	return (size_t)sfw_ql_row_bytes(w->cols);
@@ -59,7 +63,7 @@ static inline size_t sfw_bweight_w8_code_row(const struct sfw_bweight *w)
 static inline size_t sfw_bweight_w8_scale_row(const struct sfw_bweight *w)
 {
 	int span = w->group > 0 && w->group < w->cols ? w->group : SFW_QL_GROUP_CHANNEL;
-	return (size_t)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_OP_F32 ? 4 : 2);
+	return (size_t)sfw_ql_ngroups(w->cols, span) * (w->scale_dtype == SFW_DTYPE_F32 ? 4 : 2);
 }
 
 struct sfw_bcache; /* opaque, backend-owned */
@@ -74,7 +78,7 @@ struct sfw_cache_desc {
 	int ksize, stride;           /* level-1 compression (level 2: x4) */
 	int block;                   /* KV growth granule and selection block (64) */
 	int sel_k;                   /* blocks selected per row (topk + window/block) */
-	/* Paged KV (backends with pool_new): the K and V of the sparse layers
+	/* Paged KV (backends that support SFW_BOP_POOL): the K and V of the sparse layers
 	 * in blocks drawn from pool by cache_reserve, at most max_tokens;
 	 * NULL: the cache grows on its own. */
 	struct sfw_bpool *pool;
@@ -92,9 +96,33 @@ struct sfw_sparse_params {
 	float scale;        /* 1/sqrt(hd) */
 };
 
+/* Projections that read the same input: a layer's q|k|v(|z or o_gate), or
+ * gate|up, bound once at load (runner/model.c). merged: when the backend
+ * placed the parts as consecutive row ranges of one matrix (be->merge), the
+ * view of that matrix (merged.rows = the parts' rows together); rows == 0
+ * when they stay separate. */
+struct sfw_bgroup {
+	struct sfw_bweight *part[4];
+	int n;
+	struct sfw_bweight merged;
+};
+
+/* What `supports` is asked about: an op taking weights of a dtype. */
+enum sfw_bop {
+	SFW_BOP_MATMUL,  /* matmul, matmul_group, swiglu */
+	SFW_BOP_LOGITS,
+	SFW_BOP_EMBED,
+	SFW_BOP_NORM,    /* rmsnorm, add_rmsnorm, qk_norm_rope weights */
+	SFW_BOP_POOL,    /* paged KV (pool_new); dtype ignored */
+	SFW_BOP_RECORD,  /* step replays a recording (dtype ignored) */
+};
+
+/* One decode step's ops, issued by forward.c (backend.h, step). */
+typedef enum sfw_status (*sfw_step_fn)(void *arg, struct sfw_err *err);
+
 struct sfw_backend {
 	const char *name;          /* "cpu", "cuda" */
-	enum sfw_op_dtype act;     /* activation dtype */
+	enum sfw_dtype act;     /* activation dtype */
 	size_t act_size;           /* bytes per activation element */
 	void *impl;                /* backend private state */
 
@@ -129,10 +157,24 @@ struct sfw_backend {
 	void (*rope_neox)(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta);
 	/* y[M, W.rows] = x[M, W.cols] . W^T */
 	void (*matmul)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M);
-	/* Optional (NULL: none): one token's SwiGLU y[N] = silu(g)·u over a merged
-	 * gate|up view gu [2N, K] (meaning: sfw_op_matmul_silu_w8_cpu); returns 0,
-	 * doing nothing, for weights it does not take. */
-	int (*matmul_silu)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *gu, int N);
+	/* y = the group's products over M rows: part i's [M, part[i]->rows] at
+	 * element offset M * (the rows of the parts before it). For one row this
+	 * is the merged matrix's output row, which a backend may compute so. */
+	void (*matmul_group)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M);
+	/* The MLP's SwiGLU over gu = {gate, up}: y[M, N] = silu(x . gate^T) *
+	 * (x . up^T), N = gate rows; tmp [M, 2N] is scratch (matmul_group's
+	 * output). Equal to matmul_group then silu_mul. */
+	void (*swiglu)(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu, int M);
+	/* x += scale * b (rounded as add_scaled), then y = rmsnorm(x; w). */
+	void (*add_rmsnorm)(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
+			    const struct sfw_bweight *w, int rows, int n, float eps);
+	/* The lightning layers' per-head norms and RoPE in place: q [T, nhq, hd]
+	 * = rmsnorm(q; qw), k [T, nhk, hd] = rmsnorm(k; kw) (rows of hd; qw, kw
+	 * NULL: no norms), then, when rope != 0, rope_neox on both from pos0:
+	 * equal to those four calls. */
+	void (*qk_norm_rope)(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+			     const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
+			     int64_t pos0, float theta);
 	/* logits are always float32 (host-readable through to_host) */
 	void (*logits)(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		       float in_scale);
@@ -178,11 +220,9 @@ struct sfw_backend {
 	void (*gla)(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
 		    struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale);
 
-	/* 1 when matmul/logits accept SFW_OP_W8 weights; a backend that leaves it
-	 * 0 is refused int8 checkpoints at load (runner/model.c). */
-	int supports_w8;
-
-	/* ---- optional members (NULL: forward.c takes the plain path) ---- */
+	/* 1 when the backend takes op with weights of dtype dt (SFW_DTYPE_W8 for
+	 * int8 checkpoints: runner/model.c refuses them at load otherwise). */
+	int (*supports)(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt);
 	/* Copies bytes between two backend buffers, ordered with the ops (no
 	 * host wait): keeps per-step results such as the selected blocks in
 	 * backend memory until someone asks for them. */
@@ -191,62 +231,36 @@ struct sfw_backend {
 	 * load_end weight_upload may defer its copy. merge places parts[0..n-1]
 	 * (same cols and dtype) as consecutive row ranges of one [sum rows, cols]
 	 * matrix in backend memory and points each part's dev into it; *merged
-	 * = 1 when it did (0: the parts stay separate, e.g. SALAFW_CUDA_NOMERGE=1).
-	 * No weight is held twice. load_end uploads whatever is still deferred.
-	 * forward.c sees a merge only through contiguous dev pointers
-	 * (sfwi_merged_view) and then runs one matmul over the wide matrix. */
+	 * = 1 when it did (0: the parts stay separate, as on the CPU). No weight
+	 * is held twice. load_end uploads whatever is still deferred. */
 	void (*load_begin)(struct sfw_backend *be);
 	SFW_MUST_CHECK enum sfw_status (*merge)(struct sfw_backend *be, struct sfw_bweight *const *parts, int n,
 						int *merged, struct sfw_err *err);
 	SFW_MUST_CHECK enum sfw_status (*load_end)(struct sfw_backend *be, struct sfw_err *err);
-	/* Fused ops; the CPU backend composes the unfused ones.
-	 * add_rmsnorm: x += scale * b (rounded as add_scaled), then y = rmsnorm(x). */
-	void (*add_rmsnorm)(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
-			    const struct sfw_bweight *w, int rows, int n, float eps);
-	/* qk_norm_rope: the lightning layers' per-head norms and RoPE in place,
-	 * q [T, nhq, hd] = rmsnorm(q; qw), k [T, nhk, hd] = rmsnorm(k; kw) (rows
-	 * of hd), then, when rope != 0, rope_neox on both from position pos0, or
-	 * from *dpos (int64, backend memory, read when the op runs) when dpos is
-	 * non-NULL (recorded steps): equal to those four calls. NULL: forward.c
-	 * makes the four calls. */
-	void (*qk_norm_rope)(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
-			     const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
-			     int64_t pos0, const int64_t *dpos, float theta);
 	/* Next-token choice from one row of float logits (backend memory), the
-	 * meaning of sfw_op_sample_cpu for uniform u; *out (backend memory) = the
-	 * id, or -1 when the host must finish with sfw_op_sample_cpu. */
-	void (*sample)(struct sfw_backend *be, int32_t *out, const float *logits, int V,
-		       const struct sfw_op_sample_params *p, double u);
-	/* Decode graphs: graph_begin starts recording the backend's ops instead
-	 * of running them, for one-row calls whose position the caller writes to
-	 * `pos` (int64, backend memory) before each graph_run; graph_end returns
-	 * the recorded sequence (NULL when recording failed: nothing ran, the
-	 * caller runs the ops itself); graph_run replays it. A varying position
-	 * goes through rope_neox_dev, which reads it from `pos` when the op runs.
-	 * An error from graph_begin means nothing is being recorded. */
-	SFW_MUST_CHECK enum sfw_status (*graph_begin)(struct sfw_backend *be, struct sfw_bcache *c, const int64_t *pos,
-						      int64_t bound, struct sfw_err *err);
-	void *(*graph_end)(struct sfw_backend *be);
-	void (*graph_run)(struct sfw_backend *be, void *g);
-	void (*graph_free)(struct sfw_backend *be, void *g);
-	void (*rope_neox_dev)(struct sfw_backend *be, void *x, int T, int nh, int hd, const int64_t *pos, float theta);
-	/* Whole-step decode graphs (backends that set cache_advance): while
-	 * recording, the sparse-layer ops (kv_append, compress, sparse_select,
-	 * attn_sparse, attn_dense) of a one-row call read the row's position
-	 * from `pos` when they run, plan their launches for cache lengths up to
-	 * `bound` tokens (bound <= cache_room), and leave the host-side cache
-	 * counters alone; compress keeps the compressed keys current in either
-	 * mode, provided they were current (compress called) before the step.
-	 * cache_advance applies a replayed step's T rows to those counters.
-	 * mem_epoch changes whenever the backend moves memory a recording may
-	 * hold (cache regrowth, selection scratch): the recording is then stale. */
-	void (*cache_advance)(struct sfw_backend *be, struct sfw_bcache *c, int T);
+	 * meaning of sfw_op_sample_cpu for uniform u: *out (backend memory) = the
+	 * id, or -1 when the host must finish with sfw_op_sample_cpu; returns 0
+	 * (out untouched) when this backend leaves every choice to the host. */
+	int (*sample)(struct sfw_backend *be, int32_t *out, const float *logits, int V,
+		      const struct sfw_op_sample_params *p, double u);
+	/* One decode step: one row of cache c at position pos, its sparse
+	 * layers in mode `sparse` (1: selection, 0: dense). fn(arg) issues the
+	 * step's ops. A backend that records steps (supports SFW_BOP_RECORD)
+	 * replays the recording it keeps in *rec while that is valid for pos and
+	 * sparse, and otherwise makes one first by running fn while recording;
+	 * others just run fn. *replayed = 1 when the ops ran from a recording:
+	 * fn's host-side code then did not run this time, so whatever it notes
+	 * on the host the caller notes itself. If a recording cannot be made,
+	 * the backend runs fn directly, and from then on for this *rec.
+	 * step_free releases *rec (NULL: a no-op). */
+	SFW_MUST_CHECK enum sfw_status (*step)(struct sfw_backend *be, void **rec, struct sfw_bcache *c, int64_t pos,
+					       int sparse, sfw_step_fn fn, void *arg, int *replayed,
+					       struct sfw_err *err);
+	void (*step_free)(struct sfw_backend *be, void *rec);
 	/* A failure the ops could not return (they return void): the CPU ops
 	 * whose scratch could not be allocated left their outputs undefined.
-	 * SFW_OK, or the error once (then cleared). NULL: ops never fail so. */
+	 * SFW_OK, or the error once (then cleared). */
 	SFW_MUST_CHECK enum sfw_status (*take_failure)(struct sfw_backend *be, struct sfw_err *err);
-	int64_t (*cache_room)(struct sfw_backend *be, const struct sfw_bcache *c);
-	uint64_t (*mem_epoch)(struct sfw_backend *be, const struct sfw_bcache *c);
 	/* Paged KV (runner/batch.h): a pool of `blocks` blocks of d->block
 	 * tokens, each holding those tokens' K and V in every sparse layer,
 	 * allocated now. Caches made with d->pool set take a free block per
@@ -254,8 +268,9 @@ struct sfw_backend {
 	 * none is left; a failed reserve takes none) and give every block back
 	 * in cache_reset and cache_free. The ops see each cache's K/V as before:
 	 * [len, nkv, hd] at one address (the CPU backend maps the blocks there;
-	 * backend_cpu.c). SFW_E_UNSUPPORTED: the shapes do not allow paging
-	 * here (the caller keeps caches of their own). pool_used: blocks taken. */
+	 * backend_cpu.c). SFW_E_UNSUPPORTED: no paging here (supports
+	 * SFW_BOP_POOL is 0) or the shapes do not allow it; the caller keeps
+	 * caches of their own. pool_used: blocks taken. */
 	SFW_MUST_CHECK enum sfw_status (*pool_new)(struct sfw_backend *be, const struct sfw_cache_desc *d,
 						   int64_t blocks, struct sfw_bpool **out, struct sfw_err *err);
 	void (*pool_free)(struct sfw_backend *be, struct sfw_bpool *p);
@@ -270,5 +285,38 @@ SFW_MUST_CHECK enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_back
 SFW_MUST_CHECK enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sfw_backend **out,
 						    struct sfw_err *err);
 #endif
+
+/* The backends this build has, in the order SFW_DEVICE_AUTO tries them
+ * (runner/backends.c): CUDA first when built with it, the CPU last. */
+struct sfw_backend_entry {
+	enum sfw_device device;
+	const char *name;
+	SFW_MUST_CHECK enum sfw_status (*create)(const struct sfw_model_params *p, struct sfw_backend **out,
+						 struct sfw_err *err);
+};
+const struct sfw_backend_entry *sfw_backend_list(int *n);
+
+/* A group's parts offered to be->merge (between load_begin and load_end),
+ * then g->merged set from where they landed (sfwi_group_view: the view of
+ * one matrix when the parts are consecutive row ranges in backend memory,
+ * rows 0 otherwise). */
+SFW_MUST_CHECK enum sfw_status sfwi_group_bind(struct sfw_backend *be, struct sfw_bgroup *g, struct sfw_err *err);
+void sfwi_group_view(struct sfw_bgroup *g);
+
+/* The compositions a backend without a fused kernel fills its members with
+ * (runner/backend_compose.c): each is the unfused ops of this table. */
+void sfwi_compose_matmul_group(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M);
+void sfwi_compose_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu,
+			 int M);
+void sfwi_compose_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
+			      const struct sfw_bweight *w, int rows, int n, float eps);
+void sfwi_compose_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+			       const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
+			       int64_t pos0, float theta);
+/* step for a backend that does not record: runs fn (*replayed = 0). */
+SFW_MUST_CHECK enum sfw_status sfwi_step_direct(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
+						int64_t pos, int sparse, sfw_step_fn fn, void *arg, int *replayed,
+						struct sfw_err *err);
+void sfwi_step_free_none(struct sfw_backend *be, void *rec);
 
 #endif

@@ -154,12 +154,13 @@ static void cpu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_
 	sfw_ops_cpu_bind(prev);
 }
 
-static void cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
-		       const struct sfw_op_sample_params *p, double u)
+static int cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
+		      const struct sfw_op_sample_params *p, double u)
 {
 	struct sfw_ops_cpu *prev = enter(be);
 	*out = sfw_op_sample_cpu(logits, V, p, u);
 	sfw_ops_cpu_bind(prev);
+	return 1;
 }
 
 /* the composition of add_scaled and rmsnorm (kernels/fused.c) */
@@ -195,7 +196,7 @@ static void cpu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int
 static void cpu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
 	struct sfw_ops_cpu *prev = enter(be);
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		sfw_op_matmul_w8_cpu(F(y), F(x), w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows,
 				     (int)w->cols);
 	else
@@ -207,7 +208,7 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 		       float in_scale)
 {
 	struct sfw_ops_cpu *prev = enter(be);
-	if (w->dtype == SFW_OP_W8) { /* a third-party checkpoint that quantized lm_head */
+	if (w->dtype == SFW_DTYPE_W8) { /* a third-party checkpoint that quantized lm_head */
 		size_t n = (size_t)M * (size_t)w->cols;
 		float *xs = sfw_malloc(n * sizeof(float));
 		if (!xs) {
@@ -223,6 +224,46 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 		sfw_op_logits_cpu(y, F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols, in_scale);
 	}
 	sfw_ops_cpu_bind(prev);
+}
+
+/* Weights as stored (bf16, f32, int8 pack-quantized); paged KV; no
+ * recording (a decode step runs its ops as they come). */
+static int cpu_supports(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
+{
+	(void)be;
+	switch (op) {
+	case SFW_BOP_MATMUL:
+	case SFW_BOP_LOGITS:
+		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32 || dt == SFW_DTYPE_W8;
+	case SFW_BOP_EMBED:
+	case SFW_BOP_NORM:
+		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32;
+	case SFW_BOP_POOL:
+		return 1;
+	case SFW_BOP_RECORD:
+		return 0;
+	}
+	return 0;
+}
+
+/* The weights stay in the map where they are: nothing to defer or merge. */
+static void cpu_load_begin(struct sfw_backend *be)
+{
+	(void)be;
+}
+
+static enum sfw_status cpu_merge(struct sfw_backend *be, struct sfw_bweight *const *parts, int n, int *merged,
+				 struct sfw_err *err)
+{
+	(void)be, (void)parts, (void)n, (void)err;
+	*merged = 0;
+	return SFW_OK;
+}
+
+static enum sfw_status cpu_load_end(struct sfw_backend *be, struct sfw_err *err)
+{
+	(void)be, (void)err;
+	return SFW_OK;
 }
 
 /* ---- caches --------------------------------------------------------------- */
@@ -591,6 +632,60 @@ static enum sfw_status cpu_take_failure(struct sfw_backend *be, struct sfw_err *
 	return SFW_OK;
 }
 
+/* The CPU backend's table: every member (backend.h); impl is the op
+ * executor, set per instance. */
+static const struct sfw_backend cpu_backend = {
+	.name = "cpu",
+	.act = SFW_DTYPE_F32,
+	.act_size = sizeof(float),
+	.destroy = cpu_destroy,
+	.weight_upload = cpu_weight_upload,
+	.weight_release = cpu_weight_release,
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.to_host_f32 = cpu_to_host_f32,
+	.from_host_f32 = cpu_from_host_f32,
+	.to_host = cpu_copy,
+	.from_host = cpu_copy,
+	.sync = cpu_sync,
+	.embed = cpu_embed,
+	.rmsnorm = cpu_rmsnorm,
+	.add_scaled = cpu_add_scaled,
+	.silu_mul = cpu_silu_mul,
+	.sigmoid_mul = cpu_sigmoid_mul,
+	.rope_neox = cpu_rope,
+	.matmul = cpu_matmul,
+	.logits = cpu_logits,
+	.cache_new = cpu_cache_new,
+	.cache_free = cpu_cache_free,
+	.cache_reserve = cpu_cache_reserve,
+	.cache_reset = cpu_cache_reset,
+	.cache_len = cpu_cache_len,
+	.cache_ncompressed = cpu_cache_ncompressed,
+	.kv_append = cpu_kv_append,
+	.attn_dense = cpu_attn_dense,
+	.compress = cpu_compress,
+	.sparse_select = cpu_sparse_select,
+	.attn_sparse = cpu_attn_sparse,
+	.gla = cpu_gla,
+	.take_failure = cpu_take_failure,
+	.supports = cpu_supports,
+	.matmul_group = sfwi_compose_matmul_group,
+	.swiglu = sfwi_compose_swiglu,
+	.add_rmsnorm = cpu_add_rmsnorm,
+	.qk_norm_rope = sfwi_compose_qk_norm_rope,
+	.copy = cpu_copy,
+	.load_begin = cpu_load_begin,
+	.merge = cpu_merge,
+	.load_end = cpu_load_end,
+	.sample = cpu_sample,
+	.step = sfwi_step_direct,
+	.step_free = sfwi_step_free_none,
+	.pool_new = cpu_pool_new,
+	.pool_free = cpu_pool_free,
+	.pool_used = cpu_pool_used,
+};
+
 enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, struct sfw_err *err)
 {
 	struct sfw_backend *be = sfw_calloc(1, sizeof(*be));
@@ -604,47 +699,8 @@ enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, stru
 		sfw_free(be);
 		return s;
 	}
+	*be = cpu_backend;
 	be->impl = ex;
-	be->name = "cpu";
-	be->act = SFW_OP_F32;
-	be->act_size = sizeof(float);
-	be->destroy = cpu_destroy;
-	be->weight_upload = cpu_weight_upload;
-	be->weight_release = cpu_weight_release;
-	be->alloc = cpu_alloc;
-	be->free = cpu_free;
-	be->to_host_f32 = cpu_to_host_f32;
-	be->from_host_f32 = cpu_from_host_f32;
-	be->to_host = cpu_copy;
-	be->from_host = cpu_copy;
-	be->sync = cpu_sync;
-	be->embed = cpu_embed;
-	be->rmsnorm = cpu_rmsnorm;
-	be->add_scaled = cpu_add_scaled;
-	be->silu_mul = cpu_silu_mul;
-	be->sigmoid_mul = cpu_sigmoid_mul;
-	be->rope_neox = cpu_rope;
-	be->matmul = cpu_matmul;
-	be->logits = cpu_logits;
-	be->cache_new = cpu_cache_new;
-	be->cache_free = cpu_cache_free;
-	be->cache_reserve = cpu_cache_reserve;
-	be->cache_reset = cpu_cache_reset;
-	be->cache_len = cpu_cache_len;
-	be->cache_ncompressed = cpu_cache_ncompressed;
-	be->kv_append = cpu_kv_append;
-	be->attn_dense = cpu_attn_dense;
-	be->compress = cpu_compress;
-	be->sparse_select = cpu_sparse_select;
-	be->attn_sparse = cpu_attn_sparse;
-	be->gla = cpu_gla;
-	be->take_failure = cpu_take_failure;
-	be->supports_w8 = 1;
-	be->add_rmsnorm = cpu_add_rmsnorm;
-	be->sample = cpu_sample;
-	be->pool_new = cpu_pool_new;
-	be->pool_free = cpu_pool_free;
-	be->pool_used = cpu_pool_used;
 	*out = be;
 	return SFW_OK;
 }

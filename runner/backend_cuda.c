@@ -11,7 +11,7 @@
 #include "alloc.h"
 #include "kernels/ops_cuda.h"
 #include "log.h"
-#include "runner/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,9 +62,11 @@ struct cu_be {
 	int stepsync;
 	size_t select_bytes;          /* block-selection scratch cap */
 	struct sfw_cuda_ops_cfg cfg;  /* bound with blas and scratch before every op */
-	/* recording a whole decode step (graph_begin with cache_advance): the
-	 * sparse-layer ops read the row position from rec_pos and plan for
-	 * cache lengths up to rec_bound */
+	/* the paths the options chose (struct sfw_backend_opts) */
+	int graphs, no_fuse, no_merge, no_sample, w8_silu;
+	/* recording a decode step (cu_step): the ops that take a position read
+	 * it from rec_pos, and the sparse-layer ops plan for cache lengths up
+	 * to rec_bound */
 	int rec;
 	const int64_t *rec_pos;
 	int64_t rec_bound;
@@ -116,7 +118,7 @@ static void cu_destroy(struct sfw_backend *be)
 	sfw_free(be);
 }
 
-/* int8 weights (quant/layout.h): codes [rows, ceil(cols/4)*4] bytes, then
+/* int8 weights (num/w8_layout.h): codes [rows, ceil(cols/4)*4] bytes, then
  * scales [rows, ceil(cols/group)] in their stored dtype, each in its own
  * slab piece; a merged group keeps its parts' codes and its parts' scales
  * back to back. */
@@ -133,16 +135,16 @@ static size_t w8_scale_bytes(const struct sfw_bweight *w)
 /* Bytes of the weight's main tensor (the codes for int8). */
 static size_t wbytes(const struct sfw_bweight *w)
 {
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		return w8_code_bytes(w);
-	return (size_t)w->rows * (size_t)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
+	return (size_t)w->rows * (size_t)w->cols * (w->dtype == SFW_DTYPE_BF16 ? 2 : 4);
 }
 
 /* What the weight takes in a slab (arena-rounded pieces). */
 static size_t slab_bytes(const struct sfw_bweight *w)
 {
 	size_t n = sfw_cuda_arena_round(wbytes(w));
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		n += sfw_cuda_arena_round(w8_scale_bytes(w));
 	return n;
 }
@@ -154,7 +156,7 @@ static enum sfw_status place_one(struct cu_be *b, struct sfw_bweight *w, int def
 {
 	void *p, *q = NULL;
 	enum sfw_status s = place(b, wbytes(w), deferred, &p, err);
-	if (s == SFW_OK && w->dtype == SFW_OP_W8)
+	if (s == SFW_OK && w->dtype == SFW_DTYPE_W8)
 		s = place(b, w8_scale_bytes(w), deferred, &q, err);
 	if (s != SFW_OK)
 		return s;
@@ -171,9 +173,9 @@ static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweig
 {
 	struct cu_be *b = IMPL(be);
 	/* bf16, f32, or int8 with BF16 / F16 / F32 scales (kernels/linear_w8.cu) */
-	if (w->dtype != SFW_OP_BF16 && w->dtype != SFW_OP_F32 &&
-	    !(w->dtype == SFW_OP_W8 && (w->scale_dtype == SFW_OP_BF16 || w->scale_dtype == SFW_OP_F16 ||
-					w->scale_dtype == SFW_OP_F32)))
+	if (w->dtype != SFW_DTYPE_BF16 && w->dtype != SFW_DTYPE_F32 &&
+	    !(w->dtype == SFW_DTYPE_W8 && (w->scale_dtype == SFW_DTYPE_BF16 || w->scale_dtype == SFW_DTYPE_F16 ||
+					w->scale_dtype == SFW_DTYPE_F32)))
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "weight '%s': the cuda backend runs bf16, f32 or int8 weights only",
 				w->name ? w->name : "?");
 	if (b->defer && w->rows > 1) {
@@ -242,7 +244,7 @@ static enum sfw_status place(struct cu_be *b, size_t n, int deferred, void **out
 
 static void cu_load_begin(struct sfw_backend *be)
 {
-	IMPL(be)->defer = 1;
+	IMPL(be)->defer = !IMPL(be)->no_merge;
 }
 
 static int pending_index(const struct cu_be *b, const struct sfw_bweight *w)
@@ -260,16 +262,18 @@ static enum sfw_status cu_merge(struct sfw_backend *be, struct sfw_bweight *cons
 {
 	struct cu_be *b = IMPL(be);
 	*merged = 0;
+	if (b->no_merge) /* SALAFW_CUDA_NOMERGE=1: the parts stay separate */
+		return SFW_OK;
 	if (!b->defer || n < 2)
 		return SFW_OK;
 	size_t total = 0, stotal = 0;
-	int w8 = parts[0]->dtype == SFW_OP_W8;
+	int w8 = parts[0]->dtype == SFW_DTYPE_W8;
 	for (int i = 0; i < n; i++) {
 		const struct sfw_bweight *w = parts[i];
 		/* keep every part on the arena's alignment (16-byte loads); int8
 		 * parts merge codes with codes and scales with scales, so they must
 		 * agree on the group and the scale dtype */
-		if ((w->dtype != SFW_OP_BF16 && !w8) || w->dtype != parts[0]->dtype || w->cols != parts[0]->cols ||
+		if ((w->dtype != SFW_DTYPE_BF16 && !w8) || w->dtype != parts[0]->dtype || w->cols != parts[0]->cols ||
 		    wbytes(w) % 256 != 0 || pending_index(b, w) < 0)
 			return SFW_OK;
 		if (w8 && (w->group != parts[0]->group || w->scale_dtype != parts[0]->scale_dtype))
@@ -465,32 +469,45 @@ static void cu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *
 		     float scale)
 {
 	IMPL(be)->prof_decode = T == 1;
-	PROF(P_EMBED, sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_OP_BF16, S(be)));
+	PROF(P_EMBED, sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows, int n,
 		       float eps)
 {
-	PROF(P_RMSNORM, sfw_op_rmsnorm_cuda(y, x, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be)));
+	PROF(P_RMSNORM, sfw_op_rmsnorm_cuda(y, x, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t n, float scale)
 {
-	PROF(P_ADD, sfw_op_add_scaled_cuda(x, b, n, scale, SFW_OP_BF16, S(be)));
+	PROF(P_ADD, sfw_op_add_scaled_cuda(x, b, n, scale, SFW_DTYPE_BF16, S(be)));
 }
 
+/* SALAFW_CUDA_NOFUSE=1: add_scaled + rmsnorm as two kernels */
 static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			   const struct sfw_bweight *w, int rows, int n, float eps)
 {
-	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_OP_BF16, S(be)));
+	if (IMPL(be)->no_fuse)
+		sfwi_compose_add_rmsnorm(be, y, x, b, scale, w, rows, n, eps);
+	else
+		PROF(P_ADDNORM,
+		     sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
 }
 
+/* One kernel when both norms are there (the position from the device while
+ * recording); else, or with SALAFW_CUDA_NOFUSE=1, the four calls. */
 static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 			    const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
-			    int64_t pos0, const int64_t *dpos, float theta)
+			    int64_t pos0, float theta)
 {
+	struct cu_be *b = IMPL(be);
+	if (b->no_fuse || !qw || !kw) {
+		sfwi_compose_qk_norm_rope(be, q, k, qw, kw, T, nhq, nhk, hd, eps, rope, pos0, theta);
+		return;
+	}
 	PROF(P_QKNORM, sfw_cuda_qk_norm_rope_devpos(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, T, nhq, nhk, hd, eps,
-						    rope, pos0, dpos, theta, SFW_OP_BF16, S(be)));
+						    rope, pos0, b->rec ? b->rec_pos : NULL, theta, SFW_DTYPE_BF16,
+						    S(be)));
 }
 
 static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err);
@@ -506,30 +523,34 @@ static size_t sel_plan_row(const struct sfw_cache_desc *d, int64_t bound, int k,
 	return *sc + *po + (size_t)d->nkv * k * 4;
 }
 
-static enum sfw_status cu_graph_begin(struct sfw_backend *be, struct sfw_bcache *c, const int64_t *pos, int64_t bound,
-				      struct sfw_err *err)
+static int64_t cu_cache_room(const struct sfw_bcache *c);
+
+/* Starts recording one decode step of c whose position the ops read from
+ * pos (device) when they run, for cache lengths up to bound. */
+static enum sfw_status rec_begin(struct sfw_backend *be, struct sfw_bcache *c, const int64_t *pos, int64_t bound,
+				 struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
 	int any_sparse = 0;
-	for (int i = 0; c && i < c->d.n_layers; i++)
+	for (int i = 0; i < c->d.n_layers; i++)
 		any_sparse |= c->L[i].sparse;
-	if (be->cache_advance && any_sparse) {
+	if (any_sparse) {
 		/* everything a recorded step touches is in place before the
 		 * recording starts: no allocation (and no host wait) inside it */
 		size_t sc, po;
-		if (bound < 1 || bound > be->cache_room(be, c))
+		if (bound < 1 || bound > cu_cache_room(c))
 			return sfw_fail(err, SFW_E_INVAL, "decode graph bound %lld outside the cache room",
 					(long long)bound);
 		enum sfw_status s = sel_room(be, sel_plan_row(&c->d, bound, c->d.sel_k, &sc, &po), err);
 		if (s != SFW_OK)
 			return s;
-		b->rec = 1, b->rec_pos = pos, b->rec_bound = bound;
 	}
+	b->rec = 1, b->rec_pos = pos, b->rec_bound = bound;
 	sfw_cuda_graph_begin(S(be));
 	return SFW_OK;
 }
 
-static void *cu_graph_end(struct sfw_backend *be)
+static void *rec_end(struct sfw_backend *be)
 {
 	void *g = NULL;
 	struct sfw_err e = {0};
@@ -541,75 +562,88 @@ static void *cu_graph_end(struct sfw_backend *be)
 	return g;
 }
 
-static void cu_graph_run(struct sfw_backend *be, void *g)
+/* SALAFW_CUDA_NOSAMPLE=1: the host chooses */
+static int cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
+		     const struct sfw_op_sample_params *p, double u)
 {
-	sfw_cuda_graph_launch(g, S(be));
-}
-
-static void cu_graph_free(struct sfw_backend *be, void *g)
-{
-	sfw_cuda_sync(S(be));
-	sfw_cuda_graph_free(g);
-}
-
-static void cu_rope_dev(struct sfw_backend *be, void *x, int T, int nh, int hd, const int64_t *pos, float theta)
-{
-	PROF(P_ROPE, sfw_cuda_rope_neox_devpos(x, T, nh, hd, pos, theta, S(be)));
-}
-
-static void cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
-		      const struct sfw_op_sample_params *p, double u)
-{
+	if (IMPL(be)->no_sample)
+		return 0;
 	PROF(P_SAMPLE, sfw_op_sample_cuda(out, logits, V, p, u, S(be)));
+	return 1;
 }
 
 static void cu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
 {
-	PROF(P_SILU, sfw_op_silu_mul_cuda(y, g, u, n, SFW_OP_BF16, S(be)));
+	PROF(P_SILU, sfw_op_silu_mul_cuda(y, g, u, n, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const void *g, size_t n)
 {
-	PROF(P_SIGMOID, sfw_op_sigmoid_mul_cuda(y, x, g, n, SFW_OP_BF16, S(be)));
+	PROF(P_SIGMOID, sfw_op_sigmoid_mul_cuda(y, x, g, n, SFW_DTYPE_BF16, S(be)));
 }
 
+/* While recording, the position comes from the device (the replayed step's). */
 static void cu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta)
 {
-	PROF(P_ROPE, sfw_op_rope_neox_cuda(x, T, nh, hd, pos0, theta, SFW_OP_BF16, S(be)));
+	struct cu_be *b = IMPL(be);
+	if (b->rec)
+		PROF(P_ROPE, sfw_cuda_rope_neox_devpos(x, T, nh, hd, b->rec_pos, theta, S(be)));
+	else
+		PROF(P_ROPE, sfw_op_rope_neox_cuda(x, T, nh, hd, pos0, theta, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
 		     sfw_op_matmul_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M, (int)w->rows,
-					   (int)w->cols, SFW_OP_BF16, S(be)));
+					   (int)w->cols, SFW_DTYPE_BF16, S(be)));
 	else
 		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
-		     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_OP_BF16, S(be)));
+		     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_DTYPE_BF16, S(be)));
 }
 
-/* opts.w8_silu (SALAFW_CUDA_W8_SILU=1 in the CLI; not yet the default: not measured on a GPU yet): the
- * decode SwiGLU in the int8 gate|up GEMV's epilogue, one launch less per
- * layer; bit-equal to the GEMV and silu_mul it replaces. */
-static int cu_matmul_silu(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *gu, int N)
+/* One row over a merged group: one GEMV over the merged matrix
+ * (docs/performance.md §5.7), whose output row is the parts' side by side. */
+static void cu_matmul_group(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M)
 {
+	if (M == 1 && g->merged.rows)
+		cu_matmul(be, y, x, &g->merged, 1);
+	else
+		sfwi_compose_matmul_group(be, y, x, g, M);
+}
+
+/* One row over a merged gate|up: one GEMV, then silu_mul; with opts.w8_silu
+ * (SALAFW_CUDA_W8_SILU=1 in the CLI; not yet the default: not measured on a
+ * GPU yet) an int8 GEMV with the SwiGLU in its epilogue, one launch less
+ * per layer, bit-equal to the GEMV and silu_mul it replaces. */
+static void cu_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu, int M)
+{
+	const struct sfw_bweight *w = &gu->merged;
+	int N = (int)gu->part[0]->rows;
+	if (M != 1 || !w->rows) {
+		sfwi_compose_swiglu(be, y, tmp, x, gu, M);
+		return;
+	}
 	int done = 0;
-	if (gu->dtype == SFW_OP_W8 && gu->rows == (int64_t)2 * N)
-		PROF(P_MATMUL_DEC, done = sfw_op_matmul_silu_w8_cuda(y, x, gu->dev, gu->scales_dev, gu->scale_dtype,
-								     gu->group, N, (int)gu->cols, S(be)));
-	return done;
+	if (IMPL(be)->w8_silu && w->dtype == SFW_DTYPE_W8 && w->rows == (int64_t)2 * N)
+		PROF(P_MATMUL_DEC, done = sfw_op_matmul_silu_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype,
+								     w->group, N, (int)w->cols, S(be)));
+	if (!done) {
+		cu_matmul(be, tmp, x, w, 1);
+		cu_silu_mul(be, y, tmp, (char *)tmp + (size_t)N * 2, (size_t)N);
+	}
 }
 
 static void cu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		      float in_scale)
 {
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		PROF(P_LOGITS, sfw_op_logits_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M,
-						     (int)w->rows, (int)w->cols, in_scale, SFW_OP_BF16, S(be)));
+						     (int)w->rows, (int)w->cols, in_scale, SFW_DTYPE_BF16, S(be)));
 	else
 		PROF(P_LOGITS, sfw_op_logits_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, in_scale,
-						  SFW_OP_BF16, S(be)));
+						  SFW_DTYPE_BF16, S(be)));
 }
 
 /* ---- caches ---- */
@@ -745,9 +779,10 @@ static void cu_cache_ncompressed(struct sfw_backend *be, const struct sfw_bcache
 	out[1] = c->L[layer].n2;
 }
 
-static void cu_cache_advance(struct sfw_backend *be, struct sfw_bcache *c, int T)
+/* A replayed step's T rows onto the host-side counters (the recorded ops
+ * leave them alone). */
+static void cache_advance(struct sfw_bcache *c, int T)
 {
-	(void)be;
 	const struct sfw_cache_desc *d = &c->d;
 	for (int i = 0; i < d->n_layers; i++) {
 		struct cu_layer *l = &c->L[i];
@@ -761,9 +796,8 @@ static void cu_cache_advance(struct sfw_backend *be, struct sfw_bcache *c, int T
 	}
 }
 
-static int64_t cu_cache_room(struct sfw_backend *be, const struct sfw_bcache *c)
+static int64_t cu_cache_room(const struct sfw_bcache *c)
 {
-	(void)be;
 	int64_t room = INT64_MAX;
 	for (int i = 0; i < c->d.n_layers; i++)
 		if (c->L[i].sparse && c->L[i].cap < room)
@@ -771,17 +805,12 @@ static int64_t cu_cache_room(struct sfw_backend *be, const struct sfw_bcache *c)
 	return room;
 }
 
-static uint64_t cu_mem_epoch(struct sfw_backend *be, const struct sfw_bcache *c)
-{
-	(void)c;
-	return IMPL(be)->epoch;
-}
 
 static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v, int T)
 {
 	struct cu_layer *l = &c->L[layer];
 	size_t row = (size_t)c->d.nkv * c->d.hd * 2;
-	if (IMPL(be)->rec) { /* at row *rec_pos; cache_advance moves len */
+	if (IMPL(be)->rec) { /* at row *rec_pos; cache_advance moves len after the replay */
 		SFW_ASSERT(l->sparse && T == 1);
 		sfw_cuda_kv_append_devpos(l->k, l->v, k, v, row, IMPL(be)->rec_pos, S(be));
 		return;
@@ -801,11 +830,11 @@ static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct
 	if (IMPL(be)->rec) {
 		SFW_ASSERT(T == 1);
 		sfw_cuda_attn_dense_devpos(o, q, l->k, l->v, nh, c->d.nkv, c->d.hd, IMPL(be)->rec_bound, scale,
-					   IMPL(be)->rec_pos, SFW_OP_BF16, S(be));
+					   IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
 		return;
 	}
 	PROF(P_DENSE,
-	     sfw_op_attn_dense_cuda(o, q, l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale, SFW_OP_BF16, S(be)));
+	     sfw_op_attn_dense_cuda(o, q, l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale, SFW_DTYPE_BF16, S(be)));
 }
 
 static int64_t nchunks(int64_t len, int ksize, int stride)
@@ -820,16 +849,16 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	const struct sfw_cache_desc *d = &c->d;
 	if (IMPL(be)->rec) { /* the chunks the step's token completes */
 		sfw_cuda_compress_devpos(l->c1, l->c2, l->k, d->nkv, d->hd, d->ksize, d->stride, IMPL(be)->rec_pos,
-					 SFW_OP_BF16, S(be));
+					 SFW_DTYPE_BF16, S(be));
 		return SFW_OK;
 	}
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 	prof_begin(be);
 	if (t1 > l->n1)
-		sfw_op_compress_cuda(l->c1, l->k, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_OP_BF16, S(be));
+		sfw_op_compress_cuda(l->c1, l->k, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_DTYPE_BF16, S(be));
 	if (t2 > l->n2)
-		sfw_op_compress_cuda(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride, SFW_OP_BF16,
+		sfw_op_compress_cuda(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride, SFW_DTYPE_BF16,
 				     S(be));
 	prof_end(be, P_COMPRESS);
 	l->n1 = t1 > l->n1 ? t1 : l->n1;
@@ -842,7 +871,7 @@ static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw
 	struct cu_be *b = IMPL(be);
 	if (bytes <= b->sel_bytes)
 		return SFW_OK;
-	if (b->rec) /* planned by graph_begin; growing here would wait inside the recording */
+	if (b->rec) /* planned by rec_begin; growing here would wait inside the recording */
 		return sfw_fail(err, SFW_E_CUDA, "block selection scratch too small for the decode graph");
 	/* Decode asks for a little more every few steps: grow by half (at least
 	 * 4 MiB) so the reallocation, which waits for the device, stays rare;
@@ -881,7 +910,7 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 			return s;
 		float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
 		sfw_cuda_stage1_devpos(scores, q, l->c1, l->c2, nh, nkv, hd, b->rec_bound, sp->ksize, sp->stride, sp->scale,
-				       b->rec_pos, SFW_OP_BF16, S(be));
+				       b->rec_pos, SFW_DTYPE_BF16, S(be));
 		sfw_cuda_pool_blocks_devpos(pooled, scores, nkv, b->rec_bound, sp->ksize, sp->stride, sp->block,
 					    sp->init_blocks, sp->local_blocks, b->rec_pos, S(be));
 		sfw_cuda_topk_blocks_devpos(idx, pooled, nkv, k, sp->block, b->rec_pos, S(be));
@@ -913,10 +942,10 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 		int32_t *dst = n == sp->T ? idx : tk;
 		if (n1 > 0)
 			sfw_op_stage1_cuda(scores, (const char *)q + (size_t)r0 * qrow, l->c1, n1, l->c2, l->n2, n, nh, nkv,
-					   hd, p0, sp->ksize, sp->stride, sp->scale, SFW_OP_BF16, S(be));
+					   hd, p0, sp->ksize, sp->stride, sp->scale, SFW_DTYPE_BF16, S(be));
 		sfw_op_pool_blocks_cuda(pooled, scores, n1, nb, nkv, n, p0, sp->ksize, sp->stride, sp->block,
-					sp->init_blocks, sp->local_blocks, SFW_OP_BF16, S(be));
-		sfw_op_topk_blocks_cuda(dst, pooled, nb, nkv, n, p0, k, sp->block, SFW_OP_BF16, S(be));
+					sp->init_blocks, sp->local_blocks, SFW_DTYPE_BF16, S(be));
+		sfw_op_topk_blocks_cuda(dst, pooled, nb, nkv, n, p0, k, sp->block, SFW_DTYPE_BF16, S(be));
 		if (dst != idx)
 			for (int g = 0; g < nkv; g++)
 				sfw_cuda_d2d(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k,
@@ -939,11 +968,11 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 	if (IMPL(be)->rec) {
 		SFW_ASSERT(sp->T == 1);
 		sfw_cuda_attn_sparse_devpos(o, q, l->k, l->v, idx, nh, c->d.nkv, c->d.hd, sp->k, sp->block, sp->scale,
-					    IMPL(be)->rec_pos, SFW_OP_BF16, S(be));
+					    IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
 		return;
 	}
 	PROF(P_SPARSE, sfw_op_attn_sparse_cuda(o, q, l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k,
-					      sp->block, sp->scale, SFW_OP_BF16, S(be)));
+					      sp->block, sp->scale, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
@@ -951,12 +980,198 @@ static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k
 {
 	float *st = c->L[layer].state;
 	if (T >= 64)
-		PROF(P_GLA_CHUNK, sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, T, nh, hd, scale, 64, SFW_OP_BF16, S(be)));
+		PROF(P_GLA_CHUNK, sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, T, nh, hd, scale, 64, SFW_DTYPE_BF16, S(be)));
 	else
-		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_OP_BF16, S(be)));
+		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
 }
 
 /* o: the switches that bring back an older path without a rebuild. */
+/* ---- decode steps as graphs ---- */
+
+/* Positions one recording serves: re-recorded every STEP_SPAN tokens, so
+ * launches planned for its bound stay close to the real lengths. */
+#define STEP_SPAN 4096
+
+/* A context's recording of its decode step (be->step's *rec): valid for
+ * positions below bound, in one mode (sparse or dense selection) and while
+ * the backend's memory epoch stays epoch. */
+struct cu_step {
+	void *graph;
+	int64_t bound;
+	int sparse;
+	uint64_t epoch;
+	int64_t *pos; /* device: the position the replay reads */
+	int off;      /* a recording failed: steps run directly from now on */
+};
+
+static void cu_step_free(struct sfw_backend *be, void *rec)
+{
+	struct cu_step *r = rec;
+	if (!r)
+		return;
+	if (r->graph) {
+		sfw_cuda_sync(IMPL(be)->stream);
+		sfw_cuda_graph_free(r->graph);
+	}
+	if (r->pos)
+		cu_free(be, r->pos);
+	sfw_free(r);
+}
+
+/* Replays the step's recording, made first when there is none or it is
+ * stale; runs fn directly when graphs are off (SALAFW_CUDA_NOGRAPH=1,
+ * STEPSYNC=1, PROFILE=1) or a recording could not be made. */
+static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos, int sparse,
+			       sfw_step_fn fn, void *arg, int *replayed, struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	struct cu_step *r = *recp;
+	*replayed = 0;
+	if (!b->graphs || (r && r->off))
+		return fn(arg, err);
+	if (!r) {
+		if (!(r = sfw_calloc(1, sizeof(*r))) || !(r->pos = cu_alloc(be, sizeof(int64_t)))) {
+			sfw_free(r);
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory for a decode graph");
+		}
+		*recp = r;
+	}
+	if (r->graph && (r->sparse != sparse || pos + 1 > r->bound || r->epoch != b->epoch)) {
+		sfw_cuda_sync(b->stream);
+		sfw_cuda_graph_free(r->graph);
+		r->graph = NULL;
+	}
+	cu_from_host(be, r->pos, &pos, sizeof(pos));
+	if (!r->graph) {
+		int64_t bound = (pos + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN, room = cu_cache_room(c);
+		struct sfw_err e = {0};
+		if (bound > room)
+			bound = room;
+		if (rec_begin(be, c, r->pos, bound, &e) != SFW_OK) {
+			sfw_log(SFW_LOG_WARN, "cuda: %s; decoding without graphs", e.msg);
+			r->off = 1;
+			return fn(arg, err);
+		}
+		enum sfw_status s = fn(arg, &e);
+		void *g = rec_end(be);
+		if (s != SFW_OK || !g) { /* nothing ran: the step runs directly, from now on */
+			if (g)
+				sfw_cuda_graph_free(g);
+			if (s != SFW_OK)
+				sfw_log(SFW_LOG_WARN, "cuda: recording a decode step: %s; decoding without graphs", e.msg);
+			r->off = 1;
+			return fn(arg, err);
+		}
+		r->graph = g;
+		r->bound = bound;
+		r->sparse = sparse;
+		r->epoch = b->epoch;
+	}
+	sfw_cuda_graph_launch(r->graph, S(be));
+	cache_advance(c, 1);
+	*replayed = 1;
+	return SFW_OK;
+}
+
+/* bf16/f32 weights everywhere, int8 in the products; no paged KV yet
+ * (batches keep a cache per sequence); recordings unless graphs are off. */
+static int cu_supports(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
+{
+	switch (op) {
+	case SFW_BOP_MATMUL:
+	case SFW_BOP_LOGITS:
+		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32 || dt == SFW_DTYPE_W8;
+	case SFW_BOP_EMBED:
+	case SFW_BOP_NORM:
+		return dt == SFW_DTYPE_BF16 || dt == SFW_DTYPE_F32;
+	case SFW_BOP_POOL:
+		return 0;
+	case SFW_BOP_RECORD:
+		return ((const struct cu_be *)be->impl)->graphs;
+	}
+	return 0;
+}
+
+static enum sfw_status cu_pool_new(struct sfw_backend *be, const struct sfw_cache_desc *d, int64_t blocks,
+				   struct sfw_bpool **out, struct sfw_err *err)
+{
+	(void)be, (void)d, (void)blocks;
+	*out = NULL;
+	return sfw_fail(err, SFW_E_UNSUPPORTED, "the CUDA backend has no paged KV pool yet");
+}
+
+static void cu_pool_free(struct sfw_backend *be, struct sfw_bpool *p)
+{
+	(void)be, (void)p;
+}
+
+static int64_t cu_pool_used(struct sfw_backend *be, const struct sfw_bpool *p)
+{
+	(void)be, (void)p;
+	return 0;
+}
+
+/* The CUDA ops report no failure they could not return. */
+static enum sfw_status cu_take_failure(struct sfw_backend *be, struct sfw_err *err)
+{
+	(void)be, (void)err;
+	return SFW_OK;
+}
+
+/* The CUDA backend's table: every member (backend.h); impl is the device
+ * state, set per instance, and the options choose paths inside the members. */
+static const struct sfw_backend cuda_backend = {
+	.name = "cuda",
+	.act = SFW_DTYPE_BF16,
+	.act_size = 2, /* bf16 */
+	.destroy = cu_destroy,
+	.weight_upload = cu_weight_upload,
+	.weight_release = cu_weight_release,
+	.alloc = cu_alloc,
+	.free = cu_free,
+	.to_host_f32 = cu_to_host_f32,
+	.from_host_f32 = cu_from_host_f32,
+	.to_host = cu_to_host,
+	.from_host = cu_from_host,
+	.sync = cu_sync,
+	.embed = cu_embed,
+	.rmsnorm = cu_rmsnorm,
+	.add_scaled = cu_add_scaled,
+	.silu_mul = cu_silu_mul,
+	.sigmoid_mul = cu_sigmoid_mul,
+	.rope_neox = cu_rope,
+	.matmul = cu_matmul,
+	.matmul_group = cu_matmul_group,
+	.swiglu = cu_swiglu,
+	.add_rmsnorm = cu_add_rmsnorm,
+	.qk_norm_rope = cu_qk_norm_rope,
+	.logits = cu_logits,
+	.cache_new = cu_cache_new,
+	.cache_free = cu_cache_free,
+	.cache_reserve = cu_cache_reserve,
+	.cache_reset = cu_cache_reset,
+	.cache_len = cu_cache_len,
+	.cache_ncompressed = cu_cache_ncompressed,
+	.kv_append = cu_kv_append,
+	.attn_dense = cu_attn_dense,
+	.compress = cu_compress,
+	.sparse_select = cu_sparse_select,
+	.attn_sparse = cu_attn_sparse,
+	.gla = cu_gla,
+	.supports = cu_supports,
+	.copy = cu_copy,
+	.load_begin = cu_load_begin,
+	.merge = cu_merge,
+	.load_end = cu_load_end,
+	.sample = cu_sample,
+	.step = cu_step,
+	.step_free = cu_step_free,
+	.take_failure = cu_take_failure,
+	.pool_new = cu_pool_new,
+	.pool_free = cu_pool_free,
+	.pool_used = cu_pool_used,
+};
+
 enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sfw_backend **out,
 				     struct sfw_err *err)
 {
@@ -998,73 +1213,15 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	b->cfg.w8_gemv = o->w8_gemv;
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
 		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);
-	be->name = "cuda";
-	be->act = SFW_OP_BF16;
-	be->act_size = 2;
+	*be = cuda_backend;
 	be->impl = b;
-	be->destroy = cu_destroy;
-	be->weight_upload = cu_weight_upload;
-	be->weight_release = cu_weight_release;
-	be->alloc = cu_alloc;
-	be->free = cu_free;
-	be->to_host_f32 = cu_to_host_f32;
-	be->from_host_f32 = cu_from_host_f32;
-	be->to_host = cu_to_host;
-	be->from_host = cu_from_host;
-	be->sync = cu_sync;
-	be->embed = cu_embed;
-	be->rmsnorm = cu_rmsnorm;
-	be->add_scaled = cu_add_scaled;
-	be->silu_mul = cu_silu_mul;
-	be->sigmoid_mul = cu_sigmoid_mul;
-	be->rope_neox = cu_rope;
-	be->matmul = cu_matmul;
-	if (o->w8_silu)
-		be->matmul_silu = cu_matmul_silu;
-	be->logits = cu_logits;
-	be->cache_new = cu_cache_new;
-	be->cache_free = cu_cache_free;
-	be->cache_reserve = cu_cache_reserve;
-	be->cache_reset = cu_cache_reset;
-	be->cache_len = cu_cache_len;
-	be->cache_ncompressed = cu_cache_ncompressed;
-	be->kv_append = cu_kv_append;
-	be->attn_dense = cu_attn_dense;
-	be->compress = cu_compress;
-	be->sparse_select = cu_sparse_select;
-	be->attn_sparse = cu_attn_sparse;
-	be->gla = cu_gla;
-	be->supports_w8 = 1;
-	if (!b->stepsync)
-		be->copy = cu_copy;
-	/* graphs record, they do not time ops: none while profiling */
-	if (!o->no_graph && !b->prof) {
-		be->graph_begin = cu_graph_begin;
-		be->graph_end = cu_graph_end;
-		be->graph_run = cu_graph_run;
-		be->graph_free = cu_graph_free;
-		be->rope_neox_dev = cu_rope_dev;
-		/* whole-step decode graphs need the device-side copy of the
-		 * selection (no host wait inside a step);
-		 * SALAFW_CUDA_NOSTEPGRAPH=1 keeps graphs to runs of lightning
-		 * layers, the sparse layers launched one by one */
-		if (be->copy && !o->no_step_graph) {
-			be->cache_advance = cu_cache_advance;
-			be->cache_room = cu_cache_room;
-			be->mem_epoch = cu_mem_epoch;
-		}
-	}
-	if (!o->no_sample)
-		be->sample = cu_sample;
-	if (!o->no_fuse) {
-		be->add_rmsnorm = cu_add_rmsnorm;
-		be->qk_norm_rope = cu_qk_norm_rope;
-	}
-	if (!o->no_merge) {
-		be->load_begin = cu_load_begin;
-		be->merge = cu_merge;
-		be->load_end = cu_load_end;
-	}
+	/* graphs record, they do not time ops: none while profiling; the
+	 * per-step host waits of STEPSYNC have none either */
+	b->graphs = !o->no_graph && !b->prof && !b->stepsync;
+	b->no_fuse = o->no_fuse;
+	b->no_merge = o->no_merge;
+	b->no_sample = o->no_sample;
+	b->w8_silu = o->w8_silu;
 	*out = be;
 	return SFW_OK;
 }

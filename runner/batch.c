@@ -103,7 +103,7 @@ enum sfw_status sfw_batch_new(struct sfw_model *m, const struct sfw_batch_params
 	b->pool_blocks = p->pool_tokens / b->block;
 	enum sfw_status s = SFW_OK;
 	struct sfw_backend *be = m->be;
-	if (be->pool_new) {
+	if (be->supports(be, SFW_BOP_POOL, SFW_DTYPE_F32)) {
 		struct sfw_cache_desc d;
 		struct sfw_err pe = {0};
 		sfwi_cache_desc(m, NULL, 0, &d);

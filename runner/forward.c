@@ -1,5 +1,14 @@
 /* forward.c - the one MiniCPM-SALA forward pass (docs/model-spec.md §2), written
- * against struct sfw_backend, plus the public engine API of runner/runner.h.
+ * against struct sfw_backend, plus the context half of runner/runner.h.
+ *
+ * The pass reads as the spec does, one backend call per op (forward_rows,
+ * layer_step and the two mixers): embedding, then per layer the mixer
+ * (sparse attention or Lightning), residual + norm, the SwiGLU MLP,
+ * residual + the next norm, and the logits. What makes it fast is not here:
+ * projection groups are formed when the model is bound (runner/model.c),
+ * fused ops are always called (a backend without the kernel composes them,
+ * runner/backend_compose.c), and a decode step is handed to the backend as
+ * one function (be->step), which may record and replay it.
  *
  * A call (sfw_ctx_prefill / sfw_ctx_decode) is cut into pieces of at most
  * prefill_chunk rows; each piece runs through all layers, appending to the
@@ -7,13 +16,13 @@
  * layers' dense/sparse decision and the block count are fixed per call from
  * the total length at the end of the call, as the reference decides them.
  *
- * One forward path: forward_rows runs the step's rows, which belong to one
- * or more sequences (struct sfwi_part, runner/model.h): embedding, norms and
- * every linear once over all rows, then per part the attention, compression,
- * block selection and Lightning state against that part's cache. A context's
- * piece is one part (its own cache; graphs, taps and the selection notes are
- * the context's); a batched step (runner/batch.c, sfwi_forward) is one part
- * per sequence on a workspace context that has no cache of its own. */
+ * The rows of a step belong to one or more sequences (struct sfwi_part,
+ * runner/model.h): norms and every linear run once over all rows, then per
+ * part the attention, compression, block selection and Lightning state
+ * against that part's cache. A context's piece is one part (its own cache;
+ * taps and the selection notes are the context's); a batched step
+ * (runner/batch.c, sfwi_forward) is one part per sequence on a workspace
+ * context that has no cache of its own. */
 #include "runner/model.h"
 #include "alloc.h"
 #include "log.h"
@@ -24,43 +33,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef SFW_HAVE_CUDA
-#pragma weak sfw_backend_cuda_new
-#endif
-
 struct sfw_ctx {
 	struct sfw_model *m;
 	struct sfw_ctx_params p;
 	struct sfw_bcache *cache;
 	int64_t pos;
 	int cap_rows;
-	/* backend buffers for one piece of cap_rows rows */
-	void *x, *u, *q, *k, *v, *a, *g, *mg, *mu, *out;
-	void *wide; /* one row of a merged projection's output (decode) */
-	int32_t *next_dev;  /* the sampled id (sfw_ctx_decode_next) */
-	/* Decode graphs (be->graph_begin): one per run of consecutive lightning
-	 * layers, keyed by its first layer, recorded on the first one-token
-	 * call and replayed after. Nothing in such a run depends on the step but
-	 * the RoPE position, which the recorded rope reads from pos_dev; buffers,
-	 * weights and states never move for the context's life, so nothing
-	 * triggers a re-record. Sparse layers (cache lengths, block counts,
-	 * dense/sparse switch, selection scratch) run outside the graphs. */
-	void **graphs;      /* [L] */
-	int64_t *pos_dev;
-	int capturing, nograph;
-	int broken; /* a call failed half-way: refused until sfw_ctx_reset */
-	/* Whole-step decode graph (backends with cache_advance): embed, every
-	 * layer, final norm and logits of a one-token call in one recording,
-	 * valid for positions below step_bound, in one mode (sparse or dense
-	 * selection) and while the backend's memory epoch stays step_epoch. */
-	void *step;
-	int64_t step_bound;
-	int step_sparse;
-	uint64_t step_epoch;
-	int64_t step_replays; /* for tests: steps that ran as a replay */
+	/* backend buffers for one piece of cap_rows rows: x the residual
+	 * stream, u its norm, out a block's output, proj the projection
+	 * group's outputs (q | k | v | gate, each [R, width]), a the attention
+	 * output, mg the MLP's hidden rows, gu their gate | up scratch */
+	void *x, *u, *out, *proj, *a, *mg, *gu;
+	int32_t *next_dev; /* the sampled id (sfw_ctx_decode_next) */
+	int broken;        /* a call failed half-way: refused until sfw_ctx_reset */
+	void *step;        /* the backend's recording of a decode step (be->step) */
+	int64_t step_replays; /* for tests: steps that ran from a recording */
 	float *host_logits; /* [V] when the host finishes a sample */
 	int32_t *ids_dev, *idx_dev;
-	float *logits_dev; /* [cap_rows, V] when tapping, else [V] */
+	float *logits_dev; /* [cap_rows, V] when tapping, else [logit rows, V] */
 	int logits_rows;
 	/* taps */
 	sfw_tap_fn tap;
@@ -70,125 +60,18 @@ struct sfw_ctx {
 	int32_t *host_idx; /* nkv * cap_rows * k */
 	float *host_pool;  /* nkv * nblocks (grown) */
 	int64_t host_pool_cap;
-	/* last selection per layer */
+	/* last selection per layer: kept in backend memory (last_dev, no host
+	 * wait per decode step) and brought to last_blocks when asked */
 	int32_t *last_blocks; /* [L, nkv, k] */
 	int *last_state;      /* per layer: -1 not sparse, 0 dense, 1 sparse */
-	/* With be->copy the last selection stays in backend memory (no host
-	 * wait per decode step) and reaches last_blocks only when asked. */
-	int32_t *last_dev;    /* backend [L, nkv, k], NULL without be->copy */
+	int32_t *last_dev;    /* backend [L, nkv, k] */
 	int *last_fresh;      /* per layer: last_dev is newer than last_blocks */
 };
-
-struct sfw_model_params sfw_model_default_params(void)
-{
-	struct sfw_model_params p = {SFW_DEVICE_AUTO, 0, {0}};
-	return p;
-}
 
 struct sfw_ctx_params sfw_ctx_default_params(void)
 {
 	struct sfw_ctx_params p = {0, 256, 0};
 	return p;
-}
-
-/* Asks the backend to place each layer's projections that read the same
- * input as one matrix (decode runs one GEMV over it). */
-static enum sfw_status merge_weights(struct sfw_model *m, struct sfw_err *err)
-{
-	struct sfw_backend *be = m->be;
-	int done = 0, merged;
-	enum sfw_status s;
-	for (int i = 0; i < m->cfg.num_hidden_layers; i++) {
-		struct sfwi_layer *L = &m->layers[i];
-		struct sfw_bweight *att[4] = {&L->q, &L->k, &L->v, L->kind == SFW_MIXER_SPARSE ? &L->o_gate : &L->z};
-		struct sfw_bweight *mlp[2] = {&L->gate, &L->up};
-		if ((s = be->merge(be, att, att[3]->host ? 4 : 3, &merged, err)) != SFW_OK)
-			return s;
-		done += merged;
-		if ((s = be->merge(be, mlp, 2, &merged, err)) != SFW_OK)
-			return s;
-		done += merged;
-	}
-	sfw_log(SFW_LOG_DEBUG, "%s: %d merged projections", be->name, done);
-	return SFW_OK;
-}
-
-enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p, struct sfw_model **out,
-			       struct sfw_err *err)
-{
-	struct sfw_model_params dp = sfw_model_default_params();
-	if (!p)
-		p = &dp;
-	*out = NULL;
-	enum sfw_device dev = p->device;
-	struct sfw_model *m = sfw_calloc(1, sizeof(*m));
-	if (!m)
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	enum sfw_status s = SFW_E_UNSUPPORTED;
-	if (dev == SFW_DEVICE_CUDA || dev == SFW_DEVICE_AUTO) {
-#ifdef SFW_HAVE_CUDA
-		struct sfw_err ce = {0};
-		if (sfw_backend_cuda_new)
-			s = sfw_backend_cuda_new(&p->be, &m->be, &ce);
-		else
-			s = sfw_fail(&ce, SFW_E_UNSUPPORTED, "this build has no CUDA backend");
-		if (s != SFW_OK && dev == SFW_DEVICE_CUDA && err)
-			*err = ce;
-		else if (s != SFW_OK) /* a CUDA build on a machine without a usable GPU */
-			sfw_log(SFW_LOG_WARN, "no usable GPU (%s): running on the CPU", ce.msg);
-#else
-		s = sfw_fail(err, SFW_E_UNSUPPORTED, "this build has no CUDA support (rebuild with make CUDA=1)");
-#endif
-		if (s != SFW_OK && dev == SFW_DEVICE_CUDA) {
-			sfw_free(m);
-			return s;
-		}
-	}
-	if (s != SFW_OK && (s = sfw_backend_cpu_new(p->threads, &m->be, err)) != SFW_OK) {
-		sfw_free(m);
-		return s;
-	}
-	if (m->be->load_begin)
-		m->be->load_begin(m->be);
-	if ((s = sfwi_model_open(m, dir, err)) == SFW_OK && m->be->merge)
-		s = merge_weights(m, err);
-	if (s == SFW_OK && m->be->load_end)
-		s = m->be->load_end(m->be, err);
-	if (s != SFW_OK) {
-		/* AUTO picked a backend without int8 support: the CPU runs it */
-		int retry = dev == SFW_DEVICE_AUTO && s == SFW_E_UNSUPPORTED && m->n_w8 == 0 && m->quantized && m->be &&
-			    !m->be->supports_w8;
-		sfw_model_free(m);
-		if (retry) {
-			struct sfw_model_params cp = *p;
-			cp.device = SFW_DEVICE_CPU;
-			sfw_log(SFW_LOG_WARN, "'%s' has int8 weights: running on the CPU", dir);
-			return sfw_model_load(dir, &cp, out, err);
-		}
-		return s;
-	}
-	*out = m;
-	return SFW_OK;
-}
-
-void sfw_model_free(struct sfw_model *m)
-{
-	if (!m)
-		return;
-	sfwi_model_close(m);
-	if (m->be)
-		m->be->destroy(m->be);
-	sfw_free(m);
-}
-
-const struct sfw_config *sfw_model_config(const struct sfw_model *m)
-{
-	return &m->cfg;
-}
-
-const char *sfw_model_device_name(const struct sfw_model *m)
-{
-	return m->be->name;
 }
 
 /* ---- context --------------------------------------------------------------- */
@@ -201,9 +84,8 @@ static int maxi(int a, int b)
 static void ctx_buffers_free(struct sfw_ctx *c)
 {
 	struct sfw_backend *be = c->m->be;
-	void *bufs[] = {c->x,	   c->u,	c->q,	    c->k,	   c->v,	c->a,	    c->g,
-			c->mg,	   c->mu,	c->out,	    c->ids_dev, c->idx_dev, c->logits_dev, c->wide,
-			c->last_dev, c->next_dev, c->pos_dev};
+	void *bufs[] = {c->x,	   c->u,	  c->out,     c->proj,	   c->a,	 c->mg,	    c->gu,
+			c->ids_dev, c->idx_dev, c->logits_dev, c->last_dev, c->next_dev};
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		if (bufs[i])
 			be->free(be, bufs[i]);
@@ -213,6 +95,7 @@ void sfw_ctx_free(struct sfw_ctx *c)
 {
 	if (!c)
 		return;
+	c->m->be->step_free(c->m->be, c->step);
 	ctx_buffers_free(c);
 	if (c->cache)
 		c->m->be->cache_free(c->m->be, c->cache);
@@ -223,13 +106,6 @@ void sfw_ctx_free(struct sfw_ctx *c)
 	sfw_free(c->last_state);
 	sfw_free(c->last_fresh);
 	sfw_free(c->host_logits);
-	if (c->graphs)
-		for (int i = 0; i < c->m->cfg.num_hidden_layers; i++)
-			if (c->graphs[i])
-				c->m->be->graph_free(c->m->be, c->graphs[i]);
-	sfw_free(c->graphs);
-	if (c->step)
-		c->m->be->graph_free(c->m->be, c->step);
 	sfw_free(c);
 }
 
@@ -300,36 +176,22 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 	c->x = be->alloc(be, R * D * as);
 	c->u = be->alloc(be, R * D * as);
 	c->out = be->alloc(be, R * D * as);
-	c->q = be->alloc(be, R * wq * as);
+	c->proj = be->alloc(be, R * (2 * wq + 2 * wk) * as); /* q | k | v | o_gate or z */
 	c->a = be->alloc(be, R * wq * as);
-	c->g = be->alloc(be, R * wq * as);
-	c->k = be->alloc(be, R * wk * as);
-	c->v = be->alloc(be, R * wk * as);
 	c->mg = be->alloc(be, R * I * as);
-	c->mu = be->alloc(be, R * I * as);
+	c->gu = be->alloc(be, 2 * R * I * as);
 	c->ids_dev = be->alloc(be, R * sizeof(int32_t));
 	c->idx_dev = be->alloc(be, (size_t)nkv * R * (size_t)k * sizeof(int32_t));
 	c->logits_dev = be->alloc(be, (size_t)logit_rows * cf->vocab_size * sizeof(float));
 	c->logits_rows = logit_rows;
-	/* merged decode projections: lightning q|k|v|z, sparse q|k|v|o_gate, gate|up */
-	size_t wide = (size_t)maxi(maxi(4 * (int)ld, (int)(2 * qd + 2 * kvd)), 2 * (int)I);
-	c->wide = be->alloc(be, wide * as);
 	c->next_dev = be->alloc(be, 16);
-	c->nograph = !own_cache;
-	if (own_cache && be->graph_begin && be->rope_neox_dev) {
-		c->pos_dev = be->alloc(be, 16);
-		c->graphs = sfw_calloc((size_t)L, sizeof(void *));
-	}
-	if (be->copy)
-		c->last_dev = be->alloc(be, (size_t)L * nkv * k * sizeof(int32_t));
+	c->last_dev = be->alloc(be, (size_t)L * nkv * k * sizeof(int32_t));
 	c->last_fresh = sfw_calloc((size_t)L, sizeof(int));
 	c->last_blocks = sfw_malloc((size_t)L * nkv * k * sizeof(int32_t));
 	c->last_state = sfw_malloc((size_t)L * sizeof(int));
 	enum sfw_status s = SFW_OK;
-	if (!c->x || !c->u || !c->out || !c->q || !c->a || !c->g || !c->k || !c->v || !c->mg || !c->mu ||
-	    !c->ids_dev || !c->idx_dev || !c->logits_dev || !c->last_blocks || !c->last_state || !c->wide || !c->next_dev ||
-	    (c->graphs && !c->pos_dev) || (own_cache && be->graph_begin && be->rope_neox_dev && !c->graphs) ||
-	    (be->copy && !c->last_dev) || !c->last_fresh)
+	if (!c->x || !c->u || !c->out || !c->proj || !c->a || !c->mg || !c->gu || !c->ids_dev || !c->idx_dev ||
+	    !c->logits_dev || !c->next_dev || !c->last_dev || !c->last_fresh || !c->last_blocks || !c->last_state)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
 	if (s == SFW_OK && own_cache)
 		s = sfwi_cache_new(m, NULL, 0, &c->cache, err);
@@ -436,10 +298,8 @@ static enum sfw_status tap_buffers(struct sfw_ctx *c, struct sfw_err *err)
 		be->free(be, c->logits_dev);
 		c->logits_dev = l;
 		c->logits_rows = c->cap_rows;
-		if (c->step) { /* it wrote the old buffer */
-			be->graph_free(be, c->step);
-			c->step = NULL;
-		}
+		be->step_free(be, c->step); /* it wrote the old buffer */
+		c->step = NULL;
 	}
 	return SFW_OK;
 }
@@ -464,44 +324,6 @@ static void *row_ptr(const struct sfw_ctx *c, void *buf, size_t elems)
 	return (char *)buf + elems * c->m->be->act_size;
 }
 
-/* The merged matrix that parts[0..n-1] form when the backend placed them as
- * consecutive row ranges (be->merge): one matmul over it gives, for one row,
- * the parts' outputs side by side. 0 when they are separate. */
-static int merged_view(const struct sfw_backend *be, struct sfw_bweight *const *parts, int n,
-		       struct sfw_bweight *out)
-{
-	const struct sfw_bweight *p0 = parts[0];
-	int w8 = p0->dtype == SFW_OP_W8;
-	if (!be->merge || !p0->dev || (p0->dtype != SFW_OP_BF16 && !w8))
-		return 0;
-	/* bytes per row: bf16, or int8 codes plus (separately) scales */
-	size_t rb = w8 ? sfw_bweight_w8_code_row(p0) : (size_t)p0->cols * 2;
-	size_t sb = w8 ? sfw_bweight_w8_scale_row(p0) : 0;
-	int64_t rows = 0;
-	for (int i = 0; i < n; i++) {
-		const struct sfw_bweight *w = parts[i];
-		if (!w->dev || w->dtype != p0->dtype || w->cols != p0->cols ||
-		    (const char *)w->dev != (const char *)p0->dev + (size_t)rows * rb)
-			return 0;
-		if (w8 && (w->group != p0->group || w->scale_dtype != p0->scale_dtype || !w->scales_dev ||
-			   (const char *)w->scales_dev != (const char *)p0->scales_dev + (size_t)rows * sb))
-			return 0;
-		rows += w->rows;
-	}
-	memset(out, 0, sizeof(*out));
-	out->name = "merged";
-	out->dev = p0->dev;
-	out->dtype = p0->dtype;
-	out->rows = rows;
-	out->cols = p0->cols;
-	if (w8) {
-		out->scales_dev = p0->scales_dev;
-		out->scale_dtype = p0->scale_dtype;
-		out->group = p0->group;
-	}
-	return 1;
-}
-
 struct call {
 	const char *phase;
 	/* sfw_ctx_decode_next: choose the next token where the logits are */
@@ -523,10 +345,8 @@ static enum sfw_status sample_next(struct sfw_ctx *c, const struct call *cl, con
 		return SFW_OK;
 	}
 	int32_t id = -1;
-	if (be->sample) {
-		be->sample(be, c->next_dev, c->logits_dev, V, cl->sp, cl->u);
+	if (be->sample(be, c->next_dev, c->logits_dev, V, cl->sp, cl->u))
 		be->to_host(be, &id, c->next_dev, sizeof(id));
-	}
 	if (id < 0) {
 		if (!c->host_logits && !(c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
@@ -561,9 +381,10 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 	void *q = rows_at(c, q_all, p->row0, qd), *a = rows_at(c, c->a, p->row0, qd);
 	be->kv_append(be, p->cache, li, rows_at(c, k_all, p->row0, kvd), rows_at(c, v_all, p->row0, kvd), R);
 	size_t nsel = (size_t)nkv * cf->sparse_k;
-	/* a recorded step keeps the compressed keys current in both modes
-	 * (backend.h, cache_advance) */
-	if (!p->sparse && c->capturing && be->cache_advance && (s = be->compress(be, p->cache, li, err)) != SFW_OK)
+	/* the compressed keys follow the cache in both modes: a recorded
+	 * step's compress starts from current keys, and the switch to
+	 * selection finds them made */
+	if ((s = be->compress(be, p->cache, li, err)) != SFW_OK)
 		return s;
 	if (p->sparse) {
 		struct sfw_sparse_params sp = {pos0,
@@ -576,8 +397,6 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 					       cf->sparse_kernel_stride,
 					       cf->sparse_block_size,
 					       scale};
-		if ((s = be->compress(be, p->cache, li, err)) != SFW_OK)
-			return s;
 		float *pool_last = NULL;
 		if (own && c->tap && p->last_piece) {
 			int64_t need = (int64_t)nkv * p->nblocks;
@@ -604,18 +423,16 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 				emit(c, name, li, pos0, R, cf->sparse_k, nkv, 1, hi);
 			}
 			if (p->last_piece) {
-				int32_t *lastdev = c->last_dev ? c->last_dev + (size_t)li * nsel : NULL;
+				int32_t *lastdev = c->last_dev + (size_t)li * nsel;
 				for (int h = 0; h < nkv; h++) {
 					size_t off = ((size_t)h * R + (R - 1)) * cf->sparse_k;
 					size_t kb = (size_t)cf->sparse_k * sizeof(int32_t);
 					if (c->tap)
 						memcpy(lastbuf + (size_t)h * cf->sparse_k, hi + off, kb);
-					else if (lastdev) /* stays on the device until asked */
+					else /* stays in backend memory until asked */
 						be->copy(be, lastdev + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
-					else
-						be->to_host(be, lastbuf + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
 				}
-				c->last_fresh[li] = !c->tap && lastdev;
+				c->last_fresh[li] = !c->tap;
 				c->last_state[li] = 1;
 			}
 			if (c->tap && p->last_piece) {
@@ -642,8 +459,17 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 	return SFW_OK;
 }
 
+/* Where a projection group's part i begins in c->proj for R rows. */
+static void *proj_part(const struct sfw_ctx *c, const struct sfw_bgroup *g, int i, int R)
+{
+	size_t off = 0;
+	for (int j = 0; j < i; j++)
+		off += (size_t)R * (size_t)g->part[j]->rows;
+	return row_ptr(c, c->proj, off);
+}
+
 /* A sparse layer's mixer over the step's R rows: the projections once over
- * all rows, attention per sequence. */
+ * all rows, attention per sequence, the output gate and o_proj. */
 static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts, int np,
 				    const struct call *cl, struct sfw_err *err)
 {
@@ -651,34 +477,19 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const stru
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
 	struct sfwi_layer *L = &m->layers[li];
-	int nh = cf->num_attention_heads, nkv = cf->num_key_value_heads, hd = cf->head_dim;
+	int nh = cf->num_attention_heads, hd = cf->head_dim;
 	enum sfw_status s;
-	void *q = c->q, *k = c->k, *v = c->v, *g = c->g;
-	struct sfw_bweight *proj[4] = {&L->q, &L->k, &L->v, &L->o_gate}, wv;
-	int merged = R == 1 && merged_view(be, proj, L->o_gate.host ? 4 : 3, &wv);
-	if (merged) {
-		size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd;
-		be->matmul(be, c->wide, c->u, &wv, 1);
-		q = c->wide, k = row_ptr(c, q, qd), v = row_ptr(c, k, kvd), g = row_ptr(c, v, kvd);
-	} else {
-		be->matmul(be, q, c->u, &L->q, R);
-		be->matmul(be, k, c->u, &L->k, R);
-		be->matmul(be, v, c->u, &L->v, R);
-	}
+	be->matmul_group(be, c->proj, c->u, &L->proj, R);
+	void *q = proj_part(c, &L->proj, 0, R), *k = proj_part(c, &L->proj, 1, R), *v = proj_part(c, &L->proj, 2, R);
 	for (int i = 0; i < np; i++)
 		if ((s = sparse_attend(c, li, &parts[i], cl, q, k, v, err)) != SFW_OK)
 			return s;
-	int64_t pos0 = parts[0].pos0; /* taps: one part */
-	size_t n = (size_t)R * nh * hd;
-	if (L->o_gate.host) {
-		if (!merged)
-			be->matmul(be, g, c->u, &L->o_gate, R);
-		be->sigmoid_mul(be, c->a, c->a, g, n);
-	}
+	if (L->o_gate.host)
+		be->sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
 	if (c->tap && c->tap_lin) {
 		char name[64];
 		snprintf(name, sizeof(name), "%s.layer.%d.o_in", cl->phase, li);
-		emit_act(c, name, li, pos0, R, c->a, nh * hd);
+		emit_act(c, name, li, parts[0].pos0, R, c->a, nh * hd);
 	}
 	be->matmul(be, c->out, c->a, &L->o, R);
 	return SFW_OK;
@@ -694,29 +505,16 @@ static void lightning_attend(struct sfw_ctx *c, int li, const struct sfwi_part *
 	struct sfw_backend *be = m->be;
 	struct sfwi_layer *L = &m->layers[li];
 	int nh = cf->lightning_nh, hd = cf->lightning_head_dim, R = p->R;
-	float eps = (float)cf->rms_norm_eps, theta = (float)cf->rope_theta;
 	size_t ld = (size_t)nh * hd;
 	void *q = rows_at(c, q_all, p->row0, ld), *k = rows_at(c, k_all, p->row0, ld);
 	void *v = rows_at(c, v_all, p->row0, ld), *a = rows_at(c, c->a, p->row0, ld);
-	if (L->q_norm.host && be->qk_norm_rope) { /* the four calls below in one op */
-		be->qk_norm_rope(be, q, k, &L->q_norm, &L->k_norm, R, nh, nh, hd, eps, cf->lightning_use_rope, p->pos0,
-				 c->capturing ? c->pos_dev : NULL, theta);
-	} else {
-		if (L->q_norm.host) {
-			be->rmsnorm(be, q, q, &L->q_norm, R * nh, hd, eps);
-			be->rmsnorm(be, k, k, &L->k_norm, R * nh, hd, eps);
-		}
-		if (cf->lightning_use_rope && c->capturing) { /* the replay's position */
-			be->rope_neox_dev(be, q, R, nh, hd, c->pos_dev, theta);
-			be->rope_neox_dev(be, k, R, nh, hd, c->pos_dev, theta);
-		} else if (cf->lightning_use_rope) {
-			be->rope_neox(be, q, R, nh, hd, p->pos0, theta);
-			be->rope_neox(be, k, R, nh, hd, p->pos0, theta);
-		}
-	}
+	be->qk_norm_rope(be, q, k, L->q_norm.host ? &L->q_norm : NULL, L->k_norm.host ? &L->k_norm : NULL, R, nh, nh,
+			 hd, (float)cf->rms_norm_eps, cf->lightning_use_rope, p->pos0, (float)cf->rope_theta);
 	be->gla(be, a, q, k, v, p->cache, li, m->decay, R, nh, hd, 1.0f / sqrtf((float)hd));
 }
 
+/* A lightning layer's mixer: projections once over all rows, GLA per
+ * sequence, the output norm and gate, o_proj. */
 static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts, int np,
 			    const char *phase)
 {
@@ -725,28 +523,14 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_
 	struct sfw_backend *be = m->be;
 	struct sfwi_layer *L = &m->layers[li];
 	int nh = cf->lightning_nh, hd = cf->lightning_head_dim;
-	float eps = (float)cf->rms_norm_eps;
-	void *q = c->q, *k = c->k, *v = c->v, *g = c->g;
-	struct sfw_bweight *proj[4] = {&L->q, &L->k, &L->v, &L->z}, wv;
-	int merged = R == 1 && merged_view(be, proj, L->z.host ? 4 : 3, &wv);
-	if (merged) {
-		size_t ld = (size_t)nh * hd;
-		be->matmul(be, c->wide, c->u, &wv, 1);
-		q = c->wide, k = row_ptr(c, q, ld), v = row_ptr(c, k, ld), g = row_ptr(c, v, ld);
-	} else {
-		be->matmul(be, q, c->u, &L->q, R);
-		be->matmul(be, k, c->u, &L->k, R);
-		be->matmul(be, v, c->u, &L->v, R);
-	}
+	be->matmul_group(be, c->proj, c->u, &L->proj, R);
+	void *q = proj_part(c, &L->proj, 0, R), *k = proj_part(c, &L->proj, 1, R), *v = proj_part(c, &L->proj, 2, R);
 	for (int i = 0; i < np; i++)
 		lightning_attend(c, li, &parts[i], q, k, v);
 	if (L->o_norm.host)
-		be->rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, eps);
-	if (L->z.host) {
-		if (!merged)
-			be->matmul(be, g, c->u, &L->z, R);
-		be->sigmoid_mul(be, c->a, c->a, g, (size_t)R * nh * hd);
-	}
+		be->rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, (float)cf->rms_norm_eps);
+	if (L->z.host)
+		be->sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
 	if (c->tap && c->tap_lin) {
 		char name[64];
 		snprintf(name, sizeof(name), "%s.layer.%d.o_in", phase, li);
@@ -755,22 +539,21 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_
 	be->matmul(be, c->out, c->a, &L->o, R);
 }
 
-/* One layer for the piece's rows: mixer, residual, MLP, residual (with the
- * next norm when the backend fuses them). */
+/* One layer for the step's rows; c->u holds the layer's input norm of the
+ * residual stream c->x on entry, and the next norm (the next layer's input
+ * norm, or the final norm) on return. */
 static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts, int np,
-				  const struct call *cl, int fuse, struct sfw_err *err)
+				  const struct call *cl, struct sfw_err *err)
 {
 	int64_t pos0 = parts[0].pos0; /* taps: one part */
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
+	struct sfwi_layer *L = &m->layers[li];
 	int D = cf->hidden_size, I = cf->intermediate_size;
 	float eps = (float)cf->rms_norm_eps, rs = (float)cf->residual_scale;
 	char name[64];
 	enum sfw_status s;
-	struct sfwi_layer *L = &m->layers[li];
-	if (!fuse || li == 0)
-		be->rmsnorm(be, c->u, c->x, &L->in_norm, R, D, eps);
 	if (c->tap && c->tap_lin) {
 		snprintf(name, sizeof(name), "%s.layer.%d.attn_in", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->u, D);
@@ -781,39 +564,19 @@ static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, const struct
 	} else {
 		lightning_mixer(c, li, R, parts, np, cl->phase);
 	}
-	if (fuse) {
-		be->add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
-	} else {
-		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
-		be->rmsnorm(be, c->u, c->x, &L->post_norm, R, D, eps);
-	}
+	be->add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
 	if (c->tap && c->tap_lin) {
 		snprintf(name, sizeof(name), "%s.layer.%d.mlp_in", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->u, D);
 	}
-	struct sfw_bweight *gu[2] = {&L->gate, &L->up}, wv;
-	if (R == 1 && merged_view(be, gu, 2, &wv)) {
-		if (!be->matmul_silu || !be->matmul_silu(be, c->mg, c->u, &wv, I)) {
-			be->matmul(be, c->wide, c->u, &wv, 1);
-			be->silu_mul(be, c->mg, c->wide, row_ptr(c, c->wide, (size_t)I), (size_t)I);
-		}
-	} else {
-		be->matmul(be, c->mg, c->u, &L->gate, R);
-		be->matmul(be, c->mu, c->u, &L->up, R);
-		be->silu_mul(be, c->mg, c->mg, c->mu, (size_t)R * I);
-	}
+	be->swiglu(be, c->mg, c->gu, c->u, &L->gu, R);
 	if (c->tap && c->tap_lin) {
 		snprintf(name, sizeof(name), "%s.layer.%d.down_in", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->mg, I);
 	}
 	be->matmul(be, c->out, c->mg, &L->down, R);
-	if (fuse) { /* with the next layer's input norm, or the final norm */
-		const struct sfw_bweight *nw =
-			li + 1 < cf->num_hidden_layers ? &m->layers[li + 1].in_norm : &m->norm;
-		be->add_rmsnorm(be, c->u, c->x, c->out, rs, nw, R, D, eps);
-	} else {
-		be->add_scaled(be, c->x, c->out, (size_t)R * D, rs);
-	}
+	const struct sfw_bweight *next = li + 1 < cf->num_hidden_layers ? &m->layers[li + 1].in_norm : &m->norm;
+	be->add_rmsnorm(be, c->u, c->x, c->out, rs, next, R, D, eps);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.layer.%d.out", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->x, D);
@@ -821,161 +584,71 @@ static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, const struct
 	return SFW_OK;
 }
 
-/* Positions one whole-step recording serves: re-recorded every STEP_SPAN
- * tokens, so launches planned for its bound stay close to the real lengths. */
-#define STEP_SPAN 4096
-
-/* The ops of one decode step (one row, no taps), as a recording holds them. */
-static enum sfw_status step_ops(struct sfw_ctx *c, const struct sfwi_part *p, const struct call *cl, int fuse,
-				struct sfw_err *err)
-{
-	struct sfw_model *m = c->m;
-	const struct sfw_config *cf = &m->cfg;
-	struct sfw_backend *be = m->be;
-	enum sfw_status s;
-	be->embed(be, c->x, &m->embed, c->ids_dev, 1, (float)cf->scale_emb);
-	for (int li = 0; li < cf->num_hidden_layers; li++)
-		if ((s = layer_step(c, li, 1, p, 1, cl, fuse, err)) != SFW_OK)
-			return s;
-	if (!fuse)
-		be->rmsnorm(be, c->u, c->x, &m->norm, 1, cf->hidden_size, (float)cf->rms_norm_eps);
-	be->logits(be, c->logits_dev, c->u, &m->lm_head, 1, (float)(1.0 / cf->logit_divisor));
-	return SFW_OK;
-}
-
-/* One decode step through the whole-step recording, made first when there is
- * none or it is stale. *done = 0: no recording could be made (nothing ran),
- * the caller runs the step itself, as it will from now on. */
-static enum sfw_status step_graph(struct sfw_ctx *c, const struct sfwi_part *p, const struct call *cl, int fuse,
-				  int *done, struct sfw_err *err)
-{
-	int64_t pos0 = p->pos0;
-	struct sfw_model *m = c->m;
-	const struct sfw_config *cf = &m->cfg;
-	struct sfw_backend *be = m->be;
-	int nl = cf->num_hidden_layers;
-	enum sfw_status s;
-	*done = 0;
-	if (c->step && (c->step_sparse != p->sparse || pos0 + 1 > c->step_bound ||
-			c->step_epoch != be->mem_epoch(be, c->cache))) {
-		be->graph_free(be, c->step);
-		c->step = NULL;
-	}
-	/* the recorded compress starts from current compressed keys (a no-op
-	 * after a replay; a catch-up after dense steps or a prefill) */
-	for (int li = 0; li < nl; li++)
-		if (m->layers[li].kind == SFW_MIXER_SPARSE && (s = be->compress(be, c->cache, li, err)) != SFW_OK)
-			return s;
-	be->from_host(be, c->pos_dev, &pos0, sizeof(pos0));
-	if (!c->step) {
-		int64_t bound = (pos0 + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN, room = be->cache_room(be, c->cache);
-		struct sfw_err e = {0};
-		if (bound > room)
-			bound = room;
-		if (be->graph_begin(be, c->cache, c->pos_dev, bound, &e) != SFW_OK) {
-			sfw_log(SFW_LOG_WARN, "%s: %s; decoding without graphs", be->name, e.msg);
-			c->nograph = 1;
-			return SFW_OK;
-		}
-		c->capturing = 1;
-		s = step_ops(c, p, cl, fuse, &e);
-		c->capturing = 0;
-		void *g = be->graph_end(be);
-		if (s != SFW_OK || !g) { /* nothing ran: the step runs eagerly, from now on */
-			if (g)
-				be->graph_free(be, g);
-			if (s != SFW_OK)
-				sfw_log(SFW_LOG_WARN, "%s: recording a decode step: %s; decoding without graphs", be->name,
-					e.msg);
-			c->nograph = 1;
-			return SFW_OK;
-		}
-		c->step = g;
-		c->step_bound = bound;
-		c->step_sparse = p->sparse;
-		c->step_epoch = be->mem_epoch(be, c->cache);
-	}
-	be->graph_run(be, c->step);
-	be->cache_advance(be, c->cache, 1);
-	c->step_replays++;
-	/* the host-side notes sparse_mixer makes for a step it runs itself */
-	size_t nsel = (size_t)cf->num_key_value_heads * cf->sparse_k;
-	for (int li = 0; li < nl; li++) {
-		if (m->layers[li].kind != SFW_MIXER_SPARSE)
-			continue;
-		c->last_state[li] = p->sparse;
-		c->last_fresh[li] = p->sparse; /* the recorded copy to last_dev */
-		if (!p->sparse)
-			for (size_t i = 0; i < nsel; i++)
-				c->last_blocks[(size_t)li * nsel + i] = -1;
-	}
-	*done = 1;
-	return SFW_OK;
-}
-
 /* The forward pass proper over the step's R rows (ids already in
- * c->ids_dev): embedding, every layer, the final norm into c->u. The rows
- * belong to np sequences (parts, in row order); the linears and norms run
- * once over all rows, the attention and the states per part. Decode graphs
- * over runs of lightning layers (backends without cache_advance) serve the
- * context's own one-row calls. */
+ * c->ids_dev): embedding, every layer, leaving the final norm in c->u. The
+ * rows belong to np sequences (parts, in row order). */
 static enum sfw_status forward_rows(struct sfw_ctx *c, int R, const struct sfwi_part *parts, int np,
-				    const struct call *cl, int fuse, struct sfw_err *err)
+				    const struct call *cl, struct sfw_err *err)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
 	int D = cf->hidden_size;
-	int64_t pos0 = parts[0].pos0;
 	char name[64];
 	enum sfw_status s;
 	be->embed(be, c->x, &m->embed, c->ids_dev, R, (float)cf->scale_emb);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.embed", cl->phase);
-		emit_act(c, name, -1, pos0, R, c->x, D);
+		emit_act(c, name, -1, parts[0].pos0, R, c->x, D);
 	}
-	int nl = cf->num_hidden_layers;
-	int graph = R == 1 && np == 1 && !c->tap && c->graphs && !c->nograph && !be->cache_advance;
-	if (graph) /* before any recording: the replays read it */
-		be->from_host(be, c->pos_dev, &pos0, sizeof(pos0));
-	for (int li = 0; li < nl; li++) {
-		if (graph && m->layers[li].kind != SFW_MIXER_SPARSE) {
-			int b = li;
-			while (b + 1 < nl && m->layers[b + 1].kind != SFW_MIXER_SPARSE)
-				b++;
-			if (!c->graphs[li]) {
-				struct sfw_err e = {0};
-				int rec = be->graph_begin(be, c->cache, c->pos_dev, 0, &e) == SFW_OK;
-				if (rec) {
-					c->capturing = 1;
-					for (int j = li; j <= b; j++) /* lightning layers: no failure path */
-						(void)layer_step(c, j, R, parts, np, cl, fuse, err);
-					c->capturing = 0;
-				} else {
-					sfw_log(SFW_LOG_WARN, "%s: %s; decoding without graphs", be->name, e.msg);
-				}
-				if (!rec || !(c->graphs[li] = be->graph_end(be))) {
-					c->nograph = 1; /* nothing ran: run the layers here, and from now on */
-					for (int j = li; j <= b; j++)
-						(void)layer_step(c, j, R, parts, np, cl, fuse, err);
-					li = b;
-					continue;
-				}
-			}
-			be->graph_run(be, c->graphs[li]);
-			li = b;
-			continue;
-		}
-		if ((s = layer_step(c, li, R, parts, np, cl, fuse, err)) != SFW_OK)
+	const struct sfw_bweight *first = cf->num_hidden_layers ? &m->layers[0].in_norm : &m->norm;
+	be->rmsnorm(be, c->u, c->x, first, R, D, (float)cf->rms_norm_eps);
+	for (int li = 0; li < cf->num_hidden_layers; li++)
+		if ((s = layer_step(c, li, R, parts, np, cl, err)) != SFW_OK)
 			return s;
-	}
-	if (!fuse)
-		be->rmsnorm(be, c->u, c->x, &m->norm, R, D, (float)cf->rms_norm_eps);
 	return SFW_OK;
 }
 
+/* One decode step's ops, as be->step runs (and may record) them: the pass
+ * over the row and its logits into logits_dev. */
+struct step_arg {
+	struct sfw_ctx *c;
+	const struct sfwi_part *p;
+	const struct call *cl;
+};
+
+static enum sfw_status step_ops(void *arg, struct sfw_err *err)
+{
+	struct step_arg *a = arg;
+	struct sfw_ctx *c = a->c;
+	struct sfw_model *m = c->m;
+	enum sfw_status s = forward_rows(c, 1, a->p, 1, a->cl, err);
+	if (s == SFW_OK)
+		m->be->logits(m->be, c->logits_dev, c->u, &m->lm_head, 1, (float)(1.0 / m->cfg.logit_divisor));
+	return s;
+}
+
+/* What sparse_attend notes on the host for a decode step, for a step that
+ * ran from a recording (its host-side code did not run). */
+static void step_notes(struct sfw_ctx *c, int sparse)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	size_t nsel = (size_t)cf->num_key_value_heads * cf->sparse_k;
+	for (int li = 0; li < cf->num_hidden_layers; li++) {
+		if (m->layers[li].kind != SFW_MIXER_SPARSE)
+			continue;
+		c->last_state[li] = sparse;
+		c->last_fresh[li] = sparse; /* the recorded copy to last_dev */
+		if (!sparse)
+			for (size_t i = 0; i < nsel; i++)
+				c->last_blocks[(size_t)li * nsel + i] = -1;
+	}
+}
+
 /* One piece of a context's call: its rows are part p of the context's own
- * sequence. */
+ * sequence. A one-row piece that ends an untapped call is a decode step,
+ * which the backend runs (and may replay: be->step). */
 static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct sfwi_part *p,
 			     const struct call *cl, float *logits, struct sfw_err *err)
 {
@@ -986,19 +659,21 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 	int64_t pos0 = p->pos0;
 	char name[64];
 	enum sfw_status s;
-	int fuse = be->add_rmsnorm != NULL; /* the previous layer's add also made u */
 	be->from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
-	if (R == 1 && !c->tap && c->graphs && !c->nograph && be->cache_advance && c->last_dev && p->last_piece) {
-		int done;
-		if ((s = step_graph(c, p, cl, fuse, &done, err)) != SFW_OK)
+	if (R == 1 && !c->tap && p->last_piece) {
+		struct step_arg a = {c, p, cl};
+		int replayed = 0;
+		if ((s = be->step(be, &c->step, c->cache, pos0, p->sparse, step_ops, &a, &replayed, err)) != SFW_OK)
 			return s;
-		if (done) {
-			if (logits)
-				be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
-			return cl->next ? sample_next(c, cl, NULL, err) : SFW_OK;
+		if (replayed) {
+			c->step_replays++;
+			step_notes(c, p->sparse);
 		}
+		if (logits)
+			be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
+		return cl->next ? sample_next(c, cl, NULL, err) : SFW_OK;
 	}
-	if ((s = forward_rows(c, R, p, 1, cl, fuse, err)) != SFW_OK)
+	if ((s = forward_rows(c, R, p, 1, cl, err)) != SFW_OK)
 		return s;
 	float in_scale = (float)(1.0 / cf->logit_divisor);
 	if (c->tap) {
@@ -1026,14 +701,12 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
  * s when s already failed. */
 static enum sfw_status op_failure(struct sfw_backend *be, enum sfw_status s, struct sfw_err *err)
 {
-	if (be->take_failure) {
-		struct sfw_err fe = {0};
-		enum sfw_status fs = be->take_failure(be, &fe);
-		if (s == SFW_OK && fs != SFW_OK) {
-			s = fs;
-			if (err)
-				*err = fe;
-		}
+	struct sfw_err fe = {0};
+	enum sfw_status fs = be->take_failure(be, &fe);
+	if (s == SFW_OK && fs != SFW_OK) {
+		s = fs;
+		if (err)
+			*err = fe;
 	}
 	return s;
 }
@@ -1065,7 +738,7 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	if (c->broken)
 		return sfw_fail(err, SFW_E_INVAL, "the context is inconsistent after a failed call; reset it");
 	struct sfw_err stale = {0}; /* a stale flag belongs to a call that already failed */
-	if (be->take_failure && be->take_failure(be, &stale) != SFW_OK)
+	if (be->take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
 	if (n == 0)
 		return sfw_fail(err, SFW_E_INVAL, "no tokens to process");
@@ -1118,27 +791,17 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 	struct call cl = {"decode", NULL, 0, NULL};
 	SFW_ASSERT(R >= 1 && R <= ws->cap_rows && nl <= ws->logits_rows);
 	struct sfw_err stale = {0};
-	if (be->take_failure && be->take_failure(be, &stale) != SFW_OK)
+	if (be->take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
 	be->from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
-	enum sfw_status s = op_failure(be, forward_rows(ws, R, parts, np, &cl, be->add_rmsnorm != NULL, err), err);
+	enum sfw_status s = op_failure(be, forward_rows(ws, R, parts, np, &cl, err), err);
 	if (s != SFW_OK || nl == 0)
 		return s;
 	/* the rows whose logits are wanted, side by side in out (free now):
 	 * one lm_head product over them */
-	float *stage = NULL;
-	if (!be->copy && !(stage = sfw_malloc((size_t)D * sizeof(float))))
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	for (int i = 0; i < nl; i++) {
-		void *dst = rows_at(ws, ws->out, i, (size_t)D), *src = rows_at(ws, ws->u, lrows[i], (size_t)D);
-		if (be->copy) {
-			be->copy(be, dst, src, (size_t)D * be->act_size);
-		} else {
-			be->to_host_f32(be, stage, src, 0, (size_t)D);
-			be->from_host_f32(be, dst, stage, (size_t)D);
-		}
-	}
-	sfw_free(stage);
+	for (int i = 0; i < nl; i++)
+		be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, lrows[i], (size_t)D),
+			 (size_t)D * be->act_size);
 	be->logits(be, ws->logits_dev, ws->out, &m->lm_head, nl, (float)(1.0 / cf->logit_divisor));
 	be->to_host(be, logits, ws->logits_dev, (size_t)nl * V * sizeof(float));
 	return op_failure(be, SFW_OK, err);

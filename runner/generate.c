@@ -12,7 +12,7 @@
 #define GEN_CONFIG_MAX (1u << 20) /* generation_config.json bytes */
 #define TOKCFG_MAX (16u << 20)	  /* tokenizer_config.json may carry a long chat template */
 
-/* ---- end-of-sequence ids (the parsers: runner/eos.c) ----------------------- */
+/* ---- end-of-sequence ids (the parsers: formats/eos.c) ----------------------- */
 
 /* Reads DIR/NAME into b; *found = 0 when it does not exist. */
 static enum sfw_status read_opt(const char *dir, const char *name, size_t max, struct sfw_buf *b, int *found,

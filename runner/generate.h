@@ -20,42 +20,19 @@
 #ifndef SFW_GENERATE_H
 #define SFW_GENERATE_H
 
-#include "runner/config.h"
+#include "formats/config.h"
+#include "formats/tokenizer.h"
 #include "runner/runner.h"
 #include "runner/sampler.h"
-#include "runner/tokenizer.h"
 #include "sfw.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define SFW_EOS_MAX 16	     /* end-of-sequence ids in one set */
-#define SFW_STOP_MAX 16	     /* stop strings per call */
-#define SFW_STOP_MAX_LEN 256 /* bytes per stop string */
+#define SFW_STOP_MAX 16 /* stop strings per call (each at most SFW_STOP_MAX_LEN bytes) */
 
-/* ---- end-of-sequence ids --------------------------------------------------- */
+/* ---- end-of-sequence ids (the set and its parsers: formats/config.h) -------- */
 
-struct sfw_eos_set {
-	int n;
-	int32_t ids[SFW_EOS_MAX];
-};
-
-/* Adds id unless present; SFW_E_RANGE when the set is full. */
-SFW_MUST_CHECK enum sfw_status sfw_eos_add(struct sfw_eos_set *s, int32_t id, struct sfw_err *err);
-int sfw_eos_has(const struct sfw_eos_set *s, int32_t id);
-
-/* generation_config.json (at most 1 MiB): its eos_token_id, an id or a list
- * of ids below vocab, is added to the set; a file without the field adds
- * nothing. Strict JSON (core/json.h); anything else is SFW_E_FORMAT or
- * SFW_E_RANGE naming `what`. */
-SFW_MUST_CHECK enum sfw_status sfw_eos_parse_generation_config(const char *bytes, size_t len,
-							       const char *what, int vocab,
-							       struct sfw_eos_set *s, struct sfw_err *err);
-/* tokenizer_config.json's eos_token: a string, or an object whose "content"
- * is one (HF's AddedToken form), copied into name (cap bytes, NUL-terminated);
- * "" when the file has none. At most SFW_STOP_MAX_LEN bytes. */
-SFW_MUST_CHECK enum sfw_status sfw_eos_parse_tokenizer_config(const char *bytes, size_t len, const char *what,
-							      char *name, size_t cap, struct sfw_err *err);
 /* The model directory's set: config.json's eos_token_id (cf), then
  * DIR/generation_config.json's, then DIR/tokenizer_config.json's eos_token
  * mapped through tok (a special token it must know; skipped when tok is

@@ -1,10 +1,14 @@
-/* model.c - binds the checkpoint's tensors (docs/model-spec.md §3) to the backend,
- * checking each name, dtype and shape against the config first. */
+/* model.c - loads a model: picks the backend (the registry, runner/backends.c),
+ * binds the checkpoint's tensors (docs/model-spec.md §3) to it, checking each
+ * name, dtype and shape against the config first, and forms the projection
+ * groups the forward pass calls (merged into one matrix where the backend
+ * places them so). */
 #include "runner/model.h"
 #include "alloc.h"
 #include "file.h"
 #include "json.h"
-#include "quant/layout.h"
+#include "log.h"
+#include "num/w8_layout.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -15,7 +19,7 @@ struct binder {
 	char dir[1024];
 };
 
-/* ---- compressed-tensors pack-quantized int8 (quant/layout.h) ---------------- */
+/* ---- compressed-tensors pack-quantized int8 (num/w8_layout.h) ---------------- */
 
 static const char *jstr(const cJSON *o, const char *k)
 {
@@ -177,17 +181,17 @@ static enum sfw_status bind_w8(struct sfw_model *m, struct sfw_bweight *w, const
 	if (group < 0)
 		return sfw_fail(err, SFW_E_FORMAT, "model '%s': '%s.weight_scale' has %lld columns, which no group size "
 				"of quantization_config gives for %lld inputs", dir, prefix, (long long)G, (long long)d1);
-	if (!m->be->supports_w8)
+	if (!m->be->supports(m->be, SFW_BOP_MATMUL, SFW_DTYPE_W8) || !m->be->supports(m->be, SFW_BOP_LOGITS, SFW_DTYPE_W8))
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s' has int8 weights, which the %s backend cannot run "
 				"yet (use --device cpu)", dir, m->be->name);
 	w->name = pk->name;
 	w->host = pk->data;
 	w->dev = NULL;
-	w->dtype = SFW_OP_W8;
+	w->dtype = SFW_DTYPE_W8;
 	w->rows = d0;
 	w->cols = d1;
 	w->scales = sc->data;
-	w->scale_dtype = sc->dtype == SFW_DTYPE_BF16 ? SFW_OP_BF16 : sc->dtype == SFW_DTYPE_F16 ? SFW_OP_F16 : SFW_OP_F32;
+	w->scale_dtype = sc->dtype; /* BF16, F16 or F32: checked above */
 	w->group = (int)sfw_ql_group_span(d1, group);
 	w->scales_dev = NULL;
 	enum sfw_status s = m->be->weight_upload(m->be, w, err);
@@ -237,7 +241,7 @@ static enum sfw_status bind(struct binder *b, struct sfw_bweight *w, const char 
 	w->name = t->name;
 	w->host = t->data;
 	w->dev = NULL;
-	w->dtype = t->dtype == SFW_DTYPE_BF16 ? SFW_OP_BF16 : SFW_OP_F32;
+	w->dtype = t->dtype; /* BF16 or F32: checked above */
 	w->rows = ndim == 1 ? 1 : d0;
 	w->cols = ndim == 1 ? d0 : d1;
 	enum sfw_status s = b->m->be->weight_upload(b->m->be, w, b->err);
@@ -261,7 +265,7 @@ static void release(struct sfw_model *m, struct sfw_bweight *w)
 	memset(w, 0, sizeof(*w));
 }
 
-enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw_err *err)
+static enum sfw_status model_open(struct sfw_model *m, const char *dir, struct sfw_err *err)
 {
 	struct binder b = {.m = m, .err = err};
 	snprintf(b.dir, sizeof(b.dir), "%s", dir);
@@ -341,9 +345,9 @@ static double bweight_bytes(const struct sfw_bweight *w)
 {
 	if (!w->host)
 		return 0;
-	if (w->dtype == SFW_OP_W8)
+	if (w->dtype == SFW_DTYPE_W8)
 		return (double)w->rows * (double)(sfw_bweight_w8_code_row(w) + sfw_bweight_w8_scale_row(w));
-	return (double)w->rows * (double)w->cols * (w->dtype == SFW_OP_BF16 ? 2 : 4);
+	return (double)w->rows * (double)w->cols * (w->dtype == SFW_DTYPE_BF16 ? 2 : 4);
 }
 
 void sfwi_model_weight_bytes(const struct sfw_model *m, double *all, double *step)
@@ -362,7 +366,7 @@ void sfwi_model_weight_bytes(const struct sfw_model *m, double *all, double *ste
 	*step = st;
 }
 
-void sfwi_model_close(struct sfw_model *m)
+static void model_close(struct sfw_model *m)
 {
 	if (m->layers) {
 		for (int i = 0; i < m->cfg.num_hidden_layers; i++) {
@@ -384,4 +388,121 @@ void sfwi_model_close(struct sfw_model *m)
 	m->decay = NULL;
 	sfw_st_set_close(m->st);
 	m->st = NULL;
+}
+
+/* ---- projection groups ------------------------------------------------------ */
+
+/* Each layer's projections that read the same input, offered to the
+ * backend as one matrix (decode then runs one GEMV over it). */
+static enum sfw_status groups_bind(struct sfw_model *m, struct sfw_err *err)
+{
+	int done = 0;
+	enum sfw_status s;
+	for (int i = 0; i < m->cfg.num_hidden_layers; i++) {
+		struct sfwi_layer *L = &m->layers[i];
+		struct sfw_bweight *last = L->kind == SFW_MIXER_SPARSE ? &L->o_gate : &L->z;
+		struct sfw_bgroup *p = &L->proj, *gu = &L->gu;
+		p->part[0] = &L->q, p->part[1] = &L->k, p->part[2] = &L->v, p->part[3] = last;
+		p->n = last->host ? 4 : 3;
+		gu->part[0] = &L->gate, gu->part[1] = &L->up;
+		gu->n = 2;
+		if ((s = sfwi_group_bind(m->be, p, err)) != SFW_OK || (s = sfwi_group_bind(m->be, gu, err)) != SFW_OK)
+			return s;
+		done += (p->merged.rows > 0) + (gu->merged.rows > 0);
+	}
+	sfw_log(SFW_LOG_DEBUG, "%s: %d merged projections", m->be->name, done);
+	return SFW_OK;
+}
+
+/* ---- loading ---------------------------------------------------------------- */
+
+struct sfw_model_params sfw_model_default_params(void)
+{
+	struct sfw_model_params p = {SFW_DEVICE_AUTO, 0, {0}};
+	return p;
+}
+
+/* The first backend of the registry that p->device names (AUTO: the first
+ * that starts) into m->be. */
+static enum sfw_status backend_pick(const struct sfw_model_params *p, struct sfw_model *m, struct sfw_err *err)
+{
+	int n;
+	const struct sfw_backend_entry *bl = sfw_backend_list(&n);
+	for (int i = 0; i < n; i++) {
+		if (p->device != SFW_DEVICE_AUTO && bl[i].device != p->device)
+			continue;
+		struct sfw_err be = {0};
+		enum sfw_status s = bl[i].create(p, &m->be, &be);
+		if (s == SFW_OK)
+			return SFW_OK;
+		if (p->device != SFW_DEVICE_AUTO) {
+			if (err)
+				*err = be;
+			return s;
+		}
+		if (bl[i].device == SFW_DEVICE_CUDA) /* a CUDA build on a machine without a usable GPU */
+			sfw_log(SFW_LOG_WARN, "no usable GPU (%s): running on the CPU", be.msg);
+		else
+			sfw_log(SFW_LOG_WARN, "the %s backend did not start (%s)", bl[i].name, be.msg);
+	}
+	if (p->device == SFW_DEVICE_CUDA)
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "this build has no CUDA support (rebuild with make CUDA=1)");
+	return sfw_fail(err, SFW_E_UNSUPPORTED, "no backend of this build could start");
+}
+
+enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p, struct sfw_model **out,
+			       struct sfw_err *err)
+{
+	struct sfw_model_params dp = sfw_model_default_params();
+	if (!p)
+		p = &dp;
+	*out = NULL;
+	struct sfw_model *m = sfw_calloc(1, sizeof(*m));
+	if (!m)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	enum sfw_status s = backend_pick(p, m, err);
+	if (s != SFW_OK) {
+		sfw_free(m);
+		return s;
+	}
+	m->be->load_begin(m->be);
+	if ((s = model_open(m, dir, err)) == SFW_OK)
+		s = groups_bind(m, err);
+	if (s == SFW_OK)
+		s = m->be->load_end(m->be, err);
+	if (s != SFW_OK) {
+		/* AUTO picked a backend without int8 support: the CPU runs it */
+		int retry = p->device == SFW_DEVICE_AUTO && s == SFW_E_UNSUPPORTED && m->n_w8 == 0 && m->quantized &&
+			    !m->be->supports(m->be, SFW_BOP_MATMUL, SFW_DTYPE_W8) && strcmp(m->be->name, "cpu") != 0;
+		sfw_model_free(m);
+		if (retry) {
+			struct sfw_model_params cp = *p;
+			cp.device = SFW_DEVICE_CPU;
+			sfw_log(SFW_LOG_WARN, "'%s' has int8 weights: running on the CPU", dir);
+			return sfw_model_load(dir, &cp, out, err);
+		}
+		return s;
+	}
+	*out = m;
+	return SFW_OK;
+}
+
+void sfw_model_free(struct sfw_model *m)
+{
+	if (!m)
+		return;
+	model_close(m);
+	if (m->be)
+		m->be->destroy(m->be);
+	sfw_free(m);
+}
+
+const struct sfw_config *sfw_model_config(const struct sfw_model *m)
+{
+	return &m->cfg;
+}
+
+const char *sfw_model_device_name(const struct sfw_model *m)
+{
+	return m->be->name;
 }

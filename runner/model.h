@@ -4,10 +4,10 @@
 #ifndef SFW_MODEL_H
 #define SFW_MODEL_H
 
+#include "formats/config.h"
+#include "formats/safetensors.h"
 #include "runner/backend.h"
-#include "runner/config.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
 
 struct sfwi_layer {
 	enum sfw_mixer kind;
@@ -15,6 +15,8 @@ struct sfwi_layer {
 	struct sfw_bweight q, k, v, o;
 	struct sfw_bweight o_gate;               /* sparse, when attn_use_output_gate */
 	struct sfw_bweight z, q_norm, k_norm, o_norm; /* lightning (each optional by config flag) */
+	/* bound at load: q|k|v(|o_gate or z) and gate|up (backend.h) */
+	struct sfw_bgroup proj, gu;
 };
 
 struct sfw_model {
@@ -26,16 +28,16 @@ struct sfw_model {
 	float *decay; /* backend memory: [lightning_nh] slopes */
 	int nweights;
 	/* config.json quantization_config (compressed-tensors pack-quantized
-	 * int8, quant/layout.h); quantized = 0 for a bf16/f32 checkpoint */
+	 * int8, num/w8_layout.h); quantized = 0 for a bf16/f32 checkpoint */
 	int quantized;
 	int quant_groups[8]; /* group sizes the config declares (0 = channel) */
 	int n_quant_groups;
 	int n_w8;            /* linears bound as int8 */
 };
 
-/* Opens, checks and binds; on failure everything is released. */
-SFW_MUST_CHECK enum sfw_status sfwi_model_open(struct sfw_model *m, const char *dir, struct sfw_err *err);
-void sfwi_model_close(struct sfw_model *m);
+/* Model loading (sfw_model_load, runner/model.c) picks the backend from the
+ * registry (backend.h), opens, checks and binds every tensor, and forms the
+ * projection groups. */
 
 /* Bytes of the model's weights as bound (int8: codes + scales; bf16/f32 as
  * stored): *all of them, and *step, those one decode step reads (the decoder

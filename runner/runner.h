@@ -17,7 +17,7 @@
 #ifndef SFW_RUNNER_H
 #define SFW_RUNNER_H
 
-#include "runner/config.h"
+#include "formats/config.h"
 #include "sfw.h"
 
 #include <stddef.h>
@@ -37,10 +37,9 @@ struct sfw_backend_opts {
 	int attn;            /* attention kernels: 0 auto, 1 CUDA cores only, 2 tensor cores wherever supported */
 	int stage1;          /* stage-1 scoring kernels: the same */
 	int gla_serial;      /* Lightning prefill walks each head's chunks in one block */
-	int no_step_graph;   /* graphs over runs of lightning layers only, not the whole decode step */
 	int no_merge;        /* separate projection GEMVs */
 	int no_fuse;         /* unfused add + RMSNorm and q/k norm + RoPE */
-	int no_graph;        /* no decode graphs */
+	int no_graph;        /* no decode-step graphs: every op launched one by one */
 	int no_sample;       /* choose the next token on the host */
 	int step_sync;       /* the old per-step host waits */
 	int profile;         /* device time per op, printed when the model is freed */
@@ -142,57 +141,5 @@ void sfw_ctx_set_tap_linear_inputs(struct sfw_ctx *c, int on);
  * Returns 0 when that call took the dense path (out filled with -1), 1 when it
  * took the sparse path, -1 when layer is not a sparse layer. */
 int sfw_ctx_last_blocks(const struct sfw_ctx *c, int layer, int32_t *out);
-
-/* ---- recording taps and scoring (runner/score.c) ---------------------------
- * A record gathers the taps of one fresh sequence (a prompt of prompt_len
- * tokens, then up to decode_steps one-token calls) into whole tensors named
- * as the golden files name them:
- *   prefill.embed / prefill.layer.{i}.out / prefill.final_norm [T, hidden],
- *   prefill.logits [T, vocab], decode.* [S, ...], decode.logits [S, vocab],
- *   sparse.layer.{i}.prefill.topk_idx [nkv, T, k] (-1 when never written),
- *   sparse.layer.{i}.prefill.block_score_last [nkv, nblocks],
- *   sparse.layer.{i}.decode.topk_idx [S, nkv, k] (-1 for dense steps),
- *   sparse.layer.{i}.decode.block_score [S, nkv, max nblocks] (NaN padded),
- *   sparse.layer.{i}.decode.n_compressed [S, 2] ((0, 0) for dense steps). */
-struct sfw_record;
-struct sfw_record_tensor {
-	const char *name;
-	int is_int; /* int32, else float32 */
-	int ndim;
-	int64_t shape[3];
-	void *data;
-};
-SFW_MUST_CHECK enum sfw_status sfw_record_new(const struct sfw_config *cf, int64_t prompt_len, int decode_steps,
-					      struct sfw_record **out, struct sfw_err *err);
-void sfw_record_free(struct sfw_record *r);
-/* A sfw_tap_fn: user is the record. Allocation failures are remembered and
- * returned by sfw_record_status. */
-void sfw_record_tap(void *user, const struct sfw_tap *t);
-enum sfw_status sfw_record_status(const struct sfw_record *r, struct sfw_err *err);
-/* Adds (or replaces) an int32 vector, e.g. decode.tokens. */
-SFW_MUST_CHECK enum sfw_status sfw_record_put_i32(struct sfw_record *r, const char *name, const int32_t *v,
-						  int64_t n, struct sfw_err *err);
-size_t sfw_record_count(const struct sfw_record *r);
-const struct sfw_record_tensor *sfw_record_at(const struct sfw_record *r, size_t i);
-const struct sfw_record_tensor *sfw_record_find(const struct sfw_record *r, const char *name);
-/* Writes every tensor (sorted by name) as a safetensors file: temp + rename. */
-SFW_MUST_CHECK enum sfw_status sfw_record_write(const struct sfw_record *r, const char *path,
-						const char *meta_key, const char *meta_value, struct sfw_err *err);
-
-struct sfw_score_params {
-	const int32_t *ids;     /* the prompt */
-	size_t n;
-	int decode_steps;       /* one-token calls after the prompt */
-	const int32_t *feed;    /* [decode_steps] tokens to feed; NULL: the greedy chain */
-	int taps;               /* 0: only logits / tokens / selections */
-	struct sfw_ctx_params ctx;
-};
-/* Runs the prompt and the decode steps on a fresh context, recording
- * prefill.logits for every position, decode.logits, decode.tokens (argmax
- * of the last prefill logits, then of each step; lowest index on ties),
- * decode.input_ids, the sparse selections, and with taps the hidden states.
- * The record is the caller's (sfw_record_free). */
-SFW_MUST_CHECK enum sfw_status sfw_score_run(struct sfw_model *m, const struct sfw_score_params *p,
-					     struct sfw_record **out, struct sfw_err *err);
 
 #endif

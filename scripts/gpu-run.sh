@@ -16,11 +16,21 @@
 #   bash scripts/gpu-run.sh serve-bench [C]  mkmodel --preset full, salafw serve --device cuda, bench/bench_serve.py
 #   bash scripts/gpu-run.sh wide-ref [bf16] [int8]  gpu_wide's CPU references, made here
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
-# Logs go to $OUT (the folder that comes back) or .devout.
+# Logs go to $OUT (the folder that comes back) or .devout. The device tool
+# brings back at most 8 files: when a mode leaves more, they are packed on
+# exit into $OUT/logs.tar.gz (tar xzf it here).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.devout}
 mkdir -p "$OUT"
+pack_logs() {
+	local n
+	n=$(find "$OUT" -type f ! -name logs.tar.gz | wc -l)
+	[ "$n" -gt 7 ] || return 0
+	(cd "$OUT" && find . -type f ! -name logs.tar.gz -print0 | tar czf logs.tar.gz --null -T - &&
+		find . -mindepth 1 ! -name logs.tar.gz -delete)
+}
+trap pack_logs EXIT
 cudalib=
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
 	[ -e "$d/libcublasLt.so.13" ] && cudalib="$cudalib:$d"
@@ -228,7 +238,7 @@ decode-ab)
 		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
 	fi
 	P=${1:-1024} G=${2:-128}
-	for sw in "" SALAFW_CUDA_NOSTEPGRAPH SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE \
+	for sw in "" SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE \
 		SALAFW_CUDA_NOGRAPH SALAFW_CUDA_NOSAMPLE \
 		"SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE SALAFW_CUDA_NOGRAPH SALAFW_CUDA_NOSAMPLE"; do
 		echo "== switches: ${sw:-none (new paths)}" | tee -a "$OUT/decode-ab.log"

@@ -21,8 +21,8 @@
 #ifndef SFW_SERVE_H
 #define SFW_SERVE_H
 
+#include "formats/tokenizer.h"
 #include "runner/generate.h"
-#include "runner/tokenizer.h"
 #include "sfw.h"
 
 #include <cjson/cJSON.h>

@@ -1,4 +1,4 @@
-/* modules: kernels core */
+/* modules: kernels num core */
 /* The tensor-core attention and stage-1 kernels (kernels/attn_tc*.cu) and the
  * CUDA-core ones they replace, both against the CPU twins (the law) on random
  * bf16 inputs, at many shapes: head dim 32/64/128, 4 and 16 heads per KV
@@ -19,7 +19,7 @@
 
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
-#include "runner/safetensors.h"
+#include "num/num.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -189,9 +189,9 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 		void *dout = dalloc(nq * 2);
 		if (sparse)
 			sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, T, nh, nkv, hd, pos0, k, block, scale,
-						SFW_OP_BF16, g_s);
+						SFW_DTYPE_BF16, g_s);
 		else
-			sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, SFW_OP_BF16,
+			sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, SFW_DTYPE_BF16,
 					       g_s);
 		got[m] = down_bf(dout, nq);
 		sfw_cuda_free(dout);
@@ -229,7 +229,7 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	for (int m = 0; m < 3; m++) {
 		set_mode(modes[m]);
 		void *ds = dalloc(ns * 4);
-		sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, SFW_OP_BF16,
+		sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, SFW_DTYPE_BF16,
 				   g_s);
 		got[m] = down_f32(ds, ns);
 		sfw_cuda_free(ds);
@@ -354,10 +354,10 @@ static void run_attn(void *ctx)
 	struct bench_attn *b = ctx;
 	if (b->idx)
 		sfw_op_attn_sparse_cuda(b->o, b->q, b->k, b->v, b->idx, b->T, b->nh, b->nkv, b->hd, b->pos0,
-					b->kk, 64, 1.0f / sqrtf((float)b->hd), SFW_OP_BF16, g_s);
+					b->kk, 64, 1.0f / sqrtf((float)b->hd), SFW_DTYPE_BF16, g_s);
 	else
 		sfw_op_attn_dense_cuda(b->o, b->q, b->k, b->v, b->T, b->nh, b->nkv, b->hd, b->pos0,
-				       1.0f / sqrtf((float)b->hd), SFW_OP_BF16, g_s);
+				       1.0f / sqrtf((float)b->hd), SFW_DTYPE_BF16, g_s);
 }
 
 static void bench_attn(int sparse, int T, int64_t L, int share)
@@ -422,7 +422,7 @@ static void run_s1(void *ctx)
 {
 	struct bench_s1 *b = ctx;
 	sfw_op_stage1_cuda(b->s, b->q, b->c1, b->n1, b->c2, b->n2, b->T, 32, 2, 128, b->pos0, 32, 16,
-			   1.0f / sqrtf(128.0f), SFW_OP_BF16, g_s);
+			   1.0f / sqrtf(128.0f), SFW_DTYPE_BF16, g_s);
 }
 
 static void bench_stage1(int T, int64_t L)

@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* gpu_batch.c - batched decode (runner/batch.h) on the CUDA backend against
  * the same sequences run alone, each on a CUDA context of its own fed the
  * same calls (prompt chunks, then the alone run's greedy chain as the fed
@@ -28,10 +28,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* forward.c refers to the CUDA backend weakly: make sure it is linked. */
-enum sfw_status (*const gpu_batch_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					 struct sfw_err *) = sfw_backend_cuda_new;
 
 #define STEPS 24
 #define CHUNK 200

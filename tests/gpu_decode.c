@@ -1,23 +1,18 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: tools quant runner formats kernels num fetch verify core */
 /* gpu_decode.c - the decode-path switches of the CUDA backend, each new path
  * against the old one it replaces (the env switch that restores it):
- *   SALAFW_CUDA_NOSTEPGRAPH=1 one graph per run of lightning layers, the
- *                           sparse layers launched one by one (new: the whole
- *                           decode step as one recorded graph, sparse layers
- *                           with the position read on the device) - equal up
- *                           to the split counts planned for the recording's
- *                           length bound; prompts that make the decode cross
- *                           dense_len (dense -> sparse recording) and 4096
- *                           (a new recording)
- *   SALAFW_CUDA_STEPSYNC=1  selected blocks copied to the host every step
- *                           (new: kept on the device until asked) - equal
- *                           bits to the NOSTEPGRAPH run (it has no step graph)
+ *   SALAFW_CUDA_NOGRAPH=1   every op of a step launched one by one (new:
+ *                           the whole decode step as one recorded graph, the
+ *                           ops with the position read on the device) - equal
+ *                           up to the split counts planned for the
+ *                           recording's length bound; prompts that make the
+ *                           decode cross dense_len (dense -> sparse
+ *                           recording) and 4096 (a new recording)
+ *   SALAFW_CUDA_STEPSYNC=1  a host wait after every transfer, no step graph
+ *                           - equal bits to the NOGRAPH run
  *   SALAFW_CUDA_NOFUSE=1    add_scaled + rmsnorm as two kernels, and the
  *                           lightning q/k norms + RoPE as four (new: one
  *                           fused kernel each) - equal bits
- *   SALAFW_CUDA_NOGRAPH=1   every op launched one by one (new: graphs, RoPE
- *                           position read on the device) - equal bits to the
- *                           NOSTEPGRAPH run
  *   SALAFW_CUDA_NOMERGE=1   q, k, v, z / o_gate and gate, up as separate
  *                           GEMVs (new: one GEMV over the merged matrix) -
  *                           equal up to GEMV summation order
@@ -31,12 +26,12 @@
 #include "check.h"
 
 #include "kernels/ops.h"
+#include "formats/safetensors.h"
 #include "kernels/ops_cuda.h"
 #include "runner/backend.h"
-#include "runner/mkmodel.h"
 #include "runner/model.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
+#include "tools/tools.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -44,20 +39,15 @@
 #include <string.h>
 #include <unistd.h>
 
-/* forward.c refers to the CUDA backend weakly: make sure it is linked. */
-enum sfw_status (*const gpu_decode_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					  struct sfw_err *) = sfw_backend_cuda_new;
-
 #define STEPS 40
 
-static const char *const SWITCHES[] = {"SALAFW_CUDA_NOSTEPGRAPH", "SALAFW_CUDA_STEPSYNC", "SALAFW_CUDA_NOFUSE",
-				       "SALAFW_CUDA_NOGRAPH", "SALAFW_CUDA_NOMERGE"};
-#define NSW 5
-#define SW_NOSTEPGRAPH 0
+static const char *const SWITCHES[] = {"SALAFW_CUDA_NOGRAPH", "SALAFW_CUDA_STEPSYNC", "SALAFW_CUDA_NOFUSE",
+				       "SALAFW_CUDA_NOMERGE"};
+#define NSW 4
+#define SW_NOGRAPH 0 /* first: the eager reference of STEPSYNC */
 #define SW_STEPSYNC 1
 #define SW_NOFUSE 2
-#define SW_NOGRAPH 3
-#define SW_NOMERGE 4
+#define SW_NOMERGE 3
 
 /* What one engine run produced: logits per step (prefill last row first),
  * selected blocks of every sparse layer per step. */
@@ -82,7 +72,6 @@ static struct sfw_model *load_with(const char *dir, int sw_on)
 	struct sfw_model *m = NULL;
 	struct sfw_model_params mp = sfw_model_default_params();
 	mp.device = SFW_DEVICE_CUDA;
-	mp.be.no_step_graph = sw_on == SW_NOSTEPGRAPH;
 	mp.be.step_sync = sw_on == SW_STEPSYNC;
 	mp.be.no_fuse = sw_on == SW_NOFUSE;
 	mp.be.no_graph = sw_on == SW_NOGRAPH;
@@ -287,15 +276,15 @@ static void model_case(const char *dir, int prompt, int das)
 			CHECK(!layout_merged(om), "%s: SALAFW_CUDA_NOMERGE keeps the projections separate", dir);
 		struct trace to;
 		run_trace(om, ids, (size_t)prompt, das, chain, NULL, &to);
-		/* STEPSYNC and NOGRAPH have no step graph either: their bits are
-		 * those of the NOSTEPGRAPH run */
-		int eager_ref = sw == SW_STEPSYNC || sw == SW_NOGRAPH;
+		/* STEPSYNC has no step graph either: its bits are those of the
+		 * NOGRAPH run */
+		int eager_ref = sw == SW_STEPSYNC;
 		if (to.ok && (!eager_ref || te.ok))
-			compare(SWITCHES[sw], cf, eager_ref ? &te : &tb, &to, sw != SW_NOMERGE && sw != SW_NOSTEPGRAPH);
+			compare(SWITCHES[sw], cf, eager_ref ? &te : &tb, &to, sw != SW_NOMERGE && sw != SW_NOGRAPH);
 		int stepgraph = sw == SW_NOFUSE || sw == SW_NOMERGE;
 		CHECK(to.replays == (stepgraph ? STEPS : 0), "%s: %lld of %d decode steps were whole-step graph replays",
 		      SWITCHES[sw], (long long)to.replays, STEPS);
-		if (sw == SW_NOSTEPGRAPH)
+		if (sw == SW_NOGRAPH)
 			te = to;
 		else
 			trace_free(&to);
@@ -343,15 +332,15 @@ static void fused_case(int rows, int n)
 		sfw_cuda_h2d(dx, hx, N * 2, s), sfw_cuda_h2d(dx2, hx, N * 2, s), sfw_cuda_h2d(db, hb, N * 2, s);
 		sfw_cuda_h2d(dw, hw, (size_t)n * 2, s);
 		sfw_cuda_memset(dy, 0xff, N * 2, s), sfw_cuda_memset(dy2, 0xff, N * 2, s); /* NaN poison */
-		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_OP_BF16, rows, n, eps, SFW_OP_BF16, s);
-		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_OP_BF16, s);
-		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_OP_BF16, rows, n, eps, SFW_OP_BF16, s);
+		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, s);
+		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_DTYPE_BF16, s);
+		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, s);
 		sfw_cuda_d2h(o1, dy, N * 2, s), sfw_cuda_d2h(o2, dy2, N * 2, s);
 		sfw_cuda_d2h(x1, dx, N * 2, s), sfw_cuda_d2h(x2, dx2, N * 2, s);
 		sfw_cuda_sync(s);
 		CHECK(!memcmp(o1, o2, N * 2) && !memcmp(x1, x2, N * 2),
 		      "fused add_rmsnorm %dx%d equals add_scaled + rmsnorm on the GPU bit for bit", rows, n);
-		sfw_op_add_rmsnorm_cpu(y, x, b, sc, w, SFW_OP_F32, rows, n, eps);
+		sfw_op_add_rmsnorm_cpu(y, x, b, sc, w, SFW_DTYPE_F32, rows, n, eps);
 		double e2 = 0, r2 = 0, md = 0;
 		for (size_t i = 0; i < N; i++) {
 			double d = sfw_bf16_to_f32(o1[i]) - (double)y[i];

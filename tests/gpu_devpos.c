@@ -1,4 +1,4 @@
-/* modules: runner kernels core */
+/* modules: runner formats kernels num core */
 /* gpu_devpos.c - the ops of a recorded decode step (kernels/ops_cuda.h,
  * "a recorded decode step") inside a real CUDA graph: recorded once for a
  * length bound, replayed at many positions with only the device-side
@@ -12,12 +12,12 @@
  * both compression levels, block ends, the first position with a level-2
  * chunk, and the bound itself. */
 #include "check.h"
-#include "lib/rng.h"
 #include "lib/compare.h"
+#include "lib/rng.h"
 
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
-#include "runner/safetensors.h"
+#include "num/num.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -111,12 +111,12 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 	/* the recording: what one sparse layer of a decode step does */
 	sfw_cuda_graph_begin(s);
 	sfw_cuda_kv_append_devpos(dK, dV, dkn, dvn, row * 2, dpos, s);
-	sfw_cuda_compress_devpos(dc1, dc2, dK, nkv, hd, ks, st, dpos, SFW_OP_BF16, s);
-	sfw_cuda_stage1_devpos(dsc, dq, dc1, dc2, nh, nkv, hd, bound, ks, st, scale, dpos, SFW_OP_BF16, s);
+	sfw_cuda_compress_devpos(dc1, dc2, dK, nkv, hd, ks, st, dpos, SFW_DTYPE_BF16, s);
+	sfw_cuda_stage1_devpos(dsc, dq, dc1, dc2, nh, nkv, hd, bound, ks, st, scale, dpos, SFW_DTYPE_BF16, s);
 	sfw_cuda_pool_blocks_devpos(dpo, dsc, nkv, bound, ks, st, blk, sh->init_blocks, sh->local_blocks, dpos, s);
 	sfw_cuda_topk_blocks_devpos(didx, dpo, nkv, k, blk, dpos, s);
-	sfw_cuda_attn_sparse_devpos(dos, dq, dK, dV, didx, nh, nkv, hd, k, blk, scale, dpos, SFW_OP_BF16, s);
-	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, nh, nkv, hd, bound, scale, dpos, SFW_OP_BF16, s);
+	sfw_cuda_attn_sparse_devpos(dos, dq, dK, dV, didx, nh, nkv, hd, k, blk, scale, dpos, SFW_DTYPE_BF16, s);
+	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, nh, nkv, hd, bound, scale, dpos, SFW_DTYPE_BF16, s);
 	void *g = NULL;
 	enum sfw_status gs = sfw_cuda_graph_end(s, &g, &err);
 	CHECK(gs == SFW_OK && g, "record the step: %s", err.msg);
@@ -131,8 +131,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 			continue;
 		/* the compressed keys current before the step (as forward.c's
 		 * catch-up makes them), K row p replaced by the new token */
-		sfw_op_compress_cuda(dc1, dK, nkv, hd, made1, nch(p, ks, st), ks, st, SFW_OP_BF16, s);
-		sfw_op_compress_cuda(dc2, dK, nkv, hd, made2, nch(p, 4 * ks, 4 * st), 4 * ks, 4 * st, SFW_OP_BF16, s);
+		sfw_op_compress_cuda(dc1, dK, nkv, hd, made1, nch(p, ks, st), ks, st, SFW_DTYPE_BF16, s);
+		sfw_op_compress_cuda(dc2, dK, nkv, hd, made2, nch(p, 4 * ks, 4 * st), 4 * ks, 4 * st, SFW_DTYPE_BF16, s);
 		memcpy(K + (size_t)p * row, kn, row * sizeof(float));
 		memcpy(Vh + (size_t)p * row, vn, row * sizeof(float));
 		sfw_cuda_h2d(dpos, &p, sizeof(p), s);
@@ -159,12 +159,12 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 		      (long long)n2, a1.maxd, a2.maxd);
 		free(g1), free(g2);
 		/* the host-position twins on the same cache */
-		sfw_op_stage1_cuda(rsc, dq, dc1, n1, dc2, n2, 1, nh, nkv, hd, p, ks, st, scale, SFW_OP_BF16, s);
+		sfw_op_stage1_cuda(rsc, dq, dc1, n1, dc2, n2, 1, nh, nkv, hd, p, ks, st, scale, SFW_DTYPE_BF16, s);
 		sfw_op_pool_blocks_cuda(rpo, rsc, n1, nb, nkv, 1, p, ks, st, blk, sh->init_blocks, sh->local_blocks,
-					SFW_OP_BF16, s);
-		sfw_op_topk_blocks_cuda(ridx, rpo, nb, nkv, 1, p, k, blk, SFW_OP_BF16, s);
-		sfw_op_attn_sparse_cuda(ros, dq, dK, dV, didx, 1, nh, nkv, hd, p, k, blk, scale, SFW_OP_BF16, s);
-		sfw_op_attn_dense_cuda(rod, dq, dK, dV, 1, nh, nkv, hd, p, scale, SFW_OP_BF16, s);
+					SFW_DTYPE_BF16, s);
+		sfw_op_topk_blocks_cuda(ridx, rpo, nb, nkv, 1, p, k, blk, SFW_DTYPE_BF16, s);
+		sfw_op_attn_sparse_cuda(ros, dq, dK, dV, didx, 1, nh, nkv, hd, p, k, blk, scale, SFW_DTYPE_BF16, s);
+		sfw_op_attn_dense_cuda(rod, dq, dK, dV, 1, nh, nkv, hd, p, scale, SFW_DTYPE_BF16, s);
 		sfw_cuda_sync(s);
 		size_t nsc = (size_t)nkv * n1, npo = (size_t)nkv * nb;
 		float *gs1 = malloc((nsc ? nsc : 1) * 4), *rs1 = malloc((nsc ? nsc : 1) * 4);

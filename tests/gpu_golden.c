@@ -1,4 +1,4 @@
-/* modules: quant runner kernels fetch verify core */
+/* modules: tools quant runner formats kernels num fetch verify core */
 /* gpu_golden.c - the CUDA engine end to end: every golden case against
  * golden_bf16 (the reference computed in bf16, as this backend computes), and
  * against the CPU engine on the same case (its record written to a temporary
@@ -14,15 +14,10 @@
 
 #include "quant/quant.h"
 #include "runner/backend.h"
-#include "runner/bench.h"
+#include "tools/tools.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* forward.c refers to the CUDA backend weakly: make sure this binary has it
- * even if the link flags change. */
-enum sfw_status (*const gpu_golden_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					  struct sfw_err *) = sfw_backend_cuda_new;
 
 static struct sfw_record *run_on(struct sfw_model *m, const struct sfw_st_file *g, double *secs)
 {

@@ -1,4 +1,4 @@
-/* modules: kernels core */
+/* modules: kernels num core */
 /* GPU linear layers against a float64 CPU reference (mathematics), and the
  * two ceilings of this device: copy bandwidth and cuBLASLt bf16 GEMM rate.
  * Then the decode GEMV on the real model's shapes, each variant timed with
@@ -9,7 +9,7 @@
 #include "lib/rng.h"
 
 #include "kernels/ops_cuda.h"
-#include "runner/safetensors.h"
+#include "num/num.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -282,12 +282,12 @@ struct w8_host {
 	size_t rb, G, ss, cbytes, sbytes;
 };
 
-static void w8_make(struct w8_host *h, int N, int K, int group, enum sfw_op_dtype sdt)
+static void w8_make(struct w8_host *h, int N, int K, int group, enum sfw_dtype sdt)
 {
 	int span = group > 0 ? group : K;
 	h->rb = (size_t)(K + 3) / 4 * 4;
 	h->G = (size_t)((K + span - 1) / span);
-	h->ss = sdt == SFW_OP_F32 ? 4 : 2;
+	h->ss = sdt == SFW_DTYPE_F32 ? 4 : 2;
 	h->cbytes = (size_t)N * h->rb;
 	h->sbytes = (size_t)N * h->G * h->ss;
 	h->codes = calloc(h->cbytes, 1);
@@ -297,9 +297,9 @@ static void w8_make(struct w8_host *h, int N, int K, int group, enum sfw_op_dtyp
 			h->codes[(size_t)n * h->rb + k] = (uint8_t)(sfwt_next(&rng_state) & 0xff);
 	for (size_t i = 0; i < (size_t)N * h->G; i++) {
 		float v = 1e-3f * (1.5f + urand()); /* (0.5, 2.5) x 1e-3, never zero */
-		if (sdt == SFW_OP_F32)
+		if (sdt == SFW_DTYPE_F32)
 			((float *)h->scales)[i] = v;
-		else if (sdt == SFW_OP_F16)
+		else if (sdt == SFW_DTYPE_F16)
 			((uint16_t *)h->scales)[i] = f32_to_f16(v);
 		else
 			((uint16_t *)h->scales)[i] = sfw_f32_to_bf16(v);
@@ -311,9 +311,9 @@ static void w8_free(struct w8_host *h)
 	free(h->codes), free(h->scales);
 }
 
-static const char *sdt_name(enum sfw_op_dtype d)
+static const char *sdt_name(enum sfw_dtype d)
 {
-	return d == SFW_OP_F32 ? "F32" : d == SFW_OP_F16 ? "F16" : "BF16";
+	return d == SFW_DTYPE_F32 ? "F32" : d == SFW_DTYPE_F16 ? "F16" : "BF16";
 }
 
 /* Y (bf16 or, for logits, float) against the C twin on the same bf16 inputs:
@@ -356,7 +356,7 @@ static void w8_compare(const char *what, const float *ref, const void *got, int 
 static void correctness_w8(void *s)
 {
 	static const int groups[] = {32, 64, 128, 0};
-	static const enum sfw_op_dtype sdts[] = {SFW_OP_BF16, SFW_OP_F16, SFW_OP_F32};
+	static const enum sfw_dtype sdts[] = {SFW_DTYPE_BF16, SFW_DTYPE_F16, SFW_DTYPE_F32};
 	/* widths: multiples of 16 and of every group, a width that ends in a
 	 * partial group (208 = 6.5 x 32), one that is not a multiple of 16 (the
 	 * scalar kernel) and one not a multiple of 4 (padded code rows) */
@@ -368,7 +368,7 @@ static void correctness_w8(void *s)
 		for (size_t gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
 			for (size_t di = 0; di < sizeof(sdts) / sizeof(sdts[0]); di++) {
 				int N = shapes[si].N, K = shapes[si].K, group = groups[gi];
-				enum sfw_op_dtype sdt = sdts[di];
+				enum sfw_dtype sdt = sdts[di];
 				if (group > K)
 					continue;
 				struct w8_host h;
@@ -395,7 +395,7 @@ static void correctness_w8(void *s)
 					int M = Ms[mi];
 					sfw_op_matmul_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, M, N, K);
 					sfw_cuda_memset(dy, 0xff, (size_t)Mmax * N * 4, s);
-					sfw_op_matmul_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, SFW_OP_BF16, s);
+					sfw_op_matmul_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, SFW_DTYPE_BF16, s);
 					sfw_cuda_d2h(Y, dy, (size_t)M * N * 2, s);
 					sfw_cuda_sync(s);
 					char name[128];
@@ -408,7 +408,7 @@ static void correctness_w8(void *s)
 				static const int var[][2] = {{1, 2},   {1, 4},   {1, 8},   {2, 2},   {2, 4},   {2, 8},
 							     {4, 2},   {4, 4},   {101, 2}, {101, 4}, {102, 2}, {202, 2},
 							     {202, 4}, {204, 2}, {204, 4}, {208, 2}, {208, 4}};
-				for (size_t v = 0; sdt == SFW_OP_BF16 && v < sizeof(var) / sizeof(var[0]); v++) {
+				for (size_t v = 0; sdt == SFW_DTYPE_BF16 && v < sizeof(var) / sizeof(var[0]); v++) {
 					sfw_op_matmul_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, 1, N, K);
 					sfw_cuda_memset(dy, 0xff, (size_t)N * 2, s);
 					sfw_cuda_gemv_w8_variant(dx, K, dc, dsc, sdt, span, dy, N, 1, N, K, var[v][0], var[v][1], s);
@@ -426,7 +426,7 @@ static void correctness_w8(void *s)
 				 * kernel cannot run or the scales are not BF16 */
 				if (N % 2 == 0) {
 					int I = N / 2;
-					int takes = sdt == SFW_OP_BF16 && K % 16 == 0 && span % 16 == 0;
+					int takes = sdt == SFW_DTYPE_BF16 && K % 16 == 0 && span % 16 == 0;
 					uint16_t *Yf = malloc((size_t)I * 2), *Yu = malloc((size_t)I * 2);
 					void *dyu;
 					CHECK(sfw_cuda_malloc(&dyu, (size_t)N * 2, "y", &e) == SFW_OK, "%s", e.msg);
@@ -440,7 +440,7 @@ static void correctness_w8(void *s)
 					CHECK(got == takes, "%s: returned %d, expected %d", name, got, takes);
 					if (got && takes) {
 						sfw_cuda_gemv_w8_variant(dx, K, dc, dsc, sdt, span, dyu, N, 1, N, K, 1, 2, s);
-						sfw_op_silu_mul_cuda(dyu, dyu, (uint16_t *)dyu + I, (size_t)I, SFW_OP_BF16, s);
+						sfw_op_silu_mul_cuda(dyu, dyu, (uint16_t *)dyu + I, (size_t)I, SFW_DTYPE_BF16, s);
 						sfw_cuda_d2h(Yu, dyu, (size_t)I * 2, s);
 						sfw_cuda_sync(s);
 						int diff = -1;
@@ -466,7 +466,7 @@ static void correctness_w8(void *s)
 					sfw_op_matmul_w8_cpu(ref, xs, h.codes, h.scales, sdt, span, M, N, K);
 					for (size_t i = 0; i < (size_t)M * N; i++)
 						ref[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(ref[i]));
-					sfw_op_logits_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, 1.0f / 16, SFW_OP_BF16, s);
+					sfw_op_logits_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, 1.0f / 16, SFW_DTYPE_BF16, s);
 					sfw_cuda_d2h(Y, dy, (size_t)M * N * 4, s);
 					sfw_cuda_sync(s);
 					char name[128];
@@ -491,9 +491,9 @@ static void correctness_w8(void *s)
 						for (int k = 0; k < K; k++) {
 							float sc;
 							size_t gi2 = g0 + (size_t)(k / span);
-							if (sdt == SFW_OP_F32)
+							if (sdt == SFW_DTYPE_F32)
 								sc = ((float *)h.scales)[gi2];
-							else if (sdt == SFW_OP_BF16)
+							else if (sdt == SFW_DTYPE_BF16)
 								sc = sfw_bf16_to_f32(((uint16_t *)h.scales)[gi2]);
 							else
 								sc = f16_to_f32_normal(((uint16_t *)h.scales)[gi2]);
@@ -523,10 +523,10 @@ static void time_gemv_w8(uint8_t **c, void **sc, int ncopies, const uint16_t *x,
 {
 	float t[25];
 	for (int i = 0; i < 3; i++)
-		sfw_cuda_gemv_w8_variant(x, K, c[i % ncopies], sc[i % ncopies], SFW_OP_BF16, 128, y, N, M, N, K, R, U, s);
+		sfw_cuda_gemv_w8_variant(x, K, c[i % ncopies], sc[i % ncopies], SFW_DTYPE_BF16, 128, y, N, M, N, K, R, U, s);
 	for (int i = 0; i < 25; i++) {
 		sfw_cuda_event_record(e0, s);
-		sfw_cuda_gemv_w8_variant(x, K, c[i % ncopies], sc[i % ncopies], SFW_OP_BF16, 128, y, N, M, N, K, R, U, s);
+		sfw_cuda_gemv_w8_variant(x, K, c[i % ncopies], sc[i % ncopies], SFW_DTYPE_BF16, 128, y, N, M, N, K, R, U, s);
 		sfw_cuda_event_record(e1, s);
 		t[i] = sfw_cuda_event_ms(e0, e1);
 	}
@@ -535,7 +535,7 @@ static void time_gemv_w8(uint8_t **c, void **sc, int ncopies, const uint16_t *x,
 	for (int rep = 0; rep < 9; rep++) {
 		sfw_cuda_event_record(e0, s);
 		for (int i = 0; i < 20; i++)
-			sfw_cuda_gemv_w8_variant(x, K, c[(rep * 20 + i) % ncopies], sc[(rep * 20 + i) % ncopies], SFW_OP_BF16,
+			sfw_cuda_gemv_w8_variant(x, K, c[(rep * 20 + i) % ncopies], sc[(rep * 20 + i) % ncopies], SFW_DTYPE_BF16,
 						 128, y, N, M, N, K, R, U, s);
 		sfw_cuda_event_record(e1, s);
 		t[rep] = sfw_cuda_event_ms(e0, e1) / 20;
@@ -615,7 +615,7 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 			uint8_t *hc = malloc((size_t)n * K);
 			uint16_t *hs = malloc((size_t)n * (K / 128) * 2), *hx = malloc((size_t)K * 2), *hy = malloc((size_t)N * 2);
 			float *xf = malloc((size_t)K * 4), *ref = malloc((size_t)n * 4);
-			sfw_cuda_gemv_w8_variant(x, K, c[0], sc[0], SFW_OP_BF16, 128, y, N, 1, N, K, 0, 0, s);
+			sfw_cuda_gemv_w8_variant(x, K, c[0], sc[0], SFW_DTYPE_BF16, 128, y, N, 1, N, K, 0, 0, s);
 			sfw_cuda_d2h(hc, c[0], (size_t)n * K, s);
 			sfw_cuda_d2h(hs, sc[0], (size_t)n * (K / 128) * 2, s);
 			sfw_cuda_d2h(hx, x, (size_t)K * 2, s);
@@ -623,7 +623,7 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 			sfw_cuda_sync(s);
 			for (int k = 0; k < K; k++)
 				xf[k] = sfw_bf16_to_f32(hx[k]);
-			sfw_op_matmul_w8_cpu(ref, xf, hc, hs, SFW_OP_BF16, 128, 1, n, K);
+			sfw_op_matmul_w8_cpu(ref, xf, hc, hs, SFW_DTYPE_BF16, 128, 1, n, K);
 			char name[96];
 			snprintf(name, sizeof(name), "w8 gemv timed matrix %dx%d (first %d rows)", N, K, n);
 			w8_compare(name, ref, hy, 0, 1, n, N);
@@ -675,7 +675,7 @@ static void bench_gemm_w8(struct sfw_cuda_blas *blas, double gemm_tflops, void *
 		float t[2][9];
 		for (int r = 0; r < 2; r++) {
 			sfw_cuda_gemm(blas, x, K, w, y, N, M, N, K, s);
-			sfw_cuda_gemm_w8(blas, x, K, c, sc, SFW_OP_BF16, 128, y, N, M, N, K, scr, scr_bytes, s);
+			sfw_cuda_gemm_w8(blas, x, K, c, sc, SFW_DTYPE_BF16, 128, y, N, M, N, K, scr, scr_bytes, s);
 		}
 		for (int r = 0; r < 9; r++) {
 			sfw_cuda_event_record(e0, s);
@@ -683,7 +683,7 @@ static void bench_gemm_w8(struct sfw_cuda_blas *blas, double gemm_tflops, void *
 			sfw_cuda_event_record(e1, s);
 			t[0][r] = sfw_cuda_event_ms(e0, e1);
 			sfw_cuda_event_record(e0, s);
-			sfw_cuda_gemm_w8(blas, x, K, c, sc, SFW_OP_BF16, 128, y, N, M, N, K, scr, scr_bytes, s);
+			sfw_cuda_gemm_w8(blas, x, K, c, sc, SFW_DTYPE_BF16, 128, y, N, M, N, K, scr, scr_bytes, s);
 			sfw_cuda_event_record(e1, s);
 			t[1][r] = sfw_cuda_event_ms(e0, e1);
 		}

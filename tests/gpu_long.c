@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* gpu_long.c - long context: the tiny-sparse golden model (InfLLM-v2 from
  * 512 tokens on) fed a long random prompt (GPU_LONG_TOKENS, default 65536)
  * on the CUDA engine (prefill pieces of 4096 rows, block selection forced
@@ -27,9 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-enum sfw_status (*const gpu_long_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					  struct sfw_err *) = sfw_backend_cuda_new;
 
 #define STEPS 4
 

@@ -1,4 +1,4 @@
-/* modules: kernels core */
+/* modules: kernels num core */
 /* Every CUDA twin of kernels/ops.h against its CPU twin (the law) on fresh
  * random inputs, in both activation dtypes. Table-driven: each row names the
  * op, the shapes, and the tolerance per dtype (NMSE and max |diff| relative
@@ -7,12 +7,12 @@
  * points that the CUDA twin applies and the CPU twin (fp32) does not.
  * Outputs are poisoned before each run so unwritten elements fail. */
 #include "check.h"
-#include "lib/rng.h"
 #include "lib/compare.h"
+#include "lib/rng.h"
 
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
-#include "runner/safetensors.h"
+#include "num/num.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -20,7 +20,7 @@
 #include <string.h>
 
 static void *g_s; /* stream */
-static enum sfw_op_dtype g_dt;
+static enum sfw_dtype g_dt;
 static int g_gla_serial; /* the bound cfg's gla_serial (names only) */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -40,7 +40,7 @@ static float *randv(size_t n, float scale)
 	float *p = malloc((n ? n : 1) * sizeof(float));
 	for (size_t i = 0; i < n; i++) {
 		p[i] = urand() * scale;
-		if (g_dt == SFW_OP_BF16)
+		if (g_dt == SFW_DTYPE_BF16)
 			p[i] = bfr(p[i]);
 	}
 	return p;
@@ -57,7 +57,7 @@ static uint16_t *randw(size_t n, float scale, float offset)
 
 static size_t asz(void)
 {
-	return g_dt == SFW_OP_BF16 ? 2 : 4;
+	return g_dt == SFW_DTYPE_BF16 ? 2 : 4;
 }
 
 static void *dalloc(size_t bytes)
@@ -82,7 +82,7 @@ static void *up_raw(const void *h, size_t bytes)
 /* Host floats -> device activations (dtype g_dt). */
 static void *up(const float *h, size_t n)
 {
-	if (g_dt == SFW_OP_F32)
+	if (g_dt == SFW_DTYPE_F32)
 		return up_raw(h, n * 4);
 	uint16_t *b = malloc((n ? n : 1) * 2);
 	for (size_t i = 0; i < n; i++)
@@ -96,7 +96,7 @@ static void *up(const float *h, size_t n)
 static float *down(const void *d, size_t n)
 {
 	float *h = malloc((n ? n : 1) * 4);
-	if (g_dt == SFW_OP_F32) {
+	if (g_dt == SFW_DTYPE_F32) {
 		sfw_cuda_d2h(h, d, n * 4, g_s);
 		sfw_cuda_sync(g_s);
 		return h;
@@ -128,14 +128,14 @@ static void cmp(const char *what, const float *got, const float *ref, size_t n)
 	struct cmp_stats c = cmp_stats(got, ref, n);
 	double nmse = c.nmse, maxd = c.maxd, maxr = c.maxr;
 	size_t bad = c.bad, first_bad = c.first_bad;
-	printf("  %-4s %-46s NMSE %.2e  max|diff| %.2e  max|ref| %.2e\n", g_dt == SFW_OP_BF16 ? "bf16" : "f32", what,
+	printf("  %-4s %-46s NMSE %.2e  max|diff| %.2e  max|ref| %.2e\n", g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", what,
 	       nmse, maxd, maxr);
 	CHECK(bad == 0, "%s [%s]: %zu non-finite mismatches (first at %zu: got %g, ref %g)", what,
-	      g_dt == SFW_OP_BF16 ? "bf16" : "f32", bad, first_bad, bad ? got[first_bad] : 0.0, bad ? ref[first_bad] : 0.0);
-	CHECK(nmse <= g_tol.nmse, "%s [%s]: NMSE %.3e > %.1e", what, g_dt == SFW_OP_BF16 ? "bf16" : "f32", nmse,
+	      g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", bad, first_bad, bad ? got[first_bad] : 0.0, bad ? ref[first_bad] : 0.0);
+	CHECK(nmse <= g_tol.nmse, "%s [%s]: NMSE %.3e > %.1e", what, g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", nmse,
 	      g_tol.nmse);
 	CHECK(maxd <= g_tol.maxrel * (maxr > 0 ? maxr : 1), "%s [%s]: max|diff| %.3e > %.1e x %.3e", what,
-	      g_dt == SFW_OP_BF16 ? "bf16" : "f32", maxd, g_tol.maxrel, maxr);
+	      g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", maxd, g_tol.maxrel, maxr);
 }
 
 /* ---- the ops ---- */
@@ -148,9 +148,9 @@ static void t_embed(void)
 	for (int t = 0; t < T; t++)
 		ids[t] = (int32_t)((urand() * 0.5f + 0.5f) * (V - 1));
 	float *ref = malloc((size_t)T * D * 4);
-	sfw_op_embed_cpu(ref, E, SFW_OP_BF16, ids, T, D, 12.0f);
+	sfw_op_embed_cpu(ref, E, SFW_DTYPE_BF16, ids, T, D, 12.0f);
 	void *dE = up_raw(E, (size_t)V * D * 2), *di = up_raw(ids, sizeof(ids)), *dx = dalloc((size_t)T * D * asz());
-	sfw_op_embed_cuda(dx, dE, SFW_OP_BF16, di, T, D, 12.0f, g_dt, g_s);
+	sfw_op_embed_cuda(dx, dE, SFW_DTYPE_BF16, di, T, D, 12.0f, g_dt, g_s);
 	float *got = down(dx, (size_t)T * D);
 	cmp("embed V=1000 D=512 T=37 x12", got, ref, (size_t)T * D);
 	free(E), free(ref), free(got);
@@ -162,10 +162,10 @@ static void t_rmsnorm_shape(int rows, int n, int alias)
 	float *x = randv((size_t)rows * n, 3.0f);
 	uint16_t *w = randw(n, 0.1f, 1.0f);
 	float *ref = malloc((size_t)rows * n * 4);
-	sfw_op_rmsnorm_cpu(ref, x, w, SFW_OP_BF16, rows, n, 1e-6f);
+	sfw_op_rmsnorm_cpu(ref, x, w, SFW_DTYPE_BF16, rows, n, 1e-6f);
 	void *dx = up(x, (size_t)rows * n), *dw = up_raw(w, (size_t)n * 2);
 	void *dy = alias ? dx : dalloc((size_t)rows * n * asz());
-	sfw_op_rmsnorm_cuda(dy, dx, dw, SFW_OP_BF16, rows, n, 1e-6f, g_dt, g_s);
+	sfw_op_rmsnorm_cuda(dy, dx, dw, SFW_DTYPE_BF16, rows, n, 1e-6f, g_dt, g_s);
 	float *got = down(dy, (size_t)rows * n);
 	char name[64];
 	snprintf(name, sizeof(name), "rmsnorm rows=%d n=%d%s", rows, n, alias ? " in place" : "");
@@ -268,8 +268,8 @@ static void same_bits(const char *what, const void *da, const void *db, size_t n
 	sfw_cuda_sync(g_s);
 	for (size_t i = 0; i < n; i++)
 		diff += memcmp(a + i * es, b + i * es, es) != 0;
-	printf("  %-4s %-46s %zu of %zu differ\n", g_dt == SFW_OP_BF16 ? "bf16" : "f32", what, diff, n);
-	CHECK(diff == 0, "%s [%s]: %zu of %zu elements differ", what, g_dt == SFW_OP_BF16 ? "bf16" : "f32", diff, n);
+	printf("  %-4s %-46s %zu of %zu differ\n", g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", what, diff, n);
+	CHECK(diff == 0, "%s [%s]: %zu of %zu elements differ", what, g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", diff, n);
 	free(a), free(b);
 }
 
@@ -308,19 +308,19 @@ static void t_qknorm(void)
 		uint16_t *qw = randw((size_t)hd, 0.1f, 1.0f), *kw = randw((size_t)hd, 0.1f, 1.0f);
 		float *rq = malloc(nq * 4), *rk = malloc(nk * 4);
 		memcpy(rq, q, nq * 4), memcpy(rk, k, nk * 4);
-		sfw_op_qk_norm_rope_cpu(rq, rk, qw, SFW_OP_BF16, kw, SFW_OP_BF16, T, nhq, nhk, hd, eps, rope, pos, theta);
+		sfw_op_qk_norm_rope_cpu(rq, rk, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, T, nhq, nhk, hd, eps, rope, pos, theta);
 		void *dqw = up_raw(qw, (size_t)hd * 2), *dkw = up_raw(kw, (size_t)hd * 2);
 		void *dq = up(q, nq), *dk = up(k, nk), *uq = up(q, nq), *uk = up(k, nk);
 		void *dpos = up_raw(&pos, sizeof(pos));
 		if (devpos)
-			sfw_cuda_qk_norm_rope_devpos(dq, dk, dqw, SFW_OP_BF16, dkw, SFW_OP_BF16, T, nhq, nhk, hd, eps, rope,
+			sfw_cuda_qk_norm_rope_devpos(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, T, nhq, nhk, hd, eps, rope,
 						     pos + 12345, dpos, theta, g_dt, g_s);
 		else
-			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, SFW_OP_BF16, dkw, SFW_OP_BF16, T, nhq, nhk, hd, eps, rope, pos,
+			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, T, nhq, nhk, hd, eps, rope, pos,
 						 theta, g_dt, g_s);
 		/* the unfused sequence forward.c runs without the fused op */
-		sfw_op_rmsnorm_cuda(uq, uq, dqw, SFW_OP_BF16, T * nhq, hd, eps, g_dt, g_s);
-		sfw_op_rmsnorm_cuda(uk, uk, dkw, SFW_OP_BF16, T * nhk, hd, eps, g_dt, g_s);
+		sfw_op_rmsnorm_cuda(uq, uq, dqw, SFW_DTYPE_BF16, T * nhq, hd, eps, g_dt, g_s);
+		sfw_op_rmsnorm_cuda(uk, uk, dkw, SFW_DTYPE_BF16, T * nhk, hd, eps, g_dt, g_s);
 		if (rope) {
 			sfw_op_rope_neox_cuda(uq, T, nhq, hd, pos, theta, g_dt, g_s);
 			sfw_op_rope_neox_cuda(uk, T, nhk, hd, pos, theta, g_dt, g_s);
@@ -354,7 +354,7 @@ static void t_matmul_shape(int M, int N, int K, int f32w, int logits)
 	for (size_t i = 0; i < (size_t)N * K; i++)
 		wf[i] = sfw_bf16_to_f32(wb[i]);
 	const void *w = f32w ? (const void *)wf : (const void *)wb;
-	enum sfw_op_dtype wdt = f32w ? SFW_OP_F32 : SFW_OP_BF16;
+	enum sfw_dtype wdt = f32w ? SFW_DTYPE_F32 : SFW_DTYPE_BF16;
 	float *ref = malloc((size_t)M * N * 4);
 	void *dx = up(x, (size_t)M * K), *dw = up_raw(w, (size_t)N * K * (f32w ? 4 : 2));
 	float *got;
@@ -416,12 +416,12 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, g_dt, g_s);
 	float *got = down(dout, n), *gst = down_f32(dst, ns);
 	char name[96];
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : g_dt != SFW_OP_BF16 || g_gla_serial ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 || g_gla_serial ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	cmp(name, got, ref, n);
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : g_dt != SFW_OP_BF16 || g_gla_serial ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 || g_gla_serial ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	struct tol keep = g_tol;
 	g_tol.nmse = 1e-9, g_tol.maxrel = 1e-4; /* the state is fp32 in both dtypes */
-	if (g_dt == SFW_OP_BF16)
+	if (g_dt == SFW_DTYPE_BF16)
 		g_tol = keep;
 	cmp(name, gst, st_ref, ns);
 	g_tol = keep;
@@ -587,7 +587,7 @@ static void t_pool_topk(void)
 	for (size_t i = 0; i < (size_t)nkv * T * nb; i++)
 		if (memcmp(&pg[i], &pr[i], 4) != 0 && !(isnan(pg[i]) && isnan(pr[i])))
 			diff++;
-	printf("  %-4s %-46s %zu of %zu differ\n", g_dt == SFW_OP_BF16 ? "bf16" : "f32", "pool_blocks L=40000 T=50",
+	printf("  %-4s %-46s %zu of %zu differ\n", g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", "pool_blocks L=40000 T=50",
 	       diff, (size_t)nkv * T * nb);
 	CHECK(diff == 0, "pool_blocks: %zu values differ", diff);
 	/* top-k on the CPU's pooled values, and on a short row set (nblocks < k) */
@@ -605,7 +605,7 @@ static void t_pool_topk(void)
 		for (size_t i = 0; i < (size_t)nkv * T * k; i++)
 			d += ig[i] != ir[i];
 		printf("  %-4s topk_blocks nblocks=%-6lld k=96 (ties, NaN, -inf)       %zu of %zu indices differ\n",
-		       g_dt == SFW_OP_BF16 ? "bf16" : "f32", (long long)nbx, d, (size_t)nkv * T * k);
+		       g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", (long long)nbx, d, (size_t)nkv * T * k);
 		CHECK(d == 0, "topk_blocks nblocks=%lld: %zu indices differ", (long long)nbx, d);
 		free(ir), free(ig);
 		sfw_cuda_free(dpr), sfw_cuda_free(di);
@@ -631,7 +631,7 @@ static void t_pool_topk(void)
 		for (size_t i = 0; i < (size_t)nkv * k; i++)
 			d += ig[i] != ir[i];
 		printf("  %-4s topk_blocks T=1 nblocks=%-6lld k=96 (ties, NaN, -inf)   %zu of %zu indices differ\n",
-		       g_dt == SFW_OP_BF16 ? "bf16" : "f32", (long long)nbx, d, (size_t)nkv * k);
+		       g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", (long long)nbx, d, (size_t)nkv * k);
 		CHECK(d == 0, "topk_blocks T=1 nblocks=%lld: %zu indices differ", (long long)nbx, d);
 		free(po), free(ir), free(ig);
 		sfw_cuda_free(dpo), sfw_cuda_free(di);
@@ -655,7 +655,7 @@ static void t_pool_topk(void)
 		for (size_t i = 0; i < (size_t)nkv * Tr * k; i++)
 			d += ig[i] != ir[i], past += ir[i] == -1;
 		printf("  %-4s topk_blocks T=20 nblocks=3000 k=96 (query block 1200)    %zu of %zu indices differ\n",
-		       g_dt == SFW_OP_BF16 ? "bf16" : "f32", d, (size_t)nkv * Tr * k);
+		       g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", d, (size_t)nkv * Tr * k);
 		CHECK(d == 0, "topk_blocks T=20 query block 1200: %zu indices differ", d);
 		CHECK(past > 0, "topk_blocks T=20: the case selects blocks past the query block (%zu)", past);
 		free(po), free(ir), free(ig);
@@ -668,7 +668,7 @@ static void t_pool_topk(void)
 struct op_test {
 	const char *op;
 	void (*fn)(void);
-	struct tol tol[2]; /* [SFW_OP_F32], [SFW_OP_BF16] */
+	struct tol tol[2]; /* [SFW_DTYPE_F32], [SFW_DTYPE_BF16] */
 };
 
 /* f32: only the summation order differs from the CPU (and libm vs CUDA
@@ -705,7 +705,7 @@ int main(int argc, char **argv)
 		if (argc > 1 && strcmp(argv[1], tests[i].op) != 0)
 			continue;
 		for (int d = 0; d < 2; d++) {
-			g_dt = d ? SFW_OP_BF16 : SFW_OP_F32;
+			g_dt = d ? SFW_DTYPE_BF16 : SFW_DTYPE_F32;
 			g_tol = tests[i].tol[d];
 			tests[i].fn();
 		}

@@ -1,4 +1,4 @@
-/* modules: quant runner kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* gpu_reentrant.c - tests/test_reentrant.c on the CUDA backend: tiny-dense
  * and tiny-sparse loaded side by side, each with its own CUDA backend (its
  * stream, cuBLASLt handle, scratch and options: CUDA-core attention and
@@ -7,10 +7,6 @@
  * tolerance, 1.5e-2), interleaved on one thread and on two threads at once;
  * the later runs must give the logits of the runs alone bit for bit. */
 #include "runner/backend.h"
-
-/* forward.c refers to the CUDA backend weakly: make sure it is linked. */
-enum sfw_status (*const gpu_reentrant_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					       struct sfw_err *) = sfw_backend_cuda_new;
 
 #define RE_CUDA 1
 #define RE_NAME "gpu_reentrant"

@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* gpu_wide.c - the CUDA engine at the real widths: the wide4 model (mkmodel
  * --preset wide4: hidden 4096, 32 / 2 heads of 128, lightning 32 x 128, vocab
  * 73,448, topk 64, window 2048, dense_len 8192, 4 layers S L L S) and its
@@ -32,10 +32,6 @@
 #include "wide_ref.h"
 
 #include <time.h>
-
-/* forward.c refers to the CUDA backend weakly: make sure this binary has it. */
-enum sfw_status (*const gpu_wide_backend)(const struct sfw_backend_opts *, struct sfw_backend **,
-					  struct sfw_err *) = sfw_backend_cuda_new;
 
 static double now_s(void)
 {

@@ -1,4 +1,4 @@
-/* modules: quant runner kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* test_batch.c - batched decode (runner/batch.h) on the CPU against the same
  * sequences run alone, each on a context of its own (runner/runner.h) fed the
  * same calls: every logit bit for bit and the greedy tokens, on the golden
@@ -188,7 +188,7 @@ static void run_schedule(struct sfw_model *m, struct sq *qs, int nq, int max_seq
 		CHECK(0, "batch: %s", err.msg);
 		return;
 	}
-	CHECK(sfw_batch_paged(b) == (m->be->pool_new != NULL), "paged KV exactly when the backend has a pool");
+	CHECK(sfw_batch_paged(b) == m->be->supports(m->be, SFW_BOP_POOL, SFW_DTYPE_F32), "paged KV exactly when the backend has a pool");
 	int used_slot[SFW_BATCH_MAX_SEQS] = {0};
 	struct sfw_batch_item items[SFW_BATCH_MAX_SEQS];
 	struct sq *owner[SFW_BATCH_MAX_SEQS];
@@ -328,7 +328,7 @@ static void test_pool(struct sfw_model *m)
 	CHECK(sfw_batch_new(m, &bp, &b, &err) == SFW_OK, "pool batch: %s", err.msg);
 	if (!b)
 		return;
-	CHECK(sfw_batch_paged(b) == (m->be->pool_new != NULL), "pool test: paged as the backend allows");
+	CHECK(sfw_batch_paged(b) == m->be->supports(m->be, SFW_BOP_POOL, SFW_DTYPE_F32), "pool test: paged as the backend allows");
 	CHECK(sfw_batch_blocks_total(b) == 6, "a pool of %lld tokens is 6 blocks", (long long)bp.pool_tokens);
 	CHECK(sfw_batch_seq_open(b, &A.slot, &err) == SFW_OK && sfw_batch_seq_open(b, &B.slot, &err) == SFW_OK,
 	      "two sequences");
@@ -475,6 +475,14 @@ static void test_w8(const char *golden)
 		printf("warning: could not remove %s\n", tmp);
 }
 
+/* The CPU backend's capabilities less paging: what a backend without a
+ * pool declares. */
+static int (*real_supports)(const struct sfw_backend *, enum sfw_bop, enum sfw_dtype);
+static int no_pool(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
+{
+	return op != SFW_BOP_POOL && real_supports(be, op, dt);
+}
+
 int main(void)
 {
 	const char *g = check_golden_dir();
@@ -501,16 +509,15 @@ int main(void)
 			test_refusals(m);
 			/* the other KV mode: per-sequence caches under the budget */
 			struct sfw_backend *be = m->be;
-			enum sfw_status (*pool_new)(struct sfw_backend *, const struct sfw_cache_desc *, int64_t,
-						    struct sfw_bpool **, struct sfw_err *) = be->pool_new;
-			CHECK(pool_new != NULL, "the CPU backend pages the KV cache");
-			be->pool_new = NULL;
+			real_supports = be->supports;
+			CHECK(real_supports(be, SFW_BOP_POOL, SFW_DTYPE_F32), "the CPU backend pages the KV cache");
+			be->supports = no_pool;
 			printf("%s, KV caches per sequence:\n", models[i]);
 			static const int chunks[3] = {64, 100, 256};
 			static const int lens[9] = {64, 1, 33, 520, 90, 200, 17, 65, 300};
 			check_sched(m, "join/leave", lens, chunks, 9, 12, 4, 3, 1, 1, 4 * 9 * 64);
 			test_pool(m);
-			be->pool_new = pool_new;
+			be->supports = real_supports;
 		}
 		sfw_model_free(m);
 	}

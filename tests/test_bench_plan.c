@@ -1,13 +1,12 @@
-/* test_bench_plan.c - runner/bench.c's device-memory plan and parameter
+/* test_bench_plan.c - tools/bench.c's device-memory plan and parameter
  * count against independent figures: mkmodel's tensor list for the real
  * shapes (preset full: 9,477,203,968 parameters, bf16), and the KV /
  * compressed-key / lightning-state sizes of docs/performance.md §4b worked out by
  * hand for 1M tokens. */
 #include "check.h"
 
-#include "runner/bench.h"
-#include "quant/layout.h"
-#include "runner/mkmodel.h"
+#include "tools/tools.h"
+#include "num/w8_layout.h"
 
 #include <math.h>
 #include <string.h>

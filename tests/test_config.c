@@ -1,4 +1,4 @@
-/* modules: runner core */
+/* modules: formats num core */
 /* config.json parsing: the three golden configs and the real model's config
  * (docs/model-spec.md §1) give the documented values and derived constants; ALiBi
  * slopes match the closed forms; every class of broken config is rejected
@@ -6,7 +6,7 @@
 #include "check.h"
 
 #include "file.h"
-#include "runner/config.h"
+#include "formats/config.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: tools quant runner formats kernels num fetch verify core */
 /* test_generate.c - the generation API (runner/generate.h) on the CPU:
  *   - greedy generation reproduces the golden greedy chains (decode.tokens of
  *     ../shared/golden, the reference PyTorch model's argmax chain);
@@ -18,11 +18,11 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "formats/safetensors.h"
 #include "json.h"
 #include "runner/generate.h"
-#include "runner/mkmodel.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
+#include "tools/tools.h"
 
 #include <stdio.h>
 #include <stdlib.h>

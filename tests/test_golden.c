@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: tools quant runner formats kernels num fetch verify core */
 /* test_golden.c - the CPU engine against the reference PyTorch golden data
  * (../shared/golden, README there): every case, every stored tensor.
  *
@@ -25,9 +25,10 @@
  *     not require equal selections (bf16 ties change them). */
 #include "check.h"
 #include "alloc.h"
+#include "formats/safetensors.h"
 #include "kernels/ops.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
+#include "tools/tools.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* modules: runner core */
+/* modules: tools formats num core */
 /* The model generator against independent references: the tiny preset has
  * exactly the config and the tensor names/dtypes/shapes of golden tiny-sparse
  * (written by the reference code); the full preset's plan has docs/model-spec.md §3's
@@ -10,10 +10,10 @@
 
 #include "alloc.h"
 #include "file.h"
-#include "runner/config.h"
-#include "runner/mkmodel.h"
-#include "runner/safetensors.h"
-#include "runner/tokenizer.h"
+#include "formats/config.h"
+#include "formats/safetensors.h"
+#include "formats/tokenizer.h"
+#include "tools/tools.h"
 
 #include <math.h>
 #include <stdlib.h>

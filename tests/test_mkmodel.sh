@@ -69,7 +69,7 @@ check_err "existing model refused (exit 5, as every existing output)" 5 "already
 check "existing model with --force" "$SALAFW" mkmodel --preset tiny --seed 1 --force -o "$T/a"
 [ "$(sums "$T/a")" = "$(sums "$T/b")" ] && pass "forced rewrite gives the same bytes" || fail "forced rewrite differs"
 
-# --w8: the decoder linears written directly as int8 (quant/layout.h); the
+# --w8: the decoder linears written directly as int8 (num/w8_layout.h); the
 # model loads and generates on the CPU engine; the same bytes twice.
 check "mkmodel --w8" "$SALAFW" mkmodel --preset tiny --w8 --group 32 --no-tokenizer -o "$T/w8"
 check "mkmodel --w8 again" "$SALAFW" mkmodel --preset tiny --w8 --group 32 --no-tokenizer -o "$T/w8b"

@@ -1,4 +1,4 @@
-/* modules: kernels core */
+/* modules: kernels num core */
 /* test_ops_cpu.c - each CPU op of kernels/ops.h against direct mathematics
  * (double-precision formulas written out here), plus hand-made cases for
  * compression, pooling and top-k ties. Tolerances: fp32 ops on O(1) data
@@ -23,12 +23,6 @@ static void fill(float *x, size_t n, double s)
 	for (size_t i = 0; i < n; i++)
 		x[i] = (float)(urand() * s);
 }
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
 static double maxrel(const float *a, const double *b, size_t n)
 {
 	double m = 0, s = 1e-30;
@@ -49,18 +43,18 @@ static void test_rmsnorm(void)
 	double ref[R * N];
 	fill(x, R * N, 3);
 	for (int i = 0; i < N; i++)
-		w[i] = to_bf16((float)(1 + 0.1 * urand()));
+		w[i] = sfw_f32_to_bf16((float)(1 + 0.1 * urand()));
 	for (int r = 0; r < R; r++) {
 		double ss = 0;
 		for (int i = 0; i < N; i++)
 			ss += (double)x[r * N + i] * x[r * N + i];
 		double inv = 1 / sqrt(ss / N + 1e-6);
 		for (int i = 0; i < N; i++)
-			ref[r * N + i] = x[r * N + i] * inv * sfw_op_bf16(w[i]);
+			ref[r * N + i] = x[r * N + i] * inv * sfw_bf16_to_f32(w[i]);
 	}
-	sfw_op_rmsnorm_cpu(y, x, w, SFW_OP_BF16, R, N, 1e-6f);
+	sfw_op_rmsnorm_cpu(y, x, w, SFW_DTYPE_BF16, R, N, 1e-6f);
 	CHECK(maxrel(y, ref, R * N) < 1e-5, "rmsnorm: rel err %.3g", maxrel(y, ref, R * N));
-	sfw_op_rmsnorm_cpu(x, x, w, SFW_OP_BF16, R, N, 1e-6f); /* in place */
+	sfw_op_rmsnorm_cpu(x, x, w, SFW_DTYPE_BF16, R, N, 1e-6f); /* in place */
 	CHECK(memcmp(x, y, sizeof(y)) == 0, "rmsnorm in place equals out of place");
 }
 
@@ -105,20 +99,20 @@ static void test_matmul(void)
 			fill(x, (size_t)M * K, 1);
 			fill(wf, (size_t)N * K, 0.1);
 			for (int i = 0; i < N * K; i++)
-				wb[i] = to_bf16(wf[i]);
+				wb[i] = sfw_f32_to_bf16(wf[i]);
 			for (int m = 0; m < M; m++)
 				for (int n = 0; n < N; n++) {
 					double a = 0, b = 0;
 					for (int k = 0; k < K; k++) {
-						a += (double)x[m * K + k] * sfw_op_bf16(wb[n * K + k]);
+						a += (double)x[m * K + k] * sfw_bf16_to_f32(wb[n * K + k]);
 						b += (double)x[m * K + k] * wf[n * K + k];
 					}
 					ref[m * N + n] = a, ref2[m * N + n] = b * 0.25;
 				}
-			sfw_op_matmul_cpu(y, x, wb, SFW_OP_BF16, M, N, K);
+			sfw_op_matmul_cpu(y, x, wb, SFW_DTYPE_BF16, M, N, K);
 			CHECK(maxrel(y, ref, (size_t)M * N) < 1e-5, "matmul bf16 %dx%dx%d threads %d: rel err %.3g", M, N,
 			      K, threads, maxrel(y, ref, (size_t)M * N));
-			sfw_op_logits_cpu(y2, x, wf, SFW_OP_F32, M, N, K, 0.25f);
+			sfw_op_logits_cpu(y2, x, wf, SFW_DTYPE_F32, M, N, K, 0.25f);
 			CHECK(maxrel(y2, ref2, (size_t)M * N) < 1e-5, "logits f32 %dx%dx%d: rel err %.3g", M, N, K,
 			      maxrel(y2, ref2, (size_t)M * N));
 			free(x), free(wf), free(y), free(y2), free(wb), free(ref), free(ref2);
@@ -149,9 +143,9 @@ static void test_elementwise(void)
 	CHECK(maxrel(x, r, N) < 1e-6, "add_scaled");
 	uint16_t E[4 * 8];
 	for (int i = 0; i < 32; i++)
-		E[i] = to_bf16((float)i);
+		E[i] = sfw_f32_to_bf16((float)i);
 	int32_t ids[2] = {3, 1};
-	sfw_op_embed_cpu(y, E, SFW_OP_BF16, ids, 2, 8, 12.0f);
+	sfw_op_embed_cpu(y, E, SFW_DTYPE_BF16, ids, 2, 8, 12.0f);
 	CHECK(y[0] == 24 * 12.0f && y[7] == 31 * 12.0f && y[8] == 8 * 12.0f, "embed picks rows and scales");
 }
 
@@ -397,14 +391,14 @@ static void test_matmul_rows(void)
 	fill(x, (size_t)MMAX * K, 1);
 	fill(wf, (size_t)N * K, 0.1);
 	for (int i = 0; i < N * K; i++)
-		wb[i] = to_bf16(wf[i]);
+		wb[i] = sfw_f32_to_bf16(wf[i]);
 	struct sfw_ops_cpu *ex = NULL;
 	CHECK(sfw_ops_cpu_new(3, &ex, NULL) == SFW_OK, "executor of 3 threads");
 	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
 	const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 16, 33, 64, 67};
 	for (int d = 0; d < 2; d++) {
 		const void *w = d ? (const void *)wf : (const void *)wb;
-		enum sfw_op_dtype dt = d ? SFW_OP_F32 : SFW_OP_BF16;
+		enum sfw_dtype dt = d ? SFW_DTYPE_F32 : SFW_DTYPE_BF16;
 		for (size_t s = 0; s < sizeof(Ms) / sizeof(Ms[0]); s++) {
 			int M = Ms[s], bad = 0;
 			sfw_op_matmul_cpu(y, x, w, dt, M, N, K);

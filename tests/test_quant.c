@@ -1,6 +1,6 @@
-/* modules: quant runner kernels fetch verify core */
+/* modules: tools quant runner formats kernels num fetch verify core */
 /* test_quant.c - the int8 quantizer (quant/w8_ref.c), its on-disk layout
- * (quant/layout.h) and the quantized model writer (sfw_quant_run).
+ * (num/w8_layout.h) and the quantized model writer (sfw_quant_run).
  *
  * Independent references:
  *   - tests/ref/awq_ref.py (stdlib python3) re-implements the quantizer and
@@ -18,14 +18,15 @@
  *   - the golden tiny models: the writer's output re-read byte by byte. */
 #include "check.h"
 #include "alloc.h"
+#include "file.h"
+#include "formats/safetensors.h"
 #include "json.h"
 #include "kernels/ops.h"
-#include "file.h"
 #include "quant/quant.h"
-#include "verify/verify.h"
 #include "quant/quant_int.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
+#include "tools/tools.h"
+#include "verify/verify.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -297,7 +298,7 @@ static void test_matmul_w8(void)
 					sf[i] = sfw_bf16_to_f32(sb[i]);
 				}
 				sfw_op_matmul_w8_cpu(y, x, codes, sdt ? (const void *)sf : (const void *)sb,
-						     sdt ? SFW_OP_F32 : SFW_OP_BF16, span, M, N, K);
+						     sdt ? SFW_DTYPE_F32 : SFW_DTYPE_BF16, span, M, N, K);
 				double worst = 0;
 				for (int m = 0; m < M; m++)
 					for (int n = 0; n < N; n++) {
@@ -328,8 +329,8 @@ static void test_matmul_w8_rows(void)
 	static const int Ms[] = {1, 2, 4, 5, 17, 64}, offs[] = {0, 3, 8};
 	static const struct {
 		int K, group, sdt;
-	} cases[] = {{300, 32, SFW_OP_BF16}, {300, 128, SFW_OP_F32}, {300, 0, SFW_OP_BF16}, {256, 0, SFW_OP_F16},
-		     {1000, 128, SFW_OP_BF16}, {300, 24, SFW_OP_BF16}};
+	} cases[] = {{300, 32, SFW_DTYPE_BF16}, {300, 128, SFW_DTYPE_F32}, {300, 0, SFW_DTYPE_BF16}, {256, 0, SFW_DTYPE_F16},
+		     {1000, 128, SFW_DTYPE_BF16}, {300, 24, SFW_DTYPE_BF16}};
 	const int N = 101, R = 72; /* 7 tiles of 16 rows, the last of 5 */
 	uint64_t s = 4242;
 	struct sfw_ops_cpu *ex[3] = {NULL, NULL, NULL};
@@ -338,7 +339,7 @@ static void test_matmul_w8_rows(void)
 		CHECK(sfw_ops_cpu_new(t + 1, &ex[t], &err) == SFW_OK, "an executor of %d threads: %s", t + 1, err.msg);
 	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
 		int K = cases[ci].K, g = cases[ci].group, span = (int)sfw_ql_group_span(K, g);
-		enum sfw_op_dtype sdt = (enum sfw_op_dtype)cases[ci].sdt;
+		enum sfw_dtype sdt = (enum sfw_dtype)cases[ci].sdt;
 		int64_t rb = sfw_ql_row_bytes(K), G = g ? (K + g - 1) / g : 1;
 		uint8_t *codes = malloc((size_t)N * rb);
 		float *x = malloc((size_t)R * K * 4), *one = malloc((size_t)R * N * 4), *gen = malloc((size_t)R * N * 4),
@@ -350,7 +351,7 @@ static void test_matmul_w8_rows(void)
 			x[i] = (float)gauss(&s);
 		for (int64_t i = 0; i < N * G; i++) {
 			uint64_t u = sm_next(&s);
-			if (sdt == SFW_OP_F16) { /* f16 exponent 5 (about 1e-3), a random mantissa: exact in float */
+			if (sdt == SFW_DTYPE_F16) { /* f16 exponent 5 (about 1e-3), a random mantissa: exact in float */
 				sh[i] = (uint16_t)(5 << 10 | (u >> 54));
 				sf[i] = ldexpf(1.0f + (float)(sh[i] & 0x3ff) / 1024.0f, 5 - 15);
 			} else {
@@ -358,7 +359,7 @@ static void test_matmul_w8_rows(void)
 				sf[i] = sfw_bf16_to_f32(sh[i]);
 			}
 		}
-		const void *sc = sdt == SFW_OP_F32 ? (const void *)sf : (const void *)sh;
+		const void *sc = sdt == SFW_DTYPE_F32 ? (const void *)sf : (const void *)sh;
 		/* every row alone, one thread: the reference bits; then the generic path */
 		for (int r = 0; r < R; r++)
 			sfw_op_matmul_w8_cpu(one + (size_t)r * N, x + (size_t)r * K, codes, sc, sdt, span, 1, N, K);
@@ -422,7 +423,7 @@ static void test_matmul_silu_w8(void)
 		x[k] = (float)gauss(&s) * 0.3f;
 	for (int64_t i = 0; i < N * G; i++)
 		sb[i] = sfw_f32_to_bf16((float)(0.001 * (1 + (sm_next(&s) >> 60))));
-	sfw_op_matmul_silu_w8_cpu(y, x, codes, sb, SFW_OP_BF16, span, I, K);
+	sfw_op_matmul_silu_w8_cpu(y, x, codes, sb, SFW_DTYPE_BF16, span, I, K);
 	double worst = 0;
 	for (int i = 0; i < I; i++) {
 		double h[2], mag[2] = {0, 0};

@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: quant runner formats kernels num fetch verify core */
 /* test_reentrant.c - two different models in one process do not interfere:
  * tiny-dense and tiny-sparse (../shared/golden) are loaded side by side, each
  * with its own CPU backend (thread pool, failure flag), and run
@@ -15,8 +15,8 @@
  * no step 4). */
 #include "check.h"
 #include "alloc.h"
+#include "formats/safetensors.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* modules: runner core */
+/* modules: formats num core */
 /* safetensors reader and writer: the golden files written by the reference
  * library open with the shapes, dtypes and values golden/README.md states;
  * the writer round-trips; every class of hostile file is rejected with a
@@ -8,7 +8,7 @@
 #include "alloc.h"
 #include "checked.h"
 #include "file.h"
-#include "runner/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -232,6 +232,9 @@ static void test_hostile(void)
 		"exceeds the 104857600-byte limit");
 	hostile("header length 2^64-1", "{" T1 "}", UINT64_MAX, 8, SFW_E_FORMAT, "exceeds");
 	hostile("truncated data", "{" T1 "}", 0, 5, SFW_E_FORMAT, "outside the 5-byte data section");
+	/* W8 is the ops' dtype of int8 codes (num/num.h), never a file's. */
+	hostile("ops-only dtype W8", "{\"a\":{\"dtype\":\"W8\",\"shape\":[8],\"data_offsets\":[0,8]}}", 0, 8,
+		SFW_E_UNSUPPORTED, "unsupported dtype 'W8'");
 	hostile("overlapping offsets",
 		"{" T1 ",\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 0, 12,
 		SFW_E_FORMAT, "overlap");
@@ -343,6 +346,9 @@ static void test_writer(void)
 	CHECK(sfw_st_writer_declare(w, "bf", SFW_DTYPE_BF16, 1, s_bf, &err) == SFW_E_INVAL &&
 		  strstr(err.msg, "declared twice"),
 	      "duplicate declaration rejected: %s", err.msg);
+	CHECK(sfw_st_writer_declare(w, "codes", SFW_DTYPE_W8, 1, s_u8, &err) == SFW_E_INVAL &&
+		  strstr(err.msg, "bad dtype"),
+	      "W8 (no safetensors dtype) refused by the writer: %s", err.msg);
 	/* 10 bytes of bf16 leave the next 4-byte tensor unaligned. */
 	CHECK(sfw_st_writer_declare(w, "late", SFW_DTYPE_F32, 1, s_u8, &err) == SFW_E_INVAL &&
 		  strstr(err.msg, "unaligned"),
@@ -535,7 +541,8 @@ static void test_convert(void)
 		  sfw_f32_to_bf16(1.0f + ldexpf(3, -8)) == 0x3f82 &&
 		  sfw_f32_to_bf16(1.0f + ldexpf(1, -7)) == 0x3f81,
 	      "bf16 round to nearest even");
-	CHECK(sfw_dtype_size(SFW_DTYPE_I64) == 8 && strcmp(sfw_dtype_name(SFW_DTYPE_BF16), "BF16") == 0,
+	CHECK(sfw_dtype_size(SFW_DTYPE_I64) == 8 && strcmp(sfw_dtype_name(SFW_DTYPE_BF16), "BF16") == 0 &&
+		  sfw_dtype_size(SFW_DTYPE_W8) == 1 && sfw_dtype_size(SFW_DTYPE__COUNT) == 0,
 	      "dtype table");
 }
 

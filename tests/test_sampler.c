@@ -1,4 +1,4 @@
-/* modules: runner kernels core */
+/* modules: runner formats kernels num core */
 /* test_sampler.c - the sampler against mathematics: argmax ties, empirical
  * distributions of 20000 draws against softmax(logits / T) by chi-square,
  * truncation sets computed independently here, seeds and bad parameters. */

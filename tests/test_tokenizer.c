@@ -1,15 +1,16 @@
-/* modules: runner core */
+/* modules: tools formats num core */
 /* test_tokenizer.c - the SentencePiece shim against Debian's spm_train /
  * spm_encode (a real peer), round trips, byte fallback, special tokens, the
  * streaming decoder, ChatML and our trainer. Models are trained here, into a
  * temporary directory, from tests/data/tokenizer/train.txt. */
 #include "check.h"
+#include "tools/tools.h"
 
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "formats/tokenizer.h"
 #include "json.h"
-#include "runner/tokenizer.h"
 
 #include <stdarg.h>
 #include <stdint.h>

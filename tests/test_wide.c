@@ -1,4 +1,4 @@
-/* modules: runner quant kernels fetch verify core */
+/* modules: tools quant runner formats kernels num fetch verify core */
 /* test_wide.c - the wide4 preset and the committed CPU references of
  * tests/gpu_wide.c (tests/wide_ref.h):
  *   test_wide            CI: wide4 has the full preset's widths in 4 layers
@@ -13,7 +13,7 @@
  *   test_wide --write-ref bf16|int8 MODEL OUT
  *                        the CPU engine on MODEL (scripts/wide-ref.sh): writes OUT */
 #include "check.h"
-#include "runner/mkmodel.h"
+#include "tools/tools.h"
 #include "wide_ref.h"
 
 #include <time.h>

@@ -1,6 +1,6 @@
 /* fuzz_config - libFuzzer target for config.json parsing: any accepted config
  * must describe a model the engine can size without overflow. */
-#include "runner/config.h"
+#include "formats/config.h"
 
 #include <stdint.h>
 #include <stdlib.h>

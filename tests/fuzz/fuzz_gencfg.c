@@ -1,9 +1,9 @@
 /* fuzz_gencfg - libFuzzer target for the end-of-sequence parsers
- * (runner/eos.c): the same bytes as generation_config.json and as
+ * (formats/eos.c): the same bytes as generation_config.json and as
  * tokenizer_config.json. Whatever is accepted must respect the bounds: at
  * most SFW_EOS_MAX ids, each below the vocab size; an eos_token name of 1 to
  * SFW_STOP_MAX_LEN bytes, NUL-terminated, or empty. */
-#include "runner/generate.h"
+#include "formats/config.h"
 
 #include <stdint.h>
 #include <stdlib.h>

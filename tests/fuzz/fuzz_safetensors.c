@@ -2,7 +2,7 @@
  * that parses must describe only in-bounds data: every byte of every tensor
  * is read (ASan flags any pointer outside the input), lookups by name find
  * each tensor, and the sizes agree with shape x dtype. */
-#include "runner/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@ weight compared with salafw's own dequantization (tests/interop/dequant.c).
   check_dequant.py QUANT_DIR SALAFW_DEQUANT.safetensors BF16_DIR [rtn]
 
 With rtn (no AWQ fold) every weight must also be within half a step of the
-bf16 input (the scale law of quant/layout.h).
+bf16 input (the scale law of num/w8_layout.h).
 
 Exact equality expected: compressed-tensors dequantizes in the scale's dtype
 (bf16), salafw in float32, so (1) compressed-tensors' bf16 weight ==

@@ -3,12 +3,12 @@
  * <module>.weight_packed / weight_scale (BF16) of MODEL_DIR becomes an F32
  * tensor <module>.weight in OUT.safetensors, computed by the reference
  * dequantizer (sfw_quant_dequant_row_w8: (b - 128) * scale in float32, the
- * runtime contract of quant/layout.h).
+ * runtime contract of num/w8_layout.h).
  *   dequant MODEL_DIR OUT.safetensors */
-/* modules: quant runner kernels core */
+/* modules: quant runner formats kernels num core */
 #include "alloc.h"
+#include "formats/safetensors.h"
 #include "quant/quant.h"
-#include "runner/safetensors.h"
 
 #include <stdio.h>
 #include <stdlib.h>

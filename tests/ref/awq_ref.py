@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """awq_ref.py - an independent re-implementation (stdlib only) of salafw's
-int8 RTN group quantizer and its pack-quantized layout (quant/layout.h),
+int8 RTN group quantizer and its pack-quantized layout (num/w8_layout.h),
 for tests/test_quant.c's bit-exact comparison.
 
   awq_ref.py SEED ROWS COLS GROUP [bf16]

@@ -5,7 +5,7 @@
  * dozen other languages, numbers, code, dialogue, symbols and emoji, so that a
  * generated model tokenizes any text sensibly. Generated from plain text: one
  * C string literal per line. */
-#include "runner/tokenizer.h"
+#include "formats/tokenizer.h"
 
 const char sfw_default_corpus[] =
 	"Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived in Liberty, and dedicated to the proposition that all men are created equal.\n"

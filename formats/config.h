@@ -5,6 +5,7 @@
 
 #include "sfw.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define SFW_MAX_LAYERS 256
@@ -62,5 +63,35 @@ SFW_MUST_CHECK enum sfw_status sfw_config_load(const char *model_dir, struct sfw
 /* Lightning decay slope of head h (ALiBi list for nh heads), as the reference
  * computes it in double and stores as float32. */
 float sfw_config_lightning_slope(int nh, int h);
+
+/* ---- end-of-sequence ids (formats/eos.c) ------------------------------------
+ * The ids that end generation: config.json's eos_token_id (above), those of
+ * generation_config.json and tokenizer_config.json's eos_token; the model
+ * directory's whole set is sfw_eos_load (runner/generate.h). */
+
+#define SFW_EOS_MAX 16	     /* end-of-sequence ids in one set */
+#define SFW_STOP_MAX_LEN 256 /* bytes per stop string (an eos_token name is one) */
+
+struct sfw_eos_set {
+	int n;
+	int32_t ids[SFW_EOS_MAX];
+};
+
+/* Adds id unless present; SFW_E_RANGE when the set is full. */
+SFW_MUST_CHECK enum sfw_status sfw_eos_add(struct sfw_eos_set *s, int32_t id, struct sfw_err *err);
+int sfw_eos_has(const struct sfw_eos_set *s, int32_t id);
+
+/* generation_config.json (at most 1 MiB): its eos_token_id, an id or a list
+ * of ids below vocab, is added to the set; a file without the field adds
+ * nothing. Strict JSON (core/json.h); anything else is SFW_E_FORMAT or
+ * SFW_E_RANGE naming `what`. */
+SFW_MUST_CHECK enum sfw_status sfw_eos_parse_generation_config(const char *bytes, size_t len,
+							       const char *what, int vocab,
+							       struct sfw_eos_set *s, struct sfw_err *err);
+/* tokenizer_config.json's eos_token: a string, or an object whose "content"
+ * is one (HF's AddedToken form), copied into name (cap bytes, NUL-terminated);
+ * "" when the file has none. At most SFW_STOP_MAX_LEN bytes. */
+SFW_MUST_CHECK enum sfw_status sfw_eos_parse_tokenizer_config(const char *bytes, size_t len, const char *what,
+							      char *name, size_t cap, struct sfw_err *err);
 
 #endif

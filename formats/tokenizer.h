@@ -1,7 +1,8 @@
 /* tokenizer.h - the MiniCPM tokenizer (SentencePiece BPE + added special
- * tokens), ChatML prompts, and tokenizer training for generated models.
- * Implemented by runner/tokenizer.cpp (a C++ shim over libsentencepiece; no
- * exception crosses this interface) and runner/chat.c.
+ * tokens) and ChatML prompts. Implemented by formats/tokenizer.cpp (a C++
+ * shim over libsentencepiece; no exception crosses this interface) and
+ * formats/chat.c. Training a tokenizer is tools/tools.h's sfw_tokenizer_train
+ * (libsentencepiece_train is linked only with tools/).
  *
  * Id layout (docs/model-spec.md §4): ids [0, n_pieces) are SentencePiece pieces
  * (0 <unk>, 1 <s>, 2 </s>, byte pieces <0x00>..<0xFF>, BPE pieces); the added
@@ -40,6 +41,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The largest vocab (model or SentencePiece pieces) a tokenizer may have. */
+#define SFW_TOKENIZER_VOCAB_MAX (1 << 24)
 
 struct sfw_tokenizer;
 
@@ -103,19 +107,6 @@ SFW_MUST_CHECK enum sfw_status sfw_tokenizer_decode(const struct sfw_tokenizer *
 						    size_t n, int skip_special, struct sfw_buf *out,
 						    struct sfw_err *err);
 
-/* Trains a SentencePiece BPE model (byte_fallback, identity normalisation,
- * dummy prefix, no whitespace squeezing, split digits, 1 thread: deterministic
- * for a given corpus) and writes it atomically to out_model_path.
- * corpus_path NULL = the embedded default corpus (runner/corpus.c).
- * n_pieces is SentencePiece's vocab size — for a model of vocab V pass V - 8
- * (the special tokens sit above it); it must be >= 300 (3 control + 256 byte
- * pieces + some merges). It is a soft limit: a small corpus may give fewer
- * pieces (ids between the pieces and V-8 then simply never occur).
- * Not to be run concurrently with itself (it quiets libsentencepiece's global
- * log level while it trains). */
-SFW_MUST_CHECK enum sfw_status sfw_tokenizer_train(const char *corpus_path, int n_pieces,
-						   const char *out_model_path, struct sfw_err *err);
-
 /* Writes DIR/tokenizer_config.json (add_bos_token true, legacy true,
  * added_tokens_decoder with the default specials for model_vocab, bos <s>,
  * eos <|im_end|>, unk <unk>, the ChatML chat_template) and
@@ -124,11 +115,12 @@ SFW_MUST_CHECK enum sfw_status sfw_tokenizer_train(const char *corpus_path, int 
 SFW_MUST_CHECK enum sfw_status sfw_tokenizer_write_config(const char *dir, int model_vocab,
 							  struct sfw_err *err);
 
-/* The embedded default training corpus (runner/corpus.c), NUL-terminated. */
+/* The embedded default text (formats/corpus.c), NUL-terminated: the corpus
+ * sfw_tokenizer_train trains on by default and quant's default calibration text. */
 extern const char sfw_default_corpus[];
 size_t sfw_default_corpus_len(void);
 
-/* ---- ChatML (runner/chat.c) ----
+/* ---- ChatML (formats/chat.c) ----
  * Each message renders as "<|im_start|>{role}\n{content}<|im_end|>\n"; with
  * add_generation_prompt the text ends with "<|im_start|>assistant\n". Encode
  * the result with sfw_tokenizer_encode(..., add_bos = 1, ...) (docs/model-spec.md §4:

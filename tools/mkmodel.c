@@ -1,12 +1,12 @@
 /* mkmodel.c - random-weight SALA model directories, streamed shard by shard. */
-#include "mkmodel.h"
+#include "tools/tools.h"
 
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
-#include "quant/layout.h"
-#include "runner/safetensors.h"
-#include "runner/tokenizer.h"
+#include "formats/safetensors.h"
+#include "formats/tokenizer.h"
+#include "num/w8_layout.h"
 #include "thread.h"
 
 #include <dirent.h>
@@ -176,7 +176,7 @@ static enum sfw_status config_text(const struct preset *pr, const struct sfw_mkm
 	for (int i = 0; s == SFW_OK && i < pr->layers; i++)
 		s = sfw_buf_printf(b, "    \"%s\"%s\n", pr->mixers[i] == 'S' ? "minicpm4" : "lightning-attn",
 				   i + 1 < pr->layers ? "," : "");
-	/* int8: quantization_config as salafw quant writes it (quant/layout.h) */
+	/* int8: quantization_config as salafw quant writes it (num/w8_layout.h) */
 	char qcfg[1024] = "", gs[16];
 	if (p->w8) {
 		if (p->w8_group > 0)

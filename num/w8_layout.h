@@ -1,7 +1,7 @@
-/* layout.h - the int8 weight layout of salafw quant, defined once for C and
+/* w8_layout.h - the int8 weight layout of salafw quant, defined once for C and
  * CUDA (header only: constants, static_asserts and inline decoders).
  *
- * Container: safetensors (runner/safetensors.h), sharded as
+ * Container: safetensors (formats/safetensors.h), sharded as
  * model-0000i-of-0000n.safetensors + model.safetensors.index.json. The
  * layout is compressed-tensors' "pack-quantized" INT8 symmetric weight-only
  * format (docs/awq.md §2a), which vLLM, SGLang and transformers load.

@@ -28,6 +28,7 @@
 #define SFW_SAFETENSORS_H
 
 #include "file.h"
+#include "num/num.h" /* enum sfw_dtype; bf16/f16 conversions */
 #include "sfw.h"
 
 #include <stdint.h>
@@ -35,16 +36,9 @@
 #define SFW_ST_HEADER_MAX (100u << 20) /* 100 MiB, as in the reference library */
 #define SFW_ST_MAX_DIMS 8
 
-enum sfw_dtype {
-	SFW_DTYPE_BF16,
-	SFW_DTYPE_F16,
-	SFW_DTYPE_F32,
-	SFW_DTYPE_I8,
-	SFW_DTYPE_U8,
-	SFW_DTYPE_I32,
-	SFW_DTYPE_I64,
-	SFW_DTYPE__COUNT
-};
+/* Bytes per element ("W8": 1, a code byte; 0 when out of range) and the
+ * name as a header spells it ("BF16"; "W8" is no safetensors dtype: the
+ * reader and the writer refuse it). */
 size_t sfw_dtype_size(enum sfw_dtype t);
 const char *sfw_dtype_name(enum sfw_dtype t);
 
@@ -100,26 +94,5 @@ SFW_MUST_CHECK enum sfw_status sfw_st_writer_write(struct sfw_st_writer *w, cons
 SFW_MUST_CHECK enum sfw_status sfw_st_writer_commit(struct sfw_st_writer *w, struct sfw_err *err);
 /* Frees the writer; removes the temp file unless committed. NULL is a no-op. */
 void sfw_st_writer_free(struct sfw_st_writer *w);
-
-/* bf16 <-> f32 (round to nearest even, NaN kept quiet). */
-static inline float sfw_bf16_to_f32(uint16_t h)
-{
-	union {
-		uint32_t u;
-		float f;
-	} v = {.u = (uint32_t)h << 16};
-	return v.f;
-}
-static inline uint16_t sfw_f32_to_bf16(float f)
-{
-	union {
-		float f;
-		uint32_t u;
-	} v = {.f = f};
-	if ((v.u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((v.u >> 16) | 0x40);
-	return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1)) >> 16);
-}
-float sfw_f16_to_f32(uint16_t h);
 
 #endif

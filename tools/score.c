@@ -1,9 +1,10 @@
 /* score.c - gathers the forward pass's taps into whole, golden-named tensors
  * (struct sfw_record) and runs the scoring sequence behind `salafw score`. */
 #include "alloc.h"
+#include "formats/safetensors.h"
 #include "runner/generate.h"
 #include "runner/runner.h"
-#include "runner/safetensors.h"
+#include "tools/tools.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* chat.c - the ChatML prompt of the MiniCPM4 family (docs/model-spec.md §4). */
-#include "runner/tokenizer.h"
+#include "formats/tokenizer.h"
 
 #include <string.h>
 

@@ -2,7 +2,7 @@
  * every field the forward pass depends on must be present with the right
  * type; fields with a fixed meaning in this family must have the value the
  * engine implements; sizes are bounded so products fit comfortably. */
-#include "config.h"
+#include "formats/config.h"
 
 #include "alloc.h"
 #include "file.h"

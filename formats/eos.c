@@ -1,8 +1,8 @@
 /* eos.c - end-of-sequence id sets and the two strict parsers behind
- * sfw_eos_load (generate.h): generation_config.json's eos_token_id and
- * tokenizer_config.json's eos_token. Needs only core/ (fuzzed alone:
- * tests/fuzz/fuzz_gencfg.c). */
-#include "runner/generate.h"
+ * sfw_eos_load (runner/generate.h), declared in formats/config.h:
+ * generation_config.json's eos_token_id and tokenizer_config.json's
+ * eos_token. Needs only core/ (fuzzed alone: tests/fuzz/fuzz_gencfg.c). */
+#include "formats/config.h"
 #include "json.h"
 
 #include <string.h>

@@ -2,7 +2,7 @@
  * streaming writer. Every number in a header is untrusted: sizes go through
  * checked.h, offsets are range- and overlap-checked before any pointer into
  * the map is formed. */
-#include "safetensors.h"
+#include "formats/safetensors.h"
 
 #include "alloc.h"
 #include "buf.h"
@@ -25,11 +25,12 @@ static const struct {
 	const char *name;  /* as in the file format */
 	const char *lower; /* as in messages */
 	size_t size;
+	int in_files; /* a safetensors dtype (W8 is the ops' own, never in a file) */
 } dtypes[SFW_DTYPE__COUNT] = {
-    [SFW_DTYPE_BF16] = {"BF16", "bf16", 2}, [SFW_DTYPE_F16] = {"F16", "f16", 2},
-    [SFW_DTYPE_F32] = {"F32", "f32", 4},    [SFW_DTYPE_I8] = {"I8", "i8", 1},
-    [SFW_DTYPE_U8] = {"U8", "u8", 1},	    [SFW_DTYPE_I32] = {"I32", "i32", 4},
-    [SFW_DTYPE_I64] = {"I64", "i64", 8},
+    [SFW_DTYPE_BF16] = {"BF16", "bf16", 2, 1}, [SFW_DTYPE_F16] = {"F16", "f16", 2, 1},
+    [SFW_DTYPE_F32] = {"F32", "f32", 4, 1},    [SFW_DTYPE_I8] = {"I8", "i8", 1, 1},
+    [SFW_DTYPE_U8] = {"U8", "u8", 1, 1},       [SFW_DTYPE_I32] = {"I32", "i32", 4, 1},
+    [SFW_DTYPE_I64] = {"I64", "i64", 8, 1},    [SFW_DTYPE_W8] = {"W8", "w8", 1, 0},
 };
 
 size_t sfw_dtype_size(enum sfw_dtype t)
@@ -40,30 +41,6 @@ size_t sfw_dtype_size(enum sfw_dtype t)
 const char *sfw_dtype_name(enum sfw_dtype t)
 {
 	return (unsigned)t < SFW_DTYPE__COUNT ? dtypes[t].name : "?";
-}
-
-float sfw_f16_to_f32(uint16_t h)
-{
-	uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-	if (exp == 0x1f) {
-		u = sign | 0x7f800000u | (man << 13);
-	} else if (exp != 0) {
-		u = sign | ((exp + 112) << 23) | (man << 13);
-	} else if (man == 0) {
-		u = sign;
-	} else { /* subnormal: normalise */
-		int e = -1;
-		do {
-			e++;
-			man <<= 1;
-		} while (!(man & 0x400));
-		u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-	}
-	union {
-		uint32_t u;
-		float f;
-	} v = {.u = u};
-	return v.f;
 }
 
 /* "[4096, 4096]" */
@@ -123,7 +100,7 @@ static int cmp_span(const void *a, const void *b)
 static int parse_dtype(const char *s, enum sfw_dtype *out)
 {
 	for (int i = 0; i < SFW_DTYPE__COUNT; i++)
-		if (strcmp(s, dtypes[i].name) == 0) {
+		if (dtypes[i].in_files && strcmp(s, dtypes[i].name) == 0) {
 			*out = (enum sfw_dtype)i;
 			return 1;
 		}
@@ -605,7 +582,8 @@ enum sfw_status sfw_st_set_expect(const struct sfw_st_set *s, const char *name, 
 {
 	if (out)
 		*out = NULL;
-	SFW_ASSERT((unsigned)dtype < SFW_DTYPE__COUNT && ndim >= 0 && ndim <= SFW_ST_MAX_DIMS);
+	SFW_ASSERT((unsigned)dtype < SFW_DTYPE__COUNT && dtypes[dtype].in_files && ndim >= 0 &&
+		   ndim <= SFW_ST_MAX_DIMS);
 	const struct set_entry *e = set_lookup(s, name);
 	if (!e)
 		return sfw_fail(err, SFW_E_FORMAT, "tensor '%.80s' is missing from the model in '%.120s'",
@@ -720,7 +698,8 @@ enum sfw_status sfw_st_writer_declare(struct sfw_st_writer *w, const char *name,
 		return s;
 	if (!name_ok(name) || strcmp(name, "__metadata__") == 0)
 		return sfw_fail(err, SFW_E_INVAL, "'%s': bad tensor name", w->a.path);
-	if ((unsigned)dtype >= SFW_DTYPE__COUNT || ndim < 0 || ndim > SFW_ST_MAX_DIMS || (ndim && !shape))
+	if ((unsigned)dtype >= SFW_DTYPE__COUNT || !dtypes[dtype].in_files || ndim < 0 ||
+	    ndim > SFW_ST_MAX_DIMS || (ndim && !shape))
 		return sfw_fail(err, SFW_E_INVAL, "'%s': tensor '%.80s': bad dtype or shape", w->a.path,
 				name);
 	for (size_t i = 0; i < w->n; i++)

@@ -1,10 +1,10 @@
-/* bench.c - see bench.h. The measuring loop that bench/bench_gpu.c started
+/* bench.c - see tools/tools.h. The measuring loop that bench/bench_gpu.c started
  * with, moved here so `salafw bench` and bench_gpu print the same figures. */
-#include "runner/bench.h"
+#include "tools/tools.h"
 #include "alloc.h"
 #include "kernels/ops.h"
 #include "log.h"
-#include "quant/layout.h"
+#include "num/w8_layout.h"
 #include "runner/generate.h"
 #include "runner/model.h"
 
@@ -297,13 +297,13 @@ static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, st
 	p->lightning = nl * (double)c->lightning_nh * lhd * lhd * 4;
 	double R = chunk > 0 ? chunk : 256;
 	double wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld;
-	double wide = 4 * ld;
-	if (2 * qd + 2 * kvd > wide)
-		wide = 2 * qd + 2 * kvd;
-	if (2 * I > wide)
-		wide = 2 * I;
-	p->activations = R * (3 * D + 3 * wq + 2 * wk + 2 * I) * 2 + R * 4 + nkv * R * c->sparse_k * 4 + V * 4 +
-			 wide * 2;
+	/* a context's buffers (runner/forward.c ctx_create): x, u, out [R, D];
+	 * the projection group's outputs [R, 2 wq + 2 wk]; the attention
+	 * output [R, wq]; the MLP rows [R, I] and their gate | up [R, 2 I];
+	 * then 4-byte ones: token ids [R], top-k indices [nkv, R, k], float32
+	 * logits [V], the last selection [L, nkv, k] and the sampled id (16) */
+	p->activations = R * (3 * D + 3 * wq + 2 * wk + 3 * I) * 2 + R * 4 + nkv * R * c->sparse_k * 4 + V * 4 +
+			 (double)c->num_hidden_layers * nkv * c->sparse_k * 4 + 16;
 	p->scratch = (double)((size_t)64 << 20) + (double)((size_t)32 << 20) +
 		     (max_ctx >= c->sparse_dense_len ? (double)((size_t)256 << 20) : 0);
 	p->total = p->weights + p->kv + p->compressed + p->lightning + p->activations + p->scratch;
