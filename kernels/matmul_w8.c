@@ -84,37 +84,53 @@ static inline v8 ld8(const float *p)
 	return v;
 }
 
-/* One x row against one code row (scales s[s0 + g]; group g spans
- * [g * span, (g + 1) * span), span a multiple of 16 unless there is one
- * group): the header's sum. */
-typedef float (*row_fn)(const float *x, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K,
-			int G, int span);
-
-SFW_CLONES
-static float row_dot(const float *x, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K, int G,
-		     int span)
-{
-	int K8 = K & ~7, k = 0;
-	v8 a0 = {0}, a1 = {0};
-	for (int g = 0; g < G; g++) {
-		int k1 = (g + 1) * span < K8 ? (g + 1) * span : K8;
-		float sc = scale_at(s, sdt, s0 + (size_t)g);
-		for (; k + 16 <= k1; k += 16) {
-			a0 += ld8(x + k) * (widen8(c + k) * sc);
-			a1 += ld8(x + k + 8) * (widen8(c + k + 8) * sc);
-		}
-		if (k < k1) /* the last 8-block before K8 (one group only) */
-			a0 += ld8(x + k) * (widen8(c + k) * sc), k += 8;
-	}
-	float y = hsum8(a0 + a1);
-	for (k = K8; k < K; k++)
-		y += x[k] * ((float)sfw_ql_q(c[k]) * scale_at(s, sdt, s0 + (size_t)(k / span)));
-	return y;
-}
-
+/* Rows [n0, n1) of W against x row m: y[m, n] = the header's sum (group g
+ * spans [g * span, (g + 1) * span), span a multiple of 16 unless G = 1). */
+struct w8_job;
+typedef void (*rows_fn)(const struct w8_job *j, int m, int n0, int n1);
 /* o[k] = w[k] for k < K (one row; scales s[s0 + k / span]). */
 typedef void (*dequant_fn)(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K,
 			   int span);
+
+struct w8_job {
+	float *y;
+	const float *x;
+	const uint8_t *codes;
+	const void *scales;
+	enum sfw_dtype sdt;
+	int group, M, N, K, G;
+	size_t rb;	/* bytes per code row */
+	rows_fn rows;	    /* streaming: rows' sums */
+	dequant_fn dequant; /* tiles: one row of w */
+	float *scratch;	    /* tiles: per thread TILE_ROWS * K floats */
+};
+
+SFW_CLONES
+static void rows_dot(const struct w8_job *j, int m, int n0, int n1)
+{
+	int K = j->K, G = j->G, span = j->group, K8 = K & ~7;
+	const float *x = j->x + (size_t)m * K;
+	for (int n = n0; n < n1; n++) {
+		const uint8_t *c = j->codes + (size_t)n * j->rb;
+		size_t s0 = (size_t)n * (size_t)G;
+		v8 a0 = {0}, a1 = {0};
+		int k = 0;
+		for (int g = 0; g < G; g++) {
+			int k1 = (g + 1) * span < K8 ? (g + 1) * span : K8;
+			float sc = scale_at(j->scales, j->sdt, s0 + (size_t)g);
+			for (; k + 16 <= k1; k += 16) {
+				a0 += ld8(x + k) * (widen8(c + k) * sc);
+				a1 += ld8(x + k + 8) * (widen8(c + k + 8) * sc);
+			}
+			if (k < k1) /* the last 8-block before K8 (one group only) */
+				a0 += ld8(x + k) * (widen8(c + k) * sc), k += 8;
+		}
+		float y = hsum8(a0 + a1);
+		for (k = K8; k < K; k++)
+			y += x[k] * ((float)sfw_ql_q(c[k]) * scale_at(j->scales, j->sdt, s0 + (size_t)(k / span)));
+		j->y[(size_t)m * j->N + (size_t)n] = y;
+	}
+}
 
 SFW_CLONES
 static void dequant_row(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K, int span)
@@ -152,25 +168,30 @@ __attribute__((target("avx2,fma"))) static inline __m256 dequant8_avx2(const uin
 	return _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), sc.s, sc.bias);
 }
 
-__attribute__((target("avx2,fma"))) static float row_dot_avx2(const float *x, const uint8_t *c, const void *s,
-							 enum sfw_dtype sdt, size_t s0, int K, int G, int span)
+__attribute__((target("avx2,fma"))) static void rows_dot_avx2(const struct w8_job *j, int m, int n0, int n1)
 {
-	int K8 = K & ~7, k = 0;
-	__m256 a0 = _mm256_setzero_ps(), a1 = a0;
-	for (int g = 0; g < G; g++) {
-		int k1 = (g + 1) * span < K8 ? (g + 1) * span : K8;
-		struct scale8 sc = scale8_avx2(scale_at(s, sdt, s0 + (size_t)g));
-		for (; k + 16 <= k1; k += 16) {
-			a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc)));
-			a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + k + 8), dequant8_avx2(c + k + 8, sc)));
+	int K = j->K, G = j->G, span = j->group, K8 = K & ~7;
+	const float *x = j->x + (size_t)m * K;
+	for (int n = n0; n < n1; n++) {
+		const uint8_t *c = j->codes + (size_t)n * j->rb;
+		size_t s0 = (size_t)n * (size_t)G;
+		__m256 a0 = _mm256_setzero_ps(), a1 = a0;
+		int k = 0;
+		for (int g = 0; g < G; g++) {
+			int k1 = (g + 1) * span < K8 ? (g + 1) * span : K8;
+			struct scale8 sc = scale8_avx2(scale_at(j->scales, j->sdt, s0 + (size_t)g));
+			for (; k + 16 <= k1; k += 16) {
+				a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc)));
+				a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + k + 8), dequant8_avx2(c + k + 8, sc)));
+			}
+			if (k < k1)
+				a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc))), k += 8;
 		}
-		if (k < k1)
-			a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc))), k += 8;
+		float y = hsum8((v8)_mm256_add_ps(a0, a1));
+		for (k = K8; k < K; k++)
+			y += x[k] * ((float)sfw_ql_q(c[k]) * scale_at(j->scales, j->sdt, s0 + (size_t)(k / span)));
+		j->y[(size_t)m * j->N + (size_t)n] = y;
 	}
-	float y = hsum8((v8)_mm256_add_ps(a0, a1));
-	for (k = K8; k < K; k++)
-		y += x[k] * ((float)sfw_ql_q(c[k]) * scale_at(s, sdt, s0 + (size_t)(k / span)));
-	return y;
 }
 
 __attribute__((target("avx2,fma"))) static void dequant_row_avx2(float *o, const uint8_t *c, const void *s,
@@ -195,30 +216,17 @@ void sfwi_op_matmul_w8_generic(int on)
 	force_generic = on;
 }
 
-struct w8_job {
-	float *y;
-	const float *x;
-	const uint8_t *codes;
-	const void *scales;
-	enum sfw_dtype sdt;
-	int group, M, N, K, G;
-	size_t rb;	/* bytes per code row */
-	row_fn row;	    /* streaming: one row's sum */
-	dequant_fn dequant; /* tiles: one row of w */
-	float *scratch;	    /* tiles: per thread TILE_ROWS * K floats */
-};
 
-/* Streaming: weight rows [n0, n1), each against every x row. */
+/* Streaming: tiles [b, e) of weight rows, each against every x row. */
 static void stream_fn(void *ctx, size_t b, size_t e, int tid)
 {
 	const struct w8_job *j = ctx;
 	(void)tid;
-	int n0 = (int)b * TILE_ROWS, n1 = (int)e * TILE_ROWS < j->N ? (int)e * TILE_ROWS : j->N;
-	for (int n = n0; n < n1; n++)
+	for (size_t t = b; t < e; t++) {
+		int n0 = (int)t * TILE_ROWS, n1 = n0 + TILE_ROWS < j->N ? n0 + TILE_ROWS : j->N;
 		for (int m = 0; m < j->M; m++)
-			j->y[(size_t)m * j->N + (size_t)n] = j->row(j->x + (size_t)m * j->K, j->codes + (size_t)n * j->rb,
-								    j->scales, j->sdt, (size_t)n * (size_t)j->G, j->K,
-								    j->G, j->group);
+			j->rows(j, m, n0, n1);
+	}
 }
 
 /* One chain (a0: k from K0 = 0, a1: from K0 = 8) of the 2 x 4 block of x
@@ -290,12 +298,12 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 		return;
 	if (group <= 0 || group > K)
 		group = K; /* per-channel */
-	struct w8_job j = {y, x, codes, scales, sdt, group, M, N, K, 0, 0, row_dot, dequant_row, NULL};
+	struct w8_job j = {y, x, codes, scales, sdt, group, M, N, K, 0, 0, rows_dot, dequant_row, NULL};
 	j.G = (int)sfw_ql_ngroups(K, group < K ? group : 0);
 	j.rb = (size_t)sfw_ql_row_bytes(K);
 #ifdef HAVE_AVX2_PATH
 	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-		j.row = row_dot_avx2, j.dequant = dequant_row_avx2;
+		j.rows = rows_dot_avx2, j.dequant = dequant_row_avx2;
 #endif
 	size_t ntiles = ((size_t)N + TILE_ROWS - 1) / TILE_ROWS;
 	int nt = sfw_ops_cpu_threads();
