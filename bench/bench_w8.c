@@ -53,8 +53,9 @@ static int bench_shape(int M, int N, int K, int group, double secs)
 	for (size_t i = 0; i < (size_t)M * K; i++)
 		x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
 	size_t c = 0;
-#define CALL()                                                                                                   \
-	(sfw_op_matmul_w8_cpu(y, x, codes + c * wbytes, sc + c * (size_t)N * G, SFW_DTYPE_BF16, span, M, N, K), \
+#define CALL()                                                                                               \
+	(sfw_op_matmul_w8_cpu(y, x, codes + c * wbytes, sc + c * (size_t)N * G, SFW_DTYPE_BF16, span, M, N,  \
+			      K),                                                                            \
 	 c = (c + 1) % ncopy)
 	for (size_t i = 0; i < ncopy; i++)
 		CALL(); /* warm-up: page in every copy */
@@ -71,8 +72,9 @@ static int bench_shape(int M, int N, int K, int group, double secs)
 #undef CALL
 	qsort(t, 5, sizeof(double), cmp_d);
 	double med = t[2];
-	printf("w8 %dx%dx%d group %d: %.3f ms/call (%.3f-%.3f), %.1f GFLOP/s, %.2f GB/s of codes\n", M, N, K, span,
-	       med * 1e3, t[0] * 1e3, t[4] * 1e3, 2.0 * M * N * K / med / 1e9, (double)wbytes / med / 1e9);
+	printf("w8 %dx%dx%d group %d: %.3f ms/call (%.3f-%.3f), %.1f GFLOP/s, %.2f GB/s of codes\n", M, N, K,
+	       span, med * 1e3, t[0] * 1e3, t[4] * 1e3, 2.0 * M * N * K / med / 1e9,
+	       (double)wbytes / med / 1e9);
 	sfw_free(codes), sfw_free(sc), sfw_free(x), sfw_free(y);
 	return 0;
 }
@@ -92,7 +94,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--time") && i + 1 < argc)
 			secs = atof(argv[++i]);
 		else {
-			fprintf(stderr, "usage: bench_w8 [--threads N] [--shapes MxNxK,...] [--group G|channel] [--time S]\n");
+			fprintf(stderr, "usage: bench_w8 [--threads N] [--shapes MxNxK,...] [--group "
+					"G|channel] [--time S]\n");
 			return 2;
 		}
 	}
@@ -109,8 +112,8 @@ int main(int argc, char **argv)
 	int rc = 0;
 	for (const char *p = shapes; *p;) {
 		int M, N, K, len = 0;
-		if (sscanf(p, "%dx%dx%d%n", &M, &N, &K, &len) != 3 || M < 1 || N < 1 || K < 1 || M > 4096 || N > 65536 ||
-		    K > 65536) {
+		if (sscanf(p, "%dx%dx%d%n", &M, &N, &K, &len) != 3 || M < 1 || N < 1 || K < 1 || M > 4096 ||
+		    N > 65536 || K > 65536) {
 			fprintf(stderr, "bench_w8: bad shape at '%.20s' (MxNxK)\n", p);
 			rc = 2;
 			break;

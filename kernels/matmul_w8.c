@@ -11,10 +11,11 @@
  *        ascending order, a = a + x[k..k+7] * w[k..k+7];
  *   y  = hsum8(a0 + a1), then y = y + x[k] * w[k] for k in [K8, K) in order;
  * hsum8 is the fixed pairwise tree of matmul.c. Every product and sum is
- * rounded on its own: no fused multiply-add anywhere (the build is ISO C,
+ * rounded on its own: no fused multiply-add in the sums (the build is ISO C,
  * -std=c11, in which GCC contracts nothing, and the AVX2 code calls mul and
- * add), so the AVX2 path and the generic one give the same bits too, on one
- * machine or across machines (tests/test_quant.c checks both).
+ * add; its one fma forms w exactly), so the AVX2 path and the generic one
+ * give the same bits too, on one machine or across machines
+ * (tests/test_quant.c checks both on every machine that has AVX2).
  *
  * Threads split the weight rows (tiles of TILE_ROWS); an output element is
  * always summed by one thread, whole. Two schedules of that one sum:
@@ -99,7 +100,7 @@ struct w8_job {
 	const void *scales;
 	enum sfw_dtype sdt;
 	int group, M, N, K, G;
-	size_t rb;	/* bytes per code row */
+	size_t rb;	    /* bytes per code row */
 	rows_fn rows;	    /* streaming: rows' sums */
 	dequant_fn dequant; /* tiles: one row of w */
 	float *scratch;	    /* tiles: per thread TILE_ROWS * K floats */
@@ -122,18 +123,20 @@ static void rows_dot(const struct w8_job *j, int m, int n0, int n1)
 				a0 += ld8(x + k) * (widen8(c + k) * sc);
 				a1 += ld8(x + k + 8) * (widen8(c + k + 8) * sc);
 			}
-			if (k < k1) /* the last 8-block before K8 (one group only) */
+			if (k < k1) /* an odd count of 8-blocks (the last group only) */
 				a0 += ld8(x + k) * (widen8(c + k) * sc), k += 8;
 		}
 		float y = hsum8(a0 + a1);
 		for (k = K8; k < K; k++)
-			y += x[k] * ((float)sfw_ql_q(c[k]) * scale_at(j->scales, j->sdt, s0 + (size_t)(k / span)));
+			y += x[k] *
+			     ((float)sfw_ql_q(c[k]) * scale_at(j->scales, j->sdt, s0 + (size_t)(k / span)));
 		j->y[(size_t)m * j->N + (size_t)n] = y;
 	}
 }
 
 SFW_CLONES
-static void dequant_row(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K, int span)
+static void dequant_row(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K,
+			int span)
 {
 	for (int k0 = 0, g = 0; k0 < K; k0 += span, g++) {
 		int k1 = k0 + span < K ? k0 + span : K;
@@ -150,8 +153,8 @@ static void dequant_row(float *o, const uint8_t *c, const void *s, enum sfw_dtyp
  * instruction. w = (b - 128) * s is formed as fma(b, s, -128 s): -128 s is
  * exact and the fma rounds the exact (b - 128) s once, so it is the same
  * float as the generic path's product (scales below 2^120, as every real
- * one), in one instruction. The two functions below are row_dot and
- * dequant_row operation for operation otherwise. */
+ * one), in one instruction. rows_dot_avx2 and dequant_row_avx2 are
+ * rows_dot and dequant_row operation for operation otherwise. */
 struct scale8 {
 	__m256 s, bias; /* s and -128 s */
 };
@@ -181,21 +184,26 @@ __attribute__((target("avx2,fma"))) static void rows_dot_avx2(const struct w8_jo
 			int k1 = (g + 1) * span < K8 ? (g + 1) * span : K8;
 			struct scale8 sc = scale8_avx2(scale_at(j->scales, j->sdt, s0 + (size_t)g));
 			for (; k + 16 <= k1; k += 16) {
-				a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc)));
-				a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + k + 8), dequant8_avx2(c + k + 8, sc)));
+				a0 = _mm256_add_ps(
+				    a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc)));
+				a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + k + 8),
+								     dequant8_avx2(c + k + 8, sc)));
 			}
 			if (k < k1)
-				a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc))), k += 8;
+				a0 = _mm256_add_ps(
+				    a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc))),
+				k += 8;
 		}
 		float y = hsum8((v8)_mm256_add_ps(a0, a1));
 		for (k = K8; k < K; k++)
-			y += x[k] * ((float)sfw_ql_q(c[k]) * scale_at(j->scales, j->sdt, s0 + (size_t)(k / span)));
+			y += x[k] *
+			     ((float)sfw_ql_q(c[k]) * scale_at(j->scales, j->sdt, s0 + (size_t)(k / span)));
 		j->y[(size_t)m * j->N + (size_t)n] = y;
 	}
 }
 
-__attribute__((target("avx2,fma"))) static void dequant_row_avx2(float *o, const uint8_t *c, const void *s,
-							    enum sfw_dtype sdt, size_t s0, int K, int span)
+__attribute__((target("avx2,fma"))) static void
+dequant_row_avx2(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K, int span)
 {
 	for (int k0 = 0, g = 0; k0 < K; k0 += span, g++) {
 		int k1 = k0 + span < K ? k0 + span : K, k = k0;
@@ -215,7 +223,6 @@ void sfwi_op_matmul_w8_generic(int on)
 {
 	force_generic = on;
 }
-
 
 /* Streaming: tiles [b, e) of weight rows, each against every x row. */
 static void stream_fn(void *ctx, size_t b, size_t e, int tid)
@@ -278,10 +285,12 @@ static void tiles_fn(void *ctx, size_t b, size_t e, int tid)
 	int K = j->K;
 	float *w = j->scratch + (size_t)tid * TILE_ROWS * K;
 	for (size_t t = b; t < e; t++) {
-		int n0 = (int)t * TILE_ROWS, nb = j->N - n0 < TILE_ROWS ? j->N - n0 : TILE_ROWS, nq = (nb + 3) & ~3;
+		int n0 = (int)t * TILE_ROWS, nb = j->N - n0 < TILE_ROWS ? j->N - n0 : TILE_ROWS,
+		    nq = (nb + 3) & ~3;
 		for (int i = 0; i < nb; i++) {
 			size_t n = (size_t)n0 + (size_t)i;
-			j->dequant(w + (size_t)i * K, j->codes + n * j->rb, j->scales, j->sdt, n * (size_t)j->G, K, j->group);
+			j->dequant(w + (size_t)i * K, j->codes + n * j->rb, j->scales, j->sdt,
+				   n * (size_t)j->G, K, j->group);
 		}
 		memset(w + (size_t)nb * K, 0, (size_t)(nq - nb) * K * sizeof(float));
 		for (int m0 = 0; m0 < j->M; m0 += BLOCK_M) {
@@ -291,8 +300,8 @@ static void tiles_fn(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-			  int group, int M, int N, int K)
+void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
+			  enum sfw_dtype sdt, int group, int M, int N, int K)
 {
 	if (M <= 0 || N <= 0)
 		return;
