@@ -433,7 +433,9 @@ static void test_refusals(struct sfw_model *m)
  * rows; the logits must not change by a bit. */
 static void test_w8(const char *golden)
 {
-	char tmpl[] = "/tmp/sfw-batch-w8.XXXXXX", in[4200], out[4200];
+	char tmpl[4096], in[4200], out[4200];
+	const char *td = getenv("TMPDIR");
+	snprintf(tmpl, sizeof(tmpl), "%s/sfw-batch-w8.XXXXXX", td && *td ? td : "/tmp");
 	const char *tmp = mkdtemp(tmpl);
 	CHECK(tmp != NULL, "a scratch directory");
 	if (!tmp)
