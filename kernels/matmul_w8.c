@@ -1,12 +1,34 @@
 /* matmul_w8.c - y = x . W^T with int8 pack-quantized weights (W8A16) on the
  * CPU, fp32 accumulation; layout: num/w8_layout.h.
  *
- * Decode (M <= 4) is memory-bound: threads split the weight rows, each row's
- * bytes are read once, widened to float 8 at a time and accumulated per
- * group, then multiplied by the group scale (one multiply per group per row,
- * no zero point). Prefill dequantizes a slab of rows into float scratch and
- * runs the float GEMM of kernels/matmul.c on it, so the int8 path inherits
- * its blocking; the dequantization is O(N K) against O(M N K). */
+ * One sum per output element, whatever M, the thread split or the code path
+ * (batched decode needs a row's bits not to depend on the other rows of the
+ * call: runner/batch.h; kernels/matmul.c does the same for bf16). With
+ * w[k] = (float)(code - 128) * scale (the layout's dequantization, one
+ * rounding) and K8 = K rounded down to 8:
+ *   a0 = the sum over the even 8-blocks of [0, K8) (k = 0, 16, 32, ...),
+ *   a1 = over the odd ones (k = 8, 24, ...), each lane-wise from 0 in
+ *        ascending order, a = a + x[k..k+7] * w[k..k+7];
+ *   y  = hsum8(a0 + a1), then y = y + x[k] * w[k] for k in [K8, K) in order;
+ * hsum8 is the fixed pairwise tree of matmul.c. Every product and sum is
+ * rounded on its own: no fused multiply-add in the sums (the build is ISO C,
+ * -std=c11, in which GCC contracts nothing, and the AVX2 code calls mul and
+ * add; its one fma forms w exactly), so the AVX2 path and the generic one
+ * give the same bits too, on one machine or across machines
+ * (tests/test_quant.c checks both on every machine that has AVX2).
+ *
+ * Threads split the weight rows (tiles of TILE_ROWS); an output element is
+ * always summed by one thread, whole. Two schedules of that one sum:
+ *   - M <= STREAM_M (decode, memory-bound): one weight row at a time, its
+ *     codes streamed in order and dequantized in registers (AVX2: one
+ *     instruction widens 8 codes), the chains a0 and a1 interleaved: one
+ *     sequential stream per thread is what the hardware prefetcher keeps up
+ *     with (four rows at once ran at half the speed);
+ *   - larger M (prefill), or a group size that is not a multiple of 16:
+ *     each thread dequantizes a tile of rows into its scratch once, then a
+ *     2x4 register block of (x rows, W rows) runs over it, a0 over the even
+ *     blocks, then a1 over the odd ones (two independent sums: which is
+ *     formed first does not matter). */
 #include "kernels/ops.h"
 #include "alloc.h"
 #include "num/w8_layout.h"
@@ -17,8 +39,9 @@
 
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-#define TILE_ROWS 16
-#define SLAB_BYTES (16u << 20) /* float scratch per prefill slab */
+#define TILE_ROWS 16 /* weight rows per work item (a multiple of 4) */
+#define BLOCK_M 64   /* x rows kept hot while a widened tile is used */
+#define STREAM_M 4   /* at most this many x rows: the streaming schedule */
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -62,76 +85,64 @@ static inline v8 ld8(const float *p)
 	return v;
 }
 
+/* Rows [n0, n1) of W against x row m: y[m, n] = the header's sum (group g
+ * spans [g * span, (g + 1) * span), span a multiple of 16 unless G = 1). */
+struct w8_job;
+typedef void (*rows_fn)(const struct w8_job *j, int m, int n0, int n1);
+/* o[k] = w[k] for k < K (one row; scales s[s0 + k / span]). */
+typedef void (*dequant_fn)(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K,
+			   int span);
+
 struct w8_job {
 	float *y;
 	const float *x;
 	const uint8_t *codes;
 	const void *scales;
 	enum sfw_dtype sdt;
-	int group, M, N, K;
-	int avx2;    /* decode: the AVX2 path is usable */
-	float *slab; /* prefill: dequantized rows */
-	int n0;      /* prefill: first row of the slab */
+	int group, M, N, K, G;
+	size_t rb;	    /* bytes per code row */
+	rows_fn rows;	    /* streaming: rows' sums */
+	dequant_fn dequant; /* tiles: one row of w */
+	float *scratch;	    /* tiles: per thread TILE_ROWS * K floats */
 };
 
-/* Decode: rows [n0, n1) for every x row (M <= 4), codes widened once. */
 SFW_CLONES
-static void gemv_rows(const struct w8_job *j, int n0, int n1)
+static void rows_dot(const struct w8_job *j, int m, int n0, int n1)
 {
-	int K = j->K, M = j->M, span = j->group;
-	size_t rb = (size_t)sfw_ql_row_bytes(K), G = (size_t)sfw_ql_ngroups(K, span < K ? span : 0);
+	int K = j->K, G = j->G, span = j->group, K8 = K & ~7;
+	const float *x = j->x + (size_t)m * K;
 	for (int n = n0; n < n1; n++) {
-		const uint8_t *c = j->codes + (size_t)n * rb;
-		float out[4] = {0, 0, 0, 0};
-		for (size_t g = 0; g < G; g++) {
-			int k0 = (int)g * span, k1 = k0 + span < K ? k0 + span : K, k = k0;
-			v8 a[4] = {{0}, {0}, {0}, {0}};
-			for (; k + 8 <= k1; k += 8) {
-				v8 f = widen8(c + k);
-				for (int m = 0; m < M; m++)
-					a[m] += ld8(j->x + (size_t)m * K + k) * f;
+		const uint8_t *c = j->codes + (size_t)n * j->rb;
+		size_t s0 = (size_t)n * (size_t)G;
+		v8 a0 = {0}, a1 = {0};
+		int k = 0;
+		for (int g = 0; g < G; g++) {
+			int k1 = (g + 1) * span < K8 ? (g + 1) * span : K8;
+			float sc = scale_at(j->scales, j->sdt, s0 + (size_t)g);
+			for (; k + 16 <= k1; k += 16) {
+				a0 += ld8(x + k) * (widen8(c + k) * sc);
+				a1 += ld8(x + k + 8) * (widen8(c + k + 8) * sc);
 			}
-			float sc = scale_at(j->scales, j->sdt, (size_t)n * G + g);
-			for (int m = 0; m < M; m++) {
-				float s = hsum8(a[m]);
-				for (int kk = k; kk < k1; kk++)
-					s += j->x[(size_t)m * K + kk] * (float)sfw_ql_q(c[kk]);
-				out[m] += s * sc;
-			}
+			if (k < k1) /* an odd count of 8-blocks (the last group only) */
+				a0 += ld8(x + k) * (widen8(c + k) * sc), k += 8;
 		}
-		for (int m = 0; m < M; m++)
-			j->y[(size_t)m * j->N + n] = out[m];
+		float y = hsum8(a0 + a1);
+		for (k = K8; k < K; k++)
+			y += x[k] *
+			     ((float)sfw_ql_q(c[k]) * scale_at(j->scales, j->sdt, s0 + (size_t)(k / span)));
+		j->y[(size_t)m * j->N + (size_t)n] = y;
 	}
 }
 
-/* Decode with one x row: two rows of W at a time, 16 codes per step, the
- * group scale applied once per group to a vector accumulator. */
 SFW_CLONES
-static void gemv1_rows(const struct w8_job *j, int n0, int n1)
+static void dequant_row(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K,
+			int span)
 {
-	int K = j->K, span = j->group;
-	size_t rb = (size_t)sfw_ql_row_bytes(K), G = (size_t)sfw_ql_ngroups(K, span < K ? span : 0);
-	const float *x = j->x;
-	for (int n = n0; n < n1; n++) {
-		const uint8_t *c = j->codes + (size_t)n * rb;
-		v8 tot = {0};
-		float tail = 0;
-		for (size_t g = 0; g < G; g++) {
-			int k0 = (int)g * span, k1 = k0 + span < K ? k0 + span : K, k = k0;
-			v8 a0 = {0}, a1 = {0};
-			for (; k + 16 <= k1; k += 16) {
-				a0 += ld8(x + k) * widen8(c + k);
-				a1 += ld8(x + k + 8) * widen8(c + k + 8);
-			}
-			for (; k + 8 <= k1; k += 8)
-				a0 += ld8(x + k) * widen8(c + k);
-			float sc = scale_at(j->scales, j->sdt, (size_t)n * G + g), t = 0;
-			for (; k < k1; k++)
-				t += x[k] * (float)sfw_ql_q(c[k]);
-			tot += (a0 + a1) * sc;
-			tail += t * sc;
-		}
-		j->y[n] = hsum8(tot) + tail;
+	for (int k0 = 0, g = 0; k0 < K; k0 += span, g++) {
+		int k1 = k0 + span < K ? k0 + span : K;
+		float sc = scale_at(s, sdt, s0 + (size_t)g);
+		for (int k = k0; k < k1; k++)
+			o[k] = (float)sfw_ql_q(c[k]) * sc;
 	}
 }
 
@@ -139,126 +150,189 @@ static void gemv1_rows(const struct w8_job *j, int n0, int n1)
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
 /* GCC widens uint8 vectors element by element; AVX2 does it in one
- * instruction: b ^ 0x80 is q as int8, then sign-extend and convert. */
-__attribute__((target("avx2,fma"))) static void gemv1_rows_avx2(const struct w8_job *j, int n0, int n1)
+ * instruction. w = (b - 128) * s is formed as fma(b, s, -128 s): -128 s is
+ * exact and the fma rounds the exact (b - 128) s once, so it is the same
+ * float as the generic path's product (scales below 2^120, as every real
+ * one), in one instruction. rows_dot_avx2 and dequant_row_avx2 are
+ * rows_dot and dequant_row operation for operation otherwise. */
+struct scale8 {
+	__m256 s, bias; /* s and -128 s */
+};
+
+__attribute__((target("avx2,fma"))) static inline struct scale8 scale8_avx2(float s)
 {
-	int K = j->K, span = j->group;
-	size_t rb = (size_t)sfw_ql_row_bytes(K), G = (size_t)sfw_ql_ngroups(K, span < K ? span : 0);
-	const float *x = j->x;
-	const __m128i flip = _mm_set1_epi8((char)0x80);
+	struct scale8 r = {_mm256_set1_ps(s), _mm256_set1_ps(s * -(float)SFW_QL_BIAS)};
+	return r;
+}
+
+__attribute__((target("avx2,fma"))) static inline __m256 dequant8_avx2(const uint8_t *p, struct scale8 sc)
+{
+	__m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+	return _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), sc.s, sc.bias);
+}
+
+__attribute__((target("avx2,fma"))) static void rows_dot_avx2(const struct w8_job *j, int m, int n0, int n1)
+{
+	int K = j->K, G = j->G, span = j->group, K8 = K & ~7;
+	const float *x = j->x + (size_t)m * K;
 	for (int n = n0; n < n1; n++) {
-		const uint8_t *c = j->codes + (size_t)n * rb;
-		__m256 tot = _mm256_setzero_ps();
-		float tail = 0;
-		for (size_t g = 0; g < G; g++) {
-			int k0 = (int)g * span, k1 = k0 + span < K ? k0 + span : K, k = k0;
-			__m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+		const uint8_t *c = j->codes + (size_t)n * j->rb;
+		size_t s0 = (size_t)n * (size_t)G;
+		__m256 a0 = _mm256_setzero_ps(), a1 = a0;
+		int k = 0;
+		for (int g = 0; g < G; g++) {
+			int k1 = (g + 1) * span < K8 ? (g + 1) * span : K8;
+			struct scale8 sc = scale8_avx2(scale_at(j->scales, j->sdt, s0 + (size_t)g));
 			for (; k + 16 <= k1; k += 16) {
-				__m128i b = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(c + k)), flip);
-				__m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-				__m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-				a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), f0, a0);
-				a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), f1, a1);
+				a0 = _mm256_add_ps(
+				    a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc)));
+				a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + k + 8),
+								     dequant8_avx2(c + k + 8, sc)));
 			}
-			for (; k + 8 <= k1; k += 8) {
-				__m128i b = _mm_xor_si128(_mm_loadl_epi64((const __m128i *)(c + k)), flip);
-				a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), a0);
-			}
-			float sc = scale_at(j->scales, j->sdt, (size_t)n * G + g), t = 0;
-			for (; k < k1; k++)
-				t += x[k] * (float)sfw_ql_q(c[k]);
-			tot = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(sc), tot);
-			tail += t * sc;
+			if (k < k1)
+				a0 = _mm256_add_ps(
+				    a0, _mm256_mul_ps(_mm256_loadu_ps(x + k), dequant8_avx2(c + k, sc))),
+				k += 8;
 		}
-		__m128 h = _mm_add_ps(_mm256_castps256_ps128(tot), _mm256_extractf128_ps(tot, 1));
-		h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-		h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-		j->y[n] = _mm_cvtss_f32(h) + tail;
+		float y = hsum8((v8)_mm256_add_ps(a0, a1));
+		for (k = K8; k < K; k++)
+			y += x[k] *
+			     ((float)sfw_ql_q(c[k]) * scale_at(j->scales, j->sdt, s0 + (size_t)(k / span)));
+		j->y[(size_t)m * j->N + (size_t)n] = y;
+	}
+}
+
+__attribute__((target("avx2,fma"))) static void
+dequant_row_avx2(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, size_t s0, int K, int span)
+{
+	for (int k0 = 0, g = 0; k0 < K; k0 += span, g++) {
+		int k1 = k0 + span < K ? k0 + span : K, k = k0;
+		float scf = scale_at(s, sdt, s0 + (size_t)g);
+		struct scale8 sc = scale8_avx2(scf);
+		for (; k + 8 <= k1; k += 8)
+			_mm256_storeu_ps(o + k, dequant8_avx2(c + k, sc));
+		for (; k < k1; k++)
+			o[k] = (float)sfw_ql_q(c[k]) * scf;
 	}
 }
 #endif
 
-static void gemv_fn(void *ctx, size_t b, size_t e, int tid)
+/* Tests: this thread's calls take the generic path even where AVX2 is. */
+static _Thread_local int force_generic;
+void sfwi_op_matmul_w8_generic(int on)
+{
+	force_generic = on;
+}
+
+/* Streaming: tiles [b, e) of weight rows, each against every x row. */
+static void stream_fn(void *ctx, size_t b, size_t e, int tid)
 {
 	const struct w8_job *j = ctx;
 	(void)tid;
-	int n0 = (int)b * TILE_ROWS, n1 = (int)e * TILE_ROWS < j->N ? (int)e * TILE_ROWS : j->N;
-#ifdef HAVE_AVX2_PATH
-	if (j->M == 1 && j->avx2) {
-		gemv1_rows_avx2(j, n0, n1);
-		return;
+	for (size_t t = b; t < e; t++) {
+		int n0 = (int)t * TILE_ROWS, n1 = n0 + TILE_ROWS < j->N ? n0 + TILE_ROWS : j->N;
+		for (int m = 0; m < j->M; m++)
+			j->rows(j, m, n0, n1);
 	}
-#endif
-	if (j->M == 1)
-		gemv1_rows(j, n0, n1);
-	else
-		gemv_rows(j, n0, n1);
 }
 
-/* Prefill: dequantize rows [n0 + b, n0 + e) of the slab. */
+/* One chain (a0: k from K0 = 0, a1: from K0 = 8) of the 2 x 4 block of x
+ * rows x0, x1 and tile rows w0.. w0 + 3K: the 8-blocks k0, k0 + 16, ... < K8. */
+static inline void block_chain(v8 *a, const float *x0, const float *x1, const float *w0, int K, int k, int K8)
+{
+	const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+	v8 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+	for (; k + 8 <= K8; k += 16) {
+		v8 p = ld8(x0 + k), q = ld8(x1 + k);
+		v8 b0 = ld8(w0 + k), b1 = ld8(w1 + k), b2 = ld8(w2 + k), b3 = ld8(w3 + k);
+		a00 += p * b0, a01 += p * b1, a02 += p * b2, a03 += p * b3;
+		a10 += q * b0, a11 += q * b1, a12 += q * b2, a13 += q * b3;
+	}
+	a[0] = a00, a[1] = a01, a[2] = a02, a[3] = a03, a[4] = a10, a[5] = a11, a[6] = a12, a[7] = a13;
+}
+
+/* y[m, i] for m in [m0, m1), i < nb, from the dequantized tile w [nq, K]
+ * (nq = nb rounded up to 4, the extra rows zero): 2 x 4 blocks, an odd last
+ * x row paired with itself and stored once. */
 SFW_CLONES
-static void dequant_fn(void *ctx, size_t b, size_t e, int tid)
+static void tile_kernel(float *y, int N, const float *x, int m0, int m1, const float *w, int nb, int K)
 {
-	const struct w8_job *j = ctx;
-	(void)tid;
-	int K = j->K, span = j->group;
-	size_t rb = (size_t)sfw_ql_row_bytes(K), G = (size_t)sfw_ql_ngroups(K, span < K ? span : 0);
-	for (size_t r = b; r < e; r++) {
-		size_t n = (size_t)j->n0 + r;
-		const uint8_t *c = j->codes + n * rb;
-		float *o = j->slab + r * (size_t)K;
-		for (size_t g = 0; g < G; g++) {
-			int k0 = (int)g * span, k1 = k0 + span < K ? k0 + span : K;
-			float sc = scale_at(j->scales, j->sdt, n * G + g);
-			for (int k = k0; k < k1; k++)
-				o[k] = (float)sfw_ql_q(c[k]) * sc;
+	int K8 = K & ~7;
+	for (int m = m0; m < m1; m += 2) {
+		const float *x0 = x + (size_t)m * K, *x1 = m + 1 < m1 ? x0 + K : x0;
+		for (int i = 0; i < nb; i += 4) {
+			const float *w0 = w + (size_t)i * K;
+			v8 a0[8], a1[8];
+			block_chain(a0, x0, x1, w0, K, 0, K8);
+			block_chain(a1, x0, x1, w0, K, 8, K8);
+			int nr = nb - i < 4 ? nb - i : 4;
+			for (int e = 0; e < 8; e++) {
+				if ((e & 3) >= nr || (e >= 4 && m + 1 >= m1))
+					continue;
+				const float *xe = e < 4 ? x0 : x1, *we = w0 + (size_t)(e & 3) * K;
+				float s = hsum8(a0[e] + a1[e]);
+				for (int k = K8; k < K; k++)
+					s += xe[k] * we[k];
+				y[(size_t)(m + (e >> 2)) * N + (size_t)i + (size_t)(e & 3)] = s;
+			}
 		}
 	}
 }
 
-void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-			  int group, int M, int N, int K)
+static void tiles_fn(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct w8_job *j = ctx;
+	int K = j->K;
+	float *w = j->scratch + (size_t)tid * TILE_ROWS * K;
+	for (size_t t = b; t < e; t++) {
+		int n0 = (int)t * TILE_ROWS, nb = j->N - n0 < TILE_ROWS ? j->N - n0 : TILE_ROWS,
+		    nq = (nb + 3) & ~3;
+		for (int i = 0; i < nb; i++) {
+			size_t n = (size_t)n0 + (size_t)i;
+			j->dequant(w + (size_t)i * K, j->codes + n * j->rb, j->scales, j->sdt,
+				   n * (size_t)j->G, K, j->group);
+		}
+		memset(w + (size_t)nb * K, 0, (size_t)(nq - nb) * K * sizeof(float));
+		for (int m0 = 0; m0 < j->M; m0 += BLOCK_M) {
+			int m1 = m0 + BLOCK_M < j->M ? m0 + BLOCK_M : j->M;
+			tile_kernel(j->y + n0, j->N, j->x, m0, m1, w, nb, K);
+		}
+	}
+}
+
+void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
+			  enum sfw_dtype sdt, int group, int M, int N, int K)
 {
 	if (M <= 0 || N <= 0)
 		return;
 	if (group <= 0 || group > K)
 		group = K; /* per-channel */
-	int nt = sfw_ops_cpu_threads();
-	struct w8_job j = {y, x, codes, scales, sdt, group, M, N, K, 0, NULL, 0};
+	struct w8_job j = {y, x, codes, scales, sdt, group, M, N, K, 0, 0, rows_dot, dequant_row, NULL};
+	j.G = (int)sfw_ql_ngroups(K, group < K ? group : 0);
+	j.rb = (size_t)sfw_ql_row_bytes(K);
 #ifdef HAVE_AVX2_PATH
-	j.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		j.rows = rows_dot_avx2, j.dequant = dequant_row_avx2;
 #endif
-	if (M <= 4) {
-		size_t ntiles = ((size_t)N + TILE_ROWS - 1) / TILE_ROWS;
-		if ((size_t)nt > ntiles)
-			nt = (int)ntiles;
-		if ((double)M * N * K < 1 << 16)
-			nt = 1;
+	size_t ntiles = ((size_t)N + TILE_ROWS - 1) / TILE_ROWS;
+	int nt = sfw_ops_cpu_threads();
+	if ((size_t)nt > ntiles)
+		nt = (int)ntiles;
+	if ((double)M * N * K < 1 << 16)
+		nt = 1;
+	if (M <= STREAM_M && (group % 16 == 0 || j.G == 1)) {
 		size_t grain = ntiles / ((size_t)nt * 4);
-		sfwi_ops_cpu_for(nt, ntiles, grain < 1 ? 1 : grain, gemv_fn, &j);
+		sfwi_ops_cpu_for(nt, ntiles, grain < 1 ? 1 : grain, stream_fn, &j);
 		return;
 	}
-	int slab_rows = (int)(SLAB_BYTES / ((size_t)K * sizeof(float)));
-	slab_rows = slab_rows < TILE_ROWS ? TILE_ROWS : slab_rows / TILE_ROWS * TILE_ROWS;
-	if (slab_rows > N)
-		slab_rows = N;
-	j.slab = sfw_malloc((size_t)slab_rows * K * sizeof(float));
-	float *tmp = sfw_malloc((size_t)M * slab_rows * sizeof(float));
-	if (!j.slab || !tmp) {
-		sfw_free(j.slab), sfw_free(tmp);
+	j.scratch = sfw_malloc((size_t)nt * TILE_ROWS * (size_t)K * sizeof(float));
+	if (!j.scratch) {
 		sfwi_ops_cpu_fail();
 		return;
 	}
-	for (int n0 = 0; n0 < N; n0 += slab_rows) {
-		int nb = N - n0 < slab_rows ? N - n0 : slab_rows;
-		j.n0 = n0;
-		sfwi_ops_cpu_for(nt, (size_t)nb, 4, dequant_fn, &j);
-		sfw_op_matmul_cpu(tmp, x, j.slab, SFW_DTYPE_F32, M, nb, K);
-		for (int m = 0; m < M; m++)
-			memcpy(y + (size_t)m * N + n0, tmp + (size_t)m * nb, (size_t)nb * sizeof(float));
-	}
-	sfw_free(j.slab);
-	sfw_free(tmp);
+	size_t grain = ntiles / ((size_t)nt * 8);
+	sfwi_ops_cpu_for(nt, ntiles, grain < 1 ? 1 : grain, tiles_fn, &j);
+	sfw_free(j.scratch);
 }
 
 void sfw_op_matmul_silu_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,

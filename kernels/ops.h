@@ -63,6 +63,9 @@ void sfwi_ops_cpu_fail(void);
  * nthreads threads of the bound executor (the workers see the same binding,
  * so sfwi_ops_cpu_fail inside fn reaches it). */
 void sfwi_ops_cpu_for(int nthreads, size_t n, size_t grain, void (*fn)(void *, size_t, size_t, int), void *ctx);
+/* Tests: on = 1 makes this thread's int8 matmuls (kernels/matmul_w8.c) take
+ * the generic path where the AVX2 one would run (the same bits, by design). */
+void sfwi_op_matmul_w8_generic(int on);
 
 /* ---- elementwise and norms (kernels/elementwise.c) ------------------------ */
 

@@ -19,12 +19,16 @@
  *   - both KV modes: paged (the CPU backend's pool, its blocks mapped into
  *     each sequence's range: the join/leave run reuses every block many
  *     times through a pool just big enough) and, with the backend's pool_new
- *     taken away, per-sequence caches under the same budget (CUDA's mode). */
+ *     taken away, per-sequence caches under the same budget (CUDA's mode);
+ *   - an int8 (W8A16) model, tiny-sparse quantized here (RTN, group 128 and
+ *     per channel): B = 1, 3, 8 and join/leave, bit for bit as alone (the
+ *     int8 linears sum a row the same way whatever M, kernels/matmul_w8.c). */
 #include "check.h"
 #include "alloc.h"
 #include "runner/batch.h"
 #include "runner/model.h"
 #include "runner/runner.h"
+#include "quant/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -424,6 +428,55 @@ static void test_refusals(struct sfw_model *m)
 	sfw_batch_free(b);
 }
 
+/* int8 weights: decode rows batched 3 and 8 at a time take other M than the
+ * same rows alone (M = 1), and a prefill chunk shares its call with decode
+ * rows; the logits must not change by a bit. */
+static void test_w8(const char *golden)
+{
+	char tmpl[4096], in[4200], out[4200];
+	const char *td = getenv("TMPDIR");
+	snprintf(tmpl, sizeof(tmpl), "%s/sfw-batch-w8.XXXXXX", td && *td ? td : "/tmp");
+	const char *tmp = mkdtemp(tmpl);
+	CHECK(tmp != NULL, "a scratch directory");
+	if (!tmp)
+		return;
+	static const int groups[2] = {128, SFW_QL_GROUP_CHANNEL};
+	for (int gi = 0; gi < 2; gi++) {
+		snprintf(in, sizeof(in), "%s/tiny-sparse", golden);
+		snprintf(out, sizeof(out), "%s/q%d", tmp, gi);
+		struct sfw_quant_params qp = sfw_quant_default_params();
+		qp.method = SFW_QUANT_RTN;
+		qp.group_size = groups[gi];
+		qp.threads = 2;
+		struct sfw_err err = {0};
+		if (sfw_quant_run(in, out, &qp, &err) != SFW_OK) {
+			CHECK(0, "quantize tiny-sparse: %s", err.msg);
+			continue;
+		}
+		struct sfw_model_params mp = sfw_model_default_params();
+		mp.device = SFW_DEVICE_CPU;
+		mp.threads = 2;
+		struct sfw_model *m = NULL;
+		if (sfw_model_load(out, &mp, &m, &err) != SFW_OK) {
+			CHECK(0, "int8 tiny-sparse: %s", err.msg);
+			continue;
+		}
+		printf("tiny-sparse int8 (RTN, group %s):\n", gi ? "channel" : "128");
+		static const int chunks[3] = {64, 100, 256};
+		static const int lens[9] = {5, 700, 130, 64, 1, 33, 520, 90, 17};
+		int64_t big = 1 << 14;
+		check_sched(m, "int8 B=1", lens + 1, chunks + 1, 1, 6, 1, 0, 1, 0, big);
+		check_sched(m, "int8 B=3", lens, chunks, 3, 12, 3, 0, 1, 0, big);
+		check_sched(m, "int8 B=8", lens, chunks, 8, 24, 8, 0, 1, 0, big);
+		check_sched(m, "int8 join/leave", lens + 1, chunks, 8, 12, 3, 3, 1, 1, 3 * 12 * 64);
+		sfw_model_free(m);
+	}
+	char cmd[4300];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+	if (system(cmd) != 0)
+		printf("warning: could not remove %s\n", tmp);
+}
+
 /* The CPU backend's capabilities less paging: what a backend without a
  * pool declares. */
 static int (*real_supports)(const struct sfw_backend *, enum sfw_bop, enum sfw_dtype);
@@ -470,5 +523,6 @@ int main(void)
 		}
 		sfw_model_free(m);
 	}
+	test_w8(g);
 	return CHECK_REPORT("test_batch");
 }

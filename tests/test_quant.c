@@ -272,22 +272,25 @@ static void test_errors(int group)
 }
 
 /* ---- J. the W8A16 CPU op against a double-precision reference ---------------- */
+/* |error| < 1e-5 of sum |x w| over the row: the fp32 sums of 300 terms in
+ * two 8-lane chains (<= 19 additions deep, then 4 for the lanes and 4 for
+ * the tail) stay below 30 ulp = 1.8e-6 of that sum; 1e-5 leaves margin. */
 static void test_matmul_w8(void)
 {
-	static const int Ms[] = {1, 3, 7}, groups[] = {32, 128, 0};
-	const int N = 37, K = 300;
+	static const int Ms[] = {1, 2, 4, 5, 17, 64}, groups[] = {32, 128, 0};
+	const int N = 37, K = 300, MM = 64;
 	uint64_t s = 99;
 	int64_t rb = sfw_ql_row_bytes(K);
 	uint8_t *codes = malloc((size_t)N * rb);
-	float *x = malloc((size_t)7 * K * 4), *y = malloc((size_t)7 * N * 4), *sf = malloc((size_t)N * 10 * 4);
+	float *x = malloc((size_t)MM * K * 4), *y = malloc((size_t)MM * N * 4), *sf = malloc((size_t)N * 10 * 4);
 	uint16_t *sb = malloc((size_t)N * 10 * 2);
 	for (size_t i = 0; i < (size_t)N * rb; i++)
 		codes[i] = (uint8_t)(sm_next(&s) >> 56);
-	for (int i = 0; i < 7 * K; i++)
+	for (int i = 0; i < MM * K; i++)
 		x[i] = (float)gauss(&s);
 	for (int gi = 0; gi < 3; gi++)
 		for (int sdt = 0; sdt < 2; sdt++)
-			for (int mi = 0; mi < 3; mi++) {
+			for (int mi = 0; mi < (int)(sizeof(Ms) / sizeof(Ms[0])); mi++) {
 				int g = groups[gi], M = Ms[mi], span = (int)sfw_ql_group_span(K, g);
 				int64_t G = sfw_ql_ngroups(K, g);
 				for (int64_t i = 0; i < N * G; i++) {
@@ -311,6 +314,98 @@ static void test_matmul_w8(void)
 				      sdt ? "f32" : "bf16", worst);
 			}
 	free(codes), free(x), free(y), free(sf), free(sb);
+}
+
+/* ---- J1. one row, the same bits in every call (batch invariance) ------------- */
+/* Row r of x computed alone (M = 1) and inside calls of M = 2, 4, 5, 17, 64
+ * rows starting at different offsets (so it sits at even and odd places of
+ * the register blocks), on executors of 1, 2 and 3 threads, on the AVX2 and
+ * the generic path: every output bit for bit. Shapes: K with a tail of 4,
+ * groups 32 and 128 (the streaming schedule for M <= 4), per channel, and a
+ * group of 24 (not a multiple of 16: the tile schedule for every M);
+ * scales bf16, f16 (one case) and f32. */
+static void test_matmul_w8_rows(void)
+{
+	static const int Ms[] = {1, 2, 4, 5, 17, 64}, offs[] = {0, 3, 8};
+	static const struct {
+		int K, group, sdt;
+	} cases[] = {{300, 32, SFW_DTYPE_BF16}, {300, 128, SFW_DTYPE_F32}, {300, 0, SFW_DTYPE_BF16}, {256, 0, SFW_DTYPE_F16},
+		     {1000, 128, SFW_DTYPE_BF16}, {300, 24, SFW_DTYPE_BF16}};
+	const int N = 101, R = 72; /* 7 tiles of 16 rows, the last of 5 */
+	uint64_t s = 4242;
+	struct sfw_ops_cpu *ex[3] = {NULL, NULL, NULL};
+	struct sfw_err err = {0};
+	for (int t = 0; t < 3; t++)
+		CHECK(sfw_ops_cpu_new(t + 1, &ex[t], &err) == SFW_OK, "an executor of %d threads: %s", t + 1, err.msg);
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		int K = cases[ci].K, g = cases[ci].group, span = (int)sfw_ql_group_span(K, g);
+		enum sfw_dtype sdt = (enum sfw_dtype)cases[ci].sdt;
+		int64_t rb = sfw_ql_row_bytes(K), G = g ? (K + g - 1) / g : 1;
+		uint8_t *codes = malloc((size_t)N * rb);
+		float *x = malloc((size_t)R * K * 4), *one = malloc((size_t)R * N * 4), *gen = malloc((size_t)R * N * 4),
+		      *y = malloc((size_t)64 * N * 4), *sf = malloc((size_t)N * G * 4);
+		uint16_t *sh = malloc((size_t)N * G * 2);
+		for (size_t i = 0; i < (size_t)N * rb; i++)
+			codes[i] = (uint8_t)(sm_next(&s) >> 56);
+		for (int i = 0; i < R * K; i++)
+			x[i] = (float)gauss(&s);
+		for (int64_t i = 0; i < N * G; i++) {
+			uint64_t u = sm_next(&s);
+			if (sdt == SFW_DTYPE_F16) { /* f16 exponent 5 (about 1e-3), a random mantissa: exact in float */
+				sh[i] = (uint16_t)(5 << 10 | (u >> 54));
+				sf[i] = ldexpf(1.0f + (float)(sh[i] & 0x3ff) / 1024.0f, 5 - 15);
+			} else {
+				sh[i] = sfw_f32_to_bf16((float)(0.001 * (1 + (u >> 60))));
+				sf[i] = sfw_bf16_to_f32(sh[i]);
+			}
+		}
+		const void *sc = sdt == SFW_DTYPE_F32 ? (const void *)sf : (const void *)sh;
+		/* every row alone, one thread: the reference bits; then the generic path */
+		for (int r = 0; r < R; r++)
+			sfw_op_matmul_w8_cpu(one + (size_t)r * N, x + (size_t)r * K, codes, sc, sdt, span, 1, N, K);
+		sfwi_op_matmul_w8_generic(1);
+		for (int r = 0; r < R; r++)
+			sfw_op_matmul_w8_cpu(gen + (size_t)r * N, x + (size_t)r * K, codes, sc, sdt, span, 1, N, K);
+		sfwi_op_matmul_w8_generic(0);
+		CHECK(!memcmp(one, gen, (size_t)R * N * 4), "w8 K=%d group %d: the generic path gives the AVX2 path's bits",
+		      K, g);
+		int calls = 0, bad = 0;
+		for (int path = 0; path < 2; path++) {
+			sfwi_op_matmul_w8_generic(path);
+			for (int t = 0; t < 3; t++) {
+				struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex[t]);
+				for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++)
+					for (size_t oi = 0; oi < sizeof(offs) / sizeof(offs[0]); oi++) {
+						int M = Ms[mi], off = offs[oi];
+						if (off + M > R)
+							continue;
+						sfw_op_matmul_w8_cpu(y, x + (size_t)off * K, codes, sc, sdt, span, M, N, K);
+						calls++;
+						bad += memcmp(y, one + (size_t)off * N, (size_t)M * N * 4) != 0;
+					}
+				sfw_ops_cpu_bind(prev);
+			}
+		}
+		sfwi_op_matmul_w8_generic(0);
+		CHECK(bad == 0, "w8 K=%d group %d: every row bit-identical to the row alone in %d calls (M = 1..64, 1-3 "
+		      "threads, both paths): %d differ", K, g, calls, bad);
+		/* and the bits are right: the double-precision reference, the bound of J */
+		double worst = 0;
+		for (int r = 0; r < R; r += 7)
+			for (int n = 0; n < N; n++) {
+				double ref = 0, mag = 0;
+				for (int k = 0; k < K; k++) {
+					double w = (double)((int)codes[(size_t)n * rb + k] - 128) * sf[n * G + k / span];
+					ref += (double)x[(size_t)r * K + k] * w, mag += fabs(x[(size_t)r * K + k] * w);
+				}
+				double e = fabs(one[(size_t)r * N + n] - ref) / (mag + 1e-30);
+				worst = e > worst ? e : worst;
+			}
+		CHECK(worst < 1e-5, "w8 K=%d group %d: worst error %.1e of sum |x w|", K, g, worst);
+		free(codes), free(x), free(one), free(gen), free(y), free(sf), free(sh);
+	}
+	for (int t = 0; t < 3; t++)
+		sfw_ops_cpu_free(ex[t]);
 }
 
 /* ---- J2. the SwiGLU twin (sfw_op_matmul_silu_w8_cpu) against double precision ---- */
@@ -1090,6 +1185,7 @@ int main(void)
 	test_lineage_parse();
 	test_known_bytes();
 	test_matmul_w8();
+	test_matmul_w8_rows();
 	test_matmul_silu_w8();
 	static const int groups[] = {32, 64, 128, 0};
 	for (int i = 0; i < 4; i++) {
