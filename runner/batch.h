@@ -13,9 +13,8 @@
  * Same meaning at every batch size: a sequence's rows are computed exactly as
  * they are by a context of its own (runner/runner.h), fed the same tokens in
  * calls of the same sizes: on the CPU backend bit for bit (tests/test_batch.c;
- * the CPU linears give a row the same bits whatever the other rows,
- * kernels/matmul.c; int8 checkpoints excepted: kernels/matmul_w8.c still
- * takes per-M paths). A prefill chunk of n tokens is one call of n tokens
+ * the CPU linears give a row the same bits whatever the other rows, bf16
+ * and f32 in kernels/matmul.c, int8 in kernels/matmul_w8.c). A prefill chunk of n tokens is one call of n tokens
  * (one InfLLM-v2 dense/sparse decision, from its end); it matches
  * sfw_ctx_prefill of those n tokens when n <= that context's prefill_chunk.
  *
