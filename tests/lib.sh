@@ -50,7 +50,12 @@ PIDS=()
 _scratch_cleanup() {
 	local p d
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-	[ ${#PIDS[@]} -gt 0 ] && wait 2>/dev/null
+	# a server stuck in a handler gets 5 s, then SIGKILL: never a hang here
+	for p in "${PIDS[@]}"; do
+		for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
+		kill -9 "$p" 2>/dev/null
+		wait "$p" 2>/dev/null
+	done
 	while read -r d; do
 		[ -n "$d" ] || continue
 		if [ -n "${KEEP:-}" ]; then echo "kept $d" >&2; else rm -rf "$d"; fi
