@@ -24,12 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -119,9 +113,9 @@ static double run_batch(struct seqs *S, int V, int B, int gen, double *med_ms, i
 	for (int j = 0; j < B; j++)
 		pick[j] = B > 1 ? (int)llround((double)j * (S->n - 1) / (B - 1)) : 0;
 	*lo = S->len[pick[0]], *hi = S->len[pick[B - 1]];
-	double t0 = now_s();
+	double t0 = sfw_now_s();
 	for (int s = 0; s < gen; s++) {
-		double ts = now_s();
+		double ts = sfw_now_s();
 		for (int j = 0; j < B; j++)
 			it[j] = (struct sfw_batch_item){S->seq[pick[j]], &S->next[pick[j]], 1, 1};
 		if (sfw_batch_step(S->b, it, B, &err) != SFW_OK) {
@@ -131,9 +125,9 @@ static double run_batch(struct seqs *S, int V, int B, int gen, double *med_ms, i
 		}
 		for (int j = 0; j < B; j++)
 			S->next[pick[j]] = argmax(sfw_batch_logits(S->b, j), V);
-		steps[s] = now_s() - ts;
+		steps[s] = sfw_now_s() - ts;
 	}
-	double dt = now_s() - t0;
+	double dt = sfw_now_s() - t0;
 	qsort(steps, (size_t)gen, sizeof(double), cmp_d);
 	*med_ms = steps[gen / 2] * 1e3;
 	free(steps);

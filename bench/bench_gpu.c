@@ -27,12 +27,6 @@ int main(void)
 #else
 #include "kernels/ops_cuda.h"
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -63,7 +57,7 @@ int main(int argc, char **argv)
 	struct sfw_model_params mp = sfw_model_default_params();
 	mp.device = SFW_DEVICE_CUDA;
 	struct sfw_model *m = NULL;
-	double t0 = now_s();
+	double t0 = sfw_now_s();
 	if (sfw_model_load(dir, &mp, &m, &err) != SFW_OK) {
 		fprintf(stderr, "bench_gpu: %s\n", err.msg);
 		return 1;
@@ -78,7 +72,7 @@ int main(int argc, char **argv)
 	double step_bytes = 0;
 	printf("model %s: %d layers, loaded on %s in %.1f s; device memory after load %.2f GiB (ours), "
 	       "%.2f GiB (driver)\n",
-	       dir, cf->num_hidden_layers, sfw_model_device_name(m), now_s() - t0, wlive / 1073741824.0,
+	       dir, cf->num_hidden_layers, sfw_model_device_name(m), sfw_now_s() - t0, wlive / 1073741824.0,
 	       wused / 1073741824.0);
 	printf("weights on the device: %.2f GiB (the plan's figure for this model)\n", wp.weights / 1073741824.0);
 	const char *r = runs;

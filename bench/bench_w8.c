@@ -20,12 +20,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -62,11 +56,11 @@ static int bench_shape(int M, int N, int K, int group, double secs)
 	double t[5];
 	for (int r = 0; r < 5; r++) {
 		int reps = 0;
-		double t0 = now_s(), dt;
+		double t0 = sfw_now_s(), dt;
 		do {
 			CALL();
 			reps++;
-		} while ((dt = now_s() - t0) < secs / 5);
+		} while ((dt = sfw_now_s() - t0) < secs / 5);
 		t[r] = dt / reps;
 	}
 #undef CALL

@@ -85,8 +85,6 @@ void cli_model_opts_init(struct cli_model_opts *o);
 /* cli_next that takes the model options into o itself: returns the next
  * other option, CLI_DONE, CLI_HELP, or CLI_ERROR (also for a bad value). */
 int cli_next_model(struct cli_parser *p, struct cli_model_opts *o, const char **arg);
-/* Seconds on the monotonic clock. */
-double cli_now_s(void);
 
 /* Shared by run, score, bench and quant (cli/model.c). cli_model_gate enforces the
  * verified-weights rule on a model directory: the recorded state must hold

@@ -16,12 +16,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-double cli_now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void cli_model_opts_init(struct cli_model_opts *o)
 {

@@ -82,6 +82,9 @@ void sfw_err_clear(struct sfw_err *err);
 /* Maps a status to the documented exit code. */
 int sfw_exit_code(enum sfw_status code);
 
+/* Seconds on the monotonic clock (core/clock.c): for elapsed times only. */
+double sfw_now_s(void);
+
 /* Broken invariants (programmer bugs): abort with file:line. */
 void sfw_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
 #define SFW_ASSERT(x) ((x) ? (void)0 : sfw_assert_fail(#x, __FILE__, __LINE__))

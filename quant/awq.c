@@ -323,7 +323,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	size_t n = 0;
 	struct calib c = {0};
 	enum sfw_status s;
-	double t0 = sfwi_now_s();
+	double t0 = sfw_now_s();
 	sfwi_phase(p, SFW_QP_LOAD, 0, 1, t0);
 	if ((s = sfw_model_load(in_dir, &mp, &m, err)) != SFW_OK)
 		return s;
@@ -364,7 +364,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	}
 	sfw_ctx_set_tap(ctx, on_tap, &c);
 	sfw_ctx_set_tap_linear_inputs(ctx, 1);
-	t0 = sfwi_now_s();
+	t0 = sfw_now_s();
 	for (size_t q = 0; q < nseq && s == SFW_OK; q++) {
 		seq[0] = cf->bos_token_id >= 0 && cf->bos_token_id < cf->vocab_size ? cf->bos_token_id : 1;
 		memcpy(seq + 1, ids + q * per, per * sizeof(int32_t));
@@ -388,7 +388,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		goto done;
 	}
 	out->n_layers = c.L;
-	t0 = sfwi_now_s();
+	t0 = sfw_now_s();
 	for (int li = 0; li < c.L && s == SFW_OK; li++) {
 		const struct sfwi_layer *L = &m->layers[li];
 		struct sfwi_fold_layer *F = &out->L[li];

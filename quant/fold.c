@@ -71,17 +71,11 @@ void sfwi_release_pages(const void *p, uint64_t n)
 	(void)madvise((void *)a, (size_t)(b - a), MADV_DONTNEED); /* advice: a failure only costs memory */
 }
 
-double sfwi_now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void sfwi_phase(const struct sfw_quant_params *p, enum sfw_quant_phase ph, int64_t i, int64_t n, double t0)
 {
 	if (!p->on_phase)
 		return;
-	struct sfw_quant_event ev = {ph, i, n, 0, 0, sfwi_now_s() - t0};
+	struct sfw_quant_event ev = {ph, i, n, 0, 0, sfw_now_s() - t0};
 	p->on_phase(p->progress_user, &ev);
 }

@@ -563,7 +563,7 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 	if (!order)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	uint64_t done = 0;
-	double t_write = sfwi_now_s();
+	double t_write = sfw_now_s();
 	char gs[16];
 	if (p->group_size > 0)
 		snprintf(gs, sizeof(gs), "%d", p->group_size);
@@ -606,7 +606,7 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 			if (p->on_phase) {
 				struct sfw_quant_event ev = {SFW_QP_WRITE,	 (int64_t)done,
 							     (int64_t)pl->total, sh + 1,
-							     pl->n_shards,	 sfwi_now_s() - t_write};
+							     pl->n_shards,	 sfw_now_s() - t_write};
 				p->on_phase(p->progress_user, &ev);
 			}
 			if (s == SFW_OK && p->progress && !p->progress(p->progress_user, order[i]->name, done, pl->total))
@@ -720,7 +720,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	const struct sfw_quant_params *p = pp ? pp : &dp;
 	struct sfw_quant_stats local, *st = p->stats ? p->stats : &local;
 	memset(st, 0, sizeof(*st));
-	double t0 = sfwi_now_s();
+	double t0 = sfw_now_s();
 	if (!sfw_quant_traits(p->group_size))
 		return sfw_fail(err, SFW_E_INVAL, "group size %d is not supported (32, 64, 128 or channel)",
 				p->group_size);
@@ -749,10 +749,10 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	if ((s = sfw_st_set_open(in_dir, &set, err)) != SFW_OK)
 		goto done;
 	if (p->method == SFW_QUANT_AWQ) {
-		double tc = sfwi_now_s();
+		double tc = sfw_now_s();
 		if ((s = sfwi_awq_search(in_dir, p, &fold, err)) != SFW_OK)
 			goto done;
-		st->seconds_calib = sfwi_now_s() - tc;
+		st->seconds_calib = sfw_now_s() - tc;
 	}
 	if ((s = make_plan(in_dir, set, p, p->method == SFW_QUANT_AWQ ? &fold : NULL, &pl, &st->n_quantized, err)) != SFW_OK)
 		goto done;
@@ -806,7 +806,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 	if ((s = write_json(out_dir, "config.json", cj, err)) != SFW_OK) /* last: the model is complete */
 		goto done;
 	remove_stale(out_dir, pl.n_shards, p->force);
-	st->seconds_total = sfwi_now_s() - t0;
+	st->seconds_total = sfw_now_s() - t0;
 done:
 	if (wc.rowbuf)
 		for (int i = 0; i < wc.nt; i++) {

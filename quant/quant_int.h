@@ -35,7 +35,6 @@ void sfwi_fold_lookup(const struct sfwi_fold *f, const char *name, const float *
 void sfwi_release_pages(const void *p, uint64_t n);
 /* The progress event, when the caller asked for one. */
 void sfwi_phase(const struct sfw_quant_params *p, enum sfw_quant_phase ph, int64_t i, int64_t n, double t0);
-double sfwi_now_s(void);
 
 /* Runs the calibration forward on in_dir and searches every smoothing group
  * (quant/awq.c); fills *out (caller frees with sfwi_fold_free). */

@@ -117,12 +117,6 @@ static size_t stop_find(const char *text, size_t n, const char *const *stop, siz
 	return at;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* The parameters a stream uses (the prompt fields are sfw_generate's). */
 static enum sfw_status check_stream_params(const struct sfw_gen_params *p, const struct sfw_tokenizer *tok,
@@ -317,10 +311,10 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the logits");
 		goto done;
 	}
-	double t0 = now_s();
+	double t0 = sfw_now_s();
 	if ((s = sfw_ctx_prefill(ctx, ids, n, logits, err)) != SFW_OK)
 		goto done;
-	double t1 = now_s();
+	double t1 = sfw_now_s();
 	st->prompt_tokens = (int64_t)n;
 	st->prefill_s = t1 - t0;
 
@@ -346,10 +340,10 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 			break;
 		int32_t next = -1;
 		double u = sfw_sampler_uniform(smp);
-		double a = now_s();
+		double a = sfw_now_s();
 		if ((s = sfw_ctx_decode_next(ctx, id, &smp->p, u, &next, err)) != SFW_OK)
 			goto done;
-		st->decode_s += now_s() - a;
+		st->decode_s += sfw_now_s() - a;
 		st->decode_steps++;
 		id = (size_t)(i + 1) < p->n_force ? p->force[i + 1] : next;
 	}

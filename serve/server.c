@@ -125,12 +125,6 @@ struct sfw_server {
 	struct req *run[MAX_SEQS];
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Drops one reference under srv->mu; frees the request at zero. */
 static void req_unref_locked(struct req *r)
@@ -216,7 +210,7 @@ static void take_token(struct sfw_server *s, struct req *r, const float *logits)
 	enum sfw_status st =
 	    id < 0 ? sfw_fail(&err, SFW_E_NOMEM, "out of memory for the sampler's scratch")
 		   : sfw_gen_stream_push(&r->gs, id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &n, &fin, &err);
-	double now = now_s();
+	double now = sfw_now_s();
 	pthread_mutex_lock(&s->mu);
 	if (st == SFW_OK && fin != SFW_FINISH_EOS) {
 		if (r->made++ == 0)
@@ -849,7 +843,7 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 					 "too many requests are waiting; try again later", "1");
 	}
 	r->id = ++s->next_id;
-	r->t_arrive = now_s();
+	r->t_arrive = sfw_now_s();
 	r->refs = 2; /* the connection and the engine */
 	if (s->qtail)
 		s->qtail->next = r;

@@ -30,12 +30,6 @@
 
 #define STEPS 4
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 struct out {
 	float *logits; /* [STEPS + 1][V] */
@@ -67,7 +61,7 @@ static int run(const char *dir, enum sfw_device dev, int chunk, const int32_t *i
 	struct sfw_ctx *c = NULL;
 	s = sfw_ctx_new(m, &xp, &c, &err);
 	CHECK(s == SFW_OK, "ctx: %s", err.msg);
-	double t0 = now_s();
+	double t0 = sfw_now_s();
 	if (s == SFW_OK)
 		s = sfw_ctx_prefill(c, ids, n, o->logits, &err);
 	CHECK(s == SFW_OK, "prefill %zu tokens on %s: %s", n, sfw_model_device_name(m), err.msg);
@@ -86,7 +80,7 @@ static int run(const char *dir, enum sfw_device dev, int chunk, const int32_t *i
 			CHECK(s == SFW_OK, "decode: %s", err.msg);
 		}
 	}
-	o->secs = now_s() - t0;
+	o->secs = sfw_now_s() - t0;
 	sfw_ctx_free(c);
 	sfw_model_free(m);
 	return s == SFW_OK ? V : 0;

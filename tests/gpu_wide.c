@@ -33,12 +33,6 @@
 
 #include <time.h>
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* One half: the model in dir on CUDA against the reference file. */
 static void half(const char *kind, const char *dir, const char *refs, enum sfw_device dev)
@@ -57,7 +51,7 @@ static void half(const char *kind, const char *dir, const char *refs, enum sfw_d
 	struct sfw_model *m = NULL;
 	struct sfw_model_params mp = sfw_model_default_params();
 	mp.device = dev;
-	double t0 = now_s();
+	double t0 = sfw_now_s();
 	enum sfw_status s = sfw_model_load(dir, &mp, &m, &err);
 	if (s == SFW_E_UNSUPPORTED && int8) {
 		CHECK(0,
@@ -72,7 +66,7 @@ static void half(const char *kind, const char *dir, const char *refs, enum sfw_d
 		wide_ref_free(&r);
 		return;
 	}
-	double t_load = now_s() - t0;
+	double t_load = sfw_now_s() - t0;
 	CHECK(strcmp(sfw_model_device_name(m), dname) == 0, "%s: runs on %s", kind, sfw_model_device_name(m));
 	const struct sfw_config *cf = sfw_model_config(m);
 	ok = r.V == cf->vocab_size && r.L == cf->num_hidden_layers && r.nkv == cf->num_key_value_heads &&
@@ -102,10 +96,10 @@ static void half(const char *kind, const char *dir, const char *refs, enum sfw_d
 	double worst = 0, t_prefill = 0, t_decode = 0;
 	long near_greedy = 0;
 	for (int i = 0; ok && i <= r.steps; i++) {
-		double t1 = now_s();
+		double t1 = sfw_now_s();
 		s = i == 0 ? sfw_ctx_prefill(c, ids, WIDE_TOKENS, lg, &err)
 			   : sfw_ctx_decode(c, r.tok[i - 1], lg, &err);
-		*(i == 0 ? &t_prefill : &t_decode) += now_s() - t1;
+		*(i == 0 ? &t_prefill : &t_decode) += sfw_now_s() - t1;
 		CHECK(s == SFW_OK, "%s: %s: %s", kind, i == 0 ? "prefill" : "decode", err.msg);
 		if (s != SFW_OK)
 			break;

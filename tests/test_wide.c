@@ -21,12 +21,6 @@
 
 #define REF_DIR "tests/data/gpu_wide"
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------ --write-ref */
 
@@ -111,12 +105,12 @@ static int write_ref(const char *kind, const char *dir, const char *out)
 	struct sfw_ctx *c = NULL;
 	s = sfw_ctx_new(m, &xp, &c, &err);
 	CHECK(s == SFW_OK, "ctx: %s", err.msg);
-	double t0 = now_s();
+	double t0 = sfw_now_s();
 	/* the prompt but its last token without the tap (see wide_ref.h) */
 	if (s == SFW_OK)
 		s = sfw_ctx_prefill(c, ids, WIDE_TOKENS - 1, NULL, &err);
 	CHECK(s == SFW_OK, "prefill: %s", err.msg);
-	printf("test_wide: %s: %d-token prefill on the CPU: %.0f s\n", kind, WIDE_TOKENS - 1, now_s() - t0);
+	printf("test_wide: %s: %d-token prefill on the CPU: %.0f s\n", kind, WIDE_TOKENS - 1, sfw_now_s() - t0);
 	fflush(stdout);
 	struct capture cp = {&r, 0};
 	sfw_ctx_set_tap(c, on_tap, &cp);
@@ -146,7 +140,7 @@ static int write_ref(const char *kind, const char *dir, const char *out)
 			      "row %d layer %d: block scores tapped", i, l);
 		}
 	}
-	r.cpu_ms = (int64_t)((now_s() - t0) * 1e3);
+	r.cpu_ms = (int64_t)((sfw_now_s() - t0) * 1e3);
 	sfw_ctx_free(c);
 	sfw_model_free(m);
 	if (s == SFW_OK && !check_failed_) {

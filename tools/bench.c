@@ -18,12 +18,6 @@
 #include "kernels/ops_cuda.h"
 #endif
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -56,7 +50,7 @@ static int stamp(void *user, const struct sfw_gen_token *tk)
 {
 	struct stamps *s = user;
 	if (tk->id >= 0 && s->n < s->cap)
-		s->t[s->n++] = now_s();
+		s->t[s->n++] = sfw_now_s();
 	return 0;
 }
 
