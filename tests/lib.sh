@@ -69,3 +69,27 @@ scratch() {
 	echo "$d"
 }
 
+
+# faultd_serve ROOT LIFETIME NAME [faultd args]: a tests/httpd/faultd.py
+# server over ROOT for LIFETIME s, logging to $T/NAME.log, its port in
+# $PORT_NAME once it listens; its pid joins PIDS.
+faultd_serve() {
+	local root=$1 life=$2 name=$3
+	shift 3
+	rm -f "$T/$name.port" "$T/$name.log"
+	python3 tests/httpd/faultd.py serve --root "$root" --port-file "$T/$name.port" --log "$T/$name.log" \
+		--lifetime "$life" "$@" &
+	PIDS+=($!)
+	for _ in $(seq 100); do [ -s "$T/$name.port" ] && break; sleep 0.05; done
+	eval "PORT_$name=$(cat "$T/$name.port")"
+}
+# json_summary FILE KEY: a field of the summary line of a --json report
+json_summary() {
+	python3 -c '
+import json,sys
+for l in open(sys.argv[1]):
+    l=l.strip()
+    if l.startswith("{"):
+        d=json.loads(l)
+        if d.get("event")=="summary": print(d[sys.argv[2]])' "$1" "$2"
+}

@@ -142,13 +142,7 @@ rm -f "$T/m/config.json.tmp.4242.7" "$T/m/notes.tmp.txt" "$T/m/draft.tmp"
 # get: SIGINT during a slow transfer; the partial stays and resumes
 FAULTD="python3 tests/httpd/faultd.py"
 mkdir -p "$T/src"; head -c 3000000 /dev/urandom > "$T/src/w.bin"; echo '{}' > "$T/src/config.json"
-faultd() {
-	local name=$1; shift
-	$FAULTD serve --root "$T/src" --port-file "$T/$name.port" --log "$T/$name.log" --lifetime 120 "$@" &
-	PIDS+=($!)
-	for _ in $(seq 100); do [ -s "$T/$name.port" ] && break; sleep 0.05; done
-	eval "PORT_$name=$(cat "$T/$name.port")"
-}
+faultd() { faultd_serve "$T/src" 120 "$@"; }
 faultd slow --rate 250000
 faultd fast
 $FAULTD manifest --dir "$T/src" --repo test/ecget --rev $REV --key-id "$KID" --source "http:http://127.0.0.1:$PORT_slow/" > "$T/g.json"

@@ -51,25 +51,9 @@ mkman() {
 }
 
 # faultd NAME ARGS...: start a fault server; sets PORT_NAME, logs to $T/NAME.log
-faultd() {
-	local name=$1; shift
-	rm -f "$T/$name.port" "$T/$name.log"
-	$FAULTD serve --root "$T/model" --port-file "$T/$name.port" --log "$T/$name.log" --lifetime 90 "$@" &
-	PIDS+=($!)
-	for _ in $(seq 100); do [ -s "$T/$name.port" ] && break; sleep 0.05; done
-	eval "PORT_$name=$(cat "$T/$name.port")"
-}
+faultd() { faultd_serve "$T/model" 90 "$@"; }
 
-# summary FILE KEY: a field of the --json summary line
-summary() {
-	python3 -c '
-import json,sys
-for l in open(sys.argv[1]):
-    l=l.strip()
-    if l.startswith("{"):
-        d=json.loads(l)
-        if d.get("event")=="summary": print(d[sys.argv[2]])' "$1" "$2"
-}
+summary() { json_summary "$@"; }
 # ptag PATH: the path part of a partial's name (FNV-1a 64, computed here
 # independently of the C code)
 ptag() { python3 -c '

@@ -24,13 +24,7 @@ head -c 1000 /dev/urandom > "$T/src/sub/b.bin"
 echo '{"a": 1}' > "$T/src/config.json"
 "$S" keygen --pubkey-out "$T/k.pub" -s "$T/k.key" > "$T/kg.txt"
 KID=$(sed -n 's/^key id //p' "$T/kg.txt")
-faultd() {
-	local name=$1; shift
-	$FAULTD serve --root "$T/src" --port-file "$T/$name.port" --log "$T/$name.log" --lifetime 120 "$@" &
-	PIDS+=($!)
-	for _ in $(seq 100); do [ -s "$T/$name.port" ] && break; sleep 0.05; done
-	eval "PORT_$name=$(cat "$T/$name.port")"
-}
+faultd() { faultd_serve "$T/src" 120 "$@"; }
 # mkman OUT [faultd manifest args]: a signed manifest for $REPO
 mkman() { local o=$1; shift; $FAULTD manifest --dir "$T/src" --repo "${MREPO:-$REPO}" --rev $REV --key-id "$KID" "$@" > "$o" && "$S" sign -s "$T/k.key" "$o" >/dev/null; }
 # G ARGS: get with a fresh rollback state

@@ -35,24 +35,9 @@ mkman() {
 	minisign -S -s "$T/k.key" -m "$out" -x "$out.minisig" \
 		-t "salafw-manifest repo_id=$REPO revision=$REV manifest_version=1" >/dev/null 2>&1
 }
-faultd() {
-	local name=$1; shift
-	rm -f "$T/$name.port" "$T/$name.log"
-	$FAULTD serve --root "$T/model" --port-file "$T/$name.port" --log "$T/$name.log" --lifetime 120 "$@" &
-	PIDS+=($!)
-	for _ in $(seq 100); do [ -s "$T/$name.port" ] && break; sleep 0.05; done
-	eval "PORT_$name=$(cat "$T/$name.port")"
-}
+faultd() { faultd_serve "$T/model" 120 "$@"; }
 tree_ok() { (cd "$1" && sha256sum --quiet -c "$T/SUMS") >/dev/null 2>&1; }
-summary() {
-	python3 -c '
-import json,sys
-for l in open(sys.argv[1]):
-    l=l.strip()
-    if l.startswith("{"):
-        d=json.loads(l)
-        if d.get("event")=="summary": print(d[sys.argv[2]])' "$1" "$2"
-}
+summary() { json_summary "$@"; }
 # sent LOG PATH: body bytes a faultd sent for PATH; asked LOG PATH: requests for it
 sent() { python3 -c '
 import json,sys
