@@ -15,17 +15,7 @@ trap 'stop_all; _scratch_cleanup' EXIT
 if ! "$VENV/bin/python3" -c 'import openai' >/dev/null 2>&1; then
 	python3 -m venv "$VENV" >/dev/null 2>&1 && "$VENV/bin/pip" install -q --disable-pip-version-check openai >/dev/null 2>&1
 fi
-"$VENV/bin/python3" -c 'import openai' >/dev/null 2>&1 || { fail "the openai client in $VENV (scripts/setup.sh)"; # the first server too ends cleanly after all of the above (no leak or
-# sanitizer report under make SAN=1), and nothing in the logs is raw request text
-kill -TERM "$MAIN_PID"
-wait "$MAIN_PID"
-rc=$?
-[ "$rc" = 0 ] && pass "the main server exits 0 on SIGTERM" || fail "main server: exit $rc: $(tail -c 400 "$S/main.log")"
-! grep -qE 'AddressSanitizer|runtime error|LeakSanitizer' "$S"/*.log && pass "no sanitizer reports" ||
-	fail "sanitizer: $(grep -hE -A5 'AddressSanitizer|runtime error|LeakSanitizer' "$S"/*.log | head -c 600)"
-! grep -qE 'frobnicate|gpt-4|lorem' "$S"/*.log && pass "request text is not logged" || fail "the log holds request text"
-
-check_report test_serve.sh; exit 1; }
+"$VENV/bin/python3" -c 'import openai' >/dev/null 2>&1 || { fail "the openai client in $VENV (scripts/setup.sh)"; check_report test_serve.sh; exit 1; }
 
 # a tiny model, signed with a local key and verified (its name is the model id)
 export SALAFW_STATE_DIR=$S/state
