@@ -473,7 +473,7 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 	if (s != SFW_OK) {
 		/* AUTO picked a backend without int8 support: the CPU runs it */
 		int retry = p->device == SFW_DEVICE_AUTO && s == SFW_E_UNSUPPORTED && m->n_w8 == 0 && m->quantized &&
-			    !m->be->supports(m->be, SFW_BOP_MATMUL, SFW_DTYPE_W8) && strcmp(m->be->name, "cpu") != 0;
+			    !m->be->supports(m->be, SFW_BOP_MATMUL, SFW_DTYPE_W8);
 		sfw_model_free(m);
 		if (retry) {
 			struct sfw_model_params cp = *p;
