@@ -1,7 +1,7 @@
 /* bench_batch.c - aggregate decode throughput of batched decode
  * (runner/batch.h) on one model directory:
  *   bench_batch MODEL [--device cpu|cuda] [--threads N] [--batch 1,8,32,64]
- *               [--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C]
+ *               [--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--seqs 0]
  * One batch of Bmax sequences (the largest B asked for), prefilled once:
  * sequence i gets a prompt of L tokens (or, with LMIN-LMAX, lengths spread
  * geometrically from LMIN to LMAX: the mixed-length case), BOS then random
@@ -12,7 +12,9 @@
  * (B * G / time), the lengths it ran at and the median step, against B
  * times the B = 1 figure of the same run. (Each run leaves its sequences
  * G tokens longer for the next: small against the contexts measured.)
- * Built in every build; on the CPU it runs as is (small presets: the
+ * --seqs 0: the backend option no_seqs (each sequence's attention and GLA
+ * launched apart: the path before the batched kernels, for A/B). Built in
+ * every build; on the CPU it runs as is (small presets: the
  * prefill dominates the wall time, keep L small). */
 #include "runner/batch.h"
 #include "runner/runner.h"
@@ -138,7 +140,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 2) {
 		fprintf(stderr, "usage: bench_batch MODEL [--device cpu|cuda] [--threads N] [--batch 1,8,32,64] "
-				"[--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C]\n");
+				"[--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--seqs 0]\n");
 		return 2;
 	}
 	const char *dir = argv[1], *batches = "1,8,32,64", *ctx = "1024";
@@ -158,6 +160,8 @@ int main(int argc, char **argv)
 			gen = atoi(v);
 		else if (!strcmp(o, "--chunk"))
 			chunk = atoi(v);
+		else if (!strcmp(o, "--seqs"))
+			mp.be.no_seqs = !atoi(v);
 		else {
 			fprintf(stderr, "bench_batch: unknown option '%s'\n", o);
 			return 2;

@@ -65,6 +65,7 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 	b->gla_serial = gla && !strcmp(gla, "serial");
 	b->no_merge = env_on("SALAFW_CUDA_NOMERGE");
 	b->no_fuse = env_on("SALAFW_CUDA_NOFUSE");
+	b->no_seqs = env_on("SALAFW_CUDA_NOSEQS");
 	b->no_graph = env_on("SALAFW_CUDA_NOGRAPH");
 	b->no_sample = env_on("SALAFW_CUDA_NOSAMPLE");
 	b->step_sync = env_on("SALAFW_CUDA_STEPSYNC");

@@ -106,8 +106,23 @@ static __device__ __forceinline__ int next_unit(const att_args &a, const int32_t
 	return u1;
 }
 
-template <typename A, int HD, int HPW>
-static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
+/* Row r's caches and position: the call's, or row r's sequence's. */
+static __device__ __forceinline__ int64_t row_seq(const att_args &a, const sfwc_one_seq &, int r, const void **kc,
+						  const void **vc)
+{
+	*kc = a.kc, *vc = a.vc;
+	return (a.dpos ? *a.dpos : a.pos0) + r;
+}
+
+static __device__ __forceinline__ int64_t row_seq(const att_args &, const sfw_cuda_seqs &s, int r, const void **kc,
+						  const void **vc)
+{
+	*kc = s.p[0][r], *vc = s.p[1][r];
+	return s.pos[r];
+}
+
+template <typename A, int HD, int HPW, typename SQ>
+static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, const SQ sq)
 {
 	sfwc_pdl_wait();
 	constexpr int CPL = HD / 32; /* value columns per lane */
@@ -117,8 +132,9 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a)
 	__shared__ __align__(16) float Vs[ATT_KT][HD];
 	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv, split = blockIdx.y;
 	int G = a.nh / a.nkv, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-	int64_t p = (a.dpos ? *a.dpos : a.pos0) + r;
-	const A *q = (const A *)a.q, *kc = (const A *)a.kc, *vc = (const A *)a.vc;
+	const void *kv, *vv;
+	int64_t p = row_seq(a, sq, r, &kv, &vv);
+	const A *q = (const A *)a.q, *kc = (const A *)kv, *vc = (const A *)vv;
 	const int32_t *sel = a.idx ? a.idx + ((size_t)g * a.T + r) * a.k : NULL;
 	for (int i = threadIdx.x; i < ATT_WARPS * HPW * HD; i += ATT_THREADS)
 		qs[i / HD][i % HD] = i < G * HD ? act_ld(q, ((size_t)r * a.nh + (size_t)g * G) * HD + i) : 0.0f;
@@ -257,8 +273,8 @@ static __global__ void __launch_bounds__(HD) attn_combine_kernel(att_args a)
 	act_st((A *)a.o, ((size_t)r * a.nh + (size_t)g * G + hh) * HD + c, L > 0 ? o / L : 0.0f);
 }
 
-template <typename A, int HD>
-static void attn_launch(att_args a, int sms, cudaStream_t s)
+template <typename A, int HD, typename SQ>
+static void attn_launch(att_args a, const SQ &sq, int sms, cudaStream_t s)
 {
 	int G = a.nh / a.nkv;
 	int rows = a.T * a.nkv;
@@ -274,9 +290,9 @@ static void attn_launch(att_args a, int sms, cudaStream_t s)
 	a.nsplit = nsplit;
 	dim3 grid(rows, nsplit);
 	if (G <= ATT_WARPS)
-		sfwc_launch(attn_kernel<A, HD, 1>, dim3(grid), dim3(ATT_THREADS), 0, s, a);
+		sfwc_launch(attn_kernel<A, HD, 1, SQ>, dim3(grid), dim3(ATT_THREADS), 0, s, a, sq);
 	else
-		sfwc_launch(attn_kernel<A, HD, 2>, dim3(grid), dim3(ATT_THREADS), 0, s, a);
+		sfwc_launch(attn_kernel<A, HD, 2, SQ>, dim3(grid), dim3(ATT_THREADS), 0, s, a, sq);
 	SFW_CUDA_LAUNCHED();
 	if (nsplit > 1) {
 		sfwc_launch(attn_combine_kernel<A, HD>, dim3(rows, G), dim3(HD), 0, s, a);
@@ -284,7 +300,8 @@ static void attn_launch(att_args a, int sms, cudaStream_t s)
 	}
 }
 
-static void attn_any(att_args a, int hd, enum sfw_dtype act, void *stream)
+template <typename SQ>
+static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, void *stream)
 {
 	if (a.T <= 0)
 		return;
@@ -293,9 +310,9 @@ static void attn_any(att_args a, int hd, enum sfw_dtype act, void *stream)
 	int sms = sfwi_cuda_sms();
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	switch (hd) {
-	case 32: ACT_DISPATCH(act, attn_launch<A, 32>(a, sms, s)); break;
-	case 64: ACT_DISPATCH(act, attn_launch<A, 64>(a, sms, s)); break;
-	case 128: ACT_DISPATCH(act, attn_launch<A, 128>(a, sms, s)); break;
+	case 32: ACT_DISPATCH(act, attn_launch<A, 32>(a, sq, sms, s)); break;
+	case 64: ACT_DISPATCH(act, attn_launch<A, 64>(a, sq, sms, s)); break;
+	case 128: ACT_DISPATCH(act, attn_launch<A, 128>(a, sq, sms, s)); break;
 	default:
 		fprintf(stderr, "salafw: attention head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
 		abort();
@@ -308,7 +325,7 @@ extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, c
 	if (sfwi_attn_tc(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, stream))
 		return;
 	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale, NULL};
-	attn_any(a, hd, act, stream);
+	attn_any(a, sfwc_one_seq(), hd, act, stream);
 }
 
 extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx,
@@ -318,7 +335,7 @@ extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, 
 	if (sfwi_attn_tc(o, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale, act, stream))
 		return;
 	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale, NULL};
-	attn_any(a, hd, act, stream);
+	attn_any(a, sfwc_one_seq(), hd, act, stream);
 }
 
 /* ---- a recorded decode step: the row's position read on the device ---- */
@@ -331,7 +348,7 @@ extern "C" void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *k
 	/* the split count is planned for len_bound keys; a split past the
 	 * row's last key writes an empty partial (max -inf, sum 0) */
 	att_args a = {q, kc, vc, NULL, o, NULL, 1, nh, nkv, 0, 0, 1, len_bound - 1, scale, dpos};
-	attn_any(a, hd, act, stream);
+	attn_any(a, sfwc_one_seq(), hd, act, stream);
 }
 
 extern "C" void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
@@ -340,7 +357,7 @@ extern "C" void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *
 {
 	SFW_ASSERT(dpos);
 	att_args a = {q, kc, vc, idx, o, NULL, 1, nh, nkv, k, block, 1, 0, scale, dpos};
-	attn_any(a, hd, act, stream);
+	attn_any(a, sfwc_one_seq(), hd, act, stream);
 }
 
 /* One token's K and V rows (row_bytes each) to row *dpos of the caches. */
@@ -378,5 +395,52 @@ extern "C" void sfw_cuda_kv_append_devpos(void *kc, void *vc, const void *k, con
 	else
 		sfwc_launch(kv_append_devpos_kernel2, dim3(1), dim3(256), 0, s, (uint16_t *)kc, (uint16_t *)vc,
 			    (const uint16_t *)k, (const uint16_t *)v, (int)(row_bytes / 2), dpos);
+	SFW_CUDA_LAUNCHED();
+}
+
+/* ---- a batched decode step: one row per sequence (ops_cuda.h) ---- */
+
+extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sfw_cuda_seqs *s, int nh, int nkv,
+					 int hd, float scale, enum sfw_dtype act, void *stream)
+{
+	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX);
+	int64_t maxpos = 0;
+	for (int i = 0; i < s->n; i++)
+		maxpos = s->pos[i] > maxpos ? s->pos[i] : maxpos;
+	/* pos0 + T = the longest row's keys: it plans the split count; a split
+	 * past a shorter row's last key writes an empty partial */
+	att_args a = {q, NULL, NULL, NULL, o, NULL, s->n, nh, nkv, 0, 0, 1, maxpos + 1 - s->n, scale, NULL};
+	attn_any(a, *s, hd, act, stream);
+}
+
+/* Row b of k and v (n16 vectors of 16 bytes, or n2 elements of 2) to row
+ * pos[b] of sequence b's caches. */
+template <typename V>
+static __global__ void kv_append_seqs_kernel(const sfw_cuda_seqs S, const V *k, const V *v, int nv)
+{
+	sfwc_pdl_wait();
+	int b = blockIdx.x;
+	V *kc = (V *)S.p[0][b], *vc = (V *)S.p[1][b];
+	size_t base = (size_t)S.pos[b] * (size_t)nv, src = (size_t)b * (size_t)nv;
+	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+		kc[base + i] = k[src + i];
+		vc[base + i] = v[src + i];
+	}
+}
+
+extern "C" void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,
+					void *stream)
+{
+	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX);
+	cudaStream_t st = SFW_CUDA_STREAM(stream);
+	uintptr_t al = (uintptr_t)k | (uintptr_t)v | (uintptr_t)row_bytes;
+	for (int i = 0; i < s->n; i++)
+		al |= (uintptr_t)s->p[0][i] | (uintptr_t)s->p[1][i];
+	if (al % 16 == 0)
+		sfwc_launch(kv_append_seqs_kernel<uint4>, dim3(s->n), dim3(256), 0, st, *s, (const uint4 *)k,
+			    (const uint4 *)v, (int)(row_bytes / 16));
+	else
+		sfwc_launch(kv_append_seqs_kernel<uint16_t>, dim3(s->n), dim3(256), 0, st, *s, (const uint16_t *)k,
+			    (const uint16_t *)v, (int)(row_bytes / 2));
 	SFW_CUDA_LAUNCHED();
 }

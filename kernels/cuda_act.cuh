@@ -136,4 +136,10 @@ struct sfw_cuda_blas *sfwi_cuda_blas(void);
 void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
 			 enum sfw_dtype act, void *stream);
 
+/* A kernel's sequences: sfwc_one_seq (the call's own cache, an empty
+ * launch parameter) or struct sfw_cuda_seqs (ops_cuda.h: row i of a
+ * batched decode step belongs to sequence i). Kernels templated on it keep
+ * one body for both. */
+struct sfwc_one_seq {};
+
 #endif

@@ -101,11 +101,23 @@ struct qkn_table {
 	float inv[64];
 };
 
-template <typename A, int HD>
+/* Row t's position: pos0 (or *dpos) + t for one sequence, pos[t] for row t
+ * of a batched decode step. */
+static __device__ __forceinline__ int64_t qkn_pos(const sfwc_one_seq &, int64_t pos0, const int64_t *dpos, int t)
+{
+	return (dpos ? *dpos : pos0) + t;
+}
+
+static __device__ __forceinline__ int64_t qkn_pos(const sfw_cuda_seqs &sq, int64_t, const int64_t *, int t)
+{
+	return sq.pos[t];
+}
+
+template <typename A, int HD, typename SQ>
 static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
 					   enum sfw_dtype kwdt, int rows_q, int rows, int nhq, int nhk, int n,
 					   float eps, int rope, int64_t pos0, const qkn_table tab,
-					   const int64_t *dpos)
+					   const int64_t *dpos, const SQ sq)
 {
 	sfwc_pdl_wait();
 	constexpr int NJ = HD / 32;
@@ -139,8 +151,7 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 	__syncwarp(); /* the warp's stores are visible to its lanes */
 	int t = rr / (isq ? nhq : nhk);
 	for (int m = lane; m < HD / 2; m += 32) {
-		int64_t p0 = dpos ? *dpos : pos0;
-		float a = (float)(p0 + t) * tab.inv[m];
+		float a = (float)qkn_pos(sq, pos0, dpos, t) * tab.inv[m];
 		float c = cosf(a), s = sinf(a);
 		float x0 = act_ld(xr, m), x1 = act_ld(xr, m + HD / 2);
 		act_st(xr, m, x0 * c - x1 * s);
@@ -148,10 +159,10 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 	}
 }
 
-extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-					     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-					     int64_t pos0, const int64_t *dpos, float theta, enum sfw_dtype act,
-					     void *stream)
+template <typename SQ>
+static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw, enum sfw_dtype kwdt, int T,
+		    int nhq, int nhk, int hd, float eps, int rope, int64_t pos0, const int64_t *dpos, float theta,
+		    enum sfw_dtype act, const SQ &sq, void *stream)
 {
 	if (T <= 0 || nhq + nhk <= 0)
 		return;
@@ -172,9 +183,9 @@ extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, e
 			tab.inv[m] = 1.0f / powf(theta, (float)(2 * m) / (float)hd);
 	dim3 grid((unsigned)((rows + QKN_WARPS - 1) / QKN_WARPS)), block(32 * QKN_WARPS);
 #define QKN_LAUNCH(HD)                                                                                            \
-	ACT_DISPATCH(act, sfwc_launch(qk_norm_rope_kernel<A, HD>, grid, block, 0, SFW_CUDA_STREAM(stream), (A *)q,   \
-				      (A *)k, qw, qwdt, kw, kwdt, rows_q, rows, nhq, nhk, hd, eps, rope, pos0, tab,  \
-				      dpos))
+	ACT_DISPATCH(act, sfwc_launch(qk_norm_rope_kernel<A, HD, SQ>, grid, block, 0, SFW_CUDA_STREAM(stream),       \
+				      (A *)q, (A *)k, qw, qwdt, kw, kwdt, rows_q, rows, nhq, nhk, hd, eps, rope, pos0, \
+				      tab, dpos, sq))
 	if (hd == 32)
 		QKN_LAUNCH(32);
 	else if (hd == 64)
@@ -183,6 +194,22 @@ extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, e
 		QKN_LAUNCH(128);
 #undef QKN_LAUNCH
 	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+					     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
+					     int64_t pos0, const int64_t *dpos, float theta, enum sfw_dtype act,
+					     void *stream)
+{
+	qkn_any(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, dpos, theta, act, sfwc_one_seq(), stream);
+}
+
+extern "C" void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+					   enum sfw_dtype kwdt, const struct sfw_cuda_seqs *s, int nhq, int nhk, int hd,
+					   float eps, int rope, float theta, enum sfw_dtype act, void *stream)
+{
+	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && (hd == 32 || hd == 64 || hd == 128));
+	qkn_any(q, k, qw, qwdt, kw, kwdt, s->n, nhq, nhk, hd, eps, rope, 0, NULL, theta, act, *s, stream);
 }
 
 extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,

@@ -64,6 +64,30 @@ static __global__ void compress_devpos_kernel(A *c1, A *c2, const A *k, int row,
 	compress_chunks(c, k, row, j0, j1, ks, st);
 }
 
+/* A batched decode step: sequence blockIdx.z's token at pos[z]; p[0] c1,
+ * p[1] c2, p[2] its K cache. */
+template <typename A>
+static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int ksize, int stride)
+{
+	sfwc_pdl_wait();
+	int lv = blockIdx.y, z = blockIdx.z;
+	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
+	A *c = (A *)S.p[lv][z];
+	int64_t p = S.pos[z];
+	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
+	compress_chunks(c, (const A *)S.p[2][z], row, j0, j1, ks, st);
+}
+
+extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
+				       enum sfw_dtype act, void *stream)
+{
+	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && ksize >= 1 && stride >= 1);
+	int row = nkv * hd;
+	ACT_DISPATCH(act, sfwc_launch(compress_seqs_kernel<A>, dim3((unsigned)((row + 255) / 256), 2, s->n), dim3(256),
+				      0, SFW_CUDA_STREAM(stream), *s, row, ksize, stride));
+	SFW_CUDA_LAUNCHED();
+}
+
 extern "C" void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, int nkv, int hd, int ksize, int stride,
 					 const int64_t *dpos, enum sfw_dtype act, void *stream)
 {

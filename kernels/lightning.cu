@@ -15,16 +15,29 @@
 #define GLA_THREADS 256
 #define GLA_WARPS (GLA_THREADS / 32)
 
-template <typename A, int HD>
+/* The state a block updates: the call's, or (a batched decode step, one
+ * row per sequence) that of sequence blockIdx.z. */
+static __device__ __forceinline__ float *gla_state(const sfwc_one_seq &, float *state)
+{
+	return state;
+}
+
+static __device__ __forceinline__ float *gla_state(const sfw_cuda_seqs &sq, float *)
+{
+	return (float *)sq.p[0][blockIdx.z];
+}
+
+/* blockIdx.z: the sequence (0 for one; its T = 1 row is row blockIdx.z) */
+template <typename A, int HD, typename SQ>
 static __global__ void __launch_bounds__(GLA_THREADS)
 	gla_rec_kernel(A *o, const A *q, const A *k, const A *v, float *state, const float *decay, int T, int nh,
-		       float scale)
+		       float scale, const SQ sq)
 {
 	sfwc_pdl_wait();
 	constexpr int RPT = HD / GLA_WARPS; /* state rows per thread */
 	__shared__ float qs[HD], ks[HD], red[GLA_WARPS][32];
 	int h = blockIdx.x, col = blockIdx.y * 32 + (threadIdx.x & 31), w = threadIdx.x >> 5;
-	float *S = state + (size_t)h * HD * HD;
+	float *S = gla_state(sq, state) + (size_t)h * HD * HD;
 	float g = expf(-decay[h]);
 	float s[RPT];
 #pragma unroll
@@ -32,7 +45,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 		s[i] = S[(size_t)(w + i * GLA_WARPS) * HD + col];
 	size_t rs = (size_t)nh * HD;
 	for (int t = 0; t < T; t++) {
-		size_t base = t * rs + (size_t)h * HD;
+		size_t base = ((size_t)blockIdx.z + t) * rs + (size_t)h * HD;
 		__syncthreads();
 		for (int i = threadIdx.x; i < HD; i += GLA_THREADS)
 			qs[i] = act_ld(q, base + i), ks[i] = act_ld(k, base + i);
@@ -361,8 +374,8 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 {
 	dim3 grid(nh, HD / 32);
 	if (!chunked) {
-		sfwc_launch(gla_rec_kernel<A, HD>, dim3(grid), dim3(GLA_THREADS), 0, s, (A *)o, (const A *)q, (const A *)k, (const A *)v,
-								     state, decay, T, nh, scale);
+		sfwc_launch(gla_rec_kernel<A, HD, sfwc_one_seq>, dim3(grid), dim3(GLA_THREADS), 0, s, (A *)o, (const A *)q,
+			    (const A *)k, (const A *)v, state, decay, T, nh, scale, sfwc_one_seq());
 	} else if (sizeof(A) == 2 && gla_scan_on()) {
 		gla_scan_launch<HD>((uint16_t *)o, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, state,
 				    decay, T, nh, scale, s);
@@ -411,4 +424,26 @@ extern "C" void sfw_op_gla_chunked_cuda(void *o, const void *q, const void *k, c
 {
 	SFW_ASSERT(chunk > 0);
 	gla_any(true, o, q, k, v, state, decay, T, nh, hd, scale, act, stream);
+}
+
+/* A batched decode step: row i (T = 1) against sequence i's state. */
+extern "C" void sfw_cuda_gla_seqs(void *o, const void *q, const void *k, const void *v, const struct sfw_cuda_seqs *s,
+				  const float *decay, int nh, int hd, float scale, enum sfw_dtype act, void *stream)
+{
+	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX);
+	cudaStream_t st = SFW_CUDA_STREAM(stream);
+#define GLA_SEQS(HD)                                                                                             \
+	ACT_DISPATCH(act, sfwc_launch(gla_rec_kernel<A, HD, sfw_cuda_seqs>, dim3(nh, HD / 32, s->n), dim3(GLA_THREADS), \
+				      0, st, (A *)o, (const A *)q, (const A *)k, (const A *)v, (float *)NULL, decay, 1, \
+				      nh, scale, *s))
+	switch (hd) {
+	case 32: GLA_SEQS(32); break;
+	case 64: GLA_SEQS(64); break;
+	case 128: GLA_SEQS(128); break;
+	default:
+		fprintf(stderr, "salafw: lightning head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
+		abort();
+	}
+#undef GLA_SEQS
+	SFW_CUDA_LAUNCHED();
 }

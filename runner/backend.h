@@ -117,6 +117,16 @@ enum sfw_bop {
 	SFW_BOP_RECORD,  /* step replays a recording (dtype ignored) */
 };
 
+/* One sequence's rows in a forward step: rows [row0, row0 + R) of the
+ * step's buffers, at positions pos0 .. pos0 + R - 1 of cache (the *_seqs
+ * ops below; runner/forward.c). At most SFW_BSEQ_MAX per call. */
+#define SFW_BSEQ_MAX 64
+struct sfw_bseq {
+	struct sfw_bcache *cache;
+	int64_t pos0;
+	int row0, R;
+};
+
 /* One decode step's ops, issued by forward.c (backend.h, step). */
 typedef enum sfw_status (*sfw_step_fn)(void *arg, struct sfw_err *err);
 
@@ -220,6 +230,27 @@ struct sfw_backend {
 	void (*gla)(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
 		    struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale);
 
+	/* ---- the per-sequence ops of a step's sequences, one call per layer ----
+	 * Each means its single-cache op above applied to every sequence s[i]
+	 * in turn, on rows [s[i].row0, s[i].row0 + s[i].R) of the step's
+	 * buffers (q, k, v, o rows of nh * hd elements): qk_norm_rope at the
+	 * sequence's positions, gla against its state, kv_append to its cache,
+	 * compress of its cache, attn_dense over its cache. A backend with
+	 * kernels that take many sequences at once (CUDA: one decode row each)
+	 * runs them in one launch; others compose them
+	 * (runner/backend_compose.c, sfwi_compose_*_seqs). */
+	void (*qk_norm_rope_seqs)(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+				  const struct sfw_bweight *kw, const struct sfw_bseq *s, int ns, int nhq, int nhk,
+				  int hd, float eps, int rope, float theta);
+	void (*gla_seqs)(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
+			 const struct sfw_bseq *s, int ns, int layer, const float *decay, int nh, int hd, float scale);
+	void (*kv_append_seqs)(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer, const void *k,
+			       const void *v, int kvd);
+	SFW_MUST_CHECK enum sfw_status (*compress_seqs)(struct sfw_backend *be, const struct sfw_bseq *s, int ns,
+							int layer, struct sfw_err *err);
+	void (*attn_dense_seqs)(struct sfw_backend *be, void *o, const void *q, const struct sfw_bseq *s, int ns,
+				int layer, int nh, int hd, float scale);
+
 	/* 1 when the backend takes op with weights of dtype dt (SFW_DTYPE_W8 for
 	 * int8 checkpoints: runner/model.c refuses them at load otherwise). */
 	int (*supports)(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt);
@@ -313,6 +344,18 @@ void sfwi_compose_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const vo
 void sfwi_compose_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 			       const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			       int64_t pos0, float theta);
+/* The *_seqs members as their single-cache ops, sequence by sequence. */
+void sfwi_compose_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+				    const struct sfw_bweight *kw, const struct sfw_bseq *s, int ns, int nhq, int nhk,
+				    int hd, float eps, int rope, float theta);
+void sfwi_compose_gla_seqs(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
+			   const struct sfw_bseq *s, int ns, int layer, const float *decay, int nh, int hd, float scale);
+void sfwi_compose_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer, const void *k,
+				 const void *v, int kvd);
+SFW_MUST_CHECK enum sfw_status sfwi_compose_compress_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns,
+							  int layer, struct sfw_err *err);
+void sfwi_compose_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, const struct sfw_bseq *s, int ns,
+				  int layer, int nh, int hd, float scale);
 /* The weight dtypes of the weight-taking ops (SFW_BOP_MATMUL, LOGITS,
  * EMBED, NORM) as every backend of this tree takes them: bf16 and f32
  * everywhere, int8 (pack-quantized) in the products. 0 for other ops. */

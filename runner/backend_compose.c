@@ -121,3 +121,55 @@ enum sfw_status sfwi_group_bind(struct sfw_backend *be, struct sfw_bgroup *g, st
 		sfwi_group_view(g);
 	return s;
 }
+
+/* ---- the per-sequence ops, sequence by sequence ------------------------------ */
+
+/* Row r of a step buffer of rows w elements wide. */
+static void *row_at(const struct sfw_backend *be, const void *buf, int r, size_t w)
+{
+	return (char *)buf + (size_t)r * w * be->act_size;
+}
+
+void sfwi_compose_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+				    const struct sfw_bweight *kw, const struct sfw_bseq *s, int ns, int nhq, int nhk,
+				    int hd, float eps, int rope, float theta)
+{
+	for (int i = 0; i < ns; i++)
+		be->qk_norm_rope(be, row_at(be, q, s[i].row0, (size_t)nhq * hd), row_at(be, k, s[i].row0, (size_t)nhk * hd),
+				 qw, kw, s[i].R, nhq, nhk, hd, eps, rope, s[i].pos0, theta);
+}
+
+void sfwi_compose_gla_seqs(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
+			   const struct sfw_bseq *s, int ns, int layer, const float *decay, int nh, int hd, float scale)
+{
+	size_t w = (size_t)nh * hd;
+	for (int i = 0; i < ns; i++)
+		be->gla(be, row_at(be, o, s[i].row0, w), row_at(be, q, s[i].row0, w), row_at(be, k, s[i].row0, w),
+			row_at(be, v, s[i].row0, w), s[i].cache, layer, decay, s[i].R, nh, hd, scale);
+}
+
+void sfwi_compose_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer, const void *k,
+				 const void *v, int kvd)
+{
+	for (int i = 0; i < ns; i++)
+		be->kv_append(be, s[i].cache, layer, row_at(be, k, s[i].row0, (size_t)kvd),
+			      row_at(be, v, s[i].row0, (size_t)kvd), s[i].R);
+}
+
+enum sfw_status sfwi_compose_compress_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer,
+					   struct sfw_err *err)
+{
+	enum sfw_status st = SFW_OK;
+	for (int i = 0; i < ns && st == SFW_OK; i++)
+		st = be->compress(be, s[i].cache, layer, err);
+	return st;
+}
+
+void sfwi_compose_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, const struct sfw_bseq *s, int ns,
+				  int layer, int nh, int hd, float scale)
+{
+	size_t w = (size_t)nh * hd;
+	for (int i = 0; i < ns; i++)
+		be->attn_dense(be, row_at(be, o, s[i].row0, w), row_at(be, q, s[i].row0, w), s[i].cache, layer, s[i].R,
+			       nh, scale);
+}

@@ -63,7 +63,7 @@ struct cu_be {
 	size_t select_bytes;          /* block-selection scratch cap */
 	struct sfw_cuda_ops_cfg cfg;  /* bound with blas and scratch before every op */
 	/* the paths the options chose (struct sfw_backend_opts) */
-	int graphs, no_fuse, no_merge, no_sample, w8_silu;
+	int graphs, no_fuse, no_merge, no_sample, w8_silu, no_seqs;
 	/* recording a decode step (cu_step): the ops that take a position read
 	 * it from rec_pos, and the sparse-layer ops plan for cache lengths up
 	 * to rec_bound */
@@ -985,6 +985,116 @@ static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k
 		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
 }
 
+/* ---- a batched decode step's per-sequence ops (backend.h *_seqs) ----
+ * One launch for all sequences when each has one row (kernels/ops_cuda.h,
+ * struct sfw_cuda_seqs); otherwise, while recording a step, or with
+ * SALAFW_CUDA_NOSEQS, sequence by sequence (runner/backend_compose.c). */
+
+/* 1 when s[0..ns) are decode rows that one launch serves; fills t's count
+ * and positions (each row's token: the cache then holds pos + 1). */
+static int seqs_table(struct sfw_backend *be, const struct sfw_bseq *s, int ns, struct sfw_cuda_seqs *t)
+{
+	struct cu_be *b = IMPL(be);
+	if (b->rec || b->no_seqs || ns < 2 || ns > SFW_CUDA_SEQS_MAX)
+		return 0;
+	for (int i = 0; i < ns; i++)
+		if (s[i].R != 1 || s[i].row0 != i)
+			return 0;
+	t->n = ns;
+	for (int i = 0; i < ns; i++)
+		t->pos[i] = s[i].pos0;
+	return 1;
+}
+
+static void cu_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+				 const struct sfw_bweight *kw, const struct sfw_bseq *s, int ns, int nhq, int nhk, int hd,
+				 float eps, int rope, float theta)
+{
+	struct sfw_cuda_seqs t;
+	if (IMPL(be)->no_fuse || !qw || !kw || !seqs_table(be, s, ns, &t)) {
+		sfwi_compose_qk_norm_rope_seqs(be, q, k, qw, kw, s, ns, nhq, nhk, hd, eps, rope, theta);
+		return;
+	}
+	PROF(P_QKNORM, sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &t, nhq, nhk, hd, eps,
+						  rope, theta, SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_gla_seqs(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
+			const struct sfw_bseq *s, int ns, int layer, const float *decay, int nh, int hd, float scale)
+{
+	struct sfw_cuda_seqs t;
+	if (!seqs_table(be, s, ns, &t)) {
+		sfwi_compose_gla_seqs(be, o, q, k, v, s, ns, layer, decay, nh, hd, scale);
+		return;
+	}
+	for (int i = 0; i < ns; i++)
+		t.p[0][i] = s[i].cache->L[layer].state;
+	PROF(P_GLA_REC, sfw_cuda_gla_seqs(o, q, k, v, &t, decay, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer, const void *k,
+			      const void *v, int kvd)
+{
+	struct sfw_cuda_seqs t;
+	if (!seqs_table(be, s, ns, &t)) {
+		sfwi_compose_kv_append_seqs(be, s, ns, layer, k, v, kvd);
+		return;
+	}
+	for (int i = 0; i < ns; i++) {
+		struct cu_layer *l = &s[i].cache->L[layer];
+		SFW_ASSERT(l->sparse && l->len == s[i].pos0 && l->len + 1 <= l->cap && s[i].cache->d.nkv * s[i].cache->d.hd == kvd);
+		t.p[0][i] = l->k, t.p[1][i] = l->v;
+		l->len++;
+	}
+	PROF(P_KV, sfw_cuda_kv_append_seqs(&t, k, v, (size_t)kvd * 2, S(be)));
+}
+
+static enum sfw_status cu_compress_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer,
+					struct sfw_err *err)
+{
+	struct sfw_cuda_seqs t;
+	int ok = seqs_table(be, s, ns, &t);
+	/* one token each completes at most one chunk per level, from keys made
+	 * up to the token before it */
+	for (int i = 0; ok && i < ns; i++) {
+		const struct cu_layer *l = &s[i].cache->L[layer];
+		const struct sfw_cache_desc *d = &s[i].cache->d;
+		ok = l->len == s[i].pos0 + 1 && l->n1 == nchunks(l->len - 1, d->ksize, d->stride) &&
+		     l->n2 == nchunks(l->len - 1, 4 * d->ksize, 4 * d->stride);
+	}
+	if (!ok)
+		return sfwi_compose_compress_seqs(be, s, ns, layer, err);
+	const struct sfw_cache_desc *d = &s[0].cache->d;
+	for (int i = 0; i < ns; i++) {
+		struct cu_layer *l = &s[i].cache->L[layer];
+		SFW_ASSERT(nchunks(l->len, d->ksize, d->stride) <= l->cap1 &&
+			   nchunks(l->len, 4 * d->ksize, 4 * d->stride) <= l->cap2);
+		t.p[0][i] = l->c1, t.p[1][i] = l->c2, t.p[2][i] = l->k;
+		l->n1 = nchunks(l->len, d->ksize, d->stride);
+		l->n2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+	}
+	PROF(P_COMPRESS, sfw_cuda_compress_seqs(&t, d->nkv, d->hd, d->ksize, d->stride, SFW_DTYPE_BF16, S(be)));
+	return SFW_OK;
+}
+
+static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, const struct sfw_bseq *s, int ns,
+			       int layer, int nh, int hd, float scale)
+{
+	struct sfw_cuda_seqs t;
+	/* a subset of a step's sequences (those in dense mode, beside sparse
+	 * ones) has rows other than 0..ns-1: sequence by sequence */
+	if (!seqs_table(be, s, ns, &t)) {
+		sfwi_compose_attn_dense_seqs(be, o, q, s, ns, layer, nh, hd, scale);
+		return;
+	}
+	for (int i = 0; i < ns; i++) {
+		const struct cu_layer *l = &s[i].cache->L[layer];
+		SFW_ASSERT(l->len == s[i].pos0 + 1);
+		t.p[0][i] = l->k, t.p[1][i] = l->v;
+	}
+	PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &t, nh, s[0].cache->d.nkv, hd, scale, SFW_DTYPE_BF16, S(be)));
+}
+
 /* o: the switches that bring back an older path without a rebuild. */
 /* ---- decode steps as graphs ---- */
 
@@ -1135,6 +1245,11 @@ static const struct sfw_backend cuda_backend = {
 	.swiglu = cu_swiglu,
 	.add_rmsnorm = cu_add_rmsnorm,
 	.qk_norm_rope = cu_qk_norm_rope,
+	.qk_norm_rope_seqs = cu_qk_norm_rope_seqs,
+	.gla_seqs = cu_gla_seqs,
+	.kv_append_seqs = cu_kv_append_seqs,
+	.compress_seqs = cu_compress_seqs,
+	.attn_dense_seqs = cu_attn_dense_seqs,
 	.logits = cu_logits,
 	.cache_new = cu_cache_new,
 	.cache_free = cu_cache_free,
@@ -1209,6 +1324,7 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	 * per-step host waits of STEPSYNC have none either */
 	b->graphs = !o->no_graph && !b->prof && !b->stepsync;
 	b->no_fuse = o->no_fuse;
+	b->no_seqs = o->no_seqs;
 	b->no_merge = o->no_merge;
 	b->no_sample = o->no_sample;
 	b->w8_silu = o->w8_silu;

@@ -363,11 +363,12 @@ static void *rows_at(const struct sfw_ctx *c, void *buf, int r, size_t w)
 	return row_ptr(c, buf, (size_t)r * w);
 }
 
-/* The per-sequence part of a sparse layer: append its K/V, then dense
- * attention or InfLLM-v2 selection + sparse attention over its own cache.
- * q, k, v, a are the step's buffers; the part's rows start at p->row0. */
+/* A sparse sequence's part of a sparse layer: InfLLM-v2 selection and
+ * sparse attention over its own cache (its K/V already appended and
+ * compressed), and what the context notes of its own sequence. q is the
+ * step's query buffer; the part's rows start at p->row0. */
 static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfwi_part *p, const struct call *cl,
-				     void *q_all, void *k_all, void *v_all, struct sfw_err *err)
+				     void *q_all, struct sfw_err *err)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
@@ -377,86 +378,83 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 	enum sfw_status s;
 	int R = p->R, own = p->cache == c->cache; /* the context's own sequence: notes and taps */
 	int64_t pos0 = p->pos0;
-	size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd;
+	size_t qd = (size_t)nh * hd;
 	void *q = rows_at(c, q_all, p->row0, qd), *a = rows_at(c, c->a, p->row0, qd);
-	be->kv_append(be, p->cache, li, rows_at(c, k_all, p->row0, kvd), rows_at(c, v_all, p->row0, kvd), R);
 	size_t nsel = (size_t)nkv * cf->sparse_k;
-	/* the compressed keys follow the cache in both modes: a recorded
-	 * step's compress starts from current keys, and the switch to
-	 * selection finds them made */
-	if ((s = be->compress(be, p->cache, li, err)) != SFW_OK)
+	struct sfw_sparse_params sp = {pos0,
+				       R,
+				       p->nblocks,
+				       cf->sparse_k,
+				       cf->sparse_init_blocks,
+				       cf->sparse_local_blocks,
+				       cf->sparse_kernel_size,
+				       cf->sparse_kernel_stride,
+				       cf->sparse_block_size,
+				       scale};
+	float *pool_last = NULL;
+	if (own && c->tap && p->last_piece) {
+		int64_t need = (int64_t)nkv * p->nblocks;
+		if (need > c->host_pool_cap) {
+			float *np = sfw_realloc(c->host_pool, (size_t)need * sizeof(float));
+			if (!np)
+				return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			c->host_pool = np;
+			c->host_pool_cap = need;
+		}
+		pool_last = c->host_pool;
+	}
+	if ((s = be->sparse_select(be, c->idx_dev, q, p->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
 		return s;
-	if (p->sparse) {
-		struct sfw_sparse_params sp = {pos0,
-					       R,
-					       p->nblocks,
-					       cf->sparse_k,
-					       cf->sparse_init_blocks,
-					       cf->sparse_local_blocks,
-					       cf->sparse_kernel_size,
-					       cf->sparse_kernel_stride,
-					       cf->sparse_block_size,
-					       scale};
-		float *pool_last = NULL;
-		if (own && c->tap && p->last_piece) {
-			int64_t need = (int64_t)nkv * p->nblocks;
-			if (need > c->host_pool_cap) {
-				float *np = sfw_realloc(c->host_pool, (size_t)need * sizeof(float));
-				if (!np)
-					return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-				c->host_pool = np;
-				c->host_pool_cap = need;
-			}
-			pool_last = c->host_pool;
+	be->attn_sparse(be, a, q, p->cache, li, c->idx_dev, nh, &sp);
+	if (!own || !(c->tap || p->last_piece))
+		return SFW_OK;
+	size_t n = (size_t)nkv * R * cf->sparse_k;
+	int32_t *hi = c->host_idx;
+	int32_t *lastbuf = c->last_blocks + (size_t)li * nsel;
+	if (c->tap) {
+		be->to_host(be, hi, c->idx_dev, n * sizeof(int32_t));
+		char name[96];
+		snprintf(name, sizeof(name), "sparse.layer.%d.%s.topk_idx", li, cl->phase);
+		emit(c, name, li, pos0, R, cf->sparse_k, nkv, 1, hi);
+	}
+	if (p->last_piece) {
+		int32_t *lastdev = c->last_dev + (size_t)li * nsel;
+		for (int h = 0; h < nkv; h++) {
+			size_t off = ((size_t)h * R + (R - 1)) * cf->sparse_k;
+			size_t kb = (size_t)cf->sparse_k * sizeof(int32_t);
+			if (c->tap)
+				memcpy(lastbuf + (size_t)h * cf->sparse_k, hi + off, kb);
+			else /* stays in backend memory until asked */
+				be->copy(be, lastdev + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
 		}
-		if ((s = be->sparse_select(be, c->idx_dev, q, p->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
-			return s;
-		be->attn_sparse(be, a, q, p->cache, li, c->idx_dev, nh, &sp);
-		if (own && (c->tap || p->last_piece)) {
-			size_t n = (size_t)nkv * R * cf->sparse_k;
-			int32_t *hi = c->host_idx;
-			int32_t *lastbuf = c->last_blocks + (size_t)li * nsel;
-			if (c->tap) {
-				be->to_host(be, hi, c->idx_dev, n * sizeof(int32_t));
-				char name[96];
-				snprintf(name, sizeof(name), "sparse.layer.%d.%s.topk_idx", li, cl->phase);
-				emit(c, name, li, pos0, R, cf->sparse_k, nkv, 1, hi);
-			}
-			if (p->last_piece) {
-				int32_t *lastdev = c->last_dev + (size_t)li * nsel;
-				for (int h = 0; h < nkv; h++) {
-					size_t off = ((size_t)h * R + (R - 1)) * cf->sparse_k;
-					size_t kb = (size_t)cf->sparse_k * sizeof(int32_t);
-					if (c->tap)
-						memcpy(lastbuf + (size_t)h * cf->sparse_k, hi + off, kb);
-					else /* stays in backend memory until asked */
-						be->copy(be, lastdev + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
-				}
-				c->last_fresh[li] = !c->tap;
-				c->last_state[li] = 1;
-			}
-			if (c->tap && p->last_piece) {
-				char name[96];
-				snprintf(name, sizeof(name), "sparse.layer.%d.%s.block_score", li, cl->phase);
-				emit(c, name, li, pos0 + R - 1, 1, (int)p->nblocks, nkv, 0, pool_last);
-				int64_t nc[2];
-				int32_t nc32[2];
-				be->cache_ncompressed(be, p->cache, li, nc);
-				nc32[0] = (int32_t)nc[0], nc32[1] = (int32_t)nc[1];
-				snprintf(name, sizeof(name), "sparse.layer.%d.%s.n_compressed", li, cl->phase);
-				emit(c, name, li, pos0 + R - 1, 1, 2, 0, 1, nc32);
-			}
-		}
-	} else {
-		be->attn_dense(be, a, q, p->cache, li, R, nh, scale);
-		if (own && p->last_piece) {
-			c->last_state[li] = 0;
-			c->last_fresh[li] = 0;
-			for (size_t i = 0; i < nsel; i++)
-				c->last_blocks[(size_t)li * nsel + i] = -1;
-		}
+		c->last_fresh[li] = !c->tap;
+		c->last_state[li] = 1;
+	}
+	if (c->tap && p->last_piece) {
+		char name[96];
+		snprintf(name, sizeof(name), "sparse.layer.%d.%s.block_score", li, cl->phase);
+		emit(c, name, li, pos0 + R - 1, 1, (int)p->nblocks, nkv, 0, pool_last);
+		int64_t nc[2];
+		int32_t nc32[2];
+		be->cache_ncompressed(be, p->cache, li, nc);
+		nc32[0] = (int32_t)nc[0], nc32[1] = (int32_t)nc[1];
+		snprintf(name, sizeof(name), "sparse.layer.%d.%s.n_compressed", li, cl->phase);
+		emit(c, name, li, pos0 + R - 1, 1, 2, 0, 1, nc32);
 	}
 	return SFW_OK;
+}
+
+/* A dense sequence's note: the context's own sequence selected nothing. */
+static void dense_note(struct sfw_ctx *c, int li, const struct sfwi_part *p)
+{
+	const struct sfw_config *cf = &c->m->cfg;
+	size_t nsel = (size_t)cf->num_key_value_heads * cf->sparse_k;
+	if (p->cache != c->cache || !p->last_piece)
+		return;
+	c->last_state[li] = 0;
+	c->last_fresh[li] = 0;
+	for (size_t i = 0; i < nsel; i++)
+		c->last_blocks[(size_t)li * nsel + i] = -1;
 }
 
 /* Where a projection group's part i begins in c->proj for R rows. */
@@ -469,21 +467,40 @@ static void *proj_part(const struct sfw_ctx *c, const struct sfw_bgroup *g, int 
 }
 
 /* A sparse layer's mixer over the step's R rows: the projections once over
- * all rows, attention per sequence, the output gate and o_proj. */
-static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts, int np,
-				    const struct call *cl, struct sfw_err *err)
+ * all rows; per sequence (bs: the parts as the backend takes them) the K/V
+ * append and compression, then dense attention for the sequences in dense
+ * mode, selection + sparse attention for the others; the output gate and
+ * o_proj. */
+static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts,
+				    const struct sfw_bseq *bs, int np, const struct call *cl, struct sfw_err *err)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
 	struct sfwi_layer *L = &m->layers[li];
-	int nh = cf->num_attention_heads, hd = cf->head_dim;
+	int nh = cf->num_attention_heads, hd = cf->head_dim, kvd = cf->num_key_value_heads * cf->head_dim;
 	enum sfw_status s;
 	be->matmul_group(be, c->proj, c->u, &L->proj, R);
 	void *q = proj_part(c, &L->proj, 0, R), *k = proj_part(c, &L->proj, 1, R), *v = proj_part(c, &L->proj, 2, R);
+	be->kv_append_seqs(be, bs, np, li, k, v, kvd);
+	/* the compressed keys follow the cache in both modes: a recorded
+	 * step's compress starts from current keys, and the switch to
+	 * selection finds them made */
+	if ((s = be->compress_seqs(be, bs, np, li, err)) != SFW_OK)
+		return s;
+	struct sfw_bseq dense[SFW_BSEQ_MAX];
+	int nd = 0;
 	for (int i = 0; i < np; i++)
-		if ((s = sparse_attend(c, li, &parts[i], cl, q, k, v, err)) != SFW_OK)
+		if (!parts[i].sparse)
+			dense[nd++] = bs[i];
+	if (nd)
+		be->attn_dense_seqs(be, c->a, q, dense, nd, li, nh, hd, 1.0f / sqrtf((float)hd));
+	for (int i = 0; i < np; i++) {
+		if (!parts[i].sparse)
+			dense_note(c, li, &parts[i]);
+		else if ((s = sparse_attend(c, li, &parts[i], cl, q, err)) != SFW_OK)
 			return s;
+	}
 	if (L->o_gate.host)
 		be->sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
 	if (c->tap && c->tap_lin) {
@@ -495,28 +512,11 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const stru
 	return SFW_OK;
 }
 
-/* A lightning layer's per-sequence part: q/k norms and RoPE at its own
- * positions, then GLA against its own state. */
-static void lightning_attend(struct sfw_ctx *c, int li, const struct sfwi_part *p, void *q_all, void *k_all,
-			     void *v_all)
-{
-	struct sfw_model *m = c->m;
-	const struct sfw_config *cf = &m->cfg;
-	struct sfw_backend *be = m->be;
-	struct sfwi_layer *L = &m->layers[li];
-	int nh = cf->lightning_nh, hd = cf->lightning_head_dim, R = p->R;
-	size_t ld = (size_t)nh * hd;
-	void *q = rows_at(c, q_all, p->row0, ld), *k = rows_at(c, k_all, p->row0, ld);
-	void *v = rows_at(c, v_all, p->row0, ld), *a = rows_at(c, c->a, p->row0, ld);
-	be->qk_norm_rope(be, q, k, L->q_norm.host ? &L->q_norm : NULL, L->k_norm.host ? &L->k_norm : NULL, R, nh, nh,
-			 hd, (float)cf->rms_norm_eps, cf->lightning_use_rope, p->pos0, (float)cf->rope_theta);
-	be->gla(be, a, q, k, v, p->cache, li, m->decay, R, nh, hd, 1.0f / sqrtf((float)hd));
-}
-
-/* A lightning layer's mixer: projections once over all rows, GLA per
- * sequence, the output norm and gate, o_proj. */
-static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts, int np,
-			    const char *phase)
+/* A lightning layer's mixer: projections once over all rows; per sequence
+ * the q/k norms and RoPE at its own positions and GLA against its own
+ * state; the output norm and gate, o_proj. */
+static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts,
+			    const struct sfw_bseq *bs, int np, const char *phase)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
@@ -525,8 +525,9 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_
 	int nh = cf->lightning_nh, hd = cf->lightning_head_dim;
 	be->matmul_group(be, c->proj, c->u, &L->proj, R);
 	void *q = proj_part(c, &L->proj, 0, R), *k = proj_part(c, &L->proj, 1, R), *v = proj_part(c, &L->proj, 2, R);
-	for (int i = 0; i < np; i++)
-		lightning_attend(c, li, &parts[i], q, k, v);
+	be->qk_norm_rope_seqs(be, q, k, L->q_norm.host ? &L->q_norm : NULL, L->k_norm.host ? &L->k_norm : NULL, bs, np,
+			      nh, nh, hd, (float)cf->rms_norm_eps, cf->lightning_use_rope, (float)cf->rope_theta);
+	be->gla_seqs(be, c->a, q, k, v, bs, np, li, m->decay, nh, hd, 1.0f / sqrtf((float)hd));
 	if (L->o_norm.host)
 		be->rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, (float)cf->rms_norm_eps);
 	if (L->z.host)
@@ -542,8 +543,8 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_
 /* One layer for the step's rows; c->u holds the layer's input norm of the
  * residual stream c->x on entry, and the next norm (the next layer's input
  * norm, or the final norm) on return. */
-static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts, int np,
-				  const struct call *cl, struct sfw_err *err)
+static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, const struct sfwi_part *parts,
+				  const struct sfw_bseq *bs, int np, const struct call *cl, struct sfw_err *err)
 {
 	int64_t pos0 = parts[0].pos0; /* taps: one part */
 	struct sfw_model *m = c->m;
@@ -559,10 +560,10 @@ static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, const struct
 		emit_act(c, name, li, pos0, R, c->u, D);
 	}
 	if (L->kind == SFW_MIXER_SPARSE) {
-		if ((s = sparse_mixer(c, li, R, parts, np, cl, err)) != SFW_OK)
+		if ((s = sparse_mixer(c, li, R, parts, bs, np, cl, err)) != SFW_OK)
 			return s;
 	} else {
-		lightning_mixer(c, li, R, parts, np, cl->phase);
+		lightning_mixer(c, li, R, parts, bs, np, cl->phase);
 	}
 	be->add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
 	if (c->tap && c->tap_lin) {
@@ -603,8 +604,12 @@ static enum sfw_status forward_rows(struct sfw_ctx *c, int R, const struct sfwi_
 	}
 	const struct sfw_bweight *first = cf->num_hidden_layers ? &m->layers[0].in_norm : &m->norm;
 	be->rmsnorm(be, c->u, c->x, first, R, D, (float)cf->rms_norm_eps);
+	SFW_ASSERT(np >= 1 && np <= SFW_BSEQ_MAX);
+	struct sfw_bseq bs[SFW_BSEQ_MAX]; /* the parts as the backend's *_seqs ops take them */
+	for (int i = 0; i < np; i++)
+		bs[i] = (struct sfw_bseq){parts[i].cache, parts[i].pos0, parts[i].row0, parts[i].R};
 	for (int li = 0; li < cf->num_hidden_layers; li++)
-		if ((s = layer_step(c, li, R, parts, np, cl, err)) != SFW_OK)
+		if ((s = layer_step(c, li, R, parts, bs, np, cl, err)) != SFW_OK)
 			return s;
 	return SFW_OK;
 }

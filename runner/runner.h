@@ -39,6 +39,7 @@ struct sfw_backend_opts {
 	int gla_serial;      /* Lightning prefill walks each head's chunks in one block */
 	int no_merge;        /* separate projection GEMVs */
 	int no_fuse;         /* unfused add + RMSNorm and q/k norm + RoPE */
+	int no_seqs;         /* batched decode steps launch each sequence's attention and GLA apart */
 	int no_graph;        /* no decode-step graphs: every op launched one by one */
 	int no_sample;       /* choose the next token on the host */
 	int step_sync;       /* the old per-step host waits */

@@ -7,7 +7,8 @@
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
 #   bash scripts/gpu-run.sh bench-w8 [--runs P:G,...] [--group G]  bf16 and int8 full-size models, bench_gpu on each
-#   bash scripts/gpu-run.sh batch [G]          mkmodel --preset full + bench_batch: B = 1, 8, 32, 64 at 1K and 1K-32K
+#   bash scripts/gpu-run.sh batch [G]          mkmodel --preset full + bench_batch: B = 1 .. 64 at 1K (and the
+#                                            per-sequence launches, --seqs 0, as the peer) and 1K-32K
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
 #   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
 #   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
@@ -185,7 +186,14 @@ batch)
 	G=${1:-32}
 	rc=0
 	for ctx in 1024 1024-32768; do
-		"$BIN/bench_batch" "$M" --device cuda --batch 1,8,32,64 --ctx "$ctx" --gen "$G" --chunk 8192 2>&1 |
+		"$BIN/bench_batch" "$M" --device cuda --batch 1,2,4,8,16,32,64 --ctx "$ctx" --gen "$G" --chunk 8192 2>&1 |
+			tee -a "$OUT/batch.log"
+		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+		# the peer in the same call: each sequence's attention and GLA
+		# launched apart (the path before the batched kernels)
+		[ "$ctx" = 1024 ] || continue
+		echo "== the same, --seqs 0 (SALAFW_CUDA_NOSEQS)" | tee -a "$OUT/batch.log"
+		"$BIN/bench_batch" "$M" --device cuda --batch 1,8,32 --ctx "$ctx" --gen "$G" --chunk 8192 --seqs 0 2>&1 |
 			tee -a "$OUT/batch.log"
 		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 	done

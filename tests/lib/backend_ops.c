@@ -32,6 +32,7 @@ enum bo_op {
 	BO_GLA,	   /* gla against the lightning state, call after call */
 	BO_CACHE,  /* cache_len, cache_ncompressed, cache_reset */
 	BO_POOL,   /* pool_new, paged cache_reserve, pool_used, exhaustion */
+	BO_SEQS,   /* the *_seqs ops over several caches at different lengths */
 };
 
 struct tol {
@@ -74,7 +75,15 @@ static const struct tol tols[] = {{0, 0}, {1.5e-5, 8e-3}, {3e-5, 1.6e-2}, {6e-5,
  *   dense, gla   calls[] rows per call on one cache (nh / nkv heads of hd)
  *   sparse       pos0 tokens first (dense appends), then calls[] rows per
  *                selection call (topk K blocks + 2 local + 1 init)
- *   cache, pool  the calls as described by the function */
+ *   cache, pool  the calls as described by the function
+ *   seqs         M sequences (nh heads of hd; nkv kv heads in the sparse
+ *                layer), sequence i first holding pos0 + 29 i tokens
+ *                (appended, compressed, and as many GLA rows on the
+ *                lightning layer), then calls[1] steps of calls[0] rows
+ *                each (0: one row each, the batched decode; else sequence
+ *                i takes 1 + i % calls[0] rows) through kv_append_seqs,
+ *                compress_seqs, attn_dense_seqs, qk_norm_rope_seqs (N:
+ *                rope) and gla_seqs */
 struct bo_case {
 	const char *name;
 	enum bo_op op;
@@ -173,6 +182,11 @@ static const struct bo_case cases[] = {
     {"gla hd32 M=4", BO_GLA, 0, 0, 0, 0, 0, 0, 3, 0, 32, 0, {4, 4, 70, 0}, TGLA},
     {"cache reserve/len/reset", BO_CACHE, 0, 0, 0, 0, 0, 0, 4, 2, 64, 0, {0}, TGLA},
     {"pool exhaustion", BO_POOL, 0, 0, 0, 0, 0, 0, 4, 2, 64, 0, {0}, T2},
+    {"seqs decode B=5", BO_SEQS, BF, 0, 0, 5, 0, 1, 4, 2, 64, 20, {0, 40, 0, 0}, TGLA},
+    {"seqs decode B=64 hd128", BO_SEQS, BF, 0, 0, 64, 0, 1, 2, 1, 128, 3, {0, 4, 0, 0}, TGLA},
+    {"seqs decode B=3 hd32 no rope f32 norms", BO_SEQS, F32, 0, 0, 3, 0, 0, 2, 2, 32, 100, {0, 20, 0, 0}, TGLA},
+    {"seqs mixed rows B=4", BO_SEQS, BF, 0, 0, 4, 0, 1, 4, 2, 64, 50, {3, 6, 0, 0}, TGLA},
+    {"seqs one B=1", BO_SEQS, BF, 0, 0, 1, 0, 1, 4, 2, 64, 63, {0, 3, 0, 0}, TGLA},
     /* last (see MM above) */
     {"matmul bf16 M=17 odd K and N", BO_MATMUL, BF, 0, 0, 17, 255, 129, 0, 0, 0, 0, {0}, T2},
 };
@@ -966,6 +980,113 @@ static void t_gla(struct run *x)
 	caches_free(x, cc);
 }
 
+/* The per-sequence ops of a step over several caches, as forward.c calls
+ * them (sparse layer 0: kv_append_seqs, compress_seqs, attn_dense_seqs;
+ * lightning layer 1: qk_norm_rope_seqs, gla_seqs), each sequence at its own
+ * length; the backend under test may run a call as one launch. */
+static void t_seqs(struct run *x)
+{
+	const struct bo_case *c = x->c;
+	struct sfw_cache_desc d;
+	desc_of(c, &d);
+	int ns = c->M, nh = c->nh, hd = c->hd, nkv = d.nkv;
+	struct sfw_bcache *cc[SFW_BSEQ_MAX][2];
+	struct sfw_bseq bs[2][SFW_BSEQ_MAX];
+	int64_t len[SFW_BSEQ_MAX];
+	int made = 0, ok = 1;
+	float scale = 1.0f / sqrtf((float)hd);
+	float *hs = slopes(nh);
+	struct pair dec = {{dup_raw(x->b[0], hs, (size_t)nh * 4), dup_raw(x->b[1], hs, (size_t)nh * 4)}};
+	struct bo_weight qw, kw;
+	wmake(&qw, c->wdt, 0, 0, 1, hd, 0.1f, 1.0f, &x->rng);
+	wmake(&kw, c->wdt, 0, 0, 1, hd, 0.1f, 1.0f, &x->rng);
+	if (wup(x, &qw) || wup(x, &kw))
+		ok = 0;
+	/* each sequence's history: K/V appended and compressed, GLA rows */
+	for (int i = 0; ok && i < ns; i++, made++) {
+		if (caches_new(x, &d, cc[i]) || reserve(x, cc[i], c->pos0 + 29 * i + 1)) {
+			made += cc[i][0] || cc[i][1];
+			ok = 0;
+			break;
+		}
+		len[i] = c->pos0 + 29 * i;
+		if (len[i] > 0) {
+			append(x, cc[i], (int)len[i], &d);
+			for (int b = 0; b < 2; b++) {
+				struct sfw_err err = {0};
+				check(x, x->b[b]->compress(x->b[b], cc[i][b], 0, &err) == SFW_OK, "compress: %s",
+				      err.msg);
+			}
+			int g = (int)(len[i] % 97 + 1);
+			gla_calls(x, cc[i], &g, 1, "history ");
+		}
+	}
+	for (int st = 0; ok && st < c->calls[1]; st++) {
+		int rows = 0;
+		for (int i = 0; i < ns; i++) {
+			int R = c->calls[0] ? 1 + i % c->calls[0] : 1;
+			if (reserve(x, cc[i], len[i] + R)) {
+				ok = 0;
+				break;
+			}
+			for (int b = 0; b < 2; b++)
+				bs[b][i] = (struct sfw_bseq){cc[i][b], len[i], rows, R};
+			rows += R;
+		}
+		if (!ok)
+			break;
+		size_t nq = (size_t)rows * nh * hd, nk = (size_t)rows * nkv * hd;
+		float *hq = bo_rand_act(nq, 1.0f, &x->rng), *hk = bo_rand_act(nk, 1.0f, &x->rng),
+		      *hv = bo_rand_act(nk, 1.0f, &x->rng);
+		float *lq = bo_rand_act(nq, 2.0f, &x->rng), *lk = bo_rand_act(nq, 2.0f, &x->rng),
+		      *lv = bo_rand_act(nq, 1.0f, &x->rng);
+		struct pair q = pair_act(x, hq, nq), k = pair_act(x, hk, nk), v = pair_act(x, hv, nk),
+			    o = pair_poisoned(x, nq);
+		struct pair q2 = pair_act(x, lq, nq), k2 = pair_act(x, lk, nq), v2 = pair_act(x, lv, nq),
+			    o2 = pair_poisoned(x, nq);
+		for (int b = 0; b < 2; b++) {
+			struct sfw_backend *be = x->b[b];
+			struct sfw_err err = {0};
+			be->kv_append_seqs(be, bs[b], ns, 0, k.d[b], v.d[b], nkv * hd);
+			check(x, be->compress_seqs(be, bs[b], ns, 0, &err) == SFW_OK, "compress_seqs on %s: %s",
+			      be->name, err.msg);
+			be->attn_dense_seqs(be, o.d[b], q.d[b], bs[b], ns, 0, nh, hd, scale);
+			be->qk_norm_rope_seqs(be, q2.d[b], k2.d[b], &qw.w[b], &kw.w[b], bs[b], ns, nh, nh, hd, 1e-6f,
+					      c->N, 10000.0f);
+			be->gla_seqs(be, o2.d[b], q2.d[b], k2.d[b], v2.d[b], bs[b], ns, 1, dec.d[b], nh, hd, scale);
+		}
+		char what[96];
+		snprintf(what, sizeof(what), "step %d (%d rows): attn_dense_seqs", st, rows);
+		pair_cmp(x, what, &o, nq);
+		snprintf(what, sizeof(what), "step %d: qk_norm_rope_seqs q", st);
+		pair_cmp(x, what, &q2, nq);
+		snprintf(what, sizeof(what), "step %d: qk_norm_rope_seqs k", st);
+		pair_cmp(x, what, &k2, nq);
+		snprintf(what, sizeof(what), "step %d: gla_seqs", st);
+		pair_cmp(x, what, &o2, nq);
+		for (int i = 0; i < ns; i++) {
+			len[i] += bs[0][i].R;
+			int64_t n2[2][2];
+			for (int b = 0; b < 2; b++)
+				x->b[b]->cache_ncompressed(x->b[b], cc[i][b], 0, n2[b]);
+			int good = x->b[0]->cache_len(x->b[0], cc[i][0], 0) == len[i] &&
+				   x->b[1]->cache_len(x->b[1], cc[i][1], 0) == len[i] &&
+				   n2[0][0] == nchunks(len[i], 32, 16) && n2[0][1] == nchunks(len[i], 128, 64) &&
+				   n2[1][0] == n2[0][0] && n2[1][1] == n2[0][1];
+			if (!good || i == ns - 1)
+				check(x, good, "step %d, sequence %d: %lld tokens, compressed (%lld, %lld)", st, i,
+				      (long long)len[i], (long long)n2[0][0], (long long)n2[0][1]);
+		}
+		pair_free(x, &q), pair_free(x, &k), pair_free(x, &v), pair_free(x, &o);
+		pair_free(x, &q2), pair_free(x, &k2), pair_free(x, &v2), pair_free(x, &o2);
+		free(hq), free(hk), free(hv), free(lq), free(lk), free(lv);
+	}
+	for (int i = 0; i < made; i++)
+		caches_free(x, cc[i]);
+	wrelease(x, &qw), wrelease(x, &kw);
+	pair_free(x, &dec), free(hs);
+}
+
 /* cache_len / cache_ncompressed / cache_reset: a reset forgets the tokens and
  * zeroes the lightning state (the gla after it matches a fresh cache's). */
 static void t_cache(struct run *x)
@@ -1146,6 +1267,9 @@ void bo_run(struct sfw_backend *be, struct sfw_backend *ref, const struct bo_opt
 			break;
 		case BO_POOL:
 			t_pool(&x);
+			break;
+		case BO_SEQS:
+			t_seqs(&x);
 			break;
 		}
 		if (be->take_failure) {
