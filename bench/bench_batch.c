@@ -2,18 +2,20 @@
  * (runner/batch.h) on one model directory:
  *   bench_batch MODEL [--device cpu|cuda] [--threads N] [--batch 1,8,32,64]
  *               [--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--seqs 0]
+ *               [--profile 1]
  * One batch of Bmax sequences (the largest B asked for), prefilled once:
  * sequence i gets a prompt of L tokens (or, with LMIN-LMAX, lengths spread
  * geometrically from LMIN to LMAX: the mixed-length case), BOS then random
  * ids, in chunks of C rows (default 512), one chunk per step (not timed).
  * Then for each batch size B, B of them spread evenly over the set (the
- * shortest and the longest included) decode G steps together (greedy, host
- * argmax, included in the time). Prints the aggregate decode tokens/s
+ * shortest and the longest included) decode G steps together (greedy, the
+ * choice made in the step: on the device on CUDA, sfw_batch_item.sample). Prints the aggregate decode tokens/s
  * (B * G / time), the lengths it ran at and the median step, against B
  * times the B = 1 figure of the same run. (Each run leaves its sequences
  * G tokens longer for the next: small against the contexts measured.)
  * --seqs 0: the backend option no_seqs (each sequence's attention and GLA
- * launched apart: the path before the batched kernels, for A/B). Built in
+ * launched apart: the path before the batched kernels, for A/B); --profile 1:
+ * the device time per op (SALAFW_CUDA_PROFILE's, printed at exit). Built in
  * every build; on the CPU it runs as is (small presets: the
  * prefill dominates the wall time, keep L small). */
 #include "runner/batch.h"
@@ -87,7 +89,7 @@ static int prefill_all(struct sfw_model *m, struct seqs *S, int nmax, int64_t lm
 				rng = rng * 6364136223846793005ull + 1442695040888963407ull;
 				ids[j] = off + j == 0 ? 1 : (int32_t)(3 + (rng >> 33) % (uint64_t)(V - 11));
 			}
-			struct sfw_batch_item p = {S->seq[i], ids, n, off + n == S->len[i]};
+			struct sfw_batch_item p = {S->seq[i], ids, n, off + n == S->len[i], NULL, 0};
 			if (sfw_batch_step(S->b, &p, 1, &err) != SFW_OK)
 				goto fail;
 		}
@@ -104,8 +106,9 @@ fail:
 /* B of the sequences, spread evenly over them (so a mixed-length run keeps
  * its spread), decode gen steps together: returns the aggregate tok/s, or
  * < 0 on failure. */
-static double run_batch(struct seqs *S, int V, int B, int gen, double *med_ms, int64_t *lo, int64_t *hi)
+static double run_batch(struct seqs *S, int B, int gen, double *med_ms, int64_t *lo, int64_t *hi)
 {
+	static const struct sfw_op_sample_params greedy = {0, 0, 1, 1};
 	struct sfw_batch_item it[SFW_BATCH_MAX_SEQS];
 	int pick[SFW_BATCH_MAX_SEQS];
 	struct sfw_err err = {0};
@@ -119,14 +122,14 @@ static double run_batch(struct seqs *S, int V, int B, int gen, double *med_ms, i
 	for (int s = 0; s < gen; s++) {
 		double ts = sfw_now_s();
 		for (int j = 0; j < B; j++)
-			it[j] = (struct sfw_batch_item){S->seq[pick[j]], &S->next[pick[j]], 1, 1};
+			it[j] = (struct sfw_batch_item){S->seq[pick[j]], &S->next[pick[j]], 1, 0, &greedy, 0};
 		if (sfw_batch_step(S->b, it, B, &err) != SFW_OK) {
 			fprintf(stderr, "bench_batch: B=%d: %s\n", B, err.msg);
 			free(steps);
 			return -1;
 		}
 		for (int j = 0; j < B; j++)
-			S->next[pick[j]] = argmax(sfw_batch_logits(S->b, j), V);
+			S->next[pick[j]] = sfw_batch_next(S->b, j);
 		steps[s] = sfw_now_s() - ts;
 	}
 	double dt = sfw_now_s() - t0;
@@ -140,7 +143,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 2) {
 		fprintf(stderr, "usage: bench_batch MODEL [--device cpu|cuda] [--threads N] [--batch 1,8,32,64] "
-				"[--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--seqs 0]\n");
+				"[--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--seqs 0] [--profile 1]\n");
 		return 2;
 	}
 	const char *dir = argv[1], *batches = "1,8,32,64", *ctx = "1024";
@@ -162,6 +165,8 @@ int main(int argc, char **argv)
 			chunk = atoi(v);
 		else if (!strcmp(o, "--seqs"))
 			mp.be.no_seqs = !atoi(v);
+		else if (!strcmp(o, "--profile"))
+			mp.be.profile = atoi(v) != 0;
 		else {
 			fprintf(stderr, "bench_batch: unknown option '%s'\n", o);
 			return 2;
@@ -207,7 +212,7 @@ int main(int argc, char **argv)
 	for (int k = 0; k < nb; k++) {
 		int B = Bs[k];
 		int64_t lo, hi;
-		double med = 0, tps = run_batch(&S, sfw_model_config(m)->vocab_size, B, gen, &med, &lo, &hi);
+		double med = 0, tps = run_batch(&S, B, gen, &med, &lo, &hi);
 		if (tps < 0) {
 			rc = 1;
 			continue;

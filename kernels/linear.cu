@@ -227,7 +227,7 @@ extern "C" void sfw_cuda_gemv(const uint16_t *X, int ldx, const uint16_t *W, uin
 /* ---- cuBLASLt ---- */
 
 struct gemm_plan {
-	int M, N, K, ldx, ldy, out_f32;
+	int M, N, K, ldx, ldy, out_f32, rank; /* rank: which of cuBLASLt's heuristic answers (0 = its first) */
 	cublasLtMatmulDesc_t op;
 	cublasLtMatrixLayout_t a, b, c;
 	cublasLtMatmulAlgo_t algo;
@@ -286,13 +286,19 @@ extern "C" size_t sfw_cuda_blas_workspace(const struct sfw_cuda_blas *b)
 
 /* Row-major Y[M,N] = X[M,K] W[N,K]ᵀ is column-major Yᵀ[N,M] = (Wᵀ)ᵀ[N,K] · Xᵀ[K,M]:
  * A = W seen as column-major K×N (lda K) with op T, B = X as K×M (ldb ldx). */
-static const gemm_plan &get_plan(struct sfw_cuda_blas *b, int M, int N, int K, int ldx, int ldy, int out_f32)
+#define GEMM_RANKS 8
+/* NULL when cuBLASLt has fewer than rank + 1 answers for the shape (rank 0:
+ * aborts, as there is no GEMM at all). */
+static const gemm_plan *get_plan(struct sfw_cuda_blas *b, int M, int N, int K, int ldx, int ldy, int out_f32,
+				 int rank)
 {
 	for (auto &p : *b->plans)
-		if (p.M == M && p.N == N && p.K == K && p.ldx == ldx && p.ldy == ldy && p.out_f32 == out_f32)
-			return p;
+		if (p.M == M && p.N == N && p.K == K && p.ldx == ldx && p.ldy == ldy && p.out_f32 == out_f32 &&
+		    p.rank == rank)
+			return &p;
+	SFW_ASSERT(rank >= 0 && rank < GEMM_RANKS);
 	gemm_plan p;
-	p.M = M, p.N = N, p.K = K, p.ldx = ldx, p.ldy = ldy, p.out_f32 = out_f32;
+	p.M = M, p.N = N, p.K = K, p.ldx = ldx, p.ldy = ldy, p.out_f32 = out_f32, p.rank = rank;
 	SFW_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
 	cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
 	SFW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -304,26 +310,48 @@ static const gemm_plan &get_plan(struct sfw_cuda_blas *b, int M, int N, int K, i
 	SFW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
 	SFW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
 							      &b->ws_bytes, sizeof(b->ws_bytes)));
-	cublasLtMatmulHeuristicResult_t h[1];
+	cublasLtMatmulHeuristicResult_t h[GEMM_RANKS];
 	int found = 0;
-	SFW_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(b->lt, p.op, p.a, p.b, p.c, p.c, pref, 1, h, &found));
+	SFW_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(b->lt, p.op, p.a, p.b, p.c, p.c, pref, rank + 1, h, &found));
 	cublasLtMatmulPreferenceDestroy(pref);
 	if (found < 1) {
 		fprintf(stderr, "salafw: cuBLASLt has no algorithm for a %d×%d×%d bf16 GEMM\n", M, N, K);
 		abort();
 	}
-	p.algo = h[0].algo;
+	if (found <= rank) {
+		cublasLtMatrixLayoutDestroy(p.a);
+		cublasLtMatrixLayoutDestroy(p.b);
+		cublasLtMatrixLayoutDestroy(p.c);
+		cublasLtMatmulDescDestroy(p.op);
+		return NULL;
+	}
+	p.algo = h[rank].algo;
 	b->plans->push_back(p);
-	return b->plans->back();
+	return &b->plans->back();
+}
+
+static int gemm_rank(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, void *Y, int ldy, int M,
+		     int N, int K, int out_f32, float alpha, int rank, void *stream)
+{
+	const gemm_plan *p = get_plan(b, M, N, K, ldx, ldy, out_f32, rank);
+	if (!p)
+		return 0;
+	float beta = 0.0f;
+	SFW_CUBLAS_CHECK(cublasLtMatmul(b->lt, p->op, &alpha, W, p->a, X, p->b, &beta, Y, p->c, Y, p->c, &p->algo, b->ws,
+					b->ws_bytes, SFW_CUDA_STREAM(stream)));
+	return 1;
 }
 
 static void gemm_any(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, void *Y, int ldy, int M,
 		     int N, int K, int out_f32, float alpha, void *stream)
 {
-	const gemm_plan &p = get_plan(b, M, N, K, ldx, ldy, out_f32);
-	float beta = 0.0f;
-	SFW_CUBLAS_CHECK(cublasLtMatmul(b->lt, p.op, &alpha, W, p.a, X, p.b, &beta, Y, p.c, Y, p.c, &p.algo, b->ws,
-					b->ws_bytes, SFW_CUDA_STREAM(stream)));
+	gemm_rank(b, X, ldx, W, Y, ldy, M, N, K, out_f32, alpha, 0, stream);
+}
+
+extern "C" int sfw_cuda_gemm_rank(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, void *Y,
+				  int ldy, int M, int N, int K, int out_f32, int rank, void *stream)
+{
+	return gemm_rank(b, X, ldx, W, Y, ldy, M, N, K, out_f32, 1.0f, rank, stream);
 }
 
 extern "C" void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y,

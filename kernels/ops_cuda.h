@@ -201,6 +201,11 @@ void sfw_cuda_gemv(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, i
 		   void *stream);
 void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy,
 		   int M, int N, int K, void *stream);
+/* The cuBLASLt GEMM with its heuristic's answer number `rank` (0 = the one
+ * sfw_cuda_gemm takes; up to 7), Y bf16 or, with out_f32, float32: 0 when
+ * there are not that many answers (nothing ran). For benchmarks. */
+int sfw_cuda_gemm_rank(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, void *Y, int ldy,
+		       int M, int N, int K, int out_f32, int rank, void *stream);
 /* GEMV variant selection for tuning: rows per warp (1, 2, 4) and loads in
  * flight per lane (2, 4, 8); 0 = the built-in choice. */
 void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M, int N,

@@ -54,7 +54,7 @@ struct cu_be {
 	 * themselves stay right) */
 	int prof;
 	void *ev0, *ev1;
-	int prof_decode; /* the ops since the last embed serve one row: a decode step */
+	int prof_decode; /* the ops since the last embed serve at most 64 rows: a (batched) decode step */
 	double prof_ms[2][PROF_N];
 	long prof_calls[2][PROF_N];
 	/* SALAFW_CUDA_STEPSYNC=1: the old per-step host waits (from_host waits,
@@ -439,7 +439,8 @@ static void prof_end(struct sfw_backend *be, enum prof_op op)
 
 static void prof_report(struct cu_be *b)
 {
-	static const char *const phase[2] = {"prefill (calls of more than one row)", "decode steps"};
+	static const char *const phase[2] = {"prefill (calls of more than 64 rows)",
+					     "decode steps (calls of at most 64 rows: one, or one per sequence)"};
 	for (int ph = 0; b->prof && ph < 2; ph++) {
 		double tot = 0;
 		for (int i = 0; i < PROF_N; i++)
@@ -468,7 +469,7 @@ static void prof_report(struct cu_be *b)
 static void cu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
 		     float scale)
 {
-	IMPL(be)->prof_decode = T == 1;
+	IMPL(be)->prof_decode = T <= SFW_CUDA_SEQS_MAX; /* a decode step: one row, or one per sequence */
 	PROF(P_EMBED, sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_DTYPE_BF16, S(be)));
 }
 

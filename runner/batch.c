@@ -14,7 +14,10 @@
 #include "log.h"
 #include "runner/model.h"
 
+#include <math.h>
 #include <string.h>
+
+_Static_assert(SFW_BATCH_MAX_SEQS <= SFW_BSEQ_MAX, "a step's sequences fit the backend's *_seqs calls");
 
 struct bseq {
 	struct sfw_bcache *cache; /* NULL: the slot is free */
@@ -36,7 +39,8 @@ struct sfw_batch {
 	/* per step */
 	struct sfwi_part parts[SFW_BATCH_MAX_SEQS];
 	int32_t *ids;           /* [max_step_rows] */
-	int lrows[SFW_BATCH_MAX_SEQS];
+	struct sfwi_pick pick[SFW_BATCH_MAX_SEQS];
+	int32_t next[SFW_BATCH_MAX_SEQS];   /* per logits row: the chosen token, -1 none */
 	int item_logit[SFW_BATCH_MAX_SEQS]; /* item -> logits row, -1 none */
 	int n_items;
 	float *logits;          /* [max_seqs, vocab] host */
@@ -182,9 +186,16 @@ int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq)
 
 const float *sfw_batch_logits(const struct sfw_batch *b, int item)
 {
-	if (item < 0 || item >= b->n_items || b->item_logit[item] < 0)
+	if (item < 0 || item >= b->n_items || b->item_logit[item] < 0 || !b->pick[b->item_logit[item]].host)
 		return NULL;
 	return b->logits + (size_t)b->item_logit[item] * sfw_model_config(b->m)->vocab_size;
+}
+
+int32_t sfw_batch_next(const struct sfw_batch *b, int item)
+{
+	if (item < 0 || item >= b->n_items || b->item_logit[item] < 0)
+		return -1;
+	return b->next[b->item_logit[item]];
 }
 
 /* Everything that can refuse the step, before anything runs. */
@@ -212,6 +223,10 @@ static enum sfw_status step_check(struct sfw_batch *b, const struct sfw_batch_it
 			return sfw_fail(err, SFW_E_INVAL, "sequence %d is inconsistent after a failed step; close it", sq);
 		if (it[i].n < 1 || !it[i].ids)
 			return sfw_fail(err, SFW_E_INVAL, "item %d: no tokens", i);
+		const struct sfw_op_sample_params *sp = it[i].sample;
+		if (sp && (!(it[i].u >= 0 && it[i].u < 1) || !(sp->temperature >= 0) || !isfinite(sp->temperature) ||
+			   sp->top_k < 0 || !(sp->top_p > 0 && sp->top_p <= 1)))
+			return sfw_fail(err, SFW_E_INVAL, "item %d: invalid sampling parameters", i);
 		for (int j = 0; j < it[i].n; j++)
 			if (it[i].ids[j] < 0 || it[i].ids[j] >= cf->vocab_size)
 				return sfw_fail(err, SFW_E_INVAL,
@@ -268,12 +283,12 @@ enum sfw_status sfw_batch_step(struct sfw_batch *b, const struct sfw_batch_item 
 		memcpy(b->ids + r, it[i].ids, (size_t)it[i].n * sizeof(int32_t));
 		r += it[i].n;
 		b->item_logit[i] = -1;
-		if (it[i].want_logits) {
+		if (it[i].want_logits || it[i].sample) {
 			b->item_logit[i] = nl;
-			b->lrows[nl++] = r - 1;
+			b->pick[nl++] = (struct sfwi_pick){r - 1, it[i].want_logits != 0, it[i].sample, it[i].u};
 		}
 	}
-	s = sfwi_forward(b->ws, b->ids, rows, b->parts, n, b->lrows, nl, b->logits, err);
+	s = sfwi_forward(b->ws, b->ids, rows, b->parts, n, b->pick, nl, b->logits, b->next, err);
 	for (int i = 0; i < n; i++) {
 		struct bseq *q = &b->seq[it[i].seq];
 		if (s == SFW_OK)

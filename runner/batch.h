@@ -43,6 +43,7 @@
 #ifndef SFW_BATCH_H
 #define SFW_BATCH_H
 
+#include "kernels/ops.h" /* struct sfw_op_sample_params */
 #include "runner/runner.h"
 #include "sfw.h"
 
@@ -86,7 +87,14 @@ struct sfw_batch_item {
 	int seq;
 	const int32_t *ids;
 	int n;           /* tokens appended: 1 when decoding, a prompt chunk when prefilling */
-	int want_logits; /* logits of its last row */
+	int want_logits; /* logits of its last row, on the host (sfw_batch_logits) */
+	/* non-NULL: the step also chooses the next token from its last row
+	 * (sfw_batch_next): sfw_op_sample_cpu(those logits, vocab, sample, u)
+	 * in meaning, computed on the backend where it can, so the logits
+	 * cross to the host only when want_logits asks for them (as
+	 * sfw_ctx_decode_next). u in [0, 1). */
+	const struct sfw_op_sample_params *sample;
+	double u;
 };
 
 /* One forward step over the items (each open sequence at most once, n >= 1,
@@ -101,5 +109,8 @@ SFW_MUST_CHECK enum sfw_status sfw_batch_step(struct sfw_batch *b, const struct 
 /* Item `item` of the last successful step: its vocab_size float logits when
  * it asked for them, else NULL. Valid until the next step. */
 const float *sfw_batch_logits(const struct sfw_batch *b, int item);
+/* Item `item` of the last successful step: the token it chose (its
+ * `sample`), or -1 when it chose none. */
+int32_t sfw_batch_next(const struct sfw_batch *b, int item);
 
 #endif

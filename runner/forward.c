@@ -184,7 +184,7 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 	c->idx_dev = be->alloc(be, (size_t)nkv * R * (size_t)k * sizeof(int32_t));
 	c->logits_dev = be->alloc(be, (size_t)logit_rows * cf->vocab_size * sizeof(float));
 	c->logits_rows = logit_rows;
-	c->next_dev = be->alloc(be, 16);
+	c->next_dev = be->alloc(be, (size_t)maxi(16, logit_rows * (int)sizeof(int32_t))); /* a batch's: one id per row */
 	c->last_dev = be->alloc(be, (size_t)L * nkv * k * sizeof(int32_t));
 	c->last_fresh = sfw_calloc((size_t)L, sizeof(int));
 	c->last_blocks = sfw_malloc((size_t)L * nkv * k * sizeof(int32_t));
@@ -787,7 +787,7 @@ enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, str
 /* ---- the batch's step (runner/batch.c) -------------------------------------- */
 
 enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, const struct sfwi_part *parts, int np,
-			     const int *lrows, int nl, float *logits, struct sfw_err *err)
+			     const struct sfwi_pick *pick, int nl, float *logits, int32_t *next, struct sfw_err *err)
 {
 	struct sfw_model *m = ws->m;
 	const struct sfw_config *cf = &m->cfg;
@@ -805,9 +805,32 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 	/* the rows whose logits are wanted, side by side in out (free now):
 	 * one lm_head product over them */
 	for (int i = 0; i < nl; i++)
-		be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, lrows[i], (size_t)D),
+		be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, pick[i].row, (size_t)D),
 			 (size_t)D * be->act_size);
 	be->logits(be, ws->logits_dev, ws->out, &m->lm_head, nl, (float)(1.0 / cf->logit_divisor));
-	be->to_host(be, logits, ws->logits_dev, (size_t)nl * V * sizeof(float));
+	/* the choices on the backend (one id each back), the logits on the
+	 * host only where asked or where the backend left the choice to it */
+	SFW_ASSERT(nl <= SFW_BSEQ_MAX);
+	int sampled = 0, all_host = 1, on_be[SFW_BSEQ_MAX];
+	for (int i = 0; i < nl; i++) {
+		all_host &= pick[i].host;
+		on_be[i] = pick[i].sp && be->sample(be, ws->next_dev + i, ws->logits_dev + (size_t)i * V, V, pick[i].sp,
+						     pick[i].u);
+		sampled |= on_be[i];
+	}
+	if (sampled)
+		be->to_host(be, next, ws->next_dev, (size_t)nl * sizeof(int32_t));
+	if (all_host)
+		be->to_host(be, logits, ws->logits_dev, (size_t)nl * V * sizeof(float));
+	for (int i = 0; i < nl; i++) {
+		float *row = logits + (size_t)i * V;
+		if (!on_be[i])
+			next[i] = -1;
+		int host_choice = pick[i].sp && next[i] < 0;
+		if (!all_host && (pick[i].host || host_choice))
+			be->to_host(be, row, ws->logits_dev + (size_t)i * V, (size_t)V * sizeof(float));
+		if (host_choice)
+			next[i] = sfw_op_sample_cpu(row, V, pick[i].sp, pick[i].u);
+	}
 	return op_failure(be, SFW_OK, err);
 }

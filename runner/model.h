@@ -68,15 +68,25 @@ SFW_MUST_CHECK enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bp
  * logits for logit_rows of them (runner/batch.c). Freed with sfw_ctx_free. */
 SFW_MUST_CHECK enum sfw_status sfwi_ctx_workspace(struct sfw_model *m, int rows, int logit_rows,
 						  struct sfw_ctx **out, struct sfw_err *err);
+/* What a step does with the logits of one of its rows (sfwi_forward). */
+struct sfwi_pick {
+	int row;                                /* the step's row */
+	int host;                               /* bring its logits to the host */
+	const struct sfw_op_sample_params *sp;  /* non-NULL: choose the next token */
+	double u;
+};
+
 /* One forward step of R rows (host ids) belonging to np sequences (parts,
  * in row order, each cache reserved for its rows) on workspace ws: the
  * linears once over all rows, attention, compression, selection and the
- * lightning states per part. logits [nl, vocab] (host) receives the logits
- * of rows lrows[0..nl). A failure leaves the parts' caches in an unknown
- * state. */
+ * lightning states per part. Then the logits of rows pick[0..nl).row: row
+ * i of logits [nl, vocab] (host) receives them where pick[i].host, and
+ * next[i] the token chosen where pick[i].sp (sfw_op_sample_cpu's meaning;
+ * on the backend when it can), else -1. A failure leaves the parts' caches
+ * in an unknown state. */
 SFW_MUST_CHECK enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R,
-					    const struct sfwi_part *parts, int np, const int *lrows, int nl,
-					    float *logits, struct sfw_err *err);
+					    const struct sfwi_part *parts, int np, const struct sfwi_pick *pick,
+					    int nl, float *logits, int32_t *next, struct sfw_err *err);
 
 /* Decode steps of c that ran as a replay of the whole-step graph (tests). */
 int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c);

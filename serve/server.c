@@ -200,16 +200,15 @@ static int put_text_locked(struct req *r, const char *t, size_t n)
 
 /* One token sampled for r: push it through its stream (engine thread, no
  * lock), then hand the text over. */
-static void take_token(struct sfw_server *s, struct req *r, const float *logits)
+static void take_token(struct sfw_server *s, struct req *r, int32_t id)
 {
 	struct sfw_err err = {0};
 	const char *t = "", *t2 = "";
 	size_t n = 0, n2 = 0;
 	enum sfw_finish fin = SFW_FINISH_NONE;
-	int32_t id = sfw_sampler_sample(&r->smp, logits, s->vocab);
 	enum sfw_status st =
-	    id < 0 ? sfw_fail(&err, SFW_E_NOMEM, "out of memory for the sampler's scratch")
-		   : sfw_gen_stream_push(&r->gs, id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &n, &fin, &err);
+	    id < 0 || id >= s->vocab ? sfw_fail(&err, SFW_E_INVAL, "the engine step chose no token")
+				     : sfw_gen_stream_push(&r->gs, id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &n, &fin, &err);
 	double now = sfw_now_s();
 	pthread_mutex_lock(&s->mu);
 	if (st == SFW_OK && fin != SFW_FINISH_EOS) {
@@ -245,6 +244,7 @@ static void *engine_main(void *arg)
 	struct sfw_server *s = arg;
 	struct sfw_batch_item it[MAX_SEQS];
 	struct req *ir[MAX_SEQS];
+	struct sfw_sampler rng_keep[MAX_SEQS];
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
 		while (!s->quit && !s->qhead && s->nrun == 0)
@@ -290,10 +290,17 @@ static void *engine_main(void *arg)
 				if ((int64_t)k > budget)
 					k = (size_t)budget;
 				budget -= (int64_t)k;
-				it[n] = (struct sfw_batch_item){r->seq, r->ids + r->prefilled, (int)k,
-								r->prefilled + k == r->n_ids};
+				it[n] = (struct sfw_batch_item){r->seq, r->ids + r->prefilled, (int)k, 0, NULL, 0};
 			} else {
-				it[n] = (struct sfw_batch_item){r->seq, &r->next_id, 1, 1};
+				it[n] = (struct sfw_batch_item){r->seq, &r->next_id, 1, 0, NULL, 0};
+			}
+			/* the step chooses the next token (on the device where it
+			 * can): the sampler's uniform is drawn now, and given back
+			 * if the step fails */
+			if (r->prefilled >= r->n_ids || r->prefilled + (size_t)it[n].n == r->n_ids) {
+				rng_keep[n] = r->smp;
+				it[n].sample = &r->smp.p;
+				it[n].u = sfw_sampler_uniform(&r->smp);
 			}
 			ir[n++] = r;
 		}
@@ -305,7 +312,10 @@ static void *engine_main(void *arg)
 		pthread_mutex_lock(&s->mu);
 		if (st != SFW_OK) {
 			/* all or nothing: the newest sequence of the step fails, the
-			 * others go on with the next step */
+			 * others go on with the next step, their uniforms given back */
+			for (int i = 0; i < n; i++)
+				if (it[i].sample)
+					ir[i]->smp = rng_keep[i];
 			struct req *r = ir[n - 1];
 			sfw_log(SFW_LOG_WARN, "serve: request %llu failed: %s", (unsigned long long)r->id,
 				err.msg);
@@ -318,8 +328,8 @@ static void *engine_main(void *arg)
 			struct req *r = ir[i];
 			if (r->prefilled < r->n_ids)
 				r->prefilled += (size_t)it[i].n;
-			if (it[i].want_logits)
-				take_token(s, r, sfw_batch_logits(s->b, i));
+			if (it[i].sample)
+				take_token(s, r, sfw_batch_next(s->b, i));
 		}
 		pthread_mutex_lock(&s->mu);
 		pthread_cond_broadcast(&s->idle_cv);

@@ -135,7 +135,7 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 			if (q->call == q->ncalls || (q->off < q->len && pre))
 				continue;
 			pre += q->off < q->len, dec += q->off >= q->len;
-			it[n] = (struct sfw_batch_item){q->slot, q->ids + q->off, call_n(q), 1};
+			it[n] = (struct sfw_batch_item){q->slot, q->ids + q->off, call_n(q), 1, NULL, 0};
 			own[n++] = q;
 		}
 		if (!n)
@@ -189,10 +189,10 @@ static void pool_case(struct sfw_model *m)
 	for (int i = 0; i < 192; i++)
 		ids[i] = 3 + i;
 	CHECK(sfw_batch_seq_open(b, &a, &err) == SFW_OK && sfw_batch_seq_open(b, &c, &err) == SFW_OK, "two sequences");
-	struct sfw_batch_item it[2] = {{a, ids, 150, 1}, {c, ids, 64, 1}};
+	struct sfw_batch_item it[2] = {{a, ids, 150, 1, NULL, 0}, {c, ids, 64, 1, NULL, 0}};
 	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_OK, "3 + 1 blocks: %s", err.msg);
-	it[0] = (struct sfw_batch_item){a, ids, 1, 1};
-	it[1] = (struct sfw_batch_item){c, ids, 1, 1};
+	it[0] = (struct sfw_batch_item){a, ids, 1, 1, NULL, 0};
+	it[1] = (struct sfw_batch_item){c, ids, 1, 1, NULL, 0};
 	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_E_NOSPACE && strstr(err.msg, "KV pool full: 4 of 4 blocks in use"),
 	      "the fifth block refused: %s", err.msg);
 	CHECK(sfw_batch_seq_pos(b, a) == 150 && sfw_batch_seq_pos(b, c) == 64, "nothing moved");
@@ -201,6 +201,60 @@ static void pool_case(struct sfw_model *m)
 	CHECK(sfw_batch_step(b, it + 1, 1, &err) == SFW_OK && sfw_batch_seq_pos(b, c) == 65,
 	      "B after A's blocks came back: %s", err.msg);
 	sfw_batch_free(b);
+}
+
+/* The next token chosen on the device (sfw_batch_item.sample): 8
+ * sequences, each with one of four samplers, 16 steps; every choice equals
+ * the host twin sfw_op_sample_cpu on the same step's logits (the device
+ * sampler's meaning, bit for bit: gpu_backend_ops), and a second batch fed
+ * the same ids without host logits makes the same choices. */
+static void sample_case(struct sfw_model *m)
+{
+	int V = sfw_model_config(m)->vocab_size;
+	static const struct sfw_op_sample_params sp[4] = {
+	    {0, 0, 1, 1}, {0.8f, 0, 1, 0}, {0.7f, 40, 1, 0}, {1.0f, 0, 0.9f, 0}};
+	struct sfw_batch_params bp = sfw_batch_default_params();
+	bp.max_seqs = 8, bp.max_ctx = 1024;
+	struct sfw_batch *b[2] = {NULL, NULL};
+	struct sfw_err err = {0};
+	int seq[2][8], ok = 1;
+	for (int k = 0; k < 2; k++) {
+		ok &= sfw_batch_new(m, &bp, &b[k], &err) == SFW_OK;
+		for (int i = 0; ok && i < 8; i++)
+			ok &= sfw_batch_seq_open(b[k], &seq[k][i], &err) == SFW_OK;
+	}
+	CHECK(ok, "sample: two batches of 8: %s", err.msg);
+	int32_t prompt[8][40], cur[8];
+	for (int i = 0; i < 8; i++)
+		for (int j = 0; j < 40; j++)
+			prompt[i][j] = 2 + (31 * i + 7 * j) % (V - 2);
+	int agree = 0, same = 0, total = 0;
+	uint32_t x = 12345;
+	for (int step = 0; ok && step < 16; step++) {
+		struct sfw_batch_item it[2][8];
+		for (int i = 0; i < 8; i++) {
+			x = x * 1664525u + 1013904223u;
+			double u = (double)(x >> 8) / 16777216.0;
+			for (int k = 0; k < 2; k++)
+				it[k][i] = (struct sfw_batch_item){seq[k][i], step ? &cur[i] : prompt[i], step ? 1 : 10 + 3 * i,
+								    k == 0, &sp[i % 4], u};
+		}
+		for (int k = 0; k < 2 && ok; k++)
+			ok = sfw_batch_step(b[k], it[k], 8, &err) == SFW_OK;
+		for (int i = 0; ok && i < 8; i++) {
+			const float *l = sfw_batch_logits(b[0], i);
+			int32_t id = sfw_batch_next(b[0], i);
+			agree += l && id == sfw_op_sample_cpu(l, V, &sp[i % 4], it[0][i].u);
+			same += id == sfw_batch_next(b[1], i) && !sfw_batch_logits(b[1], i);
+			total++;
+			cur[i] = id;
+		}
+	}
+	CHECK(ok, "sample: every step ran: %s", err.msg);
+	CHECK(total == 128 && agree == total, "sample: %d of %d device choices equal the host twin's", agree, total);
+	CHECK(same == total, "sample: without host logits the same %d of %d choices", same, total);
+	sfw_batch_free(b[0]);
+	sfw_batch_free(b[1]);
 }
 
 int main(void)
@@ -233,8 +287,10 @@ int main(void)
 		batch_case(m, "B=1", 1, l1);
 		batch_case(m, "B=8", 8, lens);
 		batch_case(m, "B=64", 64, lens);
-		if (k == 0)
+		if (k == 0) {
 			pool_case(m);
+			sample_case(m);
+		}
 		sfw_model_free(m);
 	}
 	return CHECK_REPORT("gpu_batch");

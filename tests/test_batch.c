@@ -24,6 +24,7 @@
  *     per channel): B = 1, 3, 8 and join/leave, bit for bit as alone (the
  *     int8 linears sum a row the same way whatever M, kernels/matmul_w8.c). */
 #include "check.h"
+#include "lib/rng.h"
 #include "alloc.h"
 #include "runner/batch.h"
 #include "runner/model.h"
@@ -135,6 +136,7 @@ static void sq_item(struct sq *q, struct sfw_batch_item *it)
 {
 	it->seq = q->slot;
 	it->want_logits = 1;
+	it->sample = NULL, it->u = 0;
 	if (q->off < q->len) {
 		it->ids = q->prompt + q->off;
 		it->n = call_n(q, q->call, q->off);
@@ -305,7 +307,7 @@ static void test_64(struct sfw_model *m)
 
 static int step1(struct sfw_batch *b, int seq, const int32_t *ids, int n, struct sfw_err *err)
 {
-	struct sfw_batch_item it = {seq, ids, n, 1};
+	struct sfw_batch_item it = {seq, ids, n, 1, NULL, 0};
 	return sfw_batch_step(b, &it, 1, err) == SFW_OK;
 }
 
@@ -406,7 +408,7 @@ static void test_refusals(struct sfw_model *m)
 	int s0, s1;
 	CHECK(sfw_batch_seq_open(b, &s0, &err) == SFW_OK && sfw_batch_seq_open(b, &s1, &err) == SFW_OK, "open");
 	int32_t ids[120] = {1};
-	struct sfw_batch_item it[2] = {{s0, ids, 1, 1}, {s0, ids, 1, 1}};
+	struct sfw_batch_item it[2] = {{s0, ids, 1, 1, NULL, 0}, {s0, ids, 1, 1, NULL, 0}};
 	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_E_INVAL && strstr(err.msg, "twice"), "a repeated sequence: %s",
 	      err.msg);
 	it[1].seq = 2;
@@ -426,6 +428,78 @@ static void test_refusals(struct sfw_model *m)
 	CHECK(sfw_batch_seq_pos(b, s0) == 1 && sfw_batch_seq_pos(b, s1) == 100, "positions 1 and 100");
 	CHECK(sfw_batch_logits(b, 0) && sfw_batch_logits(b, 1) && !sfw_batch_logits(b, 2), "logits per item");
 	sfw_batch_free(b);
+}
+
+/* The next token chosen in the step (sfw_batch_item.sample): three
+ * sequences with three samplers; in one batch every step also brings the
+ * logits to the host, in a second batch fed the same ids none does. Each
+ * choice equals sfw_op_sample_cpu on the logits of the first batch, and the
+ * second batch chooses the same tokens without them. Bad parameters are
+ * refused before anything moves. */
+static void test_sample(struct sfw_model *m)
+{
+	int V = sfw_model_config(m)->vocab_size;
+	static const struct sfw_op_sample_params sp[3] = {{0, 0, 1, 1}, {0.8f, 40, 1, 0}, {1.0f, 0, 0.9f, 0}};
+	struct sfw_batch_params bp = sfw_batch_default_params();
+	bp.max_seqs = 3, bp.max_ctx = 512;
+	struct sfw_batch *b[2] = {NULL, NULL};
+	struct sfw_err err = {0};
+	int seq[2][3], ok = 1;
+	for (int k = 0; k < 2; k++) {
+		ok &= sfw_batch_new(m, &bp, &b[k], &err) == SFW_OK;
+		for (int i = 0; ok && i < 3; i++)
+			ok &= sfw_batch_seq_open(b[k], &seq[k][i], &err) == SFW_OK;
+	}
+	CHECK(ok, "sample: two batches of three: %s", err.msg);
+	int32_t prompt[3][20], cur[3][20];
+	for (int i = 0; i < 3; i++)
+		for (int j = 0; j < 20; j++)
+			prompt[i][j] = 2 + (17 * i + 5 * j) % (V - 2);
+	int agree = 0, total = 0, same = 0, nolog = 0;
+	uint64_t rng = 99;
+	for (int step = 0; ok && step < 12; step++) {
+		struct sfw_batch_item it[2][3];
+		for (int i = 0; i < 3; i++) {
+			double u = sfwt_unit(&rng);
+			for (int k = 0; k < 2; k++)
+				it[k][i] = (struct sfw_batch_item){seq[k][i], step ? cur[i] : prompt[i], step ? 1 : 20,
+								    k == 0, &sp[i], u};
+		}
+		for (int k = 0; k < 2 && ok; k++)
+			ok = sfw_batch_step(b[k], it[k], 3, &err) == SFW_OK;
+		if (!ok)
+			break;
+		for (int i = 0; i < 3; i++) {
+			const float *l = sfw_batch_logits(b[0], i);
+			int32_t id = sfw_batch_next(b[0], i), id2 = sfw_batch_next(b[1], i);
+			agree += l && id == sfw_op_sample_cpu(l, V, &sp[i], it[0][i].u);
+			same += id == id2;
+			nolog += sfw_batch_logits(b[1], i) == NULL;
+			total++;
+			cur[i][0] = id;
+		}
+	}
+	CHECK(ok, "sample: every step ran: %s", err.msg);
+	CHECK(total == 36 && agree == total, "sample: %d of %d choices equal sfw_op_sample_cpu on the step's logits",
+	      agree, total);
+	CHECK(same == total && nolog == total, "sample: without host logits the same %d of %d choices (%d without logits)",
+	      same, total, nolog);
+	if (ok) {
+		struct sfw_op_sample_params bad = {0.8f, 0, 1.5f, 0};
+		struct sfw_batch_item it = {seq[1][0], cur[0], 1, 0, &bad, 0.5};
+		int64_t pos = sfw_batch_seq_pos(b[1], seq[1][0]);
+		CHECK(sfw_batch_step(b[1], &it, 1, &err) == SFW_E_INVAL && strstr(err.msg, "sampling") &&
+			  sfw_batch_seq_pos(b[1], seq[1][0]) == pos,
+		      "top_p 1.5 refused, nothing moved: %s", err.msg);
+		it.sample = &sp[1], it.u = 1.0;
+		CHECK(sfw_batch_step(b[1], &it, 1, &err) == SFW_E_INVAL, "u = 1 refused: %s", err.msg);
+		it.sample = NULL;
+		CHECK(sfw_batch_step(b[1], &it, 1, &err) == SFW_OK && sfw_batch_next(b[1], 0) == -1 &&
+			  !sfw_batch_logits(b[1], 0),
+		      "neither logits nor a choice asked: none given: %s", err.msg);
+	}
+	sfw_batch_free(b[0]);
+	sfw_batch_free(b[1]);
 }
 
 /* int8 weights: decode rows batched 3 and 8 at a time take other M than the
@@ -509,6 +583,7 @@ int main(void)
 			test_64(m);
 			test_pool(m);
 			test_refusals(m);
+			test_sample(m);
 			/* the other KV mode: per-sequence caches under the budget */
 			struct sfw_backend *be = m->be;
 			real_supports = be->supports;
