@@ -4,6 +4,7 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "log.h"
 #include "formats/safetensors.h"
 #include "runner/runner.h"
 #include "verify/verify.h"
@@ -115,11 +116,14 @@ static void print_get_hint(const char *cmd, const char *dir, const struct sfw_ma
 {
 	struct sfw_pin_info pin;
 	const char *repo = m ? m->repo_id : NULL, *rev = m ? m->revision : NULL;
+	char ed[4096], ef[1024];
 	if (!repo && pinned_origin(dir, &pin))
 		repo = pin.repo_id, rev = pin.revision;
+	dir = sfw_esc(dir, ed, sizeof(ed)); /* an untrusted string, printed escaped */
 	if (repo)
 		fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s\n",
-			cmd, repo, rev, dir, file ? " --include " : "", file ? file : "");
+			cmd, repo, rev, dir, file ? " --include " : "",
+			file ? sfw_esc(file, ef, sizeof(ef)) : "");
 	else
 		fprintf(stderr,
 			"%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s "
@@ -207,6 +211,8 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	if (!info)
 		info = &scratch;
 	memset(info, 0, sizeof(*info));
+	char edir[4096], ekey[1024]; /* dir and pubkey as the hints print them (escaped) */
+	const char *udir = sfw_esc(dir, edir, sizeof(edir));
 	struct stat dst;
 	int st_ok = stat(dir, &dst) == 0;
 	if (!st_ok || !S_ISDIR(dst.st_mode)) {
@@ -219,13 +225,13 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			fprintf(stderr,
 				"%s: hint: check the path, or fetch a model there: salafw get "
 				"ORG/NAME@REVISION -d %s\n",
-				cmd, dir);
+				cmd, udir);
 		return rc;
 	}
 	if (no_verify) {
 		fprintf(stderr,
 			"%s: warning: --no-verify: running '%s' without checking its signed manifest\n", cmd,
-			dir);
+			udir);
 		return 0;
 	}
 	struct sfw_pubkey keys[2];
@@ -265,7 +271,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			fprintf(stderr,
 				"%s: refusing to run unverified weights; fix: salafw sign --user %s (signs "
 				"the model you derived with your local key)\n",
-				cmd, dir);
+				cmd, udir);
 		else
 			print_get_hint(cmd, dir, NULL, NULL);
 		goto out;
@@ -278,7 +284,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		if (derived)
 			fprintf(stderr,
 				"%s: refusing to run unverified weights; fix: salafw sign --user %s\n", cmd,
-				dir);
+				udir);
 		else
 			print_get_hint(cmd, dir, NULL, NULL);
 		goto out;
@@ -305,7 +311,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 				"key of whoever "
 				"signed it%s%s%s\n",
 				cmd, user_at < 0 ? " (or, for a model you derived: salafw sign --user " : "",
-				user_at < 0 ? dir : "", user_at < 0 ? ")" : "");
+				user_at < 0 ? udir : "", user_at < 0 ? ")" : "");
 		goto out;
 	}
 	const struct sfw_pubkey *signer = &keys[0];
@@ -343,14 +349,15 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			fprintf(stderr,
 				"%s: refusing to run unverified weights; fix: make the derived model again: "
 				"salafw quant PARENT_DIR -o %s --force\n",
-				cmd, dir);
+				cmd, udir);
 		else if (gone)
 			print_get_hint(cmd, dir, &m, gone);
 		else if (s == SFW_E_HASH || s == SFW_E_SIZE)
 			print_get_hint(cmd, dir, &m, NULL);
 		else
 			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw verify %s%s%s\n",
-				cmd, dir, pubkey ? " --pubkey " : "", pubkey ? pubkey : "");
+				cmd, udir, pubkey ? " --pubkey " : "",
+				pubkey ? sfw_esc(pubkey, ekey, sizeof(ekey)) : "");
 		goto out;
 	}
 	info->verified = 1;
@@ -370,7 +377,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		    stderr,
 		    "%s: verified: signed by %s %s, derived from %s (%s%s%s; salafw verify %s shows how)\n",
 		    cmd, local ? "your local key" : "key", info->key_id, par, m.lineage.method,
-		    *group ? " group " : "", group, dir);
+		    *group ? " group " : "", group, udir);
 	}
 out:
 	sfw_manifest_release(&m);
