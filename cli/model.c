@@ -112,23 +112,27 @@ static int is_quantized(const char *dir)
 	return q;
 }
 
-static void print_get_hint(const char *cmd, const char *dir, const struct sfw_manifest *m, const char *file)
+/* pubkey: the key this command was given, which the get must trust too */
+static void print_get_hint(const char *cmd, const char *dir, const struct sfw_manifest *m, const char *file,
+			   const char *pubkey)
 {
 	struct sfw_pin_info pin;
 	const char *repo = m ? m->repo_id : NULL, *rev = m ? m->revision : NULL;
-	char ed[4096], ef[1024];
+	char ed[4096], ef[1024], ek[1024];
 	if (!repo && pinned_origin(dir, &pin))
 		repo = pin.repo_id, rev = pin.revision;
-	dir = sfw_esc(dir, ed, sizeof(ed)); /* an untrusted string, printed escaped */
+	dir = sfw_esc(dir, ed, sizeof(ed)); /* untrusted strings, printed escaped */
+	const char *key = pubkey ? sfw_esc(pubkey, ek, sizeof(ek)) : "";
 	if (repo)
-		fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s\n",
-			cmd, repo, rev, dir, file ? " --include " : "",
-			file ? sfw_esc(file, ef, sizeof(ef)) : "");
+		fprintf(stderr,
+			"%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s%s%s\n", cmd,
+			repo, rev, dir, file ? " --include " : "", file ? sfw_esc(file, ef, sizeof(ef)) : "",
+			pubkey ? " --pubkey " : "", key);
 	else
 		fprintf(stderr,
-			"%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s "
+			"%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s%s%s "
 			"(the repo it came from)\n",
-			cmd, dir);
+			cmd, dir, pubkey ? " --pubkey " : "", key);
 }
 
 /* The bytes of an unsigned manifest that `salafw manifest` or `quant`
@@ -273,7 +277,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 				"the model you derived with your local key)\n",
 				cmd, udir);
 		else
-			print_get_hint(cmd, dir, NULL, NULL);
+			print_get_hint(cmd, dir, NULL, NULL, pubkey);
 		goto out;
 	}
 	if (s == SFW_E_MISSING) { /* a manifest without its signature */
@@ -286,7 +290,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 				"%s: refusing to run unverified weights; fix: salafw sign --user %s\n", cmd,
 				udir);
 		else
-			print_get_hint(cmd, dir, NULL, NULL);
+			print_get_hint(cmd, dir, NULL, NULL, pubkey);
 		goto out;
 	}
 	if (s != SFW_OK) {
@@ -351,9 +355,9 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 				"salafw quant PARENT_DIR -o %s --force\n",
 				cmd, udir);
 		else if (gone)
-			print_get_hint(cmd, dir, &m, gone);
+			print_get_hint(cmd, dir, &m, gone, pubkey);
 		else if (s == SFW_E_HASH || s == SFW_E_SIZE)
-			print_get_hint(cmd, dir, &m, NULL);
+			print_get_hint(cmd, dir, &m, NULL, pubkey);
 		else
 			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw verify %s%s%s\n",
 				cmd, udir, pubkey ? " --pubkey " : "",

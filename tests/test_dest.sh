@@ -253,7 +253,7 @@ cp -a "$D" "$E/d" && rm -f "$E/d/a.bin" "$E/d/"extra*
 "$SALAFW" run "$E/d" --pubkey "$T/k.pub" -p x -n 1 >/dev/null 2>>"$T/e7g"
 check "escape: the model gate's hints have no raw control byte and no forged line" rawctl "$T/e7g"
 check "escape: ... the get hint names the directory escaped" grep -q 'fix: salafw get .* -d .*m\\x1b\[31m7\\x0dverified evil.bin\\x0a/empty ' "$T/e7g"
-check "escape: ... and the missing file's get too" grep -q -- '-d .*m\\x1b\[31m7\\x0dverified evil.bin\\x0a/d --include a.bin$' "$T/e7g"
+check "escape: ... and the missing file's get too" grep -q -- '-d .*m\\x1b\[31m7\\x0dverified evil.bin\\x0a/d --include a.bin --pubkey .*/k.pub$' "$T/e7g"
 check "escape: ... the --no-verify warning too" grep -q "running '.*m\\\\x1b\[31m7.*/empty' without checking" "$T/e7g"
 
 # ... and so do the other commands' own lines that name a path (quant, sign,
