@@ -172,6 +172,14 @@ wait_for bash -c "ls '$T/gd2/.salafw/partial/'*.part" >/dev/null 2>&1; sleep 0.5
 kill -TERM $pid; wait $pid; rc=$?
 [ $rc = 143 ] && pass "get SIGTERM: exit 143" || fail "get SIGTERM: exit $rc"
 check "get SIGTERM: no *.tmp.* left" notmp "$T/gd2"
+# serve: SIGTERM / SIGINT is its graceful stop: exit 0 (README)
+for sig in TERM INT; do
+	"$S" serve "$T/m" -P "$T/k.pub" --port 0 -t 1 2> "$T/sv.err" & pid=$!
+	wait_for grep -q "serving .* on http://" "$T/sv.err" || fail "serve did not start: $(head -c 300 "$T/sv.err")"
+	kill -$sig $pid; wait $pid; rc=$?
+	[ $rc = 0 ] && grep -q "SIG$sig: finishing the accepted requests" "$T/sv.err" && grep -q "stopped" "$T/sv.err" &&
+		pass "serve SIG$sig: a graceful stop, exit 0" || fail "serve SIG$sig: exit $rc ($(tail -c 300 "$T/sv.err"))"
+done
 # get on a full disk: refused before starting, or "no space left" when told to try
 mkdir -p "$T/full2"
 if mount -t tmpfs -o size=1m tmpfs "$T/full2" 2>/dev/null; then
