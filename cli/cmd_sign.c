@@ -159,6 +159,7 @@ int cmd_sign(int argc, char **argv)
 	sodium_memzero(&key, sizeof(key));
 	if (s != SFW_OK)
 		return cli_report(s, &err);
-	printf("signed '%s' -> '%s.minisig'\n", file, file);
+	char ef[1024];
+	printf("signed '%s' -> '%s.minisig'\n", sfw_esc(file, ef, sizeof(ef)), ef);
 	return SFW_EXIT_OK;
 }

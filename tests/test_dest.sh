@@ -257,9 +257,10 @@ check "escape: ... and the missing file's get too" grep -q -- '-d .*m\\x1b\[31m7
 check "escape: ... the --no-verify warning too" grep -q "running '.*m\\\\x1b\[31m7.*/empty' without checking" "$T/e7g"
 
 # ... and so do the other commands' own lines that name a path (quant, sign,
-# manifest's re-sign warning, run --file, serve --api-key-file)
-"$SALAFW" mkmodel --preset tiny -o "$E/tiny" >/dev/null 2>&1
-XDG_CONFIG_HOME=$T/cfg7 "$SALAFW" quant "$E/tiny" --no-verify -o "$E/q" --method rtn -t 1 >"$T/e7h" 2>&1
+# manifest's re-sign warning, run --file, serve --api-key-file, mkmodel,
+# keygen, sign)
+"$SALAFW" mkmodel --preset tiny -o "$E/tiny" >"$T/e7h" 2>/dev/null
+XDG_CONFIG_HOME=$T/cfg7 "$SALAFW" quant "$E/tiny" --no-verify -o "$E/q" --method rtn -t 1 >>"$T/e7h" 2>&1
 XDG_CONFIG_HOME=$T/cfg7 "$SALAFW" sign --user "$E/q" >>"$T/e7h" 2>&1
 printf 'a\0b' >"$E/nul.txt"; : >"$E/key"
 "$SALAFW" run "$E/tiny" --no-verify -f "$E/nul.txt" >>"$T/e7h" 2>&1
@@ -267,8 +268,10 @@ printf 'a\0b' >"$E/nul.txt"; : >"$E/key"
 "$SALAFW" manifest "$E/tiny" --repo a/b --revision 0123456789abcdef0123456789abcdef01234567 -o "$E/r.json" 2>>"$T/e7h"
 sleep 1.1 # another created time: other bytes
 "$SALAFW" manifest "$E/tiny" --repo a/b --revision 0123456789abcdef0123456789abcdef01234567 -o "$E/r.json" 2>>"$T/e7h"
-check "escape: quant, sign, manifest, run -f, serve print paths with no raw control byte" rawctl "$T/e7h"
-n=$(grep -cE "unsigned manifest|^signed '|holds a NUL byte|holds no key|already holds manifest_version" "$T/e7h")
-check "escape: ... each of those 5 lines was printed ($n)" test "$n" = 5
+"$SALAFW" keygen --pubkey-out "$E/k.pub" -s "$E/k.key" >>"$T/e7h" 2>&1
+"$SALAFW" sign -s "$E/k.key" "$E/r.json" >>"$T/e7h" 2>&1
+check "escape: quant, sign, manifest, run -f, serve, mkmodel, keygen print paths with no raw control byte" rawctl "$T/e7h"
+n=$(grep -cE "unsigned manifest|^signed '|holds a NUL byte|holds no key|already holds manifest_version|preset, seed|^(public|secret) key " "$T/e7h")
+check "escape: ... each of those 9 lines was printed ($n)" test "$n" = 9
 
 check_report test_dest
