@@ -274,4 +274,14 @@ check "escape: quant, sign, manifest, run -f, serve, mkmodel, keygen print paths
 n=$(grep -cE "unsigned manifest|^signed '|holds a NUL byte|holds no key|already holds manifest_version|preset, seed|^(public|secret) key " "$T/e7h")
 check "escape: ... each of those 9 lines was printed ($n)" test "$n" = 9
 
+# ... and usage errors quote what was typed escaped (an option, a byte count,
+# a revision, an integer: argv may carry what a script was given)
+X=$'\x1b[2J\rverified evil.bin\n'
+"$SALAFW" run "$E/tiny" "--frob$X" >/dev/null 2>"$T/e7u"
+"$SALAFW" get a/b --limit-rate "1$X" >/dev/null 2>>"$T/e7u"
+"$SALAFW" get "a/b@$X" >/dev/null 2>>"$T/e7u"
+"$SALAFW" verify "$E/tiny" -t "1$X" >/dev/null 2>>"$T/e7u"
+check "escape: usage errors have no raw control byte and no forged line" rawctl "$T/e7u"
+check "escape: ... all 4 were printed" test "$(grep -c 'x1b\[2J\\x0dverified evil.bin\\x0a' "$T/e7u")" = 4
+
 check_report test_dest
