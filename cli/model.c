@@ -123,11 +123,17 @@ static void print_get_hint(const char *cmd, const char *dir, const struct sfw_ma
 		repo = pin.repo_id, rev = pin.revision;
 	dir = sfw_esc(dir, ed, sizeof(ed)); /* untrusted strings, printed escaped */
 	const char *key = pubkey ? sfw_esc(pubkey, ek, sizeof(ek)) : "";
+	/* the file as a shell word: quoted unless plain (a path holds no control
+	 * byte and no backslash, sfw_path_check) */
+	const char *q = "";
+	if (file && strspn(file, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/-") !=
+			strlen(file))
+		q = strchr(file, '\'') ? "\"" : "'";
 	if (repo)
 		fprintf(stderr,
-			"%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s%s%s\n", cmd,
-			repo, rev, dir, file ? " --include " : "", file ? sfw_esc(file, ef, sizeof(ef)) : "",
-			pubkey ? " --pubkey " : "", key);
+			"%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s%s%s%s%s\n",
+			cmd, repo, rev, dir, file ? " --include " : "", q,
+			file ? sfw_esc(file, ef, sizeof(ef)) : "", q, pubkey ? " --pubkey " : "", key);
 	else
 		fprintf(stderr,
 			"%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s%s%s "
