@@ -17,7 +17,7 @@ static const struct cli_opt opts[] = {
 	{"dest", 'd', "DIR", "destination directory (default: ./NAME)"},
 	{"local-dir", 0, "DIR", "the same as --dest (the hf CLI's name)"},
 	{"revision", 0, "HEX40", "the 40-hex commit the manifest must name (the same as REPO@HEX40)"},
-	{"include", 0, "GLOB", "fetch only files matching GLOB (fnmatch, '*' matches '/' too; repeatable)"},
+	{"include", 0, "GLOB", "fetch only files matching GLOB (fnmatch, '*' matches '/' too) or named by it exactly (repeatable)"},
 	{"exclude", 0, "GLOB", "skip files matching GLOB (repeatable; applied after --include)"},
 	{"endpoint", 0, "URL", "manifest service (default $SALAFW_ENDPOINT or https://freeweights.allternit.com)"},
 	{"manifest", 'm', "URL|FILE", "take the manifest from here (+ '.minisig') instead of the service"},

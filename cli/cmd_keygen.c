@@ -1,5 +1,6 @@
 /* salafw keygen - an unencrypted minisign-format key pair (publishers, tests). */
 #include "cli.h"
+#include "log.h"
 #include "verify/verify.h"
 
 #include <stdio.h>
@@ -43,6 +44,8 @@ int cmd_keygen(int argc, char **argv)
 		return cli_report(s, &err);
 	char id[17];
 	sfw_pubkey_id_hex(pk.key_id, id);
-	printf("key id %s\npublic key  %s\nsecret key  %s (unencrypted: keep it private)\n", id, pub, sec);
+	char ep[1024], es[1024]; /* paths printed escaped */
+	printf("key id %s\npublic key  %s\nsecret key  %s (unencrypted: keep it private)\n", id,
+	       sfw_esc(pub, ep, sizeof(ep)), sfw_esc(sec, es, sizeof(es)));
 	return SFW_EXIT_OK;
 }

@@ -4,6 +4,7 @@
 
 #include "alloc.h"
 #include "file.h"
+#include "log.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -35,6 +36,7 @@ static void warn_same_version(const char *cmd, const char *path, const struct sf
 {
 	struct sfw_buf b;
 	struct sfw_err e = {0};
+	char ep[1024];
 	if (!path || sfw_read_file(path, SFW_MANIFEST_MAX, &b, &e) != SFW_OK)
 		return;
 	cJSON *o = cJSON_ParseWithLength(b.data, b.len);
@@ -45,11 +47,12 @@ static void warn_same_version(const char *cmd, const char *path, const struct sf
 	unsigned long long want = p->manifest_version ? p->manifest_version : 1;
 	if (!same && cJSON_IsString(repo) && strcmp(repo->valuestring, p->repo_id) == 0 && cJSON_IsNumber(ver) &&
 	    ver->valuedouble == (double)want)
-		fprintf(stderr,
-			"%s: warning: '%s' already holds manifest_version %llu of %s with other bytes: signing "
-			"this one too is equivocation, which clients that saw the other refuse; pass "
-			"--manifest-version %llu\n",
-			cmd, path, want, p->repo_id, want + 1);
+		fprintf(
+		    stderr,
+		    "%s: warning: '%s' already holds manifest_version %llu of %s with other bytes: signing "
+		    "this one too is equivocation, which clients that saw the other refuse; pass "
+		    "--manifest-version %llu\n",
+		    cmd, sfw_esc(path, ep, sizeof(ep)), want, p->repo_id, want + 1);
 	cJSON_Delete(o);
 }
 

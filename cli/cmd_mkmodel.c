@@ -1,6 +1,7 @@
 /* salafw mkmodel - write a random-weight SALA model directory. */
 #include "cli.h"
 
+#include "log.h"
 #include "quant/quant.h"
 #include "tools/tools.h"
 
@@ -140,7 +141,9 @@ int cmd_mkmodel(int argc, char **argv)
 	p.progress_user = &pg;
 	s = sfw_mkmodel(out, &p, &err);
 	if (s == SFW_OK) {
-		printf("%s: %s preset, seed %llu: ", out, preset, (unsigned long long)p.seed);
+		char eo[1024];
+		printf("%s: %s preset, seed %llu: ", sfw_esc(out, eo, sizeof(eo)), preset,
+		       (unsigned long long)p.seed);
 		print_plan(&pl, 0);
 	}
 	sfw_mkmodel_plan_free(&pl);

@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "alloc.h"
 #include "buf.h"
+#include "log.h"
 #include "quant/quant.h"
 #include "runner/runner.h"
 #include "verify/verify.h"
@@ -189,18 +190,24 @@ static int publish(const char *C, const char *out, const struct sfw_quant_params
 	if (s != SFW_OK)
 		return cli_report(s, &err);
 	if (!quiet) {
-		char id[17], *kp = sfw_userkey_path(1);
+		char id[17], *kp = sfw_userkey_path(1), ek[1024], eo[1024];
+		const char *uo = sfw_esc(out, eo, sizeof(eo)); /* paths printed escaped */
 		if (sign) {
 			sfw_pubkey_id_hex(pk.key_id, id);
 			if (created)
-				fprintf(stderr, "%s: created your local signing key %s in '%s' (.pub beside it)\n", C, id,
-					kp ? kp : "?");
-			fprintf(stderr, "%s: signed '%s' with your local key %s; derived from %s%s%s; run it: salafw run %s\n",
-				C, out, id, g->verified ? g->repo_id : "an unverified model", g->verified ? "@" : "",
-				g->verified ? g->revision : "", out);
+				fprintf(stderr,
+					"%s: created your local signing key %s in '%s' (.pub beside it)\n", C,
+					id, kp ? sfw_esc(kp, ek, sizeof(ek)) : "?");
+			fprintf(stderr,
+				"%s: signed '%s' with your local key %s; derived from %s%s%s; run it: salafw "
+				"run %s\n",
+				C, uo, id, g->verified ? g->repo_id : "an unverified model",
+				g->verified ? "@" : "", g->verified ? g->revision : "", uo);
 		} else {
-			fprintf(stderr, "%s: '%s' has an unsigned manifest; to run it verified: salafw sign --user %s\n", C,
-				out, out);
+			fprintf(
+			    stderr,
+			    "%s: '%s' has an unsigned manifest; to run it verified: salafw sign --user %s\n",
+			    C, uo, uo);
 		}
 		sfw_free(kp);
 	}

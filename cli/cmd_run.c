@@ -11,6 +11,7 @@
 #include "file.h"
 #include "formats/tokenizer.h"
 #include "json.h"
+#include "log.h"
 #include "runner/generate.h"
 #include "runner/runner.h"
 #include "runner/sampler.h"
@@ -157,7 +158,9 @@ static int read_prompt_file(const char *cmd, const char *path, struct sfw_buf *b
 		return SFW_EXIT_IO;
 	}
 	if (b->len && memchr(b->data, '\0', b->len)) {
-		fprintf(stderr, "%s: --file: '%s' holds a NUL byte; the prompt must be text\n", cmd, path);
+		char ep[1024];
+		fprintf(stderr, "%s: --file: '%s' holds a NUL byte; the prompt must be text\n", cmd,
+			sfw_esc(path, ep, sizeof(ep)));
 		return SFW_EXIT_IO;
 	}
 	return 0;
@@ -428,7 +431,9 @@ int cmd_run(int argc, char **argv)
 	snprintf(tpath, sizeof(tpath), "%s/tokenizer.model", dir);
 	int have_tok = stat(tpath, &stt) == 0;
 	if (!have_tok && !ids_path) {
-		fprintf(stderr, "%s: '%s' has no tokenizer.model (use --ids)\n", C, dir);
+		char ed[1024];
+		fprintf(stderr, "%s: '%s' has no tokenizer.model (use --ids)\n", C,
+			sfw_esc(dir, ed, sizeof(ed)));
 		rc = SFW_EXIT_USAGE;
 		goto out_rc;
 	}

@@ -5,6 +5,7 @@
 #include "cli.h"
 #include "buf.h"
 #include "file.h"
+#include "log.h"
 #include "formats/tokenizer.h"
 #include "runner/generate.h"
 #include "runner/runner.h"
@@ -42,7 +43,9 @@ static int read_key_file(const char *cmd, const char *path, struct sfw_buf *b)
 	while (n < b->len && b->data[n] != '\n' && b->data[n] != '\r' && b->data[n] != '\0')
 		n++;
 	if (n == 0) {
-		fprintf(stderr, "%s: --api-key-file: '%s' holds no key on its first line\n", cmd, path);
+		char ep[1024];
+		fprintf(stderr, "%s: --api-key-file: '%s' holds no key on its first line\n", cmd,
+			sfw_esc(path, ep, sizeof(ep)));
 		return SFW_EXIT_IO;
 	}
 	b->data[n] = 0;

@@ -4,6 +4,7 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "log.h"
 #include "formats/safetensors.h"
 #include "verify/verify.h"
 
@@ -83,19 +84,21 @@ static int sign_user(const char *cmd, const char *dir)
 	if (s == SFW_OK)
 		s = have ? sfw_derived_sign(dir, &sk, &err) : sfw_derived_publish(dir, lj, &sk, &err);
 	sodium_memzero(&sk, sizeof(sk));
+	char ed[1024], ek[1024]; /* paths printed escaped */
+	const char *ud = sfw_esc(dir, ed, sizeof(ed));
 	if (s == SFW_OK) {
 		char id[17];
 		sfw_pubkey_id_hex(pk.key_id, id);
 		if (created)
 			printf("created your local signing key %s in '%s' (.pub beside it)\n", id,
-			       kp ? kp : "?");
-		printf("signed '%s' with your local key %s; run it: salafw run %s\n", dir, id, dir);
+			       kp ? sfw_esc(kp, ek, sizeof(ek)) : "?");
+		printf("signed '%s' with your local key %s; run it: salafw run %s\n", ud, id, ud);
 	}
 	sfw_free(mp);
 	sfw_free(kp);
 	if (s == SFW_E_MANIFEST && have)
 		fprintf(stderr, "%s: '%s/.salafw/manifest.json' is not a manifest salafw quant wrote\n", cmd,
-			dir);
+			ud);
 	return s == SFW_OK ? SFW_EXIT_OK : cli_report(s, &err);
 }
 
@@ -156,6 +159,7 @@ int cmd_sign(int argc, char **argv)
 	sodium_memzero(&key, sizeof(key));
 	if (s != SFW_OK)
 		return cli_report(s, &err);
-	printf("signed '%s' -> '%s.minisig'\n", file, file);
+	char ef[1024];
+	printf("signed '%s' -> '%s.minisig'\n", sfw_esc(file, ef, sizeof(ef)), ef);
 	return SFW_EXIT_OK;
 }

@@ -4,6 +4,7 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "log.h"
 #include "formats/safetensors.h"
 #include "runner/runner.h"
 #include "verify/verify.h"
@@ -111,20 +112,33 @@ static int is_quantized(const char *dir)
 	return q;
 }
 
-static void print_get_hint(const char *cmd, const char *dir, const struct sfw_manifest *m, const char *file)
+/* pubkey: the key this command was given, which the get must trust too */
+static void print_get_hint(const char *cmd, const char *dir, const struct sfw_manifest *m, const char *file,
+			   const char *pubkey)
 {
 	struct sfw_pin_info pin;
 	const char *repo = m ? m->repo_id : NULL, *rev = m ? m->revision : NULL;
+	char ed[4096], ef[1024], ek[1024];
 	if (!repo && pinned_origin(dir, &pin))
 		repo = pin.repo_id, rev = pin.revision;
+	dir = sfw_esc(dir, ed, sizeof(ed)); /* untrusted strings, printed escaped */
+	const char *key = pubkey ? sfw_esc(pubkey, ek, sizeof(ek)) : "";
+	/* the file as a shell word: quoted unless plain (a path holds no control
+	 * byte and no backslash, sfw_path_check) */
+	const char *q = "";
+	if (file && strspn(file, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/-") !=
+			strlen(file))
+		q = strchr(file, '\'') ? "\"" : "'";
 	if (repo)
-		fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s\n",
-			cmd, repo, rev, dir, file ? " --include " : "", file ? file : "");
+		fprintf(stderr,
+			"%s: refusing to run unverified weights; fix: salafw get %s@%s -d %s%s%s%s%s%s%s\n",
+			cmd, repo, rev, dir, file ? " --include " : "", q,
+			file ? sfw_esc(file, ef, sizeof(ef)) : "", q, pubkey ? " --pubkey " : "", key);
 	else
 		fprintf(stderr,
-			"%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s "
+			"%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s%s%s "
 			"(the repo it came from)\n",
-			cmd, dir);
+			cmd, dir, pubkey ? " --pubkey " : "", key);
 }
 
 /* The bytes of an unsigned manifest that `salafw manifest` or `quant`
@@ -207,6 +221,8 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	if (!info)
 		info = &scratch;
 	memset(info, 0, sizeof(*info));
+	char edir[4096], ekey[1024]; /* dir and pubkey as the hints print them (escaped) */
+	const char *udir = sfw_esc(dir, edir, sizeof(edir));
 	struct stat dst;
 	int st_ok = stat(dir, &dst) == 0;
 	if (!st_ok || !S_ISDIR(dst.st_mode)) {
@@ -219,13 +235,13 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			fprintf(stderr,
 				"%s: hint: check the path, or fetch a model there: salafw get "
 				"ORG/NAME@REVISION -d %s\n",
-				cmd, dir);
+				cmd, udir);
 		return rc;
 	}
 	if (no_verify) {
 		fprintf(stderr,
 			"%s: warning: --no-verify: running '%s' without checking its signed manifest\n", cmd,
-			dir);
+			udir);
 		return 0;
 	}
 	struct sfw_pubkey keys[2];
@@ -265,9 +281,9 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			fprintf(stderr,
 				"%s: refusing to run unverified weights; fix: salafw sign --user %s (signs "
 				"the model you derived with your local key)\n",
-				cmd, dir);
+				cmd, udir);
 		else
-			print_get_hint(cmd, dir, NULL, NULL);
+			print_get_hint(cmd, dir, NULL, NULL, pubkey);
 		goto out;
 	}
 	if (s == SFW_E_MISSING) { /* a manifest without its signature */
@@ -278,9 +294,9 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		if (derived)
 			fprintf(stderr,
 				"%s: refusing to run unverified weights; fix: salafw sign --user %s\n", cmd,
-				dir);
+				udir);
 		else
-			print_get_hint(cmd, dir, NULL, NULL);
+			print_get_hint(cmd, dir, NULL, NULL, pubkey);
 		goto out;
 	}
 	if (s != SFW_OK) {
@@ -305,7 +321,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 				"key of whoever "
 				"signed it%s%s%s\n",
 				cmd, user_at < 0 ? " (or, for a model you derived: salafw sign --user " : "",
-				user_at < 0 ? dir : "", user_at < 0 ? ")" : "");
+				user_at < 0 ? udir : "", user_at < 0 ? ")" : "");
 		goto out;
 	}
 	const struct sfw_pubkey *signer = &keys[0];
@@ -343,14 +359,15 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 			fprintf(stderr,
 				"%s: refusing to run unverified weights; fix: make the derived model again: "
 				"salafw quant PARENT_DIR -o %s --force\n",
-				cmd, dir);
+				cmd, udir);
 		else if (gone)
-			print_get_hint(cmd, dir, &m, gone);
+			print_get_hint(cmd, dir, &m, gone, pubkey);
 		else if (s == SFW_E_HASH || s == SFW_E_SIZE)
-			print_get_hint(cmd, dir, &m, NULL);
+			print_get_hint(cmd, dir, &m, NULL, pubkey);
 		else
 			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw verify %s%s%s\n",
-				cmd, dir, pubkey ? " --pubkey " : "", pubkey ? pubkey : "");
+				cmd, udir, pubkey ? " --pubkey " : "",
+				pubkey ? sfw_esc(pubkey, ekey, sizeof(ekey)) : "");
 		goto out;
 	}
 	info->verified = 1;
@@ -370,7 +387,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		    stderr,
 		    "%s: verified: signed by %s %s, derived from %s (%s%s%s; salafw verify %s shows how)\n",
 		    cmd, local ? "your local key" : "key", info->key_id, par, m.lineage.method,
-		    *group ? " group " : "", group, dir);
+		    *group ? " group " : "", group, udir);
 	}
 out:
 	sfw_manifest_release(&m);

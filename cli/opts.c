@@ -10,6 +10,18 @@
 #include <string.h>
 #include <unistd.h>
 
+/* A usage message, printed escaped: the values quoted come from argv, which
+ * may hold any byte (a script passing on a name it was given). */
+__attribute__((format(printf, 1, 2))) static void usage_say(const char *fmt, ...)
+{
+	char msg[2048], esc[8192];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "%s\n", sfw_esc(msg, esc, sizeof(esc)));
+}
+
 void cli_init(struct cli_parser *p, const char *cmd, int argc, char **argv, const struct cli_opt *opts)
 {
 	memset(p, 0, sizeof(*p));
@@ -63,7 +75,7 @@ int cli_next(struct cli_parser *p, const char **arg)
 					found = k;
 		}
 		if (found < 0) {
-			fprintf(stderr, "%s: unknown option '%s' (see --help)\n", p->cmd, a);
+			usage_say("%s: unknown option '%s' (see --help)", p->cmd, a);
 			return CLI_ERROR;
 		}
 		if (p->opts[found].arg) {
@@ -72,11 +84,12 @@ int cli_next(struct cli_parser *p, const char **arg)
 			} else if (p->i < p->argc) {
 				*arg = p->argv[p->i++];
 			} else {
-				fprintf(stderr, "%s: option '%s' needs a value (%s)\n", p->cmd, a, p->opts[found].arg);
+				usage_say("%s: option '%s' needs a value (%s)", p->cmd, a,
+					  p->opts[found].arg);
 				return CLI_ERROR;
 			}
 		} else if (inline_val) {
-			fprintf(stderr, "%s: option '%s' takes no value\n", p->cmd, a);
+			usage_say("%s: option '%s' takes no value", p->cmd, a);
 			return CLI_ERROR;
 		}
 		return found;
@@ -181,12 +194,12 @@ enum sfw_status cli_stdout_flush(struct sfw_err *err)
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)
 {
+	char msg[2048];
 	va_list ap;
-	fprintf(stderr, "%s: ", cmd);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	fprintf(stderr, " (see --help)\n");
+	usage_say("%s: %s (see --help)", cmd, msg);
 	return SFW_EXIT_USAGE;
 }
 
@@ -207,17 +220,17 @@ int cli_parse_u64(const char *cmd, const char *opt, const char *s, unsigned long
 	/* Digits only: strtoull would skip white space and accept a sign
 	 * (" -1" wraps to 2^64 - 1). */
 	if (!s || !isdigit((unsigned char)*s)) {
-		fprintf(stderr, "%s: %s: '%s' is not a non-negative integer\n", cmd, lab, s ? s : "");
+		usage_say("%s: %s: '%s' is not a non-negative integer", cmd, lab, s ? s : "");
 		return 0;
 	}
 	errno = 0;
 	unsigned long long v = strtoull(s, &end, 10);
 	if (*end) {
-		fprintf(stderr, "%s: %s: '%s' is not a non-negative integer\n", cmd, lab, s);
+		usage_say("%s: %s: '%s' is not a non-negative integer", cmd, lab, s);
 		return 0;
 	}
 	if (errno) {
-		fprintf(stderr, "%s: %s: '%s' is too large\n", cmd, lab, s);
+		usage_say("%s: %s: '%s' is too large", cmd, lab, s);
 		return 0;
 	}
 	*out = v;
@@ -231,15 +244,15 @@ int cli_parse_double(const char *cmd, const char *opt, const char *s, double *ou
 	errno = 0;
 	double v = s && *s && !isspace((unsigned char)*s) ? strtod(s, &end) : 0;
 	if (!s || !*s || isspace((unsigned char)*s) || *end) {
-		fprintf(stderr, "%s: %s: '%s' is not a number\n", cmd, lab, s ? s : "");
+		usage_say("%s: %s: '%s' is not a number", cmd, lab, s ? s : "");
 		return 0;
 	}
 	if (!isfinite(v) || (errno == ERANGE && (v > 1 || v < -1))) {
-		fprintf(stderr, "%s: %s: '%s' is not a finite number\n", cmd, lab, s);
+		usage_say("%s: %s: '%s' is not a finite number", cmd, lab, s);
 		return 0;
 	}
 	if (errno == ERANGE) { /* underflow: 1e-400 must not quietly become 0 */
-		fprintf(stderr, "%s: %s: '%s' is too close to zero\n", cmd, lab, s);
+		usage_say("%s: %s: '%s' is too close to zero", cmd, lab, s);
 		return 0;
 	}
 	*out = v;
@@ -402,11 +415,12 @@ int cli_parse_bytes(const char *cmd, const char *opt, const char *s, unsigned lo
 	case 0:
 		return 1;
 	case -2:
-		fprintf(stderr, "%s: %s: '%s' is too large\n", cmd, lab, s);
+		usage_say("%s: %s: '%s' is too large", cmd, lab, s);
 		return 0;
 	default:
-		fprintf(stderr, "%s: %s: '%s' is not a byte count (digits, then optionally K, M, G or T: powers of 1024)\n",
-			cmd, lab, s ? s : "");
+		usage_say(
+		    "%s: %s: '%s' is not a byte count (digits, then optionally K, M, G or T: powers of 1024)",
+		    cmd, lab, s ? s : "");
 		return 0;
 	}
 }

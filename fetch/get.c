@@ -1863,10 +1863,12 @@ static void files_release(struct run *r)
 static int selected(const struct sfw_fetch_params *p, const char *path)
 {
 	int in = p->ninclude == 0;
+	/* a pattern equal to the path names it, glob characters and all
+	 * ("--include 'x[1].bin'", as a refusal's hint prints it) */
 	for (size_t i = 0; !in && i < p->ninclude; i++)
-		in = fnmatch(p->include[i], path, 0) == 0;
+		in = !strcmp(p->include[i], path) || fnmatch(p->include[i], path, 0) == 0;
 	for (size_t i = 0; in && i < p->nexclude; i++)
-		in = fnmatch(p->exclude[i], path, 0) != 0;
+		in = strcmp(p->exclude[i], path) && fnmatch(p->exclude[i], path, 0) != 0;
 	return in;
 }
 

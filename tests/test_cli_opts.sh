@@ -44,7 +44,7 @@ for pair in "p prompt" "P pubkey" "o output" "s seckey" "t threads" "x connectio
 	set -- $pair
 	grep -qE "^  -$1, --$2( |$)" "$T"/help.* && pass "-$1 is --$2" || fail "-$1 is not --$2"
 done
-for c in get verify manifest run score bench quant; do
+for c in get verify manifest run serve score bench quant; do
 	grep -qE '^  -P, --pubkey KEY\|FILE ' "$T/help.$c" && pass "$c: -P, --pubkey KEY|FILE" || fail "$c has no -P, --pubkey KEY|FILE"
 done
 grep -q -- '--pubkey-out' "$T/help.keygen" && ! grep -q -- '--pubkey ' "$T/help.keygen" &&
@@ -88,6 +88,14 @@ check "run -P FILE" "$SALAFW" run "$M" -P "$T/k.pub" -p "hello" -n 2 --greedy
 check "score --pubkey BASE64" sh -c "echo '1 2 3' > '$T/ids.txt' && '$SALAFW' score '$M' --pubkey '$B64' --ids '$T/ids.txt' -o '$T/s.safetensors'"
 check "quant --pubkey BASE64" "$SALAFW" quant "$M" --pubkey "$B64" -o "$T/q" --method rtn -q
 check "bench --pubkey BASE64" "$SALAFW" bench "$M" --pubkey "$B64" --prompt 8 --gen 2
+# serve --pubkey BASE64: past the gate, it prints its serving line (a wrong key: exit 3)
+"$SALAFW" serve "$M" --pubkey "$B64" --port 0 -t 1 2> "$T/serve.log" & spid=$!
+for _ in $(seq 200); do grep -q "serving .* on http://127.0.0.1:" "$T/serve.log" && break; kill -0 $spid 2>/dev/null || break; sleep 0.05; done
+check "serve --pubkey BASE64 (starts serving)" grep -q "serving .* on http://127.0.0.1:" "$T/serve.log"
+kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+"$SALAFW" keygen --pubkey-out "$T/o.pub" -s "$T/o.key" >/dev/null
+check_err "serve --pubkey BASE64 of another key: refused (exit 3)" 3 "was made by key $KID" \
+	"$SALAFW" serve "$M" --pubkey "$(sed -n 2p "$T/o.pub")" --port 0
 check "get -P BASE64 (files present: all skipped)" "$SALAFW" get test/opts --manifest "$M/.salafw/manifest.json" -P "$B64" -d "$M" -q
 mkdir -p "$T/keys" && cp "$T/k.pub" "$T/keys/mine.pub"
 check "verify --pubkey NAME (an installed key)" env SALAFW_KEYS_DIR="$T/keys" "$SALAFW" verify "$M" --pubkey mine

@@ -241,4 +241,47 @@ check "escape: the source name is printed, escaped" grep -q 'source   \\x1b\[31m
 check "escape: the extra file is named, escaped" grep -q 'extra file not in the manifest: extra\\x1b\[2J\\x0dverified evil.bin\\x0a.bin' "$T/e7"
 check "escape: the DEST path in an error, escaped" grep -q 'no\\x1b\[31mdir\\x0dverified evil.bin' "$T/e7"
 
+# the model gate's refusals and hints (run, score, bench, quant, serve) print
+# the directory escaped too: no manifest (the get hint), not there (the path
+# hint), --no-verify (the warning), a missing file (the get --include hint)
+E=$T/$'m\x1b[31m7\rverified evil.bin\n'
+mkdir -p "$E/empty"
+"$SALAFW" run "$E/empty" -p x -n 1 >/dev/null 2>"$T/e7g"
+"$SALAFW" run "$E/nope" -p x -n 1 >/dev/null 2>>"$T/e7g"
+"$SALAFW" run "$E/empty" --no-verify -p x -n 1 >/dev/null 2>>"$T/e7g"
+cp -a "$D" "$E/d" && rm -f "$E/d/a.bin" "$E/d/"extra*
+"$SALAFW" run "$E/d" --pubkey "$T/k.pub" -p x -n 1 >/dev/null 2>>"$T/e7g"
+check "escape: the model gate's hints have no raw control byte and no forged line" rawctl "$T/e7g"
+check "escape: ... the get hint names the directory escaped" grep -q 'fix: salafw get .* -d .*m\\x1b\[31m7\\x0dverified evil.bin\\x0a/empty ' "$T/e7g"
+check "escape: ... and the missing file's get too" grep -q -- '-d .*m\\x1b\[31m7\\x0dverified evil.bin\\x0a/d --include a.bin --pubkey .*/k.pub$' "$T/e7g"
+check "escape: ... the --no-verify warning too" grep -q "running '.*m\\\\x1b\[31m7.*/empty' without checking" "$T/e7g"
+
+# ... and so do the other commands' own lines that name a path (quant, sign,
+# manifest's re-sign warning, run --file, serve --api-key-file, mkmodel,
+# keygen, sign)
+"$SALAFW" mkmodel --preset tiny -o "$E/tiny" >"$T/e7h" 2>/dev/null
+XDG_CONFIG_HOME=$T/cfg7 "$SALAFW" quant "$E/tiny" --no-verify -o "$E/q" --method rtn -t 1 >>"$T/e7h" 2>&1
+XDG_CONFIG_HOME=$T/cfg7 "$SALAFW" sign --user "$E/q" >>"$T/e7h" 2>&1
+printf 'a\0b' >"$E/nul.txt"; : >"$E/key"
+"$SALAFW" run "$E/tiny" --no-verify -f "$E/nul.txt" >>"$T/e7h" 2>&1
+"$SALAFW" serve "$E/tiny" --no-verify --api-key-file "$E/key" >>"$T/e7h" 2>&1
+"$SALAFW" manifest "$E/tiny" --repo a/b --revision 0123456789abcdef0123456789abcdef01234567 -o "$E/r.json" 2>>"$T/e7h"
+sleep 1.1 # another created time: other bytes
+"$SALAFW" manifest "$E/tiny" --repo a/b --revision 0123456789abcdef0123456789abcdef01234567 -o "$E/r.json" 2>>"$T/e7h"
+"$SALAFW" keygen --pubkey-out "$E/k.pub" -s "$E/k.key" >>"$T/e7h" 2>&1
+"$SALAFW" sign -s "$E/k.key" "$E/r.json" >>"$T/e7h" 2>&1
+check "escape: quant, sign, manifest, run -f, serve, mkmodel, keygen print paths with no raw control byte" rawctl "$T/e7h"
+n=$(grep -cE "unsigned manifest|^signed '|holds a NUL byte|holds no key|already holds manifest_version|preset, seed|^(public|secret) key " "$T/e7h")
+check "escape: ... each of those 9 lines was printed ($n)" test "$n" = 9
+
+# ... and usage errors quote what was typed escaped (an option, a byte count,
+# a revision, an integer: argv may carry what a script was given)
+X=$'\x1b[2J\rverified evil.bin\n'
+"$SALAFW" run "$E/tiny" "--frob$X" >/dev/null 2>"$T/e7u"
+"$SALAFW" get a/b --limit-rate "1$X" >/dev/null 2>>"$T/e7u"
+"$SALAFW" get "a/b@$X" >/dev/null 2>>"$T/e7u"
+"$SALAFW" verify "$E/tiny" -t "1$X" >/dev/null 2>>"$T/e7u"
+check "escape: usage errors have no raw control byte and no forged line" rawctl "$T/e7u"
+check "escape: ... all 4 were printed" test "$(grep -c 'x1b\[2J\\x0dverified evil.bin\\x0a' "$T/e7u")" = 4
+
 check_report test_dest

@@ -7,6 +7,8 @@
 # /dev/full always), an interrupt (130 for SIGINT, 143 for SIGTERM, "interrupted
 # by SIG..."; no *.tmp.* file left, a partial download kept and resumed).
 # get's non-terminal progress lines are checked on the slow transfer.
+# Also a usage error (2, every command), a manifest signed by another key (3,
+# every command that trusts one) and a 404 manifest or a refused connection (4).
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -170,6 +172,14 @@ wait_for bash -c "ls '$T/gd2/.salafw/partial/'*.part" >/dev/null 2>&1; sleep 0.5
 kill -TERM $pid; wait $pid; rc=$?
 [ $rc = 143 ] && pass "get SIGTERM: exit 143" || fail "get SIGTERM: exit $rc"
 check "get SIGTERM: no *.tmp.* left" notmp "$T/gd2"
+# serve: SIGTERM / SIGINT is its graceful stop: exit 0 (README)
+for sig in TERM INT; do
+	"$S" serve "$T/m" -P "$T/k.pub" --port 0 -t 1 2> "$T/sv.err" & pid=$!
+	wait_for grep -q "serving .* on http://" "$T/sv.err" || fail "serve did not start: $(head -c 300 "$T/sv.err")"
+	kill -$sig $pid; wait $pid; rc=$?
+	[ $rc = 0 ] && grep -q "SIG$sig: finishing the accepted requests" "$T/sv.err" && grep -q "stopped" "$T/sv.err" &&
+		pass "serve SIG$sig: a graceful stop, exit 0" || fail "serve SIG$sig: exit $rc ($(tail -c 300 "$T/sv.err"))"
+done
 # get on a full disk: refused before starting, or "no space left" when told to try
 mkdir -p "$T/full2"
 if mount -t tmpfs -o size=1m tmpfs "$T/full2" 2>/dev/null; then
@@ -182,4 +192,29 @@ if mount -t tmpfs -o size=1m tmpfs "$T/full2" 2>/dev/null; then
 	check "... no *.tmp.* left" notmp "$T/full2"
 	umount "$T/full2" && MNT=
 fi
+# ---- a usage error: 2, in every command ----------------------------------------
+for c in $("$S" --help | sed -n 's/^  \([a-z][a-z]*\)  .*/\1/p'); do
+	check_err "$c --frobnicate: exit 2" 2 "^salafw $c: unknown option '--frobnicate'" "$S" $c --frobnicate
+	check_err "$c DIR --pubkey (no value, or not its option): exit 2" 2 "^salafw $c: " "$S" $c "$T/m" --pubkey
+done
+check_err "not a command: exit 2" 2 "'frob' is not a salafw command" "$S" frob
+check_err "a malformed repository id: exit 2, before any network" 2 "is not a repository id" \
+	"$S" get a/b/c --endpoint "http://127.0.0.1:$PORT_fast" -d "$T/g4"
+
+# ---- a manifest or signature rejected: 3, in every command that trusts a key ---
+"$S" keygen --pubkey-out "$T/o.pub" -s "$T/o.key" >/dev/null
+W="was made by key $KID, but the trusted key is"
+check_err "verify, another key: exit 3" 3 "$W" "$S" verify "$T/m" -P "$T/o.pub"
+check_err "run, another key: exit 3" 3 "$W" "$S" run "$T/m" -P "$T/o.pub" -p hi -n 1
+check_err "serve, another key: exit 3" 3 "$W" "$S" serve "$T/m" -P "$T/o.pub" --port 0
+check_err "score, another key: exit 3" 3 "$W" "$S" score "$T/m" -P "$T/o.pub" --ids "$T/ids.txt" -o "$T/s3.st"
+check_err "bench, another key: exit 3" 3 "$W" "$S" bench "$T/m" -P "$T/o.pub" --prompt 4 --gen 1
+check_err "quant, another key: exit 3" 3 "$W" "$S" quant "$T/m" -P "$T/o.pub" -o "$T/q3" --method rtn -q
+check_err "get, another key: exit 3" 3 "$W" "$S" get test/ec --manifest "$T/m/.salafw/manifest.json" -P "$T/o.pub" -d "$T/g3"
+
+# ---- network: 4 (a 404 manifest, every source failed) -------------------------
+check_err "get, repository not on the endpoint (404): exit 4" 4 "repository 'test/absent' is not on" \
+	"$S" get test/absent --endpoint "http://127.0.0.1:$PORT_fast" -P "$T/k.pub" -d "$T/g4"
+check_err "get, the endpoint refuses connections: exit 4" 4 "." \
+	"$S" get test/absent --endpoint "http://127.0.0.1:9" --retries 0 -P "$T/k.pub" -d "$T/g4"
 check_report test_exit_codes

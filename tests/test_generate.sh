@@ -28,6 +28,11 @@ grep -qE "prefill [0-9]+ tokens .*decode 15 tokens .* 16 generated, finish lengt
 printf 'Hello world' > "$S/prompt.txt"
 f=$($R -f "$S/prompt.txt" -n 16 --seed "$seed" 2>/dev/null)
 [ "$f" = "$a" ] && pass "-f FILE gives what -p gives" || fail "-f: '$f' vs '$a'"
+# the llama.cpp spellings: --file, --n-predict, --ctx-size are -f, -n, -c
+lf=$($R --file "$S/prompt.txt" --n-predict 16 --seed "$seed" 2>/dev/null)
+[ -n "$lf" ] && [ "$lf" = "$a" ] && pass "--file FILE --n-predict 16 gives what -p -n 16 gives" || fail "--file/--n-predict: '$lf' vs '$a'"
+$R -p "Hello world" --ctx-size 12 -n 100 --seed 1 2>"$S/cs12.err" >/dev/null
+grep -q "finish length, context 12 tokens" "$S/cs12.err" && pass "--ctx-size 12 is -c 12" || fail "--ctx-size 12: $(cat "$S/cs12.err")"
 check_err "-f of a missing file exits 5" 5 "^salafw run: --file: cannot open" $R -f "$S/none.txt" -n 2
 
 # --stop: a piece of the reference text from its middle (python picks 3

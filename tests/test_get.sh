@@ -433,6 +433,21 @@ retotal_resign "$T/m27.json"
 check_err "size 0 with a non-empty file's sha256: exit 1, not a loop" 1 'sha256 mismatch' \
 	G "$REPO" --manifest "$T/m27.json" -P "$T/k.pub" -d "$T/d27"
 
+# ---- 25c. a missing model file: run names the get that re-fetches only it ----------
+faultd f28
+mkman "$T/m28.json" --source "http:http://127.0.0.1:$PORT_f28/"
+G "$REPO" --manifest "$T/m28.json" -P "$T/k.pub" -d "$T/d28" -q 2>/dev/null
+rm "$T/d28/a.bin"; : > "$T/f28.log"
+check_err "a missing file: run refuses, naming the get with --include a.bin and its key" 1 \
+	"fix: salafw get $REPO@$REV -d $T/d28 --include a.bin --pubkey $T/k.pub\$" env SALAFW_STATE_DIR="$T/st28" "$SALAFW" run "$T/d28" -P "$T/k.pub" -p x -n 1
+SALAFW_STATE_DIR=$T/st28 "$SALAFW" run "$T/d28" -P "$T/k.pub" -p x -n 1 >/dev/null 2>"$T/e28"
+fix=$(sed -n 's/.*refusing to run unverified weights; fix: salafw get //p' "$T/e28")
+# the printed command as a shell would split it, pointed at this test's manifest
+# shellcheck disable=SC2086
+G $fix --manifest "$T/m28.json" -q 2>/dev/null
+check "... that get puts a.bin back: the tree matches sha256sum -c" tree_ok "$T/d28"
+check "... and asked the source for a.bin only" test "$(python3 -c 'import json,sys; print(" ".join(sorted(set(json.loads(l)["path"] for l in open(sys.argv[1])))))' "$T/f28.log")" = a.bin
+
 # ---- 26. usage -----------------------------------------------------------------------
 check_exit "no repo: usage" 2 "$SALAFW" get
 check_exit "bad revision: usage" 2 "$SALAFW" get "$REPO@main"

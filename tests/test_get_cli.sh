@@ -77,6 +77,23 @@ check "--revision binds like REPO@REV" G $REPO --revision $REV --manifest "$T/m3
 check_err "--revision of another commit: rejected (binding)" 3 "revision" \
 	G $REPO --revision 1111111111111111111111111111111111111111 --manifest "$T/m3.json" -P "$T/k.pub" -d "$T/d12"
 
+# a name with glob and shell characters: --include of the name itself selects
+# it, and a refusal names the get that re-fetches it, quoted, ready to paste
+mkdir -p "$T/src3"; head -c 5000 /dev/urandom > "$T/src3/x[1] y.bin"; echo '{}' > "$T/src3/config.json"
+faultd_serve "$T/src3" 120 g3
+$FAULTD manifest --dir "$T/src3" --repo test/glob --rev $REV --key-id "$KID" --source "http:$H:$PORT_g3/" > "$T/g3.json"
+"$S" sign -s "$T/k.key" "$T/g3.json" >/dev/null
+G test/glob --manifest "$T/g3.json" -P "$T/k.pub" -d "$T/d14" --include 'x[1] y.bin' -q 2>/dev/null
+check "--include 'x[1] y.bin' (the name itself) selects that file" bash -c "cmp -s '$T/d14/x[1] y.bin' '$T/src3/x[1] y.bin' && test ! -e '$T/d14/config.json'"
+G test/glob --manifest "$T/g3.json" -P "$T/k.pub" -d "$T/d14" -q 2>/dev/null
+rm "$T/d14/x[1] y.bin"; : > "$T/g3.log"
+SALAFW_STATE_DIR=$T/stg "$S" run "$T/d14" -P "$T/k.pub" -p x -n 1 >/dev/null 2>"$T/e14"
+fix=$(sed -n 's/.*refusing to run unverified weights; fix: salafw //p' "$T/e14")
+check "a missing 'x[1] y.bin': the hint quotes it" grep -qF -- "--include 'x[1] y.bin' --pubkey" "$T/e14"
+eval "G ${fix#get } --manifest '$T/g3.json' -q" 2>/dev/null
+check "... and the get it names, pasted, fetches that file back" cmp -s "$T/d14/x[1] y.bin" "$T/src3/x[1] y.bin"
+check "... asking for it only" test "$(python3 -c 'import json,sys; print(" ".join(sorted(set(json.loads(l)["path"] for l in open(sys.argv[1])))))' "$T/g3.log")" = "x[1] y.bin"
+
 # ---- a 404 manifest names the endpoint -----------------------------------------
 check_err "404 manifest: exit 4, the repository is not on that endpoint" 4 \
 	"repository 'test/absent' is not on '$H:$PORT_mir'" G test/absent --endpoint "$H:$PORT_mir" -P "$T/k.pub" -d "$T/d13"
