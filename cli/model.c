@@ -123,7 +123,8 @@ static void print_get_hint(const char *cmd, const char *dir, const struct sfw_ma
 	else
 		fprintf(stderr,
 			"%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s "
-			"(the repo it came from)\n",
+			"(the repo it came from); for weights of your own that no repo signed (salafw mkmodel): "
+			"add --no-verify\n",
 			cmd, dir);
 }
 
