@@ -157,6 +157,19 @@ static int unsigned_is_derived(const char *mpath)
 	return derived;
 }
 
+int cli_derived_unsigned(const char *dir)
+{
+	char *mp = sfw_path_join(dir, ".salafw/manifest.json");
+	struct stat st;
+	int r = 0;
+	if (mp && lstat(mp, &st) == 0)
+		r = S_ISREG(st.st_mode) && unsigned_is_derived(mp);
+	else if (mp && errno == ENOENT)
+		r = is_quantized(dir);
+	sfw_free(mp);
+	return r;
+}
+
 void cli_lineage_text(const struct sfw_manifest_lineage *l, char *out, size_t cap)
 {
 	struct sfw_buf b;

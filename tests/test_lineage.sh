@@ -77,6 +77,8 @@ $SALAFW run "$S/q2" -p x -n 1 >/dev/null 2>"$S/e"
 run_fix "unsigned derived model" "$S/e" && check "... then run works" $SALAFW run "$S/q2" -p x -n 1
 
 rm -rf "$S/q2/.salafw"
+check_err "verify of a derived model without a manifest names sign --user" 1 \
+	"has no signed manifest in .salafw/ \(a model you derived; fix: salafw sign --user $S/q2\)" $SALAFW verify "$S/q2"
 check_err "a derived model without a manifest is refused, naming sign --user" 1 "fix: salafw sign --user" \
 	$SALAFW run "$S/q2" -p x -n 1
 $SALAFW run "$S/q2" -p x -n 1 >/dev/null 2>"$S/e"
@@ -161,5 +163,8 @@ check_err "... then run works verified, saying the parent was not verified" 0 \
 check_err "quant --no-verify leaves the manifest unsigned and names sign --user" 0 "salafw sign --user $S/q3" \
 	$SALAFW quant "$M" -o "$S/q3" --method rtn --no-verify
 check "... whose lineage has no parent" python3 -c "import json,sys; l=json.load(open('$S/q3/.salafw/manifest.json'))['lineage']; sys.exit('parent' in l)"
+check_err "verify of the unsigned derived model: exit 1 as run, naming sign --user" 1 \
+	"the manifest of the derived model '$S/q3' is not signed \(fix: salafw sign --user $S/q3\)" $SALAFW verify "$S/q3"
+check "... which, run, makes verify pass" sh -c "'$SALAFW' sign --user '$S/q3' >/dev/null 2>&1 && '$SALAFW' verify '$S/q3' >/dev/null 2>&1"
 
 check_report test_lineage.sh
