@@ -64,6 +64,8 @@ for pat in "loading the model" "calibrating \(cpu\): sequence 6/6, [0-9:]+ elaps
 	"writing shard 1/1: 100% of [0-9.]+ MB, [0-9:]+ elapsed"; do
 	grep -qE "^salafw quant: $pat" "$S/p.err" && pass "progress: $pat" || fail "progress line '$pat' missing: $(head -c 400 "$S/p.err")"
 done
+grep -qE 'writing shard [0-9/]+: +[0-4]% .*ETA [0-9]' "$S/p.err" && fail "an ETA from under 5% written: $(grep -m1 'writing' "$S/p.err")" ||
+	pass "no ETA from the first 5% of the write"
 [ "$(grep -c 'searching AWQ scales: layer' "$S/p.err")" = 4 ] && pass "one search line per layer" ||
 	fail "search lines: $(grep -c 'searching AWQ' "$S/p.err")"
 # host memory: each input tensor's pages are released once written, so the
