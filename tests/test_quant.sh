@@ -68,6 +68,11 @@ grep -qE 'writing shard [0-9/]+: +[0-4]% .*ETA [0-9]' "$S/p.err" && fail "an ETA
 	pass "no ETA from the first 5% of the write"
 [ "$(grep -c 'searching AWQ scales: layer' "$S/p.err")" = 4 ] && pass "one search line per layer" ||
 	fail "search lines: $(grep -c 'searching AWQ' "$S/p.err")"
+# RTN has no calibration or search: its progress is the write, with elapsed time, to a log as lines
+$SALAFW quant "$D" -o "$S/r" --method rtn --no-verify 2>"$S/r.err" >/dev/null
+grep -qE '^salafw quant: writing shard 1/1: 100% of [0-9.]+ MB, [0-9:]+ elapsed, ETA 0:00$' "$S/r.err" &&
+	! grep -q $'\r' "$S/r.err" && pass "rtn progress: the write, as lines, with elapsed time" ||
+	fail "rtn progress: $(head -c 300 "$S/r.err")"
 # host memory: each input tensor's pages are released once written, so the
 # peak resident set stays well below the mapped model (270 MB small preset;
 # 289 MB before the release, 48 MB after)
