@@ -152,14 +152,13 @@ static char *lineage_json(const struct sfw_quant_params *p, const struct cli_gat
 					   "{\"format\": \"pack-quantized int8\", \"group_size\": \"%s\"",
 					   SFW_VERSION, p->method == SFW_QUANT_AWQ ? "awq" : "rtn", gs);
 	if (s == SFW_OK && p->method == SFW_QUANT_AWQ)
-		s = sfw_buf_printf(
-		    &b,
-		    ", \"samples\": \"%d\", \"seq_len\": \"%d\", \"loss_rows\": \"%d\", \"n_grid\": \"%d\", "
-		    "\"duo_scaling\": \"%d\", \"calib\": \"%s\", \"calib_tokens\": \"%lld\", "
-		    "\"calib_device\": \"%s\"%s",
-		    p->samples, p->seq_len, p->loss_rows, p->n_grid, p->duo_scaling, calib,
-		    (long long)st->calib_tokens, p->device == SFW_DEVICE_CUDA ? "cuda" : "cpu",
-		    p->fold_only ? ", \"fold_only\": \"1\"" : "");
+		s = sfw_buf_printf(&b,
+				   ", \"samples\": \"%d\", \"seq_len\": \"%d\", \"loss_rows\": \"%d\", \"n_grid\": \"%d\", "
+				   "\"duo_scaling\": \"%d\", \"calib\": \"%s\", \"calib_tokens\": \"%lld\", "
+				   "\"calib_device\": \"%s\"%s",
+				   p->samples, p->seq_len, p->loss_rows, p->n_grid, p->duo_scaling, calib,
+				   (long long)st->calib_tokens, p->device == SFW_DEVICE_CUDA ? "cuda" : "cpu",
+				   p->fold_only ? ", \"fold_only\": \"1\"" : "");
 	if (s == SFW_OK)
 		s = sfw_buf_printf(&b, "}");
 	if (s == SFW_OK && g->verified)
@@ -327,10 +326,9 @@ int cmd_quant(int argc, char **argv)
 	/* a short calibration text gives fewer sequences than asked (the
 	 * built-in corpus: about 24 of 512 tokens): say so, with the way out */
 	if (p.method == SFW_QUANT_AWQ && st.calib_tokens < (int64_t)p.samples * p.seq_len)
-		fprintf(
-		    stderr,
-		    "salafw quant: warning: the calibration text gave %lld tokens, not the %d x %d asked for "
-		    "(--samples, --seq-len); a longer --calib FILE gives more\n",
-		    (long long)st.calib_tokens, p.samples, p.seq_len);
+		fprintf(stderr,
+			"salafw quant: warning: the calibration text gave %lld tokens, not the %d x %d asked for "
+			"(--samples, --seq-len); a longer --calib FILE gives more\n",
+			(long long)st.calib_tokens, p.samples, p.seq_len);
 	return publish(C, out, &p, &gi, &st, sign, quiet);
 }
