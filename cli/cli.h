@@ -114,6 +114,11 @@ int cli_trusted_keys(const char *pubkey, struct sfw_pubkey *keys /* [2] */, size
 /* "awq by salafw/0.1 (group_size 128, ...)" and "REPO@REV" of a lineage. */
 void cli_lineage_text(const struct sfw_manifest_lineage *l, char *out, size_t cap);
 void cli_parent_text(const struct sfw_manifest_lineage *l, char *out, size_t cap);
+/* For a folder refused for want of a signed manifest: 1 when it holds a
+ * model the user derived (its unsigned manifest has a lineage, or, without a
+ * manifest, config.json declares a quantization), whose fix is `salafw sign
+ * --user DIR`. */
+int cli_derived_unsigned(const char *dir);
 int cli_read_ids(const char *cmd, const char *path, int32_t **ids, size_t *n);
 /* The model-load parameters of o plus the environment: the one place the
  * command line reads the engine's variables (README, "Environment"):

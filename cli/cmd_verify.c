@@ -194,12 +194,24 @@ int cmd_verify(int argc, char **argv)
 	if (s != SFW_OK) {
 		/* DIR without a manifest: not verified (exit 1, as run says);
 		 * a --manifest FILE that is not there: a missing input (exit 5);
-		 * no signature or an oversized file: rejected (exit 3); a local
-		 * read error stays one (exit 5) */
-		if (no_manifest && !manifest) {
+		 * no signature or an oversized file: rejected (exit 3), except a
+		 * model the user derived (not verified, exit 1, with the command
+		 * that signs it, as run says); a local read error stays one (exit 5) */
+		if (no_manifest && !manifest && cli_derived_unsigned(dir)) {
+			s = sfw_fail(&err, SFW_E_UNVERIFIED,
+				     "'%s' has no signed manifest in .salafw/ (a model you derived; fix: "
+				     "salafw sign --user %s)",
+				     dir, dir);
+		} else if (no_manifest && !manifest) {
 			s = sfw_fail(&err, SFW_E_UNVERIFIED,
 				     "'%s' has no signed manifest in .salafw/ (run 'salafw get', or pass --manifest FILE)",
 				     dir);
+		} else if (s == SFW_E_MISSING && !manifest && cli_derived_unsigned(dir)) {
+			/* as run says it: not verified (exit 1), and the command that signs it */
+			s = sfw_fail(&err, SFW_E_UNVERIFIED,
+				     "the manifest of the derived model '%s' is not signed (fix: salafw sign "
+				     "--user %s)",
+				     dir, dir);
 		} else if (no_manifest) {
 			s = SFW_E_IO;
 			err.code = s;

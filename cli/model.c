@@ -137,7 +137,8 @@ static void print_get_hint(const char *cmd, const char *dir, const struct sfw_ma
 	else
 		fprintf(stderr,
 			"%s: refusing to run unverified weights; fix: salafw get ORG/NAME@REVISION -d %s%s%s "
-			"(the repo it came from)\n",
+			"(the repo it came from); for weights of your own that no repo signed (salafw mkmodel): "
+			"add --no-verify\n",
 			cmd, dir, pubkey ? " --pubkey " : "", key);
 }
 
@@ -168,6 +169,19 @@ static int unsigned_is_derived(const char *mpath)
 	sfw_buf_release(&pb);
 	sfw_buf_release(&b);
 	return derived;
+}
+
+int cli_derived_unsigned(const char *dir)
+{
+	char *mp = sfw_path_join(dir, ".salafw/manifest.json");
+	struct stat st;
+	int r = 0;
+	if (mp && lstat(mp, &st) == 0)
+		r = S_ISREG(st.st_mode) && unsigned_is_derived(mp);
+	else if (mp && errno == ENOENT)
+		r = is_quantized(dir);
+	sfw_free(mp);
+	return r;
 }
 
 void cli_lineage_text(const struct sfw_manifest_lineage *l, char *out, size_t cap)

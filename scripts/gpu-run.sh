@@ -210,8 +210,9 @@ serve-bench)
 	fi
 	CONC=${1:-1,8,32}
 	PORT=${SALAFW_SERVE_PORT:-18080}
+	# SERVE_ARGS: more serve options (e.g. --prefill-chunk N for an A/B)
 	"$BIN/salafw" serve "$M" --no-verify --device cuda --port "$PORT" --max-running 32 --max-context 2048 \
-		2>"$OUT/serve.log" &
+		${SERVE_ARGS:-} 2>"$OUT/serve.log" &
 	spid=$!
 	up=0
 	for _ in $(seq 600); do

@@ -2,7 +2,8 @@
  * count against independent figures: mkmodel's tensor list for the real
  * shapes (preset full: 9,477,203,968 parameters, bf16), and the KV /
  * compressed-key / lightning-state sizes of docs/performance.md §4b worked out by
- * hand for 1M tokens. */
+ * hand for 1M tokens; and README.md's table of which context fits a card,
+ * every cell recomputed from the plan. */
 #include "check.h"
 
 #include "tools/tools.h"
@@ -10,6 +11,93 @@
 
 #include <math.h>
 #include <string.h>
+
+/* The largest context, in 64-token blocks, whose plan fits a card of
+ * card_gib GiB after the README's allowances: the 0.55 GiB CUDA context
+ * measured on the H200 and 0.5 GiB left to the driver and display. */
+static int64_t card_fit(const struct sfw_config *c, int w8, int chunk, double card_gib)
+{
+	const double G = 1073741824.0;
+	int64_t lo = 0, hi = (int64_t)1 << 26; /* blocks; 4G tokens fit no card here */
+	while (lo < hi) {
+		int64_t mid = lo + (hi - lo + 1) / 2, n = mid * 64;
+		struct sfw_mem_plan p;
+		if (w8)
+			sfw_bench_mem_plan_w8(c, n, chunk, 128, &p);
+		else
+			sfw_bench_mem_plan(c, n, chunk, &p);
+		struct sfw_err e = {0};
+		double fr = (card_gib - 0.55 - 0.5) * G - p.weights;
+		if (fr > 0 && sfw_bench_mem_fit(&p, n, fr, &e) == SFW_OK)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo * 64;
+}
+
+/* One cell of the README's card table against the plan's largest context:
+ * "does not fit" = not one block; "~NK tokens" = N K to N + 16 K below the
+ * plan's figure (rounded down, never above it); "1M and more" = at least
+ * 2^20, with "(~X.YM)" naming it to a tenth, rounded down. */
+static int card_cell_ok(const char *cell, int64_t fit)
+{
+	const double M = 1048576.0;
+	const char *t;
+	long long k;
+	double m;
+	if (strstr(cell, "does not fit"))
+		return fit == 0;
+	if (strstr(cell, "1M and more")) {
+		if ((t = strstr(cell, "(~")) && sscanf(t, "(~%lfM)", &m) == 1)
+			return fit >= M && m * M <= fit * (1 + 1e-9) && fit < (m + 0.1) * M;
+		return fit >= M;
+	}
+	if ((t = strchr(cell, '~')) && sscanf(t, "~%lldK", &k) == 1)
+		return k * 1024 <= fit && fit < (k + 16) * 1024;
+	return 0;
+}
+
+/* README.md's "which context fits a card" table, every cell, from this plan
+ * (tests run from the repository root). */
+static void test_readme_cards(const struct sfw_config *c)
+{
+	FILE *f = fopen("README.md", "r");
+	CHECK(f != NULL, "README.md readable from the repository root");
+	if (!f)
+		return;
+	/* the columns: bf16 default pieces, bf16 2048, int8 g128 default, int8 2048 */
+	static const int col_w8[] = {0, 0, 1, 1}, col_chunk[] = {8192, 2048, 8192, 2048};
+	int rows = 0, header = 0, gb;
+	char line[1024];
+	while (fgets(line, sizeof(line), f)) {
+		if (!strncmp(line, "| card |", 8))
+			header = strstr(line, "| bf16, 8192-row") &&
+				 strstr(line, "| bf16, `--prefill-chunk 2048`") &&
+				 strstr(line, "| int8 g128, default") &&
+				 strstr(line, "| int8 g128, `--prefill-chunk 2048`");
+		if (sscanf(line, "| %d GB |", &gb) != 1 || (gb != 12 && gb != 16 && gb != 24 && gb != 32))
+			continue;
+		rows++;
+		char *cell = strchr(line + 1, '|');
+		for (int col = 0; col < 4; col++) {
+			char *end = cell ? strchr(cell + 1, '|') : NULL;
+			if (!end) {
+				CHECK(0, "README %d GB row: %d cells", gb, col);
+				break;
+			}
+			*end = 0;
+			int64_t fit = card_fit(c, col_w8[col], col_chunk[col], gb);
+			CHECK(card_cell_ok(cell + 1, fit),
+			      "README %d GB, %s, %d-row pieces: '%s' vs the plan's %lld tokens", gb,
+			      col_w8[col] ? "int8 g128" : "bf16", col_chunk[col], cell + 1, (long long)fit);
+			cell = end;
+		}
+	}
+	fclose(f);
+	CHECK(header && rows == 4, "README's card table: its header and the 12, 16, 24 and 32 GB rows (%d)",
+	      rows);
+}
 
 int main(void)
 {
@@ -105,6 +193,7 @@ int main(void)
 		}
 		sfw_mkmodel_plan_free(&wpl);
 	}
+	test_readme_cards(c);
 	sfw_mkmodel_plan_free(&plan);
 	return CHECK_REPORT("test_bench_plan");
 }

@@ -77,6 +77,8 @@ $SALAFW run "$S/q2" -p x -n 1 >/dev/null 2>"$S/e"
 run_fix "unsigned derived model" "$S/e" && check "... then run works" $SALAFW run "$S/q2" -p x -n 1
 
 rm -rf "$S/q2/.salafw"
+check_err "verify of a derived model without a manifest names sign --user" 1 \
+	"has no signed manifest in .salafw/ \(a model you derived; fix: salafw sign --user $S/q2\)" $SALAFW verify "$S/q2"
 check_err "a derived model without a manifest is refused, naming sign --user" 1 "fix: salafw sign --user" \
 	$SALAFW run "$S/q2" -p x -n 1
 $SALAFW run "$S/q2" -p x -n 1 >/dev/null 2>"$S/e"
@@ -142,9 +144,27 @@ check "... and leaves its signature as it was" cmp "$M/.salafw/manifest.json.min
 check_err "sign --user refuses a directory that is no salafw quant output" 1 "not a model salafw quant wrote" \
 	$SALAFW sign --user "$S/plain"
 
+# a new user's own model (mkmodel: no repo, no manifest), following only the
+# messages: quant's refusal names --no-verify; quant with it names the sign
+# command; after that command, run works verified
+$SALAFW mkmodel --preset tiny --seed 5 -o "$S/own" >/dev/null
+check_err "a model of one's own is refused, naming --no-verify" 1 "no repo signed \(salafw mkmodel\): add --no-verify" \
+	$SALAFW quant "$S/own" -o "$S/own-w8" --method rtn
+$SALAFW quant "$S/own" -o "$S/own-w8" --method rtn --no-verify 2>"$S/e" >/dev/null
+c=$(sed -n 's/.*to run it verified: salafw \(sign --user [^ ]*\)$/\1/p' "$S/e")
+# shellcheck disable=SC2086 # the printed command, word-split as a user's shell would
+[ -n "$c" ] && $SALAFW $c >/dev/null 2>&1 && pass "quant --no-verify names 'salafw $c', which ran" ||
+	fail "quant --no-verify: no sign command that works in: $(head -c 300 "$S/e")"
+check_err "... then run works verified, saying the parent was not verified" 0 \
+	"verified: signed by your local key [0-9A-F]+, derived from a model that was not verified" \
+	$SALAFW run "$S/own-w8" -p x -n 1
+
 # --no-verify: the output is not signed unless asked, and says how
 check_err "quant --no-verify leaves the manifest unsigned and names sign --user" 0 "salafw sign --user $S/q3" \
 	$SALAFW quant "$M" -o "$S/q3" --method rtn --no-verify
 check "... whose lineage has no parent" python3 -c "import json,sys; l=json.load(open('$S/q3/.salafw/manifest.json'))['lineage']; sys.exit('parent' in l)"
+check_err "verify of the unsigned derived model: exit 1 as run, naming sign --user" 1 \
+	"the manifest of the derived model '$S/q3' is not signed \(fix: salafw sign --user $S/q3\)" $SALAFW verify "$S/q3"
+check "... which, run, makes verify pass" sh -c "'$SALAFW' sign --user '$S/q3' >/dev/null 2>&1 && '$SALAFW' verify '$S/q3' >/dev/null 2>&1"
 
 check_report test_lineage.sh

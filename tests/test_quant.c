@@ -1026,6 +1026,84 @@ static void test_models(const char *golden)
 }
 
 /* ---- I. AWQ: the fold is an identity; the search does not lose to RTN -------- */
+/* The AWQ output against the folded float32 weights it was quantized from
+ * (the fold-only output of the same search): every weight within half a step
+ * of its code, and the bf16 scales that rounded below amax / 127.5 (which
+ * would clamp +-amax by almost a step) bumped; the bytes are the reference
+ * quantizer's on the folded rows. */
+static void awq_half_step(const char *fold_dir, const char *awq_dir, int group)
+{
+	struct sfw_st_set *fs = NULL, *qs = NULL;
+	struct sfw_err err = {0};
+	if (sfw_st_set_open(fold_dir, &fs, &err) != SFW_OK || sfw_st_set_open(awq_dir, &qs, &err) != SFW_OK) {
+		CHECK(0, "open the fold-only and AWQ outputs: %s", err.msg);
+		sfw_st_set_close(fs);
+		return;
+	}
+	int lin = 0, folded = 0, same = 1, bound = 1;
+	long long bumped = 0, groups = 0;
+	double worst = 0;
+	for (size_t i = 0; i < sfw_st_set_count(fs); i++) {
+		const struct sfw_tensor_info *t = sfw_st_set_at(fs, i);
+		size_t plen;
+		if (!sfw_ql_is_quantized(t->name, &plen) || t->ndim != 2)
+			continue;
+		lin++;
+		folded += t->dtype == SFW_DTYPE_F32;
+		char nm[256];
+		snprintf(nm, sizeof(nm), "%.*s.weight_packed", (int)plen, t->name);
+		const struct sfw_tensor_info *pk = sfw_st_set_find(qs, nm);
+		snprintf(nm, sizeof(nm), "%.*s.weight_scale", (int)plen, t->name);
+		const struct sfw_tensor_info *sc = sfw_st_set_find(qs, nm);
+		int64_t N = (int64_t)t->shape[0], K = (int64_t)t->shape[1], G = sfw_ql_ngroups(K, group);
+		int64_t span = sfw_ql_group_span(K, group), rb = sfw_ql_row_bytes(K);
+		if (!pk || !sc || (int64_t)sc->shape[1] != G) {
+			same = 0;
+			continue;
+		}
+		float *w = malloc((size_t)K * 4), *dq = malloc((size_t)K * 4);
+		uint8_t *c = malloc((size_t)rb);
+		uint16_t *g = malloc((size_t)G * 2);
+		for (int64_t r = 0; r < N; r++) {
+			for (int64_t k = 0; k < K; k++)
+				w[k] = t->dtype == SFW_DTYPE_F32
+					   ? ((const float *)t->data)[r * K + k]
+					   : sfw_bf16_to_f32(((const uint16_t *)t->data)[r * K + k]);
+			const uint8_t *codes = (const uint8_t *)pk->data + r * rb;
+			const uint16_t *scales = (const uint16_t *)sc->data + r * G;
+			same &= sfw_quant_row_w8_ref(w, K, group, c, g) == 0 &&
+				!memcmp(c, codes, (size_t)rb) && !memcmp(g, scales, (size_t)G * 2);
+			sfw_quant_dequant_row_w8(codes, scales, K, group, dq);
+			for (int64_t j = 0; j < G; j++) {
+				float amax = 0;
+				for (int64_t k = j * span; k < K && k < (j + 1) * span; k++)
+					amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
+				groups++;
+				bumped += amax / 127.5f > 1.1920929e-07f &&
+					  scales[j] != sfw_f32_to_bf16(amax / 127.5f);
+			}
+			for (int64_t k = 0; k < K; k++) {
+				double sd = sfw_bf16_to_f32(scales[k / span]),
+				       e = fabs((double)w[k] - dq[k]) / sd;
+				worst = e > worst ? e : worst;
+				bound &= e <= 0.5 * (1 + 1e-6);
+			}
+		}
+		free(w), free(dq), free(c), free(g);
+	}
+	CHECK(lin == 32 && folded > 0 && same,
+	      "AWQ g%d: %d linears (%d folded in float32), codes and scales = the "
+	      "reference quantizer of the folded rows",
+	      group, lin, folded);
+	CHECK(bound, "AWQ g%d: every weight within half a step of its code (worst %.4f step)", group, worst);
+	CHECK(bumped > 0, "AWQ g%d: %lld of %lld scales bumped one bf16 ulp above bf16(amax / 127.5)", group,
+	      bumped, groups);
+	printf("awq g%d: worst |w - deq| %.4f step over the folded weights; %lld of %lld scales bumped\n",
+	       group, worst, bumped, groups);
+	sfw_st_set_close(fs);
+	sfw_st_set_close(qs);
+}
+
 static void test_awq(const char *golden)
 {
 	char in[600], out[700];
@@ -1062,6 +1140,11 @@ static void test_awq(const char *golden)
 		p.method = SFW_QUANT_AWQ;
 		snprintf(out, sizeof(out), "%s/awq%d", tmpdir, groups[gi]);
 		CHECK(sfw_quant_run(in, out, &p, &err) == SFW_OK, "AWQ g%d: %s", groups[gi], err.msg);
+		if (groups[gi] == SFW_QL_GROUP_DEFAULT) { /* the group the fold-only run searched with */
+			char fold[700];
+			snprintf(fold, sizeof(fold), "%s/fold", tmpdir);
+			awq_half_step(fold, out, groups[gi]);
+		}
 		double alpha = st.awq_mean_alpha, gain = st.awq_loss_gain;
 		int ok = model_vs_golden(out, in, &ae) == 0;
 		p.method = SFW_QUANT_RTN;

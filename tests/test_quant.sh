@@ -64,8 +64,23 @@ for pat in "loading the model" "calibrating \(cpu\): sequence 6/6, [0-9:]+ elaps
 	"writing shard 1/1: 100% of [0-9.]+ MB, [0-9:]+ elapsed"; do
 	grep -qE "^salafw quant: $pat" "$S/p.err" && pass "progress: $pat" || fail "progress line '$pat' missing: $(head -c 400 "$S/p.err")"
 done
+grep -qE 'writing shard [0-9/]+: +[0-4]% .*ETA [0-9]' "$S/p.err" && fail "an ETA from under 5% written: $(grep -m1 'writing' "$S/p.err")" ||
+	pass "no ETA from the first 5% of the write"
 [ "$(grep -c 'searching AWQ scales: layer' "$S/p.err")" = 4 ] && pass "one search line per layer" ||
 	fail "search lines: $(grep -c 'searching AWQ' "$S/p.err")"
+# a calibration text shorter than --samples x --seq-len: said, and the lineage records the tokens run
+# (tiny-dense has no tokenizer: one token per byte; 1600 bytes = 3 sequences of 1 + 511)
+python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 36, end='')" >"$S/short.txt"
+check_err "a short --calib text is said, with the tokens it gave" 0 \
+	"warning: the calibration text gave 1536 tokens, not the 8 x 512 asked for" \
+	$SALAFW quant "$D" -o "$S/sc" --calib "$S/short.txt" --samples 8 --seq-len 512 --no-verify -q
+r=$(python3 -c "import json; p=json.load(open('$S/sc/.salafw/manifest.json'))['lineage']['params']; print(p['samples'], p['calib_tokens'])")
+[ "$r" = "8 1536" ] && pass "lineage: samples asked 8, calib_tokens run 1536" || fail "lineage params: $r"
+# RTN has no calibration or search: its progress is the write, with elapsed time, to a log as lines
+$SALAFW quant "$D" -o "$S/r" --method rtn --no-verify 2>"$S/r.err" >/dev/null
+grep -qE '^salafw quant: writing shard 1/1: 100% of [0-9.]+ MB, [0-9:]+ elapsed, ETA 0:00$' "$S/r.err" &&
+	! grep -q $'\r' "$S/r.err" && pass "rtn progress: the write, as lines, with elapsed time" ||
+	fail "rtn progress: $(head -c 300 "$S/r.err")"
 # host memory: each input tensor's pages are released once written, so the
 # peak resident set stays well below the mapped model (270 MB small preset;
 # 289 MB before the release, 48 MB after)
