@@ -106,7 +106,7 @@ static __device__ __forceinline__ int next_unit(const att_args &a, const int32_t
 	return u1;
 }
 
-/* Row r's caches and position: the call's, or row r's sequence's. */
+/* Row r's caches and position: the call's, or sequence r's. */
 static __device__ __forceinline__ int64_t row_seq(const att_args &a, const sfwc_one_seq &, int r, const void **kc,
 						  const void **vc)
 {
@@ -119,6 +119,17 @@ static __device__ __forceinline__ int64_t row_seq(const att_args &, const sfw_cu
 {
 	*kc = s.p[0][r], *vc = s.p[1][r];
 	return s.pos[r];
+}
+
+/* Where row r's q and o sit among the call's rows. */
+static __device__ __forceinline__ size_t row_at(const sfwc_one_seq &, int r)
+{
+	return (size_t)r;
+}
+
+static __device__ __forceinline__ size_t row_at(const sfw_cuda_seqs &s, int r)
+{
+	return (size_t)s.row[r];
 }
 
 template <typename A, int HD, int HPW, typename SQ>
@@ -137,7 +148,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 	const A *q = (const A *)a.q, *kc = (const A *)kv, *vc = (const A *)vv;
 	const int32_t *sel = a.idx ? a.idx + ((size_t)g * a.T + r) * a.k : NULL;
 	for (int i = threadIdx.x; i < ATT_WARPS * HPW * HD; i += ATT_THREADS)
-		qs[i / HD][i % HD] = i < G * HD ? act_ld(q, ((size_t)r * a.nh + (size_t)g * G) * HD + i) : 0.0f;
+		qs[i / HD][i % HD] = i < G * HD ? act_ld(q, (row_at(sq, r) * a.nh + (size_t)g * G) * HD + i) : 0.0f;
 	int units = sel ? a.k * (a.block / ATT_KT) : (int)((p + ATT_KT) / ATT_KT);
 	int per_split = (units + a.nsplit - 1) / a.nsplit;
 	int u0 = split * per_split, u1 = min(units, u0 + per_split);
@@ -216,7 +227,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 			break;
 		if (a.nsplit == 1) {
 			float inv = l[j] > 0 ? 1.0f / l[j] : 0.0f;
-			size_t ob = ((size_t)r * a.nh + (size_t)g * G + hh) * HD;
+			size_t ob = (row_at(sq, r) * a.nh + (size_t)g * G + hh) * HD;
 #pragma unroll
 			for (int c = 0; c < CPL; c++)
 				act_st((A *)a.o, ob + lane + 32 * c, acc[j][c] * inv);
@@ -236,8 +247,8 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
  * column sums its splits with independent loads. (A block per (row, group)
  * walking the splits serially cost ~150 µs per decode call.) */
 #define ATT_MAXSPLIT 64
-template <typename A, int HD>
-static __global__ void __launch_bounds__(HD) attn_combine_kernel(att_args a)
+template <typename A, int HD, typename SQ>
+static __global__ void __launch_bounds__(HD) attn_combine_kernel(att_args a, const SQ sq)
 {
 	sfwc_pdl_wait();
 	__shared__ float wt[ATT_MAXSPLIT];
@@ -270,7 +281,7 @@ static __global__ void __launch_bounds__(HD) attn_combine_kernel(att_args a)
 	for (int sp = 0; sp < a.nsplit; sp++)
 		o += wt[sp] * base[sp * sstride + c];
 	float L = s_l;
-	act_st((A *)a.o, ((size_t)r * a.nh + (size_t)g * G + hh) * HD + c, L > 0 ? o / L : 0.0f);
+	act_st((A *)a.o, (row_at(sq, r) * a.nh + (size_t)g * G + hh) * HD + c, L > 0 ? o / L : 0.0f);
 }
 
 template <typename A, int HD, typename SQ>
@@ -295,7 +306,7 @@ static void attn_launch(att_args a, const SQ &sq, int sms, cudaStream_t s)
 		sfwc_launch(attn_kernel<A, HD, 2, SQ>, dim3(grid), dim3(ATT_THREADS), 0, s, a, sq);
 	SFW_CUDA_LAUNCHED();
 	if (nsplit > 1) {
-		sfwc_launch(attn_combine_kernel<A, HD>, dim3(rows, G), dim3(HD), 0, s, a);
+		sfwc_launch(attn_combine_kernel<A, HD, SQ>, dim3(rows, G), dim3(HD), 0, s, a, sq);
 		SFW_CUDA_LAUNCHED();
 	}
 }
@@ -413,15 +424,15 @@ extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sf
 	attn_any(a, *s, hd, act, stream);
 }
 
-/* Row b of k and v (n16 vectors of 16 bytes, or n2 elements of 2) to row
- * pos[b] of sequence b's caches. */
+/* Row row[b] of k and v (nv vectors of 16 bytes, or of 2) to row pos[b] of
+ * sequence b's caches. */
 template <typename V>
 static __global__ void kv_append_seqs_kernel(const sfw_cuda_seqs S, const V *k, const V *v, int nv)
 {
 	sfwc_pdl_wait();
 	int b = blockIdx.x;
 	V *kc = (V *)S.p[0][b], *vc = (V *)S.p[1][b];
-	size_t base = (size_t)S.pos[b] * (size_t)nv, src = (size_t)b * (size_t)nv;
+	size_t base = (size_t)S.pos[b] * (size_t)nv, src = (size_t)S.row[b] * (size_t)nv;
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		kc[base + i] = k[src + i];
 		vc[base + i] = v[src + i];

@@ -113,6 +113,18 @@ static __device__ __forceinline__ int64_t qkn_pos(const sfw_cuda_seqs &sq, int64
 	return sq.pos[t];
 }
 
+/* Head rr (of nh per row) of row t of the call: for a batched step, t
+ * counts sequences and their rows are row[t]. */
+static __device__ __forceinline__ size_t qkn_head(const sfwc_one_seq &, int rr, int)
+{
+	return (size_t)rr;
+}
+
+static __device__ __forceinline__ size_t qkn_head(const sfw_cuda_seqs &sq, int rr, int nh)
+{
+	return (size_t)sq.row[rr / nh] * nh + rr % nh;
+}
+
 template <typename A, int HD, typename SQ>
 static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
 					   enum sfw_dtype kwdt, int rows_q, int rows, int nhq, int nhk, int n,
@@ -126,7 +138,7 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 	if (r >= rows) /* whole warps leave: the shuffles and __syncwarp below see all lanes */
 		return;
 	int isq = r < rows_q, rr = isq ? r : r - rows_q;
-	A *xr = (isq ? q : k) + (size_t)rr * HD;
+	A *xr = (isq ? q : k) + qkn_head(sq, rr, isq ? nhq : nhk) * HD;
 	const void *w = isq ? qw : kw;
 	enum sfw_dtype wdt = isq ? qwdt : kwdt;
 	float y[NJ];

@@ -27,7 +27,18 @@ static __device__ __forceinline__ float *gla_state(const sfw_cuda_seqs &sq, floa
 	return (float *)sq.p[0][blockIdx.z];
 }
 
-/* blockIdx.z: the sequence (0 for one; its T = 1 row is row blockIdx.z) */
+/* The block's first row: 0 for one sequence, its sequence's row otherwise. */
+static __device__ __forceinline__ size_t gla_row(const sfwc_one_seq &)
+{
+	return 0;
+}
+
+static __device__ __forceinline__ size_t gla_row(const sfw_cuda_seqs &sq)
+{
+	return (size_t)sq.row[blockIdx.z];
+}
+
+/* blockIdx.z: the sequence (0 for one; else its T = 1 row is row[z]) */
 template <typename A, int HD, typename SQ>
 static __global__ void __launch_bounds__(GLA_THREADS)
 	gla_rec_kernel(A *o, const A *q, const A *k, const A *v, float *state, const float *decay, int T, int nh,
@@ -45,7 +56,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 		s[i] = S[(size_t)(w + i * GLA_WARPS) * HD + col];
 	size_t rs = (size_t)nh * HD;
 	for (int t = 0; t < T; t++) {
-		size_t base = ((size_t)blockIdx.z + t) * rs + (size_t)h * HD;
+		size_t base = (gla_row(sq) + t) * rs + (size_t)h * HD;
 		__syncthreads();
 		for (int i = threadIdx.x; i < HD; i += GLA_THREADS)
 			qs[i] = act_ld(q, base + i), ks[i] = act_ld(k, base + i);

@@ -126,9 +126,9 @@ void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const vo
 				void *stream);
 
 /* ---- a batched decode step: one row per sequence ----
- * Row i of the call's q, k, v, o belongs to sequence i of s, whose token
- * sits at position s->pos[i] (the row it appends: its cache then holds
- * pos[i] + 1 tokens) and whose caches are s->p[..][i]. Each op means its
+ * Row s->row[i] of the call's q, k, v, o belongs to sequence i of s, whose
+ * token sits at position s->pos[i] (the row it appends: its cache then
+ * holds pos[i] + 1 tokens) and whose caches are s->p[..][i]. Each op means its
  * single-sequence twin (sfw_op_*_cuda with T = 1 and pos0 = pos[i], or the
  * sfw_cuda_*_devpos form at *dpos = pos[i]) on every row, so the plain-C
  * twins are those of the single ops, applied sequence by sequence
@@ -138,9 +138,10 @@ void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const vo
 struct sfw_cuda_seqs {
 	int n;                            /* 1 .. SFW_CUDA_SEQS_MAX */
 	int64_t pos[SFW_CUDA_SEQS_MAX];
+	int row[SFW_CUDA_SEQS_MAX];       /* its row of q, k, v, o (distinct) */
 	void *p[3][SFW_CUDA_SEQS_MAX];    /* per op, below */
 };
-/* p[0] the K caches, p[1] the V caches; k, v [n, row_bytes]. */
+/* p[0] the K caches, p[1] the V caches; k, v rows of row_bytes. */
 void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,
 			     void *stream);
 /* p[0] the level-1, p[1] the level-2 compressed keys, p[2] the K caches:
@@ -148,15 +149,15 @@ void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const
 void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
 			    enum sfw_dtype act, void *stream);
 /* Dense causal GQA of each row over its cache (p[0] K, p[1] V) up to and
- * including its own position. q, o [n, nh, hd]. */
+ * including its own position. q, o rows of [nh, hd]. */
 void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sfw_cuda_seqs *s, int nh, int nkv, int hd,
 			      float scale, enum sfw_dtype act, void *stream);
 /* The recurrent GLA step of each row against its fp32 state p[0] [nh, hd, hd].
- * q, k, v, o [n, nh, hd]. */
+ * q, k, v, o rows of [nh, hd]. */
 void sfw_cuda_gla_seqs(void *o, const void *q, const void *k, const void *v, const struct sfw_cuda_seqs *s,
 		       const float *decay, int nh, int hd, float scale, enum sfw_dtype act, void *stream);
-/* sfw_op_qk_norm_rope_cuda over n rows (q [n, nhq, hd], k [n, nhk, hd]),
- * row i at position pos[i] (p unused). */
+/* sfw_op_qk_norm_rope_cuda over the sequences' rows (q rows of [nhq, hd],
+ * k rows of [nhk, hd]), sequence i's at position pos[i] (p unused). */
 void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
 				enum sfw_dtype kwdt, const struct sfw_cuda_seqs *s, int nhq, int nhk, int hd, float eps,
 				int rope, float theta, enum sfw_dtype act, void *stream);

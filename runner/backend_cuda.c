@@ -987,113 +987,134 @@ static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k
 }
 
 /* ---- a batched decode step's per-sequence ops (backend.h *_seqs) ----
- * One launch for all sequences when each has one row (kernels/ops_cuda.h,
- * struct sfw_cuda_seqs); otherwise, while recording a step, or with
- * SALAFW_CUDA_NOSEQS, sequence by sequence (runner/backend_compose.c). */
+ * The sequences with one row (decode rows) in one launch (kernels/ops_cuda.h,
+ * struct sfw_cuda_seqs), when there are at least two of them; the others
+ * (prefill chunks of a mixed step), and every sequence while recording a
+ * step or with SALAFW_CUDA_NOSEQS, one by one (runner/backend_compose.c). */
+struct seqs_split {
+	struct sfw_cuda_seqs t;           /* the ones one launch serves */
+	const struct sfw_bseq *one[SFW_CUDA_SEQS_MAX];
+	struct sfw_bseq rest[SFW_BSEQ_MAX]; /* the others */
+	int nrest;
+};
 
-/* 1 when s[0..ns) are decode rows that one launch serves; fills t's count
- * and positions (each row's token: the cache then holds pos + 1). */
-static int seqs_table(struct sfw_backend *be, const struct sfw_bseq *s, int ns, struct sfw_cuda_seqs *t)
+/* Splits s[0..ns): returns how many one launch serves (0: none, and then
+ * rest is all of s); ok(i) may hold a decode row back. */
+static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, struct seqs_split *sp,
+		      int (*ok)(const struct sfw_bseq *q, int layer), int layer)
 {
 	struct cu_be *b = IMPL(be);
-	if (b->rec || b->no_seqs || ns < 2 || ns > SFW_CUDA_SEQS_MAX)
+	int n = 0;
+	sp->nrest = 0;
+	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
+	for (int i = 0; i < ns; i++) {
+		if (!b->rec && !b->no_seqs && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer))) {
+			sp->one[n] = &s[i];
+			sp->t.pos[n] = s[i].pos0;
+			sp->t.row[n] = s[i].row0;
+			n++;
+		} else {
+			sp->rest[sp->nrest++] = s[i];
+		}
+	}
+	if (n < 2) { /* one row alone takes the single-sequence ops */
+		sp->nrest = ns;
+		memcpy(sp->rest, s, (size_t)ns * sizeof(*s));
 		return 0;
-	for (int i = 0; i < ns; i++)
-		if (s[i].R != 1 || s[i].row0 != i)
-			return 0;
-	t->n = ns;
-	for (int i = 0; i < ns; i++)
-		t->pos[i] = s[i].pos0;
-	return 1;
+	}
+	sp->t.n = n;
+	return n;
 }
 
 static void cu_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 				 const struct sfw_bweight *kw, const struct sfw_bseq *s, int ns, int nhq, int nhk, int hd,
 				 float eps, int rope, float theta)
 {
-	struct sfw_cuda_seqs t;
-	if (IMPL(be)->no_fuse || !qw || !kw || !seqs_table(be, s, ns, &t)) {
-		sfwi_compose_qk_norm_rope_seqs(be, q, k, qw, kw, s, ns, nhq, nhk, hd, eps, rope, theta);
-		return;
-	}
-	PROF(P_QKNORM, sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &t, nhq, nhk, hd, eps,
-						  rope, theta, SFW_DTYPE_BF16, S(be)));
+	struct seqs_split sp;
+	if (!IMPL(be)->no_fuse && qw && kw && seqs_split(be, s, ns, &sp, NULL, 0))
+		PROF(P_QKNORM, sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sp.t, nhq, nhk, hd,
+							  eps, rope, theta, SFW_DTYPE_BF16, S(be)));
+	else
+		sp.nrest = ns, memcpy(sp.rest, s, (size_t)ns * sizeof(*s));
+	if (sp.nrest)
+		sfwi_compose_qk_norm_rope_seqs(be, q, k, qw, kw, sp.rest, sp.nrest, nhq, nhk, hd, eps, rope, theta);
 }
 
 static void cu_gla_seqs(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
 			const struct sfw_bseq *s, int ns, int layer, const float *decay, int nh, int hd, float scale)
 {
-	struct sfw_cuda_seqs t;
-	if (!seqs_table(be, s, ns, &t)) {
-		sfwi_compose_gla_seqs(be, o, q, k, v, s, ns, layer, decay, nh, hd, scale);
-		return;
+	struct seqs_split sp;
+	if (seqs_split(be, s, ns, &sp, NULL, 0)) {
+		for (int i = 0; i < sp.t.n; i++)
+			sp.t.p[0][i] = sp.one[i]->cache->L[layer].state;
+		PROF(P_GLA_REC, sfw_cuda_gla_seqs(o, q, k, v, &sp.t, decay, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
 	}
-	for (int i = 0; i < ns; i++)
-		t.p[0][i] = s[i].cache->L[layer].state;
-	PROF(P_GLA_REC, sfw_cuda_gla_seqs(o, q, k, v, &t, decay, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
+	if (sp.nrest)
+		sfwi_compose_gla_seqs(be, o, q, k, v, sp.rest, sp.nrest, layer, decay, nh, hd, scale);
 }
 
 static void cu_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer, const void *k,
 			      const void *v, int kvd)
 {
-	struct sfw_cuda_seqs t;
-	if (!seqs_table(be, s, ns, &t)) {
-		sfwi_compose_kv_append_seqs(be, s, ns, layer, k, v, kvd);
-		return;
+	struct seqs_split sp;
+	if (seqs_split(be, s, ns, &sp, NULL, 0)) {
+		for (int i = 0; i < sp.t.n; i++) {
+			struct sfw_bcache *c = sp.one[i]->cache;
+			struct cu_layer *l = &c->L[layer];
+			SFW_ASSERT(l->sparse && l->len == sp.one[i]->pos0 && l->len + 1 <= l->cap &&
+				   c->d.nkv * c->d.hd == kvd);
+			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
+			l->len++;
+		}
+		PROF(P_KV, sfw_cuda_kv_append_seqs(&sp.t, k, v, (size_t)kvd * 2, S(be)));
 	}
-	for (int i = 0; i < ns; i++) {
-		struct cu_layer *l = &s[i].cache->L[layer];
-		SFW_ASSERT(l->sparse && l->len == s[i].pos0 && l->len + 1 <= l->cap && s[i].cache->d.nkv * s[i].cache->d.hd == kvd);
-		t.p[0][i] = l->k, t.p[1][i] = l->v;
-		l->len++;
-	}
-	PROF(P_KV, sfw_cuda_kv_append_seqs(&t, k, v, (size_t)kvd * 2, S(be)));
+	if (sp.nrest)
+		sfwi_compose_kv_append_seqs(be, sp.rest, sp.nrest, layer, k, v, kvd);
+}
+
+/* One token completes at most one chunk per level, from keys made up to
+ * the token before it (its K appended: len = pos0 + 1). */
+static int compress_current(const struct sfw_bseq *q, int layer)
+{
+	const struct cu_layer *l = &q->cache->L[layer];
+	const struct sfw_cache_desc *d = &q->cache->d;
+	return l->len == q->pos0 + 1 && l->n1 == nchunks(l->len - 1, d->ksize, d->stride) &&
+	       l->n2 == nchunks(l->len - 1, 4 * d->ksize, 4 * d->stride);
 }
 
 static enum sfw_status cu_compress_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer,
 					struct sfw_err *err)
 {
-	struct sfw_cuda_seqs t;
-	int ok = seqs_table(be, s, ns, &t);
-	/* one token each completes at most one chunk per level, from keys made
-	 * up to the token before it */
-	for (int i = 0; ok && i < ns; i++) {
-		const struct cu_layer *l = &s[i].cache->L[layer];
-		const struct sfw_cache_desc *d = &s[i].cache->d;
-		ok = l->len == s[i].pos0 + 1 && l->n1 == nchunks(l->len - 1, d->ksize, d->stride) &&
-		     l->n2 == nchunks(l->len - 1, 4 * d->ksize, 4 * d->stride);
+	struct seqs_split sp;
+	if (seqs_split(be, s, ns, &sp, compress_current, layer)) {
+		const struct sfw_cache_desc *d = &sp.one[0]->cache->d;
+		for (int i = 0; i < sp.t.n; i++) {
+			struct cu_layer *l = &sp.one[i]->cache->L[layer];
+			int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+			SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
+			sp.t.p[0][i] = l->c1, sp.t.p[1][i] = l->c2, sp.t.p[2][i] = l->k;
+			l->n1 = t1, l->n2 = t2;
+		}
+		PROF(P_COMPRESS, sfw_cuda_compress_seqs(&sp.t, d->nkv, d->hd, d->ksize, d->stride, SFW_DTYPE_BF16, S(be)));
 	}
-	if (!ok)
-		return sfwi_compose_compress_seqs(be, s, ns, layer, err);
-	const struct sfw_cache_desc *d = &s[0].cache->d;
-	for (int i = 0; i < ns; i++) {
-		struct cu_layer *l = &s[i].cache->L[layer];
-		SFW_ASSERT(nchunks(l->len, d->ksize, d->stride) <= l->cap1 &&
-			   nchunks(l->len, 4 * d->ksize, 4 * d->stride) <= l->cap2);
-		t.p[0][i] = l->c1, t.p[1][i] = l->c2, t.p[2][i] = l->k;
-		l->n1 = nchunks(l->len, d->ksize, d->stride);
-		l->n2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
-	}
-	PROF(P_COMPRESS, sfw_cuda_compress_seqs(&t, d->nkv, d->hd, d->ksize, d->stride, SFW_DTYPE_BF16, S(be)));
-	return SFW_OK;
+	return sp.nrest ? sfwi_compose_compress_seqs(be, sp.rest, sp.nrest, layer, err) : SFW_OK;
 }
 
 static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, const struct sfw_bseq *s, int ns,
 			       int layer, int nh, int hd, float scale)
 {
-	struct sfw_cuda_seqs t;
-	/* a subset of a step's sequences (those in dense mode, beside sparse
-	 * ones) has rows other than 0..ns-1: sequence by sequence */
-	if (!seqs_table(be, s, ns, &t)) {
-		sfwi_compose_attn_dense_seqs(be, o, q, s, ns, layer, nh, hd, scale);
-		return;
+	struct seqs_split sp;
+	if (seqs_split(be, s, ns, &sp, NULL, 0)) {
+		for (int i = 0; i < sp.t.n; i++) {
+			const struct cu_layer *l = &sp.one[i]->cache->L[layer];
+			SFW_ASSERT(l->len == sp.one[i]->pos0 + 1);
+			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
+		}
+		PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &sp.t, nh, sp.one[0]->cache->d.nkv, hd, scale, SFW_DTYPE_BF16,
+						       S(be)));
 	}
-	for (int i = 0; i < ns; i++) {
-		const struct cu_layer *l = &s[i].cache->L[layer];
-		SFW_ASSERT(l->len == s[i].pos0 + 1);
-		t.p[0][i] = l->k, t.p[1][i] = l->v;
-	}
-	PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &t, nh, s[0].cache->d.nkv, hd, scale, SFW_DTYPE_BF16, S(be)));
+	if (sp.nrest)
+		sfwi_compose_attn_dense_seqs(be, o, q, sp.rest, sp.nrest, layer, nh, hd, scale);
 }
 
 /* o: the switches that bring back an older path without a rebuild. */
