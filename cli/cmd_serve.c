@@ -23,7 +23,7 @@ static const struct cli_opt opts[] = {
     {"max-running", 0, "N", "sequences decoded together at most (default 16, at most 64)"},
     {"max-queue", 0, "N", "requests waiting beyond those (default 256; more get 429)"},
     {"max-context", 0, "N", "context positions per request, prompt and reply (default 4096)"},
-    {"prefill-chunk", 0, "N", "prompt tokens per engine step (default 256 on the CPU, 2048 on CUDA)"},
+    {"prefill-chunk", 0, "N", "prompt tokens per engine step (default 256 on the CPU, 512 on CUDA)"},
     {"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
     CLI_MODEL_OPT_ROWS("serve"),
     {0},
@@ -171,7 +171,7 @@ int cmd_serve(int argc, char **argv)
 	if ((s = sfw_eos_load(dir, cf, tok, &eos, &err)) != SFW_OK)
 		goto fail;
 	if (!have_chunk) /* a chunk per step that keeps the decode rows flowing */
-		sp.prefill_chunk = strcmp(sfw_model_device_name(m), "cuda") ? 256 : 2048;
+		sp.prefill_chunk = strcmp(sfw_model_device_name(m), "cuda") ? 256 : 512; /* bench/RESULTS.md */
 	if ((s = sfw_serve_start(m, tok, &eos, &sp, &srv, &err)) != SFW_OK)
 		goto fail;
 	fprintf(

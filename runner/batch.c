@@ -25,6 +25,7 @@ struct bseq {
 	int64_t room;  /* tokens its cache has reserved */
 	int broken; /* a step failed half-way */
 	int stamp;  /* the step that last named it (duplicate check) */
+	void *rec;  /* the backend's recording of its decode step alone (be->step) */
 };
 
 struct sfw_batch {
@@ -173,6 +174,7 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 {
 	if (!b || seq < 0 || seq >= SFW_BATCH_MAX_SEQS || !b->seq[seq].cache)
 		return;
+	b->m->be->step_free(b->m->be, b->seq[seq].rec);
 	b->m->be->cache_free(b->m->be, b->seq[seq].cache);
 	memset(&b->seq[seq], 0, sizeof(b->seq[seq]));
 }
@@ -288,7 +290,10 @@ enum sfw_status sfw_batch_step(struct sfw_batch *b, const struct sfw_batch_item 
 			b->pick[nl++] = (struct sfwi_pick){r - 1, it[i].want_logits != 0, it[i].sample, it[i].u};
 		}
 	}
-	s = sfwi_forward(b->ws, b->ids, rows, b->parts, n, b->pick, nl, b->logits, b->next, err);
+	/* a step of one sequence's decode row replays that sequence's recording
+	 * (the batch-size-1 bucket); wider steps launch op by op */
+	void **rec = n == 1 && rows == 1 && nl == 1 ? &b->seq[it[0].seq].rec : NULL;
+	s = sfwi_forward(b->ws, b->ids, rows, b->parts, n, b->pick, nl, b->logits, b->next, rec, err);
 	for (int i = 0; i < n; i++) {
 		struct bseq *q = &b->seq[it[i].seq];
 		if (s == SFW_OK)

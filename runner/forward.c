@@ -787,7 +787,8 @@ enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, str
 /* ---- the batch's step (runner/batch.c) -------------------------------------- */
 
 enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, const struct sfwi_part *parts, int np,
-			     const struct sfwi_pick *pick, int nl, float *logits, int32_t *next, struct sfw_err *err)
+			     const struct sfwi_pick *pick, int nl, float *logits, int32_t *next, void **rec,
+			     struct sfw_err *err)
 {
 	struct sfw_model *m = ws->m;
 	const struct sfw_config *cf = &m->cfg;
@@ -799,15 +800,25 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 	if (be->take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
 	be->from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
-	enum sfw_status s = op_failure(be, forward_rows(ws, R, parts, np, &cl, err), err);
-	if (s != SFW_OK || nl == 0)
-		return s;
-	/* the rows whose logits are wanted, side by side in out (free now):
-	 * one lm_head product over them */
-	for (int i = 0; i < nl; i++)
-		be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, pick[i].row, (size_t)D),
-			 (size_t)D * be->act_size);
-	be->logits(be, ws->logits_dev, ws->out, &m->lm_head, nl, (float)(1.0 / cf->logit_divisor));
+	enum sfw_status s;
+	if (rec && np == 1 && R == 1 && nl == 1) {
+		/* one sequence's decode row: the step a context of its own
+		 * runs, recorded and replayed by the backend (be->step) */
+		struct step_arg a = {ws, parts, &cl};
+		int replayed = 0;
+		s = be->step(be, rec, parts[0].cache, parts[0].pos0, parts[0].sparse, step_ops, &a, &replayed, err);
+		if ((s = op_failure(be, s, err)) != SFW_OK)
+			return s;
+	} else {
+		if ((s = op_failure(be, forward_rows(ws, R, parts, np, &cl, err), err)) != SFW_OK || nl == 0)
+			return s;
+		/* the rows whose logits are wanted, side by side in out (free
+		 * now): one lm_head product over them */
+		for (int i = 0; i < nl; i++)
+			be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, pick[i].row, (size_t)D),
+				 (size_t)D * be->act_size);
+		be->logits(be, ws->logits_dev, ws->out, &m->lm_head, nl, (float)(1.0 / cf->logit_divisor));
+	}
 	/* the choices on the backend (one id each back), the logits on the
 	 * host only where asked or where the backend left the choice to it */
 	SFW_ASSERT(nl <= SFW_BSEQ_MAX);

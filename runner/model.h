@@ -82,11 +82,14 @@ struct sfwi_pick {
  * lightning states per part. Then the logits of rows pick[0..nl).row: row
  * i of logits [nl, vocab] (host) receives them where pick[i].host, and
  * next[i] the token chosen where pick[i].sp (sfw_op_sample_cpu's meaning;
- * on the backend when it can), else -1. A failure leaves the parts' caches
- * in an unknown state. */
+ * on the backend when it can), else -1. rec (NULL: never) keeps the
+ * backend's recording of the one sequence's decode step (be->step) when
+ * the step is that sequence's single row with its logits: its position's
+ * step then replays as a context's does. A failure leaves the parts'
+ * caches in an unknown state. */
 SFW_MUST_CHECK enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R,
 					    const struct sfwi_part *parts, int np, const struct sfwi_pick *pick,
-					    int nl, float *logits, int32_t *next, struct sfw_err *err);
+					    int nl, float *logits, int32_t *next, void **rec, struct sfw_err *err);
 
 /* Decode steps of c that ran as a replay of the whole-step graph (tests). */
 int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c);
