@@ -26,13 +26,68 @@
  * the references' folder (GPU_WIDE_REFS, default tests/data/gpu_wide).
  *   gpu_wide [bf16|int8]      (default both)
  * GPU_WIDE_DEVICE=cpu runs the same comparisons on the CPU engine (a check
- * of this test: the CPU's one-call prefill against its own reference). */
+ * of this test: the CPU's one-call prefill against its own reference);
+ * GPU_WIDE_SCORES=1 prints the engine's pooled block scores beside the
+ * CPU's for every swapped block (scores_report). */
 #include "check.h"
 #include "runner/backend.h"
 #include "wide_ref.h"
 
 #include <time.h>
 
+
+/* GPU_WIDE_SCORES=1: the engine's own pooled block scores of each row's
+ * last position (the context's tap "sparse.layer.L.*.block_score"; a tapped
+ * context runs its steps op by op, not as a replayed graph), printed beside
+ * the CPU's for every swapped block, with the relative error of the scores
+ * over the blocks the CPU chose: what tells a rounding-sized swap from a
+ * fault. */
+struct scores_tap {
+	int L, nkv;
+	int64_t nb;
+	float *s;      /* [L][nkv * nb] */
+	int64_t *have; /* [L]: blocks captured, 0 none */
+};
+
+static void scores_cb(void *user, const struct sfw_tap *t)
+{
+	struct scores_tap *st = user;
+	if (!strstr(t->name, ".block_score") || t->layer < 0 || t->layer >= st->L || t->cols > st->nb ||
+	    t->nkv != st->nkv)
+		return;
+	memcpy(st->s + (size_t)t->layer * st->nkv * st->nb, t->data, (size_t)t->nkv * t->cols * sizeof(float));
+	st->have[t->layer] = t->cols;
+}
+
+static void scores_report(const char *kind, const struct wide_ref *r, int i, int l, const int32_t *got,
+			  const struct scores_tap *st)
+{
+	size_t rl = (size_t)i * r->L + l;
+	const int32_t *ref = r->blocks + rl * r->nkv * r->k;
+	int64_t nb = st->have[l];
+	if (!nb)
+		return;
+	for (int64_t h = 0; h < r->nkv; h++) {
+		const float *cs = r->scores + rl * r->nkv * r->nb + h * r->nb;
+		const float *gs = st->s + ((size_t)l * st->nkv + h) * st->nb;
+		const int32_t *a = ref + h * r->k, *b = got + h * r->k;
+		double maxrel = 0, sumrel = 0;
+		int n = 0;
+		for (int64_t j = 0; j < r->k; j++)
+			if (a[j] >= 0 && a[j] < nb && isfinite(cs[a[j]]) && cs[a[j]] != 0) {
+				double rel = fabs((double)gs[a[j]] - cs[a[j]]) / fabs(cs[a[j]]);
+				maxrel = fmax(maxrel, rel), sumrel += rel, n++;
+			}
+		printf("  %s row %d layer %d head %lld: score rel. error over the cpu's %d blocks: max %.3g, mean %.3g\n",
+		       kind, i, l, (long long)h, n, maxrel, n ? sumrel / n : 0.0);
+		for (int64_t j = 0; j < r->k; j++) {
+			if (a[j] >= 0 && !wide_in(b, r->k, a[j]) && a[j] < nb)
+				printf("    cpu only: block %d cpu %.6g %s %.6g\n", a[j], cs[a[j]], kind, gs[a[j]]);
+			if (b[j] >= 0 && !wide_in(a, r->k, b[j]) && b[j] < nb)
+				printf("    %s only: block %d cpu %.6g %s %.6g\n", kind, b[j], cs[b[j]], kind, gs[b[j]]);
+		}
+	}
+}
 
 /* One half: the model in dir on CUDA against the reference file. */
 static void half(const char *kind, const char *dir, const char *refs, enum sfw_device dev)
@@ -92,6 +147,17 @@ static void half(const char *kind, const char *dir, const char *refs, enum sfw_d
 		CHECK(0, "out of memory");
 		ok = 0;
 	}
+	struct scores_tap stp = {0};
+	const char *se = getenv("GPU_WIDE_SCORES");
+	if (ok && se && *se && *se != '0') {
+		stp.L = r.L, stp.nkv = (int)r.nkv, stp.nb = r.nb;
+		stp.s = calloc((size_t)r.L * r.nkv * r.nb, sizeof(float));
+		stp.have = calloc((size_t)r.L, sizeof(int64_t));
+		if (stp.s && stp.have)
+			sfw_ctx_set_tap(c, scores_cb, &stp);
+		else
+			free(stp.s), free(stp.have), stp.s = NULL, stp.have = NULL;
+	}
 	struct wide_sel sel = {0};
 	double worst = 0, t_prefill = 0, t_decode = 0;
 	long near_greedy = 0;
@@ -136,6 +202,8 @@ static void half(const char *kind, const char *dir, const char *refs, enum sfw_d
 			CHECK(st == 1, "%s row %d layer %d: took the sparse path (%d)", kind, i, l, st);
 			if (st == 1)
 				wide_sel_compare(&r, i, l, blk, &sel);
+			if (st == 1 && stp.s)
+				scores_report(kind, &r, i, l, blk, &stp);
 		}
 	}
 	if (ok) {
@@ -157,6 +225,7 @@ static void half(const char *kind, const char *dir, const char *refs, enum sfw_d
 	}
 	sfw_ctx_free(c);
 	sfw_model_free(m);
+	free(stp.s), free(stp.have);
 	free(ids), free(lg), free(blk);
 	wide_ref_free(&r);
 }
