@@ -363,7 +363,7 @@ extern "C" void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, int ld
 extern "C" void sfw_cuda_linear_f32out(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W,
 				       float *Y, int ldy, int M, int N, int K, float alpha, void *stream)
 {
-	if (M <= SFW_CUDA_GEMV_MAX_M)
+	if (M <= SFW_CUDA_GEMV_AUTO_M)
 		gemv_any(X, ldx, W, Y, ldy, M, N, K, 0, 0, alpha, SFW_CUDA_STREAM(stream));
 	else
 		gemm_any(b, X, ldx, W, Y, ldy, M, N, K, 1, alpha, stream);
@@ -372,7 +372,7 @@ extern "C" void sfw_cuda_linear_f32out(struct sfw_cuda_blas *b, const uint16_t *
 extern "C" void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y,
 				int ldy, int M, int N, int K, void *stream)
 {
-	if (M <= SFW_CUDA_GEMV_MAX_M)
+	if (M <= SFW_CUDA_GEMV_AUTO_M)
 		sfw_cuda_gemv(X, ldx, W, Y, ldy, M, N, K, stream);
 	else
 		sfw_cuda_gemm(b, X, ldx, W, Y, ldy, M, N, K, stream);

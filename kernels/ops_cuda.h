@@ -177,9 +177,14 @@ SFW_MUST_CHECK enum sfw_status sfw_cuda_measure_gemm(int n, double *tflops, stru
 /* ---- linear layers: Y[M,N] = X[M,K] · W[N,K]ᵀ, bf16 in/out, fp32 accumulate ----
  * W is row-major [out=N, in=K] (PyTorch nn.Linear). X and Y are row-major with
  * row strides ldx / ldy elements (so Y may be a column slice of a wider tensor).
- * The result is rounded to bf16 once. M ≤ SFW_CUDA_GEMV_MAX_M runs the GEMV
- * kernel (weights streamed once for all M rows); larger M runs cuBLASLt. */
+ * The result is rounded to bf16 once. M ≤ SFW_CUDA_GEMV_AUTO_M runs the GEMV
+ * kernel (weights streamed once for all M rows); larger M runs cuBLASLt:
+ * bench/bench_gemm.c on an H200 had them even at M = 2, cuBLASLt ahead on 5
+ * of the 6 decode shapes at M = 4 and twice as fast at M = 8. The GEMV
+ * itself takes up to SFW_CUDA_GEMV_MAX_M rows (the int8 one keeps M <= 8:
+ * its cuBLASLt path dequantizes first). */
 #define SFW_CUDA_GEMV_MAX_M 8
+#define SFW_CUDA_GEMV_AUTO_M 2
 struct sfw_cuda_blas; /* cuBLASLt handle + workspace, bound to one stream */
 SFW_MUST_CHECK enum sfw_status sfw_cuda_blas_new(struct sfw_cuda_blas **out, size_t workspace_bytes,
 						 struct sfw_err *err);
@@ -193,7 +198,7 @@ void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const 
 void sfw_cuda_linear_f32out(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, float *Y,
 			    int ldy, int M, int N, int K, float alpha, void *stream);
 /* Same, but always the GEMV kernel (M ≤ SFW_CUDA_GEMV_MAX_M), or always
- * cuBLASLt: for tests and benchmarks. Every GEMV (these and the M ≤ 8 calls
+ * cuBLASLt: for tests and benchmarks. Every GEMV (these and the M ≤ 2 calls
  * of sfw_cuda_linear / sfw_op_matmul_cuda) reads its first weights before
  * it waits for the previous kernel (programmatic dependent launch): W must
  * not be written by a kernel launched just before it on the stream (weights

@@ -68,6 +68,7 @@ static void correctness(struct sfw_cuda_blas *blas, void *s)
 		{5, 999, 256, 256, 1000, 1},      {8, 333, 512, 520, 340, 1}, {1, 77, 30, 30, 77, 1},
 		{2, 50, 33, 40, 64, 1},           {77, 264, 320, 320, 264, 0}, {64, 1024, 256, 256, 1024, 2},
 		{1500, 640, 256, 256, 640, 0},    {9, 130, 136, 144, 136, 0}, {4, 640, 256, 256, 1920, 2},
+		{2, 640, 256, 256, 640, 0},       {4, 640, 256, 256, 640, 0}, /* either side of SFW_CUDA_GEMV_AUTO_M */
 	};
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
 		int M = cases[c].M, N = cases[c].N, K = cases[c].K, ldx = cases[c].ldx, ldy = cases[c].ldy;
