@@ -318,13 +318,14 @@ static const char *sdt_name(enum sfw_dtype d)
 }
 
 /* Y (bf16 or, for logits, float) against the C twin on the same bf16 inputs:
- * per element |d| <= rel |r| + a rms(r) (rel = 1/128 unless said), NMSE < 2e-5. a = 2e-3 for the GEMV
+ * per element |d| <= rel |r| + a rms(r) (rel = 1/128 unless said), NMSE < nmse_max (2e-5 for one
+ * rounding of the output). a = 2e-3 for the GEMV
  * (bf16 output rounding only); 1.6e-2 when the weights went through bf16
  * (M > 8: each dequantized weight rounded to 8 significant bits, whose sum
  * over K has a standard deviation near 1.6e-3 rms(r), maxima seen 8.7e-3 on
  * 40,000 outputs: 1.6e-2 is ~10 of them; the NMSE bound stays tight). */
 static void w8_compare_rel(const char *what, const float *ref, const void *got, int out_f32, int M, int N, int ldy,
-			   double rel)
+			   double rel, double nmse_max)
 {
 	double a = M > 8 ? 1.6e-2 : 2e-3;
 	double num = 0, den = 0, maxd = 0;
@@ -346,12 +347,12 @@ static void w8_compare_rel(const char *what, const float *ref, const void *got, 
 	double nmse = den > 0 ? num / den : num;
 	printf("%-58s NMSE %.2e  max|diff| %.2e  (rms ref %.2e)\n", what, nmse, maxd, rms);
 	CHECK(bm < 0, "%s: y[%d,%d] = %g, C twin %g", what, bm, bn, bad, bm < 0 ? 0.0 : ref[(size_t)bm * N + bn]);
-	CHECK(nmse < 2e-5, "%s: NMSE %.3e", what, nmse);
+	CHECK(nmse < nmse_max, "%s: NMSE %.3e (< %.1e)", what, nmse, nmse_max);
 }
 
 static void w8_compare(const char *what, const float *ref, const void *got, int out_f32, int M, int N, int ldy)
 {
-	w8_compare_rel(what, ref, got, out_f32, M, N, ldy, 1.0 / 128);
+	w8_compare_rel(what, ref, got, out_f32, M, N, ldy, 1.0 / 128, 2e-5);
 }
 
 static void correctness_w8(void *s)
@@ -452,9 +453,10 @@ static void correctness_w8(void *s)
 						      diff < 0 ? 0 : Yf[diff], diff < 0 ? 0 : Yu[diff]);
 						/* three bf16 roundings on the GPU (gate, up, the product)
 						 * against the twin's float32 composition: up to ~3/256 of
-						 * |r| apart, so 1/64 here; the bits are pinned above */
+						 * |r| apart, so 1/64 here, and three times the one
+						 * rounding's NMSE bound; the bits are pinned above */
 						sfw_op_matmul_silu_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, I, K);
-						w8_compare_rel(name, ref, Yf, 0, 1, I, I, 1.0 / 64);
+						w8_compare_rel(name, ref, Yf, 0, 1, I, I, 1.0 / 64, 6e-5);
 					}
 					sfw_cuda_free(dyu);
 					free(Yf), free(Yu);
