@@ -33,11 +33,16 @@
  * map): the blocks are a budget over per-sequence caches grown block by
  * block (as struct sfw_ctx's) and freed when the sequence closes; the same
  * API and errors, but memory is taken as sequences grow, not up front.
- *   Not done yet: paging on CUDA (block tables read by the CUDA attention,
- * compression and selection kernels, or virtual-memory mapping), and the
- * CUDA graphs of whole batched steps per batch-size bucket: on CUDA a
- * batched step is launched op by op (a context's B = 1 steps keep their
- * graphs). The compressed keys (1/16 of the tokens) stay per sequence.
+ *   On CUDA the decode rows of a step (one row each) share one launch per
+ * layer and op (the backend's *_seqs ops: K/V append, compression, dense
+ * attention, q/k norm + RoPE, GLA); prefill chunks and the sparse-mode
+ * selection run per sequence; a step of one sequence's single decode row
+ * replays that sequence's recorded step (be->step, the batch-size-1
+ * bucket). Not done yet: paging on CUDA (block tables read by the CUDA
+ * attention, compression and selection kernels, or virtual-memory
+ * mapping), and recorded graphs of wider steps (buckets 2 .. 64): those
+ * launch op by op. The compressed keys (1/16 of the tokens) stay per
+ * sequence.
  *
  * A batch is used by one thread at a time. */
 #ifndef SFW_BATCH_H
