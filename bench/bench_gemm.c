@@ -103,24 +103,22 @@ int main(int argc, char **argv)
 			double bytes = (double)N * K * 2 + (double)M * K * 2 + (double)M * N * (f32 ? 4 : 2);
 			printf("GEMM %-20s M=%-2ld N=%-5d K=%-5d", shapes[si].name, M, N, K);
 			float best = 1e30f;
-			const char *bn = "";
-			static char rk[8][8];
+			int br = -1; /* -1: the GEMV, else the cuBLASLt answer */
 			if (M <= SFW_CUDA_GEMV_MAX_M) {
-				float t = time_one(b, K_GEMV, 0, X, W, Y, (int)M, N, K, f32, s, e0, e1);
-				printf("  gemv %7.1f us", t * 1e3);
-				best = t, bn = "gemv";
+				best = time_one(b, K_GEMV, 0, X, W, Y, (int)M, N, K, f32, s, e0, e1);
+				printf("  gemv %7.1f us", best * 1e3);
 			}
 			for (int r = 0; r < 8; r++) {
 				float t = time_one(b, K_RANK, r, X, W, Y, (int)M, N, K, f32, s, e0, e1);
 				if (t < 0)
 					break;
 				printf("  lt%d %7.1f", r, t * 1e3);
-				if (t < best) {
-					best = t;
-					snprintf(rk[r], sizeof(rk[r]), "lt%d", r);
-					bn = rk[r];
-				}
+				if (t < best)
+					best = t, br = r;
 			}
+			char bn[8] = "gemv";
+			if (br >= 0)
+				snprintf(bn, sizeof(bn), "lt%d", br);
 			printf("  | best %s %.1f us, %.0f GB/s, %.2f of copy\n", bn, best * 1e3, bytes / (best * 1e-3) / 1e9,
 			       bytes / (best * 1e-3) / 1e9 / copy);
 		}

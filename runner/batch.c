@@ -290,9 +290,9 @@ enum sfw_status sfw_batch_step(struct sfw_batch *b, const struct sfw_batch_item 
 			b->pick[nl++] = (struct sfwi_pick){r - 1, it[i].want_logits != 0, it[i].sample, it[i].u};
 		}
 	}
-	/* a step of one sequence's decode row replays that sequence's recording
-	 * (the batch-size-1 bucket); wider steps launch op by op */
-	void **rec = n == 1 && rows == 1 && nl == 1 ? &b->seq[it[0].seq].rec : NULL;
+	/* one sequence's step may replay its own recording (the batch-size-1
+	 * bucket: sfwi_forward decides when the step is one decode row) */
+	void **rec = n == 1 ? &b->seq[it[0].seq].rec : NULL;
 	s = sfwi_forward(b->ws, b->ids, rows, b->parts, n, b->pick, nl, b->logits, b->next, rec, err);
 	for (int i = 0; i < n; i++) {
 		struct bseq *q = &b->seq[it[i].seq];
