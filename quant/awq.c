@@ -3,7 +3,8 @@
  *
  * 1. Calibration: the model's tokenizer on the calibration text (--calib, or
  *    the built-in sfw_default_corpus); the tokens are cut into `samples`
- *    sequences of `seq_len` (BOS first). A directory without tokenizer.model
+ *    sequences of `seq_len` (BOS first), going through the text again from
+ *    its start when it is shorter than that. A directory without tokenizer.model
  *    (the golden test models) uses the text's bytes as ids (3 + byte), with
  *    a warning; a vocab below 259 cannot hold them and is refused. Each sequence is one prefill through the
  *    bf16 model on the runner (fp32 on the CPU) with the linear-input taps
@@ -337,13 +338,13 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 			release_layer(m, li);
 	if ((s = calib_ids(in_dir, p, cf->vocab_size, &ids, &n, err)) != SFW_OK)
 		goto done;
-	/* sequences: BOS + seq_len - 1 tokens each, as many as the text gives */
+	/* sequences: BOS + seq_len - 1 tokens each, `samples` of them, cut from
+	 * the text's tokens in order; a text shorter than that is gone through
+	 * again from its start (AutoAWQ would run fewer sequences: the default
+	 * is 128 x 512 tokens whatever the text, and the CLI says when the text
+	 * repeats) */
 	size_t per = (size_t)p->seq_len - 1;
-	size_t nseq = n / per;
-	if (nseq == 0)
-		nseq = 1, per = n;
-	if (nseq > (size_t)p->samples)
-		nseq = (size_t)p->samples;
+	size_t nseq = (size_t)p->samples;
 	int64_t total = (int64_t)(nseq * (per + 1));
 	c.m = m;
 	c.last_layer = -1;
@@ -367,7 +368,8 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	t0 = sfw_now_s();
 	for (size_t q = 0; q < nseq && s == SFW_OK; q++) {
 		seq[0] = cf->bos_token_id >= 0 && cf->bos_token_id < cf->vocab_size ? cf->bos_token_id : 1;
-		memcpy(seq + 1, ids + q * per, per * sizeof(int32_t));
+		for (size_t j = 0; j < per; j++)
+			seq[1 + j] = ids[(q * per + j) % n];
 		sfw_ctx_reset(ctx);
 		s = sfw_ctx_prefill(ctx, seq, per + 1, NULL, err);
 		if (s == SFW_OK && c.nomem)
@@ -379,6 +381,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		release_layer(m, c.last_layer);
 	sfw_free(seq);
 	st->calib_tokens = total;
+	st->calib_text_tokens = (int64_t)n;
 	if (s != SFW_OK)
 		goto done;
 

@@ -38,7 +38,8 @@ struct sfw_quant_stats {
 	int awq_identity;       /* ... of which kept alpha = 0 (no smoothing) */
 	double awq_mean_alpha;  /* over the searched groups */
 	double awq_loss_gain;   /* mean (1 - best loss / loss at alpha 0) */
-	int64_t calib_tokens;   /* tokens run through the model */
+	int64_t calib_tokens;   /* tokens run through the model (samples x seq_len) */
+	int64_t calib_text_tokens; /* tokens the calibration text gave (fewer: it was repeated) */
 	double seconds_calib, seconds_total;
 };
 

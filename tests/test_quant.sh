@@ -68,14 +68,16 @@ grep -qE 'writing shard [0-9/]+: +[0-4]% .*ETA [0-9]' "$S/p.err" && fail "an ETA
 	pass "no ETA from the first 5% of the write"
 [ "$(grep -c 'searching AWQ scales: layer' "$S/p.err")" = 4 ] && pass "one search line per layer" ||
 	fail "search lines: $(grep -c 'searching AWQ' "$S/p.err")"
-# a calibration text shorter than --samples x --seq-len: said, and the lineage records the tokens run
-# (tiny-dense has no tokenizer: one token per byte; 1600 bytes = 3 sequences of 1 + 511)
+# a calibration text shorter than --samples x --seq-len: gone through again (8 sequences of 512
+# tokens are run), said, and the lineage records both counts (tiny-dense has no tokenizer: one
+# token per byte, 1620 of them)
 python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 36, end='')" >"$S/short.txt"
 check_err "a short --calib text is said, with the tokens it gave" 0 \
-	"warning: the calibration text gave 1536 tokens, not the 8 x 512 asked for" \
+	"warning: the calibration text gave 1620 tokens, fewer than the 8 x 512 asked for \(--samples, --seq-len\): it was gone through 2\.5 times" \
 	$SALAFW quant "$D" -o "$S/sc" --calib "$S/short.txt" --samples 8 --seq-len 512 --no-verify -q
-r=$(python3 -c "import json; p=json.load(open('$S/sc/.salafw/manifest.json'))['lineage']['params']; print(p['samples'], p['calib_tokens'])")
-[ "$r" = "8 1536" ] && pass "lineage: samples asked 8, calib_tokens run 1536" || fail "lineage params: $r"
+r=$(python3 -c "import json; p=json.load(open('$S/sc/.salafw/manifest.json'))['lineage']['params']; print(p['samples'], p['calib_tokens'], p['calib_text_tokens'])")
+[ "$r" = "8 4096 1620" ] && pass "lineage: samples 8, calib_tokens run 4096, calib_text_tokens 1620" ||
+	fail "lineage params: $r"
 # RTN has no calibration or search: its progress is the write, with elapsed time, to a log as lines
 $SALAFW quant "$D" -o "$S/r" --method rtn --no-verify 2>"$S/r.err" >/dev/null
 grep -qE '^salafw quant: writing shard 1/1: 100% of [0-9.]+ MB, [0-9:]+ elapsed, ETA 0:00$' "$S/r.err" &&
