@@ -145,6 +145,13 @@ int cmd_bench(int argc, char **argv)
 		goto done;
 	struct sfw_bench_params bp = {(int64_t)n_prompt, (int64_t)n_gen, (int64_t)max_ctx, (int)chunk, das};
 	struct sfw_bench_result r;
+	if (cuda) { /* the plan at start, as run prints it (sfw_bench_run refuses what cannot fit) */
+		int64_t n_ctx, piece;
+		struct sfw_mem_plan pl;
+		sfw_bench_shape(&bp, &n_ctx, &piece);
+		sfw_bench_mem_plan_model(m, n_ctx, (int)piece, &pl);
+		sfw_bench_mem_print(stderr, C, &pl, n_ctx, (int)piece);
+	}
 	if ((s = sfw_bench_run(m, &bp, &r, &err)) != SFW_OK)
 		goto done;
 	printf("device %s, %d layers, hidden %d, prompt %llu, gen %llu, context %lld, prefill chunk %lld\n",

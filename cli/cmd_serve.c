@@ -10,6 +10,7 @@
 #include "runner/generate.h"
 #include "runner/runner.h"
 #include "serve/serve.h"
+#include "tools/tools.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -172,6 +173,17 @@ int cmd_serve(int argc, char **argv)
 		goto fail;
 	if (!have_chunk) /* a chunk per step that keeps the decode rows flowing */
 		sp.prefill_chunk = strcmp(sfw_model_device_name(m), "cuda") ? 256 : 512; /* bench/RESULTS.md */
+	if (!strcmp(sfw_model_device_name(m), "cuda")) {
+		/* the plan at start, as run prints it: every running sequence at
+		 * --max-context, a step of every decode row and the prefill budget
+		 * (serve/server.c); what cannot fit is refused with its numbers */
+		struct sfw_mem_plan pl;
+		int rows = sp.max_running + sp.prefill_chunk;
+		s = sfw_bench_mem_check_batch(m, sp.max_running, sp.max_context, sp.pool_tokens, rows, &pl, &err);
+		sfw_bench_mem_print(stderr, C, &pl, sp.max_context, rows);
+		if (s != SFW_OK)
+			goto fail;
+	}
 	if ((s = sfw_serve_start(m, tok, &eos, &sp, &srv, &err)) != SFW_OK)
 		goto fail;
 	fprintf(

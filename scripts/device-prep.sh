@@ -4,7 +4,7 @@
 # travel with `carry`:
 #   .devlib/bundle.tar.xz  (one file, ~9 MB; ~70 MB unpacked)
 #       bin/   stripped salafw, bench_gpu, bench_batch, bench_gemm and tests/gpu_* of a CUDA build (and
-#              test_wide, for gpu-run.sh wide-ref)
+#              test_wide, for gpu-run.sh wide-ref), and the tests/gpu_*.sh scripts
 #       lib/   shared libraries the GPU image lacks (libcjson)
 #       gold/  with --gold: the golden cases (config, weights, golden_bf16)
 #              and the gpu_long CPU references (tests/data/gpu_long, scripts/long-ref.sh)
@@ -44,6 +44,10 @@ for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD/bench/bench_batch" "$B
 	case $b in *.o | *.d) continue ;; esac
 	[ -x "$b" ] || continue
 	strip -o "$ST/bin/$(basename "$b")" "$b"
+done
+# the GPU tests written as scripts (gpu-run.sh tests runs every bin/gpu_*)
+for f in tests/gpu_*.sh; do
+	[ -f "$f" ] && install -m 755 "$f" "$ST/bin/"
 done
 # Libraries the GPU image lacks (it has libcurl, libcrypto/libssl and
 # sentencepiece; Ubuntu 24.04, seen 2026-11-30): only cJSON and (for serve) libmicrohttpd. DEVLIB_ALL=1

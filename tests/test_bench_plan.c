@@ -99,6 +99,58 @@ static void test_readme_cards(const struct sfw_config *c)
 	      rows);
 }
 
+/* salafw serve's plan (sfw_bench_mem_plan_seqs): 32 sequences that can each
+ * reach 8K tokens, steps of 32 decode rows + 512 prompt rows, bf16 full
+ * shapes, against the single-context figures above worked out by hand
+ * (8 KiB of KV per token), and its refusal's arithmetic. */
+static void test_batch_plan(const struct sfw_config *c)
+{
+	const double G = 1073741824.0;
+	const int S = 32, rows = 32 + 512;
+	const int64_t ctx = 8192;
+	struct sfw_mem_plan one, b;
+	sfw_bench_mem_plan(c, ctx, rows, &one);
+	b = one;
+	sfw_bench_mem_plan_seqs(c, S, 0, &b);
+	CHECK(b.seqs == S && b.kv == S * 8192.0 * 8192 && b.compressed == S * one.compressed &&
+		  b.lightning == S * 48.0 * 1048576.0,
+	      "32 x 8K: KV %.0f B (32 x 64 MiB), compressed keys and lightning states x 32", b.kv);
+	CHECK(b.activations == one.activations + 31.0 * c->vocab_size * 4 && b.weights == one.weights &&
+		  b.scratch == one.scratch,
+	      "one workspace of %d rows, a float logits row per sequence", rows);
+	CHECK(b.total == b.weights + b.kv + b.compressed + b.lightning + b.activations + b.scratch, "batch total");
+	struct sfw_mem_plan pool = one;
+	sfw_bench_mem_plan_seqs(c, S, 65536, &pool);
+	CHECK(pool.kv == 65536 * 8192.0, "a pool of 64K tokens bounds the KV of all (%.0f B)", pool.kv);
+	/* the refusal: 32 sequences of 128K on a 24 GiB card with the weights placed */
+	struct sfw_mem_plan big;
+	sfw_bench_mem_plan(c, 131072, rows, &big);
+	sfw_bench_mem_plan_seqs(c, S, 0, &big);
+	double fr = 24 * G - big.weights - 0.55 * G;
+	struct sfw_err e = {0};
+	CHECK(sfw_bench_mem_fit(&big, 131072, fr, &e) == SFW_E_NOMEM &&
+		  strstr(e.msg, "32 sequences of 131072 tokens do not fit the GPU"),
+	      "32 x 128K refused on 24 GiB: %s", e.msg);
+	long long each = 0;
+	const char *at = strstr(e.msg, "at most about ");
+	CHECK(at && sscanf(at, "at most about %lld tokens each)", &each) == 1 && each % 64 == 0 && each > 0 &&
+		  each < 131072,
+	      "a largest context per sequence named (%lld)", each);
+	size_t ml = strlen(e.msg);
+	CHECK(ml < sizeof(e.msg) - 1 && ml > 12 && strcmp(e.msg + ml - 12, "GiB are free") == 0,
+	      "the message is whole: %s", e.msg);
+	printf("serve refusal, 32 x 128K on a 24 GiB card: %s\n", e.msg);
+	if (each > 0) {
+		struct sfw_mem_plan q;
+		sfw_bench_mem_plan(c, each, rows, &q);
+		sfw_bench_mem_plan_seqs(c, S, 0, &q);
+		CHECK(sfw_bench_mem_fit(&q, each, fr, &e) == SFW_OK, "32 x the named %lld tokens fit", each);
+		sfw_bench_mem_plan(c, each + 1024, rows, &q);
+		sfw_bench_mem_plan_seqs(c, S, 0, &q);
+		CHECK(sfw_bench_mem_fit(&q, each + 1024, fr, &e) == SFW_E_NOMEM, "1024 more each do not");
+	}
+}
+
 int main(void)
 {
 	struct sfw_mkmodel_params mp;
@@ -193,6 +245,7 @@ int main(void)
 		}
 		sfw_mkmodel_plan_free(&wpl);
 	}
+	test_batch_plan(c);
 	test_readme_cards(c);
 	sfw_mkmodel_plan_free(&plan);
 	return CHECK_REPORT("test_bench_plan");

@@ -61,6 +61,14 @@ static int is_cuda(const struct sfw_model *m)
 }
 #endif
 
+void sfw_bench_shape(const struct sfw_bench_params *p, int64_t *n_ctx, int64_t *chunk)
+{
+	int64_t c = p->prefill_chunk ? p->prefill_chunk : 8192;
+	int64_t need = (p->prompt + 63) / 64 * 64; /* more rows than the prompt buy nothing */
+	*chunk = c > need ? need : c;
+	*n_ctx = p->n_ctx > p->prompt + p->gen ? p->n_ctx : p->prompt + p->gen;
+}
+
 enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params *p, struct sfw_bench_result *r,
 			      struct sfw_err *err)
 {
@@ -69,12 +77,9 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 	if (p->prompt < 1 || p->prompt > INT32_MAX / 2 || p->gen < 0 || p->gen > INT32_MAX / 2 || p->n_ctx < 0 ||
 	    p->prefill_chunk < 0 || p->prefill_chunk > (1 << 20))
 		return sfw_fail(err, SFW_E_INVAL, "invalid benchmark parameters");
-	int64_t chunk = p->prefill_chunk ? p->prefill_chunk : 8192;
-	int64_t need = (p->prompt + 63) / 64 * 64; /* more rows than the prompt buy nothing */
-	if (chunk > need)
-		chunk = need;
+	int64_t chunk;
+	sfw_bench_shape(p, &r->n_ctx, &chunk);
 	r->chunk = chunk;
-	r->n_ctx = p->n_ctx > p->prompt + p->gen ? p->n_ctx : p->prompt + p->gen;
 	double lp = sfw_bench_linear_params(cf), wall;
 	sfwi_model_weight_bytes(m, &wall, &r->weight_bytes); /* int8: codes + scales */
 	r->linear_flops = 2 * lp;
@@ -217,11 +222,36 @@ void sfw_bench_mem_plan_model(const struct sfw_model *m, int64_t max_ctx, int ch
 	plan_rest(&m->cfg, max_ctx, chunk, p);
 }
 
+void sfw_bench_mem_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, struct sfw_mem_plan *p)
+{
+	if (seqs < 1)
+		seqs = 1;
+	/* per sequence: its caches as one context of the plan's length has them */
+	p->kv *= seqs, p->compressed *= seqs, p->lightning *= seqs;
+	if (pool_tokens > 0) /* the pool bounds the KV of all of them */
+		p->kv = p->kv_per_token * (double)((pool_tokens + 63) / 64 * 64);
+	/* the step's float logits: a row per sequence (the plan has one) */
+	p->activations += (double)(seqs - 1) * c->vocab_size * 4;
+	p->total = p->weights + p->kv + p->compressed + p->lightning + p->activations + p->scratch;
+	p->seqs = seqs;
+}
+
+void sfw_bench_mem_plan_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_t pool_tokens,
+			      int step_rows, struct sfw_mem_plan *p)
+{
+	sfw_bench_mem_plan_model(m, max_ctx, step_rows, p);
+	sfw_bench_mem_plan_seqs(&m->cfg, seqs, pool_tokens, p);
+}
+
 void sfw_bench_mem_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk)
 {
 	const double G = 1073741824.0;
+	if (p->seqs > 1)
+		fprintf(f, "%s: device memory plan for %d sequences of up to %lld tokens each:\n", who,
+			p->seqs, (long long)n_ctx);
+	else
+		fprintf(f, "%s: device memory plan for %lld tokens:\n", who, (long long)n_ctx);
 	fprintf(f,
-		"%s: device memory plan for %lld tokens:\n"
 		"  weights            %8.2f GiB\n"
 		"  KV cache           %8.2f GiB (%.0f B/token)\n"
 		"  compressed keys    %8.2f GiB\n"
@@ -229,7 +259,7 @@ void sfw_bench_mem_print(FILE *f, const char *who, const struct sfw_mem_plan *p,
 		"  activations        %8.2f GiB (%d-row pieces)\n"
 		"  scratch            %8.2f GiB (op scratch, cuBLASLt workspace, block selection)\n"
 		"  total              %8.2f GiB\n",
-		who, (long long)n_ctx, p->weights / G, p->kv / G, p->kv_per_token, p->compressed / G, p->lightning / G,
+		p->weights / G, p->kv / G, p->kv_per_token, p->compressed / G, p->lightning / G,
 		p->activations / G, chunk, p->scratch / G, p->total / G);
 }
 
@@ -245,6 +275,14 @@ enum sfw_status sfw_bench_mem_fit(const struct sfw_mem_plan *p, int64_t n_ctx, d
 	double fit = per > 0 && free_bytes > fixed ? (free_bytes - fixed) / per : 0;
 	if (fit > 1e15)
 		fit = 1e15;
+	if (p->seqs > 1) /* per: a token more for every sequence, so fit is a context each */
+		return sfw_fail(err, SFW_E_NOMEM,
+				"%d sequences of %lld tokens do not fit the GPU (at most about %lld tokens each): they "
+				"need %.2f GiB beyond %.2f GiB of weights (KV %.2f, compressed keys %.2f, activations "
+				"%.2f, scratch and states %.2f GiB); %.2f GiB are free",
+				p->seqs, (long long)n_ctx, (long long)(fit / 64) * 64, need / G, p->weights / G,
+				p->kv / G, p->compressed / G, p->activations / G, (p->scratch + p->lightning) / G,
+				free_bytes / G);
 	/* the largest context first: the message must fit struct sfw_err */
 	return sfw_fail(err, SFW_E_NOMEM,
 			"a context of %lld tokens does not fit the GPU (at most about %lld do): it needs %.2f GiB "
@@ -267,6 +305,25 @@ enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, in
 	size_t fr = 0, tot = 0;
 	sfw_cuda_mem_info(&fr, &tot);
 	return sfw_bench_mem_fit(&p, n_ctx, (double)fr, err);
+#else
+	(void)err;
+	return SFW_OK;
+#endif
+}
+
+enum sfw_status sfw_bench_mem_check_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_t pool_tokens,
+					  int step_rows, struct sfw_mem_plan *out, struct sfw_err *err)
+{
+	struct sfw_mem_plan p;
+	sfw_bench_mem_plan_batch(m, seqs, max_ctx, pool_tokens, step_rows, &p);
+	if (out)
+		*out = p;
+#ifdef SFW_HAVE_CUDA
+	if (strcmp(sfw_model_device_name(m), "cuda") != 0)
+		return SFW_OK;
+	size_t fr = 0, tot = 0;
+	sfw_cuda_mem_info(&fr, &tot);
+	return sfw_bench_mem_fit(&p, max_ctx, (double)fr, err);
 #else
 	(void)err;
 	return SFW_OK;

@@ -164,6 +164,9 @@ struct sfw_bench_result {
  * this call. */
 SFW_MUST_CHECK enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params *p,
 					     struct sfw_bench_result *r, struct sfw_err *err);
+/* The context and the prefill piece sfw_bench_run uses for p (the memory
+ * plan `salafw bench` prints at start is for these). */
+void sfw_bench_shape(const struct sfw_bench_params *p, int64_t *n_ctx, int64_t *chunk);
 
 /* The limits, measured on the device now: copy bandwidth (GB/s, read +
  * written, 2 GiB device copy) and a bf16 cuBLASLt 8192^3 GEMM (TFLOP/s).
@@ -184,6 +187,7 @@ struct sfw_mem_plan {
 	double activations;    /* forward.c's buffers for one piece of `chunk` rows + logits */
 	double scratch;        /* op scratch, cuBLASLt workspace, block-selection scratch */
 	double total;
+	int seqs;              /* sequences planned for (sfw_bench_mem_plan_batch); 0 or 1: one context */
 };
 void sfw_bench_mem_plan(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
 /* The same with int8 decoder linears (codes + BF16 scales of `group`, 32,
@@ -192,6 +196,15 @@ void sfw_bench_mem_plan(const struct sfw_config *c, int64_t max_ctx, int chunk, 
 void sfw_bench_mem_plan_w8(const struct sfw_config *c, int64_t max_ctx, int chunk, int group, struct sfw_mem_plan *p);
 /* The plan of a loaded model: its weights as bound (int8 or bf16). */
 void sfw_bench_mem_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
+/* The plan of a batch (runner/batch.h; `salafw serve`): seqs sequences that
+ * can each reach max_ctx tokens (their KV, compressed keys and lightning
+ * states; the KV of pool_tokens in all when that is not 0), and one
+ * workspace for step_rows rows with a logits row per sequence. */
+void sfw_bench_mem_plan_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_t pool_tokens,
+			      int step_rows, struct sfw_mem_plan *p);
+/* The same from a plan of one context (made for max_ctx tokens and
+ * step_rows-row pieces by any of the above). */
+void sfw_bench_mem_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, struct sfw_mem_plan *p);
 /* The plan as one block of lines (salafw run prints it to stderr at start). */
 void sfw_bench_mem_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk);
 /* On the CUDA backend: SFW_E_NOMEM, with the plan's figures, the device's
@@ -205,6 +218,11 @@ SFW_MUST_CHECK enum sfw_status sfw_bench_mem_fit(const struct sfw_mem_plan *p, i
 						 struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, int chunk,
 						   struct sfw_mem_plan *out, struct sfw_err *err);
+/* sfw_bench_mem_check for a batch planned as sfw_bench_mem_plan_batch: the
+ * message names the largest context per sequence that fits. */
+SFW_MUST_CHECK enum sfw_status sfw_bench_mem_check_batch(const struct sfw_model *m, int seqs, int64_t max_ctx,
+							 int64_t pool_tokens, int step_rows,
+							 struct sfw_mem_plan *out, struct sfw_err *err);
 
 /* ---- recording taps and scoring (tools/score.c) ---------------------------
  * A record gathers the taps of one fresh sequence (a prompt of prompt_len

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# gpu_cli.sh - the device memory plan of the commands on CUDA (issue 9 §3):
+# `run`, `bench` and `serve --device cuda` print the plan at start, and
+# refuse with its numbers and exit 5 a context that cannot fit, in the same
+# words; a context they name as fitting is accepted, and bench's measured
+# peak stays within the plan. Needs the GPU machine (scripts/gpu-run.sh
+# tests runs it with salafw on PATH); makes its own tiny model.
+set -u
+T=$(mktemp -d /tmp/gpu_cli.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+passed=0 failed=0
+pass() { passed=$((passed + 1)); echo "ok   $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL $1"; }
+M=$T/tiny
+salafw mkmodel --preset tiny -o "$M" >/dev/null 2>&1 || { fail "mkmodel --preset tiny"; M=; }
+
+# the plan's lines sum to its total (each printed to 2 decimals)
+plan_sums() {
+	python3 - "$1" <<'EOF'
+import re, sys
+t = open(sys.argv[1]).read()
+v = {k: float(x) for k, x in re.findall(r"^  (weights|KV cache|compressed keys|lightning states|activations|scratch|total) +([0-9.]+) GiB", t, re.M)}
+parts = ["weights", "KV cache", "compressed keys", "lightning states", "activations", "scratch"]
+ok = len(v) == 7 and abs(sum(v[p] for p in parts) - v["total"]) <= 0.035
+print("ok" if ok else "bad %r" % v)
+EOF
+}
+
+if [ -n "$M" ]; then
+	# run: the plan at start, then the reply
+	salafw run "$M" --no-verify --device cuda -p "Hello" -n 4 >"$T/run.out" 2>"$T/run.err"
+	rc=$?
+	[ $rc = 0 ] && grep -q "device memory plan for [0-9]* tokens:" "$T/run.err" &&
+		pass "run --device cuda prints the plan at start" || fail "run plan (exit $rc): $(head -c 400 "$T/run.err")"
+	[ "$(plan_sums "$T/run.err")" = ok ] && pass "run: the plan's lines sum to its total" ||
+		fail "run plan sums: $(plan_sums "$T/run.err")"
+	# run: a context past the device refused, exit 5, the numbers and a largest context named
+	salafw run "$M" --no-verify --device cuda -p "Hello" -n 4 --max-context 1073741824 >/dev/null 2>"$T/big.err"
+	rc=$?
+	fit=$(sed -n 's/.*does not fit the GPU (at most about \([0-9]*\) do).*/\1/p' "$T/big.err" | head -n 1)
+	[ $rc = 5 ] && [ -n "$fit" ] && grep -q "GiB are free" "$T/big.err" &&
+		pass "run --max-context 2^30 refused with exit 5 and the numbers (at most about $fit)" ||
+		fail "run refusal (exit $rc): $(head -c 400 "$T/big.err")"
+	# a context of a quarter of the named one is accepted (no minutes of allocation: capped at 4M)
+	if [ -n "$fit" ]; then
+		q=$((fit / 4 / 64 * 64))
+		[ $q -gt 4194304 ] && q=4194304
+		salafw run "$M" --no-verify --device cuda -p "Hello" -n 2 --max-context $q >/dev/null 2>"$T/q.err" &&
+			pass "run --max-context $q (under the named largest) runs" ||
+			fail "run --max-context $q: $(head -c 400 "$T/q.err")"
+	fi
+	# bench: the plan at start, and its peak within 10 % + 32 MiB of the plan's total
+	salafw bench "$M" --no-verify --device cuda --prompt 200 --gen 4 >"$T/bench.out" 2>"$T/bench.err"
+	rc=$?
+	r=$(python3 - "$T/bench.err" "$T/bench.out" <<'EOF'
+import re, sys
+e, o = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+t = re.search(r"^  total +([0-9.]+) GiB", e, re.M)
+p = re.search(r"peak device memory: ([0-9.]+) GiB \(salafw allocations\)", o)
+if not t or not p:
+    print("missing"); sys.exit()
+tot, peak = float(t.group(1)), float(p.group(1))
+print("ok %.2f %.2f" % (tot, peak) if abs(peak - tot) <= 0.1 * tot + 32 / 1024 + 0.01 else "off %.2f %.2f" % (tot, peak))
+EOF
+)
+	[ $rc = 0 ] && grep -q "device memory plan for 204 tokens:" "$T/bench.err" && [ "${r%% *}" = ok ] &&
+		pass "bench prints the plan for 204 tokens; plan vs peak GiB: ${r#ok }" ||
+		fail "bench plan (exit $rc, $r): $(head -c 400 "$T/bench.err")"
+	salafw bench "$M" --no-verify --device cuda --prompt 64 --gen 2 --max-context 1073741824 >/dev/null 2>"$T/bbig.err"
+	rc=$?
+	[ $rc = 5 ] && grep -q "does not fit the GPU (at most about [0-9]* do)" "$T/bbig.err" &&
+		pass "bench --max-context 2^30 refused the same way (exit 5)" ||
+		fail "bench refusal (exit $rc): $(head -c 400 "$T/bbig.err")"
+	# serve: 64 sequences of 2^30 refused before it listens, with a context per sequence named
+	salafw serve "$M" --no-verify --device cuda --port 18181 --max-running 64 --max-context 1073741824 \
+		>/dev/null 2>"$T/sbig.err" &
+	sp=$!
+	( sleep 120; kill $sp 2>/dev/null ) &
+	wd=$!
+	wait $sp
+	rc=$?
+	kill $wd 2>/dev/null
+	each=$(sed -n 's/.*64 sequences of 1073741824 tokens do not fit the GPU (at most about \([0-9]*\) tokens each).*/\1/p' \
+		"$T/sbig.err" | head -n 1)
+	[ $rc = 5 ] && [ -n "$each" ] && grep -q "device memory plan for 64 sequences of up to 1073741824 tokens each:" "$T/sbig.err" &&
+		pass "serve: 64 x 2^30 refused with exit 5, the plan and at most about $each tokens each" ||
+		fail "serve refusal (exit $rc): $(head -c 500 "$T/sbig.err")"
+	# serve: a plan that fits, printed, then the server answers and stops on SIGTERM with 0
+	salafw serve "$M" --no-verify --device cuda --port 18181 --max-running 4 --max-context 4096 2>"$T/serve.err" &
+	sp=$!
+	up=0
+	for _ in $(seq 240); do
+		python3 -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:18181/health", timeout=2)' \
+			2>/dev/null && { up=1; break; }
+		kill -0 $sp 2>/dev/null || break
+		sleep 0.5
+	done
+	kill -TERM $sp 2>/dev/null
+	wait $sp
+	rc=$?
+	[ $up = 1 ] && [ $rc = 0 ] && grep -q "device memory plan for 4 sequences of up to 4096 tokens each:" "$T/serve.err" &&
+		[ "$(plan_sums "$T/serve.err")" = ok ] &&
+		pass "serve prints the plan of 4 x 4096 at start, serves, stops with 0" ||
+		fail "serve plan (up $up, exit $rc): $(head -c 500 "$T/serve.err")"
+fi
+echo "gpu_cli.sh: $passed passed, $failed failed"
+[ $failed = 0 ]
