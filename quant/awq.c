@@ -39,6 +39,7 @@
 #include "formats/tokenizer.h"
 #include "kernels/ops.h"
 #include "log.h"
+#include "thread.h"
 #include "runner/model.h"
 #include "runner/runner.h"
 
@@ -181,14 +182,88 @@ struct balance {
 	int n;
 };
 
-static double now_loss_mse(const float *a, const float *b, size_t n)
+/* The search's work runs on the executor bound by sfwi_awq_search (the
+ * products through sfw_op_matmul_cpu, the rest below): rows are independent,
+ * and every sum is taken in a fixed order over fixed items, so the scales
+ * chosen do not depend on the thread count. */
+struct wq_job {
+	const float *W;
+	float *Wq;
+	const float *s;
+	int K, group;
+	unsigned char *bad; /* [N]: 1 where a row had non-finite weights */
+};
+
+/* Rows [b, e) of Q(W diag s) diag(s)^-1 into Wq. */
+static void wq_rows(void *ctx, size_t b, size_t e, int tid)
 {
-	double s = 0;
-	for (size_t i = 0; i < n; i++) {
-		double d = (double)a[i] - b[i];
-		s += d * d;
+	const struct wq_job *j = ctx;
+	(void)tid;
+	for (size_t r = b; r < e; r++) {
+		float *q = j->Wq + r * (size_t)j->K;
+		const float *w = j->W + r * (size_t)j->K;
+		for (int k = 0; k < j->K; k++)
+			q[k] = w[k] * j->s[k];
+		j->bad[r] = sfw_quant_fake_row_w8(q, j->K, j->group) != 0;
+		for (int k = 0; k < j->K; k++)
+			q[k] /= j->s[k];
 	}
-	return s / (double)(n ? n : 1);
+}
+
+struct loss_job {
+	const float *a, *b;
+	size_t N;
+	double *part; /* [R]: each cached input row's sum of squares, in n order */
+};
+
+static void loss_rows(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct loss_job *j = ctx;
+	(void)tid;
+	for (size_t r = b; r < e; r++) {
+		const float *x = j->a + r * j->N, *y = j->b + r * j->N;
+		double t = 0;
+		for (size_t n = 0; n < j->N; n++) {
+			double d = (double)x[n] - y[n];
+			t += d * d;
+		}
+		j->part[r] = t;
+	}
+}
+
+/* The mean squared error of Yq against Y over R rows of N: each row's sum
+ * (in parallel), then the rows' sums in row order. */
+static double loss_mse(const float *Yq, const float *Y, int R, size_t N, double *part)
+{
+	struct loss_job j = {Yq, Y, N, part};
+	sfwi_ops_cpu_for(sfw_ops_cpu_threads(), (size_t)R, 1, loss_rows, &j);
+	double t = 0;
+	for (int r = 0; r < R; r++)
+		t += part[r];
+	size_t n = (size_t)R * N;
+	return t / (double)(n ? n : 1);
+}
+
+struct wconv_job {
+	const struct balance *bl;
+	float *W;
+	int K;
+};
+
+/* The balance weights' rows [b, e) (over all of them in order) as float. */
+static void wconv_rows(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct wconv_job *j = ctx;
+	(void)tid;
+	size_t r0 = 0;
+	for (int i = 0; i < j->bl->n; i++) {
+		const struct sfw_bweight *w = j->bl->w[i];
+		size_t r1 = r0 + (size_t)w->rows, lo = b > r0 ? b : r0, hi = e < r1 ? e : r1;
+		for (size_t r = lo; r < hi; r++)
+			for (size_t k = 0; k < (size_t)j->K; k++)
+				j->W[r * (size_t)j->K + k] = sfw_op_wget(w->host, w->dtype, (r - r0) * (size_t)j->K + k);
+		r0 = r1;
+	}
 }
 
 /* Searches one group; *out = the scales (NULL: identity). */
@@ -213,18 +288,17 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 	float *Y = sfw_malloc((size_t)R * N * sizeof(float)), *Yq = sfw_malloc((size_t)R * N * sizeof(float));
 	float *xm = sfw_malloc((size_t)K * sizeof(float)), *wm = sfw_calloc((size_t)K, sizeof(float));
 	float *s = sfw_malloc((size_t)K * sizeof(float)), *best = sfw_malloc((size_t)K * sizeof(float));
+	unsigned char *bad = sfw_malloc((size_t)N);
+	double *part = sfw_malloc((size_t)R * sizeof(double));
 	enum sfw_status rc = SFW_OK;
-	if (!W || !Wq || !Y || !Yq || !xm || !wm || !s || !best) {
+	if (!W || !Wq || !Y || !Yq || !xm || !wm || !s || !best || !bad || !part) {
 		rc = sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
 		goto done;
 	}
-	size_t at = 0;
-	for (int i = 0; i < bl->n; i++) {
-		size_t n = (size_t)bl->w[i]->rows * K;
-		for (size_t e = 0; e < n; e++)
-			W[at + e] = sfw_op_wget(bl->w[i]->host, bl->w[i]->dtype, e);
-		at += n;
-	}
+	int nt = sfw_ops_cpu_threads();
+	size_t grain = (size_t)N / ((size_t)nt * 8) > 0 ? (size_t)N / ((size_t)nt * 8) : 1;
+	struct wconv_job cj = {bl, W, K};
+	sfwi_ops_cpu_for(nt, (size_t)N, grain, wconv_rows, &cj);
 	for (int k = 0; k < K; k++)
 		xm[k] = (float)(ts->sum[k] / (double)ts->count);
 	/* duo statistic: |w| / group max |w|, averaged over the rows */
@@ -267,24 +341,20 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 					s[k] = 1.0f;
 			}
 		}
+		struct wq_job qj = {W, Wq, s, K, p->group_size, bad};
+		sfwi_ops_cpu_for(nt, (size_t)N, grain, wq_rows, &qj);
 		for (int64_t r = 0; r < N; r++) {
-			float *q = Wq + (size_t)r * K;
-			const float *w = W + (size_t)r * K;
-			for (int k = 0; k < K; k++)
-				q[k] = w[k] * s[k];
-			if (sfw_quant_fake_row_w8(q, K, p->group_size) != 0) {
-				int i = 0; /* name the tensor that row r belongs to */
-				for (int64_t r0 = 0; i + 1 < bl->n && r >= r0 + bl->w[i]->rows; i++)
-					r0 += bl->w[i]->rows;
-				rc = sfw_fail(err, SFW_E_FORMAT, "model '%s': AWQ: non-finite weights in '%s'", dir,
-					      bl->w[i]->name);
-				goto done;
-			}
-			for (int k = 0; k < K; k++)
-				q[k] /= s[k];
+			if (!bad[r])
+				continue;
+			int i = 0; /* name the tensor that the first such row belongs to */
+			for (int64_t r0 = 0; i + 1 < bl->n && r >= r0 + bl->w[i]->rows; i++)
+				r0 += bl->w[i]->rows;
+			rc = sfw_fail(err, SFW_E_FORMAT, "model '%s': AWQ: non-finite weights in '%s'", dir,
+				      bl->w[i]->name);
+			goto done;
 		}
 		sfw_op_matmul_cpu(Yq, ts->rows, Wq, SFW_DTYPE_F32, R, (int)N, K);
-		double loss = now_loss_mse(Yq, Y, (size_t)R * N);
+		double loss = loss_mse(Yq, Y, R, (size_t)N, part);
 		if (gk == 0)
 			loss0 = loss;
 		if (best_loss < 0 || loss < best_loss) {
@@ -304,6 +374,7 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 	}
 done:
 	sfw_free(W), sfw_free(Wq), sfw_free(Y), sfw_free(Yq), sfw_free(xm), sfw_free(wm), sfw_free(s), sfw_free(best);
+	sfw_free(bad), sfw_free(part);
 	return rc;
 }
 
@@ -391,6 +462,11 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		goto done;
 	}
 	out->n_layers = c.L;
+	/* the search's own threads (the model's backend may be a GPU's) */
+	struct sfw_ops_cpu *ex = NULL, *prev;
+	if ((s = sfw_ops_cpu_new(p->threads > 0 ? p->threads : sfw_default_threads(), &ex, err)) != SFW_OK)
+		goto done;
+	prev = sfw_ops_cpu_bind(ex);
 	t0 = sfw_now_s();
 	for (int li = 0; li < c.L && s == SFW_OK; li++) {
 		const struct sfwi_layer *L = &m->layers[li];
@@ -416,9 +492,13 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 			ts->rows = NULL;
 		}
 		release_layer(m, li);
+		if (s == SFW_OK && sfw_ops_cpu_take_failure(ex))
+			s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
 		if (s == SFW_OK)
 			sfwi_phase(p, SFW_QP_SEARCH, li + 1, c.L, t0);
 	}
+	sfw_ops_cpu_bind(prev);
+	sfw_ops_cpu_free(ex);
 	if (st->awq_mappings) {
 		st->awq_mean_alpha /= st->awq_mappings;
 		st->awq_loss_gain /= st->awq_mappings;
