@@ -18,7 +18,24 @@
  * launched apart: the path before the batched kernels, for A/B); --profile 1:
  * the device time per op (SALAFW_CUDA_PROFILE's, printed at exit). Built in
  * every build; on the CPU it runs as is (small presets: the
- * prefill dominates the wall time, keep L small). */
+ * prefill dominates the wall time, keep L small).
+ *
+ *   bench_batch MODEL --serve N:P:G [--batch R] [--chunk C] [--tokens 1]
+ * The workload of `salafw serve --max-running R --prefill-chunk C` under
+ * bench/bench_serve.py, in process and without HTTP (the engine's peer of
+ * the server's figure: their ratio is the server's own cost): N requests,
+ * each a prompt of P tokens (BOS then random ids, distinct) and G tokens
+ * made (greedy, EOS ignored), all queued at time 0, at most R running
+ * (default 16, serve's). The steps are serve/server.c engine_main's,
+ * restated in serve_run: every running request in one sfw_batch_step,
+ * decoding ones a row each, prompts a chunk each while the step's budget
+ * of C prompt rows lasts, oldest first, the next token chosen in the step;
+ * queued requests join as sequences close. One warm-up request alone first
+ * (bench_serve.py sends one), untimed. Prints output tok/s = N * G / the
+ * wall time from the first step's start to the last's end, prompt tok/s
+ * over the same time, and the steps: decode-only (their median time),
+ * mixed (a prompt chunk and decode rows), prefill-only. --tokens 1: also a
+ * line per request, "REQ i prompt IDS gen IDS" (tests/test_bench_serve.c). */
 #include "runner/batch.h"
 #include "runner/runner.h"
 #include "sfw.h"
