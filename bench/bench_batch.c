@@ -24,7 +24,7 @@
  * The workload of `salafw serve --max-running R --prefill-chunk C` under
  * bench/bench_serve.py, in process and without HTTP (the engine's peer of
  * the server's figure: their ratio is the server's own cost): N requests,
- * each a prompt of P tokens (BOS then random ids, distinct) and G tokens
+ * each a prompt of P tokens (BOS then random ids) and G tokens
  * made (greedy, EOS ignored), all queued at time 0, at most R running
  * (default 16, serve's). The steps are serve/server.c engine_main's,
  * restated in serve_run: every running request in one sfw_batch_step,
@@ -400,16 +400,17 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	int sn = 0, sP = 0, sG = 0, sR = 16; /* --serve N:P:G, --batch R (default: serve's --max-running) */
 	if (serve) {
-		int n = 0, P = 0, G = 0, R = 16; /* R: serve's default --max-running */
 		char *e = NULL;
-		if (sscanf(serve, "%d:%d:%d", &n, &P, &G) != 3 || n < 1 || n > 1000000 || P < 1 || P > (1 << 20) ||
-		    G < 1 || G > (1 << 20)) {
+		int end = 0;
+		if (sscanf(serve, "%d:%d:%d%n", &sn, &sP, &sG, &end) != 3 || serve[end] || sn < 1 || sn > 1000000 ||
+		    sP < 1 || sP > (1 << 20) || sG < 1 || sG > (1 << 20)) {
 			fprintf(stderr, "bench_batch: bad --serve '%s' (N:P:G, requests:prompt tokens:generated tokens)\n",
 				serve);
 			return 2;
 		}
-		if (set_batch && ((R = (int)strtol(batches, &e, 10)) < 1 || R > SFW_BATCH_MAX_SEQS || *e)) {
+		if (set_batch && ((sR = (int)strtol(batches, &e, 10)) < 1 || sR > SFW_BATCH_MAX_SEQS || *e)) {
 			fprintf(stderr, "bench_batch: bad --batch '%s' (with --serve: one R, 1 to %d)\n", batches,
 				SFW_BATCH_MAX_SEQS);
 			return 2;
@@ -418,18 +419,6 @@ int main(int argc, char **argv)
 			fprintf(stderr, "bench_batch: --serve takes no --ctx or --gen (N:P:G has them); --chunk 1 to 65536\n");
 			return 2;
 		}
-		struct sfw_model *m = NULL;
-		struct sfw_err err = {0};
-		if (sfw_model_load(dir, &mp, &m, &err) != SFW_OK) {
-			fprintf(stderr, "bench_batch: %s\n", err.msg);
-			return 1;
-		}
-		printf("model %s on %s; serve workload: %d requests, prompt %d tokens, %d generated, up to %d running, "
-		       "prefill chunk %d\n",
-		       dir, sfw_model_device_name(m), n, P, G, R, chunk);
-		int rc = serve_main(m, n, P, G, R, chunk, tokens);
-		sfw_model_free(m);
-		return rc;
 	}
 	long long lmin = 0, lmax = 0;
 	int k = sscanf(ctx, "%lld-%lld", &lmin, &lmax);
@@ -444,6 +433,14 @@ int main(int argc, char **argv)
 	if (sfw_model_load(dir, &mp, &m, &err) != SFW_OK) {
 		fprintf(stderr, "bench_batch: %s\n", err.msg);
 		return 1;
+	}
+	if (serve) {
+		printf("model %s on %s; serve workload: %d requests, prompt %d tokens, %d generated, up to %d running, "
+		       "prefill chunk %d\n",
+		       dir, sfw_model_device_name(m), sn, sP, sG, sR, chunk);
+		int src = serve_main(m, sn, sP, sG, sR, chunk, tokens);
+		sfw_model_free(m);
+		return src;
 	}
 	printf("model %s on %s; context %lld%s%lld tokens, %d decode steps, prefill chunk %d\n", dir,
 	       sfw_model_device_name(m), lmin, lmin == lmax ? " (all), max " : " to ", lmax, gen, chunk);
