@@ -14,7 +14,8 @@
 #   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
 #   bash scripts/gpu-run.sh quant-time [quant options]  mkmodel --preset full, then
 #                                            salafw quant --device cuda under /usr/bin/time -v (wall, peak RSS)
-#   bash scripts/gpu-run.sh serve-bench [C]  mkmodel --preset full, salafw serve --device cuda, bench/bench_serve.py
+#   bash scripts/gpu-run.sh serve-bench [C]  mkmodel --preset full, salafw serve --device cuda, bench/bench_serve.py,
+#                                            then bench_batch --serve (the same workload, no HTTP)
 #   bash scripts/gpu-run.sh wide-ref [bf16] [int8]  gpu_wide's CPU references, made here
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout. The device tool
@@ -236,6 +237,18 @@ serve-bench)
 	kill -TERM $spid
 	wait $spid || rc=1
 	cat "$OUT/serve.log"
+	# the engine's peer (bench_batch --serve): the same workload in process,
+	# no HTTP; per concurrency C, bench_serve.py's request count max(8, 4C),
+	# R = C up to the server's --max-running, serve's prefill chunk
+	chunk=$(printf '%s\n' "${SERVE_ARGS:-}" | sed -nE 's/.*--prefill-chunk[= ]+([0-9]+).*/\1/p')
+	maxrun=$(printf '%s\n' "${SERVE_ARGS:-}" | sed -nE 's/.*--max-running[= ]+([0-9]+).*/\1/p')
+	for c in ${CONC//,/ }; do
+		n=$((4 * c > 8 ? 4 * c : 8))
+		r=$((c < ${maxrun:-32} ? c : ${maxrun:-32}))
+		"$BIN/bench_batch" "$M" --device cuda --serve "$n:1024:256" --batch "$r" --chunk "${chunk:-512}" 2>&1 |
+			tee -a "$OUT/serve-bench.log"
+		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	done
 	exit $rc
 	;;
 decode-ab)
