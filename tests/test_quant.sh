@@ -68,6 +68,12 @@ grep -qE 'writing shard [0-9/]+: +[0-4]% .*ETA [0-9]' "$S/p.err" && fail "an ETA
 	pass "no ETA from the first 5% of the write"
 [ "$(grep -c 'searching AWQ scales: layer' "$S/p.err")" = 4 ] && pass "one search line per layer" ||
 	fail "search lines: $(grep -c 'searching AWQ' "$S/p.err")"
+# the search's threads change nothing: one thread and three give the same bytes
+$SALAFW quant "$D" -o "$S/t1" --method awq --samples 6 --seq-len 32 --threads 1 --no-verify -q 2>/dev/null &&
+	$SALAFW quant "$D" -o "$S/t3" --method awq --samples 6 --seq-len 32 --threads 3 --no-verify -q 2>/dev/null &&
+	cmp -s "$S/t1/model-00001-of-00001.safetensors" "$S/t3/model-00001-of-00001.safetensors" &&
+	cmp -s "$S/t1/model-00001-of-00001.safetensors" "$S/p/model-00001-of-00001.safetensors" &&
+	pass "awq: --threads 1, 3 and the default write the same bytes" || fail "awq output depends on the thread count"
 # a calibration text shorter than --samples x --seq-len: gone through again (8 sequences of 512
 # tokens are run), said, and the lineage records both counts (tiny-dense has no tokenizer: one
 # token per byte, 1620 of them)
