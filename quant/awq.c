@@ -82,6 +82,26 @@ static void release_layer(const struct sfw_model *m, int li)
 	}
 }
 
+#define ABSUM_COLS 256
+struct absum_job {
+	const float *x;
+	double *sum;
+	int rows, cols;
+};
+
+/* sum[j] += |x[r, j]| for the channels of blocks [b, e), rows in order. */
+static void absum_cols(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct absum_job *j = ctx;
+	(void)tid;
+	int j0 = (int)b * ABSUM_COLS, j1 = (int)e * ABSUM_COLS < j->cols ? (int)e * ABSUM_COLS : j->cols;
+	for (int r = 0; r < j->rows; r++) {
+		const float *xr = j->x + (size_t)r * j->cols;
+		for (int q = j0; q < j1; q++)
+			j->sum[q] += fabsf(xr[q]);
+	}
+}
+
 static void on_tap(void *user, const struct sfw_tap *t)
 {
 	struct calib *c = user;
@@ -116,10 +136,13 @@ static void on_tap(void *user, const struct sfw_tap *t)
 	if (t->cols != s->cols)
 		return;
 	const float *x = t->data;
+	/* the per-channel sums, a range of channels per thread: each channel
+	 * still adds its rows in order, so the sums do not depend on threads */
+	struct absum_job aj = {x, s->sum, t->rows, t->cols};
+	size_t nb = ((size_t)t->cols + ABSUM_COLS - 1) / ABSUM_COLS;
+	sfwi_ops_cpu_for((double)t->rows * t->cols < 1 << 16 ? 1 : sfw_ops_cpu_threads(), nb, 1, absum_cols, &aj);
 	for (int r = 0; r < t->rows; r++) {
 		const float *xr = x + (size_t)r * t->cols;
-		for (int j = 0; j < t->cols; j++)
-			s->sum[j] += fabsf(xr[j]);
 		int64_t idx = c->seen[li][k]++;
 		if (idx % c->stride == 0 && s->nrows < c->loss_rows)
 			memcpy(s->rows + (size_t)s->nrows++ * t->cols, xr, (size_t)t->cols * sizeof(float));
@@ -194,6 +217,31 @@ struct wq_job {
 	unsigned char *bad; /* [N]: 1 where a row had non-finite weights */
 };
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define AWQ_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define AWQ_CLONES
+#endif
+#pragma GCC diagnostic ignored "-Wpsabi" /* v8 values never cross a non-inlined call */
+typedef float awq_v8 __attribute__((vector_size(32)));
+
+/* q = w * s (div 0) or q = q / s (div 1), 8 at a time: the same IEEE
+ * products and quotients as the scalar loop. */
+AWQ_CLONES
+static void scale_row(float *q, const float *w, const float *s, int K, int div)
+{
+	int k = 0;
+	for (; k + 8 <= K; k += 8) {
+		awq_v8 a, b;
+		memcpy(&a, div ? q + k : w + k, 32);
+		memcpy(&b, s + k, 32);
+		a = div ? a / b : a * b;
+		memcpy(q + k, &a, 32);
+	}
+	for (; k < K; k++)
+		q[k] = div ? q[k] / s[k] : w[k] * s[k];
+}
+
 /* Rows [b, e) of Q(W diag s) diag(s)^-1 into Wq. */
 static void wq_rows(void *ctx, size_t b, size_t e, int tid)
 {
@@ -201,12 +249,9 @@ static void wq_rows(void *ctx, size_t b, size_t e, int tid)
 	(void)tid;
 	for (size_t r = b; r < e; r++) {
 		float *q = j->Wq + r * (size_t)j->K;
-		const float *w = j->W + r * (size_t)j->K;
-		for (int k = 0; k < j->K; k++)
-			q[k] = w[k] * j->s[k];
+		scale_row(q, j->W + r * (size_t)j->K, j->s, j->K, 0);
 		j->bad[r] = sfw_quant_fake_row_w8(q, j->K, j->group) != 0;
-		for (int k = 0; k < j->K; k++)
-			q[k] /= j->s[k];
+		scale_row(q, q, j->s, j->K, 1);
 	}
 }
 
@@ -400,6 +445,14 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	if ((s = sfw_model_load(in_dir, &mp, &m, err)) != SFW_OK)
 		return s;
 	sfwi_phase(p, SFW_QP_LOAD, 1, 1, t0);
+	/* threads of our own for the statistics and the search (the model's
+	 * backend may be a GPU's): bound to this thread until the end */
+	struct sfw_ops_cpu *ex = NULL, *prev = NULL;
+	if ((s = sfw_ops_cpu_new(p->threads > 0 ? p->threads : sfw_default_threads(), &ex, err)) != SFW_OK) {
+		sfw_model_free(m);
+		return s;
+	}
+	prev = sfw_ops_cpu_bind(ex);
 	const struct sfw_config *cf = sfw_model_config(m);
 	/* host memory is what is held, not the model: the upload's pages (a
 	 * device backend keeps its own copy) and, below, each layer's pages once
@@ -462,11 +515,6 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		goto done;
 	}
 	out->n_layers = c.L;
-	/* the search's own threads (the model's backend may be a GPU's) */
-	struct sfw_ops_cpu *ex = NULL, *prev;
-	if ((s = sfw_ops_cpu_new(p->threads > 0 ? p->threads : sfw_default_threads(), &ex, err)) != SFW_OK)
-		goto done;
-	prev = sfw_ops_cpu_bind(ex);
 	t0 = sfw_now_s();
 	for (int li = 0; li < c.L && s == SFW_OK; li++) {
 		const struct sfwi_layer *L = &m->layers[li];
@@ -497,8 +545,6 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		if (s == SFW_OK)
 			sfwi_phase(p, SFW_QP_SEARCH, li + 1, c.L, t0);
 	}
-	sfw_ops_cpu_bind(prev);
-	sfw_ops_cpu_free(ex);
 	if (st->awq_mappings) {
 		st->awq_mean_alpha /= st->awq_mappings;
 		st->awq_loss_gain /= st->awq_mappings;
@@ -511,6 +557,8 @@ done:
 	sfw_free(ids);
 	sfw_ctx_free(ctx);
 	sfw_model_free(m);
+	sfw_ops_cpu_bind(prev);
+	sfw_ops_cpu_free(ex);
 	if (s != SFW_OK)
 		sfwi_fold_free(out);
 	return s;

@@ -5,6 +5,7 @@
 #include "quant/quant.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 /* The group's stored scale (bf16 bits) and its value; -1 on NaN/inf. */
@@ -74,11 +75,87 @@ void sfw_quant_dequant_row_w8(const uint8_t *codes, const uint16_t *scales, int6
 		out[k] = sfw_ql_dequant(codes[k], sfw_bf16_to_f32(scales[k / span]));
 }
 
+/* The fake quantizer runs inside the AWQ search (21 candidates over every
+ * weight of the model), so its groups of whole 8-float vectors take a vector
+ * path with the same bits as quant_one: w / sd is the same IEEE division;
+ * |w / sd| <= 127.5 after group_scale, where adding and subtracting 1.5 *
+ * 2^23 rounds to the nearest integer, ties to even, as rintf does (and
+ * gives +0, as the int conversion does); the clamp to [-128, 127] and the
+ * product are exact. GCC also builds an AVX2 clone, chosen at load time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define W8_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define W8_CLONES
+#endif
+#pragma GCC diagnostic ignored "-Wpsabi" /* v8 values never cross a non-inlined call */
+
+typedef float w8v8f __attribute__((vector_size(32)));
+typedef int32_t w8v8i __attribute__((vector_size(32)));
+
+/* One group of n (a multiple of 8) finite-checked weights: its scale, then
+ * quantize-dequantize in place; -1 on NaN/inf. */
+W8_CLONES
+static int fake_group_v8(float *w, int64_t n)
+{
+	/* amax and finiteness on the bits: |w| as an int orders as the float */
+	const w8v8i absm = {0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff,
+			     0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff};
+	const w8v8i infb = {0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000,
+			     0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000};
+	w8v8i mx = {0}, bad = {0};
+	for (int64_t k = 0; k < n; k += 8) {
+		w8v8i b;
+		memcpy(&b, w + k, 32);
+		b &= absm;
+		bad |= b >= infb;
+		w8v8i gt = b > mx;
+		mx = (b & gt) | (mx & ~gt);
+	}
+	int32_t m = 0;
+	for (int i = 0; i < 8; i++) {
+		if (bad[i])
+			return -1;
+		m = mx[i] > m ? mx[i] : m;
+	}
+	float amax;
+	memcpy(&amax, &m, 4);
+	/* the scale exactly as group_scale makes it (amax is the same float) */
+	float sc = amax / SFW_QL_SCALE_DIV;
+	if (sc < SFW_QL_SCALE_MIN)
+		sc = SFW_QL_SCALE_MIN;
+	uint16_t bits = sfw_f32_to_bf16(sc);
+	float sd = sfw_bf16_to_f32(bits);
+	if (amax / sd > SFW_QL_SCALE_DIV)
+		sd = sfw_bf16_to_f32((uint16_t)(bits + 1));
+	const float M = 12582912.0f; /* 1.5 * 2^23 */
+	const w8v8f vM = {M, M, M, M, M, M, M, M}, vs = {sd, sd, sd, sd, sd, sd, sd, sd};
+	const w8v8f hi = {127, 127, 127, 127, 127, 127, 127, 127}, lo = {-128, -128, -128, -128, -128, -128, -128, -128};
+	for (int64_t k = 0; k < n; k += 8) {
+		w8v8f x;
+		memcpy(&x, w + k, 32);
+		w8v8f q = (x / vs + vM) - vM;
+		w8v8i qi, hb, lb;
+		memcpy(&qi, &q, 32), memcpy(&hb, &hi, 32), memcpy(&lb, &lo, 32);
+		w8v8i over = q > hi, under = q < lo;
+		qi = (qi & ~over) | (hb & over);
+		qi = (qi & ~under) | (lb & under);
+		memcpy(&q, &qi, 32);
+		x = q * vs;
+		memcpy(w + k, &x, 32);
+	}
+	return 0;
+}
+
 int sfw_quant_fake_row_w8(float *w, int64_t K, int group)
 {
 	int64_t span = sfw_ql_group_span(K, group), G = sfw_ql_ngroups(K, group);
 	for (int64_t g = 0; g < G; g++) {
 		int64_t k0 = g * span, n = K - k0 < span ? K - k0 : span;
+		if (n % 8 == 0) {
+			if (fake_group_v8(w + k0, n) != 0)
+				return -1;
+			continue;
+		}
 		uint16_t bits;
 		float sd;
 		if (group_scale(w + k0, n, &bits, &sd) != 0)

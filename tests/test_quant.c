@@ -220,6 +220,58 @@ static void test_python(uint64_t seed, int rows, int cols, int group, int bf16)
 	free(w), free(codes), free(sc), free(line);
 }
 
+/* The fake quantizer (its vector path for groups of whole 8-float vectors,
+ * the scalar one for the rest) against the reference quantizer followed by
+ * the dequantizer, bit for bit: widths that are and are not multiples of 8
+ * and of the group, every group size, and rows made to hit the edges (exact
+ * half steps, zeros and negative zeros, subnormals, the amax = 1 scale bump,
+ * a weight at the clamp), and NaN / infinity refused by both. */
+static void test_fake_rows(void)
+{
+	static const int Ks[] = {8, 16, 40, 100, 129, 256, 4096, 16384};
+	static const int gs[] = {32, 64, 128, 0};
+	uint64_t st = 99;
+	int rows = 0, same = 0, refused = 0;
+	for (size_t ki = 0; ki < sizeof(Ks) / sizeof(Ks[0]); ki++)
+		for (size_t gi = 0; gi < 4; gi++)
+			for (int kind = 0; kind < 7; kind++) {
+				int K = Ks[ki], g = gs[gi];
+				float *w = malloc((size_t)K * 4), *fk = malloc((size_t)K * 4), *dq = malloc((size_t)K * 4);
+				uint8_t *c = malloc((size_t)sfw_ql_row_bytes(K));
+				uint16_t *sc = malloc((size_t)sfw_ql_ngroups(K, g) * 2);
+				for (int k = 0; k < K; k++) {
+					double v = 0.02 * gauss(&st);
+					if (kind == 1) /* multiples of half a step of a 1/127.5 scale: ties */
+						v = (double)((int)(gauss(&st) * 60) + 0.5) / 127.5;
+					else if (kind == 2) /* zeros of both signs among values */
+						v = k % 3 == 0 ? 0.0 : k % 3 == 1 ? -0.0 : v;
+					else if (kind == 3) /* subnormal and tiny */
+						v = gauss(&st) * 1e-39;
+					else if (kind == 4) /* amax 1 in every group: the bf16 scale bump */
+						v = k % 8 == 0 ? (k % 16 ? -1.0 : 1.0) : gauss(&st) * 0.3;
+					else if (kind == 5) /* one weight far above the rest: codes at both ends */
+						v = k % 13 == 0 ? 3.0 * (k % 2 ? -1 : 1) : v;
+					w[k] = (float)v;
+				}
+				if (kind == 6) /* a bad value: both refuse */
+					w[K / 2] = K % 2 ? NAN : -INFINITY;
+				memcpy(fk, w, (size_t)K * 4);
+				int rr = sfw_quant_row_w8_ref(w, K, g, c, sc), rf = sfw_quant_fake_row_w8(fk, K, g);
+				rows++;
+				if (kind == 6) {
+					refused += rr == -1 && rf == -1;
+				} else if (rr == 0 && rf == 0) {
+					sfw_quant_dequant_row_w8(c, sc, K, g, dq);
+					same += memcmp(fk, dq, (size_t)K * 4) == 0;
+				}
+				free(w), free(fk), free(dq), free(c), free(sc);
+			}
+	int bad_rows = rows / 7;
+	CHECK(same == rows - bad_rows, "fake quantizer == dequant(reference) bit for bit: %d/%d rows", same,
+	      rows - bad_rows);
+	CHECK(refused == bad_rows, "NaN / infinity refused by both: %d/%d rows", refused, bad_rows);
+}
+
 /* ---- D/E/F. error bounds --------------------------------------------------- */
 static void test_errors(int group)
 {
@@ -1270,6 +1322,7 @@ int main(void)
 	test_matmul_w8();
 	test_matmul_w8_rows();
 	test_matmul_silu_w8();
+	test_fake_rows();
 	static const int groups[] = {32, 64, 128, 0};
 	for (int i = 0; i < 4; i++) {
 		test_python(42 + (uint64_t)i, 24, 301, groups[i], 0);
