@@ -3,8 +3,11 @@
  * Threads split the output columns (weight rows) into tiles of TILE_N; each
  * thread converts its tile of W to float once into a private scratch and
  * then runs every row of x against it with a 2x4 register block. The inner
- * loops use 8-wide vectors; on x86-64 GCC also builds an AVX2+FMA clone that
- * is picked at load time. */
+ * loops use 8-wide vectors; on x86-64 GCC also builds an AVX2 clone, picked
+ * at load time where the CPU has AVX2 (target_clones "avx2" dispatches on the
+ * feature; "arch=haswell" dispatched on the CPU model and left AMD and newer
+ * Intel parts on the SSE2 default). The same operations in the same order
+ * (-std=c11 contracts nothing into FMA), so the same bits either way. */
 #include "kernels/ops.h"
 #include "alloc.h"
 #include "sfw.h"
@@ -33,7 +36,7 @@ static inline float hsum8(v8 v)
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define SFW_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define SFW_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define SFW_CLONES
 #endif

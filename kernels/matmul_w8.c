@@ -48,7 +48,7 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint8_t v8b __attribute__((vector_size(8)));
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define SFW_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define SFW_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define SFW_CLONES
 #endif

@@ -218,7 +218,7 @@ struct wq_job {
 };
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define AWQ_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define AWQ_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define AWQ_CLONES
 #endif

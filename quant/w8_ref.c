@@ -83,7 +83,7 @@ void sfw_quant_dequant_row_w8(const uint8_t *codes, const uint16_t *scales, int6
  * gives +0, as the int conversion does); the clamp to [-128, 127] and the
  * product are exact. GCC also builds an AVX2 clone, chosen at load time. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define W8_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define W8_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define W8_CLONES
 #endif
