@@ -3,20 +3,15 @@
  * Threads split the output columns (weight rows) into tiles of TILE_N; each
  * thread converts its tile of W to float once into a private scratch and
  * then runs every row of x against it with a 2x4 register block. The inner
- * loops use 8-wide vectors; on x86-64 GCC also builds an AVX2 clone, picked
- * at load time where the CPU has AVX2 (target_clones "avx2" dispatches on the
- * feature; "arch=haswell" dispatched on the CPU model and left AMD and newer
- * Intel parts on the SSE2 default). The same operations in the same order
- * (-std=c11 contracts nothing into FMA), so the same bits either way. */
+ * loops use 8-wide vectors, built for AVX2 as well where the CPU has it
+ * (SFW_CLONES, core/simd.h: the same bits either way). */
 #include "kernels/ops.h"
 #include "alloc.h"
 #include "sfw.h"
+#include "simd.h"
 #include "thread.h"
 
 #include <string.h>
-
-/* v8 values never cross a non-inlined call boundary: no ABI concern. */
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 #define TILE_N 16
 #define BLOCK_M 64 /* rows of x kept hot while a W tile is used */
@@ -34,12 +29,6 @@ static inline float hsum8(v8 v)
 {
 	return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define SFW_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SFW_CLONES
-#endif
 
 /* y[m, n] for m in [m0, m1), n in [0, nb): x rows of length K, w rows of length K (float). */
 SFW_CLONES

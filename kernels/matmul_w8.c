@@ -33,11 +33,10 @@
 #include "alloc.h"
 #include "num/w8_layout.h"
 #include "sfw.h"
+#include "simd.h"
 #include "thread.h"
 
 #include <string.h>
-
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 #define TILE_ROWS 16 /* weight rows per work item (a multiple of 4) */
 #define BLOCK_M 64   /* x rows kept hot while a widened tile is used */
@@ -46,12 +45,6 @@
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint8_t v8b __attribute__((vector_size(8)));
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define SFW_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SFW_CLONES
-#endif
 
 static inline float scale_at(const void *s, enum sfw_dtype sdt, size_t i)
 {

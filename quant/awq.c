@@ -39,6 +39,7 @@
 #include "formats/tokenizer.h"
 #include "kernels/ops.h"
 #include "log.h"
+#include "simd.h"
 #include "thread.h"
 #include "runner/model.h"
 #include "runner/runner.h"
@@ -217,17 +218,11 @@ struct wq_job {
 	unsigned char *bad; /* [N]: 1 where a row had non-finite weights */
 };
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define AWQ_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define AWQ_CLONES
-#endif
-#pragma GCC diagnostic ignored "-Wpsabi" /* v8 values never cross a non-inlined call */
 typedef float awq_v8 __attribute__((vector_size(32)));
 
 /* q = w * s (div 0) or q = q / s (div 1), 8 at a time: the same IEEE
  * products and quotients as the scalar loop. */
-AWQ_CLONES
+SFW_CLONES
 static void scale_row(float *q, const float *w, const float *s, int K, int div)
 {
 	int k = 0;

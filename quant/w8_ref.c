@@ -3,6 +3,7 @@
  * here; tests/ref/awq_ref.py computes the same bytes independently. */
 #include "num/num.h"
 #include "quant/quant.h"
+#include "simd.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -82,19 +83,13 @@ void sfw_quant_dequant_row_w8(const uint8_t *codes, const uint16_t *scales, int6
  * 2^23 rounds to the nearest integer, ties to even, as rintf does (and
  * gives +0, as the int conversion does); the clamp to [-128, 127] and the
  * product are exact. GCC also builds an AVX2 clone, chosen at load time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define W8_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define W8_CLONES
-#endif
-#pragma GCC diagnostic ignored "-Wpsabi" /* v8 values never cross a non-inlined call */
 
 typedef float w8v8f __attribute__((vector_size(32)));
 typedef int32_t w8v8i __attribute__((vector_size(32)));
 
 /* One group of n (a multiple of 8) finite-checked weights: its scale, then
  * quantize-dequantize in place; -1 on NaN/inf. */
-W8_CLONES
+SFW_CLONES
 static int fake_group_v8(float *w, int64_t n)
 {
 	/* amax and finiteness on the bits: |w| as an int orders as the float */

@@ -21,6 +21,7 @@
 #include "check.h"
 #include "runner/model.h"
 #include "runner/runner.h"
+#include "runner/sampler.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -78,15 +79,6 @@ static void plan(int N, int R, int P, int G, int C, struct plan *pl)
 	}
 }
 
-static int32_t argmax(const float *l, int V)
-{
-	int32_t b = 0;
-	for (int i = 1; i < V; i++)
-		if (l[i] > l[b])
-			b = i;
-	return b;
-}
-
 /* The request's tokens alone: its prompt in the chunks the batch fed it,
  * then G - 1 decode calls, greedy. 0 on success. */
 static int alone(struct sfw_model *m, const int32_t *prompt, const int *chunks, int nch, int G, int32_t *tok)
@@ -108,7 +100,7 @@ static int alone(struct sfw_model *m, const int32_t *prompt, const int *chunks, 
 			goto out;
 		}
 	for (int g = 0; g < G; g++) {
-		tok[g] = argmax(l, V);
+		tok[g] = sfw_sampler_argmax(l, V);
 		if (g + 1 < G && sfw_ctx_decode(c, tok[g], l, &err) != SFW_OK) {
 			CHECK(0, "alone decode: %s", err.msg);
 			goto out;

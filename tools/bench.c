@@ -292,6 +292,23 @@ enum sfw_status sfw_bench_mem_fit(const struct sfw_mem_plan *p, int64_t n_ctx, d
 			p->compressed / G, p->activations / G, (p->scratch + p->lightning) / G, free_bytes / G);
 }
 
+/* p against the device's free memory, on the CUDA backend (the weights are
+ * placed already); SFW_OK elsewhere. */
+static enum sfw_status fit_device(const struct sfw_model *m, const struct sfw_mem_plan *p, int64_t n_ctx,
+				  struct sfw_err *err)
+{
+#ifdef SFW_HAVE_CUDA
+	if (strcmp(sfw_model_device_name(m), "cuda") != 0)
+		return SFW_OK;
+	size_t fr = 0, tot = 0;
+	sfw_cuda_mem_info(&fr, &tot);
+	return sfw_bench_mem_fit(p, n_ctx, (double)fr, err);
+#else
+	(void)m, (void)p, (void)n_ctx, (void)err;
+	return SFW_OK;
+#endif
+}
+
 enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, int chunk, struct sfw_mem_plan *out,
 				    struct sfw_err *err)
 {
@@ -299,16 +316,7 @@ enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, in
 	sfw_bench_mem_plan_model(m, n_ctx, chunk > 0 ? chunk : 256, &p);
 	if (out)
 		*out = p;
-#ifdef SFW_HAVE_CUDA
-	if (strcmp(sfw_model_device_name(m), "cuda") != 0)
-		return SFW_OK;
-	size_t fr = 0, tot = 0;
-	sfw_cuda_mem_info(&fr, &tot);
-	return sfw_bench_mem_fit(&p, n_ctx, (double)fr, err);
-#else
-	(void)err;
-	return SFW_OK;
-#endif
+	return fit_device(m, &p, n_ctx, err);
 }
 
 enum sfw_status sfw_bench_mem_check_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_t pool_tokens,
@@ -318,16 +326,7 @@ enum sfw_status sfw_bench_mem_check_batch(const struct sfw_model *m, int seqs, i
 	sfw_bench_mem_plan_batch(m, seqs, max_ctx, pool_tokens, step_rows, &p);
 	if (out)
 		*out = p;
-#ifdef SFW_HAVE_CUDA
-	if (strcmp(sfw_model_device_name(m), "cuda") != 0)
-		return SFW_OK;
-	size_t fr = 0, tot = 0;
-	sfw_cuda_mem_info(&fr, &tot);
-	return sfw_bench_mem_fit(&p, max_ctx, (double)fr, err);
-#else
-	(void)err;
-	return SFW_OK;
-#endif
+	return fit_device(m, &p, max_ctx, err);
 }
 
 static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p)
