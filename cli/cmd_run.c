@@ -75,7 +75,8 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 	b->no_pdl = pdl && pdl[0] == '0';
 	const char *w8 = getenv("SALAFW_CUDA_W8_GEMV");
 	b->w8_gemv = w8 ? atoi(w8) : 0; /* the kernel takes only its listed variants */
-	b->w8_silu = env_on("SALAFW_CUDA_W8_SILU");
+	const char *ws = getenv("SALAFW_CUDA_W8_SILU");
+	b->no_w8_silu = ws && ws[0] == '0';
 	const char *mb = getenv("SALAFW_CUDA_SELECT_MB");
 	if (mb && *mb) {
 		unsigned long long n;

@@ -614,10 +614,11 @@ static void cu_matmul_group(struct sfw_backend *be, void *y, const void *x, cons
 		sfwi_compose_matmul_group(be, y, x, g, M);
 }
 
-/* One row over a merged gate|up: one GEMV, then silu_mul; with opts.w8_silu
- * (SALAFW_CUDA_W8_SILU=1 in the CLI; not yet the default: not measured on a
- * GPU yet) an int8 GEMV with the SwiGLU in its epilogue, one launch less
- * per layer, bit-equal to the GEMV and silu_mul it replaces. */
+/* One row over a merged gate|up: one GEMV, then silu_mul; int8 weights take
+ * a GEMV with the SwiGLU in its epilogue, one launch less per layer and
+ * bit-equal to the GEMV and silu_mul it replaces (opts.no_w8_silu,
+ * SALAFW_CUDA_W8_SILU=0 in the CLI, brings the pair back: decode 284.6 vs
+ * 281.5 tok/s in bench/RESULTS.md). */
 static void cu_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu, int M)
 {
 	const struct sfw_bweight *w = &gu->merged;
@@ -1349,7 +1350,7 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	b->no_seqs = o->no_seqs;
 	b->no_merge = o->no_merge;
 	b->no_sample = o->no_sample;
-	b->w8_silu = o->w8_silu;
+	b->w8_silu = !o->no_w8_silu;
 	*out = be;
 	return SFW_OK;
 }

@@ -47,7 +47,7 @@ struct sfw_backend_opts {
 	int no_pdl;          /* no programmatic dependent launch */
 	int select_mb;       /* block-selection scratch in MiB; 0 = 256 */
 	int w8_gemv;         /* int8 decode GEMV variant for every shape (kernels/linear_w8.cu); 0 = the table */
-	int w8_silu;         /* decode SwiGLU in the int8 gate|up GEMV (off until measured on a GPU) */
+	int no_w8_silu;      /* the int8 decode SwiGLU as a GEMV then silu_mul, not inside the GEMV */
 };
 
 struct sfw_model_params {
