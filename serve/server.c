@@ -60,6 +60,8 @@ static const int codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 struct metrics {
 	uint64_t requests[R__COUNT][N_CODES];
 	uint64_t prompt_tokens, gen_tokens, cancelled, failed, steps;
+	double step_s; /* inside sfw_batch_step */
+	double host_s; /* the engine thread's own work around the steps (not its waits for requests) */
 	struct hist ttft, itl;
 };
 
@@ -98,7 +100,21 @@ struct req {
 	/* connection side (stream) */
 	struct MHD_Connection *conn;
 	struct sfw_buf sse; /* bytes formatted, not yet handed to MHD */
+	/* the reader's own: the text and cuts it took out of out/cuts under the
+	 * lock, made into events outside it (swapped back, emptied, next time) */
+	struct sfw_buf taken;
+	size_t *taken_cuts, taken_cap;
 	int sent_role, sent_final, sent_done;
+};
+
+/* A step's sampled token of one request, pushed through its stream. */
+struct took {
+	struct req *r;
+	int32_t id;
+	enum sfw_status st, st2; /* the push; the flush at the end (SFW_OK when none) */
+	enum sfw_finish fin;
+	size_t a, n, a2, n2; /* the texts, in the step's text buffer */
+	struct sfw_err err;
 };
 
 struct sfw_server {
@@ -123,6 +139,9 @@ struct sfw_server {
 	uint64_t next_id;
 	struct metrics mt;
 	struct req *run[MAX_SEQS];
+	/* the engine thread's: a step's tokens and their texts (take_tokens) */
+	struct took took[MAX_SEQS];
+	struct sfw_buf step_text;
 };
 
 
@@ -139,6 +158,8 @@ static void req_unref_locked(struct req *r)
 		sfw_gen_stream_release(&r->gs);
 	sfw_buf_release(&r->out);
 	sfw_free(r->cuts);
+	sfw_buf_release(&r->taken);
+	sfw_free(r->taken_cuts);
 	sfw_buf_release(&r->sse);
 	pthread_cond_destroy(&r->cv);
 	sfw_free(r);
@@ -198,44 +219,68 @@ static int put_text_locked(struct req *r, const char *t, size_t n)
 	return 1;
 }
 
-/* One token sampled for r: push it through its stream (engine thread, no
- * lock), then hand the text over. */
-static void take_token(struct sfw_server *s, struct req *r, int32_t id)
+/* The step's tokens: pushed through their streams first (engine thread, no
+ * lock; the texts copied out, as the next push or flush reuses a stream's
+ * buffer), then handed over in one locked pass, so the connections'
+ * threads wait for the lock once a step, not once a token. */
+static void take_tokens(struct sfw_server *s, struct req **ir, const struct sfw_batch_item *it, int n)
 {
-	struct sfw_err err = {0};
-	const char *t = "", *t2 = "";
-	size_t n = 0, n2 = 0;
-	enum sfw_finish fin = SFW_FINISH_NONE;
-	enum sfw_status st =
-	    id < 0 || id >= s->vocab ? sfw_fail(&err, SFW_E_INVAL, "the engine step chose no token")
-				     : sfw_gen_stream_push(&r->gs, id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &n, &fin, &err);
+	struct took *tk = s->took;
+	struct sfw_buf *tb = &s->step_text;
+	int k = 0;
+	tb->len = 0;
+	for (int i = 0; i < n; i++) {
+		if (!it[i].sample)
+			continue;
+		struct took *x = &tk[k++];
+		struct req *r = ir[i];
+		const char *t = "";
+		size_t len = 0;
+		memset(x, 0, sizeof(*x));
+		x->r = r;
+		x->id = sfw_batch_next(s->b, i);
+		x->fin = SFW_FINISH_NONE;
+		x->st = x->id < 0 || x->id >= s->vocab
+				? sfw_fail(&x->err, SFW_E_INVAL, "the engine step chose no token")
+				: sfw_gen_stream_push(&r->gs, x->id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &len,
+						      &x->fin, &x->err);
+		x->a = tb->len, x->n = len;
+		if (x->st == SFW_OK && len && sfw_buf_append(tb, t, len) != SFW_OK)
+			x->st = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
+		if (x->st == SFW_OK && x->fin != SFW_FINISH_NONE) {
+			t = "", len = 0;
+			x->st2 = sfw_gen_stream_flush(&r->gs, &t, &len, &x->err);
+			x->a2 = tb->len, x->n2 = len;
+			if (x->st2 == SFW_OK && len && sfw_buf_append(tb, t, len) != SFW_OK)
+				x->st2 = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
+		}
+	}
 	double now = sfw_now_s();
 	pthread_mutex_lock(&s->mu);
-	if (st == SFW_OK && fin != SFW_FINISH_EOS) {
-		if (r->made++ == 0)
-			hist_add(&s->mt.ttft, ttft_bounds, NB_TTFT, now - r->t_arrive);
-		else
-			hist_add(&s->mt.itl, itl_bounds, NB_ITL, now - r->t_last);
-		r->t_last = now;
-		s->mt.gen_tokens++;
+	for (int q = 0; q < k; q++) {
+		struct took *x = &tk[q];
+		struct req *r = x->r;
+		if (x->st == SFW_OK && x->fin != SFW_FINISH_EOS) {
+			if (r->made++ == 0)
+				hist_add(&s->mt.ttft, ttft_bounds, NB_TTFT, now - r->t_arrive);
+			else
+				hist_add(&s->mt.itl, itl_bounds, NB_ITL, now - r->t_last);
+			r->t_last = now;
+			s->mt.gen_tokens++;
+		}
+		int ok = x->st == SFW_OK && put_text_locked(r, tb->data + x->a, x->n);
+		if (ok && x->fin == SFW_FINISH_NONE) {
+			r->next_id = x->id;
+			continue;
+		}
+		if (ok)
+			ok = x->st2 == SFW_OK && put_text_locked(r, tb->data + x->a2, x->n2);
+		retire_locked(s, r, ok ? x->fin : SFW_FINISH_NONE,
+			      ok		 ? NULL
+			      : x->err.msg[0] ? x->err.msg
+			      : r->error[0]   ? r->error
+					      : "generation failed");
 	}
-	int ok = st == SFW_OK && put_text_locked(r, t, n);
-	if (ok && fin == SFW_FINISH_NONE) {
-		r->next_id = id;
-		pthread_mutex_unlock(&s->mu);
-		return;
-	}
-	pthread_mutex_unlock(&s->mu);
-	if (ok && (st = sfw_gen_stream_flush(&r->gs, &t2, &n2, &err)) != SFW_OK)
-		ok = 0;
-	pthread_mutex_lock(&s->mu);
-	if (ok)
-		ok = put_text_locked(r, t2, n2);
-	retire_locked(s, r, ok ? fin : SFW_FINISH_NONE,
-		      ok	    ? NULL
-		      : err.msg[0]  ? err.msg
-		      : r->error[0] ? r->error
-				    : "generation failed");
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -251,6 +296,7 @@ static void *engine_main(void *arg)
 			pthread_cond_wait(&s->engine_cv, &s->mu);
 		if (s->quit && !s->qhead && s->nrun == 0)
 			break;
+		double ti = sfw_now_s();
 		/* the clients that went away free their sequences first */
 		for (int i = s->nrun - 1; i >= 0; i--)
 			if (s->run[i]->cancelled)
@@ -308,8 +354,11 @@ static void *engine_main(void *arg)
 			continue;
 		pthread_mutex_unlock(&s->mu);
 		struct sfw_err err = {0};
+		double t0 = sfw_now_s();
 		enum sfw_status st = sfw_batch_step(s->b, it, n, &err);
+		double t1 = sfw_now_s();
 		pthread_mutex_lock(&s->mu);
+		s->mt.step_s += t1 - t0;
 		if (st != SFW_OK) {
 			/* all or nothing: the newest sequence of the step fails, the
 			 * others go on with the next step, their uniforms given back */
@@ -324,14 +373,12 @@ static void *engine_main(void *arg)
 		}
 		s->mt.steps++;
 		pthread_mutex_unlock(&s->mu);
-		for (int i = 0; i < n; i++) {
-			struct req *r = ir[i];
-			if (r->prefilled < r->n_ids)
-				r->prefilled += (size_t)it[i].n;
-			if (it[i].sample)
-				take_token(s, r, sfw_batch_next(s->b, i));
-		}
+		for (int i = 0; i < n; i++)
+			if (ir[i]->prefilled < ir[i]->n_ids)
+				ir[i]->prefilled += (size_t)it[i].n;
+		take_tokens(s, ir, it, n);
 		pthread_mutex_lock(&s->mu);
+		s->mt.host_s += (t0 - ti) + (sfw_now_s() - t1);
 		pthread_cond_broadcast(&s->idle_cv);
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -549,14 +596,22 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		}
 		int ok = 1;
 		if (r->out.len) {
-			/* the pieces made since the last read, one event each */
+			/* the pieces made since the last read, one event each: taken
+			 * out under the lock (the engine appends to the emptied pair
+			 * meanwhile), made into events outside it, as only this
+			 * connection's thread touches sse, taken and sent_role */
+			struct sfw_buf t = r->taken;
+			size_t *tc = r->taken_cuts, tcap = r->taken_cap, nc = r->ncuts;
+			r->taken = r->out, r->taken_cuts = r->cuts, r->taken_cap = r->capcuts;
+			r->out = t, r->cuts = tc, r->capcuts = tcap;
+			r->out.len = 0, r->ncuts = 0;
+			pthread_mutex_unlock(&s->mu);
 			size_t a = 0;
-			for (size_t i = 0; ok && i < r->ncuts; i++) {
-				ok = sse_put(r, chunk_json(s, r, r->out.data + a, r->cuts[i] - a, NULL));
-				a = r->cuts[i];
+			for (size_t i = 0; ok && i < nc; i++) {
+				ok = sse_put(r, chunk_json(s, r, r->taken.data + a, r->taken_cuts[i] - a, NULL));
+				a = r->taken_cuts[i];
 			}
-			r->out.len = 0;
-			r->ncuts = 0;
+			pthread_mutex_lock(&s->mu);
 		} else if (r->done && r->error[0]) {
 			struct sfw_serve_error e;
 			memset(&e, 0, sizeof(e));
@@ -674,6 +729,13 @@ static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connectio
 	PUT("# HELP salafw_engine_steps_total Batched forward steps.\n"
 	    "# TYPE salafw_engine_steps_total counter\nsalafw_engine_steps_total %llu\n",
 	    (unsigned long long)mt.steps);
+	PUT("# HELP salafw_engine_step_seconds_total Time inside the batched forward steps.\n"
+	    "# TYPE salafw_engine_step_seconds_total counter\nsalafw_engine_step_seconds_total %.6f\n",
+	    mt.step_s);
+	PUT("# HELP salafw_engine_host_seconds_total The engine thread's work between steps (scheduling, "
+	    "streaming the tokens out), its waits for requests apart.\n"
+	    "# TYPE salafw_engine_host_seconds_total counter\nsalafw_engine_host_seconds_total %.6f\n",
+	    mt.host_s);
 	PUT("# HELP salafw_queue_depth Requests waiting for a place in the batch.\n"
 	    "# TYPE salafw_queue_depth gauge\nsalafw_queue_depth %d\n",
 	    nq);
@@ -750,6 +812,7 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 	r->seq = -1;
 	pthread_cond_init(&r->cv, NULL);
 	sfw_buf_init(&r->out, OUT_MAX);
+	sfw_buf_init(&r->taken, OUT_MAX);
 	sfw_buf_init(&r->sse, OUT_MAX + (1u << 20));
 	r->refs = 1;
 	if (r->p.kind == SFW_SERVE_CHAT) {
@@ -1027,6 +1090,7 @@ static void server_free(struct sfw_server *s)
 		pthread_join(s->engine, NULL);
 	}
 	sfw_batch_free(s->b);
+	sfw_buf_release(&s->step_text);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->engine_cv);
 	pthread_cond_destroy(&s->idle_cv);
@@ -1050,6 +1114,7 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	if (!s)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	s->m = m;
+	sfw_buf_init(&s->step_text, (size_t)MAX_SEQS * 2 * OUT_MAX); /* a step's texts: short pieces in practice */
 	s->tok = tok;
 	s->eos = *eos;
 	s->p = *p;

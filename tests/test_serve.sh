@@ -115,6 +115,12 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "${J[@]}" -d '{"model": "tiny-sala
 [ "$code" = 200 ] && pass "the server answers after the bad requests" || fail "after the bad requests: HTTP $code"
 metric 'salafw_requests_total{endpoint="/v1/completions",code="400"}' | grep -qE '^[1-9][0-9]*$' &&
 	pass "metrics count the 400s" || fail "metrics count the 400s"
+# the engine's time: inside the steps, and its own work around them (positive, and the steps
+# more than the rest here: a tiny model's steps on the CPU are far longer than its streaming)
+st=$(metric salafw_engine_step_seconds_total) ht=$(metric salafw_engine_host_seconds_total)
+python3 -c 'import sys; s, h = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if s > 0 and 0 < h < s else 1)' \
+	"${st:-0}" "${ht:-0}" && pass "metrics: engine step ${st} s, host ${ht} s" ||
+	fail "engine time metrics: step '${st}' host '${ht}'"
 
 # the README's curl examples, as written but for the port
 sed -n '/^## Serving/,/^## /p' README.md | awk '/^```sh/{f=1; next} /^```/{f=0} f' |
