@@ -6,7 +6,8 @@
 #                                            /tmp/sala-wide4 and its int8 quant first, once)
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
-#   bash scripts/gpu-run.sh bench-w8 [--runs P:G,...] [--group G]  bf16 and int8 full-size models, bench_gpu on each
+#   bash scripts/gpu-run.sh bench-w8 [--runs P:G,...] [--group G]  bf16 and int8 full-size models, bench_gpu on each,
+#                                            then the int8 decode with and without the fused SwiGLU
 #   bash scripts/gpu-run.sh batch [G]          mkmodel --preset full + bench_batch: B = 1 .. 64 at 1K (and the
 #                                            per-sequence launches, --seqs 0, as the peer) and 1K-32K
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
@@ -173,6 +174,12 @@ bench-w8)
 		echo "== bench_gpu $d --runs $runs" | tee -a "$OUT/bench-w8.log"
 		"$BIN/bench_gpu" "$d" --runs "$runs" 2>&1 | grep -v uploaded | tee -a "$OUT/bench-w8.log"
 		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	done
+	# the fused int8 SwiGLU (the default) against the GEMV + silu_mul pair, same call
+	for sw in "" "SALAFW_CUDA_W8_SILU=0"; do
+		echo "== salafw bench $Q --prompt 1024 --gen 128 ${sw:-(default: fused int8 SwiGLU)}" | tee -a "$OUT/bench-w8.log"
+		env $sw "$BIN/salafw" bench "$Q" --prompt 1024 --gen 128 --no-verify 2>&1 | grep -E '^(decode|prefill)' |
+			tee -a "$OUT/bench-w8.log"
 	done
 	exit $rc
 	;;
