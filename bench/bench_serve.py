@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """bench_serve.py - load generator for `salafw serve` (or any OpenAI-compatible
 server): output tok/s, requests/s, time to first token and inter-token latency
-(p50/p99) at each concurrency, through HTTP, with asyncio + aiohttp.
+(p50/p99) at each concurrency, through HTTP, with asyncio + aiohttp; from
+salafw serve, also its engine's counters over each level (/metrics): the
+decode rate of the steps that carried decode rows only, and the share of the
+engine thread's own work between steps.
 
 Every request streams a /v1/completions reply of exactly --gen tokens
 (ignore_eos, greedy) to a prompt of exactly --prompt-tokens token ids (random,
@@ -69,6 +72,29 @@ async def one(session, a, ids, out):
                 "end": time.perf_counter()})
 
 
+METRICS = ("salafw_engine_steps_total", "salafw_engine_step_seconds_total", "salafw_engine_host_seconds_total",
+           "salafw_engine_decode_steps_total", "salafw_engine_decode_rows_total",
+           "salafw_engine_decode_seconds_total")
+
+
+async def engine_metrics(session, a):
+    """salafw serve's engine counters from /metrics (None from another server)."""
+    base = a.url[:-3] if a.url.endswith("/v1") else a.url
+    try:
+        async with session.get(base + "/metrics") as r:
+            if r.status != 200:
+                return None
+            text = await r.text()
+    except aiohttp.ClientError:
+        return None
+    got = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in METRICS:
+            got[parts[0]] = float(parts[1])
+    return got if len(got) == len(METRICS) else None
+
+
 async def level(a, c, rng, vocab_lo, vocab_hi):
     n = a.requests or max(8, 4 * c)
     prompts = [[rng.randrange(vocab_lo, vocab_hi) for _ in range(a.prompt_tokens)] for _ in range(n)]
@@ -78,6 +104,7 @@ async def level(a, c, rng, vocab_lo, vocab_hi):
     conn = aiohttp.TCPConnector(limit=c)
     async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=conn) as session:
         await one(session, a, prompts[0], [])  # warm-up, not counted
+        m0 = await engine_metrics(session, a)
         queue = list(range(n))
 
         async def client():
@@ -87,6 +114,7 @@ async def level(a, c, rng, vocab_lo, vocab_hi):
         t0 = time.perf_counter()
         await asyncio.gather(*[client() for _ in range(c)])
         wall = time.perf_counter() - t0
+        m1 = await engine_metrics(session, a)
     toks = sum(x["tokens"] for x in out)
     return {"concurrency": c, "requests": len(out), "wall_s": wall, "output_tok_s": toks / wall,
             "requests_s": len(out) / wall,
@@ -95,7 +123,8 @@ async def level(a, c, rng, vocab_lo, vocab_hi):
             "itl_p50_ms": 1e3 * pct([x["itl"] for x in out], 50),
             "itl_p99_ms": 1e3 * pct([x["itl"] for x in out], 99),
             "max_gap_ms": 1e3 * max(x["gap"] for x in out),
-            "tokens_per_request": sorted({x["tokens"] for x in out})}
+            "tokens_per_request": sorted({x["tokens"] for x in out}),
+            "engine": {k: m1[k] - m0[k] for k in METRICS} if m0 and m1 else None}
 
 
 def main():
@@ -123,6 +152,15 @@ def main():
         print("%-4d %8d %8.2f %10.1f %8.2f %7.1fms %7.1fms %6.2fms %6.2fms %7.1fms" % (
             c, r["requests"], r["wall_s"], r["output_tok_s"], r["requests_s"], r["ttft_p50_ms"], r["ttft_p99_ms"],
             r["itl_p50_ms"], r["itl_p99_ms"], r["max_gap_ms"]), flush=True)
+        e = r["engine"]
+        if e and e["salafw_engine_decode_seconds_total"] > 0:
+            busy = e["salafw_engine_step_seconds_total"] + e["salafw_engine_host_seconds_total"]
+            print("     engine: %d steps, %d of decode rows only (mean batch %.1f): %.1f tok/s while only "
+                  "decoding; its own work between steps %.1f%% of its time" % (
+                      e["salafw_engine_steps_total"], e["salafw_engine_decode_steps_total"],
+                      e["salafw_engine_decode_rows_total"] / max(1, e["salafw_engine_decode_steps_total"]),
+                      e["salafw_engine_decode_rows_total"] / e["salafw_engine_decode_seconds_total"],
+                      100.0 * e["salafw_engine_host_seconds_total"] / busy if busy > 0 else 0.0), flush=True)
         if r["tokens_per_request"] != [a.gen]:
             print("bench_serve: replies had %s tokens, not %d" % (r["tokens_per_request"], a.gen), file=sys.stderr)
             return 1

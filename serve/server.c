@@ -62,6 +62,10 @@ struct metrics {
 	uint64_t prompt_tokens, gen_tokens, cancelled, failed, steps;
 	double step_s; /* inside sfw_batch_step */
 	double host_s; /* the engine thread's own work around the steps (not its waits for requests) */
+	/* the steps of decode rows only (no prompt chunk): how many, their rows,
+	 * and their time, the engine thread's own work around them included */
+	uint64_t dsteps, drows;
+	double dstep_s;
 	struct hist ttft, itl;
 };
 
@@ -372,13 +376,22 @@ static void *engine_main(void *arg)
 			continue;
 		}
 		s->mt.steps++;
+		int decode_only = 1;
+		for (int i = 0; i < n; i++)
+			decode_only &= it[i].n == 1 && ir[i]->prefilled >= ir[i]->n_ids;
 		pthread_mutex_unlock(&s->mu);
 		for (int i = 0; i < n; i++)
 			if (ir[i]->prefilled < ir[i]->n_ids)
 				ir[i]->prefilled += (size_t)it[i].n;
 		take_tokens(s, ir, it, n);
 		pthread_mutex_lock(&s->mu);
-		s->mt.host_s += (t0 - ti) + (sfw_now_s() - t1);
+		double host = (t0 - ti) + (sfw_now_s() - t1);
+		s->mt.host_s += host;
+		if (decode_only) {
+			s->mt.dsteps++;
+			s->mt.drows += (uint64_t)n;
+			s->mt.dstep_s += (t1 - t0) + host;
+		}
 		pthread_cond_broadcast(&s->idle_cv);
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -736,6 +749,16 @@ static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connectio
 	    "streaming the tokens out), its waits for requests apart.\n"
 	    "# TYPE salafw_engine_host_seconds_total counter\nsalafw_engine_host_seconds_total %.6f\n",
 	    mt.host_s);
+	PUT("# HELP salafw_engine_decode_steps_total Steps of decode rows only (no prompt chunk).\n"
+	    "# TYPE salafw_engine_decode_steps_total counter\nsalafw_engine_decode_steps_total %llu\n",
+	    (unsigned long long)mt.dsteps);
+	PUT("# HELP salafw_engine_decode_rows_total Tokens those steps decoded.\n"
+	    "# TYPE salafw_engine_decode_rows_total counter\nsalafw_engine_decode_rows_total %llu\n",
+	    (unsigned long long)mt.drows);
+	PUT("# HELP salafw_engine_decode_seconds_total Those steps' time, the engine thread's work around "
+	    "them included.\n"
+	    "# TYPE salafw_engine_decode_seconds_total counter\nsalafw_engine_decode_seconds_total %.6f\n",
+	    mt.dstep_s);
 	PUT("# HELP salafw_queue_depth Requests waiting for a place in the batch.\n"
 	    "# TYPE salafw_queue_depth gauge\nsalafw_queue_depth %d\n",
 	    nq);

@@ -121,6 +121,13 @@ st=$(metric salafw_engine_step_seconds_total) ht=$(metric salafw_engine_host_sec
 python3 -c 'import sys; s, h = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if s > 0 and 0 < h < s else 1)' \
 	"${st:-0}" "${ht:-0}" && pass "metrics: engine step ${st} s, host ${ht} s" ||
 	fail "engine time metrics: step '${st}' host '${ht}'"
+ds=$(metric salafw_engine_decode_steps_total) dr=$(metric salafw_engine_decode_rows_total)
+dt=$(metric salafw_engine_decode_seconds_total) sn=$(metric salafw_engine_steps_total)
+gt=$(metric salafw_generation_tokens_total)
+python3 -c 'import sys; ds, dr, dt, sn, gt, st, ht = map(float, sys.argv[1:]); sys.exit(0 if 0 < ds <= sn and ds <= dr <= 64 * ds and dr <= gt + sn and 0 < dt <= st + ht + 1e-6 else 1)' \
+	"${ds:-0}" "${dr:-0}" "${dt:-0}" "${sn:-0}" "${gt:-0}" "${st:-0}" "${ht:-0}" &&
+	pass "metrics: $ds decode-only steps of $sn, $dr rows (of $gt tokens), $dt s" ||
+	fail "decode metrics: steps $ds/$sn rows $dr/$gt seconds $dt"
 
 # the README's curl examples, as written but for the port
 sed -n '/^## Serving/,/^## /p' README.md | awk '/^```sh/{f=1; next} /^```/{f=0} f' |
