@@ -727,44 +727,38 @@ static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connectio
 			if (mt.requests[r][i])
 				PUT("salafw_requests_total{endpoint=\"%s\",code=\"%d\"} %llu\n",
 				    route_path[r], codes[i], (unsigned long long)mt.requests[r][i]);
-	PUT("# HELP salafw_prompt_tokens_total Prompt tokens of accepted requests.\n"
-	    "# TYPE salafw_prompt_tokens_total counter\nsalafw_prompt_tokens_total %llu\n",
-	    (unsigned long long)mt.prompt_tokens);
-	PUT("# HELP salafw_generation_tokens_total Tokens generated.\n"
-	    "# TYPE salafw_generation_tokens_total counter\nsalafw_generation_tokens_total %llu\n",
-	    (unsigned long long)mt.gen_tokens);
-	PUT("# HELP salafw_requests_cancelled_total Requests whose client went away before the end.\n"
-	    "# TYPE salafw_requests_cancelled_total counter\nsalafw_requests_cancelled_total %llu\n",
-	    (unsigned long long)mt.cancelled);
-	PUT("# HELP salafw_requests_failed_total Requests that failed in the engine.\n"
-	    "# TYPE salafw_requests_failed_total counter\nsalafw_requests_failed_total %llu\n",
-	    (unsigned long long)mt.failed);
-	PUT("# HELP salafw_engine_steps_total Batched forward steps.\n"
-	    "# TYPE salafw_engine_steps_total counter\nsalafw_engine_steps_total %llu\n",
-	    (unsigned long long)mt.steps);
-	PUT("# HELP salafw_engine_step_seconds_total Time inside the batched forward steps.\n"
-	    "# TYPE salafw_engine_step_seconds_total counter\nsalafw_engine_step_seconds_total %.6f\n",
-	    mt.step_s);
-	PUT("# HELP salafw_engine_host_seconds_total The engine thread's work between steps (scheduling, "
-	    "streaming the tokens out), its waits for requests apart.\n"
-	    "# TYPE salafw_engine_host_seconds_total counter\nsalafw_engine_host_seconds_total %.6f\n",
-	    mt.host_s);
-	PUT("# HELP salafw_engine_decode_steps_total Steps of decode rows only (no prompt chunk).\n"
-	    "# TYPE salafw_engine_decode_steps_total counter\nsalafw_engine_decode_steps_total %llu\n",
-	    (unsigned long long)mt.dsteps);
-	PUT("# HELP salafw_engine_decode_rows_total Tokens those steps decoded.\n"
-	    "# TYPE salafw_engine_decode_rows_total counter\nsalafw_engine_decode_rows_total %llu\n",
-	    (unsigned long long)mt.drows);
-	PUT("# HELP salafw_engine_decode_seconds_total Those steps' time, the engine thread's work around "
-	    "them included.\n"
-	    "# TYPE salafw_engine_decode_seconds_total counter\nsalafw_engine_decode_seconds_total %.6f\n",
-	    mt.dstep_s);
-	PUT("# HELP salafw_queue_depth Requests waiting for a place in the batch.\n"
-	    "# TYPE salafw_queue_depth gauge\nsalafw_queue_depth %d\n",
-	    nq);
-	PUT("# HELP salafw_running Sequences in the running batch.\n"
-	    "# TYPE salafw_running gauge\nsalafw_running %d\n",
-	    nr);
+	/* the scalar series: counters (integers or seconds) and gauges */
+	const struct {
+		const char *name, *type, *help;
+		double v;
+		int seconds;
+	} sc[] = {
+	    {"salafw_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", (double)mt.prompt_tokens, 0},
+	    {"salafw_generation_tokens_total", "counter", "Tokens generated.", (double)mt.gen_tokens, 0},
+	    {"salafw_requests_cancelled_total", "counter", "Requests whose client went away before the end.",
+	     (double)mt.cancelled, 0},
+	    {"salafw_requests_failed_total", "counter", "Requests that failed in the engine.", (double)mt.failed, 0},
+	    {"salafw_engine_steps_total", "counter", "Batched forward steps.", (double)mt.steps, 0},
+	    {"salafw_engine_step_seconds_total", "counter", "Time inside the batched forward steps.", mt.step_s, 1},
+	    {"salafw_engine_host_seconds_total", "counter",
+	     "The engine thread's work between steps (scheduling, streaming the tokens out), its waits for "
+	     "requests apart.",
+	     mt.host_s, 1},
+	    {"salafw_engine_decode_steps_total", "counter", "Steps of decode rows only (no prompt chunk).",
+	     (double)mt.dsteps, 0},
+	    {"salafw_engine_decode_rows_total", "counter", "Tokens those steps decoded.", (double)mt.drows, 0},
+	    {"salafw_engine_decode_seconds_total", "counter",
+	     "Those steps' time, the engine thread's work around them included.", mt.dstep_s, 1},
+	    {"salafw_queue_depth", "gauge", "Requests waiting for a place in the batch.", (double)nq, 0},
+	    {"salafw_running", "gauge", "Sequences in the running batch.", (double)nr, 0},
+	};
+	for (size_t k = 0; k < sizeof(sc) / sizeof(sc[0]); k++) {
+		PUT("# HELP %s %s\n# TYPE %s %s\n", sc[k].name, sc[k].help, sc[k].name, sc[k].type);
+		if (sc[k].seconds)
+			PUT("%s %.6f\n", sc[k].name, sc[k].v);
+		else
+			PUT("%s %.0f\n", sc[k].name, sc[k].v);
+	}
 	const struct {
 		const char *name, *help;
 		const struct hist *h;
