@@ -337,7 +337,7 @@ int cmd_quant(int argc, char **argv)
 	if (p.method == SFW_QUANT_AWQ && st.calib_text_tokens < st.calib_tokens)
 		fprintf(stderr,
 			"salafw quant: warning: the calibration text gave %lld tokens, fewer than the %d x %d asked for "
-			"(--samples, --seq-len): it was gone through %.1f times; a longer --calib FILE gives more "
+			"(--samples, --seq-len), so it was used %.1f times over; a longer --calib FILE gives more "
 			"distinct text\n",
 			(long long)st.calib_text_tokens, p.samples, p.seq_len,
 			(double)st.calib_tokens / (double)(st.calib_text_tokens ? st.calib_text_tokens : 1));

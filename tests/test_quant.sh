@@ -79,7 +79,7 @@ $SALAFW quant "$D" -o "$S/t1" --method awq --samples 6 --seq-len 32 --threads 1 
 # token per byte, 1620 of them)
 python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 36, end='')" >"$S/short.txt"
 check_err "a short --calib text is said, with the tokens it gave" 0 \
-	"warning: the calibration text gave 1620 tokens, fewer than the 8 x 512 asked for \(--samples, --seq-len\): it was gone through 2\.5 times" \
+	"warning: the calibration text gave 1620 tokens, fewer than the 8 x 512 asked for \(--samples, --seq-len\), so it was used 2\.5 times over" \
 	$SALAFW quant "$D" -o "$S/sc" --calib "$S/short.txt" --samples 8 --seq-len 512 --no-verify -q
 r=$(python3 -c "import json; p=json.load(open('$S/sc/.salafw/manifest.json'))['lineage']['params']; print(p['samples'], p['calib_tokens'], p['calib_text_tokens'])")
 [ "$r" = "8 4096 1620" ] && pass "lineage: samples 8, calib_tokens run 4096, calib_text_tokens 1620" ||
