@@ -1,10 +1,10 @@
 /* simd.h - the one way this project builds wider loops: SFW_CLONES before a
  * function makes GCC build it twice, for AVX2 and for the x86-64 baseline,
- * and pick one at load time by the CPU's features (target_clones "avx2":
- * "arch=haswell" would pick by CPU model and leave AMD and later Intel parts
- * on the baseline). The clones run the same operations in the same order
- * (-std=c11 contracts nothing into FMA, and AVX2 alone enables none), so
- * they give the same bits. Nothing elsewhere (clang, sanitizers, other
+ * and pick one at load time by the CPU's features (target_clones "avx2";
+ * "arch=haswell" left the build machine's AMD EPYC, which has AVX2, on the
+ * baseline: it picks by CPU model). The clones run the same operations in
+ * the same order (-std=c11 contracts nothing into FMA, and AVX2 alone
+ * enables none), so they give the same bits. Nothing elsewhere (clang, sanitizers, other
  * architectures). Include it in .c files only. */
 #ifndef SFW_SIMD_H
 #define SFW_SIMD_H
