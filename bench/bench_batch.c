@@ -38,6 +38,7 @@
  * line per request, "REQ i prompt IDS gen IDS" (tests/test_bench_serve.c). */
 #include "runner/batch.h"
 #include "runner/runner.h"
+#include "runner/sampler.h"
 #include "sfw.h"
 
 #include <math.h>
@@ -51,15 +52,6 @@ static int cmp_d(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
 	return (x > y) - (x < y);
-}
-
-static int32_t argmax(const float *l, int V)
-{
-	int32_t b = 0;
-	for (int i = 1; i < V; i++)
-		if (l[i] > l[b])
-			b = i;
-	return b;
 }
 
 static const struct sfw_op_sample_params greedy = {0, 0, 1, 1};
@@ -120,7 +112,7 @@ static int prefill_all(struct sfw_model *m, struct seqs *S, int nmax, int64_t lm
 			if (sfw_batch_step(S->b, &p, 1, &err) != SFW_OK)
 				goto fail;
 		}
-		S->next[i] = argmax(sfw_batch_logits(S->b, 0), V);
+		S->next[i] = sfw_sampler_argmax(sfw_batch_logits(S->b, 0), V);
 	}
 	free(ids);
 	return 0;
