@@ -107,6 +107,16 @@ enum sfw_status sfw_map_open(struct sfw_map *m, const char *path, struct sfw_err
 	return SFW_OK;
 }
 
+void sfw_map_release(const void *p, uint64_t n)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	if (!p || n == 0 || pg <= 0)
+		return;
+	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1),
+		  b = ((uintptr_t)p + (uintptr_t)n + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+	(void)madvise((void *)a, (size_t)(b - a), MADV_DONTNEED);
+}
+
 void sfw_map_close(struct sfw_map *m)
 {
 	if (m->data)

@@ -29,6 +29,12 @@ struct sfw_map {
 };
 SFW_MUST_CHECK enum sfw_status sfw_map_open(struct sfw_map *m, const char *path, struct sfw_err *err);
 void sfw_map_close(struct sfw_map *m);
+/* Drops the pages of [p, p + n), which must lie in a read-only map of
+ * sfw_map_open, from the resident set (madvise MADV_DONTNEED, widened to
+ * whole pages): what is read there later pages in again from the file.
+ * For a reader done with a range (an upload, a written tensor); advice
+ * only, a failure costs memory, not data. */
+void sfw_map_release(const void *p, uint64_t n);
 
 struct sfw_atomic {
 	int fd;

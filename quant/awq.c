@@ -79,7 +79,7 @@ static void release_layer(const struct sfw_model *m, int li)
 	for (size_t i = 0; i < sfw_st_set_count(m->st); i++) {
 		const struct sfw_tensor_info *t = sfw_st_set_at(m->st, i);
 		if (strncmp(t->name, pre, (size_t)n) == 0)
-			sfwi_release_pages(t->data, t->nbytes);
+			sfw_map_release(t->data, t->nbytes);
 	}
 }
 
@@ -306,6 +306,50 @@ static void wconv_rows(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
+#define DUO_COLS 256
+struct duo_job {
+	const float *W;
+	float *gmax; /* [N, groups] */
+	float *wm;   /* [K] */
+	int N, K, span;
+};
+
+/* Rows [b, e): the max |w| of each group of each row. */
+static void duo_max_rows(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct duo_job *j = ctx;
+	(void)tid;
+	int ng = (j->K + j->span - 1) / j->span;
+	for (size_t r = b; r < e; r++) {
+		const float *wr = j->W + r * (size_t)j->K;
+		for (int g = 0; g < ng; g++) {
+			int g0 = g * j->span, g1 = g0 + j->span < j->K ? g0 + j->span : j->K;
+			float mx = 0;
+			for (int k = g0; k < g1; k++)
+				mx = fabsf(wr[k]) > mx ? fabsf(wr[k]) : mx;
+			j->gmax[r * (size_t)ng + g] = mx;
+		}
+	}
+}
+
+/* Channel blocks [b, e): wm[k] += |w[r, k]| / its group's max, rows in
+ * order (so the sums do not depend on threads). */
+static void duo_sum_cols(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct duo_job *j = ctx;
+	(void)tid;
+	int ng = (j->K + j->span - 1) / j->span;
+	int k0 = (int)b * DUO_COLS, k1 = (int)e * DUO_COLS < j->K ? (int)e * DUO_COLS : j->K;
+	for (int r = 0; r < j->N; r++) {
+		const float *wr = j->W + (size_t)r * j->K;
+		const float *gm = j->gmax + (size_t)r * ng;
+		for (int k = k0; k < k1; k++) {
+			float mx = gm[k / j->span];
+			j->wm[k] += mx > 0 ? fabsf(wr[k]) / mx : 0.0f;
+		}
+	}
+}
+
 /* Searches one group; *out = the scales (NULL: identity). */
 static enum sfw_status search(const char *dir, const struct tapstat *ts, const struct balance *bl,
 			      const struct sfw_quant_params *p, float **out, struct sfw_quant_stats *st,
@@ -330,6 +374,7 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 	float *s = sfw_malloc((size_t)K * sizeof(float)), *best = sfw_malloc((size_t)K * sizeof(float));
 	unsigned char *bad = sfw_malloc((size_t)N);
 	double *part = sfw_malloc((size_t)R * sizeof(double));
+	float *gmax = NULL;
 	enum sfw_status rc = SFW_OK;
 	if (!W || !Wq || !Y || !Yq || !xm || !wm || !s || !best || !bad || !part) {
 		rc = sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
@@ -341,19 +386,17 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 	sfwi_ops_cpu_for(nt, (size_t)N, grain, wconv_rows, &cj);
 	for (int k = 0; k < K; k++)
 		xm[k] = (float)(ts->sum[k] / (double)ts->count);
-	/* duo statistic: |w| / group max |w|, averaged over the rows */
+	/* duo statistic: |w| / group max |w|, averaged over the rows (each
+	 * row's group maxima, then each channel's sum over the rows in order) */
 	int64_t span = sfw_ql_group_span(K, p->group_size);
-	for (int64_t r = 0; r < N; r++) {
-		const float *wr = W + (size_t)r * K;
-		for (int64_t g0 = 0; g0 < K; g0 += span) {
-			int64_t g1 = g0 + span < K ? g0 + span : K;
-			float mx = 0;
-			for (int64_t k = g0; k < g1; k++)
-				mx = fabsf(wr[k]) > mx ? fabsf(wr[k]) : mx;
-			for (int64_t k = g0; k < g1; k++)
-				wm[k] += mx > 0 ? fabsf(wr[k]) / mx : 0.0f;
-		}
+	gmax = sfw_malloc((size_t)N * (size_t)((K + span - 1) / span) * sizeof(float));
+	if (!gmax) {
+		rc = sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
+		goto done;
 	}
+	struct duo_job dj = {W, gmax, wm, (int)N, K, (int)span};
+	sfwi_ops_cpu_for(nt, (size_t)N, grain, duo_max_rows, &dj);
+	sfwi_ops_cpu_for(nt, ((size_t)K + DUO_COLS - 1) / DUO_COLS, 1, duo_sum_cols, &dj);
 	for (int k = 0; k < K; k++)
 		wm[k] /= (float)N;
 	sfw_op_matmul_cpu(Y, ts->rows, W, SFW_DTYPE_F32, R, (int)N, K);
@@ -414,7 +457,7 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 	}
 done:
 	sfw_free(W), sfw_free(Wq), sfw_free(Y), sfw_free(Yq), sfw_free(xm), sfw_free(wm), sfw_free(s), sfw_free(best);
-	sfw_free(bad), sfw_free(part);
+	sfw_free(bad), sfw_free(part), sfw_free(gmax);
 	return rc;
 }
 

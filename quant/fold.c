@@ -1,6 +1,6 @@
 /* fold.c - the quant module's shared helpers: the AWQ fold (built by the
  * scale search, quant/awq.c; read by the writer's plan, quant/quant.c) and
- * the progress clock, phase events and page release both use. The calls run
+ * the progress clock and phase events both use. The calls run
  * one way: quant.c -> awq.c -> fold.c, quant.c -> fold.c (quant_int.h). */
 #include "quant/quant_int.h"
 #include "alloc.h"
@@ -8,9 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 /* ---- the fold ------------------------------------------------------------- */
 
@@ -59,17 +57,7 @@ void sfwi_fold_lookup(const struct sfwi_fold *f, const char *name, const float *
 		*col = L->s_down;
 }
 
-/* ---- progress and memory ---------------------------------------------------- */
-
-void sfwi_release_pages(const void *p, uint64_t n)
-{
-	long pg = sysconf(_SC_PAGESIZE);
-	if (!p || n == 0 || pg <= 0)
-		return;
-	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1),
-		  b = ((uintptr_t)p + (uintptr_t)n + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
-	(void)madvise((void *)a, (size_t)(b - a), MADV_DONTNEED); /* advice: a failure only costs memory */
-}
+/* ---- progress ---------------------------------------------------------------- */
 
 
 void sfwi_phase(const struct sfw_quant_params *p, enum sfw_quant_phase ph, int64_t i, int64_t n, double t0)

@@ -601,7 +601,7 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 			s = produce(wc, w, order[i], err);
 			/* the input pages of this tensor are done with (a linear's other
 			 * part reads them again from the page cache, not the disk) */
-			sfwi_release_pages(order[i]->src->data, order[i]->src->nbytes);
+			sfw_map_release(order[i]->src->data, order[i]->src->nbytes);
 			done += order[i]->nbytes;
 			if (p->on_phase) {
 				struct sfw_quant_event ev = {SFW_QP_WRITE,	 (int64_t)done,

@@ -29,10 +29,6 @@ void sfwi_fold_free(struct sfwi_fold *f); /* quant/fold.c, as the three below */
  * div[k]). Both NULL when untouched. */
 void sfwi_fold_lookup(const struct sfwi_fold *f, const char *name, const float **col, const float **div);
 
-/* Drops the pages of [p, p + n) of a read-only file map from the resident
- * set (madvise MADV_DONTNEED, widened to whole pages: a neighbour's pages
- * are simply read again from the page cache when touched). */
-void sfwi_release_pages(const void *p, uint64_t n);
 /* The progress event, when the caller asked for one. */
 void sfwi_phase(const struct sfw_quant_params *p, enum sfw_quant_phase ph, int64_t i, int64_t n, double t0);
 

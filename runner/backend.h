@@ -53,6 +53,10 @@ struct sfw_bweight {
 	enum sfw_dtype scale_dtype;
 	int group;
 	void *scales_dev;
+	/* host (and scales) lie in the model's read-only file map (core/file.h):
+	 * a backend that keeps a copy of its own drops their resident pages
+	 * once uploaded (sfw_map_release), so the host holds no second model */
+	int host_mapped;
 };
 
 /* Bytes per row of an SFW_DTYPE_W8 weight's codes, and of its scales. */

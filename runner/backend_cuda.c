@@ -9,6 +9,7 @@
  * plain C. */
 #include "runner/backend.h"
 #include "alloc.h"
+#include "file.h"
 #include "kernels/ops_cuda.h"
 #include "log.h"
 #include "formats/safetensors.h"
@@ -151,6 +152,18 @@ static size_t slab_bytes(const struct sfw_bweight *w)
 
 static enum sfw_status place(struct cu_be *b, size_t n, int deferred, void **out, struct sfw_err *err);
 
+/* After a weight's copies were issued: a copy from pageable memory returns
+ * once the bytes are staged, so the map's pages are no longer needed (they
+ * page in again from the file if the host reads them: AWQ's search does). */
+static void host_done(const struct sfw_bweight *w)
+{
+	if (!w->host_mapped)
+		return;
+	sfw_map_release(w->host, wbytes(w));
+	if (w->dtype == SFW_DTYPE_W8)
+		sfw_map_release(w->scales, w8_scale_bytes(w));
+}
+
 /* Places and uploads one weight (int8: codes, then scales). */
 static enum sfw_status place_one(struct cu_be *b, struct sfw_bweight *w, int deferred, struct sfw_err *err)
 {
@@ -166,6 +179,7 @@ static enum sfw_status place_one(struct cu_be *b, struct sfw_bweight *w, int def
 		sfw_cuda_h2d(q, w->scales, w8_scale_bytes(w), b->stream);
 		w->scales_dev = q;
 	}
+	host_done(w);
 	return SFW_OK;
 }
 
@@ -298,6 +312,7 @@ static enum sfw_status cu_merge(struct sfw_backend *be, struct sfw_bweight *cons
 			w->scales_dev = (char *)q + soff;
 			soff += w8_scale_bytes(w);
 		}
+		host_done(w);
 		b->pend[pending_index(b, w)] = NULL;
 	}
 	*merged = 1;
@@ -736,6 +751,8 @@ static enum sfw_status cu_cache_reserve(struct sfw_backend *be, struct sfw_bcach
 		/* a cache that grows during generation grows by a quarter at a time
 		 * (every growth copies it); a reservation is taken exactly */
 		int64_t cap = l->cap ? l->cap + l->cap / 4 : need;
+		if (d->max_tokens > 0 && cap > d->max_tokens) /* a batch's sequence: never past its context */
+			cap = d->max_tokens;
 		if (cap < need)
 			cap = need;
 		cap = (cap + d->block - 1) / d->block * d->block;

@@ -8,7 +8,15 @@
  *
  * The block count: a sequence holds the blocks its cache has reserved
  * (room, in tokens, block-granular; a reserve never shrinks), so the
- * accounting is exact in both modes, paged (the backend's pool) or not. */
+ * accounting is exact in both modes, paged (the backend's pool) or not.
+ *
+ * Caches of their own (no pool: the CUDA backend) are kept when their
+ * sequence closes, parked in the slot with their room, and reset for the
+ * slot's next sequence: opening and closing a sequence then allocates and
+ * frees nothing on the device (a server opens one per request; each
+ * allocation, growth and free of a cache waited for the device). Parked
+ * rooms count against the budget like open ones; a step that needs their
+ * blocks frees the parked caches first. */
 #include "runner/batch.h"
 #include "alloc.h"
 #include "log.h"
@@ -20,7 +28,8 @@
 _Static_assert(SFW_BATCH_MAX_SEQS <= SFW_BSEQ_MAX, "a step's sequences fit the backend's *_seqs calls");
 
 struct bseq {
-	struct sfw_bcache *cache; /* NULL: the slot is free */
+	struct sfw_bcache *cache; /* NULL: none (the slot is free) */
+	int open;                 /* 0 with a cache: parked, free for the next sequence */
 	int64_t pos;
 	int64_t room;  /* tokens its cache has reserved */
 	int broken; /* a step failed half-way */
@@ -58,13 +67,26 @@ static int64_t blocks_for(const struct sfw_batch *b, int64_t tokens)
 	return (tokens + b->block - 1) / b->block;
 }
 
-int64_t sfw_batch_blocks_used(const struct sfw_batch *b)
+/* Blocks the open sequences hold, and with parked 1 those the parked caches do. */
+static int64_t blocks_held(const struct sfw_batch *b, int parked)
 {
 	int64_t used = 0;
 	for (int i = 0; i < b->p.max_seqs; i++)
-		if (b->seq[i].cache)
+		if (b->seq[i].cache && (b->seq[i].open || parked))
 			used += blocks_for(b, b->seq[i].room);
 	return used;
+}
+
+int64_t sfw_batch_blocks_used(const struct sfw_batch *b)
+{
+	return blocks_held(b, 0);
+}
+
+static void slot_free(struct sfw_batch *b, struct bseq *q)
+{
+	b->m->be->step_free(b->m->be, q->rec);
+	b->m->be->cache_free(b->m->be, q->cache);
+	memset(q, 0, sizeof(*q));
 }
 
 int sfw_batch_paged(const struct sfw_batch *b)
@@ -142,7 +164,8 @@ void sfw_batch_free(struct sfw_batch *b)
 	if (!b)
 		return;
 	for (int i = 0; i < SFW_BATCH_MAX_SEQS; i++)
-		sfw_batch_seq_close(b, i);
+		if (b->seq[i].cache)
+			slot_free(b, &b->seq[i]);
 	sfw_ctx_free(b->ws);
 	if (b->pool)
 		b->m->be->pool_free(b->m->be, b->pool);
@@ -156,14 +179,19 @@ enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err
 	*seq = -1;
 	for (int i = 0; i < b->p.max_seqs; i++) {
 		struct bseq *q = &b->seq[i];
-		if (q->cache)
+		if (q->open)
 			continue;
-		enum sfw_status s = sfwi_cache_new(b->m, b->pool, b->p.max_ctx, &q->cache, err);
-		if (s != SFW_OK) {
-			q->cache = NULL;
-			return s;
+		if (q->cache) { /* parked: emptied, its room kept */
+			b->m->be->cache_reset(b->m->be, q->cache);
+		} else {
+			enum sfw_status s = sfwi_cache_new(b->m, b->pool, b->p.max_ctx, &q->cache, err);
+			if (s != SFW_OK) {
+				q->cache = NULL;
+				return s;
+			}
+			q->room = 0;
 		}
-		q->pos = 0, q->room = 0, q->broken = 0, q->stamp = 0;
+		q->open = 1, q->pos = 0, q->broken = 0, q->stamp = 0;
 		*seq = i;
 		return SFW_OK;
 	}
@@ -172,16 +200,21 @@ enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err
 
 void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 {
-	if (!b || seq < 0 || seq >= SFW_BATCH_MAX_SEQS || !b->seq[seq].cache)
+	if (!b || seq < 0 || seq >= SFW_BATCH_MAX_SEQS || !b->seq[seq].open)
 		return;
-	b->m->be->step_free(b->m->be, b->seq[seq].rec);
-	b->m->be->cache_free(b->m->be, b->seq[seq].cache);
-	memset(&b->seq[seq], 0, sizeof(b->seq[seq]));
+	struct bseq *q = &b->seq[seq];
+	if (b->pool || q->broken) { /* paged: the blocks go back to the pool now */
+		slot_free(b, q);
+		return;
+	}
+	b->m->be->step_free(b->m->be, q->rec); /* recorded over this sequence's lengths */
+	q->rec = NULL;
+	q->open = 0, q->pos = 0, q->stamp = 0;
 }
 
 int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq)
 {
-	if (seq < 0 || seq >= b->p.max_seqs || !b->seq[seq].cache)
+	if (seq < 0 || seq >= b->p.max_seqs || !b->seq[seq].open)
 		return -1;
 	return b->seq[seq].pos;
 }
@@ -215,7 +248,7 @@ static enum sfw_status step_check(struct sfw_batch *b, const struct sfw_batch_it
 	int64_t total = 0, need = 0;
 	for (int i = 0; i < n; i++) {
 		int sq = it[i].seq;
-		if (sq < 0 || sq >= b->p.max_seqs || !b->seq[sq].cache)
+		if (sq < 0 || sq >= b->p.max_seqs || !b->seq[sq].open)
 			return sfw_fail(err, SFW_E_INVAL, "item %d: sequence %d is not open", i, sq);
 		struct bseq *q = &b->seq[sq];
 		if (q->stamp == b->stamp)
@@ -244,6 +277,10 @@ static enum sfw_status step_check(struct sfw_batch *b, const struct sfw_batch_it
 	if (total > b->p.max_step_rows)
 		return sfw_fail(err, SFW_E_RANGE, "a step of %lld rows exceeds the batch's %d", (long long)total,
 				b->p.max_step_rows);
+	/* the parked caches' blocks first, when the step needs them */
+	for (int i = b->p.max_seqs - 1; i >= 0 && blocks_held(b, 1) + need > b->pool_blocks; i--)
+		if (b->seq[i].cache && !b->seq[i].open)
+			slot_free(b, &b->seq[i]);
 	int64_t used = sfw_batch_blocks_used(b);
 	if (used + need > b->pool_blocks)
 		return sfw_fail(err, SFW_E_NOSPACE, "KV pool full: %lld of %lld blocks in use (the step needs %lld more)",

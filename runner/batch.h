@@ -76,13 +76,16 @@ void sfw_batch_free(struct sfw_batch *b); /* NULL is a no-op */
 /* A free sequence slot, empty (position 0): SFW_E_RANGE "all N sequences in
  * use" when there is none. */
 SFW_MUST_CHECK enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err *err);
-/* Frees the slot; its KV blocks return to the pool at once. A closed or
- * invalid seq is a no-op. */
+/* Frees the slot. Paged: its KV blocks return to the pool at once. Caches
+ * of their own: the cache is kept (parked) for the slot's next sequence,
+ * which finds it emptied (no device allocation per sequence); its blocks
+ * count against pool_tokens until then, or until a step needs them (the
+ * parked caches are freed first). A closed or invalid seq is a no-op. */
 void sfw_batch_seq_close(struct sfw_batch *b, int seq);
 /* Tokens in the sequence's context (its next token's position); -1 when seq
  * is not open. */
 int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq);
-/* KV blocks in use by all sequences, and the pool's size in blocks. */
+/* KV blocks in use by the open sequences, and the pool's size in blocks. */
 int64_t sfw_batch_blocks_used(const struct sfw_batch *b);
 int64_t sfw_batch_blocks_total(const struct sfw_batch *b);
 /* 1 when the KV blocks are one pool allocated at sfw_batch_new (above). */

@@ -194,6 +194,7 @@ static enum sfw_status bind_w8(struct sfw_model *m, struct sfw_bweight *w, const
 	w->scale_dtype = sc->dtype; /* BF16, F16 or F32: checked above */
 	w->group = (int)sfw_ql_group_span(d1, group);
 	w->scales_dev = NULL;
+	w->host_mapped = 1; /* both in the shard's map */
 	enum sfw_status s = m->be->weight_upload(m->be, w, err);
 	if (s == SFW_OK)
 		m->nweights++, m->n_w8++;
@@ -244,6 +245,7 @@ static enum sfw_status bind(struct binder *b, struct sfw_bweight *w, const char 
 	w->dtype = t->dtype; /* BF16 or F32: checked above */
 	w->rows = ndim == 1 ? 1 : d0;
 	w->cols = ndim == 1 ? d0 : d1;
+	w->host_mapped = 1;
 	enum sfw_status s = b->m->be->weight_upload(b->m->be, w, b->err);
 	if (s == SFW_OK)
 		b->m->nweights++;

@@ -52,7 +52,8 @@ done
 # Libraries the GPU image lacks (it has libcurl, libcrypto/libssl and
 # sentencepiece; Ubuntu 24.04, seen 2026-11-30): only cJSON and (for serve) libmicrohttpd. DEVLIB_ALL=1
 # copies every non-glibc, non-CUDA library instead (~19 MB).
-for b in $ST/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+# (the bin/ scripts are no ELF files: ldd fails on them, and pipefail would end the script)
+for b in $ST/bin/*; do case $b in *.sh) ;; *) ldd "$b" ;; esac; done | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
 	n=$(basename "$lib")
 	case $n in
 	libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libstdc++.so* | libgcc_s.so* | \

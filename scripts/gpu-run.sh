@@ -96,6 +96,7 @@ wide_models() {
 case $mode in
 tests)
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt" 2>&1
+	wide_make # gpu_wide's models, which gpu_cli.sh uses as well
 	passed=0 failed=0
 	for t in $BIN/gpu_*; do
 		n=$(basename "$t")
@@ -313,9 +314,20 @@ quant-time)
 	rm -rf /tmp/sala-full-awq
 	TIME=/usr/bin/time
 	[ -x $TIME ] || TIME=
+	# the peak so far every 10 s (time -v reports only at the end: a run cut
+	# short by the device's time limit still says what it held)
+	(start=$(date +%s)
+	while sleep 10; do
+		p=$(pgrep -x salafw | head -n 1)
+		[ -n "$p" ] && awk -v t=$(($(date +%s) - start)) '/^(VmHWM|VmRSS)/ { o = o " " $1 " " $2 " kB" }
+			END { print t " s:" o }' "/proc/$p/status" 2>/dev/null
+	done) >"$OUT/quant-rss.log" &
+	rss=$!
 	${TIME:+$TIME -v} "$BIN/salafw" quant "$M" -o /tmp/sala-full-awq --device cuda --no-verify --no-sign "$@" \
 		2>&1 | tee "$OUT/quant-time.log" | grep -vE '^\s+(Page|Volun|Invol|Swaps|File sys|Socket|Signals|Average|Exit|Minor)'
-	exit "${PIPESTATUS[0]}"
+	rc=${PIPESTATUS[0]}
+	kill $rss 2>/dev/null
+	exit "$rc"
 	;;
 wide-ref)
 	# bash scripts/gpu-run.sh wide-ref [bf16] [int8]: scripts/wide-ref.sh's

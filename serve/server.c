@@ -223,11 +223,13 @@ static int put_text_locked(struct req *r, const char *t, size_t n)
 	return 1;
 }
 
-/* The step's tokens: pushed through their streams first (engine thread, no
- * lock; the texts copied out, as the next push or flush reuses a stream's
- * buffer), then handed over in one locked pass, so the connections'
- * threads wait for the lock once a step, not once a token. */
-static void take_tokens(struct sfw_server *s, struct req **ir, const struct sfw_batch_item *it, int n)
+/* The step's tokens, part 1 (engine thread, no lock): pushed through their
+ * streams, the texts copied out (the next push or flush reuses a stream's
+ * buffer). Part 2, hand_tokens_locked, hands them over in the engine's one
+ * locked pass of the step, so the connections' threads wait for the lock
+ * once a step, not once a token, and the engine takes it once. Returns the
+ * number of tokens taken. */
+static int take_tokens(struct sfw_server *s, struct req **ir, const struct sfw_batch_item *it, int n)
 {
 	struct took *tk = s->took;
 	struct sfw_buf *tb = &s->step_text;
@@ -259,8 +261,15 @@ static void take_tokens(struct sfw_server *s, struct req **ir, const struct sfw_
 				x->st2 = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
 		}
 	}
+	return k;
+}
+
+/* The step's k taken tokens to their requests (srv->mu held). */
+static void hand_tokens_locked(struct sfw_server *s, int k)
+{
+	struct took *tk = s->took;
+	struct sfw_buf *tb = &s->step_text;
 	double now = sfw_now_s();
-	pthread_mutex_lock(&s->mu);
 	for (int q = 0; q < k; q++) {
 		struct took *x = &tk[q];
 		struct req *r = x->r;
@@ -285,7 +294,6 @@ static void take_tokens(struct sfw_server *s, struct req **ir, const struct sfw_
 			      : r->error[0]   ? r->error
 					      : "generation failed");
 	}
-	pthread_mutex_unlock(&s->mu);
 }
 
 static void *engine_main(void *arg)
@@ -361,6 +369,15 @@ static void *engine_main(void *arg)
 		double t0 = sfw_now_s();
 		enum sfw_status st = sfw_batch_step(s->b, it, n, &err);
 		double t1 = sfw_now_s();
+		int k = 0, decode_only = 1;
+		if (st == SFW_OK) { /* the tokens through their streams before the lock */
+			for (int i = 0; i < n; i++) {
+				decode_only &= it[i].n == 1 && ir[i]->prefilled >= ir[i]->n_ids;
+				if (ir[i]->prefilled < ir[i]->n_ids)
+					ir[i]->prefilled += (size_t)it[i].n;
+			}
+			k = take_tokens(s, ir, it, n);
+		}
 		pthread_mutex_lock(&s->mu);
 		s->mt.step_s += t1 - t0;
 		if (st != SFW_OK) {
@@ -376,15 +393,7 @@ static void *engine_main(void *arg)
 			continue;
 		}
 		s->mt.steps++;
-		int decode_only = 1;
-		for (int i = 0; i < n; i++)
-			decode_only &= it[i].n == 1 && ir[i]->prefilled >= ir[i]->n_ids;
-		pthread_mutex_unlock(&s->mu);
-		for (int i = 0; i < n; i++)
-			if (ir[i]->prefilled < ir[i]->n_ids)
-				ir[i]->prefilled += (size_t)it[i].n;
-		take_tokens(s, ir, it, n);
-		pthread_mutex_lock(&s->mu);
+		hand_tokens_locked(s, k);
 		double host = (t0 - ti) + (sfw_now_s() - t1);
 		s->mt.host_s += host;
 		if (decode_only) {

@@ -3,7 +3,8 @@
 # `run`, `bench` and `serve --device cuda` print the plan at start, and
 # refuse with its numbers and exit 5 a context that cannot fit, in the same
 # words; a context they name as fitting is accepted, and bench's measured
-# peak stays within the plan. Needs the GPU machine (scripts/gpu-run.sh
+# peak stays within the plan; and the host holds no second copy of the
+# weights (peak RSS). Needs the GPU machine (scripts/gpu-run.sh
 # tests runs it with salafw on PATH); makes its own tiny model.
 set -u
 T=$(mktemp -d /tmp/gpu_cli.XXXXXX)
@@ -102,6 +103,27 @@ EOF
 		[ "$(plan_sums "$T/serve.err")" = ok ] &&
 		pass "serve prints the plan of 4 x 4096 at start, serves, stops with 0" ||
 		fail "serve plan (up $up, exit $rc): $(head -c 500 "$T/serve.err")"
+fi
+# host memory (issue 9 §4): a CUDA process keeps no second copy of the
+# weights on the host; each tensor's pages of the map are dropped once
+# uploaded, so its peak RSS stays under half the shards' bytes (it held them
+# all before). The wide4 models of gpu_wide when gpu-run.sh made them.
+W=${GPU_WIDE_MODEL:-}
+if [ -z "$W" ] || [ ! -e "$W/config.json" ]; then
+	W=$T/wide4
+	salafw mkmodel --preset wide4 -o "$W" >/dev/null 2>&1 || { fail "mkmodel --preset wide4"; W=; }
+fi
+if [ -n "$W" ] && [ -x /usr/bin/time ]; then
+	for d in "$W" "$W-int8"; do
+		[ -e "$d/config.json" ] || continue
+		bytes=$(cat "$d"/*.safetensors | wc -c)
+		/usr/bin/time -v salafw bench "$d" --no-verify --device cuda --prompt 64 --gen 2 >/dev/null 2>"$T/rss.err"
+		rc=$?
+		kb=$(sed -n 's/.*Maximum resident set size (kbytes): *\([0-9]*\).*/\1/p' "$T/rss.err")
+		[ $rc = 0 ] && [ -n "$kb" ] && [ $((kb * 1024)) -lt $((bytes / 2)) ] &&
+			pass "bench --device cuda $(basename "$d"): peak RSS $((kb / 1024)) MiB for $((bytes >> 20)) MiB of shards" ||
+			fail "bench $(basename "$d") host memory (exit $rc): peak RSS ${kb:-?} kB for $bytes bytes of shards"
+	done
 fi
 echo "gpu_cli.sh: $passed passed, $failed failed"
 [ $failed = 0 ]

@@ -19,7 +19,9 @@
  *   - both KV modes: paged (the CPU backend's pool, its blocks mapped into
  *     each sequence's range: the join/leave run reuses every block many
  *     times through a pool just big enough) and, with the backend's pool_new
- *     taken away, per-sequence caches under the same budget (CUDA's mode);
+ *     taken away, per-sequence caches under the same budget (CUDA's mode:
+ *     a closed sequence's cache parked and reused by its slot's next one,
+ *     freed first when a step needs its blocks);
  *   - an int8 (W8A16) model, tiny-sparse quantized here (RTN, group 128 and
  *     per channel): B = 1, 3, 8 and join/leave, bit for bit as alone (the
  *     int8 linears sum a row the same way whatever M, kernels/matmul_w8.c). */
@@ -247,6 +249,18 @@ static void run_schedule(struct sfw_model *m, struct sq *qs, int nq, int max_seq
 	sfw_batch_free(b);
 }
 
+/* Counts the caches the backend makes (per-sequence mode: a closed
+ * sequence's cache is parked and reused, not made again). */
+static enum sfw_status (*real_cache_new)(struct sfw_backend *, const struct sfw_cache_desc *, struct sfw_bcache **,
+					 struct sfw_err *);
+static int n_cache_new, sched_caches; /* all; those the last check_sched's batch made */
+static enum sfw_status counting_cache_new(struct sfw_backend *be, const struct sfw_cache_desc *d,
+					  struct sfw_bcache **out, struct sfw_err *err)
+{
+	n_cache_new++;
+	return real_cache_new(be, d, out, err);
+}
+
 static void check_sched(struct sfw_model *m, const char *what, const int *lens, const int *chunks, int nq,
 			int steps, int max_seqs, int gap, int prefills, int expect_reuse, int64_t pool_tokens)
 {
@@ -258,7 +272,9 @@ static void check_sched(struct sfw_model *m, const char *what, const int *lens, 
 	CHECK(ok, "%s: references alone", what);
 	if (ok) {
 		struct sched_stats st;
+		int before = n_cache_new;
 		run_schedule(m, qs, nq, max_seqs, gap, prefills, pool_tokens, &st);
+		sched_caches = n_cache_new - before;
 		int bl = 0, bt = 0, done = 0;
 		for (int i = 0; i < nq; i++)
 			bl += qs[i].bad_logits, bt += qs[i].bad_tok, done += qs[i].done;
@@ -592,8 +608,13 @@ int main(void)
 			printf("%s, KV caches per sequence:\n", models[i]);
 			static const int chunks[3] = {64, 100, 256};
 			static const int lens[9] = {64, 1, 33, 520, 90, 200, 17, 65, 300};
+			real_cache_new = be->cache_new;
+			be->cache_new = counting_cache_new;
 			check_sched(m, "join/leave", lens, chunks, 9, 12, 4, 3, 1, 1, 4 * 9 * 64);
+			CHECK(sched_caches == 4, "join/leave: 9 sequences through 4 slots made 4 caches, not one each (%d)",
+			      sched_caches);
 			test_pool(m);
+			be->cache_new = real_cache_new;
 			be->supports = real_supports;
 		}
 		sfw_model_free(m);

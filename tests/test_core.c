@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -152,6 +153,58 @@ static void test_files(void)
 	sfw_free(f);
 }
 
+/* The process's resident bytes (/proc/self/statm), -1 when unreadable. */
+static long long resident_bytes(void)
+{
+	FILE *f = fopen("/proc/self/statm", "r");
+	long long size = 0, res = -1;
+	if (f) {
+		if (fscanf(f, "%lld %lld", &size, &res) != 2)
+			res = -1;
+		fclose(f);
+	}
+	return res < 0 ? -1 : res * sysconf(_SC_PAGESIZE);
+}
+
+/* sfw_map_release: a read range leaves the resident set and reads back the
+ * same bytes (the CUDA upload and the quant writer lean on both). */
+static void test_map_release(void)
+{
+	char dir[] = "/tmp/sfw-core-XXXXXX";
+	CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+	char *f = sfw_path_join(dir, "big");
+	const size_t n = (size_t)64 << 20;
+	unsigned char *src = sfw_malloc(n);
+	CHECK(src != NULL, "64 MiB");
+	if (!src)
+		return;
+	uint32_t x = 12345;
+	for (size_t i = 0; i < n; i++)
+		x = x * 1103515245u + 12345u, src[i] = (unsigned char)(x >> 24);
+	struct sfw_err e;
+	CHECK(sfw_write_file_atomic(f, src, n, &e) == SFW_OK, "write 64 MiB");
+	struct sfw_map m;
+	CHECK(sfw_map_open(&m, f, &e) == SFW_OK && m.size == n, "map it");
+	long long r0 = resident_bytes();
+	unsigned long long h = 0;
+	for (size_t i = 0; i < n; i += 4096)
+		h += m.data[i];
+	long long r1 = resident_bytes();
+	/* a range that does not start on a page: widened to whole pages */
+	sfw_map_release(m.data + 1, n - 1);
+	long long r2 = resident_bytes();
+	CHECK(r0 >= 0 && r1 - r0 >= (long long)(n * 3 / 4) && r1 - r2 >= (long long)(n * 3 / 4),
+	      "release drops the read pages from the resident set (%lld -> %lld -> %lld MiB)", r0 >> 20, r1 >> 20,
+	      r2 >> 20);
+	CHECK(memcmp(m.data, src, n) == 0 && h > 0, "the released range reads back the file's bytes");
+	sfw_map_release(NULL, 10), sfw_map_release(m.data, 0); /* no-ops */
+	sfw_map_close(&m);
+	sfw_free(src);
+	unlink(f);
+	rmdir(dir);
+	sfw_free(f);
+}
+
 static atomic_long sum;
 static void add_range(void *ctx, size_t b, size_t e, int tid)
 {
@@ -233,6 +286,7 @@ int main(void)
 	test_buf();
 	test_json();
 	test_files();
+	test_map_release();
 	test_parallel();
 	test_pool();
 	return CHECK_REPORT("test_core");
