@@ -59,7 +59,6 @@ void sfwi_fold_lookup(const struct sfwi_fold *f, const char *name, const float *
 
 /* ---- progress ---------------------------------------------------------------- */
 
-
 void sfwi_phase(const struct sfw_quant_params *p, enum sfw_quant_phase ph, int64_t i, int64_t n, double t0)
 {
 	if (!p->on_phase)
