@@ -174,13 +174,12 @@ int cmd_serve(int argc, char **argv)
 	if (!have_chunk) /* a chunk per step that keeps the decode rows flowing */
 		sp.prefill_chunk = strcmp(sfw_model_device_name(m), "cuda") ? 256 : 512; /* bench/RESULTS.md */
 	if (!strcmp(sfw_model_device_name(m), "cuda")) {
-		/* the plan at start, as run prints it: every running sequence at
-		 * --max-context, a step of every decode row and the prefill budget
-		 * (serve/server.c); what cannot fit is refused with its numbers */
+		/* the plan at start, as run prints it, of the batch the server
+		 * will run; what cannot fit is refused with its numbers */
 		struct sfw_mem_plan pl;
-		int rows = sp.max_running + sp.prefill_chunk;
-		s = sfw_bench_mem_check_batch(m, sp.max_running, sp.max_context, sp.pool_tokens, rows, &pl, &err);
-		sfw_bench_mem_print(stderr, C, &pl, sp.max_context, rows);
+		struct sfw_batch_params bp = sfw_serve_batch_params(&sp);
+		s = sfw_bench_mem_check_batch(m, bp.max_seqs, bp.max_ctx, bp.pool_tokens, bp.max_step_rows, &pl, &err);
+		sfw_bench_mem_print(stderr, C, &pl, bp.max_ctx, bp.max_step_rows);
 		if (s != SFW_OK)
 			goto fail;
 	}

@@ -374,9 +374,10 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 	float *s = sfw_malloc((size_t)K * sizeof(float)), *best = sfw_malloc((size_t)K * sizeof(float));
 	unsigned char *bad = sfw_malloc((size_t)N);
 	double *part = sfw_malloc((size_t)R * sizeof(double));
-	float *gmax = NULL;
+	int64_t span = sfw_ql_group_span(K, p->group_size);
+	float *gmax = sfw_malloc((size_t)N * (size_t)((K + span - 1) / span) * sizeof(float)); /* row group maxima */
 	enum sfw_status rc = SFW_OK;
-	if (!W || !Wq || !Y || !Yq || !xm || !wm || !s || !best || !bad || !part) {
+	if (!W || !Wq || !Y || !Yq || !xm || !wm || !s || !best || !bad || !part || !gmax) {
 		rc = sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
 		goto done;
 	}
@@ -388,12 +389,6 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 		xm[k] = (float)(ts->sum[k] / (double)ts->count);
 	/* duo statistic: |w| / group max |w|, averaged over the rows (each
 	 * row's group maxima, then each channel's sum over the rows in order) */
-	int64_t span = sfw_ql_group_span(K, p->group_size);
-	gmax = sfw_malloc((size_t)N * (size_t)((K + span - 1) / span) * sizeof(float));
-	if (!gmax) {
-		rc = sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
-		goto done;
-	}
 	struct duo_job dj = {W, gmax, wm, (int)N, K, (int)span};
 	sfwi_ops_cpu_for(nt, (size_t)N, grain, duo_max_rows, &dj);
 	sfwi_ops_cpu_for(nt, ((size_t)K + DUO_COLS - 1) / DUO_COLS, 1, duo_sum_cols, &dj);
@@ -492,12 +487,9 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	}
 	prev = sfw_ops_cpu_bind(ex);
 	const struct sfw_config *cf = sfw_model_config(m);
-	/* host memory is what is held, not the model: the upload's pages (a
-	 * device backend keeps its own copy) and, below, each layer's pages once
-	 * the forward is past it */
-	if (mp.device != SFW_DEVICE_CPU)
-		for (int li = 0; li < cf->num_hidden_layers; li++)
-			release_layer(m, li);
+	/* host memory is what is held, not the model: a device backend drops
+	 * the map's pages as it uploads them (struct sfw_bweight.host_mapped),
+	 * and below each layer's pages go once the forward is past it */
 	if ((s = calib_ids(in_dir, p, cf->vocab_size, &ids, &n, err)) != SFW_OK)
 		goto done;
 	/* sequences: BOS + seq_len - 1 tokens each, `samples` of them, cut from

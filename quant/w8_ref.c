@@ -9,16 +9,10 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The group's stored scale (bf16 bits) and its value; -1 on NaN/inf. */
-static int group_scale(const float *w, int64_t n, uint16_t *bits, float *value)
+/* The stored scale (bf16 bits) and its value for a group whose max |w| is
+ * amax (finite). */
+static void scale_of(float amax, uint16_t *bits, float *value)
 {
-	float amax = 0.0f;
-	for (int64_t k = 0; k < n; k++) {
-		if (!isfinite(w[k]))
-			return -1;
-		float a = fabsf(w[k]);
-		amax = a > amax ? a : amax;
-	}
 	float s = amax / SFW_QL_SCALE_DIV;
 	if (s < SFW_QL_SCALE_MIN)
 		s = SFW_QL_SCALE_MIN;
@@ -33,6 +27,19 @@ static int group_scale(const float *w, int64_t n, uint16_t *bits, float *value)
 		(*bits)++;
 		*value = sfw_bf16_to_f32(*bits);
 	}
+}
+
+/* The group's stored scale (bf16 bits) and its value; -1 on NaN/inf. */
+static int group_scale(const float *w, int64_t n, uint16_t *bits, float *value)
+{
+	float amax = 0.0f;
+	for (int64_t k = 0; k < n; k++) {
+		if (!isfinite(w[k]))
+			return -1;
+		float a = fabsf(w[k]);
+		amax = a > amax ? a : amax;
+	}
+	scale_of(amax, bits, value);
 	return 0;
 }
 
@@ -114,14 +121,10 @@ static int fake_group_v8(float *w, int64_t n)
 	}
 	float amax;
 	memcpy(&amax, &m, 4);
-	/* the scale exactly as group_scale makes it (amax is the same float) */
-	float sc = amax / SFW_QL_SCALE_DIV;
-	if (sc < SFW_QL_SCALE_MIN)
-		sc = SFW_QL_SCALE_MIN;
-	uint16_t bits = sfw_f32_to_bf16(sc);
-	float sd = sfw_bf16_to_f32(bits);
-	if (amax / sd > SFW_QL_SCALE_DIV)
-		sd = sfw_bf16_to_f32((uint16_t)(bits + 1));
+	/* the scale as group_scale makes it (amax is the same float) */
+	uint16_t bits;
+	float sd;
+	scale_of(amax, &bits, &sd);
 	const float M = 12582912.0f; /* 1.5 * 2^23 */
 	const w8v8f vM = {M, M, M, M, M, M, M, M}, vs = {sd, sd, sd, sd, sd, sd, sd, sd};
 	const w8v8f hi = {127, 127, 127, 127, 127, 127, 127, 127}, lo = {-128, -128, -128, -128, -128, -128, -128, -128};

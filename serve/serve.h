@@ -22,6 +22,7 @@
 #define SFW_SERVE_H
 
 #include "formats/tokenizer.h"
+#include "runner/batch.h"
 #include "runner/generate.h"
 #include "sfw.h"
 
@@ -98,6 +99,11 @@ struct sfw_serve_params {
 	int64_t pool_tokens;	/* KV pool positions; 0 = max_running * max_context */
 };
 struct sfw_serve_params sfw_serve_default_params(void);
+/* The batch the server runs for p (runner/batch.h): max_running sequences of
+ * max_context, the pool (every sequence to max_context in whole 64-token
+ * blocks unless pool_tokens), a step of every decode row and the prefill
+ * budget. The CLI plans device memory from it. */
+struct sfw_batch_params sfw_serve_batch_params(const struct sfw_serve_params *p);
 
 struct sfw_model;
 struct sfw_server;

@@ -1106,6 +1106,18 @@ int sfw_serve_port(const struct sfw_server *s)
 	return di ? di->port : s->p.port;
 }
 
+struct sfw_batch_params sfw_serve_batch_params(const struct sfw_serve_params *p)
+{
+	struct sfw_batch_params bp = sfw_batch_default_params();
+	bp.max_seqs = p->max_running;
+	bp.max_ctx = p->max_context;
+	/* every sequence can reach max_context: whole 64-token blocks each (runner/batch.h) */
+	bp.pool_tokens =
+	    p->pool_tokens ? p->pool_tokens : (int64_t)p->max_running * ((p->max_context + 63) / 64 * 64);
+	bp.max_step_rows = p->max_running + p->prefill_chunk; /* a step: every decode row and the prefill budget */
+	return bp;
+}
+
 static void server_free(struct sfw_server *s)
 {
 	if (s->engine_started) {
@@ -1154,14 +1166,7 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->engine_cv, NULL);
 	pthread_cond_init(&s->idle_cv, NULL);
-	struct sfw_batch_params bp = sfw_batch_default_params();
-	bp.max_seqs = p->max_running;
-	bp.max_ctx = p->max_context;
-	/* every sequence can reach max_context: whole 64-token blocks each (runner/batch.h) */
-	bp.pool_tokens =
-	    p->pool_tokens ? p->pool_tokens : (int64_t)p->max_running * ((p->max_context + 63) / 64 * 64);
-	bp.max_step_rows =
-	    p->max_running + p->prefill_chunk; /* a step: every decode row and the prefill budget */
+	struct sfw_batch_params bp = sfw_serve_batch_params(p);
 	enum sfw_status st = sfw_batch_new(m, &bp, &s->b, err);
 	if (st != SFW_OK) {
 		server_free(s);
