@@ -106,7 +106,14 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
-$(BUILD)/%.cu.o: %.cu
+# The CUDA objects depend on a stamp named after CUDA_ARCH: building for
+# other architectures rebuilds them (and so relinks what uses them).
+CUDA_ARCH_STAMP := $(BUILD)/.cuda-arch.$(subst $(eval) ,-,$(strip $(CUDA_ARCH)))
+$(CUDA_ARCH_STAMP):
+	@mkdir -p $(dir $@)
+	@rm -f $(BUILD)/.cuda-arch.*
+	@touch $@
+$(BUILD)/%.cu.o: %.cu $(CUDA_ARCH_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 

@@ -292,6 +292,15 @@ struct sfw_backend {
 					       int sparse, sfw_step_fn fn, void *arg, int *replayed,
 					       struct sfw_err *err);
 	void (*step_free)(struct sfw_backend *be, void *rec);
+	/* Makes the recording step() would make for pos and sparse now, without
+	 * running it (fn is recorded, not run), so that the step itself only
+	 * replays it: a prefill records its first decode step while the GPU
+	 * still works on the prompt. Nothing happens where steps are not
+	 * recorded, a recording is already valid, or one cannot be made (the
+	 * step then does what it would have done). */
+	SFW_MUST_CHECK enum sfw_status (*step_record)(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
+						      int64_t pos, int sparse, sfw_step_fn fn, void *arg,
+						      struct sfw_err *err);
 	/* A failure the ops could not return (they return void): the CPU ops
 	 * whose scratch could not be allocated left their outputs undefined.
 	 * SFW_OK, or the error once (then cleared). */
@@ -319,6 +328,8 @@ SFW_MUST_CHECK enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_back
 /* The CUDA backend (runner/backend_cuda.c) on GPU o->cuda_device. */
 SFW_MUST_CHECK enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sfw_backend **out,
 						    struct sfw_err *err);
+/* Decode steps it has recorded so far (for tests). */
+int64_t sfwi_cuda_recordings(const struct sfw_backend *be);
 #endif
 
 /* The backends this build has, in the order SFW_DEVICE_AUTO tries them
@@ -369,5 +380,8 @@ SFW_MUST_CHECK enum sfw_status sfwi_step_direct(struct sfw_backend *be, void **r
 						int64_t pos, int sparse, sfw_step_fn fn, void *arg, int *replayed,
 						struct sfw_err *err);
 void sfwi_step_free_none(struct sfw_backend *be, void *rec);
+SFW_MUST_CHECK enum sfw_status sfwi_step_record_none(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
+						     int64_t pos, int sparse, sfw_step_fn fn, void *arg,
+						     struct sfw_err *err);
 
 #endif

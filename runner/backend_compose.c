@@ -74,6 +74,13 @@ void sfwi_step_free_none(struct sfw_backend *be, void *rec)
 	(void)be, (void)rec;
 }
 
+enum sfw_status sfwi_step_record_none(struct sfw_backend *be, void **rec, struct sfw_bcache *c, int64_t pos,
+				      int sparse, sfw_step_fn fn, void *arg, struct sfw_err *err)
+{
+	(void)be, (void)rec, (void)c, (void)pos, (void)sparse, (void)fn, (void)arg, (void)err;
+	return SFW_OK;
+}
+
 /* ---- projection groups ------------------------------------------------------ */
 
 /* The merged matrix that g's parts form when the backend placed them as

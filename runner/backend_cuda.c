@@ -73,6 +73,7 @@ struct cu_be {
 	int64_t rec_bound;
 	/* bumped when the caches or the selection scratch move */
 	uint64_t epoch;
+	int64_t recordings; /* decode steps recorded (tests) */
 	/* weight uploads deferred between load_begin and load_end (merging) */
 	int defer;
 	struct sfw_bweight **pend;
@@ -1168,21 +1169,23 @@ static void cu_step_free(struct sfw_backend *be, void *rec)
 	sfw_free(r);
 }
 
-/* Replays the step's recording, made first when there is none or it is
- * stale; runs fn directly when graphs are off (SALAFW_CUDA_NOGRAPH=1,
- * STEPSYNC=1, PROFILE=1) or a recording could not be made. */
-static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos, int sparse,
-			       sfw_step_fn fn, void *arg, int *replayed, struct sfw_err *err)
+/* Makes *recp's recording valid for pos and sparse (recorded now when
+ * there is none or it is stale); 0 when the step has to run directly:
+ * graphs are off (SALAFW_CUDA_NOGRAPH=1, STEPSYNC=1, PROFILE=1) or a
+ * recording could not be made, then or before (r->off). */
+static int step_ready(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos, int sparse,
+		      sfw_step_fn fn, void *arg, enum sfw_status *st, struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
 	struct cu_step *r = *recp;
-	*replayed = 0;
+	*st = SFW_OK;
 	if (!b->graphs || (r && r->off))
-		return fn(arg, err);
+		return 0;
 	if (!r) {
 		if (!(r = sfw_calloc(1, sizeof(*r))) || !(r->pos = cu_alloc(be, sizeof(int64_t)))) {
 			sfw_free(r);
-			return sfw_fail(err, SFW_E_NOMEM, "out of memory for a decode graph");
+			*st = sfw_fail(err, SFW_E_NOMEM, "out of memory for a decode graph");
+			return 0;
 		}
 		*recp = r;
 	}
@@ -1191,36 +1194,63 @@ static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_b
 		sfw_cuda_graph_free(r->graph);
 		r->graph = NULL;
 	}
-	cu_from_host(be, r->pos, &pos, sizeof(pos));
-	if (!r->graph) {
-		int64_t bound = (pos + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN, room = cu_cache_room(c);
-		struct sfw_err e = {0};
-		if (bound > room)
-			bound = room;
-		if (rec_begin(be, c, r->pos, bound, &e) != SFW_OK) {
-			sfw_log(SFW_LOG_WARN, "cuda: %s; decoding without graphs", e.msg);
-			r->off = 1;
-			return fn(arg, err);
-		}
-		enum sfw_status s = fn(arg, &e);
-		void *g = rec_end(be);
-		if (s != SFW_OK || !g) { /* nothing ran: the step runs directly, from now on */
-			if (g)
-				sfw_cuda_graph_free(g);
-			if (s != SFW_OK)
-				sfw_log(SFW_LOG_WARN, "cuda: recording a decode step: %s; decoding without graphs", e.msg);
-			r->off = 1;
-			return fn(arg, err);
-		}
-		r->graph = g;
-		r->bound = bound;
-		r->sparse = sparse;
-		r->epoch = b->epoch;
+	if (r->graph)
+		return 1;
+	int64_t bound = (pos + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN, room = cu_cache_room(c);
+	struct sfw_err e = {0};
+	if (bound > room)
+		bound = room;
+	if (rec_begin(be, c, r->pos, bound, &e) != SFW_OK) {
+		sfw_log(SFW_LOG_WARN, "cuda: %s; decoding without graphs", e.msg);
+		r->off = 1;
+		return 0;
 	}
+	enum sfw_status s = fn(arg, &e);
+	void *g = rec_end(be);
+	if (s != SFW_OK || !g) { /* nothing ran: the step runs directly, from now on */
+		if (g)
+			sfw_cuda_graph_free(g);
+		if (s != SFW_OK)
+			sfw_log(SFW_LOG_WARN, "cuda: recording a decode step: %s; decoding without graphs", e.msg);
+		r->off = 1;
+		return 0;
+	}
+	r->graph = g;
+	r->bound = bound;
+	r->sparse = sparse;
+	r->epoch = b->epoch;
+	b->recordings++;
+	return 1;
+}
+
+int64_t sfwi_cuda_recordings(const struct sfw_backend *be)
+{
+	return ((const struct cu_be *)be->impl)->recordings;
+}
+
+/* Replays the step's recording (step_ready), or runs fn directly. */
+static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos, int sparse,
+			       sfw_step_fn fn, void *arg, int *replayed, struct sfw_err *err)
+{
+	enum sfw_status s;
+	*replayed = 0;
+	if (!step_ready(be, recp, c, pos, sparse, fn, arg, &s, err))
+		return s != SFW_OK ? s : fn(arg, err);
+	struct cu_step *r = *recp;
+	cu_from_host(be, r->pos, &pos, sizeof(pos));
 	sfw_cuda_graph_launch(r->graph, S(be));
 	cache_advance(c, 1);
 	*replayed = 1;
 	return SFW_OK;
+}
+
+/* The recording only; the replay's position is written by the step. */
+static enum sfw_status cu_step_record(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos,
+				      int sparse, sfw_step_fn fn, void *arg, struct sfw_err *err)
+{
+	enum sfw_status s;
+	step_ready(be, recp, c, pos, sparse, fn, arg, &s, err);
+	return s;
 }
 
 /* bf16/f32 weights everywhere, int8 in the products; no paged KV yet
@@ -1311,6 +1341,7 @@ static const struct sfw_backend cuda_backend = {
 	.sample = cu_sample,
 	.step = cu_step,
 	.step_free = cu_step_free,
+	.step_record = cu_step_record,
 	.take_failure = cu_take_failure,
 	.pool_new = cu_pool_new,
 	.pool_free = cu_pool_free,

@@ -651,6 +651,48 @@ static void step_notes(struct sfw_ctx *c, int sparse)
 	}
 }
 
+/* The decode step that follows a call ending with piece p, recorded now
+ * (be->step_record) while the backend still works on the call, so that the
+ * step itself only replays it: the first token after a prompt no longer
+ * waits for the recording. Its host code notes the step's selection state;
+ * the notes of the call's own last row are kept (saved and put back). A
+ * step that cannot be prepared here is prepared when it comes, as before. */
+static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
+{
+	struct sfw_model *m = c->m;
+	const struct sfw_config *cf = &m->cfg;
+	struct sfw_backend *be = m->be;
+	if (c->tap || !be->supports(be, SFW_BOP_RECORD, SFW_DTYPE_BF16))
+		return;
+	int64_t pos = p->pos0 + p->R, end = pos + 1;
+	struct sfw_err e = {0};
+	if (end > (int64_t)INT32_MAX || be->cache_reserve(be, c->cache, end, &e) != SFW_OK)
+		return; /* the decode call meets (and reports) it */
+	struct sfwi_part d = {.cache = c->cache, .pos0 = pos, .row0 = 0, .R = 1, .last_piece = 1};
+	d.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
+	d.nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;
+	struct call cl = {"decode", NULL, 0, NULL};
+	struct step_arg a = {c, &d, &cl};
+	int L = cf->num_hidden_layers;
+	size_t nsel = (size_t)L * cf->num_key_value_heads * cf->sparse_k;
+	int *state = sfw_malloc((size_t)L * 2 * sizeof(int));
+	int32_t *blocks = sfw_malloc(nsel * sizeof(int32_t));
+	if (!state || !blocks) { /* only a head start: the step records itself */
+		sfw_free(state), sfw_free(blocks);
+		return;
+	}
+	memcpy(state, c->last_state, (size_t)L * sizeof(int));
+	memcpy(state + L, c->last_fresh, (size_t)L * sizeof(int));
+	memcpy(blocks, c->last_blocks, nsel * sizeof(int32_t));
+	/* a failure here (out of memory) is met again, and reported, by the step */
+	if (be->step_record(be, &c->step, c->cache, pos, d.sparse, step_ops, &a, &e) != SFW_OK)
+		sfw_log(SFW_LOG_DEBUG, "recording the next decode step ahead: %s", e.msg);
+	memcpy(c->last_state, state, (size_t)L * sizeof(int));
+	memcpy(c->last_fresh, state + L, (size_t)L * sizeof(int));
+	memcpy(c->last_blocks, blocks, nsel * sizeof(int32_t));
+	sfw_free(state), sfw_free(blocks);
+}
+
 /* One piece of a context's call: its rows are part p of the context's own
  * sequence. A one-row piece that ends an untapped call is a decode step,
  * which the backend runs (and may replay: be->step). */
@@ -694,6 +736,7 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 			return sample_next(c, cl, c->host + (size_t)(R - 1) * V, err);
 	} else if (p->last_piece && (logits || cl->next)) {
 		be->logits(be, c->logits_dev, row_ptr(c, c->u, (size_t)(R - 1) * D), &m->lm_head, 1, in_scale);
+		step_ahead(c, p);
 		if (logits)
 			be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
 		if (cl->next)

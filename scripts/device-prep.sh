@@ -86,3 +86,9 @@ fi
 tar -C $ST -cf - . | xz -T2 -1 >.devlib/bundle.tar.xz
 rm -rf $ST
 ls -la .devlib
+# the device tool carries at most 64 MiB
+size=$(stat -c %s .devlib/bundle.tar.xz)
+if [ "$size" -gt $((60 << 20)) ]; then
+	echo "device-prep: .devlib/bundle.tar.xz is $((size >> 20)) MiB, too close to the device tool's 64 MiB limit" >&2
+	exit 1
+fi

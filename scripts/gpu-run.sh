@@ -12,6 +12,8 @@
 #                                            per-sequence launches, --seqs 0, as the peer) and 1K-32K
 #   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
 #   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
+#   bash scripts/gpu-run.sh env-ab [--w8] [--rounds R] P G 'VAR=V' ...  salafw bench once per
+#                                            environment setting, interleaved R times
 #   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
 #   bash scripts/gpu-run.sh quant-time [quant options]  mkmodel --preset full, then
 #                                            salafw quant --device cuda under /usr/bin/time -v (wall, peak RSS)
@@ -276,6 +278,42 @@ decode-ab)
 			--no-verify 2>&1 | tee -a "$OUT/decode-ab.log"
 	done
 	;;
+env-ab)
+	# bash scripts/gpu-run.sh env-ab [--w8] [--rounds R] P G 'VAR=V ...' ...: `salafw
+	# bench --prompt P --gen G` on the full-size model (--w8: its int8 g128
+	# twin, written directly in the layout) once per setting (one argument
+	# each, "" for none), the settings interleaved R times (default 2), so
+	# drift shows as a spread and not as a difference
+	w8=0 rounds=2
+	while [ $# -gt 0 ]; do
+		case $1 in
+		--w8) w8=1; shift ;;
+		--rounds) rounds=$2; shift 2 ;;
+		*) break ;;
+		esac
+	done
+	[ $# -ge 3 ] || { echo "env-ab: want P G and one or more settings" >&2; exit 2; }
+	P=$1 G=$2
+	shift 2
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	[ $w8 = 1 ] && M=${SALAFW_BENCH_MODEL_W8:-/tmp/sala-full-w8}
+	if [ ! -e "$M/config.json" ]; then
+		start=$(date +%s)
+		"$BIN/salafw" mkmodel --preset full $([ $w8 = 1 ] && echo --w8 --group 128) --no-tokenizer -o "$M" 2>&1 |
+			tail -n 2 | tee -a "$OUT/mkmodel.log"
+		echo "mkmodel $M: $(($(date +%s) - start)) s" | tee -a "$OUT/mkmodel.log"
+	fi
+	rc=0
+	for r in $(seq "$rounds"); do
+		for sw in "$@"; do
+			echo "== round $r: $M P $P G $G: ${sw:-(defaults)}" | tee -a "$OUT/env-ab.log"
+			env $sw "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" --no-verify 2>&1 |
+				grep -E '^(decode|prefill|salafw:)' | tee -a "$OUT/env-ab.log"
+			[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+		done
+	done
+	exit $rc
+	;;
 prefill-ab)
 	# bash scripts/gpu-run.sh prefill-ab [PROMPT [GEN]]: `salafw bench` with the
 	# chunk-parallel Lightning prefill (the default), then the serial one
@@ -349,7 +387,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | shell CMD" >&2
 	exit 2
 	;;
 esac

@@ -19,7 +19,8 @@
  * on the golden models and a `mkmodel --preset small` model made here: one
  * prefill, then >= 32 greedy steps fed the same tokens on both sides, logits
  * and the selected blocks compared every step; sfw_ctx_decode_next (token
- * chosen on the GPU) against decode + the CPU twin of the sampler. Plus the fused add_rmsnorm kernel
+ * chosen on the GPU) against decode + the CPU twin of the sampler; a prefill leaves the recording of
+ * the decode step after it, which the steps then replay. Plus the fused add_rmsnorm kernel
  * against its CPU twin (kernels/fused.c) and its unfused CUDA pair on random data (the fused q/k
  * norm + RoPE kernel: tests/gpu_ops.c).
  *   gpu_decode            (SALAFW_GOLDEN names the golden folder) */
@@ -296,6 +297,42 @@ static void model_case(const char *dir, int prompt, int das)
 	sfw_model_free(base);
 }
 
+/* A prefill records the decode step that follows it (forward.c,
+ * step_ahead): after the prompt there is one recording, and the decode
+ * steps of the same span replay it without recording again. */
+static void ahead_case(const char *dir)
+{
+	struct sfw_model *m = load_with(dir, -1);
+	if (!m)
+		return;
+	const struct sfw_config *cf = sfw_model_config(m);
+	struct sfw_err err = {0};
+	struct sfw_ctx_params xp = sfw_ctx_default_params();
+	xp.n_ctx = 512;
+	struct sfw_ctx *c = NULL;
+	float *lg = malloc((size_t)cf->vocab_size * sizeof(float));
+	int32_t ids[100];
+	for (int i = 0; i < 100; i++)
+		ids[i] = i == 0 ? cf->bos_token_id : 3 + (i * 7919) % (cf->vocab_size - 3);
+	enum sfw_status s = sfw_ctx_new(m, &xp, &c, &err);
+	CHECK(s == SFW_OK, "%s: ctx: %s", dir, err.msg);
+	if (s == SFW_OK && (s = sfw_ctx_prefill(c, ids, 100, lg, &err)) == SFW_OK) {
+		int64_t r0 = sfwi_cuda_recordings(m->be);
+		CHECK(r0 == 1, "%s: a 100-token prefill left %lld decode recordings (1)", dir, (long long)r0);
+		for (int i = 0; i < 10 && s == SFW_OK; i++)
+			s = sfw_ctx_decode(c, ids[i + 1], lg, &err);
+		CHECK(s == SFW_OK, "%s: decode: %s", dir, err.msg);
+		CHECK(sfwi_cuda_recordings(m->be) == 1 && sfwi_ctx_step_replays(c) == 10,
+		      "%s: 10 decode steps after the prefill: %lld recordings (1), %lld replays (10)", dir,
+		      (long long)sfwi_cuda_recordings(m->be), (long long)sfwi_ctx_step_replays(c));
+	} else {
+		CHECK(0, "%s: prefill: %s", dir, err.msg);
+	}
+	sfw_ctx_free(c);
+	free(lg);
+	sfw_model_free(m);
+}
+
 /* ---- the fused kernel against its twins ---- */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -450,6 +487,9 @@ int main(void)
 		g_n_ctx = 4300;
 		model_case(dir, 4070, 0);
 		g_n_ctx = 0;
+		ahead_case(dir);
+		snprintf(dir, sizeof(dir), "%s/tiny-dense", g);
+		ahead_case(dir);
 	}
 	/* a larger model (mkmodel --preset small), sparse path forced */
 	char tmpl[] = "/tmp/gpu_decode.XXXXXX";
