@@ -666,7 +666,11 @@ static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
 		return;
 	int64_t pos = p->pos0 + p->R, end = pos + 1;
 	struct sfw_err e = {0};
-	if (end > (int64_t)INT32_MAX || be->cache_reserve(be, c->cache, end, &e) != SFW_OK)
+	/* never past a context's declared size: a prompt that fills it may be
+	 * the last call, and the memory plan holds n_ctx tokens, not one more */
+	if (end > (int64_t)INT32_MAX || (c->p.n_ctx > 0 && end > c->p.n_ctx))
+		return;
+	if (be->cache_reserve(be, c->cache, end, &e) != SFW_OK)
 		return; /* the decode call meets (and reports) it */
 	struct sfwi_part d = {.cache = c->cache, .pos0 = pos, .row0 = 0, .R = 1, .last_piece = 1};
 	d.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
