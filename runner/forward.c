@@ -651,6 +651,18 @@ static void step_notes(struct sfw_ctx *c, int sparse)
 	}
 }
 
+/* The context's own sequence as a call ending at length end sees it: the
+ * sparse layers' mode and block count are fixed for the call from that
+ * length, as the reference decides them (positions and rows: the caller's). */
+static struct sfwi_part call_part(const struct sfw_ctx *c, int64_t end)
+{
+	const struct sfw_config *cf = &c->m->cfg;
+	struct sfwi_part p = {.cache = c->cache};
+	p.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
+	p.nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;
+	return p;
+}
+
 /* The decode step that follows a call ending with piece p, recorded now
  * (be->step_record) while the backend still works on the call, so that the
  * step itself only replays it: the first token after a prompt no longer
@@ -672,9 +684,8 @@ static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
 		return;
 	if (be->cache_reserve(be, c->cache, end, &e) != SFW_OK)
 		return; /* the decode call meets (and reports) it */
-	struct sfwi_part d = {.cache = c->cache, .pos0 = pos, .row0 = 0, .R = 1, .last_piece = 1};
-	d.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
-	d.nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;
+	struct sfwi_part d = call_part(c, end); /* as the decode call will make it */
+	d.pos0 = pos, d.R = 1, d.last_piece = 1;
 	struct call cl = {"decode", NULL, 0, NULL};
 	struct step_arg a = {c, &d, &cl};
 	int L = cf->num_hidden_layers;
@@ -808,9 +819,7 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	struct call cl;
 	cl.sp = sp, cl.u = u, cl.next = next;
 	cl.phase = n > 1 ? "prefill" : "decode";
-	struct sfwi_part p = {c->cache, 0, 0, 0, 0, 0, 0};
-	p.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
-	p.nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;
+	struct sfwi_part p = call_part(c, end);
 	for (size_t off = 0; off < n; off += (size_t)c->cap_rows) {
 		int R = (int)(n - off < (size_t)c->cap_rows ? n - off : (size_t)c->cap_rows);
 		p.pos0 = c->pos, p.R = R;
