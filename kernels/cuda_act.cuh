@@ -128,6 +128,57 @@ static __device__ __forceinline__ void rms_store_vec8(uint16_t *yr, const uint16
 	}
 }
 
+/* The one-block-per-row RMSNorm kernels' row and weights in registers: up to
+ * RMS_VC vectors of 8 per thread (n ≤ RMS_VC · 8 · blockDim.x, 8192 at 512
+ * threads). The weights are read before the programmatic-launch wait (they
+ * are written only by copies, as the GEMVs' weights), the row only once; the
+ * arithmetic stays rms_sumsq_vec8's and rms_store_vec8's, so the bits do not
+ * change. rms_regs_ok: the shape and pointers allow it. */
+#define RMS_VC 2
+struct rms_regs {
+	float w[RMS_VC][8];
+	float x[RMS_VC][8];
+};
+
+static __device__ __forceinline__ void rms_load_w(rms_regs &r, const void *w, enum sfw_dtype wdt, int nv)
+{
+#pragma unroll
+	for (int c = 0; c < RMS_VC; c++) {
+		int v = threadIdx.x + c * blockDim.x;
+		if (v >= nv)
+			break;
+		if (wdt == SFW_DTYPE_BF16) {
+			sfwc_unpack8(__ldg((const uint4 *)w + v), r.w[c]);
+		} else {
+			float4 a = __ldg((const float4 *)w + 2 * v), b = __ldg((const float4 *)w + 2 * v + 1);
+			r.w[c][0] = a.x, r.w[c][1] = a.y, r.w[c][2] = a.z, r.w[c][3] = a.w;
+			r.w[c][4] = b.x, r.w[c][5] = b.y, r.w[c][6] = b.z, r.w[c][7] = b.w;
+		}
+	}
+}
+
+static __device__ __forceinline__ void rms_store_regs(uint16_t *yr, const rms_regs &r, float inv, int nv)
+{
+#pragma unroll
+	for (int c = 0; c < RMS_VC; c++) {
+		int v = threadIdx.x + c * blockDim.x;
+		if (v >= nv)
+			break;
+		float f[8];
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			f[e] = sfwc_rbf(r.x[c][e] * inv) * r.w[c][e];
+		((uint4 *)yr)[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]), sfwc_pack2(f[4], f[5]),
+					      sfwc_pack2(f[6], f[7]));
+	}
+}
+
+static inline bool rms_regs_ok(const void *w, enum sfw_dtype wdt, int n, int threads)
+{
+	return n % 8 == 0 && n / 8 <= RMS_VC * threads && !((uintptr_t)w & (wdt == SFW_DTYPE_BF16 ? 15 : 31)) &&
+	       (wdt == SFW_DTYPE_BF16 || wdt == SFW_DTYPE_F32);
+}
+
 /* Scratch memory and the cuBLASLt handle the twins share (kernels/cuda_rt.cu). */
 void *sfwi_cuda_scratch(size_t bytes);
 /* The one-block-per-row RMSNorm takes its 8-wide form (elementwise.cu). */

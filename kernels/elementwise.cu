@@ -65,12 +65,34 @@ static __global__ void rmsnorm_warp_kernel(T *y, const T *x, const void *w, enum
  * add + RMSNorm (kernels/fused.cu) walks the same vectors in the same order,
  * so the two give equal bits. */
 template <typename T, bool VEC>
-static __global__ void rmsnorm_block_kernel(T *y, const T *x, const void *w, enum sfw_dtype wdt, int n, float eps)
+static __global__ void rmsnorm_block_kernel(T *y, const T *x, const void *w, enum sfw_dtype wdt, int n, float eps,
+					    int regs)
 {
+	rms_regs R;
+	if (VEC && regs) /* (rms_regs_ok) */
+		rms_load_w(R, w, wdt, n / 8);
 	sfwc_pdl_wait();
 	__shared__ float red[32];
 	const T *xr = x + (size_t)blockIdx.x * n;
 	T *yr = y + (size_t)blockIdx.x * n;
+	if constexpr (VEC) {
+		if (regs) { /* rms_sumsq_vec8 and rms_store_vec8 on the row read once */
+			float ss = 0;
+#pragma unroll
+			for (int c = 0; c < RMS_VC; c++) {
+				int v = threadIdx.x + c * blockDim.x;
+				if (v >= n / 8)
+					break;
+				sfwc_unpack8(((const uint4 *)xr)[v], R.x[c]);
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					ss = fmaf(R.x[c][e], R.x[c][e], ss);
+			}
+			ss = sfwc_block_sum(ss, red);
+			rms_store_regs(yr, R, 1.0f / sqrtf(ss / (float)n + eps), n / 8);
+			return;
+		}
+	}
 	float ss;
 	if constexpr (VEC)
 		ss = rms_sumsq_vec8(xr, n, threadIdx.x, blockDim.x);
@@ -97,10 +119,10 @@ extern "C" void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum 
 	if (n >= 1024 && rows < 1024) {
 		if (sfwi_rmsnorm_vec_ok(y, x, n, act))
 			sfwc_launch(rmsnorm_block_kernel<uint16_t, true>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream),
-				    (uint16_t *)y, (const uint16_t *)x, w, wdt, n, eps);
+				    (uint16_t *)y, (const uint16_t *)x, w, wdt, n, eps, (int)rms_regs_ok(w, wdt, n, 512));
 		else
 			ACT_DISPATCH(act, sfwc_launch(rmsnorm_block_kernel<A, false>, dim3(rows), dim3(512), 0,
-						      SFW_CUDA_STREAM(stream), (A *)y, (const A *)x, w, wdt, n, eps));
+						      SFW_CUDA_STREAM(stream), (A *)y, (const A *)x, w, wdt, n, eps, 0));
 		SFW_CUDA_LAUNCHED();
 		return;
 	}

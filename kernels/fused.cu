@@ -35,13 +35,38 @@ static __global__ void add_rmsnorm_kernel(T *y, T *x, const T *b, float scale, c
  * order (equal bits to add_scaled + rmsnorm); the sum of squares is taken
  * over the stored (rounded) sums, as the scalar form reads them back. */
 static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const uint16_t *b, float scale, const void *w,
-					      enum sfw_dtype wdt, int n, float eps)
+					      enum sfw_dtype wdt, int n, float eps, int regs)
 {
+	rms_regs R;
+	if (regs) /* (rms_regs_ok) */
+		rms_load_w(R, w, wdt, n / 8);
 	sfwc_pdl_wait();
 	__shared__ float red[32];
 	uint4 *xr = (uint4 *)(x + (size_t)blockIdx.x * n);
 	const uint4 *br = (const uint4 *)(b + (size_t)blockIdx.x * n);
 	float ss = 0;
+	if (regs) {
+#pragma unroll
+		for (int c = 0; c < RMS_VC; c++) {
+			int v = threadIdx.x + c * blockDim.x;
+			if (v >= n / 8)
+				break;
+			float fb[8];
+			sfwc_unpack8(xr[v], R.x[c]);
+			sfwc_unpack8(br[v], fb);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				R.x[c][e] = sfwc_rbf(R.x[c][e] + sfwc_rbf(scale * fb[e]));
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				ss = fmaf(R.x[c][e], R.x[c][e], ss);
+			xr[v] = make_uint4(sfwc_pack2(R.x[c][0], R.x[c][1]), sfwc_pack2(R.x[c][2], R.x[c][3]),
+					   sfwc_pack2(R.x[c][4], R.x[c][5]), sfwc_pack2(R.x[c][6], R.x[c][7]));
+		}
+		ss = sfwc_block_sum(ss, red);
+		rms_store_regs(y + (size_t)blockIdx.x * n, R, 1.0f / sqrtf(ss / (float)n + eps), n / 8);
+		return;
+	}
 	for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
 		float fx[8], fb[8];
 		sfwc_unpack8(xr[v], fx);
@@ -80,7 +105,7 @@ extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float s
 			return;
 		}
 		sfwc_launch(add_rmsnorm_vec_kernel, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream), (uint16_t *)y,
-			    (uint16_t *)x, (const uint16_t *)b, scale, w, wdt, n, eps);
+			    (uint16_t *)x, (const uint16_t *)b, scale, w, wdt, n, eps, (int)rms_regs_ok(w, wdt, n, 512));
 	} else {
 		ACT_DISPATCH(act, sfwc_launch(add_rmsnorm_kernel<A>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream),
 					      (A *)y, (A *)x, (const A *)b, scale, w, wdt, n, eps));
@@ -131,16 +156,22 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 					   float eps, int rope, int64_t pos0, const qkn_table tab,
 					   const int64_t *dpos, const SQ sq)
 {
-	sfwc_pdl_wait();
 	constexpr int NJ = HD / 32;
 	int lane = threadIdx.x & 31;
 	int r = blockIdx.x * QKN_WARPS + (threadIdx.x >> 5);
 	if (r >= rows) /* whole warps leave: the shuffles and __syncwarp below see all lanes */
 		return;
 	int isq = r < rows_q, rr = isq ? r : r - rows_q;
-	A *xr = (isq ? q : k) + qkn_head(sq, rr, isq ? nhq : nhk) * HD;
 	const void *w = isq ? qw : kw;
 	enum sfw_dtype wdt = isq ? qwdt : kwdt;
+	/* the norm weights before the programmatic-launch wait: they are
+	 * written only by copies (as the GEMVs' weights) */
+	float wv[NJ];
+#pragma unroll
+	for (int j = 0; j < NJ; j++)
+		wv[j] = wget(w, wdt, lane + 32 * j);
+	sfwc_pdl_wait();
+	A *xr = (isq ? q : k) + qkn_head(sq, rr, isq ? nhq : nhk) * HD;
 	float y[NJ];
 	float ss = 0;
 #pragma unroll
@@ -154,7 +185,7 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
 #pragma unroll
 	for (int j = 0; j < NJ; j++) /* rmsnorm's store */
-		act_st(xr, lane + 32 * j, act_round<A>(y[j] * inv) * wget(w, wdt, lane + 32 * j));
+		act_st(xr, lane + 32 * j, act_round<A>(y[j] * inv) * wv[j]);
 	if (!rope)
 		return;
 	/* rope_kernel's arithmetic on values loaded back as it loads them: with

@@ -110,6 +110,7 @@ static __device__ __forceinline__ int64_t visible(int64_t p, int64_t n, int ksiz
 
 #define S1_THREADS 256
 #define S1_MAXG 16
+#define S1_MAXSPLIT 64 /* s1_launch's nsplit */
 
 struct s1_args {
 	float *scores;
@@ -179,7 +180,7 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 	sfwc_pdl_wait();
 	s1_resolve(a);
 	__shared__ __align__(16) float qs[S1_MAXG][HD];
-	__shared__ float red[32];
+	__shared__ float wred[S1_MAXG][S1_THREADS / 32];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
 	int64_t p = a.pos0 + r;
 	int64_t v2 = visible(p, a.n2, 4 * a.ksize, 4 * a.stride);
@@ -210,17 +211,39 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 			m[h] = mx;
 		}
 	}
+	/* per head, sfwc_block_max of m, then sfwc_block_sum of s·exp(m − M):
+	 * the same shuffles and the same order, for all G heads at once (two
+	 * barriers per pass instead of two per head and pass: 64 at G = 16,
+	 * most of the kernel's time in a decode step) */
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+	constexpr int NW = S1_THREADS / 32;
+	float M[S1_MAXG];
 #pragma unroll
 	for (int h = 0; h < S1_MAXG; h++) {
-		if (h >= G) /* uniform over the block */
-			break;
-		float M = sfwc_block_max(m[h], red);
-		float S = sfwc_block_sum(M == -INFINITY ? 0.0f : s[h] * expf(m[h] - M), red);
-		if (threadIdx.x == 0) {
-			float *pp = a.part + (((size_t)rg * a.nsplit + blockIdx.y) * G + h) * 2;
-			pp[0] = M, pp[1] = S;
-		}
+		float v = sfwc_warp_max(m[h]);
+		if (lane == 0 && h < G)
+			wred[h][wid] = v;
 	}
+	__syncthreads();
+#pragma unroll
+	for (int h = 0; h < S1_MAXG; h++)
+		M[h] = h < G ? sfwc_warp_max(lane < NW ? wred[h][lane] : -INFINITY) : -INFINITY;
+	__syncthreads(); /* wred is read by every warp before it is written again */
+#pragma unroll
+	for (int h = 0; h < S1_MAXG; h++) {
+		float v = sfwc_warp_sum(M[h] == -INFINITY ? 0.0f : s[h] * expf(m[h] - M[h]));
+		if (lane == 0 && h < G)
+			wred[h][wid] = v;
+	}
+	__syncthreads();
+	if (wid == 0)
+		for (int h = 0; h < G; h++) {
+			float S = sfwc_warp_sum(lane < NW ? wred[h][lane] : 0.0f);
+			if (lane == 0) {
+				float *pp = a.part + (((size_t)rg * a.nsplit + blockIdx.y) * G + h) * 2;
+				pp[0] = M[h], pp[1] = S;
+			}
+		}
 }
 
 /* Pass B: one thread per level-1 chunk: Σ_h exp(x_h − LSE_h). */
@@ -231,20 +254,29 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 	s1_resolve(a);
 	__shared__ __align__(16) float qs[S1_MAXG][HD];
 	__shared__ float lse[S1_MAXG];
+	__shared__ float parts[S1_MAXSPLIT * S1_MAXG * 2];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
 	int64_t p = a.pos0 + r;
 	int64_t v1 = visible(p, a.n1, a.ksize, a.stride);
 	for (int i = threadIdx.x; i < G * HD; i += S1_THREADS)
 		qs[i / HD][i % HD] = act_ld((const A *)a.q, ((size_t)r * a.nh + (size_t)g * G) * HD + i);
+	/* pass A's (max, sum) pairs of this row and group, loaded by the whole
+	 * block at once (one thread per head walking them from global memory
+	 * was a chain of dependent loads), then combined per head in split
+	 * order as before */
+	const float *pr = a.part + (size_t)rg * a.nsplit * G * 2;
+	for (int i = threadIdx.x; i < a.nsplit * G * 2; i += S1_THREADS)
+		parts[i] = pr[i];
+	__syncthreads();
 	if (threadIdx.x < G) {
 		int h = threadIdx.x;
 		float M = -INFINITY;
 		for (int sp = 0; sp < a.nsplit; sp++)
-			M = fmaxf(M, a.part[(((size_t)rg * a.nsplit + sp) * G + h) * 2]);
+			M = fmaxf(M, parts[(sp * G + h) * 2]);
 		float S = 0;
 		if (M != -INFINITY)
 			for (int sp = 0; sp < a.nsplit; sp++) {
-				const float *pp = a.part + (((size_t)rg * a.nsplit + sp) * G + h) * 2;
+				const float *pp = parts + (sp * G + h) * 2;
 				S += pp[1] * expf(pp[0] - M);
 			}
 		lse[h] = M == -INFINITY ? -INFINITY : M + logf(S);
@@ -280,7 +312,7 @@ static void s1_launch(s1_args a, cudaStream_t s)
 	/* decode (two rows): spread the level-2 keys over blocks down to 64 per
 	 * block, else a handful of blocks walks them all */
 	int sms = sfwi_cuda_sms();
-	while (rows * nsplit < 2 * sms && a.n2 / (nsplit * 2) >= 64 && nsplit < 64)
+	while (rows * nsplit < 2 * sms && a.n2 / (nsplit * 2) >= 64 && nsplit < S1_MAXSPLIT)
 		nsplit *= 2;
 	a.nsplit = nsplit;
 	a.part = (float *)sfwi_cuda_scratch((size_t)rows * nsplit * G * 2 * sizeof(float));
@@ -445,7 +477,14 @@ static __device__ __forceinline__ int block_scan(int count, int *wsum, int *tota
 
 /* One block of NT threads per (group, row): 256 when rows are many
  * (prefill), 1024 for the few rows of a decode step, whose one block per
- * KV group would otherwise walk 16K blocks (1M tokens) with 256 threads. */
+ * KV group would otherwise walk 16K blocks (1M tokens) with 256 threads.
+ * Each thread owns one contiguous range of blocks; when the ranges are at
+ * most TOPK_KPT long (4096 blocks, 256K tokens, at 1024 threads) its keys
+ * are read once into registers, not once per radix digit and twice more
+ * for the outputs (six passes over global memory, most of a decode step's
+ * top-k). The histogram counts do not depend on which thread counts what,
+ * so the outputs are the same either way. */
+#define TOPK_KPT 4
 template <int NT>
 static __global__ void __launch_bounds__(NT)
 	topk_kernel(int32_t *idx, const float *pooled, int64_t nblocks, int T, int64_t pos0, int k, int block,
@@ -465,6 +504,13 @@ static __global__ void __launch_bounds__(NT)
 	int32_t *out = idx + (size_t)gr * k;
 	int64_t qb = (pos0 + r) / block;
 	int kk = nblocks < k ? (int)nblocks : k;
+	int64_t per = (nblocks + NT - 1) / NT;
+	int64_t b0 = (int64_t)threadIdx.x * per, b1 = min(nblocks, b0 + per);
+	const bool cached = per <= TOPK_KPT; /* uniform over the block */
+	uint32_t kr[TOPK_KPT];
+#pragma unroll
+	for (int j = 0; j < TOPK_KPT; j++)
+		kr[j] = cached && b0 + j < b1 ? fkey(s[b0 + j]) : 0;
 	/* radix select: the kk-th largest key, 8 bits at a time from the top */
 	uint32_t prefix = 0, mask = 0;
 	int remaining = kk;
@@ -472,10 +518,17 @@ static __global__ void __launch_bounds__(NT)
 		for (int i = threadIdx.x; i < 256; i += NT)
 			hist[i] = 0;
 		__syncthreads();
-		for (int64_t b = threadIdx.x; b < nblocks; b += NT) {
-			uint32_t key = fkey(s[b]);
-			if ((key & mask) == prefix)
-				atomicAdd(&hist[(key >> shift) & 255], 1);
+		if (cached) {
+#pragma unroll
+			for (int j = 0; j < TOPK_KPT; j++)
+				if (b0 + j < b1 && (kr[j] & mask) == prefix)
+					atomicAdd(&hist[(kr[j] >> shift) & 255], 1);
+		} else {
+			for (int64_t b = threadIdx.x; b < nblocks; b += NT) {
+				uint32_t key = fkey(s[b]);
+				if ((key & mask) == prefix)
+					atomicAdd(&hist[(key >> shift) & 255], 1);
+			}
 		}
 		__syncthreads();
 		if (threadIdx.x < 32) {
@@ -506,26 +559,44 @@ static __global__ void __launch_bounds__(NT)
 	}
 	/* prefix = the threshold key; take every key above it and the first
 	 * `remaining` equal to it in index order; index order is the output
-	 * order. Each thread owns one contiguous range of blocks, so two block
-	 * scans place every output. */
-	int64_t per = (nblocks + NT - 1) / NT;
-	int64_t b0 = (int64_t)threadIdx.x * per, b1 = min(nblocks, b0 + per);
+	 * order, so two block scans over the threads' ranges place every output. */
 	int above = 0, equal = 0, tot;
-	for (int64_t b = b0; b < b1; b++) {
-		uint32_t key = fkey(s[b]);
-		above += key > prefix;
-		equal += key == prefix;
+	if (cached) {
+#pragma unroll
+		for (int j = 0; j < TOPK_KPT; j++)
+			if (b0 + j < b1)
+				above += kr[j] > prefix, equal += kr[j] == prefix;
+	} else {
+		for (int64_t b = b0; b < b1; b++) {
+			uint32_t key = fkey(s[b]);
+			above += key > prefix;
+			equal += key == prefix;
+		}
 	}
 	int eq_before = block_scan<NT>(equal, wsum, &tot);
 	int eq_take = min(max(remaining - eq_before, 0), equal);
 	int pos = block_scan<NT>(above + eq_take, wsum, &tot);
-	for (int64_t b = b0; b < b1; b++) {
-		uint32_t key = fkey(s[b]);
-		int take = key > prefix;
-		if (key == prefix && eq_take > 0)
-			take = 1, eq_take--;
-		if (take)
-			out[pos++] = b > qb ? -1 : (int32_t)b;
+	if (cached) {
+#pragma unroll
+		for (int j = 0; j < TOPK_KPT; j++) {
+			int64_t b = b0 + j;
+			if (b >= b1)
+				break;
+			int take = kr[j] > prefix;
+			if (kr[j] == prefix && eq_take > 0)
+				take = 1, eq_take--;
+			if (take)
+				out[pos++] = b > qb ? -1 : (int32_t)b;
+		}
+	} else {
+		for (int64_t b = b0; b < b1; b++) {
+			uint32_t key = fkey(s[b]);
+			int take = key > prefix;
+			if (key == prefix && eq_take > 0)
+				take = 1, eq_take--;
+			if (take)
+				out[pos++] = b > qb ? -1 : (int32_t)b;
+		}
 	}
 	for (int i = kk + threadIdx.x; i < k; i += NT)
 		out[i] = -1;

@@ -44,16 +44,22 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 	gla_rec_kernel(A *o, const A *q, const A *k, const A *v, float *state, const float *decay, int T, int nh,
 		       float scale, const SQ sq)
 {
-	sfwc_pdl_wait();
 	constexpr int RPT = HD / GLA_WARPS; /* state rows per thread */
 	__shared__ float qs[HD], ks[HD], red[GLA_WARPS][32];
 	int h = blockIdx.x, col = blockIdx.y * 32 + (threadIdx.x & 31), w = threadIdx.x >> 5;
 	float *S = gla_state(sq, state) + (size_t)h * HD * HD;
+	/* The state (and the decay, a weight) before the programmatic-launch
+	 * wait: it is read-modified-written only by this layer's GLA, whose
+	 * previous launch came many kernels earlier, and a kernel runs code
+	 * before its wait only once the kernel before it has passed its own
+	 * wait (cuda_common.cuh, sfwc_pdl_wait), so every kernel before that
+	 * one is complete. The layer's q, k, v come after the wait. */
 	float g = expf(-decay[h]);
 	float s[RPT];
 #pragma unroll
 	for (int i = 0; i < RPT; i++)
 		s[i] = S[(size_t)(w + i * GLA_WARPS) * HD + col];
+	sfwc_pdl_wait();
 	size_t rs = (size_t)nh * HD;
 	for (int t = 0; t < T; t++) {
 		size_t base = (gla_row(sq) + t) * rs + (size_t)h * HD;

@@ -46,11 +46,15 @@ static __global__ void __launch_bounds__(SFWS_THREADS)
 	__shared__ int need, cnt, S;
 	const int t = threadIdx.x, C = (V + SFWS_THREADS - 1) / SFWS_THREADS;
 	const int i0 = t * C, i1 = min(V, i0 + C);
+	/* the best logit (lowest id among equals), the first +inf, the count,
+	 * last id and max of the candidates: exact and independent of who
+	 * looks at which logit, so this pass reads the logits strided over the
+	 * block (coalesced, eight loads in flight) and reduces with shuffles;
+	 * the sums below keep the twin's chunks */
 	red m = {0.0f, -1, INT_MAX, 0, -1, -INFINITY};
-	for (int i = i0; i < i1; i++) {
-		float l = lg[i];
+	auto look = [&](int i, float l) {
 		if (isnan(l))
-			continue;
+			return;
 		if (m.best < 0 || l > m.bv)
 			m.bv = l, m.best = i;
 		if (l == INFINITY) {
@@ -60,18 +64,51 @@ static __global__ void __launch_bounds__(SFWS_THREADS)
 			m.mx = fmaxf(m.mx, l);
 			m.last = i;
 		}
+	};
+	int i = t;
+	for (; i + 7 * SFWS_THREADS < V; i += 8 * SFWS_THREADS) {
+		float l[8];
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+			l[j] = __ldg(lg + i + j * SFWS_THREADS);
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+			look(i + j * SFWS_THREADS, l[j]);
 	}
-	r[t] = m;
+	for (; i < V; i += SFWS_THREADS)
+		look(i, __ldg(lg + i));
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) {
+		red b;
+		b.bv = __shfl_xor_sync(0xffffffffu, m.bv, o);
+		b.best = __shfl_xor_sync(0xffffffffu, m.best, o);
+		b.inf = __shfl_xor_sync(0xffffffffu, m.inf, o);
+		b.n = __shfl_xor_sync(0xffffffffu, m.n, o);
+		b.last = __shfl_xor_sync(0xffffffffu, m.last, o);
+		b.mx = __shfl_xor_sync(0xffffffffu, m.mx, o);
+		combine(m, b);
+	}
+	if ((t & 31) == 0)
+		r[t >> 5] = m;
 	__syncthreads();
-	for (int s = SFWS_THREADS / 2; s > 0; s >>= 1) {
-		if (t < s) {
-			red a = r[t];
-			combine(a, r[t + s]);
-			r[t] = a;
+	if (t < 32) {
+		m = r[t];
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1) {
+			red b;
+			b.bv = __shfl_xor_sync(0xffffffffu, m.bv, o);
+			b.best = __shfl_xor_sync(0xffffffffu, m.best, o);
+			b.inf = __shfl_xor_sync(0xffffffffu, m.inf, o);
+			b.n = __shfl_xor_sync(0xffffffffu, m.n, o);
+			b.last = __shfl_xor_sync(0xffffffffu, m.last, o);
+			b.mx = __shfl_xor_sync(0xffffffffu, m.mx, o);
+			combine(m, b);
 		}
-		__syncthreads();
+		if (t == 0)
+			r[32] = m;
 	}
-	const red g = r[0];
+	__syncthreads();
+	const red g = r[32];
 	const int best = g.best < 0 ? 0 : g.best;
 	/* greedy, temperature 0 (inv_t = 0 passed), no candidate, or +inf */
 	if (greedy || inv_t == 0.0f || g.n == 0 || g.inf != INT_MAX) {
