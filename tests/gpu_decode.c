@@ -16,7 +16,8 @@
  *   SALAFW_CUDA_NOMERGE=1   q, k, v, z / o_gate and gate, up as separate
  *                           GEMVs (new: one GEMV over the merged matrix) -
  *                           equal up to GEMV summation order
- * on the golden models and a `mkmodel --preset small` model made here: one
+ * on the golden models and a `mkmodel --preset small` model made here (bf16,
+ * and again with int8 linears): one
  * prefill, then >= 32 greedy steps fed the same tokens on both sides, logits
  * and the selected blocks compared every step; sfw_ctx_decode_next (token
  * chosen on the GPU) against decode + the CPU twin of the sampler; a prefill leaves the recording of
@@ -82,6 +83,12 @@ static struct sfw_model *load_with(const char *dir, int sw_on)
 	return s == SFW_OK ? m : NULL;
 }
 
+/* Bytes of one row of w as the CUDA backend stores it (int8: the codes). */
+static size_t row_bytes(const struct sfw_bweight *w)
+{
+	return w->dtype == SFW_DTYPE_W8 ? sfw_bweight_w8_code_row(w) : (size_t)w->cols * 2;
+}
+
 /* 1 when every layer's q|k|v(|z|o_gate) and gate|up are one matrix. */
 static int layout_merged(const struct sfw_model *m)
 {
@@ -91,9 +98,9 @@ static int layout_merged(const struct sfw_model *m)
 		const struct sfw_bweight *seq[4] = {&L->q, &L->k, &L->v, last};
 		int n = last->host ? 4 : 3;
 		for (int j = 1; j < n; j++)
-			if ((const char *)seq[j]->dev != (const char *)seq[j - 1]->dev + seq[j - 1]->rows * seq[j - 1]->cols * 2)
+			if ((const char *)seq[j]->dev != (const char *)seq[j - 1]->dev + seq[j - 1]->rows * row_bytes(seq[j - 1]))
 				return 0;
-		if ((const char *)L->up.dev != (const char *)L->gate.dev + L->gate.rows * L->gate.cols * 2)
+		if ((const char *)L->up.dev != (const char *)L->gate.dev + L->gate.rows * row_bytes(&L->gate))
 			return 0;
 	}
 	return 1;
@@ -504,6 +511,15 @@ int main(void)
 		mp.no_tokenizer = 1;
 		enum sfw_status s = sfw_mkmodel(dir, &mp, &err);
 		CHECK(s == SFW_OK, "mkmodel small: %s", err.msg);
+		if (s == SFW_OK)
+			model_case(dir, 700, 1);
+		/* the same model with int8 linears (g128): every switch on the
+		 * int8 decode GEMVs and their fused SwiGLU */
+		snprintf(dir, sizeof(dir), "%s/small-w8", d);
+		mp.w8 = 1;
+		mp.w8_group = 128;
+		s = sfw_mkmodel(dir, &mp, &err);
+		CHECK(s == SFW_OK, "mkmodel small --w8: %s", err.msg);
 		if (s == SFW_OK)
 			model_case(dir, 700, 1);
 		char cmd[512];
