@@ -89,7 +89,7 @@ TEST_HELPERS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/lib/*.c))
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
-.PHONY: all test check test-ops bench fuzz format clean deps setup demo install
+.PHONY: all test check test-ops bench fuzz format clean deps setup demo install cupti-trace
 # Keep object files of tests and benches (make would delete them as intermediates).
 .SECONDARY:
 all: deps $(BUILD)/libsalafw.a $(BUILD)/salafw $(TEST_BINS) $(BENCH_BINS)
@@ -116,6 +116,14 @@ $(CUDA_ARCH_STAMP):
 $(BUILD)/%.cu.o: %.cu $(CUDA_ARCH_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
+# A CUPTI injection library for kernel timelines on machines without Nsight
+# Systems (bench/cupti/trace.c; scripts/gpu-run.sh trace). CUDA=1 only.
+cupti-trace: $(BUILD)/bench/libsfw_cupti_trace.so
+$(BUILD)/bench/libsfw_cupti_trace.so: bench/cupti/trace.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 $(OPT) $(WARN) -fPIC -shared -I$(CUDA_HOME)/include $< -L$(CUDA_HOME)/lib64 -lcupti \
+		-Wl,-rpath,'$$ORIGIN' -o $@
 
 define module_rule
 $(BUILD)/libsfw_$(1).a: $(OBJS_$(1))

@@ -45,6 +45,15 @@ for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD/bench/bench_batch" "$B
 	[ -x "$b" ] || continue
 	strip -o "$ST/bin/$(basename "$b")" "$b"
 done
+# the kernel timeline library (gpu-run.sh trace) and the CUPTI it was linked with
+if [ $build = 1 ]; then
+	make CUDA=1 CUDA_ARCH="$ARCH" BUILD="$BUILD" cupti-trace >/dev/null || echo "device-prep: cannot build cupti-trace (skipped)" >&2
+fi
+if [ -f "$BUILD/bench/libsfw_cupti_trace.so" ]; then
+	mkdir -p $ST/cupti
+	strip -o $ST/cupti/libsfw_cupti_trace.so "$BUILD/bench/libsfw_cupti_trace.so"
+	cp -L "${CUDA_HOME:-/usr/local/cuda}/lib64/libcupti.so.13" $ST/cupti/ 2>/dev/null || true
+fi
 # the GPU tests written as scripts (gpu-run.sh tests runs every bin/gpu_*)
 for f in tests/gpu_*.sh; do
 	[ -f "$f" ] && install -m 755 "$f" "$ST/bin/"

@@ -20,6 +20,8 @@
 #   bash scripts/gpu-run.sh serve-bench [C]  mkmodel --preset full, salafw serve --device cuda, bench/bench_serve.py,
 #                                            then bench_batch --serve (the same workload, no HTTP)
 #   bash scripts/gpu-run.sh wide-ref [bf16] [int8]  gpu_wide's CPU references, made here
+#   bash scripts/gpu-run.sh trace [--w8] P G  kernel timeline of salafw bench (CUPTI): the last decode
+#                                            steps' kernels, in-graph durations and idle time (bench/trace_step.py)
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout. The device tool
 # brings back at most 8 files: when a mode leaves more, they are packed on
@@ -383,11 +385,33 @@ wide-ref)
 		echo "wide-ref: $k reference: $(($(date +%s) - start)) s" | tee -a "$OUT/wide-ref.log"
 	done
 	;;
+trace)
+	# bash scripts/gpu-run.sh trace [--w8] P G: the kernel timeline of `salafw
+	# bench --prompt P --gen G` through CUPTI (bench/cupti/trace.c, graph nodes
+	# one by one), then bench/trace_step.py: the last decode steps' kernels
+	# with their in-graph durations and the time no kernel ran
+	w8=0
+	[ "${1:-}" = --w8 ] && w8=1 && shift
+	P=${1:-1024} G=${2:-16}
+	LIBT=$DEV/cupti/libsfw_cupti_trace.so
+	[ -f "$LIBT" ] || { echo "trace: no $LIBT (scripts/device-prep.sh builds it)" >&2; exit 1; }
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	[ $w8 = 1 ] && M=${SALAFW_BENCH_MODEL_W8:-/tmp/sala-full-w8}
+	if [ ! -e "$M/config.json" ]; then
+		"$BIN/salafw" mkmodel --preset full $([ $w8 = 1 ] && echo --w8 --group 128) --no-tokenizer -o "$M" 2>&1 |
+			tail -n 2 | tee -a "$OUT/mkmodel.log"
+	fi
+	t=/tmp/salafw-trace-$P.txt
+	CUDA_INJECTION64_PATH=$LIBT SALAFW_CUPTI_OUT=$t "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" --no-verify 2>&1 |
+		grep -E '^(decode|prefill|cupti)' | tee "$OUT/trace-$P.txt"
+	python3 bench/trace_step.py "$t" 5 | tee -a "$OUT/trace-$P.txt"
+	[ "${PIPESTATUS[0]}" = 0 ]
+	;;
 shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | shell CMD" >&2
 	exit 2
 	;;
 esac
