@@ -10,6 +10,13 @@ void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, con
 	sfw_op_rmsnorm_cpu(y, x, w, wdt, rows, n, eps);
 }
 
+void sfw_op_rmsnorm_gate_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, const float *z, int rows,
+			     int n, float eps)
+{
+	sfw_op_rmsnorm_cpu(y, x, w, wdt, rows, n, eps);
+	sfw_op_sigmoid_mul_cpu(y, y, z, (size_t)rows * (size_t)n);
+}
+
 /* No rounding between the steps: the CPU backend's activations are fp32. */
 void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
 			     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,

@@ -113,6 +113,67 @@ extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float s
 	SFW_CUDA_LAUNCHED();
 }
 
+/* rmsnorm_block_kernel's VEC arithmetic on the row held in registers
+ * (rms_regs), then ew8's sigmoid gate on the values rmsnorm stores (bf16):
+ * equal bits to sfw_op_rmsnorm_cuda followed by sfw_op_sigmoid_mul_cuda.
+ * Each thread rereads only its own vectors, so y may alias x. */
+static __global__ void rmsnorm_gate_kernel(uint16_t *y, const uint16_t *x, const void *w, enum sfw_dtype wdt,
+					   const uint16_t *z, int n, float eps)
+{
+	rms_regs R;
+	rms_load_w(R, w, wdt, n / 8);
+	sfwc_pdl_wait();
+	__shared__ float red[32];
+	const uint4 *xr = (const uint4 *)(x + (size_t)blockIdx.x * n), *zr = (const uint4 *)(z + (size_t)blockIdx.x * n);
+	uint4 zv[RMS_VC];
+	float ss = 0;
+#pragma unroll
+	for (int c = 0; c < RMS_VC; c++) {
+		int v = threadIdx.x + c * blockDim.x;
+		if (v >= n / 8)
+			break;
+		zv[c] = zr[v];
+		sfwc_unpack8(xr[v], R.x[c]);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ss = fmaf(R.x[c][e], R.x[c][e], ss);
+	}
+	ss = sfwc_block_sum(ss, red);
+	float inv = 1.0f / sqrtf(ss / (float)n + eps);
+	uint4 *yr = (uint4 *)(y + (size_t)blockIdx.x * n);
+#pragma unroll
+	for (int c = 0; c < RMS_VC; c++) {
+		int v = threadIdx.x + c * blockDim.x;
+		if (v >= n / 8)
+			break;
+		float f[8], fz[8];
+		sfwc_unpack8(zv[c], fz);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			f[e] = sfwc_rbf(sfwc_rbf(R.x[c][e] * inv) * R.w[c][e]) * sfwc_rbf(1.0f / (1.0f + expf(-fz[e])));
+		yr[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]), sfwc_pack2(f[4], f[5]),
+				   sfwc_pack2(f[6], f[7]));
+	}
+}
+
+extern "C" void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, const void *z,
+					 int rows, int n, float eps, enum sfw_dtype act, void *stream)
+{
+	if (rows <= 0)
+		return;
+	/* the shape sfw_op_rmsnorm_cuda runs with its 8-wide block kernel, and
+	 * a gate ew8 takes; else the two launches */
+	if (n >= 1024 && rows < 1024 && sfwi_rmsnorm_vec_ok(y, x, n, act) && !((uintptr_t)z & 15) &&
+	    rms_regs_ok(w, wdt, n, 512)) {
+		sfwc_launch(rmsnorm_gate_kernel, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream), (uint16_t *)y,
+			    (const uint16_t *)x, w, wdt, (const uint16_t *)z, n, eps);
+		SFW_CUDA_LAUNCHED();
+		return;
+	}
+	sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, stream);
+	sfw_op_sigmoid_mul_cuda(y, y, z, (size_t)rows * (size_t)n, act, stream);
+}
+
 /* ---- per-head q/k RMSNorm + NeoX RoPE (lightning layers) ----
  * One warp per head row, q rows first, then k rows, 8 warps a block: the
  * lane/element assignment (i = lane + 32 j), fmaf order and warp reduction

@@ -91,6 +91,11 @@ void sfw_op_rope_neox_cpu(float *x, int T, int nh, int hd, int64_t pos0, float t
  * with w, exactly add_scaled followed by rmsnorm. y must not alias x or b. */
 void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_dtype wdt,
 			    int rows, int n, float eps);
+/* Fused (kernels/fused.c): y = rmsnorm(x) with w, then y *= sigmoid(z)
+ * (the Lightning output norm and gate, docs/model-spec.md §2.7 step 5),
+ * exactly rmsnorm followed by sigmoid_mul. y may alias x, not z. */
+void sfw_op_rmsnorm_gate_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, const float *z, int rows,
+			     int n, float eps);
 /* Fused (kernels/fused.c): the lightning layers' per-head q/k norm and RoPE
  * (docs/model-spec.md §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
  * q = rmsnorm(q) with qw [hd] and k = rmsnorm(k) with kw [hd] per head
@@ -222,6 +227,10 @@ void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct s
 			void *stream);
 void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w, enum sfw_dtype wdt,
 			     int rows, int n, float eps, enum sfw_dtype act, void *stream);
+/* kernels/fused.cu: one kernel for few wide rows (decode), bit-identical to
+ * sfw_op_rmsnorm_cuda + sfw_op_sigmoid_mul_cuda (the two launches otherwise). */
+void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, const void *z, int rows,
+			      int n, float eps, enum sfw_dtype act, void *stream);
 /* kernels/fused.cu: one launch for q and k, bit-identical to
  * sfw_op_rmsnorm_cuda on each followed by sfw_op_rope_neox_cuda on each
  * (hd 32, 64, 128; other head dims take those unfused launches). */

@@ -182,6 +182,10 @@ struct sfw_backend {
 	/* x += scale * b (rounded as add_scaled), then y = rmsnorm(x; w). */
 	void (*add_rmsnorm)(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			    const struct sfw_bweight *w, int rows, int n, float eps);
+	/* y = rmsnorm(x; w), then y *= sigmoid(z) [rows, n] (y may alias x, not
+	 * z): equal to rmsnorm followed by sigmoid_mul. */
+	void (*rmsnorm_gate)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, const void *z,
+			     int rows, int n, float eps);
 	/* The lightning layers' per-head norms and RoPE in place: q [T, nhq, hd]
 	 * = rmsnorm(q; qw), k [T, nhk, hd] = rmsnorm(k; kw) (rows of hd; qw, kw
 	 * NULL: no norms), then, when rope != 0, rope_neox on both from pos0:
@@ -354,6 +358,8 @@ void sfwi_group_view(struct sfw_bgroup *g);
 void sfwi_compose_matmul_group(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M);
 void sfwi_compose_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu,
 			 int M);
+void sfwi_compose_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
+			       const void *z, int rows, int n, float eps);
 void sfwi_compose_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			      const struct sfw_bweight *w, int rows, int n, float eps);
 void sfwi_compose_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,

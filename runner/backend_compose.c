@@ -31,6 +31,13 @@ void sfwi_compose_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const vo
 	be->rmsnorm(be, y, x, w, rows, n, eps);
 }
 
+void sfwi_compose_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
+			       const void *z, int rows, int n, float eps)
+{
+	be->rmsnorm(be, y, x, w, rows, n, eps);
+	be->sigmoid_mul(be, y, y, z, (size_t)rows * (size_t)n);
+}
+
 void sfwi_compose_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 			       const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			       int64_t pos0, float theta)

@@ -172,6 +172,15 @@ static void cpu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void
 	sfw_ops_cpu_bind(prev);
 }
 
+/* the composition of rmsnorm and sigmoid_mul (kernels/fused.c) */
+static void cpu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
+			     const void *z, int rows, int n, float eps)
+{
+	struct sfw_ops_cpu *prev = enter(be);
+	sfw_op_rmsnorm_gate_cpu(F(y), F(x), w->host, w->dtype, F(z), rows, n, eps);
+	sfw_ops_cpu_bind(prev);
+}
+
 static void cpu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
 {
 	struct sfw_ops_cpu *prev = enter(be);
@@ -663,6 +672,7 @@ static const struct sfw_backend cpu_backend = {
 	.matmul_group = sfwi_compose_matmul_group,
 	.swiglu = sfwi_compose_swiglu,
 	.add_rmsnorm = cpu_add_rmsnorm,
+	.rmsnorm_gate = cpu_rmsnorm_gate,
 	.qk_norm_rope = sfwi_compose_qk_norm_rope,
 	.qk_norm_rope_seqs = sfwi_compose_qk_norm_rope_seqs,
 	.gla_seqs = sfwi_compose_gla_seqs,

@@ -28,12 +28,14 @@
 
 enum prof_op {
 	P_EMBED, P_RMSNORM, P_ADD, P_SILU, P_SIGMOID, P_ROPE, P_MATMUL_DEC, P_MATMUL_PRE, P_LOGITS, P_KV, P_DENSE,
-	P_COMPRESS, P_SELECT, P_SPARSE, P_GLA_REC, P_GLA_CHUNK, P_ADDNORM, P_SAMPLE, P_QKNORM, PROF_N
+	P_COMPRESS, P_SELECT, P_SPARSE, P_GLA_REC, P_GLA_CHUNK, P_ADDNORM, P_SAMPLE, P_QKNORM, P_NORMGATE,
+	PROF_N
 };
 static const char *const prof_name[PROF_N] = {
 	"embed", "rmsnorm", "add_scaled", "silu_mul", "sigmoid_mul", "rope", "matmul M<=8 (GEMV)",
 	"matmul M>8 (cuBLASLt)", "logits", "kv_append", "attn_dense", "compress", "sparse_select",
-	"attn_sparse", "gla recurrent", "gla chunked", "add_rmsnorm (fused)", "sample", "qk_norm_rope (fused)"};
+	"attn_sparse", "gla recurrent", "gla chunked", "add_rmsnorm (fused)", "sample", "qk_norm_rope (fused)",
+	"rmsnorm_gate (fused)"};
 
 struct cu_be {
 	void *stream;
@@ -509,6 +511,17 @@ static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void 
 	else
 		PROF(P_ADDNORM,
 		     sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
+}
+
+/* SALAFW_CUDA_NOFUSE=1: rmsnorm + sigmoid_mul as two kernels */
+static void cu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
+			    const void *z, int rows, int n, float eps)
+{
+	if (IMPL(be)->no_fuse)
+		sfwi_compose_rmsnorm_gate(be, y, x, w, z, rows, n, eps);
+	else
+		PROF(P_NORMGATE,
+		     sfw_op_rmsnorm_gate_cuda(y, x, w->dev, w->dtype, z, rows, n, eps, SFW_DTYPE_BF16, S(be)));
 }
 
 /* One kernel when both norms are there (the position from the device while
@@ -1314,6 +1327,7 @@ static const struct sfw_backend cuda_backend = {
 	.matmul_group = cu_matmul_group,
 	.swiglu = cu_swiglu,
 	.add_rmsnorm = cu_add_rmsnorm,
+	.rmsnorm_gate = cu_rmsnorm_gate,
 	.qk_norm_rope = cu_qk_norm_rope,
 	.qk_norm_rope_seqs = cu_qk_norm_rope_seqs,
 	.gla_seqs = cu_gla_seqs,

@@ -528,9 +528,12 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_
 	be->qk_norm_rope_seqs(be, q, k, L->q_norm.host ? &L->q_norm : NULL, L->k_norm.host ? &L->k_norm : NULL, bs, np,
 			      nh, nh, hd, (float)cf->rms_norm_eps, cf->lightning_use_rope, (float)cf->rope_theta);
 	be->gla_seqs(be, c->a, q, k, v, bs, np, li, m->decay, nh, hd, 1.0f / sqrtf((float)hd));
-	if (L->o_norm.host)
+	if (L->o_norm.host && L->z.host)
+		be->rmsnorm_gate(be, c->a, c->a, &L->o_norm, proj_part(c, &L->proj, 3, R), R, nh * hd,
+				 (float)cf->rms_norm_eps);
+	else if (L->o_norm.host)
 		be->rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, (float)cf->rms_norm_eps);
-	if (L->z.host)
+	else if (L->z.host)
 		be->sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
 	if (c->tap && c->tap_lin) {
 		char name[64];

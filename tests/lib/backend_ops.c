@@ -24,6 +24,7 @@ enum bo_op {
 	BO_SWIGLU,
 	BO_LOGITS,
 	BO_ADD_RMSNORM,
+	BO_RMSNORM_GATE,
 	BO_QK_NORM_ROPE,
 	BO_SAMPLE,
 	BO_COPY,
@@ -64,7 +65,7 @@ static const struct tol tols[] = {{0, 0}, {1.5e-5, 8e-3}, {3e-5, 1.6e-2}, {6e-5,
 
 /* Field meanings per op:
  *   embed        M ids, K = hidden, N = vocab, wdt the table's dtype
- *   rmsnorm, add_rmsnorm  M rows of K, wdt the norm weight's dtype
+ *   rmsnorm, add_rmsnorm, rmsnorm_gate  M rows of K, wdt the norm weight's dtype
  *   add_scaled, silu_mul, sigmoid_mul  M x K elements
  *   rope         M rows (T), nh heads of hd, from position pos0
  *   matmul, logits  y[M, N] = x[M, K] . W[N, K]^T, W in wdt (W8: sdt scales, group)
@@ -160,6 +161,10 @@ static const struct bo_case cases[] = {
 										     */
     {"add_rmsnorm M=17", BO_ADD_RMSNORM, BF, 0, 0, 17, 1024, 0, 0, 0, 0, 0, {0}, T2},
     {"add_rmsnorm odd n", BO_ADD_RMSNORM, F32, 0, 0, 4, 99, 0, 0, 0, 0, 0, {0}, T2},
+    {"rmsnorm_gate M=1", BO_RMSNORM_GATE, BF, 0, 0, 1, 4096, 0, 0, 0, 0, 0, {0}, T2}, /* CUDA: the fused kernel */
+    {"rmsnorm_gate M=3 f32 w", BO_RMSNORM_GATE, F32, 0, 0, 3, 1024, 0, 0, 0, 0, 0, {0}, T2},
+    {"rmsnorm_gate M=4 n=256", BO_RMSNORM_GATE, BF, 0, 0, 4, 256, 0, 0, 0, 0, 0, {0}, T2}, /* CUDA: two kernels */
+    {"rmsnorm_gate odd n", BO_RMSNORM_GATE, BF, 0, 0, 2, 77, 0, 0, 0, 0, 0, {0}, T2},
     {"add_rmsnorm M=8 n=256", BO_ADD_RMSNORM, BF, 0, 0, 8, 256, 0, 0, 0, 0, 0, {0}, T2}, /* CUDA: the unfused
 											    pair */
     {"qk_norm_rope hd64", BO_QK_NORM_ROPE, BF, 0, 0, 1, 0, 1, 4, 4, 64, 9, {0}, T2},
@@ -664,6 +669,39 @@ static void t_add_rmsnorm(struct run *x)
 	free(f), free(u);
 	be->free(be, a2), be->free(be, y2);
 	pair_free(x, &a), pair_free(x, &b), pair_free(x, &y), free(ha), free(hb);
+	wrelease(x, &w);
+}
+
+/* rmsnorm_gate against the reference's, in place (y = x, as forward.c
+ * calls it) as well as not, and backend 0's fused member against its own
+ * rmsnorm + sigmoid_mul bit for bit. */
+static void t_rmsnorm_gate(struct run *x)
+{
+	const struct bo_case *c = x->c;
+	struct sfw_backend *be = x->b[0], *ref = x->b[1];
+	struct bo_weight w;
+	wmake(&w, c->wdt, 0, 0, 1, c->K, 0.1f, 1.0f, &x->rng);
+	if (wup(x, &w))
+		return bo_weight_free(&w);
+	size_t n = (size_t)c->M * c->K;
+	float *ha = bo_rand_act(n, 2.0f, &x->rng), *hz = bo_rand_act(n, 4.0f, &x->rng);
+	struct pair a = pair_act(x, ha, n), z = pair_act(x, hz, n), y = pair_poisoned(x, n);
+	const float eps = 1e-6f;
+	be->rmsnorm_gate(be, y.d[0], a.d[0], &w.w[0], z.d[0], c->M, c->K, eps);
+	ref->rmsnorm_gate(ref, y.d[1], a.d[1], &w.w[1], z.d[1], c->M, c->K, eps);
+	pair_cmp(x, "y = rmsnorm(x) * sigmoid(z)", &y, n);
+	pair_cmp(x, "x unchanged", &a, n);
+	/* in place on backend 0, and its own composition, from the same inputs */
+	void *a2 = dup_act(be, ha, n), *y3 = poisoned(be, n);
+	be->rmsnorm_gate(be, a2, a2, &w.w[0], z.d[0], c->M, c->K, eps);
+	be->rmsnorm(be, y3, a.d[0], &w.w[0], c->M, c->K, eps);
+	be->sigmoid_mul(be, y3, y3, z.d[0], n);
+	float *f = get(be, y.d[0], n), *g = get(be, a2, n), *u = get(be, y3, n);
+	check(x, memcmp(f, g, n * sizeof(float)) == 0, "in place == out of place bit for bit");
+	check(x, memcmp(f, u, n * sizeof(float)) == 0, "fused == own rmsnorm + sigmoid_mul bit for bit");
+	free(f), free(g), free(u);
+	be->free(be, a2), be->free(be, y3);
+	pair_free(x, &a), pair_free(x, &z), pair_free(x, &y), free(ha), free(hz);
 	wrelease(x, &w);
 }
 
@@ -1243,6 +1281,9 @@ void bo_run(struct sfw_backend *be, struct sfw_backend *ref, const struct bo_opt
 			break;
 		case BO_ADD_RMSNORM:
 			t_add_rmsnorm(&x);
+			break;
+		case BO_RMSNORM_GATE:
+			t_rmsnorm_gate(&x);
 			break;
 		case BO_QK_NORM_ROPE:
 			t_qk_norm_rope(&x);
