@@ -184,6 +184,9 @@ void *sfwi_cuda_scratch(size_t bytes);
 /* The one-block-per-row RMSNorm takes its 8-wide form (elementwise.cu). */
 bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_dtype act);
 struct sfw_cuda_blas *sfwi_cuda_blas(void);
+/* Y[M, N] float = round_bf16(alpha · X Wᵀ) by the bf16 GEMV (M ≤ SFW_CUDA_GEMV_MAX_M; kernels/linear.cu). */
+void sfwi_cuda_gemv_logits(const uint16_t *X, const uint16_t *W, float *Y, int M, int N, int K, float alpha,
+			   void *stream);
 void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
 			 enum sfw_dtype act, void *stream);
 

@@ -139,72 +139,49 @@ static __device__ __forceinline__ void s1_resolve(s1_args &a)
 	a.n2 = nchunks_dev(a.pos0 + a.T, 4 * a.ksize, 4 * a.stride);
 }
 
-/* Four threads share a key: thread sub = tid % S1_TPC takes the heads
- * 4·sub .. 4·sub + 3 of the group (one thread walking all 16 heads spent a
- * decode step's stage 1 on 2,048-long chains of dependent FMAs, with a few
- * dozen keys per block). The arithmetic of each head, and the order in
- * which heads and keys are combined, stay those of one thread per key: the
- * bits do not change with S1_TPC. */
-#define S1_TPC 4
-#define S1_KPB (S1_THREADS / S1_TPC) /* keys a block walks at once */
-
-/* x[j] = q_(h0+j) · k for j < nq (at most 4), each summed d ascending as
- * the CPU twin sums; the four chains run side by side. The key row is read
- * as 16-byte vectors, all in flight at once. (Unrolled over all 16 heads
- * the body was ~100 KB of code, and instruction fetch made a decode step's
- * stage 1 take ~200 µs; four heads are a quarter of that.) */
+/* x[h] += q_h · k for the G heads of the group, d ascending (as the CPU
+ * twin sums). The key row is read as 16-byte vectors, all in flight at
+ * once; the head loop stays rolled: unrolled over heads and dimensions the
+ * body was ~100 KB of code, and instruction fetch made a decode step's
+ * stage 1 (a few thousand threads) take ~200 µs. */
 template <typename A, int HD>
-static __device__ __forceinline__ void s1_dot4(float x[4], const A *kr, const float (*qs)[HD], int h0, int nq)
+static __device__ __forceinline__ void s1_dot(float x[S1_MAXG], const A *kr, const float (*qs)[HD], int G)
 {
 	vec8<A> kv[HD / 8];
 #pragma unroll
 	for (int i = 0; i < HD / 8; i++)
 		kv[i].load(kr + 8 * i);
-	float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+	for (int h = 0; h < G; h++) {
+		float acc = x[h];
 #pragma unroll
-	for (int i = 0; i < HD / 8; i++) {
-		float f[8];
-		kv[i].to_f32(f);
-#pragma unroll
-		for (int j = 0; j < 4; j++) {
-			if (j >= nq)
-				break;
-			float4 q0 = *(const float4 *)&qs[h0 + j][8 * i], q1 = *(const float4 *)&qs[h0 + j][8 * i + 4];
-			float t = acc[j];
-			t = fmaf(q0.x, f[0], t);
-			t = fmaf(q0.y, f[1], t);
-			t = fmaf(q0.z, f[2], t);
-			t = fmaf(q0.w, f[3], t);
-			t = fmaf(q1.x, f[4], t);
-			t = fmaf(q1.y, f[5], t);
-			t = fmaf(q1.z, f[6], t);
-			t = fmaf(q1.w, f[7], t);
-			acc[j] = t;
+		for (int i = 0; i < HD / 8; i++) {
+			float f[8];
+			kv[i].to_f32(f);
+			float4 q0 = *(const float4 *)&qs[h][8 * i], q1 = *(const float4 *)&qs[h][8 * i + 4];
+			acc = fmaf(q0.x, f[0], acc);
+			acc = fmaf(q0.y, f[1], acc);
+			acc = fmaf(q0.z, f[2], acc);
+			acc = fmaf(q0.w, f[3], acc);
+			acc = fmaf(q1.x, f[4], acc);
+			acc = fmaf(q1.y, f[5], acc);
+			acc = fmaf(q1.z, f[6], acc);
+			acc = fmaf(q1.w, f[7], acc);
 		}
+		x[h] = acc;
 	}
-#pragma unroll
-	for (int j = 0; j < 4; j++)
-		x[j] = acc[j];
 }
 
 /* Pass A: per head of the group, max and sum of exp over this split's share
- * of the visible level-2 keys. One thread per key did this as 256 threads
- * t, each walking keys c0 + t, c0 + t + 256, … with an online (max, sum) per
- * head, then sfwc_block_max and sfwc_block_sum per head. Here four threads
- * hold those 256 threads' (max, sum) for four heads each: group k (of 64)
- * walks the keys of "virtual threads" k, k + 64, k + 128, k + 192 in turn,
- * leaves each one's pairs in shared memory, and each head's block
- * reductions are then formed over them with sfwc_block_max's and
- * sfwc_block_sum's shuffles in their order. */
+ * of the visible level-2 keys. */
 template <typename A, int HD>
 static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 {
 	sfwc_pdl_wait();
 	s1_resolve(a);
 	__shared__ __align__(16) float qs[S1_MAXG][HD];
-	__shared__ float vm[S1_MAXG][S1_THREADS], vs[S1_MAXG][S1_THREADS];
+	__shared__ float wred[S1_MAXG][S1_THREADS / 32];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
-	int sub = threadIdx.x % S1_TPC, grp = threadIdx.x / S1_TPC, h0 = 4 * sub, nq = min(4, G - h0);
 	int64_t p = a.pos0 + r;
 	int64_t v2 = visible(p, a.n2, 4 * a.ksize, 4 * a.stride);
 	for (int i = threadIdx.x; i < G * HD; i += S1_THREADS)
@@ -212,60 +189,64 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 	__syncthreads();
 	int64_t per = (v2 + a.nsplit - 1) / a.nsplit;
 	int64_t c0 = (int64_t)blockIdx.y * per, c1 = min(v2, c0 + per);
+	float m[S1_MAXG], s[S1_MAXG];
+#pragma unroll
+	for (int h = 0; h < S1_MAXG; h++)
+		m[h] = -INFINITY, s[h] = 0;
 	size_t crow = (size_t)a.nkv * HD;
-	for (int vt = grp; vt < S1_THREADS; vt += S1_KPB) {
-		float m[4], s[4];
+	for (int64_t c = c0 + threadIdx.x; c < c1; c += S1_THREADS) {
+		const A *kr = (const A *)a.c2 + (size_t)c * crow + (size_t)g * HD;
+		float x[S1_MAXG];
 #pragma unroll
-		for (int j = 0; j < 4; j++)
-			m[j] = -INFINITY, s[j] = 0;
-		for (int64_t c = c0 + vt; nq > 0 && c < c1; c += S1_THREADS) {
-			const A *kr = (const A *)a.c2 + (size_t)c * crow + (size_t)g * HD;
-			float x[4];
-			s1_dot4<A, HD>(x, kr, qs, h0, nq);
+		for (int h = 0; h < S1_MAXG; h++)
+			x[h] = 0;
+		s1_dot<A, HD>(x, kr, qs, G);
 #pragma unroll
-			for (int j = 0; j < 4; j++) {
-				if (j >= nq)
-					break;
-				float xv = a.scale * x[j];
-				float mx = fmaxf(m[j], xv);
-				s[j] = s[j] * (m[j] == -INFINITY ? 0.0f : expf(m[j] - mx)) + expf(xv - mx);
-				m[j] = mx;
-			}
+		for (int h = 0; h < S1_MAXG; h++) {
+			if (h >= G)
+				break;
+			float xv = a.scale * x[h];
+			float mx = fmaxf(m[h], xv);
+			s[h] = s[h] * (m[h] == -INFINITY ? 0.0f : expf(m[h] - mx)) + expf(xv - mx);
+			m[h] = mx;
 		}
-#pragma unroll
-		for (int j = 0; j < 4; j++)
-			if (j < nq)
-				vm[h0 + j][vt] = m[j], vs[h0 + j][vt] = s[j];
 	}
-	__syncthreads();
-	/* warp w forms heads w, w + 8, …: the max over the 256 pairs (exact in
-	 * any order), then per virtual warp the butterfly sum of s·exp(m − M)
-	 * and the butterfly over the eight warp sums, as sfwc_block_sum does */
+	/* per head, sfwc_block_max of m, then sfwc_block_sum of s·exp(m − M):
+	 * the same shuffles and the same order, for all G heads at once (two
+	 * barriers per pass instead of two per head and pass: 64 at G = 16,
+	 * most of the kernel's time in a decode step) */
 	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
 	constexpr int NW = S1_THREADS / 32;
-	for (int h = wid; h < G; h += NW) {
-		float mx = -INFINITY;
+	float M[S1_MAXG];
 #pragma unroll
-		for (int w = 0; w < NW; w++)
-			mx = fmaxf(mx, vm[h][32 * w + lane]);
-		float M = sfwc_warp_max(mx);
-		float mine = 0.0f;
-#pragma unroll
-		for (int w = 0; w < NW; w++) {
-			float v = sfwc_warp_sum(M == -INFINITY ? 0.0f : vs[h][32 * w + lane] * expf(vm[h][32 * w + lane] - M));
-			if (lane == w)
-				mine = v;
-		}
-		float S = sfwc_warp_sum(lane < NW ? mine : 0.0f);
-		if (lane == 0) {
-			float *pp = a.part + (((size_t)rg * a.nsplit + blockIdx.y) * G + h) * 2;
-			pp[0] = M, pp[1] = S;
-		}
+	for (int h = 0; h < S1_MAXG; h++) {
+		float v = sfwc_warp_max(m[h]);
+		if (lane == 0 && h < G)
+			wred[h][wid] = v;
 	}
+	__syncthreads();
+#pragma unroll
+	for (int h = 0; h < S1_MAXG; h++)
+		M[h] = h < G ? sfwc_warp_max(lane < NW ? wred[h][lane] : -INFINITY) : -INFINITY;
+	__syncthreads(); /* wred is read by every warp before it is written again */
+#pragma unroll
+	for (int h = 0; h < S1_MAXG; h++) {
+		float v = sfwc_warp_sum(M[h] == -INFINITY ? 0.0f : s[h] * expf(m[h] - M[h]));
+		if (lane == 0 && h < G)
+			wred[h][wid] = v;
+	}
+	__syncthreads();
+	if (wid == 0)
+		for (int h = 0; h < G; h++) {
+			float S = sfwc_warp_sum(lane < NW ? wred[h][lane] : 0.0f);
+			if (lane == 0) {
+				float *pp = a.part + (((size_t)rg * a.nsplit + blockIdx.y) * G + h) * 2;
+				pp[0] = M[h], pp[1] = S;
+			}
+		}
 }
 
-/* Pass B: Σ_h exp(x_h − LSE_h) per level-1 chunk, four threads a chunk; the
- * sum runs over the heads in order, handed from each thread to the next. */
+/* Pass B: one thread per level-1 chunk: Σ_h exp(x_h − LSE_h). */
 template <typename A, int HD>
 static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 {
@@ -275,13 +256,14 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 	__shared__ float lse[S1_MAXG];
 	__shared__ float parts[S1_MAXSPLIT * S1_MAXG * 2];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
-	int sub = threadIdx.x % S1_TPC, h0 = 4 * sub, nq = min(4, G - h0), lane = threadIdx.x & 31;
 	int64_t p = a.pos0 + r;
 	int64_t v1 = visible(p, a.n1, a.ksize, a.stride);
 	for (int i = threadIdx.x; i < G * HD; i += S1_THREADS)
 		qs[i / HD][i % HD] = act_ld((const A *)a.q, ((size_t)r * a.nh + (size_t)g * G) * HD + i);
 	/* pass A's (max, sum) pairs of this row and group, loaded by the whole
-	 * block at once, then combined per head in split order */
+	 * block at once (one thread per head walking them from global memory
+	 * was a chain of dependent loads), then combined per head in split
+	 * order as before */
 	const float *pr = a.part + (size_t)rg * a.nsplit * G * 2;
 	for (int i = threadIdx.x; i < a.nsplit * G * 2; i += S1_THREADS)
 		parts[i] = pr[i];
@@ -300,40 +282,24 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 		lse[h] = M == -INFINITY ? -INFINITY : M + logf(S);
 	}
 	__syncthreads();
-	int64_t j = (int64_t)blockIdx.y * S1_KPB + threadIdx.x / S1_TPC;
-	bool vis = j < v1;
-	float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-	if (vis && nq > 0) {
-		const A *kr = (const A *)a.c1 + (size_t)j * a.nkv * HD + (size_t)g * HD;
-		float x[4];
-		s1_dot4<A, HD>(x, kr, qs, h0, nq);
-#pragma unroll
-		for (int q = 0; q < 4; q++)
-			if (q < nq)
-				e[q] = expf(a.scale * x[q] - lse[h0 + q]);
-	}
-	/* out = ((0 + e_0) + e_1) + … over the G heads: each thread adds its
-	 * four to the running sum of the thread before it (every lane takes
-	 * part in every shuffle) */
-	float out = 0.0f;
-	int base = lane & ~(S1_TPC - 1);
-#pragma unroll
-	for (int t = 0; t < S1_TPC; t++) {
-		if (sub == t)
-#pragma unroll
-			for (int q = 0; q < 4; q++)
-				if (q < nq)
-					out += e[q];
-		out = __shfl_sync(0xffffffffu, out, base + t);
-	}
-	if (sub != 0 || j >= a.n1)
+	int64_t j = (int64_t)blockIdx.y * S1_THREADS + threadIdx.x;
+	if (j >= a.n1)
 		return;
-	if (vis) {
+	float out = 0;
+	if (j < v1) {
+		const A *kr = (const A *)a.c1 + (size_t)j * a.nkv * HD + (size_t)g * HD;
+		float x[S1_MAXG];
+#pragma unroll
+		for (int h = 0; h < S1_MAXG; h++)
+			x[h] = 0;
+		s1_dot<A, HD>(x, kr, qs, G);
+#pragma unroll
+		for (int h = 0; h < S1_MAXG; h++)
+			if (h < G)
+				out += expf(a.scale * x[h] - lse[h]);
 		if (isnan(out))
 			out = 0;
 		out = act_round<A>(out);
-	} else {
-		out = 0;
 	}
 	a.scores[((size_t)g * a.T + r) * a.n1 + j] = out;
 }
@@ -352,7 +318,7 @@ static void s1_launch(s1_args a, cudaStream_t s)
 	a.part = (float *)sfwi_cuda_scratch((size_t)rows * nsplit * G * 2 * sizeof(float));
 	sfwc_launch(s1_lse_kernel<A, HD>, dim3(dim3(rows, nsplit)), dim3(S1_THREADS), 0, s, a);
 	SFW_CUDA_LAUNCHED();
-	unsigned jb = (unsigned)((a.n1 + S1_KPB - 1) / S1_KPB);
+	unsigned jb = (unsigned)((a.n1 + S1_THREADS - 1) / S1_THREADS);
 	sfwc_launch(s1_score_kernel<A, HD>, dim3(dim3(rows, jb)), dim3(S1_THREADS), 0, s, a);
 	SFW_CUDA_LAUNCHED();
 }

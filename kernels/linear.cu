@@ -40,6 +40,15 @@ static __device__ __forceinline__ void out_st(float *p, size_t i, float v)
 {
 	p[i] = v;
 }
+/* float32 logits rounded through bf16 as the reference rounds them (§2.5),
+ * in the GEMV's own store instead of a pass of their own */
+struct sfwc_f32_bf16r {
+	float v;
+};
+static __device__ __forceinline__ void out_st(sfwc_f32_bf16r *p, size_t i, float v)
+{
+	p[i].v = sfwc_rbf(v);
+}
 
 template <int R, int U, int M, typename TO>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -210,6 +219,13 @@ static void gemv_any(const uint16_t *X, int ldx, const uint16_t *W, TO *Y, int l
 		launch_gemv_m<2, 4>(X, ldx, W, Y, ldy, M, N, K, alpha, s);
 	else
 		launch_gemv_m<1, 4>(X, ldx, W, Y, ldy, M, N, K, alpha, s);
+}
+
+void sfwi_cuda_gemv_logits(const uint16_t *X, const uint16_t *W, float *Y, int M, int N, int K, float alpha,
+			   void *stream)
+{
+	static_assert(sizeof(sfwc_f32_bf16r) == sizeof(float), "one float per logit");
+	gemv_any(X, K, W, (sfwc_f32_bf16r *)Y, N, M, N, K, 0, 0, alpha, SFW_CUDA_STREAM(stream));
 }
 
 extern "C" void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M,

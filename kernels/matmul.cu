@@ -61,7 +61,12 @@ extern "C" void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum 
 	if (act == SFW_DTYPE_BF16 && wdt == SFW_DTYPE_BF16) {
 		/* round(x·s) = x·s exactly when s is a power of two (hidden/dim_model_base
 		 * = 16 here), so the scale rides as alpha; then the reference's bf16
-		 * rounding of the logits before the float cast (§2.5). */
+		 * rounding of the logits before the float cast (§2.5), in the
+		 * GEMV's store for the rows it takes (decode) */
+		if (M <= SFW_CUDA_GEMV_AUTO_M) {
+			sfwi_cuda_gemv_logits((const uint16_t *)x, (const uint16_t *)w, y, M, N, K, in_scale, stream);
+			return;
+		}
 		sfw_cuda_linear_f32out(sfwi_cuda_blas(), (const uint16_t *)x, K, (const uint16_t *)w, y, N, M, N, K,
 				       in_scale, stream);
 		size_t n = (size_t)M * N;
