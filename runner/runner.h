@@ -38,7 +38,7 @@ struct sfw_backend_opts {
 	int stage1;          /* stage-1 scoring kernels: the same */
 	int gla_serial;      /* Lightning prefill walks each head's chunks in one block */
 	int no_merge;        /* separate projection GEMVs */
-	int no_fuse;         /* unfused add + RMSNorm and q/k norm + RoPE */
+	int no_fuse;         /* unfused add + RMSNorm, output RMSNorm + gate, q/k norm + RoPE */
 	int no_seqs;         /* batched decode steps launch each sequence's attention and GLA apart */
 	int no_graph;        /* no decode-step graphs: every op launched one by one */
 	int no_sample;       /* choose the next token on the host */

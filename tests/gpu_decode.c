@@ -10,9 +10,10 @@
  *                           recording) and 4096 (a new recording)
  *   SALAFW_CUDA_STEPSYNC=1  a host wait after every transfer, no step graph
  *                           - equal bits to the NOGRAPH run
- *   SALAFW_CUDA_NOFUSE=1    add_scaled + rmsnorm as two kernels, and the
- *                           lightning q/k norms + RoPE as four (new: one
- *                           fused kernel each) - equal bits
+ *   SALAFW_CUDA_NOFUSE=1    add_scaled + rmsnorm as two kernels, the
+ *                           lightning output rmsnorm + gate as two and its
+ *                           q/k norms + RoPE as four (new: one fused kernel
+ *                           each) - equal bits
  *   SALAFW_CUDA_NOMERGE=1   q, k, v, z / o_gate and gate, up as separate
  *                           GEMVs (new: one GEMV over the merged matrix) -
  *                           equal up to GEMV summation order
