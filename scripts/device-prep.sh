@@ -6,6 +6,7 @@
 #       bin/   stripped salafw, bench_gpu, bench_batch, bench_gemm and tests/gpu_* of a CUDA build (and
 #              test_wide, for gpu-run.sh wide-ref), and the tests/gpu_*.sh scripts
 #       lib/   shared libraries the GPU image lacks (libcjson)
+#       cupti/ the kernel timeline library of gpu-run.sh trace and its libcupti
 #       gold/  with --gold: the golden cases (config, weights, golden_bf16)
 #              and the gpu_long CPU references (tests/data/gpu_long, scripts/long-ref.sh)
 #       gpu_wide/  the CPU references of gpu_wide and the sha256 of the models'
