@@ -366,6 +366,27 @@ static void s1_any(s1_args a, int hd, enum sfw_dtype act, void *stream)
 
 /* ---- pooling ---- */
 
+/* Block b's pooled score for a row at position p: +inf for the initial and
+ * local blocks (always kept), else the max of the level-1 scores s[0, n1)
+ * whose chunks overlap the block (-inf when none does). */
+static __device__ __forceinline__ float pool_value(const float *s, int64_t n1, int64_t b, int64_t p, int ksize,
+						   int stride, int block, int init_blocks, int local_blocks)
+{
+	int64_t qb = p / block;
+	if (b < init_blocks || (b >= qb - local_blocks && b <= qb))
+		return INFINITY;
+	int64_t lo_num = b * block - ksize + 1;
+	int64_t lo = lo_num <= 0 ? 0 : (lo_num + stride - 1) / stride;
+	int64_t hi = (b * block + block - 1) / stride;
+	if (hi > n1 - 1)
+		hi = n1 - 1;
+	float m = -INFINITY;
+	for (int64_t c = lo; c <= hi; c++)
+		if (s[c] > m)
+			m = s[c];
+	return m;
+}
+
 static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
 				   int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks,
 				   const int64_t *dpos)
@@ -381,22 +402,7 @@ static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n
 		int64_t b = (int64_t)(e % nblocks);
 		size_t gr = e / nblocks;
 		int r = (int)(gr % T);
-		int64_t p = pos0 + r, qb = p / block;
-		if (b < init_blocks || (b >= qb - local_blocks && b <= qb)) {
-			pooled[e] = INFINITY;
-			continue;
-		}
-		const float *s = scores + gr * n1;
-		int64_t lo_num = b * block - ksize + 1;
-		int64_t lo = lo_num <= 0 ? 0 : (lo_num + stride - 1) / stride;
-		int64_t hi = (b * block + block - 1) / stride;
-		if (hi > n1 - 1)
-			hi = n1 - 1;
-		float m = -INFINITY;
-		for (int64_t c = lo; c <= hi; c++)
-			if (s[c] > m)
-				m = s[c];
-		pooled[e] = m;
+		pooled[e] = pool_value(scores + gr * n1, n1, b, pos0 + r, ksize, stride, block, init_blocks, local_blocks);
 	}
 }
 
@@ -485,22 +491,38 @@ static __device__ __forceinline__ int block_scan(int count, int *wsum, int *tota
  * top-k). The histogram counts do not depend on which thread counts what,
  * so the outputs are the same either way. */
 #define TOPK_KPT 4
-template <int NT>
+/* POOL (a recorded decode step, one row): the keys are pool_value of the
+ * level-1 scores (pp), computed where top-k reads them, instead of a pooled
+ * array written by pool_kernel: one launch less per sparse layer, the same
+ * keys. */
+struct topk_pool {
+	const float *scores;
+	int ksize, stride, init_blocks, local_blocks;
+};
+template <int NT, bool POOL = false>
 static __global__ void __launch_bounds__(NT)
 	topk_kernel(int32_t *idx, const float *pooled, int64_t nblocks, int T, int64_t pos0, int k, int block,
-		    const int64_t *dpos)
+		    const int64_t *dpos, const topk_pool pp)
 {
 	sfwc_pdl_wait();
+	int64_t n1 = 0;
 	if (dpos) { /* a recorded decode step */
 		pos0 = *dpos;
 		nblocks = (pos0 + T + block - 1) / block;
+		if (POOL)
+			n1 = nchunks_dev(pos0 + T, pp.ksize, pp.stride);
 	}
 	__shared__ int hist[256];
 	__shared__ int wsum[NT / 32];
 	__shared__ uint32_t s_prefix;
 	__shared__ int s_remaining;
 	int gr = blockIdx.x, r = gr % T;
-	const float *s = pooled + (size_t)gr * nblocks;
+	const float *s = pooled + (size_t)gr * nblocks, *sc = POOL ? pp.scores + (size_t)gr * n1 : NULL;
+	auto key_at = [&](int64_t b) {
+		return fkey(POOL ? pool_value(sc, n1, b, pos0 + r, pp.ksize, pp.stride, block, pp.init_blocks,
+					      pp.local_blocks)
+				 : s[b]);
+	};
 	int32_t *out = idx + (size_t)gr * k;
 	int64_t qb = (pos0 + r) / block;
 	int kk = nblocks < k ? (int)nblocks : k;
@@ -510,7 +532,7 @@ static __global__ void __launch_bounds__(NT)
 	uint32_t kr[TOPK_KPT];
 #pragma unroll
 	for (int j = 0; j < TOPK_KPT; j++)
-		kr[j] = cached && b0 + j < b1 ? fkey(s[b0 + j]) : 0;
+		kr[j] = cached && b0 + j < b1 ? key_at(b0 + j) : 0;
 	/* radix select: the kk-th largest key, 8 bits at a time from the top */
 	uint32_t prefix = 0, mask = 0;
 	int remaining = kk;
@@ -525,7 +547,7 @@ static __global__ void __launch_bounds__(NT)
 					atomicAdd(&hist[(kr[j] >> shift) & 255], 1);
 		} else {
 			for (int64_t b = threadIdx.x; b < nblocks; b += NT) {
-				uint32_t key = fkey(s[b]);
+				uint32_t key = key_at(b);
 				if ((key & mask) == prefix)
 					atomicAdd(&hist[(key >> shift) & 255], 1);
 			}
@@ -568,7 +590,7 @@ static __global__ void __launch_bounds__(NT)
 				above += kr[j] > prefix, equal += kr[j] == prefix;
 	} else {
 		for (int64_t b = b0; b < b1; b++) {
-			uint32_t key = fkey(s[b]);
+			uint32_t key = key_at(b);
 			above += key > prefix;
 			equal += key == prefix;
 		}
@@ -590,7 +612,7 @@ static __global__ void __launch_bounds__(NT)
 		}
 	} else {
 		for (int64_t b = b0; b < b1; b++) {
-			uint32_t key = fkey(s[b]);
+			uint32_t key = key_at(b);
 			int take = key > prefix;
 			if (key == prefix && eq_take > 0)
 				take = 1, eq_take--;
@@ -611,10 +633,21 @@ extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64
 	SFW_ASSERT(nblocks >= 1);
 	if ((int64_t)nkv * T < 64) /* a decode step: few blocks, each with many threads */
 		sfwc_launch(topk_kernel<1024>, dim3(nkv * T), dim3(1024), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks,
-			    T, pos0, k, block, (const int64_t *)NULL);
+			    T, pos0, k, block, (const int64_t *)NULL, topk_pool{});
 	else
 		sfwc_launch(topk_kernel<256>, dim3(nkv * T), dim3(256), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks,
-			    T, pos0, k, block, (const int64_t *)NULL);
+			    T, pos0, k, block, (const int64_t *)NULL, topk_pool{});
+	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_cuda_pool_topk_devpos(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize,
+					  int stride, int init_blocks, int local_blocks, const int64_t *dpos,
+					  void *stream)
+{
+	SFW_ASSERT(dpos && nkv > 0);
+	topk_pool pp = {scores, ksize, stride, init_blocks, local_blocks};
+	sfwc_launch(topk_kernel<1024, true>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(stream), idx, (const float *)NULL,
+		    (int64_t)1, 1, (int64_t)0, k, block, dpos, pp);
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -623,6 +656,6 @@ extern "C" void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, i
 {
 	SFW_ASSERT(dpos && nkv > 0);
 	sfwc_launch(topk_kernel<1024>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(stream), idx, pooled, (int64_t)1, 1,
-		    (int64_t)0, k, block, dpos);
+		    (int64_t)0, k, block, dpos, topk_pool{});
 	SFW_CUDA_LAUNCHED();
 }

@@ -118,6 +118,10 @@ void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, int nkv, in
 				 int block, int init_blocks, int local_blocks, const int64_t *dpos, void *stream);
 void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int k, int block, const int64_t *dpos,
 				 void *stream);
+/* sfw_cuda_pool_blocks_devpos then sfw_cuda_topk_blocks_devpos in one
+ * launch, from the level-1 scores (no pooled array written): equal idx. */
+void sfw_cuda_pool_topk_devpos(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
+			       int init_blocks, int local_blocks, const int64_t *dpos, void *stream);
 void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int nh,
 				 int nkv, int hd, int k, int block, float scale, const int64_t *dpos,
 				 enum sfw_dtype act, void *stream);

@@ -944,9 +944,16 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 		float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
 		sfw_cuda_stage1_devpos(scores, q, l->c1, l->c2, nh, nkv, hd, b->rec_bound, sp->ksize, sp->stride, sp->scale,
 				       b->rec_pos, SFW_DTYPE_BF16, S(be));
-		sfw_cuda_pool_blocks_devpos(pooled, scores, nkv, b->rec_bound, sp->ksize, sp->stride, sp->block,
-					    sp->init_blocks, sp->local_blocks, b->rec_pos, S(be));
-		sfw_cuda_topk_blocks_devpos(idx, pooled, nkv, k, sp->block, b->rec_pos, S(be));
+		/* up to 4096 blocks (256K tokens) top-k holds the blocks in
+		 * registers and pools them itself: one launch less */
+		if ((b->rec_bound + sp->block - 1) / sp->block <= 4096) {
+			sfw_cuda_pool_topk_devpos(idx, scores, nkv, k, sp->block, sp->ksize, sp->stride, sp->init_blocks,
+						  sp->local_blocks, b->rec_pos, S(be));
+		} else {
+			sfw_cuda_pool_blocks_devpos(pooled, scores, nkv, b->rec_bound, sp->ksize, sp->stride, sp->block,
+						    sp->init_blocks, sp->local_blocks, b->rec_pos, S(be));
+			sfw_cuda_topk_blocks_devpos(idx, pooled, nkv, k, sp->block, b->rec_pos, S(be));
+		}
 		(void)pooled_last; /* no taps while recording */
 		return SFW_OK;
 	}

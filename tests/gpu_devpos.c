@@ -95,7 +95,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 	int64_t cap1 = cap / st + 1, cap2 = cap / (4 * st) + 1, n1b = nch(bound, ks, st), nbb = (bound + blk - 1) / blk;
 	void *dc1 = dev_alloc((size_t)cap1 * row * 2), *dc2 = dev_alloc((size_t)cap2 * row * 2);
 	float *dsc = dev_alloc((size_t)nkv * (n1b ? n1b : 1) * 4), *dpo = dev_alloc((size_t)nkv * nbb * 4);
-	int32_t *didx = dev_alloc((size_t)nkv * k * 4);
+	int32_t *didx = dev_alloc((size_t)nkv * k * 4), *didx2 = dev_alloc((size_t)nkv * k * 4);
 	void *dos = dev_alloc((size_t)nh * hd * 2), *dod = dev_alloc((size_t)nh * hd * 2);
 	/* the host-position twins' outputs */
 	float *rsc = dev_alloc((size_t)nkv * (n1b ? n1b : 1) * 4), *rpo = dev_alloc((size_t)nkv * nbb * 4);
@@ -103,8 +103,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 	void *ros = dev_alloc((size_t)nh * hd * 2), *rod = dev_alloc((size_t)nh * hd * 2);
 	int64_t *dpos = dev_alloc(sizeof(int64_t));
 	sfw_cuda_sync(NULL); /* the uploads and poisoning ran on the default stream */
-	if (!dK || !dV || !dq || !dkn || !dvn || !dc1 || !dc2 || !dsc || !dpo || !didx || !dos || !dod || !rsc || !rpo ||
-	    !ridx || !ros || !rod || !dpos) {
+	if (!dK || !dV || !dq || !dkn || !dvn || !dc1 || !dc2 || !dsc || !dpo || !didx || !didx2 || !dos || !dod ||
+	    !rsc || !rpo || !ridx || !ros || !rod || !dpos) {
 		CHECK(0, "device buffers");
 		return;
 	}
@@ -115,6 +115,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 	sfw_cuda_stage1_devpos(dsc, dq, dc1, dc2, nh, nkv, hd, bound, ks, st, scale, dpos, SFW_DTYPE_BF16, s);
 	sfw_cuda_pool_blocks_devpos(dpo, dsc, nkv, bound, ks, st, blk, sh->init_blocks, sh->local_blocks, dpos, s);
 	sfw_cuda_topk_blocks_devpos(didx, dpo, nkv, k, blk, dpos, s);
+	sfw_cuda_pool_topk_devpos(didx2, dsc, nkv, k, blk, ks, st, sh->init_blocks, sh->local_blocks, dpos, s);
 	sfw_cuda_attn_sparse_devpos(dos, dq, dK, dV, didx, nh, nkv, hd, k, blk, scale, dpos, SFW_DTYPE_BF16, s);
 	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, nh, nkv, hd, bound, scale, dpos, SFW_DTYPE_BF16, s);
 	void *g = NULL;
@@ -189,6 +190,14 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 		 * swap a near tie or two */
 		CHECK(idiff == 0 || (ss.maxd > 0 && idiff <= 4),
 		      "p %lld: selected blocks equal the host-position twin's (%d differ)", (long long)p, idiff);
+		/* pooling inside top-k (the recorded step's form) against the
+		 * recorded pool + top-k pair on the same scores: equal */
+		int32_t *gi2 = malloc((size_t)nkv * k * 4);
+		sfw_cuda_d2h(gi2, didx2, (size_t)nkv * k * 4, s);
+		sfw_cuda_sync(s);
+		CHECK(!memcmp(gi2, gi, (size_t)nkv * k * 4), "p %lld: pool + top-k in one launch = the pair",
+		      (long long)p);
+		free(gi2);
 		/* attention: against the host-position twin and the CPU twin */
 		float *os = bf16_to_host(dos, (size_t)nh * hd, s), *od = bf16_to_host(dod, (size_t)nh * hd, s);
 		float *rs = bf16_to_host(ros, (size_t)nh * hd, s), *rd = bf16_to_host(rod, (size_t)nh * hd, s);
@@ -206,7 +215,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 		free(gs1), free(rs1), free(gpo), free(rpoh), free(gi), free(ri), free(os), free(od), free(rs), free(rd);
 	}
 	sfw_cuda_graph_free(g);
-	void *bufs[] = {dK, dV, dq, dkn, dvn, dc1, dc2, dsc, dpo, didx, dos, dod, rsc, rpo, ridx, ros, rod, dpos};
+	void *bufs[] = {dK, dV, dq, dkn, dvn, dc1, dc2, dsc, dpo, didx, didx2, dos, dod, rsc, rpo, ridx, ros, rod, dpos};
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		sfw_cuda_free(bufs[i]);
 	free(K), free(Vh), free(q), free(kn), free(vn), free(c1), free(c2), free(o_cpu);
