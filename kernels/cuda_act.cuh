@@ -157,6 +157,24 @@ static __device__ __forceinline__ void rms_load_w(rms_regs &r, const void *w, en
 	}
 }
 
+/* The row's vectors into r.x; returns this thread's sum of squares in
+ * rms_sumsq_vec8's order. */
+static __device__ __forceinline__ float rms_load_row(rms_regs &r, const uint16_t *xr, int nv)
+{
+	float ss = 0;
+#pragma unroll
+	for (int c = 0; c < RMS_VC; c++) {
+		int v = threadIdx.x + c * blockDim.x;
+		if (v >= nv)
+			break;
+		sfwc_unpack8(((const uint4 *)xr)[v], r.x[c]);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ss = fmaf(r.x[c][e], r.x[c][e], ss);
+	}
+	return ss;
+}
+
 static __device__ __forceinline__ void rms_store_regs(uint16_t *yr, const rms_regs &r, float inv, int nv)
 {
 #pragma unroll

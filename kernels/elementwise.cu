@@ -115,18 +115,7 @@ static __global__ void rmsnorm_block_kernel(T *y, const T *x, const void *w, enu
 	T *yr = y + (size_t)blockIdx.x * n;
 	if constexpr (VEC) {
 		if (regs) { /* rms_sumsq_vec8 and rms_store_vec8 on the row read once */
-			float ss = 0;
-#pragma unroll
-			for (int c = 0; c < RMS_VC; c++) {
-				int v = threadIdx.x + c * blockDim.x;
-				if (v >= n / 8)
-					break;
-				sfwc_unpack8(((const uint4 *)xr)[v], R.x[c]);
-#pragma unroll
-				for (int e = 0; e < 8; e++)
-					ss = fmaf(R.x[c][e], R.x[c][e], ss);
-			}
-			ss = sfwc_block_sum(ss, red);
+			float ss = sfwc_block_sum(rms_load_row(R, (const uint16_t *)xr, n / 8), red);
 			rms_store_regs(yr, R, 1.0f / sqrtf(ss / (float)n + eps), n / 8);
 			return;
 		}

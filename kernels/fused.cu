@@ -124,21 +124,13 @@ static __global__ void rmsnorm_gate_kernel(uint16_t *y, const uint16_t *x, const
 	rms_load_w(R, w, wdt, n / 8);
 	sfwc_pdl_wait();
 	__shared__ float red[32];
-	const uint4 *xr = (const uint4 *)(x + (size_t)blockIdx.x * n), *zr = (const uint4 *)(z + (size_t)blockIdx.x * n);
+	const uint4 *zr = (const uint4 *)(z + (size_t)blockIdx.x * n);
 	uint4 zv[RMS_VC];
-	float ss = 0;
 #pragma unroll
-	for (int c = 0; c < RMS_VC; c++) {
-		int v = threadIdx.x + c * blockDim.x;
-		if (v >= n / 8)
-			break;
-		zv[c] = zr[v];
-		sfwc_unpack8(xr[v], R.x[c]);
-#pragma unroll
-		for (int e = 0; e < 8; e++)
-			ss = fmaf(R.x[c][e], R.x[c][e], ss);
-	}
-	ss = sfwc_block_sum(ss, red);
+	for (int c = 0; c < RMS_VC; c++) /* the gate's loads in flight with the row's */
+		if (threadIdx.x + c * blockDim.x < n / 8)
+			zv[c] = zr[threadIdx.x + c * blockDim.x];
+	float ss = sfwc_block_sum(rms_load_row(R, x + (size_t)blockIdx.x * n, n / 8), red);
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
 	uint4 *yr = (uint4 *)(y + (size_t)blockIdx.x * n);
 #pragma unroll

@@ -34,6 +34,23 @@ static __device__ __forceinline__ void combine(red &a, const red &b)
 	a.mx = fmaxf(a.mx, b.mx);
 }
 
+/* combine over the 32 lanes of a warp (a butterfly: every lane ends with the
+ * warp's result; combine is exact and symmetric, so the order is free) */
+static __device__ __forceinline__ void warp_combine(red &m)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) {
+		red b;
+		b.bv = __shfl_xor_sync(0xffffffffu, m.bv, o);
+		b.best = __shfl_xor_sync(0xffffffffu, m.best, o);
+		b.inf = __shfl_xor_sync(0xffffffffu, m.inf, o);
+		b.n = __shfl_xor_sync(0xffffffffu, m.n, o);
+		b.last = __shfl_xor_sync(0xffffffffu, m.last, o);
+		b.mx = __shfl_xor_sync(0xffffffffu, m.mx, o);
+		combine(m, b);
+	}
+}
+
 static __global__ void __launch_bounds__(SFWS_THREADS)
 	sample_kernel(int32_t *out, const float *lg, int V, float inv_t, int top_k, float top_p, int greedy, double u)
 {
@@ -77,33 +94,13 @@ static __global__ void __launch_bounds__(SFWS_THREADS)
 	}
 	for (; i < V; i += SFWS_THREADS)
 		look(i, __ldg(lg + i));
-#pragma unroll
-	for (int o = 16; o > 0; o >>= 1) {
-		red b;
-		b.bv = __shfl_xor_sync(0xffffffffu, m.bv, o);
-		b.best = __shfl_xor_sync(0xffffffffu, m.best, o);
-		b.inf = __shfl_xor_sync(0xffffffffu, m.inf, o);
-		b.n = __shfl_xor_sync(0xffffffffu, m.n, o);
-		b.last = __shfl_xor_sync(0xffffffffu, m.last, o);
-		b.mx = __shfl_xor_sync(0xffffffffu, m.mx, o);
-		combine(m, b);
-	}
+	warp_combine(m);
 	if ((t & 31) == 0)
 		r[t >> 5] = m;
 	__syncthreads();
 	if (t < 32) {
 		m = r[t];
-#pragma unroll
-		for (int o = 16; o > 0; o >>= 1) {
-			red b;
-			b.bv = __shfl_xor_sync(0xffffffffu, m.bv, o);
-			b.best = __shfl_xor_sync(0xffffffffu, m.best, o);
-			b.inf = __shfl_xor_sync(0xffffffffu, m.inf, o);
-			b.n = __shfl_xor_sync(0xffffffffu, m.n, o);
-			b.last = __shfl_xor_sync(0xffffffffu, m.last, o);
-			b.mx = __shfl_xor_sync(0xffffffffu, m.mx, o);
-			combine(m, b);
-		}
+		warp_combine(m);
 		if (t == 0)
 			r[32] = m;
 	}
