@@ -1,10 +1,11 @@
 /* attn_tc_stage1.cu - tensor-core stage-1 scoring of InfLLM-v2 block
- * selection for prefill (the meaning of sfw_op_stage1, kernels/infllm.c):
+ * selection, for prefill and for decode rows (the meaning of sfw_op_stage1,
+ * kernels/infllm.c):
  *   LSE_h = log sum_{j2 visible} exp(scale q_h.c2[j2])
  *   s[g, r, j] = sum_{h in g} exp(scale q_h.c1[j] - LSE_h) for visible j, else 0.
  * Fragment layouts: kernels/attn_tc.cuh.
  *
- * One warp owns one query token and the G heads of one KV group (an M = 16
+ * Prefill: one warp owns one query token and the G heads of one KV group (an M = 16
  * tile, rows >= G masked); a CTA holds S1T_W consecutive tokens of one group,
  * which read the same compressed keys, so each 64-chunk tile is loaded once
  * per CTA (cp.async, two stages). The CTA first walks the level-2 tiles (an
@@ -192,6 +193,281 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 			out[col] = 0.0f;
 }
 
+/* ---- decode rows (T <= S1D_MAXT): the work split over the keys ----
+ *
+ * One decode row has one m16 tile per KV group (its G heads), so the
+ * prefill kernel above would run on two warps. Here the keys are spread over
+ * many warps instead, in two launches as the CUDA-core kernels of
+ * kernels/infllm.cu do: pass A, per split of the level-2 keys, the running
+ * max and sum of exp2 per head (log2 domain); pass B merges the splits into
+ * LSE_h and writes the level-1 scores, 32 keys per warp.
+ *
+ * No shared-memory staging: the dot products sum over the head dimension,
+ * so any fixed permutation of it may be used for both operands. Lane (gid,
+ * tq) loads 16 contiguous bytes of key row gid (dims 32c + 8tq .. +7) and of
+ * its two query rows; of these the .x/.y words are the b[0]/b[1] (a[0]/a[2])
+ * of k-step 2c and the .z/.w words those of k-step 2c + 1. A quad thus reads
+ * 64 contiguous bytes of a row per load, a warp 8 rows. */
+#define S1D_W 4	       /* warps per CTA */
+#define S1D_KEYS 32    /* keys per warp and step: 4 n-tiles */
+#define S1D_MAXSPLIT 64 /* pass A's CTAs per (row, group) */
+#define S1D_MAXT 16    /* rows a call may have */
+
+struct s1d_args {
+	float *scores, *part; /* part: [T*nkv][nsplit][G] of (max, sum), log2 domain */
+	const uint16_t *q, *c1, *c2;
+	int64_t n1, n2, pos0;
+	int T, nh, nkv, ksize, stride, nsplit;
+	float scale_log2;
+	const int64_t *dpos; /* non-NULL: pos0 = *dpos, n1 and n2 follow (a recorded step) */
+};
+
+static __device__ __forceinline__ void s1d_resolve(s1d_args &a)
+{
+	if (!a.dpos)
+		return;
+	a.pos0 = *a.dpos;
+	int64_t len = a.pos0 + a.T;
+	a.n1 = len < a.ksize ? 0 : (len - a.ksize) / a.stride + 1;
+	a.n2 = len < 4 * a.ksize ? 0 : (len - 4 * a.ksize) / (4 * a.stride) + 1;
+}
+
+/* The A fragments of query row r, group g (rows >= G zero), in the permuted
+ * order described above. */
+template <int HD>
+static __device__ __forceinline__ void s1d_qfrag(uint32_t qa[HD / 16][4], const s1d_args &a, int r, int g, int G)
+{
+	const int lane = threadIdx.x & 31, gid = lane >> 2, tq = lane & 3;
+	const uint16_t *q0 = a.q + ((size_t)r * a.nh + (size_t)g * G) * HD;
+#pragma unroll
+	for (int c = 0; c < HD / 32; c++) {
+		uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
+		if (gid < G)
+			lo = *(const uint4 *)(q0 + (size_t)gid * HD + 32 * c + 8 * tq);
+		if (gid + 8 < G)
+			hi = *(const uint4 *)(q0 + (size_t)(gid + 8) * HD + 32 * c + 8 * tq);
+		qa[2 * c][0] = lo.x, qa[2 * c][1] = hi.x, qa[2 * c][2] = lo.y, qa[2 * c][3] = hi.y;
+		qa[2 * c + 1][0] = lo.z, qa[2 * c + 1][1] = hi.z, qa[2 * c + 1][2] = lo.w, qa[2 * c + 1][3] = hi.w;
+	}
+}
+
+/* s[n][.] = the C fragments of q · c[j0 + 8n + .] for the 32 keys from j0
+ * (keys >= lim read as zero rows). */
+template <int HD>
+static __device__ __forceinline__ void s1d_scores(float s[4][4], const uint32_t qa[HD / 16][4], const uint16_t *c,
+						  int64_t j0, int64_t lim, int nkv, int g)
+{
+	const int lane = threadIdx.x & 31, gid = lane >> 2, tq = lane & 3;
+	uint4 kv[4][HD / 32];
+#pragma unroll
+	for (int n = 0; n < 4; n++) {
+		int64_t j = j0 + 8 * n + gid;
+		const uint16_t *row = c + ((size_t)j * nkv + g) * HD + 8 * tq;
+#pragma unroll
+		for (int cc = 0; cc < HD / 32; cc++)
+			kv[n][cc] = j < lim ? *(const uint4 *)(row + 32 * cc) : make_uint4(0, 0, 0, 0);
+	}
+#pragma unroll
+	for (int n = 0; n < 4; n++) {
+		s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+		for (int cc = 0; cc < HD / 32; cc++) {
+			tc_mma(s[n], qa[2 * cc], kv[n][cc].x, kv[n][cc].y);
+			tc_mma(s[n], qa[2 * cc + 1], kv[n][cc].z, kv[n][cc].w);
+		}
+	}
+}
+
+/* Pass A: grid (T*nkv, nsplit); this CTA's share of the visible level-2 keys. */
+template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_dec_lse_kernel(s1d_args a)
+{
+	sfwc_pdl_wait();
+	s1d_resolve(a);
+	__shared__ float red[S1D_W][16][2];
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
+	const int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
+	const int64_t v2 = s1t_visible(a.pos0 + r, a.n2, 4 * a.ksize, 4 * a.stride);
+	const int64_t per = (v2 + a.nsplit - 1) / a.nsplit;
+	const int64_t c0 = (int64_t)blockIdx.y * per, c1 = min(v2, c0 + per);
+	uint32_t qa[HD / 16][4];
+	s1d_qfrag<HD>(qa, a, r, g, G);
+	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+	for (int64_t j0 = c0 + (int64_t)w * S1D_KEYS; j0 < c1; j0 += S1D_W * S1D_KEYS) {
+		float s[4][4];
+		s1d_scores<HD>(s, qa, a.c2, j0, c1, a.nkv, g);
+		float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+		for (int n = 0; n < 4; n++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				bool vis = j0 + 8 * n + 2 * tq + e < c1;
+				float x0 = vis ? s[n][e] * a.scale_log2 : -INFINITY;
+				float x1 = vis ? s[n][2 + e] * a.scale_log2 : -INFINITY;
+				s[n][e] = x0, s[n][2 + e] = x1;
+				mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
+			}
+		float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+		float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+		l_lo *= exp2f(m_lo - mu_lo), l_hi *= exp2f(m_hi - mu_hi);
+		m_lo = mn_lo, m_hi = mn_hi;
+#pragma unroll
+		for (int n = 0; n < 4; n++)
+			l_lo += exp2f(s[n][0] - mu_lo) + exp2f(s[n][1] - mu_lo),
+			    l_hi += exp2f(s[n][2] - mu_hi) + exp2f(s[n][3] - mu_hi);
+	}
+	/* each row over its quad, then over the warps */
+	float M_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, 1));
+	M_lo = fmaxf(M_lo, __shfl_xor_sync(0xffffffffu, M_lo, 2));
+	float M_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, 1));
+	M_hi = fmaxf(M_hi, __shfl_xor_sync(0xffffffffu, M_hi, 2));
+	float L_lo = M_lo == -INFINITY ? 0.0f : l_lo * exp2f(m_lo - M_lo);
+	float L_hi = M_hi == -INFINITY ? 0.0f : l_hi * exp2f(m_hi - M_hi);
+	L_lo += __shfl_xor_sync(0xffffffffu, L_lo, 1);
+	L_lo += __shfl_xor_sync(0xffffffffu, L_lo, 2);
+	L_hi += __shfl_xor_sync(0xffffffffu, L_hi, 1);
+	L_hi += __shfl_xor_sync(0xffffffffu, L_hi, 2);
+	if (tq == 0) {
+		red[w][gid][0] = M_lo, red[w][gid][1] = L_lo;
+		red[w][gid + 8][0] = M_hi, red[w][gid + 8][1] = L_hi;
+	}
+	__syncthreads();
+	if (threadIdx.x < G) {
+		int h = threadIdx.x;
+		float M = -INFINITY, S = 0.0f;
+		for (int i = 0; i < S1D_W; i++)
+			M = fmaxf(M, red[i][h][0]);
+		if (M != -INFINITY)
+			for (int i = 0; i < S1D_W; i++)
+				S += red[i][h][1] * exp2f(red[i][h][0] - M);
+		float *pp = a.part + (((size_t)rg * a.nsplit + blockIdx.y) * G + h) * 2;
+		pp[0] = M, pp[1] = S;
+	}
+}
+
+/* Pass B: grid (T*nkv, ceil(n1 / (S1D_W*S1D_KEYS))); LSE_h from pass A's
+ * splits, then 32 level-1 scores per warp. */
+template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_dec_score_kernel(s1d_args a)
+{
+	sfwc_pdl_wait();
+	s1d_resolve(a);
+	__shared__ float lse[16];
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
+	const int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
+	const int64_t j0 = ((int64_t)blockIdx.y * S1D_W + w) * S1D_KEYS;
+	if ((int64_t)blockIdx.y * S1D_W * S1D_KEYS >= a.n1)
+		return; /* the whole CTA: past this call's keys (a recorded step's bound) */
+	const int64_t v1 = s1t_visible(a.pos0 + r, a.n1, a.ksize, a.stride);
+	/* LSE_h: warp w merges heads w, w + S1D_W, ... over the splits */
+	const float *pr = a.part + (size_t)rg * a.nsplit * G * 2;
+	for (int h = w; h < G; h += S1D_W) {
+		float m0 = -INFINITY, m1 = -INFINITY, s0 = 0.0f, s1 = 0.0f;
+		if (lane < a.nsplit)
+			m0 = pr[((size_t)lane * G + h) * 2], s0 = pr[((size_t)lane * G + h) * 2 + 1];
+		if (lane + 32 < a.nsplit)
+			m1 = pr[((size_t)(lane + 32) * G + h) * 2], s1 = pr[((size_t)(lane + 32) * G + h) * 2 + 1];
+		float M = sfwc_warp_max(fmaxf(m0, m1));
+		float S = M == -INFINITY ? 0.0f
+					 : sfwc_warp_sum((m0 == -INFINITY ? 0.0f : s0 * exp2f(m0 - M)) +
+							 (m1 == -INFINITY ? 0.0f : s1 * exp2f(m1 - M)));
+		if (lane == 0)
+			lse[h] = M == -INFINITY ? -INFINITY : M + log2f(S);
+	}
+	__syncthreads();
+	if (j0 >= a.n1)
+		return;
+	uint32_t qa[HD / 16][4];
+	s1d_qfrag<HD>(qa, a, r, g, G);
+	float s[4][4];
+	s1d_scores<HD>(s, qa, a.c1, j0, v1, a.nkv, g);
+	const float lse_lo = gid < G ? lse[gid] : 0.0f, lse_hi = gid + 8 < G ? lse[gid + 8] : 0.0f;
+	float *out = a.scores + ((size_t)g * a.T + r) * (size_t)a.n1;
+	float cs[4][2];
+#pragma unroll
+	for (int n = 0; n < 4; n++)
+#pragma unroll
+		for (int e = 0; e < 2; e++) {
+			bool vis = j0 + 8 * n + 2 * tq + e < v1;
+			float lo = vis && gid < G ? exp2f(s[n][e] * a.scale_log2 - lse_lo) : 0.0f;
+			float hi = vis && gid + 8 < G ? exp2f(s[n][2 + e] * a.scale_log2 - lse_hi) : 0.0f;
+			float v = lo + hi;
+			v += __shfl_xor_sync(0xffffffffu, v, 4);
+			v += __shfl_xor_sync(0xffffffffu, v, 8);
+			v += __shfl_xor_sync(0xffffffffu, v, 16);
+			cs[n][e] = v; /* every lane: columns 8n + 2tq + e */
+		}
+	/* lanes of gid n < 4 write n-tile n: 32 consecutive floats per warp */
+#pragma unroll
+	for (int n = 0; n < 4; n++)
+		if (n == gid)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				int64_t col = j0 + 8 * n + 2 * tq + e;
+				float v = cs[n][e];
+				if (isnan(v))
+					v = 0.0f;
+				if (col < a.n1)
+					out[col] = sfwc_rbf(v);
+			}
+}
+
+int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
+			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
+			const int64_t *dpos, enum sfw_dtype act, void *stream)
+{
+	enum tc_mode mode = tc_mode_of(sfwi_cuda_cfg_stage1());
+	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || T > S1D_MAXT || n1 <= 0 || nkv <= 0 ||
+	    nh % nkv != 0 || nh / nkv > 16)
+		return 0;
+	if (hd != 32 && hd != 64 && hd != 128)
+		return 0;
+	/* grid.y of pass B is unsigned, and so are the key indices' products */
+	if (n1 / (S1D_W * S1D_KEYS) >= (int64_t)1 << 30)
+		return 0;
+	int G = nh / nkv, rows = T * nkv, sms = sfwi_cuda_sms();
+	if (n2 < 0)
+		n2 = 0;
+	/* pass A: splits of at least one CTA's step of keys, enough CTAs to
+	 * cover the machine once */
+	int nsplit = 1;
+	while (nsplit < S1D_MAXSPLIT && rows * nsplit < sms && n2 / (2 * nsplit) >= S1D_W * S1D_KEYS)
+		nsplit *= 2;
+	s1d_args a = {scores,
+		      (float *)sfwi_cuda_scratch((size_t)rows * nsplit * G * 2 * sizeof(float)),
+		      (const uint16_t *)q,
+		      (const uint16_t *)c1,
+		      (const uint16_t *)c2,
+		      n1,
+		      n2,
+		      pos0,
+		      T,
+		      nh,
+		      nkv,
+		      ksize,
+		      stride,
+		      nsplit,
+		      scale * 1.4426950408889634f,
+		      dpos};
+	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	dim3 ga((unsigned)rows, (unsigned)nsplit),
+	    gb((unsigned)rows, (unsigned)((n1 + S1D_W * S1D_KEYS - 1) / (S1D_W * S1D_KEYS)));
+	switch (hd) {
+	case 32:
+		sfwc_launch(stage1_dec_lse_kernel<32>, ga, dim3(S1D_W * 32), 0, s, a);
+		sfwc_launch(stage1_dec_score_kernel<32>, gb, dim3(S1D_W * 32), 0, s, a);
+		break;
+	case 64:
+		sfwc_launch(stage1_dec_lse_kernel<64>, ga, dim3(S1D_W * 32), 0, s, a);
+		sfwc_launch(stage1_dec_score_kernel<64>, gb, dim3(S1D_W * 32), 0, s, a);
+		break;
+	default:
+		sfwc_launch(stage1_dec_lse_kernel<128>, ga, dim3(S1D_W * 32), 0, s, a);
+		sfwc_launch(stage1_dec_score_kernel<128>, gb, dim3(S1D_W * 32), 0, s, a);
+		break;
+	}
+	SFW_CUDA_LAUNCHED();
+	return 1;
+}
+
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
 		   enum sfw_dtype act, void *stream)
@@ -205,8 +481,11 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, con
 	/* tile counts are int */
 	if (n1 / S1T_TILE >= (int64_t)1 << 30 || n2 / S1T_TILE >= (int64_t)1 << 30)
 		return 0;
-	/* auto: prefill-sized calls; one decode row is better served by the
-	 * CUDA-core kernel's split over the level-2 keys */
+	/* decode rows: the split over the keys above; between those and
+	 * prefill-sized calls (auto) the CUDA-core kernel */
+	if (T <= S1D_MAXT)
+		return sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale,
+					   NULL, act, stream);
 	if (mode == TC_AUTO && T < 64)
 		return 0;
 	s1tc_args a = {scores,

@@ -6,9 +6,10 @@
  * In bf16 mode the stage-1 scores are rounded to bf16 values (the reference
  * kernel writes bf16) and pooling works on those.
  *
- * Prefill-sized bf16 stage-1 calls go to the tensor-core kernel
+ * bf16 stage-1 calls of decode rows (T <= 16, the recorded step's too) and
+ * prefill-sized ones (T >= 64) go to the tensor-core kernels
  * (kernels/attn_tc_stage1.cu) unless SALAFW_CUDA_STAGE1=simt;
- * SALAFW_CUDA_STAGE1=tc sends every shape it supports there (tests). */
+ * SALAFW_CUDA_STAGE1=tc sends every shape they support there (tests). */
 #include "attn_tc.cuh"
 
 /* ---- compression ---- */
@@ -346,6 +347,8 @@ extern "C" void sfw_cuda_stage1_devpos(float *scores, const void *q, const void 
 	int64_t n1 = len_bound < ksize ? 0 : (len_bound - ksize) / stride + 1;
 	int64_t n2 = len_bound < 4 * ksize ? 0 : (len_bound - 4 * ksize) / (4 * stride) + 1;
 	if (n1 <= 0) /* no chunk can be complete within the bound: no scores */
+		return;
+	if (sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, dpos, act, stream))
 		return;
 	s1_args a = {scores, q, c1, c2, NULL, n1, n2, 0, 1, nh, nkv, ksize, stride, 1, scale, dpos};
 	s1_any(a, hd, act, stream);

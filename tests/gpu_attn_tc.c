@@ -236,7 +236,7 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 		if (m < 2)
 			cmp(modes[m], name, got[m], ref, ns, TOL_NMSE, TOL_MAXREL);
 	}
-	int want = T >= 64 ? 1 : 0; /* attn_tc_stage1.cu */
+	int want = T >= 64 || T <= 16 ? 1 : 0; /* attn_tc_stage1.cu: prefill-sized calls and decode rows */
 	CHECK(memcmp(got[2], got[want], ns * 4) == 0, "%s: the default path is not the %s kernel", name,
 	      modes[want]);
 	set_mode(NULL);
@@ -277,6 +277,13 @@ static void checks(void)
 	t_stage1(300, 300, 8, 2, 32); /* rows before and after the first level-2 chunk */
 	t_stage1(77, 5000, 16, 1, 64);
 	t_stage1(9, 1111, 32, 2, 128);
+	/* decode rows (T <= 16: the split over the keys), and the first row count past them */
+	t_stage1(1, 131072, 32, 2, 128);
+	t_stage1(1, 100, 8, 2, 32);  /* no level-2 chunk */
+	t_stage1(1, 129, 8, 2, 32);  /* one level-2 chunk */
+	t_stage1(3, 700, 16, 1, 64); /* rows of different visibility */
+	t_stage1(16, 50000, 32, 2, 128);
+	t_stage1(17, 3000, 32, 2, 128);
 }
 
 /* ---- timings on realistic prefill shapes ---- */
@@ -476,6 +483,8 @@ static void benches(void)
 	bench_stage1(8192, 131072);
 	bench_stage1(3200, 131072); /* the rows per batch the engine uses at 128K */
 	bench_stage1(8192, 32768);
+	bench_stage1(1, 131072); /* a decode row */
+	bench_stage1(1, 1048576);
 }
 
 int main(int argc, char **argv)
