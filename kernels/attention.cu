@@ -32,6 +32,9 @@ struct att_args {
 	 * recorded decode step); pos0 then only bounds the launch (dense: the
 	 * cache holds at most pos0 + T tokens) */
 	const int64_t *dpos;
+	/* the cache's pages (ops_cuda.h, struct sfw_cuda_pages): NULL = contiguous */
+	const int32_t *tab;
+	int shift;
 };
 
 /* Unit u of row (r, g): the first token of a 32-key tile, or -1 when the
@@ -54,14 +57,17 @@ static __device__ __forceinline__ int64_t unit_start(const att_args &a, const in
  * every thread loads its share of the next tile into registers while the
  * block works on the current one (independent loads: one memory latency per
  * tile, not one per element as scalar loads in a loop would cost). */
-/* The tile of unit start t0 (tokens t0 .. t0 + ATT_KT - 1 of KV group g):
- * thread-owned vectors i = threadIdx.x + n * ATT_THREADS; tokens past p load
- * as zeros (their scores are masked, their values weighted 0). */
+/* The tile of unit start t0 (tokens t0 .. t0 + ATT_KT - 1 of KV group g, at
+ * cache rows r0 .. r0 + ATT_KT - 1: a tile never straddles two blocks of a
+ * paged cache): thread-owned vectors i = threadIdx.x + n * ATT_THREADS;
+ * tokens past p load as zeros (their scores are masked, their values
+ * weighted 0). */
 template <typename A, int HD>
 struct kv_tile {
 	static constexpr int NV = (ATT_KT * HD / 8 + ATT_THREADS - 1) / ATT_THREADS;
 	vec8<A> k[NV], v[NV];
-	__device__ __forceinline__ void load(const A *kc, const A *vc, size_t kstride, int g, int64_t t0, int64_t p)
+	__device__ __forceinline__ void load(const A *kc, const A *vc, size_t kstride, int g, int64_t t0, int64_t r0,
+					     int64_t p)
 	{
 #pragma unroll
 		for (int n = 0; n < NV; n++) {
@@ -69,7 +75,7 @@ struct kv_tile {
 			int j = i / (HD / 8), c = (i % (HD / 8)) * 8;
 			int64_t t = t0 + j;
 			if (i < ATT_KT * HD / 8 && t <= p) {
-				size_t off = (size_t)t * kstride + (size_t)g * HD + c;
+				size_t off = (size_t)(r0 + j) * kstride + (size_t)g * HD + c;
 				k[n].load(kc + off), v[n].load(vc + off);
 			} else {
 				k[n].zero(), v[n].zero();
@@ -106,18 +112,19 @@ static __device__ __forceinline__ int next_unit(const att_args &a, const int32_t
 	return u1;
 }
 
-/* Row r's caches and position: the call's, or sequence r's. */
+/* Row r's caches, their block table and shift, and its position: the
+ * call's, or sequence r's. */
 static __device__ __forceinline__ int64_t row_seq(const att_args &a, const sfwc_one_seq &, int r, const void **kc,
-						  const void **vc)
+						  const void **vc, const int32_t **tab, int *shift)
 {
-	*kc = a.kc, *vc = a.vc;
+	*kc = a.kc, *vc = a.vc, *tab = a.tab, *shift = a.shift;
 	return (a.dpos ? *a.dpos : a.pos0) + r;
 }
 
 static __device__ __forceinline__ int64_t row_seq(const att_args &, const sfw_cuda_seqs &s, int r, const void **kc,
-						  const void **vc)
+						  const void **vc, const int32_t **tab, int *shift)
 {
-	*kc = s.p[0][r], *vc = s.p[1][r];
+	*kc = s.p[0][r], *vc = s.p[1][r], *tab = s.tab[r], *shift = s.shift;
 	return s.pos[r];
 }
 
@@ -144,7 +151,9 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv, split = blockIdx.y;
 	int G = a.nh / a.nkv, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 	const void *kv, *vv;
-	int64_t p = row_seq(a, sq, r, &kv, &vv);
+	const int32_t *tab;
+	int shift;
+	int64_t p = row_seq(a, sq, r, &kv, &vv, &tab, &shift);
 	const A *q = (const A *)a.q, *kc = (const A *)kv, *vc = (const A *)vv;
 	const int32_t *sel = a.idx ? a.idx + ((size_t)g * a.T + r) * a.k : NULL;
 	for (int i = threadIdx.x; i < ATT_WARPS * HPW * HD; i += ATT_THREADS)
@@ -165,7 +174,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 	int64_t t0 = -1, tn = -1;
 	int u = next_unit(a, sel, u0, u1, p, &t0);
 	if (u < u1)
-		tile.load(kc, vc, kstride, g, t0, p);
+		tile.load(kc, vc, kstride, g, t0, sfwc_kv_row(tab, shift, t0), p);
 	while (u < u1) {
 		__syncthreads(); /* the previous tile is no longer read */
 		tile.store(Ks, Vs);
@@ -173,7 +182,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 		/* the next tile's loads fly while this one is scored */
 		int un = next_unit(a, sel, u + 1, u1, p, &tn);
 		if (un < u1)
-			tile.load(kc, vc, kstride, g, tn, p);
+			tile.load(kc, vc, kstride, g, tn, sfwc_kv_row(tab, shift, tn), p);
 		bool valid = t0 + lane <= p;
 		/* scores of this warp's heads against key `lane`, all heads in one pass */
 		float s[HPW];
@@ -330,83 +339,115 @@ static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, void 
 	}
 }
 
+extern "C" void sfw_cuda_attn_dense_pg(void *o, const void *q, const void *kc, const void *vc,
+				       const struct sfw_cuda_pages *pg, int T, int nh, int nkv, int hd, int64_t pos0,
+				       float scale, enum sfw_dtype act, void *stream)
+{
+	if (sfwi_attn_tc(o, q, kc, vc, pg, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, stream))
+		return;
+	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
+	attn_any(a, sfwc_one_seq(), hd, act, stream);
+}
+
+extern "C" void sfw_cuda_attn_sparse_pg(void *o, const void *q, const void *kc, const void *vc,
+					const struct sfw_cuda_pages *pg, const int32_t *idx, int T, int nh, int nkv,
+					int hd, int64_t pos0, int k, int block, float scale, enum sfw_dtype act,
+					void *stream)
+{
+	if (sfwi_attn_tc(o, q, kc, vc, pg, idx, T, nh, nkv, hd, pos0, k, block, scale, act, stream))
+		return;
+	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
+	attn_any(a, sfwc_one_seq(), hd, act, stream);
+}
+
 extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
 				       int hd, int64_t pos0, float scale, enum sfw_dtype act, void *stream)
 {
-	if (sfwi_attn_tc(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, stream))
-		return;
-	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale, NULL};
-	attn_any(a, sfwc_one_seq(), hd, act, stream);
+	sfw_cuda_attn_dense_pg(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, scale, act, stream);
 }
 
 extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx,
 					int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
 					enum sfw_dtype act, void *stream)
 {
-	if (sfwi_attn_tc(o, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale, act, stream))
-		return;
-	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale, NULL};
-	attn_any(a, sfwc_one_seq(), hd, act, stream);
+	sfw_cuda_attn_sparse_pg(o, q, kc, vc, NULL, idx, T, nh, nkv, hd, pos0, k, block, scale, act, stream);
 }
 
 /* ---- a recorded decode step: the row's position read on the device ---- */
 
-extern "C" void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc, int nh, int nkv,
-					   int hd, int64_t len_bound, float scale, const int64_t *dpos,
-					   enum sfw_dtype act, void *stream)
+extern "C" void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc,
+					   const struct sfw_cuda_pages *pg, int nh, int nkv, int hd, int64_t len_bound,
+					   float scale, const int64_t *dpos, enum sfw_dtype act, void *stream)
 {
 	SFW_ASSERT(len_bound >= 1 && dpos);
 	/* the split count is planned for len_bound keys; a split past the
 	 * row's last key writes an empty partial (max -inf, sum 0) */
-	att_args a = {q, kc, vc, NULL, o, NULL, 1, nh, nkv, 0, 0, 1, len_bound - 1, scale, dpos};
+	att_args a = {q, kc, vc, NULL, o, NULL, 1, nh, nkv, 0, 0, 1, len_bound - 1, scale, dpos,
+		      sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
 	attn_any(a, sfwc_one_seq(), hd, act, stream);
 }
 
 extern "C" void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
-					    const int32_t *idx, int nh, int nkv, int hd, int k, int block, float scale,
-					    const int64_t *dpos, enum sfw_dtype act, void *stream)
+					    const struct sfw_cuda_pages *pg, const int32_t *idx, int nh, int nkv, int hd,
+					    int k, int block, float scale, const int64_t *dpos, enum sfw_dtype act,
+					    void *stream)
 {
 	SFW_ASSERT(dpos);
-	att_args a = {q, kc, vc, idx, o, NULL, 1, nh, nkv, k, block, 1, 0, scale, dpos};
+	att_args a = {q, kc, vc, idx, o, NULL, 1, nh, nkv, k, block, 1, 0, scale, dpos, sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
 	attn_any(a, sfwc_one_seq(), hd, act, stream);
 }
 
-/* One token's K and V rows (row_bytes each) to row *dpos of the caches. */
-static __global__ void kv_append_devpos_kernel(uint4 *kc, uint4 *vc, const uint4 *k, const uint4 *v, int n16,
-					       const int64_t *dpos)
+/* T tokens' K and V rows (n vectors of V each) from rows 0 .. T-1 of k, v to
+ * the cache rows of tokens pos0 + r (pos0 = *dpos when dpos is non-NULL):
+ * one block per token. */
+template <typename V>
+static __global__ void kv_write_kernel(V *kc, V *vc, const V *k, const V *v, int n, int64_t pos0,
+				       const int64_t *dpos, const int32_t *tab, int shift)
 {
 	sfwc_pdl_wait();
-	size_t base = (size_t)*dpos * (size_t)n16;
-	for (int i = threadIdx.x; i < n16; i += blockDim.x) {
-		kc[base + i] = k[i];
-		vc[base + i] = v[i];
+	int r = blockIdx.x;
+	size_t base = (size_t)sfwc_kv_row(tab, shift, (dpos ? *dpos : pos0) + r) * (size_t)n, src = (size_t)r * n;
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		kc[base + i] = k[src + i];
+		vc[base + i] = v[src + i];
 	}
 }
 
-static __global__ void kv_append_devpos_kernel2(uint16_t *kc, uint16_t *vc, const uint16_t *k, const uint16_t *v,
-						int n2, const int64_t *dpos)
+static void kv_write(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
+		     size_t row_bytes, int64_t pos0, const int64_t *dpos, int T, cudaStream_t s)
 {
-	sfwc_pdl_wait();
-	size_t base = (size_t)*dpos * (size_t)n2;
-	for (int i = threadIdx.x; i < n2; i += blockDim.x) {
-		kc[base + i] = k[i];
-		vc[base + i] = v[i];
-	}
-}
-
-extern "C" void sfw_cuda_kv_append_devpos(void *kc, void *vc, const void *k, const void *v, size_t row_bytes,
-					  const int64_t *dpos, void *stream)
-{
-	SFW_ASSERT(row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX && dpos);
-	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	SFW_ASSERT(row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX && T >= 1);
 	uintptr_t al = (uintptr_t)kc | (uintptr_t)vc | (uintptr_t)k | (uintptr_t)v | (uintptr_t)row_bytes;
+	const int32_t *tab = sfwc_pg_tab(pg);
+	int shift = sfwc_pg_shift(pg);
 	if (al % 16 == 0)
-		sfwc_launch(kv_append_devpos_kernel, dim3(1), dim3(256), 0, s, (uint4 *)kc, (uint4 *)vc,
-			    (const uint4 *)k, (const uint4 *)v, (int)(row_bytes / 16), dpos);
+		sfwc_launch(kv_write_kernel<uint4>, dim3((unsigned)T), dim3(256), 0, s, (uint4 *)kc, (uint4 *)vc,
+			    (const uint4 *)k, (const uint4 *)v, (int)(row_bytes / 16), pos0, dpos, tab, shift);
 	else
-		sfwc_launch(kv_append_devpos_kernel2, dim3(1), dim3(256), 0, s, (uint16_t *)kc, (uint16_t *)vc,
-			    (const uint16_t *)k, (const uint16_t *)v, (int)(row_bytes / 2), dpos);
+		sfwc_launch(kv_write_kernel<uint16_t>, dim3((unsigned)T), dim3(256), 0, s, (uint16_t *)kc,
+			    (uint16_t *)vc, (const uint16_t *)k, (const uint16_t *)v, (int)(row_bytes / 2), pos0, dpos,
+			    tab, shift);
 	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_cuda_kv_append_devpos(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k,
+					  const void *v, size_t row_bytes, const int64_t *dpos, void *stream)
+{
+	SFW_ASSERT(dpos);
+	kv_write(kc, vc, pg, k, v, row_bytes, 0, dpos, 1, SFW_CUDA_STREAM(stream));
+}
+
+extern "C" void sfw_cuda_kv_write_pg(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
+				     size_t row_bytes, int64_t pos0, int T, void *stream)
+{
+	if (T <= 0)
+		return;
+	if (!sfwc_pg_tab(pg)) { /* contiguous: the rows are one range */
+		sfw_cuda_d2d((char *)kc + (size_t)pos0 * row_bytes, k, (size_t)T * row_bytes, stream);
+		sfw_cuda_d2d((char *)vc + (size_t)pos0 * row_bytes, v, (size_t)T * row_bytes, stream);
+		return;
+	}
+	kv_write(kc, vc, pg, k, v, row_bytes, pos0, NULL, T, SFW_CUDA_STREAM(stream));
 }
 
 /* ---- a batched decode step: one row per sequence (ops_cuda.h) ---- */
@@ -420,7 +461,7 @@ extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sf
 		maxpos = s->pos[i] > maxpos ? s->pos[i] : maxpos;
 	/* pos0 + T = the longest row's keys: it plans the split count; a split
 	 * past a shorter row's last key writes an empty partial */
-	att_args a = {q, NULL, NULL, NULL, o, NULL, s->n, nh, nkv, 0, 0, 1, maxpos + 1 - s->n, scale, NULL};
+	att_args a = {q, NULL, NULL, NULL, o, NULL, s->n, nh, nkv, 0, 0, 1, maxpos + 1 - s->n, scale, NULL, NULL, 0};
 	attn_any(a, *s, hd, act, stream);
 }
 
@@ -432,7 +473,7 @@ static __global__ void kv_append_seqs_kernel(const sfw_cuda_seqs S, const V *k, 
 	sfwc_pdl_wait();
 	int b = blockIdx.x;
 	V *kc = (V *)S.p[0][b], *vc = (V *)S.p[1][b];
-	size_t base = (size_t)S.pos[b] * (size_t)nv, src = (size_t)S.row[b] * (size_t)nv;
+	size_t base = (size_t)sfwc_kv_row(S.tab[b], S.shift, S.pos[b]) * (size_t)nv, src = (size_t)S.row[b] * (size_t)nv;
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		kc[base + i] = k[src + i];
 		vc[base + i] = v[src + i];

@@ -31,6 +31,8 @@ struct atc_args {
 	int T, nh, nkv, k;
 	int64_t pos0;
 	float scale_log2; /* scale * log2(e) */
+	const int32_t *tab; /* the cache's pages (ops_cuda.h); NULL: contiguous */
+	int shift;
 };
 
 template <int HD> static constexpr size_t atc_smem(void)
@@ -105,7 +107,8 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_k
 			int64_t t = (int64_t)b * ATC_BLK + row;
 			bool ok = t <= pmax;
 			const uint16_t *src =
-			    (which ? a.vc : a.kc) + (ok ? ((size_t)t * a.nkv + g) * HD + ch * 8 : 0);
+			    (which ? a.vc : a.kc) +
+			    (ok ? ((size_t)sfwc_kv_row(a.tab, a.shift, t) * a.nkv + g) * HD + ch * 8 : 0);
 			tc_cp16(dst + which * TILE + row * LD + ch * 8, src, ok ? 16 : 0);
 		}
 		tc_cp_commit();
@@ -259,9 +262,9 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 	return 1;
 }
 
-int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T, int nh,
-		 int nkv, int hd, int64_t pos0, int k, int block, float scale, enum sfw_dtype act,
-		 void *stream)
+int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+		 const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
+		 enum sfw_dtype act, void *stream)
 {
 	enum tc_mode mode = tc_mode_of(sfwi_cuda_cfg_attn());
 	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
@@ -287,7 +290,9 @@ int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const i
 		      nkv,
 		      k,
 		      pos0,
-		      scale * 1.4426950408889634f};
+		      scale * 1.4426950408889634f,
+		      sfwc_pg_tab(pg),
+		      sfwc_pg_shift(pg)};
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	switch (hd) {
 	case 32:

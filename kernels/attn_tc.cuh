@@ -108,9 +108,9 @@ static inline enum tc_mode tc_mode_of(int cfg_mode)
 
 /* Tensor-core twins (bf16 activations only). Each returns 1 when it took the
  * call, 0 when the shape or the mode says the CUDA-core kernel should run. */
-int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T, int nh,
-		 int nkv, int hd, int64_t pos0, int k, int block, float scale, enum sfw_dtype act,
-		 void *stream);
+int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+		 const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
+		 enum sfw_dtype act, void *stream);
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
 		   enum sfw_dtype act, void *stream);

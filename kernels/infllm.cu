@@ -14,10 +14,11 @@
 
 /* ---- compression ---- */
 
-/* Chunks [j0, j1) of one level, grid-strided over (chunk, element). */
+/* Chunks [j0, j1) of one level, grid-strided over (chunk, element); token
+ * t of the cache k at row sfwc_kv_row(tab, shift, t) (contiguous: t). */
 template <typename A>
-static __device__ __forceinline__ void compress_chunks(A *c, const A *k, int row, int64_t j0, int64_t j1, int ksize,
-						       int stride)
+static __device__ __forceinline__ void compress_chunks(A *c, const A *k, const int32_t *tab, int shift, int row,
+						       int64_t j0, int64_t j1, int ksize, int stride)
 {
 	size_t n = (size_t)(j1 - j0) * row;
 	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
@@ -25,36 +26,43 @@ static __device__ __forceinline__ void compress_chunks(A *c, const A *k, int row
 		int i = (int)(e % row);
 		float s = 0;
 		for (int t = 0; t < ksize; t++)
-			s += act_ld(k, ((size_t)j * stride + t) * row + i);
+			s += act_ld(k, (size_t)sfwc_kv_row(tab, shift, j * stride + t) * row + i);
 		act_st(c, (size_t)j * row + i, s / (float)ksize);
 	}
 }
 
 template <typename A>
-static __global__ void compress_kernel(A *c, const A *k, int row, int64_t j0, int64_t j1, int ksize, int stride)
+static __global__ void compress_kernel(A *c, const A *k, const int32_t *tab, int shift, int row, int64_t j0,
+				       int64_t j1, int ksize, int stride)
 {
 	sfwc_pdl_wait();
-	compress_chunks(c, k, row, j0, j1, ksize, stride);
+	compress_chunks(c, k, tab, shift, row, j0, j1, ksize, stride);
 }
 
-extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
-				     int stride, enum sfw_dtype act, void *stream)
+extern "C" void sfw_cuda_compress_pg(void *c, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd,
+				     int64_t j0, int64_t j1, int ksize, int stride, enum sfw_dtype act, void *stream)
 {
 	if (j1 <= j0)
 		return;
 	size_t n = (size_t)(j1 - j0) * nkv * hd;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256);
-	ACT_DISPATCH(act, sfwc_launch(compress_kernel<A>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), (A *)c, (const A *)k, nkv * hd,
-												 j0, j1, ksize, stride));
+	ACT_DISPATCH(act, sfwc_launch(compress_kernel<A>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), (A *)c,
+				      (const A *)k, sfwc_pg_tab(pg), sfwc_pg_shift(pg), nkv * hd, j0, j1, ksize, stride));
 	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
+				     int stride, enum sfw_dtype act, void *stream)
+{
+	sfw_cuda_compress_pg(c, k, NULL, nkv, hd, j0, j1, ksize, stride, act, stream);
 }
 
 /* A recorded decode step appended the token at position *dpos: the level-1
  * (blockIdx.y 0) and level-2 (1) chunks that this token completes, i.e.
  * chunks [nchunks(p), nchunks(p + 1)) of each level (at most one). */
 template <typename A>
-static __global__ void compress_devpos_kernel(A *c1, A *c2, const A *k, int row, int ksize, int stride,
-					      const int64_t *dpos)
+static __global__ void compress_devpos_kernel(A *c1, A *c2, const A *k, const int32_t *tab, int shift, int row,
+					      int ksize, int stride, const int64_t *dpos)
 {
 	sfwc_pdl_wait();
 	int lv = blockIdx.y;
@@ -62,11 +70,11 @@ static __global__ void compress_devpos_kernel(A *c1, A *c2, const A *k, int row,
 	A *c = lv ? c2 : c1;
 	int64_t p = *dpos;
 	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
-	compress_chunks(c, k, row, j0, j1, ks, st);
+	compress_chunks(c, k, tab, shift, row, j0, j1, ks, st);
 }
 
 /* A batched decode step: sequence blockIdx.z's token at pos[z]; p[0] c1,
- * p[1] c2, p[2] its K cache. */
+ * p[1] c2, p[2] its K cache (paged by tab[z]). */
 template <typename A>
 static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int ksize, int stride)
 {
@@ -76,7 +84,7 @@ static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int 
 	A *c = (A *)S.p[lv][z];
 	int64_t p = S.pos[z];
 	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
-	compress_chunks(c, (const A *)S.p[2][z], row, j0, j1, ks, st);
+	compress_chunks(c, (const A *)S.p[2][z], S.tab[z], S.shift, row, j0, j1, ks, st);
 }
 
 extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
@@ -89,13 +97,15 @@ extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, i
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, int nkv, int hd, int ksize, int stride,
-					 const int64_t *dpos, enum sfw_dtype act, void *stream)
+extern "C" void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv,
+					 int hd, int ksize, int stride, const int64_t *dpos, enum sfw_dtype act,
+					 void *stream)
 {
 	SFW_ASSERT(dpos && ksize >= 1 && stride >= 1);
 	int row = nkv * hd;
 	ACT_DISPATCH(act, sfwc_launch(compress_devpos_kernel<A>, dim3((unsigned)((row + 255) / 256), 2), dim3(256), 0,
-				      SFW_CUDA_STREAM(stream), (A *)c1, (A *)c2, (const A *)k, row, ksize, stride, dpos));
+				      SFW_CUDA_STREAM(stream), (A *)c1, (A *)c2, (const A *)k, sfwc_pg_tab(pg),
+				      sfwc_pg_shift(pg), row, ksize, stride, dpos));
 	SFW_CUDA_LAUNCHED();
 }
 

@@ -93,6 +93,33 @@ void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dty
 				  enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
 				  int64_t pos0, const int64_t *dpos, float theta, enum sfw_dtype act, void *stream);
 
+/* ---- paged KV caches (runner/batch.h, runner/backend_cuda.c) ----
+ * The K and V of a paged cache live in blocks of 2^shift tokens drawn from
+ * one pool: token t of the cache is row (tab[t >> shift] << shift) + (t &
+ * (2^shift - 1)) of the pool's [blocks << shift, nkv, hd] arrays kc, vc;
+ * tab (device memory, int32) is the cache's block table. Every op taking a
+ * `const struct sfw_cuda_pages *pg` means its contiguous twin (row t at t)
+ * on the cache those rows make up; pg NULL or pg->tab NULL is the
+ * contiguous cache itself. shift >= 5 (a 32-token attention tile never
+ * straddles two blocks). */
+struct sfw_cuda_pages {
+	const int32_t *tab;
+	int shift;
+};
+/* sfw_op_attn_dense_cuda, sfw_op_attn_sparse_cuda, sfw_op_compress_cuda
+ * (kernels/ops.h) on a paged cache; those are these with pg NULL. */
+void sfw_cuda_attn_dense_pg(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+			    int T, int nh, int nkv, int hd, int64_t pos0, float scale, enum sfw_dtype act, void *stream);
+void sfw_cuda_attn_sparse_pg(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+			     const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block,
+			     float scale, enum sfw_dtype act, void *stream);
+void sfw_cuda_compress_pg(void *c, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd, int64_t j0,
+			  int64_t j1, int ksize, int stride, enum sfw_dtype act, void *stream);
+/* T rows of k and v (row_bytes each) to rows pos0 .. pos0 + T - 1 of the
+ * cache (a contiguous one: one copy each). */
+void sfw_cuda_kv_write_pg(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
+			  size_t row_bytes, int64_t pos0, int T, void *stream);
+
 /* ---- a recorded decode step (one row, its position read on the device) ----
  * Each op means its sfw_op_*_cuda twin (kernels/ops.h) called with T = 1 and
  * pos0 = *dpos, read when the kernel runs, so one captured graph serves every
@@ -104,13 +131,14 @@ void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dty
  * pooled up to [nkv, ceil(len_bound/block)] floats); the kernels pack scores
  * and pooled values at the actual lengths ([nkv, n1], [nkv, nblocks]).
  * Callers (runner/backend_cuda.c) re-record past it. */
-/* K and V rows (row_bytes each) to row *dpos of the caches (sfw_backend kv_append). */
-void sfw_cuda_kv_append_devpos(void *kc, void *vc, const void *k, const void *v, size_t row_bytes,
-			       const int64_t *dpos, void *stream);
+/* K and V rows (row_bytes each) to row *dpos of the caches (sfw_backend kv_append).
+ * pg: the caches' pages (above; NULL: contiguous), here and below. */
+void sfw_cuda_kv_append_devpos(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
+			       size_t row_bytes, const int64_t *dpos, void *stream);
 /* The level-1 and level-2 chunks the token at *dpos completes (sfw_op_compress_cuda
  * for chunks [nchunks(p), nchunks(p + 1)) of each level; c1, c2 as the cache holds them). */
-void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, int nkv, int hd, int ksize, int stride,
-			      const int64_t *dpos, enum sfw_dtype act, void *stream);
+void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd,
+			      int ksize, int stride, const int64_t *dpos, enum sfw_dtype act, void *stream);
 void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv, int hd,
 			    int64_t len_bound, int ksize, int stride, float scale, const int64_t *dpos,
 			    enum sfw_dtype act, void *stream);
@@ -122,12 +150,12 @@ void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int
  * launch, from the level-1 scores (no pooled array written): equal idx. */
 void sfw_cuda_pool_topk_devpos(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
 			       int init_blocks, int local_blocks, const int64_t *dpos, void *stream);
-void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int nh,
-				 int nkv, int hd, int k, int block, float scale, const int64_t *dpos,
-				 enum sfw_dtype act, void *stream);
-void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc, int nh, int nkv, int hd,
-				int64_t len_bound, float scale, const int64_t *dpos, enum sfw_dtype act,
-				void *stream);
+void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
+				 const struct sfw_cuda_pages *pg, const int32_t *idx, int nh, int nkv, int hd, int k,
+				 int block, float scale, const int64_t *dpos, enum sfw_dtype act, void *stream);
+void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc,
+				const struct sfw_cuda_pages *pg, int nh, int nkv, int hd, int64_t len_bound, float scale,
+				const int64_t *dpos, enum sfw_dtype act, void *stream);
 
 /* ---- a batched decode step: one row per sequence ----
  * Row s->row[i] of the call's q, k, v, o belongs to sequence i of s, whose
@@ -137,13 +165,18 @@ void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const vo
  * sfw_cuda_*_devpos form at *dpos = pos[i]) on every row, so the plain-C
  * twins are those of the single ops, applied sequence by sequence
  * (runner/backend_compose.c). The table travels by value in the launch
- * parameters (2 KiB): no staging copy, and a recorded launch keeps it. */
+ * parameters (3 KiB): no staging copy, and a recorded launch keeps it. */
 #define SFW_CUDA_SEQS_MAX 64
 struct sfw_cuda_seqs {
 	int n;                            /* 1 .. SFW_CUDA_SEQS_MAX */
 	int64_t pos[SFW_CUDA_SEQS_MAX];
 	int row[SFW_CUDA_SEQS_MAX];       /* its row of q, k, v, o (distinct) */
 	void *p[3][SFW_CUDA_SEQS_MAX];    /* per op, below */
+	/* paged K/V caches (p[0], p[1], and p[2] of compress: the pool's
+	 * arrays): sequence i's block table, NULL when its cache is
+	 * contiguous; the blocks are 2^shift tokens (sfw_cuda_pages) */
+	const int32_t *tab[SFW_CUDA_SEQS_MAX];
+	int shift;
 };
 /* p[0] the K caches, p[1] the V caches; k, v rows of row_bytes. */
 void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,

@@ -4,6 +4,10 @@
  * slabs (no per-tensor cudaMalloc); caches in device memory, the sparse KV
  * cache growing in whole 64-token blocks (exactly the reserved length when
  * the context is reserved up front), lightning states fp32 updated in place.
+ * A batch's caches may instead be paged (pool_new): their K/V blocks come
+ * from one pool allocated up front, found through a block table per cache
+ * that the attention, compression and K/V append kernels read
+ * (kernels/ops_cuda.h, struct sfw_cuda_pages).
  * Every op runs on the backend's one stream; the host waits only in to_host
  * and sync. CUDA runtime calls live in kernels/ (ops_cuda.h), so this file is
  * plain C. */
@@ -93,6 +97,25 @@ struct cu_layer {
 struct sfw_bcache {
 	struct sfw_cache_desc d;
 	struct cu_layer *L;
+	/* paged (d.pool != NULL): every sparse layer's k, v are the pool's
+	 * arrays of that layer, pg.tab the device copy of table[0..maxblk)
+	 * (entries [0, nblk) are the blocks taken); cap = nblk blocks. The
+	 * compressed keys are allocated for maxblk blocks at once, so they never
+	 * move (a recorded step stays valid as the cache grows). pg.tab NULL:
+	 * contiguous caches of their own. */
+	struct sfw_cuda_pages pg;
+	int32_t *table;
+	int64_t nblk, maxblk;
+};
+
+/* The paged KV pool: per sparse layer si, K then V of `nblocks` blocks
+ * (block b of layer si's K at mem + ((si * 2) * nblocks + b) * bb). */
+struct sfw_bpool {
+	void *mem;
+	size_t bb; /* bytes of one block of one layer's K (or V) */
+	int nsparse, shift;
+	int64_t nblocks, nfree;
+	int32_t *free; /* stack of free block ids */
 };
 
 static void prof_report(struct cu_be *b);
@@ -686,17 +709,71 @@ static void layer_free(struct cu_layer *l)
 	memset(l, 0, sizeof(*l));
 }
 
+/* Every block the paged cache holds back to its pool (ordered on the one
+ * stream: a block's next owner writes after this owner's last reads). */
+static void pages_release(struct sfw_bcache *c)
+{
+	struct sfw_bpool *p = c->d.pool;
+	while (c->nblk > 0)
+		p->free[p->nfree++] = c->table[--c->nblk];
+	for (int i = 0; i < c->d.n_layers; i++)
+		if (c->L[i].sparse)
+			c->L[i].cap = 0;
+}
+
 static void cu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 {
 	if (!c)
 		return;
 	sfw_cuda_sync(S(be));
 	prof_report(IMPL(be)); /* one report per context (a bench run) */
+	if (c->table)
+		pages_release(c);
 	if (c->L)
-		for (int i = 0; i < c->d.n_layers; i++)
+		for (int i = 0; i < c->d.n_layers; i++) {
+			if (c->table) /* the pool's, not this cache's */
+				c->L[i].k = c->L[i].v = NULL;
 			layer_free(&c->L[i]);
+		}
+	sfw_cuda_free((void *)c->pg.tab);
+	sfw_free(c->table);
 	sfw_free(c->L);
 	sfw_free(c);
+}
+
+/* A paged cache: the pool's arrays, a block table for max_tokens, and the
+ * compressed keys for max_tokens. */
+static enum sfw_status cache_pages_new(struct sfw_bcache *c, struct sfw_err *err)
+{
+	const struct sfw_cache_desc *d = &c->d;
+	struct sfw_bpool *p = d->pool;
+	if (d->max_tokens < 1 || d->block != 1 << p->shift)
+		return sfw_fail(err, SFW_E_INVAL, "a paged KV cache needs a context length and the pool's block size");
+	c->maxblk = (d->max_tokens + d->block - 1) / d->block;
+	size_t tb = (size_t)c->maxblk * sizeof(int32_t);
+	if (!(c->table = sfw_malloc(tb)))
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for a block table");
+	void *tab;
+	enum sfw_status s = sfw_cuda_malloc(&tab, tb, "a KV block table", err);
+	if (s != SFW_OK)
+		return s;
+	c->pg.tab = tab, c->pg.shift = p->shift;
+	size_t row = (size_t)d->nkv * d->hd * 2;
+	int64_t cap = c->maxblk * d->block, cap1 = cap / d->stride + 1, cap2 = cap / (4 * d->stride) + 1;
+	int si = 0;
+	for (int i = 0; i < d->n_layers; i++) {
+		struct cu_layer *l = &c->L[i];
+		if (!l->sparse)
+			continue;
+		l->k = (char *)p->mem + (size_t)si * 2 * (size_t)p->nblocks * p->bb;
+		l->v = (char *)l->k + (size_t)p->nblocks * p->bb;
+		si++;
+		if ((s = sfw_cuda_malloc(&l->c1, (size_t)cap1 * row, "the compressed keys", err)) != SFW_OK ||
+		    (s = sfw_cuda_malloc(&l->c2, (size_t)cap2 * row, "the compressed keys", err)) != SFW_OK)
+			return s;
+		l->cap1 = cap1, l->cap2 = cap2;
+	}
+	return SFW_OK;
 }
 
 static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cache_desc *d, struct sfw_bcache **out,
@@ -730,6 +807,13 @@ static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cac
 			sfw_cuda_memset(c->L[i].state, 0, sbytes, S(be));
 		}
 	}
+	if (d->pool) {
+		enum sfw_status s = cache_pages_new(c, err);
+		if (s != SFW_OK) {
+			cu_cache_free(be, c);
+			return s;
+		}
+	}
 	*out = c;
 	return SFW_OK;
 }
@@ -751,10 +835,37 @@ static enum sfw_status regrow(struct sfw_backend *be, void **p, size_t old, size
 	return SFW_OK;
 }
 
+/* Paged: blocks for `tokens` tokens, all of them or none; the new table
+ * entries to the device, ordered before the ops that read them. */
+static enum sfw_status pages_reserve(struct sfw_backend *be, struct sfw_bcache *c, int64_t tokens,
+				     struct sfw_err *err)
+{
+	const struct sfw_cache_desc *d = &c->d;
+	struct sfw_bpool *p = d->pool;
+	int64_t need = (tokens + d->block - 1) / d->block, had = c->nblk;
+	if (need > c->maxblk)
+		return sfw_fail(err, SFW_E_RANGE, "a paged KV cache holds at most %lld tokens, not %lld",
+				(long long)d->max_tokens, (long long)tokens);
+	if (need <= had)
+		return SFW_OK;
+	if (p->nfree < need - had)
+		return sfw_fail(err, SFW_E_NOSPACE, "KV pool full: %lld of %lld blocks in use",
+				(long long)(p->nblocks - p->nfree), (long long)p->nblocks);
+	for (; c->nblk < need; c->nblk++)
+		c->table[c->nblk] = p->free[--p->nfree];
+	sfw_cuda_h2d((int32_t *)c->pg.tab + had, c->table + had, (size_t)(need - had) * sizeof(int32_t), S(be));
+	for (int i = 0; i < d->n_layers; i++)
+		if (c->L[i].sparse)
+			c->L[i].cap = need * d->block;
+	return SFW_OK;
+}
+
 static enum sfw_status cu_cache_reserve(struct sfw_backend *be, struct sfw_bcache *c, int64_t tokens,
 					struct sfw_err *err)
 {
 	const struct sfw_cache_desc *d = &c->d;
+	if (c->table)
+		return pages_reserve(be, c, tokens, err);
 	size_t row = (size_t)d->nkv * d->hd * 2;
 	int64_t need = (tokens + d->block - 1) / d->block * d->block;
 	int grown = 0;
@@ -791,6 +902,8 @@ static enum sfw_status cu_cache_reserve(struct sfw_backend *be, struct sfw_bcach
 
 static void cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 {
+	if (c->table) /* every block back to the pool */
+		pages_release(c);
 	for (int i = 0; i < c->d.n_layers; i++) {
 		struct cu_layer *l = &c->L[i];
 		l->len = l->n1 = l->n2 = 0;
@@ -829,8 +942,13 @@ static void cache_advance(struct sfw_bcache *c, int T)
 	}
 }
 
+/* The tokens a recorded step may reach: what the cache holds room for, or a
+ * paged cache's whole table (its blocks are reserved before each step;
+ * the compressed keys are allocated for all of it). */
 static int64_t cu_cache_room(const struct sfw_bcache *c)
 {
+	if (c->table)
+		return c->maxblk * c->d.block;
 	int64_t room = INT64_MAX;
 	for (int i = 0; i < c->d.n_layers; i++)
 		if (c->L[i].sparse && c->L[i].cap < room)
@@ -845,14 +963,11 @@ static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer
 	size_t row = (size_t)c->d.nkv * c->d.hd * 2;
 	if (IMPL(be)->rec) { /* at row *rec_pos; cache_advance moves len after the replay */
 		SFW_ASSERT(l->sparse && T == 1);
-		sfw_cuda_kv_append_devpos(l->k, l->v, k, v, row, IMPL(be)->rec_pos, S(be));
+		sfw_cuda_kv_append_devpos(l->k, l->v, &c->pg, k, v, row, IMPL(be)->rec_pos, S(be));
 		return;
 	}
 	SFW_ASSERT(l->sparse && l->len + T <= l->cap);
-	prof_begin(be);
-	sfw_cuda_d2d((char *)l->k + (size_t)l->len * row, k, (size_t)T * row, S(be));
-	sfw_cuda_d2d((char *)l->v + (size_t)l->len * row, v, (size_t)T * row, S(be));
-	prof_end(be, P_KV);
+	PROF(P_KV, sfw_cuda_kv_write_pg(l->k, l->v, &c->pg, k, v, row, l->len, T, S(be)));
 	l->len += T;
 }
 
@@ -862,12 +977,12 @@ static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct
 	struct cu_layer *l = &c->L[layer];
 	if (IMPL(be)->rec) {
 		SFW_ASSERT(T == 1);
-		sfw_cuda_attn_dense_devpos(o, q, l->k, l->v, nh, c->d.nkv, c->d.hd, IMPL(be)->rec_bound, scale,
+		sfw_cuda_attn_dense_devpos(o, q, l->k, l->v, &c->pg, nh, c->d.nkv, c->d.hd, IMPL(be)->rec_bound, scale,
 					   IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
 		return;
 	}
-	PROF(P_DENSE,
-	     sfw_op_attn_dense_cuda(o, q, l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale, SFW_DTYPE_BF16, S(be)));
+	PROF(P_DENSE, sfw_cuda_attn_dense_pg(o, q, l->k, l->v, &c->pg, T, nh, c->d.nkv, c->d.hd, l->len - T, scale,
+					     SFW_DTYPE_BF16, S(be)));
 }
 
 static int64_t nchunks(int64_t len, int ksize, int stride)
@@ -881,18 +996,19 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	struct cu_layer *l = &c->L[layer];
 	const struct sfw_cache_desc *d = &c->d;
 	if (IMPL(be)->rec) { /* the chunks the step's token completes */
-		sfw_cuda_compress_devpos(l->c1, l->c2, l->k, d->nkv, d->hd, d->ksize, d->stride, IMPL(be)->rec_pos,
-					 SFW_DTYPE_BF16, S(be));
+		sfw_cuda_compress_devpos(l->c1, l->c2, l->k, &c->pg, d->nkv, d->hd, d->ksize, d->stride,
+					 IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
 		return SFW_OK;
 	}
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 	prof_begin(be);
 	if (t1 > l->n1)
-		sfw_op_compress_cuda(l->c1, l->k, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_DTYPE_BF16, S(be));
-	if (t2 > l->n2)
-		sfw_op_compress_cuda(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride, SFW_DTYPE_BF16,
+		sfw_cuda_compress_pg(l->c1, l->k, &c->pg, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_DTYPE_BF16,
 				     S(be));
+	if (t2 > l->n2)
+		sfw_cuda_compress_pg(l->c2, l->k, &c->pg, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride,
+				     SFW_DTYPE_BF16, S(be));
 	prof_end(be, P_COMPRESS);
 	l->n1 = t1 > l->n1 ? t1 : l->n1;
 	l->n2 = t2 > l->n2 ? t2 : l->n2;
@@ -1007,12 +1123,12 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 	struct cu_layer *l = &c->L[layer];
 	if (IMPL(be)->rec) {
 		SFW_ASSERT(sp->T == 1);
-		sfw_cuda_attn_sparse_devpos(o, q, l->k, l->v, idx, nh, c->d.nkv, c->d.hd, sp->k, sp->block, sp->scale,
-					    IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_attn_sparse_devpos(o, q, l->k, l->v, &c->pg, idx, nh, c->d.nkv, c->d.hd, sp->k, sp->block,
+					    sp->scale, IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
 		return;
 	}
-	PROF(P_SPARSE, sfw_op_attn_sparse_cuda(o, q, l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k,
-					      sp->block, sp->scale, SFW_DTYPE_BF16, S(be)));
+	PROF(P_SPARSE, sfw_cuda_attn_sparse_pg(o, q, l->k, l->v, &c->pg, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0,
+					       sp->k, sp->block, sp->scale, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
@@ -1045,12 +1161,19 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 	struct cu_be *b = IMPL(be);
 	int n = 0;
 	sp->nrest = 0;
+	sp->t.shift = 0;
 	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
 	for (int i = 0; i < ns; i++) {
 		if (!b->rec && !b->no_seqs && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer))) {
+			const struct sfw_bcache *c = s[i].cache;
 			sp->one[n] = &s[i];
 			sp->t.pos[n] = s[i].pos0;
 			sp->t.row[n] = s[i].row0;
+			sp->t.tab[n] = c->pg.tab; /* one pool per batch: one shift */
+			if (c->pg.tab) {
+				SFW_ASSERT(sp->t.shift == 0 || sp->t.shift == c->pg.shift);
+				sp->t.shift = c->pg.shift;
+			}
 			n++;
 		} else {
 			sp->rest[sp->nrest++] = s[i];
@@ -1257,6 +1380,8 @@ static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_b
 	if (!step_ready(be, recp, c, pos, sparse, fn, arg, &s, err))
 		return s != SFW_OK ? s : fn(arg, err);
 	struct cu_step *r = *recp;
+	/* a paged cache's recording reaches its whole table: the block of pos must be taken */
+	SFW_ASSERT(!c->table || pos < c->nblk * c->d.block);
 	cu_from_host(be, r->pos, &pos, sizeof(pos));
 	sfw_cuda_graph_launch(r->graph, S(be));
 	cache_advance(c, 1);
@@ -1273,32 +1398,65 @@ static enum sfw_status cu_step_record(struct sfw_backend *be, void **recp, struc
 	return s;
 }
 
-/* bf16/f32 weights everywhere, int8 in the products; no paged KV yet
- * (batches keep a cache per sequence); recordings unless graphs are off. */
+/* bf16/f32 weights everywhere, int8 in the products; paged KV; recordings
+ * unless graphs are off. */
 static int cu_supports(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
 {
 	if (op == SFW_BOP_RECORD)
 		return ((const struct cu_be *)be->impl)->graphs;
-	return op != SFW_BOP_POOL && sfwi_weight_dtype_ok(op, dt);
+	if (op == SFW_BOP_POOL)
+		return 1;
+	return sfwi_weight_dtype_ok(op, dt);
 }
 
 static enum sfw_status cu_pool_new(struct sfw_backend *be, const struct sfw_cache_desc *d, int64_t blocks,
 				   struct sfw_bpool **out, struct sfw_err *err)
 {
-	(void)be, (void)d, (void)blocks;
+	(void)be;
 	*out = NULL;
-	return sfw_fail(err, SFW_E_UNSUPPORTED, "the CUDA backend has no paged KV pool yet");
+	int nsparse = 0, shift = 0;
+	for (int i = 0; i < d->n_layers; i++)
+		nsparse += d->mixer[i] == SFW_MIXER_SPARSE;
+	while (shift < 30 && (1 << shift) < d->block)
+		shift++;
+	/* a block holds whole 32-token attention tiles (sfw_cuda_pages) */
+	if (nsparse == 0 || d->block != 1 << shift || shift < 5)
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "no paged KV pool for blocks of %d tokens here (a power of two, at least 32)",
+				d->block);
+	size_t bb = (size_t)d->block * d->nkv * d->hd * 2;
+	if (blocks < 1 || blocks > INT32_MAX || (size_t)blocks > SIZE_MAX / bb / 2 / (size_t)nsparse)
+		return sfw_fail(err, SFW_E_INVAL, "invalid KV pool size (%lld blocks)", (long long)blocks);
+	struct sfw_bpool *p = sfw_calloc(1, sizeof(*p));
+	if (!p || !(p->free = sfw_malloc((size_t)blocks * sizeof(int32_t)))) {
+		sfw_free(p);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	p->bb = bb, p->nsparse = nsparse, p->shift = shift, p->nblocks = blocks, p->nfree = blocks;
+	for (int64_t i = 0; i < blocks; i++) /* popped lowest first */
+		p->free[i] = (int32_t)(blocks - 1 - i);
+	enum sfw_status s = sfw_cuda_malloc(&p->mem, (size_t)nsparse * 2 * (size_t)blocks * bb, "the KV pool", err);
+	if (s != SFW_OK) {
+		sfw_free(p->free), sfw_free(p);
+		return s;
+	}
+	*out = p;
+	return SFW_OK;
 }
 
 static void cu_pool_free(struct sfw_backend *be, struct sfw_bpool *p)
 {
-	(void)be, (void)p;
+	if (!p)
+		return;
+	sfw_cuda_sync(S(be));
+	sfw_cuda_free(p->mem);
+	sfw_free(p->free);
+	sfw_free(p);
 }
 
 static int64_t cu_pool_used(struct sfw_backend *be, const struct sfw_bpool *p)
 {
-	(void)be, (void)p;
-	return 0;
+	(void)be;
+	return p->nblocks - p->nfree;
 }
 
 /* The CUDA ops report no failure they could not return. */

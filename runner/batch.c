@@ -10,13 +10,13 @@
  * (room, in tokens, block-granular; a reserve never shrinks), so the
  * accounting is exact in both modes, paged (the backend's pool) or not.
  *
- * Caches of their own (no pool: the CUDA backend) are kept when their
- * sequence closes, parked in the slot with their room, and reset for the
+ * A closed sequence's cache is kept, parked in the slot, and reset for the
  * slot's next sequence: opening and closing a sequence then allocates and
  * frees nothing on the device (a server opens one per request; each
- * allocation, growth and free of a cache waited for the device). Parked
- * rooms count against the budget like open ones; a step that needs their
- * blocks frees the parked caches first. */
+ * allocation, growth and free of a cache waited for the device). Paged, its
+ * blocks go back to the pool when it closes. Caches of their own keep their
+ * room while parked; it counts against the budget like an open one's, and
+ * a step that needs those blocks frees the parked caches first. */
 #include "runner/batch.h"
 #include "alloc.h"
 #include "log.h"
@@ -203,12 +203,16 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 	if (!b || seq < 0 || seq >= SFW_BATCH_MAX_SEQS || !b->seq[seq].open)
 		return;
 	struct bseq *q = &b->seq[seq];
-	if (b->pool || q->broken) { /* paged: the blocks go back to the pool now */
+	if (q->broken) {
 		slot_free(b, q);
 		return;
 	}
 	b->m->be->step_free(b->m->be, q->rec); /* recorded over this sequence's lengths */
 	q->rec = NULL;
+	if (b->pool) { /* paged: the blocks go back to the pool now; the cache is parked without them */
+		b->m->be->cache_reset(b->m->be, q->cache);
+		q->room = 0;
+	}
 	q->open = 0, q->pos = 0, q->stamp = 0;
 }
 

@@ -25,24 +25,25 @@
  * A step whose new tokens need more blocks than are free fails with
  * SFW_E_NOSPACE "KV pool full: N of M blocks in use" before anything ran:
  * every sequence stays as it was and usable.
- *   Paged (sfw_batch_paged = 1; the CPU backend, when a block is whole pages
- * and the pool within its mapping limit: runner/backend_cpu.c): the pool is
- * one allocation made at sfw_batch_new, and a sequence's blocks are mapped
+ *   Paged (sfw_batch_paged = 1): the pool is one allocation made at
+ * sfw_batch_new. The CPU backend (when a block is whole pages and the pool
+ * within its mapping limit: runner/backend_cpu.c) maps a sequence's blocks
  * into an address range of its own, so the ops read its K/V as one array
- * while the memory is the pool's. Not paged (CUDA, or shapes the CPU cannot
- * map): the blocks are a budget over per-sequence caches grown block by
- * block (as struct sfw_ctx's) and freed when the sequence closes; the same
- * API and errors, but memory is taken as sequences grow, not up front.
+ * while the memory is the pool's; the CUDA backend (blocks of a power of two
+ * >= 32 tokens) gives each sequence a block table that its attention,
+ * compression and K/V append kernels read (kernels/ops_cuda.h, struct
+ * sfw_cuda_pages). Not paged (shapes neither can page): the blocks are a
+ * budget over per-sequence caches grown block by block (as struct
+ * sfw_ctx's); the same API and errors, but memory is taken as sequences
+ * grow, not up front.
  *   On CUDA the decode rows of a step (one row each) share one launch per
  * layer and op (the backend's *_seqs ops: K/V append, compression, dense
  * attention, q/k norm + RoPE, GLA); prefill chunks and the sparse-mode
  * selection run per sequence; a step of one sequence's single decode row
  * replays that sequence's recorded step (be->step, the batch-size-1
- * bucket). Not done yet: paging on CUDA (block tables read by the CUDA
- * attention, compression and selection kernels, or virtual-memory
- * mapping), and recorded graphs of wider steps (buckets 2 .. 64): those
- * launch op by op. The compressed keys (1/16 of the tokens) stay per
- * sequence.
+ * bucket). Not done yet: recorded graphs of wider steps (buckets 2 .. 64):
+ * those launch op by op. The compressed keys (1/16 of the tokens) stay per
+ * sequence (paged caches allocate them for max_ctx when they are made).
  *
  * A batch is used by one thread at a time. */
 #ifndef SFW_BATCH_H
@@ -76,9 +77,9 @@ void sfw_batch_free(struct sfw_batch *b); /* NULL is a no-op */
 /* A free sequence slot, empty (position 0): SFW_E_RANGE "all N sequences in
  * use" when there is none. */
 SFW_MUST_CHECK enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err *err);
-/* Frees the slot. Paged: its KV blocks return to the pool at once. Caches
- * of their own: the cache is kept (parked) for the slot's next sequence,
- * which finds it emptied (no device allocation per sequence); its blocks
+/* Frees the slot. The cache is kept (parked) for the slot's next sequence,
+ * which finds it emptied (no device allocation per sequence). Paged: its KV
+ * blocks return to the pool at once. Caches of their own: their blocks
  * count against pool_tokens until then, or until a step needs them (the
  * parked caches are freed first). A closed or invalid seq is a no-op. */
 void sfw_batch_seq_close(struct sfw_batch *b, int seq);

@@ -163,6 +163,37 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int hol
 	return idx;
 }
 
+/* A block table for a cache of nb 64-token blocks: distinct places in a
+ * pool of 2 nb blocks, shuffled. */
+static int32_t *shuffled_table(int64_t nb)
+{
+	int64_t pool = 2 * nb;
+	int32_t *t = malloc((size_t)pool * sizeof(int32_t));
+	for (int64_t i = 0; i < pool; i++)
+		t[i] = (int32_t)i;
+	for (int64_t i = pool - 1; i > 0; i--) { /* Fisher-Yates */
+		int64_t j = (int64_t)(urand64() % (uint64_t)(i + 1));
+		int32_t x = t[i];
+		t[i] = t[j], t[j] = x;
+	}
+	return t;
+}
+
+/* A paged copy of a [L, row] bf16 cache (kernels/ops_cuda.h, struct
+ * sfw_cuda_pages): block b at place t[b] of a pool of 2 nb blocks, the
+ * other blocks NaN. */
+static void *paged_copy(const uint16_t *h, int64_t L, int row, const int32_t *t)
+{
+	int64_t nb = (L + 63) / 64;
+	uint16_t *d = dalloc((size_t)2 * nb * 64 * row * 2);
+	for (int64_t b = 0; b < nb; b++) {
+		int64_t n = L - b * 64 < 64 ? L - b * 64 : 64;
+		sfw_cuda_h2d(d + (size_t)t[b] * 64 * row, h + (size_t)b * 64 * row, (size_t)n * row * 2, g_s);
+	}
+	sfw_cuda_sync(g_s);
+	return d;
+}
+
 static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int holes, int mess)
 {
 	int64_t pos0 = L - T;
@@ -182,6 +213,12 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 	snprintf(name, sizeof(name), "attn_%s T=%d L=%lld nh=%d nkv=%d hd=%d%s%s",
 		 sparse ? "sparse" : "dense", T, (long long)L, nh, nkv, hd, holes ? " -1s" : "",
 		 mess ? " unsorted+future" : "");
+	/* the same cache paged: 64-token blocks shuffled in a pool */
+	int32_t *tab = shuffled_table((L + 63) / 64);
+	void *pk = paged_copy(kb, L, nkv * hd, tab), *pv = paged_copy(vb, L, nkv * hd, tab);
+	int32_t *dtab = up(tab, (size_t)(L + 63) / 64 * sizeof(int32_t));
+	struct sfw_cuda_pages pg = {dtab, 6};
+	free(tab);
 	const char *modes[3] = {"simt", "tc", NULL};
 	float *got[3];
 	for (int m = 0; m < 3; m++) {
@@ -194,10 +231,21 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 			sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, SFW_DTYPE_BF16,
 					       g_s);
 		got[m] = down_bf(dout, nq);
-		sfw_cuda_free(dout);
 		if (m < 2)
 			cmp(modes[m], name, got[m], ref, nq, TOL_NMSE, TOL_MAXREL);
+		/* paged: the same kernels on the shuffled blocks, bit for bit */
+		if (sparse)
+			sfw_cuda_attn_sparse_pg(dout, dq, pk, pv, &pg, didx, T, nh, nkv, hd, pos0, k, block, scale,
+						SFW_DTYPE_BF16, g_s);
+		else
+			sfw_cuda_attn_dense_pg(dout, dq, pk, pv, &pg, T, nh, nkv, hd, pos0, scale, SFW_DTYPE_BF16, g_s);
+		float *gp = down_bf(dout, nq);
+		CHECK(memcmp(gp, got[m], nq * 4) == 0, "%s [%s]: paged cache = contiguous, bit for bit", name,
+		      modes[m] ? modes[m] : "default");
+		free(gp);
+		sfw_cuda_free(dout);
 	}
+	sfw_cuda_free(pk), sfw_cuda_free(pv), sfw_cuda_free(dtab);
 	/* the default: tensor cores from T >= 128 (attn_tc.cu), bit for bit */
 	int want = T >= 128 ? 1 : 0;
 	CHECK(memcmp(got[2], got[want], nq * 4) == 0, "%s: the default path is not the %s kernel", name,

@@ -15,7 +15,10 @@
  * Cases on the golden tiny models: B = 1, 8, 64, sequences of different
  * lengths (past tiny-sparse's dense_len 512: the InfLLM-v2 path), one prompt
  * chunk per step mixed into the others' decode rows; and the pool refusing a
- * step (nothing moves, the others continue).
+ * step (nothing moves, the others continue). The batch's caches are paged
+ * (one KV pool, a block table per sequence: kernels/ops_cuda.h), the alone
+ * runs' contiguous, so the comparison also holds the paged kernels to the
+ * contiguous ones.
  *   gpu_batch            (SALAFW_GOLDEN names the golden folder) */
 #include "check.h"
 
@@ -123,6 +126,7 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 		CHECK(0, "%s: batch: %s", what, err.msg);
 		ok = 0;
 	}
+	CHECK(!ok || sfw_batch_paged(b), "%s: the batch's KV caches are paged", what);
 	for (int i = 0; ok && i < B; i++)
 		ok = sfw_batch_seq_open(b, &qs[i].slot, &err) == SFW_OK;
 	int mixed = 0, steps = 0;
@@ -173,7 +177,9 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 }
 
 /* 4 blocks: A holds 3, B's second block is refused and nothing moves; A
- * decodes on; after A closes B's step goes through. */
+ * decodes on; after A closes B's step goes through; D, opened in A's slot
+ * on a block A wrote, gives the logits B gave for the same 64-token
+ * prompt. */
 static void pool_case(struct sfw_model *m)
 {
 	struct sfw_batch_params bp = sfw_batch_default_params();
@@ -184,6 +190,7 @@ static void pool_case(struct sfw_model *m)
 		CHECK(0, "pool: %s", err.msg);
 		return;
 	}
+	CHECK(sfw_batch_paged(b) && sfw_batch_blocks_total(b) == 4, "pool: one paged pool of 4 blocks");
 	int a, c;
 	int32_t ids[192];
 	for (int i = 0; i < 192; i++)
@@ -191,6 +198,11 @@ static void pool_case(struct sfw_model *m)
 	CHECK(sfw_batch_seq_open(b, &a, &err) == SFW_OK && sfw_batch_seq_open(b, &c, &err) == SFW_OK, "two sequences");
 	struct sfw_batch_item it[2] = {{a, ids, 150, 1, NULL, 0}, {c, ids, 64, 1, NULL, 0}};
 	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_OK, "3 + 1 blocks: %s", err.msg);
+	int V = sfw_model_config(m)->vocab_size;
+	float *la = malloc((size_t)V * sizeof(float));
+	const float *l0 = sfw_batch_logits(b, 1);
+	if (la && l0)
+		memcpy(la, l0, (size_t)V * sizeof(float));
 	it[0] = (struct sfw_batch_item){a, ids, 1, 1, NULL, 0};
 	it[1] = (struct sfw_batch_item){c, ids, 1, 1, NULL, 0};
 	CHECK(sfw_batch_step(b, it, 2, &err) == SFW_E_NOSPACE && strstr(err.msg, "KV pool full: 4 of 4 blocks in use"),
@@ -200,6 +212,19 @@ static void pool_case(struct sfw_model *m)
 	sfw_batch_seq_close(b, a);
 	CHECK(sfw_batch_step(b, it + 1, 1, &err) == SFW_OK && sfw_batch_seq_pos(b, c) == 65,
 	      "B after A's blocks came back: %s", err.msg);
+	int d = -1;
+	CHECK(sfw_batch_seq_open(b, &d, &err) == SFW_OK && d == a, "D opens in A's slot: %s", err.msg);
+	struct sfw_batch_item di = {d, ids, 64, 1, NULL, 0};
+	const float *ld = NULL;
+	CHECK(sfw_batch_step(b, &di, 1, &err) == SFW_OK && (ld = sfw_batch_logits(b, 0)) != NULL,
+	      "D's 64 tokens on a reused block: %s", err.msg);
+	double maxd = 0, maxref = 1;
+	for (int v = 0; la && l0 && ld && v < V; v++) {
+		maxd = fmax(maxd, fabs((double)ld[v] - la[v]));
+		maxref = fmax(maxref, fabs((double)la[v]));
+	}
+	CHECK(la && l0 && ld && maxd <= 1.5e-2 * maxref, "D's logits = B's for the same prompt (max diff %g)", maxd);
+	free(la);
 	sfw_batch_free(b);
 }
 

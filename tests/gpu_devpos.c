@@ -10,7 +10,10 @@
  *     T = 1): stage-1 scores, pooled scores, selected blocks, attention.
  * Positions cross every boundary that changes the lengths: chunk ends of
  * both compression levels, block ends, the first position with a level-2
- * chunk, and the bound itself. */
+ * chunk, and the bound itself. Every shape runs twice: with contiguous K/V
+ * caches, and paged (kernels/ops_cuda.h, struct sfw_cuda_pages: the cache's
+ * 64-token blocks at shuffled places of a pool twice its size whose other
+ * blocks are NaN), the CPU twins reading the same tokens as one array. */
 #include "check.h"
 #include "lib/compare.h"
 #include "lib/rng.h"
@@ -78,13 +81,27 @@ struct shape {
 	int64_t bound;
 };
 
-static void run_case(const struct shape *sh, const int64_t *pos, int npos)
+/* A paged copy of the [cap, row] bf16 cache d (cap a whole number of
+ * blk-token blocks): block b at place tab[b] of a pool of 2 cap / blk
+ * blocks (the others poisoned). */
+static void *paged_copy(const void *d, int64_t cap, int blk, size_t row, const int32_t *tab)
+{
+	void *pool = dev_alloc((size_t)2 * cap * row * 2);
+	if (pool)
+		for (int64_t b = 0; b < cap / blk; b++)
+			sfw_cuda_d2d((char *)pool + (size_t)tab[b] * blk * row * 2, (const char *)d + (size_t)b * blk * row * 2,
+				     (size_t)blk * row * 2, NULL);
+	return pool;
+}
+
+static void run_case(const struct shape *sh, const int64_t *pos, int npos, int paged)
 {
 	const int nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ks = sh->ksize, st = sh->stride, blk = sh->block, k = sh->k;
 	const int64_t bound = sh->bound, cap = (bound + blk - 1) / blk * blk;
 	const size_t row = (size_t)nkv * hd;
 	const float scale = 1.0f / sqrtf((float)hd);
-	printf("shape nh %d nkv %d hd %d, bound %lld:\n", nh, nkv, hd, (long long)bound);
+	printf("shape nh %d nkv %d hd %d, bound %lld, %s caches:\n", nh, nkv, hd, (long long)bound,
+	       paged ? "paged" : "contiguous");
 	void *s = NULL;
 	struct sfw_err err = {0};
 	CHECK(sfw_cuda_stream_new(&s, &err) == SFW_OK, "stream: %s", err.msg);
@@ -102,22 +119,47 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 	int32_t *ridx = dev_alloc((size_t)nkv * k * 4);
 	void *ros = dev_alloc((size_t)nh * hd * 2), *rod = dev_alloc((size_t)nh * hd * 2);
 	int64_t *dpos = dev_alloc(sizeof(int64_t));
+	/* paged: the K/V caches become pools, tab the block table */
+	int shift = 0;
+	while ((1 << shift) < blk)
+		shift++;
+	int64_t nb = cap / blk;
+	int32_t *tab = malloc((size_t)2 * nb * sizeof(int32_t)), *dtab = NULL;
+	for (int64_t i = 0; i < 2 * nb; i++)
+		tab[i] = (int32_t)i;
+	for (int64_t i = 2 * nb - 1; i > 0; i--) {
+		int64_t j = (int64_t)(sfwt_next(&rng) % (uint64_t)(i + 1));
+		int32_t x = tab[i];
+		tab[i] = tab[j], tab[j] = x;
+	}
+	struct sfw_cuda_pages pgs = {NULL, shift};
+	const struct sfw_cuda_pages *pg = NULL;
+	if (paged && dK && dV && (1 << shift) == blk) {
+		void *pk = paged_copy(dK, cap, blk, row, tab), *pv = paged_copy(dV, cap, blk, row, tab);
+		dtab = dev_alloc((size_t)nb * sizeof(int32_t));
+		if (dtab)
+			sfw_cuda_h2d(dtab, tab, (size_t)nb * sizeof(int32_t), NULL);
+		sfw_cuda_sync(NULL);
+		sfw_cuda_free(dK), sfw_cuda_free(dV);
+		dK = pk, dV = pv;
+		pgs.tab = dtab, pg = &pgs;
+	}
 	sfw_cuda_sync(NULL); /* the uploads and poisoning ran on the default stream */
 	if (!dK || !dV || !dq || !dkn || !dvn || !dc1 || !dc2 || !dsc || !dpo || !didx || !didx2 || !dos || !dod ||
-	    !rsc || !rpo || !ridx || !ros || !rod || !dpos) {
+	    !rsc || !rpo || !ridx || !ros || !rod || !dpos || (paged && !pg)) {
 		CHECK(0, "device buffers");
 		return;
 	}
 	/* the recording: what one sparse layer of a decode step does */
 	sfw_cuda_graph_begin(s);
-	sfw_cuda_kv_append_devpos(dK, dV, dkn, dvn, row * 2, dpos, s);
-	sfw_cuda_compress_devpos(dc1, dc2, dK, nkv, hd, ks, st, dpos, SFW_DTYPE_BF16, s);
+	sfw_cuda_kv_append_devpos(dK, dV, pg, dkn, dvn, row * 2, dpos, s);
+	sfw_cuda_compress_devpos(dc1, dc2, dK, pg, nkv, hd, ks, st, dpos, SFW_DTYPE_BF16, s);
 	sfw_cuda_stage1_devpos(dsc, dq, dc1, dc2, nh, nkv, hd, bound, ks, st, scale, dpos, SFW_DTYPE_BF16, s);
 	sfw_cuda_pool_blocks_devpos(dpo, dsc, nkv, bound, ks, st, blk, sh->init_blocks, sh->local_blocks, dpos, s);
 	sfw_cuda_topk_blocks_devpos(didx, dpo, nkv, k, blk, dpos, s);
 	sfw_cuda_pool_topk_devpos(didx2, dsc, nkv, k, blk, ks, st, sh->init_blocks, sh->local_blocks, dpos, s);
-	sfw_cuda_attn_sparse_devpos(dos, dq, dK, dV, didx, nh, nkv, hd, k, blk, scale, dpos, SFW_DTYPE_BF16, s);
-	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, nh, nkv, hd, bound, scale, dpos, SFW_DTYPE_BF16, s);
+	sfw_cuda_attn_sparse_devpos(dos, dq, dK, dV, pg, didx, nh, nkv, hd, k, blk, scale, dpos, SFW_DTYPE_BF16, s);
+	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, pg, nh, nkv, hd, bound, scale, dpos, SFW_DTYPE_BF16, s);
 	void *g = NULL;
 	enum sfw_status gs = sfw_cuda_graph_end(s, &g, &err);
 	CHECK(gs == SFW_OK && g, "record the step: %s", err.msg);
@@ -132,8 +174,9 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 			continue;
 		/* the compressed keys current before the step (as forward.c's
 		 * catch-up makes them), K row p replaced by the new token */
-		sfw_op_compress_cuda(dc1, dK, nkv, hd, made1, nch(p, ks, st), ks, st, SFW_DTYPE_BF16, s);
-		sfw_op_compress_cuda(dc2, dK, nkv, hd, made2, nch(p, 4 * ks, 4 * st), 4 * ks, 4 * st, SFW_DTYPE_BF16, s);
+		sfw_cuda_compress_pg(dc1, dK, pg, nkv, hd, made1, nch(p, ks, st), ks, st, SFW_DTYPE_BF16, s);
+		sfw_cuda_compress_pg(dc2, dK, pg, nkv, hd, made2, nch(p, 4 * ks, 4 * st), 4 * ks, 4 * st, SFW_DTYPE_BF16,
+				     s);
 		memcpy(K + (size_t)p * row, kn, row * sizeof(float));
 		memcpy(Vh + (size_t)p * row, vn, row * sizeof(float));
 		sfw_cuda_h2d(dpos, &p, sizeof(p), s);
@@ -142,8 +185,9 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 		int64_t n1 = nch(len, ks, st), n2 = nch(len, 4 * ks, 4 * st), nb = (len + blk - 1) / blk;
 		made1 = n1, made2 = n2;
 		/* appended row */
-		float *krow = bf16_to_host((uint16_t *)dK + (size_t)p * row, row, s);
-		float *vrow = bf16_to_host((uint16_t *)dV + (size_t)p * row, row, s);
+		int64_t prow = pg ? (int64_t)tab[p / blk] * blk + p % blk : p; /* where token p lives */
+		float *krow = bf16_to_host((uint16_t *)dK + (size_t)prow * row, row, s);
+		float *vrow = bf16_to_host((uint16_t *)dV + (size_t)prow * row, row, s);
 		CHECK(!memcmp(krow, kn, row * 4) && !memcmp(vrow, vn, row * 4), "p %lld: K/V row appended at p", (long long)p);
 		free(krow), free(vrow);
 		/* compressed keys against the CPU twin (rounded to bf16 as stored) */
@@ -164,8 +208,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 		sfw_op_pool_blocks_cuda(rpo, rsc, n1, nb, nkv, 1, p, ks, st, blk, sh->init_blocks, sh->local_blocks,
 					SFW_DTYPE_BF16, s);
 		sfw_op_topk_blocks_cuda(ridx, rpo, nb, nkv, 1, p, k, blk, SFW_DTYPE_BF16, s);
-		sfw_op_attn_sparse_cuda(ros, dq, dK, dV, didx, 1, nh, nkv, hd, p, k, blk, scale, SFW_DTYPE_BF16, s);
-		sfw_op_attn_dense_cuda(rod, dq, dK, dV, 1, nh, nkv, hd, p, scale, SFW_DTYPE_BF16, s);
+		sfw_cuda_attn_sparse_pg(ros, dq, dK, dV, pg, didx, 1, nh, nkv, hd, p, k, blk, scale, SFW_DTYPE_BF16, s);
+		sfw_cuda_attn_dense_pg(rod, dq, dK, dV, pg, 1, nh, nkv, hd, p, scale, SFW_DTYPE_BF16, s);
 		sfw_cuda_sync(s);
 		size_t nsc = (size_t)nkv * n1, npo = (size_t)nkv * nb;
 		float *gs1 = malloc((nsc ? nsc : 1) * 4), *rs1 = malloc((nsc ? nsc : 1) * 4);
@@ -215,10 +259,10 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos)
 		free(gs1), free(rs1), free(gpo), free(rpoh), free(gi), free(ri), free(os), free(od), free(rs), free(rd);
 	}
 	sfw_cuda_graph_free(g);
-	void *bufs[] = {dK, dV, dq, dkn, dvn, dc1, dc2, dsc, dpo, didx, didx2, dos, dod, rsc, rpo, ridx, ros, rod, dpos};
+	void *bufs[] = {dK, dV, dq, dkn, dvn, dc1, dc2, dsc, dpo, didx, didx2, dos, dod, rsc, rpo, ridx, ros, rod, dpos, dtab};
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		sfw_cuda_free(bufs[i]);
-	free(K), free(Vh), free(q), free(kn), free(vn), free(c1), free(c2), free(o_cpu);
+	free(K), free(Vh), free(q), free(kn), free(vn), free(c1), free(c2), free(o_cpu), free(tab);
 	sfw_cuda_stream_free(s);
 }
 
@@ -239,13 +283,15 @@ int main(void)
 	 * block ends, the first level-2 chunk, the bound */
 	const int64_t pos[] = {0, 1, 30, 31, 32, 47, 63, 64, 126, 127, 128, 191, 500, 1023, 1024, 2047, 3001, 4094, 4095};
 	struct shape real = {32, 2, 128, 32, 16, 64, 96, 1, 32, 4096}; /* the model's sparse layers */
-	run_case(&real, pos, (int)(sizeof(pos) / sizeof(pos[0])));
 	struct shape small = {8, 2, 64, 32, 16, 64, 16, 1, 2, 2048};
-	run_case(&small, pos, (int)(sizeof(pos) / sizeof(pos[0])));
 	/* a bound far above the positions: split counts planned for 64K keys */
 	const int64_t far[] = {100, 5000, 20000, 65535};
 	struct shape big = {32, 2, 128, 32, 16, 64, 96, 1, 32, 65536};
-	run_case(&big, far, 4);
+	for (int paged = 0; paged < 2; paged++) {
+		run_case(&real, pos, (int)(sizeof(pos) / sizeof(pos[0])), paged);
+		run_case(&small, pos, (int)(sizeof(pos) / sizeof(pos[0])), paged);
+		run_case(&big, far, 4, paged);
+	}
 	sfw_cuda_ops_bind(NULL, NULL, 0);
 	sfw_cuda_free(scratch);
 	sfw_cuda_blas_free(blas);
