@@ -199,6 +199,12 @@ void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, enum sfw_dtype
 				enum sfw_dtype kwdt, const struct sfw_cuda_seqs *s, int nhq, int nhk, int hd, float eps,
 				int rope, float theta, enum sfw_dtype act, void *stream);
 
+/* sfw_op_sample_cuda (kernels/ops.h) for rows 0 .. n-1 of logits [n, V]
+ * into out[0 .. n) in one launch (n <= SFW_CUDA_SEQS_MAX): row i with p[i]
+ * and u[i]; p[i] NULL leaves out[i] alone. */
+void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, int n, const struct sfw_op_sample_params *const *p,
+			  const double *u, void *stream);
+
 /* Test/bench helpers: fill with deterministic pseudo-random values
  * uniform in [-scale, scale) (bf16 or float32). Never zeros: zeros hide
  * unwritten outputs and run faster than real data. */

@@ -5,12 +5,16 @@
  * exactly. The survivors of top-k / top-p come from a radix select of the
  * best S <= SFWS_MAX_SORT candidate keys and a bitonic sort in shared
  * memory; the sequential walks (nucleus, draw) are thread 0's. Only the id
- * (4 bytes) has to reach the host. */
+ * (4 bytes) has to reach the host. A launch chooses for up to
+ * SFW_CUDA_SEQS_MAX rows at once, one block each (a batched step's rows:
+ * one launch instead of one per row). */
 #include "cuda_common.cuh"
 
 extern "C" {
 #include "kernels/ops.h"
+#include "kernels/ops_cuda.h"
 }
+#include <string.h>
 #include "kernels/sample_twin.h"
 
 static __device__ __forceinline__ bool is_cand(float l)
@@ -51,10 +55,24 @@ static __device__ __forceinline__ void warp_combine(red &m)
 	}
 }
 
-static __global__ void __launch_bounds__(SFWS_THREADS)
-	sample_kernel(int32_t *out, const float *lg, int V, float inv_t, int top_k, float top_p, int greedy, double u)
+/* Block b: logits row row[b] of lg into out[row[b]], with its parameters. */
+struct sample_rows {
+	int32_t *out;
+	const float *lg;
+	int V;
+	int row[SFW_CUDA_SEQS_MAX], top_k[SFW_CUDA_SEQS_MAX], greedy[SFW_CUDA_SEQS_MAX];
+	float inv_t[SFW_CUDA_SEQS_MAX], top_p[SFW_CUDA_SEQS_MAX];
+	double u[SFW_CUDA_SEQS_MAX];
+};
+
+static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sample_rows R)
 {
 	sfwc_pdl_wait();
+	const int b = blockIdx.x, V = R.V, top_k = R.top_k[b], greedy = R.greedy[b];
+	const float inv_t = R.inv_t[b], top_p = R.top_p[b];
+	const double u = R.u[b];
+	const float *lg = R.lg + (size_t)R.row[b] * V;
+	int32_t *out = R.out + R.row[b];
 	__shared__ red r[SFWS_THREADS];
 	__shared__ double part[SFWS_THREADS];
 	__shared__ unsigned long long keys[SFWS_MAX_SORT];
@@ -254,14 +272,33 @@ static __global__ void __launch_bounds__(SFWS_THREADS)
 	*out = id;
 }
 
+extern "C" void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, int n,
+				     const struct sfw_op_sample_params *const *p, const double *u, void *stream)
+{
+	SFW_ASSERT(n >= 0 && n <= SFW_CUDA_SEQS_MAX);
+	sample_rows R;
+	memset(&R, 0, sizeof(R));
+	R.out = out, R.lg = logits, R.V = V;
+	int nb = 0;
+	for (int i = 0; i < n; i++) {
+		if (!p[i])
+			continue;
+		/* inv_t as the twin computes it; 0 marks greedy / temperature 0 */
+		float inv_t = p[i]->temperature == 0.0f ? 0.0f : 1.0f / p[i]->temperature;
+		if (!isfinite(inv_t)) /* the greedy limit, as the twin takes it */
+			inv_t = 0.0f;
+		R.row[nb] = i, R.top_k[nb] = p[i]->top_k, R.greedy[nb] = p[i]->greedy;
+		R.inv_t[nb] = inv_t, R.top_p[nb] = p[i]->top_p, R.u[nb] = u[i];
+		nb++;
+	}
+	if (!nb)
+		return;
+	sfwc_launch(sample_kernel, dim3((unsigned)nb), dim3(SFWS_THREADS), 0, SFW_CUDA_STREAM(stream), R);
+	SFW_CUDA_LAUNCHED();
+}
+
 extern "C" void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct sfw_op_sample_params *p,
 				   double u, void *stream)
 {
-	/* inv_t as the twin computes it; 0 marks greedy / temperature 0 */
-	float inv_t = p->temperature == 0.0f ? 0.0f : 1.0f / p->temperature;
-	if (!isfinite(inv_t)) /* the greedy limit, as the twin takes it */
-		inv_t = 0.0f;
-	sfwc_launch(sample_kernel, dim3(1), dim3(SFWS_THREADS), 0, SFW_CUDA_STREAM(stream), out, logits, V, inv_t,
-		    p->top_k, p->top_p, p->greedy, u);
-	SFW_CUDA_LAUNCHED();
+	sfw_cuda_sample_rows(out, logits, V, 1, &p, &u, stream);
 }

@@ -276,12 +276,14 @@ struct sfw_backend {
 	SFW_MUST_CHECK enum sfw_status (*merge)(struct sfw_backend *be, struct sfw_bweight *const *parts, int n,
 						int *merged, struct sfw_err *err);
 	SFW_MUST_CHECK enum sfw_status (*load_end)(struct sfw_backend *be, struct sfw_err *err);
-	/* Next-token choice from one row of float logits (backend memory), the
-	 * meaning of sfw_op_sample_cpu for uniform u: *out (backend memory) = the
-	 * id, or -1 when the host must finish with sfw_op_sample_cpu; returns 0
-	 * (out untouched) when this backend leaves every choice to the host. */
-	int (*sample)(struct sfw_backend *be, int32_t *out, const float *logits, int V,
-		      const struct sfw_op_sample_params *p, double u);
+	/* Next-token choices from rows 0 .. n-1 (n <= SFW_BSEQ_MAX) of float
+	 * logits [n, V] (backend memory), each the meaning of sfw_op_sample_cpu
+	 * with p[i] and uniform u[i]: out[i] (backend memory) = the id, or -1
+	 * when the host must finish with sfw_op_sample_cpu; p[i] NULL: no choice
+	 * for row i (out[i] untouched). Returns 0 (out untouched) when this
+	 * backend leaves every choice to the host. */
+	int (*sample)(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
+		      const struct sfw_op_sample_params *const *p, const double *u);
 	/* One decode step: one row of cache c at position pos, its sparse
 	 * layers in mode `sparse` (1: selection, 0: dense). fn(arg) issues the
 	 * step's ops. A backend that records steps (supports SFW_BOP_RECORD)

@@ -154,11 +154,13 @@ static void cpu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_
 	sfw_ops_cpu_bind(prev);
 }
 
-static int cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
-		      const struct sfw_op_sample_params *p, double u)
+static int cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
+		      const struct sfw_op_sample_params *const *p, const double *u)
 {
 	struct sfw_ops_cpu *prev = enter(be);
-	*out = sfw_op_sample_cpu(logits, V, p, u);
+	for (int i = 0; i < n; i++)
+		if (p[i])
+			out[i] = sfw_op_sample_cpu(logits + (size_t)i * V, V, p[i], u[i]);
 	sfw_ops_cpu_bind(prev);
 	return 1;
 }

@@ -616,12 +616,12 @@ static void *rec_end(struct sfw_backend *be)
 }
 
 /* SALAFW_CUDA_NOSAMPLE=1: the host chooses */
-static int cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V,
-		     const struct sfw_op_sample_params *p, double u)
+static int cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
+		     const struct sfw_op_sample_params *const *p, const double *u)
 {
 	if (IMPL(be)->no_sample)
 		return 0;
-	PROF(P_SAMPLE, sfw_op_sample_cuda(out, logits, V, p, u, S(be)));
+	PROF(P_SAMPLE, sfw_cuda_sample_rows(out, logits, V, n, p, u, S(be)));
 	return 1;
 }
 

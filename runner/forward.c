@@ -345,7 +345,7 @@ static enum sfw_status sample_next(struct sfw_ctx *c, const struct call *cl, con
 		return SFW_OK;
 	}
 	int32_t id = -1;
-	if (be->sample(be, c->next_dev, c->logits_dev, V, cl->sp, cl->u))
+	if (be->sample(be, c->next_dev, c->logits_dev, V, 1, &cl->sp, &cl->u))
 		be->to_host(be, &id, c->next_dev, sizeof(id));
 	if (id < 0) {
 		if (!c->host_logits && !(c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
@@ -878,16 +878,22 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 				 (size_t)D * be->act_size);
 		be->logits(be, ws->logits_dev, ws->out, &m->lm_head, nl, (float)(1.0 / cf->logit_divisor));
 	}
-	/* the choices on the backend (one id each back), the logits on the
-	 * host only where asked or where the backend left the choice to it */
+	/* the choices on the backend (one id each back; one call for all the
+	 * rows), the logits on the host only where asked or where the backend
+	 * left the choice to it */
 	SFW_ASSERT(nl <= SFW_BSEQ_MAX);
 	int sampled = 0, all_host = 1, on_be[SFW_BSEQ_MAX];
+	const struct sfw_op_sample_params *sps[SFW_BSEQ_MAX];
+	double us[SFW_BSEQ_MAX];
 	for (int i = 0; i < nl; i++) {
 		all_host &= pick[i].host;
-		on_be[i] = pick[i].sp && be->sample(be, ws->next_dev + i, ws->logits_dev + (size_t)i * V, V, pick[i].sp,
-						     pick[i].u);
-		sampled |= on_be[i];
+		sps[i] = pick[i].sp, us[i] = pick[i].u;
+		sampled |= pick[i].sp != NULL;
 	}
+	int taken = sampled && be->sample(be, ws->next_dev, ws->logits_dev, V, nl, sps, us);
+	sampled = taken;
+	for (int i = 0; i < nl; i++)
+		on_be[i] = taken && pick[i].sp;
 	if (sampled)
 		be->to_host(be, next, ws->next_dev, (size_t)nl * sizeof(int32_t));
 	if (all_host)

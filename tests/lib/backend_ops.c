@@ -750,28 +750,35 @@ static void t_sample(struct run *x)
 	const struct bo_case *c = x->c;
 	static const struct sfw_op_sample_params ps[] = {
 	    {0, 0, 1, 1}, {0.8f, 0, 1, 0}, {0.7f, 40, 1, 0}, {1.0f, 0, 0.9f, 0}};
-	const struct sfw_op_sample_params *p = &ps[c->M];
-	float *l = need(malloc((size_t)c->N * sizeof(float)));
+	/* three rows in one call: this case's sampler, no choice, the next sampler */
+	const struct sfw_op_sample_params *p[3] = {&ps[c->M], NULL, &ps[(c->M + 1) % 4]};
+	float *l = need(malloc((size_t)3 * c->N * sizeof(float)));
 	for (int round = 0; round < 8; round++) {
-		for (int i = 0; i < c->N; i++)
+		for (int i = 0; i < 3 * c->N; i++)
 			l[i] = 4.0f * sfwt_urand(&x->rng);
-		double u = sfwt_unit(&x->rng);
-		int32_t id[2] = {-2, -2};
+		double u[3] = {sfwt_unit(&x->rng), 0.5, sfwt_unit(&x->rng)};
+		int32_t id[2][3];
 		for (int i = 0; i < 2; i++) {
 			struct sfw_backend *b = x->b[i];
-			float *d = dup_raw(b, l, (size_t)c->N * 4);
+			float *d = dup_raw(b, l, (size_t)3 * c->N * 4);
 			int32_t init[4] = {-2, -2, -2, -2};
 			int32_t *o = dup_raw(b, init, sizeof(init));
-			if (b->sample(b, o, d, c->N, p, u))
-				b->to_host(b, &id[i], o, 4);
+			if (b->sample(b, o, d, c->N, 3, p, u))
+				b->to_host(b, id[i], o, sizeof(id[i]));
 			else /* this backend leaves every draw to the host */
-				id[i] = -1;
+				id[i][0] = id[i][2] = -1, id[i][1] = -2;
 			b->free(b, d), b->free(b, o);
 		}
 		/* -1: the backend hands the draw to the host (sfw_op_sample_cpu,
 		 * which is the CPU backend's own answer) */
-		check(x, id[1] >= 0 && id[1] < c->N && (id[0] == id[1] || id[0] == -1),
-		      "round %d (u %.4f): id %d vs %d", round, u, id[0], id[1]);
+		for (int r = 0; r < 3; r += 2)
+			check(x, id[1][r] >= 0 && id[1][r] < c->N && (id[0][r] == id[1][r] || id[0][r] == -1),
+			      "round %d row %d (u %.4f): id %d vs %d", round, r, u[r], id[0][r], id[1][r]);
+		check(x, id[0][1] == -2 && id[1][1] == -2, "round %d: the row without a sampler untouched (%d, %d)", round,
+		      id[0][1], id[1][1]);
+		check(x, id[1][0] == sfw_op_sample_cpu(l, c->N, p[0], u[0]) &&
+			     id[1][2] == sfw_op_sample_cpu(l + (size_t)2 * c->N, c->N, p[2], u[2]),
+		      "round %d: the reference backend's choices are the CPU twin's", round);
 	}
 	free(l);
 }
