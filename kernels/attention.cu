@@ -125,7 +125,7 @@ static __device__ __forceinline__ int64_t row_seq(const att_args &, const sfw_cu
 						  const void **vc, const int32_t **tab, int *shift)
 {
 	*kc = s.p[0][r], *vc = s.p[1][r], *tab = s.tab[r], *shift = s.shift;
-	return s.pos[r];
+	return sfwc_seq_pos(s, r);
 }
 
 /* Where row r's q and o sit among the call's rows. */
@@ -473,7 +473,7 @@ static __global__ void kv_append_seqs_kernel(const sfw_cuda_seqs S, const V *k, 
 	sfwc_pdl_wait();
 	int b = blockIdx.x;
 	V *kc = (V *)S.p[0][b], *vc = (V *)S.p[1][b];
-	size_t base = (size_t)sfwc_kv_row(S.tab[b], S.shift, S.pos[b]) * (size_t)nv, src = (size_t)S.row[b] * (size_t)nv;
+	size_t base = (size_t)sfwc_kv_row(S.tab[b], S.shift, sfwc_seq_pos(S, b)) * (size_t)nv, src = (size_t)S.row[b] * (size_t)nv;
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		kc[base + i] = k[src + i];
 		vc[base + i] = v[src + i];

@@ -221,6 +221,12 @@ static __device__ __forceinline__ int64_t sfwc_kv_row(const int32_t *tab, int sh
 	return tab ? ((int64_t)tab[t >> shift] << shift) + (t & (((int64_t)1 << shift) - 1)) : t;
 }
 
+/* Sequence i's position in a batched launch (struct sfw_cuda_seqs). */
+static __device__ __forceinline__ int64_t sfwc_seq_pos(const sfw_cuda_seqs &s, int i)
+{
+	return s.dpos ? s.dpos[i] : s.pos[i];
+}
+
 /* A launch's view of pg (NULL: contiguous): the table and its shift. */
 static inline const int32_t *sfwc_pg_tab(const struct sfw_cuda_pages *pg)
 {

@@ -188,7 +188,7 @@ static __device__ __forceinline__ int64_t qkn_pos(const sfwc_one_seq &, int64_t 
 
 static __device__ __forceinline__ int64_t qkn_pos(const sfw_cuda_seqs &sq, int64_t, const int64_t *, int t)
 {
-	return sq.pos[t];
+	return sfwc_seq_pos(sq, t);
 }
 
 /* Head rr (of nh per row) of row t of the call: for a batched step, t

@@ -82,7 +82,7 @@ static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int 
 	int lv = blockIdx.y, z = blockIdx.z;
 	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
 	A *c = (A *)S.p[lv][z];
-	int64_t p = S.pos[z];
+	int64_t p = sfwc_seq_pos(S, z);
 	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
 	compress_chunks(c, (const A *)S.p[2][z], S.tab[z], S.shift, row, j0, j1, ks, st);
 }

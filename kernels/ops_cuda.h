@@ -177,6 +177,10 @@ struct sfw_cuda_seqs {
 	 * contiguous; the blocks are 2^shift tokens (sfw_cuda_pages) */
 	const int32_t *tab[SFW_CUDA_SEQS_MAX];
 	int shift;
+	/* non-NULL: the positions are read from device memory when the kernels
+	 * run (dpos[i] for sequence i; a recorded step of many sequences), and
+	 * pos[] only bounds the launch */
+	const int64_t *dpos;
 };
 /* p[0] the K caches, p[1] the V caches; k, v rows of row_bytes. */
 void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,

@@ -307,6 +307,19 @@ struct sfw_backend {
 	SFW_MUST_CHECK enum sfw_status (*step_record)(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
 						      int64_t pos, int sparse, sfw_step_fn fn, void *arg,
 						      struct sfw_err *err);
+	/* One decode step of n >= 2 sequences, one row each, all in dense mode:
+	 * row i is caches[i]'s token at pos[i]; fn(arg) issues the step's ops
+	 * (the *_seqs ops over the n sequences in this order). A backend that
+	 * records steps keeps one recording per *rec, made for these caches in
+	 * this order (a batch-size bucket of exactly n), replays it while it
+	 * covers the positions, and makes it (by running fn while recording)
+	 * once the same caches have stepped together twice; until then, and
+	 * where it cannot, it runs fn. *replayed as for step; step_free
+	 * releases *rec. The caller frees *rec before any cache of it is freed
+	 * (another cache may be made at the same address). */
+	SFW_MUST_CHECK enum sfw_status (*step_seqs)(struct sfw_backend *be, void **rec, struct sfw_bcache *const *caches,
+						    const int64_t *pos, int n, sfw_step_fn fn, void *arg, int *replayed,
+						    struct sfw_err *err);
 	/* A failure the ops could not return (they return void): the CPU ops
 	 * whose scratch could not be allocated left their outputs undefined.
 	 * SFW_OK, or the error once (then cleared). */
@@ -316,9 +329,10 @@ struct sfw_backend {
 	 * allocated now. Caches made with d->pool set take a free block per
 	 * d->block tokens in cache_reserve (SFW_E_NOSPACE "KV pool full" when
 	 * none is left; a failed reserve takes none) and give every block back
-	 * in cache_reset and cache_free. The ops see each cache's K/V as before:
-	 * [len, nkv, hd] at one address (the CPU backend maps the blocks there;
-	 * backend_cpu.c). SFW_E_UNSUPPORTED: no paging here (supports
+	 * in cache_reset and cache_free. The ops mean what they mean on a
+	 * cache's K/V as [len, nkv, hd] at one address (the CPU backend maps the
+	 * blocks there, backend_cpu.c; the CUDA kernels read each cache's block
+	 * table, backend_cuda.c). SFW_E_UNSUPPORTED: no paging here (supports
 	 * SFW_BOP_POOL is 0) or the shapes do not allow it; the caller keeps
 	 * caches of their own. pool_used: blocks taken. */
 	SFW_MUST_CHECK enum sfw_status (*pool_new)(struct sfw_backend *be, const struct sfw_cache_desc *d,
@@ -336,6 +350,8 @@ SFW_MUST_CHECK enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opt
 						    struct sfw_err *err);
 /* Decode steps it has recorded so far (for tests). */
 int64_t sfwi_cuda_recordings(const struct sfw_backend *be);
+/* Steps of several sequences replayed from a recording (step_seqs), so far. */
+int64_t sfwi_cuda_seqs_replays(const struct sfw_backend *be);
 #endif
 
 /* The backends this build has, in the order SFW_DEVICE_AUTO tries them
@@ -388,6 +404,10 @@ SFW_MUST_CHECK enum sfw_status sfwi_step_direct(struct sfw_backend *be, void **r
 						int64_t pos, int sparse, sfw_step_fn fn, void *arg, int *replayed,
 						struct sfw_err *err);
 void sfwi_step_free_none(struct sfw_backend *be, void *rec);
+/* step_seqs for a backend that does not record: runs fn (*replayed = 0). */
+SFW_MUST_CHECK enum sfw_status sfwi_step_seqs_direct(struct sfw_backend *be, void **rec,
+						     struct sfw_bcache *const *caches, const int64_t *pos, int n,
+						     sfw_step_fn fn, void *arg, int *replayed, struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfwi_step_record_none(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
 						     int64_t pos, int sparse, sfw_step_fn fn, void *arg,
 						     struct sfw_err *err);

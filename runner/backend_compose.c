@@ -81,6 +81,15 @@ void sfwi_step_free_none(struct sfw_backend *be, void *rec)
 	(void)be, (void)rec;
 }
 
+enum sfw_status sfwi_step_seqs_direct(struct sfw_backend *be, void **rec, struct sfw_bcache *const *caches,
+				      const int64_t *pos, int n, sfw_step_fn fn, void *arg, int *replayed,
+				      struct sfw_err *err)
+{
+	(void)be, (void)rec, (void)caches, (void)pos, (void)n;
+	*replayed = 0;
+	return fn(arg, err);
+}
+
 enum sfw_status sfwi_step_record_none(struct sfw_backend *be, void **rec, struct sfw_bcache *c, int64_t pos,
 				      int sparse, sfw_step_fn fn, void *arg, struct sfw_err *err)
 {

@@ -689,6 +689,7 @@ static const struct sfw_backend cpu_backend = {
 	.step = sfwi_step_direct,
 	.step_free = sfwi_step_free_none,
 	.step_record = sfwi_step_record_none,
+	.step_seqs = sfwi_step_seqs_direct,
 	.pool_new = cpu_pool_new,
 	.pool_free = cpu_pool_free,
 	.pool_used = cpu_pool_used,

@@ -77,9 +77,16 @@ struct cu_be {
 	int rec;
 	const int64_t *rec_pos;
 	int64_t rec_bound;
+	/* recording a step of many sequences (cu_bstep): the *_seqs ops take
+	 * every sequence into one launch that reads the positions from
+	 * rec_dpos (device, [n]) and plans for lengths up to rec_bound, and
+	 * leave the host's counters alone (cache_advance after the replay) */
+	int rec_seqs, rec_fail; /* rec_fail: an op had to use host positions */
+	const int64_t *rec_dpos;
 	/* bumped when the caches or the selection scratch move */
 	uint64_t epoch;
 	int64_t recordings; /* decode steps recorded (tests) */
+	int64_t seqs_replays; /* steps of several sequences replayed (tests) */
 	/* weight uploads deferred between load_begin and load_end (merging) */
 	int defer;
 	struct sfw_bweight **pend;
@@ -1163,11 +1170,13 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 	sp->nrest = 0;
 	sp->t.shift = 0;
 	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
+	sp->t.dpos = b->rec_seqs ? b->rec_dpos : NULL;
 	for (int i = 0; i < ns; i++) {
-		if (!b->rec && !b->no_seqs && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer))) {
+		/* recording many sequences, step_seqs_ok made sure each qualifies */
+		if (b->rec_seqs || (!b->rec && !b->no_seqs && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer)))) {
 			const struct sfw_bcache *c = s[i].cache;
 			sp->one[n] = &s[i];
-			sp->t.pos[n] = s[i].pos0;
+			sp->t.pos[n] = b->rec_seqs ? b->rec_bound - 1 : s[i].pos0; /* recording: the launch's bound */
 			sp->t.row[n] = s[i].row0;
 			sp->t.tab[n] = c->pg.tab; /* one pool per batch: one shift */
 			if (c->pg.tab) {
@@ -1179,7 +1188,7 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 			sp->rest[sp->nrest++] = s[i];
 		}
 	}
-	if (n < 2) { /* one row alone takes the single-sequence ops */
+	if (n < 2 && !b->rec_seqs) { /* one row alone takes the single-sequence ops */
 		sp->nrest = ns;
 		memcpy(sp->rest, s, (size_t)ns * sizeof(*s));
 		return 0;
@@ -1193,11 +1202,13 @@ static void cu_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const
 				 float eps, int rope, float theta)
 {
 	struct seqs_split sp;
-	if (!IMPL(be)->no_fuse && qw && kw && seqs_split(be, s, ns, &sp, NULL, 0))
+	if (!IMPL(be)->no_fuse && qw && kw && seqs_split(be, s, ns, &sp, NULL, 0)) {
 		PROF(P_QKNORM, sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sp.t, nhq, nhk, hd,
 							  eps, rope, theta, SFW_DTYPE_BF16, S(be)));
-	else
+	} else {
 		sp.nrest = ns, memcpy(sp.rest, s, (size_t)ns * sizeof(*s));
+		IMPL(be)->rec_fail |= IMPL(be)->rec_seqs; /* the single ops take host positions */
+	}
 	if (sp.nrest)
 		sfwi_compose_qk_norm_rope_seqs(be, q, k, qw, kw, sp.rest, sp.nrest, nhq, nhk, hd, eps, rope, theta);
 }
@@ -1223,9 +1234,11 @@ static void cu_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, 
 		for (int i = 0; i < sp.t.n; i++) {
 			struct sfw_bcache *c = sp.one[i]->cache;
 			struct cu_layer *l = &c->L[layer];
-			SFW_ASSERT(l->sparse && l->len == sp.one[i]->pos0 && l->len + 1 <= l->cap &&
-				   c->d.nkv * c->d.hd == kvd);
+			SFW_ASSERT(l->sparse && c->d.nkv * c->d.hd == kvd);
 			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
+			if (IMPL(be)->rec_seqs) /* cache_advance after each replay */
+				continue;
+			SFW_ASSERT(l->len == sp.one[i]->pos0 && l->len + 1 <= l->cap);
 			l->len++;
 		}
 		PROF(P_KV, sfw_cuda_kv_append_seqs(&sp.t, k, v, (size_t)kvd * 2, S(be)));
@@ -1252,9 +1265,11 @@ static enum sfw_status cu_compress_seqs(struct sfw_backend *be, const struct sfw
 		const struct sfw_cache_desc *d = &sp.one[0]->cache->d;
 		for (int i = 0; i < sp.t.n; i++) {
 			struct cu_layer *l = &sp.one[i]->cache->L[layer];
+			sp.t.p[0][i] = l->c1, sp.t.p[1][i] = l->c2, sp.t.p[2][i] = l->k;
+			if (IMPL(be)->rec_seqs) /* room for rec_bound: step_seqs_ok */
+				continue;
 			int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 			SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
-			sp.t.p[0][i] = l->c1, sp.t.p[1][i] = l->c2, sp.t.p[2][i] = l->k;
 			l->n1 = t1, l->n2 = t2;
 		}
 		PROF(P_COMPRESS, sfw_cuda_compress_seqs(&sp.t, d->nkv, d->hd, d->ksize, d->stride, SFW_DTYPE_BF16, S(be)));
@@ -1269,7 +1284,7 @@ static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, c
 	if (seqs_split(be, s, ns, &sp, NULL, 0)) {
 		for (int i = 0; i < sp.t.n; i++) {
 			const struct cu_layer *l = &sp.one[i]->cache->L[layer];
-			SFW_ASSERT(l->len == sp.one[i]->pos0 + 1);
+			SFW_ASSERT(IMPL(be)->rec_seqs || l->len == sp.one[i]->pos0 + 1);
 			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
 		}
 		PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &sp.t, nh, sp.one[0]->cache->d.nkv, hd, scale, SFW_DTYPE_BF16,
@@ -1290,6 +1305,7 @@ static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, c
  * positions below bound, in one mode (sparse or dense selection) and while
  * the backend's memory epoch stays epoch. */
 struct cu_step {
+	int many;     /* 0 (struct cu_bstep: 1) */
 	void *graph;
 	int64_t bound;
 	int sparse;
@@ -1298,11 +1314,17 @@ struct cu_step {
 	int off;      /* a recording failed: steps run directly from now on */
 };
 
+static void cu_bstep_free(struct sfw_backend *be, void *rec);
+
 static void cu_step_free(struct sfw_backend *be, void *rec)
 {
 	struct cu_step *r = rec;
 	if (!r)
 		return;
+	if (r->many) {
+		cu_bstep_free(be, rec);
+		return;
+	}
 	if (r->graph) {
 		sfw_cuda_sync(IMPL(be)->stream);
 		sfw_cuda_graph_free(r->graph);
@@ -1369,6 +1391,133 @@ static int step_ready(struct sfw_backend *be, void **recp, struct sfw_bcache *c,
 int64_t sfwi_cuda_recordings(const struct sfw_backend *be)
 {
 	return ((const struct cu_be *)be->impl)->recordings;
+}
+
+int64_t sfwi_cuda_seqs_replays(const struct sfw_backend *be)
+{
+	return ((const struct cu_be *)be->impl)->seqs_replays;
+}
+
+/* ---- decode steps of several sequences as graphs (be->step_seqs) ----
+ * One recording per batch (its *rec), for one ordered set of caches: the
+ * *_seqs ops recorded with the positions read from dpos (struct
+ * sfw_cuda_seqs.dpos), everything else as it runs for those rows. The
+ * caches' device buffers must stay where they are: paged caches never
+ * move theirs; a cache of its own that grows bumps the epoch. */
+#define STEP_SEQS_STABLE 2 /* steps of the same set run directly before one is recorded */
+
+struct cu_bstep {
+	int many; /* 1 */
+	void *graph;
+	int n, same; /* same: steps this set has run without a recording */
+	struct sfw_bcache *caches[SFW_CUDA_SEQS_MAX];
+	int64_t bound;
+	uint64_t epoch;
+	int64_t *dpos; /* device [SFW_CUDA_SEQS_MAX] */
+	int off;
+};
+
+static void cu_bstep_free(struct sfw_backend *be, void *rec)
+{
+	struct cu_bstep *r = rec;
+	if (r->graph) {
+		sfw_cuda_sync(IMPL(be)->stream);
+		sfw_cuda_graph_free(r->graph);
+	}
+	if (r->dpos)
+		cu_free(be, r->dpos);
+	sfw_free(r);
+}
+
+/* Every sequence's caches as a recorded step expects them before its
+ * token: pos[i] tokens in, the compressed keys made up to them, and room
+ * for the token. */
+static int bstep_current(struct sfw_bcache *const *caches, const int64_t *pos, int n)
+{
+	for (int i = 0; i < n; i++) {
+		const struct sfw_bcache *c = caches[i];
+		const struct sfw_cache_desc *d = &c->d;
+		for (int li = 0; li < d->n_layers; li++) {
+			const struct cu_layer *l = &c->L[li];
+			if (l->sparse && (l->len != pos[i] || l->len + 1 > l->cap || l->n1 != nchunks(l->len, d->ksize, d->stride) ||
+					  l->n2 != nchunks(l->len, 4 * d->ksize, 4 * d->stride)))
+				return 0;
+		}
+	}
+	return 1;
+}
+
+static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct sfw_bcache *const *caches,
+				    const int64_t *pos, int n, sfw_step_fn fn, void *arg, int *replayed,
+				    struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	struct cu_bstep *r = *recp;
+	*replayed = 0;
+	if (!b->graphs || b->no_seqs || b->no_fuse || n < 2 || n > SFW_CUDA_SEQS_MAX || (r && r->off))
+		return fn(arg, err);
+	if (!r) {
+		if (!(r = sfw_calloc(1, sizeof(*r))) || !(r->dpos = cu_alloc(be, SFW_CUDA_SEQS_MAX * sizeof(int64_t)))) {
+			sfw_free(r);
+			return fn(arg, err); /* no recording, the step all the same */
+		}
+		r->many = 1;
+		*recp = r;
+	}
+	int64_t maxpos = 0, room = INT64_MAX;
+	for (int i = 0; i < n; i++) {
+		maxpos = pos[i] > maxpos ? pos[i] : maxpos;
+		int64_t rm = cu_cache_room(caches[i]);
+		room = rm < room ? rm : room;
+	}
+	int same = r->n == n && !memcmp(r->caches, caches, (size_t)n * sizeof(*caches));
+	if (r->graph && (!same || maxpos + 1 > r->bound || r->epoch != b->epoch)) {
+		sfw_cuda_sync(b->stream);
+		sfw_cuda_graph_free(r->graph);
+		r->graph = NULL;
+	}
+	if (!same) {
+		r->n = n, r->same = 0;
+		memcpy(r->caches, caches, (size_t)n * sizeof(*caches));
+	}
+	if (!bstep_current(caches, pos, n))
+		return fn(arg, err);
+	if (!r->graph) {
+		int64_t bound = (maxpos + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN;
+		if (bound > room)
+			bound = room;
+		if (++r->same <= STEP_SEQS_STABLE || bound < maxpos + 1)
+			return fn(arg, err);
+		struct sfw_err e = {0};
+		b->rec_seqs = 1, b->rec_dpos = r->dpos, b->rec_bound = bound, b->rec_fail = 0;
+		sfw_cuda_graph_begin(S(be));
+		enum sfw_status s = fn(arg, &e);
+		b->rec_seqs = 0;
+		void *g = NULL;
+		struct sfw_err ge = {0};
+		enum sfw_status gs = sfw_cuda_graph_end(S(be), &g, &ge);
+		if (s != SFW_OK || gs != SFW_OK || b->rec_fail) {
+			/* nothing ran: the step runs directly, and so do the next ones */
+			if (g)
+				sfw_cuda_graph_free(g);
+			if (s != SFW_OK || gs != SFW_OK)
+				sfw_log(SFW_LOG_WARN, "cuda: recording a step of %d sequences: %s; batched steps without graphs",
+					n, s != SFW_OK ? e.msg : ge.msg);
+			else /* a model whose q/k norms and RoPE have no batched kernel */
+				sfw_log(SFW_LOG_DEBUG, "cuda: a step of %d sequences cannot be recorded here", n);
+			r->off = 1;
+			return fn(arg, err);
+		}
+		r->graph = g, r->bound = bound, r->epoch = b->epoch;
+		b->recordings++;
+	}
+	cu_from_host(be, r->dpos, pos, (size_t)n * sizeof(int64_t));
+	sfw_cuda_graph_launch(r->graph, S(be));
+	for (int i = 0; i < n; i++)
+		cache_advance(caches[i], 1);
+	b->seqs_replays++;
+	*replayed = 1;
+	return SFW_OK;
 }
 
 /* Replays the step's recording (step_ready), or runs fn directly. */
@@ -1521,6 +1670,7 @@ static const struct sfw_backend cuda_backend = {
 	.step = cu_step,
 	.step_free = cu_step_free,
 	.step_record = cu_step_record,
+	.step_seqs = cu_step_seqs,
 	.take_failure = cu_take_failure,
 	.pool_new = cu_pool_new,
 	.pool_free = cu_pool_free,

@@ -54,6 +54,7 @@ struct sfw_batch {
 	int item_logit[SFW_BATCH_MAX_SEQS]; /* item -> logits row, -1 none */
 	int n_items;
 	float *logits;          /* [max_seqs, vocab] host */
+	void *brec;             /* the backend's recording of a step of several sequences (be->step_seqs) */
 };
 
 struct sfw_batch_params sfw_batch_default_params(void)
@@ -84,6 +85,10 @@ int64_t sfw_batch_blocks_used(const struct sfw_batch *b)
 
 static void slot_free(struct sfw_batch *b, struct bseq *q)
 {
+	/* the many-sequence recording may name this cache, and a new one may
+	 * be made at its address */
+	b->m->be->step_free(b->m->be, b->brec);
+	b->brec = NULL;
 	b->m->be->step_free(b->m->be, q->rec);
 	b->m->be->cache_free(b->m->be, q->cache);
 	memset(q, 0, sizeof(*q));
@@ -166,6 +171,7 @@ void sfw_batch_free(struct sfw_batch *b)
 	for (int i = 0; i < SFW_BATCH_MAX_SEQS; i++)
 		if (b->seq[i].cache)
 			slot_free(b, &b->seq[i]);
+	b->m->be->step_free(b->m->be, b->brec);
 	sfw_ctx_free(b->ws);
 	if (b->pool)
 		b->m->be->pool_free(b->m->be, b->pool);
@@ -332,9 +338,10 @@ enum sfw_status sfw_batch_step(struct sfw_batch *b, const struct sfw_batch_item 
 		}
 	}
 	/* one sequence's step may replay its own recording (the batch-size-1
-	 * bucket: sfwi_forward decides when the step is one decode row) */
+	 * bucket), a step of several the batch's recording for exactly its
+	 * sequences (sfwi_forward decides when the rows allow it) */
 	void **rec = n == 1 ? &b->seq[it[0].seq].rec : NULL;
-	s = sfwi_forward(b->ws, b->ids, rows, b->parts, n, b->pick, nl, b->logits, b->next, rec, err);
+	s = sfwi_forward(b->ws, b->ids, rows, b->parts, n, b->pick, nl, b->logits, b->next, rec, &b->brec, err);
 	for (int i = 0; i < n; i++) {
 		struct bseq *q = &b->seq[it[i].seq];
 		if (s == SFW_OK)

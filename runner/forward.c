@@ -845,14 +845,44 @@ enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, str
 
 /* ---- the batch's step (runner/batch.c) -------------------------------------- */
 
+/* A batch step's ops (run directly, or by be->step_seqs, which may record
+ * them): the pass over the rows, then the wanted rows side by side in out
+ * (free by then) and one lm_head product over them into logits_dev. */
+struct rows_arg {
+	struct sfw_ctx *ws;
+	int R;
+	const struct sfwi_part *parts;
+	int np;
+	const struct sfwi_pick *pick;
+	int nl;
+	const struct call *cl;
+};
+
+static enum sfw_status rows_ops(void *arg, struct sfw_err *err)
+{
+	struct rows_arg *a = arg;
+	struct sfw_ctx *ws = a->ws;
+	struct sfw_model *m = ws->m;
+	struct sfw_backend *be = m->be;
+	int D = m->cfg.hidden_size;
+	enum sfw_status s = forward_rows(ws, a->R, a->parts, a->np, a->cl, err);
+	if (s != SFW_OK || a->nl == 0)
+		return s;
+	for (int i = 0; i < a->nl; i++)
+		be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, a->pick[i].row, (size_t)D),
+			 (size_t)D * be->act_size);
+	be->logits(be, ws->logits_dev, ws->out, &m->lm_head, a->nl, (float)(1.0 / m->cfg.logit_divisor));
+	return SFW_OK;
+}
+
 enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, const struct sfwi_part *parts, int np,
 			     const struct sfwi_pick *pick, int nl, float *logits, int32_t *next, void **rec,
-			     struct sfw_err *err)
+			     void **brec, struct sfw_err *err)
 {
 	struct sfw_model *m = ws->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
-	int D = cf->hidden_size, V = cf->vocab_size;
+	int V = cf->vocab_size;
 	struct call cl = {"decode", NULL, 0, NULL};
 	SFW_ASSERT(R >= 1 && R <= ws->cap_rows && nl <= ws->logits_rows);
 	struct sfw_err stale = {0};
@@ -860,6 +890,11 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
 	be->from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
 	enum sfw_status s;
+	/* every row a dense-mode decode row whose logits are wanted: a step the
+	 * backend may record for exactly these sequences (be->step_seqs) */
+	int seqs_step = brec && np >= 2 && R == np && nl == np;
+	for (int i = 0; seqs_step && i < np; i++)
+		seqs_step = parts[i].R == 1 && !parts[i].sparse && pick[i].row == i;
 	if (rec && np == 1 && R == 1 && nl == 1) {
 		/* one sequence's decode row: the step a context of its own
 		 * runs, recorded and replayed by the backend (be->step) */
@@ -868,15 +903,20 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		s = be->step(be, rec, parts[0].cache, parts[0].pos0, parts[0].sparse, step_ops, &a, &replayed, err);
 		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
-	} else {
-		if ((s = op_failure(be, forward_rows(ws, R, parts, np, &cl, err), err)) != SFW_OK || nl == 0)
+	} else if (seqs_step) {
+		struct sfw_bcache *caches[SFW_BSEQ_MAX];
+		int64_t pos[SFW_BSEQ_MAX];
+		for (int i = 0; i < np; i++)
+			caches[i] = parts[i].cache, pos[i] = parts[i].pos0;
+		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
+		int replayed = 0;
+		s = be->step_seqs(be, brec, caches, pos, np, rows_ops, &a, &replayed, err);
+		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
-		/* the rows whose logits are wanted, side by side in out (free
-		 * now): one lm_head product over them */
-		for (int i = 0; i < nl; i++)
-			be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, pick[i].row, (size_t)D),
-				 (size_t)D * be->act_size);
-		be->logits(be, ws->logits_dev, ws->out, &m->lm_head, nl, (float)(1.0 / cf->logit_divisor));
+	} else {
+		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
+		if ((s = op_failure(be, rows_ops(&a, err), err)) != SFW_OK || nl == 0)
+			return s;
 	}
 	/* the choices on the backend (one id each back; one call for all the
 	 * rows), the logits on the host only where asked or where the backend

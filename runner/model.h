@@ -85,11 +85,14 @@ struct sfwi_pick {
  * on the backend when it can), else -1. rec (NULL: never) keeps the
  * backend's recording of the one sequence's decode step (be->step) when
  * the step is that sequence's single row with its logits: its position's
- * step then replays as a context's does. A failure leaves the parts'
- * caches in an unknown state. */
+ * step then replays as a context's does. brec (NULL: never) keeps the
+ * backend's recording of a step of several sequences (be->step_seqs), used
+ * when every part is one dense-mode decode row with its logits. A failure
+ * leaves the parts' caches in an unknown state. */
 SFW_MUST_CHECK enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R,
 					    const struct sfwi_part *parts, int np, const struct sfwi_pick *pick,
-					    int nl, float *logits, int32_t *next, void **rec, struct sfw_err *err);
+					    int nl, float *logits, int32_t *next, void **rec, void **brec,
+					    struct sfw_err *err);
 
 /* Decode steps of c that ran as a replay of the whole-step graph (tests). */
 int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c);

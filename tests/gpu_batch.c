@@ -18,7 +18,9 @@
  * step (nothing moves, the others continue). The batch's caches are paged
  * (one KV pool, a block table per sequence: kernels/ops_cuda.h), the alone
  * runs' contiguous, so the comparison also holds the paged kernels to the
- * contiguous ones.
+ * contiguous ones. Steps whose rows are all dense-mode decode rows of the
+ * same sequences replay a recording of the step after two direct runs
+ * (be->step_seqs): on tiny-dense the test asks that some did.
  *   gpu_batch            (SALAFW_GOLDEN names the golden folder) */
 #include "check.h"
 
@@ -111,7 +113,7 @@ static void sq_compare(struct sq *q, const float *x, int V)
 	}
 }
 
-static void batch_case(struct sfw_model *m, const char *what, int B, const int *lens)
+static void batch_case(struct sfw_model *m, const char *what, int B, const int *lens, int want_replays)
 {
 	int V = sfw_model_config(m)->vocab_size;
 	struct sq *qs = calloc((size_t)B, sizeof(*qs));
@@ -129,6 +131,7 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 	CHECK(!ok || sfw_batch_paged(b), "%s: the batch's KV caches are paged", what);
 	for (int i = 0; ok && i < B; i++)
 		ok = sfw_batch_seq_open(b, &qs[i].slot, &err) == SFW_OK;
+	int64_t rp0 = sfwi_cuda_seqs_replays(m->be);
 	int mixed = 0, steps = 0;
 	struct sfw_batch_item it[SFW_BATCH_MAX_SEQS];
 	struct sq *own[SFW_BATCH_MAX_SEQS];
@@ -163,8 +166,14 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 		maxref = qs[i].maxref > maxref ? qs[i].maxref : maxref;
 		ad += qs[i].argmax_diff, nt += qs[i].near_ties;
 	}
-	printf("  %s: %d steps (%d mixed), max |dlogit| %.3g (max |logit| %.3g), argmax differs %d (near ties %d)\n",
-	       what, steps, mixed, maxd, maxref, ad, nt);
+	int64_t replays = sfwi_cuda_seqs_replays(m->be) - rp0;
+	printf("  %s: %d steps (%d mixed, %lld replayed), max |dlogit| %.3g (max |logit| %.3g), argmax differs %d (near "
+	       "ties %d)\n",
+	       what, steps, mixed, (long long)replays, maxd, maxref, ad, nt);
+	/* steady stretches of dense decode rows replay the step's recording
+	 * (be->step_seqs), and the logits above hold for them too */
+	CHECK(!want_replays || replays > 0, "%s: steps of the same sequences replayed a recording (%lld)", what,
+	      (long long)replays);
 	CHECK(ok, "%s: every step ran", what);
 	CHECK(maxd <= 1.5e-2 * (maxref > 1 ? maxref : 1), "%s: logits within 1.5e-2 of the runs alone (max diff %g)",
 	      what, maxd);
@@ -309,9 +318,10 @@ int main(void)
 		}
 		printf("%s:\n", cases[k]);
 		int l1[1] = {600};
-		batch_case(m, "B=1", 1, l1);
-		batch_case(m, "B=8", 8, lens);
-		batch_case(m, "B=64", 64, lens);
+		batch_case(m, "B=1", 1, l1, 0);
+		/* tiny-dense: every row dense, so the decode steps may be recorded */
+		batch_case(m, "B=8", 8, lens, k == 1);
+		batch_case(m, "B=64", 64, lens, k == 1);
 		if (k == 0) {
 			pool_case(m);
 			sample_case(m);
