@@ -27,6 +27,7 @@
 #include "kernels/ops_cuda.h"
 #include "runner/backend.h"
 #include "runner/batch.h"
+#include "runner/model.h"
 #include "runner/runner.h"
 
 #include <math.h>
