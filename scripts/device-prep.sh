@@ -17,7 +17,7 @@
 # Then: run(command="bash scripts/gpu-run.sh ...", carry=[".devlib"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
-gold=0 build=1
+gold=0 build=1 failed=
 for a in "$@"; do
 	case $a in
 	--gold) gold=1 ;;
@@ -36,7 +36,12 @@ done
 if [ $build = 1 ]; then
 	# each target on its own: a broken file elsewhere must not stop the rest
 	for t in $BUILD/salafw $BUILD/bench/bench_gpu $BUILD/bench/bench_batch $BUILD/bench/bench_gemm $BUILD/tests/test_wide $(ls tests/gpu_*.c 2>/dev/null | sed "s|tests/\(.*\)\.c|$BUILD/tests/\1|"); do
-		make CUDA=1 CUDA_ARCH="$ARCH" BUILD="$BUILD" -j2 "$t" >/dev/null || echo "device-prep: cannot build $t (skipped)" >&2
+		if ! make CUDA=1 CUDA_ARCH="$ARCH" BUILD="$BUILD" -j2 "$t" >/dev/null; then
+			echo "device-prep: cannot build $t (skipped)" >&2
+			failed="$failed $t"
+			# an older binary of it must not travel as if it were this tree's
+			rm -f "$t"
+		fi
 	done
 fi
 ST=.devlib/stage
@@ -96,6 +101,10 @@ fi
 tar -C $ST -cf - . | xz -T2 -1 >.devlib/bundle.tar.xz
 rm -rf $ST
 ls -la .devlib
+if [ -n "${failed:-}" ]; then
+	echo "device-prep: packed, but these did not build and are missing:$failed" >&2
+	exit 1
+fi
 # the device tool carries at most 64 MiB
 size=$(stat -c %s .devlib/bundle.tar.xz)
 if [ "$size" -gt $((60 << 20)) ]; then
