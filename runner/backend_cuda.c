@@ -1172,8 +1172,9 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
 	sp->t.dpos = b->rec_seqs ? b->rec_dpos : NULL;
 	for (int i = 0; i < ns; i++) {
-		/* recording many sequences, step_seqs_ok made sure each qualifies */
-		if (b->rec_seqs || (!b->rec && !b->no_seqs && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer)))) {
+		/* recording many sequences: cu_step_seqs made sure each qualifies */
+		if (b->rec_seqs ||
+		    (!b->rec && !b->no_seqs && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer)))) {
 			const struct sfw_bcache *c = s[i].cache;
 			sp->one[n] = &s[i];
 			sp->t.pos[n] = b->rec_seqs ? b->rec_bound - 1 : s[i].pos0; /* recording: the launch's bound */
@@ -1266,7 +1267,7 @@ static enum sfw_status cu_compress_seqs(struct sfw_backend *be, const struct sfw
 		for (int i = 0; i < sp.t.n; i++) {
 			struct cu_layer *l = &sp.one[i]->cache->L[layer];
 			sp.t.p[0][i] = l->c1, sp.t.p[1][i] = l->c2, sp.t.p[2][i] = l->k;
-			if (IMPL(be)->rec_seqs) /* room for rec_bound: step_seqs_ok */
+			if (IMPL(be)->rec_seqs) /* current, with room for rec_bound: bstep_current */
 				continue;
 			int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 			SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
