@@ -644,17 +644,35 @@ static void t_swiglu(struct run *x)
 
 /* add_rmsnorm against the reference's (or its add_scaled + rmsnorm), and
  * backend 0's fused member against its own composition bit for bit. */
+/* The norm cases' inputs: the weight [1, K] in the case's dtype, and two
+ * random [M, K] activations (values up to 2 and up to sb) as host arrays
+ * and pairs. 0 when the weight could not go up (then nothing is held). */
+static int norm_inputs(struct run *x, struct bo_weight *w, float sb, float **ha, float **hb, struct pair *a,
+		       struct pair *b)
+{
+	const struct bo_case *c = x->c;
+	wmake(w, c->wdt, 0, 0, 1, c->K, 0.1f, 1.0f, &x->rng);
+	if (wup(x, w)) {
+		bo_weight_free(w);
+		return 0;
+	}
+	size_t n = (size_t)c->M * c->K;
+	*ha = bo_rand_act(n, 2.0f, &x->rng), *hb = bo_rand_act(n, sb, &x->rng);
+	*a = pair_act(x, *ha, n), *b = pair_act(x, *hb, n);
+	return 1;
+}
+
 static void t_add_rmsnorm(struct run *x)
 {
 	const struct bo_case *c = x->c;
 	struct sfw_backend *be = x->b[0], *ref = x->b[1];
 	struct bo_weight w;
-	wmake(&w, c->wdt, 0, 0, 1, c->K, 0.1f, 1.0f, &x->rng);
-	if (wup(x, &w))
-		return bo_weight_free(&w);
+	float *ha, *hb;
+	struct pair a, b;
+	if (!norm_inputs(x, &w, 2.0f, &ha, &hb, &a, &b))
+		return;
 	size_t n = (size_t)c->M * c->K;
-	float *ha = bo_rand_act(n, 2.0f, &x->rng), *hb = bo_rand_act(n, 2.0f, &x->rng);
-	struct pair a = pair_act(x, ha, n), b = pair_act(x, hb, n), y = pair_poisoned(x, n);
+	struct pair y = pair_poisoned(x, n);
 	const float s = 0.2f, eps = 1e-6f;
 	be->add_rmsnorm(be, y.d[0], a.d[0], b.d[0], s, &w.w[0], c->M, c->K, eps);
 	ref->add_rmsnorm(ref, y.d[1], a.d[1], b.d[1], s, &w.w[1], c->M, c->K, eps);
@@ -680,12 +698,12 @@ static void t_rmsnorm_gate(struct run *x)
 	const struct bo_case *c = x->c;
 	struct sfw_backend *be = x->b[0], *ref = x->b[1];
 	struct bo_weight w;
-	wmake(&w, c->wdt, 0, 0, 1, c->K, 0.1f, 1.0f, &x->rng);
-	if (wup(x, &w))
-		return bo_weight_free(&w);
+	float *ha, *hz;
+	struct pair a, z;
+	if (!norm_inputs(x, &w, 4.0f, &ha, &hz, &a, &z))
+		return;
 	size_t n = (size_t)c->M * c->K;
-	float *ha = bo_rand_act(n, 2.0f, &x->rng), *hz = bo_rand_act(n, 4.0f, &x->rng);
-	struct pair a = pair_act(x, ha, n), z = pair_act(x, hz, n), y = pair_poisoned(x, n);
+	struct pair y = pair_poisoned(x, n);
 	const float eps = 1e-6f;
 	be->rmsnorm_gate(be, y.d[0], a.d[0], &w.w[0], z.d[0], c->M, c->K, eps);
 	ref->rmsnorm_gate(ref, y.d[1], a.d[1], &w.w[1], z.d[1], c->M, c->K, eps);
