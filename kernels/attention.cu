@@ -124,7 +124,7 @@ static __device__ __forceinline__ int64_t row_seq(const att_args &a, const sfwc_
 static __device__ __forceinline__ int64_t row_seq(const att_args &, const sfw_cuda_seqs &s, int r, const void **kc,
 						  const void **vc, const int32_t **tab, int *shift)
 {
-	*kc = s.p[0][r], *vc = s.p[1][r], *tab = s.tab[r], *shift = s.shift;
+	*kc = sfwc_seq_p(s, 0, r), *vc = sfwc_seq_p(s, 1, r), *tab = sfwc_seq_tab(s, r), *shift = sfwc_seq_shift(s);
 	return sfwc_seq_pos(s, r);
 }
 
@@ -136,7 +136,7 @@ static __device__ __forceinline__ size_t row_at(const sfwc_one_seq &, int r)
 
 static __device__ __forceinline__ size_t row_at(const sfw_cuda_seqs &s, int r)
 {
-	return (size_t)s.row[r];
+	return (size_t)sfwc_seq_row(s, r);
 }
 
 template <typename A, int HD, int HPW, typename SQ>
@@ -150,6 +150,8 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 	__shared__ __align__(16) float Vs[ATT_KT][HD];
 	int r = blockIdx.x / a.nkv, g = blockIdx.x % a.nkv, split = blockIdx.y;
 	int G = a.nh / a.nkv, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	if (!sfwc_seq_live(sq, r)) /* a recorded bucket's padding row */
+		return;
 	const void *kv, *vv;
 	const int32_t *tab;
 	int shift;
@@ -264,6 +266,8 @@ static __global__ void __launch_bounds__(HD) attn_combine_kernel(att_args a, con
 	__shared__ float s_l;
 	int G = a.nh / a.nkv, rg = blockIdx.x, hh = blockIdx.y, c = threadIdx.x;
 	int r = rg / a.nkv, g = rg % a.nkv;
+	if (!sfwc_seq_live(sq, r))
+		return;
 	const float *base = a.part + ((size_t)rg * a.nsplit * G + hh) * (HD + 2);
 	size_t sstride = (size_t)G * (HD + 2); /* one split to the next */
 	if (threadIdx.x < 32) {
@@ -472,8 +476,11 @@ static __global__ void kv_append_seqs_kernel(const sfw_cuda_seqs S, const V *k, 
 {
 	sfwc_pdl_wait();
 	int b = blockIdx.x;
-	V *kc = (V *)S.p[0][b], *vc = (V *)S.p[1][b];
-	size_t base = (size_t)sfwc_kv_row(S.tab[b], S.shift, sfwc_seq_pos(S, b)) * (size_t)nv, src = (size_t)S.row[b] * (size_t)nv;
+	if (!sfwc_seq_live(S, b))
+		return;
+	V *kc = (V *)sfwc_seq_p(S, 0, b), *vc = (V *)sfwc_seq_p(S, 1, b);
+	size_t base = (size_t)sfwc_kv_row(sfwc_seq_tab(S, b), sfwc_seq_shift(S), sfwc_seq_pos(S, b)) * (size_t)nv;
+	size_t src = (size_t)sfwc_seq_row(S, b) * (size_t)nv;
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		kc[base + i] = k[src + i];
 		vc[base + i] = v[src + i];
@@ -486,7 +493,8 @@ extern "C" void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const voi
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX);
 	cudaStream_t st = SFW_CUDA_STREAM(stream);
 	uintptr_t al = (uintptr_t)k | (uintptr_t)v | (uintptr_t)row_bytes;
-	for (int i = 0; i < s->n; i++)
+	/* a recorded step's caches: cudaMalloc'd or pool blocks, rows of row_bytes */
+	for (int i = 0; !s->st && i < s->n; i++)
 		al |= (uintptr_t)s->p[0][i] | (uintptr_t)s->p[1][i];
 	if (al % 16 == 0)
 		sfwc_launch(kv_append_seqs_kernel<uint4>, dim3(s->n), dim3(256), 0, st, *s, (const uint4 *)k,

@@ -221,10 +221,42 @@ static __device__ __forceinline__ int64_t sfwc_kv_row(const int32_t *tab, int sh
 	return tab ? ((int64_t)tab[t >> shift] << shift) + (t & (((int64_t)1 << shift) - 1)) : t;
 }
 
-/* Sequence i's position in a batched launch (struct sfw_cuda_seqs). */
+/* Sequence i of a batched launch (struct sfw_cuda_seqs): whether row i is
+ * a sequence (not a recorded bucket's padding), its position, row, block
+ * table and shift, and its pointer j of the op. */
+static __device__ __forceinline__ bool sfwc_seq_live(const sfwc_one_seq &, int)
+{
+	return true;
+}
+
+static __device__ __forceinline__ bool sfwc_seq_live(const sfw_cuda_seqs &s, int i)
+{
+	return !s.st || i < s.st->n;
+}
+
 static __device__ __forceinline__ int64_t sfwc_seq_pos(const sfw_cuda_seqs &s, int i)
 {
-	return s.dpos ? s.dpos[i] : s.pos[i];
+	return s.st ? s.st->pos[i] : s.pos[i];
+}
+
+static __device__ __forceinline__ int sfwc_seq_row(const sfw_cuda_seqs &s, int i)
+{
+	return s.st ? i : s.row[i];
+}
+
+static __device__ __forceinline__ const int32_t *sfwc_seq_tab(const sfw_cuda_seqs &s, int i)
+{
+	return s.st ? s.st->tab[i] : s.tab[i];
+}
+
+static __device__ __forceinline__ int sfwc_seq_shift(const sfw_cuda_seqs &s)
+{
+	return s.st ? s.st->shift : s.shift;
+}
+
+static __device__ __forceinline__ void *sfwc_seq_p(const sfw_cuda_seqs &s, int j, int i)
+{
+	return s.st ? s.st->lp[i][s.layer * SFW_CUDA_LN + s.pf[j]] : s.p[j][i];
 }
 
 /* A launch's view of pg (NULL: contiguous): the table and its shift. */

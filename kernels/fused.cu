@@ -200,7 +200,7 @@ static __device__ __forceinline__ size_t qkn_head(const sfwc_one_seq &, int rr, 
 
 static __device__ __forceinline__ size_t qkn_head(const sfw_cuda_seqs &sq, int rr, int nh)
 {
-	return (size_t)sq.row[rr / nh] * nh + rr % nh;
+	return (size_t)sfwc_seq_row(sq, rr / nh) * nh + rr % nh;
 }
 
 template <typename A, int HD, typename SQ>

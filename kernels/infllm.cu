@@ -80,11 +80,13 @@ static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int 
 {
 	sfwc_pdl_wait();
 	int lv = blockIdx.y, z = blockIdx.z;
+	if (!sfwc_seq_live(S, z))
+		return;
 	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
-	A *c = (A *)S.p[lv][z];
+	A *c = (A *)sfwc_seq_p(S, lv, z);
 	int64_t p = sfwc_seq_pos(S, z);
 	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
-	compress_chunks(c, (const A *)S.p[2][z], S.tab[z], S.shift, row, j0, j1, ks, st);
+	compress_chunks(c, (const A *)sfwc_seq_p(S, 2, z), sfwc_seq_tab(S, z), sfwc_seq_shift(S), row, j0, j1, ks, st);
 }
 
 extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,

@@ -24,7 +24,7 @@ static __device__ __forceinline__ float *gla_state(const sfwc_one_seq &, float *
 
 static __device__ __forceinline__ float *gla_state(const sfw_cuda_seqs &sq, float *)
 {
-	return (float *)sq.p[0][blockIdx.z];
+	return (float *)sfwc_seq_p(sq, 0, blockIdx.z);
 }
 
 /* The block's first row: 0 for one sequence, its sequence's row otherwise. */
@@ -35,7 +35,7 @@ static __device__ __forceinline__ size_t gla_row(const sfwc_one_seq &)
 
 static __device__ __forceinline__ size_t gla_row(const sfw_cuda_seqs &sq)
 {
-	return (size_t)sq.row[blockIdx.z];
+	return (size_t)sfwc_seq_row(sq, blockIdx.z);
 }
 
 /* blockIdx.z: the sequence (0 for one; else its T = 1 row is row[z]) */
@@ -47,6 +47,8 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 	constexpr int RPT = HD / GLA_WARPS; /* state rows per thread */
 	__shared__ float qs[HD], ks[HD], red[GLA_WARPS][32];
 	int h = blockIdx.x, col = blockIdx.y * 32 + (threadIdx.x & 31), w = threadIdx.x >> 5;
+	if (!sfwc_seq_live(sq, blockIdx.z)) /* a recorded bucket's padding row */
+		return;
 	float *S = gla_state(sq, state) + (size_t)h * HD * HD;
 	/* The state (and the decay, a weight) before the programmatic-launch
 	 * wait: it is read-modified-written only by this layer's GLA, whose

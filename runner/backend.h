@@ -133,6 +133,9 @@ struct sfw_bseq {
 
 /* One decode step's ops, issued by forward.c (backend.h, step). */
 typedef enum sfw_status (*sfw_step_fn)(void *arg, struct sfw_err *err);
+/* A batched step's ops over `rows` rows (be->step_seqs): the step's own n,
+ * or a batch-size bucket's rows >= n whose rows from n on are padding. */
+typedef enum sfw_status (*sfw_rows_fn)(void *arg, int rows, struct sfw_err *err);
 
 struct sfw_backend {
 	const char *name;          /* "cpu", "cuda" */
@@ -308,18 +311,21 @@ struct sfw_backend {
 						      int64_t pos, int sparse, sfw_step_fn fn, void *arg,
 						      struct sfw_err *err);
 	/* One decode step of n >= 2 sequences, one row each, all in dense mode:
-	 * row i is caches[i]'s token at pos[i]; fn(arg) issues the step's ops
-	 * (the *_seqs ops over the n sequences in this order). A backend that
-	 * records steps keeps one recording per *rec, made for these caches in
-	 * this order (a batch-size bucket of exactly n), replays it while it
-	 * covers the positions, and makes it (by running fn while recording)
-	 * once the same caches have stepped together twice; until then, and
-	 * where it cannot, it runs fn. *replayed as for step; step_free
-	 * releases *rec. The caller frees *rec before any cache of it is freed
-	 * (another cache may be made at the same address). */
+	 * row i is caches[i]'s token at pos[i]; fn(arg, rows) issues the
+	 * step's ops (the *_seqs ops over the n sequences in this order) over
+	 * `rows` rows. Run directly, rows = n. A backend that records steps
+	 * keeps in *rec one recording per batch-size bucket (2, 4, 8, 16, 32,
+	 * 64 rows, at most max_rows: what the caller's buffers hold, >= n),
+	 * made by running fn(arg, bucket) while recording once that bucket
+	 * has run a few steps directly (backend_cuda.c, STEP_SEQS_STABLE), and
+	 * replayed for any n
+	 * sequences it holds (the rows past n are padding: they read token
+	 * ids the caller keeps valid, and their outputs are garbage) while it
+	 * covers the positions. The recording names no cache: each replay is
+	 * told its sequences. *replayed as for step; step_free releases *rec. */
 	SFW_MUST_CHECK enum sfw_status (*step_seqs)(struct sfw_backend *be, void **rec, struct sfw_bcache *const *caches,
-						    const int64_t *pos, int n, sfw_step_fn fn, void *arg, int *replayed,
-						    struct sfw_err *err);
+						    const int64_t *pos, int n, int max_rows, sfw_rows_fn fn, void *arg,
+						    int *replayed, struct sfw_err *err);
 	/* A failure the ops could not return (they return void): the CPU ops
 	 * whose scratch could not be allocated left their outputs undefined.
 	 * SFW_OK, or the error once (then cleared). */
@@ -407,7 +413,8 @@ void sfwi_step_free_none(struct sfw_backend *be, void *rec);
 /* step_seqs for a backend that does not record: runs fn (*replayed = 0). */
 SFW_MUST_CHECK enum sfw_status sfwi_step_seqs_direct(struct sfw_backend *be, void **rec,
 						     struct sfw_bcache *const *caches, const int64_t *pos, int n,
-						     sfw_step_fn fn, void *arg, int *replayed, struct sfw_err *err);
+						     int max_rows, sfw_rows_fn fn, void *arg, int *replayed,
+						     struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfwi_step_record_none(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
 						     int64_t pos, int sparse, sfw_step_fn fn, void *arg,
 						     struct sfw_err *err);

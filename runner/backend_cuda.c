@@ -77,12 +77,13 @@ struct cu_be {
 	int rec;
 	const int64_t *rec_pos;
 	int64_t rec_bound;
-	/* recording a step of many sequences (cu_bstep): the *_seqs ops take
-	 * every sequence into one launch that reads the positions from
-	 * rec_dpos (device, [n]) and plans for lengths up to rec_bound, and
-	 * leave the host's counters alone (cache_advance after the replay) */
-	int rec_seqs, rec_fail; /* rec_fail: an op had to use host positions */
-	const int64_t *rec_dpos;
+	/* recording a step of many sequences (cu_bstep): the *_seqs ops launch
+	 * over rec_rows rows (a batch-size bucket) that read their sequences
+	 * from rec_tab (device, written before each replay), plan for lengths
+	 * up to rec_bound, and leave the host's counters alone (cache_advance
+	 * after the replay) */
+	int rec_seqs, rec_rows, rec_fail; /* rec_fail: an op had to use host positions */
+	const struct sfw_cuda_steptab *rec_tab;
 	/* bumped when the caches or the selection scratch move */
 	uint64_t epoch;
 	int64_t recordings; /* decode steps recorded (tests) */
@@ -113,6 +114,10 @@ struct sfw_bcache {
 	struct sfw_cuda_pages pg;
 	int32_t *table;
 	int64_t nblk, maxblk;
+	/* paged: the device copy of every layer's pointers (struct
+	 * sfw_cuda_steptab.lp: [n_layers][SFW_CUDA_LN]), fixed for the cache's
+	 * life; a recorded step of many sequences reads them */
+	void **lptr;
 };
 
 /* The paged KV pool: per sparse layer si, K then V of `nblocks` blocks
@@ -743,6 +748,7 @@ static void cu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 			layer_free(&c->L[i]);
 		}
 	sfw_cuda_free((void *)c->pg.tab);
+	sfw_cuda_free(c->lptr);
 	sfw_free(c->table);
 	sfw_free(c->L);
 	sfw_free(c);
@@ -783,6 +789,30 @@ static enum sfw_status cache_pages_new(struct sfw_bcache *c, struct sfw_err *err
 	return SFW_OK;
 }
 
+/* A paged cache's layer pointers to the device (c->lptr), once: its
+ * buffers never move. */
+static enum sfw_status cache_lptr_new(struct sfw_backend *be, struct sfw_bcache *c, struct sfw_err *err)
+{
+	size_t n = (size_t)c->d.n_layers * SFW_CUDA_LN;
+	void **h = sfw_calloc(n, sizeof(void *));
+	if (!h)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for a cache's layer table");
+	for (int i = 0; i < c->d.n_layers; i++) {
+		const struct cu_layer *l = &c->L[i];
+		void **e = h + (size_t)i * SFW_CUDA_LN;
+		e[SFW_CUDA_LK] = l->k, e[SFW_CUDA_LV] = l->v, e[SFW_CUDA_LC1] = l->c1, e[SFW_CUDA_LC2] = l->c2;
+		e[SFW_CUDA_LSTATE] = l->state;
+	}
+	void *dv;
+	enum sfw_status s = sfw_cuda_malloc(&dv, n * sizeof(void *), "a cache's layer table", err);
+	if (s == SFW_OK) {
+		c->lptr = dv;
+		cu_from_host(be, c->lptr, h, n * sizeof(void *)); /* staged before it returns */
+	}
+	sfw_free(h);
+	return s;
+}
+
 static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cache_desc *d, struct sfw_bcache **out,
 				    struct sfw_err *err)
 {
@@ -816,6 +846,8 @@ static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cac
 	}
 	if (d->pool) {
 		enum sfw_status s = cache_pages_new(c, err);
+		if (s == SFW_OK)
+			s = cache_lptr_new(be, c, err);
 		if (s != SFW_OK) {
 			cu_cache_free(be, c);
 			return s;
@@ -1169,15 +1201,24 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 	int n = 0;
 	sp->nrest = 0;
 	sp->t.shift = 0;
+	sp->t.layer = layer;
 	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
-	sp->t.dpos = b->rec_seqs ? b->rec_dpos : NULL;
+	if (b->rec_seqs) {
+		/* recording many sequences (cu_step_seqs made sure each of these
+		 * qualifies): the bucket's rows, their sequences read from rec_tab
+		 * when the replay runs; pos[] only bounds the launch */
+		sp->t.st = b->rec_tab;
+		sp->t.n = b->rec_rows;
+		for (int i = 0; i < b->rec_rows; i++)
+			sp->t.pos[i] = b->rec_bound - 1;
+		return b->rec_rows;
+	}
+	sp->t.st = NULL;
 	for (int i = 0; i < ns; i++) {
-		/* recording many sequences: cu_step_seqs made sure each qualifies */
-		if (b->rec_seqs ||
-		    (!b->rec && !b->no_seqs && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer)))) {
+		if (!b->rec && !b->no_seqs && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer))) {
 			const struct sfw_bcache *c = s[i].cache;
 			sp->one[n] = &s[i];
-			sp->t.pos[n] = b->rec_seqs ? b->rec_bound - 1 : s[i].pos0; /* recording: the launch's bound */
+			sp->t.pos[n] = s[i].pos0;
 			sp->t.row[n] = s[i].row0;
 			sp->t.tab[n] = c->pg.tab; /* one pool per batch: one shift */
 			if (c->pg.tab) {
@@ -1189,7 +1230,7 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 			sp->rest[sp->nrest++] = s[i];
 		}
 	}
-	if (n < 2 && !b->rec_seqs) { /* one row alone takes the single-sequence ops */
+	if (n < 2) { /* one row alone takes the single-sequence ops */
 		sp->nrest = ns;
 		memcpy(sp->rest, s, (size_t)ns * sizeof(*s));
 		return 0;
@@ -1218,8 +1259,9 @@ static void cu_gla_seqs(struct sfw_backend *be, void *o, const void *q, const vo
 			const struct sfw_bseq *s, int ns, int layer, const float *decay, int nh, int hd, float scale)
 {
 	struct seqs_split sp;
-	if (seqs_split(be, s, ns, &sp, NULL, 0)) {
-		for (int i = 0; i < sp.t.n; i++)
+	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
+		sp.t.pf[0] = SFW_CUDA_LSTATE;
+		for (int i = 0; !sp.t.st && i < sp.t.n; i++)
 			sp.t.p[0][i] = sp.one[i]->cache->L[layer].state;
 		PROF(P_GLA_REC, sfw_cuda_gla_seqs(o, q, k, v, &sp.t, decay, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
 	}
@@ -1231,14 +1273,14 @@ static void cu_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, 
 			      const void *v, int kvd)
 {
 	struct seqs_split sp;
-	if (seqs_split(be, s, ns, &sp, NULL, 0)) {
-		for (int i = 0; i < sp.t.n; i++) {
-			struct sfw_bcache *c = sp.one[i]->cache;
-			struct cu_layer *l = &c->L[layer];
-			SFW_ASSERT(l->sparse && c->d.nkv * c->d.hd == kvd);
+	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
+		sp.t.pf[0] = SFW_CUDA_LK, sp.t.pf[1] = SFW_CUDA_LV;
+		SFW_ASSERT(s[0].cache->d.nkv * s[0].cache->d.hd == kvd);
+		/* recording: cache_advance after each replay */
+		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
+			struct cu_layer *l = &sp.one[i]->cache->L[layer];
+			SFW_ASSERT(l->sparse);
 			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
-			if (IMPL(be)->rec_seqs) /* cache_advance after each replay */
-				continue;
 			SFW_ASSERT(l->len == sp.one[i]->pos0 && l->len + 1 <= l->cap);
 			l->len++;
 		}
@@ -1263,12 +1305,12 @@ static enum sfw_status cu_compress_seqs(struct sfw_backend *be, const struct sfw
 {
 	struct seqs_split sp;
 	if (seqs_split(be, s, ns, &sp, compress_current, layer)) {
-		const struct sfw_cache_desc *d = &sp.one[0]->cache->d;
-		for (int i = 0; i < sp.t.n; i++) {
+		const struct sfw_cache_desc *d = &s[0].cache->d; /* one batch: one shape */
+		sp.t.pf[0] = SFW_CUDA_LC1, sp.t.pf[1] = SFW_CUDA_LC2, sp.t.pf[2] = SFW_CUDA_LK;
+		/* recording: every cache current, with room for rec_bound (bstep_current) */
+		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
 			struct cu_layer *l = &sp.one[i]->cache->L[layer];
 			sp.t.p[0][i] = l->c1, sp.t.p[1][i] = l->c2, sp.t.p[2][i] = l->k;
-			if (IMPL(be)->rec_seqs) /* current, with room for rec_bound: bstep_current */
-				continue;
 			int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 			SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 			l->n1 = t1, l->n2 = t2;
@@ -1282,13 +1324,14 @@ static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, c
 			       int layer, int nh, int hd, float scale)
 {
 	struct seqs_split sp;
-	if (seqs_split(be, s, ns, &sp, NULL, 0)) {
-		for (int i = 0; i < sp.t.n; i++) {
+	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
+		sp.t.pf[0] = SFW_CUDA_LK, sp.t.pf[1] = SFW_CUDA_LV;
+		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
 			const struct cu_layer *l = &sp.one[i]->cache->L[layer];
-			SFW_ASSERT(IMPL(be)->rec_seqs || l->len == sp.one[i]->pos0 + 1);
+			SFW_ASSERT(l->len == sp.one[i]->pos0 + 1);
 			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
 		}
-		PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &sp.t, nh, sp.one[0]->cache->d.nkv, hd, scale, SFW_DTYPE_BF16,
+		PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &sp.t, nh, s[0].cache->d.nkv, hd, scale, SFW_DTYPE_BF16,
 						       S(be)));
 	}
 	if (sp.nrest)
@@ -1400,44 +1443,57 @@ int64_t sfwi_cuda_seqs_replays(const struct sfw_backend *be)
 }
 
 /* ---- decode steps of several sequences as graphs (be->step_seqs) ----
- * One recording per batch (its *rec), for one ordered set of caches: the
- * *_seqs ops recorded with the positions read from dpos (struct
- * sfw_cuda_seqs.dpos), everything else as it runs for those rows. The
- * caches' device buffers must stay where they are: paged caches never
- * move theirs; a cache of its own that grows bumps the epoch. */
-#define STEP_SEQS_STABLE 2 /* steps of the same set run directly before one is recorded */
+ * One recording per batch-size bucket (2, 4, 8, 16, 32, 64 rows) in the
+ * batch's *rec, made for no particular caches: the *_seqs ops recorded
+ * over the bucket's rows read each replay's sequences from the step table
+ * (struct sfw_cuda_steptab, device memory written just before the launch):
+ * positions, block tables and each paged cache's layer pointers (its
+ * lptr, fixed for its life). Rows past the step's n are padding: the
+ * linears run over them (their cost is the weights', not the rows'), the
+ * *_seqs kernels skip them. So sequences may join and leave between steps
+ * and the bucket's recording still serves. Only paged caches (a batch's on
+ * this backend): a cache of its own may move its buffers. */
+#define STEP_SEQS_STABLE 2 /* steps a bucket runs directly before it is recorded */
+#define STEP_BUCKETS 6     /* 2 .. SFW_CUDA_SEQS_MAX rows */
+
+struct cu_bucket {
+	void *graph;
+	int rows, same; /* same: steps the bucket has run (directly) before its first recording */
+	int64_t bound;
+	uint64_t epoch;
+};
 
 struct cu_bstep {
 	int many; /* 1 */
-	void *graph;
-	int n, same; /* same: steps this set has run without a recording */
-	struct sfw_bcache *caches[SFW_CUDA_SEQS_MAX];
-	int64_t bound;
-	uint64_t epoch;
-	int64_t *dpos; /* device [SFW_CUDA_SEQS_MAX] */
+	struct cu_bucket bk[STEP_BUCKETS];
+	struct sfw_cuda_steptab *tab; /* device: the replay's sequences */
+	struct sfw_cuda_steptab host;
 	int off;
 };
 
 static void cu_bstep_free(struct sfw_backend *be, void *rec)
 {
 	struct cu_bstep *r = rec;
-	if (r->graph) {
-		sfw_cuda_sync(IMPL(be)->stream);
-		sfw_cuda_graph_free(r->graph);
-	}
-	if (r->dpos)
-		cu_free(be, r->dpos);
+	for (int i = 0; i < STEP_BUCKETS; i++)
+		if (r->bk[i].graph) {
+			sfw_cuda_sync(IMPL(be)->stream);
+			sfw_cuda_graph_free(r->bk[i].graph);
+		}
+	if (r->tab)
+		cu_free(be, r->tab);
 	sfw_free(r);
 }
 
 /* Every sequence's caches as a recorded step expects them before its
- * token: pos[i] tokens in, the compressed keys made up to them, and room
- * for the token. */
+ * token: paged, pos[i] tokens in, the compressed keys made up to them, and
+ * room for the token. */
 static int bstep_current(struct sfw_bcache *const *caches, const int64_t *pos, int n)
 {
 	for (int i = 0; i < n; i++) {
 		const struct sfw_bcache *c = caches[i];
 		const struct sfw_cache_desc *d = &c->d;
+		if (!c->lptr || c->pg.shift != caches[0]->pg.shift)
+			return 0;
 		for (int li = 0; li < d->n_layers; li++) {
 			const struct cu_layer *l = &c->L[li];
 			if (l->sparse && (l->len != pos[i] || l->len + 1 > l->cap || l->n1 != nchunks(l->len, d->ksize, d->stride) ||
@@ -1448,51 +1504,62 @@ static int bstep_current(struct sfw_bcache *const *caches, const int64_t *pos, i
 	return 1;
 }
 
+/* The bucket of n rows: the smallest power of two >= n, at most max_rows
+ * (then max_rows itself, >= n). */
+static int bucket_of(int n, int max_rows, int *idx)
+{
+	int rows = 2, i = 0;
+	while (rows < n)
+		rows *= 2, i++;
+	if (rows > max_rows)
+		rows = max_rows;
+	*idx = i;
+	return rows;
+}
+
 static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct sfw_bcache *const *caches,
-				    const int64_t *pos, int n, sfw_step_fn fn, void *arg, int *replayed,
+				    const int64_t *pos, int n, int max_rows, sfw_rows_fn fn, void *arg, int *replayed,
 				    struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
 	struct cu_bstep *r = *recp;
 	*replayed = 0;
-	if (!b->graphs || b->no_seqs || b->no_fuse || n < 2 || n > SFW_CUDA_SEQS_MAX || (r && r->off))
-		return fn(arg, err);
+	if (!b->graphs || b->no_seqs || b->no_fuse || n < 2 || n > SFW_CUDA_SEQS_MAX || max_rows < n || (r && r->off))
+		return fn(arg, n, err);
 	if (!r) {
-		if (!(r = sfw_calloc(1, sizeof(*r))) || !(r->dpos = cu_alloc(be, SFW_CUDA_SEQS_MAX * sizeof(int64_t)))) {
+		if (!(r = sfw_calloc(1, sizeof(*r))) || !(r->tab = cu_alloc(be, sizeof(*r->tab)))) {
 			sfw_free(r);
-			return fn(arg, err); /* no recording, the step all the same */
+			return fn(arg, n, err); /* no recording, the step all the same */
 		}
 		r->many = 1;
 		*recp = r;
 	}
+	if (!bstep_current(caches, pos, n))
+		return fn(arg, n, err);
 	int64_t maxpos = 0, room = INT64_MAX;
 	for (int i = 0; i < n; i++) {
 		maxpos = pos[i] > maxpos ? pos[i] : maxpos;
 		int64_t rm = cu_cache_room(caches[i]);
 		room = rm < room ? rm : room;
 	}
-	int same = r->n == n && !memcmp(r->caches, caches, (size_t)n * sizeof(*caches));
-	if (r->graph && (!same || maxpos + 1 > r->bound || r->epoch != b->epoch)) {
+	int bi;
+	int rows = bucket_of(n, max_rows, &bi);
+	struct cu_bucket *k = &r->bk[bi];
+	if (k->graph && (k->rows != rows || maxpos + 1 > k->bound || k->epoch != b->epoch)) {
 		sfw_cuda_sync(b->stream);
-		sfw_cuda_graph_free(r->graph);
-		r->graph = NULL;
+		sfw_cuda_graph_free(k->graph);
+		k->graph = NULL; /* recorded again at once (same stays past STEP_SEQS_STABLE) */
 	}
-	if (!same) {
-		r->n = n, r->same = 0;
-		memcpy(r->caches, caches, (size_t)n * sizeof(*caches));
-	}
-	if (!bstep_current(caches, pos, n))
-		return fn(arg, err);
-	if (!r->graph) {
+	if (!k->graph) {
 		int64_t bound = (maxpos + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN;
 		if (bound > room)
 			bound = room;
-		if (++r->same <= STEP_SEQS_STABLE || bound < maxpos + 1)
-			return fn(arg, err);
+		if (++k->same <= STEP_SEQS_STABLE || bound < maxpos + 1)
+			return fn(arg, n, err);
 		struct sfw_err e = {0};
-		b->rec_seqs = 1, b->rec_dpos = r->dpos, b->rec_bound = bound, b->rec_fail = 0;
+		b->rec_seqs = 1, b->rec_tab = r->tab, b->rec_rows = rows, b->rec_bound = bound, b->rec_fail = 0;
 		sfw_cuda_graph_begin(S(be));
-		enum sfw_status s = fn(arg, &e);
+		enum sfw_status s = fn(arg, rows, &e);
 		b->rec_seqs = 0;
 		void *g = NULL;
 		struct sfw_err ge = {0};
@@ -1502,18 +1569,26 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 			if (g)
 				sfw_cuda_graph_free(g);
 			if (s != SFW_OK || gs != SFW_OK)
-				sfw_log(SFW_LOG_WARN, "cuda: recording a step of %d sequences: %s; batched steps without graphs",
-					n, s != SFW_OK ? e.msg : ge.msg);
+				sfw_log(SFW_LOG_WARN, "cuda: recording a step of %d rows: %s; batched steps without graphs",
+					rows, s != SFW_OK ? e.msg : ge.msg);
 			else /* a model whose q/k norms and RoPE have no batched kernel */
-				sfw_log(SFW_LOG_DEBUG, "cuda: a step of %d sequences cannot be recorded here", n);
+				sfw_log(SFW_LOG_DEBUG, "cuda: a step of %d rows cannot be recorded here", rows);
 			r->off = 1;
-			return fn(arg, err);
+			return fn(arg, n, err);
 		}
-		r->graph = g, r->bound = bound, r->epoch = b->epoch;
+		k->graph = g, k->rows = rows, k->bound = bound, k->epoch = b->epoch;
 		b->recordings++;
 	}
-	cu_from_host(be, r->dpos, pos, (size_t)n * sizeof(int64_t));
-	sfw_cuda_graph_launch(r->graph, S(be));
+	struct sfw_cuda_steptab *t = &r->host;
+	t->n = n, t->shift = caches[0]->pg.shift;
+	for (int i = 0; i < rows; i++) {
+		t->pos[i] = i < n ? pos[i] : 0;
+		t->tab[i] = i < n ? caches[i]->pg.tab : NULL;
+		t->lp[i] = i < n ? (void *const *)caches[i]->lptr : NULL;
+	}
+	/* staged before it returns, ordered after the replay before (which reads r->tab) */
+	cu_from_host(be, r->tab, t, sizeof(*t));
+	sfw_cuda_graph_launch(k->graph, S(be));
 	for (int i = 0; i < n; i++)
 		cache_advance(caches[i], 1);
 	b->seqs_replays++;

@@ -85,10 +85,8 @@ int64_t sfw_batch_blocks_used(const struct sfw_batch *b)
 
 static void slot_free(struct sfw_batch *b, struct bseq *q)
 {
-	/* the many-sequence recording may name this cache, and a new one may
-	 * be made at its address */
-	b->m->be->step_free(b->m->be, b->brec);
-	b->brec = NULL;
+	/* the recordings of steps of several sequences (brec) name no cache:
+	 * they outlive this one */
 	b->m->be->step_free(b->m->be, q->rec);
 	b->m->be->cache_free(b->m->be, q->cache);
 	memset(q, 0, sizeof(*q));
@@ -338,8 +336,8 @@ enum sfw_status sfw_batch_step(struct sfw_batch *b, const struct sfw_batch_item 
 		}
 	}
 	/* one sequence's step may replay its own recording (the batch-size-1
-	 * bucket), a step of several the batch's recording for exactly its
-	 * sequences (sfwi_forward decides when the rows allow it) */
+	 * bucket), a step of several the batch's recording for its bucket
+	 * (sfwi_forward decides when the rows allow it) */
 	void **rec = n == 1 ? &b->seq[it[0].seq].rec : NULL;
 	s = sfwi_forward(b->ws, b->ids, rows, b->parts, n, b->pick, nl, b->logits, b->next, rec, &b->brec, err);
 	for (int i = 0; i < n; i++) {

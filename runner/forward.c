@@ -193,6 +193,14 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 	if (!c->x || !c->u || !c->out || !c->proj || !c->a || !c->mg || !c->gu || !c->ids_dev || !c->idx_dev ||
 	    !c->logits_dev || !c->next_dev || !c->last_dev || !c->last_fresh || !c->last_blocks || !c->last_state)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
+	/* every row of ids_dev a token id from the start: a recorded batched
+	 * step's padding rows embed whatever ids their rows hold (step_seqs) */
+	int32_t *zero = s == SFW_OK ? sfw_calloc(R, sizeof(int32_t)) : NULL;
+	if (s == SFW_OK && !zero)
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
+	if (zero)
+		be->from_host(be, c->ids_dev, zero, R * sizeof(int32_t));
+	sfw_free(zero);
 	if (s == SFW_OK && own_cache)
 		s = sfwi_cache_new(m, NULL, 0, &c->cache, err);
 	if (s == SFW_OK && own_cache && p->n_ctx > 0)
@@ -847,7 +855,10 @@ enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, str
 
 /* A batch step's ops (run directly, or by be->step_seqs, which may record
  * them): the pass over the rows, then the wanted rows side by side in out
- * (free by then) and one lm_head product over them into logits_dev. */
+ * (free by then) and one lm_head product over them into logits_dev. rows
+ * > R: a batch-size bucket recorded for a step of R decode rows whose
+ * logits are all wanted in row order (sfwi_forward's seqs_step), padded:
+ * the pass and the logits over all rows, straight from u. */
 struct rows_arg {
 	struct sfw_ctx *ws;
 	int R;
@@ -858,16 +869,21 @@ struct rows_arg {
 	const struct call *cl;
 };
 
-static enum sfw_status rows_ops(void *arg, struct sfw_err *err)
+static enum sfw_status rows_ops(void *arg, int rows, struct sfw_err *err)
 {
 	struct rows_arg *a = arg;
 	struct sfw_ctx *ws = a->ws;
 	struct sfw_model *m = ws->m;
 	struct sfw_backend *be = m->be;
 	int D = m->cfg.hidden_size;
-	enum sfw_status s = forward_rows(ws, a->R, a->parts, a->np, a->cl, err);
+	SFW_ASSERT(rows == a->R || (rows > a->R && rows <= ws->cap_rows && rows <= ws->logits_rows && a->nl == a->R));
+	enum sfw_status s = forward_rows(ws, rows, a->parts, a->np, a->cl, err);
 	if (s != SFW_OK || a->nl == 0)
 		return s;
+	if (rows > a->R) {
+		be->logits(be, ws->logits_dev, ws->u, &m->lm_head, rows, (float)(1.0 / m->cfg.logit_divisor));
+		return SFW_OK;
+	}
 	for (int i = 0; i < a->nl; i++)
 		be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, a->pick[i].row, (size_t)D),
 			 (size_t)D * be->act_size);
@@ -910,12 +926,13 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 			caches[i] = parts[i].cache, pos[i] = parts[i].pos0;
 		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
 		int replayed = 0;
-		s = be->step_seqs(be, brec, caches, pos, np, rows_ops, &a, &replayed, err);
+		int max_rows = ws->cap_rows < ws->logits_rows ? ws->cap_rows : ws->logits_rows;
+		s = be->step_seqs(be, brec, caches, pos, np, max_rows, rows_ops, &a, &replayed, err);
 		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
 	} else {
 		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
-		if ((s = op_failure(be, rows_ops(&a, err), err)) != SFW_OK || nl == 0)
+		if ((s = op_failure(be, rows_ops(&a, R, err), err)) != SFW_OK || nl == 0)
 			return s;
 	}
 	/* the choices on the backend (one id each back; one call for all the

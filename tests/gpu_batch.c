@@ -18,9 +18,12 @@
  * step (nothing moves, the others continue). The batch's caches are paged
  * (one KV pool, a block table per sequence: kernels/ops_cuda.h), the alone
  * runs' contiguous, so the comparison also holds the paged kernels to the
- * contiguous ones. Steps whose rows are all dense-mode decode rows of the
- * same sequences replay a recording of the step after two direct runs
- * (be->step_seqs): on tiny-dense the test asks that some did.
+ * contiguous ones. Steps whose rows are all dense-mode decode rows replay
+ * the recording of their batch-size bucket (be->step_seqs: 2 .. 64 rows,
+ * made after two direct steps, for any sequences): on tiny-dense the test
+ * asks that some did, and in a run where sequences join and leave, that
+ * some replays had padding rows and some came right after the set changed
+ * with no new recording.
  *   gpu_batch            (SALAFW_GOLDEN names the golden folder) */
 #include "check.h"
 
@@ -114,7 +117,29 @@ static void sq_compare(struct sq *q, const float *x, int V)
 	}
 }
 
-static void batch_case(struct sfw_model *m, const char *what, int B, const int *lens, int want_replays)
+/* 1 when the two steps' sequences differ (as sets of slots). */
+static int set_changed(struct sq *const *a, int na, struct sq *const *b, int nb)
+{
+	if (na != nb)
+		return 1;
+	for (int i = 0; i < na; i++) {
+		int found = 0;
+		for (int j = 0; j < nb && !found; j++)
+			found = a[i] == b[j];
+		if (!found)
+			return 1;
+	}
+	return 0;
+}
+
+/* B sequences of lens[i] prompt tokens; sequence i joins at step join[i]
+ * (NULL: all at once) and leaves after its last call. want_replays: the
+ * steps of dense decode rows replay their bucket's recording, and (2)
+ * among them steps whose sequences are not a power of two (padding rows)
+ * and steps whose set just changed (a join or a leave) without a new
+ * recording. */
+static void batch_case(struct sfw_model *m, const char *what, int B, const int *lens, const int *join,
+		       int want_replays)
 {
 	int V = sfw_model_config(m)->vocab_size;
 	struct sq *qs = calloc((size_t)B, sizeof(*qs));
@@ -133,26 +158,41 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 	for (int i = 0; ok && i < B; i++)
 		ok = sfw_batch_seq_open(b, &qs[i].slot, &err) == SFW_OK;
 	int64_t rp0 = sfwi_cuda_seqs_replays(m->be);
-	int mixed = 0, steps = 0;
+	int mixed = 0, steps = 0, pad_replays = 0, changed_replays = 0, nprev = 0;
 	struct sfw_batch_item it[SFW_BATCH_MAX_SEQS];
-	struct sq *own[SFW_BATCH_MAX_SEQS];
+	struct sq *own[SFW_BATCH_MAX_SEQS], *prev[SFW_BATCH_MAX_SEQS];
 	while (ok) {
-		int n = 0, pre = 0, dec = 0;
+		int n = 0, pre = 0, dec = 0, waiting = 0;
 		for (int i = 0; i < B; i++) {
 			struct sq *q = &qs[i];
+			if (join && steps < join[i]) {
+				waiting = 1;
+				continue;
+			}
 			if (q->call == q->ncalls || (q->off < q->len && pre))
 				continue;
 			pre += q->off < q->len, dec += q->off >= q->len;
 			it[n] = (struct sfw_batch_item){q->slot, q->ids + q->off, call_n(q), 1, NULL, 0};
 			own[n++] = q;
 		}
-		if (!n)
+		if (!n && !waiting)
 			break;
+		if (!n) { /* nobody in until the next join */
+			steps++;
+			continue;
+		}
+		int64_t rp = sfwi_cuda_seqs_replays(m->be), rc = sfwi_cuda_recordings(m->be);
 		if (sfw_batch_step(b, it, n, &err) != SFW_OK) {
 			CHECK(0, "%s: step %d: %s", what, steps, err.msg);
 			ok = 0;
 			break;
 		}
+		if (sfwi_cuda_seqs_replays(m->be) > rp) {
+			pad_replays += (n & (n - 1)) != 0;
+			changed_replays += set_changed(own, n, prev, nprev) && sfwi_cuda_recordings(m->be) == rc;
+		}
+		memcpy(prev, own, (size_t)n * sizeof(*own));
+		nprev = n;
 		steps++, mixed += pre && dec;
 		for (int i = 0; i < n; i++) {
 			sq_compare(own[i], sfw_batch_logits(b, i), V);
@@ -168,13 +208,18 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 		ad += qs[i].argmax_diff, nt += qs[i].near_ties;
 	}
 	int64_t replays = sfwi_cuda_seqs_replays(m->be) - rp0;
-	printf("  %s: %d steps (%d mixed, %lld replayed), max |dlogit| %.3g (max |logit| %.3g), argmax differs %d (near "
-	       "ties %d)\n",
-	       what, steps, mixed, (long long)replays, maxd, maxref, ad, nt);
-	/* steady stretches of dense decode rows replay the step's recording
+	printf("  %s: %d steps (%d mixed, %lld replayed: %d with padding rows, %d just after a join or leave), max "
+	       "|dlogit| %.3g (max |logit| %.3g), argmax differs %d (near ties %d)\n",
+	       what, steps, mixed, (long long)replays, pad_replays, changed_replays, maxd, maxref, ad, nt);
+	/* stretches of dense decode rows replay their bucket's recording
 	 * (be->step_seqs), and the logits above hold for them too */
-	CHECK(!want_replays || replays > 0, "%s: steps of the same sequences replayed a recording (%lld)", what,
+	CHECK(!want_replays || replays > 0, "%s: steps of dense decode rows replayed a recording (%lld)", what,
 	      (long long)replays);
+	CHECK(want_replays < 2 || pad_replays > 0, "%s: a bucket replayed with padding rows (%d steps)", what,
+	      pad_replays);
+	CHECK(want_replays < 2 || changed_replays > 0,
+	      "%s: a bucket's recording replayed for a set of sequences that just changed (%d steps)", what,
+	      changed_replays);
 	CHECK(ok, "%s: every step ran", what);
 	CHECK(maxd <= 1.5e-2 * (maxref > 1 ? maxref : 1), "%s: logits within 1.5e-2 of the runs alone (max diff %g)",
 	      what, maxd);
@@ -319,10 +364,14 @@ int main(void)
 		}
 		printf("%s:\n", cases[k]);
 		int l1[1] = {600};
-		batch_case(m, "B=1", 1, l1, 0);
+		batch_case(m, "B=1", 1, l1, NULL, 0);
 		/* tiny-dense: every row dense, so the decode steps may be recorded */
-		batch_case(m, "B=8", 8, lens, k == 1);
-		batch_case(m, "B=64", 64, lens, k == 1);
+		batch_case(m, "B=8", 8, lens, NULL, k == 1);
+		batch_case(m, "B=64", 64, lens, NULL, k == 1);
+		/* joins and leaves: 3 sequences (bucket 4, one padding row), 3
+		 * more from step 10 (bucket 8), then they leave one by one */
+		static const int jl[6] = {20, 30, 40, 20, 30, 40}, js[6] = {0, 0, 0, 10, 10, 12};
+		batch_case(m, "join/leave", 6, jl, js, k == 1 ? 2 : 0);
 		if (k == 0) {
 			pool_case(m);
 			sample_case(m);
