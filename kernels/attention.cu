@@ -142,7 +142,6 @@ static __device__ __forceinline__ size_t row_at(const sfw_cuda_seqs &s, int r)
 template <typename A, int HD, int HPW, typename SQ>
 static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, const SQ sq)
 {
-	sfwc_pdl_wait();
 	constexpr int CPL = HD / 32; /* value columns per lane */
 	/* K rows padded by 4 floats: 16-byte loads, lanes 8 apart never share a bank */
 	__shared__ __align__(16) float qs[ATT_WARPS * HPW][HD];
@@ -158,6 +157,10 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 	int64_t p = row_seq(a, sq, r, &kv, &vv, &tab, &shift);
 	const A *q = (const A *)a.q, *kc = (const A *)kv, *vc = (const A *)vv;
 	const int32_t *sel = a.idx ? a.idx + ((size_t)g * a.T + r) * a.k : NULL;
+	/* the row's sequence (positions and cache pointers: written by the host
+	 * before the launch, never by a kernel) before the programmatic-launch
+	 * wait; q, the caches and the selection after it */
+	sfwc_pdl_wait();
 	for (int i = threadIdx.x; i < ATT_WARPS * HPW * HD; i += ATT_THREADS)
 		qs[i / HD][i % HD] = i < G * HD ? act_ld(q, (row_at(sq, r) * a.nh + (size_t)g * G) * HD + i) : 0.0f;
 	int units = sel ? a.k * (a.block / ATT_KT) : (int)((p + ATT_KT) / ATT_KT);
@@ -261,13 +264,13 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 template <typename A, int HD, typename SQ>
 static __global__ void __launch_bounds__(HD) attn_combine_kernel(att_args a, const SQ sq)
 {
-	sfwc_pdl_wait();
 	__shared__ float wt[ATT_MAXSPLIT];
 	__shared__ float s_l;
 	int G = a.nh / a.nkv, rg = blockIdx.x, hh = blockIdx.y, c = threadIdx.x;
 	int r = rg / a.nkv, g = rg % a.nkv;
-	if (!sfwc_seq_live(sq, r))
+	if (!sfwc_seq_live(sq, r)) /* before the wait: the step table is the host's */
 		return;
+	sfwc_pdl_wait();
 	const float *base = a.part + ((size_t)rg * a.nsplit * G + hh) * (HD + 2);
 	size_t sstride = (size_t)G * (HD + 2); /* one split to the next */
 	if (threadIdx.x < 32) {
@@ -474,13 +477,13 @@ extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sf
 template <typename V>
 static __global__ void kv_append_seqs_kernel(const sfw_cuda_seqs S, const V *k, const V *v, int nv)
 {
-	sfwc_pdl_wait();
-	int b = blockIdx.x;
+	int b = blockIdx.x; /* its sequence before the wait: the host's table */
 	if (!sfwc_seq_live(S, b))
 		return;
 	V *kc = (V *)sfwc_seq_p(S, 0, b), *vc = (V *)sfwc_seq_p(S, 1, b);
 	size_t base = (size_t)sfwc_kv_row(sfwc_seq_tab(S, b), sfwc_seq_shift(S), sfwc_seq_pos(S, b)) * (size_t)nv;
 	size_t src = (size_t)sfwc_seq_row(S, b) * (size_t)nv;
+	sfwc_pdl_wait();
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		kc[base + i] = k[src + i];
 		vc[base + i] = v[src + i];

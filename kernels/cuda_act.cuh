@@ -231,7 +231,7 @@ static __device__ __forceinline__ bool sfwc_seq_live(const sfwc_one_seq &, int)
 
 static __device__ __forceinline__ bool sfwc_seq_live(const sfw_cuda_seqs &s, int i)
 {
-	return !s.st || i < s.st->n;
+	return !s.st || (i < s.st->n && !(s.skip_sparse && s.st->sparse[i]));
 }
 
 static __device__ __forceinline__ int64_t sfwc_seq_pos(const sfw_cuda_seqs &s, int i)

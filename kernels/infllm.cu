@@ -78,15 +78,18 @@ static __global__ void compress_devpos_kernel(A *c1, A *c2, const A *k, const in
 template <typename A>
 static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int ksize, int stride)
 {
-	sfwc_pdl_wait();
-	int lv = blockIdx.y, z = blockIdx.z;
+	int lv = blockIdx.y, z = blockIdx.z; /* its sequence before the wait: the host's table */
 	if (!sfwc_seq_live(S, z))
 		return;
 	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
 	A *c = (A *)sfwc_seq_p(S, lv, z);
 	int64_t p = sfwc_seq_pos(S, z);
 	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
-	compress_chunks(c, (const A *)sfwc_seq_p(S, 2, z), sfwc_seq_tab(S, z), sfwc_seq_shift(S), row, j0, j1, ks, st);
+	const A *kc = (const A *)sfwc_seq_p(S, 2, z);
+	const int32_t *tab = sfwc_seq_tab(S, z);
+	int shift = sfwc_seq_shift(S);
+	sfwc_pdl_wait();
+	compress_chunks(c, kc, tab, shift, row, j0, j1, ks, st);
 }
 
 extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,

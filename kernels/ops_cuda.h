@@ -184,23 +184,29 @@ struct sfw_cuda_seqs {
 	 * pointer j this op's field pf[j] of layer `layer` in st->lp[i]; rows
 	 * from st->n on are padding and left alone (the per-row ops that need
 	 * no cache may compute them, at position 0). pos[], row[], tab[], p[]
-	 * and shift are then unused, but pos[0 .. n) bounds the launch. */
+	 * and shift are then unused, but pos[0 .. n) bounds the launch.
+	 * skip_sparse: the rows st->sparse marks are left alone too (dense
+	 * attention: those rows select blocks instead). */
 	const struct sfw_cuda_steptab *st;
 	int layer;
 	int pf[3];
+	int skip_sparse;
 };
 /* A cache's per-layer pointers as a recorded step reads them
  * (sfw_cuda_steptab.lp): SFW_CUDA_LN of them per layer, these fields. */
 enum { SFW_CUDA_LK, SFW_CUDA_LV, SFW_CUDA_LC1, SFW_CUDA_LC2, SFW_CUDA_LSTATE, SFW_CUDA_LN };
 /* The sequences of one replay of a recorded step (device memory, written
  * before each launch of the graph): n sequences in rows 0 .. n-1, sequence
- * i at pos[i] with block table tab[i] (NULL: contiguous; one shift) and
- * its caches' pointers lp[i][layer * SFW_CUDA_LN + field] (device). */
+ * i at pos[i] with block table tab[i] (NULL: contiguous; one shift), its
+ * caches' pointers lp[i][layer * SFW_CUDA_LN + field] (device), and
+ * sparse[i] set when its sparse layers select blocks (the recording then
+ * holds that sequence's own selection launches, reading pos[i]). */
 struct sfw_cuda_steptab {
 	int n, shift;
 	int64_t pos[SFW_CUDA_SEQS_MAX];
 	const int32_t *tab[SFW_CUDA_SEQS_MAX];
 	void *const *lp[SFW_CUDA_SEQS_MAX];
+	unsigned char sparse[SFW_CUDA_SEQS_MAX]; /* sequence i is in selection mode */
 };
 /* p[0] the K caches, p[1] the V caches; k, v rows of row_bytes. */
 void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,

@@ -310,8 +310,9 @@ struct sfw_backend {
 	SFW_MUST_CHECK enum sfw_status (*step_record)(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
 						      int64_t pos, int sparse, sfw_step_fn fn, void *arg,
 						      struct sfw_err *err);
-	/* One decode step of n >= 2 sequences, one row each, all in dense mode:
-	 * row i is caches[i]'s token at pos[i]; fn(arg, rows) issues the
+	/* One decode step of n >= 2 sequences, one row each: row i is
+	 * caches[i]'s token at pos[i], its sparse layers selecting blocks where
+	 * sparse[i] (else dense attention); fn(arg, rows) issues the
 	 * step's ops (the *_seqs ops over the n sequences in this order) over
 	 * `rows` rows. Run directly, rows = n. A backend that records steps
 	 * keeps in *rec one recording per batch-size bucket (2, 4, 8, 16, 32,
@@ -321,11 +322,14 @@ struct sfw_backend {
 	 * replayed for any n
 	 * sequences it holds (the rows past n are padding: they read token
 	 * ids the caller keeps valid, and their outputs are garbage) while it
-	 * covers the positions. The recording names no cache: each replay is
-	 * told its sequences. *replayed as for step; step_free releases *rec. */
+	 * covers the positions. A recording of dense-mode rows names no cache:
+	 * each replay is told its sequences. One with rows in selection mode
+	 * serves only while the same caches sit in those rows, in that mode,
+	 * beside any dense ones (the backend keys it so). *replayed as for
+	 * step; step_free releases *rec. */
 	SFW_MUST_CHECK enum sfw_status (*step_seqs)(struct sfw_backend *be, void **rec, struct sfw_bcache *const *caches,
-						    const int64_t *pos, int n, int max_rows, sfw_rows_fn fn, void *arg,
-						    int *replayed, struct sfw_err *err);
+						    const int64_t *pos, const int *sparse, int n, int max_rows,
+						    sfw_rows_fn fn, void *arg, int *replayed, struct sfw_err *err);
 	/* A failure the ops could not return (they return void): the CPU ops
 	 * whose scratch could not be allocated left their outputs undefined.
 	 * SFW_OK, or the error once (then cleared). */
@@ -412,9 +416,9 @@ SFW_MUST_CHECK enum sfw_status sfwi_step_direct(struct sfw_backend *be, void **r
 void sfwi_step_free_none(struct sfw_backend *be, void *rec);
 /* step_seqs for a backend that does not record: runs fn (*replayed = 0). */
 SFW_MUST_CHECK enum sfw_status sfwi_step_seqs_direct(struct sfw_backend *be, void **rec,
-						     struct sfw_bcache *const *caches, const int64_t *pos, int n,
-						     int max_rows, sfw_rows_fn fn, void *arg, int *replayed,
-						     struct sfw_err *err);
+						     struct sfw_bcache *const *caches, const int64_t *pos,
+						     const int *sparse, int n, int max_rows, sfw_rows_fn fn, void *arg,
+						     int *replayed, struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfwi_step_record_none(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
 						     int64_t pos, int sparse, sfw_step_fn fn, void *arg,
 						     struct sfw_err *err);

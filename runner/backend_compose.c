@@ -82,10 +82,10 @@ void sfwi_step_free_none(struct sfw_backend *be, void *rec)
 }
 
 enum sfw_status sfwi_step_seqs_direct(struct sfw_backend *be, void **rec, struct sfw_bcache *const *caches,
-				      const int64_t *pos, int n, int max_rows, sfw_rows_fn fn, void *arg,
-				      int *replayed, struct sfw_err *err)
+				      const int64_t *pos, const int *sparse, int n, int max_rows, sfw_rows_fn fn,
+				      void *arg, int *replayed, struct sfw_err *err)
 {
-	(void)be, (void)rec, (void)caches, (void)pos, (void)max_rows;
+	(void)be, (void)rec, (void)caches, (void)pos, (void)sparse, (void)max_rows;
 	*replayed = 0;
 	return fn(arg, n, err);
 }

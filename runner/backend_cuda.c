@@ -84,6 +84,11 @@ struct cu_be {
 	 * after the replay) */
 	int rec_seqs, rec_rows, rec_fail; /* rec_fail: an op had to use host positions */
 	const struct sfw_cuda_steptab *rec_tab;
+	/* ... and its sequences as the host sees them: a sequence in selection
+	 * mode runs its own selection ops, reading its position from rec_tab */
+	struct sfw_bcache *const *rec_caches;
+	int rec_n;
+	uint64_t cache_serial; /* the last cache's serial (struct sfw_bcache) */
 	/* bumped when the caches or the selection scratch move */
 	uint64_t epoch;
 	int64_t recordings; /* decode steps recorded (tests) */
@@ -118,6 +123,7 @@ struct sfw_bcache {
 	 * sfw_cuda_steptab.lp: [n_layers][SFW_CUDA_LN]), fixed for the cache's
 	 * life; a recorded step of many sequences reads them */
 	void **lptr;
+	uint64_t serial; /* unique in the backend: names the cache in a recording's key */
 };
 
 /* The paged KV pool: per sparse layer si, K then V of `nblocks` blocks
@@ -832,6 +838,7 @@ static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cac
 	}
 	c->d = *d;
 	c->d.mixer = NULL;
+	c->serial = ++IMPL(be)->cache_serial;
 	size_t sbytes = (size_t)d->lnh * d->lhd * d->lhd * sizeof(float);
 	for (int i = 0; i < d->n_layers; i++) {
 		c->L[i].sparse = d->mixer[i] == SFW_MIXER_SPARSE;
@@ -1059,7 +1066,7 @@ static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw
 	struct cu_be *b = IMPL(be);
 	if (bytes <= b->sel_bytes)
 		return SFW_OK;
-	if (b->rec) /* planned by rec_begin; growing here would wait inside the recording */
+	if (b->rec || b->rec_seqs) /* planned before the recording; growing here would wait inside it */
 		return sfw_fail(err, SFW_E_CUDA, "block selection scratch too small for the decode graph");
 	/* Decode asks for a little more every few steps: grow by half (at least
 	 * 4 MiB) so the reallocation, which waits for the device, stays rare;
@@ -1083,13 +1090,31 @@ static enum sfw_status sel_room(struct sfw_backend *be, size_t bytes, struct sfw
 	return s;
 }
 
+/* Where a recorded step's selection ops read c's position: the
+ * one-sequence recording's rec_pos, or c's entry of a many-sequence
+ * recording's step table; NULL when nothing records. */
+static const int64_t *rec_dpos(struct sfw_backend *be, const struct sfw_bcache *c)
+{
+	struct cu_be *b = IMPL(be);
+	if (b->rec)
+		return b->rec_pos;
+	if (!b->rec_seqs)
+		return NULL;
+	for (int i = 0; i < b->rec_n; i++)
+		if (b->rec_caches[i] == c)
+			return &b->rec_tab->pos[i];
+	SFW_ASSERT(!"a recorded step's sequence");
+	return NULL;
+}
+
 static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, const void *q, struct sfw_bcache *c,
 					int layer, int nh, const struct sfw_sparse_params *sp, float *pooled_last,
 					struct sfw_err *err)
 {
 	struct cu_layer *l = &c->L[layer];
 	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
-	if (IMPL(be)->rec) { /* one row at *rec_pos, lengths up to rec_bound */
+	const int64_t *dpos = rec_dpos(be, c);
+	if (dpos) { /* one row at *dpos, lengths up to rec_bound */
 		struct cu_be *b = IMPL(be);
 		size_t sc, po;
 		SFW_ASSERT(sp->T == 1);
@@ -1098,16 +1123,16 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 			return s;
 		float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
 		sfw_cuda_stage1_devpos(scores, q, l->c1, l->c2, nh, nkv, hd, b->rec_bound, sp->ksize, sp->stride, sp->scale,
-				       b->rec_pos, SFW_DTYPE_BF16, S(be));
+				       dpos, SFW_DTYPE_BF16, S(be));
 		/* up to 4096 blocks (256K tokens) top-k holds the blocks in
 		 * registers and pools them itself: one launch less */
 		if ((b->rec_bound + sp->block - 1) / sp->block <= 4096) {
 			sfw_cuda_pool_topk_devpos(idx, scores, nkv, k, sp->block, sp->ksize, sp->stride, sp->init_blocks,
-						  sp->local_blocks, b->rec_pos, S(be));
+						  sp->local_blocks, dpos, S(be));
 		} else {
 			sfw_cuda_pool_blocks_devpos(pooled, scores, nkv, b->rec_bound, sp->ksize, sp->stride, sp->block,
-						    sp->init_blocks, sp->local_blocks, b->rec_pos, S(be));
-			sfw_cuda_topk_blocks_devpos(idx, pooled, nkv, k, sp->block, b->rec_pos, S(be));
+						    sp->init_blocks, sp->local_blocks, dpos, S(be));
+			sfw_cuda_topk_blocks_devpos(idx, pooled, nkv, k, sp->block, dpos, S(be));
 		}
 		(void)pooled_last; /* no taps while recording */
 		return SFW_OK;
@@ -1160,10 +1185,11 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 			   const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
 {
 	struct cu_layer *l = &c->L[layer];
-	if (IMPL(be)->rec) {
+	const int64_t *dpos = rec_dpos(be, c);
+	if (dpos) {
 		SFW_ASSERT(sp->T == 1);
 		sfw_cuda_attn_sparse_devpos(o, q, l->k, l->v, &c->pg, idx, nh, c->d.nkv, c->d.hd, sp->k, sp->block,
-					    sp->scale, IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
+					    sp->scale, dpos, SFW_DTYPE_BF16, S(be));
 		return;
 	}
 	PROF(P_SPARSE, sfw_cuda_attn_sparse_pg(o, q, l->k, l->v, &c->pg, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0,
@@ -1202,6 +1228,7 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 	sp->nrest = 0;
 	sp->t.shift = 0;
 	sp->t.layer = layer;
+	sp->t.skip_sparse = 0;
 	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
 	if (b->rec_seqs) {
 		/* recording many sequences (cu_step_seqs made sure each of these
@@ -1326,6 +1353,7 @@ static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, c
 	struct seqs_split sp;
 	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
 		sp.t.pf[0] = SFW_CUDA_LK, sp.t.pf[1] = SFW_CUDA_LV;
+		sp.t.skip_sparse = 1; /* recording: the rows in selection mode attend by their own ops */
 		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
 			const struct cu_layer *l = &sp.one[i]->cache->L[layer];
 			SFW_ASSERT(l->len == sp.one[i]->pos0 + 1);
@@ -1444,21 +1472,33 @@ int64_t sfwi_cuda_seqs_replays(const struct sfw_backend *be)
 
 /* ---- decode steps of several sequences as graphs (be->step_seqs) ----
  * One recording per batch-size bucket (2, 4, 8, 16, 32, 64 rows) in the
- * batch's *rec, made for no particular caches: the *_seqs ops recorded
- * over the bucket's rows read each replay's sequences from the step table
- * (struct sfw_cuda_steptab, device memory written just before the launch):
- * positions, block tables and each paged cache's layer pointers (its
- * lptr, fixed for its life). Rows past the step's n are padding: the
- * linears run over them (their cost is the weights', not the rows'), the
- * *_seqs kernels skip them. So sequences may join and leave between steps
- * and the bucket's recording still serves. Only paged caches (a batch's on
- * this backend): a cache of its own may move its buffers. */
-#define STEP_SEQS_STABLE 2 /* steps a bucket runs directly before it is recorded */
+ * batch's *rec. The *_seqs ops recorded over the bucket's rows read each
+ * replay's sequences from the step table (struct sfw_cuda_steptab, device
+ * memory written just before the launch): positions, block tables and each
+ * paged cache's layer pointers (its lptr, fixed for its life). Rows past
+ * the step's n are padding: the linears run over them (their cost is the
+ * weights', not the rows'), the *_seqs kernels skip them. So a recording
+ * of dense-mode rows serves any sequences: they join and leave between
+ * steps and the bucket's recording still serves. A sequence in selection
+ * mode runs its own selection and sparse attention launches, recorded with
+ * its caches' pointers and reading its position from the table: such a
+ * recording serves while the same sequences (by serial) sit in the same
+ * rows in selection mode, the dense ones being any. Only paged caches (a
+ * batch's on this backend): a cache of its own may move its buffers. */
+#define STEP_SEQS_STABLE 2 /* steps a key runs directly before it is recorded */
 #define STEP_BUCKETS 6     /* 2 .. SFW_CUDA_SEQS_MAX rows */
+
+/* What a recording was made for: its rows and, when some sequences select
+ * blocks, the step's n and which sequence sits in each selecting row. */
+struct cu_bkey {
+	int rows, n, nsparse;
+	uint64_t serial[SFW_CUDA_SEQS_MAX]; /* rows in selection mode: the cache's serial; else 0 */
+};
 
 struct cu_bucket {
 	void *graph;
-	int rows, same; /* same: steps the bucket has run (directly) before its first recording */
+	struct cu_bkey key, pend; /* the recording's key; the key of the steps run directly */
+	int same;                 /* steps run directly with key pend */
 	int64_t bound;
 	uint64_t epoch;
 };
@@ -1517,9 +1557,25 @@ static int bucket_of(int n, int max_rows, int *idx)
 	return rows;
 }
 
+static void bkey_make(struct cu_bkey *k, int rows, struct sfw_bcache *const *caches, const int *sparse, int n)
+{
+	memset(k, 0, sizeof(*k));
+	k->rows = rows;
+	for (int i = 0; i < n; i++)
+		if (sparse[i])
+			k->serial[i] = caches[i]->serial, k->nsparse++;
+	k->n = k->nsparse ? n : 0; /* all dense: any n of the bucket */
+}
+
+static int bkey_eq(const struct cu_bkey *a, const struct cu_bkey *b)
+{
+	return a->rows == b->rows && a->n == b->n && a->nsparse == b->nsparse &&
+	       (!a->nsparse || !memcmp(a->serial, b->serial, (size_t)a->n * sizeof(a->serial[0])));
+}
+
 static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct sfw_bcache *const *caches,
-				    const int64_t *pos, int n, int max_rows, sfw_rows_fn fn, void *arg, int *replayed,
-				    struct sfw_err *err)
+				    const int64_t *pos, const int *sparse, int n, int max_rows, sfw_rows_fn fn,
+				    void *arg, int *replayed, struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
 	struct cu_bstep *r = *recp;
@@ -1545,25 +1601,46 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 	int bi;
 	int rows = bucket_of(n, max_rows, &bi);
 	struct cu_bucket *k = &r->bk[bi];
-	if (k->graph && (k->rows != rows || maxpos + 1 > k->bound || k->epoch != b->epoch)) {
-		sfw_cuda_sync(b->stream);
-		sfw_cuda_graph_free(k->graph);
-		k->graph = NULL; /* recorded again at once (same stays past STEP_SEQS_STABLE) */
-	}
-	if (!k->graph) {
+	struct cu_bkey key;
+	bkey_make(&key, rows, caches, sparse, n);
+	int match = k->graph && bkey_eq(&k->key, &key);
+	if (!match || maxpos + 1 > k->bound || k->epoch != b->epoch) {
+		/* a new key runs directly until it has held for STEP_SEQS_STABLE
+		 * steps; the recording's own key past its bound (or after the
+		 * memory moved) is recorded again at once */
+		if (!match) {
+			if (!bkey_eq(&k->pend, &key))
+				k->pend = key, k->same = 0;
+			if (++k->same <= STEP_SEQS_STABLE)
+				return fn(arg, n, err);
+		}
 		int64_t bound = (maxpos + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN;
 		if (bound > room)
 			bound = room;
-		if (++k->same <= STEP_SEQS_STABLE || bound < maxpos + 1)
+		if (bound < maxpos + 1)
 			return fn(arg, n, err);
+		if (k->graph) {
+			sfw_cuda_sync(b->stream);
+			sfw_cuda_graph_free(k->graph);
+			k->graph = NULL;
+		}
 		struct sfw_err e = {0};
-		b->rec_seqs = 1, b->rec_tab = r->tab, b->rec_rows = rows, b->rec_bound = bound, b->rec_fail = 0;
-		sfw_cuda_graph_begin(S(be));
-		enum sfw_status s = fn(arg, rows, &e);
-		b->rec_seqs = 0;
+		enum sfw_status s = SFW_OK;
+		if (key.nsparse) { /* the selection scratch in place before the recording */
+			size_t sc, po;
+			s = sel_room(be, sel_plan_row(&caches[0]->d, bound, caches[0]->d.sel_k, &sc, &po), &e);
+		}
 		void *g = NULL;
 		struct sfw_err ge = {0};
-		enum sfw_status gs = sfw_cuda_graph_end(S(be), &g, &ge);
+		enum sfw_status gs = SFW_OK;
+		if (s == SFW_OK) {
+			b->rec_seqs = 1, b->rec_tab = r->tab, b->rec_rows = rows, b->rec_bound = bound, b->rec_fail = 0;
+			b->rec_caches = caches, b->rec_n = n;
+			sfw_cuda_graph_begin(S(be));
+			s = fn(arg, rows, &e);
+			b->rec_seqs = 0, b->rec_tab = NULL, b->rec_caches = NULL, b->rec_n = 0;
+			gs = sfw_cuda_graph_end(S(be), &g, &ge);
+		}
 		if (s != SFW_OK || gs != SFW_OK || b->rec_fail) {
 			/* nothing ran: the step runs directly, and so do the next ones */
 			if (g)
@@ -1576,7 +1653,7 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 			r->off = 1;
 			return fn(arg, n, err);
 		}
-		k->graph = g, k->rows = rows, k->bound = bound, k->epoch = b->epoch;
+		k->graph = g, k->key = key, k->bound = bound, k->epoch = b->epoch;
 		b->recordings++;
 	}
 	struct sfw_cuda_steptab *t = &r->host;
@@ -1585,6 +1662,7 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 		t->pos[i] = i < n ? pos[i] : 0;
 		t->tab[i] = i < n ? caches[i]->pg.tab : NULL;
 		t->lp[i] = i < n ? (void *const *)caches[i]->lptr : NULL;
+		t->sparse[i] = i < n && sparse[i];
 	}
 	/* staged before it returns, ordered after the replay before (which reads r->tab) */
 	cu_from_host(be, r->tab, t, sizeof(*t));

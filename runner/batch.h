@@ -41,13 +41,15 @@
  * attention, q/k norm + RoPE, GLA); prefill chunks and the sparse-mode
  * selection run per sequence; a step of one sequence's single decode row
  * replays that sequence's recorded step (be->step, the batch-size-1
- * bucket), and a step whose rows are all dense-mode decode rows replays
- * the batch's recording for its batch-size bucket (be->step_seqs: 2, 4, 8,
- * 16, 32 or 64 rows, the rows past the step's padding; recorded once the
- * bucket has run two steps directly, for no particular sequences: each
- * replay reads its sequences' positions, block tables and caches on the
- * device, so sequences join and leave without a new recording). Other
- * steps (prefill chunks, rows in selection mode) launch op by op. The compressed keys (1/16 of the tokens) stay per sequence
+ * bucket), and a step whose rows are all decode rows replays the batch's
+ * recording for its batch-size bucket (be->step_seqs: 2, 4, 8, 16, 32 or
+ * 64 rows, the rows past the step's padding; recorded once the bucket has
+ * run two steps directly). A recording of dense-mode rows is for no
+ * particular sequences: each replay reads its sequences' positions, block
+ * tables and caches on the device, so sequences join and leave without a
+ * new recording. Rows in selection mode keep their own selection launches
+ * in the recording, which then serves while the same sequences select in
+ * the same rows. Steps with prefill chunks launch op by op. The compressed keys (1/16 of the tokens) stay per sequence
  * (paged caches allocate them for max_ctx when they are made).
  *
  * A batch is used by one thread at a time. */

@@ -906,11 +906,11 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
 	be->from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
 	enum sfw_status s;
-	/* every row a dense-mode decode row whose logits are wanted: a step the
-	 * backend may record for exactly these sequences (be->step_seqs) */
+	/* every row a decode row whose logits are wanted: a step the backend
+	 * may record for its batch-size bucket (be->step_seqs) */
 	int seqs_step = brec && np >= 2 && R == np && nl == np;
 	for (int i = 0; seqs_step && i < np; i++)
-		seqs_step = parts[i].R == 1 && !parts[i].sparse && pick[i].row == i;
+		seqs_step = parts[i].R == 1 && pick[i].row == i;
 	if (rec && np == 1 && R == 1 && nl == 1) {
 		/* one sequence's decode row: the step a context of its own
 		 * runs, recorded and replayed by the backend (be->step) */
@@ -922,12 +922,13 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 	} else if (seqs_step) {
 		struct sfw_bcache *caches[SFW_BSEQ_MAX];
 		int64_t pos[SFW_BSEQ_MAX];
+		int sparse[SFW_BSEQ_MAX];
 		for (int i = 0; i < np; i++)
-			caches[i] = parts[i].cache, pos[i] = parts[i].pos0;
+			caches[i] = parts[i].cache, pos[i] = parts[i].pos0, sparse[i] = parts[i].sparse;
 		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
 		int replayed = 0;
 		int max_rows = ws->cap_rows < ws->logits_rows ? ws->cap_rows : ws->logits_rows;
-		s = be->step_seqs(be, brec, caches, pos, np, max_rows, rows_ops, &a, &replayed, err);
+		s = be->step_seqs(be, brec, caches, pos, sparse, np, max_rows, rows_ops, &a, &replayed, err);
 		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
 	} else {

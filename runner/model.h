@@ -87,9 +87,9 @@ struct sfwi_pick {
  * the step is that sequence's single row with its logits: its position's
  * step then replays as a context's does. brec (NULL: never) keeps the
  * backend's recordings of steps of several sequences (be->step_seqs, one
- * per batch-size bucket, for any sequences), used when every part is one
- * dense-mode decode row with its logits (the buckets' padding rows read
- * ids from ws's rows past R, which hold token ids from its creation on). A failure
+ * per batch-size bucket), used when every part is one decode row with its
+ * logits (the buckets' padding rows read ids from ws's rows past R, which
+ * hold token ids from its creation on). A failure
  * leaves the parts' caches in an unknown state. */
 SFW_MUST_CHECK enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R,
 					    const struct sfwi_part *parts, int np, const struct sfwi_pick *pick,

@@ -23,7 +23,8 @@
  * made after two direct steps, for any sequences): on tiny-dense the test
  * asks that some did, and in a run where sequences join and leave, that
  * some replays had padding rows and some came right after the set changed
- * with no new recording.
+ * with no new recording; on tiny-sparse, that some replays had rows in
+ * selection mode (their selection recorded per sequence).
  *   gpu_batch            (SALAFW_GOLDEN names the golden folder) */
 #include "check.h"
 
@@ -132,15 +133,18 @@ static int set_changed(struct sq *const *a, int na, struct sq *const *b, int nb)
 	return 0;
 }
 
+/* What a case asks of the recorded steps (want): some steps of decode
+ * rows replayed their bucket's recording; some of those had padding rows
+ * (a count of sequences not a power of two); some came right after the set
+ * changed (a join or a leave) without a new recording; some had rows in
+ * selection mode. */
+enum { W_REPLAY = 1, W_PAD = 2, W_CHANGED = 4, W_SPARSE = 8 };
+
 /* B sequences of lens[i] prompt tokens; sequence i joins at step join[i]
- * (NULL: all at once) and leaves after its last call. want_replays: the
- * steps of dense decode rows replay their bucket's recording, and (2)
- * among them steps whose sequences are not a power of two (padding rows)
- * and steps whose set just changed (a join or a leave) without a new
- * recording. */
-static void batch_case(struct sfw_model *m, const char *what, int B, const int *lens, const int *join,
-		       int want_replays)
+ * (NULL: all at once) and leaves after its last call. */
+static void batch_case(struct sfw_model *m, const char *what, int B, const int *lens, const int *join, int want)
 {
+	int64_t dense_len = sfw_model_config(m)->sparse_dense_len;
 	int V = sfw_model_config(m)->vocab_size;
 	struct sq *qs = calloc((size_t)B, sizeof(*qs));
 	int ok = qs != NULL;
@@ -158,7 +162,7 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 	for (int i = 0; ok && i < B; i++)
 		ok = sfw_batch_seq_open(b, &qs[i].slot, &err) == SFW_OK;
 	int64_t rp0 = sfwi_cuda_seqs_replays(m->be);
-	int mixed = 0, steps = 0, pad_replays = 0, changed_replays = 0, nprev = 0;
+	int mixed = 0, steps = 0, pad_replays = 0, changed_replays = 0, sparse_replays = 0, nprev = 0;
 	struct sfw_batch_item it[SFW_BATCH_MAX_SEQS];
 	struct sq *own[SFW_BATCH_MAX_SEQS], *prev[SFW_BATCH_MAX_SEQS];
 	while (ok) {
@@ -182,6 +186,9 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 			continue;
 		}
 		int64_t rp = sfwi_cuda_seqs_replays(m->be), rc = sfwi_cuda_recordings(m->be);
+		int nsel = 0; /* rows in selection mode (the engine's rule: the call's end past dense_len) */
+		for (int i = 0; i < n; i++)
+			nsel += own[i]->off + it[i].n >= dense_len;
 		if (sfw_batch_step(b, it, n, &err) != SFW_OK) {
 			CHECK(0, "%s: step %d: %s", what, steps, err.msg);
 			ok = 0;
@@ -190,6 +197,7 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 		if (sfwi_cuda_seqs_replays(m->be) > rp) {
 			pad_replays += (n & (n - 1)) != 0;
 			changed_replays += set_changed(own, n, prev, nprev) && sfwi_cuda_recordings(m->be) == rc;
+			sparse_replays += nsel > 0;
 		}
 		memcpy(prev, own, (size_t)n * sizeof(*own));
 		nprev = n;
@@ -208,18 +216,21 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 		ad += qs[i].argmax_diff, nt += qs[i].near_ties;
 	}
 	int64_t replays = sfwi_cuda_seqs_replays(m->be) - rp0;
-	printf("  %s: %d steps (%d mixed, %lld replayed: %d with padding rows, %d just after a join or leave), max "
-	       "|dlogit| %.3g (max |logit| %.3g), argmax differs %d (near ties %d)\n",
-	       what, steps, mixed, (long long)replays, pad_replays, changed_replays, maxd, maxref, ad, nt);
+	printf("  %s: %d steps (%d mixed, %lld replayed: %d with padding rows, %d just after a join or leave, %d with "
+	       "rows selecting blocks), max |dlogit| %.3g (max |logit| %.3g), argmax differs %d (near ties %d)\n",
+	       what, steps, mixed, (long long)replays, pad_replays, changed_replays, sparse_replays, maxd, maxref, ad,
+	       nt);
 	/* stretches of dense decode rows replay their bucket's recording
 	 * (be->step_seqs), and the logits above hold for them too */
-	CHECK(!want_replays || replays > 0, "%s: steps of dense decode rows replayed a recording (%lld)", what,
+	CHECK(!(want & W_REPLAY) || replays > 0, "%s: steps of decode rows replayed a recording (%lld)", what,
 	      (long long)replays);
-	CHECK(want_replays < 2 || pad_replays > 0, "%s: a bucket replayed with padding rows (%d steps)", what,
+	CHECK(!(want & W_PAD) || pad_replays > 0, "%s: a bucket replayed with padding rows (%d steps)", what,
 	      pad_replays);
-	CHECK(want_replays < 2 || changed_replays > 0,
+	CHECK(!(want & W_CHANGED) || changed_replays > 0,
 	      "%s: a bucket's recording replayed for a set of sequences that just changed (%d steps)", what,
 	      changed_replays);
+	CHECK(!(want & W_SPARSE) || sparse_replays > 0, "%s: a recording replayed with rows selecting blocks (%d steps)",
+	      what, sparse_replays);
 	CHECK(ok, "%s: every step ran", what);
 	CHECK(maxd <= 1.5e-2 * (maxref > 1 ? maxref : 1), "%s: logits within 1.5e-2 of the runs alone (max diff %g)",
 	      what, maxd);
@@ -366,12 +377,15 @@ int main(void)
 		int l1[1] = {600};
 		batch_case(m, "B=1", 1, l1, NULL, 0);
 		/* tiny-dense: every row dense, so the decode steps may be recorded */
-		batch_case(m, "B=8", 8, lens, NULL, k == 1);
-		batch_case(m, "B=64", 64, lens, NULL, k == 1);
+		batch_case(m, "B=8", 8, lens, NULL, k == 1 ? W_REPLAY : 0);
+		batch_case(m, "B=64", 64, lens, NULL, k == 1 ? W_REPLAY : 0);
 		/* joins and leaves: 3 sequences (bucket 4, one padding row), 3
-		 * more from step 10 (bucket 8), then they leave one by one */
-		static const int jl[6] = {20, 30, 40, 20, 30, 40}, js[6] = {0, 0, 0, 10, 10, 12};
-		batch_case(m, "join/leave", 6, jl, js, k == 1 ? 2 : 0);
+		 * more from step 10 (bucket 8), then they leave one by one; on
+		 * tiny-sparse (dense_len 512) half of them select blocks */
+		static const int jd[6] = {20, 30, 40, 20, 30, 40}, jsp[6] = {600, 30, 560, 20, 700, 40};
+		static const int js[6] = {0, 0, 0, 10, 10, 12};
+		batch_case(m, "join/leave", 6, k == 1 ? jd : jsp, js,
+			   k == 1 ? W_REPLAY | W_PAD | W_CHANGED : W_REPLAY | W_PAD | W_SPARSE);
 		if (k == 0) {
 			pool_case(m);
 			sample_case(m);
