@@ -229,10 +229,6 @@ static __device__ __forceinline__ bool sfwc_seq_live(const sfwc_one_seq &, int)
 	return true;
 }
 
-static __device__ __forceinline__ bool sfwc_seq_live(const sfw_cuda_seqs &s, int i)
-{
-	return !s.st || (i < s.st->n && !(s.skip_sparse && s.st->sparse[i]));
-}
 
 static __device__ __forceinline__ int64_t sfwc_seq_pos(const sfw_cuda_seqs &s, int i)
 {
@@ -256,7 +252,12 @@ static __device__ __forceinline__ int sfwc_seq_shift(const sfw_cuda_seqs &s)
 
 static __device__ __forceinline__ void *sfwc_seq_p(const sfw_cuda_seqs &s, int j, int i)
 {
-	return s.st ? s.st->lp[i][s.layer * SFW_CUDA_LN + s.pf[j]] : s.p[j][i];
+	return s.st ? s.sp[(size_t)(s.layer * SFW_CUDA_LN + s.pf[j]) * s.n + i] : s.p[j][i];
+}
+
+static __device__ __forceinline__ bool sfwc_seq_live(const sfw_cuda_seqs &s, int i)
+{
+	return !s.st || sfwc_seq_p(s, 0, i) != NULL;
 }
 
 /* A launch's view of pg (NULL: contiguous): the table and its shift. */

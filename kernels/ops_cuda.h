@@ -177,36 +177,35 @@ struct sfw_cuda_seqs {
 	 * contiguous; the blocks are 2^shift tokens (sfw_cuda_pages) */
 	const int32_t *tab[SFW_CUDA_SEQS_MAX];
 	int shift;
-	/* non-NULL: a recorded step of many sequences (struct
-	 * sfw_cuda_steptab): the launch serves n rows (a batch-size bucket),
-	 * of which st->n are sequences, and reads their positions, block
-	 * tables and caches from st when it runs: row i is sequence i, its
-	 * pointer j this op's field pf[j] of layer `layer` in st->lp[i]; rows
-	 * from st->n on are padding and left alone (the per-row ops that need
-	 * no cache may compute them, at position 0). pos[], row[], tab[], p[]
-	 * and shift are then unused, but pos[0 .. n) bounds the launch.
-	 * skip_sparse: the rows st->sparse marks are left alone too (dense
-	 * attention: those rows select blocks instead). */
+	/* non-NULL: a recorded step of many sequences: the launch serves n
+	 * rows (a batch-size bucket) and reads what they are when it runs,
+	 * from device memory written before each replay: row i's position
+	 * st->pos[i], block table st->tab[i] (shift st->shift), and its
+	 * pointer j sp[(layer * SFW_CUDA_LN + pf[j]) * n + i] (one load: a
+	 * block that needs its caches waits on no chain of them). A NULL
+	 * pointer 0 leaves the row alone: a padding row, or a row that selects
+	 * blocks in dense attention's fields. The per-row ops that need no
+	 * cache compute padding rows too, at position 0. pos[], row[], tab[],
+	 * p[] and shift are then unused, but pos[0 .. n) bounds the launch. */
 	const struct sfw_cuda_steptab *st;
+	void *const *sp;
 	int layer;
 	int pf[3];
-	int skip_sparse;
 };
-/* A cache's per-layer pointers as a recorded step reads them
- * (sfw_cuda_steptab.lp): SFW_CUDA_LN of them per layer, these fields. */
-enum { SFW_CUDA_LK, SFW_CUDA_LV, SFW_CUDA_LC1, SFW_CUDA_LC2, SFW_CUDA_LSTATE, SFW_CUDA_LN };
-/* The sequences of one replay of a recorded step (device memory, written
- * before each launch of the graph): n sequences in rows 0 .. n-1, sequence
- * i at pos[i] with block table tab[i] (NULL: contiguous; one shift), its
- * caches' pointers lp[i][layer * SFW_CUDA_LN + field] (device), and
- * sparse[i] set when its sparse layers select blocks (the recording then
- * holds that sequence's own selection launches, reading pos[i]). */
+/* The pointers of a recorded step's rows (sfw_cuda_seqs.sp), per layer:
+ * K, V (append, compression), the level-1 and level-2 compressed keys,
+ * the lightning state, and K, V again for dense attention (NULL for a row
+ * in selection mode: its own selection launches serve it). */
+enum { SFW_CUDA_LK, SFW_CUDA_LV, SFW_CUDA_LC1, SFW_CUDA_LC2, SFW_CUDA_LSTATE, SFW_CUDA_LAK, SFW_CUDA_LAV, SFW_CUDA_LN };
+/* The positions and block tables of a recorded step's rows (device memory,
+ * written before each replay): n sequences in rows 0 .. n-1, sequence i at
+ * pos[i] (0 for padding) with block table tab[i] (NULL: contiguous). A row
+ * in selection mode has its own selection launches in the recording, which
+ * read its position here too. */
 struct sfw_cuda_steptab {
 	int n, shift;
 	int64_t pos[SFW_CUDA_SEQS_MAX];
 	const int32_t *tab[SFW_CUDA_SEQS_MAX];
-	void *const *lp[SFW_CUDA_SEQS_MAX];
-	unsigned char sparse[SFW_CUDA_SEQS_MAX]; /* sequence i is in selection mode */
 };
 /* p[0] the K caches, p[1] the V caches; k, v rows of row_bytes. */
 void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,

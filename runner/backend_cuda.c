@@ -84,6 +84,7 @@ struct cu_be {
 	 * after the replay) */
 	int rec_seqs, rec_rows, rec_fail; /* rec_fail: an op had to use host positions */
 	const struct sfw_cuda_steptab *rec_tab;
+	void *const *rec_ptr; /* [n_layers][SFW_CUDA_LN][rec_rows] (sfw_cuda_seqs.sp) */
 	/* ... and its sequences as the host sees them: a sequence in selection
 	 * mode runs its own selection ops, reading its position from rec_tab */
 	struct sfw_bcache *const *rec_caches;
@@ -119,10 +120,6 @@ struct sfw_bcache {
 	struct sfw_cuda_pages pg;
 	int32_t *table;
 	int64_t nblk, maxblk;
-	/* paged: the device copy of every layer's pointers (struct
-	 * sfw_cuda_steptab.lp: [n_layers][SFW_CUDA_LN]), fixed for the cache's
-	 * life; a recorded step of many sequences reads them */
-	void **lptr;
 	uint64_t serial; /* unique in the backend: names the cache in a recording's key */
 };
 
@@ -754,7 +751,6 @@ static void cu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 			layer_free(&c->L[i]);
 		}
 	sfw_cuda_free((void *)c->pg.tab);
-	sfw_cuda_free(c->lptr);
 	sfw_free(c->table);
 	sfw_free(c->L);
 	sfw_free(c);
@@ -795,30 +791,6 @@ static enum sfw_status cache_pages_new(struct sfw_bcache *c, struct sfw_err *err
 	return SFW_OK;
 }
 
-/* A paged cache's layer pointers to the device (c->lptr), once: its
- * buffers never move. */
-static enum sfw_status cache_lptr_new(struct sfw_backend *be, struct sfw_bcache *c, struct sfw_err *err)
-{
-	size_t n = (size_t)c->d.n_layers * SFW_CUDA_LN;
-	void **h = sfw_calloc(n, sizeof(void *));
-	if (!h)
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory for a cache's layer table");
-	for (int i = 0; i < c->d.n_layers; i++) {
-		const struct cu_layer *l = &c->L[i];
-		void **e = h + (size_t)i * SFW_CUDA_LN;
-		e[SFW_CUDA_LK] = l->k, e[SFW_CUDA_LV] = l->v, e[SFW_CUDA_LC1] = l->c1, e[SFW_CUDA_LC2] = l->c2;
-		e[SFW_CUDA_LSTATE] = l->state;
-	}
-	void *dv;
-	enum sfw_status s = sfw_cuda_malloc(&dv, n * sizeof(void *), "a cache's layer table", err);
-	if (s == SFW_OK) {
-		c->lptr = dv;
-		cu_from_host(be, c->lptr, h, n * sizeof(void *)); /* staged before it returns */
-	}
-	sfw_free(h);
-	return s;
-}
-
 static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cache_desc *d, struct sfw_bcache **out,
 				    struct sfw_err *err)
 {
@@ -853,8 +825,6 @@ static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cac
 	}
 	if (d->pool) {
 		enum sfw_status s = cache_pages_new(c, err);
-		if (s == SFW_OK)
-			s = cache_lptr_new(be, c, err);
 		if (s != SFW_OK) {
 			cu_cache_free(be, c);
 			return s;
@@ -1228,13 +1198,12 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 	sp->nrest = 0;
 	sp->t.shift = 0;
 	sp->t.layer = layer;
-	sp->t.skip_sparse = 0;
 	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
 	if (b->rec_seqs) {
 		/* recording many sequences (cu_step_seqs made sure each of these
 		 * qualifies): the bucket's rows, their sequences read from rec_tab
 		 * when the replay runs; pos[] only bounds the launch */
-		sp->t.st = b->rec_tab;
+		sp->t.st = b->rec_tab, sp->t.sp = b->rec_ptr;
 		sp->t.n = b->rec_rows;
 		for (int i = 0; i < b->rec_rows; i++)
 			sp->t.pos[i] = b->rec_bound - 1;
@@ -1352,8 +1321,8 @@ static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, c
 {
 	struct seqs_split sp;
 	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
-		sp.t.pf[0] = SFW_CUDA_LK, sp.t.pf[1] = SFW_CUDA_LV;
-		sp.t.skip_sparse = 1; /* recording: the rows in selection mode attend by their own ops */
+		/* recording: the rows in selection mode have NULL here (their own ops attend) */
+		sp.t.pf[0] = SFW_CUDA_LAK, sp.t.pf[1] = SFW_CUDA_LAV;
 		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
 			const struct cu_layer *l = &sp.one[i]->cache->L[layer];
 			SFW_ASSERT(l->len == sp.one[i]->pos0 + 1);
@@ -1473,9 +1442,10 @@ int64_t sfwi_cuda_seqs_replays(const struct sfw_backend *be)
 /* ---- decode steps of several sequences as graphs (be->step_seqs) ----
  * One recording per batch-size bucket (2, 4, 8, 16, 32, 64 rows) in the
  * batch's *rec. The *_seqs ops recorded over the bucket's rows read each
- * replay's sequences from the step table (struct sfw_cuda_steptab, device
- * memory written just before the launch): positions, block tables and each
- * paged cache's layer pointers (its lptr, fixed for its life). Rows past
+ * replay's sequences from device memory written just before the launch:
+ * positions and block tables (struct sfw_cuda_steptab), and every row's
+ * cache pointers per layer (sfw_cuda_seqs.sp: one flat table, so a block
+ * loads its pointer in one step, not through a chain). Rows past
  * the step's n are padding: the linears run over them (their cost is the
  * weights', not the rows'), the *_seqs kernels skip them. So a recording
  * of dense-mode rows serves any sequences: they join and leave between
@@ -1508,6 +1478,8 @@ struct cu_bstep {
 	struct cu_bucket bk[STEP_BUCKETS];
 	struct sfw_cuda_steptab *tab; /* device: the replay's sequences */
 	struct sfw_cuda_steptab host;
+	void **ptr, **hptr; /* device, host: [layers][SFW_CUDA_LN][rows] (sfw_cuda_seqs.sp) */
+	int layers;
 	int off;
 };
 
@@ -1521,6 +1493,9 @@ static void cu_bstep_free(struct sfw_backend *be, void *rec)
 		}
 	if (r->tab)
 		cu_free(be, r->tab);
+	if (r->ptr)
+		cu_free(be, r->ptr);
+	sfw_free(r->hptr);
 	sfw_free(r);
 }
 
@@ -1532,7 +1507,7 @@ static int bstep_current(struct sfw_bcache *const *caches, const int64_t *pos, i
 	for (int i = 0; i < n; i++) {
 		const struct sfw_bcache *c = caches[i];
 		const struct sfw_cache_desc *d = &c->d;
-		if (!c->lptr || c->pg.shift != caches[0]->pg.shift)
+		if (!c->table || c->pg.shift != caches[0]->pg.shift)
 			return 0;
 		for (int li = 0; li < d->n_layers; li++) {
 			const struct cu_layer *l = &c->L[li];
@@ -1583,12 +1558,16 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 	if (!b->graphs || b->no_seqs || b->no_fuse || n < 2 || n > SFW_CUDA_SEQS_MAX || max_rows < n || (r && r->off))
 		return fn(arg, n, err);
 	if (!r) {
-		if (!(r = sfw_calloc(1, sizeof(*r))) || !(r->tab = cu_alloc(be, sizeof(*r->tab)))) {
-			sfw_free(r);
+		int L = caches[0]->d.n_layers;
+		size_t pb = (size_t)L * SFW_CUDA_LN * SFW_CUDA_SEQS_MAX * sizeof(void *);
+		if (!(r = sfw_calloc(1, sizeof(*r))))
 			return fn(arg, n, err); /* no recording, the step all the same */
-		}
-		r->many = 1;
+		r->many = 1, r->layers = L;
 		*recp = r;
+		if (!(r->tab = cu_alloc(be, sizeof(*r->tab))) || !(r->ptr = cu_alloc(be, pb)) || !(r->hptr = sfw_malloc(pb))) {
+			r->off = 1;
+			return fn(arg, n, err);
+		}
 	}
 	if (!bstep_current(caches, pos, n))
 		return fn(arg, n, err);
@@ -1634,11 +1613,11 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 		struct sfw_err ge = {0};
 		enum sfw_status gs = SFW_OK;
 		if (s == SFW_OK) {
-			b->rec_seqs = 1, b->rec_tab = r->tab, b->rec_rows = rows, b->rec_bound = bound, b->rec_fail = 0;
-			b->rec_caches = caches, b->rec_n = n;
+			b->rec_seqs = 1, b->rec_tab = r->tab, b->rec_ptr = r->ptr, b->rec_rows = rows, b->rec_bound = bound;
+			b->rec_fail = 0, b->rec_caches = caches, b->rec_n = n;
 			sfw_cuda_graph_begin(S(be));
 			s = fn(arg, rows, &e);
-			b->rec_seqs = 0, b->rec_tab = NULL, b->rec_caches = NULL, b->rec_n = 0;
+			b->rec_seqs = 0, b->rec_tab = NULL, b->rec_ptr = NULL, b->rec_caches = NULL, b->rec_n = 0;
 			gs = sfw_cuda_graph_end(S(be), &g, &ge);
 		}
 		if (s != SFW_OK || gs != SFW_OK || b->rec_fail) {
@@ -1661,11 +1640,25 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 	for (int i = 0; i < rows; i++) {
 		t->pos[i] = i < n ? pos[i] : 0;
 		t->tab[i] = i < n ? caches[i]->pg.tab : NULL;
-		t->lp[i] = i < n ? (void *const *)caches[i]->lptr : NULL;
-		t->sparse[i] = i < n && sparse[i];
 	}
-	/* staged before it returns, ordered after the replay before (which reads r->tab) */
+	size_t np = (size_t)r->layers * SFW_CUDA_LN * (size_t)rows;
+	memset(r->hptr, 0, np * sizeof(void *)); /* padding rows: NULL */
+	for (int li = 0; li < r->layers; li++)
+		for (int i = 0; i < n; i++) {
+			const struct cu_layer *l = &caches[i]->L[li];
+			void **e = r->hptr + (size_t)li * SFW_CUDA_LN * rows + i;
+			if (!l->sparse) {
+				e[SFW_CUDA_LSTATE * rows] = l->state;
+				continue;
+			}
+			e[SFW_CUDA_LK * rows] = l->k, e[SFW_CUDA_LV * rows] = l->v;
+			e[SFW_CUDA_LC1 * rows] = l->c1, e[SFW_CUDA_LC2 * rows] = l->c2;
+			if (!sparse[i])
+				e[SFW_CUDA_LAK * rows] = l->k, e[SFW_CUDA_LAV * rows] = l->v;
+		}
+	/* staged before they return, ordered after the replay before (which reads them) */
 	cu_from_host(be, r->tab, t, sizeof(*t));
+	cu_from_host(be, r->ptr, r->hptr, np * sizeof(void *));
 	sfw_cuda_graph_launch(k->graph, S(be));
 	for (int i = 0; i < n; i++)
 		cache_advance(caches[i], 1);
