@@ -229,7 +229,6 @@ static __device__ __forceinline__ bool sfwc_seq_live(const sfwc_one_seq &, int)
 	return true;
 }
 
-
 static __device__ __forceinline__ int64_t sfwc_seq_pos(const sfw_cuda_seqs &s, int i)
 {
 	return s.st ? s.st->pos[i] : s.pos[i];
