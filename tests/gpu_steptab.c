@@ -1,0 +1,314 @@
+/* modules: kernels num core */
+/* gpu_steptab.c - the batched decode ops as a recorded step of many
+ * sequences runs them (kernels/ops_cuda.h, struct sfw_cuda_seqs with st
+ * set): one CUDA graph recorded once for a bucket of 8 rows, replayed for
+ * three different sets of sequences (5 sequences, then 3 others, then all
+ * 8 in another order with one of them selecting blocks), only the device
+ * tables written in between. Each replay is compared bit for bit with the
+ * same ops launched with the sequences in their parameters (st NULL: the
+ * route gpu_backend_ops holds to the CPU twins) on a copy of the same data:
+ * the paged K/V pools after the append, the compressed keys, the lightning
+ * states, the dense attention and GLA outputs, the normed and rotated q/k.
+ * The rows past a set's sequences (padding) and the dense attention of the
+ * selecting row must stay untouched (their outputs keep a sentinel; the
+ * pools, keys and states equal the parameter route's, which never saw
+ * them). Every set has a sequence at the bound's last position, so both
+ * routes plan the attention's splits alike (a recorded step plans for its
+ * bound; a shorter plan sums in another order). */
+#include "check.h"
+
+#include "kernels/ops_cuda.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROWS 8     /* the bucket */
+#define NSEQ 8     /* sequences */
+#define BLK 64     /* tokens per KV block */
+#define SHIFT 6
+#define SEQBLK 6   /* blocks per sequence */
+#define NBLK 64    /* the pool */
+#define NKV 2
+#define HD 128
+#define NH 8       /* dense attention heads */
+#define LNH 4      /* lightning heads (HD each) */
+#define KS 32
+#define KST 16
+
+static const int64_t BOUND = (int64_t)SEQBLK * BLK; /* every sequence's room, and the launch's bound */
+static const size_t KROW = (size_t)NKV * HD; /* elements of one token's K (or V) */
+static const int64_t CAP1 = (int64_t)SEQBLK * BLK / KST + 1, CAP2 = (int64_t)SEQBLK * BLK / (4 * KST) + 1;
+
+static void *dmalloc(size_t n)
+{
+	void *p = NULL;
+	struct sfw_err e = {0};
+	if (sfw_cuda_malloc(&p, n, "test", &e) != SFW_OK) {
+		CHECK(0, "device memory: %s", e.msg);
+		return NULL;
+	}
+	return p;
+}
+
+/* Both routes' copy of one mutable buffer: a (parameters) and b (step table). */
+struct pair {
+	void *a, *b;
+	size_t bytes;
+};
+
+static void pair_new(struct pair *p, size_t bytes, int f32, uint64_t seed, float scale)
+{
+	p->bytes = bytes;
+	p->a = dmalloc(bytes), p->b = dmalloc(bytes);
+	if (!p->a || !p->b)
+		return;
+	if (f32)
+		sfw_cuda_fill_f32(p->a, bytes / 4, seed, scale, NULL);
+	else
+		sfw_cuda_fill_bf16(p->a, bytes / 2, seed, scale, NULL);
+	sfw_cuda_d2d(p->b, p->a, bytes, NULL);
+}
+
+static void pair_free(struct pair *p)
+{
+	sfw_cuda_free(p->a);
+	sfw_cuda_free(p->b);
+}
+
+/* 1 when bytes [off, off + n) of the two copies are equal. */
+static int pair_same(const struct pair *p, size_t off, size_t n)
+{
+	unsigned char *x = malloc(n), *y = malloc(n);
+	int same = 0;
+	if (x && y) {
+		sfw_cuda_d2h(x, (const char *)p->a + off, n, NULL);
+		sfw_cuda_d2h(y, (const char *)p->b + off, n, NULL);
+		sfw_cuda_sync(NULL);
+		same = !memcmp(x, y, n);
+	}
+	free(x), free(y);
+	return same;
+}
+
+/* 1 when bytes [off, off + n) of d all hold the sentinel byte 0xff. */
+static int untouched(const void *d, size_t off, size_t n)
+{
+	unsigned char *x = malloc(n);
+	int ok = x != NULL;
+	if (x) {
+		sfw_cuda_d2h(x, (const char *)d + off, n, NULL);
+		sfw_cuda_sync(NULL);
+		for (size_t i = 0; i < n && ok; i++)
+			ok = x[i] == 0xff;
+	}
+	free(x);
+	return ok;
+}
+
+struct set {
+	const char *what;
+	int n;
+	int seq[ROWS];
+	int64_t pos[ROWS];
+	int selecting; /* row whose sparse layer selects blocks (no dense attention), -1 none */
+};
+
+int main(void)
+{
+	struct sfw_cuda_info info;
+	struct sfw_err err = {0};
+	if (sfw_cuda_init(0, &info, &err) != SFW_OK) {
+		CHECK(0, "no GPU: %s", err.msg);
+		return CHECK_REPORT("gpu_steptab");
+	}
+	void *s = NULL;
+	if (sfw_cuda_stream_new(&s, &err) != SFW_OK) {
+		CHECK(0, "stream: %s", err.msg);
+		return CHECK_REPORT("gpu_steptab");
+	}
+	const size_t ld = (size_t)LNH * HD, qd = (size_t)NH * HD, sbytes = (size_t)LNH * HD * HD * 4;
+	/* the mutable state, one copy per route */
+	struct pair K, V, c1[NSEQ], c2[NSEQ], st[NSEQ], oatt, ogla, ql, kl;
+	pair_new(&K, (size_t)NBLK * BLK * KROW * 2, 0, 1, 1.0f);
+	pair_new(&V, (size_t)NBLK * BLK * KROW * 2, 0, 2, 1.0f);
+	for (int i = 0; i < NSEQ; i++) {
+		pair_new(&c1[i], (size_t)CAP1 * KROW * 2, 0, 10 + (uint64_t)i, 1.0f);
+		pair_new(&c2[i], (size_t)CAP2 * KROW * 2, 0, 20 + (uint64_t)i, 1.0f);
+		pair_new(&st[i], sbytes, 1, 30 + (uint64_t)i, 0.05f);
+	}
+	pair_new(&oatt, ROWS * qd * 2, 0, 3, 1.0f);
+	pair_new(&ogla, ROWS * ld * 2, 0, 4, 1.0f);
+	pair_new(&ql, ROWS * ld * 2, 0, 5, 1.0f);
+	pair_new(&kl, ROWS * ld * 2, 0, 6, 1.0f);
+	/* the inputs, shared */
+	void *q = dmalloc(ROWS * qd * 2), *kn = dmalloc(ROWS * KROW * 2), *vn = dmalloc(ROWS * KROW * 2);
+	void *vl = dmalloc(ROWS * ld * 2), *ql0 = dmalloc(ROWS * ld * 2), *kl0 = dmalloc(ROWS * ld * 2);
+	void *qw = dmalloc(HD * 2), *kw = dmalloc(HD * 2);
+	float *decay = dmalloc(LNH * 4);
+	int ok = q && kn && vn && vl && ql0 && kl0 && qw && kw && decay && K.b && V.b && oatt.b && ogla.b && ql.b && kl.b;
+	if (ok) {
+		sfw_cuda_fill_bf16(q, ROWS * qd, 7, 1.0f, NULL);
+		sfw_cuda_fill_bf16(kn, ROWS * KROW, 8, 1.0f, NULL);
+		sfw_cuda_fill_bf16(vn, ROWS * KROW, 9, 1.0f, NULL);
+		sfw_cuda_fill_bf16(vl, ROWS * ld, 11, 1.0f, NULL);
+		sfw_cuda_fill_bf16(ql0, ROWS * ld, 12, 1.0f, NULL);
+		sfw_cuda_fill_bf16(kl0, ROWS * ld, 13, 1.0f, NULL);
+		sfw_cuda_fill_bf16(qw, HD, 14, 1.0f, NULL);
+		sfw_cuda_fill_bf16(kw, HD, 15, 1.0f, NULL);
+		float hdec[LNH];
+		for (int h = 0; h < LNH; h++)
+			hdec[h] = 0.05f + 0.3f * (float)h;
+		sfw_cuda_h2d(decay, hdec, sizeof(hdec), NULL);
+	}
+	/* every sequence's blocks: distinct places of the pool, shuffled */
+	int32_t perm[NBLK];
+	for (int i = 0; i < NBLK; i++)
+		perm[i] = i;
+	uint64_t r = 0x9e3779b97f4a7c15ull;
+	for (int i = NBLK - 1; i > 0; i--) {
+		r = r * 6364136223846793005ull + 1442695040888963407ull;
+		int j = (int)((r >> 33) % (uint64_t)(i + 1));
+		int32_t x = perm[i];
+		perm[i] = perm[j], perm[j] = x;
+	}
+	int32_t *tab[NSEQ];
+	for (int i = 0; i < NSEQ; i++) {
+		tab[i] = dmalloc(SEQBLK * sizeof(int32_t));
+		ok &= tab[i] != NULL;
+		if (tab[i])
+			sfw_cuda_h2d(tab[i], perm + i * SEQBLK, SEQBLK * sizeof(int32_t), NULL);
+	}
+	struct sfw_cuda_steptab *dst = dmalloc(sizeof(*dst));
+	void **dsp = dmalloc((size_t)SFW_CUDA_LN * ROWS * sizeof(void *));
+	ok &= dst && dsp;
+	sfw_cuda_sync(NULL);
+	if (!ok)
+		return CHECK_REPORT("gpu_steptab");
+	const float scale = 1.0f / sqrtf((float)HD);
+	/* the attention's split scratch taken before the recording (it may not
+	 * allocate inside one): a pure op, 8 rows at the bound */
+	struct sfw_cuda_seqs w;
+	memset(&w, 0, sizeof(w));
+	w.n = ROWS, w.shift = SHIFT;
+	for (int i = 0; i < ROWS; i++)
+		w.pos[i] = BOUND - 1, w.row[i] = i, w.tab[i] = tab[i], w.p[0][i] = K.a, w.p[1][i] = V.a;
+	sfw_cuda_attn_dense_seqs(oatt.a, q, &w, NH, NKV, HD, scale, SFW_DTYPE_BF16, s);
+	sfw_cuda_sync(s);
+
+	/* the step, recorded once: append, compression, dense attention; q/k
+	 * norm + RoPE, GLA; all over the bucket's rows, layer 0 of the table */
+	struct sfw_cuda_seqs t;
+	memset(&t, 0, sizeof(t));
+	t.n = ROWS, t.st = dst, t.sp = (void *const *)dsp, t.layer = 0;
+	for (int i = 0; i < ROWS; i++)
+		t.pos[i] = BOUND - 1; /* the launch's bound */
+	sfw_cuda_graph_begin(s);
+	t.pf[0] = SFW_CUDA_LK, t.pf[1] = SFW_CUDA_LV;
+	sfw_cuda_kv_append_seqs(&t, kn, vn, KROW * 2, s);
+	t.pf[0] = SFW_CUDA_LC1, t.pf[1] = SFW_CUDA_LC2, t.pf[2] = SFW_CUDA_LK;
+	sfw_cuda_compress_seqs(&t, NKV, HD, KS, KST, SFW_DTYPE_BF16, s);
+	t.pf[0] = SFW_CUDA_LAK, t.pf[1] = SFW_CUDA_LAV;
+	sfw_cuda_attn_dense_seqs(oatt.b, q, &t, NH, NKV, HD, scale, SFW_DTYPE_BF16, s);
+	sfw_cuda_qk_norm_rope_seqs(ql.b, kl.b, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &t, LNH, LNH, HD, 1e-6f, 1,
+				   10000.0f, SFW_DTYPE_BF16, s);
+	t.pf[0] = SFW_CUDA_LSTATE;
+	sfw_cuda_gla_seqs(ogla.b, ql.b, kl.b, vl, &t, decay, LNH, HD, scale, SFW_DTYPE_BF16, s);
+	void *g = NULL;
+	CHECK(sfw_cuda_graph_end(s, &g, &err) == SFW_OK, "the step recorded: %s", err.msg);
+
+	static const struct set sets[3] = {
+	    {"5 sequences (3 padding rows)", 5, {0, 1, 2, 3, 4}, {BOUND - 1, 10, 200, 64, 300}, -1},
+	    {"3 others (5 padding rows)", 3, {5, 6, 7}, {100, BOUND - 1, 31}, -1},
+	    {"all 8 reordered, row 2 selecting", 8, {3, 0, 6, 1, 7, 2, 5, 4}, {BOUND - 1, 50, 250, 127, 128, 15, 47, 350}, 2},
+	};
+	for (int si = 0; g && si < 3; si++) {
+		const struct set *z = &sets[si];
+		/* outputs to the sentinel, the in-place q/k back to their inputs */
+		sfw_cuda_memset(oatt.a, 0xff, oatt.bytes, s), sfw_cuda_memset(oatt.b, 0xff, oatt.bytes, s);
+		sfw_cuda_memset(ogla.a, 0xff, ogla.bytes, s), sfw_cuda_memset(ogla.b, 0xff, ogla.bytes, s);
+		sfw_cuda_d2d(ql.a, ql0, ql.bytes, s), sfw_cuda_d2d(ql.b, ql0, ql.bytes, s);
+		sfw_cuda_d2d(kl.a, kl0, kl.bytes, s), sfw_cuda_d2d(kl.b, kl0, kl.bytes, s);
+		/* the step table route: the replay's tables, then the graph */
+		struct sfw_cuda_steptab ht;
+		void *hp[SFW_CUDA_LN][ROWS];
+		memset(&ht, 0, sizeof(ht));
+		memset(hp, 0, sizeof(hp));
+		ht.n = z->n, ht.shift = SHIFT;
+		for (int i = 0; i < z->n; i++) {
+			int q_ = z->seq[i];
+			ht.pos[i] = z->pos[i], ht.tab[i] = tab[q_];
+			hp[SFW_CUDA_LK][i] = K.b, hp[SFW_CUDA_LV][i] = V.b;
+			hp[SFW_CUDA_LC1][i] = c1[q_].b, hp[SFW_CUDA_LC2][i] = c2[q_].b;
+			hp[SFW_CUDA_LSTATE][i] = st[q_].b;
+			if (i != z->selecting)
+				hp[SFW_CUDA_LAK][i] = K.b, hp[SFW_CUDA_LAV][i] = V.b;
+		}
+		sfw_cuda_h2d(dst, &ht, sizeof(ht), s);
+		sfw_cuda_h2d(dsp, hp, sizeof(hp), s);
+		sfw_cuda_graph_launch(g, s);
+		/* the parameter route on the other copies */
+		struct sfw_cuda_seqs u;
+		memset(&u, 0, sizeof(u));
+		u.n = z->n, u.shift = SHIFT;
+		for (int i = 0; i < z->n; i++) {
+			u.pos[i] = z->pos[i], u.row[i] = i, u.tab[i] = tab[z->seq[i]];
+			u.p[0][i] = K.a, u.p[1][i] = V.a;
+		}
+		sfw_cuda_kv_append_seqs(&u, kn, vn, KROW * 2, s);
+		for (int i = 0; i < z->n; i++)
+			u.p[0][i] = c1[z->seq[i]].a, u.p[1][i] = c2[z->seq[i]].a, u.p[2][i] = K.a;
+		sfw_cuda_compress_seqs(&u, NKV, HD, KS, KST, SFW_DTYPE_BF16, s);
+		struct sfw_cuda_seqs d = u; /* dense attention: the rows that do not select */
+		d.n = 0;
+		for (int i = 0; i < z->n; i++)
+			if (i != z->selecting) {
+				d.pos[d.n] = z->pos[i], d.row[d.n] = i, d.tab[d.n] = tab[z->seq[i]];
+				d.p[0][d.n] = K.a, d.p[1][d.n] = V.a;
+				d.n++;
+			}
+		sfw_cuda_attn_dense_seqs(oatt.a, q, &d, NH, NKV, HD, scale, SFW_DTYPE_BF16, s);
+		sfw_cuda_qk_norm_rope_seqs(ql.a, kl.a, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &u, LNH, LNH, HD, 1e-6f, 1,
+					   10000.0f, SFW_DTYPE_BF16, s);
+		for (int i = 0; i < z->n; i++)
+			u.p[0][i] = st[z->seq[i]].a;
+		sfw_cuda_gla_seqs(ogla.a, ql.a, kl.a, vl, &u, decay, LNH, HD, scale, SFW_DTYPE_BF16, s);
+		sfw_cuda_sync(s);
+
+		printf("%s:\n", z->what);
+		CHECK(pair_same(&K, 0, K.bytes) && pair_same(&V, 0, V.bytes),
+		      "%s: the K/V pools after the append equal the parameter route's", z->what);
+		int keys = 1, states = 1;
+		for (int i = 0; i < NSEQ; i++) {
+			keys &= pair_same(&c1[i], 0, c1[i].bytes) && pair_same(&c2[i], 0, c2[i].bytes);
+			states &= pair_same(&st[i], 0, st[i].bytes);
+		}
+		CHECK(keys, "%s: the compressed keys equal the parameter route's", z->what);
+		CHECK(states, "%s: the lightning states equal the parameter route's", z->what);
+		for (int i = 0; i < z->n; i++) {
+			if (i == z->selecting)
+				CHECK(untouched(oatt.b, (size_t)i * qd * 2, qd * 2),
+				      "%s: row %d (selecting blocks) has no dense attention output", z->what, i);
+			else
+				CHECK(pair_same(&oatt, (size_t)i * qd * 2, qd * 2), "%s: row %d's dense attention is the same",
+				      z->what, i);
+			CHECK(pair_same(&ql, (size_t)i * ld * 2, ld * 2) && pair_same(&kl, (size_t)i * ld * 2, ld * 2),
+			      "%s: row %d's q/k norm + RoPE is the same", z->what, i);
+			CHECK(pair_same(&ogla, (size_t)i * ld * 2, ld * 2), "%s: row %d's GLA output is the same", z->what, i);
+		}
+		for (int i = z->n; i < ROWS; i++)
+			CHECK(untouched(oatt.b, (size_t)i * qd * 2, qd * 2) && untouched(ogla.b, (size_t)i * ld * 2, ld * 2),
+			      "%s: padding row %d left alone", z->what, i);
+	}
+	if (g)
+		sfw_cuda_graph_free(g);
+	pair_free(&K), pair_free(&V), pair_free(&oatt), pair_free(&ogla), pair_free(&ql), pair_free(&kl);
+	for (int i = 0; i < NSEQ; i++)
+		pair_free(&c1[i]), pair_free(&c2[i]), pair_free(&st[i]), sfw_cuda_free(tab[i]);
+	sfw_cuda_free(q), sfw_cuda_free(kn), sfw_cuda_free(vn), sfw_cuda_free(vl), sfw_cuda_free(ql0);
+	sfw_cuda_free(kl0), sfw_cuda_free(qw), sfw_cuda_free(kw), sfw_cuda_free(decay), sfw_cuda_free(dst);
+	sfw_cuda_free(dsp);
+	sfw_cuda_stream_free(s);
+	return CHECK_REPORT("gpu_steptab");
+}
