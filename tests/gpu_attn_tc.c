@@ -17,6 +17,8 @@
 #include "check.h"
 #include "lib/compare.h"
 
+#include "lib/rng.h"
+
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
 #include "num/num.h"
@@ -31,14 +33,11 @@ static void *g_s;
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint64_t urand64(void)
 {
-	uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	return sfwt_next(&rng);
 }
 static float urand(void)
 {
-	return (float)(urand64() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+	return sfwt_urand(&rng);
 }
 
 /* n random bf16 values: bits for the device, their floats for the CPU. */
@@ -169,13 +168,8 @@ static int32_t *shuffled_table(int64_t nb)
 {
 	int64_t pool = 2 * nb;
 	int32_t *t = malloc((size_t)pool * sizeof(int32_t));
-	for (int64_t i = 0; i < pool; i++)
-		t[i] = (int32_t)i;
-	for (int64_t i = pool - 1; i > 0; i--) { /* Fisher-Yates */
-		int64_t j = (int64_t)(urand64() % (uint64_t)(i + 1));
-		int32_t x = t[i];
-		t[i] = t[j], t[j] = x;
-	}
+	if (t)
+		sfwt_iota_shuffle(t, pool, &rng);
 	return t;
 }
 

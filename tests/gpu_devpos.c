@@ -125,13 +125,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		shift++;
 	int64_t nb = cap / blk;
 	int32_t *tab = malloc((size_t)2 * nb * sizeof(int32_t)), *dtab = NULL;
-	for (int64_t i = 0; i < 2 * nb; i++)
-		tab[i] = (int32_t)i;
-	for (int64_t i = 2 * nb - 1; i > 0; i--) {
-		int64_t j = (int64_t)(sfwt_next(&rng) % (uint64_t)(i + 1));
-		int32_t x = tab[i];
-		tab[i] = tab[j], tab[j] = x;
-	}
+	sfwt_iota_shuffle(tab, 2 * nb, &rng);
 	struct sfw_cuda_pages pgs = {NULL, shift};
 	const struct sfw_cuda_pages *pg = NULL;
 	if (paged && dK && dV && (1 << shift) == blk) {

@@ -16,6 +16,7 @@
  * routes plan the attention's splits alike (a recorded step plans for its
  * bound; a shorter plan sums in another order). */
 #include "check.h"
+#include "lib/rng.h"
 
 #include "kernels/ops_cuda.h"
 
@@ -164,15 +165,8 @@ int main(void)
 	}
 	/* every sequence's blocks: distinct places of the pool, shuffled */
 	int32_t perm[NBLK];
-	for (int i = 0; i < NBLK; i++)
-		perm[i] = i;
-	uint64_t r = 0x9e3779b97f4a7c15ull;
-	for (int i = NBLK - 1; i > 0; i--) {
-		r = r * 6364136223846793005ull + 1442695040888963407ull;
-		int j = (int)((r >> 33) % (uint64_t)(i + 1));
-		int32_t x = perm[i];
-		perm[i] = perm[j], perm[j] = x;
-	}
+	uint64_t rng = 0x243f6a8885a308d3ull;
+	sfwt_iota_shuffle(perm, NBLK, &rng);
 	int32_t *tab[NSEQ];
 	for (int i = 0; i < NSEQ; i++) {
 		tab[i] = dmalloc(SEQBLK * sizeof(int32_t));

@@ -25,4 +25,17 @@ static inline float sfwt_urand(uint64_t *state)
 	return sfwt_unit(state) * 2.0f - 1.0f;
 }
 
+/* t[0 .. n) = 0 .. n-1 in a random order (Fisher-Yates, one draw per
+ * place from the last down): a paged cache's block table in the tests. */
+static inline void sfwt_iota_shuffle(int32_t *t, int64_t n, uint64_t *state)
+{
+	for (int64_t i = 0; i < n; i++)
+		t[i] = (int32_t)i;
+	for (int64_t i = n - 1; i > 0; i--) {
+		int64_t j = (int64_t)(sfwt_next(state) % (uint64_t)(i + 1));
+		int32_t x = t[i];
+		t[i] = t[j], t[j] = x;
+	}
+}
+
 #endif
