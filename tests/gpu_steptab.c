@@ -63,8 +63,11 @@ static void pair_new(struct pair *p, size_t bytes, int f32, uint64_t seed, float
 {
 	p->bytes = bytes;
 	p->a = dmalloc(bytes), p->b = dmalloc(bytes);
-	if (!p->a || !p->b)
+	if (!p->a || !p->b) {
+		sfw_cuda_free(p->a), sfw_cuda_free(p->b);
+		p->a = p->b = NULL;
 		return;
+	}
 	if (f32)
 		sfw_cuda_fill_f32(p->a, bytes / 4, seed, scale, NULL);
 	else
@@ -149,6 +152,8 @@ int main(void)
 	void *qw = dmalloc(HD * 2), *kw = dmalloc(HD * 2);
 	float *decay = dmalloc(LNH * 4);
 	int ok = q && kn && vn && vl && ql0 && kl0 && qw && kw && decay && K.b && V.b && oatt.b && ogla.b && ql.b && kl.b;
+	for (int i = 0; i < NSEQ; i++)
+		ok &= c1[i].b && c2[i].b && st[i].b; /* pair_new: both copies or none (a failed CHECK) */
 	if (ok) {
 		sfw_cuda_fill_bf16(q, ROWS * qd, 7, 1.0f, NULL);
 		sfw_cuda_fill_bf16(kn, ROWS * KROW, 8, 1.0f, NULL);
