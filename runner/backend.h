@@ -319,10 +319,9 @@ struct sfw_backend {
 	 * 64 rows, at most max_rows: what the caller's buffers hold, >= n),
 	 * made by running fn(arg, bucket) while recording once that bucket
 	 * has run a few steps directly (backend_cuda.c, STEP_SEQS_STABLE), and
-	 * replayed for any n
-	 * sequences it holds (the rows past n are padding: they read token
-	 * ids the caller keeps valid, and their outputs are garbage) while it
-	 * covers the positions. A recording of dense-mode rows names no cache:
+	 * replayed for any n sequences it holds (the rows past n are padding:
+	 * they read token ids the caller keeps valid, and their outputs are
+	 * garbage) while it covers the positions. A recording of dense-mode rows names no cache:
 	 * each replay is told its sequences. One with rows in selection mode
 	 * serves only while the same caches sit in those rows, in that mode,
 	 * beside any dense ones (the backend keys it so). *replayed as for

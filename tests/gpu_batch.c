@@ -376,7 +376,8 @@ int main(void)
 		printf("%s:\n", cases[k]);
 		int l1[1] = {600};
 		batch_case(m, "B=1", 1, l1, NULL, 0);
-		/* tiny-dense: every row dense, so the decode steps may be recorded */
+		/* tiny-dense: every row dense, recorded for any sequences;
+		 * tiny-sparse's rows past 512 select blocks, recorded per set */
 		batch_case(m, "B=8", 8, lens, NULL, k == 1 ? W_REPLAY : 0);
 		batch_case(m, "B=64", 64, lens, NULL, k == 1 ? W_REPLAY : 0);
 		/* joins and leaves: 3 sequences (bucket 4, one padding row), 3
