@@ -193,10 +193,11 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 	if (!c->x || !c->u || !c->out || !c->proj || !c->a || !c->mg || !c->gu || !c->ids_dev || !c->idx_dev ||
 	    !c->logits_dev || !c->next_dev || !c->last_dev || !c->last_fresh || !c->last_blocks || !c->last_state)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
-	/* every row of ids_dev a token id from the start: a recorded batched
-	 * step's padding rows embed whatever ids their rows hold (step_seqs) */
-	int32_t *zero = s == SFW_OK ? sfw_calloc(R, sizeof(int32_t)) : NULL;
-	if (s == SFW_OK && !zero)
+	/* a batch's workspace: every row of ids_dev a token id from the start
+	 * (a recorded step's padding rows embed whatever ids their rows hold:
+	 * be->step_seqs) */
+	int32_t *zero = s == SFW_OK && !own_cache ? sfw_calloc(R, sizeof(int32_t)) : NULL;
+	if (s == SFW_OK && !own_cache && !zero)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
 	if (zero)
 		be->from_host(be, c->ids_dev, zero, R * sizeof(int32_t));
@@ -854,11 +855,11 @@ enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, str
 /* ---- the batch's step (runner/batch.c) -------------------------------------- */
 
 /* A batch step's ops (run directly, or by be->step_seqs, which may record
- * them): the pass over the rows, then the wanted rows side by side in out
- * (free by then) and one lm_head product over them into logits_dev. rows
- * > R: a batch-size bucket recorded for a step of R decode rows whose
- * logits are all wanted in row order (sfwi_forward's seqs_step), padded:
- * the pass and the logits over all rows, straight from u. */
+ * them): the pass over the rows, then one lm_head product into logits_dev
+ * over the wanted rows: straight from u when they are rows 0 .. R-1 in
+ * order (a step of decode rows), else first copied side by side into out
+ * (free by then). rows > R: a batch-size bucket recorded for such a step of
+ * R decode rows, padded: the pass and the logits over all the rows. */
 struct rows_arg {
 	struct sfw_ctx *ws;
 	int R;
@@ -876,11 +877,14 @@ static enum sfw_status rows_ops(void *arg, int rows, struct sfw_err *err)
 	struct sfw_model *m = ws->m;
 	struct sfw_backend *be = m->be;
 	int D = m->cfg.hidden_size;
-	SFW_ASSERT(rows == a->R || (rows > a->R && rows <= ws->cap_rows && rows <= ws->logits_rows && a->nl == a->R));
+	int in_order = a->nl == a->R;
+	for (int i = 0; in_order && i < a->nl; i++)
+		in_order = a->pick[i].row == i;
+	SFW_ASSERT(rows == a->R || (rows > a->R && rows <= ws->cap_rows && rows <= ws->logits_rows && in_order));
 	enum sfw_status s = forward_rows(ws, rows, a->parts, a->np, a->cl, err);
 	if (s != SFW_OK || a->nl == 0)
 		return s;
-	if (rows > a->R) {
+	if (in_order) {
 		be->logits(be, ws->logits_dev, ws->u, &m->lm_head, rows, (float)(1.0 / m->cfg.logit_divisor));
 		return SFW_OK;
 	}
