@@ -13,25 +13,45 @@
 #              shards they were made from (tests/data/gpu_wide, scripts/wide-ref.sh)
 #   gpu-run.sh unpacks it there. xz matters: the fat CUDA binaries shrink 9x
 #   and the bf16-valued F32 golden files 3x, under the 64 MiB carry limit.
-# Usage: scripts/device-prep.sh [--gold] [--no-build]
+#   .devlib-before/bundle.tar.xz  with --before REV: the same bundle (no gold)
+#       of commit REV, built in a temporary worktree by REV's own
+#       device-prep.sh, for `gpu-run.sh before-after` (carry both folders)
+# Usage: scripts/device-prep.sh [--gold] [--no-build] [--before REV]
 # Then: run(command="bash scripts/gpu-run.sh ...", carry=[".devlib"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
-gold=0 build=1 failed=
-for a in "$@"; do
-	case $a in
+gold=0 build=1 failed= before=
+while [ $# -gt 0 ]; do
+	case $1 in
 	--gold) gold=1 ;;
 	--no-build) build=0 ;;
-	*) echo "usage: $0 [--gold] [--no-build]" >&2; exit 2 ;;
+	--before) [ $# -ge 2 ] || { echo "$0: --before wants a revision" >&2; exit 2; }; before=$2; shift ;;
+	*) echo "usage: $0 [--gold] [--no-build] [--before REV]" >&2; exit 2 ;;
 	esac
+	shift
 done
+if [ -n "$before" ]; then
+	rev=$(git rev-parse --verify --quiet "$before^{commit}") || { echo "$0: --before: '$before' is not a commit" >&2; exit 2; }
+	exclude=$(git rev-parse --git-common-dir)/info/exclude
+	grep -qx "/.devlib-before/" "$exclude" 2>/dev/null || echo "/.devlib-before/" >>"$exclude"
+	# a shared clone, not a worktree: older scripts write to .git/info/exclude
+	wt=$(mktemp -d)
+	git clone -q --shared --no-checkout . "$wt" && git -C "$wt" checkout -q --detach "$rev"
+	# REV's own script builds REV (its targets, its layout); its golden data is not needed
+	(cd "$wt" && bash scripts/device-prep.sh) || echo "device-prep: the build of $rev reported a problem (see above)" >&2
+	rm -rf .devlib-before && mkdir -p .devlib-before
+	cp "$wt/.devlib/bundle.tar.xz" .devlib-before/ && echo "$rev" >.devlib-before/REV
+	rm -rf "$wt"
+	echo "device-prep: .devlib-before holds $rev"
+	exit 0
+fi
 ARCH=${CUDA_ARCH:-sm_90}
 # A build folder of its own: objects built without CUDA=1 (forward.c without
 # SFW_HAVE_CUDA) must never be reused here.
 BUILD=${BUILD:-build-cuda}
+exclude=$(git rev-parse --git-common-dir)/info/exclude # (a worktree's .git is a file)
 for d in .devlib $BUILD; do
-	grep -qx "/$d/" .gitignore 2>/dev/null || grep -qx "/$d/" .git/info/exclude 2>/dev/null ||
-		echo "/$d/" >>.git/info/exclude
+	grep -qx "/$d/" .gitignore 2>/dev/null || grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >>"$exclude"
 done
 if [ $build = 1 ]; then
 	# each target on its own: a broken file elsewhere must not stop the rest

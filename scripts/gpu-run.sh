@@ -22,6 +22,13 @@
 #   bash scripts/gpu-run.sh wide-ref [bf16] [int8]  gpu_wide's CPU references, made here
 #   bash scripts/gpu-run.sh trace [--w8] P G  kernel timeline of salafw bench (CUPTI): the last decode
 #                                            steps' kernels, in-graph durations and idle time (bench/trace_step.py)
+#   bash scripts/gpu-run.sh before-after [what]  the same benchmarks with this tree's build and an older one
+#                                            (.devlib-before, scripts/device-prep.sh --before REV), interleaved:
+#                                            what = bench (salafw bench bf16 + int8 at 1K, 32K, 128K), batch
+#                                            (bench_batch B = 1..64 at 1K), serve (serve-bench at 32); default all
+#   bash scripts/gpu-run.sh w8-vs-bf16 [G]   bf16 and int8 g128 full-size models in one call: batched decode
+#                                            (bench_batch B = 1..64 at 1K and 1K-32K), bench_gpu prefill and
+#                                            decode at 1K/32K/128K, and serving at concurrency 32
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout. The device tool
 # brings back at most 8 files: when a mode leaves more, they are packed on
@@ -95,6 +102,51 @@ wide_models() {
 			rc=1
 		fi
 	done
+	return $rc
+}
+# full_models BF16_DIR INT8_DIR: the full-size random models of the
+# comparisons (mkmodel --preset full, and --w8 --group 128), made once
+full_models() {
+	local d start
+	for d in "$@"; do
+		[ -e "$d/config.json" ] && continue
+		start=$(date +%s)
+		if [ "$d" = "${2:-}" ]; then
+			"$BIN/salafw" mkmodel --preset full --w8 --group 128 --no-tokenizer -o "$d" 2>&1 | tail -n 2 | tee -a "$OUT/mkmodel.log"
+		else
+			"$BIN/salafw" mkmodel --preset full --no-tokenizer -o "$d" 2>&1 | tail -n 2 | tee -a "$OUT/mkmodel.log"
+		fi
+		echo "mkmodel $d: $(($(date +%s) - start)) s" | tee -a "$OUT/mkmodel.log"
+	done
+}
+# serve_bench BINDIR MODEL CONC TAG: `salafw serve` of BINDIR on MODEL under
+# bench/bench_serve.py (1K-token prompts, 256 out) at concurrency CONC
+serve_bench() {
+	local b=$1 m=$2 c=$3 tag=$4 port=${SALAFW_SERVE_PORT:-18080} spid up=0 rc
+	LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/salafw" serve "$m" --no-verify --device cuda --port "$port" \
+		--max-running 32 --max-context 2048 2>"$OUT/serve-$tag.log" &
+	spid=$!
+	for _ in $(seq 600); do
+		if python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+			"http://127.0.0.1:$port/health" 2>/dev/null; then up=1; break; fi
+		kill -0 $spid 2>/dev/null || break
+		sleep 0.5
+	done
+	if [ $up != 1 ]; then
+		echo "serve_bench: the server did not come up:"; tail -n 20 "$OUT/serve-$tag.log"
+		kill $spid 2>/dev/null
+		return 1
+	fi
+	# the model id: the one /v1/models lists first (the directory's name on older builds)
+	local id
+	id=$(python3 -c 'import sys, json, urllib.request; print(json.load(urllib.request.urlopen(sys.argv[1]))["data"][0]["id"])' \
+		"http://127.0.0.1:$port/v1/models" 2>/dev/null || basename "$m")
+	python3 bench/bench_serve.py --url "http://127.0.0.1:$port/v1" --model "$id" \
+		--concurrency "$c" --prompt-tokens 1024 --gen 256 --json "$OUT/serve-$tag.json" 2>&1 |
+		tee -a "$OUT/serve-bench.log"
+	rc=${PIPESTATUS[0]}
+	kill -TERM $spid
+	wait $spid || rc=1
 	return $rc
 }
 case $mode in
@@ -407,11 +459,86 @@ trace)
 	python3 bench/trace_step.py "$t" 5 | tee -a "$OUT/trace-$P.txt"
 	[ "${PIPESTATUS[0]}" = 0 ]
 	;;
+before-after)
+	# bash scripts/gpu-run.sh before-after [bench|batch|serve ...]: each
+	# benchmark run by this tree's build ($BIN) and by an older build
+	# (.devlib-before/bundle.tar.xz, unpacked into $DEV-before), one after the
+	# other and in alternating order per round, on the same models (made once
+	# by this build's mkmodel), so a difference is the code and not the drift
+	[ -f .devlib-before/bundle.tar.xz ] || { echo "before-after: no .devlib-before (scripts/device-prep.sh --before REV)" >&2; exit 2; }
+	OLD=$DEV-before
+	rm -rf "$OLD" && mkdir -p "$OLD"
+	python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .devlib-before/bundle.tar.xz "$OLD" ||
+		{ echo "before-after: cannot unpack .devlib-before" >&2; exit 5; }
+	what=${*:-bench batch serve}
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	Q=${SALAFW_BENCH_MODEL_W8:-/tmp/sala-full-w8}
+	full_models "$M" "$Q"
+	rc=0
+	round=0
+	for w in $what; do
+		round=$((round + 1))
+		order="$BIN $OLD/bin"
+		[ $((round % 2)) = 0 ] && order="$OLD/bin $BIN"
+		for b in $order; do
+			tag=now
+			[ "$b" = "$OLD/bin" ] && tag=before
+			case $w in
+			bench)
+				for d in "$M" "$Q"; do
+					echo "== $tag: bench_gpu $d --runs 1024:128,32768:32,131072:32" | tee -a "$OUT/before-after.log"
+					LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_gpu" "$d" --runs 1024:128,32768:32,131072:32 2>&1 |
+						grep -v uploaded | tee -a "$OUT/before-after.log"
+					[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+				done ;;
+			batch)
+				echo "== $tag: bench_batch $M --batch 1,2,4,8,16,32,64 --ctx 1024 --gen 32" | tee -a "$OUT/before-after.log"
+				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_batch" "$M" --device cuda --batch 1,2,4,8,16,32,64 \
+					--ctx 1024 --gen 32 --chunk 8192 2>&1 | tee -a "$OUT/before-after.log"
+				[ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+			serve)
+				echo "== $tag: serve $M, 32 concurrent, 1K prompt, 256 out" | tee -a "$OUT/before-after.log"
+				serve_bench "$b" "$M" 32 "$tag" || rc=1 ;;
+			*) echo "before-after: unknown benchmark $w" >&2; exit 2 ;;
+			esac
+		done
+	done
+	exit $rc
+	;;
+w8-vs-bf16)
+	# bash scripts/gpu-run.sh w8-vs-bf16 [G]: issue 23's comparison in one
+	# call: the bf16 full-size model and its int8 g128 twin (written directly
+	# in the layout), batched decode at 1K and 1K-32K, prefill and decode at
+	# 1K/32K/128K, and serving at concurrency 32; bf16 and int8 alternate
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	Q=${SALAFW_BENCH_MODEL_W8:-/tmp/sala-full-w8}
+	G=${1:-32}
+	full_models "$M" "$Q"
+	rc=0
+	for ctx in 1024 1024-32768; do
+		for d in "$M" "$Q"; do
+			echo "== bench_batch $d --batch 1,2,4,8,16,32,64 --ctx $ctx --gen $G" | tee -a "$OUT/w8-vs-bf16.log"
+			"$BIN/bench_batch" "$d" --device cuda --batch 1,2,4,8,16,32,64 --ctx "$ctx" --gen "$G" --chunk 8192 2>&1 |
+				tee -a "$OUT/w8-vs-bf16.log"
+			[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+		done
+	done
+	for d in "$M" "$Q"; do
+		echo "== bench_gpu $d --runs 1024:128,32768:32,131072:32" | tee -a "$OUT/w8-vs-bf16.log"
+		"$BIN/bench_gpu" "$d" --runs 1024:128,32768:32,131072:32 2>&1 | grep -v uploaded | tee -a "$OUT/w8-vs-bf16.log"
+		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	done
+	for d in "$M" "$Q"; do
+		echo "== serve $d, 32 concurrent, 1K prompt, 256 out" | tee -a "$OUT/w8-vs-bf16.log"
+		serve_bench "$BIN" "$d" 32 "$(basename "$d")" || rc=1
+	done
+	exit $rc
+	;;
 shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | shell CMD" >&2
 	exit 2
 	;;
 esac
