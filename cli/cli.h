@@ -22,16 +22,45 @@ struct cli_opt {
 };
 
 #define CLI_MAX_POS 64
+#define CLI_MAX_OPTS 128
+
+/* A typed row of a command's option table (as curl's tool_getparam.c and
+ * llama.cpp's common/arg.cpp keep theirs): the option as --help shows it,
+ * what it sets and how, and the environment variable that stands in for it
+ * when it is not given. A command keeps its values in one struct of its own;
+ * off is offsetof into it. cli_parse_args does the parsing, the range checks
+ * and the messages, so a command's function only reads the struct. */
+enum cli_kind {
+	CLI_K_CALL = 0, /* fn(cmd, label, value, vals): anything else (repeatable options, enums) */
+	CLI_K_FLAG,     /* int, set to 1 (from the environment: a value other than "" and "0") */
+	CLI_K_STR,      /* const char *, the argument itself (argv or environ: not copied) */
+	CLI_K_U64,      /* unsigned long long, decimal digits, within [lo, hi] when lo < hi */
+	CLI_K_INT,      /* int, decimal digits, within [lo, hi] (INT_MAX at most) */
+	CLI_K_DOUBLE,   /* double, finite, within [lo, hi] when lo < hi */
+	CLI_K_BYTES,    /* unsigned long long, a byte count (cli_bytes_value), within [lo, hi] when lo < hi */
+};
+struct cli_arg {
+	struct cli_opt opt; /* first: cli_next, --help and --man read the table through it */
+	enum cli_kind kind;
+	size_t off;
+	double lo, hi;
+	/* CLI_K_CALL: label is "--name", "-n" or the variable's name; returns 0
+	 * or an exit code after printing why */
+	int (*fn)(const char *cmd, const char *label, const char *value, void *vals);
+	const char *env; /* read when the option is not on the command line */
+};
 
 struct cli_parser {
 	int argc;
 	char **argv;
 	int i;
 	const struct cli_opt *opts;
+	size_t stride;    /* bytes between rows: sizeof(struct cli_opt) or sizeof(struct cli_arg) */
 	const char *cmd;  /* "salafw verify" for messages */
 	char *pos[CLI_MAX_POS]; /* positional arguments, in order */
 	int npos;
 	int only_pos;     /* after "--" */
+	unsigned char given[CLI_MAX_OPTS]; /* cli_parse_args: row k was on the command line */
 };
 
 #define CLI_DONE (-1)
@@ -44,6 +73,17 @@ void cli_init(struct cli_parser *p, const char *cmd, int argc, char **argv, cons
  * CLI_DONE at the end, CLI_HELP for -h/--help, or CLI_ERROR (message printed). */
 int cli_next(struct cli_parser *p, const char **arg);
 void cli_usage(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts);
+void cli_usage_args(FILE *f, const char *cmd, const char *synopsis, const struct cli_arg *args);
+/* Parses argv[1..] against a typed table (ending with a row whose name is
+ * NULL) into vals, then fills each option that was not given from its
+ * environment variable, if set. Positional arguments are left in p->pos.
+ * Returns 0, CLI_HELP (-h/--help), or an exit code (the problem printed:
+ * "CMD: --threads: 'x' is not a non-negative integer", "CMD: --threads must
+ * be 1 to 256 (see --help)", the variable's name in place of the option's). */
+int cli_parse_args(struct cli_parser *p, const char *cmd, int argc, char **argv, const struct cli_arg *args,
+		   void *vals);
+/* Whether the option NAME (its long name) was on the command line. */
+int cli_given(const struct cli_parser *p, const char *name);
 
 /* "salafw: <message>" on stderr; returns the exit code for status. */
 int cli_report(enum sfw_status st, const struct sfw_err *err);

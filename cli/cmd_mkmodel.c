@@ -5,26 +5,51 @@
 #include "quant/quant.h"
 #include "tools/tools.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-static const struct cli_opt opts[] = {
-    {"preset", 0, "NAME",
-     "tiny (tests, demo), small (CPU benchmarks), full (the real shapes, ~19 GB) or wide4 (the real widths "
-     "in 4 layers, ~3.4 GB)"},
-    {"seed", 0, "N", "weight seed (default 0); the output is a pure function of preset and seed"},
-    {"output", 'o', "DIR", "output directory (created if needed)"},
-    {"dry-run", 0, NULL, "print the tensors, shards and parameter count; write nothing"},
-    {"force", 0, NULL, "overwrite a model already in DIR"},
-    {"threads", 't', "N", "generator threads (default: all cores)"},
-    {"shard-mib", 0, "N",
-     "shard size limit in MiB (default: tiny 6, small 128, full 4768 = 5 GB, wide4 1907 = 2 GB)"},
-    {"no-tokenizer", 0, NULL, "skip tokenizer.model and tokenizer_config.json"},
-    {"w8", 0, NULL, "write the decoder linears as int8 (pack-quantized, random codes and scales) directly"},
-    {"group", 0, "G", "with --w8: scale group size 32, 64, 128 (default) or channel"},
-    {0},
+/* The command line's values (cli_parse_args fills them from the table). */
+struct mkmodel_args {
+	const char *preset, *out;
+	unsigned long long seed, shard_mib;
+	int dry_run, force, threads, no_tokenizer, w8, group;
 };
+
+static int take_group(const char *cmd, const char *label, const char *v, void *vals)
+{
+	struct mkmodel_args *a = vals;
+	if ((a->group = sfw_quant_group_parse(v)) < 0)
+		return cli_usage_error(cmd, "%s must be 32, 64, 128 or channel", label);
+	return 0;
+}
+
+#define OFF(f) offsetof(struct mkmodel_args, f)
+static const struct cli_arg args[] = {
+    {{"preset", 0, "NAME",
+      "tiny (tests, demo), small (CPU benchmarks), full (the real shapes, ~19 GB) or wide4 (the real widths "
+      "in 4 layers, ~3.4 GB)"},
+     CLI_K_STR, OFF(preset), 0, 0, NULL, NULL},
+    {{"seed", 0, "N", "weight seed (default 0); the output is a pure function of preset and seed"},
+     CLI_K_U64, OFF(seed), 0, 0, NULL, NULL},
+    {{"output", 'o', "DIR", "output directory (created if needed)"}, CLI_K_STR, OFF(out), 0, 0, NULL, NULL},
+    {{"dry-run", 0, NULL, "print the tensors, shards and parameter count; write nothing"},
+     CLI_K_FLAG, OFF(dry_run), 0, 0, NULL, NULL},
+    {{"force", 0, NULL, "overwrite a model already in DIR"}, CLI_K_FLAG, OFF(force), 0, 0, NULL, NULL},
+    {{"threads", 't', "N", "generator threads (default: all cores)"}, CLI_K_INT, OFF(threads), 1, 256, NULL, NULL},
+    {{"shard-mib", 0, "N",
+      "shard size limit in MiB (default: tiny 6, small 128, full 4768 = 5 GB, wide4 1907 = 2 GB)"},
+     CLI_K_U64, OFF(shard_mib), 1, 1 << 20, NULL, NULL},
+    {{"no-tokenizer", 0, NULL, "skip tokenizer.model and tokenizer_config.json"},
+     CLI_K_FLAG, OFF(no_tokenizer), 0, 0, NULL, NULL},
+    {{"w8", 0, NULL, "write the decoder linears as int8 (pack-quantized, random codes and scales) directly"},
+     CLI_K_FLAG, OFF(w8), 0, 0, NULL, NULL},
+    {{"group", 0, "G", "with --w8: scale group size 32, 64, 128 (default) or channel"},
+     CLI_K_CALL, 0, 0, 0, take_group, NULL},
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
 
 static const char synopsis[] = "--preset tiny|small|full|wide4 [--seed N] [--w8 [--group G]] [--dry-run] [--force] -o DIR";
 
@@ -69,62 +94,33 @@ int cmd_mkmodel(int argc, char **argv)
 {
 	const char *cmd = "salafw mkmodel";
 	struct cli_parser cp;
-	struct sfw_mkmodel_params p;
-	memset(&p, 0, sizeof(p));
-	const char *preset = NULL, *out = NULL, *arg;
-	int dry_run = 0, k, group = SFW_QL_GROUP_DEFAULT;
-	unsigned long long v;
-	cli_init(&cp, cmd, argc, argv, opts);
-	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, cmd, synopsis, opts);
-			return SFW_EXIT_OK;
-		}
-		if (k == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		const char *name = opts[k].name;
-		if (strcmp(name, "preset") == 0) {
-			preset = arg;
-		} else if (strcmp(name, "seed") == 0) {
-			if (!cli_parse_u64(cmd, name, arg, &v))
-				return SFW_EXIT_USAGE;
-			p.seed = v;
-		} else if (strcmp(name, "output") == 0) {
-			out = arg;
-		} else if (strcmp(name, "dry-run") == 0) {
-			dry_run = 1;
-		} else if (strcmp(name, "force") == 0) {
-			p.force = 1;
-		} else if (strcmp(name, "threads") == 0) {
-			if (!cli_parse_u64(cmd, name, arg, &v))
-				return SFW_EXIT_USAGE;
-			if (v < 1 || v > 256)
-				return cli_usage_error(cmd, "--threads must be 1 to 256");
-			p.nthreads = (int)v;
-		} else if (strcmp(name, "shard-mib") == 0) {
-			if (!cli_parse_u64(cmd, name, arg, &v))
-				return SFW_EXIT_USAGE;
-			if (v < 1 || v > (1u << 20))
-				return cli_usage_error(cmd, "--shard-mib must be 1 to 1048576");
-			p.shard_bytes = (uint64_t)v << 20;
-		} else if (strcmp(name, "no-tokenizer") == 0) {
-			p.no_tokenizer = 1;
-		} else if (strcmp(name, "w8") == 0) {
-			p.w8 = 1;
-		} else if (strcmp(name, "group") == 0) {
-			if ((group = sfw_quant_group_parse(arg)) < 0)
-				return cli_usage_error(cmd, "--group must be 32, 64, 128 or channel");
-		}
+	struct mkmodel_args a = {.group = SFW_QL_GROUP_DEFAULT};
+	int rc = cli_parse_args(&cp, cmd, argc, argv, args, &a);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, cmd, synopsis, args);
+		return SFW_EXIT_OK;
 	}
+	if (rc != 0)
+		return rc;
 	if (cp.npos > 0)
 		return cli_usage_error(cmd, "unexpected argument '%s'", cp.pos[0]);
-	if (!preset)
+	if (!a.preset)
 		return cli_usage_error(cmd, "--preset is required");
-	if (!sfw_mkmodel_preset_parse(preset, &p.preset))
-		return cli_usage_error(cmd, "unknown preset '%s' (tiny, small, full or wide4)", preset);
-	if (!out && !dry_run)
+	struct sfw_mkmodel_params p;
+	memset(&p, 0, sizeof(p));
+	if (!sfw_mkmodel_preset_parse(a.preset, &p.preset))
+		return cli_usage_error(cmd, "unknown preset '%s' (tiny, small, full or wide4)", a.preset);
+	if (!a.out && !a.dry_run)
 		return cli_usage_error(cmd, "-o DIR is required");
-	p.w8_group = group;
+	const char *preset = a.preset, *out = a.out;
+	int dry_run = a.dry_run;
+	p.seed = a.seed;
+	p.force = a.force;
+	p.nthreads = a.threads;
+	p.shard_bytes = (uint64_t)a.shard_mib << 20;
+	p.no_tokenizer = a.no_tokenizer;
+	p.w8 = a.w8;
+	p.w8_group = a.group;
 
 	struct sfw_err err = {0};
 	struct sfw_mkmodel_plan pl;

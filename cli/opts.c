@@ -29,8 +29,17 @@ void cli_init(struct cli_parser *p, const char *cmd, int argc, char **argv, cons
 	p->argv = argv;
 	p->i = 1;
 	p->opts = opts;
+	p->stride = sizeof(struct cli_opt);
 	p->cmd = cmd;
 }
+
+/* Row k of a table whose rows are `stride` bytes apart and begin with a
+ * struct cli_opt (struct cli_opt itself, or struct cli_arg). */
+static const struct cli_opt *row(const struct cli_opt *opts, size_t stride, int k)
+{
+	return (const struct cli_opt *)(const void *)((const char *)opts + (size_t)k * stride);
+}
+#define OPT(p, k) row((p)->opts, (p)->stride, (k))
 
 static int add_pos(struct cli_parser *p, char *a)
 {
@@ -64,28 +73,28 @@ int cli_next(struct cli_parser *p, const char **arg)
 			const char *name = a + 2;
 			const char *eq = strchr(name, '=');
 			size_t len = eq ? (size_t)(eq - name) : strlen(name);
-			for (int k = 0; p->opts[k].name; k++)
-				if (strlen(p->opts[k].name) == len && strncmp(p->opts[k].name, name, len) == 0)
+			for (int k = 0; OPT(p, k)->name; k++)
+				if (strlen(OPT(p, k)->name) == len && strncmp(OPT(p, k)->name, name, len) == 0)
 					found = k;
 			if (eq)
 				inline_val = eq + 1;
 		} else if (a[2] == '\0') {
-			for (int k = 0; p->opts[k].name; k++)
-				if (p->opts[k].short_name == a[1])
+			for (int k = 0; OPT(p, k)->name; k++)
+				if (OPT(p, k)->short_name == a[1])
 					found = k;
 		}
 		if (found < 0) {
 			usage_say("%s: unknown option '%s' (see --help)", p->cmd, a);
 			return CLI_ERROR;
 		}
-		if (p->opts[found].arg) {
+		if (OPT(p, found)->arg) {
 			if (inline_val) {
 				*arg = inline_val;
 			} else if (p->i < p->argc) {
 				*arg = p->argv[p->i++];
 			} else {
 				usage_say("%s: option '%s' needs a value (%s)", p->cmd, a,
-					  p->opts[found].arg);
+					  OPT(p, found)->arg);
 				return CLI_ERROR;
 			}
 		} else if (inline_val) {
@@ -116,7 +125,7 @@ static void roff_text(FILE *f, const char *s)
 	}
 }
 
-static void usage_roff(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts)
+static void usage_roff(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts, size_t stride)
 {
 	fprintf(f, ".SH \"");
 	for (const char *c = cmd; *c; c++)
@@ -126,43 +135,53 @@ static void usage_roff(FILE *f, const char *cmd, const char *synopsis, const str
 	fputc(' ', f);
 	roff_text(f, synopsis);
 	fprintf(f, "\n.fi\n");
-	for (int k = 0; opts[k].name; k++) {
+	for (int k = 0; row(opts, stride, k)->name; k++) {
 		fprintf(f, ".TP\n");
-		if (opts[k].short_name)
-			fprintf(f, "\\fB\\-%c\\fR, ", opts[k].short_name);
+		if (row(opts, stride, k)->short_name)
+			fprintf(f, "\\fB\\-%c\\fR, ", row(opts, stride, k)->short_name);
 		fprintf(f, "\\fB\\-\\-");
-		roff_text(f, opts[k].name);
+		roff_text(f, row(opts, stride, k)->name);
 		fprintf(f, "\\fR");
-		if (opts[k].arg) {
+		if (row(opts, stride, k)->arg) {
 			fprintf(f, " \\fI");
-			roff_text(f, opts[k].arg);
+			roff_text(f, row(opts, stride, k)->arg);
 			fprintf(f, "\\fR");
 		}
 		fputc('\n', f);
-		roff_text(f, opts[k].help);
+		roff_text(f, row(opts, stride, k)->help);
 		fputc('\n', f);
 	}
 	fprintf(f, ".TP\n\\fB\\-h\\fR, \\fB\\-\\-help\\fR\nshow this help\n.PP\n");
 }
 
-void cli_usage(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts)
+static void usage_rows(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts, size_t stride)
 {
 	if (cli_help_roff) {
-		usage_roff(f, cmd, synopsis, opts);
+		usage_roff(f, cmd, synopsis, opts, stride);
 		return;
 	}
 	fprintf(f, "usage: %s %s\n\noptions:\n", cmd, synopsis);
-	for (int k = 0; opts[k].name; k++) {
+	for (int k = 0; row(opts, stride, k)->name; k++) {
 		char left[64];
-		if (opts[k].short_name)
-			snprintf(left, sizeof(left), "-%c, --%s%s%s", opts[k].short_name, opts[k].name,
-				 opts[k].arg ? " " : "", opts[k].arg ? opts[k].arg : "");
+		if (row(opts, stride, k)->short_name)
+			snprintf(left, sizeof(left), "-%c, --%s%s%s", row(opts, stride, k)->short_name, row(opts, stride, k)->name,
+				 row(opts, stride, k)->arg ? " " : "", row(opts, stride, k)->arg ? row(opts, stride, k)->arg : "");
 		else
-			snprintf(left, sizeof(left), "    --%s%s%s", opts[k].name, opts[k].arg ? " " : "",
-				 opts[k].arg ? opts[k].arg : "");
-		fprintf(f, "  %-30s %s\n", left, opts[k].help);
+			snprintf(left, sizeof(left), "    --%s%s%s", row(opts, stride, k)->name, row(opts, stride, k)->arg ? " " : "",
+				 row(opts, stride, k)->arg ? row(opts, stride, k)->arg : "");
+		fprintf(f, "  %-30s %s\n", left, row(opts, stride, k)->help);
 	}
 	fprintf(f, "  %-30s %s\n", "-h, --help", "show this help");
+}
+
+void cli_usage(FILE *f, const char *cmd, const char *synopsis, const struct cli_opt *opts)
+{
+	usage_rows(f, cmd, synopsis, opts, sizeof(struct cli_opt));
+}
+
+void cli_usage_args(FILE *f, const char *cmd, const char *synopsis, const struct cli_arg *args)
+{
+	usage_rows(f, cmd, synopsis, &args[0].opt, sizeof(struct cli_arg));
 }
 
 int cli_report(enum sfw_status st, const struct sfw_err *err)
@@ -204,10 +223,11 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 }
 
 /* The option as the user typed it: "-n" for a one-letter name, "--name"
- * otherwise; a name given with its dashes is shown as it is. */
+ * otherwise; a name given with its dashes, or an environment variable's
+ * (upper case), is shown as it is. */
 static void opt_label(char *buf, size_t size, const char *opt)
 {
-	if (opt[0] == '-')
+	if (opt[0] == '-' || (opt[0] >= 'A' && opt[0] <= 'Z'))
 		snprintf(buf, size, "%s", opt);
 	else
 		snprintf(buf, size, "%s%s", opt[1] ? "--" : "-", opt);
