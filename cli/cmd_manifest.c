@@ -8,24 +8,85 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #define MAX_SOURCES 32
 
-static const struct cli_opt opts[] = {
-    {"repo", 0, "ORG/NAME", "repo id the manifest binds to (required)"},
-    {"revision", 0, "HEX40", "40-hex commit the manifest binds to (required)"},
-    {"source", 0, "KIND:URL", "http:BASE_URL or hf:ENDPOINT, in order; repeatable"},
-    {"output", 'o', "FILE", "write here (atomically) instead of standard output"},
-    {"key-id", 0, "HEX16", "publisher key id (default: filled in by 'salafw sign')"},
-    {"pubkey", 'P', "KEY|FILE", "take the publisher key id from this public key (a file, base64, or an installed key's name)"},
-    {"manifest-version", 0, "N", "rollback counter, >= 1 (default 1)"},
-    {"expires-days", 0, "N", "days until the manifest expires (default 180)"},
-    {"threads", 't', "N", "hashing threads (default: all cores)"},
-    {0},
+/* The command line's values (cli_parse_args fills them from the table). */
+struct manifest_args {
+	struct sfw_manifest_build_params p;
+	const char *out, *pubkey;
+	unsigned long long version, days;
+	int threads, failed;
+	struct sfw_source src[MAX_SOURCES];
+	char *urls[MAX_SOURCES];
+	size_t nsrc;
 };
+
+static int take_repo(const char *cmd, const char *label, const char *v, void *vals)
+{
+	(void)label;
+	if (!cli_check_repo_id(cmd, "--repo ", v))
+		return SFW_EXIT_USAGE;
+	((struct manifest_args *)vals)->p.repo_id = v;
+	return 0;
+}
+
+/* --source KIND:URL, repeatable: http base URLs end in '/', hf endpoints do not. */
+static int take_source(const char *cmd, const char *label, const char *v, void *vals)
+{
+	struct manifest_args *a = vals;
+	if (a->nsrc == MAX_SOURCES)
+		return cli_usage_error(cmd, "at most %d sources", MAX_SOURCES);
+	int hf = strncmp(v, "hf:", 3) == 0;
+	if (!hf && strncmp(v, "http:", 5) != 0)
+		return cli_usage_error(cmd, "%s must be http:BASE_URL or hf:ENDPOINT, not '%s'", label, v);
+	const char *url = v + (hf ? 3 : 5);
+	size_t n = strlen(url);
+	char *u = sfw_malloc(n + 2);
+	if (!u) {
+		fprintf(stderr, "salafw: out of memory\n");
+		return SFW_EXIT_IO;
+	}
+	memcpy(u, url, n + 1);
+	if (hf)
+		while (n > 0 && u[n - 1] == '/')
+			u[--n] = '\0';
+	else if (n == 0 || u[n - 1] != '/')
+		memcpy(u + n, "/", 2);
+	a->urls[a->nsrc] = u;
+	a->src[a->nsrc].kind = hf ? SFW_SOURCE_HF : SFW_SOURCE_HTTP;
+	a->src[a->nsrc].url = u;
+	a->src[a->nsrc].name = NULL;
+	a->nsrc++;
+	return 0;
+}
+
+#define OFF(f) offsetof(struct manifest_args, f)
+static const struct cli_arg args[] = {
+    {{"repo", 0, "ORG/NAME", "repo id the manifest binds to (required)"}, CLI_K_CALL, 0, 0, 0, take_repo, NULL},
+    {{"revision", 0, "HEX40", "40-hex commit the manifest binds to (required)"},
+     CLI_K_STR, OFF(p.revision), 0, 0, NULL, NULL},
+    {{"source", 0, "KIND:URL", "http:BASE_URL or hf:ENDPOINT, in order; repeatable"},
+     CLI_K_CALL, 0, 0, 0, take_source, NULL},
+    {{"output", 'o', "FILE", "write here (atomically) instead of standard output"},
+     CLI_K_STR, OFF(out), 0, 0, NULL, NULL},
+    {{"key-id", 0, "HEX16", "publisher key id (default: filled in by 'salafw sign')"},
+     CLI_K_STR, OFF(p.key_id), 0, 0, NULL, NULL},
+    {{"pubkey", 'P', "KEY|FILE",
+      "take the publisher key id from this public key (a file, base64, or an installed key's name)"},
+     CLI_K_STR, OFF(pubkey), 0, 0, NULL, NULL},
+    {{"manifest-version", 0, "N", "rollback counter, >= 1 (default 1)"},
+     CLI_K_U64, OFF(version), 1, 9007199254740992.0, NULL, NULL},
+    {{"expires-days", 0, "N", "days until the manifest expires (default 180)"},
+     CLI_K_U64, OFF(days), 1, 36500, NULL, NULL},
+    {{"threads", 't', "N", "hashing threads (default: all cores)"}, CLI_K_INT, OFF(threads), 0, 256, NULL, NULL},
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
 
 /* A manifest already at path for the same repository and manifest_version,
  * with other bytes: signing this one too would be equivocation, which every
@@ -59,99 +120,23 @@ static void warn_same_version(const char *cmd, const char *path, const struct sf
 int cmd_manifest(int argc, char **argv)
 {
 	struct cli_parser cp;
-	const char *cmd = "salafw manifest", *arg, *out = NULL, *pubkey = NULL;
-	struct sfw_manifest_build_params p = sfw_manifest_build_default_params();
-	struct sfw_source src[MAX_SOURCES];
-	char *urls[MAX_SOURCES] = {0};
-	size_t nsrc = 0;
-	unsigned long long v, days = 180;
-	int k, rc = SFW_EXIT_USAGE;
-	cli_init(&cp, cmd, argc, argv, opts);
-	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, cmd,
-				  "DIR --repo ORG/NAME --revision HEX40 [--source KIND:URL]... [-o FILE]",
-				  opts);
-			rc = SFW_EXIT_OK;
-			goto done;
-		}
-		if (k == CLI_ERROR)
-			goto done;
-		switch (k) {
-		case 0:
-			if (!cli_check_repo_id(cmd, "--repo ", arg))
-				goto done;
-			p.repo_id = arg;
-			break;
-		case 1:
-			p.revision = arg;
-			break;
-		case 2: {
-			if (nsrc == MAX_SOURCES) {
-				rc = cli_usage_error(cmd, "at most %d sources", MAX_SOURCES);
-				goto done;
-			}
-			int hf = strncmp(arg, "hf:", 3) == 0;
-			if (!hf && strncmp(arg, "http:", 5) != 0) {
-				rc = cli_usage_error(
-				    cmd, "--source must be http:BASE_URL or hf:ENDPOINT, not '%s'", arg);
-				goto done;
-			}
-			const char *url = arg + (hf ? 3 : 5);
-			size_t n = strlen(url);
-			char *u = sfw_malloc(n + 2);
-			if (!u) {
-				fprintf(stderr, "salafw: out of memory\n");
-				rc = SFW_EXIT_IO;
-				goto done;
-			}
-			memcpy(u, url, n + 1);
-			/* http base URLs end in '/', hf endpoints do not. */
-			if (hf)
-				while (n > 0 && u[n - 1] == '/')
-					u[--n] = '\0';
-			else if (n == 0 || u[n - 1] != '/')
-				memcpy(u + n, "/", 2);
-			urls[nsrc] = u;
-			src[nsrc].kind = hf ? SFW_SOURCE_HF : SFW_SOURCE_HTTP;
-			src[nsrc].url = u;
-			src[nsrc].name = NULL;
-			nsrc++;
-			break;
-		}
-		case 3:
-			out = arg;
-			break;
-		case 4:
-			p.key_id = arg;
-			break;
-		case 5:
-			pubkey = arg;
-			break;
-		case 6:
-			if (!cli_parse_u64(cmd, "--manifest-version", arg, &v))
-				goto done;
-			if (v < 1) {
-				rc = cli_usage_error(cmd, "--manifest-version must be at least 1");
-				goto done;
-			}
-			p.manifest_version = v;
-			break;
-		case 7:
-			if (!cli_parse_u64(cmd, "--expires-days", arg, &days))
-				goto done;
-			if (days < 1 || days > 36500) {
-				rc = cli_usage_error(cmd, "--expires-days must be between 1 and 36500");
-				goto done;
-			}
-			break;
-		case 8:
-			if (!cli_parse_u64(cmd, "--threads", arg, &v))
-				goto done;
-			p.threads = v > 256 ? 256 : (int)v;
-			break;
-		}
+	const char *cmd = "salafw manifest";
+	struct manifest_args a = {.p = sfw_manifest_build_default_params(), .days = 180};
+	int rc = cli_parse_args(&cp, cmd, argc, argv, args, &a);
+	struct sfw_manifest_build_params p = a.p;
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, cmd, "DIR --repo ORG/NAME --revision HEX40 [--source KIND:URL]... [-o FILE]", args);
+		rc = SFW_EXIT_OK;
+		goto done;
 	}
+	if (rc != 0)
+		goto done;
+	if (a.version)
+		p.manifest_version = a.version;
+	if (a.threads)
+		p.threads = a.threads;
+	const char *out = a.out, *pubkey = a.pubkey;
+	unsigned long long days = a.days;
 	if (cp.npos != 1) {
 		rc = cli_usage_error(cmd, "expected one DIR");
 		goto done;
@@ -169,8 +154,8 @@ int cmd_manifest(int argc, char **argv)
 		sfw_pubkey_id_hex(pk.key_id, kid);
 		p.key_id = kid;
 	}
-	p.sources = src;
-	p.nsources = nsrc;
+	p.sources = a.src;
+	p.nsources = a.nsrc;
 	p.created = (int64_t)time(NULL);
 	p.expires = p.created + (int64_t)days * 86400;
 	char *text = NULL;
@@ -192,7 +177,7 @@ int cmd_manifest(int argc, char **argv)
 	sfw_free(text);
 	rc = cli_report(s, &err);
 done:
-	for (size_t i = 0; i < nsrc; i++)
-		sfw_free(urls[i]);
+	for (size_t i = 0; i < a.nsrc; i++)
+		sfw_free(a.urls[i]);
 	return rc;
 }
