@@ -39,8 +39,11 @@ if [ -n "$before" ]; then
 	git clone -q --shared --no-checkout . "$wt" && git -C "$wt" checkout -q --detach "$rev"
 	# REV's own script builds REV (its targets, its layout); its golden data is not needed
 	(cd "$wt" && bash scripts/device-prep.sh) || echo "device-prep: the build of $rev reported a problem (see above)" >&2
-	rm -rf .devlib-before && mkdir -p .devlib-before
-	cp "$wt/.devlib/bundle.tar.xz" .devlib-before/ && echo "$rev" >.devlib-before/REV
+	# only what gpu-run.sh before-after runs (the whole bundle would not fit
+	# beside this tree's under the device tool's 64 MiB)
+	rm -rf .devlib-before && mkdir -p .devlib-before "$wt/.b"
+	tar -C "$wt/.b" -xJf "$wt/.devlib/bundle.tar.xz" ./bin/salafw ./bin/bench_gpu ./bin/bench_batch ./lib
+	tar -C "$wt/.b" -cf - . | xz -T2 -6 >.devlib-before/bundle.tar.xz && echo "$rev" >.devlib-before/REV
 	rm -rf "$wt"
 	echo "device-prep: .devlib-before holds $rev"
 	exit 0
