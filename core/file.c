@@ -102,6 +102,7 @@ enum sfw_status sfw_map_open(struct sfw_map *m, const char *path, struct sfw_err
 		}
 		m->data = p;
 		m->size = (uint64_t)st.st_size;
+		sfwi_map_guard_add(p, m->size, path);
 	}
 	close(fd);
 	return SFW_OK;
@@ -119,8 +120,10 @@ void sfw_map_release(const void *p, uint64_t n)
 
 void sfw_map_close(struct sfw_map *m)
 {
-	if (m->data)
+	if (m->data) {
+		sfwi_map_guard_remove(m->data);
 		munmap((void *)m->data, (size_t)m->size);
+	}
 	m->data = NULL;
 	m->size = 0;
 }
