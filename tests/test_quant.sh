@@ -192,4 +192,31 @@ for b in "b4:4-bit weights are not supported" "basym:asymmetric int8" "bawq:quan
 		$SALAFW score "$S/${b%%:*}" --ids "$D/golden_f32.safetensors" -o "$S/b.safetensors" --no-verify
 done
 
+# ---- the user's key pair is one unit: a full disk while it is made (a write
+# wrapper fails every write to user.pub with ENOSPC) leaves neither file,
+# so the next run makes the pair; a lone user.key gets its user.pub back
+# (derived from the secret key), which minisign accepts for the signature
+ENOSPC_SO=$S/enospc.so
+if ${CC:-cc} -shared -fPIC -o "$ENOSPC_SO" tests/shim/enospc.c -ldl 2>/dev/null; then
+	K=$S/cfg/salafw
+	check_err "a full disk while the user key is made: exit 5" 5 "[Nn]o space left" \
+		env XDG_CONFIG_HOME="$S/cfg" LD_PRELOAD="$ENOSPC_SO" SFW_TEST_ENOSPC=user.pub \
+		$SALAFW quant "$D" -o "$S/uk1" --method rtn --no-verify --sign -q
+	check "... leaves no user.key without user.pub" test ! -e "$K/user.key"
+	check "... and no temporary file" bash -c "[ -z \"\$(ls -A '$K' 2>/dev/null)\" ]"
+	check_err "the next run makes the pair" 0 "created your local signing key" \
+		env XDG_CONFIG_HOME="$S/cfg" $SALAFW quant "$D" -o "$S/uk2" --method rtn --no-verify --sign
+	check "... both files" test -s "$K/user.key" -a -s "$K/user.pub"
+	cp "$K/user.pub" "$S/user.pub.orig"
+	rm "$K/user.pub"
+	check_err "a lone user.key: sign --user writes user.pub again (says so) and signs" 0 "writing it again from the secret key" \
+		env XDG_CONFIG_HOME="$S/cfg" $SALAFW sign --user "$S/uk2"
+	check "... the same public key as before" cmp -s "$K/user.pub" "$S/user.pub.orig"
+	check "... which minisign accepts for the signature" \
+		minisign -V -q -p "$K/user.pub" -m "$S/uk2/.salafw/manifest.json"
+	check "... and salafw verify too" env XDG_CONFIG_HOME="$S/cfg" $SALAFW verify "$S/uk2"
+else
+	fail "cannot build the ENOSPC write wrapper (tests/shim/enospc.c)"
+fi
+
 check_report test_quant.sh
