@@ -85,14 +85,14 @@ check_err "keygen to a full stdout" 5 "$W" sh -c "'$S' keygen --pubkey-out '$T/k
 check_err "run to a full stdout" 5 "$W" sh -c "'$S' run '$T/m' -P '$T/k.pub' -p hi -n 2 --greedy > /dev/full"
 # a key pair is one unit: a write wrapper fails the public key's writes
 # with ENOSPC; neither file stays (a lone secret key blocked every retry)
-if ${CC:-cc} -shared -fPIC -o "$T/enospc.so" tests/shim/enospc.c -ldl 2>/dev/null; then
+if ${CC:-cc} -shared -fPIC -o "$T/writefault.so" tests/shim/writefault.c -ldl 2>/dev/null; then
 	check_err "keygen, the disk full at the public key" 5 "$W" \
-		env LD_PRELOAD="$T/enospc.so" SFW_TEST_ENOSPC=kf.pub "$S" keygen --pubkey-out "$T/kf.pub" -s "$T/kf.key"
+		env LD_PRELOAD="$T/writefault.so" SFW_TEST_ENOSPC=kf.pub "$S" keygen --pubkey-out "$T/kf.pub" -s "$T/kf.key"
 	check "... leaves neither key file, nor a temporary one" \
 		bash -c "[ ! -e '$T/kf.key' ] && [ ! -e '$T/kf.pub' ] && [ -z \"\$(ls '$T' | grep '^kf')\" ]"
 	check "... and keygen then makes the pair" "$S" keygen --pubkey-out "$T/kf.pub" -s "$T/kf.key"
 else
-	fail "cannot build the ENOSPC write wrapper (tests/shim/enospc.c)"
+	fail "cannot build the write wrapper (tests/shim/writefault.c)"
 fi
 mkdir -p "$T/full"
 if mount -t tmpfs -o size=4m tmpfs "$T/full" 2>/dev/null; then

@@ -196,11 +196,41 @@ done
 # wrapper fails every write to user.pub with ENOSPC) leaves neither file,
 # so the next run makes the pair; a lone user.key gets its user.pub back
 # (derived from the secret key), which minisign accepts for the signature
-ENOSPC_SO=$S/enospc.so
-if ${CC:-cc} -shared -fPIC -o "$ENOSPC_SO" tests/shim/enospc.c -ldl 2>/dev/null; then
+WF_SO=$S/writefault.so
+if ${CC:-cc} -shared -fPIC -o "$WF_SO" tests/shim/writefault.c -ldl 2>/dev/null; then
+	# ---- an interrupted or out-of-space quant: the rerun takes its own
+	# incomplete OUT over (OUT/.salafw/quant.partial says it is one) and
+	# sweeps its temporary files; a foreign model in OUT is still refused
+	notmp() { [ -z "$(find "$1" -name '*.tmp.*' ! -name 'notes.bin.tmp.1.2' 2>/dev/null)" ]; }
+	complete() { [ -f "$1/config.json" ] && grep -q quantization_config "$1/config.json" && [ ! -e "$1/.salafw/quant.partial" ] && notmp "$1"; }
+	check_err "disk full at OUT/config.json: exit 5" 5 "[Nn]o space left" \
+		env LD_PRELOAD="$WF_SO" SFW_TEST_ENOSPC="/qf/config.json.tmp" $SALAFW quant "$D" -o "$S/qf" --method rtn --no-verify -q
+	check_err "the rerun (no --force) replaces that incomplete output" 0 "incomplete output of an earlier quant" \
+		$SALAFW quant "$D" -o "$S/qf" --method rtn --no-verify -q
+	check "... and leaves a complete model, no marker, no *.tmp.*" complete "$S/qf"
+	rc=$( (env LD_PRELOAD="$WF_SO" SFW_TEST_KILL="/qk/model-00001-of-00001.safetensors.tmp" \
+		$SALAFW quant "$D" -o "$S/qk" --method rtn --no-verify -q >/dev/null 2>&1; echo $?) 2>/dev/null)
+	[ $rc = 137 ] && [ -n "$(find "$S/qk" -name 'model-*.tmp.*')" ] && pass "SIGKILL while a shard is written leaves its .tmp" ||
+		fail "SIGKILL mid-shard: exit $rc"
+	: > "$S/qk/notes.bin.tmp.1.2" # another program's temporary file: not quant's to remove
+	check "the rerun after SIGKILL succeeds" $SALAFW quant "$D" -o "$S/qk" --method rtn --no-verify -q
+	check "... and sweeps the killed run's .tmp shard" complete "$S/qk"
+	check "... but not a file it did not write" test -e "$S/qk/notes.bin.tmp.1.2"
+	rc=$( (env LD_PRELOAD="$WF_SO" SFW_TEST_KILL="/qk2/config.json.tmp" \
+		$SALAFW quant "$D" -o "$S/qk2" --method rtn --no-verify -q >/dev/null 2>&1; echo $?) 2>/dev/null)
+	[ $rc = 137 ] && [ -f "$S/qk2/model.safetensors.index.json" ] && pass "SIGKILL at config.json leaves an index" ||
+		fail "SIGKILL at config.json: exit $rc"
+	check "the rerun after it succeeds (not 'already holds a model')" $SALAFW quant "$D" -o "$S/qk2" --method rtn --no-verify -q
+	check "... complete" complete "$S/qk2"
+	mkdir -p "$S/foreign"
+	echo '{"weight_map": {}}' > "$S/foreign/model.safetensors.index.json"
+	check_err "a foreign OUT with a model index is still refused" 5 "already holds a model" \
+		$SALAFW quant "$D" -o "$S/foreign" --method rtn --no-verify -q
+	check "... and left as it was" bash -c "[ \"\$(ls -A '$S/foreign')\" = model.safetensors.index.json ]"
+
 	K=$S/cfg/salafw
 	check_err "a full disk while the user key is made: exit 5" 5 "[Nn]o space left" \
-		env XDG_CONFIG_HOME="$S/cfg" LD_PRELOAD="$ENOSPC_SO" SFW_TEST_ENOSPC=user.pub \
+		env XDG_CONFIG_HOME="$S/cfg" LD_PRELOAD="$WF_SO" SFW_TEST_ENOSPC=user.pub \
 		$SALAFW quant "$D" -o "$S/uk1" --method rtn --no-verify --sign -q
 	check "... leaves no user.key without user.pub" test ! -e "$K/user.key"
 	check "... and no temporary file" bash -c "[ -z \"\$(ls -A '$K' 2>/dev/null)\" ]"
@@ -216,7 +246,7 @@ if ${CC:-cc} -shared -fPIC -o "$ENOSPC_SO" tests/shim/enospc.c -ldl 2>/dev/null;
 		minisign -V -q -p "$K/user.pub" -m "$S/uk2/.salafw/manifest.json"
 	check "... and salafw verify too" env XDG_CONFIG_HOME="$S/cfg" $SALAFW verify "$S/uk2"
 else
-	fail "cannot build the ENOSPC write wrapper (tests/shim/enospc.c)"
+	fail "cannot build the write wrapper (tests/shim/writefault.c)"
 fi
 
 check_report test_quant.sh
