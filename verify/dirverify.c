@@ -879,6 +879,19 @@ out:
 	return s;
 }
 
+enum sfw_status sfw_verified_commit(const char *dir, const struct sfw_verified *v, const struct sfw_trust_params *tp,
+				    struct sfw_err *err)
+{
+	/* the ratchet first: once a version is taken in, an older one never is
+	 * again, even when the folder's record below fails */
+	enum sfw_status s = sfw_manifest_ratchet_commit(v->m, tp, err);
+	if (s != SFW_OK || !v->man)
+		return s;
+	if ((s = sfw_state_install_manifest(dir, v->man, v->man_len, v->sig, v->sig_len, err)) != SFW_OK)
+		return s;
+	return sfw_state_record(dir, v->m, v->files, v->nfiles, err);
+}
+
 enum sfw_status sfw_state_read_manifest(const char *dir, struct sfw_buf *man, struct sfw_buf *sig,
 					struct sfw_err *err)
 {

@@ -262,6 +262,25 @@ SFW_MUST_CHECK enum sfw_status sfw_state_forget(const char *dir, const struct sf
  * sfw_state_read_manifest gives the old pair or the new one, never a mix. */
 SFW_MUST_CHECK enum sfw_status sfw_state_install_manifest(const char *dir, const void *man, size_t man_len,
 							  const void *sig, size_t sig_len, struct sfw_err *err);
+/* "Commit what was verified": the one step after a manifest verified and
+ * its files checked out, for `get` (every file downloaded and hashed) and
+ * `verify --manifest FILE` (every file of DIR matched). In this order:
+ * records manifest_version for the rollback ratchet (tp->state_dir as in
+ * sfw_manifest_verify); then, when man is not NULL, installs the signed
+ * pair man/sig as DIR/.salafw/manifest.json + .minisig
+ * (sfw_state_install_manifest) and records files[0..nfiles) in
+ * DIR/.salafw/state.json (sfw_state_record: each with ok and the id it had
+ * when hashed). man NULL: the ratchet only (`verify DIR` against the
+ * folder's own pair, whose state sfw_verify_dir records). */
+struct sfw_verified {
+	const struct sfw_manifest *m; /* as sfw_manifest_verify gave it */
+	const void *man, *sig;	      /* the exact signed bytes, or NULL */
+	size_t man_len, sig_len;
+	const struct sfw_state_file *files;
+	size_t nfiles;
+};
+SFW_MUST_CHECK enum sfw_status sfw_verified_commit(const char *dir, const struct sfw_verified *v,
+						   const struct sfw_trust_params *tp, struct sfw_err *err);
 /* The pair as installed (what `verify DIR` and the runner check); also
  * reads the plain layout of older versions. SFW_E_MISSING when absent,
  * SFW_E_PATH for a symlinked .salafw or file. */
