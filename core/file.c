@@ -298,6 +298,10 @@ enum sfw_status sfw_atomic_write(struct sfw_atomic *a, const void *p, size_t n, 
 	int fe = sfwi_fault("write", a->name ? a->name : a->path);
 	if (fe || sfw_write_all(a->fd, p, n) != 0) {
 		int e = fe ? fe : errno;
+		/* bytes from a map whose file was truncated: the kernel says
+		 * EFAULT where a read would fault; the guard names the file */
+		if (e == EFAULT && sfwi_map_guard_efault(p, n))
+			return sfw_map_check(err);
 		return sfw_fail(err, e == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s", a->tmp,
 				strerror(e));
 	}

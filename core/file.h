@@ -50,6 +50,10 @@ SFW_MUST_CHECK enum sfw_status sfw_map_check(struct sfw_err *err);
 /* The registry (sfw_map_open / sfw_map_close use them). */
 void sfwi_map_guard_add(const void *p, uint64_t size, const char *path);
 void sfwi_map_guard_remove(const void *p);
+/* A system call returned EFAULT for [p, p + n): when that lies in a
+ * registered map (a file truncated under it, which the kernel reports so
+ * instead of faulting), records it as a fault and returns 1. */
+int sfwi_map_guard_efault(const void *p, size_t n);
 
 struct sfw_atomic {
 	int fd;

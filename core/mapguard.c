@@ -11,6 +11,9 @@
  * reports it, and keeps reporting it: what the process computed from that
  * file is suspect until it is restarted. A fault anywhere else goes to the
  * handler before ours, or ends the process by SIGBUS as it would have.
+ * A system call given bytes of such a map (write(2) from it) gets EFAULT
+ * instead of a fault; sfwi_map_guard_efault records that the same way
+ * (sfw_atomic_write asks it).
  *
  * The handler touches only atomics, a static table and the mmap system
  * call (not on POSIX's async-signal-safe list, but a plain system call on
@@ -46,6 +49,19 @@ static atomic_int nfaults;
 static atomic_int fault_state; /* 0 none, 1 being written, 2 fault_path set */
 static char fault_path[GUARD_PATH];
 
+static void record(int i)
+{
+	int none = 0;
+	if (atomic_compare_exchange_strong(&fault_state, &none, 1)) {
+		size_t k = 0;
+		for (; k + 1 < GUARD_PATH && slots[i].path[k]; k++)
+			fault_path[k] = slots[i].path[k];
+		fault_path[k] = 0;
+		atomic_store(&fault_state, 2);
+	}
+	atomic_fetch_add(&nfaults, 1);
+}
+
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
 	int saved = errno;
@@ -59,15 +75,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
 			void *p = mmap((void *)pg, e - pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
 			if (p == MAP_FAILED)
 				break;
-			int none = 0;
-			if (atomic_compare_exchange_strong(&fault_state, &none, 1)) {
-				size_t k = 0;
-				for (; k + 1 < GUARD_PATH && slots[i].path[k]; k++)
-					fault_path[k] = slots[i].path[k];
-				fault_path[k] = 0;
-				atomic_store(&fault_state, 2);
-			}
-			atomic_fetch_add(&nfaults, 1);
+			record(i);
 			errno = saved;
 			return;
 		}
@@ -136,6 +144,24 @@ void sfwi_map_guard_remove(const void *p)
 			break;
 		}
 	pthread_mutex_unlock(&slots_mu);
+}
+
+int sfwi_map_guard_efault(const void *p, size_t n)
+{
+	uintptr_t a = (uintptr_t)p;
+	if (!p || !atomic_load(&installed))
+		return 0;
+	int found = 0;
+	pthread_mutex_lock(&slots_mu);
+	for (int i = 0; i < GUARD_SLOTS && !found; i++) {
+		uintptr_t s = atomic_load(&slots[i].start), e = atomic_load(&slots[i].end);
+		if (s != 0 && a >= s && a < e && n <= e - a) {
+			record(i);
+			found = 1;
+		}
+	}
+	pthread_mutex_unlock(&slots_mu);
+	return found;
 }
 
 int sfw_map_faults(void)

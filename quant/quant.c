@@ -614,6 +614,10 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 		}
 		if (s == SFW_OK && sh == 0)
 			s = unpublish(out_dir, err);
+		/* an input truncated under us reads as zeros (core/file.h): never
+		 * a shard made of them */
+		if (s == SFW_OK)
+			s = sfw_map_check(err);
 		if (s == SFW_OK)
 			s = sfw_st_writer_commit(w, err);
 		sfw_st_writer_free(w);
@@ -895,7 +899,8 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 			goto done;
 		}
 	}
-	if ((s = write_json(out_dir, "config.json", cj, err)) != SFW_OK) /* last: the model is complete */
+	if ((s = sfw_map_check(err)) != SFW_OK ||
+	    (s = write_json(out_dir, "config.json", cj, err)) != SFW_OK) /* last: the model is complete */
 		goto done;
 	remove_stale(out_dir, pl.n_shards, p->force);
 	partial_clear(out_dir); /* last: OUT holds a complete model */

@@ -251,6 +251,21 @@ static void test_map_guard(void)
 	      "sfw_map_check names the file: %s", e.msg);
 	sfw_map_close(&m);
 	CHECK(sfw_map_check(&e) == SFW_E_IO, "and keeps saying so after the map is closed");
+	/* a write from a truncated map: the kernel says EFAULT (no fault to
+	 * catch); the atomic writer names it as the guard does */
+	int n0 = sfw_map_faults();
+	struct sfw_map m3;
+	struct sfw_atomic at;
+	char *out = sfw_path_join(dir, "out.bin");
+	CHECK(out && sfw_write_file_atomic(f, src, n, &e) == SFW_OK && sfw_map_open(&m3, f, &e) == SFW_OK &&
+		  truncate(f, 4096) == 0 && sfw_atomic_open(&at, out, &e) == SFW_OK,
+	      "map a file again, truncate it");
+	st = sfw_atomic_write(&at, m3.data + 16 * 4096, 4096, &e);
+	CHECK(st == SFW_E_IO && strstr(e.msg, "was truncated while mapped") && sfw_map_faults() == n0 + 1,
+	      "writing bytes of a truncated map is reported as the guard reports a fault: %s", e.msg);
+	sfw_atomic_abort(&at);
+	sfw_map_close(&m3);
+	sfw_free(out);
 	/* a fault outside every guarded map: the process dies of it */
 	fflush(NULL);
 	pid_t pid = fork();

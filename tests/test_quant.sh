@@ -222,6 +222,19 @@ if ${CC:-cc} -shared -fPIC -o "$WF_SO" tests/shim/writefault.c -ldl 2>/dev/null;
 		fail "SIGKILL at config.json: exit $rc"
 	check "the rerun after it succeeds (not 'already holds a model')" $SALAFW quant "$D" -o "$S/qk2" --method rtn --no-verify -q
 	check "... complete" complete "$S/qk2"
+	# an input shard truncated by another program while quant reads it: an
+	# error naming it (exit 5, not SIGBUS), and no output made of zeros
+	mkdir -p "$S/tin"
+	cp "$D/config.json" "$D/model.safetensors" "$S/tin/" && chmod u+w "$S/tin"/*
+	check_err "an input truncated while quant reads it: exit 5 naming it" 5 \
+		"'$S/tin/model.safetensors' was truncated while mapped" \
+		env LD_PRELOAD="$WF_SO" SFW_TEST_TRUNCATE_AT="/qt/model-00001-of-00001.safetensors.tmp" \
+		SFW_TEST_TRUNCATE="$S/tin/model.safetensors" SFW_TEST_TRUNCATE_SIZE=100000 \
+		$SALAFW quant "$S/tin" -o "$S/qt" --method rtn --no-verify -q
+	check "... and no shard or config.json in OUT" bash -c "[ -z \"\$(ls '$S/qt')\" ]"
+	cp "$D/model.safetensors" "$S/tin/"
+	check "... the rerun with the file restored makes the model" $SALAFW quant "$S/tin" -o "$S/qt" --method rtn --no-verify -q
+	check "... complete" complete "$S/qt"
 	mkdir -p "$S/foreign"
 	echo '{"weight_map": {}}' > "$S/foreign/model.safetensors.index.json"
 	check_err "a foreign OUT with a model index is still refused" 5 "already holds a model" \
