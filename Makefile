@@ -181,6 +181,13 @@ fuzz: $(FUZZ_BINS)
 $(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lpthread -lm
+# fuzz_tokenizer also links the tokenizer (C++ over libsentencepiece).
+$(FUZZ_BUILD)/tokenizer.o: formats/tokenizer.cpp
+	@mkdir -p $(dir $@)
+	clang++ -std=c++17 -O1 -g $(DEFS) $(INCLUDES) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+$(FUZZ_BUILD)/fuzz_tokenizer: tests/fuzz/fuzz_tokenizer.c $(FUZZ_LIB_SRCS) $(FUZZ_BUILD)/tokenizer.o
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -fsanitize-link-c++-runtime -o $@ $^ -lsentencepiece -lstdc++ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lpthread -lm
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.cuh')

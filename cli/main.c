@@ -1,7 +1,9 @@
 /* salafw - get, verify, quantize and run MiniCPM-SALA. */
 #include "cli.h"
+#include "verify/verify.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A subcommand missing from a partial build resolves to NULL. */
@@ -111,6 +113,27 @@ static int finish(int rc)
 	return rc;
 }
 
+/* verify/ reads no environment: its per-user folders come from here. The
+ * rollback state: $SALAFW_STATE_DIR, else $XDG_STATE_HOME/salafw, else
+ * ~/.local/state/salafw; the user's key pair: $XDG_CONFIG_HOME/salafw, else
+ * ~/.config/salafw (XDG values must be absolute paths, as the spec says). */
+static void set_verify_dirs(void)
+{
+	char state[4096] = "", keys[4096] = "";
+	const char *h = getenv("HOME"), *e = getenv("SALAFW_STATE_DIR"), *x = getenv("XDG_STATE_HOME");
+	if (e && *e)
+		snprintf(state, sizeof(state), "%s", e);
+	else if (x && *x == '/')
+		snprintf(state, sizeof(state), "%s/salafw", x);
+	else if (h && *h)
+		snprintf(state, sizeof(state), "%s/.local/state/salafw", h);
+	if ((x = getenv("XDG_CONFIG_HOME")) && *x == '/')
+		snprintf(keys, sizeof(keys), "%s/salafw", x);
+	else if (h && *h)
+		snprintf(keys, sizeof(keys), "%s/.config/salafw", h);
+	sfw_verify_set_dirs(state, keys);
+}
+
 static const struct command *find(const char *name)
 {
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
@@ -152,6 +175,7 @@ int main(int argc, char **argv)
 			return SFW_EXIT_USAGE;
 		}
 		cli_interrupt_install();
+		set_verify_dirs();
 		return finish(c->fn(argc - 1, argv + 1));
 	}
 	fprintf(stderr, "salafw: '%s' is not a salafw command (see 'salafw --help')\n", argv[1]);

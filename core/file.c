@@ -102,6 +102,7 @@ enum sfw_status sfw_map_open(struct sfw_map *m, const char *path, struct sfw_err
 		}
 		m->data = p;
 		m->size = (uint64_t)st.st_size;
+		sfwi_map_guard_add(p, m->size, path);
 	}
 	close(fd);
 	return SFW_OK;
@@ -119,8 +120,10 @@ void sfw_map_release(const void *p, uint64_t n)
 
 void sfw_map_close(struct sfw_map *m)
 {
-	if (m->data)
+	if (m->data) {
+		sfwi_map_guard_remove(m->data);
 		munmap((void *)m->data, (size_t)m->size);
+	}
 	m->data = NULL;
 	m->size = 0;
 }
@@ -295,6 +298,10 @@ enum sfw_status sfw_atomic_write(struct sfw_atomic *a, const void *p, size_t n, 
 	int fe = sfwi_fault("write", a->name ? a->name : a->path);
 	if (fe || sfw_write_all(a->fd, p, n) != 0) {
 		int e = fe ? fe : errno;
+		/* bytes from a map whose file was truncated: the kernel says
+		 * EFAULT where a read would fault; the guard names the file */
+		if (e == EFAULT && sfwi_map_guard_efault(p, n))
+			return sfw_map_check(err);
 		return sfw_fail(err, e == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s", a->tmp,
 				strerror(e));
 	}

@@ -21,8 +21,12 @@ SFW_MUST_CHECK enum sfw_status sfw_read_file(const char *path, size_t max, struc
 
 /* Read-only mapping of a whole file. size 0 files map to data == NULL.
  * The map reads the file as it is now: if another program truncates it in
- * place while it is mapped, a later read past the new end raises SIGBUS
- * (salafw's own writers replace files by rename, which is safe). */
+ * place while it is mapped, a later read past the new end faults (salafw's
+ * own writers replace files by rename, which is safe). The fault guard
+ * (core/mapguard.c) catches that fault: every map is registered, the first
+ * installs a SIGBUS handler (chained to the one before it), and a fault
+ * inside a map makes the rest of that map read as zeros and is recorded;
+ * a fault anywhere else is the earlier handler's, or the default's. */
 struct sfw_map {
 	const unsigned char *data;
 	uint64_t size;
@@ -35,6 +39,21 @@ void sfw_map_close(struct sfw_map *m);
  * For a reader done with a range (an upload, a written tensor); advice
  * only, a failure costs memory, not data. */
 void sfw_map_release(const void *p, uint64_t n);
+
+/* How many faults the guard caught (sticky: never reset). */
+int sfw_map_faults(void);
+/* SFW_OK while no mapped file changed under the process; once one did,
+ * SFW_E_IO "'PATH' was truncated while mapped ..." on every call: what was
+ * computed from the map is suspect until the process restarts. For the
+ * engine to check after each step. */
+SFW_MUST_CHECK enum sfw_status sfw_map_check(struct sfw_err *err);
+/* The registry (sfw_map_open / sfw_map_close use them). */
+void sfwi_map_guard_add(const void *p, uint64_t size, const char *path);
+void sfwi_map_guard_remove(const void *p);
+/* A system call returned EFAULT for [p, p + n): when that lies in a
+ * registered map (a file truncated under it, which the kernel reports so
+ * instead of faulting), records it as a fault and returns 1. */
+int sfwi_map_guard_efault(const void *p, size_t n);
 
 struct sfw_atomic {
 	int fd;

@@ -614,6 +614,10 @@ static enum sfw_status write_shards(const char *out_dir, struct plan *pl, struct
 		}
 		if (s == SFW_OK && sh == 0)
 			s = unpublish(out_dir, err);
+		/* an input truncated under us reads as zeros (core/file.h): never
+		 * a shard made of them */
+		if (s == SFW_OK)
+			s = sfw_map_check(err);
 		if (s == SFW_OK)
 			s = sfw_st_writer_commit(w, err);
 		sfw_st_writer_free(w);
@@ -689,6 +693,93 @@ static void remove_stale(const char *out_dir, int n_shards, int force)
 	closedir(d);
 }
 
+/* ---- OUT/.salafw/quant.partial: a run's own incomplete output ---------------
+ * Written before anything of a run lands in OUT, removed once config.json
+ * is in place. A run that finds it knows OUT holds what an earlier run of
+ * quant left when it was killed or ran out of space: it takes OUT over
+ * without --force and removes that run's temporary files. Without it, a
+ * model in OUT is someone else's and is refused. */
+#define PARTIAL_DIR ".salafw"
+#define PARTIAL_NAME "quant.partial"
+
+static int partial_marked(const char *out)
+{
+	char *d = sfw_path_join(out, PARTIAL_DIR), *f = sfw_path_join(out, PARTIAL_DIR "/" PARTIAL_NAME);
+	struct stat a, b;
+	int yes = d && f && lstat(d, &a) == 0 && S_ISDIR(a.st_mode) && lstat(f, &b) == 0 && S_ISREG(b.st_mode);
+	sfw_free(d);
+	sfw_free(f);
+	return yes;
+}
+
+static enum sfw_status partial_mark(const char *out, struct sfw_err *err)
+{
+	static const char text[] = "salafw quant: this folder holds an incomplete output; a rerun of salafw quant "
+				   "replaces it (this file goes when the model is complete)\n";
+	int dfd = -1, sfd = -1;
+	char shown[PATH_MAX];
+	snprintf(shown, sizeof(shown), "%s/" PARTIAL_DIR "/" PARTIAL_NAME, out);
+	enum sfw_status s = sfw_dir_open(out, &dfd, err);
+	if (s == SFW_OK)
+		s = sfw_dir_openat(dfd, out, PARTIAL_DIR, SFW_DIR_CREATE | SFW_DIR_OWNED, &sfd, err);
+	if (s == SFW_OK)
+		s = sfw_write_file_atomicat(sfd, PARTIAL_NAME, shown, text, sizeof(text) - 1, err);
+	if (sfd >= 0)
+		close(sfd);
+	if (dfd >= 0)
+		close(dfd);
+	return s;
+}
+
+static void partial_clear(const char *out)
+{
+	char *f = sfw_path_join(out, PARTIAL_DIR "/" PARTIAL_NAME);
+	if (f && unlink(f) != 0 && errno != ENOENT)
+		sfw_log(SFW_LOG_WARN, "cannot remove '%s': %s", f, strerror(errno));
+	sfw_free(f);
+}
+
+/* "NAME.tmp.<pid>.<n>" (core/file.h's temporary names) of a file quant
+ * writes: a shard, the index, config.json or a copied side file. */
+static int own_tmp(const char *nm)
+{
+	const char *t = strstr(nm, ".tmp.");
+	if (!t || t == nm)
+		return 0;
+	const char *q = t + 5;
+	size_t a = strspn(q, "0123456789");
+	if (a == 0 || q[a] != '.' || strspn(q + a + 1, "0123456789") == 0 || q[a + 1 + strspn(q + a + 1, "0123456789")])
+		return 0;
+	char base[256];
+	if ((size_t)(t - nm) >= sizeof(base))
+		return 0;
+	memcpy(base, nm, (size_t)(t - nm));
+	base[t - nm] = 0;
+	int x, y;
+	char tail[32];
+	int shard = !strcmp(base, "model.safetensors") ||
+		    (sscanf(base, "model-%5d-of-%5d%31s", &x, &y, tail) == 3 && !strcmp(tail, ".safetensors"));
+	return shard || !strcmp(base, "config.json") || !strcmp(base, INDEX_NAME) || side_file(base);
+}
+
+static void sweep_own_tmp(const char *out)
+{
+	DIR *d = opendir(out);
+	if (!d)
+		return;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		if (!own_tmp(de->d_name))
+			continue;
+		char *path = sfw_path_join(out, de->d_name);
+		struct stat st;
+		if (path && lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) != 0)
+			sfw_log(SFW_LOG_WARN, "cannot remove '%s': %s", path, strerror(errno));
+		sfw_free(path);
+	}
+	closedir(d);
+}
+
 static enum sfw_status check_dirs(const char *in, const char *out, int force, struct sfw_err *err)
 {
 	enum sfw_status s = sfw_mkdirs(out, err);
@@ -701,6 +792,11 @@ static enum sfw_status check_dirs(const char *in, const char *out, int force, st
 		return sfw_fail(err, SFW_E_IO, "cannot resolve '%s': %s", out, strerror(errno));
 	if (strcmp(a, b) == 0)
 		return sfw_fail(err, SFW_E_INVAL, "output directory '%s' is the input directory", out);
+	if (partial_marked(out)) { /* an earlier run's incomplete output: ours to replace */
+		sfw_log(SFW_LOG_INFO, "'%s' holds the incomplete output of an earlier quant: replacing it", out);
+		sweep_own_tmp(out);
+		return SFW_OK;
+	}
 	const char *probe[] = {"config.json", INDEX_NAME, "model.safetensors"};
 	for (size_t i = 0; !force && i < sizeof(probe) / sizeof(probe[0]); i++) {
 		char *pth = sfw_path_join(out, probe[i]);
@@ -744,7 +840,7 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 			     in_dir);
 		goto done;
 	}
-	if ((s = check_dirs(in_dir, out_dir, p->force, err)) != SFW_OK)
+	if ((s = check_dirs(in_dir, out_dir, p->force, err)) != SFW_OK || (s = partial_mark(out_dir, err)) != SFW_OK)
 		goto done;
 	if ((s = sfw_st_set_open(in_dir, &set, err)) != SFW_OK)
 		goto done;
@@ -803,9 +899,11 @@ enum sfw_status sfw_quant_run(const char *in_dir, const char *out_dir, const str
 			goto done;
 		}
 	}
-	if ((s = write_json(out_dir, "config.json", cj, err)) != SFW_OK) /* last: the model is complete */
+	if ((s = sfw_map_check(err)) != SFW_OK ||
+	    (s = write_json(out_dir, "config.json", cj, err)) != SFW_OK) /* last: the model is complete */
 		goto done;
 	remove_stale(out_dir, pl.n_shards, p->force);
+	partial_clear(out_dir); /* last: OUT holds a complete model */
 	st->seconds_total = sfw_now_s() - t0;
 done:
 	if (wc.rowbuf)

@@ -25,6 +25,7 @@
  * context that has no cache of its own. */
 #include "runner/model.h"
 #include "alloc.h"
+#include "file.h"
 #include "log.h"
 #include "runner/runner.h"
 
@@ -783,7 +784,8 @@ static enum sfw_status op_failure(struct sfw_backend *be, enum sfw_status s, str
 		if (err)
 			*err = fe;
 	}
-	return s;
+	/* a mapped weight file truncated under us read as zeros (core/file.h) */
+	return s == SFW_OK ? sfw_map_check(err) : s;
 }
 
 static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
@@ -815,6 +817,8 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	struct sfw_err stale = {0}; /* a stale flag belongs to a call that already failed */
 	if (be->take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
+	if ((s = sfw_map_check(err)) != SFW_OK)
+		return s;
 	if (n == 0)
 		return sfw_fail(err, SFW_E_INVAL, "no tokens to process");
 	for (size_t i = 0; i < n; i++)
@@ -908,8 +912,10 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 	struct sfw_err stale = {0};
 	if (be->take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
+	enum sfw_status s = sfw_map_check(err);
+	if (s != SFW_OK)
+		return s;
 	be->from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
-	enum sfw_status s;
 	/* every row a decode row whose logits are wanted: a step the backend
 	 * may record for its batch-size bucket (be->step_seqs) */
 	int seqs_step = brec && np >= 2 && R == np && nl == np;

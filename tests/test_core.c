@@ -15,7 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void test_status(void)
@@ -205,6 +209,95 @@ static void test_map_release(void)
 	sfw_free(f);
 }
 
+/* Ended by a SIGBUS the guard passed on: by the signal itself, or (SAN=1)
+ * by the handler installed before the guard's, the sanitizer's, which
+ * reports it and exits 1; never by going on (exit codes 3 to 5 below). */
+static int died_of_sigbus(int ws)
+{
+	return WIFSIGNALED(ws) ? WTERMSIG(ws) == SIGBUS : WIFEXITED(ws) && WEXITSTATUS(ws) == 1;
+}
+
+/* The fault guard: a map whose file is truncated under it reads zeros past
+ * the new end instead of killing the process, and the fault is reported
+ * (naming the file) from then on; a fault outside any map still ends the
+ * process by SIGBUS (a child shows it). */
+static void test_map_guard(void)
+{
+	char dir[] = "/tmp/sfw-core-XXXXXX";
+	CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+	char *f = sfw_path_join(dir, "shard.bin"), *g = sfw_path_join(dir, "other.bin");
+	const size_t n = 64 * 4096;
+	unsigned char *src = sfw_malloc(n);
+	CHECK(f && g && src, "alloc");
+	if (!f || !g || !src)
+		return;
+	memset(src, 0xA5, n);
+	struct sfw_err e = {0};
+	CHECK(sfw_write_file_atomic(f, src, n, &e) == SFW_OK && sfw_write_file_atomic(g, src, n, &e) == SFW_OK,
+	      "write two files");
+	CHECK(sfw_map_faults() == 0 && sfw_map_check(&e) == SFW_OK, "no fault yet");
+	struct sfw_map m;
+	CHECK(sfw_map_open(&m, f, &e) == SFW_OK && m.size == n, "map it");
+	CHECK(m.data[0] == 0xA5 && m.data[n - 1] == 0xA5, "reads the file");
+	CHECK(truncate(f, 8 * 4096) == 0, "another program truncates it");
+	volatile const unsigned char *d = m.data;
+	unsigned sum_before = d[8 * 4096 - 1], sum_after = 0;
+	for (size_t i = 8 * 4096; i < n; i += 512)
+		sum_after += d[i]; /* faulted without the guard: SIGBUS */
+	CHECK(sum_before == 0xA5 && sum_after == 0, "the map reads on: the file's bytes, then zeros past its end");
+	CHECK(sfw_map_faults() >= 1, "the fault is counted (%d)", sfw_map_faults());
+	enum sfw_status st = sfw_map_check(&e);
+	CHECK(st == SFW_E_IO && strstr(e.msg, f) && strstr(e.msg, "was truncated while mapped"),
+	      "sfw_map_check names the file: %s", e.msg);
+	sfw_map_close(&m);
+	CHECK(sfw_map_check(&e) == SFW_E_IO, "and keeps saying so after the map is closed");
+	/* a write from a truncated map: the kernel says EFAULT (no fault to
+	 * catch); the atomic writer names it as the guard does */
+	int n0 = sfw_map_faults();
+	struct sfw_map m3;
+	struct sfw_atomic at;
+	char *out = sfw_path_join(dir, "out.bin");
+	CHECK(out && sfw_write_file_atomic(f, src, n, &e) == SFW_OK && sfw_map_open(&m3, f, &e) == SFW_OK &&
+		  truncate(f, 4096) == 0 && sfw_atomic_open(&at, out, &e) == SFW_OK,
+	      "map a file again, truncate it");
+	st = sfw_atomic_write(&at, m3.data + 16 * 4096, 4096, &e);
+	CHECK(st == SFW_E_IO && strstr(e.msg, "was truncated while mapped") && sfw_map_faults() == n0 + 1,
+	      "writing bytes of a truncated map is reported as the guard reports a fault: %s", e.msg);
+	sfw_atomic_abort(&at);
+	sfw_map_close(&m3);
+	sfw_free(out);
+	/* a fault outside every guarded map: the process dies of it */
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		int fd = open(g, O_RDONLY);
+		const volatile unsigned char *p = mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0);
+		if (fd < 0 || p == MAP_FAILED || ftruncate(open(g, O_WRONLY), 0) != 0)
+			_exit(3);
+		_exit(p[n - 1] == 0xA5 ? 4 : 5);
+	}
+	int ws = 0;
+	CHECK(pid > 0 && waitpid(pid, &ws, 0) == pid && died_of_sigbus(ws),
+	      "a fault outside the maps still raises SIGBUS (status %#x)", ws);
+	/* a SIGBUS someone sends is not the guard's either */
+	pid = fork();
+	if (pid == 0) {
+		struct sfw_map m2;
+		if (sfw_map_open(&m2, f, &e) != SFW_OK)
+			_exit(3);
+		raise(SIGBUS);
+		_exit(4);
+	}
+	CHECK(pid > 0 && waitpid(pid, &ws, 0) == pid && died_of_sigbus(ws),
+	      "a sent SIGBUS still ends the process (status %#x)", ws);
+	unlink(f);
+	unlink(g);
+	rmdir(dir);
+	sfw_free(f);
+	sfw_free(g);
+	sfw_free(src);
+}
+
 static atomic_long sum;
 static void add_range(void *ctx, size_t b, size_t e, int tid)
 {
@@ -287,6 +380,7 @@ int main(void)
 	test_json();
 	test_files();
 	test_map_release();
+	test_map_guard();
 	test_parallel();
 	test_pool();
 	return CHECK_REPORT("test_core");

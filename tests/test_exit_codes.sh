@@ -2,7 +2,7 @@
 # test_exit_codes.sh - one exit code and one wording per condition, in every
 # command (README "Exit codes"): a missing input file (5, "cannot open
 # 'PATH'"), a directory with no signed manifest (1, "has no signed
-# manifest"), an existing output (5, "already ... --force"), disk full (5,
+# manifest"), a file whose bytes differ (1, "sha256 mismatch"), an existing output (5, "already ... --force"), disk full (5,
 # "No space left on device": a real full tmpfs where mounting is allowed,
 # /dev/full always), an interrupt (130 for SIGINT, 143 for SIGTERM, "interrupted
 # by SIG..."; no *.tmp.* file left, a partial download kept and resumed).
@@ -71,6 +71,19 @@ check_err "score" 1 "$W" "$S" score "$T/u" --ids "$T/ids.txt" -o "$T/s.st"
 check_err "bench" 1 "$W" "$S" bench "$T/u" --prompt 4 --gen 1
 check_err "quant" 1 "$W" "$S" quant "$T/u" -o "$T/q1" --method rtn
 
+# ---- a file whose bytes differ: 1, "sha256 mismatch", the same words in ----
+# verify's error, its file line and --json, as in get's (tests/test_get.sh)
+cp -r "$T/m" "$T/mw"
+f=$(ls "$T/mw"/model-*.safetensors | head -n 1)
+printf 'X' | dd of="$f" bs=1 seek=100 conv=notrunc 2>/dev/null
+check_err "verify, a changed file: exit 1" 1 "$(basename "$f")': sha256 mismatch" "$S" verify "$T/mw" -P "$T/k.pub"
+"$S" verify "$T/mw" -P "$T/k.pub" > "$T/mw.txt" 2>/dev/null
+check "... its line says sha256 mismatch" grep -q "^sha256 mismatch  *$(basename "$f")$" "$T/mw.txt"
+"$S" verify "$T/mw" -P "$T/k.pub" --json > "$T/mw.json" 2>/dev/null
+check "... and so does --json" grep -q '"status":[[:space:]]*"sha256 mismatch"' "$T/mw.json"
+check "... no other wording anywhere" bash -c "! grep -qi 'hash mismatch' '$T/mw.txt' '$T/mw.json'"
+rm -rf "$T/mw"
+
 # ---- an existing output: 5, "already ... (use --force ...)" --------------
 W="already (exists|holds).*--force"
 check_err "keygen over a key" 5 "$W" "$S" keygen --pubkey-out "$T/k.pub" -s "$T/k2.key"
@@ -83,6 +96,17 @@ check_err "manifest to a full stdout" 5 "$W" sh -c "'$S' manifest '$T/m' --repo 
 check_err "verify to a full stdout" 5 "$W" sh -c "'$S' verify '$T/m' -P '$T/k.pub' > /dev/full"
 check_err "keygen to a full stdout" 5 "$W" sh -c "'$S' keygen --pubkey-out '$T/k3.pub' -s '$T/k3.key' > /dev/full"
 check_err "run to a full stdout" 5 "$W" sh -c "'$S' run '$T/m' -P '$T/k.pub' -p hi -n 2 --greedy > /dev/full"
+# a key pair is one unit: a write wrapper fails the public key's writes
+# with ENOSPC; neither file stays (a lone secret key blocked every retry)
+if ${CC:-cc} -shared -fPIC -o "$T/writefault.so" tests/shim/writefault.c -ldl 2>/dev/null; then
+	check_err "keygen, the disk full at the public key" 5 "$W" \
+		env LD_PRELOAD="$T/writefault.so" SFW_TEST_ENOSPC=kf.pub "$S" keygen --pubkey-out "$T/kf.pub" -s "$T/kf.key"
+	check "... leaves neither key file, nor a temporary one" \
+		bash -c "[ ! -e '$T/kf.key' ] && [ ! -e '$T/kf.pub' ] && [ -z \"\$(ls '$T' | grep '^kf')\" ]"
+	check "... and keygen then makes the pair" "$S" keygen --pubkey-out "$T/kf.pub" -s "$T/kf.key"
+else
+	fail "cannot build the write wrapper (tests/shim/writefault.c)"
+fi
 mkdir -p "$T/full"
 if mount -t tmpfs -o size=4m tmpfs "$T/full" 2>/dev/null; then
 	MNT=$T/full

@@ -410,17 +410,19 @@ static void test_trust(void)
 	struct sfw_trust_params pk = p;
 	pk.keys = &k2.pk;
 	CHECK(trust(tk, sk, &pk, NULL, &err) == SFW_OK, "ratchet is per key id: %s", err.msg);
-	/* The default state dir follows SALAFW_STATE_DIR. */
+	/* NULL: the state dir the program gave (sfw_verify_set_dirs); the
+	 * library itself reads no environment */
 	char envdir[400];
 	snprintf(envdir, sizeof(envdir), "%s/envstate", tmp);
-	setenv("SALAFW_STATE_DIR", envdir, 1);
+	setenv("SALAFW_STATE_DIR", tmp, 1); /* ignored */
+	sfw_verify_set_dirs(envdir, NULL);
 	struct sfw_trust_params pz = p;
 	pz.state_dir = NULL;
 	CHECK(trust(t2, s2, &pz, &m, &err) == SFW_OK && sfw_manifest_ratchet_commit(&m, &pz, &err) == SFW_OK,
 	      "commit to default state dir");
 	sfw_manifest_release(&m);
 	snprintf(rpath, sizeof(rpath), "%s/trusted/org--tiny.%s.json", envdir, k.id);
-	CHECK(access(rpath, R_OK) == 0, "SALAFW_STATE_DIR honoured");
+	CHECK(access(rpath, R_OK) == 0, "the given state dir is used, not the environment's");
 	CHECK(trust(t, sig, &pz, NULL, &err) == SFW_E_MANIFEST, "rollback via default state dir");
 	sfw_free(t);
 	sfw_free(sig);

@@ -11,6 +11,7 @@
 #include "buf.h"
 #include "file.h"
 
+#include <errno.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -523,6 +524,103 @@ static void test_publisher(void)
 	      "encrypted key refused: %s", err.msg);
 }
 
+/* ---- a key pair as one unit, and the user key's repair ------------------------ */
+
+static const char *fail_name; /* writes to a path ending so fail with ENOSPC */
+static int enospc_hook(const char *op, const char *name)
+{
+	size_t a = strlen(name), b = fail_name ? strlen(fail_name) : 0;
+	return fail_name && strcmp(op, "write") == 0 && a >= b && strcmp(name + a - b, fail_name) == 0 ? ENOSPC : 0;
+}
+
+static int exists(const char *p)
+{
+	return access(p, F_OK) == 0;
+}
+
+static int no_tmp_in(const char *dir)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -q '\\.tmp\\.'", dir);
+	return system(cmd) != 0;
+}
+
+static void test_pair_unit(void)
+{
+	char d[300], pub[400], sec[400];
+	snprintf(d, sizeof(d), "%s/pair", tmpdir);
+	snprintf(pub, sizeof(pub), "%s/u.pub", d);
+	snprintf(sec, sizeof(sec), "%s/u.key", d);
+	struct sfw_err err = {0};
+	CHECK(sfw_mkdirs(d, &err) == SFW_OK, "mkdir");
+	sfwi_fault_hook = enospc_hook;
+	const char *which[2] = {"/u.pub", "/u.key"};
+	for (int i = 0; i < 2; i++) {
+		fail_name = which[i];
+		enum sfw_status s = sfw_keygen(pub, sec, 0, &err);
+		CHECK(s == SFW_E_NOSPACE && !exists(pub) && !exists(sec) && no_tmp_in(d),
+		      "a full disk at %s leaves neither key file (%s)", which[i] + 1, err.msg);
+	}
+	sfwi_fault_hook = NULL;
+	fail_name = NULL;
+	CHECK(sfw_keygen(pub, sec, 0, &err) == SFW_OK && exists(pub) && exists(sec), "then keygen makes the pair");
+	/* the public half a secret key carries is the pair's public key, byte for byte */
+	struct sfw_seckey sk;
+	struct sfw_pubkey pk, derived;
+	struct sfw_buf orig, again;
+	char pub2[400];
+	snprintf(pub2, sizeof(pub2), "%s/derived.pub", d);
+	CHECK(sfw_seckey_load(sec, &sk, &err) == SFW_OK && sfw_pubkey_load(pub, &pk, &err) == SFW_OK, "load");
+	sfw_seckey_pubkey(&sk, &derived);
+	CHECK(memcmp(&derived, &pk, sizeof(pk)) == 0, "sfw_seckey_pubkey gives the pair's public key");
+	CHECK(sfw_pubkey_write(pub2, &derived, &err) == SFW_OK && sfw_read_file(pub, 4096, &orig, &err) == SFW_OK &&
+		  sfw_read_file(pub2, 4096, &again, &err) == SFW_OK && orig.len == again.len &&
+		  memcmp(orig.data, again.data, orig.len) == 0,
+	      "sfw_pubkey_write writes keygen's file again");
+	sfw_buf_release(&orig);
+	sfw_buf_release(&again);
+
+	/* the user key: folders given, never read from the environment */
+	char kd[300], upub[400], ukey[400];
+	snprintf(kd, sizeof(kd), "%s/cfg", tmpdir);
+	snprintf(upub, sizeof(upub), "%s/user.pub", kd);
+	snprintf(ukey, sizeof(ukey), "%s/user.key", kd);
+	setenv("XDG_CONFIG_HOME", d, 1); /* ignored */
+	sfw_verify_set_dirs(NULL, kd);
+	char *kp = sfw_userkey_path(1);
+	CHECK(kp && strcmp(kp, ukey) == 0, "the key path is in the folder given: %s", kp ? kp : "(null)");
+	sfw_free(kp);
+	int created = 0;
+	struct sfw_pubkey u1, u2;
+	CHECK(sfw_userkey_ensure(&sk, &u1, &created, &err) == SFW_OK && created && exists(ukey) && exists(upub),
+	      "ensure makes the pair: %s", err.msg);
+	CHECK(sfw_read_file(upub, 4096, &orig, &err) == SFW_OK, "read user.pub");
+	unlink(upub);
+	CHECK(sfw_userkey_ensure(&sk, &u2, &created, &err) == SFW_OK && !created &&
+		  memcmp(&u1, &u2, sizeof(u1)) == 0,
+	      "a lone user.key: user.pub written again from it: %s", err.msg);
+	CHECK(sfw_read_file(upub, 4096, &again, &err) == SFW_OK && orig.len == again.len &&
+		  memcmp(orig.data, again.data, orig.len) == 0,
+	      "... byte for byte the file it had");
+	sfw_buf_release(&again);
+	static const char bad[] = "untrusted comment: x\nRWQ=\n";
+	CHECK(sfw_write_file_atomic(upub, bad, sizeof(bad) - 1, &err) == SFW_OK, "damage user.pub");
+	CHECK(sfw_userkey_ensure(&sk, &u2, &created, &err) == SFW_OK && memcmp(&u1, &u2, sizeof(u1)) == 0 &&
+		  sfw_read_file(upub, 4096, &again, &err) == SFW_OK && again.len == orig.len,
+	      "a damaged user.pub is written again too");
+	sfw_buf_release(&again);
+	sfw_buf_release(&orig);
+	unlink(upub);
+	unlink(ukey);
+	CHECK(sfw_pubkey_write(upub, &pk, &err) == SFW_OK, "a lone user.pub");
+	CHECK(sfw_userkey_ensure(&sk, &u2, &created, &err) == SFW_OK && created && memcmp(&u2, &pk, sizeof(pk)) != 0,
+	      "a lone user.pub is replaced by a new pair: %s", err.msg);
+	sfw_verify_set_dirs(NULL, NULL);
+	CHECK(sfw_userkey_ensure(&sk, &u2, &created, &err) == SFW_E_IO && sfw_userkey_path(0) == NULL,
+	      "no folder given: no user key (%s)", err.msg);
+	sodium_memzero(&sk, sizeof(sk));
+}
+
 int main(void)
 {
 	if (sodium_init() < 0) {
@@ -540,6 +638,7 @@ int main(void)
 	test_pubkeys();
 	test_signatures();
 	test_publisher();
+	test_pair_unit();
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)

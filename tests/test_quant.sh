@@ -192,4 +192,74 @@ for b in "b4:4-bit weights are not supported" "basym:asymmetric int8" "bawq:quan
 		$SALAFW score "$S/${b%%:*}" --ids "$D/golden_f32.safetensors" -o "$S/b.safetensors" --no-verify
 done
 
+# ---- the user's key pair is one unit: a full disk while it is made (a write
+# wrapper fails every write to user.pub with ENOSPC) leaves neither file,
+# so the next run makes the pair; a lone user.key gets its user.pub back
+# (derived from the secret key), which minisign accepts for the signature
+WF_SO=$S/writefault.so
+if ${CC:-cc} -shared -fPIC -o "$WF_SO" tests/shim/writefault.c -ldl 2>/dev/null; then
+	# ---- an interrupted or out-of-space quant: the rerun takes its own
+	# incomplete OUT over (OUT/.salafw/quant.partial says it is one) and
+	# sweeps its temporary files; a foreign model in OUT is still refused
+	notmp() { [ -z "$(find "$1" -name '*.tmp.*' ! -name 'notes.bin.tmp.1.2' 2>/dev/null)" ]; }
+	complete() { [ -f "$1/config.json" ] && grep -q quantization_config "$1/config.json" && [ ! -e "$1/.salafw/quant.partial" ] && notmp "$1"; }
+	check_err "disk full at OUT/config.json: exit 5" 5 "[Nn]o space left" \
+		env LD_PRELOAD="$WF_SO" SFW_TEST_ENOSPC="/qf/config.json.tmp" $SALAFW quant "$D" -o "$S/qf" --method rtn --no-verify -q
+	check_err "the rerun (no --force) replaces that incomplete output" 0 "incomplete output of an earlier quant" \
+		$SALAFW quant "$D" -o "$S/qf" --method rtn --no-verify -q
+	check "... and leaves a complete model, no marker, no *.tmp.*" complete "$S/qf"
+	rc=$( (env LD_PRELOAD="$WF_SO" SFW_TEST_KILL="/qk/model-00001-of-00001.safetensors.tmp" \
+		$SALAFW quant "$D" -o "$S/qk" --method rtn --no-verify -q >/dev/null 2>&1; echo $?) 2>/dev/null)
+	[ $rc = 137 ] && [ -n "$(find "$S/qk" -name 'model-*.tmp.*')" ] && pass "SIGKILL while a shard is written leaves its .tmp" ||
+		fail "SIGKILL mid-shard: exit $rc"
+	: > "$S/qk/notes.bin.tmp.1.2" # another program's temporary file: not quant's to remove
+	check "the rerun after SIGKILL succeeds" $SALAFW quant "$D" -o "$S/qk" --method rtn --no-verify -q
+	check "... and sweeps the killed run's .tmp shard" complete "$S/qk"
+	check "... but not a file it did not write" test -e "$S/qk/notes.bin.tmp.1.2"
+	rc=$( (env LD_PRELOAD="$WF_SO" SFW_TEST_KILL="/qk2/config.json.tmp" \
+		$SALAFW quant "$D" -o "$S/qk2" --method rtn --no-verify -q >/dev/null 2>&1; echo $?) 2>/dev/null)
+	[ $rc = 137 ] && [ -f "$S/qk2/model.safetensors.index.json" ] && pass "SIGKILL at config.json leaves an index" ||
+		fail "SIGKILL at config.json: exit $rc"
+	check "the rerun after it succeeds (not 'already holds a model')" $SALAFW quant "$D" -o "$S/qk2" --method rtn --no-verify -q
+	check "... complete" complete "$S/qk2"
+	# an input shard truncated by another program while quant reads it: an
+	# error naming it (exit 5, not SIGBUS), and no output made of zeros
+	mkdir -p "$S/tin"
+	cp "$D/config.json" "$D/model.safetensors" "$S/tin/" && chmod u+w "$S/tin"/*
+	check_err "an input truncated while quant reads it: exit 5 naming it" 5 \
+		"'$S/tin/model.safetensors' was truncated while mapped" \
+		env LD_PRELOAD="$WF_SO" SFW_TEST_TRUNCATE_AT="/qt/model-00001-of-00001.safetensors.tmp" \
+		SFW_TEST_TRUNCATE="$S/tin/model.safetensors" SFW_TEST_TRUNCATE_SIZE=100000 \
+		$SALAFW quant "$S/tin" -o "$S/qt" --method rtn --no-verify -q
+	check "... and no shard or config.json in OUT" bash -c "[ -z \"\$(ls '$S/qt')\" ]"
+	cp "$D/model.safetensors" "$S/tin/"
+	check "... the rerun with the file restored makes the model" $SALAFW quant "$S/tin" -o "$S/qt" --method rtn --no-verify -q
+	check "... complete" complete "$S/qt"
+	mkdir -p "$S/foreign"
+	echo '{"weight_map": {}}' > "$S/foreign/model.safetensors.index.json"
+	check_err "a foreign OUT with a model index is still refused" 5 "already holds a model" \
+		$SALAFW quant "$D" -o "$S/foreign" --method rtn --no-verify -q
+	check "... and left as it was" bash -c "[ \"\$(ls -A '$S/foreign')\" = model.safetensors.index.json ]"
+
+	K=$S/cfg/salafw
+	check_err "a full disk while the user key is made: exit 5" 5 "[Nn]o space left" \
+		env XDG_CONFIG_HOME="$S/cfg" LD_PRELOAD="$WF_SO" SFW_TEST_ENOSPC=user.pub \
+		$SALAFW quant "$D" -o "$S/uk1" --method rtn --no-verify --sign -q
+	check "... leaves no user.key without user.pub" test ! -e "$K/user.key"
+	check "... and no temporary file" bash -c "[ -z \"\$(ls -A '$K' 2>/dev/null)\" ]"
+	check_err "the next run makes the pair" 0 "created your local signing key" \
+		env XDG_CONFIG_HOME="$S/cfg" $SALAFW quant "$D" -o "$S/uk2" --method rtn --no-verify --sign
+	check "... both files" test -s "$K/user.key" -a -s "$K/user.pub"
+	cp "$K/user.pub" "$S/user.pub.orig"
+	rm "$K/user.pub"
+	check_err "a lone user.key: sign --user writes user.pub again (says so) and signs" 0 "writing it again from the secret key" \
+		env XDG_CONFIG_HOME="$S/cfg" $SALAFW sign --user "$S/uk2"
+	check "... the same public key as before" cmp -s "$K/user.pub" "$S/user.pub.orig"
+	check "... which minisign accepts for the signature" \
+		minisign -V -q -p "$K/user.pub" -m "$S/uk2/.salafw/manifest.json"
+	check "... and salafw verify too" env XDG_CONFIG_HOME="$S/cfg" $SALAFW verify "$S/uk2"
+else
+	fail "cannot build the write wrapper (tests/shim/writefault.c)"
+fi
+
 check_report test_quant.sh

@@ -218,9 +218,11 @@ rm -rf "$SALAFW_STATE_DIR"
 # --- the tree: missing, size, hash, symlinks, extra
 V() { $S verify "$M" --pubkey "$W/sf.pub" "$@"; }
 printf 'TOKENIZER\n' >"$M/sub/tok.txt"
-check_err "hash mismatch" 1 "sub/tok.txt': sha256 mismatch" V
+check_err "sha256 mismatch" 1 "sub/tok.txt': sha256 mismatch" V
+V >"$W/r.txt" 2>/dev/null
+check "... the file's line says the same words" grep -q "^sha256 mismatch  *sub/tok.txt$" "$W/r.txt"
 $S verify "$M" --pubkey "$W/sf.pub" --json >"$W/r.json" 2>/dev/null
-check "--json says hash mismatch" python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["ok"] is False and r["exit_code"]==1 and r["files"][2]["status"]=="hash mismatch"' "$W/r.json"
+check "--json says sha256 mismatch" python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["ok"] is False and r["exit_code"]==1 and r["files"][2]["status"]=="sha256 mismatch"' "$W/r.json"
 printf 'tok\n' >"$M/sub/tok.txt"
 check_err "size mismatch" 1 "size mismatch" V
 rm "$M/sub/tok.txt"

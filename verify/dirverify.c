@@ -326,6 +326,35 @@ static const char *result_text(enum sfw_file_result r)
 	return "?";
 }
 
+/* The state record after every file of m was checked (rep): ok files with
+ * the id they had when hashed, bad ones lose their records. A failure to
+ * write it is the error only when every file matched; otherwise the
+ * mismatch is the news and the record is secondary (a warning). */
+static enum sfw_status record_checked(const char *dir, const struct sfw_manifest *m,
+				      const struct sfw_verify_report *rep, struct sfw_err *err)
+{
+	size_t n = m->nfiles;
+	struct sfw_state_file *sf = sfw_calloc(n ? n : 1, sizeof(*sf));
+	if (!sf)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		sf[i].path = m->files[i].path;
+		sf[i].ok = rep->results[i] == SFW_FILE_OK;
+		sf[i].id = rep->ids[i];
+	}
+	struct sfw_err rerr = {0};
+	enum sfw_status s = sfw_state_record(dir, m, sf, n, &rerr);
+	sfw_free(sf);
+	if (s != SFW_OK && rep->nbad == 0) {
+		if (err)
+			*err = rerr;
+		return s;
+	}
+	if (s != SFW_OK)
+		sfw_log(SFW_LOG_WARN, "%s", rerr.msg);
+	return SFW_OK;
+}
+
 enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
 			       const struct sfw_verify_params *p, struct sfw_verify_report *rep,
 			       struct sfw_err *err)
@@ -413,13 +442,11 @@ enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
 	rep->nextra = ew.n;
 	/* Summary status: the worst kind of problem decides the code, the first
 	 * bad file names it. Ranks follow enum sfw_file_result. */
-	size_t first = n, nbad = 0, nok = 0;
+	size_t first = n, nbad = 0;
 	enum sfw_file_result worst = SFW_FILE_OK;
 	for (size_t i = 0; i < n; i++) {
-		if (rep->results[i] == SFW_FILE_OK) {
-			nok++;
+		if (rep->results[i] == SFW_FILE_OK)
 			continue;
-		}
 		nbad++;
 		if (first == n)
 			first = i;
@@ -427,30 +454,8 @@ enum sfw_status sfw_verify_dir(const char *dir, const struct sfw_manifest *m,
 			worst = rep->results[i];
 	}
 	rep->nbad = nbad;
-	(void)nok;
-	if (p->record_state) { /* every file was checked: bad ones lose their records */
-		struct sfw_state_file *sf = sfw_calloc(n ? n : 1, sizeof(*sf));
-		if (!sf) {
-			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-			goto out_lock;
-		}
-		for (size_t i = 0; i < n; i++) {
-			sf[i].path = m->files[i].path;
-			sf[i].ok = rep->results[i] == SFW_FILE_OK;
-			sf[i].id = rep->ids[i];
-		}
-		struct sfw_err rerr = {0};
-		s = sfw_state_record(dir, m, sf, n, &rerr);
-		sfw_free(sf);
-		if (s != SFW_OK && nbad == 0) {
-			if (err)
-				*err = rerr;
-			goto out_lock;
-		}
-		if (s != SFW_OK) /* the mismatch is the news: the record is secondary */
-			sfw_log(SFW_LOG_WARN, "%s", rerr.msg);
-		s = SFW_OK;
-	}
+	if (p->record_state && (s = record_checked(dir, m, rep, err)) != SFW_OK)
+		goto out_lock;
 	if (nbad) {
 		/* the file named is one of the worst kind, so message and code agree */
 		for (size_t i = 0; i < n; i++)
@@ -877,6 +882,19 @@ out:
 	close(sfd);
 	sfw_free(sshown);
 	return s;
+}
+
+enum sfw_status sfw_verified_commit(const char *dir, const struct sfw_verified *v, const struct sfw_trust_params *tp,
+				    struct sfw_err *err)
+{
+	/* the ratchet first: once a version is taken in, an older one never is
+	 * again, even when the folder's record below fails */
+	enum sfw_status s = sfw_manifest_ratchet_commit(v->m, tp, err);
+	if (s != SFW_OK || !v->man)
+		return s;
+	if ((s = sfw_state_install_manifest(dir, v->man, v->man_len, v->sig, v->sig_len, err)) != SFW_OK)
+		return s;
+	return sfw_state_record(dir, v->m, v->files, v->nfiles, err);
 }
 
 enum sfw_status sfw_state_read_manifest(const char *dir, struct sfw_buf *man, struct sfw_buf *sig,

@@ -73,20 +73,25 @@ void sfwi_format_rfc3339(int64_t t, char out[21])
 		snprintf(out, 21, "@%lld", (long long)t);
 }
 
+/* The folders the program gave (sfw_verify_set_dirs); empty = none. */
+static char given_state[4096], given_keys[4096];
+
+void sfw_verify_set_dirs(const char *state_dir, const char *key_dir)
+{
+	snprintf(given_state, sizeof(given_state), "%s", state_dir ? state_dir : "");
+	snprintf(given_keys, sizeof(given_keys), "%s", key_dir ? key_dir : "");
+}
+
 char *sfwi_state_dir(const char *override)
 {
 	if (override)
 		return sfw_strdup(override);
-	const char *e = getenv("SALAFW_STATE_DIR");
-	if (e && *e)
-		return sfw_strdup(e);
-	e = getenv("XDG_STATE_HOME");
-	if (e && *e == '/')
-		return sfw_path_join(e, "salafw");
-	e = getenv("HOME");
-	if (e && *e)
-		return sfw_path_join(e, ".local/state/salafw");
-	return NULL;
+	return given_state[0] ? sfw_strdup(given_state) : NULL;
+}
+
+char *sfwi_key_dir(void)
+{
+	return given_keys[0] ? sfw_strdup(given_keys) : NULL;
 }
 
 /* ns/name with HF's characters; no "--" or ".." so "--" can escape the '/'. */
@@ -777,7 +782,7 @@ static enum sfw_status check_ratchet(const struct sfw_manifest *m, const struct 
 	char *path = ratchet_path(m, p);
 	if (!path) {
 		sfw_log(SFW_LOG_WARN,
-			"no state directory (set SALAFW_STATE_DIR or HOME): rollback not checked");
+			"no state directory was given (the CLI takes SALAFW_STATE_DIR, XDG_STATE_HOME or HOME): rollback not checked");
 		return SFW_OK;
 	}
 	struct ratchet r;

@@ -329,6 +329,71 @@ static void seckey_checksum(const unsigned char key_id[8], const unsigned char s
 	crypto_generichash_final(&st, out, 32);
 }
 
+/* "untrusted comment: minisign public key ID\n<base64>\n" */
+static enum sfw_status pub_text(const unsigned char key_id[8], const unsigned char pk[32], struct sfw_buf *out)
+{
+	unsigned char pub[PUBKEY_BYTES];
+	memcpy(pub, "Ed", 2);
+	memcpy(pub + 2, key_id, 8);
+	memcpy(pub + 10, pk, 32);
+	char id[17], *pb = b64_encode(pub, sizeof(pub));
+	sfw_pubkey_id_hex(key_id, id);
+	enum sfw_status s =
+	    pb ? sfw_buf_printf(out, "untrusted comment: minisign public key %s\n%s\n", id, pb) : SFW_E_NOMEM;
+	sfw_free(pb);
+	return s;
+}
+
+void sfw_seckey_pubkey(const struct sfw_seckey *sk, struct sfw_pubkey *out)
+{
+	memcpy(out->key_id, sk->key_id, 8);
+	memcpy(out->pk, sk->sk + 32, 32); /* an Ed25519 secret key ends with its public key */
+}
+
+enum sfw_status sfw_pubkey_write(const char *path, const struct sfw_pubkey *pk, struct sfw_err *err)
+{
+	struct sfw_buf t;
+	sfw_buf_init(&t, 4096);
+	enum sfw_status s = pub_text(pk->key_id, pk->pk, &t);
+	s = s == SFW_OK ? write_private(path, t.data, t.len, 0, err) : sfw_fail(err, s, "out of memory");
+	sfw_buf_release(&t);
+	return s;
+}
+
+/* Both files of a pair written to temporary names first (a full disk or an
+ * error leaves neither), then the public key renamed into place, then the
+ * secret key: the secret one never stands without its public half (only a
+ * kill between the renames leaves a lone .pub, which holds no secret). */
+static enum sfw_status write_pair(const char *pub_path, const struct sfw_buf *pt, const char *sec_path,
+				  const struct sfw_buf *stx, struct sfw_err *err)
+{
+	struct sfw_atomic ap, as;
+	enum sfw_status s = sfw_atomic_open(&as, sec_path, err);
+	if (s != SFW_OK)
+		return s;
+	if (fchmod(as.fd, 0600) != 0) {
+		s = sfw_fail(err, SFW_E_IO, "cannot restrict permissions of '%s': %s", as.tmp, strerror(errno));
+		sfw_atomic_abort(&as);
+		return s;
+	}
+	if ((s = sfw_atomic_write(&as, stx->data, stx->len, err)) != SFW_OK ||
+	    (s = sfw_atomic_open(&ap, pub_path, err)) != SFW_OK) {
+		sfw_atomic_abort(&as);
+		return s;
+	}
+	if ((s = sfw_atomic_write(&ap, pt->data, pt->len, err)) != SFW_OK ||
+	    (s = sfw_atomic_commit(&ap, err)) != SFW_OK) {
+		sfw_atomic_abort(&ap);
+		sfw_atomic_abort(&as);
+		return s;
+	}
+	if ((s = sfw_atomic_commit(&as, err)) != SFW_OK) {
+		sfw_atomic_abort(&as);
+		unlink(pub_path); /* the pair is one unit: no new public key without its secret */
+	}
+	return s;
+}
+
 enum sfw_status sfw_keygen(const char *pub_path, const char *sec_path, int force, struct sfw_err *err)
 {
 	if (sfwi_sodium_ready() != 0)
@@ -340,13 +405,10 @@ enum sfw_status sfw_keygen(const char *pub_path, const char *sec_path, int force
 	if (!force && lstat(pub_path, &st) == 0)
 		return sfw_fail(err, SFW_E_EXISTS, "public key '%s' already exists (use --force to overwrite it)",
 				pub_path);
-	unsigned char pub[PUBKEY_BYTES], sec[SECKEY_BYTES];
+	unsigned char sec[SECKEY_BYTES];
 	unsigned char key_id[8], pk[32], sk[64];
 	crypto_sign_keypair(pk, sk);
 	randombytes_buf(key_id, sizeof(key_id));
-	memcpy(pub, "Ed", 2);
-	memcpy(pub + 2, key_id, 8);
-	memcpy(pub + 10, pk, 32);
 	memset(sec, 0, sizeof(sec));
 	memcpy(sec, "Ed", 2); /* KDF tag stays 00 00: unencrypted, like minisign -W */
 	memcpy(sec + 4, "B2", 2);
@@ -355,29 +417,25 @@ enum sfw_status sfw_keygen(const char *pub_path, const char *sec_path, int force
 	seckey_checksum(key_id, sk, sec + 126);
 	char id[17];
 	sfw_pubkey_id_hex(key_id, id);
-	char *pb = b64_encode(pub, sizeof(pub)), *sb = b64_encode(sec, sizeof(sec));
+	char *sb = b64_encode(sec, sizeof(sec));
 	struct sfw_buf pt, stx;
 	sfw_buf_init(&pt, 4096);
 	sfw_buf_init(&stx, 4096);
 	enum sfw_status s = SFW_E_NOMEM;
-	if (pb && sb &&
-	    sfw_buf_printf(&pt, "untrusted comment: minisign public key %s\n%s\n", id, pb) == SFW_OK &&
+	if (sb && pub_text(key_id, pk, &pt) == SFW_OK &&
 	    sfw_buf_printf(&stx, "untrusted comment: salafw unencrypted secret key %s\n%s\n", id, sb) ==
 		SFW_OK)
 		s = SFW_OK;
 	else
 		sfw_fail(err, s, "out of memory");
 	if (s == SFW_OK)
-		s = write_private(sec_path, stx.data, stx.len, 1, err);
-	if (s == SFW_OK)
-		s = write_private(pub_path, pt.data, pt.len, 0, err);
+		s = write_pair(pub_path, &pt, sec_path, &stx, err);
 	sodium_memzero(sk, sizeof(sk));
 	sodium_memzero(sec, sizeof(sec));
 	if (sb)
 		sodium_memzero(sb, strlen(sb));
 	if (stx.data)
 		sodium_memzero(stx.data, stx.len);
-	sfw_free(pb);
 	sfw_free(sb);
 	sfw_buf_release(&pt);
 	sfw_buf_release(&stx);

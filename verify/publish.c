@@ -173,6 +173,35 @@ static enum sfw_status put_str(struct sfw_buf *b, const char *s)
 	return st == SFW_OK ? sfw_buf_append(b, "\"", 1) : st;
 }
 
+/* The text b parses as a manifest; placeholder: its empty key_id is
+ * filled in for the parse (sfw_manifest_sign fills it for real). */
+static enum sfw_status probe_parses(const struct sfw_buf *b, int placeholder, struct sfw_err *err)
+{
+	char *probe = sfw_strndup(b->data, b->len);
+	if (!probe)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	char *k = placeholder ? strstr(probe, "\"key_id\": \"\"") : NULL;
+	struct sfw_buf pb;
+	sfw_buf_init(&pb, SFW_MANIFEST_MAX + 32);
+	enum sfw_status s;
+	if (k) {
+		*k = '\0';
+		s = sfw_buf_printf(&pb, "%s\"key_id\": \"0000000000000000\"%s", probe, k + 12);
+	} else {
+		s = sfw_buf_append(&pb, probe, strlen(probe));
+	}
+	struct sfw_manifest m;
+	if (s == SFW_OK)
+		s = sfw_manifest_parse(pb.data, pb.len, "new manifest", &m, err);
+	else
+		sfw_fail(err, s, "out of memory");
+	if (s == SFW_OK)
+		sfw_manifest_release(&m);
+	sfw_buf_release(&pb);
+	sfw_free(probe);
+	return s;
+}
+
 enum sfw_status sfw_manifest_build(const char *dir, const struct sfw_manifest_build_params *p, char **text,
 				   size_t *len, struct sfw_err *err)
 {
@@ -288,33 +317,8 @@ enum sfw_status sfw_manifest_build(const char *dir, const struct sfw_manifest_bu
 		goto out;
 	}
 	/* What we write must be what verifiers accept (a placeholder key id aside). */
-	{
-		char *probe = sfw_strndup(b.data, b.len);
-		if (!probe) {
-			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-			goto out;
-		}
-		char *k = p->key_id ? NULL : strstr(probe, "\"key_id\": \"\"");
-		struct sfw_buf pb;
-		sfw_buf_init(&pb, SFW_MANIFEST_MAX + 32);
-		if (k) {
-			*k = '\0';
-			s = sfw_buf_printf(&pb, "%s\"key_id\": \"0000000000000000\"%s", probe, k + 12);
-		} else {
-			s = sfw_buf_append(&pb, probe, strlen(probe));
-		}
-		struct sfw_manifest m;
-		if (s == SFW_OK)
-			s = sfw_manifest_parse(pb.data, pb.len, "new manifest", &m, err);
-		else
-			sfw_fail(err, s, "out of memory");
-		if (s == SFW_OK)
-			sfw_manifest_release(&m);
-		sfw_buf_release(&pb);
-		sfw_free(probe);
-		if (s != SFW_OK)
-			goto out;
-	}
+	if ((s = probe_parses(&b, !p->key_id, err)) != SFW_OK)
+		goto out;
 	*text = sfw_buf_take(&b, len);
 out:
 	for (size_t i = 0; i < c.n; i++)

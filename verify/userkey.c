@@ -1,5 +1,5 @@
 /* userkey.c - the user's own signing key and the models they derive: the
- * key pair under $XDG_CONFIG_HOME/salafw, the rule that limits its trust to
+ * key pair in the folder the program gave, the rule that limits its trust to
  * local derived manifests, and publishing a derived directory (manifest with
  * lineage, signature, verified state) so it runs verified (verify.h). */
 #include "verify_int.h"
@@ -7,6 +7,7 @@
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "log.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -18,20 +19,9 @@
 
 #define LOCAL_NS "local/"
 
-static char *config_dir(void)
-{
-	const char *e = getenv("XDG_CONFIG_HOME");
-	if (e && *e == '/')
-		return sfw_path_join(e, "salafw");
-	e = getenv("HOME");
-	if (e && *e)
-		return sfw_path_join(e, ".config/salafw");
-	return NULL;
-}
-
 char *sfw_userkey_path(int secret)
 {
-	char *d = config_dir();
+	char *d = sfwi_key_dir();
 	char *p = d ? sfw_path_join(d, secret ? "user.key" : "user.pub") : NULL;
 	sfw_free(d);
 	return p;
@@ -41,7 +31,7 @@ enum sfw_status sfw_userkey_load_pub(struct sfw_pubkey *out, struct sfw_err *err
 {
 	char *p = sfw_userkey_path(0);
 	if (!p)
-		return sfw_fail(err, SFW_E_MISSING, "no user key: neither XDG_CONFIG_HOME nor HOME is set");
+		return sfw_fail(err, SFW_E_MISSING, "no user key: no folder for it was given");
 	struct stat st;
 	enum sfw_status s = stat(p, &st) != 0 && errno == ENOENT
 				? sfw_fail(err, SFW_E_MISSING, "no user key '%s' yet", p)
@@ -50,15 +40,37 @@ enum sfw_status sfw_userkey_load_pub(struct sfw_pubkey *out, struct sfw_err *err
 	return s;
 }
 
+/* user.pub as user.key says it must be: written again from the secret key
+ * (which carries its public half) when it is missing, unreadable or of
+ * another key. */
+static enum sfw_status pub_repair(const char *pp, const char *sp, const struct sfw_seckey *sk,
+				  struct sfw_pubkey *pk, struct sfw_err *err)
+{
+	struct sfw_pubkey want, have;
+	sfw_seckey_pubkey(sk, &want);
+	struct sfw_err e = {0};
+	if (sfw_pubkey_load(pp, &have, &e) == SFW_OK && memcmp(&have, &want, sizeof(want)) == 0) {
+		*pk = want;
+		return SFW_OK;
+	}
+	sfw_log(SFW_LOG_WARN, "'%s' does not hold the public half of '%s' (%s): writing it again from the secret key",
+		pp, sp, e.msg[0] ? e.msg : "another key");
+	enum sfw_status s = sfw_pubkey_write(pp, &want, err);
+	if (s == SFW_OK)
+		*pk = want;
+	return s;
+}
+
 enum sfw_status sfw_userkey_ensure(struct sfw_seckey *sk, struct sfw_pubkey *pk, int *created,
 				   struct sfw_err *err)
 {
 	*created = 0;
-	char *d = config_dir(), *sp = sfw_userkey_path(1), *pp = sfw_userkey_path(0);
+	char *d = sfwi_key_dir(), *sp = sfw_userkey_path(1), *pp = sfw_userkey_path(0);
 	enum sfw_status s = SFW_OK;
 	struct stat st;
 	if (!d || !sp || !pp) {
-		s = sfw_fail(err, SFW_E_IO, "no place for a user key: set XDG_CONFIG_HOME or HOME");
+		s = sfw_fail(err, SFW_E_IO, "no place for a user key: no folder for it was given (the CLI "
+					    "takes XDG_CONFIG_HOME or HOME)");
 		goto out;
 	}
 	if (stat(sp, &st) != 0) {
@@ -72,13 +84,14 @@ enum sfw_status sfw_userkey_ensure(struct sfw_seckey *sk, struct sfw_pubkey *pk,
 			s = sfw_fail(err, SFW_E_IO, "cannot make '%s' private: %s", d, strerror(errno));
 			goto out;
 		}
-		if ((s = sfw_keygen(pp, sp, 0, err)) != SFW_OK)
+		/* a lone user.pub (a kill between the pair's two renames) has
+		 * no secret half to sign with: the new pair replaces it */
+		if ((s = sfw_keygen(pp, sp, 1, err)) != SFW_OK)
 			goto out;
 		*created = 1;
 	}
-	if ((s = sfw_seckey_load(sp, sk, err)) == SFW_OK && (s = sfw_pubkey_load(pp, pk, err)) == SFW_OK &&
-	    memcmp(sk->key_id, pk->key_id, 8) != 0)
-		s = sfw_fail(err, SFW_E_KEYID, "'%s' and '%s' are not one key pair", sp, pp);
+	if ((s = sfw_seckey_load(sp, sk, err)) == SFW_OK)
+		s = pub_repair(pp, sp, sk, pk, err);
 out:
 	sfw_free(d);
 	sfw_free(sp);

@@ -69,8 +69,16 @@ struct sfw_seckey {
 	unsigned char key_id[8];
 	unsigned char sk[64];
 };
+/* The pair is one unit: both written to temporary names, then the public
+ * key renamed into place, then the secret key; a failure (a full disk)
+ * leaves neither. */
 SFW_MUST_CHECK enum sfw_status sfw_keygen(const char *pub_path, const char *sec_path, int force,
 					  struct sfw_err *err);
+/* The public half a secret key carries (minisign secret keys hold it). */
+void sfw_seckey_pubkey(const struct sfw_seckey *sk, struct sfw_pubkey *out);
+/* Writes a minisign public key file atomically. */
+SFW_MUST_CHECK enum sfw_status sfw_pubkey_write(const char *path, const struct sfw_pubkey *pk,
+						struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfw_seckey_load(const char *path, struct sfw_seckey *out, struct sfw_err *err);
 /* Writes "<file>.minisig" (prehashed ED) atomically with the given trusted comment. */
 SFW_MUST_CHECK enum sfw_status sfw_sign_file(const char *file, const struct sfw_seckey *key,
@@ -153,7 +161,8 @@ struct sfw_trust_params {
 	int allow_expired;        /* offline verify only warns */
 	int allow_downgrade;       /* accept a lower manifest_version (an equal one with other bytes never) */
 	int require_prehashed;
-	const char *state_dir;    /* rollback ratchet dir; NULL = default per-user dir, "" = disabled */
+	const char *state_dir;    /* rollback ratchet dir; NULL = the one given to sfw_verify_set_dirs
+				   * (none given: not checked, with a warning), "" = disabled */
 };
 struct sfw_trust_params sfw_trust_default_params(void);
 
@@ -253,6 +262,25 @@ SFW_MUST_CHECK enum sfw_status sfw_state_forget(const char *dir, const struct sf
  * sfw_state_read_manifest gives the old pair or the new one, never a mix. */
 SFW_MUST_CHECK enum sfw_status sfw_state_install_manifest(const char *dir, const void *man, size_t man_len,
 							  const void *sig, size_t sig_len, struct sfw_err *err);
+/* "Commit what was verified": the one step after a manifest verified and
+ * its files checked out, for `get` (every file downloaded and hashed) and
+ * `verify --manifest FILE` (every file of DIR matched). In this order:
+ * records manifest_version for the rollback ratchet (tp->state_dir as in
+ * sfw_manifest_verify); then, when man is not NULL, installs the signed
+ * pair man/sig as DIR/.salafw/manifest.json + .minisig
+ * (sfw_state_install_manifest) and records files[0..nfiles) in
+ * DIR/.salafw/state.json (sfw_state_record: each with ok and the id it had
+ * when hashed). man NULL: the ratchet only (`verify DIR` against the
+ * folder's own pair, whose state sfw_verify_dir records). */
+struct sfw_verified {
+	const struct sfw_manifest *m; /* as sfw_manifest_verify gave it */
+	const void *man, *sig;	      /* the exact signed bytes, or NULL */
+	size_t man_len, sig_len;
+	const struct sfw_state_file *files;
+	size_t nfiles;
+};
+SFW_MUST_CHECK enum sfw_status sfw_verified_commit(const char *dir, const struct sfw_verified *v,
+						   const struct sfw_trust_params *tp, struct sfw_err *err);
 /* The pair as installed (what `verify DIR` and the runner check); also
  * reads the plain layout of older versions. SFW_E_MISSING when absent,
  * SFW_E_PATH for a symlinked .salafw or file. */
@@ -271,17 +299,29 @@ void sfw_file_id_of(const struct stat *st, struct sfw_file_id *id);
 SFW_MUST_CHECK enum sfw_status sfw_state_check(const char *dir, const struct sfw_trust_params *p,
 					       struct sfw_err *err);
 
+/* ---- the folders the library is given -------------------------------------
+ * verify/ reads no environment: the program names the per-user folders once,
+ * before any other call (the CLI resolves them: cli/main.c). state_dir holds
+ * the rollback ratchet (trust params' state_dir NULL), key_dir the user's
+ * own key pair (below). NULL or "" = none (the ratchet is then not checked,
+ * with a warning, and there is no user key). The strings are copied. */
+void sfw_verify_set_dirs(const char *state_dir, const char *key_dir);
+
 /* ---- the user's own key, for the models they derive (verify/userkey.c) ---
  * A per-user minisign key pair kept apart from the pinned publisher key:
- * $XDG_CONFIG_HOME/salafw/user.key + user.pub (~/.config/salafw without
- * XDG_CONFIG_HOME), folder 0700, secret key 0600 and unencrypted (signing
- * is one step in scripts; the key is only ever trusted for the user's own
- * derived models, below, so it cannot stand in for a publisher). */
-/* Fresh paths (sfw_free); NULL when neither XDG_CONFIG_HOME nor HOME is set. */
+ * KEY_DIR/user.key + user.pub (KEY_DIR given by sfw_verify_set_dirs; the
+ * CLI's is $XDG_CONFIG_HOME/salafw, else ~/.config/salafw), folder 0700,
+ * secret key 0600 and unencrypted (signing is one step in scripts; the key
+ * is only ever trusted for the user's own derived models, below, so it
+ * cannot stand in for a publisher). */
+/* Fresh paths (sfw_free); NULL when no key folder was given. */
 char *sfw_userkey_path(int secret);
 /* The public key; SFW_E_MISSING when the user has none yet. */
 SFW_MUST_CHECK enum sfw_status sfw_userkey_load_pub(struct sfw_pubkey *out, struct sfw_err *err);
-/* The pair, created on first use (*created = 1 then). */
+/* The pair, created on first use (*created = 1 then; written as one unit,
+ * sfw_keygen). A user.pub that is missing or not the secret key's public
+ * half is written again from user.key (with a warning); a lone user.pub is
+ * replaced by a new pair. */
 SFW_MUST_CHECK enum sfw_status sfw_userkey_ensure(struct sfw_seckey *sk, struct sfw_pubkey *pk, int *created,
 						  struct sfw_err *err);
 /* The rule for the user's key: a manifest it signed is trusted only when it

@@ -39,9 +39,11 @@ const struct sfwi_pin *sfwi_pin_find(const char *repo_id, const char *revision);
 /* All pins, for tests: *n gets the count. */
 const struct sfwi_pin *sfwi_pins(size_t *n);
 
-/* Default per-user state dir: $SALAFW_STATE_DIR, $XDG_STATE_HOME/salafw,
- * ~/.local/state/salafw. Fresh string (sfw_free) or NULL. */
+/* The state dir: override, else the one given to sfw_verify_set_dirs.
+ * Fresh string (sfw_free) or NULL when there is none. */
 char *sfwi_state_dir(const char *override);
+/* The user key's folder given to sfw_verify_set_dirs: fresh string or NULL. */
+char *sfwi_key_dir(void);
 
 /* Parses "YYYY-MM-DDTHH:MM:SSZ" into unix seconds. Returns 0 on success. */
 int sfwi_parse_rfc3339(const char *s, int64_t *out);
