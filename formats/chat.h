@@ -17,9 +17,10 @@
  * Rendering is Jinja2 semantics as HF transformers' apply_chat_template runs
  * it (trim_blocks and lstrip_blocks on, keep_trailing_newline off, tojson with
  * ensure_ascii off and ", "/": " separators, raise_exception): the variables
- * are messages, tools (when not NULL), add_generation_prompt, bos_token,
- * eos_token, and every member of kwargs (chat_template_kwargs, e.g.
- * enable_thinking). The supported subset: {{ }}, {% if/elif/else %}, {% for %}
+ * are messages, tools (None when NULL), documents (None), add_generation_prompt,
+ * bos_token, eos_token, and every member of kwargs (chat_template_kwargs,
+ * e.g. enable_thinking; a kwarg may set bos_token/eos_token/documents, not
+ * messages/tools/add_generation_prompt). The supported subset: {{ }}, {% if/elif/else %}, {% for %}
  * (with else, loop.index/index0/first/last/length/revindex, tuple unpacking,
  * an if filter), {% set %} (also ns.attr and block set), {% macro %} with
  * {% call %}/caller(), namespace(), {# #}, whitespace control -/+, the
@@ -85,9 +86,9 @@ const char *sfw_chat_builtin_template(void);
 
 /* Renders the prompt. messages: a JSON array of message objects (role,
  * content, tool_calls, ... as the template reads them; not validated here
- * beyond being an array). tools: an array or NULL (then `tools` is
- * undefined). kwargs: an object or NULL; its members become variables (they
- * cannot replace messages/tools/add_generation_prompt). Appends to out. */
+ * beyond being an array). tools: an array or NULL (then `tools` is None, as
+ * transformers passes it). kwargs: an object or NULL. Appends to out; on an
+ * error out is as it was. */
 SFW_MUST_CHECK enum sfw_status sfw_chat_render(const struct sfw_chat_template *t, const cJSON *messages,
 					       const cJSON *tools, const cJSON *kwargs, int add_generation_prompt,
 					       struct sfw_buf *out, struct sfw_err *err);
