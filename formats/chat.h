@@ -26,22 +26,32 @@
  * {% call %}/caller(), namespace(), {# #}, whitespace control -/+, the
  * operators of expressions (or and not in is, comparisons, + - * / // % ~,
  * x if c else y, subscripts, slices, attributes, literals, lists, dicts),
- * the usual filters (tojson length count string trim upper lower title
- * capitalize join first last list items default/d replace int float abs
- * round map select reject selectattr rejectattr unique reverse sort dictsort
- * safe e/escape indent wordcount center sum max min batch) and string methods
- * (strip lstrip rstrip split rsplit startswith endswith upper lower replace
- * find count title capitalize join format), dict methods (items keys values
- * get) and tests (defined undefined none string number integer float boolean
- * mapping sequence iterable callable true false odd even divisibleby in eq ne
- * lt le gt ge equalto sameas lower upper). Anything else is SFW_E_UNSUPPORTED
+ * the filters tojson (HF's: ensure_ascii, indent, separators, sort_keys),
+ * length count string trim upper lower title capitalize default/d join first
+ * last list reverse items dictsort int float abs round replace unique sum max
+ * min select reject selectattr rejectattr map indent wordcount safe e/escape;
+ * string methods strip lstrip rstrip split rsplit startswith endswith upper
+ * lower title capitalize replace find index count join splitlines is*; dict
+ * methods items keys values get; list index/count; globals range namespace
+ * dict raise_exception; the {% generation %} block and break/continue (HF
+ * enables both); tests defined undefined none string number integer float
+ * boolean true false mapping sequence iterable callable odd even divisibleby
+ * in eq/equalto ne lt le gt ge sameas lower upper. Python semantics are kept
+ * where a chat template can see them (str() and repr() of values, float
+ * repr, code-point lengths and slices, Unicode whitespace in strip/split,
+ * banker's rounding); upper/lower/title change ASCII letters only. JSON
+ * numbers that are integral read as ints (cJSON keeps no int/float mark).
+ * Anything else (raw, include, extends, filter blocks, strftime_now, ...) is
+ * SFW_E_UNSUPPORTED or SFW_E_FORMAT
  * at compile or render time, with the template line.
  *
  * Bounds: a template of at most SFW_CHAT_TEMPLATE_MAX bytes; render output at
  * most out->max bytes; SFW_JINJA_DEPTH_MAX nested calls/expressions;
- * SFW_JINJA_STEPS_MAX loop iterations and calls per render. A template error
- * (raise_exception included) is a status with a message naming the template
- * line, never a crash. */
+ * SFW_JINJA_STEPS_MAX loop iterations and calls per render; 256 MiB of
+ * working memory per render. A template error is a status with a message
+ * naming the template line, never a crash: raise_exception is SFW_E_INVAL
+ * with its message, a bound SFW_E_RANGE, the rest SFW_E_FORMAT or
+ * SFW_E_UNSUPPORTED. */
 #ifndef SFW_CHAT_H
 #define SFW_CHAT_H
 
