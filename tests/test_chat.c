@@ -241,6 +241,15 @@ static void test_toolcalls(void)
 	got_release(&g);
 	sfw_buf_release(&m);
 
+	/* NUL bytes after a call (fuzz_chat found a tail copied as a string) */
+	static const char nul[] = "<tool_call>{\"name\": \"f\"}</tool_call>a\0b\0";
+	got_init(&g);
+	size_t nsz[2] = {3, 40};
+	st = parse_pieces(nul, sizeof(nul) - 1, nsz, 2, &g);
+	CHECK(st == SFW_OK && g.n_calls == 1 && g.content.len == 4 && !memcmp(g.content.data, "a\0b\0", 4),
+	      "toolcall: NUL bytes after a call stay content, byte for byte");
+	got_release(&g);
+
 	/* the caller stops it */
 	got_init(&g);
 	g.stop_at = 1;
