@@ -400,6 +400,24 @@ static void test_templates(void)
 	st = sfw_chat_render(t, cJSON_GetArrayItem(m, 0), NULL, NULL, 1, &o, &err);
 	CHECK(st == SFW_E_INVAL, "messages not an array: E_INVAL (%s)", err.msg);
 	cJSON_Delete(m);
+
+	/* a 48 MiB message renders (concatenations are not doubling buffers) */
+	{
+		size_t big = 48u << 20;
+		char *c = malloc(big + 1);
+		memset(c, 'a', big);
+		c[big] = 0;
+		cJSON *bm = cJSON_CreateArray(), *u = cJSON_CreateObject();
+		cJSON_AddStringToObject(u, "role", "user");
+		cJSON_AddStringToObject(u, "content", c);
+		cJSON_AddItemToArray(bm, u);
+		free(c);
+		sfw_buf_init(&o, 64u << 20);
+		st = sfw_chat_render(t, bm, NULL, NULL, 1, &o, &err);
+		CHECK(st == SFW_OK && o.len == big + 50, "a 48 MiB message renders into a 64 MiB cap (%s, %zu bytes)", err.msg, o.len);
+		sfw_buf_release(&o);
+		cJSON_Delete(bm);
+	}
 	sfw_chat_template_free(t);
 	t = NULL;
 
