@@ -48,7 +48,7 @@
  * Bounds: a template of at most SFW_CHAT_TEMPLATE_MAX bytes; render output at
  * most out->max bytes; SFW_JINJA_DEPTH_MAX nested calls/expressions;
  * SFW_JINJA_STEPS_MAX loop iterations and calls per render; 256 MiB of
- * working memory per render. A template error is a status with a message
+ * working memory per render plus 4 times out->max. A template error is a status with a message
  * naming the template line, never a crash: raise_exception is SFW_E_INVAL
  * with its message, a bound SFW_E_RANGE, the rest SFW_E_FORMAT or
  * SFW_E_UNSUPPORTED. */
