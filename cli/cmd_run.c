@@ -600,8 +600,6 @@ int cmd_run(int argc, char **argv)
 		return cli_usage_error(C, "--chat-template-kwargs needs a chat prompt (not --raw or --ids)");
 	if (n_stop && print_ids)
 		return cli_usage_error(C, "--stop needs text output (not --print-ids)");
-	if (print_ids && inter)
-		return cli_usage_error(C, "--print-ids is not for -i");
 	cJSON *kw = NULL;
 	if (kw_text) {
 		struct sfw_err kerr = {0};

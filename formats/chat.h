@@ -116,6 +116,17 @@ int sfw_chat_needs_bos(const struct sfw_chat_template *t, const char *text, size
 #define SFW_CHAT_THINK_OPEN "<think>"
 #define SFW_CHAT_THINK_CLOSE "</think>"
 
+/* OpenAI chat-completions messages as templates read them (what vLLM does
+ * before rendering): role "developer" becomes "system"; content may be a
+ * string, null, or a list of text parts ({"type": "text", "text": ...},
+ * joined by "\n"; other part types are SFW_E_UNSUPPORTED); an assistant's
+ * tool_calls[].function.arguments given as JSON text becomes the object
+ * (SFW_E_INVAL when it is not one). Other members are kept as they are. *out
+ * is a new array (cJSON_Delete it); in is not changed. Errors name the
+ * message ("messages[2].content[0]: ..."). */
+#define SFW_CHAT_CONTENT_MAX (64u << 20) /* bytes of one message's joined text */
+SFW_MUST_CHECK enum sfw_status sfw_chat_messages_normalize(const cJSON *in, cJSON **out, struct sfw_err *err);
+
 /* ---- tool calls in a reply (formats/toolcall.c) ------------------------- *
  * The template asks for each call as
  *     <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>

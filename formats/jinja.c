@@ -387,7 +387,7 @@ static void lex_tag(struct ctx *c, struct toks *ts, const char *s, size_t n, siz
 			char num[64];
 			size_t k = 0;
 			int isf = 0;
-			while (i < n && k < sizeof(num) - 1) {
+			while (i < n && k < sizeof(num) - 3) {
 				char d = s[i];
 				if (d >= '0' && d <= '9')
 					num[k++] = d;
@@ -406,6 +406,8 @@ static void lex_tag(struct ctx *c, struct toks *ts, const char *s, size_t n, siz
 				i++;
 			}
 			num[k] = 0;
+			if (i < n && ((s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+				fail(c, SFW_E_UNSUPPORTED, "a number literal of more than 60 digits");
 			struct tok t = {.line = *line};
 			if (isf) {
 				t.t = T_FLOAT;
