@@ -488,7 +488,7 @@ int cmd_run(int argc, char **argv)
 	cli_init(&cp, C, argc, argv, opts);
 	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
-			cli_usage(stdout, C, "MODEL_DIR (-p TEXT | -f FILE | --chat | -i | --ids FILE) [options]", opts);
+			cli_usage(stdout, C, "MODEL_DIR|-m DIR (-p TEXT | -f FILE | --chat | -i | --ids FILE) [options]", opts);
 			return SFW_EXIT_OK;
 		}
 		if (k == CLI_ERROR)
