@@ -79,6 +79,7 @@ __global__ void awq_duo_sum_kernel(float *wm, const float *gmax, const float *W,
 		return;
 	int g = k / span;
 	float acc = 0.0f;
+#pragma unroll 8
 	for (int r = 0; r < N; r++) {
 		float mx = gmax[(size_t)r * G + g];
 		acc = __fadd_rn(acc, mx > 0.0f ? __fdiv_rn(fabsf(W[(size_t)r * K + k]), mx) : 0.0f);
@@ -264,6 +265,7 @@ __global__ void awq_sqerr_kernel(double *part, const float *A, const float *B, i
 		return;
 	const float *a = A + (size_t)r * N, *b = B + (size_t)r * N;
 	double t = 0.0;
+#pragma unroll 8
 	for (int n = 0; n < N; n++) {
 		double d = __dsub_rn((double)a[n], (double)b[n]);
 		t = __dadd_rn(t, __dmul_rn(d, d));
