@@ -20,7 +20,7 @@ static const struct cli_opt opts[] = {
 	{"group", 0, "32|64|128|channel", "scale group size along the input dimension (default 128)"},
 	{"method", 0, "awq|rtn", "awq: activation-aware smoothing before rounding (default); rtn: plain rounding"},
 	{"calib", 0, "FILE", "AWQ calibration text (UTF-8; default: the built-in corpus)"},
-	{"samples", 0, "N", "AWQ calibration sequences (default 128)"},
+	{"samples", 0, "N", "AWQ calibration sequences (default: as many as the text fills, at most 128)"},
 	{"seq-len", 0, "L", "AWQ tokens per calibration sequence (default 512)"},
 	{"loss-rows", 0, "N", "AWQ cached input rows per layer for the search loss (default 256)"},
 	{"no-duo", 0, NULL, "AWQ: plain scales x^a instead of duo scaling x^a / w^(1-a)"},
@@ -157,7 +157,7 @@ static char *lineage_json(const struct sfw_quant_params *p, const struct cli_gat
 				   ", \"samples\": \"%d\", \"seq_len\": \"%d\", \"loss_rows\": \"%d\", \"n_grid\": \"%d\", "
 				   "\"duo_scaling\": \"%d\", \"calib\": \"%s\", \"calib_tokens\": \"%lld\", "
 				   "\"calib_text_tokens\": \"%lld\", \"calib_device\": \"%s\"%s",
-				   p->samples, p->seq_len, p->loss_rows, p->n_grid, p->duo_scaling, calib,
+				   (int)st->calib_samples, p->seq_len, p->loss_rows, p->n_grid, p->duo_scaling, calib,
 				   (long long)st->calib_tokens, (long long)st->calib_text_tokens,
 				   p->device == SFW_DEVICE_CUDA ? "cuda" : "cpu",
 				   p->fold_only ? ", \"fold_only\": \"1\"" : "");
@@ -331,15 +331,15 @@ int cmd_quant(int argc, char **argv)
 				(long long)st.calib_tokens, st.seconds_calib, st.awq_mappings, st.awq_identity,
 				st.awq_mean_alpha, 100.0 * st.awq_loss_gain);
 	}
-	/* a calibration text shorter than samples x seq_len tokens is gone
-	 * through more than once (the built-in corpus: about 12K tokens with
-	 * mkmodel's tokenizer): say so, with the way out */
-	if (p.method == SFW_QUANT_AWQ && st.calib_text_tokens < st.calib_tokens)
+	/* an explicit --samples x --seq-len beyond the text's tokens goes
+	 * through it more than once: say so, with the way out (the default
+	 * --samples takes what the text fills: never) */
+	if (p.method == SFW_QUANT_AWQ && st.calib_text_used > st.calib_text_tokens)
 		fprintf(stderr,
 			"salafw quant: warning: the calibration text gave %lld tokens, fewer than the %d x %d asked for "
 			"(--samples, --seq-len), so it was used %.1f times over; a longer --calib FILE gives more "
 			"distinct text\n",
 			(long long)st.calib_text_tokens, p.samples, p.seq_len,
-			(double)st.calib_tokens / (double)(st.calib_text_tokens ? st.calib_text_tokens : 1));
+			(double)st.calib_text_used / (double)(st.calib_text_tokens ? st.calib_text_tokens : 1));
 	return publish(C, out, &p, &gi, &st, sign, quiet);
 }

@@ -2,9 +2,11 @@
  * (docs/awq.md §1.8), run before the writer folds the scales.
  *
  * 1. Calibration: the model's tokenizer on the calibration text (--calib, or
- *    the built-in sfw_default_corpus); the tokens are cut into `samples`
- *    sequences of `seq_len` (BOS first), going through the text again from
- *    its start when it is shorter than that. A directory without tokenizer.model
+ *    the built-in sfw_default_corpus); the tokens are cut into sequences of
+ *    `seq_len` (BOS first): by default (samples 0) as many as the text fills,
+ *    at most SFW_QUANT_AUTO_SAMPLES, the last one shorter, each token used
+ *    once; an explicit `samples` is run whole, going through the text again
+ *    from its start when it is shorter than that. A directory without tokenizer.model
  *    (the golden test models) uses the text's bytes as ids (3 + byte), with
  *    a warning; a vocab below 259 cannot hold them and is refused. Each sequence is one prefill through the
  *    bf16 model on the runner (fp32 on the CPU) with the linear-input taps
@@ -31,6 +33,11 @@
  *    attention / MLP nonlinearity is not in the loop. Strictly lower loss
  *    wins; the identity wins ties, so the search never loses to RTN on its
  *    own loss.
+ *    When the model runs on CUDA, the search runs there (quant/awq_cuda.c,
+ *    kernels/awq.cu) on the weights' device copies: every product, quotient
+ *    and sum in the order the CPU takes it (a lane-for-lane replay of
+ *    sfw_op_matmul_cpu, double row sums), so every candidate's loss, and
+ *    with it the chosen alpha and scales, equal the CPU search's bit for bit.
  * 3. The winning s (NULL for the identity) goes to the writer's fold
  *    (quant_int.h), which is exact in real arithmetic. */
 #include "quant/quant_int.h"
@@ -201,15 +208,13 @@ static enum sfw_status calib_ids(const char *dir, const struct sfw_quant_params 
 }
 
 /* ---- the search ---------------------------------------------------------------- */
-struct balance {
-	const struct sfw_bweight *w[5];
-	int n;
-};
 
-/* The search's work runs on the executor bound by sfwi_awq_search (the
+/* The search's CPU work runs on the executor bound by sfwi_awq_search (the
  * products through sfw_op_matmul_cpu, the rest below): rows are independent,
  * and every sum is taken in a fixed order over fixed items, so the scales
- * chosen do not depend on the thread count. */
+ * chosen do not depend on the thread count. The same sums in the same order
+ * are what kernels/awq.cu computes on the GPU (the functions below marked
+ * "twin" are its kernels' C twins). */
 struct wq_job {
 	const float *W;
 	float *Wq;
@@ -250,6 +255,14 @@ static void wq_rows(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
+void sfwi_awq_fake_rows(float *Wq, unsigned char *bad, const float *W, const float *s, int64_t N, int K, int group)
+{
+	int nt = sfw_ops_cpu_threads();
+	size_t grain = (size_t)N / ((size_t)nt * 8) > 0 ? (size_t)N / ((size_t)nt * 8) : 1;
+	struct wq_job qj = {W, Wq, s, K, group, bad};
+	sfwi_ops_cpu_for(nt, (size_t)N, grain, wq_rows, &qj);
+}
+
 struct loss_job {
 	const float *a, *b;
 	size_t N;
@@ -271,12 +284,15 @@ static void loss_rows(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-/* The mean squared error of Yq against Y over R rows of N: each row's sum
- * (in parallel), then the rows' sums in row order. */
-static double loss_mse(const float *Yq, const float *Y, int R, size_t N, double *part)
+void sfwi_awq_sqerr_rows(double *part, const float *A, const float *B, int R, size_t N)
 {
-	struct loss_job j = {Yq, Y, N, part};
+	struct loss_job j = {A, B, N, part};
 	sfwi_ops_cpu_for(sfw_ops_cpu_threads(), (size_t)R, 1, loss_rows, &j);
+}
+
+/* The mean squared error from the rows' sums: added in row order. */
+static double loss_of(const double *part, int R, size_t N)
+{
 	double t = 0;
 	for (int r = 0; r < R; r++)
 		t += part[r];
@@ -285,7 +301,7 @@ static double loss_mse(const float *Yq, const float *Y, int R, size_t N, double 
 }
 
 struct wconv_job {
-	const struct balance *bl;
+	const struct sfwi_awq_group *g;
 	float *W;
 	int K;
 };
@@ -296,8 +312,8 @@ static void wconv_rows(void *ctx, size_t b, size_t e, int tid)
 	const struct wconv_job *j = ctx;
 	(void)tid;
 	size_t r0 = 0;
-	for (int i = 0; i < j->bl->n; i++) {
-		const struct sfw_bweight *w = j->bl->w[i];
+	for (int i = 0; i < j->g->n; i++) {
+		const struct sfw_bweight *w = j->g->w[i];
 		size_t r1 = r0 + (size_t)w->rows, lo = b > r0 ? b : r0, hi = e < r1 ? e : r1;
 		for (size_t r = lo; r < hi; r++)
 			for (size_t k = 0; k < (size_t)j->K; k++)
@@ -350,110 +366,223 @@ static void duo_sum_cols(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-/* Searches one group; *out = the scales (NULL: identity). */
-static enum sfw_status search(const char *dir, const struct tapstat *ts, const struct balance *bl,
-			      const struct sfw_quant_params *p, float **out, struct sfw_quant_stats *st,
-			      struct sfw_err *err)
+void sfwi_awq_duo_sums(float *wm, float *gmax, const float *W, int N, int K, int span)
+{
+	int nt = sfw_ops_cpu_threads();
+	size_t grain = (size_t)N / ((size_t)nt * 8) > 0 ? (size_t)N / ((size_t)nt * 8) : 1;
+	memset(wm, 0, (size_t)K * sizeof(float));
+	struct duo_job dj = {W, gmax, wm, N, K, span};
+	sfwi_ops_cpu_for(nt, (size_t)N, grain, duo_max_rows, &dj);
+	sfwi_ops_cpu_for(nt, ((size_t)K + DUO_COLS - 1) / DUO_COLS, 1, duo_sum_cols, &dj);
+}
+
+void sfwi_awq_scales(const float *xm, const float *wm, int K, int gk, int n_grid, int duo, float *s)
+{
+	if (gk == 0) {
+		for (int k = 0; k < K; k++)
+			s[k] = 1.0f;
+		return;
+	}
+	double a = (double)gk / n_grid;
+	float mx = 0, mn = INFINITY;
+	for (int k = 0; k < K; k++) {
+		double v = pow(xm[k], a);
+		if (duo)
+			v /= pow(wm[k], 1.0 - a) + 1e-4;
+		s[k] = (float)(v > 1e-4 ? v : 1e-4);
+		mx = s[k] > mx ? s[k] : mx;
+		mn = s[k] < mn ? s[k] : mn;
+	}
+	float nrm = sqrtf(mx * mn);
+	for (int k = 0; k < K; k++) {
+		s[k] /= nrm;
+		if (!isfinite(s[k]) || s[k] == 0)
+			s[k] = 1.0f;
+	}
+}
+
+/* The CPU side of one group: the buffers the candidates reuse. */
+struct cpu_side {
+	float *W, *Wq, *Y, *Yq, *gmax;
+	unsigned char *bad;
+};
+
+static void cpu_side_free(struct cpu_side *c)
+{
+	sfw_free(c->W), sfw_free(c->Wq), sfw_free(c->Y), sfw_free(c->Yq), sfw_free(c->gmax), sfw_free(c->bad);
+	memset(c, 0, sizeof(*c));
+}
+
+/* W as float, the duo sums and Y = X W^T. */
+static enum sfw_status cpu_begin(struct cpu_side *c, const struct sfwi_awq_group *g, int64_t N, int span, float *wm,
+				 struct sfw_err *err)
+{
+	int K = g->K, R = g->R;
+	size_t NK = (size_t)N * K;
+	c->W = sfw_malloc(NK * sizeof(float)), c->Wq = sfw_malloc(NK * sizeof(float));
+	c->Y = sfw_malloc((size_t)R * N * sizeof(float)), c->Yq = sfw_malloc((size_t)R * N * sizeof(float));
+	c->gmax = sfw_malloc((size_t)N * (size_t)((K + span - 1) / span) * sizeof(float)); /* row group maxima */
+	c->bad = sfw_malloc((size_t)N);
+	if (!c->W || !c->Wq || !c->Y || !c->Yq || !c->gmax || !c->bad)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
+	int nt = sfw_ops_cpu_threads();
+	size_t grain = (size_t)N / ((size_t)nt * 8) > 0 ? (size_t)N / ((size_t)nt * 8) : 1;
+	struct wconv_job cj = {g, c->W, K};
+	sfwi_ops_cpu_for(nt, (size_t)N, grain, wconv_rows, &cj);
+	/* duo statistic: |w| / group max |w|, summed over the rows (each row's
+	 * group maxima, then each channel's sum over the rows in order) */
+	sfwi_awq_duo_sums(wm, c->gmax, c->W, (int)N, K, span);
+	sfw_op_matmul_cpu(c->Y, g->X, c->W, SFW_DTYPE_F32, R, (int)N, K);
+	return SFW_OK;
+}
+
+/* One candidate: the rows' squared errors and the first row with a
+ * non-finite value (-1: none). */
+static void cpu_loss(struct cpu_side *c, const struct sfwi_awq_group *g, int64_t N, const float *s, int group,
+		     double *part, int64_t *bad_row)
+{
+	sfwi_awq_fake_rows(c->Wq, c->bad, c->W, s, N, g->K, group);
+	*bad_row = -1;
+	for (int64_t r = 0; r < N; r++)
+		if (c->bad[r]) {
+			*bad_row = r;
+			return;
+		}
+	sfw_op_matmul_cpu(c->Yq, g->X, c->Wq, SFW_DTYPE_F32, g->R, (int)N, g->K);
+	sfwi_awq_sqerr_rows(part, c->Yq, c->Y, g->R, (size_t)N);
+}
+
+enum sfw_status sfwi_awq_search_group(const char *dir, const struct sfwi_awq_group *g,
+				      const struct sfw_quant_params *p, struct sfwi_awq_dev *dev, double *losses,
+				      int *best_k_out, float **out, struct sfw_err *err)
 {
 	*out = NULL;
-	int K = ts->cols, R = ts->nrows;
-	if (!ts->sum || R == 0 || ts->count == 0)
+	*best_k_out = 0;
+	int K = g->K, R = g->R;
+	if (!g->sum || R == 0 || g->count == 0)
 		return SFW_OK;
 	int64_t N = 0;
-	for (int i = 0; i < bl->n; i++) {
-		if (bl->w[i]->cols != K || (bl->w[i]->dtype != SFW_DTYPE_BF16 && bl->w[i]->dtype != SFW_DTYPE_F32))
+	for (int i = 0; i < g->n; i++) {
+		if (g->w[i]->cols != K || (g->w[i]->dtype != SFW_DTYPE_BF16 && g->w[i]->dtype != SFW_DTYPE_F32))
 			return sfw_fail(err, SFW_E_FORMAT,
 					"model '%s': AWQ: balance weight '%s' does not match its input width %d", dir,
-					bl->w[i]->name, K);
-		N += bl->w[i]->rows;
+					g->w[i]->name, K);
+		if (dev && !g->w[i]->dev)
+			dev = NULL; /* not on the device: the CPU computes the same */
+		N += g->w[i]->rows;
 	}
-	size_t NK = (size_t)N * K;
-	float *W = sfw_malloc(NK * sizeof(float)), *Wq = sfw_malloc(NK * sizeof(float));
-	float *Y = sfw_malloc((size_t)R * N * sizeof(float)), *Yq = sfw_malloc((size_t)R * N * sizeof(float));
 	float *xm = sfw_malloc((size_t)K * sizeof(float)), *wm = sfw_calloc((size_t)K, sizeof(float));
 	float *s = sfw_malloc((size_t)K * sizeof(float)), *best = sfw_malloc((size_t)K * sizeof(float));
-	unsigned char *bad = sfw_malloc((size_t)N);
 	double *part = sfw_malloc((size_t)R * sizeof(double));
-	int64_t span = sfw_ql_group_span(K, p->group_size);
-	float *gmax = sfw_malloc((size_t)N * (size_t)((K + span - 1) / span) * sizeof(float)); /* row group maxima */
+	int span = (int)sfw_ql_group_span(K, p->group_size);
+	struct cpu_side cs = {0};
 	enum sfw_status rc = SFW_OK;
-	if (!W || !Wq || !Y || !Yq || !xm || !wm || !s || !best || !bad || !part || !gmax) {
+	if (!xm || !wm || !s || !best || !part) {
 		rc = sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
 		goto done;
 	}
-	int nt = sfw_ops_cpu_threads();
-	size_t grain = (size_t)N / ((size_t)nt * 8) > 0 ? (size_t)N / ((size_t)nt * 8) : 1;
-	struct wconv_job cj = {bl, W, K};
-	sfwi_ops_cpu_for(nt, (size_t)N, grain, wconv_rows, &cj);
 	for (int k = 0; k < K; k++)
-		xm[k] = (float)(ts->sum[k] / (double)ts->count);
-	/* duo statistic: |w| / group max |w|, averaged over the rows (each
-	 * row's group maxima, then each channel's sum over the rows in order) */
-	struct duo_job dj = {W, gmax, wm, (int)N, K, (int)span};
-	sfwi_ops_cpu_for(nt, (size_t)N, grain, duo_max_rows, &dj);
-	sfwi_ops_cpu_for(nt, ((size_t)K + DUO_COLS - 1) / DUO_COLS, 1, duo_sum_cols, &dj);
+		xm[k] = (float)(g->sum[k] / (double)g->count);
+#if SFW_HAVE_CUDA
+	if (dev)
+		rc = sfwi_awq_dev_begin(dev, g, span, wm, err);
+	else
+#endif
+		rc = cpu_begin(&cs, g, N, span, wm, err);
+	if (rc != SFW_OK)
+		goto done;
 	for (int k = 0; k < K; k++)
 		wm[k] /= (float)N;
-	sfw_op_matmul_cpu(Y, ts->rows, W, SFW_DTYPE_F32, R, (int)N, K);
-	double best_loss = -1, loss0 = 0;
+	double best_loss = -1;
 	int best_k = 0;
 	for (int gk = 0; gk < p->n_grid; gk++) {
-		double a = (double)gk / p->n_grid;
-		if (gk == 0) {
-			for (int k = 0; k < K; k++)
-				s[k] = 1.0f;
-		} else {
-			float mx = 0, mn = INFINITY;
-			for (int k = 0; k < K; k++) {
-				double v = pow(xm[k], a);
-				if (p->duo_scaling)
-					v /= pow(wm[k], 1.0 - a) + 1e-4;
-				s[k] = (float)(v > 1e-4 ? v : 1e-4);
-				mx = s[k] > mx ? s[k] : mx;
-				mn = s[k] < mn ? s[k] : mn;
-			}
-			float nrm = sqrtf(mx * mn);
-			for (int k = 0; k < K; k++) {
-				s[k] /= nrm;
-				if (!isfinite(s[k]) || s[k] == 0)
-					s[k] = 1.0f;
-			}
-		}
-		struct wq_job qj = {W, Wq, s, K, p->group_size, bad};
-		sfwi_ops_cpu_for(nt, (size_t)N, grain, wq_rows, &qj);
-		for (int64_t r = 0; r < N; r++) {
-			if (!bad[r])
-				continue;
+		sfwi_awq_scales(xm, wm, K, gk, p->n_grid, p->duo_scaling, s);
+		int64_t bad_row = -1;
+#if SFW_HAVE_CUDA
+		if (dev)
+			rc = sfwi_awq_dev_loss(dev, s, p->group_size, part, &bad_row, err);
+		else
+#endif
+			cpu_loss(&cs, g, N, s, p->group_size, part, &bad_row);
+		if (rc != SFW_OK)
+			goto done;
+		if (bad_row >= 0) {
 			int i = 0; /* name the tensor that the first such row belongs to */
-			for (int64_t r0 = 0; i + 1 < bl->n && r >= r0 + bl->w[i]->rows; i++)
-				r0 += bl->w[i]->rows;
+			for (int64_t r0 = 0; i + 1 < g->n && bad_row >= r0 + g->w[i]->rows; i++)
+				r0 += g->w[i]->rows;
 			rc = sfw_fail(err, SFW_E_FORMAT, "model '%s': AWQ: non-finite weights in '%s'", dir,
-				      bl->w[i]->name);
+				      g->w[i]->name);
 			goto done;
 		}
-		sfw_op_matmul_cpu(Yq, ts->rows, Wq, SFW_DTYPE_F32, R, (int)N, K);
-		double loss = loss_mse(Yq, Y, R, (size_t)N, part);
-		if (gk == 0)
-			loss0 = loss;
+		double loss = loss_of(part, R, (size_t)N);
+		if (losses)
+			losses[gk] = loss;
+		/* strictly lower wins: the identity (gk 0) and then the smaller
+		 * alpha keep ties */
 		if (best_loss < 0 || loss < best_loss) {
 			best_loss = loss;
 			best_k = gk;
 			memcpy(best, s, (size_t)K * sizeof(float));
 		}
 	}
-	st->awq_mappings++;
-	st->awq_mean_alpha += (double)best_k / p->n_grid;
-	st->awq_loss_gain += loss0 > 0 ? 1.0 - best_loss / loss0 : 0.0;
-	if (best_k == 0) {
-		st->awq_identity++;
-	} else {
+	*best_k_out = best_k;
+	if (best_k != 0) {
 		*out = best;
 		best = NULL;
 	}
 done:
-	sfw_free(W), sfw_free(Wq), sfw_free(Y), sfw_free(Yq), sfw_free(xm), sfw_free(wm), sfw_free(s), sfw_free(best);
-	sfw_free(bad), sfw_free(part), sfw_free(gmax);
+	cpu_side_free(&cs);
+	sfw_free(xm), sfw_free(wm), sfw_free(s), sfw_free(best), sfw_free(part);
 	return rc;
+}
+
+/* Searches one layer's group and counts it in the stats; with p->awq_check
+ * and a GPU, the CPU search too, counting the groups whose losses differ. */
+static enum sfw_status search(const char *dir, const struct tapstat *ts, const struct sfw_bweight *const *w, int n,
+			      const struct sfw_quant_params *p, struct sfwi_awq_dev *dev, float **out,
+			      struct sfw_quant_stats *st, struct sfw_err *err)
+{
+	struct sfwi_awq_group g = {{NULL}, n, ts->cols, ts->sum, ts->count, ts->rows, ts->nrows};
+	for (int i = 0; i < n; i++)
+		g.w[i] = w[i];
+	*out = NULL;
+	if (!ts->sum || ts->nrows == 0 || ts->count == 0)
+		return SFW_OK;
+	double *loss = sfw_calloc((size_t)p->n_grid * 2, sizeof(double));
+	if (!loss)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	int best_k = 0;
+	enum sfw_status s = sfwi_awq_search_group(dir, &g, p, dev, loss, &best_k, out, err);
+	if (s == SFW_OK && dev) {
+		int on_dev = 1;
+		for (int i = 0; i < n; i++)
+			on_dev = on_dev && w[i]->dev;
+		st->awq_gpu_groups += on_dev;
+		if (on_dev && p->awq_check) {
+			float *s2 = NULL;
+			int k2 = 0;
+			s = sfwi_awq_search_group(dir, &g, p, NULL, loss + p->n_grid, &k2, &s2, err);
+			sfw_free(s2);
+			if (s == SFW_OK && (k2 != best_k || memcmp(loss, loss + p->n_grid, (size_t)p->n_grid * sizeof(double))))
+				st->awq_check_diff++;
+		}
+	}
+	if (s == SFW_OK) {
+		st->awq_mappings++;
+		st->awq_mean_alpha += (double)best_k / p->n_grid;
+		st->awq_loss_gain += loss[0] > 0 ? 1.0 - loss[best_k] / loss[0] : 0.0;
+		st->awq_identity += best_k == 0;
+	}
+	sfw_free(loss);
+	return s;
+}
+
+/* Text tokens in calibration sequence q (of per at most; the text gave n). */
+static size_t seq_tokens(const struct sfw_quant_params *p, size_t n, size_t per, size_t q)
+{
+	if (p->samples > 0 || (q + 1) * per <= n)
+		return per;
+	return n - q * per; /* the default's last sequence: the rest of the text */
 }
 
 enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_params *p, struct sfwi_fold *out,
@@ -462,8 +591,8 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	struct sfw_quant_stats local = {0}, *st = p->stats ? p->stats : &local;
 	out->n_layers = 0;
 	out->L = NULL;
-	if (p->samples < 1 || p->seq_len < 2 || p->loss_rows < 1 || p->n_grid < 1)
-		return sfw_fail(err, SFW_E_INVAL, "AWQ: samples, seq_len, loss_rows and n_grid must be positive");
+	if (p->samples < 0 || p->seq_len < 2 || p->loss_rows < 1 || p->n_grid < 1)
+		return sfw_fail(err, SFW_E_INVAL, "AWQ: seq_len, loss_rows and n_grid must be positive, samples not negative");
 	struct sfw_model_params mp = sfw_model_default_params();
 	mp.device = (enum sfw_device)p->device;
 	mp.threads = p->threads;
@@ -472,6 +601,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	int32_t *ids = NULL;
 	size_t n = 0;
 	struct calib c = {0};
+	struct sfwi_awq_dev *dev = NULL;
 	enum sfw_status s;
 	double t0 = sfw_now_s();
 	sfwi_phase(p, SFW_QP_LOAD, 0, 1, t0);
@@ -492,14 +622,25 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	 * and below each layer's pages go once the forward is past it */
 	if ((s = calib_ids(in_dir, p, cf->vocab_size, &ids, &n, err)) != SFW_OK)
 		goto done;
-	/* sequences: BOS + seq_len - 1 tokens each, `samples` of them, cut from
-	 * the text's tokens in order; a text shorter than that is gone through
-	 * again from its start (AutoAWQ would run fewer sequences: the default
-	 * is 128 x 512 tokens whatever the text, and the CLI says when the text
-	 * repeats) */
+	/* sequences: BOS + up to seq_len - 1 tokens each, cut from the text's
+	 * tokens in order. samples 0 (the default): as many as the text fills,
+	 * at most SFW_QUANT_AUTO_SAMPLES, the last one shorter, so every token
+	 * of the text is used once and never again. An explicit count is run
+	 * whole: a text shorter than that is gone through again from its start
+	 * (the CLI says so). */
 	size_t per = (size_t)p->seq_len - 1;
 	size_t nseq = (size_t)p->samples;
-	int64_t total = (int64_t)(nseq * (per + 1));
+	if (p->samples == 0) {
+		nseq = (n + per - 1) / per;
+		if (nseq > SFW_QUANT_AUTO_SAMPLES)
+			nseq = SFW_QUANT_AUTO_SAMPLES;
+	}
+	int64_t total = 0, used = 0;
+	for (size_t q = 0; q < nseq; q++) {
+		size_t len = seq_tokens(p, n, per, q);
+		total += (int64_t)len + 1;
+		used += (int64_t)len;
+	}
 	c.m = m;
 	c.last_layer = -1;
 	c.L = cf->num_hidden_layers;
@@ -521,11 +662,12 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	sfw_ctx_set_tap_linear_inputs(ctx, 1);
 	t0 = sfw_now_s();
 	for (size_t q = 0; q < nseq && s == SFW_OK; q++) {
+		size_t len = seq_tokens(p, n, per, q);
 		seq[0] = cf->bos_token_id >= 0 && cf->bos_token_id < cf->vocab_size ? cf->bos_token_id : 1;
-		for (size_t j = 0; j < per; j++)
+		for (size_t j = 0; j < len; j++)
 			seq[1 + j] = ids[(q * per + j) % n];
 		sfw_ctx_reset(ctx);
-		s = sfw_ctx_prefill(ctx, seq, per + 1, NULL, err);
+		s = sfw_ctx_prefill(ctx, seq, len + 1, NULL, err);
 		if (s == SFW_OK && c.nomem)
 			s = sfw_fail(err, SFW_E_NOMEM, "out of memory for AWQ statistics");
 		if (s == SFW_OK)
@@ -536,6 +678,8 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	sfw_free(seq);
 	st->calib_tokens = total;
 	st->calib_text_tokens = (int64_t)n;
+	st->calib_text_used = used;
+	st->calib_samples = (int64_t)nseq;
 	if (s != SFW_OK)
 		goto done;
 
@@ -545,23 +689,33 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		goto done;
 	}
 	out->n_layers = c.L;
+#if SFW_HAVE_CUDA
+	/* the model runs on a GPU: the search runs there too (awq_cuda.c),
+	 * reading the weights' device copies; the same sums as the CPU's */
+	if (strcmp(m->be->name, "cuda") == 0) {
+		m->be->sync(m->be);
+		if ((s = sfwi_awq_dev_new(&dev, err)) != SFW_OK)
+			goto done;
+	}
+#endif
 	t0 = sfw_now_s();
 	for (int li = 0; li < c.L && s == SFW_OK; li++) {
 		const struct sfwi_layer *L = &m->layers[li];
 		struct sfwi_fold_layer *F = &out->L[li];
-		struct balance attn = {{&L->q, &L->k, &L->v}, 3};
+		const struct sfw_bweight *attn[5] = {&L->q, &L->k, &L->v};
+		int na = 3;
 		if (L->kind == SFW_MIXER_SPARSE && L->o_gate.host)
-			attn.w[attn.n++] = &L->o_gate;
+			attn[na++] = &L->o_gate;
 		if (L->kind == SFW_MIXER_LIGHTNING && L->z.host)
-			attn.w[attn.n++] = &L->z;
-		struct balance o = {{&L->o}, 1}, mlp = {{&L->gate, &L->up}, 2}, down = {{&L->down}, 1};
-		s = search(in_dir, &c.st[li * T_N + T_ATTN], &attn, p, &F->s_attn, st, err);
+			attn[na++] = &L->z;
+		const struct sfw_bweight *o[1] = {&L->o}, *mlp[2] = {&L->gate, &L->up}, *down[1] = {&L->down};
+		s = search(in_dir, &c.st[li * T_N + T_ATTN], attn, na, p, dev, &F->s_attn, st, err);
 		if (s == SFW_OK && L->kind == SFW_MIXER_LIGHTNING && L->o_norm.host)
-			s = search(in_dir, &c.st[li * T_N + T_O], &o, p, &F->s_o, st, err);
+			s = search(in_dir, &c.st[li * T_N + T_O], o, 1, p, dev, &F->s_o, st, err);
 		if (s == SFW_OK)
-			s = search(in_dir, &c.st[li * T_N + T_MLP], &mlp, p, &F->s_mlp, st, err);
+			s = search(in_dir, &c.st[li * T_N + T_MLP], mlp, 2, p, dev, &F->s_mlp, st, err);
 		if (s == SFW_OK)
-			s = search(in_dir, &c.st[li * T_N + T_DOWN], &down, p, &F->s_down, st, err);
+			s = search(in_dir, &c.st[li * T_N + T_DOWN], down, 1, p, dev, &F->s_down, st, err);
 		/* this layer's statistics and weight pages are done with: what is
 		 * held stays one layer's search, not the model's */
 		for (int k = 0; k < T_N; k++) {
@@ -580,6 +734,9 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		st->awq_loss_gain /= st->awq_mappings;
 	}
 done:
+#if SFW_HAVE_CUDA
+	sfwi_awq_dev_free(dev);
+#endif
 	if (c.st)
 		for (int i = 0; i < c.L * T_N; i++)
 			sfw_free(c.st[i].sum), sfw_free(c.st[i].rows);

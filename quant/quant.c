@@ -38,7 +38,7 @@ struct sfw_quant_params sfw_quant_default_params(void)
 	memset(&p, 0, sizeof(p));
 	p.group_size = SFW_QL_GROUP_DEFAULT;
 	p.method = SFW_QUANT_AWQ;
-	p.samples = 128;
+	p.samples = 0; /* as many as the text fills (quant.h) */
 	p.seq_len = 512;
 	p.loss_rows = 256;
 	p.n_grid = 20;

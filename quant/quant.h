@@ -28,6 +28,10 @@
 
 enum sfw_quant_method { SFW_QUANT_RTN, SFW_QUANT_AWQ };
 
+/* The most calibration sequences the default (samples 0) runs: 128 x 512
+ * tokens, AutoAWQ's and llm-awq's default, when the text is that long. */
+#define SFW_QUANT_AUTO_SAMPLES 128
+
 struct sfw_quant_stats {
 	int n_quantized;        /* linears written as int8 */
 	int n_copied;           /* tensors copied (possibly AWQ-folded) */
@@ -38,8 +42,13 @@ struct sfw_quant_stats {
 	int awq_identity;       /* ... of which kept alpha = 0 (no smoothing) */
 	double awq_mean_alpha;  /* over the searched groups */
 	double awq_loss_gain;   /* mean (1 - best loss / loss at alpha 0) */
-	int64_t calib_tokens;   /* tokens run through the model (samples x seq_len) */
-	int64_t calib_text_tokens; /* tokens the calibration text gave (fewer: it was repeated) */
+	int64_t calib_tokens;   /* tokens run through the model (BOS of each sequence included) */
+	int64_t calib_samples;  /* sequences run */
+	int64_t calib_text_tokens; /* tokens the calibration text gave */
+	int64_t calib_text_used;   /* text tokens the sequences took (more than calib_text_tokens:
+				    * the text was gone through again; never with the default samples) */
+	int awq_gpu_groups;     /* groups searched on the GPU (the model on CUDA) */
+	int awq_check_diff;     /* awq_check: groups whose GPU and CPU losses differ */
 	double seconds_calib, seconds_total;
 };
 
@@ -66,12 +75,15 @@ struct sfw_quant_params {
 	enum sfw_quant_method method; /* default SFW_QUANT_AWQ */
 	/* AWQ calibration (docs/awq.md §1.2-1.4) */
 	const char *calib_path;       /* UTF-8 text; NULL: sfw_default_corpus */
-	int samples;                  /* sequences (default 128) */
+	int samples;                  /* sequences; 0 (default): as many as the text fills, at most
+				       * SFW_QUANT_AUTO_SAMPLES, each text token used once */
 	int seq_len;                  /* tokens per sequence (default 512) */
 	int loss_rows;                /* cached input rows per layer for the loss (default 256) */
 	int n_grid;                   /* alpha grid points (default 20: alpha = k/20, k = 0..19) */
 	int duo_scaling;              /* 1 (default): s = x^a / w^(1-a); 0: s = x^a */
 	int device;                   /* enum sfw_device for the calibration forward (default CPU) */
+	int awq_check;                /* tests: with the search on the GPU, search every group on the
+				       * CPU too and count those whose losses differ (stats) */
 	int fold_only;                /* tests: apply the AWQ fold, write every changed tensor as
 				       * float32 and quantize nothing (no quantization_config) */
 	int threads;                  /* 0: sfw_default_threads() */

@@ -20,6 +20,7 @@
 #include "alloc.h"
 #include "file.h"
 #include "formats/safetensors.h"
+#include "formats/tokenizer.h"
 #include "json.h"
 #include "kernels/ops.h"
 #include "quant/quant.h"
@@ -1314,6 +1315,184 @@ static void test_lineage_parse(void)
 	}
 }
 
+/* The AWQ search's pieces that kernels/awq.cu replays on the GPU
+ * (quant_int.h: the C twins), against plain scalar loops written here:
+ * the fake rows through the reference quantizer's quantize + dequantize
+ * (a separate path from the vectorised fake quantizer), the duo sums and
+ * row losses in the documented order, and sfw_op_matmul_cpu with F32 weights
+ * in the lane order the GPU product reproduces (eight lane sums over
+ * k = 8i + j, hsum8's tree, the tail): exact equality, so a change of that
+ * order in kernels/matmul.c shows here before it shows on a GPU. */
+static void test_awq_twins(void)
+{
+	static const int groups[] = {32, 64, 128, 0};
+	uint64_t rs = 99;
+	for (int gi = 0; gi < 4; gi++) {
+		int N = 19, K = gi % 2 ? 300 : 256, group = groups[gi], span = group > 0 ? group : K;
+		float *W = malloc((size_t)N * K * 4), *Wq = malloc((size_t)N * K * 4), *s = malloc((size_t)K * 4);
+		float *row = malloc((size_t)K * 4), *deq = malloc((size_t)K * 4);
+		uint8_t *codes = malloc((size_t)sfw_ql_row_bytes(K));
+		uint16_t *sc = malloc((size_t)sfw_ql_ngroups(K, group) * 2);
+		unsigned char *bad = malloc((size_t)N);
+		gen_matrix(11 + (uint64_t)gi, N, K, 0, W);
+		for (int k = 0; k < K; k++)
+			s[k] = (float)exp(gauss(&rs) * 0.5);
+		W[(size_t)4 * K + 7] = NAN; /* row 4: not finite */
+		sfwi_awq_fake_rows(Wq, bad, W, s, N, K, group);
+		int diff = 0, badok = 1;
+		for (int r = 0; r < N; r++) {
+			for (int k = 0; k < K; k++)
+				row[k] = W[(size_t)r * K + k] * s[k];
+			int rc = sfw_quant_row_w8_ref(row, K, group, codes, sc);
+			badok = badok && (rc != 0) == (bad[r] != 0);
+			if (rc != 0)
+				continue;
+			sfw_quant_dequant_row_w8(codes, sc, K, group, deq);
+			for (int k = 0; k < K; k++)
+				diff += deq[k] / s[k] != Wq[(size_t)r * K + k];
+		}
+		CHECK(diff == 0 && badok && bad[4], "awq twin fake_rows g%d K %d: %d values differ from quantize + "
+		      "dequantize / s; non-finite rows %s", group, K, diff, badok ? "agree" : "differ");
+		/* duo sums */
+		float *wm = malloc((size_t)K * 4), *gm = malloc((size_t)N * ((K + span - 1) / span) * 4);
+		for (int k = 0; k < K; k++)
+			W[(size_t)4 * K + k] = (float)(gauss(&rs) * 0.01);
+		sfwi_awq_duo_sums(wm, gm, W, N, K, span);
+		int dd = 0;
+		for (int k = 0; k < K; k++) {
+			float acc = 0;
+			for (int r = 0; r < N; r++) {
+				float mx = 0;
+				int g0 = k / span * span, g1 = g0 + span < K ? g0 + span : K;
+				for (int q = g0; q < g1; q++)
+					mx = fabsf(W[(size_t)r * K + q]) > mx ? fabsf(W[(size_t)r * K + q]) : mx;
+				acc += mx > 0 ? fabsf(W[(size_t)r * K + k]) / mx : 0.0f;
+			}
+			dd += acc != wm[k];
+		}
+		CHECK(dd == 0, "awq twin duo_sums span %d: %d of %d column sums differ", span, dd, K);
+		free(W), free(Wq), free(s), free(row), free(deq), free(codes), free(sc), free(bad), free(wm), free(gm);
+	}
+	/* the row losses and the product's lane order */
+	static const int sh[][3] = {{1, 1, 1}, {3, 5, 8}, {7, 33, 200}, {64, 17, 333}, {5, 40, 4099}};
+	for (size_t t = 0; t < sizeof(sh) / sizeof(sh[0]); t++) {
+		int M = sh[t][0], N = sh[t][1], K = sh[t][2], K8 = K & ~7;
+		float *X = malloc((size_t)M * K * 4), *W = malloc((size_t)N * K * 4), *Y = malloc((size_t)M * N * 4);
+		float *Y2 = malloc((size_t)M * N * 4);
+		double *part = malloc((size_t)M * 8);
+		for (size_t i = 0; i < (size_t)M * K; i++)
+			X[i] = (float)gauss(&rs);
+		for (size_t i = 0; i < (size_t)N * K; i++)
+			W[i] = (float)(gauss(&rs) * 0.02);
+		sfw_op_matmul_cpu(Y, X, W, SFW_DTYPE_F32, M, N, K);
+		int md = 0;
+		for (int m = 0; m < M; m++)
+			for (int n = 0; n < N; n++) {
+				float l[8] = {0};
+				for (int k = 0; k < K8; k++)
+					l[k % 8] += X[(size_t)m * K + k] * W[(size_t)n * K + k];
+				float v = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+				for (int k = K8; k < K; k++)
+					v += X[(size_t)m * K + k] * W[(size_t)n * K + k];
+				md += v != Y[(size_t)m * N + n];
+				Y2[(size_t)m * N + n] = v + (float)(gauss(&rs) * 1e-3);
+			}
+		CHECK(md == 0, "sfw_op_matmul_cpu F32 %d x %d x %d sums in the lane order kernels/awq.cu replays (%d differ)",
+		      M, N, K, md);
+		sfwi_awq_sqerr_rows(part, Y2, Y, M, (size_t)N);
+		int pd = 0;
+		for (int m = 0; m < M; m++) {
+			double acc = 0;
+			for (int n = 0; n < N; n++) {
+				double d = (double)Y2[(size_t)m * N + n] - Y[(size_t)m * N + n];
+				acc += d * d;
+			}
+			pd += acc != part[m];
+		}
+		CHECK(pd == 0, "awq twin sqerr_rows %d x %d: %d rows differ", M, N, pd);
+		free(X), free(W), free(Y), free(Y2), free(part);
+	}
+}
+
+/* The default calibration (samples 0) on a model with a tokenizer: as many
+ * sequences as the built-in text fills, the last one shorter, so each of the
+ * tokens the model's tokenizer gives for the text runs once (no repeat,
+ * nothing for the CLI to warn about); an explicit count beyond the text
+ * goes through it again, as asked. */
+static void test_default_calib(void)
+{
+	char dir[600], out[700];
+	snprintf(dir, sizeof(dir), "%s/tiny-tok", tmpdir);
+	struct sfw_mkmodel_params mp;
+	memset(&mp, 0, sizeof(mp));
+	mp.preset = SFW_MKMODEL_TINY;
+	mp.seed = 3;
+	struct sfw_err err = {0};
+	if (sfw_mkmodel(dir, &mp, &err) != SFW_OK) {
+		CHECK(0, "mkmodel tiny: %s", err.msg);
+		return;
+	}
+	/* the tokens the model's tokenizer gives for the built-in text */
+	struct sfw_tokenizer *tok = NULL;
+	int32_t *ids = NULL;
+	size_t n = 0;
+	struct sfw_config cf;
+	if (sfw_config_load(dir, &cf, &err) != SFW_OK || sfw_tokenizer_load(dir, cf.vocab_size, &tok, &err) != SFW_OK ||
+	    sfw_tokenizer_encode(tok, sfw_default_corpus, sfw_default_corpus_len(), 0, &ids, &n, &err) != SFW_OK) {
+		CHECK(0, "tokenizer of the tiny model: %s", err.msg);
+		sfw_tokenizer_free(tok);
+		return;
+	}
+	sfw_tokenizer_free(tok);
+	sfw_free(ids);
+	struct sfw_quant_params p = sfw_quant_default_params();
+	struct sfw_quant_stats st;
+	p.stats = &st;
+	CHECK(p.samples == 0 && p.seq_len == 512, "default: samples 0 (as the text fills), seq_len 512");
+	snprintf(out, sizeof(out), "%s/tiny-tok-q", tmpdir);
+	CHECK(sfw_quant_run(dir, out, &p, &err) == SFW_OK, "default AWQ on tiny: %s", err.msg);
+	int64_t per = 511, want_seq = ((int64_t)n + per - 1) / per;
+	if (want_seq > SFW_QUANT_AUTO_SAMPLES)
+		want_seq = SFW_QUANT_AUTO_SAMPLES;
+	int64_t want_used = want_seq * per < (int64_t)n ? want_seq * per : (int64_t)n;
+	printf("default calibration: the built-in text gives %zu tokens with the tiny model's tokenizer: %lld "
+	       "sequences, %lld tokens run (BOS included), %lld text tokens used\n", n, (long long)st.calib_samples,
+	       (long long)st.calib_tokens, (long long)st.calib_text_used);
+	CHECK(st.calib_text_tokens == (int64_t)n, "calibration text tokens %lld == the tokenizer's %zu",
+	      (long long)st.calib_text_tokens, n);
+	CHECK(st.calib_samples == want_seq && st.calib_text_used == want_used &&
+		      st.calib_tokens == want_used + want_seq,
+	      "default: %lld sequences (want %lld), %lld text tokens used (want %lld), %lld run (want %lld)",
+	      (long long)st.calib_samples, (long long)want_seq, (long long)st.calib_text_used, (long long)want_used,
+	      (long long)st.calib_tokens, (long long)(want_used + want_seq));
+	CHECK(st.calib_text_used <= st.calib_text_tokens, "default: no text token is used twice (the CLI's warning "
+	      "condition is false)");
+	/* an explicit count beyond the text: run whole, the text repeated */
+	p.samples = (int)want_seq + 2;
+	p.force = 1;
+	CHECK(sfw_quant_run(dir, out, &p, &err) == SFW_OK, "AWQ --samples %d on tiny: %s", p.samples, err.msg);
+	CHECK(st.calib_samples == p.samples && st.calib_text_used == (int64_t)p.samples * per &&
+		      st.calib_text_used > st.calib_text_tokens,
+	      "--samples %d: run whole, %lld text tokens taken from %lld (gone through again)", p.samples,
+	      (long long)st.calib_text_used, (long long)st.calib_text_tokens);
+	/* a text shorter than one sequence: one sequence of the whole text */
+	char txt[700];
+	snprintf(txt, sizeof(txt), "%s/short.txt", tmpdir);
+	FILE *f = fopen(txt, "w");
+	if (f) {
+		fputs("The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.\n", f);
+		fclose(f);
+	}
+	p.samples = 0;
+	p.calib_path = txt;
+	CHECK(sfw_quant_run(dir, out, &p, &err) == SFW_OK, "AWQ on a short --calib text: %s", err.msg);
+	CHECK(st.calib_samples == 1 && st.calib_text_used == st.calib_text_tokens &&
+		      st.calib_tokens == st.calib_text_tokens + 1 && st.calib_text_tokens < per,
+	      "a text of %lld tokens (< 511): 1 sequence of all of them (%lld sequences, %lld used, %lld run)",
+	      (long long)st.calib_text_tokens, (long long)st.calib_samples, (long long)st.calib_text_used,
+	      (long long)st.calib_tokens);
+}
+
 int main(void)
 {
 	test_layout();
@@ -1323,6 +1502,7 @@ int main(void)
 	test_matmul_w8_rows();
 	test_matmul_silu_w8();
 	test_fake_rows();
+	test_awq_twins();
 	static const int groups[] = {32, 64, 128, 0};
 	for (int i = 0; i < 4; i++) {
 		test_python(42 + (uint64_t)i, 24, 301, groups[i], 0);
@@ -1341,6 +1521,7 @@ int main(void)
 		test_inputs(golden);
 		test_models(golden);
 		test_awq(golden);
+		test_default_calib();
 		rm_rf(tmpdir);
 	}
 	return CHECK_REPORT("test_quant");

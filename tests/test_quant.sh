@@ -84,6 +84,20 @@ check_err "a short --calib text is said, with the tokens it gave" 0 \
 r=$(python3 -c "import json; p=json.load(open('$S/sc/.salafw/manifest.json'))['lineage']['params']; print(p['samples'], p['calib_tokens'], p['calib_text_tokens'])")
 [ "$r" = "8 4096 1620" ] && pass "lineage: samples 8, calib_tokens run 4096, calib_text_tokens 1620" ||
 	fail "lineage params: $r"
+# the default calibration is sized to the text (as many sequences as it fills, the last one
+# shorter): a default run on a model with a tokenizer warns about nothing, and its lineage
+# says each text token ran once (calib_tokens = the text's tokens + one BOS per sequence)
+if $SALAFW mkmodel --preset tiny -o "$S/tiny" >/dev/null 2>&1; then
+	$SALAFW quant "$S/tiny" -o "$S/tiny-q" --no-verify 2>"$S/tiny.err" >/dev/null
+	w=$(grep -v -- '--no-verify' "$S/tiny.err" | grep -i 'warning')
+	[ -z "$w" ] && grep -q 'awq: [0-9]* calibration tokens' "$S/tiny.err" &&
+		pass "default AWQ on the tiny preset (its tokenizer): no warning" || fail "default AWQ run warns: $w"
+	r=$(python3 -c "import json; p=json.load(open('$S/tiny-q/.salafw/manifest.json'))['lineage']['params']; s, t, x = int(p['samples']), int(p['calib_tokens']), int(p['calib_text_tokens']); print('ok %d %d %d' % (s, t, x) if t == x + s and s == -(-x // 511) else 'bad %d %d %d' % (s, t, x))")
+	case $r in ok*) pass "default calibration: ${r#ok } (sequences, tokens run, text tokens): each text token once";;
+	*) fail "default calibration lineage (sequences, tokens run, text tokens): $r";; esac
+else
+	fail "mkmodel --preset tiny"
+fi
 # RTN has no calibration or search: its progress is the write, with elapsed time, to a log as lines
 $SALAFW quant "$D" -o "$S/r" --method rtn --no-verify 2>"$S/r.err" >/dev/null
 grep -qE '^salafw quant: writing shard 1/1: 100% of [0-9.]+ MB, [0-9:]+ elapsed, ETA 0:00$' "$S/r.err" &&
