@@ -1,0 +1,502 @@
+/* linear_w8_mma.cu - Y[M,N] = X[M,K] · Wᵀ with W int8 pack-quantized (W8A16,
+ * num/w8_layout.h) on the tensor cores: int8 codes and their group scales
+ * are read once per tile, turned into bf16 in registers and fed to
+ * mma.sync m16n8k16 (bf16 in, fp32 accumulation), sm_80 and later. The CUDA
+ * twin, for 2 ≤ M ≤ a prefill piece, of sfw_op_matmul_w8_cpu
+ * (kernels/matmul_w8.c); no bf16 copy of a weight is written anywhere.
+ *
+ * Layout: the kernel reads the checkpoint's layout in place (codes [N, K]
+ * row-major, scales [N, G]), so the one copy uploaded serves the decode GEMV
+ * (kernels/linear_w8.cu) and this GEMM alike: there is nothing to repack.
+ * What a repack buys Marlin-class kernels (each lane's fragment in one
+ * load) comes here from the order of k inside an MMA, which is free: A and
+ * B only have to agree. Lane (g = lane / 4, c = lane % 4) of a warp takes,
+ * for each 64-wide slice k0 of K, the 16 contiguous codes
+ * W[n, k0 + 16c .. k0 + 16c + 15] (one 16-byte shared-memory load per 8
+ * rows) and the 16 contiguous activations X[m, same k] (two 16-byte loads
+ * per row); MMA step t (0..3) of the slice uses codes 4t .. 4t + 3 of those
+ * 16 in the fragment positions k = 2c, 2c + 1, 2c + 8, 2c + 9. Each lane's 16
+ * codes lie in one group (groups are multiples of 16), so one scale per
+ * lane, row and slice.
+ *
+ * Dequantization: w = (b - 128) · scale in float32 (b - 128 formed exactly:
+ * the byte under the exponent of 2^23, minus 2^23 + 128), rounded to bf16
+ * once (round to nearest even): the same bf16 weight the dequantize-then-
+ * cuBLASLt path (sfw_cuda_dequant_w8) feeds the tensor cores.
+ *
+ * Tiles: a block computes BM × BN of Y (warps WM × WN, each MT m16 tiles ×
+ * NT n8 tiles), streaming K in stages of 128 through shared memory with
+ * cp.async (STAGES deep; 16-byte units placed with an XOR swizzle so that
+ * the fragment loads hit distinct banks). Few tiles (small M, narrow N) split
+ * K over S blocks: each writes its fp32 partial tile to the workspace, and
+ * the last of the S to arrive (a counter per tile) adds the S partials in
+ * the order 0..S-1 and writes Y: deterministic, no atomics on data.
+ *
+ * SiLU epilogue (silu = 1): W is the merged gate|up [2N, K]; each warp's n8
+ * tiles are half gate rows, half the matching up rows, and the epilogue
+ * writes silu(g)·u as the GEMV's SiLU variant does (g and u rounded to bf16,
+ * silu(g) rounded, the product rounded on the store): y [M, N]. */
+#include "cuda_common.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+extern "C" {
+#include "kernels/linear_w8_mma.h"
+#include "kernels/ops_cuda.h"
+}
+
+#define W8M_BK 128 /* codes (k) per row per stage */
+
+/* ---- device helpers ---- */
+
+static __device__ __forceinline__ uint32_t w8m_smem_addr(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte async copy; src_bytes 0 fills the destination with zeros. */
+static __device__ __forceinline__ void w8m_cp16(void *dst, const void *src, int src_bytes)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(w8m_smem_addr(dst)), "l"(src),
+		     "r"(src_bytes));
+}
+static __device__ __forceinline__ void w8m_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> static __device__ __forceinline__ void w8m_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+static __device__ __forceinline__ float w8m_scale(const void *s, int sdt, size_t i)
+{
+	if (sdt == SFW_DTYPE_F32)
+		return __ldg((const float *)s + i);
+	uint16_t h = __ldg((const uint16_t *)s + i);
+	if (sdt == SFW_DTYPE_BF16)
+		return sfwc_bf(h);
+	return __half2float(__ushort_as_half(h));
+}
+
+/* Four codes (bytes of w, k ascending) times the scale, as the two bf16x2
+ * registers of a B fragment: lo = codes 0, 1; hi = codes 2, 3. */
+static __device__ __forceinline__ void w8m_dequant4(uint32_t w, float s, uint32_t &lo, uint32_t &hi)
+{
+	const float magic = 8388736.0f; /* 2^23 + 128 */
+	float f0 = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540)) - magic) * s;
+	float f1 = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7541)) - magic) * s;
+	float f2 = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7542)) - magic) * s;
+	float f3 = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7543)) - magic) * s;
+	__nv_bfloat162 a = __floats2bfloat162_rn(f0, f1), b = __floats2bfloat162_rn(f2, f3);
+	lo = *(uint32_t *)&a;
+	hi = *(uint32_t *)&b;
+}
+
+static __device__ __forceinline__ void w8m_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+					       uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+		     "{%0,%1,%2,%3};\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint4 w8m_lds(const void *p)
+{
+	return *(const uint4 *)p;
+}
+
+/* ---- the kernel ---- */
+
+struct w8m_args {
+	const uint16_t *X;
+	const uint8_t *C;
+	const void *S;
+	uint16_t *Y;
+	int *cnt;   /* split: one counter per tile, zero between calls */
+	float *part; /* split: [tiles][splits][threads][acc] */
+	int ldx, ldy, M, N, K; /* N: output columns (silu: half the weight rows) */
+	int rows;	       /* weight rows: N, or 2N for silu */
+	int sdt, group, G;     /* group: k per scale (K for per channel) */
+	int splits, cps;       /* K splits, 128-chunks per split */
+};
+
+template <int MT, int NT, int WM, int WN, int STAGES, bool SILU>
+struct w8m_cfg {
+	static constexpr int BM = WM * MT * 16, BN = WN * NT * 8, THREADS = WM * WN * 32;
+	static constexpr int A_BYTES = BM * W8M_BK * 2, B_BYTES = BN * W8M_BK;
+	static constexpr int STAGE = A_BYTES + B_BYTES, SMEM = STAGES * STAGE;
+	static constexpr int ACC = MT * NT * 4;
+	static_assert(!SILU || NT % 2 == 0, "the SiLU epilogue pairs gate and up tiles");
+};
+
+template <int MT, int NT, int WM, int WN, int STAGES, bool SILU>
+static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args p)
+{
+	using CF = w8m_cfg<MT, NT, WM, WN, STAGES, SILU>;
+	constexpr int BM = CF::BM, BN = CF::BN, T = CF::THREADS;
+	extern __shared__ __align__(16) unsigned char smem[];
+	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	int wm = warp / WN, wn = warp % WN, g = lane >> 2, c = lane & 3;
+	int m0 = blockIdx.y * BM;
+	int split = blockIdx.z;
+	int kc0 = split * p.cps, kcn = (p.K + W8M_BK - 1) / W8M_BK;
+	int kc1 = min(kcn, kc0 + p.cps);
+	int nst = kc1 - kc0; /* stages of this block (≥ 1 by the plan) */
+
+	/* The global weight row of block-local row r (-1: none). */
+	auto wrow = [&](int r) -> int {
+		if (!SILU) {
+			int n = blockIdx.x * BN + r;
+			return n < p.N ? n : -1;
+		}
+		int w = r / (NT * 8), j = (r % (NT * 8)) / 8, i = r % 8;
+		int o = blockIdx.x * (BN / 2) + w * (NT / 2) * 8 + (j % (NT / 2)) * 8 + i;
+		if (o >= p.N)
+			return -1;
+		return j < NT / 2 ? o : p.N + o;
+	};
+
+	/* Stage loaders: A = [BM][16 units of 8 bf16], unit u of row r at
+	 * u ^ (r & 1); B = [BN][8 units of 16 codes], unit u at u ^ ((r & 1) << 2). */
+	auto load_b = [&](int st, int kc) {
+		unsigned char *B = smem + (size_t)st * CF::STAGE + CF::A_BYTES;
+		int k0 = kc * W8M_BK;
+		for (int i = tid; i < BN * 8; i += T) {
+			int r = i >> 3, u = i & 7, n = wrow(r), k = k0 + u * 16;
+			bool ok = n >= 0 && k < p.K;
+			const uint8_t *src = ok ? p.C + (size_t)n * p.K + k : p.C;
+			w8m_cp16(B + r * W8M_BK + ((u ^ ((r & 1) << 2)) << 4), src, ok ? 16 : 0);
+		}
+	};
+	auto load_a = [&](int st, int kc) {
+		unsigned char *A = smem + (size_t)st * CF::STAGE;
+		int k0 = kc * W8M_BK;
+		for (int i = tid; i < BM * 16; i += T) {
+			int r = i >> 4, u = i & 15, m = m0 + r, k = k0 + u * 8;
+			bool ok = m < p.M && k < p.K;
+			const uint16_t *src = ok ? p.X + (size_t)m * p.ldx + k : p.X;
+			w8m_cp16(A + r * (W8M_BK * 2) + ((u ^ (r & 1)) << 4), src, ok ? 16 : 0);
+		}
+	};
+
+	/* This lane's weight rows (one per n8 tile) and their scale rows. */
+	int brow[NT];
+	size_t srow[NT];
+#pragma unroll
+	for (int j = 0; j < NT; j++) {
+		brow[j] = wn * NT * 8 + j * 8 + g;
+		int n = wrow(brow[j]);
+		srow[j] = (size_t)(n < 0 ? 0 : n) * p.G;
+	}
+	auto scales = [&](int kc, int half, float *s) {
+		int k = kc * W8M_BK + half * 64 + c * 16;
+		int gi = min(k / p.group, p.G - 1);
+#pragma unroll
+		for (int j = 0; j < NT; j++)
+			s[j] = w8m_scale(p.S, p.sdt, srow[j] + gi);
+	};
+
+	float acc[MT][NT][4];
+#pragma unroll
+	for (int i = 0; i < MT; i++)
+#pragma unroll
+		for (int j = 0; j < NT; j++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[i][j][e] = 0.0f;
+
+	/* Weights first (written only by copies): they stream while the kernel
+	 * before finishes; activations after the programmatic-launch wait. */
+#pragma unroll
+	for (int s = 0; s < STAGES - 1; s++)
+		if (s < nst)
+			load_b(s, kc0 + s);
+	float sc[2][NT];
+	scales(kc0, 0, sc[0]);
+	scales(kc0, 1, sc[1]);
+	sfwc_pdl_wait();
+#pragma unroll
+	for (int s = 0; s < STAGES - 1; s++) {
+		if (s < nst)
+			load_a(s, kc0 + s);
+		w8m_commit();
+	}
+
+	for (int it = 0; it < nst; it++) {
+		int st = it % STAGES;
+		w8m_wait<STAGES - 2>();
+		__syncthreads(); /* stage st landed for all; stage (it - 1) % STAGES is free */
+		{
+			int nx = it + STAGES - 1;
+			if (nx < nst) {
+				load_b(nx % STAGES, kc0 + nx);
+				load_a(nx % STAGES, kc0 + nx);
+			}
+			w8m_commit();
+		}
+		float scn[2][NT];
+		if (it + 1 < nst) {
+			scales(kc0 + it + 1, 0, scn[0]);
+			scales(kc0 + it + 1, 1, scn[1]);
+		}
+		const unsigned char *A = smem + (size_t)st * CF::STAGE;
+		const unsigned char *B = A + CF::A_BYTES;
+#pragma unroll
+		for (int half = 0; half < 2; half++) {
+			uint4 bw[NT];
+#pragma unroll
+			for (int j = 0; j < NT; j++) {
+				int r = brow[j], u = half * 4 + c;
+				bw[j] = w8m_lds(B + r * W8M_BK + ((u ^ ((r & 1) << 2)) << 4));
+			}
+#pragma unroll
+			for (int q = 0; q < 2; q++) { /* steps 2q, 2q + 1: one A unit per row */
+				uint4 a[MT][2];
+#pragma unroll
+				for (int i = 0; i < MT; i++)
+#pragma unroll
+					for (int h = 0; h < 2; h++) {
+						int r = wm * MT * 16 + i * 16 + g + h * 8, u = half * 8 + 2 * c + q;
+						a[i][h] = w8m_lds(A + r * (W8M_BK * 2) + ((u ^ (r & 1)) << 4));
+					}
+#pragma unroll
+				for (int t = 0; t < 2; t++) {
+					uint32_t b[NT][2];
+#pragma unroll
+					for (int j = 0; j < NT; j++) {
+						uint32_t w = (q * 2 + t) == 0   ? bw[j].x
+							     : (q * 2 + t) == 1 ? bw[j].y
+							     : (q * 2 + t) == 2 ? bw[j].z
+										: bw[j].w;
+						w8m_dequant4(w, sc[half][j], b[j][0], b[j][1]);
+					}
+#pragma unroll
+					for (int i = 0; i < MT; i++) {
+						uint32_t a0 = t ? a[i][0].z : a[i][0].x, a2 = t ? a[i][0].w : a[i][0].y;
+						uint32_t a1 = t ? a[i][1].z : a[i][1].x, a3 = t ? a[i][1].w : a[i][1].y;
+#pragma unroll
+						for (int j = 0; j < NT; j++)
+							w8m_mma(acc[i][j], a0, a1, a2, a3, b[j][0], b[j][1]);
+					}
+				}
+			}
+		}
+		if (it + 1 < nst) {
+#pragma unroll
+			for (int j = 0; j < NT; j++)
+				sc[0][j] = scn[0][j], sc[1][j] = scn[1][j];
+		}
+	}
+	w8m_wait<0>();
+
+	if (p.splits > 1) {
+		__shared__ int last;
+		int tile = blockIdx.y * gridDim.x + blockIdx.x;
+		/* only the rows < M travel (decode: 2 of 16) */
+		float2 *mine = (float2 *)(p.part + (((size_t)tile * p.splits + split) * T + tid) * CF::ACC);
+#pragma unroll
+		for (int i = 0; i < MT; i++)
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+				if (m0 + wm * MT * 16 + i * 16 + g + h * 8 < p.M)
+#pragma unroll
+					for (int j = 0; j < NT; j++)
+						mine[(i * NT + j) * 2 + h] = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+		__threadfence();
+		__syncthreads();
+		if (tid == 0)
+			last = atomicAdd(p.cnt + tile, 1) == p.splits - 1;
+		__syncthreads();
+		if (!last)
+			return;
+		__threadfence();
+#pragma unroll
+		for (int i = 0; i < MT; i++)
+#pragma unroll
+			for (int j = 0; j < NT; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[i][j][e] = 0.0f;
+		for (int s = 0; s < p.splits; s++) {
+			const float2 *src = (const float2 *)(p.part + (((size_t)tile * p.splits + s) * T + tid) * CF::ACC);
+#pragma unroll
+			for (int i = 0; i < MT; i++)
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+					if (m0 + wm * MT * 16 + i * 16 + g + h * 8 < p.M)
+#pragma unroll
+						for (int j = 0; j < NT; j++) {
+							float2 v = __ldcg(src + (i * NT + j) * 2 + h);
+							acc[i][j][2 * h] += v.x, acc[i][j][2 * h + 1] += v.y;
+						}
+		}
+		if (tid == 0)
+			p.cnt[tile] = 0; /* ready for the next call */
+	}
+
+	/* Epilogue: C fragment element e of tile (i, j) is row g + 8 (e / 2),
+	 * column 2c + e % 2. */
+#pragma unroll
+	for (int i = 0; i < MT; i++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int m = m0 + wm * MT * 16 + i * 16 + g + h * 8;
+			if (m >= p.M)
+				continue;
+			uint16_t *y = p.Y + (size_t)m * p.ldy;
+			if (!SILU) {
+#pragma unroll
+				for (int j = 0; j < NT; j++) {
+					int n = blockIdx.x * BN + wn * NT * 8 + j * 8 + 2 * c;
+					if (n < p.N)
+						y[n] = sfwc_tobf(acc[i][j][2 * h]);
+					if (n + 1 < p.N)
+						y[n + 1] = sfwc_tobf(acc[i][j][2 * h + 1]);
+				}
+			} else {
+#pragma unroll
+				for (int j = 0; j < NT / 2; j++)
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						int n = blockIdx.x * (BN / 2) + wn * (NT / 2) * 8 + j * 8 + 2 * c + e;
+						if (n >= p.N)
+							continue;
+						float gt = sfwc_rbf(acc[i][j][2 * h + e]);
+						float up = sfwc_rbf(acc[i][j + NT / 2][2 * h + e]);
+						y[n] = sfwc_tobf(sfwc_rbf(gt / (1.0f + expf(-gt))) * up);
+					}
+			}
+		}
+}
+
+/* ---- plan and launch ---- */
+
+enum { W8M_SMALL, W8M_MID, W8M_WIDE, W8M_LARGE, W8M_NCFG };
+
+/* The tile configurations, by M: ≤ 16 rows, ≤ 32, ≤ 64, more. */
+#define W8M_CFGS(X)                                                                                       \
+	X(W8M_SMALL, 1, 4, 1, 4, 4)                                                                       \
+	X(W8M_MID, 2, 4, 1, 4, 4)                                                                         \
+	X(W8M_WIDE, 2, 4, 2, 4, 3)                                                                        \
+	X(W8M_LARGE, 4, 4, 2, 4, 3)
+
+struct w8m_plan {
+	int cfg, bm, bn, threads, acc, smem;
+	int tiles_m, tiles_n, splits, cps;
+	size_t ws_bytes; /* counters + partials (0: no split) */
+};
+
+static int w8m_cfg_for(int M)
+{
+	return M <= 16 ? W8M_SMALL : M <= 32 ? W8M_MID : M <= 64 ? W8M_WIDE : W8M_LARGE;
+}
+
+static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms)
+{
+	struct w8m_plan pl = {};
+	pl.cfg = w8m_cfg_for(M);
+#define X(id, MT, NT, WM, WN, ST)                                                                         \
+	if (pl.cfg == id) {                                                                               \
+		using CF = w8m_cfg<MT, NT, WM, WN, ST, false>;                                            \
+		pl.bm = CF::BM, pl.bn = CF::BN, pl.threads = CF::THREADS, pl.acc = CF::ACC, pl.smem = CF::SMEM; \
+	}
+	W8M_CFGS(X)
+#undef X
+	int outn = silu ? pl.bn / 2 : pl.bn; /* output columns per block */
+	pl.tiles_m = (M + pl.bm - 1) / pl.bm;
+	pl.tiles_n = (N + outn - 1) / outn;
+	int kcn = (K + W8M_BK - 1) / W8M_BK;
+	long tiles = (long)pl.tiles_m * pl.tiles_n;
+	/* Blocks resident per SM: 2 for the 4-warp tiles, 1 for the 8-warp. */
+	long want = (long)sms * (pl.threads <= 128 ? 2 : 1);
+	int s = 1;
+	if (tiles < want) {
+		s = (int)((want + tiles - 1) / tiles);
+		if (s > kcn / 2)
+			s = kcn / 2; /* each split at least two stages */
+		if (s < 1)
+			s = 1;
+	}
+	pl.cps = (kcn + s - 1) / s;
+	pl.splits = (kcn + pl.cps - 1) / pl.cps; /* no empty split */
+	if (pl.splits > 1) {
+		size_t cnt = ((size_t)tiles * sizeof(int) + 255) / 256 * 256;
+		pl.ws_bytes = cnt + (size_t)tiles * pl.splits * pl.threads * pl.acc * sizeof(float);
+	}
+	return pl;
+}
+
+static int w8m_sms(void)
+{
+	return sfwi_cuda_sms();
+}
+
+extern "C" size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu)
+{
+	if (M <= 0 || N <= 0 || K <= 0)
+		return 0;
+	return w8m_plan_for(M, N, K, silu, w8m_sms()).ws_bytes;
+}
+
+extern "C" int sfw_cuda_w8mma_ok(const void *X, int ldx, const uint8_t *codes, int group, int M, int N, int K,
+				 enum sfw_dtype sdt)
+{
+	int g = group <= 0 || group >= K ? K : group;
+	return M >= 1 && N >= 1 && K >= 16 && K % 16 == 0 && g % 16 == 0 && ldx >= K && ldx % 8 == 0 &&
+	       ((uintptr_t)X & 15) == 0 && ((uintptr_t)codes & 15) == 0 &&
+	       (sdt == SFW_DTYPE_BF16 || sdt == SFW_DTYPE_F16 || sdt == SFW_DTYPE_F32);
+}
+
+template <int MT, int NT, int WM, int WN, int ST, bool SILU>
+static void w8m_launch(const struct w8m_plan &pl, const struct w8m_args &a, cudaStream_t s)
+{
+	using CF = w8m_cfg<MT, NT, WM, WN, ST, SILU>;
+	auto k = w8m_kernel<MT, NT, WM, WN, ST, SILU>;
+	static bool attr_set[SFWC_MAX_DEVICES];
+	int dev = sfwc_device();
+	if (!attr_set[dev]) {
+		SFW_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, CF::SMEM));
+		attr_set[dev] = true;
+	}
+	sfwc_launch(k, dim3(pl.tiles_n, pl.tiles_m, pl.splits), dim3(CF::THREADS), CF::SMEM, s, a);
+	SFW_CUDA_LAUNCHED();
+}
+
+extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
+				    enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K, int silu,
+				    void *ws, size_t ws_bytes, void *stream)
+{
+	if (!sfw_cuda_w8mma_ok(X, ldx, codes, group, M, N, K, sdt) || ldy < N)
+		return 0;
+	int g = group <= 0 || group >= K ? K : group;
+	struct w8m_plan pl = w8m_plan_for(M, N, K, silu, w8m_sms());
+	if (pl.splits > 1 && (!ws || ws_bytes < pl.ws_bytes || ((uintptr_t)ws & 255))) {
+		/* no room for the partials: one block per tile over the whole K */
+		int kcn = (K + W8M_BK - 1) / W8M_BK;
+		pl.splits = 1, pl.cps = kcn, pl.ws_bytes = 0;
+	}
+	struct w8m_args a = {};
+	a.X = X, a.C = codes, a.S = scales, a.Y = Y;
+	a.ldx = ldx, a.ldy = ldy, a.M = M, a.N = N, a.K = K, a.rows = silu ? 2 * N : N;
+	a.sdt = (int)sdt, a.group = g, a.G = (K + g - 1) / g;
+	a.splits = pl.splits, a.cps = pl.cps;
+	if (pl.splits > 1) {
+		size_t tiles = (size_t)pl.tiles_m * pl.tiles_n;
+		a.cnt = (int *)ws;
+		a.part = (float *)((char *)ws + (tiles * sizeof(int) + 255) / 256 * 256);
+	}
+	cudaStream_t s = SFW_CUDA_STREAM(stream);
+#define X(id, MT, NT, WM, WN, ST)                                                                         \
+	if (pl.cfg == id) {                                                                               \
+		if (silu)                                                                                 \
+			w8m_launch<MT, NT, WM, WN, ST, true>(pl, a, s);                                    \
+		else                                                                                      \
+			w8m_launch<MT, NT, WM, WN, ST, false>(pl, a, s);                                   \
+	}
+	W8M_CFGS(X)
+#undef X
+	return 1;
+}
