@@ -2,7 +2,7 @@
  * kernels/linear_w8_mma.cu) against the bf16 cuBLASLt GEMM on the same shape
  * (sfw_cuda_gemm) and the int8 path it replaces (dequantize slabs to bf16,
  * then cuBLASLt: sfw_cuda_gemm_w8), and, for M <= 8, the int8 decode GEMV:
- *   bench_w8gemm [--m 1,2,4,...] [--group G]
+ *   bench_w8gemm [--m 1,2,4,...] [--group G] [--shape o_proj|kv|gate_up|down]
  * Shapes: MiniCPM-SALA's o_proj (4096 x 4096), K/V of one layer (256 x
  * 4096), gate|up (32768 x 4096; the int8 GEMM with its fused SiLU, the
  * others the plain GEMM: the SiLU kernel they would add is not timed),
@@ -106,6 +106,7 @@ static int parse_list(const char *s, int *out, int max)
 int main(int argc, char **argv)
 {
 	int Ms[32] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192}, nm = 13, group = 128;
+	const char *only = NULL;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--m") && i + 1 < argc) {
 			nm = parse_list(argv[++i], Ms, 32);
@@ -119,8 +120,10 @@ int main(int argc, char **argv)
 				fprintf(stderr, "bench_w8gemm: --group: 32, 64, 128 or 0 (per channel)\n");
 				return 2;
 			}
+		} else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+			only = argv[++i];
 		} else {
-			fprintf(stderr, "usage: bench_w8gemm [--m 1,2,4,...] [--group 32|64|128|0]\n");
+			fprintf(stderr, "usage: bench_w8gemm [--m 1,2,4,...] [--group 32|64|128|0] [--shape NAME]\n");
 			return 2;
 		}
 	}
@@ -143,8 +146,8 @@ int main(int argc, char **argv)
 		int N, K, silu; /* N: output columns (silu: weight rows 2N) */
 	} shapes[] = {
 		{"o_proj", 4096, 4096, 0},
-		{"k/v", 256, 4096, 0},
-		{"gate|up+silu", 16384, 4096, 1},
+		{"kv", 256, 4096, 0},
+		{"gate_up+silu", 16384, 4096, 1},
 		{"down", 4096, 16384, 0},
 	};
 	int maxM = 1;
@@ -153,6 +156,8 @@ int main(int argc, char **argv)
 	printf("%-13s %5s | %9s %6s %6s | %9s %6s | %9s %6s | %9s | %6s %6s\n", "shape", "M", "int8 mma", "TF/s",
 	       "GB/s", "bf16", "TF/s", "old w8", "TF/s", "gemv", "/bf16", "/old");
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+		if (only && strncmp(shapes[si].what, only, strlen(only)))
+			continue;
 		int N = shapes[si].N, K = shapes[si].K, silu = shapes[si].silu, rows = silu ? 2 * N : N;
 		int span = group > 0 ? group : K;
 		size_t cb = (size_t)rows * K, sb = (size_t)rows * ((K + span - 1) / span) * 2, wb = cb * 2;

@@ -41,12 +41,18 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 extern "C" {
 #include "kernels/linear_w8_mma.h"
 #include "kernels/ops_cuda.h"
 }
 
 #define W8M_BK 128 /* codes (k) per row per stage */
+/* Split workspace: W8M_CNT_MAX tile counters first (a fixed region, so that
+ * calls of any shape share one workspace and its counters stay zero), then
+ * the partials. */
+#define W8M_CNT_MAX 4096
 
 /* ---- device helpers ---- */
 
@@ -94,6 +100,25 @@ static __device__ __forceinline__ void w8m_dequant4(uint32_t w, float s, uint32_
 	hi = *(uint32_t *)&b;
 }
 
+/* The same for BF16 scales, without conversions: b - 128 as an exact bf16
+ * from bit operations (the low 7 bits under the exponent of 2^7 give 128 +
+ * (b & 127); minus 128 where bit 7 is set, else minus 256), then one bf16
+ * multiply by the scale s2 = (s, s): the product of two 8-bit significands is
+ * exact before its one rounding to nearest even, so the bits equal those of
+ * w8m_dequant4. */
+static __device__ __forceinline__ void w8m_dequant4_bf(uint32_t w, uint32_t s2, uint32_t &lo, uint32_t &hi)
+{
+	uint32_t v0 = __byte_perm(w, 0, 0x4140), v1 = __byte_perm(w, 0, 0x4342); /* bytes to 16-bit lanes */
+	uint32_t x0 = (v0 & 0x007f007fu) | 0x43004300u, c0 = (v0 & 0x00800080u) ^ 0x43804380u;
+	uint32_t x1 = (v1 & 0x007f007fu) | 0x43004300u, c1 = (v1 & 0x00800080u) ^ 0x43804380u;
+	__nv_bfloat162 s = *(__nv_bfloat162 *)&s2;
+	__nv_bfloat162 q0 = __hsub2(*(__nv_bfloat162 *)&x0, *(__nv_bfloat162 *)&c0);
+	__nv_bfloat162 q1 = __hsub2(*(__nv_bfloat162 *)&x1, *(__nv_bfloat162 *)&c1);
+	__nv_bfloat162 r0 = __hmul2(q0, s), r1 = __hmul2(q1, s);
+	lo = *(uint32_t *)&r0;
+	hi = *(uint32_t *)&r1;
+}
+
 static __device__ __forceinline__ void w8m_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
 					       uint32_t b0, uint32_t b1)
 {
@@ -132,11 +157,13 @@ struct w8m_cfg {
 	static_assert(!SILU || NT % 2 == 0, "the SiLU epilogue pairs gate and up tiles");
 };
 
-template <int MT, int NT, int WM, int WN, int STAGES, bool SILU>
+template <int MT, int NT, int WM, int WN, int STAGES, bool SILU, bool SBF>
 static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args p)
 {
 	using CF = w8m_cfg<MT, NT, WM, WN, STAGES, SILU>;
 	constexpr int BM = CF::BM, BN = CF::BN, T = CF::THREADS;
+	constexpr int BU = BN * 8 / T, AU = BM * 16 / T; /* 16-byte units per thread per stage */
+	static_assert(BN * 8 % T == 0 && BM * 16 % T == 0, "whole units per thread");
 	extern __shared__ __align__(16) unsigned char smem[];
 	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	int wm = warp / WN, wn = warp % WN, g = lane >> 2, c = lane & 3;
@@ -144,7 +171,7 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 	int split = blockIdx.z;
 	int kc0 = split * p.cps, kcn = (p.K + W8M_BK - 1) / W8M_BK;
 	int kc1 = min(kcn, kc0 + p.cps);
-	int nst = kc1 - kc0; /* stages of this block (≥ 1 by the plan) */
+	int nst = kc1 - kc0; /* stages of this block (>= 1 by the plan) */
 
 	/* The global weight row of block-local row r (-1: none). */
 	auto wrow = [&](int r) -> int {
@@ -159,26 +186,48 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 		return j < NT / 2 ? o : p.N + o;
 	};
 
-	/* Stage loaders: A = [BM][16 units of 8 bf16], unit u of row r at
+	/* This thread's share of each stage, fixed over the stages: B units
+	 * (row tid / 8 + x T / 8, unit tid % 8) and A units (row tid / 16 + x T /
+	 * 16, unit tid % 16). A = [BM][16 units of 8 bf16], unit u of row r at
 	 * u ^ (r & 1); B = [BN][8 units of 16 codes], unit u at u ^ ((r & 1) << 2). */
+	const uint8_t *bsrc[BU];
+	uint32_t bdst[BU];
+	const uint16_t *asrc[AU];
+	uint32_t adst[AU];
+	int bu = tid & 7, au = tid & 15;
+	unsigned bvalid = 0, avalid = 0;
+#pragma unroll
+	for (int x = 0; x < BU; x++) {
+		int r = (tid >> 3) + x * (T / 8), n = wrow(r);
+		bvalid |= (n >= 0 ? 1u : 0u) << x;
+		bsrc[x] = p.C + (size_t)(n < 0 ? 0 : n) * p.K + bu * 16;
+		bdst[x] = (uint32_t)(CF::A_BYTES + r * W8M_BK + ((bu ^ ((r & 1) << 2)) << 4));
+	}
+#pragma unroll
+	for (int x = 0; x < AU; x++) {
+		int r = (tid >> 4) + x * (T / 16), m = m0 + r;
+		avalid |= (m < p.M ? 1u : 0u) << x;
+		asrc[x] = p.X + (size_t)(m < p.M ? m : 0) * p.ldx + au * 8;
+		adst[x] = (uint32_t)(r * (W8M_BK * 2) + ((au ^ (r & 1)) << 4));
+	}
 	auto load_b = [&](int st, int kc) {
-		unsigned char *B = smem + (size_t)st * CF::STAGE + CF::A_BYTES;
+		unsigned char *base = smem + (size_t)st * CF::STAGE;
 		int k0 = kc * W8M_BK;
-		for (int i = tid; i < BN * 8; i += T) {
-			int r = i >> 3, u = i & 7, n = wrow(r), k = k0 + u * 16;
-			bool ok = n >= 0 && k < p.K;
-			const uint8_t *src = ok ? p.C + (size_t)n * p.K + k : p.C;
-			w8m_cp16(B + r * W8M_BK + ((u ^ ((r & 1) << 2)) << 4), src, ok ? 16 : 0);
+		bool kin = k0 + bu * 16 < p.K;
+#pragma unroll
+		for (int x = 0; x < BU; x++) {
+			bool ok = kin && ((bvalid >> x) & 1);
+			w8m_cp16(base + bdst[x], ok ? bsrc[x] + k0 : p.C, ok ? 16 : 0);
 		}
 	};
 	auto load_a = [&](int st, int kc) {
-		unsigned char *A = smem + (size_t)st * CF::STAGE;
+		unsigned char *base = smem + (size_t)st * CF::STAGE;
 		int k0 = kc * W8M_BK;
-		for (int i = tid; i < BM * 16; i += T) {
-			int r = i >> 4, u = i & 15, m = m0 + r, k = k0 + u * 8;
-			bool ok = m < p.M && k < p.K;
-			const uint16_t *src = ok ? p.X + (size_t)m * p.ldx + k : p.X;
-			w8m_cp16(A + r * (W8M_BK * 2) + ((u ^ (r & 1)) << 4), src, ok ? 16 : 0);
+		bool kin = k0 + au * 8 < p.K;
+#pragma unroll
+		for (int x = 0; x < AU; x++) {
+			bool ok = kin && ((avalid >> x) & 1);
+			w8m_cp16(base + adst[x], ok ? asrc[x] + k0 : p.X, ok ? 16 : 0);
 		}
 	};
 
@@ -191,12 +240,21 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 		int n = wrow(brow[j]);
 		srow[j] = (size_t)(n < 0 ? 0 : n) * p.G;
 	}
-	auto scales = [&](int kc, int half, float *s) {
+	/* The scales of this lane's 16-code units in a stage (one group each):
+	 * as floats, or (BF16 scales) as bf16 pairs (s, s). */
+	typedef typename std::conditional<SBF, uint32_t, float>::type sc_t;
+	auto scales = [&](int kc, int half, sc_t *sv) {
 		int k = kc * W8M_BK + half * 64 + c * 16;
 		int gi = min(k / p.group, p.G - 1);
 #pragma unroll
-		for (int j = 0; j < NT; j++)
-			s[j] = w8m_scale(p.S, p.sdt, srow[j] + gi);
+		for (int j = 0; j < NT; j++) {
+			if constexpr (SBF) {
+				uint32_t h = __ldg((const uint16_t *)p.S + srow[j] + gi);
+				sv[j] = h | (h << 16);
+			} else {
+				sv[j] = w8m_scale(p.S, p.sdt, srow[j] + gi);
+			}
+		}
 	};
 
 	float acc[MT][NT][4];
@@ -214,7 +272,7 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 	for (int s = 0; s < STAGES - 1; s++)
 		if (s < nst)
 			load_b(s, kc0 + s);
-	float sc[2][NT];
+	sc_t sc[2][NT];
 	scales(kc0, 0, sc[0]);
 	scales(kc0, 1, sc[1]);
 	sfwc_pdl_wait();
@@ -237,7 +295,7 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 			}
 			w8m_commit();
 		}
-		float scn[2][NT];
+		sc_t scn[2][NT];
 		if (it + 1 < nst) {
 			scales(kc0 + it + 1, 0, scn[0]);
 			scales(kc0 + it + 1, 1, scn[1]);
@@ -271,7 +329,10 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 							     : (q * 2 + t) == 1 ? bw[j].y
 							     : (q * 2 + t) == 2 ? bw[j].z
 										: bw[j].w;
-						w8m_dequant4(w, sc[half][j], b[j][0], b[j][1]);
+						if constexpr (SBF)
+							w8m_dequant4_bf(w, sc[half][j], b[j][0], b[j][1]);
+						else
+							w8m_dequant4(w, sc[half][j], b[j][0], b[j][1]);
 					}
 #pragma unroll
 					for (int i = 0; i < MT; i++) {
@@ -413,7 +474,7 @@ static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms)
 	/* Blocks resident per SM: 2 for the 4-warp tiles, 1 for the 8-warp. */
 	long want = (long)sms * (pl.threads <= 128 ? 2 : 1);
 	int s = 1;
-	if (tiles < want) {
+	if (tiles < want && tiles <= W8M_CNT_MAX) {
 		s = (int)((want + tiles - 1) / tiles);
 		if (s > kcn / 2)
 			s = kcn / 2; /* each split at least two stages */
@@ -423,8 +484,7 @@ static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms)
 	pl.cps = (kcn + s - 1) / s;
 	pl.splits = (kcn + pl.cps - 1) / pl.cps; /* no empty split */
 	if (pl.splits > 1) {
-		size_t cnt = ((size_t)tiles * sizeof(int) + 255) / 256 * 256;
-		pl.ws_bytes = cnt + (size_t)tiles * pl.splits * pl.threads * pl.acc * sizeof(float);
+		pl.ws_bytes = W8M_CNT_MAX * sizeof(int) + (size_t)tiles * pl.splits * pl.threads * pl.acc * sizeof(float);
 	}
 	return pl;
 }
@@ -450,11 +510,11 @@ extern "C" int sfw_cuda_w8mma_ok(const void *X, int ldx, const uint8_t *codes, i
 	       (sdt == SFW_DTYPE_BF16 || sdt == SFW_DTYPE_F16 || sdt == SFW_DTYPE_F32);
 }
 
-template <int MT, int NT, int WM, int WN, int ST, bool SILU>
-static void w8m_launch(const struct w8m_plan &pl, const struct w8m_args &a, cudaStream_t s)
+template <int MT, int NT, int WM, int WN, int ST, bool SILU, bool SBF>
+static void w8m_launch1(const struct w8m_plan &pl, const struct w8m_args &a, cudaStream_t s)
 {
 	using CF = w8m_cfg<MT, NT, WM, WN, ST, SILU>;
-	auto k = w8m_kernel<MT, NT, WM, WN, ST, SILU>;
+	auto k = w8m_kernel<MT, NT, WM, WN, ST, SILU, SBF>;
 	static bool attr_set[SFWC_MAX_DEVICES];
 	int dev = sfwc_device();
 	if (!attr_set[dev]) {
@@ -463,6 +523,15 @@ static void w8m_launch(const struct w8m_plan &pl, const struct w8m_args &a, cuda
 	}
 	sfwc_launch(k, dim3(pl.tiles_n, pl.tiles_m, pl.splits), dim3(CF::THREADS), CF::SMEM, s, a);
 	SFW_CUDA_LAUNCHED();
+}
+
+template <int MT, int NT, int WM, int WN, int ST, bool SILU>
+static void w8m_launch(const struct w8m_plan &pl, const struct w8m_args &a, cudaStream_t s)
+{
+	if (a.sdt == SFW_DTYPE_BF16)
+		w8m_launch1<MT, NT, WM, WN, ST, SILU, true>(pl, a, s);
+	else
+		w8m_launch1<MT, NT, WM, WN, ST, SILU, false>(pl, a, s);
 }
 
 extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
@@ -484,9 +553,8 @@ extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *c
 	a.sdt = (int)sdt, a.group = g, a.G = (K + g - 1) / g;
 	a.splits = pl.splits, a.cps = pl.cps;
 	if (pl.splits > 1) {
-		size_t tiles = (size_t)pl.tiles_m * pl.tiles_n;
 		a.cnt = (int *)ws;
-		a.part = (float *)((char *)ws + (tiles * sizeof(int) + 255) / 256 * 256);
+		a.part = (float *)((char *)ws + W8M_CNT_MAX * sizeof(int));
 	}
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
 #define X(id, MT, NT, WM, WN, ST)                                                                         \
