@@ -140,27 +140,28 @@ struct w8m_args {
 	const uint8_t *C;
 	const void *S;
 	uint16_t *Y;
-	int *cnt;   /* split: one counter per tile, zero between calls */
+	int *cnt;    /* split: one counter per tile, zero between calls */
 	float *part; /* split: [tiles][splits][threads][acc] */
 	int ldx, ldy, M, N, K; /* N: output columns (silu: half the weight rows) */
-	int rows;	       /* weight rows: N, or 2N for silu */
 	int sdt, group, G;     /* group: k per scale (K for per channel) */
 	int splits, cps;       /* K splits, 128-chunks per split */
 };
 
-template <int MT, int NT, int WM, int WN, int STAGES, bool SILU>
+/* A warp computes WT × 16 weight rows (the MMA's A operand, dequantized in
+ * registers) against TT × 8 activation rows (its B operand); WM × WN warps. */
+template <int TT, int WT, int WM, int WN, int STAGES, bool SILU>
 struct w8m_cfg {
-	static constexpr int BM = WM * MT * 16, BN = WN * NT * 8, THREADS = WM * WN * 32;
-	static constexpr int A_BYTES = BM * W8M_BK * 2, B_BYTES = BN * W8M_BK;
+	static constexpr int BM = WM * TT * 8, BN = WN * WT * 16, THREADS = WM * WN * 32;
+	static constexpr int A_BYTES = BM * W8M_BK * 2, B_BYTES = BN * W8M_BK; /* activations, codes */
 	static constexpr int STAGE = A_BYTES + B_BYTES, SMEM = STAGES * STAGE;
-	static constexpr int ACC = MT * NT * 4;
-	static_assert(!SILU || NT % 2 == 0, "the SiLU epilogue pairs gate and up tiles");
+	static constexpr int ACC = TT * WT * 4;
+	static_assert(!SILU || WT % 2 == 0, "the SiLU epilogue pairs gate and up tiles");
 };
 
-template <int MT, int NT, int WM, int WN, int STAGES, bool SILU, bool SBF>
+template <int TT, int WT, int WM, int WN, int STAGES, bool SILU, bool SBF>
 static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args p)
 {
-	using CF = w8m_cfg<MT, NT, WM, WN, STAGES, SILU>;
+	using CF = w8m_cfg<TT, WT, WM, WN, STAGES, SILU>;
 	constexpr int BM = CF::BM, BN = CF::BN, T = CF::THREADS;
 	constexpr int BU = BN * 8 / T, AU = BM * 16 / T; /* 16-byte units per thread per stage */
 	static_assert(BN * 8 % T == 0 && BM * 16 % T == 0, "whole units per thread");
@@ -173,23 +174,26 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 	int kc1 = min(kcn, kc0 + p.cps);
 	int nst = kc1 - kc0; /* stages of this block (>= 1 by the plan) */
 
-	/* The global weight row of block-local row r (-1: none). */
+	/* The global weight row of block-local row r (-1: none). SiLU: each
+	 * warp's 16-row tiles alternate gate (even) and up (odd) rows of the
+	 * same outputs. */
 	auto wrow = [&](int r) -> int {
 		if (!SILU) {
 			int n = blockIdx.x * BN + r;
 			return n < p.N ? n : -1;
 		}
-		int w = r / (NT * 8), j = (r % (NT * 8)) / 8, i = r % 8;
-		int o = blockIdx.x * (BN / 2) + w * (NT / 2) * 8 + (j % (NT / 2)) * 8 + i;
+		int w = r / (WT * 16), j = (r % (WT * 16)) / 16, i = r % 16;
+		int o = blockIdx.x * (BN / 2) + w * (WT / 2) * 16 + (j / 2) * 16 + i;
 		if (o >= p.N)
 			return -1;
-		return j < NT / 2 ? o : p.N + o;
+		return j % 2 == 0 ? o : p.N + o;
 	};
 
-	/* This thread's share of each stage, fixed over the stages: B units
-	 * (row tid / 8 + x T / 8, unit tid % 8) and A units (row tid / 16 + x T /
-	 * 16, unit tid % 16). A = [BM][16 units of 8 bf16], unit u of row r at
-	 * u ^ (r & 1); B = [BN][8 units of 16 codes], unit u at u ^ ((r & 1) << 2). */
+	/* This thread's share of each stage, fixed over the stages: code units
+	 * (row tid / 8 + x T / 8, unit tid % 8) and activation units (row tid /
+	 * 16 + x T / 16, unit tid % 16). Activations = [BM][16 units of 8 bf16],
+	 * unit u of row r at u ^ (r & 1); codes = [BN][8 units of 16], unit u at
+	 * u ^ ((r & 1) << 2): the fragment loads below hit distinct banks. */
 	const uint8_t *bsrc[BU];
 	uint32_t bdst[BU];
 	const uint16_t *asrc[AU];
@@ -231,37 +235,44 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 		}
 	};
 
-	/* This lane's weight rows (one per n8 tile) and their scale rows. */
-	int brow[NT];
-	size_t srow[NT];
+	/* This lane's weight rows: g and g + 8 of each 16-row tile. */
+	int brow[WT][2];
+	size_t srow[WT][2];
 #pragma unroll
-	for (int j = 0; j < NT; j++) {
-		brow[j] = wn * NT * 8 + j * 8 + g;
-		int n = wrow(brow[j]);
-		srow[j] = (size_t)(n < 0 ? 0 : n) * p.G;
-	}
+	for (int j = 0; j < WT; j++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			brow[j][h] = wn * WT * 16 + j * 16 + g + 8 * h;
+			int n = wrow(brow[j][h]);
+			srow[j][h] = (size_t)(n < 0 ? 0 : n) * p.G;
+		}
 	/* The scales of this lane's 16-code units in a stage (one group each):
 	 * as floats, or (BF16 scales) as bf16 pairs (s, s). */
 	typedef typename std::conditional<SBF, uint32_t, float>::type sc_t;
-	auto scales = [&](int kc, int half, sc_t *sv) {
+	auto scales = [&](int kc, int half, sc_t (*sv)[2]) {
 		int k = kc * W8M_BK + half * 64 + c * 16;
 		int gi = min(k / p.group, p.G - 1);
 #pragma unroll
-		for (int j = 0; j < NT; j++) {
-			if constexpr (SBF) {
-				uint32_t h = __ldg((const uint16_t *)p.S + srow[j] + gi);
-				sv[j] = h | (h << 16);
-			} else {
-				sv[j] = w8m_scale(p.S, p.sdt, srow[j] + gi);
+		for (int j = 0; j < WT; j++)
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				if constexpr (SBF) {
+					uint32_t v = __ldg((const uint16_t *)p.S + srow[j][h] + gi);
+					sv[j][h] = v | (v << 16);
+				} else {
+					sv[j][h] = w8m_scale(p.S, p.sdt, srow[j][h] + gi);
+				}
 			}
-		}
 	};
 
-	float acc[MT][NT][4];
+	/* acc[i][j]: activation tile i (8 rows) × weight tile j (16 rows); the
+	 * MMA's D: element e is weight row g + 8 (e / 2), activation row 2c +
+	 * e % 2. */
+	float acc[TT][WT][4];
 #pragma unroll
-	for (int i = 0; i < MT; i++)
+	for (int i = 0; i < TT; i++)
 #pragma unroll
-		for (int j = 0; j < NT; j++)
+		for (int j = 0; j < WT; j++)
 #pragma unroll
 			for (int e = 0; e < 4; e++)
 				acc[i][j][e] = 0.0f;
@@ -272,7 +283,7 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 	for (int s = 0; s < STAGES - 1; s++)
 		if (s < nst)
 			load_b(s, kc0 + s);
-	sc_t sc[2][NT];
+	sc_t sc[2][WT][2];
 	scales(kc0, 0, sc[0]);
 	scales(kc0, 1, sc[1]);
 	sfwc_pdl_wait();
@@ -295,7 +306,7 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 			}
 			w8m_commit();
 		}
-		sc_t scn[2][NT];
+		sc_t scn[2][WT][2];
 		if (it + 1 < nst) {
 			scales(kc0 + it + 1, 0, scn[0]);
 			scales(kc0 + it + 1, 1, scn[1]);
@@ -304,51 +315,55 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 		const unsigned char *B = A + CF::A_BYTES;
 #pragma unroll
 		for (int half = 0; half < 2; half++) {
-			uint4 bw[NT];
+			uint4 bw[WT][2]; /* 16 codes of rows g, g + 8 of each tile */
 #pragma unroll
-			for (int j = 0; j < NT; j++) {
-				int r = brow[j], u = half * 4 + c;
-				bw[j] = w8m_lds(B + r * W8M_BK + ((u ^ ((r & 1) << 2)) << 4));
-			}
+			for (int j = 0; j < WT; j++)
 #pragma unroll
-			for (int q = 0; q < 2; q++) { /* steps 2q, 2q + 1: one A unit per row */
-				uint4 a[MT][2];
+				for (int h = 0; h < 2; h++) {
+					int r = brow[j][h], u = half * 4 + c;
+					bw[j][h] = w8m_lds(B + r * W8M_BK + ((u ^ ((r & 1) << 2)) << 4));
+				}
 #pragma unroll
-				for (int i = 0; i < MT; i++)
+			for (int q = 0; q < 2; q++) { /* steps 2q, 2q + 1: one activation unit per row */
+				uint4 a[TT];
 #pragma unroll
-					for (int h = 0; h < 2; h++) {
-						int r = wm * MT * 16 + i * 16 + g + h * 8, u = half * 8 + 2 * c + q;
-						a[i][h] = w8m_lds(A + r * (W8M_BK * 2) + ((u ^ (r & 1)) << 4));
-					}
+				for (int i = 0; i < TT; i++) {
+					int r = wm * TT * 8 + i * 8 + g, u = half * 8 + 2 * c + q;
+					a[i] = w8m_lds(A + r * (W8M_BK * 2) + ((u ^ (r & 1)) << 4));
+				}
 #pragma unroll
 				for (int t = 0; t < 2; t++) {
-					uint32_t b[NT][2];
+					const int s = q * 2 + t;
+					uint32_t wf[WT][4]; /* A fragments: a0 a1 a2 a3 */
 #pragma unroll
-					for (int j = 0; j < NT; j++) {
-						uint32_t w = (q * 2 + t) == 0   ? bw[j].x
-							     : (q * 2 + t) == 1 ? bw[j].y
-							     : (q * 2 + t) == 2 ? bw[j].z
-										: bw[j].w;
-						if constexpr (SBF)
-							w8m_dequant4_bf(w, sc[half][j], b[j][0], b[j][1]);
-						else
-							w8m_dequant4(w, sc[half][j], b[j][0], b[j][1]);
-					}
+					for (int j = 0; j < WT; j++)
 #pragma unroll
-					for (int i = 0; i < MT; i++) {
-						uint32_t a0 = t ? a[i][0].z : a[i][0].x, a2 = t ? a[i][0].w : a[i][0].y;
-						uint32_t a1 = t ? a[i][1].z : a[i][1].x, a3 = t ? a[i][1].w : a[i][1].y;
+						for (int h = 0; h < 2; h++) {
+							uint32_t w = s == 0 ? bw[j][h].x
+								     : s == 1 ? bw[j][h].y
+								     : s == 2 ? bw[j][h].z
+									      : bw[j][h].w;
+							if constexpr (SBF)
+								w8m_dequant4_bf(w, sc[half][j][h], wf[j][h], wf[j][2 + h]);
+							else
+								w8m_dequant4(w, sc[half][j][h], wf[j][h], wf[j][2 + h]);
+						}
 #pragma unroll
-						for (int j = 0; j < NT; j++)
-							w8m_mma(acc[i][j], a0, a1, a2, a3, b[j][0], b[j][1]);
+					for (int i = 0; i < TT; i++) {
+						uint32_t b0 = t ? a[i].z : a[i].x, b1 = t ? a[i].w : a[i].y;
+#pragma unroll
+						for (int j = 0; j < WT; j++)
+							w8m_mma(acc[i][j], wf[j][0], wf[j][1], wf[j][2], wf[j][3], b0, b1);
 					}
 				}
 			}
 		}
 		if (it + 1 < nst) {
 #pragma unroll
-			for (int j = 0; j < NT; j++)
-				sc[0][j] = scn[0][j], sc[1][j] = scn[1][j];
+			for (int j = 0; j < WT; j++)
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+					sc[0][j][h] = scn[0][j][h], sc[1][j][h] = scn[1][j][h];
 		}
 	}
 	w8m_wait<0>();
@@ -356,16 +371,12 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 	if (p.splits > 1) {
 		__shared__ int last;
 		int tile = blockIdx.y * gridDim.x + blockIdx.x;
-		/* only the rows < M travel (decode: 2 of 16) */
-		float2 *mine = (float2 *)(p.part + (((size_t)tile * p.splits + split) * T + tid) * CF::ACC);
+		float4 *mine = (float4 *)(p.part + (((size_t)tile * p.splits + split) * T + tid) * CF::ACC);
 #pragma unroll
-		for (int i = 0; i < MT; i++)
+		for (int i = 0; i < TT; i++)
 #pragma unroll
-			for (int h = 0; h < 2; h++)
-				if (m0 + wm * MT * 16 + i * 16 + g + h * 8 < p.M)
-#pragma unroll
-					for (int j = 0; j < NT; j++)
-						mine[(i * NT + j) * 2 + h] = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+			for (int j = 0; j < WT; j++)
+				mine[i * WT + j] = make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]);
 		__threadfence();
 		__syncthreads();
 		if (tid == 0)
@@ -375,58 +386,55 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 			return;
 		__threadfence();
 #pragma unroll
-		for (int i = 0; i < MT; i++)
+		for (int i = 0; i < TT; i++)
 #pragma unroll
-			for (int j = 0; j < NT; j++)
+			for (int j = 0; j < WT; j++)
 #pragma unroll
 				for (int e = 0; e < 4; e++)
 					acc[i][j][e] = 0.0f;
 		for (int s = 0; s < p.splits; s++) {
-			const float2 *src = (const float2 *)(p.part + (((size_t)tile * p.splits + s) * T + tid) * CF::ACC);
+			const float4 *src = (const float4 *)(p.part + (((size_t)tile * p.splits + s) * T + tid) * CF::ACC);
 #pragma unroll
-			for (int i = 0; i < MT; i++)
+			for (int i = 0; i < TT; i++)
 #pragma unroll
-				for (int h = 0; h < 2; h++)
-					if (m0 + wm * MT * 16 + i * 16 + g + h * 8 < p.M)
-#pragma unroll
-						for (int j = 0; j < NT; j++) {
-							float2 v = __ldcg(src + (i * NT + j) * 2 + h);
-							acc[i][j][2 * h] += v.x, acc[i][j][2 * h + 1] += v.y;
-						}
+				for (int j = 0; j < WT; j++) {
+					float4 v = __ldcg(src + i * WT + j);
+					acc[i][j][0] += v.x, acc[i][j][1] += v.y, acc[i][j][2] += v.z, acc[i][j][3] += v.w;
+				}
 		}
 		if (tid == 0)
 			p.cnt[tile] = 0; /* ready for the next call */
 	}
 
-	/* Epilogue: C fragment element e of tile (i, j) is row g + 8 (e / 2),
-	 * column 2c + e % 2. */
+	/* Epilogue: acc[i][j][e] is Y[m, n] for m = activation row 2c + e % 2
+	 * of tile i, n = weight row g + 8 (e / 2) of tile j. */
 #pragma unroll
-	for (int i = 0; i < MT; i++)
+	for (int i = 0; i < TT; i++)
 #pragma unroll
-		for (int h = 0; h < 2; h++) {
-			int m = m0 + wm * MT * 16 + i * 16 + g + h * 8;
+		for (int e2 = 0; e2 < 2; e2++) {
+			int m = m0 + wm * TT * 8 + i * 8 + 2 * c + e2;
 			if (m >= p.M)
 				continue;
 			uint16_t *y = p.Y + (size_t)m * p.ldy;
 			if (!SILU) {
 #pragma unroll
-				for (int j = 0; j < NT; j++) {
-					int n = blockIdx.x * BN + wn * NT * 8 + j * 8 + 2 * c;
-					if (n < p.N)
-						y[n] = sfwc_tobf(acc[i][j][2 * h]);
-					if (n + 1 < p.N)
-						y[n + 1] = sfwc_tobf(acc[i][j][2 * h + 1]);
-				}
+				for (int j = 0; j < WT; j++)
+#pragma unroll
+					for (int h = 0; h < 2; h++) {
+						int n = blockIdx.x * BN + wn * WT * 16 + j * 16 + g + 8 * h;
+						if (n < p.N)
+							y[n] = sfwc_tobf(acc[i][j][2 * h + e2]);
+					}
 			} else {
 #pragma unroll
-				for (int j = 0; j < NT / 2; j++)
+				for (int j = 0; j < WT; j += 2)
 #pragma unroll
-					for (int e = 0; e < 2; e++) {
-						int n = blockIdx.x * (BN / 2) + wn * (NT / 2) * 8 + j * 8 + 2 * c + e;
+					for (int h = 0; h < 2; h++) {
+						int n = blockIdx.x * (BN / 2) + wn * (WT / 2) * 16 + (j / 2) * 16 + g + 8 * h;
 						if (n >= p.N)
 							continue;
-						float gt = sfwc_rbf(acc[i][j][2 * h + e]);
-						float up = sfwc_rbf(acc[i][j + NT / 2][2 * h + e]);
+						float gt = sfwc_rbf(acc[i][j][2 * h + e2]);
+						float up = sfwc_rbf(acc[i][j + 1][2 * h + e2]);
 						y[n] = sfwc_tobf(sfwc_rbf(gt / (1.0f + expf(-gt))) * up);
 					}
 			}
@@ -435,14 +443,16 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 
 /* ---- plan and launch ---- */
 
-enum { W8M_SMALL, W8M_MID, W8M_WIDE, W8M_LARGE, W8M_NCFG };
+enum { W8M_M8, W8M_M16, W8M_M32, W8M_M64, W8M_LARGE, W8M_NCFG };
 
-/* The tile configurations, by M: ≤ 16 rows, ≤ 32, ≤ 64, more. */
+/* The tile configurations (TT, WT, WM, WN, STAGES), by M: <= 8 rows, <= 16,
+ * <= 32, <= 64, more. Every one takes 128 weight rows per block. */
 #define W8M_CFGS(X)                                                                                       \
-	X(W8M_SMALL, 1, 4, 1, 4, 4)                                                                       \
-	X(W8M_MID, 2, 4, 1, 4, 4)                                                                         \
-	X(W8M_WIDE, 2, 4, 2, 4, 3)                                                                        \
-	X(W8M_LARGE, 4, 4, 2, 4, 3)
+	X(W8M_M8, 1, 2, 1, 4, 4)                                                                          \
+	X(W8M_M16, 2, 2, 1, 4, 4)                                                                         \
+	X(W8M_M32, 4, 2, 1, 4, 4)                                                                         \
+	X(W8M_M64, 4, 2, 2, 4, 3)                                                                         \
+	X(W8M_LARGE, 8, 2, 2, 4, 3)
 
 struct w8m_plan {
 	int cfg, bm, bn, threads, acc, smem;
@@ -452,7 +462,7 @@ struct w8m_plan {
 
 static int w8m_cfg_for(int M)
 {
-	return M <= 16 ? W8M_SMALL : M <= 32 ? W8M_MID : M <= 64 ? W8M_WIDE : W8M_LARGE;
+	return M <= 8 ? W8M_M8 : M <= 16 ? W8M_M16 : M <= 32 ? W8M_M32 : M <= 64 ? W8M_M64 : W8M_LARGE;
 }
 
 static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms)
@@ -471,8 +481,11 @@ static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms)
 	pl.tiles_n = (N + outn - 1) / outn;
 	int kcn = (K + W8M_BK - 1) / W8M_BK;
 	long tiles = (long)pl.tiles_m * pl.tiles_n;
-	/* Blocks resident per SM: 2 for the 4-warp tiles, 1 for the 8-warp. */
-	long want = (long)sms * (pl.threads <= 128 ? 2 : 1);
+	/* Blocks resident per SM, by shared memory (228 KiB per SM on sm_90,
+	 * 1 KiB of it reserved per block), at most 3. */
+	int per_sm = (228 * 1024) / (pl.smem + 1024);
+	per_sm = per_sm < 1 ? 1 : per_sm > 3 ? 3 : per_sm;
+	long want = (long)sms * per_sm;
 	int s = 1;
 	if (tiles < want && tiles <= W8M_CNT_MAX) {
 		s = (int)((want + tiles - 1) / tiles);
@@ -549,7 +562,7 @@ extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *c
 	}
 	struct w8m_args a = {};
 	a.X = X, a.C = codes, a.S = scales, a.Y = Y;
-	a.ldx = ldx, a.ldy = ldy, a.M = M, a.N = N, a.K = K, a.rows = silu ? 2 * N : N;
+	a.ldx = ldx, a.ldy = ldy, a.M = M, a.N = N, a.K = K;
 	a.sdt = (int)sdt, a.group = g, a.G = (K + g - 1) / g;
 	a.splits = pl.splits, a.cps = pl.cps;
 	if (pl.splits > 1) {
