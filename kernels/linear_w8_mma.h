@@ -23,7 +23,11 @@
  * sfw_cuda_gemm_w8_mma returns 1 when it launched, 0 when the call is not
  * one it takes (sfw_cuda_w8mma_ok: K and group multiples of 16, X and codes
  * 16-byte aligned, ldx a multiple of 8; the caller then keeps its old path).
- * Any M >= 1 is taken; M = 1 is faster on the GEMV. */
+ * Any M >= 1 is taken. Where it wins (H200, bench/RESULTS.md, group 128):
+ * the int8 GEMV stays faster at M <= 2; from M = 3 to 32 this kernel beats
+ * the GEMV and the dequantize-then-cuBLASLt path on every shape of the
+ * model; at M = 64 it still wins on gate|up (1.33x) and down (1.02x), not on
+ * o_proj or K/V; from M = 128 the dequantize path is faster. */
 #ifndef SFW_KERNELS_LINEAR_W8_MMA_H
 #define SFW_KERNELS_LINEAR_W8_MMA_H
 
