@@ -5,7 +5,8 @@
  *
  * Cases: the real model's shapes (4096 x 4096, the merged gate|up 2 x 16384
  * x 4096 with the fused SiLU, 16384 -> 4096 down, 4096 -> 256 K/V) at M = 1,
- * 2, 3, 8, 16, 17, 32, 64, 100, 256 and prefill pieces (M = 2048, 8192), int8
+ * 2, 3, 8, 16, 17, 32, 64, 100, 256 and a prefill piece (o_proj 2048, K/V 8192,
+ * gate|up and down 512 rows: the C twin bounds the size), int8
  * group 128 BF16 scales (what salafw quant writes); then every group size
  * (32, 64, 128, per channel) and scale dtype (BF16, F16, F32) on shapes that
  * are not multiples of the tiles (N = 1000, K = 1040, strided X and Y), plain
