@@ -1,0 +1,593 @@
+/* linear_w8_mma.cu - Y[M,N] = X[M,K] · Wᵀ with W int8 pack-quantized (W8A16,
+ * num/w8_layout.h) on the tensor cores: int8 codes and their group scales
+ * are read once per tile, turned into bf16 in registers and fed to
+ * mma.sync m16n8k16 (bf16 in, fp32 accumulation), sm_80 and later. The CUDA
+ * twin, for 2 ≤ M ≤ a prefill piece, of sfw_op_matmul_w8_cpu
+ * (kernels/matmul_w8.c); no bf16 copy of a weight is written anywhere.
+ *
+ * Layout: the kernel reads the checkpoint's layout in place (codes [N, K]
+ * row-major, scales [N, G]), so the one copy uploaded serves the decode GEMV
+ * (kernels/linear_w8.cu) and this GEMM alike: there is nothing to repack.
+ * What a repack buys Marlin-class kernels (each lane's fragment in one
+ * load) comes here from the order of k inside an MMA, which is free: A and
+ * B only have to agree. The weights are the MMA's A operand (16 weight rows
+ * per m16 tile), the activations its B operand (8 activation rows per n8
+ * tile), so the dequantized codes go straight into A's fragment registers.
+ * Lane (g = lane / 4, c = lane % 4) of a warp takes, for each 64-wide slice
+ * k0 of K, the 16 contiguous codes W[n, k0 + 16c .. k0 + 16c + 15] of its
+ * rows n = g and g + 8 of each weight tile (one 16-byte shared-memory load
+ * each) and the 16 contiguous activations X[m, same k] of its row m = g of
+ * each activation tile (two 16-byte loads); MMA step t (0..3) of the slice
+ * uses codes and activations 4t .. 4t + 3 of those 16 in the fragment
+ * positions k = 2c, 2c + 1, 2c + 8, 2c + 9. Each lane's 16 codes lie in one
+ * group (groups are multiples of 16): one scale per lane, row and slice.
+ *
+ * Dequantization: w = (b - 128) · scale in float32 (b - 128 formed exactly:
+ * the byte under the exponent of 2^23, minus 2^23 + 128), rounded to bf16
+ * once (round to nearest even): the same bf16 weight the dequantize-then-
+ * cuBLASLt path (sfw_cuda_dequant_w8) feeds the tensor cores. BF16 scales
+ * take a path without conversions of the same bits (w8m_dequant4_bf).
+ *
+ * Tiles: a block computes BM × BN of Y (warps WM × WN, each TT activation
+ * tiles × WT weight tiles), streaming K in stages of 128 through shared
+ * memory with cp.async (STAGES deep; 16-byte units placed with an XOR
+ * swizzle so that the fragment loads hit distinct banks); the configuration
+ * follows M (w8m_cfg_for). Few tiles (small M, narrow N) split K over S
+ * blocks: each writes its fp32 partial tile to the workspace, and the last
+ * of the S to arrive (a counter per tile) adds the S partials in the order
+ * 0..S-1 and writes Y: deterministic, no atomics on data.
+ *
+ * SiLU epilogue (silu = 1): W is the merged gate|up [2N, K]; each warp's
+ * weight tiles alternate gate rows and the matching up rows, and the
+ * epilogue writes silu(g)·u as the GEMV's SiLU variant does (g and u rounded
+ * to bf16, silu(g) rounded, the product rounded on the store): y [M, N].
+ *
+ * Measured (H200, bench/bench_w8gemm.c, bench/RESULTS.md): at M <= 16 it
+ * streams the codes at 1.1-2.3 TB/s, on par with or ahead of the bf16
+ * cuBLASLt GEMM; from M ~ 64 (by shape) the dequantize-then-cuBLASLt path is
+ * faster (this kernel reaches ~200 TFLOP/s, cuBLASLt ~850). */
+#include "cuda_common.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+extern "C" {
+#include "kernels/linear_w8_mma.h"
+#include "kernels/ops_cuda.h"
+}
+
+#define W8M_BK 128 /* codes (k) per row per stage */
+/* Split workspace: W8M_CNT_MAX tile counters first (a fixed region, so that
+ * calls of any shape share one workspace and its counters stay zero), then
+ * the partials. */
+#define W8M_CNT_MAX 4096
+
+/* ---- device helpers ---- */
+
+static __device__ __forceinline__ uint32_t w8m_smem_addr(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte async copy; src_bytes 0 fills the destination with zeros. */
+static __device__ __forceinline__ void w8m_cp16(void *dst, const void *src, int src_bytes)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(w8m_smem_addr(dst)), "l"(src),
+		     "r"(src_bytes));
+}
+static __device__ __forceinline__ void w8m_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> static __device__ __forceinline__ void w8m_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+static __device__ __forceinline__ float w8m_scale(const void *s, int sdt, size_t i)
+{
+	if (sdt == SFW_DTYPE_F32)
+		return __ldg((const float *)s + i);
+	uint16_t h = __ldg((const uint16_t *)s + i);
+	if (sdt == SFW_DTYPE_BF16)
+		return sfwc_bf(h);
+	return __half2float(__ushort_as_half(h));
+}
+
+/* Four codes (bytes of w, k ascending) times the scale, as the two bf16x2
+ * registers of a B fragment: lo = codes 0, 1; hi = codes 2, 3. */
+static __device__ __forceinline__ void w8m_dequant4(uint32_t w, float s, uint32_t &lo, uint32_t &hi)
+{
+	const float magic = 8388736.0f; /* 2^23 + 128 */
+	float f0 = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540)) - magic) * s;
+	float f1 = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7541)) - magic) * s;
+	float f2 = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7542)) - magic) * s;
+	float f3 = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7543)) - magic) * s;
+	__nv_bfloat162 a = __floats2bfloat162_rn(f0, f1), b = __floats2bfloat162_rn(f2, f3);
+	lo = *(uint32_t *)&a;
+	hi = *(uint32_t *)&b;
+}
+
+/* The same for BF16 scales, without conversions: b - 128 as an exact bf16
+ * from bit operations (the low 7 bits under the exponent of 2^7 give 128 +
+ * (b & 127); minus 128 where bit 7 is set, else minus 256), then one bf16
+ * multiply by the scale s2 = (s, s): the product of two 8-bit significands is
+ * exact before its one rounding to nearest even, so the bits equal those of
+ * w8m_dequant4. */
+static __device__ __forceinline__ void w8m_dequant4_bf(uint32_t w, uint32_t s2, uint32_t &lo, uint32_t &hi)
+{
+	uint32_t v0 = __byte_perm(w, 0, 0x4140), v1 = __byte_perm(w, 0, 0x4342); /* bytes to 16-bit lanes */
+	uint32_t x0 = (v0 & 0x007f007fu) | 0x43004300u, c0 = (v0 & 0x00800080u) ^ 0x43804380u;
+	uint32_t x1 = (v1 & 0x007f007fu) | 0x43004300u, c1 = (v1 & 0x00800080u) ^ 0x43804380u;
+	__nv_bfloat162 s = *(__nv_bfloat162 *)&s2;
+	__nv_bfloat162 q0 = __hsub2(*(__nv_bfloat162 *)&x0, *(__nv_bfloat162 *)&c0);
+	__nv_bfloat162 q1 = __hsub2(*(__nv_bfloat162 *)&x1, *(__nv_bfloat162 *)&c1);
+	__nv_bfloat162 r0 = __hmul2(q0, s), r1 = __hmul2(q1, s);
+	lo = *(uint32_t *)&r0;
+	hi = *(uint32_t *)&r1;
+}
+
+static __device__ __forceinline__ void w8m_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+					       uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+		     "{%0,%1,%2,%3};\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint4 w8m_lds(const void *p)
+{
+	return *(const uint4 *)p;
+}
+
+/* ---- the kernel ---- */
+
+struct w8m_args {
+	const uint16_t *X;
+	const uint8_t *C;
+	const void *S;
+	uint16_t *Y;
+	int *cnt;    /* split: one counter per tile, zero between calls */
+	float *part; /* split: [tiles][splits][threads][acc] */
+	int ldx, ldy, M, N, K; /* N: output columns (silu: half the weight rows) */
+	int sdt, group, G;     /* group: k per scale (K for per channel) */
+	int splits, cps;       /* K splits, 128-chunks per split */
+};
+
+/* A warp computes WT × 16 weight rows (the MMA's A operand, dequantized in
+ * registers) against TT × 8 activation rows (its B operand); WM × WN warps. */
+template <int TT, int WT, int WM, int WN, int STAGES, bool SILU>
+struct w8m_cfg {
+	static constexpr int BM = WM * TT * 8, BN = WN * WT * 16, THREADS = WM * WN * 32;
+	static constexpr int A_BYTES = BM * W8M_BK * 2, B_BYTES = BN * W8M_BK; /* activations, codes */
+	static constexpr int STAGE = A_BYTES + B_BYTES, SMEM = STAGES * STAGE;
+	static constexpr int ACC = TT * WT * 4;
+	static_assert(!SILU || WT % 2 == 0, "the SiLU epilogue pairs gate and up tiles");
+};
+
+template <int TT, int WT, int WM, int WN, int STAGES, bool SILU, bool SBF>
+static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args p)
+{
+	using CF = w8m_cfg<TT, WT, WM, WN, STAGES, SILU>;
+	constexpr int BM = CF::BM, BN = CF::BN, T = CF::THREADS;
+	constexpr int BU = BN * 8 / T, AU = BM * 16 / T; /* 16-byte units per thread per stage */
+	static_assert(BN * 8 % T == 0 && BM * 16 % T == 0, "whole units per thread");
+	extern __shared__ __align__(16) unsigned char smem[];
+	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	int wm = warp / WN, wn = warp % WN, g = lane >> 2, c = lane & 3;
+	int m0 = blockIdx.y * BM;
+	int split = blockIdx.z;
+	int kc0 = split * p.cps, kcn = (p.K + W8M_BK - 1) / W8M_BK;
+	int kc1 = min(kcn, kc0 + p.cps);
+	int nst = kc1 - kc0; /* stages of this block (>= 1 by the plan) */
+
+	/* The global weight row of block-local row r (-1: none). SiLU: each
+	 * warp's 16-row tiles alternate gate (even) and up (odd) rows of the
+	 * same outputs. */
+	auto wrow = [&](int r) -> int {
+		if (!SILU) {
+			int n = blockIdx.x * BN + r;
+			return n < p.N ? n : -1;
+		}
+		int w = r / (WT * 16), j = (r % (WT * 16)) / 16, i = r % 16;
+		int o = blockIdx.x * (BN / 2) + w * (WT / 2) * 16 + (j / 2) * 16 + i;
+		if (o >= p.N)
+			return -1;
+		return j % 2 == 0 ? o : p.N + o;
+	};
+
+	/* This thread's share of each stage, fixed over the stages: code units
+	 * (row tid / 8 + x T / 8, unit tid % 8) and activation units (row tid /
+	 * 16 + x T / 16, unit tid % 16). Activations = [BM][16 units of 8 bf16],
+	 * unit u of row r at u ^ (r & 1); codes = [BN][8 units of 16], unit u at
+	 * u ^ ((r & 1) << 2): the fragment loads below hit distinct banks. */
+	const uint8_t *bsrc[BU];
+	uint32_t bdst[BU];
+	const uint16_t *asrc[AU];
+	uint32_t adst[AU];
+	int bu = tid & 7, au = tid & 15;
+	unsigned bvalid = 0, avalid = 0;
+#pragma unroll
+	for (int x = 0; x < BU; x++) {
+		int r = (tid >> 3) + x * (T / 8), n = wrow(r);
+		bvalid |= (n >= 0 ? 1u : 0u) << x;
+		bsrc[x] = p.C + (size_t)(n < 0 ? 0 : n) * p.K + bu * 16;
+		bdst[x] = (uint32_t)(CF::A_BYTES + r * W8M_BK + ((bu ^ ((r & 1) << 2)) << 4));
+	}
+#pragma unroll
+	for (int x = 0; x < AU; x++) {
+		int r = (tid >> 4) + x * (T / 16), m = m0 + r;
+		avalid |= (m < p.M ? 1u : 0u) << x;
+		asrc[x] = p.X + (size_t)(m < p.M ? m : 0) * p.ldx + au * 8;
+		adst[x] = (uint32_t)(r * (W8M_BK * 2) + ((au ^ (r & 1)) << 4));
+	}
+	auto load_b = [&](int st, int kc) {
+		unsigned char *base = smem + (size_t)st * CF::STAGE;
+		int k0 = kc * W8M_BK;
+		bool kin = k0 + bu * 16 < p.K;
+#pragma unroll
+		for (int x = 0; x < BU; x++) {
+			bool ok = kin && ((bvalid >> x) & 1);
+			w8m_cp16(base + bdst[x], ok ? bsrc[x] + k0 : p.C, ok ? 16 : 0);
+		}
+	};
+	auto load_a = [&](int st, int kc) {
+		unsigned char *base = smem + (size_t)st * CF::STAGE;
+		int k0 = kc * W8M_BK;
+		bool kin = k0 + au * 8 < p.K;
+#pragma unroll
+		for (int x = 0; x < AU; x++) {
+			bool ok = kin && ((avalid >> x) & 1);
+			w8m_cp16(base + adst[x], ok ? asrc[x] + k0 : p.X, ok ? 16 : 0);
+		}
+	};
+
+	/* This lane's weight rows: g and g + 8 of each 16-row tile. */
+	int brow[WT][2];
+	size_t srow[WT][2];
+#pragma unroll
+	for (int j = 0; j < WT; j++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			brow[j][h] = wn * WT * 16 + j * 16 + g + 8 * h;
+			int n = wrow(brow[j][h]);
+			srow[j][h] = (size_t)(n < 0 ? 0 : n) * p.G;
+		}
+	/* The scales of this lane's 16-code units in a stage (one group each):
+	 * as floats, or (BF16 scales) as bf16 pairs (s, s). */
+	typedef typename std::conditional<SBF, uint32_t, float>::type sc_t;
+	auto scales = [&](int kc, int half, sc_t (*sv)[2]) {
+		int k = kc * W8M_BK + half * 64 + c * 16;
+		int gi = min(k / p.group, p.G - 1);
+#pragma unroll
+		for (int j = 0; j < WT; j++)
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				if constexpr (SBF) {
+					uint32_t v = __ldg((const uint16_t *)p.S + srow[j][h] + gi);
+					sv[j][h] = v | (v << 16);
+				} else {
+					sv[j][h] = w8m_scale(p.S, p.sdt, srow[j][h] + gi);
+				}
+			}
+	};
+
+	/* acc[i][j]: activation tile i (8 rows) × weight tile j (16 rows); the
+	 * MMA's D: element e is weight row g + 8 (e / 2), activation row 2c +
+	 * e % 2. */
+	float acc[TT][WT][4];
+#pragma unroll
+	for (int i = 0; i < TT; i++)
+#pragma unroll
+		for (int j = 0; j < WT; j++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[i][j][e] = 0.0f;
+
+	/* Weights first (written only by copies): they stream while the kernel
+	 * before finishes; activations after the programmatic-launch wait. */
+#pragma unroll
+	for (int s = 0; s < STAGES - 1; s++)
+		if (s < nst)
+			load_b(s, kc0 + s);
+	sc_t sc[2][WT][2];
+	scales(kc0, 0, sc[0]);
+	scales(kc0, 1, sc[1]);
+	sfwc_pdl_wait();
+#pragma unroll
+	for (int s = 0; s < STAGES - 1; s++) {
+		if (s < nst)
+			load_a(s, kc0 + s);
+		w8m_commit();
+	}
+
+	for (int it = 0; it < nst; it++) {
+		int st = it % STAGES;
+		w8m_wait<STAGES - 2>();
+		__syncthreads(); /* stage st landed for all; stage (it - 1) % STAGES is free */
+		{
+			int nx = it + STAGES - 1;
+			if (nx < nst) {
+				load_b(nx % STAGES, kc0 + nx);
+				load_a(nx % STAGES, kc0 + nx);
+			}
+			w8m_commit();
+		}
+		sc_t scn[2][WT][2];
+		if (it + 1 < nst) {
+			scales(kc0 + it + 1, 0, scn[0]);
+			scales(kc0 + it + 1, 1, scn[1]);
+		}
+		const unsigned char *A = smem + (size_t)st * CF::STAGE;
+		const unsigned char *B = A + CF::A_BYTES;
+#pragma unroll
+		for (int half = 0; half < 2; half++) {
+			uint4 bw[WT][2]; /* 16 codes of rows g, g + 8 of each tile */
+#pragma unroll
+			for (int j = 0; j < WT; j++)
+#pragma unroll
+				for (int h = 0; h < 2; h++) {
+					int r = brow[j][h], u = half * 4 + c;
+					bw[j][h] = w8m_lds(B + r * W8M_BK + ((u ^ ((r & 1) << 2)) << 4));
+				}
+#pragma unroll
+			for (int q = 0; q < 2; q++) { /* steps 2q, 2q + 1: one activation unit per row */
+				uint4 a[TT];
+#pragma unroll
+				for (int i = 0; i < TT; i++) {
+					int r = wm * TT * 8 + i * 8 + g, u = half * 8 + 2 * c + q;
+					a[i] = w8m_lds(A + r * (W8M_BK * 2) + ((u ^ (r & 1)) << 4));
+				}
+#pragma unroll
+				for (int t = 0; t < 2; t++) {
+					const int s = q * 2 + t;
+					uint32_t wf[WT][4]; /* A fragments: a0 a1 a2 a3 */
+#pragma unroll
+					for (int j = 0; j < WT; j++)
+#pragma unroll
+						for (int h = 0; h < 2; h++) {
+							uint32_t w = s == 0 ? bw[j][h].x
+								     : s == 1 ? bw[j][h].y
+								     : s == 2 ? bw[j][h].z
+									      : bw[j][h].w;
+							if constexpr (SBF)
+								w8m_dequant4_bf(w, sc[half][j][h], wf[j][h], wf[j][2 + h]);
+							else
+								w8m_dequant4(w, sc[half][j][h], wf[j][h], wf[j][2 + h]);
+						}
+#pragma unroll
+					for (int i = 0; i < TT; i++) {
+						uint32_t b0 = t ? a[i].z : a[i].x, b1 = t ? a[i].w : a[i].y;
+#pragma unroll
+						for (int j = 0; j < WT; j++)
+							w8m_mma(acc[i][j], wf[j][0], wf[j][1], wf[j][2], wf[j][3], b0, b1);
+					}
+				}
+			}
+		}
+		if (it + 1 < nst) {
+#pragma unroll
+			for (int j = 0; j < WT; j++)
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+					sc[0][j][h] = scn[0][j][h], sc[1][j][h] = scn[1][j][h];
+		}
+	}
+	w8m_wait<0>();
+
+	if (p.splits > 1) {
+		__shared__ int last;
+		int tile = blockIdx.y * gridDim.x + blockIdx.x;
+		float4 *mine = (float4 *)(p.part + (((size_t)tile * p.splits + split) * T + tid) * CF::ACC);
+#pragma unroll
+		for (int i = 0; i < TT; i++)
+#pragma unroll
+			for (int j = 0; j < WT; j++)
+				mine[i * WT + j] = make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]);
+		__threadfence();
+		__syncthreads();
+		if (tid == 0)
+			last = atomicAdd(p.cnt + tile, 1) == p.splits - 1;
+		__syncthreads();
+		if (!last)
+			return;
+		__threadfence();
+#pragma unroll
+		for (int i = 0; i < TT; i++)
+#pragma unroll
+			for (int j = 0; j < WT; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[i][j][e] = 0.0f;
+		for (int s = 0; s < p.splits; s++) {
+			const float4 *src = (const float4 *)(p.part + (((size_t)tile * p.splits + s) * T + tid) * CF::ACC);
+#pragma unroll
+			for (int i = 0; i < TT; i++)
+#pragma unroll
+				for (int j = 0; j < WT; j++) {
+					float4 v = __ldcg(src + i * WT + j);
+					acc[i][j][0] += v.x, acc[i][j][1] += v.y, acc[i][j][2] += v.z, acc[i][j][3] += v.w;
+				}
+		}
+		if (tid == 0)
+			p.cnt[tile] = 0; /* ready for the next call */
+	}
+
+	/* Epilogue: acc[i][j][e] is Y[m, n] for m = activation row 2c + e % 2
+	 * of tile i, n = weight row g + 8 (e / 2) of tile j. */
+#pragma unroll
+	for (int i = 0; i < TT; i++)
+#pragma unroll
+		for (int e2 = 0; e2 < 2; e2++) {
+			int m = m0 + wm * TT * 8 + i * 8 + 2 * c + e2;
+			if (m >= p.M)
+				continue;
+			uint16_t *y = p.Y + (size_t)m * p.ldy;
+			if (!SILU) {
+#pragma unroll
+				for (int j = 0; j < WT; j++)
+#pragma unroll
+					for (int h = 0; h < 2; h++) {
+						int n = blockIdx.x * BN + wn * WT * 16 + j * 16 + g + 8 * h;
+						if (n < p.N)
+							y[n] = sfwc_tobf(acc[i][j][2 * h + e2]);
+					}
+			} else {
+#pragma unroll
+				for (int j = 0; j < WT; j += 2)
+#pragma unroll
+					for (int h = 0; h < 2; h++) {
+						int n = blockIdx.x * (BN / 2) + wn * (WT / 2) * 16 + (j / 2) * 16 + g + 8 * h;
+						if (n >= p.N)
+							continue;
+						float gt = sfwc_rbf(acc[i][j][2 * h + e2]);
+						float up = sfwc_rbf(acc[i][j + 1][2 * h + e2]);
+						y[n] = sfwc_tobf(sfwc_rbf(gt / (1.0f + expf(-gt))) * up);
+					}
+			}
+		}
+}
+
+/* ---- plan and launch ---- */
+
+enum { W8M_M8, W8M_M16, W8M_M32, W8M_M64, W8M_LARGE, W8M_NCFG };
+
+/* The tile configurations (TT, WT, WM, WN, STAGES), by M: <= 8 rows, <= 16,
+ * <= 32, <= 64, more. Every one takes 128 weight rows per block. */
+#define W8M_CFGS(X)                                                                                       \
+	X(W8M_M8, 1, 2, 1, 4, 4)                                                                          \
+	X(W8M_M16, 2, 2, 1, 4, 4)                                                                         \
+	X(W8M_M32, 4, 2, 1, 4, 4)                                                                         \
+	X(W8M_M64, 4, 2, 2, 4, 3)                                                                         \
+	X(W8M_LARGE, 8, 2, 2, 4, 3)
+
+struct w8m_plan {
+	int cfg, bm, bn, threads, acc, smem;
+	int tiles_m, tiles_n, splits, cps;
+	size_t ws_bytes; /* counters + partials (0: no split) */
+};
+
+static int w8m_cfg_for(int M)
+{
+	return M <= 8 ? W8M_M8 : M <= 16 ? W8M_M16 : M <= 32 ? W8M_M32 : M <= 64 ? W8M_M64 : W8M_LARGE;
+}
+
+static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms)
+{
+	struct w8m_plan pl = {};
+	pl.cfg = w8m_cfg_for(M);
+#define X(id, MT, NT, WM, WN, ST)                                                                         \
+	if (pl.cfg == id) {                                                                               \
+		using CF = w8m_cfg<MT, NT, WM, WN, ST, false>;                                            \
+		pl.bm = CF::BM, pl.bn = CF::BN, pl.threads = CF::THREADS, pl.acc = CF::ACC, pl.smem = CF::SMEM; \
+	}
+	W8M_CFGS(X)
+#undef X
+	int outn = silu ? pl.bn / 2 : pl.bn; /* output columns per block */
+	pl.tiles_m = (M + pl.bm - 1) / pl.bm;
+	pl.tiles_n = (N + outn - 1) / outn;
+	int kcn = (K + W8M_BK - 1) / W8M_BK;
+	long tiles = (long)pl.tiles_m * pl.tiles_n;
+	/* Blocks resident per SM, by shared memory (228 KiB per SM on sm_90,
+	 * 1 KiB of it reserved per block), at most 3. */
+	int per_sm = (228 * 1024) / (pl.smem + 1024);
+	per_sm = per_sm < 1 ? 1 : per_sm > 3 ? 3 : per_sm;
+	long want = (long)sms * per_sm;
+	int s = 1;
+	if (tiles < want && tiles <= W8M_CNT_MAX) {
+		s = (int)((want + tiles - 1) / tiles);
+		if (s > kcn / 2)
+			s = kcn / 2; /* each split at least two stages */
+		if (s < 1)
+			s = 1;
+	}
+	pl.cps = (kcn + s - 1) / s;
+	pl.splits = (kcn + pl.cps - 1) / pl.cps; /* no empty split */
+	if (pl.splits > 1) {
+		pl.ws_bytes = W8M_CNT_MAX * sizeof(int) + (size_t)tiles * pl.splits * pl.threads * pl.acc * sizeof(float);
+	}
+	return pl;
+}
+
+static int w8m_sms(void)
+{
+	return sfwi_cuda_sms();
+}
+
+extern "C" size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu)
+{
+	if (M <= 0 || N <= 0 || K <= 0)
+		return 0;
+	return w8m_plan_for(M, N, K, silu, w8m_sms()).ws_bytes;
+}
+
+extern "C" int sfw_cuda_w8mma_ok(const void *X, int ldx, const uint8_t *codes, int group, int M, int N, int K,
+				 enum sfw_dtype sdt)
+{
+	int g = group <= 0 || group >= K ? K : group;
+	return M >= 1 && N >= 1 && K >= 16 && K % 16 == 0 && g % 16 == 0 && ldx >= K && ldx % 8 == 0 &&
+	       ((uintptr_t)X & 15) == 0 && ((uintptr_t)codes & 15) == 0 &&
+	       (sdt == SFW_DTYPE_BF16 || sdt == SFW_DTYPE_F16 || sdt == SFW_DTYPE_F32);
+}
+
+template <int MT, int NT, int WM, int WN, int ST, bool SILU, bool SBF>
+static void w8m_launch1(const struct w8m_plan &pl, const struct w8m_args &a, cudaStream_t s)
+{
+	using CF = w8m_cfg<MT, NT, WM, WN, ST, SILU>;
+	auto k = w8m_kernel<MT, NT, WM, WN, ST, SILU, SBF>;
+	static bool attr_set[SFWC_MAX_DEVICES];
+	int dev = sfwc_device();
+	if (!attr_set[dev]) {
+		SFW_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, CF::SMEM));
+		attr_set[dev] = true;
+	}
+	sfwc_launch(k, dim3(pl.tiles_n, pl.tiles_m, pl.splits), dim3(CF::THREADS), CF::SMEM, s, a);
+	SFW_CUDA_LAUNCHED();
+}
+
+template <int MT, int NT, int WM, int WN, int ST, bool SILU>
+static void w8m_launch(const struct w8m_plan &pl, const struct w8m_args &a, cudaStream_t s)
+{
+	if (a.sdt == SFW_DTYPE_BF16)
+		w8m_launch1<MT, NT, WM, WN, ST, SILU, true>(pl, a, s);
+	else
+		w8m_launch1<MT, NT, WM, WN, ST, SILU, false>(pl, a, s);
+}
+
+extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
+				    enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K, int silu,
+				    void *ws, size_t ws_bytes, void *stream)
+{
+	if (!sfw_cuda_w8mma_ok(X, ldx, codes, group, M, N, K, sdt) || ldy < N)
+		return 0;
+	int g = group <= 0 || group >= K ? K : group;
+	struct w8m_plan pl = w8m_plan_for(M, N, K, silu, w8m_sms());
+	if (pl.splits > 1 && (!ws || ws_bytes < pl.ws_bytes || ((uintptr_t)ws & 255))) {
+		/* no room for the partials: one block per tile over the whole K */
+		int kcn = (K + W8M_BK - 1) / W8M_BK;
+		pl.splits = 1, pl.cps = kcn, pl.ws_bytes = 0;
+	}
+	struct w8m_args a = {};
+	a.X = X, a.C = codes, a.S = scales, a.Y = Y;
+	a.ldx = ldx, a.ldy = ldy, a.M = M, a.N = N, a.K = K;
+	a.sdt = (int)sdt, a.group = g, a.G = (K + g - 1) / g;
+	a.splits = pl.splits, a.cps = pl.cps;
+	if (pl.splits > 1) {
+		a.cnt = (int *)ws;
+		a.part = (float *)((char *)ws + W8M_CNT_MAX * sizeof(int));
+	}
+	cudaStream_t s = SFW_CUDA_STREAM(stream);
+#define X(id, MT, NT, WM, WN, ST)                                                                         \
+	if (pl.cfg == id) {                                                                               \
+		if (silu)                                                                                 \
+			w8m_launch<MT, NT, WM, WN, ST, true>(pl, a, s);                                    \
+		else                                                                                      \
+			w8m_launch<MT, NT, WM, WN, ST, false>(pl, a, s);                                   \
+	}
+	W8M_CFGS(X)
+#undef X
+	return 1;
+}

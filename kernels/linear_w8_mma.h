@@ -1,0 +1,46 @@
+/* linear_w8_mma.h - the int8 (W8A16) GEMM on tensor cores
+ * (kernels/linear_w8_mma.cu), CUDA builds only; a part of the kernels
+ * module's CUDA interface (kernels/ops_cuda.h), kept in its own header until
+ * the engine calls it.
+ *
+ * Y [M, N] bf16 (row stride ldy) = X [M, K] bf16 (row stride ldx) · Wᵀ, W the
+ * int8 layout of num/w8_layout.h read in place (codes [N, K] bytes, scales
+ * [N, G] BF16/F16/F32, group 32, 64, 128, any multiple of 16, or <= 0 / K
+ * for per channel): the weights uploaded for the GEMV serve as they are,
+ * there is no repack. Meaning: sfw_op_matmul_w8_cpu (kernels/matmul_w8.c),
+ * with each w = (b - 128) · scale (float32) rounded to bf16 once before the
+ * tensor cores, fp32 accumulation, y rounded to bf16.
+ *
+ * silu = 1: W is the merged gate|up [2N, K] and Y [M, N] = silu(g) · u (g and
+ * u rounded to bf16 first, as the decode GEMV's fused SiLU does).
+ *
+ * Calls with few tiles (small M, narrow N) split K over blocks; they need a
+ * workspace of sfw_cuda_w8mma_ws_bytes(M, N, K, silu) bytes (0: none),
+ * 256-byte aligned, zeroed once when allocated (the kernel leaves it zeroed;
+ * one call at a time per workspace: calls on one stream share one). With a
+ * smaller or no workspace the call runs unsplit (correct, slower at small M).
+ *
+ * sfw_cuda_gemm_w8_mma returns 1 when it launched, 0 when the call is not
+ * one it takes (sfw_cuda_w8mma_ok: K and group multiples of 16, X and codes
+ * 16-byte aligned, ldx a multiple of 8; the caller then keeps its old path).
+ * Any M >= 1 is taken. Where it wins (H200, bench/RESULTS.md, group 128):
+ * the int8 GEMV stays faster at M <= 2; from M = 3 to 32 this kernel beats
+ * the GEMV and the dequantize-then-cuBLASLt path on every shape of the
+ * model; at M = 64 it still wins on gate|up (1.33x) and down (1.02x), not on
+ * o_proj or K/V; from M = 128 the dequantize path is faster. */
+#ifndef SFW_KERNELS_LINEAR_W8_MMA_H
+#define SFW_KERNELS_LINEAR_W8_MMA_H
+
+#include "kernels/ops.h" /* enum sfw_dtype */
+
+#include <stddef.h>
+#include <stdint.h>
+
+int sfw_cuda_w8mma_ok(const void *X, int ldx, const uint8_t *codes, int group, int M, int N, int K,
+		      enum sfw_dtype sdt);
+size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu);
+int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
+			 int group, uint16_t *Y, int ldy, int M, int N, int K, int silu, void *ws, size_t ws_bytes,
+			 void *stream);
+
+#endif
