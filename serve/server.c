@@ -524,7 +524,7 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double secs)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
-	long long ns = (long long)ts.tv_nsec + (long long)(secs * 1e9);
+	long long ns = (long long)ts.tv_nsec + (secs > 0 ? (long long)(secs * 1e9) : 0);
 	ts.tv_sec += (time_t)(ns / 1000000000LL);
 	ts.tv_nsec = (long)(ns % 1000000000LL);
 	pthread_cond_timedwait(cv, mu, &ts);

@@ -32,7 +32,7 @@ start() {
 	PIDS+=("$PID")
 	PORT=
 	for _ in $(seq 200); do
-		PORT=$(sed -n 's|.*on http://127\.0\.0\.1:\([0-9][0-9]*\)/v1.*|\1|p' "$S/$name.log")
+		PORT=$(sed -n 's|.*on http://127\.0\.0\.1:\([0-9][0-9]*\)/v1.*|\1|p' "$S/$name.log" 2>/dev/null)
 		[ -n "$PORT" ] && break
 		kill -0 "$PID" 2>/dev/null || break
 		sleep 0.05
@@ -101,7 +101,7 @@ term_trial() {
 	$SALAFW serve "$M" --no-verify --port 0 --max-context 1024 2>"$S/term$t.log" &
 	pid=$!
 	for _ in $(seq 200); do
-		port=$(sed -n 's|.*on http://127\.0\.0\.1:\([0-9][0-9]*\)/v1.*|\1|p' "$S/term$t.log")
+		port=$(sed -n 's|.*on http://127\.0\.0\.1:\([0-9][0-9]*\)/v1.*|\1|p' "$S/term$t.log" 2>/dev/null)
 		[ -n "$port" ] && break
 		sleep 0.05
 	done
