@@ -919,6 +919,7 @@ struct conn {
 	enum route rt;
 	int method_ok, checked, too_big;
 	int counted; /* an accepted request: s->active drops when its reply is sent */
+	int refuse;  /* 503 or 429 decided before the body (which is dropped) */
 	int http11;
 	struct sfw_buf body;
 };
@@ -1178,20 +1179,28 @@ fail:
 	return NULL;
 }
 
-/* A completion request that cannot be taken now is answered before its
- * body is read or tokenized: 503 while draining, 429 when the queue is full.
- * Returns 1 when it answered (*ret: MHD's result). */
-static int refused(struct sfw_server *s, struct MHD_Connection *c, enum route rt, enum MHD_Result *ret)
+/* Whether a completion request can be taken now (srv->mu held): 0, 503
+ * while draining, 429 when the queue is full. Checked before the body is
+ * kept or tokenized, and again when the request joins the queue. */
+static int cannot_take_locked(const struct sfw_server *s)
+{
+	return s->draining ? 503 : s->nqueue + s->nrun >= s->p.max_queue + s->p.max_running ? 429 : 0;
+}
+
+static int cannot_take(struct sfw_server *s)
 {
 	pthread_mutex_lock(&s->mu);
-	int drain = s->draining, full = s->nqueue + s->nrun >= s->p.max_queue + s->p.max_running;
+	int code = cannot_take_locked(s);
 	pthread_mutex_unlock(&s->mu);
-	if (drain)
-		*ret = fail_with(s, c, rt, 503, "server_error", NULL, "the server is shutting down", NULL);
-	else if (full)
-		*ret = fail_with(s, c, rt, 429, "rate_limit_error", NULL,
-				 "too many requests are waiting; try again later", "1");
-	return drain || full;
+	return code;
+}
+
+static enum MHD_Result refuse(struct sfw_server *s, struct MHD_Connection *c, enum route rt, int code)
+{
+	if (code == 503)
+		return fail_with(s, c, rt, 503, "server_error", NULL, "the server is shutting down", NULL);
+	return fail_with(s, c, rt, 429, "rate_limit_error", NULL, "too many requests are waiting; try again later",
+			 "1");
 }
 
 static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connection *c, struct conn *cs)
@@ -1199,9 +1208,9 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 	enum route rt = cs->rt;
 	struct sfw_serve_req p;
 	struct sfw_serve_error e;
-	enum MHD_Result ret = MHD_NO;
-	if (refused(s, c, rt, &ret))
-		return ret;
+	int code = cannot_take(s);
+	if (code)
+		return refuse(s, c, rt, code);
 	if (sfw_serve_req_parse(cs->body.data ? cs->body.data : "", cs->body.len,
 				rt == R_CHAT ? SFW_SERVE_CHAT : SFW_SERVE_COMPLETION, s->model_name, s->vocab,
 				&p, &e) != SFW_OK) {
@@ -1214,13 +1223,10 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 	r->conn = c;
 	r->http11 = cs->http11;
 	pthread_mutex_lock(&s->mu);
-	if (s->draining || s->nqueue + s->nrun >= s->p.max_queue + s->p.max_running) {
+	if ((code = cannot_take_locked(s)) != 0) {
 		req_unref_locked(r);
 		pthread_mutex_unlock(&s->mu);
-		if (!refused(s, c, rt, &ret)) /* the same answers as before the body; a place freed since */
-			ret = fail_with(s, c, rt, 429, "rate_limit_error", NULL,
-					"too many requests are waiting; try again later", "1");
-		return ret;
+		return refuse(s, c, rt, code);
 	}
 	r->id = ++s->next_id;
 	r->t_arrive = sfw_now_s();
@@ -1252,7 +1258,7 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 	}
 	/* not streamed: the whole reply, then one response */
 	wait_output_locked(s, r, 0);
-	ret = MHD_NO;
+	enum MHD_Result ret = MHD_NO;
 	if (!r->done) { /* the client went away */
 	} else if (r->aborted) {
 		pthread_mutex_unlock(&s->mu);
@@ -1325,13 +1331,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
 		if (cl && strtoull(cl, NULL, 10) > s->body_max)
 			return too_big(s, c, cs->rt);
-		enum MHD_Result ret;
-		if (post && refused(s, c, cs->rt, &ret)) /* draining, or the queue full: not worth the body */
-			return ret;
+		/* draining, or the queue full: the body is not worth keeping. A
+		 * client waiting for "100 Continue" is answered now; one already
+		 * sending it is answered once it is in (and dropped): closing on
+		 * unread bytes would reset the connection under the answer */
+		if (post && (cs->refuse = cannot_take(s)) != 0) {
+			const char *ex = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Expect");
+			if (ex && !strcasecmp(ex, "100-continue"))
+				return refuse(s, c, cs->rt, cs->refuse);
+		}
 		return MHD_YES;
 	}
 	if (*upload_size) {
-		if (!cs->too_big && sfw_buf_append(&cs->body, upload, *upload_size) != SFW_OK)
+		if (!cs->too_big && !cs->refuse && sfw_buf_append(&cs->body, upload, *upload_size) != SFW_OK)
 			cs->too_big = 1;
 		*upload_size = 0;
 		return MHD_YES;
@@ -1339,6 +1351,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	set_phase(s, c, PH_BUSY); /* the whole request is in */
 	if (cs->too_big)
 		return too_big(s, c, cs->rt);
+	if (cs->refuse)
+		return refuse(s, c, cs->rt, cs->refuse);
 	switch (cs->rt) {
 	case R_HEALTH: {
 		pthread_mutex_lock(&s->mu);
