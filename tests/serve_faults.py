@@ -11,8 +11,9 @@ usage: serve_faults.py CMD PORT [args]
   crowd PORT N ADDRS SECS READY
                               N connections that send half a request, spread over
                               the ADDRS loopback addresses (127.0.0.2 ...), held SECS
-                              seconds; READY is written once they are all opened;
-                              prints how many the server closed
+                              seconds or until the file READY.stop appears; READY is
+                              written once they are all opened; prints how many the
+                              server closed
   perip PORT N ADDR           N idle connections from ADDR, one at a time; prints
                               the 0-based indexes of those the server closed
   halfclose PORT PATH JSON    the request, then shutdown(SHUT_WR): prints the final
@@ -20,6 +21,7 @@ usage: serve_faults.py CMD PORT [args]
   te PORT                     a POST with "Transfer-Encoding: gzip, chunked"; prints
                               the status, or "none" after 5 s
 """
+import os
 import socket
 import sys
 import time
@@ -120,8 +122,8 @@ def cmd_crowd(port, n, addrs, secs, ready):
             socks.append(None)
     open(ready, "w").write("%d\n" % len(socks))
     t0 = time.time()
-    while time.time() - t0 < secs:
-        time.sleep(0.2)
+    while time.time() - t0 < secs and not os.path.exists(ready + ".stop"):
+        time.sleep(0.1)
     print(sum(1 for s in socks if s is None or closed(s)))
 
 
