@@ -408,6 +408,319 @@ static enum sfw_status add_sources(struct sfwi_run *r, const struct sfw_source *
 	return SFW_OK;
 }
 
+/* One get from start to end: the verified manifest, the run over it, and
+ * what the steps below hold open (released by get_release). */
+struct get {
+	const struct sfw_fetch_params *p;
+	struct sfw_fetch_summary *sum;
+	struct sfw_buf man, sig;
+	char *what; /* where the manifest came from */
+	struct sfw_trust_params tp;
+	struct sfw_manifest m;
+	struct sfwi_run r;
+	size_t ns;  /* sources in all */
+	int lockfd;
+	char *sdir, *pdir;
+};
+
+/* 1. The manifest: fetched, then verified, before anything touches DEST. */
+static enum sfw_status get_manifest(struct get *g, struct sfw_err *err)
+{
+	const struct sfw_fetch_params *p = g->p;
+	enum sfw_status st = sfwi_load_manifest(p, &g->man, &g->sig, &g->what, err);
+	if (st != SFW_OK)
+		return st;
+	g->tp = p->trust;
+	g->tp.repo_id = p->repo_id;
+	g->tp.revision = p->revision;
+	struct sfw_minisig_info info;
+	st = sfw_manifest_verify(g->man.data, g->man.len, g->sig.data, g->sig.len, g->what, &g->tp, &g->m, &info,
+				 err);
+	if (st != SFW_OK)
+		return st;
+	struct sfw_fetch_summary *sum = g->sum;
+	snprintf(sum->repo_id, sizeof(sum->repo_id), "%s", g->m.repo_id ? g->m.repo_id : "");
+	snprintf(sum->revision, sizeof(sum->revision), "%s", g->m.revision);
+	sum->nfiles = g->m.nfiles;
+	/* Defence in depth: the manifest parser validated every path already. */
+	for (size_t i = 0; i < g->m.nfiles; i++)
+		if ((st = sfw_path_check(g->m.files[i].path, err)) != SFW_OK)
+			return st;
+	return SFW_OK;
+}
+
+/* 2. The run's sources in their order (user mirrors first, the manifest's,
+ * user mirrors last) and its file table. */
+static enum sfw_status get_sources(struct get *g, struct sfw_err *err)
+{
+	const struct sfw_fetch_params *p = g->p;
+	struct sfwi_run *r = &g->r;
+	const struct sfw_manifest *m = &g->m;
+	g->ns = p->nmirrors_first + m->nsources + p->nmirrors_last;
+	r->srcs = sfw_calloc(g->ns ? g->ns : 1, sizeof(*r->srcs));
+	r->files = sfw_calloc(m->nfiles ? m->nfiles : 1, sizeof(*r->files));
+	r->hashbuf = sfw_malloc_aligned(4096, HASH_CHUNK);
+	if (!r->srcs || !r->files || !r->hashbuf)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	add_sources(r, p->mirrors_first, p->nmirrors_first);
+	add_sources(r, m->sources, m->nsources);
+	for (size_t i = p->nmirrors_first; i < r->nsrcs; i++)
+		if (r->srcs[i].s.kind == SFW_SOURCE_HF) {
+			r->srcs[i].bearer = 1;
+			if (p->hf_endpoint) {
+				if (r->srcs[i].label == r->srcs[i].s.url)
+					r->srcs[i].label = p->hf_endpoint;
+				r->srcs[i].s.url = (char *)p->hf_endpoint;
+			}
+		}
+	add_sources(r, p->mirrors_last, p->nmirrors_last);
+	r->nfiles = m->nfiles;
+	return SFW_OK;
+}
+
+/* 3. DEST bookkeeping: folders, lock. The verified manifest bytes are copied
+ * only on success (get_commit): until then DEST keeps the manifest its files
+ * were last verified against (nothing below reads the copies). */
+static enum sfw_status get_dest(struct get *g, struct sfw_err *err)
+{
+	const struct sfw_fetch_params *p = g->p;
+	struct sfwi_run *r = &g->r;
+	enum sfw_status st;
+	g->sdir = sfw_path_join(p->dest, ".salafw");
+	g->pdir = sfw_path_join(p->dest, ".salafw/partial");
+	if (!g->sdir || !g->pdir)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	/* DEST itself as named (made if missing), then .salafw and partial/ as
+	 * real folders of this user's, never through a symlink */
+	if ((st = sfw_mkdirs(p->dest, err)) != SFW_OK || (st = sfw_dir_open(p->dest, &r->dfd, err)) != SFW_OK ||
+	    (st = sfw_dir_openat(r->dfd, p->dest, ".salafw", SFW_DIR_CREATE | SFW_DIR_OWNED, &r->sfd, err)) != SFW_OK ||
+	    (st = sfw_dir_openat(r->sfd, g->sdir, "partial", SFW_DIR_CREATE | SFW_DIR_OWNED, &r->pfd, err)) != SFW_OK)
+		return st;
+	g->lockfd = take_dest_lock(r->sfd, p->dest, err, &st);
+	if (st != SFW_OK)
+		return st;
+	char msg[300];
+	snprintf(msg, sizeof(msg), "%s (%s@%s, %zu files)", g->what, g->m.repo_id, g->m.revision, g->m.nfiles);
+	r->t0 = sfwi_now_ms();
+	if (!sfwi_emit(r, SFW_EV_MANIFEST, NULL, -1, msg))
+		return sfw_fail(err, SFW_E_ABORTED, "cancelled");
+	return SFW_OK;
+}
+
+/* Each file's names: its partial and journal in partial/, its final path. */
+static enum sfw_status get_files(struct get *g, struct sfw_err *err)
+{
+	const struct sfw_manifest *m = &g->m;
+	size_t ns = g->ns ? g->ns : 1;
+	for (size_t i = 0; i < m->nfiles; i++) {
+		struct sfwi_file *f = &g->r.files[i];
+		char hex[65], tag[17];
+		sfw_hex_encode(m->files[i].sha256, 32, hex);
+		/* content + path: equal files each get their own partial and lock,
+		 * and resume still finds the partial of the same path */
+		sfw_fetch_path_tag(m->files[i].path, tag);
+		char name[100];
+		f->idx = i;
+		f->mf = &m->files[i];
+		f->fd = -1;
+		f->cur_src = -1;
+		snprintf(name, sizeof(name), "%s-%s.part", hex, tag);
+		f->pname = sfw_strdup(name);
+		f->part = sfw_path_join(g->pdir, name);
+		snprintf(name, sizeof(name), "%s-%s.json", hex, tag);
+		f->jname = sfw_strdup(name);
+		f->journal = sfw_path_join(g->pdir, name);
+		f->final = sfw_path_join(g->p->dest, m->files[i].path);
+		f->src_failed = sfw_calloc(ns, 1);
+		f->contributed = sfw_calloc(ns, 1);
+		f->norange = sfw_calloc(ns, 1);
+		f->stalls = sfw_calloc(ns, 1);
+		f->probed = sfw_calloc(ns, 1);
+		if (!f->part || !f->journal || !f->pname || !f->jname || !f->final || !f->src_failed ||
+		    !f->contributed || !f->norange || !f->stalls || !f->probed)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	return SFW_OK;
+}
+
+/* 4. What is already there and verified is skipped; what --include and
+ * --exclude leave out is not fetched; the rest is the plan. */
+static enum sfw_status get_plan(struct get *g, struct sfw_err *err)
+{
+	const struct sfw_fetch_params *p = g->p;
+	const struct sfw_manifest *m = &g->m;
+	struct sfwi_run *r = &g->r;
+	struct sfw_verify_params vp = sfw_verify_default_params();
+	vp.record_state = 0;
+	struct sfw_verify_report rep;
+	memset(&rep, 0, sizeof(rep));
+	struct sfw_err verr;
+	sfw_err_clear(&verr);
+	enum sfw_status vs = sfw_verify_dir(p->dest, m, &vp, &rep, &verr);
+	if (vs != SFW_OK && !rep.results)
+		return sfw_fail(err, vs, "%s", verr.msg);
+	for (size_t i = 0; i < m->nfiles; i++)
+		if (rep.results && rep.results[i] == SFW_FILE_OK) {
+			r->files[i].state = F_SKIPPED;
+			r->files[i].id = rep.ids[i];
+			/* a leftover partial of a file already in place is useless */
+			unlinkat(r->pfd, r->files[i].pname, 0);
+			unlinkat(r->pfd, r->files[i].jname, 0);
+			r->files[i].have = m->files[i].size;
+			g->sum->nskipped++;
+			sfwi_emit(r, SFW_EV_SKIP, &r->files[i], -1, "already present and verified");
+			r->files[i].have = 0;
+		}
+	sfw_verify_report_release(&rep);
+	for (size_t i = 0; i < m->nfiles; i++)
+		if (r->files[i].state == F_PENDING && !selected(p, m->files[i].path)) {
+			r->files[i].state = F_UNSELECTED;
+			g->sum->nfiles--;
+		}
+	for (size_t i = 0; i < m->nfiles; i++)
+		if (r->files[i].state == F_PENDING)
+			r->plan_total += m->files[i].size;
+	/* refuse before starting when the disk cannot hold it */
+	enum sfw_status st;
+	if (!p->no_space_check && (st = space_check(r, err)) != SFW_OK)
+		return st;
+	if (g->ns == 0 && r->plan_total > 0)
+		for (size_t i = 0; i < m->nfiles; i++)
+			if (r->files[i].state == F_PENDING)
+				return sfw_fail(err, SFW_E_EXHAUSTED, "the manifest lists no sources; give one with --mirror");
+	sfwi_emit(r, SFW_EV_PLAN, NULL, -1, NULL);
+	return SFW_OK;
+}
+
+/* Whatever stopped the run, every byte written stays resumable: transfers
+ * still open give their bytes to the done ranges, and each active file's
+ * journal is written. Returns st, or the first failure of doing that. */
+static enum sfw_status keep_resumable(struct sfwi_run *r, enum sfw_status st, struct sfw_err *err)
+{
+	struct sfw_err ferr;
+	sfw_err_clear(&ferr);
+	for (size_t i = 0; i < r->nfiles; i++) {
+		struct sfwi_file *f = &r->files[i];
+		while (f->segs) {
+			struct sfwi_seg *s = f->segs;
+			if (sfwi_seg_flush(s) != 0) /* unwritten bytes are not done */
+				s->pos -= s->wlen;
+			if (s->pos > s->start && sfwi_push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0) != 0 &&
+			    st == SFW_OK)
+				st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			sfwi_seg_free(r, s);
+		}
+		if (f->state == F_ACTIVE) {
+			f->dirty = 1;
+			if (sfwi_journal_flush(r, f, &ferr) != SFW_OK && st == SFW_OK)
+				st = sfw_fail(err, ferr.code, "%s", ferr.msg);
+		}
+	}
+	return st;
+}
+
+/* 5. The download: the transfer loop, then what was verified before a stop
+ * is still installed and the rest stays resumable. */
+static enum sfw_status get_download(struct get *g, struct sfw_err *err)
+{
+	struct sfwi_run *r = &g->r;
+	r->multi = curl_multi_init();
+	if (!r->multi)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	/* + one per source: a probe (sfwi_measure()) never waits for a free slot */
+	curl_multi_setopt(r->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)(g->p->jobs * g->p->connections + g->ns));
+	enum sfw_status st = run_loop(r, err);
+	if (r->nverified) { /* verified before a stop: still installed */
+		struct sfw_err berr;
+		sfw_err_clear(&berr);
+		enum sfw_status bs = sfwi_finish_batch(r, &berr);
+		if (bs != SFW_OK && st == SFW_OK)
+			st = sfw_fail(err, bs, "%s", berr.msg);
+	}
+	st = keep_resumable(r, st, err);
+	if (st == SFW_E_ABORTED && (!err || !err->msg[0] || err->code != SFW_E_ABORTED))
+		st = sfw_fail(err, SFW_E_ABORTED, "interrupted; run the same command again to resume");
+	progress(r, 1);
+	return st;
+}
+
+/* The run's verdict from its files: every failure a sha256 mismatch is
+ * "verification failed" (exit 1), a partial held by another process is a
+ * local condition (exit 5), else some file failed on every source. */
+static enum sfw_status get_outcome(struct get *g, enum sfw_status st, struct sfw_err *err)
+{
+	struct sfwi_run *r = &g->r;
+	size_t nfail = 0;
+	struct sfwi_file *first = NULL;
+	for (size_t i = 0; i < r->nfiles; i++) {
+		if (r->files[i].state == F_DONE)
+			g->sum->ndownloaded++;
+		if (r->files[i].state == F_FAILED && !nfail++)
+			first = &r->files[i];
+	}
+	int locked = 0;
+	for (size_t i = 0; i < r->nfiles && !locked; i++)
+		if (r->files[i].state == F_FAILED && r->files[i].locked) {
+			locked = 1;
+			first = &r->files[i];
+		}
+	g->sum->nfailed = nfail;
+	int all_hash = nfail > 0;
+	for (size_t i = 0; i < r->nfiles; i++)
+		if (r->files[i].state == F_FAILED && strcmp(r->files[i].last_err, "sha256 mismatch") != 0)
+			all_hash = 0;
+	if (st == SFW_OK && nfail)
+		st = sfw_fail(err, all_hash ? SFW_E_HASH : locked ? SFW_E_LOCKED : SFW_E_EXHAUSTED,
+			      "%zu file%s failed; '%s': %s", nfail, nfail == 1 ? "" : "s", first->mf->path,
+			      first->last_err[0] ? first->last_err : "every source failed");
+	return st;
+}
+
+/* 6. Remember what was verified (rollback ratchet, offline verify): each
+ * file as it was when its sha256 matched; one changed since (while others
+ * downloaded) is refused by the record. */
+static enum sfw_status get_commit(struct get *g, struct sfw_err *err)
+{
+	const struct sfw_manifest *m = &g->m;
+	struct sfw_state_file *paths = sfw_calloc(m->nfiles ? m->nfiles : 1, sizeof(*paths));
+	if (!paths)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < m->nfiles; i++)
+		paths[i].path = m->files[i].path, paths[i].ok = g->r.files[i].state != F_UNSELECTED,
+		paths[i].id = g->r.files[i].id;
+	enum sfw_status st = sfw_manifest_ratchet_commit(m, &g->tp, err);
+	if (st == SFW_OK)
+		st = sfw_state_install_manifest(g->p->dest, g->man.data, g->man.len, g->sig.data, g->sig.len, err);
+	if (st == SFW_OK)
+		st = sfw_state_record(g->p->dest, m, paths, m->nfiles, err);
+	sfw_free(paths);
+	if (st == SFW_OK)
+		unlinkat(g->r.sfd, "partial", AT_REMOVEDIR); /* only when empty */
+	return st;
+}
+
+static void get_release(struct get *g)
+{
+	struct sfwi_run *r = &g->r;
+	if (r->files)
+		files_release(r);
+	if (r->multi)
+		curl_multi_cleanup(r->multi);
+	sfw_free(r->srcs);
+	sfw_free(r->hashbuf);
+	if (g->lockfd >= 0)
+		close(g->lockfd);
+	for (int *fdp = &r->dfd; fdp <= &r->pfd; fdp++)
+		if (*fdp >= 0)
+			close(*fdp);
+	sfw_free(g->sdir);
+	sfw_free(g->pdir);
+	sfw_free(g->what);
+	sfw_manifest_release(&g->m);
+	sfw_buf_release(&g->man);
+	sfw_buf_release(&g->sig);
+}
+
 enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch_summary *sum,
 			      struct sfw_err *err)
 {
@@ -422,289 +735,37 @@ enum sfw_status sfw_fetch_get(const struct sfw_fetch_params *p, struct sfw_fetch
 	uint64_t t_start = sfwi_now_ms();
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
 		return sfw_fail(err, SFW_E_NOMEM, "cannot initialise libcurl");
+	struct get g;
+	memset(&g, 0, sizeof(g));
+	g.p = p;
+	g.sum = sum;
+	g.lockfd = -1;
+	sfw_buf_init(&g.man, 0);
+	sfw_buf_init(&g.sig, 0);
+	struct sfwi_run *r = &g.r;
+	r->p = p;
+	r->m = &g.m;
+	r->dest = p->dest;
+	r->rng = (uint32_t)(sfwi_now_ms() ^ ((uint64_t)getpid() << 16)) | 1;
+	r->fatal = SFW_OK;
+	r->dfd = r->sfd = r->pfd = -1;
 
-	/* 1. manifest: fetched, then verified, before anything touches DEST */
-	struct sfw_buf man, sig;
-	char *what = NULL;
-	enum sfw_status st = sfwi_load_manifest(p, &man, &sig, &what, err);
-	if (st != SFW_OK)
+	enum sfw_status st = get_manifest(&g, err);
+	if (st != SFW_OK) { /* nothing was written */
+		get_release(&g);
 		return st;
-	struct sfw_trust_params tp = p->trust;
-	tp.repo_id = p->repo_id;
-	tp.revision = p->revision;
-	struct sfw_manifest m;
-	memset(&m, 0, sizeof(m));
-	struct sfw_minisig_info info;
-	st = sfw_manifest_verify(man.data, man.len, sig.data, sig.len, what, &tp, &m, &info, err);
-	if (st != SFW_OK) {
-		sfw_free(what);
-		sfw_buf_release(&man);
-		sfw_buf_release(&sig);
-		return st;
 	}
-	snprintf(sum->repo_id, sizeof(sum->repo_id), "%s", m.repo_id ? m.repo_id : "");
-	snprintf(sum->revision, sizeof(sum->revision), "%s", m.revision);
-	sum->nfiles = m.nfiles;
-
-	struct sfwi_run r;
-	memset(&r, 0, sizeof(r));
-	r.p = p;
-	r.m = &m;
-	r.dest = p->dest;
-	r.rng = (uint32_t)(sfwi_now_ms() ^ ((uint64_t)getpid() << 16)) | 1;
-	r.fatal = SFW_OK;
-	r.dfd = r.sfd = r.pfd = -1;
-	int lockfd = -1;
-	char *sdir = NULL, *pdir = NULL;
-
-	/* Defence in depth: the manifest parser validated every path already. */
-	for (size_t i = 0; i < m.nfiles; i++)
-		if ((st = sfw_path_check(m.files[i].path, err)) != SFW_OK)
-			goto out;
-
-	size_t ns = p->nmirrors_first + m.nsources + p->nmirrors_last;
-	r.srcs = sfw_calloc(ns ? ns : 1, sizeof(*r.srcs));
-	r.files = sfw_calloc(m.nfiles ? m.nfiles : 1, sizeof(*r.files));
-	r.hashbuf = sfw_malloc_aligned(4096, HASH_CHUNK);
-	if (!r.srcs || !r.files || !r.hashbuf) {
-		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		goto out;
-	}
-	add_sources(&r, p->mirrors_first, p->nmirrors_first);
-	add_sources(&r, m.sources, m.nsources);
-	for (size_t i = p->nmirrors_first; i < r.nsrcs; i++)
-		if (r.srcs[i].s.kind == SFW_SOURCE_HF) {
-			r.srcs[i].bearer = 1;
-			if (p->hf_endpoint)
-			{
-				if (r.srcs[i].label == r.srcs[i].s.url)
-					r.srcs[i].label = p->hf_endpoint;
-				r.srcs[i].s.url = (char *)p->hf_endpoint;
-			}
-		}
-	add_sources(&r, p->mirrors_last, p->nmirrors_last);
-	r.nfiles = m.nfiles;
-
-	/* 2. DEST bookkeeping: folders, lock. The verified manifest bytes are
-	 * copied only on success (6.): until then DEST keeps the manifest its
-	 * files were last verified against (nothing below reads the copies). */
-	sdir = sfw_path_join(p->dest, ".salafw");
-	pdir = sfw_path_join(p->dest, ".salafw/partial");
-	if (!sdir || !pdir) {
-		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		goto out;
-	}
-	/* DEST itself as named (made if missing), then .salafw and partial/ as
-	 * real folders of this user's, never through a symlink */
-	if ((st = sfw_mkdirs(p->dest, err)) != SFW_OK || (st = sfw_dir_open(p->dest, &r.dfd, err)) != SFW_OK ||
-	    (st = sfw_dir_openat(r.dfd, p->dest, ".salafw", SFW_DIR_CREATE | SFW_DIR_OWNED, &r.sfd, err)) != SFW_OK ||
-	    (st = sfw_dir_openat(r.sfd, sdir, "partial", SFW_DIR_CREATE | SFW_DIR_OWNED, &r.pfd, err)) != SFW_OK)
-		goto out;
-	lockfd = take_dest_lock(r.sfd, p->dest, err, &st);
-	if (st != SFW_OK)
-		goto out;
-	{
-		char msg[300];
-		snprintf(msg, sizeof(msg), "%s (%s@%s, %zu files)", what, m.repo_id, m.revision, m.nfiles);
-		r.t0 = sfwi_now_ms();
-		if (!sfwi_emit(&r, SFW_EV_MANIFEST, NULL, -1, msg)) {
-			st = sfw_fail(err, SFW_E_ABORTED, "cancelled");
-			goto out;
-		}
-	}
-
-	/* 3. what is already there and verified is skipped */
-	for (size_t i = 0; i < m.nfiles; i++) {
-		struct sfwi_file *f = &r.files[i];
-		char hex[65], tag[17];
-		sfw_hex_encode(m.files[i].sha256, 32, hex);
-		/* content + path: equal files each get their own partial and lock,
-		 * and resume still finds the partial of the same path */
-		sfw_fetch_path_tag(m.files[i].path, tag);
-		char name[100];
-		f->idx = i;
-		f->mf = &m.files[i];
-		f->fd = -1;
-		f->cur_src = -1;
-		snprintf(name, sizeof(name), "%s-%s.part", hex, tag);
-		f->pname = sfw_strdup(name);
-		f->part = sfw_path_join(pdir, name);
-		snprintf(name, sizeof(name), "%s-%s.json", hex, tag);
-		f->jname = sfw_strdup(name);
-		f->journal = sfw_path_join(pdir, name);
-		f->final = sfw_path_join(p->dest, m.files[i].path);
-		f->src_failed = sfw_calloc(ns ? ns : 1, 1);
-		f->contributed = sfw_calloc(ns ? ns : 1, 1);
-		f->norange = sfw_calloc(ns ? ns : 1, 1);
-		f->stalls = sfw_calloc(ns ? ns : 1, 1);
-		f->probed = sfw_calloc(ns ? ns : 1, 1);
-		if (!f->part || !f->journal || !f->pname || !f->jname || !f->final || !f->src_failed ||
-		    !f->contributed || !f->norange || !f->stalls || !f->probed) {
-			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-			goto out;
-		}
-	}
-	{
-		struct sfw_verify_params vp = sfw_verify_default_params();
-		vp.record_state = 0;
-		struct sfw_verify_report rep;
-		memset(&rep, 0, sizeof(rep));
-		struct sfw_err verr;
-		sfw_err_clear(&verr);
-		enum sfw_status vs = sfw_verify_dir(p->dest, &m, &vp, &rep, &verr);
-		if (vs != SFW_OK && !rep.results) {
-			st = sfw_fail(err, vs, "%s", verr.msg);
-			goto out;
-		}
-		for (size_t i = 0; i < m.nfiles; i++)
-			if (rep.results && rep.results[i] == SFW_FILE_OK) {
-				r.files[i].state = F_SKIPPED;
-				r.files[i].id = rep.ids[i];
-				/* a leftover partial of a file already in place is useless */
-				unlinkat(r.pfd, r.files[i].pname, 0);
-				unlinkat(r.pfd, r.files[i].jname, 0);
-				r.files[i].have = m.files[i].size;
-				sum->nskipped++;
-				sfwi_emit(&r, SFW_EV_SKIP, &r.files[i], -1, "already present and verified");
-				r.files[i].have = 0;
-			}
-		sfw_verify_report_release(&rep);
-	}
-	for (size_t i = 0; i < m.nfiles; i++)
-		if (r.files[i].state == F_PENDING && !selected(p, m.files[i].path)) {
-			r.files[i].state = F_UNSELECTED;
-			sum->nfiles--;
-		}
-	for (size_t i = 0; i < m.nfiles; i++)
-		if (r.files[i].state == F_PENDING)
-			r.plan_total += m.files[i].size;
-
-	/* 4. refuse before starting when the disk cannot hold it */
-	if (!p->no_space_check && (st = space_check(&r, err)) != SFW_OK)
-		goto out;
-	if (ns == 0 && r.plan_total + 0 > 0) {
-		for (size_t i = 0; i < m.nfiles; i++)
-			if (r.files[i].state == F_PENDING) {
-				st = sfw_fail(err, SFW_E_EXHAUSTED, "the manifest lists no sources; give one with --mirror");
-				goto out;
-			}
-	}
-	sfwi_emit(&r, SFW_EV_PLAN, NULL, -1, NULL);
-
-	/* 5. download */
-	r.multi = curl_multi_init();
-	if (!r.multi) {
-		st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		goto out;
-	}
-	/* + one per source: a probe (sfwi_measure()) never waits for a free slot */
-	curl_multi_setopt(r.multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)(p->jobs * p->connections + ns));
-	st = run_loop(&r, err);
-	if (r.nverified) { /* verified before a stop: still installed */
-		struct sfw_err berr;
-		sfw_err_clear(&berr);
-		enum sfw_status bs = sfwi_finish_batch(&r, &berr);
-		if (bs != SFW_OK && st == SFW_OK)
-			st = sfw_fail(err, bs, "%s", berr.msg);
-	}
-	{
-		/* whatever happened, keep every byte written resumable */
-		struct sfw_err ferr;
-		sfw_err_clear(&ferr);
-		for (size_t i = 0; i < r.nfiles; i++) {
-			struct sfwi_file *f = &r.files[i];
-			while (f->segs) {
-				struct sfwi_seg *s = f->segs;
-				if (sfwi_seg_flush(s) != 0) /* unwritten bytes are not done */
-					s->pos -= s->wlen;
-				if (s->pos > s->start &&
-				    sfwi_push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0) != 0 && st == SFW_OK)
-					st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-				sfwi_seg_free(&r, s);
-			}
-			if (f->state == F_ACTIVE) {
-				f->dirty = 1;
-				if (sfwi_journal_flush(&r, f, &ferr) != SFW_OK && st == SFW_OK)
-					st = sfw_fail(err, ferr.code, "%s", ferr.msg);
-			}
-		}
-	}
-	if (st == SFW_E_ABORTED && (!err || !err->msg[0] || err->code != SFW_E_ABORTED))
-		st = sfw_fail(err, SFW_E_ABORTED, "interrupted; run the same command again to resume");
-	progress(&r, 1);
-	{
-		size_t nfail = 0;
-		struct sfwi_file *first = NULL;
-		for (size_t i = 0; i < r.nfiles; i++) {
-			if (r.files[i].state == F_DONE)
-				sum->ndownloaded++;
-			if (r.files[i].state == F_FAILED && !nfail++)
-				first = &r.files[i];
-		}
-		/* a partial held by another process is a local condition (exit 5) */
-		int locked = 0;
-		for (size_t i = 0; i < r.nfiles && !locked; i++)
-			if (r.files[i].state == F_FAILED && r.files[i].locked) {
-				locked = 1;
-				first = &r.files[i];
-			}
-		sum->nfailed = nfail;
-		/* every failure a sha256 mismatch: say "verification failed" (exit 1) */
-		int all_hash = nfail > 0;
-		for (size_t i = 0; i < r.nfiles; i++)
-			if (r.files[i].state == F_FAILED && strcmp(r.files[i].last_err, "sha256 mismatch") != 0)
-				all_hash = 0;
-		if (st == SFW_OK && nfail)
-			st = sfw_fail(err, all_hash ? SFW_E_HASH : locked ? SFW_E_LOCKED : SFW_E_EXHAUSTED,
-				      "%zu file%s failed; '%s': %s", nfail, nfail == 1 ? "" : "s",
-				      first->mf->path, first->last_err[0] ? first->last_err : "every source failed");
-	}
-	if (st == SFW_OK) {
-		/* 6. remember what was verified (rollback ratchet, offline verify):
-		 * each file as it was when its sha256 matched; one changed since
-		 * (while others downloaded) is refused by the record */
-		struct sfw_state_file *paths = sfw_calloc(m.nfiles ? m.nfiles : 1, sizeof(*paths));
-		if (!paths) {
-			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-			goto out;
-		}
-		for (size_t i = 0; i < m.nfiles; i++)
-			paths[i].path = m.files[i].path, paths[i].ok = r.files[i].state != F_UNSELECTED,
-			paths[i].id = r.files[i].id;
-		st = sfw_manifest_ratchet_commit(&m, &tp, err);
+	if ((st = get_sources(&g, err)) == SFW_OK && (st = get_dest(&g, err)) == SFW_OK &&
+	    (st = get_files(&g, err)) == SFW_OK && (st = get_plan(&g, err)) == SFW_OK) {
+		st = get_outcome(&g, get_download(&g, err), err);
 		if (st == SFW_OK)
-			st = sfw_state_install_manifest(p->dest, man.data, man.len, sig.data, sig.len, err);
-		if (st == SFW_OK)
-			st = sfw_state_record(p->dest, &m, paths, m.nfiles, err);
-		sfw_free(paths);
-		if (st == SFW_OK)
-			unlinkat(r.sfd, "partial", AT_REMOVEDIR); /* only when empty */
+			st = get_commit(&g, err);
+		sfwi_emit(r, SFW_EV_DONE, NULL, -1, st == SFW_OK ? "ok" : (err ? err->msg : sfw_strerror(st)));
 	}
-	sum->received = r.received;
-	sum->resumed = r.resumed;
-	sum->discarded = r.discarded;
-	sfwi_emit(&r, SFW_EV_DONE, NULL, -1, st == SFW_OK ? "ok" : (err ? err->msg : sfw_strerror(st)));
-out:
-	sum->received = r.received;
-	sum->resumed = r.resumed;
-	sum->discarded = r.discarded;
+	sum->received = r->received;
+	sum->resumed = r->resumed;
+	sum->discarded = r->discarded;
 	sum->seconds = (double)(sfwi_now_ms() - t_start) / 1000.0;
-	if (r.files)
-		files_release(&r);
-	if (r.multi)
-		curl_multi_cleanup(r.multi);
-	sfw_free(r.srcs);
-	sfw_free(r.hashbuf);
-	if (lockfd >= 0)
-		close(lockfd);
-	for (int *fdp = &r.dfd; fdp <= &r.pfd; fdp++)
-		if (*fdp >= 0)
-			close(*fdp);
-	sfw_free(sdir);
-	sfw_free(pdir);
-	sfw_free(what);
-	sfw_manifest_release(&m);
-	sfw_buf_release(&man);
-	sfw_buf_release(&sig);
+	get_release(&g);
 	return st;
 }

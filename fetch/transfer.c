@@ -337,13 +337,26 @@ static enum sfw_status restart_whole(struct sfwi_run *r, struct sfwi_file *f, in
 	return SFW_OK;
 }
 
-/* A transfer ended: keep its bytes, then decide what happens next. */
-enum sfw_status sfwi_seg_done(struct sfwi_run *r, struct sfwi_seg *s, CURLcode cc, struct sfw_err *err)
+/* What a finished transfer leaves behind once its handle is gone. */
+struct ended {
+	struct sfwi_file *f;
+	int src;
+	long status;
+	CURLcode cc;
+	enum sfwi_reason rs;
+	int probe, progressed, io_errno, oom;
+	uint64_t rest_a, rest_b; /* the part of its range it did not get */
+	char retry_after[80];
+	char ebuf[CURL_ERROR_SIZE];
+};
+
+/* A transfer ended: everything received goes to disk, the bytes it got join
+ * the file's done ranges, a whole transfer's speed feeds its source's rate,
+ * and the handle is freed; *e keeps what the decision needs. */
+static void seg_settle(struct sfwi_run *r, struct sfwi_seg *s, CURLcode cc, struct ended *e)
 {
 	struct sfwi_file *f = s->f;
-	int src = s->src;
 	long status = s->status;
-	/* Everything received goes to disk before the range counts as done. */
 	int we = sfwi_seg_flush(s);
 	if (we && s->reason != R_IO) {
 		s->reason = R_IO;
@@ -364,60 +377,57 @@ enum sfw_status sfwi_seg_done(struct sfwi_run *r, struct sfwi_seg *s, CURLcode c
 	f->last_status = status;
 	f->last_curl = (int)cc;
 	/* out of memory: those bytes stay unrecorded (fetched again on resume) */
-	int oom = s->pos > s->start && sfwi_push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0) != 0;
+	e->oom = s->pos > s->start && sfwi_push_range(&f->done, &f->ndone, &f->capdone, s->start, s->pos, 0) != 0;
 	f->ndone = sfw_fetch_normalize_ranges(f->done, f->ndone, UINT64_MAX, f->mf->size, NULL);
-	int progressed = s->pos > s->launch_pos;
-	uint64_t rest_a = s->pos, rest_b = s->end;
-	enum sfwi_reason rs = s->reason;
-	int probe = s->probe;
-	if (rs == R_CUT && rest_a == rest_b) { /* stopped at its cut: complete */
-		rs = R_NONE;
+	e->f = f;
+	e->src = s->src;
+	e->status = status;
+	e->progressed = s->pos > s->launch_pos;
+	e->rest_a = s->pos;
+	e->rest_b = s->end;
+	e->rs = s->reason;
+	e->probe = s->probe;
+	if (e->rs == R_CUT && e->rest_a == e->rest_b) { /* stopped at its cut: complete */
+		e->rs = R_NONE;
 		cc = CURLE_OK;
 	}
-	{
-		/* what a whole transfer achieved feeds its source's measured rate */
-		uint64_t got = s->pos - s->launch_pos, dt = sfwi_now_ms() - s->t_launch;
-		if (rs == R_NONE && cc == CURLE_OK && got >= RATE_SAMPLE_MIN) {
-			double sample = (double)got * 1000.0 / (double)(dt ? dt : 1);
-			struct sfwi_src *sr = &r->srcs[src];
-			sr->rate = sr->rate > 0 && !probe ? 0.5 * sr->rate + 0.5 * sample : sample;
-		}
+	e->cc = cc;
+	/* what a whole transfer achieved feeds its source's measured rate */
+	uint64_t got = s->pos - s->launch_pos, dt = sfwi_now_ms() - s->t_launch;
+	if (e->rs == R_NONE && cc == CURLE_OK && got >= RATE_SAMPLE_MIN) {
+		double sample = (double)got * 1000.0 / (double)(dt ? dt : 1);
+		struct sfwi_src *sr = &r->srcs[e->src];
+		sr->rate = sr->rate > 0 && !e->probe ? 0.5 * sr->rate + 0.5 * sample : sample;
 	}
-	int io_errno = s->io_errno;
-	char retry_after[80];
-	memcpy(retry_after, s->retry_after, sizeof(retry_after));
-	char ebuf[CURL_ERROR_SIZE];
-	memcpy(ebuf, s->errbuf, sizeof(ebuf));
+	e->io_errno = s->io_errno;
+	memcpy(e->retry_after, s->retry_after, sizeof(e->retry_after));
+	memcpy(e->ebuf, s->errbuf, sizeof(e->ebuf));
 	sfwi_seg_free(r, s);
+}
 
-	if (oom)
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	if (rs == R_IO)
-		return sfw_fail(err, io_errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s",
-				f->part, strerror(io_errno));
-	if (rs == R_CANCEL) {
-		if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
-			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		return SFW_OK;
-	}
-	if (rs == R_RESTART && probe) {
+/* A 200 to a ranged request (R_RESTART): the source ignores Range. */
+static enum sfw_status seg_ignored_range(struct sfwi_run *r, struct ended *e, struct sfw_err *err)
+{
+	struct sfwi_file *f = e->f;
+	int src = e->src;
+	if (e->probe) {
 		/* a probe's ranged request answered with the whole file: this source
 		 * cannot take part of a file; the range goes back to the others */
 		f->norange[src] = 1;
-		if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
+		if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, e->rest_a, e->rest_b, 1) != 0)
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		return SFW_OK;
 	}
-	if (rs == R_RESTART && f->norange[src] && !sfwi_other_source(r, f, src)) {
+	if (f->norange[src] && !sfwi_other_source(r, f, src)) {
 		/* the only source left ignores Range: every retry starts over from
 		 * byte 0, one attempt each, within the retry budget */
 		return restart_whole(r, f, src, "server ignores Range: restarting the file from byte 0", err);
 	}
-	if (rs == R_RESTART && f->norange[src]) {
+	if (f->norange[src]) {
 		/* Range ignored again after a restart from byte 0: its transfers keep
 		 * breaking, and restarting never counts an attempt, so take the rest
 		 * from the next source instead of going round for ever. */
-		if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
+		if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, e->rest_a, e->rest_b, 1) != 0)
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		snprintf(f->last_err, sizeof(f->last_err), "%s: ignores Range and its transfer broke again",
 			 r->srcs[src].label);
@@ -425,45 +435,48 @@ enum sfw_status sfwi_seg_done(struct sfwi_run *r, struct sfwi_seg *s, CURLcode c
 			sfwi_strike_source(r, src, f, "server ignores Range and its transfer broke again");
 		return SFW_OK;
 	}
-	if (rs == R_RESTART) {
-		/* 200 to a ranged request: this source ignores Range. Start the file
-		 * over as one plain request from byte 0 (never append a 200). */
-		f->norange[src] = 1;
-		enum sfw_status st = sfwi_file_reset(r, f, err);
-		if (st != SFW_OK)
-			return st;
-		f->ntodo = 0;
-		if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, 0, f->mf->size, 0) != 0)
-			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		sfwi_emit(r, SFW_EV_RETRY, f, src, "server ignored Range (200): restarting the file from byte 0");
-		return SFW_OK;
-	}
-	if (rs == R_NONE && cc == CURLE_OK && rest_a == rest_b) {
-		r->srcs[src].fails = 0;
-		f->attempts = 0;
-		f->stalls[src] = 0;
-		return SFW_OK;
-	}
-	if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, rest_a, rest_b, 1) != 0)
+	/* Start the file over as one plain request from byte 0 (never append a
+	 * 200). */
+	f->norange[src] = 1;
+	enum sfw_status st = sfwi_file_reset(r, f, err);
+	if (st != SFW_OK)
+		return st;
+	f->ntodo = 0;
+	if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, 0, f->mf->size, 0) != 0)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	sfwi_emit(r, SFW_EV_RETRY, f, src, "server ignored Range (200): restarting the file from byte 0");
+	return SFW_OK;
+}
+
+/* The transfer failed: its rest goes back to the plan, then by the failure's
+ * class the source is retried after a backoff or struck for this file, or
+ * the run stops. */
+static enum sfw_status seg_failed(struct sfwi_run *r, struct ended *e, struct sfw_err *err)
+{
+	struct sfwi_file *f = e->f;
+	int src = e->src;
+	long status = e->status;
+	CURLcode cc = e->cc;
+	if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, e->rest_a, e->rest_b, 1) != 0)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	enum sfw_fetch_class cls;
-	const char *why = reason_text(rs);
+	const char *why = reason_text(e->rs);
 	if (why)
 		cls = SFW_FETCH_NEXT_SOURCE;
-	else if (rs == R_HTTP)
+	else if (e->rs == R_HTTP)
 		cls = sfw_fetch_classify(CURLE_HTTP_RETURNED_ERROR, status);
 	else
 		cls = sfw_fetch_classify(cc, status);
 	char msg[200];
 	if (why)
 		snprintf(msg, sizeof(msg), "%s", why);
-	else if (rs == R_HTTP || (cc == CURLE_OK && status != 200 && status != 206))
+	else if (e->rs == R_HTTP || (cc == CURLE_OK && status != 200 && status != 206))
 		snprintf(msg, sizeof(msg), "HTTP %ld", status);
 	else if (cc == CURLE_OK)
 		snprintf(msg, sizeof(msg), "connection closed at byte %llu of range ending at %llu",
-			 (unsigned long long)rest_a, (unsigned long long)rest_b);
+			 (unsigned long long)e->rest_a, (unsigned long long)e->rest_b);
 	else
-		snprintf(msg, sizeof(msg), "%s", ebuf[0] ? ebuf : curl_easy_strerror(cc));
+		snprintf(msg, sizeof(msg), "%s", e->ebuf[0] ? e->ebuf : curl_easy_strerror(cc));
 	snprintf(f->last_err, sizeof(f->last_err), "%s: %s", r->srcs[src].label, msg);
 	if (cls == SFW_FETCH_FATAL)
 		return sfw_fail(err, cc == CURLE_OUT_OF_MEMORY ? SFW_E_NOMEM : SFW_E_NET, "'%s': %s", f->mf->path,
@@ -481,7 +494,7 @@ enum sfw_status sfwi_seg_done(struct sfwi_run *r, struct sfwi_seg *s, CURLcode c
 		}
 		return restart_whole(r, f, src, msg, err);
 	}
-	int stalled = cc == CURLE_OPERATION_TIMEDOUT && progressed;
+	int stalled = cc == CURLE_OPERATION_TIMEDOUT && e->progressed;
 	if (stalled && ++f->stalls[src] >= STALL_STRIKES && sfwi_other_source(r, f, src)) {
 		/* progress, then a stall, again and again: a failing source (the
 		 * only one left still resumes: every retry gains bytes) */
@@ -491,12 +504,12 @@ enum sfw_status sfwi_seg_done(struct sfwi_run *r, struct sfwi_seg *s, CURLcode c
 			sfwi_strike_source(r, src, f, msg);
 		return SFW_OK;
 	}
-	if (progressed)
+	if (e->progressed)
 		f->attempts = 0;
 	int64_t ra = -1;
 	if (cls == SFW_FETCH_RETRY) {
-		if (retry_after[0])
-			ra = sfw_fetch_retry_after_ms(retry_after, (int64_t)time(NULL));
+		if (e->retry_after[0])
+			ra = sfw_fetch_retry_after_ms(e->retry_after, (int64_t)time(NULL));
 		if (ra > 0 && (uint64_t)ra > r->p->retry_after_max_ms)
 			cls = SFW_FETCH_NEXT_SOURCE; /* asked to wait longer than we will */
 		else if (++f->attempts > r->p->max_retries)
@@ -514,6 +527,33 @@ enum sfw_status sfwi_seg_done(struct sfwi_run *r, struct sfwi_seg *s, CURLcode c
 		f->not_before = due;
 	sfwi_emit_delay(r, f, src, msg, delay);
 	return SFW_OK;
+}
+
+/* A transfer ended: keep its bytes, then decide what happens next. */
+enum sfw_status sfwi_seg_done(struct sfwi_run *r, struct sfwi_seg *s, CURLcode cc, struct sfw_err *err)
+{
+	struct ended e;
+	seg_settle(r, s, cc, &e);
+	struct sfwi_file *f = e.f;
+	if (e.oom)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	if (e.rs == R_IO)
+		return sfw_fail(err, e.io_errno == ENOSPC ? SFW_E_NOSPACE : SFW_E_IO, "cannot write '%s': %s",
+				f->part, strerror(e.io_errno));
+	if (e.rs == R_CANCEL) {
+		if (sfwi_push_range(&f->todo, &f->ntodo, &f->captodo, e.rest_a, e.rest_b, 1) != 0)
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		return SFW_OK;
+	}
+	if (e.rs == R_RESTART)
+		return seg_ignored_range(r, &e, err);
+	if (e.rs == R_NONE && e.cc == CURLE_OK && e.rest_a == e.rest_b) {
+		r->srcs[e.src].fails = 0;
+		f->attempts = 0;
+		f->stalls[e.src] = 0;
+		return SFW_OK;
+	}
+	return seg_failed(r, &e, err);
 }
 
 /* The --limit-rate bucket: limit_rate bytes/s flow in, at most BURST_MS of
