@@ -44,7 +44,7 @@ SODIUM_LIB := $(SODIUM_A)
 else
 SODIUM_LIB := -lsodium
 endif
-LDLIBS := -lmicrohttpd -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lsentencepiece -lstdc++ -lpthread -lm
+LDLIBS := -lmicrohttpd -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lunistring -lsentencepiece -lstdc++ -lpthread -lm
 # The SentencePiece trainer: only tools/spm_train.cpp uses it, so only links
 # whose modules include tools get it (the CLI, benches, tests that link tools).
 SPM_TRAIN_LIB := -lsentencepiece_train
@@ -180,7 +180,7 @@ fuzz: $(FUZZ_BINS)
 	  else tail -n 40 $(FUZZ_BUILD)/$$n.log; echo "fuzz $$n: FAILED"; exit 1; fi; done
 $(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lpthread -lm
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lunistring -lpthread -lm
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.cuh')

@@ -6,6 +6,7 @@
 
 #include "alloc.h"
 #include "log.h"
+#include "utf8.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -84,11 +85,20 @@ static double row_rate(const struct ui *u, size_t i, double now)
 	return dt > 0.2 && u->rows[i].done > u->rows[i].done0 ? (double)(u->rows[i].done - u->rows[i].done0) / dt : 0;
 }
 
+/* A JSON string; characters that hide or reorder text (bidi overrides,
+ * zero-width ones) as \uXXXX escapes, so a reader printing the line raw is
+ * not fooled by them either. */
 static void json_str(FILE *f, const char *s)
 {
 	fputc('"', f);
 	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-		if (*p == '"' || *p == '\\')
+		size_t k = sfw_utf8_hidden(p, strnlen((const char *)p, 3));
+		if (k) {
+			unsigned cp = k == 2 ? (unsigned)(p[0] & 0x1f) << 6 | (p[1] & 0x3f)
+					     : (unsigned)(p[0] & 0x0f) << 12 | (unsigned)(p[1] & 0x3f) << 6 | (p[2] & 0x3f);
+			fprintf(f, "\\u%04x", cp);
+			p += k - 1;
+		} else if (*p == '"' || *p == '\\')
 			fprintf(f, "\\%c", *p);
 		else if (*p < 0x20 || *p == 0x7f)
 			fprintf(f, "\\u%04x", *p);
@@ -252,8 +262,10 @@ static bool on_event(void *user, const struct sfw_fetch_event *ev)
 		fprintf(stderr, "retry    %s in %.1f s: %s\n", path, (double)ev->delay_ms / 1000, msg ? msg : "");
 		break;
 	case SFW_EV_SOURCE_FAILED:
-		fprintf(stderr, "source   %s failed for %s: %s\n", src ? src : "-", path ? path : "-",
-			msg ? msg : "");
+		if (path)
+			fprintf(stderr, "source   %s failed for %s: %s\n", src ? src : "-", path, msg ? msg : "");
+		else
+			fprintf(stderr, "source   %s failed: %s\n", src ? src : "-", msg ? msg : "");
 		break;
 	case SFW_EV_SOURCE_DEMOTED:
 		fprintf(stderr, "source   %s demoted: %s\n", src ? src : "-", msg ? msg : "");
