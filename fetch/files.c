@@ -77,14 +77,23 @@ enum sfw_status sfwi_file_reset(struct sfwi_run *r, struct sfwi_file *f, struct 
 
 enum sfw_status sfwi_file_activate(struct sfwi_run *r, struct sfwi_file *f, struct sfw_err *err)
 {
-	f->fd = openat(r->pfd, f->pname, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+	/* O_NONBLOCK: a FIFO planted there opens at once and is refused below */
+	f->fd = openat(r->pfd, f->pname, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+	if (f->fd < 0 && (errno == ELOOP || errno == EISDIR))
+		return sfw_fail(err, SFW_E_PATH, "unsafe path: '%s' is %s, not a partial of get's; remove it and run again",
+				f->part, errno == ELOOP ? "a symlink" : "a folder");
 	if (f->fd < 0)
+		return sfw_fail(err, SFW_E_IO, "cannot open '%s': %s", f->part, strerror(errno));
+	struct stat st;
+	if (fstat(f->fd, &st) != 0)
+		return sfw_fail(err, SFW_E_IO, "cannot stat '%s': %s", f->part, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		return sfw_fail(err, SFW_E_PATH, "unsafe path: '%s' is not a regular file; remove it and run again",
+				f->part);
+	if (fcntl(f->fd, F_SETFL, 0) != 0)
 		return sfw_fail(err, SFW_E_IO, "cannot open '%s': %s", f->part, strerror(errno));
 	if (flock(f->fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
 		return sfw_fail(err, SFW_E_LOCKED, "'%s' is being written by another process", f->part);
-	struct stat st;
-	if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode))
-		return sfw_fail(err, SFW_E_IO, "'%s' is not a regular file", f->part);
 	if (sfwi_hash_reset(f) != 0)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	struct sfw_range *d = NULL;
@@ -341,5 +350,10 @@ void sfwi_file_fail(struct sfwi_run *r, struct sfwi_file *f)
 		sfw_log(SFW_LOG_WARN, "%s", e.msg);
 	sfwi_file_close(f);
 	f->state = F_FAILED;
+	if (f->nstruck >= SFW_FETCH_MAX_SOURCES && r->nsrcs > f->nstruck) {
+		size_t k = strlen(f->last_err);
+		snprintf(f->last_err + k, sizeof(f->last_err) - k, "%s%zu sources failed, the most tried per file; %zu more not tried",
+			 k ? "; " : "", f->nstruck, r->nsrcs - f->nstruck);
+	}
 	sfwi_emit(r, SFW_EV_FILE_FAILED, f, -1, f->last_err[0] ? f->last_err : "every source failed");
 }

@@ -474,6 +474,10 @@ static enum sfw_status get_sources(struct get *g, struct sfw_err *err)
 			}
 		}
 	add_sources(r, p->mirrors_last, p->nmirrors_last);
+	/* a URL's password or token is never shown (progress, --json, errors) */
+	for (size_t i = 0; i < r->nsrcs; i++)
+		if (!(r->srcs[i].label = r->srcs[i].shown = sfw_fetch_redact_url(r->srcs[i].label)))
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	r->nfiles = m->nfiles;
 	return SFW_OK;
 }
@@ -706,6 +710,8 @@ static void get_release(struct get *g)
 		files_release(r);
 	if (r->multi)
 		curl_multi_cleanup(r->multi);
+	for (size_t i = 0; r->srcs && i < r->nsrcs; i++)
+		sfw_free(r->srcs[i].shown);
 	sfw_free(r->srcs);
 	sfw_free(r->hashbuf);
 	if (g->lockfd >= 0)

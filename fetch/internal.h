@@ -54,12 +54,14 @@
 
 struct sfwi_src {
 	struct sfw_source s;
-	const char *label;
+	const char *label; /* as shown: its name, or its URL with the userinfo redacted (shown) */
+	char *shown;
 	int bearer;     /* a manifest hf source: gets p->hf_token */
 	unsigned fails; /* consecutive failures */
 	int demoted;
 	double rate;    /* measured bytes/s per connection, 0 = not measured yet */
 	int probing;    /* a probe transfer is measuring it */
+	int down;       /* its host cannot be reached: struck for every file */
 };
 
 enum sfwi_reason { R_NONE, R_HTTP, R_RANGE, R_COMMIT, R_OVERFLOW, R_IO, R_CANCEL, R_RESTART, R_CUT };
@@ -115,6 +117,7 @@ struct sfwi_file {
 	uint64_t not_before;
 	unsigned attempts;
 	int cur_src;
+	size_t nstruck; /* sources struck for it (at most SFW_FETCH_MAX_SOURCES are tried) */
 	unsigned char *src_failed, *contributed;
 	unsigned char *norange; /* per source: answered a Range with 200 once already */
 	unsigned char *stalls;  /* per source: stalls since its last completed range */
@@ -181,6 +184,7 @@ size_t sfwi_journal_read(struct sfwi_run *r, struct sfwi_file *f, struct sfw_ran
 /* sources.c */
 int sfwi_pick_source(struct sfwi_run *r, struct sfwi_file *f);
 void sfwi_strike_source(struct sfwi_run *r, int src, struct sfwi_file *f, const char *why);
+void sfwi_source_down(struct sfwi_run *r, int src, struct sfwi_file *f, const char *why);
 int sfwi_other_source(struct sfwi_run *r, struct sfwi_file *f, int src);
 int sfwi_src_usable(struct sfwi_run *r, struct sfwi_file *f, size_t src);
 enum sfw_status sfwi_measure(struct sfwi_run *r, struct sfw_err *err);

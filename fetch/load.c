@@ -17,8 +17,10 @@ static size_t buf_write(char *p, size_t sz, size_t nm, void *u)
 	return sfw_buf_append(u, p, sz * nm) == SFW_OK ? sz * nm : 0;
 }
 
-static enum sfw_status http_get_small(const struct sfw_fetch_params *p, const char *url, size_t max,
-				      struct sfw_buf *out, struct sfw_err *err)
+/* GETs url (at most max bytes) into out, retrying transient failures;
+ * messages name it as shown (its userinfo redacted). */
+static enum sfw_status http_get_small(const struct sfw_fetch_params *p, const char *url, const char *shown,
+				      size_t max, struct sfw_buf *out, struct sfw_err *err)
 {
 	char ebuf[CURL_ERROR_SIZE];
 	for (unsigned attempt = 1;; attempt++) {
@@ -50,13 +52,14 @@ static enum sfw_status http_get_small(const struct sfw_fetch_params *p, const ch
 			return SFW_OK;
 		sfw_buf_release(out);
 		if (cc == CURLE_WRITE_ERROR || cc == CURLE_FILESIZE_EXCEEDED)
-			return sfw_fail(err, SFW_E_MANIFEST, "'%s' is larger than %zu bytes", url, max);
+			return sfw_fail(err, SFW_E_MANIFEST, "'%s' is larger than %zu bytes", shown, max);
+		if (sfw_fetch_header_too_large((int)cc))
+			return sfw_fail(err, SFW_E_NET, "cannot fetch '%s': %s", shown, SFW_FETCH_HEADER_MSG);
 		enum sfw_fetch_class c = sfw_fetch_classify(cc, status);
 		if (cc == CURLE_HTTP_RETURNED_ERROR && (status == 404 || status == 410))
-			return sfw_fail(err, SFW_E_HTTP, "'%s' is not there (HTTP %ld)", url, status);
+			return sfw_fail(err, SFW_E_HTTP, "'%s' is not there (HTTP %ld)", shown, status);
 		if (c != SFW_FETCH_RETRY || attempt > p->max_retries || (p->cancel && *p->cancel))
-			return sfw_fail(err, cc == CURLE_OUT_OF_MEMORY ? SFW_E_NOMEM : SFW_E_NET,
-					"cannot fetch '%s': %s", url,
+			return sfw_fail(err, SFW_E_NET, "cannot fetch '%s': %s", shown,
 					ebuf[0] ? ebuf : curl_easy_strerror(cc));
 		uint64_t d = sfw_fetch_backoff_ms(attempt, p->backoff_base_ms, p->backoff_cap_ms, 0,
 						  (uint32_t)sfwi_now_ms() * 2654435761u);
@@ -79,26 +82,34 @@ enum sfw_status sfwi_load_manifest(const struct sfw_fetch_params *p, struct sfw_
 		loc = sfw_fetch_manifest_url(p->endpoint ? p->endpoint : DEFAULT_ENDPOINT, p->repo_id);
 	else
 		return sfw_fail(err, SFW_E_INVAL, "no repository and no --manifest given");
-	if (!loc)
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	size_t n = strlen(loc);
-	char *sloc = sfw_malloc(n + 9);
-	if (!sloc) {
+	/* as every message shows them: a password or token in a URL never is */
+	char *shown = loc ? sfw_fetch_redact_url(loc) : NULL;
+	char *ep = sfw_fetch_redact_url(p->endpoint ? p->endpoint : DEFAULT_ENDPOINT);
+	size_t n = loc ? strlen(loc) : 0, sn = shown ? strlen(shown) : 0;
+	char *sloc = loc ? sfw_malloc(n + 9) : NULL;
+	char *sshown = shown ? sfw_malloc(sn + 9) : NULL;
+	if (!sloc || !sshown || !ep) {
 		sfw_free(loc);
+		sfw_free(shown);
+		sfw_free(ep);
+		sfw_free(sloc);
+		sfw_free(sshown);
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	}
 	memcpy(sloc, loc, n);
 	memcpy(sloc + n, ".minisig", 9);
+	memcpy(sshown, shown, sn);
+	memcpy(sshown + sn, ".minisig", 9);
 	enum sfw_status st;
 	if (is_url(loc)) {
-		st = http_get_small(p, loc, SFW_MANIFEST_MAX, man, err);
+		st = http_get_small(p, loc, shown, SFW_MANIFEST_MAX, man, err);
 		if (st == SFW_E_HTTP && !p->manifest && err && err->code == SFW_E_HTTP)
 			sfw_fail(err, st,
 				 "repository '%s' is not on '%s' (no manifest at '%s'): check the name, or give "
 				 "--endpoint or --manifest",
-				 p->repo_id, p->endpoint ? p->endpoint : DEFAULT_ENDPOINT, loc);
+				 p->repo_id, ep, shown);
 		if (st == SFW_OK) {
-			st = http_get_small(p, sloc, SFW_MINISIG_MAX, sig, err);
+			st = http_get_small(p, sloc, sshown, SFW_MINISIG_MAX, sig, err);
 			if (st != SFW_OK)
 				sfw_buf_release(man);
 		}
@@ -118,10 +129,13 @@ enum sfw_status sfwi_load_manifest(const struct sfw_fetch_params *p, struct sfw_
 		}
 	}
 	sfw_free(sloc);
+	sfw_free(sshown);
+	sfw_free(ep);
+	sfw_free(loc);
 	if (st != SFW_OK) {
-		sfw_free(loc);
+		sfw_free(shown);
 		return st;
 	}
-	*what = loc;
+	*what = shown; /* names the manifest in messages and events */
 	return SFW_OK;
 }

@@ -12,6 +12,8 @@
 
 int sfwi_pick_source(struct sfwi_run *r, struct sfwi_file *f)
 {
+	if (f->nstruck >= SFW_FETCH_MAX_SOURCES)
+		return -1; /* the sources after them stay untried (file_fail says so) */
 	for (int pass = 0; pass < 2; pass++)
 		for (size_t i = 0; i < r->nsrcs; i++)
 			if (!f->src_failed[i] && r->srcs[i].demoted == pass)
@@ -22,6 +24,8 @@ int sfwi_pick_source(struct sfwi_run *r, struct sfwi_file *f)
 void sfwi_strike_source(struct sfwi_run *r, int src, struct sfwi_file *f, const char *why)
 {
 	struct sfwi_src *s = &r->srcs[src];
+	if (!f->src_failed[src])
+		f->nstruck++;
 	f->src_failed[src] = 1;
 	sfwi_emit(r, SFW_EV_SOURCE_FAILED, f, src, why);
 	if (++s->fails >= r->p->demote_after && !s->demoted) {
@@ -30,6 +34,31 @@ void sfwi_strike_source(struct sfwi_run *r, int src, struct sfwi_file *f, const 
 	}
 	if (f->cur_src == src)
 		f->cur_src = sfwi_pick_source(r, f);
+	f->attempts = 0;
+}
+
+/* src's host could not be reached (f's transfer met it): strike it for every
+ * file at once, with one event, instead of trying it again file by file. */
+void sfwi_source_down(struct sfwi_run *r, int src, struct sfwi_file *f, const char *why)
+{
+	struct sfwi_src *s = &r->srcs[src];
+	if (!s->down) {
+		s->down = 1;
+		char msg[300];
+		snprintf(msg, sizeof(msg), "%s: not tried again for any file", why);
+		sfwi_emit(r, SFW_EV_SOURCE_FAILED, NULL, src, msg);
+	}
+	for (size_t i = 0; i < r->nfiles; i++) {
+		struct sfwi_file *g = &r->files[i];
+		if (g->src_failed[src])
+			continue;
+		g->src_failed[src] = 1;
+		g->nstruck++;
+		if (g != f && (g->state == F_PENDING || g->state == F_ACTIVE))
+			snprintf(g->last_err, sizeof(g->last_err), "%s: %s", s->label, why);
+		if (g->cur_src == src)
+			g->cur_src = sfwi_pick_source(r, g);
+	}
 	f->attempts = 0;
 }
 

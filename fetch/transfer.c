@@ -345,6 +345,7 @@ struct ended {
 	CURLcode cc;
 	enum sfwi_reason rs;
 	int probe, progressed, io_errno, oom;
+	int checked; /* its response's body had begun */
 	uint64_t rest_a, rest_b; /* the part of its range it did not get */
 	char retry_after[80];
 	char ebuf[CURL_ERROR_SIZE];
@@ -387,6 +388,7 @@ static void seg_settle(struct sfwi_run *r, struct sfwi_seg *s, CURLcode cc, stru
 	e->rest_b = s->end;
 	e->rs = s->reason;
 	e->probe = s->probe;
+	e->checked = s->checked;
 	if (e->rs == R_CUT && e->rest_a == e->rest_b) { /* stopped at its cut: complete */
 		e->rs = R_NONE;
 		cc = CURLE_OK;
@@ -461,6 +463,8 @@ static enum sfw_status seg_failed(struct sfwi_run *r, struct ended *e, struct sf
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	enum sfw_fetch_class cls;
 	const char *why = reason_text(e->rs);
+	if (!why && !e->checked && sfw_fetch_header_too_large((int)cc))
+		why = SFW_FETCH_HEADER_MSG;
 	if (why)
 		cls = SFW_FETCH_NEXT_SOURCE;
 	else if (e->rs == R_HTTP)
@@ -481,6 +485,10 @@ static enum sfw_status seg_failed(struct sfwi_run *r, struct ended *e, struct sf
 	if (cls == SFW_FETCH_FATAL)
 		return sfw_fail(err, cc == CURLE_OUT_OF_MEMORY ? SFW_E_NOMEM : SFW_E_NET, "'%s': %s", f->mf->path,
 				msg);
+	if (cls == SFW_FETCH_SOURCE_DOWN) {
+		sfwi_source_down(r, src, f, msg);
+		return SFW_OK;
+	}
 	if (f->norange[src] && cls == SFW_FETCH_RETRY) {
 		/* it ignores Range, so resuming from here is impossible: move on if
 		 * another source can serve the file, else start over from byte 0
