@@ -179,6 +179,10 @@ int sfwi_push_range(struct sfw_range **v, size_t *n, size_t *cap, uint64_t a, ui
 int sfwi_hash_reset(struct sfwi_file *f);
 enum sfw_status sfwi_journal_write(struct sfwi_run *r, struct sfwi_file *f, struct sfw_err *err);
 enum sfw_status sfwi_journal_flush(struct sfwi_run *r, struct sfwi_file *f, struct sfw_err *err);
+enum sfw_status sfwi_journal_format(struct sfw_buf *b, uint64_t size, const unsigned char sha[32],
+				    const struct sfw_range *v, size_t k);
+size_t sfwi_journal_parse(const char *data, size_t len, uint64_t want_size, const unsigned char want_sha[32],
+			  struct sfw_range **out);
 size_t sfwi_journal_read(struct sfwi_run *r, struct sfwi_file *f, struct sfw_range **out);
 
 /* sources.c */

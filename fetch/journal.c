@@ -43,6 +43,23 @@ int sfwi_hash_reset(struct sfwi_file *f)
 	return f->h_ok ? 0 : -1;
 }
 
+/* The journal's bytes for ranges v[0..k) of a file of this size and sha256
+ * (the ranges normalized: sorted, merged, within size), into b. */
+enum sfw_status sfwi_journal_format(struct sfw_buf *b, uint64_t size, const unsigned char sha[32],
+				    const struct sfw_range *v, size_t k)
+{
+	char hex[65];
+	sfw_hex_encode(sha, 32, hex);
+	enum sfw_status st = sfw_buf_printf(b, "{\"v\":1,\"size\":%llu,\"sha256\":\"%s\",\"done\":[",
+					    (unsigned long long)size, hex);
+	for (size_t i = 0; i < k && st == SFW_OK; i++)
+		st = sfw_buf_printf(b, "%s[%llu,%llu]", i ? "," : "", (unsigned long long)v[i].start,
+				    (unsigned long long)v[i].end);
+	if (st == SFW_OK)
+		st = sfw_buf_printf(b, "]}\n");
+	return st;
+}
+
 enum sfw_status sfwi_journal_write(struct sfwi_run *r, struct sfwi_file *f, struct sfw_err *err)
 {
 	size_t n = f->ndone;
@@ -58,17 +75,9 @@ enum sfw_status sfwi_journal_write(struct sfwi_run *r, struct sfwi_file *f, stru
 		if (s->synced > s->start)
 			v[k++] = (struct sfw_range){s->start, s->synced};
 	k = sfw_fetch_normalize_ranges(v, k, UINT64_MAX, f->mf->size, NULL);
-	char hex[65];
-	sfw_hex_encode(f->mf->sha256, 32, hex);
 	struct sfw_buf b;
 	sfw_buf_init(&b, JOURNAL_MAX);
-	enum sfw_status st = sfw_buf_printf(&b, "{\"v\":1,\"size\":%llu,\"sha256\":\"%s\",\"done\":[",
-					    (unsigned long long)f->mf->size, hex);
-	for (size_t i = 0; i < k && st == SFW_OK; i++)
-		st = sfw_buf_printf(&b, "%s[%llu,%llu]", i ? "," : "", (unsigned long long)v[i].start,
-				    (unsigned long long)v[i].end);
-	if (st == SFW_OK)
-		st = sfw_buf_printf(&b, "]}\n");
+	enum sfw_status st = sfwi_journal_format(&b, f->mf->size, f->mf->sha256, v, k);
 	sfw_free(v);
 	if (st != SFW_OK) {
 		sfw_buf_release(&b);
@@ -98,25 +107,25 @@ enum sfw_status sfwi_journal_flush(struct sfwi_run *r, struct sfwi_file *f, stru
 	return sfwi_journal_write(r, f, err);
 }
 
-/* Reads the journal's done ranges; anything unreadable or for other content
- * counts as no journal (the partial is then started over). */
-size_t sfwi_journal_read(struct sfwi_run *r, struct sfwi_file *f, struct sfw_range **out)
+/* The journal's done ranges from its bytes: {"v":1,"size":N,"sha256":HEX,
+ * "done":[[a,b],...]} for exactly this size and sha256, at most 100000
+ * ranges, each a <= b. Returns how many (*out: sfw_malloc'ed), or 0 with
+ * *out NULL for anything else (the partial is then started over). */
+size_t sfwi_journal_parse(const char *data, size_t len, uint64_t want_size, const unsigned char want_sha[32],
+			  struct sfw_range **out)
 {
-	struct sfw_buf b;
-	*out = NULL;
-	if (sfw_read_fileat(r->pfd, f->jname, f->journal, JOURNAL_MAX, &b, NULL) != SFW_OK)
-		return 0;
 	cJSON *j = NULL;
 	size_t n = 0;
-	if (sfw_json_parse(b.data, b.len, "journal", &j, NULL) != SFW_OK)
+	*out = NULL;
+	if (sfw_json_parse(data, len, "journal", &j, NULL) != SFW_OK)
 		goto out;
 	uint64_t v = 0, size = 0;
 	const char *hex = NULL;
 	unsigned char sha[32];
 	if (sfw_json_u64(j, "v", "journal", &v, NULL) != SFW_OK || v != 1 ||
-	    sfw_json_u64(j, "size", "journal", &size, NULL) != SFW_OK || size != f->mf->size ||
+	    sfw_json_u64(j, "size", "journal", &size, NULL) != SFW_OK || size != want_size ||
 	    sfw_json_string(j, "sha256", "journal", &hex, NULL) != SFW_OK || sfw_hex_decode(hex, sha, 32) != 0 ||
-	    memcmp(sha, f->mf->sha256, 32) != 0)
+	    memcmp(sha, want_sha, 32) != 0)
 		goto out;
 	const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "done");
 	if (!cJSON_IsArray(d))
@@ -131,7 +140,7 @@ size_t sfwi_journal_read(struct sfwi_run *r, struct sfwi_file *f, struct sfw_ran
 	cJSON_ArrayForEach(e, d)
 	{
 		uint64_t a, bb;
-		if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 ||
+		if (n >= (size_t)cnt || !cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 ||
 		    sfw_json_item_u64(cJSON_GetArrayItem(e, 0), "start", "journal", &a, NULL) != SFW_OK ||
 		    sfw_json_item_u64(cJSON_GetArrayItem(e, 1), "end", "journal", &bb, NULL) != SFW_OK || a > bb) {
 			n = 0;
@@ -142,10 +151,21 @@ size_t sfwi_journal_read(struct sfwi_run *r, struct sfwi_file *f, struct sfw_ran
 out:
 	if (j)
 		cJSON_Delete(j);
-	sfw_buf_release(&b);
 	if (n == 0) {
 		sfw_free(*out);
 		*out = NULL;
 	}
+	return n;
+}
+
+/* Reads f's journal (sfwi_journal_parse); an unreadable one counts as none. */
+size_t sfwi_journal_read(struct sfwi_run *r, struct sfwi_file *f, struct sfw_range **out)
+{
+	struct sfw_buf b;
+	*out = NULL;
+	if (sfw_read_fileat(r->pfd, f->jname, f->journal, JOURNAL_MAX, &b, NULL) != SFW_OK)
+		return 0;
+	size_t n = sfwi_journal_parse(b.data, b.len, f->mf->size, f->mf->sha256, out);
+	sfw_buf_release(&b);
 	return n;
 }
