@@ -285,11 +285,21 @@ static bool on_event(void *user, const struct sfw_fetch_event *ev)
 	return true;
 }
 
+/* A --mirror's usage error, the password or token in its URL not shown. */
+static int mirror_error(const char *cmd, const char *v, const char *why)
+{
+	const char *c = strchr(v, ':');
+	char *shown = sfw_fetch_redact_url(c ? c + 1 : v);
+	cli_usage_error(cmd, "--mirror '%.*s%s': %s", c ? (int)(c - v + 1) : 0, v, shown ? shown : "", why);
+	sfw_free(shown);
+	return 0;
+}
+
 static int parse_mirror(const char *cmd, const char *v, struct sfw_source *out)
 {
 	const char *c = strchr(v, ':');
 	if (!c)
-		return cli_usage_error(cmd, "--mirror '%s': expected http:URL or hf:URL", v), 0;
+		return mirror_error(cmd, v, "expected http:URL or hf:URL");
 	size_t k = (size_t)(c - v);
 	const char *url = c + 1;
 	if (k == 4 && strncmp(v, "http", 4) == 0)
@@ -297,9 +307,9 @@ static int parse_mirror(const char *cmd, const char *v, struct sfw_source *out)
 	else if (k == 2 && strncmp(v, "hf", 2) == 0)
 		out->kind = SFW_SOURCE_HF;
 	else
-		return cli_usage_error(cmd, "--mirror '%s': kind must be http or hf", v), 0;
+		return mirror_error(cmd, v, "kind must be http or hf");
 	if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
-		return cli_usage_error(cmd, "--mirror '%s': URL must start with http:// or https://", v), 0;
+		return mirror_error(cmd, v, "URL must start with http:// or https://");
 	out->url = (char *)url;
 	out->name = (char *)url;
 	return 1;

@@ -88,6 +88,12 @@ rc=$?
 check "11: --endpoint with a password, repository absent: exit 4 (exit $rc)" test "$rc" = 4
 check "11: --endpoint error names it redacted" grep -q "is not on 'http://\*\*\*@127.0.0.1:$PORT_good'" "$T/e11d"
 check "11: --endpoint error: the password is not printed" test "$(grep -c "$PW" "$T/e11d")" = 0
+# a --mirror refused as a usage error: named, its password not
+G "$REPO" --manifest "$T/m11.json" -P "$T/k.pub" -d "$T/d11f" --mirror "ftp:http://u:$PW@h/" >/dev/null 2>"$T/e11f"
+rc=$?
+check "11: a --mirror of another kind: usage error, exit 2 (exit $rc)" test "$rc" = 2
+check "11: ... named with its password redacted" grep -q "mirror 'ftp:http://\*\*\*@h/': kind must be http or hf" "$T/e11f"
+check "11: ... the password not printed" test "$(grep -c "$PW" "$T/e11f")" = 0
 # the manifest verified from a URL with a password: the "manifest verified" line
 cp "$T/m11.json" "$T/model/m11.json" && cp "$T/m11.json.minisig" "$T/model/m11.json.minisig"
 G "$REPO" --manifest "http://muser:$PW@127.0.0.1:$PORT_good/m11.json" -P "$T/k.pub" -d "$T/d11e" --json \
