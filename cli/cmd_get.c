@@ -54,7 +54,8 @@ static const char synopsis[] =
 	"Environment: HF_ENDPOINT replaces the endpoint of the manifest's hf sources; HF_TOKEN is sent\n"
 	"as a bearer token to those only (never to http sources or --mirror ones, never printed).\n"
 	"Exit: 0 all verified; 1 some file's every source served wrong bytes (sha256); 2 usage;\n"
-	"3 manifest or signature rejected; 4 not on the endpoint / network / every source failed;\n"
+	"3 manifest or signature rejected, an unsafe path in DEST; 4 not on the endpoint / network /\n"
+	"every source failed (a file is tried on at most 64 sources);\n"
 	"5 local I/O, no space, DEST or a partial locked by another process;\n"
 	"130/143 interrupted (partials kept: run again to resume)";
 

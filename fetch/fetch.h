@@ -17,7 +17,8 @@
  *                                         installed as one unit through
  *                                         manifest.next/ (verify.h)
  *   lock                                  advisory flock (a helper only)
- *   partial/<sha256>-<P>.part             data at its final offsets; P is
+ *   partial/<sha256>-<P>.part             data at its final offsets (a symlink,
+ *                                         folder or FIFO there: SFW_E_PATH); P is
  *                                         sfw_fetch_path_tag(path): two
  *                                         entries with equal content each
  *                                         get their own partial and lock
