@@ -44,7 +44,7 @@ SODIUM_LIB := $(SODIUM_A)
 else
 SODIUM_LIB := -lsodium
 endif
-LDLIBS := -lmicrohttpd -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lsentencepiece -lstdc++ -lpthread -lm
+LDLIBS := -lmicrohttpd -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lunistring -lsentencepiece -lstdc++ -lpthread -lm
 # The SentencePiece trainer: only tools/spm_train.cpp uses it, so only links
 # whose modules include tools get it (the CLI, benches, tests that link tools).
 SPM_TRAIN_LIB := -lsentencepiece_train
@@ -180,14 +180,14 @@ fuzz: $(FUZZ_BINS)
 	  else tail -n 40 $(FUZZ_BUILD)/$$n.log; echo "fuzz $$n: FAILED"; exit 1; fi; done
 $(FUZZ_BUILD)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lpthread -lm
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lunistring -lpthread -lm
 # fuzz_tokenizer also links the tokenizer (C++ over libsentencepiece).
 $(FUZZ_BUILD)/tokenizer.o: formats/tokenizer.cpp
 	@mkdir -p $(dir $@)
 	clang++ -std=c++17 -O1 -g $(DEFS) $(INCLUDES) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
 $(FUZZ_BUILD)/fuzz_tokenizer: tests/fuzz/fuzz_tokenizer.c $(FUZZ_LIB_SRCS) $(FUZZ_BUILD)/tokenizer.o
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -fsanitize-link-c++-runtime -o $@ $^ -lsentencepiece -lstdc++ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lpthread -lm
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -fsanitize-link-c++-runtime -o $@ $^ -lsentencepiece -lstdc++ -lcurl $(SODIUM_LIB) -lcrypto -lcjson -lunistring -lpthread -lm
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.cuh')

@@ -210,7 +210,8 @@ int cli_interrupt_take(void);
 int cli_term_width(int fd);
 int cli_progress_line(char *out, size_t cap, int width, const char *name, uint64_t done, uint64_t size,
 		      double rate, long eta);
-/* s with control characters and DEL shown as '?' (one line, no terminal
+/* s with control characters, DEL and characters that hide or reorder text
+ * (bidi overrides, zero-width ones) shown as '?' (one line, no terminal
  * escapes), cut to cap - 1 bytes. */
 void cli_printable(char *out, size_t cap, const char *s);
 /* "1.5 MB" (powers of 1000). */

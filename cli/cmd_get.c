@@ -6,6 +6,7 @@
 
 #include "alloc.h"
 #include "log.h"
+#include "utf8.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -53,7 +54,8 @@ static const char synopsis[] =
 	"Environment: HF_ENDPOINT replaces the endpoint of the manifest's hf sources; HF_TOKEN is sent\n"
 	"as a bearer token to those only (never to http sources or --mirror ones, never printed).\n"
 	"Exit: 0 all verified; 1 some file's every source served wrong bytes (sha256); 2 usage;\n"
-	"3 manifest or signature rejected; 4 not on the endpoint / network / every source failed;\n"
+	"3 manifest or signature rejected, an unsafe path in DEST; 4 not on the endpoint / network /\n"
+	"every source failed (a file is tried on at most 64 sources);\n"
 	"5 local I/O, no space, DEST or a partial locked by another process;\n"
 	"130/143 interrupted (partials kept: run again to resume)";
 
@@ -84,11 +86,20 @@ static double row_rate(const struct ui *u, size_t i, double now)
 	return dt > 0.2 && u->rows[i].done > u->rows[i].done0 ? (double)(u->rows[i].done - u->rows[i].done0) / dt : 0;
 }
 
+/* A JSON string; characters that hide or reorder text (bidi overrides,
+ * zero-width ones) as \uXXXX escapes, so a reader printing the line raw is
+ * not fooled by them either. */
 static void json_str(FILE *f, const char *s)
 {
 	fputc('"', f);
 	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-		if (*p == '"' || *p == '\\')
+		size_t k = sfw_utf8_hidden(p, strnlen((const char *)p, 3));
+		if (k) {
+			unsigned cp = k == 2 ? (unsigned)(p[0] & 0x1f) << 6 | (p[1] & 0x3f)
+					     : (unsigned)(p[0] & 0x0f) << 12 | (unsigned)(p[1] & 0x3f) << 6 | (p[2] & 0x3f);
+			fprintf(f, "\\u%04x", cp);
+			p += k - 1;
+		} else if (*p == '"' || *p == '\\')
 			fprintf(f, "\\%c", *p);
 		else if (*p < 0x20 || *p == 0x7f)
 			fprintf(f, "\\u%04x", *p);
@@ -252,8 +263,10 @@ static bool on_event(void *user, const struct sfw_fetch_event *ev)
 		fprintf(stderr, "retry    %s in %.1f s: %s\n", path, (double)ev->delay_ms / 1000, msg ? msg : "");
 		break;
 	case SFW_EV_SOURCE_FAILED:
-		fprintf(stderr, "source   %s failed for %s: %s\n", src ? src : "-", path ? path : "-",
-			msg ? msg : "");
+		if (path)
+			fprintf(stderr, "source   %s failed for %s: %s\n", src ? src : "-", path, msg ? msg : "");
+		else
+			fprintf(stderr, "source   %s failed: %s\n", src ? src : "-", msg ? msg : "");
 		break;
 	case SFW_EV_SOURCE_DEMOTED:
 		fprintf(stderr, "source   %s demoted: %s\n", src ? src : "-", msg ? msg : "");
@@ -273,11 +286,21 @@ static bool on_event(void *user, const struct sfw_fetch_event *ev)
 	return true;
 }
 
+/* A --mirror's usage error, the password or token in its URL not shown. */
+static int mirror_error(const char *cmd, const char *v, const char *why)
+{
+	const char *c = strchr(v, ':');
+	char *shown = sfw_fetch_redact_url(c ? c + 1 : v);
+	cli_usage_error(cmd, "--mirror '%.*s%s': %s", c ? (int)(c - v + 1) : 0, v, shown ? shown : "", why);
+	sfw_free(shown);
+	return 0;
+}
+
 static int parse_mirror(const char *cmd, const char *v, struct sfw_source *out)
 {
 	const char *c = strchr(v, ':');
 	if (!c)
-		return cli_usage_error(cmd, "--mirror '%s': expected http:URL or hf:URL", v), 0;
+		return mirror_error(cmd, v, "expected http:URL or hf:URL");
 	size_t k = (size_t)(c - v);
 	const char *url = c + 1;
 	if (k == 4 && strncmp(v, "http", 4) == 0)
@@ -285,233 +308,293 @@ static int parse_mirror(const char *cmd, const char *v, struct sfw_source *out)
 	else if (k == 2 && strncmp(v, "hf", 2) == 0)
 		out->kind = SFW_SOURCE_HF;
 	else
-		return cli_usage_error(cmd, "--mirror '%s': kind must be http or hf", v), 0;
+		return mirror_error(cmd, v, "kind must be http or hf");
 	if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
-		return cli_usage_error(cmd, "--mirror '%s': URL must start with http:// or https://", v), 0;
+		return mirror_error(cmd, v, "URL must start with http:// or https://");
 	out->url = (char *)url;
 	out->name = (char *)url;
 	return 1;
 }
 
-int cmd_get(int argc, char **argv)
-{
-	const char *cmd = "salafw get";
-	struct sfw_fetch_params p = sfw_fetch_default_params();
-	struct cli_parser cp;
+/* What the command line and the environment ask for. */
+struct get_args {
+	struct sfw_fetch_params p;
 	struct sfw_source first[16], last[16];
-	size_t nfirst = 0, nlast = 0;
-	const char *pubkey = NULL, *revision = NULL;
+	size_t nfirst, nlast;
+	const char *pubkey, *revision;
+	int pubkey_file;
 	const char *include[64], *exclude[64];
-	size_t ninclude = 0, nexclude = 0;
-	int pubkey_file = 0;
-	int json = 0, quiet = 0;
-	double plain_every = 5;
+	size_t ninclude, nexclude;
+	int json, quiet;
+	double plain_every;
+	char repo[512], rev[64], hf_ep[1024];
+	struct sfw_pubkey key;
+};
+
+/* An option whose value is a plain number. Returns 0 or an exit code. */
+static int get_number_option(const char *cmd, struct get_args *g, const char *name, const char *arg)
+{
+	struct sfw_fetch_params *p = &g->p;
 	unsigned long long v;
-	const char *env = getenv("SALAFW_ENDPOINT");
-	if (env && *env)
-		p.endpoint = env;
-	cli_init(&cp, cmd, argc, argv, opts);
-	for (;;) {
-		const char *arg;
-		int o = cli_next(&cp, &arg);
-		if (o == CLI_DONE)
-			break;
-		if (o == CLI_HELP) {
-			cli_usage(stdout, cmd, synopsis, opts);
-			return SFW_EXIT_OK;
-		}
-		if (o == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		const char *name = opts[o].name;
-		if (!strcmp(name, "dest") || !strcmp(name, "local-dir")) {
-			p.dest = arg;
-		} else if (!strcmp(name, "revision")) {
-			revision = arg;
-		} else if (!strcmp(name, "include") || !strcmp(name, "exclude")) {
-			int inc = !strcmp(name, "include");
-			size_t *n = inc ? &ninclude : &nexclude;
-			if (*n >= 64)
-				return cli_usage_error(cmd, "at most 64 --%s options", name);
-			(inc ? include : exclude)[(*n)++] = arg;
-		} else if (!strcmp(name, "progress-interval")) {
-			if (!cli_parse_double(cmd, name, arg, &plain_every))
-				return SFW_EXIT_USAGE;
-			if (plain_every < 0.1 || plain_every > 86400)
-				return cli_usage_error(cmd, "--progress-interval must be 0.1 to 86400 seconds");
-		} else if (!strcmp(name, "endpoint")) {
-			p.endpoint = arg;
-		} else if (!strcmp(name, "manifest")) {
-			p.manifest = arg;
-		} else if (!strcmp(name, "pubkey") || !strcmp(name, "pubkey-file")) {
-			pubkey = arg;
-			pubkey_file = !strcmp(name, "pubkey-file");
-		} else if (!strcmp(name, "mirror") || !strcmp(name, "mirror-last")) {
-			int is_first = !strcmp(name, "mirror");
-			size_t *n = is_first ? &nfirst : &nlast;
-			if (*n >= 16)
-				return cli_usage_error(cmd, "at most 16 --%s options", name);
-			if (!parse_mirror(cmd, arg, is_first ? &first[*n] : &last[*n]))
-				return SFW_EXIT_USAGE;
-			(*n)++;
-		} else if (!strcmp(name, "no-space-check")) {
-			p.no_space_check = 1;
-		} else if (!strcmp(name, "allow-expired")) {
-			p.trust.allow_expired = 1;
-		} else if (!strcmp(name, "allow-downgrade")) {
-			p.trust.allow_downgrade = 1;
-		} else if (!strcmp(name, "json")) {
-			json = 1;
-		} else if (!strcmp(name, "quiet")) {
-			quiet = 1;
-		} else if (!strcmp(name, "segment-size") || !strcmp(name, "limit-rate")) {
-			/* byte counts: K/M/G/T suffixes, powers of 1024 (as curl) */
-			if (!cli_parse_bytes(cmd, name, arg, &v))
-				return SFW_EXIT_USAGE;
-			if (!strcmp(name, "segment-size"))
-				p.min_segment = v ? v : 1;
-			else
-				p.limit_rate = v;
-		} else {
-			if (!cli_parse_u64(cmd, name, arg, &v))
-				return SFW_EXIT_USAGE;
-			if (!strcmp(name, "jobs") || !strcmp(name, "connections")) {
-				if (v < 1 || v > 64)
-					return cli_usage_error(cmd, "--%s must be 1..64", name);
-				*(!strcmp(name, "jobs") ? &p.jobs : &p.connections) = (unsigned)v;
-			} else if (!strcmp(name, "connect-timeout")) {
-				p.connect_timeout_s = (long)(v ? v : 1);
-			} else if (!strcmp(name, "stall-timeout")) {
-				p.stall_timeout_s = (long)(v ? v : 1);
-			} else if (!strcmp(name, "retries")) {
-				if (v > 1000)
-					return cli_usage_error(cmd, "--retries %llu is more than 1000", v);
-				p.max_retries = (unsigned)v;
-			} else if (!strcmp(name, "retry-wait")) {
-				p.backoff_base_ms = v;
-			} else if (!strcmp(name, "retry-max-wait")) {
-				p.backoff_cap_ms = v;
-			} else if (!strcmp(name, "sync-interval")) {
-				p.journal_interval_s = v ? (double)v : 1;
-			}
-		}
+	if (!cli_parse_u64(cmd, name, arg, &v))
+		return SFW_EXIT_USAGE;
+	if (!strcmp(name, "jobs") || !strcmp(name, "connections")) {
+		if (v < 1 || v > 64)
+			return cli_usage_error(cmd, "--%s must be 1..64", name);
+		*(!strcmp(name, "jobs") ? &p->jobs : &p->connections) = (unsigned)v;
+	} else if (!strcmp(name, "connect-timeout")) {
+		p->connect_timeout_s = (long)(v ? v : 1);
+	} else if (!strcmp(name, "stall-timeout")) {
+		p->stall_timeout_s = (long)(v ? v : 1);
+	} else if (!strcmp(name, "retries")) {
+		if (v > 1000)
+			return cli_usage_error(cmd, "--retries %llu is more than 1000", v);
+		p->max_retries = (unsigned)v;
+	} else if (!strcmp(name, "retry-wait")) {
+		p->backoff_base_ms = v;
+	} else if (!strcmp(name, "retry-max-wait")) {
+		p->backoff_cap_ms = v;
+	} else if (!strcmp(name, "sync-interval")) {
+		p->journal_interval_s = v ? (double)v : 1;
 	}
-	if (cp.npos > 1)
+	return 0;
+}
+
+/* One option. Returns 0 or an exit code. */
+static int get_option(const char *cmd, struct get_args *g, const char *name, const char *arg)
+{
+	struct sfw_fetch_params *p = &g->p;
+	unsigned long long v;
+	if (!strcmp(name, "dest") || !strcmp(name, "local-dir")) {
+		p->dest = arg;
+	} else if (!strcmp(name, "revision")) {
+		g->revision = arg;
+	} else if (!strcmp(name, "include") || !strcmp(name, "exclude")) {
+		int inc = !strcmp(name, "include");
+		size_t *n = inc ? &g->ninclude : &g->nexclude;
+		if (*n >= 64)
+			return cli_usage_error(cmd, "at most 64 --%s options", name);
+		(inc ? g->include : g->exclude)[(*n)++] = arg;
+	} else if (!strcmp(name, "progress-interval")) {
+		if (!cli_parse_double(cmd, name, arg, &g->plain_every))
+			return SFW_EXIT_USAGE;
+		if (g->plain_every < 0.1 || g->plain_every > 86400)
+			return cli_usage_error(cmd, "--progress-interval must be 0.1 to 86400 seconds");
+	} else if (!strcmp(name, "endpoint")) {
+		p->endpoint = arg;
+	} else if (!strcmp(name, "manifest")) {
+		p->manifest = arg;
+	} else if (!strcmp(name, "pubkey") || !strcmp(name, "pubkey-file")) {
+		g->pubkey = arg;
+		g->pubkey_file = !strcmp(name, "pubkey-file");
+	} else if (!strcmp(name, "mirror") || !strcmp(name, "mirror-last")) {
+		int is_first = !strcmp(name, "mirror");
+		size_t *n = is_first ? &g->nfirst : &g->nlast;
+		if (*n >= 16)
+			return cli_usage_error(cmd, "at most 16 --%s options", name);
+		if (!parse_mirror(cmd, arg, is_first ? &g->first[*n] : &g->last[*n]))
+			return SFW_EXIT_USAGE;
+		(*n)++;
+	} else if (!strcmp(name, "no-space-check")) {
+		p->no_space_check = 1;
+	} else if (!strcmp(name, "allow-expired")) {
+		p->trust.allow_expired = 1;
+	} else if (!strcmp(name, "allow-downgrade")) {
+		p->trust.allow_downgrade = 1;
+	} else if (!strcmp(name, "json")) {
+		g->json = 1;
+	} else if (!strcmp(name, "quiet")) {
+		g->quiet = 1;
+	} else if (!strcmp(name, "segment-size") || !strcmp(name, "limit-rate")) {
+		/* byte counts: K/M/G/T suffixes, powers of 1024 (as curl) */
+		if (!cli_parse_bytes(cmd, name, arg, &v))
+			return SFW_EXIT_USAGE;
+		if (!strcmp(name, "segment-size"))
+			p->min_segment = v ? v : 1;
+		else
+			p->limit_rate = v;
+	} else {
+		return get_number_option(cmd, g, name, arg);
+	}
+	return 0;
+}
+
+/* REPO[@REVISION], --revision and the destination. Returns 0 or an exit code. */
+static int get_target(const char *cmd, struct get_args *g, const struct cli_parser *cp)
+{
+	struct sfw_fetch_params *p = &g->p;
+	if (cp->npos > 1)
 		return cli_usage_error(cmd, "expected one REPO[@REVISION]");
-	char repo[512] = "", rev[64] = "";
-	if (cp.npos == 1) {
-		const char *a = cp.pos[0];
+	if (cp->npos == 1) {
+		const char *a = cp->pos[0];
 		const char *at = strchr(a, '@');
 		size_t rl = at ? (size_t)(at - a) : strlen(a);
-		if (rl >= sizeof(repo))
+		if (rl >= sizeof(g->repo))
 			return cli_usage_error(cmd, "'%.40s...' is not org/name[@revision]", a);
-		memcpy(repo, a, rl);
-		if (!cli_check_repo_id(cmd, NULL, repo)) /* before any network */
+		memcpy(g->repo, a, rl);
+		if (!cli_check_repo_id(cmd, NULL, g->repo)) /* before any network */
 			return SFW_EXIT_USAGE;
-		if (at && revision && strcmp(at + 1, revision) != 0)
-			return cli_usage_error(cmd, "REPO@%s and --revision %s disagree", at + 1, revision);
+		if (at && g->revision && strcmp(at + 1, g->revision) != 0)
+			return cli_usage_error(cmd, "REPO@%s and --revision %s disagree", at + 1, g->revision);
 		if (at)
-			revision = at + 1;
-		p.repo_id = repo;
-	} else if (!p.manifest) {
+			g->revision = at + 1;
+		p->repo_id = g->repo;
+	} else if (!p->manifest) {
 		return cli_usage_error(cmd, "missing REPO (or --manifest)");
 	}
-	if (revision) {
-		if (strlen(revision) != 40 || strspn(revision, "0123456789abcdef") != 40)
-			return cli_usage_error(cmd, "revision '%s' must be a 40-hex commit (lower case)", revision);
-		snprintf(rev, sizeof(rev), "%s", revision);
-		p.revision = rev;
+	if (g->revision) {
+		if (strlen(g->revision) != 40 || strspn(g->revision, "0123456789abcdef") != 40)
+			return cli_usage_error(cmd, "revision '%s' must be a 40-hex commit (lower case)", g->revision);
+		snprintf(g->rev, sizeof(g->rev), "%s", g->revision);
+		p->revision = g->rev;
 	}
-	if (!p.dest) {
-		const char *sl = strrchr(repo, '/');
+	if (!p->dest) {
+		const char *sl = strrchr(g->repo, '/');
 		if (!sl || !sl[1])
 			return cli_usage_error(cmd, "missing --dest");
-		p.dest = sl + 1;
+		p->dest = sl + 1;
 	}
-	struct sfw_err err;
-	sfw_err_clear(&err);
-	struct sfw_pubkey key;
-	if (pubkey) {
-		if (pubkey_file) {
-			enum sfw_status st = sfw_pubkey_load(pubkey, &key, &err);
+	return 0;
+}
+
+/* The key to trust, HF_ENDPOINT, HF_TOKEN, SALAFW_STATE_DIR, and the lists
+ * the params point at. Returns 0 or an exit code. */
+static int get_trust_env(const char *cmd, struct get_args *g)
+{
+	struct sfw_fetch_params *p = &g->p;
+	if (g->pubkey) {
+		if (g->pubkey_file) {
+			struct sfw_err err;
+			sfw_err_clear(&err);
+			enum sfw_status st = sfw_pubkey_load(g->pubkey, &g->key, &err);
 			if (st != SFW_OK)
 				return cli_report(st, &err);
 		} else {
-			int rc = cli_load_pubkey(cmd, pubkey, &key);
+			int rc = cli_load_pubkey(cmd, g->pubkey, &g->key);
 			if (rc)
 				return rc;
 		}
-		p.trust.keys = &key;
-		p.trust.nkeys = 1;
+		p->trust.keys = &g->key;
+		p->trust.nkeys = 1;
 	}
-	p.include = include;
-	p.ninclude = ninclude;
-	p.exclude = exclude;
-	p.nexclude = nexclude;
-	char hf_ep[1024];
+	p->include = g->include;
+	p->ninclude = g->ninclude;
+	p->exclude = g->exclude;
+	p->nexclude = g->nexclude;
 	const char *hfe = getenv("HF_ENDPOINT");
 	if (hfe && *hfe) {
 		size_t n = strlen(hfe);
 		while (n > 0 && hfe[n - 1] == '/')
 			n--;
-		if ((strncmp(hfe, "http://", 7) != 0 && strncmp(hfe, "https://", 8) != 0) || n >= sizeof(hf_ep))
+		if ((strncmp(hfe, "http://", 7) != 0 && strncmp(hfe, "https://", 8) != 0) || n >= sizeof(g->hf_ep))
 			return cli_usage_error(cmd, "HF_ENDPOINT must be an http:// or https:// URL");
-		memcpy(hf_ep, hfe, n);
-		hf_ep[n] = '\0';
-		p.hf_endpoint = hf_ep;
+		memcpy(g->hf_ep, hfe, n);
+		g->hf_ep[n] = '\0';
+		p->hf_endpoint = g->hf_ep;
 	}
 	const char *tok = getenv("HF_TOKEN");
 	if (tok && *tok) {
 		for (const unsigned char *c = (const unsigned char *)tok; *c; c++)
 			if (*c <= 0x20 || *c >= 0x7f) /* never echoed: say what is wrong, not what it is */
 				return cli_usage_error(cmd, "HF_TOKEN holds a space or control character");
-		p.hf_token = tok;
+		p->hf_token = tok;
 	}
 	const char *sd = getenv("SALAFW_STATE_DIR");
 	if (sd && *sd)
-		p.trust.state_dir = sd;
-	p.mirrors_first = first;
-	p.nmirrors_first = nfirst;
-	p.mirrors_last = last;
-	p.nmirrors_last = nlast;
+		p->trust.state_dir = sd;
+	p->mirrors_first = g->first;
+	p->nmirrors_first = g->nfirst;
+	p->mirrors_last = g->last;
+	p->nmirrors_last = g->nlast;
+	return 0;
+}
 
-	struct ui u;
-	memset(&u, 0, sizeof(u));
-	u.mode = json ? M_JSON : isatty(2) ? M_TTY : M_PLAIN;
-	u.quiet = quiet;
-	u.plain_every = plain_every;
-	u.nrows = 4096;
-	u.rows = sfw_calloc(u.nrows, sizeof(*u.rows));
-	if (!u.rows)
-		return cli_report(SFW_E_NOMEM, NULL);
-	p.on_event = on_event;
-	p.user = &u;
-	p.cancel = cli_interrupt_polled();
-	signal(SIGPIPE, SIG_IGN);
-
-	struct sfw_fetch_summary sum;
-	enum sfw_status st = sfw_fetch_get(&p, &sum, &err);
-	if (u.mode == M_TTY)
-		clear_block(&u);
-	sfw_free(u.rows);
+/* The closing summary: a JSON object with --json, one line on stderr. */
+static void print_summary(int json, enum sfw_status st, const struct sfw_fetch_summary *sum,
+			  const struct sfw_err *err)
+{
 	char rb[32], rate[32];
-	human(rb, sizeof(rb), (double)sum.received);
-	human(rate, sizeof(rate), sum.seconds > 0 ? (double)sum.received / sum.seconds : 0);
+	human(rb, sizeof(rb), (double)sum->received);
+	human(rate, sizeof(rate), sum->seconds > 0 ? (double)sum->received / sum->seconds : 0);
 	if (json) {
 		printf("{\"event\":\"summary\",\"status\":\"%s\",\"exit\":%d,\"files\":%zu,\"skipped\":%zu,"
 		       "\"downloaded\":%zu,\"failed\":%zu,\"received\":%llu,\"resumed\":%llu,\"discarded\":%llu,"
 		       "\"seconds\":%.3f,\"error\":",
-		       st == SFW_OK ? "ok" : sfw_strerror(st), sfw_exit_code(st), sum.nfiles, sum.nskipped,
-		       sum.ndownloaded, sum.nfailed, (unsigned long long)sum.received,
-		       (unsigned long long)sum.resumed, (unsigned long long)sum.discarded, sum.seconds);
-		json_str(stdout, st == SFW_OK ? "" : err.msg);
+		       st == SFW_OK ? "ok" : sfw_strerror(st), sfw_exit_code(st), sum->nfiles, sum->nskipped,
+		       sum->ndownloaded, sum->nfailed, (unsigned long long)sum->received,
+		       (unsigned long long)sum->resumed, (unsigned long long)sum->discarded, sum->seconds);
+		json_str(stdout, st == SFW_OK ? "" : err->msg);
 		printf("}\n");
 		fflush(stdout);
 	}
-	if (sum.nfiles)
+	if (sum->nfiles)
 		fprintf(stderr, "%s@%s: %zu/%zu files verified (%zu downloaded, %zu already present, %zu failed); "
 				"%s received in %.1f s (%s/s), %llu bytes resumed, %llu discarded\n",
-			sum.repo_id, sum.revision, sum.ndownloaded + sum.nskipped, sum.nfiles, sum.ndownloaded,
-			sum.nskipped, sum.nfailed, rb, sum.seconds, rate, (unsigned long long)sum.resumed,
-			(unsigned long long)sum.discarded);
+			sum->repo_id, sum->revision, sum->ndownloaded + sum->nskipped, sum->nfiles, sum->ndownloaded,
+			sum->nskipped, sum->nfailed, rb, sum->seconds, rate, (unsigned long long)sum->resumed,
+			(unsigned long long)sum->discarded);
+}
+
+/* Runs the get with its progress display; returns the exit code. */
+static int get_run(struct get_args *g)
+{
+	struct sfw_fetch_params *p = &g->p;
+	struct ui u;
+	memset(&u, 0, sizeof(u));
+	u.mode = g->json ? M_JSON : isatty(2) ? M_TTY : M_PLAIN;
+	u.quiet = g->quiet;
+	u.plain_every = g->plain_every;
+	u.nrows = 4096;
+	u.rows = sfw_calloc(u.nrows, sizeof(*u.rows));
+	if (!u.rows)
+		return cli_report(SFW_E_NOMEM, NULL);
+	p->on_event = on_event;
+	p->user = &u;
+	p->cancel = cli_interrupt_polled();
+	signal(SIGPIPE, SIG_IGN);
+	struct sfw_err err;
+	sfw_err_clear(&err);
+	struct sfw_fetch_summary sum;
+	enum sfw_status st = sfw_fetch_get(p, &sum, &err);
+	if (u.mode == M_TTY)
+		clear_block(&u);
+	sfw_free(u.rows);
+	print_summary(g->json, st, &sum, &err);
 	return cli_report(st, &err);
+}
+
+int cmd_get(int argc, char **argv)
+{
+	const char *cmd = "salafw get";
+	struct get_args *g = sfw_calloc(1, sizeof(*g));
+	if (!g)
+		return cli_report(SFW_E_NOMEM, NULL);
+	g->p = sfw_fetch_default_params();
+	g->plain_every = 5;
+	const char *env = getenv("SALAFW_ENDPOINT");
+	if (env && *env)
+		g->p.endpoint = env;
+	struct cli_parser cp;
+	cli_init(&cp, cmd, argc, argv, opts);
+	int rc = -1;
+	while (rc < 0) {
+		const char *arg;
+		int o = cli_next(&cp, &arg);
+		if (o == CLI_DONE)
+			break;
+		if (o == CLI_HELP) {
+			cli_usage(stdout, cmd, synopsis, opts);
+			rc = SFW_EXIT_OK;
+		} else if (o == CLI_ERROR) {
+			rc = SFW_EXIT_USAGE;
+		} else {
+			int r = get_option(cmd, g, opts[o].name, arg);
+			if (r)
+				rc = r;
+		}
+	}
+	if (rc < 0 && (rc = get_target(cmd, g, &cp)) == 0 && (rc = get_trust_env(cmd, g)) == 0)
+		rc = get_run(g);
+	sfw_free(g);
+	return rc;
 }

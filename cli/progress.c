@@ -1,6 +1,7 @@
 /* cli/progress.c - progress rows that fit the terminal (see cli.h). Self
  * contained (tests/test_cli_progress.c includes it). */
 #include "cli.h"
+#include "utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -41,19 +42,26 @@ int cli_str_cols(const char *s)
 	return n;
 }
 
-/* A C0 or C1 control character (C1 as its UTF-8 form C2 80..9F) or DEL. */
-static int control_at(const unsigned char *p)
+/* The bytes of a C0 or C1 control character (C1 as its UTF-8 form C2
+ * 80..9F), DEL, or a character that hides or reorders text (bidi overrides,
+ * zero-width ones: sfw_utf8_hidden) at p; 0 for anything else. */
+static size_t control_at(const unsigned char *p)
 {
-	return *p < 0x20 || *p == 0x7f || (p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F);
+	if (*p < 0x20 || *p == 0x7f)
+		return 1;
+	if (p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F)
+		return 2;
+	return sfw_utf8_hidden(p, strnlen((const char *)p, 3));
 }
 
 void cli_printable(char *out, size_t cap, const char *s)
 {
 	size_t o = 0;
 	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p && o + 1 < cap; p++) {
-		if (control_at(p)) {
+		size_t k = control_at(p);
+		if (k) {
 			out[o++] = '?';
-			p += *p == 0xC2; /* both bytes of a C1 */
+			p += k - 1; /* every byte of it */
 		} else {
 			out[o++] = (char)*p;
 		}
@@ -63,7 +71,8 @@ void cli_printable(char *out, size_t cap, const char *s)
 }
 
 /* Copies name into out (cap bytes) in at most cols columns: control bytes
- * (and DEL) become '?', a longer name ends in "…". Returns the columns. */
+ * (and DEL, and hidden characters) become '?', a longer name ends in "…".
+ * Returns the columns. */
 static int fit_name(char *out, size_t cap, const char *name, int cols)
 {
 	size_t o = 0;

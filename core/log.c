@@ -1,5 +1,7 @@
 #include "log.h"
 
+#include "utf8.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -31,6 +33,8 @@ static size_t utf8_seq(const unsigned char *p, size_t n)
 		return 0; /* overlong, out of range, surrogate */
 	if (cp >= 0x80 && cp <= 0x9f)
 		return 0; /* C1 control: escaped byte by byte */
+	if (sfw_utf8_hidden(p, n))
+		return 0; /* bidi, zero-width: escaped byte by byte too */
 	return len;
 }
 

@@ -13,8 +13,10 @@ void sfw_log_set(sfw_log_fn fn, void *user, enum sfw_log_level min_level);
 void sfw_log(enum sfw_log_level level, const char *fmt, ...) SFW_PRINTF(2, 3);
 
 /* An untrusted string made safe to print: control bytes (C0, DEL), C1
- * controls (U+0080..U+009F), bytes that are not valid UTF-8 and the
- * backslash become \xNN (\\ for the backslash); valid UTF-8 text is kept.
+ * controls (U+0080..U+009F), the characters that hide or reorder text
+ * (bidi overrides, zero-width ones: sfw_utf8_hidden), bytes that are not
+ * valid UTF-8 and the backslash become \xNN byte by byte (\\ for the
+ * backslash); other valid UTF-8 text is kept.
  * Writes at most cap bytes with the NUL (cap >= 8); a string that does not
  * fit ends in "...". NULL prints as "(null)". Returns out, so it nests in a
  * printf argument list: printf("%s", sfw_esc(name, b, sizeof(b))). The

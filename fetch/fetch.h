@@ -17,7 +17,8 @@
  *                                         installed as one unit through
  *                                         manifest.next/ (verify.h)
  *   lock                                  advisory flock (a helper only)
- *   partial/<sha256>-<P>.part             data at its final offsets; P is
+ *   partial/<sha256>-<P>.part             data at its final offsets (a symlink,
+ *                                         folder or FIFO there: SFW_E_PATH); P is
  *                                         sfw_fetch_path_tag(path): two
  *                                         entries with equal content each
  *                                         get their own partial and lock
@@ -56,13 +57,24 @@
 enum sfw_fetch_class {
 	SFW_FETCH_RETRY,       /* transient: retry the same source after a backoff */
 	SFW_FETCH_NEXT_SOURCE, /* permanent for this source: move the file on */
-	SFW_FETCH_FATAL        /* stop the whole run (local problem, out of memory) */
+	SFW_FETCH_FATAL,       /* stop the whole run (local problem, out of memory) */
+	SFW_FETCH_SOURCE_DOWN  /* the host cannot be reached (refused, unresolvable): the source
+				* is struck for every file at once, not retried (curl and wget
+				* do not retry a refused connection either) */
 };
 /* curlcode is a CURLcode (0 = transfer completed); http_status the final
  * response code (0 when none arrived). A completed transfer with a 2xx status
  * classifies as RETRY only if the caller found it incomplete. */
 enum sfw_fetch_class sfw_fetch_classify(int curlcode, long http_status);
 const char *sfw_fetch_class_name(enum sfw_fetch_class c);
+/* libcurl refuses a response header line longer than its limit
+ * (CURL_MAX_HTTP_HEADER, 100 KB) with CURLE_TOO_LARGE from 8.6 on and with
+ * CURLE_OUT_OF_MEMORY before. For a transfer whose body has not begun, either
+ * code is that refusal: a failure of the source (the next one is tried; the
+ * manifest's URL fails with SFW_E_NET), never "out of memory" for the run.
+ * Returns 1 for those two codes. */
+int sfw_fetch_header_too_large(int curlcode);
+#define SFW_FETCH_HEADER_MSG "response header too large (a line over libcurl's 100 KB limit)"
 
 /* Retry-After (RFC 9110 §10.2.3): delay-seconds or an HTTP-date. Returns the
  * delay in milliseconds (a date in the past gives 0), or -1 if the value is
@@ -105,6 +117,12 @@ char *sfw_fetch_manifest_url(const char *endpoint, const char *repo_id);
  * "http,https" only when url itself is plain http, else "https", so an https
  * source is never downgraded by a redirect. */
 const char *sfw_fetch_redir_protocols(const char *url);
+/* A URL as it may be shown (progress, --json, errors): the userinfo of its
+ * authority (RFC 3986 3.2.1, "user:password@" or "token@") becomes "***",
+ * e.g. "http://u:pw@host/x" shows as "http://" "***" "@host/x"; any other string
+ * comes back unchanged. The user part goes too, since a token often sits there. Returns
+ * a new string (sfw_free) or NULL when out of memory. */
+char *sfw_fetch_redact_url(const char *s);
 /* 16 hex digits (FNV-1a 64 of path) + NUL into out: the partial's name
  * suffix, so equal content at two paths never shares a partial. */
 void sfw_fetch_path_tag(const char *path, char out[17]);
@@ -140,6 +158,12 @@ size_t sfw_fetch_plan_pieces(const struct sfw_range *done, size_t ndone, uint64_
 #define SFW_FETCH_PROBE_MIN (256u << 10)
 enum sfw_fetch_speed { SFW_SPEED_KEEP, SFW_SPEED_MOVE, SFW_SPEED_PROBE };
 enum sfw_fetch_speed sfw_fetch_speed_verdict(double rate, uint64_t remaining, double other);
+
+/* A file is tried on at most this many sources: once that many failed for it
+ * (a source down counts for every file), it fails with the sources after them
+ * untried, so a manifest listing thousands of dead sources costs a bounded
+ * time. */
+#define SFW_FETCH_MAX_SOURCES 64
 
 /* ---- the downloader -------------------------------------------------------- */
 

@@ -11,15 +11,25 @@
 #include <string.h>
 #include <strings.h>
 
+#define CURLCODE_TOO_LARGE 100 /* CURLE_TOO_LARGE, named from libcurl 8.6 on */
+
+int sfw_fetch_header_too_large(int curlcode)
+{
+	return curlcode == CURLE_OUT_OF_MEMORY || curlcode == CURLCODE_TOO_LARGE;
+}
+
 enum sfw_fetch_class sfw_fetch_classify(int curlcode, long http_status)
 {
+	if (curlcode == CURLCODE_TOO_LARGE) /* a header or field over libcurl's limit: this source's */
+		return SFW_FETCH_NEXT_SOURCE;
 	switch ((CURLcode)curlcode) {
 	case CURLE_OK:
 	case CURLE_HTTP_RETURNED_ERROR:
 		break; /* decided by the status below */
-	case CURLE_COULDNT_RESOLVE_PROXY:
 	case CURLE_COULDNT_RESOLVE_HOST:
 	case CURLE_COULDNT_CONNECT:
+		return SFW_FETCH_SOURCE_DOWN;
+	case CURLE_COULDNT_RESOLVE_PROXY:
 	case CURLE_PARTIAL_FILE:
 	case CURLE_OPERATION_TIMEDOUT:
 	case CURLE_GOT_NOTHING:
@@ -71,6 +81,8 @@ const char *sfw_fetch_class_name(enum sfw_fetch_class c)
 		return "next-source";
 	case SFW_FETCH_FATAL:
 		return "fatal";
+	case SFW_FETCH_SOURCE_DOWN:
+		return "source-down";
 	}
 	return "?";
 }
@@ -285,6 +297,36 @@ const char *sfw_fetch_redir_protocols(const char *url)
 {
 	/* case-insensitive like libcurl's scheme match: "HTTP://" is plain too */
 	return url && strncasecmp(url, "http://", 7) == 0 ? "http,https" : "https";
+}
+
+char *sfw_fetch_redact_url(const char *s)
+{
+	if (!s)
+		return NULL;
+	/* scheme ":" "//" authority, the authority ending at the first '/',
+	 * '?' or '#'; its userinfo is what comes before its last '@' */
+	size_t k = 0;
+	while ((s[k] >= 'a' && s[k] <= 'z') || (s[k] >= 'A' && s[k] <= 'Z') || (k && ((s[k] >= '0' && s[k] <= '9') ||
+										s[k] == '+' || s[k] == '-' || s[k] == '.')))
+		k++;
+	const char *at = NULL;
+	if (k && strncmp(s + k, "://", 3) == 0) {
+		const char *a = s + k + 3;
+		size_t alen = strcspn(a, "/?#");
+		for (size_t i = 0; i < alen; i++)
+			if (a[i] == '@')
+				at = a + i;
+	}
+	if (!at)
+		return sfw_strdup(s);
+	size_t head = k + 3, tail = strlen(at);
+	char *out = sfw_malloc(head + 3 + tail + 1);
+	if (!out)
+		return NULL;
+	memcpy(out, s, head);
+	memcpy(out + head, "***", 3);
+	memcpy(out + head + 3, at, tail + 1);
+	return out;
 }
 
 void sfw_fetch_path_tag(const char *path, char out[17])

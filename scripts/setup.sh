@@ -3,7 +3,7 @@
 set -eu
 # libclang-rt-14-dev: the libFuzzer runtime (only recommended by clang, and
 # recommendations are not installed)
-pkgs="build-essential pkg-config clang libclang-rt-14-dev git libcurl4-openssl-dev libsodium-dev libssl-dev libcjson-dev
+pkgs="build-essential pkg-config clang libclang-rt-14-dev git libcurl4-openssl-dev libsodium-dev libssl-dev libcjson-dev libunistring-dev
 libsentencepiece-dev libmicrohttpd-dev python3-venv sentencepiece minisign nginx-light curl aria2 python3 coreutils openssl procps bc
 man-db groff-base bsdutils python3-pyte"
 # python3-jinja2: tests/test_chat_template.sh renders chat templates with it (the peer of formats/jinja.c)

@@ -83,5 +83,14 @@ int main(void)
 	CHECK(strcmp(pr, "a?[31m??2J\xc3\xa9") == 0, "printable: '%s'", pr);
 	cli_progress_line(line, sizeof(line), 80, "x\xc2\x9b" "31m.bin", 1, 2, 0, -1);
 	CHECK(strstr(line, "\xc2\x9b") == NULL && strstr(line, "x?31m.bin"), "a C1 CSI in a name is shown as '?': '%s'", line);
+	/* bidi overrides and zero-width characters: '?' too, every byte of them
+	 * (U+202E is E2 80 AE, U+200B E2 80 8B, U+FEFF EF BB BF) */
+	cli_printable(pr, sizeof(pr), "evil\xe2\x80\xaegnp.exe\xe2\x80\x8b\xef\xbb\xbf.");
+	CHECK(strcmp(pr, "evil?gnp.exe??.") == 0, "printable, bidi and zero-width: '%s'", pr);
+	cli_progress_line(line, sizeof(line), 80, "evil\xe2\x80\xaegnp.exe", 1, 2, 0, -1);
+	CHECK(strstr(line, "\xe2\x80\xae") == NULL && strstr(line, "evil?gnp.exe"),
+	      "a U+202E in a name is shown as '?': '%s'", line);
+	CHECK(display_width(line) == cli_progress_line(line, sizeof(line), 80, "evil\xe2\x80\xaegnp.exe", 1, 2, 0, -1),
+	      "a row with a hidden character is as wide as it says");
 	return CHECK_REPORT("test_cli_progress");
 }

@@ -8,6 +8,8 @@
 #include "checked.h"
 #include "file.h"
 #include "json.h"
+#include "log.h"
+#include "utf8.h"
 #include "thread.h"
 
 #include <pthread.h>
@@ -21,6 +23,61 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* Characters that hide or reorder text are escaped byte by byte like C1
+ * controls (their UTF-8 bytes written out from the Unicode code charts);
+ * other text, accents and CJK included, is kept. */
+static void test_esc_hidden(void)
+{
+	static const struct {
+		const char *in, *want;
+	} t[] = {
+		{"evil\xe2\x80\xaegnp.exe", "evil\\xe2\\x80\\xaegnp.exe"}, /* U+202E RIGHT-TO-LEFT OVERRIDE */
+		{"a\xe2\x80\x8b" "b", "a\\xe2\\x80\\x8bb"},                  /* U+200B ZERO WIDTH SPACE */
+		{"a\xe2\x80\x8d" "b", "a\\xe2\\x80\\x8db"},                  /* U+200D ZERO WIDTH JOINER */
+		{"\xef\xbb\xbfname", "\\xef\\xbb\\xbfname"},                 /* U+FEFF BOM */
+		{"x\xe2\x81\xa6y\xe2\x81\xa9", "x\\xe2\\x81\\xa6y\\xe2\\x81\\xa9"}, /* U+2066 LRI, U+2069 PDI */
+		{"x\xd8\x9c", "x\\xd8\\x9c"},                                /* U+061C ARABIC LETTER MARK */
+		{"x\xe2\x80\xa8y", "x\\xe2\\x80\\xa8y"},                     /* U+2028 LINE SEPARATOR */
+		{"soft\xc2\xad" "hy", "soft\\xc2\\xadhy"},                   /* U+00AD SOFT HYPHEN */
+		{"x\xe2\x80\x8e", "x\\xe2\\x80\\x8e"},                       /* U+200E LRM */
+		{"caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac", "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac"}, /* kept */
+		{"\xe2\x80\x90-\xe2\x80\xaf", "\xe2\x80\x90-\xe2\x80\xaf"},  /* U+2010 HYPHEN, U+202F NNBSP: kept */
+		{"\xe2\x81\xa5", "\xe2\x81\xa5"},                            /* U+2065 (unassigned, between the ranges) */
+		{"a\x1b[31m", "a\\x1b[31m"},                                 /* still: C0 */
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		char out[128];
+		sfw_esc(t[i].in, out, sizeof(out));
+		CHECK(strcmp(out, t[i].want) == 0, "sfw_esc case %zu: got '%s' want '%s'", i, out, t[i].want);
+	}
+	CHECK(sfw_utf8_hidden((const unsigned char *)"\xe2\x80\xae", 3) == 3, "U+202E is hidden, 3 bytes");
+	CHECK(sfw_utf8_hidden((const unsigned char *)"\xe2\x80\xae", 2) == 0, "a cut sequence is not");
+	CHECK(sfw_utf8_hidden((const unsigned char *)"\xc3\xa9", 2) == 0, "U+00E9 is not hidden");
+}
+
+/* The folding key against Python's unicodedata.normalize('NFC', s).casefold()
+ * (values computed with it and written here). */
+static void test_name_fold(void)
+{
+	static const struct {
+		const char *in, *want;
+	} t[] = {
+		{"CAFE\xcc\x81", "caf\xc3\xa9"},         /* NFD, upper case */
+		{"Caf\xc3\xa9", "caf\xc3\xa9"},          /* NFC */
+		{"\xe2\x84\xab", "\xc3\xa5"},            /* U+212B ANGSTROM SIGN */
+		{"\xc3\x85", "\xc3\xa5"},                /* U+00C5 */
+		{"a\xcc\x8a", "\xc3\xa5"},               /* a + U+030A */
+		{"Stra\xc3\x9f" "e", "strasse"},         /* full folding */
+		{"Model-00001.SafeTensors", "model-00001.safetensors"},
+		{"bad\xff" "NAME", "bad\xff" "name"},     /* not UTF-8: ASCII lower case only */
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		char *k = sfw_name_fold(t[i].in);
+		CHECK(k && strcmp(k, t[i].want) == 0, "sfw_name_fold case %zu: got '%s'", i, k ? k : "(null)");
+		sfw_free(k);
+	}
+}
 
 static void test_status(void)
 {
@@ -374,6 +431,8 @@ static void test_pool(void)
 
 int main(void)
 {
+	test_esc_hidden();
+	test_name_fold();
 	test_status();
 	test_checked();
 	test_buf();

@@ -1,7 +1,8 @@
 /* modules: fetch core */
 /* test_fetch_unit.c - table tests of the downloader's pure decisions:
  * error classes, Retry-After, backoff bounds, Content-Range, response checks,
- * URL building with per-segment percent-encoding, resume ranges and pieces. */
+ * URL building with per-segment percent-encoding, resume ranges and pieces,
+ * libcurl's header-size refusal, and the redaction of a URL's userinfo. */
 #include "check.h"
 #include "fetch/fetch.h"
 
@@ -39,8 +40,12 @@ static void test_classify(void)
 		{CURLE_OK, 505, SFW_FETCH_NEXT_SOURCE},
 		{CURLE_HTTP_RETURNED_ERROR, 503, SFW_FETCH_RETRY},
 		{CURLE_HTTP_RETURNED_ERROR, 404, SFW_FETCH_NEXT_SOURCE},
-		{CURLE_COULDNT_CONNECT, 0, SFW_FETCH_RETRY},
-		{CURLE_COULDNT_RESOLVE_HOST, 0, SFW_FETCH_RETRY},
+		/* a refused connection or an unknown host: down for every file,
+		 * not retried (curl's --retry and wget do not retry those either) */
+		{CURLE_COULDNT_CONNECT, 0, SFW_FETCH_SOURCE_DOWN},
+		{CURLE_COULDNT_RESOLVE_HOST, 0, SFW_FETCH_SOURCE_DOWN},
+		{CURLE_COULDNT_RESOLVE_PROXY, 0, SFW_FETCH_RETRY}, /* the local proxy, not the source */
+		{100, 200, SFW_FETCH_NEXT_SOURCE}, /* CURLE_TOO_LARGE (libcurl 8.6+): a header over the limit */
 		{CURLE_OPERATION_TIMEDOUT, 200, SFW_FETCH_RETRY}, /* stall */
 		{CURLE_PARTIAL_FILE, 200, SFW_FETCH_RETRY},
 		{CURLE_RECV_ERROR, 206, SFW_FETCH_RETRY},
@@ -64,6 +69,54 @@ static void test_classify(void)
 		CHECK(c == t[i].want, "classify(%d, %ld) = %s, want %s", t[i].cc, t[i].status,
 		      sfw_fetch_class_name(c), sfw_fetch_class_name(t[i].want));
 	}
+}
+
+/* libcurl's header-size refusal: CURLE_OUT_OF_MEMORY before 8.6 (measured
+ * with curl 7.88: a 200 KB header line gives exit 27), CURLE_TOO_LARGE (100)
+ * from 8.6 on; nothing else is. */
+static void test_header_too_large(void)
+{
+	CHECK(sfw_fetch_header_too_large(CURLE_OUT_OF_MEMORY), "CURLE_OUT_OF_MEMORY is libcurl's header refusal");
+	CHECK(sfw_fetch_header_too_large(100), "CURLE_TOO_LARGE (100) is libcurl's header refusal");
+	static const int no[] = {CURLE_OK, CURLE_RECV_ERROR, CURLE_WRITE_ERROR, CURLE_FILESIZE_EXCEEDED,
+				 CURLE_COULDNT_CONNECT, CURLE_OPERATION_TIMEDOUT};
+	for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+		CHECK(!sfw_fetch_header_too_large(no[i]), "CURLcode %d is not a header refusal", no[i]);
+	CHECK(strcmp(sfw_fetch_class_name(SFW_FETCH_SOURCE_DOWN), "source-down") == 0, "class name source-down");
+}
+
+/* Userinfo in a URL is never shown; everything else is kept byte for byte.
+ * The wanted strings are written out by hand from RFC 3986 3.2. */
+static void test_redact(void)
+{
+	static const struct {
+		const char *in, *want;
+	} t[] = {
+		{"http://user:pass@host/x", "http://***@host/x"},
+		{"https://tok3n@host:8443/a/b?q=1", "https://***@host:8443/a/b?q=1"},
+		{"http://u:p@127.0.0.1:9/m/", "http://***@127.0.0.1:9/m/"},
+		{"http://a@b:c@host/", "http://***@host/"},                /* the last '@' ends the userinfo */
+		{"http://host/path@x", "http://host/path@x"},              /* '@' in the path is not userinfo */
+		{"http://host/?u=a@b", "http://host/?u=a@b"},
+		{"http://host#f@x", "http://host#f@x"},
+		{"http://host:80/", "http://host:80/"},
+		{"HTTP://U:P@H/", "HTTP://***@H/"},
+		{"hf+x.y://k@h", "hf+x.y://***@h"},
+		{"http://:secret@h/", "http://***@h/"},
+		{"http://@h/", "http://***@h/"},
+		{"src0", "src0"},                                          /* a source's name */
+		{"mirror user:pw@host", "mirror user:pw@host"},            /* not a URL */
+		{"1http://u:p@h/", "1http://u:p@h/"},                      /* a scheme starts with a letter */
+		{"/local/file@2.json", "/local/file@2.json"},
+		{"", ""},
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		char *got = sfw_fetch_redact_url(t[i].in);
+		CHECK(got && strcmp(got, t[i].want) == 0, "redact '%s': got '%s' want '%s'", t[i].in, got ? got : "(null)",
+		      t[i].want);
+		sfw_free(got);
+	}
+	CHECK(sfw_fetch_redact_url(NULL) == NULL, "redact NULL is NULL");
 }
 
 static void test_retry_after(void)
@@ -406,6 +459,8 @@ static void test_speed_verdict(void)
 int main(void)
 {
 	test_classify();
+	test_header_too_large();
+	test_redact();
 	test_retry_after();
 	test_backoff();
 	test_content_range();

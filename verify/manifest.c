@@ -9,6 +9,7 @@
 #include "file.h"
 #include "json.h"
 #include "log.h"
+#include "utf8.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -224,7 +225,9 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Case collisions and file-vs-folder-prefix conflicts (files sorted, unique). */
+/* Collisions of case or Unicode normalisation (sfw_name_fold: "A"/"a",
+ * NFC/NFD "caf\u00e9"/"cafe\u0301", U+212B/U+00C5) and file-vs-folder-prefix
+ * conflicts (files sorted, unique). */
 static enum sfw_status check_collisions(const struct sfw_manifest *m, const char *what, struct sfw_err *err)
 {
 	size_t n = m->nfiles;
@@ -237,17 +240,16 @@ static enum sfw_status check_collisions(const struct sfw_manifest *m, const char
 	}
 	for (size_t i = 0; i < n; i++) {
 		sorted[i] = m->files[i].path;
-		if (!(low[i] = sfw_strdup(m->files[i].path))) {
+		if (!(low[i] = sfw_name_fold(m->files[i].path))) {
 			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 			goto out;
 		}
-		for (char *p = low[i]; *p; p++)
-			*p = (char)tolower((unsigned char)*p);
 	}
 	qsort(low, n, sizeof(*low), cmp_str);
 	for (size_t i = 1; i < n; i++)
 		if (strcmp(low[i - 1], low[i]) == 0) {
-			s = sfw_fail(err, SFW_E_MANIFEST, "%s: two paths differ only in case ('%s')", what,
+			s = sfw_fail(err, SFW_E_MANIFEST,
+				     "%s: two paths differ only in case or Unicode normalisation ('%s')", what,
 				     low[i]);
 			goto out;
 		}

@@ -10,6 +10,7 @@ line per request to --log, and exits by itself after --lifetime seconds.
                   [--rate BYTES_PER_S] [--norange] [--corrupt OFF]
   faultd.py manifest --dir DIR --repo ORG/NAME --rev HEX --key-id ID
                   [--source http:URL|hf:URL ...] [--version N] [--path-override OLD=NEW]
+                  [--unnamed]  (sources without a "name": shown by their URL)
 
 Faults (applied to the first K matching requests when --times K is given,
 else to all; --only limits them to one file path):
@@ -24,6 +25,8 @@ else to all; --only limits them to one file path):
   longclose:N  no Content-Length, body N bytes longer, then close
   redirloop    302 to the same URL, forever
   redirect:URL 302 to URL + the request path
+  bighead:N    an X-Big response header line of N bytes (libcurl refuses
+               one over 100 KB)
 --norange and --corrupt OFF act like those faults on every request (--only
 still limits them, --times does not), so they combine with a --fault: e.g.
 --norange --fault drop:N is a server that ignores Range and drops.
@@ -136,6 +139,8 @@ class Handler(BaseHTTPRequestHandler):
         extra = []
         if a.commit and hf:
             extra.append(("X-Repo-Commit", a.commit))
+        if kind == "bighead":
+            extra.append(("X-Big", "a" * int(arg)))
         if kind == "redirloop":
             entry["status"] = 302
             return self.send_plain(302, b"", [("Location", self.path)] + extra)
@@ -283,9 +288,12 @@ def manifest(args):
     for i, s in enumerate(args.source or []):
         kind, _, url = s.partition(":")
         if kind == "http":
-            sources.append({"kind": "http", "name": "src%d" % i, "base_url": url})
+            src = {"kind": "http", "name": "src%d" % i, "base_url": url}
         else:
-            sources.append({"kind": "hf", "name": "src%d" % i, "endpoint": url})
+            src = {"kind": "hf", "name": "src%d" % i, "endpoint": url}
+        if args.unnamed:
+            del src["name"]
+        sources.append(src)
     now = int(time.time())
     doc = {
         "schema_version": 1,
@@ -330,6 +338,7 @@ def main():
     m.add_argument("--version", type=int, default=1)
     m.add_argument("--path-override", action="append")
     m.add_argument("--size-override", action="append")
+    m.add_argument("--unnamed", action="store_true")
     args = ap.parse_args()
     return serve(args) if args.cmd == "serve" else manifest(args)
 
