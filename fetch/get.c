@@ -692,11 +692,9 @@ static enum sfw_status get_commit(struct get *g, struct sfw_err *err)
 	for (size_t i = 0; i < m->nfiles; i++)
 		paths[i].path = m->files[i].path, paths[i].ok = g->r.files[i].state != F_UNSELECTED,
 		paths[i].id = g->r.files[i].id;
-	enum sfw_status st = sfw_manifest_ratchet_commit(m, &g->tp, err);
-	if (st == SFW_OK)
-		st = sfw_state_install_manifest(g->p->dest, g->man.data, g->man.len, g->sig.data, g->sig.len, err);
-	if (st == SFW_OK)
-		st = sfw_state_record(g->p->dest, m, paths, m->nfiles, err);
+	/* verify/'s one commit: the rollback ratchet, the signed pair, the state */
+	struct sfw_verified v = {m, g->man.data, g->sig.data, g->man.len, g->sig.len, paths, m->nfiles};
+	enum sfw_status st = sfw_verified_commit(g->p->dest, &v, &g->tp, err);
 	sfw_free(paths);
 	if (st == SFW_OK)
 		unlinkat(g->r.sfd, "partial", AT_REMOVEDIR); /* only when empty */

@@ -98,7 +98,7 @@ for b in $ST/bin/*; do case $b in *.sh) ;; *) ldd "$b" ;; esac; done | awk '/=> 
 		libcuda.so* | libcudart.so* | libcublas*.so* | libnvidia*) continue ;;
 	esac
 	case $n in
-	libcjson* | libmicrohttpd*) cp -L "$lib" $ST/lib/ ;; # (libmicrohttpd's gnutls: libcurl's librtmp has it there)
+	libcjson* | libmicrohttpd* | libunistring*) cp -L "$lib" $ST/lib/ ;; # (libmicrohttpd's gnutls: libcurl's librtmp has it there)
 	*) if [ "${DEVLIB_ALL:-0}" = 1 ]; then cp -L "$lib" $ST/lib/; fi ;; # (an && here ends the loop with 1 under set -e)
 	esac
 done
