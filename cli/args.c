@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,7 +49,7 @@ static int apply(const char *cmd, const char *label, const struct cli_arg *a, co
 				return cli_usage_error(cmd, "%s must be at most %d", label, INT_MAX);
 			*(int *)(void *)dst = (int)u;
 		} else {
-			*(unsigned long long *)(void *)dst = u;
+			*(uint64_t *)(void *)dst = u;
 		}
 		return 0;
 	case CLI_K_DOUBLE:
@@ -63,7 +64,7 @@ static int apply(const char *cmd, const char *label, const struct cli_arg *a, co
 			return SFW_EXIT_USAGE;
 		if ((rc = in_range(cmd, label, a, (double)u)) != 0)
 			return rc;
-		*(unsigned long long *)(void *)dst = u;
+		*(uint64_t *)(void *)dst = u;
 		return 0;
 	}
 	return 0;
@@ -94,7 +95,8 @@ int cli_parse_args(struct cli_parser *p, const char *cmd, int argc, char **argv,
 	for (k = 0; k < n; k++) {
 		const struct cli_arg *a = arg_row(args, k);
 		const char *env = a->env && !p->given[k] ? getenv(a->env) : NULL;
-		if (!env || (a->kind == CLI_K_FLAG && (!*env || strcmp(env, "0") == 0)))
+		/* an empty variable counts as unset */
+		if (!env || !*env || (a->kind == CLI_K_FLAG && strcmp(env, "0") == 0))
 			continue;
 		if ((rc = apply(cmd, a->env, a, env, vals)) != 0)
 			return rc;

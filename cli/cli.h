@@ -27,17 +27,17 @@ struct cli_opt {
 /* A typed row of a command's option table (as curl's tool_getparam.c and
  * llama.cpp's common/arg.cpp keep theirs): the option as --help shows it,
  * what it sets and how, and the environment variable that stands in for it
- * when it is not given. A command keeps its values in one struct of its own;
+ * when it is not given (an empty variable counts as unset). A command keeps its values in one struct of its own;
  * off is offsetof into it. cli_parse_args does the parsing, the range checks
  * and the messages, so a command's function only reads the struct. */
 enum cli_kind {
 	CLI_K_CALL = 0, /* fn(cmd, label, value, vals): anything else (repeatable options, enums) */
 	CLI_K_FLAG,     /* int, set to 1 (from the environment: a value other than "" and "0") */
 	CLI_K_STR,      /* const char *, the argument itself (argv or environ: not copied) */
-	CLI_K_U64,      /* unsigned long long, decimal digits, within [lo, hi] when lo < hi */
-	CLI_K_INT,      /* int, decimal digits, within [lo, hi] (INT_MAX at most) */
+	CLI_K_U64,      /* uint64_t, decimal digits, within [lo, hi] when lo < hi */
+	CLI_K_INT,      /* int (or unsigned), decimal digits, within [lo, hi] (INT_MAX at most) */
 	CLI_K_DOUBLE,   /* double, finite, within [lo, hi] when lo < hi */
-	CLI_K_BYTES,    /* unsigned long long, a byte count (cli_bytes_value), within [lo, hi] when lo < hi */
+	CLI_K_BYTES,    /* uint64_t, a byte count (cli_bytes_value), within [lo, hi] when lo < hi */
 };
 struct cli_arg {
 	struct cli_opt opt; /* first: cli_next, --help and --man read the table through it */

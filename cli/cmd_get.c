@@ -9,41 +9,11 @@
 #include "utf8.h"
 
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static const struct cli_opt opts[] = {
-	{"dest", 'd', "DIR", "destination directory (default: ./NAME)"},
-	{"local-dir", 0, "DIR", "the same as --dest (the hf CLI's name)"},
-	{"revision", 0, "HEX40", "the 40-hex commit the manifest must name (the same as REPO@HEX40)"},
-	{"include", 0, "GLOB", "fetch only files matching GLOB (fnmatch, '*' matches '/' too) or named by it exactly (repeatable)"},
-	{"exclude", 0, "GLOB", "skip files matching GLOB (repeatable; applied after --include)"},
-	{"endpoint", 0, "URL", "manifest service (default $SALAFW_ENDPOINT or https://freeweights.allternit.com)"},
-	{"manifest", 'm', "URL|FILE", "take the manifest from here (+ '.minisig') instead of the service"},
-	{"pubkey", 'P', "KEY|FILE", "trust this minisign public key (a file, base64, or an installed key's name) instead of the pinned one"},
-	{"pubkey-file", 0, "FILE", "the same, a key file only (older spelling)"},
-	{"mirror", 0, "KIND:URL", "extra source tried BEFORE the manifest's (http:URL or hf:URL; repeatable)"},
-	{"mirror-last", 0, "KIND:URL", "extra source tried AFTER the manifest's (repeatable)"},
-	{"jobs", 'j', "N", "files downloaded at once (default 4)"},
-	{"connections", 'x', "N", "ranged connections per file (default 4; aria2's -x)"},
-	{"segment-size", 0, "BYTES", "never split a file into pieces smaller than this (default 32M)"},
-	{"connect-timeout", 0, "SECONDS", "connect timeout (default 15)"},
-	{"stall-timeout", 0, "SECONDS", "abort a transfer below 1 KiB/s for this long (default 30)"},
-	{"retries", 0, "N", "retries per file and source, reset by progress (default 5)"},
-	{"retry-wait", 0, "MS", "first backoff delay, doubled each retry, jittered (default 1000)"},
-	{"retry-max-wait", 0, "MS", "backoff cap (default 30000)"},
-	{"limit-rate", 0, "BYTES", "cap on the total download speed in bytes/s, shared by all transfers (default none)"},
-	{"sync-interval", 0, "SECONDS", "fdatasync partials + journal this often; a kill loses at most that (default 5)"},
-	{"no-space-check", 0, NULL, "do not refuse when free disk space looks too small"},
-	{"allow-expired", 0, NULL, "accept an expired manifest (archival fetch of a pinned revision)"},
-	{"allow-downgrade", 0, NULL, "accept a lower manifest_version than one seen before"},
-	{"progress-interval", 0, "SECONDS", "when stderr is not a terminal: a line per active file this often (default 5)"},
-	{"json", 0, NULL, "one JSON event per line on stdout"},
-	{"quiet", 'q', NULL, "only errors and the summary"},
-	{0, 0, 0, 0},
-};
 
 static const char synopsis[] =
 	"[OPTIONS] REPO[@REVISION]\n"
@@ -327,96 +297,118 @@ struct get_args {
 	size_t ninclude, nexclude;
 	int json, quiet;
 	double plain_every;
+	uint64_t connect_timeout, stall_timeout, sync_interval;
 	char repo[512], rev[64], hf_ep[1024];
 	struct sfw_pubkey key;
 };
 
-/* An option whose value is a plain number. Returns 0 or an exit code. */
-static int get_number_option(const char *cmd, struct get_args *g, const char *name, const char *arg)
+/* --include / --exclude GLOB, repeatable. */
+static int take_glob(const char *cmd, const char *label, const char *v, void *vals)
 {
-	struct sfw_fetch_params *p = &g->p;
-	unsigned long long v;
-	if (!cli_parse_u64(cmd, name, arg, &v))
-		return SFW_EXIT_USAGE;
-	if (!strcmp(name, "jobs") || !strcmp(name, "connections")) {
-		if (v < 1 || v > 64)
-			return cli_usage_error(cmd, "--%s must be 1..64", name);
-		*(!strcmp(name, "jobs") ? &p->jobs : &p->connections) = (unsigned)v;
-	} else if (!strcmp(name, "connect-timeout")) {
-		p->connect_timeout_s = (long)(v ? v : 1);
-	} else if (!strcmp(name, "stall-timeout")) {
-		p->stall_timeout_s = (long)(v ? v : 1);
-	} else if (!strcmp(name, "retries")) {
-		if (v > 1000)
-			return cli_usage_error(cmd, "--retries %llu is more than 1000", v);
-		p->max_retries = (unsigned)v;
-	} else if (!strcmp(name, "retry-wait")) {
-		p->backoff_base_ms = v;
-	} else if (!strcmp(name, "retry-max-wait")) {
-		p->backoff_cap_ms = v;
-	} else if (!strcmp(name, "sync-interval")) {
-		p->journal_interval_s = v ? (double)v : 1;
-	}
+	struct get_args *g = vals;
+	int inc = strcmp(label, "--include") == 0;
+	size_t *n = inc ? &g->ninclude : &g->nexclude;
+	if (*n >= 64)
+		return cli_usage_error(cmd, "at most 64 %s options", label);
+	(inc ? g->include : g->exclude)[(*n)++] = v;
 	return 0;
 }
 
-/* One option. Returns 0 or an exit code. */
-static int get_option(const char *cmd, struct get_args *g, const char *name, const char *arg)
+/* --mirror / --mirror-last KIND:URL, repeatable. */
+static int take_mirror(const char *cmd, const char *label, const char *v, void *vals)
+{
+	struct get_args *g = vals;
+	int is_first = strcmp(label, "--mirror") == 0;
+	size_t *n = is_first ? &g->nfirst : &g->nlast;
+	if (*n >= 16)
+		return cli_usage_error(cmd, "at most 16 %s options", label);
+	if (!parse_mirror(cmd, v, is_first ? &g->first[*n] : &g->last[*n]))
+		return SFW_EXIT_USAGE;
+	(*n)++;
+	return 0;
+}
+
+static int take_pubkey_file(const char *cmd, const char *label, const char *v, void *vals)
+{
+	struct get_args *g = vals;
+	(void)cmd;
+	(void)label;
+	g->pubkey = v;
+	g->pubkey_file = 1;
+	return 0;
+}
+
+#define OFF(f) offsetof(struct get_args, f)
+#define P(f) offsetof(struct get_args, p.f)
+static const struct cli_arg args[] = {
+    {{"dest", 'd', "DIR", "destination directory (default: ./NAME)"}, CLI_K_STR, P(dest), 0, 0, NULL, NULL},
+    {{"local-dir", 0, "DIR", "the same as --dest (the hf CLI's name)"}, CLI_K_STR, P(dest), 0, 0, NULL, NULL},
+    {{"revision", 0, "HEX40", "the 40-hex commit the manifest must name (the same as REPO@HEX40)"},
+     CLI_K_STR, OFF(revision), 0, 0, NULL, NULL},
+    {{"include", 0, "GLOB",
+      "fetch only files matching GLOB (fnmatch, '*' matches '/' too) or named by it exactly (repeatable)"},
+     CLI_K_CALL, 0, 0, 0, take_glob, NULL},
+    {{"exclude", 0, "GLOB", "skip files matching GLOB (repeatable; applied after --include)"},
+     CLI_K_CALL, 0, 0, 0, take_glob, NULL},
+    {{"endpoint", 0, "URL", "manifest service (default $SALAFW_ENDPOINT or https://freeweights.allternit.com)"},
+     CLI_K_STR, P(endpoint), 0, 0, NULL, "SALAFW_ENDPOINT"},
+    {{"manifest", 'm', "URL|FILE", "take the manifest from here (+ '.minisig') instead of the service"},
+     CLI_K_STR, P(manifest), 0, 0, NULL, NULL},
+    {{"pubkey", 'P', "KEY|FILE",
+      "trust this minisign public key (a file, base64, or an installed key's name) instead of the pinned one"},
+     CLI_K_STR, OFF(pubkey), 0, 0, NULL, NULL},
+    {{"pubkey-file", 0, "FILE", "the same, a key file only (older spelling)"},
+     CLI_K_CALL, 0, 0, 0, take_pubkey_file, NULL},
+    {{"mirror", 0, "KIND:URL", "extra source tried BEFORE the manifest's (http:URL or hf:URL; repeatable)"},
+     CLI_K_CALL, 0, 0, 0, take_mirror, NULL},
+    {{"mirror-last", 0, "KIND:URL", "extra source tried AFTER the manifest's (repeatable)"},
+     CLI_K_CALL, 0, 0, 0, take_mirror, NULL},
+    {{"jobs", 'j', "N", "files downloaded at once (default 4)"}, CLI_K_INT, P(jobs), 1, 64, NULL, NULL},
+    {{"connections", 'x', "N", "ranged connections per file (default 4; aria2's -x)"},
+     CLI_K_INT, P(connections), 1, 64, NULL, NULL},
+    {{"segment-size", 0, "BYTES", "never split a file into pieces smaller than this (default 32M)"},
+     CLI_K_BYTES, P(min_segment), 0, 0, NULL, NULL},
+    {{"connect-timeout", 0, "SECONDS", "connect timeout (default 15)"},
+     CLI_K_U64, OFF(connect_timeout), 0, 0, NULL, NULL},
+    {{"stall-timeout", 0, "SECONDS", "abort a transfer below 1 KiB/s for this long (default 30)"},
+     CLI_K_U64, OFF(stall_timeout), 0, 0, NULL, NULL},
+    {{"retries", 0, "N", "retries per file and source, reset by progress (default 5)"},
+     CLI_K_INT, P(max_retries), 0, 1000, NULL, NULL},
+    {{"retry-wait", 0, "MS", "first backoff delay, doubled each retry, jittered (default 1000)"},
+     CLI_K_U64, P(backoff_base_ms), 0, 0, NULL, NULL},
+    {{"retry-max-wait", 0, "MS", "backoff cap (default 30000)"}, CLI_K_U64, P(backoff_cap_ms), 0, 0, NULL, NULL},
+    {{"limit-rate", 0, "BYTES", "cap on the total download speed in bytes/s, shared by all transfers (default none)"},
+     CLI_K_BYTES, P(limit_rate), 0, 0, NULL, NULL},
+    {{"sync-interval", 0, "SECONDS", "fdatasync partials + journal this often; a kill loses at most that (default 5)"},
+     CLI_K_U64, OFF(sync_interval), 0, 0, NULL, NULL},
+    {{"no-space-check", 0, NULL, "do not refuse when free disk space looks too small"},
+     CLI_K_FLAG, P(no_space_check), 0, 0, NULL, NULL},
+    {{"allow-expired", 0, NULL, "accept an expired manifest (archival fetch of a pinned revision)"},
+     CLI_K_FLAG, P(trust.allow_expired), 0, 0, NULL, NULL},
+    {{"allow-downgrade", 0, NULL, "accept a lower manifest_version than one seen before"},
+     CLI_K_FLAG, P(trust.allow_downgrade), 0, 0, NULL, NULL},
+    {{"progress-interval", 0, "SECONDS", "when stderr is not a terminal: a line per active file this often (default 5)"},
+     CLI_K_DOUBLE, OFF(plain_every), 0.1, 86400, NULL, NULL},
+    {{"json", 0, NULL, "one JSON event per line on stdout"}, CLI_K_FLAG, OFF(json), 0, 0, NULL, NULL},
+    {{"quiet", 'q', NULL, "only errors and the summary"}, CLI_K_FLAG, OFF(quiet), 0, 0, NULL, NULL},
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
+#undef P
+
+/* The values a table row cannot store as they are (a 0 that means 1, the
+ * params' own types). */
+static void get_settle(struct get_args *g, const struct cli_parser *cp)
 {
 	struct sfw_fetch_params *p = &g->p;
-	unsigned long long v;
-	if (!strcmp(name, "dest") || !strcmp(name, "local-dir")) {
-		p->dest = arg;
-	} else if (!strcmp(name, "revision")) {
-		g->revision = arg;
-	} else if (!strcmp(name, "include") || !strcmp(name, "exclude")) {
-		int inc = !strcmp(name, "include");
-		size_t *n = inc ? &g->ninclude : &g->nexclude;
-		if (*n >= 64)
-			return cli_usage_error(cmd, "at most 64 --%s options", name);
-		(inc ? g->include : g->exclude)[(*n)++] = arg;
-	} else if (!strcmp(name, "progress-interval")) {
-		if (!cli_parse_double(cmd, name, arg, &g->plain_every))
-			return SFW_EXIT_USAGE;
-		if (g->plain_every < 0.1 || g->plain_every > 86400)
-			return cli_usage_error(cmd, "--progress-interval must be 0.1 to 86400 seconds");
-	} else if (!strcmp(name, "endpoint")) {
-		p->endpoint = arg;
-	} else if (!strcmp(name, "manifest")) {
-		p->manifest = arg;
-	} else if (!strcmp(name, "pubkey") || !strcmp(name, "pubkey-file")) {
-		g->pubkey = arg;
-		g->pubkey_file = !strcmp(name, "pubkey-file");
-	} else if (!strcmp(name, "mirror") || !strcmp(name, "mirror-last")) {
-		int is_first = !strcmp(name, "mirror");
-		size_t *n = is_first ? &g->nfirst : &g->nlast;
-		if (*n >= 16)
-			return cli_usage_error(cmd, "at most 16 --%s options", name);
-		if (!parse_mirror(cmd, arg, is_first ? &g->first[*n] : &g->last[*n]))
-			return SFW_EXIT_USAGE;
-		(*n)++;
-	} else if (!strcmp(name, "no-space-check")) {
-		p->no_space_check = 1;
-	} else if (!strcmp(name, "allow-expired")) {
-		p->trust.allow_expired = 1;
-	} else if (!strcmp(name, "allow-downgrade")) {
-		p->trust.allow_downgrade = 1;
-	} else if (!strcmp(name, "json")) {
-		g->json = 1;
-	} else if (!strcmp(name, "quiet")) {
-		g->quiet = 1;
-	} else if (!strcmp(name, "segment-size") || !strcmp(name, "limit-rate")) {
-		/* byte counts: K/M/G/T suffixes, powers of 1024 (as curl) */
-		if (!cli_parse_bytes(cmd, name, arg, &v))
-			return SFW_EXIT_USAGE;
-		if (!strcmp(name, "segment-size"))
-			p->min_segment = v ? v : 1;
-		else
-			p->limit_rate = v;
-	} else {
-		return get_number_option(cmd, g, name, arg);
-	}
-	return 0;
+	if (cli_given(cp, "connect-timeout"))
+		p->connect_timeout_s = (long)(g->connect_timeout ? g->connect_timeout : 1);
+	if (cli_given(cp, "stall-timeout"))
+		p->stall_timeout_s = (long)(g->stall_timeout ? g->stall_timeout : 1);
+	if (cli_given(cp, "sync-interval"))
+		p->journal_interval_s = g->sync_interval ? (double)g->sync_interval : 1;
+	if (cli_given(cp, "segment-size") && !p->min_segment)
+		p->min_segment = 1;
 }
 
 /* REPO[@REVISION], --revision and the destination. Returns 0 or an exit code. */
@@ -571,30 +563,16 @@ int cmd_get(int argc, char **argv)
 		return cli_report(SFW_E_NOMEM, NULL);
 	g->p = sfw_fetch_default_params();
 	g->plain_every = 5;
-	const char *env = getenv("SALAFW_ENDPOINT");
-	if (env && *env)
-		g->p.endpoint = env;
 	struct cli_parser cp;
-	cli_init(&cp, cmd, argc, argv, opts);
-	int rc = -1;
-	while (rc < 0) {
-		const char *arg;
-		int o = cli_next(&cp, &arg);
-		if (o == CLI_DONE)
-			break;
-		if (o == CLI_HELP) {
-			cli_usage(stdout, cmd, synopsis, opts);
-			rc = SFW_EXIT_OK;
-		} else if (o == CLI_ERROR) {
-			rc = SFW_EXIT_USAGE;
-		} else {
-			int r = get_option(cmd, g, opts[o].name, arg);
-			if (r)
-				rc = r;
-		}
+	int rc = cli_parse_args(&cp, cmd, argc, argv, args, g);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, cmd, synopsis, args);
+		rc = SFW_EXIT_OK;
+	} else if (rc == 0) {
+		get_settle(g, &cp);
+		if ((rc = get_target(cmd, g, &cp)) == 0 && (rc = get_trust_env(cmd, g)) == 0)
+			rc = get_run(g);
 	}
-	if (rc < 0 && (rc = get_target(cmd, g, &cp)) == 0 && (rc = get_trust_env(cmd, g)) == 0)
-		rc = get_run(g);
 	sfw_free(g);
 	return rc;
 }

@@ -19,7 +19,7 @@
 struct manifest_args {
 	struct sfw_manifest_build_params p;
 	const char *out, *pubkey;
-	unsigned long long version, days;
+	uint64_t version, days;
 	int threads, failed;
 	struct sfw_source src[MAX_SOURCES];
 	char *urls[MAX_SOURCES];

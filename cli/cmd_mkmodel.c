@@ -13,7 +13,7 @@
 /* The command line's values (cli_parse_args fills them from the table). */
 struct mkmodel_args {
 	const char *preset, *out;
-	unsigned long long seed, shard_mib;
+	uint64_t seed, shard_mib;
 	int dry_run, force, threads, no_tokenizer, w8, group;
 };
 

@@ -19,7 +19,7 @@
 
 struct vals {
 	const char *name;
-	unsigned long long count, bytes;
+	uint64_t count, bytes;
 	int flag, small, calls;
 	double ratio;
 	char last[32];
@@ -113,6 +113,9 @@ int main(void)
 	      "environment fills absent options; FLAG=0 leaves a flag off");
 	CHECK(parse("cmd -n typed -s 5", &v, &p) == 0 && strcmp(v.name, "typed") == 0 && v.small == 5,
 	      "a typed option wins over its variable");
+	setenv("TEST_CLI_NAME", "", 1);
+	CHECK(parse("cmd", &v, &p) == 0 && v.name == NULL, "an empty variable counts as unset");
+	setenv("TEST_CLI_NAME", "from-env", 1);
 	setenv("TEST_CLI_FLAG", "1", 1);
 	CHECK(parse("cmd", &v, &p) == 0 && v.flag == 1, "FLAG=1 sets a flag");
 	setenv("TEST_CLI_SMALL", "12", 1);
