@@ -15,6 +15,8 @@ static const struct cli_arg *arg_row(const struct cli_arg *args, int k)
 
 static int in_range(const char *cmd, const char *label, const struct cli_arg *a, double v)
 {
+	if (a->lo < a->hi && a->lo == 0 && v >= 0 && v > a->hi)
+		return cli_usage_error(cmd, "%s must be at most %.17g", label, a->hi);
 	if (a->lo < a->hi && (v < a->lo || v > a->hi))
 		return cli_usage_error(cmd, "%s must be %.17g to %.17g", label, a->lo, a->hi);
 	return 0;

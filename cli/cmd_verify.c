@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -19,20 +20,6 @@
 #include <unistd.h>
 
 #define MAX_KEYS 8
-
-static const struct cli_opt opts[] = {
-    {"manifest", 'm', "FILE", "signed manifest (default DIR/.salafw/manifest.json; FILE.minisig next to it)"},
-    {"pubkey", 'P', "KEY|FILE", "trust this minisign public key (a file, base64, or an installed key's name) instead of the pinned one; repeatable"},
-    {"pubkey-string", 0, "KEY", "the same, base64 only (older spelling)"},
-    {"json", 0, NULL, "print a machine-readable report on standard output"},
-    {"threads", 't', "N", "files hashed in parallel (default: all cores)"},
-    {"repo", 0, "ORG/NAME", "require the manifest to be for this repo"},
-    {"revision", 0, "HEX40", "require the manifest to be for this revision"},
-    {"require-prehashed", 0, NULL, "refuse legacy (non-prehashed) signatures"},
-    {"allow-downgrade", 0, NULL, "accept a manifest_version older than one seen before"},
-    {"no-state", 0, NULL, "do not write DIR/.salafw/state.json"},
-    {0},
-};
 
 /* One wording per result, the same as the library's errors say it
  * (verify/dirverify.c): "sha256 mismatch", also as --json's status. */
@@ -86,75 +73,77 @@ struct args {
 	struct sfw_pubkey keys[MAX_KEYS];
 	size_t nkeys;
 	int json, no_state;
-	unsigned long long threads;
+	int threads;
 	struct sfw_trust_params tp;
 };
+
+/* --pubkey KEY|FILE and --pubkey-string KEY, repeatable: one more trusted key. */
+static int take_key(const char *cmd, const char *label, const char *v, void *vals)
+{
+	struct args *a = vals;
+	struct sfw_err err = {0};
+	enum sfw_status s;
+	if (a->nkeys == MAX_KEYS)
+		return cli_usage_error(cmd, "at most %d trusted keys", MAX_KEYS);
+	if (strcmp(label, "--pubkey-string") != 0) {
+		int rc = cli_load_pubkey(cmd, v, &a->keys[a->nkeys]);
+		if (rc)
+			return rc;
+	} else if ((s = sfw_pubkey_parse(v, strlen(v), "public key given with --pubkey-string", &a->keys[a->nkeys],
+					 &err)) != SFW_OK) {
+		return cli_report(s, &err);
+	}
+	a->nkeys++;
+	return 0;
+}
+
+static int take_repo(const char *cmd, const char *label, const char *v, void *vals)
+{
+	(void)label;
+	if (!cli_check_repo_id(cmd, "--repo ", v))
+		return SFW_EXIT_USAGE;
+	((struct args *)vals)->tp.repo_id = v;
+	return 0;
+}
+
+#define OFF(f) offsetof(struct args, f)
+static const struct cli_arg args[] = {
+    {{"manifest", 'm', "FILE", "signed manifest (default DIR/.salafw/manifest.json; FILE.minisig next to it)"},
+     CLI_K_STR, OFF(manifest), 0, 0, NULL, NULL},
+    {{"pubkey", 'P', "KEY|FILE",
+      "trust this minisign public key (a file, base64, or an installed key's name) instead of the pinned one; "
+      "repeatable"},
+     CLI_K_CALL, 0, 0, 0, take_key, NULL},
+    {{"pubkey-string", 0, "KEY", "the same, base64 only (older spelling)"}, CLI_K_CALL, 0, 0, 0, take_key, NULL},
+    {{"json", 0, NULL, "print a machine-readable report on standard output"}, CLI_K_FLAG, OFF(json), 0, 0, NULL, NULL},
+    {{"threads", 't', "N", "files hashed in parallel (default: all cores)"}, CLI_K_INT, OFF(threads), 0, 256, NULL, NULL},
+    {{"repo", 0, "ORG/NAME", "require the manifest to be for this repo"}, CLI_K_CALL, 0, 0, 0, take_repo, NULL},
+    {{"revision", 0, "HEX40", "require the manifest to be for this revision"},
+     CLI_K_STR, OFF(tp.revision), 0, 0, NULL, NULL},
+    {{"require-prehashed", 0, NULL, "refuse legacy (non-prehashed) signatures"},
+     CLI_K_FLAG, OFF(tp.require_prehashed), 0, 0, NULL, NULL},
+    {{"allow-downgrade", 0, NULL, "accept a manifest_version older than one seen before"},
+     CLI_K_FLAG, OFF(tp.allow_downgrade), 0, 0, NULL, NULL},
+    {{"no-state", 0, NULL, "do not write DIR/.salafw/state.json"}, CLI_K_FLAG, OFF(no_state), 0, 0, NULL, NULL},
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
 
 /* -1: go on; otherwise the exit code (help, a usage error). */
 static int parse_args(int argc, char **argv, struct args *a)
 {
 	struct cli_parser cp;
-	const char *cmd = "salafw verify", *arg;
-	struct sfw_err err = {0};
-	enum sfw_status s;
-	int k;
-	cli_init(&cp, cmd, argc, argv, opts);
-	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, cmd, "DIR [--manifest FILE] [-P KEY|FILE] [--json] [--threads N]", opts);
-			printf("\nexit codes: 0 all files verified, 1 a file is missing or differs, or DIR has no\n"
-			       "            signed manifest, 2 usage, 3 manifest or signature rejected (or an unsafe\n"
-			       "            path), 5 local I/O (a missing --manifest FILE)\n");
-			return SFW_EXIT_OK;
-		}
-		if (k == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		switch (k) {
-		case 0:
-			a->manifest = arg;
-			break;
-		case 1:
-		case 2:
-			if (a->nkeys == MAX_KEYS)
-				return cli_usage_error(cmd, "at most %d trusted keys", MAX_KEYS);
-			if (k == 1) {
-				int rc = cli_load_pubkey(cmd, arg, &a->keys[a->nkeys]);
-				if (rc)
-					return rc;
-			} else if ((s = sfw_pubkey_parse(arg, strlen(arg), "public key given with --pubkey-string",
-							 &a->keys[a->nkeys], &err)) != SFW_OK) {
-				return cli_report(s, &err);
-			}
-			a->nkeys++;
-			break;
-		case 3:
-			a->json = 1;
-			break;
-		case 4:
-			if (!cli_parse_u64(cmd, "--threads", arg, &a->threads))
-				return SFW_EXIT_USAGE;
-			if (a->threads > 256)
-				a->threads = 256;
-			break;
-		case 5:
-			if (!cli_check_repo_id(cmd, "--repo ", arg))
-				return SFW_EXIT_USAGE;
-			a->tp.repo_id = arg;
-			break;
-		case 6:
-			a->tp.revision = arg;
-			break;
-		case 7:
-			a->tp.require_prehashed = 1;
-			break;
-		case 8:
-			a->tp.allow_downgrade = 1;
-			break;
-		case 9:
-			a->no_state = 1;
-			break;
-		}
+	const char *cmd = "salafw verify";
+	int rc = cli_parse_args(&cp, cmd, argc, argv, args, a);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, cmd, "DIR [--manifest FILE] [-P KEY|FILE] [--json] [--threads N]", args);
+		printf("\nexit codes: 0 all files verified, 1 a file is missing or differs, or DIR has no\n"
+		       "            signed manifest, 2 usage, 3 manifest or signature rejected (or an unsafe\n"
+		       "            path), 5 local I/O (a missing --manifest FILE)\n");
+		return SFW_EXIT_OK;
 	}
+	if (rc != 0)
+		return rc;
 	if (cp.npos != 1)
 		return cli_usage_error(cmd, "expected one DIR");
 	a->dir = cp.pos[0];
@@ -389,7 +378,7 @@ int cmd_verify(int argc, char **argv)
 		print_signature(&m, &info, kid, local_key);
 
 	struct sfw_verify_params vp = sfw_verify_default_params();
-	vp.threads = (int)a.threads;
+	vp.threads = a.threads;
 	/* With --manifest the record is written only once that manifest is
 	 * installed: a failure leaves the folder's state as it was. */
 	vp.record_state = !a.no_state && !a.manifest;

@@ -96,6 +96,7 @@ int main(void)
 	CHECK(parse("cmd -s 18446744073709551615", &v, &p) == SFW_EXIT_USAGE, "int: 2^64 - 1 out of range refused");
 	CHECK(parse("cmd -s -1", &v, &p) == SFW_EXIT_USAGE, "int: a sign refused");
 	CHECK(parse("cmd --ratio 1.0000001", &v, &p) == SFW_EXIT_USAGE, "double above its range refused");
+	CHECK(parse("cmd --ratio -0.5", &v, &p) == SFW_EXIT_USAGE, "double below its range refused");
 	CHECK(parse("cmd --ratio nan", &v, &p) == SFW_EXIT_USAGE, "double: nan refused");
 	CHECK(parse("cmd --ratio 1e-400", &v, &p) == SFW_EXIT_USAGE, "double: underflow refused");
 	CHECK(parse("cmd --bytes 3Q", &v, &p) == SFW_EXIT_USAGE, "bytes: unknown suffix refused");
@@ -133,6 +134,7 @@ int main(void)
 	(void)parse("cmd", &v, &p);
 	unsetenv("TEST_CLI_SMALL");
 	(void)parse("cmd -s 0", &v, &p);
+	(void)parse("cmd --ratio 2", &v, &p);
 	fflush(stderr);
 	dup2(saved, 2);
 	close(fd[1]);
@@ -143,5 +145,6 @@ int main(void)
 	CHECK(strstr(msg, "test: TEST_CLI_SMALL: 'x' is not a non-negative integer") != NULL,
 	      "value message names the variable");
 	CHECK(strstr(msg, "test: --small must be 1 to 8 (see --help)") != NULL, "range message names the option: %s", msg);
+	CHECK(strstr(msg, "test: --ratio must be at most 1 (see --help)") != NULL, "a range from 0 says its bound");
 	return CHECK_REPORT("test_cli_args");
 }
