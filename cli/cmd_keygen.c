@@ -3,36 +3,38 @@
 #include "log.h"
 #include "verify/verify.h"
 
+#include <stddef.h>
 #include <stdio.h>
 
-static const struct cli_opt opts[] = {
-    {"pubkey-out", 0, "FILE", "public key file to write (default minisign.pub)"},
-    {"seckey", 's', "FILE", "secret key file to write, mode 0600 (default minisign.key)"},
-    {"force", 0, NULL, "overwrite existing key files"},
-    {0},
+struct keygen_args {
+	const char *pub, *sec;
+	int force;
 };
+
+#define OFF(f) offsetof(struct keygen_args, f)
+static const struct cli_arg args[] = {
+    {{"pubkey-out", 0, "FILE", "public key file to write (default minisign.pub)"}, CLI_K_STR, OFF(pub), 0, 0, NULL, NULL},
+    {{"seckey", 's', "FILE", "secret key file to write, mode 0600 (default minisign.key)"},
+     CLI_K_STR, OFF(sec), 0, 0, NULL, NULL},
+    {{"force", 0, NULL, "overwrite existing key files"}, CLI_K_FLAG, OFF(force), 0, 0, NULL, NULL},
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
 
 int cmd_keygen(int argc, char **argv)
 {
 	struct cli_parser cp;
-	const char *cmd = "salafw keygen", *arg;
-	const char *pub = "minisign.pub", *sec = "minisign.key";
-	int force = 0, k;
-	cli_init(&cp, cmd, argc, argv, opts);
-	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, cmd, "[--pubkey-out PUBKEY] [-s SECKEY] [--force]", opts);
-			return SFW_EXIT_OK;
-		}
-		if (k == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		if (k == 0)
-			pub = arg;
-		else if (k == 1)
-			sec = arg;
-		else
-			force = 1;
+	const char *cmd = "salafw keygen";
+	struct keygen_args a = {"minisign.pub", "minisign.key", 0};
+	int rc = cli_parse_args(&cp, cmd, argc, argv, args, &a);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, cmd, "[--pubkey-out PUBKEY] [-s SECKEY] [--force]", args);
+		return SFW_EXIT_OK;
 	}
+	if (rc != 0)
+		return rc;
+	const char *pub = a.pub, *sec = a.sec;
+	int force = a.force;
 	if (cp.npos)
 		return cli_usage_error(cmd, "unexpected argument '%s'", cp.pos[0]);
 	struct sfw_err err = {0};

@@ -12,17 +12,27 @@
 
 #include <sodium.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 
-static const struct cli_opt opts[] = {
-    {"seckey", 's', "FILE", "unencrypted minisign secret key (salafw keygen, minisign -G -W)"},
-    {"trusted-comment", 0, "TEXT", "sign FILE as a plain file with this trusted comment"},
-    {"raw", 0, NULL, "FILE is not a manifest: minisign's default trusted comment"},
-    {"user", 0, NULL,
-     "sign the model directory you derived (salafw quant) with your local key, made on first use"},
-    {0},
+struct sign_args {
+	const char *seckey, *comment;
+	int raw, user;
 };
+
+#define OFF(f) offsetof(struct sign_args, f)
+static const struct cli_arg args[] = {
+    {{"seckey", 's', "FILE", "unencrypted minisign secret key (salafw keygen, minisign -G -W)"},
+     CLI_K_STR, OFF(seckey), 0, 0, NULL, NULL},
+    {{"trusted-comment", 0, "TEXT", "sign FILE as a plain file with this trusted comment"},
+     CLI_K_STR, OFF(comment), 0, 0, NULL, NULL},
+    {{"raw", 0, NULL, "FILE is not a manifest: minisign's default trusted comment"}, CLI_K_FLAG, OFF(raw), 0, 0, NULL, NULL},
+    {{"user", 0, NULL, "sign the model directory you derived (salafw quant) with your local key, made on first use"},
+     CLI_K_FLAG, OFF(user), 0, 0, NULL, NULL},
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
 
 /* salafw sign --user DIR: DIR's derived manifest (written by quant), or
  * for a salafw quant output without one a fresh manifest whose lineage is
@@ -105,28 +115,20 @@ static int sign_user(const char *cmd, const char *dir)
 int cmd_sign(int argc, char **argv)
 {
 	struct cli_parser cp;
-	const char *cmd = "salafw sign", *arg, *seckey = NULL, *comment = NULL;
-	int raw = 0, user = 0, k;
-	cli_init(&cp, cmd, argc, argv, opts);
-	while ((k = cli_next(&cp, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, cmd, "-s SECKEY FILE | --user DIR", opts);
-			printf("\nA manifest gets the trusted comment\n"
-			       "  salafw-manifest repo_id=<id> revision=<sha> manifest_version=<n>\n"
-			       "and an empty publisher.key_id is filled in with the signing key's id.\n");
-			return SFW_EXIT_OK;
-		}
-		if (k == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		if (k == 0)
-			seckey = arg;
-		else if (k == 1)
-			comment = arg;
-		else if (k == 2)
-			raw = 1;
-		else
-			user = 1;
+	const char *cmd = "salafw sign";
+	struct sign_args a = {0};
+	int rc = cli_parse_args(&cp, cmd, argc, argv, args, &a);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, cmd, "-s SECKEY FILE | --user DIR", args);
+		printf("\nA manifest gets the trusted comment\n"
+		       "  salafw-manifest repo_id=<id> revision=<sha> manifest_version=<n>\n"
+		       "and an empty publisher.key_id is filled in with the signing key's id.\n");
+		return SFW_EXIT_OK;
 	}
+	if (rc != 0)
+		return rc;
+	const char *seckey = a.seckey, *comment = a.comment;
+	int raw = a.raw, user = a.user;
 	if (user) {
 		if (seckey || comment || raw)
 			return cli_usage_error(cmd, "--user signs with your local key: no -s, -t or --raw");
