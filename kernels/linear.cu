@@ -295,11 +295,6 @@ extern "C" void sfw_cuda_blas_free(struct sfw_cuda_blas *b)
 	free(b);
 }
 
-extern "C" size_t sfw_cuda_blas_workspace(const struct sfw_cuda_blas *b)
-{
-	return b->ws_bytes;
-}
-
 /* Row-major Y[M,N] = X[M,K] W[N,K]ᵀ is column-major Yᵀ[N,M] = (Wᵀ)ᵀ[N,K] · Xᵀ[K,M]:
  * A = W seen as column-major K×N (lda K) with op T, B = X as K×M (ldb ldx). */
 #define GEMM_RANKS 8

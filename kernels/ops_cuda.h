@@ -72,9 +72,6 @@ void sfw_cuda_h2d(void *dst, const void *src, size_t n, void *stream);
 void sfw_cuda_d2h(void *dst, const void *src, size_t n, void *stream);
 void sfw_cuda_d2d(void *dst, const void *src, size_t n, void *stream);
 void sfw_cuda_memset(void *dst, int byte, size_t n, void *stream);
-/* Page-locked host memory for staging uploads. */
-SFW_MUST_CHECK enum sfw_status sfw_cuda_host_alloc(void **p, size_t bytes, struct sfw_err *err);
-void sfw_cuda_host_free(void *p);
 
 /* Graph capture of everything queued on stream between begin and end. */
 void sfw_cuda_graph_begin(void *stream);
@@ -261,8 +258,6 @@ struct sfw_cuda_blas; /* cuBLASLt handle + workspace, bound to one stream */
 SFW_MUST_CHECK enum sfw_status sfw_cuda_blas_new(struct sfw_cuda_blas **out, size_t workspace_bytes,
 						 struct sfw_err *err);
 void sfw_cuda_blas_free(struct sfw_cuda_blas *b);
-/* The workspace bytes it owns (for the memory plan). */
-size_t sfw_cuda_blas_workspace(const struct sfw_cuda_blas *b);
 
 void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y,
 		     int ldy, int M, int N, int K, void *stream);
