@@ -490,8 +490,8 @@ int cmd_run(int argc, char **argv)
 		xp.prefill_chunk = n_ids && n_ids < 8192 ? (int)((n_ids + 63) / 64 * 64) : 8192;
 	if (cuda) { /* the plan at start, and a context that cannot fit refused with its numbers */
 		struct sfw_mem_plan pl;
-		s = sfw_bench_mem_check(m, xp.n_ctx, xp.prefill_chunk, &pl, &err);
-		sfw_bench_mem_print(stderr, C, &pl, xp.n_ctx, xp.prefill_chunk);
+		s = sfw_plan_check(m, xp.n_ctx, xp.prefill_chunk, &pl, &err);
+		sfw_plan_print(stderr, C, &pl, xp.n_ctx, xp.prefill_chunk);
 		if (s != SFW_OK)
 			goto fail;
 	}

@@ -61,7 +61,7 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 		return;
 	const struct sfw_config *cf = sfw_model_config(m);
 	struct sfw_mem_plan p;
-	sfw_bench_mem_plan_model(m, n_ctx, chunk, &p);
+	sfw_plan_model(m, n_ctx, chunk, &p);
 	double fixed = 96 * MIB, sel = p.scratch - fixed;
 	double placed = (double)cuda_live() - (double)live0 - fixed;
 	CHECK(placed >= p.weights && placed <= p.weights * 1.01 + 4 * MIB + 4096,

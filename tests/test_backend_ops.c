@@ -347,7 +347,7 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 	m->be = &w->be;
 	const struct sfw_config *cf = sfw_model_config(m);
 	struct sfw_mem_plan p;
-	sfw_bench_mem_plan_model(m, n_ctx, chunk, &p);
+	sfw_plan_model(m, n_ctx, chunk, &p);
 	struct sfw_ctx_params cp = sfw_ctx_default_params();
 	cp.n_ctx = n_ctx, cp.prefill_chunk = chunk;
 	struct sfw_ctx *c = NULL;
