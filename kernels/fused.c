@@ -22,8 +22,10 @@ void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_dtype 
 			     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
 			     float theta)
 {
-	sfw_op_rmsnorm_cpu(q, q, qw, qwdt, T * nhq, hd, eps);
-	sfw_op_rmsnorm_cpu(k, k, kw, kwdt, T * nhk, hd, eps);
+	if (qw)
+		sfw_op_rmsnorm_cpu(q, q, qw, qwdt, T * nhq, hd, eps);
+	if (kw)
+		sfw_op_rmsnorm_cpu(k, k, kw, kwdt, T * nhk, hd, eps);
 	if (rope) {
 		sfw_op_rope_neox_cpu(q, T, nhq, hd, pos0, theta);
 		sfw_op_rope_neox_cpu(k, T, nhk, hd, pos0, theta);

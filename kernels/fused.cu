@@ -99,7 +99,7 @@ extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float s
 		return;
 	}
 	if (sfwi_rmsnorm_vec_ok(y, x, n, act)) {
-		if ((uintptr_t)b & 15) { /* the unfused pair: its bits, as NOFUSE gives */
+		if ((uintptr_t)b & 15) { /* the unfused pair, and its bits */
 			sfw_op_add_scaled_cuda(x, b, (size_t)rows * (size_t)n, scale, act, stream);
 			sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, stream);
 			return;

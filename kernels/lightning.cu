@@ -169,7 +169,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 		Sg[(size_t)(i >> 5) * HD + c0 + (i & 31)] = S[(i >> 5) * 33 + (i & 31)];
 }
 
-/* ---- chunk-parallel prefill (bf16; the default, SALAFW_CUDA_GLA=serial turns it off) ----
+/* ---- chunk-parallel prefill (bf16; fp32 takes the serial kernel above) ----
  * The serial kernel above walks every token of a head in one block; this
  * form spreads the chunks (64 tokens) of a piece over blocks, three launches
  * per group of up to NC chunks:
@@ -380,13 +380,6 @@ static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, c
 	}
 }
 
-/* gla_serial (struct sfw_cuda_ops_cfg): one block walks each head's chunks in
- * order (the first form; kept to bisect with) */
-static bool gla_scan_on(void)
-{
-	return !sfwi_cuda_cfg_gla_serial();
-}
-
 template <typename A, int HD>
 static void gla_launch(bool chunked, void *o, const void *q, const void *k, const void *v, float *state,
 		       const float *decay, int T, int nh, float scale, cudaStream_t s)
@@ -395,7 +388,7 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 	if (!chunked) {
 		sfwc_launch(gla_rec_kernel<A, HD, sfwc_one_seq>, dim3(grid), dim3(GLA_THREADS), 0, s, (A *)o, (const A *)q,
 			    (const A *)k, (const A *)v, state, decay, T, nh, scale, sfwc_one_seq());
-	} else if (sizeof(A) == 2 && gla_scan_on()) {
+	} else if (sizeof(A) == 2) {
 		gla_scan_launch<HD>((uint16_t *)o, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, state,
 				    decay, T, nh, scale, s);
 		return;

@@ -464,21 +464,6 @@ int sfwi_cuda_cfg_stage1(void)
 	return g_cfg.stage1;
 }
 
-int sfwi_cuda_cfg_gla_serial(void)
-{
-	return g_cfg.gla_serial;
-}
-
-int sfwi_cuda_cfg_no_pdl(void)
-{
-	return g_cfg.no_pdl;
-}
-
-int sfwi_cuda_cfg_w8_gemv(void)
-{
-	return g_cfg.w8_gemv;
-}
-
 int sfwi_cuda_sms(void)
 {
 	if (g_cfg.sms > 0)

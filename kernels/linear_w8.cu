@@ -347,34 +347,14 @@ static void launch_w8_m(const uint16_t *X, int ldx, const uint8_t *C, const void
  * arithmetic per byte of the bf16 one and 4096 warps leave too little in
  * flight. So: 2 loads per lane, and rows split over KS warps (split K) until
  * N·KS ≥ 16384 warps, as many as q|k|v|z has, while each warp keeps at least
- * one full batch (o_proj and down_proj KS 4, q|k|v|o_gate KS 2).
- * The bound cfg's w8_gemv (struct sfw_cuda_ops_cfg; SALAFW_CUDA_W8_GEMV in
- * the CLI) forces one variant for every shape (benchmarks, A/B):
- * 1 = the per-shape default before split K (R1, U2 on K = 4096 with N ≥
- * 12288, else U4); 12 14 18 22 24 28 42 44 = R rows per warp, U loads; 112
- * 114 122 the same with the next batch loaded while the current one is
- * consumed; 222 224 242 244 282 284 = one row over KS = 2, 4, 8 warps, U
- * loads; any other value is the default. */
+ * one full batch (o_proj and down_proj KS 4, q|k|v|o_gate KS 2). The
+ * tuning variants stay reachable through sfw_cuda_gemv_w8_variant. */
 static void w8_default_variant(int N, int K, int *R, int *U)
 {
-	int v = sfwi_cuda_cfg_w8_gemv();
-	int ru = v == 1 || v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 ||
-			 v == 112 || v == 114 || v == 122 || v == 222 || v == 224 || v == 242 || v == 244 || v == 282 ||
-			 v == 284
-		     ? v
-		     : 0;
-	if (ru == 1) {
-		*R = 1, *U = K >= 8192 || N < 12288 ? 4 : 2;
-		return;
-	}
-	if (ru == 0) {
-		int ks = 1, nv = K / 16;
-		while (ks < 8 && (long)N * ks < 16384 && nv >= 32 * 2 * ks * 2)
-			ks *= 2;
-		*R = ks > 1 ? 200 + ks : 1, *U = 2;
-		return;
-	}
-	*R = ru >= 200 ? 200 + (ru / 10) % 10 : ru >= 100 ? 100 + (ru / 10) % 10 : ru / 10, *U = ru % 10;
+	int ks = 1, nv = K / 16;
+	while (ks < 8 && (long)N * ks < 16384 && nv >= 32 * 2 * ks * 2)
+		ks *= 2;
+	*R = ks > 1 ? 200 + ks : 1, *U = 2;
 }
 
 template <typename TO>

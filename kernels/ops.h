@@ -99,8 +99,9 @@ void sfw_op_rmsnorm_gate_cpu(float *y, const float *x, const void *w, enum sfw_d
 /* Fused (kernels/fused.c): the lightning layers' per-head q/k norm and RoPE
  * (docs/model-spec.md §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
  * q = rmsnorm(q) with qw [hd] and k = rmsnorm(k) with kw [hd] per head
- * (rows T*nhq and T*nhk, n = hd), then, when rope != 0, NeoX RoPE on both
- * from pos0: exactly sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
+ * (rows T*nhq and T*nhk, n = hd; qw or kw NULL: that norm is left out),
+ * then, when rope != 0, NeoX RoPE on both from pos0: exactly
+ * sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
 void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
 			     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
 			     float theta);

@@ -321,10 +321,7 @@ struct sfw_cuda_ops_cfg {
 	int attn;       /* attention: 0 auto (tensor cores for supported prefill-sized calls), 1 CUDA
 			 * cores only ("simt"), 2 tensor cores for every shape they support ("tc") */
 	int stage1;     /* stage-1 scoring: the same three modes (auto: tensor cores for decode rows too) */
-	int gla_serial; /* 1: Lightning prefill walks each head's chunks in one block */
-	int no_pdl;     /* 1: no programmatic dependent launch (else on sm_90+) */
 	int sms;        /* multiprocessors of the device; 0 = ask the current device */
-	int w8_gemv;    /* int8 decode GEMV variant RU for every shape (kernels/linear_w8.cu); 0 = the table */
 };
 void sfw_cuda_ops_set_cfg(const struct sfw_cuda_ops_cfg *cfg); /* copied; NULL = all defaults */
 /* Releases the default handle/scratch made by an unbound op (tests). */

@@ -385,10 +385,6 @@ void sfwi_group_view(struct sfw_bgroup *g);
 void sfwi_compose_matmul_group(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M);
 void sfwi_compose_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu,
 			 int M);
-void sfwi_compose_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
-			       const void *z, int rows, int n, float eps);
-void sfwi_compose_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
-			      const struct sfw_bweight *w, int rows, int n, float eps);
 void sfwi_compose_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 			       const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			       int64_t pos0, float theta);

@@ -1,7 +1,11 @@
-/* backend_compose.c - the fused members of struct sfw_backend as the
- * compositions of its unfused ops (runner/backend.h). A backend without a
- * fused kernel fills its member with these, so forward.c calls every op
- * the same way on every backend (docs/style.md §13.10). */
+/* backend_compose.c - the fused members of struct sfw_backend that no
+ * kernel twin composes (runner/backend.h): projection groups, SwiGLU over a
+ * group, q/k norms and RoPE for a backend whose fused kernel does not take
+ * the shape, and the per-sequence ops one sequence at a time. A backend
+ * without the fused kernel fills its member with these, so forward.c calls
+ * every op the same way on every backend (docs/style.md §13.10); the
+ * compositions of the fused kernels themselves (add + norm, norm + gate,
+ * q/k norm + RoPE) are their C twins, kernels/fused.c. */
 #include "runner/backend.h"
 
 #include <stddef.h>
@@ -22,20 +26,6 @@ void sfwi_compose_swiglu(struct sfw_backend *be, void *y, void *tmp, const void 
 	size_t n = (size_t)M * (size_t)gu->part[0]->rows;
 	be->matmul_group(be, tmp, x, gu, M);
 	be->silu_mul(be, y, tmp, (char *)tmp + n * be->act_size, n);
-}
-
-void sfwi_compose_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
-			      const struct sfw_bweight *w, int rows, int n, float eps)
-{
-	be->add_scaled(be, x, b, (size_t)rows * (size_t)n, scale);
-	be->rmsnorm(be, y, x, w, rows, n, eps);
-}
-
-void sfwi_compose_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
-			       const void *z, int rows, int n, float eps)
-{
-	be->rmsnorm(be, y, x, w, rows, n, eps);
-	be->sigmoid_mul(be, y, y, z, (size_t)rows * (size_t)n);
 }
 
 void sfwi_compose_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,

@@ -183,6 +183,18 @@ static void cpu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, con
 	sfw_ops_cpu_bind(prev);
 }
 
+/* the norms and RoPE of kernels/fused.c; a missing norm weight leaves that
+ * norm out */
+static void cpu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+			     const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
+			     int64_t pos0, float theta)
+{
+	struct sfw_ops_cpu *prev = enter(be);
+	sfw_op_qk_norm_rope_cpu(F(q), F(k), qw ? qw->host : NULL, qw ? qw->dtype : SFW_DTYPE_F32, kw ? kw->host : NULL,
+				kw ? kw->dtype : SFW_DTYPE_F32, T, nhq, nhk, hd, eps, rope, pos0, theta);
+	sfw_ops_cpu_bind(prev);
+}
+
 static void cpu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
 {
 	struct sfw_ops_cpu *prev = enter(be);
@@ -675,7 +687,7 @@ static const struct sfw_backend cpu_backend = {
 	.swiglu = sfwi_compose_swiglu,
 	.add_rmsnorm = cpu_add_rmsnorm,
 	.rmsnorm_gate = cpu_rmsnorm_gate,
-	.qk_norm_rope = sfwi_compose_qk_norm_rope,
+	.qk_norm_rope = cpu_qk_norm_rope,
 	.qk_norm_rope_seqs = sfwi_compose_qk_norm_rope_seqs,
 	.gla_seqs = sfwi_compose_gla_seqs,
 	.kv_append_seqs = sfwi_compose_kv_append_seqs,

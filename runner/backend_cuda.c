@@ -196,7 +196,7 @@ static enum sfw_status place(struct cu_be *b, size_t n, int deferred, void **out
 
 static void cu_load_begin(struct sfw_backend *be)
 {
-	IMPL(be)->defer = !IMPL(be)->no_merge;
+	IMPL(be)->defer = 1;
 }
 
 static int pending_index(const struct cu_be *b, const struct sfw_bweight *w)
@@ -214,8 +214,6 @@ static enum sfw_status cu_merge(struct sfw_backend *be, struct sfw_bweight *cons
 {
 	struct cu_be *b = IMPL(be);
 	*merged = 0;
-	if (b->no_merge) /* SALAFW_CUDA_NOMERGE=1: the parts stay separate */
-		return SFW_OK;
 	if (!b->defer || n < 2)
 		return SFW_OK;
 	size_t total = 0, stotal = 0;
@@ -345,8 +343,6 @@ static void cu_from_host(struct sfw_backend *be, void *dst, const void *src, siz
 	 * pageable source before the call returns, so it is reusable at once
 	 * without a host wait (one fewer per decode step). */
 	sfw_cuda_h2d(dst, src, bytes, b->stream);
-	if (b->stepsync)
-		sfw_cuda_sync(b->stream);
 }
 
 static void cu_copy(struct sfw_backend *be, void *dst, const void *src, size_t bytes)
@@ -454,14 +450,10 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 		b->ev1 = sfw_cuda_event_new();
 	}
 	b->next_report = (size_t)2 << 30;
-	b->stepsync = o->step_sync;
 	b->select_bytes = o->select_mb > 0 ? (size_t)o->select_mb << 20 : SELECT_BYTES_DEFAULT;
 	b->cfg.attn = o->attn;
 	b->cfg.stage1 = o->stage1;
-	b->cfg.gla_serial = o->gla_serial;
-	b->cfg.no_pdl = o->no_pdl;
 	b->cfg.sms = b->info.sm_count;
-	b->cfg.w8_gemv = o->w8_gemv;
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
 		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);
 	*be = cuda_backend;
@@ -469,14 +461,8 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	sfwi_cu_caches(be);
 	sfwi_cu_ops(be);
 	sfwi_cu_capture(be);
-	/* graphs record, they do not time ops: none while profiling; the
-	 * per-step host waits of STEPSYNC have none either */
-	b->graphs = !o->no_graph && !b->prof && !b->stepsync;
-	b->no_fuse = o->no_fuse;
-	b->no_seqs = o->no_seqs;
-	b->no_merge = o->no_merge;
-	b->no_sample = o->no_sample;
-	b->w8_silu = !o->no_w8_silu;
+	/* graphs record, they do not time ops: none while profiling */
+	b->graphs = !o->no_graph && !b->prof;
 	*out = be;
 	return SFW_OK;
 }

@@ -45,13 +45,10 @@ struct cu_be {
 	int prof_decode; /* the ops since the last embed serve at most 64 rows: a (batched) decode step */
 	double prof_ms[2][PROF_N];
 	long prof_calls[2][PROF_N];
-	/* SALAFW_CUDA_STEPSYNC=1: the old per-step host waits (from_host waits,
-	 * no device-side copy of the selected blocks) */
-	int stepsync;
 	size_t select_bytes;          /* block-selection scratch cap */
 	struct sfw_cuda_ops_cfg cfg;  /* bound with blas and scratch before every op */
 	/* the paths the options chose (struct sfw_backend_opts) */
-	int graphs, no_fuse, no_merge, no_sample, w8_silu, no_seqs;
+	int graphs;
 	/* recording a decode step (cu_step): the ops that take a position read
 	 * it from rec_pos, and the sparse-layer ops plan for cache lengths up
 	 * to rec_bound */

@@ -88,7 +88,7 @@ static void cu_step_free(struct sfw_backend *be, void *rec)
 
 /* Makes *recp's recording valid for pos and sparse (recorded now when
  * there is none or it is stale); 0 when the step has to run directly:
- * graphs are off (SALAFW_CUDA_NOGRAPH=1, STEPSYNC=1, PROFILE=1) or a
+ * graphs are off (SALAFW_CUDA_NOGRAPH=1 or PROFILE=1) or a
  * recording could not be made, then or before (r->off). */
 static int step_ready(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos, int sparse,
 		      sfw_step_fn fn, void *arg, enum sfw_status *st, struct sfw_err *err)
@@ -267,7 +267,7 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 	struct cu_be *b = IMPL(be);
 	struct cu_bstep *r = *recp;
 	*replayed = 0;
-	if (!b->graphs || b->no_seqs || b->no_fuse || n < 2 || n > SFW_CUDA_SEQS_MAX || max_rows < n || (r && r->off))
+	if (!b->graphs || n < 2 || n > SFW_CUDA_SEQS_MAX || max_rows < n || (r && r->off))
 		return fn(arg, n, err);
 	if (!r) {
 		int L = caches[0]->d.n_layers;

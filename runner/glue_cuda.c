@@ -27,36 +27,26 @@ static void cu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t
 	PROF(P_ADD, sfw_op_add_scaled_cuda(x, b, n, scale, SFW_DTYPE_BF16, S(be)));
 }
 
-/* SALAFW_CUDA_NOFUSE=1: add_scaled + rmsnorm as two kernels */
 static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			   const struct sfw_bweight *w, int rows, int n, float eps)
 {
-	if (IMPL(be)->no_fuse)
-		sfwi_compose_add_rmsnorm(be, y, x, b, scale, w, rows, n, eps);
-	else
-		PROF(P_ADDNORM,
-		     sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
+	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
 }
 
-/* SALAFW_CUDA_NOFUSE=1: rmsnorm + sigmoid_mul as two kernels */
 static void cu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
 			    const void *z, int rows, int n, float eps)
 {
-	if (IMPL(be)->no_fuse)
-		sfwi_compose_rmsnorm_gate(be, y, x, w, z, rows, n, eps);
-	else
-		PROF(P_NORMGATE,
-		     sfw_op_rmsnorm_gate_cuda(y, x, w->dev, w->dtype, z, rows, n, eps, SFW_DTYPE_BF16, S(be)));
+	PROF(P_NORMGATE, sfw_op_rmsnorm_gate_cuda(y, x, w->dev, w->dtype, z, rows, n, eps, SFW_DTYPE_BF16, S(be)));
 }
 
 /* One kernel when both norms are there (the position from the device while
- * recording); else, or with SALAFW_CUDA_NOFUSE=1, the four calls. */
+ * recording); else the four calls. */
 static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 			    const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			    int64_t pos0, float theta)
 {
 	struct cu_be *b = IMPL(be);
-	if (b->no_fuse || !qw || !kw) {
+	if (!qw || !kw) {
 		sfwi_compose_qk_norm_rope(be, q, k, qw, kw, T, nhq, nhk, hd, eps, rope, pos0, theta);
 		return;
 	}
@@ -65,12 +55,9 @@ static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const stru
 						    S(be)));
 }
 
-/* SALAFW_CUDA_NOSAMPLE=1: the host chooses */
 static int cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
 		     const struct sfw_op_sample_params *const *p, const double *u)
 {
-	if (IMPL(be)->no_sample)
-		return 0;
 	PROF(P_SAMPLE, sfw_cuda_sample_rows(out, logits, V, n, p, u, S(be)));
 	return 1;
 }
@@ -116,11 +103,9 @@ static void cu_matmul_group(struct sfw_backend *be, void *y, const void *x, cons
 		sfwi_compose_matmul_group(be, y, x, g, M);
 }
 
-/* One row over a merged gate|up: one GEMV, then silu_mul; int8 weights take
- * a GEMV with the SwiGLU in its epilogue, one launch less per layer and
- * bit-equal to the GEMV and silu_mul it replaces (opts.no_w8_silu,
- * SALAFW_CUDA_W8_SILU=0 in the CLI, brings the pair back: decode 284.6 vs
- * 281.5 tok/s in bench/RESULTS.md). */
+/* One row over a merged gate|up: int8 weights take a GEMV with the SwiGLU
+ * in its epilogue (one launch less per layer, bit-equal to the GEMV and
+ * silu_mul it replaces); bf16 one GEMV, then silu_mul. */
 static void cu_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu, int M)
 {
 	const struct sfw_bweight *w = &gu->merged;
@@ -130,7 +115,7 @@ static void cu_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x,
 		return;
 	}
 	int done = 0;
-	if (IMPL(be)->w8_silu && w->dtype == SFW_DTYPE_W8 && w->rows == (int64_t)2 * N)
+	if (w->dtype == SFW_DTYPE_W8 && w->rows == (int64_t)2 * N)
 		PROF(P_MATMUL_DEC, done = sfw_op_matmul_silu_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype,
 								     w->group, N, (int)w->cols, S(be)));
 	if (!done) {
@@ -323,7 +308,7 @@ static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k
  * The sequences with one row (decode rows) in one launch (kernels/ops_cuda.h,
  * struct sfw_cuda_seqs), when there are at least two of them; the others
  * (prefill chunks of a mixed step), and every sequence while recording a
- * step or with SALAFW_CUDA_NOSEQS, one by one (runner/backend_compose.c). */
+ * step, one by one (runner/backend_compose.c). */
 struct seqs_split {
 	struct sfw_cuda_seqs t;           /* the ones one launch serves */
 	const struct sfw_bseq *one[SFW_CUDA_SEQS_MAX];
@@ -354,7 +339,7 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 	}
 	sp->t.st = NULL;
 	for (int i = 0; i < ns; i++) {
-		if (!b->rec && !b->no_seqs && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer))) {
+		if (!b->rec && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer))) {
 			const struct sfw_bcache *c = s[i].cache;
 			sp->one[n] = &s[i];
 			sp->t.pos[n] = s[i].pos0;
@@ -383,7 +368,7 @@ static void cu_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const
 				 float eps, int rope, float theta)
 {
 	struct seqs_split sp;
-	if (!IMPL(be)->no_fuse && qw && kw && seqs_split(be, s, ns, &sp, NULL, 0)) {
+	if (qw && kw && seqs_split(be, s, ns, &sp, NULL, 0)) {
 		PROF(P_QKNORM, sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sp.t, nhq, nhk, hd,
 							  eps, rope, theta, SFW_DTYPE_BF16, S(be)));
 	} else {

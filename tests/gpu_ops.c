@@ -21,7 +21,6 @@
 
 static void *g_s; /* stream */
 static enum sfw_dtype g_dt;
-static int g_gla_serial; /* the bound cfg's gla_serial (names only) */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float urand(void)
@@ -416,9 +415,9 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, g_dt, g_s);
 	float *got = down(dout, n), *gst = down_f32(dst, ns);
 	char name[96];
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 || g_gla_serial ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	cmp(name, got, ref, n);
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 || g_gla_serial ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	struct tol keep = g_tol;
 	g_tol.nmse = 1e-9, g_tol.maxrel = 1e-4; /* the state is fp32 in both dtypes */
 	if (g_dt == SFW_DTYPE_BF16)
@@ -434,21 +433,14 @@ static void t_gla(void)
 {
 	t_gla_shape(0, 1, 32, 128);
 	t_gla_shape(0, 7, 8, 32);
-	/* chunked: (bf16) the chunk-parallel form, then the serial one
-	 * (SALAFW_CUDA_GLA=serial); 2100 rows = 33 chunks, the last partial, in
-	 * three groups of at most 16 chunks at the model's shape */
-	for (int serial = 0; serial < 2; serial++) {
-		struct sfw_cuda_ops_cfg cfg = {0};
-		cfg.gla_serial = g_gla_serial = serial;
-		sfw_cuda_ops_set_cfg(&cfg);
-		t_gla_shape(1, 300, 32, 128);
-		t_gla_shape(1, 130, 8, 32);
-		t_gla_shape(1, 64, 4, 64);
-		t_gla_shape(1, 2100, 32, 128);
-		t_gla_shape(1, 1, 8, 32);
-		sfw_cuda_ops_set_cfg(NULL);
-		g_gla_serial = 0;
-	}
+	/* chunked: the chunk-parallel form on bf16, the serial one on fp32;
+	 * 2100 rows = 33 chunks, the last partial, in three groups of at most
+	 * 16 chunks at the model's shape */
+	t_gla_shape(1, 300, 32, 128);
+	t_gla_shape(1, 130, 8, 32);
+	t_gla_shape(1, 64, 4, 64);
+	t_gla_shape(1, 2100, 32, 128);
+	t_gla_shape(1, 1, 8, 32);
 }
 
 /* A valid selection: the CPU pool + top-k on random scores. */
