@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 extern "C" {
+#include "kernels/ops_cuda.h"
 #include "sfw.h"
 }
 
@@ -151,11 +152,9 @@ static __device__ __forceinline__ void sfwc_pdl_wait(void)
 #endif
 }
 
-/* The calling thread's struct sfw_cuda_ops_cfg (ops_cuda.h), member by member
- * (kernels/linear.cu); sms: the bound count or the current device's. */
-int sfwi_cuda_cfg_attn(void);
-int sfwi_cuda_cfg_stage1(void);
-int sfwi_cuda_sms(void);
+/* The context's multiprocessor count, or the current device's when it has
+ * none (kernels/linear.cu). */
+int sfwi_cuda_sms(const struct sfw_cuda_ctx *cx);
 
 /* The current device, for memos of per-device driver state (a kernel's
  * shared-memory limit is set once per device, as the driver keeps it). */

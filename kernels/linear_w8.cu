@@ -474,7 +474,7 @@ extern "C" void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8
 }
 
 extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-					  enum sfw_dtype sdt, int group, int N, int K, void *stream)
+					  enum sfw_dtype sdt, int group, int N, int K, struct sfw_cuda_ctx *cx)
 {
 	group = w8_group(group, K);
 	if (N <= 0 || sdt != SFW_DTYPE_BF16 || !w8_vec_ok(x, K, codes, group, 1, K))
@@ -482,7 +482,7 @@ extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t 
 	int blocks = (N + W8_WARPS - 1) / W8_WARPS;
 	/* U2: the unroll of the plain decode GEMV on gate|up (w8_default_variant) */
 	sfwc_launch(gemv_w8_kernel<2, 2, 1, SDT_BF16, uint16_t, false, 1, true>, dim3(blocks), dim3(W8_WARPS * 32), 0,
-		    SFW_CUDA_STREAM(stream), (const uint16_t *)x, K, codes, scales, (K + group - 1) / group, group,
+		    SFW_CUDA_STREAM(cx->stream), (const uint16_t *)x, K, codes, scales, (K + group - 1) / group, group,
 		    w8_gshift(group), (uint16_t *)y, N, N, K, 1.0f);
 	SFW_CUDA_LAUNCHED();
 	return 1;
@@ -497,20 +497,20 @@ extern "C" void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int
 
 /* The scratch the op twins dequantize into: the bound op scratch (≥
  * SFW_CUDA_SCRATCH_MIN, reused in stream order), at least 64 rows. */
-static void *w8_scratch(int K, size_t *bytes)
+static void *w8_scratch(struct sfw_cuda_ctx *cx, int K, size_t *bytes)
 {
 	size_t want = (size_t)64 * K * 2;
 	*bytes = want > SFW_CUDA_SCRATCH_MIN ? want : SFW_CUDA_SCRATCH_MIN;
-	return sfwi_cuda_scratch(*bytes);
+	return sfwi_cuda_scratch(cx, *bytes);
 }
 
 extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
 				      enum sfw_dtype sdt, int group, int M, int N, int K, enum sfw_dtype act,
-				      void *stream)
+				      struct sfw_cuda_ctx *cx)
 {
 	if (M <= 0 || N <= 0)
 		return;
-	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	if (act == SFW_DTYPE_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
 		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0, 0,
 			    1.0f, s);
@@ -518,9 +518,9 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *cod
 	}
 	if (act == SFW_DTYPE_BF16) {
 		size_t sb;
-		void *scr = w8_scratch(K, &sb);
-		gemm_w8_any(sfwi_cuda_blas(), (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 1.0f, scr,
-			    sb, stream);
+		void *scr = w8_scratch(cx, K, &sb);
+		gemm_w8_any(cx->blas, (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 1.0f, scr,
+			    sb, cx->stream);
 		return;
 	}
 	long outs = (long)M * N;
@@ -531,18 +531,18 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *cod
 
 extern "C" void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales,
 				      enum sfw_dtype sdt, int group, int M, int N, int K, float in_scale,
-				      enum sfw_dtype act, void *stream)
+				      enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (M <= 0 || N <= 0)
 		return;
 	SFW_ASSERT(act == SFW_DTYPE_BF16); /* the engine's activations; float twins use the CPU */
 	if (M <= SFW_CUDA_GEMV_MAX_M) {
 		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 0, in_scale,
-			    SFW_CUDA_STREAM(stream));
+			    SFW_CUDA_STREAM(cx->stream));
 		return;
 	}
 	size_t sb;
-	void *scr = w8_scratch(K, &sb);
-	gemm_w8_any(sfwi_cuda_blas(), (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 1, in_scale, scr,
-		    sb, stream);
+	void *scr = w8_scratch(cx, K, &sb);
+	gemm_w8_any(cx->blas, (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 1, in_scale, scr,
+		    sb, cx->stream);
 }

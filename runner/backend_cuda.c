@@ -44,12 +44,10 @@ static void cu_destroy(struct sfw_backend *be)
 	sfwi_cu_prof_report(b);
 	sfw_cuda_event_free(b->ev0);
 	sfw_cuda_event_free(b->ev1);
-	sfw_cuda_ops_bind(NULL, NULL, 0);
 	for (int i = 0; i < b->nslabs; i++)
 		sfw_cuda_arena_release(&b->slab[i]);
-	sfw_cuda_free(b->scratch);
 	sfw_cuda_free(b->sel);
-	sfw_cuda_blas_free(b->blas);
+	sfw_cuda_ctx_free(b->cx);
 	sfw_cuda_stream_free(b->stream);
 	sfw_free(b->stage);
 	sfw_free(b->pend);
@@ -434,16 +432,13 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	if (s == SFW_OK)
 		s = sfw_cuda_stream_new(&b->stream, err);
 	if (s == SFW_OK)
-		s = sfw_cuda_blas_new(&b->blas, (size_t)32 << 20, err);
-	if (s == SFW_OK)
-		s = sfw_cuda_malloc(&b->scratch, SFW_CUDA_SCRATCH_MIN, "op scratch", err);
+		s = sfw_cuda_ctx_new(b->stream, &b->cx, err);
 	if (s != SFW_OK) {
-		sfw_cuda_blas_free(b->blas);
 		sfw_cuda_stream_free(b->stream);
 		sfw_free(be), sfw_free(b);
 		return s;
 	}
-	b->scratch_bytes = SFW_CUDA_SCRATCH_MIN;
+	b->cx->fixed = 1; /* recorded steps point into the scratch */
 	if (o->profile) {
 		b->prof = 1;
 		b->ev0 = sfw_cuda_event_new();
@@ -451,9 +446,9 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	}
 	b->next_report = (size_t)2 << 30;
 	b->select_bytes = o->select_mb > 0 ? (size_t)o->select_mb << 20 : SELECT_BYTES_DEFAULT;
-	b->cfg.attn = o->attn;
-	b->cfg.stage1 = o->stage1;
-	b->cfg.sms = b->info.sm_count;
+	b->cx->attn = o->attn;
+	b->cx->stage1 = o->stage1;
+	b->cx->sms = b->info.sm_count;
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
 		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);
 	*be = cuda_backend;

@@ -24,9 +24,7 @@ enum prof_op {
 
 struct cu_be {
 	void *stream;
-	struct sfw_cuda_blas *blas;
-	void *scratch;
-	size_t scratch_bytes;
+	struct sfw_cuda_ctx *cx; /* on stream: every op's handle, scratch and choices */
 	struct sfw_cuda_arena slab[MAX_SLABS];
 	int nslabs;
 	size_t weight_bytes, next_report;
@@ -46,7 +44,6 @@ struct cu_be {
 	double prof_ms[2][PROF_N];
 	long prof_calls[2][PROF_N];
 	size_t select_bytes;          /* block-selection scratch cap */
-	struct sfw_cuda_ops_cfg cfg;  /* bound with blas and scratch before every op */
 	/* the paths the options chose (struct sfw_backend_opts) */
 	int graphs;
 	/* recording a decode step (cu_step): the ops that take a position read
@@ -116,17 +113,9 @@ static inline struct cu_be *IMPL(struct sfw_backend *be)
 	return (struct cu_be *)be->impl;
 }
 
-/* The stream of an op, after binding this backend's cuBLASLt handle, scratch
- * and choices to the calling thread (kernels/ops_cuda.h): every op passes
- * through here, so two backends in one process never use each other's. */
-static inline void *cu_stream(struct sfw_backend *be)
-{
-	struct cu_be *b = IMPL(be);
-	sfw_cuda_ops_bind(b->blas, b->scratch, b->scratch_bytes);
-	sfw_cuda_ops_set_cfg(&b->cfg);
-	return b->stream;
-}
-#define S(be) cu_stream(be)
+/* What an op runs with (kernels/ops_cuda.h): the backend's stream,
+ * cuBLASLt handle, scratch and kernel choices, passed to every kernel. */
+#define S(be) (IMPL(be)->cx)
 
 static inline void sfwi_cu_prof_begin(struct sfw_backend *be)
 {

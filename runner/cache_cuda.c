@@ -36,7 +36,7 @@ static void cu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 {
 	if (!c)
 		return;
-	sfw_cuda_sync(S(be));
+	sfw_cuda_sync(IMPL(be)->stream);
 	sfwi_cu_prof_report(IMPL(be)); /* one report per context (a bench run) */
 	if (c->table)
 		pages_release(c);
@@ -116,7 +116,7 @@ static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cac
 				cu_cache_free(be, c);
 				return s;
 			}
-			sfw_cuda_memset(c->L[i].state, 0, sbytes, S(be));
+			sfw_cuda_memset(c->L[i].state, 0, sbytes, IMPL(be)->stream);
 		}
 	}
 	if (d->pool) {
@@ -139,8 +139,8 @@ static enum sfw_status regrow(struct sfw_backend *be, void **p, size_t old, size
 	if (s != SFW_OK)
 		return s;
 	if (*p && old)
-		sfw_cuda_d2d(q, *p, old, S(be));
-	sfw_cuda_sync(S(be));
+		sfw_cuda_d2d(q, *p, old, IMPL(be)->stream);
+	sfw_cuda_sync(IMPL(be)->stream);
 	sfw_cuda_free(*p);
 	*p = q;
 	IMPL(be)->epoch++; /* here, not after the whole regrowth: a later one may fail */
@@ -165,7 +165,7 @@ static enum sfw_status pages_reserve(struct sfw_backend *be, struct sfw_bcache *
 				(long long)(p->nblocks - p->nfree), (long long)p->nblocks);
 	for (; c->nblk < need; c->nblk++)
 		c->table[c->nblk] = p->free[--p->nfree];
-	sfw_cuda_h2d((int32_t *)c->pg.tab + had, c->table + had, (size_t)(need - had) * sizeof(int32_t), S(be));
+	sfw_cuda_h2d((int32_t *)c->pg.tab + had, c->table + had, (size_t)(need - had) * sizeof(int32_t), IMPL(be)->stream);
 	for (int i = 0; i < d->n_layers; i++)
 		if (c->L[i].sparse)
 			c->L[i].cap = need * d->block;
@@ -220,7 +220,7 @@ static void cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 		struct cu_layer *l = &c->L[i];
 		l->len = l->n1 = l->n2 = 0;
 		if (l->state)
-			sfw_cuda_memset(l->state, 0, (size_t)c->d.lnh * c->d.lhd * c->d.lhd * sizeof(float), S(be));
+			sfw_cuda_memset(l->state, 0, (size_t)c->d.lnh * c->d.lhd * c->d.lhd * sizeof(float), IMPL(be)->stream);
 	}
 }
 
@@ -335,7 +335,7 @@ static void cu_pool_free(struct sfw_backend *be, struct sfw_bpool *p)
 {
 	if (!p)
 		return;
-	sfw_cuda_sync(S(be));
+	sfw_cuda_sync(IMPL(be)->stream);
 	sfw_cuda_free(p->mem);
 	sfw_free(p->free);
 	sfw_free(p);

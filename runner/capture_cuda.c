@@ -30,7 +30,7 @@ static enum sfw_status rec_begin(struct sfw_backend *be, struct sfw_bcache *c, c
 			return s;
 	}
 	b->rec = 1, b->rec_pos = pos, b->rec_bound = bound;
-	sfw_cuda_graph_begin(S(be));
+	sfw_cuda_graph_begin(IMPL(be)->stream);
 	return SFW_OK;
 }
 
@@ -39,7 +39,7 @@ static void *rec_end(struct sfw_backend *be)
 	void *g = NULL;
 	struct sfw_err e = {0};
 	IMPL(be)->rec = 0;
-	if (sfw_cuda_graph_end(S(be), &g, &e) != SFW_OK) {
+	if (sfw_cuda_graph_end(IMPL(be)->stream, &g, &e) != SFW_OK) {
 		sfw_log(SFW_LOG_WARN, "cuda: %s; decoding without graphs", e.msg);
 		return NULL;
 	}
@@ -327,10 +327,10 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 		if (s == SFW_OK) {
 			b->rec_seqs = 1, b->rec_tab = r->tab, b->rec_ptr = r->ptr, b->rec_rows = rows, b->rec_bound = bound;
 			b->rec_fail = 0, b->rec_caches = caches, b->rec_n = n;
-			sfw_cuda_graph_begin(S(be));
+			sfw_cuda_graph_begin(IMPL(be)->stream);
 			s = fn(arg, rows, &e);
 			b->rec_seqs = 0, b->rec_tab = NULL, b->rec_ptr = NULL, b->rec_caches = NULL, b->rec_n = 0;
-			gs = sfw_cuda_graph_end(S(be), &g, &ge);
+			gs = sfw_cuda_graph_end(IMPL(be)->stream, &g, &ge);
 		}
 		if (s != SFW_OK || gs != SFW_OK || b->rec_fail) {
 			/* nothing ran: the step runs directly, and so do the next ones */
@@ -371,7 +371,7 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 	/* staged before they return, ordered after the replay before (which reads them) */
 	be->from_host(be, r->tab, t, sizeof(*t));
 	be->from_host(be, r->ptr, r->hptr, np * sizeof(void *));
-	sfw_cuda_graph_launch(k->graph, S(be));
+	sfw_cuda_graph_launch(k->graph, IMPL(be)->stream);
 	for (int i = 0; i < n; i++)
 		sfwi_cu_cache_advance(caches[i], 1);
 	b->seqs_replays++;
@@ -391,7 +391,7 @@ static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_b
 	/* a paged cache's recording reaches its whole table: the block of pos must be taken */
 	SFW_ASSERT(!c->table || pos < c->nblk * c->d.block);
 	be->from_host(be, r->pos, &pos, sizeof(pos));
-	sfw_cuda_graph_launch(r->graph, S(be));
+	sfw_cuda_graph_launch(r->graph, IMPL(be)->stream);
 	sfwi_cu_cache_advance(c, 1);
 	*replayed = 1;
 	return SFW_OK;

@@ -267,12 +267,12 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 		if (dst != idx)
 			for (int g = 0; g < nkv; g++)
 				sfw_cuda_d2d(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k,
-					     (size_t)n * k * sizeof(int32_t), S(be));
+					     (size_t)n * k * sizeof(int32_t), IMPL(be)->stream);
 		if (pooled_last && r0 + n == sp->T) {
 			for (int g = 0; g < nkv; g++)
 				sfw_cuda_d2h(pooled_last + (size_t)g * nb, pooled + ((size_t)g * n + (n - 1)) * nb,
-					     (size_t)nb * sizeof(float), S(be));
-			sfw_cuda_sync(S(be));
+					     (size_t)nb * sizeof(float), IMPL(be)->stream);
+			sfw_cuda_sync(IMPL(be)->stream);
 		}
 	}
 	sfwi_cu_prof_end(be, P_SELECT);

@@ -336,9 +336,10 @@ static void fused_case(int rows, int n)
 	}
 	for (int i = 0; i < n; i++)
 		hw[i] = sfw_f32_to_bf16(1 + 0.1f * urand()), w[i] = sfw_bf16_to_f32(hw[i]);
+	struct sfw_cuda_ctx *cx = NULL;
 	void *s = NULL, *dx = NULL, *db = NULL, *dw = NULL, *dy = NULL, *dx2 = NULL, *dy2 = NULL;
 	struct sfw_err err = {0};
-	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK && sfw_cuda_malloc(&dx, N * 2, "t", &err) == SFW_OK &&
+	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK && sfw_cuda_ctx_new(s, &cx, &err) == SFW_OK && sfw_cuda_malloc(&dx, N * 2, "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&db, N * 2, "t", &err) == SFW_OK && sfw_cuda_malloc(&dw, (size_t)n * 2, "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dy, N * 2, "t", &err) == SFW_OK && sfw_cuda_malloc(&dx2, N * 2, "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dy2, N * 2, "t", &err) == SFW_OK;
@@ -348,9 +349,9 @@ static void fused_case(int rows, int n)
 		sfw_cuda_h2d(dx, hx, N * 2, s), sfw_cuda_h2d(dx2, hx, N * 2, s), sfw_cuda_h2d(db, hb, N * 2, s);
 		sfw_cuda_h2d(dw, hw, (size_t)n * 2, s);
 		sfw_cuda_memset(dy, 0xff, N * 2, s), sfw_cuda_memset(dy2, 0xff, N * 2, s); /* NaN poison */
-		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, s);
-		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_DTYPE_BF16, s);
-		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, s);
+		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, cx);
+		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_DTYPE_BF16, cx);
+		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, cx);
 		sfw_cuda_d2h(o1, dy, N * 2, s), sfw_cuda_d2h(o2, dy2, N * 2, s);
 		sfw_cuda_d2h(x1, dx, N * 2, s), sfw_cuda_d2h(x2, dx2, N * 2, s);
 		sfw_cuda_sync(s);
@@ -370,6 +371,7 @@ static void fused_case(int rows, int n)
 	}
 	sfw_cuda_free(dx), sfw_cuda_free(db), sfw_cuda_free(dw), sfw_cuda_free(dy), sfw_cuda_free(dx2),
 		sfw_cuda_free(dy2);
+	sfw_cuda_ctx_free(cx);
 	if (s)
 		sfw_cuda_stream_free(s);
 	free(x), free(b), free(w), free(y), free(hx), free(hb), free(hw), free(o1), free(o2), free(x1), free(x2);
@@ -382,9 +384,10 @@ static void sample_twin_case(int V)
 					    {1.0f, 0, 0.9f, 0},	 {0.8f, 50, 0.8f, 0}, {1.2f, 1024, 0.95f, 0},
 					    {1.0f, 2000, 1.0f, 0}, {1.0f, 0, 0.999f, 0}, {0.5f, 1, 1.0f, 0}};
 	float *h = malloc((size_t)V * sizeof(float));
+	struct sfw_cuda_ctx *cx = NULL;
 	void *s = NULL, *dl = NULL, *dout = NULL;
 	struct sfw_err err = {0};
-	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK &&
+	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK && sfw_cuda_ctx_new(s, &cx, &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dl, (size_t)V * sizeof(float), "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dout, 16, "t", &err) == SFW_OK;
 	CHECK(ok, "sample: device buffers: %s", err.msg);
@@ -407,7 +410,7 @@ static void sample_twin_case(int V)
 		for (size_t k = 0; k < sizeof(ps) / sizeof(ps[0]); k++) {
 			double u = (double)(urand() * 0.5f + 0.5f);
 			int32_t g = -2;
-			sfw_op_sample_cuda(dout, dl, V, &ps[k], u, s);
+			sfw_op_sample_cuda(dout, dl, V, &ps[k], u, cx);
 			sfw_cuda_d2h(&g, dout, sizeof(g), s);
 			sfw_cuda_sync(s);
 			int32_t c = sfw_op_sample_cpu(h, V, &ps[k], u);
@@ -426,6 +429,7 @@ static void sample_twin_case(int V)
 	CHECK(ok && equal == total - host, "sampling kernel = CPU twin, V %d (%d of %d)", V, equal, total - host);
 	CHECK(bad_host == 0, "the kernel hands back only top-k > %d or wide nuclei (%d others)", 1024, bad_host);
 	sfw_cuda_free(dl), sfw_cuda_free(dout);
+	sfw_cuda_ctx_free(cx);
 	if (s)
 		sfw_cuda_stream_free(s);
 	free(h);
