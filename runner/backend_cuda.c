@@ -129,7 +129,7 @@ static enum sfw_status cu_weight_upload(struct sfw_backend *be, struct sfw_bweig
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "weight '%s': the cuda backend runs bf16, f32 or int8 weights only",
 				w->name ? w->name : "?");
 	if (b->defer && w->rows > 1) {
-		/* placed by cu_merge or cu_load_end */
+		/* placed by cu_merge or cu_load(end) */
 		if (b->npend == b->pend_cap) {
 			size_t nc = b->pend_cap ? 2 * b->pend_cap : 512;
 			struct sfw_bweight **np = sfw_realloc(b->pend, nc * sizeof(*np));
@@ -155,7 +155,7 @@ static size_t pending_bytes(const struct cu_be *b)
 }
 
 /* Room for n bytes of weights in the slabs. deferred: n belongs to the
- * deferred weights (merge, load_end), whose total is known, so a new slab
+ * deferred weights (merge, load(end)), whose total is known, so a new slab
  * holds exactly all of them: no slack at the end of the last slab (2 GiB
  * slabs left up to ~2 GiB unused, the margin a 32 GB card needs at 1M). */
 static enum sfw_status place(struct cu_be *b, size_t n, int deferred, void **out, struct sfw_err *err)
@@ -192,10 +192,6 @@ static enum sfw_status place(struct cu_be *b, size_t n, int deferred, void **out
 	return SFW_OK;
 }
 
-static void cu_load_begin(struct sfw_backend *be)
-{
-	IMPL(be)->defer = 1;
-}
 
 static int pending_index(const struct cu_be *b, const struct sfw_bweight *w)
 {
@@ -253,9 +249,15 @@ static enum sfw_status cu_merge(struct sfw_backend *be, struct sfw_bweight *cons
 	return SFW_OK;
 }
 
-static enum sfw_status cu_load_end(struct sfw_backend *be, struct sfw_err *err)
+/* begin: weight uploads are deferred (cu_merge may place them as one
+ * matrix); end: whatever is still deferred is placed. */
+static enum sfw_status cu_load(struct sfw_backend *be, int end, struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
+	if (!end) {
+		b->defer = 1;
+		return SFW_OK;
+	}
 	enum sfw_status s = SFW_OK;
 	for (size_t i = 0; i < b->npend && s == SFW_OK; i++) {
 		struct sfw_bweight *w = b->pend[i];
@@ -348,9 +350,35 @@ static void cu_copy(struct sfw_backend *be, void *dst, const void *src, size_t b
 	sfw_cuda_d2d(dst, src, bytes, IMPL(be)->stream);
 }
 
-static void cu_sync(struct sfw_backend *be)
+static void cu_transfer(struct sfw_backend *be, enum sfw_xfer k, void *dst, const void *src, size_t n)
 {
-	sfw_cuda_sync(IMPL(be)->stream);
+	switch (k) {
+	case SFW_XFER_TO_HOST:
+		cu_to_host(be, dst, src, n);
+		break;
+	case SFW_XFER_FROM_HOST:
+		cu_from_host(be, dst, src, n);
+		break;
+	case SFW_XFER_COPY:
+		cu_copy(be, dst, src, n);
+		break;
+	case SFW_XFER_TO_HOST_F32:
+		cu_to_host_f32(be, dst, src, 0, n);
+		break;
+	case SFW_XFER_FROM_HOST_F32:
+		cu_from_host_f32(be, dst, src, n);
+		break;
+	}
+}
+
+/* The CUDA ops report no failure they could not return (asynchronous
+ * faults abort in kernels/). */
+static enum sfw_status cu_sync(struct sfw_backend *be, int wait, struct sfw_err *err)
+{
+	(void)err;
+	if (wait)
+		sfw_cuda_sync(IMPL(be)->stream);
+	return SFW_OK;
 }
 
 void sfwi_cu_prof_report(struct cu_be *b)
@@ -377,20 +405,13 @@ void sfwi_cu_prof_report(struct cu_be *b)
 
 /* bf16/f32 weights everywhere, int8 in the products; paged KV; recordings
  * unless graphs are off. */
-static int cu_supports(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
+static int cu_supports_op(const struct sfw_backend *be, enum sfw_opk op, enum sfw_dtype dt)
 {
-	if (op == SFW_BOP_RECORD)
+	if (op == SFW_OP_RECORD)
 		return ((const struct cu_be *)be->impl)->graphs;
-	if (op == SFW_BOP_POOL)
+	if (op == SFW_OP_POOL)
 		return 1;
 	return sfwi_weight_dtype_ok(op, dt);
-}
-
-/* The CUDA ops report no failure they could not return. */
-static enum sfw_status cu_take_failure(struct sfw_backend *be, struct sfw_err *err)
-{
-	(void)be, (void)err;
-	return SFW_OK;
 }
 
 /* The CUDA backend's table: every member (backend.h); impl is the device
@@ -398,23 +419,16 @@ static enum sfw_status cu_take_failure(struct sfw_backend *be, struct sfw_err *e
 static const struct sfw_backend cuda_backend = {
 	.name = "cuda",
 	.act = SFW_DTYPE_BF16,
-	.act_size = 2, /* bf16 */
 	.destroy = cu_destroy,
-	.weight_upload = cu_weight_upload,
-	.weight_release = cu_weight_release,
 	.alloc = cu_alloc,
 	.free = cu_free,
-	.to_host_f32 = cu_to_host_f32,
-	.from_host_f32 = cu_from_host_f32,
-	.to_host = cu_to_host,
-	.from_host = cu_from_host,
+	.transfer = cu_transfer,
 	.sync = cu_sync,
-	.supports = cu_supports,
-	.copy = cu_copy,
-	.load_begin = cu_load_begin,
+	.weight_upload = cu_weight_upload,
+	.weight_release = cu_weight_release,
 	.merge = cu_merge,
-	.load_end = cu_load_end,
-	.take_failure = cu_take_failure,
+	.load = cu_load,
+	.supports_op = cu_supports_op,
 };
 
 enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sfw_backend **out,

@@ -224,17 +224,10 @@ static void cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 	}
 }
 
-static int64_t cu_cache_len(struct sfw_backend *be, const struct sfw_bcache *c, int layer)
+static void cu_cache_info(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3])
 {
 	(void)be;
-	return c->L[layer].len;
-}
-
-static void cu_cache_ncompressed(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[2])
-{
-	(void)be;
-	out[0] = c->L[layer].n1;
-	out[1] = c->L[layer].n2;
+	out[0] = c->L[layer].len, out[1] = c->L[layer].n1, out[2] = c->L[layer].n2;
 }
 
 /* A replayed step's T rows onto the host-side counters (the recorded ops
@@ -353,8 +346,7 @@ void sfwi_cu_caches(struct sfw_backend *be)
 	be->cache_free = cu_cache_free;
 	be->cache_reserve = cu_cache_reserve;
 	be->cache_reset = cu_cache_reset;
-	be->cache_len = cu_cache_len;
-	be->cache_ncompressed = cu_cache_ncompressed;
+	be->cache_info = cu_cache_info;
 	be->pool_new = cu_pool_new;
 	be->pool_free = cu_pool_free;
 	be->pool_used = cu_pool_used;

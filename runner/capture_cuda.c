@@ -91,7 +91,7 @@ static void cu_step_free(struct sfw_backend *be, void *rec)
  * graphs are off (SALAFW_CUDA_NOGRAPH=1 or PROFILE=1) or a
  * recording could not be made, then or before (r->off). */
 static int step_ready(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos, int sparse,
-		      sfw_step_fn fn, void *arg, enum sfw_status *st, struct sfw_err *err)
+		      sfw_rows_fn fn, void *arg, enum sfw_status *st, struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
 	struct cu_step *r = *recp;
@@ -122,7 +122,7 @@ static int step_ready(struct sfw_backend *be, void **recp, struct sfw_bcache *c,
 		r->off = 1;
 		return 0;
 	}
-	enum sfw_status s = fn(arg, &e);
+	enum sfw_status s = fn(arg, 1, &e);
 	void *g = rec_end(be);
 	if (s != SFW_OK || !g) { /* nothing ran: the step runs directly, from now on */
 		if (g)
@@ -150,7 +150,7 @@ int64_t sfwi_cuda_seqs_replays(const struct sfw_backend *be)
 	return ((const struct cu_be *)be->impl)->seqs_replays;
 }
 
-/* ---- decode steps of several sequences as graphs (be->step_seqs) ----
+/* ---- decode steps of several sequences as graphs (be->step of several sequences) ----
  * One recording per batch-size bucket (2, 4, 8, 16, 32, 64 rows) in the
  * batch's *rec. The *_seqs ops recorded over the bucket's rows read each
  * replay's sequences from device memory written just before the launch:
@@ -369,8 +369,8 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 				e[SFW_CUDA_LAK * rows] = l->k, e[SFW_CUDA_LAV * rows] = l->v;
 		}
 	/* staged before they return, ordered after the replay before (which reads them) */
-	be->from_host(be, r->tab, t, sizeof(*t));
-	be->from_host(be, r->ptr, r->hptr, np * sizeof(void *));
+	sfw_be_from_host(be, r->tab, t, sizeof(*t));
+	sfw_be_from_host(be, r->ptr, r->hptr, np * sizeof(void *));
 	sfw_cuda_graph_launch(k->graph, IMPL(be)->stream);
 	for (int i = 0; i < n; i++)
 		sfwi_cu_cache_advance(caches[i], 1);
@@ -381,16 +381,16 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 
 /* Replays the step's recording (step_ready), or runs fn directly. */
 static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos, int sparse,
-			       sfw_step_fn fn, void *arg, int *replayed, struct sfw_err *err)
+			       sfw_rows_fn fn, void *arg, int *replayed, struct sfw_err *err)
 {
 	enum sfw_status s;
 	*replayed = 0;
 	if (!step_ready(be, recp, c, pos, sparse, fn, arg, &s, err))
-		return s != SFW_OK ? s : fn(arg, err);
+		return s != SFW_OK ? s : fn(arg, 1, err);
 	struct cu_step *r = *recp;
 	/* a paged cache's recording reaches its whole table: the block of pos must be taken */
 	SFW_ASSERT(!c->table || pos < c->nblk * c->d.block);
-	be->from_host(be, r->pos, &pos, sizeof(pos));
+	sfw_be_from_host(be, r->pos, &pos, sizeof(pos));
 	sfw_cuda_graph_launch(r->graph, IMPL(be)->stream);
 	sfwi_cu_cache_advance(c, 1);
 	*replayed = 1;
@@ -399,17 +399,30 @@ static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_b
 
 /* The recording only; the replay's position is written by the step. */
 static enum sfw_status cu_step_record(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos,
-				      int sparse, sfw_step_fn fn, void *arg, struct sfw_err *err)
+				      int sparse, sfw_rows_fn fn, void *arg, struct sfw_err *err)
 {
 	enum sfw_status s;
 	step_ready(be, recp, c, pos, sparse, fn, arg, &s, err);
 	return s;
 }
 
+/* be->step: a context's step (one sequence), its recording made ahead,
+ * or a step of several sequences. */
+static enum sfw_status cu_step_any(struct sfw_backend *be, struct sfw_step *st, struct sfw_err *err)
+{
+	st->replayed = 0;
+	if (st->record_only) {
+		SFW_ASSERT(st->n == 1);
+		return cu_step_record(be, st->rec, st->caches[0], st->pos[0], st->sparse[0], st->fn, st->arg, err);
+	}
+	if (st->n == 1)
+		return cu_step(be, st->rec, st->caches[0], st->pos[0], st->sparse[0], st->fn, st->arg, &st->replayed, err);
+	return cu_step_seqs(be, st->rec, st->caches, st->pos, st->sparse, st->n, st->max_rows, st->fn, st->arg,
+			    &st->replayed, err);
+}
+
 void sfwi_cu_capture(struct sfw_backend *be)
 {
-	be->step = cu_step;
+	be->step = cu_step_any;
 	be->step_free = cu_step_free;
-	be->step_record = cu_step_record;
-	be->step_seqs = cu_step_seqs;
 }

@@ -32,7 +32,7 @@ void sfw_ctx_free(struct sfw_ctx *c)
 {
 	if (!c)
 		return;
-	c->m->be->step_free(c->m->be, c->step);
+	sfwi_step_free(c->m->be, c->step);
 	ctx_buffers_free(c);
 	if (c->cache)
 		c->m->be->cache_free(c->m->be, c->cache);
@@ -108,7 +108,7 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 	size_t R = (size_t)chunk, D = (size_t)cf->hidden_size, I = (size_t)cf->intermediate_size;
 	size_t qd = (size_t)cf->num_attention_heads * cf->head_dim, kvd = (size_t)cf->num_key_value_heads * cf->head_dim;
 	size_t ld = (size_t)cf->lightning_nh * cf->lightning_head_dim;
-	size_t wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld, as = be->act_size;
+	size_t wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld, as = sfw_be_act_size(be);
 	int nkv = cf->num_key_value_heads, k = cf->sparse_k, L = cf->num_hidden_layers;
 	c->x = be->alloc(be, R * D * as);
 	c->u = be->alloc(be, R * D * as);
@@ -132,12 +132,12 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
 	/* a batch's workspace: every row of ids_dev a token id from the start
 	 * (a recorded step's padding rows embed whatever ids their rows hold:
-	 * be->step_seqs) */
+	 * be->step of several sequences) */
 	int32_t *zero = s == SFW_OK && !own_cache ? sfw_calloc(R, sizeof(int32_t)) : NULL;
 	if (s == SFW_OK && !own_cache && !zero)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
 	if (zero)
-		be->from_host(be, c->ids_dev, zero, R * sizeof(int32_t));
+		sfw_be_from_host(be, c->ids_dev, zero, R * sizeof(int32_t));
 	sfw_free(zero);
 	if (s == SFW_OK && own_cache)
 		s = sfwi_cache_new(m, NULL, 0, &c->cache, err);
@@ -213,7 +213,7 @@ int sfw_ctx_last_blocks(const struct sfw_ctx *c, int layer, int32_t *out)
 	size_t n = (size_t)cf->num_key_value_heads * cf->sparse_k;
 	if (c->last_fresh[layer]) {
 		struct sfw_backend *be = c->m->be;
-		be->to_host(be, c->last_blocks + (size_t)layer * n, c->last_dev + (size_t)layer * n,
+		sfw_be_to_host(be, c->last_blocks + (size_t)layer * n, c->last_dev + (size_t)layer * n,
 			    n * sizeof(int32_t));
 		c->last_fresh[layer] = 0;
 	}
@@ -244,7 +244,7 @@ enum sfw_status sfwi_ctx_tap_buffers(struct sfw_ctx *c, struct sfw_err *err)
 		be->free(be, c->logits_dev);
 		c->logits_dev = l;
 		c->logits_rows = c->cap_rows;
-		be->step_free(be, c->step); /* it wrote the old buffer */
+		sfwi_step_free(be, c->step); /* it wrote the old buffer */
 		c->step = NULL;
 	}
 	return SFW_OK;

@@ -45,13 +45,13 @@ static void emit_act(struct sfw_ctx *c, const char *name, int layer, int64_t row
 		     int cols)
 {
 	struct sfw_backend *be = c->m->be;
-	be->to_host_f32(be, c->host, buf, 0, (size_t)rows * cols);
+	sfw_be_to_host_f32(be, c->host, buf, 0, (size_t)rows * cols);
 	emit(c, name, layer, row0, rows, cols, 0, 0, c->host);
 }
 
 static void *row_ptr(const struct sfw_ctx *c, void *buf, size_t elems)
 {
-	return (char *)buf + elems * c->m->be->act_size;
+	return (char *)buf + elems * sfw_be_act_size(c->m->be);
 }
 
 struct call {
@@ -75,12 +75,12 @@ static enum sfw_status sample_next(struct sfw_ctx *c, const struct call *cl, con
 		return SFW_OK;
 	}
 	int32_t id = -1;
-	if (be->sample(be, c->next_dev, c->logits_dev, V, 1, &cl->sp, &cl->u))
-		be->to_host(be, &id, c->next_dev, sizeof(id));
+	if (sfw_be_sample(be, c->next_dev, c->logits_dev, V, 1, &cl->sp, &cl->u))
+		sfw_be_to_host(be, &id, c->next_dev, sizeof(id));
 	if (id < 0) {
 		if (!c->host_logits && !(c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		be->to_host(be, c->host_logits, c->logits_dev, (size_t)V * sizeof(float));
+		sfw_be_to_host(be, c->host_logits, c->logits_dev, (size_t)V * sizeof(float));
 		id = sfw_op_sample_cpu(c->host_logits, V, cl->sp, cl->u);
 	}
 	*cl->next = id;
@@ -133,16 +133,16 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 		}
 		pool_last = c->host_pool;
 	}
-	if ((s = be->sparse_select(be, c->idx_dev, q, p->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
+	if ((s = sfw_be_sparse_select(be, c->idx_dev, q, p->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
 		return s;
-	be->attn_sparse(be, a, q, p->cache, li, c->idx_dev, nh, &sp);
+	sfw_be_attn_sparse(be, a, q, p->cache, li, c->idx_dev, nh, &sp);
 	if (!own || !(c->tap || p->last_piece))
 		return SFW_OK;
 	size_t n = (size_t)nkv * R * cf->sparse_k;
 	int32_t *hi = c->host_idx;
 	int32_t *lastbuf = c->last_blocks + (size_t)li * nsel;
 	if (c->tap) {
-		be->to_host(be, hi, c->idx_dev, n * sizeof(int32_t));
+		sfw_be_to_host(be, hi, c->idx_dev, n * sizeof(int32_t));
 		char name[96];
 		snprintf(name, sizeof(name), "sparse.layer.%d.%s.topk_idx", li, cl->phase);
 		emit(c, name, li, pos0, R, cf->sparse_k, nkv, 1, hi);
@@ -155,7 +155,7 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 			if (c->tap)
 				memcpy(lastbuf + (size_t)h * cf->sparse_k, hi + off, kb);
 			else /* stays in backend memory until asked */
-				be->copy(be, lastdev + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
+				sfw_be_copy(be, lastdev + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
 		}
 		c->last_fresh[li] = !c->tap;
 		c->last_state[li] = 1;
@@ -166,7 +166,7 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 		emit(c, name, li, pos0 + R - 1, 1, (int)p->nblocks, nkv, 0, pool_last);
 		int64_t nc[2];
 		int32_t nc32[2];
-		be->cache_ncompressed(be, p->cache, li, nc);
+		sfw_be_cache_ncompressed(be, p->cache, li, nc);
 		nc32[0] = (int32_t)nc[0], nc32[1] = (int32_t)nc[1];
 		snprintf(name, sizeof(name), "sparse.layer.%d.%s.n_compressed", li, cl->phase);
 		emit(c, name, li, pos0 + R - 1, 1, 2, 0, 1, nc32);
@@ -210,13 +210,13 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const stru
 	struct sfwi_layer *L = &m->layers[li];
 	int nh = cf->num_attention_heads, hd = cf->head_dim, kvd = cf->num_key_value_heads * cf->head_dim;
 	enum sfw_status s;
-	be->matmul_group(be, c->proj, c->u, &L->proj, R);
+	sfw_be_matmul_group(be, c->proj, c->u, &L->proj, R);
 	void *q = proj_part(c, &L->proj, 0, R), *k = proj_part(c, &L->proj, 1, R), *v = proj_part(c, &L->proj, 2, R);
-	be->kv_append_seqs(be, bs, np, li, k, v, kvd);
+	sfw_be_kv_append_seqs(be, bs, np, li, k, v, kvd);
 	/* the compressed keys follow the cache in both modes: a recorded
 	 * step's compress starts from current keys, and the switch to
 	 * selection finds them made */
-	if ((s = be->compress_seqs(be, bs, np, li, err)) != SFW_OK)
+	if ((s = sfw_be_compress_seqs(be, bs, np, li, err)) != SFW_OK)
 		return s;
 	struct sfw_bseq dense[SFW_BSEQ_MAX];
 	int nd = 0;
@@ -224,7 +224,7 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const stru
 		if (!parts[i].sparse)
 			dense[nd++] = bs[i];
 	if (nd)
-		be->attn_dense_seqs(be, c->a, q, dense, nd, li, nh, hd, 1.0f / sqrtf((float)hd));
+		sfw_be_attn_dense_seqs(be, c->a, q, dense, nd, li, nh, hd, 1.0f / sqrtf((float)hd));
 	for (int i = 0; i < np; i++) {
 		if (!parts[i].sparse)
 			dense_note(c, li, &parts[i]);
@@ -232,13 +232,13 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const stru
 			return s;
 	}
 	if (L->o_gate.host)
-		be->sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
+		sfw_be_sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
 	if (c->tap && c->tap_lin) {
 		char name[64];
 		snprintf(name, sizeof(name), "%s.layer.%d.o_in", cl->phase, li);
 		emit_act(c, name, li, parts[0].pos0, R, c->a, nh * hd);
 	}
-	be->matmul(be, c->out, c->a, &L->o, R);
+	sfw_be_matmul(be, c->out, c->a, &L->o, R);
 	return SFW_OK;
 }
 
@@ -253,24 +253,24 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_
 	struct sfw_backend *be = m->be;
 	struct sfwi_layer *L = &m->layers[li];
 	int nh = cf->lightning_nh, hd = cf->lightning_head_dim;
-	be->matmul_group(be, c->proj, c->u, &L->proj, R);
+	sfw_be_matmul_group(be, c->proj, c->u, &L->proj, R);
 	void *q = proj_part(c, &L->proj, 0, R), *k = proj_part(c, &L->proj, 1, R), *v = proj_part(c, &L->proj, 2, R);
-	be->qk_norm_rope_seqs(be, q, k, L->q_norm.host ? &L->q_norm : NULL, L->k_norm.host ? &L->k_norm : NULL, bs, np,
+	sfw_be_qk_norm_rope_seqs(be, q, k, L->q_norm.host ? &L->q_norm : NULL, L->k_norm.host ? &L->k_norm : NULL, bs, np,
 			      nh, nh, hd, (float)cf->rms_norm_eps, cf->lightning_use_rope, (float)cf->rope_theta);
-	be->gla_seqs(be, c->a, q, k, v, bs, np, li, m->decay, nh, hd, 1.0f / sqrtf((float)hd));
+	sfw_be_gla_seqs(be, c->a, q, k, v, bs, np, li, m->decay, nh, hd, 1.0f / sqrtf((float)hd));
 	if (L->o_norm.host && L->z.host)
-		be->rmsnorm_gate(be, c->a, c->a, &L->o_norm, proj_part(c, &L->proj, 3, R), R, nh * hd,
+		sfw_be_rmsnorm_gate(be, c->a, c->a, &L->o_norm, proj_part(c, &L->proj, 3, R), R, nh * hd,
 				 (float)cf->rms_norm_eps);
 	else if (L->o_norm.host)
-		be->rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, (float)cf->rms_norm_eps);
+		sfw_be_rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, (float)cf->rms_norm_eps);
 	else if (L->z.host)
-		be->sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
+		sfw_be_sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
 	if (c->tap && c->tap_lin) {
 		char name[64];
 		snprintf(name, sizeof(name), "%s.layer.%d.o_in", phase, li);
 		emit_act(c, name, li, parts[0].pos0, R, c->a, nh * hd);
 	}
-	be->matmul(be, c->out, c->a, &L->o, R);
+	sfw_be_matmul(be, c->out, c->a, &L->o, R);
 }
 
 /* One layer for the step's rows; c->u holds the layer's input norm of the
@@ -298,19 +298,19 @@ static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, const struct
 	} else {
 		lightning_mixer(c, li, R, parts, bs, np, cl->phase);
 	}
-	be->add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
+	sfw_be_add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
 	if (c->tap && c->tap_lin) {
 		snprintf(name, sizeof(name), "%s.layer.%d.mlp_in", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->u, D);
 	}
-	be->swiglu(be, c->mg, c->gu, c->u, &L->gu, R);
+	sfw_be_swiglu(be, c->mg, c->gu, c->u, &L->gu, R);
 	if (c->tap && c->tap_lin) {
 		snprintf(name, sizeof(name), "%s.layer.%d.down_in", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->mg, I);
 	}
-	be->matmul(be, c->out, c->mg, &L->down, R);
+	sfw_be_matmul(be, c->out, c->mg, &L->down, R);
 	const struct sfw_bweight *next = li + 1 < cf->num_hidden_layers ? &m->layers[li + 1].in_norm : &m->norm;
-	be->add_rmsnorm(be, c->u, c->x, c->out, rs, next, R, D, eps);
+	sfw_be_add_rmsnorm(be, c->u, c->x, c->out, rs, next, R, D, eps);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.layer.%d.out", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->x, D);
@@ -330,13 +330,13 @@ static enum sfw_status forward_rows(struct sfw_ctx *c, int R, const struct sfwi_
 	int D = cf->hidden_size;
 	char name[64];
 	enum sfw_status s;
-	be->embed(be, c->x, &m->embed, c->ids_dev, R, (float)cf->scale_emb);
+	sfw_be_embed(be, c->x, &m->embed, c->ids_dev, R, (float)cf->scale_emb);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.embed", cl->phase);
 		emit_act(c, name, -1, parts[0].pos0, R, c->x, D);
 	}
 	const struct sfw_bweight *first = cf->num_hidden_layers ? &m->layers[0].in_norm : &m->norm;
-	be->rmsnorm(be, c->u, c->x, first, R, D, (float)cf->rms_norm_eps);
+	sfw_be_rmsnorm(be, c->u, c->x, first, R, D, (float)cf->rms_norm_eps);
 	SFW_ASSERT(np >= 1 && np <= SFW_BSEQ_MAX);
 	struct sfw_bseq bs[SFW_BSEQ_MAX]; /* the parts as the backend's *_seqs ops take them */
 	for (int i = 0; i < np; i++)
@@ -355,14 +355,15 @@ struct step_arg {
 	const struct call *cl;
 };
 
-static enum sfw_status step_ops(void *arg, struct sfw_err *err)
+static enum sfw_status step_ops(void *arg, int rows, struct sfw_err *err)
 {
+	(void)rows; /* one */
 	struct step_arg *a = arg;
 	struct sfw_ctx *c = a->c;
 	struct sfw_model *m = c->m;
 	enum sfw_status s = forward_rows(c, 1, a->p, 1, a->cl, err);
 	if (s == SFW_OK)
-		m->be->logits(m->be, c->logits_dev, c->u, &m->lm_head, 1, (float)(1.0 / m->cfg.logit_divisor));
+		sfw_be_logits(m->be, c->logits_dev, c->u, &m->lm_head, 1, (float)(1.0 / m->cfg.logit_divisor));
 	return s;
 }
 
@@ -397,7 +398,7 @@ static struct sfwi_part call_part(const struct sfw_ctx *c, int64_t end)
 }
 
 /* The decode step that follows a call ending with piece p, recorded now
- * (be->step_record) while the backend still works on the call, so that the
+ * (be->step, record_only) while the backend still works on the call, so that the
  * step itself only replays it: the first token after a prompt no longer
  * waits for the recording. Its host code notes the step's selection state;
  * the notes of the call's own last row are kept (saved and put back). A
@@ -407,7 +408,7 @@ static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
-	if (c->tap || !be->supports(be, SFW_BOP_RECORD, SFW_DTYPE_BF16))
+	if (c->tap || !be->supports_op(be, SFW_OP_RECORD, SFW_DTYPE_BF16))
 		return;
 	int64_t pos = p->pos0 + p->R, end = pos + 1;
 	struct sfw_err e = {0};
@@ -433,7 +434,9 @@ static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
 	memcpy(state + L, c->last_fresh, (size_t)L * sizeof(int));
 	memcpy(blocks, c->last_blocks, nsel * sizeof(int32_t));
 	/* a failure here (out of memory) is met again, and reported, by the step */
-	if (be->step_record(be, &c->step, c->cache, pos, d.sparse, step_ops, &a, &e) != SFW_OK)
+	struct sfw_bcache *cache = c->cache;
+	struct sfw_step st = {&c->step, &cache, &pos, &d.sparse, 1, 1, 1, step_ops, &a, 0};
+	if (sfwi_step(be, &st, &e) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "recording the next decode step ahead: %s", e.msg);
 	memcpy(c->last_state, state, (size_t)L * sizeof(int));
 	memcpy(c->last_fresh, state + L, (size_t)L * sizeof(int));
@@ -454,18 +457,19 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 	int64_t pos0 = p->pos0;
 	char name[64];
 	enum sfw_status s;
-	be->from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
+	sfw_be_from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
 	if (R == 1 && !c->tap && p->last_piece) {
 		struct step_arg a = {c, p, cl};
-		int replayed = 0;
-		if ((s = be->step(be, &c->step, c->cache, pos0, p->sparse, step_ops, &a, &replayed, err)) != SFW_OK)
+		struct sfw_bcache *cache = c->cache;
+		struct sfw_step st = {&c->step, &cache, &pos0, &p->sparse, 1, 1, 0, step_ops, &a, 0};
+		if ((s = sfwi_step(be, &st, err)) != SFW_OK)
 			return s;
-		if (replayed) {
+		if (st.replayed) {
 			c->step_replays++;
 			step_notes(c, p->sparse);
 		}
 		if (logits)
-			be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
+			sfw_be_to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
 		return cl->next ? sample_next(c, cl, NULL, err) : SFW_OK;
 	}
 	if ((s = forward_rows(c, R, p, 1, cl, err)) != SFW_OK)
@@ -474,8 +478,8 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.final_norm", cl->phase);
 		emit_act(c, name, -1, pos0, R, c->u, D);
-		be->logits(be, c->logits_dev, c->u, &m->lm_head, R, in_scale);
-		be->to_host(be, c->host, c->logits_dev, (size_t)R * V * sizeof(float));
+		sfw_be_logits(be, c->logits_dev, c->u, &m->lm_head, R, in_scale);
+		sfw_be_to_host(be, c->host, c->logits_dev, (size_t)R * V * sizeof(float));
 		snprintf(name, sizeof(name), "%s.logits", cl->phase);
 		emit(c, name, -1, pos0, R, V, 0, 0, c->host);
 		if (p->last_piece && logits)
@@ -483,10 +487,10 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 		if (p->last_piece && cl->next)
 			return sample_next(c, cl, c->host + (size_t)(R - 1) * V, err);
 	} else if (p->last_piece && (logits || cl->next)) {
-		be->logits(be, c->logits_dev, row_ptr(c, c->u, (size_t)(R - 1) * D), &m->lm_head, 1, in_scale);
+		sfw_be_logits(be, c->logits_dev, row_ptr(c, c->u, (size_t)(R - 1) * D), &m->lm_head, 1, in_scale);
 		step_ahead(c, p);
 		if (logits)
-			be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
+			sfw_be_to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
 		if (cl->next)
 			return sample_next(c, cl, NULL, err);
 	}
@@ -498,7 +502,7 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 static enum sfw_status op_failure(struct sfw_backend *be, enum sfw_status s, struct sfw_err *err)
 {
 	struct sfw_err fe = {0};
-	enum sfw_status fs = be->take_failure(be, &fe);
+	enum sfw_status fs = sfwi_take_failure(be, &fe);
 	if (s == SFW_OK && fs != SFW_OK) {
 		s = fs;
 		if (err)
@@ -534,7 +538,7 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	if (c->broken)
 		return sfw_fail(err, SFW_E_INVAL, "the context is inconsistent after a failed call; reset it");
 	struct sfw_err stale = {0}; /* a stale flag belongs to a call that already failed */
-	if (be->take_failure(be, &stale) != SFW_OK)
+	if (sfwi_take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
 	if (n == 0)
 		return sfw_fail(err, SFW_E_INVAL, "no tokens to process");
@@ -564,7 +568,7 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 		}
 		c->pos += R;
 	}
-	be->sync(be);
+	sfw_be_wait(be);
 	return SFW_OK;
 }
 
@@ -575,7 +579,7 @@ enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, str
 
 /* ---- the batch's step (runner/batch.c) -------------------------------------- */
 
-/* A batch step's ops (run directly, or by be->step_seqs, which may record
+/* A batch step's ops (run directly, or by be->step of several sequences, which may record
  * them): the pass over the rows, then one lm_head product into logits_dev
  * over the wanted rows: straight from u when they are rows 0 .. R-1 in
  * order (a step of decode rows), else first copied side by side into out
@@ -606,13 +610,13 @@ static enum sfw_status rows_ops(void *arg, int rows, struct sfw_err *err)
 	if (s != SFW_OK || a->nl == 0)
 		return s;
 	if (in_order) {
-		be->logits(be, ws->logits_dev, ws->u, &m->lm_head, rows, (float)(1.0 / m->cfg.logit_divisor));
+		sfw_be_logits(be, ws->logits_dev, ws->u, &m->lm_head, rows, (float)(1.0 / m->cfg.logit_divisor));
 		return SFW_OK;
 	}
 	for (int i = 0; i < a->nl; i++)
-		be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, a->pick[i].row, (size_t)D),
-			 (size_t)D * be->act_size);
-	be->logits(be, ws->logits_dev, ws->out, &m->lm_head, a->nl, (float)(1.0 / m->cfg.logit_divisor));
+		sfw_be_copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, a->pick[i].row, (size_t)D),
+			 (size_t)D * sfw_be_act_size(be));
+	sfw_be_logits(be, ws->logits_dev, ws->out, &m->lm_head, a->nl, (float)(1.0 / m->cfg.logit_divisor));
 	return SFW_OK;
 }
 
@@ -627,12 +631,12 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 	struct call cl = {"decode", NULL, 0, NULL};
 	SFW_ASSERT(R >= 1 && R <= ws->cap_rows && nl <= ws->logits_rows);
 	struct sfw_err stale = {0};
-	if (be->take_failure(be, &stale) != SFW_OK)
+	if (sfwi_take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
-	be->from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
+	sfw_be_from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
 	enum sfw_status s;
 	/* every row a decode row whose logits are wanted: a step the backend
-	 * may record for its batch-size bucket (be->step_seqs) */
+	 * may record for its batch-size bucket (be->step of several sequences) */
 	int seqs_step = brec && np >= 2 && R == np && nl == np;
 	for (int i = 0; seqs_step && i < np; i++)
 		seqs_step = parts[i].R == 1 && pick[i].row == i;
@@ -640,8 +644,8 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		/* one sequence's decode row: the step a context of its own
 		 * runs, recorded and replayed by the backend (be->step) */
 		struct step_arg a = {ws, parts, &cl};
-		int replayed = 0;
-		s = be->step(be, rec, parts[0].cache, parts[0].pos0, parts[0].sparse, step_ops, &a, &replayed, err);
+		struct sfw_step st = {rec, &parts[0].cache, &parts[0].pos0, &parts[0].sparse, 1, 1, 0, step_ops, &a, 0};
+		s = sfwi_step(be, &st, err);
 		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
 	} else if (seqs_step) {
@@ -651,9 +655,9 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		for (int i = 0; i < np; i++)
 			caches[i] = parts[i].cache, pos[i] = parts[i].pos0, sparse[i] = parts[i].sparse;
 		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
-		int replayed = 0;
 		int max_rows = ws->cap_rows < ws->logits_rows ? ws->cap_rows : ws->logits_rows;
-		s = be->step_seqs(be, brec, caches, pos, sparse, np, max_rows, rows_ops, &a, &replayed, err);
+		struct sfw_step st = {brec, caches, pos, sparse, np, max_rows, 0, rows_ops, &a, 0};
+		s = sfwi_step(be, &st, err);
 		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
 	} else {
@@ -673,21 +677,21 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		sps[i] = pick[i].sp, us[i] = pick[i].u;
 		sampled |= pick[i].sp != NULL;
 	}
-	int taken = sampled && be->sample(be, ws->next_dev, ws->logits_dev, V, nl, sps, us);
+	int taken = sampled && sfw_be_sample(be, ws->next_dev, ws->logits_dev, V, nl, sps, us);
 	sampled = taken;
 	for (int i = 0; i < nl; i++)
 		on_be[i] = taken && pick[i].sp;
 	if (sampled)
-		be->to_host(be, next, ws->next_dev, (size_t)nl * sizeof(int32_t));
+		sfw_be_to_host(be, next, ws->next_dev, (size_t)nl * sizeof(int32_t));
 	if (all_host)
-		be->to_host(be, logits, ws->logits_dev, (size_t)nl * V * sizeof(float));
+		sfw_be_to_host(be, logits, ws->logits_dev, (size_t)nl * V * sizeof(float));
 	for (int i = 0; i < nl; i++) {
 		float *row = logits + (size_t)i * V;
 		if (!on_be[i])
 			next[i] = -1;
 		int host_choice = pick[i].sp && next[i] < 0;
 		if (!all_host && (pick[i].host || host_choice))
-			be->to_host(be, row, ws->logits_dev + (size_t)i * V, (size_t)V * sizeof(float));
+			sfw_be_to_host(be, row, ws->logits_dev + (size_t)i * V, (size_t)V * sizeof(float));
 		if (host_choice)
 			next[i] = sfw_op_sample_cpu(row, V, pick[i].sp, pick[i].u);
 	}

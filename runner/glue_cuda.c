@@ -463,31 +463,97 @@ static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, c
 		sfwi_compose_attn_dense_seqs(be, o, q, sp.rest, sp.nrest, layer, nh, hd, scale);
 }
 
+static enum sfw_status cu_op(struct sfw_backend *be, const struct sfw_op *o, struct sfw_err *err)
+{
+	switch (o->kind) {
+	case SFW_OP_EMBED:
+		cu_embed(be, o->embed.x, o->embed.E, o->embed.ids, o->embed.T, o->embed.scale);
+		break;
+	case SFW_OP_RMSNORM:
+		cu_rmsnorm(be, o->norm.y, o->norm.x, o->norm.w, o->norm.rows, o->norm.n, o->norm.eps);
+		break;
+	case SFW_OP_ADD_RMSNORM:
+		cu_add_rmsnorm(be, o->norm.y, o->norm.x, o->norm.b, o->norm.scale, o->norm.w, o->norm.rows, o->norm.n,
+			       o->norm.eps);
+		break;
+	case SFW_OP_RMSNORM_GATE:
+		cu_rmsnorm_gate(be, o->norm.y, o->norm.x, o->norm.w, o->norm.z, o->norm.rows, o->norm.n, o->norm.eps);
+		break;
+	case SFW_OP_ADD_SCALED:
+		cu_add_scaled(be, o->ew.y, o->ew.b, o->ew.n, o->ew.scale);
+		break;
+	case SFW_OP_SILU_MUL:
+		cu_silu_mul(be, o->ew.y, o->ew.a, o->ew.b, o->ew.n);
+		break;
+	case SFW_OP_SIGMOID_MUL:
+		cu_sigmoid_mul(be, o->ew.y, o->ew.a, o->ew.b, o->ew.n);
+		break;
+	case SFW_OP_ROPE:
+		cu_rope(be, o->rope.x, o->rope.T, o->rope.nh, o->rope.hd, o->rope.pos0, o->rope.theta);
+		break;
+	case SFW_OP_MATMUL:
+		cu_matmul(be, o->mm.y, o->mm.x, o->mm.w, o->mm.M);
+		break;
+	case SFW_OP_MATMUL_GROUP:
+		cu_matmul_group(be, o->mm.y, o->mm.x, o->mm.g, o->mm.M);
+		break;
+	case SFW_OP_SWIGLU:
+		cu_swiglu(be, o->mm.y, o->mm.tmp, o->mm.x, o->mm.g, o->mm.M);
+		break;
+	case SFW_OP_LOGITS:
+		cu_logits(be, o->mm.y, o->mm.x, o->mm.w, o->mm.M, o->mm.scale);
+		break;
+	case SFW_OP_QK_NORM_ROPE:
+		cu_qk_norm_rope(be, o->qk.q, o->qk.k, o->qk.qw, o->qk.kw, o->qk.T, o->qk.nhq, o->qk.nhk, o->qk.hd,
+				o->qk.eps, o->qk.rope, o->qk.pos0, o->qk.theta);
+		break;
+	case SFW_OP_KV_APPEND:
+		cu_kv_append(be, o->cache.c, o->cache.layer, o->cache.k, o->cache.v, o->cache.T);
+		break;
+	case SFW_OP_ATTN_DENSE:
+		cu_attn_dense(be, o->cache.o, o->cache.q, o->cache.c, o->cache.layer, o->cache.T, o->cache.nh,
+			      o->cache.scale);
+		break;
+	case SFW_OP_COMPRESS:
+		return cu_compress(be, o->cache.c, o->cache.layer, err);
+	case SFW_OP_SPARSE_SELECT:
+		return cu_sparse_select(be, o->cache.idx, o->cache.q, o->cache.c, o->cache.layer, o->cache.nh,
+					o->cache.sp, o->cache.pooled_last, err);
+	case SFW_OP_ATTN_SPARSE:
+		cu_attn_sparse(be, o->cache.o, o->cache.q, o->cache.c, o->cache.layer, o->cache.idx, o->cache.nh,
+			       o->cache.sp);
+		break;
+	case SFW_OP_GLA:
+		cu_gla(be, o->cache.o, o->cache.q, o->cache.k, o->cache.v, o->cache.c, o->cache.layer, o->cache.decay,
+		       o->cache.T, o->cache.nh, o->cache.hd, o->cache.scale);
+		break;
+	case SFW_OP_QK_NORM_ROPE_SEQS:
+		cu_qk_norm_rope_seqs(be, o->qk.q, o->qk.k, o->qk.qw, o->qk.kw, o->qk.s, o->qk.ns, o->qk.nhq, o->qk.nhk,
+				     o->qk.hd, o->qk.eps, o->qk.rope, o->qk.theta);
+		break;
+	case SFW_OP_GLA_SEQS:
+		cu_gla_seqs(be, o->seqs.o, o->seqs.q, o->seqs.k, o->seqs.v, o->seqs.s, o->seqs.ns, o->seqs.layer,
+			    o->seqs.decay, o->seqs.nh, o->seqs.hd, o->seqs.scale);
+		break;
+	case SFW_OP_KV_APPEND_SEQS:
+		cu_kv_append_seqs(be, o->seqs.s, o->seqs.ns, o->seqs.layer, o->seqs.k, o->seqs.v, o->seqs.kvd);
+		break;
+	case SFW_OP_COMPRESS_SEQS:
+		return cu_compress_seqs(be, o->seqs.s, o->seqs.ns, o->seqs.layer, err);
+	case SFW_OP_ATTN_DENSE_SEQS:
+		cu_attn_dense_seqs(be, o->seqs.o, o->seqs.q, o->seqs.s, o->seqs.ns, o->seqs.layer, o->seqs.nh, o->seqs.hd,
+				   o->seqs.scale);
+		break;
+	case SFW_OP_SAMPLE:
+		cu_sample(be, o->sample.out, o->sample.logits, o->sample.V, o->sample.n, o->sample.p, o->sample.u);
+		break;
+	default:
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "the cuda backend has no op %d", (int)o->kind);
+	}
+	return SFW_OK;
+}
+
 void sfwi_cu_ops(struct sfw_backend *be)
 {
-	be->embed = cu_embed;
-	be->rmsnorm = cu_rmsnorm;
-	be->add_scaled = cu_add_scaled;
-	be->silu_mul = cu_silu_mul;
-	be->sigmoid_mul = cu_sigmoid_mul;
-	be->rope_neox = cu_rope;
-	be->matmul = cu_matmul;
-	be->matmul_group = cu_matmul_group;
-	be->swiglu = cu_swiglu;
-	be->add_rmsnorm = cu_add_rmsnorm;
-	be->rmsnorm_gate = cu_rmsnorm_gate;
-	be->qk_norm_rope = cu_qk_norm_rope;
-	be->qk_norm_rope_seqs = cu_qk_norm_rope_seqs;
-	be->gla_seqs = cu_gla_seqs;
-	be->kv_append_seqs = cu_kv_append_seqs;
-	be->compress_seqs = cu_compress_seqs;
-	be->attn_dense_seqs = cu_attn_dense_seqs;
-	be->logits = cu_logits;
-	be->kv_append = cu_kv_append;
-	be->attn_dense = cu_attn_dense;
-	be->compress = cu_compress;
-	be->sparse_select = cu_sparse_select;
-	be->attn_sparse = cu_attn_sparse;
-	be->gla = cu_gla;
-	be->sample = cu_sample;
+	be->op = cu_op;
 }
