@@ -54,7 +54,7 @@ struct sfw_batch {
 	int item_logit[SFW_BATCH_MAX_SEQS]; /* item -> logits row, -1 none */
 	int n_items;
 	float *logits;          /* [max_seqs, vocab] host */
-	void *brec;             /* the backend's recording of a step of several sequences (be->step of several sequences) */
+	void *brec;             /* the backend's recordings of steps of several sequences (be->step) */
 };
 
 struct sfw_batch_params sfw_batch_default_params(void)

@@ -150,7 +150,7 @@ int64_t sfwi_cuda_seqs_replays(const struct sfw_backend *be)
 	return ((const struct cu_be *)be->impl)->seqs_replays;
 }
 
-/* ---- decode steps of several sequences as graphs (be->step of several sequences) ----
+/* ---- decode steps of several sequences as graphs (be->step, n >= 2) ----
  * One recording per batch-size bucket (2, 4, 8, 16, 32, 64 rows) in the
  * batch's *rec. The *_seqs ops recorded over the bucket's rows read each
  * replay's sequences from device memory written just before the launch:
