@@ -56,36 +56,12 @@ static void *row_ptr(const struct sfw_ctx *c, void *buf, size_t elems)
 
 struct call {
 	const char *phase;
-	/* sfw_ctx_decode_next: choose the next token where the logits are */
+	/* sfw_ctx_prefill_next, sfw_ctx_decode_next: choose the next token
+	 * where the logits are */
 	const struct sfw_op_sample_params *sp;
 	double u;
 	int32_t *next;
 };
-
-/* The next token from the last row's logits (logits_dev, or host rows when
- * tapping): on the backend when it can, else (or when it hands back -1)
- * the CPU twin on a host copy. One 4-byte read in the common case. */
-static enum sfw_status sample_next(struct sfw_ctx *c, const struct call *cl, const float *host_row,
-				   struct sfw_err *err)
-{
-	struct sfw_backend *be = c->m->be;
-	int V = c->m->cfg.vocab_size;
-	if (host_row) {
-		*cl->next = sfw_op_sample_cpu(host_row, V, cl->sp, cl->u);
-		return SFW_OK;
-	}
-	int32_t id = -1;
-	if (sfw_be_sample(be, c->next_dev, c->logits_dev, V, 1, &cl->sp, &cl->u))
-		sfw_be_to_host(be, &id, c->next_dev, sizeof(id));
-	if (id < 0) {
-		if (!c->host_logits && !(c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
-			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		sfw_be_to_host(be, c->host_logits, c->logits_dev, (size_t)V * sizeof(float));
-		id = sfw_op_sample_cpu(c->host_logits, V, cl->sp, cl->u);
-	}
-	*cl->next = id;
-	return SFW_OK;
-}
 
 /* A sequence's rows of a step buffer: row r of buf (rows of width w). */
 static void *rows_at(const struct sfw_ctx *c, void *buf, int r, size_t w)
@@ -445,8 +421,11 @@ static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
 }
 
 /* One piece of a context's call: its rows are part p of the context's own
- * sequence. A one-row piece that ends an untapped call is a decode step,
- * which the backend runs (and may replay: be->step). */
+ * sequence, a batch of one. Untapped, it is the batch's step (sfwi_forward:
+ * a one-row piece that ends the call is a decode step the backend may
+ * replay, be->step, and the next token is chosen there as for any batch
+ * row); tapped, the pass runs here with every tensor reported and the
+ * choice made on the host from the tapped logits. */
 static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct sfwi_part *p,
 			     const struct call *cl, float *logits, struct sfw_err *err)
 {
@@ -457,43 +436,31 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 	int64_t pos0 = p->pos0;
 	char name[64];
 	enum sfw_status s;
-	sfw_be_from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
-	if (R == 1 && !c->tap && p->last_piece) {
-		struct step_arg a = {c, p, cl};
-		struct sfw_bcache *cache = c->cache;
-		struct sfw_step st = {&c->step, &cache, &pos0, &p->sparse, 1, 1, 0, step_ops, &a, 0};
-		if ((s = sfwi_step(be, &st, err)) != SFW_OK)
-			return s;
-		if (st.replayed) {
-			c->step_replays++;
-			step_notes(c, p->sparse);
-		}
-		if (logits)
-			sfw_be_to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
-		return cl->next ? sample_next(c, cl, NULL, err) : SFW_OK;
+	if (!c->tap) {
+		/* the last row's logits: wanted, or a choice made from them, or a
+		 * decode step (whose recording makes them anyway) */
+		int nl = p->last_piece && (logits || cl->next || R == 1);
+		struct sfwi_pick pick = {R - 1, logits != NULL, cl->sp, cl->u};
+		float *host = logits;
+		if (nl && !host && !(host = c->host_logits) &&
+		    !(host = c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		int32_t none;
+		return sfwi_forward(c, ids, R, p, 1, &pick, nl, host, cl->next ? cl->next : &none, &c->step, NULL, err);
 	}
+	sfw_be_from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
 	if ((s = forward_rows(c, R, p, 1, cl, err)) != SFW_OK)
 		return s;
-	float in_scale = (float)(1.0 / cf->logit_divisor);
-	if (c->tap) {
-		snprintf(name, sizeof(name), "%s.final_norm", cl->phase);
-		emit_act(c, name, -1, pos0, R, c->u, D);
-		sfw_be_logits(be, c->logits_dev, c->u, &m->lm_head, R, in_scale);
-		sfw_be_to_host(be, c->host, c->logits_dev, (size_t)R * V * sizeof(float));
-		snprintf(name, sizeof(name), "%s.logits", cl->phase);
-		emit(c, name, -1, pos0, R, V, 0, 0, c->host);
-		if (p->last_piece && logits)
-			memcpy(logits, c->host + (size_t)(R - 1) * V, (size_t)V * sizeof(float));
-		if (p->last_piece && cl->next)
-			return sample_next(c, cl, c->host + (size_t)(R - 1) * V, err);
-	} else if (p->last_piece && (logits || cl->next)) {
-		sfw_be_logits(be, c->logits_dev, row_ptr(c, c->u, (size_t)(R - 1) * D), &m->lm_head, 1, in_scale);
-		step_ahead(c, p);
-		if (logits)
-			sfw_be_to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
-		if (cl->next)
-			return sample_next(c, cl, NULL, err);
-	}
+	snprintf(name, sizeof(name), "%s.final_norm", cl->phase);
+	emit_act(c, name, -1, pos0, R, c->u, D);
+	sfw_be_logits(be, c->logits_dev, c->u, &m->lm_head, R, (float)(1.0 / cf->logit_divisor));
+	sfw_be_to_host(be, c->host, c->logits_dev, (size_t)R * V * sizeof(float));
+	snprintf(name, sizeof(name), "%s.logits", cl->phase);
+	emit(c, name, -1, pos0, R, V, 0, 0, c->host);
+	if (p->last_piece && logits)
+		memcpy(logits, c->host + (size_t)(R - 1) * V, (size_t)V * sizeof(float));
+	if (p->last_piece && cl->next)
+		*cl->next = sfw_op_sample_cpu(c->host + (size_t)(R - 1) * V, V, cl->sp, cl->u);
 	return SFW_OK;
 }
 
@@ -520,13 +487,19 @@ enum sfw_status sfw_ctx_prefill(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	return run_call(c, ids, n, logits, NULL, 0, NULL, err);
 }
 
-enum sfw_status sfw_ctx_decode_next(struct sfw_ctx *c, int32_t id, const struct sfw_op_sample_params *sp, double u,
-				    int32_t *next, struct sfw_err *err)
+enum sfw_status sfw_ctx_prefill_next(struct sfw_ctx *c, const int32_t *ids, size_t n,
+				     const struct sfw_op_sample_params *sp, double u, int32_t *next, struct sfw_err *err)
 {
 	if (!sp || !next || !(u >= 0 && u < 1) || !(sp->temperature >= 0) || !isfinite(sp->temperature) ||
 	    sp->top_k < 0 || !(sp->top_p > 0 && sp->top_p <= 1))
 		return sfw_fail(err, SFW_E_INVAL, "invalid sampling parameters");
-	return run_call(c, &id, 1, NULL, sp, u, next, err);
+	return run_call(c, ids, n, NULL, sp, u, next, err);
+}
+
+enum sfw_status sfw_ctx_decode_next(struct sfw_ctx *c, int32_t id, const struct sfw_op_sample_params *sp, double u,
+				    int32_t *next, struct sfw_err *err)
+{
+	return sfw_ctx_prefill_next(c, &id, 1, sp, u, next, err);
 }
 
 static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
@@ -582,8 +555,8 @@ enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, str
 /* A batch step's ops (run directly, or by be->step of several sequences, which may record
  * them): the pass over the rows, then one lm_head product into logits_dev
  * over the wanted rows: straight from u when they are rows 0 .. R-1 in
- * order (a step of decode rows), else first copied side by side into out
- * (free by then). rows > R: a batch-size bucket recorded for such a step of
+ * order (a step of decode rows) or one row, else first copied side by side
+ * into out (free by then). rows > R: a batch-size bucket recorded for such a step of
  * R decode rows, padded: the pass and the logits over all the rows. */
 struct rows_arg {
 	struct sfw_ctx *ws;
@@ -611,6 +584,11 @@ static enum sfw_status rows_ops(void *arg, int rows, struct sfw_err *err)
 		return s;
 	if (in_order) {
 		sfw_be_logits(be, ws->logits_dev, ws->u, &m->lm_head, rows, (float)(1.0 / m->cfg.logit_divisor));
+		return SFW_OK;
+	}
+	if (a->nl == 1) { /* one row (a prompt's last): its logits straight from u */
+		sfw_be_logits(be, ws->logits_dev, rows_at(ws, ws->u, a->pick[0].row, (size_t)D), &m->lm_head, 1,
+			      (float)(1.0 / m->cfg.logit_divisor));
 		return SFW_OK;
 	}
 	for (int i = 0; i < a->nl; i++)
@@ -648,6 +626,10 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		s = sfwi_step(be, &st, err);
 		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
+		if (st.replayed && parts[0].cache == ws->cache) { /* a context's own step: its notes */
+			ws->step_replays++;
+			step_notes(ws, parts[0].sparse);
+		}
 	} else if (seqs_step) {
 		struct sfw_bcache *caches[SFW_BSEQ_MAX];
 		int64_t pos[SFW_BSEQ_MAX];
@@ -664,6 +646,10 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
 		if ((s = op_failure(be, rows_ops(&a, R, err), err)) != SFW_OK || nl == 0)
 			return s;
+		/* a context's prompt: its first decode step recorded while the
+		 * backend works on the prompt */
+		if (np == 1 && parts[0].cache == ws->cache && parts[0].last_piece)
+			step_ahead(ws, &parts[0]);
 	}
 	/* the choices on the backend (one id each back; one call for all the
 	 * rows), the logits on the host only where asked or where the backend

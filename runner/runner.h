@@ -94,6 +94,12 @@ struct sfw_op_sample_params;
 SFW_MUST_CHECK enum sfw_status sfw_ctx_decode_next(struct sfw_ctx *c, int32_t id,
 						   const struct sfw_op_sample_params *sp, double u, int32_t *next,
 						   struct sfw_err *err);
+/* n tokens (a prompt, or a continuation of one) whose successor is chosen
+ * as sfw_ctx_decode_next chooses it: the first token after a prompt is
+ * chosen exactly like every later one, where the logits are. */
+SFW_MUST_CHECK enum sfw_status sfw_ctx_prefill_next(struct sfw_ctx *c, const int32_t *ids, size_t n,
+						    const struct sfw_op_sample_params *sp, double u, int32_t *next,
+						    struct sfw_err *err);
 
 /* Taps: named intermediate tensors, as the golden files name them. While a
  * tap is set, every call reports (host memory, valid during the callback):
