@@ -293,10 +293,12 @@ static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const
 }
 
 extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-					     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-					     int64_t pos0, const int64_t *dpos, float theta, enum sfw_dtype act,
-					     struct sfw_cuda_ctx *cx)
+					     enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, const int64_t *dpos,
+					     enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	int T = sh->T, nhq = sh->nhq, nhk = sh->nhk, hd = sh->hd, rope = sh->rope;
+	float eps = sh->eps, theta = sh->theta;
+	int64_t pos0 = sh->pos0;
 	qkn_any(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, dpos, theta, act, sfwc_one_seq(), cx);
 }
 
@@ -309,9 +311,8 @@ extern "C" void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, enu
 }
 
 extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-					 enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-					 int64_t pos0, float theta, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+					 enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, enum sfw_dtype act,
+					 struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_qk_norm_rope_devpos(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, NULL, theta, act,
-				     cx);
+	sfw_cuda_qk_norm_rope_devpos(q, k, qw, qwdt, kw, kwdt, sh, NULL, act, cx);
 }

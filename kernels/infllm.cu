@@ -343,9 +343,12 @@ static void s1_launch(s1_args a, struct sfw_cuda_ctx *cx)
 static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2,
-				   int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
-				   float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+				   int64_t n2, const struct sfw_sel_shape *sh, enum sfw_dtype act,
+				   struct sfw_cuda_ctx *cx)
 {
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
+	int64_t pos0 = sh->pos0;
+	float scale = sh->scale;
 	if (T <= 0 || n1 <= 0)
 		return;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
@@ -424,10 +427,12 @@ static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n
 	}
 }
 
-extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv,
-					int T, int64_t pos0, int ksize, int stride, int block, int init_blocks,
-					int local_blocks, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+					const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	int nkv = sh->nkv, T = sh->T, ksize = sh->ksize, stride = sh->stride, block = sh->block;
+	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
+	int64_t pos0 = sh->pos0;
 	(void)act; /* scores are already rounded where the reference rounds */
 	size_t n = (size_t)nkv * T * nblocks;
 	if (n == 0)

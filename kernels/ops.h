@@ -46,6 +46,30 @@ static inline float sfw_op_wget(const void *w, enum sfw_dtype dt, size_t i)
  * (their jobs take turns on the pool). */
 struct sfw_ops_cpu;
 struct sfw_cuda_ctx; /* kernels/ops_cuda.h: what a CUDA twin runs with */
+
+/* A block-selection call's shape (docs/model-spec.md §2.6.4): T rows at
+ * positions pos0 .. pos0 + T - 1, nh query heads over nkv key heads of hd;
+ * level-1 chunks of ksize tokens every stride (level 2: 4 ksize every 4
+ * stride); blocks of `block` tokens, the first init_blocks and the
+ * local_blocks up to a row's own always kept; stage 1's scale 1/sqrt(hd). */
+struct sfw_sel_shape {
+	int T, nh, nkv, hd;
+	int64_t pos0;
+	int ksize, stride;
+	int block, init_blocks, local_blocks;
+	float scale;
+};
+
+/* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_*): T rows
+ * of nhq query and nhk key heads of hd at positions pos0 .., rmsnorm eps,
+ * RoPE when rope != 0 with base theta. */
+struct sfw_qk_shape {
+	int T, nhq, nhk, hd;
+	float eps;
+	int rope;
+	int64_t pos0;
+	float theta;
+};
 /* nthreads in [1, 256]. */
 SFW_MUST_CHECK enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct sfw_err *err);
 void sfw_ops_cpu_free(struct sfw_ops_cpu *ex); /* NULL is a no-op */
@@ -105,8 +129,7 @@ void sfw_op_rmsnorm_gate_cpu(float *y, const float *x, const void *w, enum sfw_d
  * then, when rope != 0, NeoX RoPE on both from pos0: exactly
  * sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
 void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-			     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
-			     float theta);
+			     enum sfw_dtype kwdt, const struct sfw_qk_shape *sh);
 
 /* ---- matrix products (kernels/matmul.c) ----------------------------------- */
 
@@ -170,14 +193,13 @@ void sfw_op_compress_cpu(float *c, const float *k, int nkv, int hd, int64_t j0, 
  * lengths = 15 (mod 16) / 63 (mod 64) (docs/model-spec.md §2.6.6, derived by reading,
  * not run) is not reproduced: every row sees exactly the chunks above. */
 void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n1, const float *c2,
-		       int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
-		       float scale);
+		       int64_t n2, const struct sfw_sel_shape *sh);
 /* Max-pool to blocks, §2.6.4 step 4: pooled[g, r, b] for b < nblocks =
  * +inf if b < init_blocks or qb - local_blocks <= b <= qb (qb = p / block);
  * else the max of scores[g, r, j] over the level-1 chunks j < n1 that overlap
  * block b; -inf if there are none. pooled [nkv, T, nblocks]. */
-void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
-			    int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks);
+void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+			    const struct sfw_sel_shape *sh);
 /* Top-k, §2.6.4 step 5: per (g, r), the indices of the min(k, nblocks) largest
  * pooled values (ties -> lower index), sorted ascending, then every index >
  * qb replaced by -1 in place; slots past min(k, nblocks) are -1.
@@ -238,8 +260,8 @@ void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, enum sfw_dt
  * sfw_op_rmsnorm_cuda on each followed by sfw_op_rope_neox_cuda on each
  * (hd 32, 64, 128; other head dims take those unfused launches). */
 void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-			      enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
-			      float theta, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+			      enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, enum sfw_dtype act,
+			      struct sfw_cuda_ctx *cx);
 /* w must not be written by the kernel just before (the GEMV streams it
  * before the programmatic-launch wait: kernels/ops_cuda.h, sfw_cuda_gemv). */
 void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
@@ -279,11 +301,9 @@ void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void 
 void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
 			  int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
-			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
-			     int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks,
-			     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+			const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+			     const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
 			     int k, int block, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 #endif

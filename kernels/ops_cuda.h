@@ -84,11 +84,11 @@ void sfw_cuda_graph_free(void *graph_exec);
  * replays with the position of the step (kernels/elementwise.cu). */
 void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, struct sfw_cuda_ctx *cx);
 /* sfw_op_qk_norm_rope_cuda with the position of row 0 read from *dpos (int64,
- * device memory) when the kernel runs if dpos is non-NULL, else pos0: the
+ * device memory) when the kernel runs if dpos is non-NULL, else sh->pos0: the
  * same kernel serves eager calls and recorded decode steps. */
 void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-				  enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-				  int64_t pos0, const int64_t *dpos, float theta, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+				  enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, const int64_t *dpos, enum sfw_dtype act,
+				  struct sfw_cuda_ctx *cx);
 
 /* ---- paged KV caches (runner/batch.h, runner/backend_cuda.c) ----
  * The K and V of a paged cache live in blocks of 2^shift tokens drawn from

@@ -183,8 +183,9 @@ static void cpu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const str
 			     int64_t pos0, float theta)
 {
 	struct sfw_ops_cpu *prev = enter(be);
+	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta};
 	sfw_op_qk_norm_rope_cpu(F(q), F(k), qw ? qw->host : NULL, qw ? qw->dtype : SFW_DTYPE_F32, kw ? kw->host : NULL,
-				kw ? kw->dtype : SFW_DTYPE_F32, T, nhq, nhk, hd, eps, rope, pos0, theta);
+				kw ? kw->dtype : SFW_DTYPE_F32, &sh);
 	sfw_ops_cpu_bind(prev);
 }
 
@@ -557,10 +558,10 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 	for (int r0 = 0; r0 < sp->T; r0 += rb) {
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
 		int64_t p0 = sp->pos0 + r0;
-		sfw_op_stage1_cpu(scores, F(q) + (size_t)r0 * nh * hd, l->c1, n1, l->c2, l->n2, n, nh, nkv, hd, p0,
-				  sp->ksize, sp->stride, sp->scale);
-		sfw_op_pool_blocks_cpu(pooled, scores, n1, nb, nkv, n, p0, sp->ksize, sp->stride, sp->block,
-				       sp->init_blocks, sp->local_blocks);
+		struct sfw_sel_shape sh = {n,	      nh,	  nkv,		     hd,	       p0,	      sp->ksize,
+					   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
+		sfw_op_stage1_cpu(scores, F(q) + (size_t)r0 * nh * hd, l->c1, n1, l->c2, l->n2, &sh);
+		sfw_op_pool_blocks_cpu(pooled, scores, n1, nb, &sh);
 		sfw_op_topk_blocks_cpu(tk, pooled, nb, nkv, n, p0, k, sp->block);
 		for (int g = 0; g < nkv; g++)
 			memcpy(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k, (size_t)n * k * sizeof(int32_t));

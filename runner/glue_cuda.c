@@ -50,9 +50,9 @@ static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const stru
 		sfwi_compose_qk_norm_rope(be, q, k, qw, kw, T, nhq, nhk, hd, eps, rope, pos0, theta);
 		return;
 	}
-	PROF(P_QKNORM, sfw_cuda_qk_norm_rope_devpos(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, T, nhq, nhk, hd, eps,
-						    rope, pos0, b->rec ? b->rec_pos : NULL, theta, SFW_DTYPE_BF16,
-						    S(be)));
+	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta};
+	PROF(P_QKNORM, sfw_cuda_qk_norm_rope_devpos(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sh,
+						    b->rec ? b->rec_pos : NULL, SFW_DTYPE_BF16, S(be)));
 }
 
 static int cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
@@ -258,11 +258,12 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
 		int64_t p0 = sp->pos0 + r0;
 		int32_t *dst = n == sp->T ? idx : tk;
+		struct sfw_sel_shape sh = {n,	      nh,	  nkv,		     hd,	       p0,	      sp->ksize,
+					   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
 		if (n1 > 0)
-			sfw_op_stage1_cuda(scores, (const char *)q + (size_t)r0 * qrow, l->c1, n1, l->c2, l->n2, n, nh, nkv,
-					   hd, p0, sp->ksize, sp->stride, sp->scale, SFW_DTYPE_BF16, S(be));
-		sfw_op_pool_blocks_cuda(pooled, scores, n1, nb, nkv, n, p0, sp->ksize, sp->stride, sp->block,
-					sp->init_blocks, sp->local_blocks, SFW_DTYPE_BF16, S(be));
+			sfw_op_stage1_cuda(scores, (const char *)q + (size_t)r0 * qrow, l->c1, n1, l->c2, l->n2, &sh,
+					   SFW_DTYPE_BF16, S(be));
+		sfw_op_pool_blocks_cuda(pooled, scores, n1, nb, &sh, SFW_DTYPE_BF16, S(be));
 		sfw_op_topk_blocks_cuda(dst, pooled, nb, nkv, n, p0, k, sp->block, SFW_DTYPE_BF16, S(be));
 		if (dst != idx)
 			for (int g = 0; g < nkv; g++)

@@ -133,7 +133,9 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int hol
 	for (size_t i = 0; i < (size_t)nkv * T * n1; i++)
 		sc[i] = urand() + 1.0f;
 	float *pooled = malloc((size_t)nkv * T * nblocks * 4);
-	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, nkv, T, pos0, 32, 16, block, 1, 32);
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
+				   .init_blocks = 1, .local_blocks = 32};
+	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, &sh);
 	int32_t *idx = malloc((size_t)nkv * T * k * 4);
 	sfw_op_topk_blocks_cpu(idx, pooled, nblocks, nkv, T, pos0, k, block);
 	for (size_t row = 0; row < (size_t)nkv * T; row++) {
@@ -259,7 +261,9 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	float *q = randbf(nq, 1.0f, &qb), *c1 = randbf((size_t)n1 * nkv * hd, 1.0f, &c1b);
 	float *c2 = randbf((size_t)(n2 ? n2 : 1) * nkv * hd, 1.0f, &c2b);
 	float *ref = malloc(ns * 4), scale = 1.0f / sqrtf((float)hd);
-	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, 32, 16, scale);
+	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32, .stride = 16,
+				   .scale = scale};
+	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, &sh);
 	void *dq = up(qb, nq * 2), *d1 = up(c1b, (size_t)n1 * nkv * hd * 2);
 	void *d2 = up(c2b, (size_t)(n2 ? n2 : 1) * nkv * hd * 2);
 	char name[128];
@@ -270,8 +274,7 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	for (int m = 0; m < 3; m++) {
 		set_mode(modes[m]);
 		void *ds = dalloc(ns * 4);
-		sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, SFW_DTYPE_BF16,
-				   g_cx);
+		sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, &sh, SFW_DTYPE_BF16, g_cx);
 		got[m] = down_f32(ds, ns);
 		sfw_cuda_free(ds);
 		if (m < 2)
@@ -469,8 +472,9 @@ struct bench_s1 {
 static void run_s1(void *ctx)
 {
 	struct bench_s1 *b = ctx;
-	sfw_op_stage1_cuda(b->s, b->q, b->c1, b->n1, b->c2, b->n2, b->T, 32, 2, 128, b->pos0, 32, 16,
-			   1.0f / sqrtf(128.0f), SFW_DTYPE_BF16, g_cx);
+	struct sfw_sel_shape sh = {.T = b->T, .nh = 32, .nkv = 2, .hd = 128, .pos0 = b->pos0, .ksize = 32, .stride = 16,
+				   .scale = 1.0f / sqrtf(128.0f)};
+	sfw_op_stage1_cuda(b->s, b->q, b->c1, b->n1, b->c2, b->n2, &sh, SFW_DTYPE_BF16, g_cx);
 }
 
 static void bench_stage1(int T, int64_t L)

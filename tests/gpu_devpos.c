@@ -203,9 +203,9 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		      (long long)n2, a1.maxd, a2.maxd);
 		free(g1), free(g2);
 		/* the host-position twins on the same cache */
-		sfw_op_stage1_cuda(rsc, dq, dc1, n1, dc2, n2, 1, nh, nkv, hd, p, ks, st, scale, SFW_DTYPE_BF16, cx);
-		sfw_op_pool_blocks_cuda(rpo, rsc, n1, nb, nkv, 1, p, ks, st, blk, sh->init_blocks, sh->local_blocks,
-					SFW_DTYPE_BF16, cx);
+		struct sfw_sel_shape rsh = {1, nh, nkv, hd, p, ks, st, blk, sh->init_blocks, sh->local_blocks, scale};
+		sfw_op_stage1_cuda(rsc, dq, dc1, n1, dc2, n2, &rsh, SFW_DTYPE_BF16, cx);
+		sfw_op_pool_blocks_cuda(rpo, rsc, n1, nb, &rsh, SFW_DTYPE_BF16, cx);
 		sfw_op_topk_blocks_cuda(ridx, rpo, nb, nkv, 1, p, k, blk, SFW_DTYPE_BF16, cx);
 		sfw_cuda_attn_sparse_pg(ros, dq, dK, dV, pg, didx, 1, nh, nkv, hd, p, k, blk, scale, SFW_DTYPE_BF16, cx);
 		sfw_cuda_attn_dense_pg(rod, dq, dK, dV, pg, 1, nh, nkv, hd, p, scale, SFW_DTYPE_BF16, cx);

@@ -308,16 +308,18 @@ static void t_qknorm(void)
 		uint16_t *qw = randw((size_t)hd, 0.1f, 1.0f), *kw = randw((size_t)hd, 0.1f, 1.0f);
 		float *rq = malloc(nq * 4), *rk = malloc(nk * 4);
 		memcpy(rq, q, nq * 4), memcpy(rk, k, nk * 4);
-		sfw_op_qk_norm_rope_cpu(rq, rk, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, T, nhq, nhk, hd, eps, rope, pos, theta);
+		struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos, theta};
+		sfw_op_qk_norm_rope_cpu(rq, rk, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &sh);
 		void *dqw = up_raw(qw, (size_t)hd * 2), *dkw = up_raw(kw, (size_t)hd * 2);
 		void *dq = up(q, nq), *dk = up(k, nk), *uq = up(q, nq), *uk = up(k, nk);
 		void *dpos = up_raw(&pos, sizeof(pos));
-		if (devpos)
-			sfw_cuda_qk_norm_rope_devpos(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, T, nhq, nhk, hd, eps, rope,
-						     pos + 12345, dpos, theta, g_dt, g_cx);
-		else
-			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, T, nhq, nhk, hd, eps, rope, pos,
-						 theta, g_dt, g_cx);
+		if (devpos) { /* the host position is ignored: the device's is read */
+			struct sfw_qk_shape wrong = sh;
+			wrong.pos0 = pos + 12345;
+			sfw_cuda_qk_norm_rope_devpos(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, &wrong, dpos, g_dt, g_cx);
+		} else {
+			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, &sh, g_dt, g_cx);
+		}
 		/* the unfused sequence forward.c runs without the fused op */
 		sfw_op_rmsnorm_cuda(uq, uq, dqw, SFW_DTYPE_BF16, T * nhq, hd, eps, g_dt, g_cx);
 		sfw_op_rmsnorm_cuda(uk, uk, dkw, SFW_DTYPE_BF16, T * nhk, hd, eps, g_dt, g_cx);
@@ -453,7 +455,9 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int64_t
 	for (size_t i = 0; i < (size_t)nkv * T * n1; i++)
 		sc[i] = urand() + 1.0f;
 	float *pooled = malloc((size_t)nkv * T * nblocks * 4);
-	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, nkv, T, pos0, 32, 16, block, 1, 32);
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
+				   .init_blocks = 1, .local_blocks = 32};
+	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, &sh);
 	int32_t *idx = malloc((size_t)nkv * T * k * 4);
 	sfw_op_topk_blocks_cpu(idx, pooled, nblocks, nkv, T, pos0, k, block);
 	free(sc), free(pooled);
@@ -535,10 +539,12 @@ static void t_stage1_shape(int T, int64_t L, int nh, int nkv, int hd)
 	float *q = randv(nq, 1.0f), *c1 = randv((size_t)n1 * nkv * hd, 1.0f);
 	float *c2 = randv((size_t)(n2 ? n2 : 1) * nkv * hd, 1.0f);
 	float *ref = malloc((size_t)nkv * T * n1 * 4), scale = 1.0f / sqrtf((float)hd);
-	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, 32, 16, scale);
+	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32, .stride = 16,
+				   .scale = scale};
+	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, &sh);
 	void *dq = up(q, nq), *d1 = up(c1, (size_t)n1 * nkv * hd), *d2 = up(c2, (size_t)(n2 ? n2 : 1) * nkv * hd);
 	void *ds = dalloc((size_t)nkv * T * n1 * 4);
-	sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, g_dt, g_cx);
+	sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, &sh, g_dt, g_cx);
 	float *got = down_f32(ds, (size_t)nkv * T * n1);
 	char name[96];
 	snprintf(name, sizeof(name), "stage1 T=%d L=%lld nh=%d nkv=%d hd=%d", T, (long long)L, nh, nkv, hd);
@@ -572,9 +578,11 @@ static void t_pool_topk(void)
 			sc[i] = NAN;
 	}
 	float *pr = malloc((size_t)nkv * T * nb * 4);
-	sfw_op_pool_blocks_cpu(pr, sc, n1, nb, nkv, T, pos0, 32, 16, block, 1, 32);
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
+				   .init_blocks = 1, .local_blocks = 32};
+	sfw_op_pool_blocks_cpu(pr, sc, n1, nb, &sh);
 	void *dsc = up_raw(sc, ns * 4), *dp = dalloc((size_t)nkv * T * nb * 4);
-	sfw_op_pool_blocks_cuda(dp, dsc, n1, nb, nkv, T, pos0, 32, 16, block, 1, 32, g_dt, g_cx);
+	sfw_op_pool_blocks_cuda(dp, dsc, n1, nb, &sh, g_dt, g_cx);
 	float *pg = down_f32(dp, (size_t)nkv * T * nb);
 	size_t diff = 0;
 	for (size_t i = 0; i < (size_t)nkv * T * nb; i++)
