@@ -133,8 +133,6 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 			else /* stays in backend memory until asked */
 				sfw_be_copy(be, lastdev + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
 		}
-		c->last_fresh[li] = !c->tap;
-		c->last_state[li] = 1;
 	}
 	if (c->tap && p->last_piece) {
 		char name[96];
@@ -148,19 +146,6 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 		emit(c, name, li, pos0 + R - 1, 1, 2, 0, 1, nc32);
 	}
 	return SFW_OK;
-}
-
-/* A dense sequence's note: the context's own sequence selected nothing. */
-static void dense_note(struct sfw_ctx *c, int li, const struct sfwi_part *p)
-{
-	const struct sfw_config *cf = &c->m->cfg;
-	size_t nsel = (size_t)cf->num_key_value_heads * cf->sparse_k;
-	if (p->cache != c->cache || !p->last_piece)
-		return;
-	c->last_state[li] = 0;
-	c->last_fresh[li] = 0;
-	for (size_t i = 0; i < nsel; i++)
-		c->last_blocks[(size_t)li * nsel + i] = -1;
 }
 
 /* Where a projection group's part i begins in c->proj for R rows. */
@@ -201,12 +186,9 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const stru
 			dense[nd++] = bs[i];
 	if (nd)
 		sfw_be_attn_dense_seqs(be, c->a, q, dense, nd, li, nh, hd, 1.0f / sqrtf((float)hd));
-	for (int i = 0; i < np; i++) {
-		if (!parts[i].sparse)
-			dense_note(c, li, &parts[i]);
-		else if ((s = sparse_attend(c, li, &parts[i], cl, q, err)) != SFW_OK)
+	for (int i = 0; i < np; i++)
+		if (parts[i].sparse && (s = sparse_attend(c, li, &parts[i], cl, q, err)) != SFW_OK)
 			return s;
-	}
 	if (L->o_gate.host)
 		sfw_be_sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
 	if (c->tap && c->tap_lin) {
@@ -343,9 +325,13 @@ static enum sfw_status step_ops(void *arg, int rows, struct sfw_err *err)
 	return s;
 }
 
-/* What sparse_attend notes on the host for a decode step, for a step that
- * ran from a recording (its host-side code did not run). */
-static void step_notes(struct sfw_ctx *c, int sparse)
+/* The selection notes of a context's call that ends with a part in mode
+ * `sparse` (sfw_ctx_last_blocks): each sparse layer selected blocks or not;
+ * the blocks of the last row are in last_dev (untapped: the pass copied them
+ * there, directly or in a recorded step) or already in last_blocks (tapped).
+ * Written by the caller after the call, never by the pass, so a recorded
+ * step's replay and a recording made ahead need no host-side bookkeeping. */
+static void call_notes(struct sfw_ctx *c, int sparse)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
@@ -354,7 +340,7 @@ static void step_notes(struct sfw_ctx *c, int sparse)
 		if (m->layers[li].kind != SFW_MIXER_SPARSE)
 			continue;
 		c->last_state[li] = sparse;
-		c->last_fresh[li] = sparse; /* the recorded copy to last_dev */
+		c->last_fresh[li] = sparse && !c->tap;
 		if (!sparse)
 			for (size_t i = 0; i < nsel; i++)
 				c->last_blocks[(size_t)li * nsel + i] = -1;
@@ -375,15 +361,12 @@ static struct sfwi_part call_part(const struct sfw_ctx *c, int64_t end)
 
 /* The decode step that follows a call ending with piece p, recorded now
  * (be->step, record_only) while the backend still works on the call, so that the
- * step itself only replays it: the first token after a prompt no longer
- * waits for the recording. Its host code notes the step's selection state;
- * the notes of the call's own last row are kept (saved and put back). A
- * step that cannot be prepared here is prepared when it comes, as before. */
+ * step itself only replays it: the first token after a prompt does not
+ * wait for the recording. A step that cannot be prepared here is prepared
+ * when it comes. */
 static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
 {
-	struct sfw_model *m = c->m;
-	const struct sfw_config *cf = &m->cfg;
-	struct sfw_backend *be = m->be;
+	struct sfw_backend *be = c->m->be;
 	if (c->tap || !be->supports_op(be, SFW_OP_RECORD, SFW_DTYPE_BF16))
 		return;
 	int64_t pos = p->pos0 + p->R, end = pos + 1;
@@ -398,26 +381,11 @@ static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
 	d.pos0 = pos, d.R = 1, d.last_piece = 1;
 	struct call cl = {"decode", NULL, 0, NULL};
 	struct step_arg a = {c, &d, &cl};
-	int L = cf->num_hidden_layers;
-	size_t nsel = (size_t)L * cf->num_key_value_heads * cf->sparse_k;
-	int *state = sfw_malloc((size_t)L * 2 * sizeof(int));
-	int32_t *blocks = sfw_malloc(nsel * sizeof(int32_t));
-	if (!state || !blocks) { /* only a head start: the step records itself */
-		sfw_free(state), sfw_free(blocks);
-		return;
-	}
-	memcpy(state, c->last_state, (size_t)L * sizeof(int));
-	memcpy(state + L, c->last_fresh, (size_t)L * sizeof(int));
-	memcpy(blocks, c->last_blocks, nsel * sizeof(int32_t));
 	/* a failure here (out of memory) is met again, and reported, by the step */
 	struct sfw_bcache *cache = c->cache;
 	struct sfw_step st = {&c->step, &cache, &pos, &d.sparse, 1, 1, 1, step_ops, &a, 0};
 	if (sfwi_step(be, &st, &e) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "recording the next decode step ahead: %s", e.msg);
-	memcpy(c->last_state, state, (size_t)L * sizeof(int));
-	memcpy(c->last_fresh, state + L, (size_t)L * sizeof(int));
-	memcpy(c->last_blocks, blocks, nsel * sizeof(int32_t));
-	sfw_free(state), sfw_free(blocks);
 }
 
 /* One piece of a context's call: its rows are part p of the context's own
@@ -451,6 +419,8 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 	sfw_be_from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
 	if ((s = forward_rows(c, R, p, 1, cl, err)) != SFW_OK)
 		return s;
+	if (p->last_piece)
+		call_notes(c, p->sparse);
 	snprintf(name, sizeof(name), "%s.final_norm", cl->phase);
 	emit_act(c, name, -1, pos0, R, c->u, D);
 	sfw_be_logits(be, c->logits_dev, c->u, &m->lm_head, R, (float)(1.0 / cf->logit_divisor));
@@ -626,10 +596,7 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		s = sfwi_step(be, &st, err);
 		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
-		if (st.replayed && parts[0].cache == ws->cache) { /* a context's own step: its notes */
-			ws->step_replays++;
-			step_notes(ws, parts[0].sparse);
-		}
+		ws->step_replays += st.replayed; /* for tests */
 	} else if (seqs_step) {
 		struct sfw_bcache *caches[SFW_BSEQ_MAX];
 		int64_t pos[SFW_BSEQ_MAX];
@@ -644,13 +611,17 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 			return s;
 	} else {
 		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
-		if ((s = op_failure(be, rows_ops(&a, R, err), err)) != SFW_OK || nl == 0)
+		if ((s = op_failure(be, rows_ops(&a, R, err), err)) != SFW_OK)
 			return s;
 		/* a context's prompt: its first decode step recorded while the
 		 * backend works on the prompt */
-		if (np == 1 && parts[0].cache == ws->cache && parts[0].last_piece)
+		if (nl && np == 1 && parts[0].cache == ws->cache && parts[0].last_piece)
 			step_ahead(ws, &parts[0]);
 	}
+	if (np == 1 && parts[0].cache == ws->cache && parts[0].last_piece)
+		call_notes(ws, parts[0].sparse); /* a context's own call */
+	if (nl == 0)
+		return SFW_OK;
 	/* the choices on the backend (one id each back; one call for all the
 	 * rows), the logits on the host only where asked or where the backend
 	 * left the choice to it */
