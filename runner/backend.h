@@ -5,10 +5,10 @@
  * (bf16 activations with the reference's rounding points, weights uploaded
  * into one device arena). forward.c never dereferences an activation: every
  * buffer is an opaque pointer into backend memory, sized in elements of the
- * backend's activation dtype (act_size bytes each), and the only ways across
- * are the to_host / from_host calls. Buffers are plain addresses in the
- * backend's memory space, so (char *)p + i * act_size is element i (forward.c
- * offsets rows this way).
+ * backend's activation dtype (sfw_be_act_size bytes each), and the only way
+ * across is the transfer member. Buffers are plain addresses in the
+ * backend's memory space, so (char *)p + i * sfw_be_act_size(be) is element
+ * i (forward.c offsets rows this way).
  *
  * The table has five groups a reader can name: memory and transfers,
  * weights, caches and the block pool, the ops, capture and sync. Every op

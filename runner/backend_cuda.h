@@ -69,7 +69,7 @@ struct cu_be {
 	uint64_t epoch;
 	int64_t recordings; /* decode steps recorded (tests) */
 	int64_t seqs_replays; /* steps of several sequences replayed (tests) */
-	/* weight uploads deferred between load_begin and load_end (merging) */
+	/* weight uploads deferred between load(begin) and load(end) (merging) */
 	int defer;
 	struct sfw_bweight **pend;
 	size_t npend, pend_cap;
@@ -167,7 +167,7 @@ void sfwi_cu_cache_advance(struct sfw_bcache *c, int T);
 SFW_MUST_CHECK enum sfw_status sfwi_cu_sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err);
 /* glue_cuda.c: the op members */
 void sfwi_cu_ops(struct sfw_backend *be);
-/* capture_cuda.c: step, step_record, step_seqs, step_free */
+/* capture_cuda.c: step (one sequence, its recording ahead, or several), step_free */
 void sfwi_cu_capture(struct sfw_backend *be);
 
 #endif

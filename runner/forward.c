@@ -9,7 +9,8 @@
  * projection groups are formed when the model is bound (runner/model.c),
  * fused ops are always called (a backend without the kernel composes them,
  * runner/backend_compose.c), and a decode step is handed to the backend as
- * one function (be->step), which may record and replay it.
+ * one function (be->step), which may record and replay it; the pass writes
+ * no host state that a replay would have to redo.
  *
  * A call (sfw_ctx_prefill / sfw_ctx_decode) is cut into pieces of at most
  * prefill_chunk rows; each piece runs through all layers, appending to the
@@ -20,10 +21,12 @@
  * The rows of a step belong to one or more sequences (struct sfwi_part,
  * runner/model.h): norms and every linear run once over all rows, then per
  * part the attention, compression, block selection and Lightning state
- * against that part's cache. A context's piece is one part (its own cache;
- * taps and the selection notes are the context's); a batched step
- * (runner/batch.c, sfwi_forward) is one part per sequence on a workspace
- * context that has no cache of its own. */
+ * against that part's cache. There is one step function, sfwi_forward: a
+ * batch's step (runner/batch.c) is one part per sequence on a workspace
+ * context without a cache of its own, a context's untapped call is one part
+ * on its own cache (a batch of one), and every next token is chosen there.
+ * Tapped calls (score, AWQ calibration) run the same pass with every tensor
+ * reported. */
 #include "runner/ctx.h"
 #include "alloc.h"
 #include "log.h"
