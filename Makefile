@@ -144,10 +144,14 @@ $(BUILD)/libsalafw.a: $(ALL_OBJS)
 $(BUILD)/salafw: $(CLI_OBJS) $(MODULE_LIBS)
 	$(CXX) $(LDFLAGS) -o $@ $(CLI_OBJS) $(MODULE_LIBS) $(SPM_TRAIN_LIB) $(LDLIBS)
 
-# A test links the module archives; tests/lib/*.c are shared test helpers.
+# A test links the module archives; tests/lib/*.c are shared test helpers,
+# one archive, so a test links only the helpers it calls (and their modules).
+$(BUILD)/tests/libhelpers.a: $(TEST_HELPERS)
+	@rm -f $@
+	ar rcs $@ $^
 .SECONDEXPANSION:
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_HELPERS) $$(call test_libs,tests/%.c)
-	$(CXX) $(LDFLAGS) -o $@ $< $(TEST_HELPERS) $(call test_libs,tests/$*.c) $(call test_spm,tests/$*.c) $(LDLIBS)
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/libhelpers.a $$(call test_libs,tests/%.c)
+	$(CXX) $(LDFLAGS) -o $@ $< $(BUILD)/tests/libhelpers.a $(call test_libs,tests/$*.c) $(call test_spm,tests/$*.c) $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(MODULE_LIBS)
 	$(CXX) $(LDFLAGS) -o $@ $< $(MODULE_LIBS) $(SPM_TRAIN_LIB) $(LDLIBS)
 

@@ -1,7 +1,7 @@
 /* bench_batch.c - aggregate decode throughput of batched decode
  * (runner/batch.h) on one model directory:
  *   bench_batch MODEL [--device cpu|cuda] [--threads N] [--batch 1,8,32,64]
- *               [--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--seqs 0]
+ *               [--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C]
  *               [--profile 1]
  * One batch of Bmax sequences (the largest B asked for), prefilled once:
  * sequence i gets a prompt of L tokens (or, with LMIN-LMAX, lengths spread
@@ -14,9 +14,7 @@
  * (B * G / time), the lengths it ran at and the median step, against B
  * times the B = 1 figure of the same run. (Each run leaves its sequences
  * G + 1 tokens longer for the next: small against the contexts measured.)
- * --seqs 0: the backend option no_seqs (each sequence's attention and GLA
- * launched apart: the path before the batched kernels, for A/B); --profile 1:
- * the device time per op (SALAFW_CUDA_PROFILE's, printed at exit). Built in
+ * --profile 1: the device time per op (SALAFW_CUDA_PROFILE's, printed at exit). Built in
  * every build; on the CPU it runs as is (small presets: the
  * prefill dominates the wall time, keep L small).
  *
@@ -357,9 +355,9 @@ int main(int argc, char **argv)
 {
 	if (argc < 2) {
 		fprintf(stderr, "usage: bench_batch MODEL [--device cpu|cuda] [--threads N] [--batch 1,8,32,64] "
-				"[--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--seqs 0] [--profile 1]\n"
+				"[--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--profile 1]\n"
 				"       bench_batch MODEL --serve N:P:G [--batch R] [--chunk C] [--tokens 1] [--device ...] "
-				"[--threads N] [--seqs 0] [--profile 1]\n");
+				"[--threads N] [--profile 1]\n");
 		return 2;
 	}
 	const char *dir = argv[1], *batches = "1,8,32,64", *ctx = "1024", *serve = NULL;
@@ -383,8 +381,6 @@ int main(int argc, char **argv)
 			tokens = atoi(v) != 0;
 		else if (!strcmp(o, "--chunk"))
 			chunk = atoi(v);
-		else if (!strcmp(o, "--seqs"))
-			mp.be.no_seqs = !atoi(v);
 		else if (!strcmp(o, "--profile"))
 			mp.be.profile = atoi(v) != 0;
 		else {

@@ -65,10 +65,10 @@ int main(int argc, char **argv)
 	size_t wlive, wpeak, wused;
 	sfw_cuda_mem_stats(&wlive, &wpeak, &wused);
 	const struct sfw_config *cf = sfw_model_config(m);
-	double lp = sfw_bench_linear_params(cf);
+	double lp = sfw_plan_linear_params(cf);
 	/* weights read per decode step, as bound (int8: codes + scales) */
 	struct sfw_mem_plan wp;
-	sfw_bench_mem_plan_model(m, 0, chunk, &wp);
+	sfw_plan_model(m, 0, chunk, &wp);
 	double step_bytes = 0;
 	printf("model %s: %d layers, loaded on %s in %.1f s; device memory after load %.2f GiB (ours), "
 	       "%.2f GiB (driver)\n",
@@ -118,7 +118,7 @@ int main(int argc, char **argv)
 		/* the plan against the real allocations (the peak counts from the
 		 * run's start level, the weights and scratch included) */
 		struct sfw_mem_plan pl;
-		sfw_bench_mem_plan_model(m, res.n_ctx, (int)res.chunk, &pl);
+		sfw_plan_model(m, res.n_ctx, (int)res.chunk, &pl);
 		double real = res.peak_bytes, GiB = 1073741824.0, off = real - pl.total;
 		double margin = pl.total * 0.05 > 256.0 * 1048576 ? pl.total * 0.05 : 256.0 * 1048576;
 		printf("RUN   plan %.2f GiB (weights %.2f, KV %.2f, compressed %.2f, lightning %.3f, activations %.2f, "

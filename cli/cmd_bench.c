@@ -5,10 +5,7 @@
  * measured in the same run: a device copy (bandwidth, for decode) and a
  * cuBLASLt GEMM (FLOP/s, for prefill). */
 #include "cli.h"
-#include "alloc.h"
-#include "kernels/ops.h"
 #include "runner/runner.h"
-#include "thread.h"
 #include "tools/tools.h"
 
 #include <stdio.h>
@@ -27,54 +24,21 @@ static const struct cli_opt opts[] = {
 	{0},
 };
 
-/* GFLOP/s of the CPU bf16 GEMM on an executor of `threads` threads; 0 when
- * the executor cannot start (err says why). */
-static double gemm_gflops(int M, int N, int K, int threads, const float *x, const uint16_t *w, float *y,
-			  struct sfw_err *err)
-{
-	struct sfw_ops_cpu *ex;
-	if (sfw_ops_cpu_new(threads, &ex, err) != SFW_OK)
-		return 0;
-	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
-	sfw_op_matmul_cpu(y, x, w, SFW_DTYPE_BF16, M, N, K); /* warm-up */
-	int reps = 0;
-	double t0 = sfw_now_s(), t;
-	do {
-		sfw_op_matmul_cpu(y, x, w, SFW_DTYPE_BF16, M, N, K);
-		reps++;
-	} while ((t = sfw_now_s() - t0) < 0.5);
-	sfw_ops_cpu_bind(prev);
-	sfw_ops_cpu_free(ex);
-	return 2.0 * M * N * K * reps / t / 1e9;
-}
-
 static int bench_gemm(const char *C, const char *shape, int threads)
 {
 	int M, N, K;
 	if (sscanf(shape, "%dx%dx%d", &M, &N, &K) != 3 || M < 1 || N < 1 || K < 1 || M > 65536 || N > 262144 ||
 	    K > 65536)
 		return cli_usage_error(C, "--gemm wants MxNxK, e.g. 256x4096x4096");
-	float *x = sfw_malloc((size_t)M * K * sizeof(float)), *y = sfw_malloc((size_t)M * N * sizeof(float));
-	uint16_t *w = sfw_malloc((size_t)N * K * sizeof(uint16_t));
-	if (!x || !y || !w) {
-		sfw_free(x), sfw_free(y), sfw_free(w);
-		return cli_report(SFW_E_NOMEM, NULL);
-	}
-	for (size_t i = 0; i < (size_t)M * K; i++)
-		x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-	for (size_t i = 0; i < (size_t)N * K; i++)
-		w[i] = (uint16_t)(0x3c00 + (i * 40503u) % 512); /* bf16 values around 0.01 */
-	int nt = threads > 0 ? threads : sfw_default_threads();
 	struct sfw_err err = {0};
-	double all = gemm_gflops(M, N, K, nt, x, w, y, &err), one = all ? gemm_gflops(M, N, K, 1, x, w, y, &err) : 0;
-	if (!one) {
-		sfw_free(x), sfw_free(y), sfw_free(w);
-		return cli_report(err.code, &err);
-	}
+	double all, one;
+	int nt;
+	enum sfw_status s = sfw_bench_cpu_gemm(M, N, K, threads, &all, &one, &nt, &err);
+	if (s != SFW_OK)
+		return cli_report(s, &err);
 	printf("gemm %dx%dx%d bf16 weights: %.1f GFLOP/s with %d threads, %.1f GFLOP/s with 1 thread (x%.2f)\n", M,
 	       N, K, all, nt, one, all / one);
-	sfw_free(x), sfw_free(y), sfw_free(w);
-	enum sfw_status s = cli_stdout_flush(&err);
+	s = cli_stdout_flush(&err);
 	return cli_report(s, &err);
 }
 
@@ -149,8 +113,8 @@ int cmd_bench(int argc, char **argv)
 		int64_t n_ctx, piece;
 		struct sfw_mem_plan pl;
 		sfw_bench_shape(&bp, &n_ctx, &piece);
-		sfw_bench_mem_plan_model(m, n_ctx, (int)piece, &pl);
-		sfw_bench_mem_print(stderr, C, &pl, n_ctx, (int)piece);
+		sfw_plan_model(m, n_ctx, (int)piece, &pl);
+		sfw_plan_print(stderr, C, &pl, n_ctx, (int)piece);
 	}
 	if ((s = sfw_bench_run(m, &bp, &r, &err)) != SFW_OK)
 		goto done;

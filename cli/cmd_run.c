@@ -70,21 +70,8 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 	struct sfw_backend_opts *b = &mp->be;
 	b->attn = env_tc("SALAFW_CUDA_ATTN");
 	b->stage1 = env_tc("SALAFW_CUDA_STAGE1");
-	const char *gla = getenv("SALAFW_CUDA_GLA");
-	b->gla_serial = gla && !strcmp(gla, "serial");
-	b->no_merge = env_on("SALAFW_CUDA_NOMERGE");
-	b->no_fuse = env_on("SALAFW_CUDA_NOFUSE");
-	b->no_seqs = env_on("SALAFW_CUDA_NOSEQS");
 	b->no_graph = env_on("SALAFW_CUDA_NOGRAPH");
-	b->no_sample = env_on("SALAFW_CUDA_NOSAMPLE");
-	b->step_sync = env_on("SALAFW_CUDA_STEPSYNC");
 	b->profile = env_on("SALAFW_CUDA_PROFILE");
-	const char *pdl = getenv("SALAFW_CUDA_PDL");
-	b->no_pdl = pdl && pdl[0] == '0';
-	const char *w8 = getenv("SALAFW_CUDA_W8_GEMV");
-	b->w8_gemv = w8 ? atoi(w8) : 0; /* the kernel takes only its listed variants */
-	const char *ws = getenv("SALAFW_CUDA_W8_SILU");
-	b->no_w8_silu = ws && ws[0] == '0';
 	const char *mb = getenv("SALAFW_CUDA_SELECT_MB");
 	if (mb && *mb) {
 		unsigned long long n;
@@ -733,8 +720,8 @@ int cmd_run(int argc, char **argv)
 		xp.prefill_chunk = n_ids && n_ids < 8192 ? (int)((n_ids + 63) / 64 * 64) : 8192;
 	if (cuda) { /* the plan at start, and a context that cannot fit refused with its numbers */
 		struct sfw_mem_plan pl;
-		s = sfw_bench_mem_check(m, xp.n_ctx, xp.prefill_chunk, &pl, &err);
-		sfw_bench_mem_print(stderr, C, &pl, xp.n_ctx, xp.prefill_chunk);
+		s = sfw_plan_check(m, xp.n_ctx, xp.prefill_chunk, &pl, &err);
+		sfw_plan_print(stderr, C, &pl, xp.n_ctx, xp.prefill_chunk);
 		if (s != SFW_OK)
 			goto fail;
 	}

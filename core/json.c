@@ -151,14 +151,3 @@ enum sfw_status sfw_json_u64(const cJSON *obj, const char *key, const char *what
 	return sfw_json_item_u64(it, key, what, out, err);
 }
 
-enum sfw_status sfw_json_number(const cJSON *obj, const char *key, const char *what, double *out,
-				struct sfw_err *err)
-{
-	const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-	if (!it)
-		return sfw_fail(err, SFW_E_FORMAT, "%s: missing field '%s'", what, key);
-	if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
-		return sfw_fail(err, SFW_E_FORMAT, "%s: field '%s' must be a number", what, key);
-	*out = it->valuedouble;
-	return SFW_OK;
-}

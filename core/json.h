@@ -26,8 +26,6 @@ SFW_MUST_CHECK enum sfw_status sfw_json_string(const cJSON *obj, const char *key
 					       const char **out, struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfw_json_u64(const cJSON *obj, const char *key, const char *what,
 					    uint64_t *out, struct sfw_err *err);
-SFW_MUST_CHECK enum sfw_status sfw_json_number(const cJSON *obj, const char *key, const char *what,
-					       double *out, struct sfw_err *err);
 /* For an item already in hand. */
 SFW_MUST_CHECK enum sfw_status sfw_json_item_u64(const cJSON *item, const char *name, const char *what,
 						 uint64_t *out, struct sfw_err *err);

@@ -301,8 +301,9 @@ static __global__ void __launch_bounds__(HD) attn_combine_kernel(att_args a, con
 }
 
 template <typename A, int HD, typename SQ>
-static void attn_launch(att_args a, const SQ &sq, int sms, cudaStream_t s)
+static void attn_launch(att_args a, const SQ &sq, int sms, struct sfw_cuda_ctx *cx)
 {
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	int G = a.nh / a.nkv;
 	int rows = a.T * a.nkv;
 	int64_t maxkeys = a.idx ? (int64_t)a.k * a.block : a.pos0 + a.T;
@@ -313,7 +314,7 @@ static void attn_launch(att_args a, const SQ &sq, int sms, cudaStream_t s)
 		nsplit *= 2;
 	size_t need = (size_t)rows * nsplit * G * (HD + 2) * sizeof(float);
 	if (nsplit > 1)
-		a.part = (float *)sfwi_cuda_scratch(need);
+		a.part = (float *)sfwi_cuda_scratch(cx, need);
 	a.nsplit = nsplit;
 	dim3 grid(rows, nsplit);
 	if (G <= ATT_WARPS)
@@ -328,18 +329,17 @@ static void attn_launch(att_args a, const SQ &sq, int sms, cudaStream_t s)
 }
 
 template <typename SQ>
-static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, void *stream)
+static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (a.T <= 0)
 		return;
 	SFW_ASSERT(a.nkv > 0 && a.nh % a.nkv == 0 && a.nh / a.nkv <= 2 * ATT_WARPS);
 	SFW_ASSERT(!a.idx || a.block % ATT_KT == 0);
-	int sms = sfwi_cuda_sms();
-	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	int sms = sfwi_cuda_sms(cx);
 	switch (hd) {
-	case 32: ACT_DISPATCH(act, attn_launch<A, 32>(a, sq, sms, s)); break;
-	case 64: ACT_DISPATCH(act, attn_launch<A, 64>(a, sq, sms, s)); break;
-	case 128: ACT_DISPATCH(act, attn_launch<A, 128>(a, sq, sms, s)); break;
+	case 32: ACT_DISPATCH(act, attn_launch<A, 32>(a, sq, sms, cx)); break;
+	case 64: ACT_DISPATCH(act, attn_launch<A, 64>(a, sq, sms, cx)); break;
+	case 128: ACT_DISPATCH(act, attn_launch<A, 128>(a, sq, sms, cx)); break;
 	default:
 		fprintf(stderr, "salafw: attention head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
 		abort();
@@ -348,60 +348,60 @@ static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, void 
 
 extern "C" void sfw_cuda_attn_dense_pg(void *o, const void *q, const void *kc, const void *vc,
 				       const struct sfw_cuda_pages *pg, int T, int nh, int nkv, int hd, int64_t pos0,
-				       float scale, enum sfw_dtype act, void *stream)
+				       float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	if (sfwi_attn_tc(o, q, kc, vc, pg, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, stream))
+	if (sfwi_attn_tc(o, q, kc, vc, pg, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, cx))
 		return;
 	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
-	attn_any(a, sfwc_one_seq(), hd, act, stream);
+	attn_any(a, sfwc_one_seq(), hd, act, cx);
 }
 
 extern "C" void sfw_cuda_attn_sparse_pg(void *o, const void *q, const void *kc, const void *vc,
 					const struct sfw_cuda_pages *pg, const int32_t *idx, int T, int nh, int nkv,
 					int hd, int64_t pos0, int k, int block, float scale, enum sfw_dtype act,
-					void *stream)
+					struct sfw_cuda_ctx *cx)
 {
-	if (sfwi_attn_tc(o, q, kc, vc, pg, idx, T, nh, nkv, hd, pos0, k, block, scale, act, stream))
+	if (sfwi_attn_tc(o, q, kc, vc, pg, idx, T, nh, nkv, hd, pos0, k, block, scale, act, cx))
 		return;
 	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
-	attn_any(a, sfwc_one_seq(), hd, act, stream);
+	attn_any(a, sfwc_one_seq(), hd, act, cx);
 }
 
 extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
-				       int hd, int64_t pos0, float scale, enum sfw_dtype act, void *stream)
+				       int hd, int64_t pos0, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_attn_dense_pg(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, scale, act, stream);
+	sfw_cuda_attn_dense_pg(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, scale, act, cx);
 }
 
 extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx,
 					int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
-					enum sfw_dtype act, void *stream)
+					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_attn_sparse_pg(o, q, kc, vc, NULL, idx, T, nh, nkv, hd, pos0, k, block, scale, act, stream);
+	sfw_cuda_attn_sparse_pg(o, q, kc, vc, NULL, idx, T, nh, nkv, hd, pos0, k, block, scale, act, cx);
 }
 
 /* ---- a recorded decode step: the row's position read on the device ---- */
 
 extern "C" void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc,
 					   const struct sfw_cuda_pages *pg, int nh, int nkv, int hd, int64_t len_bound,
-					   float scale, const int64_t *dpos, enum sfw_dtype act, void *stream)
+					   float scale, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(len_bound >= 1 && dpos);
 	/* the split count is planned for len_bound keys; a split past the
 	 * row's last key writes an empty partial (max -inf, sum 0) */
 	att_args a = {q, kc, vc, NULL, o, NULL, 1, nh, nkv, 0, 0, 1, len_bound - 1, scale, dpos,
 		      sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
-	attn_any(a, sfwc_one_seq(), hd, act, stream);
+	attn_any(a, sfwc_one_seq(), hd, act, cx);
 }
 
 extern "C" void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
 					    const struct sfw_cuda_pages *pg, const int32_t *idx, int nh, int nkv, int hd,
 					    int k, int block, float scale, const int64_t *dpos, enum sfw_dtype act,
-					    void *stream)
+					    struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(dpos);
 	att_args a = {q, kc, vc, idx, o, NULL, 1, nh, nkv, k, block, 1, 0, scale, dpos, sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
-	attn_any(a, sfwc_one_seq(), hd, act, stream);
+	attn_any(a, sfwc_one_seq(), hd, act, cx);
 }
 
 /* T tokens' K and V rows (n vectors of V each) from rows 0 .. T-1 of k, v to
@@ -438,29 +438,29 @@ static void kv_write(void *kc, void *vc, const struct sfw_cuda_pages *pg, const 
 }
 
 extern "C" void sfw_cuda_kv_append_devpos(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k,
-					  const void *v, size_t row_bytes, const int64_t *dpos, void *stream)
+					  const void *v, size_t row_bytes, const int64_t *dpos, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(dpos);
-	kv_write(kc, vc, pg, k, v, row_bytes, 0, dpos, 1, SFW_CUDA_STREAM(stream));
+	kv_write(kc, vc, pg, k, v, row_bytes, 0, dpos, 1, SFW_CUDA_STREAM(cx->stream));
 }
 
 extern "C" void sfw_cuda_kv_write_pg(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
-				     size_t row_bytes, int64_t pos0, int T, void *stream)
+				     size_t row_bytes, int64_t pos0, int T, struct sfw_cuda_ctx *cx)
 {
 	if (T <= 0)
 		return;
 	if (!sfwc_pg_tab(pg)) { /* contiguous: the rows are one range */
-		sfw_cuda_d2d((char *)kc + (size_t)pos0 * row_bytes, k, (size_t)T * row_bytes, stream);
-		sfw_cuda_d2d((char *)vc + (size_t)pos0 * row_bytes, v, (size_t)T * row_bytes, stream);
+		sfw_cuda_d2d((char *)kc + (size_t)pos0 * row_bytes, k, (size_t)T * row_bytes, cx->stream);
+		sfw_cuda_d2d((char *)vc + (size_t)pos0 * row_bytes, v, (size_t)T * row_bytes, cx->stream);
 		return;
 	}
-	kv_write(kc, vc, pg, k, v, row_bytes, pos0, NULL, T, SFW_CUDA_STREAM(stream));
+	kv_write(kc, vc, pg, k, v, row_bytes, pos0, NULL, T, SFW_CUDA_STREAM(cx->stream));
 }
 
 /* ---- a batched decode step: one row per sequence (ops_cuda.h) ---- */
 
 extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sfw_cuda_seqs *s, int nh, int nkv,
-					 int hd, float scale, enum sfw_dtype act, void *stream)
+					 int hd, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX);
 	int64_t maxpos = 0;
@@ -469,7 +469,7 @@ extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sf
 	/* pos0 + T = the longest row's keys: it plans the split count; a split
 	 * past a shorter row's last key writes an empty partial */
 	att_args a = {q, NULL, NULL, NULL, o, NULL, s->n, nh, nkv, 0, 0, 1, maxpos + 1 - s->n, scale, NULL, NULL, 0};
-	attn_any(a, *s, hd, act, stream);
+	attn_any(a, *s, hd, act, cx);
 }
 
 /* Row row[b] of k and v (nv vectors of 16 bytes, or of 2) to row pos[b] of
@@ -491,10 +491,10 @@ static __global__ void kv_append_seqs_kernel(const sfw_cuda_seqs S, const V *k, 
 }
 
 extern "C" void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,
-					void *stream)
+					struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX);
-	cudaStream_t st = SFW_CUDA_STREAM(stream);
+	cudaStream_t st = SFW_CUDA_STREAM(cx->stream);
 	uintptr_t al = (uintptr_t)k | (uintptr_t)v | (uintptr_t)row_bytes;
 	/* a recorded step's caches: cudaMalloc'd or pool blocks, rows of row_bytes */
 	for (int i = 0; !s->st && i < s->n; i++)

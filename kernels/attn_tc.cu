@@ -264,9 +264,9 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 
 int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
 		 const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
-		 enum sfw_dtype act, void *stream)
+		 enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	enum tc_mode mode = tc_mode_of(sfwi_cuda_cfg_attn());
+	enum tc_mode mode = tc_mode_of(cx->attn);
 	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
 		return 0;
 	if (idx && (block != ATC_BLK || k <= 0 || k > ATC_KMAX))
@@ -293,7 +293,7 @@ int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const s
 		      scale * 1.4426950408889634f,
 		      sfwc_pg_tab(pg),
 		      sfwc_pg_shift(pg)};
-	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	switch (hd) {
 	case 32:
 		return attn_tc_launch<32>(a, s);

@@ -95,7 +95,7 @@ static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
 }
 
 /* Run-time choice between the tensor-core kernels and the CUDA-core ones,
- * from the bound struct sfw_cuda_ops_cfg (ops_cuda.h): its attn (dense +
+ * from the op's struct sfw_cuda_ctx (ops_cuda.h): its attn (dense +
  * block-sparse attention) or stage1 member, 1 = always the CUDA-core
  * kernels, 2 = tensor cores for every shape they support (tests), 0 = auto
  * (tensor cores for supported prefill-sized calls, and stage 1 of decode
@@ -110,14 +110,14 @@ static inline enum tc_mode tc_mode_of(int cfg_mode)
  * call, 0 when the shape or the mode says the CUDA-core kernel should run. */
 int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
 		 const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
-		 enum sfw_dtype act, void *stream);
+		 enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-		   enum sfw_dtype act, void *stream);
+		   enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Stage 1 of T <= 16 rows, the keys split over many warps (dpos non-NULL: a
  * recorded decode step, pos0 = *dpos, n1 and n2 only bound the launch). */
 int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			const int64_t *dpos, enum sfw_dtype act, void *stream);
+			const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 #endif

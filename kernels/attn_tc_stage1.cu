@@ -412,9 +412,9 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 
 int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			const int64_t *dpos, enum sfw_dtype act, void *stream)
+			const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	enum tc_mode mode = tc_mode_of(sfwi_cuda_cfg_stage1());
+	enum tc_mode mode = tc_mode_of(cx->stage1);
 	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || T > S1D_MAXT || n1 <= 0 || nkv <= 0 ||
 	    nh % nkv != 0 || nh / nkv > 16)
 		return 0;
@@ -423,7 +423,7 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1
 	/* grid.y of pass B is unsigned, and so are the key indices' products */
 	if (n1 / (S1D_W * S1D_KEYS) >= (int64_t)1 << 30)
 		return 0;
-	int G = nh / nkv, rows = T * nkv, sms = sfwi_cuda_sms();
+	int G = nh / nkv, rows = T * nkv, sms = sfwi_cuda_sms(cx);
 	if (n2 < 0)
 		n2 = 0;
 	/* pass A: splits of at least one CTA's step of keys, enough CTAs to
@@ -432,7 +432,7 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1
 	while (nsplit < S1D_MAXSPLIT && rows * nsplit < sms && n2 / (2 * nsplit) >= S1D_W * S1D_KEYS)
 		nsplit *= 2;
 	s1d_args a = {scores,
-		      (float *)sfwi_cuda_scratch((size_t)rows * nsplit * G * 2 * sizeof(float)),
+		      (float *)sfwi_cuda_scratch(cx, (size_t)rows * nsplit * G * 2 * sizeof(float)),
 		      (const uint16_t *)q,
 		      (const uint16_t *)c1,
 		      (const uint16_t *)c2,
@@ -447,7 +447,7 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1
 		      nsplit,
 		      scale * 1.4426950408889634f,
 		      dpos};
-	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 ga((unsigned)rows, (unsigned)nsplit),
 	    gb((unsigned)rows, (unsigned)((n1 + S1D_W * S1D_KEYS - 1) / (S1D_W * S1D_KEYS)));
 	switch (hd) {
@@ -470,9 +470,9 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1
 
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-		   enum sfw_dtype act, void *stream)
+		   enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	enum tc_mode mode = tc_mode_of(sfwi_cuda_cfg_stage1());
+	enum tc_mode mode = tc_mode_of(cx->stage1);
 	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || n1 <= 0 || nkv <= 0 || nh % nkv != 0 ||
 	    nh / nkv > 16)
 		return 0;
@@ -485,7 +485,7 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, con
 	 * prefill-sized calls (auto) the CUDA-core kernel */
 	if (T <= S1D_MAXT)
 		return sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale,
-					   NULL, act, stream);
+					   NULL, act, cx);
 	if (mode == TC_AUTO && T < 64)
 		return 0;
 	s1tc_args a = {scores,
@@ -501,7 +501,7 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, con
 		       ksize,
 		       stride,
 		       scale * 1.4426950408889634f};
-	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 grid((unsigned)((T + S1T_W - 1) / S1T_W), (unsigned)nkv);
 	switch (hd) {
 	case 32:

@@ -197,16 +197,15 @@ static inline bool rms_regs_ok(const void *w, enum sfw_dtype wdt, int n, int thr
 	       (wdt == SFW_DTYPE_BF16 || wdt == SFW_DTYPE_F32);
 }
 
-/* Scratch memory and the cuBLASLt handle the twins share (kernels/cuda_rt.cu). */
-void *sfwi_cuda_scratch(size_t bytes);
+/* bytes of the context's scratch (kernels/linear.cu; struct sfw_cuda_ctx). */
+void *sfwi_cuda_scratch(struct sfw_cuda_ctx *cx, size_t bytes);
 /* The one-block-per-row RMSNorm takes its 8-wide form (elementwise.cu). */
 bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_dtype act);
-struct sfw_cuda_blas *sfwi_cuda_blas(void);
 /* Y[M, N] float = round_bf16(alpha · X Wᵀ) by the bf16 GEMV (M ≤ SFW_CUDA_GEMV_MAX_M; kernels/linear.cu). */
 void sfwi_cuda_gemv_logits(const uint16_t *X, const uint16_t *W, float *Y, int M, int N, int K, float alpha,
 			   void *stream);
 void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
-			 enum sfw_dtype act, void *stream);
+			 enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 /* A kernel's sequences: sfwc_one_seq (the call's own cache, an empty
  * launch parameter) or struct sfw_cuda_seqs (ops_cuda.h: row i of a

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 extern "C" {
+#include "kernels/ops_cuda.h"
 #include "sfw.h"
 }
 
@@ -151,14 +152,9 @@ static __device__ __forceinline__ void sfwc_pdl_wait(void)
 #endif
 }
 
-/* The calling thread's struct sfw_cuda_ops_cfg (ops_cuda.h), member by member
- * (kernels/linear.cu); sms: the bound count or the current device's. */
-int sfwi_cuda_cfg_attn(void);
-int sfwi_cuda_cfg_stage1(void);
-int sfwi_cuda_cfg_gla_serial(void);
-int sfwi_cuda_cfg_no_pdl(void);
-int sfwi_cuda_cfg_w8_gemv(void);
-int sfwi_cuda_sms(void);
+/* The context's multiprocessor count, or the current device's when it has
+ * none (kernels/linear.cu). */
+int sfwi_cuda_sms(const struct sfw_cuda_ctx *cx);
 
 /* The current device, for memos of per-device driver state (a kernel's
  * shared-memory limit is set once per device, as the driver keeps it). */
@@ -171,11 +167,9 @@ static inline int sfwc_device(void)
 	return d;
 }
 
-/* sm_90+ and not switched off (cfg no_pdl) */
+/* sm_90+ */
 static inline int sfwc_pdl_enabled(void)
 {
-	if (sfwi_cuda_cfg_no_pdl())
-		return 0;
 	int dev = 0, major = 0;
 	SFW_CUDA_CHECK(cudaGetDevice(&dev));
 	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));

@@ -252,24 +252,6 @@ extern "C" void sfw_cuda_memset(void *dst, int byte, size_t n, void *stream)
 	SFW_CUDA_CHECK(cudaMemsetAsync(dst, byte, n, SFW_CUDA_STREAM(stream)));
 }
 
-extern "C" enum sfw_status sfw_cuda_host_alloc(void **p, size_t bytes, struct sfw_err *err)
-{
-	cudaError_t e = cudaMallocHost(p, bytes);
-	if (e != cudaSuccess) {
-		cudaGetLastError();
-		*p = NULL;
-		return sfw_fail(err, SFW_E_CUDA, "cannot allocate %zu bytes of pinned host memory: %s", bytes,
-				cudaGetErrorString(e));
-	}
-	return SFW_OK;
-}
-
-extern "C" void sfw_cuda_host_free(void *p)
-{
-	if (p)
-		SFW_CUDA_CHECK(cudaFreeHost(p));
-}
-
 extern "C" void sfw_cuda_graph_begin(void *stream)
 {
 	SFW_CUDA_CHECK(cudaStreamBeginCapture(SFW_CUDA_STREAM(stream), cudaStreamCaptureModeThreadLocal));

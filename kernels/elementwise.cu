@@ -51,17 +51,17 @@ static __global__ void embed_vec_kernel(uint16_t *x, const uint16_t *E, const in
 }
 
 extern "C" void sfw_op_embed_cuda(void *x, const void *E, enum sfw_dtype edt, const int32_t *ids, int T, int D,
-				  float scale, enum sfw_dtype act, void *stream)
+				  float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (T <= 0)
 		return;
 	if (act == SFW_DTYPE_BF16 && edt == SFW_DTYPE_BF16 && D % 8 == 0 && !(((uintptr_t)x | (uintptr_t)E) & 15)) {
-		sfwc_launch(embed_vec_kernel, dim3(T), dim3(128), 0, SFW_CUDA_STREAM(stream), (uint16_t *)x,
+		sfwc_launch(embed_vec_kernel, dim3(T), dim3(128), 0, SFW_CUDA_STREAM(cx->stream), (uint16_t *)x,
 			    (const uint16_t *)E, ids, D, scale);
 		SFW_CUDA_LAUNCHED();
 		return;
 	}
-	ACT_DISPATCH(act, sfwc_launch(embed_kernel<A>, dim3(T), dim3(256), 0, SFW_CUDA_STREAM(stream), (A *)x, E, edt, ids, D, scale));
+	ACT_DISPATCH(act, sfwc_launch(embed_kernel<A>, dim3(T), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), (A *)x, E, edt, ids, D, scale));
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -139,27 +139,27 @@ bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_dtype act
 }
 
 extern "C" void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int rows, int n,
-				    float eps, enum sfw_dtype act, void *stream)
+				    float eps, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (rows <= 0)
 		return;
 	if (n >= 1024 && rows < 1024) {
 		if (sfwi_rmsnorm_vec_ok(y, x, n, act))
-			sfwc_launch(rmsnorm_block_kernel<uint16_t, true>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream),
+			sfwc_launch(rmsnorm_block_kernel<uint16_t, true>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(cx->stream),
 				    (uint16_t *)y, (const uint16_t *)x, w, wdt, n, eps, (int)rms_regs_ok(w, wdt, n, 512));
 		else
 			ACT_DISPATCH(act, sfwc_launch(rmsnorm_block_kernel<A, false>, dim3(rows), dim3(512), 0,
-						      SFW_CUDA_STREAM(stream), (A *)y, (const A *)x, w, wdt, n, eps, 0));
+						      SFW_CUDA_STREAM(cx->stream), (A *)y, (const A *)x, w, wdt, n, eps, 0));
 		SFW_CUDA_LAUNCHED();
 		return;
 	}
 	unsigned blocks = (unsigned)((rows + 7) / 8);
 	if (n >= 1024 && sfwi_rmsnorm_vec_ok(y, x, n, act))
-		sfwc_launch(rmsnorm_warp_kernel<uint16_t, true>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream),
+		sfwc_launch(rmsnorm_warp_kernel<uint16_t, true>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream),
 			    (uint16_t *)y, (const uint16_t *)x, w, wdt, rows, n, eps);
 	else
 		ACT_DISPATCH(act, sfwc_launch(rmsnorm_warp_kernel<A, false>, dim3(blocks), dim3(256), 0,
-					      SFW_CUDA_STREAM(stream), (A *)y, (const A *)x, w, wdt, rows, n, eps));
+					      SFW_CUDA_STREAM(cx->stream), (A *)y, (const A *)x, w, wdt, rows, n, eps));
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -207,24 +207,24 @@ static __global__ void ew8_kernel(uint4 *y, const uint4 *a, const uint4 *b, size
 
 /* 1 when the bf16 vector form applies (and was launched). */
 template <int OP>
-static bool ew8(void *y, const void *a, const void *b, size_t n, float scale, enum sfw_dtype act, void *stream)
+static bool ew8(void *y, const void *a, const void *b, size_t n, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (act != SFW_DTYPE_BF16 || n % 8 || (((uintptr_t)y | (uintptr_t)a | (uintptr_t)b) & 15))
 		return false;
-	sfwc_launch(ew8_kernel<OP>, dim3(grid_for(n / 8)), dim3(256), 0, SFW_CUDA_STREAM(stream), (uint4 *)y,
+	sfwc_launch(ew8_kernel<OP>, dim3(grid_for(n / 8)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), (uint4 *)y,
 		    (const uint4 *)a, (const uint4 *)b, n / 8, scale);
 	SFW_CUDA_LAUNCHED();
 	return true;
 }
 
 extern "C" void sfw_op_add_scaled_cuda(void *x, const void *b, size_t n, float scale, enum sfw_dtype act,
-				       void *stream)
+				       struct sfw_cuda_ctx *cx)
 {
 	if (n == 0)
 		return;
-	if (ew8<EW_ADD_SCALED>(x, x, b, n, scale, act, stream))
+	if (ew8<EW_ADD_SCALED>(x, x, b, n, scale, act, cx))
 		return;
-	ACT_DISPATCH(act, sfwc_launch(add_scaled_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(stream), (A *)x, (const A *)b,
+	ACT_DISPATCH(act, sfwc_launch(add_scaled_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), (A *)x, (const A *)b,
 												 n, scale));
 	SFW_CUDA_LAUNCHED();
 }
@@ -240,13 +240,13 @@ static __global__ void silu_mul_kernel(T *y, const T *gate, const T *up, size_t 
 }
 
 extern "C" void sfw_op_silu_mul_cuda(void *y, const void *gate, const void *up, size_t n, enum sfw_dtype act,
-				     void *stream)
+				     struct sfw_cuda_ctx *cx)
 {
 	if (n == 0)
 		return;
-	if (ew8<EW_SILU_MUL>(y, gate, up, n, 0.0f, act, stream))
+	if (ew8<EW_SILU_MUL>(y, gate, up, n, 0.0f, act, cx))
 		return;
-	ACT_DISPATCH(act, sfwc_launch(silu_mul_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(stream), 
+	ACT_DISPATCH(act, sfwc_launch(silu_mul_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), 
 				  (A *)y, (const A *)gate, (const A *)up, n));
 	SFW_CUDA_LAUNCHED();
 }
@@ -260,13 +260,13 @@ static __global__ void sigmoid_mul_kernel(T *y, const T *x, const T *gate, size_
 }
 
 extern "C" void sfw_op_sigmoid_mul_cuda(void *y, const void *x, const void *gate, size_t n, enum sfw_dtype act,
-					void *stream)
+					struct sfw_cuda_ctx *cx)
 {
 	if (n == 0)
 		return;
-	if (ew8<EW_SIGMOID_MUL>(y, x, gate, n, 0.0f, act, stream))
+	if (ew8<EW_SIGMOID_MUL>(y, x, gate, n, 0.0f, act, cx))
 		return;
-	ACT_DISPATCH(act, sfwc_launch(sigmoid_mul_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(stream), 
+	ACT_DISPATCH(act, sfwc_launch(sigmoid_mul_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), 
 				  (A *)y, (const A *)x, (const A *)gate, n));
 	SFW_CUDA_LAUNCHED();
 }
@@ -302,7 +302,7 @@ static __global__ void rope_kernel(T *x, int T_, int nh, int hd, int64_t pos0, c
 }
 
 void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
-			 enum sfw_dtype act, void *stream)
+			 enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	size_t n = (size_t)T * nh * (hd / 2);
 	if (n == 0)
@@ -311,19 +311,19 @@ void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int
 	rope_table tab;
 	for (int m = 0; m < hd / 2; m++)
 		tab.inv[m] = 1.0f / powf(theta, (float)(2 * m) / (float)hd);
-	ACT_DISPATCH(act, sfwc_launch(rope_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(stream), (A *)x, T, nh, hd, pos0,
+	ACT_DISPATCH(act, sfwc_launch(rope_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), (A *)x, T, nh, hd, pos0,
 											   tab, dpos));
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta,
-					  void *stream)
+					  struct sfw_cuda_ctx *cx)
 {
-	sfwi_rope_neox_cuda(x, T, nh, hd, 0, dpos, theta, SFW_DTYPE_BF16, stream);
+	sfwi_rope_neox_cuda(x, T, nh, hd, 0, dpos, theta, SFW_DTYPE_BF16, cx);
 }
 
 extern "C" void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta,
-				      enum sfw_dtype act, void *stream)
+				      enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfwi_rope_neox_cuda(x, T, nh, hd, pos0, NULL, theta, act, stream);
+	sfwi_rope_neox_cuda(x, T, nh, hd, pos0, NULL, theta, act, cx);
 }

@@ -19,11 +19,15 @@ void sfw_op_rmsnorm_gate_cpu(float *y, const float *x, const void *w, enum sfw_d
 
 /* No rounding between the steps: the CPU backend's activations are fp32. */
 void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-			     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
-			     float theta)
+			     enum sfw_dtype kwdt, const struct sfw_qk_shape *sh)
 {
-	sfw_op_rmsnorm_cpu(q, q, qw, qwdt, T * nhq, hd, eps);
-	sfw_op_rmsnorm_cpu(k, k, kw, kwdt, T * nhk, hd, eps);
+	int T = sh->T, nhq = sh->nhq, nhk = sh->nhk, hd = sh->hd, rope = sh->rope;
+	float eps = sh->eps, theta = sh->theta;
+	int64_t pos0 = sh->pos0;
+	if (qw)
+		sfw_op_rmsnorm_cpu(q, q, qw, qwdt, T * nhq, hd, eps);
+	if (kw)
+		sfw_op_rmsnorm_cpu(k, k, kw, kwdt, T * nhk, hd, eps);
 	if (rope) {
 		sfw_op_rope_neox_cpu(q, T, nhq, hd, pos0, theta);
 		sfw_op_rope_neox_cpu(k, T, nhk, hd, pos0, theta);

@@ -87,27 +87,27 @@ static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const ui
 
 extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w,
 					enum sfw_dtype wdt, int rows, int n, float eps, enum sfw_dtype act,
-					void *stream)
+					struct sfw_cuda_ctx *cx)
 {
 	if (rows <= 0)
 		return;
 	/* the shape sfw_op_rmsnorm_cuda runs with its block kernel; other shapes
 	 * (prefill) take the two unfused launches */
 	if (!(n >= 1024 && rows < 1024)) {
-		sfw_op_add_scaled_cuda(x, b, (size_t)rows * (size_t)n, scale, act, stream);
-		sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, stream);
+		sfw_op_add_scaled_cuda(x, b, (size_t)rows * (size_t)n, scale, act, cx);
+		sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, cx);
 		return;
 	}
 	if (sfwi_rmsnorm_vec_ok(y, x, n, act)) {
-		if ((uintptr_t)b & 15) { /* the unfused pair: its bits, as NOFUSE gives */
-			sfw_op_add_scaled_cuda(x, b, (size_t)rows * (size_t)n, scale, act, stream);
-			sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, stream);
+		if ((uintptr_t)b & 15) { /* the unfused pair, and its bits */
+			sfw_op_add_scaled_cuda(x, b, (size_t)rows * (size_t)n, scale, act, cx);
+			sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, cx);
 			return;
 		}
-		sfwc_launch(add_rmsnorm_vec_kernel, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream), (uint16_t *)y,
+		sfwc_launch(add_rmsnorm_vec_kernel, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(cx->stream), (uint16_t *)y,
 			    (uint16_t *)x, (const uint16_t *)b, scale, w, wdt, n, eps, (int)rms_regs_ok(w, wdt, n, 512));
 	} else {
-		ACT_DISPATCH(act, sfwc_launch(add_rmsnorm_kernel<A>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream),
+		ACT_DISPATCH(act, sfwc_launch(add_rmsnorm_kernel<A>, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(cx->stream),
 					      (A *)y, (A *)x, (const A *)b, scale, w, wdt, n, eps));
 	}
 	SFW_CUDA_LAUNCHED();
@@ -149,7 +149,7 @@ static __global__ void rmsnorm_gate_kernel(uint16_t *y, const uint16_t *x, const
 }
 
 extern "C" void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, const void *z,
-					 int rows, int n, float eps, enum sfw_dtype act, void *stream)
+					 int rows, int n, float eps, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (rows <= 0)
 		return;
@@ -157,13 +157,13 @@ extern "C" void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, 
 	 * a gate ew8 takes; else the two launches */
 	if (n >= 1024 && rows < 1024 && sfwi_rmsnorm_vec_ok(y, x, n, act) && !((uintptr_t)z & 15) &&
 	    rms_regs_ok(w, wdt, n, 512)) {
-		sfwc_launch(rmsnorm_gate_kernel, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(stream), (uint16_t *)y,
+		sfwc_launch(rmsnorm_gate_kernel, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(cx->stream), (uint16_t *)y,
 			    (const uint16_t *)x, w, wdt, (const uint16_t *)z, n, eps);
 		SFW_CUDA_LAUNCHED();
 		return;
 	}
-	sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, stream);
-	sfw_op_sigmoid_mul_cuda(y, y, z, (size_t)rows * (size_t)n, act, stream);
+	sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, cx);
+	sfw_op_sigmoid_mul_cuda(y, y, z, (size_t)rows * (size_t)n, act, cx);
 }
 
 /* ---- per-head q/k RMSNorm + NeoX RoPE (lightning layers) ----
@@ -258,17 +258,17 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 template <typename SQ>
 static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw, enum sfw_dtype kwdt, int T,
 		    int nhq, int nhk, int hd, float eps, int rope, int64_t pos0, const int64_t *dpos, float theta,
-		    enum sfw_dtype act, const SQ &sq, void *stream)
+		    enum sfw_dtype act, const SQ &sq, struct sfw_cuda_ctx *cx)
 {
 	if (T <= 0 || nhq + nhk <= 0)
 		return;
 	SFW_ASSERT(nhq >= 0 && nhk >= 0 && (int64_t)T * (nhq + nhk) <= INT32_MAX);
 	if (hd != 32 && hd != 64 && hd != 128) { /* other head dims: the unfused launches */
-		sfw_op_rmsnorm_cuda(q, q, qw, qwdt, T * nhq, hd, eps, act, stream);
-		sfw_op_rmsnorm_cuda(k, k, kw, kwdt, T * nhk, hd, eps, act, stream);
+		sfw_op_rmsnorm_cuda(q, q, qw, qwdt, T * nhq, hd, eps, act, cx);
+		sfw_op_rmsnorm_cuda(k, k, kw, kwdt, T * nhk, hd, eps, act, cx);
 		if (rope) {
-			sfwi_rope_neox_cuda(q, T, nhq, hd, pos0, dpos, theta, act, stream);
-			sfwi_rope_neox_cuda(k, T, nhk, hd, pos0, dpos, theta, act, stream);
+			sfwi_rope_neox_cuda(q, T, nhq, hd, pos0, dpos, theta, act, cx);
+			sfwi_rope_neox_cuda(k, T, nhk, hd, pos0, dpos, theta, act, cx);
 		}
 		return;
 	}
@@ -279,7 +279,7 @@ static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const
 			tab.inv[m] = 1.0f / powf(theta, (float)(2 * m) / (float)hd);
 	dim3 grid((unsigned)((rows + QKN_WARPS - 1) / QKN_WARPS)), block(32 * QKN_WARPS);
 #define QKN_LAUNCH(HD)                                                                                            \
-	ACT_DISPATCH(act, sfwc_launch(qk_norm_rope_kernel<A, HD, SQ>, grid, block, 0, SFW_CUDA_STREAM(stream),       \
+	ACT_DISPATCH(act, sfwc_launch(qk_norm_rope_kernel<A, HD, SQ>, grid, block, 0, SFW_CUDA_STREAM(cx->stream),       \
 				      (A *)q, (A *)k, qw, qwdt, kw, kwdt, rows_q, rows, nhq, nhk, hd, eps, rope, pos0, \
 				      tab, dpos, sq))
 	if (hd == 32)
@@ -293,25 +293,26 @@ static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const
 }
 
 extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-					     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-					     int64_t pos0, const int64_t *dpos, float theta, enum sfw_dtype act,
-					     void *stream)
+					     enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, const int64_t *dpos,
+					     enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	qkn_any(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, dpos, theta, act, sfwc_one_seq(), stream);
+	int T = sh->T, nhq = sh->nhq, nhk = sh->nhk, hd = sh->hd, rope = sh->rope;
+	float eps = sh->eps, theta = sh->theta;
+	int64_t pos0 = sh->pos0;
+	qkn_any(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, dpos, theta, act, sfwc_one_seq(), cx);
 }
 
 extern "C" void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
 					   enum sfw_dtype kwdt, const struct sfw_cuda_seqs *s, int nhq, int nhk, int hd,
-					   float eps, int rope, float theta, enum sfw_dtype act, void *stream)
+					   float eps, int rope, float theta, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && (hd == 32 || hd == 64 || hd == 128));
-	qkn_any(q, k, qw, qwdt, kw, kwdt, s->n, nhq, nhk, hd, eps, rope, 0, NULL, theta, act, *s, stream);
+	qkn_any(q, k, qw, qwdt, kw, kwdt, s->n, nhq, nhk, hd, eps, rope, 0, NULL, theta, act, *s, cx);
 }
 
 extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-					 enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-					 int64_t pos0, float theta, enum sfw_dtype act, void *stream)
+					 enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, enum sfw_dtype act,
+					 struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_qk_norm_rope_devpos(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, NULL, theta, act,
-				     stream);
+	sfw_cuda_qk_norm_rope_devpos(q, k, qw, qwdt, kw, kwdt, sh, NULL, act, cx);
 }

@@ -102,9 +102,11 @@ static void s1_items(void *ctx, size_t b, size_t e, int tid)
 }
 
 void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n1, const float *c2,
-		       int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
-		       float scale)
+		       int64_t n2, const struct sfw_sel_shape *sh)
 {
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
+	int64_t pos0 = sh->pos0;
+	float scale = sh->scale;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0);
 	struct s1_job j = {scores, q, c1, c2, n1, n2, pos0, T, nh, nkv, hd, ksize, stride, scale};
 	size_t items = (size_t)nkv * T;
@@ -112,9 +114,12 @@ void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n
 	sfwi_ops_cpu_for(work < 1e5 ? 1 : sfw_ops_cpu_threads(), items, 1, s1_items, &j);
 }
 
-void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
-			    int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks)
+void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+			    const struct sfw_sel_shape *sh)
 {
+	int nkv = sh->nkv, T = sh->T, ksize = sh->ksize, stride = sh->stride, block = sh->block;
+	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
+	int64_t pos0 = sh->pos0;
 	for (int g = 0; g < nkv; g++)
 		for (int r = 0; r < T; r++) {
 			int64_t p = pos0 + r, qb = p / block;

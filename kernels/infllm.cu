@@ -40,21 +40,21 @@ static __global__ void compress_kernel(A *c, const A *k, const int32_t *tab, int
 }
 
 extern "C" void sfw_cuda_compress_pg(void *c, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd,
-				     int64_t j0, int64_t j1, int ksize, int stride, enum sfw_dtype act, void *stream)
+				     int64_t j0, int64_t j1, int ksize, int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (j1 <= j0)
 		return;
 	size_t n = (size_t)(j1 - j0) * nkv * hd;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256);
-	ACT_DISPATCH(act, sfwc_launch(compress_kernel<A>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), (A *)c,
+	ACT_DISPATCH(act, sfwc_launch(compress_kernel<A>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), (A *)c,
 				      (const A *)k, sfwc_pg_tab(pg), sfwc_pg_shift(pg), nkv * hd, j0, j1, ksize, stride));
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
-				     int stride, enum sfw_dtype act, void *stream)
+				     int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_compress_pg(c, k, NULL, nkv, hd, j0, j1, ksize, stride, act, stream);
+	sfw_cuda_compress_pg(c, k, NULL, nkv, hd, j0, j1, ksize, stride, act, cx);
 }
 
 /* A recorded decode step appended the token at position *dpos: the level-1
@@ -93,23 +93,23 @@ static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int 
 }
 
 extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
-				       enum sfw_dtype act, void *stream)
+				       enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && ksize >= 1 && stride >= 1);
 	int row = nkv * hd;
 	ACT_DISPATCH(act, sfwc_launch(compress_seqs_kernel<A>, dim3((unsigned)((row + 255) / 256), 2, s->n), dim3(256),
-				      0, SFW_CUDA_STREAM(stream), *s, row, ksize, stride));
+				      0, SFW_CUDA_STREAM(cx->stream), *s, row, ksize, stride));
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv,
 					 int hd, int ksize, int stride, const int64_t *dpos, enum sfw_dtype act,
-					 void *stream)
+					 struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(dpos && ksize >= 1 && stride >= 1);
 	int row = nkv * hd;
 	ACT_DISPATCH(act, sfwc_launch(compress_devpos_kernel<A>, dim3((unsigned)((row + 255) / 256), 2), dim3(256), 0,
-				      SFW_CUDA_STREAM(stream), (A *)c1, (A *)c2, (const A *)k, sfwc_pg_tab(pg),
+				      SFW_CUDA_STREAM(cx->stream), (A *)c1, (A *)c2, (const A *)k, sfwc_pg_tab(pg),
 				      sfwc_pg_shift(pg), row, ksize, stride, dpos));
 	SFW_CUDA_LAUNCHED();
 }
@@ -321,17 +321,18 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 }
 
 template <typename A, int HD>
-static void s1_launch(s1_args a, cudaStream_t s)
+static void s1_launch(s1_args a, struct sfw_cuda_ctx *cx)
 {
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	int G = a.nh / a.nkv, rows = a.T * a.nkv;
 	int nsplit = 1;
 	/* decode (two rows): spread the level-2 keys over blocks down to 64 per
 	 * block, else a handful of blocks walks them all */
-	int sms = sfwi_cuda_sms();
+	int sms = sfwi_cuda_sms(cx);
 	while (rows * nsplit < 2 * sms && a.n2 / (nsplit * 2) >= 64 && nsplit < S1_MAXSPLIT)
 		nsplit *= 2;
 	a.nsplit = nsplit;
-	a.part = (float *)sfwi_cuda_scratch((size_t)rows * nsplit * G * 2 * sizeof(float));
+	a.part = (float *)sfwi_cuda_scratch(cx, (size_t)rows * nsplit * G * 2 * sizeof(float));
 	sfwc_launch(s1_lse_kernel<A, HD>, dim3(dim3(rows, nsplit)), dim3(S1_THREADS), 0, s, a);
 	SFW_CUDA_LAUNCHED();
 	unsigned jb = (unsigned)((a.n1 + S1_THREADS - 1) / S1_THREADS);
@@ -339,43 +340,45 @@ static void s1_launch(s1_args a, cudaStream_t s)
 	SFW_CUDA_LAUNCHED();
 }
 
-static void s1_any(s1_args a, int hd, enum sfw_dtype act, void *stream);
+static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2,
-				   int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
-				   float scale, enum sfw_dtype act, void *stream)
+				   int64_t n2, const struct sfw_sel_shape *sh, enum sfw_dtype act,
+				   struct sfw_cuda_ctx *cx)
 {
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
+	int64_t pos0 = sh->pos0;
+	float scale = sh->scale;
 	if (T <= 0 || n1 <= 0)
 		return;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
-	if (sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, act, stream))
+	if (sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, act, cx))
 		return;
 	s1_args a = {scores, q, c1, c2, NULL, n1, n2, pos0, T, nh, nkv, ksize, stride, 1, scale, NULL};
-	s1_any(a, hd, act, stream);
+	s1_any(a, hd, act, cx);
 }
 
 extern "C" void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv,
 				       int hd, int64_t len_bound, int ksize, int stride, float scale,
-				       const int64_t *dpos, enum sfw_dtype act, void *stream)
+				       const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(dpos && len_bound >= 1 && nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
 	int64_t n1 = len_bound < ksize ? 0 : (len_bound - ksize) / stride + 1;
 	int64_t n2 = len_bound < 4 * ksize ? 0 : (len_bound - 4 * ksize) / (4 * stride) + 1;
 	if (n1 <= 0) /* no chunk can be complete within the bound: no scores */
 		return;
-	if (sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, dpos, act, stream))
+	if (sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, dpos, act, cx))
 		return;
 	s1_args a = {scores, q, c1, c2, NULL, n1, n2, 0, 1, nh, nkv, ksize, stride, 1, scale, dpos};
-	s1_any(a, hd, act, stream);
+	s1_any(a, hd, act, cx);
 }
 
-static void s1_any(s1_args a, int hd, enum sfw_dtype act, void *stream)
+static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	switch (hd) {
-	case 32: ACT_DISPATCH(act, s1_launch<A, 32>(a, s)); break;
-	case 64: ACT_DISPATCH(act, s1_launch<A, 64>(a, s)); break;
-	case 128: ACT_DISPATCH(act, s1_launch<A, 128>(a, s)); break;
+	case 32: ACT_DISPATCH(act, s1_launch<A, 32>(a, cx)); break;
+	case 64: ACT_DISPATCH(act, s1_launch<A, 64>(a, cx)); break;
+	case 128: ACT_DISPATCH(act, s1_launch<A, 128>(a, cx)); break;
 	default:
 		fprintf(stderr, "salafw: stage-1 head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
 		abort();
@@ -424,29 +427,31 @@ static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n
 	}
 }
 
-extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv,
-					int T, int64_t pos0, int ksize, int stride, int block, int init_blocks,
-					int local_blocks, enum sfw_dtype act, void *stream)
+extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+					const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	int nkv = sh->nkv, T = sh->T, ksize = sh->ksize, stride = sh->stride, block = sh->block;
+	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
+	int64_t pos0 = sh->pos0;
 	(void)act; /* scores are already rounded where the reference rounds */
 	size_t n = (size_t)nkv * T * nblocks;
 	if (n == 0)
 		return;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
-	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), pooled, scores, n1, nblocks, nkv, T, pos0, ksize,
+	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), pooled, scores, n1, nblocks, nkv, T, pos0, ksize,
 								  stride, block, init_blocks, local_blocks, (const int64_t *)NULL);
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, int nkv, int64_t len_bound, int ksize,
 					    int stride, int block, int init_blocks, int local_blocks,
-					    const int64_t *dpos, void *stream)
+					    const int64_t *dpos, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(dpos && len_bound >= 1);
 	int64_t nb = (len_bound + block - 1) / block;
 	size_t n = (size_t)nkv * nb;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
-	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), pooled, scores, (int64_t)0, nb, nkv,
+	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), pooled, scores, (int64_t)0, nb, nkv,
 		    1, (int64_t)0, ksize, stride, block, init_blocks, local_blocks, dpos);
 	SFW_CUDA_LAUNCHED();
 }
@@ -643,37 +648,37 @@ static __global__ void __launch_bounds__(NT)
 }
 
 extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T,
-					int64_t pos0, int k, int block, enum sfw_dtype act, void *stream)
+					int64_t pos0, int k, int block, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	(void)act;
 	if (T <= 0 || nkv <= 0)
 		return;
 	SFW_ASSERT(nblocks >= 1);
 	if ((int64_t)nkv * T < 64) /* a decode step: few blocks, each with many threads */
-		sfwc_launch(topk_kernel<1024>, dim3(nkv * T), dim3(1024), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks,
+		sfwc_launch(topk_kernel<1024>, dim3(nkv * T), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, nblocks,
 			    T, pos0, k, block, (const int64_t *)NULL, topk_pool{});
 	else
-		sfwc_launch(topk_kernel<256>, dim3(nkv * T), dim3(256), 0, SFW_CUDA_STREAM(stream), idx, pooled, nblocks,
+		sfwc_launch(topk_kernel<256>, dim3(nkv * T), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, nblocks,
 			    T, pos0, k, block, (const int64_t *)NULL, topk_pool{});
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_cuda_pool_topk_devpos(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize,
 					  int stride, int init_blocks, int local_blocks, const int64_t *dpos,
-					  void *stream)
+					  struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(dpos && nkv > 0);
 	topk_pool pp = {scores, ksize, stride, init_blocks, local_blocks};
-	sfwc_launch(topk_kernel<1024, true>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(stream), idx, (const float *)NULL,
+	sfwc_launch(topk_kernel<1024, true>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, (const float *)NULL,
 		    (int64_t)1, 1, (int64_t)0, k, block, dpos, pp);
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int k, int block,
-					    const int64_t *dpos, void *stream)
+					    const int64_t *dpos, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(dpos && nkv > 0);
-	sfwc_launch(topk_kernel<1024>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(stream), idx, pooled, (int64_t)1, 1,
+	sfwc_launch(topk_kernel<1024>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, (int64_t)1, 1,
 		    (int64_t)0, k, block, dpos, topk_pool{});
 	SFW_CUDA_LAUNCHED();
 }

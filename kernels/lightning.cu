@@ -169,7 +169,7 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 		Sg[(size_t)(i >> 5) * HD + c0 + (i & 31)] = S[(i >> 5) * 33 + (i & 31)];
 }
 
-/* ---- chunk-parallel prefill (bf16; the default, SALAFW_CUDA_GLA=serial turns it off) ----
+/* ---- chunk-parallel prefill (bf16; fp32 takes the serial kernel above) ----
  * The serial kernel above walks every token of a head in one block; this
  * form spreads the chunks (64 tokens) of a piece over blocks, three launches
  * per group of up to NC chunks:
@@ -352,12 +352,13 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 
 template <int HD>
 static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *state,
-			    const float *decay, int T, int nh, float scale, cudaStream_t s)
+			    const float *decay, int T, int nh, float scale, struct sfw_cuda_ctx *cx)
 {
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	size_t per_chunk = (size_t)nh * HD * HD * sizeof(float);
 	int64_t chunks = (T + GLA_C - 1) / GLA_C, cap = (int64_t)(((size_t)32 << 20) / per_chunk);
 	int NC = (int)(chunks < cap ? chunks : cap > 0 ? cap : 1);
-	float *D = (float *)sfwi_cuda_scratch((size_t)NC * per_chunk);
+	float *D = (float *)sfwi_cuda_scratch(cx, (size_t)NC * per_chunk);
 	constexpr size_t smem = gla_out_smem<HD>();
 	static bool attr_dev[SFWC_MAX_DEVICES]; /* per instantiation and device; harmless if raced */
 	bool &attr_set = attr_dev[sfwc_device()];
@@ -380,24 +381,18 @@ static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, c
 	}
 }
 
-/* gla_serial (struct sfw_cuda_ops_cfg): one block walks each head's chunks in
- * order (the first form; kept to bisect with) */
-static bool gla_scan_on(void)
-{
-	return !sfwi_cuda_cfg_gla_serial();
-}
-
 template <typename A, int HD>
 static void gla_launch(bool chunked, void *o, const void *q, const void *k, const void *v, float *state,
-		       const float *decay, int T, int nh, float scale, cudaStream_t s)
+		       const float *decay, int T, int nh, float scale, struct sfw_cuda_ctx *cx)
 {
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 grid(nh, HD / 32);
 	if (!chunked) {
 		sfwc_launch(gla_rec_kernel<A, HD, sfwc_one_seq>, dim3(grid), dim3(GLA_THREADS), 0, s, (A *)o, (const A *)q,
 			    (const A *)k, (const A *)v, state, decay, T, nh, scale, sfwc_one_seq());
-	} else if (sizeof(A) == 2 && gla_scan_on()) {
+	} else if (sizeof(A) == 2) {
 		gla_scan_launch<HD>((uint16_t *)o, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, state,
-				    decay, T, nh, scale, s);
+				    decay, T, nh, scale, cx);
 		return;
 	} else {
 		constexpr size_t smem = gla_chunk_smem<HD>();
@@ -415,15 +410,14 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 }
 
 static void gla_any(bool chunked, void *o, const void *q, const void *k, const void *v, float *state,
-		    const float *decay, int T, int nh, int hd, float scale, enum sfw_dtype act, void *stream)
+		    const float *decay, int T, int nh, int hd, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (T <= 0)
 		return;
-	cudaStream_t s = SFW_CUDA_STREAM(stream);
 	switch (hd) {
-	case 32: ACT_DISPATCH(act, gla_launch<A, 32>(chunked, o, q, k, v, state, decay, T, nh, scale, s)); break;
-	case 64: ACT_DISPATCH(act, gla_launch<A, 64>(chunked, o, q, k, v, state, decay, T, nh, scale, s)); break;
-	case 128: ACT_DISPATCH(act, gla_launch<A, 128>(chunked, o, q, k, v, state, decay, T, nh, scale, s)); break;
+	case 32: ACT_DISPATCH(act, gla_launch<A, 32>(chunked, o, q, k, v, state, decay, T, nh, scale, cx)); break;
+	case 64: ACT_DISPATCH(act, gla_launch<A, 64>(chunked, o, q, k, v, state, decay, T, nh, scale, cx)); break;
+	case 128: ACT_DISPATCH(act, gla_launch<A, 128>(chunked, o, q, k, v, state, decay, T, nh, scale, cx)); break;
 	default:
 		fprintf(stderr, "salafw: lightning head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
 		abort();
@@ -432,25 +426,25 @@ static void gla_any(bool chunked, void *o, const void *q, const void *k, const v
 
 extern "C" void sfw_op_gla_recurrent_cuda(void *o, const void *q, const void *k, const void *v, float *state,
 					  const float *decay, int T, int nh, int hd, float scale, enum sfw_dtype act,
-					  void *stream)
+					  struct sfw_cuda_ctx *cx)
 {
-	gla_any(false, o, q, k, v, state, decay, T, nh, hd, scale, act, stream);
+	gla_any(false, o, q, k, v, state, decay, T, nh, hd, scale, act, cx);
 }
 
 extern "C" void sfw_op_gla_chunked_cuda(void *o, const void *q, const void *k, const void *v, float *state,
 					const float *decay, int T, int nh, int hd, float scale, int chunk,
-					enum sfw_dtype act, void *stream)
+					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(chunk > 0);
-	gla_any(true, o, q, k, v, state, decay, T, nh, hd, scale, act, stream);
+	gla_any(true, o, q, k, v, state, decay, T, nh, hd, scale, act, cx);
 }
 
 /* A batched decode step: row i (T = 1) against sequence i's state. */
 extern "C" void sfw_cuda_gla_seqs(void *o, const void *q, const void *k, const void *v, const struct sfw_cuda_seqs *s,
-				  const float *decay, int nh, int hd, float scale, enum sfw_dtype act, void *stream)
+				  const float *decay, int nh, int hd, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX);
-	cudaStream_t st = SFW_CUDA_STREAM(stream);
+	cudaStream_t st = SFW_CUDA_STREAM(cx->stream);
 #define GLA_SEQS(HD)                                                                                             \
 	ACT_DISPATCH(act, sfwc_launch(gla_rec_kernel<A, HD, sfw_cuda_seqs>, dim3(nh, HD / 32, s->n), dim3(GLA_THREADS), \
 				      0, st, (A *)o, (const A *)q, (const A *)k, (const A *)v, (float *)NULL, decay, 1, \

@@ -295,11 +295,6 @@ extern "C" void sfw_cuda_blas_free(struct sfw_cuda_blas *b)
 	free(b);
 }
 
-extern "C" size_t sfw_cuda_blas_workspace(const struct sfw_cuda_blas *b)
-{
-	return b->ws_bytes;
-}
-
 /* Row-major Y[M,N] = X[M,K] W[N,K]ᵀ is column-major Yᵀ[N,M] = (Wᵀ)ᵀ[N,K] · Xᵀ[K,M]:
  * A = W seen as column-major K×N (lda K) with op T, B = X as K×M (ldb ldx). */
 #define GEMM_RANKS 8
@@ -444,101 +439,69 @@ out0:
 	return st;
 }
 
-/* ---- the handle and scratch the op twins use (see ops_cuda.h) ---- */
+/* ---- the explicit state the ops run with (struct sfw_cuda_ctx, ops_cuda.h) ---- */
 
-static thread_local struct sfw_cuda_blas *g_blas, *g_blas_default;
-static thread_local void *g_scratch, *g_scratch_default;
-static thread_local size_t g_scratch_bytes;
-static thread_local struct sfw_cuda_ops_cfg g_cfg;
-
-extern "C" void sfw_cuda_ops_set_cfg(const struct sfw_cuda_ops_cfg *cfg)
+extern "C" enum sfw_status sfw_cuda_ctx_new(void *stream, struct sfw_cuda_ctx **out, struct sfw_err *err)
 {
-	if (cfg)
-		g_cfg = *cfg;
-	else
-		g_cfg = sfw_cuda_ops_cfg{};
+	*out = NULL;
+	struct sfw_cuda_ctx *cx = (struct sfw_cuda_ctx *)calloc(1, sizeof(*cx));
+	if (!cx)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	cx->stream = stream;
+	enum sfw_status s = sfw_cuda_blas_new(&cx->blas, (size_t)32 << 20, err);
+	if (s == SFW_OK)
+		s = sfw_cuda_malloc(&cx->scratch, SFW_CUDA_SCRATCH_MIN, "op scratch", err);
+	if (s != SFW_OK) {
+		sfw_cuda_ctx_free(cx);
+		return s;
+	}
+	cx->scratch_bytes = SFW_CUDA_SCRATCH_MIN;
+	int dev = 0;
+	SFW_CUDA_CHECK(cudaGetDevice(&dev));
+	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&cx->sms, cudaDevAttrMultiProcessorCount, dev));
+	*out = cx;
+	return SFW_OK;
 }
 
-int sfwi_cuda_cfg_attn(void)
+extern "C" void sfw_cuda_ctx_free(struct sfw_cuda_ctx *cx)
 {
-	return g_cfg.attn;
+	if (!cx)
+		return;
+	if (cx->stream)
+		SFW_CUDA_CHECK(cudaStreamSynchronize(SFW_CUDA_STREAM(cx->stream)));
+	sfw_cuda_blas_free(cx->blas);
+	sfw_cuda_free(cx->scratch);
+	free(cx);
 }
 
-int sfwi_cuda_cfg_stage1(void)
+int sfwi_cuda_sms(const struct sfw_cuda_ctx *cx)
 {
-	return g_cfg.stage1;
-}
-
-int sfwi_cuda_cfg_gla_serial(void)
-{
-	return g_cfg.gla_serial;
-}
-
-int sfwi_cuda_cfg_no_pdl(void)
-{
-	return g_cfg.no_pdl;
-}
-
-int sfwi_cuda_cfg_w8_gemv(void)
-{
-	return g_cfg.w8_gemv;
-}
-
-int sfwi_cuda_sms(void)
-{
-	if (g_cfg.sms > 0)
-		return g_cfg.sms;
+	if (cx->sms > 0)
+		return cx->sms;
 	int dev = 0, n = 0;
 	SFW_CUDA_CHECK(cudaGetDevice(&dev));
 	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
 	return n;
 }
 
-extern "C" void sfw_cuda_ops_bind(struct sfw_cuda_blas *b, void *scratch, size_t scratch_bytes)
+void *sfwi_cuda_scratch(struct sfw_cuda_ctx *cx, size_t bytes)
 {
-	g_blas = b;
-	g_scratch = scratch;
-	g_scratch_bytes = scratch ? scratch_bytes : 0;
-}
-
-extern "C" void sfw_cuda_ops_release_default(void)
-{
-	if (g_blas == g_blas_default)
-		g_blas = NULL;
-	if (g_scratch == g_scratch_default)
-		g_scratch = NULL, g_scratch_bytes = 0;
-	sfw_cuda_blas_free(g_blas_default);
-	sfw_cuda_free(g_scratch_default);
-	g_blas_default = NULL;
-	g_scratch_default = NULL;
-}
-
-struct sfw_cuda_blas *sfwi_cuda_blas(void)
-{
-	if (!g_blas) {
-		struct sfw_err e = {};
-		if (sfw_cuda_blas_new(&g_blas_default, 32u << 20, &e) != SFW_OK) {
-			fprintf(stderr, "salafw: %s\n", e.msg);
-			abort();
-		}
-		g_blas = g_blas_default;
-	}
-	return g_blas;
-}
-
-void *sfwi_cuda_scratch(size_t bytes)
-{
-	if (bytes <= g_scratch_bytes)
-		return g_scratch;
-	SFW_ASSERT(g_scratch == NULL || g_scratch == g_scratch_default); /* the bound scratch was planned too small */
-	sfw_cuda_free(g_scratch_default);
-	size_t n = bytes < SFW_CUDA_SCRATCH_MIN ? SFW_CUDA_SCRATCH_MIN : bytes;
+	if (bytes <= cx->scratch_bytes)
+		return cx->scratch;
+	/* a fixed scratch (a backend's: recorded steps point into it) was
+	 * planned too small: a bug; else it grows, outside a capture only */
+	SFW_ASSERT(!cx->fixed);
+	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+	SFW_CUDA_CHECK(cudaStreamIsCapturing(SFW_CUDA_STREAM(cx->stream), &cs));
+	SFW_ASSERT(cs == cudaStreamCaptureStatusNone);
+	SFW_CUDA_CHECK(cudaStreamSynchronize(SFW_CUDA_STREAM(cx->stream)));
+	sfw_cuda_free(cx->scratch);
+	cx->scratch = NULL, cx->scratch_bytes = 0;
 	struct sfw_err e = {};
-	if (sfw_cuda_malloc(&g_scratch_default, n, "op scratch", &e) != SFW_OK) {
+	if (sfw_cuda_malloc(&cx->scratch, bytes, "op scratch", &e) != SFW_OK) {
 		fprintf(stderr, "salafw: %s\n", e.msg);
 		abort();
 	}
-	g_scratch = g_scratch_default;
-	g_scratch_bytes = n;
-	return g_scratch;
+	cx->scratch_bytes = bytes;
+	return cx->scratch;
 }

@@ -347,34 +347,14 @@ static void launch_w8_m(const uint16_t *X, int ldx, const uint8_t *C, const void
  * arithmetic per byte of the bf16 one and 4096 warps leave too little in
  * flight. So: 2 loads per lane, and rows split over KS warps (split K) until
  * N·KS ≥ 16384 warps, as many as q|k|v|z has, while each warp keeps at least
- * one full batch (o_proj and down_proj KS 4, q|k|v|o_gate KS 2).
- * The bound cfg's w8_gemv (struct sfw_cuda_ops_cfg; SALAFW_CUDA_W8_GEMV in
- * the CLI) forces one variant for every shape (benchmarks, A/B):
- * 1 = the per-shape default before split K (R1, U2 on K = 4096 with N ≥
- * 12288, else U4); 12 14 18 22 24 28 42 44 = R rows per warp, U loads; 112
- * 114 122 the same with the next batch loaded while the current one is
- * consumed; 222 224 242 244 282 284 = one row over KS = 2, 4, 8 warps, U
- * loads; any other value is the default. */
+ * one full batch (o_proj and down_proj KS 4, q|k|v|o_gate KS 2). The
+ * tuning variants stay reachable through sfw_cuda_gemv_w8_variant. */
 static void w8_default_variant(int N, int K, int *R, int *U)
 {
-	int v = sfwi_cuda_cfg_w8_gemv();
-	int ru = v == 1 || v == 12 || v == 14 || v == 18 || v == 22 || v == 24 || v == 28 || v == 42 || v == 44 ||
-			 v == 112 || v == 114 || v == 122 || v == 222 || v == 224 || v == 242 || v == 244 || v == 282 ||
-			 v == 284
-		     ? v
-		     : 0;
-	if (ru == 1) {
-		*R = 1, *U = K >= 8192 || N < 12288 ? 4 : 2;
-		return;
-	}
-	if (ru == 0) {
-		int ks = 1, nv = K / 16;
-		while (ks < 8 && (long)N * ks < 16384 && nv >= 32 * 2 * ks * 2)
-			ks *= 2;
-		*R = ks > 1 ? 200 + ks : 1, *U = 2;
-		return;
-	}
-	*R = ru >= 200 ? 200 + (ru / 10) % 10 : ru >= 100 ? 100 + (ru / 10) % 10 : ru / 10, *U = ru % 10;
+	int ks = 1, nv = K / 16;
+	while (ks < 8 && (long)N * ks < 16384 && nv >= 32 * 2 * ks * 2)
+		ks *= 2;
+	*R = ks > 1 ? 200 + ks : 1, *U = 2;
 }
 
 template <typename TO>
@@ -494,7 +474,7 @@ extern "C" void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8
 }
 
 extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-					  enum sfw_dtype sdt, int group, int N, int K, void *stream)
+					  enum sfw_dtype sdt, int group, int N, int K, struct sfw_cuda_ctx *cx)
 {
 	group = w8_group(group, K);
 	if (N <= 0 || sdt != SFW_DTYPE_BF16 || !w8_vec_ok(x, K, codes, group, 1, K))
@@ -502,7 +482,7 @@ extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t 
 	int blocks = (N + W8_WARPS - 1) / W8_WARPS;
 	/* U2: the unroll of the plain decode GEMV on gate|up (w8_default_variant) */
 	sfwc_launch(gemv_w8_kernel<2, 2, 1, SDT_BF16, uint16_t, false, 1, true>, dim3(blocks), dim3(W8_WARPS * 32), 0,
-		    SFW_CUDA_STREAM(stream), (const uint16_t *)x, K, codes, scales, (K + group - 1) / group, group,
+		    SFW_CUDA_STREAM(cx->stream), (const uint16_t *)x, K, codes, scales, (K + group - 1) / group, group,
 		    w8_gshift(group), (uint16_t *)y, N, N, K, 1.0f);
 	SFW_CUDA_LAUNCHED();
 	return 1;
@@ -517,20 +497,20 @@ extern "C" void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int
 
 /* The scratch the op twins dequantize into: the bound op scratch (≥
  * SFW_CUDA_SCRATCH_MIN, reused in stream order), at least 64 rows. */
-static void *w8_scratch(int K, size_t *bytes)
+static void *w8_scratch(struct sfw_cuda_ctx *cx, int K, size_t *bytes)
 {
 	size_t want = (size_t)64 * K * 2;
 	*bytes = want > SFW_CUDA_SCRATCH_MIN ? want : SFW_CUDA_SCRATCH_MIN;
-	return sfwi_cuda_scratch(*bytes);
+	return sfwi_cuda_scratch(cx, *bytes);
 }
 
 extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
 				      enum sfw_dtype sdt, int group, int M, int N, int K, enum sfw_dtype act,
-				      void *stream)
+				      struct sfw_cuda_ctx *cx)
 {
 	if (M <= 0 || N <= 0)
 		return;
-	cudaStream_t s = SFW_CUDA_STREAM(stream);
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	if (act == SFW_DTYPE_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
 		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0, 0,
 			    1.0f, s);
@@ -538,9 +518,9 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *cod
 	}
 	if (act == SFW_DTYPE_BF16) {
 		size_t sb;
-		void *scr = w8_scratch(K, &sb);
-		gemm_w8_any(sfwi_cuda_blas(), (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 1.0f, scr,
-			    sb, stream);
+		void *scr = w8_scratch(cx, K, &sb);
+		gemm_w8_any(cx->blas, (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 1.0f, scr,
+			    sb, cx->stream);
 		return;
 	}
 	long outs = (long)M * N;
@@ -551,18 +531,18 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *cod
 
 extern "C" void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales,
 				      enum sfw_dtype sdt, int group, int M, int N, int K, float in_scale,
-				      enum sfw_dtype act, void *stream)
+				      enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (M <= 0 || N <= 0)
 		return;
 	SFW_ASSERT(act == SFW_DTYPE_BF16); /* the engine's activations; float twins use the CPU */
 	if (M <= SFW_CUDA_GEMV_MAX_M) {
 		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 0, 0, in_scale,
-			    SFW_CUDA_STREAM(stream));
+			    SFW_CUDA_STREAM(cx->stream));
 		return;
 	}
 	size_t sb;
-	void *scr = w8_scratch(K, &sb);
-	gemm_w8_any(sfwi_cuda_blas(), (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 1, in_scale, scr,
-		    sb, stream);
+	void *scr = w8_scratch(cx, K, &sb);
+	gemm_w8_any(cx->blas, (const uint16_t *)x, K, codes, scales, sdt, group, y, N, M, N, K, 1, in_scale, scr,
+		    sb, cx->stream);
 }

@@ -31,17 +31,17 @@ static __global__ void matmul_generic_kernel(void *y, const A *x, const void *w,
 }
 
 extern "C" void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
-				   enum sfw_dtype act, void *stream)
+				   enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (M <= 0 || N <= 0)
 		return;
 	if (act == SFW_DTYPE_BF16 && wdt == SFW_DTYPE_BF16) {
-		sfw_cuda_linear(sfwi_cuda_blas(), (const uint16_t *)x, K, (const uint16_t *)w, (uint16_t *)y, N, M, N, K,
-				stream);
+		sfw_cuda_linear(cx->blas, (const uint16_t *)x, K, (const uint16_t *)w, (uint16_t *)y, N, M, N, K,
+				cx->stream);
 		return;
 	}
 	long outs = (long)M * N;
-	ACT_DISPATCH(act, sfwc_launch(matmul_generic_kernel<A, false>, dim3((unsigned)((outs + 7) / 8)), dim3(256), 0, SFW_CUDA_STREAM(stream), 
+	ACT_DISPATCH(act, sfwc_launch(matmul_generic_kernel<A, false>, dim3((unsigned)((outs + 7) / 8)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), 
 				  y, (const A *)x, w, wdt, M, N, K, 1.0f));
 	SFW_CUDA_LAUNCHED();
 }
@@ -54,7 +54,7 @@ static __global__ void round_bf16_inplace(float *y, size_t n)
 }
 
 extern "C" void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
-				   float in_scale, enum sfw_dtype act, void *stream)
+				   float in_scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (M <= 0 || N <= 0)
 		return;
@@ -64,18 +64,18 @@ extern "C" void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum 
 		 * rounding of the logits before the float cast (§2.5), in the
 		 * GEMV's store for the rows it takes (decode) */
 		if (M <= SFW_CUDA_GEMV_AUTO_M) {
-			sfwi_cuda_gemv_logits((const uint16_t *)x, (const uint16_t *)w, y, M, N, K, in_scale, stream);
+			sfwi_cuda_gemv_logits((const uint16_t *)x, (const uint16_t *)w, y, M, N, K, in_scale, cx->stream);
 			return;
 		}
-		sfw_cuda_linear_f32out(sfwi_cuda_blas(), (const uint16_t *)x, K, (const uint16_t *)w, y, N, M, N, K,
-				       in_scale, stream);
+		sfw_cuda_linear_f32out(cx->blas, (const uint16_t *)x, K, (const uint16_t *)w, y, N, M, N, K,
+				       in_scale, cx->stream);
 		size_t n = (size_t)M * N;
-		sfwc_launch(round_bf16_inplace, dim3((unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256)), dim3(256), 0, SFW_CUDA_STREAM(stream), y, n);
+		sfwc_launch(round_bf16_inplace, dim3((unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), y, n);
 		SFW_CUDA_LAUNCHED();
 		return;
 	}
 	long outs = (long)M * N;
-	ACT_DISPATCH(act, sfwc_launch(matmul_generic_kernel<A, true>, dim3((unsigned)((outs + 7) / 8)), dim3(256), 0, SFW_CUDA_STREAM(stream), 
+	ACT_DISPATCH(act, sfwc_launch(matmul_generic_kernel<A, true>, dim3((unsigned)((outs + 7) / 8)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), 
 				  y, (const A *)x, w, wdt, M, N, K, in_scale));
 	SFW_CUDA_LAUNCHED();
 }

@@ -7,7 +7,8 @@
  *   - activation pointers (float * here) become void * in the activation dtype
  *     `act` (SFW_DTYPE_BF16 normally: rounded where the reference rounds,
  *     docs/model-spec.md §2; SFW_DTYPE_F32 allowed for twin tests);
- *   - `enum sfw_dtype act` and `void *stream` are appended;
+ *   - `enum sfw_dtype act` and `struct sfw_cuda_ctx *cx` (kernels/ops_cuda.h:
+ *     the stream, cuBLASLt handle, scratch and kernel choices) are appended;
  *   - every pointer is in the twin's memory space (host for _cpu, device for
  *     _cuda), including small parameter arrays such as `decay`.
  * Buffers that the reference keeps in float32 (the lightning state, stage-1
@@ -44,6 +45,31 @@ static inline float sfw_op_wget(const void *w, enum sfw_dtype dt, size_t i)
  * failure flag. One per CPU backend; ex may be shared by several threads
  * (their jobs take turns on the pool). */
 struct sfw_ops_cpu;
+struct sfw_cuda_ctx; /* kernels/ops_cuda.h: what a CUDA twin runs with */
+
+/* A block-selection call's shape (docs/model-spec.md §2.6.4): T rows at
+ * positions pos0 .. pos0 + T - 1, nh query heads over nkv key heads of hd;
+ * level-1 chunks of ksize tokens every stride (level 2: 4 ksize every 4
+ * stride); blocks of `block` tokens, the first init_blocks and the
+ * local_blocks up to a row's own always kept; stage 1's scale 1/sqrt(hd). */
+struct sfw_sel_shape {
+	int T, nh, nkv, hd;
+	int64_t pos0;
+	int ksize, stride;
+	int block, init_blocks, local_blocks;
+	float scale;
+};
+
+/* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_*): T rows
+ * of nhq query and nhk key heads of hd at positions pos0 .., rmsnorm eps,
+ * RoPE when rope != 0 with base theta. */
+struct sfw_qk_shape {
+	int T, nhq, nhk, hd;
+	float eps;
+	int rope;
+	int64_t pos0;
+	float theta;
+};
 /* nthreads in [1, 256]. */
 SFW_MUST_CHECK enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct sfw_err *err);
 void sfw_ops_cpu_free(struct sfw_ops_cpu *ex); /* NULL is a no-op */
@@ -99,11 +125,11 @@ void sfw_op_rmsnorm_gate_cpu(float *y, const float *x, const void *w, enum sfw_d
 /* Fused (kernels/fused.c): the lightning layers' per-head q/k norm and RoPE
  * (docs/model-spec.md §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
  * q = rmsnorm(q) with qw [hd] and k = rmsnorm(k) with kw [hd] per head
- * (rows T*nhq and T*nhk, n = hd), then, when rope != 0, NeoX RoPE on both
- * from pos0: exactly sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
+ * (rows T*nhq and T*nhk, n = hd; qw or kw NULL: that norm is left out),
+ * then, when rope != 0, NeoX RoPE on both from pos0: exactly
+ * sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
 void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-			     enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
-			     float theta);
+			     enum sfw_dtype kwdt, const struct sfw_qk_shape *sh);
 
 /* ---- matrix products (kernels/matmul.c) ----------------------------------- */
 
@@ -167,14 +193,13 @@ void sfw_op_compress_cpu(float *c, const float *k, int nkv, int hd, int64_t j0, 
  * lengths = 15 (mod 16) / 63 (mod 64) (docs/model-spec.md §2.6.6, derived by reading,
  * not run) is not reproduced: every row sees exactly the chunks above. */
 void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n1, const float *c2,
-		       int64_t n2, int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride,
-		       float scale);
+		       int64_t n2, const struct sfw_sel_shape *sh);
 /* Max-pool to blocks, §2.6.4 step 4: pooled[g, r, b] for b < nblocks =
  * +inf if b < init_blocks or qb - local_blocks <= b <= qb (qb = p / block);
  * else the max of scores[g, r, j] over the level-1 chunks j < n1 that overlap
  * block b; -inf if there are none. pooled [nkv, T, nblocks]. */
-void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
-			    int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks);
+void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+			    const struct sfw_sel_shape *sh);
 /* Top-k, §2.6.4 step 5: per (g, r), the indices of the min(k, nblocks) largest
  * pooled values (ties -> lower index), sorted ascending, then every index >
  * qb replaced by -1 in place; slots past min(k, nblocks) are -1.
@@ -207,48 +232,48 @@ double sfw_op_sample_uniform(uint64_t rng[4]);
 #ifdef SFW_HAVE_CUDA
 /* CUDA twins (kernels/<family>.cu), same meaning; see the top comment. */
 void sfw_op_embed_cuda(void *x, const void *E, enum sfw_dtype edt, const int32_t *ids, int T, int D,
-		       float scale, enum sfw_dtype act, void *stream);
+		       float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_rmsnorm_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int rows, int n,
-			 float eps, enum sfw_dtype act, void *stream);
+			 float eps, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_add_scaled_cuda(void *x, const void *b, size_t n, float scale, enum sfw_dtype act,
-			    void *stream);
+			    struct sfw_cuda_ctx *cx);
 void sfw_op_silu_mul_cuda(void *y, const void *gate, const void *up, size_t n, enum sfw_dtype act,
-			  void *stream);
+			  struct sfw_cuda_ctx *cx);
 void sfw_op_sigmoid_mul_cuda(void *y, const void *x, const void *gate, size_t n, enum sfw_dtype act,
-			     void *stream);
+			     struct sfw_cuda_ctx *cx);
 void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta, enum sfw_dtype act,
-			   void *stream);
+			   struct sfw_cuda_ctx *cx);
 /* kernels/fused.cu: one kernel for few wide rows (decode), bit-identical to
  * sfw_op_add_scaled_cuda + sfw_op_rmsnorm_cuda (the two launches otherwise). */
 /* kernels/sample.cu: one block; writes the id to *out (device), or -1 when
  * the host must finish (top_k > SFWS_MAX_SORT, or a nucleus wider than
  * that): then sfw_op_sample_cpu on the same logits gives the answer. */
 void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct sfw_op_sample_params *p, double u,
-			void *stream);
+			struct sfw_cuda_ctx *cx);
 void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w, enum sfw_dtype wdt,
-			     int rows, int n, float eps, enum sfw_dtype act, void *stream);
+			     int rows, int n, float eps, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* kernels/fused.cu: one kernel for few wide rows (decode), bit-identical to
  * sfw_op_rmsnorm_cuda + sfw_op_sigmoid_mul_cuda (the two launches otherwise). */
 void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, const void *z, int rows,
-			      int n, float eps, enum sfw_dtype act, void *stream);
+			      int n, float eps, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* kernels/fused.cu: one launch for q and k, bit-identical to
  * sfw_op_rmsnorm_cuda on each followed by sfw_op_rope_neox_cuda on each
  * (hd 32, 64, 128; other head dims take those unfused launches). */
 void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-			      enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope, int64_t pos0,
-			      float theta, enum sfw_dtype act, void *stream);
+			      enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, enum sfw_dtype act,
+			      struct sfw_cuda_ctx *cx);
 /* w must not be written by the kernel just before (the GEMV streams it
  * before the programmatic-launch wait: kernels/ops_cuda.h, sfw_cuda_gemv). */
 void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
-			enum sfw_dtype act, void *stream);
+			enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
-			float in_scale, enum sfw_dtype act, void *stream);
+			float in_scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* sfw_op_matmul_w8_cpu with bf16 activations (kernels/linear_w8.cu; act F32
  * runs a plain warp-per-output kernel): M <= 8 a GEMV over the codes and
  * scales, M > 8 dequantization to bf16 slabs in the op scratch + cuBLASLt.
  * codes and scales are device copies in the layout of num/w8_layout.h. */
 void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-			   int group, int M, int N, int K, enum sfw_dtype act, void *stream);
+			   int group, int M, int N, int K, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* The decode MLP's SwiGLU in the int8 GEMV (M = 1, bf16 activations, BF16
  * scales, K and the group multiples of 16, 16-byte aligned codes and x):
  * codes/scales hold the merged gate|up [2N, K]; y[N] = silu(g)·u with g, u
@@ -257,32 +282,30 @@ void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const v
  * default gate|up variant), twin sfw_op_matmul_silu_w8_cpu. Returns 0 (nothing
  * launched) for shapes it does not take. */
 int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-			       enum sfw_dtype sdt, int group, int N, int K, void *stream);
+			       enum sfw_dtype sdt, int group, int N, int K, struct sfw_cuda_ctx *cx);
 /* Logits with an int8 lm_head (third-party checkpoints): y = bf16-rounded
  * in_scale * x . W^T as float, like sfw_op_logits_cuda (act BF16 only). */
 void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-			   int group, int M, int N, int K, float in_scale, enum sfw_dtype act, void *stream);
+			   int group, int M, int N, int K, float in_scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_gla_recurrent_cuda(void *o, const void *q, const void *k, const void *v, float *state,
 			       const float *decay, int T, int nh, int hd, float scale, enum sfw_dtype act,
-			       void *stream);
+			       struct sfw_cuda_ctx *cx);
 void sfw_op_gla_chunked_cuda(void *o, const void *q, const void *k, const void *v, float *state,
 			     const float *decay, int T, int nh, int hd, float scale, int chunk,
-			     enum sfw_dtype act, void *stream);
+			     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
-			    int hd, int64_t pos0, float scale, enum sfw_dtype act, void *stream);
+			    int hd, int64_t pos0, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T,
 			     int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
-			     enum sfw_dtype act, void *stream);
+			     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
-			  int stride, enum sfw_dtype act, void *stream);
+			  int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
-			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			enum sfw_dtype act, void *stream);
-void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
-			     int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks,
-			     enum sfw_dtype act, void *stream);
+			const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+			     const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
-			     int k, int block, enum sfw_dtype act, void *stream);
+			     int k, int block, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 #endif
 
 #endif

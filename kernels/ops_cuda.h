@@ -72,9 +72,6 @@ void sfw_cuda_h2d(void *dst, const void *src, size_t n, void *stream);
 void sfw_cuda_d2h(void *dst, const void *src, size_t n, void *stream);
 void sfw_cuda_d2d(void *dst, const void *src, size_t n, void *stream);
 void sfw_cuda_memset(void *dst, int byte, size_t n, void *stream);
-/* Page-locked host memory for staging uploads. */
-SFW_MUST_CHECK enum sfw_status sfw_cuda_host_alloc(void **p, size_t bytes, struct sfw_err *err);
-void sfw_cuda_host_free(void *p);
 
 /* Graph capture of everything queued on stream between begin and end. */
 void sfw_cuda_graph_begin(void *stream);
@@ -85,13 +82,13 @@ void sfw_cuda_graph_free(void *graph_exec);
 /* NeoX RoPE (sfw_op_rope_neox_cuda) with the position of row 0 read from
  * device memory (*dpos, int64) when the kernel runs: a captured decode graph
  * replays with the position of the step (kernels/elementwise.cu). */
-void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, void *stream);
+void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, struct sfw_cuda_ctx *cx);
 /* sfw_op_qk_norm_rope_cuda with the position of row 0 read from *dpos (int64,
- * device memory) when the kernel runs if dpos is non-NULL, else pos0: the
+ * device memory) when the kernel runs if dpos is non-NULL, else sh->pos0: the
  * same kernel serves eager calls and recorded decode steps. */
 void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-				  enum sfw_dtype kwdt, int T, int nhq, int nhk, int hd, float eps, int rope,
-				  int64_t pos0, const int64_t *dpos, float theta, enum sfw_dtype act, void *stream);
+				  enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, const int64_t *dpos, enum sfw_dtype act,
+				  struct sfw_cuda_ctx *cx);
 
 /* ---- paged KV caches (runner/batch.h, runner/backend_cuda.c) ----
  * The K and V of a paged cache live in blocks of 2^shift tokens drawn from
@@ -109,16 +106,16 @@ struct sfw_cuda_pages {
 /* sfw_op_attn_dense_cuda, sfw_op_attn_sparse_cuda, sfw_op_compress_cuda
  * (kernels/ops.h) on a paged cache; those are these with pg NULL. */
 void sfw_cuda_attn_dense_pg(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
-			    int T, int nh, int nkv, int hd, int64_t pos0, float scale, enum sfw_dtype act, void *stream);
+			    int T, int nh, int nkv, int hd, int64_t pos0, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_cuda_attn_sparse_pg(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
 			     const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block,
-			     float scale, enum sfw_dtype act, void *stream);
+			     float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_cuda_compress_pg(void *c, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd, int64_t j0,
-			  int64_t j1, int ksize, int stride, enum sfw_dtype act, void *stream);
+			  int64_t j1, int ksize, int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* T rows of k and v (row_bytes each) to rows pos0 .. pos0 + T - 1 of the
  * cache (a contiguous one: one copy each). */
 void sfw_cuda_kv_write_pg(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
-			  size_t row_bytes, int64_t pos0, int T, void *stream);
+			  size_t row_bytes, int64_t pos0, int T, struct sfw_cuda_ctx *cx);
 
 /* ---- a recorded decode step (one row, its position read on the device) ----
  * Each op means its sfw_op_*_cuda twin (kernels/ops.h) called with T = 1 and
@@ -134,28 +131,28 @@ void sfw_cuda_kv_write_pg(void *kc, void *vc, const struct sfw_cuda_pages *pg, c
 /* K and V rows (row_bytes each) to row *dpos of the caches (sfw_backend kv_append).
  * pg: the caches' pages (above; NULL: contiguous), here and below. */
 void sfw_cuda_kv_append_devpos(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
-			       size_t row_bytes, const int64_t *dpos, void *stream);
+			       size_t row_bytes, const int64_t *dpos, struct sfw_cuda_ctx *cx);
 /* The level-1 and level-2 chunks the token at *dpos completes (sfw_op_compress_cuda
  * for chunks [nchunks(p), nchunks(p + 1)) of each level; c1, c2 as the cache holds them). */
 void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd,
-			      int ksize, int stride, const int64_t *dpos, enum sfw_dtype act, void *stream);
+			      int ksize, int stride, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv, int hd,
 			    int64_t len_bound, int ksize, int stride, float scale, const int64_t *dpos,
-			    enum sfw_dtype act, void *stream);
+			    enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, int nkv, int64_t len_bound, int ksize, int stride,
-				 int block, int init_blocks, int local_blocks, const int64_t *dpos, void *stream);
+				 int block, int init_blocks, int local_blocks, const int64_t *dpos, struct sfw_cuda_ctx *cx);
 void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int k, int block, const int64_t *dpos,
-				 void *stream);
+				 struct sfw_cuda_ctx *cx);
 /* sfw_cuda_pool_blocks_devpos then sfw_cuda_topk_blocks_devpos in one
  * launch, from the level-1 scores (no pooled array written): equal idx. */
 void sfw_cuda_pool_topk_devpos(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
-			       int init_blocks, int local_blocks, const int64_t *dpos, void *stream);
+			       int init_blocks, int local_blocks, const int64_t *dpos, struct sfw_cuda_ctx *cx);
 void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
 				 const struct sfw_cuda_pages *pg, const int32_t *idx, int nh, int nkv, int hd, int k,
-				 int block, float scale, const int64_t *dpos, enum sfw_dtype act, void *stream);
+				 int block, float scale, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc,
 				const struct sfw_cuda_pages *pg, int nh, int nkv, int hd, int64_t len_bound, float scale,
-				const int64_t *dpos, enum sfw_dtype act, void *stream);
+				const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 /* ---- a batched decode step: one row per sequence ----
  * Row s->row[i] of the call's q, k, v, o belongs to sequence i of s, whose
@@ -209,30 +206,30 @@ struct sfw_cuda_steptab {
 };
 /* p[0] the K caches, p[1] the V caches; k, v rows of row_bytes. */
 void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,
-			     void *stream);
+			     struct sfw_cuda_ctx *cx);
 /* p[0] the level-1, p[1] the level-2 compressed keys, p[2] the K caches:
  * the chunks each sequence's token completes (sfw_cuda_compress_devpos). */
 void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
-			    enum sfw_dtype act, void *stream);
+			    enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Dense causal GQA of each row over its cache (p[0] K, p[1] V) up to and
  * including its own position. q, o rows of [nh, hd]. */
 void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sfw_cuda_seqs *s, int nh, int nkv, int hd,
-			      float scale, enum sfw_dtype act, void *stream);
+			      float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* The recurrent GLA step of each row against its fp32 state p[0] [nh, hd, hd].
  * q, k, v, o rows of [nh, hd]. */
 void sfw_cuda_gla_seqs(void *o, const void *q, const void *k, const void *v, const struct sfw_cuda_seqs *s,
-		       const float *decay, int nh, int hd, float scale, enum sfw_dtype act, void *stream);
+		       const float *decay, int nh, int hd, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* sfw_op_qk_norm_rope_cuda over the sequences' rows (q rows of [nhq, hd],
  * k rows of [nhk, hd]), sequence i's at position pos[i] (p unused). */
 void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
 				enum sfw_dtype kwdt, const struct sfw_cuda_seqs *s, int nhq, int nhk, int hd, float eps,
-				int rope, float theta, enum sfw_dtype act, void *stream);
+				int rope, float theta, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 /* sfw_op_sample_cuda (kernels/ops.h) for rows 0 .. n-1 of logits [n, V]
  * into out[0 .. n) in one launch (n <= SFW_CUDA_SEQS_MAX): row i with p[i]
  * and u[i]; p[i] NULL leaves out[i] alone. */
 void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, int n, const struct sfw_op_sample_params *const *p,
-			  const double *u, void *stream);
+			  const double *u, struct sfw_cuda_ctx *cx);
 
 /* Test/bench helpers: fill with deterministic pseudo-random values
  * uniform in [-scale, scale) (bf16 or float32). Never zeros: zeros hide
@@ -261,8 +258,6 @@ struct sfw_cuda_blas; /* cuBLASLt handle + workspace, bound to one stream */
 SFW_MUST_CHECK enum sfw_status sfw_cuda_blas_new(struct sfw_cuda_blas **out, size_t workspace_bytes,
 						 struct sfw_err *err);
 void sfw_cuda_blas_free(struct sfw_cuda_blas *b);
-/* The workspace bytes it owns (for the memory plan). */
-size_t sfw_cuda_blas_workspace(const struct sfw_cuda_blas *b);
 
 void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y,
 		     int ldy, int M, int N, int K, void *stream);
@@ -312,27 +307,30 @@ void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales,
 size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes);
 
 
-/* The sfw_op_*_cuda twins of kernels/ops.h carry only a stream; the cuBLASLt
- * handle and the scratch memory they need (split-K partials) come from here.
- * The CUDA backend binds its own (scratch ≥ SFW_CUDA_SCRATCH_MIN bytes); an op
- * that finds none bound creates a default on first use (never inside a graph
- * capture). Binding NULL unbinds. */
+/* ---- the state an op runs with ----
+ * Every op (the sfw_op_*_cuda twins of kernels/ops.h and the sfw_cuda_*
+ * kernels above) takes it explicitly: the stream it is queued on, the
+ * cuBLASLt handle and workspace of its GEMMs, the scratch memory of its
+ * split partials (at least SFW_CUDA_SCRATCH_MIN bytes), and the kernel
+ * choices. Nothing is bound to a thread or to the process: two contexts
+ * (two backends) never use each other's. sfw_cuda_ctx_new makes one on
+ * `stream` (not owned: the caller frees it after sfw_cuda_ctx_free) with a
+ * handle and scratch of its own. A context whose scratch is fixed (a
+ * backend's: its recorded steps point into it) aborts when an op needs more
+ * (the plan is wrong); any other grows it, outside a graph capture. */
 #define SFW_CUDA_SCRATCH_MIN ((size_t)64 << 20)
-void sfw_cuda_ops_bind(struct sfw_cuda_blas *b, void *scratch, size_t scratch_bytes);
-/* The run-time choices of the twins (the CUDA backend binds its own, from
- * struct sfw_backend_opts, before each op; tests bind theirs). Bindings
- * (this one and sfw_cuda_ops_bind's) belong to the calling thread. */
-struct sfw_cuda_ops_cfg {
-	int attn;       /* attention: 0 auto (tensor cores for supported prefill-sized calls), 1 CUDA
-			 * cores only ("simt"), 2 tensor cores for every shape they support ("tc") */
-	int stage1;     /* stage-1 scoring: the same three modes (auto: tensor cores for decode rows too) */
-	int gla_serial; /* 1: Lightning prefill walks each head's chunks in one block */
-	int no_pdl;     /* 1: no programmatic dependent launch (else on sm_90+) */
-	int sms;        /* multiprocessors of the device; 0 = ask the current device */
-	int w8_gemv;    /* int8 decode GEMV variant RU for every shape (kernels/linear_w8.cu); 0 = the table */
+struct sfw_cuda_ctx {
+	void *stream;
+	struct sfw_cuda_blas *blas;
+	void *scratch;
+	size_t scratch_bytes;
+	int fixed;  /* the scratch never moves */
+	int attn;   /* attention: 0 auto (tensor cores for supported prefill-sized calls), 1 CUDA
+		     * cores only ("simt"), 2 tensor cores for every shape they support ("tc") */
+	int stage1; /* stage-1 scoring: the same three modes (auto: tensor cores for decode rows too) */
+	int sms;    /* multiprocessors of the device (sfw_cuda_ctx_new asks it) */
 };
-void sfw_cuda_ops_set_cfg(const struct sfw_cuda_ops_cfg *cfg); /* copied; NULL = all defaults */
-/* Releases the default handle/scratch made by an unbound op (tests). */
-void sfw_cuda_ops_release_default(void);
+SFW_MUST_CHECK enum sfw_status sfw_cuda_ctx_new(void *stream, struct sfw_cuda_ctx **out, struct sfw_err *err);
+void sfw_cuda_ctx_free(struct sfw_cuda_ctx *cx); /* NULL is a no-op */
 
 #endif

@@ -273,7 +273,7 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 }
 
 extern "C" void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, int n,
-				     const struct sfw_op_sample_params *const *p, const double *u, void *stream)
+				     const struct sfw_op_sample_params *const *p, const double *u, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(n >= 0 && n <= SFW_CUDA_SEQS_MAX);
 	sample_rows R;
@@ -293,12 +293,12 @@ extern "C" void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, i
 	}
 	if (!nb)
 		return;
-	sfwc_launch(sample_kernel, dim3((unsigned)nb), dim3(SFWS_THREADS), 0, SFW_CUDA_STREAM(stream), R);
+	sfwc_launch(sample_kernel, dim3((unsigned)nb), dim3(SFWS_THREADS), 0, SFW_CUDA_STREAM(cx->stream), R);
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct sfw_op_sample_params *p,
-				   double u, void *stream)
+				   double u, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_sample_rows(out, logits, V, 1, &p, &u, stream);
+	sfw_cuda_sample_rows(out, logits, V, 1, &p, &u, cx);
 }

@@ -5,18 +5,22 @@
  * (bf16 activations with the reference's rounding points, weights uploaded
  * into one device arena). forward.c never dereferences an activation: every
  * buffer is an opaque pointer into backend memory, sized in elements of the
- * backend's activation dtype (act_size bytes each), and the only ways across
- * are the to_host / from_host calls. Buffers are plain addresses in the
- * backend's memory space, so (char *)p + i * act_size is element i (forward.c
- * offsets rows this way).
+ * backend's activation dtype (sfw_be_act_size bytes each), and the only way
+ * across is the transfer member. Buffers are plain addresses in the
+ * backend's memory space, so (char *)p + i * sfw_be_act_size(be) is element
+ * i (forward.c offsets rows this way).
  *
- * Every member is filled by every backend: forward.c calls each op the same
- * way whatever the backend. Fused ops (add+norm, q/k norm+RoPE, gate|up+SiLU,
- * projection groups) are always called; a backend that has no fused kernel
- * composes the unfused ops (runner/backend_compose.c, docs/style.md §13.10).
- * What a backend takes is declared by `supports` (per op and weight dtype),
- * not by NULL members. Decode-step recording (CUDA graphs) is the backend's
- * business: forward.c hands it one step's ops as a function (`step`).
+ * The table has five groups a reader can name: memory and transfers,
+ * weights, caches and the block pool, the ops, capture and sync. Every op
+ * goes through one member, op(), with an op kind and its arguments (struct
+ * sfw_op); callers use the typed sfw_be_* calls below, which fill one.
+ * Optional members are NULL, and the one place that stands in for them is
+ * runner/backend_compose.c (sfwi_op, sfwi_step, ...): an op a backend does
+ * not take (supports_op, the single way to ask) is composed there from the
+ * unfused ops (projection groups, gate|up + SiLU, q/k norm + RoPE, the
+ * per-sequence ops; docs/style.md §13.10). Decode-step recording (CUDA
+ * graphs) is the backend's business: forward.c hands it one step's ops as a
+ * function (`step`).
  *
  * Caches belong to the backend: per sparse layer the K and V of every token
  * [len, nkv, hd], growing in 64-token blocks, and the two levels of
@@ -82,7 +86,7 @@ struct sfw_cache_desc {
 	int ksize, stride;           /* level-1 compression (level 2: x4) */
 	int block;                   /* KV growth granule and selection block (64) */
 	int sel_k;                   /* blocks selected per row (topk + window/block) */
-	/* Paged KV (backends that support SFW_BOP_POOL): the K and V of the sparse layers
+	/* Paged KV (backends that support SFW_OP_POOL): the K and V of the sparse layers
 	 * in blocks drawn from pool by cache_reserve, at most max_tokens;
 	 * NULL: the cache grows on its own. */
 	struct sfw_bpool *pool;
@@ -111,19 +115,42 @@ struct sfw_bgroup {
 	struct sfw_bweight merged;
 };
 
-/* What `supports` is asked about: an op taking weights of a dtype. */
-enum sfw_bop {
-	SFW_BOP_MATMUL,  /* matmul, matmul_group, swiglu */
-	SFW_BOP_LOGITS,
-	SFW_BOP_EMBED,
-	SFW_BOP_NORM,    /* rmsnorm, add_rmsnorm, qk_norm_rope weights */
-	SFW_BOP_POOL,    /* paged KV (pool_new); dtype ignored */
-	SFW_BOP_RECORD,  /* step replays a recording (dtype ignored) */
+/* The ops (member op) and the capabilities supports_op answers for. */
+enum sfw_opk {
+	SFW_OP_EMBED,
+	SFW_OP_RMSNORM,
+	SFW_OP_ADD_SCALED,
+	SFW_OP_SILU_MUL,
+	SFW_OP_SIGMOID_MUL,
+	SFW_OP_ROPE,
+	SFW_OP_MATMUL,
+	SFW_OP_MATMUL_GROUP,    /* composable */
+	SFW_OP_SWIGLU,          /* composable */
+	SFW_OP_ADD_RMSNORM,
+	SFW_OP_RMSNORM_GATE,
+	SFW_OP_QK_NORM_ROPE,    /* composable */
+	SFW_OP_LOGITS,
+	SFW_OP_KV_APPEND,
+	SFW_OP_ATTN_DENSE,
+	SFW_OP_COMPRESS,
+	SFW_OP_SPARSE_SELECT,
+	SFW_OP_ATTN_SPARSE,
+	SFW_OP_GLA,
+	SFW_OP_QK_NORM_ROPE_SEQS, /* composable, as are the four below */
+	SFW_OP_GLA_SEQS,
+	SFW_OP_KV_APPEND_SEQS,
+	SFW_OP_COMPRESS_SEQS,
+	SFW_OP_ATTN_DENSE_SEQS,
+	SFW_OP_SAMPLE,
+	SFW_OP_N,
+	/* capabilities (supports_op only; dtype ignored) */
+	SFW_OP_POOL = SFW_OP_N, /* paged KV (pool_new) */
+	SFW_OP_RECORD,          /* step replays recordings */
 };
 
 /* One sequence's rows in a forward step: rows [row0, row0 + R) of the
- * step's buffers, at positions pos0 .. pos0 + R - 1 of cache (the *_seqs
- * ops below; runner/forward.c). At most SFW_BSEQ_MAX per call. */
+ * step's buffers, at positions pos0 .. pos0 + R - 1 of cache (the *_SEQS
+ * ops; runner/forward.c). At most SFW_BSEQ_MAX per call. */
 #define SFW_BSEQ_MAX 64
 struct sfw_bseq {
 	struct sfw_bcache *cache;
@@ -131,76 +158,149 @@ struct sfw_bseq {
 	int row0, R;
 };
 
-/* One decode step's ops, issued by forward.c (backend.h, step). */
-typedef enum sfw_status (*sfw_step_fn)(void *arg, struct sfw_err *err);
-/* A batched step's ops over `rows` rows (be->step_seqs): the step's own n,
- * or a batch-size bucket's rows >= n whose rows from n on are padding. */
+/* An op and its arguments: kind names the member of the union that holds
+ * them. Meanings: kernels/ops.h, and the sfw_be_* calls below; every
+ * buffer, ids included, is a backend pointer. */
+struct sfw_op {
+	enum sfw_opk kind;
+	union {
+		struct { void *x; const struct sfw_bweight *E; const int32_t *ids; int T; float scale; } embed;
+		/* rmsnorm, and add_rmsnorm (x += scale * b first: x is written), rmsnorm_gate (y *= sigmoid(z)) */
+		struct {
+			void *y, *x;
+			const void *b, *z;
+			float scale;
+			const struct sfw_bweight *w;
+			int rows, n;
+			float eps;
+		} norm;
+		/* add_scaled: x += scale * b; silu_mul: y = silu(a) * b; sigmoid_mul: y = a * sigmoid(b) */
+		struct { void *y; const void *a, *b; size_t n; float scale; } ew;
+		struct { void *x; int T, nh, hd; int64_t pos0; float theta; } rope;
+		/* matmul (w), matmul_group (g), swiglu (g, tmp), logits (w; y float) */
+		struct {
+			void *y, *tmp;
+			const void *x;
+			const struct sfw_bweight *w;
+			const struct sfw_bgroup *g;
+			int M;
+			float scale;
+		} mm;
+		/* qk_norm_rope (pos0, T) and qk_norm_rope_seqs (s, ns) */
+		struct {
+			void *q, *k;
+			const struct sfw_bweight *qw, *kw;
+			const struct sfw_bseq *s;
+			int ns, T, nhq, nhk, hd;
+			float eps;
+			int rope;
+			int64_t pos0;
+			float theta;
+		} qk;
+		/* the single-cache ops: kv_append (k, v, T), attn_dense (o, q, T,
+		 * nh, scale), compress, sparse_select (idx out, q, nh, sp,
+		 * pooled_last), attn_sparse (o, q, idx, nh, sp), gla (o, q, k, v,
+		 * decay, T, nh, hd, scale) */
+		struct {
+			struct sfw_bcache *c;
+			int layer;
+			void *o;
+			const void *q, *k, *v;
+			int32_t *idx;
+			const float *decay;
+			int T, nh, hd;
+			float scale;
+			const struct sfw_sparse_params *sp;
+			float *pooled_last;
+		} cache;
+		/* the per-sequence ops: gla_seqs (o, q, k, v, decay, nh, hd,
+		 * scale), kv_append_seqs (k, v, kvd), compress_seqs,
+		 * attn_dense_seqs (o, q, nh, hd, scale) */
+		struct {
+			const struct sfw_bseq *s;
+			int ns, layer;
+			void *o;
+			const void *q, *k, *v;
+			const float *decay;
+			int nh, hd, kvd;
+			float scale;
+		} seqs;
+		/* next-token choices from rows 0 .. n-1 of float logits [n, V]:
+		 * out[i] = the id, or -1 when the host must finish with
+		 * sfw_op_sample_cpu; p[i] NULL: no choice for row i */
+		struct {
+			int32_t *out;
+			const float *logits;
+			int V, n;
+			const struct sfw_op_sample_params *const *p;
+			const double *u;
+		} sample;
+	};
+};
+
+/* One decode step (member step): n sequences, one row each (n = 1: a
+ * context's step; forward.c), row i the token of caches[i] at pos[i], its
+ * sparse layers selecting blocks where sparse[i]. fn(arg, rows) issues the
+ * step's ops over `rows` rows (rows > n: a batch-size bucket's padding rows,
+ * whose outputs are garbage; at most max_rows, what the caller's buffers
+ * hold). A backend that records steps keeps its recordings in *rec (one for
+ * a context; one per batch-size bucket 2, 4, .. 64 for a batch, recorded
+ * once the bucket has run a few steps directly) and replays one while it is
+ * valid for the positions and modes; replayed = 1 then (fn's host-side code
+ * did not run: what it notes on the host the caller notes itself).
+ * record_only: make the recording the step would replay, without running it
+ * (a prefill records its first decode step while the GPU works on the
+ * prompt). A recording that cannot be made leaves the step to run directly,
+ * and from then on for this *rec. */
 typedef enum sfw_status (*sfw_rows_fn)(void *arg, int rows, struct sfw_err *err);
+struct sfw_step {
+	void **rec;
+	struct sfw_bcache *const *caches;
+	const int64_t *pos;
+	const int *sparse;
+	int n, max_rows, record_only;
+	sfw_rows_fn fn;
+	void *arg;
+	int replayed; /* out */
+};
+
+/* The transfers (member transfer); n is bytes, or activation elements for
+ * the _F32 kinds (activations <-> host float). */
+enum sfw_xfer { SFW_XFER_TO_HOST, SFW_XFER_FROM_HOST, SFW_XFER_COPY, SFW_XFER_TO_HOST_F32, SFW_XFER_FROM_HOST_F32 };
 
 struct sfw_backend {
-	const char *name;          /* "cpu", "cuda" */
-	enum sfw_dtype act;     /* activation dtype */
-	size_t act_size;           /* bytes per activation element */
-	void *impl;                /* backend private state */
-
+	const char *name;       /* "cpu", "cuda" */
+	enum sfw_dtype act;     /* activation dtype (sfw_be_act_size: bytes per element) */
+	void *impl;             /* backend private state */
 	void (*destroy)(struct sfw_backend *be);
 
-	/* ---- memory ---- */
+	/* ---- memory and transfers ---- */
+	/* Activation / scratch buffers in backend memory; NULL on failure. */
+	void *(*alloc)(struct sfw_backend *be, size_t bytes);
+	void (*free)(struct sfw_backend *be, void *p);
+	/* Ordered with the ops; to the host: the host has the bytes on return. */
+	void (*transfer)(struct sfw_backend *be, enum sfw_xfer k, void *dst, const void *src, size_t n);
+	/* The failure an op could not return (ops return void: a CPU op whose
+	 * scratch could not be allocated left its output undefined): SFW_OK,
+	 * or the error once (then cleared); wait: also wait for the device. */
+	SFW_MUST_CHECK enum sfw_status (*sync)(struct sfw_backend *be, int wait, struct sfw_err *err);
+
+	/* ---- weights ---- */
 	/* Uploads (or, on the CPU, adopts) one weight; fills w->dev. */
 	SFW_MUST_CHECK enum sfw_status (*weight_upload)(struct sfw_backend *be, struct sfw_bweight *w,
 							struct sfw_err *err);
 	void (*weight_release)(struct sfw_backend *be, struct sfw_bweight *w);
-	/* Activation / scratch buffers in backend memory; NULL on failure. */
-	void *(*alloc)(struct sfw_backend *be, size_t bytes);
-	void (*free)(struct sfw_backend *be, void *p);
-	/* n activation elements (dtype act) at src + off elements -> host float. */
-	void (*to_host_f32)(struct sfw_backend *be, float *dst, const void *src, size_t off, size_t n);
-	/* host float -> n activation elements at dst. */
-	void (*from_host_f32)(struct sfw_backend *be, void *dst, const float *src, size_t n);
-	/* raw bytes (ids, top-k indices, fp32 scores). */
-	void (*to_host)(struct sfw_backend *be, void *dst, const void *src, size_t bytes);
-	void (*from_host)(struct sfw_backend *be, void *dst, const void *src, size_t bytes);
-	void (*sync)(struct sfw_backend *be);
+	/* Merged projections (docs/performance.md §5.7), optional. Between
+	 * load(begin) and load(end) weight_upload may defer its copy. merge
+	 * places parts[0..n-1] (same cols and dtype) as consecutive row ranges
+	 * of one [sum rows, cols] matrix in backend memory and points each
+	 * part's dev into it; *merged = 1 when it did. No weight is held twice.
+	 * load(end) uploads whatever is still deferred. NULL: no merging. */
+	SFW_MUST_CHECK enum sfw_status (*merge)(struct sfw_backend *be, struct sfw_bweight *const *parts, int n,
+						int *merged, struct sfw_err *err);
+	SFW_MUST_CHECK enum sfw_status (*load)(struct sfw_backend *be, int end, struct sfw_err *err);
 
-	/* ---- ops (meaning: kernels/ops.h; every buffer, ids included, is a
-	 * backend pointer) ---- */
-	void (*embed)(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
-		      float scale);
-	void (*rmsnorm)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows,
-			int n, float eps);
-	void (*add_scaled)(struct sfw_backend *be, void *x, const void *b, size_t n, float scale);
-	void (*silu_mul)(struct sfw_backend *be, void *y, const void *gate, const void *up, size_t n);
-	void (*sigmoid_mul)(struct sfw_backend *be, void *y, const void *x, const void *gate, size_t n);
-	void (*rope_neox)(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta);
-	/* y[M, W.rows] = x[M, W.cols] . W^T */
-	void (*matmul)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M);
-	/* y = the group's products over M rows: part i's [M, part[i]->rows] at
-	 * element offset M * (the rows of the parts before it). For one row this
-	 * is the merged matrix's output row, which a backend may compute so. */
-	void (*matmul_group)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M);
-	/* The MLP's SwiGLU over gu = {gate, up}: y[M, N] = silu(x . gate^T) *
-	 * (x . up^T), N = gate rows; tmp [M, 2N] is scratch (matmul_group's
-	 * output). Equal to matmul_group then silu_mul. */
-	void (*swiglu)(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu, int M);
-	/* x += scale * b (rounded as add_scaled), then y = rmsnorm(x; w). */
-	void (*add_rmsnorm)(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
-			    const struct sfw_bweight *w, int rows, int n, float eps);
-	/* y = rmsnorm(x; w), then y *= sigmoid(z) [rows, n] (y may alias x, not
-	 * z): equal to rmsnorm followed by sigmoid_mul. */
-	void (*rmsnorm_gate)(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, const void *z,
-			     int rows, int n, float eps);
-	/* The lightning layers' per-head norms and RoPE in place: q [T, nhq, hd]
-	 * = rmsnorm(q; qw), k [T, nhk, hd] = rmsnorm(k; kw) (rows of hd; qw, kw
-	 * NULL: no norms), then, when rope != 0, rope_neox on both from pos0:
-	 * equal to those four calls. */
-	void (*qk_norm_rope)(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
-			     const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
-			     int64_t pos0, float theta);
-	/* logits are always float32 (host-readable through to_host) */
-	void (*logits)(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
-		       float in_scale);
-
-	/* ---- caches ---- */
+	/* ---- caches and the block pool ---- */
 	SFW_MUST_CHECK enum sfw_status (*cache_new)(struct sfw_backend *be, const struct sfw_cache_desc *d,
 						    struct sfw_bcache **out, struct sfw_err *err);
 	void (*cache_free)(struct sfw_backend *be, struct sfw_bcache *c);
@@ -210,129 +310,9 @@ struct sfw_backend {
 							int64_t tokens, struct sfw_err *err);
 	/* Forgets every token and zeroes the lightning states. */
 	void (*cache_reset)(struct sfw_backend *be, struct sfw_bcache *c);
-	/* Tokens currently in the cache (sparse layers all agree). */
-	int64_t (*cache_len)(struct sfw_backend *be, const struct sfw_bcache *c, int layer);
-	/* (level-1, level-2) compressed keys currently made for a sparse layer. */
-	void (*cache_ncompressed)(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[2]);
-
-	/* Sparse layer: appends k, v [T, nkv, hd] at the end of layer's cache
-	 * (room reserved beforehand). */
-	void (*kv_append)(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v,
-			  int T);
-	/* Dense causal GQA over the layer's cache; the call's rows are the last T
-	 * tokens of the cache. q, o [T, nh, hd]. */
-	void (*attn_dense)(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
-			   int nh, float scale);
-	/* Brings the layer's compressed keys (both levels) up to its cache length. */
-	SFW_MUST_CHECK enum sfw_status (*compress)(struct sfw_backend *be, struct sfw_bcache *c, int layer,
-						   struct sfw_err *err);
-	/* Stage 1 + max-pool + top-k for the call's rows; idx [nkv, T, k] int32 in
-	 * backend memory. pooled_last (host, may be NULL) receives the pooled
-	 * scores [nkv, nblocks] of the last row (for checks). */
-	SFW_MUST_CHECK enum sfw_status (*sparse_select)(struct sfw_backend *be, int32_t *idx, const void *q,
-							struct sfw_bcache *c, int layer, int nh,
-							const struct sfw_sparse_params *sp, float *pooled_last,
-							struct sfw_err *err);
-	void (*attn_sparse)(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
-			    const int32_t *idx, int nh, const struct sfw_sparse_params *sp);
-	/* Lightning layer: simple GLA against the layer's fp32 state; chunked
-	 * (chunk 64) when T >= 64, recurrent otherwise (as the reference).
-	 * decay: [nh] float slopes in backend memory (alloc + from_host). */
-	void (*gla)(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
-		    struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale);
-
-	/* ---- the per-sequence ops of a step's sequences, one call per layer ----
-	 * Each means its single-cache op above applied to every sequence s[i]
-	 * in turn, on rows [s[i].row0, s[i].row0 + s[i].R) of the step's
-	 * buffers (q, k, v, o rows of nh * hd elements): qk_norm_rope at the
-	 * sequence's positions, gla against its state, kv_append to its cache,
-	 * compress of its cache, attn_dense over its cache. A backend with
-	 * kernels that take many sequences at once (CUDA: one decode row each)
-	 * runs them in one launch; others compose them
-	 * (runner/backend_compose.c, sfwi_compose_*_seqs). */
-	void (*qk_norm_rope_seqs)(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
-				  const struct sfw_bweight *kw, const struct sfw_bseq *s, int ns, int nhq, int nhk,
-				  int hd, float eps, int rope, float theta);
-	void (*gla_seqs)(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
-			 const struct sfw_bseq *s, int ns, int layer, const float *decay, int nh, int hd, float scale);
-	void (*kv_append_seqs)(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer, const void *k,
-			       const void *v, int kvd);
-	SFW_MUST_CHECK enum sfw_status (*compress_seqs)(struct sfw_backend *be, const struct sfw_bseq *s, int ns,
-							int layer, struct sfw_err *err);
-	void (*attn_dense_seqs)(struct sfw_backend *be, void *o, const void *q, const struct sfw_bseq *s, int ns,
-				int layer, int nh, int hd, float scale);
-
-	/* 1 when the backend takes op with weights of dtype dt (SFW_DTYPE_W8 for
-	 * int8 checkpoints: runner/model.c refuses them at load otherwise). */
-	int (*supports)(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt);
-	/* Copies bytes between two backend buffers, ordered with the ops (no
-	 * host wait): keeps per-step results such as the selected blocks in
-	 * backend memory until someone asks for them. */
-	void (*copy)(struct sfw_backend *be, void *dst, const void *src, size_t bytes);
-	/* Merged projections (docs/performance.md §5.7). Between load_begin and
-	 * load_end weight_upload may defer its copy. merge places parts[0..n-1]
-	 * (same cols and dtype) as consecutive row ranges of one [sum rows, cols]
-	 * matrix in backend memory and points each part's dev into it; *merged
-	 * = 1 when it did (0: the parts stay separate, as on the CPU). No weight
-	 * is held twice. load_end uploads whatever is still deferred. */
-	void (*load_begin)(struct sfw_backend *be);
-	SFW_MUST_CHECK enum sfw_status (*merge)(struct sfw_backend *be, struct sfw_bweight *const *parts, int n,
-						int *merged, struct sfw_err *err);
-	SFW_MUST_CHECK enum sfw_status (*load_end)(struct sfw_backend *be, struct sfw_err *err);
-	/* Next-token choices from rows 0 .. n-1 (n <= SFW_BSEQ_MAX) of float
-	 * logits [n, V] (backend memory), each the meaning of sfw_op_sample_cpu
-	 * with p[i] and uniform u[i]: out[i] (backend memory) = the id, or -1
-	 * when the host must finish with sfw_op_sample_cpu; p[i] NULL: no choice
-	 * for row i (out[i] untouched). Returns 0 (out untouched) when this
-	 * backend leaves every choice to the host. */
-	int (*sample)(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
-		      const struct sfw_op_sample_params *const *p, const double *u);
-	/* One decode step: one row of cache c at position pos, its sparse
-	 * layers in mode `sparse` (1: selection, 0: dense). fn(arg) issues the
-	 * step's ops. A backend that records steps (supports SFW_BOP_RECORD)
-	 * replays the recording it keeps in *rec while that is valid for pos and
-	 * sparse, and otherwise makes one first by running fn while recording;
-	 * others just run fn. *replayed = 1 when the ops ran from a recording:
-	 * fn's host-side code then did not run this time, so whatever it notes
-	 * on the host the caller notes itself. If a recording cannot be made,
-	 * the backend runs fn directly, and from then on for this *rec.
-	 * step_free releases *rec (NULL: a no-op). */
-	SFW_MUST_CHECK enum sfw_status (*step)(struct sfw_backend *be, void **rec, struct sfw_bcache *c, int64_t pos,
-					       int sparse, sfw_step_fn fn, void *arg, int *replayed,
-					       struct sfw_err *err);
-	void (*step_free)(struct sfw_backend *be, void *rec);
-	/* Makes the recording step() would make for pos and sparse now, without
-	 * running it (fn is recorded, not run), so that the step itself only
-	 * replays it: a prefill records its first decode step while the GPU
-	 * still works on the prompt. Nothing happens where steps are not
-	 * recorded, a recording is already valid, or one cannot be made (the
-	 * step then does what it would have done). */
-	SFW_MUST_CHECK enum sfw_status (*step_record)(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
-						      int64_t pos, int sparse, sfw_step_fn fn, void *arg,
-						      struct sfw_err *err);
-	/* One decode step of n >= 2 sequences, one row each: row i is
-	 * caches[i]'s token at pos[i], its sparse layers selecting blocks where
-	 * sparse[i] (else dense attention); fn(arg, rows) issues the
-	 * step's ops (the *_seqs ops over the n sequences in this order) over
-	 * `rows` rows. Run directly, rows = n. A backend that records steps
-	 * keeps in *rec one recording per batch-size bucket (2, 4, 8, 16, 32,
-	 * 64 rows, at most max_rows: what the caller's buffers hold, >= n),
-	 * made by running fn(arg, bucket) while recording once that bucket
-	 * has run a few steps directly (backend_cuda.c, STEP_SEQS_STABLE), and
-	 * replayed for any n sequences it holds (the rows past n are padding:
-	 * they read token ids the caller keeps valid, and their outputs are
-	 * garbage) while it covers the positions. A recording of dense-mode rows names no cache:
-	 * each replay is told its sequences. One with rows in selection mode
-	 * serves only while the same caches sit in those rows, in that mode,
-	 * beside any dense ones (the backend keys it so). *replayed as for
-	 * step; step_free releases *rec. */
-	SFW_MUST_CHECK enum sfw_status (*step_seqs)(struct sfw_backend *be, void **rec, struct sfw_bcache *const *caches,
-						    const int64_t *pos, const int *sparse, int n, int max_rows,
-						    sfw_rows_fn fn, void *arg, int *replayed, struct sfw_err *err);
-	/* A failure the ops could not return (they return void): the CPU ops
-	 * whose scratch could not be allocated left their outputs undefined.
-	 * SFW_OK, or the error once (then cleared). */
-	SFW_MUST_CHECK enum sfw_status (*take_failure)(struct sfw_backend *be, struct sfw_err *err);
+	/* A sparse layer's tokens (out[0], every sparse layer agrees) and
+	 * level-1 and level-2 compressed keys made (out[1], out[2]). */
+	void (*cache_info)(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3]);
 	/* Paged KV (runner/batch.h): a pool of `blocks` blocks of d->block
 	 * tokens, each holding those tokens' K and V in every sparse layer,
 	 * allocated now. Caches made with d->pool set take a free block per
@@ -341,14 +321,300 @@ struct sfw_backend {
 	 * in cache_reset and cache_free. The ops mean what they mean on a
 	 * cache's K/V as [len, nkv, hd] at one address (the CPU backend maps the
 	 * blocks there, backend_cpu.c; the CUDA kernels read each cache's block
-	 * table, backend_cuda.c). SFW_E_UNSUPPORTED: no paging here (supports
-	 * SFW_BOP_POOL is 0) or the shapes do not allow it; the caller keeps
+	 * table, cache_cuda.c). SFW_E_UNSUPPORTED: no paging here (supports_op
+	 * SFW_OP_POOL is 0) or the shapes do not allow it; the caller keeps
 	 * caches of their own. pool_used: blocks taken. */
 	SFW_MUST_CHECK enum sfw_status (*pool_new)(struct sfw_backend *be, const struct sfw_cache_desc *d,
 						   int64_t blocks, struct sfw_bpool **out, struct sfw_err *err);
 	void (*pool_free)(struct sfw_backend *be, struct sfw_bpool *p);
 	int64_t (*pool_used)(struct sfw_backend *be, const struct sfw_bpool *p);
+
+	/* ---- the ops ---- */
+	/* Runs one op (struct sfw_op) that supports_op says the backend takes.
+	 * SFW_OK, or the failure of an op that can fail (compress, select). */
+	SFW_MUST_CHECK enum sfw_status (*op)(struct sfw_backend *be, const struct sfw_op *op, struct sfw_err *err);
+	/* 1 when the backend takes op kind k with weights of dtype dt (for ops
+	 * with weights; SFW_DTYPE_W8 for int8 checkpoints: runner/model.c
+	 * refuses them at load otherwise), or has capability k (SFW_OP_POOL,
+	 * SFW_OP_RECORD). An op not taken is composed (runner/backend_compose.c). */
+	int (*supports_op)(const struct sfw_backend *be, enum sfw_opk k, enum sfw_dtype dt);
+
+	/* ---- capture ---- */
+	/* One decode step (struct sfw_step), optional: NULL runs fn directly. */
+	SFW_MUST_CHECK enum sfw_status (*step)(struct sfw_backend *be, struct sfw_step *st, struct sfw_err *err);
+	void (*step_free)(struct sfw_backend *be, void *rec); /* rec NULL: a no-op */
 };
+
+static inline size_t sfw_be_act_size(const struct sfw_backend *be)
+{
+	return be->act == SFW_DTYPE_F32 ? 4 : 2;
+}
+
+/* ---- the calls (runner/backend_compose.c stands in for what is absent) ---- */
+
+/* Runs op on be, or its composition when be does not take it. */
+SFW_MUST_CHECK enum sfw_status sfwi_op(struct sfw_backend *be, const struct sfw_op *op, struct sfw_err *err);
+/* Runs a decode step on be (be->step), or fn directly when be has none. */
+SFW_MUST_CHECK enum sfw_status sfwi_step(struct sfw_backend *be, struct sfw_step *st, struct sfw_err *err);
+void sfwi_step_free(struct sfw_backend *be, void *rec);
+/* be->load, or nothing when be has none. */
+SFW_MUST_CHECK enum sfw_status sfwi_load(struct sfw_backend *be, int end, struct sfw_err *err);
+/* The failure an op could not return, taken (be->sync without waiting). */
+SFW_MUST_CHECK enum sfw_status sfwi_take_failure(struct sfw_backend *be, struct sfw_err *err);
+
+static inline void sfw_be_to_host(struct sfw_backend *be, void *dst, const void *src, size_t bytes)
+{
+	be->transfer(be, SFW_XFER_TO_HOST, dst, src, bytes);
+}
+static inline void sfw_be_from_host(struct sfw_backend *be, void *dst, const void *src, size_t bytes)
+{
+	be->transfer(be, SFW_XFER_FROM_HOST, dst, src, bytes);
+}
+/* Copies bytes between two backend buffers, ordered with the ops (no host
+ * wait): keeps per-step results such as the selected blocks in backend
+ * memory until someone asks for them. */
+static inline void sfw_be_copy(struct sfw_backend *be, void *dst, const void *src, size_t bytes)
+{
+	be->transfer(be, SFW_XFER_COPY, dst, src, bytes);
+}
+/* n activation elements at src + off elements -> host float. */
+static inline void sfw_be_to_host_f32(struct sfw_backend *be, float *dst, const void *src, size_t off, size_t n)
+{
+	be->transfer(be, SFW_XFER_TO_HOST_F32, dst, (const char *)src + off * sfw_be_act_size(be), n);
+}
+/* host float -> n activation elements at dst. */
+static inline void sfw_be_from_host_f32(struct sfw_backend *be, void *dst, const float *src, size_t n)
+{
+	be->transfer(be, SFW_XFER_FROM_HOST_F32, dst, src, n);
+}
+/* Waits for every op queued so far (a failure it reports is logged). */
+void sfw_be_wait(struct sfw_backend *be);
+static inline int64_t sfw_be_cache_len(struct sfw_backend *be, const struct sfw_bcache *c, int layer)
+{
+	int64_t o[3];
+	be->cache_info(be, c, layer, o);
+	return o[0];
+}
+/* (level-1, level-2) compressed keys currently made for a sparse layer. */
+static inline void sfw_be_cache_ncompressed(struct sfw_backend *be, const struct sfw_bcache *c, int layer,
+					    int64_t out[2])
+{
+	int64_t o[3];
+	be->cache_info(be, c, layer, o);
+	out[0] = o[1], out[1] = o[2];
+}
+
+/* The ops, one call each (meaning: kernels/ops.h). The ops that cannot fail
+ * return nothing. */
+static inline void sfwi_op_void(struct sfw_backend *be, const struct sfw_op *op)
+{
+	enum sfw_status s = sfwi_op(be, op, NULL);
+	(void)s; /* cannot fail: a CPU op's scratch failure is reported by sync */
+}
+static inline void sfw_be_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids,
+				int T, float scale)
+{
+	struct sfw_op op = {.kind = SFW_OP_EMBED, .embed = {x, E, ids, T, scale}};
+	sfwi_op_void(be, &op);
+}
+static inline void sfw_be_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
+				  int rows, int n, float eps)
+{
+	struct sfw_op op = {.kind = SFW_OP_RMSNORM, .norm = {y, (void *)(uintptr_t)x, NULL, NULL, 0, w, rows, n, eps}};
+	sfwi_op_void(be, &op);
+}
+/* x += scale * b (rounded as add_scaled), then y = rmsnorm(x; w). */
+static inline void sfw_be_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
+				      const struct sfw_bweight *w, int rows, int n, float eps)
+{
+	struct sfw_op op = {.kind = SFW_OP_ADD_RMSNORM, .norm = {y, x, b, NULL, scale, w, rows, n, eps}};
+	sfwi_op_void(be, &op);
+}
+/* y = rmsnorm(x; w), then y *= sigmoid(z) [rows, n] (y may alias x, not z). */
+static inline void sfw_be_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
+				       const void *z, int rows, int n, float eps)
+{
+	struct sfw_op op = {.kind = SFW_OP_RMSNORM_GATE,
+			    .norm = {y, (void *)(uintptr_t)x, NULL, z, 0, w, rows, n, eps}};
+	sfwi_op_void(be, &op);
+}
+static inline void sfw_be_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t n, float scale)
+{
+	struct sfw_op op = {.kind = SFW_OP_ADD_SCALED, .ew = {x, x, b, n, scale}};
+	sfwi_op_void(be, &op);
+}
+static inline void sfw_be_silu_mul(struct sfw_backend *be, void *y, const void *gate, const void *up, size_t n)
+{
+	struct sfw_op op = {.kind = SFW_OP_SILU_MUL, .ew = {y, gate, up, n, 0}};
+	sfwi_op_void(be, &op);
+}
+static inline void sfw_be_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const void *gate, size_t n)
+{
+	struct sfw_op op = {.kind = SFW_OP_SIGMOID_MUL, .ew = {y, x, gate, n, 0}};
+	sfwi_op_void(be, &op);
+}
+static inline void sfw_be_rope_neox(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0,
+				    float theta)
+{
+	struct sfw_op op = {.kind = SFW_OP_ROPE, .rope = {x, T, nh, hd, pos0, theta}};
+	sfwi_op_void(be, &op);
+}
+/* y[M, W.rows] = x[M, W.cols] . W^T */
+static inline void sfw_be_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
+{
+	struct sfw_op op = {.kind = SFW_OP_MATMUL, .mm = {y, NULL, x, w, NULL, M, 0}};
+	sfwi_op_void(be, &op);
+}
+/* y = the group's products over M rows: part i's [M, part[i]->rows] at
+ * element offset M * (the rows of the parts before it). For one row this
+ * is the merged matrix's output row, which a backend may compute so. */
+static inline void sfw_be_matmul_group(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g,
+				       int M)
+{
+	struct sfw_op op = {.kind = SFW_OP_MATMUL_GROUP, .mm = {y, NULL, x, NULL, g, M, 0}};
+	sfwi_op_void(be, &op);
+}
+/* The MLP's SwiGLU over gu = {gate, up}: y[M, N] = silu(x . gate^T) *
+ * (x . up^T), N = gate rows; tmp [M, 2N] is scratch (matmul_group's
+ * output). Equal to matmul_group then silu_mul. */
+static inline void sfw_be_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x,
+				 const struct sfw_bgroup *gu, int M)
+{
+	struct sfw_op op = {.kind = SFW_OP_SWIGLU, .mm = {y, tmp, x, NULL, gu, M, 0}};
+	sfwi_op_void(be, &op);
+}
+/* logits are always float32 (host-readable through sfw_be_to_host) */
+static inline void sfw_be_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
+				 float in_scale)
+{
+	struct sfw_op op = {.kind = SFW_OP_LOGITS, .mm = {y, NULL, x, w, NULL, M, in_scale}};
+	sfwi_op_void(be, &op);
+}
+/* The lightning layers' per-head norms and RoPE in place: q [T, nhq, hd]
+ * = rmsnorm(q; qw), k [T, nhk, hd] = rmsnorm(k; kw) (rows of hd; qw, kw
+ * NULL: no norms), then, when rope != 0, rope_neox on both from pos0:
+ * equal to those four calls. */
+static inline void sfw_be_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+				       const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
+				       int64_t pos0, float theta)
+{
+	struct sfw_op op = {.kind = SFW_OP_QK_NORM_ROPE,
+			    .qk = {q, k, qw, kw, NULL, 0, T, nhq, nhk, hd, eps, rope, pos0, theta}};
+	sfwi_op_void(be, &op);
+}
+/* Sparse layer: appends k, v [T, nkv, hd] at the end of layer's cache
+ * (room reserved beforehand). */
+static inline void sfw_be_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k,
+				    const void *v, int T)
+{
+	struct sfw_op op = {.kind = SFW_OP_KV_APPEND, .cache = {.c = c, .layer = layer, .k = k, .v = v, .T = T}};
+	sfwi_op_void(be, &op);
+}
+/* Dense causal GQA over the layer's cache; the call's rows are the last T
+ * tokens of the cache. q, o [T, nh, hd]. */
+static inline void sfw_be_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
+				     int T, int nh, float scale)
+{
+	struct sfw_op op = {.kind = SFW_OP_ATTN_DENSE,
+			    .cache = {.c = c, .layer = layer, .o = o, .q = q, .T = T, .nh = nh, .scale = scale}};
+	sfwi_op_void(be, &op);
+}
+/* Brings the layer's compressed keys (both levels) up to its cache length. */
+static inline SFW_MUST_CHECK enum sfw_status sfw_be_compress(struct sfw_backend *be, struct sfw_bcache *c, int layer,
+							     struct sfw_err *err)
+{
+	struct sfw_op op = {.kind = SFW_OP_COMPRESS, .cache = {.c = c, .layer = layer}};
+	return sfwi_op(be, &op, err);
+}
+/* Stage 1 + max-pool + top-k for the call's rows; idx [nkv, T, k] int32 in
+ * backend memory. pooled_last (host, may be NULL) receives the pooled
+ * scores [nkv, nblocks] of the last row (for checks). */
+static inline SFW_MUST_CHECK enum sfw_status sfw_be_sparse_select(struct sfw_backend *be, int32_t *idx,
+								  const void *q, struct sfw_bcache *c, int layer,
+								  int nh, const struct sfw_sparse_params *sp,
+								  float *pooled_last, struct sfw_err *err)
+{
+	struct sfw_op op = {.kind = SFW_OP_SPARSE_SELECT,
+			    .cache = {.c = c, .layer = layer, .q = q, .idx = idx, .nh = nh, .sp = sp,
+				      .pooled_last = pooled_last}};
+	return sfwi_op(be, &op, err);
+}
+static inline void sfw_be_attn_sparse(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c,
+				      int layer, const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
+{
+	struct sfw_op op = {.kind = SFW_OP_ATTN_SPARSE,
+			    .cache = {.c = c, .layer = layer, .o = o, .q = q, .idx = (int32_t *)(uintptr_t)idx, .nh = nh,
+				      .sp = sp}};
+	sfwi_op_void(be, &op);
+}
+/* Lightning layer: simple GLA against the layer's fp32 state; chunked
+ * (chunk 64) when T >= 64, recurrent otherwise (as the reference).
+ * decay: [nh] float slopes in backend memory. */
+static inline void sfw_be_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
+			      struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale)
+{
+	struct sfw_op op = {.kind = SFW_OP_GLA,
+			    .cache = {.c = c, .layer = layer, .o = o, .q = q, .k = k, .v = v, .decay = decay, .T = T,
+				      .nh = nh, .hd = hd, .scale = scale}};
+	sfwi_op_void(be, &op);
+}
+/* The per-sequence ops of a step's sequences, one call per layer: each
+ * means its single-cache op above applied to every sequence s[i] in turn,
+ * on rows [s[i].row0, s[i].row0 + s[i].R) of the step's buffers (q, k, v, o
+ * rows of nh * hd elements): qk_norm_rope at the sequence's positions, gla
+ * against its state, kv_append to its cache, compress of its cache,
+ * attn_dense over its cache. A backend with kernels that take many
+ * sequences at once (CUDA: one decode row each) runs them in one launch. */
+static inline void sfw_be_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+					    const struct sfw_bweight *kw, const struct sfw_bseq *s, int ns, int nhq,
+					    int nhk, int hd, float eps, int rope, float theta)
+{
+	struct sfw_op op = {.kind = SFW_OP_QK_NORM_ROPE_SEQS,
+			    .qk = {q, k, qw, kw, s, ns, 0, nhq, nhk, hd, eps, rope, 0, theta}};
+	sfwi_op_void(be, &op);
+}
+static inline void sfw_be_gla_seqs(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
+				   const struct sfw_bseq *s, int ns, int layer, const float *decay, int nh, int hd,
+				   float scale)
+{
+	struct sfw_op op = {.kind = SFW_OP_GLA_SEQS, .seqs = {s, ns, layer, o, q, k, v, decay, nh, hd, 0, scale}};
+	sfwi_op_void(be, &op);
+}
+static inline void sfw_be_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer,
+					 const void *k, const void *v, int kvd)
+{
+	struct sfw_op op = {.kind = SFW_OP_KV_APPEND_SEQS,
+			    .seqs = {.s = s, .ns = ns, .layer = layer, .k = k, .v = v, .kvd = kvd}};
+	sfwi_op_void(be, &op);
+}
+static inline SFW_MUST_CHECK enum sfw_status sfw_be_compress_seqs(struct sfw_backend *be, const struct sfw_bseq *s,
+								  int ns, int layer, struct sfw_err *err)
+{
+	struct sfw_op op = {.kind = SFW_OP_COMPRESS_SEQS, .seqs = {.s = s, .ns = ns, .layer = layer}};
+	return sfwi_op(be, &op, err);
+}
+static inline void sfw_be_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, const struct sfw_bseq *s,
+					  int ns, int layer, int nh, int hd, float scale)
+{
+	struct sfw_op op = {.kind = SFW_OP_ATTN_DENSE_SEQS,
+			    .seqs = {.s = s, .ns = ns, .layer = layer, .o = o, .q = q, .nh = nh, .hd = hd, .scale = scale}};
+	sfwi_op_void(be, &op);
+}
+/* Next-token choices from rows 0 .. n-1 (n <= SFW_BSEQ_MAX) of float
+ * logits [n, V] (backend memory), each the meaning of sfw_op_sample_cpu
+ * with p[i] and uniform u[i]: out[i] (backend memory) = the id, or -1
+ * when the host must finish with sfw_op_sample_cpu; p[i] NULL: no choice
+ * for row i (out[i] untouched). Returns 0 (out untouched) when this
+ * backend leaves every choice to the host (supports_op SFW_OP_SAMPLE). */
+static inline int sfw_be_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
+				const struct sfw_op_sample_params *const *p, const double *u)
+{
+	if (!be->supports_op(be, SFW_OP_SAMPLE, SFW_DTYPE_F32))
+		return 0;
+	struct sfw_op op = {.kind = SFW_OP_SAMPLE, .sample = {out, logits, V, n, p, u}};
+	sfwi_op_void(be, &op);
+	return 1;
+}
 
 /* The CPU backend; nthreads <= 0 means sfw_default_threads(). */
 SFW_MUST_CHECK enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, struct sfw_err *err);
@@ -359,7 +625,7 @@ SFW_MUST_CHECK enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opt
 						    struct sfw_err *err);
 /* Decode steps it has recorded so far (for tests). */
 int64_t sfwi_cuda_recordings(const struct sfw_backend *be);
-/* Steps of several sequences replayed from a recording (step_seqs), so far. */
+/* Steps of several sequences replayed from a recording (be->step), so far. */
 int64_t sfwi_cuda_seqs_replays(const struct sfw_backend *be);
 #endif
 
@@ -373,22 +639,19 @@ struct sfw_backend_entry {
 };
 const struct sfw_backend_entry *sfw_backend_list(int *n);
 
-/* A group's parts offered to be->merge (between load_begin and load_end),
+/* A group's parts offered to be->merge (between load(begin) and load(end)),
  * then g->merged set from where they landed (sfwi_group_view: the view of
  * one matrix when the parts are consecutive row ranges in backend memory,
  * rows 0 otherwise). */
 SFW_MUST_CHECK enum sfw_status sfwi_group_bind(struct sfw_backend *be, struct sfw_bgroup *g, struct sfw_err *err);
 void sfwi_group_view(struct sfw_bgroup *g);
 
-/* The compositions a backend without a fused kernel fills its members with
+/* The compositions sfwi_op runs for an op a backend does not take, which
+ * a backend may also call for shapes its kernels do not take
  * (runner/backend_compose.c): each is the unfused ops of this table. */
 void sfwi_compose_matmul_group(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M);
 void sfwi_compose_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu,
 			 int M);
-void sfwi_compose_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
-			       const void *z, int rows, int n, float eps);
-void sfwi_compose_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
-			      const struct sfw_bweight *w, int rows, int n, float eps);
 void sfwi_compose_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 			       const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			       int64_t pos0, float theta);
@@ -404,22 +667,10 @@ SFW_MUST_CHECK enum sfw_status sfwi_compose_compress_seqs(struct sfw_backend *be
 							  int layer, struct sfw_err *err);
 void sfwi_compose_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, const struct sfw_bseq *s, int ns,
 				  int layer, int nh, int hd, float scale);
-/* The weight dtypes of the weight-taking ops (SFW_BOP_MATMUL, LOGITS,
- * EMBED, NORM) as every backend of this tree takes them: bf16 and f32
- * everywhere, int8 (pack-quantized) in the products. 0 for other ops. */
-int sfwi_weight_dtype_ok(enum sfw_bop op, enum sfw_dtype dt);
-/* step for a backend that does not record: runs fn (*replayed = 0). */
-SFW_MUST_CHECK enum sfw_status sfwi_step_direct(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
-						int64_t pos, int sparse, sfw_step_fn fn, void *arg, int *replayed,
-						struct sfw_err *err);
-void sfwi_step_free_none(struct sfw_backend *be, void *rec);
-/* step_seqs for a backend that does not record: runs fn (*replayed = 0). */
-SFW_MUST_CHECK enum sfw_status sfwi_step_seqs_direct(struct sfw_backend *be, void **rec,
-						     struct sfw_bcache *const *caches, const int64_t *pos,
-						     const int *sparse, int n, int max_rows, sfw_rows_fn fn, void *arg,
-						     int *replayed, struct sfw_err *err);
-SFW_MUST_CHECK enum sfw_status sfwi_step_record_none(struct sfw_backend *be, void **rec, struct sfw_bcache *c,
-						     int64_t pos, int sparse, sfw_step_fn fn, void *arg,
-						     struct sfw_err *err);
+/* The weight dtypes of the weight-taking ops (SFW_OP_MATMUL and the other
+ * products, SFW_OP_LOGITS, SFW_OP_EMBED, the norms) as every backend of
+ * this tree takes them: bf16 and f32 everywhere, int8 (pack-quantized) in
+ * the products. 1 for the ops without weights. */
+int sfwi_weight_dtype_ok(enum sfw_opk op, enum sfw_dtype dt);
 
 #endif

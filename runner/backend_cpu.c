@@ -108,27 +108,20 @@ static void cpu_free(struct sfw_backend *be, void *p)
 	sfw_free(p);
 }
 
-static void cpu_to_host_f32(struct sfw_backend *be, float *dst, const void *src, size_t off, size_t n)
+/* Host memory both sides: every transfer a copy (n floats for the _F32 kinds). */
+static void cpu_transfer(struct sfw_backend *be, enum sfw_xfer k, void *dst, const void *src, size_t n)
 {
 	(void)be;
-	memcpy(dst, (const float *)src + off, n * sizeof(float));
+	memcpy(dst, src, k == SFW_XFER_TO_HOST_F32 || k == SFW_XFER_FROM_HOST_F32 ? n * sizeof(float) : n);
 }
 
-static void cpu_from_host_f32(struct sfw_backend *be, void *dst, const float *src, size_t n)
+/* Nothing to wait for; the executor's failure flag, taken. */
+static enum sfw_status cpu_sync(struct sfw_backend *be, int wait, struct sfw_err *err)
 {
-	(void)be;
-	memcpy(dst, src, n * sizeof(float));
-}
-
-static void cpu_copy(struct sfw_backend *be, void *dst, const void *src, size_t bytes)
-{
-	(void)be;
-	memcpy(dst, src, bytes);
-}
-
-static void cpu_sync(struct sfw_backend *be)
-{
-	(void)be;
+	(void)wait;
+	if (sfw_ops_cpu_take_failure(be->impl))
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for a CPU op's scratch");
+	return SFW_OK;
 }
 
 static void cpu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
@@ -180,6 +173,19 @@ static void cpu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, con
 {
 	struct sfw_ops_cpu *prev = enter(be);
 	sfw_op_rmsnorm_gate_cpu(F(y), F(x), w->host, w->dtype, F(z), rows, n, eps);
+	sfw_ops_cpu_bind(prev);
+}
+
+/* the norms and RoPE of kernels/fused.c; a missing norm weight leaves that
+ * norm out */
+static void cpu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+			     const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
+			     int64_t pos0, float theta)
+{
+	struct sfw_ops_cpu *prev = enter(be);
+	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta};
+	sfw_op_qk_norm_rope_cpu(F(q), F(k), qw ? qw->host : NULL, qw ? qw->dtype : SFW_DTYPE_F32, kw ? kw->host : NULL,
+				kw ? kw->dtype : SFW_DTYPE_F32, &sh);
 	sfw_ops_cpu_bind(prev);
 }
 
@@ -239,34 +245,6 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 
 /* Weights as stored (bf16, f32, int8 pack-quantized); paged KV; no
  * recording (a decode step runs its ops as they come). */
-static int cpu_supports(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
-{
-	(void)be;
-	if (op == SFW_BOP_POOL)
-		return 1;
-	return op != SFW_BOP_RECORD && sfwi_weight_dtype_ok(op, dt);
-}
-
-/* The weights stay in the map where they are: nothing to defer or merge. */
-static void cpu_load_begin(struct sfw_backend *be)
-{
-	(void)be;
-}
-
-static enum sfw_status cpu_merge(struct sfw_backend *be, struct sfw_bweight *const *parts, int n, int *merged,
-				 struct sfw_err *err)
-{
-	(void)be, (void)parts, (void)n, (void)err;
-	*merged = 0;
-	return SFW_OK;
-}
-
-static enum sfw_status cpu_load_end(struct sfw_backend *be, struct sfw_err *err)
-{
-	(void)be, (void)err;
-	return SFW_OK;
-}
-
 /* ---- caches --------------------------------------------------------------- */
 
 /* ---- paged KV pool --------------------------------------------------------- */
@@ -509,17 +487,10 @@ static void cpu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 	}
 }
 
-static int64_t cpu_cache_len(struct sfw_backend *be, const struct sfw_bcache *c, int layer)
+static void cpu_cache_info(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3])
 {
 	(void)be;
-	return c->L[layer].len;
-}
-
-static void cpu_cache_ncompressed(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[2])
-{
-	(void)be;
-	out[0] = c->L[layer].n1;
-	out[1] = c->L[layer].n2;
+	out[0] = c->L[layer].len, out[1] = c->L[layer].n1, out[2] = c->L[layer].n2;
 }
 
 static void cpu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v,
@@ -587,10 +558,10 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 	for (int r0 = 0; r0 < sp->T; r0 += rb) {
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
 		int64_t p0 = sp->pos0 + r0;
-		sfw_op_stage1_cpu(scores, F(q) + (size_t)r0 * nh * hd, l->c1, n1, l->c2, l->n2, n, nh, nkv, hd, p0,
-				  sp->ksize, sp->stride, sp->scale);
-		sfw_op_pool_blocks_cpu(pooled, scores, n1, nb, nkv, n, p0, sp->ksize, sp->stride, sp->block,
-				       sp->init_blocks, sp->local_blocks);
+		struct sfw_sel_shape sh = {n,	      nh,	  nkv,		     hd,	       p0,	      sp->ksize,
+					   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
+		sfw_op_stage1_cpu(scores, F(q) + (size_t)r0 * nh * hd, l->c1, n1, l->c2, l->n2, &sh);
+		sfw_op_pool_blocks_cpu(pooled, scores, n1, nb, &sh);
 		sfw_op_topk_blocks_cpu(tk, pooled, nb, nkv, n, p0, k, sp->block);
 		for (int g = 0; g < nkv; g++)
 			memcpy(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k, (size_t)n * k * sizeof(int32_t));
@@ -626,73 +597,118 @@ static void cpu_gla(struct sfw_backend *be, void *o, const void *q, const void *
 	sfw_ops_cpu_bind(prev);
 }
 
-static enum sfw_status cpu_take_failure(struct sfw_backend *be, struct sfw_err *err)
+/* Everything but recording (no step member) and the projection groups,
+ * SwiGLU over a group and the per-sequence ops, which sfwi_op composes;
+ * bf16 and f32 weights, int8 in the products; paged KV. */
+static int cpu_supports_op(const struct sfw_backend *be, enum sfw_opk k, enum sfw_dtype dt)
 {
-	if (sfw_ops_cpu_take_failure(be->impl))
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory for a CPU op's scratch");
+	(void)be;
+	switch (k) {
+	case SFW_OP_RECORD:
+	case SFW_OP_MATMUL_GROUP:
+	case SFW_OP_SWIGLU:
+	case SFW_OP_QK_NORM_ROPE_SEQS:
+	case SFW_OP_GLA_SEQS:
+	case SFW_OP_KV_APPEND_SEQS:
+	case SFW_OP_COMPRESS_SEQS:
+	case SFW_OP_ATTN_DENSE_SEQS:
+		return 0;
+	case SFW_OP_POOL:
+		return 1;
+	default:
+		return sfwi_weight_dtype_ok(k, dt);
+	}
+}
+
+static enum sfw_status cpu_op(struct sfw_backend *be, const struct sfw_op *o, struct sfw_err *err)
+{
+	switch (o->kind) {
+	case SFW_OP_EMBED:
+		cpu_embed(be, o->embed.x, o->embed.E, o->embed.ids, o->embed.T, o->embed.scale);
+		break;
+	case SFW_OP_RMSNORM:
+		cpu_rmsnorm(be, o->norm.y, o->norm.x, o->norm.w, o->norm.rows, o->norm.n, o->norm.eps);
+		break;
+	case SFW_OP_ADD_RMSNORM:
+		cpu_add_rmsnorm(be, o->norm.y, o->norm.x, o->norm.b, o->norm.scale, o->norm.w, o->norm.rows, o->norm.n,
+				o->norm.eps);
+		break;
+	case SFW_OP_RMSNORM_GATE:
+		cpu_rmsnorm_gate(be, o->norm.y, o->norm.x, o->norm.w, o->norm.z, o->norm.rows, o->norm.n, o->norm.eps);
+		break;
+	case SFW_OP_ADD_SCALED:
+		cpu_add_scaled(be, o->ew.y, o->ew.b, o->ew.n, o->ew.scale);
+		break;
+	case SFW_OP_SILU_MUL:
+		cpu_silu_mul(be, o->ew.y, o->ew.a, o->ew.b, o->ew.n);
+		break;
+	case SFW_OP_SIGMOID_MUL:
+		cpu_sigmoid_mul(be, o->ew.y, o->ew.a, o->ew.b, o->ew.n);
+		break;
+	case SFW_OP_ROPE:
+		cpu_rope(be, o->rope.x, o->rope.T, o->rope.nh, o->rope.hd, o->rope.pos0, o->rope.theta);
+		break;
+	case SFW_OP_MATMUL:
+		cpu_matmul(be, o->mm.y, o->mm.x, o->mm.w, o->mm.M);
+		break;
+	case SFW_OP_LOGITS:
+		cpu_logits(be, o->mm.y, o->mm.x, o->mm.w, o->mm.M, o->mm.scale);
+		break;
+	case SFW_OP_QK_NORM_ROPE:
+		cpu_qk_norm_rope(be, o->qk.q, o->qk.k, o->qk.qw, o->qk.kw, o->qk.T, o->qk.nhq, o->qk.nhk, o->qk.hd,
+				 o->qk.eps, o->qk.rope, o->qk.pos0, o->qk.theta);
+		break;
+	case SFW_OP_KV_APPEND:
+		cpu_kv_append(be, o->cache.c, o->cache.layer, o->cache.k, o->cache.v, o->cache.T);
+		break;
+	case SFW_OP_ATTN_DENSE:
+		cpu_attn_dense(be, o->cache.o, o->cache.q, o->cache.c, o->cache.layer, o->cache.T, o->cache.nh,
+			       o->cache.scale);
+		break;
+	case SFW_OP_COMPRESS:
+		return cpu_compress(be, o->cache.c, o->cache.layer, err);
+	case SFW_OP_SPARSE_SELECT:
+		return cpu_sparse_select(be, o->cache.idx, o->cache.q, o->cache.c, o->cache.layer, o->cache.nh,
+					 o->cache.sp, o->cache.pooled_last, err);
+	case SFW_OP_ATTN_SPARSE:
+		cpu_attn_sparse(be, o->cache.o, o->cache.q, o->cache.c, o->cache.layer, o->cache.idx, o->cache.nh,
+				o->cache.sp);
+		break;
+	case SFW_OP_GLA:
+		cpu_gla(be, o->cache.o, o->cache.q, o->cache.k, o->cache.v, o->cache.c, o->cache.layer, o->cache.decay,
+			o->cache.T, o->cache.nh, o->cache.hd, o->cache.scale);
+		break;
+	case SFW_OP_SAMPLE:
+		cpu_sample(be, o->sample.out, o->sample.logits, o->sample.V, o->sample.n, o->sample.p, o->sample.u);
+		break;
+	default:
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "the cpu backend has no op %d", (int)o->kind);
+	}
 	return SFW_OK;
 }
 
-/* The CPU backend's table: every member (backend.h); impl is the op
- * executor, set per instance. */
+/* The CPU backend's table (backend.h); impl is the op executor, set per
+ * instance. No merging, load phases or recorded steps: those are NULL. */
 static const struct sfw_backend cpu_backend = {
 	.name = "cpu",
 	.act = SFW_DTYPE_F32,
-	.act_size = sizeof(float),
 	.destroy = cpu_destroy,
-	.weight_upload = cpu_weight_upload,
-	.weight_release = cpu_weight_release,
 	.alloc = cpu_alloc,
 	.free = cpu_free,
-	.to_host_f32 = cpu_to_host_f32,
-	.from_host_f32 = cpu_from_host_f32,
-	.to_host = cpu_copy,
-	.from_host = cpu_copy,
+	.transfer = cpu_transfer,
 	.sync = cpu_sync,
-	.embed = cpu_embed,
-	.rmsnorm = cpu_rmsnorm,
-	.add_scaled = cpu_add_scaled,
-	.silu_mul = cpu_silu_mul,
-	.sigmoid_mul = cpu_sigmoid_mul,
-	.rope_neox = cpu_rope,
-	.matmul = cpu_matmul,
-	.logits = cpu_logits,
+	.weight_upload = cpu_weight_upload,
+	.weight_release = cpu_weight_release,
 	.cache_new = cpu_cache_new,
 	.cache_free = cpu_cache_free,
 	.cache_reserve = cpu_cache_reserve,
 	.cache_reset = cpu_cache_reset,
-	.cache_len = cpu_cache_len,
-	.cache_ncompressed = cpu_cache_ncompressed,
-	.kv_append = cpu_kv_append,
-	.attn_dense = cpu_attn_dense,
-	.compress = cpu_compress,
-	.sparse_select = cpu_sparse_select,
-	.attn_sparse = cpu_attn_sparse,
-	.gla = cpu_gla,
-	.take_failure = cpu_take_failure,
-	.supports = cpu_supports,
-	.matmul_group = sfwi_compose_matmul_group,
-	.swiglu = sfwi_compose_swiglu,
-	.add_rmsnorm = cpu_add_rmsnorm,
-	.rmsnorm_gate = cpu_rmsnorm_gate,
-	.qk_norm_rope = sfwi_compose_qk_norm_rope,
-	.qk_norm_rope_seqs = sfwi_compose_qk_norm_rope_seqs,
-	.gla_seqs = sfwi_compose_gla_seqs,
-	.kv_append_seqs = sfwi_compose_kv_append_seqs,
-	.compress_seqs = sfwi_compose_compress_seqs,
-	.attn_dense_seqs = sfwi_compose_attn_dense_seqs,
-	.copy = cpu_copy,
-	.load_begin = cpu_load_begin,
-	.merge = cpu_merge,
-	.load_end = cpu_load_end,
-	.sample = cpu_sample,
-	.step = sfwi_step_direct,
-	.step_free = sfwi_step_free_none,
-	.step_record = sfwi_step_record_none,
-	.step_seqs = sfwi_step_seqs_direct,
+	.cache_info = cpu_cache_info,
 	.pool_new = cpu_pool_new,
 	.pool_free = cpu_pool_free,
 	.pool_used = cpu_pool_used,
+	.op = cpu_op,
+	.supports_op = cpu_supports_op,
 };
 
 enum sfw_status sfw_backend_cpu_new(int nthreads, struct sfw_backend **out, struct sfw_err *err)

@@ -54,7 +54,7 @@ struct sfw_batch {
 	int item_logit[SFW_BATCH_MAX_SEQS]; /* item -> logits row, -1 none */
 	int n_items;
 	float *logits;          /* [max_seqs, vocab] host */
-	void *brec;             /* the backend's recording of a step of several sequences (be->step_seqs) */
+	void *brec;             /* the backend's recordings of steps of several sequences (be->step) */
 };
 
 struct sfw_batch_params sfw_batch_default_params(void)
@@ -87,7 +87,7 @@ static void slot_free(struct sfw_batch *b, struct bseq *q)
 {
 	/* the recordings of steps of several sequences (brec) name no cache:
 	 * they outlive this one */
-	b->m->be->step_free(b->m->be, q->rec);
+	sfwi_step_free(b->m->be, q->rec);
 	b->m->be->cache_free(b->m->be, q->cache);
 	memset(q, 0, sizeof(*q));
 }
@@ -133,7 +133,7 @@ enum sfw_status sfw_batch_new(struct sfw_model *m, const struct sfw_batch_params
 	b->pool_blocks = p->pool_tokens / b->block;
 	enum sfw_status s = SFW_OK;
 	struct sfw_backend *be = m->be;
-	if (be->supports(be, SFW_BOP_POOL, SFW_DTYPE_F32)) {
+	if (be->supports_op(be, SFW_OP_POOL, SFW_DTYPE_F32)) {
 		struct sfw_cache_desc d;
 		struct sfw_err pe = {0};
 		sfwi_cache_desc(m, NULL, 0, &d);
@@ -169,7 +169,7 @@ void sfw_batch_free(struct sfw_batch *b)
 	for (int i = 0; i < SFW_BATCH_MAX_SEQS; i++)
 		if (b->seq[i].cache)
 			slot_free(b, &b->seq[i]);
-	b->m->be->step_free(b->m->be, b->brec);
+	sfwi_step_free(b->m->be, b->brec);
 	sfw_ctx_free(b->ws);
 	if (b->pool)
 		b->m->be->pool_free(b->m->be, b->pool);
@@ -211,7 +211,7 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 		slot_free(b, q);
 		return;
 	}
-	b->m->be->step_free(b->m->be, q->rec); /* recorded over this sequence's lengths */
+	sfwi_step_free(b->m->be, q->rec); /* recorded over this sequence's lengths */
 	q->rec = NULL;
 	if (b->pool) { /* paged: the blocks go back to the pool now; the cache is parked without them */
 		b->m->be->cache_reset(b->m->be, q->cache);

@@ -42,7 +42,7 @@
  * selection run per sequence; a step of one sequence's single decode row
  * replays that sequence's recorded step (be->step, the batch-size-1
  * bucket), and a step whose rows are all decode rows replays the batch's
- * recording for its batch-size bucket (be->step_seqs: 2, 4, 8, 16, 32 or
+ * recording for its batch-size bucket (be->step: 2, 4, 8, 16, 32 or
  * 64 rows, the rows past the step's padding; recorded once the bucket has
  * run two steps directly). A recording of dense-mode rows is for no
  * particular sequences: each replay reads its sequences' positions, block

@@ -1,5 +1,6 @@
 /* forward.c - the one MiniCPM-SALA forward pass (docs/model-spec.md §2), written
- * against struct sfw_backend, plus the context half of runner/runner.h.
+ * against struct sfw_backend, and the calls of runner/runner.h that run it
+ * (sfw_ctx_prefill, sfw_ctx_decode*; a context's life is runner/ctx.c).
  *
  * The pass reads as the spec does, one backend call per op (forward_rows,
  * layer_step and the two mixers): embedding, then per layer the mixer
@@ -8,7 +9,8 @@
  * projection groups are formed when the model is bound (runner/model.c),
  * fused ops are always called (a backend without the kernel composes them,
  * runner/backend_compose.c), and a decode step is handed to the backend as
- * one function (be->step), which may record and replay it.
+ * one function (be->step), which may record and replay it; the pass writes
+ * no host state that a replay would have to redo.
  *
  * A call (sfw_ctx_prefill / sfw_ctx_decode) is cut into pieces of at most
  * prefill_chunk rows; each piece runs through all layers, appending to the
@@ -19,11 +21,13 @@
  * The rows of a step belong to one or more sequences (struct sfwi_part,
  * runner/model.h): norms and every linear run once over all rows, then per
  * part the attention, compression, block selection and Lightning state
- * against that part's cache. A context's piece is one part (its own cache;
- * taps and the selection notes are the context's); a batched step
- * (runner/batch.c, sfwi_forward) is one part per sequence on a workspace
- * context that has no cache of its own. */
-#include "runner/model.h"
+ * against that part's cache. There is one step function, sfwi_forward: a
+ * batch's step (runner/batch.c) is one part per sequence on a workspace
+ * context without a cache of its own, a context's untapped call is one part
+ * on its own cache (a batch of one), and every next token is chosen there.
+ * Tapped calls (score, AWQ calibration) run the same pass with every tensor
+ * reported. */
+#include "runner/ctx.h"
 #include "alloc.h"
 #include "file.h"
 #include "log.h"
@@ -33,286 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct sfw_ctx {
-	struct sfw_model *m;
-	struct sfw_ctx_params p;
-	struct sfw_bcache *cache;
-	int64_t pos;
-	int cap_rows;
-	/* backend buffers for one piece of cap_rows rows: x the residual
-	 * stream, u its norm, out a block's output, proj the projection
-	 * group's outputs (q | k | v | gate, each [R, width]), a the attention
-	 * output, mg the MLP's hidden rows, gu their gate | up scratch */
-	void *x, *u, *out, *proj, *a, *mg, *gu;
-	int32_t *next_dev; /* the sampled id (sfw_ctx_decode_next) */
-	int broken;        /* a call failed half-way: refused until sfw_ctx_reset */
-	void *step;        /* the backend's recording of a decode step (be->step) */
-	int64_t step_replays; /* for tests: steps that ran from a recording */
-	float *host_logits; /* [V] when the host finishes a sample */
-	int32_t *ids_dev, *idx_dev;
-	float *logits_dev; /* [cap_rows, V] when tapping, else [logit rows, V] */
-	int logits_rows;
-	/* taps */
-	sfw_tap_fn tap;
-	void *tap_user;
-	int tap_lin;       /* also report the inputs of the linears (AWQ calibration) */
-	float *host;       /* staging: cap_rows * max(D, V) floats */
-	int32_t *host_idx; /* nkv * cap_rows * k */
-	float *host_pool;  /* nkv * nblocks (grown) */
-	int64_t host_pool_cap;
-	/* last selection per layer: kept in backend memory (last_dev, no host
-	 * wait per decode step) and brought to last_blocks when asked */
-	int32_t *last_blocks; /* [L, nkv, k] */
-	int *last_state;      /* per layer: -1 not sparse, 0 dense, 1 sparse */
-	int32_t *last_dev;    /* backend [L, nkv, k] */
-	int *last_fresh;      /* per layer: last_dev is newer than last_blocks */
-};
-
-struct sfw_ctx_params sfw_ctx_default_params(void)
-{
-	struct sfw_ctx_params p = {0, 256, 0};
-	return p;
-}
-
-/* ---- context --------------------------------------------------------------- */
-
-static int maxi(int a, int b)
-{
-	return a > b ? a : b;
-}
-
-static void ctx_buffers_free(struct sfw_ctx *c)
-{
-	struct sfw_backend *be = c->m->be;
-	void *bufs[] = {c->x,	   c->u,	  c->out,     c->proj,	   c->a,	 c->mg,	    c->gu,
-			c->ids_dev, c->idx_dev, c->logits_dev, c->last_dev, c->next_dev};
-	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-		if (bufs[i])
-			be->free(be, bufs[i]);
-}
-
-void sfw_ctx_free(struct sfw_ctx *c)
-{
-	if (!c)
-		return;
-	c->m->be->step_free(c->m->be, c->step);
-	ctx_buffers_free(c);
-	if (c->cache)
-		c->m->be->cache_free(c->m->be, c->cache);
-	sfw_free(c->host);
-	sfw_free(c->host_idx);
-	sfw_free(c->host_pool);
-	sfw_free(c->last_blocks);
-	sfw_free(c->last_state);
-	sfw_free(c->last_fresh);
-	sfw_free(c->host_logits);
-	sfw_free(c);
-}
-
-static void last_selection_clear(struct sfw_ctx *c)
-{
-	const struct sfw_config *cf = &c->m->cfg;
-	size_t nsel = (size_t)cf->num_key_value_heads * cf->sparse_k;
-	for (int i = 0; i < cf->num_hidden_layers; i++) {
-		c->last_state[i] = cf->mixer[i] == SFW_MIXER_SPARSE ? 0 : -1;
-		c->last_fresh[i] = 0;
-	}
-	for (size_t i = 0; i < (size_t)cf->num_hidden_layers * nsel; i++)
-		c->last_blocks[i] = -1;
-}
-
-void sfwi_cache_desc(const struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens, struct sfw_cache_desc *d)
-{
-	const struct sfw_config *cf = &m->cfg;
-	memset(d, 0, sizeof(*d));
-	d->n_layers = cf->num_hidden_layers;
-	d->mixer = cf->mixer;
-	d->nkv = cf->num_key_value_heads;
-	d->hd = cf->head_dim;
-	d->lnh = cf->lightning_nh;
-	d->lhd = cf->lightning_head_dim;
-	d->ksize = cf->sparse_kernel_size;
-	d->stride = cf->sparse_kernel_stride;
-	d->block = cf->sparse_block_size;
-	d->sel_k = cf->sparse_k;
-	d->pool = pool;
-	d->max_tokens = max_tokens;
-}
-
-enum sfw_status sfwi_cache_new(struct sfw_model *m, struct sfw_bpool *pool, int64_t max_tokens,
-			       struct sfw_bcache **out, struct sfw_err *err)
-{
-	struct sfw_cache_desc d;
-	sfwi_cache_desc(m, pool, max_tokens, &d);
-	return m->be->cache_new(m->be, &d, out, err);
-}
-
-/* A context with buffers for p->prefill_chunk rows and logits for
- * logit_rows rows; own_cache = 0 makes a workspace without a sequence of
- * its own (a batch's: runner/batch.c gives the caches per step). */
-static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_params *p, int own_cache,
-				  int logit_rows, struct sfw_ctx **out, struct sfw_err *err)
-{
-	*out = NULL;
-	const struct sfw_config *cf = &m->cfg;
-	struct sfw_backend *be = m->be;
-	struct sfw_ctx *c = sfw_calloc(1, sizeof(*c));
-	if (!c)
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-	c->m = m;
-	c->p = *p;
-	if (p->n_ctx < 0 || p->prefill_chunk < 0 || p->prefill_chunk > (1 << 20)) {
-		sfw_free(c);
-		return sfw_fail(err, SFW_E_INVAL, "invalid context parameters");
-	}
-	int chunk = p->prefill_chunk ? p->prefill_chunk : 256;
-	chunk = (chunk + 63) / 64 * 64;
-	c->cap_rows = chunk;
-	size_t R = (size_t)chunk, D = (size_t)cf->hidden_size, I = (size_t)cf->intermediate_size;
-	size_t qd = (size_t)cf->num_attention_heads * cf->head_dim, kvd = (size_t)cf->num_key_value_heads * cf->head_dim;
-	size_t ld = (size_t)cf->lightning_nh * cf->lightning_head_dim;
-	size_t wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld, as = be->act_size;
-	int nkv = cf->num_key_value_heads, k = cf->sparse_k, L = cf->num_hidden_layers;
-	c->x = be->alloc(be, R * D * as);
-	c->u = be->alloc(be, R * D * as);
-	c->out = be->alloc(be, R * D * as);
-	c->proj = be->alloc(be, R * (2 * wq + 2 * wk) * as); /* q | k | v | o_gate or z */
-	c->a = be->alloc(be, R * wq * as);
-	c->mg = be->alloc(be, R * I * as);
-	c->gu = be->alloc(be, 2 * R * I * as);
-	c->ids_dev = be->alloc(be, R * sizeof(int32_t));
-	c->idx_dev = be->alloc(be, (size_t)nkv * R * (size_t)k * sizeof(int32_t));
-	c->logits_dev = be->alloc(be, (size_t)logit_rows * cf->vocab_size * sizeof(float));
-	c->logits_rows = logit_rows;
-	c->next_dev = be->alloc(be, (size_t)maxi(16, logit_rows * (int)sizeof(int32_t))); /* a batch's: one id per row */
-	c->last_dev = be->alloc(be, (size_t)L * nkv * k * sizeof(int32_t));
-	c->last_fresh = sfw_calloc((size_t)L, sizeof(int));
-	c->last_blocks = sfw_malloc((size_t)L * nkv * k * sizeof(int32_t));
-	c->last_state = sfw_malloc((size_t)L * sizeof(int));
-	enum sfw_status s = SFW_OK;
-	if (!c->x || !c->u || !c->out || !c->proj || !c->a || !c->mg || !c->gu || !c->ids_dev || !c->idx_dev ||
-	    !c->logits_dev || !c->next_dev || !c->last_dev || !c->last_fresh || !c->last_blocks || !c->last_state)
-		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
-	/* a batch's workspace: every row of ids_dev a token id from the start
-	 * (a recorded step's padding rows embed whatever ids their rows hold:
-	 * be->step_seqs) */
-	int32_t *zero = s == SFW_OK && !own_cache ? sfw_calloc(R, sizeof(int32_t)) : NULL;
-	if (s == SFW_OK && !own_cache && !zero)
-		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the context buffers");
-	if (zero)
-		be->from_host(be, c->ids_dev, zero, R * sizeof(int32_t));
-	sfw_free(zero);
-	if (s == SFW_OK && own_cache)
-		s = sfwi_cache_new(m, NULL, 0, &c->cache, err);
-	if (s == SFW_OK && own_cache && p->n_ctx > 0)
-		s = be->cache_reserve(be, c->cache, p->n_ctx, err);
-	if (s != SFW_OK) {
-		sfw_ctx_free(c);
-		return s;
-	}
-	last_selection_clear(c);
-	*out = c;
-	return SFW_OK;
-}
-
-enum sfw_status sfw_ctx_new(struct sfw_model *m, const struct sfw_ctx_params *p, struct sfw_ctx **out,
-			    struct sfw_err *err)
-{
-	struct sfw_ctx_params dp = sfw_ctx_default_params();
-	return ctx_create(m, p ? p : &dp, 1, 1, out, err);
-}
-
-enum sfw_status sfwi_ctx_workspace(struct sfw_model *m, int rows, int logit_rows, struct sfw_ctx **out,
-				   struct sfw_err *err)
-{
-	struct sfw_ctx_params p = sfw_ctx_default_params();
-	if (rows < 1 || rows > (1 << 20) || logit_rows < 1 || logit_rows > rows) {
-		*out = NULL;
-		return sfw_fail(err, SFW_E_INVAL, "invalid batch workspace (%d rows, %d logit rows)", rows, logit_rows);
-	}
-	p.prefill_chunk = rows;
-	return ctx_create(m, &p, 0, logit_rows, out, err);
-}
-
-void sfw_ctx_reset(struct sfw_ctx *c)
-{
-	c->m->be->cache_reset(c->m->be, c->cache);
-	c->pos = 0;
-	c->broken = 0;
-	last_selection_clear(c);
-}
-
-int64_t sfw_ctx_pos(const struct sfw_ctx *c)
-{
-	return c->pos;
-}
-
-struct sfw_model *sfw_ctx_model(const struct sfw_ctx *c)
-{
-	return c->m;
-}
-
-int64_t sfwi_ctx_step_replays(const struct sfw_ctx *c)
-{
-	return c->step_replays;
-}
-
-void sfw_ctx_set_tap(struct sfw_ctx *c, sfw_tap_fn fn, void *user)
-{
-	c->tap = fn;
-	c->tap_user = user;
-}
-
-void sfw_ctx_set_tap_linear_inputs(struct sfw_ctx *c, int on)
-{
-	c->tap_lin = on != 0;
-}
-
-int sfw_ctx_last_blocks(const struct sfw_ctx *c, int layer, int32_t *out)
-{
-	const struct sfw_config *cf = &c->m->cfg;
-	if (layer < 0 || layer >= cf->num_hidden_layers || c->last_state[layer] < 0)
-		return -1;
-	size_t n = (size_t)cf->num_key_value_heads * cf->sparse_k;
-	if (c->last_fresh[layer]) {
-		struct sfw_backend *be = c->m->be;
-		be->to_host(be, c->last_blocks + (size_t)layer * n, c->last_dev + (size_t)layer * n,
-			    n * sizeof(int32_t));
-		c->last_fresh[layer] = 0;
-	}
-	memcpy(out, c->last_blocks + (size_t)layer * n, n * sizeof(int32_t));
-	return c->last_state[layer];
-}
-
-/* Taps need host staging and full-width logits; sized lazily on first use. */
-static enum sfw_status tap_buffers(struct sfw_ctx *c, struct sfw_err *err)
-{
-	const struct sfw_config *cf = &c->m->cfg;
-	struct sfw_backend *be = c->m->be;
-	size_t R = (size_t)c->cap_rows;
-	if (!c->host) {
-		size_t w = (size_t)maxi(cf->hidden_size, cf->vocab_size);
-		/* linear-input taps: the MLP and attention widths too */
-		w = (size_t)maxi((int)w, maxi(cf->intermediate_size, cf->num_attention_heads * cf->head_dim));
-		w = (size_t)maxi((int)w, cf->lightning_nh * cf->lightning_head_dim);
-		c->host = sfw_malloc(R * w * sizeof(float));
-		c->host_idx = sfw_malloc((size_t)cf->num_key_value_heads * R * cf->sparse_k * sizeof(int32_t));
-		if (!c->host || !c->host_idx)
-			return sfw_fail(err, SFW_E_NOMEM, "out of memory for tap buffers");
-	}
-	if (c->logits_rows < c->cap_rows) {
-		float *l = be->alloc(be, R * (size_t)cf->vocab_size * sizeof(float));
-		if (!l)
-			return sfw_fail(err, SFW_E_NOMEM, "out of memory for all-row logits");
-		be->free(be, c->logits_dev);
-		c->logits_dev = l;
-		c->logits_rows = c->cap_rows;
-		be->step_free(be, c->step); /* it wrote the old buffer */
-		c->step = NULL;
-	}
-	return SFW_OK;
-}
 
 static void emit(struct sfw_ctx *c, const char *name, int layer, int64_t row0, int rows, int cols, int nkv,
 		 int is_int, const void *data)
@@ -325,47 +49,23 @@ static void emit_act(struct sfw_ctx *c, const char *name, int layer, int64_t row
 		     int cols)
 {
 	struct sfw_backend *be = c->m->be;
-	be->to_host_f32(be, c->host, buf, 0, (size_t)rows * cols);
+	sfw_be_to_host_f32(be, c->host, buf, 0, (size_t)rows * cols);
 	emit(c, name, layer, row0, rows, cols, 0, 0, c->host);
 }
 
 static void *row_ptr(const struct sfw_ctx *c, void *buf, size_t elems)
 {
-	return (char *)buf + elems * c->m->be->act_size;
+	return (char *)buf + elems * sfw_be_act_size(c->m->be);
 }
 
 struct call {
 	const char *phase;
-	/* sfw_ctx_decode_next: choose the next token where the logits are */
+	/* sfw_ctx_prefill_next, sfw_ctx_decode_next: choose the next token
+	 * where the logits are */
 	const struct sfw_op_sample_params *sp;
 	double u;
 	int32_t *next;
 };
-
-/* The next token from the last row's logits (logits_dev, or host rows when
- * tapping): on the backend when it can, else (or when it hands back -1)
- * the CPU twin on a host copy. One 4-byte read in the common case. */
-static enum sfw_status sample_next(struct sfw_ctx *c, const struct call *cl, const float *host_row,
-				   struct sfw_err *err)
-{
-	struct sfw_backend *be = c->m->be;
-	int V = c->m->cfg.vocab_size;
-	if (host_row) {
-		*cl->next = sfw_op_sample_cpu(host_row, V, cl->sp, cl->u);
-		return SFW_OK;
-	}
-	int32_t id = -1;
-	if (be->sample(be, c->next_dev, c->logits_dev, V, 1, &cl->sp, &cl->u))
-		be->to_host(be, &id, c->next_dev, sizeof(id));
-	if (id < 0) {
-		if (!c->host_logits && !(c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
-			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		be->to_host(be, c->host_logits, c->logits_dev, (size_t)V * sizeof(float));
-		id = sfw_op_sample_cpu(c->host_logits, V, cl->sp, cl->u);
-	}
-	*cl->next = id;
-	return SFW_OK;
-}
 
 /* A sequence's rows of a step buffer: row r of buf (rows of width w). */
 static void *rows_at(const struct sfw_ctx *c, void *buf, int r, size_t w)
@@ -413,16 +113,16 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 		}
 		pool_last = c->host_pool;
 	}
-	if ((s = be->sparse_select(be, c->idx_dev, q, p->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
+	if ((s = sfw_be_sparse_select(be, c->idx_dev, q, p->cache, li, nh, &sp, pool_last, err)) != SFW_OK)
 		return s;
-	be->attn_sparse(be, a, q, p->cache, li, c->idx_dev, nh, &sp);
+	sfw_be_attn_sparse(be, a, q, p->cache, li, c->idx_dev, nh, &sp);
 	if (!own || !(c->tap || p->last_piece))
 		return SFW_OK;
 	size_t n = (size_t)nkv * R * cf->sparse_k;
 	int32_t *hi = c->host_idx;
 	int32_t *lastbuf = c->last_blocks + (size_t)li * nsel;
 	if (c->tap) {
-		be->to_host(be, hi, c->idx_dev, n * sizeof(int32_t));
+		sfw_be_to_host(be, hi, c->idx_dev, n * sizeof(int32_t));
 		char name[96];
 		snprintf(name, sizeof(name), "sparse.layer.%d.%s.topk_idx", li, cl->phase);
 		emit(c, name, li, pos0, R, cf->sparse_k, nkv, 1, hi);
@@ -435,10 +135,8 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 			if (c->tap)
 				memcpy(lastbuf + (size_t)h * cf->sparse_k, hi + off, kb);
 			else /* stays in backend memory until asked */
-				be->copy(be, lastdev + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
+				sfw_be_copy(be, lastdev + (size_t)h * cf->sparse_k, c->idx_dev + off, kb);
 		}
-		c->last_fresh[li] = !c->tap;
-		c->last_state[li] = 1;
 	}
 	if (c->tap && p->last_piece) {
 		char name[96];
@@ -446,25 +144,12 @@ static enum sfw_status sparse_attend(struct sfw_ctx *c, int li, const struct sfw
 		emit(c, name, li, pos0 + R - 1, 1, (int)p->nblocks, nkv, 0, pool_last);
 		int64_t nc[2];
 		int32_t nc32[2];
-		be->cache_ncompressed(be, p->cache, li, nc);
+		sfw_be_cache_ncompressed(be, p->cache, li, nc);
 		nc32[0] = (int32_t)nc[0], nc32[1] = (int32_t)nc[1];
 		snprintf(name, sizeof(name), "sparse.layer.%d.%s.n_compressed", li, cl->phase);
 		emit(c, name, li, pos0 + R - 1, 1, 2, 0, 1, nc32);
 	}
 	return SFW_OK;
-}
-
-/* A dense sequence's note: the context's own sequence selected nothing. */
-static void dense_note(struct sfw_ctx *c, int li, const struct sfwi_part *p)
-{
-	const struct sfw_config *cf = &c->m->cfg;
-	size_t nsel = (size_t)cf->num_key_value_heads * cf->sparse_k;
-	if (p->cache != c->cache || !p->last_piece)
-		return;
-	c->last_state[li] = 0;
-	c->last_fresh[li] = 0;
-	for (size_t i = 0; i < nsel; i++)
-		c->last_blocks[(size_t)li * nsel + i] = -1;
 }
 
 /* Where a projection group's part i begins in c->proj for R rows. */
@@ -490,13 +175,13 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const stru
 	struct sfwi_layer *L = &m->layers[li];
 	int nh = cf->num_attention_heads, hd = cf->head_dim, kvd = cf->num_key_value_heads * cf->head_dim;
 	enum sfw_status s;
-	be->matmul_group(be, c->proj, c->u, &L->proj, R);
+	sfw_be_matmul_group(be, c->proj, c->u, &L->proj, R);
 	void *q = proj_part(c, &L->proj, 0, R), *k = proj_part(c, &L->proj, 1, R), *v = proj_part(c, &L->proj, 2, R);
-	be->kv_append_seqs(be, bs, np, li, k, v, kvd);
+	sfw_be_kv_append_seqs(be, bs, np, li, k, v, kvd);
 	/* the compressed keys follow the cache in both modes: a recorded
 	 * step's compress starts from current keys, and the switch to
 	 * selection finds them made */
-	if ((s = be->compress_seqs(be, bs, np, li, err)) != SFW_OK)
+	if ((s = sfw_be_compress_seqs(be, bs, np, li, err)) != SFW_OK)
 		return s;
 	struct sfw_bseq dense[SFW_BSEQ_MAX];
 	int nd = 0;
@@ -504,21 +189,18 @@ static enum sfw_status sparse_mixer(struct sfw_ctx *c, int li, int R, const stru
 		if (!parts[i].sparse)
 			dense[nd++] = bs[i];
 	if (nd)
-		be->attn_dense_seqs(be, c->a, q, dense, nd, li, nh, hd, 1.0f / sqrtf((float)hd));
-	for (int i = 0; i < np; i++) {
-		if (!parts[i].sparse)
-			dense_note(c, li, &parts[i]);
-		else if ((s = sparse_attend(c, li, &parts[i], cl, q, err)) != SFW_OK)
+		sfw_be_attn_dense_seqs(be, c->a, q, dense, nd, li, nh, hd, 1.0f / sqrtf((float)hd));
+	for (int i = 0; i < np; i++)
+		if (parts[i].sparse && (s = sparse_attend(c, li, &parts[i], cl, q, err)) != SFW_OK)
 			return s;
-	}
 	if (L->o_gate.host)
-		be->sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
+		sfw_be_sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
 	if (c->tap && c->tap_lin) {
 		char name[64];
 		snprintf(name, sizeof(name), "%s.layer.%d.o_in", cl->phase, li);
 		emit_act(c, name, li, parts[0].pos0, R, c->a, nh * hd);
 	}
-	be->matmul(be, c->out, c->a, &L->o, R);
+	sfw_be_matmul(be, c->out, c->a, &L->o, R);
 	return SFW_OK;
 }
 
@@ -533,24 +215,24 @@ static void lightning_mixer(struct sfw_ctx *c, int li, int R, const struct sfwi_
 	struct sfw_backend *be = m->be;
 	struct sfwi_layer *L = &m->layers[li];
 	int nh = cf->lightning_nh, hd = cf->lightning_head_dim;
-	be->matmul_group(be, c->proj, c->u, &L->proj, R);
+	sfw_be_matmul_group(be, c->proj, c->u, &L->proj, R);
 	void *q = proj_part(c, &L->proj, 0, R), *k = proj_part(c, &L->proj, 1, R), *v = proj_part(c, &L->proj, 2, R);
-	be->qk_norm_rope_seqs(be, q, k, L->q_norm.host ? &L->q_norm : NULL, L->k_norm.host ? &L->k_norm : NULL, bs, np,
+	sfw_be_qk_norm_rope_seqs(be, q, k, L->q_norm.host ? &L->q_norm : NULL, L->k_norm.host ? &L->k_norm : NULL, bs, np,
 			      nh, nh, hd, (float)cf->rms_norm_eps, cf->lightning_use_rope, (float)cf->rope_theta);
-	be->gla_seqs(be, c->a, q, k, v, bs, np, li, m->decay, nh, hd, 1.0f / sqrtf((float)hd));
+	sfw_be_gla_seqs(be, c->a, q, k, v, bs, np, li, m->decay, nh, hd, 1.0f / sqrtf((float)hd));
 	if (L->o_norm.host && L->z.host)
-		be->rmsnorm_gate(be, c->a, c->a, &L->o_norm, proj_part(c, &L->proj, 3, R), R, nh * hd,
+		sfw_be_rmsnorm_gate(be, c->a, c->a, &L->o_norm, proj_part(c, &L->proj, 3, R), R, nh * hd,
 				 (float)cf->rms_norm_eps);
 	else if (L->o_norm.host)
-		be->rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, (float)cf->rms_norm_eps);
+		sfw_be_rmsnorm(be, c->a, c->a, &L->o_norm, R, nh * hd, (float)cf->rms_norm_eps);
 	else if (L->z.host)
-		be->sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
+		sfw_be_sigmoid_mul(be, c->a, c->a, proj_part(c, &L->proj, 3, R), (size_t)R * nh * hd);
 	if (c->tap && c->tap_lin) {
 		char name[64];
 		snprintf(name, sizeof(name), "%s.layer.%d.o_in", phase, li);
 		emit_act(c, name, li, parts[0].pos0, R, c->a, nh * hd);
 	}
-	be->matmul(be, c->out, c->a, &L->o, R);
+	sfw_be_matmul(be, c->out, c->a, &L->o, R);
 }
 
 /* One layer for the step's rows; c->u holds the layer's input norm of the
@@ -578,19 +260,19 @@ static enum sfw_status layer_step(struct sfw_ctx *c, int li, int R, const struct
 	} else {
 		lightning_mixer(c, li, R, parts, bs, np, cl->phase);
 	}
-	be->add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
+	sfw_be_add_rmsnorm(be, c->u, c->x, c->out, rs, &L->post_norm, R, D, eps);
 	if (c->tap && c->tap_lin) {
 		snprintf(name, sizeof(name), "%s.layer.%d.mlp_in", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->u, D);
 	}
-	be->swiglu(be, c->mg, c->gu, c->u, &L->gu, R);
+	sfw_be_swiglu(be, c->mg, c->gu, c->u, &L->gu, R);
 	if (c->tap && c->tap_lin) {
 		snprintf(name, sizeof(name), "%s.layer.%d.down_in", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->mg, I);
 	}
-	be->matmul(be, c->out, c->mg, &L->down, R);
+	sfw_be_matmul(be, c->out, c->mg, &L->down, R);
 	const struct sfw_bweight *next = li + 1 < cf->num_hidden_layers ? &m->layers[li + 1].in_norm : &m->norm;
-	be->add_rmsnorm(be, c->u, c->x, c->out, rs, next, R, D, eps);
+	sfw_be_add_rmsnorm(be, c->u, c->x, c->out, rs, next, R, D, eps);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.layer.%d.out", cl->phase, li);
 		emit_act(c, name, li, pos0, R, c->x, D);
@@ -610,13 +292,13 @@ static enum sfw_status forward_rows(struct sfw_ctx *c, int R, const struct sfwi_
 	int D = cf->hidden_size;
 	char name[64];
 	enum sfw_status s;
-	be->embed(be, c->x, &m->embed, c->ids_dev, R, (float)cf->scale_emb);
+	sfw_be_embed(be, c->x, &m->embed, c->ids_dev, R, (float)cf->scale_emb);
 	if (c->tap) {
 		snprintf(name, sizeof(name), "%s.embed", cl->phase);
 		emit_act(c, name, -1, parts[0].pos0, R, c->x, D);
 	}
 	const struct sfw_bweight *first = cf->num_hidden_layers ? &m->layers[0].in_norm : &m->norm;
-	be->rmsnorm(be, c->u, c->x, first, R, D, (float)cf->rms_norm_eps);
+	sfw_be_rmsnorm(be, c->u, c->x, first, R, D, (float)cf->rms_norm_eps);
 	SFW_ASSERT(np >= 1 && np <= SFW_BSEQ_MAX);
 	struct sfw_bseq bs[SFW_BSEQ_MAX]; /* the parts as the backend's *_seqs ops take them */
 	for (int i = 0; i < np; i++)
@@ -635,20 +317,25 @@ struct step_arg {
 	const struct call *cl;
 };
 
-static enum sfw_status step_ops(void *arg, struct sfw_err *err)
+static enum sfw_status step_ops(void *arg, int rows, struct sfw_err *err)
 {
+	(void)rows; /* one */
 	struct step_arg *a = arg;
 	struct sfw_ctx *c = a->c;
 	struct sfw_model *m = c->m;
 	enum sfw_status s = forward_rows(c, 1, a->p, 1, a->cl, err);
 	if (s == SFW_OK)
-		m->be->logits(m->be, c->logits_dev, c->u, &m->lm_head, 1, (float)(1.0 / m->cfg.logit_divisor));
+		sfw_be_logits(m->be, c->logits_dev, c->u, &m->lm_head, 1, (float)(1.0 / m->cfg.logit_divisor));
 	return s;
 }
 
-/* What sparse_attend notes on the host for a decode step, for a step that
- * ran from a recording (its host-side code did not run). */
-static void step_notes(struct sfw_ctx *c, int sparse)
+/* The selection notes of a context's call that ends with a part in mode
+ * `sparse` (sfw_ctx_last_blocks): each sparse layer selected blocks or not;
+ * the blocks of the last row are in last_dev (untapped: the pass copied them
+ * there, directly or in a recorded step) or already in last_blocks (tapped).
+ * Written by the caller after the call, never by the pass, so a recorded
+ * step's replay and a recording made ahead need no host-side bookkeeping. */
+static void call_notes(struct sfw_ctx *c, int sparse)
 {
 	struct sfw_model *m = c->m;
 	const struct sfw_config *cf = &m->cfg;
@@ -657,7 +344,7 @@ static void step_notes(struct sfw_ctx *c, int sparse)
 		if (m->layers[li].kind != SFW_MIXER_SPARSE)
 			continue;
 		c->last_state[li] = sparse;
-		c->last_fresh[li] = sparse; /* the recorded copy to last_dev */
+		c->last_fresh[li] = sparse && !c->tap;
 		if (!sparse)
 			for (size_t i = 0; i < nsel; i++)
 				c->last_blocks[(size_t)li * nsel + i] = -1;
@@ -677,17 +364,14 @@ static struct sfwi_part call_part(const struct sfw_ctx *c, int64_t end)
 }
 
 /* The decode step that follows a call ending with piece p, recorded now
- * (be->step_record) while the backend still works on the call, so that the
- * step itself only replays it: the first token after a prompt no longer
- * waits for the recording. Its host code notes the step's selection state;
- * the notes of the call's own last row are kept (saved and put back). A
- * step that cannot be prepared here is prepared when it comes, as before. */
+ * (be->step, record_only) while the backend still works on the call, so that the
+ * step itself only replays it: the first token after a prompt does not
+ * wait for the recording. A step that cannot be prepared here is prepared
+ * when it comes. */
 static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
 {
-	struct sfw_model *m = c->m;
-	const struct sfw_config *cf = &m->cfg;
-	struct sfw_backend *be = m->be;
-	if (c->tap || !be->supports(be, SFW_BOP_RECORD, SFW_DTYPE_BF16))
+	struct sfw_backend *be = c->m->be;
+	if (c->tap || !be->supports_op(be, SFW_OP_RECORD, SFW_DTYPE_BF16))
 		return;
 	int64_t pos = p->pos0 + p->R, end = pos + 1;
 	struct sfw_err e = {0};
@@ -701,29 +385,19 @@ static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
 	d.pos0 = pos, d.R = 1, d.last_piece = 1;
 	struct call cl = {"decode", NULL, 0, NULL};
 	struct step_arg a = {c, &d, &cl};
-	int L = cf->num_hidden_layers;
-	size_t nsel = (size_t)L * cf->num_key_value_heads * cf->sparse_k;
-	int *state = sfw_malloc((size_t)L * 2 * sizeof(int));
-	int32_t *blocks = sfw_malloc(nsel * sizeof(int32_t));
-	if (!state || !blocks) { /* only a head start: the step records itself */
-		sfw_free(state), sfw_free(blocks);
-		return;
-	}
-	memcpy(state, c->last_state, (size_t)L * sizeof(int));
-	memcpy(state + L, c->last_fresh, (size_t)L * sizeof(int));
-	memcpy(blocks, c->last_blocks, nsel * sizeof(int32_t));
 	/* a failure here (out of memory) is met again, and reported, by the step */
-	if (be->step_record(be, &c->step, c->cache, pos, d.sparse, step_ops, &a, &e) != SFW_OK)
+	struct sfw_bcache *cache = c->cache;
+	struct sfw_step st = {&c->step, &cache, &pos, &d.sparse, 1, 1, 1, step_ops, &a, 0};
+	if (sfwi_step(be, &st, &e) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "recording the next decode step ahead: %s", e.msg);
-	memcpy(c->last_state, state, (size_t)L * sizeof(int));
-	memcpy(c->last_fresh, state + L, (size_t)L * sizeof(int));
-	memcpy(c->last_blocks, blocks, nsel * sizeof(int32_t));
-	sfw_free(state), sfw_free(blocks);
 }
 
 /* One piece of a context's call: its rows are part p of the context's own
- * sequence. A one-row piece that ends an untapped call is a decode step,
- * which the backend runs (and may replay: be->step). */
+ * sequence, a batch of one. Untapped, it is the batch's step (sfwi_forward:
+ * a one-row piece that ends the call is a decode step the backend may
+ * replay, be->step, and the next token is chosen there as for any batch
+ * row); tapped, the pass runs here with every tensor reported and the
+ * choice made on the host from the tapped logits. */
 static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct sfwi_part *p,
 			     const struct call *cl, float *logits, struct sfw_err *err)
 {
@@ -734,42 +408,33 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 	int64_t pos0 = p->pos0;
 	char name[64];
 	enum sfw_status s;
-	be->from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
-	if (R == 1 && !c->tap && p->last_piece) {
-		struct step_arg a = {c, p, cl};
-		int replayed = 0;
-		if ((s = be->step(be, &c->step, c->cache, pos0, p->sparse, step_ops, &a, &replayed, err)) != SFW_OK)
-			return s;
-		if (replayed) {
-			c->step_replays++;
-			step_notes(c, p->sparse);
-		}
-		if (logits)
-			be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
-		return cl->next ? sample_next(c, cl, NULL, err) : SFW_OK;
+	if (!c->tap) {
+		/* the last row's logits: wanted, or a choice made from them, or a
+		 * decode step (whose recording makes them anyway) */
+		int nl = p->last_piece && (logits || cl->next || R == 1);
+		struct sfwi_pick pick = {R - 1, logits != NULL, cl->sp, cl->u};
+		float *host = logits;
+		if (nl && !host && !(host = c->host_logits) &&
+		    !(host = c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		int32_t none;
+		return sfwi_forward(c, ids, R, p, 1, &pick, nl, host, cl->next ? cl->next : &none, &c->step, NULL, err);
 	}
+	sfw_be_from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
 	if ((s = forward_rows(c, R, p, 1, cl, err)) != SFW_OK)
 		return s;
-	float in_scale = (float)(1.0 / cf->logit_divisor);
-	if (c->tap) {
-		snprintf(name, sizeof(name), "%s.final_norm", cl->phase);
-		emit_act(c, name, -1, pos0, R, c->u, D);
-		be->logits(be, c->logits_dev, c->u, &m->lm_head, R, in_scale);
-		be->to_host(be, c->host, c->logits_dev, (size_t)R * V * sizeof(float));
-		snprintf(name, sizeof(name), "%s.logits", cl->phase);
-		emit(c, name, -1, pos0, R, V, 0, 0, c->host);
-		if (p->last_piece && logits)
-			memcpy(logits, c->host + (size_t)(R - 1) * V, (size_t)V * sizeof(float));
-		if (p->last_piece && cl->next)
-			return sample_next(c, cl, c->host + (size_t)(R - 1) * V, err);
-	} else if (p->last_piece && (logits || cl->next)) {
-		be->logits(be, c->logits_dev, row_ptr(c, c->u, (size_t)(R - 1) * D), &m->lm_head, 1, in_scale);
-		step_ahead(c, p);
-		if (logits)
-			be->to_host(be, logits, c->logits_dev, (size_t)V * sizeof(float));
-		if (cl->next)
-			return sample_next(c, cl, NULL, err);
-	}
+	if (p->last_piece)
+		call_notes(c, p->sparse);
+	snprintf(name, sizeof(name), "%s.final_norm", cl->phase);
+	emit_act(c, name, -1, pos0, R, c->u, D);
+	sfw_be_logits(be, c->logits_dev, c->u, &m->lm_head, R, (float)(1.0 / cf->logit_divisor));
+	sfw_be_to_host(be, c->host, c->logits_dev, (size_t)R * V * sizeof(float));
+	snprintf(name, sizeof(name), "%s.logits", cl->phase);
+	emit(c, name, -1, pos0, R, V, 0, 0, c->host);
+	if (p->last_piece && logits)
+		memcpy(logits, c->host + (size_t)(R - 1) * V, (size_t)V * sizeof(float));
+	if (p->last_piece && cl->next)
+		*cl->next = sfw_op_sample_cpu(c->host + (size_t)(R - 1) * V, V, cl->sp, cl->u);
 	return SFW_OK;
 }
 
@@ -778,7 +443,7 @@ static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct
 static enum sfw_status op_failure(struct sfw_backend *be, enum sfw_status s, struct sfw_err *err)
 {
 	struct sfw_err fe = {0};
-	enum sfw_status fs = be->take_failure(be, &fe);
+	enum sfw_status fs = sfwi_take_failure(be, &fe);
 	if (s == SFW_OK && fs != SFW_OK) {
 		s = fs;
 		if (err)
@@ -797,13 +462,19 @@ enum sfw_status sfw_ctx_prefill(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	return run_call(c, ids, n, logits, NULL, 0, NULL, err);
 }
 
-enum sfw_status sfw_ctx_decode_next(struct sfw_ctx *c, int32_t id, const struct sfw_op_sample_params *sp, double u,
-				    int32_t *next, struct sfw_err *err)
+enum sfw_status sfw_ctx_prefill_next(struct sfw_ctx *c, const int32_t *ids, size_t n,
+				     const struct sfw_op_sample_params *sp, double u, int32_t *next, struct sfw_err *err)
 {
 	if (!sp || !next || !(u >= 0 && u < 1) || !(sp->temperature >= 0) || !isfinite(sp->temperature) ||
 	    sp->top_k < 0 || !(sp->top_p > 0 && sp->top_p <= 1))
 		return sfw_fail(err, SFW_E_INVAL, "invalid sampling parameters");
-	return run_call(c, &id, 1, NULL, sp, u, next, err);
+	return run_call(c, ids, n, NULL, sp, u, next, err);
+}
+
+enum sfw_status sfw_ctx_decode_next(struct sfw_ctx *c, int32_t id, const struct sfw_op_sample_params *sp, double u,
+				    int32_t *next, struct sfw_err *err)
+{
+	return sfw_ctx_prefill_next(c, &id, 1, sp, u, next, err);
 }
 
 static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n, float *logits,
@@ -815,7 +486,7 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	if (c->broken)
 		return sfw_fail(err, SFW_E_INVAL, "the context is inconsistent after a failed call; reset it");
 	struct sfw_err stale = {0}; /* a stale flag belongs to a call that already failed */
-	if (be->take_failure(be, &stale) != SFW_OK)
+	if (sfwi_take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
 	if ((s = sfw_map_check(err)) != SFW_OK)
 		return s;
@@ -827,7 +498,7 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 					(int)ids[i], i, cf->vocab_size - 1);
 	if (n > (size_t)INT32_MAX || c->pos + (int64_t)n > (int64_t)INT32_MAX)
 		return sfw_fail(err, SFW_E_RANGE, "sequence too long");
-	if (c->tap && (s = tap_buffers(c, err)) != SFW_OK)
+	if (c->tap && (s = sfwi_ctx_tap_buffers(c, err)) != SFW_OK)
 		return s;
 	int64_t end = c->pos + (int64_t)n;
 	if ((s = be->cache_reserve(be, c->cache, end, err)) != SFW_OK)
@@ -847,7 +518,7 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 		}
 		c->pos += R;
 	}
-	be->sync(be);
+	sfw_be_wait(be);
 	return SFW_OK;
 }
 
@@ -858,11 +529,11 @@ enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, str
 
 /* ---- the batch's step (runner/batch.c) -------------------------------------- */
 
-/* A batch step's ops (run directly, or by be->step_seqs, which may record
+/* A batch step's ops (run directly, or by be->step of several sequences, which may record
  * them): the pass over the rows, then one lm_head product into logits_dev
  * over the wanted rows: straight from u when they are rows 0 .. R-1 in
- * order (a step of decode rows), else first copied side by side into out
- * (free by then). rows > R: a batch-size bucket recorded for such a step of
+ * order (a step of decode rows) or one row, else first copied side by side
+ * into out (free by then). rows > R: a batch-size bucket recorded for such a step of
  * R decode rows, padded: the pass and the logits over all the rows. */
 struct rows_arg {
 	struct sfw_ctx *ws;
@@ -889,13 +560,18 @@ static enum sfw_status rows_ops(void *arg, int rows, struct sfw_err *err)
 	if (s != SFW_OK || a->nl == 0)
 		return s;
 	if (in_order) {
-		be->logits(be, ws->logits_dev, ws->u, &m->lm_head, rows, (float)(1.0 / m->cfg.logit_divisor));
+		sfw_be_logits(be, ws->logits_dev, ws->u, &m->lm_head, rows, (float)(1.0 / m->cfg.logit_divisor));
+		return SFW_OK;
+	}
+	if (a->nl == 1) { /* one row (a prompt's last): its logits straight from u */
+		sfw_be_logits(be, ws->logits_dev, rows_at(ws, ws->u, a->pick[0].row, (size_t)D), &m->lm_head, 1,
+			      (float)(1.0 / m->cfg.logit_divisor));
 		return SFW_OK;
 	}
 	for (int i = 0; i < a->nl; i++)
-		be->copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, a->pick[i].row, (size_t)D),
-			 (size_t)D * be->act_size);
-	be->logits(be, ws->logits_dev, ws->out, &m->lm_head, a->nl, (float)(1.0 / m->cfg.logit_divisor));
+		sfw_be_copy(be, rows_at(ws, ws->out, i, (size_t)D), rows_at(ws, ws->u, a->pick[i].row, (size_t)D),
+			 (size_t)D * sfw_be_act_size(be));
+	sfw_be_logits(be, ws->logits_dev, ws->out, &m->lm_head, a->nl, (float)(1.0 / m->cfg.logit_divisor));
 	return SFW_OK;
 }
 
@@ -910,14 +586,14 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 	struct call cl = {"decode", NULL, 0, NULL};
 	SFW_ASSERT(R >= 1 && R <= ws->cap_rows && nl <= ws->logits_rows);
 	struct sfw_err stale = {0};
-	if (be->take_failure(be, &stale) != SFW_OK)
+	if (sfwi_take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
 	enum sfw_status s = sfw_map_check(err);
 	if (s != SFW_OK)
 		return s;
-	be->from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
+	sfw_be_from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
 	/* every row a decode row whose logits are wanted: a step the backend
-	 * may record for its batch-size bucket (be->step_seqs) */
+	 * may record for its batch-size bucket (be->step of several sequences) */
 	int seqs_step = brec && np >= 2 && R == np && nl == np;
 	for (int i = 0; seqs_step && i < np; i++)
 		seqs_step = parts[i].R == 1 && pick[i].row == i;
@@ -925,10 +601,11 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		/* one sequence's decode row: the step a context of its own
 		 * runs, recorded and replayed by the backend (be->step) */
 		struct step_arg a = {ws, parts, &cl};
-		int replayed = 0;
-		s = be->step(be, rec, parts[0].cache, parts[0].pos0, parts[0].sparse, step_ops, &a, &replayed, err);
+		struct sfw_step st = {rec, &parts[0].cache, &parts[0].pos0, &parts[0].sparse, 1, 1, 0, step_ops, &a, 0};
+		s = sfwi_step(be, &st, err);
 		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
+		ws->step_replays += st.replayed; /* for tests */
 	} else if (seqs_step) {
 		struct sfw_bcache *caches[SFW_BSEQ_MAX];
 		int64_t pos[SFW_BSEQ_MAX];
@@ -936,16 +613,24 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		for (int i = 0; i < np; i++)
 			caches[i] = parts[i].cache, pos[i] = parts[i].pos0, sparse[i] = parts[i].sparse;
 		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
-		int replayed = 0;
 		int max_rows = ws->cap_rows < ws->logits_rows ? ws->cap_rows : ws->logits_rows;
-		s = be->step_seqs(be, brec, caches, pos, sparse, np, max_rows, rows_ops, &a, &replayed, err);
+		struct sfw_step st = {brec, caches, pos, sparse, np, max_rows, 0, rows_ops, &a, 0};
+		s = sfwi_step(be, &st, err);
 		if ((s = op_failure(be, s, err)) != SFW_OK)
 			return s;
 	} else {
 		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
-		if ((s = op_failure(be, rows_ops(&a, R, err), err)) != SFW_OK || nl == 0)
+		if ((s = op_failure(be, rows_ops(&a, R, err), err)) != SFW_OK)
 			return s;
+		/* a context's prompt: its first decode step recorded while the
+		 * backend works on the prompt */
+		if (nl && np == 1 && parts[0].cache == ws->cache && parts[0].last_piece)
+			step_ahead(ws, &parts[0]);
 	}
+	if (np == 1 && parts[0].cache == ws->cache && parts[0].last_piece)
+		call_notes(ws, parts[0].sparse); /* a context's own call */
+	if (nl == 0)
+		return SFW_OK;
 	/* the choices on the backend (one id each back; one call for all the
 	 * rows), the logits on the host only where asked or where the backend
 	 * left the choice to it */
@@ -958,21 +643,21 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		sps[i] = pick[i].sp, us[i] = pick[i].u;
 		sampled |= pick[i].sp != NULL;
 	}
-	int taken = sampled && be->sample(be, ws->next_dev, ws->logits_dev, V, nl, sps, us);
+	int taken = sampled && sfw_be_sample(be, ws->next_dev, ws->logits_dev, V, nl, sps, us);
 	sampled = taken;
 	for (int i = 0; i < nl; i++)
 		on_be[i] = taken && pick[i].sp;
 	if (sampled)
-		be->to_host(be, next, ws->next_dev, (size_t)nl * sizeof(int32_t));
+		sfw_be_to_host(be, next, ws->next_dev, (size_t)nl * sizeof(int32_t));
 	if (all_host)
-		be->to_host(be, logits, ws->logits_dev, (size_t)nl * V * sizeof(float));
+		sfw_be_to_host(be, logits, ws->logits_dev, (size_t)nl * V * sizeof(float));
 	for (int i = 0; i < nl; i++) {
 		float *row = logits + (size_t)i * V;
 		if (!on_be[i])
 			next[i] = -1;
 		int host_choice = pick[i].sp && next[i] < 0;
 		if (!all_host && (pick[i].host || host_choice))
-			be->to_host(be, row, ws->logits_dev + (size_t)i * V, (size_t)V * sizeof(float));
+			sfw_be_to_host(be, row, ws->logits_dev + (size_t)i * V, (size_t)V * sizeof(float));
 		if (host_choice)
 			next[i] = sfw_op_sample_cpu(row, V, pick[i].sp, pick[i].u);
 	}

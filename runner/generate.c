@@ -293,7 +293,6 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 		ids = enc;
 	}
 	struct sfw_gen_stream g;
-	float *logits = NULL;
 	int64_t pos0 = sfw_ctx_pos(ctx);
 	if ((s = sfw_gen_stream_init(&g, tok, cf, p, ids, n, err)) != SFW_OK)
 		goto done;
@@ -307,24 +306,17 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 			     (long long)p->max_ctx, (long long)pos0);
 		goto done;
 	}
-	if (!(logits = sfw_malloc((size_t)V * sizeof(float)))) {
-		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the logits");
-		goto done;
-	}
+	/* the prompt and the first choice, made like every later one (where
+	 * the logits are: on the GPU for the CUDA backend) */
 	double t0 = sfw_now_s();
-	if ((s = sfw_ctx_prefill(ctx, ids, n, logits, err)) != SFW_OK)
+	int32_t id = -1;
+	if ((s = sfw_ctx_prefill_next(ctx, ids, n, &smp->p, sfw_sampler_uniform(smp), &id, err)) != SFW_OK)
 		goto done;
 	double t1 = sfw_now_s();
 	st->prompt_tokens = (int64_t)n;
 	st->prefill_s = t1 - t0;
-
-	int32_t id = sfw_sampler_sample(smp, logits, V);
 	if (p->n_force)
 		id = p->force[0];
-	if (id < 0) {
-		s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the sampler's scratch");
-		goto done;
-	}
 	enum sfw_finish fin = SFW_FINISH_NONE;
 	const char *text;
 	size_t len;
@@ -356,7 +348,6 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 		emit(cb, user, -1, -1, text, len);
 done:
 	st->ctx_pos = sfw_ctx_pos(ctx);
-	sfw_free(logits);
 	sfw_free(enc);
 	sfw_gen_stream_release(&g);
 	return s;

@@ -181,7 +181,7 @@ static enum sfw_status bind_w8(struct sfw_model *m, struct sfw_bweight *w, const
 	if (group < 0)
 		return sfw_fail(err, SFW_E_FORMAT, "model '%s': '%s.weight_scale' has %lld columns, which no group size "
 				"of quantization_config gives for %lld inputs", dir, prefix, (long long)G, (long long)d1);
-	if (!m->be->supports(m->be, SFW_BOP_MATMUL, SFW_DTYPE_W8) || !m->be->supports(m->be, SFW_BOP_LOGITS, SFW_DTYPE_W8))
+	if (!m->be->supports_op(m->be, SFW_OP_MATMUL, SFW_DTYPE_W8) || !m->be->supports_op(m->be, SFW_OP_LOGITS, SFW_DTYPE_W8))
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "model '%s' has int8 weights, which the %s backend cannot run "
 				"yet (use --device cpu)", dir, m->be->name);
 	w->name = pk->name;
@@ -339,7 +339,7 @@ static enum sfw_status model_open(struct sfw_model *m, const char *dir, struct s
 	m->decay = m->be->alloc(m->be, (size_t)nh * sizeof(float));
 	if (!m->decay)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the lightning decays");
-	m->be->from_host(m->be, m->decay, slopes, (size_t)nh * sizeof(float));
+	sfw_be_from_host(m->be, m->decay, slopes, (size_t)nh * sizeof(float));
 	return SFW_OK;
 }
 
@@ -467,15 +467,17 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 		sfw_free(m);
 		return s;
 	}
-	m->be->load_begin(m->be);
-	if ((s = model_open(m, dir, err)) == SFW_OK)
+	s = sfwi_load(m->be, 0, err);
+	if (s == SFW_OK)
+		s = model_open(m, dir, err);
+	if (s == SFW_OK)
 		s = groups_bind(m, err);
 	if (s == SFW_OK)
-		s = m->be->load_end(m->be, err);
+		s = sfwi_load(m->be, 1, err);
 	if (s != SFW_OK) {
 		/* AUTO picked a backend without int8 support: the CPU runs it */
 		int retry = p->device == SFW_DEVICE_AUTO && s == SFW_E_UNSUPPORTED && m->n_w8 == 0 && m->quantized &&
-			    !m->be->supports(m->be, SFW_BOP_MATMUL, SFW_DTYPE_W8);
+			    !m->be->supports_op(m->be, SFW_OP_MATMUL, SFW_DTYPE_W8);
 		sfw_model_free(m);
 		if (retry) {
 			struct sfw_model_params cp = *p;

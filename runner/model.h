@@ -86,11 +86,14 @@ struct sfwi_pick {
  * backend's recording of the one sequence's decode step (be->step) when
  * the step is that sequence's single row with its logits: its position's
  * step then replays as a context's does. brec (NULL: never) keeps the
- * backend's recordings of steps of several sequences (be->step_seqs, one
+ * backend's recordings of steps of several sequences (be->step, one
  * per batch-size bucket), used when every part is one decode row with its
  * logits (the buckets' padding rows read ids from ws's rows past R, which
- * hold token ids from its creation on). A failure
- * leaves the parts' caches in an unknown state. */
+ * hold token ids from its creation on). A context's untapped call runs
+ * here too, one part on its own cache (ws is the context: a batch of one);
+ * then its selection notes are written after its last piece, and a prompt's
+ * first decode step is recorded ahead. A failure leaves the parts' caches
+ * in an unknown state. */
 SFW_MUST_CHECK enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R,
 					    const struct sfwi_part *parts, int np, const struct sfwi_pick *pick,
 					    int nl, float *logits, int32_t *next, void **rec, void **brec,

@@ -28,26 +28,16 @@ struct sfw_ctx;
 
 enum sfw_device { SFW_DEVICE_AUTO, SFW_DEVICE_CPU, SFW_DEVICE_CUDA };
 
-/* Backend choices that older paths can be switched back to (for bisecting a
- * GPU problem), given at model load; all 0 = the defaults. The library reads
- * no environment: `salafw` maps its SALAFW_CUDA_* variables onto these
+/* Backend choices given at model load; all 0 = the defaults. The library
+ * reads no environment: `salafw` maps its SALAFW_CUDA_* variables onto these
  * (README, "Environment"). */
 struct sfw_backend_opts {
 	int cuda_device;     /* GPU index */
 	int attn;            /* attention kernels: 0 auto, 1 CUDA cores only, 2 tensor cores wherever supported */
 	int stage1;          /* stage-1 scoring kernels: the same */
-	int gla_serial;      /* Lightning prefill walks each head's chunks in one block */
-	int no_merge;        /* separate projection GEMVs */
-	int no_fuse;         /* unfused add + RMSNorm, output RMSNorm + gate, q/k norm + RoPE */
-	int no_seqs;         /* batched decode steps launch each sequence's attention and GLA apart */
-	int no_graph;        /* no decode-step graphs: every op launched one by one */
-	int no_sample;       /* choose the next token on the host */
-	int step_sync;       /* the old per-step host waits */
-	int profile;         /* device time per op, printed when the model is freed */
-	int no_pdl;          /* no programmatic dependent launch */
+	int no_graph;        /* no recorded decode steps: every op launched one by one (the debug escape) */
+	int profile;         /* device time per op, printed when the model is freed (no recorded steps) */
 	int select_mb;       /* block-selection scratch in MiB; 0 = 256 */
-	int w8_gemv;         /* int8 decode GEMV variant for every shape (kernels/linear_w8.cu); 0 = the table */
-	int no_w8_silu;      /* the int8 decode SwiGLU as a GEMV then silu_mul, not inside the GEMV */
 };
 
 struct sfw_model_params {
@@ -104,6 +94,12 @@ struct sfw_op_sample_params;
 SFW_MUST_CHECK enum sfw_status sfw_ctx_decode_next(struct sfw_ctx *c, int32_t id,
 						   const struct sfw_op_sample_params *sp, double u, int32_t *next,
 						   struct sfw_err *err);
+/* n tokens (a prompt, or a continuation of one) whose successor is chosen
+ * as sfw_ctx_decode_next chooses it: the first token after a prompt is
+ * chosen exactly like every later one, where the logits are. */
+SFW_MUST_CHECK enum sfw_status sfw_ctx_prefill_next(struct sfw_ctx *c, const int32_t *ids, size_t n,
+						    const struct sfw_op_sample_params *sp, double u, int32_t *next,
+						    struct sfw_err *err);
 
 /* Taps: named intermediate tensors, as the golden files name them. While a
  * tap is set, every call reports (host memory, valid during the callback):

@@ -6,12 +6,9 @@
 #                                            /tmp/sala-wide4 and its int8 quant first, once)
 #   bash scripts/gpu-run.sh test NAME [args] one test
 #   bash scripts/gpu-run.sh bench [--runs P:G,...]  mkmodel --preset full + bench_gpu
-#   bash scripts/gpu-run.sh bench-w8 [--runs P:G,...] [--group G]  bf16 and int8 full-size models, bench_gpu on each,
-#                                            then the int8 decode with and without the fused SwiGLU
-#   bash scripts/gpu-run.sh batch [G]          mkmodel --preset full + bench_batch: B = 1 .. 64 at 1K (and the
-#                                            per-sequence launches, --seqs 0, as the peer) and 1K-32K
-#   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, new decode paths vs each old-path switch
-#   bash scripts/gpu-run.sh prefill-ab [P [G]] salafw bench, chunk-parallel vs serial GLA prefill
+#   bash scripts/gpu-run.sh bench-w8 [--runs P:G,...] [--group G]  bf16 and int8 full-size models, bench_gpu on each
+#   bash scripts/gpu-run.sh batch [G]          mkmodel --preset full + bench_batch: B = 1 .. 64 at 1K and 1K-32K
+#   bash scripts/gpu-run.sh decode-ab [P [G]]  salafw bench, recorded decode steps vs SALAFW_CUDA_NOGRAPH
 #   bash scripts/gpu-run.sh env-ab [--w8] [--rounds R] P G 'VAR=V' ...  salafw bench once per
 #                                            environment setting, interleaved R times
 #   bash scripts/gpu-run.sh profile [P [G]]    device time per op (SALAFW_CUDA_PROFILE), prefill and decode
@@ -232,12 +229,6 @@ bench-w8)
 		"$BIN/bench_gpu" "$d" --runs "$runs" 2>&1 | grep -v uploaded | tee -a "$OUT/bench-w8.log"
 		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 	done
-	# the fused int8 SwiGLU (the default) against the GEMV + silu_mul pair, same call
-	for sw in "" "SALAFW_CUDA_W8_SILU=0"; do
-		echo "== salafw bench $Q --prompt 1024 --gen 128 ${sw:-(default: fused int8 SwiGLU)}" | tee -a "$OUT/bench-w8.log"
-		env $sw "$BIN/salafw" bench "$Q" --prompt 1024 --gen 128 --no-verify 2>&1 | grep -E '^(decode|prefill)' |
-			tee -a "$OUT/bench-w8.log"
-	done
 	exit $rc
 	;;
 batch)
@@ -252,13 +243,6 @@ batch)
 	rc=0
 	for ctx in 1024 1024-32768; do
 		"$BIN/bench_batch" "$M" --device cuda --batch 1,2,4,8,16,32,64 --ctx "$ctx" --gen "$G" --chunk 8192 2>&1 |
-			tee -a "$OUT/batch.log"
-		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-		# the peer in the same call: each sequence's attention and GLA
-		# launched apart (the path before the batched kernels)
-		[ "$ctx" = 1024 ] || continue
-		echo "== the same, --seqs 0 (SALAFW_CUDA_NOSEQS)" | tee -a "$OUT/batch.log"
-		"$BIN/bench_batch" "$M" --device cuda --batch 1,8,32 --ctx "$ctx" --gen "$G" --chunk 8192 --seqs 0 2>&1 |
 			tee -a "$OUT/batch.log"
 		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 	done
@@ -317,17 +301,14 @@ serve-bench)
 	;;
 decode-ab)
 	# bash scripts/gpu-run.sh decode-ab [PROMPT [GEN]]: `salafw bench` on the
-	# full-size model with the new decode paths, then with each switch that
-	# restores an old one, then all of them (the decode path before this work)
+	# full-size model with recorded decode steps, then launched op by op
 	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
 	if [ ! -e "$M/config.json" ]; then
 		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
 	fi
 	P=${1:-1024} G=${2:-128}
-	for sw in "" SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE \
-		SALAFW_CUDA_NOGRAPH SALAFW_CUDA_NOSAMPLE \
-		"SALAFW_CUDA_STEPSYNC SALAFW_CUDA_NOFUSE SALAFW_CUDA_NOMERGE SALAFW_CUDA_NOGRAPH SALAFW_CUDA_NOSAMPLE"; do
-		echo "== switches: ${sw:-none (new paths)}" | tee -a "$OUT/decode-ab.log"
+	for sw in "" SALAFW_CUDA_NOGRAPH; do
+		echo "== switches: ${sw:-none (recorded steps)}" | tee -a "$OUT/decode-ab.log"
 		env $(for v in $sw; do printf '%s=1 ' "$v"; done) "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" \
 			--no-verify 2>&1 | tee -a "$OUT/decode-ab.log"
 	done
@@ -367,19 +348,6 @@ env-ab)
 		done
 	done
 	exit $rc
-	;;
-prefill-ab)
-	# bash scripts/gpu-run.sh prefill-ab [PROMPT [GEN]]: `salafw bench` with the
-	# chunk-parallel Lightning prefill (the default), then the serial one
-	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
-	if [ ! -e "$M/config.json" ]; then
-		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
-	fi
-	P=${1:-32768} G=${2:-32}
-	for sw in "" "SALAFW_CUDA_GLA=serial"; do
-		echo "== ${sw:-chunk-parallel GLA prefill}" | tee -a "$OUT/prefill-ab.log"
-		env $sw "$BIN/salafw" bench "$M" --prompt "$P" --gen "$G" --no-verify 2>&1 | tee -a "$OUT/prefill-ab.log"
-	done
 	;;
 profile)
 	# bash scripts/gpu-run.sh profile [PROMPT [GEN]]: device time per op,
@@ -540,7 +508,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | prefill-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | shell CMD" >&2
 	exit 2
 	;;
 esac

@@ -29,6 +29,7 @@
 #include <string.h>
 
 static void *g_s;
+static struct sfw_cuda_ctx *g_cx; /* on g_s: what the ops run with */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint64_t urand64(void)
@@ -96,9 +97,7 @@ static float *down_f32(const void *d, size_t n)
 /* "simt", "tc", or NULL (the default, auto) for both choices */
 static void set_mode(const char *m)
 {
-	struct sfw_cuda_ops_cfg cfg = {0};
-	cfg.attn = cfg.stage1 = !m ? 0 : !strcmp(m, "simt") ? 1 : 2;
-	sfw_cuda_ops_set_cfg(&cfg);
+	g_cx->attn = g_cx->stage1 = !m ? 0 : !strcmp(m, "simt") ? 1 : 2;
 }
 
 /* NMSE and max|diff| against ref; equal infinities are skipped, any other
@@ -134,7 +133,9 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int hol
 	for (size_t i = 0; i < (size_t)nkv * T * n1; i++)
 		sc[i] = urand() + 1.0f;
 	float *pooled = malloc((size_t)nkv * T * nblocks * 4);
-	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, nkv, T, pos0, 32, 16, block, 1, 32);
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
+				   .init_blocks = 1, .local_blocks = 32};
+	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, &sh);
 	int32_t *idx = malloc((size_t)nkv * T * k * 4);
 	sfw_op_topk_blocks_cpu(idx, pooled, nblocks, nkv, T, pos0, k, block);
 	for (size_t row = 0; row < (size_t)nkv * T; row++) {
@@ -220,19 +221,19 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 		void *dout = dalloc(nq * 2);
 		if (sparse)
 			sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, T, nh, nkv, hd, pos0, k, block, scale,
-						SFW_DTYPE_BF16, g_s);
+						SFW_DTYPE_BF16, g_cx);
 		else
 			sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, SFW_DTYPE_BF16,
-					       g_s);
+					       g_cx);
 		got[m] = down_bf(dout, nq);
 		if (m < 2)
 			cmp(modes[m], name, got[m], ref, nq, TOL_NMSE, TOL_MAXREL);
 		/* paged: the same kernels on the shuffled blocks, bit for bit */
 		if (sparse)
 			sfw_cuda_attn_sparse_pg(dout, dq, pk, pv, &pg, didx, T, nh, nkv, hd, pos0, k, block, scale,
-						SFW_DTYPE_BF16, g_s);
+						SFW_DTYPE_BF16, g_cx);
 		else
-			sfw_cuda_attn_dense_pg(dout, dq, pk, pv, &pg, T, nh, nkv, hd, pos0, scale, SFW_DTYPE_BF16, g_s);
+			sfw_cuda_attn_dense_pg(dout, dq, pk, pv, &pg, T, nh, nkv, hd, pos0, scale, SFW_DTYPE_BF16, g_cx);
 		float *gp = down_bf(dout, nq);
 		CHECK(memcmp(gp, got[m], nq * 4) == 0, "%s [%s]: paged cache = contiguous, bit for bit", name,
 		      modes[m] ? modes[m] : "default");
@@ -260,7 +261,9 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	float *q = randbf(nq, 1.0f, &qb), *c1 = randbf((size_t)n1 * nkv * hd, 1.0f, &c1b);
 	float *c2 = randbf((size_t)(n2 ? n2 : 1) * nkv * hd, 1.0f, &c2b);
 	float *ref = malloc(ns * 4), scale = 1.0f / sqrtf((float)hd);
-	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, 32, 16, scale);
+	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32, .stride = 16,
+				   .scale = scale};
+	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, &sh);
 	void *dq = up(qb, nq * 2), *d1 = up(c1b, (size_t)n1 * nkv * hd * 2);
 	void *d2 = up(c2b, (size_t)(n2 ? n2 : 1) * nkv * hd * 2);
 	char name[128];
@@ -271,8 +274,7 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	for (int m = 0; m < 3; m++) {
 		set_mode(modes[m]);
 		void *ds = dalloc(ns * 4);
-		sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, SFW_DTYPE_BF16,
-				   g_s);
+		sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, &sh, SFW_DTYPE_BF16, g_cx);
 		got[m] = down_f32(ds, ns);
 		sfw_cuda_free(ds);
 		if (m < 2)
@@ -403,10 +405,10 @@ static void run_attn(void *ctx)
 	struct bench_attn *b = ctx;
 	if (b->idx)
 		sfw_op_attn_sparse_cuda(b->o, b->q, b->k, b->v, b->idx, b->T, b->nh, b->nkv, b->hd, b->pos0,
-					b->kk, 64, 1.0f / sqrtf((float)b->hd), SFW_DTYPE_BF16, g_s);
+					b->kk, 64, 1.0f / sqrtf((float)b->hd), SFW_DTYPE_BF16, g_cx);
 	else
 		sfw_op_attn_dense_cuda(b->o, b->q, b->k, b->v, b->T, b->nh, b->nkv, b->hd, b->pos0,
-				       1.0f / sqrtf((float)b->hd), SFW_DTYPE_BF16, g_s);
+				       1.0f / sqrtf((float)b->hd), SFW_DTYPE_BF16, g_cx);
 }
 
 static void bench_attn(int sparse, int T, int64_t L, int share)
@@ -470,8 +472,9 @@ struct bench_s1 {
 static void run_s1(void *ctx)
 {
 	struct bench_s1 *b = ctx;
-	sfw_op_stage1_cuda(b->s, b->q, b->c1, b->n1, b->c2, b->n2, b->T, 32, 2, 128, b->pos0, 32, 16,
-			   1.0f / sqrtf(128.0f), SFW_DTYPE_BF16, g_s);
+	struct sfw_sel_shape sh = {.T = b->T, .nh = 32, .nkv = 2, .hd = 128, .pos0 = b->pos0, .ksize = 32, .stride = 16,
+				   .scale = 1.0f / sqrtf(128.0f)};
+	sfw_op_stage1_cuda(b->s, b->q, b->c1, b->n1, b->c2, b->n2, &sh, SFW_DTYPE_BF16, g_cx);
 }
 
 static void bench_stage1(int T, int64_t L)
@@ -537,7 +540,10 @@ int main(int argc, char **argv)
 		CHECK(0, "%s", err.msg);
 		return CHECK_REPORT("gpu_attn_tc");
 	}
-	CHECK(sfw_cuda_stream_new(&g_s, &err) == SFW_OK, "%s", err.msg);
+	if (sfw_cuda_stream_new(&g_s, &err) != SFW_OK || sfw_cuda_ctx_new(g_s, &g_cx, &err) != SFW_OK) {
+		CHECK(0, "%s", err.msg);
+		return CHECK_REPORT("gpu_attn_tc");
+	}
 	printf("tensor-core vs CUDA-core attention and stage 1 on %s (sm_%d%d)\n", info.name, info.cc_major,
 	       info.cc_minor);
 	const char *what = argc > 1 ? argv[1] : "all";
@@ -545,7 +551,7 @@ int main(int argc, char **argv)
 		checks();
 	if (strcmp(what, "check") != 0)
 		benches();
-	sfw_cuda_ops_release_default();
+	sfw_cuda_ctx_free(g_cx);
 	size_t live;
 	sfw_cuda_mem_stats(&live, NULL, NULL);
 	CHECK(live == 0, "device bytes still allocated after the tests: %zu", live);

@@ -4,10 +4,8 @@
  * backend, through the table of tests/lib/backend_ops.c: the same cases as
  * test_backend_ops (batched M = 1, 2, 4, 8, 17, 64, odd K and N, every
  * weight dtype, group size and scale dtype), compared with the table's
- * tolerances (bf16 activations on the CUDA side). Then the int8 swiglu
- * cases on a backend with no_w8_silu = 1 (the GEMV and silu_mul pair the
- * default options replace by the fused SwiGLU GEMV); and the
- * memory plan (tools/tools.h) against the CUDA allocator's own accounting
+ * tolerances (bf16 activations on the CUDA side); and the
+ * memory plan (runner/plan.h) against the CUDA allocator's own accounting
  * (sfw_cuda_mem_stats: every sfw_cuda_malloc, the arenas included) and,
  * for a large context, the driver's free memory (cudaMemGetInfo).
  * Without a usable GPU it fails (it is run where one is: scripts/gpu-run.sh).
@@ -61,7 +59,7 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 		return;
 	const struct sfw_config *cf = sfw_model_config(m);
 	struct sfw_mem_plan p;
-	sfw_bench_mem_plan_model(m, n_ctx, chunk, &p);
+	sfw_plan_model(m, n_ctx, chunk, &p);
 	double fixed = 96 * MIB, sel = p.scratch - fixed;
 	double placed = (double)cuda_live() - (double)live0 - fixed;
 	CHECK(placed >= p.weights && placed <= p.weights * 1.01 + 4 * MIB + 4096,
@@ -155,9 +153,8 @@ static void plan_checks(void)
 	}
 }
 
-/* The memory plan first (nothing else on the device yet), then the
- * int8 swiglu cases on a no_w8_silu backend, then the whole table on the
- * default one, whose last case is the one that may abort (MM in
+/* The memory plan first (nothing else on the device yet), then the whole
+ * table, whose last case is the one that may abort (MM in
  * tests/lib/backend_ops.c). */
 int main(int argc, char **argv)
 {
@@ -165,7 +162,6 @@ int main(int argc, char **argv)
 	struct sfw_err err = {0};
 	struct sfw_backend_opts bo;
 	memset(&bo, 0, sizeof(bo));
-	bo.no_w8_silu = 1;
 	if (sfw_backend_cuda_new(&bo, &be, &err) != SFW_OK) {
 		CHECK(0, "no CUDA backend: %s", err.msg);
 		return CHECK_REPORT("gpu_backend_ops");
@@ -180,20 +176,6 @@ int main(int argc, char **argv)
 		return CHECK_REPORT("gpu_backend_ops");
 	struct bo_opts o = {0, 1, filter, getenv("CHECK_VERBOSE") != NULL, 0};
 	struct bo_result r;
-	/* the GEMV + silu_mul pair the default options replace */
-	CHECK(sfw_backend_cuda_new(&bo, &be, &err) == SFW_OK, "cuda backend with no_w8_silu: %s", err.msg);
-	if (be && !filter) {
-		struct bo_opts os = o;
-		os.filter = "swiglu w8";
-		bo_run(be, ref, &os, &r);
-		fold(&r);
-		CHECK(r.failed == 0 && r.skipped == 0 && r.passed == 3,
-		      "no_w8_silu: %d int8 swiglu cases passed (3), %d skipped", r.passed, r.skipped);
-	}
-	if (be)
-		be->destroy(be);
-	memset(&bo, 0, sizeof(bo));
-	be = NULL;
 	CHECK(sfw_backend_cuda_new(&bo, &be, &err) == SFW_OK, "cuda backend: %s", err.msg);
 	if (be) {
 		bo_run(be, ref, &o, &r);

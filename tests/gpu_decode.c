@@ -1,22 +1,10 @@
 /* modules: tools quant runner formats kernels num fetch verify core */
-/* gpu_decode.c - the decode-path switches of the CUDA backend, each new path
- * against the old one it replaces (the env switch that restores it):
- *   SALAFW_CUDA_NOGRAPH=1   every op of a step launched one by one (new:
- *                           the whole decode step as one recorded graph, the
- *                           ops with the position read on the device) - equal
- *                           up to the split counts planned for the
- *                           recording's length bound; prompts that make the
- *                           decode cross dense_len (dense -> sparse
- *                           recording) and 4096 (a new recording)
- *   SALAFW_CUDA_STEPSYNC=1  a host wait after every transfer, no step graph
- *                           - equal bits to the NOGRAPH run
- *   SALAFW_CUDA_NOFUSE=1    add_scaled + rmsnorm as two kernels, the
- *                           lightning output rmsnorm + gate as two and its
- *                           q/k norms + RoPE as four (new: one fused kernel
- *                           each) - equal bits
- *   SALAFW_CUDA_NOMERGE=1   q, k, v, z / o_gate and gate, up as separate
- *                           GEMVs (new: one GEMV over the merged matrix) -
- *                           equal up to GEMV summation order
+/* gpu_decode.c - the CUDA backend's recorded decode steps against the same
+ * steps launched op by op (SALAFW_CUDA_NOGRAPH=1, the one debug escape):
+ * the whole decode step as one recorded graph, the ops with the position
+ * read on the device, equal up to the split counts planned for the
+ * recording's length bound; prompts that make the decode cross dense_len
+ * (dense -> sparse recording) and 4096 (a new recording);
  * on the golden models and a `mkmodel --preset small` model made here (bf16,
  * and again with int8 linears): one
  * prefill, then >= 32 greedy steps fed the same tokens on both sides, logits
@@ -44,13 +32,9 @@
 
 #define STEPS 40
 
-static const char *const SWITCHES[] = {"SALAFW_CUDA_NOGRAPH", "SALAFW_CUDA_STEPSYNC", "SALAFW_CUDA_NOFUSE",
-				       "SALAFW_CUDA_NOMERGE"};
-#define NSW 4
-#define SW_NOGRAPH 0 /* first: the eager reference of STEPSYNC */
-#define SW_STEPSYNC 1
-#define SW_NOFUSE 2
-#define SW_NOMERGE 3
+static const char *const SWITCHES[] = {"SALAFW_CUDA_NOGRAPH"};
+#define NSW 1
+#define SW_NOGRAPH 0
 
 /* What one engine run produced: logits per step (prefill last row first),
  * selected blocks of every sparse layer per step. */
@@ -75,10 +59,7 @@ static struct sfw_model *load_with(const char *dir, int sw_on)
 	struct sfw_model *m = NULL;
 	struct sfw_model_params mp = sfw_model_default_params();
 	mp.device = SFW_DEVICE_CUDA;
-	mp.be.step_sync = sw_on == SW_STEPSYNC;
-	mp.be.no_fuse = sw_on == SW_NOFUSE;
 	mp.be.no_graph = sw_on == SW_NOGRAPH;
-	mp.be.no_merge = sw_on == SW_NOMERGE;
 	enum sfw_status s = sfw_model_load(dir, &mp, &m, &err);
 	CHECK(s == SFW_OK, "%s: load (%s): %s", dir, sw_on >= 0 ? SWITCHES[sw_on] : "new paths", err.msg);
 	return s == SFW_OK ? m : NULL;
@@ -270,7 +251,7 @@ static void model_case(const char *dir, int prompt, int das)
 		x = x * 1664525u + 1013904223u;
 		ids[i] = (int32_t)(3 + (x >> 8) % (uint32_t)(cf->vocab_size - 3));
 	}
-	struct trace tb, te = {0};
+	struct trace tb;
 	run_trace(base, ids, (size_t)prompt, das, NULL, chain, &tb);
 	/* the new path really ran (a failed recording falls back to the eager
 	 * steps, which would match the old paths by construction) */
@@ -281,25 +262,15 @@ static void model_case(const char *dir, int prompt, int das)
 		struct sfw_model *om = load_with(dir, sw);
 		if (!om)
 			continue;
-		if (sw == SW_NOMERGE)
-			CHECK(!layout_merged(om), "%s: SALAFW_CUDA_NOMERGE keeps the projections separate", dir);
 		struct trace to;
 		run_trace(om, ids, (size_t)prompt, das, chain, NULL, &to);
-		/* STEPSYNC has no step graph either: its bits are those of the
-		 * NOGRAPH run */
-		int eager_ref = sw == SW_STEPSYNC;
-		if (to.ok && (!eager_ref || te.ok))
-			compare(SWITCHES[sw], cf, eager_ref ? &te : &tb, &to, sw != SW_NOMERGE && sw != SW_NOGRAPH);
-		int stepgraph = sw == SW_NOFUSE || sw == SW_NOMERGE;
-		CHECK(to.replays == (stepgraph ? STEPS : 0), "%s: %lld of %d decode steps were whole-step graph replays",
-		      SWITCHES[sw], (long long)to.replays, STEPS);
-		if (sw == SW_NOGRAPH)
-			te = to;
-		else
-			trace_free(&to);
+		if (to.ok)
+			compare(SWITCHES[sw], cf, &tb, &to, 0);
+		CHECK(to.replays == 0, "%s: %lld of %d decode steps were whole-step graph replays (0)", SWITCHES[sw],
+		      (long long)to.replays, STEPS);
+		trace_free(&to);
 		sfw_model_free(om);
 	}
-	trace_free(&te);
 	trace_free(&tb);
 	free(ids);
 	sfw_model_free(base);
@@ -365,9 +336,10 @@ static void fused_case(int rows, int n)
 	}
 	for (int i = 0; i < n; i++)
 		hw[i] = sfw_f32_to_bf16(1 + 0.1f * urand()), w[i] = sfw_bf16_to_f32(hw[i]);
+	struct sfw_cuda_ctx *cx = NULL;
 	void *s = NULL, *dx = NULL, *db = NULL, *dw = NULL, *dy = NULL, *dx2 = NULL, *dy2 = NULL;
 	struct sfw_err err = {0};
-	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK && sfw_cuda_malloc(&dx, N * 2, "t", &err) == SFW_OK &&
+	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK && sfw_cuda_ctx_new(s, &cx, &err) == SFW_OK && sfw_cuda_malloc(&dx, N * 2, "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&db, N * 2, "t", &err) == SFW_OK && sfw_cuda_malloc(&dw, (size_t)n * 2, "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dy, N * 2, "t", &err) == SFW_OK && sfw_cuda_malloc(&dx2, N * 2, "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dy2, N * 2, "t", &err) == SFW_OK;
@@ -377,9 +349,9 @@ static void fused_case(int rows, int n)
 		sfw_cuda_h2d(dx, hx, N * 2, s), sfw_cuda_h2d(dx2, hx, N * 2, s), sfw_cuda_h2d(db, hb, N * 2, s);
 		sfw_cuda_h2d(dw, hw, (size_t)n * 2, s);
 		sfw_cuda_memset(dy, 0xff, N * 2, s), sfw_cuda_memset(dy2, 0xff, N * 2, s); /* NaN poison */
-		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, s);
-		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_DTYPE_BF16, s);
-		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, s);
+		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, cx);
+		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_DTYPE_BF16, cx);
+		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, cx);
 		sfw_cuda_d2h(o1, dy, N * 2, s), sfw_cuda_d2h(o2, dy2, N * 2, s);
 		sfw_cuda_d2h(x1, dx, N * 2, s), sfw_cuda_d2h(x2, dx2, N * 2, s);
 		sfw_cuda_sync(s);
@@ -399,6 +371,7 @@ static void fused_case(int rows, int n)
 	}
 	sfw_cuda_free(dx), sfw_cuda_free(db), sfw_cuda_free(dw), sfw_cuda_free(dy), sfw_cuda_free(dx2),
 		sfw_cuda_free(dy2);
+	sfw_cuda_ctx_free(cx);
 	if (s)
 		sfw_cuda_stream_free(s);
 	free(x), free(b), free(w), free(y), free(hx), free(hb), free(hw), free(o1), free(o2), free(x1), free(x2);
@@ -411,9 +384,10 @@ static void sample_twin_case(int V)
 					    {1.0f, 0, 0.9f, 0},	 {0.8f, 50, 0.8f, 0}, {1.2f, 1024, 0.95f, 0},
 					    {1.0f, 2000, 1.0f, 0}, {1.0f, 0, 0.999f, 0}, {0.5f, 1, 1.0f, 0}};
 	float *h = malloc((size_t)V * sizeof(float));
+	struct sfw_cuda_ctx *cx = NULL;
 	void *s = NULL, *dl = NULL, *dout = NULL;
 	struct sfw_err err = {0};
-	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK &&
+	int ok = sfw_cuda_stream_new(&s, &err) == SFW_OK && sfw_cuda_ctx_new(s, &cx, &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dl, (size_t)V * sizeof(float), "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dout, 16, "t", &err) == SFW_OK;
 	CHECK(ok, "sample: device buffers: %s", err.msg);
@@ -436,7 +410,7 @@ static void sample_twin_case(int V)
 		for (size_t k = 0; k < sizeof(ps) / sizeof(ps[0]); k++) {
 			double u = (double)(urand() * 0.5f + 0.5f);
 			int32_t g = -2;
-			sfw_op_sample_cuda(dout, dl, V, &ps[k], u, s);
+			sfw_op_sample_cuda(dout, dl, V, &ps[k], u, cx);
 			sfw_cuda_d2h(&g, dout, sizeof(g), s);
 			sfw_cuda_sync(s);
 			int32_t c = sfw_op_sample_cpu(h, V, &ps[k], u);
@@ -455,6 +429,7 @@ static void sample_twin_case(int V)
 	CHECK(ok && equal == total - host, "sampling kernel = CPU twin, V %d (%d of %d)", V, equal, total - host);
 	CHECK(bad_host == 0, "the kernel hands back only top-k > %d or wide nuclei (%d others)", 1024, bad_host);
 	sfw_cuda_free(dl), sfw_cuda_free(dout);
+	sfw_cuda_ctx_free(cx);
 	if (s)
 		sfw_cuda_stream_free(s);
 	free(h);

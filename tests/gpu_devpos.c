@@ -103,8 +103,13 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	printf("shape nh %d nkv %d hd %d, bound %lld, %s caches:\n", nh, nkv, hd, (long long)bound,
 	       paged ? "paged" : "contiguous");
 	void *s = NULL;
+	struct sfw_cuda_ctx *cx = NULL;
 	struct sfw_err err = {0};
-	CHECK(sfw_cuda_stream_new(&s, &err) == SFW_OK, "stream: %s", err.msg);
+	CHECK(sfw_cuda_stream_new(&s, &err) == SFW_OK && sfw_cuda_ctx_new(s, &cx, &err) == SFW_OK, "stream: %s",
+	      err.msg);
+	if (!cx)
+		return;
+	cx->fixed = 1; /* nothing allocates inside a recording */
 	float *K, *Vh, *q, *kn, *vn;
 	uint16_t *dK = dev_rand((size_t)cap * row, 1.0f, &K), *dV = dev_rand((size_t)cap * row, 1.0f, &Vh);
 	uint16_t *dq = dev_rand((size_t)nh * hd, 1.0f, &q);
@@ -146,14 +151,14 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	}
 	/* the recording: what one sparse layer of a decode step does */
 	sfw_cuda_graph_begin(s);
-	sfw_cuda_kv_append_devpos(dK, dV, pg, dkn, dvn, row * 2, dpos, s);
-	sfw_cuda_compress_devpos(dc1, dc2, dK, pg, nkv, hd, ks, st, dpos, SFW_DTYPE_BF16, s);
-	sfw_cuda_stage1_devpos(dsc, dq, dc1, dc2, nh, nkv, hd, bound, ks, st, scale, dpos, SFW_DTYPE_BF16, s);
-	sfw_cuda_pool_blocks_devpos(dpo, dsc, nkv, bound, ks, st, blk, sh->init_blocks, sh->local_blocks, dpos, s);
-	sfw_cuda_topk_blocks_devpos(didx, dpo, nkv, k, blk, dpos, s);
-	sfw_cuda_pool_topk_devpos(didx2, dsc, nkv, k, blk, ks, st, sh->init_blocks, sh->local_blocks, dpos, s);
-	sfw_cuda_attn_sparse_devpos(dos, dq, dK, dV, pg, didx, nh, nkv, hd, k, blk, scale, dpos, SFW_DTYPE_BF16, s);
-	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, pg, nh, nkv, hd, bound, scale, dpos, SFW_DTYPE_BF16, s);
+	sfw_cuda_kv_append_devpos(dK, dV, pg, dkn, dvn, row * 2, dpos, cx);
+	sfw_cuda_compress_devpos(dc1, dc2, dK, pg, nkv, hd, ks, st, dpos, SFW_DTYPE_BF16, cx);
+	sfw_cuda_stage1_devpos(dsc, dq, dc1, dc2, nh, nkv, hd, bound, ks, st, scale, dpos, SFW_DTYPE_BF16, cx);
+	sfw_cuda_pool_blocks_devpos(dpo, dsc, nkv, bound, ks, st, blk, sh->init_blocks, sh->local_blocks, dpos, cx);
+	sfw_cuda_topk_blocks_devpos(didx, dpo, nkv, k, blk, dpos, cx);
+	sfw_cuda_pool_topk_devpos(didx2, dsc, nkv, k, blk, ks, st, sh->init_blocks, sh->local_blocks, dpos, cx);
+	sfw_cuda_attn_sparse_devpos(dos, dq, dK, dV, pg, didx, nh, nkv, hd, k, blk, scale, dpos, SFW_DTYPE_BF16, cx);
+	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, pg, nh, nkv, hd, bound, scale, dpos, SFW_DTYPE_BF16, cx);
 	void *g = NULL;
 	enum sfw_status gs = sfw_cuda_graph_end(s, &g, &err);
 	CHECK(gs == SFW_OK && g, "record the step: %s", err.msg);
@@ -168,9 +173,9 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 			continue;
 		/* the compressed keys current before the step (as forward.c's
 		 * catch-up makes them), K row p replaced by the new token */
-		sfw_cuda_compress_pg(dc1, dK, pg, nkv, hd, made1, nch(p, ks, st), ks, st, SFW_DTYPE_BF16, s);
+		sfw_cuda_compress_pg(dc1, dK, pg, nkv, hd, made1, nch(p, ks, st), ks, st, SFW_DTYPE_BF16, cx);
 		sfw_cuda_compress_pg(dc2, dK, pg, nkv, hd, made2, nch(p, 4 * ks, 4 * st), 4 * ks, 4 * st, SFW_DTYPE_BF16,
-				     s);
+				     cx);
 		memcpy(K + (size_t)p * row, kn, row * sizeof(float));
 		memcpy(Vh + (size_t)p * row, vn, row * sizeof(float));
 		sfw_cuda_h2d(dpos, &p, sizeof(p), s);
@@ -198,12 +203,12 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		      (long long)n2, a1.maxd, a2.maxd);
 		free(g1), free(g2);
 		/* the host-position twins on the same cache */
-		sfw_op_stage1_cuda(rsc, dq, dc1, n1, dc2, n2, 1, nh, nkv, hd, p, ks, st, scale, SFW_DTYPE_BF16, s);
-		sfw_op_pool_blocks_cuda(rpo, rsc, n1, nb, nkv, 1, p, ks, st, blk, sh->init_blocks, sh->local_blocks,
-					SFW_DTYPE_BF16, s);
-		sfw_op_topk_blocks_cuda(ridx, rpo, nb, nkv, 1, p, k, blk, SFW_DTYPE_BF16, s);
-		sfw_cuda_attn_sparse_pg(ros, dq, dK, dV, pg, didx, 1, nh, nkv, hd, p, k, blk, scale, SFW_DTYPE_BF16, s);
-		sfw_cuda_attn_dense_pg(rod, dq, dK, dV, pg, 1, nh, nkv, hd, p, scale, SFW_DTYPE_BF16, s);
+		struct sfw_sel_shape rsh = {1, nh, nkv, hd, p, ks, st, blk, sh->init_blocks, sh->local_blocks, scale};
+		sfw_op_stage1_cuda(rsc, dq, dc1, n1, dc2, n2, &rsh, SFW_DTYPE_BF16, cx);
+		sfw_op_pool_blocks_cuda(rpo, rsc, n1, nb, &rsh, SFW_DTYPE_BF16, cx);
+		sfw_op_topk_blocks_cuda(ridx, rpo, nb, nkv, 1, p, k, blk, SFW_DTYPE_BF16, cx);
+		sfw_cuda_attn_sparse_pg(ros, dq, dK, dV, pg, didx, 1, nh, nkv, hd, p, k, blk, scale, SFW_DTYPE_BF16, cx);
+		sfw_cuda_attn_dense_pg(rod, dq, dK, dV, pg, 1, nh, nkv, hd, p, scale, SFW_DTYPE_BF16, cx);
 		sfw_cuda_sync(s);
 		size_t nsc = (size_t)nkv * n1, npo = (size_t)nkv * nb;
 		float *gs1 = malloc((nsc ? nsc : 1) * 4), *rs1 = malloc((nsc ? nsc : 1) * 4);
@@ -257,6 +262,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		sfw_cuda_free(bufs[i]);
 	free(K), free(Vh), free(q), free(kn), free(vn), free(c1), free(c2), free(o_cpu), free(tab);
+	sfw_cuda_ctx_free(cx);
 	sfw_cuda_stream_free(s);
 }
 
@@ -268,11 +274,6 @@ int main(void)
 		CHECK(0, "no GPU: %s", err.msg);
 		return CHECK_REPORT("gpu_devpos");
 	}
-	struct sfw_cuda_blas *blas = NULL;
-	void *scratch = NULL;
-	CHECK(sfw_cuda_blas_new(&blas, (size_t)4 << 20, &err) == SFW_OK, "cuBLASLt: %s", err.msg);
-	CHECK(sfw_cuda_malloc(&scratch, SFW_CUDA_SCRATCH_MIN, "scratch", &err) == SFW_OK, "scratch: %s", err.msg);
-	sfw_cuda_ops_bind(blas, scratch, SFW_CUDA_SCRATCH_MIN); /* nothing allocates inside a recording */
 	/* positions: chunk ends of both levels (ksize 32 / stride 16, 128 / 64),
 	 * block ends, the first level-2 chunk, the bound */
 	const int64_t pos[] = {0, 1, 30, 31, 32, 47, 63, 64, 126, 127, 128, 191, 500, 1023, 1024, 2047, 3001, 4094, 4095};
@@ -286,8 +287,5 @@ int main(void)
 		run_case(&small, pos, (int)(sizeof(pos) / sizeof(pos[0])), paged);
 		run_case(&big, far, 4, paged);
 	}
-	sfw_cuda_ops_bind(NULL, NULL, 0);
-	sfw_cuda_free(scratch);
-	sfw_cuda_blas_free(blas);
 	return CHECK_REPORT("gpu_devpos");
 }

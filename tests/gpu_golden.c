@@ -60,7 +60,7 @@ static void mem_plan_checks(struct sfw_model *m, const char *name)
 {
 	struct sfw_err err = {0};
 	struct sfw_mem_plan pl;
-	enum sfw_status s = sfw_bench_mem_check(m, (int64_t)1 << 40, 256, &pl, &err);
+	enum sfw_status s = sfw_plan_check(m, (int64_t)1 << 40, 256, &pl, &err);
 	CHECK(s == SFW_E_NOMEM && strstr(err.msg, "does not fit the GPU") && strstr(err.msg, "GiB are free"),
 	      "%s: 2^40 tokens refused with the numbers (%s)", name, err.msg);
 	const char *at = strstr(err.msg, "at most about ");
@@ -68,9 +68,9 @@ static void mem_plan_checks(struct sfw_model *m, const char *name)
 	CHECK(at && sscanf(at, "at most about %lld", &fit) == 1 && fit > 4096, "%s: a largest context named", name);
 	if (fit > 4096) {
 		struct sfw_err e2 = {0};
-		CHECK(sfw_bench_mem_check(m, fit, 256, NULL, &e2) == SFW_OK, "%s: the named %lld tokens fit: %s", name, fit,
+		CHECK(sfw_plan_check(m, fit, 256, NULL, &e2) == SFW_OK, "%s: the named %lld tokens fit: %s", name, fit,
 		      e2.msg);
-		CHECK(sfw_bench_mem_check(m, fit * 2 + 4096, 256, NULL, &e2) == SFW_E_NOMEM, "%s: twice that does not",
+		CHECK(sfw_plan_check(m, fit * 2 + 4096, 256, NULL, &e2) == SFW_E_NOMEM, "%s: twice that does not",
 		      name);
 	}
 	struct sfw_bench_params bp = {300, 4, 0, 0, 0};
@@ -78,7 +78,7 @@ static void mem_plan_checks(struct sfw_model *m, const char *name)
 	s = sfw_bench_run(m, &bp, &r, &err);
 	CHECK(s == SFW_OK, "%s: bench run: %s", name, err.msg);
 	if (s == SFW_OK) {
-		sfw_bench_mem_plan_model(m, r.n_ctx, (int)r.chunk, &pl);
+		sfw_plan_model(m, r.n_ctx, (int)r.chunk, &pl);
 		double off = r.peak_bytes - pl.total, margin = 0.1 * pl.total + (32 << 20);
 		printf("  %s: memory plan %.1f MiB, measured peak %.1f MiB (%+.1f MiB)\n", name, pl.total / 1048576.0,
 		       r.peak_bytes / 1048576.0, off / 1048576.0);

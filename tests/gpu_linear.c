@@ -355,8 +355,9 @@ static void w8_compare(const char *what, const float *ref, const void *got, int 
 	w8_compare_rel(what, ref, got, out_f32, M, N, ldy, 1.0 / 128, 2e-5);
 }
 
-static void correctness_w8(void *s)
+static void correctness_w8(struct sfw_cuda_ctx *cx)
 {
+	void *s = cx->stream;
 	static const int groups[] = {32, 64, 128, 0};
 	static const enum sfw_dtype sdts[] = {SFW_DTYPE_BF16, SFW_DTYPE_F16, SFW_DTYPE_F32};
 	/* widths: multiples of 16 and of every group, a width that ends in a
@@ -397,7 +398,7 @@ static void correctness_w8(void *s)
 					int M = Ms[mi];
 					sfw_op_matmul_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, M, N, K);
 					sfw_cuda_memset(dy, 0xff, (size_t)Mmax * N * 4, s);
-					sfw_op_matmul_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, SFW_DTYPE_BF16, s);
+					sfw_op_matmul_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, SFW_DTYPE_BF16, cx);
 					sfw_cuda_d2h(Y, dy, (size_t)M * N * 2, s);
 					sfw_cuda_sync(s);
 					char name[128];
@@ -433,7 +434,7 @@ static void correctness_w8(void *s)
 					void *dyu;
 					CHECK(sfw_cuda_malloc(&dyu, (size_t)N * 2, "y", &e) == SFW_OK, "%s", e.msg);
 					sfw_cuda_memset(dy, 0xff, (size_t)I * 2, s);
-					int got = sfw_op_matmul_silu_w8_cuda(dy, dx, dc, dsc, sdt, span, I, K, s);
+					int got = sfw_op_matmul_silu_w8_cuda(dy, dx, dc, dsc, sdt, span, I, K, cx);
 					sfw_cuda_d2h(Yf, dy, (size_t)I * 2, s);
 					sfw_cuda_sync(s);
 					char name[128];
@@ -442,7 +443,7 @@ static void correctness_w8(void *s)
 					CHECK(got == takes, "%s: returned %d, expected %d", name, got, takes);
 					if (got && takes) {
 						sfw_cuda_gemv_w8_variant(dx, K, dc, dsc, sdt, span, dyu, N, 1, N, K, 1, 2, s);
-						sfw_op_silu_mul_cuda(dyu, dyu, (uint16_t *)dyu + I, (size_t)I, SFW_DTYPE_BF16, s);
+						sfw_op_silu_mul_cuda(dyu, dyu, (uint16_t *)dyu + I, (size_t)I, SFW_DTYPE_BF16, cx);
 						sfw_cuda_d2h(Yu, dyu, (size_t)I * 2, s);
 						sfw_cuda_sync(s);
 						int diff = -1;
@@ -469,7 +470,7 @@ static void correctness_w8(void *s)
 					sfw_op_matmul_w8_cpu(ref, xs, h.codes, h.scales, sdt, span, M, N, K);
 					for (size_t i = 0; i < (size_t)M * N; i++)
 						ref[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(ref[i]));
-					sfw_op_logits_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, 1.0f / 16, SFW_DTYPE_BF16, s);
+					sfw_op_logits_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, 1.0f / 16, SFW_DTYPE_BF16, cx);
 					sfw_cuda_d2h(Y, dy, (size_t)M * N * 4, s);
 					sfw_cuda_sync(s);
 					char name[128];
@@ -720,8 +721,11 @@ int main(void)
 	struct sfw_cuda_blas *blas;
 	CHECK(sfw_cuda_blas_new(&blas, 32u << 20, &err) == SFW_OK, "%s", err.msg);
 	correctness(blas, s);
-	sfw_cuda_ops_bind(blas, NULL, 0); /* the W8 op twins' GEMMs on this handle, their scratch the default */
-	correctness_w8(s);
+	struct sfw_cuda_ctx *cx = NULL; /* the W8 op twins' handle and scratch, on s */
+	CHECK(sfw_cuda_ctx_new(s, &cx, &err) == SFW_OK, "%s", err.msg);
+	if (cx)
+		correctness_w8(cx);
+	sfw_cuda_ctx_free(cx);
 	if (!getenv("GPU_LINEAR_QUICK")) {
 		double copy = 0, gemm = 0;
 		CHECK(sfw_cuda_measure_copy((size_t)2 << 30, &copy, &err) == SFW_OK, "%s", err.msg);
@@ -734,8 +738,6 @@ int main(void)
 		bench_gemv_w8(copy, s);
 		bench_gemm_w8(blas, gemm, s);
 	}
-	sfw_cuda_ops_bind(NULL, NULL, 0);
-	sfw_cuda_ops_release_default();
 	size_t live, peak, used;
 	sfw_cuda_mem_stats(&live, &peak, &used);
 	CHECK(live == 32u << 20, "device bytes still allocated: %zu (expected the 32 MiB workspace)", live);

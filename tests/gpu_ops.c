@@ -20,8 +20,8 @@
 #include <string.h>
 
 static void *g_s; /* stream */
+static struct sfw_cuda_ctx *g_cx; /* on g_s: what the ops run with */
 static enum sfw_dtype g_dt;
-static int g_gla_serial; /* the bound cfg's gla_serial (names only) */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float urand(void)
@@ -150,7 +150,7 @@ static void t_embed(void)
 	float *ref = malloc((size_t)T * D * 4);
 	sfw_op_embed_cpu(ref, E, SFW_DTYPE_BF16, ids, T, D, 12.0f);
 	void *dE = up_raw(E, (size_t)V * D * 2), *di = up_raw(ids, sizeof(ids)), *dx = dalloc((size_t)T * D * asz());
-	sfw_op_embed_cuda(dx, dE, SFW_DTYPE_BF16, di, T, D, 12.0f, g_dt, g_s);
+	sfw_op_embed_cuda(dx, dE, SFW_DTYPE_BF16, di, T, D, 12.0f, g_dt, g_cx);
 	float *got = down(dx, (size_t)T * D);
 	cmp("embed V=1000 D=512 T=37 x12", got, ref, (size_t)T * D);
 	free(E), free(ref), free(got);
@@ -165,7 +165,7 @@ static void t_rmsnorm_shape(int rows, int n, int alias)
 	sfw_op_rmsnorm_cpu(ref, x, w, SFW_DTYPE_BF16, rows, n, 1e-6f);
 	void *dx = up(x, (size_t)rows * n), *dw = up_raw(w, (size_t)n * 2);
 	void *dy = alias ? dx : dalloc((size_t)rows * n * asz());
-	sfw_op_rmsnorm_cuda(dy, dx, dw, SFW_DTYPE_BF16, rows, n, 1e-6f, g_dt, g_s);
+	sfw_op_rmsnorm_cuda(dy, dx, dw, SFW_DTYPE_BF16, rows, n, 1e-6f, g_dt, g_cx);
 	float *got = down(dy, (size_t)rows * n);
 	char name[64];
 	snprintf(name, sizeof(name), "rmsnorm rows=%d n=%d%s", rows, n, alias ? " in place" : "");
@@ -200,15 +200,15 @@ static void t_ew_n(enum ew kind, size_t n, int inplace)
 	char name[96];
 	if (kind == EW_ADD) {
 		sfw_op_add_scaled_cpu(ref, b, n, 0.2474873734f);
-		sfw_op_add_scaled_cuda(da, db, n, 0.2474873734f, g_dt, g_s);
+		sfw_op_add_scaled_cuda(da, db, n, 0.2474873734f, g_dt, g_cx);
 		snprintf(name, sizeof(name), "add_scaled n=%zu c=0.2475", n);
 	} else if (kind == EW_SILU) {
 		sfw_op_silu_mul_cpu(ref, a, b, n);
-		sfw_op_silu_mul_cuda(dy, da, db, n, g_dt, g_s);
+		sfw_op_silu_mul_cuda(dy, da, db, n, g_dt, g_cx);
 		snprintf(name, sizeof(name), "silu_mul n=%zu%s", n, inplace ? " in place" : "");
 	} else {
 		sfw_op_sigmoid_mul_cpu(ref, a, c, n);
-		sfw_op_sigmoid_mul_cuda(dy, da, dc, n, g_dt, g_s);
+		sfw_op_sigmoid_mul_cuda(dy, da, dc, n, g_dt, g_cx);
 		snprintf(name, sizeof(name), "sigmoid_mul n=%zu%s", n, inplace ? " in place" : "");
 	}
 	float *got = down(dy, n);
@@ -248,7 +248,7 @@ static void t_rope(void)
 		memcpy(ref, x, n * 4);
 		sfw_op_rope_neox_cpu(ref, T, nh, hd, pos[i], 10000.0f);
 		void *dx = up(x, n);
-		sfw_op_rope_neox_cuda(dx, T, nh, hd, pos[i], 10000.0f, g_dt, g_s);
+		sfw_op_rope_neox_cuda(dx, T, nh, hd, pos[i], 10000.0f, g_dt, g_cx);
 		float *got = down(dx, n);
 		char name[64];
 		snprintf(name, sizeof(name), "rope_neox T=9 nh=32 hd=128 pos0=%lld", (long long)pos[i]);
@@ -308,22 +308,24 @@ static void t_qknorm(void)
 		uint16_t *qw = randw((size_t)hd, 0.1f, 1.0f), *kw = randw((size_t)hd, 0.1f, 1.0f);
 		float *rq = malloc(nq * 4), *rk = malloc(nk * 4);
 		memcpy(rq, q, nq * 4), memcpy(rk, k, nk * 4);
-		sfw_op_qk_norm_rope_cpu(rq, rk, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, T, nhq, nhk, hd, eps, rope, pos, theta);
+		struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos, theta};
+		sfw_op_qk_norm_rope_cpu(rq, rk, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &sh);
 		void *dqw = up_raw(qw, (size_t)hd * 2), *dkw = up_raw(kw, (size_t)hd * 2);
 		void *dq = up(q, nq), *dk = up(k, nk), *uq = up(q, nq), *uk = up(k, nk);
 		void *dpos = up_raw(&pos, sizeof(pos));
-		if (devpos)
-			sfw_cuda_qk_norm_rope_devpos(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, T, nhq, nhk, hd, eps, rope,
-						     pos + 12345, dpos, theta, g_dt, g_s);
-		else
-			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, T, nhq, nhk, hd, eps, rope, pos,
-						 theta, g_dt, g_s);
+		if (devpos) { /* the host position is ignored: the device's is read */
+			struct sfw_qk_shape wrong = sh;
+			wrong.pos0 = pos + 12345;
+			sfw_cuda_qk_norm_rope_devpos(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, &wrong, dpos, g_dt, g_cx);
+		} else {
+			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, &sh, g_dt, g_cx);
+		}
 		/* the unfused sequence forward.c runs without the fused op */
-		sfw_op_rmsnorm_cuda(uq, uq, dqw, SFW_DTYPE_BF16, T * nhq, hd, eps, g_dt, g_s);
-		sfw_op_rmsnorm_cuda(uk, uk, dkw, SFW_DTYPE_BF16, T * nhk, hd, eps, g_dt, g_s);
+		sfw_op_rmsnorm_cuda(uq, uq, dqw, SFW_DTYPE_BF16, T * nhq, hd, eps, g_dt, g_cx);
+		sfw_op_rmsnorm_cuda(uk, uk, dkw, SFW_DTYPE_BF16, T * nhk, hd, eps, g_dt, g_cx);
 		if (rope) {
-			sfw_op_rope_neox_cuda(uq, T, nhq, hd, pos, theta, g_dt, g_s);
-			sfw_op_rope_neox_cuda(uk, T, nhk, hd, pos, theta, g_dt, g_s);
+			sfw_op_rope_neox_cuda(uq, T, nhq, hd, pos, theta, g_dt, g_cx);
+			sfw_op_rope_neox_cuda(uk, T, nhk, hd, pos, theta, g_dt, g_cx);
 		}
 		float *gq = down(dq, nq), *gk = down(dk, nk);
 		char name[96], where[32];
@@ -361,13 +363,13 @@ static void t_matmul_shape(int M, int N, int K, int f32w, int logits)
 	if (logits) {
 		sfw_op_logits_cpu(ref, x, w, wdt, M, N, K, 0.0625f);
 		void *dy = dalloc((size_t)M * N * 4);
-		sfw_op_logits_cuda(dy, dx, dw, wdt, M, N, K, 0.0625f, g_dt, g_s);
+		sfw_op_logits_cuda(dy, dx, dw, wdt, M, N, K, 0.0625f, g_dt, g_cx);
 		got = down_f32(dy, (size_t)M * N);
 		sfw_cuda_free(dy);
 	} else {
 		sfw_op_matmul_cpu(ref, x, w, wdt, M, N, K);
 		void *dy = dalloc((size_t)M * N * asz());
-		sfw_op_matmul_cuda(dy, dx, dw, wdt, M, N, K, g_dt, g_s);
+		sfw_op_matmul_cuda(dy, dx, dw, wdt, M, N, K, g_dt, g_cx);
 		got = down(dy, (size_t)M * N);
 		sfw_cuda_free(dy);
 	}
@@ -411,14 +413,14 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 	void *dq = up(q, n), *dk = up(k, n), *dv = up(v, n), *dst = up_raw(st, ns * 4);
 	void *dd = up_raw(decay, (size_t)nh * 4), *dout = dalloc(n * asz());
 	if (chunked)
-		sfw_op_gla_chunked_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, 64, g_dt, g_s);
+		sfw_op_gla_chunked_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, 64, g_dt, g_cx);
 	else
-		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, g_dt, g_s);
+		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, g_dt, g_cx);
 	float *got = down(dout, n), *gst = down_f32(dst, ns);
 	char name[96];
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 || g_gla_serial ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	cmp(name, got, ref, n);
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 || g_gla_serial ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	struct tol keep = g_tol;
 	g_tol.nmse = 1e-9, g_tol.maxrel = 1e-4; /* the state is fp32 in both dtypes */
 	if (g_dt == SFW_DTYPE_BF16)
@@ -434,21 +436,14 @@ static void t_gla(void)
 {
 	t_gla_shape(0, 1, 32, 128);
 	t_gla_shape(0, 7, 8, 32);
-	/* chunked: (bf16) the chunk-parallel form, then the serial one
-	 * (SALAFW_CUDA_GLA=serial); 2100 rows = 33 chunks, the last partial, in
-	 * three groups of at most 16 chunks at the model's shape */
-	for (int serial = 0; serial < 2; serial++) {
-		struct sfw_cuda_ops_cfg cfg = {0};
-		cfg.gla_serial = g_gla_serial = serial;
-		sfw_cuda_ops_set_cfg(&cfg);
-		t_gla_shape(1, 300, 32, 128);
-		t_gla_shape(1, 130, 8, 32);
-		t_gla_shape(1, 64, 4, 64);
-		t_gla_shape(1, 2100, 32, 128);
-		t_gla_shape(1, 1, 8, 32);
-		sfw_cuda_ops_set_cfg(NULL);
-		g_gla_serial = 0;
-	}
+	/* chunked: the chunk-parallel form on bf16, the serial one on fp32;
+	 * 2100 rows = 33 chunks, the last partial, in three groups of at most
+	 * 16 chunks at the model's shape */
+	t_gla_shape(1, 300, 32, 128);
+	t_gla_shape(1, 130, 8, 32);
+	t_gla_shape(1, 64, 4, 64);
+	t_gla_shape(1, 2100, 32, 128);
+	t_gla_shape(1, 1, 8, 32);
 }
 
 /* A valid selection: the CPU pool + top-k on random scores. */
@@ -460,7 +455,9 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int64_t
 	for (size_t i = 0; i < (size_t)nkv * T * n1; i++)
 		sc[i] = urand() + 1.0f;
 	float *pooled = malloc((size_t)nkv * T * nblocks * 4);
-	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, nkv, T, pos0, 32, 16, block, 1, 32);
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
+				   .init_blocks = 1, .local_blocks = 32};
+	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, &sh);
 	int32_t *idx = malloc((size_t)nkv * T * k * 4);
 	sfw_op_topk_blocks_cpu(idx, pooled, nblocks, nkv, T, pos0, k, block);
 	free(sc), free(pooled);
@@ -484,9 +481,9 @@ static void t_attn_shape(int sparse, int T, int64_t L, int nh, int nkv, int hd)
 	void *dq = up(q, nq), *dk = up(kc, nc), *dv = up(vc, nc), *dout = dalloc(nq * asz());
 	void *didx = sparse ? up_raw(idx, (size_t)nkv * T * k * 4) : NULL;
 	if (sparse)
-		sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, T, nh, nkv, hd, pos0, k, block, scale, g_dt, g_s);
+		sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, T, nh, nkv, hd, pos0, k, block, scale, g_dt, g_cx);
 	else
-		sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, g_dt, g_s);
+		sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, g_dt, g_cx);
 	float *got = down(dout, nq);
 	char name[96];
 	snprintf(name, sizeof(name), "attn_%s T=%d L=%lld nh=%d nkv=%d hd=%d", sparse ? "sparse" : "dense", T,
@@ -524,9 +521,9 @@ static void t_compress(void)
 	void *dk = up(k, (size_t)L * nkv * hd), *d1 = dalloc((size_t)n1 * nkv * hd * asz());
 	void *d2 = dalloc((size_t)n2 * nkv * hd * asz());
 	/* incrementally, as decode does: two pieces */
-	sfw_op_compress_cuda(d1, dk, nkv, hd, 0, 20, 32, 16, g_dt, g_s);
-	sfw_op_compress_cuda(d1, dk, nkv, hd, 20, n1, 32, 16, g_dt, g_s);
-	sfw_op_compress_cuda(d2, dk, nkv, hd, 0, n2, 128, 64, g_dt, g_s);
+	sfw_op_compress_cuda(d1, dk, nkv, hd, 0, 20, 32, 16, g_dt, g_cx);
+	sfw_op_compress_cuda(d1, dk, nkv, hd, 20, n1, 32, 16, g_dt, g_cx);
+	sfw_op_compress_cuda(d2, dk, nkv, hd, 0, n2, 128, 64, g_dt, g_cx);
 	float *g1 = down(d1, (size_t)n1 * nkv * hd), *g2 = down(d2, (size_t)n2 * nkv * hd);
 	cmp("compress level 1 (32/16), L=1000, in 2 pieces", g1, r1, (size_t)n1 * nkv * hd);
 	cmp("compress level 2 (128/64), L=1000", g2, r2, (size_t)n2 * nkv * hd);
@@ -542,10 +539,12 @@ static void t_stage1_shape(int T, int64_t L, int nh, int nkv, int hd)
 	float *q = randv(nq, 1.0f), *c1 = randv((size_t)n1 * nkv * hd, 1.0f);
 	float *c2 = randv((size_t)(n2 ? n2 : 1) * nkv * hd, 1.0f);
 	float *ref = malloc((size_t)nkv * T * n1 * 4), scale = 1.0f / sqrtf((float)hd);
-	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, 32, 16, scale);
+	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32, .stride = 16,
+				   .scale = scale};
+	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, &sh);
 	void *dq = up(q, nq), *d1 = up(c1, (size_t)n1 * nkv * hd), *d2 = up(c2, (size_t)(n2 ? n2 : 1) * nkv * hd);
 	void *ds = dalloc((size_t)nkv * T * n1 * 4);
-	sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, T, nh, nkv, hd, pos0, 32, 16, scale, g_dt, g_s);
+	sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, &sh, g_dt, g_cx);
 	float *got = down_f32(ds, (size_t)nkv * T * n1);
 	char name[96];
 	snprintf(name, sizeof(name), "stage1 T=%d L=%lld nh=%d nkv=%d hd=%d", T, (long long)L, nh, nkv, hd);
@@ -579,9 +578,11 @@ static void t_pool_topk(void)
 			sc[i] = NAN;
 	}
 	float *pr = malloc((size_t)nkv * T * nb * 4);
-	sfw_op_pool_blocks_cpu(pr, sc, n1, nb, nkv, T, pos0, 32, 16, block, 1, 32);
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
+				   .init_blocks = 1, .local_blocks = 32};
+	sfw_op_pool_blocks_cpu(pr, sc, n1, nb, &sh);
 	void *dsc = up_raw(sc, ns * 4), *dp = dalloc((size_t)nkv * T * nb * 4);
-	sfw_op_pool_blocks_cuda(dp, dsc, n1, nb, nkv, T, pos0, 32, 16, block, 1, 32, g_dt, g_s);
+	sfw_op_pool_blocks_cuda(dp, dsc, n1, nb, &sh, g_dt, g_cx);
 	float *pg = down_f32(dp, (size_t)nkv * T * nb);
 	size_t diff = 0;
 	for (size_t i = 0; i < (size_t)nkv * T * nb; i++)
@@ -597,7 +598,7 @@ static void t_pool_topk(void)
 		int32_t *ir = malloc((size_t)nkv * T * k * 4);
 		sfw_op_topk_blocks_cpu(ir, pr, nbx, nkv, T, p0, k, block);
 		void *dpr = up_raw(pr, (size_t)nkv * T * nbx * 4), *di = dalloc((size_t)nkv * T * k * 4);
-		sfw_op_topk_blocks_cuda(di, dpr, nbx, nkv, T, p0, k, block, g_dt, g_s);
+		sfw_op_topk_blocks_cuda(di, dpr, nbx, nkv, T, p0, k, block, g_dt, g_cx);
 		int32_t *ig = malloc((size_t)nkv * T * k * 4);
 		sfw_cuda_d2h(ig, di, (size_t)nkv * T * k * 4, g_s);
 		sfw_cuda_sync(g_s);
@@ -624,7 +625,7 @@ static void t_pool_topk(void)
 		int32_t *ir = malloc((size_t)nkv * k * 4), *ig = malloc((size_t)nkv * k * 4);
 		sfw_op_topk_blocks_cpu(ir, po, nbx, nkv, 1, p0, k, block);
 		void *dpo = up_raw(po, (size_t)nkv * nbx * 4), *di = dalloc((size_t)nkv * k * 4);
-		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, 1, p0, k, block, g_dt, g_s);
+		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, 1, p0, k, block, g_dt, g_cx);
 		sfw_cuda_d2h(ig, di, (size_t)nkv * k * 4, g_s);
 		sfw_cuda_sync(g_s);
 		size_t d = 0;
@@ -648,7 +649,7 @@ static void t_pool_topk(void)
 		int32_t *ir = malloc((size_t)nkv * Tr * k * 4), *ig = malloc((size_t)nkv * Tr * k * 4);
 		sfw_op_topk_blocks_cpu(ir, po, nbx, nkv, Tr, p0, k, block);
 		void *dpo = up_raw(po, np * 4), *di = dalloc((size_t)nkv * Tr * k * 4);
-		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, Tr, p0, k, block, g_dt, g_s);
+		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, Tr, p0, k, block, g_dt, g_cx);
 		sfw_cuda_d2h(ig, di, (size_t)nkv * Tr * k * 4, g_s);
 		sfw_cuda_sync(g_s);
 		size_t d = 0, past = 0;
@@ -699,7 +700,10 @@ int main(int argc, char **argv)
 		CHECK(0, "%s", err.msg);
 		return CHECK_REPORT("gpu_ops");
 	}
-	CHECK(sfw_cuda_stream_new(&g_s, &err) == SFW_OK, "%s", err.msg);
+	if (sfw_cuda_stream_new(&g_s, &err) != SFW_OK || sfw_cuda_ctx_new(g_s, &g_cx, &err) != SFW_OK) {
+		CHECK(0, "%s", err.msg);
+		return CHECK_REPORT("gpu_ops");
+	}
 	printf("CUDA twins vs CPU twins on %s (NMSE and max|diff| per op and dtype)\n", info.name);
 	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
 		if (argc > 1 && strcmp(argv[1], tests[i].op) != 0)
@@ -710,7 +714,7 @@ int main(int argc, char **argv)
 			tests[i].fn();
 		}
 	}
-	sfw_cuda_ops_release_default();
+	sfw_cuda_ctx_free(g_cx);
 	size_t live;
 	sfw_cuda_mem_stats(&live, NULL, NULL);
 	CHECK(live == 0, "device bytes still allocated after the tests: %zu", live);

@@ -128,7 +128,8 @@ int main(void)
 		return CHECK_REPORT("gpu_steptab");
 	}
 	void *s = NULL;
-	if (sfw_cuda_stream_new(&s, &err) != SFW_OK) {
+	struct sfw_cuda_ctx *cx = NULL;
+	if (sfw_cuda_stream_new(&s, &err) != SFW_OK || sfw_cuda_ctx_new(s, &cx, &err) != SFW_OK) {
 		CHECK(0, "stream: %s", err.msg);
 		return CHECK_REPORT("gpu_steptab");
 	}
@@ -193,7 +194,7 @@ int main(void)
 	w.n = ROWS, w.shift = SHIFT;
 	for (int i = 0; i < ROWS; i++)
 		w.pos[i] = BOUND - 1, w.row[i] = i, w.tab[i] = tab[i], w.p[0][i] = K.a, w.p[1][i] = V.a;
-	sfw_cuda_attn_dense_seqs(oatt.a, q, &w, NH, NKV, HD, scale, SFW_DTYPE_BF16, s);
+	sfw_cuda_attn_dense_seqs(oatt.a, q, &w, NH, NKV, HD, scale, SFW_DTYPE_BF16, cx);
 	sfw_cuda_sync(s);
 
 	/* the step, recorded once: append, compression, dense attention; q/k
@@ -205,15 +206,15 @@ int main(void)
 		t.pos[i] = BOUND - 1; /* the launch's bound */
 	sfw_cuda_graph_begin(s);
 	t.pf[0] = SFW_CUDA_LK, t.pf[1] = SFW_CUDA_LV;
-	sfw_cuda_kv_append_seqs(&t, kn, vn, KROW * 2, s);
+	sfw_cuda_kv_append_seqs(&t, kn, vn, KROW * 2, cx);
 	t.pf[0] = SFW_CUDA_LC1, t.pf[1] = SFW_CUDA_LC2, t.pf[2] = SFW_CUDA_LK;
-	sfw_cuda_compress_seqs(&t, NKV, HD, KS, KST, SFW_DTYPE_BF16, s);
+	sfw_cuda_compress_seqs(&t, NKV, HD, KS, KST, SFW_DTYPE_BF16, cx);
 	t.pf[0] = SFW_CUDA_LAK, t.pf[1] = SFW_CUDA_LAV;
-	sfw_cuda_attn_dense_seqs(oatt.b, q, &t, NH, NKV, HD, scale, SFW_DTYPE_BF16, s);
+	sfw_cuda_attn_dense_seqs(oatt.b, q, &t, NH, NKV, HD, scale, SFW_DTYPE_BF16, cx);
 	sfw_cuda_qk_norm_rope_seqs(ql.b, kl.b, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &t, LNH, LNH, HD, 1e-6f, 1,
-				   10000.0f, SFW_DTYPE_BF16, s);
+				   10000.0f, SFW_DTYPE_BF16, cx);
 	t.pf[0] = SFW_CUDA_LSTATE;
-	sfw_cuda_gla_seqs(ogla.b, ql.b, kl.b, vl, &t, decay, LNH, HD, scale, SFW_DTYPE_BF16, s);
+	sfw_cuda_gla_seqs(ogla.b, ql.b, kl.b, vl, &t, decay, LNH, HD, scale, SFW_DTYPE_BF16, cx);
 	void *g = NULL;
 	CHECK(sfw_cuda_graph_end(s, &g, &err) == SFW_OK, "the step recorded: %s", err.msg);
 
@@ -255,10 +256,10 @@ int main(void)
 			u.pos[i] = z->pos[i], u.row[i] = i, u.tab[i] = tab[z->seq[i]];
 			u.p[0][i] = K.a, u.p[1][i] = V.a;
 		}
-		sfw_cuda_kv_append_seqs(&u, kn, vn, KROW * 2, s);
+		sfw_cuda_kv_append_seqs(&u, kn, vn, KROW * 2, cx);
 		for (int i = 0; i < z->n; i++)
 			u.p[0][i] = c1[z->seq[i]].a, u.p[1][i] = c2[z->seq[i]].a, u.p[2][i] = K.a;
-		sfw_cuda_compress_seqs(&u, NKV, HD, KS, KST, SFW_DTYPE_BF16, s);
+		sfw_cuda_compress_seqs(&u, NKV, HD, KS, KST, SFW_DTYPE_BF16, cx);
 		struct sfw_cuda_seqs d = u; /* dense attention: the rows that do not select */
 		d.n = 0;
 		for (int i = 0; i < z->n; i++)
@@ -267,12 +268,12 @@ int main(void)
 				d.p[0][d.n] = K.a, d.p[1][d.n] = V.a;
 				d.n++;
 			}
-		sfw_cuda_attn_dense_seqs(oatt.a, q, &d, NH, NKV, HD, scale, SFW_DTYPE_BF16, s);
+		sfw_cuda_attn_dense_seqs(oatt.a, q, &d, NH, NKV, HD, scale, SFW_DTYPE_BF16, cx);
 		sfw_cuda_qk_norm_rope_seqs(ql.a, kl.a, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &u, LNH, LNH, HD, 1e-6f, 1,
-					   10000.0f, SFW_DTYPE_BF16, s);
+					   10000.0f, SFW_DTYPE_BF16, cx);
 		for (int i = 0; i < z->n; i++)
 			u.p[0][i] = st[z->seq[i]].a;
-		sfw_cuda_gla_seqs(ogla.a, ql.a, kl.a, vl, &u, decay, LNH, HD, scale, SFW_DTYPE_BF16, s);
+		sfw_cuda_gla_seqs(ogla.a, ql.a, kl.a, vl, &u, decay, LNH, HD, scale, SFW_DTYPE_BF16, cx);
 		sfw_cuda_sync(s);
 
 		printf("%s:\n", z->what);
@@ -308,6 +309,7 @@ int main(void)
 	sfw_cuda_free(q), sfw_cuda_free(kn), sfw_cuda_free(vn), sfw_cuda_free(vl), sfw_cuda_free(ql0);
 	sfw_cuda_free(kl0), sfw_cuda_free(qw), sfw_cuda_free(kw), sfw_cuda_free(decay), sfw_cuda_free(dst);
 	sfw_cuda_free(dsp);
+	sfw_cuda_ctx_free(cx);
 	sfw_cuda_stream_free(s);
 	return CHECK_REPORT("gpu_steptab");
 }

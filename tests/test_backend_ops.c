@@ -53,15 +53,15 @@ static void cmp_ref(const char *what, const float *got, const double *ref, size_
 
 static float *on(struct sfw_backend *be, const float *h, size_t n)
 {
-	float *d = be->alloc(be, n * be->act_size);
-	be->from_host_f32(be, d, h, n);
+	float *d = be->alloc(be, n * sfw_be_act_size(be));
+	sfw_be_from_host_f32(be, d, h, n);
 	return d;
 }
 
 static float *back(struct sfw_backend *be, const void *d, size_t n)
 {
 	float *h = malloc(n * sizeof(float));
-	be->to_host_f32(be, h, d, 0, n);
+	sfw_be_to_host_f32(be, h, d, 0, n);
 	return h;
 }
 
@@ -82,9 +82,9 @@ static void scalar_refs(struct sfw_backend *be)
 	CHECK(bo_weight_make(&E, SFW_DTYPE_BF16, 0, 0, 50, K, 0.05f, 0, &rng) == 0, "embedding table");
 	int32_t ids[5] = {0, 49, 7, 7, 30};
 	int32_t *did = be->alloc(be, sizeof(ids));
-	be->from_host(be, did, ids, sizeof(ids));
+	sfw_be_from_host(be, did, ids, sizeof(ids));
 	CHECK(be->weight_upload(be, &E.w[0], NULL) == SFW_OK, "upload");
-	be->embed(be, dy, &E.w[0], did, 5, 12.0f);
+	sfw_be_embed(be, dy, &E.w[0], did, 5, 12.0f);
 	for (int t = 0; t < 5; t++)
 		for (int d = 0; d < K; d++)
 			r[t * K + d] = (double)E.val[(size_t)ids[t] * K + d] * 12.0;
@@ -94,7 +94,7 @@ static void scalar_refs(struct sfw_backend *be)
 	/* rmsnorm: y = x / sqrt(mean(x^2) + eps) * w */
 	struct bo_weight w;
 	CHECK(bo_weight_make(&w, SFW_DTYPE_BF16, 0, 0, 1, K, 0.1f, 1.0f, &rng) == 0, "norm weight");
-	be->rmsnorm(be, dy, dx, &w.w[0], M, K, 1e-6f);
+	sfw_be_rmsnorm(be, dy, dx, &w.w[0], M, K, 1e-6f);
 	for (int m = 0; m < M; m++) {
 		double ss = 0;
 		for (int k = 0; k < K; k++)
@@ -108,19 +108,19 @@ static void scalar_refs(struct sfw_backend *be)
 	free(h), bo_weight_free(&w);
 	/* silu_mul, sigmoid_mul, add_scaled (last: it writes x) */
 	size_t n = (size_t)M * K;
-	be->silu_mul(be, dy, dx, db, n);
+	sfw_be_silu_mul(be, dy, dx, db, n);
 	for (size_t i = 0; i < n; i++)
 		r[i] = silu(x[i]) * b[i];
 	h = back(be, dy, n);
 	cmp_ref("silu_mul", h, r, n);
 	free(h);
-	be->sigmoid_mul(be, dy, dx, db, n);
+	sfw_be_sigmoid_mul(be, dy, dx, db, n);
 	for (size_t i = 0; i < n; i++)
 		r[i] = x[i] / (1 + exp(-(double)b[i]));
 	h = back(be, dy, n);
 	cmp_ref("sigmoid_mul", h, r, n);
 	free(h);
-	be->add_scaled(be, dx, db, n, 0.3f);
+	sfw_be_add_scaled(be, dx, db, n, 0.3f);
 	for (size_t i = 0; i < n; i++)
 		r[i] = x[i] + (double)0.3f * b[i];
 	h = back(be, dx, n);
@@ -130,7 +130,7 @@ static void scalar_refs(struct sfw_backend *be)
 	const int T = 3, nh = 2, hd = 64;
 	const int64_t pos0 = 5000;
 	float *q = bo_rand_act((size_t)T * nh * hd, 1.0f, &rng), *dq = on(be, q, (size_t)T * nh * hd);
-	be->rope_neox(be, dq, T, nh, hd, pos0, 10000.0f);
+	sfw_be_rope_neox(be, dq, T, nh, hd, pos0, 10000.0f);
 	for (int t = 0; t < T; t++)
 		for (int hh = 0; hh < nh; hh++) {
 			const float *v = q + ((size_t)t * nh + hh) * hd;
@@ -164,7 +164,7 @@ static void scalar_refs(struct sfw_backend *be)
 		      "weight");
 		CHECK(be->weight_upload(be, &W.w[0], NULL) == SFW_OK, "upload");
 		float *dz = be->alloc(be, (size_t)M * N * sizeof(float));
-		be->matmul(be, dz, dy, &W.w[0], M); /* dy holds x * sigmoid(b) */
+		sfw_be_matmul(be, dz, dy, &W.w[0], M); /* dy holds x * sigmoid(b) */
 		float *in = back(be, dy, n);
 		int64_t rb = sfw_ql_row_bytes(K), span = sfw_ql_group_span(K, mm[i].group),
 			ng = sfw_ql_ngroups(K, mm[i].group);
@@ -208,29 +208,30 @@ static void scalar_refs(struct sfw_backend *be)
 /* ---- 3. mutants ------------------------------------------------------------------ */
 
 static struct sfw_backend *g_real; /* the backend the mutants forward to */
+static enum sfw_opk g_mut_kind;    /* the op a mutant gets wrong */
+static int g_mut_big;              /* 0: by a hair (3.), 1: by what bf16 could not hide (4.) */
 
-static void bad_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows,
-			int n, float eps)
+/* The real backend's op, with g_mut_kind's argument nudged: rmsnorm's eps,
+ * the attention scale, gla's scale. */
+static enum sfw_status mut_op(struct sfw_backend *be, const struct sfw_op *op, struct sfw_err *err)
 {
 	(void)be;
-	g_real->rmsnorm(g_real, y, x, w, rows, n, eps + 1e-3f);
-}
-
-static void bad_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
-			   int T, int nh, float scale)
-{
-	(void)be;
-	g_real->attn_dense(g_real, o, q, c, layer, T, nh, scale * 1.001f);
+	struct sfw_op o = *op;
+	if (o.kind == g_mut_kind && o.kind == SFW_OP_RMSNORM)
+		o.norm.eps += g_mut_big ? 0.1f : 1e-3f;
+	else if (o.kind == g_mut_kind && o.kind == SFW_OP_ATTN_DENSE)
+		o.cache.scale *= g_mut_big ? 1.2f : 1.001f;
+	else if (o.kind == g_mut_kind && o.kind == SFW_OP_GLA)
+		o.cache.scale *= 1.05f;
+	return g_real->op(g_real, &o, err);
 }
 
 static void mutant(struct sfw_backend *real, struct sfw_backend *ref, const char *filter, int which)
 {
 	struct sfw_backend m = *real;
 	g_real = real;
-	if (which == 0)
-		m.rmsnorm = bad_rmsnorm;
-	else
-		m.attn_dense = bad_attn_dense;
+	g_mut_kind = which == 0 ? SFW_OP_RMSNORM : SFW_OP_ATTN_DENSE, g_mut_big = 0;
+	m.op = mut_op;
 	struct bo_opts o = {1, 7, filter, 0, 1};
 	struct bo_result r;
 	bo_run(&m, ref, &o, &r);
@@ -248,33 +249,13 @@ static void mutant(struct sfw_backend *real, struct sfw_backend *ref, const char
  * table's tolerances, and mutants that a bf16 backend could hide behind
  * them must not: the same code path as the CUDA comparison, run here. */
 
-static void bf16_to_host_f32(struct sfw_backend *be, float *dst, const void *src, size_t off, size_t n)
+static void bf16_transfer(struct sfw_backend *be, enum sfw_xfer k, void *dst, const void *src, size_t n)
 {
 	(void)be;
-	g_real->to_host_f32(g_real, dst, src, off, n);
-	for (size_t i = 0; i < n; i++)
-		dst[i] = bo_bf16_round(dst[i]);
-}
-
-static void bad5_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
-			 int rows, int n, float eps)
-{
-	(void)be;
-	g_real->rmsnorm(g_real, y, x, w, rows, n, eps + 0.1f);
-}
-
-static void bad5_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
-			    int T, int nh, float scale)
-{
-	(void)be;
-	g_real->attn_dense(g_real, o, q, c, layer, T, nh, scale * 1.2f);
-}
-
-static void bad5_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
-		     struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale)
-{
-	(void)be;
-	g_real->gla(g_real, o, q, k, v, c, layer, decay, T, nh, hd, scale * 1.05f);
+	g_real->transfer(g_real, k, dst, src, n);
+	if (k == SFW_XFER_TO_HOST_F32)
+		for (size_t i = 0; i < n; i++)
+			((float *)dst)[i] = bo_bf16_round(((float *)dst)[i]);
 }
 
 static void tolerance_path(struct sfw_backend *real, struct sfw_backend *ref)
@@ -282,7 +263,7 @@ static void tolerance_path(struct sfw_backend *real, struct sfw_backend *ref)
 	struct sfw_backend b = *real;
 	g_real = real;
 	b.name = "cpu (bf16 outputs)";
-	b.to_host_f32 = bf16_to_host_f32;
+	b.transfer = bf16_transfer;
 	struct bo_opts o = {0, 11, NULL, getenv("CHECK_VERBOSE") != NULL, 0};
 	struct bo_result r;
 	bo_run(&b, ref, &o, &r);
@@ -296,12 +277,9 @@ static void tolerance_path(struct sfw_backend *real, struct sfw_backend *ref)
 	} mu[] = {{"rmsnorm", 0}, {"attn_dense", 1}, {"gla", 2}};
 	for (size_t i = 0; i < sizeof(mu) / sizeof(mu[0]); i++) {
 		struct sfw_backend m = b;
-		if (mu[i].which == 0)
-			m.rmsnorm = bad5_rmsnorm;
-		else if (mu[i].which == 1)
-			m.attn_dense = bad5_attn_dense;
-		else
-			m.gla = bad5_gla;
+		static const enum sfw_opk kinds[] = {SFW_OP_RMSNORM, SFW_OP_ATTN_DENSE, SFW_OP_GLA};
+		g_mut_kind = kinds[mu[i].which], g_mut_big = 1;
+		m.op = mut_op;
 		struct bo_opts q = {0, 11, mu[i].filter, 0, 1};
 		bo_run(&m, ref, &q, &r);
 		CHECK(r.failed > 0 && r.failed == r.cases - r.skipped,
@@ -347,7 +325,7 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 	m->be = &w->be;
 	const struct sfw_config *cf = sfw_model_config(m);
 	struct sfw_mem_plan p;
-	sfw_bench_mem_plan_model(m, n_ctx, chunk, &p);
+	sfw_plan_model(m, n_ctx, chunk, &p);
 	struct sfw_ctx_params cp = sfw_ctx_default_params();
 	cp.n_ctx = n_ctx, cp.prefill_chunk = chunk;
 	struct sfw_ctx *c = NULL;
@@ -398,8 +376,8 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 }
 
 /* The CPU backend's capabilities less int8 weights. */
-static int (*real_supports)(const struct sfw_backend *, enum sfw_bop, enum sfw_dtype);
-static int no_w8(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
+static int (*real_supports)(const struct sfw_backend *, enum sfw_opk, enum sfw_dtype);
+static int no_w8(const struct sfw_backend *be, enum sfw_opk op, enum sfw_dtype dt)
 {
 	return dt != SFW_DTYPE_W8 && real_supports(be, op, dt);
 }
@@ -424,8 +402,8 @@ int main(void)
 	if (!o.filter) {
 		/* a backend without int8 support: every int8 case is skipped and counted, none passes */
 		struct sfw_backend no8 = *be;
-		real_supports = be->supports;
-		no8.supports = no_w8;
+		real_supports = be->supports_op;
+		no8.supports_op = no_w8;
 		struct bo_opts o8 = {1, 1, "w8", 0, 0};
 		bo_run(&no8, ref, &o8, &r);
 		CHECK(r.cases >= 20 && r.skipped == r.cases && r.passed == 0 && r.failed == 0,

@@ -192,7 +192,7 @@ static void run_schedule(struct sfw_model *m, struct sq *qs, int nq, int max_seq
 		CHECK(0, "batch: %s", err.msg);
 		return;
 	}
-	CHECK(sfw_batch_paged(b) == m->be->supports(m->be, SFW_BOP_POOL, SFW_DTYPE_F32), "paged KV exactly when the backend has a pool");
+	CHECK(sfw_batch_paged(b) == m->be->supports_op(m->be, SFW_OP_POOL, SFW_DTYPE_F32), "paged KV exactly when the backend has a pool");
 	int used_slot[SFW_BATCH_MAX_SEQS] = {0};
 	struct sfw_batch_item items[SFW_BATCH_MAX_SEQS];
 	struct sq *owner[SFW_BATCH_MAX_SEQS];
@@ -346,7 +346,7 @@ static void test_pool(struct sfw_model *m)
 	CHECK(sfw_batch_new(m, &bp, &b, &err) == SFW_OK, "pool batch: %s", err.msg);
 	if (!b)
 		return;
-	CHECK(sfw_batch_paged(b) == m->be->supports(m->be, SFW_BOP_POOL, SFW_DTYPE_F32), "pool test: paged as the backend allows");
+	CHECK(sfw_batch_paged(b) == m->be->supports_op(m->be, SFW_OP_POOL, SFW_DTYPE_F32), "pool test: paged as the backend allows");
 	CHECK(sfw_batch_blocks_total(b) == 6, "a pool of %lld tokens is 6 blocks", (long long)bp.pool_tokens);
 	CHECK(sfw_batch_seq_open(b, &A.slot, &err) == SFW_OK && sfw_batch_seq_open(b, &B.slot, &err) == SFW_OK,
 	      "two sequences");
@@ -569,10 +569,10 @@ static void test_w8(const char *golden)
 
 /* The CPU backend's capabilities less paging: what a backend without a
  * pool declares. */
-static int (*real_supports)(const struct sfw_backend *, enum sfw_bop, enum sfw_dtype);
-static int no_pool(const struct sfw_backend *be, enum sfw_bop op, enum sfw_dtype dt)
+static int (*real_supports)(const struct sfw_backend *, enum sfw_opk, enum sfw_dtype);
+static int no_pool(const struct sfw_backend *be, enum sfw_opk op, enum sfw_dtype dt)
 {
-	return op != SFW_BOP_POOL && real_supports(be, op, dt);
+	return op != SFW_OP_POOL && real_supports(be, op, dt);
 }
 
 int main(void)
@@ -602,9 +602,9 @@ int main(void)
 			test_sample(m);
 			/* the other KV mode: per-sequence caches under the budget */
 			struct sfw_backend *be = m->be;
-			real_supports = be->supports;
-			CHECK(real_supports(be, SFW_BOP_POOL, SFW_DTYPE_F32), "the CPU backend pages the KV cache");
-			be->supports = no_pool;
+			real_supports = be->supports_op;
+			CHECK(real_supports(be, SFW_OP_POOL, SFW_DTYPE_F32), "the CPU backend pages the KV cache");
+			be->supports_op = no_pool;
 			printf("%s, KV caches per sequence:\n", models[i]);
 			static const int chunks[3] = {64, 100, 256};
 			static const int lens[9] = {64, 1, 33, 520, 90, 200, 17, 65, 300};
@@ -615,7 +615,7 @@ int main(void)
 			      sched_caches);
 			test_pool(m);
 			be->cache_new = real_cache_new;
-			be->supports = real_supports;
+			be->supports_op = real_supports;
 		}
 		sfw_model_free(m);
 	}

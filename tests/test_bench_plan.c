@@ -1,4 +1,4 @@
-/* test_bench_plan.c - tools/bench.c's device-memory plan and parameter
+/* test_bench_plan.c - runner/plan.c's device-memory plan and parameter
  * count against independent figures: mkmodel's tensor list for the real
  * shapes (preset full: 9,477,203,968 parameters, bf16), and the KV /
  * compressed-key / lightning-state sizes of docs/performance.md §4b worked out by
@@ -23,12 +23,12 @@ static int64_t card_fit(const struct sfw_config *c, int w8, int chunk, double ca
 		int64_t mid = lo + (hi - lo + 1) / 2, n = mid * 64;
 		struct sfw_mem_plan p;
 		if (w8)
-			sfw_bench_mem_plan_w8(c, n, chunk, 128, &p);
+			sfw_plan_config_w8(c, n, chunk, 128, &p);
 		else
-			sfw_bench_mem_plan(c, n, chunk, &p);
+			sfw_plan_config(c, n, chunk, &p);
 		struct sfw_err e = {0};
 		double fr = (card_gib - 0.55 - 0.5) * G - p.weights;
-		if (fr > 0 && sfw_bench_mem_fit(&p, n, fr, &e) == SFW_OK)
+		if (fr > 0 && sfw_plan_fit(&p, n, fr, &e) == SFW_OK)
 			lo = mid;
 		else
 			hi = mid - 1;
@@ -99,7 +99,7 @@ static void test_readme_cards(const struct sfw_config *c)
 	      rows);
 }
 
-/* salafw serve's plan (sfw_bench_mem_plan_seqs): 32 sequences that can each
+/* salafw serve's plan (sfw_plan_seqs): 32 sequences that can each
  * reach 8K tokens, steps of 32 decode rows + 512 prompt rows, bf16 full
  * shapes, against the single-context figures above worked out by hand
  * (8 KiB of KV per token), and its refusal's arithmetic. */
@@ -109,9 +109,9 @@ static void test_batch_plan(const struct sfw_config *c)
 	const int S = 32, rows = 32 + 512;
 	const int64_t ctx = 8192;
 	struct sfw_mem_plan one, b;
-	sfw_bench_mem_plan(c, ctx, rows, &one);
+	sfw_plan_config(c, ctx, rows, &one);
 	b = one;
-	sfw_bench_mem_plan_seqs(c, S, 0, &b);
+	sfw_plan_seqs(c, S, 0, &b);
 	CHECK(b.seqs == S && b.kv == S * 8192.0 * 8192 && b.compressed == S * one.compressed &&
 		  b.lightning == S * 48.0 * 1048576.0,
 	      "32 x 8K: KV %.0f B (32 x 64 MiB), compressed keys and lightning states x 32", b.kv);
@@ -120,15 +120,15 @@ static void test_batch_plan(const struct sfw_config *c)
 	      "one workspace of %d rows, a float logits row per sequence", rows);
 	CHECK(b.total == b.weights + b.kv + b.compressed + b.lightning + b.activations + b.scratch, "batch total");
 	struct sfw_mem_plan pool = one;
-	sfw_bench_mem_plan_seqs(c, S, 65536, &pool);
+	sfw_plan_seqs(c, S, 65536, &pool);
 	CHECK(pool.kv == 65536 * 8192.0, "a pool of 64K tokens bounds the KV of all (%.0f B)", pool.kv);
 	/* the refusal: 32 sequences of 128K on a 24 GiB card with the weights placed */
 	struct sfw_mem_plan big;
-	sfw_bench_mem_plan(c, 131072, rows, &big);
-	sfw_bench_mem_plan_seqs(c, S, 0, &big);
+	sfw_plan_config(c, 131072, rows, &big);
+	sfw_plan_seqs(c, S, 0, &big);
 	double fr = 24 * G - big.weights - 0.55 * G;
 	struct sfw_err e = {0};
-	CHECK(sfw_bench_mem_fit(&big, 131072, fr, &e) == SFW_E_NOMEM &&
+	CHECK(sfw_plan_fit(&big, 131072, fr, &e) == SFW_E_NOMEM &&
 		  strstr(e.msg, "32 sequences of 131072 tokens do not fit the GPU"),
 	      "32 x 128K refused on 24 GiB: %s", e.msg);
 	long long each = 0;
@@ -142,12 +142,12 @@ static void test_batch_plan(const struct sfw_config *c)
 	printf("serve refusal, 32 x 128K on a 24 GiB card: %s\n", e.msg);
 	if (each > 0) {
 		struct sfw_mem_plan q;
-		sfw_bench_mem_plan(c, each, rows, &q);
-		sfw_bench_mem_plan_seqs(c, S, 0, &q);
-		CHECK(sfw_bench_mem_fit(&q, each, fr, &e) == SFW_OK, "32 x the named %lld tokens fit", each);
-		sfw_bench_mem_plan(c, each + 1024, rows, &q);
-		sfw_bench_mem_plan_seqs(c, S, 0, &q);
-		CHECK(sfw_bench_mem_fit(&q, each + 1024, fr, &e) == SFW_E_NOMEM, "1024 more each do not");
+		sfw_plan_config(c, each, rows, &q);
+		sfw_plan_seqs(c, S, 0, &q);
+		CHECK(sfw_plan_fit(&q, each, fr, &e) == SFW_OK, "32 x the named %lld tokens fit", each);
+		sfw_plan_config(c, each + 1024, rows, &q);
+		sfw_plan_seqs(c, S, 0, &q);
+		CHECK(sfw_plan_fit(&q, each + 1024, fr, &e) == SFW_E_NOMEM, "1024 more each do not");
 	}
 }
 
@@ -164,11 +164,11 @@ int main(void)
 		return CHECK_REPORT("test_bench_plan");
 	const struct sfw_config *c = &plan.config;
 	struct sfw_mem_plan p;
-	sfw_bench_mem_plan(c, 1 << 20, 8192, &p);
+	sfw_plan_config(c, 1 << 20, 8192, &p);
 	CHECK(p.weights == (double)plan.n_bytes, "weights %.0f B == mkmodel's %llu B", p.weights,
 	      (unsigned long long)plan.n_bytes);
 	/* linear weights + lm_head read per decode step: 18.35 GB (§4b) */
-	double step = 2 * (sfw_bench_linear_params(c) + (double)c->vocab_size * c->hidden_size);
+	double step = 2 * (sfw_plan_linear_params(c) + (double)c->vocab_size * c->hidden_size);
 	CHECK(fabs(step / 1e9 - 18.35) < 0.01, "decode step reads %.3f GB of weights (18.35)", step / 1e9);
 	/* 8 sparse layers x 2 KV heads x 128 x (K+V) x 2 B = 8 KiB per token */
 	CHECK(p.kv_per_token == 8192, "KV %.0f B per token (8192)", p.kv_per_token);
@@ -179,7 +179,7 @@ int main(void)
 	CHECK(p.compressed == (65537.0 + 16385.0) * 256 * 2 * 8, "compressed keys %.0f B", p.compressed);
 	CHECK(p.total / 1073741824.0 < 30, "1M-token plan %.2f GiB stays under 30 GiB", p.total / 1073741824.0);
 	struct sfw_mem_plan q;
-	sfw_bench_mem_plan(c, 1024, 1024, &q);
+	sfw_plan_config(c, 1024, 1024, &q);
 	CHECK(q.scratch < p.scratch && q.activations < p.activations && q.kv == 1024 * 8192.0,
 	      "a 1K context needs no selection scratch and smaller pieces");
 	/* int8: the plan's weights against mkmodel --w8's own tensor list, for
@@ -201,7 +201,7 @@ int main(void)
 			n_lin += wpl.tensors[i].kind == SFW_MKT_W8_SHAPE;
 		CHECK(n_lin == 32 * 8, "%d int8 linears (256)", n_lin);
 		struct sfw_mem_plan w8;
-		sfw_bench_mem_plan_w8(&wpl.config, 1 << 20, 8192, groups[g], &w8);
+		sfw_plan_config_w8(&wpl.config, 1 << 20, 8192, groups[g], &w8);
 		CHECK(w8.weights + 16.0 * n_lin == (double)wpl.n_bytes, "group %d: int8 weights %.0f B + shapes == mkmodel's %llu B",
 		      groups[g], w8.weights, (unsigned long long)wpl.n_bytes);
 		CHECK(w8.kv == p.kv && w8.compressed == p.compressed && w8.activations == p.activations &&
@@ -214,7 +214,7 @@ int main(void)
 			struct sfw_mem_plan pn;
 			double fr = 16.0 * 1073741824.0 - w8.weights - 0.55 * 1073741824.0;
 			struct sfw_err e = {0};
-			CHECK(sfw_bench_mem_fit(&w8, 1 << 20, fr, &e) == SFW_E_NOMEM, "1M tokens refused on 16 GiB");
+			CHECK(sfw_plan_fit(&w8, 1 << 20, fr, &e) == SFW_E_NOMEM, "1M tokens refused on 16 GiB");
 			long long fit = 0;
 			const char *at = strstr(e.msg, "at most about ");
 			CHECK(at && sscanf(at, "at most about %lld", &fit) == 1 && fit % 64 == 0 && fit > 100000 && fit < (1 << 20),
@@ -222,18 +222,18 @@ int main(void)
 			size_t ml = strlen(e.msg);
 			CHECK(ml < sizeof(e.msg) - 1 && ml > 12 && strcmp(e.msg + ml - 12, "GiB are free") == 0,
 			      "the message is whole: %s", e.msg);
-			sfw_bench_mem_plan_w8(&wpl.config, fit, 8192, 128, &pn);
-			CHECK(sfw_bench_mem_fit(&pn, fit, fr, &e) == SFW_OK, "the named %lld tokens fit", fit);
-			sfw_bench_mem_plan_w8(&wpl.config, fit + 4096, 8192, 128, &pn);
-			CHECK(sfw_bench_mem_fit(&pn, fit + 4096, fr, &e) == SFW_E_NOMEM, "4096 more do not");
+			sfw_plan_config_w8(&wpl.config, fit, 8192, 128, &pn);
+			CHECK(sfw_plan_fit(&pn, fit, fr, &e) == SFW_OK, "the named %lld tokens fit", fit);
+			sfw_plan_config_w8(&wpl.config, fit + 4096, 8192, 128, &pn);
+			CHECK(sfw_plan_fit(&pn, fit + 4096, fr, &e) == SFW_E_NOMEM, "4096 more do not");
 			/* the longest figures still leave the message whole */
-			sfw_bench_mem_plan_w8(&wpl.config, (int64_t)1 << 40, 8192, 128, &pn);
-			CHECK(sfw_bench_mem_fit(&pn, (int64_t)1 << 40, fr, &e) == SFW_E_NOMEM &&
+			sfw_plan_config_w8(&wpl.config, (int64_t)1 << 40, 8192, 128, &pn);
+			CHECK(sfw_plan_fit(&pn, (int64_t)1 << 40, fr, &e) == SFW_E_NOMEM &&
 				  strlen(e.msg) < sizeof(e.msg) - 1 && strstr(e.msg, "GiB are free"),
 			      "2^40 tokens: the message is whole (%zu chars): %s", strlen(e.msg), e.msg);
 			printf("refusal at 1M on a 16 GiB card: %s\n", e.msg);
 			/* 8.87 GB of codes + 1/64 of that in scales + 1.2 GB of bf16 embedding and lm_head */
-			double codes = sfw_bench_linear_params(c);
+			double codes = sfw_plan_linear_params(c);
 			CHECK(fabs(w8.weights - (codes * (1 + 2.0 / 128) + 4.0 * c->vocab_size * c->hidden_size +
 						 (p.weights - 2 * codes - 4.0 * c->vocab_size * c->hidden_size))) < 1,
 			      "g128 weights = codes + scales + bf16 rest (%.0f B)", w8.weights);

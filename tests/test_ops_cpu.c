@@ -296,7 +296,9 @@ static void test_stage1(void)
 	float *sc = malloc(sizeof(float) * NKV * T * N1);
 	fill(q, (size_t)T * NH * HD, 2), fill(c1, N1 * NKV * HD, 2), fill(c2, N2 * NKV * HD, 2);
 	float scale = 1 / sqrtf(HD);
-	sfw_op_stage1_cpu(sc, q, c1, N1, c2, N2, T, NH, NKV, HD, 0, 32, 16, scale);
+	struct sfw_sel_shape sh = {.T = T, .nh = NH, .nkv = NKV, .hd = HD, .pos0 = 0, .ksize = 32, .stride = 16,
+				   .scale = scale};
+	sfw_op_stage1_cpu(sc, q, c1, N1, c2, N2, &sh);
 	int rows[] = {0, 31, 126, 127, 128, 191, 200, 299};
 	double worst = 0;
 	int vis_ok = 1;
@@ -350,7 +352,9 @@ static void test_pool_topk(void)
 		s[j] = 0.01f * j;
 	s[11] = 5.0f; /* chunk 11 = tokens 176..207: overlaps blocks 2 (4b+3) and 3 (4b-1) -> tie */
 	s[22] = 3.0f; /* chunk 22: block 5 (4*5+2) only */
-	sfw_op_pool_blocks_cpu(pooled, s, N1, NB, 1, 1, 640, 32, 16, 64, 1, 2);
+	struct sfw_sel_shape sh = {.T = 1, .nkv = 1, .pos0 = 640, .ksize = 32, .stride = 16, .block = 64,
+				   .init_blocks = 1, .local_blocks = 2};
+	sfw_op_pool_blocks_cpu(pooled, s, N1, NB, &sh);
 	CHECK(isinf(pooled[0]) && isinf(pooled[8]) && isinf(pooled[9]) && isinf(pooled[10]) && pooled[0] > 0,
 	      "pool: init and local blocks forced to +inf");
 	CHECK(pooled[2] == 5.0f && pooled[3] == 5.0f && pooled[5] == 3.0f, "pool: max over the overlapping chunks");

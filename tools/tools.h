@@ -8,6 +8,7 @@
 #define SFW_TOOLS_H
 
 #include "formats/config.h"
+#include "runner/plan.h"
 #include "runner/runner.h"
 #include "sfw.h"
 
@@ -173,56 +174,12 @@ void sfw_bench_shape(const struct sfw_bench_params *p, int64_t *n_ctx, int64_t *
  * SFW_E_UNSUPPORTED in a build without CUDA. */
 SFW_MUST_CHECK enum sfw_status sfw_bench_limits(double *copy_gbps, double *gemm_tflops, struct sfw_err *err);
 
-/* Parameters of all linear layers (lm_head apart). */
-double sfw_bench_linear_params(const struct sfw_config *c);
-
-/* Device memory a context of max_ctx tokens needs on the CUDA backend, in
- * bytes (bf16 weights and activations). */
-struct sfw_mem_plan {
-	double weights;        /* every tensor, bf16 */
-	double kv_per_token;   /* sparse layers' K and V */
-	double kv;             /* kv_per_token * max_ctx (64-token blocks) */
-	double compressed;     /* both levels of compressed keys */
-	double lightning;      /* fp32 states */
-	double activations;    /* forward.c's buffers for one piece of `chunk` rows + logits */
-	double scratch;        /* op scratch, cuBLASLt workspace, block-selection scratch */
-	double total;
-	int seqs;              /* sequences planned for (sfw_bench_mem_plan_batch); 0 or 1: one context */
-};
-void sfw_bench_mem_plan(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
-/* The same with int8 decoder linears (codes + BF16 scales of `group`, 32,
- * 64, 128 or SFW_QL_GROUP_CHANNEL), embedding, lm_head and norms bf16: what
- * `salafw quant --group G` and `mkmodel --w8` produce. */
-void sfw_bench_mem_plan_w8(const struct sfw_config *c, int64_t max_ctx, int chunk, int group, struct sfw_mem_plan *p);
-/* The plan of a loaded model: its weights as bound (int8 or bf16). */
-void sfw_bench_mem_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
-/* The plan of a batch (runner/batch.h; `salafw serve`): seqs sequences that
- * can each reach max_ctx tokens (their KV, compressed keys and lightning
- * states; the KV of pool_tokens in all when that is not 0), and one
- * workspace for step_rows rows with a logits row per sequence. */
-void sfw_bench_mem_plan_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_t pool_tokens,
-			      int step_rows, struct sfw_mem_plan *p);
-/* The same from a plan of one context (made for max_ctx tokens and
- * step_rows-row pieces by any of the above). */
-void sfw_bench_mem_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, struct sfw_mem_plan *p);
-/* The plan as one block of lines (salafw run prints it to stderr at start). */
-void sfw_bench_mem_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk);
-/* On the CUDA backend: SFW_E_NOMEM, with the plan's figures, the device's
- * free memory and the largest context that fits, when a context of n_ctx
- * tokens needs more than the device has free (the weights are placed
- * already); SFW_OK otherwise and on the CPU. *out (may be NULL) gets the plan. */
-/* The arithmetic of that check: p = the plan at n_ctx tokens, free_bytes
- * the device's free memory with the weights placed. The message (within
- * struct sfw_err) names the largest context that fits, in 64-token blocks. */
-SFW_MUST_CHECK enum sfw_status sfw_bench_mem_fit(const struct sfw_mem_plan *p, int64_t n_ctx, double free_bytes,
-						 struct sfw_err *err);
-SFW_MUST_CHECK enum sfw_status sfw_bench_mem_check(const struct sfw_model *m, int64_t n_ctx, int chunk,
-						   struct sfw_mem_plan *out, struct sfw_err *err);
-/* sfw_bench_mem_check for a batch planned as sfw_bench_mem_plan_batch: the
- * message names the largest context per sequence that fits. */
-SFW_MUST_CHECK enum sfw_status sfw_bench_mem_check_batch(const struct sfw_model *m, int seqs, int64_t max_ctx,
-							 int64_t pool_tokens, int step_rows,
-							 struct sfw_mem_plan *out, struct sfw_err *err);
+/* The CPU bf16 GEMM y[M, N] = x[M, K] . w^T (sfw_op_matmul_cpu) at one
+ * shape on random data, timed for about half a second each on an executor
+ * of `threads` threads (<= 0: sfw_default_threads()) and on one thread:
+ * GFLOP/s into *all and *one, the threads used into *nthreads. */
+SFW_MUST_CHECK enum sfw_status sfw_bench_cpu_gemm(int M, int N, int K, int threads, double *all, double *one,
+						  int *nthreads, struct sfw_err *err);
 
 /* ---- recording taps and scoring (tools/score.c) ---------------------------
  * A record gathers the taps of one fresh sequence (a prompt of prompt_len

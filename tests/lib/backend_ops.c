@@ -352,8 +352,8 @@ static void wrelease(struct run *x, struct bo_weight *bw)
 /* n activation elements in b's memory holding h. */
 static void *dup_act(struct sfw_backend *b, const float *h, size_t n)
 {
-	void *d = need(b->alloc(b, (n ? n : 1) * b->act_size));
-	b->from_host_f32(b, d, h, n);
+	void *d = need(b->alloc(b, (n ? n : 1) * sfw_be_act_size(b)));
+	sfw_be_from_host_f32(b, d, h, n);
 	return d;
 }
 
@@ -371,21 +371,21 @@ static void *poisoned(struct sfw_backend *b, size_t n)
 static void *dup_raw(struct sfw_backend *b, const void *h, size_t bytes)
 {
 	void *d = need(b->alloc(b, bytes ? bytes : 1));
-	b->from_host(b, d, h, bytes);
+	sfw_be_from_host(b, d, h, bytes);
 	return d;
 }
 
 static float *get(struct sfw_backend *b, const void *d, size_t n)
 {
 	float *h = need(malloc((n ? n : 1) * sizeof(float)));
-	b->sync(b);
-	b->to_host_f32(b, h, d, 0, n);
+	sfw_be_wait(b);
+	sfw_be_to_host_f32(b, h, d, 0, n);
 	return h;
 }
 
 static void *at(const struct sfw_backend *b, void *p, size_t elems)
 {
-	return (char *)p + elems * b->act_size;
+	return (char *)p + elems * sfw_be_act_size(b);
 }
 
 /* Output `what` of backend 0 against backend 1. */
@@ -456,7 +456,7 @@ static void t_embed(struct run *x)
 	size_t n = (size_t)c->M * c->K;
 	struct pair y = pair_poisoned(x, n);
 	for (int i = 0; i < 2; i++)
-		x->b[i]->embed(x->b[i], y.d[i], &E.w[i], id.d[i], c->M, 12.0f);
+		sfw_be_embed(x->b[i], y.d[i], &E.w[i], id.d[i], c->M, 12.0f);
 	pair_cmp(x, "x = E[ids] * 12", &y, n);
 	pair_free(x, &y), pair_free(x, &id), free(ids);
 	wrelease(x, &E);
@@ -473,10 +473,10 @@ static void t_rmsnorm(struct run *x)
 	float *h = bo_rand_act(n, 2.0f, &x->rng);
 	struct pair in = pair_act(x, h, n), y = pair_poisoned(x, n);
 	for (int i = 0; i < 2; i++)
-		x->b[i]->rmsnorm(x->b[i], y.d[i], in.d[i], &w.w[i], c->M, c->K, 1e-6f);
+		sfw_be_rmsnorm(x->b[i], y.d[i], in.d[i], &w.w[i], c->M, c->K, 1e-6f);
 	pair_cmp(x, "y = rmsnorm(x)", &y, n);
 	for (int i = 0; i < 2; i++) /* y may alias x */
-		x->b[i]->rmsnorm(x->b[i], in.d[i], in.d[i], &w.w[i], c->M, c->K, 1e-6f);
+		sfw_be_rmsnorm(x->b[i], in.d[i], in.d[i], &w.w[i], c->M, c->K, 1e-6f);
 	pair_cmp(x, "x = rmsnorm(x) in place", &in, n);
 	pair_free(x, &in), pair_free(x, &y), free(h);
 	wrelease(x, &w);
@@ -491,11 +491,11 @@ static void t_elementwise(struct run *x)
 	for (int i = 0; i < 2; i++) {
 		struct sfw_backend *be = x->b[i];
 		if (c->op == BO_ADD_SCALED)
-			be->add_scaled(be, a.d[i], b.d[i], n, 0.35355339f);
+			sfw_be_add_scaled(be, a.d[i], b.d[i], n, 0.35355339f);
 		else if (c->op == BO_SILU_MUL)
-			be->silu_mul(be, y.d[i], a.d[i], b.d[i], n);
+			sfw_be_silu_mul(be, y.d[i], a.d[i], b.d[i], n);
 		else
-			be->sigmoid_mul(be, y.d[i], a.d[i], b.d[i], n);
+			sfw_be_sigmoid_mul(be, y.d[i], a.d[i], b.d[i], n);
 	}
 	if (c->op == BO_ADD_SCALED)
 		pair_cmp(x, "x += 0.354 b", &a, n);
@@ -511,7 +511,7 @@ static void t_rope(struct run *x)
 	float *h = bo_rand_act(n, 1.0f, &x->rng);
 	struct pair a = pair_act(x, h, n);
 	for (int i = 0; i < 2; i++)
-		x->b[i]->rope_neox(x->b[i], a.d[i], c->M, c->nh, c->hd, c->pos0, 10000.0f);
+		sfw_be_rope_neox(x->b[i], a.d[i], c->M, c->nh, c->hd, c->pos0, 10000.0f);
 	pair_cmp(x, "rope_neox in place", &a, n);
 	pair_free(x, &a), free(h);
 }
@@ -525,7 +525,7 @@ static void skip(struct run *x, const char *why)
 /* 1 when backend 0 lacks what the case needs (reported as skipped). */
 static int lacks_w8(struct run *x)
 {
-	if (x->c->wdt == SFW_DTYPE_W8 && !x->b[0]->supports(x->b[0], SFW_BOP_MATMUL, SFW_DTYPE_W8)) {
+	if (x->c->wdt == SFW_DTYPE_W8 && !x->b[0]->supports_op(x->b[0], SFW_OP_MATMUL, SFW_DTYPE_W8)) {
 		skip(x, "the backend does not take int8 weights");
 		return 1;
 	}
@@ -545,7 +545,7 @@ static void t_matmul(struct run *x)
 	if (c->op == BO_MATMUL) {
 		struct pair y = pair_poisoned(x, ny);
 		for (int i = 0; i < 2; i++)
-			x->b[i]->matmul(x->b[i], y.d[i], in.d[i], &w.w[i], c->M);
+			sfw_be_matmul(x->b[i], y.d[i], in.d[i], &w.w[i], c->M);
 		pair_cmp(x, "y = x W^T", &y, ny);
 		pair_free(x, &y);
 	} else { /* logits: float32 in backend memory */
@@ -555,9 +555,9 @@ static void t_matmul(struct run *x)
 		float *g[2];
 		for (int i = 0; i < 2; i++) {
 			float *d = dup_raw(x->b[i], nan, ny * 4);
-			x->b[i]->logits(x->b[i], d, in.d[i], &w.w[i], c->M, 0.25f);
+			sfw_be_logits(x->b[i], d, in.d[i], &w.w[i], c->M, 0.25f);
 			g[i] = need(malloc(ny * sizeof(float)));
-			x->b[i]->to_host(x->b[i], g[i], d, ny * 4);
+			sfw_be_to_host(x->b[i], g[i], d, ny * 4);
 			x->b[i]->free(x->b[i], d);
 		}
 		cmp(x, "logits = (x / 4) W^T", g[0], g[1], ny);
@@ -614,22 +614,22 @@ static void t_swiglu(struct run *x)
 			gu[i].merged = w.w[i];
 	}
 	struct pair ry = pair_poisoned(x, n);
-	ref->matmul(ref, t.d[1], in.d[1], &g[1][0], c->M);
-	ref->matmul(ref, at(ref, t.d[1], n), in.d[1], &g[1][1], c->M);
-	ref->silu_mul(ref, ry.d[1], t.d[1], at(ref, t.d[1], n), n);
+	sfw_be_matmul(ref, t.d[1], in.d[1], &g[1][0], c->M);
+	sfw_be_matmul(ref, at(ref, t.d[1], n), in.d[1], &g[1][1], c->M);
+	sfw_be_silu_mul(ref, ry.d[1], t.d[1], at(ref, t.d[1], n), n);
 	for (int merged = 1; merged >= 0; merged--) {
 		struct sfw_bgroup gb = gu[0];
 		if (!merged)
 			memset(&gb.merged, 0, sizeof(gb.merged));
 		struct pair y = pair_poisoned(x, n);
-		be->swiglu(be, y.d[0], t.d[0], in.d[0], &gb, c->M);
-		ref->copy(ref, y.d[1], ry.d[1], n * ref->act_size);
+		sfw_be_swiglu(be, y.d[0], t.d[0], in.d[0], &gb, c->M);
+		sfw_be_copy(ref, y.d[1], ry.d[1], n * sfw_be_act_size(ref));
 		pair_cmp(x, merged ? "y = silu(x G^T) (x U^T), merged group" : "y = silu(x G^T) (x U^T), two parts", &y,
 			 n);
 		if (merged && c->M == 1 && gb.merged.rows) {
 			void *own = poisoned(be, n), *tw = poisoned(be, 2 * n);
-			be->matmul(be, tw, in.d[0], &w.w[0], 1);
-			be->silu_mul(be, own, tw, at(be, tw, n), n);
+			sfw_be_matmul(be, tw, in.d[0], &w.w[0], 1);
+			sfw_be_silu_mul(be, own, tw, at(be, tw, n), n);
 			float *a = get(be, y.d[0], n), *b = get(be, own, n);
 			check(x, memcmp(a, b, n * sizeof(float)) == 0,
 			      "merged swiglu == own matmul over the whole weight + silu_mul bit for bit");
@@ -674,14 +674,14 @@ static void t_add_rmsnorm(struct run *x)
 	size_t n = (size_t)c->M * c->K;
 	struct pair y = pair_poisoned(x, n);
 	const float s = 0.2f, eps = 1e-6f;
-	be->add_rmsnorm(be, y.d[0], a.d[0], b.d[0], s, &w.w[0], c->M, c->K, eps);
-	ref->add_rmsnorm(ref, y.d[1], a.d[1], b.d[1], s, &w.w[1], c->M, c->K, eps);
+	sfw_be_add_rmsnorm(be, y.d[0], a.d[0], b.d[0], s, &w.w[0], c->M, c->K, eps);
+	sfw_be_add_rmsnorm(ref, y.d[1], a.d[1], b.d[1], s, &w.w[1], c->M, c->K, eps);
 	pair_cmp(x, "x += 0.2 b", &a, n);
 	pair_cmp(x, "y = rmsnorm(x)", &y, n);
 	/* the composition on backend 0 from the same inputs */
 	void *a2 = dup_act(be, ha, n), *y2 = poisoned(be, n);
-	be->add_scaled(be, a2, b.d[0], n, s);
-	be->rmsnorm(be, y2, a2, &w.w[0], c->M, c->K, eps);
+	sfw_be_add_scaled(be, a2, b.d[0], n, s);
+	sfw_be_rmsnorm(be, y2, a2, &w.w[0], c->M, c->K, eps);
 	float *f = get(be, y.d[0], n), *u = get(be, y2, n);
 	check(x, memcmp(f, u, n * sizeof(float)) == 0, "fused == own add_scaled + rmsnorm bit for bit");
 	free(f), free(u);
@@ -705,15 +705,15 @@ static void t_rmsnorm_gate(struct run *x)
 	size_t n = (size_t)c->M * c->K;
 	struct pair y = pair_poisoned(x, n);
 	const float eps = 1e-6f;
-	be->rmsnorm_gate(be, y.d[0], a.d[0], &w.w[0], z.d[0], c->M, c->K, eps);
-	ref->rmsnorm_gate(ref, y.d[1], a.d[1], &w.w[1], z.d[1], c->M, c->K, eps);
+	sfw_be_rmsnorm_gate(be, y.d[0], a.d[0], &w.w[0], z.d[0], c->M, c->K, eps);
+	sfw_be_rmsnorm_gate(ref, y.d[1], a.d[1], &w.w[1], z.d[1], c->M, c->K, eps);
 	pair_cmp(x, "y = rmsnorm(x) * sigmoid(z)", &y, n);
 	pair_cmp(x, "x unchanged", &a, n);
 	/* in place on backend 0, and its own composition, from the same inputs */
 	void *a2 = dup_act(be, ha, n), *y3 = poisoned(be, n);
-	be->rmsnorm_gate(be, a2, a2, &w.w[0], z.d[0], c->M, c->K, eps);
-	be->rmsnorm(be, y3, a.d[0], &w.w[0], c->M, c->K, eps);
-	be->sigmoid_mul(be, y3, y3, z.d[0], n);
+	sfw_be_rmsnorm_gate(be, a2, a2, &w.w[0], z.d[0], c->M, c->K, eps);
+	sfw_be_rmsnorm(be, y3, a.d[0], &w.w[0], c->M, c->K, eps);
+	sfw_be_sigmoid_mul(be, y3, y3, z.d[0], n);
 	float *f = get(be, y.d[0], n), *g = get(be, a2, n), *u = get(be, y3, n);
 	check(x, memcmp(f, g, n * sizeof(float)) == 0, "in place == out of place bit for bit");
 	check(x, memcmp(f, u, n * sizeof(float)) == 0, "fused == own rmsnorm + sigmoid_mul bit for bit");
@@ -726,11 +726,11 @@ static void t_rmsnorm_gate(struct run *x)
 static void qk_compose(struct sfw_backend *b, void *q, void *k, const struct sfw_bweight *qw,
 		       const struct sfw_bweight *kw, const struct bo_case *c)
 {
-	b->rmsnorm(b, q, q, qw, c->M * c->nh, c->hd, 1e-6f);
-	b->rmsnorm(b, k, k, kw, c->M * c->nkv, c->hd, 1e-6f);
+	sfw_be_rmsnorm(b, q, q, qw, c->M * c->nh, c->hd, 1e-6f);
+	sfw_be_rmsnorm(b, k, k, kw, c->M * c->nkv, c->hd, 1e-6f);
 	if (c->N) {
-		b->rope_neox(b, q, c->M, c->nh, c->hd, c->pos0, 10000.0f);
-		b->rope_neox(b, k, c->M, c->nkv, c->hd, c->pos0, 10000.0f);
+		sfw_be_rope_neox(b, q, c->M, c->nh, c->hd, c->pos0, 10000.0f);
+		sfw_be_rope_neox(b, k, c->M, c->nkv, c->hd, c->pos0, 10000.0f);
 	}
 }
 
@@ -746,9 +746,9 @@ static void t_qk_norm_rope(struct run *x)
 	size_t nq = (size_t)c->M * c->nh * c->hd, nk = (size_t)c->M * c->nkv * c->hd;
 	float *hq = bo_rand_act(nq, 2.0f, &x->rng), *hk = bo_rand_act(nk, 2.0f, &x->rng);
 	struct pair q = pair_act(x, hq, nq), k = pair_act(x, hk, nk);
-	be->qk_norm_rope(be, q.d[0], k.d[0], &qw.w[0], &kw.w[0], c->M, c->nh, c->nkv, c->hd, 1e-6f, c->N,
+	sfw_be_qk_norm_rope(be, q.d[0], k.d[0], &qw.w[0], &kw.w[0], c->M, c->nh, c->nkv, c->hd, 1e-6f, c->N,
 			 c->pos0, 10000.0f);
-	ref->qk_norm_rope(ref, q.d[1], k.d[1], &qw.w[1], &kw.w[1], c->M, c->nh, c->nkv, c->hd, 1e-6f, c->N,
+	sfw_be_qk_norm_rope(ref, q.d[1], k.d[1], &qw.w[1], &kw.w[1], c->M, c->nh, c->nkv, c->hd, 1e-6f, c->N,
 			  c->pos0, 10000.0f);
 	pair_cmp(x, "q", &q, nq);
 	pair_cmp(x, "k", &k, nk);
@@ -781,8 +781,8 @@ static void t_sample(struct run *x)
 			float *d = dup_raw(b, l, (size_t)3 * c->N * 4);
 			int32_t init[4] = {-2, -2, -2, -2};
 			int32_t *o = dup_raw(b, init, sizeof(init));
-			if (b->sample(b, o, d, c->N, 3, p, u))
-				b->to_host(b, id[i], o, sizeof(id[i]));
+			if (sfw_be_sample(b, o, d, c->N, 3, p, u))
+				sfw_be_to_host(b, id[i], o, sizeof(id[i]));
 			else /* this backend leaves every draw to the host */
 				id[i][0] = id[i][2] = -1, id[i][1] = -2;
 			b->free(b, d), b->free(b, o);
@@ -806,8 +806,8 @@ static void t_copy(struct run *x)
 	for (int i = 0; i < c->K; i++)
 		h[i] = (unsigned char)(sfwt_next(&x->rng) >> 56);
 	void *src = dup_raw(be, h, (size_t)c->K), *dst = need(be->alloc(be, (size_t)c->K + 8));
-	be->copy(be, dst, src, (size_t)c->K);
-	be->to_host(be, g, dst, (size_t)c->K);
+	sfw_be_copy(be, dst, src, (size_t)c->K);
+	sfw_be_to_host(be, g, dst, (size_t)c->K);
 	check(x, memcmp(g, h, (size_t)c->K) == 0, "%d bytes copied unchanged", c->K);
 	be->free(be, src), be->free(be, dst), free(h), free(g);
 }
@@ -870,7 +870,7 @@ static void append(struct run *x, struct sfw_bcache *cc[2], int T, const struct 
 	float *hk = bo_rand_act(n, 1.0f, &x->rng), *hv = bo_rand_act(n, 1.0f, &x->rng);
 	struct pair k = pair_act(x, hk, n), v = pair_act(x, hv, n);
 	for (int i = 0; i < 2; i++)
-		x->b[i]->kv_append(x->b[i], cc[i], 0, k.d[i], v.d[i], T);
+		sfw_be_kv_append(x->b[i], cc[i], 0, k.d[i], v.d[i], T);
 	pair_free(x, &k), pair_free(x, &v), free(hk), free(hv);
 }
 
@@ -897,14 +897,14 @@ static void t_dense(struct run *x)
 			float *hq = bo_rand_act(n, 1.0f, &x->rng);
 			struct pair q = pair_act(x, hq, n), o = pair_poisoned(x, n);
 			for (int i = 0; i < 2; i++)
-				x->b[i]->attn_dense(x->b[i], o.d[i], q.d[i], cc[i], 0, T, c->nh,
+				sfw_be_attn_dense(x->b[i], o.d[i], q.d[i], cc[i], 0, T, c->nh,
 						    1.0f / sqrtf((float)c->hd));
 			char what[64];
 			snprintf(what, sizeof(what), "call %d (%d rows at %lld)", j, T, (long long)(len - T));
 			pair_cmp(x, what, &o, n);
 			check(x,
-			      x->b[0]->cache_len(x->b[0], cc[0], 0) == len &&
-				  x->b[1]->cache_len(x->b[1], cc[1], 0) == len,
+			      sfw_be_cache_len(x->b[0], cc[0], 0) == len &&
+				  sfw_be_cache_len(x->b[1], cc[1], 0) == len,
 			      "cache_len %lld after call %d", (long long)len, j);
 			pair_free(x, &q), pair_free(x, &o), free(hq);
 		}
@@ -940,12 +940,12 @@ static void t_sparse(struct run *x)
 		len += T;
 		for (int i = 0; i < 2; i++) {
 			struct sfw_err err = {0};
-			check(x, x->b[i]->compress(x->b[i], cc[i], 0, &err) == SFW_OK, "compress on %s: %s",
+			check(x, sfw_be_compress(x->b[i], cc[i], 0, &err) == SFW_OK, "compress on %s: %s",
 			      x->b[i]->name, err.msg);
 		}
 		int64_t n2[2][2];
 		for (int i = 0; i < 2; i++)
-			x->b[i]->cache_ncompressed(x->b[i], cc[i], 0, n2[i]);
+			sfw_be_cache_ncompressed(x->b[i], cc[i], 0, n2[i]);
 		check(x,
 		      n2[0][0] == nchunks(len, 32, 16) && n2[0][1] == nchunks(len, 128, 64) &&
 			  n2[1][0] == n2[0][0] && n2[1][1] == n2[0][1],
@@ -966,10 +966,10 @@ static void t_sparse(struct run *x)
 			idx[i] = need(malloc(ni * 4));
 			pl[i] = need(malloc((size_t)d.nkv * sp.nblocks * 4));
 			check(x,
-			      b->sparse_select(b, idev[i], q.d[i], cc[i], 0, c->nh, &sp, pl[i], &err) ==
+			      sfw_be_sparse_select(b, idev[i], q.d[i], cc[i], 0, c->nh, &sp, pl[i], &err) ==
 				  SFW_OK,
 			      "sparse_select on %s: %s", b->name, err.msg);
-			b->to_host(b, idx[i], idev[i], ni * 4);
+			sfw_be_to_host(b, idx[i], idev[i], ni * 4);
 		}
 		/* agreement per (KV head, row) as multisets: the k slots hold the
 		 * chosen blocks in ascending order, then -1s, so one block swapped
@@ -999,9 +999,9 @@ static void t_sparse(struct run *x)
 		 * the pooled scores, whose tolerance is checked just above) */
 		check(x, x->o->exact ? same == ni : same * 10 >= ni * 9,
 		      "call %d: %zu of %zu selected blocks agree", j, same, ni);
-		x->b[0]->from_host(x->b[0], idev[0], idx[1], ni * 4);
+		sfw_be_from_host(x->b[0], idev[0], idx[1], ni * 4);
 		for (int i = 0; i < 2; i++)
-			x->b[i]->attn_sparse(x->b[i], o.d[i], q.d[i], cc[i], 0, idev[i], c->nh, &sp);
+			sfw_be_attn_sparse(x->b[i], o.d[i], q.d[i], cc[i], 0, idev[i], c->nh, &sp);
 		snprintf(what, sizeof(what), "call %d (%d rows): attn_sparse over the reference's blocks", j,
 			 T);
 		pair_cmp(x, what, &o, nq);
@@ -1035,7 +1035,7 @@ static void gla_calls(struct run *x, struct sfw_bcache *cc[2], const int *calls,
 		struct pair q = pair_act(x, hq, n), k = pair_act(x, hk, n), v = pair_act(x, hv, n),
 			    o = pair_poisoned(x, n);
 		for (int i = 0; i < 2; i++)
-			x->b[i]->gla(x->b[i], o.d[i], q.d[i], k.d[i], v.d[i], cc[i], 1, dec.d[i], T, c->nh,
+			sfw_be_gla(x->b[i], o.d[i], q.d[i], k.d[i], v.d[i], cc[i], 1, dec.d[i], T, c->nh,
 				     c->hd, 1.0f / sqrtf((float)c->hd));
 		char what[80];
 		snprintf(what, sizeof(what), "%scall %d (%d rows, %s)", tag, j, T,
@@ -1091,7 +1091,7 @@ static void t_seqs(struct run *x)
 			append(x, cc[i], (int)len[i], &d);
 			for (int b = 0; b < 2; b++) {
 				struct sfw_err err = {0};
-				check(x, x->b[b]->compress(x->b[b], cc[i][b], 0, &err) == SFW_OK, "compress: %s",
+				check(x, sfw_be_compress(x->b[b], cc[i][b], 0, &err) == SFW_OK, "compress: %s",
 				      err.msg);
 			}
 			int g = (int)(len[i] % 97 + 1);
@@ -1124,13 +1124,13 @@ static void t_seqs(struct run *x)
 		for (int b = 0; b < 2; b++) {
 			struct sfw_backend *be = x->b[b];
 			struct sfw_err err = {0};
-			be->kv_append_seqs(be, bs[b], ns, 0, k.d[b], v.d[b], nkv * hd);
-			check(x, be->compress_seqs(be, bs[b], ns, 0, &err) == SFW_OK, "compress_seqs on %s: %s",
+			sfw_be_kv_append_seqs(be, bs[b], ns, 0, k.d[b], v.d[b], nkv * hd);
+			check(x, sfw_be_compress_seqs(be, bs[b], ns, 0, &err) == SFW_OK, "compress_seqs on %s: %s",
 			      be->name, err.msg);
-			be->attn_dense_seqs(be, o.d[b], q.d[b], bs[b], ns, 0, nh, hd, scale);
-			be->qk_norm_rope_seqs(be, q2.d[b], k2.d[b], &qw.w[b], &kw.w[b], bs[b], ns, nh, nh, hd, 1e-6f,
+			sfw_be_attn_dense_seqs(be, o.d[b], q.d[b], bs[b], ns, 0, nh, hd, scale);
+			sfw_be_qk_norm_rope_seqs(be, q2.d[b], k2.d[b], &qw.w[b], &kw.w[b], bs[b], ns, nh, nh, hd, 1e-6f,
 					      c->N, 10000.0f);
-			be->gla_seqs(be, o2.d[b], q2.d[b], k2.d[b], v2.d[b], bs[b], ns, 1, dec.d[b], nh, hd, scale);
+			sfw_be_gla_seqs(be, o2.d[b], q2.d[b], k2.d[b], v2.d[b], bs[b], ns, 1, dec.d[b], nh, hd, scale);
 		}
 		char what[96];
 		snprintf(what, sizeof(what), "step %d (%d rows): attn_dense_seqs", st, rows);
@@ -1145,9 +1145,9 @@ static void t_seqs(struct run *x)
 			len[i] += bs[0][i].R;
 			int64_t n2[2][2];
 			for (int b = 0; b < 2; b++)
-				x->b[b]->cache_ncompressed(x->b[b], cc[i][b], 0, n2[b]);
-			int good = x->b[0]->cache_len(x->b[0], cc[i][0], 0) == len[i] &&
-				   x->b[1]->cache_len(x->b[1], cc[i][1], 0) == len[i] &&
+				sfw_be_cache_ncompressed(x->b[b], cc[i][b], 0, n2[b]);
+			int good = sfw_be_cache_len(x->b[0], cc[i][0], 0) == len[i] &&
+				   sfw_be_cache_len(x->b[1], cc[i][1], 0) == len[i] &&
 				   n2[0][0] == nchunks(len[i], 32, 16) && n2[0][1] == nchunks(len[i], 128, 64) &&
 				   n2[1][0] == n2[0][0] && n2[1][1] == n2[0][1];
 			if (!good || i == ns - 1)
@@ -1173,25 +1173,25 @@ static void t_cache(struct run *x)
 	struct sfw_bcache *cc[2];
 	if (caches_new(x, &d, cc) != 0)
 		return caches_free(x, cc);
-	check(x, x->b[0]->cache_len(x->b[0], cc[0], 0) == 0, "a new cache is empty");
+	check(x, sfw_be_cache_len(x->b[0], cc[0], 0) == 0, "a new cache is empty");
 	static const int warm[2] = {70, 3};
 	if (reserve(x, cc, 1) == 0 && reserve(x, cc, 70) == 0) { /* grows 64 -> 128 */
 		append(x, cc, 70, &d);
 		for (int i = 0; i < 2; i++) {
 			struct sfw_err err = {0};
-			check(x, x->b[i]->compress(x->b[i], cc[i], 0, &err) == SFW_OK, "compress: %s",
+			check(x, sfw_be_compress(x->b[i], cc[i], 0, &err) == SFW_OK, "compress: %s",
 			      err.msg);
 		}
 		int64_t n[2];
-		x->b[0]->cache_ncompressed(x->b[0], cc[0], 0, n);
-		check(x, x->b[0]->cache_len(x->b[0], cc[0], 0) == 70 && n[0] == 3 && n[1] == 0,
+		sfw_be_cache_ncompressed(x->b[0], cc[0], 0, n);
+		check(x, sfw_be_cache_len(x->b[0], cc[0], 0) == 70 && n[0] == 3 && n[1] == 0,
 		      "70 tokens: len %lld, compressed (%lld, %lld), want (3, 0)",
-		      (long long)x->b[0]->cache_len(x->b[0], cc[0], 0), (long long)n[0], (long long)n[1]);
+		      (long long)sfw_be_cache_len(x->b[0], cc[0], 0), (long long)n[0], (long long)n[1]);
 		gla_calls(x, cc, warm, 2, "before reset: ");
 		for (int i = 0; i < 2; i++)
 			x->b[i]->cache_reset(x->b[i], cc[i]);
-		x->b[0]->cache_ncompressed(x->b[0], cc[0], 0, n);
-		check(x, x->b[0]->cache_len(x->b[0], cc[0], 0) == 0 && n[0] == 0 && n[1] == 0,
+		sfw_be_cache_ncompressed(x->b[0], cc[0], 0, n);
+		check(x, sfw_be_cache_len(x->b[0], cc[0], 0) == 0 && n[0] == 0 && n[1] == 0,
 		      "reset: empty");
 		/* after the reset: backend 0's reset cache against a fresh reference cache */
 		struct sfw_bcache *fresh[2] = {cc[0], NULL};
@@ -1204,7 +1204,7 @@ static void t_cache(struct run *x)
 		}
 		if (reserve(x, cc, 64) == 0) { /* and it takes tokens again */
 			append(x, cc, 64, &d);
-			check(x, x->b[0]->cache_len(x->b[0], cc[0], 0) == 64, "64 tokens after the reset");
+			check(x, sfw_be_cache_len(x->b[0], cc[0], 0) == 64, "64 tokens after the reset");
 		}
 	}
 	caches_free(x, cc);
@@ -1218,7 +1218,7 @@ static void t_pool(struct run *x)
 {
 	const struct bo_case *c = x->c;
 	struct sfw_backend *be = x->b[0], *ref = x->b[1];
-	if (!be->supports(be, SFW_BOP_POOL, SFW_DTYPE_F32))
+	if (!be->supports_op(be, SFW_OP_POOL, SFW_DTYPE_F32))
 		return skip(x, "no paged KV pool on this backend");
 	struct sfw_cache_desc d;
 	desc_of(c, &d);
@@ -1251,7 +1251,7 @@ static void t_pool(struct run *x)
 		check(x, be->cache_reserve(be, B, 65, &err) == SFW_E_NOSPACE && be->pool_used(be, pool) == 3,
 		      "the full pool refuses a fourth block");
 		be->cache_reset(be, B);
-		check(x, be->pool_used(be, pool) == 2 && be->cache_len(be, B, 0) == 0,
+		check(x, be->pool_used(be, pool) == 2 && sfw_be_cache_len(be, B, 0) == 0,
 		      "a reset gives the block back");
 		s = ref->cache_reserve(ref, cc[1], 100, &err);
 		check(x, s == SFW_OK, "reference reserve: %s", err.msg);
@@ -1262,7 +1262,7 @@ static void t_pool(struct run *x)
 			float *hq = bo_rand_act(n, 1.0f, &x->rng);
 			struct pair q = pair_act(x, hq, n), o = pair_poisoned(x, n);
 			for (int i = 0; i < 2; i++)
-				x->b[i]->attn_dense(x->b[i], o.d[i], q.d[i], cc[i], 0, 5, c->nh,
+				sfw_be_attn_dense(x->b[i], o.d[i], q.d[i], cc[i], 0, 5, c->nh,
 						    1.0f / sqrtf((float)c->hd));
 			pair_cmp(x, "attn_dense over a paged cache", &o, n);
 			pair_free(x, &q), pair_free(x, &o), free(hq);
@@ -1352,11 +1352,8 @@ void bo_run(struct sfw_backend *be, struct sfw_backend *ref, const struct bo_opt
 			t_seqs(&x);
 			break;
 		}
-		if (be->take_failure) {
-			struct sfw_err err = {0};
-			check(&x, be->take_failure(be, &err) == SFW_OK, "no op failure reported: %s",
-			      err.msg);
-		}
+		struct sfw_err ferr = {0};
+		check(&x, sfwi_take_failure(be, &ferr) == SFW_OK, "no op failure reported: %s", ferr.msg);
 		if (r->skipped != skipped0)
 			continue;
 		if (x.fail)

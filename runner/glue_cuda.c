@@ -1,0 +1,560 @@
+/* glue_cuda.c - the CUDA backend's ops (runner/backend_cuda.h): each member
+ * of struct sfw_backend onto its kernels (kernels/ops_cuda.h), bf16
+ * activations, on the backend's one stream. */
+#include "runner/backend_cuda.h"
+#include "alloc.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void cu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
+		     float scale)
+{
+	IMPL(be)->prof_decode = T <= SFW_CUDA_SEQS_MAX; /* a decode step: one row, or one per sequence */
+	PROF(P_EMBED, sfw_op_embed_cuda(x, E->dev, E->dtype, ids, T, (int)E->cols, scale, SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows, int n,
+		       float eps)
+{
+	PROF(P_RMSNORM, sfw_op_rmsnorm_cuda(y, x, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t n, float scale)
+{
+	PROF(P_ADD, sfw_op_add_scaled_cuda(x, b, n, scale, SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
+			   const struct sfw_bweight *w, int rows, int n, float eps)
+{
+	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
+			    const void *z, int rows, int n, float eps)
+{
+	PROF(P_NORMGATE, sfw_op_rmsnorm_gate_cuda(y, x, w->dev, w->dtype, z, rows, n, eps, SFW_DTYPE_BF16, S(be)));
+}
+
+/* One kernel when both norms are there (the position from the device while
+ * recording); else the four calls. */
+static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+			    const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
+			    int64_t pos0, float theta)
+{
+	struct cu_be *b = IMPL(be);
+	if (!qw || !kw) {
+		sfwi_compose_qk_norm_rope(be, q, k, qw, kw, T, nhq, nhk, hd, eps, rope, pos0, theta);
+		return;
+	}
+	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta};
+	PROF(P_QKNORM, sfw_cuda_qk_norm_rope_devpos(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sh,
+						    b->rec ? b->rec_pos : NULL, SFW_DTYPE_BF16, S(be)));
+}
+
+static int cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
+		     const struct sfw_op_sample_params *const *p, const double *u)
+{
+	PROF(P_SAMPLE, sfw_cuda_sample_rows(out, logits, V, n, p, u, S(be)));
+	return 1;
+}
+
+static void cu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
+{
+	PROF(P_SILU, sfw_op_silu_mul_cuda(y, g, u, n, SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const void *g, size_t n)
+{
+	PROF(P_SIGMOID, sfw_op_sigmoid_mul_cuda(y, x, g, n, SFW_DTYPE_BF16, S(be)));
+}
+
+/* While recording, the position comes from the device (the replayed step's). */
+static void cu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta)
+{
+	struct cu_be *b = IMPL(be);
+	if (b->rec)
+		PROF(P_ROPE, sfw_cuda_rope_neox_devpos(x, T, nh, hd, b->rec_pos, theta, S(be)));
+	else
+		PROF(P_ROPE, sfw_op_rope_neox_cuda(x, T, nh, hd, pos0, theta, SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
+{
+	if (w->dtype == SFW_DTYPE_W8)
+		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
+		     sfw_op_matmul_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M, (int)w->rows,
+					   (int)w->cols, SFW_DTYPE_BF16, S(be)));
+	else
+		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
+		     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_DTYPE_BF16, S(be)));
+}
+
+/* One row over a merged group: one GEMV over the merged matrix
+ * (docs/performance.md §5.7), whose output row is the parts' side by side. */
+static void cu_matmul_group(struct sfw_backend *be, void *y, const void *x, const struct sfw_bgroup *g, int M)
+{
+	if (M == 1 && g->merged.rows)
+		cu_matmul(be, y, x, &g->merged, 1);
+	else
+		sfwi_compose_matmul_group(be, y, x, g, M);
+}
+
+/* One row over a merged gate|up: int8 weights take a GEMV with the SwiGLU
+ * in its epilogue (one launch less per layer, bit-equal to the GEMV and
+ * silu_mul it replaces); bf16 one GEMV, then silu_mul. */
+static void cu_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu, int M)
+{
+	const struct sfw_bweight *w = &gu->merged;
+	int N = (int)gu->part[0]->rows;
+	if (M != 1 || !w->rows) {
+		sfwi_compose_swiglu(be, y, tmp, x, gu, M);
+		return;
+	}
+	int done = 0;
+	if (w->dtype == SFW_DTYPE_W8 && w->rows == (int64_t)2 * N)
+		PROF(P_MATMUL_DEC, done = sfw_op_matmul_silu_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype,
+								     w->group, N, (int)w->cols, S(be)));
+	if (!done) {
+		cu_matmul(be, tmp, x, w, 1);
+		cu_silu_mul(be, y, tmp, (char *)tmp + (size_t)N * 2, (size_t)N);
+	}
+}
+
+static void cu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
+		      float in_scale)
+{
+	if (w->dtype == SFW_DTYPE_W8)
+		PROF(P_LOGITS, sfw_op_logits_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M,
+						     (int)w->rows, (int)w->cols, in_scale, SFW_DTYPE_BF16, S(be)));
+	else
+		PROF(P_LOGITS, sfw_op_logits_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, in_scale,
+						  SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v, int T)
+{
+	struct cu_layer *l = &c->L[layer];
+	size_t row = (size_t)c->d.nkv * c->d.hd * 2;
+	if (IMPL(be)->rec) { /* at row *rec_pos; sfwi_cu_cache_advance moves len after the replay */
+		SFW_ASSERT(l->sparse && T == 1);
+		sfw_cuda_kv_append_devpos(l->k, l->v, &c->pg, k, v, row, IMPL(be)->rec_pos, S(be));
+		return;
+	}
+	SFW_ASSERT(l->sparse && l->len + T <= l->cap);
+	PROF(P_KV, sfw_cuda_kv_write_pg(l->k, l->v, &c->pg, k, v, row, l->len, T, S(be)));
+	l->len += T;
+}
+
+static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
+			  int nh, float scale)
+{
+	struct cu_layer *l = &c->L[layer];
+	if (IMPL(be)->rec) {
+		SFW_ASSERT(T == 1);
+		sfw_cuda_attn_dense_devpos(o, q, l->k, l->v, &c->pg, nh, c->d.nkv, c->d.hd, IMPL(be)->rec_bound, scale,
+					   IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
+		return;
+	}
+	PROF(P_DENSE, sfw_cuda_attn_dense_pg(o, q, l->k, l->v, &c->pg, T, nh, c->d.nkv, c->d.hd, l->len - T, scale,
+					     SFW_DTYPE_BF16, S(be)));
+}
+
+static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c, int layer, struct sfw_err *err)
+{
+	(void)err;
+	struct cu_layer *l = &c->L[layer];
+	const struct sfw_cache_desc *d = &c->d;
+	if (IMPL(be)->rec) { /* the chunks the step's token completes */
+		sfw_cuda_compress_devpos(l->c1, l->c2, l->k, &c->pg, d->nkv, d->hd, d->ksize, d->stride,
+					 IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
+		return SFW_OK;
+	}
+	int64_t t1 = sfwi_cu_nchunks(l->len, d->ksize, d->stride), t2 = sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
+	sfwi_cu_prof_begin(be);
+	if (t1 > l->n1)
+		sfw_cuda_compress_pg(l->c1, l->k, &c->pg, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_DTYPE_BF16,
+				     S(be));
+	if (t2 > l->n2)
+		sfw_cuda_compress_pg(l->c2, l->k, &c->pg, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride,
+				     SFW_DTYPE_BF16, S(be));
+	sfwi_cu_prof_end(be, P_COMPRESS);
+	l->n1 = t1 > l->n1 ? t1 : l->n1;
+	l->n2 = t2 > l->n2 ? t2 : l->n2;
+	return SFW_OK;
+}
+
+/* Where a recorded step's selection ops read c's position: the
+ * one-sequence recording's rec_pos, or c's entry of a many-sequence
+ * recording's step table; NULL when nothing records. */
+static const int64_t *rec_dpos(struct sfw_backend *be, const struct sfw_bcache *c)
+{
+	struct cu_be *b = IMPL(be);
+	if (b->rec)
+		return b->rec_pos;
+	if (!b->rec_seqs)
+		return NULL;
+	for (int i = 0; i < b->rec_n; i++)
+		if (b->rec_caches[i] == c)
+			return &b->rec_tab->pos[i];
+	SFW_ASSERT(!"a recorded step's sequence");
+	return NULL;
+}
+
+static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, const void *q, struct sfw_bcache *c,
+					int layer, int nh, const struct sfw_sparse_params *sp, float *pooled_last,
+					struct sfw_err *err)
+{
+	struct cu_layer *l = &c->L[layer];
+	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
+	const int64_t *dpos = rec_dpos(be, c);
+	if (dpos) { /* one row at *dpos, lengths up to rec_bound */
+		struct cu_be *b = IMPL(be);
+		size_t sc, po;
+		SFW_ASSERT(sp->T == 1);
+		enum sfw_status s = sfwi_cu_sel_room(be, sfwi_cu_sel_plan_row(&c->d, b->rec_bound, k, &sc, &po), err);
+		if (s != SFW_OK)
+			return s;
+		float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
+		sfw_cuda_stage1_devpos(scores, q, l->c1, l->c2, nh, nkv, hd, b->rec_bound, sp->ksize, sp->stride, sp->scale,
+				       dpos, SFW_DTYPE_BF16, S(be));
+		/* up to 4096 blocks (256K tokens) top-k holds the blocks in
+		 * registers and pools them itself: one launch less */
+		if ((b->rec_bound + sp->block - 1) / sp->block <= 4096) {
+			sfw_cuda_pool_topk_devpos(idx, scores, nkv, k, sp->block, sp->ksize, sp->stride, sp->init_blocks,
+						  sp->local_blocks, dpos, S(be));
+		} else {
+			sfw_cuda_pool_blocks_devpos(pooled, scores, nkv, b->rec_bound, sp->ksize, sp->stride, sp->block,
+						    sp->init_blocks, sp->local_blocks, dpos, S(be));
+			sfw_cuda_topk_blocks_devpos(idx, pooled, nkv, k, sp->block, dpos, S(be));
+		}
+		(void)pooled_last; /* no taps while recording */
+		return SFW_OK;
+	}
+	int64_t n1 = l->n1, nb = sp->nblocks;
+	/* rows per batch: scores [nkv, rb, n1] + pooled [nkv, rb, nb] within select_bytes() */
+	size_t per_row = (size_t)nkv * ((size_t)(n1 ? n1 : 1) + (size_t)nb + (size_t)k) * 4;
+	int rb = (int)(IMPL(be)->select_bytes / per_row);
+	if (rb < 1)
+		rb = 1;
+	if (rb > sp->T)
+		rb = sp->T;
+	size_t sc_bytes = sfw_cuda_arena_round((size_t)nkv * rb * (size_t)(n1 ? n1 : 1) * 4);
+	size_t po_bytes = sfw_cuda_arena_round((size_t)nkv * rb * (size_t)nb * 4);
+	size_t tk_bytes = (size_t)nkv * rb * k * 4;
+	enum sfw_status s = sfwi_cu_sel_room(be, sc_bytes + po_bytes + tk_bytes, err);
+	if (s != SFW_OK)
+		return s;
+	float *scores = IMPL(be)->sel;
+	float *pooled = (float *)((char *)IMPL(be)->sel + sc_bytes);
+	int32_t *tk = (int32_t *)((char *)IMPL(be)->sel + sc_bytes + po_bytes);
+	size_t qrow = (size_t)nh * hd * 2;
+	sfwi_cu_prof_begin(be);
+	for (int r0 = 0; r0 < sp->T; r0 += rb) {
+		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
+		int64_t p0 = sp->pos0 + r0;
+		int32_t *dst = n == sp->T ? idx : tk;
+		struct sfw_sel_shape sh = {n,	      nh,	  nkv,		     hd,	       p0,	      sp->ksize,
+					   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
+		if (n1 > 0)
+			sfw_op_stage1_cuda(scores, (const char *)q + (size_t)r0 * qrow, l->c1, n1, l->c2, l->n2, &sh,
+					   SFW_DTYPE_BF16, S(be));
+		sfw_op_pool_blocks_cuda(pooled, scores, n1, nb, &sh, SFW_DTYPE_BF16, S(be));
+		sfw_op_topk_blocks_cuda(dst, pooled, nb, nkv, n, p0, k, sp->block, SFW_DTYPE_BF16, S(be));
+		if (dst != idx)
+			for (int g = 0; g < nkv; g++)
+				sfw_cuda_d2d(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k,
+					     (size_t)n * k * sizeof(int32_t), IMPL(be)->stream);
+		if (pooled_last && r0 + n == sp->T) {
+			for (int g = 0; g < nkv; g++)
+				sfw_cuda_d2h(pooled_last + (size_t)g * nb, pooled + ((size_t)g * n + (n - 1)) * nb,
+					     (size_t)nb * sizeof(float), IMPL(be)->stream);
+			sfw_cuda_sync(IMPL(be)->stream);
+		}
+	}
+	sfwi_cu_prof_end(be, P_SELECT);
+	return SFW_OK;
+}
+
+static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
+			   const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
+{
+	struct cu_layer *l = &c->L[layer];
+	const int64_t *dpos = rec_dpos(be, c);
+	if (dpos) {
+		SFW_ASSERT(sp->T == 1);
+		sfw_cuda_attn_sparse_devpos(o, q, l->k, l->v, &c->pg, idx, nh, c->d.nkv, c->d.hd, sp->k, sp->block,
+					    sp->scale, dpos, SFW_DTYPE_BF16, S(be));
+		return;
+	}
+	PROF(P_SPARSE, sfw_cuda_attn_sparse_pg(o, q, l->k, l->v, &c->pg, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0,
+					       sp->k, sp->block, sp->scale, SFW_DTYPE_BF16, S(be)));
+}
+
+static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
+		   int layer, const float *decay, int T, int nh, int hd, float scale)
+{
+	float *st = c->L[layer].state;
+	if (T >= 64)
+		PROF(P_GLA_CHUNK, sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, T, nh, hd, scale, 64, SFW_DTYPE_BF16, S(be)));
+	else
+		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
+}
+
+/* ---- a batched decode step's per-sequence ops (backend.h *_seqs) ----
+ * The sequences with one row (decode rows) in one launch (kernels/ops_cuda.h,
+ * struct sfw_cuda_seqs), when there are at least two of them; the others
+ * (prefill chunks of a mixed step), and every sequence while recording a
+ * step, one by one (runner/backend_compose.c). */
+struct seqs_split {
+	struct sfw_cuda_seqs t;           /* the ones one launch serves */
+	const struct sfw_bseq *one[SFW_CUDA_SEQS_MAX];
+	struct sfw_bseq rest[SFW_BSEQ_MAX]; /* the others */
+	int nrest;
+};
+
+/* Splits s[0..ns): returns how many one launch serves (0: none, and then
+ * rest is all of s); ok(i) may hold a decode row back. */
+static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, struct seqs_split *sp,
+		      int (*ok)(const struct sfw_bseq *q, int layer), int layer)
+{
+	struct cu_be *b = IMPL(be);
+	int n = 0;
+	sp->nrest = 0;
+	sp->t.shift = 0;
+	sp->t.layer = layer;
+	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
+	if (b->rec_seqs) {
+		/* recording many sequences (cu_step_seqs made sure each of these
+		 * qualifies): the bucket's rows, their sequences read from rec_tab
+		 * when the replay runs; pos[] only bounds the launch */
+		sp->t.st = b->rec_tab, sp->t.sp = b->rec_ptr;
+		sp->t.n = b->rec_rows;
+		for (int i = 0; i < b->rec_rows; i++)
+			sp->t.pos[i] = b->rec_bound - 1;
+		return b->rec_rows;
+	}
+	sp->t.st = NULL;
+	for (int i = 0; i < ns; i++) {
+		if (!b->rec && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer))) {
+			const struct sfw_bcache *c = s[i].cache;
+			sp->one[n] = &s[i];
+			sp->t.pos[n] = s[i].pos0;
+			sp->t.row[n] = s[i].row0;
+			sp->t.tab[n] = c->pg.tab; /* one pool per batch: one shift */
+			if (c->pg.tab) {
+				SFW_ASSERT(sp->t.shift == 0 || sp->t.shift == c->pg.shift);
+				sp->t.shift = c->pg.shift;
+			}
+			n++;
+		} else {
+			sp->rest[sp->nrest++] = s[i];
+		}
+	}
+	if (n < 2) { /* one row alone takes the single-sequence ops */
+		sp->nrest = ns;
+		memcpy(sp->rest, s, (size_t)ns * sizeof(*s));
+		return 0;
+	}
+	sp->t.n = n;
+	return n;
+}
+
+static void cu_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
+				 const struct sfw_bweight *kw, const struct sfw_bseq *s, int ns, int nhq, int nhk, int hd,
+				 float eps, int rope, float theta)
+{
+	struct seqs_split sp;
+	if (qw && kw && seqs_split(be, s, ns, &sp, NULL, 0)) {
+		PROF(P_QKNORM, sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sp.t, nhq, nhk, hd,
+							  eps, rope, theta, SFW_DTYPE_BF16, S(be)));
+	} else {
+		sp.nrest = ns, memcpy(sp.rest, s, (size_t)ns * sizeof(*s));
+		IMPL(be)->rec_fail |= IMPL(be)->rec_seqs; /* the single ops take host positions */
+	}
+	if (sp.nrest)
+		sfwi_compose_qk_norm_rope_seqs(be, q, k, qw, kw, sp.rest, sp.nrest, nhq, nhk, hd, eps, rope, theta);
+}
+
+static void cu_gla_seqs(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
+			const struct sfw_bseq *s, int ns, int layer, const float *decay, int nh, int hd, float scale)
+{
+	struct seqs_split sp;
+	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
+		sp.t.pf[0] = SFW_CUDA_LSTATE;
+		for (int i = 0; !sp.t.st && i < sp.t.n; i++)
+			sp.t.p[0][i] = sp.one[i]->cache->L[layer].state;
+		PROF(P_GLA_REC, sfw_cuda_gla_seqs(o, q, k, v, &sp.t, decay, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
+	}
+	if (sp.nrest)
+		sfwi_compose_gla_seqs(be, o, q, k, v, sp.rest, sp.nrest, layer, decay, nh, hd, scale);
+}
+
+static void cu_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer, const void *k,
+			      const void *v, int kvd)
+{
+	struct seqs_split sp;
+	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
+		sp.t.pf[0] = SFW_CUDA_LK, sp.t.pf[1] = SFW_CUDA_LV;
+		SFW_ASSERT(s[0].cache->d.nkv * s[0].cache->d.hd == kvd);
+		/* recording: sfwi_cu_cache_advance after each replay */
+		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
+			struct cu_layer *l = &sp.one[i]->cache->L[layer];
+			SFW_ASSERT(l->sparse);
+			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
+			SFW_ASSERT(l->len == sp.one[i]->pos0 && l->len + 1 <= l->cap);
+			l->len++;
+		}
+		PROF(P_KV, sfw_cuda_kv_append_seqs(&sp.t, k, v, (size_t)kvd * 2, S(be)));
+	}
+	if (sp.nrest)
+		sfwi_compose_kv_append_seqs(be, sp.rest, sp.nrest, layer, k, v, kvd);
+}
+
+/* One token completes at most one chunk per level, from keys made up to
+ * the token before it (its K appended: len = pos0 + 1). */
+static int compress_current(const struct sfw_bseq *q, int layer)
+{
+	const struct cu_layer *l = &q->cache->L[layer];
+	const struct sfw_cache_desc *d = &q->cache->d;
+	return l->len == q->pos0 + 1 && l->n1 == sfwi_cu_nchunks(l->len - 1, d->ksize, d->stride) &&
+	       l->n2 == sfwi_cu_nchunks(l->len - 1, 4 * d->ksize, 4 * d->stride);
+}
+
+static enum sfw_status cu_compress_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer,
+					struct sfw_err *err)
+{
+	struct seqs_split sp;
+	if (seqs_split(be, s, ns, &sp, compress_current, layer)) {
+		const struct sfw_cache_desc *d = &s[0].cache->d; /* one batch: one shape */
+		sp.t.pf[0] = SFW_CUDA_LC1, sp.t.pf[1] = SFW_CUDA_LC2, sp.t.pf[2] = SFW_CUDA_LK;
+		/* recording: every cache current, with room for rec_bound (bstep_current) */
+		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
+			struct cu_layer *l = &sp.one[i]->cache->L[layer];
+			sp.t.p[0][i] = l->c1, sp.t.p[1][i] = l->c2, sp.t.p[2][i] = l->k;
+			int64_t t1 = sfwi_cu_nchunks(l->len, d->ksize, d->stride), t2 = sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+			SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
+			l->n1 = t1, l->n2 = t2;
+		}
+		PROF(P_COMPRESS, sfw_cuda_compress_seqs(&sp.t, d->nkv, d->hd, d->ksize, d->stride, SFW_DTYPE_BF16, S(be)));
+	}
+	return sp.nrest ? sfwi_compose_compress_seqs(be, sp.rest, sp.nrest, layer, err) : SFW_OK;
+}
+
+static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, const struct sfw_bseq *s, int ns,
+			       int layer, int nh, int hd, float scale)
+{
+	struct seqs_split sp;
+	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
+		/* recording: the rows in selection mode have NULL here (their own ops attend) */
+		sp.t.pf[0] = SFW_CUDA_LAK, sp.t.pf[1] = SFW_CUDA_LAV;
+		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
+			const struct cu_layer *l = &sp.one[i]->cache->L[layer];
+			SFW_ASSERT(l->len == sp.one[i]->pos0 + 1);
+			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
+		}
+		PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &sp.t, nh, s[0].cache->d.nkv, hd, scale, SFW_DTYPE_BF16,
+						       S(be)));
+	}
+	if (sp.nrest)
+		sfwi_compose_attn_dense_seqs(be, o, q, sp.rest, sp.nrest, layer, nh, hd, scale);
+}
+
+static enum sfw_status cu_op(struct sfw_backend *be, const struct sfw_op *o, struct sfw_err *err)
+{
+	switch (o->kind) {
+	case SFW_OP_EMBED:
+		cu_embed(be, o->embed.x, o->embed.E, o->embed.ids, o->embed.T, o->embed.scale);
+		break;
+	case SFW_OP_RMSNORM:
+		cu_rmsnorm(be, o->norm.y, o->norm.x, o->norm.w, o->norm.rows, o->norm.n, o->norm.eps);
+		break;
+	case SFW_OP_ADD_RMSNORM:
+		cu_add_rmsnorm(be, o->norm.y, o->norm.x, o->norm.b, o->norm.scale, o->norm.w, o->norm.rows, o->norm.n,
+			       o->norm.eps);
+		break;
+	case SFW_OP_RMSNORM_GATE:
+		cu_rmsnorm_gate(be, o->norm.y, o->norm.x, o->norm.w, o->norm.z, o->norm.rows, o->norm.n, o->norm.eps);
+		break;
+	case SFW_OP_ADD_SCALED:
+		cu_add_scaled(be, o->ew.y, o->ew.b, o->ew.n, o->ew.scale);
+		break;
+	case SFW_OP_SILU_MUL:
+		cu_silu_mul(be, o->ew.y, o->ew.a, o->ew.b, o->ew.n);
+		break;
+	case SFW_OP_SIGMOID_MUL:
+		cu_sigmoid_mul(be, o->ew.y, o->ew.a, o->ew.b, o->ew.n);
+		break;
+	case SFW_OP_ROPE:
+		cu_rope(be, o->rope.x, o->rope.T, o->rope.nh, o->rope.hd, o->rope.pos0, o->rope.theta);
+		break;
+	case SFW_OP_MATMUL:
+		cu_matmul(be, o->mm.y, o->mm.x, o->mm.w, o->mm.M);
+		break;
+	case SFW_OP_MATMUL_GROUP:
+		cu_matmul_group(be, o->mm.y, o->mm.x, o->mm.g, o->mm.M);
+		break;
+	case SFW_OP_SWIGLU:
+		cu_swiglu(be, o->mm.y, o->mm.tmp, o->mm.x, o->mm.g, o->mm.M);
+		break;
+	case SFW_OP_LOGITS:
+		cu_logits(be, o->mm.y, o->mm.x, o->mm.w, o->mm.M, o->mm.scale);
+		break;
+	case SFW_OP_QK_NORM_ROPE:
+		cu_qk_norm_rope(be, o->qk.q, o->qk.k, o->qk.qw, o->qk.kw, o->qk.T, o->qk.nhq, o->qk.nhk, o->qk.hd,
+				o->qk.eps, o->qk.rope, o->qk.pos0, o->qk.theta);
+		break;
+	case SFW_OP_KV_APPEND:
+		cu_kv_append(be, o->cache.c, o->cache.layer, o->cache.k, o->cache.v, o->cache.T);
+		break;
+	case SFW_OP_ATTN_DENSE:
+		cu_attn_dense(be, o->cache.o, o->cache.q, o->cache.c, o->cache.layer, o->cache.T, o->cache.nh,
+			      o->cache.scale);
+		break;
+	case SFW_OP_COMPRESS:
+		return cu_compress(be, o->cache.c, o->cache.layer, err);
+	case SFW_OP_SPARSE_SELECT:
+		return cu_sparse_select(be, o->cache.idx, o->cache.q, o->cache.c, o->cache.layer, o->cache.nh,
+					o->cache.sp, o->cache.pooled_last, err);
+	case SFW_OP_ATTN_SPARSE:
+		cu_attn_sparse(be, o->cache.o, o->cache.q, o->cache.c, o->cache.layer, o->cache.idx, o->cache.nh,
+			       o->cache.sp);
+		break;
+	case SFW_OP_GLA:
+		cu_gla(be, o->cache.o, o->cache.q, o->cache.k, o->cache.v, o->cache.c, o->cache.layer, o->cache.decay,
+		       o->cache.T, o->cache.nh, o->cache.hd, o->cache.scale);
+		break;
+	case SFW_OP_QK_NORM_ROPE_SEQS:
+		cu_qk_norm_rope_seqs(be, o->qk.q, o->qk.k, o->qk.qw, o->qk.kw, o->qk.s, o->qk.ns, o->qk.nhq, o->qk.nhk,
+				     o->qk.hd, o->qk.eps, o->qk.rope, o->qk.theta);
+		break;
+	case SFW_OP_GLA_SEQS:
+		cu_gla_seqs(be, o->seqs.o, o->seqs.q, o->seqs.k, o->seqs.v, o->seqs.s, o->seqs.ns, o->seqs.layer,
+			    o->seqs.decay, o->seqs.nh, o->seqs.hd, o->seqs.scale);
+		break;
+	case SFW_OP_KV_APPEND_SEQS:
+		cu_kv_append_seqs(be, o->seqs.s, o->seqs.ns, o->seqs.layer, o->seqs.k, o->seqs.v, o->seqs.kvd);
+		break;
+	case SFW_OP_COMPRESS_SEQS:
+		return cu_compress_seqs(be, o->seqs.s, o->seqs.ns, o->seqs.layer, err);
+	case SFW_OP_ATTN_DENSE_SEQS:
+		cu_attn_dense_seqs(be, o->seqs.o, o->seqs.q, o->seqs.s, o->seqs.ns, o->seqs.layer, o->seqs.nh, o->seqs.hd,
+				   o->seqs.scale);
+		break;
+	case SFW_OP_SAMPLE:
+		cu_sample(be, o->sample.out, o->sample.logits, o->sample.V, o->sample.n, o->sample.p, o->sample.u);
+		break;
+	default:
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "the cuda backend has no op %d", (int)o->kind);
+	}
+	return SFW_OK;
+}
+
+void sfwi_cu_ops(struct sfw_backend *be)
+{
+	be->op = cu_op;
+}
