@@ -451,6 +451,10 @@ extern "C" enum sfw_status sfw_cuda_ctx_new(void *stream, struct sfw_cuda_ctx **
 	enum sfw_status s = sfw_cuda_blas_new(&cx->blas, (size_t)32 << 20, err);
 	if (s == SFW_OK)
 		s = sfw_cuda_malloc(&cx->scratch, SFW_CUDA_SCRATCH_MIN, "op scratch", err);
+	if (s == SFW_OK)
+		s = sfw_cuda_malloc(&cx->w8ws, SFW_CUDA_W8WS_BYTES, "int8 GEMM workspace", err);
+	if (s == SFW_OK)
+		sfw_cuda_memset(cx->w8ws, 0, SFW_CUDA_W8WS_BYTES, stream);
 	if (s != SFW_OK) {
 		sfw_cuda_ctx_free(cx);
 		return s;
@@ -471,6 +475,7 @@ extern "C" void sfw_cuda_ctx_free(struct sfw_cuda_ctx *cx)
 		SFW_CUDA_CHECK(cudaStreamSynchronize(SFW_CUDA_STREAM(cx->stream)));
 	sfw_cuda_blas_free(cx->blas);
 	sfw_cuda_free(cx->scratch);
+	sfw_cuda_free(cx->w8ws);
 	free(cx);
 }
 

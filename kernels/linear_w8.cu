@@ -20,6 +20,7 @@
  * multiple of 16, unaligned pointers) run a scalar warp-per-output kernel of
  * the same meaning. */
 #include "cuda_act.cuh"
+#include "kernels/linear_w8_mma.h"
 
 #include <cuda_fp16.h>
 
@@ -504,6 +505,24 @@ static void *w8_scratch(struct sfw_cuda_ctx *cx, int K, size_t *bytes)
 	return sfwi_cuda_scratch(cx, *bytes);
 }
 
+/* Where the tensor-core GEMM (linear_w8_mma.cu) beats both the GEMV and
+ * dequantize + cuBLASLt on an H200 (bench/RESULTS.md, bench_w8gemm): 3 to 32
+ * rows on every shape of the model; 64 rows on gate|up (N >= 2K) and down
+ * (K >= 2N, N wide); the GEMV below 3 rows, the dequantize path above. */
+static int w8mma_rows(int M, int N, int K)
+{
+	return M >= 3 && (M <= 32 || (M <= 64 && (N >= 2 * K || (K >= 2 * N && N >= 1024))));
+}
+
+extern "C" int sfw_op_swiglu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
+				    enum sfw_dtype sdt, int group, int M, int N, int K, struct sfw_cuda_ctx *cx)
+{
+	if (M < 3 || M > 64)
+		return 0;
+	return sfw_cuda_gemm_w8_mma((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 1,
+				    cx->w8ws, SFW_CUDA_W8WS_BYTES, cx->stream);
+}
+
 extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
 				      enum sfw_dtype sdt, int group, int M, int N, int K, enum sfw_dtype act,
 				      struct sfw_cuda_ctx *cx)
@@ -511,6 +530,10 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *cod
 	if (M <= 0 || N <= 0)
 		return;
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
+	if (act == SFW_DTYPE_BF16 && w8mma_rows(M, N, K) &&
+	    sfw_cuda_gemm_w8_mma((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0,
+				 cx->w8ws, SFW_CUDA_W8WS_BYTES, cx->stream))
+		return;
 	if (act == SFW_DTYPE_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
 		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0, 0,
 			    1.0f, s);

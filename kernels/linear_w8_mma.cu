@@ -514,7 +514,10 @@ static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms)
 
 static int w8m_sms(void)
 {
-	return sfwi_cuda_sms();
+	int dev = 0, n = 0;
+	SFW_CUDA_CHECK(cudaGetDevice(&dev));
+	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+	return n;
 }
 
 extern "C" size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu)

@@ -283,6 +283,11 @@ void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const v
  * launched) for shapes it does not take. */
 int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
 			       enum sfw_dtype sdt, int group, int N, int K, struct sfw_cuda_ctx *cx);
+/* The same SwiGLU over M rows, y[M, N], on tensor cores (kernels/linear_w8_mma.h,
+ * fused epilogue), for the row counts where that kernel wins (3 to 64); twin:
+ * sfw_op_matmul_silu_w8_cpu per row. Returns 0 (nothing launched) otherwise. */
+int sfw_op_swiglu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
+			  int group, int M, int N, int K, struct sfw_cuda_ctx *cx);
 /* Logits with an int8 lm_head (third-party checkpoints): y = bf16-rounded
  * in_scale * x . W^T as float, like sfw_op_logits_cuda (act BF16 only). */
 void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,

@@ -319,11 +319,16 @@ size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes);
  * backend's: its recorded steps point into it) aborts when an op needs more
  * (the plan is wrong); any other grows it, outside a graph capture. */
 #define SFW_CUDA_SCRATCH_MIN ((size_t)64 << 20)
+/* The int8 tensor-core GEMM's split-K workspace (kernels/linear_w8_mma.h):
+ * zeroed when made, left zeroed by every call; 16.1 MiB covers the model's
+ * shapes on a 132-SM H200, and a call needing more runs unsplit. */
+#define SFW_CUDA_W8WS_BYTES ((size_t)20 << 20)
 struct sfw_cuda_ctx {
 	void *stream;
 	struct sfw_cuda_blas *blas;
 	void *scratch;
 	size_t scratch_bytes;
+	void *w8ws;        /* SFW_CUDA_W8WS_BYTES, zeroed */
 	int fixed;  /* the scratch never moves */
 	int attn;   /* attention: 0 auto (tensor cores for supported prefill-sized calls), 1 CUDA
 		     * cores only ("simt"), 2 tensor cores for every shape they support ("tc") */

@@ -693,8 +693,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	/* the model runs on a GPU: the search runs there too (awq_cuda.c),
 	 * reading the weights' device copies; the same sums as the CPU's */
 	if (strcmp(m->be->name, "cuda") == 0) {
-		m->be->sync(m->be);
-		if ((s = sfwi_awq_dev_new(&dev, err)) != SFW_OK)
+		if ((s = m->be->sync(m->be, 1, err)) != SFW_OK || (s = sfwi_awq_dev_new(&dev, err)) != SFW_OK)
 			goto done;
 	}
 #endif

@@ -105,16 +105,23 @@ static void cu_matmul_group(struct sfw_backend *be, void *y, const void *x, cons
 
 /* One row over a merged gate|up: int8 weights take a GEMV with the SwiGLU
  * in its epilogue (one launch less per layer, bit-equal to the GEMV and
- * silu_mul it replaces); bf16 one GEMV, then silu_mul. */
+ * silu_mul it replaces); bf16 one GEMV, then silu_mul. 3 to 64 rows of int8
+ * weights: the tensor-core GEMM with the SwiGLU in its epilogue. */
 static void cu_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x, const struct sfw_bgroup *gu, int M)
 {
 	const struct sfw_bweight *w = &gu->merged;
 	int N = (int)gu->part[0]->rows;
+	int done = 0;
+	if (M > 1 && w->rows && w->dtype == SFW_DTYPE_W8 && w->rows == (int64_t)2 * N)
+		PROF(M <= 8 ? P_MATMUL_DEC : P_MATMUL_PRE, done = sfw_op_swiglu_w8_cuda(y, x, w->dev, w->scales_dev,
+									       w->scale_dtype, w->group, M, N,
+									       (int)w->cols, S(be)));
+	if (done)
+		return;
 	if (M != 1 || !w->rows) {
 		sfwi_compose_swiglu(be, y, tmp, x, gu, M);
 		return;
 	}
-	int done = 0;
 	if (w->dtype == SFW_DTYPE_W8 && w->rows == (int64_t)2 * N)
 		PROF(P_MATMUL_DEC, done = sfw_op_matmul_silu_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype,
 								     w->group, N, (int)w->cols, S(be)));
