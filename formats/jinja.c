@@ -1096,6 +1096,166 @@ static void p_targets(struct parser *p, struct node *x)
 	x->nnames = v.n;
 }
 
+/* {% for targets in iterable [if cond] %} body [{% else %} body] {% endfor %} */
+static struct node *p_for(struct parser *p)
+{
+	struct node *x = nnew(p, N_FOR);
+	p_targets(p, x);
+	if (!is_name(p, "in"))
+		perr(p, "'in'");
+	p->i++;
+	/* the iterable: an expression without the conditional form (its "if" filters) */
+	x->a = p_or(p);
+	if (is_op(p, ",")) { /* a tuple literal without parentheses */
+		struct node *t = nnew(p, N_TUPLE);
+		struct vec v = {0};
+		vpush(p->c, &v, x->a);
+		while (is_op(p, ",")) {
+			p->i++;
+			vpush(p->c, &v, p_or(p));
+		}
+		t->v = (struct node **)v.v;
+		t->nv = v.n;
+		x->a = t;
+	}
+	if (is_name(p, "if")) {
+		p->i++;
+		x->d = p_or(p);
+	}
+	if (is_name(p, "recursive"))
+		fail(p->c, SFW_E_UNSUPPORTED, "recursive for loops are not supported");
+	end_tag(p);
+	p->loops++;
+	x->b = p_body(p, END_FOR);
+	p->loops--;
+	p->i++;
+	const char *e = expect_name(p);
+	if (!strcmp(e, "else")) {
+		end_tag(p);
+		static const char *const E[] = {"endfor", NULL};
+		x->c = p_body(p, E);
+		p->i++;
+		expect_name(p);
+	}
+	end_tag(p);
+	return x;
+}
+
+/* {% set name[.attr] = expr %} or {% set name %} body {% endset %} */
+static struct node *p_set(struct parser *p)
+{
+	struct node *x;
+	const char *name = expect_name(p);
+	const char *attr = NULL;
+	if (is_op(p, ".")) {
+		p->i++;
+		attr = expect_name(p);
+	}
+	if (is_op(p, "=")) {
+		p->i++;
+		x = nnew(p, N_SET);
+		x->s = name;
+		x->names = alloc(p->c, sizeof(char *));
+		x->names[0] = attr;
+		x->a = p_expr(p);
+		if (is_op(p, ","))
+			fail(p->c, SFW_E_UNSUPPORTED, "tuple assignment in set is not supported");
+		end_tag(p);
+	} else if (is_op(p, ",")) {
+		fail(p->c, SFW_E_UNSUPPORTED, "tuple assignment in set is not supported");
+	} else {
+		if (attr)
+			perr(p, "'='");
+		x = nnew(p, N_SETBLOCK);
+		x->s = name;
+		if (is_op(p, "|"))
+			fail(p->c, SFW_E_UNSUPPORTED, "filtered block set is not supported");
+		end_tag(p);
+		static const char *const E[] = {"endset", NULL};
+		x->b = p_body(p, E);
+		p->i++;
+		expect_name(p);
+		end_tag(p);
+	}
+	return x;
+}
+
+/* The parameters of a macro or call block after its "(": names with
+ * optional defaults, up to and past the ")". */
+static void p_params(struct parser *p, struct node *x)
+{
+	struct vec nm = {0}, df = {0};
+	while (!is_op(p, ")")) {
+		if (nm.n)
+			expect_op(p, ",");
+		vpush(p->c, &nm, (void *)expect_name(p));
+		struct node *d = NULL;
+		if (is_op(p, "=")) {
+			p->i++;
+			d = p_expr(p);
+		}
+		vpush(p->c, &df, d);
+	}
+	p->i++;
+	x->names = (const char **)nm.v;
+	x->nnames = nm.n;
+	x->kv = (struct node **)df.v;
+}
+
+/* {% macro name(params) %} body {% endmacro [name] %} */
+static struct node *p_macro(struct parser *p)
+{
+	struct node *x = nnew(p, N_MACRO);
+	x->s = expect_name(p);
+	expect_op(p, "(");
+	p_params(p, x);
+	end_tag(p);
+	static const char *const E[] = {"endmacro", NULL};
+	int outer = p->loops;
+	p->loops = 0;
+	x->b = p_body(p, E);
+	p->loops = outer;
+	p->i++;
+	expect_name(p);
+	if (cur(p)->t == T_NAME)
+		p->i++; /* {% endmacro name %} */
+	end_tag(p);
+	return x;
+}
+
+/* {% call[(params)] macro(args) %} body {% endcall %} */
+static struct node *p_callblock(struct parser *p)
+{
+	struct node *x = nnew(p, N_CALLBLOCK);
+	if (is_op(p, "(")) { /* caller parameters */
+		p->i++;
+		p_params(p, x);
+	}
+	x->a = p_expr(p);
+	if (x->a->k != N_CALL)
+		perr(p, "a macro call");
+	end_tag(p);
+	static const char *const E[] = {"endcall", NULL};
+	x->b = p_body(p, E);
+	p->i++;
+	expect_name(p);
+	end_tag(p);
+	return x;
+}
+
+/* {% generation %} body {% endgeneration %}: HF's AssistantTracker; the
+ * body renders as is */
+static struct node *p_generation(struct parser *p)
+{
+	end_tag(p);
+	static const char *const E[] = {"endgeneration", NULL};
+	struct node *x = p_body(p, E);
+	p->i++;
+	expect_name(p);
+	end_tag(p);
+	return x;
+}
+
 static struct node *p_stmt(struct parser *p)
 {
 	struct parser *P = p;
@@ -1107,147 +1267,15 @@ static struct node *p_stmt(struct parser *p)
 	if (!strcmp(kw, "if")) {
 		x = p_if(p);
 	} else if (!strcmp(kw, "for")) {
-		x = nnew(p, N_FOR);
-		p_targets(p, x);
-		if (!is_name(p, "in"))
-			perr(p, "'in'");
-		p->i++;
-		/* the iterable: an expression without the conditional form (its "if" filters) */
-		x->a = p_or(p);
-		if (is_op(p, ",")) { /* a tuple literal without parentheses */
-			struct node *t = nnew(p, N_TUPLE);
-			struct vec v = {0};
-			vpush(p->c, &v, x->a);
-			while (is_op(p, ",")) {
-				p->i++;
-				vpush(p->c, &v, p_or(p));
-			}
-			t->v = (struct node **)v.v;
-			t->nv = v.n;
-			x->a = t;
-		}
-		if (is_name(p, "if")) {
-			p->i++;
-			x->d = p_or(p);
-		}
-		if (is_name(p, "recursive"))
-			fail(p->c, SFW_E_UNSUPPORTED, "recursive for loops are not supported");
-		end_tag(p);
-		p->loops++;
-		x->b = p_body(p, END_FOR);
-		p->loops--;
-		p->i++;
-		const char *e = expect_name(p);
-		if (!strcmp(e, "else")) {
-			end_tag(p);
-			static const char *const E[] = {"endfor", NULL};
-			x->c = p_body(p, E);
-			p->i++;
-			expect_name(p);
-		}
-		end_tag(p);
+		x = p_for(p);
 	} else if (!strcmp(kw, "set")) {
-		const char *name = expect_name(p);
-		const char *attr = NULL;
-		if (is_op(p, ".")) {
-			p->i++;
-			attr = expect_name(p);
-		}
-		if (is_op(p, "=")) {
-			p->i++;
-			x = nnew(p, N_SET);
-			x->s = name;
-			x->names = alloc(p->c, sizeof(char *));
-			x->names[0] = attr;
-			x->a = p_expr(p);
-			if (is_op(p, ","))
-				fail(p->c, SFW_E_UNSUPPORTED, "tuple assignment in set is not supported");
-			end_tag(p);
-		} else if (is_op(p, ",")) {
-			fail(p->c, SFW_E_UNSUPPORTED, "tuple assignment in set is not supported");
-		} else {
-			if (attr)
-				perr(p, "'='");
-			x = nnew(p, N_SETBLOCK);
-			x->s = name;
-			if (is_op(p, "|"))
-				fail(p->c, SFW_E_UNSUPPORTED, "filtered block set is not supported");
-			end_tag(p);
-			static const char *const E[] = {"endset", NULL};
-			x->b = p_body(p, E);
-			p->i++;
-			expect_name(p);
-			end_tag(p);
-		}
+		x = p_set(p);
 	} else if (!strcmp(kw, "macro")) {
-		x = nnew(p, N_MACRO);
-		x->s = expect_name(p);
-		expect_op(p, "(");
-		struct vec nm = {0}, df = {0};
-		while (!is_op(p, ")")) {
-			if (nm.n)
-				expect_op(p, ",");
-			vpush(p->c, &nm, (void *)expect_name(p));
-			struct node *d = NULL;
-			if (is_op(p, "=")) {
-				p->i++;
-				d = p_expr(p);
-			}
-			vpush(p->c, &df, d);
-		}
-		p->i++;
-		x->names = (const char **)nm.v;
-		x->nnames = nm.n;
-		x->kv = (struct node **)df.v;
-		end_tag(p);
-		static const char *const E[] = {"endmacro", NULL};
-		int outer = p->loops;
-		p->loops = 0;
-		x->b = p_body(p, E);
-		p->loops = outer;
-		p->i++;
-		expect_name(p);
-		if (cur(p)->t == T_NAME)
-			p->i++; /* {% endmacro name %} */
-		end_tag(p);
+		x = p_macro(p);
 	} else if (!strcmp(kw, "call")) {
-		x = nnew(p, N_CALLBLOCK);
-		if (is_op(p, "(")) { /* caller parameters */
-			p->i++;
-			struct vec nm = {0}, df = {0};
-			while (!is_op(p, ")")) {
-				if (nm.n)
-					expect_op(p, ",");
-				vpush(p->c, &nm, (void *)expect_name(p));
-				struct node *d = NULL;
-				if (is_op(p, "=")) {
-					p->i++;
-					d = p_expr(p);
-				}
-				vpush(p->c, &df, d);
-			}
-			p->i++;
-			x->names = (const char **)nm.v;
-			x->nnames = nm.n;
-			x->kv = (struct node **)df.v;
-		}
-		x->a = p_expr(p);
-		if (x->a->k != N_CALL)
-			perr(p, "a macro call");
-		end_tag(p);
-		static const char *const E[] = {"endcall", NULL};
-		x->b = p_body(p, E);
-		p->i++;
-		expect_name(p);
-		end_tag(p);
+		x = p_callblock(p);
 	} else if (!strcmp(kw, "generation")) {
-		/* HF's AssistantTracker: the body renders as is */
-		end_tag(p);
-		static const char *const E[] = {"endgeneration", NULL};
-		x = p_body(p, E);
-		p->i++;
-		expect_name(p);
-		end_tag(p);
+		x = p_generation(p);
 	} else if (!strcmp(kw, "break") || !strcmp(kw, "continue")) {
 		if (!p->loops)
 			fail(p->c, SFW_E_FORMAT, "{%% %s %%} outside a loop", kw);
@@ -2503,328 +2531,424 @@ static struct val attr_path(struct rctx *r, struct val v, const struct val *path
 
 static struct val apply_filter(struct rctx *r, const char *name, struct val v, struct args *A, struct scope *sc);
 
-static struct val filter_v(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+/* Jinja's filters, one function each, filter_v's by name; f: the name the
+ * template used. */
+static struct val filter_tojson(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
 {
-	(void)sc;
-	if (!strcmp(f, "tojson")) {
-		struct jopt o = {.ascii = 0, .indent = -1, .isep = ", ", .ksep = ": ", .sort = 0};
-		struct val *x;
-		if ((x = arg(A, 0, "indent")) && x->t != V_NONE) {
-			if (x->t != V_INT || x->u.i < 0 || x->u.i > 64)
-				fail(&r->c, SFW_E_UNSUPPORTED, "tojson: indent must be an int in 0..64");
-			o.indent = (int)x->u.i;
-			o.isep = ",";
-		}
-		if ((x = arg(A, 99, "ensure_ascii")))
-			o.ascii = truthy(x);
-		if ((x = arg(A, 99, "sort_keys")))
-			o.sort = truthy(x);
-		if ((x = arg(A, 99, "separators")) && x->t != V_NONE) {
-			if (x->t != V_LIST || x->u.l->n != 2 || x->u.l->v[0].t != V_STR || x->u.l->v[1].t != V_STR)
-				fail(&r->c, SFW_E_FORMAT, "tojson: separators must be two strings");
-			o.isep = sdup(&r->c, x->u.l->v[0].u.s.p, x->u.l->v[0].u.s.n);
-			o.ksep = sdup(&r->c, x->u.l->v[1].u.s.p, x->u.l->v[1].u.s.n);
-		}
-		if (v.t == V_UNDEF)
-			undef_error(r, &v);
-		struct sb b = {0};
-		to_json(r, &b, &v, &o, 0);
-		return mk_str(b.p ? b.p : "", b.n);
+	(void)f, (void)sc;
+	struct jopt o = {.ascii = 0, .indent = -1, .isep = ", ", .ksep = ": ", .sort = 0};
+	struct val *x;
+	if ((x = arg(A, 0, "indent")) && x->t != V_NONE) {
+		if (x->t != V_INT || x->u.i < 0 || x->u.i > 64)
+			fail(&r->c, SFW_E_UNSUPPORTED, "tojson: indent must be an int in 0..64");
+		o.indent = (int)x->u.i;
+		o.isep = ",";
 	}
-	if (!strcmp(f, "length") || !strcmp(f, "count")) {
-		switch (v.t) {
-		case V_STR: return mk_int((int64_t)u8_count(v.u.s.p, v.u.s.n));
-		case V_LIST: return mk_int((int64_t)v.u.l->n);
-		case V_DICT:
-		case V_NS: return mk_int((int64_t)v.u.d->n);
-		case V_UNDEF: return mk_int(0);
-		default: fail(&r->c, SFW_E_FORMAT, "object of type %s has no len()", tname(v.t));
-		}
+	if ((x = arg(A, 99, "ensure_ascii")))
+		o.ascii = truthy(x);
+	if ((x = arg(A, 99, "sort_keys")))
+		o.sort = truthy(x);
+	if ((x = arg(A, 99, "separators")) && x->t != V_NONE) {
+		if (x->t != V_LIST || x->u.l->n != 2 || x->u.l->v[0].t != V_STR || x->u.l->v[1].t != V_STR)
+			fail(&r->c, SFW_E_FORMAT, "tojson: separators must be two strings");
+		o.isep = sdup(&r->c, x->u.l->v[0].u.s.p, x->u.l->v[0].u.s.n);
+		o.ksep = sdup(&r->c, x->u.l->v[1].u.s.p, x->u.l->v[1].u.s.n);
 	}
-	if (!strcmp(f, "string"))
+	if (v.t == V_UNDEF)
+		undef_error(r, &v);
+	struct sb b = {0};
+	to_json(r, &b, &v, &o, 0);
+	return mk_str(b.p ? b.p : "", b.n);
+}
+
+static struct val filter_length(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)A, (void)sc;
+	switch (v.t) {
+	case V_STR: return mk_int((int64_t)u8_count(v.u.s.p, v.u.s.n));
+	case V_LIST: return mk_int((int64_t)v.u.l->n);
+	case V_DICT:
+	case V_NS: return mk_int((int64_t)v.u.d->n);
+	case V_UNDEF: return mk_int(0);
+	default: fail(&r->c, SFW_E_FORMAT, "object of type %s has no len()", tname(v.t));
+	}
+}
+
+static struct val filter_string(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)A, (void)sc;
 		return str_of(r, &v);
-	if (!strcmp(f, "safe") || !strcmp(f, "e") || !strcmp(f, "escape")) {
-		if (f[0] == 's')
-			return v;
-		/* autoescape is off: escape still escapes */
-		struct val s = str_of(r, &v);
-		struct sb b = {0};
-		for (size_t i = 0; i < s.u.s.n; i++) {
-			char ch = s.u.s.p[i];
-			const char *m = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&#34;" : ch == '\'' ? "&#39;" : NULL;
-			if (m)
-				sb_cs(r, &b, m);
-			else
-				sb_add(r, &b, &ch, 1);
-		}
-		return mk_str(b.p ? b.p : "", b.n);
+}
+
+static struct val filter_escape(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)A, (void)sc;
+	if (f[0] == 's')
+		return v;
+	/* autoescape is off: escape still escapes */
+	struct val s = str_of(r, &v);
+	struct sb b = {0};
+	for (size_t i = 0; i < s.u.s.n; i++) {
+		char ch = s.u.s.p[i];
+		const char *m = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&#34;" : ch == '\'' ? "&#39;" : NULL;
+		if (m)
+			sb_cs(r, &b, m);
+		else
+			sb_add(r, &b, &ch, 1);
 	}
-	if (!strcmp(f, "trim")) {
-		struct val s = str_of(r, &v);
-		struct val *ch = arg(A, 0, "chars");
-		if (ch && ch->t == V_NONE)
-			ch = NULL;
-		if (ch)
-			need_str(r, ch, "trim");
-		size_t b = strip_left(s.u.s.p, s.u.s.n, ch), e = strip_right(s.u.s.p, s.u.s.n, b, ch);
-		return mk_str(s.u.s.p + b, e - b);
-	}
-	if (!strcmp(f, "upper") || !strcmp(f, "lower") || !strcmp(f, "title") || !strcmp(f, "capitalize")) {
-		struct val s = str_of(r, &v);
-		struct val m = mk_method(r, s, f);
-		return call_value(r, m, NULL, 0, NULL, NULL, 0, sc);
-	}
-	if (!strcmp(f, "default") || !strcmp(f, "d")) {
-		struct val *dv = arg(A, 0, "default_value");
-		struct val *bo = arg(A, 1, "boolean");
-		int use = v.t == V_UNDEF || (bo && truthy(bo) && !truthy(&v));
-		return use ? (dv ? *dv : mk_str("", 0)) : v;
-	}
-	if (!strcmp(f, "join")) {
-		struct val *sep = arg(A, 0, "d");
-		struct val *at = arg(A, 1, "attribute");
-		struct list *l = iter_items(r, &v);
-		struct sb b = {0};
-		for (size_t i = 0; i < l->n; i++) {
-			if (i && sep) {
-				struct val s = str_of(r, sep);
-				sb_add(r, &b, s.u.s.p, s.u.s.n);
-			}
-			struct val it = at ? attr_path(r, l->v[i], at) : l->v[i];
-			struct val s = str_of(r, &it);
+	return mk_str(b.p ? b.p : "", b.n);
+}
+
+static struct val filter_trim(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)sc;
+	struct val s = str_of(r, &v);
+	struct val *ch = arg(A, 0, "chars");
+	if (ch && ch->t == V_NONE)
+		ch = NULL;
+	if (ch)
+		need_str(r, ch, "trim");
+	size_t b = strip_left(s.u.s.p, s.u.s.n, ch), e = strip_right(s.u.s.p, s.u.s.n, b, ch);
+	return mk_str(s.u.s.p + b, e - b);
+}
+
+static struct val filter_case(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)A;
+	struct val s = str_of(r, &v);
+	struct val m = mk_method(r, s, f);
+	return call_value(r, m, NULL, 0, NULL, NULL, 0, sc);
+}
+
+static struct val filter_default(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)r, (void)f, (void)sc;
+	struct val *dv = arg(A, 0, "default_value");
+	struct val *bo = arg(A, 1, "boolean");
+	int use = v.t == V_UNDEF || (bo && truthy(bo) && !truthy(&v));
+	return use ? (dv ? *dv : mk_str("", 0)) : v;
+}
+
+static struct val filter_join(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)sc;
+	struct val *sep = arg(A, 0, "d");
+	struct val *at = arg(A, 1, "attribute");
+	struct list *l = iter_items(r, &v);
+	struct sb b = {0};
+	for (size_t i = 0; i < l->n; i++) {
+		if (i && sep) {
+			struct val s = str_of(r, sep);
 			sb_add(r, &b, s.u.s.p, s.u.s.n);
 		}
-		return mk_str(b.p ? b.p : "", b.n);
+		struct val it = at ? attr_path(r, l->v[i], at) : l->v[i];
+		struct val s = str_of(r, &it);
+		sb_add(r, &b, s.u.s.p, s.u.s.n);
 	}
-	if (!strcmp(f, "first") || !strcmp(f, "last")) {
-		struct list *l = iter_items(r, &v);
-		if (!l->n)
-			return mk_undef(f);
-		return f[0] == 'f' ? l->v[0] : l->v[l->n - 1];
-	}
-	if (!strcmp(f, "list"))
+	return mk_str(b.p ? b.p : "", b.n);
+}
+
+static struct val filter_first_last(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)A, (void)sc;
+	struct list *l = iter_items(r, &v);
+	if (!l->n)
+		return mk_undef(f);
+	return f[0] == 'f' ? l->v[0] : l->v[l->n - 1];
+}
+
+static struct val filter_list(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)A, (void)sc;
 		return list_val(iter_items(r, &v));
-	if (!strcmp(f, "reverse")) {
-		if (v.t == V_STR) {
-			struct val m1 = mk_int(-1);
-			return slice_v(r, v, NULL, NULL, &m1);
-		}
-		struct list *l = iter_items(r, &v), *o = list_new(r, l->n);
-		for (size_t i = 0; i < l->n; i++)
-			o->v[i] = l->v[l->n - 1 - i];
-		return list_val(o);
+}
+
+static struct val filter_reverse(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)A, (void)sc;
+	if (v.t == V_STR) {
+		struct val m1 = mk_int(-1);
+		return slice_v(r, v, NULL, NULL, &m1);
 	}
-	if (!strcmp(f, "items") || !strcmp(f, "dictsort")) {
-		if (v.t == V_UNDEF)
-			return list_val(list_new(r, 0));
-		if (v.t != V_DICT && v.t != V_NS)
-			fail(&r->c, SFW_E_FORMAT, "%s wants a mapping, got %s", f, tname(v.t));
-		struct list *l = list_new(r, v.u.d->n);
-		for (size_t i = 0; i < v.u.d->n; i++) {
-			struct list *t = list_new(r, 2);
-			t->v[0] = v.u.d->k[i];
-			t->v[1] = v.u.d->v[i];
-			t->tuple = 1;
-			l->v[i] = list_val(t);
-		}
-		if (f[0] == 'd') { /* sort by key, case-insensitively by default */
-			for (size_t i = 1; i < l->n; i++)
-				for (size_t j = i; j > 0; j--) {
-					struct val a = l->v[j - 1].u.l->v[0], b = l->v[j].u.l->v[0];
-					if (a.t == V_STR && b.t == V_STR) {
-						struct val la = mk_method(r, a, "lower"), lb = mk_method(r, b, "lower");
-						a = call_value(r, la, NULL, 0, NULL, NULL, 0, sc);
-						b = call_value(r, lb, NULL, 0, NULL, NULL, 0, sc);
-					}
-					if (!compare_lt(r, &b, &a))
-						break;
-					struct val t = l->v[j];
-					l->v[j] = l->v[j - 1];
-					l->v[j - 1] = t;
+	struct list *l = iter_items(r, &v), *o = list_new(r, l->n);
+	for (size_t i = 0; i < l->n; i++)
+		o->v[i] = l->v[l->n - 1 - i];
+	return list_val(o);
+}
+
+static struct val filter_items(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)A;
+	if (v.t == V_UNDEF)
+		return list_val(list_new(r, 0));
+	if (v.t != V_DICT && v.t != V_NS)
+		fail(&r->c, SFW_E_FORMAT, "%s wants a mapping, got %s", f, tname(v.t));
+	struct list *l = list_new(r, v.u.d->n);
+	for (size_t i = 0; i < v.u.d->n; i++) {
+		struct list *t = list_new(r, 2);
+		t->v[0] = v.u.d->k[i];
+		t->v[1] = v.u.d->v[i];
+		t->tuple = 1;
+		l->v[i] = list_val(t);
+	}
+	if (f[0] == 'd') { /* sort by key, case-insensitively by default */
+		for (size_t i = 1; i < l->n; i++)
+			for (size_t j = i; j > 0; j--) {
+				struct val a = l->v[j - 1].u.l->v[0], b = l->v[j].u.l->v[0];
+				if (a.t == V_STR && b.t == V_STR) {
+					struct val la = mk_method(r, a, "lower"), lb = mk_method(r, b, "lower");
+					a = call_value(r, la, NULL, 0, NULL, NULL, 0, sc);
+					b = call_value(r, lb, NULL, 0, NULL, NULL, 0, sc);
 				}
-		}
-		return list_val(l);
-	}
-	if (!strcmp(f, "int")) {
-		struct val *dflt = arg(A, 0, "default");
-		if (v.t == V_INT)
-			return v;
-		if (v.t == V_BOOL)
-			return mk_int(v.u.b);
-		if (v.t == V_FLOAT && isfinite(v.u.f) && fabs(v.u.f) < 9.2e18)
-			return mk_int((int64_t)v.u.f);
-		if (v.t == V_STR) {
-			char *s = sdup(&r->c, v.u.s.p, v.u.s.n), *end;
-			long long x = strtoll(s, &end, 10);
-			while (*end == ' ' || *end == '\n' || *end == '\t')
-				end++;
-			if (*s && !*end)
-				return mk_int(x);
-			double d = strtod(s, &end);
-			if (*s && !*end && isfinite(d) && fabs(d) < 9.2e18)
-				return mk_int((int64_t)d);
-		}
-		return dflt ? *dflt : mk_int(0);
-	}
-	if (!strcmp(f, "float")) {
-		struct val *dflt = arg(A, 0, "default");
-		if (v.t == V_FLOAT)
-			return v;
-		if (v.t == V_INT)
-			return mk_float((double)v.u.i);
-		if (v.t == V_BOOL)
-			return mk_float(v.u.b);
-		if (v.t == V_STR) {
-			char *s = sdup(&r->c, v.u.s.p, v.u.s.n), *end;
-			double d = strtod(s, &end);
-			if (*s && !*end)
-				return mk_float(d);
-		}
-		return dflt ? *dflt : mk_float(0);
-	}
-	if (!strcmp(f, "abs")) {
-		if (v.t == V_INT) {
-			if (v.u.i == INT64_MIN)
-				fail(&r->c, SFW_E_RANGE, "integer overflow");
-			return mk_int(v.u.i < 0 ? -v.u.i : v.u.i);
-		}
-		return mk_float(fabs(as_num(r, &v, "abs")));
-	}
-	if (!strcmp(f, "round")) {
-		struct val *pr = arg(A, 0, "precision"), *me = arg(A, 1, "method");
-		int64_t p = pr ? as_index(r, pr) : 0;
-		double x = as_num(r, &v, "round"), m = pow(10.0, (double)p);
-		const char *meth = me && me->t == V_STR ? me->u.s.p : "common";
-		/* Python's round(): halves go to the even neighbour */
-		double y = !strncmp(meth, "floor", 5) ? floor(x * m) / m : !strncmp(meth, "ceil", 4) ? ceil(x * m) / m : nearbyint(x * m) / m;
-		return mk_float(y);
-	}
-	if (!strcmp(f, "replace")) {
-		struct val s = str_of(r, &v);
-		struct val m = mk_method(r, s, "replace");
-		return call_value(r, m, A->a, A->na, A->kn, A->kv, A->nk, sc);
-	}
-	if (!strcmp(f, "unique")) {
-		struct list *l = iter_items(r, &v), *o = list_new(r, l->n);
-		size_t k = 0;
-		for (size_t i = 0; i < l->n; i++) {
-			int seen = 0;
-			for (size_t j = 0; j < k && !seen; j++)
-				seen = val_eq(&o->v[j], &l->v[i]);
-			if (!seen)
-				o->v[k++] = l->v[i];
-		}
-		o->n = k;
-		return list_val(o);
-	}
-	if (!strcmp(f, "sum")) {
-		struct list *l = iter_items(r, &v);
-		struct val *at = arg(A, 0, "attribute"), *st = arg(A, 1, "start");
-		struct val acc = st ? *st : mk_int(0);
-		for (size_t i = 0; i < l->n; i++)
-			acc = arith(r, "+", acc, at ? attr_path(r, l->v[i], at) : l->v[i]);
-		return acc;
-	}
-	if (!strcmp(f, "max") || !strcmp(f, "min")) {
-		struct list *l = iter_items(r, &v);
-		if (!l->n)
-			return mk_undef(f);
-		struct val best = l->v[0];
-		for (size_t i = 1; i < l->n; i++) {
-			int lt = compare_lt(r, &l->v[i], &best);
-			if (f[1] == 'i' ? lt : compare_lt(r, &best, &l->v[i]))
-				best = l->v[i];
-			(void)lt;
-		}
-		return best;
-	}
-	if (!strcmp(f, "select") || !strcmp(f, "reject") || !strcmp(f, "selectattr") || !strcmp(f, "rejectattr")) {
-		int attr = strstr(f, "attr") != NULL, keep = f[0] == 's';
-		struct list *l = iter_items(r, &v), *o = list_new(r, l->n);
-		size_t k = 0, first = attr ? 1 : 0;
-		struct val *path = attr ? arg(A, 0, NULL) : NULL;
-		if (attr && !path)
-			fail(&r->c, SFW_E_FORMAT, "%s needs an attribute", f);
-		struct val *tn = arg(A, first, NULL);
-		for (size_t i = 0; i < l->n; i++) {
-			struct val it = attr ? attr_path(r, l->v[i], path) : l->v[i];
-			int ok;
-			if (!tn)
-				ok = truthy(&it);
-			else {
-				need_str(r, tn, f);
-				struct args T = {A->a + first + 1, A->na > first + 1 ? A->na - first - 1 : 0, NULL, NULL, 0};
-				ok = test_v(r, sdup(&r->c, tn->u.s.p, tn->u.s.n), it, &T);
+				if (!compare_lt(r, &b, &a))
+					break;
+				struct val t = l->v[j];
+				l->v[j] = l->v[j - 1];
+				l->v[j - 1] = t;
 			}
-			if (ok == keep)
-				o->v[k++] = l->v[i];
-		}
-		o->n = k;
-		return list_val(o);
 	}
-	if (!strcmp(f, "map")) {
-		struct list *l = iter_items(r, &v), *o = list_new(r, l->n);
-		struct val *at = arg(A, 99, "attribute");
-		if (at) {
-			struct val *df = arg(A, 99, "default");
-			for (size_t i = 0; i < l->n; i++) {
-				o->v[i] = attr_path(r, l->v[i], at);
-				if (o->v[i].t == V_UNDEF && df)
-					o->v[i] = *df;
-			}
-			return list_val(o);
-		}
-		struct val *fn = arg(A, 0, NULL);
-		if (!fn || fn->t != V_STR)
-			fail(&r->c, SFW_E_FORMAT, "map needs a filter name or attribute=");
-		const char *fname = sdup(&r->c, fn->u.s.p, fn->u.s.n);
-		struct args F = {A->a + 1, A->na - 1, A->kn, A->kv, A->nk};
-		for (size_t i = 0; i < l->n; i++)
-			o->v[i] = apply_filter(r, fname, l->v[i], &F, sc);
-		return list_val(o);
+	return list_val(l);
+}
+
+static struct val filter_int(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)sc;
+	struct val *dflt = arg(A, 0, "default");
+	if (v.t == V_INT)
+		return v;
+	if (v.t == V_BOOL)
+		return mk_int(v.u.b);
+	if (v.t == V_FLOAT && isfinite(v.u.f) && fabs(v.u.f) < 9.2e18)
+		return mk_int((int64_t)v.u.f);
+	if (v.t == V_STR) {
+		char *s = sdup(&r->c, v.u.s.p, v.u.s.n), *end;
+		long long x = strtoll(s, &end, 10);
+		while (*end == ' ' || *end == '\n' || *end == '\t')
+			end++;
+		if (*s && !*end)
+			return mk_int(x);
+		double d = strtod(s, &end);
+		if (*s && !*end && isfinite(d) && fabs(d) < 9.2e18)
+			return mk_int((int64_t)d);
 	}
-	if (!strcmp(f, "indent")) {
-		struct val s = str_of(r, &v);
-		struct val *w = arg(A, 0, "width"), *fi = arg(A, 1, "first"), *bl = arg(A, 2, "blank");
-		struct sb pad = {0};
-		if (w && w->t == V_STR)
-			sb_add(r, &pad, w->u.s.p, w->u.s.n);
+	return dflt ? *dflt : mk_int(0);
+}
+
+static struct val filter_float(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)sc;
+	struct val *dflt = arg(A, 0, "default");
+	if (v.t == V_FLOAT)
+		return v;
+	if (v.t == V_INT)
+		return mk_float((double)v.u.i);
+	if (v.t == V_BOOL)
+		return mk_float(v.u.b);
+	if (v.t == V_STR) {
+		char *s = sdup(&r->c, v.u.s.p, v.u.s.n), *end;
+		double d = strtod(s, &end);
+		if (*s && !*end)
+			return mk_float(d);
+	}
+	return dflt ? *dflt : mk_float(0);
+}
+
+static struct val filter_abs(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)A, (void)sc;
+	if (v.t == V_INT) {
+		if (v.u.i == INT64_MIN)
+			fail(&r->c, SFW_E_RANGE, "integer overflow");
+		return mk_int(v.u.i < 0 ? -v.u.i : v.u.i);
+	}
+	return mk_float(fabs(as_num(r, &v, "abs")));
+}
+
+static struct val filter_round(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)sc;
+	struct val *pr = arg(A, 0, "precision"), *me = arg(A, 1, "method");
+	int64_t p = pr ? as_index(r, pr) : 0;
+	double x = as_num(r, &v, "round"), m = pow(10.0, (double)p);
+	const char *meth = me && me->t == V_STR ? me->u.s.p : "common";
+	/* Python's round(): halves go to the even neighbour */
+	double y = !strncmp(meth, "floor", 5) ? floor(x * m) / m : !strncmp(meth, "ceil", 4) ? ceil(x * m) / m : nearbyint(x * m) / m;
+	return mk_float(y);
+}
+
+static struct val filter_replace(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f;
+	struct val s = str_of(r, &v);
+	struct val m = mk_method(r, s, "replace");
+	return call_value(r, m, A->a, A->na, A->kn, A->kv, A->nk, sc);
+}
+
+static struct val filter_unique(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)A, (void)sc;
+	struct list *l = iter_items(r, &v), *o = list_new(r, l->n);
+	size_t k = 0;
+	for (size_t i = 0; i < l->n; i++) {
+		int seen = 0;
+		for (size_t j = 0; j < k && !seen; j++)
+			seen = val_eq(&o->v[j], &l->v[i]);
+		if (!seen)
+			o->v[k++] = l->v[i];
+	}
+	o->n = k;
+	return list_val(o);
+}
+
+static struct val filter_sum(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)sc;
+	struct list *l = iter_items(r, &v);
+	struct val *at = arg(A, 0, "attribute"), *st = arg(A, 1, "start");
+	struct val acc = st ? *st : mk_int(0);
+	for (size_t i = 0; i < l->n; i++)
+		acc = arith(r, "+", acc, at ? attr_path(r, l->v[i], at) : l->v[i]);
+	return acc;
+}
+
+static struct val filter_max_min(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)A, (void)sc;
+	struct list *l = iter_items(r, &v);
+	if (!l->n)
+		return mk_undef(f);
+	struct val best = l->v[0];
+	for (size_t i = 1; i < l->n; i++) {
+		int lt = compare_lt(r, &l->v[i], &best);
+		if (f[1] == 'i' ? lt : compare_lt(r, &best, &l->v[i]))
+			best = l->v[i];
+		(void)lt;
+	}
+	return best;
+}
+
+static struct val filter_select(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)sc;
+	int attr = strstr(f, "attr") != NULL, keep = f[0] == 's';
+	struct list *l = iter_items(r, &v), *o = list_new(r, l->n);
+	size_t k = 0, first = attr ? 1 : 0;
+	struct val *path = attr ? arg(A, 0, NULL) : NULL;
+	if (attr && !path)
+		fail(&r->c, SFW_E_FORMAT, "%s needs an attribute", f);
+	struct val *tn = arg(A, first, NULL);
+	for (size_t i = 0; i < l->n; i++) {
+		struct val it = attr ? attr_path(r, l->v[i], path) : l->v[i];
+		int ok;
+		if (!tn)
+			ok = truthy(&it);
 		else {
-			int64_t n = w ? as_index(r, w) : 4;
-			for (int64_t i = 0; i < n && i < 1024; i++)
-				sb_cs(r, &pad, " ");
+			need_str(r, tn, f);
+			struct args T = {A->a + first + 1, A->na > first + 1 ? A->na - first - 1 : 0, NULL, NULL, 0};
+			ok = test_v(r, sdup(&r->c, tn->u.s.p, tn->u.s.n), it, &T);
 		}
-		struct sb o = {0};
-		size_t i = 0;
-		int firstline = 1;
-		while (i <= s.u.s.n) {
-			const char *nl = memchr(s.u.s.p + i, '\n', s.u.s.n - i);
-			size_t e = nl ? (size_t)(nl - s.u.s.p) : s.u.s.n;
-			int blank = e == i;
-			if ((firstline ? (fi && truthy(fi)) : 1) && (!blank || (bl && truthy(bl))) && pad.n)
-				sb_add(r, &o, pad.p, pad.n);
-			sb_add(r, &o, s.u.s.p + i, e - i);
-			if (!nl)
-				break;
-			sb_cs(r, &o, "\n");
-			i = e + 1;
-			firstline = 0;
-		}
-		return mk_str(o.p ? o.p : "", o.n);
+		if (ok == keep)
+			o->v[k++] = l->v[i];
 	}
-	if (!strcmp(f, "wordcount")) {
-		struct val s = str_of(r, &v);
-		int64_t n = 0;
-		int in = 0;
-		for (size_t i = 0; i < s.u.s.n; i++) {
-			unsigned char ch = (unsigned char)s.u.s.p[i];
-			int w = ch >= 0x80 || (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
-			if (w && !in)
-				n++;
-			in = w;
+	o->n = k;
+	return list_val(o);
+}
+
+static struct val filter_map(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f;
+	struct list *l = iter_items(r, &v), *o = list_new(r, l->n);
+	struct val *at = arg(A, 99, "attribute");
+	if (at) {
+		struct val *df = arg(A, 99, "default");
+		for (size_t i = 0; i < l->n; i++) {
+			o->v[i] = attr_path(r, l->v[i], at);
+			if (o->v[i].t == V_UNDEF && df)
+				o->v[i] = *df;
 		}
-		return mk_int(n);
+		return list_val(o);
 	}
+	struct val *fn = arg(A, 0, NULL);
+	if (!fn || fn->t != V_STR)
+		fail(&r->c, SFW_E_FORMAT, "map needs a filter name or attribute=");
+	const char *fname = sdup(&r->c, fn->u.s.p, fn->u.s.n);
+	struct args F = {A->a + 1, A->na - 1, A->kn, A->kv, A->nk};
+	for (size_t i = 0; i < l->n; i++)
+		o->v[i] = apply_filter(r, fname, l->v[i], &F, sc);
+	return list_val(o);
+}
+
+static struct val filter_indent(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)sc;
+	struct val s = str_of(r, &v);
+	struct val *w = arg(A, 0, "width"), *fi = arg(A, 1, "first"), *bl = arg(A, 2, "blank");
+	struct sb pad = {0};
+	if (w && w->t == V_STR)
+		sb_add(r, &pad, w->u.s.p, w->u.s.n);
+	else {
+		int64_t n = w ? as_index(r, w) : 4;
+		for (int64_t i = 0; i < n && i < 1024; i++)
+			sb_cs(r, &pad, " ");
+	}
+	struct sb o = {0};
+	size_t i = 0;
+	int firstline = 1;
+	while (i <= s.u.s.n) {
+		const char *nl = memchr(s.u.s.p + i, '\n', s.u.s.n - i);
+		size_t e = nl ? (size_t)(nl - s.u.s.p) : s.u.s.n;
+		int blank = e == i;
+		if ((firstline ? (fi && truthy(fi)) : 1) && (!blank || (bl && truthy(bl))) && pad.n)
+			sb_add(r, &o, pad.p, pad.n);
+		sb_add(r, &o, s.u.s.p + i, e - i);
+		if (!nl)
+			break;
+		sb_cs(r, &o, "\n");
+		i = e + 1;
+		firstline = 0;
+	}
+	return mk_str(o.p ? o.p : "", o.n);
+}
+
+static struct val filter_wordcount(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	(void)f, (void)A, (void)sc;
+	struct val s = str_of(r, &v);
+	int64_t n = 0;
+	int in = 0;
+	for (size_t i = 0; i < s.u.s.n; i++) {
+		unsigned char ch = (unsigned char)s.u.s.p[i];
+		int w = ch >= 0x80 || (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
+		if (w && !in)
+			n++;
+		in = w;
+	}
+	return mk_int(n);
+}
+
+/* The filters, by name. */
+static const struct {
+	const char *name;
+	struct val (*fn)(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc);
+} filters[] = {
+	{"tojson", filter_tojson}, {"length", filter_length}, {"count", filter_length},
+	{"string", filter_string}, {"safe", filter_escape}, {"e", filter_escape}, {"escape", filter_escape},
+	{"trim", filter_trim}, {"upper", filter_case}, {"lower", filter_case}, {"title", filter_case},
+	{"capitalize", filter_case}, {"default", filter_default}, {"d", filter_default},
+	{"join", filter_join}, {"first", filter_first_last}, {"last", filter_first_last},
+	{"list", filter_list}, {"reverse", filter_reverse}, {"items", filter_items},
+	{"dictsort", filter_items}, {"int", filter_int}, {"float", filter_float}, {"abs", filter_abs},
+	{"round", filter_round}, {"replace", filter_replace}, {"unique", filter_unique}, {"sum", filter_sum},
+	{"max", filter_max_min}, {"min", filter_max_min}, {"select", filter_select},
+	{"reject", filter_select}, {"selectattr", filter_select}, {"rejectattr", filter_select},
+	{"map", filter_map}, {"indent", filter_indent}, {"wordcount", filter_wordcount},
+};
+
+static struct val filter_v(struct rctx *r, const char *f, struct val v, struct args *A, struct scope *sc)
+{
+	for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++)
+		if (!strcmp(f, filters[i].name))
+			return filters[i].fn(r, f, v, A, sc);
 	if (!strcmp(f, "batch") || !strcmp(f, "sort") || !strcmp(f, "groupby") || !strcmp(f, "center") ||
 	    !strcmp(f, "format") || !strcmp(f, "pprint") || !strcmp(f, "urlencode") || !strcmp(f, "xmlattr"))
 		fail(&r->c, SFW_E_UNSUPPORTED, "the '%s' filter is not supported", f);
@@ -3033,160 +3157,217 @@ static struct val split_v(struct rctx *r, struct val s, struct val *sep, struct 
 	return list_val(l);
 }
 
-static struct val str_method(struct rctx *r, struct val s, const char *m, struct args *A)
+/* Python's str methods, one function each, str_method's by name; m: the
+ * name the template used. */
+static struct val str_strip(struct rctx *r, struct val s, const char *m, struct args *A)
 {
 	const char *p = s.u.s.p;
 	size_t n = s.u.s.n;
-	if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip")) {
-		struct val *ch = arg(A, 0, "chars");
-		if (ch && ch->t == V_NONE)
-			ch = NULL;
-		if (ch)
-			need_str(r, ch, m);
-		size_t b = m[0] == 'r' ? 0 : strip_left(p, n, ch);
-		size_t e = m[0] == 'l' ? n : strip_right(p, n, b, ch);
-		return mk_str(p + b, e - b);
-	}
-	if (!strcmp(m, "split") || !strcmp(m, "rsplit"))
+	struct val *ch = arg(A, 0, "chars");
+	if (ch && ch->t == V_NONE)
+		ch = NULL;
+	if (ch)
+		need_str(r, ch, m);
+	size_t b = m[0] == 'r' ? 0 : strip_left(p, n, ch);
+	size_t e = m[0] == 'l' ? n : strip_right(p, n, b, ch);
+	return mk_str(p + b, e - b);
+}
+
+static struct val str_split(struct rctx *r, struct val s, const char *m, struct args *A)
+{
 		return split_v(r, s, arg(A, 0, "sep"), arg(A, 1, "maxsplit"), m[0] == 'r');
-	if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
-		struct val *x = arg(A, 0, NULL);
-		if (!x)
-			fail(&r->c, SFW_E_FORMAT, "%s needs an argument", m);
-		struct list one = {x, 1, 0};
-		struct list *alts = x->t == V_LIST ? x->u.l : &one;
-		for (size_t i = 0; i < alts->n; i++) {
-			need_str(r, &alts->v[i], m);
-			size_t k = alts->v[i].u.s.n;
-			if (k <= n && !memcmp(m[0] == 's' ? p : p + n - k, alts->v[i].u.s.p, k))
-				return mk_bool(1);
-		}
-		return mk_bool(0);
+}
+
+static struct val str_affix(struct rctx *r, struct val s, const char *m, struct args *A)
+{
+	const char *p = s.u.s.p;
+	size_t n = s.u.s.n;
+	struct val *x = arg(A, 0, NULL);
+	if (!x)
+		fail(&r->c, SFW_E_FORMAT, "%s needs an argument", m);
+	struct list one = {x, 1, 0};
+	struct list *alts = x->t == V_LIST ? x->u.l : &one;
+	for (size_t i = 0; i < alts->n; i++) {
+		need_str(r, &alts->v[i], m);
+		size_t k = alts->v[i].u.s.n;
+		if (k <= n && !memcmp(m[0] == 's' ? p : p + n - k, alts->v[i].u.s.p, k))
+			return mk_bool(1);
 	}
-	if (!strcmp(m, "upper") || !strcmp(m, "lower") || !strcmp(m, "title") || !strcmp(m, "capitalize")) {
-		/* ASCII letters only; other characters are unchanged */
-		char *o = alloc(&r->c, n + 1);
-		int prev_alpha = 0;
-		for (size_t i = 0; i < n; i++) {
-			char ch = p[i];
-			int up = ch >= 'a' && ch <= 'z', lo = ch >= 'A' && ch <= 'Z';
-			int toup = m[0] == 'u' ? 1 : m[0] == 'l' ? 0 : m[0] == 't' ? !prev_alpha : i == 0;
-			if (toup && up)
-				ch = (char)(ch - 32);
-			else if (!toup && lo)
-				ch = (char)(ch + 32);
-			o[i] = ch;
-			prev_alpha = up || lo || ((unsigned char)ch >= 0x80);
-		}
-		o[n] = 0;
-		return mk_str(o, n);
+	return mk_bool(0);
+}
+
+static struct val str_case(struct rctx *r, struct val s, const char *m, struct args *A)
+{
+	(void)A;
+	const char *p = s.u.s.p;
+	size_t n = s.u.s.n;
+	/* ASCII letters only; other characters are unchanged */
+	char *o = alloc(&r->c, n + 1);
+	int prev_alpha = 0;
+	for (size_t i = 0; i < n; i++) {
+		char ch = p[i];
+		int up = ch >= 'a' && ch <= 'z', lo = ch >= 'A' && ch <= 'Z';
+		int toup = m[0] == 'u' ? 1 : m[0] == 'l' ? 0 : m[0] == 't' ? !prev_alpha : i == 0;
+		if (toup && up)
+			ch = (char)(ch - 32);
+		else if (!toup && lo)
+			ch = (char)(ch + 32);
+		o[i] = ch;
+		prev_alpha = up || lo || ((unsigned char)ch >= 0x80);
 	}
-	if (!strcmp(m, "replace")) {
-		struct val *a = arg(A, 0, "old"), *b = arg(A, 1, "new"), *cnt = arg(A, 2, "count");
-		if (!a || !b)
-			fail(&r->c, SFW_E_FORMAT, "replace needs two arguments");
-		need_str(r, a, "replace");
-		need_str(r, b, "replace");
-		int64_t max = cnt ? as_index(r, cnt) : -1;
-		struct sb o = {0};
-		size_t i = 0;
-		int64_t done = 0;
-		if (!a->u.s.n) { /* Python inserts new between characters */
-			while (i <= n) {
-				if (max < 0 || done < max) {
-					sb_add(r, &o, b->u.s.p, b->u.s.n);
-					done++;
-				}
-				if (i == n)
-					break;
-				size_t l = u8_len_at(p + i, n - i);
-				sb_add(r, &o, p + i, l);
-				i += l;
+	o[n] = 0;
+	return mk_str(o, n);
+}
+
+static struct val str_replace(struct rctx *r, struct val s, const char *m, struct args *A)
+{
+	(void)m;
+	const char *p = s.u.s.p;
+	size_t n = s.u.s.n;
+	struct val *a = arg(A, 0, "old"), *b = arg(A, 1, "new"), *cnt = arg(A, 2, "count");
+	if (!a || !b)
+		fail(&r->c, SFW_E_FORMAT, "replace needs two arguments");
+	need_str(r, a, "replace");
+	need_str(r, b, "replace");
+	int64_t max = cnt ? as_index(r, cnt) : -1;
+	struct sb o = {0};
+	size_t i = 0;
+	int64_t done = 0;
+	if (!a->u.s.n) { /* Python inserts new between characters */
+		while (i <= n) {
+			if (max < 0 || done < max) {
+				sb_add(r, &o, b->u.s.p, b->u.s.n);
+				done++;
 			}
-			return mk_str(o.p ? o.p : "", o.n);
-		}
-		while (i < n) {
-			const char *h = (max >= 0 && done >= max) ? NULL : memmem(p + i, n - i, a->u.s.p, a->u.s.n);
-			if (!h) {
-				sb_add(r, &o, p + i, n - i);
+			if (i == n)
 				break;
-			}
-			sb_add(r, &o, p + i, (size_t)(h - p) - i);
-			sb_add(r, &o, b->u.s.p, b->u.s.n);
-			i = (size_t)(h - p) + a->u.s.n;
-			done++;
+			size_t l = u8_len_at(p + i, n - i);
+			sb_add(r, &o, p + i, l);
+			i += l;
 		}
 		return mk_str(o.p ? o.p : "", o.n);
 	}
-	if (!strcmp(m, "find") || !strcmp(m, "index") || !strcmp(m, "count")) {
-		struct val *x = arg(A, 0, NULL);
-		if (!x)
-			fail(&r->c, SFW_E_FORMAT, "%s needs an argument", m);
-		need_str(r, x, m);
-		if (m[0] == 'c') {
-			if (!x->u.s.n)
-				return mk_int((int64_t)u8_count(p, n) + 1);
-			int64_t k = 0;
-			size_t i = 0;
-			const char *h;
-			while (i <= n && (h = memmem(p + i, n - i, x->u.s.p, x->u.s.n))) {
-				k++;
-				i = (size_t)(h - p) + x->u.s.n;
-			}
-			return mk_int(k);
+	while (i < n) {
+		const char *h = (max >= 0 && done >= max) ? NULL : memmem(p + i, n - i, a->u.s.p, a->u.s.n);
+		if (!h) {
+			sb_add(r, &o, p + i, n - i);
+			break;
 		}
-		const char *h = memmem(p, n, x->u.s.p, x->u.s.n);
-		if (!h && m[0] == 'i')
-			fail(&r->c, SFW_E_FORMAT, "substring not found");
-		return mk_int(h ? (int64_t)u8_count(p, (size_t)(h - p)) : -1);
+		sb_add(r, &o, p + i, (size_t)(h - p) - i);
+		sb_add(r, &o, b->u.s.p, b->u.s.n);
+		i = (size_t)(h - p) + a->u.s.n;
+		done++;
 	}
-	if (!strcmp(m, "join")) {
-		struct val *x = arg(A, 0, NULL);
-		if (!x)
-			fail(&r->c, SFW_E_FORMAT, "join needs an argument");
-		struct list *l = iter_items(r, x);
-		struct sb o = {0};
-		for (size_t i = 0; i < l->n; i++) {
-			if (i)
-				sb_add(r, &o, p, n);
-			need_str(r, &l->v[i], "join");
-			sb_add(r, &o, l->v[i].u.s.p, l->v[i].u.s.n);
-		}
-		return mk_str(o.p ? o.p : "", o.n);
-	}
-	if (!strcmp(m, "splitlines")) {
-		struct vec out = {0};
+	return mk_str(o.p ? o.p : "", o.n);
+}
+
+static struct val str_find(struct rctx *r, struct val s, const char *m, struct args *A)
+{
+	const char *p = s.u.s.p;
+	size_t n = s.u.s.n;
+	struct val *x = arg(A, 0, NULL);
+	if (!x)
+		fail(&r->c, SFW_E_FORMAT, "%s needs an argument", m);
+	need_str(r, x, m);
+	if (m[0] == 'c') {
+		if (!x->u.s.n)
+			return mk_int((int64_t)u8_count(p, n) + 1);
+		int64_t k = 0;
 		size_t i = 0;
-		while (i < n) {
-			const char *nl = memchr(p + i, '\n', n - i);
-			size_t e = nl ? (size_t)(nl - p) : n;
-			struct val *v = alloc(&r->c, sizeof(*v));
-			size_t ee = e > i && p[e - 1] == '\r' ? e - 1 : e;
-			*v = mk_str(p + i, ee - i);
-			vpush(&r->c, &out, v);
-			i = e + 1;
+		const char *h;
+		while (i <= n && (h = memmem(p + i, n - i, x->u.s.p, x->u.s.n))) {
+			k++;
+			i = (size_t)(h - p) + x->u.s.n;
 		}
-		struct list *l = list_new(r, out.n);
-		for (size_t k = 0; k < out.n; k++)
-			l->v[k] = *(struct val *)out.v[k];
-		return list_val(l);
+		return mk_int(k);
 	}
-	if (!strncmp(m, "is", 2)) {
-		if (!n)
+	const char *h = memmem(p, n, x->u.s.p, x->u.s.n);
+	if (!h && m[0] == 'i')
+		fail(&r->c, SFW_E_FORMAT, "substring not found");
+	return mk_int(h ? (int64_t)u8_count(p, (size_t)(h - p)) : -1);
+}
+
+static struct val str_join(struct rctx *r, struct val s, const char *m, struct args *A)
+{
+	(void)m;
+	const char *p = s.u.s.p;
+	size_t n = s.u.s.n;
+	struct val *x = arg(A, 0, NULL);
+	if (!x)
+		fail(&r->c, SFW_E_FORMAT, "join needs an argument");
+	struct list *l = iter_items(r, x);
+	struct sb o = {0};
+	for (size_t i = 0; i < l->n; i++) {
+		if (i)
+			sb_add(r, &o, p, n);
+		need_str(r, &l->v[i], "join");
+		sb_add(r, &o, l->v[i].u.s.p, l->v[i].u.s.n);
+	}
+	return mk_str(o.p ? o.p : "", o.n);
+}
+
+static struct val str_splitlines(struct rctx *r, struct val s, const char *m, struct args *A)
+{
+	(void)m, (void)A;
+	const char *p = s.u.s.p;
+	size_t n = s.u.s.n;
+	struct vec out = {0};
+	size_t i = 0;
+	while (i < n) {
+		const char *nl = memchr(p + i, '\n', n - i);
+		size_t e = nl ? (size_t)(nl - p) : n;
+		struct val *v = alloc(&r->c, sizeof(*v));
+		size_t ee = e > i && p[e - 1] == '\r' ? e - 1 : e;
+		*v = mk_str(p + i, ee - i);
+		vpush(&r->c, &out, v);
+		i = e + 1;
+	}
+	struct list *l = list_new(r, out.n);
+	for (size_t k = 0; k < out.n; k++)
+		l->v[k] = *(struct val *)out.v[k];
+	return list_val(l);
+}
+
+static struct val str_is(struct rctx *r, struct val s, const char *m, struct args *A)
+{
+	(void)r, (void)A;
+	const char *p = s.u.s.p;
+	size_t n = s.u.s.n;
+	if (!n)
+		return mk_bool(0);
+	for (size_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)p[i];
+		int ok = !strcmp(m, "isdigit") ? (ch >= '0' && ch <= '9')
+			 : !strcmp(m, "isspace") ? (py_space_at(p + i, n - i) > 0)
+			 : !strcmp(m, "isalpha") ? ((ch | 32) >= 'a' && (ch | 32) <= 'z')
+			 : !strcmp(m, "isalnum") ? (((ch | 32) >= 'a' && (ch | 32) <= 'z') || (ch >= '0' && ch <= '9'))
+			 : !strcmp(m, "islower") ? !(ch >= 'A' && ch <= 'Z')
+						 : !(ch >= 'a' && ch <= 'z');
+		if (!ok)
 			return mk_bool(0);
-		for (size_t i = 0; i < n; i++) {
-			unsigned char ch = (unsigned char)p[i];
-			int ok = !strcmp(m, "isdigit") ? (ch >= '0' && ch <= '9')
-				 : !strcmp(m, "isspace") ? (py_space_at(p + i, n - i) > 0)
-				 : !strcmp(m, "isalpha") ? ((ch | 32) >= 'a' && (ch | 32) <= 'z')
-				 : !strcmp(m, "isalnum") ? (((ch | 32) >= 'a' && (ch | 32) <= 'z') || (ch >= '0' && ch <= '9'))
-				 : !strcmp(m, "islower") ? !(ch >= 'A' && ch <= 'Z')
-							 : !(ch >= 'a' && ch <= 'z');
-			if (!ok)
-				return mk_bool(0);
-		}
-		return mk_bool(1);
 	}
+	return mk_bool(1);
+}
+
+/* The str methods, by name; any other "is..." is str_is's. */
+static const struct {
+	const char *name;
+	struct val (*fn)(struct rctx *r, struct val s, const char *m, struct args *A);
+} str_methods[] = {
+	{"strip", str_strip}, {"lstrip", str_strip}, {"rstrip", str_strip}, {"split", str_split},
+	{"rsplit", str_split}, {"startswith", str_affix}, {"endswith", str_affix}, {"upper", str_case},
+	{"lower", str_case}, {"title", str_case}, {"capitalize", str_case}, {"replace", str_replace},
+	{"find", str_find}, {"index", str_find}, {"count", str_find}, {"join", str_join},
+	{"splitlines", str_splitlines},
+};
+
+static struct val str_method(struct rctx *r, struct val s, const char *m, struct args *A)
+{
+	for (size_t i = 0; i < sizeof str_methods / sizeof str_methods[0]; i++)
+		if (!strcmp(m, str_methods[i].name))
+			return str_methods[i].fn(r, s, m, A);
+	if (!strncmp(m, "is", 2))
+		return str_is(r, s, m, A);
 	fail(&r->c, SFW_E_UNSUPPORTED, "str.%s is not supported", m);
 }
 

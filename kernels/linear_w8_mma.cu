@@ -168,117 +168,219 @@ struct w8m_cfg {
 	static_assert(!SILU || WT % 2 == 0, "the SiLU epilogue pairs gate and up tiles");
 };
 
-template <int TT, int WT, int WM, int WN, int STAGES, bool SILU, bool SBF>
-static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args p)
+/* The scales' type in registers: floats, or (BF16 scales) bf16 pairs (s, s). */
+template <bool SBF> using w8m_sc_t = typename std::conditional<SBF, uint32_t, float>::type;
+
+/* The global weight row of block-local row r (-1: none). SiLU: each warp's
+ * 16-row tiles alternate gate (even) and up (odd) rows of the same outputs. */
+template <int WT, int BN, bool SILU>
+static __device__ __forceinline__ int w8m_wrow(const struct w8m_args &p, int r)
 {
-	using CF = w8m_cfg<TT, WT, WM, WN, STAGES, SILU>;
-	constexpr int BM = CF::BM, BN = CF::BN, T = CF::THREADS;
-	constexpr int BU = BN * 8 / T, AU = BM * 16 / T; /* 16-byte units per thread per stage */
-	static_assert(BN * 8 % T == 0 && BM * 16 % T == 0, "whole units per thread");
-	extern __shared__ __align__(16) unsigned char smem[];
-	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	int wm = warp / WN, wn = warp % WN, g = lane >> 2, c = lane & 3;
-	int m0 = blockIdx.y * BM;
-	int split = blockIdx.z;
-	int kc0 = split * p.cps, kcn = (p.K + W8M_BK - 1) / W8M_BK;
-	int kc1 = min(kcn, kc0 + p.cps);
-	int nst = kc1 - kc0; /* stages of this block (>= 1 by the plan) */
+	if (!SILU) {
+		int n = blockIdx.x * BN + r;
+		return n < p.N ? n : -1;
+	}
+	int w = r / (WT * 16), j = (r % (WT * 16)) / 16, i = r % 16;
+	int o = blockIdx.x * (BN / 2) + w * (WT / 2) * 16 + (j / 2) * 16 + i;
+	if (o >= p.N)
+		return -1;
+	return j % 2 == 0 ? o : p.N + o;
+}
 
-	/* The global weight row of block-local row r (-1: none). SiLU: each
-	 * warp's 16-row tiles alternate gate (even) and up (odd) rows of the
-	 * same outputs. */
-	auto wrow = [&](int r) -> int {
-		if (!SILU) {
-			int n = blockIdx.x * BN + r;
-			return n < p.N ? n : -1;
-		}
-		int w = r / (WT * 16), j = (r % (WT * 16)) / 16, i = r % 16;
-		int o = blockIdx.x * (BN / 2) + w * (WT / 2) * 16 + (j / 2) * 16 + i;
-		if (o >= p.N)
-			return -1;
-		return j % 2 == 0 ? o : p.N + o;
-	};
-
-	/* This thread's share of each stage, fixed over the stages: code units
-	 * (row tid / 8 + x T / 8, unit tid % 8) and activation units (row tid /
-	 * 16 + x T / 16, unit tid % 16). Activations = [BM][16 units of 8 bf16],
-	 * unit u of row r at u ^ (r & 1); codes = [BN][8 units of 16], unit u at
-	 * u ^ ((r & 1) << 2): the fragment loads below hit distinct banks. */
+/* This thread's share of each stage, fixed over the stages: code units (row
+ * tid / 8 + x T / 8, unit tid % 8) and activation units (row tid / 16 + x T
+ * / 16, unit tid % 16). Activations = [BM][16 units of 8 bf16], unit u of
+ * row r at u ^ (r & 1); codes = [BN][8 units of 16], unit u at u ^ ((r & 1)
+ * << 2): the fragment loads below hit distinct banks. */
+template <int BU, int AU> struct w8m_copies {
 	const uint8_t *bsrc[BU];
 	uint32_t bdst[BU];
 	const uint16_t *asrc[AU];
 	uint32_t adst[AU];
+	int bu, au;
+	unsigned bvalid, avalid;
+};
+
+template <class CF, int WT, bool SILU, int BU, int AU>
+static __device__ __forceinline__ void w8m_copy_plan(const struct w8m_args &p, int tid, int m0,
+						     struct w8m_copies<BU, AU> &cp)
+{
+	constexpr int T = CF::THREADS;
 	int bu = tid & 7, au = tid & 15;
 	unsigned bvalid = 0, avalid = 0;
 #pragma unroll
 	for (int x = 0; x < BU; x++) {
-		int r = (tid >> 3) + x * (T / 8), n = wrow(r);
+		int r = (tid >> 3) + x * (T / 8), n = w8m_wrow<WT, CF::BN, SILU>(p, r);
 		bvalid |= (n >= 0 ? 1u : 0u) << x;
-		bsrc[x] = p.C + (size_t)(n < 0 ? 0 : n) * p.K + bu * 16;
-		bdst[x] = (uint32_t)(CF::A_BYTES + r * W8M_BK + ((bu ^ ((r & 1) << 2)) << 4));
+		cp.bsrc[x] = p.C + (size_t)(n < 0 ? 0 : n) * p.K + bu * 16;
+		cp.bdst[x] = (uint32_t)(CF::A_BYTES + r * W8M_BK + ((bu ^ ((r & 1) << 2)) << 4));
 	}
 #pragma unroll
 	for (int x = 0; x < AU; x++) {
 		int r = (tid >> 4) + x * (T / 16), m = m0 + r;
 		avalid |= (m < p.M ? 1u : 0u) << x;
-		asrc[x] = p.X + (size_t)(m < p.M ? m : 0) * p.ldx + au * 8;
-		adst[x] = (uint32_t)(r * (W8M_BK * 2) + ((au ^ (r & 1)) << 4));
+		cp.asrc[x] = p.X + (size_t)(m < p.M ? m : 0) * p.ldx + au * 8;
+		cp.adst[x] = (uint32_t)(r * (W8M_BK * 2) + ((au ^ (r & 1)) << 4));
 	}
-	auto load_b = [&](int st, int kc) {
-		unsigned char *base = smem + (size_t)st * CF::STAGE;
-		int k0 = kc * W8M_BK;
-		bool kin = k0 + bu * 16 < p.K;
-#pragma unroll
-		for (int x = 0; x < BU; x++) {
-			bool ok = kin && ((bvalid >> x) & 1);
-			w8m_cp16(base + bdst[x], ok ? bsrc[x] + k0 : p.C, ok ? 16 : 0);
-		}
-	};
-	auto load_a = [&](int st, int kc) {
-		unsigned char *base = smem + (size_t)st * CF::STAGE;
-		int k0 = kc * W8M_BK;
-		bool kin = k0 + au * 8 < p.K;
-#pragma unroll
-		for (int x = 0; x < AU; x++) {
-			bool ok = kin && ((avalid >> x) & 1);
-			w8m_cp16(base + adst[x], ok ? asrc[x] + k0 : p.X, ok ? 16 : 0);
-		}
-	};
+	cp.bu = bu, cp.au = au;
+	cp.bvalid = bvalid, cp.avalid = avalid;
+}
 
-	/* This lane's weight rows: g and g + 8 of each 16-row tile. */
-	int brow[WT][2];
-	size_t srow[WT][2];
+/* Starts the copies of chunk kc's codes into stage st. */
+template <class CF, int BU, int AU>
+static __device__ __forceinline__ void w8m_load_b(unsigned char *smem, const struct w8m_args &p,
+						  const struct w8m_copies<BU, AU> &cp, int st, int kc)
+{
+	unsigned char *base = smem + (size_t)st * CF::STAGE;
+	int k0 = kc * W8M_BK;
+	bool kin = k0 + cp.bu * 16 < p.K;
+#pragma unroll
+	for (int x = 0; x < BU; x++) {
+		bool ok = kin && ((cp.bvalid >> x) & 1);
+		w8m_cp16(base + cp.bdst[x], ok ? cp.bsrc[x] + k0 : p.C, ok ? 16 : 0);
+	}
+}
+
+/* Starts the copies of chunk kc's activations into stage st. */
+template <class CF, int BU, int AU>
+static __device__ __forceinline__ void w8m_load_a(unsigned char *smem, const struct w8m_args &p,
+						  const struct w8m_copies<BU, AU> &cp, int st, int kc)
+{
+	unsigned char *base = smem + (size_t)st * CF::STAGE;
+	int k0 = kc * W8M_BK;
+	bool kin = k0 + cp.au * 8 < p.K;
+#pragma unroll
+	for (int x = 0; x < AU; x++) {
+		bool ok = kin && ((cp.avalid >> x) & 1);
+		w8m_cp16(base + cp.adst[x], ok ? cp.asrc[x] + k0 : p.X, ok ? 16 : 0);
+	}
+}
+
+/* This lane's weight rows: g and g + 8 of each 16-row tile (block-local),
+ * and the offsets of their scale rows. */
+template <int WT, int BN, bool SILU>
+static __device__ __forceinline__ void w8m_lane_rows(const struct w8m_args &p, int wn, int g,
+						     int (&brow)[WT][2], size_t (&srow)[WT][2])
+{
 #pragma unroll
 	for (int j = 0; j < WT; j++)
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
 			brow[j][h] = wn * WT * 16 + j * 16 + g + 8 * h;
-			int n = wrow(brow[j][h]);
+			int n = w8m_wrow<WT, BN, SILU>(p, brow[j][h]);
 			srow[j][h] = (size_t)(n < 0 ? 0 : n) * p.G;
 		}
-	/* The scales of this lane's 16-code units in a stage (one group each):
-	 * as floats, or (BF16 scales) as bf16 pairs (s, s). */
-	typedef typename std::conditional<SBF, uint32_t, float>::type sc_t;
-	auto scales = [&](int kc, int half, sc_t (*sv)[2]) {
-		int k = kc * W8M_BK + half * 64 + c * 16;
-		int gi = min(k / p.group, p.G - 1);
+}
+
+/* The scales of this lane's 16-code units in half `half` of chunk kc (one
+ * group each). */
+template <int WT, bool SBF>
+static __device__ __forceinline__ void w8m_scales(const struct w8m_args &p, const size_t (&srow)[WT][2],
+						  int c, int kc, int half, w8m_sc_t<SBF> (*sv)[2])
+{
+	int k = kc * W8M_BK + half * 64 + c * 16;
+	int gi = min(k / p.group, p.G - 1);
+#pragma unroll
+	for (int j = 0; j < WT; j++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			if constexpr (SBF) {
+				uint32_t v = __ldg((const uint16_t *)p.S + srow[j][h] + gi);
+				sv[j][h] = v | (v << 16);
+			} else {
+				sv[j][h] = w8m_scale(p.S, p.sdt, srow[j][h] + gi);
+			}
+		}
+}
+
+/* MMA step s (0..3) of a 64-wide slice: the codes 4s .. 4s + 3 of bw,
+ * dequantized into the A fragments, times activation units a (its halves t
+ * = s % 2), into acc. */
+template <int TT, int WT, bool SBF>
+static __device__ __forceinline__ void w8m_step(const uint4 (&bw)[WT][2], const uint4 (&a)[TT],
+						const w8m_sc_t<SBF> (&sc)[WT][2], int s, int t,
+						float (&acc)[TT][WT][4])
+{
+	uint32_t wf[WT][4]; /* A fragments: a0 a1 a2 a3 */
+#pragma unroll
+	for (int j = 0; j < WT; j++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			uint32_t w = s == 0   ? bw[j][h].x
+				     : s == 1 ? bw[j][h].y
+				     : s == 2 ? bw[j][h].z
+					      : bw[j][h].w;
+			if constexpr (SBF)
+				w8m_dequant4_bf(w, sc[j][h], wf[j][h], wf[j][2 + h]);
+			else
+				w8m_dequant4(w, sc[j][h], wf[j][h], wf[j][2 + h]);
+		}
+#pragma unroll
+	for (int i = 0; i < TT; i++) {
+		uint32_t b0 = t ? a[i].z : a[i].x, b1 = t ? a[i].w : a[i].y;
+#pragma unroll
+		for (int j = 0; j < WT; j++)
+			w8m_mma(acc[i][j], wf[j][0], wf[j][1], wf[j][2], wf[j][3], b0, b1);
+	}
+}
+
+/* One stage in shared memory (activations A, codes B) into acc: two 64-wide
+ * slices of four MMA steps each. */
+template <int TT, int WT, bool SBF>
+static __device__ __forceinline__ void w8m_stage(const unsigned char *A, const unsigned char *B, int wm,
+						 int g, int c, const int (&brow)[WT][2],
+						 const w8m_sc_t<SBF> (&sc)[2][WT][2], float (&acc)[TT][WT][4])
+{
+#pragma unroll
+	for (int half = 0; half < 2; half++) {
+		uint4 bw[WT][2]; /* 16 codes of rows g, g + 8 of each tile */
 #pragma unroll
 		for (int j = 0; j < WT; j++)
 #pragma unroll
 			for (int h = 0; h < 2; h++) {
-				if constexpr (SBF) {
-					uint32_t v = __ldg((const uint16_t *)p.S + srow[j][h] + gi);
-					sv[j][h] = v | (v << 16);
-				} else {
-					sv[j][h] = w8m_scale(p.S, p.sdt, srow[j][h] + gi);
-				}
+				int r = brow[j][h], u = half * 4 + c;
+				bw[j][h] = w8m_lds(B + r * W8M_BK + ((u ^ ((r & 1) << 2)) << 4));
 			}
-	};
+#pragma unroll
+		for (int q = 0; q < 2; q++) { /* steps 2q, 2q + 1: one activation unit per row */
+			uint4 a[TT];
+#pragma unroll
+			for (int i = 0; i < TT; i++) {
+				int r = wm * TT * 8 + i * 8 + g, u = half * 8 + 2 * c + q;
+				a[i] = w8m_lds(A + r * (W8M_BK * 2) + ((u ^ (r & 1)) << 4));
+			}
+#pragma unroll
+			for (int t = 0; t < 2; t++)
+				w8m_step<TT, WT, SBF>(bw, a, sc[half], q * 2 + t, t, acc);
+		}
+	}
+}
 
-	/* acc[i][j]: activation tile i (8 rows) × weight tile j (16 rows); the
-	 * MMA's D: element e is weight row g + 8 (e / 2), activation row 2c +
-	 * e % 2. */
-	float acc[TT][WT][4];
+/* Split K: writes this block's partial tile to the workspace; the last of
+ * the S blocks of the tile to arrive sums the S partials in the order
+ * 0..S-1 into acc and returns true, the others return false. last: the
+ * kernel's flag in shared memory. */
+template <class CF, int TT, int WT>
+static __device__ __forceinline__ bool w8m_split_sum(const struct w8m_args &p, int tid, int split,
+						     float (&acc)[TT][WT][4], int &last)
+{
+	constexpr int T = CF::THREADS;
+	int tile = blockIdx.y * gridDim.x + blockIdx.x;
+	float4 *mine = (float4 *)(p.part + (((size_t)tile * p.splits + split) * T + tid) * CF::ACC);
+#pragma unroll
+	for (int i = 0; i < TT; i++)
+#pragma unroll
+		for (int j = 0; j < WT; j++)
+			mine[i * WT + j] =
+			    make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]);
+	__threadfence();
+	__syncthreads();
+	if (tid == 0)
+		last = atomicAdd(p.cnt + tile, 1) == p.splits - 1;
+	__syncthreads();
+	if (!last)
+		return false;
+	__threadfence();
 #pragma unroll
 	for (int i = 0; i < TT; i++)
 #pragma unroll
@@ -286,138 +388,29 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 #pragma unroll
 			for (int e = 0; e < 4; e++)
 				acc[i][j][e] = 0.0f;
-
-	/* Weights first (written only by copies): they stream while the kernel
-	 * before finishes; activations after the programmatic-launch wait. */
-#pragma unroll
-	for (int s = 0; s < STAGES - 1; s++)
-		if (s < nst)
-			load_b(s, kc0 + s);
-	sc_t sc[2][WT][2];
-	scales(kc0, 0, sc[0]);
-	scales(kc0, 1, sc[1]);
-	sfwc_pdl_wait();
-#pragma unroll
-	for (int s = 0; s < STAGES - 1; s++) {
-		if (s < nst)
-			load_a(s, kc0 + s);
-		w8m_commit();
-	}
-
-	for (int it = 0; it < nst; it++) {
-		int st = it % STAGES;
-		w8m_wait<STAGES - 2>();
-		__syncthreads(); /* stage st landed for all; stage (it - 1) % STAGES is free */
-		{
-			int nx = it + STAGES - 1;
-			if (nx < nst) {
-				load_b(nx % STAGES, kc0 + nx);
-				load_a(nx % STAGES, kc0 + nx);
-			}
-			w8m_commit();
-		}
-		sc_t scn[2][WT][2];
-		if (it + 1 < nst) {
-			scales(kc0 + it + 1, 0, scn[0]);
-			scales(kc0 + it + 1, 1, scn[1]);
-		}
-		const unsigned char *A = smem + (size_t)st * CF::STAGE;
-		const unsigned char *B = A + CF::A_BYTES;
-#pragma unroll
-		for (int half = 0; half < 2; half++) {
-			uint4 bw[WT][2]; /* 16 codes of rows g, g + 8 of each tile */
-#pragma unroll
-			for (int j = 0; j < WT; j++)
-#pragma unroll
-				for (int h = 0; h < 2; h++) {
-					int r = brow[j][h], u = half * 4 + c;
-					bw[j][h] = w8m_lds(B + r * W8M_BK + ((u ^ ((r & 1) << 2)) << 4));
-				}
-#pragma unroll
-			for (int q = 0; q < 2; q++) { /* steps 2q, 2q + 1: one activation unit per row */
-				uint4 a[TT];
-#pragma unroll
-				for (int i = 0; i < TT; i++) {
-					int r = wm * TT * 8 + i * 8 + g, u = half * 8 + 2 * c + q;
-					a[i] = w8m_lds(A + r * (W8M_BK * 2) + ((u ^ (r & 1)) << 4));
-				}
-#pragma unroll
-				for (int t = 0; t < 2; t++) {
-					const int s = q * 2 + t;
-					uint32_t wf[WT][4]; /* A fragments: a0 a1 a2 a3 */
-#pragma unroll
-					for (int j = 0; j < WT; j++)
-#pragma unroll
-						for (int h = 0; h < 2; h++) {
-							uint32_t w = s == 0 ? bw[j][h].x
-								     : s == 1 ? bw[j][h].y
-								     : s == 2 ? bw[j][h].z
-									      : bw[j][h].w;
-							if constexpr (SBF)
-								w8m_dequant4_bf(w, sc[half][j][h], wf[j][h], wf[j][2 + h]);
-							else
-								w8m_dequant4(w, sc[half][j][h], wf[j][h], wf[j][2 + h]);
-						}
-#pragma unroll
-					for (int i = 0; i < TT; i++) {
-						uint32_t b0 = t ? a[i].z : a[i].x, b1 = t ? a[i].w : a[i].y;
-#pragma unroll
-						for (int j = 0; j < WT; j++)
-							w8m_mma(acc[i][j], wf[j][0], wf[j][1], wf[j][2], wf[j][3], b0, b1);
-					}
-				}
-			}
-		}
-		if (it + 1 < nst) {
-#pragma unroll
-			for (int j = 0; j < WT; j++)
-#pragma unroll
-				for (int h = 0; h < 2; h++)
-					sc[0][j][h] = scn[0][j][h], sc[1][j][h] = scn[1][j][h];
-		}
-	}
-	w8m_wait<0>();
-
-	if (p.splits > 1) {
-		__shared__ int last;
-		int tile = blockIdx.y * gridDim.x + blockIdx.x;
-		float4 *mine = (float4 *)(p.part + (((size_t)tile * p.splits + split) * T + tid) * CF::ACC);
+	for (int s = 0; s < p.splits; s++) {
+		const float4 *src =
+		    (const float4 *)(p.part + (((size_t)tile * p.splits + s) * T + tid) * CF::ACC);
 #pragma unroll
 		for (int i = 0; i < TT; i++)
 #pragma unroll
-			for (int j = 0; j < WT; j++)
-				mine[i * WT + j] = make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]);
-		__threadfence();
-		__syncthreads();
-		if (tid == 0)
-			last = atomicAdd(p.cnt + tile, 1) == p.splits - 1;
-		__syncthreads();
-		if (!last)
-			return;
-		__threadfence();
-#pragma unroll
-		for (int i = 0; i < TT; i++)
-#pragma unroll
-			for (int j = 0; j < WT; j++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					acc[i][j][e] = 0.0f;
-		for (int s = 0; s < p.splits; s++) {
-			const float4 *src = (const float4 *)(p.part + (((size_t)tile * p.splits + s) * T + tid) * CF::ACC);
-#pragma unroll
-			for (int i = 0; i < TT; i++)
-#pragma unroll
-				for (int j = 0; j < WT; j++) {
-					float4 v = __ldcg(src + i * WT + j);
-					acc[i][j][0] += v.x, acc[i][j][1] += v.y, acc[i][j][2] += v.z, acc[i][j][3] += v.w;
-				}
-		}
-		if (tid == 0)
-			p.cnt[tile] = 0; /* ready for the next call */
+			for (int j = 0; j < WT; j++) {
+				float4 v = __ldcg(src + i * WT + j);
+				acc[i][j][0] += v.x, acc[i][j][1] += v.y, acc[i][j][2] += v.z,
+				    acc[i][j][3] += v.w;
+			}
 	}
+	if (tid == 0)
+		p.cnt[tile] = 0; /* ready for the next call */
+	return true;
+}
 
-	/* Epilogue: acc[i][j][e] is Y[m, n] for m = activation row 2c + e % 2
-	 * of tile i, n = weight row g + 8 (e / 2) of tile j. */
+/* Epilogue: acc[i][j][e] is Y[m, n] for m = activation row 2c + e % 2 of
+ * tile i, n = weight row g + 8 (e / 2) of tile j. */
+template <int TT, int WT, int BN, bool SILU>
+static __device__ __forceinline__ void w8m_epilogue(const struct w8m_args &p, int m0, int wm, int wn, int g,
+						    int c, const float (&acc)[TT][WT][4])
+{
 #pragma unroll
 	for (int i = 0; i < TT; i++)
 #pragma unroll
@@ -440,7 +433,8 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 				for (int j = 0; j < WT; j += 2)
 #pragma unroll
 					for (int h = 0; h < 2; h++) {
-						int n = blockIdx.x * (BN / 2) + wn * (WT / 2) * 16 + (j / 2) * 16 + g + 8 * h;
+						int n = blockIdx.x * (BN / 2) + wn * (WT / 2) * 16 +
+							(j / 2) * 16 + g + 8 * h;
 						if (n >= p.N)
 							continue;
 						float gt = sfwc_rbf(acc[i][j][2 * h + e2]);
@@ -449,6 +443,95 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 					}
 			}
 		}
+}
+
+template <int TT, int WT, int WM, int WN, int STAGES, bool SILU, bool SBF>
+static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args p)
+{
+	using CF = w8m_cfg<TT, WT, WM, WN, STAGES, SILU>;
+	using sc_t = w8m_sc_t<SBF>;
+	constexpr int BM = CF::BM, BN = CF::BN, T = CF::THREADS;
+	constexpr int BU = BN * 8 / T, AU = BM * 16 / T; /* 16-byte units per thread per stage */
+	static_assert(BN * 8 % T == 0 && BM * 16 % T == 0, "whole units per thread");
+	extern __shared__ __align__(16) unsigned char smem[];
+	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	int wm = warp / WN, wn = warp % WN, g = lane >> 2, c = lane & 3;
+	int m0 = blockIdx.y * BM;
+	int split = blockIdx.z;
+	int kc0 = split * p.cps, kcn = (p.K + W8M_BK - 1) / W8M_BK;
+	int kc1 = min(kcn, kc0 + p.cps);
+	int nst = kc1 - kc0; /* stages of this block (>= 1 by the plan) */
+
+	struct w8m_copies<BU, AU> cp;
+	w8m_copy_plan<CF, WT, SILU>(p, tid, m0, cp);
+	int brow[WT][2];
+	size_t srow[WT][2];
+	w8m_lane_rows<WT, BN, SILU>(p, wn, g, brow, srow);
+
+	/* acc[i][j]: activation tile i (8 rows) × weight tile j (16 rows); the
+	 * MMA's D: element e is weight row g + 8 (e / 2), activation row 2c +
+	 * e % 2. */
+	float acc[TT][WT][4];
+#pragma unroll
+	for (int i = 0; i < TT; i++)
+#pragma unroll
+		for (int j = 0; j < WT; j++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[i][j][e] = 0.0f;
+
+				/* Weights first (written only by copies): they stream while the kernel
+				 * before finishes; activations after the programmatic-launch wait. */
+#pragma unroll
+	for (int s = 0; s < STAGES - 1; s++)
+		if (s < nst)
+			w8m_load_b<CF>(smem, p, cp, s, kc0 + s);
+	sc_t sc[2][WT][2];
+	w8m_scales<WT, SBF>(p, srow, c, kc0, 0, sc[0]);
+	w8m_scales<WT, SBF>(p, srow, c, kc0, 1, sc[1]);
+	sfwc_pdl_wait();
+#pragma unroll
+	for (int s = 0; s < STAGES - 1; s++) {
+		if (s < nst)
+			w8m_load_a<CF>(smem, p, cp, s, kc0 + s);
+		w8m_commit();
+	}
+
+	for (int it = 0; it < nst; it++) {
+		int st = it % STAGES;
+		w8m_wait<STAGES - 2>();
+		__syncthreads(); /* stage st landed for all; stage (it - 1) % STAGES is free */
+		{
+			int nx = it + STAGES - 1;
+			if (nx < nst) {
+				w8m_load_b<CF>(smem, p, cp, nx % STAGES, kc0 + nx);
+				w8m_load_a<CF>(smem, p, cp, nx % STAGES, kc0 + nx);
+			}
+			w8m_commit();
+		}
+		sc_t scn[2][WT][2];
+		if (it + 1 < nst) {
+			w8m_scales<WT, SBF>(p, srow, c, kc0 + it + 1, 0, scn[0]);
+			w8m_scales<WT, SBF>(p, srow, c, kc0 + it + 1, 1, scn[1]);
+		}
+		const unsigned char *A = smem + (size_t)st * CF::STAGE;
+		w8m_stage<TT, WT, SBF>(A, A + CF::A_BYTES, wm, g, c, brow, sc, acc);
+		if (it + 1 < nst) {
+#pragma unroll
+			for (int j = 0; j < WT; j++)
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+					sc[0][j][h] = scn[0][j][h], sc[1][j][h] = scn[1][j][h];
+		}
+	}
+	w8m_wait<0>();
+
+	if (p.splits > 1) {
+		__shared__ int last;
+		if (!w8m_split_sum<CF>(p, tid, split, acc, last))
+			return;
+	}
+	w8m_epilogue<TT, WT, BN, SILU>(p, m0, wm, wn, g, c, acc);
 }
 
 /* ---- plan and launch ---- */

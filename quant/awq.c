@@ -585,6 +585,105 @@ static size_t seq_tokens(const struct sfw_quant_params *p, size_t n, size_t per,
 	return n - q * per; /* the default's last sequence: the rest of the text */
 }
 
+/* Runs the calibration sequences through m, its taps gathering each layer's
+ * statistics into c (set up here); *ctx is the caller's to free. */
+static enum sfw_status calibrate(const struct sfw_quant_params *p, struct sfw_model *m, const int32_t *ids,
+				 size_t n, struct calib *c, struct sfw_ctx **ctx, struct sfw_quant_stats *st,
+				 struct sfw_err *err)
+{
+	const struct sfw_config *cf = sfw_model_config(m);
+	/* sequences: BOS + up to seq_len - 1 tokens each, cut from the text's
+	 * tokens in order. samples 0 (the default): as many as the text fills,
+	 * at most SFW_QUANT_AUTO_SAMPLES, the last one shorter, so every token
+	 * of the text is used once and never again. An explicit count is run
+	 * whole: a text shorter than that is gone through again from its start
+	 * (the CLI says so). */
+	size_t per = (size_t)p->seq_len - 1;
+	size_t nseq = (size_t)p->samples;
+	if (p->samples == 0) {
+		nseq = (n + per - 1) / per;
+		if (nseq > SFW_QUANT_AUTO_SAMPLES)
+			nseq = SFW_QUANT_AUTO_SAMPLES;
+	}
+	int64_t total = 0, used = 0;
+	for (size_t q = 0; q < nseq; q++) {
+		size_t len = seq_tokens(p, n, per, q);
+		total += (int64_t)len + 1;
+		used += (int64_t)len;
+	}
+	c->m = m;
+	c->last_layer = -1;
+	c->L = cf->num_hidden_layers;
+	c->loss_rows = p->loss_rows;
+	c->stride = total / p->loss_rows > 1 ? total / p->loss_rows : 1;
+	c->st = sfw_calloc((size_t)c->L * T_N, sizeof(*c->st));
+	int32_t *seq = sfw_malloc((per + 1) * sizeof(int32_t));
+	if (!c->st || !seq) {
+		sfw_free(seq);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	enum sfw_status s;
+	struct sfw_ctx_params cp = sfw_ctx_default_params();
+	if ((s = sfw_ctx_new(m, &cp, ctx, err)) != SFW_OK) {
+		sfw_free(seq);
+		return s;
+	}
+	sfw_ctx_set_tap(*ctx, on_tap, c);
+	sfw_ctx_set_tap_linear_inputs(*ctx, 1);
+	double t0 = sfw_now_s();
+	for (size_t q = 0; q < nseq && s == SFW_OK; q++) {
+		size_t len = seq_tokens(p, n, per, q);
+		seq[0] = cf->bos_token_id >= 0 && cf->bos_token_id < cf->vocab_size ? cf->bos_token_id : 1;
+		for (size_t j = 0; j < len; j++)
+			seq[1 + j] = ids[(q * per + j) % n];
+		sfw_ctx_reset(*ctx);
+		s = sfw_ctx_prefill(*ctx, seq, len + 1, NULL, err);
+		if (s == SFW_OK && c->nomem)
+			s = sfw_fail(err, SFW_E_NOMEM, "out of memory for AWQ statistics");
+		if (s == SFW_OK)
+			sfwi_phase(p, SFW_QP_CALIB, (int64_t)q + 1, (int64_t)nseq, t0);
+	}
+	if (c->last_layer >= 0)
+		release_layer(m, c->last_layer);
+	sfw_free(seq);
+	st->calib_tokens = total;
+	st->calib_text_tokens = (int64_t)n;
+	st->calib_text_used = used;
+	st->calib_samples = (int64_t)nseq;
+	return s;
+}
+
+/* Searches layer li's groups into F, then drops the layer's statistics and
+ * weight pages: what is held stays one layer's search, not the model's. */
+static enum sfw_status search_layer(const char *in_dir, const struct sfw_model *m, struct calib *c, int li,
+				    const struct sfw_quant_params *p, struct sfwi_awq_dev *dev,
+				    struct sfwi_fold_layer *F, struct sfw_quant_stats *st,
+				    struct sfw_err *err)
+{
+	const struct sfwi_layer *L = &m->layers[li];
+	const struct sfw_bweight *attn[5] = {&L->q, &L->k, &L->v};
+	int na = 3;
+	if (L->kind == SFW_MIXER_SPARSE && L->o_gate.host)
+		attn[na++] = &L->o_gate;
+	if (L->kind == SFW_MIXER_LIGHTNING && L->z.host)
+		attn[na++] = &L->z;
+	const struct sfw_bweight *o[1] = {&L->o}, *mlp[2] = {&L->gate, &L->up}, *down[1] = {&L->down};
+	enum sfw_status s = search(in_dir, &c->st[li * T_N + T_ATTN], attn, na, p, dev, &F->s_attn, st, err);
+	if (s == SFW_OK && L->kind == SFW_MIXER_LIGHTNING && L->o_norm.host)
+		s = search(in_dir, &c->st[li * T_N + T_O], o, 1, p, dev, &F->s_o, st, err);
+	if (s == SFW_OK)
+		s = search(in_dir, &c->st[li * T_N + T_MLP], mlp, 2, p, dev, &F->s_mlp, st, err);
+	if (s == SFW_OK)
+		s = search(in_dir, &c->st[li * T_N + T_DOWN], down, 1, p, dev, &F->s_down, st, err);
+	for (int k = 0; k < T_N; k++) {
+		struct tapstat *ts = &c->st[li * T_N + k];
+		sfw_free(ts->rows);
+		ts->rows = NULL;
+	}
+	release_layer(m, li);
+	return s;
+}
+
 enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_params *p, struct sfwi_fold *out,
 				struct sfw_err *err)
 {
@@ -622,65 +721,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 	 * and below each layer's pages go once the forward is past it */
 	if ((s = calib_ids(in_dir, p, cf->vocab_size, &ids, &n, err)) != SFW_OK)
 		goto done;
-	/* sequences: BOS + up to seq_len - 1 tokens each, cut from the text's
-	 * tokens in order. samples 0 (the default): as many as the text fills,
-	 * at most SFW_QUANT_AUTO_SAMPLES, the last one shorter, so every token
-	 * of the text is used once and never again. An explicit count is run
-	 * whole: a text shorter than that is gone through again from its start
-	 * (the CLI says so). */
-	size_t per = (size_t)p->seq_len - 1;
-	size_t nseq = (size_t)p->samples;
-	if (p->samples == 0) {
-		nseq = (n + per - 1) / per;
-		if (nseq > SFW_QUANT_AUTO_SAMPLES)
-			nseq = SFW_QUANT_AUTO_SAMPLES;
-	}
-	int64_t total = 0, used = 0;
-	for (size_t q = 0; q < nseq; q++) {
-		size_t len = seq_tokens(p, n, per, q);
-		total += (int64_t)len + 1;
-		used += (int64_t)len;
-	}
-	c.m = m;
-	c.last_layer = -1;
-	c.L = cf->num_hidden_layers;
-	c.loss_rows = p->loss_rows;
-	c.stride = total / p->loss_rows > 1 ? total / p->loss_rows : 1;
-	c.st = sfw_calloc((size_t)c.L * T_N, sizeof(*c.st));
-	int32_t *seq = sfw_malloc((per + 1) * sizeof(int32_t));
-	if (!c.st || !seq) {
-		sfw_free(seq);
-		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		goto done;
-	}
-	struct sfw_ctx_params cp = sfw_ctx_default_params();
-	if ((s = sfw_ctx_new(m, &cp, &ctx, err)) != SFW_OK) {
-		sfw_free(seq);
-		goto done;
-	}
-	sfw_ctx_set_tap(ctx, on_tap, &c);
-	sfw_ctx_set_tap_linear_inputs(ctx, 1);
-	t0 = sfw_now_s();
-	for (size_t q = 0; q < nseq && s == SFW_OK; q++) {
-		size_t len = seq_tokens(p, n, per, q);
-		seq[0] = cf->bos_token_id >= 0 && cf->bos_token_id < cf->vocab_size ? cf->bos_token_id : 1;
-		for (size_t j = 0; j < len; j++)
-			seq[1 + j] = ids[(q * per + j) % n];
-		sfw_ctx_reset(ctx);
-		s = sfw_ctx_prefill(ctx, seq, len + 1, NULL, err);
-		if (s == SFW_OK && c.nomem)
-			s = sfw_fail(err, SFW_E_NOMEM, "out of memory for AWQ statistics");
-		if (s == SFW_OK)
-			sfwi_phase(p, SFW_QP_CALIB, (int64_t)q + 1, (int64_t)nseq, t0);
-	}
-	if (c.last_layer >= 0)
-		release_layer(m, c.last_layer);
-	sfw_free(seq);
-	st->calib_tokens = total;
-	st->calib_text_tokens = (int64_t)n;
-	st->calib_text_used = used;
-	st->calib_samples = (int64_t)nseq;
-	if (s != SFW_OK)
+	if ((s = calibrate(p, m, ids, n, &c, &ctx, st, err)) != SFW_OK)
 		goto done;
 
 	out->L = sfw_calloc((size_t)c.L, sizeof(*out->L));
@@ -699,30 +740,7 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 #endif
 	t0 = sfw_now_s();
 	for (int li = 0; li < c.L && s == SFW_OK; li++) {
-		const struct sfwi_layer *L = &m->layers[li];
-		struct sfwi_fold_layer *F = &out->L[li];
-		const struct sfw_bweight *attn[5] = {&L->q, &L->k, &L->v};
-		int na = 3;
-		if (L->kind == SFW_MIXER_SPARSE && L->o_gate.host)
-			attn[na++] = &L->o_gate;
-		if (L->kind == SFW_MIXER_LIGHTNING && L->z.host)
-			attn[na++] = &L->z;
-		const struct sfw_bweight *o[1] = {&L->o}, *mlp[2] = {&L->gate, &L->up}, *down[1] = {&L->down};
-		s = search(in_dir, &c.st[li * T_N + T_ATTN], attn, na, p, dev, &F->s_attn, st, err);
-		if (s == SFW_OK && L->kind == SFW_MIXER_LIGHTNING && L->o_norm.host)
-			s = search(in_dir, &c.st[li * T_N + T_O], o, 1, p, dev, &F->s_o, st, err);
-		if (s == SFW_OK)
-			s = search(in_dir, &c.st[li * T_N + T_MLP], mlp, 2, p, dev, &F->s_mlp, st, err);
-		if (s == SFW_OK)
-			s = search(in_dir, &c.st[li * T_N + T_DOWN], down, 1, p, dev, &F->s_down, st, err);
-		/* this layer's statistics and weight pages are done with: what is
-		 * held stays one layer's search, not the model's */
-		for (int k = 0; k < T_N; k++) {
-			struct tapstat *ts = &c.st[li * T_N + k];
-			sfw_free(ts->rows);
-			ts->rows = NULL;
-		}
-		release_layer(m, li);
+		s = search_layer(in_dir, m, &c, li, p, dev, &out->L[li], st, err);
 		if (s == SFW_OK && sfw_ops_cpu_take_failure(ex))
 			s = sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
 		if (s == SFW_OK)
