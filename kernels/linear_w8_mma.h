@@ -36,11 +36,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 int sfw_cuda_w8mma_ok(const void *X, int ldx, const uint8_t *codes, int group, int M, int N, int K,
 		      enum sfw_dtype sdt);
 size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu);
 int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
 			 int group, uint16_t *Y, int ldy, int M, int N, int K, int silu, void *ws, size_t ws_bytes,
 			 void *stream);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -210,7 +210,10 @@ static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, st
 	 * logits [V], the last selection [L, nkv, k] and the sampled id (16) */
 	p->activations = R * (3 * D + 3 * wq + 2 * wk + 3 * I) * 2 + R * 4 + nkv * R * c->sparse_k * 4 + V * 4 +
 			 (double)c->num_hidden_layers * nkv * c->sparse_k * 4 + 16;
-	p->scratch = (double)((size_t)64 << 20) + (double)((size_t)32 << 20) +
+	/* the op scratch (SFW_CUDA_SCRATCH_MIN), the cuBLASLt workspace, the int8
+	 * GEMM's split-K workspace (SFW_CUDA_W8WS_BYTES, kernels/ops_cuda.h) and,
+	 * past the dense length, the block-selection scratch */
+	p->scratch = (double)((size_t)64 << 20) + (double)((size_t)32 << 20) + (double)((size_t)20 << 20) +
 		     (max_ctx >= c->sparse_dense_len ? (double)((size_t)256 << 20) : 0);
 	p->total = p->weights + p->kv + p->compressed + p->lightning + p->activations + p->scratch;
 }
