@@ -22,6 +22,12 @@ static __device__ __forceinline__ bool is_cand(float l)
 	return !isnan(l) && l != -INFINITY;
 }
 
+/* a candidate that min-p keeps (the twin's surv) */
+static __device__ __forceinline__ bool surv(float l, float max, float min_p)
+{
+	return is_cand(l) && (min_p <= 0.0f || sfws_exp(SFWS_SUB(l, max)) >= min_p);
+}
+
 struct red {
 	float bv;
 	int best, inf, n, last;
@@ -61,7 +67,8 @@ struct sample_rows {
 	const float *lg;
 	int V;
 	int row[SFW_CUDA_SEQS_MAX], top_k[SFW_CUDA_SEQS_MAX], greedy[SFW_CUDA_SEQS_MAX];
-	float inv_t[SFW_CUDA_SEQS_MAX], top_p[SFW_CUDA_SEQS_MAX];
+	float inv_t[SFW_CUDA_SEQS_MAX], top_p[SFW_CUDA_SEQS_MAX], min_p[SFW_CUDA_SEQS_MAX];
+	int host[SFW_CUDA_SEQS_MAX]; /* penalties, biases or logprobs: the host's (-1) */
 	double u[SFW_CUDA_SEQS_MAX];
 };
 
@@ -69,10 +76,15 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 {
 	sfwc_pdl_wait();
 	const int b = blockIdx.x, V = R.V, top_k = R.top_k[b], greedy = R.greedy[b];
-	const float inv_t = R.inv_t[b], top_p = R.top_p[b];
+	const float inv_t = R.inv_t[b], top_p = R.top_p[b], min_p = R.min_p[b];
 	const double u = R.u[b];
 	const float *lg = R.lg + (size_t)R.row[b] * V;
 	int32_t *out = R.out + R.row[b];
+	if (R.host[b]) {
+		if (threadIdx.x == 0)
+			*out = -1;
+		return;
+	}
 	__shared__ red r[SFWS_THREADS];
 	__shared__ double part[SFWS_THREADS];
 	__shared__ unsigned long long keys[SFWS_MAX_SORT];
@@ -141,7 +153,7 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 	if (!kk) {
 		double s = 0;
 		for (int i = i0; i < i1; i++)
-			if (is_cand(lg[i]))
+			if (cut_p ? is_cand(lg[i]) : surv(lg[i], max, min_p))
 				s += cut_p ? sfws_exp(SFWS_SUB(lg[i], max)) : sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), inv_t));
 		part[t] = s;
 		__syncthreads();
@@ -155,7 +167,7 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 					if (target < start + part[c]) {
 						double acc = start;
 						for (int i = c * C; i < V && i < (c + 1) * C; i++) {
-							if (!is_cand(lg[i]))
+							if (!surv(lg[i], max, min_p))
 								continue;
 							acc += sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), inv_t));
 							if (target < acc) {
@@ -166,7 +178,11 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 					}
 					start += part[c];
 				}
-				*out = g.last;
+				/* rounding: the last survivor */
+				int last = g.last;
+				while (min_p > 0.0f && last > 0 && !surv(lg[last], max, min_p))
+					last--;
+				*out = last;
 			}
 			return;
 		}
@@ -257,6 +273,9 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 			return;
 		}
 	}
+	/* min-p: a prefix of the survivors (the best has weight 1) */
+	while (min_p > 0.0f && mm > 1 && !(sfws_exp(SFWS_SUB(sfws_key_logit(keys[mm - 1]), max)) >= min_p))
+		mm--;
 	double sum = 0, acc = 0;
 	for (int i = 0; i < mm; i++)
 		sum += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), inv_t));
@@ -289,6 +308,7 @@ extern "C" void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, i
 			inv_t = 0.0f;
 		R.row[nb] = i, R.top_k[nb] = p[i]->top_k, R.greedy[nb] = p[i]->greedy;
 		R.inv_t[nb] = inv_t, R.top_p[nb] = p[i]->top_p, R.u[nb] = u[i];
+		R.min_p[nb] = p[i]->min_p, R.host[nb] = sfw_op_sample_host_only(p[i]);
 		nb++;
 	}
 	if (!nb)

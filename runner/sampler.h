@@ -33,7 +33,10 @@ struct sfw_sampler {
 };
 
 /* SFW_E_INVAL for temperature < 0, not finite or too small to divide by,
- * top_k < 0, top_p outside (0, 1], vocab < 1. */
+ * top_k < 0, top_p outside (0, 1], min_p outside [0, 1], penalties not
+ * finite or a negative repetition penalty, n_adj < 0, top_logprobs outside
+ * 0 .. SFW_SAMPLE_TOP_MAX, vocab < 1. The adj list and the logprobs
+ * target are borrowed (the caller updates them between draws). */
 SFW_MUST_CHECK enum sfw_status sfw_sampler_init(struct sfw_sampler *s, const struct sfw_op_sample_params *p,
 						uint64_t seed, int vocab, struct sfw_err *err);
 void sfw_sampler_release(struct sfw_sampler *s);

@@ -214,8 +214,11 @@ static void sample_steps(struct sfw_model *m, const int32_t *ids, int prompt, in
 {
 	const struct sfw_config *cf = sfw_model_config(m);
 	int V = cf->vocab_size;
-	struct sfw_op_sample_params ps[] = {
-		{0.0f, 0, 1.0f, 1}, {0.9f, 0, 1.0f, 0}, {0.8f, 40, 0.9f, 0}, {1.0f, 0, 0.7f, 0}, {0.7f, 3, 1.0f, 0}};
+	struct sfw_op_sample_params ps[] = {{.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .greedy = 1},
+					    {.temperature = 0.9f, .top_k = 0, .top_p = 1.0f, .greedy = 0},
+					    {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f, .greedy = 0},
+					    {.temperature = 1.0f, .top_k = 0, .top_p = 0.7f, .greedy = 0},
+					    {.temperature = 0.7f, .top_k = 3, .top_p = 1.0f, .greedy = 0}};
 	float *lg = malloc((size_t)V * sizeof(float));
 	for (size_t k = 0; k < sizeof(ps) / sizeof(ps[0]); k++) {
 		struct sfw_err err = {0};
@@ -404,12 +407,28 @@ static void fused_case(int rows, int n)
 	free(x), free(b), free(w), free(y), free(hx), free(hb), free(hw), free(o1), free(o2), free(x1), free(x2);
 }
 
-/* the sampling kernel against its CPU twin on random rows: equal ids */
+/* the sampling kernel against its CPU twin on random rows: equal ids; min-p
+ * on the device too; penalties, biases and logprobs handed to the host */
 static void sample_twin_case(int V)
 {
-	struct sfw_op_sample_params ps[] = {{0.0f, 0, 1.0f, 1}, {0.9f, 0, 1.0f, 0}, {0.7f, 40, 1.0f, 0},
-					    {1.0f, 0, 0.9f, 0},	 {0.8f, 50, 0.8f, 0}, {1.2f, 1024, 0.95f, 0},
-					    {1.0f, 2000, 1.0f, 0}, {1.0f, 0, 0.999f, 0}, {0.5f, 1, 1.0f, 0}};
+	static const struct sfw_sample_adj adj[] = {{1, 2, 1, 0.5f}, {7, 0, 1, 0}, {100, 1, 1, -3}};
+	static struct sfw_sample_lp lp;
+	struct sfw_op_sample_params ps[] = {
+	    {.temperature = 0.0f, .top_p = 1.0f, .greedy = 1},
+	    {.temperature = 0.9f, .top_p = 1.0f},
+	    {.temperature = 0.7f, .top_k = 40, .top_p = 1.0f},
+	    {.temperature = 1.0f, .top_p = 0.9f},
+	    {.temperature = 0.8f, .top_k = 50, .top_p = 0.8f},
+	    {.temperature = 1.2f, .top_k = 1024, .top_p = 0.95f},
+	    {.temperature = 1.0f, .top_k = 2000, .top_p = 1.0f},
+	    {.temperature = 1.0f, .top_p = 0.999f},
+	    {.temperature = 0.5f, .top_k = 1, .top_p = 1.0f},
+	    {.temperature = 0.9f, .top_p = 1.0f, .min_p = 0.05f},
+	    {.temperature = 1.1f, .top_p = 1.0f, .min_p = 0.3f},
+	    {.temperature = 0.8f, .top_k = 60, .top_p = 0.9f, .min_p = 0.1f},
+	    {.temperature = 1.0f, .top_p = 0.95f, .min_p = 0.02f},
+	    {.temperature = 0.8f, .top_p = 1.0f, .repetition_penalty = 1.2f, .adj = adj, .n_adj = 3},
+	    {.temperature = 0.8f, .top_p = 1.0f, .logprobs = &lp, .top_logprobs = 5}};
 	float *h = malloc((size_t)V * sizeof(float));
 	void *s = NULL, *dl = NULL, *dout = NULL;
 	struct sfw_err err = {0};
@@ -443,7 +462,10 @@ static void sample_twin_case(int V)
 			total++;
 			if (g == -1) {
 				host++;
-				bad_host += !(ps[k].top_k > 1024 || (ps[k].top_k == 0 && ps[k].top_p < 1));
+				bad_host += !(ps[k].top_k > 1024 || (ps[k].top_k == 0 && ps[k].top_p < 1) ||
+					      sfw_op_sample_host_only(&ps[k]));
+			} else if (sfw_op_sample_host_only(&ps[k])) {
+				bad_host++; /* must be the host's */
 			} else {
 				equal += g == c;
 				if (g != c)
@@ -453,7 +475,9 @@ static void sample_twin_case(int V)
 	}
 	printf("  sample V %d: %d of %d equal, %d handed to the host\n", V, equal, total - host, host);
 	CHECK(ok && equal == total - host, "sampling kernel = CPU twin, V %d (%d of %d)", V, equal, total - host);
-	CHECK(bad_host == 0, "the kernel hands back only top-k > %d or wide nuclei (%d others)", 1024, bad_host);
+	CHECK(bad_host == 0,
+	      "the kernel hands back only top-k > %d, wide nuclei and the host's rows (%d others)", 1024,
+	      bad_host);
 	sfw_cuda_free(dl), sfw_cuda_free(dout);
 	if (s)
 		sfw_cuda_stream_free(s);
