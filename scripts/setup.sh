@@ -6,6 +6,8 @@ set -eu
 pkgs="build-essential pkg-config clang libclang-rt-14-dev git libcurl4-openssl-dev libsodium-dev libssl-dev libcjson-dev
 libsentencepiece-dev libmicrohttpd-dev python3-venv sentencepiece minisign nginx-light curl aria2 python3 coreutils openssl procps bc
 man-db groff-base bsdutils python3-pyte"
+# python3-jinja2: tests/test_chat_template.sh renders chat templates with it (the peer of formats/jinja.c)
+pkgs="$pkgs python3-jinja2"
 # strace: tests/test_get_sched.sh checks the order of fsync and rename from its record
 pkgs="$pkgs strace"
 missing=
