@@ -262,9 +262,9 @@ static enum sfw_status take_messages(struct sfw_serve_req *r, const cJSON *v, st
 		r->has_tool_msgs |= tool || calls;
 		/* the template's view of it */
 		cJSON *o = cJSON_CreateObject();
-		int ok = o && cJSON_AddItemToArray(r->messages, o) && cJSON_AddStringToObject(o, "role", r->msgs[i].role) &&
-			 (text ? cJSON_AddStringToObject(o, "content", text) != NULL
-			       : cJSON_AddNullToObject(o, "content") != NULL);
+		int ok = o && cJSON_AddItemToArray(r->messages, o) &&
+			 cJSON_AddStringToObject(o, "role", r->msgs[i].role) &&
+			 cJSON_AddStringToObject(o, "content", text ? text : "") != NULL;
 		if (ok && calls)
 			ok = cJSON_AddItemToObject(o, "tool_calls", cJSON_Duplicate(calls, 1));
 		if (ok && cJSON_IsString(call_id))

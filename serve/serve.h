@@ -80,8 +80,9 @@ struct sfw_serve_req {
 	int32_t *prompt_ids; /* completion: token ids (sfw_malloc) */
 	size_t n_prompt_ids;
 	/* chat: the messages as the chat template reads them (a new array:
-	 * developer as system, content parts joined, content null kept for an
-	 * assistant's tool calls), and as role/content pairs */
+	 * developer as system, content parts joined, an assistant's content
+	 * null given as "", which templates testing for a string read alike and
+	 * simple ones can concatenate), and as role/content pairs */
 	cJSON *messages;
 	struct sfw_chat_msg *msgs; /* (sfw_malloc; content may be a joined copy in owned) */
 	size_t n_msgs;
