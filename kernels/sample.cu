@@ -7,7 +7,9 @@
  * memory; the sequential walks (nucleus, draw) are thread 0's. Only the id
  * (4 bytes) has to reach the host. A launch chooses for up to
  * SFW_CUDA_SEQS_MAX rows at once, one block each (a batched step's rows:
- * one launch instead of one per row). */
+ * one launch instead of one per row). min-p is applied here; a row with
+ * penalties, logit biases or logprobs (sfw_op_sample_host_only) is handed
+ * back (-1) for the host twin to finish on a copy of its logits. */
 #include "cuda_common.cuh"
 
 extern "C" {

@@ -1,10 +1,13 @@
 /* sampler.h - next-token choice from a row of logits: the one sampler.
  *
  * Meaning (llama.cpp's default chain; kernels/ops.h sfw_op_sample_cpu is the
- * implementation, shared with the CUDA twin): top-k, then top-p among the
- * survivors at temperature 1, then a draw at the temperature; greedy (or
- * temperature 0) returns the argmax, the lowest id on ties. NaN logits are
- * never chosen; a +inf logit wins outright (the first one).
+ * implementation, shared with the CUDA twin): the penalties and logit biases
+ * of the parameters' entries first, then top-k, then top-p among the
+ * survivors at temperature 1, then min-p, then a draw at the temperature;
+ * greedy (or temperature 0) returns the argmax, the lowest id on ties. NaN
+ * logits are never chosen; a +inf logit wins outright (the first one). The
+ * choice can report its log-probability and the best survivors' (ops.h
+ * struct sfw_sample_lp).
  *
  * Parameters are struct sfw_op_sample_params (kernels/ops.h), the same struct
  * the device sampler takes, plus a seed. Randomness: xoshiro256**
