@@ -1130,8 +1130,8 @@ static void finish_request_locked(struct sfw_server *s, struct req *l, enum rout
 				  int code)
 {
 	int64_t out = 0;
-	for (int i = 0; i < l->n_ch; i++)
-		out += l->ch[i]->gs_ok ? l->ch[i]->gs.tokens : 0;
+	for (int i = 0; i < l->n_ch; i++) /* made: under the lock, unlike the stream's count */
+		out += l->ch[i]->made;
 	double now = sfw_now_s(), t1 = 0;
 	for (int i = 0; i < l->n_ch; i++)
 		if (l->ch[i]->t_first > 0 && (t1 == 0 || l->ch[i]->t_first < t1))
