@@ -7,15 +7,17 @@
  * memory; the sequential walks (nucleus, draw) are thread 0's. Only the id
  * (4 bytes) has to reach the host. A launch chooses for up to
  * SFW_CUDA_SEQS_MAX rows at once, one block each (a batched step's rows:
- * one launch instead of one per row). min-p is applied here; a row with
- * penalties, logit biases or logprobs (sfw_op_sample_host_only) is handed
- * back (-1) for the host twin to finish on a copy of its logits. */
+ * one launch instead of one per row). min-p is applied here, and the
+ * penalties and logit biases on a copy of the row (adjust_kernel, in scratch
+ * taken in stream order); a row asking for logprobs (sfw_op_sample_host_only)
+ * is handed back (-1) for the host twin to finish on a copy of its logits. */
 #include "cuda_common.cuh"
 
 extern "C" {
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
 }
+#include <stdlib.h>
 #include <string.h>
 #include "kernels/sample_twin.h"
 
@@ -63,10 +65,27 @@ static __device__ __forceinline__ void warp_combine(red &m)
 	}
 }
 
-/* Block b: logits row row[b] of lg into out[row[b]], with its parameters. */
+/* The penalties and biases of n entries on a row (its copy), one thread an
+ * entry (distinct ids), as the twin's adjust(): rounded op by op. */
+static __global__ void adjust_kernel(float *lg, int V, const struct sfw_sample_adj *a, int n, float rep, float pres,
+				     float freq)
+{
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= n || a[i].id < 0 || a[i].id >= V)
+		return;
+	float l = lg[a[i].id];
+	if (a[i].seen && rep > 0.0f && rep != 1.0f)
+		l = l > 0.0f ? __fdiv_rn(l, rep) : __fmul_rn(l, rep);
+	l = __fsub_rn(l, __fadd_rn(__fmul_rn((float)a[i].count, freq), a[i].count > 0 ? pres : 0.0f));
+	lg[a[i].id] = __fadd_rn(l, a[i].bias);
+}
+
+/* Block b: logits row row[b] of lg (or its penalised copy lgp[b]) into
+ * out[row[b]], with its parameters. */
 struct sample_rows {
 	int32_t *out;
 	const float *lg;
+	const float *lgp[SFW_CUDA_SEQS_MAX];
 	int V;
 	int row[SFW_CUDA_SEQS_MAX], top_k[SFW_CUDA_SEQS_MAX], greedy[SFW_CUDA_SEQS_MAX];
 	float inv_t[SFW_CUDA_SEQS_MAX], top_p[SFW_CUDA_SEQS_MAX], min_p[SFW_CUDA_SEQS_MAX];
@@ -80,7 +99,7 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 	const int b = blockIdx.x, V = R.V, top_k = R.top_k[b], greedy = R.greedy[b];
 	const float inv_t = R.inv_t[b], top_p = R.top_p[b], min_p = R.min_p[b];
 	const double u = R.u[b];
-	const float *lg = R.lg + (size_t)R.row[b] * V;
+	const float *lg = R.lgp[b] ? R.lgp[b] : R.lg + (size_t)R.row[b] * V;
 	int32_t *out = R.out + R.row[b];
 	if (R.host[b]) {
 		if (threadIdx.x == 0)
@@ -300,7 +319,35 @@ extern "C" void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, i
 	sample_rows R;
 	memset(&R, 0, sizeof(R));
 	R.out = out, R.lg = logits, R.V = V;
-	int nb = 0;
+	/* rows with penalties or biases: a copy of the row adjusted on the
+	 * device (scratch in stream order); when that cannot be had, the host's */
+	size_t na = 0;
+	int nr = 0;
+	for (int i = 0; i < n; i++)
+		if (p[i] && p[i]->n_adj > 0 && !sfw_op_sample_host_only(p[i]))
+			na += (size_t)p[i]->n_adj, nr++;
+	char *scratch = NULL;
+	struct sfw_sample_adj *ha = NULL;
+	if (nr && (ha = (struct sfw_sample_adj *)malloc(na * sizeof(*ha))) &&
+	    cudaMallocAsync((void **)&scratch, (size_t)nr * V * sizeof(float) + na * sizeof(*ha),
+			    SFW_CUDA_STREAM(stream)) != cudaSuccess) {
+		cudaGetLastError(); /* not sticky: the rows go to the host */
+		scratch = NULL;
+	}
+	if (scratch) {
+		size_t k = 0;
+		for (int i = 0; i < n; i++)
+			if (p[i] && p[i]->n_adj > 0 && !sfw_op_sample_host_only(p[i])) {
+				memcpy(ha + k, p[i]->adj, (size_t)p[i]->n_adj * sizeof(*ha));
+				k += (size_t)p[i]->n_adj;
+			}
+		/* pageable memory: staged before the call returns, so ha may go */
+		SFW_CUDA_CHECK(cudaMemcpyAsync(scratch + (size_t)nr * V * sizeof(float), ha, na * sizeof(*ha),
+					       cudaMemcpyHostToDevice, SFW_CUDA_STREAM(stream)));
+	}
+	free(ha);
+	int nb = 0, kr = 0;
+	size_t ka = 0;
 	for (int i = 0; i < n; i++) {
 		if (!p[i])
 			continue;
@@ -311,12 +358,31 @@ extern "C" void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, i
 		R.row[nb] = i, R.top_k[nb] = p[i]->top_k, R.greedy[nb] = p[i]->greedy;
 		R.inv_t[nb] = inv_t, R.top_p[nb] = p[i]->top_p, R.u[nb] = u[i];
 		R.min_p[nb] = p[i]->min_p, R.host[nb] = sfw_op_sample_host_only(p[i]);
+		if (p[i]->n_adj > 0 && !R.host[nb]) {
+			if (!scratch) {
+				R.host[nb] = 1;
+			} else {
+				float *row = (float *)scratch + (size_t)kr++ * V;
+				struct sfw_sample_adj *da =
+				    (struct sfw_sample_adj *)(scratch + (size_t)nr * V * sizeof(float)) + ka;
+				ka += (size_t)p[i]->n_adj;
+				SFW_CUDA_CHECK(cudaMemcpyAsync(row, logits + (size_t)i * V, (size_t)V * sizeof(float),
+							       cudaMemcpyDeviceToDevice, SFW_CUDA_STREAM(stream)));
+				adjust_kernel<<<(p[i]->n_adj + 255) / 256, 256, 0, SFW_CUDA_STREAM(stream)>>>(
+				    row, V, da, p[i]->n_adj, p[i]->repetition_penalty, p[i]->presence_penalty,
+				    p[i]->frequency_penalty);
+				SFW_CUDA_LAUNCHED();
+				R.lgp[nb] = row;
+			}
+		}
 		nb++;
 	}
-	if (!nb)
-		return;
-	sfwc_launch(sample_kernel, dim3((unsigned)nb), dim3(SFWS_THREADS), 0, SFW_CUDA_STREAM(stream), R);
-	SFW_CUDA_LAUNCHED();
+	if (nb) {
+		sfwc_launch(sample_kernel, dim3((unsigned)nb), dim3(SFWS_THREADS), 0, SFW_CUDA_STREAM(stream), R);
+		SFW_CUDA_LAUNCHED();
+	}
+	if (scratch)
+		SFW_CUDA_CHECK(cudaFreeAsync(scratch, SFW_CUDA_STREAM(stream)));
 }
 
 extern "C" void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct sfw_op_sample_params *p,

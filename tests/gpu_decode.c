@@ -407,8 +407,8 @@ static void fused_case(int rows, int n)
 	free(x), free(b), free(w), free(y), free(hx), free(hb), free(hw), free(o1), free(o2), free(x1), free(x2);
 }
 
-/* the sampling kernel against its CPU twin on random rows: equal ids; min-p
- * on the device too; penalties, biases and logprobs handed to the host */
+/* the sampling kernel against its CPU twin on random rows: equal ids; min-p,
+ * penalties and biases on the device too; logprobs handed to the host */
 static void sample_twin_case(int V)
 {
 	static const struct sfw_sample_adj adj[] = {{1, 2, 1, 0.5f}, {7, 0, 1, 0}, {100, 1, 1, -3}};
@@ -428,6 +428,9 @@ static void sample_twin_case(int V)
 	    {.temperature = 0.8f, .top_k = 60, .top_p = 0.9f, .min_p = 0.1f},
 	    {.temperature = 1.0f, .top_p = 0.95f, .min_p = 0.02f},
 	    {.temperature = 0.8f, .top_p = 1.0f, .repetition_penalty = 1.2f, .adj = adj, .n_adj = 3},
+	    {.top_p = 1.0f, .greedy = 1, .presence_penalty = 0.5f, .frequency_penalty = 0.25f, .adj = adj, .n_adj = 3},
+	    {.temperature = 1.1f, .top_k = 30, .top_p = 0.9f, .min_p = 0.05f, .repetition_penalty = 1.5f,
+	     .frequency_penalty = -0.5f, .adj = adj, .n_adj = 3},
 	    {.temperature = 0.8f, .top_p = 1.0f, .logprobs = &lp, .top_logprobs = 5}};
 	float *h = malloc((size_t)V * sizeof(float));
 	void *s = NULL, *dl = NULL, *dout = NULL;
