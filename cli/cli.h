@@ -155,6 +155,10 @@ void cli_interrupt_install(void);
 volatile sig_atomic_t *cli_interrupt_polled(void);
 /* After the command: if a signal was caught, say so and end by it. */
 void cli_interrupt_finish(void);
+/* For a polling command that handled the interrupt itself (run -i: Ctrl-C
+ * stops a reply and the chat goes on): the signal caught (0 if none), and
+ * the flag and the record cleared, so the next Ctrl-C is a first one again. */
+int cli_interrupt_take(void);
 
 /* Progress display (cli/progress.c). cli_term_width: the width of the
  * terminal on fd (TIOCGWINSZ), else $COLUMNS, else 80. cli_progress_line

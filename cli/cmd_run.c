@@ -1,14 +1,20 @@
 /* salafw run - generate text with a verified model through the runner's
- * generation API (runner/generate.h): a prompt (-p, -f, --chat or --ids), or
- * with -i a multi-turn ChatML chat whose history stays in the context; the
- * text streams to stdout, one stats line per reply goes to stderr (speed,
- * finish reason, context use and the seed that repeats the run).
+ * generation API (runner/generate.h): a prompt (-p, -f, --chat or --ids),
+ * with a chat model a user turn in the model's chat template (formats/chat.h;
+ * --raw: plain text), or with -i a chat whose history stays in the context
+ * (Ctrl-C stops a reply and keeps its text; Ctrl-C at the prompt or Ctrl-D
+ * ends); the text streams to stdout without special tokens (--special shows
+ * them), one stats line per reply goes to stderr (speed, finish reason,
+ * context use and the seed that repeats the run). Sampling defaults come
+ * from the model's generation_config.json (sfw_gen_defaults_load), as in
+ * serve.
  *
  * Also home of the helpers that run, score and bench share (cli.h). */
 #include "cli.h"
 #include "alloc.h"
 #include "buf.h"
 #include "file.h"
+#include "formats/chat.h"
 #include "formats/tokenizer.h"
 #include "json.h"
 #include "log.h"
@@ -18,6 +24,8 @@
 #include "tools/tools.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,18 +100,25 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 /* ---- salafw run ------------------------------------------------------------- */
 
 static const struct cli_opt opts[] = {
-	{"prompt", 'p', "TEXT", "prompt text (encoded with BOS); with -i the first user turn"},
-	{"file", 'f', "FILE", "prompt text from a file"},
-	{"interactive", 'i', NULL, "chat: read user turns from standard input after a \"> \" prompt (ChatML)"},
-	{"chat", 0, NULL, "wrap the prompt (-p, -f, or standard input) as one ChatML user turn"},
-	{"system", 0, "TEXT", "with --chat or -i: a system message"},
+	{"prompt", 'p', "TEXT", "prompt text; with a chat model one user turn in the model's chat template (--raw: "
+				"plain text to continue); with -i the first turn"},
+	{"file", 'f', "FILE", "prompt text from a file (as -p)"},
+	{"interactive", 'i', NULL, "chat: user turns from standard input after a \"> \" prompt, the history kept; "
+				   "Ctrl-C stops a reply, Ctrl-C at the prompt (exit 130) or Ctrl-D (exit 0) ends"},
+	{"chat", 0, NULL, "the prompt from standard input as one user turn (without -p or -f)"},
+	{"raw", 0, NULL, "no chat template: the prompt (-p, -f) is plain text to continue, encoded with BOS"},
+	{"system", 0, "TEXT", "a system message before the first user turn"},
+	{"chat-template-kwargs", 0, "JSON", "variables for the chat template, e.g. '{\"enable_thinking\": false}'"},
+	{"special", 0, NULL, "print special tokens (<|im_end|>, <|tool_call|>, ...); hidden by default"},
+	{"model", 0, "DIR", "the model directory, instead of MODEL_DIR (-m DIR too, as llama.cpp writes it)"},
 	{"ids", 0, "FILE", "prompt as token ids (text integers, or safetensors with input_ids)"},
 	{"n-predict", 'n', "N", "tokens per reply at most (default 128, with -i 512; 0 = to EOS or the context)"},
 	{"ctx-size", 'c', "N", "context size: replies stop there (default prompt + -n, or + 4096; -i 4096)"},
 	{"stop", 0, "STR", "stop where STR appears in the reply (STR not shown; repeatable)"},
-	{"temp", 0, "T", "sampling temperature (default 0.9; 0 = greedy)"},
-	{"top-k", 0, "K", "keep the K most likely tokens (default 0 = off)"},
-	{"top-p", 0, "P", "nucleus sampling mass (default 1 = off)"},
+	{"temp", 0, "T", "sampling temperature (default: generation_config.json's, else 1; 0 = greedy)"},
+	{"temperature", 0, "T", "the same as --temp"},
+	{"top-k", 0, "K", "keep the K most likely tokens (default: generation_config.json's, else 0 = off)"},
+	{"top-p", 0, "P", "nucleus sampling mass (default: generation_config.json's, else 1 = off)"},
 	{"seed", 0, "S", "sampler seed (default: random, printed with the stats)"},
 	{"greedy", 0, NULL, "always take the most likely token"},
 	{"ignore-eos", 0, NULL, "do not stop at end-of-sequence tokens"},
@@ -120,6 +135,8 @@ static const struct cli_opt opts[] = {
 #define PROMPT_FILE_MAX (64u << 20)
 #define CHAT_LINE_MAX (1u << 20)
 #define CHAT_CTX_DEFAULT 4096
+#define REPLY_MAX (64u << 20)
+#define KWARGS_MAX (1u << 20)
 
 /* The --chat message from standard input: at most CHAT_STDIN_MAX bytes of
  * text without NUL (the message is a C string from here on). Prints the
@@ -167,39 +184,86 @@ static int read_prompt_file(const char *cmd, const char *path, struct sfw_buf *b
 	return 0;
 }
 
-/* One user line for -i: *eof = 1 at the end of input. The line loses its
- * "\n" (and a "\r" before it); NUL bytes and lines over CHAT_LINE_MAX are
- * refused. Returns an exit code (0 = ok). */
-static int read_turn(const char *cmd, struct sfw_buf *b, int *eof)
+/* Standard input for -i, read with read(2) after poll(2): an interrupt at
+ * the prompt is seen within POLL_MS even though the handler restarts calls. */
+#define POLL_MS 100
+struct line_in {
+	char buf[65536];
+	size_t off, len;
+	int eof;
+};
+
+enum { TURN_OK, TURN_EOF, TURN_INTR };
+
+/* One user line for -i: TURN_EOF at the end of input, TURN_INTR when an
+ * interrupt came while waiting. The line loses its "\n" (and a "\r" before
+ * it); NUL bytes and lines over CHAT_LINE_MAX are refused. *rc: an exit code
+ * (0 = ok). */
+static int read_turn(const char *cmd, struct line_in *in, struct sfw_buf *b, volatile sig_atomic_t *intr, int *rc)
 {
 	b->len = 0;
-	*eof = 0;
-	int c;
-	while ((c = getchar()) != EOF && c != '\n') {
-		char ch = (char)c;
-		if (ch == '\0') {
-			fprintf(stderr, "%s: -i: a NUL byte in the input; turns must be text\n", cmd);
-			return SFW_EXIT_IO;
+	if (b->data)
+		b->data[0] = 0;
+	*rc = 0;
+	for (;;) {
+		if (in->off < in->len) {
+			char *s = in->buf + in->off;
+			size_t n = in->len - in->off;
+			char *nl = memchr(s, '\n', n);
+			size_t k = nl ? (size_t)(nl - s) : n;
+			if (memchr(s, '\0', k)) {
+				fprintf(stderr, "%s: -i: a NUL byte in the input; turns must be text\n", cmd);
+				*rc = SFW_EXIT_IO;
+				return TURN_EOF;
+			}
+			if (sfw_buf_append(b, s, k) != SFW_OK) {
+				fprintf(stderr, "%s: -i: a line longer than %u MiB\n", cmd, CHAT_LINE_MAX >> 20);
+				*rc = SFW_EXIT_IO;
+				return TURN_EOF;
+			}
+			in->off += k + (nl ? 1 : 0);
+			if (nl)
+				break;
+			continue;
 		}
-		if (sfw_buf_append(b, &ch, 1) != SFW_OK) {
-			fprintf(stderr, "%s: -i: a line longer than %u MiB\n", cmd, CHAT_LINE_MAX >> 20);
-			return SFW_EXIT_IO;
+		if (in->eof) {
+			if (!b->len)
+				return TURN_EOF;
+			break;
 		}
+		if (intr && *intr)
+			return TURN_INTR;
+		struct pollfd pf = {.fd = 0, .events = POLLIN};
+		int pr = poll(&pf, 1, POLL_MS);
+		if (pr < 0 && errno != EINTR) {
+			fprintf(stderr, "%s: -i: cannot read standard input: %s\n", cmd, strerror(errno));
+			*rc = SFW_EXIT_IO;
+			return TURN_EOF;
+		}
+		if (pr <= 0)
+			continue;
+		ssize_t r = read(0, in->buf, sizeof(in->buf));
+		if (r < 0) {
+			if (errno == EINTR || errno == EAGAIN)
+				continue;
+			fprintf(stderr, "%s: -i: cannot read standard input: %s\n", cmd, strerror(errno));
+			*rc = SFW_EXIT_IO;
+			return TURN_EOF;
+		}
+		in->off = 0;
+		in->len = (size_t)r;
+		in->eof = r == 0;
 	}
-	if (c == EOF && ferror(stdin)) {
-		fprintf(stderr, "%s: -i: cannot read standard input: %s\n", cmd, strerror(errno));
-		return SFW_EXIT_IO;
-	}
-	if (c == EOF && b->len == 0)
-		*eof = 1;
 	if (b->len && b->data[b->len - 1] == '\r')
 		b->data[--b->len] = 0;
-	return 0;
+	return TURN_OK;
 }
 
 struct run_out {
 	int print_ids;
-	int64_t shown;   /* ids printed (--print-ids) */
+	int64_t shown;			/* ids printed (--print-ids) */
+	volatile sig_atomic_t *intr;	/* -i: Ctrl-C stops the reply */
+	struct sfw_buf *reply;		/* the reply's text (-i: it joins the history) */
 	struct sfw_err err;
 	enum sfw_status status;
 };
@@ -213,10 +277,14 @@ static int on_token(void *user, const struct sfw_gen_token *t)
 			printf("%s%d", o->shown++ ? " " : "", t->id);
 	} else if (t->len) {
 		fwrite(t->text, 1, t->len, stdout);
+		if (o->reply && (o->status = sfw_buf_append(o->reply, t->text, t->len)) != SFW_OK) {
+			sfw_fail(&o->err, o->status, "the reply is longer than %u MiB", REPLY_MAX >> 20);
+			return 1;
+		}
 	}
 	if ((o->status = cli_stdout_flush(&o->err)) != SFW_OK)
 		return 1;
-	return 0;
+	return o->intr && *o->intr;
 }
 
 static uint64_t random_seed(void)
@@ -242,66 +310,185 @@ static void print_stats(const char *C, const struct sfw_gen_stats *st, const cha
 		(long long)st->tokens, sfw_finish_name(st->finish), (long long)st->ctx_pos, (unsigned long long)seed);
 }
 
-/* The ids of chat turn 2+: the reply's last token (never fed, stats.pending)
- * unless it was an end-of-sequence id, <|im_end|> closing the reply, then
- * "\n" + the user turn + the assistant header, without BOS. */
-static enum sfw_status next_turn_ids(const struct sfw_tokenizer *tok, const struct sfw_eos_set *eos,
-				     int32_t pending, const char *msg, int32_t **ids, size_t *n, struct sfw_err *err)
+/* ---- the chat: messages, the template, and what each turn feeds -------------- */
+
+static enum sfw_status add_msg(cJSON *msgs, const char *role, const char *content, size_t len, struct sfw_err *err)
 {
-	int32_t im_end = sfw_tokenizer_special_id(tok, "<|im_end|>");
-	if (im_end < 0)
-		return sfw_fail(err, SFW_E_FORMAT, "the tokenizer has no <|im_end|> token for a chat");
-	struct sfw_buf t;
-	sfw_buf_init(&t, CHAT_LINE_MAX + 4096);
-	struct sfw_chat_msg m = {"user", msg};
-	enum sfw_status s = sfw_buf_append(&t, "\n", 1);
-	if (s == SFW_OK)
-		s = sfw_chat_format(&m, 1, 1, &t, err);
-	int32_t *body = NULL;
-	size_t nb = 0;
-	if (s == SFW_OK)
-		s = sfw_tokenizer_encode(tok, t.data, t.len, 0, &body, &nb, err);
-	sfw_buf_release(&t);
+	cJSON *m = cJSON_CreateObject();
+	char *c = sfw_strndup(content, len);
+	if (!m || !c || !cJSON_AddStringToObject(m, "role", role) || !cJSON_AddStringToObject(m, "content", c) ||
+	    !cJSON_AddItemToArray(msgs, m)) {
+		sfw_free(c);
+		cJSON_Delete(m);
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	sfw_free(c);
+	return SFW_OK;
+}
+
+/* The first prompt of a chat: the messages rendered with the generation
+ * prompt; BOS first unless the template wrote it. */
+static enum sfw_status first_turn_ids(const struct sfw_tokenizer *tok, const struct sfw_chat_template *tpl,
+				      const cJSON *msgs, const cJSON *kw, struct sfw_buf *text, int32_t **ids,
+				      size_t *n, struct sfw_err *err)
+{
+	text->len = 0;
+	enum sfw_status s = sfw_chat_render(tpl, msgs, NULL, kw, 1, text, err);
 	if (s != SFW_OK)
 		return s;
+	const char *t = text->data ? text->data : "";
+	return sfw_tokenizer_encode(tok, t, text->len, sfw_chat_needs_bos(tpl, t, text->len), ids, n, err);
+}
+
+/* The ids of turn 2+, msgs holding the history with the new user turn last.
+ * The context holds the earlier prompts and replies (a reply's last token
+ * pending: never fed). What the template adds for the new turn is the text
+ * by which its rendering with the turn (and the generation prompt) extends
+ * its rendering without (as llama.cpp's chat does); the reply is closed by
+ * what the template writes after the last reply's text (its eos and a
+ * newline when that text cannot be found). Fed: the pending token unless it
+ * ended the reply (an end-of-sequence id: the closing text feeds it), then
+ * the closing text and the new turn, without BOS. */
+static enum sfw_status next_turn_ids(const struct sfw_tokenizer *tok, const struct sfw_eos_set *eos,
+				     const struct sfw_chat_template *tpl, cJSON *msgs, const cJSON *kw,
+				     int32_t pending, struct sfw_buf *text, int32_t **ids, size_t *n,
+				     struct sfw_err *err)
+{
+	struct sfw_buf prev, full, feed;
+	sfw_buf_init(&prev, text->max);
+	sfw_buf_init(&full, text->max);
+	sfw_buf_init(&feed, text->max);
+	int32_t *body = NULL;
+	size_t nb = 0;
+	int cnt = cJSON_GetArraySize(msgs);
+	cJSON *user = cJSON_DetachItemFromArray(msgs, cnt - 1);
+	const cJSON *last = cJSON_GetArrayItem(msgs, cnt - 2); /* the reply */
+	enum sfw_status s = sfw_chat_render(tpl, msgs, NULL, kw, 0, &prev, err);
+	if (!cJSON_AddItemToArray(msgs, user)) { /* back in its place */
+		cJSON_Delete(user);
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	}
+	if (s == SFW_OK)
+		s = sfw_chat_render(tpl, msgs, NULL, kw, 1, &full, err);
+	if (s != SFW_OK)
+		goto out;
+	const char *pv = prev.data ? prev.data : "", *fl = full.data ? full.data : "";
+	/* the closing text: after the last occurrence of the reply in prev */
+	const cJSON *lc = cJSON_GetObjectItemCaseSensitive(last, "content");
+	const char *reply = cJSON_IsString(lc) ? lc->valuestring : "";
+	size_t rl = strlen(reply), cl = 0;
+	const char *close = NULL;
+	if (rl && prev.len >= rl)
+		for (size_t k = prev.len - rl + 1; k-- > 0;)
+			if (!memcmp(pv + k, reply, rl)) {
+				close = pv + k + rl;
+				cl = prev.len - k - rl;
+				break;
+			}
+	char eos_nl[SFW_CHAT_TOKEN_MAX + 2];
+	if (!close || cl > 256) {
+		snprintf(eos_nl, sizeof(eos_nl), "%s\n", sfw_chat_template_eos(tpl));
+		close = eos_nl;
+		cl = strlen(eos_nl);
+	}
+	const char *delta = fl;
+	size_t dl = full.len;
+	if (full.len >= prev.len && !memcmp(fl, pv, prev.len)) {
+		delta = fl + prev.len;
+		dl = full.len - prev.len;
+	} else { /* the template rewrote the history: the new turn alone */
+		cJSON *one = cJSON_CreateArray();
+		cJSON *u = cJSON_Duplicate(user, 1);
+		if (!one || !u || !cJSON_AddItemToArray(one, u)) {
+			cJSON_Delete(u);
+			cJSON_Delete(one);
+			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			goto out;
+		}
+		full.len = 0;
+		s = sfw_chat_render(tpl, one, NULL, kw, 1, &full, err);
+		cJSON_Delete(one);
+		if (s != SFW_OK)
+			goto out;
+		delta = full.data ? full.data : "";
+		dl = full.len;
+	}
+	if ((s = sfw_buf_append(&feed, close, cl)) != SFW_OK || (s = sfw_buf_append(&feed, delta, dl)) != SFW_OK) {
+		sfw_fail(err, s, "the chat turn is too long");
+		goto out;
+	}
+	if ((s = sfw_tokenizer_encode(tok, feed.data ? feed.data : "", feed.len, 0, &body, &nb, err)) != SFW_OK)
+		goto out;
 	int lead = pending >= 0 && !sfw_eos_has(eos, pending);
-	int32_t *v = sfw_malloc((nb + 2) * sizeof(int32_t));
+	int32_t *v = sfw_malloc((nb + 1) * sizeof(int32_t));
 	if (!v) {
-		sfw_free(body);
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		goto out;
 	}
 	size_t k = 0;
 	if (lead)
 		v[k++] = pending;
-	v[k++] = im_end;
-	memcpy(v + k, body, nb * sizeof(int32_t));
-	sfw_free(body);
+	if (nb)
+		memcpy(v + k, body, nb * sizeof(int32_t));
 	*ids = v;
 	*n = k + nb;
-	return SFW_OK;
+out:
+	sfw_free(body);
+	sfw_buf_release(&prev);
+	sfw_buf_release(&full);
+	sfw_buf_release(&feed);
+	return s;
+}
+
+/* llama.cpp's "-m MODEL": argv's "-m" (where it is an option, not another
+ * option's value) becomes "--model", which the table documents. */
+static void model_short_m(int argc, char **argv)
+{
+	static char model_long[] = "--model";
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--"))
+			return;
+		if (!strcmp(a, "-m")) {
+			argv[i] = model_long;
+			i++; /* its value */
+			continue;
+		}
+		if (a[0] != '-' || !a[1])
+			continue;
+		for (int k = 0; opts[k].name; k++) {
+			int is = a[1] == '-' ? (!strcmp(a + 2, opts[k].name)) : (a[2] == 0 && a[1] == opts[k].short_name);
+			if (is && opts[k].arg) {
+				i++; /* skip the value */
+				break;
+			}
+		}
+	}
 }
 
 int cmd_run(int argc, char **argv)
 {
 	const char *C = "salafw run";
-	const char *prompt = NULL, *ids_path = NULL, *system = NULL, *file = NULL;
+	const char *prompt = NULL, *ids_path = NULL, *system = NULL, *file = NULL, *model = NULL, *kw_text = NULL;
 	const char *stops[SFW_STOP_MAX];
 	size_t n_stop = 0;
-	int chat = 0, inter = 0, print_ids = 0, das = 0, have_seed = 0, have_n = 0, ignore_eos = 0;
+	int chat = 0, inter = 0, print_ids = 0, das = 0, have_seed = 0, have_n = 0, ignore_eos = 0, raw = 0;
+	int special = 0, have_temp = 0, have_top_k = 0, have_top_p = 0;
 	unsigned long long n_gen = 128, u, max_ctx = 0, ctx_size = 0, chunk = 0;
 	uint64_t seed = 0;
 	struct cli_model_opts mo;
 	cli_model_opts_init(&mo);
 	double d;
 	struct sfw_op_sample_params sp = sfw_sampler_default_params();
-	double temp = sp.temperature, top_p = sp.top_p;
+	double temp = 0, top_p = 1;
 	struct cli_parser cp;
 	const char *arg;
 	int k;
+	model_short_m(argc, argv);
 	cli_init(&cp, C, argc, argv, opts);
 	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
 		if (k == CLI_HELP) {
-			cli_usage(stdout, C, "MODEL_DIR (-p TEXT | -f FILE | --chat | -i | --ids FILE) [options]", opts);
+			cli_usage(stdout, C, "MODEL_DIR|-m DIR (-p TEXT | -f FILE | --chat | -i | --ids FILE) [options]", opts);
 			return SFW_EXIT_OK;
 		}
 		if (k == CLI_ERROR)
@@ -315,9 +502,19 @@ int cmd_run(int argc, char **argv)
 			inter = 1;
 		else if (!strcmp(nm, "chat"))
 			chat = 1;
+		else if (!strcmp(nm, "raw"))
+			raw = 1;
+		else if (!strcmp(nm, "special"))
+			special = 1;
 		else if (!strcmp(nm, "system"))
 			system = arg;
-		else if (!strcmp(nm, "ids"))
+		else if (!strcmp(nm, "chat-template-kwargs"))
+			kw_text = arg;
+		else if (!strcmp(nm, "model")) {
+			if (model)
+				return cli_usage_error(C, "--model (-m) given twice");
+			model = arg;
+		} else if (!strcmp(nm, "ids"))
 			ids_path = arg;
 		else if (!strcmp(nm, "n-predict")) {
 			if (!cli_parse_u64(C, "n", arg, &n_gen)) /* "-n: ...", as before --n-predict */
@@ -337,20 +534,23 @@ int cmd_run(int argc, char **argv)
 			if (L < 1 || L > SFW_STOP_MAX_LEN || !sfw_utf8_valid((const unsigned char *)arg, L))
 				return cli_usage_error(C, "--stop wants 1 to %d bytes of UTF-8", SFW_STOP_MAX_LEN);
 			stops[n_stop++] = arg;
-		} else if (!strcmp(nm, "temp")) {
+		} else if (!strcmp(nm, "temp") || !strcmp(nm, "temperature")) {
 			if (!cli_parse_double(C, nm, arg, &d))
 				return SFW_EXIT_USAGE;
 			temp = d;
+			have_temp = 1;
 		} else if (!strcmp(nm, "top-k")) {
 			if (!cli_parse_u64(C, nm, arg, &u))
 				return SFW_EXIT_USAGE;
 			if (u > INT32_MAX)
 				return cli_usage_error(C, "--top-k %llu is more than %d", u, INT32_MAX);
 			sp.top_k = (int)u;
+			have_top_k = 1;
 		} else if (!strcmp(nm, "top-p")) {
 			if (!cli_parse_double(C, nm, arg, &d))
 				return SFW_EXIT_USAGE;
 			top_p = d;
+			have_top_p = 1;
 		} else if (!strcmp(nm, "seed")) {
 			if (!cli_parse_u64(C, nm, arg, &u))
 				return SFW_EXIT_USAGE;
@@ -379,51 +579,72 @@ int cmd_run(int argc, char **argv)
 	/* Sampler values are checked here, before any model is loaded, as the
 	 * floats the sampler gets. Below 1e-6 a temperature only rounds the
 	 * logits apart (1e-40 would overflow 1/T): 0 already means greedy. */
-	if (temp < 0)
+	if (have_temp && temp < 0)
 		return cli_usage_error(C, "--temp %g is negative (0 = greedy)", temp);
-	if (temp > 0 && temp < 1e-6)
+	if (have_temp && temp > 0 && temp < 1e-6)
 		return cli_usage_error(C, "--temp %g is too small; use --temp 0 for greedy", temp);
-	if (temp > 1e6)
+	if (have_temp && temp > 1e6)
 		return cli_usage_error(C, "--temp %g is too large (at most 1e6)", temp);
-	if (!((float)top_p > 0 && top_p <= 1))
+	if (have_top_p && !((float)top_p > 0 && top_p <= 1))
 		return cli_usage_error(C, "--top-p %g must be in (0, 1]", top_p);
-	sp.temperature = (float)temp;
-	sp.top_p = (float)top_p;
-	if (cp.npos != 1)
-		return cli_usage_error(C, "expected one MODEL_DIR");
+	if (cp.npos + (model != NULL) != 1)
+		return cli_usage_error(C, "expected one MODEL_DIR (or -m DIR)");
 	if ((prompt != NULL) + (file != NULL) + (ids_path != NULL) > 1 || (ids_path && (chat || inter)) ||
 	    (chat && inter) || (!prompt && !file && !ids_path && !chat && !inter))
 		return cli_usage_error(C, "give exactly one of -p TEXT, -f FILE, --chat, -i or --ids FILE");
-	if (system && !chat && !inter)
-		return cli_usage_error(C, "--system needs --chat or -i");
+	if (raw && (chat || inter || ids_path))
+		return cli_usage_error(C, "--raw is for -p and -f (a chat needs the template)");
+	if (system && (raw || ids_path))
+		return cli_usage_error(C, "--system needs a chat prompt (not --raw or --ids)");
+	if (kw_text && (raw || ids_path))
+		return cli_usage_error(C, "--chat-template-kwargs needs a chat prompt (not --raw or --ids)");
 	if (n_stop && print_ids)
 		return cli_usage_error(C, "--stop needs text output (not --print-ids)");
+	cJSON *kw = NULL;
+	if (kw_text) {
+		struct sfw_err kerr = {0};
+		size_t kl = strlen(kw_text);
+		if (kl > KWARGS_MAX || sfw_json_parse(kw_text, kl, "--chat-template-kwargs", &kw, &kerr) != SFW_OK ||
+		    !cJSON_IsObject(kw)) {
+			cJSON_Delete(kw);
+			return cli_usage_error(C, "--chat-template-kwargs wants a JSON object%s%s", kerr.msg[0] ? ": " : "",
+					       kerr.msg);
+		}
+	}
 	if (!have_seed)
 		seed = random_seed();
 	if (inter && !have_n)
 		n_gen = 512;
 	struct sfw_model_params mp;
-	if (cli_model_params(C, &mo, &mp))
+	if (cli_model_params(C, &mo, &mp)) {
+		cJSON_Delete(kw);
 		return SFW_EXIT_USAGE;
-	const char *dir = cp.pos[0];
+	}
+	const char *dir = model ? model : cp.pos[0];
 	int rc = cli_model_gate(C, dir, mo.no_verify, mo.verify_full, mo.pubkey);
-	if (rc)
+	if (rc) {
+		cJSON_Delete(kw);
 		return rc;
+	}
 
 	struct sfw_err err = {0};
 	enum sfw_status s;
 	struct sfw_model *m = NULL;
 	struct sfw_ctx *ctx = NULL;
 	struct sfw_tokenizer *tok = NULL;
+	struct sfw_chat_template *tpl = NULL;
+	cJSON *msgs = NULL;
 	struct sfw_sampler smp;
 	int smp_ok = 0;
 	int32_t *ids = NULL;
 	size_t n_ids = 0;
-	struct sfw_buf text, in, line;
-	/* The chat turn is the message plus the system text and a few markers. */
-	sfw_buf_init(&text, CHAT_STDIN_MAX + (system ? strlen(system) : 0) + 4096);
+	struct sfw_buf text, in, line, reply;
+	/* The chat turn is the message plus the system text and the template's markers. */
+	sfw_buf_init(&text, 2 * (size_t)CHAT_STDIN_MAX + (system ? strlen(system) : 0) + (1u << 20));
 	sfw_buf_init(&in, CHAT_STDIN_MAX);
 	sfw_buf_init(&line, CHAT_LINE_MAX);
+	sfw_buf_init(&reply, REPLY_MAX);
+	struct line_in *lin = NULL;
 	struct run_out ro = {.print_ids = print_ids};
 
 	/* Input problems are reported before the model is loaded. */
@@ -445,6 +666,15 @@ int cmd_run(int argc, char **argv)
 	if (chat && !prompt && !file && (rc = read_stdin(C, &in)) != 0)
 		goto out_rc;
 
+	/* One set of sampling defaults with serve: generation_config.json's. */
+	struct sfw_gen_defaults gd;
+	if ((s = sfw_gen_defaults_load(dir, &gd, &err)) != SFW_OK)
+		goto fail;
+	sp.temperature = (float)(have_temp ? temp : gd.temperature);
+	sp.top_p = (float)(have_top_p ? top_p : gd.top_p);
+	if (!have_top_k)
+		sp.top_k = gd.top_k;
+
 	if ((s = sfw_model_load(dir, &mp, &m, &err)) != SFW_OK)
 		goto fail;
 	const struct sfw_config *cf = sfw_model_config(m);
@@ -455,23 +685,36 @@ int cmd_run(int argc, char **argv)
 		goto fail;
 	if (ignore_eos)
 		eos.n = 0;
+	/* A chat model: its tokenizer has the chat tokens. -p and -f are then a
+	 * user turn in its template unless --raw. */
+	int chat_model = tok && sfw_tokenizer_special_id(tok, "<|im_start|>") >= 0 &&
+			 sfw_tokenizer_special_id(tok, "<|im_end|>") >= 0;
+	int use_chat = !ids_path && !raw && chat_model;
+	if ((chat || inter || system || kw) && !chat_model) {
+		char ed[1024];
+		fprintf(stderr, "%s: '%s' is not a chat model (its tokenizer has no <|im_start|>/<|im_end|>)\n", C,
+			sfw_esc(dir, ed, sizeof(ed)));
+		rc = SFW_EXIT_USAGE;
+		goto out_rc;
+	}
+	if (use_chat) {
+		if ((s = sfw_chat_template_load(dir, &tpl, &err)) != SFW_OK)
+			goto fail;
+		if (!(msgs = cJSON_CreateArray())) {
+			s = sfw_fail(&err, SFW_E_NOMEM, "out of memory");
+			goto fail;
+		}
+		if (system && (s = add_msg(msgs, "system", system, strlen(system), &err)) != SFW_OK)
+			goto fail;
+	}
 	const char *body = prompt ? prompt : in.data ? in.data : "";
 	int first_turn = !inter || prompt || file;
 	if (!ids_path && first_turn) {
-		if (chat || inter) {
-			struct sfw_chat_msg msgs[2];
-			size_t nm = 0;
-			if (system)
-				msgs[nm++] = (struct sfw_chat_msg){"system", system};
-			msgs[nm++] = (struct sfw_chat_msg){"user", body};
-			if ((s = sfw_chat_format(msgs, nm, 1, &text, &err)) != SFW_OK)
+		if (use_chat) {
+			if ((s = add_msg(msgs, "user", body, strlen(body), &err)) != SFW_OK ||
+			    (s = first_turn_ids(tok, tpl, msgs, kw, &text, &ids, &n_ids, &err)) != SFW_OK)
 				goto fail;
-		} else if ((s = sfw_buf_append(&text, body, strlen(body))) != SFW_OK) {
-			sfw_fail(&err, s, "prompt too long");
-			goto fail;
-		}
-		if ((s = sfw_tokenizer_encode(tok, text.data ? text.data : "", text.len, 1, &ids, &n_ids, &err)) !=
-		    SFW_OK)
+		} else if ((s = sfw_tokenizer_encode(tok, body, strlen(body), 1, &ids, &n_ids, &err)) != SFW_OK)
 			goto fail;
 	}
 	/* The context: -c, else (chat) 4096, else prompt + -n (-n 0: + 4096). */
@@ -506,41 +749,55 @@ int cmd_run(int argc, char **argv)
 	gp.eos = &eos;
 	gp.stop = stops;
 	gp.n_stop = n_stop;
+	gp.skip_special = !special;
 	struct sfw_gen_stats st;
 	st.pending = -1;
+	if (inter) {
+		/* Ctrl-C stops the reply (the flag is polled per token) */
+		ro.intr = cli_interrupt_polled();
+		ro.reply = &reply;
+		if (!(lin = sfw_calloc(1, sizeof(*lin)))) {
+			s = sfw_fail(&err, SFW_E_NOMEM, "out of memory");
+			goto fail;
+		}
+	}
 	int turns = 0;
 	for (;;) {
 		if (inter && (turns > 0 || !first_turn)) {
 			/* the next user turn, after a visible prompt */
-			int eof;
 			printf("%s> ", turns ? "\n" : "");
 			if ((s = cli_stdout_flush(&err)) != SFW_OK)
 				goto fail;
-			if ((rc = read_turn(C, &line, &eof)) != 0)
+			int t = read_turn(C, lin, &line, ro.intr, &rc);
+			if (rc)
 				goto out_rc;
-			if (eof)
+			if (t == TURN_INTR) { /* Ctrl-C at the prompt ends the chat */
+				int sig = cli_interrupt_take();
+				printf("\n");
+				if ((s = cli_stdout_flush(&err)) != SFW_OK)
+					goto fail;
+				rc = 128 + sig;
+				goto out_rc;
+			}
+			if (t == TURN_EOF)
 				break;
 			if (!line.len)
 				continue;
 			sfw_free(ids);
 			ids = NULL;
-			if (turns == 0) {
-				struct sfw_chat_msg msgs[2];
-				size_t nm = 0;
-				if (system)
-					msgs[nm++] = (struct sfw_chat_msg){"system", system};
-				msgs[nm++] = (struct sfw_chat_msg){"user", line.data};
-				text.len = 0;
-				if ((s = sfw_chat_format(msgs, nm, 1, &text, &err)) != SFW_OK ||
-				    (s = sfw_tokenizer_encode(tok, text.data, text.len, 1, &ids, &n_ids, &err)) != SFW_OK)
-					goto fail;
-			} else if ((s = next_turn_ids(tok, &eos, st.pending, line.data, &ids, &n_ids, &err)) != SFW_OK) {
+			if ((s = add_msg(msgs, "user", line.data, line.len, &err)) != SFW_OK)
 				goto fail;
-			}
+			if (turns == 0)
+				s = first_turn_ids(tok, tpl, msgs, kw, &text, &ids, &n_ids, &err);
+			else
+				s = next_turn_ids(tok, &eos, tpl, msgs, kw, st.pending, &text, &ids, &n_ids, &err);
+			if (s != SFW_OK)
+				goto fail;
 		}
 		gp.ids = ids;
 		gp.n_ids = n_ids;
 		ro.shown = 0;
+		reply.len = 0;
 		s = sfw_generate(ctx, tok, &smp, &gp, on_token, &ro, &st, &err);
 		if (ro.status != SFW_OK) {
 			s = ro.status;
@@ -554,9 +811,23 @@ int cmd_run(int argc, char **argv)
 			printf("\n");
 		if ((s = cli_stdout_flush(&err)) != SFW_OK)
 			goto fail;
+		if (inter && ro.intr && *ro.intr) {
+			/* a reply stopped by Ctrl-C: its text so far stays in the history */
+			int sig = cli_interrupt_take();
+			if (sig != SIGINT) { /* SIGTERM ends the chat */
+				print_stats(C, &st, sfw_model_device_name(m), seed);
+				rc = 128 + sig;
+				goto out_rc;
+			}
+			printf("\n");
+			if ((s = cli_stdout_flush(&err)) != SFW_OK)
+				goto fail;
+		}
 		print_stats(C, &st, sfw_model_device_name(m), seed);
 		if (!inter)
 			break;
+		if ((s = add_msg(msgs, "assistant", reply.data ? reply.data : "", reply.len, &err)) != SFW_OK)
+			goto fail;
 	}
 	if (inter) {
 		printf("\n");
@@ -571,9 +842,14 @@ out_rc:
 	if (smp_ok)
 		sfw_sampler_release(&smp);
 	sfw_free(ids);
+	sfw_free(lin);
 	sfw_buf_release(&text);
 	sfw_buf_release(&in);
 	sfw_buf_release(&line);
+	sfw_buf_release(&reply);
+	cJSON_Delete(msgs);
+	cJSON_Delete(kw);
+	sfw_chat_template_free(tpl);
 	sfw_ctx_free(ctx);
 	sfw_tokenizer_free(tok);
 	sfw_model_free(m);

@@ -58,6 +58,14 @@ volatile sig_atomic_t *cli_interrupt_polled(void)
 	return &g_cancel;
 }
 
+int cli_interrupt_take(void)
+{
+	int sig = g_sig;
+	g_sig = 0;
+	g_cancel = 0;
+	return sig;
+}
+
 void cli_interrupt_finish(void)
 {
 	int sig = g_sig;

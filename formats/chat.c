@@ -358,3 +358,122 @@ enum sfw_status sfw_chat_format(const struct sfw_chat_msg *msgs, size_t n, int a
 		st = put(out, "<|im_start|>assistant\n", err);
 	return st;
 }
+
+/* ---- OpenAI-style messages -> the template's ---------------------------------- */
+
+/* The text of a content value: a string, null, or a list of parts of which
+ * only {"type": "text", "text": ...} are taken (joined by "\n", as vLLM
+ * joins them for templates that want a string). */
+static enum sfw_status content_text(cJSON *m, size_t i, struct sfw_err *err)
+{
+	cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+	if (!c || cJSON_IsNull(c) || cJSON_IsString(c))
+		return SFW_OK;
+	if (!cJSON_IsArray(c))
+		return sfw_fail(err, SFW_E_INVAL, "messages[%zu].content must be a string, null or a list of parts", i);
+	struct sfw_buf b;
+	sfw_buf_init(&b, SFW_CHAT_CONTENT_MAX);
+	size_t k = 0;
+	enum sfw_status st = SFW_OK;
+	for (const cJSON *p = c->child; p && st == SFW_OK; p = p->next, k++) {
+		const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
+		const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
+		if (cJSON_IsString(p)) /* a bare string part */
+			tx = p;
+		else if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx)) {
+			st = sfw_fail(err, SFW_E_UNSUPPORTED,
+				      "messages[%zu].content[%zu]: only text parts are supported (type \"text\" with a string \"text\")",
+				      i, k);
+			break;
+		}
+		if ((k && (st = sfw_buf_append(&b, "\n", 1)) != SFW_OK) ||
+		    (st = sfw_buf_append(&b, tx->valuestring, strlen(tx->valuestring))) != SFW_OK)
+			st = sfw_fail(err, st, "messages[%zu].content is longer than %u MiB", i, SFW_CHAT_CONTENT_MAX >> 20);
+	}
+	if (st == SFW_OK) {
+		cJSON *s = cJSON_CreateString(b.data ? b.data : "");
+		if (!s || !cJSON_ReplaceItemInObjectCaseSensitive(m, "content", s)) {
+			cJSON_Delete(s);
+			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		}
+	}
+	sfw_buf_release(&b);
+	return st;
+}
+
+enum sfw_status sfw_chat_messages_normalize(const cJSON *in, cJSON **out, struct sfw_err *err)
+{
+	*out = NULL;
+	if (!cJSON_IsArray(in))
+		return sfw_fail(err, SFW_E_INVAL, "messages must be a list");
+	cJSON *o = cJSON_Duplicate(in, 1);
+	if (!o)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	enum sfw_status st = SFW_OK;
+	size_t i = 0;
+	for (cJSON *m = o->child; m && st == SFW_OK; m = m->next, i++) {
+		if (!cJSON_IsObject(m)) {
+			st = sfw_fail(err, SFW_E_INVAL, "messages[%zu] must be an object", i);
+			break;
+		}
+		cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+		if (!cJSON_IsString(role)) {
+			st = sfw_fail(err, SFW_E_INVAL, "messages[%zu].role must be a string", i);
+			break;
+		}
+		static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", NULL};
+		int known = 0;
+		for (int r = 0; roles[r]; r++)
+			known |= !strcmp(role->valuestring, roles[r]);
+		if (!known) {
+			st = sfw_fail(err, SFW_E_INVAL, "messages[%zu].role must be system, developer, user, assistant or tool",
+				      i);
+			break;
+		}
+		if (!strcmp(role->valuestring, "developer") && !cJSON_SetValuestring(role, "system")) {
+			st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			break;
+		}
+		if ((st = content_text(m, i, err)) != SFW_OK)
+			break;
+		cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+		if (!tc || cJSON_IsNull(tc))
+			continue;
+		if (!cJSON_IsArray(tc)) {
+			st = sfw_fail(err, SFW_E_INVAL, "messages[%zu].tool_calls must be a list", i);
+			break;
+		}
+		size_t k = 0;
+		for (cJSON *c = tc->child; c && st == SFW_OK; c = c->next, k++) {
+			cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+			cJSON *nm = fn ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+			if (!cJSON_IsObject(fn) || !cJSON_IsString(nm)) {
+				st = sfw_fail(err, SFW_E_INVAL, "messages[%zu].tool_calls[%zu].function.name must be a string", i, k);
+				break;
+			}
+			/* arguments as a JSON text become the object (vLLM does the same
+			 * before rendering), so templates see a mapping */
+			cJSON *ar = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+			if (!cJSON_IsString(ar))
+				continue;
+			cJSON *parsed = NULL;
+			size_t al = strlen(ar->valuestring);
+			if (sfw_json_parse(ar->valuestring, al, "arguments", &parsed, NULL) != SFW_OK || !cJSON_IsObject(parsed)) {
+				cJSON_Delete(parsed);
+				st = sfw_fail(err, SFW_E_INVAL,
+					      "messages[%zu].tool_calls[%zu].function.arguments is not a JSON object", i, k);
+				break;
+			}
+			if (!cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed)) {
+				cJSON_Delete(parsed);
+				st = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			}
+		}
+	}
+	if (st != SFW_OK) {
+		cJSON_Delete(o);
+		return st;
+	}
+	*out = o;
+	return SFW_OK;
+}

@@ -48,7 +48,7 @@
  * Bounds: a template of at most SFW_CHAT_TEMPLATE_MAX bytes; render output at
  * most out->max bytes; SFW_JINJA_DEPTH_MAX nested calls/expressions;
  * SFW_JINJA_STEPS_MAX loop iterations and calls per render; 256 MiB of
- * working memory per render. A template error is a status with a message
+ * working memory per render plus 4 times out->max. A template error is a status with a message
  * naming the template line, never a crash: raise_exception is SFW_E_INVAL
  * with its message, a bound SFW_E_RANGE, the rest SFW_E_FORMAT or
  * SFW_E_UNSUPPORTED. */
@@ -115,6 +115,17 @@ int sfw_chat_needs_bos(const struct sfw_chat_template *t, const char *text, size
 #define SFW_CHAT_TOOL_CLOSE "</tool_call>"
 #define SFW_CHAT_THINK_OPEN "<think>"
 #define SFW_CHAT_THINK_CLOSE "</think>"
+
+/* OpenAI chat-completions messages as templates read them (what vLLM does
+ * before rendering): role "developer" becomes "system"; content may be a
+ * string, null, or a list of text parts ({"type": "text", "text": ...},
+ * joined by "\n"; other part types are SFW_E_UNSUPPORTED); an assistant's
+ * tool_calls[].function.arguments given as JSON text becomes the object
+ * (SFW_E_INVAL when it is not one). Other members are kept as they are. *out
+ * is a new array (cJSON_Delete it); in is not changed. Errors name the
+ * message ("messages[2].content[0]: ..."). */
+#define SFW_CHAT_CONTENT_MAX (64u << 20) /* bytes of one message's joined text */
+SFW_MUST_CHECK enum sfw_status sfw_chat_messages_normalize(const cJSON *in, cJSON **out, struct sfw_err *err);
 
 /* ---- tool calls in a reply (formats/toolcall.c) ------------------------- *
  * The template asks for each call as

@@ -387,7 +387,7 @@ static void lex_tag(struct ctx *c, struct toks *ts, const char *s, size_t n, siz
 			char num[64];
 			size_t k = 0;
 			int isf = 0;
-			while (i < n && k < sizeof(num) - 1) {
+			while (i < n && k < sizeof(num) - 3) {
 				char d = s[i];
 				if (d >= '0' && d <= '9')
 					num[k++] = d;
@@ -406,6 +406,8 @@ static void lex_tag(struct ctx *c, struct toks *ts, const char *s, size_t n, siz
 				i++;
 			}
 			num[k] = 0;
+			if (i < n && ((s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+				fail(c, SFW_E_UNSUPPORTED, "a number literal of more than 60 digits");
 			struct tok t = {.line = *line};
 			if (isf) {
 				t.t = T_FLOAT;
@@ -2265,26 +2267,36 @@ static double as_num(struct rctx *r, const struct val *v, const char *op)
 
 static int is_num(const struct val *v) { return v->t == V_INT || v->t == V_FLOAT || v->t == V_BOOL; }
 
+/* a + b for strings, in one allocation of the exact size (a chain of them
+ * over a long message must not pay a doubling buffer per step) */
+static struct val concat(struct rctx *r, const struct val *a, const struct val *b)
+{
+	if (!a->u.s.n)
+		return *b;
+	if (!b->u.s.n)
+		return *a;
+	if (a->u.s.n > RENDER_MEM_MAX || b->u.s.n > RENDER_MEM_MAX - a->u.s.n)
+		fail(&r->c, SFW_E_RANGE, "a string longer than %zu MiB", RENDER_MEM_MAX >> 20);
+	char *p = alloc(&r->c, a->u.s.n + b->u.s.n + 1);
+	memcpy(p, a->u.s.p, a->u.s.n);
+	memcpy(p + a->u.s.n, b->u.s.p, b->u.s.n);
+	p[a->u.s.n + b->u.s.n] = 0;
+	return mk_str(p, a->u.s.n + b->u.s.n);
+}
+
 static struct val arith(struct rctx *r, const char *op, struct val a, struct val b)
 {
 	if (!strcmp(op, "~")) {
-		struct sb s = {0};
 		struct val x = str_of(r, &a), y = str_of(r, &b);
-		sb_add(r, &s, x.u.s.p, x.u.s.n);
-		sb_add(r, &s, y.u.s.p, y.u.s.n);
-		return mk_str(s.p ? s.p : "", s.n);
+		return concat(r, &x, &y);
 	}
 	if (a.t == V_UNDEF)
 		undef_error(r, &a);
 	if (b.t == V_UNDEF)
 		undef_error(r, &b);
 	if (!strcmp(op, "+")) {
-		if (a.t == V_STR && b.t == V_STR) {
-			struct sb s = {0};
-			sb_add(r, &s, a.u.s.p, a.u.s.n);
-			sb_add(r, &s, b.u.s.p, b.u.s.n);
-			return mk_str(s.p ? s.p : "", s.n);
-		}
+		if (a.t == V_STR && b.t == V_STR)
+			return concat(r, &a, &b);
 		if (a.t == V_LIST && b.t == V_LIST) {
 			struct list *l = list_new(r, a.u.l->n + b.u.l->n);
 			if (a.u.l->n)
@@ -3194,6 +3206,14 @@ static struct val exec_macro(struct rctx *r, struct macro *m, struct args *A)
 	if (A->na > d->nnames)
 		fail(&r->c, SFW_E_FORMAT, "macro '%s' takes %zu arguments, got %zu", d->s ? d->s : "caller",
 		     d->nnames, A->na);
+	for (size_t k = 0; k < A->nk; k++) {
+		size_t i = 0;
+		while (i < d->nnames && strcmp(d->names[i], A->kn[k]))
+			i++;
+		if (i == d->nnames)
+			fail(&r->c, SFW_E_FORMAT, "macro '%s' takes no keyword argument '%.40s'", d->s ? d->s : "caller",
+			     A->kn[k]);
+	}
 	if (m->caller.t == V_MACRO)
 		scope_set(r, s, "caller", m->caller);
 	struct sb out = {0};
@@ -3620,7 +3640,12 @@ static void exec_body(struct rctx *r, struct node *b, struct scope *sc, struct s
 enum sfw_status sfwi_jinja_render(const struct sfwi_jinja *j, const cJSON *vars, struct sfw_buf *out,
 				  struct sfw_err *err)
 {
-	struct arena ar = {.cap = RENDER_MEM_MAX};
+	/* working memory: 256 MiB, more for a caller that allows long output
+	 * (each long string may be copied a few times on its way out) */
+	size_t cap = RENDER_MEM_MAX;
+	if (out->max < (SIZE_MAX - cap) / 4)
+		cap += 4 * out->max;
+	struct arena ar = {.cap = cap};
 	struct rctx r = {.c = {.err = err, .ar = &ar, .what = j->what}, .out = out};
 	size_t len0 = out->len;
 	if (setjmp(r.c.jb)) {

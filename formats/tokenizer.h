@@ -1,7 +1,7 @@
 /* tokenizer.h - the MiniCPM tokenizer (SentencePiece BPE + added special
- * tokens) and ChatML prompts. Implemented by formats/tokenizer.cpp (a C++
- * shim over libsentencepiece; no exception crosses this interface) and
- * formats/chat.c. Training a tokenizer is tools/tools.h's sfw_tokenizer_train
+ * tokens) and fixed ChatML prompts (chat templates: formats/chat.h).
+ * Implemented by formats/tokenizer.cpp (a C++ shim over libsentencepiece; no
+ * exception crosses this interface) and formats/chat.c. Training a tokenizer is tools/tools.h's sfw_tokenizer_train
  * (libsentencepiece_train is linked only with tools/).
  *
  * Id layout (docs/model-spec.md §4): ids [0, n_pieces) are SentencePiece pieces
@@ -120,7 +120,9 @@ SFW_MUST_CHECK enum sfw_status sfw_tokenizer_write_config(const char *dir, int m
 extern const char sfw_default_corpus[];
 size_t sfw_default_corpus_len(void);
 
-/* ---- ChatML (formats/chat.c) ----
+/* ---- fixed ChatML (formats/chat.c) ----
+ * The chat format is formats/chat.h (the model's own template, tool calls);
+ * this fixed ChatML prompt stays for callers that take no template.
  * Each message renders as "<|im_start|>{role}\n{content}<|im_end|>\n"; with
  * add_generation_prompt the text ends with "<|im_start|>assistant\n". Encode
  * the result with sfw_tokenizer_encode(..., add_bos = 1, ...) (docs/model-spec.md §4:

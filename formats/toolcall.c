@@ -204,8 +204,11 @@ enum sfw_status sfw_toolparse_feed(struct sfw_toolparse *p, const char *text, si
 			size_t rest = n - k - CLOSE_LEN;
 			/* the body is buf[0, k); what follows the close tag stays */
 			char *tail = NULL;
-			if (rest && !(tail = sfw_strndup(c + CLOSE_LEN, rest)))
-				return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+			if (rest) { /* bytes, NUL included: not a string copy */
+				if (!(tail = sfw_malloc(rest)))
+					return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+				memcpy(tail, c + CLOSE_LEN, rest);
+			}
 			p->buf.len = k;
 			p->buf.data[k] = 0;
 			if (p->overflow) { /* the outgrown body's last bytes, then the tag */

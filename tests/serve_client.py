@@ -274,7 +274,7 @@ def extras(prompt, full, msgs):
 def main():
     prompt = "The quick brown fox"
     # completions: greedy equals salafw run --greedy on the same prompt
-    want = run("-p", prompt, "-n", "24", "--greedy")
+    want = run("--raw", "-p", prompt, "-n", "24", "--greedy")
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
     check("completion greedy == run --greedy", r.choices[0].text == want, "%r vs %r" % (r.choices[0].text, want))
     check("completion finish_reason length", r.choices[0].finish_reason == "length", r.choices[0].finish_reason)
@@ -304,7 +304,7 @@ def main():
           r.usage.prompt_tokens > 20, str(r.usage))
 
     # sampling: seed, temperature, top_p, top_k as run's sampler
-    want = run("-p", prompt, "-n", "24", "--temp", "0.8", "--top-p", "0.9", "--top-k", "40", "--seed", "11")
+    want = run("--raw", "-p", prompt, "-n", "24", "--temp", "0.8", "--top-p", "0.9", "--top-k", "40", "--seed", "11")
     kw = dict(model=MODEL, prompt=prompt, max_tokens=24, temperature=0.8, top_p=0.9, seed=11,
               extra_body={"top_k": 40})
     a = client.completions.create(**kw).choices[0].text
@@ -312,10 +312,10 @@ def main():
     check("seeded sampling == run --seed", a == want, "%r vs %r" % (a, want))
     check("seeded sampling repeats", a == b)
     # stop strings (a string, a list): as run --stop, finish_reason stop
-    full = run("-p", prompt, "-n", "24", "--greedy")
+    full = run("--raw", "-p", prompt, "-n", "24", "--greedy")
     cut = next((full[i:i + 2] for i in range(3, len(full) - 2) if full[i:i + 2].strip()), None)
     if cut:
-        want = run("-p", prompt, "-n", "24", "--greedy", "--stop", cut)
+        want = run("--raw", "-p", prompt, "-n", "24", "--greedy", "--stop", cut)
         r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=cut)
         check("stop string == run --stop", r.choices[0].text == want and r.choices[0].finish_reason == "stop",
               "%r vs %r (%s)" % (r.choices[0].text, want, r.choices[0].finish_reason))
@@ -341,7 +341,7 @@ def main():
     prompts = ["Story %d: once upon a time" % i for i in range(64)]
     alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0).choices[0].text
              for p in prompts]
-    check("alone output == run --greedy", alone[5] == run("-p", prompts[5], "-n", "12", "--greedy"))
+    check("alone output == run --greedy", alone[5] == run("--raw", "-p", prompts[5], "-n", "12", "--greedy"))
 
     def one(p):
         return stream_text(client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0,

@@ -241,6 +241,15 @@ static void test_toolcalls(void)
 	got_release(&g);
 	sfw_buf_release(&m);
 
+	/* NUL bytes after a call (fuzz_chat found a tail copied as a string) */
+	static const char nul[] = "<tool_call>{\"name\": \"f\"}</tool_call>a\0b\0";
+	got_init(&g);
+	size_t nsz[2] = {3, 40};
+	st = parse_pieces(nul, sizeof(nul) - 1, nsz, 2, &g);
+	CHECK(st == SFW_OK && g.n_calls == 1 && g.content.len == 4 && !memcmp(g.content.data, "a\0b\0", 4),
+	      "toolcall: NUL bytes after a call stay content, byte for byte");
+	got_release(&g);
+
 	/* the caller stops it */
 	got_init(&g);
 	g.stop_at = 1;
@@ -391,6 +400,24 @@ static void test_templates(void)
 	st = sfw_chat_render(t, cJSON_GetArrayItem(m, 0), NULL, NULL, 1, &o, &err);
 	CHECK(st == SFW_E_INVAL, "messages not an array: E_INVAL (%s)", err.msg);
 	cJSON_Delete(m);
+
+	/* a 48 MiB message renders (concatenations are not doubling buffers) */
+	{
+		size_t big = 48u << 20;
+		char *c = malloc(big + 1);
+		memset(c, 'a', big);
+		c[big] = 0;
+		cJSON *bm = cJSON_CreateArray(), *u = cJSON_CreateObject();
+		cJSON_AddStringToObject(u, "role", "user");
+		cJSON_AddStringToObject(u, "content", c);
+		cJSON_AddItemToArray(bm, u);
+		free(c);
+		sfw_buf_init(&o, 64u << 20);
+		st = sfw_chat_render(t, bm, NULL, NULL, 1, &o, &err);
+		CHECK(st == SFW_OK && o.len == big + 50, "a 48 MiB message renders into a 64 MiB cap (%s, %zu bytes)", err.msg, o.len);
+		sfw_buf_release(&o);
+		cJSON_Delete(bm);
+	}
 	sfw_chat_template_free(t);
 	t = NULL;
 
@@ -478,6 +505,9 @@ static void test_hostile(void)
 		{"{% raw %}x{% endraw %}", SFW_E_UNSUPPORTED, "raw blocks"},
 		{"{% include 'x' %}", SFW_E_UNSUPPORTED, "include"},
 		{"{{ strftime_now('%Y') }}", SFW_E_UNSUPPORTED, "strftime_now"},
+		{"{{ 1234567890123456789012345678901234567890123456789012345678901234567890 }}", SFW_E_UNSUPPORTED,
+		 "a 70-digit literal"},
+		{"{{ 1e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5 }}", SFW_E_FORMAT, "a garbled exponent"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		t = NULL;
@@ -531,6 +561,65 @@ static void test_hostile(void)
 	      rendered, refused);
 }
 
+/* ---- OpenAI messages -> template messages --------------------------------- */
+
+static void test_normalize(void)
+{
+	struct sfw_err err = {0};
+	cJSON *in = cJSON_Parse(
+		"[{\"role\":\"developer\",\"content\":\"D\"},"
+		"{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]},"
+		"{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+		"\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\": [1, \\\"y\\\"]}\"}}]},"
+		"{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r\"}]");
+	cJSON *out = NULL;
+	enum sfw_status st = sfw_chat_messages_normalize(in, &out, &err);
+	char *s = out ? cJSON_PrintUnformatted(out) : NULL;
+	const char *want = "[{\"role\":\"system\",\"content\":\"D\"},{\"role\":\"user\",\"content\":\"a\\nb\"},"
+			   "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+			   "\"function\":{\"name\":\"f\",\"arguments\":{\"x\":[1,\"y\"]}}}]},"
+			   "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r\"}]";
+	CHECK(st == SFW_OK && s && !strcmp(s, want), "normalize: developer is system, text parts joined, arguments parsed: %s %s",
+	      s ? s : "", err.msg);
+	free(s);
+	/* the built-in template over it: the call rendered from the object */
+	struct sfw_chat_template *t = NULL;
+	CHECK(sfw_chat_template_new(sfw_chat_builtin_template(), strlen(sfw_chat_builtin_template()), "builtin", NULL, NULL,
+				    &t, &err) == SFW_OK,
+	      "builtin compiles");
+	struct sfw_buf o;
+	sfw_buf_init(&o, 1 << 20);
+	st = t ? sfw_chat_render(t, out, NULL, NULL, 1, &o, &err) : SFW_E_INVAL;
+	CHECK(st == SFW_OK && strstr(S(&o), "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1, \"y\"]}}\n</tool_call>") &&
+		      strstr(S(&o), "<|im_start|>system\nD<|im_end|>") && strstr(S(&o), "<tool_response>\nr\n</tool_response>"),
+	      "normalized messages render (%s): %s", err.msg, S(&o));
+	sfw_buf_release(&o);
+	sfw_chat_template_free(t);
+	cJSON_Delete(out);
+	cJSON_Delete(in);
+	static const struct {
+		const char *json, *want;
+	} bad[] = {
+		{"{}", "must be a list"},
+		{"[1]", "messages[0] must be an object"},
+		{"[{\"content\":\"x\"}]", "messages[0].role"},
+		{"[{\"role\":\"wizard\",\"content\":\"x\"}]", "messages[0].role must be"},
+		{"[{\"role\":\"user\",\"content\":5}]", "messages[0].content"},
+		{"[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]", "messages[0].content[0]: only text"},
+		{"[{\"role\":\"assistant\",\"tool_calls\":{}}]", "tool_calls must be a list"},
+		{"[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{}}]}]", "tool_calls[0].function.name"},
+		{"[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{bad\"}}]}]",
+		 "arguments is not a JSON object"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cJSON *b = cJSON_Parse(bad[i].json);
+		out = NULL;
+		st = sfw_chat_messages_normalize(b, &out, &err);
+		CHECK(st != SFW_OK && !out && strstr(err.msg, bad[i].want), "normalize refuses %s: %s", bad[i].json, err.msg);
+		cJSON_Delete(b);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 5 && !strcmp(argv[1], "--render"))
@@ -539,5 +628,6 @@ int main(int argc, char **argv)
 	test_gen_defaults();
 	test_templates();
 	test_hostile();
+	test_normalize();
 	return CHECK_REPORT("test_chat");
 }

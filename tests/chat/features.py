@@ -94,4 +94,6 @@ ERRORS = {
     "none_iter": "{% for x in none %}{% endfor %}",
     "order_mixed": "{{ 1 < 'a' }}",
     "break_outside": "{% break %}",
+    "macro_bad_kwarg": "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, b=2) }}",
+    "macro_too_many": "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}",
 }
