@@ -30,8 +30,25 @@ enum sfw_status sfw_serve_chat_prompt(const struct sfw_chat_template *t, const s
 				      struct sfw_buf *out, size_t *forced_at, struct sfw_err *err)
 {
 	const cJSON *tools = r->tool_choice == SFW_TOOLS_NONE ? NULL : r->tools;
+	cJSON *msgs = NULL;
 	enum sfw_status s =
-	    sfw_chat_render(t, r->messages, tools, r->template_kwargs, r->add_generation_prompt, out, err);
+	    sfw_chat_messages_normalize(cJSON_GetObjectItemCaseSensitive(r->root, "messages"), &msgs, err);
+	/* an assistant's content null (beside its tool calls) as "": templates
+	 * that test for a string read it alike, and simple ones can join it */
+	for (cJSON *m = msgs ? msgs->child : NULL; s == SFW_OK && m; m = m->next) {
+		cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+		if (c && !cJSON_IsNull(c))
+			continue;
+		cJSON *e = cJSON_CreateString("");
+		if (!e || !(c ? cJSON_ReplaceItemInObjectCaseSensitive(m, "content", e)
+			      : cJSON_AddItemToObject(m, "content", e))) {
+			cJSON_Delete(e);
+			s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		}
+	}
+	if (s == SFW_OK)
+		s = sfw_chat_render(t, msgs, tools, r->template_kwargs, r->add_generation_prompt, out, err);
+	cJSON_Delete(msgs);
 	if (s != SFW_OK)
 		return s;
 	*forced_at = out->len;

@@ -116,7 +116,8 @@ static enum sfw_status take_prompt(struct sfw_serve_req *r, const cJSON *v, int 
 }
 
 /* A message's content: a string, a list of {"type": "text", "text": S}
- * parts (other members of a part ignored), joined, or null (*out NULL). */
+ * parts (other members of a part ignored), joined by "\n" (as vLLM and
+ * formats/chat.h join them), or null (*out NULL). */
 static enum sfw_status take_content(struct sfw_serve_req *r, const cJSON *c, size_t i, const char **out,
 				    struct sfw_serve_error *e)
 {
@@ -140,7 +141,7 @@ static enum sfw_status take_content(struct sfw_serve_req *r, const cJSON *c, siz
 				   "messages[%zu].content: only {\"type\": \"text\", \"text\": ...} parts "
 				   "(this model reads text)",
 				   i);
-		total += strlen(tx->valuestring);
+		total += strlen(tx->valuestring) + 1;
 	}
 	char *s = sfw_malloc(total + 1);
 	char **o = s ? sfw_realloc(r->owned, (r->n_owned + 1) * sizeof(char *)) : NULL;
@@ -154,6 +155,8 @@ static enum sfw_status take_content(struct sfw_serve_req *r, const cJSON *c, siz
 	for (const cJSON *p = c->child; p; p = p->next) {
 		const char *tx = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
 		size_t L = strlen(tx);
+		if (p != c->child)
+			s[k++] = '\n';
 		memcpy(s + k, tx, L);
 		k += L;
 	}
@@ -203,7 +206,7 @@ static enum sfw_status take_messages(struct sfw_serve_req *r, const cJSON *v, st
 		return bad(e, "messages", "'messages' is empty");
 	if (n > SFW_SERVE_MSGS_MAX)
 		return bad(e, "messages", "%d messages (at most %d)", n, SFW_SERVE_MSGS_MAX);
-	if (!(r->msgs = sfw_calloc((size_t)n, sizeof(*r->msgs))) || !(r->messages = cJSON_CreateArray()))
+	if (!(r->msgs = sfw_calloc((size_t)n, sizeof(*r->msgs))))
 		return bad(e, "messages", "out of memory for the messages");
 	size_t i = 0;
 	for (const cJSON *m = v->child; m; m = m->next, i++) {
@@ -260,21 +263,6 @@ static enum sfw_status take_messages(struct sfw_serve_req *r, const cJSON *v, st
 		r->msgs[i].role = sys ? "system" : rs;
 		r->msgs[i].content = text ? text : "";
 		r->has_tool_msgs |= tool || calls;
-		/* the template's view of it */
-		cJSON *o = cJSON_CreateObject();
-		int ok = o && cJSON_AddItemToArray(r->messages, o) &&
-			 cJSON_AddStringToObject(o, "role", r->msgs[i].role) &&
-			 cJSON_AddStringToObject(o, "content", text ? text : "") != NULL;
-		if (ok && calls)
-			ok = cJSON_AddItemToObject(o, "tool_calls", cJSON_Duplicate(calls, 1));
-		if (ok && cJSON_IsString(call_id))
-			ok = cJSON_AddStringToObject(o, "tool_call_id", call_id->valuestring) != NULL;
-		if (ok && name)
-			ok = cJSON_AddStringToObject(o, "name", name->valuestring) != NULL;
-		if (ok && reasoning)
-			ok = cJSON_AddStringToObject(o, "reasoning_content", reasoning->valuestring) != NULL;
-		if (!ok)
-			return bad(e, "messages", "out of memory for the messages");
 	}
 	r->n_msgs = i;
 	return SFW_OK;
@@ -620,7 +608,6 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 void sfw_serve_req_release(struct sfw_serve_req *r)
 {
 	cJSON_Delete(r->root);
-	cJSON_Delete(r->messages);
 	sfw_free(r->bias);
 	sfw_free(r->prompt_ids);
 	sfw_free(r->msgs);

@@ -79,11 +79,8 @@ struct sfw_serve_req {
 	const char *prompt;  /* completion: text, or NULL when prompt_ids */
 	int32_t *prompt_ids; /* completion: token ids (sfw_malloc) */
 	size_t n_prompt_ids;
-	/* chat: the messages as the chat template reads them (a new array:
-	 * developer as system, content parts joined, an assistant's content
-	 * null given as "", which templates testing for a string read alike and
-	 * simple ones can concatenate), and as role/content pairs */
-	cJSON *messages;
+	/* chat: the messages (root's "messages", validated) as role/content
+	 * pairs; the template reads them through sfw_chat_messages_normalize */
 	struct sfw_chat_msg *msgs; /* (sfw_malloc; content may be a joined copy in owned) */
 	size_t n_msgs;
 	char **owned; /* joined content parts, freed with the request */
