@@ -238,12 +238,6 @@ struct sfw_sample_lp {
 	int32_t top_id[SFW_SAMPLE_TOP_MAX];
 	float top_logprob[SFW_SAMPLE_TOP_MAX];
 };
-/* 1 when p needs the host twin (logprobs): the CUDA kernel hands such a row
- * back (-1) and the host finishes. */
-static inline int sfw_op_sample_host_only(const struct sfw_op_sample_params *p)
-{
-	return p->logprobs != NULL;
-}
 int32_t sfw_op_sample_cpu(const float *logits, int V, const struct sfw_op_sample_params *p, double u);
 /* The sampler's uniform stream, the one xoshiro256**: the next 53-bit
  * uniform of state rng[4] (struct sfw_sampler's rng). */

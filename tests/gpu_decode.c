@@ -408,7 +408,8 @@ static void fused_case(int rows, int n)
 }
 
 /* the sampling kernel against its CPU twin on random rows: equal ids; min-p,
- * penalties and biases on the device too; logprobs handed to the host */
+ * penalties, biases and logprobs on the device too (logprobs equal within
+ * float rounding: log() is CUDA's) */
 static void sample_twin_case(int V)
 {
 	static const struct sfw_sample_adj adj[] = {{1, 2, 1, 0.5f}, {7, 0, 1, 0}, {100, 1, 1, -3}};
@@ -428,10 +429,31 @@ static void sample_twin_case(int V)
 	    {.temperature = 0.8f, .top_k = 60, .top_p = 0.9f, .min_p = 0.1f},
 	    {.temperature = 1.0f, .top_p = 0.95f, .min_p = 0.02f},
 	    {.temperature = 0.8f, .top_p = 1.0f, .repetition_penalty = 1.2f, .adj = adj, .n_adj = 3},
-	    {.top_p = 1.0f, .greedy = 1, .presence_penalty = 0.5f, .frequency_penalty = 0.25f, .adj = adj, .n_adj = 3},
-	    {.temperature = 1.1f, .top_k = 30, .top_p = 0.9f, .min_p = 0.05f, .repetition_penalty = 1.5f,
-	     .frequency_penalty = -0.5f, .adj = adj, .n_adj = 3},
-	    {.temperature = 0.8f, .top_p = 1.0f, .logprobs = &lp, .top_logprobs = 5}};
+	    {.top_p = 1.0f,
+	     .greedy = 1,
+	     .presence_penalty = 0.5f,
+	     .frequency_penalty = 0.25f,
+	     .adj = adj,
+	     .n_adj = 3},
+	    {.temperature = 1.1f,
+	     .top_k = 30,
+	     .top_p = 0.9f,
+	     .min_p = 0.05f,
+	     .repetition_penalty = 1.5f,
+	     .frequency_penalty = -0.5f,
+	     .adj = adj,
+	     .n_adj = 3},
+	    {.temperature = 0.8f, .top_p = 1.0f, .logprobs = &lp, .top_logprobs = 5},
+	    {.temperature = 1.0f, .top_p = 1.0f, .min_p = 0.1f, .logprobs = &lp, .top_logprobs = 20},
+	    {.top_p = 1.0f, .greedy = 1, .logprobs = &lp, .top_logprobs = 3},
+	    {.temperature = 0.7f,
+	     .top_k = 40,
+	     .top_p = 0.9f,
+	     .logprobs = &lp,
+	     .top_logprobs = 4,
+	     .adj = adj,
+	     .n_adj = 3},
+	    {.temperature = 1.2f, .top_p = 0.8f, .min_p = 0.05f, .logprobs = &lp}};
 	float *h = malloc((size_t)V * sizeof(float));
 	void *s = NULL, *dl = NULL, *dout = NULL;
 	struct sfw_err err = {0};
@@ -439,7 +461,7 @@ static void sample_twin_case(int V)
 		 sfw_cuda_malloc(&dl, (size_t)V * sizeof(float), "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dout, 16, "t", &err) == SFW_OK;
 	CHECK(ok, "sample: device buffers: %s", err.msg);
-	int total = 0, equal = 0, host = 0, bad_host = 0;
+	int total = 0, equal = 0, host = 0, bad_host = 0, lp_rows = 0, lp_equal = 0;
 	for (int row = 0; ok && row < 40; row++) {
 		float sharp = row % 4 == 0 ? 0.2f : row % 4 == 1 ? 3 : 12; /* flat to peaked */
 		for (int i = 0; i < V; i++) {
@@ -461,14 +483,23 @@ static void sample_twin_case(int V)
 			sfw_op_sample_cuda(dout, dl, V, &ps[k], u, s);
 			sfw_cuda_d2h(&g, dout, sizeof(g), s);
 			sfw_cuda_sync(s);
+			struct sfw_sample_lp glp = lp; /* the kernel's logprobs (when asked) */
 			int32_t c = sfw_op_sample_cpu(h, V, &ps[k], u);
+			if (ps[k].logprobs && g >= 0) { /* ids exact; log() within float rounding */
+				int same = glp.n_top == lp.n_top && fabsf(glp.logprob - lp.logprob) <= 1e-5f;
+				for (int q = 0; same && q < lp.n_top; q++)
+					same = glp.top_id[q] == lp.top_id[q] &&
+					       fabsf(glp.top_logprob[q] - lp.top_logprob[q]) <= 1e-5f;
+				lp_rows++, lp_equal += same;
+				if (!same)
+					printf("  logprobs V %d row %d params %zu: cuda %g (%d top), cpu %g "
+					       "(%d top)\n",
+					       V, row, k, glp.logprob, glp.n_top, lp.logprob, lp.n_top);
+			}
 			total++;
 			if (g == -1) {
 				host++;
-				bad_host += !(ps[k].top_k > 1024 || (ps[k].top_k == 0 && ps[k].top_p < 1) ||
-					      sfw_op_sample_host_only(&ps[k]));
-			} else if (sfw_op_sample_host_only(&ps[k])) {
-				bad_host++; /* must be the host's */
+				bad_host += !(ps[k].top_k > 1024 || (ps[k].top_k == 0 && ps[k].top_p < 1));
 			} else {
 				equal += g == c;
 				if (g != c)
@@ -478,9 +509,10 @@ static void sample_twin_case(int V)
 	}
 	printf("  sample V %d: %d of %d equal, %d handed to the host\n", V, equal, total - host, host);
 	CHECK(ok && equal == total - host, "sampling kernel = CPU twin, V %d (%d of %d)", V, equal, total - host);
-	CHECK(bad_host == 0,
-	      "the kernel hands back only top-k > %d, wide nuclei and the host's rows (%d others)", 1024,
+	CHECK(bad_host == 0, "the kernel hands back only top-k > %d or wide nuclei (%d others)", 1024,
 	      bad_host);
+	CHECK(ok && lp_rows > 0 && lp_equal == lp_rows,
+	      "logprobs of the kernel = the twin's, V %d (%d of %d rows)", V, lp_equal, lp_rows);
 	sfw_cuda_free(dl), sfw_cuda_free(dout);
 	if (s)
 		sfw_cuda_stream_free(s);
