@@ -1,7 +1,9 @@
 /* salafw serve - an OpenAI-compatible HTTP server on a verified model
  * (serve/serve.h): the same gate, model options and messages as run; binds
- * to loopback unless --host says otherwise; SIGTERM or SIGINT stops
- * accepting, lets the accepted requests finish and exits 0. */
+ * to loopback unless --host says otherwise. SIGTERM or SIGINT starts the
+ * drain: new requests get 503, the accepted ones finish, exit 0. A second
+ * signal, or --drain-timeout, ends the accepted requests at once (503, or an
+ * error event in a stream) and exits 128 + the signal's number. */
 #include "cli.h"
 #include "buf.h"
 #include "file.h"
@@ -26,6 +28,9 @@ static const struct cli_opt opts[] = {
     {"max-queue", 0, "N", "requests waiting beyond those (default 256; more get 429)"},
     {"max-context", 0, "N", "context positions per request, prompt and reply (default 4096)"},
     {"prefill-chunk", 0, "N", "prompt tokens per engine step (default 256 on the CPU, 512 on CUDA)"},
+    {"drain-timeout", 0, "SECONDS", "after SIGTERM/SIGINT, end the unfinished requests after this long (default 0: wait)"},
+    {"receive-timeout", 0, "SECONDS", "close a connection whose request has not all arrived in this long (default 60; 0: none)"},
+    {"conns-per-ip", 0, "N", "open connections per client address (default 128; 0: no limit, e.g. behind a proxy)"},
     {"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
     {"served-model-name", 0, "NAME",
      "a model id requests may name, listed by /v1/models (repeatable; default: the manifest's repo id, "
@@ -98,6 +103,7 @@ int cmd_serve(int argc, char **argv)
 	const char *C = "salafw serve";
 	struct sfw_serve_params sp = sfw_serve_default_params();
 	int have_chunk = 0;
+	unsigned long long drain_timeout = 0;
 	const char *key = NULL, *key_file = NULL;
 	const char *served[SFW_SERVE_NAMES_MAX];
 	int n_served = 0;
@@ -171,6 +177,18 @@ int cmd_serve(int argc, char **argv)
 				return cli_usage_error(C, "--prefill-chunk must be 1 to %u tokens", 1u << 20);
 			sp.prefill_chunk = (int)u;
 			have_chunk = 1;
+		} else if (!strcmp(nm, "drain-timeout")) {
+			if (u > 86400)
+				return cli_usage_error(C, "--drain-timeout must be at most 86400 seconds");
+			drain_timeout = u;
+		} else if (!strcmp(nm, "receive-timeout")) {
+			if (u > 86400)
+				return cli_usage_error(C, "--receive-timeout must be at most 86400 seconds");
+			sp.receive_timeout = (double)u;
+		} else if (!strcmp(nm, "conns-per-ip")) {
+			if (u > 65536)
+				return cli_usage_error(C, "--conns-per-ip must be at most 65536");
+			sp.conns_per_ip = (int)u;
 		}
 	}
 	if (cp.npos != 1)
@@ -258,10 +276,34 @@ int cmd_serve(int argc, char **argv)
 	    (long long)sp.max_context);
 	int sig = 0;
 	sigwait(&sigs, &sig);
-	fprintf(stderr, "%s: %s: finishing the accepted requests\n", C, sig == SIGINT ? "SIGINT" : "SIGTERM");
+	fprintf(stderr, "%s: %s: finishing the accepted requests (a second signal ends them now)\n", C,
+		sig == SIGINT ? "SIGINT" : "SIGTERM");
+	sfw_serve_drain(srv);
+	/* the drain: until the last reply is sent, a second signal, or --drain-timeout */
+	double t_end = sfw_now_s() + (double)drain_timeout;
+	int end_sig = 0;
+	const char *why = "";
+	while (!sfw_serve_idle(srv, 0.1)) {
+		const struct timespec now = {0, 0};
+		int s2 = sigtimedwait(&sigs, NULL, &now);
+		if (s2 > 0) {
+			end_sig = s2;
+			why = s2 == SIGINT ? "a second signal (SIGINT)" : "a second signal (SIGTERM)";
+			break;
+		}
+		if (drain_timeout && sfw_now_s() >= t_end) {
+			end_sig = sig;
+			why = "--drain-timeout";
+			break;
+		}
+	}
+	if (end_sig) {
+		int n = sfw_serve_abort(srv);
+		fprintf(stderr, "%s: %s: ended %d unfinished request%s\n", C, why, n, n == 1 ? "" : "s");
+	}
 	sfw_serve_stop(srv);
 	fprintf(stderr, "%s: stopped\n", C);
-	rc = 0;
+	rc = end_sig ? 128 + end_sig : 0;
 	goto out;
 fail:
 	rc = cli_report(s, &err);

@@ -450,6 +450,50 @@ static enum sfw_status take_bool(const cJSON *f, int *out, struct sfw_serve_erro
 	return SFW_OK;
 }
 
+/* 1 when a string of the JSON text b holds the escape \u0000, which cJSON
+ * would cut the string at; field: the top-level field it is in ("" when
+ * outside one). b is valid JSON here (parsed before). */
+static int has_nul_escape(const char *b, size_t n, char *field, size_t cap)
+{
+	int depth = 0, in_str = 0, key_next = 0, is_key = 0;
+	size_t ks = 0;
+	field[0] = 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = b[i];
+		if (in_str) {
+			if (c == '\\') {
+				if (n - i > 5 && !memcmp(b + i + 1, "u0000", 5)) {
+					if (is_key)
+						field[0] = 0;
+					return 1;
+				}
+				i++;
+			} else if (c == '"') {
+				in_str = 0;
+				if (is_key) {
+					size_t L = i - ks < cap - 1 ? i - ks : cap - 1;
+					memcpy(field, b + ks, L);
+					field[L] = 0;
+				}
+			}
+			continue;
+		}
+		if (c == '"') {
+			in_str = 1;
+			is_key = depth == 1 && key_next;
+			key_next = 0;
+			ks = i + 1;
+		} else if (c == '{' || c == '[') {
+			key_next = ++depth == 1 && c == '{';
+		} else if (c == '}' || c == ']') {
+			depth--;
+		} else if (c == ',' && depth == 1) {
+			key_next = 1;
+		}
+	}
+	return 0;
+}
+
 enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve_kind kind,
 				    const char *const *names, size_t n_names, int vocab, struct sfw_serve_req *r,
 				    struct sfw_serve_error *e)
@@ -473,6 +517,10 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 		return bad(e, NULL, "%s", je.msg);
 	if (!cJSON_IsObject(r->root))
 		return bad(e, NULL, "the request body must be a JSON object");
+	char nul_field[64];
+	if (has_nul_escape(body, len, nul_field, sizeof(nul_field)))
+		return bad(e, nul_field, "%s%s%sholds an escaped NUL character (\\u0000), which text here cannot hold",
+			   nul_field[0] ? "'" : "", nul_field, nul_field[0] ? "' " : "the request body ");
 	const cJSON *prompt = NULL, *messages = NULL, *tools = NULL, *tool_choice = NULL, *bias = NULL;
 	int chat = kind == SFW_SERVE_CHAT;
 	enum sfw_status s = SFW_OK;
@@ -508,8 +556,13 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 			r->max_tokens = iv;
 		} else if (!strcmp(k, "temperature"))
 			s = num_field(r, f, 0, 2, 0, &r->temperature, SFW_SERVE_SET_TEMPERATURE, e);
-		else if (!strcmp(k, "top_p"))
+		else if (!strcmp(k, "top_p")) {
+			/* checked as the float the sampler takes: 1e-300 is 0 there */
 			s = num_field(r, f, 0, 1, 1, &r->top_p, SFW_SERVE_SET_TOP_P, e);
+			if (s == SFW_OK && !is_null(f) && !((float)f->valuedouble > 0))
+				s = bad(e, k, "'top_p' must be a number in (0, 1], at least 1.4e-45 (the smallest "
+					      "float above 0)");
+		}
 		else if (!strcmp(k, "min_p"))
 			s = num_field(r, f, 0, 1, 0, &r->min_p, SFW_SERVE_SET_MIN_P, e);
 		else if (!strcmp(k, "repetition_penalty"))

@@ -15,8 +15,17 @@
  * preflights) everywhere. One log line per request on stderr unless quiet. Errors are OpenAI error objects
  * {"error": {"message", "type", "param", "code"}}: 400 bad request, 401 bad
  * or missing API key (SHA-256 of both sides compared in constant time), 404,
- * 405, 413 body over SFW_SERVE_BODY_MAX, 429 queue full (Retry-After), 503
- * while shutting down. A client that goes away frees its sequence at once.
+ * 405, 413 body over SFW_SERVE_BODY_MAX or over what max_context can use,
+ * 429 queue full (Retry-After), 501 a transfer coding other than chunked, 503
+ * while shutting down. A client that goes away frees its sequence at once; one
+ * that only half-closes (sends its last byte and keeps reading) gets its reply.
+ *
+ * Connections: a request's headers and body must arrive within
+ * receive_timeout seconds (from the connection's start, or the end of its
+ * last request); at most conns_per_ip connections per client address; and at
+ * most SFW_SERVE_RECV_MAX connections waiting for a request at once (a new
+ * one closes the one that has waited longest), so that connections beyond
+ * those and the accepted requests stay free for /health and /metrics.
  *
  * The request parser (sfw_serve_req_parse) uses no engine: the fuzz target
  * tests/fuzz/fuzz_serve_req.c links it alone. */
@@ -36,6 +45,7 @@
 #define SFW_SERVE_BODY_MAX (4u << 20) /* request body bytes */
 #define SFW_SERVE_MSGS_MAX 4096	      /* chat messages per request */
 #define SFW_SERVE_IDS_MAX (1u << 24)  /* prompt token ids per request */
+#define SFW_SERVE_RECV_MAX 128	      /* connections waiting for (the rest of) a request */
 
 /* ---- requests (serve/req.c) ------------------------------------------------ */
 
@@ -173,6 +183,8 @@ struct sfw_serve_params {
 	int64_t max_context;		      /* positions per sequence (prompt + reply) */
 	int prefill_chunk;		      /* prompt tokens per engine step, over all sequences */
 	int64_t pool_tokens;		      /* KV pool positions; 0 = max_running * max_context */
+	double receive_timeout; /* seconds to receive a request's headers and body; 0 = no limit */
+	int conns_per_ip;	/* open connections per client address; 0 = no limit */
 };
 struct sfw_serve_params sfw_serve_default_params(void);
 /* The batch the server runs for p (runner/batch.h): max_running sequences of
@@ -190,8 +202,21 @@ SFW_MUST_CHECK enum sfw_status sfw_serve_start(struct sfw_model *m, const struct
 					       const struct sfw_serve_params *p, struct sfw_server **out,
 					       struct sfw_err *err);
 int sfw_serve_port(const struct sfw_server *s);
-/* Stops accepting, lets every accepted request finish (streams included),
- * then stops the daemon and the engine and frees the server. */
+/* The drain: from here on a new request gets 503 (the listener stays open,
+ * so a load balancer sees a draining server, not a dead one) and /health
+ * says "shutting down"; the accepted requests go on. Idempotent. */
+void sfw_serve_drain(struct sfw_server *s);
+/* Waits up to timeout_s seconds until every accepted request's reply has
+ * been sent (libmicrohttpd's completion callback, not the queueing of the
+ * response); 1 when none is left. */
+int sfw_serve_idle(struct sfw_server *s, double timeout_s);
+/* Ends the accepted requests now: a waiting client gets 503, a stream an
+ * error event and "data: [DONE]"; waits (a few seconds at most) for those
+ * answers to be sent. Returns how many requests it ended. */
+int sfw_serve_abort(struct sfw_server *s);
+/* The drain, then waits until every accepted request's reply has been sent
+ * (or sfw_serve_abort ended them), then stops the daemon and the engine and
+ * frees the server. */
 void sfw_serve_stop(struct sfw_server *s);
 
 #endif

@@ -4,10 +4,18 @@
  * A request is shared by its connection thread and the engine: one lock
  * (srv->mu) guards the queue, every request's output and flags and the
  * metrics; a request is freed when both have dropped it (refs). The engine
- * alone touches the batch, the samplers and the output streams. */
+ * alone touches the batch, the samplers and the output streams.
+ *
+ * An accepted request counts (srv->active) from its admission until
+ * libmicrohttpd's completion callback says its reply has been sent, so the
+ * drain stops the daemon only after the last reply went out. Every open
+ * connection has a slot (MHD_OPTION_NOTIFY_CONNECTION) saying whether it is
+ * waiting for a request or being answered; a watchdog thread closes the
+ * ones that take longer than receive_timeout to send their request. */
 #include "serve/serve.h"
 #include "alloc.h"
 #include "buf.h"
+#include "checked.h"
 #include "json.h"
 #include "log.h"
 #include "runner/batch.h"
@@ -30,6 +38,14 @@
 #define OUT_MAX (64u << 20) /* generated text bytes per request */
 #define WAIT_SLICE_MS 50    /* a waiting connection looks for a hang-up this often */
 #define MAX_SEQS SFW_BATCH_MAX_SEQS
+#define CONN_RESERVE 32	      /* connections beyond the accepted requests and the waiting ones */
+#define ABORT_SEND_S 5.0      /* sfw_serve_abort waits this long for the ended requests' answers */
+#define TOK_BUDGET (1u << 20) /* prompt text bytes tokenized at once, over all requests */
+/* A JSON body holds a text byte in at most 6 bytes (\u0001), and besides the
+ * texts at most this much (the fields, 4096 messages' framing). */
+#define BODY_TEXT_X 6
+#define BODY_FRAME (512u << 10)
+#define ABORT_MSG "the server is shutting down: the request was ended before it finished"
 
 /* ---- metrics ------------------------------------------------------------------ */
 
@@ -68,7 +84,7 @@ enum route {
 static const char *const route_path[R__COUNT] = {"other",	    "/health",	       "/metrics",
 						 "/v1/models",	    "/v1/completions", "/v1/chat/completions",
 						 "/v1/models/{id}", "/tokenize",       "/detokenize"};
-static const int codes[] = {200, 204, 400, 401, 404, 405, 413, 429, 500, 503};
+static const int codes[] = {200, 204, 400, 401, 404, 405, 413, 429, 500, 501, 503};
 #define N_CODES (sizeof(codes) / sizeof(codes[0]))
 
 struct metrics {
@@ -136,6 +152,9 @@ struct req {
 	double t_first; /* the first token's time (0: none yet) */
 	int done;      /* the engine is through with it */
 	int cancelled; /* the client went away */
+	int aborted;   /* sfw_serve_abort ended it */
+	int http11;    /* the request came as HTTP/1.1 (an interim 1xx may be sent) */
+	int probed;    /* the client sent FIN: a 1xx or an SSE comment went out to tell a close */
 	enum sfw_finish finish;
 	int64_t completion_tokens;
 	char error[256]; /* set when it failed on the engine side */
@@ -189,8 +208,18 @@ struct sfw_server {
 	pthread_cond_t engine_cv, idle_cv;
 	struct req *qhead, *qtail;
 	int nqueue, nrun;
-	int active; /* requests a connection still holds */
-	int draining, quit;
+	int active; /* accepted requests whose reply has not been sent yet */
+	int draining, aborting, quit;
+	/* connections (struct slot): waiting for a request, being answered */
+	struct slot *slots;
+	int n_recv, n_busy;
+	pthread_t watch;
+	int watch_started, watch_quit;
+	pthread_cond_t watch_cv;
+	/* the cheap bounds of a request: body bytes, prompt text bytes */
+	size_t body_max, text_max;
+	size_t tok_bytes; /* text bytes being tokenized now (TOK_BUDGET) */
+	pthread_cond_t tok_cv;
 	uint64_t next_id;
 	struct metrics mt;
 	struct req *run[MAX_SEQS];
@@ -424,6 +453,22 @@ static void *engine_main(void *arg)
 			pthread_cond_wait(&s->engine_cv, &s->mu);
 		if (s->quit && !s->qhead && s->nrun == 0)
 			break;
+		if (s->aborting) { /* sfw_serve_abort: every accepted request ends now */
+			while (s->nrun > 0) {
+				s->run[s->nrun - 1]->aborted = 1;
+				retire_locked(s, s->run[s->nrun - 1], SFW_FINISH_NONE, ABORT_MSG);
+			}
+			while (s->qhead) {
+				struct req *r = s->qhead;
+				s->qhead = r->next;
+				s->nqueue--;
+				r->aborted = 1;
+				retire_locked(s, r, SFW_FINISH_NONE, ABORT_MSG);
+			}
+			s->qtail = NULL;
+			pthread_cond_broadcast(&s->idle_cv);
+			continue;
+		}
 		double ti = sfw_now_s();
 		/* the clients that went away free their sequences first */
 		for (int i = s->nrun - 1; i >= 0; i--)
@@ -532,6 +577,9 @@ struct conn {
 	enum route rt;
 	int method_ok, checked, too_big;
 	struct sfw_buf body;
+	int counted; /* an accepted request: s->active drops when its reply is sent */
+	int refuse;  /* 503 or 429 decided before the body (which is dropped) */
+	int http11;
 	double t0;
 	char method[8];
 	int code;    /* the status answered (0: none yet) */
@@ -584,6 +632,7 @@ static enum MHD_Result send_body(struct sfw_server *s, struct MHD_Connection *c,
 {
 	pthread_mutex_lock(&s->mu);
 	count_locked(s, rt, code);
+	int drain = s->draining;
 	pthread_mutex_unlock(&s->mu);
 	if (cur_conn)
 		cur_conn->code = code;
@@ -592,6 +641,8 @@ static enum MHD_Result send_body(struct sfw_server *s, struct MHD_Connection *c,
 		return MHD_NO;
 	if (type)
 		MHD_add_response_header(resp, "Content-Type", type);
+	if (drain) /* no next request on this connection */
+		MHD_add_response_header(resp, "Connection", "close");
 	if (retry_after)
 		MHD_add_response_header(resp, "Retry-After", retry_after);
 	if (code == 401)
@@ -664,22 +715,43 @@ static enum MHD_Result send_preflight(struct sfw_server *s, struct MHD_Connectio
 	return ret;
 }
 
-/* 1 when the client has hung up (or the socket failed). */
-static int hung_up(struct MHD_Connection *c)
+/* Waits on cv (mu held) for at most secs seconds. */
+static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double secs)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	long long ns = (long long)ts.tv_nsec + (secs > 0 ? (long long)(secs * 1e9) : 0);
+	ts.tv_sec += (time_t)(ns / 1000000000LL);
+	ts.tv_nsec = (long)(ns % 1000000000LL);
+	pthread_cond_timedwait(cv, mu, &ts);
+}
+
+enum peer {
+	PEER_HERE, /* connected; silent, or sending its next request */
+	PEER_FIN,  /* it sent its last byte: a half-close, or a close only a write can tell from one */
+	PEER_GONE  /* reset, or the socket failed */
+};
+
+static enum peer peer_state(struct MHD_Connection *c, int *fd)
 {
 	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
 	if (!ci)
-		return 0;
+		return PEER_HERE;
+	*fd = ci->connect_fd;
 	struct pollfd pf = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
 	if (poll(&pf, 1, 0) <= 0)
-		return 0;
-	if (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
-		return 1;
+		return PEER_HERE;
+	if (pf.revents & (POLLHUP | POLLERR | POLLNVAL))
+		return PEER_GONE;
 	/* readable: the end of the stream (0) or a reset, unless it is the next
 	 * pipelined request's bytes */
 	char b;
 	ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-	return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+	if (k > 0)
+		return PEER_HERE;
+	if (k == 0)
+		return PEER_FIN;
+	return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? PEER_HERE : PEER_GONE;
 }
 
 /* ---- a request's choices --------------------------------------------------------------- */
@@ -710,20 +782,34 @@ static void cancel_all_locked(struct sfw_server *s, struct req *l)
 }
 
 /* Waits (srv->mu held) until every choice of lead l is done or (any_text)
- * one is ready; 0 when the client went away meanwhile (the choices are then
- * cancelled, the engine woken). */
+ * one is ready. Returns 1 then; 0 when the client went away meanwhile (the
+ * choices are then cancelled, the engine woken); 2 (a stream's wait only)
+ * when the client has sent FIN: the caller sends an SSE comment, which a
+ * closed socket answers with a reset and a half-closed client ignores. A
+ * waiting HTTP/1.1 request is sent an interim "102 Processing" for the same
+ * (RFC 9110 §15.2: a client accepts a 1xx it did not ask for); an HTTP/1.0
+ * one has none, so its FIN counts as gone. */
 static int wait_output_locked(struct sfw_server *s, struct req *l, int any_text)
 {
+	static const char processing[] = "HTTP/1.1 102 Processing\r\n\r\n";
 	while (!(any_text ? any_ready(l) : all_done(l))) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += WAIT_SLICE_MS * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
+		timed_wait(&l->cv, &s->mu, WAIT_SLICE_MS * 1e-3);
+		if (any_text ? any_ready(l) : all_done(l))
+			break;
+		int fd = -1;
+		enum peer ps = peer_state(l->conn, &fd);
+		if (ps == PEER_FIN && !l->probed) {
+			l->probed = 1;
+			if (l->p.stream)
+				return 2;
+			/* the connection's own thread is here, in the request handler:
+			 * nothing else writes to the socket now */
+			if (l->http11 && send(fd, processing, sizeof(processing) - 1, MSG_NOSIGNAL | MSG_DONTWAIT) ==
+					     (ssize_t)(sizeof(processing) - 1))
+				continue;
+			ps = PEER_GONE;
 		}
-		pthread_cond_timedwait(&l->cv, &s->mu, &ts);
-		if (!(any_text ? any_ready(l) : all_done(l)) && hung_up(l->conn)) {
+		if (ps == PEER_GONE) {
 			cancel_all_locked(s, l);
 			return 0;
 		}
@@ -1042,13 +1128,17 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			pthread_mutex_unlock(&s->mu);
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		}
-		if (!wait_output_locked(s, l, 1)) {
+		int w = wait_output_locked(s, l, 1);
+		if (w == 0) {
 			pthread_mutex_unlock(&s->mu);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
 		int ok = 1;
 		struct req *failed = NULL;
-		for (int i = 0; i < l->n_ch; i++)
+		int fin = w == 2;
+		if (fin) /* FIN: a comment line, which SSE readers skip (no events this time) */
+			ok = sfw_buf_append(&l->sse, ":\n\n", 3) == SFW_OK;
+		for (int i = 0; !fin && i < l->n_ch; i++)
 			if (l->ch[i]->done && l->ch[i]->error[0])
 				failed = l->ch[i];
 		if (failed) {
@@ -1065,7 +1155,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			l->sent_done = 1;
 			cancel_all_locked(s, l);
 		}
-		for (int i = 0; ok && !failed && i < l->n_ch; i++) {
+		for (int i = 0; ok && !failed && !fin && i < l->n_ch; i++) {
 			struct req *r = l->ch[i];
 			if (!r->out.len && !(r->done && !r->sent_final))
 				continue;
@@ -1093,7 +1183,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 				ok = 1;
 			}
 		}
-		if (ok && !l->sent_done && all_done(l)) {
+		if (ok && !fin && !l->sent_done && all_done(l)) {
 			int finals = 1;
 			for (int i = 0; i < l->n_ch; i++)
 				finals &= l->ch[i]->sent_final;
@@ -1138,9 +1228,7 @@ static void finish_request_locked(struct sfw_server *s, struct req *l, enum rout
 			t1 = l->ch[i]->t_first;
 	log_request(s, l->idstr, method, rt, code, (int64_t)l->n_ids, out, t1 > 0 ? t1 - l->t_arrive : -1,
 		    now - l->t_arrive);
-	s->active--;
-	pthread_cond_broadcast(&s->idle_cv);
-	int n = l->n_ch;
+	int n = l->n_ch; /* s->active drops in on_completed, once the reply is sent */
 	struct req *ch[SFW_SERVE_N_MAX];
 	memcpy(ch, l->ch, sizeof(ch));
 	for (int i = n - 1; i >= 0; i--) /* the lead last: the others hold it */
@@ -1157,6 +1245,144 @@ static void stream_free(void *cls)
 		cancel_all_locked(s, l);
 	finish_request_locked(s, l, l->p.kind == SFW_SERVE_CHAT ? R_CHAT : R_COMPLETIONS, "POST", 200);
 	pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- connections ---------------------------------------------------------------------- */
+
+/* An open connection (MHD_OPTION_NOTIFY_CONNECTION), under srv->mu. */
+enum phase {
+	PH_RECV, /* waiting for a request, or for the rest of one; since t0 */
+	PH_BUSY, /* its request is in and being answered */
+	PH_CUT	 /* closed by the server (too slow, or the longest waiting of too many) */
+};
+struct slot {
+	struct slot *prev, *next;
+	int fd;
+	enum phase ph;
+	double t0;
+};
+
+/* Moves sl to ph (srv->mu held); PH_CUT shuts its socket down, which
+ * libmicrohttpd's thread of the connection sees as the client's close. The
+ * socket is still open here: MHD closes it only after NOTIFY_CLOSED, which
+ * takes the lock. */
+static void set_phase_locked(struct sfw_server *s, struct slot *sl, enum phase ph)
+{
+	if (!sl || sl->ph == PH_CUT || sl->ph == ph)
+		return;
+	if (sl->ph == PH_RECV)
+		s->n_recv--;
+	else
+		s->n_busy--;
+	sl->ph = ph;
+	if (ph == PH_RECV) {
+		s->n_recv++;
+		sl->t0 = sfw_now_s();
+	} else if (ph == PH_BUSY) {
+		s->n_busy++;
+	} else {
+		shutdown(sl->fd, SHUT_RDWR);
+	}
+	if (s->n_busy == 0)
+		pthread_cond_broadcast(&s->idle_cv);
+}
+
+static void set_phase(struct sfw_server *s, struct MHD_Connection *c, enum phase ph)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	pthread_mutex_lock(&s->mu);
+	if (ci)
+		set_phase_locked(s, ci->socket_context, ph);
+	pthread_mutex_unlock(&s->mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+			  enum MHD_ConnectionNotificationCode code)
+{
+	struct sfw_server *s = cls;
+	pthread_mutex_lock(&s->mu);
+	struct slot *sl = *socket_context;
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+		if (ci && (sl = sfw_calloc(1, sizeof(*sl)))) {
+			sl->fd = ci->connect_fd;
+			sl->ph = PH_RECV;
+			sl->t0 = sfw_now_s();
+			sl->next = s->slots;
+			if (s->slots)
+				s->slots->prev = sl;
+			s->slots = sl;
+			s->n_recv++;
+			/* too many waiting for a request: the one that has waited
+			 * longest goes, so a new client (a health check) gets in */
+			while (s->n_recv > SFW_SERVE_RECV_MAX) {
+				struct slot *old = NULL;
+				for (struct slot *x = s->slots; x; x = x->next)
+					if (x != sl && x->ph == PH_RECV && (!old || x->t0 < old->t0))
+						old = x;
+				if (!old)
+					break;
+				set_phase_locked(s, old, PH_CUT);
+			}
+		} else if (ci) { /* out of memory: not served */
+			shutdown(ci->connect_fd, SHUT_RDWR);
+		}
+		*socket_context = sl;
+	} else if (sl) { /* MHD_CONNECTION_NOTIFY_CLOSED */
+		if (sl->ph == PH_RECV)
+			s->n_recv--;
+		else if (sl->ph == PH_BUSY)
+			s->n_busy--;
+		if (sl->prev)
+			sl->prev->next = sl->next;
+		else
+			s->slots = sl->next;
+		if (sl->next)
+			sl->next->prev = sl->prev;
+		sfw_free(sl);
+		*socket_context = NULL;
+		if (s->n_busy == 0)
+			pthread_cond_broadcast(&s->idle_cv);
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* The watchdog: a connection that has not sent its whole request within
+ * receive_timeout seconds is closed (libmicrohttpd's own timeout is for
+ * silence only, which a byte every few seconds resets). */
+static void *watch_main(void *arg)
+{
+	struct sfw_server *s = arg;
+	pthread_mutex_lock(&s->mu);
+	while (!s->watch_quit) {
+		timed_wait(&s->watch_cv, &s->mu, 0.1);
+		double now = sfw_now_s();
+		if (s->p.receive_timeout > 0)
+			for (struct slot *x = s->slots; x; x = x->next)
+				if (x->ph == PH_RECV && now - x->t0 > s->p.receive_timeout)
+					set_phase_locked(s, x, PH_CUT);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
+/* 1 when a Transfer-Encoding value is "chunked" alone (spaces around it allowed). */
+static int is_chunked(const char *te)
+{
+	while (*te == ' ' || *te == '\t')
+		te++;
+	size_t n = strlen(te);
+	while (n && (te[n - 1] == ' ' || te[n - 1] == '\t'))
+		n--;
+	return n == 7 && !strncasecmp(te, "chunked", 7);
+}
+
+static enum MHD_Result too_big(struct sfw_server *s, struct MHD_Connection *c, enum route rt)
+{
+	char m[160];
+	snprintf(m, sizeof(m), "the request body is larger than %zu bytes (what a context of %lld tokens can use)",
+		 s->body_max, (long long)s->p.max_context);
+	return fail_with(s, c, rt, 413, "invalid_request_error", NULL, m, NULL);
 }
 
 /* ---- the endpoints -------------------------------------------------------------------- */
@@ -1438,6 +1664,34 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 	int chat = r->p.kind == SFW_SERVE_CHAT;
 	snprintf(r->idstr, sizeof(r->idstr), "%s", chat ? "chatcmpl-" : "cmpl-");
 	sodium_bin2hex(r->idstr + strlen(r->idstr), sizeof(r->idstr) - strlen(r->idstr), rnd, sizeof(rnd));
+	/* the text's bytes first: a token covers at most the longest token's
+	 * bytes, so a longer text cannot fit the context, and is not tokenized */
+	size_t text = 0;
+	if (r->p.kind == SFW_SERVE_CHAT)
+		for (size_t i = 0; i < r->p.n_msgs; i++)
+			text += strlen(r->p.msgs[i].content);
+	else if (r->p.prompt)
+		text = strlen(r->p.prompt);
+	if (text > s->text_max) {
+		e->http = 400;
+		e->type = "invalid_request_error";
+		e->code = "context_length_exceeded";
+		snprintf(e->param, sizeof(e->param), "%s", r->p.kind == SFW_SERVE_CHAT ? "messages" : "prompt");
+		snprintf(e->message, sizeof(e->message),
+			 "the prompt has %zu bytes, more than this server's context of %lld tokens can hold "
+			 "(%zu bytes)",
+			 text, (long long)s->p.max_context, s->text_max);
+		goto fail;
+	}
+	if (r->p.kind == SFW_SERVE_CHAT || r->p.prompt) {
+		/* SentencePiece's memory grows with the text: TOK_BUDGET bytes at
+		 * once over all requests (a longer one alone) */
+		pthread_mutex_lock(&s->mu);
+		while (s->tok_bytes > 0 && s->tok_bytes + text > TOK_BUDGET)
+			pthread_cond_wait(&s->tok_cv, &s->mu);
+		s->tok_bytes += text;
+		pthread_mutex_unlock(&s->mu);
+	}
 	if (chat) {
 		struct sfw_buf t;
 		size_t fa = 0;
@@ -1458,12 +1712,17 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 						  &r->n_ids, &err);
 		sfw_buf_release(&t);
 	} else if (r->p.prompt) {
-		st = sfw_tokenizer_encode(s->tok, r->p.prompt, strlen(r->p.prompt), 1, &r->ids, &r->n_ids,
-					  &err);
+		st = sfw_tokenizer_encode(s->tok, r->p.prompt, text, 1, &r->ids, &r->n_ids, &err);
 	} else {
 		r->ids = r->p.prompt_ids;
 		r->n_ids = r->p.n_prompt_ids;
 		r->p.prompt_ids = NULL;
+	}
+	if (r->p.kind == SFW_SERVE_CHAT || r->p.prompt) {
+		pthread_mutex_lock(&s->mu);
+		s->tok_bytes -= text;
+		pthread_cond_broadcast(&s->tok_cv);
+		pthread_mutex_unlock(&s->mu);
 	}
 	if (st != SFW_OK) {
 		e->http = st == SFW_E_NOMEM ? 500 : 400;
@@ -1503,6 +1762,8 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 		if ((st = init_choice(s, r, r->ch[i], &err)) != SFW_OK) {
 			e->http = st == SFW_E_INVAL ? 400 : 500;
 			e->type = e->http == 400 ? "invalid_request_error" : "server_error";
+			if (e->http == 400) /* the stop strings are the client's values it checks */
+				snprintf(e->param, sizeof(e->param), "stop");
 			snprintf(e->message, sizeof(e->message), "%s", err.msg);
 			goto fail;
 		}
@@ -1540,11 +1801,39 @@ static void note_unknown(struct sfw_server *s, const struct sfw_serve_req *p)
 	}
 }
 
+/* Whether a completion request can be taken now (srv->mu held): 0, 503
+ * while draining, 429 when the queue is full. Checked before the body is
+ * kept or tokenized, and again when the request joins the queue with its
+ * seqs choices. */
+static int cannot_take_locked(const struct sfw_server *s, int seqs)
+{
+	return s->draining ? 503 : s->nqueue + s->nrun + seqs > s->p.max_queue + s->p.max_running ? 429 : 0;
+}
+
+static int cannot_take(struct sfw_server *s)
+{
+	pthread_mutex_lock(&s->mu);
+	int code = cannot_take_locked(s, 1);
+	pthread_mutex_unlock(&s->mu);
+	return code;
+}
+
+static enum MHD_Result refuse(struct sfw_server *s, struct MHD_Connection *c, enum route rt, int code)
+{
+	if (code == 503)
+		return fail_with(s, c, rt, 503, "server_error", NULL, "the server is shutting down", NULL);
+	return fail_with(s, c, rt, 429, "rate_limit_error", NULL, "too many requests are waiting; try again later",
+			 "1");
+}
+
 static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connection *c, struct conn *cs)
 {
 	enum route rt = cs->rt;
 	struct sfw_serve_req p;
 	struct sfw_serve_error e;
+	int code = cannot_take(s);
+	if (code)
+		return refuse(s, c, rt, code);
 	if (sfw_serve_req_parse(cs->body.data ? cs->body.data : "", cs->body.len,
 				rt == R_CHAT ? SFW_SERVE_CHAT : SFW_SERVE_COMPLETION, s->name_ptr,
 				(size_t)s->p.n_names, s->vocab, &p, &e) != SFW_OK) {
@@ -1557,15 +1846,12 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 		return send_error(s, c, rt, &e, NULL);
 	snprintf(cs->id, sizeof(cs->id), "%s", r->idstr);
 	r->conn = c;
+	r->http11 = cs->http11;
 	pthread_mutex_lock(&s->mu);
-	if (s->draining || s->nqueue + s->nrun + r->n_ch > s->p.max_queue + s->p.max_running) {
-		int drain = s->draining;
+	if ((code = cannot_take_locked(s, r->n_ch)) != 0) {
 		drop_all_locked(r);
 		pthread_mutex_unlock(&s->mu);
-		return drain ? fail_with(s, c, rt, 503, "server_error", NULL, "the server is shutting down",
-					 NULL)
-			     : fail_with(s, c, rt, 429, "rate_limit_error", NULL,
-					 "too many requests are waiting; try again later", "1");
+		return refuse(s, c, rt, code);
 	}
 	r->id = ++s->next_id;
 	r->t_arrive = sfw_now_s();
@@ -1581,7 +1867,8 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 		s->qtail = x;
 		s->nqueue++;
 	}
-	s->active++;
+	s->active++; /* until on_completed: the reply has been sent */
+	cs->counted = 1;
 	s->mt.prompt_tokens += r->n_ids;
 	pthread_cond_signal(&s->engine_cv);
 	cs->logged = 1; /* the request's own line, at its end */
@@ -1604,17 +1891,25 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 	/* not streamed: the whole reply, then one response */
 	wait_output_locked(s, r, 0);
 	enum MHD_Result ret = MHD_NO;
-	int code = 499; /* the client went away */
+	int status = 499; /* the client went away */
 	const char *error = NULL;
 	for (int i = 0; i < r->n_ch; i++)
 		if (r->ch[i]->done && r->ch[i]->error[0])
 			error = r->ch[i]->error;
+	int aborted = 0;
+	for (int i = 0; i < r->n_ch; i++)
+		aborted |= r->ch[i]->aborted;
 	if (!all_done(r)) {
+	} else if (aborted) {
+		pthread_mutex_unlock(&s->mu);
+		ret = fail_with(s, c, rt, 503, "server_error", NULL, ABORT_MSG, NULL);
+		pthread_mutex_lock(&s->mu);
+		status = 503;
 	} else if (error) {
 		pthread_mutex_unlock(&s->mu);
 		ret = fail_with(s, c, rt, 500, "server_error", NULL, error, NULL);
 		pthread_mutex_lock(&s->mu);
-		code = 500;
+		status = 500;
 	} else {
 		pthread_mutex_unlock(&s->mu); /* the choices are done: the engine has let go of them */
 		cJSON *o = head_json(r, rt == R_CHAT ? "chat.completion" : "text_completion");
@@ -1643,7 +1938,7 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 			cJSON_AddItemToObject(o, "usage", usage_json(r));
 		if (ok) {
 			ret = send_json(s, c, rt, 200, o);
-			code = 200;
+			status = 200;
 		} else {
 			cJSON_Delete(o);
 			const char *m = "out of memory for the response";
@@ -1651,11 +1946,11 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 				if (r->ch[i]->error[0])
 					m = r->ch[i]->error;
 			ret = fail_with(s, c, rt, 500, "server_error", NULL, m, NULL);
-			code = 500;
+			status = 500;
 		}
 		pthread_mutex_lock(&s->mu);
 	}
-	finish_request_locked(s, r, rt, cs->method, code);
+	finish_request_locked(s, r, rt, cs->method, status);
 	pthread_mutex_unlock(&s->mu);
 	return ret;
 }
@@ -1674,20 +1969,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 				  const char *version, const char *upload, size_t *upload_size,
 				  void **con_cls)
 {
-	(void)version;
 	struct sfw_server *s = cls;
 	struct conn *cs = *con_cls;
 	if (!cs) {
 		if (!(cs = sfw_calloc(1, sizeof(*cs))))
 			return MHD_NO;
-		sfw_buf_init(&cs->body, SFW_SERVE_BODY_MAX);
+		sfw_buf_init(&cs->body, s->body_max);
 		cs->rt = route_of(url);
 		cs->t0 = sfw_now_s();
 		snprintf(cs->method, sizeof(cs->method), "%s", method);
+		cs->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
 		*con_cls = cs;
 		cur_conn = cs;
 		int post = cs->rt == R_COMPLETIONS || cs->rt == R_CHAT || cs->rt == R_TOKENIZE ||
 			   cs->rt == R_DETOKENIZE;
+		/* a coding other than chunked hides where the body ends (RFC 9112 §6.1: 501) */
+		const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
+		if (te && !is_chunked(te))
+			return fail_with(s, c, cs->rt, 501, "invalid_request_error", NULL,
+					 "the Transfer-Encoding is not supported (only chunked is)", NULL);
 		if (cs->rt == R_NONE)
 			return fail_with(s, c, R_NONE, 404, "invalid_request_error", NULL, "no such endpoint",
 					 NULL);
@@ -1703,26 +2003,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 				    "a missing or wrong API key (send Authorization: Bearer KEY)", NULL);
 		}
 		const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-		if (cl && strtoull(cl, NULL, 10) > SFW_SERVE_BODY_MAX) {
-			char m[128];
-			snprintf(m, sizeof(m), "the request body is larger than %u bytes",
-				 SFW_SERVE_BODY_MAX);
-			return fail_with(s, c, cs->rt, 413, "invalid_request_error", NULL, m, NULL);
+		if (cl && strtoull(cl, NULL, 10) > s->body_max)
+			return too_big(s, c, cs->rt);
+		/* draining, or the queue full: the body is not worth keeping. A
+		 * client waiting for "100 Continue" is answered now; one already
+		 * sending it is answered once it is in (and dropped): closing on
+		 * unread bytes would reset the connection under the answer */
+		if (post && (cs->refuse = cannot_take(s)) != 0) {
+			const char *ex = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Expect");
+			if (ex && !strcasecmp(ex, "100-continue"))
+				return refuse(s, c, cs->rt, cs->refuse);
 		}
 		return MHD_YES;
 	}
 	cur_conn = cs;
 	if (*upload_size) {
-		if (!cs->too_big && sfw_buf_append(&cs->body, upload, *upload_size) != SFW_OK)
+		if (!cs->too_big && !cs->refuse && sfw_buf_append(&cs->body, upload, *upload_size) != SFW_OK)
 			cs->too_big = 1;
 		*upload_size = 0;
 		return MHD_YES;
 	}
-	if (cs->too_big) {
-		char m[128];
-		snprintf(m, sizeof(m), "the request body is larger than %u bytes", SFW_SERVE_BODY_MAX);
-		return fail_with(s, c, cs->rt, 413, "invalid_request_error", NULL, m, NULL);
-	}
+	set_phase(s, c, PH_BUSY); /* the whole request is in */
+	if (cs->too_big)
+		return too_big(s, c, cs->rt);
+	if (cs->refuse)
+		return refuse(s, c, cs->rt, cs->refuse);
 	switch (cs->rt) {
 	case R_HEALTH: {
 		pthread_mutex_lock(&s->mu);
@@ -1745,13 +2050,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	}
 }
 
+/* MHD is through with a request: its reply sent, or the connection closed.
+ * An accepted request stops counting here; the connection waits for its next. */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 			 enum MHD_RequestTerminationCode toe)
 {
-	struct sfw_server *s = cls;
-	(void)c;
 	(void)toe;
+	struct sfw_server *s = cls;
 	struct conn *cs = *con_cls;
+	if (cs && cs->counted) {
+		pthread_mutex_lock(&s->mu);
+		s->active--;
+		pthread_cond_broadcast(&s->idle_cv);
+		pthread_mutex_unlock(&s->mu);
+	}
+	set_phase(s, c, PH_RECV);
 	if (cs) {
 		if (!cs->logged && cs->code)
 			log_request(s, cs->id, cs->method, cs->rt, cs->code, 0, 0, -1, sfw_now_s() - cs->t0);
@@ -1778,6 +2091,8 @@ struct sfw_serve_params sfw_serve_default_params(void)
 	p.max_queue = 256;
 	p.max_context = 4096;
 	p.prefill_chunk = 256;
+	p.receive_timeout = 60;
+	p.conns_per_ip = 128;
 	return p;
 }
 
@@ -1801,6 +2116,13 @@ struct sfw_batch_params sfw_serve_batch_params(const struct sfw_serve_params *p)
 
 static void server_free(struct sfw_server *s)
 {
+	if (s->watch_started) {
+		pthread_mutex_lock(&s->mu);
+		s->watch_quit = 1;
+		pthread_cond_signal(&s->watch_cv);
+		pthread_mutex_unlock(&s->mu);
+		pthread_join(s->watch, NULL);
+	}
 	if (s->engine_started) {
 		pthread_mutex_lock(&s->mu);
 		s->quit = 1;
@@ -1813,7 +2135,30 @@ static void server_free(struct sfw_server *s)
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->engine_cv);
 	pthread_cond_destroy(&s->idle_cv);
+	pthread_cond_destroy(&s->watch_cv);
+	pthread_cond_destroy(&s->tok_cv);
 	sfw_free(s);
+}
+
+/* The most text bytes one token stands for: its piece's bytes (the "▁" a
+ * piece's first decode drops counted), a special token's text, 3 for a
+ * byte piece alone (U+FFFD; it stands for 1). Text of more bytes than
+ * max_context times this cannot fit the context, for a tokenizer without
+ * normalization (every MiniCPM and LLaMA one). */
+static size_t token_bytes_max(const struct sfw_tokenizer *tok)
+{
+	struct sfw_buf b;
+	sfw_buf_init(&b, 1u << 16);
+	size_t most = 1;
+	int v = sfw_tokenizer_vocab(tok);
+	for (int32_t id = 0; id < v; id++) {
+		struct sfw_err e = {0};
+		b.len = 0;
+		if (sfw_tokenizer_decode(tok, &id, 1, 0, &b, &e) == SFW_OK && b.len > most)
+			most = b.len;
+	}
+	sfw_buf_release(&b);
+	return most + 1;
 }
 
 enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer *tok,
@@ -1858,6 +2203,15 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->engine_cv, NULL);
 	pthread_cond_init(&s->idle_cv, NULL);
+	pthread_cond_init(&s->watch_cv, NULL);
+	pthread_cond_init(&s->tok_cv, NULL);
+	/* the cheap bounds: prompt text a context can hold, and the body that can carry it */
+	uint64_t tm = 0, bm = 0;
+	if (!sfw_mul_ok((uint64_t)p->max_context, token_bytes_max(tok), &tm) || tm > SFW_SERVE_BODY_MAX)
+		tm = SFW_SERVE_BODY_MAX;
+	bm = tm * BODY_TEXT_X + BODY_FRAME;
+	s->text_max = (size_t)tm;
+	s->body_max = bm < SFW_SERVE_BODY_MAX ? (size_t)bm : SFW_SERVE_BODY_MAX;
 	struct sfw_batch_params bp = sfw_serve_batch_params(p);
 	enum sfw_status st = sfw_batch_new(m, &bp, &s->b, err);
 	if (st != SFW_OK) {
@@ -1886,11 +2240,14 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	}
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC |
 			 (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-	unsigned limit = (unsigned)(p->max_queue + p->max_running + 64);
+	/* the accepted requests, the connections waiting for a request, and a
+	 * reserve for the rest (/health, /metrics, answers under way) */
+	unsigned limit = (unsigned)(p->max_queue + p->max_running + SFW_SERVE_RECV_MAX + CONN_RESERVE);
 	s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
 				ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-				MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT,
-				(unsigned)600, MHD_OPTION_END);
+				MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_LIMIT, limit,
+				MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(p->conns_per_ip > 0 ? p->conns_per_ip : 0),
+				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
 	int e = errno;
 	freeaddrinfo(ai);
 	if (!s->d) {
@@ -1898,24 +2255,62 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 		return sfw_fail(err, SFW_E_NET, "cannot listen on %s:%d: %s", p->host, p->port,
 				e ? strerror(e) : "libmicrohttpd refused");
 	}
+	if (pthread_create(&s->watch, NULL, watch_main, s) != 0) {
+		MHD_stop_daemon(s->d);
+		server_free(s);
+		return sfw_fail(err, SFW_E_NOMEM, "cannot start the connection watchdog thread");
+	}
+	s->watch_started = 1;
 	*out = s;
 	return SFW_OK;
+}
+
+void sfw_serve_drain(struct sfw_server *s)
+{
+	pthread_mutex_lock(&s->mu);
+	s->draining = 1;
+	pthread_mutex_unlock(&s->mu);
+}
+
+int sfw_serve_idle(struct sfw_server *s, double timeout_s)
+{
+	double end = sfw_now_s() + timeout_s;
+	pthread_mutex_lock(&s->mu);
+	while (s->active > 0 && sfw_now_s() < end)
+		timed_wait(&s->idle_cv, &s->mu, end - sfw_now_s());
+	int idle = s->active == 0;
+	pthread_mutex_unlock(&s->mu);
+	return idle;
+}
+
+int sfw_serve_abort(struct sfw_server *s)
+{
+	pthread_mutex_lock(&s->mu);
+	s->draining = 1;
+	s->aborting = 1;
+	int n = s->nqueue + s->nrun;
+	pthread_cond_signal(&s->engine_cv);
+	/* the engine ends them after its step under way; their answers go out */
+	double end = sfw_now_s() + ABORT_SEND_S;
+	while ((s->nqueue + s->nrun > 0 || s->active > 0) && sfw_now_s() < end)
+		timed_wait(&s->idle_cv, &s->mu, 0.05);
+	pthread_mutex_unlock(&s->mu);
+	return n;
 }
 
 void sfw_serve_stop(struct sfw_server *s)
 {
 	if (!s)
 		return;
-	/* no new connections: MHD stops accepting, and the socket stops
-	 * listening (connects are refused, not left in the backlog); MHD
-	 * closes it in MHD_stop_daemon */
-	MHD_socket ls = MHD_quiesce_daemon(s->d);
-	if (ls != MHD_INVALID_SOCKET)
-		shutdown(ls, SHUT_RDWR);
+	sfw_serve_drain(s); /* the listener stays open: new requests get 503 */
 	pthread_mutex_lock(&s->mu);
-	s->draining = 1; /* new requests on open connections get 503 */
-	while (s->active > 0)
+	while (s->active > 0 && !s->aborting)
 		pthread_cond_wait(&s->idle_cv, &s->mu);
+	/* the answers under way that are not accepted requests (503s, /health)
+	 * get a moment to go out */
+	double end = sfw_now_s() + 1;
+	while (s->n_busy > 0 && sfw_now_s() < end)
+		timed_wait(&s->idle_cv, &s->mu, 0.05);
 	pthread_mutex_unlock(&s->mu);
 	MHD_stop_daemon(s->d);
 	server_free(s);
