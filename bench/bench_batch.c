@@ -52,7 +52,7 @@ static int cmp_d(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-static const struct sfw_op_sample_params greedy = {0, 0, 1, 1};
+static const struct sfw_op_sample_params greedy = {.temperature = 0, .top_k = 0, .top_p = 1, .greedy = 1};
 
 /* A random token id (the same stream for the same seed): 3 .. V - 9. */
 static int32_t rand_id(uint64_t *rng, int V)

@@ -13,6 +13,7 @@
 #include "runner/runner.h"
 #include "serve/serve.h"
 #include "tools/tools.h"
+#include "verify/verify.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -31,6 +32,13 @@ static const struct cli_opt opts[] = {
     {"receive-timeout", 0, "SECONDS", "close a connection whose request has not all arrived in this long (default 60; 0: none)"},
     {"conns-per-ip", 0, "N", "open connections per client address (default 128; 0: no limit, e.g. behind a proxy)"},
     {"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
+    {"served-model-name", 0, "NAME",
+     "a model id requests may name, listed by /v1/models (repeatable; default: the manifest's repo id, "
+     "listed, and the directory's name)"},
+    {"allowed-origins", 0, "LIST",
+     "CORS: web pages of these origins (comma-separated scheme://host[:port], or *) may read the answers "
+     "(default: none)"},
+    {"quiet", 0, NULL, "no request log lines on stderr"},
     CLI_MODEL_OPT_ROWS("serve"),
     {0},
 };
@@ -59,7 +67,26 @@ static int read_key_file(const char *cmd, const char *path, struct sfw_buf *b)
 	return 0;
 }
 
-/* The directory's last name: the model id the server answers to. */
+/* The repo id of DIR's manifest (already verified by the gate), or "". */
+static void manifest_repo(const char *dir, char *out, size_t cap)
+{
+	char path[4200];
+	struct sfw_buf b;
+	struct sfw_err err = {0};
+	struct sfw_manifest m;
+	out[0] = 0;
+	snprintf(path, sizeof(path), "%s/.salafw/manifest.json", dir);
+	sfw_buf_init(&b, SFW_MANIFEST_MAX);
+	if (sfw_read_file(path, SFW_MANIFEST_MAX, &b, &err) == SFW_OK && b.data &&
+	    sfw_manifest_parse(b.data, b.len, path, &m, &err) == SFW_OK) {
+		if (m.repo_id)
+			snprintf(out, cap, "%s", m.repo_id);
+		sfw_manifest_release(&m);
+	}
+	sfw_buf_release(&b);
+}
+
+/* The directory's last name: a model id the server answers to. */
 static void model_name(const char *dir, char *out, size_t cap)
 {
 	size_t n = strlen(dir);
@@ -78,6 +105,8 @@ int cmd_serve(int argc, char **argv)
 	int have_chunk = 0;
 	unsigned long long drain_timeout = 0;
 	const char *key = NULL, *key_file = NULL;
+	const char *served[SFW_SERVE_NAMES_MAX];
+	int n_served = 0;
 	unsigned long long u;
 	struct cli_model_opts mo;
 	cli_model_opts_init(&mo);
@@ -103,6 +132,25 @@ int cmd_serve(int argc, char **argv)
 		}
 		if (!strcmp(nm, "api-key-file")) {
 			key_file = arg;
+			continue;
+		}
+		if (!strcmp(nm, "served-model-name")) {
+			if (!*arg || strlen(arg) > 255)
+				return cli_usage_error(C, "--served-model-name must have 1 to 255 bytes");
+			if (n_served == SFW_SERVE_NAMES_MAX)
+				return cli_usage_error(C, "at most %d --served-model-name",
+						       SFW_SERVE_NAMES_MAX);
+			served[n_served++] = arg;
+			continue;
+		}
+		if (!strcmp(nm, "allowed-origins")) {
+			if (!*arg || strlen(arg) > 4000)
+				return cli_usage_error(C, "--allowed-origins must have 1 to 4000 bytes");
+			sp.allowed_origins = arg;
+			continue;
+		}
+		if (!strcmp(nm, "quiet")) {
+			sp.quiet = 1;
 			continue;
 		}
 		if (!cli_parse_u64(C, nm, arg, &u))
@@ -165,9 +213,20 @@ int cmd_serve(int argc, char **argv)
 	if (key_file)
 		key = kb.data;
 	sp.api_key = key;
-	char name[256];
+	/* the ids: --served-model-name, else the repo id (listed) and the directory's name */
+	char name[256], repo[256];
 	model_name(dir, name, sizeof(name));
-	sp.model_name = name;
+	manifest_repo(dir, repo, sizeof(repo));
+	if (n_served) {
+		for (int i = 0; i < n_served; i++)
+			sp.model_names[i] = served[i];
+		sp.n_names = sp.n_listed = n_served;
+	} else {
+		sp.n_names = sp.n_listed = 1;
+		sp.model_names[0] = repo[0] ? repo : name;
+		if (repo[0] && strcmp(repo, name))
+			sp.model_names[sp.n_names++] = name;
+	}
 
 	struct sfw_err err = {0};
 	enum sfw_status s;
@@ -175,6 +234,7 @@ int cmd_serve(int argc, char **argv)
 	struct sfw_tokenizer *tok = NULL;
 	struct sfw_server *srv = NULL;
 	struct sfw_eos_set eos;
+	struct sfw_chat_template *chat = NULL;
 	/* SIGTERM and SIGINT wait for sigwait below, in every thread started from here */
 	sigset_t sigs, old;
 	sigemptyset(&sigs);
@@ -189,6 +249,11 @@ int cmd_serve(int argc, char **argv)
 		goto fail;
 	if ((s = sfw_eos_load(dir, cf, tok, &eos, &err)) != SFW_OK)
 		goto fail;
+	/* the chat format and the sampling defaults, as run takes them */
+	if ((s = sfw_chat_template_load(dir, &chat, &err)) != SFW_OK ||
+	    (s = sfw_gen_defaults_load(dir, &sp.defaults, &err)) != SFW_OK)
+		goto fail;
+	sp.chat = chat;
 	if (!have_chunk) /* a chunk per step that keeps the decode rows flowing */
 		sp.prefill_chunk = strcmp(sfw_model_device_name(m), "cuda") ? 256 : 512; /* bench/RESULTS.md */
 	if (!strcmp(sfw_model_device_name(m), "cuda")) {
@@ -206,7 +271,7 @@ int cmd_serve(int argc, char **argv)
 	fprintf(
 	    stderr,
 	    "%s: serving '%s' on http://%s%s%s:%d/v1 [%s], up to %d running, %d queued, %lld-token context\n",
-	    C, name, strchr(sp.host, ':') ? "[" : "", sp.host, strchr(sp.host, ':') ? "]" : "",
+	    C, sp.model_names[0], strchr(sp.host, ':') ? "[" : "", sp.host, strchr(sp.host, ':') ? "]" : "",
 	    sfw_serve_port(srv), sfw_model_device_name(m), sp.max_running, sp.max_queue,
 	    (long long)sp.max_context);
 	int sig = 0;
@@ -245,6 +310,7 @@ fail:
 out:
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	sfw_tokenizer_free(tok);
+	sfw_chat_template_free(chat);
 	sfw_model_free(m);
 	sfw_buf_release(&kb);
 	return rc;

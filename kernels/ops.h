@@ -218,11 +218,50 @@ void sfw_op_topk_blocks_cpu(int32_t *idx, const float *pooled, int64_t nblocks, 
  * id order when nothing was cut (top_k off or >= candidates, top_p 1), else
  * best first; sums are in double over SFWS_THREADS contiguous chunks
  * (kernels/sample_twin.h), as the CUDA kernel makes them. */
+struct sfw_sample_adj;
+struct sfw_sample_lp;
 struct sfw_op_sample_params {
 	float temperature; /* >= 0; 0 means greedy */
 	int top_k;         /* 0 = off */
 	float top_p;       /* (0, 1]; 1 = off */
 	int greedy;        /* 1 = argmax, ignores the rest */
+	/* The additions below are off when zero (a struct written {T, k, p, g}
+	 * means what it meant). min_p: after top-k and top-p, the survivors
+	 * whose weight at temperature 1 relative to the best, sfws_exp(l - max),
+	 * is below min_p are cut (llama.cpp's order). */
+	float min_p; /* [0, 1]; 0 = off */
+	/* Penalties and biases, applied to the logits before everything else,
+	 * for the n_adj entries (distinct ids; host memory): l' = (seen ? (l > 0
+	 * ? l / rep : l * rep) : l) - count * frequency - (count > 0) * presence
+	 * + bias, rep = repetition_penalty (0 or 1 = off). vLLM's meaning:
+	 * `seen` = in the prompt or the output, `count` = times in the output. */
+	float repetition_penalty, presence_penalty, frequency_penalty;
+	const struct sfw_sample_adj *adj;
+	int n_adj;
+	/* logprobs: non-NULL asks for the chosen token's log-probability and the
+	 * top_logprobs (0 .. SFW_SAMPLE_TOP_MAX) most probable tokens' under the
+	 * distribution the draw is made from (struct sfw_sample_lp, written by
+	 * the choice; host memory). */
+	struct sfw_sample_lp *logprobs;
+	int top_logprobs;
+};
+struct sfw_sample_adj {
+	int32_t id;
+	int32_t count; /* times in the output */
+	int32_t seen;  /* 1: in the prompt or the output */
+	float bias;    /* added (logit_bias) */
+};
+#define SFW_SAMPLE_TOP_MAX 20
+/* The distribution a choice is drawn from: the candidates that survive the
+ * penalties, top-k, top-p and min-p, weighted sfws_exp((l - max) / T) and
+ * renormalised; a greedy choice (or temperature 0) reports the same
+ * survivors at temperature 1. logprob: the chosen token's; top: the n_top
+ * best survivors (larger logit first, lower id on ties). */
+struct sfw_sample_lp {
+	float logprob;
+	int n_top;
+	int32_t top_id[SFW_SAMPLE_TOP_MAX];
+	float top_logprob[SFW_SAMPLE_TOP_MAX];
 };
 int32_t sfw_op_sample_cpu(const float *logits, int V, const struct sfw_op_sample_params *p, double u);
 /* The sampler's uniform stream, the one xoshiro256**: the next 53-bit

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int cmp_key_desc(const void *a, const void *b)
 {
@@ -20,7 +21,36 @@ static int is_cand(float l)
 	return !isnan(l) && l != -INFINITY;
 }
 
-int32_t sfw_op_sample_cpu(const float *lg, int V, const struct sfw_op_sample_params *p, double u)
+/* A candidate that min-p keeps (when nothing else cuts: the draw in id
+ * order); the same test as the kernel's. */
+static int surv(float l, float max, float min_p)
+{
+	return is_cand(l) && (min_p <= 0.0f || sfws_exp(SFWS_SUB(l, max)) >= min_p);
+}
+
+/* The survivors' weight at inv_t (the draw's). */
+static double wt(float l, float max, float inv_t)
+{
+	return sfws_exp(SFWS_MUL(SFWS_SUB(l, max), inv_t));
+}
+
+/* logprobs of a sorted survivor list k[0..m) with weight sum `sum` */
+static void lp_sorted(struct sfw_sample_lp *lp, int top, const uint64_t *k, int m, double sum, float max,
+		      float inv_t, float lid)
+{
+	lp->logprob = (float)log(wt(lid, max, inv_t) / sum);
+	lp->n_top = top < m ? top : m;
+	for (int i = 0; i < lp->n_top; i++) {
+		lp->top_id[i] = sfws_key_id(k[i]);
+		lp->top_logprob[i] = (float)log(wt(sfws_key_logit(k[i]), max, inv_t) / sum);
+	}
+}
+
+/* The choice on logits lg (penalties already applied), its logprobs into lp
+ * when not NULL. A greedy choice asking for logprobs takes the sampling
+ * path at temperature 1 with the draw replaced by the argmax (force). */
+static int32_t choose(const float *lg, int V, const struct sfw_op_sample_params *p, double u,
+		      struct sfw_sample_lp *lp)
 {
 	int32_t best = -1, inf = -1;
 	int n = 0;
@@ -42,55 +72,91 @@ int32_t sfw_op_sample_cpu(const float *lg, int V, const struct sfw_op_sample_par
 	}
 	if (best < 0)
 		best = 0;
+	int top = p->top_logprobs < 0			 ? 0
+		  : p->top_logprobs > SFW_SAMPLE_TOP_MAX ? SFW_SAMPLE_TOP_MAX
+							 : p->top_logprobs;
 	/* a temperature so small that 1/T overflows is the greedy limit */
-	if (p->greedy || p->temperature == 0.0f || !isfinite(1.0f / p->temperature) || n == 0)
-		return inf >= 0 ? inf : best;
-	if (inf >= 0)
-		return inf;
+	int greedy = p->greedy || p->temperature == 0.0f || !isfinite(1.0f / p->temperature);
+	if (n == 0 || inf >= 0 || (greedy && !lp)) {
+		int32_t id = inf >= 0 ? inf : best;
+		if (lp) { /* a certain choice */
+			lp->logprob = 0;
+			lp->n_top = top ? 1 : 0;
+			lp->top_id[0] = id;
+			lp->top_logprob[0] = 0;
+		}
+		return id;
+	}
+	int32_t force = greedy ? best : -1;
 	int kk = p->top_k > 0 && p->top_k < n ? p->top_k : 0;
 	int cut_p = p->top_p < 1.0f;
-	float inv_t = 1.0f / p->temperature;
+	float inv_t = greedy ? 1.0f : 1.0f / p->temperature, min_p = p->min_p;
 	int C = (V + SFWS_THREADS - 1) / SFWS_THREADS;
+	uint64_t *k = NULL;
+	int m = 0;
+	int32_t id;
 	if (!kk) {
 		/* full-vocabulary sums per chunk, as the kernel's threads make them */
 		double part[SFWS_THREADS], total = 0;
 		for (int t = 0; t < SFWS_THREADS; t++) {
 			double s = 0;
-			for (int i = t * C; i < V && i < (t + 1) * C; i++)
-				if (is_cand(lg[i]))
-					s += cut_p ? sfws_exp(SFWS_SUB(lg[i], max))
-						   : sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), inv_t));
+			for (int i = t * C; i < V && i < (t + 1) * C; i++) {
+				if (cut_p ? !is_cand(lg[i]) : !surv(lg[i], max, min_p))
+					continue;
+				s += cut_p ? sfws_exp(SFWS_SUB(lg[i], max)) : wt(lg[i], max, inv_t);
+			}
 			part[t] = s;
 			total += s;
 		}
 		if (!cut_p) { /* draw in id order */
 			double target = u * total, start = 0;
-			int32_t last = -1;
-			for (int t = 0; t < SFWS_THREADS; t++) {
+			id = -1;
+			for (int t = 0; force < 0 && id < 0 && t < SFWS_THREADS; t++) {
 				if (target < start + part[t]) {
 					double acc = start;
 					for (int i = t * C; i < V && i < (t + 1) * C; i++) {
-						if (!is_cand(lg[i]))
+						if (!surv(lg[i], max, min_p))
 							continue;
-						acc += sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), inv_t));
-						if (target < acc)
-							return i;
+						acc += wt(lg[i], max, inv_t);
+						if (target < acc) {
+							id = i;
+							break;
+						}
 					}
 				}
 				start += part[t];
-				for (int i = t * C; i < V && i < (t + 1) * C; i++)
-					if (is_cand(lg[i]))
-						last = i;
 			}
-			return last;
+			if (force >= 0)
+				id = force;
+			for (int i = V - 1; id < 0 && i >= 0; i--) /* rounding: the last survivor */
+				if (surv(lg[i], max, min_p))
+					id = i;
+			if (lp) { /* the top survivors: a selection, best first */
+				uint64_t tk[SFW_SAMPLE_TOP_MAX];
+				int nt = 0;
+				for (int i = 0; i < V && top; i++) {
+					if (!surv(lg[i], max, min_p))
+						continue;
+					uint64_t key = sfws_key(lg[i], i);
+					if (nt == top && key <= tk[nt - 1])
+						continue;
+					int j = nt < top ? nt++ : nt - 1;
+					while (j > 0 && tk[j - 1] < key) {
+						tk[j] = tk[j - 1];
+						j--;
+					}
+					tk[j] = key;
+				}
+				lp_sorted(lp, nt, tk, nt, total, max, inv_t, lg[id]);
+			}
+			return id;
 		}
 		/* top-p alone: the nucleus is a prefix of all candidates, best first */
-		uint64_t *k = sfw_malloc((size_t)n * sizeof(uint64_t));
+		k = sfw_malloc((size_t)n * sizeof(uint64_t));
 		if (!k) { /* V entries of scratch; the greedy choice stands in */
 			sfwi_ops_cpu_fail();
 			return best;
 		}
-		int m = 0;
 		for (int i = 0; i < V; i++)
 			if (is_cand(lg[i]))
 				k[m++] = sfws_key(lg[i], i);
@@ -104,60 +170,82 @@ int32_t sfw_op_sample_cpu(const float *lg, int V, const struct sfw_op_sample_par
 				break;
 			}
 		}
-		double sum = 0;
-		for (int i = 0; i < m; i++)
-			sum += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(k[i]), max), inv_t));
-		double target = u * sum;
-		int32_t id = sfws_key_id(k[m - 1]);
-		acc = 0;
-		for (int i = 0; i < m; i++) {
-			acc += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(k[i]), max), inv_t));
-			if (target < acc) {
-				id = sfws_key_id(k[i]);
-				break;
-			}
+	} else {
+		/* top-k: the kk best, best first; then the nucleus among them */
+		k = sfw_malloc((size_t)n * sizeof(uint64_t));
+		if (!k) {
+			sfwi_ops_cpu_fail();
+			return best;
 		}
-		sfw_free(k);
-		return id;
-	}
-	/* top-k: the kk best, best first; then the nucleus among them */
-	uint64_t *k = sfw_malloc((size_t)n * sizeof(uint64_t));
-	if (!k) {
-		sfwi_ops_cpu_fail();
-		return best;
-	}
-	int m = 0;
-	for (int i = 0; i < V; i++)
-		if (is_cand(lg[i]))
-			k[m++] = sfws_key(lg[i], i);
-	qsort(k, (size_t)n, sizeof(*k), cmp_key_desc);
-	m = kk;
-	if (cut_p) {
-		double total = 0, acc = 0;
-		for (int i = 0; i < kk; i++)
-			total += sfws_exp(SFWS_SUB(sfws_key_logit(k[i]), max));
-		double want = (double)p->top_p * total;
-		for (int i = 0; i < kk; i++) {
-			acc += sfws_exp(SFWS_SUB(sfws_key_logit(k[i]), max));
-			if (acc >= want) {
-				m = i + 1;
-				break;
+		for (int i = 0; i < V; i++)
+			if (is_cand(lg[i]))
+				k[m++] = sfws_key(lg[i], i);
+		qsort(k, (size_t)n, sizeof(*k), cmp_key_desc);
+		m = kk;
+		if (cut_p) {
+			double total = 0, acc = 0;
+			for (int i = 0; i < kk; i++)
+				total += sfws_exp(SFWS_SUB(sfws_key_logit(k[i]), max));
+			double want = (double)p->top_p * total;
+			for (int i = 0; i < kk; i++) {
+				acc += sfws_exp(SFWS_SUB(sfws_key_logit(k[i]), max));
+				if (acc >= want) {
+					m = i + 1;
+					break;
+				}
 			}
 		}
 	}
+	/* min-p: a prefix of the survivors (the best has weight 1) */
+	while (min_p > 0.0f && m > 1 && !(sfws_exp(SFWS_SUB(sfws_key_logit(k[m - 1]), max)) >= min_p))
+		m--;
 	double sum = 0, acc = 0;
 	for (int i = 0; i < m; i++)
-		sum += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(k[i]), max), inv_t));
+		sum += wt(sfws_key_logit(k[i]), max, inv_t);
 	double target = u * sum;
-	int32_t id = sfws_key_id(k[m - 1]);
-	for (int i = 0; i < m; i++) {
-		acc += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(k[i]), max), inv_t));
+	id = sfws_key_id(k[m - 1]);
+	for (int i = 0; force < 0 && i < m; i++) {
+		acc += wt(sfws_key_logit(k[i]), max, inv_t);
 		if (target < acc) {
 			id = sfws_key_id(k[i]);
 			break;
 		}
 	}
+	if (force >= 0)
+		id = force;
+	if (lp)
+		lp_sorted(lp, top, k, m, sum, max, inv_t, lg[id]);
 	sfw_free(k);
+	return id;
+}
+
+/* l after the penalties and the bias of one entry (ops.h) */
+static float adjust(float l, const struct sfw_op_sample_params *p, const struct sfw_sample_adj *a)
+{
+	float rep = p->repetition_penalty;
+	if (a->seen && rep > 0.0f && rep != 1.0f)
+		l = l > 0.0f ? l / rep : l * rep;
+	l -= (float)a->count * p->frequency_penalty + (a->count > 0 ? p->presence_penalty : 0.0f);
+	return l + a->bias;
+}
+
+int32_t sfw_op_sample_cpu(const float *lg, int V, const struct sfw_op_sample_params *p, double u)
+{
+	if (p->n_adj <= 0)
+		return choose(lg, V, p, u, p->logprobs);
+	float *a = sfw_malloc((size_t)V * sizeof(float));
+	if (!a) {
+		sfwi_ops_cpu_fail();
+		return choose(lg, V, &(struct sfw_op_sample_params){.top_p = 1, .greedy = 1}, 0, NULL);
+	}
+	memcpy(a, lg, (size_t)V * sizeof(float));
+	for (int i = 0; i < p->n_adj; i++) {
+		int32_t id = p->adj[i].id;
+		if (id >= 0 && id < V)
+			a[id] = adjust(a[id], p, &p->adj[i]);
+	}
+	int32_t id = choose(a, V, p, u, p->logprobs);
+	sfw_free(a);
 	return id;
 }
 

@@ -7,19 +7,30 @@
  * memory; the sequential walks (nucleus, draw) are thread 0's. Only the id
  * (4 bytes) has to reach the host. A launch chooses for up to
  * SFW_CUDA_SEQS_MAX rows at once, one block each (a batched step's rows:
- * one launch instead of one per row). */
+ * one launch instead of one per row). min-p is applied here, the
+ * penalties and logit biases on a copy of the row (adjust_kernel, in scratch
+ * taken in stream order), and the logprobs are written to scratch and copied
+ * to the caller's struct (the twin's arithmetic; log() is CUDA's, within an
+ * ulp of the host's before the float rounding). */
 #include "cuda_common.cuh"
 
 extern "C" {
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
 }
+#include <stdlib.h>
 #include <string.h>
 #include "kernels/sample_twin.h"
 
 static __device__ __forceinline__ bool is_cand(float l)
 {
 	return !isnan(l) && l != -INFINITY;
+}
+
+/* a candidate that min-p keeps (the twin's surv) */
+static __device__ __forceinline__ bool surv(float l, float max, float min_p)
+{
+	return is_cand(l) && (min_p <= 0.0f || sfws_exp(SFWS_SUB(l, max)) >= min_p);
 }
 
 struct red {
@@ -55,13 +66,33 @@ static __device__ __forceinline__ void warp_combine(red &m)
 	}
 }
 
-/* Block b: logits row row[b] of lg into out[row[b]], with its parameters. */
+/* The penalties and biases of n entries on a row (its copy), one thread an
+ * entry (distinct ids), as the twin's adjust(): rounded op by op. */
+static __global__ void adjust_kernel(float *lg, int V, const struct sfw_sample_adj *a, int n, float rep, float pres,
+				     float freq)
+{
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= n || a[i].id < 0 || a[i].id >= V)
+		return;
+	float l = lg[a[i].id];
+	if (a[i].seen && rep > 0.0f && rep != 1.0f)
+		l = l > 0.0f ? __fdiv_rn(l, rep) : __fmul_rn(l, rep);
+	l = __fsub_rn(l, __fadd_rn(__fmul_rn((float)a[i].count, freq), a[i].count > 0 ? pres : 0.0f));
+	lg[a[i].id] = __fadd_rn(l, a[i].bias);
+}
+
+/* Block b: logits row row[b] of lg (or its penalised copy lgp[b]) into
+ * out[row[b]], with its parameters. */
 struct sample_rows {
 	int32_t *out;
 	const float *lg;
+	const float *lgp[SFW_CUDA_SEQS_MAX];
 	int V;
 	int row[SFW_CUDA_SEQS_MAX], top_k[SFW_CUDA_SEQS_MAX], greedy[SFW_CUDA_SEQS_MAX];
-	float inv_t[SFW_CUDA_SEQS_MAX], top_p[SFW_CUDA_SEQS_MAX];
+	float inv_t[SFW_CUDA_SEQS_MAX], top_p[SFW_CUDA_SEQS_MAX], min_p[SFW_CUDA_SEQS_MAX];
+	int host[SFW_CUDA_SEQS_MAX];		      /* scratch could not be had: the host's (-1) */
+	struct sfw_sample_lp *lpo[SFW_CUDA_SEQS_MAX]; /* logprobs out (device), or NULL */
+	int top[SFW_CUDA_SEQS_MAX];
 	double u[SFW_CUDA_SEQS_MAX];
 };
 
@@ -69,16 +100,24 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 {
 	sfwc_pdl_wait();
 	const int b = blockIdx.x, V = R.V, top_k = R.top_k[b], greedy = R.greedy[b];
-	const float inv_t = R.inv_t[b], top_p = R.top_p[b];
+	const float inv_t = R.inv_t[b], top_p = R.top_p[b], min_p = R.min_p[b];
 	const double u = R.u[b];
-	const float *lg = R.lg + (size_t)R.row[b] * V;
+	const float *lg = R.lgp[b] ? R.lgp[b] : R.lg + (size_t)R.row[b] * V;
 	int32_t *out = R.out + R.row[b];
+	struct sfw_sample_lp *const lpo = R.lpo[b];
+	const int top = R.top[b];
+	if (R.host[b]) {
+		if (threadIdx.x == 0)
+			*out = -1;
+		return;
+	}
 	__shared__ red r[SFWS_THREADS];
 	__shared__ double part[SFWS_THREADS];
 	__shared__ unsigned long long keys[SFWS_MAX_SORT];
 	__shared__ int hist[256];
 	__shared__ unsigned long long prefix, mask;
 	__shared__ int need, cnt, S;
+	__shared__ double tot; /* the id-order draw's sum (its logprobs) */
 	const int t = threadIdx.x, C = (V + SFWS_THREADS - 1) / SFWS_THREADS;
 	const int i0 = t * C, i1 = min(V, i0 + C);
 	/* the best logit (lowest id among equals), the first +inf, the count,
@@ -125,12 +164,25 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 	__syncthreads();
 	const red g = r[32];
 	const int best = g.best < 0 ? 0 : g.best;
-	/* greedy, temperature 0 (inv_t = 0 passed), no candidate, or +inf */
-	if (greedy || inv_t == 0.0f || g.n == 0 || g.inf != INT_MAX) {
-		if (t == 0)
-			*out = g.inf != INT_MAX ? g.inf : best;
+	/* greedy, temperature 0 (inv_t = 0 passed), no candidate, or +inf; a
+	 * greedy choice asking for logprobs goes on at temperature 1 with the
+	 * draw replaced by the argmax (force), as the twin does */
+	const int gr = greedy || inv_t == 0.0f;
+	if (g.n == 0 || g.inf != INT_MAX || (gr && !lpo)) {
+		if (t == 0) {
+			const int id = g.inf != INT_MAX ? g.inf : best;
+			*out = id;
+			if (lpo) { /* a certain choice */
+				lpo->logprob = 0.0f;
+				lpo->n_top = top ? 1 : 0;
+				lpo->top_id[0] = id;
+				lpo->top_logprob[0] = 0.0f;
+			}
+		}
 		return;
 	}
+	const int force = gr ? best : -1;
+	const float it = gr ? 1.0f : inv_t;
 	const float max = g.mx;
 	const int n = g.n, kk = top_k > 0 && top_k < n ? top_k : 0, cut_p = top_p < 1.0f;
 	if (kk > SFWS_MAX_SORT) {
@@ -138,11 +190,13 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 			*out = -1; /* the host finishes */
 		return;
 	}
+	int nocut = 0; /* the id-order draw made; S: its top survivors for the logprobs */
 	if (!kk) {
 		double s = 0;
 		for (int i = i0; i < i1; i++)
-			if (is_cand(lg[i]))
-				s += cut_p ? sfws_exp(SFWS_SUB(lg[i], max)) : sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), inv_t));
+			if (cut_p ? is_cand(lg[i]) : surv(lg[i], max, min_p))
+				s += cut_p ? sfws_exp(SFWS_SUB(lg[i], max))
+					   : sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), it));
 		part[t] = s;
 		__syncthreads();
 		if (!cut_p) { /* draw in id order */
@@ -151,30 +205,46 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 				for (int c = 0; c < SFWS_THREADS; c++)
 					total += part[c];
 				double target = u * total, start = 0;
-				for (int c = 0; c < SFWS_THREADS; c++) {
+				int id = -1;
+				for (int c = 0; force < 0 && id < 0 && c < SFWS_THREADS; c++) {
 					if (target < start + part[c]) {
 						double acc = start;
 						for (int i = c * C; i < V && i < (c + 1) * C; i++) {
-							if (!is_cand(lg[i]))
+							if (!surv(lg[i], max, min_p))
 								continue;
-							acc += sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), inv_t));
+							acc += sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), it));
 							if (target < acc) {
-								*out = i;
-								return;
+								id = i;
+								break;
 							}
 						}
 					}
 					start += part[c];
 				}
-				*out = g.last;
+				if (force >= 0)
+					id = force;
+				if (id < 0) { /* rounding: the last survivor */
+					id = g.last;
+					while (min_p > 0.0f && id > 0 && !surv(lg[id], max, min_p))
+						id--;
+				}
+				*out = id;
+				if (lpo) {
+					lpo->logprob =
+					    (float)log(sfws_exp(SFWS_MUL(SFWS_SUB(lg[id], max), it)) / total);
+					lpo->n_top = 0;
+				}
+				tot = total;
 			}
-			return;
+			if (!lpo || top == 0)
+				return;
+			nocut = 1; /* the top survivors: a select of the best top candidates */
 		}
 	}
 	/* the best S candidates: radix select of the S-th largest key (keys
 	 * are unique: the id is part of them), then gather and sort */
 	if (t == 0) {
-		S = kk ? kk : min(n, SFWS_MAX_SORT);
+		S = nocut ? min(top, n) : kk ? kk : min(n, SFWS_MAX_SORT);
 		need = S;
 		prefix = 0, mask = 0, cnt = 0;
 	}
@@ -233,6 +303,18 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 		}
 	if (t != 0)
 		return;
+	if (nocut) { /* survivors are a prefix of the best candidates */
+		int nt = 0;
+		while (nt < S && surv(sfws_key_logit(keys[nt]), max, min_p))
+			nt++;
+		lpo->n_top = nt;
+		for (int i = 0; i < nt; i++) {
+			lpo->top_id[i] = sfws_key_id(keys[i]);
+			lpo->top_logprob[i] =
+			    (float)log(sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), it)) / tot);
+		}
+		return;
+	}
 	int mm = S;
 	if (cut_p) {
 		double total = 0, acc = 0;
@@ -257,29 +339,80 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 			return;
 		}
 	}
+	/* min-p: a prefix of the survivors (the best has weight 1) */
+	while (min_p > 0.0f && mm > 1 && !(sfws_exp(SFWS_SUB(sfws_key_logit(keys[mm - 1]), max)) >= min_p))
+		mm--;
 	double sum = 0, acc = 0;
 	for (int i = 0; i < mm; i++)
-		sum += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), inv_t));
+		sum += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), it));
 	double target = u * sum;
-	int32_t id = sfws_key_id(keys[mm - 1]);
-	for (int i = 0; i < mm; i++) {
-		acc += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), inv_t));
+	int ci = mm - 1; /* the chosen key's index */
+	for (int i = 0; force < 0 && i < mm; i++) {
+		acc += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), it));
 		if (target < acc) {
-			id = sfws_key_id(keys[i]);
+			ci = i;
 			break;
 		}
 	}
-	*out = id;
+	if (force >= 0)
+		ci = 0; /* the argmax: the best key */
+	*out = sfws_key_id(keys[ci]);
+	if (lpo) {
+		lpo->logprob =
+		    (float)log(sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[ci]), max), it)) / sum);
+		lpo->n_top = min(top, mm);
+		for (int i = 0; i < lpo->n_top; i++) {
+			lpo->top_id[i] = sfws_key_id(keys[i]);
+			lpo->top_logprob[i] =
+			    (float)log(sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), it)) / sum);
+		}
+	}
 }
 
 extern "C" void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, int n,
 				     const struct sfw_op_sample_params *const *p, const double *u, struct sfw_cuda_ctx *cx)
 {
 	SFW_ASSERT(n >= 0 && n <= SFW_CUDA_SEQS_MAX);
+	cudaStream_t st = SFW_CUDA_STREAM(cx->stream);
 	sample_rows R;
 	memset(&R, 0, sizeof(R));
 	R.out = out, R.lg = logits, R.V = V;
-	int nb = 0;
+	/* scratch in stream order, one allocation: the rows with penalties or
+	 * biases (a copy of the row adjusted on the device), the logprobs of the
+	 * rows that ask for them, then the penalties' entries; when it cannot be
+	 * had, those rows are the host's */
+	size_t na = 0;
+	int nr = 0, nl = 0;
+	for (int i = 0; i < n; i++) {
+		if (!p[i])
+			continue;
+		if (p[i]->n_adj > 0)
+			na += (size_t)p[i]->n_adj, nr++;
+		nl += p[i]->logprobs != NULL;
+	}
+	const size_t lp_at = (size_t)nr * V * sizeof(float),
+		     adj_at = lp_at + (size_t)nl * sizeof(struct sfw_sample_lp);
+	char *scratch = NULL;
+	struct sfw_sample_adj *ha = NULL;
+	if ((nr || nl) && (!na || (ha = (struct sfw_sample_adj *)malloc(na * sizeof(*ha)))) &&
+	    cudaMallocAsync((void **)&scratch, adj_at + na * sizeof(*ha), st) != cudaSuccess) {
+		cudaGetLastError(); /* not sticky: the rows go to the host */
+		scratch = NULL;
+	}
+	if (scratch && na) {
+		size_t k = 0;
+		for (int i = 0; i < n; i++)
+			if (p[i] && p[i]->n_adj > 0) {
+				memcpy(ha + k, p[i]->adj, (size_t)p[i]->n_adj * sizeof(*ha));
+				k += (size_t)p[i]->n_adj;
+			}
+		/* pageable memory: staged before the call returns, so ha may go */
+		SFW_CUDA_CHECK(
+		    cudaMemcpyAsync(scratch + adj_at, ha, na * sizeof(*ha), cudaMemcpyHostToDevice, st));
+	}
+	free(ha);
+	int nb = 0, kr = 0, kl = 0;
+	size_t ka = 0;
 	for (int i = 0; i < n; i++) {
 		if (!p[i])
 			continue;
@@ -289,12 +422,41 @@ extern "C" void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, i
 			inv_t = 0.0f;
 		R.row[nb] = i, R.top_k[nb] = p[i]->top_k, R.greedy[nb] = p[i]->greedy;
 		R.inv_t[nb] = inv_t, R.top_p[nb] = p[i]->top_p, R.u[nb] = u[i];
+		R.min_p[nb] = p[i]->min_p;
+		int top = p[i]->top_logprobs;
+		R.top[nb] = top < 0 ? 0 : top > SFW_SAMPLE_TOP_MAX ? SFW_SAMPLE_TOP_MAX : top;
+		if ((p[i]->n_adj > 0 || p[i]->logprobs) && !scratch)
+			R.host[nb] = 1;
+		if (scratch && p[i]->logprobs)
+			R.lpo[nb] = (struct sfw_sample_lp *)(scratch + lp_at) + kl++;
+		if (scratch && p[i]->n_adj > 0) {
+			float *row = (float *)scratch + (size_t)kr++ * V;
+			struct sfw_sample_adj *da = (struct sfw_sample_adj *)(scratch + adj_at) + ka;
+			ka += (size_t)p[i]->n_adj;
+			SFW_CUDA_CHECK(cudaMemcpyAsync(row, logits + (size_t)i * V, (size_t)V * sizeof(float),
+						       cudaMemcpyDeviceToDevice, st));
+			adjust_kernel<<<(p[i]->n_adj + 255) / 256, 256, 0, st>>>(
+			    row, V, da, p[i]->n_adj, p[i]->repetition_penalty, p[i]->presence_penalty,
+			    p[i]->frequency_penalty);
+			SFW_CUDA_LAUNCHED();
+			R.lgp[nb] = row;
+		}
 		nb++;
 	}
-	if (!nb)
-		return;
-	sfwc_launch(sample_kernel, dim3((unsigned)nb), dim3(SFWS_THREADS), 0, SFW_CUDA_STREAM(cx->stream), R);
-	SFW_CUDA_LAUNCHED();
+	if (nb) {
+		sfwc_launch(sample_kernel, dim3((unsigned)nb), dim3(SFWS_THREADS), 0, st, R);
+		SFW_CUDA_LAUNCHED();
+	}
+	/* the logprobs to the callers' (host) structs: to pageable memory the
+	 * copy is done when the call returns (a row the kernel handed back gets
+	 * its logprobs from the host twin after this) */
+	for (int b = 0; b < nb; b++)
+		if (R.lpo[b])
+			SFW_CUDA_CHECK(cudaMemcpyAsync(p[R.row[b]]->logprobs, R.lpo[b],
+						       sizeof(struct sfw_sample_lp), cudaMemcpyDeviceToHost,
+						       st));
+	if (scratch)
+		SFW_CUDA_CHECK(cudaFreeAsync(scratch, st));
 }
 
 extern "C" void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct sfw_op_sample_params *p,

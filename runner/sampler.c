@@ -33,6 +33,16 @@ enum sfw_status sfw_sampler_init(struct sfw_sampler *s, const struct sfw_op_samp
 		return sfw_fail(err, SFW_E_INVAL, "top-k %d must be >= 0", p->top_k);
 	if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
 		return sfw_fail(err, SFW_E_INVAL, "top-p %g must be in (0, 1]", (double)p->top_p);
+	if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+		return sfw_fail(err, SFW_E_INVAL, "min-p %g must be in [0, 1]", (double)p->min_p);
+	if (!(p->repetition_penalty >= 0.0f) || !isfinite(p->repetition_penalty) ||
+	    !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+		return sfw_fail(err, SFW_E_INVAL, "penalties must be finite (the repetition penalty > 0)");
+	if (p->n_adj < 0 || (p->n_adj > 0 && !p->adj))
+		return sfw_fail(err, SFW_E_INVAL, "%d penalty entries without a list", p->n_adj);
+	if (p->top_logprobs < 0 || p->top_logprobs > SFW_SAMPLE_TOP_MAX)
+		return sfw_fail(err, SFW_E_INVAL, "top logprobs %d must be 0 to %d", p->top_logprobs,
+				SFW_SAMPLE_TOP_MAX);
 	if (vocab < 1)
 		return sfw_fail(err, SFW_E_INVAL, "vocab %d must be >= 1", vocab);
 	s->p = *p;

@@ -1,10 +1,13 @@
 /* sampler.h - next-token choice from a row of logits: the one sampler.
  *
  * Meaning (llama.cpp's default chain; kernels/ops.h sfw_op_sample_cpu is the
- * implementation, shared with the CUDA twin): top-k, then top-p among the
- * survivors at temperature 1, then a draw at the temperature; greedy (or
- * temperature 0) returns the argmax, the lowest id on ties. NaN logits are
- * never chosen; a +inf logit wins outright (the first one).
+ * implementation, shared with the CUDA twin): the penalties and logit biases
+ * of the parameters' entries first, then top-k, then top-p among the
+ * survivors at temperature 1, then min-p, then a draw at the temperature;
+ * greedy (or temperature 0) returns the argmax, the lowest id on ties. NaN
+ * logits are never chosen; a +inf logit wins outright (the first one). The
+ * choice can report its log-probability and the best survivors' (ops.h
+ * struct sfw_sample_lp).
  *
  * Parameters are struct sfw_op_sample_params (kernels/ops.h), the same struct
  * the device sampler takes, plus a seed. Randomness: xoshiro256**
@@ -33,7 +36,10 @@ struct sfw_sampler {
 };
 
 /* SFW_E_INVAL for temperature < 0, not finite or too small to divide by,
- * top_k < 0, top_p outside (0, 1], vocab < 1. */
+ * top_k < 0, top_p outside (0, 1], min_p outside [0, 1], penalties not
+ * finite or a negative repetition penalty, n_adj < 0, top_logprobs outside
+ * 0 .. SFW_SAMPLE_TOP_MAX, vocab < 1. The adj list and the logprobs
+ * target are borrowed (the caller updates them between draws). */
 SFW_MUST_CHECK enum sfw_status sfw_sampler_init(struct sfw_sampler *s, const struct sfw_op_sample_params *p,
 						uint64_t seed, int vocab, struct sfw_err *err);
 void sfw_sampler_release(struct sfw_sampler *s);

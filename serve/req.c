@@ -1,5 +1,7 @@
 /* req.c - request bodies of /v1/completions and /v1/chat/completions:
- * strict parsing and validation, no engine (serve.h). */
+ * strict JSON, lenient fields (vLLM's habits: unknown ones ignored and
+ * reported, features salafw lacks refused only at a value that would change
+ * the answer), no engine (serve.h). */
 #include "serve/serve.h"
 #include "alloc.h"
 #include "json.h"
@@ -7,6 +9,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static enum sfw_status bad(struct sfw_serve_error *e, const char *param, const char *fmt, ...)
@@ -112,11 +115,15 @@ static enum sfw_status take_prompt(struct sfw_serve_req *r, const cJSON *v, int 
 	return SFW_OK;
 }
 
-/* A message's content: a string, or a list of {"type": "text", "text": S}
- * parts, joined. */
+/* A message's content: a string, a list of {"type": "text", "text": S}
+ * parts (other members of a part ignored), joined by "\n" (as vLLM and
+ * formats/chat.h join them), or null (*out NULL). */
 static enum sfw_status take_content(struct sfw_serve_req *r, const cJSON *c, size_t i, const char **out,
 				    struct sfw_serve_error *e)
 {
+	*out = NULL;
+	if (is_null(c))
+		return SFW_OK;
 	if (cJSON_IsString(c)) {
 		*out = c->valuestring;
 		return SFW_OK;
@@ -129,11 +136,12 @@ static enum sfw_status take_content(struct sfw_serve_req *r, const cJSON *c, siz
 		const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
 		const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
 		if (!cJSON_IsObject(p) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text") ||
-		    !cJSON_IsString(tx) || cJSON_GetArraySize(p) != 2)
+		    !cJSON_IsString(tx))
 			return bad(e, "messages",
-				   "messages[%zu].content: only {\"type\": \"text\", \"text\": ...} parts",
+				   "messages[%zu].content: only {\"type\": \"text\", \"text\": ...} parts "
+				   "(this model reads text)",
 				   i);
-		total += strlen(tx->valuestring);
+		total += strlen(tx->valuestring) + 1;
 	}
 	char *s = sfw_malloc(total + 1);
 	char **o = s ? sfw_realloc(r->owned, (r->n_owned + 1) * sizeof(char *)) : NULL;
@@ -147,11 +155,43 @@ static enum sfw_status take_content(struct sfw_serve_req *r, const cJSON *c, siz
 	for (const cJSON *p = c->child; p; p = p->next) {
 		const char *tx = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
 		size_t L = strlen(tx);
+		if (p != c->child)
+			s[k++] = '\n';
 		memcpy(s + k, tx, L);
 		k += L;
 	}
 	s[k] = 0;
 	*out = s;
+	return SFW_OK;
+}
+
+static void note_unknown(struct sfw_serve_req *r, const char *k)
+{
+	for (size_t i = 0; i < r->n_unknown; i++)
+		if (!strcmp(r->unknown[i], k))
+			return;
+	if (r->n_unknown < SFW_SERVE_UNKNOWN_MAX)
+		r->unknown[r->n_unknown++] = k;
+}
+
+/* An assistant's tool_calls: [{"id"?, "type": "function", "function":
+ * {"name": S, "arguments": S or object}}]. */
+static enum sfw_status check_tool_calls(const cJSON *v, size_t i, struct sfw_serve_error *e)
+{
+	if (!cJSON_IsArray(v))
+		return bad(e, "messages", "messages[%zu].tool_calls must be a list", i);
+	for (const cJSON *t = v->child; t; t = t->next) {
+		const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+		const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+		const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+		const cJSON *ar = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+		if (!cJSON_IsObject(t) || (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "function"))) ||
+		    !cJSON_IsObject(f) || !cJSON_IsString(nm) || (ar && !cJSON_IsString(ar) && !cJSON_IsObject(ar)))
+			return bad(e, "messages",
+				   "messages[%zu].tool_calls: each is {\"type\": \"function\", \"function\": "
+				   "{\"name\": ..., \"arguments\": ...}}",
+				   i);
+	}
 	return SFW_OK;
 }
 
@@ -172,40 +212,156 @@ static enum sfw_status take_messages(struct sfw_serve_req *r, const cJSON *v, st
 	for (const cJSON *m = v->child; m; m = m->next, i++) {
 		if (!cJSON_IsObject(m))
 			return bad(e, "messages", "messages[%zu] must be an object", i);
-		const cJSON *role = NULL, *content = NULL;
+		const cJSON *role = NULL, *content = NULL, *calls = NULL, *call_id = NULL, *name = NULL,
+			    *reasoning = NULL;
 		for (const cJSON *f = m->child; f; f = f->next) {
 			if (!strcmp(f->string, "role"))
 				role = f;
 			else if (!strcmp(f->string, "content"))
 				content = f;
-			else if (!strcmp(f->string, "name")) {
-				if (!cJSON_IsString(f))
-					return bad(e, "messages", "messages[%zu].name must be a string", i);
-			} else
-				return bad(e, "messages",
-					   "messages[%zu] has a field that is not supported (role, content "
-					   "and name are)",
-					   i);
+			else if (!strcmp(f->string, "tool_calls"))
+				calls = is_null(f) ? NULL : f;
+			else if (!strcmp(f->string, "tool_call_id"))
+				call_id = f;
+			else if (!strcmp(f->string, "name"))
+				name = f;
+			else if (!strcmp(f->string, "reasoning_content") || !strcmp(f->string, "reasoning"))
+				reasoning = is_null(f) ? NULL : f;
+			else if (!strcmp(f->string, "function_call") || !strcmp(f->string, "audio")) {
+				if (!is_null(f))
+					return bad(e, "messages", "messages[%zu].%s is not supported (use tool_calls)",
+						   i, f->string);
+			} else /* refusal, annotations, ...: ignored */
+				note_unknown(r, f->string);
 		}
-		if (!cJSON_IsString(role) ||
-		    (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
-		     strcmp(role->valuestring, "assistant")))
+		const char *rs = cJSON_IsString(role) ? role->valuestring : "";
+		int sys = !strcmp(rs, "system") || !strcmp(rs, "developer"), asst = !strcmp(rs, "assistant");
+		int tool = !strcmp(rs, "tool");
+		if (!sys && !asst && !tool && strcmp(rs, "user"))
 			return bad(e, "messages",
-				   "messages[%zu].role must be \"system\", \"user\" or \"assistant\"", i);
-		if (!content)
-			return bad(e, "messages", "messages[%zu] has no content", i);
-		enum sfw_status s = take_content(r, content, i, &r->msgs[i].content, e);
+				   "messages[%zu].role must be \"system\", \"developer\", \"user\", \"assistant\" "
+				   "or \"tool\"",
+				   i);
+		if (name && !cJSON_IsString(name))
+			return bad(e, "messages", "messages[%zu].name must be a string", i);
+		if (call_id && !is_null(call_id) && !cJSON_IsString(call_id))
+			return bad(e, "messages", "messages[%zu].tool_call_id must be a string", i);
+		if (reasoning && !cJSON_IsString(reasoning))
+			return bad(e, "messages", "messages[%zu].reasoning_content must be a string", i);
+		if (calls && !asst)
+			return bad(e, "messages", "messages[%zu]: only an assistant message has tool_calls", i);
+		enum sfw_status s = calls ? check_tool_calls(calls, i, e) : SFW_OK;
 		if (s != SFW_OK)
 			return s;
-		r->msgs[i].role = role->valuestring;
+		if (!content && !asst)
+			return bad(e, "messages", "messages[%zu] has no content", i);
+		const char *text = NULL;
+		if ((s = take_content(r, content, i, &text, e)) != SFW_OK)
+			return s;
+		if (!text && !asst)
+			return bad(e, "messages", "messages[%zu].content is null (only an assistant's may be)", i);
+		r->msgs[i].role = sys ? "system" : rs;
+		r->msgs[i].content = text ? text : "";
+		r->has_tool_msgs |= tool || calls;
 	}
 	r->n_msgs = i;
 	return SFW_OK;
 }
 
+/* tools: [{"type": "function", "function": {"name": S, "description"?: S,
+ * "parameters"?: object}}]; tool_choice: "none", "auto", "required" or
+ * {"type": "function", "function": {"name": one of them}}. */
+static enum sfw_status take_tools(struct sfw_serve_req *r, const cJSON *tools, const cJSON *choice,
+				  struct sfw_serve_error *e)
+{
+	int n = 0;
+	if (!is_null(tools)) {
+		if (!cJSON_IsArray(tools))
+			return bad(e, "tools", "'tools' must be a list");
+		for (const cJSON *t = tools->child; t; t = t->next, n++) {
+			const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+			const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+			const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+			const cJSON *ds = cJSON_GetObjectItemCaseSensitive(f, "description");
+			const cJSON *pa = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+			if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function") ||
+			    !cJSON_IsObject(f) || !cJSON_IsString(nm) || !nm->valuestring[0] ||
+			    (ds && !is_null(ds) && !cJSON_IsString(ds)) || (pa && !is_null(pa) && !cJSON_IsObject(pa)))
+				return bad(e, "tools",
+					   "tools[%d] must be {\"type\": \"function\", \"function\": {\"name\": ..., "
+					   "\"description\": ..., \"parameters\": {...}}}",
+					   n);
+		}
+		if (n)
+			r->tools = tools;
+	}
+	r->tool_choice = n ? SFW_TOOLS_AUTO : SFW_TOOLS_NONE;
+	if (is_null(choice))
+		return SFW_OK;
+	if (cJSON_IsString(choice)) {
+		const char *c = choice->valuestring;
+		if (!strcmp(c, "none"))
+			r->tool_choice = SFW_TOOLS_NONE;
+		else if (!strcmp(c, "auto") && n)
+			r->tool_choice = SFW_TOOLS_AUTO;
+		else if (!strcmp(c, "required") && n)
+			r->tool_choice = SFW_TOOLS_REQUIRED;
+		else
+			return bad(e, "tool_choice",
+				   n ? "'tool_choice' must be \"none\", \"auto\", \"required\" or a named function"
+				     : "'tool_choice' other than \"none\" needs 'tools'");
+		return SFW_OK;
+	}
+	const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+	const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+	if (!cJSON_IsObject(choice) || !cJSON_IsString(nm))
+		return bad(e, "tool_choice", "'tool_choice' must be a string or {\"type\": \"function\", "
+					     "\"function\": {\"name\": ...}}");
+	for (const cJSON *t = n ? tools->child : NULL; t; t = t->next)
+		if (!strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name")
+				->valuestring,
+			    nm->valuestring)) {
+			r->tool_choice = SFW_TOOLS_NAMED;
+			r->tool_name = nm->valuestring;
+			return SFW_OK;
+		}
+	return bad(e, "tool_choice", "'tool_choice' names '%.100s', which is not one of 'tools'", nm->valuestring);
+}
+
+/* logit_bias: {"token id": bias in [-100, 100]}. */
+static enum sfw_status take_bias(struct sfw_serve_req *r, const cJSON *v, int vocab, struct sfw_serve_error *e)
+{
+	if (is_null(v))
+		return SFW_OK;
+	if (!cJSON_IsObject(v))
+		return bad(e, "logit_bias", "'logit_bias' must be an object of token ids to numbers");
+	int n = cJSON_GetArraySize(v);
+	if (n > SFW_SERVE_BIAS_MAX)
+		return bad(e, "logit_bias", "'logit_bias' has %d entries (at most %d)", n, SFW_SERVE_BIAS_MAX);
+	if (n == 0)
+		return SFW_OK;
+	if (!(r->bias = sfw_calloc((size_t)n, sizeof(*r->bias))))
+		return bad(e, "logit_bias", "out of memory for logit_bias");
+	for (const cJSON *b = v->child; b; b = b->next) {
+		const char *k = b->string;
+		char *end = NULL;
+		long id = strtol(k, &end, 10);
+		if (!k[0] || *end || k[0] == '+' || k[0] == '-' || k[0] == ' ' || id < 0 || id >= vocab)
+			return bad(e, "logit_bias", "logit_bias key '%.40s' is not a token id below %d", k, vocab);
+		if (!cJSON_IsNumber(b) || !(b->valuedouble >= -100 && b->valuedouble <= 100))
+			return bad(e, "logit_bias", "logit_bias[%ld] must be a number from -100 to 100", id);
+		for (size_t j = 0; j < r->n_bias; j++)
+			if (r->bias[j].id == (int32_t)id)
+				return bad(e, "logit_bias", "logit_bias names token %ld twice", id);
+		r->bias[r->n_bias++] = (struct sfw_sample_adj){(int32_t)id, 0, 0, (float)b->valuedouble};
+	}
+	return SFW_OK;
+}
+
 /* Fields that change nothing here, taken when of any JSON type. */
-static const char *const ignored[] = {"user", "metadata", "store", "service_tier", "parallel_tool_calls",
-				      NULL};
+static const char *const ignored[] = {"user",	  "metadata",	"store",	 "service_tier",
+				      "parallel_tool_calls", "prediction", "request_id",	 "cache_salt",
+				      "spaces_between_special_tokens", "priority", NULL};
 
 static int is_ignored(const char *k)
 {
@@ -215,29 +371,83 @@ static int is_ignored(const char *k)
 	return 0;
 }
 
-/* Fields of features salafw does not have: accepted only at their "off" value. */
+static int in_list(const char *k, const char *const *l)
+{
+	for (int i = 0; l[i]; i++)
+		if (!strcmp(k, l[i]))
+			return 1;
+	return 0;
+}
+
+/* Fields of features salafw does not have: accepted only at a value that
+ * changes nothing. 1: fine, 0: refused, -1: not such a field. */
 static int feature_off(const char *k, const cJSON *v)
 {
-	if (!strcmp(k, "echo") || !strcmp(k, "logprobs"))
-		return is_null(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0);
-	if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty"))
-		return is_null(v) || (cJSON_IsNumber(v) && v->valuedouble == 0);
+	static const char *const off_false[] = {"echo", "continue_final_message", "include_stop_str_in_output",
+						"return_tokens_as_token_ids", "use_beam_search", NULL};
+	static const char *const off_null[] = {"suffix",	 "reasoning_effort", "audio",
+					       "web_search_options", "chat_template",    "guided_json",
+					       "guided_regex",	 "guided_choice",    "guided_grammar",
+					       "structured_outputs", "prompt_logprobs",  "truncate_prompt_tokens",
+					       "bad_words",	 "allowed_token_ids", "documents",
+					       NULL};
+	if (in_list(k, off_false))
+		return is_null(v) || cJSON_IsFalse(v);
+	if (in_list(k, off_null))
+		return is_null(v) || (!strcmp(k, "suffix") && cJSON_IsString(v) && !v->valuestring[0]) ||
+		       (cJSON_IsArray(v) && !v->child);
 	if (!strcmp(k, "best_of"))
 		return is_null(v) || (cJSON_IsNumber(v) && v->valuedouble == 1);
-	if (!strcmp(k, "logit_bias"))
-		return is_null(v) || (cJSON_IsObject(v) && !v->child);
-	if (!strcmp(k, "tools") || !strcmp(k, "functions"))
+	if (!strcmp(k, "min_tokens"))
+		return is_null(v) || (cJSON_IsNumber(v) && v->valuedouble == 0);
+	if (!strcmp(k, "length_penalty"))
+		return is_null(v) || (cJSON_IsNumber(v) && v->valuedouble == 1);
+	if (!strcmp(k, "functions"))
 		return is_null(v) || (cJSON_IsArray(v) && !v->child);
-	if (!strcmp(k, "suffix") || !strcmp(k, "tool_choice") || !strcmp(k, "function_call") ||
-	    !strcmp(k, "top_logprobs"))
-		return is_null(v) ||
-		       (!strcmp(k, "tool_choice") && cJSON_IsString(v) && !strcmp(v->valuestring, "none"));
+	if (!strcmp(k, "function_call"))
+		return is_null(v) || (cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
+							    !strcmp(v->valuestring, "auto")));
+	if (!strcmp(k, "modalities")) {
+		if (is_null(v))
+			return 1;
+		if (!cJSON_IsArray(v))
+			return 0;
+		for (const cJSON *m = v->child; m; m = m->next)
+			if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
+				return 0;
+		return 1;
+	}
 	if (!strcmp(k, "response_format")) {
 		const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
 		return is_null(v) ||
 		       (cJSON_IsObject(v) && cJSON_IsString(t) && !strcmp(t->valuestring, "text"));
 	}
 	return -1; /* not a feature field */
+}
+
+/* A number within [lo, hi] into *out, its SFW_SERVE_SET_ bit set. */
+static enum sfw_status num_field(struct sfw_serve_req *r, const cJSON *f, double lo, double hi, int lo_open,
+				 double *out, unsigned bit, struct sfw_serve_error *e)
+{
+	if (is_null(f))
+		return SFW_OK;
+	if (!cJSON_IsNumber(f) || !(f->valuedouble >= lo && f->valuedouble <= hi) ||
+	    (lo_open && f->valuedouble == lo))
+		return bad(e, f->string, "'%s' must be a number in %s%g, %g]", f->string, lo_open ? "(" : "[", lo,
+			   hi);
+	*out = f->valuedouble;
+	r->set |= bit;
+	return SFW_OK;
+}
+
+static enum sfw_status take_bool(const cJSON *f, int *out, struct sfw_serve_error *e)
+{
+	if (is_null(f))
+		return SFW_OK;
+	if (!cJSON_IsBool(f))
+		return bad(e, f->string, "'%s' must be true or false", f->string);
+	*out = cJSON_IsTrue(f);
+	return SFW_OK;
 }
 
 /* 1 when a string of the JSON text b holds the escape \u0000, which cJSON
@@ -285,7 +495,7 @@ static int has_nul_escape(const char *b, size_t n, char *field, size_t cap)
 }
 
 enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve_kind kind,
-				    const char *served_model, int vocab, struct sfw_serve_req *r,
+				    const char *const *names, size_t n_names, int vocab, struct sfw_serve_req *r,
 				    struct sfw_serve_error *e)
 {
 	memset(r, 0, sizeof(*r));
@@ -293,6 +503,10 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 	r->kind = kind;
 	r->temperature = 1;
 	r->top_p = 1;
+	r->repetition_penalty = 1;
+	r->n = 1;
+	r->skip_special = 1;
+	r->add_generation_prompt = 1;
 	if (len > SFW_SERVE_BODY_MAX) {
 		bad(e, NULL, "the request body is larger than %u bytes", SFW_SERVE_BODY_MAX);
 		e->http = 413;
@@ -307,15 +521,16 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 	if (has_nul_escape(body, len, nul_field, sizeof(nul_field)))
 		return bad(e, nul_field, "%s%s%sholds an escaped NUL character (\\u0000), which text here cannot hold",
 			   nul_field[0] ? "'" : "", nul_field, nul_field[0] ? "' " : "the request body ");
-	const cJSON *prompt = NULL, *messages = NULL;
+	const cJSON *prompt = NULL, *messages = NULL, *tools = NULL, *tool_choice = NULL, *bias = NULL;
+	int chat = kind == SFW_SERVE_CHAT;
 	enum sfw_status s = SFW_OK;
-	int have_model = 0;
+	int have_model = 0, logprobs_set = 0;
 	for (const cJSON *f = r->root->child; f && s == SFW_OK; f = f->next) {
 		const char *k = f->string;
 		int64_t iv = 0;
 		int off = feature_off(k, f);
 		if (off == 0)
-			s = bad(e, k, "'%.100s' is not supported by this server", k);
+			s = bad(e, k, "'%.100s' is not supported by this server at that value", k);
 		else if (off == 1 || is_ignored(k))
 			continue;
 		else if (!strcmp(k, "model")) {
@@ -323,38 +538,46 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 				s = bad(e, "model", "'model' must be a string");
 			r->model = f->valuestring;
 			have_model = 1;
-		} else if (!strcmp(k, "prompt") && kind == SFW_SERVE_COMPLETION)
+		} else if (!strcmp(k, "prompt") && !chat)
 			prompt = f;
-		else if (!strcmp(k, "messages") && kind == SFW_SERVE_CHAT)
+		else if (!strcmp(k, "messages") && chat)
 			messages = f;
-		else if (!strcmp(k, "max_tokens") ||
-			 (!strcmp(k, "max_completion_tokens") && kind == SFW_SERVE_CHAT)) {
+		else if (!strcmp(k, "tools") && chat)
+			tools = f;
+		else if (!strcmp(k, "tool_choice") && chat)
+			tool_choice = f;
+		else if (!strcmp(k, "logit_bias"))
+			bias = f;
+		else if (!strcmp(k, "max_tokens") || !strcmp(k, "max_completion_tokens")) {
 			if (is_null(f))
 				continue;
 			if (!get_int(f, 1, 1 << 30, &iv))
 				s = bad(e, k, "'%s' must be an integer from 1 to %d", k, 1 << 30);
 			r->max_tokens = iv;
-		} else if (!strcmp(k, "temperature")) {
-			if (is_null(f))
-				continue;
-			if (!cJSON_IsNumber(f) || !(f->valuedouble >= 0 && f->valuedouble <= 2))
-				s = bad(e, k, "'temperature' must be a number from 0 to 2");
-			r->temperature = f->valuedouble;
-		} else if (!strcmp(k, "top_p")) {
-			if (is_null(f))
-				continue;
+		} else if (!strcmp(k, "temperature"))
+			s = num_field(r, f, 0, 2, 0, &r->temperature, SFW_SERVE_SET_TEMPERATURE, e);
+		else if (!strcmp(k, "top_p")) {
 			/* checked as the float the sampler takes: 1e-300 is 0 there */
-			if (!cJSON_IsNumber(f) || !(f->valuedouble > 0 && f->valuedouble <= 1) ||
-			    !((float)f->valuedouble > 0))
+			s = num_field(r, f, 0, 1, 1, &r->top_p, SFW_SERVE_SET_TOP_P, e);
+			if (s == SFW_OK && !is_null(f) && !((float)f->valuedouble > 0))
 				s = bad(e, k, "'top_p' must be a number in (0, 1], at least 1.4e-45 (the smallest "
 					      "float above 0)");
-			r->top_p = f->valuedouble;
-		} else if (!strcmp(k, "top_k")) {
+		}
+		else if (!strcmp(k, "min_p"))
+			s = num_field(r, f, 0, 1, 0, &r->min_p, SFW_SERVE_SET_MIN_P, e);
+		else if (!strcmp(k, "repetition_penalty"))
+			s = num_field(r, f, 0, 10, 1, &r->repetition_penalty, SFW_SERVE_SET_REPETITION, e);
+		else if (!strcmp(k, "presence_penalty"))
+			s = num_field(r, f, -2, 2, 0, &r->presence_penalty, 0, e);
+		else if (!strcmp(k, "frequency_penalty"))
+			s = num_field(r, f, -2, 2, 0, &r->frequency_penalty, 0, e);
+		else if (!strcmp(k, "top_k")) {
 			if (is_null(f))
 				continue;
 			if (!get_int(f, -1, INT32_MAX, &iv))
 				s = bad(e, k, "'top_k' must be an integer, -1 or 0 for off");
 			r->top_k = iv < 0 ? 0 : (int)iv;
+			r->set |= SFW_SERVE_SET_TOP_K;
 		} else if (!strcmp(k, "seed")) {
 			if (is_null(f))
 				continue;
@@ -363,41 +586,74 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 			r->seed = (uint64_t)iv;
 			r->have_seed = 1;
 		} else if (!strcmp(k, "n")) {
-			if (!is_null(f) && !(get_int(f, 1, 1, &iv)))
-				s = bad(e, k, "only n = 1 is supported");
+			if (!is_null(f) && !(get_int(f, 1, SFW_SERVE_N_MAX, &iv)))
+				s = bad(e, k, "'n' must be an integer from 1 to %d", SFW_SERVE_N_MAX);
+			r->n = is_null(f) ? 1 : (int)iv;
+		} else if (!strcmp(k, "logprobs")) {
+			if (is_null(f))
+				continue;
+			if (chat) { /* true or false; top_logprobs says how many */
+				s = take_bool(f, &r->logprobs, e);
+			} else if (cJSON_IsFalse(f)) {
+			} else if (!get_int(f, 0, SFW_SAMPLE_TOP_MAX, &iv)) {
+				s = bad(e, k, "'logprobs' must be an integer from 0 to %d", SFW_SAMPLE_TOP_MAX);
+			} else { /* completions: the number of top tokens */
+				r->logprobs = 1;
+				r->top_logprobs = (int)iv;
+			}
+		} else if (!strcmp(k, "top_logprobs") && chat) {
+			if (is_null(f))
+				continue;
+			if (!get_int(f, 0, SFW_SAMPLE_TOP_MAX, &iv))
+				s = bad(e, k, "'top_logprobs' must be an integer from 0 to %d", SFW_SAMPLE_TOP_MAX);
+			r->top_logprobs = (int)iv;
+			logprobs_set = 1;
 		} else if (!strcmp(k, "stop")) {
 			s = take_stop(r, f, e);
 		} else if (!strcmp(k, "stream")) {
-			if (!is_null(f) && !cJSON_IsBool(f))
-				s = bad(e, k, "'stream' must be true or false");
-			r->stream = cJSON_IsTrue(f);
+			s = take_bool(f, &r->stream, e);
 		} else if (!strcmp(k, "ignore_eos")) {
-			if (!is_null(f) && !cJSON_IsBool(f))
-				s = bad(e, k, "'ignore_eos' must be true or false");
-			r->ignore_eos = cJSON_IsTrue(f);
+			s = take_bool(f, &r->ignore_eos, e);
+		} else if (!strcmp(k, "skip_special_tokens")) {
+			s = take_bool(f, &r->skip_special, e);
+		} else if (!strcmp(k, "add_generation_prompt") && chat) {
+			s = take_bool(f, &r->add_generation_prompt, e);
+		} else if (!strcmp(k, "chat_template_kwargs") && chat) {
+			if (!is_null(f) && !cJSON_IsObject(f))
+				s = bad(e, k, "'chat_template_kwargs' must be an object");
+			r->template_kwargs = cJSON_IsObject(f) ? f : NULL;
 		} else if (!strcmp(k, "stream_options")) {
 			if (is_null(f))
 				continue;
 			const cJSON *u = cJSON_GetObjectItemCaseSensitive(f, "include_usage");
-			if (!cJSON_IsObject(f) ||
-			    (f->child && (!cJSON_IsBool(u) || cJSON_GetArraySize(f) != 1)))
-				s = bad(e, k, "'stream_options' may hold only include_usage (true or false)");
+			if (!cJSON_IsObject(f) || (u && !cJSON_IsBool(u)))
+				s = bad(e, k, "'stream_options' must be an object; include_usage true or false");
 			r->include_usage = cJSON_IsTrue(u);
 		} else
-			s = bad(e, k, "unrecognized request field '%.100s'", k);
+			note_unknown(r, k);
 	}
 	if (s != SFW_OK)
 		return s;
-	if (!have_model)
+	if (!have_model && names)
 		return bad(e, "model", "'model' is required");
-	if (strcmp(r->model, served_model)) {
+	size_t mi = 0;
+	while (have_model && names && mi < n_names && strcmp(r->model, names[mi]))
+		mi++;
+	if (have_model && names && mi == n_names) {
 		bad(e, "model", "the model '%.200s' does not exist (this server has '%.200s')", r->model,
-		    served_model);
+		    n_names ? names[0] : "");
+		e->http = 404;
 		e->code = "model_not_found";
 		return SFW_E_INVAL;
 	}
+	if (logprobs_set && r->top_logprobs > 0 && !r->logprobs)
+		return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
 	if (r->stream == 0 && r->include_usage)
 		return bad(e, "stream_options", "'stream_options' needs 'stream': true");
+	if ((s = take_bias(r, bias, vocab, e)) != SFW_OK)
+		return s;
+	if (chat && (s = take_tools(r, tools, tool_choice, e)) != SFW_OK)
+		return s;
 	return kind == SFW_SERVE_COMPLETION ? take_prompt(r, prompt, vocab, e)
 					    : take_messages(r, messages, e);
 }
@@ -405,6 +661,7 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 void sfw_serve_req_release(struct sfw_serve_req *r)
 {
 	cJSON_Delete(r->root);
+	sfw_free(r->bias);
 	sfw_free(r->prompt_ids);
 	sfw_free(r->msgs);
 	for (size_t i = 0; i < r->n_owned; i++)

@@ -8,9 +8,11 @@
  * flowing. Each request's sampling and stop handling is a struct
  * sfw_gen_stream (runner/generate.h), the same as `salafw run`'s.
  *
- * Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions
- * (stream: true as server-sent events ending in "data: [DONE]"), GET /health,
- * GET /metrics (Prometheus text). Errors are OpenAI error objects
+ * Endpoints: GET /v1/models, GET /v1/models/{id}, POST /v1/completions,
+ * POST /v1/chat/completions (stream: true as server-sent events ending in
+ * "data: [DONE]"), POST /tokenize, POST /detokenize, GET /health, GET
+ * /metrics (Prometheus text); HEAD wherever GET is, OPTIONS (CORS
+ * preflights) everywhere. One log line per request on stderr unless quiet. Errors are OpenAI error objects
  * {"error": {"message", "type", "param", "code"}}: 400 bad request, 401 bad
  * or missing API key (SHA-256 of both sides compared in constant time), 404,
  * 405, 413 body over SFW_SERVE_BODY_MAX or over what max_context can use,
@@ -30,6 +32,7 @@
 #ifndef SFW_SERVE_H
 #define SFW_SERVE_H
 
+#include "formats/chat.h"
 #include "formats/tokenizer.h"
 #include "runner/batch.h"
 #include "runner/generate.h"
@@ -46,10 +49,15 @@
 
 /* ---- requests (serve/req.c) ------------------------------------------------ */
 
+#define SFW_SERVE_N_MAX 8	    /* choices per request (n) */
+#define SFW_SERVE_BIAS_MAX 1024	    /* logit_bias entries */
+#define SFW_SERVE_UNKNOWN_MAX 16    /* ignored field names reported per request */
+#define SFW_SERVE_NAMES_MAX 16	    /* model ids one server answers to */
+
 enum sfw_serve_kind { SFW_SERVE_COMPLETION, SFW_SERVE_CHAT };
 
-/* A request that cannot be served: its HTTP status (400) and the OpenAI
- * error object's fields. param is "" when the error names no field. */
+/* A request that cannot be served: its HTTP status (400, 404, 413) and the
+ * OpenAI error object's fields. param is "" when the error names no field. */
 struct sfw_serve_error {
 	int http;
 	const char *type; /* "invalid_request_error" */
@@ -58,7 +66,22 @@ struct sfw_serve_error {
 	char message[512];
 };
 
-/* A parsed, validated request. Strings point into root (the parsed body). */
+/* Which sampling fields the request set (the others take the server's
+ * defaults: the model's generation_config.json). */
+enum {
+	SFW_SERVE_SET_TEMPERATURE = 1 << 0,
+	SFW_SERVE_SET_TOP_P = 1 << 1,
+	SFW_SERVE_SET_TOP_K = 1 << 2,
+	SFW_SERVE_SET_MIN_P = 1 << 3,
+	SFW_SERVE_SET_REPETITION = 1 << 4,
+};
+
+enum sfw_serve_tool_choice { SFW_TOOLS_NONE, SFW_TOOLS_AUTO, SFW_TOOLS_REQUIRED, SFW_TOOLS_NAMED };
+
+/* A parsed, validated request. Strings point into root (the parsed body).
+ * Fields salafw does not know are ignored: their names are in unknown[]
+ * (the server logs each name once). Fields of features salafw lacks are
+ * refused only when their value would change the answer. */
 struct sfw_serve_req {
 	enum sfw_serve_kind kind;
 	cJSON *root;
@@ -66,14 +89,30 @@ struct sfw_serve_req {
 	const char *prompt;  /* completion: text, or NULL when prompt_ids */
 	int32_t *prompt_ids; /* completion: token ids (sfw_malloc) */
 	size_t n_prompt_ids;
-	struct sfw_chat_msg *msgs; /* chat (sfw_malloc; content may be a joined copy in text) */
+	/* chat: the messages (root's "messages", validated) as role/content
+	 * pairs; the template reads them through sfw_chat_messages_normalize */
+	struct sfw_chat_msg *msgs; /* (sfw_malloc; content may be a joined copy in owned) */
 	size_t n_msgs;
 	char **owned; /* joined content parts, freed with the request */
 	size_t n_owned;
+	int has_tool_msgs;		   /* a tool message or an assistant's tool_calls */
+	const cJSON *tools;		   /* chat: the tools list, or NULL */
+	enum sfw_serve_tool_choice tool_choice; /* default: auto with tools, none without */
+	const char *tool_name;		   /* SFW_TOOLS_NAMED: the function */
+	const cJSON *template_kwargs;	   /* chat_template_kwargs, or NULL */
+	int add_generation_prompt;	   /* default 1 */
 	int64_t max_tokens; /* 0 = not given */
-	double temperature; /* default 1 */
-	double top_p;	    /* default 1 */
-	int top_k;	    /* 0 = off */
+	unsigned set;	    /* SFW_SERVE_SET_* */
+	double temperature; /* the request's values where set has their bit */
+	double top_p;
+	int top_k; /* 0 = off */
+	double min_p, repetition_penalty, presence_penalty, frequency_penalty;
+	struct sfw_sample_adj *bias; /* logit_bias: id and bias (sfw_malloc) */
+	size_t n_bias;
+	int logprobs;	  /* 1: the chosen tokens' logprobs asked for */
+	int top_logprobs; /* 0 .. SFW_SAMPLE_TOP_MAX */
+	int n;		  /* choices, 1 .. SFW_SERVE_N_MAX */
+	int skip_special; /* special tokens show no text (default 1) */
 	int have_seed;
 	uint64_t seed;
 	const char *stop[SFW_STOP_MAX];
@@ -81,32 +120,69 @@ struct sfw_serve_req {
 	int stream;
 	int include_usage; /* stream_options.include_usage */
 	int ignore_eos;	   /* vLLM's extension: end-of-sequence ids do not stop it */
+	const char *unknown[SFW_SERVE_UNKNOWN_MAX];
+	size_t n_unknown;
 };
 
-/* Parses body (len bytes, untrusted) as a request of kind for the model
- * named served_model with vocab token ids: strict JSON (core/json.h), known
- * fields of the right types and ranges, n = 1, no feature salafw does not
- * have (logprobs, echo, suffix, penalties, logit_bias, tools) asked for.
- * SFW_OK, or SFW_E_INVAL with e filled. Release r (also after a failure). */
+/* Parses body (len bytes, untrusted) as a request of kind for a server
+ * answering to the model ids names[0 .. n_names) with vocab token ids:
+ * strict JSON (core/json.h), known fields of the right types and ranges.
+ * SFW_OK, or SFW_E_INVAL with e filled (404 model_not_found for a model not
+ * served; names NULL: 'model' optional and not checked). Release r (also
+ * after a failure). */
 SFW_MUST_CHECK enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve_kind kind,
-						   const char *served_model, int vocab,
+						   const char *const *names, size_t n_names, int vocab,
 						   struct sfw_serve_req *r, struct sfw_serve_error *e);
 void sfw_serve_req_release(struct sfw_serve_req *r);
+
+/* ---- the other endpoints' bodies (serve/api.c) ------------------------------ */
+
+/* The prompt text of a chat request: its messages (and tools unless
+ * tool_choice is none) through the chat template, with the generation
+ * prompt as asked; then, for tool_choice required or named, the start of a
+ * call the reply is made to continue (*forced: that part, within out, which
+ * the reply's parser reads first; empty otherwise). */
+SFW_MUST_CHECK enum sfw_status sfw_serve_chat_prompt(const struct sfw_chat_template *t,
+						     const struct sfw_serve_req *r, struct sfw_buf *out,
+						     size_t *forced_at, struct sfw_err *err);
+/* POST /tokenize (vLLM's shape): {"model"?, "prompt": S, "add_special_tokens"?}
+ * or {"model"?, "messages": [...], "add_generation_prompt"?, ...} ->
+ * {"count", "max_model_len", "tokens", "token_strs": null}. POST /detokenize:
+ * {"model"?, "tokens": [ids]} -> {"prompt": S}. A named model must be one of
+ * names. *out: JSON text (sfw_malloc'd). */
+SFW_MUST_CHECK enum sfw_status sfw_serve_tokenize(const char *body, size_t len, const char *const *names,
+						  size_t n_names, const struct sfw_tokenizer *tok,
+						  const struct sfw_chat_template *chat, int64_t max_context,
+						  char **out, struct sfw_serve_error *e);
+SFW_MUST_CHECK enum sfw_status sfw_serve_detokenize(const char *body, size_t len, const char *const *names,
+						    size_t n_names, const struct sfw_tokenizer *tok,
+						    char **out, struct sfw_serve_error *e);
+/* 1 when origin may read the answers under allowed (sfw_serve_params). */
+int sfw_serve_origin_allowed(const char *allowed, const char *origin);
 /* The OpenAI error object of e as JSON text (sfw_malloc'd, NUL-terminated). */
 char *sfw_serve_error_json(const struct sfw_serve_error *e);
 
 /* ---- the server (serve/server.c) -------------------------------------------- */
 
 struct sfw_serve_params {
-	const char *host;	/* address to bind; default "127.0.0.1" */
-	int port;		/* 0: any free port (sfw_serve_port says which) */
-	const char *api_key;	/* NULL: no key asked for */
-	const char *model_name; /* the one model id served */
-	int max_running;	/* sequences in the batch at once (<= 64) */
-	int max_queue;		/* requests waiting beyond those; more get 429 */
-	int64_t max_context;	/* positions per sequence (prompt + reply) */
-	int prefill_chunk;	/* prompt tokens per engine step, over all sequences */
-	int64_t pool_tokens;	/* KV pool positions; 0 = max_running * max_context */
+	const char *host;    /* address to bind; default "127.0.0.1" */
+	int port;	     /* 0: any free port (sfw_serve_port says which) */
+	const char *api_key; /* NULL: no key asked for */
+	/* the model ids requests may name; the first n_listed are what
+	 * /v1/models lists (the others are accepted aliases) */
+	const char *model_names[SFW_SERVE_NAMES_MAX];
+	int n_names, n_listed;
+	/* CORS: NULL answers no origin (no Access-Control-Allow-Origin); "*" any;
+	 * else a comma-separated list of origins (scheme://host[:port]) */
+	const char *allowed_origins;
+	int quiet;			      /* no request log lines on stderr */
+	const struct sfw_chat_template *chat; /* the chat template (borrowed) */
+	struct sfw_gen_defaults defaults;     /* sampling defaults of requests */
+	int max_running;		      /* sequences in the batch at once (<= 64) */
+	int max_queue;			      /* requests waiting beyond those; more get 429 */
+	int64_t max_context;		      /* positions per sequence (prompt + reply) */
+	int prefill_chunk;		      /* prompt tokens per engine step, over all sequences */
+	int64_t pool_tokens;		      /* KV pool positions; 0 = max_running * max_context */
 	double receive_timeout; /* seconds to receive a request's headers and body; 0 = no limit */
 	int conns_per_ip;	/* open connections per client address; 0 = no limit */
 };

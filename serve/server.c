@@ -16,12 +16,14 @@
 #include "alloc.h"
 #include "buf.h"
 #include "checked.h"
+#include "json.h"
 #include "log.h"
 #include "runner/batch.h"
 #include "runner/runner.h"
 #include "runner/sampler.h"
 
 #include <errno.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <poll.h>
@@ -67,10 +69,22 @@ static void hist_add(struct hist *h, const double *bounds, size_t nb, double v)
 	h->sum += v;
 }
 
-enum route { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT, R__COUNT };
-static const char *const route_path[R__COUNT] = {"other",      "/health",	  "/metrics",
-						 "/v1/models", "/v1/completions", "/v1/chat/completions"};
-static const int codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 501, 503};
+enum route {
+	R_NONE,
+	R_HEALTH,
+	R_METRICS,
+	R_MODELS,
+	R_COMPLETIONS,
+	R_CHAT,
+	R_MODEL, /* /v1/models/{id} */
+	R_TOKENIZE,
+	R_DETOKENIZE,
+	R__COUNT
+};
+static const char *const route_path[R__COUNT] = {"other",	    "/health",	       "/metrics",
+						 "/v1/models",	    "/v1/completions", "/v1/chat/completions",
+						 "/v1/models/{id}", "/tokenize",       "/detokenize"};
+static const int codes[] = {200, 204, 400, 401, 404, 405, 413, 429, 500, 501, 503};
 #define N_CODES (sizeof(codes) / sizeof(codes[0]))
 
 struct metrics {
@@ -87,9 +101,29 @@ struct metrics {
 
 /* ---- requests ------------------------------------------------------------------ */
 
+/* One token's logprobs, as the sampler reported them. */
+struct lprec {
+	struct sfw_sample_lp lp;
+	int32_t id;
+};
+
 struct req {
 	struct sfw_server *srv;
 	int refs; /* the connection and the engine */
+	/* the request's choices (n): one struct req each, one sequence each;
+	 * choice 0 (the lead) holds the connection, the others point to it */
+	struct req *lead;
+	struct req *ch[SFW_SERVE_N_MAX];
+	int n_ch, index;
+	char idstr[48]; /* the response's id, random */
+	char *forced;	/* the reply's forced start (tool_choice), the prompt's end */
+	size_t n_forced;
+	int tools; /* the reply is parsed for tool calls */
+	/* penalties (engine side): entries of the ids seen, slot[id] its entry */
+	struct sfw_sample_adj *adj;
+	int n_adj, cap_adj;
+	int32_t *slot;
+	struct sfw_sample_lp lp; /* the step's logprobs (when asked) */
 	struct sfw_serve_req p;
 	int32_t *ids; /* the prompt */
 	size_t n_ids;
@@ -112,6 +146,10 @@ struct req {
 	struct sfw_buf out; /* text made, not yet taken by the connection */
 	size_t *cuts;	    /* stream: where each piece in out ends */
 	size_t ncuts, capcuts;
+	size_t *cut_lps;   /* stream: the logprob records made up to each cut */
+	struct lprec *lps; /* logprobs of the tokens made, not yet taken */
+	size_t nlps, caplps;
+	double t_first; /* the first token's time (0: none yet) */
 	int done;      /* the engine is through with it */
 	int cancelled; /* the client went away */
 	int aborted;   /* sfw_serve_abort ended it */
@@ -127,13 +165,21 @@ struct req {
 	 * lock, made into events outside it (swapped back, emptied, next time) */
 	struct sfw_buf taken;
 	size_t *taken_cuts, taken_cap;
+	size_t *taken_cut_lps;
+	struct lprec *taken_lps;
+	size_t taken_caplps;
 	int sent_role, sent_final, sent_done;
+	/* the connection's: tool calls parsed from the reply */
+	struct sfw_toolparse *tp;
+	int n_calls;
+	int64_t text_offset; /* completions' logprobs: bytes of text before the next token */
 };
 
 /* A step's sampled token of one request, pushed through its stream. */
 struct took {
 	struct req *r;
 	int32_t id;
+	struct sfw_sample_lp lp;
 	enum sfw_status st, st2; /* the push; the flush at the end (SFW_OK when none) */
 	enum sfw_finish fin;
 	size_t a, n, a2, n2; /* the texts, in the step's text buffer */
@@ -145,7 +191,12 @@ struct sfw_server {
 	const struct sfw_tokenizer *tok;
 	struct sfw_eos_set eos, no_eos; /* the model's; none (ignore_eos) */
 	struct sfw_serve_params p;
-	char model_name[256];
+	char names[SFW_SERVE_NAMES_MAX][256];
+	const char *name_ptr[SFW_SERVE_NAMES_MAX];
+	char origins[4096];
+	long long created;
+	uint64_t unknown_hash[64]; /* ignored field names already logged (hashes) */
+	int n_unknown;
 	int vocab;
 	int have_key;
 	unsigned char key_hash[crypto_hash_sha256_BYTES];
@@ -183,6 +234,8 @@ static void req_unref_locked(struct req *r)
 {
 	if (--r->refs > 0)
 		return;
+	if (r->lead && r->lead != r) /* a choice holds its lead (the request's strings) */
+		req_unref_locked(r->lead);
 	sfw_serve_req_release(&r->p);
 	sfw_free(r->ids);
 	if (r->smp_ok)
@@ -194,6 +247,14 @@ static void req_unref_locked(struct req *r)
 	sfw_buf_release(&r->taken);
 	sfw_free(r->taken_cuts);
 	sfw_buf_release(&r->sse);
+	sfw_free(r->adj);
+	sfw_free(r->slot);
+	sfw_free(r->cut_lps);
+	sfw_free(r->lps);
+	sfw_free(r->taken_cut_lps);
+	sfw_free(r->taken_lps);
+	sfw_toolparse_free(r->tp);
+	sfw_free(r->forced);
 	pthread_cond_destroy(&r->cv);
 	sfw_free(r);
 }
@@ -223,7 +284,7 @@ static void retire_locked(struct sfw_server *s, struct req *r, enum sfw_finish f
 	if (fin == SFW_FINISH_CANCEL && r->cancelled)
 		s->mt.cancelled++;
 	r->done = 1;
-	pthread_cond_broadcast(&r->cv);
+	pthread_cond_broadcast(&r->lead->cv);
 	req_unref_locked(r);
 }
 
@@ -234,22 +295,63 @@ static int put_text_locked(struct req *r, const char *t, size_t n)
 		snprintf(r->error, sizeof(r->error), "the reply is longer than %u MiB", OUT_MAX >> 20);
 		return 0;
 	}
-	if (n && r->p.stream) { /* where the piece ends: one event per piece */
+	if (n && r->lead->p.stream) { /* where the piece ends: one event per piece */
 		if (r->ncuts == r->capcuts) {
 			size_t cap = r->capcuts ? 2 * r->capcuts : 16;
 			size_t *c = sfw_realloc(r->cuts, cap * sizeof(*c));
-			if (!c) {
+			size_t *cl = c ? sfw_realloc(r->cut_lps, cap * sizeof(*cl)) : NULL;
+			if (c)
+				r->cuts = c;
+			if (cl)
+				r->cut_lps = cl;
+			if (!c || !cl) {
 				snprintf(r->error, sizeof(r->error), "out of memory for the stream");
 				return 0;
 			}
-			r->cuts = c;
 			r->capcuts = cap;
 		}
+		r->cut_lps[r->ncuts] = r->nlps;
 		r->cuts[r->ncuts++] = r->out.len;
 	}
 	if (n)
-		pthread_cond_broadcast(&r->cv);
+		pthread_cond_broadcast(&r->lead->cv);
 	return 1;
+}
+
+/* Keeps a token's logprobs for the connection (srv->mu held). */
+static int put_lp_locked(struct req *r, int32_t id, const struct sfw_sample_lp *lp)
+{
+	if (r->nlps == r->caplps) {
+		size_t cap = r->caplps ? 2 * r->caplps : 16;
+		struct lprec *l = sfw_realloc(r->lps, cap * sizeof(*l));
+		if (!l) {
+			snprintf(r->error, sizeof(r->error), "out of memory for the logprobs");
+			return 0;
+		}
+		r->lps = l;
+		r->caplps = cap;
+	}
+	r->lps[r->nlps].lp = *lp;
+	r->lps[r->nlps++].id = id;
+	return 1;
+}
+
+/* The penalties' entry of id (engine thread): found through slot, or added. */
+static struct sfw_sample_adj *adj_of(struct req *r, int32_t id)
+{
+	if (r->slot[id] >= 0)
+		return &r->adj[r->slot[id]];
+	if (r->n_adj == r->cap_adj) {
+		int cap = r->cap_adj ? 2 * r->cap_adj : 64;
+		struct sfw_sample_adj *a = sfw_realloc(r->adj, (size_t)cap * sizeof(*a));
+		if (!a)
+			return NULL;
+		r->adj = a;
+		r->cap_adj = cap;
+	}
+	r->slot[id] = r->n_adj;
+	r->adj[r->n_adj] = (struct sfw_sample_adj){id, 0, 0, 0};
+	return &r->adj[r->n_adj++];
 }
 
 /* The step's tokens, part 1 (engine thread, no lock): pushed through their
@@ -275,10 +377,20 @@ static int take_tokens(struct sfw_server *s, struct req **ir, const struct sfw_b
 		x->r = r;
 		x->id = sfw_batch_next(s->b, i);
 		x->fin = SFW_FINISH_NONE;
-		x->st = x->id < 0 || x->id >= s->vocab
-				? sfw_fail(&x->err, SFW_E_INVAL, "the engine step chose no token")
-				: sfw_gen_stream_push(&r->gs, x->id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &len,
-						      &x->fin, &x->err);
+		if (r->smp.p.logprobs)
+			x->lp = r->lp;
+		if (r->slot && x->id >= 0 && x->id < s->vocab) { /* the penalties see the token */
+			struct sfw_sample_adj *a = adj_of(r, x->id);
+			if (a)
+				a->count++, a->seen = 1;
+			else
+				x->st = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the penalties");
+		}
+		x->st = x->st != SFW_OK ? x->st
+			: x->id < 0 || x->id >= s->vocab
+			    ? sfw_fail(&x->err, SFW_E_INVAL, "the engine step chose no token")
+			    : sfw_gen_stream_push(&r->gs, x->id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &len,
+						  &x->fin, &x->err);
 		x->a = tb->len, x->n = len;
 		if (x->st == SFW_OK && len && sfw_buf_append(tb, t, len) != SFW_OK)
 			x->st = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
@@ -302,15 +414,19 @@ static void hand_tokens_locked(struct sfw_server *s, int k)
 	for (int q = 0; q < k; q++) {
 		struct took *x = &tk[q];
 		struct req *r = x->r;
+		int ok = 1;
 		if (x->st == SFW_OK && x->fin != SFW_FINISH_EOS) {
-			if (r->made++ == 0)
+			if (r->made++ == 0) {
 				hist_add(&s->mt.ttft, ttft_bounds, NB_TTFT, now - r->t_arrive);
-			else
+				r->t_first = now;
+			} else
 				hist_add(&s->mt.itl, itl_bounds, NB_ITL, now - r->t_last);
 			r->t_last = now;
 			s->mt.gen_tokens++;
+			if (r->smp.p.logprobs)
+				ok = put_lp_locked(r, x->id, &x->lp);
 		}
-		int ok = x->st == SFW_OK && put_text_locked(r, tb->data + x->a, x->n);
+		ok = ok && x->st == SFW_OK && put_text_locked(r, tb->data + x->a, x->n);
 		if (ok && x->fin == SFW_FINISH_NONE) {
 			r->next_id = x->id;
 			continue;
@@ -402,6 +518,8 @@ static void *engine_main(void *arg)
 			 * if the step fails */
 			if (r->prefilled >= r->n_ids || r->prefilled + (size_t)it[n].n == r->n_ids) {
 				rng_keep[n] = r->smp;
+				r->smp.p.adj = r->adj; /* the penalties' entries may have moved */
+				r->smp.p.n_adj = r->n_adj;
 				it[n].sample = &r->smp.p;
 				it[n].u = sfw_sampler_uniform(&r->smp);
 			}
@@ -454,11 +572,59 @@ static void *engine_main(void *arg)
 
 /* ---- HTTP helpers ------------------------------------------------------------------- */
 
+/* A connection's request: its route, body and what its log line says. */
+struct conn {
+	enum route rt;
+	int method_ok, checked, too_big;
+	struct sfw_buf body;
+	int counted; /* an accepted request: s->active drops when its reply is sent */
+	int refuse;  /* 503 or 429 decided before the body (which is dropped) */
+	int http11;
+	double t0;
+	char method[8];
+	int code;    /* the status answered (0: none yet) */
+	int logged;  /* the request logs its own line (finish_request_locked) */
+	char id[48]; /* the response id, "-" for none */
+	int64_t prompt, output;
+	double ttft; /* < 0: none */
+};
+
+/* The request the connection's thread is answering (thread per connection):
+ * send_body notes the status there for the log line. */
+static _Thread_local struct conn *cur_conn;
+
+/* One line per request on stderr (the server's quiet turns it off). */
+static void log_request(const struct sfw_server *s, const char *id, const char *method, enum route rt,
+			int code, int64_t prompt, int64_t output, double ttft, double dur)
+{
+	if (s->p.quiet)
+		return;
+	char t[32] = "-";
+	if (ttft >= 0)
+		snprintf(t, sizeof(t), "%.3fs", ttft);
+	/* cached: the prefix cache's hits, 0 until there is one */
+	sfw_log(SFW_LOG_INFO,
+		"serve: %s %s %s %d prompt_tokens=%lld output_tokens=%lld cached_tokens=0 ttft=%s time=%.3fs",
+		id[0] ? id : "-", method, route_path[rt], code, (long long)prompt, (long long)output, t, dur);
+}
+
 static void count_locked(struct sfw_server *s, enum route rt, int code)
 {
 	for (size_t i = 0; i < N_CODES; i++)
 		if (codes[i] == code)
 			s->mt.requests[rt][i]++;
+}
+
+/* CORS: the origin may read the answer (--allowed-origins). */
+static void add_cors(const struct sfw_server *s, struct MHD_Connection *c, struct MHD_Response *resp)
+{
+	if (!s->origins[0])
+		return;
+	const char *o = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+	MHD_add_response_header(resp, "Vary", "Origin");
+	if (!sfw_serve_origin_allowed(s->origins, o))
+		return;
+	MHD_add_response_header(resp, "Access-Control-Allow-Origin", o);
 }
 
 static enum MHD_Result send_body(struct sfw_server *s, struct MHD_Connection *c, enum route rt, int code,
@@ -468,16 +634,20 @@ static enum MHD_Result send_body(struct sfw_server *s, struct MHD_Connection *c,
 	count_locked(s, rt, code);
 	int drain = s->draining;
 	pthread_mutex_unlock(&s->mu);
+	if (cur_conn)
+		cur_conn->code = code;
 	struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
 	if (!resp)
 		return MHD_NO;
-	MHD_add_response_header(resp, "Content-Type", type);
+	if (type)
+		MHD_add_response_header(resp, "Content-Type", type);
 	if (drain) /* no next request on this connection */
 		MHD_add_response_header(resp, "Connection", "close");
 	if (retry_after)
 		MHD_add_response_header(resp, "Retry-After", retry_after);
 	if (code == 401)
 		MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+	add_cors(s, c, resp);
 	enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, resp);
 	MHD_destroy_response(resp);
 	return ret;
@@ -519,6 +689,32 @@ static enum MHD_Result fail_with(struct sfw_server *s, struct MHD_Connection *c,
 	return send_error(s, c, rt, &e, retry_after);
 }
 
+/* A CORS preflight (OPTIONS): 204 with what may be sent; the allowing
+ * headers only for an allowed origin. */
+static enum MHD_Result send_preflight(struct sfw_server *s, struct MHD_Connection *c, enum route rt, int post)
+{
+	pthread_mutex_lock(&s->mu);
+	count_locked(s, rt, 204);
+	pthread_mutex_unlock(&s->mu);
+	if (cur_conn)
+		cur_conn->code = 204;
+	struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+	if (!resp)
+		return MHD_NO;
+	const char *allow = post ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+	MHD_add_response_header(resp, "Allow", allow);
+	const char *o = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+	add_cors(s, c, resp);
+	if (sfw_serve_origin_allowed(s->origins, o)) {
+		MHD_add_response_header(resp, "Access-Control-Allow-Methods", allow);
+		MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+		MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+	}
+	enum MHD_Result ret = MHD_queue_response(c, 204, resp);
+	MHD_destroy_response(resp);
+	return ret;
+}
+
 /* Waits on cv (mu held) for at most secs seconds. */
 static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double secs)
 {
@@ -558,94 +754,276 @@ static enum peer peer_state(struct MHD_Connection *c, int *fd)
 	return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? PEER_HERE : PEER_GONE;
 }
 
-/* Waits (srv->mu held) until r is done or (any_text) has text. Returns 1
- * then; 0 when the client went away meanwhile (r is then marked cancelled,
- * the engine woken); 2 (a stream's wait only) when the client has sent FIN:
- * the caller sends an SSE comment, which a closed socket answers with a
- * reset and a half-closed client ignores. A waiting HTTP/1.1 request is
- * sent an interim "102 Processing" for the same (RFC 9110 §15.2: a client
- * accepts a 1xx it did not ask for); an HTTP/1.0 one has none, so its FIN
- * counts as gone. */
-static int wait_output_locked(struct sfw_server *s, struct req *r, int any_text)
+/* ---- a request's choices --------------------------------------------------------------- */
+
+static int all_done(const struct req *l)
+{
+	for (int i = 0; i < l->n_ch; i++)
+		if (!l->ch[i]->done)
+			return 0;
+	return 1;
+}
+
+/* a choice has text, or has finished and not said so yet, or all are done */
+static int any_ready(const struct req *l)
+{
+	for (int i = 0; i < l->n_ch; i++)
+		if (l->ch[i]->out.len || (l->ch[i]->done && !l->ch[i]->sent_final))
+			return 1;
+	return all_done(l);
+}
+
+static void cancel_all_locked(struct sfw_server *s, struct req *l)
+{
+	for (int i = 0; i < l->n_ch; i++)
+		if (!l->ch[i]->done)
+			l->ch[i]->cancelled = 1;
+	pthread_cond_signal(&s->engine_cv);
+}
+
+/* Waits (srv->mu held) until every choice of lead l is done or (any_text)
+ * one is ready. Returns 1 then; 0 when the client went away meanwhile (the
+ * choices are then cancelled, the engine woken); 2 (a stream's wait only)
+ * when the client has sent FIN: the caller sends an SSE comment, which a
+ * closed socket answers with a reset and a half-closed client ignores. A
+ * waiting HTTP/1.1 request is sent an interim "102 Processing" for the same
+ * (RFC 9110 §15.2: a client accepts a 1xx it did not ask for); an HTTP/1.0
+ * one has none, so its FIN counts as gone. */
+static int wait_output_locked(struct sfw_server *s, struct req *l, int any_text)
 {
 	static const char processing[] = "HTTP/1.1 102 Processing\r\n\r\n";
-	while (!r->done && (!any_text || r->out.len == 0)) {
-		timed_wait(&r->cv, &s->mu, WAIT_SLICE_MS * 1e-3);
-		if (r->done || (any_text && r->out.len))
+	while (!(any_text ? any_ready(l) : all_done(l))) {
+		timed_wait(&l->cv, &s->mu, WAIT_SLICE_MS * 1e-3);
+		if (any_text ? any_ready(l) : all_done(l))
 			break;
 		int fd = -1;
-		enum peer ps = peer_state(r->conn, &fd);
-		if (ps == PEER_FIN && !r->probed) {
-			r->probed = 1;
-			if (r->p.stream)
+		enum peer ps = peer_state(l->conn, &fd);
+		if (ps == PEER_FIN && !l->probed) {
+			l->probed = 1;
+			if (l->p.stream)
 				return 2;
 			/* the connection's own thread is here, in the request handler:
 			 * nothing else writes to the socket now */
-			if (r->http11 && send(fd, processing, sizeof(processing) - 1, MSG_NOSIGNAL | MSG_DONTWAIT) ==
+			if (l->http11 && send(fd, processing, sizeof(processing) - 1, MSG_NOSIGNAL | MSG_DONTWAIT) ==
 					     (ssize_t)(sizeof(processing) - 1))
 				continue;
 			ps = PEER_GONE;
 		}
 		if (ps == PEER_GONE) {
-			r->cancelled = 1;
-			pthread_cond_signal(&s->engine_cv);
+			cancel_all_locked(s, l);
 			return 0;
 		}
 	}
 	return 1;
 }
 
-static const char *finish_reason(enum sfw_finish f)
+static const char *finish_reason(const struct req *r)
 {
-	return f == SFW_FINISH_LENGTH ? "length" : "stop";
+	return r->n_calls ? "tool_calls" : r->finish == SFW_FINISH_LENGTH ? "length" : "stop";
 }
 
-static cJSON *usage_json(const struct req *r)
+static cJSON *usage_json(const struct req *l)
 {
+	int64_t out = 0;
+	for (int i = 0; i < l->n_ch; i++)
+		out += l->ch[i]->completion_tokens;
 	cJSON *u = cJSON_CreateObject();
-	cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->n_ids);
-	cJSON_AddNumberToObject(u, "completion_tokens", (double)r->completion_tokens);
-	cJSON_AddNumberToObject(u, "total_tokens", (double)(r->n_ids + (size_t)r->completion_tokens));
+	cJSON_AddNumberToObject(u, "prompt_tokens", (double)l->n_ids);
+	cJSON_AddNumberToObject(u, "completion_tokens", (double)out);
+	cJSON_AddNumberToObject(u, "total_tokens", (double)((int64_t)l->n_ids + out));
 	return u;
 }
 
-/* The response object's head: id, object, created, model. */
-static cJSON *head_json(const struct sfw_server *s, const struct req *r, const char *object)
+/* The response object's head: id, object, created, model (the id the
+ * request named). */
+static cJSON *head_json(const struct req *l, const char *object)
 {
-	char id[64];
-	snprintf(id, sizeof(id), "%s-%llu", r->p.kind == SFW_SERVE_CHAT ? "chatcmpl" : "cmpl",
-		 (unsigned long long)r->id);
 	cJSON *o = cJSON_CreateObject();
-	cJSON_AddStringToObject(o, "id", id);
+	cJSON_AddStringToObject(o, "id", l->idstr);
 	cJSON_AddStringToObject(o, "object", object);
-	cJSON_AddNumberToObject(o, "created", (double)r->created);
-	cJSON_AddStringToObject(o, "model", s->model_name);
+	cJSON_AddNumberToObject(o, "created", (double)l->created);
+	cJSON_AddStringToObject(o, "model", l->p.model);
 	return o;
 }
 
-/* One choice: text (len bytes; NULL for none) and finish (NULL: null). */
-static cJSON *choice_json(const struct req *r, int stream, const char *text, size_t len, const char *finish)
+/* A string of len bytes as a JSON string (cJSON wants it NUL-terminated). */
+static cJSON *str_json(const char *t, size_t len)
 {
-	cJSON *ch = cJSON_CreateObject();
-	cJSON_AddNumberToObject(ch, "index", 0);
-	char *t = sfw_malloc(len + 1);
-	if (!t) {
-		cJSON_Delete(ch);
+	char *c = sfw_malloc(len + 1);
+	if (!c)
 		return NULL;
+	memcpy(c, t ? t : "", len);
+	c[len] = 0;
+	cJSON *j = cJSON_CreateString(c);
+	sfw_free(c);
+	return j;
+}
+
+/* A token's text as the logprobs show it: its piece with special tokens
+ * as written (as vLLM shows them). */
+static void token_text(const struct sfw_server *s, int32_t id, struct sfw_buf *b)
+{
+	struct sfw_err err = {0};
+	b->len = 0;
+	if (sfw_tokenizer_decode(s->tok, &id, 1, 0, b, &err) != SFW_OK)
+		b->len = 0;
+}
+
+static double lp_value(float v)
+{
+	return isfinite(v) ? (double)v : -9999.0; /* OpenAI's "impossible" */
+}
+
+static cJSON *token_lp_json(const struct sfw_server *s, int32_t id, float lp, struct sfw_buf *tb)
+{
+	token_text(s, id, tb);
+	cJSON *o = cJSON_CreateObject(), *bytes;
+	cJSON_AddItemToObject(o, "token", str_json(tb->data, tb->len));
+	cJSON_AddNumberToObject(o, "logprob", lp_value(lp));
+	if ((bytes = cJSON_AddArrayToObject(o, "bytes")))
+		for (size_t i = 0; i < tb->len; i++)
+			cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)tb->data[i]));
+	return o;
+}
+
+/* The logprobs of n tokens: chat's {"content": [...]} or completions'
+ * {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. */
+static cJSON *logprobs_json(const struct sfw_server *s, struct req *r, const struct lprec *l, size_t n)
+{
+	struct sfw_buf tb;
+	sfw_buf_init(&tb, 1u << 16);
+	cJSON *o = cJSON_CreateObject();
+	if (r->lead->p.kind == SFW_SERVE_CHAT) {
+		cJSON *arr = cJSON_AddArrayToObject(o, "content");
+		for (size_t i = 0; arr && i < n; i++) {
+			cJSON *t = token_lp_json(s, l[i].id, l[i].lp.logprob, &tb);
+			cJSON *top = cJSON_AddArrayToObject(t, "top_logprobs");
+			for (int k = 0; top && k < l[i].lp.n_top; k++)
+				cJSON_AddItemToArray(
+				    top, token_lp_json(s, l[i].lp.top_id[k], l[i].lp.top_logprob[k], &tb));
+			cJSON_AddItemToArray(arr, t);
+		}
+		cJSON_AddNullToObject(o, "refusal");
+	} else {
+		cJSON *toks = cJSON_AddArrayToObject(o, "tokens"),
+		      *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+		cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"),
+		      *offs = cJSON_AddArrayToObject(o, "text_offset");
+		for (size_t i = 0; toks && lps && tops && offs && i < n; i++) {
+			token_text(s, l[i].id, &tb);
+			cJSON_AddItemToArray(toks, str_json(tb.data, tb.len));
+			cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(l[i].lp.logprob)));
+			cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)r->text_offset));
+			r->text_offset += (int64_t)tb.len;
+			cJSON *m = cJSON_CreateObject();
+			for (int k = 0; m && k < l[i].lp.n_top; k++) {
+				token_text(s, l[i].lp.top_id[k], &tb);
+				char *key = sfw_malloc(tb.len + 1);
+				if (key) {
+					memcpy(key, tb.data ? tb.data : "", tb.len);
+					key[tb.len] = 0;
+					if (!cJSON_GetObjectItemCaseSensitive(
+						m, key)) /* two ids, one text: the first */
+						cJSON_AddNumberToObject(m, key,
+									lp_value(l[i].lp.top_logprob[k]));
+					sfw_free(key);
+				}
+			}
+			cJSON_AddItemToArray(tops, m);
+		}
 	}
-	memcpy(t, text ? text : "", len);
-	t[len] = 0;
-	if (r->p.kind == SFW_SERVE_CHAT) {
+	sfw_buf_release(&tb);
+	return o;
+}
+
+/* ---- tool calls in a reply (formats/chat.h's parser) --------------------------------------- */
+
+struct tool_out {
+	struct req *r;
+	struct sfw_buf content; /* text outside calls */
+	cJSON *calls;		/* tool_calls made (NULL: none) */
+	int stream;
+};
+
+static int tool_content(void *user, const char *text, size_t len)
+{
+	struct tool_out *t = user;
+	return sfw_buf_append(&t->content, text, len) != SFW_OK;
+}
+
+static int tool_call(void *user, const struct sfw_toolcall *call)
+{
+	struct tool_out *t = user;
+	if (!t->calls && !(t->calls = cJSON_CreateArray()))
+		return 1;
+	unsigned char rnd[12];
+	char id[40];
+	randombytes_buf(rnd, sizeof(rnd));
+	memcpy(id, "call_", 5);
+	sodium_bin2hex(id + 5, sizeof(id) - 5, rnd, sizeof(rnd));
+	cJSON *c = cJSON_CreateObject(), *f;
+	if (t->stream)
+		cJSON_AddNumberToObject(c, "index", t->r->n_calls);
+	cJSON_AddStringToObject(c, "id", id);
+	cJSON_AddStringToObject(c, "type", "function");
+	if ((f = cJSON_AddObjectToObject(c, "function"))) {
+		cJSON_AddStringToObject(f, "name", call->name);
+		cJSON_AddStringToObject(f, "arguments", call->arguments);
+	}
+	cJSON_AddItemToArray(t->calls, c);
+	t->r->n_calls++;
+	return 0;
+}
+
+/* Text of choice r through its tool-call parser (the forced start first);
+ * fin: the reply has ended. 0 on a parser failure (r->error set). */
+static int tool_feed(struct req *r, const char *text, size_t len, int fin, struct tool_out *t)
+{
+	struct sfw_toolparse_cb cb = {tool_content, tool_call, t};
+	struct sfw_err err = {0};
+	enum sfw_status st = SFW_OK;
+	if (!r->tp) {
+		if ((st = sfw_toolparse_new(&r->tp, &err)) == SFW_OK && r->lead->n_forced)
+			st = sfw_toolparse_feed(r->tp, r->lead->forced, r->lead->n_forced, &cb, &err);
+	}
+	if (st == SFW_OK && len)
+		st = sfw_toolparse_feed(r->tp, text, len, &cb, &err);
+	if (st == SFW_OK && fin)
+		st = sfw_toolparse_finish(r->tp, &cb, &err);
+	if (st != SFW_OK)
+		snprintf(r->error, sizeof(r->error), "%s",
+			 err.msg[0] ? err.msg : "the tool-call parser failed");
+	return st == SFW_OK;
+}
+
+/* One choice: text (len bytes; NULL for none), its logprobs, tool calls
+ * (taken), finish (NULL: null). */
+static cJSON *choice_json(const struct sfw_server *s, struct req *r, int stream, const char *text, size_t len,
+			  const struct lprec *lps, size_t nlps, cJSON *calls, const char *finish)
+{
+	const struct req *l = r->lead;
+	cJSON *ch = cJSON_CreateObject();
+	cJSON_AddNumberToObject(ch, "index", r->index);
+	if (l->p.kind == SFW_SERVE_CHAT) {
 		cJSON *m = cJSON_AddObjectToObject(ch, stream ? "delta" : "message");
 		if (!stream || !r->sent_role)
 			cJSON_AddStringToObject(m, "role", "assistant");
-		if (!stream || text)
-			cJSON_AddStringToObject(m, "content", t);
+		if (!stream && calls && len == 0)
+			cJSON_AddNullToObject(m, "content");
+		else if (!stream || text)
+			cJSON_AddItemToObject(m, "content", str_json(text, len));
+		if (calls)
+			cJSON_AddItemToObject(m, "tool_calls", calls);
+		else if (!stream)
+			cJSON_AddArrayToObject(m, "tool_calls");
 	} else {
-		cJSON_AddStringToObject(ch, "text", t);
-		cJSON_AddNullToObject(ch, "logprobs");
+		cJSON_AddItemToObject(ch, "text", str_json(text, len));
+		cJSON_Delete(calls);
 	}
-	sfw_free(t);
+	if (l->p.logprobs && (!stream || nlps))
+		cJSON_AddItemToObject(ch, "logprobs", logprobs_json(s, r, lps, nlps));
+	else
+		cJSON_AddNullToObject(ch, "logprobs");
 	if (finish)
 		cJSON_AddStringToObject(ch, "finish_reason", finish);
 	else
@@ -655,25 +1033,26 @@ static cJSON *choice_json(const struct req *r, int stream, const char *text, siz
 
 /* ---- streaming ------------------------------------------------------------------- */
 
-static int sse_put(struct req *r, cJSON *o)
+static int sse_put(struct req *l, cJSON *o)
 {
 	char *txt = o ? cJSON_PrintUnformatted(o) : NULL;
 	cJSON_Delete(o);
 	if (!txt)
 		return 0;
-	int ok = sfw_buf_append(&r->sse, "data: ", 6) == SFW_OK &&
-		 sfw_buf_append(&r->sse, txt, strlen(txt)) == SFW_OK &&
-		 sfw_buf_append(&r->sse, "\n\n", 2) == SFW_OK;
+	int ok = sfw_buf_append(&l->sse, "data: ", 6) == SFW_OK &&
+		 sfw_buf_append(&l->sse, txt, strlen(txt)) == SFW_OK &&
+		 sfw_buf_append(&l->sse, "\n\n", 2) == SFW_OK;
 	cJSON_free(txt);
 	return ok;
 }
 
 static cJSON *chunk_json(const struct sfw_server *s, struct req *r, const char *text, size_t len,
-			 const char *fin)
+			 const struct lprec *lps, size_t nlps, cJSON *calls, const char *fin)
 {
-	cJSON *o = head_json(s, r, r->p.kind == SFW_SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+	struct req *l = r->lead;
+	cJSON *o = head_json(l, l->p.kind == SFW_SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
 	cJSON *arr = cJSON_AddArrayToObject(o, "choices");
-	cJSON *ch = choice_json(r, 1, text, len, fin);
+	cJSON *ch = choice_json(s, r, 1, text, len, lps, nlps, calls, fin);
 	if (!arr || !ch) {
 		cJSON_Delete(ch);
 		cJSON_Delete(o);
@@ -684,94 +1063,187 @@ static cJSON *chunk_json(const struct sfw_server *s, struct req *r, const char *
 	return o;
 }
 
-/* MHD's content reader: the next SSE bytes of the stream. */
+/* A piece of choice r's text (and its tokens' logprobs) as events: through
+ * the tool-call parser when the reply is parsed for calls. */
+static int emit_piece(const struct sfw_server *s, struct req *r, const char *text, size_t len,
+		      const struct lprec *lps, size_t nlps, int fin)
+{
+	struct req *l = r->lead;
+	if (!r->tools) {
+		int ok = 1;
+		if (len || nlps)
+			ok = sse_put(l, chunk_json(s, r, text, len, lps, nlps, NULL, NULL));
+		return ok && (!fin || sse_put(l, chunk_json(s, r, NULL, 0, NULL, 0, NULL, finish_reason(r))));
+	}
+	struct tool_out t = {r, {0}, NULL, 1};
+	sfw_buf_init(&t.content, OUT_MAX);
+	int ok = tool_feed(r, text, len, fin, &t);
+	if (ok && (t.content.len || t.calls || nlps)) {
+		ok = sse_put(l, chunk_json(s, r, t.content.data, t.content.len, lps, nlps, t.calls, NULL));
+		t.calls = NULL;
+	}
+	cJSON_Delete(t.calls);
+	sfw_buf_release(&t.content);
+	return ok && (!fin || sse_put(l, chunk_json(s, r, NULL, 0, NULL, 0, NULL, finish_reason(r))));
+}
+
+/* Takes choice r's text, cuts and logprob records under the lock (the
+ * engine appends to the emptied ones meanwhile); *done: it had finished. */
+static int take_locked(struct req *r, size_t *nc, size_t *nl, int *done)
+{
+	struct sfw_buf t = r->taken;
+	size_t *tc = r->taken_cuts, *tcl = r->taken_cut_lps, tcap = r->taken_cap;
+	*nc = r->ncuts;
+	*done = r->done;
+	r->taken = r->out, r->taken_cuts = r->cuts, r->taken_cut_lps = r->cut_lps, r->taken_cap = r->capcuts;
+	r->out = t, r->cuts = tc, r->cut_lps = tcl, r->capcuts = tcap;
+	r->out.len = 0, r->ncuts = 0;
+	/* the records up to the last cut (all once done); the rest stay */
+	size_t n = *done ? r->nlps : *nc ? r->taken_cut_lps[*nc - 1] : 0;
+	if (n > r->taken_caplps) {
+		struct lprec *x = sfw_realloc(r->taken_lps, n * sizeof(*x));
+		if (!x)
+			return 0;
+		r->taken_lps = x;
+		r->taken_caplps = n;
+	}
+	if (n) {
+		memcpy(r->taken_lps, r->lps, n * sizeof(*r->lps));
+		memmove(r->lps, r->lps + n, (r->nlps - n) * sizeof(*r->lps));
+		r->nlps -= n;
+	}
+	*nl = n;
+	return 1;
+}
+
+/* MHD's content reader: the next SSE bytes of the stream (the lead's). */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	(void)pos;
-	struct req *r = cls;
-	struct sfw_server *s = r->srv;
+	struct req *l = cls;
+	struct sfw_server *s = l->srv;
 	pthread_mutex_lock(&s->mu);
-	while (r->sse.len == 0) {
-		if (r->sent_done) {
+	while (l->sse.len == 0) {
+		if (l->sent_done) {
 			pthread_mutex_unlock(&s->mu);
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		}
-		int w = wait_output_locked(s, r, 1);
+		int w = wait_output_locked(s, l, 1);
 		if (w == 0) {
 			pthread_mutex_unlock(&s->mu);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
 		int ok = 1;
-		if (w == 2) { /* FIN: a comment line, which SSE readers skip */
-			ok = sfw_buf_append(&r->sse, ":\n\n", 3) == SFW_OK;
-		} else if (r->out.len) {
-			/* the pieces made since the last read, one event each: taken
-			 * out under the lock (the engine appends to the emptied pair
-			 * meanwhile), made into events outside it, as only this
-			 * connection's thread touches sse, taken and sent_role */
-			struct sfw_buf t = r->taken;
-			size_t *tc = r->taken_cuts, tcap = r->taken_cap, nc = r->ncuts;
-			r->taken = r->out, r->taken_cuts = r->cuts, r->taken_cap = r->capcuts;
-			r->out = t, r->cuts = tc, r->capcuts = tcap;
-			r->out.len = 0, r->ncuts = 0;
-			pthread_mutex_unlock(&s->mu);
-			size_t a = 0;
-			for (size_t i = 0; ok && i < nc; i++) {
-				ok = sse_put(r, chunk_json(s, r, r->taken.data + a, r->taken_cuts[i] - a, NULL));
-				a = r->taken_cuts[i];
-			}
-			pthread_mutex_lock(&s->mu);
-		} else if (r->done && r->error[0]) {
+		struct req *failed = NULL;
+		int fin = w == 2;
+		if (fin) /* FIN: a comment line, which SSE readers skip (no events this time) */
+			ok = sfw_buf_append(&l->sse, ":\n\n", 3) == SFW_OK;
+		for (int i = 0; !fin && i < l->n_ch; i++)
+			if (l->ch[i]->done && l->ch[i]->error[0])
+				failed = l->ch[i];
+		if (failed) {
 			struct sfw_serve_error e;
 			memset(&e, 0, sizeof(e));
 			e.http = 500;
 			e.type = "server_error";
-			snprintf(e.message, sizeof(e.message), "%s", r->error);
+			snprintf(e.message, sizeof(e.message), "%s", failed->error);
 			char *t = sfw_serve_error_json(&e);
-			ok = t && sfw_buf_append(&r->sse, "data: ", 6) == SFW_OK &&
-			     sfw_buf_append(&r->sse, t, strlen(t)) == SFW_OK &&
-			     sfw_buf_append(&r->sse, "\n\ndata: [DONE]\n\n", 16) == SFW_OK;
+			ok = t && sfw_buf_append(&l->sse, "data: ", 6) == SFW_OK &&
+			     sfw_buf_append(&l->sse, t, strlen(t)) == SFW_OK &&
+			     sfw_buf_append(&l->sse, "\n\ndata: [DONE]\n\n", 16) == SFW_OK;
 			sfw_free(t);
-			r->sent_done = 1;
-		} else if (r->done) {
-			ok = sse_put(r, chunk_json(s, r, NULL, 0, finish_reason(r->finish)));
-			if (ok && r->p.include_usage) {
-				cJSON *o = head_json(s, r,
-						     r->p.kind == SFW_SERVE_CHAT ? "chat.completion.chunk"
-										 : "text_completion");
-				cJSON_AddArrayToObject(o, "choices");
-				cJSON_AddItemToObject(o, "usage", usage_json(r));
-				ok = sse_put(r, o);
+			l->sent_done = 1;
+			cancel_all_locked(s, l);
+		}
+		for (int i = 0; ok && !failed && !fin && i < l->n_ch; i++) {
+			struct req *r = l->ch[i];
+			if (!r->out.len && !(r->done && !r->sent_final))
+				continue;
+			/* the pieces made since the last read, one event each: taken
+			 * out under the lock, made into events outside it, as only
+			 * this connection's thread touches sse, taken and sent_* */
+			size_t nc, nl;
+			int done;
+			ok = take_locked(r, &nc, &nl, &done);
+			pthread_mutex_unlock(&s->mu);
+			size_t a = 0, la = 0;
+			for (size_t k = 0; ok && k < nc; k++) {
+				size_t lb = r->taken_cut_lps[k];
+				ok = emit_piece(s, r, r->taken.data + a, r->taken_cuts[k] - a,
+						r->taken_lps + la, lb - la, 0);
+				a = r->taken_cuts[k], la = lb;
 			}
-			ok = ok && sfw_buf_append(&r->sse, "data: [DONE]\n\n", 14) == SFW_OK;
-			r->sent_done = 1;
+			if (ok && done) {
+				ok = emit_piece(s, r, NULL, 0, r->taken_lps + la, nl - la, 1);
+				r->sent_final = 1;
+			}
+			pthread_mutex_lock(&s->mu);
+			if (!ok && r->error[0]) { /* the parser's failure: an error event next */
+				r->done = 1;
+				ok = 1;
+			}
+		}
+		if (ok && !fin && !l->sent_done && all_done(l)) {
+			int finals = 1;
+			for (int i = 0; i < l->n_ch; i++)
+				finals &= l->ch[i]->sent_final;
+			if (finals) {
+				if (l->p.include_usage) {
+					cJSON *o =
+					    head_json(l, l->p.kind == SFW_SERVE_CHAT ? "chat.completion.chunk"
+										     : "text_completion");
+					cJSON_AddArrayToObject(o, "choices");
+					cJSON_AddItemToObject(o, "usage", usage_json(l));
+					ok = sse_put(l, o);
+				}
+				ok = ok && sfw_buf_append(&l->sse, "data: [DONE]\n\n", 14) == SFW_OK;
+				l->sent_done = 1;
+			}
 		}
 		if (!ok) {
-			r->cancelled = 1;
-			pthread_cond_signal(&s->engine_cv);
+			cancel_all_locked(s, l);
 			pthread_mutex_unlock(&s->mu);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
 	}
-	size_t n = r->sse.len < max ? r->sse.len : max;
-	memcpy(buf, r->sse.data, n);
-	memmove(r->sse.data, r->sse.data + n, r->sse.len - n);
-	r->sse.len -= n;
+	size_t n = l->sse.len < max ? l->sse.len : max;
+	memcpy(buf, l->sse.data, n);
+	memmove(l->sse.data, l->sse.data + n, l->sse.len - n);
+	l->sse.len -= n;
 	pthread_mutex_unlock(&s->mu);
 	return (ssize_t)n;
+}
+
+/* The connection drops its references to the request's choices (srv->mu
+ * held), after its log line. */
+static void finish_request_locked(struct sfw_server *s, struct req *l, enum route rt, const char *method,
+				  int code)
+{
+	int64_t out = 0;
+	for (int i = 0; i < l->n_ch; i++) /* made: under the lock, unlike the stream's count */
+		out += l->ch[i]->made;
+	double now = sfw_now_s(), t1 = 0;
+	for (int i = 0; i < l->n_ch; i++)
+		if (l->ch[i]->t_first > 0 && (t1 == 0 || l->ch[i]->t_first < t1))
+			t1 = l->ch[i]->t_first;
+	log_request(s, l->idstr, method, rt, code, (int64_t)l->n_ids, out, t1 > 0 ? t1 - l->t_arrive : -1,
+		    now - l->t_arrive);
+	int n = l->n_ch; /* s->active drops in on_completed, once the reply is sent */
+	struct req *ch[SFW_SERVE_N_MAX];
+	memcpy(ch, l->ch, sizeof(ch));
+	for (int i = n - 1; i >= 0; i--) /* the lead last: the others hold it */
+		req_unref_locked(ch[i]);
 }
 
 /* MHD is through with the stream (finished, or the client went away). */
 static void stream_free(void *cls)
 {
-	struct req *r = cls;
-	struct sfw_server *s = r->srv;
+	struct req *l = cls;
+	struct sfw_server *s = l->srv;
 	pthread_mutex_lock(&s->mu);
-	if (!r->done) {
-		r->cancelled = 1;
-		pthread_cond_signal(&s->engine_cv);
-	}
-	req_unref_locked(r); /* s->active drops in on_completed, once the stream's end is sent */
+	if (!all_done(l))
+		cancel_all_locked(s, l);
+	finish_request_locked(s, l, l->p.kind == SFW_SERVE_CHAT ? R_CHAT : R_COMPLETIONS, "POST", 200);
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -915,28 +1387,63 @@ static enum MHD_Result too_big(struct sfw_server *s, struct MHD_Connection *c, e
 
 /* ---- the endpoints -------------------------------------------------------------------- */
 
-struct conn {
-	enum route rt;
-	int method_ok, checked, too_big;
-	int counted; /* an accepted request: s->active drops when its reply is sent */
-	int refuse;  /* 503 or 429 decided before the body (which is dropped) */
-	int http11;
-	struct sfw_buf body;
-};
+static cJSON *model_json(const struct sfw_server *s, const char *id)
+{
+	cJSON *m = cJSON_CreateObject();
+	cJSON_AddStringToObject(m, "id", id);
+	cJSON_AddStringToObject(m, "object", "model");
+	cJSON_AddNumberToObject(m, "created", (double)s->created);
+	cJSON_AddStringToObject(m, "owned_by", "salafw");
+	cJSON_AddStringToObject(m, "root", s->name_ptr[0]);
+	cJSON_AddNumberToObject(m, "max_model_len", (double)s->p.max_context);
+	return m;
+}
 
 static enum MHD_Result handle_models(struct sfw_server *s, struct MHD_Connection *c)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON_AddStringToObject(o, "object", "list");
 	cJSON *arr = cJSON_AddArrayToObject(o, "data");
-	cJSON *m = cJSON_CreateObject();
-	cJSON_AddStringToObject(m, "id", s->model_name);
-	cJSON_AddStringToObject(m, "object", "model");
-	cJSON_AddNumberToObject(m, "created", (double)time(NULL));
-	cJSON_AddStringToObject(m, "owned_by", "salafw");
-	cJSON_AddNumberToObject(m, "max_model_len", (double)s->p.max_context);
-	cJSON_AddItemToArray(arr, m);
+	for (int i = 0; arr && i < s->p.n_listed; i++)
+		cJSON_AddItemToArray(arr, model_json(s, s->name_ptr[i]));
 	return send_json(s, c, R_MODELS, 200, o);
+}
+
+/* GET /v1/models/{id}: any id the server answers to */
+static enum MHD_Result handle_model(struct sfw_server *s, struct MHD_Connection *c, const char *id)
+{
+	for (int i = 0; i < s->p.n_names; i++)
+		if (!strcmp(id, s->name_ptr[i]))
+			return send_json(s, c, R_MODEL, 200, model_json(s, id));
+	struct sfw_serve_error e;
+	memset(&e, 0, sizeof(e));
+	e.http = 404;
+	e.type = "invalid_request_error";
+	e.code = "model_not_found";
+	snprintf(e.param, sizeof(e.param), "model");
+	snprintf(e.message, sizeof(e.message), "the model '%.200s' does not exist (this server has '%.200s')",
+		 id, s->name_ptr[0]);
+	size_t L = strlen(e.message);
+	while (L && !sfw_utf8_valid((const unsigned char *)e.message, L))
+		e.message[--L] = 0;
+	return send_error(s, c, R_MODEL, &e, NULL);
+}
+
+static enum MHD_Result handle_tokens(struct sfw_server *s, struct MHD_Connection *c, struct conn *cs)
+{
+	struct sfw_serve_error e;
+	char *out = NULL;
+	const char *b = cs->body.data ? cs->body.data : "";
+	enum sfw_status st =
+	    cs->rt == R_TOKENIZE
+		? sfw_serve_tokenize(b, cs->body.len, s->name_ptr, (size_t)s->p.n_names, s->tok, s->p.chat,
+				     s->p.max_context, &out, &e)
+		: sfw_serve_detokenize(b, cs->body.len, s->name_ptr, (size_t)s->p.n_names, s->tok, &out, &e);
+	if (st != SFW_OK)
+		return send_error(s, c, cs->rt, &e, NULL);
+	enum MHD_Result r = send_body(s, c, cs->rt, 200, "application/json", out, strlen(out), NULL);
+	sfw_free(out);
+	return r;
 }
 
 static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connection *c)
@@ -1043,14 +1550,104 @@ static int authorized(const struct sfw_server *s, struct MHD_Connection *c)
 	return sodium_memcmp(got, s->key_hash, sizeof(got)) == 0;
 }
 
-/* A validated request becomes a struct req: prompt ids, sampler, stream
- * parameters. Returns 0 with e filled when it cannot be served. */
-static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struct sfw_serve_error *e)
+static struct req *new_req(struct sfw_server *s)
 {
 	struct req *r = sfw_calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	r->srv = s;
+	r->seq = -1;
+	r->lead = r;
+	pthread_cond_init(&r->cv, NULL);
+	sfw_buf_init(&r->out, OUT_MAX);
+	sfw_buf_init(&r->taken, OUT_MAX);
+	sfw_buf_init(&r->sse, OUT_MAX + (1u << 20));
+	r->refs = 1; /* the connection */
+	return r;
+}
+
+/* Choice c of lead l: its sampler (the request's values over the server's
+ * defaults), penalties and output stream. */
+static enum sfw_status init_choice(struct sfw_server *s, struct req *l, struct req *c, struct sfw_err *err)
+{
+	const struct sfw_serve_req *p = &l->p;
+	const struct sfw_gen_defaults *d = &s->p.defaults;
+	struct sfw_op_sample_params sp = sfw_sampler_default_params();
+	double T = p->set & SFW_SERVE_SET_TEMPERATURE ? p->temperature : d->temperature;
+	sp.top_p = (float)(p->set & SFW_SERVE_SET_TOP_P ? p->top_p : d->top_p);
+	sp.top_k = p->set & SFW_SERVE_SET_TOP_K ? p->top_k : d->top_k;
+	sp.min_p = (float)(p->set & SFW_SERVE_SET_MIN_P ? p->min_p : d->min_p);
+	double rep = p->set & SFW_SERVE_SET_REPETITION ? p->repetition_penalty : d->repetition_penalty;
+	sp.repetition_penalty = rep == 1 ? 0.0f : (float)rep;
+	sp.presence_penalty = (float)p->presence_penalty;
+	sp.frequency_penalty = (float)p->frequency_penalty;
+	if (T < 1e-6) { /* 0, or too small to divide by: greedy */
+		sp.greedy = 1;
+		sp.temperature = 1;
+	} else {
+		sp.temperature = (float)T;
+	}
+	sp.logprobs = p->logprobs ? &c->lp : NULL;
+	sp.top_logprobs = p->top_logprobs;
+	if (sp.repetition_penalty != 0 || sp.presence_penalty != 0 || sp.frequency_penalty != 0 ||
+	    p->n_bias) {
+		if (!(c->slot = sfw_malloc((size_t)s->vocab * sizeof(int32_t))))
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory for the penalties");
+		memset(c->slot, 0xff, (size_t)s->vocab * sizeof(int32_t)); /* -1: no entry */
+		for (size_t i = 0; i < p->n_bias; i++) {
+			struct sfw_sample_adj *a = adj_of(c, p->bias[i].id);
+			if (!a)
+				return sfw_fail(err, SFW_E_NOMEM, "out of memory for the penalties");
+			a->bias = p->bias[i].bias;
+		}
+		for (size_t i = 0; sp.repetition_penalty != 0 && i < c->n_ids; i++) { /* the prompt's ids */
+			struct sfw_sample_adj *a = adj_of(c, c->ids[i]);
+			if (!a)
+				return sfw_fail(err, SFW_E_NOMEM, "out of memory for the penalties");
+			a->seen = 1;
+		}
+	}
+	uint64_t seed = p->seed + (uint64_t)c->index;
+	if (!p->have_seed)
+		randombytes_buf(&seed, sizeof(seed));
+	enum sfw_status st = sfw_sampler_init(&c->smp, &sp, seed, s->vocab, err);
+	if (st != SFW_OK)
+		return st;
+	c->smp_ok = 1;
+	c->gp = sfw_gen_default_params();
+	c->gp.max_tokens = p->max_tokens ? p->max_tokens : p->kind == SFW_SERVE_COMPLETION ? 16 : 0;
+	c->gp.max_ctx = s->p.max_context;
+	c->gp.eos = p->ignore_eos ? &s->no_eos : &s->eos;
+	c->gp.stop = p->stop;
+	c->gp.n_stop = p->n_stop;
+	/* a reply parsed for tool calls keeps the special tokens a call may be
+	 * written with (as vLLM's tool parsers do) */
+	c->gp.skip_special = l->tools ? 0 : p->skip_special;
+	c->tools = l->tools;
+	st = sfw_gen_stream_init(&c->gs, s->tok, sfw_model_config(s->m), &c->gp, c->ids, c->n_ids, err);
+	c->gs_ok = 1;
+	return st;
+}
+
+/* Drops every choice of l (srv->mu held), the lead last. */
+static void drop_all_locked(struct req *l)
+{
+	int n = l->n_ch;
+	struct req *ch[SFW_SERVE_N_MAX];
+	memcpy(ch, l->ch, sizeof(ch));
+	for (int i = n - 1; i >= 0; i--)
+		req_unref_locked(ch[i]);
+}
+
+/* A validated request becomes a struct req and its choices: prompt ids,
+ * samplers, stream parameters. Returns NULL with e filled when it cannot be
+ * served. */
+static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struct sfw_serve_error *e)
+{
+	struct req *r = new_req(s);
 	struct sfw_err err = {0};
 	enum sfw_status st = SFW_OK;
-	memset(e, 0, sizeof(*e));
+	memset(e, 0, sizeof(e[0]));
 	e->http = 500;
 	e->type = "server_error";
 	if (!r) {
@@ -1060,13 +1657,13 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 	}
 	r->p = *p;
 	memset(p, 0, sizeof(*p));
-	r->srv = s;
-	r->seq = -1;
-	pthread_cond_init(&r->cv, NULL);
-	sfw_buf_init(&r->out, OUT_MAX);
-	sfw_buf_init(&r->taken, OUT_MAX);
-	sfw_buf_init(&r->sse, OUT_MAX + (1u << 20));
-	r->refs = 1;
+	r->ch[0] = r;
+	r->n_ch = 1;
+	unsigned char rnd[12];
+	randombytes_buf(rnd, sizeof(rnd));
+	int chat = r->p.kind == SFW_SERVE_CHAT;
+	snprintf(r->idstr, sizeof(r->idstr), "%s", chat ? "chatcmpl-" : "cmpl-");
+	sodium_bin2hex(r->idstr + strlen(r->idstr), sizeof(r->idstr) - strlen(r->idstr), rnd, sizeof(rnd));
 	/* the text's bytes first: a token covers at most the longest token's
 	 * bytes, so a longer text cannot fit the context, and is not tokenized */
 	size_t text = 0;
@@ -1095,13 +1692,24 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 		s->tok_bytes += text;
 		pthread_mutex_unlock(&s->mu);
 	}
-	if (r->p.kind == SFW_SERVE_CHAT) {
+	if (chat) {
 		struct sfw_buf t;
+		size_t fa = 0;
 		sfw_buf_init(&t, 2 * SFW_SERVE_BODY_MAX);
-		st = sfw_chat_format(r->p.msgs, r->p.n_msgs, 1, &t, &err);
+		r->tools = r->p.tools && r->p.tool_choice != SFW_TOOLS_NONE;
+		st = s->p.chat ? sfw_serve_chat_prompt(s->p.chat, &r->p, &t, &fa, &err)
+			       : sfw_fail(&err, SFW_E_INVAL, "this server has no chat template");
+		const char *txt = t.data ? t.data : "";
+		if (st == SFW_OK && t.len > fa) { /* the reply's forced start */
+			if (!(r->forced = sfw_malloc(t.len - fa)))
+				st = sfw_fail(&err, SFW_E_NOMEM, "out of memory");
+			else
+				memcpy(r->forced, txt + fa, t.len - fa), r->n_forced = t.len - fa;
+		}
 		if (st == SFW_OK)
-			st = sfw_tokenizer_encode(s->tok, t.data ? t.data : "", t.len, 1, &r->ids, &r->n_ids,
-						  &err);
+			st = sfw_tokenizer_encode(s->tok, txt, t.len,
+						  sfw_chat_needs_bos(s->p.chat, txt, t.len), &r->ids,
+						  &r->n_ids, &err);
 		sfw_buf_release(&t);
 	} else if (r->p.prompt) {
 		st = sfw_tokenizer_encode(s->tok, r->p.prompt, text, 1, &r->ids, &r->n_ids, &err);
@@ -1119,8 +1727,7 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 	if (st != SFW_OK) {
 		e->http = st == SFW_E_NOMEM ? 500 : 400;
 		e->type = e->http == 400 ? "invalid_request_error" : "server_error";
-		snprintf(e->param, sizeof(e->param), "%s",
-			 r->p.kind == SFW_SERVE_CHAT ? "messages" : "prompt");
+		snprintf(e->param, sizeof(e->param), "%s", chat ? "messages" : "prompt");
 		snprintf(e->message, sizeof(e->message), "%s", err.msg);
 		goto fail;
 	}
@@ -1128,69 +1735,85 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 		e->http = 400;
 		e->type = "invalid_request_error";
 		e->code = "context_length_exceeded";
-		snprintf(e->param, sizeof(e->param), "%s",
-			 r->p.kind == SFW_SERVE_CHAT ? "messages" : "prompt");
+		snprintf(e->param, sizeof(e->param), "%s", chat ? "messages" : "prompt");
 		snprintf(e->message, sizeof(e->message),
 			 "the prompt has %zu tokens; this server's context is %lld tokens", r->n_ids,
 			 (long long)s->p.max_context);
 		goto fail;
 	}
-	struct sfw_op_sample_params sp = sfw_sampler_default_params();
-	sp.top_p = (float)r->p.top_p;
-	sp.top_k = r->p.top_k;
-	if (r->p.temperature < 1e-6) { /* 0, or too small to divide by: greedy */
-		sp.greedy = 1;
-		sp.temperature = 1;
-	} else {
-		sp.temperature = (float)r->p.temperature;
-	}
-	uint64_t seed = r->p.seed;
-	if (!r->p.have_seed && getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
-		seed = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)r << 16);
-	if ((st = sfw_sampler_init(&r->smp, &sp, seed, s->vocab, &err)) != SFW_OK) {
-		snprintf(e->message, sizeof(e->message), "%s", err.msg);
-		goto fail;
-	}
-	r->smp_ok = 1;
-	r->gp = sfw_gen_default_params();
-	r->gp.max_tokens = r->p.max_tokens ? r->p.max_tokens : r->p.kind == SFW_SERVE_COMPLETION ? 16 : 0;
-	r->gp.max_ctx = s->p.max_context;
-	r->gp.eos = r->p.ignore_eos ? &s->no_eos : &s->eos;
-	r->gp.stop = r->p.stop;
-	r->gp.n_stop = r->p.n_stop;
-	if ((st = sfw_gen_stream_init(&r->gs, s->tok, sfw_model_config(s->m), &r->gp, r->ids, r->n_ids,
-				      &err)) != SFW_OK) {
-		r->gs_ok = 1;
-		e->http = st == SFW_E_INVAL ? 400 : 500;
-		if (e->http == 400) { /* the stop strings are the client's values it checks */
-			e->type = "invalid_request_error";
-			snprintf(e->param, sizeof(e->param), "stop");
+	/* the other choices: the same prompt in sequences of their own */
+	for (int i = 1; i < r->p.n; i++) {
+		struct req *c = new_req(s);
+		if (c && (c->ids = sfw_malloc(r->n_ids * sizeof(int32_t))))
+			memcpy(c->ids, r->ids, r->n_ids * sizeof(int32_t));
+		if (!c || !c->ids) {
+			if (c)
+				req_unref_locked(c); /* not yet holding the lead */
+			snprintf(e->message, sizeof(e->message), "out of memory");
+			goto fail;
 		}
-		snprintf(e->message, sizeof(e->message), "%s", err.msg);
-		goto fail;
+		c->n_ids = r->n_ids;
+		c->lead = r;
+		c->index = i;
+		r->refs++; /* c holds the lead */
+		r->ch[r->n_ch++] = c;
 	}
-	r->gs_ok = 1;
+	for (int i = 0; i < r->n_ch; i++)
+		if ((st = init_choice(s, r, r->ch[i], &err)) != SFW_OK) {
+			e->http = st == SFW_E_INVAL ? 400 : 500;
+			e->type = e->http == 400 ? "invalid_request_error" : "server_error";
+			if (e->http == 400) /* the stop strings are the client's values it checks */
+				snprintf(e->param, sizeof(e->param), "stop");
+			snprintf(e->message, sizeof(e->message), "%s", err.msg);
+			goto fail;
+		}
 	r->created = (long long)time(NULL);
 	return r;
 fail:
 	pthread_mutex_lock(&s->mu);
-	req_unref_locked(r);
+	drop_all_locked(r);
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
 }
 
+/* The ignored fields' names, each logged once (at most 64 names). */
+static void note_unknown(struct sfw_server *s, const struct sfw_serve_req *p)
+{
+	for (size_t i = 0; i < p->n_unknown; i++) {
+		uint64_t h = 1469598103934665603ull;
+		for (const unsigned char *c = (const unsigned char *)p->unknown[i]; *c; c++)
+			h = (h ^ *c) * 1099511628211ull;
+		pthread_mutex_lock(&s->mu);
+		int seen = 0;
+		for (int k = 0; k < s->n_unknown; k++)
+			seen |= s->unknown_hash[k] == h;
+		int fresh =
+		    !seen && s->n_unknown < (int)(sizeof(s->unknown_hash) / sizeof(s->unknown_hash[0]));
+		if (fresh)
+			s->unknown_hash[s->n_unknown++] = h;
+		pthread_mutex_unlock(&s->mu);
+		if (fresh) {
+			char b[160];
+			sfw_log(SFW_LOG_WARN,
+				"serve: ignoring the request field '%s' (not one salafw reads; said once)",
+				sfw_esc(p->unknown[i], b, sizeof(b)));
+		}
+	}
+}
+
 /* Whether a completion request can be taken now (srv->mu held): 0, 503
  * while draining, 429 when the queue is full. Checked before the body is
- * kept or tokenized, and again when the request joins the queue. */
-static int cannot_take_locked(const struct sfw_server *s)
+ * kept or tokenized, and again when the request joins the queue with its
+ * seqs choices. */
+static int cannot_take_locked(const struct sfw_server *s, int seqs)
 {
-	return s->draining ? 503 : s->nqueue + s->nrun >= s->p.max_queue + s->p.max_running ? 429 : 0;
+	return s->draining ? 503 : s->nqueue + s->nrun + seqs > s->p.max_queue + s->p.max_running ? 429 : 0;
 }
 
 static int cannot_take(struct sfw_server *s)
 {
 	pthread_mutex_lock(&s->mu);
-	int code = cannot_take_locked(s);
+	int code = cannot_take_locked(s, 1);
 	pthread_mutex_unlock(&s->mu);
 	return code;
 }
@@ -1212,35 +1835,43 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 	if (code)
 		return refuse(s, c, rt, code);
 	if (sfw_serve_req_parse(cs->body.data ? cs->body.data : "", cs->body.len,
-				rt == R_CHAT ? SFW_SERVE_CHAT : SFW_SERVE_COMPLETION, s->model_name, s->vocab,
-				&p, &e) != SFW_OK) {
+				rt == R_CHAT ? SFW_SERVE_CHAT : SFW_SERVE_COMPLETION, s->name_ptr,
+				(size_t)s->p.n_names, s->vocab, &p, &e) != SFW_OK) {
 		sfw_serve_req_release(&p);
 		return send_error(s, c, rt, &e, NULL);
 	}
+	note_unknown(s, &p);
 	struct req *r = make_req(s, &p, &e);
 	if (!r)
 		return send_error(s, c, rt, &e, NULL);
+	snprintf(cs->id, sizeof(cs->id), "%s", r->idstr);
 	r->conn = c;
 	r->http11 = cs->http11;
 	pthread_mutex_lock(&s->mu);
-	if ((code = cannot_take_locked(s)) != 0) {
-		req_unref_locked(r);
+	if ((code = cannot_take_locked(s, r->n_ch)) != 0) {
+		drop_all_locked(r);
 		pthread_mutex_unlock(&s->mu);
 		return refuse(s, c, rt, code);
 	}
 	r->id = ++s->next_id;
 	r->t_arrive = sfw_now_s();
-	r->refs = 2; /* the connection and the engine */
-	if (s->qtail)
-		s->qtail->next = r;
-	else
-		s->qhead = r;
-	s->qtail = r;
-	s->nqueue++;
+	for (int i = 0; i < r->n_ch; i++) {
+		struct req *x = r->ch[i];
+		x->id = r->id;
+		x->t_arrive = r->t_arrive;
+		x->refs++; /* the engine's */
+		if (s->qtail)
+			s->qtail->next = x;
+		else
+			s->qhead = x;
+		s->qtail = x;
+		s->nqueue++;
+	}
 	s->active++; /* until on_completed: the reply has been sent */
 	cs->counted = 1;
 	s->mt.prompt_tokens += r->n_ids;
 	pthread_cond_signal(&s->engine_cv);
+	cs->logged = 1; /* the request's own line, at its end */
 	if (r->p.stream) {
 		count_locked(s, rt, 200);
 		pthread_mutex_unlock(&s->mu);
@@ -1252,6 +1883,7 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 		}
 		MHD_add_response_header(resp, "Content-Type", "text/event-stream");
 		MHD_add_response_header(resp, "Cache-Control", "no-cache");
+		add_cors(s, c, resp);
 		enum MHD_Result ret = MHD_queue_response(c, 200, resp);
 		MHD_destroy_response(resp);
 		return ret;
@@ -1259,32 +1891,66 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 	/* not streamed: the whole reply, then one response */
 	wait_output_locked(s, r, 0);
 	enum MHD_Result ret = MHD_NO;
-	if (!r->done) { /* the client went away */
-	} else if (r->aborted) {
+	int status = 499; /* the client went away */
+	const char *error = NULL;
+	for (int i = 0; i < r->n_ch; i++)
+		if (r->ch[i]->done && r->ch[i]->error[0])
+			error = r->ch[i]->error;
+	int aborted = 0;
+	for (int i = 0; i < r->n_ch; i++)
+		aborted |= r->ch[i]->aborted;
+	if (!all_done(r)) {
+	} else if (aborted) {
 		pthread_mutex_unlock(&s->mu);
 		ret = fail_with(s, c, rt, 503, "server_error", NULL, ABORT_MSG, NULL);
 		pthread_mutex_lock(&s->mu);
-	} else if (r->error[0]) {
+		status = 503;
+	} else if (error) {
 		pthread_mutex_unlock(&s->mu);
-		ret = fail_with(s, c, rt, 500, "server_error", NULL, r->error, NULL);
+		ret = fail_with(s, c, rt, 500, "server_error", NULL, error, NULL);
 		pthread_mutex_lock(&s->mu);
+		status = 500;
 	} else {
-		cJSON *o = head_json(s, r, rt == R_CHAT ? "chat.completion" : "text_completion");
+		pthread_mutex_unlock(&s->mu); /* the choices are done: the engine has let go of them */
+		cJSON *o = head_json(r, rt == R_CHAT ? "chat.completion" : "text_completion");
 		cJSON *arr = cJSON_AddArrayToObject(o, "choices");
-		cJSON *ch = choice_json(r, 0, r->out.data, r->out.len, finish_reason(r->finish));
-		if (arr && ch) {
-			cJSON_AddItemToArray(arr, ch);
-			cJSON_AddItemToObject(o, "usage", usage_json(r));
-		} else {
-			cJSON_Delete(ch);
-			cJSON_Delete(o);
-			o = NULL;
+		int ok = arr != NULL;
+		for (int i = 0; ok && i < r->n_ch; i++) {
+			struct req *x = r->ch[i];
+			cJSON *ch;
+			if (x->tools) {
+				struct tool_out t = {x, {0}, NULL, 0};
+				sfw_buf_init(&t.content, OUT_MAX);
+				ok = tool_feed(x, x->out.data, x->out.len, 1, &t);
+				ch = ok ? choice_json(s, x, 0, t.content.data, t.content.len, x->lps, x->nlps,
+						      t.calls, finish_reason(x))
+					: NULL;
+				if (!ok)
+					cJSON_Delete(t.calls);
+				sfw_buf_release(&t.content);
+			} else {
+				ch = choice_json(s, x, 0, x->out.data, x->out.len, x->lps, x->nlps, NULL,
+						 finish_reason(x));
+			}
+			ok = ch && cJSON_AddItemToArray(arr, ch);
 		}
-		pthread_mutex_unlock(&s->mu);
-		ret = send_json(s, c, rt, 200, o);
+		if (ok)
+			cJSON_AddItemToObject(o, "usage", usage_json(r));
+		if (ok) {
+			ret = send_json(s, c, rt, 200, o);
+			status = 200;
+		} else {
+			cJSON_Delete(o);
+			const char *m = "out of memory for the response";
+			for (int i = 0; i < r->n_ch; i++)
+				if (r->ch[i]->error[0])
+					m = r->ch[i]->error;
+			ret = fail_with(s, c, rt, 500, "server_error", NULL, m, NULL);
+			status = 500;
+		}
 		pthread_mutex_lock(&s->mu);
 	}
-	req_unref_locked(r); /* s->active drops in on_completed, once the reply is sent */
+	finish_request_locked(s, r, rt, cs->method, status);
 	pthread_mutex_unlock(&s->mu);
 	return ret;
 }
@@ -1294,6 +1960,8 @@ static enum route route_of(const char *url)
 	for (int r = R_HEALTH; r < R__COUNT; r++)
 		if (!strcmp(url, route_path[r]))
 			return (enum route)r;
+	if (!strncmp(url, "/v1/models/", 11) && url[11])
+		return R_MODEL;
 	return R_NONE;
 }
 
@@ -1308,9 +1976,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 			return MHD_NO;
 		sfw_buf_init(&cs->body, s->body_max);
 		cs->rt = route_of(url);
+		cs->t0 = sfw_now_s();
+		snprintf(cs->method, sizeof(cs->method), "%s", method);
 		cs->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
 		*con_cls = cs;
-		int post = cs->rt == R_COMPLETIONS || cs->rt == R_CHAT;
+		cur_conn = cs;
+		int post = cs->rt == R_COMPLETIONS || cs->rt == R_CHAT || cs->rt == R_TOKENIZE ||
+			   cs->rt == R_DETOKENIZE;
 		/* a coding other than chunked hides where the body ends (RFC 9112 §6.1: 501) */
 		const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
 		if (te && !is_chunked(te))
@@ -1319,10 +1991,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		if (cs->rt == R_NONE)
 			return fail_with(s, c, R_NONE, 404, "invalid_request_error", NULL, "no such endpoint",
 					 NULL);
-		if (strcmp(method, post ? "POST" : "GET"))
+		if (!strcmp(method, "OPTIONS"))
+			return send_preflight(s, c, cs->rt, post);
+		if (post ? strcmp(method, "POST") : strcmp(method, "GET") && strcmp(method, "HEAD"))
 			return fail_with(s, c, cs->rt, 405, "invalid_request_error", NULL,
 					 post ? "this endpoint takes POST" : "this endpoint takes GET", NULL);
-		if (cs->rt == R_MODELS || post) {
+		if (cs->rt == R_MODELS || cs->rt == R_MODEL || post) {
 			if (!authorized(s, c))
 				return fail_with(
 				    s, c, cs->rt, 401, "invalid_request_error", NULL,
@@ -1342,6 +2016,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		}
 		return MHD_YES;
 	}
+	cur_conn = cs;
 	if (*upload_size) {
 		if (!cs->too_big && !cs->refuse && sfw_buf_append(&cs->body, upload, *upload_size) != SFW_OK)
 			cs->too_big = 1;
@@ -1365,6 +2040,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		return handle_metrics(s, c);
 	case R_MODELS:
 		return handle_models(s, c);
+	case R_MODEL:
+		return handle_model(s, c, url + 11);
+	case R_TOKENIZE:
+	case R_DETOKENIZE:
+		return handle_tokens(s, c, cs);
 	default:
 		return handle_generate(s, c, cs);
 	}
@@ -1386,6 +2066,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	}
 	set_phase(s, c, PH_RECV);
 	if (cs) {
+		if (!cs->logged && cs->code)
+			log_request(s, cs->id, cs->method, cs->rt, cs->code, 0, 0, -1, sfw_now_s() - cs->t0);
+		if (cur_conn == cs)
+			cur_conn = NULL;
 		sfw_buf_release(&cs->body);
 		sfw_free(cs);
 		*con_cls = NULL;
@@ -1400,7 +2084,9 @@ struct sfw_serve_params sfw_serve_default_params(void)
 	memset(&p, 0, sizeof(p));
 	p.host = "127.0.0.1";
 	p.port = 8080;
-	p.model_name = "salafw";
+	p.model_names[0] = "salafw";
+	p.n_names = p.n_listed = 1;
+	sfw_gen_defaults_init(&p.defaults);
 	p.max_running = 16;
 	p.max_queue = 256;
 	p.max_context = 4096;
@@ -1497,8 +2183,19 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	s->eos = *eos;
 	s->p = *p;
 	s->vocab = sfw_model_config(m)->vocab_size;
-	snprintf(s->model_name, sizeof(s->model_name), "%s", p->model_name ? p->model_name : "salafw");
-	s->p.model_name = s->model_name;
+	if (p->n_names < 1 || p->n_names > SFW_SERVE_NAMES_MAX || p->n_listed < 1 ||
+	    p->n_listed > p->n_names) {
+		sfw_free(s);
+		return sfw_fail(err, SFW_E_INVAL, "1 to %d model names, at least one listed",
+				SFW_SERVE_NAMES_MAX);
+	}
+	for (int i = 0; i < p->n_names; i++) {
+		snprintf(s->names[i], sizeof(s->names[i]), "%s", p->model_names[i] ? p->model_names[i] : "");
+		s->name_ptr[i] = s->p.model_names[i] = s->names[i];
+	}
+	snprintf(s->origins, sizeof(s->origins), "%s", p->allowed_origins ? p->allowed_origins : "");
+	s->p.allowed_origins = s->origins[0] ? s->origins : NULL;
+	s->created = (long long)time(NULL);
 	if (p->api_key) {
 		s->have_key = 1;
 		crypto_hash_sha256(s->key_hash, (const unsigned char *)p->api_key, strlen(p->api_key));

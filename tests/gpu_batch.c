@@ -303,7 +303,10 @@ static void sample_case(struct sfw_model *m)
 {
 	int V = sfw_model_config(m)->vocab_size;
 	static const struct sfw_op_sample_params sp[4] = {
-	    {0, 0, 1, 1}, {0.8f, 0, 1, 0}, {0.7f, 40, 1, 0}, {1.0f, 0, 0.9f, 0}};
+	    {.temperature = 0, .top_k = 0, .top_p = 1, .greedy = 1},
+	    {.temperature = 0.8f, .top_k = 0, .top_p = 1, .greedy = 0},
+	    {.temperature = 0.7f, .top_k = 40, .top_p = 1, .greedy = 0},
+	    {.temperature = 1.0f, .top_k = 0, .top_p = 0.9f, .greedy = 0}};
 	struct sfw_batch_params bp = sfw_batch_default_params();
 	bp.max_seqs = 8, bp.max_ctx = 1024;
 	struct sfw_batch *b[2] = {NULL, NULL};

@@ -195,8 +195,11 @@ static void sample_steps(struct sfw_model *m, const int32_t *ids, int prompt, in
 {
 	const struct sfw_config *cf = sfw_model_config(m);
 	int V = cf->vocab_size;
-	struct sfw_op_sample_params ps[] = {
-		{0.0f, 0, 1.0f, 1}, {0.9f, 0, 1.0f, 0}, {0.8f, 40, 0.9f, 0}, {1.0f, 0, 0.7f, 0}, {0.7f, 3, 1.0f, 0}};
+	struct sfw_op_sample_params ps[] = {{.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .greedy = 1},
+					    {.temperature = 0.9f, .top_k = 0, .top_p = 1.0f, .greedy = 0},
+					    {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f, .greedy = 0},
+					    {.temperature = 1.0f, .top_k = 0, .top_p = 0.7f, .greedy = 0},
+					    {.temperature = 0.7f, .top_k = 3, .top_p = 1.0f, .greedy = 0}};
 	float *lg = malloc((size_t)V * sizeof(float));
 	for (size_t k = 0; k < sizeof(ps) / sizeof(ps[0]); k++) {
 		struct sfw_err err = {0};
@@ -377,12 +380,53 @@ static void fused_case(int rows, int n)
 	free(x), free(b), free(w), free(y), free(hx), free(hb), free(hw), free(o1), free(o2), free(x1), free(x2);
 }
 
-/* the sampling kernel against its CPU twin on random rows: equal ids */
+/* the sampling kernel against its CPU twin on random rows: equal ids; min-p,
+ * penalties, biases and logprobs on the device too (logprobs equal within
+ * float rounding: log() is CUDA's) */
 static void sample_twin_case(int V)
 {
-	struct sfw_op_sample_params ps[] = {{0.0f, 0, 1.0f, 1}, {0.9f, 0, 1.0f, 0}, {0.7f, 40, 1.0f, 0},
-					    {1.0f, 0, 0.9f, 0},	 {0.8f, 50, 0.8f, 0}, {1.2f, 1024, 0.95f, 0},
-					    {1.0f, 2000, 1.0f, 0}, {1.0f, 0, 0.999f, 0}, {0.5f, 1, 1.0f, 0}};
+	static const struct sfw_sample_adj adj[] = {{1, 2, 1, 0.5f}, {7, 0, 1, 0}, {100, 1, 1, -3}};
+	static struct sfw_sample_lp lp;
+	struct sfw_op_sample_params ps[] = {
+	    {.temperature = 0.0f, .top_p = 1.0f, .greedy = 1},
+	    {.temperature = 0.9f, .top_p = 1.0f},
+	    {.temperature = 0.7f, .top_k = 40, .top_p = 1.0f},
+	    {.temperature = 1.0f, .top_p = 0.9f},
+	    {.temperature = 0.8f, .top_k = 50, .top_p = 0.8f},
+	    {.temperature = 1.2f, .top_k = 1024, .top_p = 0.95f},
+	    {.temperature = 1.0f, .top_k = 2000, .top_p = 1.0f},
+	    {.temperature = 1.0f, .top_p = 0.999f},
+	    {.temperature = 0.5f, .top_k = 1, .top_p = 1.0f},
+	    {.temperature = 0.9f, .top_p = 1.0f, .min_p = 0.05f},
+	    {.temperature = 1.1f, .top_p = 1.0f, .min_p = 0.3f},
+	    {.temperature = 0.8f, .top_k = 60, .top_p = 0.9f, .min_p = 0.1f},
+	    {.temperature = 1.0f, .top_p = 0.95f, .min_p = 0.02f},
+	    {.temperature = 0.8f, .top_p = 1.0f, .repetition_penalty = 1.2f, .adj = adj, .n_adj = 3},
+	    {.top_p = 1.0f,
+	     .greedy = 1,
+	     .presence_penalty = 0.5f,
+	     .frequency_penalty = 0.25f,
+	     .adj = adj,
+	     .n_adj = 3},
+	    {.temperature = 1.1f,
+	     .top_k = 30,
+	     .top_p = 0.9f,
+	     .min_p = 0.05f,
+	     .repetition_penalty = 1.5f,
+	     .frequency_penalty = -0.5f,
+	     .adj = adj,
+	     .n_adj = 3},
+	    {.temperature = 0.8f, .top_p = 1.0f, .logprobs = &lp, .top_logprobs = 5},
+	    {.temperature = 1.0f, .top_p = 1.0f, .min_p = 0.1f, .logprobs = &lp, .top_logprobs = 20},
+	    {.top_p = 1.0f, .greedy = 1, .logprobs = &lp, .top_logprobs = 3},
+	    {.temperature = 0.7f,
+	     .top_k = 40,
+	     .top_p = 0.9f,
+	     .logprobs = &lp,
+	     .top_logprobs = 4,
+	     .adj = adj,
+	     .n_adj = 3},
+	    {.temperature = 1.2f, .top_p = 0.8f, .min_p = 0.05f, .logprobs = &lp}};
 	float *h = malloc((size_t)V * sizeof(float));
 	struct sfw_cuda_ctx *cx = NULL;
 	void *s = NULL, *dl = NULL, *dout = NULL;
@@ -391,7 +435,7 @@ static void sample_twin_case(int V)
 		 sfw_cuda_malloc(&dl, (size_t)V * sizeof(float), "t", &err) == SFW_OK &&
 		 sfw_cuda_malloc(&dout, 16, "t", &err) == SFW_OK;
 	CHECK(ok, "sample: device buffers: %s", err.msg);
-	int total = 0, equal = 0, host = 0, bad_host = 0;
+	int total = 0, equal = 0, host = 0, bad_host = 0, lp_rows = 0, lp_equal = 0;
 	for (int row = 0; ok && row < 40; row++) {
 		float sharp = row % 4 == 0 ? 0.2f : row % 4 == 1 ? 3 : 12; /* flat to peaked */
 		for (int i = 0; i < V; i++) {
@@ -413,7 +457,19 @@ static void sample_twin_case(int V)
 			sfw_op_sample_cuda(dout, dl, V, &ps[k], u, cx);
 			sfw_cuda_d2h(&g, dout, sizeof(g), s);
 			sfw_cuda_sync(s);
+			struct sfw_sample_lp glp = lp; /* the kernel's logprobs (when asked) */
 			int32_t c = sfw_op_sample_cpu(h, V, &ps[k], u);
+			if (ps[k].logprobs && g >= 0) { /* ids exact; log() within float rounding */
+				int same = glp.n_top == lp.n_top && fabsf(glp.logprob - lp.logprob) <= 1e-5f;
+				for (int q = 0; same && q < lp.n_top; q++)
+					same = glp.top_id[q] == lp.top_id[q] &&
+					       fabsf(glp.top_logprob[q] - lp.top_logprob[q]) <= 1e-5f;
+				lp_rows++, lp_equal += same;
+				if (!same)
+					printf("  logprobs V %d row %d params %zu: cuda %g (%d top), cpu %g "
+					       "(%d top)\n",
+					       V, row, k, glp.logprob, glp.n_top, lp.logprob, lp.n_top);
+			}
 			total++;
 			if (g == -1) {
 				host++;
@@ -427,7 +483,10 @@ static void sample_twin_case(int V)
 	}
 	printf("  sample V %d: %d of %d equal, %d handed to the host\n", V, equal, total - host, host);
 	CHECK(ok && equal == total - host, "sampling kernel = CPU twin, V %d (%d of %d)", V, equal, total - host);
-	CHECK(bad_host == 0, "the kernel hands back only top-k > %d or wide nuclei (%d others)", 1024, bad_host);
+	CHECK(bad_host == 0, "the kernel hands back only top-k > %d or wide nuclei (%d others)", 1024,
+	      bad_host);
+	CHECK(ok && lp_rows > 0 && lp_equal == lp_rows,
+	      "logprobs of the kernel = the twin's, V %d (%d of %d rows)", V, lp_equal, lp_rows);
 	sfw_cuda_free(dl), sfw_cuda_free(dout);
 	sfw_cuda_ctx_free(cx);
 	if (s)

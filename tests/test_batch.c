@@ -455,7 +455,10 @@ static void test_refusals(struct sfw_model *m)
 static void test_sample(struct sfw_model *m)
 {
 	int V = sfw_model_config(m)->vocab_size;
-	static const struct sfw_op_sample_params sp[3] = {{0, 0, 1, 1}, {0.8f, 40, 1, 0}, {1.0f, 0, 0.9f, 0}};
+	static const struct sfw_op_sample_params sp[3] = {
+	    {.temperature = 0, .top_k = 0, .top_p = 1, .greedy = 1},
+	    {.temperature = 0.8f, .top_k = 40, .top_p = 1, .greedy = 0},
+	    {.temperature = 1.0f, .top_k = 0, .top_p = 0.9f, .greedy = 0}};
 	struct sfw_batch_params bp = sfw_batch_default_params();
 	bp.max_seqs = 3, bp.max_ctx = 512;
 	struct sfw_batch *b[2] = {NULL, NULL};
@@ -501,7 +504,8 @@ static void test_sample(struct sfw_model *m)
 	CHECK(same == total && nolog == total, "sample: without host logits the same %d of %d choices (%d without logits)",
 	      same, total, nolog);
 	if (ok) {
-		struct sfw_op_sample_params bad = {0.8f, 0, 1.5f, 0};
+		struct sfw_op_sample_params bad = {
+		    .temperature = 0.8f, .top_k = 0, .top_p = 1.5f, .greedy = 0};
 		struct sfw_batch_item it = {seq[1][0], cur[0], 1, 0, &bad, 0.5};
 		int64_t pos = sfw_batch_seq_pos(b[1], seq[1][0]);
 		CHECK(sfw_batch_step(b[1], &it, 1, &err) == SFW_E_INVAL && strstr(err.msg, "sampling") &&

@@ -77,7 +77,8 @@ static enum sfw_status gen(struct sfw_model *m, const struct sfw_tokenizer *tok,
 	return s;
 }
 
-static const struct sfw_op_sample_params GREEDY = {0.0f, 0, 1.0f, 1};
+static const struct sfw_op_sample_params GREEDY = {
+    .temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .greedy = 1};
 
 static void test_golden_chain(const char *gdir, const char *name)
 {

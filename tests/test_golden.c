@@ -306,8 +306,12 @@ static void test_ctx_contract(const char *gdir)
 	for (int i = 0; i < nk; i++)
 		all_unused &= blocks[i] == -1;
 	CHECK(all_unused, "after reset the selected blocks are all -1");
-	const struct sfw_op_sample_params bad[] = {{-1.0f, 0, 1.0f, 0}, {NAN, 0, 1.0f, 0}, {1.0f, -1, 1.0f, 0},
-						   {1.0f, 0, 0.0f, 0}, {1.0f, 0, 1.5f, 0}};
+	const struct sfw_op_sample_params bad[] = {
+	    {.temperature = -1.0f, .top_k = 0, .top_p = 1.0f, .greedy = 0},
+	    {.temperature = NAN, .top_k = 0, .top_p = 1.0f, .greedy = 0},
+	    {.temperature = 1.0f, .top_k = -1, .top_p = 1.0f, .greedy = 0},
+	    {.temperature = 1.0f, .top_k = 0, .top_p = 0.0f, .greedy = 0},
+	    {.temperature = 1.0f, .top_k = 0, .top_p = 1.5f, .greedy = 0}};
 	for (size_t i = 0; c && i < sizeof(bad) / sizeof(bad[0]); i++) {
 		int32_t next = -7;
 		s = sfw_ctx_decode_next(c, 5, &bad[i], 0.5, &next, &err);

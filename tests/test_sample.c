@@ -39,7 +39,8 @@ int main(void)
 		CHECK(sfw_sampler_init(&s, &sp, 99 + c, V, &err) == SFW_OK, "sampler init: %s", err.msg);
 		uint64_t st[4];
 		memcpy(st, s.rng, sizeof(st));
-		struct sfw_op_sample_params op = {cfg[c].t, cfg[c].k, cfg[c].p, 0};
+		struct sfw_op_sample_params op = {
+		    .temperature = cfg[c].t, .top_k = cfg[c].k, .top_p = cfg[c].p, .greedy = 0};
 		int d = 0;
 		for (int r = 0; r < DRAWS; r++) {
 			/* peaked rows (a few strong tokens), some NaN and -inf */
@@ -63,17 +64,18 @@ int main(void)
 	/* one sampler: the host sampler is the twin fed its own uniform stream */
 	CHECK(diff == 0, "the host sampler is the twin on its uniform stream: %d of %d draws agree", total - diff, total);
 	/* the exact cases */
-	struct sfw_op_sample_params g = {0.9f, 0, 1.0f, 1};
+	struct sfw_op_sample_params g = {.temperature = 0.9f, .top_k = 0, .top_p = 1.0f, .greedy = 1};
 	for (int i = 0; i < V; i++)
 		lg[i] = (float)(i % 97);
 	CHECK(sfw_op_sample_cpu(lg, V, &g, 0.5) == sfw_sampler_argmax(lg, V), "greedy = argmax, lowest id on ties");
-	struct sfw_op_sample_params t0 = {0.0f, 0, 1.0f, 0};
+	struct sfw_op_sample_params t0 = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .greedy = 0};
 	CHECK(sfw_op_sample_cpu(lg, V, &t0, 0.5) == 96, "temperature 0 = argmax");
-	struct sfw_op_sample_params tiny = {1e-40f, 0, 1.0f, 0}; /* 1/T = inf: the greedy limit */
+	struct sfw_op_sample_params tiny = {
+	    .temperature = 1e-40f, .top_k = 0, .top_p = 1.0f, .greedy = 0}; /* 1/T = inf: the greedy limit */
 	CHECK(sfw_op_sample_cpu(lg, V, &tiny, 0.5) == 96 && sfw_op_sample_cpu(lg, V, &tiny, 0.999) == 96,
 	      "temperature 1e-40 = argmax (not the least likely id)");
 	lg[500] = INFINITY, lg[700] = INFINITY;
-	struct sfw_op_sample_params tp = {1.0f, 5, 0.5f, 0};
+	struct sfw_op_sample_params tp = {.temperature = 1.0f, .top_k = 5, .top_p = 0.5f, .greedy = 0};
 	CHECK(sfw_op_sample_cpu(lg, V, &tp, 0.99) == 500, "the first +inf wins");
 	for (int i = 0; i < V; i++)
 		lg[i] = NAN;
@@ -82,7 +84,7 @@ int main(void)
 	for (int i = 0; i < V; i++)
 		lg[i] = -INFINITY;
 	lg[10] = 0, lg[20] = logf(3); /* p(10) = 1/4 in id order */
-	struct sfw_op_sample_params pl = {1.0f, 0, 1.0f, 0};
+	struct sfw_op_sample_params pl = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .greedy = 0};
 	CHECK(sfw_op_sample_cpu(lg, V, &pl, 0.2) == 10 && sfw_op_sample_cpu(lg, V, &pl, 0.3) == 20,
 	      "u below 1/4 draws the first token, above it the second");
 	/* sfw_ctx_decode_next on the CPU engine = decode + the twin */
@@ -104,7 +106,8 @@ int main(void)
 		int Vm = s == SFW_OK ? sfw_model_config(m)->vocab_size : 0, same = 0, steps = 0;
 		float *l = malloc((size_t)(Vm ? Vm : 1) * sizeof(float));
 		int32_t prompt[3] = {1, 50, 60}, id = 7;
-		struct sfw_op_sample_params sp = {0.8f, 20, 0.9f, 0};
+		struct sfw_op_sample_params sp = {
+		    .temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .greedy = 0};
 		uint64_t st2[4] = {5, 6, 7, 8};
 		if (s == SFW_OK && (s = sfw_ctx_prefill(a, prompt, 3, NULL, &err)) == SFW_OK)
 			s = sfw_ctx_prefill(b, prompt, 3, NULL, &err);

@@ -300,6 +300,193 @@ static void test_big_vocab(void)
 	free(l);
 }
 
+/* ---- penalties, biases, min-p and logprobs (sfw_op_sample_params' additions) */
+
+/* The adjusted logits computed here from the formula (ops.h), independently
+ * of kernels/sample.c. */
+static void adjusted(const float *l, int V, const struct sfw_op_sample_params *p, double *out)
+{
+	for (int i = 0; i < V; i++)
+		out[i] = l[i];
+	for (int k = 0; k < p->n_adj; k++) {
+		const struct sfw_sample_adj *a = &p->adj[k];
+		double x = out[a->id];
+		if (a->seen && p->repetition_penalty > 0 && p->repetition_penalty != 1)
+			x = x > 0 ? x / p->repetition_penalty : x * p->repetition_penalty;
+		x -= a->count * (double)p->frequency_penalty + (a->count > 0 ? p->presence_penalty : 0);
+		out[a->id] = x + a->bias;
+	}
+}
+
+/* The distribution to draw from, computed directly: survivors of top-k (by
+ * value, lower id on ties), top-p and min-p at temperature 1, softmax at T. */
+static void direct_dist(const double *x, int V, int top_k, double top_p, double min_p, double T, double *prob)
+{
+	int *ord = malloc((size_t)V * sizeof(int));
+	for (int i = 0; i < V; i++)
+		ord[i] = i;
+	for (int i = 1; i < V; i++) /* insertion sort: larger first, lower id on ties */
+		for (int j = i; j > 0 && (x[ord[j]] > x[ord[j - 1]]); j--) {
+			int t = ord[j];
+			ord[j] = ord[j - 1];
+			ord[j - 1] = t;
+		}
+	int m = top_k > 0 && top_k < V ? top_k : V;
+	double mx = x[ord[0]], tot = 0, acc = 0;
+	for (int i = 0; i < m; i++)
+		tot += exp(x[ord[i]] - mx);
+	for (int i = 0; top_p < 1 && i < m; i++) {
+		acc += exp(x[ord[i]] - mx);
+		if (acc >= top_p * tot) {
+			m = i + 1;
+			break;
+		}
+	}
+	while (m > 1 && exp(x[ord[m - 1]] - mx) < min_p)
+		m--;
+	double z = 0;
+	for (int i = 0; i < V; i++)
+		prob[i] = 0;
+	for (int i = 0; i < m; i++)
+		z += exp((x[ord[i]] - mx) / T);
+	for (int i = 0; i < m; i++)
+		prob[ord[i]] = exp((x[ord[i]] - mx) / T) / z;
+	free(ord);
+}
+
+/* For a grid of N uniforms the share drawing each id is its probability
+ * (within 1/N and rounding), the logprobs reported are log(prob), the top
+ * list is the most probable ids in order. */
+static void test_extras_case(const char *name, const float *l, int V, struct sfw_op_sample_params p)
+{
+	enum { N = 20000 };
+	double *x = malloc((size_t)V * sizeof(double)), *prob = malloc((size_t)V * sizeof(double));
+	int *hits = calloc((size_t)V, sizeof(int));
+	adjusted(l, V, &p, x);
+	direct_dist(x, V, p.top_k, p.top_p, p.min_p, p.greedy ? 1.0 : p.temperature, prob);
+	struct sfw_sample_lp lp;
+	p.logprobs = &lp;
+	int lp_ok = 1, top_ok = 1, outside = 0;
+	double worst = 0;
+	for (int j = 0; j < N; j++) {
+		memset(&lp, 0xff, sizeof(lp));
+		int32_t id = sfw_op_sample_cpu(l, V, &p, (j + 0.5) / N);
+		if (id < 0 || id >= V || prob[id] == 0) {
+			outside++;
+			continue;
+		}
+		hits[id]++;
+		double d = fabs(lp.logprob - log(prob[id]));
+		worst = d > worst ? d : worst;
+		lp_ok &= d < 1e-4;
+		if (j % 997 == 0) { /* the top list */
+			int want = p.top_logprobs;
+			int ns = 0;
+			for (int i = 0; i < V; i++)
+				ns += prob[i] > 0;
+			top_ok &= lp.n_top == (want < ns ? want : ns);
+			for (int t = 0; top_ok && t < lp.n_top; t++) {
+				int32_t ti = lp.top_id[t];
+				top_ok &= ti >= 0 && ti < V && prob[ti] > 0 &&
+					  fabs(lp.top_logprob[t] - log(prob[ti])) < 1e-4;
+				if (t > 0) {
+					int32_t pi = lp.top_id[t - 1];
+					top_ok &= x[pi] > x[ti] || (x[pi] == x[ti] && pi < ti);
+				}
+				for (int i = 0; top_ok && i < V; i++) /* nothing better left out */
+					if (prob[i] > prob[ti] * (1 + 1e-9)) {
+						int in = 0;
+						for (int q = 0; q < t; q++)
+							in |= lp.top_id[q] == i;
+						top_ok &= in;
+					}
+			}
+		}
+	}
+	double dev = 0;
+	for (int i = 0; i < V; i++) {
+		double d = fabs((double)hits[i] / N - (p.greedy ? 0 : prob[i]));
+		if (!p.greedy)
+			dev = d > dev ? d : dev;
+	}
+	CHECK(outside == 0, "%s: every draw is a survivor of the direct computation (%d outside)", name,
+	      outside);
+	CHECK(dev < 2.0 / N + 1e-5, "%s: the uniform grid draws each id at its probability (worst %.2e)",
+	      name, dev);
+	CHECK(lp_ok, "%s: the chosen token's logprob is log(prob) (worst %.2e)", name, worst);
+	CHECK(top_ok, "%s: top_logprobs: the most probable survivors, in order, log(prob)", name);
+	free(x), free(prob), free(hits);
+}
+
+static void test_extras(void)
+{
+	enum { V = 40 };
+	float l[V];
+	for (int i = 0; i < V; i++)
+		l[i] = (float)(3 * sin(i * 1.7) + 0.1 * i);
+	l[7] = l[8]; /* a tie */
+	struct sfw_sample_adj adj[] = {{3, 2, 1, 0},	 {11, 0, 1, 0},	    {17, 1, 1, 0.5f},
+				       {25, 0, 0, 2.5f}, {31, 4, 1, -1.0f}, {5, 0, 0, -100}};
+	struct sfw_op_sample_params base = {.temperature = 0.8f, .top_p = 1.0f};
+	struct sfw_op_sample_params p = base;
+	p.top_logprobs = 5;
+	test_extras_case("logprobs, T 0.8", l, V, p);
+	p.min_p = 0.2f;
+	test_extras_case("min-p 0.2, T 0.8", l, V, p);
+	p.top_k = 12, p.top_p = 0.9f;
+	test_extras_case("top-k 12 + top-p 0.9 + min-p 0.2", l, V, p);
+	p = base, p.top_logprobs = 20, p.top_p = 0.8f, p.min_p = 0.05f;
+	test_extras_case("top-p 0.8 + min-p 0.05, 20 top", l, V, p);
+	p = base, p.top_logprobs = 3;
+	p.repetition_penalty = 1.3f, p.presence_penalty = 0.4f, p.frequency_penalty = 0.3f;
+	p.adj = adj, p.n_adj = (int)(sizeof(adj) / sizeof(adj[0]));
+	test_extras_case("penalties and biases, T 0.8", l, V, p);
+	p.temperature = 1.4f, p.top_k = 9;
+	test_extras_case("penalties and biases, top-k 9, T 1.4", l, V, p);
+	p.greedy = 1, p.top_k = 0;
+	test_extras_case("greedy: logprobs at temperature 1", l, V, p);
+	/* greedy follows the penalties: the argmax of the adjusted logits */
+	double x[V];
+	adjusted(l, V, &p, x);
+	int want = 0;
+	for (int i = 1; i < V; i++)
+		if (x[i] > x[want])
+			want = i;
+	struct sfw_op_sample_params g = p;
+	g.logprobs = NULL;
+	CHECK(sfw_op_sample_cpu(l, V, &g, 0.3) == want, "greedy: the argmax after penalties (%d)", want);
+	/* logit_bias: +100 takes every draw, -100 none */
+	struct sfw_sample_adj force = {13, 0, 0, 100}, ban = {want, 0, 0, -100};
+	struct sfw_op_sample_params f = base;
+	f.adj = &force, f.n_adj = 1;
+	int all = 1;
+	for (int j = 0; j < 200; j++)
+		all &= sfw_op_sample_cpu(l, V, &f, (j + 0.5) / 200) == 13;
+	CHECK(all, "logit_bias +100 takes every draw");
+	f = g, f.adj = &ban, f.n_adj = 1;
+	CHECK(sfw_op_sample_cpu(l, V, &f, 0.5) != want, "logit_bias -100 bans the argmax");
+	/* the input row is left as it was */
+	float copy[V];
+	memcpy(copy, l, sizeof(copy));
+	(void)sfw_op_sample_cpu(l, V, &p, 0.5);
+	CHECK(!memcmp(copy, l, sizeof(copy)), "the penalties leave the caller's logits alone");
+	/* a certain choice (+inf) has logprob 0 */
+	struct sfw_sample_lp lp;
+	struct sfw_op_sample_params q = base;
+	q.logprobs = &lp, q.top_logprobs = 2;
+	l[9] = INFINITY;
+	CHECK(sfw_op_sample_cpu(l, V, &q, 0.5) == 9 && lp.logprob == 0 && lp.n_top == 1 && lp.top_id[0] == 9,
+	      "+inf: the choice is certain, logprob 0");
+	/* the sampler refuses bad additions */
+	struct sfw_sampler smp;
+	struct sfw_err err = {0};
+	struct sfw_op_sample_params bad[4] = {base, base, base, base};
+	bad[0].min_p = 1.5f, bad[1].repetition_penalty = -1, bad[2].top_logprobs = 21, bad[3].n_adj = 2;
+	for (int i = 0; i < 4; i++)
+		CHECK(sfw_sampler_init(&smp, &bad[i], 1, V, &err) == SFW_E_INVAL, "bad addition %d refused",
+		      i);
+}
+
 int main(void)
 {
 	test_greedy();
@@ -323,5 +510,6 @@ int main(void)
 	test_distribution("uniform logits", flat, 16, 0.9f, 0, 1.0f, 8);
 	test_nucleus_sizes();
 	test_big_vocab();
+	test_extras();
 	return CHECK_REPORT("test_sampler");
 }

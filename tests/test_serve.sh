@@ -2,9 +2,11 @@
 # test_serve.sh - salafw serve end to end on a generated tiny model, signed and
 # verified as tests/test_run.sh does: the gate; the real `openai` client
 # (tests/serve_client.py: completions and chat, streamed and not, equal to
-# `salafw run`; 64 concurrent streams; clients that go away); every error
-# answer with curl; API keys; the queue limit; SIGTERM finishing a stream;
-# the README's curl examples.
+# `salafw run`; 64 concurrent streams; clients that go away; model ids,
+# vLLM's extra fields, logprobs against `salafw score`, penalties, n, tools,
+# /tokenize); every error answer with curl; HEAD, CORS and the request log
+# with curl; API keys; the queue limit; SIGTERM finishing a stream; the
+# README's curl examples.
 . tests/lib.sh
 S=$(scratch)
 VENV=${SALAFW_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/salafw/venv}
@@ -59,12 +61,12 @@ start main --max-context 1024
 MAIN_PID=$PID
 U=http://127.0.0.1:$PORT
 check "health" bash -c "curl -sf $U/health | grep -q ok"
-grep -q "serving 'tiny-sala' on http://127.0.0.1:$PORT/v1 \[cpu\]" "$S/main.log" && pass "startup line" ||
+grep -q "serving 'test/tiny-sala' on http://127.0.0.1:$PORT/v1 \[cpu\]" "$S/main.log" && pass "startup line (the manifest's repo id)" ||
 	fail "startup line: $(cat "$S/main.log")"
 
 # the openai client
 RUN=$(printf '["%s", "run", "%s", "--pubkey", "%s"]' "$SALAFW" "$M" "$S/k.pub")
-timeout 150 "$VENV/bin/python3" tests/serve_client.py "$U/v1" tiny-sala "$RUN" >"$S/client.out" 2>&1
+timeout 300 "$VENV/bin/python3" tests/serve_client.py "$U/v1" test/tiny-sala tiny-sala "$RUN" >"$S/client.out" 2>&1
 while read -r w rest; do
 	case $w in PASS) pass "openai: $rest" ;; FAIL) fail "openai: $rest" ;; esac
 done <"$S/client.out"
@@ -95,11 +97,32 @@ err "not an object: 400" 400 "" "${J[@]}" -d '[1, 2]' "$C"
 err "wrong type: 400 max_tokens" 400 max_tokens "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "max_tokens": "ten"}' "$C"
 err "temperature out of range: 400" 400 temperature "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "temperature": 7}' "$C"
 err "stop of a number: 400" 400 stop "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "stop": 3}' "$C"
-err "unknown model: 400" 400 model "${J[@]}" -d '{"model": "gpt-4", "prompt": "x"}' "$C"
+err "unknown model: 404" 404 model "${J[@]}" -d '{"model": "gpt-4", "prompt": "x"}' "$C"
 err "no model: 400" 400 model "${J[@]}" -d '{"prompt": "x"}' "$C"
-err "unknown field: 400" 400 frobnicate "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "frobnicate": 1}' "$C"
-err "logprobs asked for: 400" 400 logprobs "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "logprobs": 3}' "$C"
-err "n = 2: 400" 400 n "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "n": 2}' "$C"
+err "logprobs 21: 400" 400 logprobs "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "logprobs": 21}' "$C"
+err "n = 9: 400" 400 n "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "n": 9}' "$C"
+err "echo true: 400" 400 echo "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "echo": true}' "$C"
+err "logit_bias of no token: 400" 400 logit_bias "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "logit_bias": {"x1": 5}}' "$C"
+err "logit_bias over 100: 400" 400 logit_bias "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "logit_bias": {"5": 101}}' "$C"
+err "min_p 2: 400" 400 min_p "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "min_p": 2}' "$C"
+err "repetition_penalty 0: 400" 400 repetition_penalty "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "repetition_penalty": 0}' "$C"
+CH=$U/v1/chat/completions
+err "chat: top_logprobs without logprobs: 400" 400 top_logprobs "${J[@]}" -d '{"model": "tiny-sala", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}' "$CH"
+err "chat: reasoning_effort set: 400" 400 reasoning_effort "${J[@]}" -d '{"model": "tiny-sala", "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "high"}' "$CH"
+err "chat: an image part: 400" 400 messages "${J[@]}" -d '{"model": "tiny-sala", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}' "$CH"
+err "chat: user content null: 400" 400 messages "${J[@]}" -d '{"model": "tiny-sala", "messages": [{"role": "user", "content": null}]}' "$CH"
+err "chat: bad tools: 400" 400 tools "${J[@]}" -d '{"model": "tiny-sala", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}' "$CH"
+err "chat: tool_choice required without tools: 400" 400 tool_choice "${J[@]}" -d '{"model": "tiny-sala", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}' "$CH"
+err "models/{id} unknown: 404" 404 model "$U/v1/models/gpt-4"
+err "tokenize: neither prompt nor messages: 400" 400 prompt "${J[@]}" -d '{"model": "tiny-sala"}' "$U/tokenize"
+err "detokenize: an id past the vocabulary: 400" 400 tokens "${J[@]}" -d '{"tokens": [1, 99999999]}' "$U/detokenize"
+# unknown fields are ignored (vLLM's habit) and logged once per name
+for _ in 1 2; do
+	code=$(curl -s -o "$S/body" -w '%{http_code}' "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "max_tokens": 1, "frobnicate": 1, "presence_penalty": 0.5}' "$C")
+done
+[ "$code" = 200 ] && grep -q '"choices"' "$S/body" && pass "an unknown field is ignored (200)" || fail "unknown field: HTTP $code $(head -c 200 "$S/body")"
+[ "$(grep -c "ignoring the request field 'frobnicate'" "$S/main.log")" = 1 ] && pass "the unknown field is logged once" ||
+	fail "unknown field log: $(grep -c frobnicate "$S/main.log") lines"
 err "token id past the vocabulary: 400" 400 prompt "${J[@]}" -d '{"model": "tiny-sala", "prompt": [1, 99999999]}' "$C"
 err "chat: bad role: 400" 400 messages "${J[@]}" -d '{"model": "tiny-sala", "messages": [{"role": "root", "content": "x"}]}' "$U/v1/chat/completions"
 err "chat: no messages: 400" 400 messages "${J[@]}" -d '{"model": "tiny-sala"}' "$U/v1/chat/completions"
@@ -111,6 +134,29 @@ err "body over 4 MiB without a length (chunked): 413" 413 "" "${J[@]}" -H 'Trans
 	--data-binary @"$S/big.json" "$C"
 err "unknown path: 404" 404 "" "$U/v1/engines"
 err "GET on completions: 405" 405 "" "$C"
+code=$(curl -s -o /dev/null -w '%{http_code}' -I "$C")
+[ "$code" = 405 ] && pass "HEAD on completions: 405" || fail "HEAD on completions: $code"
+
+# HEAD where GET is: the GET's status and headers, no body
+for path in /health /v1/models /v1/models/test/tiny-sala /metrics; do
+	hdr=$(curl -s -I "$U$path")
+	echo "$hdr" | head -n 1 | grep -q '^HTTP/1.1 200' && [ "$(curl -s -I "$U$path" -o /dev/null -w '%{size_download}')" = 0 ] &&
+		pass "HEAD $path: 200, no body" || fail "HEAD $path: $(echo "$hdr" | head -n 1)"
+done
+# CORS is off: no Access-Control-Allow-Origin for any page; a preflight gets 204 without it
+hdr=$(curl -s -D - -o /dev/null -H 'Origin: http://evil.example' "$U/v1/models")
+! echo "$hdr" | grep -qi '^Access-Control-Allow-Origin' && pass "CORS off by default: no Allow-Origin" || fail "CORS off: $hdr"
+hdr=$(curl -s -D - -o /dev/null -X OPTIONS -H 'Origin: http://evil.example' -H 'Access-Control-Request-Method: POST' "$C")
+echo "$hdr" | head -n 1 | grep -q '^HTTP/1.1 204' && ! echo "$hdr" | grep -qi '^Access-Control-Allow' &&
+	pass "CORS off: a preflight is answered 204 without allowing" || fail "preflight with CORS off: $hdr"
+# one log line per request: id, endpoint, status, tokens, TTFT, duration
+id=$(curl -s "${J[@]}" -d '{"model": "tiny-sala", "prompt": "log me", "max_tokens": 3, "ignore_eos": true}' "$C" |
+	python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])')
+for _ in $(seq 50); do grep -q "serve: $id " "$S/main.log" && break; sleep 0.05; done
+grep -qE "serve: $id POST /v1/completions 200 prompt_tokens=[0-9]+ output_tokens=3 cached_tokens=0 ttft=[0-9.]+s time=[0-9.]+s" "$S/main.log" &&
+	[ "$(grep -c "serve: $id " "$S/main.log")" = 1 ] && pass "the request log line" || fail "log line of $id: $(grep "$id" "$S/main.log")"
+grep -qE "serve: - GET /v1/models/\{id\} 404 " "$S/main.log" && grep -qE "serve: - OPTIONS /v1/completions 204 " "$S/main.log" &&
+	pass "every request has a line, errors and preflights too" || fail "log lines: $(grep 'serve: ' "$S/main.log" | tail -n 5)"
 code=$(curl -s -o /dev/null -w '%{http_code}' "${J[@]}" -d '{"model": "tiny-sala", "prompt": "still here", "max_tokens": 2}' "$C")
 [ "$code" = 200 ] && pass "the server answers after the bad requests" || fail "after the bad requests: HTTP $code"
 metric 'salafw_requests_total{endpoint="/v1/completions",code="400"}' | grep -qE '^[1-9][0-9]*$' &&
@@ -146,7 +192,7 @@ done <"$S/readme.sh"
 
 # API keys, the queue limit, SIGTERM: a second server
 printf 'sekrit-key\n' >"$S/key"
-start keyed --api-key-file "$S/key" --max-running 1 --max-queue 1
+start keyed --api-key-file "$S/key" --max-running 1 --max-queue 1 --quiet
 U=http://127.0.0.1:$PORT
 C=$U/v1/completions
 BODY='{"model": "tiny-sala", "prompt": "x", "max_tokens": 2}'
@@ -191,6 +237,31 @@ grep -v '^$' "$S/term.out" | tail -n 1 | grep -q '^data: \[DONE\]' && grep -q '"
 	[ "$(grep -c '^data: {' "$S/term.out")" -ge 2 ] && pass "SIGTERM: the running stream finishes" ||
 	fail "SIGTERM: the stream: $(tail -c 300 "$S/term.out")"
 grep -q "finishing the accepted requests" "$S/keyed.log" && pass "SIGTERM: says so" || fail "SIGTERM: log $(tail -c 300 "$S/keyed.log")"
+! grep -q "serve: .* /v1/completions" "$S/keyed.log" && pass "--quiet: no request lines" || fail "--quiet: $(grep 'serve: ' "$S/keyed.log" | head -n 3)"
+
+# names and CORS: --served-model-name (repeatable) and --allowed-origins
+start cors --served-model-name alpha --served-model-name beta/b --allowed-origins 'http://a.example, http://b.example:8000'
+U=http://127.0.0.1:$PORT
+ids=$(curl -s "$U/v1/models" | python3 -c 'import json, sys; print(",".join(m["id"] for m in json.load(sys.stdin)["data"]))')
+[ "$ids" = alpha,beta/b ] && pass "--served-model-name: the ids listed" || fail "--served-model-name: $ids"
+code=$(curl -s -o /dev/null -w '%{http_code}' "${J[@]}" -d '{"model": "beta/b", "prompt": "x", "max_tokens": 1}' "$U/v1/completions")
+code2=$(curl -s -o /dev/null -w '%{http_code}' "${J[@]}" -d '{"model": "tiny-sala", "prompt": "x", "max_tokens": 1}' "$U/v1/completions")
+[ "$code" = 200 ] && [ "$code2" = 404 ] && pass "--served-model-name: those ids only" || fail "names: $code $code2"
+hdr=$(curl -s -D - -o /dev/null -H 'Origin: http://b.example:8000' "$U/v1/models")
+echo "$hdr" | grep -qi '^Access-Control-Allow-Origin: http://b.example:8000' && echo "$hdr" | grep -qi '^Vary: Origin' &&
+	pass "CORS: an allowed origin may read" || fail "CORS allowed: $hdr"
+hdr=$(curl -s -D - -o /dev/null -H 'Origin: http://c.example' "$U/v1/models")
+! echo "$hdr" | grep -qi '^Access-Control-Allow-Origin' && pass "CORS: another origin may not" || fail "CORS other: $hdr"
+hdr=$(curl -s -D - -o /dev/null -X OPTIONS -H 'Origin: http://a.example' -H 'Access-Control-Request-Method: POST' \
+	-H 'Access-Control-Request-Headers: authorization, content-type' "$U/v1/chat/completions")
+echo "$hdr" | head -n 1 | grep -q '^HTTP/1.1 204' && echo "$hdr" | grep -qi '^Access-Control-Allow-Origin: http://a.example' &&
+	echo "$hdr" | grep -qi '^Access-Control-Allow-Methods: .*POST' && echo "$hdr" | grep -qi '^Access-Control-Allow-Headers: .*Authorization' &&
+	pass "CORS: the preflight allows POST with Authorization" || fail "preflight: $hdr"
+out=$(curl -sN -H 'Origin: http://a.example' "${J[@]}" -D - -d '{"model": "alpha", "prompt": "x", "max_tokens": 2, "stream": true}' "$U/v1/completions")
+echo "$out" | grep -qi '^Access-Control-Allow-Origin: http://a.example' && echo "$out" | grep -q '^data: \[DONE\]' &&
+	pass "CORS: a stream carries the header" || fail "CORS stream: $(echo "$out" | head -c 300)"
+kill -TERM "$PID"
+wait "$PID"
 ! curl -s -m 2 "$U/health" >/dev/null 2>&1 && pass "SIGTERM: no longer listening" || fail "SIGTERM: still listening"
 
 # the first server too ends cleanly after all of the above (no leak or
@@ -201,6 +272,6 @@ rc=$?
 [ "$rc" = 0 ] && pass "the main server exits 0 on SIGTERM" || fail "main server: exit $rc: $(tail -c 400 "$S/main.log")"
 ! grep -qE 'AddressSanitizer|runtime error|LeakSanitizer' "$S"/*.log && pass "no sanitizer reports" ||
 	fail "sanitizer: $(grep -hE -A5 'AddressSanitizer|runtime error|LeakSanitizer' "$S"/*.log | head -c 600)"
-! grep -qE 'frobnicate|gpt-4|lorem' "$S"/*.log && pass "request text is not logged" || fail "the log holds request text"
+! grep -qE 'gpt-4|lorem|log me' "$S"/*.log && pass "request text is not logged (field names only)" || fail "the log holds request text"
 
 check_report test_serve.sh

@@ -98,7 +98,7 @@ enum sfw_status sfw_bench_run(struct sfw_model *m, const struct sfw_bench_params
 		goto done;
 	/* greedy generation of gen + 1 tokens = gen one-token steps; where the
 	 * backend samples (CUDA) only the id comes back */
-	struct sfw_op_sample_params gp = {0.0f, 0, 1.0f, 1};
+	struct sfw_op_sample_params gp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .greedy = 1};
 	struct sfw_sampler smp;
 	if ((s = sfw_sampler_init(&smp, &gp, 0, cf->vocab_size, err)) != SFW_OK)
 		goto done;

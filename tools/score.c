@@ -268,7 +268,7 @@ enum sfw_status sfw_score_run(struct sfw_model *m, const struct sfw_score_params
 	sfw_ctx_set_tap(c, sfw_record_tap, r);
 	/* The prompt, then S one-token calls: S + 1 tokens made greedily (or
 	 * fed from p->feed), the last one never fed. */
-	struct sfw_op_sample_params greedy = {0.0f, 0, 1.0f, 1};
+	struct sfw_op_sample_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .greedy = 1};
 	struct sfw_sampler smp;
 	if ((s = sfw_sampler_init(&smp, &greedy, 0, V, err)) != SFW_OK)
 		goto done;

@@ -767,7 +767,10 @@ static void t_sample(struct run *x)
 {
 	const struct bo_case *c = x->c;
 	static const struct sfw_op_sample_params ps[] = {
-	    {0, 0, 1, 1}, {0.8f, 0, 1, 0}, {0.7f, 40, 1, 0}, {1.0f, 0, 0.9f, 0}};
+	    {.temperature = 0, .top_k = 0, .top_p = 1, .greedy = 1},
+	    {.temperature = 0.8f, .top_k = 0, .top_p = 1, .greedy = 0},
+	    {.temperature = 0.7f, .top_k = 40, .top_p = 1, .greedy = 0},
+	    {.temperature = 1.0f, .top_k = 0, .top_p = 0.9f, .greedy = 0}};
 	/* three rows in one call: this case's sampler, no choice, the next sampler */
 	const struct sfw_op_sample_params *p[3] = {&ps[c->M], NULL, &ps[(c->M + 1) % 4]};
 	float *l = need(malloc((size_t)3 * c->N * sizeof(float)));
