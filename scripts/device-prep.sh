@@ -121,7 +121,7 @@ if [ $gold = 1 ]; then
 		[ -f "$r" ] && cp "$r" $ST/gold/
 	done
 fi
-tar -C $ST -cf - . | xz -T2 -1 >.devlib/bundle.tar.xz
+tar -C $ST -cf - . | xz -T1 --lzma2=preset=1,dict=192MiB >.devlib/bundle.tar.xz # (a window over several binaries: their fat CUDA code repeats)
 rm -rf $ST
 ls -la .devlib
 if [ -n "${failed:-}" ]; then

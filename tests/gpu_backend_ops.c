@@ -42,8 +42,8 @@ static void fold(const struct bo_result *r)
 /* The plan on the CUDA backend: weights in slabs (the plan's bytes; the
  * first slab of SLAB_MIN = 4 MiB, holding the one-row weights placed
  * before the deferred ones, may be partly empty); at backend creation the
- * op scratch (64 MiB) and the cuBLASLt workspace (32 MiB), the plan's fixed
- * scratch; per context the activations (bf16, as planned, the 4-byte
+ * op scratch (64 MiB), the cuBLASLt workspace (32 MiB) and the int8 GEMM's
+ * split-K workspace (SFW_CUDA_W8WS_BYTES), the plan's fixed scratch; per context the activations (bf16, as planned, the 4-byte
  * buffers included) and the caches (KV, compressed keys, lightning states
  * reserved exactly for n_ctx); during a call past dense_len the
  * block-selection scratch, which the plan counts at its cap (256 MiB). */
@@ -60,7 +60,7 @@ static void plan_check(const char *dir, int64_t n_ctx, int chunk, int64_t prompt
 	const struct sfw_config *cf = sfw_model_config(m);
 	struct sfw_mem_plan p;
 	sfw_plan_model(m, n_ctx, chunk, &p);
-	double fixed = 96 * MIB, sel = p.scratch - fixed;
+	double fixed = 96 * MIB + (double)SFW_CUDA_W8WS_BYTES, sel = p.scratch - fixed;
 	double placed = (double)cuda_live() - (double)live0 - fixed;
 	CHECK(placed >= p.weights && placed <= p.weights * 1.01 + 4 * MIB + 4096,
 	      "%s: weights and slabs %.0f B, plan %.0f B (+ at most the first 4 MiB slab)", dir, placed,
