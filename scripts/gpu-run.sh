@@ -108,10 +108,11 @@ full_models() {
 	for d in "$@"; do
 		[ -e "$d/config.json" ] && continue
 		start=$(date +%s)
+		# (with the tokenizer: serve needs it)
 		if [ "$d" = "${2:-}" ]; then
-			"$BIN/salafw" mkmodel --preset full --w8 --group 128 --no-tokenizer -o "$d" 2>&1 | tail -n 2 | tee -a "$OUT/mkmodel.log"
+			"$BIN/salafw" mkmodel --preset full --w8 --group 128 -o "$d" 2>&1 | tail -n 2 | tee -a "$OUT/mkmodel.log"
 		else
-			"$BIN/salafw" mkmodel --preset full --no-tokenizer -o "$d" 2>&1 | tail -n 2 | tee -a "$OUT/mkmodel.log"
+			"$BIN/salafw" mkmodel --preset full -o "$d" 2>&1 | tail -n 2 | tee -a "$OUT/mkmodel.log"
 		fi
 		echo "mkmodel $d: $(($(date +%s) - start)) s" | tee -a "$OUT/mkmodel.log"
 	done
