@@ -84,6 +84,21 @@ static int has_duplicate_keys(const cJSON *node, const char **dup)
 	return 0;
 }
 
+enum sfw_status sfw_json_parse_object(const char *bytes, size_t len, size_t max, const char *what, cJSON **out,
+				      struct sfw_err *err)
+{
+	*out = NULL;
+	if (len > max)
+		return sfw_fail(err, SFW_E_RANGE, "%s: larger than %zu bytes", what, max);
+	enum sfw_status st = sfw_json_parse(bytes, len, what, out, err);
+	if (st == SFW_OK && !cJSON_IsObject(*out)) {
+		cJSON_Delete(*out);
+		*out = NULL;
+		return sfw_fail(err, SFW_E_FORMAT, "%s: not a JSON object", what);
+	}
+	return st;
+}
+
 enum sfw_status sfw_json_parse(const char *bytes, size_t len, const char *what, cJSON **out, struct sfw_err *err)
 {
 	*out = NULL;

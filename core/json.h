@@ -19,6 +19,12 @@
 SFW_MUST_CHECK enum sfw_status sfw_json_parse(const char *bytes, size_t len, const char *what, cJSON **out,
 					      struct sfw_err *err);
 
+/* sfw_json_parse of at most max bytes whose top-level value must be an
+ * object: "WHAT: larger than MAX bytes" (SFW_E_RANGE) and "WHAT: not a JSON
+ * object" (SFW_E_FORMAT) otherwise, one wording for every small JSON file. */
+SFW_MUST_CHECK enum sfw_status sfw_json_parse_object(const char *bytes, size_t len, size_t max, const char *what,
+						     cJSON **out, struct sfw_err *err);
+
 int sfw_utf8_valid(const unsigned char *s, size_t n);
 
 /* Typed member lookups; a missing key or wrong type is an error naming key. */

@@ -249,16 +249,10 @@ enum sfw_status sfw_gen_defaults_parse(const char *bytes, size_t len, const char
 				       struct sfw_err *err)
 {
 	sfw_gen_defaults_init(d);
-	if (len > GENCFG_MAX)
-		return sfw_fail(err, SFW_E_RANGE, "%s: larger than %u bytes", what, GENCFG_MAX);
 	cJSON *root = NULL;
-	enum sfw_status st = sfw_json_parse(bytes, len, what, &root, err);
+	enum sfw_status st = sfw_json_parse_object(bytes, len, GENCFG_MAX, what, &root, err);
 	if (st != SFW_OK)
 		return st;
-	if (!cJSON_IsObject(root)) {
-		cJSON_Delete(root);
-		return sfw_fail(err, SFW_E_FORMAT, "%s: not a JSON object", what);
-	}
 	double v;
 	int f;
 	struct sfw_gen_defaults g;

@@ -31,16 +31,10 @@ int sfw_eos_has(const struct sfw_eos_set *s, int32_t id)
 enum sfw_status sfw_eos_parse_generation_config(const char *bytes, size_t len, const char *what, int vocab,
 						struct sfw_eos_set *s, struct sfw_err *err)
 {
-	if (len > GEN_CONFIG_MAX)
-		return sfw_fail(err, SFW_E_RANGE, "%s: larger than %u bytes", what, GEN_CONFIG_MAX);
 	cJSON *root = NULL;
-	enum sfw_status st = sfw_json_parse(bytes, len, what, &root, err);
+	enum sfw_status st = sfw_json_parse_object(bytes, len, GEN_CONFIG_MAX, what, &root, err);
 	if (st != SFW_OK)
 		return st;
-	if (!cJSON_IsObject(root)) {
-		cJSON_Delete(root);
-		return sfw_fail(err, SFW_E_FORMAT, "%s: not a JSON object", what);
-	}
 	const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
 	if (e && !cJSON_IsNull(e)) {
 		const cJSON *one = cJSON_IsNumber(e) ? e : NULL;

@@ -131,6 +131,15 @@ static void test_json(void)
 	CHECK(j && sfw_json_u64(j, "a", "t", &v, &e) == SFW_OK && v == 1, "u64 read");
 	CHECK(j && sfw_json_u64(j, "A", "t", &v, &e) == SFW_E_FORMAT, "lookups are case-sensitive");
 	cJSON_Delete(j);
+	j = NULL;
+	CHECK(sfw_json_parse_object("{\"a\": 1}", 8, 8, "f", &j, &e) == SFW_OK && cJSON_IsObject(j),
+	      "an object of max bytes parses");
+	cJSON_Delete(j);
+	CHECK(sfw_json_parse_object("{\"a\": 1}", 8, 7, "f", &j, &e) == SFW_E_RANGE && !j &&
+		  !strcmp(e.msg, "f: larger than 7 bytes"),
+	      "one byte over max is refused before parsing: %s", e.msg);
+	CHECK(sfw_json_parse_object("[1]", 3, 64, "f", &j, &e) == SFW_E_FORMAT && !j && !strcmp(e.msg, "f: not a JSON object"),
+	      "an array is not an object: %s", e.msg);
 	const char *dup = "{\"a\": 1, \"b\": {\"c\": 1, \"c\": 2}}";
 	CHECK(sfw_json_parse(dup, strlen(dup), "t", &j, &e) == SFW_E_FORMAT && strstr(e.msg, "duplicate"),
 	      "nested duplicate key rejected");
