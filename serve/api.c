@@ -8,23 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static enum sfw_status bad(struct sfw_serve_error *e, int http, const char *param, const char *fmt, ...)
-    SFW_PRINTF(4, 5);
-static enum sfw_status bad(struct sfw_serve_error *e, int http, const char *param, const char *fmt, ...)
-{
-	e->http = http;
-	e->type = http >= 500 ? "server_error" : "invalid_request_error";
-	e->code = NULL;
-	snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(e->message, sizeof(e->message), fmt, ap);
-	va_end(ap);
-	size_t L = strlen(e->message);
-	while (L && !sfw_utf8_valid((const unsigned char *)e->message, L))
-		e->message[--L] = 0;
-	return SFW_E_INVAL;
-}
+#define bad sfwi_serve_fail
 
 enum sfw_status sfw_serve_chat_prompt(const struct sfw_chat_template *t, const struct sfw_serve_req *r,
 				      struct sfw_buf *out, size_t *forced_at, struct sfw_err *err)

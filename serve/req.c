@@ -12,12 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static enum sfw_status bad(struct sfw_serve_error *e, const char *param, const char *fmt, ...)
-    SFW_PRINTF(3, 4);
-static enum sfw_status bad(struct sfw_serve_error *e, const char *param, const char *fmt, ...)
+/* One client error (the OpenAI error object): HTTP status, its type, the
+ * parameter and the message, cut at a whole UTF-8 character (a quoted field
+ * or model name may have been cut inside one). Returns SFW_E_INVAL. */
+enum sfw_status sfwi_serve_fail(struct sfw_serve_error *e, int http, const char *param, const char *fmt, ...)
 {
-	e->http = 400;
-	e->type = "invalid_request_error";
+	e->http = http;
+	e->type = http >= 500 ? "server_error" : "invalid_request_error";
 	e->code = NULL;
 	snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
 	size_t P = strlen(e->param);
@@ -27,12 +28,12 @@ static enum sfw_status bad(struct sfw_serve_error *e, const char *param, const c
 	va_start(ap, fmt);
 	vsnprintf(e->message, sizeof(e->message), fmt, ap);
 	va_end(ap);
-	/* a quoted field or model name may have been cut inside a character */
 	size_t L = strlen(e->message);
 	while (L && !sfw_utf8_valid((const unsigned char *)e->message, L))
 		e->message[--L] = 0;
 	return SFW_E_INVAL;
 }
+#define bad(e, ...) sfwi_serve_fail((e), 400, __VA_ARGS__)
 
 static int is_null(const cJSON *v)
 {

@@ -65,6 +65,10 @@ struct sfw_serve_error {
 	char param[64];
 	char message[512];
 };
+/* Library-internal (req.c, api.c): fills e (type by status, the strings cut
+ * at a whole UTF-8 character) and returns SFW_E_INVAL. */
+enum sfw_status sfwi_serve_fail(struct sfw_serve_error *e, int http, const char *param, const char *fmt, ...)
+    SFW_PRINTF(4, 5);
 
 /* Which sampling fields the request set (the others take the server's
  * defaults: the model's generation_config.json). */
