@@ -31,7 +31,7 @@ static int apply(const char *cmd, const char *label, const struct cli_arg *a, co
 	int rc;
 	switch (a->kind) {
 	case CLI_K_CALL:
-		return a->fn ? a->fn(cmd, label, value, vals) : 0;
+		return a->fn ? a->fn(cmd, label, value, dst) : 0;
 	case CLI_K_FLAG:
 		*(int *)(void *)dst = 1;
 		return 0;

@@ -11,6 +11,7 @@
 #include "verify/verify.h"
 
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -44,9 +45,10 @@ struct cli_arg {
 	enum cli_kind kind;
 	size_t off;
 	double lo, hi;
-	/* CLI_K_CALL: label is "--name", "-n" or the variable's name; returns 0
-	 * or an exit code after printing why */
-	int (*fn)(const char *cmd, const char *label, const char *value, void *vals);
+	/* CLI_K_CALL: label is "--name", "-n" or the variable's name; dst is
+	 * vals + off (off 0: the whole values struct); returns 0 or an exit code
+	 * after printing why */
+	int (*fn)(const char *cmd, const char *label, const char *value, void *dst);
 	const char *env; /* read when the option is not on the command line */
 };
 
@@ -112,10 +114,27 @@ int cli_parse_bytes(const char *cmd, const char *opt, const char *s, unsigned lo
  * --device, whose default differs between commands. */
 struct cli_model_opts {
 	int device; /* enum sfw_device (runner/runner.h); AUTO unless --device */
-	unsigned long long threads; /* 0 = all cores */
+	int threads; /* 0 = all cores */
 	int no_verify, verify_full;
 	const char *pubkey;
 };
+/* The same options as typed rows (struct cli_arg) of a command whose values
+ * struct T holds a struct cli_model_opts F: CLI_MODEL_ARGS(T, F, VERB) are
+ * --threads (SALAFW_THREADS), --no-verify, --verify-full and --pubkey;
+ * CLI_DEVICE_ARG(T, F, HELP) is --device cpu|cuda (SALAFW_DEVICE). */
+int cli_take_device(const char *cmd, const char *label, const char *value, void *device);
+#define CLI_MODEL_ARGS(T, F, VERB)                                                                           \
+	{{"threads", 't', "N", "CPU threads (default: all cores)"},                                            \
+	 CLI_K_INT, offsetof(T, F.threads), 0, 256, NULL, "SALAFW_THREADS"},                                   \
+	{{"no-verify", 0, NULL, VERB " without checking the directory's signed manifest (says so)"},          \
+	 CLI_K_FLAG, offsetof(T, F.no_verify), 0, 0, NULL, NULL},                                              \
+	{{"verify-full", 0, NULL, "re-hash every model file first"},                                           \
+	 CLI_K_FLAG, offsetof(T, F.verify_full), 0, 0, NULL, NULL},                                            \
+	{{"pubkey", 'P', "KEY|FILE",                                                                           \
+	  "trust this minisign public key (a file, base64, or an installed key's name) instead of the pinned one"}, \
+	 CLI_K_STR, offsetof(T, F.pubkey), 0, 0, NULL, NULL}
+#define CLI_DEVICE_ARG(T, F, HELP)                                                                           \
+	{{"device", 0, "cpu|cuda", HELP}, CLI_K_CALL, offsetof(T, F.device), 0, 0, cli_take_device, "SALAFW_DEVICE"}
 #define CLI_MODEL_OPT_ROWS(VERB)                                                                             \
 	{"threads", 't', "N", "CPU threads (default: all cores)"},                                             \
 	{"no-verify", 0, NULL, VERB " without checking the directory's signed manifest (says so)"},           \

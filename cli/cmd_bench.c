@@ -8,21 +8,36 @@
 #include "runner/runner.h"
 #include "tools/tools.h"
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-static const struct cli_opt opts[] = {
-	{"prompt", 0, "N", "prompt tokens (default 512)"},
-	{"gen", 0, "M", "decode steps (default 64)"},
-	{"prefill-chunk", 0, "C", "prefill rows per piece (default 8192, capped at the prompt)"},
-	{"max-context", 0, "N", "reserve the context for N tokens (default prompt + gen)"},
-	{"gemm", 0, "MxNxK", "instead: time the CPU bf16 GEMM at this shape, all threads vs one"},
-	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
-	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
-	CLI_MODEL_OPT_ROWS("run"),
-	{0},
+/* The command line's values (cli_parse_args fills them from the table). */
+struct bench_args {
+	const char *gemm;
+	uint64_t n_prompt, n_gen, chunk, max_ctx;
+	int das;
+	struct cli_model_opts mo;
 };
+
+#define OFF(f) offsetof(struct bench_args, f)
+static const struct cli_arg args[] = {
+    {{"prompt", 0, "N", "prompt tokens (default 512)"}, CLI_K_U64, OFF(n_prompt), 1, 1 << 24, NULL, NULL},
+    {{"gen", 0, "M", "decode steps (default 64)"}, CLI_K_U64, OFF(n_gen), 0, 1 << 24, NULL, NULL},
+    {{"prefill-chunk", 0, "C", "prefill rows per piece (default 8192, capped at the prompt)"},
+     CLI_K_U64, OFF(chunk), 1, 1 << 20, NULL, NULL},
+    {{"max-context", 0, "N", "reserve the context for N tokens (default prompt + gen)"},
+     CLI_K_U64, OFF(max_ctx), 0, 1 << 30, NULL, NULL},
+    {{"gemm", 0, "MxNxK", "instead: time the CPU bf16 GEMM at this shape, all threads vs one"},
+     CLI_K_STR, OFF(gemm), 0, 0, NULL, NULL},
+    CLI_DEVICE_ARG(struct bench_args, mo, "where to run (default: cuda when available, else cpu)"),
+    {{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"}, CLI_K_FLAG, OFF(das), 0, 0, NULL, NULL},
+    CLI_MODEL_ARGS(struct bench_args, mo, "run"),
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
 
 static int bench_gemm(const char *C, const char *shape, int threads)
 {
@@ -45,48 +60,20 @@ static int bench_gemm(const char *C, const char *shape, int threads)
 int cmd_bench(int argc, char **argv)
 {
 	const char *C = "salafw bench";
-	const char *gemm = NULL;
-	unsigned long long n_prompt = 512, n_gen = 64, chunk = 8192, max_ctx = 0;
-	int das = 0;
-	struct cli_model_opts mo;
-	cli_model_opts_init(&mo);
+	struct bench_args a = {.n_prompt = 512, .n_gen = 64, .chunk = 8192};
+	cli_model_opts_init(&a.mo);
 	struct cli_parser cp;
-	const char *arg;
-	int k;
-	cli_init(&cp, C, argc, argv, opts);
-	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, C, "MODEL_DIR [--prompt N] [--gen M]", opts);
-			return SFW_EXIT_OK;
-		}
-		if (k == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		const char *nm = opts[k].name;
-		if (!strcmp(nm, "prompt")) {
-			if (!cli_parse_u64(C, nm, arg, &n_prompt))
-				return SFW_EXIT_USAGE;
-			if (n_prompt < 1 || n_prompt > (1u << 24))
-				return cli_usage_error(C, "--prompt must be 1 to %u tokens", 1u << 24);
-		} else if (!strcmp(nm, "gen")) {
-			if (!cli_parse_u64(C, nm, arg, &n_gen))
-				return SFW_EXIT_USAGE;
-			if (n_gen > (1u << 24))
-				return cli_usage_error(C, "--gen %llu is more than %u steps", n_gen, 1u << 24);
-		} else if (!strcmp(nm, "prefill-chunk")) {
-			if (!cli_parse_u64(C, nm, arg, &chunk))
-				return SFW_EXIT_USAGE;
-			if (chunk < 1 || chunk > (1u << 20))
-				return cli_usage_error(C, "--prefill-chunk must be 1 to %u rows", 1u << 20);
-		} else if (!strcmp(nm, "max-context")) {
-			if (!cli_parse_u64(C, nm, arg, &max_ctx))
-				return SFW_EXIT_USAGE;
-			if (max_ctx > (1ull << 30))
-				return cli_usage_error(C, "--max-context %llu is more than %llu tokens", max_ctx, 1ull << 30);
-		} else if (!strcmp(nm, "gemm"))
-			gemm = arg;
-		else if (!strcmp(nm, "dense-as-sparse"))
-			das = 1;
+	int rc = cli_parse_args(&cp, C, argc, argv, args, &a);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, C, "MODEL_DIR [--prompt N] [--gen M]", args);
+		return SFW_EXIT_OK;
 	}
+	if (rc != 0)
+		return rc;
+	const char *gemm = a.gemm;
+	unsigned long long n_prompt = a.n_prompt, n_gen = a.n_gen, chunk = a.chunk, max_ctx = a.max_ctx;
+	int das = a.das;
+	const struct cli_model_opts mo = a.mo;
 	if (gemm)
 		return cp.npos ? cli_usage_error(C, "--gemm takes no MODEL_DIR") : bench_gemm(C, gemm, (int)mo.threads);
 	if (cp.npos != 1)
@@ -94,8 +81,7 @@ int cmd_bench(int argc, char **argv)
 	struct sfw_model_params mp;
 	if (cli_model_params(C, &mo, &mp))
 		return SFW_EXIT_USAGE;
-	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
-	if (rc)
+	if ((rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey)) != 0)
 		return rc;
 	struct sfw_err err = {0};
 	enum sfw_status s;

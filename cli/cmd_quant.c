@@ -302,7 +302,7 @@ int cmd_quant(int argc, char **argv)
 		return cli_usage_error(C, "-o OUT is required");
 	if (p.fold_only && p.method != SFW_QUANT_AWQ)
 		return cli_usage_error(C, "--fold-only needs --method awq");
-	p.threads = (int)mo.threads;
+	p.threads = mo.threads;
 	if (mo.device != SFW_DEVICE_AUTO) /* AWQ calibration runs on the CPU unless asked */
 		p.device = mo.device;
 	struct cli_gate_info gi;

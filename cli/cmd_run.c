@@ -55,16 +55,20 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 	*mp = sfw_model_default_params();
 	mp->device = o->device;
 	const char *dev = getenv("SALAFW_DEVICE");
-	if (mp->device == SFW_DEVICE_AUTO && dev && !strcmp(dev, "cpu"))
-		mp->device = SFW_DEVICE_CPU;
-	mp->threads = (int)o->threads;
+	int d = SFW_DEVICE_AUTO;
+	if (mp->device == SFW_DEVICE_AUTO && dev && *dev) {
+		if (cli_take_device(cmd, "SALAFW_DEVICE", dev, &d))
+			return SFW_EXIT_USAGE;
+		mp->device = (enum sfw_device)d;
+	}
+	mp->threads = o->threads;
 	const char *th = getenv("SALAFW_THREADS");
 	if (!o->threads && th && *th) {
 		unsigned long long n;
 		if (!cli_parse_u64(cmd, "SALAFW_THREADS", th, &n))
 			return SFW_EXIT_USAGE;
 		if (n > 256)
-			return cli_usage_error(cmd, "SALAFW_THREADS must be at most 256 (0 = all cores)");
+			return cli_usage_error(cmd, "SALAFW_THREADS must be at most 256");
 		mp->threads = (int)n;
 	}
 	struct sfw_backend_opts *b = &mp->be;

@@ -7,67 +7,58 @@
 #include "runner/runner.h"
 #include "tools/tools.h"
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-static const struct cli_opt opts[] = {
-	{"ids", 0, "FILE", "prompt token ids (text integers, or safetensors with input_ids)"},
-	{"decode", 0, "N", "one-token decode steps after the prompt (default 0; with --feed-from: its length)"},
-	{"feed-from", 0, "GOLDEN", "feed decode.input_ids of this safetensors file instead of the greedy chain"},
-	{"taps", 0, NULL, "also write prefill/decode embed, layer outputs and final norm"},
-	{"output", 'o', "OUT", "output safetensors file"},
-	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
-	{"chunk", 0, "N", "rows per internal prefill step (default 256)"},
-	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
-	CLI_MODEL_OPT_ROWS("score"),
-	{0},
-};
 
 /* Decode steps at most, with --decode or taken from --feed-from. */
 #define SCORE_DECODE_MAX (1u << 20)
 
+/* The command line's values (cli_parse_args fills them from the table). */
+struct score_args {
+	const char *ids_path, *feed_path, *outp;
+	uint64_t n_dec, chunk;
+	int taps, das;
+	struct cli_model_opts mo;
+};
+
+#define OFF(f) offsetof(struct score_args, f)
+static const struct cli_arg args[] = {
+    {{"ids", 0, "FILE", "prompt token ids (text integers, or safetensors with input_ids)"},
+     CLI_K_STR, OFF(ids_path), 0, 0, NULL, NULL},
+    {{"decode", 0, "N", "one-token decode steps after the prompt (default 0; with --feed-from: its length)"},
+     CLI_K_U64, OFF(n_dec), 0, SCORE_DECODE_MAX, NULL, NULL},
+    {{"feed-from", 0, "GOLDEN", "feed decode.input_ids of this safetensors file instead of the greedy chain"},
+     CLI_K_STR, OFF(feed_path), 0, 0, NULL, NULL},
+    {{"taps", 0, NULL, "also write prefill/decode embed, layer outputs and final norm"},
+     CLI_K_FLAG, OFF(taps), 0, 0, NULL, NULL},
+    {{"output", 'o', "OUT", "output safetensors file"}, CLI_K_STR, OFF(outp), 0, 0, NULL, NULL},
+    CLI_DEVICE_ARG(struct score_args, mo, "where to run (default: cuda when available, else cpu)"),
+    {{"chunk", 0, "N", "rows per internal prefill step (default 256)"}, CLI_K_U64, OFF(chunk), 1, 1 << 20, NULL, NULL},
+    {{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"}, CLI_K_FLAG, OFF(das), 0, 0, NULL, NULL},
+    CLI_MODEL_ARGS(struct score_args, mo, "score"),
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
+
 int cmd_score(int argc, char **argv)
 {
 	const char *C = "salafw score";
-	const char *ids_path = NULL, *feed_path = NULL, *outp = NULL;
-	unsigned long long n_dec = 0, chunk = 0;
-	int have_dec = 0, taps = 0, das = 0;
-	struct cli_model_opts mo;
-	cli_model_opts_init(&mo);
+	struct score_args a = {0};
+	cli_model_opts_init(&a.mo);
 	struct cli_parser cp;
-	const char *arg;
-	int k;
-	cli_init(&cp, C, argc, argv, opts);
-	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, C, "MODEL_DIR --ids FILE [--decode N] [--feed-from GOLDEN] [--taps] -o OUT", opts);
-			return SFW_EXIT_OK;
-		}
-		if (k == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		const char *nm = opts[k].name;
-		if (!strcmp(nm, "ids"))
-			ids_path = arg;
-		else if (!strcmp(nm, "decode")) {
-			if (!cli_parse_u64(C, nm, arg, &n_dec))
-				return SFW_EXIT_USAGE;
-			if (n_dec > SCORE_DECODE_MAX)
-				return cli_usage_error(C, "--decode %llu is more than %u steps", n_dec, SCORE_DECODE_MAX);
-			have_dec = 1;
-		} else if (!strcmp(nm, "feed-from"))
-			feed_path = arg;
-		else if (!strcmp(nm, "taps"))
-			taps = 1;
-		else if (!strcmp(nm, "output"))
-			outp = arg;
-		else if (!strcmp(nm, "chunk")) {
-			if (!cli_parse_u64(C, nm, arg, &chunk))
-				return SFW_EXIT_USAGE;
-			if (chunk < 1 || chunk > (1u << 20))
-				return cli_usage_error(C, "--chunk must be 1 to %u rows", 1u << 20);
-		} else if (!strcmp(nm, "dense-as-sparse"))
-			das = 1;
+	int rc = cli_parse_args(&cp, C, argc, argv, args, &a);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, C, "MODEL_DIR --ids FILE [--decode N] [--feed-from GOLDEN] [--taps] -o OUT", args);
+		return SFW_EXIT_OK;
 	}
+	if (rc != 0)
+		return rc;
+	const char *ids_path = a.ids_path, *feed_path = a.feed_path, *outp = a.outp;
+	unsigned long long n_dec = a.n_dec, chunk = a.chunk;
+	int have_dec = cli_given(&cp, "decode"), taps = a.taps, das = a.das;
+	const struct cli_model_opts mo = a.mo;
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
 	if (!ids_path || !outp)
@@ -75,8 +66,7 @@ int cmd_score(int argc, char **argv)
 	struct sfw_model_params mp;
 	if (cli_model_params(C, &mo, &mp))
 		return SFW_EXIT_USAGE;
-	int rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey);
-	if (rc)
+	if ((rc = cli_model_gate(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey)) != 0)
 		return rc;
 	int32_t *ids = NULL;
 	size_t n = 0;

@@ -24,6 +24,17 @@ void cli_model_opts_init(struct cli_model_opts *o)
 	o->device = SFW_DEVICE_AUTO;
 }
 
+int cli_take_device(const char *cmd, const char *label, const char *value, void *device)
+{
+	if (!strcmp(value, "cpu"))
+		*(int *)device = SFW_DEVICE_CPU;
+	else if (!strcmp(value, "cuda"))
+		*(int *)device = SFW_DEVICE_CUDA;
+	else
+		return cli_usage_error(cmd, "%s must be cpu or cuda", label);
+	return 0;
+}
+
 /* 1: name was a model option (taken), 0: it was not, -1: bad value (printed). */
 static int model_opt(struct cli_model_opts *o, const char *cmd, const char *name, const char *arg)
 {
@@ -37,12 +48,14 @@ static int model_opt(struct cli_model_opts *o, const char *cmd, const char *name
 			return -1;
 		}
 	} else if (!strcmp(name, "threads")) {
-		if (!cli_parse_u64(cmd, "threads", arg, &o->threads))
+		unsigned long long t;
+		if (!cli_parse_u64(cmd, "threads", arg, &t))
 			return -1;
-		if (o->threads > 256) {
-			cli_usage_error(cmd, "--threads must be at most 256 (0 = all cores)");
+		if (t > 256) {
+			cli_usage_error(cmd, "--threads must be at most 256");
 			return -1;
 		}
+		o->threads = (int)t;
 	} else if (!strcmp(name, "no-verify")) {
 		o->no_verify = 1;
 	} else if (!strcmp(name, "verify-full")) {

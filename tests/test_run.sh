@@ -118,16 +118,16 @@ check_err "run --max-context too large" 2 "^salafw run: --max-context 1073741825
 	$R --max-context 1073741825
 check_err "run --prefill-chunk 0" 2 "^salafw run: --prefill-chunk must be 1 to 1048576 rows" $R --prefill-chunk 0
 check_err "run --threads too large" 2 "^salafw run: --threads must be at most 256" $R --threads 257
-check_err "score --decode too large" 2 "^salafw score: --decode 1048577 is more than 1048576 steps" \
+check_err "score --decode too large" 2 "^salafw score: --decode must be at most 1048576 \(see --help\)" \
 	$SALAFW score "$D" --ids "$S/ids.txt" -o "$S/x.safetensors" --no-verify --decode 1048577
-check_err "score --chunk 0" 2 "^salafw score: --chunk must be 1 to 1048576 rows" \
+check_err "score --chunk 0" 2 "^salafw score: --chunk must be 1 to 1048576 \(see --help\)" \
 	$SALAFW score "$D" --ids "$S/ids.txt" -o "$S/x.safetensors" --no-verify --chunk 0
-check_err "bench --prompt 0" 2 "^salafw bench: --prompt must be 1 to 16777216 tokens" \
+check_err "bench --prompt 0" 2 "^salafw bench: --prompt must be 1 to 16777216 \(see --help\)" \
 	$SALAFW bench "$D" --no-verify --prompt 0
-check_err "bench --gen too large" 2 "^salafw bench: --gen 16777217 is more than" $SALAFW bench "$D" --no-verify --gen 16777217
+check_err "bench --gen too large" 2 "^salafw bench: --gen must be at most 16777216" $SALAFW bench "$D" --no-verify --gen 16777217
 check_err "bench --prefill-chunk 0" 2 "^salafw bench: --prefill-chunk must be 1 to" \
 	$SALAFW bench "$D" --no-verify --prefill-chunk 0
-check_err "bench --max-context too large" 2 "^salafw bench: --max-context 1073741825 is more than" \
+check_err "bench --max-context too large" 2 "^salafw bench: --max-context must be at most 1073741824" \
 	$SALAFW bench "$D" --no-verify --max-context 1073741825
 # the option is named once with its dashes ("--temp", not "----temp")
 check_err "run --temp x names --temp" 2 "^salafw run: --temp: 'x' is not a number$" $R --temp x
