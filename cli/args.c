@@ -88,8 +88,7 @@ int cli_parse_args(struct cli_parser *p, const char *cmd, int argc, char **argv,
 		if (k == CLI_ERROR)
 			return SFW_EXIT_USAGE;
 		const struct cli_arg *a = arg_row(args, k);
-		char label[80];
-		snprintf(label, sizeof(label), "%s%s", a->opt.name[1] ? "--" : "-", a->opt.name);
+		const char *label = p->typed; /* as typed: "-n" or "--n-predict" */
 		p->given[k] = 1;
 		if ((rc = apply(cmd, label, a, value, vals)) != 0)
 			return rc;

@@ -63,6 +63,7 @@ struct cli_parser {
 	int npos;
 	int only_pos;     /* after "--" */
 	unsigned char given[CLI_MAX_OPTS]; /* cli_parse_args: row k was on the command line */
+	char typed[64];   /* the last option as typed ("-n", "--n-predict"), without "=VALUE" */
 };
 
 #define CLI_DONE (-1)

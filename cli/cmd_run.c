@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,37 +91,91 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 
 /* ---- salafw run ------------------------------------------------------------- */
 
-static const struct cli_opt opts[] = {
-	{"prompt", 'p', "TEXT", "prompt text; with a chat model one user turn in the model's chat template (--raw: "
-				"plain text to continue); with -i the first turn"},
-	{"file", 'f', "FILE", "prompt text from a file (as -p)"},
-	{"interactive", 'i', NULL, "chat: user turns from standard input after a \"> \" prompt, the history kept; "
-				   "Ctrl-C stops a reply, Ctrl-C at the prompt (exit 130) or Ctrl-D (exit 0) ends"},
-	{"chat", 0, NULL, "the prompt from standard input as one user turn (without -p or -f)"},
-	{"raw", 0, NULL, "no chat template: the prompt (-p, -f) is plain text to continue, encoded with BOS"},
-	{"system", 0, "TEXT", "a system message before the first user turn"},
-	{"chat-template-kwargs", 0, "JSON", "variables for the chat template, e.g. '{\"enable_thinking\": false}'"},
-	{"special", 0, NULL, "print special tokens (<|im_end|>, <|tool_call|>, ...); hidden by default"},
-	{"model", 0, "DIR", "the model directory, instead of MODEL_DIR (-m DIR too, as llama.cpp writes it)"},
-	{"ids", 0, "FILE", "prompt as token ids (text integers, or safetensors with input_ids)"},
-	{"n-predict", 'n', "N", "tokens per reply at most (default 128, with -i 512; 0 = to EOS or the context)"},
-	{"ctx-size", 'c', "N", "context size: replies stop there (default prompt + -n, or + 4096; -i 4096)"},
-	{"stop", 0, "STR", "stop where STR appears in the reply (STR not shown; repeatable)"},
-	{"temp", 0, "T", "sampling temperature (default: generation_config.json's, else 1; 0 = greedy)"},
-	{"temperature", 0, "T", "the same as --temp"},
-	{"top-k", 0, "K", "keep the K most likely tokens (default: generation_config.json's, else 0 = off)"},
-	{"top-p", 0, "P", "nucleus sampling mass (default: generation_config.json's, else 1 = off)"},
-	{"seed", 0, "S", "sampler seed (default: random, printed with the stats)"},
-	{"greedy", 0, NULL, "always take the most likely token"},
-	{"ignore-eos", 0, NULL, "do not stop at end-of-sequence tokens"},
-	{"print-ids", 0, NULL, "print the generated token ids (one line) instead of text"},
-	{"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
-	{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"},
-	{"max-context", 0, "N", "reserve the context for N tokens up front (default: the context size)"},
-	{"prefill-chunk", 0, "C", "prefill rows per piece (default 256 on the CPU, 8192 on CUDA)"},
-	CLI_MODEL_OPT_ROWS("run"),
-	{0},
+/* The command line's values (cli_parse_args fills them from the table). */
+struct run_args {
+	const char *prompt, *file, *system, *kw_text, *model, *ids_path;
+	const char *stops[SFW_STOP_MAX];
+	size_t n_stop;
+	int chat, inter, raw, special, print_ids, das, ignore_eos, greedy, top_k;
+	uint64_t n_gen, ctx_size, max_ctx, chunk, seed;
+	double temp, top_p;
+	struct cli_model_opts mo;
 };
+
+static int take_model(const char *cmd, const char *label, const char *v, void *dst)
+{
+	struct run_args *a = dst;
+	(void)label;
+	if (a->model)
+		return cli_usage_error(cmd, "--model (-m) given twice");
+	a->model = v;
+	return 0;
+}
+
+static int take_stop(const char *cmd, const char *label, const char *v, void *dst)
+{
+	struct run_args *a = dst;
+	if (a->n_stop >= SFW_STOP_MAX)
+		return cli_usage_error(cmd, "more than %d %s strings", SFW_STOP_MAX, label);
+	size_t L = strlen(v);
+	if (L < 1 || L > SFW_STOP_MAX_LEN || !sfw_utf8_valid((const unsigned char *)v, L))
+		return cli_usage_error(cmd, "%s wants 1 to %d bytes of UTF-8", label, SFW_STOP_MAX_LEN);
+	a->stops[a->n_stop++] = v;
+	return 0;
+}
+
+#define OFF(f) offsetof(struct run_args, f)
+static const struct cli_arg args[] = {
+    {{"prompt", 'p', "TEXT",
+      "prompt text; with a chat model one user turn in the model's chat template (--raw: plain text to continue); "
+      "with -i the first turn"},
+     CLI_K_STR, OFF(prompt), 0, 0, NULL, NULL},
+    {{"file", 'f', "FILE", "prompt text from a file (as -p)"}, CLI_K_STR, OFF(file), 0, 0, NULL, NULL},
+    {{"interactive", 'i', NULL,
+      "chat: user turns from standard input after a \"> \" prompt, the history kept; Ctrl-C stops a reply, Ctrl-C at "
+      "the prompt (exit 130) or Ctrl-D (exit 0) ends"},
+     CLI_K_FLAG, OFF(inter), 0, 0, NULL, NULL},
+    {{"chat", 0, NULL, "the prompt from standard input as one user turn (without -p or -f)"},
+     CLI_K_FLAG, OFF(chat), 0, 0, NULL, NULL},
+    {{"raw", 0, NULL, "no chat template: the prompt (-p, -f) is plain text to continue, encoded with BOS"},
+     CLI_K_FLAG, OFF(raw), 0, 0, NULL, NULL},
+    {{"system", 0, "TEXT", "a system message before the first user turn"}, CLI_K_STR, OFF(system), 0, 0, NULL, NULL},
+    {{"chat-template-kwargs", 0, "JSON", "variables for the chat template, e.g. '{\"enable_thinking\": false}'"},
+     CLI_K_STR, OFF(kw_text), 0, 0, NULL, NULL},
+    {{"special", 0, NULL, "print special tokens (<|im_end|>, <|tool_call|>, ...); hidden by default"},
+     CLI_K_FLAG, OFF(special), 0, 0, NULL, NULL},
+    {{"model", 0, "DIR", "the model directory, instead of MODEL_DIR (-m DIR too, as llama.cpp writes it)"},
+     CLI_K_CALL, 0, 0, 0, take_model, NULL},
+    {{"ids", 0, "FILE", "prompt as token ids (text integers, or safetensors with input_ids)"},
+     CLI_K_STR, OFF(ids_path), 0, 0, NULL, NULL},
+    {{"n-predict", 'n', "N", "tokens per reply at most (default 128, with -i 512; 0 = to EOS or the context)"},
+     CLI_K_U64, OFF(n_gen), 0, 1 << 24, NULL, NULL},
+    {{"ctx-size", 'c', "N", "context size: replies stop there (default prompt + -n, or + 4096; -i 4096)"},
+     CLI_K_U64, OFF(ctx_size), 1, 1 << 30, NULL, NULL},
+    {{"stop", 0, "STR", "stop where STR appears in the reply (STR not shown; repeatable)"},
+     CLI_K_CALL, 0, 0, 0, take_stop, NULL},
+    {{"temp", 0, "T", "sampling temperature (default: generation_config.json's, else 1; 0 = greedy)"},
+     CLI_K_DOUBLE, OFF(temp), 0, 0, NULL, NULL},
+    {{"temperature", 0, "T", "the same as --temp"}, CLI_K_DOUBLE, OFF(temp), 0, 0, NULL, NULL},
+    {{"top-k", 0, "K", "keep the K most likely tokens (default: generation_config.json's, else 0 = off)"},
+     CLI_K_INT, OFF(top_k), 0, INT32_MAX, NULL, NULL},
+    {{"top-p", 0, "P", "nucleus sampling mass (default: generation_config.json's, else 1 = off)"},
+     CLI_K_DOUBLE, OFF(top_p), 0, 0, NULL, NULL},
+    {{"seed", 0, "S", "sampler seed (default: random, printed with the stats)"}, CLI_K_U64, OFF(seed), 0, 0, NULL, NULL},
+    {{"greedy", 0, NULL, "always take the most likely token"}, CLI_K_FLAG, OFF(greedy), 0, 0, NULL, NULL},
+    {{"ignore-eos", 0, NULL, "do not stop at end-of-sequence tokens"}, CLI_K_FLAG, OFF(ignore_eos), 0, 0, NULL, NULL},
+    {{"print-ids", 0, NULL, "print the generated token ids (one line) instead of text"},
+     CLI_K_FLAG, OFF(print_ids), 0, 0, NULL, NULL},
+    CLI_DEVICE_ARG(struct run_args, mo, "where to run (default: cuda when available, else cpu)"),
+    {{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"}, CLI_K_FLAG, OFF(das), 0, 0, NULL, NULL},
+    {{"max-context", 0, "N", "reserve the context for N tokens up front (default: the context size)"},
+     CLI_K_U64, OFF(max_ctx), 0, 1 << 30, NULL, NULL},
+    {{"prefill-chunk", 0, "C", "prefill rows per piece (default 256 on the CPU, 8192 on CUDA)"},
+     CLI_K_U64, OFF(chunk), 1, 1 << 20, NULL, NULL},
+    CLI_MODEL_ARGS(struct run_args, mo, "run"),
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
 
 #define CHAT_STDIN_MAX (64u << 20)
 #define PROMPT_FILE_MAX (64u << 20)
@@ -447,9 +502,10 @@ static void model_short_m(int argc, char **argv)
 		}
 		if (a[0] != '-' || !a[1])
 			continue;
-		for (int k = 0; opts[k].name; k++) {
-			int is = a[1] == '-' ? (!strcmp(a + 2, opts[k].name)) : (a[2] == 0 && a[1] == opts[k].short_name);
-			if (is && opts[k].arg) {
+		for (int k = 0; args[k].opt.name; k++) {
+			const struct cli_opt *o = &args[k].opt;
+			int is = a[1] == '-' ? (!strcmp(a + 2, o->name)) : (a[2] == 0 && a[1] == o->short_name);
+			if (is && o->arg) {
 				i++; /* skip the value */
 				break;
 			}
@@ -460,113 +516,33 @@ static void model_short_m(int argc, char **argv)
 int cmd_run(int argc, char **argv)
 {
 	const char *C = "salafw run";
-	const char *prompt = NULL, *ids_path = NULL, *system = NULL, *file = NULL, *model = NULL, *kw_text = NULL;
-	const char *stops[SFW_STOP_MAX];
-	size_t n_stop = 0;
-	int chat = 0, inter = 0, print_ids = 0, das = 0, have_seed = 0, have_n = 0, ignore_eos = 0, raw = 0;
-	int special = 0, have_temp = 0, have_top_k = 0, have_top_p = 0;
-	unsigned long long n_gen = 128, u, max_ctx = 0, ctx_size = 0, chunk = 0;
-	uint64_t seed = 0;
-	struct cli_model_opts mo;
-	cli_model_opts_init(&mo);
-	double d;
-	struct sfw_op_sample_params sp = sfw_sampler_default_params();
-	double temp = 0, top_p = 1;
+	struct run_args ra = {.n_gen = 128, .top_p = 1};
+	cli_model_opts_init(&ra.mo);
 	struct cli_parser cp;
-	const char *arg;
-	int k;
 	model_short_m(argc, argv);
-	cli_init(&cp, C, argc, argv, opts);
-	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, C, "MODEL_DIR|-m DIR (-p TEXT | -f FILE | --chat | -i | --ids FILE) [options]", opts);
-			return SFW_EXIT_OK;
-		}
-		if (k == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		const char *nm = opts[k].name;
-		if (!strcmp(nm, "prompt"))
-			prompt = arg;
-		else if (!strcmp(nm, "file"))
-			file = arg;
-		else if (!strcmp(nm, "interactive"))
-			inter = 1;
-		else if (!strcmp(nm, "chat"))
-			chat = 1;
-		else if (!strcmp(nm, "raw"))
-			raw = 1;
-		else if (!strcmp(nm, "special"))
-			special = 1;
-		else if (!strcmp(nm, "system"))
-			system = arg;
-		else if (!strcmp(nm, "chat-template-kwargs"))
-			kw_text = arg;
-		else if (!strcmp(nm, "model")) {
-			if (model)
-				return cli_usage_error(C, "--model (-m) given twice");
-			model = arg;
-		} else if (!strcmp(nm, "ids"))
-			ids_path = arg;
-		else if (!strcmp(nm, "n-predict")) {
-			if (!cli_parse_u64(C, "n", arg, &n_gen)) /* "-n: ...", as before --n-predict */
-				return SFW_EXIT_USAGE;
-			if (n_gen > (1u << 24))
-				return cli_usage_error(C, "-n %llu is more than %u tokens", n_gen, 1u << 24);
-			have_n = 1;
-		} else if (!strcmp(nm, "ctx-size")) {
-			if (!cli_parse_u64(C, nm, arg, &ctx_size))
-				return SFW_EXIT_USAGE;
-			if (ctx_size < 1 || ctx_size > (1ull << 30))
-				return cli_usage_error(C, "--ctx-size must be 1 to %llu tokens", 1ull << 30);
-		} else if (!strcmp(nm, "stop")) {
-			if (n_stop >= SFW_STOP_MAX)
-				return cli_usage_error(C, "more than %d --stop strings", SFW_STOP_MAX);
-			size_t L = strlen(arg);
-			if (L < 1 || L > SFW_STOP_MAX_LEN || !sfw_utf8_valid((const unsigned char *)arg, L))
-				return cli_usage_error(C, "--stop wants 1 to %d bytes of UTF-8", SFW_STOP_MAX_LEN);
-			stops[n_stop++] = arg;
-		} else if (!strcmp(nm, "temp") || !strcmp(nm, "temperature")) {
-			if (!cli_parse_double(C, nm, arg, &d))
-				return SFW_EXIT_USAGE;
-			temp = d;
-			have_temp = 1;
-		} else if (!strcmp(nm, "top-k")) {
-			if (!cli_parse_u64(C, nm, arg, &u))
-				return SFW_EXIT_USAGE;
-			if (u > INT32_MAX)
-				return cli_usage_error(C, "--top-k %llu is more than %d", u, INT32_MAX);
-			sp.top_k = (int)u;
-			have_top_k = 1;
-		} else if (!strcmp(nm, "top-p")) {
-			if (!cli_parse_double(C, nm, arg, &d))
-				return SFW_EXIT_USAGE;
-			top_p = d;
-			have_top_p = 1;
-		} else if (!strcmp(nm, "seed")) {
-			if (!cli_parse_u64(C, nm, arg, &u))
-				return SFW_EXIT_USAGE;
-			seed = u;
-			have_seed = 1;
-		} else if (!strcmp(nm, "greedy"))
-			sp.greedy = 1;
-		else if (!strcmp(nm, "ignore-eos"))
-			ignore_eos = 1;
-		else if (!strcmp(nm, "print-ids"))
-			print_ids = 1;
-		else if (!strcmp(nm, "dense-as-sparse"))
-			das = 1;
-		else if (!strcmp(nm, "max-context")) {
-			if (!cli_parse_u64(C, nm, arg, &max_ctx))
-				return SFW_EXIT_USAGE;
-			if (max_ctx > (1ull << 30))
-				return cli_usage_error(C, "--max-context %llu is more than %llu tokens", max_ctx, 1ull << 30);
-		} else if (!strcmp(nm, "prefill-chunk")) {
-			if (!cli_parse_u64(C, nm, arg, &chunk))
-				return SFW_EXIT_USAGE;
-			if (chunk < 1 || chunk > (1u << 20))
-				return cli_usage_error(C, "--prefill-chunk must be 1 to %u rows", 1u << 20);
-		}
+	int rc = cli_parse_args(&cp, C, argc, argv, args, &ra);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, C, "MODEL_DIR|-m DIR (-p TEXT | -f FILE | --chat | -i | --ids FILE) [options]", args);
+		return SFW_EXIT_OK;
 	}
+	if (rc != 0)
+		return rc;
+	const char *prompt = ra.prompt, *ids_path = ra.ids_path, *system = ra.system, *file = ra.file,
+		   *model = ra.model, *kw_text = ra.kw_text;
+	const char *const *stops = ra.stops;
+	size_t n_stop = ra.n_stop;
+	int chat = ra.chat, inter = ra.inter, print_ids = ra.print_ids, das = ra.das, ignore_eos = ra.ignore_eos,
+	    raw = ra.raw, special = ra.special;
+	int have_seed = cli_given(&cp, "seed"), have_n = cli_given(&cp, "n-predict");
+	int have_temp = cli_given(&cp, "temp") || cli_given(&cp, "temperature"), have_top_k = cli_given(&cp, "top-k"),
+	    have_top_p = cli_given(&cp, "top-p");
+	unsigned long long n_gen = ra.n_gen, max_ctx = ra.max_ctx, ctx_size = ra.ctx_size, chunk = ra.chunk;
+	uint64_t seed = ra.seed;
+	const struct cli_model_opts mo = ra.mo;
+	struct sfw_op_sample_params sp = sfw_sampler_default_params();
+	sp.greedy = ra.greedy;
+	sp.top_k = ra.top_k;
+	double temp = ra.temp, top_p = ra.top_p;
 	/* Sampler values are checked here, before any model is loaded, as the
 	 * floats the sampler gets. Below 1e-6 a temperature only rounds the
 	 * logits apart (1e-40 would overflow 1/T): 0 already means greedy. */
@@ -612,7 +588,7 @@ int cmd_run(int argc, char **argv)
 		return SFW_EXIT_USAGE;
 	}
 	const char *dir = model ? model : cp.pos[0];
-	int rc = cli_model_gate(C, dir, mo.no_verify, mo.verify_full, mo.pubkey);
+	rc = cli_model_gate(C, dir, mo.no_verify, mo.verify_full, mo.pubkey);
 	if (rc) {
 		cJSON_Delete(kw);
 		return rc;

@@ -87,6 +87,10 @@ int cli_next(struct cli_parser *p, const char **arg)
 			usage_say("%s: unknown option '%s' (see --help)", p->cmd, a);
 			return CLI_ERROR;
 		}
+		{
+			size_t tl = inline_val ? (size_t)(inline_val - 1 - a) : strlen(a);
+			snprintf(p->typed, sizeof(p->typed), "%.*s", (int)tl, a);
+		}
 		if (OPT(p, found)->arg) {
 			if (inline_val) {
 				*arg = inline_val;

@@ -134,6 +134,7 @@ int main(void)
 	(void)parse("cmd", &v, &p);
 	unsetenv("TEST_CLI_SMALL");
 	(void)parse("cmd -s 0", &v, &p);
+	(void)parse("cmd --small=9", &v, &p);
 	(void)parse("cmd --ratio 2", &v, &p);
 	fflush(stderr);
 	dup2(saved, 2);
@@ -144,7 +145,8 @@ int main(void)
 	CHECK(got > 0 && strstr(msg, "test: TEST_CLI_SMALL must be 1 to 8 (see --help)"), "range message names the variable");
 	CHECK(strstr(msg, "test: TEST_CLI_SMALL: 'x' is not a non-negative integer") != NULL,
 	      "value message names the variable");
-	CHECK(strstr(msg, "test: --small must be 1 to 8 (see --help)") != NULL, "range message names the option: %s", msg);
+	CHECK(strstr(msg, "test: -s must be 1 to 8 (see --help)") != NULL, "range message names the option as typed (-s)");
+	CHECK(strstr(msg, "test: --small must be 1 to 8 (see --help)") != NULL, "... and as typed (--small=9)");
 	CHECK(strstr(msg, "test: --ratio must be at most 1 (see --help)") != NULL, "a range from 0 says its bound");
 	return CHECK_REPORT("test_cli_args");
 }

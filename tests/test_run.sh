@@ -112,11 +112,11 @@ check_exit "run -p and --ids conflict" 2 $SALAFW run "$G/tiny-dense" -p x --ids 
 # the option as typed and the problem.
 D="$G/tiny-dense"
 R="$SALAFW run $D --ids $S/ids.txt --no-verify"
-check_err "run -n too large" 2 "^salafw run: -n 16777217 is more than 16777216 tokens" $R -n 16777217
-check_err "run --top-k too large" 2 "^salafw run: --top-k 2147483648 is more than 2147483647" $R --top-k 2147483648
-check_err "run --max-context too large" 2 "^salafw run: --max-context 1073741825 is more than" \
+check_err "run -n too large" 2 "^salafw run: -n must be at most 16777216 \(see --help\)" $R -n 16777217
+check_err "run --top-k too large" 2 "^salafw run: --top-k must be at most 2147483647" $R --top-k 2147483648
+check_err "run --max-context too large" 2 "^salafw run: --max-context must be at most 1073741824" \
 	$R --max-context 1073741825
-check_err "run --prefill-chunk 0" 2 "^salafw run: --prefill-chunk must be 1 to 1048576 rows" $R --prefill-chunk 0
+check_err "run --prefill-chunk 0" 2 "^salafw run: --prefill-chunk must be 1 to 1048576 \(see --help\)" $R --prefill-chunk 0
 check_err "run --threads too large" 2 "^salafw run: --threads must be at most 256" $R --threads 257
 check_err "score --decode too large" 2 "^salafw score: --decode must be at most 1048576 \(see --help\)" \
 	$SALAFW score "$D" --ids "$S/ids.txt" -o "$S/x.safetensors" --no-verify --decode 1048577
