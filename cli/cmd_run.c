@@ -513,312 +513,355 @@ static void model_short_m(int argc, char **argv)
 	}
 }
 
-int cmd_run(int argc, char **argv)
-{
-	const char *C = "salafw run";
-	struct run_args ra = {.n_gen = 128, .top_p = 1};
-	cli_model_opts_init(&ra.mo);
-	struct cli_parser cp;
-	model_short_m(argc, argv);
-	int rc = cli_parse_args(&cp, C, argc, argv, args, &ra);
-	if (rc == CLI_HELP) {
-		cli_usage_args(stdout, C, "MODEL_DIR|-m DIR (-p TEXT | -f FILE | --chat | -i | --ids FILE) [options]", args);
-		return SFW_EXIT_OK;
-	}
-	if (rc != 0)
-		return rc;
-	const char *prompt = ra.prompt, *ids_path = ra.ids_path, *system = ra.system, *file = ra.file,
-		   *model = ra.model, *kw_text = ra.kw_text;
-	const char *const *stops = ra.stops;
-	size_t n_stop = ra.n_stop;
-	int chat = ra.chat, inter = ra.inter, print_ids = ra.print_ids, das = ra.das, ignore_eos = ra.ignore_eos,
-	    raw = ra.raw, special = ra.special;
-	int have_seed = cli_given(&cp, "seed"), have_n = cli_given(&cp, "n-predict");
-	int have_temp = cli_given(&cp, "temp") || cli_given(&cp, "temperature"), have_top_k = cli_given(&cp, "top-k"),
-	    have_top_p = cli_given(&cp, "top-p");
-	unsigned long long n_gen = ra.n_gen, max_ctx = ra.max_ctx, ctx_size = ra.ctx_size, chunk = ra.chunk;
-	uint64_t seed = ra.seed;
-	const struct cli_model_opts mo = ra.mo;
-	struct sfw_op_sample_params sp = sfw_sampler_default_params();
-	sp.greedy = ra.greedy;
-	sp.top_k = ra.top_k;
-	double temp = ra.temp, top_p = ra.top_p;
-	/* Sampler values are checked here, before any model is loaded, as the
-	 * floats the sampler gets. Below 1e-6 a temperature only rounds the
-	 * logits apart (1e-40 would overflow 1/T): 0 already means greedy. */
-	if (have_temp && temp < 0)
-		return cli_usage_error(C, "--temp %g is negative (0 = greedy)", temp);
-	if (have_temp && temp > 0 && temp < 1e-6)
-		return cli_usage_error(C, "--temp %g is too small; use --temp 0 for greedy", temp);
-	if (have_temp && temp > 1e6)
-		return cli_usage_error(C, "--temp %g is too large (at most 1e6)", temp);
-	if (have_top_p && !((float)top_p > 0 && top_p <= 1))
-		return cli_usage_error(C, "--top-p %g must be in (0, 1]", top_p);
-	if (cp.npos + (model != NULL) != 1)
-		return cli_usage_error(C, "expected one MODEL_DIR (or -m DIR)");
-	if ((prompt != NULL) + (file != NULL) + (ids_path != NULL) > 1 || (ids_path && (chat || inter)) ||
-	    (chat && inter) || (!prompt && !file && !ids_path && !chat && !inter))
-		return cli_usage_error(C, "give exactly one of -p TEXT, -f FILE, --chat, -i or --ids FILE");
-	if (raw && (chat || inter || ids_path))
-		return cli_usage_error(C, "--raw is for -p and -f (a chat needs the template)");
-	if (system && (raw || ids_path))
-		return cli_usage_error(C, "--system needs a chat prompt (not --raw or --ids)");
-	if (kw_text && (raw || ids_path))
-		return cli_usage_error(C, "--chat-template-kwargs needs a chat prompt (not --raw or --ids)");
-	if (n_stop && print_ids)
-		return cli_usage_error(C, "--stop needs text output (not --print-ids)");
-	cJSON *kw = NULL;
-	if (kw_text) {
-		struct sfw_err kerr = {0};
-		size_t kl = strlen(kw_text);
-		if (kl > KWARGS_MAX || sfw_json_parse(kw_text, kl, "--chat-template-kwargs", &kw, &kerr) != SFW_OK ||
-		    !cJSON_IsObject(kw)) {
-			cJSON_Delete(kw);
-			return cli_usage_error(C, "--chat-template-kwargs wants a JSON object%s%s", kerr.msg[0] ? ": " : "",
-					       kerr.msg);
-		}
-	}
-	if (!have_seed)
-		seed = random_seed();
-	if (inter && !have_n)
-		n_gen = 512;
-	struct sfw_model_params mp;
-	if (cli_model_params(C, &mo, &mp)) {
-		cJSON_Delete(kw);
-		return SFW_EXIT_USAGE;
-	}
-	const char *dir = model ? model : cp.pos[0];
-	rc = cli_model_gate(C, dir, mo.no_verify, mo.verify_full, mo.pubkey);
-	if (rc) {
-		cJSON_Delete(kw);
-		return rc;
-	}
-
-	struct sfw_err err = {0};
-	enum sfw_status s;
-	struct sfw_model *m = NULL;
-	struct sfw_ctx *ctx = NULL;
-	struct sfw_tokenizer *tok = NULL;
-	struct sfw_chat_template *tpl = NULL;
-	cJSON *msgs = NULL;
+/* Everything one run holds, released by run_release. */
+struct run {
+	const char *C, *dir;
+	struct run_args ra;
+	int have_temp, have_top_k, have_top_p;
+	cJSON *kw, *msgs;
+	struct sfw_model *m;
+	struct sfw_ctx *ctx;
+	struct sfw_tokenizer *tok;
+	struct sfw_chat_template *tpl;
 	struct sfw_sampler smp;
-	int smp_ok = 0;
-	int32_t *ids = NULL;
-	size_t n_ids = 0;
+	int smp_ok, use_chat, first_turn, turns;
+	uint64_t seed;
+	int32_t *ids;
+	size_t n_ids;
 	struct sfw_buf text, in, line, reply;
-	/* The chat turn is the message plus the system text and the template's markers. */
-	sfw_buf_init(&text, 2 * (size_t)CHAT_STDIN_MAX + (system ? strlen(system) : 0) + (1u << 20));
-	sfw_buf_init(&in, CHAT_STDIN_MAX);
-	sfw_buf_init(&line, CHAT_LINE_MAX);
-	sfw_buf_init(&reply, REPLY_MAX);
-	struct line_in *lin = NULL;
-	struct run_out ro = {.print_ids = print_ids};
+	struct line_in *lin;
+	struct run_out ro;
+	struct sfw_eos_set eos;
+	struct sfw_gen_params gp;
+	struct sfw_gen_stats st;
+	struct sfw_err err;
+};
 
-	/* Input problems are reported before the model is loaded. */
-	char tpath[4200];
+/* The values that go together, checked before any model is loaded (the
+ * sampler's as the floats it takes). Returns 0 or an exit code. */
+static int run_check(struct run *r, const struct cli_parser *cp)
+{
+	const char *C = r->C;
+	const struct run_args *a = &r->ra;
+	/* Below 1e-6 a temperature only rounds the logits apart (1e-40 would
+	 * overflow 1/T): 0 already means greedy. */
+	if (r->have_temp && a->temp < 0)
+		return cli_usage_error(C, "--temp %g is negative (0 = greedy)", a->temp);
+	if (r->have_temp && a->temp > 0 && a->temp < 1e-6)
+		return cli_usage_error(C, "--temp %g is too small; use --temp 0 for greedy", a->temp);
+	if (r->have_temp && a->temp > 1e6)
+		return cli_usage_error(C, "--temp %g is too large (at most 1e6)", a->temp);
+	if (r->have_top_p && !((float)a->top_p > 0 && a->top_p <= 1))
+		return cli_usage_error(C, "--top-p %g must be in (0, 1]", a->top_p);
+	if (cp->npos + (a->model != NULL) != 1)
+		return cli_usage_error(C, "expected one MODEL_DIR (or -m DIR)");
+	if ((a->prompt != NULL) + (a->file != NULL) + (a->ids_path != NULL) > 1 ||
+	    (a->ids_path && (a->chat || a->inter)) || (a->chat && a->inter) ||
+	    (!a->prompt && !a->file && !a->ids_path && !a->chat && !a->inter))
+		return cli_usage_error(C, "give exactly one of -p TEXT, -f FILE, --chat, -i or --ids FILE");
+	if (a->raw && (a->chat || a->inter || a->ids_path))
+		return cli_usage_error(C, "--raw is for -p and -f (a chat needs the template)");
+	if (a->system && (a->raw || a->ids_path))
+		return cli_usage_error(C, "--system needs a chat prompt (not --raw or --ids)");
+	if (a->kw_text && (a->raw || a->ids_path))
+		return cli_usage_error(C, "--chat-template-kwargs needs a chat prompt (not --raw or --ids)");
+	if (a->n_stop && a->print_ids)
+		return cli_usage_error(C, "--stop needs text output (not --print-ids)");
+	if (a->kw_text) {
+		struct sfw_err kerr = {0};
+		size_t kl = strlen(a->kw_text);
+		if (kl > KWARGS_MAX ||
+		    sfw_json_parse(a->kw_text, kl, "--chat-template-kwargs", &r->kw, &kerr) != SFW_OK ||
+		    !cJSON_IsObject(r->kw))
+			return cli_usage_error(C, "--chat-template-kwargs wants a JSON object%s%s",
+					       kerr.msg[0] ? ": " : "", kerr.msg);
+	}
+	return 0;
+}
+
+/* The inputs (read before the model is loaded, so their problems come
+ * first), the sampling defaults (generation_config.json's, one set with
+ * serve), the model, its tokenizer, end ids and chat template, and the
+ * first turn's ids. Returns 0 or an exit code. */
+static int run_load(struct run *r, struct sfw_op_sample_params *sp, const struct sfw_model_params *mp)
+{
+	const char *C = r->C, *dir = r->dir;
+	const struct run_args *a = &r->ra;
+	struct sfw_err *err = &r->err;
+	enum sfw_status s = SFW_OK;
+	int rc;
+	char tpath[4200], ed[1024];
 	struct stat stt;
 	snprintf(tpath, sizeof(tpath), "%s/tokenizer.model", dir);
 	int have_tok = stat(tpath, &stt) == 0;
-	if (!have_tok && !ids_path) {
-		char ed[1024];
-		fprintf(stderr, "%s: '%s' has no tokenizer.model (use --ids)\n", C,
-			sfw_esc(dir, ed, sizeof(ed)));
-		rc = SFW_EXIT_USAGE;
-		goto out_rc;
+	if (!have_tok && !a->ids_path) {
+		fprintf(stderr, "%s: '%s' has no tokenizer.model (use --ids)\n", C, sfw_esc(dir, ed, sizeof(ed)));
+		return SFW_EXIT_USAGE;
 	}
-	if (ids_path && (rc = cli_read_ids(C, ids_path, &ids, &n_ids)) != 0)
-		goto out_rc;
-	if (file && (rc = read_prompt_file(C, file, &in)) != 0)
-		goto out_rc;
-	if (chat && !prompt && !file && (rc = read_stdin(C, &in)) != 0)
-		goto out_rc;
-
-	/* One set of sampling defaults with serve: generation_config.json's. */
+	if (a->ids_path && (rc = cli_read_ids(C, a->ids_path, &r->ids, &r->n_ids)) != 0)
+		return rc;
+	if (a->file && (rc = read_prompt_file(C, a->file, &r->in)) != 0)
+		return rc;
+	if (a->chat && !a->prompt && !a->file && (rc = read_stdin(C, &r->in)) != 0)
+		return rc;
 	struct sfw_gen_defaults gd;
-	if ((s = sfw_gen_defaults_load(dir, &gd, &err)) != SFW_OK)
-		goto fail;
-	sp.temperature = (float)(have_temp ? temp : gd.temperature);
-	sp.top_p = (float)(have_top_p ? top_p : gd.top_p);
-	if (!have_top_k)
-		sp.top_k = gd.top_k;
-
-	if ((s = sfw_model_load(dir, &mp, &m, &err)) != SFW_OK)
-		goto fail;
-	const struct sfw_config *cf = sfw_model_config(m);
-	if (have_tok && (s = sfw_tokenizer_load(dir, cf->vocab_size, &tok, &err)) != SFW_OK)
-		goto fail;
-	struct sfw_eos_set eos;
-	if ((s = sfw_eos_load(dir, cf, tok, &eos, &err)) != SFW_OK)
-		goto fail;
-	if (ignore_eos)
-		eos.n = 0;
+	if ((s = sfw_gen_defaults_load(dir, &gd, err)) != SFW_OK)
+		return cli_report(s, err);
+	sp->temperature = (float)(r->have_temp ? a->temp : gd.temperature);
+	sp->top_p = (float)(r->have_top_p ? a->top_p : gd.top_p);
+	if (!r->have_top_k)
+		sp->top_k = gd.top_k;
+	if ((s = sfw_model_load(dir, mp, &r->m, err)) != SFW_OK)
+		return cli_report(s, err);
+	const struct sfw_config *cf = sfw_model_config(r->m);
+	if (have_tok && (s = sfw_tokenizer_load(dir, cf->vocab_size, &r->tok, err)) != SFW_OK)
+		return cli_report(s, err);
+	if ((s = sfw_eos_load(dir, cf, r->tok, &r->eos, err)) != SFW_OK)
+		return cli_report(s, err);
+	if (a->ignore_eos)
+		r->eos.n = 0;
 	/* A chat model: its tokenizer has the chat tokens. -p and -f are then a
 	 * user turn in its template unless --raw. */
-	int chat_model = tok && sfw_tokenizer_special_id(tok, "<|im_start|>") >= 0 &&
-			 sfw_tokenizer_special_id(tok, "<|im_end|>") >= 0;
-	int use_chat = !ids_path && !raw && chat_model;
-	if ((chat || inter || system || kw) && !chat_model) {
-		char ed[1024];
+	int chat_model = r->tok && sfw_tokenizer_special_id(r->tok, "<|im_start|>") >= 0 &&
+			 sfw_tokenizer_special_id(r->tok, "<|im_end|>") >= 0;
+	r->use_chat = !a->ids_path && !a->raw && chat_model;
+	if ((a->chat || a->inter || a->system || r->kw) && !chat_model) {
 		fprintf(stderr, "%s: '%s' is not a chat model (its tokenizer has no <|im_start|>/<|im_end|>)\n", C,
 			sfw_esc(dir, ed, sizeof(ed)));
-		rc = SFW_EXIT_USAGE;
-		goto out_rc;
+		return SFW_EXIT_USAGE;
 	}
-	if (use_chat) {
-		if ((s = sfw_chat_template_load(dir, &tpl, &err)) != SFW_OK)
-			goto fail;
-		if (!(msgs = cJSON_CreateArray())) {
-			s = sfw_fail(&err, SFW_E_NOMEM, "out of memory");
-			goto fail;
-		}
-		if (system && (s = add_msg(msgs, "system", system, strlen(system), &err)) != SFW_OK)
-			goto fail;
+	if (r->use_chat) {
+		if ((s = sfw_chat_template_load(dir, &r->tpl, err)) != SFW_OK)
+			return cli_report(s, err);
+		if (!(r->msgs = cJSON_CreateArray()))
+			return cli_report(sfw_fail(err, SFW_E_NOMEM, "out of memory"), err);
+		if (a->system && (s = add_msg(r->msgs, "system", a->system, strlen(a->system), err)) != SFW_OK)
+			return cli_report(s, err);
 	}
-	const char *body = prompt ? prompt : in.data ? in.data : "";
-	int first_turn = !inter || prompt || file;
-	if (!ids_path && first_turn) {
-		if (use_chat) {
-			if ((s = add_msg(msgs, "user", body, strlen(body), &err)) != SFW_OK ||
-			    (s = first_turn_ids(tok, tpl, msgs, kw, &text, &ids, &n_ids, &err)) != SFW_OK)
-				goto fail;
-		} else if ((s = sfw_tokenizer_encode(tok, body, strlen(body), 1, &ids, &n_ids, &err)) != SFW_OK)
-			goto fail;
+	const char *body = a->prompt ? a->prompt : r->in.data ? r->in.data : "";
+	r->first_turn = !a->inter || a->prompt || a->file;
+	if (!a->ids_path && r->first_turn) {
+		if (!r->use_chat)
+			s = sfw_tokenizer_encode(r->tok, body, strlen(body), 1, &r->ids, &r->n_ids, err);
+		else if ((s = add_msg(r->msgs, "user", body, strlen(body), err)) == SFW_OK)
+			s = first_turn_ids(r->tok, r->tpl, r->msgs, r->kw, &r->text, &r->ids, &r->n_ids, err);
+		if (s != SFW_OK)
+			return cli_report(s, err);
 	}
-	/* The context: -c, else (chat) 4096, else prompt + -n (-n 0: + 4096). */
-	int64_t limit = ctx_size ? (int64_t)ctx_size
-			: inter  ? CHAT_CTX_DEFAULT
-				 : (int64_t)n_ids + (n_gen ? (int64_t)n_gen : CHAT_CTX_DEFAULT);
+	return 0;
+}
+
+/* The context (-c, else (chat) 4096, else prompt + -n, or + 4096 with -n
+ * 0), the device plan on CUDA, the sampler and the generation's parameters.
+ * Returns 0 or an exit code. */
+static int run_context(struct run *r, const struct sfw_op_sample_params *sp, unsigned long long n_gen)
+{
+	const struct run_args *a = &r->ra;
+	struct sfw_err *err = &r->err;
+	enum sfw_status s;
+	int64_t limit = a->ctx_size ? (int64_t)a->ctx_size
+			: a->inter  ? CHAT_CTX_DEFAULT
+				    : (int64_t)r->n_ids + (n_gen ? (int64_t)n_gen : CHAT_CTX_DEFAULT);
 	struct sfw_ctx_params xp = sfw_ctx_default_params();
 	xp.n_ctx = limit;
-	if ((int64_t)max_ctx > xp.n_ctx)
-		xp.n_ctx = (int64_t)max_ctx;
-	xp.dense_as_sparse = das;
-	int cuda = !strcmp(sfw_model_device_name(m), "cuda");
-	if (chunk)
-		xp.prefill_chunk = (int)chunk;
+	if ((int64_t)a->max_ctx > xp.n_ctx)
+		xp.n_ctx = (int64_t)a->max_ctx;
+	xp.dense_as_sparse = a->das;
+	int cuda = !strcmp(sfw_model_device_name(r->m), "cuda");
+	if (a->chunk)
+		xp.prefill_chunk = (int)a->chunk;
 	else if (cuda) /* bounded activations, large GEMMs; no more rows than the prompt */
-		xp.prefill_chunk = n_ids && n_ids < 8192 ? (int)((n_ids + 63) / 64 * 64) : 8192;
+		xp.prefill_chunk = r->n_ids && r->n_ids < 8192 ? (int)((r->n_ids + 63) / 64 * 64) : 8192;
 	if (cuda) { /* the plan at start, and a context that cannot fit refused with its numbers */
 		struct sfw_mem_plan pl;
-		s = sfw_plan_check(m, xp.n_ctx, xp.prefill_chunk, &pl, &err);
-		sfw_plan_print(stderr, C, &pl, xp.n_ctx, xp.prefill_chunk);
+		s = sfw_plan_check(r->m, xp.n_ctx, xp.prefill_chunk, &pl, err);
+		sfw_plan_print(stderr, r->C, &pl, xp.n_ctx, xp.prefill_chunk);
 		if (s != SFW_OK)
-			goto fail;
+			return cli_report(s, err);
 	}
-	if ((s = sfw_ctx_new(m, &xp, &ctx, &err)) != SFW_OK)
-		goto fail;
-	if ((s = sfw_sampler_init(&smp, &sp, seed, cf->vocab_size, &err)) != SFW_OK)
-		goto fail;
-	smp_ok = 1;
-	struct sfw_gen_params gp = sfw_gen_default_params();
-	gp.max_tokens = (int64_t)n_gen;
-	gp.max_ctx = limit;
-	gp.eos = &eos;
-	gp.stop = stops;
-	gp.n_stop = n_stop;
-	gp.skip_special = !special;
-	struct sfw_gen_stats st;
-	st.pending = -1;
-	if (inter) {
+	if ((s = sfw_ctx_new(r->m, &xp, &r->ctx, err)) != SFW_OK)
+		return cli_report(s, err);
+	if ((s = sfw_sampler_init(&r->smp, sp, r->seed, sfw_model_config(r->m)->vocab_size, err)) != SFW_OK)
+		return cli_report(s, err);
+	r->smp_ok = 1;
+	r->gp = sfw_gen_default_params();
+	r->gp.max_tokens = (int64_t)n_gen;
+	r->gp.max_ctx = limit;
+	r->gp.eos = &r->eos;
+	r->gp.stop = a->stops;
+	r->gp.n_stop = a->n_stop;
+	r->gp.skip_special = !a->special;
+	r->st.pending = -1;
+	if (a->inter) {
 		/* Ctrl-C stops the reply (the flag is polled per token) */
-		ro.intr = cli_interrupt_polled();
-		ro.reply = &reply;
-		if (!(lin = sfw_calloc(1, sizeof(*lin)))) {
-			s = sfw_fail(&err, SFW_E_NOMEM, "out of memory");
-			goto fail;
-		}
+		r->ro.intr = cli_interrupt_polled();
+		r->ro.reply = &r->reply;
+		if (!(r->lin = sfw_calloc(1, sizeof(*r->lin))))
+			return cli_report(sfw_fail(err, SFW_E_NOMEM, "out of memory"), err);
 	}
-	int turns = 0;
+	return 0;
+}
+
+/* -i: the next user turn after a visible prompt, as ids in r->ids. Returns
+ * 1 for a turn, 0 at the end of input (Ctrl-D), -1 with *rc set (Ctrl-C at
+ * the prompt: 128 + the signal; or an error, reported). */
+static int run_next_turn(struct run *r, int *rc)
+{
+	struct sfw_err *err = &r->err;
+	enum sfw_status s;
+	do {
+		printf("%s> ", r->turns ? "\n" : "");
+		if ((s = cli_stdout_flush(err)) != SFW_OK)
+			return *rc = cli_report(s, err), -1;
+		int t = read_turn(r->C, r->lin, &r->line, r->ro.intr, rc);
+		if (*rc)
+			return -1;
+		if (t == TURN_INTR) { /* Ctrl-C at the prompt ends the chat */
+			int sig = cli_interrupt_take();
+			printf("\n");
+			if ((s = cli_stdout_flush(err)) != SFW_OK)
+				return *rc = cli_report(s, err), -1;
+			return *rc = 128 + sig, -1;
+		}
+		if (t == TURN_EOF)
+			return 0;
+	} while (!r->line.len);
+	sfw_free(r->ids);
+	r->ids = NULL;
+	if ((s = add_msg(r->msgs, "user", r->line.data, r->line.len, err)) != SFW_OK)
+		return *rc = cli_report(s, err), -1;
+	if (r->turns == 0)
+		s = first_turn_ids(r->tok, r->tpl, r->msgs, r->kw, &r->text, &r->ids, &r->n_ids, err);
+	else
+		s = next_turn_ids(r->tok, &r->eos, r->tpl, r->msgs, r->kw, r->st.pending, &r->text, &r->ids,
+				  &r->n_ids, err);
+	if (s != SFW_OK)
+		return *rc = cli_report(s, err), -1;
+	return 1;
+}
+
+/* The replies: one, or with -i one per user turn until Ctrl-D or Ctrl-C at
+ * the prompt. Returns the exit code. */
+static int run_turns(struct run *r)
+{
+	const int inter = r->ra.inter;
+	const char *dev = sfw_model_device_name(r->m);
+	struct sfw_err *err = &r->err;
+	enum sfw_status s;
+	int rc = 0;
 	for (;;) {
-		if (inter && (turns > 0 || !first_turn)) {
-			/* the next user turn, after a visible prompt */
-			printf("%s> ", turns ? "\n" : "");
-			if ((s = cli_stdout_flush(&err)) != SFW_OK)
-				goto fail;
-			int t = read_turn(C, lin, &line, ro.intr, &rc);
-			if (rc)
-				goto out_rc;
-			if (t == TURN_INTR) { /* Ctrl-C at the prompt ends the chat */
-				int sig = cli_interrupt_take();
-				printf("\n");
-				if ((s = cli_stdout_flush(&err)) != SFW_OK)
-					goto fail;
-				rc = 128 + sig;
-				goto out_rc;
-			}
-			if (t == TURN_EOF)
+		if (inter && (r->turns > 0 || !r->first_turn)) {
+			int t = run_next_turn(r, &rc);
+			if (t < 0)
+				return rc;
+			if (t == 0)
 				break;
-			if (!line.len)
-				continue;
-			sfw_free(ids);
-			ids = NULL;
-			if ((s = add_msg(msgs, "user", line.data, line.len, &err)) != SFW_OK)
-				goto fail;
-			if (turns == 0)
-				s = first_turn_ids(tok, tpl, msgs, kw, &text, &ids, &n_ids, &err);
-			else
-				s = next_turn_ids(tok, &eos, tpl, msgs, kw, st.pending, &text, &ids, &n_ids, &err);
-			if (s != SFW_OK)
-				goto fail;
 		}
-		gp.ids = ids;
-		gp.n_ids = n_ids;
-		ro.shown = 0;
-		reply.len = 0;
-		s = sfw_generate(ctx, tok, &smp, &gp, on_token, &ro, &st, &err);
-		if (ro.status != SFW_OK) {
-			s = ro.status;
-			err = ro.err;
-			goto fail;
-		}
+		r->gp.ids = r->ids;
+		r->gp.n_ids = r->n_ids;
+		r->ro.shown = 0;
+		r->reply.len = 0;
+		s = sfw_generate(r->ctx, r->tok, &r->smp, &r->gp, on_token, &r->ro, &r->st, err);
+		if (r->ro.status != SFW_OK)
+			return cli_report(r->ro.status, &r->ro.err);
 		if (s != SFW_OK)
-			goto fail;
-		turns++;
+			return cli_report(s, err);
+		r->turns++;
 		if (!inter)
 			printf("\n");
-		if ((s = cli_stdout_flush(&err)) != SFW_OK)
-			goto fail;
-		if (inter && ro.intr && *ro.intr) {
+		if ((s = cli_stdout_flush(err)) != SFW_OK)
+			return cli_report(s, err);
+		if (inter && r->ro.intr && *r->ro.intr) {
 			/* a reply stopped by Ctrl-C: its text so far stays in the history */
 			int sig = cli_interrupt_take();
 			if (sig != SIGINT) { /* SIGTERM ends the chat */
-				print_stats(C, &st, sfw_model_device_name(m), seed);
-				rc = 128 + sig;
-				goto out_rc;
+				print_stats(r->C, &r->st, dev, r->seed);
+				return 128 + sig;
 			}
 			printf("\n");
-			if ((s = cli_stdout_flush(&err)) != SFW_OK)
-				goto fail;
+			if ((s = cli_stdout_flush(err)) != SFW_OK)
+				return cli_report(s, err);
 		}
-		print_stats(C, &st, sfw_model_device_name(m), seed);
+		print_stats(r->C, &r->st, dev, r->seed);
 		if (!inter)
 			break;
-		if ((s = add_msg(msgs, "assistant", reply.data ? reply.data : "", reply.len, &err)) != SFW_OK)
-			goto fail;
+		s = add_msg(r->msgs, "assistant", r->reply.data ? r->reply.data : "", r->reply.len, err);
+		if (s != SFW_OK)
+			return cli_report(s, err);
 	}
 	if (inter) {
 		printf("\n");
-		if ((s = cli_stdout_flush(&err)) != SFW_OK)
-			goto fail;
+		if ((s = cli_stdout_flush(err)) != SFW_OK)
+			return cli_report(s, err);
 	}
-	rc = 0;
-	goto out_rc;
-fail:
-	rc = cli_report(s, &err);
-out_rc:
-	if (smp_ok)
-		sfw_sampler_release(&smp);
-	sfw_free(ids);
-	sfw_free(lin);
-	sfw_buf_release(&text);
-	sfw_buf_release(&in);
-	sfw_buf_release(&line);
-	sfw_buf_release(&reply);
-	cJSON_Delete(msgs);
-	cJSON_Delete(kw);
-	sfw_chat_template_free(tpl);
-	sfw_ctx_free(ctx);
-	sfw_tokenizer_free(tok);
-	sfw_model_free(m);
+	return 0;
+}
+
+static void run_release(struct run *r)
+{
+	if (r->smp_ok)
+		sfw_sampler_release(&r->smp);
+	sfw_free(r->ids);
+	sfw_free(r->lin);
+	sfw_buf_release(&r->text);
+	sfw_buf_release(&r->in);
+	sfw_buf_release(&r->line);
+	sfw_buf_release(&r->reply);
+	cJSON_Delete(r->msgs);
+	cJSON_Delete(r->kw);
+	sfw_chat_template_free(r->tpl);
+	sfw_ctx_free(r->ctx);
+	sfw_tokenizer_free(r->tok);
+	sfw_model_free(r->m);
+}
+
+int cmd_run(int argc, char **argv)
+{
+	struct run *r = sfw_calloc(1, sizeof(*r));
+	if (!r)
+		return cli_report(SFW_E_NOMEM, NULL);
+	r->C = "salafw run";
+	r->ra = (struct run_args){.n_gen = 128, .top_p = 1};
+	cli_model_opts_init(&r->ra.mo);
+	struct cli_parser cp;
+	model_short_m(argc, argv);
+	int rc = cli_parse_args(&cp, r->C, argc, argv, args, &r->ra);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, r->C, "MODEL_DIR|-m DIR (-p TEXT | -f FILE | --chat | -i | --ids FILE) [options]",
+			       args);
+		rc = SFW_EXIT_OK;
+		goto out;
+	}
+	if (rc != 0)
+		goto out;
+	r->have_temp = cli_given(&cp, "temp") || cli_given(&cp, "temperature");
+	r->have_top_k = cli_given(&cp, "top-k");
+	r->have_top_p = cli_given(&cp, "top-p");
+	if ((rc = run_check(r, &cp)) != 0)
+		goto out;
+	struct sfw_op_sample_params sp = sfw_sampler_default_params();
+	sp.greedy = r->ra.greedy;
+	sp.top_k = r->ra.top_k;
+	r->seed = cli_given(&cp, "seed") ? r->ra.seed : random_seed();
+	unsigned long long n_gen = r->ra.inter && !cli_given(&cp, "n-predict") ? 512 : r->ra.n_gen;
+	struct sfw_model_params mp;
+	if (cli_model_params(r->C, &r->ra.mo, &mp)) {
+		rc = SFW_EXIT_USAGE;
+		goto out;
+	}
+	r->dir = r->ra.model ? r->ra.model : cp.pos[0];
+	if ((rc = cli_model_gate(r->C, r->dir, r->ra.mo.no_verify, r->ra.mo.verify_full, r->ra.mo.pubkey)) != 0)
+		goto out;
+	/* the chat turn is the message plus the system text and the template's markers */
+	sfw_buf_init(&r->text, 2 * (size_t)CHAT_STDIN_MAX + (r->ra.system ? strlen(r->ra.system) : 0) + (1u << 20));
+	sfw_buf_init(&r->in, CHAT_STDIN_MAX);
+	sfw_buf_init(&r->line, CHAT_LINE_MAX);
+	sfw_buf_init(&r->reply, REPLY_MAX);
+	r->ro.print_ids = r->ra.print_ids;
+	if ((rc = run_load(r, &sp, &mp)) == 0 && (rc = run_context(r, &sp, n_gen)) == 0)
+		rc = run_turns(r);
+out:
+	run_release(r);
+	sfw_free(r);
 	return rc;
 }
