@@ -16,32 +16,77 @@
 #include "verify/verify.h"
 
 #include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
-static const struct cli_opt opts[] = {
-    {"host", 0, "ADDR", "address to listen on (default 127.0.0.1: this machine only)"},
-    {"port", 0, "N", "TCP port (default 8080; 0 = any free port, printed)"},
-    {"api-key", 0, "KEY", "ask every /v1 request for Authorization: Bearer KEY"},
-    {"api-key-file", 0, "FILE", "the same with the key read from FILE (first line)"},
-    {"max-running", 0, "N", "sequences decoded together at most (default 16, at most 64)"},
-    {"max-queue", 0, "N", "requests waiting beyond those (default 256; more get 429)"},
-    {"max-context", 0, "N", "context positions per request, prompt and reply (default 4096)"},
-    {"prefill-chunk", 0, "N", "prompt tokens per engine step (default 256 on the CPU, 512 on CUDA)"},
-    {"drain-timeout", 0, "SECONDS", "after SIGTERM/SIGINT, end the unfinished requests after this long (default 0: wait)"},
-    {"receive-timeout", 0, "SECONDS", "close a connection whose request has not all arrived in this long (default 60; 0: none)"},
-    {"conns-per-ip", 0, "N", "open connections per client address (default 128; 0: no limit, e.g. behind a proxy)"},
-    {"device", 0, "cpu|cuda", "where to run (default: cuda when available, else cpu)"},
-    {"served-model-name", 0, "NAME",
-     "a model id requests may name, listed by /v1/models (repeatable; default: the manifest's repo id, "
-     "listed, and the directory's name)"},
-    {"allowed-origins", 0, "LIST",
-     "CORS: web pages of these origins (comma-separated scheme://host[:port], or *) may read the answers "
-     "(default: none)"},
-    {"quiet", 0, NULL, "no request log lines on stderr"},
-    CLI_MODEL_OPT_ROWS("serve"),
-    {0},
+/* The command line's values (cli_parse_args fills them from the table). */
+struct serve_args {
+	struct sfw_serve_params sp;
+	const char *key, *key_file;
+	const char *served[SFW_SERVE_NAMES_MAX];
+	int n_served;
+	uint64_t max_context, drain_timeout;
+	struct cli_model_opts mo;
 };
+
+static int take_name(const char *cmd, const char *label, const char *v, void *dst)
+{
+	struct serve_args *a = dst;
+	if (!*v || strlen(v) > 255)
+		return cli_usage_error(cmd, "%s must have 1 to 255 bytes", label);
+	if (a->n_served == SFW_SERVE_NAMES_MAX)
+		return cli_usage_error(cmd, "at most %d %s", SFW_SERVE_NAMES_MAX, label);
+	a->served[a->n_served++] = v;
+	return 0;
+}
+
+static int take_origins(const char *cmd, const char *label, const char *v, void *dst)
+{
+	if (!*v || strlen(v) > 4000)
+		return cli_usage_error(cmd, "%s must have 1 to 4000 bytes", label);
+	((struct serve_args *)dst)->sp.allowed_origins = v;
+	return 0;
+}
+
+#define OFF(f) offsetof(struct serve_args, f)
+static const struct cli_arg args[] = {
+    {{"host", 0, "ADDR", "address to listen on (default 127.0.0.1: this machine only)"},
+     CLI_K_STR, OFF(sp.host), 0, 0, NULL, NULL},
+    {{"port", 0, "N", "TCP port (default 8080; 0 = any free port, printed)"}, CLI_K_INT, OFF(sp.port), 0, 65535, NULL, NULL},
+    {{"api-key", 0, "KEY", "ask every /v1 request for Authorization: Bearer KEY"}, CLI_K_STR, OFF(key), 0, 0, NULL, NULL},
+    {{"api-key-file", 0, "FILE", "the same with the key read from FILE (first line)"},
+     CLI_K_STR, OFF(key_file), 0, 0, NULL, NULL},
+    {{"max-running", 0, "N", "sequences decoded together at most (default 16, at most 64)"},
+     CLI_K_INT, OFF(sp.max_running), 1, 64, NULL, NULL},
+    {{"max-queue", 0, "N", "requests waiting beyond those (default 256; more get 429)"},
+     CLI_K_INT, OFF(sp.max_queue), 0, 65536, NULL, NULL},
+    {{"max-context", 0, "N", "context positions per request, prompt and reply (default 4096)"},
+     CLI_K_U64, OFF(max_context), 1, 1 << 30, NULL, NULL},
+    {{"prefill-chunk", 0, "N", "prompt tokens per engine step (default 256 on the CPU, 512 on CUDA)"},
+     CLI_K_INT, OFF(sp.prefill_chunk), 1, 1 << 20, NULL, NULL},
+    {{"drain-timeout", 0, "SECONDS", "after SIGTERM/SIGINT, end the unfinished requests after this long (default 0: wait)"},
+     CLI_K_U64, OFF(drain_timeout), 0, 86400, NULL, NULL},
+    {{"receive-timeout", 0, "SECONDS",
+      "close a connection whose request has not all arrived in this long (default 60; 0: none)"},
+     CLI_K_DOUBLE, OFF(sp.receive_timeout), 0, 86400, NULL, NULL},
+    {{"conns-per-ip", 0, "N", "open connections per client address (default 128; 0: no limit, e.g. behind a proxy)"},
+     CLI_K_INT, OFF(sp.conns_per_ip), 0, 65536, NULL, NULL},
+    CLI_DEVICE_ARG(struct serve_args, mo, "where to run (default: cuda when available, else cpu)"),
+    {{"served-model-name", 0, "NAME",
+      "a model id requests may name, listed by /v1/models (repeatable; default: the manifest's repo id, listed, and "
+      "the directory's name)"},
+     CLI_K_CALL, 0, 0, 0, take_name, NULL},
+    {{"allowed-origins", 0, "LIST",
+      "CORS: web pages of these origins (comma-separated scheme://host[:port], or *) may read the answers (default: "
+      "none)"},
+     CLI_K_CALL, 0, 0, 0, take_origins, NULL},
+    {{"quiet", 0, NULL, "no request log lines on stderr"}, CLI_K_FLAG, OFF(sp.quiet), 0, 0, NULL, NULL},
+    CLI_MODEL_ARGS(struct serve_args, mo, "serve"),
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
 
 #define KEY_FILE_MAX 4096
 
@@ -98,99 +143,77 @@ static void model_name(const char *dir, char *out, size_t cap)
 	snprintf(out, cap, "%.*s", (int)(n - a), dir + a);
 }
 
+/* The model ids: --served-model-name, else the manifest's repo id (listed)
+ * and the directory's name. */
+static void serve_names(struct serve_args *a, const char *dir, char *name, char *repo, size_t cap)
+{
+	struct sfw_serve_params *sp = &a->sp;
+	model_name(dir, name, cap);
+	manifest_repo(dir, repo, cap);
+	if (a->n_served) {
+		for (int i = 0; i < a->n_served; i++)
+			sp->model_names[i] = a->served[i];
+		sp->n_names = sp->n_listed = a->n_served;
+	} else {
+		sp->n_names = sp->n_listed = 1;
+		sp->model_names[0] = repo[0] ? repo : name;
+		if (repo[0] && strcmp(repo, name))
+			sp->model_names[sp->n_names++] = name;
+	}
+}
+
+/* The drain after the first signal: until the last reply is sent, a
+ * second signal, or --drain-timeout. Returns the exit code. */
+static int serve_drain(const char *C, struct sfw_server *srv, const sigset_t *sigs, int sig, uint64_t drain_timeout)
+{
+	fprintf(stderr, "%s: %s: finishing the accepted requests (a second signal ends them now)\n", C,
+		sig == SIGINT ? "SIGINT" : "SIGTERM");
+	sfw_serve_drain(srv);
+	double t_end = sfw_now_s() + (double)drain_timeout;
+	int end_sig = 0;
+	const char *why = "";
+	while (!sfw_serve_idle(srv, 0.1)) {
+		const struct timespec now = {0, 0};
+		int s2 = sigtimedwait(sigs, NULL, &now);
+		if (s2 > 0) {
+			end_sig = s2;
+			why = s2 == SIGINT ? "a second signal (SIGINT)" : "a second signal (SIGTERM)";
+			break;
+		}
+		if (drain_timeout && sfw_now_s() >= t_end) {
+			end_sig = sig;
+			why = "--drain-timeout";
+			break;
+		}
+	}
+	if (end_sig) {
+		int n = sfw_serve_abort(srv);
+		fprintf(stderr, "%s: %s: ended %d unfinished request%s\n", C, why, n, n == 1 ? "" : "s");
+	}
+	sfw_serve_stop(srv);
+	fprintf(stderr, "%s: stopped\n", C);
+	return end_sig ? 128 + end_sig : 0;
+}
+
 int cmd_serve(int argc, char **argv)
 {
 	const char *C = "salafw serve";
-	struct sfw_serve_params sp = sfw_serve_default_params();
-	int have_chunk = 0;
-	unsigned long long drain_timeout = 0;
-	const char *key = NULL, *key_file = NULL;
-	const char *served[SFW_SERVE_NAMES_MAX];
-	int n_served = 0;
-	unsigned long long u;
-	struct cli_model_opts mo;
-	cli_model_opts_init(&mo);
+	struct serve_args a = {.sp = sfw_serve_default_params()};
+	cli_model_opts_init(&a.mo);
+	a.max_context = (uint64_t)a.sp.max_context;
 	struct cli_parser cp;
-	const char *arg;
-	int k;
-	cli_init(&cp, C, argc, argv, opts);
-	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, C, "MODEL_DIR [options]", opts);
-			return SFW_EXIT_OK;
-		}
-		if (k == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		const char *nm = opts[k].name;
-		if (!strcmp(nm, "host")) {
-			sp.host = arg;
-			continue;
-		}
-		if (!strcmp(nm, "api-key")) {
-			key = arg;
-			continue;
-		}
-		if (!strcmp(nm, "api-key-file")) {
-			key_file = arg;
-			continue;
-		}
-		if (!strcmp(nm, "served-model-name")) {
-			if (!*arg || strlen(arg) > 255)
-				return cli_usage_error(C, "--served-model-name must have 1 to 255 bytes");
-			if (n_served == SFW_SERVE_NAMES_MAX)
-				return cli_usage_error(C, "at most %d --served-model-name",
-						       SFW_SERVE_NAMES_MAX);
-			served[n_served++] = arg;
-			continue;
-		}
-		if (!strcmp(nm, "allowed-origins")) {
-			if (!*arg || strlen(arg) > 4000)
-				return cli_usage_error(C, "--allowed-origins must have 1 to 4000 bytes");
-			sp.allowed_origins = arg;
-			continue;
-		}
-		if (!strcmp(nm, "quiet")) {
-			sp.quiet = 1;
-			continue;
-		}
-		if (!cli_parse_u64(C, nm, arg, &u))
-			return SFW_EXIT_USAGE;
-		if (!strcmp(nm, "port")) {
-			if (u > 65535)
-				return cli_usage_error(C, "--port must be 0 to 65535");
-			sp.port = (int)u;
-		} else if (!strcmp(nm, "max-running")) {
-			if (u < 1 || u > 64)
-				return cli_usage_error(C, "--max-running must be 1 to 64");
-			sp.max_running = (int)u;
-		} else if (!strcmp(nm, "max-queue")) {
-			if (u > 65536)
-				return cli_usage_error(C, "--max-queue must be at most 65536");
-			sp.max_queue = (int)u;
-		} else if (!strcmp(nm, "max-context")) {
-			if (u < 1 || u > (1ull << 30))
-				return cli_usage_error(C, "--max-context must be 1 to %llu tokens",
-						       1ull << 30);
-			sp.max_context = (int64_t)u;
-		} else if (!strcmp(nm, "prefill-chunk")) {
-			if (u < 1 || u > (1u << 20))
-				return cli_usage_error(C, "--prefill-chunk must be 1 to %u tokens", 1u << 20);
-			sp.prefill_chunk = (int)u;
-			have_chunk = 1;
-		} else if (!strcmp(nm, "drain-timeout")) {
-			if (u > 86400)
-				return cli_usage_error(C, "--drain-timeout must be at most 86400 seconds");
-			drain_timeout = u;
-		} else if (!strcmp(nm, "receive-timeout")) {
-			if (u > 86400)
-				return cli_usage_error(C, "--receive-timeout must be at most 86400 seconds");
-			sp.receive_timeout = (double)u;
-		} else if (!strcmp(nm, "conns-per-ip")) {
-			if (u > 65536)
-				return cli_usage_error(C, "--conns-per-ip must be at most 65536");
-			sp.conns_per_ip = (int)u;
-		}
+	int rc = cli_parse_args(&cp, C, argc, argv, args, &a);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, C, "MODEL_DIR [options]", args);
+		return SFW_EXIT_OK;
 	}
+	if (rc != 0)
+		return rc;
+	struct sfw_serve_params sp = a.sp;
+	sp.max_context = (int64_t)a.max_context;
+	int have_chunk = cli_given(&cp, "prefill-chunk");
+	const char *key = a.key, *key_file = a.key_file;
+	const struct cli_model_opts mo = a.mo;
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
 	if (key && key_file)
@@ -201,8 +224,7 @@ int cmd_serve(int argc, char **argv)
 	if (cli_model_params(C, &mo, &mp))
 		return SFW_EXIT_USAGE;
 	const char *dir = cp.pos[0];
-	int rc = cli_model_gate(C, dir, mo.no_verify, mo.verify_full, mo.pubkey);
-	if (rc)
+	if ((rc = cli_model_gate(C, dir, mo.no_verify, mo.verify_full, mo.pubkey)) != 0)
 		return rc;
 	struct sfw_buf kb;
 	sfw_buf_init(&kb, KEY_FILE_MAX);
@@ -213,20 +235,10 @@ int cmd_serve(int argc, char **argv)
 	if (key_file)
 		key = kb.data;
 	sp.api_key = key;
-	/* the ids: --served-model-name, else the repo id (listed) and the directory's name */
 	char name[256], repo[256];
-	model_name(dir, name, sizeof(name));
-	manifest_repo(dir, repo, sizeof(repo));
-	if (n_served) {
-		for (int i = 0; i < n_served; i++)
-			sp.model_names[i] = served[i];
-		sp.n_names = sp.n_listed = n_served;
-	} else {
-		sp.n_names = sp.n_listed = 1;
-		sp.model_names[0] = repo[0] ? repo : name;
-		if (repo[0] && strcmp(repo, name))
-			sp.model_names[sp.n_names++] = name;
-	}
+	a.sp = sp;
+	serve_names(&a, dir, name, repo, sizeof(name));
+	sp = a.sp;
 
 	struct sfw_err err = {0};
 	enum sfw_status s;
@@ -276,34 +288,7 @@ int cmd_serve(int argc, char **argv)
 	    (long long)sp.max_context);
 	int sig = 0;
 	sigwait(&sigs, &sig);
-	fprintf(stderr, "%s: %s: finishing the accepted requests (a second signal ends them now)\n", C,
-		sig == SIGINT ? "SIGINT" : "SIGTERM");
-	sfw_serve_drain(srv);
-	/* the drain: until the last reply is sent, a second signal, or --drain-timeout */
-	double t_end = sfw_now_s() + (double)drain_timeout;
-	int end_sig = 0;
-	const char *why = "";
-	while (!sfw_serve_idle(srv, 0.1)) {
-		const struct timespec now = {0, 0};
-		int s2 = sigtimedwait(&sigs, NULL, &now);
-		if (s2 > 0) {
-			end_sig = s2;
-			why = s2 == SIGINT ? "a second signal (SIGINT)" : "a second signal (SIGTERM)";
-			break;
-		}
-		if (drain_timeout && sfw_now_s() >= t_end) {
-			end_sig = sig;
-			why = "--drain-timeout";
-			break;
-		}
-	}
-	if (end_sig) {
-		int n = sfw_serve_abort(srv);
-		fprintf(stderr, "%s: %s: ended %d unfinished request%s\n", C, why, n, n == 1 ? "" : "s");
-	}
-	sfw_serve_stop(srv);
-	fprintf(stderr, "%s: stopped\n", C);
-	rc = end_sig ? 128 + end_sig : 0;
+	rc = serve_drain(C, srv, &sigs, sig, a.drain_timeout);
 	goto out;
 fail:
 	rc = cli_report(s, &err);

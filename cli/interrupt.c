@@ -26,9 +26,16 @@ static void on_signal(int sig)
 		return;
 	}
 	if (sfw_atomic_quiesce()) {
-		/* nothing to clean up: end now, by the signal */
-		static const char msg[] = "salafw: interrupted\n";
-		ssize_t w = write(2, msg, sizeof(msg) - 1);
+		/* nothing to clean up: end now, by the signal, in the words
+		 * cli_interrupt_finish uses (async-signal-safe: fixed strings) */
+		static const char by_int[] = "salafw: interrupted by SIGINT; temporary files removed";
+		static const char by_term[] = "salafw: interrupted by SIGTERM; temporary files removed";
+		static const char kept[] = ", partial downloads kept (run the same command again to resume)";
+		const char *m = sig == SIGINT ? by_int : by_term;
+		ssize_t w = write(2, m, sig == SIGINT ? sizeof(by_int) - 1 : sizeof(by_term) - 1);
+		if (g_polled)
+			w = write(2, kept, sizeof(kept) - 1);
+		w = write(2, "\n", 1);
 		(void)w;
 		signal(sig, SIG_DFL);
 		raise(sig);
