@@ -11,6 +11,9 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
+# Under SAN=1 the write shim (LD_PRELOAD) comes before the ASan runtime, and a
+# SIGBUS must reach the engine's guard and then the default action, not ASan's handler.
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0:handle_sigbus=0"
 T=$(scratch)
 S=$SALAFW
 wait_for() { for _ in $(seq 400); do "$@" && return 0; sleep 0.05; done; return 1; }
