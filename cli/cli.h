@@ -109,10 +109,8 @@ int cli_parse_double(const char *cmd, const char *opt, const char *s, double *ou
 int cli_bytes_value(const char *s, unsigned long long *out);
 int cli_parse_bytes(const char *cmd, const char *opt, const char *s, unsigned long long *out);
 
-/* Options of every command that opens a model (run, score, bench, quant),
- * taken by cli_next_model (cli/model.c): --device, --threads, --no-verify,
- * --verify-full, --pubkey. CLI_MODEL_OPT_ROWS(VERB) are their table rows but
- * --device, whose default differs between commands. */
+/* Options of every command that opens a model (run, score, bench, quant,
+ * serve): --device, --threads, --no-verify, --verify-full, --pubkey. */
 struct cli_model_opts {
 	int device; /* enum sfw_device (runner/runner.h); AUTO unless --device */
 	int threads; /* 0 = all cores */
@@ -136,15 +134,7 @@ int cli_take_device(const char *cmd, const char *label, const char *value, void 
 	 CLI_K_STR, offsetof(T, F.pubkey), 0, 0, NULL, NULL}
 #define CLI_DEVICE_ARG(T, F, HELP)                                                                           \
 	{{"device", 0, "cpu|cuda", HELP}, CLI_K_CALL, offsetof(T, F.device), 0, 0, cli_take_device, "SALAFW_DEVICE"}
-#define CLI_MODEL_OPT_ROWS(VERB)                                                                             \
-	{"threads", 't', "N", "CPU threads (default: all cores)"},                                             \
-	{"no-verify", 0, NULL, VERB " without checking the directory's signed manifest (says so)"},           \
-	{"verify-full", 0, NULL, "re-hash every model file first"},                                            \
-	{"pubkey", 'P', "KEY|FILE", "trust this minisign public key (a file, base64, or an installed key's name) instead of the pinned one"}
 void cli_model_opts_init(struct cli_model_opts *o);
-/* cli_next that takes the model options into o itself: returns the next
- * other option, CLI_DONE, CLI_HELP, or CLI_ERROR (also for a bad value). */
-int cli_next_model(struct cli_parser *p, struct cli_model_opts *o, const char **arg);
 
 /* Shared by run, score, bench and quant (cli/model.c). cli_model_gate enforces the
  * verified-weights rule on a model directory: the recorded state must hold

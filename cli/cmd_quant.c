@@ -12,29 +12,79 @@
 #include <sodium.h>
 
 #include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
-static const struct cli_opt opts[] = {
-	{"output", 'o', "OUT", "output model directory (created)"},
-	{"group", 0, "32|64|128|channel", "scale group size along the input dimension (default 128)"},
-	{"method", 0, "awq|rtn", "awq: activation-aware smoothing before rounding (default); rtn: plain rounding"},
-	{"calib", 0, "FILE", "AWQ calibration text (UTF-8; default: the built-in corpus)"},
-	{"samples", 0, "N", "AWQ calibration sequences (default: as many as the text fills, at most 128)"},
-	{"seq-len", 0, "L", "AWQ tokens per calibration sequence (default 512)"},
-	{"loss-rows", 0, "N", "AWQ cached input rows per layer for the search loss (default 256)"},
-	{"no-duo", 0, NULL, "AWQ: plain scales x^a instead of duo scaling x^a / w^(1-a)"},
-	{"fold-only", 0, NULL, "AWQ fold without quantization, float32 output (checks)"},
-	{"device", 0, "cpu|cuda", "where the AWQ calibration forward runs (default cpu)"},
-	{"shard-size", 0, "BYTES", "largest output shard (K/M/G suffixes: powers of 1024; default 5000000000)"},
-	{"force", 0, NULL, "overwrite a model already in OUT"},
-	{"sign", 0, NULL, "sign OUT with your local key even when MODEL_DIR was not verified (--no-verify)"},
-	{"no-sign", 0, NULL, "leave OUT's manifest unsigned (default: signed with your local key when MODEL_DIR "
-			     "was verified; sign later with 'salafw sign --user OUT')"},
-	{"quiet", 'q', NULL, "no progress or summary on stderr"},
-	CLI_MODEL_OPT_ROWS("quantize"),
-	{0},
+/* The command line's values (cli_parse_args fills them from the table). */
+struct quant_args {
+	struct sfw_quant_params p;
+	const char *out;
+	int quiet, sign, no_duo; /* sign: -1 unless --sign / --no-sign (the later one wins) */
+	struct cli_model_opts mo;
 };
+
+static int take_group(const char *cmd, const char *label, const char *v, void *dst)
+{
+	if ((*(int *)dst = sfw_quant_group_parse(v)) < 0)
+		return cli_usage_error(cmd, "%s must be 32, 64, 128 or channel", label);
+	return 0;
+}
+
+static int take_method(const char *cmd, const char *label, const char *v, void *dst)
+{
+	enum sfw_quant_method *m = dst;
+	if (!strcmp(v, "awq"))
+		*m = SFW_QUANT_AWQ;
+	else if (!strcmp(v, "rtn"))
+		*m = SFW_QUANT_RTN;
+	else
+		return cli_usage_error(cmd, "%s must be awq or rtn", label);
+	return 0;
+}
+
+static int take_sign(const char *cmd, const char *label, const char *v, void *dst)
+{
+	(void)cmd;
+	(void)v;
+	*(int *)dst = strcmp(label, "--sign") == 0;
+	return 0;
+}
+
+#define OFF(f) offsetof(struct quant_args, f)
+static const struct cli_arg args[] = {
+    {{"output", 'o', "OUT", "output model directory (created)"}, CLI_K_STR, OFF(out), 0, 0, NULL, NULL},
+    {{"group", 0, "32|64|128|channel", "scale group size along the input dimension (default 128)"},
+     CLI_K_CALL, OFF(p.group_size), 0, 0, take_group, NULL},
+    {{"method", 0, "awq|rtn", "awq: activation-aware smoothing before rounding (default); rtn: plain rounding"},
+     CLI_K_CALL, OFF(p.method), 0, 0, take_method, NULL},
+    {{"calib", 0, "FILE", "AWQ calibration text (UTF-8; default: the built-in corpus)"},
+     CLI_K_STR, OFF(p.calib_path), 0, 0, NULL, NULL},
+    {{"samples", 0, "N", "AWQ calibration sequences (default: as many as the text fills, at most 128)"},
+     CLI_K_INT, OFF(p.samples), 1, 100000, NULL, NULL},
+    {{"seq-len", 0, "L", "AWQ tokens per calibration sequence (default 512)"},
+     CLI_K_INT, OFF(p.seq_len), 2, 1 << 20, NULL, NULL},
+    {{"loss-rows", 0, "N", "AWQ cached input rows per layer for the search loss (default 256)"},
+     CLI_K_INT, OFF(p.loss_rows), 1, 1 << 20, NULL, NULL},
+    {{"no-duo", 0, NULL, "AWQ: plain scales x^a instead of duo scaling x^a / w^(1-a)"},
+     CLI_K_FLAG, OFF(no_duo), 0, 0, NULL, NULL},
+    {{"fold-only", 0, NULL, "AWQ fold without quantization, float32 output (checks)"},
+     CLI_K_FLAG, OFF(p.fold_only), 0, 0, NULL, NULL},
+    CLI_DEVICE_ARG(struct quant_args, mo, "where the AWQ calibration forward and search run (default cpu)"),
+    {{"shard-size", 0, "BYTES", "largest output shard (K/M/G suffixes: powers of 1024; default 5000000000)"},
+     CLI_K_BYTES, OFF(p.shard_bytes), 1, 18446744073709551615.0, NULL, NULL},
+    {{"force", 0, NULL, "overwrite a model already in OUT"}, CLI_K_FLAG, OFF(p.force), 0, 0, NULL, NULL},
+    {{"sign", 0, NULL, "sign OUT with your local key even when MODEL_DIR was not verified (--no-verify)"},
+     CLI_K_CALL, OFF(sign), 0, 0, take_sign, NULL},
+    {{"no-sign", 0, NULL,
+      "leave OUT's manifest unsigned (default: signed with your local key when MODEL_DIR was verified; sign later "
+      "with 'salafw sign --user OUT')"},
+     CLI_K_CALL, OFF(sign), 0, 0, take_sign, NULL},
+    {{"quiet", 'q', NULL, "no progress or summary on stderr"}, CLI_K_FLAG, OFF(quiet), 0, 0, NULL, NULL},
+    CLI_MODEL_ARGS(struct quant_args, mo, "quantize"),
+    {{0}, 0, 0, 0, 0, NULL, NULL},
+};
+#undef OFF
 
 struct progress {
 	int quiet, tty;
@@ -225,77 +275,25 @@ static int publish(const char *C, const char *out, const struct sfw_quant_params
 int cmd_quant(int argc, char **argv)
 {
 	const char *C = "salafw quant";
-	const char *out = NULL;
-	unsigned long long u;
-	int quiet = 0, sign = -1;
-	struct cli_model_opts mo;
-	cli_model_opts_init(&mo);
-	struct sfw_quant_params p = sfw_quant_default_params();
-	struct sfw_quant_stats st;
+	struct quant_args a = {.p = sfw_quant_default_params(), .sign = -1};
+	cli_model_opts_init(&a.mo);
 	struct cli_parser cp;
-	const char *arg;
-	int k;
-	cli_init(&cp, C, argc, argv, opts);
-	while ((k = cli_next_model(&cp, &mo, &arg)) != CLI_DONE) {
-		if (k == CLI_HELP) {
-			cli_usage(stdout, C, "MODEL_DIR -o OUT [--group 32|64|128|channel] [--method awq|rtn] [--calib FILE]",
-				  opts);
-			return SFW_EXIT_OK;
-		}
-		if (k == CLI_ERROR)
-			return SFW_EXIT_USAGE;
-		const char *nm = opts[k].name;
-		if (!strcmp(nm, "output"))
-			out = arg;
-		else if (!strcmp(nm, "group")) {
-			if ((p.group_size = sfw_quant_group_parse(arg)) < 0)
-				return cli_usage_error(C, "--group must be 32, 64, 128 or channel");
-		} else if (!strcmp(nm, "method")) {
-			if (!strcmp(arg, "awq"))
-				p.method = SFW_QUANT_AWQ;
-			else if (!strcmp(arg, "rtn"))
-				p.method = SFW_QUANT_RTN;
-			else
-				return cli_usage_error(C, "--method must be awq or rtn");
-		} else if (!strcmp(nm, "calib"))
-			p.calib_path = arg;
-		else if (!strcmp(nm, "samples")) {
-			if (!cli_parse_u64(C, "samples", arg, &u))
-				return SFW_EXIT_USAGE;
-			if (u < 1 || u > 100000)
-				return cli_usage_error(C, "--samples must be in [1, 100000]");
-			p.samples = (int)u;
-		} else if (!strcmp(nm, "seq-len")) {
-			if (!cli_parse_u64(C, "seq-len", arg, &u))
-				return SFW_EXIT_USAGE;
-			if (u < 2 || u > (1u << 20))
-				return cli_usage_error(C, "--seq-len must be in [2, 1048576]");
-			p.seq_len = (int)u;
-		} else if (!strcmp(nm, "loss-rows")) {
-			if (!cli_parse_u64(C, "loss-rows", arg, &u))
-				return SFW_EXIT_USAGE;
-			if (u < 1 || u > (1u << 20))
-				return cli_usage_error(C, "--loss-rows must be in [1, 1048576]");
-			p.loss_rows = (int)u;
-		} else if (!strcmp(nm, "no-duo"))
-			p.duo_scaling = 0;
-		else if (!strcmp(nm, "fold-only"))
-			p.fold_only = 1;
-		else if (!strcmp(nm, "shard-size")) {
-			if (!cli_parse_bytes(C, "shard-size", arg, &u))
-				return SFW_EXIT_USAGE;
-			if (u < 1)
-				return cli_usage_error(C, "--shard-size must be at least 1 byte");
-			p.shard_bytes = u;
-		} else if (!strcmp(nm, "force"))
-			p.force = 1;
-		else if (!strcmp(nm, "quiet"))
-			quiet = 1;
-		else if (!strcmp(nm, "sign"))
-			sign = 1;
-		else if (!strcmp(nm, "no-sign"))
-			sign = 0;
+	int rc = cli_parse_args(&cp, C, argc, argv, args, &a);
+	if (rc == CLI_HELP) {
+		cli_usage_args(stdout, C, "MODEL_DIR -o OUT [--group 32|64|128|channel] [--method awq|rtn] [--calib FILE]",
+			       args);
+		return SFW_EXIT_OK;
 	}
+	if (rc != 0)
+		return rc;
+	struct sfw_quant_params p = a.p;
+	if (a.no_duo)
+		p.duo_scaling = 0;
+	const char *out = a.out;
+	int quiet = a.quiet;
+	int sign = a.sign;
+	const struct cli_model_opts mo = a.mo;
+	struct sfw_quant_stats st;
 	if (cp.npos != 1)
 		return cli_usage_error(C, "expected one MODEL_DIR");
 	if (!out)
@@ -306,8 +304,7 @@ int cmd_quant(int argc, char **argv)
 	if (mo.device != SFW_DEVICE_AUTO) /* AWQ calibration runs on the CPU unless asked */
 		p.device = mo.device;
 	struct cli_gate_info gi;
-	int rc = cli_model_gate_info(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey, &gi);
-	if (rc)
+	if ((rc = cli_model_gate_info(C, cp.pos[0], mo.no_verify, mo.verify_full, mo.pubkey, &gi)) != 0)
 		return rc;
 	if (sign < 0) /* the default: sign what was derived from verified weights */
 		sign = gi.verified;

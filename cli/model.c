@@ -35,53 +35,6 @@ int cli_take_device(const char *cmd, const char *label, const char *value, void 
 	return 0;
 }
 
-/* 1: name was a model option (taken), 0: it was not, -1: bad value (printed). */
-static int model_opt(struct cli_model_opts *o, const char *cmd, const char *name, const char *arg)
-{
-	if (!strcmp(name, "device")) {
-		if (!strcmp(arg, "cpu"))
-			o->device = SFW_DEVICE_CPU;
-		else if (!strcmp(arg, "cuda"))
-			o->device = SFW_DEVICE_CUDA;
-		else {
-			cli_usage_error(cmd, "--device must be cpu or cuda");
-			return -1;
-		}
-	} else if (!strcmp(name, "threads")) {
-		unsigned long long t;
-		if (!cli_parse_u64(cmd, "threads", arg, &t))
-			return -1;
-		if (t > 256) {
-			cli_usage_error(cmd, "--threads must be at most 256");
-			return -1;
-		}
-		o->threads = (int)t;
-	} else if (!strcmp(name, "no-verify")) {
-		o->no_verify = 1;
-	} else if (!strcmp(name, "verify-full")) {
-		o->verify_full = 1;
-	} else if (!strcmp(name, "pubkey")) {
-		o->pubkey = arg;
-	} else {
-		return 0;
-	}
-	return 1;
-}
-
-int cli_next_model(struct cli_parser *p, struct cli_model_opts *o, const char **arg)
-{
-	for (;;) {
-		int k = cli_next(p, arg);
-		if (k < 0)
-			return k;
-		int taken = model_opt(o, p->cmd, p->opts[k].name, *arg);
-		if (taken < 0)
-			return CLI_ERROR;
-		if (!taken)
-			return k;
-	}
-}
-
 /* ---- the verified-weights gate ------------------------------------------------
  * Every refusal names the command that fixes it: a missing manifest -> the
  * get (or, for a model salafw derived, the sign) command; an unsigned
