@@ -193,20 +193,15 @@ int cli_trusted_keys(const char *pubkey, struct sfw_pubkey *keys, size_t *n, int
 	return SFW_OK;
 }
 
-int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int full, const char *pubkey,
-			struct cli_gate_info *info)
+/* DIR must be a directory (worded as verify and manifest word it: one
+ * condition, one message); --no-verify then says so and passes. Returns an
+ * exit code, or -1 to go on to the manifest. */
+static int gate_dir(const char *cmd, const char *dir, const char *udir, int no_verify)
 {
 	struct sfw_err err = {0};
-	struct cli_gate_info scratch;
-	if (!info)
-		info = &scratch;
-	memset(info, 0, sizeof(*info));
-	char edir[4096], ekey[1024]; /* dir and pubkey as the hints print them (escaped) */
-	const char *udir = sfw_esc(dir, edir, sizeof(edir));
 	struct stat dst;
 	int st_ok = stat(dir, &dst) == 0;
 	if (!st_ok || !S_ISDIR(dst.st_mode)) {
-		/* worded as verify and manifest word it (one condition, one message) */
 		int e = st_ok ? ENOTDIR : errno;
 		int missing = !st_ok && (e == ENOENT || e == ENOTDIR);
 		sfw_fail(&err, SFW_E_IO, "cannot open directory '%s': %s", dir, strerror(e));
@@ -219,11 +214,70 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 		return rc;
 	}
 	if (no_verify) {
-		fprintf(stderr,
-			"%s: warning: --no-verify: running '%s' without checking its signed manifest\n", cmd,
+		fprintf(stderr, "%s: warning: --no-verify: running '%s' without checking its signed manifest\n", cmd,
 			udir);
 		return 0;
 	}
+	return -1;
+}
+
+/* The fix for files that no longer match their verified state (s): a
+ * derived model is made again, a missing or changed file fetched again,
+ * anything else verified again. */
+static void gate_state_hint(const char *cmd, const char *dir, const struct sfw_manifest *m, enum sfw_status s,
+			    const char *pubkey)
+{
+	char edir[4096], ekey[1024];
+	const char *udir = sfw_esc(dir, edir, sizeof(edir));
+	const char *gone = NULL;
+	for (size_t i = 0; i < m->nfiles && !gone; i++) {
+		char *fp = sfw_path_join(dir, m->files[i].path);
+		struct stat st;
+		if (fp && lstat(fp, &st) != 0 && errno == ENOENT)
+			gone = m->files[i].path;
+		sfw_free(fp);
+	}
+	if (m->lineage.present && (gone || s == SFW_E_HASH || s == SFW_E_SIZE))
+		fprintf(stderr,
+			"%s: refusing to run unverified weights; fix: make the derived model again: "
+			"salafw quant PARENT_DIR -o %s --force\n",
+			cmd, udir);
+	else if (gone)
+		print_get_hint(cmd, dir, m, gone, pubkey);
+	else if (s == SFW_E_HASH || s == SFW_E_SIZE)
+		print_get_hint(cmd, dir, m, NULL, pubkey);
+	else
+		fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw verify %s%s%s\n", cmd, udir,
+			pubkey ? " --pubkey " : "", pubkey ? sfw_esc(pubkey, ekey, sizeof(ekey)) : "");
+}
+
+/* "verified: signed by ..., derived from ..." for a model the user derived. */
+static void gate_say_derived(const char *cmd, const char *udir, const struct sfw_manifest *m, int local,
+			     const char *key_id)
+{
+	char par[200];
+	const char *group = "";
+	for (size_t i = 0; i < m->lineage.nparams; i++)
+		if (!strcmp(m->lineage.param_key[i], "group_size"))
+			group = m->lineage.param_value[i];
+	cli_parent_text(&m->lineage, par, sizeof(par));
+	fprintf(stderr, "%s: verified: signed by %s %s, derived from %s (%s%s%s; salafw verify %s shows how)\n", cmd,
+		local ? "your local key" : "key", key_id, par, m->lineage.method, *group ? " group " : "", group, udir);
+}
+
+int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int full, const char *pubkey,
+			struct cli_gate_info *info)
+{
+	struct sfw_err err = {0};
+	struct cli_gate_info scratch;
+	if (!info)
+		info = &scratch;
+	memset(info, 0, sizeof(*info));
+	char edir[4096]; /* dir as the hints print it (escaped) */
+	const char *udir = sfw_esc(dir, edir, sizeof(edir));
+	int drc = gate_dir(cmd, dir, udir, no_verify);
+	if (drc >= 0)
+		return drc;
 	struct sfw_pubkey keys[2];
 	size_t nkeys;
 	int user_at;
@@ -327,27 +381,7 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	}
 	if (s != SFW_OK) {
 		rc = cli_report(s, &err);
-		const char *gone = NULL;
-		for (size_t i = 0; i < m.nfiles && !gone; i++) {
-			char *fp = sfw_path_join(dir, m.files[i].path);
-			struct stat st;
-			if (fp && lstat(fp, &st) != 0 && errno == ENOENT)
-				gone = m.files[i].path;
-			sfw_free(fp);
-		}
-		if (m.lineage.present && (gone || s == SFW_E_HASH || s == SFW_E_SIZE))
-			fprintf(stderr,
-				"%s: refusing to run unverified weights; fix: make the derived model again: "
-				"salafw quant PARENT_DIR -o %s --force\n",
-				cmd, udir);
-		else if (gone)
-			print_get_hint(cmd, dir, &m, gone, pubkey);
-		else if (s == SFW_E_HASH || s == SFW_E_SIZE)
-			print_get_hint(cmd, dir, &m, NULL, pubkey);
-		else
-			fprintf(stderr, "%s: refusing to run unverified weights; fix: salafw verify %s%s%s\n",
-				cmd, udir, pubkey ? " --pubkey " : "",
-				pubkey ? sfw_esc(pubkey, ekey, sizeof(ekey)) : "");
+		gate_state_hint(cmd, dir, &m, s, pubkey);
 		goto out;
 	}
 	info->verified = 1;
@@ -356,19 +390,8 @@ int cli_model_gate_info(const char *cmd, const char *dir, int no_verify, int ful
 	memcpy(info->revision, m.revision, sizeof(info->revision));
 	sfw_pubkey_id_hex(si->key_id, info->key_id);
 	sfw_hex_encode(m.manifest_sha256, 32, info->manifest_sha256);
-	if (local || m.lineage.present) {
-		char par[200];
-		const char *group = "";
-		for (size_t i = 0; i < m.lineage.nparams; i++)
-			if (!strcmp(m.lineage.param_key[i], "group_size"))
-				group = m.lineage.param_value[i];
-		cli_parent_text(&m.lineage, par, sizeof(par));
-		fprintf(
-		    stderr,
-		    "%s: verified: signed by %s %s, derived from %s (%s%s%s; salafw verify %s shows how)\n",
-		    cmd, local ? "your local key" : "key", info->key_id, par, m.lineage.method,
-		    *group ? " group " : "", group, udir);
-	}
+	if (local || m.lineage.present)
+		gate_say_derived(cmd, udir, &m, local, info->key_id);
 out:
 	sfw_manifest_release(&m);
 	sfw_buf_release(&mb);
