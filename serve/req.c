@@ -495,6 +495,125 @@ static int has_nul_escape(const char *b, size_t n, char *field, size_t cap)
 	return 0;
 }
 
+/* The fields of a request body the parser keeps for after the loop. */
+struct req_fields {
+	const cJSON *prompt, *messages, *tools, *tool_choice, *bias;
+	int have_model, logprobs_set;
+};
+
+/* One top-level field of a request body into r (or fl). */
+static enum sfw_status take_field(struct sfw_serve_req *r, const cJSON *f, int chat, struct req_fields *fl,
+				  struct sfw_serve_error *e)
+{
+	enum sfw_status s = SFW_OK;
+	const char *k = f->string;
+	int64_t iv = 0;
+	int off = feature_off(k, f);
+	if (off == 0)
+		s = bad(e, k, "'%.100s' is not supported by this server at that value", k);
+	else if (off == 1 || is_ignored(k))
+		return SFW_OK;
+	else if (!strcmp(k, "model")) {
+		if (!cJSON_IsString(f))
+			s = bad(e, "model", "'model' must be a string");
+		r->model = f->valuestring;
+		fl->have_model = 1;
+	} else if (!strcmp(k, "prompt") && !chat)
+		fl->prompt = f;
+	else if (!strcmp(k, "messages") && chat)
+		fl->messages = f;
+	else if (!strcmp(k, "tools") && chat)
+		fl->tools = f;
+	else if (!strcmp(k, "tool_choice") && chat)
+		fl->tool_choice = f;
+	else if (!strcmp(k, "logit_bias"))
+		fl->bias = f;
+	else if (!strcmp(k, "max_tokens") || !strcmp(k, "max_completion_tokens")) {
+		if (is_null(f))
+			return SFW_OK;
+		if (!get_int(f, 1, 1 << 30, &iv))
+			s = bad(e, k, "'%s' must be an integer from 1 to %d", k, 1 << 30);
+		r->max_tokens = iv;
+	} else if (!strcmp(k, "temperature"))
+		s = num_field(r, f, 0, 2, 0, &r->temperature, SFW_SERVE_SET_TEMPERATURE, e);
+	else if (!strcmp(k, "top_p")) {
+		/* checked as the float the sampler takes: 1e-300 is 0 there */
+		s = num_field(r, f, 0, 1, 1, &r->top_p, SFW_SERVE_SET_TOP_P, e);
+		if (s == SFW_OK && !is_null(f) && !((float)f->valuedouble > 0))
+			s = bad(e, k, "'top_p' must be a number in (0, 1], at least 1.4e-45 (the smallest "
+				      "float above 0)");
+	}
+	else if (!strcmp(k, "min_p"))
+		s = num_field(r, f, 0, 1, 0, &r->min_p, SFW_SERVE_SET_MIN_P, e);
+	else if (!strcmp(k, "repetition_penalty"))
+		s = num_field(r, f, 0, 10, 1, &r->repetition_penalty, SFW_SERVE_SET_REPETITION, e);
+	else if (!strcmp(k, "presence_penalty"))
+		s = num_field(r, f, -2, 2, 0, &r->presence_penalty, 0, e);
+	else if (!strcmp(k, "frequency_penalty"))
+		s = num_field(r, f, -2, 2, 0, &r->frequency_penalty, 0, e);
+	else if (!strcmp(k, "top_k")) {
+		if (is_null(f))
+			return SFW_OK;
+		if (!get_int(f, -1, INT32_MAX, &iv))
+			s = bad(e, k, "'top_k' must be an integer, -1 or 0 for off");
+		r->top_k = iv < 0 ? 0 : (int)iv;
+		r->set |= SFW_SERVE_SET_TOP_K;
+	} else if (!strcmp(k, "seed")) {
+		if (is_null(f))
+			return SFW_OK;
+		if (!get_int(f, -9007199254740991.0, 9007199254740991.0, &iv))
+			s = bad(e, k, "'seed' must be an integer");
+		r->seed = (uint64_t)iv;
+		r->have_seed = 1;
+	} else if (!strcmp(k, "n")) {
+		if (!is_null(f) && !(get_int(f, 1, SFW_SERVE_N_MAX, &iv)))
+			s = bad(e, k, "'n' must be an integer from 1 to %d", SFW_SERVE_N_MAX);
+		r->n = is_null(f) ? 1 : (int)iv;
+	} else if (!strcmp(k, "logprobs")) {
+		if (is_null(f))
+			return SFW_OK;
+		if (chat) { /* true or false; top_logprobs says how many */
+			s = take_bool(f, &r->logprobs, e);
+		} else if (cJSON_IsFalse(f)) {
+		} else if (!get_int(f, 0, SFW_SAMPLE_TOP_MAX, &iv)) {
+			s = bad(e, k, "'logprobs' must be an integer from 0 to %d", SFW_SAMPLE_TOP_MAX);
+		} else { /* completions: the number of top tokens */
+			r->logprobs = 1;
+			r->top_logprobs = (int)iv;
+		}
+	} else if (!strcmp(k, "top_logprobs") && chat) {
+		if (is_null(f))
+			return SFW_OK;
+		if (!get_int(f, 0, SFW_SAMPLE_TOP_MAX, &iv))
+			s = bad(e, k, "'top_logprobs' must be an integer from 0 to %d", SFW_SAMPLE_TOP_MAX);
+		r->top_logprobs = (int)iv;
+		fl->logprobs_set = 1;
+	} else if (!strcmp(k, "stop")) {
+		s = take_stop(r, f, e);
+	} else if (!strcmp(k, "stream")) {
+		s = take_bool(f, &r->stream, e);
+	} else if (!strcmp(k, "ignore_eos")) {
+		s = take_bool(f, &r->ignore_eos, e);
+	} else if (!strcmp(k, "skip_special_tokens")) {
+		s = take_bool(f, &r->skip_special, e);
+	} else if (!strcmp(k, "add_generation_prompt") && chat) {
+		s = take_bool(f, &r->add_generation_prompt, e);
+	} else if (!strcmp(k, "chat_template_kwargs") && chat) {
+		if (!is_null(f) && !cJSON_IsObject(f))
+			s = bad(e, k, "'chat_template_kwargs' must be an object");
+		r->template_kwargs = cJSON_IsObject(f) ? f : NULL;
+	} else if (!strcmp(k, "stream_options")) {
+		if (is_null(f))
+			return SFW_OK;
+		const cJSON *u = cJSON_GetObjectItemCaseSensitive(f, "include_usage");
+		if (!cJSON_IsObject(f) || (u && !cJSON_IsBool(u)))
+			s = bad(e, k, "'stream_options' must be an object; include_usage true or false");
+		r->include_usage = cJSON_IsTrue(u);
+	} else
+		note_unknown(r, k);
+	return s;
+}
+
 enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve_kind kind,
 				    const char *const *names, size_t n_names, int vocab, struct sfw_serve_req *r,
 				    struct sfw_serve_error *e)
@@ -522,141 +641,35 @@ enum sfw_status sfw_serve_req_parse(const char *body, size_t len, enum sfw_serve
 	if (has_nul_escape(body, len, nul_field, sizeof(nul_field)))
 		return bad(e, nul_field, "%s%s%sholds an escaped NUL character (\\u0000), which text here cannot hold",
 			   nul_field[0] ? "'" : "", nul_field, nul_field[0] ? "' " : "the request body ");
-	const cJSON *prompt = NULL, *messages = NULL, *tools = NULL, *tool_choice = NULL, *bias = NULL;
+	struct req_fields fl = {0};
 	int chat = kind == SFW_SERVE_CHAT;
 	enum sfw_status s = SFW_OK;
-	int have_model = 0, logprobs_set = 0;
-	for (const cJSON *f = r->root->child; f && s == SFW_OK; f = f->next) {
-		const char *k = f->string;
-		int64_t iv = 0;
-		int off = feature_off(k, f);
-		if (off == 0)
-			s = bad(e, k, "'%.100s' is not supported by this server at that value", k);
-		else if (off == 1 || is_ignored(k))
-			continue;
-		else if (!strcmp(k, "model")) {
-			if (!cJSON_IsString(f))
-				s = bad(e, "model", "'model' must be a string");
-			r->model = f->valuestring;
-			have_model = 1;
-		} else if (!strcmp(k, "prompt") && !chat)
-			prompt = f;
-		else if (!strcmp(k, "messages") && chat)
-			messages = f;
-		else if (!strcmp(k, "tools") && chat)
-			tools = f;
-		else if (!strcmp(k, "tool_choice") && chat)
-			tool_choice = f;
-		else if (!strcmp(k, "logit_bias"))
-			bias = f;
-		else if (!strcmp(k, "max_tokens") || !strcmp(k, "max_completion_tokens")) {
-			if (is_null(f))
-				continue;
-			if (!get_int(f, 1, 1 << 30, &iv))
-				s = bad(e, k, "'%s' must be an integer from 1 to %d", k, 1 << 30);
-			r->max_tokens = iv;
-		} else if (!strcmp(k, "temperature"))
-			s = num_field(r, f, 0, 2, 0, &r->temperature, SFW_SERVE_SET_TEMPERATURE, e);
-		else if (!strcmp(k, "top_p")) {
-			/* checked as the float the sampler takes: 1e-300 is 0 there */
-			s = num_field(r, f, 0, 1, 1, &r->top_p, SFW_SERVE_SET_TOP_P, e);
-			if (s == SFW_OK && !is_null(f) && !((float)f->valuedouble > 0))
-				s = bad(e, k, "'top_p' must be a number in (0, 1], at least 1.4e-45 (the smallest "
-					      "float above 0)");
-		}
-		else if (!strcmp(k, "min_p"))
-			s = num_field(r, f, 0, 1, 0, &r->min_p, SFW_SERVE_SET_MIN_P, e);
-		else if (!strcmp(k, "repetition_penalty"))
-			s = num_field(r, f, 0, 10, 1, &r->repetition_penalty, SFW_SERVE_SET_REPETITION, e);
-		else if (!strcmp(k, "presence_penalty"))
-			s = num_field(r, f, -2, 2, 0, &r->presence_penalty, 0, e);
-		else if (!strcmp(k, "frequency_penalty"))
-			s = num_field(r, f, -2, 2, 0, &r->frequency_penalty, 0, e);
-		else if (!strcmp(k, "top_k")) {
-			if (is_null(f))
-				continue;
-			if (!get_int(f, -1, INT32_MAX, &iv))
-				s = bad(e, k, "'top_k' must be an integer, -1 or 0 for off");
-			r->top_k = iv < 0 ? 0 : (int)iv;
-			r->set |= SFW_SERVE_SET_TOP_K;
-		} else if (!strcmp(k, "seed")) {
-			if (is_null(f))
-				continue;
-			if (!get_int(f, -9007199254740991.0, 9007199254740991.0, &iv))
-				s = bad(e, k, "'seed' must be an integer");
-			r->seed = (uint64_t)iv;
-			r->have_seed = 1;
-		} else if (!strcmp(k, "n")) {
-			if (!is_null(f) && !(get_int(f, 1, SFW_SERVE_N_MAX, &iv)))
-				s = bad(e, k, "'n' must be an integer from 1 to %d", SFW_SERVE_N_MAX);
-			r->n = is_null(f) ? 1 : (int)iv;
-		} else if (!strcmp(k, "logprobs")) {
-			if (is_null(f))
-				continue;
-			if (chat) { /* true or false; top_logprobs says how many */
-				s = take_bool(f, &r->logprobs, e);
-			} else if (cJSON_IsFalse(f)) {
-			} else if (!get_int(f, 0, SFW_SAMPLE_TOP_MAX, &iv)) {
-				s = bad(e, k, "'logprobs' must be an integer from 0 to %d", SFW_SAMPLE_TOP_MAX);
-			} else { /* completions: the number of top tokens */
-				r->logprobs = 1;
-				r->top_logprobs = (int)iv;
-			}
-		} else if (!strcmp(k, "top_logprobs") && chat) {
-			if (is_null(f))
-				continue;
-			if (!get_int(f, 0, SFW_SAMPLE_TOP_MAX, &iv))
-				s = bad(e, k, "'top_logprobs' must be an integer from 0 to %d", SFW_SAMPLE_TOP_MAX);
-			r->top_logprobs = (int)iv;
-			logprobs_set = 1;
-		} else if (!strcmp(k, "stop")) {
-			s = take_stop(r, f, e);
-		} else if (!strcmp(k, "stream")) {
-			s = take_bool(f, &r->stream, e);
-		} else if (!strcmp(k, "ignore_eos")) {
-			s = take_bool(f, &r->ignore_eos, e);
-		} else if (!strcmp(k, "skip_special_tokens")) {
-			s = take_bool(f, &r->skip_special, e);
-		} else if (!strcmp(k, "add_generation_prompt") && chat) {
-			s = take_bool(f, &r->add_generation_prompt, e);
-		} else if (!strcmp(k, "chat_template_kwargs") && chat) {
-			if (!is_null(f) && !cJSON_IsObject(f))
-				s = bad(e, k, "'chat_template_kwargs' must be an object");
-			r->template_kwargs = cJSON_IsObject(f) ? f : NULL;
-		} else if (!strcmp(k, "stream_options")) {
-			if (is_null(f))
-				continue;
-			const cJSON *u = cJSON_GetObjectItemCaseSensitive(f, "include_usage");
-			if (!cJSON_IsObject(f) || (u && !cJSON_IsBool(u)))
-				s = bad(e, k, "'stream_options' must be an object; include_usage true or false");
-			r->include_usage = cJSON_IsTrue(u);
-		} else
-			note_unknown(r, k);
-	}
+	for (const cJSON *f = r->root->child; f && s == SFW_OK; f = f->next)
+		s = take_field(r, f, chat, &fl, e);
 	if (s != SFW_OK)
 		return s;
-	if (!have_model && names)
+	if (!fl.have_model && names)
 		return bad(e, "model", "'model' is required");
 	size_t mi = 0;
-	while (have_model && names && mi < n_names && strcmp(r->model, names[mi]))
+	while (fl.have_model && names && mi < n_names && strcmp(r->model, names[mi]))
 		mi++;
-	if (have_model && names && mi == n_names) {
+	if (fl.have_model && names && mi == n_names) {
 		bad(e, "model", "the model '%.200s' does not exist (this server has '%.200s')", r->model,
 		    n_names ? names[0] : "");
 		e->http = 404;
 		e->code = "model_not_found";
 		return SFW_E_INVAL;
 	}
-	if (logprobs_set && r->top_logprobs > 0 && !r->logprobs)
+	if (fl.logprobs_set && r->top_logprobs > 0 && !r->logprobs)
 		return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
 	if (r->stream == 0 && r->include_usage)
 		return bad(e, "stream_options", "'stream_options' needs 'stream': true");
-	if ((s = take_bias(r, bias, vocab, e)) != SFW_OK)
+	if ((s = take_bias(r, fl.bias, vocab, e)) != SFW_OK)
 		return s;
-	if (chat && (s = take_tools(r, tools, tool_choice, e)) != SFW_OK)
+	if (chat && (s = take_tools(r, fl.tools, fl.tool_choice, e)) != SFW_OK)
 		return s;
-	return kind == SFW_SERVE_COMPLETION ? take_prompt(r, prompt, vocab, e)
-					    : take_messages(r, messages, e);
+	return kind == SFW_SERVE_COMPLETION ? take_prompt(r, fl.prompt, vocab, e)
+					    : take_messages(r, fl.messages, e);
 }
 
 void sfw_serve_req_release(struct sfw_serve_req *r)
