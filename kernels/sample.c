@@ -49,6 +49,59 @@ static void lp_sorted(struct sfw_sample_lp *lp, int top, const uint64_t *k, int 
 /* The choice on logits lg (penalties already applied), its logprobs into lp
  * when not NULL. A greedy choice asking for logprobs takes the sampling
  * path at temperature 1 with the draw replaced by the argmax (force). */
+/* The top survivors of a draw over the whole vocabulary, best first, into
+ * lp (a selection of top keys, no sort of V entries). */
+static void lp_survivors(struct sfw_sample_lp *lp, const float *lg, int V, int top, float max, float min_p,
+			 double total, float inv_t, int32_t id)
+{
+	uint64_t tk[SFW_SAMPLE_TOP_MAX];
+	int nt = 0;
+	for (int i = 0; i < V && top; i++) {
+		if (!surv(lg[i], max, min_p))
+			continue;
+		uint64_t key = sfws_key(lg[i], i);
+		if (nt == top && key <= tk[nt - 1])
+			continue;
+		int j = nt < top ? nt++ : nt - 1;
+		while (j > 0 && tk[j - 1] < key) {
+			tk[j] = tk[j - 1];
+			j--;
+		}
+		tk[j] = key;
+	}
+	lp_sorted(lp, nt, tk, nt, total, max, inv_t, lg[id]);
+}
+
+/* The n candidates' keys, best first (sfw_malloc'd; NULL, the op's failure
+ * flagged, when there is no scratch). */
+static uint64_t *cand_keys(const float *lg, int V, int n)
+{
+	uint64_t *k = sfw_malloc((size_t)n * sizeof(uint64_t));
+	if (!k) {
+		sfwi_ops_cpu_fail();
+		return NULL;
+	}
+	int m = 0;
+	for (int i = 0; i < V; i++)
+		if (is_cand(lg[i]))
+			k[m++] = sfws_key(lg[i], i);
+	qsort(k, (size_t)n, sizeof(*k), cmp_key_desc);
+	return k;
+}
+
+/* The nucleus: the shortest prefix of the n keys (best first) whose weights
+ * reach want; all n when none does. */
+static int nucleus(const uint64_t *k, int n, float max, double want)
+{
+	double acc = 0;
+	for (int i = 0; i < n; i++) {
+		acc += sfws_exp(SFWS_SUB(sfws_key_logit(k[i]), max));
+		if (acc >= want)
+			return i + 1;
+	}
+	return n;
+}
+
 static int32_t choose(const float *lg, int V, const struct sfw_op_sample_params *p, double u,
 		      struct sfw_sample_lp *lp)
 {
@@ -131,69 +184,24 @@ static int32_t choose(const float *lg, int V, const struct sfw_op_sample_params 
 			for (int i = V - 1; id < 0 && i >= 0; i--) /* rounding: the last survivor */
 				if (surv(lg[i], max, min_p))
 					id = i;
-			if (lp) { /* the top survivors: a selection, best first */
-				uint64_t tk[SFW_SAMPLE_TOP_MAX];
-				int nt = 0;
-				for (int i = 0; i < V && top; i++) {
-					if (!surv(lg[i], max, min_p))
-						continue;
-					uint64_t key = sfws_key(lg[i], i);
-					if (nt == top && key <= tk[nt - 1])
-						continue;
-					int j = nt < top ? nt++ : nt - 1;
-					while (j > 0 && tk[j - 1] < key) {
-						tk[j] = tk[j - 1];
-						j--;
-					}
-					tk[j] = key;
-				}
-				lp_sorted(lp, nt, tk, nt, total, max, inv_t, lg[id]);
-			}
+			if (lp)
+				lp_survivors(lp, lg, V, top, max, min_p, total, inv_t, id);
 			return id;
 		}
 		/* top-p alone: the nucleus is a prefix of all candidates, best first */
-		k = sfw_malloc((size_t)n * sizeof(uint64_t));
-		if (!k) { /* V entries of scratch; the greedy choice stands in */
-			sfwi_ops_cpu_fail();
-			return best;
-		}
-		for (int i = 0; i < V; i++)
-			if (is_cand(lg[i]))
-				k[m++] = sfws_key(lg[i], i);
-		qsort(k, (size_t)n, sizeof(*k), cmp_key_desc);
-		double want = (double)p->top_p * total, acc = 0;
-		m = n;
-		for (int i = 0; i < n; i++) {
-			acc += sfws_exp(SFWS_SUB(sfws_key_logit(k[i]), max));
-			if (acc >= want) {
-				m = i + 1;
-				break;
-			}
-		}
+		if (!(k = cand_keys(lg, V, n)))
+			return best; /* no scratch: the greedy choice stands in */
+		m = nucleus(k, n, max, (double)p->top_p * total);
 	} else {
 		/* top-k: the kk best, best first; then the nucleus among them */
-		k = sfw_malloc((size_t)n * sizeof(uint64_t));
-		if (!k) {
-			sfwi_ops_cpu_fail();
+		if (!(k = cand_keys(lg, V, n)))
 			return best;
-		}
-		for (int i = 0; i < V; i++)
-			if (is_cand(lg[i]))
-				k[m++] = sfws_key(lg[i], i);
-		qsort(k, (size_t)n, sizeof(*k), cmp_key_desc);
 		m = kk;
 		if (cut_p) {
-			double total = 0, acc = 0;
+			double total = 0;
 			for (int i = 0; i < kk; i++)
 				total += sfws_exp(SFWS_SUB(sfws_key_logit(k[i]), max));
-			double want = (double)p->top_p * total;
-			for (int i = 0; i < kk; i++) {
-				acc += sfws_exp(SFWS_SUB(sfws_key_logit(k[i]), max));
-				if (acc >= want) {
-					m = i + 1;
-					break;
-				}
-			}
+			m = nucleus(k, kk, max, (double)p->top_p * total);
 		}
 	}
 	/* min-p: a prefix of the survivors (the best has weight 1) */
