@@ -599,9 +599,10 @@ static void log_request(const struct sfw_server *s, const char *id, const char *
 {
 	if (s->p.quiet)
 		return;
-	char t[32] = "-";
+	char t[32] = "-", em[40]; /* the method as the client sent it: escaped */
 	if (ttft >= 0)
 		snprintf(t, sizeof(t), "%.3fs", ttft);
+	method = sfw_esc(method, em, sizeof(em));
 	/* cached: the prefix cache's hits, 0 until there is one */
 	sfw_log(SFW_LOG_INFO,
 		"serve: %s %s %s %d prompt_tokens=%lld output_tokens=%lld cached_tokens=0 ttft=%s time=%.3fs",
