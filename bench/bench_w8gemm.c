@@ -54,7 +54,7 @@ static void call(enum path p, struct bufs *b, struct sfw_cuda_blas *blas, int i,
 	switch (p) {
 	case P_MMA:
 		sfw_cuda_gemm_w8_mma(b->x, K, b->codes[c], b->scales[c], SFW_DTYPE_BF16, group, b->y, N, M, N, K,
-				     silu, b->ws, b->ws_bytes, s);
+				     silu, b->ws, b->ws_bytes, s, 0);
 		break;
 	case P_BF16:
 		sfw_cuda_gemm(blas, b->x, K, b->wbf[i % b->nbf], b->y, rows, M, rows, K, s);
@@ -185,7 +185,7 @@ int main(int argc, char **argv)
 		b.scr_bytes = SFW_CUDA_SCRATCH_MIN;
 		b.ws_bytes = 0;
 		for (int i = 0; i < nm; i++) {
-			size_t w = sfw_cuda_w8mma_ws_bytes(Ms[i], N, K, silu);
+			size_t w = sfw_cuda_w8mma_ws_bytes(Ms[i], N, K, silu, 0);
 			b.ws_bytes = w > b.ws_bytes ? w : b.ws_bytes;
 		}
 		ok = ok && sfw_cuda_malloc((void **)&b.x, xb, "x", &err) == SFW_OK &&

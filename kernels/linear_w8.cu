@@ -520,7 +520,7 @@ extern "C" int sfw_op_swiglu_w8_cuda(void *y, const void *x, const uint8_t *code
 	if (M < 3 || M > 64)
 		return 0;
 	return sfw_cuda_gemm_w8_mma((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 1,
-				    cx->w8ws, SFW_CUDA_W8WS_BYTES, cx->stream);
+				    cx->w8ws, SFW_CUDA_W8WS_BYTES, cx->stream, cx->sms);
 }
 
 extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
@@ -532,7 +532,7 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *cod
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	if (act == SFW_DTYPE_BF16 && w8mma_rows(M, N, K) &&
 	    sfw_cuda_gemm_w8_mma((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0,
-				 cx->w8ws, SFW_CUDA_W8WS_BYTES, cx->stream))
+				 cx->w8ws, SFW_CUDA_W8WS_BYTES, cx->stream, cx->sms))
 		return;
 	if (act == SFW_DTYPE_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
 		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0, 0,

@@ -595,19 +595,23 @@ static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms)
 	return pl;
 }
 
-static int w8m_sms(void)
+/* The device's multiprocessors: the caller's figure (struct sfw_cuda_ctx
+ * holds it), else asked of the runtime. */
+static int w8m_sms(int sms)
 {
+	if (sms > 0)
+		return sms;
 	int dev = 0, n = 0;
 	SFW_CUDA_CHECK(cudaGetDevice(&dev));
 	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
 	return n;
 }
 
-extern "C" size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu)
+extern "C" size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu, int sms)
 {
 	if (M <= 0 || N <= 0 || K <= 0)
 		return 0;
-	return w8m_plan_for(M, N, K, silu, w8m_sms()).ws_bytes;
+	return w8m_plan_for(M, N, K, silu, w8m_sms(sms)).ws_bytes;
 }
 
 extern "C" int sfw_cuda_w8mma_ok(const void *X, int ldx, const uint8_t *codes, int group, int M, int N, int K,
@@ -645,12 +649,12 @@ static void w8m_launch(const struct w8m_plan &pl, const struct w8m_args &a, cuda
 
 extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
 				    enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K, int silu,
-				    void *ws, size_t ws_bytes, void *stream)
+				    void *ws, size_t ws_bytes, void *stream, int sms)
 {
 	if (!sfw_cuda_w8mma_ok(X, ldx, codes, group, M, N, K, sdt) || ldy < N)
 		return 0;
 	int g = group <= 0 || group >= K ? K : group;
-	struct w8m_plan pl = w8m_plan_for(M, N, K, silu, w8m_sms());
+	struct w8m_plan pl = w8m_plan_for(M, N, K, silu, w8m_sms(sms));
 	if (pl.splits > 1 && (!ws || ws_bytes < pl.ws_bytes || ((uintptr_t)ws & 255))) {
 		/* no room for the partials: one block per tile over the whole K */
 		int kcn = (K + W8M_BK - 1) / W8M_BK;

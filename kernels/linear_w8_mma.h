@@ -20,6 +20,9 @@
  * one call at a time per workspace: calls on one stream share one). With a
  * smaller or no workspace the call runs unsplit (correct, slower at small M).
  *
+ * sms: the device's multiprocessors (struct sfw_cuda_ctx's), which size the
+ * split; 0 asks the runtime (a query per call: tests and benchmarks).
+ *
  * sfw_cuda_gemm_w8_mma returns 1 when it launched, 0 when the call is not
  * one it takes (sfw_cuda_w8mma_ok: K and group multiples of 16, X and codes
  * 16-byte aligned, ldx a multiple of 8; the caller then keeps its old path).
@@ -42,10 +45,10 @@ extern "C" {
 
 int sfw_cuda_w8mma_ok(const void *X, int ldx, const uint8_t *codes, int group, int M, int N, int K,
 		      enum sfw_dtype sdt);
-size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu);
+size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu, int sms);
 int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
 			 int group, uint16_t *Y, int ldy, int M, int N, int K, int silu, void *ws, size_t ws_bytes,
-			 void *stream);
+			 void *stream, int sms);
 
 #ifdef __cplusplus
 }

@@ -117,12 +117,15 @@ full_models() {
 		echo "mkmodel $d: $(($(date +%s) - start)) s" | tee -a "$OUT/mkmodel.log"
 	done
 }
-# serve_bench BINDIR MODEL CONC TAG: `salafw serve` of BINDIR on MODEL under
-# bench/bench_serve.py (1K-token prompts, 256 out) at concurrency CONC
+# serve_bench BINDIR MODEL CONC TAG [SERVE OPTIONS]: `salafw serve` of BINDIR
+# on MODEL (--max-running 32 --max-context 2048, then the options given)
+# under bench/bench_serve.py (1K-token prompts, 256 out) at concurrency CONC
+# (a list: 1,8,32); its log, JSON and /metrics go to $OUT/serve-TAG.*
 serve_bench() {
 	local b=$1 m=$2 c=$3 tag=$4 port=${SALAFW_SERVE_PORT:-18080} spid up=0 rc
+	shift 4
 	LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/salafw" serve "$m" --no-verify --device cuda --port "$port" \
-		--max-running 32 --max-context 2048 2>"$OUT/serve-$tag.log" &
+		--max-running 32 --max-context 2048 "$@" 2>"$OUT/serve-$tag.log" &
 	spid=$!
 	for _ in $(seq 600); do
 		if python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
@@ -143,6 +146,8 @@ serve_bench() {
 		--concurrency "$c" --prompt-tokens 1024 --gen 256 --json "$OUT/serve-$tag.json" 2>&1 |
 		tee -a "$OUT/serve-bench.log"
 	rc=${PIPESTATUS[0]}
+	python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+		"http://127.0.0.1:$port/metrics" >"$OUT/serve-$tag.metrics" 2>/dev/null
 	kill -TERM $spid
 	wait $spid || rc=1
 	return $rc
@@ -259,33 +264,11 @@ serve-bench)
 		"$BIN/salafw" mkmodel --preset full -o "$M" 2>&1 | tail -n 3 | tee "$OUT/mkmodel.log"
 	fi
 	CONC=${1:-1,8,32}
-	PORT=${SALAFW_SERVE_PORT:-18080}
 	# SERVE_ARGS: more serve options (e.g. --prefill-chunk N for an A/B)
-	"$BIN/salafw" serve "$M" --no-verify --device cuda --port "$PORT" --max-running 32 --max-context 2048 \
-		${SERVE_ARGS:-} 2>"$OUT/serve.log" &
-	spid=$!
-	up=0
-	for _ in $(seq 600); do
-		if python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
-			"http://127.0.0.1:$PORT/health" 2>/dev/null; then up=1; break; fi
-		kill -0 $spid 2>/dev/null || break
-		sleep 0.5
-	done
-	if [ $up != 1 ]; then
-		echo "serve-bench: the server did not come up:"; tail -n 20 "$OUT/serve.log"
-		kill $spid 2>/dev/null
-		exit 1
-	fi
-	python3 bench/bench_serve.py --url "http://127.0.0.1:$PORT/v1" --model "$(basename "$M")" \
-		--concurrency "$CONC" --prompt-tokens 1024 --gen 256 --json "$OUT/serve-bench.json" 2>&1 |
-		tee "$OUT/serve-bench.log"
-	rc=${PIPESTATUS[0]}
-	curl -s "http://127.0.0.1:$PORT/metrics" >"$OUT/serve-metrics.txt" 2>/dev/null ||
-		python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
-			"http://127.0.0.1:$PORT/metrics" >"$OUT/serve-metrics.txt" 2>/dev/null
-	kill -TERM $spid
-	wait $spid || rc=1
-	cat "$OUT/serve.log"
+	# shellcheck disable=SC2086
+	serve_bench "$BIN" "$M" "$CONC" http ${SERVE_ARGS:-}
+	rc=$?
+	cat "$OUT/serve-http.log" # the server's own lines
 	# the engine's peer (bench_batch --serve): the same workload in process,
 	# no HTTP; per concurrency C, bench_serve.py's request count max(8, 4C),
 	# R = C up to the server's --max-running, serve's prefill chunk

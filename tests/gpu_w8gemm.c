@@ -240,7 +240,7 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	CHECK(ok, "%s", e.msg);
 	if (!ok)
 		goto done;
-	size_t need = sfw_cuda_w8mma_ws_bytes(M, N, K, silu);
+	size_t need = sfw_cuda_w8mma_ws_bytes(M, N, K, silu, 0);
 	if (use_ws && need > ws->bytes) {
 		if (ws->p)
 			sfw_cuda_free(ws->p);
@@ -255,7 +255,7 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	sfw_cuda_h2d(dx, x, nx * 2, s);
 	sfw_cuda_memset(dy, 0xff, ny * 2, s); /* poison: NaN bf16 */
 	int took = sfw_cuda_gemm_w8_mma(dx, ldx, w->dc, w->ds, w->sdt, w->group, dy, ldy, M, N, K, silu,
-					use_ws ? ws->p : NULL, use_ws ? ws->bytes : 0, s);
+					use_ws ? ws->p : NULL, use_ws ? ws->bytes : 0, s, 0);
 	char name[160];
 	snprintf(name, sizeof(name), "w8mma%s M=%d N=%d K=%d group %d %s%s%s", silu ? " silu" : "", M, N, K, w->group,
 		 sdt_name(w->sdt), ldx != K || ldy != N ? " strided" : "",
@@ -265,7 +265,7 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	/* again: the same bits (a deterministic split, counters left at zero) */
 	sfw_cuda_memset(dy, 0xff, ny * 2, s);
 	sfw_cuda_gemm_w8_mma(dx, ldx, w->dc, w->ds, w->sdt, w->group, dy, ldy, M, N, K, silu, use_ws ? ws->p : NULL,
-			     use_ws ? ws->bytes : 0, s);
+			     use_ws ? ws->bytes : 0, s, 0);
 	sfw_cuda_d2h(y2, dy, ny * 2, s);
 	sfw_cuda_sync(s);
 	int same = 1, untouched = 1;
@@ -390,7 +390,7 @@ int main(void)
 	CHECK(!sfw_cuda_w8mma_ok((const void *)16, 4096, (const uint8_t *)16, 128, 4, 100, 4096, SFW_DTYPE_I32),
 	      "I32 scales refused");
 	CHECK(sfw_cuda_gemm_w8_mma((const uint16_t *)16, 4100, (const uint8_t *)16, (const void *)16, SFW_DTYPE_BF16,
-				   128, (uint16_t *)16, 100, 4, 100, 1000, 0, NULL, 0, s) == 0,
+				   128, (uint16_t *)16, 100, 4, 100, 1000, 0, NULL, 0, s, 0) == 0,
 	      "a refused call returns 0");
 
 	if (ws.p)
