@@ -35,6 +35,10 @@ struct att_args {
 	/* the cache's pages (ops_cuda.h, struct sfw_cuda_pages): NULL = contiguous */
 	const int32_t *tab;
 	int shift;
+	/* non-NULL: kc, vc, tab read from these slots when the kernel runs
+	 * (struct sfw_cuda_rowref; one sequence's recorded row) */
+	void *const *pk, *const *pv;
+	const int32_t *const *ptab;
 };
 
 /* Unit u of row (r, g): the first token of a 32-key tile, or -1 when the
@@ -117,7 +121,7 @@ static __device__ __forceinline__ int next_unit(const att_args &a, const int32_t
 static __device__ __forceinline__ int64_t row_seq(const att_args &a, const sfwc_one_seq &, int r, const void **kc,
 						  const void **vc, const int32_t **tab, int *shift)
 {
-	*kc = a.kc, *vc = a.vc, *tab = a.tab, *shift = a.shift;
+	*kc = a.pk ? *a.pk : a.kc, *vc = a.pv ? *a.pv : a.vc, *tab = a.ptab ? *a.ptab : a.tab, *shift = a.shift;
 	return (a.dpos ? *a.dpos : a.pos0) + r;
 }
 
@@ -352,7 +356,7 @@ extern "C" void sfw_cuda_attn_dense_pg(void *o, const void *q, const void *kc, c
 {
 	if (sfwi_attn_tc(o, q, kc, vc, pg, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, cx))
 		return;
-	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
+	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg), NULL, NULL, NULL};
 	attn_any(a, sfwc_one_seq(), hd, act, cx);
 }
 
@@ -363,7 +367,7 @@ extern "C" void sfw_cuda_attn_sparse_pg(void *o, const void *q, const void *kc, 
 {
 	if (sfwi_attn_tc(o, q, kc, vc, pg, idx, T, nh, nkv, hd, pos0, k, block, scale, act, cx))
 		return;
-	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
+	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg), NULL, NULL, NULL};
 	attn_any(a, sfwc_one_seq(), hd, act, cx);
 }
 
@@ -390,17 +394,19 @@ extern "C" void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *k
 	/* the split count is planned for len_bound keys; a split past the
 	 * row's last key writes an empty partial (max -inf, sum 0) */
 	att_args a = {q, kc, vc, NULL, o, NULL, 1, nh, nkv, 0, 0, 1, len_bound - 1, scale, dpos,
-		      sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
+		      sfwc_pg_tab(pg), sfwc_pg_shift(pg), NULL, NULL, NULL};
 	attn_any(a, sfwc_one_seq(), hd, act, cx);
 }
 
 extern "C" void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
 					    const struct sfw_cuda_pages *pg, const int32_t *idx, int nh, int nkv, int hd,
-					    int k, int block, float scale, const int64_t *dpos, enum sfw_dtype act,
-					    struct sfw_cuda_ctx *cx)
+					    int k, int block, float scale, const struct sfw_cuda_rowref *rr,
+					    enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	SFW_ASSERT(dpos);
-	att_args a = {q, kc, vc, idx, o, NULL, 1, nh, nkv, k, block, 1, 0, scale, dpos, sfwc_pg_tab(pg), sfwc_pg_shift(pg)};
+	SFW_ASSERT(rr && rr->pos && !rr->k == !rr->v);
+	att_args a = {q,     kc,   vc,     idx,   o,	 NULL,		 1,
+		      nh,    nkv,  k,      block, 1,	 0,		 scale,
+		      rr->pos, sfwc_pg_tab(pg), sfwc_pg_shift(pg), rr->k, rr->v, rr->tab};
 	attn_any(a, sfwc_one_seq(), hd, act, cx);
 }
 
@@ -468,7 +474,7 @@ extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sf
 		maxpos = s->pos[i] > maxpos ? s->pos[i] : maxpos;
 	/* pos0 + T = the longest row's keys: it plans the split count; a split
 	 * past a shorter row's last key writes an empty partial */
-	att_args a = {q, NULL, NULL, NULL, o, NULL, s->n, nh, nkv, 0, 0, 1, maxpos + 1 - s->n, scale, NULL, NULL, 0};
+	att_args a = {q, NULL, NULL, NULL, o, NULL, s->n, nh, nkv, 0, 0, 1, maxpos + 1 - s->n, scale, NULL, NULL, 0, NULL, NULL, NULL};
 	attn_any(a, *s, hd, act, cx);
 }
 

@@ -114,10 +114,11 @@ int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const s
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
 		   enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-/* Stage 1 of T <= 16 rows, the keys split over many warps (dpos non-NULL: a
- * recorded decode step, pos0 = *dpos, n1 and n2 only bound the launch). */
+/* Stage 1 of T <= 16 rows, the keys split over many warps (rr non-NULL: a
+ * recorded decode step, pos0 = *rr->pos, n1 and n2 only bound the launch,
+ * c1 and c2 read from rr's slots where it has them). */
 int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+			const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 #endif

@@ -220,10 +220,13 @@ struct s1d_args {
 	int T, nh, nkv, ksize, stride, nsplit;
 	float scale_log2;
 	const int64_t *dpos; /* non-NULL: pos0 = *dpos, n1 and n2 follow (a recorded step) */
+	void *const *pc1, *const *pc2; /* non-NULL: c1 = *pc1, c2 = *pc2 (struct sfw_cuda_rowref) */
 };
 
 static __device__ __forceinline__ void s1d_resolve(s1d_args &a)
 {
+	if (a.pc1)
+		a.c1 = (const uint16_t *)*a.pc1, a.c2 = (const uint16_t *)*a.pc2;
 	if (!a.dpos)
 		return;
 	a.pos0 = *a.dpos;
@@ -412,7 +415,7 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 
 int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+			const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	enum tc_mode mode = tc_mode_of(cx->stage1);
 	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || T > S1D_MAXT || n1 <= 0 || nkv <= 0 ||
@@ -446,7 +449,9 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1
 		      stride,
 		      nsplit,
 		      scale * 1.4426950408889634f,
-		      dpos};
+		      rr ? rr->pos : NULL,
+		      rr ? rr->c1 : NULL,
+		      rr ? rr->c2 : NULL};
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 ga((unsigned)rows, (unsigned)nsplit),
 	    gb((unsigned)rows, (unsigned)((n1 + S1D_W * S1D_KEYS - 1) / (S1D_W * S1D_KEYS)));

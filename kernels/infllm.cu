@@ -139,6 +139,8 @@ struct s1_args {
 	 * and n1, n2 (also the score stride) follow from the cache length
 	 * pos0 + T; the host values only bound the launch */
 	const int64_t *dpos;
+	/* non-NULL: c1 = *pc1, c2 = *pc2 when the kernel runs (struct sfw_cuda_rowref) */
+	void *const *pc1, *const *pc2;
 };
 
 static __device__ __forceinline__ int64_t nchunks_dev(int64_t len, int ksize, int stride)
@@ -148,6 +150,8 @@ static __device__ __forceinline__ int64_t nchunks_dev(int64_t len, int ksize, in
 
 static __device__ __forceinline__ void s1_resolve(s1_args &a)
 {
+	if (a.pc1)
+		a.c1 = *a.pc1, a.c2 = *a.pc2;
 	if (!a.dpos)
 		return;
 	a.pos0 = *a.dpos;
@@ -354,22 +358,23 @@ extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1,
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
 	if (sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, act, cx))
 		return;
-	s1_args a = {scores, q, c1, c2, NULL, n1, n2, pos0, T, nh, nkv, ksize, stride, 1, scale, NULL};
+	s1_args a = {scores, q, c1, c2, NULL, n1, n2, pos0, T, nh, nkv, ksize, stride, 1, scale, NULL, NULL, NULL};
 	s1_any(a, hd, act, cx);
 }
 
 extern "C" void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv,
 				       int hd, int64_t len_bound, int ksize, int stride, float scale,
-				       const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+				       const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	SFW_ASSERT(dpos && len_bound >= 1 && nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
+	SFW_ASSERT(rr && rr->pos && len_bound >= 1 && nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
 	int64_t n1 = len_bound < ksize ? 0 : (len_bound - ksize) / stride + 1;
 	int64_t n2 = len_bound < 4 * ksize ? 0 : (len_bound - 4 * ksize) / (4 * stride) + 1;
 	if (n1 <= 0) /* no chunk can be complete within the bound: no scores */
 		return;
-	if (sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, dpos, act, cx))
+	if (sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, rr, act, cx))
 		return;
-	s1_args a = {scores, q, c1, c2, NULL, n1, n2, 0, 1, nh, nkv, ksize, stride, 1, scale, dpos};
+	SFW_ASSERT(!rr->c1 == !rr->c2);
+	s1_args a = {scores, q, c1, c2, NULL, n1, n2, 0, 1, nh, nkv, ksize, stride, 1, scale, rr->pos, rr->c1, rr->c2};
 	s1_any(a, hd, act, cx);
 }
 

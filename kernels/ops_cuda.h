@@ -136,8 +136,20 @@ void sfw_cuda_kv_append_devpos(void *kc, void *vc, const struct sfw_cuda_pages *
  * for chunks [nchunks(p), nchunks(p + 1)) of each level; c1, c2 as the cache holds them). */
 void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd,
 			      int ksize, int stride, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+/* Where a recorded row's sequence is, read on the device when the kernel
+ * runs: its position, and (non-NULL members) its caches' pointers and block
+ * table from slots written before each replay (runner/capture_cuda.c: the
+ * step table and pointer table of a step of many sequences), so a recording
+ * whose rows select blocks serves whatever sequences sit in those rows. NULL
+ * members: the pointer arguments themselves. */
+struct sfw_cuda_rowref {
+	const int64_t *pos; /* required */
+	void *const *k, *const *v, *const *c1, *const *c2;
+	const int32_t *const *tab;
+};
+/* c1, c2: *rr->c1, *rr->c2 where those are given. */
 void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv, int hd,
-			    int64_t len_bound, int ksize, int stride, float scale, const int64_t *dpos,
+			    int64_t len_bound, int ksize, int stride, float scale, const struct sfw_cuda_rowref *rr,
 			    enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, int nkv, int64_t len_bound, int ksize, int stride,
 				 int block, int init_blocks, int local_blocks, const int64_t *dpos, struct sfw_cuda_ctx *cx);
@@ -147,9 +159,11 @@ void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int
  * launch, from the level-1 scores (no pooled array written): equal idx. */
 void sfw_cuda_pool_topk_devpos(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
 			       int init_blocks, int local_blocks, const int64_t *dpos, struct sfw_cuda_ctx *cx);
+/* kc, vc, pg->tab: *rr->k, *rr->v, *rr->tab where those are given. */
 void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
 				 const struct sfw_cuda_pages *pg, const int32_t *idx, int nh, int nkv, int hd, int k,
-				 int block, float scale, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+				 int block, float scale, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+				 struct sfw_cuda_ctx *cx);
 void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc,
 				const struct sfw_cuda_pages *pg, int nh, int nkv, int hd, int64_t len_bound, float scale,
 				const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
@@ -198,7 +212,8 @@ enum { SFW_CUDA_LK, SFW_CUDA_LV, SFW_CUDA_LC1, SFW_CUDA_LC2, SFW_CUDA_LSTATE, SF
  * written before each replay): n sequences in rows 0 .. n-1, sequence i at
  * pos[i] (0 for padding) with block table tab[i] (NULL: contiguous). A row
  * in selection mode has its own selection launches in the recording, which
- * read its position here too. */
+ * read its position and block table here and its caches from the pointer
+ * table (struct sfw_cuda_rowref). */
 struct sfw_cuda_steptab {
 	int n, shift;
 	int64_t pos[SFW_CUDA_SEQS_MAX];

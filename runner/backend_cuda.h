@@ -64,7 +64,6 @@ struct cu_be {
 	 * mode runs its own selection ops, reading its position from rec_tab */
 	struct sfw_bcache *const *rec_caches;
 	int rec_n;
-	uint64_t cache_serial; /* the last cache's serial (struct sfw_bcache) */
 	/* bumped when the caches or the selection scratch move */
 	uint64_t epoch;
 	int64_t recordings; /* decode steps recorded (tests) */
@@ -95,7 +94,6 @@ struct sfw_bcache {
 	struct sfw_cuda_pages pg;
 	int32_t *table;
 	int64_t nblk, maxblk;
-	uint64_t serial; /* unique in the backend: names the cache in a recording's key */
 };
 
 /* The paged KV pool: per sparse layer si, K then V of `nblocks` blocks

@@ -48,8 +48,9 @@
  * particular sequences: each replay reads its sequences' positions, block
  * tables and caches on the device, so sequences join and leave without a
  * new recording. Rows in selection mode keep their own selection launches
- * in the recording, which then serves while the same sequences select in
- * the same rows. Steps with prefill chunks launch op by op. The compressed keys (1/16 of the tokens) stay per sequence
+ * in the recording, which read the row's position, caches and block table
+ * on the device too: the recording serves any sequences that select
+ * blocks in those rows. Steps with prefill chunks launch op by op. The compressed keys (1/16 of the tokens) stay per sequence
  * (paged caches allocate them for max_ctx when they are made).
  *
  * A batch is used by one thread at a time. */

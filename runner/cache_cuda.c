@@ -106,7 +106,6 @@ static enum sfw_status cu_cache_new(struct sfw_backend *be, const struct sfw_cac
 	}
 	c->d = *d;
 	c->d.mixer = NULL;
-	c->serial = ++IMPL(be)->cache_serial;
 	size_t sbytes = (size_t)d->lnh * d->lhd * d->lhd * sizeof(float);
 	for (int i = 0; i < d->n_layers; i++) {
 		c->L[i].sparse = d->mixer[i] == SFW_MIXER_SPARSE;

@@ -161,20 +161,21 @@ int64_t sfwi_cuda_seqs_replays(const struct sfw_backend *be)
  * weights', not the rows'), the *_seqs kernels skip them. So a recording
  * of dense-mode rows serves any sequences: they join and leave between
  * steps and the bucket's recording still serves. A sequence in selection
- * mode runs its own selection and sparse attention launches, recorded with
- * its caches' pointers and reading its position from the table: such a
- * recording serves while the same sequences (by serial) sit in the same
- * rows in selection mode, the dense ones being any. Only paged caches (a
- * batch's on this backend): a cache of its own may move its buffers. */
+ * mode runs its own selection and sparse attention launches, which read
+ * the row's position, cache pointers and block table from the same tables
+ * (struct sfw_cuda_rowref): a recording serves any sequences whose rows
+ * select blocks where its rows did, so sequences in selection mode join
+ * and leave too. Only paged caches (a batch's on this backend): a cache
+ * of its own may move its buffers. */
 #define STEP_SEQS_STABLE 2 /* steps a key runs directly before it is recorded */
 
 #define STEP_BUCKETS 6     /* 2 .. SFW_CUDA_SEQS_MAX rows */
 
-/* What a recording was made for: its rows and, when some sequences select
- * blocks, the step's n and which sequence sits in each selecting row. */
+/* What a recording was made for: its rows and which of them select blocks
+ * (bit i: row i, whatever sequence sits there). */
 struct cu_bkey {
-	int rows, n, nsparse;
-	uint64_t serial[SFW_CUDA_SEQS_MAX]; /* rows in selection mode: the cache's serial; else 0 */
+	int rows;
+	uint64_t sel;
 };
 
 struct cu_bucket {
@@ -244,20 +245,18 @@ static int bucket_of(int n, int max_rows, int *idx)
 	return rows;
 }
 
-static void bkey_make(struct cu_bkey *k, int rows, struct sfw_bcache *const *caches, const int *sparse, int n)
+static void bkey_make(struct cu_bkey *k, int rows, const int *sparse, int n)
 {
 	memset(k, 0, sizeof(*k));
 	k->rows = rows;
 	for (int i = 0; i < n; i++)
 		if (sparse[i])
-			k->serial[i] = caches[i]->serial, k->nsparse++;
-	k->n = k->nsparse ? n : 0; /* all dense: any n of the bucket */
+			k->sel |= (uint64_t)1 << i;
 }
 
 static int bkey_eq(const struct cu_bkey *a, const struct cu_bkey *b)
 {
-	return a->rows == b->rows && a->n == b->n && a->nsparse == b->nsparse &&
-	       (!a->nsparse || !memcmp(a->serial, b->serial, (size_t)a->n * sizeof(a->serial[0])));
+	return a->rows == b->rows && a->sel == b->sel;
 }
 
 static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct sfw_bcache *const *caches,
@@ -293,7 +292,7 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 	int rows = bucket_of(n, max_rows, &bi);
 	struct cu_bucket *k = &r->bk[bi];
 	struct cu_bkey key;
-	bkey_make(&key, rows, caches, sparse, n);
+	bkey_make(&key, rows, sparse, n);
 	int match = k->graph && bkey_eq(&k->key, &key);
 	if (!match || maxpos + 1 > k->bound || k->epoch != b->epoch) {
 		/* a new key runs directly until it has held for STEP_SEQS_STABLE
@@ -317,7 +316,7 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 		}
 		struct sfw_err e = {0};
 		enum sfw_status s = SFW_OK;
-		if (key.nsparse) { /* the selection scratch in place before the recording */
+		if (key.sel) { /* the selection scratch in place before the recording */
 			size_t sc, po;
 			s = sfwi_cu_sel_room(be, sfwi_cu_sel_plan_row(&caches[0]->d, bound, caches[0]->d.sel_k, &sc, &po), &e);
 		}

@@ -195,21 +195,32 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	return SFW_OK;
 }
 
-/* Where a recorded step's selection ops read c's position: the
- * one-sequence recording's rec_pos, or c's entry of a many-sequence
- * recording's step table; NULL when nothing records. */
-static const int64_t *rec_dpos(struct sfw_backend *be, const struct sfw_bcache *c)
+/* Where a recorded step's selection ops find c's row when the replay runs
+ * (struct sfw_cuda_rowref): the one-sequence recording's rec_pos (its
+ * caches are the recording's own), or the slots of c's row in a
+ * many-sequence recording's step table and pointer table, so the recording
+ * serves whatever sequence sits in that row then. 0 when nothing records. */
+static int rec_row(struct sfw_backend *be, const struct sfw_bcache *c, int layer, struct sfw_cuda_rowref *rr)
 {
 	struct cu_be *b = IMPL(be);
-	if (b->rec)
-		return b->rec_pos;
+	memset(rr, 0, sizeof(*rr));
+	if (b->rec) {
+		rr->pos = b->rec_pos;
+		return 1;
+	}
 	if (!b->rec_seqs)
-		return NULL;
+		return 0;
 	for (int i = 0; i < b->rec_n; i++)
-		if (b->rec_caches[i] == c)
-			return &b->rec_tab->pos[i];
+		if (b->rec_caches[i] == c) {
+			void *const *e = b->rec_ptr + (size_t)layer * SFW_CUDA_LN * b->rec_rows + i;
+			rr->pos = &b->rec_tab->pos[i];
+			rr->k = e + SFW_CUDA_LK * b->rec_rows, rr->v = e + SFW_CUDA_LV * b->rec_rows;
+			rr->c1 = e + SFW_CUDA_LC1 * b->rec_rows, rr->c2 = e + SFW_CUDA_LC2 * b->rec_rows;
+			rr->tab = &b->rec_tab->tab[i];
+			return 1;
+		}
 	SFW_ASSERT(!"a recorded step's sequence");
-	return NULL;
+	return 0;
 }
 
 static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, const void *q, struct sfw_bcache *c,
@@ -218,8 +229,9 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 {
 	struct cu_layer *l = &c->L[layer];
 	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
-	const int64_t *dpos = rec_dpos(be, c);
-	if (dpos) { /* one row at *dpos, lengths up to rec_bound */
+	struct sfw_cuda_rowref rr;
+	if (rec_row(be, c, layer, &rr)) { /* one row at *rr.pos, lengths up to rec_bound */
+		const int64_t *dpos = rr.pos;
 		struct cu_be *b = IMPL(be);
 		size_t sc, po;
 		SFW_ASSERT(sp->T == 1);
@@ -228,7 +240,7 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 			return s;
 		float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
 		sfw_cuda_stage1_devpos(scores, q, l->c1, l->c2, nh, nkv, hd, b->rec_bound, sp->ksize, sp->stride, sp->scale,
-				       dpos, SFW_DTYPE_BF16, S(be));
+				       &rr, SFW_DTYPE_BF16, S(be));
 		/* up to 4096 blocks (256K tokens) top-k holds the blocks in
 		 * registers and pools them itself: one launch less */
 		if ((b->rec_bound + sp->block - 1) / sp->block <= 4096) {
@@ -291,11 +303,11 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 			   const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
 {
 	struct cu_layer *l = &c->L[layer];
-	const int64_t *dpos = rec_dpos(be, c);
-	if (dpos) {
+	struct sfw_cuda_rowref rr;
+	if (rec_row(be, c, layer, &rr)) {
 		SFW_ASSERT(sp->T == 1);
 		sfw_cuda_attn_sparse_devpos(o, q, l->k, l->v, &c->pg, idx, nh, c->d.nkv, c->d.hd, sp->k, sp->block,
-					    sp->scale, dpos, SFW_DTYPE_BF16, S(be));
+					    sp->scale, &rr, SFW_DTYPE_BF16, S(be));
 		return;
 	}
 	PROF(P_SPARSE, sfw_cuda_attn_sparse_pg(o, q, l->k, l->v, &c->pg, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0,

@@ -24,7 +24,9 @@
  * asks that some did, and in a run where sequences join and leave, that
  * some replays had padding rows and some came right after the set changed
  * with no new recording; on tiny-sparse, that some replays had rows in
- * selection mode (their selection recorded per sequence).
+ * selection mode, and, where every row selects blocks and sequences join
+ * and leave, that a recording served other sequences than it was made
+ * for without a new recording.
  *   gpu_batch            (SALAFW_GOLDEN names the golden folder) */
 #include "check.h"
 
@@ -137,8 +139,19 @@ static int set_changed(struct sq *const *a, int na, struct sq *const *b, int nb)
  * rows replayed their bucket's recording; some of those had padding rows
  * (a count of sequences not a power of two); some came right after the set
  * changed (a join or a leave) without a new recording; some had rows in
- * selection mode. */
-enum { W_REPLAY = 1, W_PAD = 2, W_CHANGED = 4, W_SPARSE = 8 };
+ * selection mode; and (W_SEL_OTHERS) some with rows in selection mode
+ * replayed a recording made for other sequences, without recording again. */
+enum { W_REPLAY = 1, W_PAD = 2, W_CHANGED = 4, W_SPARSE = 8, W_SEL_OTHERS = 16 };
+
+/* The batch-size bucket of n decode rows (capture_cuda.c's rule when the
+ * step's rows allow 64): 0 for 2 rows, 1 for 4, .. 5 for 64. */
+static int bucket_index(int n)
+{
+	int i = 0;
+	for (int rows = 2; rows < n; rows *= 2)
+		i++;
+	return i;
+}
 
 /* B sequences of lens[i] prompt tokens; sequence i joins at step join[i]
  * (NULL: all at once) and leaves after its last call. */
@@ -162,9 +175,12 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 	for (int i = 0; ok && i < B; i++)
 		ok = sfw_batch_seq_open(b, &qs[i].slot, &err) == SFW_OK;
 	int64_t rp0 = sfwi_cuda_seqs_replays(m->be);
-	int mixed = 0, steps = 0, pad_replays = 0, changed_replays = 0, sparse_replays = 0, nprev = 0;
+	int mixed = 0, steps = 0, pad_replays = 0, changed_replays = 0, sparse_replays = 0, nprev = 0, sel_others = 0;
 	struct sfw_batch_item it[SFW_BATCH_MAX_SEQS];
 	struct sq *own[SFW_BATCH_MAX_SEQS], *prev[SFW_BATCH_MAX_SEQS];
+	/* per bucket: the sequences of the step that made its recording */
+	static struct sq *recset[6][SFW_BATCH_MAX_SEQS];
+	int nrecset[6] = {0};
 	while (ok) {
 		int n = 0, pre = 0, dec = 0, waiting = 0;
 		for (int i = 0; i < B; i++) {
@@ -194,10 +210,14 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 			ok = 0;
 			break;
 		}
+		int bi = bucket_index(n), recorded = sfwi_cuda_recordings(m->be) > rc;
 		if (sfwi_cuda_seqs_replays(m->be) > rp) {
 			pad_replays += (n & (n - 1)) != 0;
-			changed_replays += set_changed(own, n, prev, nprev) && sfwi_cuda_recordings(m->be) == rc;
+			changed_replays += set_changed(own, n, prev, nprev) && !recorded;
 			sparse_replays += nsel > 0;
+			sel_others += nsel > 0 && !recorded && set_changed(own, n, recset[bi], nrecset[bi]);
+			if (recorded)
+				memcpy(recset[bi], own, (size_t)n * sizeof(*own)), nrecset[bi] = n;
 		}
 		memcpy(prev, own, (size_t)n * sizeof(*own));
 		nprev = n;
@@ -217,9 +237,10 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 	}
 	int64_t replays = sfwi_cuda_seqs_replays(m->be) - rp0;
 	printf("  %s: %d steps (%d mixed, %lld replayed: %d with padding rows, %d just after a join or leave, %d with "
-	       "rows selecting blocks), max |dlogit| %.3g (max |logit| %.3g), argmax differs %d (near ties %d)\n",
-	       what, steps, mixed, (long long)replays, pad_replays, changed_replays, sparse_replays, maxd, maxref, ad,
-	       nt);
+	       "rows selecting blocks, %d of those for other sequences than recorded), max |dlogit| %.3g (max |logit| "
+	       "%.3g), argmax differs %d (near ties %d)\n",
+	       what, steps, mixed, (long long)replays, pad_replays, changed_replays, sparse_replays, sel_others, maxd,
+	       maxref, ad, nt);
 	/* stretches of dense decode rows replay their bucket's recording
 	 * (be->step_seqs), and the logits above hold for them too */
 	CHECK(!(want & W_REPLAY) || replays > 0, "%s: steps of decode rows replayed a recording (%lld)", what,
@@ -231,6 +252,10 @@ static void batch_case(struct sfw_model *m, const char *what, int B, const int *
 	      changed_replays);
 	CHECK(!(want & W_SPARSE) || sparse_replays > 0, "%s: a recording replayed with rows selecting blocks (%d steps)",
 	      what, sparse_replays);
+	CHECK(!(want & W_SEL_OTHERS) || sel_others > 0,
+	      "%s: a recording with rows selecting blocks replayed for other sequences than it was made for, "
+	      "recording nothing new (%d steps)",
+	      what, sel_others);
 	CHECK(ok, "%s: every step ran", what);
 	CHECK(maxd <= 1.5e-2 * (maxref > 1 ? maxref : 1), "%s: logits within 1.5e-2 of the runs alone (max diff %g)",
 	      what, maxd);
@@ -391,6 +416,12 @@ int main(void)
 		batch_case(m, "join/leave", 6, k == 1 ? jd : jsp, js,
 			   k == 1 ? W_REPLAY | W_PAD | W_CHANGED : W_REPLAY | W_PAD | W_SPARSE);
 		if (k == 0) {
+			/* every row in selection mode (past dense_len 512): three
+			 * sequences decode together (bucket 4, recorded), leave,
+			 * and two that joined later decode beside the last of
+			 * them in the same rows: the recording serves them */
+			static const int sl[5] = {560, 600, 640, 580, 620}, sj[5] = {0, 0, 0, 30, 30};
+			batch_case(m, "selection join/leave", 5, sl, sj, W_REPLAY | W_SPARSE | W_SEL_OTHERS);
 			pool_case(m);
 			sample_case(m);
 		}

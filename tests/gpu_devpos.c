@@ -13,7 +13,10 @@
  * chunk, and the bound itself. Every shape runs twice: with contiguous K/V
  * caches, and paged (kernels/ops_cuda.h, struct sfw_cuda_pages: the cache's
  * 64-token blocks at shuffled places of a pool twice its size whose other
- * blocks are NaN), the CPU twins reading the same tokens as one array. */
+ * blocks are NaN), the CPU twins reading the same tokens as one array.
+ * Stage 1 and sparse attention read their caches' pointers and block table
+ * from slots in device memory (struct sfw_cuda_rowref), as in a recorded
+ * step of many sequences. */
 #include "check.h"
 #include "lib/compare.h"
 #include "lib/rng.h"
@@ -149,15 +152,30 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		CHECK(0, "device buffers");
 		return;
 	}
+	/* stage 1 and sparse attention find their caches through slots in
+	 * device memory (struct sfw_cuda_rowref, as a recorded step of many
+	 * sequences does): their pointer arguments are NULL, so a kernel that
+	 * ignored the slots would read nothing that holds the caches */
+	void **dslot = dev_alloc(5 * sizeof(void *));
+	if (!dslot) {
+		CHECK(0, "device buffers");
+		return;
+	}
+	void *slot[5] = {dK, dV, dc1, dc2, pg ? (void *)pg->tab : NULL};
+	sfw_cuda_h2d(dslot, slot, sizeof(slot), NULL);
+	sfw_cuda_sync(NULL);
+	const struct sfw_cuda_rowref rr = {dpos, dslot, dslot + 1, dslot + 2, dslot + 3, (const int32_t *const *)(dslot + 4)};
+	const struct sfw_cuda_pages pgn = {NULL, shift}; /* the table from its slot */
 	/* the recording: what one sparse layer of a decode step does */
 	sfw_cuda_graph_begin(s);
 	sfw_cuda_kv_append_devpos(dK, dV, pg, dkn, dvn, row * 2, dpos, cx);
 	sfw_cuda_compress_devpos(dc1, dc2, dK, pg, nkv, hd, ks, st, dpos, SFW_DTYPE_BF16, cx);
-	sfw_cuda_stage1_devpos(dsc, dq, dc1, dc2, nh, nkv, hd, bound, ks, st, scale, dpos, SFW_DTYPE_BF16, cx);
+	sfw_cuda_stage1_devpos(dsc, dq, NULL, NULL, nh, nkv, hd, bound, ks, st, scale, &rr, SFW_DTYPE_BF16, cx);
 	sfw_cuda_pool_blocks_devpos(dpo, dsc, nkv, bound, ks, st, blk, sh->init_blocks, sh->local_blocks, dpos, cx);
 	sfw_cuda_topk_blocks_devpos(didx, dpo, nkv, k, blk, dpos, cx);
 	sfw_cuda_pool_topk_devpos(didx2, dsc, nkv, k, blk, ks, st, sh->init_blocks, sh->local_blocks, dpos, cx);
-	sfw_cuda_attn_sparse_devpos(dos, dq, dK, dV, pg, didx, nh, nkv, hd, k, blk, scale, dpos, SFW_DTYPE_BF16, cx);
+	sfw_cuda_attn_sparse_devpos(dos, dq, NULL, NULL, &pgn, didx, nh, nkv, hd, k, blk, scale, &rr, SFW_DTYPE_BF16,
+				    cx);
 	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, pg, nh, nkv, hd, bound, scale, dpos, SFW_DTYPE_BF16, cx);
 	void *g = NULL;
 	enum sfw_status gs = sfw_cuda_graph_end(s, &g, &err);
