@@ -403,10 +403,11 @@ extern "C" void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *
 					    int k, int block, float scale, const struct sfw_cuda_rowref *rr,
 					    enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	SFW_ASSERT(rr && rr->pos && !rr->k == !rr->v);
-	att_args a = {q,     kc,   vc,     idx,   o,	 NULL,		 1,
-		      nh,    nkv,  k,      block, 1,	 0,		 scale,
-		      rr->pos, sfwc_pg_tab(pg), sfwc_pg_shift(pg), rr->k, rr->v, rr->tab};
+	SFW_ASSERT(rr && rr->pos && !rr->k == !rr->v && (!rr->tab || pg));
+	/* a table from a slot: pg gives its blocks' size (pg->tab unused) */
+	int shift = rr->tab ? pg->shift : sfwc_pg_shift(pg);
+	att_args a = {q,     kc,  vc,	 idx,	  o,		   NULL,  1,	 nh,	nkv,	   k,
+		      block, 1,	  0,	 scale, rr->pos, sfwc_pg_tab(pg), shift, rr->k, rr->v, rr->tab};
 	attn_any(a, sfwc_one_seq(), hd, act, cx);
 }
 

@@ -159,7 +159,8 @@ void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int
  * launch, from the level-1 scores (no pooled array written): equal idx. */
 void sfw_cuda_pool_topk_devpos(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
 			       int init_blocks, int local_blocks, const int64_t *dpos, struct sfw_cuda_ctx *cx);
-/* kc, vc, pg->tab: *rr->k, *rr->v, *rr->tab where those are given. */
+/* kc, vc, pg->tab: *rr->k, *rr->v, *rr->tab where those are given (with
+ * rr->tab, pg gives the blocks' size: pg->shift). */
 void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
 				 const struct sfw_cuda_pages *pg, const int32_t *idx, int nh, int nkv, int hd, int k,
 				 int block, float scale, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,

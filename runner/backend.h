@@ -18,9 +18,10 @@
  * runner/backend_compose.c (sfwi_op, sfwi_step, ...): an op a backend does
  * not take (supports_op, the single way to ask) is composed there from the
  * unfused ops (projection groups, gate|up + SiLU, q/k norm + RoPE, the
- * per-sequence ops; docs/style.md §13.10). Decode-step recording (CUDA
- * graphs) is the backend's business: forward.c hands it one step's ops as a
- * function (`step`).
+ * per-sequence ops; docs/style.md §13.10). What a backend does with a
+ * step's ops (CUDA: records decode steps as graphs and replays them) is its
+ * own business: forward.c issues the ops between the step's begin and end
+ * (member step) and knows nothing of recording.
  *
  * Caches belong to the backend: per sparse layer the K and V of every token
  * [len, nkv, hd], growing in 64-token blocks, and the two levels of
@@ -145,7 +146,6 @@ enum sfw_opk {
 	SFW_OP_N,
 	/* capabilities (supports_op only; dtype ignored) */
 	SFW_OP_POOL = SFW_OP_N, /* paged KV (pool_new) */
-	SFW_OP_RECORD,          /* step replays recordings */
 };
 
 /* One sequence's rows in a forward step: rows [row0, row0 + R) of the
@@ -238,30 +238,30 @@ struct sfw_op {
 	};
 };
 
-/* One decode step (member step): n sequences, one row each (n = 1: a
- * context's step; forward.c), row i the token of caches[i] at pos[i], its
- * sparse layers selecting blocks where sparse[i]. fn(arg, rows) issues the
- * step's ops over `rows` rows (rows > n: a batch-size bucket's padding rows,
- * whose outputs are garbage; at most max_rows, what the caller's buffers
- * hold). A backend that records steps keeps its recordings in *rec (one for
- * a context; one per batch-size bucket 2, 4, .. 64 for a batch, recorded
- * once the bucket has run a few steps directly) and replays one while it is
- * valid for the positions and modes; replayed = 1 then (fn's host-side code
- * did not run: what it notes on the host the caller notes itself).
- * record_only: make the recording the step would replay, without running it
- * (a prefill records its first decode step while the GPU works on the
- * prompt). A recording that cannot be made leaves the step to run directly,
- * and from then on for this *rec. */
-typedef enum sfw_status (*sfw_rows_fn)(void *arg, int rows, struct sfw_err *err);
+/* One forward step's ops, bracketed (member step): begin (end = 0) before
+ * the step's first op, end (end = 1) after its last, also when an op
+ * failed (failed = 1). The step's sequences are n, sequence i's cache
+ * caches[i] at position pos[i], its sparse layers selecting blocks where
+ * sparse[i]; decode: each has one row, row i, and the step's logits are its
+ * rows' in order; rows: the step's rows. What a backend does with a step's
+ * ops is its own business (CUDA: records decode steps as graphs and
+ * replays them); it keeps what it needs in *state, the caller's slot (one
+ * per workspace and kind of step; freed by step_free). It may ask, at
+ * begin, for the ops to be issued over more rows than the step has (rows
+ * raised, at most max_rows, what the caller's buffers hold: padding rows,
+ * whose outputs are garbage), and at end for the step's ops once more
+ * (again: it did not run them, and the caller issues them again, begin to
+ * end). replayed: the step ran from a recording (for tests). */
 struct sfw_step {
-	void **rec;
+	void **state;
 	struct sfw_bcache *const *caches;
 	const int64_t *pos;
 	const int *sparse;
-	int n, max_rows, record_only;
-	sfw_rows_fn fn;
-	void *arg;
-	int replayed; /* out */
+	int n, decode, max_rows;
+	int rows;     /* in; begin may raise it */
+	int failed;   /* in, at end */
+	int again;    /* out, at end */
+	int replayed; /* out, at end */
 };
 
 /* The transfers (member transfer); n is bytes, or activation elements for
@@ -335,14 +335,16 @@ struct sfw_backend {
 	SFW_MUST_CHECK enum sfw_status (*op)(struct sfw_backend *be, const struct sfw_op *op, struct sfw_err *err);
 	/* 1 when the backend takes op kind k with weights of dtype dt (for ops
 	 * with weights; SFW_DTYPE_W8 for int8 checkpoints: runner/model.c
-	 * refuses them at load otherwise), or has capability k (SFW_OP_POOL,
-	 * SFW_OP_RECORD). An op not taken is composed (runner/backend_compose.c). */
+	 * refuses them at load otherwise), or has capability k (SFW_OP_POOL).
+	 * An op not taken is composed (runner/backend_compose.c). */
 	int (*supports_op)(const struct sfw_backend *be, enum sfw_opk k, enum sfw_dtype dt);
 
-	/* ---- capture ---- */
-	/* One decode step (struct sfw_step), optional: NULL runs fn directly. */
-	SFW_MUST_CHECK enum sfw_status (*step)(struct sfw_backend *be, struct sfw_step *st, struct sfw_err *err);
-	void (*step_free)(struct sfw_backend *be, void *rec); /* rec NULL: a no-op */
+	/* ---- steps ---- */
+	/* The begin (end = 0) or end (end = 1) of a step's ops (struct
+	 * sfw_step), optional: NULL runs the ops as they come. */
+	SFW_MUST_CHECK enum sfw_status (*step)(struct sfw_backend *be, struct sfw_step *st, int end,
+					       struct sfw_err *err);
+	void (*step_free)(struct sfw_backend *be, void *state); /* state NULL: a no-op */
 };
 
 static inline size_t sfw_be_act_size(const struct sfw_backend *be)
@@ -354,9 +356,9 @@ static inline size_t sfw_be_act_size(const struct sfw_backend *be)
 
 /* Runs op on be, or its composition when be does not take it. */
 SFW_MUST_CHECK enum sfw_status sfwi_op(struct sfw_backend *be, const struct sfw_op *op, struct sfw_err *err);
-/* Runs a decode step on be (be->step), or fn directly when be has none. */
-SFW_MUST_CHECK enum sfw_status sfwi_step(struct sfw_backend *be, struct sfw_step *st, struct sfw_err *err);
-void sfwi_step_free(struct sfw_backend *be, void *rec);
+/* be->step, or (none) nothing to do: the ops run as they come. */
+SFW_MUST_CHECK enum sfw_status sfwi_step(struct sfw_backend *be, struct sfw_step *st, int end, struct sfw_err *err);
+void sfwi_step_free(struct sfw_backend *be, void *state);
 /* be->load, or nothing when be has none. */
 SFW_MUST_CHECK enum sfw_status sfwi_load(struct sfw_backend *be, int end, struct sfw_err *err);
 /* The failure an op could not return, taken (be->sync without waiting). */

@@ -146,18 +146,17 @@ enum sfw_status sfwi_op(struct sfw_backend *be, const struct sfw_op *op, struct 
 	return be->op(be, op, err);
 }
 
-enum sfw_status sfwi_step(struct sfw_backend *be, struct sfw_step *st, struct sfw_err *err)
+enum sfw_status sfwi_step(struct sfw_backend *be, struct sfw_step *st, int end, struct sfw_err *err)
 {
-	st->replayed = 0;
-	if (be->step)
-		return be->step(be, st, err);
-	return st->record_only ? SFW_OK : st->fn(st->arg, st->n, err);
+	if (end)
+		st->again = 0, st->replayed = 0;
+	return be->step ? be->step(be, st, end, err) : SFW_OK;
 }
 
-void sfwi_step_free(struct sfw_backend *be, void *rec)
+void sfwi_step_free(struct sfw_backend *be, void *state)
 {
-	if (be->step_free && rec)
-		sfwi_step_free(be, rec);
+	if (be->step_free && state)
+		be->step_free(be, state);
 }
 
 enum sfw_status sfwi_load(struct sfw_backend *be, int end, struct sfw_err *err)

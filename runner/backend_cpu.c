@@ -604,7 +604,6 @@ static int cpu_supports_op(const struct sfw_backend *be, enum sfw_opk k, enum sf
 {
 	(void)be;
 	switch (k) {
-	case SFW_OP_RECORD:
 	case SFW_OP_MATMUL_GROUP:
 	case SFW_OP_SWIGLU:
 	case SFW_OP_QK_NORM_ROPE_SEQS:

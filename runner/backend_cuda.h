@@ -22,6 +22,8 @@ enum prof_op {
 	PROF_N
 };
 
+enum { CAP_DIRECT, CAP_RECORD, CAP_REPLAY }; /* struct cu_be's cap */
+
 struct cu_be {
 	void *stream;
 	struct sfw_cuda_ctx *cx; /* on stream: every op's handle, scratch and choices */
@@ -64,6 +66,14 @@ struct cu_be {
 	 * mode runs its own selection ops, reading its position from rec_tab */
 	struct sfw_bcache *const *rec_caches;
 	int rec_n;
+	/* the step now being issued (capture_cuda.c): cap is how its ops are
+	 * taken (CAP_DIRECT: run as they come, CAP_RECORD: recorded, then
+	 * launched at the step's end, CAP_REPLAY: skip, set with it: op() and
+	 * copies do nothing, the recording launches at the end); cap_rec its
+	 * recording's holder, cap_bk the bucket of a step of several sequences */
+	int cap, skip;
+	void *cap_rec;
+	int cap_bk;
 	/* bumped when the caches or the selection scratch move */
 	uint64_t epoch;
 	int64_t recordings; /* decode steps recorded (tests) */
@@ -165,7 +175,7 @@ void sfwi_cu_cache_advance(struct sfw_bcache *c, int T);
 SFW_MUST_CHECK enum sfw_status sfwi_cu_sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err);
 /* glue_cuda.c: the op members */
 void sfwi_cu_ops(struct sfw_backend *be);
-/* capture_cuda.c: step (one sequence, its recording ahead, or several), step_free */
+/* capture_cuda.c: step (its begin and end: a decode step of one sequence or several recorded and replayed), step_free */
 void sfwi_cu_capture(struct sfw_backend *be);
 
 #endif

@@ -34,7 +34,7 @@ struct bseq {
 	int64_t room;  /* tokens its cache has reserved */
 	int broken; /* a step failed half-way */
 	int stamp;  /* the step that last named it (duplicate check) */
-	void *rec;  /* the backend's recording of its decode step alone (be->step) */
+	void *rec;  /* the backend's state for its decode steps alone (be->step's state) */
 };
 
 struct sfw_batch {
@@ -54,7 +54,7 @@ struct sfw_batch {
 	int item_logit[SFW_BATCH_MAX_SEQS]; /* item -> logits row, -1 none */
 	int n_items;
 	float *logits;          /* [max_seqs, vocab] host */
-	void *brec;             /* the backend's recordings of steps of several sequences (be->step) */
+	void *brec;             /* the backend's state for decode steps of several sequences (be->step's state) */
 };
 
 struct sfw_batch_params sfw_batch_default_params(void)

@@ -1,6 +1,11 @@
-/* capture_cuda.c - decode steps as CUDA graphs (runner/backend_cuda.h): a
- * step is recorded once while its ops run with positions, block tables and
- * cache pointers read from device memory, then replayed. */
+/* capture_cuda.c - decode steps as CUDA graphs (runner/backend_cuda.h),
+ * the backend's business: runner/forward.c brackets each step's ops
+ * (be->step, begin and end) and knows nothing of this. At a decode step's
+ * begin the backend decides how its ops are taken: run as they come,
+ * recorded (with positions, block tables and cache pointers read from
+ * device memory, so the recording serves later steps), or skipped because
+ * a recording of the same step exists; at its end it launches what it
+ * recorded or found. */
 #include "runner/backend_cuda.h"
 #include "alloc.h"
 #include "log.h"
@@ -46,7 +51,6 @@ static void *rec_end(struct sfw_backend *be)
 	return g;
 }
 
-/* o: the switches that bring back an older path without a rebuild. */
 /* ---- decode steps as graphs ---- */
 
 /* Positions one recording serves: re-recorded every STEP_SPAN tokens, so
@@ -86,33 +90,49 @@ static void cu_step_free(struct sfw_backend *be, void *rec)
 	sfw_free(r);
 }
 
-/* Makes *recp's recording valid for pos and sparse (recorded now when
- * there is none or it is stale); 0 when the step has to run directly:
- * graphs are off (SALAFW_CUDA_NOGRAPH=1 or PROFILE=1) or a
- * recording could not be made, then or before (r->off). */
-static int step_ready(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos, int sparse,
-		      sfw_rows_fn fn, void *arg, enum sfw_status *st, struct sfw_err *err)
+
+/* ---- the step's end: launch what was recorded or found ---- */
+
+static void one_launch(struct sfw_backend *be, struct cu_step *r, struct sfw_bcache *c, int64_t pos)
+{
+	/* a paged cache's recording reaches its whole table: the block of pos must be taken */
+	SFW_ASSERT(!c->table || pos < c->nblk * c->d.block);
+	sfw_be_from_host(be, r->pos, &pos, sizeof(pos));
+	sfw_cuda_graph_launch(r->graph, IMPL(be)->stream);
+	sfwi_cu_cache_advance(c, 1);
+}
+
+/* A context's decode step (one sequence): replayed when its recording is
+ * valid for pos and sparse, else recorded now (graphs off:
+ * SALAFW_CUDA_NOGRAPH=1 or PROFILE=1, or a recording that could not be
+ * made, then or before: r->off, run as it comes). */
+static enum sfw_status one_begin(struct sfw_backend *be, struct sfw_step *st, struct sfw_err *err)
 {
 	struct cu_be *b = IMPL(be);
-	struct cu_step *r = *recp;
-	*st = SFW_OK;
-	if (!b->graphs || (r && r->off))
-		return 0;
+	struct cu_step *r = *st->state;
+	struct sfw_bcache *c = st->caches[0];
+	int64_t pos = st->pos[0];
+	if (r && r->many) /* the state of steps of several sequences: not this kind */
+		return SFW_OK;
 	if (!r) {
 		if (!(r = sfw_calloc(1, sizeof(*r))) || !(r->pos = be->alloc(be, sizeof(int64_t)))) {
 			sfw_free(r);
-			*st = sfw_fail(err, SFW_E_NOMEM, "out of memory for a decode graph");
-			return 0;
+			return sfw_fail(err, SFW_E_NOMEM, "out of memory for a decode graph");
 		}
-		*recp = r;
+		*st->state = r;
 	}
-	if (r->graph && (r->sparse != sparse || pos + 1 > r->bound || r->epoch != b->epoch)) {
+	if (r->off)
+		return SFW_OK;
+	if (r->graph && (r->sparse != st->sparse[0] || pos + 1 > r->bound || r->epoch != b->epoch)) {
 		sfw_cuda_sync(b->stream);
 		sfw_cuda_graph_free(r->graph);
 		r->graph = NULL;
 	}
-	if (r->graph)
-		return 1;
+	b->cap_rec = r;
+	if (r->graph) {
+		b->cap = CAP_REPLAY, b->skip = 1;
+		return SFW_OK;
+	}
 	int64_t bound = (pos + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN, room = sfwi_cu_cache_room(c);
 	struct sfw_err e = {0};
 	if (bound > room)
@@ -120,24 +140,31 @@ static int step_ready(struct sfw_backend *be, void **recp, struct sfw_bcache *c,
 	if (rec_begin(be, c, r->pos, bound, &e) != SFW_OK) {
 		sfw_log(SFW_LOG_WARN, "cuda: %s; decoding without graphs", e.msg);
 		r->off = 1;
-		return 0;
+		return SFW_OK;
 	}
-	enum sfw_status s = fn(arg, 1, &e);
-	void *g = rec_end(be);
-	if (s != SFW_OK || !g) { /* nothing ran: the step runs directly, from now on */
-		if (g)
-			sfw_cuda_graph_free(g);
-		if (s != SFW_OK)
-			sfw_log(SFW_LOG_WARN, "cuda: recording a decode step: %s; decoding without graphs", e.msg);
-		r->off = 1;
-		return 0;
+	r->bound = bound, r->sparse = st->sparse[0];
+	b->cap = CAP_RECORD;
+	return SFW_OK;
+}
+
+static void one_end(struct sfw_backend *be, struct sfw_step *st)
+{
+	struct cu_be *b = IMPL(be);
+	struct cu_step *r = b->cap_rec;
+	if (b->cap == CAP_RECORD) {
+		void *g = rec_end(be);
+		if (st->failed || !g) { /* nothing ran: the step runs as it comes, from now on */
+			if (g)
+				sfw_cuda_graph_free(g);
+			r->off = 1;
+			st->again = !st->failed;
+			return;
+		}
+		r->graph = g, r->epoch = b->epoch;
+		b->recordings++;
 	}
-	r->graph = g;
-	r->bound = bound;
-	r->sparse = sparse;
-	r->epoch = b->epoch;
-	b->recordings++;
-	return 1;
+	one_launch(be, r, st->caches[0], st->pos[0]);
+	st->replayed = 1;
 }
 
 int64_t sfwi_cuda_recordings(const struct sfw_backend *be)
@@ -259,104 +286,25 @@ static int bkey_eq(const struct cu_bkey *a, const struct cu_bkey *b)
 	return a->rows == b->rows && a->sel == b->sel;
 }
 
-static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct sfw_bcache *const *caches,
-				    const int64_t *pos, const int *sparse, int n, int max_rows, sfw_rows_fn fn,
-				    void *arg, int *replayed, struct sfw_err *err)
+
+/* The device tables a recording of several sequences reads (struct
+ * sfw_cuda_steptab and the pointer table), written for this step's
+ * sequences; padding rows: position 0, NULL pointers. Staged before they
+ * return, ordered after the launch before (which reads them). */
+static void seqs_tables(struct sfw_backend *be, struct cu_bstep *r, const struct sfw_step *st, int rows)
 {
-	struct cu_be *b = IMPL(be);
-	struct cu_bstep *r = *recp;
-	*replayed = 0;
-	if (!b->graphs || n < 2 || n > SFW_CUDA_SEQS_MAX || max_rows < n || (r && r->off))
-		return fn(arg, n, err);
-	if (!r) {
-		int L = caches[0]->d.n_layers;
-		size_t pb = (size_t)L * SFW_CUDA_LN * SFW_CUDA_SEQS_MAX * sizeof(void *);
-		if (!(r = sfw_calloc(1, sizeof(*r))))
-			return fn(arg, n, err); /* no recording, the step all the same */
-		r->many = 1, r->layers = L;
-		*recp = r;
-		if (!(r->tab = be->alloc(be, sizeof(*r->tab))) || !(r->ptr = be->alloc(be, pb)) || !(r->hptr = sfw_malloc(pb))) {
-			r->off = 1;
-			return fn(arg, n, err);
-		}
-	}
-	if (!bstep_current(caches, pos, n))
-		return fn(arg, n, err);
-	int64_t maxpos = 0, room = INT64_MAX;
-	for (int i = 0; i < n; i++) {
-		maxpos = pos[i] > maxpos ? pos[i] : maxpos;
-		int64_t rm = sfwi_cu_cache_room(caches[i]);
-		room = rm < room ? rm : room;
-	}
-	int bi;
-	int rows = bucket_of(n, max_rows, &bi);
-	struct cu_bucket *k = &r->bk[bi];
-	struct cu_bkey key;
-	bkey_make(&key, rows, sparse, n);
-	int match = k->graph && bkey_eq(&k->key, &key);
-	if (!match || maxpos + 1 > k->bound || k->epoch != b->epoch) {
-		/* a new key runs directly until it has held for STEP_SEQS_STABLE
-		 * steps; the recording's own key past its bound (or after the
-		 * memory moved) is recorded again at once */
-		if (!match) {
-			if (!bkey_eq(&k->pend, &key))
-				k->pend = key, k->same = 0;
-			if (++k->same <= STEP_SEQS_STABLE)
-				return fn(arg, n, err);
-		}
-		int64_t bound = (maxpos + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN;
-		if (bound > room)
-			bound = room;
-		if (bound < maxpos + 1)
-			return fn(arg, n, err);
-		if (k->graph) {
-			sfw_cuda_sync(b->stream);
-			sfw_cuda_graph_free(k->graph);
-			k->graph = NULL;
-		}
-		struct sfw_err e = {0};
-		enum sfw_status s = SFW_OK;
-		if (key.sel) { /* the selection scratch in place before the recording */
-			size_t sc, po;
-			s = sfwi_cu_sel_room(be, sfwi_cu_sel_plan_row(&caches[0]->d, bound, caches[0]->d.sel_k, &sc, &po), &e);
-		}
-		void *g = NULL;
-		struct sfw_err ge = {0};
-		enum sfw_status gs = SFW_OK;
-		if (s == SFW_OK) {
-			b->rec_seqs = 1, b->rec_tab = r->tab, b->rec_ptr = r->ptr, b->rec_rows = rows, b->rec_bound = bound;
-			b->rec_fail = 0, b->rec_caches = caches, b->rec_n = n;
-			sfw_cuda_graph_begin(IMPL(be)->stream);
-			s = fn(arg, rows, &e);
-			b->rec_seqs = 0, b->rec_tab = NULL, b->rec_ptr = NULL, b->rec_caches = NULL, b->rec_n = 0;
-			gs = sfw_cuda_graph_end(IMPL(be)->stream, &g, &ge);
-		}
-		if (s != SFW_OK || gs != SFW_OK || b->rec_fail) {
-			/* nothing ran: the step runs directly, and so do the next ones */
-			if (g)
-				sfw_cuda_graph_free(g);
-			if (s != SFW_OK || gs != SFW_OK)
-				sfw_log(SFW_LOG_WARN, "cuda: recording a step of %d rows: %s; batched steps without graphs",
-					rows, s != SFW_OK ? e.msg : ge.msg);
-			else /* a model whose q/k norms and RoPE have no batched kernel */
-				sfw_log(SFW_LOG_DEBUG, "cuda: a step of %d rows cannot be recorded here", rows);
-			r->off = 1;
-			return fn(arg, n, err);
-		}
-		k->graph = g, k->key = key, k->bound = bound, k->epoch = b->epoch;
-		b->recordings++;
-	}
 	struct sfw_cuda_steptab *t = &r->host;
-	t->n = n, t->shift = caches[0]->pg.shift;
+	int n = st->n;
+	t->n = n, t->shift = st->caches[0]->pg.shift;
 	for (int i = 0; i < rows; i++) {
-		t->pos[i] = i < n ? pos[i] : 0;
-		t->tab[i] = i < n ? caches[i]->pg.tab : NULL;
+		t->pos[i] = i < n ? st->pos[i] : 0;
+		t->tab[i] = i < n ? st->caches[i]->pg.tab : NULL;
 	}
 	size_t np = (size_t)r->layers * SFW_CUDA_LN * (size_t)rows;
-	memset(r->hptr, 0, np * sizeof(void *)); /* padding rows: NULL */
+	memset(r->hptr, 0, np * sizeof(void *));
 	for (int li = 0; li < r->layers; li++)
 		for (int i = 0; i < n; i++) {
-			const struct cu_layer *l = &caches[i]->L[li];
+			const struct cu_layer *l = &st->caches[i]->L[li];
 			void **e = r->hptr + (size_t)li * SFW_CUDA_LN * rows + i;
 			if (!l->sparse) {
 				e[SFW_CUDA_LSTATE * rows] = l->state;
@@ -364,64 +312,150 @@ static enum sfw_status cu_step_seqs(struct sfw_backend *be, void **recp, struct 
 			}
 			e[SFW_CUDA_LK * rows] = l->k, e[SFW_CUDA_LV * rows] = l->v;
 			e[SFW_CUDA_LC1 * rows] = l->c1, e[SFW_CUDA_LC2 * rows] = l->c2;
-			if (!sparse[i])
+			if (!st->sparse[i])
 				e[SFW_CUDA_LAK * rows] = l->k, e[SFW_CUDA_LAV * rows] = l->v;
 		}
-	/* staged before they return, ordered after the replay before (which reads them) */
 	sfw_be_from_host(be, r->tab, t, sizeof(*t));
 	sfw_be_from_host(be, r->ptr, r->hptr, np * sizeof(void *));
-	sfw_cuda_graph_launch(k->graph, IMPL(be)->stream);
-	for (int i = 0; i < n; i++)
-		sfwi_cu_cache_advance(caches[i], 1);
-	b->seqs_replays++;
-	*replayed = 1;
-	return SFW_OK;
 }
 
-/* Replays the step's recording (step_ready), or runs fn directly. */
-static enum sfw_status cu_step(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos, int sparse,
-			       sfw_rows_fn fn, void *arg, int *replayed, struct sfw_err *err)
+/* The batch's state for steps of several sequences, made on first use;
+ * NULL when it cannot be (the step runs as it comes). */
+static struct cu_bstep *seqs_state(struct sfw_backend *be, struct sfw_step *st)
 {
-	enum sfw_status s;
-	*replayed = 0;
-	if (!step_ready(be, recp, c, pos, sparse, fn, arg, &s, err))
-		return s != SFW_OK ? s : fn(arg, 1, err);
-	struct cu_step *r = *recp;
-	/* a paged cache's recording reaches its whole table: the block of pos must be taken */
-	SFW_ASSERT(!c->table || pos < c->nblk * c->d.block);
-	sfw_be_from_host(be, r->pos, &pos, sizeof(pos));
-	sfw_cuda_graph_launch(r->graph, IMPL(be)->stream);
-	sfwi_cu_cache_advance(c, 1);
-	*replayed = 1;
-	return SFW_OK;
-}
-
-/* The recording only; the replay's position is written by the step. */
-static enum sfw_status cu_step_record(struct sfw_backend *be, void **recp, struct sfw_bcache *c, int64_t pos,
-				      int sparse, sfw_rows_fn fn, void *arg, struct sfw_err *err)
-{
-	enum sfw_status s;
-	step_ready(be, recp, c, pos, sparse, fn, arg, &s, err);
-	return s;
-}
-
-/* be->step: a context's step (one sequence), its recording made ahead,
- * or a step of several sequences. */
-static enum sfw_status cu_step_any(struct sfw_backend *be, struct sfw_step *st, struct sfw_err *err)
-{
-	st->replayed = 0;
-	if (st->record_only) {
-		SFW_ASSERT(st->n == 1);
-		return cu_step_record(be, st->rec, st->caches[0], st->pos[0], st->sparse[0], st->fn, st->arg, err);
+	struct cu_bstep *r = *st->state;
+	if (r)
+		return r->many && !r->off ? r : NULL;
+	int L = st->caches[0]->d.n_layers;
+	size_t pb = (size_t)L * SFW_CUDA_LN * SFW_CUDA_SEQS_MAX * sizeof(void *);
+	if (!(r = sfw_calloc(1, sizeof(*r))))
+		return NULL;
+	r->many = 1, r->layers = L;
+	*st->state = r;
+	if (!(r->tab = be->alloc(be, sizeof(*r->tab))) || !(r->ptr = be->alloc(be, pb)) || !(r->hptr = sfw_malloc(pb))) {
+		r->off = 1;
+		return NULL;
 	}
-	if (st->n == 1)
-		return cu_step(be, st->rec, st->caches[0], st->pos[0], st->sparse[0], st->fn, st->arg, &st->replayed, err);
-	return cu_step_seqs(be, st->rec, st->caches, st->pos, st->sparse, st->n, st->max_rows, st->fn, st->arg,
-			    &st->replayed, err);
+	return r;
+}
+
+/* A step of n >= 2 decode rows: replayed from its bucket's recording when
+ * that holds for the step's key and lengths; recorded when the key has held
+ * for STEP_SEQS_STABLE steps run as they came (at once when the bucket's
+ * own key went past its bound or the memory moved); else run as it comes. */
+static enum sfw_status seqs_begin(struct sfw_backend *be, struct sfw_step *st, struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	int n = st->n;
+	if (n > SFW_CUDA_SEQS_MAX || st->max_rows < n)
+		return SFW_OK;
+	struct cu_bstep *r = seqs_state(be, st);
+	if (!r || !bstep_current(st->caches, st->pos, n))
+		return SFW_OK;
+	int64_t maxpos = 0, room = INT64_MAX;
+	for (int i = 0; i < n; i++) {
+		maxpos = st->pos[i] > maxpos ? st->pos[i] : maxpos;
+		int64_t rm = sfwi_cu_cache_room(st->caches[i]);
+		room = rm < room ? rm : room;
+	}
+	int bi;
+	int rows = bucket_of(n, st->max_rows, &bi);
+	struct cu_bucket *k = &r->bk[bi];
+	struct cu_bkey key;
+	bkey_make(&key, rows, st->sparse, n);
+	int match = k->graph && bkey_eq(&k->key, &key);
+	b->cap_rec = r, b->cap_bk = bi;
+	if (match && maxpos + 1 <= k->bound && k->epoch == b->epoch) {
+		b->cap = CAP_REPLAY, b->skip = 1, st->rows = rows;
+		return SFW_OK;
+	}
+	if (!match) {
+		if (!bkey_eq(&k->pend, &key))
+			k->pend = key, k->same = 0;
+		if (++k->same <= STEP_SEQS_STABLE)
+			return SFW_OK;
+	}
+	int64_t bound = (maxpos + 1 + STEP_SPAN - 1) / STEP_SPAN * STEP_SPAN;
+	if (bound > room)
+		bound = room;
+	if (bound < maxpos + 1)
+		return SFW_OK;
+	if (k->graph) {
+		sfw_cuda_sync(b->stream);
+		sfw_cuda_graph_free(k->graph);
+		k->graph = NULL;
+	}
+	if (key.sel) { /* the selection scratch in place before the recording */
+		size_t sc, po;
+		enum sfw_status s =
+			sfwi_cu_sel_room(be, sfwi_cu_sel_plan_row(&st->caches[0]->d, bound, st->caches[0]->d.sel_k, &sc, &po), err);
+		if (s != SFW_OK)
+			return s;
+	}
+	b->rec_seqs = 1, b->rec_tab = r->tab, b->rec_ptr = r->ptr, b->rec_rows = rows, b->rec_bound = bound;
+	b->rec_fail = 0, b->rec_caches = st->caches, b->rec_n = n;
+	k->key = key, k->bound = bound;
+	b->cap = CAP_RECORD, st->rows = rows;
+	sfw_cuda_graph_begin(b->stream);
+	return SFW_OK;
+}
+
+static void seqs_end(struct sfw_backend *be, struct sfw_step *st)
+{
+	struct cu_be *b = IMPL(be);
+	struct cu_bstep *r = b->cap_rec;
+	struct cu_bucket *k = &r->bk[b->cap_bk];
+	if (b->cap == CAP_RECORD) {
+		void *g = NULL;
+		struct sfw_err ge = {0};
+		enum sfw_status gs = sfw_cuda_graph_end(b->stream, &g, &ge);
+		int fail = b->rec_fail;
+		b->rec_seqs = 0, b->rec_tab = NULL, b->rec_ptr = NULL, b->rec_caches = NULL, b->rec_n = 0;
+		if (st->failed || gs != SFW_OK || fail) {
+			/* nothing ran: the step runs as it comes, and so do the next ones */
+			if (g)
+				sfw_cuda_graph_free(g);
+			if (gs != SFW_OK)
+				sfw_log(SFW_LOG_WARN, "cuda: recording a step of %d rows: %s; batched steps without graphs",
+					k->key.rows, ge.msg);
+			else if (fail) /* a model whose q/k norms and RoPE have no batched kernel */
+				sfw_log(SFW_LOG_DEBUG, "cuda: a step of %d rows cannot be recorded here", k->key.rows);
+			r->off = 1;
+			st->again = !st->failed;
+			return;
+		}
+		k->graph = g, k->epoch = b->epoch;
+		b->recordings++;
+	}
+	seqs_tables(be, r, st, k->key.rows);
+	sfw_cuda_graph_launch(k->graph, b->stream);
+	for (int i = 0; i < st->n; i++)
+		sfwi_cu_cache_advance(st->caches[i], 1);
+	b->seqs_replays++;
+	st->replayed = 1;
+}
+
+/* be->step */
+static enum sfw_status cu_step(struct sfw_backend *be, struct sfw_step *st, int end, struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	if (!end) {
+		b->cap = CAP_DIRECT, b->skip = 0, b->cap_rec = NULL;
+		if (!st->decode || !b->graphs || !st->state)
+			return SFW_OK;
+		return st->n == 1 ? one_begin(be, st, err) : seqs_begin(be, st, err);
+	}
+	b->skip = 0;
+	if (b->cap != CAP_DIRECT && st->n == 1)
+		one_end(be, st);
+	else if (b->cap != CAP_DIRECT)
+		seqs_end(be, st);
+	b->cap = CAP_DIRECT, b->cap_rec = NULL;
+	return SFW_OK;
 }
 
 void sfwi_cu_capture(struct sfw_backend *be)
 {
-	be->step = cu_step_any;
+	be->step = cu_step;
 	be->step_free = cu_step_free;
 }

@@ -20,7 +20,7 @@ struct sfw_ctx {
 	void *x, *u, *out, *proj, *a, *mg, *gu;
 	int32_t *next_dev; /* the sampled id (sfw_ctx_decode_next) */
 	int broken;        /* a call failed half-way: refused until sfw_ctx_reset */
-	void *step;        /* the backend's recording of a decode step (be->step) */
+	void *step;        /* the backend's state for its decode steps (be->step's state) */
 	int64_t step_replays; /* for tests: steps that ran from a recording */
 	float *host_logits; /* [V] when the host finishes a sample */
 	int32_t *ids_dev, *idx_dev;

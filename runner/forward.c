@@ -8,9 +8,11 @@
  * residual + the next norm, and the logits. What makes it fast is not here:
  * projection groups are formed when the model is bound (runner/model.c),
  * fused ops are always called (a backend without the kernel composes them,
- * runner/backend_compose.c), and a decode step is handed to the backend as
- * one function (be->step), which may record and replay it; the pass writes
- * no host state that a replay would have to redo.
+ * runner/backend_compose.c), and each step's ops are bracketed by the
+ * backend's step begin and end (be->step), around which a backend may
+ * record and replay them (CUDA graphs: runner/capture_cuda.c); the pass
+ * writes no host state that a replay would have to redo and knows nothing
+ * of recording.
  *
  * A call (sfw_ctx_prefill / sfw_ctx_decode) is cut into pieces of at most
  * prefill_chunk rows; each piece runs through all layers, appending to the
@@ -309,26 +311,6 @@ static enum sfw_status forward_rows(struct sfw_ctx *c, int R, const struct sfwi_
 	return SFW_OK;
 }
 
-/* One decode step's ops, as be->step runs (and may record) them: the pass
- * over the row and its logits into logits_dev. */
-struct step_arg {
-	struct sfw_ctx *c;
-	const struct sfwi_part *p;
-	const struct call *cl;
-};
-
-static enum sfw_status step_ops(void *arg, int rows, struct sfw_err *err)
-{
-	(void)rows; /* one */
-	struct step_arg *a = arg;
-	struct sfw_ctx *c = a->c;
-	struct sfw_model *m = c->m;
-	enum sfw_status s = forward_rows(c, 1, a->p, 1, a->cl, err);
-	if (s == SFW_OK)
-		sfw_be_logits(m->be, c->logits_dev, c->u, &m->lm_head, 1, (float)(1.0 / m->cfg.logit_divisor));
-	return s;
-}
-
 /* The selection notes of a context's call that ends with a part in mode
  * `sparse` (sfw_ctx_last_blocks): each sparse layer selected blocks or not;
  * the blocks of the last row are in last_dev (untapped: the pass copied them
@@ -361,35 +343,6 @@ static struct sfwi_part call_part(const struct sfw_ctx *c, int64_t end)
 	p.sparse = c->p.dense_as_sparse || end >= cf->sparse_dense_len;
 	p.nblocks = (end + cf->sparse_block_size - 1) / cf->sparse_block_size;
 	return p;
-}
-
-/* The decode step that follows a call ending with piece p, recorded now
- * (be->step, record_only) while the backend still works on the call, so that the
- * step itself only replays it: the first token after a prompt does not
- * wait for the recording. A step that cannot be prepared here is prepared
- * when it comes. */
-static void step_ahead(struct sfw_ctx *c, const struct sfwi_part *p)
-{
-	struct sfw_backend *be = c->m->be;
-	if (c->tap || !be->supports_op(be, SFW_OP_RECORD, SFW_DTYPE_BF16))
-		return;
-	int64_t pos = p->pos0 + p->R, end = pos + 1;
-	struct sfw_err e = {0};
-	/* never past a context's declared size: a prompt that fills it may be
-	 * the last call, and the memory plan holds n_ctx tokens, not one more */
-	if (end > (int64_t)INT32_MAX || (c->p.n_ctx > 0 && end > c->p.n_ctx))
-		return;
-	if (be->cache_reserve(be, c->cache, end, &e) != SFW_OK)
-		return; /* the decode call meets (and reports) it */
-	struct sfwi_part d = call_part(c, end); /* as the decode call will make it */
-	d.pos0 = pos, d.R = 1, d.last_piece = 1;
-	struct call cl = {"decode", NULL, 0, NULL};
-	struct step_arg a = {c, &d, &cl};
-	/* a failure here (out of memory) is met again, and reported, by the step */
-	struct sfw_bcache *cache = c->cache;
-	struct sfw_step st = {&c->step, &cache, &pos, &d.sparse, 1, 1, 1, step_ops, &a, 0};
-	if (sfwi_step(be, &st, &e) != SFW_OK)
-		sfw_log(SFW_LOG_DEBUG, "recording the next decode step ahead: %s", e.msg);
 }
 
 /* One piece of a context's call: its rows are part p of the context's own
@@ -529,12 +482,12 @@ enum sfw_status sfw_ctx_decode(struct sfw_ctx *c, int32_t id, float *logits, str
 
 /* ---- the batch's step (runner/batch.c) -------------------------------------- */
 
-/* A batch step's ops (run directly, or by be->step of several sequences, which may record
- * them): the pass over the rows, then one lm_head product into logits_dev
- * over the wanted rows: straight from u when they are rows 0 .. R-1 in
- * order (a step of decode rows) or one row, else first copied side by side
- * into out (free by then). rows > R: a batch-size bucket recorded for such a step of
- * R decode rows, padded: the pass and the logits over all the rows. */
+/* A step's ops: the pass over the rows, then one lm_head product into
+ * logits_dev over the wanted rows: straight from u when they are rows 0 ..
+ * R-1 in order (a step of decode rows) or one row, else first copied side
+ * by side into out (free by then). rows > R: the backend asked for a step
+ * of R decode rows padded to `rows` (be->step): the pass and the logits
+ * over all the rows. */
 struct rows_arg {
 	struct sfw_ctx *ws;
 	int R;
@@ -545,9 +498,8 @@ struct rows_arg {
 	const struct call *cl;
 };
 
-static enum sfw_status rows_ops(void *arg, int rows, struct sfw_err *err)
+static enum sfw_status rows_ops(const struct rows_arg *a, int rows, struct sfw_err *err)
 {
-	struct rows_arg *a = arg;
 	struct sfw_ctx *ws = a->ws;
 	struct sfw_model *m = ws->m;
 	struct sfw_backend *be = m->be;
@@ -592,41 +544,31 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 	if (s != SFW_OK)
 		return s;
 	sfw_be_from_host(be, ws->ids_dev, ids, (size_t)R * sizeof(int32_t));
-	/* every row a decode row whose logits are wanted: a step the backend
-	 * may record for its batch-size bucket (be->step of several sequences) */
-	int seqs_step = brec && np >= 2 && R == np && nl == np;
-	for (int i = 0; seqs_step && i < np; i++)
-		seqs_step = parts[i].R == 1 && pick[i].row == i;
-	if (rec && np == 1 && R == 1 && nl == 1) {
-		/* one sequence's decode row: the step a context of its own
-		 * runs, recorded and replayed by the backend (be->step) */
-		struct step_arg a = {ws, parts, &cl};
-		struct sfw_step st = {rec, &parts[0].cache, &parts[0].pos0, &parts[0].sparse, 1, 1, 0, step_ops, &a, 0};
-		s = sfwi_step(be, &st, err);
-		if ((s = op_failure(be, s, err)) != SFW_OK)
+	/* every row a decode row whose logits are wanted in row order: a step
+	 * the backend may record and replay (be->step; one sequence's in *rec,
+	 * several sequences' in *brec) */
+	int decode = R == np && nl == np;
+	for (int i = 0; decode && i < np; i++)
+		decode = parts[i].R == 1 && pick[i].row == i;
+	struct sfw_bcache *caches[SFW_BSEQ_MAX];
+	int64_t pos[SFW_BSEQ_MAX];
+	int sparse[SFW_BSEQ_MAX];
+	for (int i = 0; i < np; i++)
+		caches[i] = parts[i].cache, pos[i] = parts[i].pos0, sparse[i] = parts[i].sparse;
+	struct sfw_step st = {np == 1 ? rec : brec, caches, pos, sparse, np, decode && (np == 1 ? rec : brec) != NULL,
+			      ws->cap_rows < ws->logits_rows ? ws->cap_rows : ws->logits_rows, R, 0, 0, 0};
+	struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
+	do {
+		st.rows = R;
+		if ((s = sfwi_step(be, &st, 0, err)) != SFW_OK)
 			return s;
-		ws->step_replays += st.replayed; /* for tests */
-	} else if (seqs_step) {
-		struct sfw_bcache *caches[SFW_BSEQ_MAX];
-		int64_t pos[SFW_BSEQ_MAX];
-		int sparse[SFW_BSEQ_MAX];
-		for (int i = 0; i < np; i++)
-			caches[i] = parts[i].cache, pos[i] = parts[i].pos0, sparse[i] = parts[i].sparse;
-		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
-		int max_rows = ws->cap_rows < ws->logits_rows ? ws->cap_rows : ws->logits_rows;
-		struct sfw_step st = {brec, caches, pos, sparse, np, max_rows, 0, rows_ops, &a, 0};
-		s = sfwi_step(be, &st, err);
-		if ((s = op_failure(be, s, err)) != SFW_OK)
+		s = rows_ops(&a, st.rows, err);
+		st.failed = s != SFW_OK;
+		enum sfw_status se = sfwi_step(be, &st, 1, err);
+		if ((s = op_failure(be, s != SFW_OK ? s : se, err)) != SFW_OK)
 			return s;
-	} else {
-		struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
-		if ((s = op_failure(be, rows_ops(&a, R, err), err)) != SFW_OK)
-			return s;
-		/* a context's prompt: its first decode step recorded while the
-		 * backend works on the prompt */
-		if (nl && np == 1 && parts[0].cache == ws->cache && parts[0].last_piece)
-			step_ahead(ws, &parts[0]);
-	}
+	} while (st.again);
+	ws->step_replays += st.replayed; /* for tests */
 	if (np == 1 && parts[0].cache == ws->cache && parts[0].last_piece)
 		call_notes(ws, parts[0].sparse); /* a context's own call */
 	if (nl == 0)

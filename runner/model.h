@@ -82,18 +82,15 @@ struct sfwi_pick {
  * lightning states per part. Then the logits of rows pick[0..nl).row: row
  * i of logits [nl, vocab] (host) receives them where pick[i].host, and
  * next[i] the token chosen where pick[i].sp (sfw_op_sample_cpu's meaning;
- * on the backend when it can), else -1. rec (NULL: never) keeps the
- * backend's recording of the one sequence's decode step (be->step) when
- * the step is that sequence's single row with its logits: its position's
- * step then replays as a context's does. brec (NULL: never) keeps the
- * backend's recordings of steps of several sequences (be->step, one
- * per batch-size bucket), used when every part is one decode row with its
- * logits (the buckets' padding rows read ids from ws's rows past R, which
- * hold token ids from its creation on). A context's untapped call runs
- * here too, one part on its own cache (ws is the context: a batch of one);
- * then its selection notes are written after its last piece, and a prompt's
- * first decode step is recorded ahead. A failure leaves the parts' caches
- * in an unknown state. */
+ * on the backend when it can), else -1. The step's ops go between the
+ * backend's step begin and end (be->step), with its state for decode steps
+ * (every part one decode row with its logits) of one sequence in *rec, of
+ * several in *brec (NULL: none; the CUDA backend records such steps and
+ * replays them; a step it pads to a batch-size bucket reads ids from ws's
+ * rows past R, which hold token ids from its creation on). A context's
+ * untapped call runs here too, one part on its own cache (ws is the
+ * context: a batch of one); then its selection notes are written after its
+ * last piece. A failure leaves the parts' caches in an unknown state. */
 SFW_MUST_CHECK enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R,
 					    const struct sfwi_part *parts, int np, const struct sfwi_pick *pick,
 					    int nl, float *logits, int32_t *next, void **rec, void **brec,
