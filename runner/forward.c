@@ -23,12 +23,13 @@
  * The rows of a step belong to one or more sequences (struct sfwi_part,
  * runner/model.h): norms and every linear run once over all rows, then per
  * part the attention, compression, block selection and Lightning state
- * against that part's cache. There is one step function, sfwi_forward: a
- * batch's step (runner/batch.c) is one part per sequence on a workspace
- * context without a cache of its own, a context's untapped call is one part
- * on its own cache (a batch of one), and every next token is chosen there.
- * Tapped calls (score, AWQ calibration) run the same pass with every tensor
- * reported. */
+ * against that part's cache. There is one step function (forward_step,
+ * sfwi_forward): a batch's step (runner/batch.c) is one part per sequence
+ * on a workspace context without a cache of its own, a context's call is
+ * one part on its own cache (a batch of one), and every next token is
+ * chosen there. Tapped calls (score, AWQ calibration) run the same step
+ * with every tensor reported (their choices made on the host from the
+ * reported logits, sfw_op_sample_cpu, the device sampler's C twin). */
 #include "runner/ctx.h"
 #include "alloc.h"
 #include "file.h"
@@ -346,49 +347,27 @@ static struct sfwi_part call_part(const struct sfw_ctx *c, int64_t end)
 }
 
 /* One piece of a context's call: its rows are part p of the context's own
- * sequence, a batch of one. Untapped, it is the batch's step (sfwi_forward:
- * a one-row piece that ends the call is a decode step the backend may
- * replay, be->step, and the next token is chosen there as for any batch
- * row); tapped, the pass runs here with every tensor reported and the
- * choice made on the host from the tapped logits. */
+ * sequence, a batch of one, run by the step function (forward_step: a
+ * one-row piece that ends the call is a decode step the backend may
+ * replay, and the next token is chosen there as for any batch row; tapped,
+ * every tensor is reported on the way). */
+static enum sfw_status forward_step(struct sfw_ctx *ws, const int32_t *ids, int R, const struct sfwi_part *parts,
+				    int np, const struct sfwi_pick *pick, int nl, float *logits, int32_t *next,
+				    void **rec, void **brec, const struct call *cl, struct sfw_err *err);
+
 static enum sfw_status piece(struct sfw_ctx *c, const int32_t *ids, const struct sfwi_part *p,
 			     const struct call *cl, float *logits, struct sfw_err *err)
 {
-	struct sfw_model *m = c->m;
-	const struct sfw_config *cf = &m->cfg;
-	struct sfw_backend *be = m->be;
-	int D = cf->hidden_size, V = cf->vocab_size, R = p->R;
-	int64_t pos0 = p->pos0;
-	char name[64];
-	enum sfw_status s;
-	if (!c->tap) {
-		/* the last row's logits: wanted, or a choice made from them, or a
-		 * decode step (whose recording makes them anyway) */
-		int nl = p->last_piece && (logits || cl->next || R == 1);
-		struct sfwi_pick pick = {R - 1, logits != NULL, cl->sp, cl->u};
-		float *host = logits;
-		if (nl && !host && !(host = c->host_logits) &&
-		    !(host = c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
-			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
-		int32_t none;
-		return sfwi_forward(c, ids, R, p, 1, &pick, nl, host, cl->next ? cl->next : &none, &c->step, NULL, err);
-	}
-	sfw_be_from_host(be, c->ids_dev, ids, (size_t)R * sizeof(int32_t));
-	if ((s = forward_rows(c, R, p, 1, cl, err)) != SFW_OK)
-		return s;
-	if (p->last_piece)
-		call_notes(c, p->sparse);
-	snprintf(name, sizeof(name), "%s.final_norm", cl->phase);
-	emit_act(c, name, -1, pos0, R, c->u, D);
-	sfw_be_logits(be, c->logits_dev, c->u, &m->lm_head, R, (float)(1.0 / cf->logit_divisor));
-	sfw_be_to_host(be, c->host, c->logits_dev, (size_t)R * V * sizeof(float));
-	snprintf(name, sizeof(name), "%s.logits", cl->phase);
-	emit(c, name, -1, pos0, R, V, 0, 0, c->host);
-	if (p->last_piece && logits)
-		memcpy(logits, c->host + (size_t)(R - 1) * V, (size_t)V * sizeof(float));
-	if (p->last_piece && cl->next)
-		*cl->next = sfw_op_sample_cpu(c->host + (size_t)(R - 1) * V, V, cl->sp, cl->u);
-	return SFW_OK;
+	int V = c->m->cfg.vocab_size, R = p->R;
+	/* the last row's logits: wanted, or a choice made from them, or a
+	 * decode step (whose recording makes them anyway) */
+	int nl = p->last_piece && (logits || cl->next || R == 1);
+	struct sfwi_pick pick = {R - 1, logits != NULL, cl->sp, cl->u};
+	float *host = logits;
+	if (nl && !host && !(host = c->host_logits) && !(host = c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	int32_t none;
+	return forward_step(c, ids, R, p, 1, &pick, nl, host, cl->next ? cl->next : &none, &c->step, NULL, cl, err);
 }
 
 /* The failure an op could not return itself, taken (cleared) either way;
@@ -509,7 +488,21 @@ static enum sfw_status rows_ops(const struct rows_arg *a, int rows, struct sfw_e
 		in_order = a->pick[i].row == i;
 	SFW_ASSERT(rows == a->R || (rows > a->R && rows <= ws->cap_rows && rows <= ws->logits_rows && in_order));
 	enum sfw_status s = forward_rows(ws, rows, a->parts, a->np, a->cl, err);
-	if (s != SFW_OK || a->nl == 0)
+	if (s != SFW_OK)
+		return s;
+	if (ws->tap) { /* every row's final norm and logits reported, the logits left in host */
+		char name[64];
+		int V = m->cfg.vocab_size;
+		int64_t pos0 = a->parts[0].pos0;
+		snprintf(name, sizeof(name), "%s.final_norm", a->cl->phase);
+		emit_act(ws, name, -1, pos0, rows, ws->u, D);
+		sfw_be_logits(be, ws->logits_dev, ws->u, &m->lm_head, rows, (float)(1.0 / m->cfg.logit_divisor));
+		sfw_be_to_host(be, ws->host, ws->logits_dev, (size_t)rows * V * sizeof(float));
+		snprintf(name, sizeof(name), "%s.logits", a->cl->phase);
+		emit(ws, name, -1, pos0, rows, V, 0, 0, ws->host);
+		return SFW_OK;
+	}
+	if (a->nl == 0)
 		return s;
 	if (in_order) {
 		sfw_be_logits(be, ws->logits_dev, ws->u, &m->lm_head, rows, (float)(1.0 / m->cfg.logit_divisor));
@@ -531,12 +524,21 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 			     const struct sfwi_pick *pick, int nl, float *logits, int32_t *next, void **rec,
 			     void **brec, struct sfw_err *err)
 {
+	struct call cl = {"decode", NULL, 0, NULL};
+	return forward_step(ws, ids, R, parts, np, pick, nl, logits, next, rec, brec, &cl, err);
+}
+
+/* The step function (sfwi_forward); cl names the phase for taps. */
+static enum sfw_status forward_step(struct sfw_ctx *ws, const int32_t *ids, int R, const struct sfwi_part *parts,
+				    int np, const struct sfwi_pick *pick, int nl, float *logits, int32_t *next,
+				    void **rec, void **brec, const struct call *cl, struct sfw_err *err)
+{
 	struct sfw_model *m = ws->m;
 	const struct sfw_config *cf = &m->cfg;
 	struct sfw_backend *be = m->be;
 	int V = cf->vocab_size;
-	struct call cl = {"decode", NULL, 0, NULL};
 	SFW_ASSERT(R >= 1 && R <= ws->cap_rows && nl <= ws->logits_rows);
+	SFW_ASSERT(!ws->tap || np == 1); /* taps: a context's own call */
 	struct sfw_err stale = {0};
 	if (sfwi_take_failure(be, &stale) != SFW_OK)
 		sfw_log(SFW_LOG_DEBUG, "%s (left by an earlier failed call)", stale.msg);
@@ -547,7 +549,7 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 	/* every row a decode row whose logits are wanted in row order: a step
 	 * the backend may record and replay (be->step; one sequence's in *rec,
 	 * several sequences' in *brec) */
-	int decode = R == np && nl == np;
+	int decode = R == np && nl == np && !ws->tap;
 	for (int i = 0; decode && i < np; i++)
 		decode = parts[i].R == 1 && pick[i].row == i;
 	struct sfw_bcache *caches[SFW_BSEQ_MAX];
@@ -557,7 +559,7 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		caches[i] = parts[i].cache, pos[i] = parts[i].pos0, sparse[i] = parts[i].sparse;
 	struct sfw_step st = {np == 1 ? rec : brec, caches, pos, sparse, np, decode && (np == 1 ? rec : brec) != NULL,
 			      ws->cap_rows < ws->logits_rows ? ws->cap_rows : ws->logits_rows, R, 0, 0, 0};
-	struct rows_arg a = {ws, R, parts, np, pick, nl, &cl};
+	struct rows_arg a = {ws, R, parts, np, pick, nl, cl};
 	do {
 		st.rows = R;
 		if ((s = sfwi_step(be, &st, 0, err)) != SFW_OK)
@@ -573,6 +575,15 @@ enum sfw_status sfwi_forward(struct sfw_ctx *ws, const int32_t *ids, int R, cons
 		call_notes(ws, parts[0].sparse); /* a context's own call */
 	if (nl == 0)
 		return SFW_OK;
+	if (ws->tap) { /* the logits are on the host already: the choices there */
+		for (int i = 0; i < nl; i++) {
+			const float *row = ws->host + (size_t)pick[i].row * V;
+			if (pick[i].host)
+				memcpy(logits + (size_t)i * V, row, (size_t)V * sizeof(float));
+			next[i] = pick[i].sp ? sfw_op_sample_cpu(row, V, pick[i].sp, pick[i].u) : -1;
+		}
+		return SFW_OK;
+	}
 	/* the choices on the backend (one id each back; one call for all the
 	 * rows), the logits on the host only where asked or where the backend
 	 * left the choice to it */
