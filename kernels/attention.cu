@@ -350,65 +350,55 @@ static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, struc
 	}
 }
 
-extern "C" void sfw_cuda_attn_dense_pg(void *o, const void *q, const void *kc, const void *vc,
-				       const struct sfw_cuda_pages *pg, int T, int nh, int nkv, int hd, int64_t pos0,
-				       float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+/* The one entry of each attention (ops_cuda.h): host positions, or (rr)
+ * the row's position and caches read on the device when the kernel runs. */
+static att_args att_make(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+			 const int32_t *idx, int T, int nh, int nkv, int64_t pos0, int k, int block, float scale,
+			 const struct sfw_cuda_rowref *rr)
 {
-	if (sfwi_attn_tc(o, q, kc, vc, pg, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, cx))
-		return;
-	att_args a = {q, kc, vc, NULL, o, NULL, T, nh, nkv, 0, 0, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg), NULL, NULL, NULL};
-	attn_any(a, sfwc_one_seq(), hd, act, cx);
+	SFW_ASSERT(!rr || (rr->pos && !rr->k == !rr->v && (!rr->tab || pg)));
+	/* a table from a slot: pg gives its blocks' size (pg->tab unused) */
+	int shift = rr && rr->tab ? pg->shift : sfwc_pg_shift(pg);
+	att_args a = {q,	 kc,		  vc,	 idx,		  o,		   NULL,
+		      T,	 nh,		  nkv,	 k,		  block,	   1,
+		      pos0,	 scale,		  rr ? rr->pos : NULL, sfwc_pg_tab(pg), shift,	   rr ? rr->k : NULL,
+		      rr ? rr->v : NULL, rr ? rr->tab : NULL};
+	return a;
 }
 
-extern "C" void sfw_cuda_attn_sparse_pg(void *o, const void *q, const void *kc, const void *vc,
-					const struct sfw_cuda_pages *pg, const int32_t *idx, int T, int nh, int nkv,
-					int hd, int64_t pos0, int k, int block, float scale, enum sfw_dtype act,
-					struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_attn_dense(void *o, const void *q, const void *kc, const void *vc,
+				    const struct sfw_cuda_pages *pg, int T, int nh, int nkv, int hd, int64_t pos0,
+				    float scale, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+				    struct sfw_cuda_ctx *cx)
 {
-	if (sfwi_attn_tc(o, q, kc, vc, pg, idx, T, nh, nkv, hd, pos0, k, block, scale, act, cx))
+	/* rr: the split count is planned for pos0 + T keys; a split past the
+	 * row's last key writes an empty partial (max -inf, sum 0) */
+	if (!rr && sfwi_attn_tc(o, q, kc, vc, pg, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, cx))
 		return;
-	att_args a = {q, kc, vc, idx, o, NULL, T, nh, nkv, k, block, 1, pos0, scale, NULL, sfwc_pg_tab(pg), sfwc_pg_shift(pg), NULL, NULL, NULL};
-	attn_any(a, sfwc_one_seq(), hd, act, cx);
+	attn_any(att_make(o, q, kc, vc, pg, NULL, T, nh, nkv, pos0, 0, 0, scale, rr), sfwc_one_seq(), hd, act, cx);
+}
+
+extern "C" void sfw_cuda_attn_sparse(void *o, const void *q, const void *kc, const void *vc,
+				     const struct sfw_cuda_pages *pg, const int32_t *idx, int T, int nh, int nkv, int hd,
+				     int64_t pos0, int k, int block, float scale, const struct sfw_cuda_rowref *rr,
+				     enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+{
+	if (!rr && sfwi_attn_tc(o, q, kc, vc, pg, idx, T, nh, nkv, hd, pos0, k, block, scale, act, cx))
+		return;
+	attn_any(att_make(o, q, kc, vc, pg, idx, T, nh, nkv, pos0, k, block, scale, rr), sfwc_one_seq(), hd, act, cx);
 }
 
 extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
 				       int hd, int64_t pos0, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_attn_dense_pg(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, scale, act, cx);
+	sfw_cuda_attn_dense(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, scale, NULL, act, cx);
 }
 
 extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx,
 					int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
 					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_attn_sparse_pg(o, q, kc, vc, NULL, idx, T, nh, nkv, hd, pos0, k, block, scale, act, cx);
-}
-
-/* ---- a recorded decode step: the row's position read on the device ---- */
-
-extern "C" void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc,
-					   const struct sfw_cuda_pages *pg, int nh, int nkv, int hd, int64_t len_bound,
-					   float scale, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
-{
-	SFW_ASSERT(len_bound >= 1 && dpos);
-	/* the split count is planned for len_bound keys; a split past the
-	 * row's last key writes an empty partial (max -inf, sum 0) */
-	att_args a = {q, kc, vc, NULL, o, NULL, 1, nh, nkv, 0, 0, 1, len_bound - 1, scale, dpos,
-		      sfwc_pg_tab(pg), sfwc_pg_shift(pg), NULL, NULL, NULL};
-	attn_any(a, sfwc_one_seq(), hd, act, cx);
-}
-
-extern "C" void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
-					    const struct sfw_cuda_pages *pg, const int32_t *idx, int nh, int nkv, int hd,
-					    int k, int block, float scale, const struct sfw_cuda_rowref *rr,
-					    enum sfw_dtype act, struct sfw_cuda_ctx *cx)
-{
-	SFW_ASSERT(rr && rr->pos && !rr->k == !rr->v && (!rr->tab || pg));
-	/* a table from a slot: pg gives its blocks' size (pg->tab unused) */
-	int shift = rr->tab ? pg->shift : sfwc_pg_shift(pg);
-	att_args a = {q,     kc,  vc,	 idx,	  o,		   NULL,  1,	 nh,	nkv,	   k,
-		      block, 1,	  0,	 scale, rr->pos, sfwc_pg_tab(pg), shift, rr->k, rr->v, rr->tab};
-	attn_any(a, sfwc_one_seq(), hd, act, cx);
+	sfw_cuda_attn_sparse(o, q, kc, vc, NULL, idx, T, nh, nkv, hd, pos0, k, block, scale, NULL, act, cx);
 }
 
 /* T tokens' K and V rows (n vectors of V each) from rows 0 .. T-1 of k, v to
@@ -444,24 +434,19 @@ static void kv_write(void *kc, void *vc, const struct sfw_cuda_pages *pg, const 
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_kv_append_devpos(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k,
-					  const void *v, size_t row_bytes, const int64_t *dpos, struct sfw_cuda_ctx *cx)
-{
-	SFW_ASSERT(dpos);
-	kv_write(kc, vc, pg, k, v, row_bytes, 0, dpos, 1, SFW_CUDA_STREAM(cx->stream));
-}
-
-extern "C" void sfw_cuda_kv_write_pg(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
-				     size_t row_bytes, int64_t pos0, int T, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_kv_write(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
+				  size_t row_bytes, int64_t pos0, int T, const struct sfw_cuda_rowref *rr,
+				  struct sfw_cuda_ctx *cx)
 {
 	if (T <= 0)
 		return;
-	if (!sfwc_pg_tab(pg)) { /* contiguous: the rows are one range */
+	SFW_ASSERT(!rr || (rr->pos && !rr->k && !rr->tab)); /* the caches as given, the position from the device */
+	if (!rr && !sfwc_pg_tab(pg)) { /* contiguous at a host position: the rows are one range */
 		sfw_cuda_d2d((char *)kc + (size_t)pos0 * row_bytes, k, (size_t)T * row_bytes, cx->stream);
 		sfw_cuda_d2d((char *)vc + (size_t)pos0 * row_bytes, v, (size_t)T * row_bytes, cx->stream);
 		return;
 	}
-	kv_write(kc, vc, pg, k, v, row_bytes, pos0, NULL, T, SFW_CUDA_STREAM(cx->stream));
+	kv_write(kc, vc, pg, k, v, row_bytes, pos0, rr ? rr->pos : NULL, T, SFW_CUDA_STREAM(cx->stream));
 }
 
 /* ---- a batched decode step: one row per sequence (ops_cuda.h) ---- */

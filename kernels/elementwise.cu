@@ -316,10 +316,10 @@ void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta,
-					  struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_rope_neox(void *x, int T, int nh, int hd, int64_t pos0, float theta,
+				   const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfwi_rope_neox_cuda(x, T, nh, hd, 0, dpos, theta, SFW_DTYPE_BF16, cx);
+	sfwi_rope_neox_cuda(x, T, nh, hd, pos0, rr ? rr->pos : NULL, theta, act, cx);
 }
 
 extern "C" void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta,

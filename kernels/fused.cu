@@ -292,10 +292,11 @@ static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-					     enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, const int64_t *dpos,
-					     enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_qk_norm_rope(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
+				      enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, const struct sfw_cuda_rowref *rr,
+				      enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	const int64_t *dpos = rr ? rr->pos : NULL;
 	int T = sh->T, nhq = sh->nhq, nhk = sh->nhk, hd = sh->hd, rope = sh->rope;
 	float eps = sh->eps, theta = sh->theta;
 	int64_t pos0 = sh->pos0;
@@ -314,5 +315,5 @@ extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum 
 					 enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, enum sfw_dtype act,
 					 struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_qk_norm_rope_devpos(q, k, qw, qwdt, kw, kwdt, sh, NULL, act, cx);
+	sfw_cuda_qk_norm_rope(q, k, qw, qwdt, kw, kwdt, sh, NULL, act, cx);
 }

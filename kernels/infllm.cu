@@ -39,8 +39,8 @@ static __global__ void compress_kernel(A *c, const A *k, const int32_t *tab, int
 	compress_chunks(c, k, tab, shift, row, j0, j1, ksize, stride);
 }
 
-extern "C" void sfw_cuda_compress_pg(void *c, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd,
-				     int64_t j0, int64_t j1, int ksize, int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+static void compress_range(void *c, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd, int64_t j0,
+			   int64_t j1, int ksize, int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (j1 <= j0)
 		return;
@@ -54,14 +54,14 @@ extern "C" void sfw_cuda_compress_pg(void *c, const void *k, const struct sfw_cu
 extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
 				     int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_compress_pg(c, k, NULL, nkv, hd, j0, j1, ksize, stride, act, cx);
+	compress_range(c, k, NULL, nkv, hd, j0, j1, ksize, stride, act, cx);
 }
 
 /* A recorded decode step appended the token at position *dpos: the level-1
  * (blockIdx.y 0) and level-2 (1) chunks that this token completes, i.e.
  * chunks [nchunks(p), nchunks(p + 1)) of each level (at most one). */
 template <typename A>
-static __global__ void compress_devpos_kernel(A *c1, A *c2, const A *k, const int32_t *tab, int shift, int row,
+static __global__ void compress_token_kernel(A *c1, A *c2, const A *k, const int32_t *tab, int shift, int row,
 					      int ksize, int stride, const int64_t *dpos)
 {
 	sfwc_pdl_wait();
@@ -102,15 +102,20 @@ extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, i
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv,
-					 int hd, int ksize, int stride, const int64_t *dpos, enum sfw_dtype act,
-					 struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_compress(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd,
+				  int ksize, int stride, const int64_t *j, const struct sfw_cuda_rowref *rr,
+				  enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	SFW_ASSERT(dpos && ksize >= 1 && stride >= 1);
+	SFW_ASSERT(ksize >= 1 && stride >= 1 && (rr ? rr->pos != NULL : j != NULL));
+	if (!rr) {
+		compress_range(c1, k, pg, nkv, hd, j[0], j[1], ksize, stride, act, cx);
+		compress_range(c2, k, pg, nkv, hd, j[2], j[3], 4 * ksize, 4 * stride, act, cx);
+		return;
+	}
 	int row = nkv * hd;
-	ACT_DISPATCH(act, sfwc_launch(compress_devpos_kernel<A>, dim3((unsigned)((row + 255) / 256), 2), dim3(256), 0,
+	ACT_DISPATCH(act, sfwc_launch(compress_token_kernel<A>, dim3((unsigned)((row + 255) / 256), 2), dim3(256), 0,
 				      SFW_CUDA_STREAM(cx->stream), (A *)c1, (A *)c2, (const A *)k, sfwc_pg_tab(pg),
-				      sfwc_pg_shift(pg), row, ksize, stride, dpos));
+				      sfwc_pg_shift(pg), row, ksize, stride, rr->pos));
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -346,36 +351,31 @@ static void s1_launch(s1_args a, struct sfw_cuda_ctx *cx)
 
 static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
+extern "C" void sfw_cuda_stage1(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
+				const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+				struct sfw_cuda_ctx *cx)
+{
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
+	int64_t pos0 = rr ? 0 : sh->pos0;
+	float scale = sh->scale;
+	if (T <= 0 || n1 <= 0) /* (rr: no chunk can be complete within the bound: no scores) */
+		return;
+	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG && (!rr || (T == 1 && !rr->c1 == !rr->c2)));
+	if (!rr && sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, act, cx))
+		return;
+	if (rr && sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, rr, act, cx))
+		return;
+	s1_args a = {scores,	q,     c1,    c2,		  NULL,		       n1,
+		     n2,	pos0,  T,     nh,		  nkv,		       ksize,
+		     stride,	1,     scale, rr ? rr->pos : NULL, rr ? rr->c1 : NULL, rr ? rr->c2 : NULL};
+	s1_any(a, hd, act, cx);
+}
+
 extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2,
 				   int64_t n2, const struct sfw_sel_shape *sh, enum sfw_dtype act,
 				   struct sfw_cuda_ctx *cx)
 {
-	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
-	int64_t pos0 = sh->pos0;
-	float scale = sh->scale;
-	if (T <= 0 || n1 <= 0)
-		return;
-	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
-	if (sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, act, cx))
-		return;
-	s1_args a = {scores, q, c1, c2, NULL, n1, n2, pos0, T, nh, nkv, ksize, stride, 1, scale, NULL, NULL, NULL};
-	s1_any(a, hd, act, cx);
-}
-
-extern "C" void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv,
-				       int hd, int64_t len_bound, int ksize, int stride, float scale,
-				       const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
-{
-	SFW_ASSERT(rr && rr->pos && len_bound >= 1 && nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG);
-	int64_t n1 = len_bound < ksize ? 0 : (len_bound - ksize) / stride + 1;
-	int64_t n2 = len_bound < 4 * ksize ? 0 : (len_bound - 4 * ksize) / (4 * stride) + 1;
-	if (n1 <= 0) /* no chunk can be complete within the bound: no scores */
-		return;
-	if (sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, rr, act, cx))
-		return;
-	SFW_ASSERT(!rr->c1 == !rr->c2);
-	s1_args a = {scores, q, c1, c2, NULL, n1, n2, 0, 1, nh, nkv, ksize, stride, 1, scale, rr->pos, rr->c1, rr->c2};
-	s1_any(a, hd, act, cx);
+	sfw_cuda_stage1(scores, q, c1, n1, c2, n2, sh, NULL, act, cx);
 }
 
 static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
@@ -432,33 +432,28 @@ static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n
 	}
 }
 
-extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
-					const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_pool_blocks(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+				     const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+				     struct sfw_cuda_ctx *cx)
 {
 	int nkv = sh->nkv, T = sh->T, ksize = sh->ksize, stride = sh->stride, block = sh->block;
 	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
-	int64_t pos0 = sh->pos0;
+	int64_t pos0 = rr ? 0 : sh->pos0;
 	(void)act; /* scores are already rounded where the reference rounds */
+	SFW_ASSERT(!rr || (rr->pos && T == 1));
 	size_t n = (size_t)nkv * T * nblocks;
 	if (n == 0)
 		return;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
-	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), pooled, scores, n1, nblocks, nkv, T, pos0, ksize,
-								  stride, block, init_blocks, local_blocks, (const int64_t *)NULL);
+	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), pooled, scores, n1, nblocks, nkv,
+		    T, pos0, ksize, stride, block, init_blocks, local_blocks, rr ? rr->pos : (const int64_t *)NULL);
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, int nkv, int64_t len_bound, int ksize,
-					    int stride, int block, int init_blocks, int local_blocks,
-					    const int64_t *dpos, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+					const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	SFW_ASSERT(dpos && len_bound >= 1);
-	int64_t nb = (len_bound + block - 1) / block;
-	size_t n = (size_t)nkv * nb;
-	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
-	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), pooled, scores, (int64_t)0, nb, nkv,
-		    1, (int64_t)0, ksize, stride, block, init_blocks, local_blocks, dpos);
-	SFW_CUDA_LAUNCHED();
+	sfw_cuda_pool_blocks(pooled, scores, n1, nblocks, sh, NULL, act, cx);
 }
 
 /* ---- top-k ---- */
@@ -652,38 +647,37 @@ static __global__ void __launch_bounds__(NT)
 		out[i] = -1;
 }
 
-extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T,
-					int64_t pos0, int k, int block, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
+				     int k, int block, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+				     struct sfw_cuda_ctx *cx)
 {
 	(void)act;
 	if (T <= 0 || nkv <= 0)
 		return;
-	SFW_ASSERT(nblocks >= 1);
+	SFW_ASSERT(nblocks >= 1 && (!rr || (rr->pos && T == 1)));
+	const int64_t *dpos = rr ? rr->pos : NULL;
 	if ((int64_t)nkv * T < 64) /* a decode step: few blocks, each with many threads */
 		sfwc_launch(topk_kernel<1024>, dim3(nkv * T), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, nblocks,
-			    T, pos0, k, block, (const int64_t *)NULL, topk_pool{});
+			    T, pos0, k, block, dpos, topk_pool{});
 	else
 		sfwc_launch(topk_kernel<256>, dim3(nkv * T), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, nblocks,
-			    T, pos0, k, block, (const int64_t *)NULL, topk_pool{});
+			    T, pos0, k, block, dpos, topk_pool{});
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_pool_topk_devpos(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize,
-					  int stride, int init_blocks, int local_blocks, const int64_t *dpos,
-					  struct sfw_cuda_ctx *cx)
+extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T,
+					int64_t pos0, int k, int block, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	SFW_ASSERT(dpos && nkv > 0);
+	sfw_cuda_topk_blocks(idx, pooled, nblocks, nkv, T, pos0, k, block, NULL, act, cx);
+}
+
+extern "C" void sfw_cuda_pool_topk(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
+				   int init_blocks, int local_blocks, const struct sfw_cuda_rowref *rr,
+				   struct sfw_cuda_ctx *cx)
+{
+	SFW_ASSERT(rr && rr->pos && nkv > 0);
 	topk_pool pp = {scores, ksize, stride, init_blocks, local_blocks};
 	sfwc_launch(topk_kernel<1024, true>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, (const float *)NULL,
-		    (int64_t)1, 1, (int64_t)0, k, block, dpos, pp);
-	SFW_CUDA_LAUNCHED();
-}
-
-extern "C" void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int k, int block,
-					    const int64_t *dpos, struct sfw_cuda_ctx *cx)
-{
-	SFW_ASSERT(dpos && nkv > 0);
-	sfwc_launch(topk_kernel<1024>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, (int64_t)1, 1,
-		    (int64_t)0, k, block, dpos, topk_pool{});
+		    (int64_t)1, 1, (int64_t)0, k, block, rr->pos, pp);
 	SFW_CUDA_LAUNCHED();
 }

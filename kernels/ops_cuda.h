@@ -79,102 +79,94 @@ SFW_MUST_CHECK enum sfw_status sfw_cuda_graph_end(void *stream, void **graph_exe
 void sfw_cuda_graph_launch(void *graph_exec, void *stream);
 void sfw_cuda_graph_free(void *graph_exec);
 
-/* NeoX RoPE (sfw_op_rope_neox_cuda) with the position of row 0 read from
- * device memory (*dpos, int64) when the kernel runs: a captured decode graph
- * replays with the position of the step (kernels/elementwise.cu). */
-void sfw_cuda_rope_neox_devpos(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, struct sfw_cuda_ctx *cx);
-/* sfw_op_qk_norm_rope_cuda with the position of row 0 read from *dpos (int64,
- * device memory) when the kernel runs if dpos is non-NULL, else sh->pos0: the
- * same kernel serves eager calls and recorded decode steps. */
-void sfw_cuda_qk_norm_rope_devpos(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-				  enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, const int64_t *dpos, enum sfw_dtype act,
-				  struct sfw_cuda_ctx *cx);
-
-/* ---- paged KV caches (runner/batch.h, runner/backend_cuda.c) ----
- * The K and V of a paged cache live in blocks of 2^shift tokens drawn from
- * one pool: token t of the cache is row (tab[t >> shift] << shift) + (t &
- * (2^shift - 1)) of the pool's [blocks << shift, nkv, hd] arrays kc, vc;
- * tab (device memory, int32) is the cache's block table. Every op taking a
- * `const struct sfw_cuda_pages *pg` means its contiguous twin (row t at t)
- * on the cache those rows make up; pg NULL or pg->tab NULL is the
- * contiguous cache itself. shift >= 5 (a 32-token attention tile never
- * straddles two blocks). */
+/* ---- the ops of one sequence's rows, as the engine calls them ----
+ * One entry per op. Each means its sfw_op_*_cuda twin (kernels/ops.h) on
+ * the call's rows at positions pos0, pos0 + 1, ...; with rr (struct
+ * sfw_cuda_rowref, below) the position of row 0 is instead *rr->pos, read
+ * on the device when the kernel runs, and where rr has them the caches'
+ * pointers and block table too: a recorded step (runner/capture_cuda.c)
+ * then replays for whatever position and sequence its row holds. With rr
+ * the host values only bound the launch: pos0 (attention) or the chunk
+ * and block counts (selection) are those of the largest length the
+ * recording serves, which sizes grids, split counts and scratch; the
+ * kernels work at the actual lengths. Calls with rr have one row (T = 1)
+ * except RoPE and the q/k norms.
+ *   The caches may be paged: the K and V of a paged cache live in blocks
+ * of 2^shift tokens drawn from one pool: token t of the cache is row
+ * (tab[t >> shift] << shift) + (t & (2^shift - 1)) of the pool's [blocks
+ * << shift, nkv, hd] arrays kc, vc; tab (device memory, int32) is the
+ * cache's block table. pg NULL or pg->tab NULL is a contiguous cache
+ * (row t at t). shift >= 5 (a 32-token attention tile never straddles two
+ * blocks). */
 struct sfw_cuda_pages {
 	const int32_t *tab;
 	int shift;
 };
-/* sfw_op_attn_dense_cuda, sfw_op_attn_sparse_cuda, sfw_op_compress_cuda
- * (kernels/ops.h) on a paged cache; those are these with pg NULL. */
-void sfw_cuda_attn_dense_pg(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
-			    int T, int nh, int nkv, int hd, int64_t pos0, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_cuda_attn_sparse_pg(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
-			     const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block,
-			     float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_cuda_compress_pg(void *c, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd, int64_t j0,
-			  int64_t j1, int ksize, int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-/* T rows of k and v (row_bytes each) to rows pos0 .. pos0 + T - 1 of the
- * cache (a contiguous one: one copy each). */
-void sfw_cuda_kv_write_pg(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
-			  size_t row_bytes, int64_t pos0, int T, struct sfw_cuda_ctx *cx);
-
-/* ---- a recorded decode step (one row, its position read on the device) ----
- * Each op means its sfw_op_*_cuda twin (kernels/ops.h) called with T = 1 and
- * pos0 = *dpos, read when the kernel runs, so one captured graph serves every
- * step. The cache then holds len = *dpos + 1 tokens (this row's K and V
- * appended), n1 = nchunks(len, ksize, stride) level-1 and n2 = nchunks(len,
- * 4 ksize, 4 stride) level-2 compressed keys, and nblocks = ceil(len / block)
- * blocks. len_bound bounds len for the whole life of the recording: it sizes
- * the grids, split counts and scratch bytes (scores up to [nkv, n1(len_bound)],
- * pooled up to [nkv, ceil(len_bound/block)] floats); the kernels pack scores
- * and pooled values at the actual lengths ([nkv, n1], [nkv, nblocks]).
- * Callers (runner/backend_cuda.c) re-record past it. */
-/* K and V rows (row_bytes each) to row *dpos of the caches (sfw_backend kv_append).
- * pg: the caches' pages (above; NULL: contiguous), here and below. */
-void sfw_cuda_kv_append_devpos(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
-			       size_t row_bytes, const int64_t *dpos, struct sfw_cuda_ctx *cx);
-/* The level-1 and level-2 chunks the token at *dpos completes (sfw_op_compress_cuda
- * for chunks [nchunks(p), nchunks(p + 1)) of each level; c1, c2 as the cache holds them). */
-void sfw_cuda_compress_devpos(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd,
-			      int ksize, int stride, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Where a recorded row's sequence is, read on the device when the kernel
- * runs: its position, and (non-NULL members) its caches' pointers and block
- * table from slots written before each replay (runner/capture_cuda.c: the
- * step table and pointer table of a step of many sequences), so a recording
- * whose rows select blocks serves whatever sequences sit in those rows. NULL
- * members: the pointer arguments themselves. */
+ * runs: its position, and (non-NULL members) its caches' pointers and
+ * block table from slots written before each replay (the step table and
+ * pointer table of a step of several sequences), so a recording whose rows
+ * select blocks serves whatever sequences sit in those rows. NULL members:
+ * the arguments themselves (with tab: pg gives the blocks' size). */
 struct sfw_cuda_rowref {
 	const int64_t *pos; /* required */
 	void *const *k, *const *v, *const *c1, *const *c2;
 	const int32_t *const *tab;
 };
-/* c1, c2: *rr->c1, *rr->c2 where those are given. */
-void sfw_cuda_stage1_devpos(float *scores, const void *q, const void *c1, const void *c2, int nh, int nkv, int hd,
-			    int64_t len_bound, int ksize, int stride, float scale, const struct sfw_cuda_rowref *rr,
-			    enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_cuda_pool_blocks_devpos(float *pooled, const float *scores, int nkv, int64_t len_bound, int ksize, int stride,
-				 int block, int init_blocks, int local_blocks, const int64_t *dpos, struct sfw_cuda_ctx *cx);
-void sfw_cuda_topk_blocks_devpos(int32_t *idx, const float *pooled, int nkv, int k, int block, const int64_t *dpos,
-				 struct sfw_cuda_ctx *cx);
-/* sfw_cuda_pool_blocks_devpos then sfw_cuda_topk_blocks_devpos in one
- * launch, from the level-1 scores (no pooled array written): equal idx. */
-void sfw_cuda_pool_topk_devpos(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
-			       int init_blocks, int local_blocks, const int64_t *dpos, struct sfw_cuda_ctx *cx);
-/* kc, vc, pg->tab: *rr->k, *rr->v, *rr->tab where those are given (with
- * rr->tab, pg gives the blocks' size: pg->shift). */
-void sfw_cuda_attn_sparse_devpos(void *o, const void *q, const void *kc, const void *vc,
-				 const struct sfw_cuda_pages *pg, const int32_t *idx, int nh, int nkv, int hd, int k,
-				 int block, float scale, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
-				 struct sfw_cuda_ctx *cx);
-void sfw_cuda_attn_dense_devpos(void *o, const void *q, const void *kc, const void *vc,
-				const struct sfw_cuda_pages *pg, int nh, int nkv, int hd, int64_t len_bound, float scale,
-				const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+/* NeoX RoPE (sfw_op_rope_neox_cuda). */
+void sfw_cuda_rope_neox(void *x, int T, int nh, int hd, int64_t pos0, float theta, const struct sfw_cuda_rowref *rr,
+			enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+/* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_cuda). */
+void sfw_cuda_qk_norm_rope(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw, enum sfw_dtype kwdt,
+			   const struct sfw_qk_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+			   struct sfw_cuda_ctx *cx);
+/* T rows of k and v (row_bytes each) to rows pos0 .. pos0 + T - 1 of the
+ * caches (sfw_backend kv_append; a contiguous cache at host positions: one
+ * copy each). rr: the caches as given (rr->pos only). */
+void sfw_cuda_kv_write(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
+		       size_t row_bytes, int64_t pos0, int T, const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
+/* The compressed keys of both levels (sfw_op_compress_cuda): level-1
+ * chunks [j[0], j[1]) of (ksize, stride) into c1 and level-2 chunks [j[2],
+ * j[3]) of (4 ksize, 4 stride) into c2; with rr (rr->pos only; j unused)
+ * the chunks of each level that the token at *rr->pos completes
+ * ([nchunks(p), nchunks(p + 1)), at most one). */
+void sfw_cuda_compress(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd, int ksize,
+		       int stride, const int64_t *j, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+		       struct sfw_cuda_ctx *cx);
+/* Stage 1 (sfw_op_stage1_cuda); rr: c1, c2 from its slots where it has
+ * them, n1 and n2 bound the counts the actual length makes. */
+void sfw_cuda_stage1(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
+		     const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+		     struct sfw_cuda_ctx *cx);
+/* Max-pool (sfw_op_pool_blocks_cuda) and top-k (sfw_op_topk_blocks_cuda);
+ * rr: n1 and nblocks bound the actual ones; the scores and pooled values
+ * packed at the actual lengths ([nkv, n1], [nkv, nblocks]). */
+void sfw_cuda_pool_blocks(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
+			  const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+			  struct sfw_cuda_ctx *cx);
+void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0, int k,
+			  int block, const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+/* sfw_cuda_pool_blocks then sfw_cuda_topk_blocks of one row with rr, in one
+ * launch, from the level-1 scores (no pooled array written): equal idx.
+ * rr required; up to 4096 blocks. */
+void sfw_cuda_pool_topk(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
+			int init_blocks, int local_blocks, const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
+/* Dense (sfw_op_attn_dense_cuda) and sparse (sfw_op_attn_sparse_cuda)
+ * attention; rr: pos0 + T bounds the cache length; K, V and the table
+ * from rr's slots where it has them. */
+void sfw_cuda_attn_dense(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+			 int T, int nh, int nkv, int hd, int64_t pos0, float scale, const struct sfw_cuda_rowref *rr,
+			 enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_cuda_attn_sparse(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+			  const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block,
+			  float scale, const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 /* ---- a batched decode step: one row per sequence ----
  * Row s->row[i] of the call's q, k, v, o belongs to sequence i of s, whose
  * token sits at position s->pos[i] (the row it appends: its cache then
  * holds pos[i] + 1 tokens) and whose caches are s->p[..][i]. Each op means its
  * single-sequence twin (sfw_op_*_cuda with T = 1 and pos0 = pos[i], or the
- * sfw_cuda_*_devpos form at *dpos = pos[i]) on every row, so the plain-C
+ * sfw_cuda_* entry above at *rr->pos = pos[i]) on every row, so the plain-C
  * twins are those of the single ops, applied sequence by sequence
  * (runner/backend_compose.c). The table travels by value in the launch
  * parameters (3 KiB): no staging copy, and a recorded launch keeps it. */
@@ -224,7 +216,7 @@ struct sfw_cuda_steptab {
 void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,
 			     struct sfw_cuda_ctx *cx);
 /* p[0] the level-1, p[1] the level-2 compressed keys, p[2] the K caches:
- * the chunks each sequence's token completes (sfw_cuda_compress_devpos). */
+ * the chunks each sequence's token completes (sfw_cuda_compress with rr). */
 void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
 			    enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Dense causal GQA of each row over its cache (p[0] K, p[1] V) up to and

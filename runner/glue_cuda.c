@@ -39,8 +39,7 @@ static void cu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, cons
 	PROF(P_NORMGATE, sfw_op_rmsnorm_gate_cuda(y, x, w->dev, w->dtype, z, rows, n, eps, SFW_DTYPE_BF16, S(be)));
 }
 
-/* One kernel when both norms are there (the position from the device while
- * recording); else the four calls. */
+/* One kernel when both norms are there; else the four calls. */
 static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 			    const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			    int64_t pos0, float theta)
@@ -51,8 +50,9 @@ static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const stru
 		return;
 	}
 	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta};
-	PROF(P_QKNORM, sfw_cuda_qk_norm_rope_devpos(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sh,
-						    b->rec ? b->rec_pos : NULL, SFW_DTYPE_BF16, S(be)));
+	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
+	PROF(P_QKNORM, sfw_cuda_qk_norm_rope(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sh, b->rec ? &rr : NULL,
+					     SFW_DTYPE_BF16, S(be)));
 }
 
 static int cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
@@ -72,14 +72,11 @@ static void cu_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const
 	PROF(P_SIGMOID, sfw_op_sigmoid_mul_cuda(y, x, g, n, SFW_DTYPE_BF16, S(be)));
 }
 
-/* While recording, the position comes from the device (the replayed step's). */
 static void cu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta)
 {
 	struct cu_be *b = IMPL(be);
-	if (b->rec)
-		PROF(P_ROPE, sfw_cuda_rope_neox_devpos(x, T, nh, hd, b->rec_pos, theta, S(be)));
-	else
-		PROF(P_ROPE, sfw_op_rope_neox_cuda(x, T, nh, hd, pos0, theta, SFW_DTYPE_BF16, S(be)));
+	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
+	PROF(P_ROPE, sfw_cuda_rope_neox(x, T, nh, hd, pos0, theta, b->rec ? &rr : NULL, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
@@ -142,56 +139,51 @@ static void cu_logits(struct sfw_backend *be, float *y, const void *x, const str
 						  SFW_DTYPE_BF16, S(be)));
 }
 
+/* While a context's step is recorded (b->rec) the ops of its cache read
+ * the position from the device (rec_pos; the lengths move after each
+ * launch: sfwi_cu_cache_advance) and plan for lengths up to rec_bound. */
 static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v, int T)
 {
+	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
-	size_t row = (size_t)c->d.nkv * c->d.hd * 2;
-	if (IMPL(be)->rec) { /* at row *rec_pos; sfwi_cu_cache_advance moves len after the replay */
-		SFW_ASSERT(l->sparse && T == 1);
-		sfw_cuda_kv_append_devpos(l->k, l->v, &c->pg, k, v, row, IMPL(be)->rec_pos, S(be));
-		return;
-	}
-	SFW_ASSERT(l->sparse && l->len + T <= l->cap);
-	PROF(P_KV, sfw_cuda_kv_write_pg(l->k, l->v, &c->pg, k, v, row, l->len, T, S(be)));
-	l->len += T;
+	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
+	SFW_ASSERT(l->sparse && (b->rec ? T == 1 : l->len + T <= l->cap));
+	PROF(P_KV, sfw_cuda_kv_write(l->k, l->v, &c->pg, k, v, (size_t)c->d.nkv * c->d.hd * 2, l->len, T,
+				     b->rec ? &rr : NULL, S(be)));
+	if (!b->rec)
+		l->len += T;
 }
 
 static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
 			  int nh, float scale)
 {
+	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
-	if (IMPL(be)->rec) {
-		SFW_ASSERT(T == 1);
-		sfw_cuda_attn_dense_devpos(o, q, l->k, l->v, &c->pg, nh, c->d.nkv, c->d.hd, IMPL(be)->rec_bound, scale,
-					   IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
-		return;
-	}
-	PROF(P_DENSE, sfw_cuda_attn_dense_pg(o, q, l->k, l->v, &c->pg, T, nh, c->d.nkv, c->d.hd, l->len - T, scale,
-					     SFW_DTYPE_BF16, S(be)));
+	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
+	SFW_ASSERT(!b->rec || T == 1);
+	PROF(P_DENSE, sfw_cuda_attn_dense(o, q, l->k, l->v, &c->pg, T, nh, c->d.nkv, c->d.hd,
+					  b->rec ? b->rec_bound - 1 : l->len - T, scale, b->rec ? &rr : NULL,
+					  SFW_DTYPE_BF16, S(be)));
 }
 
 static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c, int layer, struct sfw_err *err)
 {
 	(void)err;
+	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
 	const struct sfw_cache_desc *d = &c->d;
-	if (IMPL(be)->rec) { /* the chunks the step's token completes */
-		sfw_cuda_compress_devpos(l->c1, l->c2, l->k, &c->pg, d->nkv, d->hd, d->ksize, d->stride,
-					 IMPL(be)->rec_pos, SFW_DTYPE_BF16, S(be));
+	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
+	if (b->rec) { /* the chunks the step's token completes */
+		sfw_cuda_compress(l->c1, l->c2, l->k, &c->pg, d->nkv, d->hd, d->ksize, d->stride, NULL, &rr,
+				  SFW_DTYPE_BF16, S(be));
 		return SFW_OK;
 	}
 	int64_t t1 = sfwi_cu_nchunks(l->len, d->ksize, d->stride), t2 = sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
-	sfwi_cu_prof_begin(be);
-	if (t1 > l->n1)
-		sfw_cuda_compress_pg(l->c1, l->k, &c->pg, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride, SFW_DTYPE_BF16,
-				     S(be));
-	if (t2 > l->n2)
-		sfw_cuda_compress_pg(l->c2, l->k, &c->pg, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride,
-				     SFW_DTYPE_BF16, S(be));
-	sfwi_cu_prof_end(be, P_COMPRESS);
-	l->n1 = t1 > l->n1 ? t1 : l->n1;
-	l->n2 = t2 > l->n2 ? t2 : l->n2;
+	int64_t j[4] = {l->n1, t1 > l->n1 ? t1 : l->n1, l->n2, t2 > l->n2 ? t2 : l->n2};
+	PROF(P_COMPRESS, sfw_cuda_compress(l->c1, l->c2, l->k, &c->pg, d->nkv, d->hd, d->ksize, d->stride, j, NULL,
+					   SFW_DTYPE_BF16, S(be)));
+	l->n1 = j[1], l->n2 = j[3];
 	return SFW_OK;
 }
 
@@ -223,6 +215,36 @@ static int rec_row(struct sfw_backend *be, const struct sfw_bcache *c, int layer
 	return 0;
 }
 
+/* A recorded row's selection: one row at *rr->pos, lengths up to rec_bound. */
+static enum sfw_status select_recorded(struct sfw_backend *be, int32_t *idx, const void *q, const struct sfw_bcache *c,
+				       const struct cu_layer *l, int nh, const struct sfw_sparse_params *sp,
+				       const struct sfw_cuda_rowref *rr, struct sfw_err *err)
+{
+	struct cu_be *b = IMPL(be);
+	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
+	int64_t bound = b->rec_bound, nb = (bound + sp->block - 1) / sp->block;
+	int64_t n1 = sfwi_cu_nchunks(bound, sp->ksize, sp->stride), n2 = sfwi_cu_nchunks(bound, 4 * sp->ksize, 4 * sp->stride);
+	size_t sc, po;
+	SFW_ASSERT(sp->T == 1);
+	enum sfw_status s = sfwi_cu_sel_room(be, sfwi_cu_sel_plan_row(&c->d, bound, k, &sc, &po), err);
+	if (s != SFW_OK)
+		return s;
+	float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
+	struct sfw_sel_shape sh = {1,	      nh,	  nkv,		     hd,	       0,	      sp->ksize,
+				   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
+	sfw_cuda_stage1(scores, q, l->c1, n1, l->c2, n2, &sh, rr, SFW_DTYPE_BF16, S(be));
+	/* up to 4096 blocks (256K tokens) top-k holds the blocks in registers
+	 * and pools them itself: one launch less */
+	if (nb <= 4096) {
+		sfw_cuda_pool_topk(idx, scores, nkv, k, sp->block, sp->ksize, sp->stride, sp->init_blocks, sp->local_blocks,
+				   rr, S(be));
+	} else {
+		sfw_cuda_pool_blocks(pooled, scores, n1, nb, &sh, rr, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_topk_blocks(idx, pooled, nb, nkv, 1, 0, k, sp->block, rr, SFW_DTYPE_BF16, S(be));
+	}
+	return SFW_OK;
+}
+
 static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, const void *q, struct sfw_bcache *c,
 					int layer, int nh, const struct sfw_sparse_params *sp, float *pooled_last,
 					struct sfw_err *err)
@@ -230,30 +252,8 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 	struct cu_layer *l = &c->L[layer];
 	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
 	struct sfw_cuda_rowref rr;
-	if (rec_row(be, c, layer, &rr)) { /* one row at *rr.pos, lengths up to rec_bound */
-		const int64_t *dpos = rr.pos;
-		struct cu_be *b = IMPL(be);
-		size_t sc, po;
-		SFW_ASSERT(sp->T == 1);
-		enum sfw_status s = sfwi_cu_sel_room(be, sfwi_cu_sel_plan_row(&c->d, b->rec_bound, k, &sc, &po), err);
-		if (s != SFW_OK)
-			return s;
-		float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
-		sfw_cuda_stage1_devpos(scores, q, l->c1, l->c2, nh, nkv, hd, b->rec_bound, sp->ksize, sp->stride, sp->scale,
-				       &rr, SFW_DTYPE_BF16, S(be));
-		/* up to 4096 blocks (256K tokens) top-k holds the blocks in
-		 * registers and pools them itself: one launch less */
-		if ((b->rec_bound + sp->block - 1) / sp->block <= 4096) {
-			sfw_cuda_pool_topk_devpos(idx, scores, nkv, k, sp->block, sp->ksize, sp->stride, sp->init_blocks,
-						  sp->local_blocks, dpos, S(be));
-		} else {
-			sfw_cuda_pool_blocks_devpos(pooled, scores, nkv, b->rec_bound, sp->ksize, sp->stride, sp->block,
-						    sp->init_blocks, sp->local_blocks, dpos, S(be));
-			sfw_cuda_topk_blocks_devpos(idx, pooled, nkv, k, sp->block, dpos, S(be));
-		}
-		(void)pooled_last; /* no taps while recording */
-		return SFW_OK;
-	}
+	if (rec_row(be, c, layer, &rr)) /* (no taps while recording: pooled_last is NULL) */
+		return select_recorded(be, idx, q, c, l, nh, sp, &rr, err);
 	int64_t n1 = l->n1, nb = sp->nblocks;
 	/* rows per batch: scores [nkv, rb, n1] + pooled [nkv, rb, nb] within select_bytes() */
 	size_t per_row = (size_t)nkv * ((size_t)(n1 ? n1 : 1) + (size_t)nb + (size_t)k) * 4;
@@ -279,11 +279,10 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 		int32_t *dst = n == sp->T ? idx : tk;
 		struct sfw_sel_shape sh = {n,	      nh,	  nkv,		     hd,	       p0,	      sp->ksize,
 					   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
-		if (n1 > 0)
-			sfw_op_stage1_cuda(scores, (const char *)q + (size_t)r0 * qrow, l->c1, n1, l->c2, l->n2, &sh,
-					   SFW_DTYPE_BF16, S(be));
-		sfw_op_pool_blocks_cuda(pooled, scores, n1, nb, &sh, SFW_DTYPE_BF16, S(be));
-		sfw_op_topk_blocks_cuda(dst, pooled, nb, nkv, n, p0, k, sp->block, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_stage1(scores, (const char *)q + (size_t)r0 * qrow, l->c1, n1, l->c2, l->n2, &sh, NULL,
+				SFW_DTYPE_BF16, S(be));
+		sfw_cuda_pool_blocks(pooled, scores, n1, nb, &sh, NULL, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_topk_blocks(dst, pooled, nb, nkv, n, p0, k, sp->block, NULL, SFW_DTYPE_BF16, S(be));
 		if (dst != idx)
 			for (int g = 0; g < nkv; g++)
 				sfw_cuda_d2d(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k,
@@ -304,14 +303,11 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 {
 	struct cu_layer *l = &c->L[layer];
 	struct sfw_cuda_rowref rr;
-	if (rec_row(be, c, layer, &rr)) {
-		SFW_ASSERT(sp->T == 1);
-		sfw_cuda_attn_sparse_devpos(o, q, l->k, l->v, &c->pg, idx, nh, c->d.nkv, c->d.hd, sp->k, sp->block,
-					    sp->scale, &rr, SFW_DTYPE_BF16, S(be));
-		return;
-	}
-	PROF(P_SPARSE, sfw_cuda_attn_sparse_pg(o, q, l->k, l->v, &c->pg, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0,
-					       sp->k, sp->block, sp->scale, SFW_DTYPE_BF16, S(be)));
+	int rec = rec_row(be, c, layer, &rr);
+	SFW_ASSERT(!rec || sp->T == 1);
+	PROF(P_SPARSE, sfw_cuda_attn_sparse(o, q, l->k, l->v, &c->pg, idx, sp->T, nh, c->d.nkv, c->d.hd,
+					    rec ? 0 : sp->pos0, sp->k, sp->block, sp->scale, rec ? &rr : NULL,
+					    SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,

@@ -230,10 +230,10 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 			cmp(modes[m], name, got[m], ref, nq, TOL_NMSE, TOL_MAXREL);
 		/* paged: the same kernels on the shuffled blocks, bit for bit */
 		if (sparse)
-			sfw_cuda_attn_sparse_pg(dout, dq, pk, pv, &pg, didx, T, nh, nkv, hd, pos0, k, block, scale,
-						SFW_DTYPE_BF16, g_cx);
+			sfw_cuda_attn_sparse(dout, dq, pk, pv, &pg, didx, T, nh, nkv, hd, pos0, k, block, scale, NULL,
+					     SFW_DTYPE_BF16, g_cx);
 		else
-			sfw_cuda_attn_dense_pg(dout, dq, pk, pv, &pg, T, nh, nkv, hd, pos0, scale, SFW_DTYPE_BF16, g_cx);
+			sfw_cuda_attn_dense(dout, dq, pk, pv, &pg, T, nh, nkv, hd, pos0, scale, NULL, SFW_DTYPE_BF16, g_cx);
 		float *gp = down_bf(dout, nq);
 		CHECK(memcmp(gp, got[m], nq * 4) == 0, "%s [%s]: paged cache = contiguous, bit for bit", name,
 		      modes[m] ? modes[m] : "default");

@@ -1,6 +1,6 @@
 /* modules: runner formats kernels num core */
 /* gpu_devpos.c - the ops of a recorded decode step (kernels/ops_cuda.h,
- * "a recorded decode step") inside a real CUDA graph: recorded once for a
+ * the sfw_cuda_* entries with a struct sfw_cuda_rowref) inside a real CUDA graph: recorded once for a
  * length bound, replayed at many positions with only the device-side
  * position changed. Each replay is compared with
  *   - the CPU twins (kernels/ops.h) on the same bf16 data: the appended K/V
@@ -168,15 +168,16 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	const struct sfw_cuda_pages pgn = {NULL, shift}; /* the table from its slot */
 	/* the recording: what one sparse layer of a decode step does */
 	sfw_cuda_graph_begin(s);
-	sfw_cuda_kv_append_devpos(dK, dV, pg, dkn, dvn, row * 2, dpos, cx);
-	sfw_cuda_compress_devpos(dc1, dc2, dK, pg, nkv, hd, ks, st, dpos, SFW_DTYPE_BF16, cx);
-	sfw_cuda_stage1_devpos(dsc, dq, NULL, NULL, nh, nkv, hd, bound, ks, st, scale, &rr, SFW_DTYPE_BF16, cx);
-	sfw_cuda_pool_blocks_devpos(dpo, dsc, nkv, bound, ks, st, blk, sh->init_blocks, sh->local_blocks, dpos, cx);
-	sfw_cuda_topk_blocks_devpos(didx, dpo, nkv, k, blk, dpos, cx);
-	sfw_cuda_pool_topk_devpos(didx2, dsc, nkv, k, blk, ks, st, sh->init_blocks, sh->local_blocks, dpos, cx);
-	sfw_cuda_attn_sparse_devpos(dos, dq, NULL, NULL, &pgn, didx, nh, nkv, hd, k, blk, scale, &rr, SFW_DTYPE_BF16,
-				    cx);
-	sfw_cuda_attn_dense_devpos(dod, dq, dK, dV, pg, nh, nkv, hd, bound, scale, dpos, SFW_DTYPE_BF16, cx);
+	const struct sfw_cuda_rowref rp = {dpos, NULL, NULL, NULL, NULL, NULL}; /* the position alone */
+	struct sfw_sel_shape bsh = {1, nh, nkv, hd, 0, ks, st, blk, sh->init_blocks, sh->local_blocks, scale};
+	sfw_cuda_kv_write(dK, dV, pg, dkn, dvn, row * 2, 0, 1, &rp, cx);
+	sfw_cuda_compress(dc1, dc2, dK, pg, nkv, hd, ks, st, NULL, &rp, SFW_DTYPE_BF16, cx);
+	sfw_cuda_stage1(dsc, dq, NULL, n1b, NULL, nch(bound, 4 * ks, 4 * st), &bsh, &rr, SFW_DTYPE_BF16, cx);
+	sfw_cuda_pool_blocks(dpo, dsc, n1b, nbb, &bsh, &rp, SFW_DTYPE_BF16, cx);
+	sfw_cuda_topk_blocks(didx, dpo, nbb, nkv, 1, 0, k, blk, &rp, SFW_DTYPE_BF16, cx);
+	sfw_cuda_pool_topk(didx2, dsc, nkv, k, blk, ks, st, sh->init_blocks, sh->local_blocks, &rp, cx);
+	sfw_cuda_attn_sparse(dos, dq, NULL, NULL, &pgn, didx, 1, nh, nkv, hd, 0, k, blk, scale, &rr, SFW_DTYPE_BF16, cx);
+	sfw_cuda_attn_dense(dod, dq, dK, dV, pg, 1, nh, nkv, hd, bound - 1, scale, &rp, SFW_DTYPE_BF16, cx);
 	void *g = NULL;
 	enum sfw_status gs = sfw_cuda_graph_end(s, &g, &err);
 	CHECK(gs == SFW_OK && g, "record the step: %s", err.msg);
@@ -191,9 +192,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 			continue;
 		/* the compressed keys current before the step (as forward.c's
 		 * catch-up makes them), K row p replaced by the new token */
-		sfw_cuda_compress_pg(dc1, dK, pg, nkv, hd, made1, nch(p, ks, st), ks, st, SFW_DTYPE_BF16, cx);
-		sfw_cuda_compress_pg(dc2, dK, pg, nkv, hd, made2, nch(p, 4 * ks, 4 * st), 4 * ks, 4 * st, SFW_DTYPE_BF16,
-				     cx);
+		const int64_t j[4] = {made1, nch(p, ks, st), made2, nch(p, 4 * ks, 4 * st)};
+		sfw_cuda_compress(dc1, dc2, dK, pg, nkv, hd, ks, st, j, NULL, SFW_DTYPE_BF16, cx);
 		memcpy(K + (size_t)p * row, kn, row * sizeof(float));
 		memcpy(Vh + (size_t)p * row, vn, row * sizeof(float));
 		sfw_cuda_h2d(dpos, &p, sizeof(p), s);
@@ -225,8 +225,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		sfw_op_stage1_cuda(rsc, dq, dc1, n1, dc2, n2, &rsh, SFW_DTYPE_BF16, cx);
 		sfw_op_pool_blocks_cuda(rpo, rsc, n1, nb, &rsh, SFW_DTYPE_BF16, cx);
 		sfw_op_topk_blocks_cuda(ridx, rpo, nb, nkv, 1, p, k, blk, SFW_DTYPE_BF16, cx);
-		sfw_cuda_attn_sparse_pg(ros, dq, dK, dV, pg, didx, 1, nh, nkv, hd, p, k, blk, scale, SFW_DTYPE_BF16, cx);
-		sfw_cuda_attn_dense_pg(rod, dq, dK, dV, pg, 1, nh, nkv, hd, p, scale, SFW_DTYPE_BF16, cx);
+		sfw_cuda_attn_sparse(ros, dq, dK, dV, pg, didx, 1, nh, nkv, hd, p, k, blk, scale, NULL, SFW_DTYPE_BF16, cx);
+		sfw_cuda_attn_dense(rod, dq, dK, dV, pg, 1, nh, nkv, hd, p, scale, NULL, SFW_DTYPE_BF16, cx);
 		sfw_cuda_sync(s);
 		size_t nsc = (size_t)nkv * n1, npo = (size_t)nkv * nb;
 		float *gs1 = malloc((nsc ? nsc : 1) * 4), *rs1 = malloc((nsc ? nsc : 1) * 4);

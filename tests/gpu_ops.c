@@ -316,7 +316,8 @@ static void t_qknorm(void)
 		if (devpos) { /* the host position is ignored: the device's is read */
 			struct sfw_qk_shape wrong = sh;
 			wrong.pos0 = pos + 12345;
-			sfw_cuda_qk_norm_rope_devpos(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, &wrong, dpos, g_dt, g_cx);
+			const struct sfw_cuda_rowref rr = {dpos, NULL, NULL, NULL, NULL, NULL};
+			sfw_cuda_qk_norm_rope(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, &wrong, &rr, g_dt, g_cx);
 		} else {
 			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, &sh, g_dt, g_cx);
 		}
