@@ -22,6 +22,9 @@ cd "$(dirname "$0")/.."
 CHECK_VERBOSE=${CHECK_VERBOSE-1}
 . tests/lib.sh
 
+# Debian's universal-ctags installs ctags-universal (and ctags through the
+# alternatives, which another ctags may hold)
+CTAGS=${CTAGS:-$(command -v ctags-universal || command -v ctags || echo ctags)}
 FN_MAX=150
 FILE_MAX=1000
 BACKEND_MAX=24
@@ -39,7 +42,7 @@ sources() {
 # signature) to its closing brace. __launch_bounds__(...) is defined away so
 # that ctags names the kernel after it.
 long_functions() {
-	sources "$1" | (cd "$1" && ctags -L - -x --_xformat='%{input}:%{line}:%{end}:%{name}' \
+	sources "$1" | (cd "$1" && "$CTAGS" -L - -x --_xformat='%{input}:%{line}:%{end}:%{name}' \
 		--languages=C,C++ --langmap=C:.c.h --langmap=C++:.cpp.cu.cuh --kinds-C=f --kinds-C++=f \
 		--fields=+ne -D'__launch_bounds__(...)=') |
 		awk -F: -v max=$FN_MAX '$3 != "" && $3 - $2 + 1 > max { printf "%s:%s %s (%d lines)\n", $1, $2, $4, $3 - $2 + 1 }'
@@ -59,7 +62,7 @@ long_files() {
 # sfw_backend in HEADER (ctags: one tag a declarator, whatever the line
 # breaks, comments and function-pointer syntax)
 backend_members() {
-	ctags -x --_xformat='%{scope} %{name}' --languages=C --langmap=C:.h --kinds-C=m -o - "$1" |
+	"$CTAGS" -x --_xformat='%{scope} %{name}' --languages=C --langmap=C:.h --kinds-C=m -o - "$1" |
 		awk '$1 == "sfw_backend"' | wc -l
 }
 
@@ -89,7 +92,7 @@ $(head -n 40 <<<"$out" | sed 's/^/    /')"
 	fi
 }
 
-check "ctags is universal-ctags (scripts/setup.sh installs it)" sh -c 'ctags --version | grep -q "Universal Ctags"'
+check "$CTAGS is universal-ctags (scripts/setup.sh installs it)" sh -c '"$1" --version | grep -q "Universal Ctags"' sh "$CTAGS"
 
 # ---- the checkers find planted violations (and only those) ----
 T=$(scratch)
