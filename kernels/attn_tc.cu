@@ -40,24 +40,11 @@ template <int HD> static constexpr size_t atc_smem(void)
 	return (size_t)2 * 2 * ATC_BLK * (HD + 8) * 2 + (size_t)ATC_W * ATC_KMAX * 4;
 }
 
-template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
+/* this warp's block list into shared memory (lens_s[w]): the non-negative
+ * entries of idx[g, r, :] in order, or for a dense row the implicit 0..p/64 */
+static __device__ __forceinline__ void atc_build_list(const atc_args &a, int *lists, int *lens_s, bool active,
+						      int r, int g, int64_t p, int w, int lane)
 {
-	sfwc_pdl_wait();
-	/* K and V tiles [64][HD + 8]: rows 16 bytes longer than HD so that the 8
-	 * row addresses of one ldmatrix fall in 8 different 4-bank groups. */
-	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8;
-	extern __shared__ __align__(16) unsigned char smem_raw[];
-	uint16_t *kvs = (uint16_t *)smem_raw; /* [stage][K, V][64][LD] */
-	int *lists = (int *)(smem_raw + (size_t)2 * 2 * TILE * 2);
-	__shared__ int lens_s[ATC_W];
-	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
-	const int g = blockIdx.y, G = a.nh / a.nkv;
-	const int r0 = blockIdx.x * ATC_W, r = r0 + w;
-	const bool active = r < a.T;
-	const int64_t p = a.pos0 + r;
-	const int64_t pmax = a.pos0 + min(a.T - 1, r0 + ATC_W - 1);
-
-	/* this warp's list: the non-negative entries of idx[g, r, :] in order */
 	if (a.idx) {
 		int n = 0;
 		if (active) {
@@ -75,156 +62,125 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_k
 	} else if (lane == 0) {
 		lens_s[w] = active ? (int)(p / ATC_BLK) + 1 : 0;
 	}
-	__syncthreads();
-	int len[ATC_W], cur[ATC_W];
+}
+
+/* next block of the merge (INT_MAX: done); *mask = warps that use it */
+static __device__ __forceinline__ int atc_next(const int (&len)[ATC_W], int (&cur)[ATC_W], const int *lists,
+					       bool dense, unsigned *mask)
+{
+	int e[ATC_W], b = INT_MAX;
+#pragma unroll
+	for (int i = 0; i < ATC_W; i++) {
+		e[i] = cur[i] < len[i] ? (dense ? cur[i] : lists[i * ATC_KMAX + cur[i]]) : INT_MAX;
+		b = min(b, e[i]);
+	}
+	unsigned m = 0;
 #pragma unroll
 	for (int i = 0; i < ATC_W; i++)
-		len[i] = lens_s[i], cur[i] = 0;
-	const bool dense = a.idx == NULL;
-	/* next block of the merge (INT_MAX: done); *mask = warps that use it */
-	auto next = [&](unsigned *mask) -> int {
-		int e[ATC_W], b = INT_MAX;
-#pragma unroll
-		for (int i = 0; i < ATC_W; i++) {
-			e[i] = cur[i] < len[i] ? (dense ? cur[i] : lists[i * ATC_KMAX + cur[i]]) : INT_MAX;
-			b = min(b, e[i]);
-		}
-		unsigned m = 0;
-#pragma unroll
-		for (int i = 0; i < ATC_W; i++)
-			if (b != INT_MAX && e[i] == b)
-				m |= 1u << i, cur[i]++;
-		*mask = m;
-		return b;
-	};
-	/* block b -> stage st; keys past the CTA's last position are zeros
-	 * (they may lie past the cache; masked anyway) */
-	auto load = [&](int b, int st) {
-		uint16_t *dst = kvs + (size_t)st * 2 * TILE;
-		for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
-			int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH,
-			    ch = rem % CH;
-			int64_t t = (int64_t)b * ATC_BLK + row;
-			bool ok = t <= pmax;
-			const uint16_t *src =
-			    (which ? a.vc : a.kc) +
-			    (ok ? ((size_t)sfwc_kv_row(a.tab, a.shift, t) * a.nkv + g) * HD + ch * 8 : 0);
-			tc_cp16(dst + which * TILE + row * LD + ch * 8, src, ok ? 16 : 0);
-		}
-		tc_cp_commit();
-	};
+		if (b != INT_MAX && e[i] == b)
+			m |= 1u << i, cur[i]++;
+	*mask = m;
+	return b;
+}
 
-	/* Q as A fragments: rows = heads g*G + m (m < G), cols = head dims */
-	uint32_t qa[HD / 16][4];
+/* block b -> stage st of kvs; keys past the CTA's last position pmax are
+ * zeros (they may lie past the cache; masked anyway) */
+template <int HD>
+static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs, int b, int st, int64_t pmax,
+						int g)
+{
+	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8;
+	uint16_t *dst = kvs + (size_t)st * 2 * TILE;
+	for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
+		int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH, ch = rem % CH;
+		int64_t t = (int64_t)b * ATC_BLK + row;
+		bool ok = t <= pmax;
+		const uint16_t *src =
+		    (which ? a.vc : a.kc) +
+		    (ok ? ((size_t)sfwc_kv_row(a.tab, a.shift, t) * a.nkv + g) * HD + ch * 8 : 0);
+		tc_cp16(dst + which * TILE + row * LD + ch * 8, src, ok ? 16 : 0);
+	}
+	tc_cp_commit();
+}
+
+/* one tile's scores s (keys kb..kb+63): scale, causal mask (key position <=
+ * p), then the online softmax update of rows gid (lo) and gid + 8 (hi): the
+ * running maxima m, the per-lane partial sums l and O rescaled, s turned
+ * into P = exp2(s - max) */
+template <int HD>
+static __device__ __forceinline__ void atc_softmax(float (&s)[8][4], float (&o)[HD / 8][4], float &m_lo,
+						   float &m_hi, float &l_lo, float &l_hi, int64_t kb,
+						   int64_t p, float scale_log2, int tq)
+{
+	const bool full = kb + ATC_BLK - 1 <= p;
+	float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
-	for (int kk = 0; kk < HD / 16; kk++)
+	for (int j = 0; j < 8; j++)
 #pragma unroll
-		for (int i = 0; i < 4; i++) {
-			int row = gid + (i & 1) * 8, col = kk * 16 + tq * 2 + (i >> 1) * 8;
-			qa[kk][i] =
-			    active && row < G
-				? *(const uint32_t *)(a.q + ((size_t)r * a.nh + (size_t)g * G + row) * HD +
-						      col)
-				: 0u;
+		for (int e = 0; e < 2; e++) {
+			float x0 = s[j][e] * scale_log2, x1 = s[j][2 + e] * scale_log2;
+			if (!full && kb + j * 8 + 2 * tq + e > p)
+				x0 = x1 = -INFINITY;
+			s[j][e] = x0, s[j][2 + e] = x1;
+			mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
 		}
-	float o[HD / 8][4];
+	/* the 4 lanes of a quad hold one row */
+	mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+	mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+	mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+	mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+	float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+	float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+	float c_lo = exp2f(m_lo - mu_lo), c_hi = exp2f(m_hi - mu_hi); /* 0 while m = -inf */
+	m_lo = mn_lo, m_hi = mn_hi;
+	l_lo *= c_lo, l_hi *= c_hi; /* per-lane partial sums; the quad is summed at the end */
 #pragma unroll
 	for (int j = 0; j < HD / 8; j++)
-		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f; /* rows gid, gid + 8 */
-
-	unsigned mask0, mask1;
-	int b0 = next(&mask0), st = 0;
-	if (b0 != INT_MAX)
-		load(b0, 0);
-	while (b0 != INT_MAX) {
-		int b1 = next(&mask1);
-		if (b1 != INT_MAX) {
-			load(b1, st ^ 1); /* that stage was last read before the previous barrier */
-			tc_cp_wait<1>();
-		} else {
-			tc_cp_wait<0>();
-		}
-		__syncthreads();
-		if ((mask0 >> w) & 1) {
-			const uint16_t *Ks = kvs + (size_t)st * 2 * TILE, *Vs = Ks + TILE;
-			/* S = Q Kᵀ: 8 n-tiles of 8 keys */
-			float s[8][4];
+		o[j][0] *= c_lo, o[j][1] *= c_lo, o[j][2] *= c_hi, o[j][3] *= c_hi;
 #pragma unroll
-			for (int j = 0; j < 8; j++)
-				s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-			for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-				for (int np = 0; np < 4; np++) {
-					uint32_t bf[4];
-					tc_ldsm_x4(bf, Ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD +
-							   kk * 16 + ((lane >> 3) & 1) * 8);
-					tc_mma(s[2 * np], qa[kk], bf[0], bf[1]);
-					tc_mma(s[2 * np + 1], qa[kk], bf[2], bf[3]);
-				}
-			/* scale, causal mask (key position <= p), row maxima */
-			const int64_t kb = (int64_t)b0 * ATC_BLK;
-			const bool full = kb + ATC_BLK - 1 <= p;
-			float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					float x0 = s[j][e] * a.scale_log2, x1 = s[j][2 + e] * a.scale_log2;
-					if (!full && kb + j * 8 + 2 * tq + e > p)
-						x0 = x1 = -INFINITY;
-					s[j][e] = x0, s[j][2 + e] = x1;
-					mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
-				}
-			/* the 4 lanes of a quad hold one row */
-			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-			mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-			mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-			float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-			float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo,
-			      mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-			float c_lo = exp2f(m_lo - mu_lo), c_hi = exp2f(m_hi - mu_hi); /* 0 while m = -inf */
-			m_lo = mn_lo, m_hi = mn_hi;
-			l_lo *= c_lo, l_hi *= c_hi; /* per-lane partial sums; the quad is summed at the end */
-#pragma unroll
-			for (int j = 0; j < HD / 8; j++)
-				o[j][0] *= c_lo, o[j][1] *= c_lo, o[j][2] *= c_hi, o[j][3] *= c_hi;
-#pragma unroll
-			for (int j = 0; j < 8; j++) {
-				s[j][0] = exp2f(s[j][0] - mu_lo), s[j][1] = exp2f(s[j][1] - mu_lo);
-				s[j][2] = exp2f(s[j][2] - mu_hi), s[j][3] = exp2f(s[j][3] - mu_hi);
-				l_lo += s[j][0] + s[j][1], l_hi += s[j][2] + s[j][3];
-			}
-			/* O += P V, P (bf16) straight from the S accumulators */
-#pragma unroll
-			for (int ks = 0; ks < 4; ks++) {
-				uint32_t pa[4] = {tc_pack(s[2 * ks][0], s[2 * ks][1]),
-						  tc_pack(s[2 * ks][2], s[2 * ks][3]),
-						  tc_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-						  tc_pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-#pragma unroll
-				for (int dp = 0; dp < HD / 16; dp++) {
-					uint32_t bf[4];
-					tc_ldsm_x4_trans(
-					    bf, Vs + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
-						    dp * 16 + (lane >> 4) * 8);
-					tc_mma(o[2 * dp], pa, bf[0], bf[1]);
-					tc_mma(o[2 * dp + 1], pa, bf[2], bf[3]);
-				}
-			}
-		}
-		__syncthreads(); /* stage st is free for the load two steps on */
-		b0 = b1, mask0 = mask1, st ^= 1;
+	for (int j = 0; j < 8; j++) {
+		s[j][0] = exp2f(s[j][0] - mu_lo), s[j][1] = exp2f(s[j][1] - mu_lo);
+		s[j][2] = exp2f(s[j][2] - mu_hi), s[j][3] = exp2f(s[j][3] - mu_hi);
+		l_lo += s[j][0] + s[j][1], l_hi += s[j][2] + s[j][3];
 	}
+}
+
+/* O += P V over one tile Vs [64][HD + 8], P (bf16) straight from the S
+ * accumulators */
+template <int HD>
+static __device__ __forceinline__ void atc_pv(float (&o)[HD / 8][4], const float (&s)[8][4],
+					      const uint16_t *Vs, int lane)
+{
+	constexpr int LD = HD + 8;
+#pragma unroll
+	for (int ks = 0; ks < 4; ks++) {
+		uint32_t pa[4] = {tc_pack(s[2 * ks][0], s[2 * ks][1]), tc_pack(s[2 * ks][2], s[2 * ks][3]),
+				  tc_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+				  tc_pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+		for (int dp = 0; dp < HD / 16; dp++) {
+			uint32_t bf[4];
+			tc_ldsm_x4_trans(bf, Vs + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+						 dp * 16 + (lane >> 4) * 8);
+			tc_mma(o[2 * dp], pa, bf[0], bf[1]);
+			tc_mma(o[2 * dp + 1], pa, bf[2], bf[3]);
+		}
+	}
+}
+
+/* the quads' row sums, then O / l as bf16 into o's rows of this token's G
+ * heads (no visible key: zeros, as the CPU twin) */
+template <int HD>
+static __device__ __forceinline__ void atc_store(const atc_args &a, const float (&o)[HD / 8][4], float l_lo,
+						 float l_hi, bool active, int r, int g, int G, int lane)
+{
+	const int gid = lane >> 2, tq = lane & 3;
 	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
 	l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
 	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
 	l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
 	if (!active)
 		return;
-	/* no visible key: zeros, as the CPU twin */
 	float inv_lo = l_lo > 0 ? 1.0f / l_lo : 0.0f, inv_hi = l_hi > 0 ? 1.0f / l_hi : 0.0f;
 	uint16_t *orow = a.o + ((size_t)r * a.nh + (size_t)g * G) * HD;
 #pragma unroll
@@ -237,6 +193,70 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_k
 			*(uint32_t *)(orow + (size_t)(gid + 8) * HD + col) =
 			    tc_pack(o[j][2] * inv_hi, o[j][3] * inv_hi);
 	}
+}
+
+template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
+{
+	sfwc_pdl_wait();
+	/* K and V tiles [64][HD + 8]: rows 16 bytes longer than HD so that the 8
+	 * row addresses of one ldmatrix fall in 8 different 4-bank groups. */
+	constexpr int LD = HD + 8, TILE = ATC_BLK * LD;
+	extern __shared__ __align__(16) unsigned char smem_raw[];
+	uint16_t *kvs = (uint16_t *)smem_raw; /* [stage][K, V][64][LD] */
+	int *lists = (int *)(smem_raw + (size_t)2 * 2 * TILE * 2);
+	__shared__ int lens_s[ATC_W];
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, tq = lane & 3;
+	const int g = blockIdx.y, G = a.nh / a.nkv;
+	const int r0 = blockIdx.x * ATC_W, r = r0 + w;
+	const bool active = r < a.T;
+	const int64_t p = a.pos0 + r;
+	const int64_t pmax = a.pos0 + min(a.T - 1, r0 + ATC_W - 1);
+
+	atc_build_list(a, lists, lens_s, active, r, g, p, w, lane);
+	__syncthreads();
+	int len[ATC_W], cur[ATC_W];
+#pragma unroll
+	for (int i = 0; i < ATC_W; i++)
+		len[i] = lens_s[i], cur[i] = 0;
+	const bool dense = a.idx == NULL;
+
+	uint32_t qa[HD / 16][4];
+	tc_load_q<HD>(qa, a.q, active, r, a.nh, g, G, lane);
+	float o[HD / 8][4];
+#pragma unroll
+	for (int j = 0; j < HD / 8; j++)
+		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f; /* rows gid, gid + 8 */
+
+	unsigned mask0, mask1;
+	int b0 = atc_next(len, cur, lists, dense, &mask0), st = 0;
+	if (b0 != INT_MAX)
+		atc_load<HD>(a, kvs, b0, 0, pmax, g);
+	while (b0 != INT_MAX) {
+		int b1 = atc_next(len, cur, lists, dense, &mask1);
+		if (b1 != INT_MAX) {
+			/* that stage was last read before the previous barrier */
+			atc_load<HD>(a, kvs, b1, st ^ 1, pmax, g);
+			tc_cp_wait<1>();
+		} else {
+			tc_cp_wait<0>();
+		}
+		__syncthreads();
+		if ((mask0 >> w) & 1) {
+			const uint16_t *Ks = kvs + (size_t)st * 2 * TILE, *Vs = Ks + TILE;
+			float s[8][4]; /* S = Q Kᵀ: 8 n-tiles of 8 keys */
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+			tc_qk_tile<HD>(s, qa, Ks, lane);
+			atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, (int64_t)b0 * ATC_BLK, p, a.scale_log2,
+					tq);
+			atc_pv<HD>(o, s, Vs, lane);
+		}
+		__syncthreads(); /* stage st is free for the load two steps on */
+		b0 = b1, mask0 = mask1, st ^= 1;
+	}
+	atc_store<HD>(a, o, l_lo, l_hi, active, r, g, G, lane);
 }
 
 template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)

@@ -94,6 +94,44 @@ static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
 	return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* Q of warp row r as A fragments (zeros when the row is inactive): rows =
+ * the G heads g*G + m of one KV group (rows >= G zero), cols = head dims. */
+template <int HD>
+static __device__ __forceinline__ void tc_load_q(uint32_t (&qa)[HD / 16][4], const uint16_t *q, bool active,
+						 int r, int nh, int g, int G, int lane)
+{
+	const int gid = lane >> 2, tq = lane & 3;
+#pragma unroll
+	for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			int row = gid + (i & 1) * 8, col = kk * 16 + tq * 2 + (i >> 1) * 8;
+			qa[kk][i] =
+			    active && row < G
+				? *(const uint32_t *)(q + ((size_t)r * nh + (size_t)g * G + row) * HD + col)
+				: 0u;
+		}
+}
+
+/* s += Q Kᵀ over one 64-key tile Ks [64][HD + 8] in shared memory: 8
+ * n-tiles of 8 keys, the m16 A fragments qa (tc_load_q). */
+template <int HD>
+static __device__ __forceinline__ void tc_qk_tile(float (&s)[8][4], const uint32_t (&qa)[HD / 16][4],
+						  const uint16_t *Ks, int lane)
+{
+	constexpr int LD = HD + 8;
+#pragma unroll
+	for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+		for (int np = 0; np < 4; np++) {
+			uint32_t bf[4];
+			tc_ldsm_x4(bf, Ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 +
+					   ((lane >> 3) & 1) * 8);
+			tc_mma(s[2 * np], qa[kk], bf[0], bf[1]);
+			tc_mma(s[2 * np + 1], qa[kk], bf[2], bf[3]);
+		}
+}
+
 /* Run-time choice between the tensor-core kernels and the CUDA-core ones,
  * from the op's struct sfw_cuda_ctx (ops_cuda.h): its attn (dense +
  * block-sparse attention) or stage1 member, 1 = always the CUDA-core

@@ -35,12 +35,114 @@ static __device__ __forceinline__ int64_t s1t_visible(int64_t p, int64_t n, int 
 	return v < n ? v : n;
 }
 
+/* tile i -> stage st: level-2 tile i for i < nA, else level-1 tile i - nA;
+ * chunks past the CTA's visible ones (v2max, v1max) are zeros */
+template <int HD>
+static __device__ __forceinline__ void s1t_load(const s1tc_args &a, uint16_t (*tile)[S1T_TILE * (HD + 8)],
+						int i, int st, int nA, int64_t v1max, int64_t v2max, int g)
+{
+	constexpr int LD = HD + 8, CH = HD / 8;
+	const uint16_t *src = i < nA ? a.c2 : a.c1;
+	int64_t j0 = (int64_t)(i < nA ? i : i - nA) * S1T_TILE, lim = i < nA ? v2max : v1max;
+	for (int e = threadIdx.x; e < S1T_TILE * CH; e += S1T_W * 32) {
+		int row = e / CH, ch = e % CH;
+		int64_t j = j0 + row;
+		bool ok = j < lim;
+		tc_cp16(&tile[st][row * LD + ch * 8], src + (ok ? ((size_t)j * a.nkv + g) * HD + ch * 8 : 0),
+			ok ? 16 : 0);
+	}
+	tc_cp_commit();
+}
+
+/* level 2, chunks j0..j0+63 (v2 visible): the online max m / per-lane
+ * partial sum l of exp2 of rows gid (lo) and gid + 8 (hi), log2 domain */
+static __device__ __forceinline__ void s1t_level2(float (&s)[8][4], float &m_lo, float &m_hi, float &l_lo,
+						  float &l_hi, int64_t j0, int64_t v2, float scale_log2,
+						  int tq)
+{
+	float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+	for (int j = 0; j < 8; j++)
+#pragma unroll
+		for (int e = 0; e < 2; e++) {
+			bool vis = j0 + j * 8 + 2 * tq + e < v2;
+			float x0 = vis ? s[j][e] * scale_log2 : -INFINITY;
+			float x1 = vis ? s[j][2 + e] * scale_log2 : -INFINITY;
+			s[j][e] = x0, s[j][2 + e] = x1;
+			mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
+		}
+	float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+	float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+	l_lo *= exp2f(m_lo - mu_lo), l_hi *= exp2f(m_hi - mu_hi);
+	m_lo = mn_lo, m_hi = mn_hi;
+#pragma unroll
+	for (int j = 0; j < 8; j++)
+		l_lo += exp2f(s[j][0] - mu_lo) + exp2f(s[j][1] - mu_lo),
+		    l_hi += exp2f(s[j][2] - mu_hi) + exp2f(s[j][3] - mu_hi);
+}
+
+/* LSE of each row from the 4 lanes of its quad (lane-local maxima differ) */
+static __device__ __forceinline__ void s1t_lse(float m_lo, float m_hi, float l_lo, float l_hi, float &lse_lo,
+					       float &lse_hi)
+{
+	float M_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, 1));
+	M_lo = fmaxf(M_lo, __shfl_xor_sync(0xffffffffu, M_lo, 2));
+	float M_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, 1));
+	M_hi = fmaxf(M_hi, __shfl_xor_sync(0xffffffffu, M_hi, 2));
+	float L_lo = M_lo == -INFINITY ? 0.0f : l_lo * exp2f(m_lo - M_lo);
+	float L_hi = M_hi == -INFINITY ? 0.0f : l_hi * exp2f(m_hi - M_hi);
+	L_lo += __shfl_xor_sync(0xffffffffu, L_lo, 1);
+	L_lo += __shfl_xor_sync(0xffffffffu, L_lo, 2);
+	L_hi += __shfl_xor_sync(0xffffffffu, L_hi, 1);
+	L_hi += __shfl_xor_sync(0xffffffffu, L_hi, 2);
+	lse_lo = M_lo == -INFINITY ? -INFINITY : M_lo + log2f(L_lo);
+	lse_hi = M_hi == -INFINITY ? -INFINITY : M_hi + log2f(L_hi);
+}
+
+/* level 1, chunks j0..j0+63 (v1 visible): column sums over the heads of
+ * exp2(x - LSE); lane (gid, tq) of an active row writes n-tile gid, 64
+ * consecutive floats per warp (NaN -> 0, rounded to bf16) */
+static __device__ __forceinline__ void s1t_level1(const float (&s)[8][4], float *out, int64_t n1, int64_t j0,
+						  int64_t v1, float lse_lo, float lse_hi, float scale_log2,
+						  bool active, int G, int lane)
+{
+	const int gid = lane >> 2, tq = lane & 3;
+	float cs[8][2];
+#pragma unroll
+	for (int j = 0; j < 8; j++)
+#pragma unroll
+		for (int e = 0; e < 2; e++) {
+			bool vis = j0 + j * 8 + 2 * tq + e < v1;
+			float lo = vis && gid < G ? exp2f(s[j][e] * scale_log2 - lse_lo) : 0.0f;
+			float hi = vis && gid + 8 < G ? exp2f(s[j][2 + e] * scale_log2 - lse_hi) : 0.0f;
+			float v = lo + hi;
+			v += __shfl_xor_sync(0xffffffffu, v, 4);
+			v += __shfl_xor_sync(0xffffffffu, v, 8);
+			v += __shfl_xor_sync(0xffffffffu, v, 16);
+			cs[j][e] = v; /* every lane: columns 8j + 2tq + e */
+		}
+	if (active) {
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+			if (j == gid)
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					int64_t col = j0 + j * 8 + 2 * tq + e;
+					float v = cs[j][e];
+					if (isnan(v))
+						v = 0.0f;
+					if (col < n1)
+						out[col] = sfwc_rbf(v);
+				}
+	}
+}
+
 template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_args a)
 {
 	sfwc_pdl_wait();
-	constexpr int LD = HD + 8, CH = HD / 8; /* padded rows: conflict-free ldmatrix */
+	constexpr int LD = HD + 8; /* padded rows: conflict-free ldmatrix */
 	__shared__ __align__(16) uint16_t tile[2][S1T_TILE * LD];
-	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, tq = lane & 3;
 	const int g = blockIdx.y, G = a.nh / a.nkv;
 	const int r0 = blockIdx.x * S1T_W, r = r0 + w;
 	const bool active = r < a.T;
@@ -53,32 +155,8 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 	const int nA = (int)((v2max + S1T_TILE - 1) / S1T_TILE),
 		  nB = (int)((v1max + S1T_TILE - 1) / S1T_TILE);
 
-	/* tile i: level-2 tile i for i < nA, else level-1 tile i - nA */
-	auto load = [&](int i, int st) {
-		const uint16_t *src = i < nA ? a.c2 : a.c1;
-		int64_t j0 = (int64_t)(i < nA ? i : i - nA) * S1T_TILE, lim = i < nA ? v2max : v1max;
-		for (int e = threadIdx.x; e < S1T_TILE * CH; e += S1T_W * 32) {
-			int row = e / CH, ch = e % CH;
-			int64_t j = j0 + row;
-			bool ok = j < lim;
-			tc_cp16(&tile[st][row * LD + ch * 8],
-				src + (ok ? ((size_t)j * a.nkv + g) * HD + ch * 8 : 0), ok ? 16 : 0);
-		}
-		tc_cp_commit();
-	};
-
 	uint32_t qa[HD / 16][4];
-#pragma unroll
-	for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-		for (int i = 0; i < 4; i++) {
-			int row = gid + (i & 1) * 8, col = kk * 16 + tq * 2 + (i >> 1) * 8;
-			qa[kk][i] =
-			    active && row < G
-				? *(const uint32_t *)(a.q + ((size_t)r * a.nh + (size_t)g * G + row) * HD +
-						      col)
-				: 0u;
-		}
+	tc_load_q<HD>(qa, a.q, active, r, a.nh, g, G, lane);
 	/* rows gid and gid + 8: running max / per-lane partial sum (log2 domain) */
 	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 	float lse_lo = -INFINITY, lse_hi = -INFINITY;
@@ -86,10 +164,10 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 
 	const int N = nA + nB;
 	if (N > 0)
-		load(0, 0);
+		s1t_load<HD>(a, tile, 0, 0, nA, v1max, v2max, g);
 	for (int i = 0, st = 0; i < N; i++, st ^= 1) {
 		if (i + 1 < N) {
-			load(i + 1, st ^ 1);
+			s1t_load<HD>(a, tile, i + 1, st ^ 1, nA, v1max, v2max, g);
 			tc_cp_wait<1>();
 		} else {
 			tc_cp_wait<0>();
@@ -99,92 +177,16 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 #pragma unroll
 		for (int j = 0; j < 8; j++)
 			s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-		if (active) {
-#pragma unroll
-			for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-				for (int np = 0; np < 4; np++) {
-					uint32_t bf[4];
-					tc_ldsm_x4(bf,
-						   &tile[st][(np * 16 + (lane & 7) + (lane >> 4) * 8) * LD +
-							     kk * 16 + ((lane >> 3) & 1) * 8]);
-					tc_mma(s[2 * np], qa[kk], bf[0], bf[1]);
-					tc_mma(s[2 * np + 1], qa[kk], bf[2], bf[3]);
-				}
-		}
+		if (active)
+			tc_qk_tile<HD>(s, qa, tile[st], lane);
 		if (active && i < nA) {
 			/* level 2: online log-sum-exp per head over the visible chunks */
-			int64_t j0 = (int64_t)i * S1T_TILE;
-			float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					bool vis = j0 + j * 8 + 2 * tq + e < v2;
-					float x0 = vis ? s[j][e] * a.scale_log2 : -INFINITY;
-					float x1 = vis ? s[j][2 + e] * a.scale_log2 : -INFINITY;
-					s[j][e] = x0, s[j][2 + e] = x1;
-					mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
-				}
-			float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-			float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo,
-			      mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-			l_lo *= exp2f(m_lo - mu_lo), l_hi *= exp2f(m_hi - mu_hi);
-			m_lo = mn_lo, m_hi = mn_hi;
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-				l_lo += exp2f(s[j][0] - mu_lo) + exp2f(s[j][1] - mu_lo),
-				    l_hi += exp2f(s[j][2] - mu_hi) + exp2f(s[j][3] - mu_hi);
+			s1t_level2(s, m_lo, m_hi, l_lo, l_hi, (int64_t)i * S1T_TILE, v2, a.scale_log2, tq);
 		} else if (i >= nA) {
-			if (i == nA) {
-				/* LSE of each row from the 4 lanes of its quad (lane-local maxima differ) */
-				float M_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, 1));
-				M_lo = fmaxf(M_lo, __shfl_xor_sync(0xffffffffu, M_lo, 2));
-				float M_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, 1));
-				M_hi = fmaxf(M_hi, __shfl_xor_sync(0xffffffffu, M_hi, 2));
-				float L_lo = M_lo == -INFINITY ? 0.0f : l_lo * exp2f(m_lo - M_lo);
-				float L_hi = M_hi == -INFINITY ? 0.0f : l_hi * exp2f(m_hi - M_hi);
-				L_lo += __shfl_xor_sync(0xffffffffu, L_lo, 1);
-				L_lo += __shfl_xor_sync(0xffffffffu, L_lo, 2);
-				L_hi += __shfl_xor_sync(0xffffffffu, L_hi, 1);
-				L_hi += __shfl_xor_sync(0xffffffffu, L_hi, 2);
-				lse_lo = M_lo == -INFINITY ? -INFINITY : M_lo + log2f(L_lo);
-				lse_hi = M_hi == -INFINITY ? -INFINITY : M_hi + log2f(L_hi);
-			}
-			/* level 1: column sums over the heads of exp2(x - LSE) */
-			int64_t j0 = (int64_t)(i - nA) * S1T_TILE;
-			float cs[8][2];
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					bool vis = j0 + j * 8 + 2 * tq + e < v1;
-					float lo =
-					    vis && gid < G ? exp2f(s[j][e] * a.scale_log2 - lse_lo) : 0.0f;
-					float hi = vis && gid + 8 < G
-						       ? exp2f(s[j][2 + e] * a.scale_log2 - lse_hi)
-						       : 0.0f;
-					float v = lo + hi;
-					v += __shfl_xor_sync(0xffffffffu, v, 4);
-					v += __shfl_xor_sync(0xffffffffu, v, 8);
-					v += __shfl_xor_sync(0xffffffffu, v, 16);
-					cs[j][e] = v; /* every lane: columns 8j + 2tq + e */
-				}
-			if (active) {
-				/* lane (gid, tq) writes n-tile gid: 64 consecutive floats per warp */
-#pragma unroll
-				for (int j = 0; j < 8; j++)
-					if (j == gid)
-#pragma unroll
-						for (int e = 0; e < 2; e++) {
-							int64_t col = j0 + j * 8 + 2 * tq + e;
-							float v = cs[j][e];
-							if (isnan(v))
-								v = 0.0f;
-							if (col < a.n1)
-								out[col] = sfwc_rbf(v);
-						}
-			}
+			if (i == nA)
+				s1t_lse(m_lo, m_hi, l_lo, l_hi, lse_lo, lse_hi);
+			s1t_level1(s, out, a.n1, (int64_t)(i - nA) * S1T_TILE, v1, lse_lo, lse_hi,
+				   a.scale_log2, active, G, lane);
 		}
 		__syncthreads(); /* stage st is free for the load two steps on */
 	}

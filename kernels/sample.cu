@@ -96,35 +96,14 @@ struct sample_rows {
 	double u[SFW_CUDA_SEQS_MAX];
 };
 
-static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sample_rows R)
+/* The best logit (lowest id among equals), the first +inf, the count, last
+ * id and max of the candidates of row lg: exact and independent of who looks
+ * at which logit, so this pass reads the logits strided over the block
+ * (coalesced, eight loads in flight) and reduces with shuffles, then over
+ * the warps through r (every thread gets the block's result); the sums of
+ * the kernel keep the twin's chunks. */
+static __device__ __forceinline__ red smp_scan(const float *lg, int V, red *r, int t)
 {
-	sfwc_pdl_wait();
-	const int b = blockIdx.x, V = R.V, top_k = R.top_k[b], greedy = R.greedy[b];
-	const float inv_t = R.inv_t[b], top_p = R.top_p[b], min_p = R.min_p[b];
-	const double u = R.u[b];
-	const float *lg = R.lgp[b] ? R.lgp[b] : R.lg + (size_t)R.row[b] * V;
-	int32_t *out = R.out + R.row[b];
-	struct sfw_sample_lp *const lpo = R.lpo[b];
-	const int top = R.top[b];
-	if (R.host[b]) {
-		if (threadIdx.x == 0)
-			*out = -1;
-		return;
-	}
-	__shared__ red r[SFWS_THREADS];
-	__shared__ double part[SFWS_THREADS];
-	__shared__ unsigned long long keys[SFWS_MAX_SORT];
-	__shared__ int hist[256];
-	__shared__ unsigned long long prefix, mask;
-	__shared__ int need, cnt, S;
-	__shared__ double tot; /* the id-order draw's sum (its logprobs) */
-	const int t = threadIdx.x, C = (V + SFWS_THREADS - 1) / SFWS_THREADS;
-	const int i0 = t * C, i1 = min(V, i0 + C);
-	/* the best logit (lowest id among equals), the first +inf, the count,
-	 * last id and max of the candidates: exact and independent of who
-	 * looks at which logit, so this pass reads the logits strided over the
-	 * block (coalesced, eight loads in flight) and reduces with shuffles;
-	 * the sums below keep the twin's chunks */
 	red m = {0.0f, -1, INT_MAX, 0, -1, -INFINITY};
 	auto look = [&](int i, float l) {
 		if (isnan(l))
@@ -162,93 +141,60 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 			r[32] = m;
 	}
 	__syncthreads();
-	const red g = r[32];
-	const int best = g.best < 0 ? 0 : g.best;
-	/* greedy, temperature 0 (inv_t = 0 passed), no candidate, or +inf; a
-	 * greedy choice asking for logprobs goes on at temperature 1 with the
-	 * draw replaced by the argmax (force), as the twin does */
-	const int gr = greedy || inv_t == 0.0f;
-	if (g.n == 0 || g.inf != INT_MAX || (gr && !lpo)) {
-		if (t == 0) {
-			const int id = g.inf != INT_MAX ? g.inf : best;
-			*out = id;
-			if (lpo) { /* a certain choice */
-				lpo->logprob = 0.0f;
-				lpo->n_top = top ? 1 : 0;
-				lpo->top_id[0] = id;
-				lpo->top_logprob[0] = 0.0f;
+	return r[32];
+}
+
+/* thread 0 of the id-order draw (no top-k, no top-p): the row's total from
+ * the chunks' sums part, the chunk holding u * total, then its survivor
+ * (or force); the choice into *out, its logprob into lpo; the total into
+ * *tot for the top survivors' logprobs */
+static __device__ __forceinline__ void smp_draw_ids(const float *lg, int V, int C, const double *part,
+						    double u, float max, float it, float min_p, int force,
+						    int last, int32_t *out, struct sfw_sample_lp *lpo,
+						    double *tot)
+{
+	double total = 0;
+	for (int c = 0; c < SFWS_THREADS; c++)
+		total += part[c];
+	double target = u * total, start = 0;
+	int id = -1;
+	for (int c = 0; force < 0 && id < 0 && c < SFWS_THREADS; c++) {
+		if (target < start + part[c]) {
+			double acc = start;
+			for (int i = c * C; i < V && i < (c + 1) * C; i++) {
+				if (!surv(lg[i], max, min_p))
+					continue;
+				acc += sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), it));
+				if (target < acc) {
+					id = i;
+					break;
+				}
 			}
 		}
-		return;
+		start += part[c];
 	}
-	const int force = gr ? best : -1;
-	const float it = gr ? 1.0f : inv_t;
-	const float max = g.mx;
-	const int n = g.n, kk = top_k > 0 && top_k < n ? top_k : 0, cut_p = top_p < 1.0f;
-	if (kk > SFWS_MAX_SORT) {
-		if (t == 0)
-			*out = -1; /* the host finishes */
-		return;
+	if (force >= 0)
+		id = force;
+	if (id < 0) { /* rounding: the last survivor */
+		id = last;
+		while (min_p > 0.0f && id > 0 && !surv(lg[id], max, min_p))
+			id--;
 	}
-	int nocut = 0; /* the id-order draw made; S: its top survivors for the logprobs */
-	if (!kk) {
-		double s = 0;
-		for (int i = i0; i < i1; i++)
-			if (cut_p ? is_cand(lg[i]) : surv(lg[i], max, min_p))
-				s += cut_p ? sfws_exp(SFWS_SUB(lg[i], max))
-					   : sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), it));
-		part[t] = s;
-		__syncthreads();
-		if (!cut_p) { /* draw in id order */
-			if (t == 0) {
-				double total = 0;
-				for (int c = 0; c < SFWS_THREADS; c++)
-					total += part[c];
-				double target = u * total, start = 0;
-				int id = -1;
-				for (int c = 0; force < 0 && id < 0 && c < SFWS_THREADS; c++) {
-					if (target < start + part[c]) {
-						double acc = start;
-						for (int i = c * C; i < V && i < (c + 1) * C; i++) {
-							if (!surv(lg[i], max, min_p))
-								continue;
-							acc += sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), it));
-							if (target < acc) {
-								id = i;
-								break;
-							}
-						}
-					}
-					start += part[c];
-				}
-				if (force >= 0)
-					id = force;
-				if (id < 0) { /* rounding: the last survivor */
-					id = g.last;
-					while (min_p > 0.0f && id > 0 && !surv(lg[id], max, min_p))
-						id--;
-				}
-				*out = id;
-				if (lpo) {
-					lpo->logprob =
-					    (float)log(sfws_exp(SFWS_MUL(SFWS_SUB(lg[id], max), it)) / total);
-					lpo->n_top = 0;
-				}
-				tot = total;
-			}
-			if (!lpo || top == 0)
-				return;
-			nocut = 1; /* the top survivors: a select of the best top candidates */
-		}
+	*out = id;
+	if (lpo) {
+		lpo->logprob = (float)log(sfws_exp(SFWS_MUL(SFWS_SUB(lg[id], max), it)) / total);
+		lpo->n_top = 0;
 	}
-	/* the best S candidates: radix select of the S-th largest key (keys
-	 * are unique: the id is part of them), then gather and sort */
-	if (t == 0) {
-		S = nocut ? min(top, n) : kk ? kk : min(n, SFWS_MAX_SORT);
-		need = S;
-		prefix = 0, mask = 0, cnt = 0;
-	}
-	__syncthreads();
+	*tot = total;
+}
+
+/* the S-th largest candidate key of the row (thread t's chunk i0..i1): a
+ * radix select, 8 bits a pass, the count still wanted in need (set by the
+ * caller, with prefix = mask = 0, before a barrier) */
+static __device__ __forceinline__ unsigned long long smp_select(const float *lg, int i0, int i1, int t,
+								int *hist, unsigned long long &prefix,
+								unsigned long long &mask, int &need)
+{
 	for (int shift = 56; shift >= 0; shift -= 8) {
 		for (int b = t; b < 256; b += SFWS_THREADS)
 			hist[b] = 0;
@@ -275,7 +221,15 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 		}
 		__syncthreads();
 	}
-	const unsigned long long kth = prefix;
+	return prefix;
+}
+
+/* the candidate keys >= kth into keys (cnt = 0 set before a barrier),
+ * zeros after them, sorted descending (a bitonic sort) */
+static __device__ __forceinline__ void smp_gather_sort(const float *lg, int i0, int i1, int t,
+						       unsigned long long kth, unsigned long long *keys,
+						       int *cnt)
+{
 	for (int i = t; i < SFWS_MAX_SORT; i += SFWS_THREADS)
 		keys[i] = 0;
 	__syncthreads();
@@ -285,7 +239,7 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 			continue;
 		unsigned long long k = sfws_key(l, i);
 		if (k >= kth)
-			keys[atomicAdd(&cnt, 1)] = k;
+			keys[atomicAdd(cnt, 1)] = k;
 	}
 	__syncthreads();
 	for (int k = 2; k <= SFWS_MAX_SORT; k <<= 1)
@@ -301,47 +255,53 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 			}
 			__syncthreads();
 		}
-	if (t != 0)
-		return;
-	if (nocut) { /* survivors are a prefix of the best candidates */
-		int nt = 0;
-		while (nt < S && surv(sfws_key_logit(keys[nt]), max, min_p))
-			nt++;
-		lpo->n_top = nt;
-		for (int i = 0; i < nt; i++) {
-			lpo->top_id[i] = sfws_key_id(keys[i]);
-			lpo->top_logprob[i] =
-			    (float)log(sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), it)) / tot);
-		}
-		return;
+}
+
+/* the id-order draw's top survivors (a prefix of the best S candidates)
+ * and their logprobs over its total tot */
+static __device__ __forceinline__ void smp_top_survivors(const unsigned long long *keys, int S, float max,
+							 float it, float min_p, const double *tot,
+							 struct sfw_sample_lp *lpo)
+{
+	int nt = 0;
+	while (nt < S && surv(sfws_key_logit(keys[nt]), max, min_p))
+		nt++;
+	lpo->n_top = nt;
+	for (int i = 0; i < nt; i++) {
+		lpo->top_id[i] = sfws_key_id(keys[i]);
+		lpo->top_logprob[i] =
+		    (float)log(sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), it)) / *tot);
 	}
-	int mm = S;
-	if (cut_p) {
-		double total = 0, acc = 0;
-		if (kk)
-			for (int i = 0; i < kk; i++)
-				total += sfws_exp(SFWS_SUB(sfws_key_logit(keys[i]), max));
-		else
-			for (int c = 0; c < SFWS_THREADS; c++)
-				total += part[c];
-		double want = (double)top_p * total;
-		int found = 0;
-		for (int i = 0; i < S; i++) {
-			acc += sfws_exp(SFWS_SUB(sfws_key_logit(keys[i]), max));
-			if (acc >= want) {
-				mm = i + 1;
-				found = 1;
-				break;
-			}
-		}
-		if (!found && !kk && n > S) {
-			*out = -1; /* the nucleus is wider than SFWS_MAX_SORT: the host finishes */
-			return;
-		}
+}
+
+/* top-p over the sorted keys: the count mm of the nucleus (of S; the
+ * total over the top kk, or all candidates' from part), or -1 when it is
+ * wider than SFWS_MAX_SORT (the host finishes) */
+static __device__ __forceinline__ int smp_nucleus(const unsigned long long *keys, const double *part, int S,
+						  int kk, int n, float top_p, float max)
+{
+	double total = 0, acc = 0;
+	if (kk)
+		for (int i = 0; i < kk; i++)
+			total += sfws_exp(SFWS_SUB(sfws_key_logit(keys[i]), max));
+	else
+		for (int c = 0; c < SFWS_THREADS; c++)
+			total += part[c];
+	double want = (double)top_p * total;
+	for (int i = 0; i < S; i++) {
+		acc += sfws_exp(SFWS_SUB(sfws_key_logit(keys[i]), max));
+		if (acc >= want)
+			return i + 1;
 	}
-	/* min-p: a prefix of the survivors (the best has weight 1) */
-	while (min_p > 0.0f && mm > 1 && !(sfws_exp(SFWS_SUB(sfws_key_logit(keys[mm - 1]), max)) >= min_p))
-		mm--;
+	return !kk && n > S ? -1 : S;
+}
+
+/* the draw from the first mm sorted keys (or the argmax, force), into
+ * *out, and its logprobs */
+static __device__ __forceinline__ void smp_draw_sorted(const unsigned long long *keys, int mm, double u,
+						       float max, float it, int force, int top, int32_t *out,
+						       struct sfw_sample_lp *lpo)
+{
 	double sum = 0, acc = 0;
 	for (int i = 0; i < mm; i++)
 		sum += sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), it));
@@ -367,6 +327,107 @@ static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sampl
 			    (float)log(sfws_exp(SFWS_MUL(SFWS_SUB(sfws_key_logit(keys[i]), max), it)) / sum);
 		}
 	}
+}
+
+/* a certain choice: id, with logprob 0 (and itself the one top entry) */
+static __device__ __forceinline__ void smp_certain(int id, int top, int32_t *out, struct sfw_sample_lp *lpo)
+{
+	*out = id;
+	if (lpo) {
+		lpo->logprob = 0.0f;
+		lpo->n_top = top ? 1 : 0;
+		lpo->top_id[0] = id;
+		lpo->top_logprob[0] = 0.0f;
+	}
+}
+
+static __global__ void __launch_bounds__(SFWS_THREADS) sample_kernel(const sample_rows R)
+{
+	sfwc_pdl_wait();
+	const int b = blockIdx.x, V = R.V, top_k = R.top_k[b], greedy = R.greedy[b];
+	const float inv_t = R.inv_t[b], top_p = R.top_p[b], min_p = R.min_p[b];
+	const double u = R.u[b];
+	const float *lg = R.lgp[b] ? R.lgp[b] : R.lg + (size_t)R.row[b] * V;
+	int32_t *out = R.out + R.row[b];
+	struct sfw_sample_lp *const lpo = R.lpo[b];
+	const int top = R.top[b];
+	if (R.host[b]) {
+		if (threadIdx.x == 0)
+			*out = -1;
+		return;
+	}
+	__shared__ red r[SFWS_THREADS];
+	__shared__ double part[SFWS_THREADS];
+	__shared__ unsigned long long keys[SFWS_MAX_SORT];
+	__shared__ int hist[256];
+	__shared__ unsigned long long prefix, mask;
+	__shared__ int need, cnt, S;
+	__shared__ double tot; /* the id-order draw's sum (its logprobs) */
+	const int t = threadIdx.x, C = (V + SFWS_THREADS - 1) / SFWS_THREADS;
+	const int i0 = t * C, i1 = min(V, i0 + C);
+	const red g = smp_scan(lg, V, r, t);
+	const int best = g.best < 0 ? 0 : g.best;
+	/* greedy, temperature 0 (inv_t = 0 passed), no candidate, or +inf; a
+	 * greedy choice asking for logprobs goes on at temperature 1 with the
+	 * draw replaced by the argmax (force), as the twin does */
+	const int gr = greedy || inv_t == 0.0f;
+	if (g.n == 0 || g.inf != INT_MAX || (gr && !lpo)) {
+		if (t == 0)
+			smp_certain(g.inf != INT_MAX ? g.inf : best, top, out, lpo);
+		return;
+	}
+	const int force = gr ? best : -1;
+	const float it = gr ? 1.0f : inv_t;
+	const float max = g.mx;
+	const int n = g.n, kk = top_k > 0 && top_k < n ? top_k : 0, cut_p = top_p < 1.0f;
+	if (kk > SFWS_MAX_SORT) {
+		if (t == 0)
+			*out = -1; /* the host finishes */
+		return;
+	}
+	int nocut = 0; /* the id-order draw made; S: its top survivors for the logprobs */
+	if (!kk) {
+		double s = 0;
+		for (int i = i0; i < i1; i++)
+			if (cut_p ? is_cand(lg[i]) : surv(lg[i], max, min_p))
+				s += cut_p ? sfws_exp(SFWS_SUB(lg[i], max))
+					   : sfws_exp(SFWS_MUL(SFWS_SUB(lg[i], max), it));
+		part[t] = s;
+		__syncthreads();
+		if (!cut_p) { /* draw in id order */
+			if (t == 0)
+				smp_draw_ids(lg, V, C, part, u, max, it, min_p, force, g.last, out, lpo,
+					     &tot);
+			if (!lpo || top == 0)
+				return;
+			nocut = 1; /* the top survivors: a select of the best top candidates */
+		}
+	}
+	/* the best S candidates: radix select of the S-th largest key (keys
+	 * are unique: the id is part of them), then gather and sort */
+	if (t == 0) {
+		S = nocut ? min(top, n) : kk ? kk : min(n, SFWS_MAX_SORT);
+		need = S;
+		prefix = 0, mask = 0, cnt = 0;
+	}
+	__syncthreads();
+	const unsigned long long kth = smp_select(lg, i0, i1, t, hist, prefix, mask, need);
+	smp_gather_sort(lg, i0, i1, t, kth, keys, &cnt);
+	if (t != 0)
+		return;
+	if (nocut) { /* survivors are a prefix of the best candidates */
+		smp_top_survivors(keys, S, max, it, min_p, &tot, lpo);
+		return;
+	}
+	int mm = S;
+	if (cut_p && (mm = smp_nucleus(keys, part, S, kk, n, top_p, max)) < 0) {
+		*out = -1; /* the nucleus is wider than SFWS_MAX_SORT: the host finishes */
+		return;
+	}
+	/* min-p: a prefix of the survivors (the best has weight 1) */
+	while (min_p > 0.0f && mm > 1 && !(sfws_exp(SFWS_SUB(sfws_key_logit(keys[mm - 1]), max)) >= min_p))
+		mm--;
+	smp_draw_sorted(keys, mm, u, max, it, force, top, out, lpo);
 }
 
 extern "C" void sfw_cuda_sample_rows(int32_t *out, const float *logits, int V, int n,

@@ -10,6 +10,8 @@ man-db groff-base bsdutils python3-pyte"
 pkgs="$pkgs python3-jinja2"
 # strace: tests/test_get_sched.sh checks the order of fsync and rename from its record
 pkgs="$pkgs strace"
+# universal-ctags: tests/test_house.sh measures every function's length with it
+pkgs="$pkgs universal-ctags"
 missing=
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
