@@ -14,6 +14,11 @@
  *     go on with the right logits; the failed one goes on once a closed
  *     sequence has given its blocks back;
  *   - 64 sequences decoding in one step;
+ *   - forks (sfw_batch_seq_fork): a sequence forked mid-prompt and after it
+ *     (in selection mode: past dense_len, or dense_as_sparse), the forks fed
+ *     its tokens or tokens of their own, each bit for bit as its run alone,
+ *     the source too; refusals (not open, no slot, no blocks, no cache copy)
+ *     change nothing;
  *   - refusals: an unknown or repeated sequence, a bad id, a step over
  *     max_ctx, all slots in use;
  *   - both KV modes: paged (the CPU backend's pool, its blocks mapped into
