@@ -142,8 +142,12 @@ struct req {
 	/* a choice after the first (n > 1) waiting in the queue for a fork of
 	 * the lead's sequence once the lead has prefilled the prompt (the
 	 * choices share one prefill); meanwhile the lead holds a reference to
-	 * it, dropped when the wait ends (fork_wait_end_locked) */
+	 * it, in wait[] (the lead's: the choices waiting, n_wait of them), dropped
+	 * when the wait ends (fork_wait_end_locked). The lead reads its choices
+	 * through wait[] only: one whose wait has ended may be freed. */
 	int wait_fork;
+	struct req *wait[SFW_SERVE_N_MAX];
+	int n_wait;
 	int32_t next_id; /* the token to feed next */
 	struct sfw_gen_stream gs;
 	int gs_ok;
@@ -304,10 +308,10 @@ static void retire_locked(struct sfw_server *s, struct req *r, enum sfw_finish f
  * forks), or, when l failed, fail with it. */
 static void end_fork_waits_locked(struct sfw_server *s, struct req *l, const char *error)
 {
-	for (int i = 1; l->lead == l && i < l->n_ch; i++) {
-		struct req *c = l->ch[i];
-		if (!c->wait_fork)
-			continue;
+	int n = l->n_wait;
+	l->n_wait = 0;
+	for (int i = 0; i < n; i++) {
+		struct req *c = l->wait[i];
 		if (error && !c->done) {
 			queue_remove_locked(s, c);
 			retire_locked(s, c, SFW_FINISH_NONE, error);
@@ -467,8 +471,8 @@ static int take_tokens(struct sfw_server *s, struct req **ir, const struct sfw_b
  * thread: the waits' references keep them). */
 static int fork_waiting(const struct req *l)
 {
-	for (int i = 1; l->lead == l && i < l->n_ch; i++)
-		if (l->ch[i]->wait_fork && !l->ch[i]->done)
+	for (int i = 0; i < l->n_wait; i++)
+		if (!l->wait[i]->done)
 			return 1;
 	return 0;
 }
@@ -487,12 +491,16 @@ static int fork_choices(struct sfw_server *s, struct req **ir, const struct sfw_
 			struct req **fk, int *nfk)
 {
 	for (int i = 0; i < n; i++) {
+		struct req *l = ir[i];
 		const float *lg = it[i].want_logits ? sfw_batch_logits(s->b, i) : NULL;
-		for (int j = 1; it[i].want_logits && j < ir[i]->n_ch; j++) {
-			struct req *l = ir[i], *c = l->ch[j];
-			if (!c->wait_fork || c->done)
-				continue;
+		int nw = it[i].want_logits ? l->n_wait : 0;
+		if (nw)
+			l->n_wait = 0; /* every wait ends here (fork_done_locked) */
+		for (int j = 0; j < nw; j++) {
+			struct req *c = l->wait[j];
 			fk[(*nfk)++] = c;
+			if (c->done) /* gone meanwhile: its wait ends all the same */
+				continue;
 			struct sfw_err err = {0};
 			int seq = -1;
 			if (!lg || sfw_batch_seq_fork(s->b, l->seq, &seq, &err) != SFW_OK) {
@@ -595,7 +603,9 @@ static void *engine_main(void *arg)
 	struct sfw_batch_item it[MAX_SEQS];
 	struct req *ir[MAX_SEQS];
 	struct sfw_sampler rng_keep[MAX_SEQS];
-	struct req *fk[MAX_SEQS]; /* the choices a step's forks handled */
+	/* the choices a step's forks handled (SFW_SERVE_N_MAX - 1 a lead; the
+	 * forks made, like the step's items, fit the batch's MAX_SEQS) */
+	struct req *fk[MAX_SEQS * SFW_SERVE_N_MAX];
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
 		while (!s->quit && !s->qhead && s->nrun == 0)
@@ -2009,6 +2019,7 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 		if (i > 0) { /* a fork of the lead's sequence after the prompt (one prefill) */
 			x->wait_fork = 1;
 			x->refs++; /* the lead's, while it waits */
+			r->wait[r->n_wait++] = x;
 		}
 		if (s->qtail)
 			s->qtail->next = x;

@@ -440,6 +440,28 @@ def main():
         time.sleep(0.02)
     check("a waiting client that goes away frees its sequence",
           mt.get("salafw_requests_cancelled_total", 0) == before + 2 and mt.get("salafw_running") == 0, str(mt))
+    # n = 3 streamed (the lead's sequence and two forks) closed half-way: all three freed
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 4000, "temperature": 0.7, "stream": True,
+                       "ignore_eos": True, "n": 3})
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = c.getresponse()
+    events = 0
+    while events < 12:
+        line = resp.fp.readline()
+        if line.startswith(b"data: {"):
+            events += 1
+    c.sock.shutdown(2)
+    c.close()
+    t0 = time.time()
+    while time.time() - t0 < 5:
+        mt = metrics()
+        if mt.get("salafw_requests_cancelled_total", 0) >= before + 5 and mt.get("salafw_running") == 0:
+            break
+        time.sleep(0.02)
+    check("n = 3 streamed, closed half-way: the three sequences freed",
+          mt.get("salafw_requests_cancelled_total", 0) == before + 5 and mt.get("salafw_running") == 0 and
+          mt.get("salafw_queue_depth") == 0, str(mt))
     # and the server still answers
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
     check("the server answers after the disconnects", r.choices[0].text == full)
