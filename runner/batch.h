@@ -94,7 +94,7 @@ SFW_MUST_CHECK enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq,
  * same tokens in the same calls as src gives (on the CPU backend bit for
  * bit; tests/test_batch.c), and src goes on unchanged: the n choices of a
  * request share one prefill (serve/server.c). dst holds ceil(pos / 64)
- * blocks of its own. The copy is the backend's op (SFW_OP_CACHE_COPY:
+ * blocks of its own (a slot's parked cache keeps its room, if more). The copy is the backend's op (SFW_OP_CACHE_COPY:
  * runner/backend.h sfw_be_cache_copy; on CUDA device-to-device copies on
  * the backend's stream, no host round trip), ordered before the next step.
  * All or nothing: SFW_E_INVAL when src is not open (or broken by a failed

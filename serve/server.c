@@ -314,6 +314,7 @@ static void end_fork_waits_locked(struct sfw_server *s, struct req *l, const cha
 		struct req *c = l->wait[i];
 		if (error && !c->done) {
 			queue_remove_locked(s, c);
+			c->aborted = l->aborted; /* sfw_serve_abort's, as the lead's */
 			retire_locked(s, c, SFW_FINISH_NONE, error);
 		}
 		fork_wait_end_locked(c);
