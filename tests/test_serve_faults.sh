@@ -4,7 +4,8 @@
 # sockets (loopback only; every client and wait is bounded):
 #   SIGTERM while non-streamed requests run (each reply arrives, exit 0); a
 #   second signal and --drain-timeout (the accepted requests end with 503 or
-#   an error event, exit 128 + signal); the drain answers 503, the listener
+#   an error event, exit 128 + signal; n = 3 requests too, their choices forks
+#   or waiting for one); the drain answers 503, the listener
 #   stays open; slow headers and bodies closed after --receive-timeout; a
 #   coding other than chunked refused (501); the per-address limit; /health
 #   and /metrics answer beside 200 crowding connections; bodies over what the
