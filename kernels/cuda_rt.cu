@@ -247,6 +247,13 @@ extern "C" void sfw_cuda_d2d(void *dst, const void *src, size_t n, void *stream)
 	SFW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, SFW_CUDA_STREAM(stream)));
 }
 
+extern "C" void sfw_cuda_d2d_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+				size_t height, void *stream)
+{
+	SFW_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice,
+					 SFW_CUDA_STREAM(stream)));
+}
+
 extern "C" void sfw_cuda_memset(void *dst, int byte, size_t n, void *stream)
 {
 	SFW_CUDA_CHECK(cudaMemsetAsync(dst, byte, n, SFW_CUDA_STREAM(stream)));

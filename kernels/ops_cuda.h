@@ -71,6 +71,11 @@ size_t sfw_cuda_arena_round(size_t bytes);
 void sfw_cuda_h2d(void *dst, const void *src, size_t n, void *stream);
 void sfw_cuda_d2h(void *dst, const void *src, size_t n, void *stream);
 void sfw_cuda_d2d(void *dst, const void *src, size_t n, void *stream);
+/* height rows of width bytes, row r at src + r * spitch to dst + r * dpitch
+ * (device to device, one copy on stream; pitches within the device's
+ * limit, at most INT32_MAX here). */
+void sfw_cuda_d2d_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+		     void *stream);
 void sfw_cuda_memset(void *dst, int byte, size_t n, void *stream);
 
 /* Graph capture of everything queued on stream between begin and end. */

@@ -143,6 +143,7 @@ enum sfw_opk {
 	SFW_OP_COMPRESS_SEQS,
 	SFW_OP_ATTN_DENSE_SEQS,
 	SFW_OP_SAMPLE,
+	SFW_OP_CACHE_COPY, /* optional, not composable: no fork without it (sfw_be_cache_copy) */
 	SFW_OP_N,
 	/* capabilities (supports_op only; dtype ignored) */
 	SFW_OP_POOL = SFW_OP_N, /* paged KV (pool_new) */
@@ -235,6 +236,11 @@ struct sfw_op {
 			const struct sfw_op_sample_params *const *p;
 			const double *u;
 		} sample;
+		/* cache_copy: dst becomes a copy of src (sfw_be_cache_copy) */
+		struct {
+			struct sfw_bcache *dst;
+			const struct sfw_bcache *src;
+		} copy;
 	};
 };
 
@@ -336,7 +342,8 @@ struct sfw_backend {
 	/* 1 when the backend takes op kind k with weights of dtype dt (for ops
 	 * with weights; SFW_DTYPE_W8 for int8 checkpoints: runner/model.c
 	 * refuses them at load otherwise), or has capability k (SFW_OP_POOL).
-	 * An op not taken is composed (runner/backend_compose.c). */
+	 * An op not taken is composed (runner/backend_compose.c), except
+	 * SFW_OP_CACHE_COPY, which has no composition (no fork then). */
 	int (*supports_op)(const struct sfw_backend *be, enum sfw_opk k, enum sfw_dtype dt);
 
 	/* ---- steps ---- */
@@ -616,6 +623,26 @@ static inline int sfw_be_sample(struct sfw_backend *be, int32_t *out, const floa
 	struct sfw_op op = {.kind = SFW_OP_SAMPLE, .sample = {out, logits, V, n, p, u}};
 	sfwi_op_void(be, &op);
 	return 1;
+}
+
+/* A sequence's fork (runner/batch.h sfw_batch_seq_fork): dst, a cache of
+ * the same shapes (made from the same struct sfw_cache_desc, paged from the
+ * same pool or not) that is empty and has room reserved (cache_reserve) for
+ * src's tokens, becomes an exact copy of src: every sparse layer's K and V
+ * of src's tokens (paged: into dst's own blocks), both levels of compressed
+ * keys and their counts, every lightning layer's state; then the ops give
+ * on dst what they give on src, bit for bit. Ordered with the ops, in
+ * backend memory (CUDA: device-to-device copies on the backend's stream, no
+ * host round trip); src is unchanged. SFW_E_UNSUPPORTED when the backend
+ * does not take SFW_OP_CACHE_COPY (supports_op): nothing is composed for
+ * it. */
+static inline SFW_MUST_CHECK enum sfw_status sfw_be_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst,
+							       const struct sfw_bcache *src, struct sfw_err *err)
+{
+	if (!be->supports_op(be, SFW_OP_CACHE_COPY, SFW_DTYPE_F32))
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "the %s backend cannot copy a sequence's caches", be->name);
+	struct sfw_op op = {.kind = SFW_OP_CACHE_COPY, .copy = {dst, src}};
+	return sfwi_op(be, &op, err);
 }
 
 /* The CPU backend; nthreads <= 0 means sfw_default_threads(). */

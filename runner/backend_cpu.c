@@ -487,6 +487,37 @@ static void cpu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 	}
 }
 
+/* dst (empty, room reserved for src's tokens) becomes src's copy
+ * (sfw_be_cache_copy): the K/V of its tokens (paged: through dst's views,
+ * into its own blocks), the compressed keys and their counts, the lightning
+ * states. */
+static void cpu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src)
+{
+	(void)be;
+	const struct sfw_cache_desc *d = &src->d;
+	size_t row = (size_t)d->nkv * d->hd * sizeof(float);
+	SFW_ASSERT(dst != src && dst->d.n_layers == d->n_layers && dst->d.nkv == d->nkv && dst->d.hd == d->hd);
+	for (int i = 0; i < d->n_layers; i++) {
+		const struct cpu_layer *s = &src->L[i];
+		struct cpu_layer *t = &dst->L[i];
+		SFW_ASSERT(s->sparse == t->sparse);
+		if (!s->sparse) {
+			memcpy(t->state, s->state, (size_t)d->lnh * d->lhd * d->lhd * sizeof(float));
+			continue;
+		}
+		SFW_ASSERT(s->len <= t->cap && s->n1 <= t->cap1 && s->n2 <= t->cap2);
+		if (s->len) {
+			memcpy(t->k, s->k, (size_t)s->len * row);
+			memcpy(t->v, s->v, (size_t)s->len * row);
+		}
+		if (s->n1)
+			memcpy(t->c1, s->c1, (size_t)s->n1 * row);
+		if (s->n2)
+			memcpy(t->c2, s->c2, (size_t)s->n2 * row);
+		t->len = s->len, t->n1 = s->n1, t->n2 = s->n2;
+	}
+}
+
 static void cpu_cache_info(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3])
 {
 	(void)be;
@@ -599,7 +630,7 @@ static void cpu_gla(struct sfw_backend *be, void *o, const void *q, const void *
 
 /* Everything but recording (no step member) and the projection groups,
  * SwiGLU over a group and the per-sequence ops, which sfwi_op composes;
- * bf16 and f32 weights, int8 in the products; paged KV. */
+ * bf16 and f32 weights, int8 in the products; paged KV; cache copies. */
 static int cpu_supports_op(const struct sfw_backend *be, enum sfw_opk k, enum sfw_dtype dt)
 {
 	(void)be;
@@ -613,6 +644,7 @@ static int cpu_supports_op(const struct sfw_backend *be, enum sfw_opk k, enum sf
 	case SFW_OP_ATTN_DENSE_SEQS:
 		return 0;
 	case SFW_OP_POOL:
+	case SFW_OP_CACHE_COPY:
 		return 1;
 	default:
 		return sfwi_weight_dtype_ok(k, dt);
@@ -679,6 +711,9 @@ static enum sfw_status cpu_op(struct sfw_backend *be, const struct sfw_op *o, st
 		break;
 	case SFW_OP_SAMPLE:
 		cpu_sample(be, o->sample.out, o->sample.logits, o->sample.V, o->sample.n, o->sample.p, o->sample.u);
+		break;
+	case SFW_OP_CACHE_COPY:
+		cpu_cache_copy(be, o->copy.dst, o->copy.src);
 		break;
 	default:
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "the cpu backend has no op %d", (int)o->kind);

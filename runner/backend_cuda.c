@@ -408,12 +408,12 @@ void sfwi_cu_prof_report(struct cu_be *b)
 	memset(b->prof_calls, 0, sizeof(b->prof_calls));
 }
 
-/* bf16/f32 weights everywhere, int8 in the products; paged KV; recordings
- * unless graphs are off. */
+/* bf16/f32 weights everywhere, int8 in the products; paged KV; cache
+ * copies. */
 static int cu_supports_op(const struct sfw_backend *be, enum sfw_opk op, enum sfw_dtype dt)
 {
 	(void)be;
-	if (op == SFW_OP_POOL)
+	if (op == SFW_OP_POOL || op == SFW_OP_CACHE_COPY)
 		return 1;
 	return sfwi_weight_dtype_ok(op, dt);
 }

@@ -167,11 +167,13 @@ static inline size_t sfwi_cu_sel_plan_row(const struct sfw_cache_desc *d, int64_
 /* backend_cuda.c */
 void sfwi_cu_prof_report(struct cu_be *b);
 /* cache_cuda.c: the cache and pool members; the tokens a recorded step may
- * reach; a replayed step's rows onto the host-side counters; block-selection
- * scratch of at least bytes (never grown while recording) */
+ * reach; a replayed step's rows onto the host-side counters; a cache's copy
+ * (SFW_OP_CACHE_COPY); block-selection scratch of at least bytes (never
+ * grown while recording) */
 void sfwi_cu_caches(struct sfw_backend *be);
 int64_t sfwi_cu_cache_room(const struct sfw_bcache *c);
 void sfwi_cu_cache_advance(struct sfw_bcache *c, int T);
+void sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src);
 SFW_MUST_CHECK enum sfw_status sfwi_cu_sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err);
 /* glue_cuda.c: the op members */
 void sfwi_cu_ops(struct sfw_backend *be);

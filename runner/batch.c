@@ -202,6 +202,78 @@ enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err
 	return sfw_fail(err, SFW_E_RANGE, "all %d sequences in use", b->p.max_seqs);
 }
 
+/* The slot a fork of src takes (the first free one, -1 none) and the
+ * blocks it will hold, after making room: a parked cache of its own whose
+ * room the pool cannot take beside the open sequences is freed (a new one
+ * is made), then the other parked caches while the budget needs their
+ * blocks (as a step does). */
+static int fork_slot(struct sfw_batch *b, int64_t want, int64_t *hold)
+{
+	int slot = -1;
+	for (int i = 0; i < b->p.max_seqs && slot < 0; i++)
+		if (!b->seq[i].open)
+			slot = i;
+	if (slot < 0)
+		return -1;
+	struct bseq *q = &b->seq[slot];
+	int64_t used = sfw_batch_blocks_used(b);
+	if (q->cache && used + blocks_for(b, q->room) > b->pool_blocks)
+		slot_free(b, q);
+	int64_t have = q->cache ? blocks_for(b, q->room) : 0;
+	int64_t extra = want > have ? want - have : 0;
+	for (int i = b->p.max_seqs - 1; i >= 0 && blocks_held(b, 1) + extra > b->pool_blocks; i--)
+		if (i != slot && b->seq[i].cache && !b->seq[i].open)
+			slot_free(b, &b->seq[i]);
+	*hold = want > have ? want : have;
+	return slot;
+}
+
+enum sfw_status sfw_batch_seq_fork(struct sfw_batch *b, int src, int *dst, struct sfw_err *err)
+{
+	*dst = -1;
+	if (src < 0 || src >= b->p.max_seqs || !b->seq[src].open)
+		return sfw_fail(err, SFW_E_INVAL, "sequence %d is not open", src);
+	struct bseq *from = &b->seq[src];
+	if (from->broken)
+		return sfw_fail(err, SFW_E_INVAL, "sequence %d is inconsistent after a failed step; close it", src);
+	struct sfw_backend *be = b->m->be;
+	if (!be->supports_op(be, SFW_OP_CACHE_COPY, SFW_DTYPE_F32))
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "the %s backend cannot copy a sequence's caches: no fork",
+				be->name);
+	int64_t want = blocks_for(b, from->pos), hold = 0;
+	int slot = fork_slot(b, want, &hold);
+	if (slot < 0)
+		return sfw_fail(err, SFW_E_RANGE, "all %d sequences in use", b->p.max_seqs);
+	int64_t used = sfw_batch_blocks_used(b);
+	if (used + hold > b->pool_blocks)
+		return sfw_fail(err, SFW_E_NOSPACE, "KV pool full: %lld of %lld blocks in use (the fork needs %lld more)",
+				(long long)used, (long long)b->pool_blocks, (long long)hold);
+	struct bseq *q = &b->seq[slot];
+	enum sfw_status s = SFW_OK;
+	if (q->cache) { /* parked: emptied, its room kept */
+		be->cache_reset(be, q->cache);
+	} else {
+		s = sfwi_cache_new(b->m, b->pool, b->p.max_ctx, &q->cache, err);
+		if (s != SFW_OK) {
+			q->cache = NULL;
+			return s;
+		}
+		q->room = 0;
+	}
+	s = be->cache_reserve(be, q->cache, from->pos, err);
+	if (s == SFW_OK)
+		s = sfw_be_cache_copy(be, q->cache, from->cache, err);
+	if (s != SFW_OK) { /* the slot as it was, free; the cache and its blocks let go */
+		slot_free(b, q);
+		return s;
+	}
+	if (from->pos > q->room) /* whole blocks: what the cache now holds */
+		q->room = blocks_for(b, from->pos) * b->block;
+	q->open = 1, q->pos = from->pos, q->broken = 0, q->stamp = 0;
+	*dst = slot;
+	return SFW_OK;
+}
+
 void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 {
 	if (!b || seq < 0 || seq >= SFW_BATCH_MAX_SEQS || !b->seq[seq].open)

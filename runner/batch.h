@@ -8,7 +8,7 @@
  * sfw_ctx): every linear (q/k/v/o, MLP, lm_head) once over all rows, so the
  * weights stream once per step; the attention, the key compression, the
  * InfLLM-v2 block selection and the Lightning state per sequence, each
- * against its own cache. Sequences open and close between steps.
+ * against its own cache. Sequences open, fork and close between steps.
  *
  * Same meaning at every batch size: a sequence's rows are computed exactly as
  * they are by a context of its own (runner/runner.h), fed the same tokens in
@@ -85,6 +85,25 @@ void sfw_batch_free(struct sfw_batch *b); /* NULL is a no-op */
 /* A free sequence slot, empty (position 0): SFW_E_RANGE "all N sequences in
  * use" when there is none. */
 SFW_MUST_CHECK enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err *err);
+/* A free sequence slot (*dst) whose state is an exact copy of open
+ * sequence src: its position, the K/V of its tokens in every sparse layer
+ * (paged: in blocks of its own taken from the pool, the contents copied;
+ * not paged: in a cache of its own), both levels of compressed keys and
+ * every Lightning layer's recurrent state (the caches are the whole of a
+ * sequence's state: the InfLLM-v2 selection is recomputed each step from
+ * them). Stepping dst then gives exactly what stepping a sequence fed the
+ * same tokens in the same calls as src gives (on the CPU backend bit for
+ * bit; tests/test_batch.c), and src goes on unchanged: the n choices of a
+ * request share one prefill (serve/server.c). dst holds ceil(pos / 64)
+ * blocks of its own (a slot's parked cache keeps its room, if more). The copy is the backend's op (SFW_OP_CACHE_COPY:
+ * runner/backend.h sfw_be_cache_copy; on CUDA device-to-device copies on
+ * the backend's stream, no host round trip), ordered before the next step.
+ * All or nothing: SFW_E_INVAL when src is not open (or broken by a failed
+ * step), SFW_E_RANGE "all N sequences in use" when no slot is free,
+ * SFW_E_NOSPACE "KV pool full: N of M blocks in use" when the pool lacks
+ * the blocks, SFW_E_UNSUPPORTED when the backend has no cache copy, and
+ * SFW_E_NOMEM making the cache change nothing (*dst = -1). */
+SFW_MUST_CHECK enum sfw_status sfw_batch_seq_fork(struct sfw_batch *b, int src, int *dst, struct sfw_err *err);
 /* Frees the slot. The cache is kept (parked) for the slot's next sequence,
  * which finds it emptied (no device allocation per sequence). Paged: its KV
  * blocks return to the pool at once. Caches of their own: their blocks

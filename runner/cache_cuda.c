@@ -223,6 +223,65 @@ static void cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 	}
 }
 
+/* Paged: src's first nb blocks into dst's, each block one 2D copy of its K
+ * and V in every sparse layer (rows of the pool's arrays, pitch nblocks
+ * blocks: struct sfw_bpool), or one copy per array past the 2D pitch
+ * limit. */
+static void pages_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src, int64_t nb)
+{
+	struct sfw_bpool *p = src->d.pool;
+	void *st = IMPL(be)->stream;
+	size_t pitch = (size_t)p->nblocks * p->bb, rows = (size_t)p->nsparse * 2;
+	SFW_ASSERT(dst->table && dst->d.pool == p && nb <= dst->nblk && nb <= src->nblk);
+	for (int64_t j = 0; j < nb; j++) {
+		char *to = (char *)p->mem + (size_t)dst->table[j] * p->bb;
+		const char *from = (const char *)p->mem + (size_t)src->table[j] * p->bb;
+		if (pitch <= (size_t)INT32_MAX) {
+			sfw_cuda_d2d_2d(to, pitch, from, pitch, p->bb, rows, st);
+			continue;
+		}
+		for (size_t r = 0; r < rows; r++)
+			sfw_cuda_d2d(to + r * pitch, from + r * pitch, p->bb, st);
+	}
+}
+
+/* dst (empty, room reserved for src's tokens) becomes src's copy
+ * (sfw_be_cache_copy), device to device on the stream: the K/V blocks (or
+ * arrays) of its tokens, the compressed keys and their counts, the
+ * lightning states. */
+void sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src)
+{
+	const struct sfw_cache_desc *d = &src->d;
+	void *st = IMPL(be)->stream;
+	size_t row = (size_t)d->nkv * d->hd * 2;
+	SFW_ASSERT(dst != src && dst->d.n_layers == d->n_layers && !dst->table == !src->table);
+	int64_t len = 0;
+	for (int i = 0; i < d->n_layers; i++)
+		if (src->L[i].sparse)
+			len = src->L[i].len; /* every sparse layer holds the same tokens */
+	if (src->table)
+		pages_copy(be, dst, src, (len + d->block - 1) / d->block);
+	for (int i = 0; i < d->n_layers; i++) {
+		const struct cu_layer *s = &src->L[i];
+		struct cu_layer *t = &dst->L[i];
+		SFW_ASSERT(s->sparse == t->sparse);
+		if (!s->sparse) {
+			sfw_cuda_d2d(t->state, s->state, (size_t)d->lnh * d->lhd * d->lhd * sizeof(float), st);
+			continue;
+		}
+		SFW_ASSERT(s->len <= t->cap && s->n1 <= t->cap1 && s->n2 <= t->cap2);
+		if (!src->table && s->len) {
+			sfw_cuda_d2d(t->k, s->k, (size_t)s->len * row, st);
+			sfw_cuda_d2d(t->v, s->v, (size_t)s->len * row, st);
+		}
+		if (s->n1)
+			sfw_cuda_d2d(t->c1, s->c1, (size_t)s->n1 * row, st);
+		if (s->n2)
+			sfw_cuda_d2d(t->c2, s->c2, (size_t)s->n2 * row, st);
+		t->len = s->len, t->n1 = s->n1, t->n2 = s->n2;
+	}
+}
+
 static void cu_cache_info(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3])
 {
 	(void)be;

@@ -6,7 +6,11 @@
  * the running batch between decode steps and a long prompt is prefilled in
  * chunks of at most prefill_chunk tokens per step, so running streams keep
  * flowing. Each request's sampling and stop handling is a struct
- * sfw_gen_stream (runner/generate.h), the same as `salafw run`'s.
+ * sfw_gen_stream (runner/generate.h), the same as `salafw run`'s. The n
+ * choices of a request share one prefill: the first prefills the prompt,
+ * the others fork its sequence (sfw_batch_seq_fork) and draw their first
+ * token from its logits; a choice the batch has no sequence or blocks to
+ * fork into prefills the prompt itself.
  *
  * Endpoints: GET /v1/models, GET /v1/models/{id}, POST /v1/completions,
  * POST /v1/chat/completions (stream: true as server-sent events ending in

@@ -90,6 +90,7 @@ static const int codes[] = {200, 204, 400, 401, 404, 405, 413, 429, 500, 501, 50
 struct metrics {
 	uint64_t requests[R__COUNT][N_CODES];
 	uint64_t prompt_tokens, gen_tokens, cancelled, failed, steps;
+	uint64_t prefilled, forks; /* prompt tokens the steps prefilled; choices that took a fork instead */
 	double step_s; /* inside sfw_batch_step */
 	double host_s; /* the engine thread's own work around the steps (not its waits for requests) */
 	/* the steps of decode rows only (no prompt chunk): how many, their rows,
@@ -110,7 +111,8 @@ struct lprec {
 struct req {
 	struct sfw_server *srv;
 	int refs; /* the connection and the engine */
-	/* the request's choices (n): one struct req each, one sequence each;
+	/* the request's choices (n): one struct req each, one sequence each
+	 * (the others' forks of the lead's after its prompt: wait_fork);
 	 * choice 0 (the lead) holds the connection, the others point to it */
 	struct req *lead;
 	struct req *ch[SFW_SERVE_N_MAX];
@@ -137,6 +139,15 @@ struct req {
 	/* engine side */
 	int seq; /* -1: none */
 	size_t prefilled;
+	/* a choice after the first (n > 1) waiting in the queue for a fork of
+	 * the lead's sequence once the lead has prefilled the prompt (the
+	 * choices share one prefill); meanwhile the lead holds a reference to
+	 * it, in wait[] (the lead's: the choices waiting, n_wait of them), dropped
+	 * when the wait ends (fork_wait_end_locked). The lead reads its choices
+	 * through wait[] only: one whose wait has ended may be freed. */
+	int wait_fork;
+	struct req *wait[SFW_SERVE_N_MAX];
+	int n_wait;
 	int32_t next_id; /* the token to feed next */
 	struct sfw_gen_stream gs;
 	int gs_ok;
@@ -261,10 +272,60 @@ static void req_unref_locked(struct req *r)
 
 /* ---- the engine ------------------------------------------------------------------- */
 
+/* Takes *pp (after prev; NULL: at the head) out of the queue (srv->mu held). */
+static void queue_take_locked(struct sfw_server *s, struct req **pp, struct req *prev)
+{
+	struct req *r = *pp;
+	*pp = r->next;
+	if (s->qtail == r)
+		s->qtail = prev;
+	r->next = NULL;
+	s->nqueue--;
+}
+
+/* Takes r out of the queue, wherever it is (srv->mu held). */
+static void queue_remove_locked(struct sfw_server *s, struct req *r)
+{
+	struct req **pp = &s->qhead, *prev = NULL;
+	while (*pp && *pp != r)
+		prev = *pp, pp = &(*pp)->next;
+	if (*pp)
+		queue_take_locked(s, pp, prev);
+}
+
+/* Choice c waits for a fork no longer (srv->mu held): the lead's reference
+ * to it dropped. */
+static void fork_wait_end_locked(struct req *c)
+{
+	c->wait_fork = 0;
+	req_unref_locked(c);
+}
+
+static void retire_locked(struct sfw_server *s, struct req *r, enum sfw_finish fin, const char *error);
+
+/* Lead l leaves before its prompt was prefilled (srv->mu held): its choices
+ * still waiting for a fork prefill the prompt themselves (as without
+ * forks), or, when l failed, fail with it. */
+static void end_fork_waits_locked(struct sfw_server *s, struct req *l, const char *error)
+{
+	int n = l->n_wait;
+	l->n_wait = 0;
+	for (int i = 0; i < n; i++) {
+		struct req *c = l->wait[i];
+		if (error && !c->done) {
+			queue_remove_locked(s, c);
+			c->aborted = l->aborted; /* sfw_serve_abort's, as the lead's */
+			retire_locked(s, c, SFW_FINISH_NONE, error);
+		}
+		fork_wait_end_locked(c);
+	}
+}
+
 /* The engine is through with r (srv->mu held): its sequence is closed, the
  * connection is told, the engine's reference dropped. */
 static void retire_locked(struct sfw_server *s, struct req *r, enum sfw_finish fin, const char *error)
 {
+	end_fork_waits_locked(s, r, error);
 	if (r->seq >= 0) {
 		sfw_batch_seq_close(s->b, r->seq);
 		r->seq = -1;
@@ -354,6 +415,43 @@ static struct sfw_sample_adj *adj_of(struct req *r, int32_t id)
 	return &r->adj[r->n_adj++];
 }
 
+/* One token chosen for r, taken into x: pushed through r's stream, the
+ * texts copied out to the step's text buffer (engine thread, no lock). */
+static void take_one(struct sfw_server *s, struct took *x, struct req *r, int32_t id)
+{
+	struct sfw_buf *tb = &s->step_text;
+	const char *t = "";
+	size_t len = 0;
+	memset(x, 0, sizeof(*x));
+	x->r = r;
+	x->id = id;
+	x->fin = SFW_FINISH_NONE;
+	if (r->smp.p.logprobs)
+		x->lp = r->lp;
+	if (r->slot && x->id >= 0 && x->id < s->vocab) { /* the penalties see the token */
+		struct sfw_sample_adj *a = adj_of(r, x->id);
+		if (a)
+			a->count++, a->seen = 1;
+		else
+			x->st = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the penalties");
+	}
+	x->st = x->st != SFW_OK ? x->st
+		: x->id < 0 || x->id >= s->vocab
+		    ? sfw_fail(&x->err, SFW_E_INVAL, "the engine step chose no token")
+		    : sfw_gen_stream_push(&r->gs, x->id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &len,
+					  &x->fin, &x->err);
+	x->a = tb->len, x->n = len;
+	if (x->st == SFW_OK && len && sfw_buf_append(tb, t, len) != SFW_OK)
+		x->st = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
+	if (x->st == SFW_OK && x->fin != SFW_FINISH_NONE) {
+		t = "", len = 0;
+		x->st2 = sfw_gen_stream_flush(&r->gs, &t, &len, &x->err);
+		x->a2 = tb->len, x->n2 = len;
+		if (x->st2 == SFW_OK && len && sfw_buf_append(tb, t, len) != SFW_OK)
+			x->st2 = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
+	}
+}
+
 /* The step's tokens, part 1 (engine thread, no lock): pushed through their
  * streams, the texts copied out (the next push or flush reuses a stream's
  * buffer). Part 2, hand_tokens_locked, hands them over in the engine's one
@@ -362,47 +460,79 @@ static struct sfw_sample_adj *adj_of(struct req *r, int32_t id)
  * number of tokens taken. */
 static int take_tokens(struct sfw_server *s, struct req **ir, const struct sfw_batch_item *it, int n)
 {
-	struct took *tk = s->took;
-	struct sfw_buf *tb = &s->step_text;
 	int k = 0;
-	tb->len = 0;
+	s->step_text.len = 0;
+	for (int i = 0; i < n; i++)
+		if (it[i].sample)
+			take_one(s, &s->took[k++], ir[i], sfw_batch_next(s->b, i));
+	return k;
+}
+
+/* 1 when lead l has choices waiting for a fork of its sequence (engine
+ * thread: the waits' references keep them). */
+static int fork_waiting(const struct req *l)
+{
+	for (int i = 0; i < l->n_wait; i++)
+		if (!l->wait[i]->done)
+			return 1;
+	return 0;
+}
+
+/* The choices share one prefill (engine thread, no lock, after a step
+ * taken with take_tokens): a lead whose prompt the step completed (its item
+ * asked for the logits: it has choices waiting) forks its sequence for each
+ * waiting choice, whose first token is then drawn on the host from the
+ * lead's logits with its own sampler (its first uniform, as when it
+ * prefilled the prompt itself) and taken as the step's tokens are, from
+ * took[k]. A fork refused (no free sequence, too few KV blocks) leaves the
+ * choice to prefill the prompt itself (its sequence stays -1). The choices
+ * handled go to fk[*nfk] (fork_done_locked). Returns the tokens taken in
+ * all. */
+static int fork_choices(struct sfw_server *s, struct req **ir, const struct sfw_batch_item *it, int n, int k,
+			struct req **fk, int *nfk)
+{
 	for (int i = 0; i < n; i++) {
-		if (!it[i].sample)
-			continue;
-		struct took *x = &tk[k++];
-		struct req *r = ir[i];
-		const char *t = "";
-		size_t len = 0;
-		memset(x, 0, sizeof(*x));
-		x->r = r;
-		x->id = sfw_batch_next(s->b, i);
-		x->fin = SFW_FINISH_NONE;
-		if (r->smp.p.logprobs)
-			x->lp = r->lp;
-		if (r->slot && x->id >= 0 && x->id < s->vocab) { /* the penalties see the token */
-			struct sfw_sample_adj *a = adj_of(r, x->id);
-			if (a)
-				a->count++, a->seen = 1;
-			else
-				x->st = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the penalties");
-		}
-		x->st = x->st != SFW_OK ? x->st
-			: x->id < 0 || x->id >= s->vocab
-			    ? sfw_fail(&x->err, SFW_E_INVAL, "the engine step chose no token")
-			    : sfw_gen_stream_push(&r->gs, x->id, 0, sfw_batch_seq_pos(s->b, r->seq), &t, &len,
-						  &x->fin, &x->err);
-		x->a = tb->len, x->n = len;
-		if (x->st == SFW_OK && len && sfw_buf_append(tb, t, len) != SFW_OK)
-			x->st = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
-		if (x->st == SFW_OK && x->fin != SFW_FINISH_NONE) {
-			t = "", len = 0;
-			x->st2 = sfw_gen_stream_flush(&r->gs, &t, &len, &x->err);
-			x->a2 = tb->len, x->n2 = len;
-			if (x->st2 == SFW_OK && len && sfw_buf_append(tb, t, len) != SFW_OK)
-				x->st2 = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
+		struct req *l = ir[i];
+		const float *lg = it[i].want_logits ? sfw_batch_logits(s->b, i) : NULL;
+		int nw = it[i].want_logits ? l->n_wait : 0;
+		if (nw)
+			l->n_wait = 0; /* every wait ends here (fork_done_locked) */
+		for (int j = 0; j < nw; j++) {
+			struct req *c = l->wait[j];
+			fk[(*nfk)++] = c;
+			if (c->done) /* gone meanwhile: its wait ends all the same */
+				continue;
+			struct sfw_err err = {0};
+			int seq = -1;
+			if (!lg || sfw_batch_seq_fork(s->b, l->seq, &seq, &err) != SFW_OK) {
+				sfw_log(SFW_LOG_DEBUG, "serve: request %llu, choice %d prefills the prompt itself: %s",
+					(unsigned long long)l->id, c->index, lg ? err.msg : "no logits");
+				continue;
+			}
+			c->seq = seq;
+			c->prefilled = c->n_ids;
+			c->smp.p.adj = c->adj; /* the penalties' entries may have moved */
+			c->smp.p.n_adj = c->n_adj;
+			take_one(s, &s->took[k++], c, sfw_sampler_sample(&c->smp, lg, s->vocab));
 		}
 	}
 	return k;
+}
+
+/* The choices fork_choices handled (srv->mu held, before their tokens are
+ * handed over): a fork joins the running batch, out of the queue; a refused
+ * one stays queued, to prefill the prompt itself. Their waits end. */
+static void fork_done_locked(struct sfw_server *s, struct req **fk, int nfk)
+{
+	for (int j = 0; j < nfk; j++) {
+		struct req *c = fk[j];
+		if (c->seq >= 0) {
+			queue_remove_locked(s, c);
+			s->run[s->nrun++] = c;
+			s->mt.forks++;
+		}
+		fork_wait_end_locked(c);
+	}
 }
 
 /* The step's k taken tokens to their requests (srv->mu held). */
@@ -441,12 +571,42 @@ static void hand_tokens_locked(struct sfw_server *s, int k)
 	}
 }
 
+/* The queue joins the batch, oldest first, as far as the limits allow
+ * (srv->mu held); a choice waiting for a fork of its lead's sequence stays
+ * queued, and those behind it may join. */
+static void admit_locked(struct sfw_server *s)
+{
+	struct req **pp = &s->qhead, *prev = NULL;
+	while (*pp && s->nrun < s->p.max_running) {
+		struct req *r = *pp;
+		if (r->cancelled) {
+			queue_take_locked(s, pp, prev);
+			retire_locked(s, r, SFW_FINISH_CANCEL, NULL);
+			continue;
+		}
+		if (r->wait_fork) {
+			prev = r, pp = &r->next;
+			continue;
+		}
+		struct sfw_err err = {0};
+		int seq;
+		if (sfw_batch_seq_open(s->b, &seq, &err) != SFW_OK)
+			break; /* full: it waits for a sequence to close */
+		queue_take_locked(s, pp, prev);
+		r->seq = seq;
+		s->run[s->nrun++] = r;
+	}
+}
+
 static void *engine_main(void *arg)
 {
 	struct sfw_server *s = arg;
 	struct sfw_batch_item it[MAX_SEQS];
 	struct req *ir[MAX_SEQS];
 	struct sfw_sampler rng_keep[MAX_SEQS];
+	/* the choices a step's forks handled (SFW_SERVE_N_MAX - 1 a lead; the
+	 * forks made, like the step's items, fit the batch's MAX_SEQS) */
+	struct req *fk[MAX_SEQS * SFW_SERVE_N_MAX];
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
 		while (!s->quit && !s->qhead && s->nrun == 0)
@@ -475,25 +635,7 @@ static void *engine_main(void *arg)
 			if (s->run[i]->cancelled)
 				retire_locked(s, s->run[i], SFW_FINISH_CANCEL, NULL);
 		/* then the queue joins the batch, as far as the limits allow */
-		while (s->qhead && s->nrun < s->p.max_running) {
-			struct req *r = s->qhead;
-			if (r->cancelled) {
-				s->qhead = r->next;
-				s->nqueue--;
-				retire_locked(s, r, SFW_FINISH_CANCEL, NULL);
-				continue;
-			}
-			struct sfw_err err = {0};
-			int seq;
-			if (sfw_batch_seq_open(s->b, &seq, &err) != SFW_OK)
-				break; /* full: it waits for a sequence to close */
-			s->qhead = r->next;
-			if (!s->qhead)
-				s->qtail = NULL;
-			s->nqueue--;
-			r->seq = seq;
-			s->run[s->nrun++] = r;
-		}
+		admit_locked(s);
 		if (!s->qhead)
 			s->qtail = NULL;
 		/* one step: every decoding sequence one token, prompts a chunk each
@@ -522,6 +664,8 @@ static void *engine_main(void *arg)
 				r->smp.p.n_adj = r->n_adj;
 				it[n].sample = &r->smp.p;
 				it[n].u = sfw_sampler_uniform(&r->smp);
+				/* the prompt's end: its logits for the waiting choices' forks */
+				it[n].want_logits = r->prefilled < r->n_ids && fork_waiting(r);
 			}
 			ir[n++] = r;
 		}
@@ -532,14 +676,16 @@ static void *engine_main(void *arg)
 		double t0 = sfw_now_s();
 		enum sfw_status st = sfw_batch_step(s->b, it, n, &err);
 		double t1 = sfw_now_s();
-		int k = 0, decode_only = 1;
+		int k = 0, decode_only = 1, nfk = 0;
+		uint64_t pre = 0;
 		if (st == SFW_OK) { /* the tokens through their streams before the lock */
 			for (int i = 0; i < n; i++) {
 				decode_only &= it[i].n == 1 && ir[i]->prefilled >= ir[i]->n_ids;
 				if (ir[i]->prefilled < ir[i]->n_ids)
-					ir[i]->prefilled += (size_t)it[i].n;
+					ir[i]->prefilled += (size_t)it[i].n, pre += (uint64_t)it[i].n;
 			}
 			k = take_tokens(s, ir, it, n);
+			k = fork_choices(s, ir, it, n, k, fk, &nfk);
 		}
 		pthread_mutex_lock(&s->mu);
 		s->mt.step_s += t1 - t0;
@@ -556,6 +702,8 @@ static void *engine_main(void *arg)
 			continue;
 		}
 		s->mt.steps++;
+		s->mt.prefilled += pre;
+		fork_done_locked(s, fk, nfk);
 		hand_tokens_locked(s, k);
 		double host = (t0 - ti) + (sfw_now_s() - t1);
 		s->mt.host_s += host;
@@ -1477,6 +1625,12 @@ static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connectio
 		int seconds;
 	} sc[] = {
 	    {"salafw_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", (double)mt.prompt_tokens, 0},
+	    {"salafw_prompt_tokens_prefilled_total", "counter",
+	     "Prompt tokens the engine prefilled (the n choices of a request share one prefill).", (double)mt.prefilled,
+	     0},
+	    {"salafw_choice_forks_total", "counter",
+	     "Choices after a request's first that took a fork of its prefilled sequence instead of a prefill.",
+	     (double)mt.forks, 0},
 	    {"salafw_generation_tokens_total", "counter", "Tokens generated.", (double)mt.gen_tokens, 0},
 	    {"salafw_requests_cancelled_total", "counter", "Requests whose client went away before the end.",
 	     (double)mt.cancelled, 0},
@@ -1742,7 +1896,9 @@ static struct req *make_req(struct sfw_server *s, struct sfw_serve_req *p, struc
 			 (long long)s->p.max_context);
 		goto fail;
 	}
-	/* the other choices: the same prompt in sequences of their own */
+	/* the other choices: the same prompt, each in a fork of the lead's
+	 * sequence once the lead has prefilled it (wait_fork, set as they are
+	 * queued), or prefilled in a sequence of its own when a fork is refused */
 	for (int i = 1; i < r->p.n; i++) {
 		struct req *c = new_req(s);
 		if (c && (c->ids = sfw_malloc(r->n_ids * sizeof(int32_t))))
@@ -1861,6 +2017,11 @@ static enum MHD_Result handle_generate(struct sfw_server *s, struct MHD_Connecti
 		x->id = r->id;
 		x->t_arrive = r->t_arrive;
 		x->refs++; /* the engine's */
+		if (i > 0) { /* a fork of the lead's sequence after the prompt (one prefill) */
+			x->wait_fork = 1;
+			x->refs++; /* the lead's, while it waits */
+			r->wait[r->n_wait++] = x;
+		}
 		if (s->qtail)
 			s->qtail->next = x;
 		else

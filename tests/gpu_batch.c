@@ -26,7 +26,9 @@
  * with no new recording; on tiny-sparse, that some replays had rows in
  * selection mode, and, where every row selects blocks and sequences join
  * and leave, that a recording served other sequences than it was made
- * for without a new recording.
+ * for without a new recording. Forks (sfw_batch_seq_fork, the caches
+ * copied device to device) against the same sequence run alone, paged and
+ * with caches of their own.
  *   gpu_batch            (SALAFW_GOLDEN names the golden folder) */
 #include "check.h"
 
@@ -376,6 +378,86 @@ static void sample_case(struct sfw_model *m)
 	sfw_batch_free(b[1]);
 }
 
+/* The CUDA backend's capabilities less paging (the batch then keeps
+ * caches of their own, as for shapes the pool cannot take). */
+static int (*real_supports)(const struct sfw_backend *, enum sfw_opk, enum sfw_dtype);
+static int no_pool(const struct sfw_backend *be, enum sfw_opk op, enum sfw_dtype dt)
+{
+	return op != SFW_OP_POOL && real_supports(be, op, dt);
+}
+
+/* Forks (sfw_batch_seq_fork: the cache copied device to device) against
+ * the run alone: S, a 600-token prompt in chunks of CHUNK then STEPS steps
+ * fed the alone run's greedy chain, is forked once after 400 tokens (F0
+ * prefills the last chunk itself) and twice after its whole prompt (F1, F2,
+ * taken in selection mode on tiny-sparse: the last call ended past
+ * dense_len 512). Every call of the forks, and of S after being forked,
+ * gives the logits of the run alone within the bound above, and the same
+ * greedy tokens up to near ties; every block comes back at the end. */
+static void fork_case(struct sfw_model *m, const char *what)
+{
+	int V = sfw_model_config(m)->vocab_size;
+	struct sq S, F[3];
+	if (sq_alone(m, &S, 600, 4242u) != 0)
+		return;
+	struct sfw_batch_params bp = sfw_batch_default_params();
+	bp.max_seqs = 4, bp.pool_tokens = 1 << 16, bp.max_ctx = 4096, bp.max_step_rows = 2 * CHUNK + 4;
+	struct sfw_batch *b = NULL;
+	struct sfw_err err = {0};
+	int ok = sfw_batch_new(m, &bp, &b, &err) == SFW_OK && sfw_batch_seq_open(b, &S.slot, &err) == SFW_OK;
+	CHECK(ok, "%s: batch: %s", what, err.msg);
+	struct sq *all[4] = {&S, &F[0], &F[1], &F[2]};
+	int live = 1, steps = 0;
+	while (ok) {
+		if ((S.off == 400 && live == 1) || (S.off == S.len && live < 4)) { /* F0, then F1 and F2 */
+			for (int k = live; ok && k < (S.off == 400 ? 2 : 4); k++, live++) {
+				struct sq *f = all[k];
+				*f = S; /* the same prompt, chain and reference; its own counters */
+				f->maxd = f->maxref = 0, f->argmax_diff = f->near_ties = 0;
+				ok = sfw_batch_seq_fork(b, S.slot, &f->slot, &err) == SFW_OK &&
+				     sfw_batch_seq_pos(b, f->slot) == S.off;
+				CHECK(ok, "%s: fork %d of S at %d tokens: %s", what, k - 1, S.off, err.msg);
+			}
+		}
+		struct sfw_batch_item it[4];
+		struct sq *own[4];
+		int n = 0;
+		for (int k = 0; ok && k < live; k++)
+			if (all[k]->call < all[k]->ncalls) {
+				it[n] = (struct sfw_batch_item){all[k]->slot, all[k]->ids + all[k]->off, call_n(all[k]), 1, NULL, 0};
+				own[n++] = all[k];
+			}
+		if (!ok || !n)
+			break;
+		if (sfw_batch_step(b, it, n, &err) != SFW_OK) {
+			CHECK(0, "%s: step %d: %s", what, steps, err.msg);
+			ok = 0;
+			break;
+		}
+		steps++;
+		for (int i = 0; i < n; i++) {
+			sq_compare(own[i], sfw_batch_logits(b, i), V);
+			own[i]->off += it[i].n;
+			own[i]->call++;
+		}
+	}
+	CHECK(ok && live == 4, "%s: S forked three times, every step ran (%d steps)", what, steps);
+	for (int k = 0; ok && k < 4; k++) {
+		struct sq *q = all[k];
+		printf("  %s: %s max |dlogit| %.3g (max |logit| %.3g), argmax differs %d (near ties %d)\n", what,
+		       k ? "fork" : "source", q->maxd, q->maxref, q->argmax_diff, q->near_ties);
+		CHECK(q->call == q->ncalls && q->maxd <= 1.5e-2 * (q->maxref > 1 ? q->maxref : 1),
+		      "%s: %s%d's logits within 1.5e-2 of the run alone (max diff %g)", what, k ? "F" : "S", k ? k - 1 : 0,
+		      q->maxd);
+		CHECK(q->argmax_diff == 0, "%s: %s%d's greedy tokens equal up to near ties (%d differ)", what, k ? "F" : "S",
+		      k ? k - 1 : 0, q->argmax_diff);
+		sfw_batch_seq_close(b, q->slot);
+	}
+	CHECK(!b || sfw_batch_blocks_used(b) == 0, "%s: every block back at the end", what);
+	sfw_batch_free(b);
+	free(S.ids), free(S.ref);
+}
+
 int main(void)
 {
 	struct sfw_cuda_info info;
@@ -415,6 +497,7 @@ int main(void)
 		static const int js[6] = {0, 0, 0, 10, 10, 12};
 		batch_case(m, "join/leave", 6, k == 1 ? jd : jsp, js,
 			   k == 1 ? W_REPLAY | W_PAD | W_CHANGED : W_REPLAY | W_PAD | W_SPARSE);
+		fork_case(m, "fork");
 		if (k == 0) {
 			/* every row in selection mode (past dense_len 512): three
 			 * sequences decode together (bucket 4, recorded), leave,
@@ -424,6 +507,10 @@ int main(void)
 			batch_case(m, "selection join/leave", 5, sl, sj, W_REPLAY | W_SPARSE | W_SEL_OTHERS);
 			pool_case(m);
 			sample_case(m);
+			real_supports = m->be->supports_op;
+			m->be->supports_op = no_pool;
+			fork_case(m, "fork, caches per sequence");
+			m->be->supports_op = real_supports;
 		}
 		sfw_model_free(m);
 	}

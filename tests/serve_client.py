@@ -271,6 +271,52 @@ def extras(prompt, full, msgs):
         check("tool_choice naming no tool: 400", e.status_code == 400, str(e))
 
 
+def metrics_now():
+    """The server's /metrics series without labels: name -> value."""
+    u = urllib.parse.urlparse(BASE)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    c.request("GET", "/metrics")
+    t = c.getresponse().read().decode()
+    c.close()
+    return {k: float(v) for k, v in re.findall(r"^(salafw_[a-z_]+) ([0-9.e+]+)$", t, re.M)}
+
+
+def n_shared(prompt, full, msgs):
+    """n > 1 at temperature 0: the choices share one prefill (the first
+    choice's, forked), so each is the n = 1 greedy answer; the prompt is
+    prefilled once (salafw_prompt_tokens_prefilled_total rises by its length)
+    and the two other choices are forks."""
+    pre, fk = "salafw_prompt_tokens_prefilled_total", "salafw_choice_forks_total"
+    m0 = metrics_now()
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, n=3)
+    m1 = metrics_now()
+    got = sorted(r.choices, key=lambda c: c.index)
+    check("n = 3 at temperature 0: choices 0, 1, 2, each the n = 1 greedy text",
+          len(got) == 3 and [c.index for c in got] == [0, 1, 2] and all(c.text == full for c in got),
+          "%r vs %r" % ([c.text for c in got], full))
+    check("n = 3 prefilled its %d prompt tokens once, two choices forked" % r.usage.prompt_tokens,
+          m1.get(pre, -1) - m0.get(pre, 0) == r.usage.prompt_tokens and m1.get(fk, -1) - m0.get(fk, 0) == 2 and
+          r.usage.completion_tokens == 3 * 24, "prefilled %s -> %s, forks %s -> %s, %s" %
+          (m0.get(pre), m1.get(pre), m0.get(fk), m1.get(fk), r.usage))
+    st = {}
+    for ch in client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, n=3, stream=True):
+        for c in ch.choices:
+            st[c.index] = st.get(c.index, "") + (c.text or "")
+    check("n = 3 at temperature 0 streamed: each the greedy text", [st.get(i) for i in range(3)] == [full] * 3, str(st))
+    one = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0)
+    m0 = metrics_now()
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0, n=3)
+    m1 = metrics_now()
+    got = sorted(r.choices, key=lambda c: c.index)
+    want = one.choices[0].message.content
+    check("chat n = 3 at temperature 0: choices 0, 1, 2, each the n = 1 greedy reply",
+          len(got) == 3 and [c.index for c in got] == [0, 1, 2] and all(c.message.content == want for c in got),
+          "%r vs %r" % ([c.message.content for c in got], want))
+    check("chat n = 3 prefilled its prompt once",
+          m1.get(pre, -1) - m0.get(pre, 0) == r.usage.prompt_tokens == one.usage.prompt_tokens,
+          "prefilled %s -> %s, %s" % (m0.get(pre), m1.get(pre), r.usage))
+
+
 def main():
     prompt = "The quick brown fox"
     # completions: greedy equals salafw run --greedy on the same prompt
@@ -336,6 +382,7 @@ def main():
     check("the alias serves the same model", r.choices[0].text == full and r.model == ALIAS, r.choices[0].text)
 
     extras(prompt, full, msgs)
+    n_shared(prompt, full, msgs)
 
     # 64 concurrent streaming clients, each with the output it gets alone
     prompts = ["Story %d: once upon a time" % i for i in range(64)]
@@ -356,13 +403,7 @@ def main():
     # a client that disconnects half-way frees its sequence at once
     u = urllib.parse.urlparse(BASE)
 
-    def metrics():
-        c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-        c.request("GET", "/metrics")
-        t = c.getresponse().read().decode()
-        c.close()
-        return {k: float(v) for k, v in re.findall(r"^(salafw_[a-z_]+) ([0-9.e+]+)$", t, re.M)}
-
+    metrics = metrics_now
     before = metrics().get("salafw_requests_cancelled_total", 0)
     body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 4000, "temperature": 0, "stream": True,
                        "ignore_eos": True})
@@ -399,6 +440,28 @@ def main():
         time.sleep(0.02)
     check("a waiting client that goes away frees its sequence",
           mt.get("salafw_requests_cancelled_total", 0) == before + 2 and mt.get("salafw_running") == 0, str(mt))
+    # n = 3 streamed (the lead's sequence and two forks) closed half-way: all three freed
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 4000, "temperature": 0.7, "stream": True,
+                       "ignore_eos": True, "n": 3})
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = c.getresponse()
+    events = 0
+    while events < 12:
+        line = resp.fp.readline()
+        if line.startswith(b"data: {"):
+            events += 1
+    c.sock.shutdown(2)
+    c.close()
+    t0 = time.time()
+    while time.time() - t0 < 5:
+        mt = metrics()
+        if mt.get("salafw_requests_cancelled_total", 0) >= before + 5 and mt.get("salafw_running") == 0:
+            break
+        time.sleep(0.02)
+    check("n = 3 streamed, closed half-way: the three sequences freed",
+          mt.get("salafw_requests_cancelled_total", 0) == before + 5 and mt.get("salafw_running") == 0 and
+          mt.get("salafw_queue_depth") == 0, str(mt))
     # and the server still answers
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
     check("the server answers after the disconnects", r.choices[0].text == full)

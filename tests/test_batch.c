@@ -14,6 +14,11 @@
  *     go on with the right logits; the failed one goes on once a closed
  *     sequence has given its blocks back;
  *   - 64 sequences decoding in one step;
+ *   - forks (sfw_batch_seq_fork): a sequence forked mid-prompt and after it
+ *     (in selection mode: past dense_len, or dense_as_sparse), the forks fed
+ *     its tokens or tokens of their own, each bit for bit as its run alone,
+ *     the source too; refusals (not open, no slot, no blocks, no cache copy)
+ *     change nothing;
  *   - refusals: an unknown or repeated sequence, a bad id, a step over
  *     max_ctx, all slots in use;
  *   - both KV modes: paged (the CPU backend's pool, its blocks mapped into
@@ -99,12 +104,17 @@ static void sq_free(struct sq *q)
 	free(q->prompt), free(q->ref), free(q->ref_tok);
 }
 
+/* 1: the runs alone (and the fork tests' batches) use InfLLM-v2 at every
+ * length (dense_as_sparse) */
+static int alone_sparse;
+
 /* The sequence alone on a fresh context: the same calls, logits kept. */
 static int sq_alone(struct sfw_model *m, struct sq *q)
 {
 	int V = sfw_model_config(m)->vocab_size;
 	struct sfw_ctx_params cp = sfw_ctx_default_params();
 	cp.prefill_chunk = 256;
+	cp.dense_as_sparse = alone_sparse;
 	struct sfw_ctx *c = NULL;
 	struct sfw_err err = {0};
 	if (sfw_ctx_new(m, &cp, &c, &err) != SFW_OK) {
@@ -579,6 +589,213 @@ static int no_pool(const struct sfw_backend *be, enum sfw_opk op, enum sfw_dtype
 	return op != SFW_OP_POOL && real_supports(be, op, dt);
 }
 
+/* ... and less the cache copy (whatever the backend's table is now). */
+static int (*copy_supports)(const struct sfw_backend *, enum sfw_opk, enum sfw_dtype);
+static int no_copy(const struct sfw_backend *be, enum sfw_opk op, enum sfw_dtype dt)
+{
+	return op != SFW_OP_CACHE_COPY && copy_supports(be, op, dt);
+}
+
+/* f is a fork of q: q's calls so far are f's (the same prompt up to q's
+ * position), and f goes on from there. */
+static void sq_take_state(struct sq *f, const struct sq *q)
+{
+	f->call = q->call, f->off = q->off, f->pos = q->pos, f->next = q->next, f->started = 1;
+}
+
+/* One step of every open, unfinished sequence of qs (its next call), then
+ * the comparison with its run alone: the items stepped, or -1. */
+static int step_all(struct sfw_batch *b, struct sq *const *qs, int n, int V, struct sfw_err *err)
+{
+	struct sfw_batch_item it[8];
+	struct sq *own[8];
+	int k = 0;
+	for (int i = 0; i < n && k < 8; i++)
+		if (qs[i]->slot >= 0 && !qs[i]->done) {
+			sq_item(qs[i], &it[k]);
+			own[k++] = qs[i];
+		}
+	if (k && sfw_batch_step(b, it, k, err) != SFW_OK)
+		return -1;
+	for (int i = 0; i < k; i++) {
+		CHECK(sfw_batch_seq_pos(b, own[i]->slot) == own[i]->pos + it[i].n, "position after a step");
+		sq_after(own[i], &it[i], sfw_batch_logits(b, i), V);
+	}
+	return k;
+}
+
+/* Forks (sfw_batch_seq_fork) against runs alone: S, a 650-token prompt in
+ * chunks of 100 then 8 greedy steps, is forked twice after 600 tokens (past
+ * tiny-sparse's dense_len 512, or with dense_as_sparse: its last call
+ * selected blocks) and once after its whole prompt. F0 goes on with S's
+ * last 50 tokens, F1 with 50 others, F2 decodes beside S: every call of
+ * each, and of S after being forked, gives the logits of its own run alone
+ * (the same calls from the start) bit for bit, and the same greedy tokens.
+ * F0 and F2 are S's run (the same calls): they take its reference. */
+static void test_fork(struct sfw_model *m, const char *what)
+{
+	int V = sfw_model_config(m)->vocab_size;
+	struct sq S, F[3];
+	int ok = sq_init(&S, 650, 100, 8, V, 41) == 0;
+	for (int i = 0; i < 3; i++)
+		ok = sq_init(&F[i], 650, 100, 8, V, i == 1 ? 42 : 41) == 0 && ok;
+	if (ok)
+		memcpy(F[1].prompt, S.prompt, 600 * sizeof(int32_t)); /* the same 600 tokens, then its own 50 */
+	ok = ok && sq_alone(m, &S) == 0 && sq_alone(m, &F[1]) == 0;
+	for (int i = 0; ok && i < 3; i += 2) {
+		memcpy(F[i].ref, S.ref, sizeof(float) * (size_t)S.ncalls * V);
+		memcpy(F[i].ref_tok, S.ref_tok, sizeof(int32_t) * (size_t)S.steps);
+	}
+	CHECK(ok, "%s: references alone", what);
+	struct sfw_batch_params bp = sfw_batch_default_params();
+	bp.max_seqs = 4, bp.pool_tokens = 1 << 14, bp.max_ctx = 4096, bp.max_step_rows = 4 * 100 + 4;
+	bp.dense_as_sparse = alone_sparse;
+	struct sfw_batch *b = NULL;
+	struct sfw_err err = {0};
+	if (ok && sfw_batch_new(m, &bp, &b, &err) != SFW_OK) {
+		CHECK(0, "%s: batch: %s", what, err.msg);
+		ok = 0;
+	}
+	if (ok) {
+		ok = sfw_batch_seq_open(b, &S.slot, &err) == SFW_OK;
+		S.started = 1;
+	}
+	struct sq *all[4] = {&S, &F[0], &F[1], &F[2]};
+	while (ok && S.off < 600)
+		ok = step_all(b, all, 4, V, &err) == 1;
+	int64_t used = ok ? sfw_batch_blocks_used(b) : 0;
+	for (int i = 0; ok && i < 2; i++) {
+		ok = sfw_batch_seq_fork(b, S.slot, &F[i].slot, &err) == SFW_OK;
+		sq_take_state(&F[i], &S);
+	}
+	CHECK(ok && F[0].slot >= 0 && F[1].slot >= 0 && F[0].slot != F[1].slot && F[0].slot != S.slot &&
+		  sfw_batch_seq_pos(b, F[0].slot) == 600 && sfw_batch_seq_pos(b, F[1].slot) == 600 &&
+		  sfw_batch_seq_pos(b, S.slot) == 600,
+	      "%s: two forks of S after 600 tokens, each at 600 in a slot of its own: %s", what, err.msg);
+	CHECK(!ok || sfw_batch_blocks_used(b) == used + 2 * 10, "%s: each fork holds 10 blocks of its own (%lld -> %lld)",
+	      what, (long long)used, (long long)(ok ? sfw_batch_blocks_used(b) : 0));
+	if (ok && (alone_sparse || sfw_model_config(m)->sparse_dense_len <= 600))
+		printf("  %s: forked in selection mode (the last call's end past dense_len)\n", what);
+	while (ok && S.off < S.len)
+		ok = step_all(b, all, 4, V, &err) == 3;
+	if (ok) {
+		ok = sfw_batch_seq_fork(b, S.slot, &F[2].slot, &err) == SFW_OK;
+		sq_take_state(&F[2], &S);
+		CHECK(ok && sfw_batch_seq_pos(b, F[2].slot) == 650, "%s: a third fork after the whole prompt: %s", what,
+		      err.msg);
+	}
+	int r = 1;
+	while (ok && (r = step_all(b, all, 4, V, &err)) > 0)
+		;
+	CHECK(ok && r == 0, "%s: every step ran: %s", what, err.msg);
+	for (int i = 0; i < 4; i++) {
+		struct sq *q = all[i];
+		CHECK(q->done && q->bad_logits == 0 && q->bad_tok == 0,
+		      "%s: %s bit-identical to its run alone (%d calls, %d tokens differ)", what,
+		      i == 0 ? "S, forked three times," : i == 1 ? "F0 (S's tokens)" : i == 2 ? "F1 (tokens of its own)" : "F2",
+		      q->bad_logits, q->bad_tok);
+		if (b && q->slot >= 0)
+			sfw_batch_seq_close(b, q->slot);
+	}
+	CHECK(!b || sfw_batch_blocks_used(b) == 0, "%s: every block back at the end", what);
+	sfw_batch_free(b);
+	sq_free(&S);
+	for (int i = 0; i < 3; i++)
+		sq_free(&F[i]);
+}
+
+/* a and f (a fork of a, or a of f) fed one same token in one step: the
+ * same logits, bit for bit. */
+static int step_twins(struct sfw_batch *b, int a, int f, int V, struct sfw_err *err)
+{
+	int32_t tok = 7;
+	struct sfw_batch_item it[2] = {{a, &tok, 1, 1, NULL, 0}, {f, &tok, 1, 1, NULL, 0}};
+	if (sfw_batch_step(b, it, 2, err) != SFW_OK)
+		return 0;
+	const float *la = sfw_batch_logits(b, 0), *lf = sfw_batch_logits(b, 1);
+	if (!la || !lf || memcmp(la, lf, (size_t)V * sizeof(float)) != 0)
+		return sfw_fail(err, SFW_E_INVAL, "the logits differ") == SFW_OK;
+	return 1;
+}
+
+/* What a fork refuses, all or nothing: a sequence not open, no free slot
+ * (SFW_E_RANGE, as sfw_batch_seq_open), too few free blocks (SFW_E_NOSPACE,
+ * as a step), a backend without the cache copy (SFW_E_UNSUPPORTED). A pool
+ * of 6 blocks, 3 slots; a parked cache's blocks go to a fork that needs
+ * them (caches of their own), as to a step. */
+static void test_fork_refusals(struct sfw_model *m, const char *what)
+{
+	int V = sfw_model_config(m)->vocab_size;
+	struct sfw_batch_params bp = sfw_batch_default_params();
+	bp.max_seqs = 3, bp.pool_tokens = 6 * 64 + 10, bp.max_ctx = 4096, bp.max_step_rows = 300;
+	struct sfw_batch *b = NULL;
+	struct sfw_err err = {0};
+	if (sfw_batch_new(m, &bp, &b, &err) != SFW_OK) {
+		CHECK(0, "%s: batch: %s", what, err.msg);
+		return;
+	}
+	static const int bad[4] = {0, -1, 3, SFW_BATCH_MAX_SEQS};
+	for (int i = 0; i < 4; i++) {
+		int d = 9;
+		CHECK(sfw_batch_seq_fork(b, bad[i], &d, &err) == SFW_E_INVAL && d == -1 && strstr(err.msg, "not open"),
+		      "%s: fork of sequence %d (not open) refused: %s", what, bad[i], err.msg);
+	}
+	int32_t ids[150];
+	for (int i = 0; i < 150; i++)
+		ids[i] = 3 + (i * 7) % 1000;
+	/* a and y 3 blocks each; x and y closed: their caches parked (caches of
+	 * their own: y's 3 blocks count until a fork needs them) */
+	int a, x, y, f1 = -1, f2;
+	int ok = sfw_batch_seq_open(b, &a, &err) == SFW_OK && sfw_batch_seq_open(b, &x, &err) == SFW_OK &&
+		 sfw_batch_seq_open(b, &y, &err) == SFW_OK;
+	struct sfw_batch_item it[2] = {{a, ids, 150, 0, NULL, 0}, {y, ids, 150, 0, NULL, 0}};
+	ok = ok && sfw_batch_step(b, it, 2, &err) == SFW_OK;
+	CHECK(ok, "%s: a and y prefilled: %s", what, err.msg);
+	if (!ok) {
+		sfw_batch_free(b);
+		return;
+	}
+	sfw_batch_seq_close(b, x);
+	sfw_batch_seq_close(b, y);
+	CHECK(sfw_batch_seq_fork(b, a, &f1, &err) == SFW_OK && f1 == x && sfw_batch_seq_pos(b, f1) == 150 &&
+		  sfw_batch_blocks_used(b) == 6,
+	      "%s: a's fork in the first free slot, at 150, 6 blocks in use (%lld): %s", what,
+	      (long long)sfw_batch_blocks_used(b), err.msg);
+	f2 = 9;
+	CHECK(sfw_batch_seq_fork(b, a, &f2, &err) == SFW_E_NOSPACE && f2 == -1 &&
+		  strstr(err.msg, "KV pool full: 6 of 6 blocks in use"),
+	      "%s: a fork the pool has no blocks for refused: %s", what, err.msg);
+	CHECK(sfw_batch_seq_pos(b, y) == -1 && sfw_batch_blocks_used(b) == 6 && sfw_batch_seq_pos(b, a) == 150 &&
+		  sfw_batch_seq_pos(b, f1) == 150,
+	      "%s: the refused fork changed nothing", what);
+	int c;
+	CHECK(sfw_batch_seq_open(b, &c, &err) == SFW_OK, "%s: a third sequence: %s", what, err.msg);
+	f2 = 9;
+	CHECK(sfw_batch_seq_fork(b, a, &f2, &err) == SFW_E_RANGE && f2 == -1 && strstr(err.msg, "all 3 sequences in use"),
+	      "%s: a fork with every slot in use refused as an open is: %s", what, err.msg);
+	CHECK(sfw_batch_seq_fork(b, c, &f2, &err) == SFW_E_RANGE && f2 == -1,
+	      "%s: an empty sequence's fork, no slot free, refused: %s", what, err.msg);
+	CHECK(sfw_batch_blocks_used(b) == 6 && sfw_batch_seq_pos(b, c) == 0, "%s: nothing changed", what);
+	sfw_batch_seq_close(b, c);
+	CHECK(sfw_batch_seq_fork(b, c, &f2, &err) == SFW_E_INVAL && f2 == -1 && strstr(err.msg, "not open"),
+	      "%s: a closed sequence's fork refused: %s", what, err.msg);
+	CHECK(step_twins(b, a, f1, V, &err), "%s: a and its fork, fed one token, give the same logits: %s", what, err.msg);
+	/* without the backend's cache copy */
+	copy_supports = m->be->supports_op;
+	m->be->supports_op = no_copy;
+	sfw_batch_seq_close(b, f1);
+	f2 = 9;
+	CHECK(sfw_batch_seq_fork(b, a, &f2, &err) == SFW_E_UNSUPPORTED && f2 == -1 && strstr(err.msg, "copy"),
+	      "%s: no fork on a backend without the cache copy: %s", what, err.msg);
+	m->be->supports_op = copy_supports;
+	CHECK(sfw_batch_blocks_used(b) == 3 && sfw_batch_seq_pos(b, f1) == -1, "%s: nothing changed", what);
+	/* the closed fork's slot (its cache parked, caches of their own) for a new one */
+	CHECK(sfw_batch_seq_fork(b, a, &f2, &err) == SFW_OK && f2 == f1 && sfw_batch_blocks_used(b) == 6,
+	      "%s: a fork again once blocks came back: %s", what, err.msg);
+	CHECK(step_twins(b, f2, a, V, &err), "%s: and it goes on as a does: %s", what, err.msg);
+	sfw_batch_free(b);
+}
+
 int main(void)
 {
 	const char *g = check_golden_dir();
@@ -599,6 +816,13 @@ int main(void)
 		}
 		printf("%s:\n", models[i]);
 		test_sizes(m);
+		test_fork(m, "fork");
+		test_fork_refusals(m, "fork refusals");
+		if (i == 1) { /* selection at every length: the forks' caches in selection mode */
+			alone_sparse = 1;
+			test_fork(m, "fork, dense_as_sparse");
+			alone_sparse = 0;
+		}
 		if (i == 0) {
 			test_64(m);
 			test_pool(m);
@@ -618,6 +842,8 @@ int main(void)
 			CHECK(sched_caches == 4, "join/leave: 9 sequences through 4 slots made 4 caches, not one each (%d)",
 			      sched_caches);
 			test_pool(m);
+			test_fork(m, "fork, caches per sequence");
+			test_fork_refusals(m, "fork refusals, caches per sequence");
 			be->cache_new = real_cache_new;
 			be->supports_op = real_supports;
 		}

@@ -5,8 +5,9 @@
 # `salafw run`; 64 concurrent streams; clients that go away; model ids,
 # vLLM's extra fields, logprobs against `salafw score`, penalties, n, tools,
 # /tokenize); every error answer with curl; HEAD, CORS and the request log
-# with curl; API keys; the queue limit; SIGTERM finishing a stream; the
-# README's curl examples.
+# with curl; n choices sharing one prefill (/metrics), and prefilling their
+# own when the batch has no sequence left to fork into; API keys; the queue
+# limit; SIGTERM finishing a stream; the README's curl examples.
 . tests/lib.sh
 S=$(scratch)
 VENV=${SALAFW_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/salafw/venv}
@@ -159,6 +160,29 @@ grep -qE "serve: - GET /v1/models/\{id\} 404 " "$S/main.log" && grep -qE "serve:
 	pass "every request has a line, errors and preflights too" || fail "log lines: $(grep 'serve: ' "$S/main.log" | tail -n 5)"
 code=$(curl -s -o /dev/null -w '%{http_code}' "${J[@]}" -d '{"model": "tiny-sala", "prompt": "still here", "max_tokens": 2}' "$C")
 [ "$code" = 200 ] && pass "the server answers after the bad requests" || fail "after the bad requests: HTTP $code"
+# n_once WHAT BODY FORKS PREFILLS: the n = 3 request BODY on $U answers three
+# choices 0..2 of one greedy text, FORKS of them forked, its prompt
+# prefilled PREFILLS times (salafw_prompt_tokens_prefilled_total)
+n_once() {
+	local p0 f0 p1 f1
+	p0=$(metric salafw_prompt_tokens_prefilled_total) f0=$(metric salafw_choice_forks_total)
+	curl -s -m 60 "${J[@]}" -d "$2" "$U/v1/completions" >"$S/n3.json"
+	p1=$(metric salafw_prompt_tokens_prefilled_total) f1=$(metric salafw_choice_forks_total)
+	if python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+p0, p1, f0, f1, forks, times = map(int, sys.argv[2:])
+c = sorted(r["choices"], key=lambda c: c["index"])
+assert [x["index"] for x in c] == [0, 1, 2] and len({x["text"] for x in c}) == 1, c
+assert p1 - p0 == times * r["usage"]["prompt_tokens"], (p0, p1, r["usage"])
+assert f1 - f0 == forks, (f0, f1)' "$S/n3.json" "${p0:--1}" "${p1:--1}" "${f0:--1}" "${f1:--1}" "$3" "$4" 2>"$S/n3.err"; then
+		pass "$1"
+	else
+		fail "$1: $(tail -c 300 "$S/n3.err") $(head -c 300 "$S/n3.json")"
+	fi
+}
+n_once "n = 3: one prefill of the prompt, two forks" \
+	'{"model": "tiny-sala", "prompt": "the choices share one prefill", "max_tokens": 6, "n": 3, "temperature": 0}' 2 1
 metric 'salafw_requests_total{endpoint="/v1/completions",code="400"}' | grep -qE '^[1-9][0-9]*$' &&
 	pass "metrics count the 400s" || fail "metrics count the 400s"
 # the engine's time: inside the steps, and its own work around them (positive, and the steps
@@ -263,6 +287,16 @@ echo "$out" | grep -qi '^Access-Control-Allow-Origin: http://a.example' && echo 
 kill -TERM "$PID"
 wait "$PID"
 ! curl -s -m 2 "$U/health" >/dev/null 2>&1 && pass "SIGTERM: no longer listening" || fail "SIGTERM: still listening"
+
+# a batch of 2 sequences: the third choice finds none to fork into, waits and
+# prefills the prompt itself (the request is answered all the same)
+start nfork --max-running 2 --quiet
+U=http://127.0.0.1:$PORT
+n_once "n = 3 with 2 sequences: one fork, the third choice prefills its own" \
+	'{"model": "tiny-sala", "prompt": "no room to fork", "max_tokens": 6, "n": 3, "temperature": 0, "ignore_eos": true}' 1 2
+kill -TERM "$PID"
+for _ in $(seq 200); do kill -0 "$PID" 2>/dev/null || break; sleep 0.05; done
+! kill -0 "$PID" 2>/dev/null && pass "that server exits on SIGTERM" || fail "the --max-running 2 server still runs after SIGTERM"
 
 # the first server too ends cleanly after all of the above (no leak or
 # sanitizer report under make SAN=1), and nothing in the logs is raw request text

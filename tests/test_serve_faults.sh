@@ -4,7 +4,8 @@
 # sockets (loopback only; every client and wait is bounded):
 #   SIGTERM while non-streamed requests run (each reply arrives, exit 0); a
 #   second signal and --drain-timeout (the accepted requests end with 503 or
-#   an error event, exit 128 + signal); the drain answers 503, the listener
+#   an error event, exit 128 + signal; n = 3 requests too, their choices forks
+#   or waiting for one); the drain answers 503, the listener
 #   stays open; slow headers and bodies closed after --receive-timeout; a
 #   coding other than chunked refused (501); the per-address limit; /health
 #   and /metrics answer beside 200 crowding connections; bodies over what the
@@ -163,6 +164,28 @@ stream_aborted "$S/ab.stream" && pass "a second SIGTERM: the stream ends with an
 	fail "a second SIGTERM: the waiting request: HTTP $(cat "$S/ab.code") $(head -c 200 "$S/ab.body")"
 grep -q "a second signal (SIGTERM): ended 2 unfinished requests" "$S/abort.log" && pass "a second SIGTERM: says so" ||
 	fail "a second SIGTERM: log $(tail -c 300 "$S/abort.log")"
+
+# n = 3 under a second signal: a stream whose choices are a lead and two forks
+# of its sequence, and a waiting request whose lead runs while its other two
+# choices wait (the batch's 4 sequences are taken: they prefill their own);
+# every choice ends, the stream with an error event, the request with 503
+start abortn --max-context 4096 --max-running 4
+curl -sN -m 30 "${J[@]}" -d "{$LONG, \"stream\": true, \"n\": 3}" "$U/v1/completions" >"$S/abn.stream" &
+c1=$!
+until_metric salafw_choice_forks_total 2 || fail "abort, n = 3: the stream's other choices were not forked"
+curl -s -m 30 -o "$S/abn.body" -w '%{http_code}' "${J[@]}" -d "{$LONG, \"n\": 3}" "$U/v1/completions" >"$S/abn.code" &
+c2=$!
+until_metric salafw_running 4 && until_metric salafw_queue_depth 2 ||
+	fail "abort, n = 3: the second request's lead did not run beside two waiting choices"
+kill -TERM "$PID"
+for _ in $(seq 100); do grep -q "finishing the accepted" "$S/abortn.log" && break; sleep 0.02; done
+kill -TERM "$PID"
+waitexit "$PID" 8
+rc=$RC
+wait $c1 $c2
+[ "$rc" = 143 ] && stream_aborted "$S/abn.stream" && [ "$(cat "$S/abn.code")" = 503 ] && is_error "$S/abn.body" "" &&
+	pass "a second SIGTERM ends n = 3 requests: forks and choices waiting for one" ||
+	fail "a second SIGTERM, n = 3: exit $rc, HTTP $(cat "$S/abn.code"), stream $(tail -c 200 "$S/abn.stream")"
 
 # --drain-timeout: the same end once it has passed (here after SIGINT: 130)
 start dtimeout --max-context 4096 --drain-timeout 1
