@@ -142,6 +142,7 @@ enum sfw_opk {
 	SFW_OP_COMPRESS_SEQS,
 	SFW_OP_ATTN_DENSE_SEQS,
 	SFW_OP_SAMPLE,
+	SFW_OP_CACHE_VIEW,      /* every backend's: not composable */
 	SFW_OP_N,
 	/* capabilities (supports_op only; dtype ignored) */
 	SFW_OP_POOL = SFW_OP_N, /* paged KV (pool_new) */
@@ -156,6 +157,18 @@ struct sfw_bseq {
 	struct sfw_bcache *cache;
 	int64_t pos0;
 	int row0, R;
+};
+
+/* One layer's cache as backend addresses (SFW_OP_CACHE_VIEW): for copies
+ * of a whole sequence's state through transfer (runner/ctxstate.c). Sparse
+ * layers: k, v [cap, nkv, hd] and the compressed keys c1 [cap1, nkv, hd],
+ * c2 [cap2, nkv, hd], in activation elements, holding len, n1, n2 rows
+ * (state NULL); lightning layers: the fp32 state [lnh, lhd, lhd] (the
+ * others NULL, the counts 0). */
+struct sfw_cache_view {
+	void *k, *v, *c1, *c2;
+	float *state;
+	int64_t len, n1, n2, cap, cap1, cap2;
 };
 
 /* An op and its arguments: kind names the member of the union that holds
@@ -235,6 +248,15 @@ struct sfw_op {
 			const struct sfw_op_sample_params *const *p;
 			const double *u;
 		} sample;
+		/* cache_view: *out = layer's view of c; set (may be NULL) first
+		 * makes its counts set[0..3) (tokens, level-1, level-2 compressed
+		 * keys; sparse layers) */
+		struct {
+			struct sfw_bcache *c;
+			int layer;
+			const int64_t *set;
+			struct sfw_cache_view *out;
+		} view;
 	};
 };
 
@@ -614,6 +636,20 @@ static inline int sfw_be_sample(struct sfw_backend *be, int32_t *out, const floa
 	struct sfw_op op = {.kind = SFW_OP_SAMPLE, .sample = {out, logits, V, n, p, u}};
 	sfwi_op_void(be, &op);
 	return 1;
+}
+
+/* A layer's cache as backend addresses (struct sfw_cache_view), after
+ * making its counts set[0..3) when set is not NULL: each within its
+ * capacity (room reserved with cache_reserve), else SFW_E_RANGE and nothing
+ * changed. A paged cache (d->pool) is SFW_E_UNSUPPORTED: its K/V are not at
+ * one address on every backend. The counts change nothing in backend
+ * memory: a caller that sets them has written (transfer) what they count. */
+static inline SFW_MUST_CHECK enum sfw_status sfw_be_cache_view(struct sfw_backend *be, struct sfw_bcache *c, int layer,
+							       const int64_t *set, struct sfw_cache_view *out,
+							       struct sfw_err *err)
+{
+	struct sfw_op op = {.kind = SFW_OP_CACHE_VIEW, .view = {c, layer, set, out}};
+	return sfwi_op(be, &op, err);
 }
 
 /* The CPU backend; nthreads <= 0 means sfw_default_threads(). */

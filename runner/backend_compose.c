@@ -157,7 +157,7 @@ enum sfw_status sfwi_step(struct sfw_backend *be, struct sfw_step *st, struct sf
 void sfwi_step_free(struct sfw_backend *be, void *rec)
 {
 	if (be->step_free && rec)
-		sfwi_step_free(be, rec);
+		be->step_free(be, rec);
 }
 
 enum sfw_status sfwi_load(struct sfw_backend *be, int end, struct sfw_err *err)
