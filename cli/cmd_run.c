@@ -540,6 +540,7 @@ struct run {
 	struct sfw_gen_stats st;
 	struct sfw_err err;
 	struct cli_gate_info gi;
+	struct sfw_model_params mp;
 	struct cli_pcache pc; /* --prompt-cache; path NULL: none */
 };
 
@@ -705,9 +706,7 @@ static int run_context(struct run *r, const struct sfw_op_sample_params *sp, uns
 	if (a->pcache) { /* bound to the model; a problem here is a warning, then no cache */
 		r->pc.cmd = r->C;
 		r->pc.path = a->pcache;
-		struct sfw_model_params mp;
-		if (cli_model_params(r->C, &a->mo, &mp) == 0 &&
-		    cli_pcache_bind(&r->pc, r->dir, &r->gi, sfw_model_device_name(r->m), &mp) == 0) {
+		if (cli_pcache_bind(&r->pc, r->dir, &r->gi, sfw_model_device_name(r->m), &r->mp) == 0) {
 			cli_pcache_load(&r->pc, r->ctx, r->ids, r->n_ids);
 			r->gp.n_cached = (size_t)r->pc.loaded;
 			r->gp.on_prompt = cli_pcache_save;
@@ -866,8 +865,8 @@ int cmd_run(int argc, char **argv)
 	sp.top_k = r->ra.top_k;
 	r->seed = cli_given(&cp, "seed") ? r->ra.seed : random_seed();
 	unsigned long long n_gen = r->ra.inter && !cli_given(&cp, "n-predict") ? 512 : r->ra.n_gen;
-	struct sfw_model_params mp;
-	if (cli_model_params(r->C, &r->ra.mo, &mp)) {
+	struct sfw_model_params *mp = &r->mp;
+	if (cli_model_params(r->C, &r->ra.mo, mp)) {
 		rc = SFW_EXIT_USAGE;
 		goto out;
 	}
@@ -881,7 +880,7 @@ int cmd_run(int argc, char **argv)
 	sfw_buf_init(&r->line, CHAT_LINE_MAX);
 	sfw_buf_init(&r->reply, REPLY_MAX);
 	r->ro.print_ids = r->ra.print_ids;
-	if ((rc = run_load(r, &sp, &mp)) == 0 && (rc = run_context(r, &sp, n_gen)) == 0)
+	if ((rc = run_load(r, &sp, mp)) == 0 && (rc = run_context(r, &sp, n_gen)) == 0)
 		rc = run_turns(r);
 out:
 	run_release(r);

@@ -175,5 +175,37 @@ else
 	fail "cannot build the write wrapper (tests/shim/writefault.c)"
 fi
 
+# the binding: an unverified model's files by identity (a touched file
+# makes FILE stale), a verified model's signed manifest
+cp -r "$S/t" "$S/u"
+rm -f "$C"
+crun "$S/u" -p "$P"
+crun "$S/u" -p "$P"
+has_err "an unverified copy: loads" "loaded 26 of 26"
+sleep 0.01; touch "$S/u/config.json"
+crun "$S/u" -p "$P"
+one_warning "a touched config.json: one warning" "ignored: made for another model"
+same_out "a touched config.json: uncached text" "$plainP"
+export SALAFW_STATE_DIR=$S/state
+mkdir -p "$S/u/.salafw"
+if $SALAFW keygen --pubkey-out "$S/k.pub" -s "$S/k.key" >/dev/null 2>&1 &&
+	$SALAFW manifest "$S/u" --repo test/tiny --revision 0123456789abcdef0123456789abcdef01234567 \
+		-P "$S/k.pub" -o "$S/u/.salafw/manifest.json" >/dev/null 2>&1 &&
+	$SALAFW sign -s "$S/k.key" "$S/u/.salafw/manifest.json" >/dev/null 2>&1 &&
+	$SALAFW verify "$S/u" -P "$S/k.pub" >/dev/null 2>&1; then
+	vrun() { $SALAFW run "$S/u" --pubkey "$S/k.pub" --raw --temp 0 -n 12 -p "$P" --prompt-cache "$C" \
+		>"$S/out" 2>"$S/err"; }
+	vrun
+	one_warning "verified: the --no-verify state is another binding" "ignored: made for another model"
+	has_err "verified: saved" "saved 26 tokens"
+	vrun
+	has_err "verified: loads" "loaded 26 of 26"
+	same_out "verified: uncached text" "$plainP"
+	crun "$S/u" -p "$P"
+	one_warning "the same folder under --no-verify: another binding" "ignored: made for another model"
+else
+	fail "signing a copy of the model"
+fi
+
 check_exit "--prompt-cache with -i is a usage error" 2 $SALAFW run "$S/t" --no-verify -i --prompt-cache "$C"
 check_report test_prompt_cache
