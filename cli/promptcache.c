@@ -40,8 +40,8 @@
 static void warn(const struct cli_pcache *pc, const char *what, const char *why)
 {
 	char ep[1024], ew[512];
-	fprintf(stderr, "%s: warning: prompt cache '%s' %s: %s\n", pc->cmd, sfw_esc(pc->path, ep, sizeof(ep)), what,
-		sfw_esc(why, ew, sizeof(ew)));
+	fprintf(stderr, "%s: warning: prompt cache '%s' %s: %s\n", pc->cmd, sfw_esc(pc->path, ep, sizeof(ep)),
+		what, sfw_esc(why, ew, sizeof(ew)));
 }
 
 /* The files a model directory's weights are read from. */
@@ -60,8 +60,8 @@ static void put_u64(struct sfw_sha256 *h, uint64_t v)
 	sfw_sha256_update(h, b, 8);
 }
 
-int cli_pcache_bind(struct cli_pcache *pc, const char *dir, const struct cli_gate_info *gi, const char *device,
-		    const struct sfw_model_params *mp)
+int cli_pcache_bind(struct cli_pcache *pc, const char *dir, const struct cli_gate_info *gi,
+		    const char *device, const struct sfw_model_params *mp)
 {
 	struct sfw_sha256 h;
 	if (sfw_sha256_init(&h) != SFW_OK) {
@@ -175,13 +175,14 @@ void cli_pcache_load(struct cli_pcache *pc, struct sfw_ctx *ctx, const int32_t *
 	}
 	const char *path = sfw_esc(pc->path, ep, sizeof(ep));
 	if (got == 0) {
-		fprintf(stderr, "%s: prompt cache: '%s' holds another prompt; prefilling this one whole\n", pc->cmd, path);
+		fprintf(stderr, "%s: prompt cache: '%s' holds another prompt; prefilling this one whole\n",
+			pc->cmd, path);
 		return;
 	}
 	pc->loaded = got;
 	pc->write = (size_t)got < n; /* the longer prompt replaces it */
-	fprintf(stderr, "%s: prompt cache: loaded %lld of %zu prompt tokens from '%s'\n", pc->cmd, (long long)got, n,
-		path);
+	fprintf(stderr, "%s: prompt cache: loaded %lld of %zu prompt tokens from '%s'\n", pc->cmd,
+		(long long)got, n, path);
 }
 
 static enum sfw_status atomic_wr(void *user, const void *p, size_t n, struct sfw_err *err)
@@ -209,5 +210,6 @@ void cli_pcache_save(void *user, struct sfw_ctx *ctx, const int32_t *ids, size_t
 		return;
 	}
 	char ep[1024];
-	fprintf(stderr, "%s: prompt cache: saved %zu tokens to '%s'\n", pc->cmd, n, sfw_esc(pc->path, ep, sizeof(ep)));
+	fprintf(stderr, "%s: prompt cache: saved %zu tokens to '%s'\n", pc->cmd, n,
+		sfw_esc(pc->path, ep, sizeof(ep)));
 }

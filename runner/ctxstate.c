@@ -17,8 +17,8 @@
 
 /* What a state of c's model and parameters has in its header, and the
  * layer kinds (sparse[n_layers], sfw_free). */
-static enum sfw_status state_want(const struct sfw_ctx *c, const uint8_t binding[32], struct sfwi_state_hdr *h,
-				  uint8_t **sparse, struct sfw_err *err)
+static enum sfw_status state_want(const struct sfw_ctx *c, const uint8_t binding[32],
+				  struct sfwi_state_hdr *h, uint8_t **sparse, struct sfw_err *err)
 {
 	const struct sfw_config *cf = &c->m->cfg;
 	const struct sfw_backend *be = c->m->be;
@@ -47,7 +47,8 @@ static enum sfw_status state_want(const struct sfw_ctx *c, const uint8_t binding
 
 /* The backend address a section's bytes live at (caches: through the
  * layer's view), or NULL for the notes, which the host keeps. */
-static enum sfw_status sec_base(struct sfw_ctx *c, const struct sfwi_sec_desc *d, void **base, struct sfw_err *err)
+static enum sfw_status sec_base(struct sfw_ctx *c, const struct sfwi_sec_desc *d, void **base,
+				struct sfw_err *err)
 {
 	*base = NULL;
 	if (d->kind == SFWI_SEC_NOTES)
@@ -112,9 +113,11 @@ static enum sfw_status write_payload(struct sfw_ctx *c, const struct sfwi_state_
 		if (d.kind >= SFWI_SEC_K && d.kind <= SFWI_SEC_C2) { /* the counts the format implies */
 			int64_t n[3];
 			sfw_be_cache_ncompressed(be, c->cache, d.layer, n);
-			int64_t have = d.kind <= SFWI_SEC_V ? sfw_be_cache_len(be, c->cache, d.layer) : n[d.kind - SFWI_SEC_C1];
+			int64_t have = d.kind <= SFWI_SEC_V ? sfw_be_cache_len(be, c->cache, d.layer)
+							    : n[d.kind - SFWI_SEC_C1];
 			if (have != (int64_t)d.rows)
-				return sfw_fail(err, SFW_E_INVAL, "layer %d's cache holds %lld rows where its state has %llu",
+				return sfw_fail(err, SFW_E_INVAL,
+						"layer %d's cache holds %lld rows where its state has %llu",
 						d.layer, (long long)have, (unsigned long long)d.rows);
 		}
 		int32_t *notes = NULL;
@@ -143,9 +146,11 @@ enum sfw_status sfw_ctx_state_save(struct sfw_ctx *c, const uint8_t binding[32],
 	if (!c->cache)
 		return sfw_fail(err, SFW_E_INVAL, "a batch's workspace holds no sequence");
 	if (c->broken)
-		return sfw_fail(err, SFW_E_INVAL, "the context is inconsistent after a failed call; reset it");
+		return sfw_fail(err, SFW_E_INVAL,
+				"the context is inconsistent after a failed call; reset it");
 	if (n == 0 || (int64_t)n != c->pos)
-		return sfw_fail(err, SFW_E_INVAL, "%zu token ids for a context that holds %lld", n, (long long)c->pos);
+		return sfw_fail(err, SFW_E_INVAL, "%zu token ids for a context that holds %lld", n,
+				(long long)c->pos);
 	struct sfwi_state_hdr h;
 	uint8_t *sparse = NULL;
 	unsigned char hb[SFWI_STATE_HDR], tail[8];
@@ -161,7 +166,8 @@ enum sfw_status sfw_ctx_state_save(struct sfw_ctx *c, const uint8_t binding[32],
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	if (s == SFW_OK && (s = sfwi_state_payload_bytes(&h, sparse, &h.payload_bytes, err)) == SFW_OK) {
 		sfwi_state_hdr_encode(&h, hb);
-		if ((s = wr(user, hb, sizeof(hb), err)) == SFW_OK && (s = wr(user, ids, n * sizeof(int32_t), err)) == SFW_OK &&
+		if ((s = wr(user, hb, sizeof(hb), err)) == SFW_OK &&
+		    (s = wr(user, ids, n * sizeof(int32_t), err)) == SFW_OK &&
 		    (s = write_payload(c, &h, sparse, buf, wr, user, &crc, err)) == SFW_OK) {
 			sfw_le64_store(tail, crc);
 			s = wr(user, tail, sizeof(tail), err);
@@ -248,7 +254,8 @@ enum sfw_status sfw_ctx_state_load(struct sfw_ctx *c, const uint8_t binding[32],
 	int64_t P = 0;
 	enum sfw_status s = state_want(c, binding, &want, &sparse, err);
 	if (s == SFW_OK)
-		s = sfwi_state_read(&want, sparse, prompt, n_prompt, rd, user, load_piece, &ls, &got, &P, err);
+		s = sfwi_state_read(&want, sparse, prompt, n_prompt, rd, user, load_piece, &ls, &got, &P,
+				    err);
 	if (s == SFW_OK && P > 0)
 		s = load_finish(c, &ls, P, (got.flags & SFWI_STATE_LOGITS) != 0, err);
 	if (s != SFW_OK || P == 0)

@@ -34,7 +34,7 @@
  *              L < k ? 0 : (L - k) / s + 1), a lightning layer's state
  *              [lnh, lhd, lhd] fp32; then per sparse layer its selection
  *              note (int32 mode 0 dense / 1 sparse, int32 blocks [nkv,
- *              sel_k], -1 unused); then, with flag 0, the logits [vocab] fp32
+ *              sel_k], -1 unused); then, with flags bit 0, the logits [vocab] fp32
  *        8     CRC-64 of the payload
  *   (end of file)
  *
@@ -74,13 +74,21 @@ struct sfwi_state_hdr {
 };
 
 /* The payload's sections, in file order. */
-enum sfwi_sec { SFWI_SEC_K, SFWI_SEC_V, SFWI_SEC_C1, SFWI_SEC_C2, SFWI_SEC_STATE, SFWI_SEC_NOTES, SFWI_SEC_LOGITS };
+enum sfwi_sec {
+	SFWI_SEC_K,
+	SFWI_SEC_V,
+	SFWI_SEC_C1,
+	SFWI_SEC_C2,
+	SFWI_SEC_STATE,
+	SFWI_SEC_NOTES,
+	SFWI_SEC_LOGITS
+};
 struct sfwi_sec_desc {
 	enum sfwi_sec kind;
 	int layer;     /* -1 for notes and logits */
 	uint64_t rows; /* K, V, C1, C2: rows of nkv * hd elements */
 	uint64_t bytes;
-	int elem;      /* 4 fp32, 2 bf16 (the activations), 0 int32 notes */
+	int elem; /* 4 fp32, 2 bf16 (the activations), 0 int32 notes */
 };
 
 /* Section i (0, 1, ...) of a state with header h and layer kinds
@@ -99,8 +107,8 @@ void sfwi_state_hdr_encode(const struct sfwi_state_hdr *h, unsigned char out[SFW
  * section; h: the header, checked); an error stops the read and is
  * returned. */
 typedef enum sfw_status (*sfwi_state_sink_fn)(void *user, const struct sfwi_state_hdr *h,
-					      const struct sfwi_sec_desc *d, uint64_t off, const void *p, size_t n,
-					      struct sfw_err *err);
+					      const struct sfwi_sec_desc *d, uint64_t off, const void *p,
+					      size_t n, struct sfw_err *err);
 
 /* Reads a state made for want (every field but n_tokens, ids_crc, flags and
  * payload_bytes; layer kinds sparse[0..want->n_layers)) whose tokens are a
@@ -115,6 +123,7 @@ typedef enum sfw_status (*sfwi_state_sink_fn)(void *user, const struct sfwi_stat
 SFW_MUST_CHECK enum sfw_status sfwi_state_read(const struct sfwi_state_hdr *want, const uint8_t *sparse,
 					       const int32_t *prompt, size_t n_prompt, sfw_state_read_fn rd,
 					       void *ru, sfwi_state_sink_fn sink, void *su,
-					       struct sfwi_state_hdr *got, int64_t *n_loaded, struct sfw_err *err);
+					       struct sfwi_state_hdr *got, int64_t *n_loaded,
+					       struct sfw_err *err);
 
 #endif

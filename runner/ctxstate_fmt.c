@@ -9,7 +9,8 @@
 #include <pthread.h>
 #include <string.h>
 
-_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the state's payload is the host's little-endian bytes");
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+	       "the state's payload is the host's little-endian bytes");
 
 /* ---- CRC-64/XZ, eight bytes a step ---------------------------------------- */
 
@@ -39,8 +40,9 @@ uint64_t sfwi_crc64(uint64_t crc, const void *p, size_t n)
 		uint64_t w;
 		memcpy(&w, b, 8);
 		crc ^= w;
-		crc = crc_tab[7][crc & 0xff] ^ crc_tab[6][(crc >> 8) & 0xff] ^ crc_tab[5][(crc >> 16) & 0xff] ^
-		      crc_tab[4][(crc >> 24) & 0xff] ^ crc_tab[3][(crc >> 32) & 0xff] ^ crc_tab[2][(crc >> 40) & 0xff] ^
+		crc = crc_tab[7][crc & 0xff] ^ crc_tab[6][(crc >> 8) & 0xff] ^
+		      crc_tab[5][(crc >> 16) & 0xff] ^ crc_tab[4][(crc >> 24) & 0xff] ^
+		      crc_tab[3][(crc >> 32) & 0xff] ^ crc_tab[2][(crc >> 40) & 0xff] ^
 		      crc_tab[1][(crc >> 48) & 0xff] ^ crc_tab[0][crc >> 56];
 	}
 	while (n--)
@@ -75,7 +77,9 @@ int sfwi_state_section(const struct sfwi_state_hdr *h, const uint8_t *sparse, in
 			return 1;
 		}
 		d->kind = (enum sfwi_sec)(SFWI_SEC_K + j);
-		d->rows = j < 2 ? P : j == 2 ? nchunks(P, h->ksize, h->stride) : nchunks(P, 4ull * h->ksize, 4ull * h->stride);
+		d->rows = j < 2	   ? P
+			  : j == 2 ? nchunks(P, h->ksize, h->stride)
+				   : nchunks(P, 4ull * h->ksize, 4ull * h->stride);
 		d->bytes = d->rows * row;
 		d->elem = (int)h->act_size;
 		return 1;
@@ -143,7 +147,7 @@ void sfwi_state_hdr_encode(const struct sfwi_state_hdr *h, unsigned char out[SFW
 	put32(out + 12, SFWI_STATE_HDR);
 	memcpy(out + 16, h->binding, 32);
 	memcpy(out + 48, h->backend, 16);
-	const uint32_t f[] = {h->act_size, h->act_dtype, h->n_layers, h->nkv,	 h->hd,	  h->lnh,
+	const uint32_t f[] = {h->act_size, h->act_dtype, h->n_layers, h->nkv,	h->hd,	  h->lnh,
 			      h->lhd,	   h->ksize,	 h->stride,   h->block, h->sel_k, h->vocab};
 	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 		put32(out + 64 + 4 * i, f[i]);
@@ -187,8 +191,8 @@ static enum sfw_status hdr_decode(const unsigned char *b, struct sfwi_state_hdr 
 	if (h->flags & ~SFWI_STATE_LOGITS)
 		return sfw_fail(err, SFW_E_FORMAT, "unknown flags 0x%x", h->flags);
 	if (h->n_tokens < 1 || h->n_tokens > INT32_MAX)
-		return sfw_fail(err, SFW_E_FORMAT, "%llu tokens (1 to %d allowed)", (unsigned long long)h->n_tokens,
-				INT32_MAX);
+		return sfw_fail(err, SFW_E_FORMAT, "%llu tokens (1 to %d allowed)",
+				(unsigned long long)h->n_tokens, INT32_MAX);
 	return SFW_OK;
 }
 
@@ -203,17 +207,20 @@ static enum sfw_status hdr_fits(const struct sfwi_state_hdr *h, const struct sfw
 	if (memcmp(h->backend, want->backend, 16) != 0 || h->act_size != want->act_size ||
 	    h->act_dtype != want->act_dtype)
 		return sfw_fail(err, SFW_E_FORMAT, "made on another device");
-	if (h->n_layers != want->n_layers || h->nkv != want->nkv || h->hd != want->hd || h->lnh != want->lnh ||
-	    h->lhd != want->lhd || h->ksize != want->ksize || h->stride != want->stride || h->block != want->block ||
-	    h->sel_k != want->sel_k || h->vocab != want->vocab || h->kinds_crc != want->kinds_crc)
+	if (h->n_layers != want->n_layers || h->nkv != want->nkv || h->hd != want->hd ||
+	    h->lnh != want->lnh || h->lhd != want->lhd || h->ksize != want->ksize ||
+	    h->stride != want->stride || h->block != want->block || h->sel_k != want->sel_k ||
+	    h->vocab != want->vocab || h->kinds_crc != want->kinds_crc)
 		return sfw_fail(err, SFW_E_FORMAT, "made for another model layout");
 	if (h->dense_as_sparse != want->dense_as_sparse)
-		return sfw_fail(err, SFW_E_FORMAT, "made %s --dense-as-sparse", h->dense_as_sparse ? "with" : "without");
+		return sfw_fail(err, SFW_E_FORMAT, "made %s --dense-as-sparse",
+				h->dense_as_sparse ? "with" : "without");
 	/* the prefill's pieces shape the state: the same pieces, or one
 	 * piece under both */
-	if (h->chunk_rows != want->chunk_rows && (h->n_tokens > h->chunk_rows || h->n_tokens > want->chunk_rows))
-		return sfw_fail(err, SFW_E_FORMAT, "made with prefill pieces of %u rows, not %u", h->chunk_rows,
-				want->chunk_rows);
+	if (h->chunk_rows != want->chunk_rows &&
+	    (h->n_tokens > h->chunk_rows || h->n_tokens > want->chunk_rows))
+		return sfw_fail(err, SFW_E_FORMAT, "made with prefill pieces of %u rows, not %u",
+				h->chunk_rows, want->chunk_rows);
 	return SFW_OK;
 }
 
@@ -261,15 +268,16 @@ static int piece_ok(const struct sfwi_sec_desc *d, const unsigned char *p, size_
 
 static const char *sec_name(enum sfwi_sec k)
 {
-	static const char *const names[] = {"the keys", "the values", "the compressed keys", "the compressed keys",
-					    "a lightning state", "the selection notes", "the logits"};
+	static const char *const names[] = {
+	    "the keys",		 "the values",		"the compressed keys", "the compressed keys",
+	    "a lightning state", "the selection notes", "the logits"};
 	return names[k];
 }
 
 /* The payload, section by section, to sink; its CRC into *crc. */
-static enum sfw_status read_payload(const struct sfwi_state_hdr *h, const uint8_t *sparse, sfw_state_read_fn rd,
-				    void *ru, sfwi_state_sink_fn sink, void *su, unsigned char *buf, uint64_t *crc,
-				    struct sfw_err *err)
+static enum sfw_status read_payload(const struct sfwi_state_hdr *h, const uint8_t *sparse,
+				    sfw_state_read_fn rd, void *ru, sfwi_state_sink_fn sink, void *su,
+				    unsigned char *buf, uint64_t *crc, struct sfw_err *err)
 {
 	struct sfwi_sec_desc d;
 	uint64_t nsk = (uint64_t)h->nkv * h->sel_k + 1; /* int32 per note */
@@ -295,9 +303,10 @@ static enum sfw_status read_payload(const struct sfwi_state_hdr *h, const uint8_
 	return SFW_OK;
 }
 
-enum sfw_status sfwi_state_read(const struct sfwi_state_hdr *want, const uint8_t *sparse, const int32_t *prompt,
-				size_t n_prompt, sfw_state_read_fn rd, void *ru, sfwi_state_sink_fn sink, void *su,
-				struct sfwi_state_hdr *got, int64_t *n_loaded, struct sfw_err *err)
+enum sfw_status sfwi_state_read(const struct sfwi_state_hdr *want, const uint8_t *sparse,
+				const int32_t *prompt, size_t n_prompt, sfw_state_read_fn rd, void *ru,
+				sfwi_state_sink_fn sink, void *su, struct sfwi_state_hdr *got,
+				int64_t *n_loaded, struct sfw_err *err)
 {
 	*n_loaded = 0;
 	unsigned char hb[SFWI_STATE_HDR];
@@ -306,12 +315,14 @@ enum sfw_status sfwi_state_read(const struct sfwi_state_hdr *want, const uint8_t
 	enum sfw_status s = read_exact(rd, ru, hb, 8, "the header", err);
 	if (s == SFW_OK && memcmp(hb, SFWI_STATE_MAGIC, 8) != 0)
 		return sfw_fail(err, SFW_E_FORMAT, "not a salafw state file");
-	if (s != SFW_OK || (s = read_exact(rd, ru, hb + 8, SFWI_STATE_HDR - 8, "the header", err)) != SFW_OK ||
+	if (s != SFW_OK ||
+	    (s = read_exact(rd, ru, hb + 8, SFWI_STATE_HDR - 8, "the header", err)) != SFW_OK ||
 	    (s = hdr_decode(hb, &h, err)) != SFW_OK)
 		return s;
 	if (got)
 		*got = h;
-	if ((s = hdr_fits(&h, want, err)) != SFW_OK || (s = sfwi_state_payload_bytes(&h, sparse, &bytes, err)) != SFW_OK)
+	if ((s = hdr_fits(&h, want, err)) != SFW_OK ||
+	    (s = sfwi_state_payload_bytes(&h, sparse, &bytes, err)) != SFW_OK)
 		return s;
 	if (bytes != h.payload_bytes)
 		return sfw_fail(err, SFW_E_FORMAT, "a payload of %llu bytes where its header implies %llu",

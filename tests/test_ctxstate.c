@@ -138,7 +138,8 @@ static int run_same(const struct run *a, const struct run *b, int V)
 {
 	return !memcmp(a->after_prefix, b->after_prefix, (size_t)V * 4) &&
 	       !memcmp(a->after_rest, b->after_rest, (size_t)V * 4) && a->first == b->first &&
-	       !memcmp(a->tokens, b->tokens, sizeof(a->tokens)) && !memcmp(a->modes, b->modes, sizeof(a->modes)) &&
+	       !memcmp(a->tokens, b->tokens, sizeof(a->tokens)) &&
+	       !memcmp(a->modes, b->modes, sizeof(a->modes)) &&
 	       !memcmp(a->blocks, b->blocks, sizeof(a->blocks));
 }
 
@@ -158,18 +159,22 @@ static void same_calls(struct sfw_model *m, const int32_t *ids, size_t P, size_t
 	st->n = 0;
 	CHECK(sfw_ctx_state_save(a, BIND, ids, P, mem_write, st, &err) == SFW_OK, "save: %s", err.msg);
 	int64_t got = -1;
-	CHECK(load(b, st, ids, P + S, &got, &err) == SFW_OK && got == (int64_t)P && sfw_ctx_pos(b) == (int64_t)P,
+	CHECK(load(b, st, ids, P + S, &got, &err) == SFW_OK && got == (int64_t)P &&
+		  sfw_ctx_pos(b) == (int64_t)P,
 	      "P=%zu: load: %lld tokens: %s", P, (long long)got, err.msg);
 	tail(a, ids, P, S, V, &ra);
 	tail(b, ids, P, S, V, &rb);
 	CHECK(ra.first == next, "P=%zu: next_from_last is prefill_next's choice", P);
-	CHECK(run_same(&ra, &rb, V), "P=%zu S=%zu das=%d: a loaded state gives the logits, choices and notes of the "
-	      "same calls bit for bit", P, S, das);
+	CHECK(run_same(&ra, &rb, V),
+	      "P=%zu S=%zu das=%d: a loaded state gives the logits, choices and notes of the "
+	      "same calls bit for bit",
+	      P, S, das);
 	if (P > (size_t)cf->sparse_dense_len || das)
 		CHECK(ra.modes[0] == 1 && rb.modes[0] == 1, "P=%zu: the prefix call selected blocks", P);
 	/* the exact prompt: everything loads, the first token from the state */
 	struct sfw_ctx *c = new_ctx(m, das, 0);
-	CHECK(load(c, st, ids, P, &got, &err) == SFW_OK && got == (int64_t)P, "exact prompt loads: %s", err.msg);
+	CHECK(load(c, st, ids, P, &got, &err) == SFW_OK && got == (int64_t)P, "exact prompt loads: %s",
+	      err.msg);
 	CHECK(sfw_ctx_next_from_last(c, &gp, 0.5, &nb, &err) == SFW_OK && nb == next,
 	      "exact prompt: the first token is the uncached one (%d, %d)", (int)nb, (int)next);
 	sfw_ctx_free(c);
@@ -189,7 +194,7 @@ static void misfit(struct sfw_model *m, struct mem *st, const int32_t *ids, size
 	CHECK(s != SFW_OK && got == 0 && sfw_ctx_pos(c) == 0, "%s: refused (%s)", what, err.msg);
 	float *l = sfw_malloc((size_t)sfw_model_config(m)->vocab_size * 4);
 	CHECK(sfw_ctx_prefill(c, ids, 40, l, &err) == SFW_OK &&
-		      !memcmp(l, fresh, (size_t)sfw_model_config(m)->vocab_size * 4),
+		  !memcmp(l, fresh, (size_t)sfw_model_config(m)->vocab_size * 4),
 	      "%s: then prefilled from scratch as a fresh context", what);
 	sfw_free(l);
 	sfw_ctx_free(c);
@@ -209,7 +214,8 @@ static void misfits(struct sfw_model *m, const int32_t *ids)
 	int32_t next;
 	const size_t P = 90;
 	CHECK(sfw_ctx_prefill_next(a, ids, P, &gp, 0.5, &next, &err) == SFW_OK, "prefix: %s", err.msg);
-	CHECK(sfw_ctx_state_save(a, BIND, ids, P - 1, mem_write, &st, &err) == SFW_E_INVAL, "save: the count must be "
+	CHECK(sfw_ctx_state_save(a, BIND, ids, P - 1, mem_write, &st, &err) == SFW_E_INVAL,
+	      "save: the count must be "
 	      "the context's");
 	CHECK(sfw_ctx_state_save(a, BIND, ids, P, mem_write, &st, &err) == SFW_OK, "save: %s", err.msg);
 	/* not an extension: nothing loaded, no error */
@@ -233,7 +239,8 @@ static void misfits(struct sfw_model *m, const int32_t *ids)
 	CHECK(load(c, &st, ids, NTOK, &got, &err) == SFW_E_FORMAT, "other prefill pieces: %s", err.msg);
 	sfw_ctx_free(c);
 	c = new_ctx(m, 0, 128); /* one piece under both */
-	CHECK(load(c, &st, ids, NTOK, &got, &err) == SFW_OK && got == (int64_t)P, "a chunk that cuts no piece: loads");
+	CHECK(load(c, &st, ids, NTOK, &got, &err) == SFW_OK && got == (int64_t)P,
+	      "a chunk that cuts no piece: loads");
 	sfw_ctx_free(c);
 	/* truncations: every length through the header and ids, samples after */
 	bad.p = sfw_malloc(st.n + 1), bad.cap = st.n + 1;
@@ -277,8 +284,10 @@ static void misfits(struct sfw_model *m, const int32_t *ids)
 	st.n = 0;
 	CHECK(sfw_ctx_state_save(a, BIND, ids, P, mem_write, &st, &err) == SFW_OK, "save without logits");
 	c = new_ctx(m, 0, 0);
-	CHECK(load(c, &st, ids, P, &got, &err) == SFW_OK && got == 0, "without logits: the exact prompt is not loaded");
-	CHECK(load(c, &st, ids, P + 1, &got, &err) == SFW_OK && got == (int64_t)P, "without logits: an extension loads");
+	CHECK(load(c, &st, ids, P, &got, &err) == SFW_OK && got == 0,
+	      "without logits: the exact prompt is not loaded");
+	CHECK(load(c, &st, ids, P + 1, &got, &err) == SFW_OK && got == (int64_t)P,
+	      "without logits: an extension loads");
 	sfw_ctx_free(c);
 	sfw_ctx_free(a);
 	sfw_free(other), sfw_free(fresh);

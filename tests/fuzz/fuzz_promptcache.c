@@ -96,7 +96,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct sfw_err err = {0};
 	int64_t n = -1;
 	enum sfw_status s =
-		sfwi_state_read(&want, SPARSE, prompt, NPROMPT, in_read, &in, on_piece, &sk, &got, &n, &err);
+	    sfwi_state_read(&want, SPARSE, prompt, NPROMPT, in_read, &in, on_piece, &sk, &got, &n, &err);
 	if (s != SFW_OK && (n != 0 || !err.msg[0]))
 		abort();
 	if (s == SFW_OK && n > 0) {
