@@ -173,7 +173,7 @@ bench: all
 FUZZ_BUILD := build-fuzz
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRCS))
-FUZZ_LIB_SRCS := $(foreach m,fetch verify core,$(filter-out %_cuda.c,$(wildcard $(m)/*.c))) formats/safetensors.c formats/config.c formats/eos.c serve/req.c formats/chat.c formats/chat_builtin.c formats/jinja.c formats/toolcall.c
+FUZZ_LIB_SRCS := $(foreach m,fetch verify core,$(filter-out %_cuda.c,$(wildcard $(m)/*.c))) runner/ctxstate_fmt.c formats/safetensors.c formats/config.c formats/eos.c serve/req.c formats/chat.c formats/chat_builtin.c formats/jinja.c formats/toolcall.c
 FUZZ_CFLAGS := -std=c11 -O1 -g $(DEFS) $(INCLUDES) -fsanitize=fuzzer-no-link,address,undefined
 fuzz: $(FUZZ_BINS)
 	@set -e; for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/corpus-$$n; \

@@ -233,6 +233,30 @@ int cli_str_cols(const char *s);
  * --man) a roff section of the salafw(1) page, from the same table. */
 extern int cli_help_roff;
 
+/* ---- run --prompt-cache FILE (cli/promptcache.c) ----------------------------
+ * The state after the prompt (sfw_ctx_state_save) kept in FILE, bound to the
+ * model (cli_pcache_bind), loaded before the prompt when its tokens start the
+ * prompt and written again when they do not (README, `run`). Problems with
+ * FILE are one warning line each; the run then goes on without it. */
+struct sfw_ctx;
+struct sfw_model_params;
+struct cli_pcache {
+	const char *cmd, *path;
+	unsigned char bind[32];
+	int64_t loaded; /* prompt tokens taken from FILE */
+	int write;      /* FILE is (re)written after the prompt */
+};
+/* The binding: the verified manifest's sha256 (gi->verified), else the
+ * identity of the files the model reads (names, sizes, inodes, times: stat
+ * only), with the device and the CUDA kernel choices. Returns 0, or 1 after
+ * a warning (the run goes on without the cache). */
+int cli_pcache_bind(struct cli_pcache *pc, const char *dir, const struct cli_gate_info *gi, const char *device,
+		    const struct sfw_model_params *mp);
+/* Loads FILE into ctx for prompt ids[0..n) when it fits (pc->loaded). */
+void cli_pcache_load(struct cli_pcache *pc, struct sfw_ctx *ctx, const int32_t *ids, size_t n);
+/* struct sfw_gen_params.on_prompt: writes FILE when pc->write. */
+void cli_pcache_save(void *pc, struct sfw_ctx *ctx, const int32_t *ids, size_t n);
+
 /* Subcommands (each returns an exit code). */
 int cmd_verify(int argc, char **argv);
 int cmd_manifest(int argc, char **argv);

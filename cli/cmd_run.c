@@ -93,7 +93,7 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 
 /* The command line's values (cli_parse_args fills them from the table). */
 struct run_args {
-	const char *prompt, *file, *system, *kw_text, *model, *ids_path;
+	const char *prompt, *file, *system, *kw_text, *model, *ids_path, *pcache;
 	const char *stops[SFW_STOP_MAX];
 	size_t n_stop;
 	int chat, inter, raw, special, print_ids, das, ignore_eos, greedy, top_k;
@@ -166,6 +166,10 @@ static const struct cli_arg args[] = {
     {{"ignore-eos", 0, NULL, "do not stop at end-of-sequence tokens"}, CLI_K_FLAG, OFF(ignore_eos), 0, 0, NULL, NULL},
     {{"print-ids", 0, NULL, "print the generated token ids (one line) instead of text"},
      CLI_K_FLAG, OFF(print_ids), 0, 0, NULL, NULL},
+    {{"prompt-cache", 0, "FILE",
+      "keep the state after the prompt in FILE; a later prompt that starts with FILE's tokens loads it and "
+      "prefills only the rest (README, run)"},
+     CLI_K_STR, OFF(pcache), 0, 0, NULL, NULL},
     CLI_DEVICE_ARG(struct run_args, mo, "where to run (default: cuda when available, else cpu)"),
     {{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"}, CLI_K_FLAG, OFF(das), 0, 0, NULL, NULL},
     {{"max-context", 0, "N", "reserve the context for N tokens up front (default: the context size)"},
@@ -535,6 +539,9 @@ struct run {
 	struct sfw_gen_params gp;
 	struct sfw_gen_stats st;
 	struct sfw_err err;
+	struct cli_gate_info gi;
+	struct sfw_model_params mp;
+	struct cli_pcache pc; /* --prompt-cache; path NULL: none */
 };
 
 /* The values that go together, checked before any model is loaded (the
@@ -567,6 +574,10 @@ static int run_check(struct run *r, const struct cli_parser *cp)
 		return cli_usage_error(C, "--chat-template-kwargs needs a chat prompt (not --raw or --ids)");
 	if (a->n_stop && a->print_ids)
 		return cli_usage_error(C, "--stop needs text output (not --print-ids)");
+	if (a->pcache && a->inter)
+		return cli_usage_error(C, "--prompt-cache is for one prompt (not -i)");
+	if (a->pcache && !*a->pcache)
+		return cli_usage_error(C, "--prompt-cache wants a file name");
 	if (a->kw_text) {
 		struct sfw_err kerr = {0};
 		size_t kl = strlen(a->kw_text);
@@ -692,6 +703,16 @@ static int run_context(struct run *r, const struct sfw_op_sample_params *sp, uns
 	r->gp.n_stop = a->n_stop;
 	r->gp.skip_special = !a->special;
 	r->st.pending = -1;
+	if (a->pcache) { /* bound to the model; a problem here is a warning, then no cache */
+		r->pc.cmd = r->C;
+		r->pc.path = a->pcache;
+		if (cli_pcache_bind(&r->pc, r->dir, &r->gi, sfw_model_device_name(r->m), &r->mp) == 0) {
+			cli_pcache_load(&r->pc, r->ctx, r->ids, r->n_ids);
+			r->gp.n_cached = (size_t)r->pc.loaded;
+			r->gp.on_prompt = cli_pcache_save;
+			r->gp.prompt_user = &r->pc;
+		}
+	}
 	if (a->inter) {
 		/* Ctrl-C stops the reply (the flag is polled per token) */
 		r->ro.intr = cli_interrupt_polled();
@@ -844,13 +865,14 @@ int cmd_run(int argc, char **argv)
 	sp.top_k = r->ra.top_k;
 	r->seed = cli_given(&cp, "seed") ? r->ra.seed : random_seed();
 	unsigned long long n_gen = r->ra.inter && !cli_given(&cp, "n-predict") ? 512 : r->ra.n_gen;
-	struct sfw_model_params mp;
-	if (cli_model_params(r->C, &r->ra.mo, &mp)) {
+	struct sfw_model_params *mp = &r->mp;
+	if (cli_model_params(r->C, &r->ra.mo, mp)) {
 		rc = SFW_EXIT_USAGE;
 		goto out;
 	}
 	r->dir = r->ra.model ? r->ra.model : cp.pos[0];
-	if ((rc = cli_model_gate(r->C, r->dir, r->ra.mo.no_verify, r->ra.mo.verify_full, r->ra.mo.pubkey)) != 0)
+	if ((rc = cli_model_gate_info(r->C, r->dir, r->ra.mo.no_verify, r->ra.mo.verify_full, r->ra.mo.pubkey,
+				      &r->gi)) != 0)
 		goto out;
 	/* the chat turn is the message plus the system text and the template's markers */
 	sfw_buf_init(&r->text, 2 * (size_t)CHAT_STDIN_MAX + (r->ra.system ? strlen(r->ra.system) : 0) + (1u << 20));
@@ -858,7 +880,7 @@ int cmd_run(int argc, char **argv)
 	sfw_buf_init(&r->line, CHAT_LINE_MAX);
 	sfw_buf_init(&r->reply, REPLY_MAX);
 	r->ro.print_ids = r->ra.print_ids;
-	if ((rc = run_load(r, &sp, &mp)) == 0 && (rc = run_context(r, &sp, n_gen)) == 0)
+	if ((rc = run_load(r, &sp, mp)) == 0 && (rc = run_context(r, &sp, n_gen)) == 0)
 		rc = run_turns(r);
 out:
 	run_release(r);

@@ -144,6 +144,7 @@ enum sfw_opk {
 	SFW_OP_ATTN_DENSE_SEQS,
 	SFW_OP_SAMPLE,
 	SFW_OP_CACHE_COPY, /* optional, not composable: no fork without it (sfw_be_cache_copy) */
+	SFW_OP_CACHE_VIEW,      /* every backend's: not composable */
 	SFW_OP_N,
 	/* capabilities (supports_op only; dtype ignored) */
 	SFW_OP_POOL = SFW_OP_N, /* paged KV (pool_new) */
@@ -157,6 +158,18 @@ struct sfw_bseq {
 	struct sfw_bcache *cache;
 	int64_t pos0;
 	int row0, R;
+};
+
+/* One layer's cache as backend addresses (SFW_OP_CACHE_VIEW): for copies
+ * of a whole sequence's state through transfer (runner/ctxstate.c). Sparse
+ * layers: k, v [cap, nkv, hd] and the compressed keys c1 [cap1, nkv, hd],
+ * c2 [cap2, nkv, hd], in activation elements, holding len, n1, n2 rows
+ * (state NULL); lightning layers: the fp32 state [lnh, lhd, lhd] (the
+ * others NULL, the counts 0). */
+struct sfw_cache_view {
+	void *k, *v, *c1, *c2;
+	float *state;
+	int64_t len, n1, n2, cap, cap1, cap2;
 };
 
 /* An op and its arguments: kind names the member of the union that holds
@@ -241,6 +254,15 @@ struct sfw_op {
 			struct sfw_bcache *dst;
 			const struct sfw_bcache *src;
 		} copy;
+		/* cache_view: *out = layer's view of c; set (may be NULL) first
+		 * makes its counts set[0..3) (tokens, level-1, level-2 compressed
+		 * keys; sparse layers) */
+		struct {
+			struct sfw_bcache *c;
+			int layer;
+			const int64_t *set;
+			struct sfw_cache_view *out;
+		} view;
 	};
 };
 
@@ -642,6 +664,20 @@ static inline SFW_MUST_CHECK enum sfw_status sfw_be_cache_copy(struct sfw_backen
 	if (!be->supports_op(be, SFW_OP_CACHE_COPY, SFW_DTYPE_F32))
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "the %s backend cannot copy a sequence's caches", be->name);
 	struct sfw_op op = {.kind = SFW_OP_CACHE_COPY, .copy = {dst, src}};
+	return sfwi_op(be, &op, err);
+}
+
+/* A layer's cache as backend addresses (struct sfw_cache_view), after
+ * making its counts set[0..3) when set is not NULL: each within its
+ * capacity (room reserved with cache_reserve), else SFW_E_RANGE and nothing
+ * changed. A paged cache (d->pool) is SFW_E_UNSUPPORTED: its K/V are not at
+ * one address on every backend. The counts change nothing in backend
+ * memory: a caller that sets them has written (transfer) what they count. */
+static inline SFW_MUST_CHECK enum sfw_status sfw_be_cache_view(struct sfw_backend *be, struct sfw_bcache *c, int layer,
+							       const int64_t *set, struct sfw_cache_view *out,
+							       struct sfw_err *err)
+{
+	struct sfw_op op = {.kind = SFW_OP_CACHE_VIEW, .view = {c, layer, set, out}};
 	return sfwi_op(be, &op, err);
 }
 

@@ -628,6 +628,23 @@ static void cpu_gla(struct sfw_backend *be, void *o, const void *q, const void *
 	sfw_ops_cpu_bind(prev);
 }
 
+static enum sfw_status cpu_cache_view(struct sfw_bcache *c, int layer, const int64_t *set,
+				      struct sfw_cache_view *out, struct sfw_err *err)
+{
+	if (c->d.pool)
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "a paged KV cache has no view");
+	SFW_ASSERT(layer >= 0 && layer < c->d.n_layers);
+	struct cpu_layer *l = &c->L[layer];
+	if (set && l->sparse) {
+		if (set[0] < 0 || set[0] > l->cap || set[1] < 0 || set[1] > l->cap1 || set[2] < 0 || set[2] > l->cap2)
+			return sfw_fail(err, SFW_E_RANGE, "cache counts (%lld, %lld, %lld) past the room reserved",
+					(long long)set[0], (long long)set[1], (long long)set[2]);
+		l->len = set[0], l->n1 = set[1], l->n2 = set[2];
+	}
+	*out = (struct sfw_cache_view){l->k, l->v, l->c1, l->c2, l->state, l->len, l->n1, l->n2, l->cap, l->cap1, l->cap2};
+	return SFW_OK;
+}
+
 /* Everything but recording (no step member) and the projection groups,
  * SwiGLU over a group and the per-sequence ops, which sfwi_op composes;
  * bf16 and f32 weights, int8 in the products; paged KV; cache copies. */
@@ -715,6 +732,8 @@ static enum sfw_status cpu_op(struct sfw_backend *be, const struct sfw_op *o, st
 	case SFW_OP_CACHE_COPY:
 		cpu_cache_copy(be, o->copy.dst, o->copy.src);
 		break;
+	case SFW_OP_CACHE_VIEW:
+		return cpu_cache_view(o->view.c, o->view.layer, o->view.set, o->view.out, err);
 	default:
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "the cpu backend has no op %d", (int)o->kind);
 	}

@@ -174,6 +174,9 @@ void sfwi_cu_caches(struct sfw_backend *be);
 int64_t sfwi_cu_cache_room(const struct sfw_bcache *c);
 void sfwi_cu_cache_advance(struct sfw_bcache *c, int T);
 void sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src);
+/* SFW_OP_CACHE_VIEW (cache_cuda.c). */
+SFW_MUST_CHECK enum sfw_status sfwi_cu_cache_view(struct sfw_bcache *c, int layer, const int64_t *set,
+						  struct sfw_cache_view *out, struct sfw_err *err);
 SFW_MUST_CHECK enum sfw_status sfwi_cu_sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err);
 /* glue_cuda.c: the op members */
 void sfwi_cu_ops(struct sfw_backend *be);

@@ -288,6 +288,25 @@ static void cu_cache_info(struct sfw_backend *be, const struct sfw_bcache *c, in
 	out[0] = c->L[layer].len, out[1] = c->L[layer].n1, out[2] = c->L[layer].n2;
 }
 
+/* SFW_OP_CACHE_VIEW (backend.h): the layer's buffers, after setting its
+ * counts; contiguous caches only (a paged one's K/V live in pool blocks). */
+enum sfw_status sfwi_cu_cache_view(struct sfw_bcache *c, int layer, const int64_t *set, struct sfw_cache_view *out,
+				   struct sfw_err *err)
+{
+	if (c->table)
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "a paged KV cache has no view");
+	SFW_ASSERT(layer >= 0 && layer < c->d.n_layers);
+	struct cu_layer *l = &c->L[layer];
+	if (set && l->sparse) {
+		if (set[0] < 0 || set[0] > l->cap || set[1] < 0 || set[1] > l->cap1 || set[2] < 0 || set[2] > l->cap2)
+			return sfw_fail(err, SFW_E_RANGE, "cache counts (%lld, %lld, %lld) past the room reserved",
+					(long long)set[0], (long long)set[1], (long long)set[2]);
+		l->len = set[0], l->n1 = set[1], l->n2 = set[2];
+	}
+	*out = (struct sfw_cache_view){l->k, l->v, l->c1, l->c2, l->state, l->len, l->n1, l->n2, l->cap, l->cap1, l->cap2};
+	return SFW_OK;
+}
+
 /* A replayed step's T rows onto the host-side counters (the recorded ops
  * leave them alone). */
 void sfwi_cu_cache_advance(struct sfw_bcache *c, int T)

@@ -148,6 +148,7 @@ static enum sfw_status ctx_create(struct sfw_model *m, const struct sfw_ctx_para
 		return s;
 	}
 	last_selection_clear(c);
+	c->last_row = -1;
 	*out = c;
 	return SFW_OK;
 }
@@ -176,6 +177,7 @@ void sfw_ctx_reset(struct sfw_ctx *c)
 	c->m->be->cache_reset(c->m->be, c->cache);
 	c->pos = 0;
 	c->broken = 0;
+	c->last_row = -1;
 	last_selection_clear(c);
 }
 
@@ -243,6 +245,7 @@ enum sfw_status sfwi_ctx_tap_buffers(struct sfw_ctx *c, struct sfw_err *err)
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory for all-row logits");
 		be->free(be, c->logits_dev);
 		c->logits_dev = l;
+		c->last_row = -1;
 		c->logits_rows = c->cap_rows;
 		sfwi_step_free(be, c->step); /* it wrote the old buffer */
 		c->step = NULL;

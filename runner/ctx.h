@@ -26,6 +26,8 @@ struct sfw_ctx {
 	int32_t *ids_dev, *idx_dev;
 	float *logits_dev; /* [cap_rows, V] when tapping, else [logit rows, V] */
 	int logits_rows;
+	int last_row;      /* the row of logits_dev holding the last call's (or
+			    * a loaded state's) last logits; -1: none made */
 	/* taps */
 	sfw_tap_fn tap;
 	void *tap_user;

@@ -439,6 +439,7 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 	cl.sp = sp, cl.u = u, cl.next = next;
 	cl.phase = n > 1 ? "prefill" : "decode";
 	struct sfwi_part p = call_part(c, end);
+	c->last_row = -1;
 	for (size_t off = 0; off < n; off += (size_t)c->cap_rows) {
 		int R = (int)(n - off < (size_t)c->cap_rows ? n - off : (size_t)c->cap_rows);
 		p.pos0 = c->pos, p.R = R;
@@ -449,6 +450,10 @@ static enum sfw_status run_call(struct sfw_ctx *c, const int32_t *ids, size_t n,
 			return s;
 		}
 		c->pos += R;
+		/* where the last row's logits are (piece): every row's when
+		 * tapped, else row 0 when the call wanted them */
+		if (p.last_piece)
+			c->last_row = c->tap ? R - 1 : logits || next || R == 1 ? 0 : -1;
 	}
 	sfw_be_wait(be);
 	return SFW_OK;

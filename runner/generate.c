@@ -300,6 +300,12 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 		s = sfw_fail(err, SFW_E_INVAL, "empty prompt");
 		goto done;
 	}
+	if (p->n_cached > n || (int64_t)p->n_cached > pos0) {
+		s = sfw_fail(err, SFW_E_INVAL, "%zu cached prompt tokens for a prompt of %zu in a context holding %lld",
+			     p->n_cached, n, (long long)pos0);
+		goto done;
+	}
+	pos0 -= (int64_t)p->n_cached; /* where the prompt starts */
 	if (p->max_ctx && pos0 + (int64_t)n > p->max_ctx) {
 		s = sfw_fail(err, SFW_E_RANGE,
 			     "a prompt of %zu tokens does not fit the context of %lld (%lld in use)", n,
@@ -310,11 +316,18 @@ enum sfw_status sfw_generate(struct sfw_ctx *ctx, const struct sfw_tokenizer *to
 	 * the logits are: on the GPU for the CUDA backend) */
 	double t0 = sfw_now_s();
 	int32_t id = -1;
-	if ((s = sfw_ctx_prefill_next(ctx, ids, n, &smp->p, sfw_sampler_uniform(smp), &id, err)) != SFW_OK)
+	size_t nc = p->n_cached;
+	if (nc < n)
+		s = sfw_ctx_prefill_next(ctx, ids + nc, n - nc, &smp->p, sfw_sampler_uniform(smp), &id, err);
+	else /* the whole prompt came with a loaded state: its last logits too */
+		s = sfw_ctx_next_from_last(ctx, &smp->p, sfw_sampler_uniform(smp), &id, err);
+	if (s != SFW_OK)
 		goto done;
 	double t1 = sfw_now_s();
-	st->prompt_tokens = (int64_t)n;
+	st->prompt_tokens = (int64_t)(n - nc);
 	st->prefill_s = t1 - t0;
+	if (p->on_prompt)
+		p->on_prompt(p->prompt_user, ctx, ids, n);
 	if (p->n_force)
 		id = p->force[0];
 	enum sfw_finish fin = SFW_FINISH_NONE;

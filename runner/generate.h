@@ -61,6 +61,18 @@ struct sfw_gen_params {
 	const int32_t *force; /* [n_force]: token i is force[i] instead of a sample (scoring) */
 	size_t n_force;
 	int skip_special; /* special tokens show no text */
+	/* The first n_cached ids of the prompt are in the context already (a
+	 * state loaded with sfw_ctx_state_load, the context's last n_cached
+	 * positions): only the rest is prefilled, as one call; when they are
+	 * all of it, the first token is chosen from the logits the state
+	 * brought (sfw_ctx_next_from_last). The whole prompt still primes the
+	 * text decoder, and max_ctx counts it. 0: all of it is new. */
+	size_t n_cached;
+	/* Called once when the prompt is in the context and the first token
+	 * chosen (not yet fed): ids[0..n) the prompt of this call (a prompt
+	 * cache saves the state here; the callback reports its own problems). */
+	void (*on_prompt)(void *user, struct sfw_ctx *ctx, const int32_t *ids, size_t n);
+	void *prompt_user;
 };
 struct sfw_gen_params sfw_gen_default_params(void);
 
@@ -76,7 +88,7 @@ struct sfw_gen_token {
 typedef int (*sfw_gen_fn)(void *user, const struct sfw_gen_token *t);
 
 struct sfw_gen_stats {
-	int64_t prompt_tokens; /* tokens prefilled by this call */
+	int64_t prompt_tokens; /* tokens prefilled by this call (n_cached not counted) */
 	int64_t tokens;	       /* tokens made (the EOS id, when it came, not counted) */
 	int64_t decode_steps;  /* one-token forward passes */
 	double prefill_s, decode_s;

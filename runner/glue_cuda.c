@@ -568,6 +568,8 @@ static enum sfw_status cu_op(struct sfw_backend *be, const struct sfw_op *o, str
 	case SFW_OP_CACHE_COPY:
 		sfwi_cu_cache_copy(be, o->copy.dst, o->copy.src);
 		break;
+	case SFW_OP_CACHE_VIEW:
+		return sfwi_cu_cache_view(o->view.c, o->view.layer, o->view.set, o->view.out, err);
 	default:
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "the cuda backend has no op %d", (int)o->kind);
 	}

@@ -101,6 +101,54 @@ SFW_MUST_CHECK enum sfw_status sfw_ctx_prefill_next(struct sfw_ctx *c, const int
 						    const struct sfw_op_sample_params *sp, double u, int32_t *next,
 						    struct sfw_err *err);
 
+/* ---- a context's state (runner/ctxstate.c; the bytes: runner/ctxstate.h) ----
+ * The sequence a context holds, written after a prompt and read back into a
+ * context of the same model, so that a later prompt that starts with the
+ * same tokens is not prefilled again (salafw run --prompt-cache). A loaded
+ * state is what the context would hold after sfw_ctx_prefill of those
+ * tokens as one call with its parameters: every sparse layer's K/V and
+ * compressed keys, every lightning layer's state, the position, the
+ * selection notes (sfw_ctx_last_blocks) and the last row's logits (the
+ * next token is chosen from them: sfw_ctx_next_from_last). Both backends;
+ * not a batch's sequences. No file I/O here: the bytes go through the
+ * caller's functions (the CLI owns the file and its policy). */
+typedef enum sfw_status (*sfw_state_write_fn)(void *user, const void *p, size_t n, struct sfw_err *err);
+/* Reads up to n bytes into p; *got < n only at the end of the input. */
+typedef enum sfw_status (*sfw_state_read_fn)(void *user, void *p, size_t n, size_t *got, struct sfw_err *err);
+
+/* Writes c's state. binding: 32 bytes the caller chooses (which model
+ * files, which numeric options), which a load must present again; ids[0..n):
+ * the tokens c holds (n = sfw_ctx_pos(c) >= 1). The last row's logits go
+ * with it when c has them (a call that made them: sfw_ctx_prefill with
+ * logits, sfw_ctx_prefill_next, decode). SFW_E_INVAL for a broken context,
+ * an empty one, another count; wr's errors are returned as they are. */
+SFW_MUST_CHECK enum sfw_status sfw_ctx_state_save(struct sfw_ctx *c, const uint8_t binding[32], const int32_t *ids,
+						  size_t n, sfw_state_write_fn wr, void *user, struct sfw_err *err);
+/* Reads a state into c (reset first) when it fits: the same binding, this
+ * model's layout and backend, c's dense_as_sparse, and the same prefill
+ * pieces (c's prefill_chunk, unless both take its tokens in one piece);
+ * its tokens a prefix of prompt[0..n_prompt). Then c holds them, *n_loaded
+ * >= 1 of them, as after sfw_ctx_prefill. Tokens that are not a prefix of
+ * the prompt (or are all of it, saved without logits): SFW_OK, *n_loaded =
+ * 0, nothing read past the token ids. Any other misfit -- another binding,
+ * layout or parameters, another version, a truncated, corrupt or altered
+ * state -- is an error naming it (SFW_E_FORMAT; SFW_E_UNSUPPORTED for
+ * another version); rd's errors are returned as they are. Whatever fails,
+ * c is left reset (position 0). Every size is checked against the model
+ * and the prompt before the payload is allocated or read. */
+SFW_MUST_CHECK enum sfw_status sfw_ctx_state_load(struct sfw_ctx *c, const uint8_t binding[32], const int32_t *prompt,
+						  size_t n_prompt, sfw_state_read_fn rd, void *user, int64_t *n_loaded,
+						  struct sfw_err *err);
+/* The next token from the logits of the last row of c's last call (or of
+ * the state it loaded), chosen as sfw_ctx_prefill_next chooses it at the
+ * end of a call (where the logits are). SFW_E_INVAL when c has none: after
+ * a reset, a call that made none (sfw_ctx_prefill of several tokens
+ * without logits), a state saved without them. */
+SFW_MUST_CHECK enum sfw_status sfw_ctx_next_from_last(struct sfw_ctx *c, const struct sfw_op_sample_params *sp,
+						      double u, int32_t *next, struct sfw_err *err);
+/* Those logits [vocab] to out (the same condition). */
+SFW_MUST_CHECK enum sfw_status sfw_ctx_last_logits(struct sfw_ctx *c, float *out, struct sfw_err *err);
+
 /* Taps: named intermediate tensors, as the golden files name them. While a
  * tap is set, every call reports (host memory, valid during the callback):
  *   "<phase>.embed"             F32 [rows, hidden]      layer -1
