@@ -3,9 +3,10 @@
  * (be->step, begin and end) and knows nothing of this. At a decode step's
  * begin the backend decides how its ops are taken: run as they come,
  * recorded (with positions, block tables and cache pointers read from
- * device memory, so the recording serves later steps), or skipped because
- * a recording of the same step exists; at its end it launches what it
- * recorded or found. */
+ * device memory, so the recording serves later steps) and launched at its
+ * end, or skipped because a recording of the same step exists, which is
+ * launched at once (the device runs it while the host walks the skipped
+ * ops). */
 #include "runner/backend_cuda.h"
 #include "alloc.h"
 #include "log.h"
@@ -91,7 +92,7 @@ static void cu_step_free(struct sfw_backend *be, void *rec)
 }
 
 
-/* ---- the step's end: launch what was recorded or found ---- */
+/* ---- a context's decode step: one sequence ---- */
 
 static void one_launch(struct sfw_backend *be, struct cu_step *r, struct sfw_bcache *c, int64_t pos)
 {
@@ -99,7 +100,6 @@ static void one_launch(struct sfw_backend *be, struct cu_step *r, struct sfw_bca
 	SFW_ASSERT(!c->table || pos < c->nblk * c->d.block);
 	sfw_be_from_host(be, r->pos, &pos, sizeof(pos));
 	sfw_cuda_graph_launch(r->graph, IMPL(be)->stream);
-	sfwi_cu_cache_advance(c, 1);
 }
 
 /* A context's decode step (one sequence): replayed when its recording is
@@ -129,7 +129,8 @@ static enum sfw_status one_begin(struct sfw_backend *be, struct sfw_step *st, st
 		r->graph = NULL;
 	}
 	b->cap_rec = r;
-	if (r->graph) {
+	if (r->graph) { /* launched now: the device runs it while the host skips the step's ops */
+		one_launch(be, r, c, pos);
 		b->cap = CAP_REPLAY, b->skip = 1;
 		return SFW_OK;
 	}
@@ -162,8 +163,9 @@ static void one_end(struct sfw_backend *be, struct sfw_step *st)
 		}
 		r->graph = g, r->epoch = b->epoch;
 		b->recordings++;
+		one_launch(be, r, st->caches[0], st->pos[0]);
 	}
-	one_launch(be, r, st->caches[0], st->pos[0]);
+	sfwi_cu_cache_advance(st->caches[0], 1);
 	st->replayed = 1;
 }
 
@@ -366,6 +368,9 @@ static enum sfw_status seqs_begin(struct sfw_backend *be, struct sfw_step *st, s
 	int match = k->graph && bkey_eq(&k->key, &key);
 	b->cap_rec = r, b->cap_bk = bi;
 	if (match && maxpos + 1 <= k->bound && k->epoch == b->epoch) {
+		/* launched now: the device runs it while the host skips the step's ops */
+		seqs_tables(be, r, st, rows);
+		sfw_cuda_graph_launch(k->graph, b->stream);
 		b->cap = CAP_REPLAY, b->skip = 1, st->rows = rows;
 		return SFW_OK;
 	}
@@ -426,9 +431,9 @@ static void seqs_end(struct sfw_backend *be, struct sfw_step *st)
 		}
 		k->graph = g, k->epoch = b->epoch;
 		b->recordings++;
+		seqs_tables(be, r, st, k->key.rows);
+		sfw_cuda_graph_launch(k->graph, b->stream);
 	}
-	seqs_tables(be, r, st, k->key.rows);
-	sfw_cuda_graph_launch(k->graph, b->stream);
 	for (int i = 0; i < st->n; i++)
 		sfwi_cu_cache_advance(st->caches[i], 1);
 	b->seqs_replays++;
