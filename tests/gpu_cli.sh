@@ -4,7 +4,7 @@
 # refuse with its numbers and exit 5 a context that cannot fit, in the same
 # words; a context they name as fitting is accepted, and bench's measured
 # peak stays within the plan; and the host holds no second copy of the
-# weights (peak RSS). Needs the GPU machine (scripts/gpu-run.sh
+# weights (peak RSS); run --prompt-cache saves and loads on CUDA. Needs the GPU machine (scripts/gpu-run.sh
 # tests runs it with salafw on PATH); makes its own tiny model.
 set -u
 T=$(mktemp -d /tmp/gpu_cli.XXXXXX)
@@ -26,6 +26,30 @@ ok = len(v) == 7 and abs(sum(v[p] for p in parts) - v["total"]) <= 0.035
 print("ok" if ok else "bad %r" % v)
 EOF
 }
+
+# run --prompt-cache on CUDA (runner/ctxstate.c through the device's
+# transfers): the first run saves FILE, the second loads it, prefills
+# nothing and prints the uncached text; a prompt that extends it loads the
+# cached tokens and prefills the rest
+if [ -n "$M" ]; then
+	P="Once upon a time there was a little fox who lived in the forest"
+	Q="$P and every morning it ran to the river to drink"
+	prun() { salafw run "$M" --no-verify --device cuda --raw --temp 0 -n 12 "$@"; }
+	plainP=$(prun -p "$P" 2>/dev/null)
+	prun -p "$P" --prompt-cache "$T/pc.bin" >"$T/pc1.out" 2>"$T/pc1.err"
+	prun -p "$P" --prompt-cache "$T/pc.bin" >"$T/pc2.out" 2>"$T/pc2.err"
+	[ -n "$plainP" ] && [ "$(cat "$T/pc1.out")" = "$plainP" ] && grep -q "prompt cache: saved" "$T/pc1.err" &&
+		pass "run --prompt-cache --device cuda: the first run saves FILE and prints the uncached text" ||
+		fail "prompt cache, first run: '$(cat "$T/pc1.out")' vs '$plainP': $(head -c 300 "$T/pc1.err")"
+	[ "$(cat "$T/pc2.out")" = "$plainP" ] && grep -q "prompt cache: loaded" "$T/pc2.err" &&
+		grep -q "prefill 0 tokens" "$T/pc2.err" &&
+		pass "run --prompt-cache --device cuda: the second run loads FILE, prefills nothing, prints the same text" ||
+		fail "prompt cache, second run: '$(cat "$T/pc2.out")' vs '$plainP': $(head -c 300 "$T/pc2.err")"
+	prun -p "$Q" --prompt-cache "$T/pc.bin" >"$T/pc3.out" 2>"$T/pc3.err"
+	grep -q "prompt cache: loaded 26 of" "$T/pc3.err" && [ -s "$T/pc3.out" ] &&
+		pass "run --prompt-cache --device cuda: an extended prompt loads the cached 26 tokens" ||
+		fail "prompt cache, extension: $(head -c 300 "$T/pc3.err")"
+fi
 
 if [ -n "$M" ]; then
 	# run: the plan at start, then the reply
