@@ -667,6 +667,17 @@ static inline SFW_MUST_CHECK enum sfw_status sfw_be_cache_copy(struct sfw_backen
 	return sfwi_op(be, &op, err);
 }
 
+/* For backends' SFW_OP_CACHE_VIEW: a sparse layer's counts set[0..3)
+ * checked against its room (cap, cap1, cap2), SFW_E_RANGE past it. */
+static inline SFW_MUST_CHECK enum sfw_status sfwi_cache_counts_fit(const int64_t *set, int64_t cap, int64_t cap1,
+								   int64_t cap2, struct sfw_err *err)
+{
+	if (set[0] < 0 || set[0] > cap || set[1] < 0 || set[1] > cap1 || set[2] < 0 || set[2] > cap2)
+		return sfw_fail(err, SFW_E_RANGE, "cache counts (%lld, %lld, %lld) past the room reserved",
+				(long long)set[0], (long long)set[1], (long long)set[2]);
+	return SFW_OK;
+}
+
 /* A layer's cache as backend addresses (struct sfw_cache_view), after
  * making its counts set[0..3) when set is not NULL: each within its
  * capacity (room reserved with cache_reserve), else SFW_E_RANGE and nothing

@@ -298,9 +298,9 @@ enum sfw_status sfwi_cu_cache_view(struct sfw_bcache *c, int layer, const int64_
 	SFW_ASSERT(layer >= 0 && layer < c->d.n_layers);
 	struct cu_layer *l = &c->L[layer];
 	if (set && l->sparse) {
-		if (set[0] < 0 || set[0] > l->cap || set[1] < 0 || set[1] > l->cap1 || set[2] < 0 || set[2] > l->cap2)
-			return sfw_fail(err, SFW_E_RANGE, "cache counts (%lld, %lld, %lld) past the room reserved",
-					(long long)set[0], (long long)set[1], (long long)set[2]);
+		enum sfw_status s = sfwi_cache_counts_fit(set, l->cap, l->cap1, l->cap2, err);
+		if (s != SFW_OK)
+			return s;
 		l->len = set[0], l->n1 = set[1], l->n2 = set[2];
 	}
 	*out = (struct sfw_cache_view){l->k, l->v, l->c1, l->c2, l->state, l->len, l->n1, l->n2, l->cap, l->cap1, l->cap2};
