@@ -167,6 +167,8 @@ void cli_pcache_load(struct cli_pcache *pc, struct sfw_ctx *ctx, const int32_t *
 		return;
 	struct sfw_err err = {0};
 	int64_t got = 0;
+	struct stat st;
+	double t0 = sfw_now_s(), bytes = fstat(fd, &st) == 0 ? (double)st.st_size : 0;
 	enum sfw_status s = sfw_ctx_state_load(ctx, pc->bind, ids, n, fd_read, &fd, &got, &err);
 	close(fd);
 	if (s != SFW_OK) {
@@ -181,13 +183,21 @@ void cli_pcache_load(struct cli_pcache *pc, struct sfw_ctx *ctx, const int32_t *
 	}
 	pc->loaded = got;
 	pc->write = (size_t)got < n; /* the longer prompt replaces it */
-	fprintf(stderr, "%s: prompt cache: loaded %lld of %zu prompt tokens from '%s'\n", pc->cmd,
-		(long long)got, n, path);
+	fprintf(stderr, "%s: prompt cache: loaded %lld of %zu prompt tokens from '%s' (%.1f MiB in %.3f s)\n", pc->cmd,
+		(long long)got, n, path, bytes / (1 << 20), sfw_now_s() - t0);
 }
+
+/* The atomic writer, counting what went through it. */
+struct counted {
+	struct sfw_atomic *a;
+	double bytes;
+};
 
 static enum sfw_status atomic_wr(void *user, const void *p, size_t n, struct sfw_err *err)
 {
-	return sfw_atomic_write(user, p, n, err);
+	struct counted *c = user;
+	c->bytes += (double)n;
+	return sfw_atomic_write(c->a, p, n, err);
 }
 
 void cli_pcache_save(void *user, struct sfw_ctx *ctx, const int32_t *ids, size_t n)
@@ -197,9 +207,11 @@ void cli_pcache_save(void *user, struct sfw_ctx *ctx, const int32_t *ids, size_t
 		return;
 	struct sfw_atomic a;
 	struct sfw_err err = {0};
+	struct counted cw = {&a, 0};
+	double t0 = sfw_now_s();
 	enum sfw_status s = sfw_atomic_open(&a, pc->path, &err);
 	if (s == SFW_OK) {
-		s = sfw_ctx_state_save(ctx, pc->bind, ids, n, atomic_wr, &a, &err);
+		s = sfw_ctx_state_save(ctx, pc->bind, ids, n, atomic_wr, &cw, &err);
 		if (s == SFW_OK)
 			s = sfw_atomic_commit(&a, &err);
 		if (s != SFW_OK) /* no temporary file stays */
@@ -210,6 +222,6 @@ void cli_pcache_save(void *user, struct sfw_ctx *ctx, const int32_t *ids, size_t
 		return;
 	}
 	char ep[1024];
-	fprintf(stderr, "%s: prompt cache: saved %zu tokens to '%s'\n", pc->cmd, n,
-		sfw_esc(pc->path, ep, sizeof(ep)));
+	fprintf(stderr, "%s: prompt cache: saved %zu tokens to '%s' (%.1f MiB in %.3f s)\n", pc->cmd, n,
+		sfw_esc(pc->path, ep, sizeof(ep)), cw.bytes / (1 << 20), sfw_now_s() - t0);
 }
