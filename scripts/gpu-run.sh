@@ -26,6 +26,8 @@
 #   bash scripts/gpu-run.sh w8-vs-bf16 [G]   bf16 and int8 g128 full-size models in one call: batched decode
 #                                            (bench_batch B = 1..64 at 1K and 1K-32K), bench_gpu prefill and
 #                                            decode at 1K/32K/128K, and serving at concurrency 32
+#   bash scripts/gpu-run.sh prompt-cache [W]  mkmodel --preset full, then salafw run with a prompt of W random words
+#                                            (default 80000, ~128K tokens): without the cache, saving it, loading it
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout. The device tool
 # brings back at most 8 files: when a mode leaves more, they are packed on
@@ -488,11 +490,39 @@ w8-vs-bf16)
 	done
 	exit $rc
 	;;
+prompt-cache)
+	# bash scripts/gpu-run.sh prompt-cache [WORDS]: `salafw run --prompt-cache`
+	# on the full-size model with a prompt of WORDS random words (default
+	# 80000, about 128K tokens of the full preset's tokenizer): a run without the cache, the first run with
+	# it (prefills, saves FILE), the second (loads FILE): wall times, the
+	# stats and prompt-cache lines, FILE's size (issue 25 §3)
+	M=/tmp/sala-full
+	full_models "$M"
+	W=${1:-80000}
+	python3 - "$W" /tmp/pc-prompt.txt <<'EOF'
+import random, sys
+r = random.Random(7)
+words = ("the of and to in is was for on that with as by at from his it an were are which this be or has had "
+         "river forest city light water stone house road paper music garden winter summer morning evening").split()
+open(sys.argv[2], "w").write(" ".join(r.choice(words) for _ in range(int(sys.argv[1]))) + "\n")
+EOF
+	rm -f /tmp/pc.bin
+	for tag in "no cache" "first, saves" "second, loads"; do
+		opt=$([ "$tag" = "no cache" ] || echo "--prompt-cache /tmp/pc.bin")
+		echo "== $tag" | tee -a "$OUT/prompt-cache.log"
+		start=$(date +%s.%N)
+		"$BIN/salafw" run "$M" --no-verify --device cuda --raw --temp 0 -n 8 -f /tmp/pc-prompt.txt \
+			--max-context $((W * 3)) $opt 2>&1 >/dev/null | grep -E "prompt cache|prefill .* tokens" |
+			tee -a "$OUT/prompt-cache.log"
+		echo "wall $(python3 -c "print(round($(date +%s.%N) - $start, 3))") s" | tee -a "$OUT/prompt-cache.log"
+	done
+	ls -l /tmp/pc.bin | tee -a "$OUT/prompt-cache.log"
+	;;
 shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | prompt-cache [WORDS] | shell CMD" >&2
 	exit 2
 	;;
 esac
