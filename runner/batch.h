@@ -113,6 +113,11 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq);
 /* Tokens in the sequence's context (its next token's position); -1 when seq
  * is not open. */
 int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq);
+/* The bytes a sequence of `tokens` tokens holds in backend memory: its KV
+ * blocks, and the caches every sequence has whatever its length (the
+ * compressed keys for max_ctx tokens, the Lightning states). What
+ * runner/prefix.h counts against its budget. */
+int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens);
 /* KV blocks in use by the open sequences, and the pool's size in blocks. */
 int64_t sfw_batch_blocks_used(const struct sfw_batch *b);
 int64_t sfw_batch_blocks_total(const struct sfw_batch *b);

@@ -1,0 +1,163 @@
+/* prefix.c - the prefix cache (runner/prefix.h): entries are forks of
+ * sequences that no step touches, found by their token ids. */
+#include "runner/prefix.h"
+#include "alloc.h"
+
+#include <string.h>
+
+struct entry {
+	int seq;      /* the batch sequence holding the state */
+	int32_t *ids; /* [n] */
+	int64_t n, bytes;
+	uint64_t used; /* the use clock when last put or matched */
+};
+
+struct sfw_prefix {
+	struct sfw_batch *b;
+	struct sfw_prefix_params p;
+	struct entry e[SFW_BATCH_MAX_SEQS];
+	int n;
+	uint64_t clock;
+	struct sfw_prefix_stats st;
+};
+
+enum sfw_status sfw_prefix_new(struct sfw_batch *b, const struct sfw_prefix_params *p, struct sfw_prefix **out,
+			       struct sfw_err *err)
+{
+	*out = NULL;
+	if (p->budget_bytes < 0 || p->max_entries < 0 || p->max_entries > SFW_BATCH_MAX_SEQS || p->min_tokens < 0)
+		return sfw_fail(err, SFW_E_INVAL, "prefix cache: budget, entries (0..%d) or minimum out of range",
+				SFW_BATCH_MAX_SEQS);
+	struct sfw_prefix *pc = sfw_calloc(1, sizeof(*pc));
+	if (!pc)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the prefix cache");
+	pc->b = b, pc->p = *p;
+	*out = pc;
+	return SFW_OK;
+}
+
+static void drop(struct sfw_prefix *pc, int i)
+{
+	struct entry *e = &pc->e[i];
+	sfw_batch_seq_close(pc->b, e->seq);
+	sfw_free(e->ids);
+	pc->st.bytes -= e->bytes;
+	pc->e[i] = pc->e[--pc->n];
+	pc->st.entries = pc->n;
+}
+
+void sfw_prefix_free(struct sfw_prefix *pc)
+{
+	if (!pc)
+		return;
+	while (pc->n > 0)
+		drop(pc, pc->n - 1);
+	sfw_free(pc);
+}
+
+/* Evicts the least recently used entry other than the one on sequence
+ * keep (-1: none kept): 1 when there was one. */
+static int evict_other(struct sfw_prefix *pc, int keep)
+{
+	int lru = -1;
+	for (int i = 0; i < pc->n; i++)
+		if (pc->e[i].seq != keep && (lru < 0 || pc->e[i].used < pc->e[lru].used))
+			lru = i;
+	if (lru < 0)
+		return 0;
+	drop(pc, lru);
+	pc->st.evictions++;
+	return 1;
+}
+
+int sfw_prefix_evict(struct sfw_prefix *pc)
+{
+	return evict_other(pc, -1);
+}
+
+/* The entry holding exactly ids[0..n), or with longest 1: the longest whose
+ * tokens are a proper prefix of ids[0..n); -1 none. */
+static int find(const struct sfw_prefix *pc, const int32_t *ids, int64_t n, int longest)
+{
+	int best = -1;
+	for (int i = 0; i < pc->n; i++) {
+		const struct entry *e = &pc->e[i];
+		if (longest ? e->n >= n || (best >= 0 && e->n <= pc->e[best].n) : e->n != n)
+			continue;
+		if (!memcmp(e->ids, ids, (size_t)e->n * sizeof(int32_t)))
+			best = i;
+	}
+	return best;
+}
+
+static int for_room(enum sfw_status s)
+{
+	return s == SFW_E_RANGE || s == SFW_E_NOSPACE; /* no slot, or no blocks */
+}
+
+enum sfw_status sfw_prefix_open(struct sfw_prefix *pc, const int32_t *ids, int64_t n, int *seq, int64_t *hit,
+				struct sfw_err *err)
+{
+	*seq = -1, *hit = 0;
+	pc->st.lookups++;
+	int i = find(pc, ids, n, 1);
+	while (i >= 0) {
+		struct sfw_err fe = {0};
+		int src = pc->e[i].seq;
+		enum sfw_status s = sfw_batch_seq_fork(pc->b, src, seq, &fe);
+		if (s == SFW_OK) {
+			pc->e[i].used = ++pc->clock;
+			*hit = pc->e[i].n;
+			pc->st.hits++, pc->st.cached_tokens += *hit;
+			return SFW_OK;
+		}
+		if (!for_room(s) || !evict_other(pc, src))
+			break; /* a plain sequence, then */
+		i = find(pc, ids, n, 1); /* (the entries moved) */
+	}
+	for (;;) {
+		enum sfw_status s = sfw_batch_seq_open(pc->b, seq, err);
+		if (s == SFW_OK || !for_room(s) || !sfw_prefix_evict(pc))
+			return s;
+	}
+}
+
+enum sfw_status sfw_prefix_put(struct sfw_prefix *pc, int seq, const int32_t *ids, int64_t n, struct sfw_err *err)
+{
+	if (n < pc->p.min_tokens || n <= 0 || pc->p.max_entries == 0)
+		return SFW_OK;
+	if (sfw_batch_seq_pos(pc->b, seq) != n)
+		return sfw_fail(err, SFW_E_INVAL, "prefix cache: sequence %d is not at position %lld", seq, (long long)n);
+	int i = find(pc, ids, n, 0);
+	if (i >= 0) {
+		pc->e[i].used = ++pc->clock;
+		return SFW_OK;
+	}
+	int64_t bytes = sfw_batch_seq_bytes(pc->b, n);
+	if (bytes > pc->p.budget_bytes)
+		return sfw_fail(err, SFW_E_NOSPACE, "a state of %lld tokens (%.1f MiB) is over the prefix cache (%.1f MiB)",
+				(long long)n, (double)bytes / (1 << 20), (double)pc->p.budget_bytes / (1 << 20));
+	int32_t *copy = sfw_malloc((size_t)n * sizeof(int32_t));
+	if (!copy)
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the prefix cache");
+	memcpy(copy, ids, (size_t)n * sizeof(int32_t));
+	/* room first: the entry count, and the budget with this state in it */
+	while (pc->n > 0 && (pc->n >= pc->p.max_entries || pc->st.bytes + bytes > pc->p.budget_bytes))
+		sfw_prefix_evict(pc);
+	int dst;
+	enum sfw_status s;
+	while ((s = sfw_batch_seq_fork(pc->b, seq, &dst, err)) != SFW_OK && for_room(s) && sfw_prefix_evict(pc))
+		;
+	if (s != SFW_OK) {
+		sfw_free(copy);
+		return s;
+	}
+	pc->e[pc->n++] = (struct entry){dst, copy, n, bytes, ++pc->clock};
+	pc->st.entries = pc->n, pc->st.bytes += bytes, pc->st.puts++;
+	return SFW_OK;
+}
+
+void sfw_prefix_stats(const struct sfw_prefix *pc, struct sfw_prefix_stats *out)
+{
+	*out = pc->st;
+}
