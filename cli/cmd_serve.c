@@ -28,6 +28,7 @@ struct serve_args {
 	const char *served[SFW_SERVE_NAMES_MAX];
 	int n_served;
 	uint64_t max_context, drain_timeout;
+	double prefix_gib; /* < 0: not given */
 	struct cli_model_opts mo;
 };
 
@@ -71,6 +72,10 @@ static const struct cli_arg args[] = {
     {{"receive-timeout", 0, "SECONDS",
       "close a connection whose request has not all arrived in this long (default 60; 0: none)"},
      CLI_K_DOUBLE, OFF(sp.receive_timeout), 0, 86400, NULL, NULL},
+    {{"prefix-cache", 0, "GIB",
+      "keep prompt states for later prompts that start with them, up to GIB GiB in 8 entries (default: half the KV "
+      "pool; 0: off)"},
+     CLI_K_DOUBLE, OFF(prefix_gib), 0, 1 << 20, NULL, NULL},
     {{"conns-per-ip", 0, "N", "open connections per client address (default 128; 0: no limit, e.g. behind a proxy)"},
      CLI_K_INT, OFF(sp.conns_per_ip), 0, 65536, NULL, NULL},
     CLI_DEVICE_ARG(struct serve_args, mo, "where to run (default: cuda when available, else cpu)"),
@@ -198,7 +203,7 @@ static int serve_drain(const char *C, struct sfw_server *srv, const sigset_t *si
 int cmd_serve(int argc, char **argv)
 {
 	const char *C = "salafw serve";
-	struct serve_args a = {.sp = sfw_serve_default_params()};
+	struct serve_args a = {.sp = sfw_serve_default_params(), .prefix_gib = -1};
 	cli_model_opts_init(&a.mo);
 	a.max_context = (uint64_t)a.sp.max_context;
 	struct cli_parser cp;
@@ -211,6 +216,8 @@ int cmd_serve(int argc, char **argv)
 		return rc;
 	struct sfw_serve_params sp = a.sp;
 	sp.max_context = (int64_t)a.max_context;
+	if (a.prefix_gib >= 0)
+		sp.prefix_cache_bytes = (int64_t)(a.prefix_gib * (double)(1 << 30));
 	int have_chunk = cli_given(&cp, "prefill-chunk");
 	const char *key = a.key, *key_file = a.key_file;
 	const struct cli_model_opts mo = a.mo;
@@ -278,6 +285,13 @@ int cmd_serve(int argc, char **argv)
 		if (s != SFW_OK)
 			goto fail;
 	}
+	int64_t pcb = sfw_serve_prefix_bytes(&sp, m);
+	if (pcb > 0)
+		fprintf(stderr, "%s: prefix cache: up to %.2f GiB of prompt states in %d entries (prompts of %lld tokens "
+				"or more), from the KV pool when running sequences leave it room\n",
+			C, (double)pcb / (double)(1 << 30), sfw_serve_prefix_entries(&sp), (long long)sp.prefix_min_tokens);
+	else
+		fprintf(stderr, "%s: prefix cache: off\n", C);
 	if ((s = sfw_serve_start(m, tok, &eos, &sp, &srv, &err)) != SFW_OK)
 		goto fail;
 	fprintf(

@@ -191,6 +191,17 @@ struct sfw_serve_params {
 	int64_t max_context;		      /* positions per sequence (prompt + reply) */
 	int prefill_chunk;		      /* prompt tokens per engine step, over all sequences */
 	int64_t pool_tokens;		      /* KV pool positions; 0 = max_running * max_context */
+	/* the prefix cache (runner/prefix.h): every request's prompt state is
+	 * kept after its prefill (prompts of at least prefix_min_tokens), and a
+	 * later prompt that starts with a kept one forks it and prefills only
+	 * the rest. Its entries take up to prefix_entries sequences beside
+	 * max_running (the batch's max_seqs, at most 64 in all) and KV blocks
+	 * of the pool, given back when running sequences need them.
+	 * prefix_cache_bytes: the entries' state together (sfw_batch_seq_bytes);
+	 * 0 = off, < 0 = half the KV pool's bytes (sfw_serve_prefix_bytes) */
+	int64_t prefix_cache_bytes;
+	int prefix_entries;
+	int64_t prefix_min_tokens;
 	double receive_timeout; /* seconds to receive a request's headers and body; 0 = no limit */
 	int conns_per_ip;	/* open connections per client address; 0 = no limit */
 };
@@ -200,8 +211,13 @@ struct sfw_serve_params sfw_serve_default_params(void);
  * blocks unless pool_tokens), a step of every decode row and the prefill
  * budget. The CLI plans device memory from it. */
 struct sfw_batch_params sfw_serve_batch_params(const struct sfw_serve_params *p);
+/* The prefix cache's entries beside max_running (0 when it is off). */
+int sfw_serve_prefix_entries(const struct sfw_serve_params *p);
 
 struct sfw_model;
+/* The prefix cache's budget in bytes for p on model m: prefix_cache_bytes,
+ * or (< 0) half of the KV pool's bytes; 0 when it is off. */
+int64_t sfw_serve_prefix_bytes(const struct sfw_serve_params *p, const struct sfw_model *m);
 struct sfw_server;
 /* Starts the engine thread and the HTTP daemon on a loaded model. tok and eos
  * are borrowed and must outlive the server. */

@@ -19,6 +19,8 @@
 #include "json.h"
 #include "log.h"
 #include "runner/batch.h"
+#include "runner/plan.h"
+#include "runner/prefix.h"
 #include "runner/runner.h"
 #include "runner/sampler.h"
 
@@ -98,6 +100,7 @@ struct metrics {
 	uint64_t dsteps, drows;
 	double dstep_s;
 	struct hist ttft, itl;
+	struct sfw_prefix_stats pcs; /* the prefix cache's, copied under the lock (engine thread) */
 };
 
 /* ---- requests ------------------------------------------------------------------ */
@@ -139,6 +142,7 @@ struct req {
 	/* engine side */
 	int seq; /* -1: none */
 	size_t prefilled;
+	size_t cached; /* prompt tokens the prefix cache gave (runner/prefix.h) */
 	/* a choice after the first (n > 1) waiting in the queue for a fork of
 	 * the lead's sequence once the lead has prefilled the prompt (the
 	 * choices share one prefill); meanwhile the lead holds a reference to
@@ -213,6 +217,7 @@ struct sfw_server {
 	unsigned char key_hash[crypto_hash_sha256_BYTES];
 	struct MHD_Daemon *d;
 	struct sfw_batch *b;
+	struct sfw_prefix *pc; /* the prefix cache; NULL: off */
 	pthread_t engine;
 	int engine_started;
 	pthread_mutex_t mu;
@@ -484,12 +489,13 @@ static int fork_waiting(const struct req *l)
  * waiting choice, whose first token is then drawn on the host from the
  * lead's logits with its own sampler (its first uniform, as when it
  * prefilled the prompt itself) and taken as the step's tokens are, from
- * took[k]. A fork refused (no free sequence, too few KV blocks) leaves the
- * choice to prefill the prompt itself (its sequence stays -1). The choices
- * handled go to fk[*nfk] (fork_done_locked). Returns the tokens taken in
- * all. */
+ * took[k]. A fork refused (no free sequence, too few KV blocks, or room
+ * sequences running already: max_running counts the forks; the batch's
+ * other sequences are the prefix cache's) leaves the choice to prefill the
+ * prompt itself (its sequence stays -1). The choices handled go to
+ * fk[*nfk] (fork_done_locked). Returns the tokens taken in all. */
 static int fork_choices(struct sfw_server *s, struct req **ir, const struct sfw_batch_item *it, int n, int k,
-			struct req **fk, int *nfk)
+			int room, struct req **fk, int *nfk)
 {
 	for (int i = 0; i < n; i++) {
 		struct req *l = ir[i];
@@ -504,11 +510,13 @@ static int fork_choices(struct sfw_server *s, struct req **ir, const struct sfw_
 				continue;
 			struct sfw_err err = {0};
 			int seq = -1;
-			if (!lg || sfw_batch_seq_fork(s->b, l->seq, &seq, &err) != SFW_OK) {
+			if (!lg || room <= 0 || sfw_batch_seq_fork(s->b, l->seq, &seq, &err) != SFW_OK) {
 				sfw_log(SFW_LOG_DEBUG, "serve: request %llu, choice %d prefills the prompt itself: %s",
-					(unsigned long long)l->id, c->index, lg ? err.msg : "no logits");
+					(unsigned long long)l->id, c->index,
+					!lg ? "no logits" : room <= 0 ? "max-running sequences run" : err.msg);
 				continue;
 			}
+			room--;
 			c->seq = seq;
 			c->prefilled = c->n_ids;
 			c->smp.p.adj = c->adj; /* the penalties' entries may have moved */
@@ -590,11 +598,31 @@ static void admit_locked(struct sfw_server *s)
 		}
 		struct sfw_err err = {0};
 		int seq;
-		if (sfw_batch_seq_open(s->b, &seq, &err) != SFW_OK)
+		int64_t hit = 0;
+		if (s->pc ? sfw_prefix_open(s->pc, r->ids, (int64_t)r->n_ids, &seq, &hit, &err) != SFW_OK
+			  : sfw_batch_seq_open(s->b, &seq, &err) != SFW_OK)
 			break; /* full: it waits for a sequence to close */
 		queue_take_locked(s, pp, prev);
 		r->seq = seq;
+		r->prefilled = (size_t)hit, r->cached = (size_t)hit; /* the rest is prefilled */
 		s->run[s->nrun++] = r;
+	}
+}
+
+/* The prefix cache keeps the state of every prompt the step finished
+ * (engine thread, no lock, after the step's forks: the choices waiting for
+ * one come first). A state it cannot keep is let go: the request is not
+ * affected. */
+static void keep_prompts(struct sfw_server *s, struct req **ir, const struct sfw_batch_item *it, int n)
+{
+	for (int i = 0; s->pc && i < n; i++) {
+		struct req *r = ir[i];
+		if (it[i].ids == &r->next_id || r->prefilled != r->n_ids) /* a decode row, or a prompt not done */
+			continue;
+		struct sfw_err err = {0};
+		if (sfw_prefix_put(s->pc, r->seq, r->ids, (int64_t)r->n_ids, &err) != SFW_OK)
+			sfw_log(SFW_LOG_DEBUG, "serve: request %llu: the prompt's state is not kept: %s",
+				(unsigned long long)r->id, err.msg);
 	}
 }
 
@@ -636,6 +664,8 @@ static void *engine_main(void *arg)
 				retire_locked(s, s->run[i], SFW_FINISH_CANCEL, NULL);
 		/* then the queue joins the batch, as far as the limits allow */
 		admit_locked(s);
+		if (s->pc)
+			sfw_prefix_stats(s->pc, &s->mt.pcs);
 		if (!s->qhead)
 			s->qtail = NULL;
 		/* one step: every decoding sequence one token, prompts a chunk each
@@ -671,6 +701,7 @@ static void *engine_main(void *arg)
 		}
 		if (n == 0)
 			continue;
+		int room = s->p.max_running - s->nrun; /* for the forks of waiting choices */
 		pthread_mutex_unlock(&s->mu);
 		struct sfw_err err = {0};
 		double t0 = sfw_now_s();
@@ -685,16 +716,21 @@ static void *engine_main(void *arg)
 					ir[i]->prefilled += (size_t)it[i].n, pre += (uint64_t)it[i].n;
 			}
 			k = take_tokens(s, ir, it, n);
-			k = fork_choices(s, ir, it, n, k, fk, &nfk);
+			k = fork_choices(s, ir, it, n, k, room, fk, &nfk);
+			keep_prompts(s, ir, it, n);
 		}
 		pthread_mutex_lock(&s->mu);
 		s->mt.step_s += t1 - t0;
 		if (st != SFW_OK) {
-			/* all or nothing: the newest sequence of the step fails, the
-			 * others go on with the next step, their uniforms given back */
+			/* all or nothing: the uniforms given back; a pool the prefix
+			 * cache's entries hold blocks of gets them back, and the step
+			 * runs again; else the newest sequence of the step fails and
+			 * the others go on with the next step */
 			for (int i = 0; i < n; i++)
 				if (it[i].sample)
 					ir[i]->smp = rng_keep[i];
+			if (st == SFW_E_NOSPACE && s->pc && sfw_prefix_evict(s->pc))
+				continue;
 			struct req *r = ir[n - 1];
 			sfw_log(SFW_LOG_WARN, "serve: request %llu failed: %s", (unsigned long long)r->id,
 				err.msg);
@@ -703,6 +739,8 @@ static void *engine_main(void *arg)
 		}
 		s->mt.steps++;
 		s->mt.prefilled += pre;
+		if (s->pc)
+			sfw_prefix_stats(s->pc, &s->mt.pcs);
 		fork_done_locked(s, fk, nfk);
 		hand_tokens_locked(s, k);
 		double host = (t0 - ti) + (sfw_now_s() - t1);
@@ -743,7 +781,7 @@ static _Thread_local struct conn *cur_conn;
 
 /* One line per request on stderr (the server's quiet turns it off). */
 static void log_request(const struct sfw_server *s, const char *id, const char *method, enum route rt,
-			int code, int64_t prompt, int64_t output, double ttft, double dur)
+			int code, int64_t prompt, int64_t cached, int64_t output, double ttft, double dur)
 {
 	if (s->p.quiet)
 		return;
@@ -751,10 +789,10 @@ static void log_request(const struct sfw_server *s, const char *id, const char *
 	if (ttft >= 0)
 		snprintf(t, sizeof(t), "%.3fs", ttft);
 	method = sfw_esc(method, em, sizeof(em));
-	/* cached: the prefix cache's hits, 0 until there is one */
 	sfw_log(SFW_LOG_INFO,
-		"serve: %s %s %s %d prompt_tokens=%lld output_tokens=%lld cached_tokens=0 ttft=%s time=%.3fs",
-		id[0] ? id : "-", method, route_path[rt], code, (long long)prompt, (long long)output, t, dur);
+		"serve: %s %s %s %d prompt_tokens=%lld output_tokens=%lld cached_tokens=%lld ttft=%s time=%.3fs",
+		id[0] ? id : "-", method, route_path[rt], code, (long long)prompt, (long long)output, (long long)cached,
+		t, dur);
 }
 
 static void count_locked(struct sfw_server *s, enum route rt, int code)
@@ -980,6 +1018,9 @@ static cJSON *usage_json(const struct req *l)
 	cJSON_AddNumberToObject(u, "prompt_tokens", (double)l->n_ids);
 	cJSON_AddNumberToObject(u, "completion_tokens", (double)out);
 	cJSON_AddNumberToObject(u, "total_tokens", (double)((int64_t)l->n_ids + out));
+	cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+	if (d) /* OpenAI's: the prompt tokens that came from the cache */
+		cJSON_AddNumberToObject(d, "cached_tokens", (double)l->cached);
 	return u;
 }
 
@@ -1375,8 +1416,8 @@ static void finish_request_locked(struct sfw_server *s, struct req *l, enum rout
 	for (int i = 0; i < l->n_ch; i++)
 		if (l->ch[i]->t_first > 0 && (t1 == 0 || l->ch[i]->t_first < t1))
 			t1 = l->ch[i]->t_first;
-	log_request(s, l->idstr, method, rt, code, (int64_t)l->n_ids, out, t1 > 0 ? t1 - l->t_arrive : -1,
-		    now - l->t_arrive);
+	log_request(s, l->idstr, method, rt, code, (int64_t)l->n_ids, (int64_t)l->cached, out,
+		    t1 > 0 ? t1 - l->t_arrive : -1, now - l->t_arrive);
 	int n = l->n_ch; /* s->active drops in on_completed, once the reply is sent */
 	struct req *ch[SFW_SERVE_N_MAX];
 	memcpy(ch, l->ch, sizeof(ch));
@@ -1631,6 +1672,17 @@ static enum MHD_Result handle_metrics(struct sfw_server *s, struct MHD_Connectio
 	    {"salafw_choice_forks_total", "counter",
 	     "Choices after a request's first that took a fork of its prefilled sequence instead of a prefill.",
 	     (double)mt.forks, 0},
+	    {"salafw_prefix_cache_lookups_total", "counter", "Prompts the prefix cache looked up.",
+	     (double)mt.pcs.lookups, 0},
+	    {"salafw_prefix_cache_hits_total", "counter", "Prompts that started from a kept prefix.",
+	     (double)mt.pcs.hits, 0},
+	    {"salafw_prefix_cache_cached_tokens_total", "counter", "Prompt tokens the prefix cache gave (not prefilled).",
+	     (double)mt.pcs.cached_tokens, 0},
+	    {"salafw_prefix_cache_entries", "gauge", "Prompt states the prefix cache holds.", (double)mt.pcs.entries, 0},
+	    {"salafw_prefix_cache_bytes", "gauge", "Their bytes in backend memory (KV blocks, compressed keys, states).",
+	     (double)mt.pcs.bytes, 0},
+	    {"salafw_prefix_cache_evictions_total", "counter", "Kept states let go (budget, count, or the pool's need).",
+	     (double)mt.pcs.evictions, 0},
 	    {"salafw_generation_tokens_total", "counter", "Tokens generated.", (double)mt.gen_tokens, 0},
 	    {"salafw_requests_cancelled_total", "counter", "Requests whose client went away before the end.",
 	     (double)mt.cancelled, 0},
@@ -2229,7 +2281,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	set_phase(s, c, PH_RECV);
 	if (cs) {
 		if (!cs->logged && cs->code)
-			log_request(s, cs->id, cs->method, cs->rt, cs->code, 0, 0, -1, sfw_now_s() - cs->t0);
+			log_request(s, cs->id, cs->method, cs->rt, cs->code, 0, 0, 0, -1, sfw_now_s() - cs->t0);
 		if (cur_conn == cs)
 			cur_conn = NULL;
 		sfw_buf_release(&cs->body);
@@ -2253,6 +2305,9 @@ struct sfw_serve_params sfw_serve_default_params(void)
 	p.max_queue = 256;
 	p.max_context = 4096;
 	p.prefill_chunk = 256;
+	p.prefix_cache_bytes = -1; /* half the KV pool */
+	p.prefix_entries = 8;
+	p.prefix_min_tokens = 256;
 	p.receive_timeout = 60;
 	p.conns_per_ip = 128;
 	return p;
@@ -2264,10 +2319,28 @@ int sfw_serve_port(const struct sfw_server *s)
 	return di ? di->port : s->p.port;
 }
 
+int sfw_serve_prefix_entries(const struct sfw_serve_params *p)
+{
+	if (p->prefix_cache_bytes == 0 || p->prefix_entries <= 0)
+		return 0;
+	return p->prefix_entries < SFW_BATCH_MAX_SEQS - p->max_running ? p->prefix_entries
+									  : SFW_BATCH_MAX_SEQS - p->max_running;
+}
+
+int64_t sfw_serve_prefix_bytes(const struct sfw_serve_params *p, const struct sfw_model *m)
+{
+	if (p->prefix_cache_bytes >= 0 || !sfw_serve_prefix_entries(p))
+		return sfw_serve_prefix_entries(p) ? p->prefix_cache_bytes : 0;
+	struct sfw_batch_params bp = sfw_serve_batch_params(p);
+	struct sfw_mem_plan pl;
+	sfw_plan_model(m, bp.max_ctx, bp.max_step_rows, &pl);
+	return (int64_t)(pl.kv_per_token * (double)bp.pool_tokens / 2);
+}
+
 struct sfw_batch_params sfw_serve_batch_params(const struct sfw_serve_params *p)
 {
 	struct sfw_batch_params bp = sfw_batch_default_params();
-	bp.max_seqs = p->max_running;
+	bp.max_seqs = p->max_running + sfw_serve_prefix_entries(p);
 	bp.max_ctx = p->max_context;
 	/* every sequence can reach max_context: whole 64-token blocks each (runner/batch.h) */
 	bp.pool_tokens =
@@ -2292,6 +2365,7 @@ static void server_free(struct sfw_server *s)
 		pthread_mutex_unlock(&s->mu);
 		pthread_join(s->engine, NULL);
 	}
+	sfw_prefix_free(s->pc);
 	sfw_batch_free(s->b);
 	sfw_buf_release(&s->step_text);
 	pthread_mutex_destroy(&s->mu);
@@ -2376,6 +2450,9 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	s->body_max = bm < SFW_SERVE_BODY_MAX ? (size_t)bm : SFW_SERVE_BODY_MAX;
 	struct sfw_batch_params bp = sfw_serve_batch_params(p);
 	enum sfw_status st = sfw_batch_new(m, &bp, &s->b, err);
+	struct sfw_prefix_params pp = {sfw_serve_prefix_bytes(p, m), sfw_serve_prefix_entries(p), p->prefix_min_tokens};
+	if (st == SFW_OK && pp.budget_bytes > 0 && pp.max_entries > 0)
+		st = sfw_prefix_new(s->b, &pp, &s->pc, err);
 	if (st != SFW_OK) {
 		server_free(s);
 		return st;

@@ -6,7 +6,9 @@
 # vLLM's extra fields, logprobs against `salafw score`, penalties, n, tools,
 # /tokenize); every error answer with curl; HEAD, CORS and the request log
 # with curl; n choices sharing one prefill (/metrics), and prefilling their
-# own when the batch has no sequence left to fork into; API keys; the queue
+# own when the batch has no sequence left to fork into; the prefix cache
+# (cached tokens in usage, /metrics and the log, equal to no cache in the
+# same calls, the budget); API keys; the queue
 # limit; SIGTERM finishing a stream; the README's curl examples.
 . tests/lib.sh
 S=$(scratch)
@@ -297,6 +299,56 @@ n_once "n = 3 with 2 sequences: one fork, the third choice prefills its own" \
 kill -TERM "$PID"
 for _ in $(seq 200); do kill -0 "$PID" 2>/dev/null || break; sleep 0.05; done
 ! kill -0 "$PID" 2>/dev/null && pass "that server exits on SIGTERM" || fail "the --max-running 2 server still runs after SIGTERM"
+
+# the prefix cache (runner/prefix.h): prompts of token ids, --prefill-chunk
+# 128. A (256 ids: two full calls) is kept after its prefill; B = A + 64
+# ids forks A's state and prefills only its 64: usage and the log say 256
+# cached, /metrics a hit. Against a server without the cache, where B is
+# prefilled in the same calls ([0,128), [128,256), [256,320)), B's greedy
+# tokens and their log-probabilities are the same to the last digit; a
+# budget under one state keeps nothing.
+pc_ids() { python3 -c "import random,sys; r=random.Random(int(sys.argv[1])); print(','.join(str(r.randrange(3, 250)) for _ in range(int(sys.argv[2]))))" "$@"; }
+PA=$(pc_ids 11 256)
+PB="$PA,$(pc_ids 12 64)"
+pc_req() { # URL IDS -> the response
+	curl -s -H 'Content-Type: application/json' "$1/v1/completions" \
+		-d "{\"model\": \"tiny-sala\", \"prompt\": [$2], \"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true, \"logprobs\": 2}"
+}
+pc_field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+start pcache --prefill-chunk 128
+UP=http://127.0.0.1:$PORT PPID_=$PID
+grep -q "prefix cache: up to .* GiB of prompt states in 8 entries" "$S/pcache.log" &&
+	pass "serve prints the prefix cache's budget at start" || fail "no prefix cache line: $(head -c 300 "$S/pcache.log")"
+ra=$(pc_req "$UP" "$PA")
+rb=$(pc_req "$UP" "$PB")
+[ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$ra")" = 0 ] &&
+	pass "prefix cache: the first prompt has 0 cached tokens" || fail "prefix cache: A: $ra"
+[ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$rb")" = 256 ] &&
+	pass "prefix cache: a prompt that extends it has its 256 tokens cached (usage)" || fail "prefix cache: B: $rb"
+U=$UP
+[ "$(metric salafw_prefix_cache_hits_total)" = 1 ] && [ "$(metric salafw_prefix_cache_cached_tokens_total)" = 256 ] &&
+	[ "$(metric salafw_prefix_cache_lookups_total)" = 2 ] && [ "$(metric salafw_prefix_cache_entries)" = 2 ] &&
+	[ "$(metric salafw_prompt_tokens_prefilled_total)" = 320 ] &&
+	pass "prefix cache: /metrics: 2 lookups, 1 hit of 256 tokens, 2 entries, 256 + 64 tokens prefilled" ||
+	fail "prefix cache metrics: $(curl -s "$U/metrics" | grep -E 'prefix_cache|prefilled')"
+grep -q "prompt_tokens=320 output_tokens=8 cached_tokens=256" "$S/pcache.log" &&
+	pass "prefix cache: the request log names the cached tokens" || fail "prefix cache: log: $(grep 'cached_tokens' "$S/pcache.log" | tail -2)"
+start pcoff --prefill-chunk 128 --prefix-cache 0
+grep -q "prefix cache: off" "$S/pcoff.log" && pass "--prefix-cache 0: off" || fail "--prefix-cache 0: $(head -c 300 "$S/pcoff.log")"
+rb0=$(pc_req "http://127.0.0.1:$PORT" "$PB")
+[ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$rb0")" = 0 ] &&
+	[ -n "$(pc_field 'd["choices"][0]["logprobs"]["token_logprobs"]' <<<"$rb")" ] &&
+	[ "$(pc_field 'd["choices"][0]["logprobs"]' <<<"$rb")" = "$(pc_field 'd["choices"][0]["logprobs"]' <<<"$rb0")" ] &&
+	pass "prefix cache: B from the cache = B prefilled from the start in the same calls (tokens and log-probabilities)" ||
+	fail "prefix cache: cached '$(pc_field 'd["choices"][0]["logprobs"]' <<<"$rb")' vs uncached '$(pc_field 'd["choices"][0]["logprobs"]' <<<"$rb0")'"
+kill -TERM "$PID"
+start pctiny --prefill-chunk 128 --prefix-cache 0.000001
+U=http://127.0.0.1:$PORT
+pc_req "$U" "$PA" >/dev/null
+rb1=$(pc_req "$U" "$PB")
+[ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$rb1")" = 0 ] && [ "$(metric salafw_prefix_cache_entries)" = 0 ] &&
+	pass "prefix cache: a budget under one state keeps nothing" || fail "prefix cache, tiny budget: $rb1"
+kill -TERM "$PID" "$PPID_"
 
 # the first server too ends cleanly after all of the above (no leak or
 # sanitizer report under make SAN=1), and nothing in the logs is raw request text
