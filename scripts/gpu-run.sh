@@ -26,6 +26,8 @@
 #   bash scripts/gpu-run.sh w8-vs-bf16 [G]   bf16 and int8 g128 full-size models in one call: batched decode
 #                                            (bench_batch B = 1..64 at 1K and 1K-32K), bench_gpu prefill and
 #                                            decode at 1K/32K/128K, and serving at concurrency 32
+#   bash scripts/gpu-run.sh prefix-ttft [N]  mkmodel --preset full, salafw serve, bench/bench_prefix.py: TTFT of an
+#                                            N-id prompt (default 131072) and of two that extend it, prefix cache on, off
 #   bash scripts/gpu-run.sh prompt-cache [W]  mkmodel --preset full, then salafw run with a prompt of W random words
 #                                            (default 80000, ~128K tokens): without the cache, saving it, loading it
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
@@ -490,6 +492,38 @@ w8-vs-bf16)
 	done
 	exit $rc
 	;;
+prefix-ttft)
+	# bash scripts/gpu-run.sh prefix-ttft [TOKENS]: salafw serve on the full-size
+	# model, then bench/bench_prefix.py: TTFT of a TOKENS-id prompt (default
+	# 131072), of it + 64 ids and of it + 64 other ids (issue 25: the second
+	# and third from the prefix cache), and of an 8-turn conversation from a
+	# 32K-id start (each turn + 768 ids); then the same with --prefix-cache 0
+	M=/tmp/sala-full
+	full_models "$M"
+	N=${1:-131072}
+	for pc in "" 0; do
+		echo "== --prefix-cache ${pc:-default}" | tee -a "$OUT/prefix-ttft.log"
+		"$BIN/salafw" serve "$M" --no-verify --device cuda --port 18081 \
+			--max-running 4 --max-context $((N + 256)) $([ -n "$pc" ] && echo --prefix-cache "$pc") \
+			2>"$OUT/serve-prefix${pc}.log" &
+		spid=$!
+		for _ in $(seq 600); do
+			python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+				http://127.0.0.1:18081/health 2>/dev/null && break
+			kill -0 $spid 2>/dev/null || break
+			sleep 0.5
+		done
+		grep "prefix cache" "$OUT/serve-prefix${pc}.log" | tee -a "$OUT/prefix-ttft.log"
+		id=$(python3 -c 'import sys, json, urllib.request; print(json.load(urllib.request.urlopen(sys.argv[1]))["data"][0]["id"])' \
+			http://127.0.0.1:18081/v1/models 2>/dev/null)
+		python3 bench/bench_prefix.py --url http://127.0.0.1:18081/v1 --model "$id" --prefix "$N" 2>&1 |
+			tee -a "$OUT/prefix-ttft.log"
+		python3 bench/bench_prefix.py --url http://127.0.0.1:18081/v1 --model "$id" --prefix 32768 --turns 8 2>&1 |
+			tee -a "$OUT/prefix-ttft.log"
+		kill -TERM $spid
+		wait $spid
+	done
+	;;
 prompt-cache)
 	# bash scripts/gpu-run.sh prompt-cache [WORDS]: `salafw run --prompt-cache`
 	# on the full-size model with a prompt of WORDS random words (default
@@ -522,7 +556,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | prompt-cache [WORDS] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | prefix-ttft [N] | prompt-cache [WORDS] | shell CMD" >&2
 	exit 2
 	;;
 esac

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""bench_prefix.py - time to first token of prompts that share a prefix, on a
+running `salafw serve` (issue 25): request A, a prompt of --prefix random
+token ids, then B, A's ids and --suffix more; with the prefix cache B
+prefills only its suffix. Each request is streamed and timed from sending to
+its first token; the usage's cached tokens are printed. With --turns T, a
+conversation instead: a --prefix-id start, then T turns, each prompt the
+previous one + a 256-id reply + a 512-id user message (ids stand for the
+text a client sends back; with the cache a turn prefills those 768 only).
+Token-id prompts (the completions API takes a list of ids), so the lengths
+are exact.
+  bench_prefix.py --url http://127.0.0.1:8080/v1 --model ID --prefix 131072 --suffix 64
+  bench_prefix.py --url http://127.0.0.1:8080/v1 --model ID --prefix 32768 --turns 8
+"""
+import argparse
+import json
+import random
+import time
+import urllib.request
+
+
+def request(url, model, ids, gen):
+    body = json.dumps({"model": model, "prompt": ids, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    req = urllib.request.Request(url + "/completions", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    ttft, cached, n = None, None, 0
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            d = json.loads(line[6:])
+            if d.get("choices") and ttft is None:
+                ttft = time.monotonic() - t0
+            if d.get("choices"):
+                n += 1
+            u = d.get("usage")
+            if u:
+                cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return ttft, cached, time.monotonic() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prefix", type=int, default=131072)
+    ap.add_argument("--suffix", type=int, default=64)
+    ap.add_argument("--gen", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--turns", type=int, default=0)
+    a = ap.parse_args()
+    r = random.Random(25)
+    if a.turns:
+        ids = [r.randrange(3, a.vocab) for _ in range(a.prefix)]
+        for t in range(1, a.turns + 1):
+            if t > 1:
+                ids = ids + [r.randrange(3, a.vocab) for _ in range(256 + 512)]
+            ttft, cached, total = request(a.url, a.model, ids, a.gen)
+            print("turn %d %7d tokens: TTFT %.3f s, cached %s, total %.3f s" % (t, len(ids), ttft, cached, total),
+                  flush=True)
+        return
+    a_ids = [r.randrange(3, a.vocab) for _ in range(a.prefix)]
+    b_ids = a_ids + [r.randrange(3, a.vocab) for _ in range(a.suffix)]
+    c_ids = a_ids + [r.randrange(3, a.vocab) for _ in range(a.suffix)]
+    for name, ids in (("A (the prefix alone)", a_ids), ("B (prefix + suffix)", b_ids),
+                      ("C (prefix + another suffix)", c_ids)):
+        ttft, cached, total = request(a.url, a.model, ids, a.gen)
+        print("%-28s %7d tokens: TTFT %.3f s, cached %s, total %.3f s" % (name, len(ids), ttft, cached, total),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
