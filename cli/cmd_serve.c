@@ -29,6 +29,7 @@ struct serve_args {
 	int n_served;
 	uint64_t max_context, drain_timeout;
 	double prefix_gib; /* < 0: not given */
+	uint64_t prefix_every;
 	struct cli_model_opts mo;
 };
 
@@ -76,6 +77,8 @@ static const struct cli_arg args[] = {
       "keep prompt states for later prompts that start with them, up to GIB GiB in 8 entries (default: half the KV "
       "pool; 0: off)"},
      CLI_K_DOUBLE, OFF(prefix_gib), 0, 1 << 20, NULL, NULL},
+    {{"prefix-every", 0, "N", "keep a long prompt's state also each N tokens of its prefill (default 32768)"},
+     CLI_K_U64, OFF(prefix_every), 64, (uint64_t)1 << 40, NULL, NULL},
     {{"conns-per-ip", 0, "N", "open connections per client address (default 128; 0: no limit, e.g. behind a proxy)"},
      CLI_K_INT, OFF(sp.conns_per_ip), 0, 65536, NULL, NULL},
     CLI_DEVICE_ARG(struct serve_args, mo, "where to run (default: cuda when available, else cpu)"),
@@ -204,6 +207,7 @@ int cmd_serve(int argc, char **argv)
 {
 	const char *C = "salafw serve";
 	struct serve_args a = {.sp = sfw_serve_default_params(), .prefix_gib = -1};
+	a.prefix_every = (uint64_t)a.sp.prefix_every;
 	cli_model_opts_init(&a.mo);
 	a.max_context = (uint64_t)a.sp.max_context;
 	struct cli_parser cp;
@@ -216,6 +220,7 @@ int cmd_serve(int argc, char **argv)
 		return rc;
 	struct sfw_serve_params sp = a.sp;
 	sp.max_context = (int64_t)a.max_context;
+	sp.prefix_every = (int64_t)a.prefix_every;
 	if (a.prefix_gib >= 0)
 		sp.prefix_cache_bytes = (int64_t)(a.prefix_gib * (double)(1 << 30));
 	int have_chunk = cli_given(&cp, "prefill-chunk");

@@ -192,7 +192,8 @@ struct sfw_serve_params {
 	int prefill_chunk;		      /* prompt tokens per engine step, over all sequences */
 	int64_t pool_tokens;		      /* KV pool positions; 0 = max_running * max_context */
 	/* the prefix cache (runner/prefix.h): every request's prompt state is
-	 * kept after its prefill (prompts of at least prefix_min_tokens), and a
+	 * kept after its prefill (prompts of at least prefix_min_tokens; long
+	 * ones also each prefix_every tokens on the way), and a
 	 * later prompt that starts with a kept one forks it and prefills only
 	 * the rest. Its entries take up to prefix_entries sequences beside
 	 * max_running (the batch's max_seqs, at most 64 in all) and KV blocks
@@ -202,6 +203,7 @@ struct sfw_serve_params {
 	int64_t prefix_cache_bytes;
 	int prefix_entries;
 	int64_t prefix_min_tokens;
+	int64_t prefix_every; /* also keep a long prompt's state each time its prefill passes a multiple of this */
 	double receive_timeout; /* seconds to receive a request's headers and body; 0 = no limit */
 	int conns_per_ip;	/* open connections per client address; 0 = no limit */
 };

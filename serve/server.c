@@ -609,18 +609,23 @@ static void admit_locked(struct sfw_server *s)
 	}
 }
 
-/* The prefix cache keeps the state of every prompt the step finished
- * (engine thread, no lock, after the step's forks: the choices waiting for
- * one come first). A state it cannot keep is let go: the request is not
- * affected. */
+/* The prefix cache keeps the state of every prompt the step finished, and
+ * of a long prompt whose prefill the step took past a multiple of
+ * prefix_every (engine thread, no lock, after the step's forks: the
+ * choices waiting for one come first). A state it cannot keep is let go:
+ * the request is not affected. */
 static void keep_prompts(struct sfw_server *s, struct req **ir, const struct sfw_batch_item *it, int n)
 {
+	int64_t every = s->p.prefix_every > 0 ? s->p.prefix_every : INT64_MAX;
 	for (int i = 0; s->pc && i < n; i++) {
 		struct req *r = ir[i];
-		if (it[i].ids == &r->next_id || r->prefilled != r->n_ids) /* a decode row, or a prompt not done */
+		if (it[i].ids == &r->next_id) /* a decode row */
+			continue;
+		int64_t at = (int64_t)r->prefilled, before = at - it[i].n;
+		if (at != (int64_t)r->n_ids && at / every == before / every)
 			continue;
 		struct sfw_err err = {0};
-		if (sfw_prefix_put(s->pc, r->seq, r->ids, (int64_t)r->n_ids, &err) != SFW_OK)
+		if (sfw_prefix_put(s->pc, r->seq, r->ids, at, &err) != SFW_OK)
 			sfw_log(SFW_LOG_DEBUG, "serve: request %llu: the prompt's state is not kept: %s",
 				(unsigned long long)r->id, err.msg);
 	}
@@ -2308,6 +2313,7 @@ struct sfw_serve_params sfw_serve_default_params(void)
 	p.prefix_cache_bytes = -1; /* half the KV pool */
 	p.prefix_entries = 8;
 	p.prefix_min_tokens = 256;
+	p.prefix_every = 32768;
 	p.receive_timeout = 60;
 	p.conns_per_ip = 128;
 	return p;

@@ -342,6 +342,20 @@ rb0=$(pc_req "http://127.0.0.1:$PORT" "$PB")
 	pass "prefix cache: B from the cache = B prefilled from the start in the same calls (tokens and log-probabilities)" ||
 	fail "prefix cache: cached '$(pc_field 'd["choices"][0]["logprobs"]' <<<"$rb")' vs uncached '$(pc_field 'd["choices"][0]["logprobs"]' <<<"$rb0")'"
 kill -TERM "$PID"
+# a long prompt's state on the way (--prefix-every 256): a 600-id prompt
+# kept at 256, 512 and its end; one that leaves it at 400 starts from the
+# state at 256 (and is kept at its own end: 4 states)
+start pcevery --prefill-chunk 128 --prefix-every 256
+U=http://127.0.0.1:$PORT
+PE="$PA,$(pc_ids 13 344)"
+pc_req "$U" "$PE" >/dev/null
+PD="$(cut -d, -f1-400 <<<"$PE"),$(pc_ids 14 64)"
+rd=$(pc_req "$U" "$PD")
+[ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$rd")" = 256 ] &&
+	[ "$(metric salafw_prefix_cache_entries)" = 4 ] &&
+	pass "prefix cache: a prompt's state kept each 256 tokens of its prefill; one that leaves it at 400 starts at 256" ||
+	fail "prefix cache, --prefix-every: $rd; entries $(metric salafw_prefix_cache_entries)"
+kill -TERM "$PID"
 start pctiny --prefill-chunk 128 --prefix-cache 0.000001
 U=http://127.0.0.1:$PORT
 pc_req "$U" "$PA" >/dev/null
