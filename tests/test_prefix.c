@@ -4,7 +4,8 @@
  *   - exactness: a sequence opened from an entry made after a 600-token
  *     prompt (three calls of 200), then fed 40 more tokens and 6 greedy
  *     steps, gives every logit bit for bit as a sequence fed the same calls
- *     from the start; so does a second one from the same entry;
+ *     from the start; so does a second one from the same entry, and two
+ *     from it stepped together in one batch;
  *   - matching: the longest entry that is a proper prefix is taken; a
  *     prompt equal to an entry, or diverging inside it, starts empty;
  *   - eviction: least recently used first (a match counts as a use) under
@@ -133,6 +134,32 @@ static void test_exact(struct sfw_model *m)
 		      STEPS);
 		sfw_batch_seq_close(b, *s);
 	}
+	/* two sequences from the entry in the same steps (a batch): each as the reference */
+	int t[2] = {-1, -1};
+	float *lt = malloc((size_t)V * 2 * 4);
+	for (int k = 0; k < 2; k++)
+		CHECK(sfw_prefix_open(pc, ids, P + Q, &t[k], &hit, &err) == SFW_OK && hit == P, "open %d for the batch", k);
+	int same = lt != NULL && t[0] >= 0 && t[1] >= 0;
+	for (int step = 0; same && step <= STEPS; step++) {
+		struct sfw_batch_item it[2];
+		int32_t next[2];
+		for (int k = 0; k < 2; k++) {
+			next[k] = step ? argmax(lt + (size_t)k * V) : 0;
+			it[k] = (struct sfw_batch_item){t[k], step ? &next[k] : ids + P, step ? 1 : Q, 1, NULL, 0};
+		}
+		if (sfw_batch_step(b, it, 2, &err) != SFW_OK) {
+			CHECK(0, "batch step %d: %s", step, err.msg);
+			same = 0;
+			break;
+		}
+		for (int k = 0; k < 2; k++) {
+			memcpy(lt + (size_t)k * V, sfw_batch_logits(b, k), (size_t)V * 4);
+			same &= !memcmp(lt + (size_t)k * V, ref + (size_t)step * V, (size_t)V * 4);
+		}
+	}
+	CHECK(same, "two sequences from the entry stepped together: every logit as the reference");
+	free(lt);
+	sfw_batch_seq_close(b, t[0]), sfw_batch_seq_close(b, t[1]);
 	/* a prompt equal to the entry, or diverging inside it: empty */
 	int e = -1;
 	CHECK(sfw_prefix_open(pc, ids, P, &e, &hit, &err) == SFW_OK && hit == 0 && sfw_batch_seq_pos(b, e) == 0,
@@ -145,7 +172,7 @@ static void test_exact(struct sfw_model *m)
 	sfw_batch_seq_close(b, e);
 	struct sfw_prefix_stats st;
 	sfw_prefix_stats(pc, &st);
-	CHECK(st.lookups == 5 && st.hits == 2 && st.cached_tokens == 2 * P && st.entries == 1 && st.puts == 1 &&
+	CHECK(st.lookups == 7 && st.hits == 4 && st.cached_tokens == 4 * P && st.entries == 1 && st.puts == 1 &&
 		      st.evictions == 0 && st.bytes == sfw_batch_seq_bytes(b, P),
 	      "counters: lookups %lld hits %lld cached %lld entries %lld puts %lld evictions %lld bytes %lld",
 	      (long long)st.lookups, (long long)st.hits, (long long)st.cached_tokens, (long long)st.entries,

@@ -333,6 +333,12 @@ U=$UP
 	fail "prefix cache metrics: $(curl -s "$U/metrics" | grep -E 'prefix_cache|prefilled')"
 grep -q "prompt_tokens=320 output_tokens=8 cached_tokens=256" "$S/pcache.log" &&
 	pass "prefix cache: the request log names the cached tokens" || fail "prefix cache: log: $(grep 'cached_tokens' "$S/pcache.log" | tail -2)"
+rn=$(curl -s -H 'Content-Type: application/json' "$UP/v1/completions" \
+	-d "{\"model\": \"tiny-sala\", \"prompt\": [$PB], \"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true, \"n\": 2}")
+tb=$(pc_field 'd["choices"][0]["text"]' <<<"$rb")
+[ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$rn")" = 256 ] &&
+	[ "$(pc_field '[c["text"] for c in d["choices"]]' <<<"$rn")" = "$(python3 -c "import sys; print([sys.argv[1]] * 2)" "$tb")" ] &&
+	pass "prefix cache: n = 2 from the cache: 256 cached, both choices the n = 1 text" || fail "prefix cache, n = 2: $rn"
 start pcoff --prefill-chunk 128 --prefix-cache 0
 grep -q "prefix cache: off" "$S/pcoff.log" && pass "--prefix-cache 0: off" || fail "--prefix-cache 0: $(head -c 300 "$S/pcoff.log")"
 rb0=$(pc_req "http://127.0.0.1:$PORT" "$PB")
