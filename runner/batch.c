@@ -292,17 +292,22 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 	q->open = 0, q->pos = 0, q->stamp = 0;
 }
 
-int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens)
+int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t tokens)
 {
-	const struct sfw_config *cf = &b->m->cfg;
-	int64_t act = (int64_t)sfw_be_act_size(b->m->be), ns = 0, nl = 0;
+	const struct sfw_config *cf = &m->cfg;
+	int64_t act = (int64_t)sfw_be_act_size(m->be), ns = 0, nl = 0, blk = cf->sparse_block_size;
 	for (int i = 0; i < cf->num_hidden_layers; i++)
-		b->m->layers[i].kind == SFW_MIXER_SPARSE ? ns++ : nl++;
+		m->layers[i].kind == SFW_MIXER_SPARSE ? ns++ : nl++;
 	int64_t row = (int64_t)cf->num_key_value_heads * cf->head_dim * act, st = cf->sparse_kernel_stride;
-	int64_t kv = blocks_for(b, tokens) * b->block * ns * 2 * row;
-	int64_t compressed = ns * (b->p.max_ctx / st + b->p.max_ctx / (4 * st) + 2) * row;
+	int64_t kv = (tokens + blk - 1) / blk * blk * ns * 2 * row;
+	int64_t compressed = ns * (max_ctx / st + max_ctx / (4 * st) + 2) * row;
 	int64_t lightning = nl * (int64_t)cf->lightning_nh * cf->lightning_head_dim * cf->lightning_head_dim * 4;
 	return kv + compressed + lightning;
+}
+
+int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens)
+{
+	return sfw_seq_state_bytes(b->m, b->p.max_ctx, tokens);
 }
 
 int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq)

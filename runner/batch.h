@@ -118,6 +118,9 @@ int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq);
  * compressed keys for max_ctx tokens, the Lightning states). What
  * runner/prefix.h counts against its budget. */
 int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens);
+/* The same for a sequence of model m's batches of max_ctx tokens, without
+ * a batch (its KV blocks: (this at n tokens) - (this at 0)). */
+int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t tokens);
 /* KV blocks in use by the open sequences, and the pool's size in blocks. */
 int64_t sfw_batch_blocks_used(const struct sfw_batch *b);
 int64_t sfw_batch_blocks_total(const struct sfw_batch *b);

@@ -19,7 +19,6 @@
 #include "json.h"
 #include "log.h"
 #include "runner/batch.h"
-#include "runner/plan.h"
 #include "runner/prefix.h"
 #include "runner/runner.h"
 #include "runner/sampler.h"
@@ -2337,10 +2336,9 @@ int64_t sfw_serve_prefix_bytes(const struct sfw_serve_params *p, const struct sf
 {
 	if (p->prefix_cache_bytes >= 0 || !sfw_serve_prefix_entries(p))
 		return sfw_serve_prefix_entries(p) ? p->prefix_cache_bytes : 0;
+	/* the pool's KV bytes, counted as the cache counts its entries */
 	struct sfw_batch_params bp = sfw_serve_batch_params(p);
-	struct sfw_mem_plan pl;
-	sfw_plan_model(m, bp.max_ctx, bp.max_step_rows, &pl);
-	return (int64_t)(pl.kv_per_token * (double)bp.pool_tokens / 2);
+	return (sfw_seq_state_bytes(m, bp.max_ctx, bp.pool_tokens) - sfw_seq_state_bytes(m, bp.max_ctx, 0)) / 2;
 }
 
 struct sfw_batch_params sfw_serve_batch_params(const struct sfw_serve_params *p)
