@@ -91,7 +91,6 @@ static void cu_step_free(struct sfw_backend *be, void *rec)
 	sfw_free(r);
 }
 
-
 /* ---- a context's decode step: one sequence ---- */
 
 static void one_launch(struct sfw_backend *be, struct cu_step *r, struct sfw_bcache *c, int64_t pos)

@@ -43,7 +43,6 @@ static void drop(struct sfw_prefix *pc, int i)
 	sfw_free(e->ids);
 	pc->st.bytes -= e->bytes;
 	pc->e[i] = pc->e[--pc->n];
-	pc->st.entries = pc->n;
 }
 
 void sfw_prefix_free(struct sfw_prefix *pc)
@@ -153,11 +152,12 @@ enum sfw_status sfw_prefix_put(struct sfw_prefix *pc, int seq, const int32_t *id
 		return s;
 	}
 	pc->e[pc->n++] = (struct entry){dst, copy, n, bytes, ++pc->clock};
-	pc->st.entries = pc->n, pc->st.bytes += bytes, pc->st.puts++;
+	pc->st.bytes += bytes, pc->st.puts++;
 	return SFW_OK;
 }
 
 void sfw_prefix_stats(const struct sfw_prefix *pc, struct sfw_prefix_stats *out)
 {
 	*out = pc->st;
+	out->entries = pc->n;
 }
