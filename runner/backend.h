@@ -647,17 +647,24 @@ static inline int sfw_be_sample(struct sfw_backend *be, int32_t *out, const floa
 	return 1;
 }
 
-/* A sequence's fork (runner/batch.h sfw_batch_seq_fork): dst, a cache of
- * the same shapes (made from the same struct sfw_cache_desc, paged from the
- * same pool or not) that is empty and has room reserved (cache_reserve) for
- * src's tokens, becomes an exact copy of src: every sparse layer's K and V
- * of src's tokens (paged: into dst's own blocks), both levels of compressed
- * keys and their counts, every lightning layer's state; then the ops give
- * on dst what they give on src, bit for bit. Ordered with the ops, in
- * backend memory (CUDA: device-to-device copies on the backend's stream, no
- * host round trip); src is unchanged. SFW_E_UNSUPPORTED when the backend
- * does not take SFW_OP_CACHE_COPY (supports_op): nothing is composed for
- * it. */
+/* A sequence's fork (runner/batch.h sfw_batch_seq_fork): dst, an empty
+ * cache of the same shapes (made from the same struct sfw_cache_desc,
+ * paged from the same pool or not), becomes an exact copy of src: every
+ * sparse layer's K and V of src's tokens, both levels of compressed keys
+ * and their counts, every lightning layer's state; then the ops give on dst
+ * what they give on src, bit for bit. Paged (dst holds no blocks): dst
+ * shares src's whole blocks, by reference (the pool counts their holders
+ * and frees a block when the last lets go; a whole block is never written
+ * again, as tokens are only appended), and takes a free block for src's
+ * last, partial one, whose tokens are copied (SFW_E_NOSPACE "KV pool full"
+ * when there is none: nothing changed). Not paged: dst has room reserved
+ * (cache_reserve) for src's tokens, and they are copied. Ordered with the
+ * ops, in backend memory (CUDA: device-to-device copies on the backend's
+ * stream, no host round trip); src is unchanged. SFW_E_UNSUPPORTED when the
+ * backend does not take SFW_OP_CACHE_COPY (supports_op): nothing is
+ * composed for it. A cache view (SFW_OP_CACHE_VIEW) writes only caches
+ * whose blocks are their own (runner/ctxstate.c loads into an emptied
+ * sequence). */
 static inline SFW_MUST_CHECK enum sfw_status sfw_be_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst,
 							       const struct sfw_bcache *src, struct sfw_err *err)
 {

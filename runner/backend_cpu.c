@@ -63,6 +63,7 @@ struct sfw_bpool {
 	int nsparse;
 	int64_t nblocks, nfree;
 	int32_t *free;  /* stack of free block ids */
+	int32_t *ref;   /* [nblocks]: the caches holding each block (forks share whole blocks) */
 };
 
 static float *F(const void *p)
@@ -270,7 +271,10 @@ static enum sfw_status cpu_pool_new(struct sfw_backend *be, const struct sfw_cac
 				"no paged KV pool of %lld blocks of %zu bytes here (whole pages, at most %lld mappings)",
 				(long long)blocks, bb, (long long)max_maps());
 	struct sfw_bpool *p = sfw_calloc(1, sizeof(*p));
-	if (!p || !(p->free = sfw_malloc((size_t)blocks * sizeof(int32_t)))) {
+	if (!p || !(p->free = sfw_malloc((size_t)blocks * sizeof(int32_t))) ||
+	    !(p->ref = sfw_calloc((size_t)blocks, sizeof(int32_t)))) {
+		if (p)
+			sfw_free(p->free);
 		sfw_free(p);
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	}
@@ -290,7 +294,7 @@ static enum sfw_status cpu_pool_new(struct sfw_backend *be, const struct sfw_cac
 	if (e) {
 		if (p->fd >= 0)
 			close(p->fd);
-		sfw_free(p->free), sfw_free(p);
+		sfw_free(p->free), sfw_free(p->ref), sfw_free(p);
 		return sfw_fail(err, e == ENOSPC || e == ENOMEM ? SFW_E_NOMEM : SFW_E_IO,
 				"cannot allocate a KV pool of %lld blocks (%.1f MiB): %s", (long long)blocks,
 				(double)size / 1048576.0, strerror(e));
@@ -306,6 +310,7 @@ static void cpu_pool_free(struct sfw_backend *be, struct sfw_bpool *p)
 		return;
 	close(p->fd);
 	sfw_free(p->free);
+	sfw_free(p->ref);
 	sfw_free(p);
 }
 
@@ -316,7 +321,8 @@ static int64_t cpu_pool_used(struct sfw_backend *be, const struct sfw_bpool *p)
 }
 
 /* Slot j of every sparse layer's views back to reserved, inaccessible
- * address space; the block returns to the pool. */
+ * address space; the block returns to the pool when no other cache holds
+ * it. */
 static void pool_unmap_slot(struct sfw_bcache *c, int64_t j)
 {
 	struct sfw_bpool *p = c->d.pool;
@@ -327,18 +333,17 @@ static void pool_unmap_slot(struct sfw_bcache *c, int64_t j)
 		mmap((char *)l->k + j * p->bb, p->bb, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
 		mmap((char *)l->v + j * p->bb, p->bb, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
 	}
-	p->free[p->nfree++] = c->table[j];
+	if (--p->ref[c->table[j]] == 0)
+		p->free[p->nfree++] = c->table[j];
 }
 
-/* A free block into slot j (= c->nblk) of every sparse layer's views. */
-static enum sfw_status pool_map_slot(struct sfw_bcache *c, int64_t j, struct sfw_err *err)
+/* Pool block b (one more holder) into slot j (= c->nblk) of every sparse
+ * layer's views. */
+static enum sfw_status pool_map_block(struct sfw_bcache *c, int64_t j, int32_t b, struct sfw_err *err)
 {
 	struct sfw_bpool *p = c->d.pool;
-	if (p->nfree == 0)
-		return sfw_fail(err, SFW_E_NOSPACE, "KV pool full: %lld of %lld blocks in use",
-				(long long)(p->nblocks - p->nfree), (long long)p->nblocks);
-	int32_t b = p->free[--p->nfree];
 	c->table[j] = b;
+	p->ref[b]++;
 	int si = 0;
 	for (int i = 0; i < c->d.n_layers; i++) {
 		struct cpu_layer *l = &c->L[i];
@@ -356,6 +361,17 @@ static enum sfw_status pool_map_slot(struct sfw_bcache *c, int64_t j, struct sfw
 		si++;
 	}
 	return SFW_OK;
+}
+
+/* A free block into slot j (= c->nblk) of every sparse layer's views. */
+static enum sfw_status pool_map_slot(struct sfw_bcache *c, int64_t j, struct sfw_err *err)
+{
+	struct sfw_bpool *p = c->d.pool;
+	if (p->nfree == 0)
+		return sfw_fail(err, SFW_E_NOSPACE, "KV pool full: %lld of %lld blocks in use",
+				(long long)(p->nblocks - p->nfree), (long long)p->nblocks);
+	/* (a failed map gives the block back: its only holder let it go) */
+	return pool_map_block(c, j, p->free[--p->nfree], err);
 }
 
 static void cpu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
@@ -487,16 +503,47 @@ static void cpu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 	}
 }
 
-/* dst (empty, room reserved for src's tokens) becomes src's copy
- * (sfw_be_cache_copy): the K/V of its tokens (paged: through dst's views,
- * into its own blocks), the compressed keys and their counts, the lightning
- * states. */
-static void cpu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src)
+/* Paged: dst (holding no blocks) takes src's whole blocks of its len
+ * tokens, one more holder each (a whole block is never written again:
+ * tokens are only appended), and a block of its own for the last, partial
+ * one, and room for the compressed keys; all or nothing. */
+static enum sfw_status pages_share(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src,
+				   int64_t len, struct sfw_err *err)
 {
-	(void)be;
+	const struct sfw_cache_desc *d = &src->d;
+	SFW_ASSERT(dst->d.pool == d->pool && dst->nblk == 0 && len <= src->nblk * d->block);
+	enum sfw_status s = SFW_OK;
+	while (s == SFW_OK && dst->nblk < len / d->block) {
+		s = pool_map_block(dst, dst->nblk, src->table[dst->nblk], err);
+		dst->nblk += s == SFW_OK;
+	}
+	if (s == SFW_OK)
+		s = cpu_cache_reserve(be, dst, len, err);
+	if (s != SFW_OK)
+		cpu_cache_reset(be, dst); /* empty again: every block let go */
+	return s;
+}
+
+/* dst becomes src's copy (sfw_be_cache_copy): the K/V of its tokens
+ * (paged: src's whole blocks shared, the last partial one copied into a
+ * block of dst's own; else into dst's room, reserved by the caller), the
+ * compressed keys and their counts, the lightning states. */
+static enum sfw_status cpu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src,
+				      struct sfw_err *err)
+{
 	const struct sfw_cache_desc *d = &src->d;
 	size_t row = (size_t)d->nkv * d->hd * sizeof(float);
 	SFW_ASSERT(dst != src && dst->d.n_layers == d->n_layers && dst->d.nkv == d->nkv && dst->d.hd == d->hd);
+	int64_t len = 0, from = 0; /* tokens, and the first one whose K/V is copied */
+	for (int i = 0; i < d->n_layers; i++)
+		if (src->L[i].sparse)
+			len = src->L[i].len; /* every sparse layer holds the same tokens */
+	if (d->pool) {
+		enum sfw_status s = pages_share(be, dst, src, len, err);
+		if (s != SFW_OK)
+			return s;
+		from = len / d->block * d->block;
+	}
 	for (int i = 0; i < d->n_layers; i++) {
 		const struct cpu_layer *s = &src->L[i];
 		struct cpu_layer *t = &dst->L[i];
@@ -506,9 +553,10 @@ static void cpu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const
 			continue;
 		}
 		SFW_ASSERT(s->len <= t->cap && s->n1 <= t->cap1 && s->n2 <= t->cap2);
-		if (s->len) {
-			memcpy(t->k, s->k, (size_t)s->len * row);
-			memcpy(t->v, s->v, (size_t)s->len * row);
+		if (s->len > from) {
+			size_t at = (size_t)from * d->nkv * d->hd; /* elements */
+			memcpy(t->k + at, s->k + at, (size_t)(s->len - from) * row);
+			memcpy(t->v + at, s->v + at, (size_t)(s->len - from) * row);
 		}
 		if (s->n1)
 			memcpy(t->c1, s->c1, (size_t)s->n1 * row);
@@ -516,6 +564,7 @@ static void cpu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const
 			memcpy(t->c2, s->c2, (size_t)s->n2 * row);
 		t->len = s->len, t->n1 = s->n1, t->n2 = s->n2;
 	}
+	return SFW_OK;
 }
 
 static void cpu_cache_info(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3])
@@ -730,8 +779,7 @@ static enum sfw_status cpu_op(struct sfw_backend *be, const struct sfw_op *o, st
 		cpu_sample(be, o->sample.out, o->sample.logits, o->sample.V, o->sample.n, o->sample.p, o->sample.u);
 		break;
 	case SFW_OP_CACHE_COPY:
-		cpu_cache_copy(be, o->copy.dst, o->copy.src);
-		break;
+		return cpu_cache_copy(be, o->copy.dst, o->copy.src, err);
 	case SFW_OP_CACHE_VIEW:
 		return cpu_cache_view(o->view.c, o->view.layer, o->view.set, o->view.out, err);
 	default:

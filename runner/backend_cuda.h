@@ -114,6 +114,7 @@ struct sfw_bpool {
 	int nsparse, shift;
 	int64_t nblocks, nfree;
 	int32_t *free; /* stack of free block ids */
+	int32_t *ref;  /* [nblocks]: the caches holding each block (forks share whole blocks) */
 };
 
 static inline struct cu_be *IMPL(struct sfw_backend *be)
@@ -173,7 +174,8 @@ void sfwi_cu_prof_report(struct cu_be *b);
 void sfwi_cu_caches(struct sfw_backend *be);
 int64_t sfwi_cu_cache_room(const struct sfw_bcache *c);
 void sfwi_cu_cache_advance(struct sfw_bcache *c, int T);
-void sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src);
+SFW_MUST_CHECK enum sfw_status sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst,
+						  const struct sfw_bcache *src, struct sfw_err *err);
 /* SFW_OP_CACHE_VIEW (cache_cuda.c). */
 SFW_MUST_CHECK enum sfw_status sfwi_cu_cache_view(struct sfw_bcache *c, int layer, const int64_t *set,
 						  struct sfw_cache_view *out, struct sfw_err *err);

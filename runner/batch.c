@@ -35,6 +35,7 @@ struct bseq {
 	int broken; /* a step failed half-way */
 	int stamp;  /* the step that last named it (duplicate check) */
 	void *rec;  /* the backend's state for its decode steps alone (be->step's state) */
+	uint64_t serial; /* sfw_batch_seq_serial */
 };
 
 struct sfw_batch {
@@ -46,6 +47,7 @@ struct sfw_batch {
 	int block;              /* tokens per KV block (sparse_block_size) */
 	int64_t pool_blocks;
 	int stamp;
+	uint64_t opened;        /* sequences opened or forked so far (their serials) */
 	/* per step */
 	struct sfwi_part parts[SFW_BATCH_MAX_SEQS];
 	int32_t *ids;           /* [max_step_rows] */
@@ -68,9 +70,13 @@ static int64_t blocks_for(const struct sfw_batch *b, int64_t tokens)
 	return (tokens + b->block - 1) / b->block;
 }
 
-/* Blocks the open sequences hold, and with parked 1 those the parked caches do. */
+/* Blocks the open sequences hold, and with parked 1 those the parked caches
+ * do. Paged: the pool's count (a block that forks share counts once; a
+ * parked cache holds none). */
 static int64_t blocks_held(const struct sfw_batch *b, int parked)
 {
+	if (b->pool)
+		return b->m->be->pool_used(b->m->be, b->pool);
 	int64_t used = 0;
 	for (int i = 0; i < b->p.max_seqs; i++)
 		if (b->seq[i].cache && (b->seq[i].open || parked))
@@ -95,6 +101,11 @@ static void slot_free(struct sfw_batch *b, struct bseq *q)
 int sfw_batch_paged(const struct sfw_batch *b)
 {
 	return b->pool != NULL;
+}
+
+int sfw_batch_block(const struct sfw_batch *b)
+{
+	return b->block;
 }
 
 int64_t sfw_batch_blocks_total(const struct sfw_batch *b)
@@ -195,7 +206,7 @@ enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err
 			}
 			q->room = 0;
 		}
-		q->open = 1, q->pos = 0, q->broken = 0, q->stamp = 0;
+		q->open = 1, q->pos = 0, q->broken = 0, q->stamp = 0, q->serial = ++b->opened;
 		*seq = i;
 		return SFW_OK;
 	}
@@ -240,7 +251,9 @@ enum sfw_status sfw_batch_seq_fork(struct sfw_batch *b, int src, int *dst, struc
 	if (!be->supports_op(be, SFW_OP_CACHE_COPY, SFW_DTYPE_F32))
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "the %s backend cannot copy a sequence's caches: no fork",
 				be->name);
-	int64_t want = blocks_for(b, from->pos), hold = 0;
+	/* paged: the fork shares src's whole blocks and takes one for the
+	 * partial last block; else a copy of them all */
+	int64_t want = b->pool ? from->pos % b->block != 0 : blocks_for(b, from->pos), hold = 0;
 	int slot = fork_slot(b, want, &hold);
 	if (slot < 0)
 		return sfw_fail(err, SFW_E_RANGE, "all %d sequences in use", b->p.max_seqs);
@@ -260,7 +273,8 @@ enum sfw_status sfw_batch_seq_fork(struct sfw_batch *b, int src, int *dst, struc
 		}
 		q->room = 0;
 	}
-	s = be->cache_reserve(be, q->cache, from->pos, err);
+	if (!b->pool) /* paged: the copy takes (and shares) the blocks */
+		s = be->cache_reserve(be, q->cache, from->pos, err);
 	if (s == SFW_OK)
 		s = sfw_be_cache_copy(be, q->cache, from->cache, err);
 	if (s != SFW_OK) { /* the slot as it was, free; the cache and its blocks let go */
@@ -269,7 +283,7 @@ enum sfw_status sfw_batch_seq_fork(struct sfw_batch *b, int src, int *dst, struc
 	}
 	if (from->pos > q->room) /* whole blocks: what the cache now holds */
 		q->room = blocks_for(b, from->pos) * b->block;
-	q->open = 1, q->pos = from->pos, q->broken = 0, q->stamp = 0;
+	q->open = 1, q->pos = from->pos, q->broken = 0, q->stamp = 0, q->serial = ++b->opened;
 	*dst = slot;
 	return SFW_OK;
 }
@@ -308,6 +322,13 @@ int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t 
 int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens)
 {
 	return sfw_seq_state_bytes(b->m, b->p.max_ctx, tokens);
+}
+
+uint64_t sfw_batch_seq_serial(const struct sfw_batch *b, int seq)
+{
+	if (seq < 0 || seq >= b->p.max_seqs || !b->seq[seq].open)
+		return 0;
+	return b->seq[seq].serial;
 }
 
 int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq)

@@ -87,15 +87,20 @@ void sfw_batch_free(struct sfw_batch *b); /* NULL is a no-op */
 SFW_MUST_CHECK enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err *err);
 /* A free sequence slot (*dst) whose state is an exact copy of open
  * sequence src: its position, the K/V of its tokens in every sparse layer
- * (paged: in blocks of its own taken from the pool, the contents copied;
- * not paged: in a cache of its own), both levels of compressed keys and
+ * (paged: src's whole blocks shared by reference, a block freed only when
+ * no sequence holds it, and a block of its own for the last, partial one,
+ * its tokens copied; not paged: in a cache of its own), both levels of
+ * compressed keys and
  * every Lightning layer's recurrent state (the caches are the whole of a
  * sequence's state: the InfLLM-v2 selection is recomputed each step from
  * them). Stepping dst then gives exactly what stepping a sequence fed the
  * same tokens in the same calls as src gives (on the CPU backend bit for
  * bit; tests/test_batch.c), and src goes on unchanged: the n choices of a
- * request share one prefill (serve/server.c). dst holds ceil(pos / 64)
- * blocks of its own (a slot's parked cache keeps its room, if more). The copy is the backend's op (SFW_OP_CACHE_COPY:
+ * request share one prefill (serve/server.c), and the prefix cache's
+ * entries hold their prompts' blocks once (runner/prefix.h). Paged, the
+ * fork takes one free block (none when pos is a multiple of 64); not
+ * paged, ceil(pos / 64) (a slot's parked cache keeps its room, if more).
+ * The copy is the backend's op (SFW_OP_CACHE_COPY:
  * runner/backend.h sfw_be_cache_copy; on CUDA device-to-device copies on
  * the backend's stream, no host round trip), ordered before the next step.
  * All or nothing: SFW_E_INVAL when src is not open (or broken by a failed
@@ -113,6 +118,10 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq);
 /* Tokens in the sequence's context (its next token's position); -1 when seq
  * is not open. */
 int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq);
+/* Which opening of its slot the open sequence is: a number no other
+ * sequence of the batch had or will have (1, 2, ... in the order sequences
+ * were opened or forked); 0 when seq is not open. */
+uint64_t sfw_batch_seq_serial(const struct sfw_batch *b, int seq);
 /* The bytes a sequence of `tokens` tokens holds in backend memory: its KV
  * blocks, and the caches every sequence has whatever its length (the
  * compressed keys for max_ctx tokens, the Lightning states). What
@@ -121,11 +130,14 @@ int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens);
 /* The same for a sequence of model m's batches of max_ctx tokens, without
  * a batch (its KV blocks: (this at n tokens) - (this at 0)). */
 int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t tokens);
-/* KV blocks in use by the open sequences, and the pool's size in blocks. */
+/* KV blocks in use by the open sequences (paged: the pool's blocks in use,
+ * a block that forks share counted once), and the pool's size in blocks. */
 int64_t sfw_batch_blocks_used(const struct sfw_batch *b);
 int64_t sfw_batch_blocks_total(const struct sfw_batch *b);
 /* 1 when the KV blocks are one pool allocated at sfw_batch_new (above). */
 int sfw_batch_paged(const struct sfw_batch *b);
+/* Tokens per KV block (the model's sparse_block_size, 64). */
+int sfw_batch_block(const struct sfw_batch *b);
 
 struct sfw_batch_item {
 	int seq;

@@ -20,13 +20,17 @@ static void layer_free(struct cu_layer *l)
 	memset(l, 0, sizeof(*l));
 }
 
-/* Every block the paged cache holds back to its pool (ordered on the one
- * stream: a block's next owner writes after this owner's last reads). */
+/* Every block the paged cache holds back to its pool, unless another
+ * cache holds it too (ordered on the one stream: a block's next owner
+ * writes after this owner's last reads). */
 static void pages_release(struct sfw_bcache *c)
 {
 	struct sfw_bpool *p = c->d.pool;
-	while (c->nblk > 0)
-		p->free[p->nfree++] = c->table[--c->nblk];
+	while (c->nblk > 0) {
+		int32_t b = c->table[--c->nblk];
+		if (--p->ref[b] == 0)
+			p->free[p->nfree++] = b;
+	}
 	for (int i = 0; i < c->d.n_layers; i++)
 		if (c->L[i].sparse)
 			c->L[i].cap = 0;
@@ -162,8 +166,10 @@ static enum sfw_status pages_reserve(struct sfw_backend *be, struct sfw_bcache *
 	if (p->nfree < need - had)
 		return sfw_fail(err, SFW_E_NOSPACE, "KV pool full: %lld of %lld blocks in use",
 				(long long)(p->nblocks - p->nfree), (long long)p->nblocks);
-	for (; c->nblk < need; c->nblk++)
+	for (; c->nblk < need; c->nblk++) {
 		c->table[c->nblk] = p->free[--p->nfree];
+		p->ref[c->table[c->nblk]] = 1;
+	}
 	sfw_cuda_h2d((int32_t *)c->pg.tab + had, c->table + had, (size_t)(need - had) * sizeof(int32_t), IMPL(be)->stream);
 	for (int i = 0; i < d->n_layers; i++)
 		if (c->L[i].sparse)
@@ -223,17 +229,18 @@ static void cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 	}
 }
 
-/* Paged: src's first nb blocks into dst's, each block one 2D copy of its K
+/* Paged: src's blocks [j0, nb) into dst's, each block one 2D copy of its K
  * and V in every sparse layer (rows of the pool's arrays, pitch nblocks
  * blocks: struct sfw_bpool), or one copy per array past the 2D pitch
  * limit. */
-static void pages_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src, int64_t nb)
+static void pages_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src, int64_t j0,
+		       int64_t nb)
 {
 	struct sfw_bpool *p = src->d.pool;
 	void *st = IMPL(be)->stream;
 	size_t pitch = (size_t)p->nblocks * p->bb, rows = (size_t)p->nsparse * 2;
 	SFW_ASSERT(dst->table && dst->d.pool == p && nb <= dst->nblk && nb <= src->nblk);
-	for (int64_t j = 0; j < nb; j++) {
+	for (int64_t j = j0; j < nb; j++) {
 		char *to = (char *)p->mem + (size_t)dst->table[j] * p->bb;
 		const char *from = (const char *)p->mem + (size_t)src->table[j] * p->bb;
 		if (pitch <= (size_t)INT32_MAX) {
@@ -245,11 +252,42 @@ static void pages_copy(struct sfw_backend *be, struct sfw_bcache *dst, const str
 	}
 }
 
-/* dst (empty, room reserved for src's tokens) becomes src's copy
- * (sfw_be_cache_copy), device to device on the stream: the K/V blocks (or
- * arrays) of its tokens, the compressed keys and their counts, the
- * lightning states. */
-void sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src)
+/* Paged: dst (holding no blocks) takes src's whole blocks of its len
+ * tokens, one more holder each (a whole block is never written again:
+ * tokens are only appended; the table entries to the device on the
+ * stream), and a block of its own for the last, partial one; all or
+ * nothing. */
+static enum sfw_status pages_share(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src,
+				   int64_t len, struct sfw_err *err)
+{
+	struct sfw_bpool *p = src->d.pool;
+	int64_t whole = len / src->d.block;
+	SFW_ASSERT(dst->table && dst->d.pool == p && dst->nblk == 0 && whole <= src->nblk && whole <= dst->maxblk);
+	if ((len % src->d.block) && p->nfree == 0) /* before anything is shared */
+		return sfw_fail(err, SFW_E_NOSPACE, "KV pool full: %lld of %lld blocks in use",
+				(long long)(p->nblocks - p->nfree), (long long)p->nblocks);
+	for (; dst->nblk < whole; dst->nblk++) {
+		dst->table[dst->nblk] = src->table[dst->nblk];
+		p->ref[dst->table[dst->nblk]]++;
+	}
+	if (whole)
+		sfw_cuda_h2d((int32_t *)dst->pg.tab, dst->table, (size_t)whole * sizeof(int32_t), IMPL(be)->stream);
+	for (int i = 0; i < dst->d.n_layers; i++)
+		if (dst->L[i].sparse)
+			dst->L[i].cap = whole * src->d.block;
+	enum sfw_status s = pages_reserve(be, dst, len, err); /* the partial block: a free one is there */
+	if (s != SFW_OK)
+		pages_release(dst);
+	return s;
+}
+
+/* dst becomes src's copy (sfw_be_cache_copy), device to device on the
+ * stream: the K/V of its tokens (paged: src's whole blocks shared, the
+ * last partial one copied into a block of dst's own; else into dst's
+ * arrays, room reserved by the caller), the compressed keys and their
+ * counts, the lightning states. */
+enum sfw_status sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src,
+				   struct sfw_err *err)
 {
 	const struct sfw_cache_desc *d = &src->d;
 	void *st = IMPL(be)->stream;
@@ -259,8 +297,12 @@ void sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const st
 	for (int i = 0; i < d->n_layers; i++)
 		if (src->L[i].sparse)
 			len = src->L[i].len; /* every sparse layer holds the same tokens */
-	if (src->table)
-		pages_copy(be, dst, src, (len + d->block - 1) / d->block);
+	if (src->table) {
+		enum sfw_status s = pages_share(be, dst, src, len, err);
+		if (s != SFW_OK)
+			return s;
+		pages_copy(be, dst, src, len / d->block, (len + d->block - 1) / d->block);
+	}
 	for (int i = 0; i < d->n_layers; i++) {
 		const struct cu_layer *s = &src->L[i];
 		struct cu_layer *t = &dst->L[i];
@@ -280,6 +322,7 @@ void sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const st
 			sfw_cuda_d2d(t->c2, s->c2, (size_t)s->n2 * row, st);
 		t->len = s->len, t->n1 = s->n1, t->n2 = s->n2;
 	}
+	return SFW_OK;
 }
 
 static void cu_cache_info(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3])
@@ -385,7 +428,10 @@ static enum sfw_status cu_pool_new(struct sfw_backend *be, const struct sfw_cach
 	if (blocks < 1 || blocks > INT32_MAX || (size_t)blocks > SIZE_MAX / bb / 2 / (size_t)nsparse)
 		return sfw_fail(err, SFW_E_INVAL, "invalid KV pool size (%lld blocks)", (long long)blocks);
 	struct sfw_bpool *p = sfw_calloc(1, sizeof(*p));
-	if (!p || !(p->free = sfw_malloc((size_t)blocks * sizeof(int32_t)))) {
+	if (!p || !(p->free = sfw_malloc((size_t)blocks * sizeof(int32_t))) ||
+	    !(p->ref = sfw_calloc((size_t)blocks, sizeof(int32_t)))) {
+		if (p)
+			sfw_free(p->free);
 		sfw_free(p);
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	}
@@ -394,7 +440,7 @@ static enum sfw_status cu_pool_new(struct sfw_backend *be, const struct sfw_cach
 		p->free[i] = (int32_t)(blocks - 1 - i);
 	enum sfw_status s = sfw_cuda_malloc(&p->mem, (size_t)nsparse * 2 * (size_t)blocks * bb, "the KV pool", err);
 	if (s != SFW_OK) {
-		sfw_free(p->free), sfw_free(p);
+		sfw_free(p->free), sfw_free(p->ref), sfw_free(p);
 		return s;
 	}
 	*out = p;
@@ -408,6 +454,7 @@ static void cu_pool_free(struct sfw_backend *be, struct sfw_bpool *p)
 	sfw_cuda_sync(IMPL(be)->stream);
 	sfw_cuda_free(p->mem);
 	sfw_free(p->free);
+	sfw_free(p->ref);
 	sfw_free(p);
 }
 

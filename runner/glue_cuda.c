@@ -566,8 +566,7 @@ static enum sfw_status cu_op(struct sfw_backend *be, const struct sfw_op *o, str
 		cu_sample(be, o->sample.out, o->sample.logits, o->sample.V, o->sample.n, o->sample.p, o->sample.u);
 		break;
 	case SFW_OP_CACHE_COPY:
-		sfwi_cu_cache_copy(be, o->copy.dst, o->copy.src);
-		break;
+		return sfwi_cu_cache_copy(be, o->copy.dst, o->copy.src, err);
 	case SFW_OP_CACHE_VIEW:
 		return sfwi_cu_cache_view(o->view.c, o->view.layer, o->view.set, o->view.out, err);
 	default:

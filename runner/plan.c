@@ -102,7 +102,11 @@ void sfw_plan_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_
 void sfw_plan_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk)
 {
 	const double G = 1073741824.0;
-	if (p->seqs > 1)
+	if (p->seqs > 1 && p->parked > 0 && p->parked < p->seqs)
+		fprintf(f, "%s: device memory plan for %d sequences of up to %lld tokens each and %d prefix-cache "
+			   "entries:\n",
+			who, p->seqs - p->parked, (long long)n_ctx, p->parked);
+	else if (p->seqs > 1)
 		fprintf(f, "%s: device memory plan for %d sequences of up to %lld tokens each:\n", who,
 			p->seqs, (long long)n_ctx);
 	else

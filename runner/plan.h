@@ -29,6 +29,8 @@ struct sfw_mem_plan {
 	double scratch;        /* op scratch, cuBLASLt workspace, block-selection scratch */
 	double total;
 	int seqs;              /* sequences planned for (sfw_plan_batch); 0 or 1: one context */
+	int parked;            /* of them, slots kept for parked sequences (serve's prefix-cache
+				* entries): named apart when printed; their KV is the pool's */
 };
 void sfw_plan_config(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
 /* The same with int8 decoder linears (codes + BF16 scales of `group`, 32,

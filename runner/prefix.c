@@ -5,18 +5,39 @@
 
 #include <string.h>
 
+/* Whole KV blocks shared with another entry (paged batches: forks share
+ * them by reference, runner/batch.h): an entry counts only the bytes it
+ * adds, so a chain of prompts that extend each other costs its tokens
+ * once. */
+struct link {
+	uint64_t parent; /* the entry (its uid) whose first `shared` blocks these are; 0 none */
+	int64_t shared;
+};
+
 struct entry {
 	int seq;      /* the batch sequence holding the state */
 	int32_t *ids; /* [n] */
 	int64_t n, bytes;
 	uint64_t used; /* the use clock when last put or matched */
+	uint64_t uid;  /* its sequence's serial (sfw_batch_seq_serial) */
+	struct link lk;
+};
+
+/* What an open sequence shares with an entry: the one it was forked from
+ * (sfw_prefix_open), then the last entry made of it (sfw_prefix_put);
+ * valid while the sequence's serial is `serial`. */
+struct origin {
+	uint64_t serial;
+	struct link lk;
 };
 
 struct sfw_prefix {
 	struct sfw_batch *b;
 	struct sfw_prefix_params p;
 	struct entry e[SFW_BATCH_MAX_SEQS];
+	struct origin from[SFW_BATCH_MAX_SEQS];
 	int n;
+	int64_t block_bytes; /* one KV block's, when the batch is paged; 0: nothing is shared */
 	uint64_t clock;
 	struct sfw_prefix_stats st;
 };
@@ -32,17 +53,45 @@ enum sfw_status sfw_prefix_new(struct sfw_batch *b, const struct sfw_prefix_para
 	if (!pc)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the prefix cache");
 	pc->b = b, pc->p = *p;
+	if (sfw_batch_paged(b)) /* a token more than a whole block: one block more */
+		pc->block_bytes = sfw_batch_seq_bytes(b, 1) - sfw_batch_seq_bytes(b, 0);
 	*out = pc;
 	return SFW_OK;
 }
 
+static int alive(const struct sfw_prefix *pc, uint64_t uid)
+{
+	for (int i = 0; uid && i < pc->n; i++)
+		if (pc->e[i].uid == uid)
+			return 1;
+	return 0;
+}
+
+/* Entry gone (uid, its own link dl): a link to it now reaches its parent,
+ * through the blocks both shared; what the link's holder adds grows by the
+ * rest (returned, in blocks). */
+static int64_t relink(struct link *lk, uint64_t uid, const struct link *dl)
+{
+	if (lk->parent != uid)
+		return 0;
+	int64_t shared = dl->parent ? (lk->shared < dl->shared ? lk->shared : dl->shared) : 0, more = lk->shared - shared;
+	lk->parent = dl->parent, lk->shared = shared;
+	return more;
+}
+
 static void drop(struct sfw_prefix *pc, int i)
 {
-	struct entry *e = &pc->e[i];
-	sfw_batch_seq_close(pc->b, e->seq);
-	sfw_free(e->ids);
-	pc->st.bytes -= e->bytes;
+	struct entry e = pc->e[i];
+	sfw_batch_seq_close(pc->b, e.seq);
+	sfw_free(e.ids);
+	pc->st.bytes -= e.bytes;
 	pc->e[i] = pc->e[--pc->n];
+	for (int j = 0; j < pc->n; j++) {
+		int64_t more = relink(&pc->e[j].lk, e.uid, &e.lk) * pc->block_bytes;
+		pc->e[j].bytes += more, pc->st.bytes += more;
+	}
+	for (int s = 0; s < SFW_BATCH_MAX_SEQS; s++)
+		relink(&pc->from[s].lk, e.uid, &e.lk);
 }
 
 void sfw_prefix_free(struct sfw_prefix *pc)
@@ -52,6 +101,21 @@ void sfw_prefix_free(struct sfw_prefix *pc)
 	while (pc->n > 0)
 		drop(pc, pc->n - 1);
 	sfw_free(pc);
+}
+
+/* The link of open sequence seq to an entry ({0, 0}: none known). */
+static struct link link_of(const struct sfw_prefix *pc, int seq)
+{
+	struct link none = {0, 0};
+	const struct origin *o = &pc->from[seq];
+	if (!pc->block_bytes || o->serial != sfw_batch_seq_serial(pc->b, seq) || !alive(pc, o->lk.parent))
+		return none;
+	return o->lk;
+}
+
+static void set_origin(struct sfw_prefix *pc, int seq, uint64_t parent, int64_t tokens)
+{
+	pc->from[seq] = (struct origin){sfw_batch_seq_serial(pc->b, seq), {parent, tokens / sfw_batch_block(pc->b)}};
 }
 
 /* Evicts the least recently used entry other than the one on sequence
@@ -108,6 +172,7 @@ enum sfw_status sfw_prefix_open(struct sfw_prefix *pc, const int32_t *ids, int64
 			pc->e[i].used = ++pc->clock;
 			*hit = pc->e[i].n;
 			pc->st.hits++, pc->st.cached_tokens += *hit;
+			set_origin(pc, *seq, pc->e[i].uid, *hit);
 			return SFW_OK;
 		}
 		if (!for_room(s) || !evict_other(pc, src))
@@ -116,9 +181,17 @@ enum sfw_status sfw_prefix_open(struct sfw_prefix *pc, const int32_t *ids, int64
 	}
 	for (;;) {
 		enum sfw_status s = sfw_batch_seq_open(pc->b, seq, err);
+		if (s == SFW_OK)
+			set_origin(pc, *seq, 0, 0);
 		if (s == SFW_OK || !for_room(s) || !sfw_prefix_evict(pc))
 			return s;
 	}
+}
+
+static enum sfw_status over_budget(const struct sfw_prefix *pc, int64_t n, int64_t bytes, struct sfw_err *err)
+{
+	return sfw_fail(err, SFW_E_NOSPACE, "a state of %lld tokens (%.1f MiB) is over the prefix cache (%.1f MiB)",
+			(long long)n, (double)bytes / (1 << 20), (double)pc->p.budget_bytes / (1 << 20));
 }
 
 enum sfw_status sfw_prefix_put(struct sfw_prefix *pc, int seq, const int32_t *ids, int64_t n, struct sfw_err *err)
@@ -132,17 +205,16 @@ enum sfw_status sfw_prefix_put(struct sfw_prefix *pc, int seq, const int32_t *id
 		pc->e[i].used = ++pc->clock;
 		return SFW_OK;
 	}
-	int64_t bytes = sfw_batch_seq_bytes(pc->b, n);
-	if (bytes > pc->p.budget_bytes)
-		return sfw_fail(err, SFW_E_NOSPACE, "a state of %lld tokens (%.1f MiB) is over the prefix cache (%.1f MiB)",
-				(long long)n, (double)bytes / (1 << 20), (double)pc->p.budget_bytes / (1 << 20));
+	int64_t full = sfw_batch_seq_bytes(pc->b, n);
+	struct link lk = link_of(pc, seq);
+	if (full - lk.shared * pc->block_bytes > pc->p.budget_bytes)
+		return over_budget(pc, n, full - lk.shared * pc->block_bytes, err);
 	int32_t *copy = sfw_malloc((size_t)n * sizeof(int32_t));
 	if (!copy)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the prefix cache");
 	memcpy(copy, ids, (size_t)n * sizeof(int32_t));
-	/* room first: the entry count, and the budget with this state in it */
-	while (pc->n > 0 && (pc->n >= pc->p.max_entries || pc->st.bytes + bytes > pc->p.budget_bytes))
-		sfw_prefix_evict(pc);
+	/* the fork first (a slot and blocks: the least recently used entries
+	 * make room), then the entry count and the budget with it in */
 	int dst;
 	enum sfw_status s;
 	while ((s = sfw_batch_seq_fork(pc->b, seq, &dst, err)) != SFW_OK && for_room(s) && sfw_prefix_evict(pc))
@@ -151,8 +223,18 @@ enum sfw_status sfw_prefix_put(struct sfw_prefix *pc, int seq, const int32_t *id
 		sfw_free(copy);
 		return s;
 	}
-	pc->e[pc->n++] = (struct entry){dst, copy, n, bytes, ++pc->clock};
-	pc->st.bytes += bytes, pc->st.puts++;
+	lk = link_of(pc, seq); /* (its parent may have made room) */
+	struct entry *e = &pc->e[pc->n++];
+	*e = (struct entry){dst, copy, n, full - lk.shared * pc->block_bytes, ++pc->clock, sfw_batch_seq_serial(pc->b, dst), lk};
+	pc->st.bytes += e->bytes, pc->st.puts++;
+	set_origin(pc, seq, e->uid, n); /* the sequence's later states share this one's blocks */
+	while ((pc->n > pc->p.max_entries || pc->st.bytes > pc->p.budget_bytes) && evict_other(pc, dst))
+		;
+	if (pc->st.bytes > pc->p.budget_bytes) { /* alone, and over it: not kept */
+		int64_t bytes = pc->st.bytes;
+		drop(pc, 0);
+		return over_budget(pc, n, bytes, err);
+	}
 	return SFW_OK;
 }
 

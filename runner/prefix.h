@@ -2,9 +2,11 @@
  * same prompt twice.
  *
  * An entry is a snapshot of a sequence's state: a fork of it
- * (sfw_batch_seq_fork: every sparse layer's KV blocks and compressed keys,
- * every Lightning layer's recurrent state, copied in backend memory) that
- * no step touches, with the token ids that made it. A new sequence whose
+ * (sfw_batch_seq_fork: on a paged batch its whole KV blocks shared by
+ * reference and the partial last block copied, else every block copied;
+ * the compressed keys and every Lightning layer's recurrent state copied,
+ * in backend memory) that no step touches, with the token ids that made
+ * it. A new sequence whose
  * tokens start with an entry's tokens (and go on past them: at least one
  * token is left to prefill, whose logits choose the next token) opens as a
  * fork of the longest such entry and prefills only the rest. A hybrid model
@@ -19,13 +21,16 @@
  * dense/sparse decision and Lightning chunking, runner/batch.h), as it does
  * without the cache.
  *
- * Memory: an entry holds a batch sequence (a slot) and its KV blocks from
- * the pool; sfw_batch_seq_bytes counts them against the budget. Entries are
- * evicted least recently used (a put or a match makes an entry the most
- * recent) to stay within the budget and the entry count, and on demand
- * (sfw_prefix_evict) when the batch needs their slots or blocks. The entries
- * are copies, not shared blocks: a live sequence and the entry it came
- * from each hold their own blocks.
+ * Memory: an entry holds a batch sequence (a slot) and KV blocks of the
+ * pool; sfw_batch_seq_bytes counts a state against the budget, less the
+ * whole blocks it shares with the entry it came from (the entry its
+ * sequence was opened from, or the last one put of that sequence): a chain
+ * of prompts that extend each other counts each block once, as the pool
+ * does. An eviction hands the shared blocks to the entries that share them
+ * (they count them from then on). Entries are evicted least recently used
+ * (a put or a match makes an entry the most recent) to stay within the
+ * budget and the entry count, and on demand (sfw_prefix_evict) when the
+ * batch needs their slots or blocks.
  *
  * Used by one thread at a time, as its batch. */
 #ifndef SFW_PREFIX_H

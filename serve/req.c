@@ -385,7 +385,7 @@ static int in_list(const char *k, const char *const *l)
 static int feature_off(const char *k, const cJSON *v)
 {
 	static const char *const off_false[] = {"echo", "continue_final_message", "include_stop_str_in_output",
-						"return_tokens_as_token_ids", "use_beam_search", NULL};
+						"use_beam_search", NULL};
 	static const char *const off_null[] = {"suffix",	 "reasoning_effort", "audio",
 					       "web_search_options", "chat_template",    "guided_json",
 					       "guided_regex",	 "guided_choice",    "guided_grammar",
@@ -594,6 +594,8 @@ static enum sfw_status take_field(struct sfw_serve_req *r, const cJSON *f, int c
 		s = take_bool(f, &r->stream, e);
 	} else if (!strcmp(k, "ignore_eos")) {
 		s = take_bool(f, &r->ignore_eos, e);
+	} else if (!strcmp(k, "return_tokens_as_token_ids")) {
+		s = take_bool(f, &r->token_ids, e);
 	} else if (!strcmp(k, "skip_special_tokens")) {
 		s = take_bool(f, &r->skip_special, e);
 	} else if (!strcmp(k, "add_generation_prompt") && chat) {

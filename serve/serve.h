@@ -128,6 +128,7 @@ struct sfw_serve_req {
 	int stream;
 	int include_usage; /* stream_options.include_usage */
 	int ignore_eos;	   /* vLLM's extension: end-of-sequence ids do not stop it */
+	int token_ids;	   /* vLLM's return_tokens_as_token_ids: the logprobs name tokens "token_id:N" */
 	const char *unknown[SFW_SERVE_UNKNOWN_MAX];
 	size_t n_unknown;
 };

@@ -152,6 +152,11 @@ struct req {
 	struct req *wait[SFW_SERVE_N_MAX];
 	int n_wait;
 	int32_t next_id; /* the token to feed next */
+	/* the tokens chosen so far, for the prefix cache's state at the end of
+	 * the generation (keep_reply); lost: one could not be kept */
+	int32_t *gen;
+	size_t n_gen, cap_gen;
+	int gen_lost;
 	struct sfw_gen_stream gs;
 	int gs_ok;
 	int64_t made;
@@ -263,6 +268,7 @@ static void req_unref_locked(struct req *r)
 	sfw_free(r->taken_cuts);
 	sfw_buf_release(&r->sse);
 	sfw_free(r->adj);
+	sfw_free(r->gen);
 	sfw_free(r->slot);
 	sfw_free(r->cut_lps);
 	sfw_free(r->lps);
@@ -419,6 +425,44 @@ static struct sfw_sample_adj *adj_of(struct req *r, int32_t id)
 	return &r->adj[r->n_adj++];
 }
 
+/* The prefix cache keeps the state of r's sequence at the end of its
+ * generation: the prompt and the tokens fed after it (the last one chosen
+ * is not: r->next_id never reached the sequence). Engine thread, no lock;
+ * a state it cannot keep is let go, the request is not affected. */
+static void keep_reply(struct sfw_server *s, struct req *r)
+{
+	int64_t pos = sfw_batch_seq_pos(s->b, r->seq), fed = pos - (int64_t)r->n_ids;
+	if (!s->pc || r->gen_lost || fed <= 0 || (size_t)fed > r->n_gen)
+		return;
+	int32_t *ids = sfw_malloc((size_t)pos * sizeof(int32_t));
+	struct sfw_err err = {0};
+	if (!ids)
+		return;
+	memcpy(ids, r->ids, r->n_ids * sizeof(int32_t));
+	memcpy(ids + r->n_ids, r->gen, (size_t)fed * sizeof(int32_t));
+	if (sfw_prefix_put(s->pc, r->seq, ids, pos, &err) != SFW_OK)
+		sfw_log(SFW_LOG_DEBUG, "serve: request %llu: the reply's state is not kept: %s", (unsigned long long)r->id,
+			err.msg);
+	sfw_free(ids);
+}
+
+/* id chosen for r, kept for keep_reply (engine thread). */
+static void note_gen(struct req *r, int32_t id)
+{
+	if (r->gen_lost)
+		return;
+	if (r->n_gen == r->cap_gen) {
+		size_t cap = r->cap_gen ? 2 * r->cap_gen : 64;
+		int32_t *g = sfw_realloc(r->gen, cap * sizeof(*g));
+		if (!g) {
+			r->gen_lost = 1;
+			return;
+		}
+		r->gen = g, r->cap_gen = cap;
+	}
+	r->gen[r->n_gen++] = id;
+}
+
 /* One token chosen for r, taken into x: pushed through r's stream, the
  * texts copied out to the step's text buffer (engine thread, no lock). */
 static void take_one(struct sfw_server *s, struct took *x, struct req *r, int32_t id)
@@ -447,6 +491,10 @@ static void take_one(struct sfw_server *s, struct took *x, struct req *r, int32_
 	x->a = tb->len, x->n = len;
 	if (x->st == SFW_OK && len && sfw_buf_append(tb, t, len) != SFW_OK)
 		x->st = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
+	if (x->st == SFW_OK)
+		note_gen(r, x->id);
+	if (x->st == SFW_OK && x->fin != SFW_FINISH_NONE)
+		keep_reply(s, r);
 	if (x->st == SFW_OK && x->fin != SFW_FINISH_NONE) {
 		t = "", len = 0;
 		x->st2 = sfw_gen_stream_flush(&r->gs, &t, &len, &x->err);
@@ -1054,12 +1102,26 @@ static cJSON *str_json(const char *t, size_t len)
 }
 
 /* A token's text as the logprobs show it: its piece with special tokens
- * as written (as vLLM shows them). */
-static void token_text(const struct sfw_server *s, int32_t id, struct sfw_buf *b)
+ * as written (as vLLM shows them), or with return_tokens_as_token_ids
+ * "token_id:N" (vLLM's form). */
+static void piece_text(const struct sfw_server *s, int32_t id, struct sfw_buf *b)
 {
 	struct sfw_err err = {0};
 	b->len = 0;
 	if (sfw_tokenizer_decode(s->tok, &id, 1, 0, b, &err) != SFW_OK)
+		b->len = 0;
+}
+
+static void token_text(const struct sfw_server *s, const struct req *r, int32_t id, struct sfw_buf *b)
+{
+	if (!r->lead->p.token_ids) {
+		piece_text(s, id, b);
+		return;
+	}
+	char t[32];
+	int n = snprintf(t, sizeof(t), "token_id:%d", (int)id);
+	b->len = 0;
+	if (sfw_buf_append(b, t, (size_t)n) != SFW_OK)
 		b->len = 0;
 }
 
@@ -1068,9 +1130,10 @@ static double lp_value(float v)
 	return isfinite(v) ? (double)v : -9999.0; /* OpenAI's "impossible" */
 }
 
-static cJSON *token_lp_json(const struct sfw_server *s, int32_t id, float lp, struct sfw_buf *tb)
+static cJSON *token_lp_json(const struct sfw_server *s, const struct req *r, int32_t id, float lp,
+			    struct sfw_buf *tb)
 {
-	token_text(s, id, tb);
+	token_text(s, r, id, tb);
 	cJSON *o = cJSON_CreateObject(), *bytes;
 	cJSON_AddItemToObject(o, "token", str_json(tb->data, tb->len));
 	cJSON_AddNumberToObject(o, "logprob", lp_value(lp));
@@ -1090,11 +1153,11 @@ static cJSON *logprobs_json(const struct sfw_server *s, struct req *r, const str
 	if (r->lead->p.kind == SFW_SERVE_CHAT) {
 		cJSON *arr = cJSON_AddArrayToObject(o, "content");
 		for (size_t i = 0; arr && i < n; i++) {
-			cJSON *t = token_lp_json(s, l[i].id, l[i].lp.logprob, &tb);
+			cJSON *t = token_lp_json(s, r, l[i].id, l[i].lp.logprob, &tb);
 			cJSON *top = cJSON_AddArrayToObject(t, "top_logprobs");
 			for (int k = 0; top && k < l[i].lp.n_top; k++)
 				cJSON_AddItemToArray(
-				    top, token_lp_json(s, l[i].lp.top_id[k], l[i].lp.top_logprob[k], &tb));
+				    top, token_lp_json(s, r, l[i].lp.top_id[k], l[i].lp.top_logprob[k], &tb));
 			cJSON_AddItemToArray(arr, t);
 		}
 		cJSON_AddNullToObject(o, "refusal");
@@ -1104,14 +1167,16 @@ static cJSON *logprobs_json(const struct sfw_server *s, struct req *r, const str
 		cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"),
 		      *offs = cJSON_AddArrayToObject(o, "text_offset");
 		for (size_t i = 0; toks && lps && tops && offs && i < n; i++) {
-			token_text(s, l[i].id, &tb);
+			token_text(s, r, l[i].id, &tb);
 			cJSON_AddItemToArray(toks, str_json(tb.data, tb.len));
 			cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(l[i].lp.logprob)));
 			cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)r->text_offset));
+			if (r->lead->p.token_ids) /* the offsets count the text, not the names */
+				piece_text(s, l[i].id, &tb);
 			r->text_offset += (int64_t)tb.len;
 			cJSON *m = cJSON_CreateObject();
 			for (int k = 0; m && k < l[i].lp.n_top; k++) {
-				token_text(s, l[i].lp.top_id[k], &tb);
+				token_text(s, r, l[i].lp.top_id[k], &tb);
 				char *key = sfw_malloc(tb.len + 1);
 				if (key) {
 					memcpy(key, tb.data ? tb.data : "", tb.len);

@@ -386,7 +386,8 @@ static int no_pool(const struct sfw_backend *be, enum sfw_opk op, enum sfw_dtype
 	return op != SFW_OP_POOL && real_supports(be, op, dt);
 }
 
-/* Forks (sfw_batch_seq_fork: the cache copied device to device) against
+/* Forks (sfw_batch_seq_fork: paged, the whole blocks shared and the
+ * partial last one copied device to device; else the cache copied) against
  * the run alone: S, a 600-token prompt in chunks of CHUNK then STEPS steps
  * fed the alone run's greedy chain, is forked once after 400 tokens (F0
  * prefills the last chunk itself) and twice after its whole prompt (F1, F2,
@@ -414,9 +415,15 @@ static void fork_case(struct sfw_model *m, const char *what)
 				struct sq *f = all[k];
 				*f = S; /* the same prompt, chain and reference; its own counters */
 				f->maxd = f->maxref = 0, f->argmax_diff = f->near_ties = 0;
+				/* paged: S's whole blocks shared, one taken for its partial last */
+				int64_t used = sfw_batch_blocks_used(b),
+					more = sfw_batch_paged(b) ? S.off % 64 != 0 : (S.off + 63) / 64;
 				ok = sfw_batch_seq_fork(b, S.slot, &f->slot, &err) == SFW_OK &&
 				     sfw_batch_seq_pos(b, f->slot) == S.off;
 				CHECK(ok, "%s: fork %d of S at %d tokens: %s", what, k - 1, S.off, err.msg);
+				CHECK(!ok || sfw_batch_blocks_used(b) == used + more,
+				      "%s: fork %d takes %lld blocks (%lld -> %lld, paged %d)", what, k - 1, (long long)more,
+				      (long long)used, (long long)sfw_batch_blocks_used(b), sfw_batch_paged(b));
 			}
 		}
 		struct sfw_batch_item it[4];

@@ -123,9 +123,9 @@ EOF
 	kill -TERM $sp 2>/dev/null
 	wait $sp
 	rc=$?
-	[ $up = 1 ] && [ $rc = 0 ] && grep -q "device memory plan for 4 sequences of up to 4096 tokens each:" "$T/serve.err" &&
+	[ $up = 1 ] && [ $rc = 0 ] && grep -q "device memory plan for 4 sequences of up to 4096 tokens each and [0-9]* prefix-cache entries:" "$T/serve.err" &&
 		[ "$(plan_sums "$T/serve.err")" = ok ] &&
-		pass "serve prints the plan of 4 x 4096 at start, serves, stops with 0" ||
+		pass "serve prints the plan of 4 x 4096 and the prefix-cache entries at start, serves, stops with 0" ||
 		fail "serve plan (up $up, exit $rc): $(head -c 500 "$T/serve.err")"
 fi
 # host memory (issue 9 §4): a CUDA process keeps no second copy of the

@@ -672,8 +672,11 @@ static void test_fork(struct sfw_model *m, const char *what)
 		  sfw_batch_seq_pos(b, F[0].slot) == 600 && sfw_batch_seq_pos(b, F[1].slot) == 600 &&
 		  sfw_batch_seq_pos(b, S.slot) == 600,
 	      "%s: two forks of S after 600 tokens, each at 600 in a slot of its own: %s", what, err.msg);
-	CHECK(!ok || sfw_batch_blocks_used(b) == used + 2 * 10, "%s: each fork holds 10 blocks of its own (%lld -> %lld)",
-	      what, (long long)used, (long long)(ok ? sfw_batch_blocks_used(b) : 0));
+	/* paged: each shares S's 9 whole blocks and takes one for the 10th,
+	 * partial, which S goes on writing */
+	int64_t per = ok && sfw_batch_paged(b) ? 1 : 10;
+	CHECK(!ok || sfw_batch_blocks_used(b) == used + 2 * per, "%s: each fork takes %lld blocks (%lld -> %lld)", what,
+	      (long long)per, (long long)used, (long long)(ok ? sfw_batch_blocks_used(b) : 0));
 	if (ok && (alone_sparse || sfw_model_config(m)->sparse_dense_len <= 600))
 		printf("  %s: forked in selection mode (the last call's end past dense_len)\n", what);
 	while (ok && S.off < S.len)
@@ -718,11 +721,60 @@ static int step_twins(struct sfw_batch *b, int a, int f, int V, struct sfw_err *
 	return 1;
 }
 
+/* Paged, after test_fork_refusals: a (151 tokens, 3 blocks) and f its
+ * fork, stepped together once, hold 4 blocks: a's 2 whole ones shared.
+ * Closing a keeps them for f, which goes on as a sequence fed the same
+ * tokens alone does; a fork at a block boundary takes no block; every block
+ * is back once the last holder closes. */
+static void test_fork_shared(struct sfw_batch *b, int a, int f, const int32_t *ids, int V, const char *what)
+{
+	struct sfw_err err = {0};
+	CHECK(sfw_batch_blocks_used(b) == 4, "%s: paged: a and its fork hold 4 blocks, 2 shared (%lld)", what,
+	      (long long)sfw_batch_blocks_used(b));
+	sfw_batch_seq_close(b, a);
+	CHECK(sfw_batch_blocks_used(b) == 3, "%s: paged: a closed, its fork keeps the 2 shared blocks and its own (%lld)",
+	      what, (long long)sfw_batch_blocks_used(b));
+	/* g: f's 152 tokens (a's 150, 7, 7) again, alone; f and g fed one same
+	 * token: the same logits */
+	int g = -1, h = -1;
+	int32_t seven = 7;
+	struct sfw_batch_item it[2] = {{0, ids, 150, 0, NULL, 0}, {0, &seven, 1, 0, NULL, 0}};
+	int ok = sfw_batch_seq_open(b, &g, &err) == SFW_OK;
+	it[0].seq = it[1].seq = g;
+	ok = ok && sfw_batch_step(b, it, 1, &err) == SFW_OK && sfw_batch_step(b, it + 1, 1, &err) == SFW_OK &&
+	     sfw_batch_step(b, it + 1, 1, &err) == SFW_OK;
+	CHECK(ok && step_twins(b, f, g, V, &err), "%s: paged: the fork of a closed sequence computes as a run alone: %s",
+	      what, err.msg);
+	sfw_batch_seq_close(b, g);
+	sfw_batch_seq_close(b, f);
+	/* at 128 tokens a fork takes no block */
+	int32_t ids128[128];
+	for (int i = 0; i < 128; i++)
+		ids128[i] = ids[i];
+	ok = sfw_batch_seq_open(b, &g, &err) == SFW_OK;
+	struct sfw_batch_item pre = {g, ids128, 128, 0, NULL, 0};
+	ok = ok && sfw_batch_step(b, &pre, 1, &err) == SFW_OK;
+	int64_t before = sfw_batch_blocks_used(b);
+	ok = ok && sfw_batch_seq_fork(b, g, &h, &err) == SFW_OK;
+	CHECK(ok && sfw_batch_blocks_used(b) == before, "%s: paged: a fork at a block boundary takes no block (%lld -> %lld): %s",
+	      what, (long long)before, (long long)sfw_batch_blocks_used(b), err.msg);
+	CHECK(ok && step_twins(b, g, h, V, &err), "%s: paged: and each then writes a block of its own: %s", what, err.msg);
+	CHECK(sfw_batch_blocks_used(b) == before + 2, "%s: paged: one new block each (%lld)", what,
+	      (long long)sfw_batch_blocks_used(b));
+	sfw_batch_seq_close(b, g);
+	sfw_batch_seq_close(b, h);
+	CHECK(sfw_batch_blocks_used(b) == 0, "%s: paged: every block back once its last holder closed (%lld)", what,
+	      (long long)sfw_batch_blocks_used(b));
+}
+
 /* What a fork refuses, all or nothing: a sequence not open, no free slot
  * (SFW_E_RANGE, as sfw_batch_seq_open), too few free blocks (SFW_E_NOSPACE,
  * as a step), a backend without the cache copy (SFW_E_UNSUPPORTED). A pool
  * of 6 blocks, 3 slots; a parked cache's blocks go to a fork that needs
- * them (caches of their own), as to a step. */
+ * them (caches of their own), as to a step. Paged, a fork shares its
+ * source's whole blocks and needs one for the partial last block (none at
+ * a block boundary), and a shared block stays while any sequence holds
+ * it. */
 static void test_fork_refusals(struct sfw_model *m, const char *what)
 {
 	int V = sfw_model_config(m)->vocab_size;
@@ -755,17 +807,28 @@ static void test_fork_refusals(struct sfw_model *m, const char *what)
 		sfw_batch_free(b);
 		return;
 	}
+	int paged = sfw_batch_paged(b);
+	int64_t u1 = paged ? 4 : 6; /* blocks in use with a and its fork */
 	sfw_batch_seq_close(b, x);
+	if (paged) { /* y's blocks back at its close: the fork's one block is refused while y runs */
+		f2 = 9;
+		CHECK(sfw_batch_seq_fork(b, a, &f2, &err) == SFW_E_NOSPACE && f2 == -1 &&
+			  strstr(err.msg, "KV pool full: 6 of 6 blocks in use"),
+		      "%s: paged: a fork needs a block for a's partial last one, refused when none is free: %s", what,
+		      err.msg);
+	}
 	sfw_batch_seq_close(b, y);
 	CHECK(sfw_batch_seq_fork(b, a, &f1, &err) == SFW_OK && f1 == x && sfw_batch_seq_pos(b, f1) == 150 &&
-		  sfw_batch_blocks_used(b) == 6,
-	      "%s: a's fork in the first free slot, at 150, 6 blocks in use (%lld): %s", what,
+		  sfw_batch_blocks_used(b) == u1,
+	      "%s: a's fork in the first free slot, at 150, %lld blocks in use (%lld): %s", what, (long long)u1,
 	      (long long)sfw_batch_blocks_used(b), err.msg);
-	f2 = 9;
-	CHECK(sfw_batch_seq_fork(b, a, &f2, &err) == SFW_E_NOSPACE && f2 == -1 &&
-		  strstr(err.msg, "KV pool full: 6 of 6 blocks in use"),
-	      "%s: a fork the pool has no blocks for refused: %s", what, err.msg);
-	CHECK(sfw_batch_seq_pos(b, y) == -1 && sfw_batch_blocks_used(b) == 6 && sfw_batch_seq_pos(b, a) == 150 &&
+	if (!paged) {
+		f2 = 9;
+		CHECK(sfw_batch_seq_fork(b, a, &f2, &err) == SFW_E_NOSPACE && f2 == -1 &&
+			  strstr(err.msg, "KV pool full: 6 of 6 blocks in use"),
+		      "%s: a fork the pool has no blocks for refused: %s", what, err.msg);
+	}
+	CHECK(sfw_batch_seq_pos(b, y) == -1 && sfw_batch_blocks_used(b) == u1 && sfw_batch_seq_pos(b, a) == 150 &&
 		  sfw_batch_seq_pos(b, f1) == 150,
 	      "%s: the refused fork changed nothing", what);
 	int c;
@@ -775,7 +838,7 @@ static void test_fork_refusals(struct sfw_model *m, const char *what)
 	      "%s: a fork with every slot in use refused as an open is: %s", what, err.msg);
 	CHECK(sfw_batch_seq_fork(b, c, &f2, &err) == SFW_E_RANGE && f2 == -1,
 	      "%s: an empty sequence's fork, no slot free, refused: %s", what, err.msg);
-	CHECK(sfw_batch_blocks_used(b) == 6 && sfw_batch_seq_pos(b, c) == 0, "%s: nothing changed", what);
+	CHECK(sfw_batch_blocks_used(b) == u1 && sfw_batch_seq_pos(b, c) == 0, "%s: nothing changed", what);
 	sfw_batch_seq_close(b, c);
 	CHECK(sfw_batch_seq_fork(b, c, &f2, &err) == SFW_E_INVAL && f2 == -1 && strstr(err.msg, "not open"),
 	      "%s: a closed sequence's fork refused: %s", what, err.msg);
@@ -790,9 +853,11 @@ static void test_fork_refusals(struct sfw_model *m, const char *what)
 	m->be->supports_op = copy_supports;
 	CHECK(sfw_batch_blocks_used(b) == 3 && sfw_batch_seq_pos(b, f1) == -1, "%s: nothing changed", what);
 	/* the closed fork's slot (its cache parked, caches of their own) for a new one */
-	CHECK(sfw_batch_seq_fork(b, a, &f2, &err) == SFW_OK && f2 == f1 && sfw_batch_blocks_used(b) == 6,
+	CHECK(sfw_batch_seq_fork(b, a, &f2, &err) == SFW_OK && f2 == f1 && sfw_batch_blocks_used(b) == u1,
 	      "%s: a fork again once blocks came back: %s", what, err.msg);
 	CHECK(step_twins(b, f2, a, V, &err), "%s: and it goes on as a does: %s", what, err.msg);
+	if (paged)
+		test_fork_shared(b, a, f2, ids, V, what);
 	sfw_batch_free(b);
 }
 

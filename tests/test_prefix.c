@@ -13,7 +13,11 @@
  *     refused; entries give up their slots and KV blocks when the batch
  *     needs them (sfw_prefix_open evicts rather than fail);
  *   - the counters (lookups, hits, cached tokens, entries, bytes, puts,
- *     evictions) say what happened. */
+ *     evictions) say what happened;
+ *   - sharing (paged): an entry made from a sequence opened from another
+ *     shares its whole blocks and counts only what it adds; the bytes
+ *     counted equal the pool's blocks in use (the backend's count of
+ *     holders), and an eviction hands the shared blocks to the entry left. */
 #include "check.h"
 #include "runner/batch.h"
 #include "runner/model.h"
@@ -279,6 +283,75 @@ static void test_evict(struct sfw_model *m)
 	sfw_batch_free(b);
 }
 
+/* Paged, entries share blocks by reference: E1 holds a 300-token prompt A
+ * (5 blocks, prefilled in 2 calls); B, A and 100 more, opens from E1 (sharing its 4 whole
+ * blocks), prefills the rest and is put as E2, which shares those 4 and
+ * B's own 2 whole ones and copies its partial last. The cache counts each
+ * block once, what the pool's holders say (the backend counts them): with
+ * B closed, 8 blocks for both entries, so a budget of 2 states and 8
+ * blocks keeps both (copies would need 12). A prompt extending B from E2
+ * gives the logits of the same calls from the start bit for bit. Evicting
+ * E1 leaves its 4 blocks to E2, which now counts all its 7. */
+static void test_shared(struct sfw_model *m)
+{
+	enum { A = 300, B = 400 };
+	int32_t ids[B + 1];
+	rand_ids(ids, B + 1);
+	struct sfw_err err = {0};
+	struct sfw_prefix_stats st;
+	struct sfw_batch *b = batch(m, 8, 64 * 64);
+	CHECK(!b || sfw_batch_paged(b), "tiny-sparse's KV blocks are paged on the CPU");
+	if (!b || !sfw_batch_paged(b)) {
+		sfw_batch_free(b);
+		return;
+	}
+	int64_t fixed = sfw_batch_seq_bytes(b, 0), bb = sfw_batch_seq_bytes(b, 1) - fixed;
+	struct sfw_prefix *pc = cache(b, 2 * fixed + 8 * bb, 8);
+	int s = -1, t = -1;
+	int64_t hit = -1;
+	int ok = pc && sfw_prefix_open(pc, ids, A, &s, &hit, &err) == SFW_OK && hit == 0 && feed(b, s, ids, 0, A, 150, NULL) &&
+		 sfw_prefix_put(pc, s, ids, A, &err) == SFW_OK;
+	sfw_batch_seq_close(b, s);
+	if (pc)
+		sfw_prefix_stats(pc, &st);
+	CHECK(ok && sfw_batch_blocks_used(b) == 5 && st.bytes == fixed + 5 * bb,
+	      "E1: 5 blocks in the pool, counted once (%lld bytes): %s", ok ? (long long)st.bytes : -1LL, err.msg);
+	ok = ok && sfw_prefix_open(pc, ids, B, &s, &hit, &err) == SFW_OK && hit == A;
+	CHECK(ok && sfw_batch_blocks_used(b) == 6, "B opens from E1: its 4 whole blocks shared, 1 copied (%lld in use)",
+	      (long long)sfw_batch_blocks_used(b));
+	ok = ok && feed(b, s, ids, A, B, 100, NULL) && sfw_prefix_put(pc, s, ids, B, &err) == SFW_OK;
+	sfw_batch_seq_close(b, s);
+	if (pc)
+		sfw_prefix_stats(pc, &st);
+	CHECK(ok && st.entries == 2 && st.evictions == 0 && sfw_batch_blocks_used(b) == 8 &&
+		  st.bytes == 2 * fixed + sfw_batch_blocks_used(b) * bb,
+	      "E2 put, B closed: both entries kept in 2 states and 8 blocks, the pool's count (%lld blocks, %lld bytes): %s",
+	      (long long)sfw_batch_blocks_used(b), ok ? (long long)st.bytes : -1LL, err.msg);
+	/* B and one token from E2 against the same calls from the start */
+	float *l1 = malloc((size_t)V * sizeof(float)), *l2 = malloc((size_t)V * sizeof(float));
+	ok = ok && l1 && l2 && sfw_prefix_open(pc, ids, B + 1, &s, &hit, &err) == SFW_OK && hit == B &&
+	     feed(b, s, ids, B, B + 1, 1, l1) && sfw_batch_seq_open(b, &t, &err) == SFW_OK &&
+	     feed(b, t, ids, 0, A, 150, NULL) && feed(b, t, ids, A, B, 100, NULL) && feed(b, t, ids, B, B + 1, 1, l2);
+	CHECK(ok && !memcmp(l1, l2, (size_t)V * sizeof(float)),
+	      "a prompt extending B, from E2 (blocks of E1, B and its own): the logits of the calls from the start, bit for bit: %s",
+	      err.msg);
+	free(l1), free(l2);
+	sfw_batch_seq_close(b, s);
+	sfw_batch_seq_close(b, t);
+	ok = ok && sfw_prefix_evict(pc);
+	if (pc)
+		sfw_prefix_stats(pc, &st);
+	CHECK(ok && st.entries == 1 && sfw_batch_blocks_used(b) == 7 && st.bytes == fixed + 7 * bb,
+	      "E1 (least recently used) evicted: E2 keeps its 4 blocks and counts its 7 (%lld in use, %lld bytes)",
+	      (long long)sfw_batch_blocks_used(b), ok ? (long long)st.bytes : -1LL);
+	ok = ok && sfw_prefix_evict(pc);
+	if (pc)
+		sfw_prefix_stats(pc, &st);
+	CHECK(ok && st.entries == 0 && st.bytes == 0 && sfw_batch_blocks_used(b) == 0, "E2 evicted: every block back");
+	sfw_prefix_free(pc);
+	sfw_batch_free(b);
+}
+
 int main(void)
 {
 	const char *g = check_golden_dir();
@@ -299,6 +372,7 @@ int main(void)
 	CHECK(sfw_model_config(m)->sparse_dense_len < P, "the prompt is past dense_len: the selection runs");
 	test_exact(m);
 	test_evict(m);
+	test_shared(m);
 	sfw_model_free(m);
 	return CHECK_REPORT("test_prefix");
 }

@@ -301,9 +301,11 @@ for _ in $(seq 200); do kill -0 "$PID" 2>/dev/null || break; sleep 0.05; done
 ! kill -0 "$PID" 2>/dev/null && pass "that server exits on SIGTERM" || fail "the --max-running 2 server still runs after SIGTERM"
 
 # the prefix cache (runner/prefix.h): prompts of token ids, --prefill-chunk
-# 128. A (256 ids: two full calls) is kept after its prefill; B = A + 64
-# ids forks A's state and prefills only its 64: usage and the log say 256
-# cached, /metrics a hit. Against a server without the cache, where B is
+# 128. A (256 ids: two full calls) is kept after its prefill, and after its
+# reply (its 7 tokens fed); B = A + 64 ids forks A's state and prefills
+# only its 64: usage and the log say 256 cached, /metrics a hit. C, A's
+# prompt and reply (the ids return_tokens_as_token_ids names) and 64 more,
+# starts from the state at the reply's end: 263 cached. Against a server without the cache, where B is
 # prefilled in the same calls ([0,128), [128,256), [256,320)), B's greedy
 # tokens and their log-probabilities are the same to the last digit; a
 # budget under one state keeps nothing.
@@ -319,7 +321,8 @@ start pcache --prefill-chunk 128
 UP=http://127.0.0.1:$PORT PPID_=$PID
 grep -q "prefix cache: up to .* GiB of prompt states in 8 entries" "$S/pcache.log" &&
 	pass "serve prints the prefix cache's budget at start" || fail "no prefix cache line: $(head -c 300 "$S/pcache.log")"
-ra=$(pc_req "$UP" "$PA")
+ra=$(curl -s -H 'Content-Type: application/json' "$UP/v1/completions" \
+	-d "{\"model\": \"tiny-sala\", \"prompt\": [$PA], \"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true, \"logprobs\": 1, \"return_tokens_as_token_ids\": true}")
 rb=$(pc_req "$UP" "$PB")
 [ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$ra")" = 0 ] &&
 	pass "prefix cache: the first prompt has 0 cached tokens" || fail "prefix cache: A: $ra"
@@ -327,9 +330,9 @@ rb=$(pc_req "$UP" "$PB")
 	pass "prefix cache: a prompt that extends it has its 256 tokens cached (usage)" || fail "prefix cache: B: $rb"
 U=$UP
 [ "$(metric salafw_prefix_cache_hits_total)" = 1 ] && [ "$(metric salafw_prefix_cache_cached_tokens_total)" = 256 ] &&
-	[ "$(metric salafw_prefix_cache_lookups_total)" = 2 ] && [ "$(metric salafw_prefix_cache_entries)" = 2 ] &&
+	[ "$(metric salafw_prefix_cache_lookups_total)" = 2 ] && [ "$(metric salafw_prefix_cache_entries)" = 4 ] &&
 	[ "$(metric salafw_prompt_tokens_prefilled_total)" = 320 ] &&
-	pass "prefix cache: /metrics: 2 lookups, 1 hit of 256 tokens, 2 entries, 256 + 64 tokens prefilled" ||
+	pass "prefix cache: /metrics: 2 lookups, 1 hit of 256 tokens, 4 entries (prompts' and replies' ends), 256 + 64 tokens prefilled" ||
 	fail "prefix cache metrics: $(curl -s "$U/metrics" | grep -E 'prefix_cache|prefilled')"
 grep -q "prompt_tokens=320 output_tokens=8 cached_tokens=256" "$S/pcache.log" &&
 	pass "prefix cache: the request log names the cached tokens" || fail "prefix cache: log: $(grep 'cached_tokens' "$S/pcache.log" | tail -2)"
@@ -339,6 +342,13 @@ tb=$(pc_field 'd["choices"][0]["text"]' <<<"$rb")
 [ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$rn")" = 256 ] &&
 	[ "$(pc_field '[c["text"] for c in d["choices"]]' <<<"$rn")" = "$(python3 -c "import sys; print([sys.argv[1]] * 2)" "$tb")" ] &&
 	pass "prefix cache: n = 2 from the cache: 256 cached, both choices the n = 1 text" || fail "prefix cache, n = 2: $rn"
+ta=$(pc_field '",".join(t.split(":")[1] for t in d["choices"][0]["logprobs"]["tokens"][:7])' <<<"$ra")
+rc=$(pc_req "$UP" "$PA,$ta,$(pc_ids 15 64)")
+[ "$(pc_field 'len(d["choices"][0]["logprobs"]["tokens"])' <<<"$ra")" = 8 ] &&
+	[ "$(pc_field 'all(t.startswith("token_id:") for t in d["choices"][0]["logprobs"]["tokens"])' <<<"$ra")" = True ] &&
+	[ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$rc")" = 263 ] &&
+	pass "prefix cache: a prompt that goes on from A's reply (return_tokens_as_token_ids) starts at the reply's end: 263 cached" ||
+	fail "prefix cache, from a reply: A $ra; C $rc"
 start pcoff --prefill-chunk 128 --prefix-cache 0
 grep -q "prefix cache: off" "$S/pcoff.log" && pass "--prefix-cache 0: off" || fail "--prefix-cache 0: $(head -c 300 "$S/pcoff.log")"
 rb0=$(pc_req "http://127.0.0.1:$PORT" "$PB")
@@ -349,8 +359,9 @@ rb0=$(pc_req "http://127.0.0.1:$PORT" "$PB")
 	fail "prefix cache: cached '$(pc_field 'd["choices"][0]["logprobs"]' <<<"$rb")' vs uncached '$(pc_field 'd["choices"][0]["logprobs"]' <<<"$rb0")'"
 kill -TERM "$PID"
 # a long prompt's state on the way (--prefix-every 256): a 600-id prompt
-# kept at 256, 512 and its end; one that leaves it at 400 starts from the
-# state at 256 (and is kept at its own end: 4 states)
+# kept at 256, 512, its end and its reply's end; one that leaves it at 400
+# starts from the state at 256 (and is kept at its own end and its reply's:
+# 6 states)
 start pcevery --prefill-chunk 128 --prefix-every 256
 U=http://127.0.0.1:$PORT
 PE="$PA,$(pc_ids 13 344)"
@@ -358,7 +369,7 @@ pc_req "$U" "$PE" >/dev/null
 PD="$(cut -d, -f1-400 <<<"$PE"),$(pc_ids 14 64)"
 rd=$(pc_req "$U" "$PD")
 [ "$(pc_field 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$rd")" = 256 ] &&
-	[ "$(metric salafw_prefix_cache_entries)" = 4 ] &&
+	[ "$(metric salafw_prefix_cache_entries)" = 6 ] &&
 	pass "prefix cache: a prompt's state kept each 256 tokens of its prefill; one that leaves it at 400 starts at 256" ||
 	fail "prefix cache, --prefix-every: $rd; entries $(metric salafw_prefix_cache_entries)"
 kill -TERM "$PID"
