@@ -5,8 +5,10 @@ token ids, then B, A's ids and --suffix more; with the prefix cache B
 prefills only its suffix. Each request is streamed and timed from sending to
 its first token; the usage's cached tokens are printed. With --turns T, a
 conversation instead: a --prefix-id start, then T turns, each prompt the
-previous one + a 256-id reply + a 512-id user message (ids stand for the
-text a client sends back; with the cache a turn prefills those 768 only).
+previous one, its reply (--reply tokens generated, ids as
+return_tokens_as_token_ids names them) and a 512-id user message; with the
+cache a turn starts from the state at the previous reply's end and
+prefills the last reply token and the message only.
 Token-id prompts (the completions API takes a list of ids), so the lengths
 are exact.
   bench_prefix.py --url http://127.0.0.1:8080/v1 --model ID --prefix 131072 --suffix 64
@@ -19,9 +21,14 @@ import time
 import urllib.request
 
 
-def request(url, model, ids, gen):
-    body = json.dumps({"model": model, "prompt": ids, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
-                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+def request(url, model, ids, gen, out=None):
+    """Streams a completion of ids; TTFT, cached tokens, total time. out: a
+    list that gets the reply's token ids."""
+    body = {"model": model, "prompt": ids, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if out is not None:
+        body.update({"logprobs": 0, "return_tokens_as_token_ids": True})
+    body = json.dumps(body).encode()
     req = urllib.request.Request(url + "/completions", data=body, headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
     ttft, cached, n = None, None, 0
@@ -35,6 +42,9 @@ def request(url, model, ids, gen):
                 ttft = time.monotonic() - t0
             if d.get("choices"):
                 n += 1
+                lp = d["choices"][0].get("logprobs")
+                if out is not None and lp:
+                    out.extend(int(t.split(":", 1)[1]) for t in lp["tokens"])
             u = d.get("usage")
             if u:
                 cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
@@ -50,16 +60,17 @@ def main():
     ap.add_argument("--gen", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--turns", type=int, default=0)
+    ap.add_argument("--reply", type=int, default=256)
     a = ap.parse_args()
     r = random.Random(25)
     if a.turns:
         ids = [r.randrange(3, a.vocab) for _ in range(a.prefix)]
         for t in range(1, a.turns + 1):
-            if t > 1:
-                ids = ids + [r.randrange(3, a.vocab) for _ in range(256 + 512)]
-            ttft, cached, total = request(a.url, a.model, ids, a.gen)
-            print("turn %d %7d tokens: TTFT %.3f s, cached %s, total %.3f s" % (t, len(ids), ttft, cached, total),
-                  flush=True)
+            reply = []
+            ttft, cached, total = request(a.url, a.model, ids, a.reply, reply)
+            print("turn %d %7d tokens: TTFT %.3f s, cached %s, prefilled %d, total %.3f s (%d reply tokens)" %
+                  (t, len(ids), ttft, cached, len(ids) - (cached or 0), total, len(reply)), flush=True)
+            ids = ids + reply + [r.randrange(3, a.vocab) for _ in range(512)]
         return
     a_ids = [r.randrange(3, a.vocab) for _ in range(a.prefix)]
     b_ids = a_ids + [r.randrange(3, a.vocab) for _ in range(a.suffix)]

@@ -26,10 +26,11 @@
 #   bash scripts/gpu-run.sh w8-vs-bf16 [G]   bf16 and int8 g128 full-size models in one call: batched decode
 #                                            (bench_batch B = 1..64 at 1K and 1K-32K), bench_gpu prefill and
 #                                            decode at 1K/32K/128K, and serving at concurrency 32
-#   bash scripts/gpu-run.sh prefix-ttft [N]  mkmodel --preset full, salafw serve, bench/bench_prefix.py: TTFT of an
-#                                            N-id prompt (default 131072) and of two that extend it, prefix cache on, off
+#   bash scripts/gpu-run.sh prefix-ttft [N [on]]  mkmodel --preset full, salafw serve, bench/bench_prefix.py: TTFT of an
+#                                            N-id prompt (default 131072) and of two that extend it, and an 8-turn
+#                                            conversation; prefix cache on, off (on: on only, no conversation)
 #   bash scripts/gpu-run.sh prompt-cache [W]  mkmodel --preset full, then salafw run with a prompt of W random words
-#                                            (default 80000, ~128K tokens): without the cache, saving it, loading it
+#                                            (default 117000, ~131K tokens): without the cache, saving it, loading it
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout. The device tool
 # brings back at most 8 files: when a mode leaves more, they are packed on
@@ -493,15 +494,17 @@ w8-vs-bf16)
 	exit $rc
 	;;
 prefix-ttft)
-	# bash scripts/gpu-run.sh prefix-ttft [TOKENS]: salafw serve on the full-size
-	# model, then bench/bench_prefix.py: TTFT of a TOKENS-id prompt (default
-	# 131072), of it + 64 ids and of it + 64 other ids (issue 25: the second
-	# and third from the prefix cache), and of an 8-turn conversation from a
-	# 32K-id start (each turn + 768 ids); then the same with --prefix-cache 0
+	# bash scripts/gpu-run.sh prefix-ttft [TOKENS [on]]: salafw serve on the
+	# full-size model, then bench/bench_prefix.py: TTFT of a TOKENS-id prompt
+	# (default 131072), of it + 64 ids and of it + 64 other ids (issue 25: the
+	# second and third from the prefix cache), and of an 8-turn conversation
+	# from a 32K-id start (each turn + its 256-token reply + 512 ids); then
+	# the same with --prefix-cache 0. With `on`: the cache on only, no
+	# conversation (1M tokens: the first prompt is the uncached figure)
 	M=/tmp/sala-full
 	full_models "$M"
 	N=${1:-131072}
-	for pc in "" 0; do
+	for pc in "" $([ "${2:-}" = on ] || echo 0); do
 		echo "== --prefix-cache ${pc:-default}" | tee -a "$OUT/prefix-ttft.log"
 		"$BIN/salafw" serve "$M" --no-verify --device cuda --port 18081 \
 			--max-running 4 --max-context $((N + 256)) $([ -n "$pc" ] && echo --prefix-cache "$pc") \
@@ -518,7 +521,8 @@ prefix-ttft)
 			http://127.0.0.1:18081/v1/models 2>/dev/null)
 		python3 bench/bench_prefix.py --url http://127.0.0.1:18081/v1 --model "$id" --prefix "$N" 2>&1 |
 			tee -a "$OUT/prefix-ttft.log"
-		python3 bench/bench_prefix.py --url http://127.0.0.1:18081/v1 --model "$id" --prefix 32768 --turns 8 2>&1 |
+		[ "${2:-}" = on ] ||
+			python3 bench/bench_prefix.py --url http://127.0.0.1:18081/v1 --model "$id" --prefix 32768 --turns 8 2>&1 |
 			tee -a "$OUT/prefix-ttft.log"
 		kill -TERM $spid
 		wait $spid
@@ -527,12 +531,13 @@ prefix-ttft)
 prompt-cache)
 	# bash scripts/gpu-run.sh prompt-cache [WORDS]: `salafw run --prompt-cache`
 	# on the full-size model with a prompt of WORDS random words (default
-	# 80000, about 128K tokens of the full preset's tokenizer): a run without the cache, the first run with
+	# 117000, about 131K tokens of the full preset's tokenizer: 80000 made
+	# 89,642): a run without the cache, the first run with
 	# it (prefills, saves FILE), the second (loads FILE): wall times, the
 	# stats and prompt-cache lines, FILE's size (issue 25 §3)
 	M=/tmp/sala-full
 	full_models "$M"
-	W=${1:-80000}
+	W=${1:-117000}
 	python3 - "$W" /tmp/pc-prompt.txt <<'EOF'
 import random, sys
 r = random.Random(7)
@@ -556,7 +561,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | prefix-ttft [N] | prompt-cache [WORDS] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
 	exit 2
 	;;
 esac

@@ -46,7 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SFW_SERVE_BODY_MAX (4u << 20) /* request body bytes */
+#define SFW_SERVE_BODY_MAX (64u << 20) /* request body bytes, at most (a 1M-token prompt of ids is ~7 MB) */
 #define SFW_SERVE_MSGS_MAX 4096	      /* chat messages per request */
 #define SFW_SERVE_IDS_MAX (1u << 24)  /* prompt token ids per request */
 #define SFW_SERVE_RECV_MAX 128	      /* connections waiting for (the rest of) a request */

@@ -2510,11 +2510,16 @@ enum sfw_status sfw_serve_start(struct sfw_model *m, const struct sfw_tokenizer 
 	pthread_cond_init(&s->idle_cv, NULL);
 	pthread_cond_init(&s->watch_cv, NULL);
 	pthread_cond_init(&s->tok_cv, NULL);
-	/* the cheap bounds: prompt text a context can hold, and the body that can carry it */
-	uint64_t tm = 0, bm = 0;
+	/* the cheap bounds: prompt text a context can hold, and the body that
+	 * can carry it, as text (escaped) or as a list of token ids ("73447, ") */
+	uint64_t tm = 0, bm = 0, idb = 2;
 	if (!sfw_mul_ok((uint64_t)p->max_context, token_bytes_max(tok), &tm) || tm > SFW_SERVE_BODY_MAX)
 		tm = SFW_SERVE_BODY_MAX;
+	for (int v = sfw_tokenizer_vocab(tok) - 1; v > 0; v /= 10)
+		idb++;
 	bm = tm * BODY_TEXT_X + BODY_FRAME;
+	if ((uint64_t)p->max_context * idb + BODY_FRAME > bm) /* (max_context is bounded: no overflow) */
+		bm = (uint64_t)p->max_context * idb + BODY_FRAME;
 	s->text_max = (size_t)tm;
 	s->body_max = bm < SFW_SERVE_BODY_MAX ? (size_t)bm : SFW_SERVE_BODY_MAX;
 	struct sfw_batch_params bp = sfw_serve_batch_params(p);

@@ -132,8 +132,8 @@ err "chat: no messages: 400" 400 messages "${J[@]}" -d '{"model": "tiny-sala"}' 
 python3 -c 'import json; print(json.dumps({"model": "tiny-sala", "prompt": "lorem ipsum dolor " * 800}))' >"$S/long.json"
 err "prompt longer than the context: 400" 400 prompt "${J[@]}" --data-binary @"$S/long.json" "$C"
 head -c $((5 << 20)) /dev/zero | tr '\0' ' ' >"$S/big.json"
-err "body over 4 MiB: 413" 413 "" "${J[@]}" --data-binary @"$S/big.json" "$C"
-err "body over 4 MiB without a length (chunked): 413" 413 "" "${J[@]}" -H 'Transfer-Encoding: chunked' \
+err "a 5 MiB body (over what the context can use): 413" 413 "" "${J[@]}" --data-binary @"$S/big.json" "$C"
+err "a 5 MiB body without a length (chunked): 413" 413 "" "${J[@]}" -H 'Transfer-Encoding: chunked' \
 	--data-binary @"$S/big.json" "$C"
 err "unknown path: 404" 404 "" "$U/v1/engines"
 err "GET on completions: 405" 405 "" "$C"
