@@ -27,7 +27,7 @@ static int cmp_d(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int bench_shape(int M, int N, int K, int group, double secs)
+static int bench_shape(struct sfw_ops_cpu *ex, int M, int N, int K, int group, double secs)
 {
 	int span = group > 0 && group < K ? group : K;
 	size_t rb = (size_t)sfw_ql_row_bytes(K), G = (size_t)sfw_ql_ngroups(K, span < K ? span : 0);
@@ -48,8 +48,8 @@ static int bench_shape(int M, int N, int K, int group, double secs)
 		x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
 	size_t c = 0;
 #define CALL()                                                                                               \
-	(sfw_op_matmul_w8_cpu(y, x, codes + c * wbytes, sc + c * (size_t)N * G, SFW_DTYPE_BF16, span, M, N,  \
-			      K),                                                                            \
+	(sfw_op_matmul_w8_cpu(ex, y, x, codes + c * wbytes, sc + c * (size_t)N * G, SFW_DTYPE_BF16, span, M, \
+			      N, K),                                                                         \
 	 c = (c + 1) % ncopy)
 	for (size_t i = 0; i < ncopy; i++)
 		CALL(); /* warm-up: page in every copy */
@@ -101,7 +101,6 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_w8: %s\n", err.msg);
 		return 1;
 	}
-	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
 	printf("== bench_w8: %d threads\n", threads);
 	int rc = 0;
 	for (const char *p = shapes; *p;) {
@@ -112,12 +111,11 @@ int main(int argc, char **argv)
 			rc = 2;
 			break;
 		}
-		rc |= bench_shape(M, N, K, group, secs);
+		rc |= bench_shape(ex, M, N, K, group, secs);
 		p += len;
 		if (*p == ',')
 			p++;
 	}
-	sfw_ops_cpu_bind(prev);
 	sfw_ops_cpu_free(ex);
 	return rc;
 }

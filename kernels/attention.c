@@ -17,6 +17,7 @@ struct attn_job {
 	int64_t pos0;
 	float scale;
 	size_t maxkeys;
+	struct sfw_ops_cpu *ex; /* the job view (ops.h): an item's failure */
 };
 
 static float dot(const float *a, const float *b, int n)
@@ -44,7 +45,7 @@ static void attn_items(void *ctx, size_t b, size_t e, int tid)
 	int64_t *pos = sfw_malloc(j->maxkeys * sizeof(int64_t));
 	if (!sc || !pos) { /* the caller learns it from sfw_ops_cpu_take_failure */
 		sfw_free(sc), sfw_free(pos);
-		sfwi_ops_cpu_fail();
+		sfwi_ops_cpu_fail(j->ex);
 		return;
 	}
 	for (size_t it = b; it < e; it++) {
@@ -91,26 +92,29 @@ static void attn_items(void *ctx, size_t b, size_t e, int tid)
 	sfw_free(pos);
 }
 
-static void run(struct attn_job *j)
+static void run(struct sfw_ops_cpu *ex, struct attn_job *j)
 {
 	size_t items = (size_t)j->T * j->nh;
 	double work = (double)items * (double)j->maxkeys * j->hd;
-	int nt = work < 1e5 ? 1 : sfw_ops_cpu_threads();
-	sfwi_ops_cpu_for(nt, items, 1, attn_items, j);
+	int nt = work < 1e5 ? 1 : sfw_ops_cpu_threads(ex);
+	j->ex = sfwi_ops_cpu_job(ex);
+	sfwi_ops_cpu_for(ex, nt, items, 1, attn_items, j);
 }
 
-void sfw_op_attn_dense_cpu(float *o, const float *q, const float *kc, const float *vc, int T, int nh, int nkv,
-			   int hd, int64_t pos0, float scale)
+void sfw_op_attn_dense_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc, const float *vc,
+			   int T, int nh, int nkv, int hd, int64_t pos0, float scale)
 {
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0);
-	struct attn_job j = {o, q, kc, vc, NULL, T, nh, nkv, hd, 0, 0, pos0, scale, (size_t)(pos0 + T)};
-	run(&j);
+	struct attn_job j = {o, q, kc, vc, NULL, T, nh, nkv, hd, 0, 0, pos0, scale, (size_t)(pos0 + T), NULL};
+	run(ex, &j);
 }
 
-void sfw_op_attn_sparse_cpu(float *o, const float *q, const float *kc, const float *vc, const int32_t *idx,
-			    int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale)
+void sfw_op_attn_sparse_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc,
+			    const float *vc, const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0,
+			    int k, int block, float scale)
 {
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0);
-	struct attn_job j = {o, q, kc, vc, idx, T, nh, nkv, hd, k, block, pos0, scale, (size_t)k * block};
-	run(&j);
+	size_t maxkeys = (size_t)k * block;
+	struct attn_job j = {o, q, kc, vc, idx, T, nh, nkv, hd, k, block, pos0, scale, maxkeys, NULL};
+	run(ex, &j);
 }

@@ -9,19 +9,20 @@
 
 #include "alloc.h"
 
+/* An executor is ex[0] of a pair: ex[1] is its job view, the executor the
+ * ranges of its jobs run with (no pool: a parallel-for there runs inline;
+ * the same flag and options, through root). */
 struct sfw_ops_cpu {
-	struct sfw_pool *pool;
-	atomic_int failed;
+	struct sfw_pool *pool;    /* NULL in the job view */
+	struct sfw_ops_cpu *root; /* the executor whose flag and options these are */
+	struct sfw_ops_cpu *job;  /* the job view */
+	atomic_int failed;        /* root's */
+	int generic_w8;           /* root's: sfwi_op_matmul_w8_generic */
 };
-
-/* The executor bound to this thread, and the flag failures go to when none is. */
-static _Thread_local struct sfw_ops_cpu *t_bound;
-static _Thread_local int t_failed;
-static _Thread_local int t_in_job; /* inside a parallel-for: a nested one runs inline */
 
 enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct sfw_err *err)
 {
-	struct sfw_ops_cpu *ex = sfw_calloc(1, sizeof(*ex));
+	struct sfw_ops_cpu *ex = sfw_calloc(2, sizeof(*ex));
 	if (!ex)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the CPU executor");
 	enum sfw_status s = sfw_pool_new(nthreads, &ex->pool, err);
@@ -29,7 +30,10 @@ enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct s
 		sfw_free(ex);
 		return s;
 	}
-	atomic_init(&ex->failed, 0);
+	atomic_init(&ex[0].failed, 0);
+	atomic_init(&ex[1].failed, 0);
+	ex[0].root = ex[1].root = ex;
+	ex[0].job = ex[1].job = &ex[1];
 	*out = ex;
 	return SFW_OK;
 }
@@ -38,69 +42,55 @@ void sfw_ops_cpu_free(struct sfw_ops_cpu *ex)
 {
 	if (!ex)
 		return;
+	SFW_ASSERT(ex->root == ex); /* not a job view */
 	sfw_pool_free(ex->pool);
 	sfw_free(ex);
 }
 
-struct sfw_ops_cpu *sfw_ops_cpu_bind(struct sfw_ops_cpu *ex)
+int sfw_ops_cpu_threads(const struct sfw_ops_cpu *ex)
 {
-	struct sfw_ops_cpu *prev = t_bound;
-	t_bound = ex;
-	return prev;
+	return ex && ex->pool ? sfw_pool_threads(ex->pool) : 1;
 }
 
-int sfw_ops_cpu_threads(void)
+struct sfw_ops_cpu *sfwi_ops_cpu_job(struct sfw_ops_cpu *ex)
 {
-	return t_bound ? sfw_pool_threads(t_bound->pool) : 1;
+	return ex ? ex->job : NULL;
 }
 
-void sfwi_ops_cpu_fail(void)
+void sfwi_ops_cpu_fail(struct sfw_ops_cpu *ex)
 {
-	if (t_bound)
-		atomic_store(&t_bound->failed, 1);
-	else
-		t_failed = 1;
+	if (!ex) /* ops.h: a failure with no executor to report it to */
+		sfw_assert_fail("a CPU op out of scratch memory, called without an executor (kernels/ops.h)",
+				__FILE__, __LINE__);
+	atomic_store(&ex->root->failed, 1);
 }
 
 int sfw_ops_cpu_take_failure(struct sfw_ops_cpu *ex)
 {
-	if (ex)
-		return atomic_exchange(&ex->failed, 0);
-	int f = t_failed;
-	t_failed = 0;
-	return f;
+	return ex ? atomic_exchange(&ex->root->failed, 0) : 0;
 }
 
-struct bound_job {
-	struct sfw_ops_cpu *ex;
-	sfw_range_fn fn;
-	void *ctx;
-};
-
-/* A pool worker runs the range with the caller's executor bound. */
-static void bound_range(void *ctx, size_t b, size_t e, int tid)
+void sfwi_op_matmul_w8_generic(struct sfw_ops_cpu *ex, int on)
 {
-	const struct bound_job *j = ctx;
-	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(j->ex);
-	int in = t_in_job;
-	t_in_job = 1;
-	j->fn(j->ctx, b, e, tid);
-	t_in_job = in;
-	sfw_ops_cpu_bind(prev);
+	ex->root->generic_w8 = on;
 }
 
-void sfwi_ops_cpu_for(int nthreads, size_t n, size_t grain, sfw_range_fn fn, void *ctx)
+int sfwi_ops_cpu_w8_generic(const struct sfw_ops_cpu *ex)
 {
-	struct sfw_ops_cpu *ex = t_bound;
-	if (!ex || nthreads <= 1 || t_in_job) {
+	return ex && ex->root->generic_w8;
+}
+
+void sfwi_ops_cpu_for(struct sfw_ops_cpu *ex, int nthreads, size_t n, size_t grain, sfw_range_fn fn,
+		      void *ctx)
+{
+	if (!ex || !ex->pool || nthreads <= 1) {
 		if (grain == 0)
 			grain = 1;
 		for (size_t b = 0; b < n; b += grain)
 			fn(ctx, b, b + grain < n ? b + grain : n, 0);
 		return;
 	}
-	struct bound_job j = {ex, fn, ctx};
-	sfw_pool_for(ex->pool, nthreads, n, grain, bound_range, &j);
+	sfw_pool_for(ex->pool, nthreads, n, grain, fn, ctx);
 }
 
 void sfw_op_embed_cpu(float *x, const void *E, enum sfw_dtype edt, const int32_t *ids, int T, int D,
@@ -138,14 +128,15 @@ static void norm_rows(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int rows, int n,
-			float eps)
+void sfw_op_rmsnorm_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w, enum sfw_dtype wdt,
+			int rows, int n, float eps)
 {
 	struct norm_job j = {y, x, w, wdt, n, eps};
 	size_t grain = (size_t)(rows * (size_t)n > 65536 ? 16 : rows);
 	if (grain == 0)
 		grain = 1;
-	sfwi_ops_cpu_for(grain >= (size_t)rows ? 1 : sfw_ops_cpu_threads(), (size_t)rows, grain, norm_rows, &j);
+	sfwi_ops_cpu_for(ex, grain >= (size_t)rows ? 1 : sfw_ops_cpu_threads(ex), (size_t)rows, grain,
+			 norm_rows, &j);
 }
 
 void sfw_op_add_scaled_cpu(float *x, const float *b, size_t n, float scale)

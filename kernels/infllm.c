@@ -101,8 +101,8 @@ static void s1_items(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n1, const float *c2,
-		       int64_t n2, const struct sfw_sel_shape *sh)
+void sfw_op_stage1_cpu(struct sfw_ops_cpu *ex, float *scores, const float *q, const float *c1, int64_t n1,
+		       const float *c2, int64_t n2, const struct sfw_sel_shape *sh)
 {
 	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
 	int64_t pos0 = sh->pos0;
@@ -111,7 +111,7 @@ void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n
 	struct s1_job j = {scores, q, c1, c2, n1, n2, pos0, T, nh, nkv, hd, ksize, stride, scale};
 	size_t items = (size_t)nkv * T;
 	double work = (double)items * (double)(n1 + n2) * nh / nkv * hd;
-	sfwi_ops_cpu_for(work < 1e5 ? 1 : sfw_ops_cpu_threads(), items, 1, s1_items, &j);
+	sfwi_ops_cpu_for(ex, work < 1e5 ? 1 : sfw_ops_cpu_threads(ex), items, 1, s1_items, &j);
 }
 
 void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
@@ -151,15 +151,15 @@ static int cmp_i32(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-void sfw_op_topk_blocks_cpu(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
-			    int k, int block)
+void sfw_op_topk_blocks_cpu(struct sfw_ops_cpu *ex, int32_t *idx, const float *pooled, int64_t nblocks,
+			    int nkv, int T, int64_t pos0, int k, int block)
 {
 	int kk = nblocks < k ? (int)nblocks : k;
 	float *best = sfw_malloc(((size_t)kk + 1) * sizeof(float));
 	if (!best) { /* no block selected: the attention that reads idx stays in bounds */
 		for (size_t i = 0; i < (size_t)nkv * T * (size_t)k; i++)
 			idx[i] = -1;
-		sfwi_ops_cpu_fail();
+		sfwi_ops_cpu_fail(ex);
 		return;
 	}
 	for (int g = 0; g < nkv; g++)

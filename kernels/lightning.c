@@ -16,6 +16,7 @@ struct gla_job {
 	const float *decay;
 	int T, nh, hd, chunk;
 	float scale;
+	struct sfw_ops_cpu *ex; /* the job view (ops.h): a head's failure */
 };
 
 static void gla_rec_heads(void *ctx, size_t b, size_t e, int tid)
@@ -46,12 +47,13 @@ static void gla_rec_heads(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_gla_recurrent_cpu(float *o, const float *q, const float *k, const float *v, float *state,
-			      const float *decay, int T, int nh, int hd, float scale)
+void sfw_op_gla_recurrent_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k,
+			      const float *v, float *state, const float *decay, int T, int nh, int hd,
+			      float scale)
 {
-	struct gla_job j = {o, q, k, v, state, decay, T, nh, hd, 0, scale};
-	int nt = T * (size_t)nh * hd * hd < 1 << 16 ? 1 : sfw_ops_cpu_threads();
-	sfwi_ops_cpu_for(nt, (size_t)nh, 1, gla_rec_heads, &j);
+	struct gla_job j = {o, q, k, v, state, decay, T, nh, hd, 0, scale, NULL};
+	int nt = T * (size_t)nh * hd * hd < 1 << 16 ? 1 : sfw_ops_cpu_threads(ex);
+	sfwi_ops_cpu_for(ex, nt, (size_t)nh, 1, gla_rec_heads, &j);
 }
 
 static void gla_chunk_heads(void *ctx, size_t b, size_t e, int tid)
@@ -63,7 +65,7 @@ static void gla_chunk_heads(void *ctx, size_t b, size_t e, int tid)
 	/* A: C x C intra-chunk weights; dec: gamma^n for n = 0..C. */
 	float *A = sfw_malloc(((size_t)C * C + (size_t)C + 1) * sizeof(float));
 	if (!A) {
-		sfwi_ops_cpu_fail();
+		sfwi_ops_cpu_fail(j->ex);
 		return;
 	}
 	float *dec = A + (size_t)C * C;
@@ -127,10 +129,10 @@ static void gla_chunk_heads(void *ctx, size_t b, size_t e, int tid)
 	sfw_free(A);
 }
 
-void sfw_op_gla_chunked_cpu(float *o, const float *q, const float *k, const float *v, float *state,
-			    const float *decay, int T, int nh, int hd, float scale, int chunk)
+void sfw_op_gla_chunked_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k, const float *v,
+			    float *state, const float *decay, int T, int nh, int hd, float scale, int chunk)
 {
 	SFW_ASSERT(chunk > 0);
-	struct gla_job j = {o, q, k, v, state, decay, T, nh, hd, chunk, scale};
-	sfwi_ops_cpu_for(sfw_ops_cpu_threads(), (size_t)nh, 1, gla_chunk_heads, &j);
+	struct gla_job j = {o, q, k, v, state, decay, T, nh, hd, chunk, scale, sfwi_ops_cpu_job(ex)};
+	sfwi_ops_cpu_for(ex, sfw_ops_cpu_threads(ex), (size_t)nh, 1, gla_chunk_heads, &j);
 }

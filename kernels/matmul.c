@@ -205,12 +205,13 @@ static void mm_tiles(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int M, int N, int K)
+void sfw_op_matmul_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w, enum sfw_dtype wdt,
+		       int M, int N, int K)
 {
 	if (M <= 0 || N <= 0)
 		return;
 	size_t ntiles = ((size_t)N + TILE_N - 1) / TILE_N;
-	int nt = sfw_ops_cpu_threads();
+	int nt = sfw_ops_cpu_threads(ex);
 	if ((size_t)nt > ntiles)
 		nt = (int)ntiles;
 	/* Tiny products are not worth waking threads for. */
@@ -220,7 +221,7 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_dtype w
 		/* memory-bound: stream the bf16 weights once, no conversion scratch */
 		struct gemv_job g = {y, x, w, M, N, K};
 		size_t grain = ntiles / ((size_t)nt * 4);
-		sfwi_ops_cpu_for(nt, ntiles, grain < 1 ? 1 : grain, gemv_tiles, &g);
+		sfwi_ops_cpu_for(ex, nt, ntiles, grain < 1 ? 1 : grain, gemv_tiles, &g);
 		return;
 	}
 	float *scr_ptrs[256];
@@ -228,7 +229,7 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_dtype w
 	if (wdt == SFW_DTYPE_BF16) {
 		block = sfw_malloc((size_t)nt * TILE_N * (size_t)K * sizeof(float) + 64);
 		if (!block) {
-			sfwi_ops_cpu_fail();
+			sfwi_ops_cpu_fail(ex);
 			return;
 		}
 		for (int i = 0; i < nt; i++)
@@ -238,20 +239,20 @@ void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_dtype w
 	size_t grain = ntiles / ((size_t)nt * 8);
 	if (grain < 1)
 		grain = 1;
-	sfwi_ops_cpu_for(nt, ntiles, grain, mm_tiles, &j);
+	sfwi_ops_cpu_for(ex, nt, ntiles, grain, mm_tiles, &j);
 	sfw_free(block);
 }
 
-void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
-		       float in_scale)
+void sfw_op_logits_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w, enum sfw_dtype wdt,
+		       int M, int N, int K, float in_scale)
 {
 	float *xs = sfw_malloc((size_t)M * K * sizeof(float));
 	if (!xs) {
-		sfwi_ops_cpu_fail();
+		sfwi_ops_cpu_fail(ex);
 		return;
 	}
 	for (size_t i = 0; i < (size_t)M * K; i++)
 		xs[i] = x[i] * in_scale;
-	sfw_op_matmul_cpu(y, xs, w, wdt, M, N, K);
+	sfw_op_matmul_cpu(ex, y, xs, w, wdt, M, N, K);
 	sfw_free(xs);
 }

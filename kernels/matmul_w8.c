@@ -210,13 +210,6 @@ dequant_row_avx2(float *o, const uint8_t *c, const void *s, enum sfw_dtype sdt, 
 }
 #endif
 
-/* Tests: this thread's calls take the generic path even where AVX2 is. */
-static _Thread_local int force_generic;
-void sfwi_op_matmul_w8_generic(int on)
-{
-	force_generic = on;
-}
-
 /* Streaming: tiles [b, e) of weight rows, each against every x row. */
 static void stream_fn(void *ctx, size_t b, size_t e, int tid)
 {
@@ -293,8 +286,8 @@ static void tiles_fn(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
-			  enum sfw_dtype sdt, int group, int M, int N, int K)
+void sfw_op_matmul_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const uint8_t *codes,
+			  const void *scales, enum sfw_dtype sdt, int group, int M, int N, int K)
 {
 	if (M <= 0 || N <= 0)
 		return;
@@ -304,41 +297,41 @@ void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const 
 	j.G = (int)sfw_ql_ngroups(K, group < K ? group : 0);
 	j.rb = (size_t)sfw_ql_row_bytes(K);
 #ifdef HAVE_AVX2_PATH
-	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+	if (!sfwi_ops_cpu_w8_generic(ex) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
 		j.rows = rows_dot_avx2, j.dequant = dequant_row_avx2;
 #endif
 	size_t ntiles = ((size_t)N + TILE_ROWS - 1) / TILE_ROWS;
-	int nt = sfw_ops_cpu_threads();
+	int nt = sfw_ops_cpu_threads(ex);
 	if ((size_t)nt > ntiles)
 		nt = (int)ntiles;
 	if ((double)M * N * K < 1 << 16)
 		nt = 1;
 	if (M <= STREAM_M && (group % 16 == 0 || j.G == 1)) {
 		size_t grain = ntiles / ((size_t)nt * 4);
-		sfwi_ops_cpu_for(nt, ntiles, grain < 1 ? 1 : grain, stream_fn, &j);
+		sfwi_ops_cpu_for(ex, nt, ntiles, grain < 1 ? 1 : grain, stream_fn, &j);
 		return;
 	}
 	j.scratch = sfw_malloc((size_t)nt * TILE_ROWS * (size_t)K * sizeof(float));
 	if (!j.scratch) {
-		sfwi_ops_cpu_fail();
+		sfwi_ops_cpu_fail(ex);
 		return;
 	}
 	size_t grain = ntiles / ((size_t)nt * 8);
-	sfwi_ops_cpu_for(nt, ntiles, grain < 1 ? 1 : grain, tiles_fn, &j);
+	sfwi_ops_cpu_for(ex, nt, ntiles, grain < 1 ? 1 : grain, tiles_fn, &j);
 	sfw_free(j.scratch);
 }
 
-void sfw_op_matmul_silu_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
-			       enum sfw_dtype sdt, int group, int N, int K)
+void sfw_op_matmul_silu_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const uint8_t *codes,
+			       const void *scales, enum sfw_dtype sdt, int group, int N, int K)
 {
 	if (N <= 0)
 		return;
 	float *gu = sfw_malloc((size_t)2 * N * sizeof(float));
 	if (!gu) {
-		sfwi_ops_cpu_fail(); /* output undefined, the flag raised (ops.h) */
+		sfwi_ops_cpu_fail(ex); /* output undefined, the flag raised (ops.h) */
 		return;
 	}
-	sfw_op_matmul_w8_cpu(gu, x, codes, scales, sdt, group, 1, 2 * N, K);
+	sfw_op_matmul_w8_cpu(ex, gu, x, codes, scales, sdt, group, 1, 2 * N, K);
 	sfw_op_silu_mul_cpu(y, gu, gu + N, (size_t)N);
 	sfw_free(gu);
 }

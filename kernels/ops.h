@@ -3,7 +3,9 @@
  * sfw_op_<op>_cpu (kernels/<family>.c, always built) is the reference: fp32
  * activations, fp32 accumulation, weights read as bf16 or f32 and converted on
  * the fly. sfw_op_<op>_cuda (kernels/<family>.cu, CUDA=1) has the same
- * arguments in the same order with three changes:
+ * arguments in the same order with four changes:
+ *   - the CPU twin's leading executor `struct sfw_ops_cpu *ex` (below) is
+ *     not there;
  *   - activation pointers (float * here) become void * in the activation dtype
  *     `act` (SFW_DTYPE_BF16 normally: rounded where the reference rounds,
  *     docs/model-spec.md §2; SFW_DTYPE_F32 allowed for twin tests);
@@ -23,9 +25,10 @@
  * Positions are absolute (0-based); row r of a call sits at pos0 + r.
  * `y` may alias `x` only where the comment says so.
  *
- * Threads: the CPU twins run on the executor bound to the calling thread
- * (sfw_ops_cpu_bind; the CPU backend binds its own around every op), or on
- * the calling thread alone when none is bound. No process-wide state. */
+ * Threads: a CPU twin that parallelizes or can fail takes its executor as
+ * its first argument (struct sfw_ops_cpu below; the CPU backend passes its
+ * own to every op); the others run on the calling thread. No process-wide
+ * or per-thread state. */
 #ifndef SFW_OPS_H
 #define SFW_OPS_H
 
@@ -41,9 +44,18 @@ static inline float sfw_op_wget(const void *w, enum sfw_dtype dt, size_t i)
 	return dt == SFW_DTYPE_BF16 ? sfw_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
-/* The CPU ops' executor: a persistent thread pool (core/thread.h) and a
- * failure flag. One per CPU backend; ex may be shared by several threads
- * (their jobs take turns on the pool). */
+/* The CPU ops' executor: a persistent thread pool (core/thread.h), a
+ * failure flag and the ops' options. One per CPU backend; ex may be shared
+ * by several threads (their jobs take turns on the pool).
+ *
+ * Every CPU op that parallelizes or can fail takes it explicitly, as its
+ * first argument `struct sfw_ops_cpu *ex`: its work runs on ex's threads
+ * and its failure raises ex's flag. ex NULL: the op runs serially on the
+ * calling thread, with the default options, and has no flag to raise:
+ * sfw_op_sample_cpu then says a failure by its -1 alone, and any other op
+ * that cannot get its scratch memory aborts (sfwi_ops_cpu_fail). NULL is a
+ * convenience for tests and tools; the library always passes an executor
+ * where an op can fail. */
 struct sfw_ops_cpu;
 struct sfw_cuda_ctx; /* kernels/ops_cuda.h: what a CUDA twin runs with */
 
@@ -73,25 +85,31 @@ struct sfw_qk_shape {
 /* nthreads in [1, 256]. */
 SFW_MUST_CHECK enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct sfw_err *err);
 void sfw_ops_cpu_free(struct sfw_ops_cpu *ex); /* NULL is a no-op */
-/* Binds ex to the calling thread (NULL unbinds): the CPU ops it calls run
- * on ex's threads and report to ex. Returns the previous binding, which the
- * caller restores when done. */
-struct sfw_ops_cpu *sfw_ops_cpu_bind(struct sfw_ops_cpu *ex);
-int sfw_ops_cpu_threads(void); /* of the bound executor; 1 when none is */
+/* The threads ex's ops may use; 1 for NULL and for a job view (below). */
+int sfw_ops_cpu_threads(const struct sfw_ops_cpu *ex);
 /* A CPU op that cannot get its scratch memory leaves its output undefined
- * and raises the flag of the bound executor (of the calling thread when none
- * is bound) instead of aborting (the ops return void): take_failure returns
- * 1 when some op failed since the last take, and clears it; ex NULL: the
- * calling thread's own flag. sfwi_ops_cpu_fail raises it (the ops). */
+ * and raises ex's flag instead of aborting (the ops return void):
+ * take_failure returns 1 when some op on ex failed since the last take, and
+ * clears it; 0 for NULL. sfwi_ops_cpu_fail raises it (the ops); ex NULL:
+ * there is no flag, and it aborts (above). */
 int sfw_ops_cpu_take_failure(struct sfw_ops_cpu *ex);
-void sfwi_ops_cpu_fail(void);
+void sfwi_ops_cpu_fail(struct sfw_ops_cpu *ex);
 /* The ops' parallel-for: fn over [0, n) in chunks of grain on at most
- * nthreads threads of the bound executor (the workers see the same binding,
- * so sfwi_ops_cpu_fail inside fn reaches it). */
-void sfwi_ops_cpu_for(int nthreads, size_t n, size_t grain, void (*fn)(void *, size_t, size_t, int), void *ctx);
-/* Tests: on = 1 makes this thread's int8 matmuls (kernels/matmul_w8.c) take
- * the generic path where the AVX2 one would run (the same bits, by design). */
-void sfwi_op_matmul_w8_generic(int on);
+ * nthreads threads of ex, the calling thread included; inline on the
+ * calling thread (tid 0) when ex is NULL or a job view, or nthreads <= 1.
+ * What the ranges of a job need of the executor (an op, a nested
+ * parallel-for, sfwi_ops_cpu_fail) they are given in the job's own struct
+ * as sfwi_ops_cpu_job(ex), never ex itself: the job view, with ex's flag
+ * and options and no threads, so a parallel-for inside a job runs inline
+ * (ex's pool is busy with the job: waiting for it would never end). */
+void sfwi_ops_cpu_for(struct sfw_ops_cpu *ex, int nthreads, size_t n, size_t grain,
+		      void (*fn)(void *, size_t, size_t, int), void *ctx);
+struct sfw_ops_cpu *sfwi_ops_cpu_job(struct sfw_ops_cpu *ex); /* NULL for NULL */
+/* Tests: on = 1 makes ex's int8 matmuls (kernels/matmul_w8.c; its job view
+ * too) take the generic path where the AVX2 one would run (the same bits,
+ * by design); ex not NULL. sfwi_ops_cpu_w8_generic reads it (0 for NULL). */
+void sfwi_op_matmul_w8_generic(struct sfw_ops_cpu *ex, int on);
+int sfwi_ops_cpu_w8_generic(const struct sfw_ops_cpu *ex);
 
 /* ---- elementwise and norms (kernels/elementwise.c) ------------------------ */
 
@@ -101,8 +119,8 @@ void sfw_op_embed_cpu(float *x, const void *E, enum sfw_dtype edt, const int32_t
 /* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w  for r < rows; w [n]
  * shared by all rows, so per-head q/k norm is rows = T*nh, n = hd and the
  * lightning o_norm is rows = T, n = nh*hd. y may alias x. */
-void sfw_op_rmsnorm_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int rows, int n,
-			float eps);
+void sfw_op_rmsnorm_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w, enum sfw_dtype wdt,
+			int rows, int n, float eps);
 /* x[i] += scale * b[i]  (the scaled residual branch, docs/model-spec.md §2.3). */
 void sfw_op_add_scaled_cpu(float *x, const float *b, size_t n, float scale);
 /* y[i] = silu(gate[i]) * up[i]  (SwiGLU). y may alias gate or up. */
@@ -115,65 +133,68 @@ void sfw_op_sigmoid_mul_cpu(float *y, const float *x, const float *gate, size_t 
 void sfw_op_rope_neox_cpu(float *x, int T, int nh, int hd, int64_t pos0, float theta);
 /* Fused (kernels/fused.c): x[r, :] += scale * b[r, :], then y = rmsnorm(x)
  * with w, exactly add_scaled followed by rmsnorm. y must not alias x or b. */
-void sfw_op_add_rmsnorm_cpu(float *y, float *x, const float *b, float scale, const void *w, enum sfw_dtype wdt,
-			    int rows, int n, float eps);
+void sfw_op_add_rmsnorm_cpu(struct sfw_ops_cpu *ex, float *y, float *x, const float *b, float scale,
+			    const void *w, enum sfw_dtype wdt, int rows, int n, float eps);
 /* Fused (kernels/fused.c): y = rmsnorm(x) with w, then y *= sigmoid(z)
  * (the Lightning output norm and gate, docs/model-spec.md §2.7 step 5),
  * exactly rmsnorm followed by sigmoid_mul. y may alias x, not z. */
-void sfw_op_rmsnorm_gate_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, const float *z, int rows,
-			     int n, float eps);
+void sfw_op_rmsnorm_gate_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w,
+			     enum sfw_dtype wdt, const float *z, int rows, int n, float eps);
 /* Fused (kernels/fused.c): the lightning layers' per-head q/k norm and RoPE
  * (docs/model-spec.md §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
  * q = rmsnorm(q) with qw [hd] and k = rmsnorm(k) with kw [hd] per head
  * (rows T*nhq and T*nhk, n = hd; qw or kw NULL: that norm is left out),
  * then, when rope != 0, NeoX RoPE on both from pos0: exactly
  * sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
-void sfw_op_qk_norm_rope_cpu(float *q, float *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-			     enum sfw_dtype kwdt, const struct sfw_qk_shape *sh);
+void sfw_op_qk_norm_rope_cpu(struct sfw_ops_cpu *ex, float *q, float *k, const void *qw, enum sfw_dtype qwdt,
+			     const void *kw, enum sfw_dtype kwdt, const struct sfw_qk_shape *sh);
 
 /* ---- matrix products (kernels/matmul.c) ----------------------------------- */
 
 /* y[M, N] = x[M, K] . W[N, K]^T ; W bf16 or f32. M == 1 is the decode GEMV. */
-void sfw_op_matmul_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int M, int N, int K);
+void sfw_op_matmul_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w, enum sfw_dtype wdt,
+		       int M, int N, int K);
 /* logits[M, N] = (x[M, K] * in_scale) . W^T ; in_scale = 1/(hidden/dim_model_base). */
-void sfw_op_logits_cpu(float *y, const float *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
-		       float in_scale);
+void sfw_op_logits_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w, enum sfw_dtype wdt,
+		       int M, int N, int K, float in_scale);
 
 /* y[M, N] = x[M, K] . W^T with W int8 (W8A16, kernels/matmul_w8.c):
  * W[n, k] = (codes[n * ceil(K/4)*4 + k] - 128) * scale[n, k / group],
  * scales [N, ceil(K/group)] in sdt (BF16, F16 or F32), group = K for
  * per-channel scales. Dequantized on the fly, fp32 accumulation. */
-void sfw_op_matmul_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-			  int group, int M, int N, int K);
+void sfw_op_matmul_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const uint8_t *codes,
+			  const void *scales, enum sfw_dtype sdt, int group, int M, int N, int K);
 /* The decode MLP's SwiGLU over an int8 merged gate|up [2N, K] (one token):
  * y[N] = silu(g)·u with g, u the halves of x·Wᵀ, as sfw_op_matmul_w8_cpu
  * followed by sfw_op_silu_mul_cpu (the C twin of sfw_op_matmul_silu_w8_cuda). */
-void sfw_op_matmul_silu_w8_cpu(float *y, const float *x, const uint8_t *codes, const void *scales,
-			       enum sfw_dtype sdt, int group, int N, int K);
+void sfw_op_matmul_silu_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const uint8_t *codes,
+			       const void *scales, enum sfw_dtype sdt, int group, int N, int K);
 
 /* ---- lightning attention: simple GLA, fp32 state (kernels/lightning.c) ---- */
 
 /* Per head h: S_h <- exp(-decay[h]) * S_h + k_t^T v_t ; o_t = scale * q_t S_h
  * (current token included), for t = 0..T-1 in order. q, k, v, o [T, nh, hd];
  * state [nh, hd, hd] is updated in place. decay[h] = slope_h > 0. */
-void sfw_op_gla_recurrent_cpu(float *o, const float *q, const float *k, const float *v, float *state,
-			      const float *decay, int T, int nh, int hd, float scale);
+void sfw_op_gla_recurrent_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k,
+			      const float *v, float *state, const float *decay, int T, int nh, int hd,
+			      float scale);
 /* The same result computed in chunks of `chunk` tokens (64 as fla): intra-chunk
  * causal (q.k) with decay weights plus the inter-chunk state term. */
-void sfw_op_gla_chunked_cpu(float *o, const float *q, const float *k, const float *v, float *state,
-			    const float *decay, int T, int nh, int hd, float scale, int chunk);
+void sfw_op_gla_chunked_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k, const float *v,
+			    float *state, const float *decay, int T, int nh, int hd, float scale, int chunk);
 
 /* ---- attention (kernels/attention.c) -------------------------------------- */
 
 /* Dense causal GQA: o[r, h] = softmax_j(scale * q[r,h].K[j,g]) V[j,g] over
  * j <= pos0 + r, g = h / (nh/nkv). kc, vc [>= pos0+T, nkv, hd]. */
-void sfw_op_attn_dense_cpu(float *o, const float *q, const float *kc, const float *vc, int T, int nh, int nkv,
-			   int hd, int64_t pos0, float scale);
+void sfw_op_attn_dense_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc, const float *vc,
+			   int T, int nh, int nkv, int hd, int64_t pos0, float scale);
 /* Block-sparse causal GQA: as dense, but row r / head h (group g) sees only
  * the keys of blocks idx[g, r, 0..k-1] (block b = tokens [b*block, b*block+block-1],
  * -1 = skipped) with key position <= pos0 + r. idx [nkv, T, k]. */
-void sfw_op_attn_sparse_cpu(float *o, const float *q, const float *kc, const float *vc, const int32_t *idx,
-			    int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale);
+void sfw_op_attn_sparse_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc,
+			    const float *vc, const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0,
+			    int k, int block, float scale);
 
 /* ---- InfLLM-v2 block selection (kernels/infllm.c) ------------------------- */
 
@@ -192,8 +213,8 @@ void sfw_op_compress_cpu(float *c, const float *k, int nkv, int hd, int64_t j0, 
  * scores [nkv, T, n1]. The reference kernel's causal-offset quirk for call
  * lengths = 15 (mod 16) / 63 (mod 64) (docs/model-spec.md §2.6.6, derived by reading,
  * not run) is not reproduced: every row sees exactly the chunks above. */
-void sfw_op_stage1_cpu(float *scores, const float *q, const float *c1, int64_t n1, const float *c2,
-		       int64_t n2, const struct sfw_sel_shape *sh);
+void sfw_op_stage1_cpu(struct sfw_ops_cpu *ex, float *scores, const float *q, const float *c1, int64_t n1,
+		       const float *c2, int64_t n2, const struct sfw_sel_shape *sh);
 /* Max-pool to blocks, §2.6.4 step 4: pooled[g, r, b] for b < nblocks =
  * +inf if b < init_blocks or qb - local_blocks <= b <= qb (qb = p / block);
  * else the max of scores[g, r, j] over the level-1 chunks j < n1 that overlap
@@ -204,8 +225,8 @@ void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int6
  * pooled values (ties -> lower index), sorted ascending, then every index >
  * qb replaced by -1 in place; slots past min(k, nblocks) are -1.
  * idx [nkv, T, k]. */
-void sfw_op_topk_blocks_cpu(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
-			    int k, int block);
+void sfw_op_topk_blocks_cpu(struct sfw_ops_cpu *ex, int32_t *idx, const float *pooled, int64_t nblocks,
+			    int nkv, int T, int64_t pos0, int k, int block);
 
 /* ---- sampling (kernels/sample.c, kernels/sample.cu) ----------------------- */
 
@@ -263,7 +284,10 @@ struct sfw_sample_lp {
 	int32_t top_id[SFW_SAMPLE_TOP_MAX];
 	float top_logprob[SFW_SAMPLE_TOP_MAX];
 };
-int32_t sfw_op_sample_cpu(const float *logits, int V, const struct sfw_op_sample_params *p, double u);
+/* The chosen id, or -1 when the op's scratch cannot be had (ex's flag raised
+ * too; ex NULL is allowed: the -1 is the whole report). */
+int32_t sfw_op_sample_cpu(struct sfw_ops_cpu *ex, const float *logits, int V,
+			  const struct sfw_op_sample_params *p, double u);
 /* The sampler's uniform stream, the one xoshiro256**: the next 53-bit
  * uniform of state rng[4] (struct sfw_sampler's rng). */
 double sfw_op_sample_uniform(uint64_t rng[4]);

@@ -72,15 +72,13 @@ static void lp_survivors(struct sfw_sample_lp *lp, const float *lg, int V, int t
 	lp_sorted(lp, nt, tk, nt, total, max, inv_t, lg[id]);
 }
 
-/* The n candidates' keys, best first (sfw_malloc'd; NULL, the op's failure
- * flagged, when there is no scratch). */
+/* The n candidates' keys, best first (sfw_malloc'd; NULL when there is no
+ * scratch). */
 static uint64_t *cand_keys(const float *lg, int V, int n)
 {
 	uint64_t *k = sfw_malloc((size_t)n * sizeof(uint64_t));
-	if (!k) {
-		sfwi_ops_cpu_fail();
+	if (!k)
 		return NULL;
-	}
 	int m = 0;
 	for (int i = 0; i < V; i++)
 		if (is_cand(lg[i]))
@@ -102,6 +100,7 @@ static int nucleus(const uint64_t *k, int n, float max, double want)
 	return n;
 }
 
+/* The choice (ops.h) from the logits as given; -1 when there is no scratch. */
 static int32_t choose(const float *lg, int V, const struct sfw_op_sample_params *p, double u,
 		      struct sfw_sample_lp *lp)
 {
@@ -190,12 +189,12 @@ static int32_t choose(const float *lg, int V, const struct sfw_op_sample_params 
 		}
 		/* top-p alone: the nucleus is a prefix of all candidates, best first */
 		if (!(k = cand_keys(lg, V, n)))
-			return best; /* no scratch: the greedy choice stands in */
+			return -1; /* no scratch */
 		m = nucleus(k, n, max, (double)p->top_p * total);
 	} else {
 		/* top-k: the kk best, best first; then the nucleus among them */
 		if (!(k = cand_keys(lg, V, n)))
-			return best;
+			return -1;
 		m = kk;
 		if (cut_p) {
 			double total = 0;
@@ -237,15 +236,12 @@ static float adjust(float l, const struct sfw_op_sample_params *p, const struct 
 	return l + a->bias;
 }
 
-int32_t sfw_op_sample_cpu(const float *lg, int V, const struct sfw_op_sample_params *p, double u)
+/* A choice with the penalties and biases applied; -1 without scratch. */
+static int32_t choose_adjusted(const float *lg, int V, const struct sfw_op_sample_params *p, double u)
 {
-	if (p->n_adj <= 0)
-		return choose(lg, V, p, u, p->logprobs);
 	float *a = sfw_malloc((size_t)V * sizeof(float));
-	if (!a) {
-		sfwi_ops_cpu_fail();
-		return choose(lg, V, &(struct sfw_op_sample_params){.top_p = 1, .greedy = 1}, 0, NULL);
-	}
+	if (!a)
+		return -1;
 	memcpy(a, lg, (size_t)V * sizeof(float));
 	for (int i = 0; i < p->n_adj; i++) {
 		int32_t id = p->adj[i].id;
@@ -254,6 +250,15 @@ int32_t sfw_op_sample_cpu(const float *lg, int V, const struct sfw_op_sample_par
 	}
 	int32_t id = choose(a, V, p, u, p->logprobs);
 	sfw_free(a);
+	return id;
+}
+
+int32_t sfw_op_sample_cpu(struct sfw_ops_cpu *ex, const float *lg, int V,
+			  const struct sfw_op_sample_params *p, double u)
+{
+	int32_t id = p->n_adj > 0 ? choose_adjusted(lg, V, p, u) : choose(lg, V, p, u, p->logprobs);
+	if (id < 0 && ex) /* no scratch (ops.h) */
+		sfwi_ops_cpu_fail(ex);
 	return id;
 }
 

@@ -75,6 +75,7 @@ struct calib {
 	int64_t seen[SFW_MAX_LAYERS][T_N];
 	struct tapstat *st; /* [L][T_N] */
 	int nomem;
+	struct sfw_ops_cpu *ex; /* the statistics' and the search's executor (sfwi_awq_search) */
 };
 
 /* Drops the resident pages of layer li's weights (all of them: the CPU
@@ -148,7 +149,8 @@ static void on_tap(void *user, const struct sfw_tap *t)
 	 * still adds its rows in order, so the sums do not depend on threads */
 	struct absum_job aj = {x, s->sum, t->rows, t->cols};
 	size_t nb = ((size_t)t->cols + ABSUM_COLS - 1) / ABSUM_COLS;
-	sfwi_ops_cpu_for((double)t->rows * t->cols < 1 << 16 ? 1 : sfw_ops_cpu_threads(), nb, 1, absum_cols, &aj);
+	sfwi_ops_cpu_for(c->ex, (double)t->rows * t->cols < 1 << 16 ? 1 : sfw_ops_cpu_threads(c->ex), nb, 1,
+			 absum_cols, &aj);
 	for (int r = 0; r < t->rows; r++) {
 		const float *xr = x + (size_t)r * t->cols;
 		int64_t idx = c->seen[li][k]++;
@@ -209,7 +211,7 @@ static enum sfw_status calib_ids(const char *dir, const struct sfw_quant_params 
 
 /* ---- the search ---------------------------------------------------------------- */
 
-/* The search's CPU work runs on the executor bound by sfwi_awq_search (the
+/* The search's CPU work runs on the executor made by sfwi_awq_search (the
  * products through sfw_op_matmul_cpu, the rest below): rows are independent,
  * and every sum is taken in a fixed order over fixed items, so the scales
  * chosen do not depend on the thread count. The same sums in the same order
@@ -255,12 +257,13 @@ static void wq_rows(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfwi_awq_fake_rows(float *Wq, unsigned char *bad, const float *W, const float *s, int64_t N, int K, int group)
+void sfwi_awq_fake_rows(struct sfw_ops_cpu *ex, float *Wq, unsigned char *bad, const float *W, const float *s,
+			int64_t N, int K, int group)
 {
-	int nt = sfw_ops_cpu_threads();
+	int nt = sfw_ops_cpu_threads(ex);
 	size_t grain = (size_t)N / ((size_t)nt * 8) > 0 ? (size_t)N / ((size_t)nt * 8) : 1;
 	struct wq_job qj = {W, Wq, s, K, group, bad};
-	sfwi_ops_cpu_for(nt, (size_t)N, grain, wq_rows, &qj);
+	sfwi_ops_cpu_for(ex, nt, (size_t)N, grain, wq_rows, &qj);
 }
 
 struct loss_job {
@@ -284,10 +287,11 @@ static void loss_rows(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfwi_awq_sqerr_rows(double *part, const float *A, const float *B, int R, size_t N)
+void sfwi_awq_sqerr_rows(struct sfw_ops_cpu *ex, double *part, const float *A, const float *B, int R,
+			 size_t N)
 {
 	struct loss_job j = {A, B, N, part};
-	sfwi_ops_cpu_for(sfw_ops_cpu_threads(), (size_t)R, 1, loss_rows, &j);
+	sfwi_ops_cpu_for(ex, sfw_ops_cpu_threads(ex), (size_t)R, 1, loss_rows, &j);
 }
 
 /* The mean squared error from the rows' sums: added in row order. */
@@ -366,14 +370,14 @@ static void duo_sum_cols(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfwi_awq_duo_sums(float *wm, float *gmax, const float *W, int N, int K, int span)
+void sfwi_awq_duo_sums(struct sfw_ops_cpu *ex, float *wm, float *gmax, const float *W, int N, int K, int span)
 {
-	int nt = sfw_ops_cpu_threads();
+	int nt = sfw_ops_cpu_threads(ex);
 	size_t grain = (size_t)N / ((size_t)nt * 8) > 0 ? (size_t)N / ((size_t)nt * 8) : 1;
 	memset(wm, 0, (size_t)K * sizeof(float));
 	struct duo_job dj = {W, gmax, wm, N, K, span};
-	sfwi_ops_cpu_for(nt, (size_t)N, grain, duo_max_rows, &dj);
-	sfwi_ops_cpu_for(nt, ((size_t)K + DUO_COLS - 1) / DUO_COLS, 1, duo_sum_cols, &dj);
+	sfwi_ops_cpu_for(ex, nt, (size_t)N, grain, duo_max_rows, &dj);
+	sfwi_ops_cpu_for(ex, nt, ((size_t)K + DUO_COLS - 1) / DUO_COLS, 1, duo_sum_cols, &dj);
 }
 
 void sfwi_awq_scales(const float *xm, const float *wm, int K, int gk, int n_grid, int duo, float *s)
@@ -414,8 +418,8 @@ static void cpu_side_free(struct cpu_side *c)
 }
 
 /* W as float, the duo sums and Y = X W^T. */
-static enum sfw_status cpu_begin(struct cpu_side *c, const struct sfwi_awq_group *g, int64_t N, int span, float *wm,
-				 struct sfw_err *err)
+static enum sfw_status cpu_begin(struct sfw_ops_cpu *ex, struct cpu_side *c, const struct sfwi_awq_group *g,
+				 int64_t N, int span, float *wm, struct sfw_err *err)
 {
 	int K = g->K, R = g->R;
 	size_t NK = (size_t)N * K;
@@ -425,36 +429,36 @@ static enum sfw_status cpu_begin(struct cpu_side *c, const struct sfwi_awq_group
 	c->bad = sfw_malloc((size_t)N);
 	if (!c->W || !c->Wq || !c->Y || !c->Yq || !c->gmax || !c->bad)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory for the AWQ search");
-	int nt = sfw_ops_cpu_threads();
+	int nt = sfw_ops_cpu_threads(ex);
 	size_t grain = (size_t)N / ((size_t)nt * 8) > 0 ? (size_t)N / ((size_t)nt * 8) : 1;
 	struct wconv_job cj = {g, c->W, K};
-	sfwi_ops_cpu_for(nt, (size_t)N, grain, wconv_rows, &cj);
+	sfwi_ops_cpu_for(ex, nt, (size_t)N, grain, wconv_rows, &cj);
 	/* duo statistic: |w| / group max |w|, summed over the rows (each row's
 	 * group maxima, then each channel's sum over the rows in order) */
-	sfwi_awq_duo_sums(wm, c->gmax, c->W, (int)N, K, span);
-	sfw_op_matmul_cpu(c->Y, g->X, c->W, SFW_DTYPE_F32, R, (int)N, K);
+	sfwi_awq_duo_sums(ex, wm, c->gmax, c->W, (int)N, K, span);
+	sfw_op_matmul_cpu(ex, c->Y, g->X, c->W, SFW_DTYPE_F32, R, (int)N, K);
 	return SFW_OK;
 }
 
 /* One candidate: the rows' squared errors and the first row with a
  * non-finite value (-1: none). */
-static void cpu_loss(struct cpu_side *c, const struct sfwi_awq_group *g, int64_t N, const float *s, int group,
-		     double *part, int64_t *bad_row)
+static void cpu_loss(struct sfw_ops_cpu *ex, struct cpu_side *c, const struct sfwi_awq_group *g, int64_t N,
+		     const float *s, int group, double *part, int64_t *bad_row)
 {
-	sfwi_awq_fake_rows(c->Wq, c->bad, c->W, s, N, g->K, group);
+	sfwi_awq_fake_rows(ex, c->Wq, c->bad, c->W, s, N, g->K, group);
 	*bad_row = -1;
 	for (int64_t r = 0; r < N; r++)
 		if (c->bad[r]) {
 			*bad_row = r;
 			return;
 		}
-	sfw_op_matmul_cpu(c->Yq, g->X, c->Wq, SFW_DTYPE_F32, g->R, (int)N, g->K);
-	sfwi_awq_sqerr_rows(part, c->Yq, c->Y, g->R, (size_t)N);
+	sfw_op_matmul_cpu(ex, c->Yq, g->X, c->Wq, SFW_DTYPE_F32, g->R, (int)N, g->K);
+	sfwi_awq_sqerr_rows(ex, part, c->Yq, c->Y, g->R, (size_t)N);
 }
 
-enum sfw_status sfwi_awq_search_group(const char *dir, const struct sfwi_awq_group *g,
-				      const struct sfw_quant_params *p, struct sfwi_awq_dev *dev, double *losses,
-				      int *best_k_out, float **out, struct sfw_err *err)
+enum sfw_status sfwi_awq_search_group(struct sfw_ops_cpu *ex, const char *dir, const struct sfwi_awq_group *g,
+				      const struct sfw_quant_params *p, struct sfwi_awq_dev *dev,
+				      double *losses, int *best_k_out, float **out, struct sfw_err *err)
 {
 	*out = NULL;
 	*best_k_out = 0;
@@ -488,7 +492,7 @@ enum sfw_status sfwi_awq_search_group(const char *dir, const struct sfwi_awq_gro
 		rc = sfwi_awq_dev_begin(dev, g, span, wm, err);
 	else
 #endif
-		rc = cpu_begin(&cs, g, N, span, wm, err);
+		rc = cpu_begin(ex, &cs, g, N, span, wm, err);
 	if (rc != SFW_OK)
 		goto done;
 	for (int k = 0; k < K; k++)
@@ -503,7 +507,7 @@ enum sfw_status sfwi_awq_search_group(const char *dir, const struct sfwi_awq_gro
 			rc = sfwi_awq_dev_loss(dev, s, p->group_size, part, &bad_row, err);
 		else
 #endif
-			cpu_loss(&cs, g, N, s, p->group_size, part, &bad_row);
+			cpu_loss(ex, &cs, g, N, s, p->group_size, part, &bad_row);
 		if (rc != SFW_OK)
 			goto done;
 		if (bad_row >= 0) {
@@ -538,9 +542,10 @@ done:
 
 /* Searches one layer's group and counts it in the stats; with p->awq_check
  * and a GPU, the CPU search too, counting the groups whose losses differ. */
-static enum sfw_status search(const char *dir, const struct tapstat *ts, const struct sfw_bweight *const *w, int n,
-			      const struct sfw_quant_params *p, struct sfwi_awq_dev *dev, float **out,
-			      struct sfw_quant_stats *st, struct sfw_err *err)
+static enum sfw_status search(struct sfw_ops_cpu *ex, const char *dir, const struct tapstat *ts,
+			      const struct sfw_bweight *const *w, int n, const struct sfw_quant_params *p,
+			      struct sfwi_awq_dev *dev, float **out, struct sfw_quant_stats *st,
+			      struct sfw_err *err)
 {
 	struct sfwi_awq_group g = {{NULL}, n, ts->cols, ts->sum, ts->count, ts->rows, ts->nrows};
 	for (int i = 0; i < n; i++)
@@ -552,7 +557,7 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 	if (!loss)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	int best_k = 0;
-	enum sfw_status s = sfwi_awq_search_group(dir, &g, p, dev, loss, &best_k, out, err);
+	enum sfw_status s = sfwi_awq_search_group(ex, dir, &g, p, dev, loss, &best_k, out, err);
 	if (s == SFW_OK && dev) {
 		int on_dev = 1;
 		for (int i = 0; i < n; i++)
@@ -561,7 +566,7 @@ static enum sfw_status search(const char *dir, const struct tapstat *ts, const s
 		if (on_dev && p->awq_check) {
 			float *s2 = NULL;
 			int k2 = 0;
-			s = sfwi_awq_search_group(dir, &g, p, NULL, loss + p->n_grid, &k2, &s2, err);
+			s = sfwi_awq_search_group(ex, dir, &g, p, NULL, loss + p->n_grid, &k2, &s2, err);
 			sfw_free(s2);
 			if (s == SFW_OK && (k2 != best_k || memcmp(loss, loss + p->n_grid, (size_t)p->n_grid * sizeof(double))))
 				st->awq_check_diff++;
@@ -668,13 +673,14 @@ static enum sfw_status search_layer(const char *in_dir, const struct sfw_model *
 	if (L->kind == SFW_MIXER_LIGHTNING && L->z.host)
 		attn[na++] = &L->z;
 	const struct sfw_bweight *o[1] = {&L->o}, *mlp[2] = {&L->gate, &L->up}, *down[1] = {&L->down};
-	enum sfw_status s = search(in_dir, &c->st[li * T_N + T_ATTN], attn, na, p, dev, &F->s_attn, st, err);
+	enum sfw_status s =
+	    search(c->ex, in_dir, &c->st[li * T_N + T_ATTN], attn, na, p, dev, &F->s_attn, st, err);
 	if (s == SFW_OK && L->kind == SFW_MIXER_LIGHTNING && L->o_norm.host)
-		s = search(in_dir, &c->st[li * T_N + T_O], o, 1, p, dev, &F->s_o, st, err);
+		s = search(c->ex, in_dir, &c->st[li * T_N + T_O], o, 1, p, dev, &F->s_o, st, err);
 	if (s == SFW_OK)
-		s = search(in_dir, &c->st[li * T_N + T_MLP], mlp, 2, p, dev, &F->s_mlp, st, err);
+		s = search(c->ex, in_dir, &c->st[li * T_N + T_MLP], mlp, 2, p, dev, &F->s_mlp, st, err);
 	if (s == SFW_OK)
-		s = search(in_dir, &c->st[li * T_N + T_DOWN], down, 1, p, dev, &F->s_down, st, err);
+		s = search(c->ex, in_dir, &c->st[li * T_N + T_DOWN], down, 1, p, dev, &F->s_down, st, err);
 	for (int k = 0; k < T_N; k++) {
 		struct tapstat *ts = &c->st[li * T_N + k];
 		sfw_free(ts->rows);
@@ -708,13 +714,13 @@ enum sfw_status sfwi_awq_search(const char *in_dir, const struct sfw_quant_param
 		return s;
 	sfwi_phase(p, SFW_QP_LOAD, 1, 1, t0);
 	/* threads of our own for the statistics and the search (the model's
-	 * backend may be a GPU's): bound to this thread until the end */
-	struct sfw_ops_cpu *ex = NULL, *prev = NULL;
+	 * backend may be a GPU's), passed down in c until the end */
+	struct sfw_ops_cpu *ex = NULL;
 	if ((s = sfw_ops_cpu_new(p->threads > 0 ? p->threads : sfw_default_threads(), &ex, err)) != SFW_OK) {
 		sfw_model_free(m);
 		return s;
 	}
-	prev = sfw_ops_cpu_bind(ex);
+	c.ex = ex;
 	const struct sfw_config *cf = sfw_model_config(m);
 	/* host memory is what is held, not the model: a device backend drops
 	 * the map's pages as it uploads them (struct sfw_bweight.host_mapped),
@@ -761,7 +767,6 @@ done:
 	sfw_free(ids);
 	sfw_ctx_free(ctx);
 	sfw_model_free(m);
-	sfw_ops_cpu_bind(prev);
 	sfw_ops_cpu_free(ex);
 	if (s != SFW_OK)
 		sfwi_fold_free(out);

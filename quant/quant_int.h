@@ -9,6 +9,7 @@
 #include "quant/quant.h"
 
 struct sfw_bweight; /* runner/backend.h */
+struct sfw_ops_cpu; /* kernels/ops.h */
 
 /* Per-input-channel smoothing scales of one decoder layer (docs/awq.md §1.8);
  * NULL = identity. The fold (exact in real arithmetic, docs/awq.md §1.5):
@@ -56,29 +57,34 @@ struct sfwi_awq_group {
 struct sfwi_awq_dev;
 
 /* Searches one group (docs/awq.md §1.4, awq.c's header) on the CPU (dev
- * NULL; the bound executor's threads) or on the GPU (dev, with every w[i]->dev
+ * NULL; ex's threads, kernels/ops.h) or on the GPU (dev, with every w[i]->dev
  * set; else the CPU): the same losses either way, bit for bit. losses
  * [n_grid] (optional) gets each candidate's loss, *best_k the chosen one,
  * *out its scales [K] (NULL for the identity; the caller frees). dir names
  * the model in messages. */
-SFW_MUST_CHECK enum sfw_status sfwi_awq_search_group(const char *dir, const struct sfwi_awq_group *g,
-						     const struct sfw_quant_params *p, struct sfwi_awq_dev *dev,
-						     double *losses, int *best_k, float **out, struct sfw_err *err);
+SFW_MUST_CHECK enum sfw_status sfwi_awq_search_group(struct sfw_ops_cpu *ex, const char *dir,
+						     const struct sfwi_awq_group *g,
+						     const struct sfw_quant_params *p,
+						     struct sfwi_awq_dev *dev, double *losses, int *best_k,
+						     float **out, struct sfw_err *err);
 /* Candidate gk's scales s [K] from xm (mean |x|) and wm (duo statistic):
  * gk 0 the identity, else alpha = gk / n_grid (awq.c's header). */
 void sfwi_awq_scales(const float *xm, const float *wm, int K, int gk, int n_grid, int duo, float *s);
 
-/* The C twins of kernels/awq.cu's kernels (kernels/awq_cuda.h), on the
- * bound executor:
+/* The C twins of kernels/awq.cu's kernels (kernels/awq_cuda.h), on
+ * executor ex (kernels/ops.h; NULL: serially):
  *   fake_rows: Wq = Q(W diag s) diag(s)^-1 row by row (sfw_quant_fake_row_w8
  *     with `group`); bad[r] = 1 where row r of W diag s is not finite;
  *   duo_sums: gmax [N, ceil(K/span)] each row's group max |w|, then
  *     wm[k] = sum over rows r in order of |W[r, k]| / gmax (0 when the max is 0);
  *   sqerr_rows: part[r] = sum over n in order of (double(A[r, n]) - B[r, n])^2.
  * The product X W^T is sfw_op_matmul_cpu's with F32 weights. */
-void sfwi_awq_fake_rows(float *Wq, unsigned char *bad, const float *W, const float *s, int64_t N, int K, int group);
-void sfwi_awq_duo_sums(float *wm, float *gmax, const float *W, int N, int K, int span);
-void sfwi_awq_sqerr_rows(double *part, const float *A, const float *B, int R, size_t N);
+void sfwi_awq_fake_rows(struct sfw_ops_cpu *ex, float *Wq, unsigned char *bad, const float *W, const float *s,
+			int64_t N, int K, int group);
+void sfwi_awq_duo_sums(struct sfw_ops_cpu *ex, float *wm, float *gmax, const float *W, int N, int K,
+		       int span);
+void sfwi_awq_sqerr_rows(struct sfw_ops_cpu *ex, double *part, const float *A, const float *B, int R,
+			 size_t N);
 
 #if SFW_HAVE_CUDA
 /* quant/awq_cuda.c: the GPU side on the current device. */

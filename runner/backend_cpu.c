@@ -71,12 +71,11 @@ static float *F(const void *p)
 	return (float *)(uintptr_t)p;
 }
 
-/* The backend's executor (thread pool + failure flag, kernels/ops.h) is bound
- * to the calling thread for the length of each op call and the previous
- * binding restored after: two CPU backends never share threads or flags. */
-static struct sfw_ops_cpu *enter(struct sfw_backend *be)
+/* The backend's executor (thread pool + failure flag, kernels/ops.h), passed
+ * to every op: two CPU backends never share threads or flags. */
+static struct sfw_ops_cpu *EX(struct sfw_backend *be)
 {
-	return sfw_ops_cpu_bind(be->impl);
+	return be->impl;
 }
 
 static void cpu_destroy(struct sfw_backend *be)
@@ -128,34 +127,28 @@ static enum sfw_status cpu_sync(struct sfw_backend *be, int wait, struct sfw_err
 static void cpu_embed(struct sfw_backend *be, void *x, const struct sfw_bweight *E, const int32_t *ids, int T,
 		      float scale)
 {
-	struct sfw_ops_cpu *prev = enter(be);
+	(void)be;
 	sfw_op_embed_cpu(F(x), E->host, E->dtype, ids, T, (int)E->cols, scale);
-	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_rmsnorm(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int rows,
 			int n, float eps)
 {
-	struct sfw_ops_cpu *prev = enter(be);
-	sfw_op_rmsnorm_cpu(F(y), F(x), w->host, w->dtype, rows, n, eps);
-	sfw_ops_cpu_bind(prev);
+	sfw_op_rmsnorm_cpu(EX(be), F(y), F(x), w->host, w->dtype, rows, n, eps);
 }
 
 static void cpu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t n, float scale)
 {
-	struct sfw_ops_cpu *prev = enter(be);
+	(void)be;
 	sfw_op_add_scaled_cpu(F(x), F(b), n, scale);
-	sfw_ops_cpu_bind(prev);
 }
 
 static int cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
 		      const struct sfw_op_sample_params *const *p, const double *u)
 {
-	struct sfw_ops_cpu *prev = enter(be);
 	for (int i = 0; i < n; i++)
 		if (p[i])
-			out[i] = sfw_op_sample_cpu(logits + (size_t)i * V, V, p[i], u[i]);
-	sfw_ops_cpu_bind(prev);
+			out[i] = sfw_op_sample_cpu(EX(be), logits + (size_t)i * V, V, p[i], u[i]);
 	return 1;
 }
 
@@ -163,18 +156,14 @@ static int cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits,
 static void cpu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			    const struct sfw_bweight *w, int rows, int n, float eps)
 {
-	struct sfw_ops_cpu *prev = enter(be);
-	sfw_op_add_rmsnorm_cpu(F(y), F(x), F(b), scale, w->host, w->dtype, rows, n, eps);
-	sfw_ops_cpu_bind(prev);
+	sfw_op_add_rmsnorm_cpu(EX(be), F(y), F(x), F(b), scale, w->host, w->dtype, rows, n, eps);
 }
 
 /* the composition of rmsnorm and sigmoid_mul (kernels/fused.c) */
 static void cpu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
 			     const void *z, int rows, int n, float eps)
 {
-	struct sfw_ops_cpu *prev = enter(be);
-	sfw_op_rmsnorm_gate_cpu(F(y), F(x), w->host, w->dtype, F(z), rows, n, eps);
-	sfw_ops_cpu_bind(prev);
+	sfw_op_rmsnorm_gate_cpu(EX(be), F(y), F(x), w->host, w->dtype, F(z), rows, n, eps);
 }
 
 /* the norms and RoPE of kernels/fused.c; a missing norm weight leaves that
@@ -183,65 +172,57 @@ static void cpu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const str
 			     const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			     int64_t pos0, float theta)
 {
-	struct sfw_ops_cpu *prev = enter(be);
 	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta};
-	sfw_op_qk_norm_rope_cpu(F(q), F(k), qw ? qw->host : NULL, qw ? qw->dtype : SFW_DTYPE_F32, kw ? kw->host : NULL,
-				kw ? kw->dtype : SFW_DTYPE_F32, &sh);
-	sfw_ops_cpu_bind(prev);
+	sfw_op_qk_norm_rope_cpu(EX(be), F(q), F(k), qw ? qw->host : NULL, qw ? qw->dtype : SFW_DTYPE_F32,
+				kw ? kw->host : NULL, kw ? kw->dtype : SFW_DTYPE_F32, &sh);
 }
 
 static void cpu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
 {
-	struct sfw_ops_cpu *prev = enter(be);
+	(void)be;
 	sfw_op_silu_mul_cpu(F(y), F(g), F(u), n);
-	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const void *g, size_t n)
 {
-	struct sfw_ops_cpu *prev = enter(be);
+	(void)be;
 	sfw_op_sigmoid_mul_cpu(F(y), F(x), F(g), n);
-	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta)
 {
-	struct sfw_ops_cpu *prev = enter(be);
+	(void)be;
 	sfw_op_rope_neox_cpu(F(x), T, nh, hd, pos0, theta);
-	sfw_ops_cpu_bind(prev);
 }
 
 static void cpu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
-	struct sfw_ops_cpu *prev = enter(be);
 	if (w->dtype == SFW_DTYPE_W8)
-		sfw_op_matmul_w8_cpu(F(y), F(x), w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows,
-				     (int)w->cols);
+		sfw_op_matmul_w8_cpu(EX(be), F(y), F(x), w->host, w->scales, w->scale_dtype, w->group, M,
+				     (int)w->rows, (int)w->cols);
 	else
-		sfw_op_matmul_cpu(F(y), F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols);
-	sfw_ops_cpu_bind(prev);
+		sfw_op_matmul_cpu(EX(be), F(y), F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols);
 }
 
 static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		       float in_scale)
 {
-	struct sfw_ops_cpu *prev = enter(be);
 	if (w->dtype == SFW_DTYPE_W8) { /* a third-party checkpoint that quantized lm_head */
 		size_t n = (size_t)M * (size_t)w->cols;
 		float *xs = sfw_malloc(n * sizeof(float));
 		if (!xs) {
-			sfwi_ops_cpu_fail();
+			sfwi_ops_cpu_fail(EX(be));
 		} else {
 			for (size_t i = 0; i < n; i++)
 				xs[i] = F(x)[i] * in_scale;
-			sfw_op_matmul_w8_cpu(y, xs, w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows,
-					     (int)w->cols);
+			sfw_op_matmul_w8_cpu(EX(be), y, xs, w->host, w->scales, w->scale_dtype, w->group, M,
+					     (int)w->rows, (int)w->cols);
 			sfw_free(xs);
 		}
 	} else {
-		sfw_op_logits_cpu(y, F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols, in_scale);
+		sfw_op_logits_cpu(EX(be), y, F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols,
+				  in_scale);
 	}
-	sfw_ops_cpu_bind(prev);
 }
 
 /* Weights as stored (bf16, f32, int8 pack-quantized); paged KV; no
@@ -588,10 +569,8 @@ static void cpu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int laye
 static void cpu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer, int T,
 			   int nh, float scale)
 {
-	struct sfw_ops_cpu *prev = enter(be);
 	struct cpu_layer *l = &c->L[layer];
-	sfw_op_attn_dense_cpu(F(o), F(q), l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale);
-	sfw_ops_cpu_bind(prev);
+	sfw_op_attn_dense_cpu(EX(be), F(o), F(q), l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale);
 }
 
 static int64_t nchunks(int64_t len, int ksize, int stride)
@@ -601,8 +580,7 @@ static int64_t nchunks(int64_t len, int ksize, int stride)
 
 static enum sfw_status cpu_compress(struct sfw_backend *be, struct sfw_bcache *c, int layer, struct sfw_err *err)
 {
-	(void)err;
-	struct sfw_ops_cpu *prev = enter(be);
+	(void)be, (void)err;
 	struct cpu_layer *l = &c->L[layer];
 	const struct sfw_cache_desc *d = &c->d;
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
@@ -613,7 +591,6 @@ static enum sfw_status cpu_compress(struct sfw_backend *be, struct sfw_bcache *c
 		sfw_op_compress_cpu(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride);
 	l->n1 = t1 > l->n1 ? t1 : l->n1;
 	l->n2 = t2 > l->n2 ? t2 : l->n2;
-	sfw_ops_cpu_bind(prev);
 	return SFW_OK;
 }
 
@@ -634,15 +611,14 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 		sfw_free(scores), sfw_free(pooled), sfw_free(tk);
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory for block selection");
 	}
-	struct sfw_ops_cpu *prev = enter(be);
 	for (int r0 = 0; r0 < sp->T; r0 += rb) {
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
 		int64_t p0 = sp->pos0 + r0;
 		struct sfw_sel_shape sh = {n,	      nh,	  nkv,		     hd,	       p0,	      sp->ksize,
 					   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
-		sfw_op_stage1_cpu(scores, F(q) + (size_t)r0 * nh * hd, l->c1, n1, l->c2, l->n2, &sh);
+		sfw_op_stage1_cpu(EX(be), scores, F(q) + (size_t)r0 * nh * hd, l->c1, n1, l->c2, l->n2, &sh);
 		sfw_op_pool_blocks_cpu(pooled, scores, n1, nb, &sh);
-		sfw_op_topk_blocks_cpu(tk, pooled, nb, nkv, n, p0, k, sp->block);
+		sfw_op_topk_blocks_cpu(EX(be), tk, pooled, nb, nkv, n, p0, k, sp->block);
 		for (int g = 0; g < nkv; g++)
 			memcpy(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k, (size_t)n * k * sizeof(int32_t));
 		if (pooled_last && r0 + n == sp->T)
@@ -650,7 +626,6 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 				memcpy(pooled_last + (size_t)g * nb, pooled + ((size_t)g * n + (n - 1)) * nb,
 				       (size_t)nb * sizeof(float));
 	}
-	sfw_ops_cpu_bind(prev);
 	sfw_free(scores), sfw_free(pooled), sfw_free(tk);
 	return SFW_OK;
 }
@@ -658,23 +633,19 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 static void cpu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struct sfw_bcache *c, int layer,
 			    const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
 {
-	struct sfw_ops_cpu *prev = enter(be);
 	struct cpu_layer *l = &c->L[layer];
-	sfw_op_attn_sparse_cpu(F(o), F(q), l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k, sp->block,
-			       sp->scale);
-	sfw_ops_cpu_bind(prev);
+	sfw_op_attn_sparse_cpu(EX(be), F(o), F(q), l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0,
+			       sp->k, sp->block, sp->scale);
 }
 
 static void cpu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
 		    struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale)
 {
-	struct sfw_ops_cpu *prev = enter(be);
 	float *S = c->L[layer].state;
 	if (T >= 64)
-		sfw_op_gla_chunked_cpu(F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale, 64);
+		sfw_op_gla_chunked_cpu(EX(be), F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale, 64);
 	else
-		sfw_op_gla_recurrent_cpu(F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale);
-	sfw_ops_cpu_bind(prev);
+		sfw_op_gla_recurrent_cpu(EX(be), F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale);
 }
 
 static enum sfw_status cpu_cache_view(struct sfw_bcache *c, int layer, const int64_t *set,

@@ -291,10 +291,11 @@ enum sfw_status sfw_ctx_next_from_last(struct sfw_ctx *c, const struct sfw_op_sa
 		if (!c->host_logits && !(c->host_logits = sfw_malloc((size_t)V * sizeof(float))))
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 		sfw_be_to_host(be, c->host_logits, row, (size_t)V * sizeof(float));
-		id = sfw_op_sample_cpu(c->host_logits, V, sp, u);
+		id = sfw_op_sample_cpu(NULL, c->host_logits, V, sp, u); /* -1: no scratch */
 	}
 	*next = id;
-	return sfwi_take_failure(be, err);
+	enum sfw_status s = sfwi_take_failure(be, err);
+	return s == SFW_OK && id < 0 ? sfw_fail(err, SFW_E_NOMEM, "out of memory for sampling") : s;
 }
 
 enum sfw_status sfw_ctx_last_logits(struct sfw_ctx *c, float *out, struct sfw_err *err)

@@ -585,7 +585,9 @@ static enum sfw_status forward_step(struct sfw_ctx *ws, const int32_t *ids, int 
 			const float *row = ws->host + (size_t)pick[i].row * V;
 			if (pick[i].host)
 				memcpy(logits + (size_t)i * V, row, (size_t)V * sizeof(float));
-			next[i] = pick[i].sp ? sfw_op_sample_cpu(row, V, pick[i].sp, pick[i].u) : -1;
+			next[i] = pick[i].sp ? sfw_op_sample_cpu(NULL, row, V, pick[i].sp, pick[i].u) : -1;
+			if (pick[i].sp && next[i] < 0) /* no scratch (kernels/ops.h) */
+				return sfw_fail(err, SFW_E_NOMEM, "out of memory for sampling");
 		}
 		return SFW_OK;
 	}
@@ -593,7 +595,7 @@ static enum sfw_status forward_step(struct sfw_ctx *ws, const int32_t *ids, int 
 	 * rows), the logits on the host only where asked or where the backend
 	 * left the choice to it */
 	SFW_ASSERT(nl <= SFW_BSEQ_MAX);
-	int sampled = 0, all_host = 1, on_be[SFW_BSEQ_MAX];
+	int sampled = 0, all_host = 1, on_be[SFW_BSEQ_MAX], nomem = 0;
 	const struct sfw_op_sample_params *sps[SFW_BSEQ_MAX];
 	double us[SFW_BSEQ_MAX];
 	for (int i = 0; i < nl; i++) {
@@ -616,8 +618,10 @@ static enum sfw_status forward_step(struct sfw_ctx *ws, const int32_t *ids, int 
 		int host_choice = pick[i].sp && next[i] < 0;
 		if (!all_host && (pick[i].host || host_choice))
 			sfw_be_to_host(be, row, ws->logits_dev + (size_t)i * V, (size_t)V * sizeof(float));
-		if (host_choice)
-			next[i] = sfw_op_sample_cpu(row, V, pick[i].sp, pick[i].u);
+		if (host_choice) {
+			next[i] = sfw_op_sample_cpu(NULL, row, V, pick[i].sp, pick[i].u);
+			nomem |= next[i] < 0; /* no scratch (kernels/ops.h) */
+		}
 	}
-	return op_failure(be, SFW_OK, err);
+	return op_failure(be, nomem ? sfw_fail(err, SFW_E_NOMEM, "out of memory for sampling") : SFW_OK, err);
 }

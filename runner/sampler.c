@@ -68,12 +68,8 @@ int32_t sfw_sampler_sample(struct sfw_sampler *s, const float *logits, int vocab
 {
 	SFW_ASSERT(vocab == s->vocab);
 	double u = sfw_sampler_uniform(s);
-	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(NULL); /* its failure flag: this thread's own */
-	sfw_ops_cpu_take_failure(NULL);
-	int32_t id = sfw_op_sample_cpu(logits, vocab, &s->p, u);
-	int failed = sfw_ops_cpu_take_failure(NULL);
-	sfw_ops_cpu_bind(prev);
-	return failed ? -1 : id;
+	/* no executor: a failure is the -1 alone (kernels/ops.h) */
+	return sfw_op_sample_cpu(NULL, logits, vocab, &s->p, u);
 }
 
 int32_t sfw_sampler_argmax(const float *logits, int vocab)

@@ -137,7 +137,7 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int hol
 				   .init_blocks = 1, .local_blocks = 32};
 	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, &sh);
 	int32_t *idx = malloc((size_t)nkv * T * k * 4);
-	sfw_op_topk_blocks_cpu(idx, pooled, nblocks, nkv, T, pos0, k, block);
+	sfw_op_topk_blocks_cpu(NULL, idx, pooled, nblocks, nkv, T, pos0, k, block);
 	for (size_t row = 0; row < (size_t)nkv * T; row++) {
 		int32_t *s = idx + row * k;
 		if (holes)
@@ -199,9 +199,9 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 	int k = 96, block = 64;
 	int32_t *idx = sparse ? make_idx(nkv, T, pos0, k, block, holes, mess) : NULL;
 	if (sparse)
-		sfw_op_attn_sparse_cpu(ref, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale);
+		sfw_op_attn_sparse_cpu(NULL, ref, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale);
 	else
-		sfw_op_attn_dense_cpu(ref, q, kc, vc, T, nh, nkv, hd, pos0, scale);
+		sfw_op_attn_dense_cpu(NULL, ref, q, kc, vc, T, nh, nkv, hd, pos0, scale);
 	void *dq = up(qb, nq * 2), *dk = up(kb, nc * 2), *dv = up(vb, nc * 2);
 	void *didx = sparse ? up(idx, (size_t)nkv * T * k * 4) : NULL;
 	char name[128];
@@ -263,7 +263,7 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	float *ref = malloc(ns * 4), scale = 1.0f / sqrtf((float)hd);
 	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32, .stride = 16,
 				   .scale = scale};
-	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, &sh);
+	sfw_op_stage1_cpu(NULL, ref, q, c1, n1, c2, n2, &sh);
 	void *dq = up(qb, nq * 2), *d1 = up(c1b, (size_t)n1 * nkv * hd * 2);
 	void *d2 = up(c2b, (size_t)(n2 ? n2 : 1) * nkv * hd * 2);
 	char name[128];

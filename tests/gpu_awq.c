@@ -33,6 +33,7 @@
 
 static uint64_t rng = 0x5eed0a3c;
 static void *stream;
+static struct sfw_ops_cpu *cpu_ex; /* the CPU twins' executor (main) */
 
 static float gauss(void)
 {
@@ -106,7 +107,7 @@ static void twin_matmul(int M, int N, int K)
 	for (size_t i = 0; i < (size_t)N * K; i++)
 		w[i] = gauss() * 0.02f;
 	float *dx = up(x, (size_t)M * K * 4), *dw = up(w, (size_t)N * K * 4), *dy = up(NULL, (size_t)M * N * 4);
-	sfw_op_matmul_cpu(ref, x, w, SFW_DTYPE_F32, M, N, K);
+	sfw_op_matmul_cpu(cpu_ex, ref, x, w, SFW_DTYPE_F32, M, N, K);
 	sfw_cuda_awq_matmul(dy, dx, dw, M, N, K, stream);
 	down(got, dy, (size_t)M * N * 4);
 	size_t b = same_f32("matmul", got, ref, (size_t)M * N, (size_t)N);
@@ -139,7 +140,7 @@ static void twin_fake(int N, int K, int group, int kind)
 	float *dw = up(w, n * 4), *ds = up(s, (size_t)K * 4), *dq = up(NULL, n * 4);
 	int *dbad = up(NULL, sizeof(int));
 	sfw_cuda_memset(dq, 0, n * 4, stream);
-	sfwi_awq_fake_rows(ref, bad, w, s, N, K, group);
+	sfwi_awq_fake_rows(cpu_ex, ref, bad, w, s, N, K, group);
 	sfw_cuda_awq_fake(dq, dbad, dw, ds, N, K, group, stream);
 	int gbad = 0;
 	down(got, dq, n * 4);
@@ -172,7 +173,7 @@ static void twin_duo(int N, int K, int group)
 	for (int k = 0; k < (K < span ? K : span); k++) /* row 1's first group all zero: max 0 */
 		w[(size_t)(N > 1) * K + k] = 0.0f;
 	float *dw = up(w, (size_t)N * K * 4), *dwm = up(NULL, (size_t)K * 4), *dgm = up(NULL, (size_t)N * G * 4);
-	sfwi_awq_duo_sums(wm, gm, w, N, K, span);
+	sfwi_awq_duo_sums(cpu_ex, wm, gm, w, N, K, span);
 	sfw_cuda_awq_duo(dwm, dgm, dw, N, K, span, stream);
 	down(gwm, dwm, (size_t)K * 4);
 	down(ggm, dgm, (size_t)N * G * 4);
@@ -192,7 +193,7 @@ static void twin_sqerr(int R, int N)
 	}
 	float *da = up(a, (size_t)R * N * 4), *db = up(b, (size_t)R * N * 4);
 	double *dp = up(NULL, (size_t)R * 8);
-	sfwi_awq_sqerr_rows(ref, a, b, R, (size_t)N);
+	sfwi_awq_sqerr_rows(cpu_ex, ref, a, b, R, (size_t)N);
 	sfw_cuda_awq_sqerr_rows(dp, da, db, R, N, stream);
 	down(got, dp, (size_t)R * 8);
 	int bad = 0;
@@ -262,10 +263,10 @@ static void group_search(const char *name, const int *rows, int nparts, int K, i
 	float *sc = NULL, *sg = NULL;
 	struct sfw_err err = {0};
 	struct sfwi_awq_dev *dev = NULL;
-	enum sfw_status s1 = sfwi_awq_search_group("gpu_awq", &g, &p, NULL, lc, &kc, &sc, &err);
+	enum sfw_status s1 = sfwi_awq_search_group(cpu_ex, "gpu_awq", &g, &p, NULL, lc, &kc, &sc, &err);
 	enum sfw_status s2 = s1 == SFW_OK ? sfwi_awq_dev_new(&dev, &err) : s1;
 	if (s2 == SFW_OK)
-		s2 = sfwi_awq_search_group("gpu_awq", &g, &p, dev, lg, &kg, &sg, &err);
+		s2 = sfwi_awq_search_group(cpu_ex, "gpu_awq", &g, &p, dev, lg, &kg, &sg, &err);
 	sfwi_awq_dev_free(dev);
 	char gs[16];
 	snprintf(gs, sizeof(gs), group > 0 ? "g%d" : "channel", group);
@@ -362,12 +363,10 @@ int main(void)
 	}
 	/* the CPU twins run on a pool of this machine's threads (their results
 	 * do not depend on the count) */
-	struct sfw_ops_cpu *ex = NULL;
-	if (sfw_ops_cpu_new(sfw_default_threads(), &ex, &err) != SFW_OK) {
+	if (sfw_ops_cpu_new(sfw_default_threads(), &cpu_ex, &err) != SFW_OK) {
 		printf("FAIL threads: %s\n", err.msg);
 		return 1;
 	}
-	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
 
 	twin_to_f32(100003);
 	static const int mm[][3] = {{1, 1, 1},     {3, 70, 200},   {64, 64, 64},    {100, 130, 333},
@@ -405,8 +404,7 @@ int main(void)
 		whole_run(golden, "tiny-dense", 128);
 		whole_run(golden, "tiny-sparse", 32);
 	}
-	sfw_ops_cpu_bind(prev);
-	sfw_ops_cpu_free(ex);
+	sfw_ops_cpu_free(cpu_ex);
 	sfw_cuda_stream_free(stream);
 	return CHECK_REPORT("gpu_awq");
 }

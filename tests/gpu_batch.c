@@ -365,7 +365,7 @@ static void sample_case(struct sfw_model *m)
 		for (int i = 0; ok && i < 8; i++) {
 			const float *l = sfw_batch_logits(b[0], i);
 			int32_t id = sfw_batch_next(b[0], i);
-			agree += l && id == sfw_op_sample_cpu(l, V, &sp[i % 4], it[0][i].u);
+			agree += l && id == sfw_op_sample_cpu(NULL, l, V, &sp[i % 4], it[0][i].u);
 			same += id == sfw_batch_next(b[1], i) && !sfw_batch_logits(b[1], i);
 			total++;
 			cur[i] = id;

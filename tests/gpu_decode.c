@@ -215,7 +215,7 @@ static void sample_steps(struct sfw_model *m, const int32_t *ids, int prompt, in
 			s = sfw_ctx_prefill(b, ids, (size_t)prompt, lg, &err);
 		CHECK(s == SFW_OK, "sampling contexts: %s", err.msg);
 		uint64_t st[4] = {1, 2, 3, 4 + k};
-		int32_t id = sfw_op_sample_cpu(lg, V, &ps[k], 0.5), same = 0, steps = 0;
+		int32_t id = sfw_op_sample_cpu(NULL, lg, V, &ps[k], 0.5), same = 0, steps = 0;
 		for (int i = 0; i < 32 && s == SFW_OK; i++) {
 			double u = sfw_op_sample_uniform(st);
 			int32_t na = -1, nb;
@@ -225,7 +225,7 @@ static void sample_steps(struct sfw_model *m, const int32_t *ids, int prompt, in
 			CHECK(s == SFW_OK, "sampling step %d: %s", i, err.msg);
 			if (s != SFW_OK)
 				break;
-			nb = sfw_op_sample_cpu(lg, V, &ps[k], u);
+			nb = sfw_op_sample_cpu(NULL, lg, V, &ps[k], u);
 			same += na == nb;
 			steps++;
 			id = nb;
@@ -361,7 +361,7 @@ static void fused_case(int rows, int n)
 		sfw_cuda_sync(s);
 		CHECK(!memcmp(o1, o2, N * 2) && !memcmp(x1, x2, N * 2),
 		      "fused add_rmsnorm %dx%d equals add_scaled + rmsnorm on the GPU bit for bit", rows, n);
-		sfw_op_add_rmsnorm_cpu(y, x, b, sc, w, SFW_DTYPE_F32, rows, n, eps);
+		sfw_op_add_rmsnorm_cpu(NULL, y, x, b, sc, w, SFW_DTYPE_F32, rows, n, eps);
 		double e2 = 0, r2 = 0, md = 0;
 		for (size_t i = 0; i < N; i++) {
 			double d = sfw_bf16_to_f32(o1[i]) - (double)y[i];
@@ -459,7 +459,7 @@ static void sample_twin_case(int V)
 			sfw_cuda_d2h(&g, dout, sizeof(g), s);
 			sfw_cuda_sync(s);
 			struct sfw_sample_lp glp = lp; /* the kernel's logprobs (when asked) */
-			int32_t c = sfw_op_sample_cpu(h, V, &ps[k], u);
+			int32_t c = sfw_op_sample_cpu(NULL, h, V, &ps[k], u);
 			if (ps[k].logprobs && g >= 0) { /* ids exact; log() within float rounding */
 				int same = glp.n_top == lp.n_top && fabsf(glp.logprob - lp.logprob) <= 1e-5f;
 				for (int q = 0; same && q < lp.n_top; q++)

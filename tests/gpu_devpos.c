@@ -267,9 +267,9 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		      (long long)p, e1.maxd);
 		CHECK(e2.bad == 0 && e2.nmse <= 1e-5, "p %lld: dense attention = host-position twin (nmse %.2g)",
 		      (long long)p, e2.nmse);
-		sfw_op_attn_sparse_cpu(o_cpu, q, K, Vh, gi, 1, nh, nkv, hd, p, k, blk, scale);
+		sfw_op_attn_sparse_cpu(NULL, o_cpu, q, K, Vh, gi, 1, nh, nkv, hd, p, k, blk, scale);
 		struct cmp_stats c3 = cmp_stats(os, o_cpu, (size_t)nh * hd);
-		sfw_op_attn_dense_cpu(o_cpu, q, K, Vh, 1, nh, nkv, hd, p, scale);
+		sfw_op_attn_dense_cpu(NULL, o_cpu, q, K, Vh, 1, nh, nkv, hd, p, scale);
 		struct cmp_stats c4 = cmp_stats(od, o_cpu, (size_t)nh * hd);
 		CHECK(c3.bad == 0 && c3.nmse <= 1e-4 && c4.bad == 0 && c4.nmse <= 1e-4,
 		      "p %lld: attention = CPU twin (sparse nmse %.2g, dense nmse %.2g)", (long long)p, c3.nmse, c4.nmse);

@@ -397,7 +397,8 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 				int span = group > 0 ? group : K;
 				for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++) {
 					int M = Ms[mi];
-					sfw_op_matmul_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, M, N, K);
+					sfw_op_matmul_w8_cpu(NULL, ref, xf, h.codes, h.scales, sdt, span, M,
+							     N, K);
 					sfw_cuda_memset(dy, 0xff, (size_t)Mmax * N * 4, s);
 					sfw_op_matmul_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, SFW_DTYPE_BF16, cx);
 					sfw_cuda_d2h(Y, dy, (size_t)M * N * 2, s);
@@ -413,7 +414,8 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 							     {4, 2},   {4, 4},   {101, 2}, {101, 4}, {102, 2}, {202, 2},
 							     {202, 4}, {204, 2}, {204, 4}, {208, 2}, {208, 4}};
 				for (size_t v = 0; sdt == SFW_DTYPE_BF16 && v < sizeof(var) / sizeof(var[0]); v++) {
-					sfw_op_matmul_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, 1, N, K);
+					sfw_op_matmul_w8_cpu(NULL, ref, xf, h.codes, h.scales, sdt, span, 1,
+							     N, K);
 					sfw_cuda_memset(dy, 0xff, (size_t)N * 2, s);
 					sfw_cuda_gemv_w8_variant(dx, K, dc, dsc, sdt, span, dy, N, 1, N, K, var[v][0], var[v][1], s);
 					sfw_cuda_d2h(Y, dy, (size_t)N * 2, s);
@@ -457,7 +459,8 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 						 * against the twin's float32 composition: up to ~3/256 of
 						 * |r| apart, so 1/64 here, and three times the one
 						 * rounding's NMSE bound; the bits are pinned above */
-						sfw_op_matmul_silu_w8_cpu(ref, xf, h.codes, h.scales, sdt, span, I, K);
+						sfw_op_matmul_silu_w8_cpu(NULL, ref, xf, h.codes, h.scales,
+									  sdt, span, I, K);
 						w8_compare_rel(name, ref, Yf, 0, 1, I, I, 1.0 / 64, 6e-5);
 					}
 					sfw_cuda_free(dyu);
@@ -468,7 +471,8 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 					float *xs = malloc((size_t)M * K * 4);
 					for (size_t i = 0; i < (size_t)M * K; i++)
 						xs[i] = xf[i] / 16;
-					sfw_op_matmul_w8_cpu(ref, xs, h.codes, h.scales, sdt, span, M, N, K);
+					sfw_op_matmul_w8_cpu(NULL, ref, xs, h.codes, h.scales, sdt, span, M,
+							     N, K);
 					for (size_t i = 0; i < (size_t)M * N; i++)
 						ref[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(ref[i]));
 					sfw_op_logits_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, 1.0f / 16, SFW_DTYPE_BF16, cx);
@@ -628,7 +632,7 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 			sfw_cuda_sync(s);
 			for (int k = 0; k < K; k++)
 				xf[k] = sfw_bf16_to_f32(hx[k]);
-			sfw_op_matmul_w8_cpu(ref, xf, hc, hs, SFW_DTYPE_BF16, 128, 1, n, K);
+			sfw_op_matmul_w8_cpu(NULL, ref, xf, hc, hs, SFW_DTYPE_BF16, 128, 1, n, K);
 			char name[96];
 			snprintf(name, sizeof(name), "w8 gemv timed matrix %dx%d (first %d rows)", N, K, n);
 			w8_compare(name, ref, hy, 0, 1, n, N);

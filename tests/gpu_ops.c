@@ -162,7 +162,7 @@ static void t_rmsnorm_shape(int rows, int n, int alias)
 	float *x = randv((size_t)rows * n, 3.0f);
 	uint16_t *w = randw(n, 0.1f, 1.0f);
 	float *ref = malloc((size_t)rows * n * 4);
-	sfw_op_rmsnorm_cpu(ref, x, w, SFW_DTYPE_BF16, rows, n, 1e-6f);
+	sfw_op_rmsnorm_cpu(NULL, ref, x, w, SFW_DTYPE_BF16, rows, n, 1e-6f);
 	void *dx = up(x, (size_t)rows * n), *dw = up_raw(w, (size_t)n * 2);
 	void *dy = alias ? dx : dalloc((size_t)rows * n * asz());
 	sfw_op_rmsnorm_cuda(dy, dx, dw, SFW_DTYPE_BF16, rows, n, 1e-6f, g_dt, g_cx);
@@ -309,7 +309,7 @@ static void t_qknorm(void)
 		float *rq = malloc(nq * 4), *rk = malloc(nk * 4);
 		memcpy(rq, q, nq * 4), memcpy(rk, k, nk * 4);
 		struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos, theta};
-		sfw_op_qk_norm_rope_cpu(rq, rk, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &sh);
+		sfw_op_qk_norm_rope_cpu(NULL, rq, rk, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &sh);
 		void *dqw = up_raw(qw, (size_t)hd * 2), *dkw = up_raw(kw, (size_t)hd * 2);
 		void *dq = up(q, nq), *dk = up(k, nk), *uq = up(q, nq), *uk = up(k, nk);
 		void *dpos = up_raw(&pos, sizeof(pos));
@@ -362,13 +362,13 @@ static void t_matmul_shape(int M, int N, int K, int f32w, int logits)
 	void *dx = up(x, (size_t)M * K), *dw = up_raw(w, (size_t)N * K * (f32w ? 4 : 2));
 	float *got;
 	if (logits) {
-		sfw_op_logits_cpu(ref, x, w, wdt, M, N, K, 0.0625f);
+		sfw_op_logits_cpu(NULL, ref, x, w, wdt, M, N, K, 0.0625f);
 		void *dy = dalloc((size_t)M * N * 4);
 		sfw_op_logits_cuda(dy, dx, dw, wdt, M, N, K, 0.0625f, g_dt, g_cx);
 		got = down_f32(dy, (size_t)M * N);
 		sfw_cuda_free(dy);
 	} else {
-		sfw_op_matmul_cpu(ref, x, w, wdt, M, N, K);
+		sfw_op_matmul_cpu(NULL, ref, x, w, wdt, M, N, K);
 		void *dy = dalloc((size_t)M * N * asz());
 		sfw_op_matmul_cuda(dy, dx, dw, wdt, M, N, K, g_dt, g_cx);
 		got = down(dy, (size_t)M * N);
@@ -408,9 +408,9 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 		decay[h] = powf(2.0f, -8.0f * (h + 1) / nh);
 	float *ref = malloc(n * 4), scale = 1.0f / sqrtf((float)hd);
 	if (chunked)
-		sfw_op_gla_chunked_cpu(ref, q, k, v, st_ref, decay, T, nh, hd, scale, 64);
+		sfw_op_gla_chunked_cpu(NULL, ref, q, k, v, st_ref, decay, T, nh, hd, scale, 64);
 	else
-		sfw_op_gla_recurrent_cpu(ref, q, k, v, st_ref, decay, T, nh, hd, scale);
+		sfw_op_gla_recurrent_cpu(NULL, ref, q, k, v, st_ref, decay, T, nh, hd, scale);
 	void *dq = up(q, n), *dk = up(k, n), *dv = up(v, n), *dst = up_raw(st, ns * 4);
 	void *dd = up_raw(decay, (size_t)nh * 4), *dout = dalloc(n * asz());
 	if (chunked)
@@ -460,7 +460,7 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int64_t
 				   .init_blocks = 1, .local_blocks = 32};
 	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, &sh);
 	int32_t *idx = malloc((size_t)nkv * T * k * 4);
-	sfw_op_topk_blocks_cpu(idx, pooled, nblocks, nkv, T, pos0, k, block);
+	sfw_op_topk_blocks_cpu(NULL, idx, pooled, nblocks, nkv, T, pos0, k, block);
 	free(sc), free(pooled);
 	*nblocks_out = nblocks;
 	return idx;
@@ -476,9 +476,9 @@ static void t_attn_shape(int sparse, int T, int64_t L, int nh, int nkv, int hd)
 	int64_t nb = 0;
 	int32_t *idx = sparse ? make_idx(nkv, T, pos0, k, block, &nb) : NULL;
 	if (sparse)
-		sfw_op_attn_sparse_cpu(ref, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale);
+		sfw_op_attn_sparse_cpu(NULL, ref, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale);
 	else
-		sfw_op_attn_dense_cpu(ref, q, kc, vc, T, nh, nkv, hd, pos0, scale);
+		sfw_op_attn_dense_cpu(NULL, ref, q, kc, vc, T, nh, nkv, hd, pos0, scale);
 	void *dq = up(q, nq), *dk = up(kc, nc), *dv = up(vc, nc), *dout = dalloc(nq * asz());
 	void *didx = sparse ? up_raw(idx, (size_t)nkv * T * k * 4) : NULL;
 	if (sparse)
@@ -542,7 +542,7 @@ static void t_stage1_shape(int T, int64_t L, int nh, int nkv, int hd)
 	float *ref = malloc((size_t)nkv * T * n1 * 4), scale = 1.0f / sqrtf((float)hd);
 	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32, .stride = 16,
 				   .scale = scale};
-	sfw_op_stage1_cpu(ref, q, c1, n1, c2, n2, &sh);
+	sfw_op_stage1_cpu(NULL, ref, q, c1, n1, c2, n2, &sh);
 	void *dq = up(q, nq), *d1 = up(c1, (size_t)n1 * nkv * hd), *d2 = up(c2, (size_t)(n2 ? n2 : 1) * nkv * hd);
 	void *ds = dalloc((size_t)nkv * T * n1 * 4);
 	sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, &sh, g_dt, g_cx);
@@ -597,7 +597,7 @@ static void t_pool_topk(void)
 		int64_t nbx = pass ? 40 : nb;
 		int64_t p0 = pass ? 40 * 64 - T : pos0;
 		int32_t *ir = malloc((size_t)nkv * T * k * 4);
-		sfw_op_topk_blocks_cpu(ir, pr, nbx, nkv, T, p0, k, block);
+		sfw_op_topk_blocks_cpu(NULL, ir, pr, nbx, nkv, T, p0, k, block);
 		void *dpr = up_raw(pr, (size_t)nkv * T * nbx * 4), *di = dalloc((size_t)nkv * T * k * 4);
 		sfw_op_topk_blocks_cuda(di, dpr, nbx, nkv, T, p0, k, block, g_dt, g_cx);
 		int32_t *ig = malloc((size_t)nkv * T * k * 4);
@@ -624,7 +624,7 @@ static void t_pool_topk(void)
 				po[i] = i % 2 ? -INFINITY : NAN;
 		}
 		int32_t *ir = malloc((size_t)nkv * k * 4), *ig = malloc((size_t)nkv * k * 4);
-		sfw_op_topk_blocks_cpu(ir, po, nbx, nkv, 1, p0, k, block);
+		sfw_op_topk_blocks_cpu(NULL, ir, po, nbx, nkv, 1, p0, k, block);
 		void *dpo = up_raw(po, (size_t)nkv * nbx * 4), *di = dalloc((size_t)nkv * k * 4);
 		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, 1, p0, k, block, g_dt, g_cx);
 		sfw_cuda_d2h(ig, di, (size_t)nkv * k * 4, g_s);
@@ -648,7 +648,7 @@ static void t_pool_topk(void)
 		for (size_t i = 0; i < np; i++)
 			po[i] = floorf((urand() + 1.0f) * 8.0f) * 0.0625f;
 		int32_t *ir = malloc((size_t)nkv * Tr * k * 4), *ig = malloc((size_t)nkv * Tr * k * 4);
-		sfw_op_topk_blocks_cpu(ir, po, nbx, nkv, Tr, p0, k, block);
+		sfw_op_topk_blocks_cpu(NULL, ir, po, nbx, nkv, Tr, p0, k, block);
 		void *dpo = up_raw(po, np * 4), *di = dalloc((size_t)nkv * Tr * k * 4);
 		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, Tr, p0, k, block, g_dt, g_cx);
 		sfw_cuda_d2h(ig, di, (size_t)nkv * Tr * k * 4, g_s);

@@ -42,6 +42,7 @@
 #include <string.h>
 
 static uint64_t rng_state = 0x5eed8;
+static struct sfw_ops_cpu *twin_ex; /* the C twin's executor (main) */
 
 static float urand(void)
 {
@@ -279,7 +280,7 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	CHECK(same, "%s: a second call gave other bits", name);
 	CHECK(untouched, "%s: wrote outside its columns", name);
 
-	sfw_op_matmul_w8_cpu(ref, xf, w->codes, w->scales, w->sdt, w->group, M, rows, K);
+	sfw_op_matmul_w8_cpu(twin_ex, ref, xf, w->codes, w->scales, w->sdt, w->group, M, rows, K);
 	if (silu) {
 		for (int m = 0; m < M; m++)
 			for (int n = 0; n < N; n++) {
@@ -317,12 +318,10 @@ int main(void)
 		return CHECK_REPORT("gpu_w8gemm");
 	}
 	/* the C twin on every core (the prefill pieces are 10-70 GFLOP each) */
-	struct sfw_ops_cpu *ex = NULL;
-	if (sfw_ops_cpu_new(sfw_default_threads(), &ex, &err) != SFW_OK) {
+	if (sfw_ops_cpu_new(sfw_default_threads(), &twin_ex, &err) != SFW_OK) {
 		CHECK(0, "%s", err.msg);
 		return CHECK_REPORT("gpu_w8gemm");
 	}
-	sfw_ops_cpu_bind(ex);
 	struct ws ws = {NULL, 0};
 	int quick = getenv("GPU_W8GEMM_QUICK") != NULL;
 
@@ -396,8 +395,7 @@ int main(void)
 	if (ws.p)
 		sfw_cuda_free(ws.p);
 	sfw_cuda_stream_free(s);
-	CHECK(!sfw_ops_cpu_take_failure(ex), "the C twin ran out of memory");
-	sfw_ops_cpu_bind(NULL);
-	sfw_ops_cpu_free(ex);
+	CHECK(!sfw_ops_cpu_take_failure(twin_ex), "the C twin ran out of memory");
+	sfw_ops_cpu_free(twin_ex);
 	return CHECK_REPORT("gpu_w8gemm");
 }

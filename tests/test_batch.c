@@ -501,7 +501,7 @@ static void test_sample(struct sfw_model *m)
 		for (int i = 0; i < 3; i++) {
 			const float *l = sfw_batch_logits(b[0], i);
 			int32_t id = sfw_batch_next(b[0], i), id2 = sfw_batch_next(b[1], i);
-			agree += l && id == sfw_op_sample_cpu(l, V, &sp[i], it[0][i].u);
+			agree += l && id == sfw_op_sample_cpu(NULL, l, V, &sp[i], it[0][i].u);
 			same += id == id2;
 			nolog += sfw_batch_logits(b[1], i) == NULL;
 			total++;

@@ -4,6 +4,7 @@
  * compression, pooling and top-k ties. Tolerances: fp32 ops on O(1) data
  * accumulate ~1e-6 relative rounding per add; the bounds below are 1e-5
  * relative (1e-4 for the long GLA recurrences), far under any logic error. */
+#include "alloc.h"
 #include "check.h"
 #include "kernels/ops.h"
 
@@ -52,9 +53,9 @@ static void test_rmsnorm(void)
 		for (int i = 0; i < N; i++)
 			ref[r * N + i] = x[r * N + i] * inv * sfw_bf16_to_f32(w[i]);
 	}
-	sfw_op_rmsnorm_cpu(y, x, w, SFW_DTYPE_BF16, R, N, 1e-6f);
+	sfw_op_rmsnorm_cpu(NULL, y, x, w, SFW_DTYPE_BF16, R, N, 1e-6f);
 	CHECK(maxrel(y, ref, R * N) < 1e-5, "rmsnorm: rel err %.3g", maxrel(y, ref, R * N));
-	sfw_op_rmsnorm_cpu(x, x, w, SFW_DTYPE_BF16, R, N, 1e-6f); /* in place */
+	sfw_op_rmsnorm_cpu(NULL, x, x, w, SFW_DTYPE_BF16, R, N, 1e-6f); /* in place */
 	CHECK(memcmp(x, y, sizeof(y)) == 0, "rmsnorm in place equals out of place");
 }
 
@@ -89,7 +90,6 @@ static void test_matmul(void)
 	for (int threads = 1; threads <= 3; threads += 2) {
 		struct sfw_ops_cpu *ex = NULL;
 		CHECK(sfw_ops_cpu_new(threads, &ex, NULL) == SFW_OK, "executor of %d threads", threads);
-		struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
 			int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
 			float *x = malloc(sizeof(float) * M * K), *wf = malloc(sizeof(float) * N * K);
@@ -109,15 +109,14 @@ static void test_matmul(void)
 					}
 					ref[m * N + n] = a, ref2[m * N + n] = b * 0.25;
 				}
-			sfw_op_matmul_cpu(y, x, wb, SFW_DTYPE_BF16, M, N, K);
+			sfw_op_matmul_cpu(ex, y, x, wb, SFW_DTYPE_BF16, M, N, K);
 			CHECK(maxrel(y, ref, (size_t)M * N) < 1e-5, "matmul bf16 %dx%dx%d threads %d: rel err %.3g", M, N,
 			      K, threads, maxrel(y, ref, (size_t)M * N));
-			sfw_op_logits_cpu(y2, x, wf, SFW_DTYPE_F32, M, N, K, 0.25f);
+			sfw_op_logits_cpu(ex, y2, x, wf, SFW_DTYPE_F32, M, N, K, 0.25f);
 			CHECK(maxrel(y2, ref2, (size_t)M * N) < 1e-5, "logits f32 %dx%dx%d: rel err %.3g", M, N, K,
 			      maxrel(y2, ref2, (size_t)M * N));
 			free(x), free(wf), free(y), free(y2), free(wb), free(ref), free(ref2);
 		}
-		sfw_ops_cpu_bind(prev);
 		sfw_ops_cpu_free(ex);
 	}
 }
@@ -204,7 +203,7 @@ static void test_attention(void)
 	double *ref = malloc(sizeof(double) * T * NH * HD);
 	fill(q, T * NH * HD, 2), fill(kc, (size_t)L * NKV * HD, 2), fill(vc, (size_t)L * NKV * HD, 1);
 	float scale = 1 / sqrtf(HD);
-	sfw_op_attn_dense_cpu(o, q, kc, vc, T, NH, NKV, HD, P0, scale);
+	sfw_op_attn_dense_cpu(NULL, o, q, kc, vc, T, NH, NKV, HD, P0, scale);
 	naive_attn(ref, q, kc, vc, T, NH, NKV, HD, P0, scale, NULL, 0, 0);
 	CHECK(maxrel(o, ref, T * NH * HD) < 1e-5, "dense attention: rel err %.3g", maxrel(o, ref, T * NH * HD));
 	/* every block selected == dense */
@@ -214,9 +213,9 @@ static void test_attention(void)
 			all[i * 4 + j] = j;
 		some[i * 4 + 0] = 0, some[i * 4 + 1] = (i % 2) ? 1 : 2, some[i * 4 + 2] = 3, some[i * 4 + 3] = -1;
 	}
-	sfw_op_attn_sparse_cpu(o2, q, kc, vc, all, T, NH, NKV, HD, P0, 4, BLOCK, scale);
+	sfw_op_attn_sparse_cpu(NULL, o2, q, kc, vc, all, T, NH, NKV, HD, P0, 4, BLOCK, scale);
 	CHECK(maxrel(o2, ref, T * NH * HD) < 1e-5, "sparse attention with all blocks == dense");
-	sfw_op_attn_sparse_cpu(o2, q, kc, vc, some, T, NH, NKV, HD, P0, 4, BLOCK, scale);
+	sfw_op_attn_sparse_cpu(NULL, o2, q, kc, vc, some, T, NH, NKV, HD, P0, 4, BLOCK, scale);
 	naive_attn(ref, q, kc, vc, T, NH, NKV, HD, P0, scale, some, 4, BLOCK);
 	CHECK(maxrel(o2, ref, T * NH * HD) < 1e-5, "block-sparse attention vs masked softmax: rel err %.3g",
 	      maxrel(o2, ref, T * NH * HD));
@@ -247,8 +246,8 @@ static void test_gla(void)
 				}
 				ref[(t * NH + h) * HD + c] = s * acc;
 			}
-	sfw_op_gla_recurrent_cpu(o1, q, k, v, S1, decay, T, NH, HD, s);
-	sfw_op_gla_chunked_cpu(o2, q, k, v, S2, decay, T, NH, HD, s, 64);
+	sfw_op_gla_recurrent_cpu(NULL, o1, q, k, v, S1, decay, T, NH, HD, s);
+	sfw_op_gla_chunked_cpu(NULL, o2, q, k, v, S2, decay, T, NH, HD, s, 64);
 	CHECK(maxrel(o1, ref, n) < 1e-4, "gla recurrent vs formula: rel err %.3g", maxrel(o1, ref, n));
 	CHECK(maxrel(o2, ref, n) < 1e-4, "gla chunked vs formula: rel err %.3g", maxrel(o2, ref, n));
 	double sd[NH * HD * HD];
@@ -256,10 +255,11 @@ static void test_gla(void)
 		sd[i] = S1[i];
 	CHECK(maxrel(S2, sd, NH * HD * HD) < 1e-4, "gla chunked final state == recurrent");
 	/* a prefix chunked, the rest recurrent token by token: the state carries */
-	sfw_op_gla_chunked_cpu(o3, q, k, v, S3, decay, 130, NH, HD, s, 64);
+	sfw_op_gla_chunked_cpu(NULL, o3, q, k, v, S3, decay, 130, NH, HD, s, 64);
 	for (int t = 130; t < T; t++)
-		sfw_op_gla_recurrent_cpu(o3 + (size_t)t * NH * HD, q + (size_t)t * NH * HD, k + (size_t)t * NH * HD,
-					 v + (size_t)t * NH * HD, S3, decay, 1, NH, HD, s);
+		sfw_op_gla_recurrent_cpu(NULL, o3 + (size_t)t * NH * HD, q + (size_t)t * NH * HD,
+					 k + (size_t)t * NH * HD, v + (size_t)t * NH * HD, S3, decay, 1, NH,
+					 HD, s);
 	CHECK(maxrel(o3, ref, n) < 1e-4, "gla chunked prefix + recurrent decode: rel err %.3g", maxrel(o3, ref, n));
 	free(q), free(k), free(v), free(o1), free(o2), free(o3), free(ref);
 }
@@ -298,7 +298,7 @@ static void test_stage1(void)
 	float scale = 1 / sqrtf(HD);
 	struct sfw_sel_shape sh = {.T = T, .nh = NH, .nkv = NKV, .hd = HD, .pos0 = 0, .ksize = 32, .stride = 16,
 				   .scale = scale};
-	sfw_op_stage1_cpu(sc, q, c1, N1, c2, N2, &sh);
+	sfw_op_stage1_cpu(NULL, sc, q, c1, N1, c2, N2, &sh);
 	int rows[] = {0, 31, 126, 127, 128, 191, 200, 299};
 	double worst = 0;
 	int vis_ok = 1;
@@ -365,18 +365,18 @@ static void test_pool_topk(void)
 	/* top-k 6: 4 forced + the two best: blocks 2 and 3 tie at 5.0, block 5 is 3.0 -> {2, 3} win.
 	 * top-k 5: 4 forced + one of the tie -> the lower index (2). */
 	int32_t idx[8];
-	sfw_op_topk_blocks_cpu(idx, pooled, NB, 1, 1, 640, 6, 64);
+	sfw_op_topk_blocks_cpu(NULL, idx, pooled, NB, 1, 1, 640, 6, 64);
 	CHECK(idx[0] == 0 && idx[1] == 2 && idx[2] == 3 && idx[3] == 8 && idx[4] == 9 && idx[5] == 10,
 	      "topk: forced + best, ascending (%d %d %d %d %d %d)", idx[0], idx[1], idx[2], idx[3], idx[4], idx[5]);
-	sfw_op_topk_blocks_cpu(idx, pooled, NB, 1, 1, 640, 5, 64);
+	sfw_op_topk_blocks_cpu(NULL, idx, pooled, NB, 1, 1, 640, 5, 64);
 	CHECK(idx[1] == 2 && idx[2] == 8, "topk: a tie at the k-th rank goes to the lower block index");
 	/* ties among plain values too */
 	float flat[6] = {1, 1, 1, 1, 1, 1};
-	sfw_op_topk_blocks_cpu(idx, flat, 6, 1, 1, 6 * 64 - 1, 3, 64);
+	sfw_op_topk_blocks_cpu(NULL, idx, flat, 6, 1, 1, 6 * 64 - 1, 3, 64);
 	CHECK(idx[0] == 0 && idx[1] == 1 && idx[2] == 2, "topk: all equal -> lowest indices");
 	/* future blocks -> -1 after sorting; k > nblocks pads with -1 */
 	float fut[4] = {INFINITY, 0.5f, 0.0f, -INFINITY}; /* row at position 70: qb = 1 */
-	sfw_op_topk_blocks_cpu(idx, fut, 4, 1, 1, 70, 6, 64);
+	sfw_op_topk_blocks_cpu(NULL, idx, fut, 4, 1, 1, 70, 6, 64);
 	CHECK(idx[0] == 0 && idx[1] == 1 && idx[2] == -1 && idx[3] == -1 && idx[4] == -1 && idx[5] == -1,
 	      "topk: future blocks and padding are -1 (%d %d %d %d %d %d)", idx[0], idx[1], idx[2], idx[3], idx[4],
 	      idx[5]);
@@ -398,25 +398,107 @@ static void test_matmul_rows(void)
 		wb[i] = sfw_f32_to_bf16(wf[i]);
 	struct sfw_ops_cpu *ex = NULL;
 	CHECK(sfw_ops_cpu_new(3, &ex, NULL) == SFW_OK, "executor of 3 threads");
-	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
 	const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 16, 33, 64, 67};
 	for (int d = 0; d < 2; d++) {
 		const void *w = d ? (const void *)wf : (const void *)wb;
 		enum sfw_dtype dt = d ? SFW_DTYPE_F32 : SFW_DTYPE_BF16;
 		for (size_t s = 0; s < sizeof(Ms) / sizeof(Ms[0]); s++) {
 			int M = Ms[s], bad = 0;
-			sfw_op_matmul_cpu(y, x, w, dt, M, N, K);
+			sfw_op_matmul_cpu(ex, y, x, w, dt, M, N, K);
 			for (int m = 0; m < M; m++) {
-				sfw_op_matmul_cpu(y1, x + (size_t)m * K, w, dt, 1, N, K);
+				sfw_op_matmul_cpu(ex, y1, x + (size_t)m * K, w, dt, 1, N, K);
 				bad += memcmp(y1, y + (size_t)m * N, sizeof(float) * N) != 0;
 			}
 			CHECK(bad == 0, "matmul %s M=%d: %d rows differ from the same row alone", d ? "f32" : "bf16", M,
 			      bad);
 		}
 	}
-	sfw_ops_cpu_bind(prev);
 	sfw_ops_cpu_free(ex);
 	free(x), free(wf), free(y), free(y1), free(wb);
+}
+
+/* The executor passed explicitly (kernels/ops.h): the ranges of a job run
+ * with its job view, so an op or a parallel-for inside a job runs inline on
+ * that range's thread (on ex itself it would wait for the pool its own job
+ * holds) and a failure there reaches ex's flag; NULL runs serially and has
+ * no flag (sfw_op_sample_cpu says -1). */
+struct nest_job {
+	struct sfw_ops_cpu *ex; /* the job view */
+	const float *x;
+	const uint16_t *w;
+	float *y; /* [items, M, N] */
+	int M, N, K, fail_at;
+};
+
+static void nest_items(void *ctx, size_t b, size_t e, int tid)
+{
+	const struct nest_job *j = ctx;
+	(void)tid;
+	for (size_t i = b; i < e; i++) {
+		sfw_op_matmul_cpu(j->ex, j->y + i * (size_t)j->M * j->N, j->x, j->w, SFW_DTYPE_BF16, j->M,
+				  j->N, j->K);
+		if ((int)i == j->fail_at)
+			sfwi_ops_cpu_fail(j->ex);
+	}
+}
+
+static void test_executor(void)
+{
+	enum { M = 5, N = 64, K = 256, ITEMS = 6 }; /* M*N*K > 2^16: each product would use the threads */
+	float *x = malloc(sizeof(float) * M * K), *y = malloc(sizeof(float) * ITEMS * M * N);
+	float *ref = malloc(sizeof(float) * M * N);
+	uint16_t *w = malloc(2 * (size_t)N * K);
+	fill(x, (size_t)M * K, 1);
+	for (int i = 0; i < N * K; i++)
+		w[i] = sfw_f32_to_bf16((float)(urand() * 0.1));
+	sfw_op_matmul_cpu(NULL, ref, x, w, SFW_DTYPE_BF16, M, N, K);
+	struct sfw_ops_cpu *ex = NULL;
+	CHECK(sfw_ops_cpu_new(3, &ex, NULL) == SFW_OK, "executor of 3 threads");
+	struct sfw_ops_cpu *view = sfwi_ops_cpu_job(ex);
+	CHECK(sfw_ops_cpu_threads(ex) == 3 && sfw_ops_cpu_threads(view) == 1 &&
+		  sfw_ops_cpu_threads(NULL) == 1 && sfwi_ops_cpu_job(NULL) == NULL &&
+		  sfwi_ops_cpu_job(view) == view,
+	      "threads: 3 for the executor, 1 for its job view and for NULL");
+	for (int fail = 0; fail < 2; fail++) {
+		struct nest_job j = {view, x, w, y, M, N, K, fail ? 4 : -1};
+		memset(y, 0, sizeof(float) * ITEMS * M * N);
+		sfwi_ops_cpu_for(ex, 3, ITEMS, 1, nest_items,
+				 &j); /* would hang if the nested products waited */
+		int bad = 0;
+		for (int i = 0; i < ITEMS; i++)
+			bad += memcmp(y + (size_t)i * M * N, ref, sizeof(float) * M * N) != 0;
+		CHECK(bad == 0,
+		      "products inside a job (inline on the job view): %d of %d differ from the serial one",
+		      bad, ITEMS);
+		int f = sfw_ops_cpu_take_failure(ex);
+		CHECK(f == fail && !sfw_ops_cpu_take_failure(ex),
+		      "a failure inside a job %s the executor's flag (taken: %d), and the take clears it",
+		      fail ? "raises" : "leaves alone", f);
+	}
+	sfwi_op_matmul_w8_generic(ex, 1);
+	CHECK(sfwi_ops_cpu_w8_generic(ex) && sfwi_ops_cpu_w8_generic(view) && !sfwi_ops_cpu_w8_generic(NULL),
+	      "the generic int8 path: an option of the executor, its job view's too, off for NULL");
+	sfwi_op_matmul_w8_generic(ex, 0);
+	CHECK(!sfw_ops_cpu_take_failure(NULL), "NULL has no flag: take_failure gives 0");
+	/* the sampler's op without scratch: -1, and the flag when there is one */
+	enum { V = 300 };
+	float lg[V];
+	fill(lg, V, 3);
+	struct sfw_sample_adj adj = {7, 1, 1, 0.5f};
+	struct sfw_op_sample_params sp = {
+	    .temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .adj = &adj, .n_adj = 1};
+	int32_t ok = sfw_op_sample_cpu(NULL, lg, V, &sp, 0.4);
+	sfw_alloc_fail_after(1);
+	int32_t a = sfw_op_sample_cpu(NULL, lg, V, &sp, 0.4);
+	sfw_alloc_fail_after(1);
+	int32_t b = sfw_op_sample_cpu(ex, lg, V, &sp, 0.4);
+	sfw_alloc_fail_after(0);
+	CHECK(ok >= 0 && ok < V && a == -1 && b == -1 && sfw_ops_cpu_take_failure(ex) == 1,
+	      "sample without scratch: -1 (ids %d %d), the executor's flag raised", a, b);
+	CHECK(sfw_op_sample_cpu(ex, lg, V, &sp, 0.4) == ok && !sfw_ops_cpu_take_failure(ex),
+	      "sample with an executor: the same id as with NULL (%d), no flag", ok);
+	sfw_ops_cpu_free(ex);
+	free(x), free(y), free(ref), free(w);
 }
 
 int main(void)
@@ -425,6 +507,7 @@ int main(void)
 	test_rope();
 	test_matmul();
 	test_matmul_rows();
+	test_executor();
 	test_elementwise();
 	test_attention();
 	test_gla();

@@ -350,7 +350,8 @@ static void test_matmul_w8(void)
 					sb[i] = sfw_f32_to_bf16((float)(0.001 * (1 + (sm_next(&s) >> 60))));
 					sf[i] = sfw_bf16_to_f32(sb[i]);
 				}
-				sfw_op_matmul_w8_cpu(y, x, codes, sdt ? (const void *)sf : (const void *)sb,
+				sfw_op_matmul_w8_cpu(NULL, y, x, codes,
+						     sdt ? (const void *)sf : (const void *)sb,
 						     sdt ? SFW_DTYPE_F32 : SFW_DTYPE_BF16, span, M, N, K);
 				double worst = 0;
 				for (int m = 0; m < M; m++)
@@ -413,33 +414,35 @@ static void test_matmul_w8_rows(void)
 			}
 		}
 		const void *sc = sdt == SFW_DTYPE_F32 ? (const void *)sf : (const void *)sh;
-		/* every row alone, one thread: the reference bits; then the generic path */
+		/* every row alone, one thread: the reference bits; then the generic path
+		 * (an executor's option: the one-thread executor's) */
 		for (int r = 0; r < R; r++)
-			sfw_op_matmul_w8_cpu(one + (size_t)r * N, x + (size_t)r * K, codes, sc, sdt, span, 1, N, K);
-		sfwi_op_matmul_w8_generic(1);
+			sfw_op_matmul_w8_cpu(NULL, one + (size_t)r * N, x + (size_t)r * K, codes, sc, sdt,
+					     span, 1, N, K);
+		sfwi_op_matmul_w8_generic(ex[0], 1);
 		for (int r = 0; r < R; r++)
-			sfw_op_matmul_w8_cpu(gen + (size_t)r * N, x + (size_t)r * K, codes, sc, sdt, span, 1, N, K);
-		sfwi_op_matmul_w8_generic(0);
+			sfw_op_matmul_w8_cpu(ex[0], gen + (size_t)r * N, x + (size_t)r * K, codes, sc, sdt,
+					     span, 1, N, K);
+		sfwi_op_matmul_w8_generic(ex[0], 0);
 		CHECK(!memcmp(one, gen, (size_t)R * N * 4), "w8 K=%d group %d: the generic path gives the AVX2 path's bits",
 		      K, g);
 		int calls = 0, bad = 0;
 		for (int path = 0; path < 2; path++) {
-			sfwi_op_matmul_w8_generic(path);
 			for (int t = 0; t < 3; t++) {
-				struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex[t]);
+				sfwi_op_matmul_w8_generic(ex[t], path);
 				for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++)
 					for (size_t oi = 0; oi < sizeof(offs) / sizeof(offs[0]); oi++) {
 						int M = Ms[mi], off = offs[oi];
 						if (off + M > R)
 							continue;
-						sfw_op_matmul_w8_cpu(y, x + (size_t)off * K, codes, sc, sdt, span, M, N, K);
+						sfw_op_matmul_w8_cpu(ex[t], y, x + (size_t)off * K, codes, sc,
+								     sdt, span, M, N, K);
 						calls++;
 						bad += memcmp(y, one + (size_t)off * N, (size_t)M * N * 4) != 0;
 					}
-				sfw_ops_cpu_bind(prev);
+				sfwi_op_matmul_w8_generic(ex[t], 0);
 			}
 		}
-		sfwi_op_matmul_w8_generic(0);
 		CHECK(bad == 0, "w8 K=%d group %d: every row bit-identical to the row alone in %d calls (M = 1..64, 1-3 "
 		      "threads, both paths): %d differ", K, g, calls, bad);
 		/* and the bits are right: the double-precision reference, the bound of J */
@@ -476,7 +479,7 @@ static void test_matmul_silu_w8(void)
 		x[k] = (float)gauss(&s) * 0.3f;
 	for (int64_t i = 0; i < N * G; i++)
 		sb[i] = sfw_f32_to_bf16((float)(0.001 * (1 + (sm_next(&s) >> 60))));
-	sfw_op_matmul_silu_w8_cpu(y, x, codes, sb, SFW_DTYPE_BF16, span, I, K);
+	sfw_op_matmul_silu_w8_cpu(NULL, y, x, codes, sb, SFW_DTYPE_BF16, span, I, K);
 	double worst = 0;
 	for (int i = 0; i < I; i++) {
 		double h[2], mag[2] = {0, 0};
@@ -1338,7 +1341,7 @@ static void test_awq_twins(void)
 		for (int k = 0; k < K; k++)
 			s[k] = (float)exp(gauss(&rs) * 0.5);
 		W[(size_t)4 * K + 7] = NAN; /* row 4: not finite */
-		sfwi_awq_fake_rows(Wq, bad, W, s, N, K, group);
+		sfwi_awq_fake_rows(NULL, Wq, bad, W, s, N, K, group);
 		int diff = 0, badok = 1;
 		for (int r = 0; r < N; r++) {
 			for (int k = 0; k < K; k++)
@@ -1357,7 +1360,7 @@ static void test_awq_twins(void)
 		float *wm = malloc((size_t)K * 4), *gm = malloc((size_t)N * ((K + span - 1) / span) * 4);
 		for (int k = 0; k < K; k++)
 			W[(size_t)4 * K + k] = (float)(gauss(&rs) * 0.01);
-		sfwi_awq_duo_sums(wm, gm, W, N, K, span);
+		sfwi_awq_duo_sums(NULL, wm, gm, W, N, K, span);
 		int dd = 0;
 		for (int k = 0; k < K; k++) {
 			float acc = 0;
@@ -1384,7 +1387,7 @@ static void test_awq_twins(void)
 			X[i] = (float)gauss(&rs);
 		for (size_t i = 0; i < (size_t)N * K; i++)
 			W[i] = (float)(gauss(&rs) * 0.02);
-		sfw_op_matmul_cpu(Y, X, W, SFW_DTYPE_F32, M, N, K);
+		sfw_op_matmul_cpu(NULL, Y, X, W, SFW_DTYPE_F32, M, N, K);
 		int md = 0;
 		for (int m = 0; m < M; m++)
 			for (int n = 0; n < N; n++) {
@@ -1399,7 +1402,7 @@ static void test_awq_twins(void)
 			}
 		CHECK(md == 0, "sfw_op_matmul_cpu F32 %d x %d x %d sums in the lane order kernels/awq.cu replays (%d differ)",
 		      M, N, K, md);
-		sfwi_awq_sqerr_rows(part, Y2, Y, M, (size_t)N);
+		sfwi_awq_sqerr_rows(NULL, part, Y2, Y, M, (size_t)N);
 		int pd = 0;
 		for (int m = 0; m < M; m++) {
 			double acc = 0;

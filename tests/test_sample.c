@@ -53,7 +53,7 @@ int main(void)
 					lg[i] = -INFINITY;
 			}
 			double u = sfw_op_sample_uniform(st);
-			int32_t a = sfw_sampler_sample(&s, lg, V), b = sfw_op_sample_cpu(lg, V, &op, u);
+			int32_t a = sfw_sampler_sample(&s, lg, V), b = sfw_op_sample_cpu(NULL, lg, V, &op, u);
 			CHECK(b >= 0 && b < V && !isnan(lg[b]) && lg[b] != -INFINITY, "twin picked a candidate (%d)", b);
 			d += a != b;
 		}
@@ -67,25 +67,28 @@ int main(void)
 	struct sfw_op_sample_params g = {.temperature = 0.9f, .top_k = 0, .top_p = 1.0f, .greedy = 1};
 	for (int i = 0; i < V; i++)
 		lg[i] = (float)(i % 97);
-	CHECK(sfw_op_sample_cpu(lg, V, &g, 0.5) == sfw_sampler_argmax(lg, V), "greedy = argmax, lowest id on ties");
+	CHECK(sfw_op_sample_cpu(NULL, lg, V, &g, 0.5) == sfw_sampler_argmax(lg, V),
+	      "greedy = argmax, lowest id on ties");
 	struct sfw_op_sample_params t0 = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .greedy = 0};
-	CHECK(sfw_op_sample_cpu(lg, V, &t0, 0.5) == 96, "temperature 0 = argmax");
+	CHECK(sfw_op_sample_cpu(NULL, lg, V, &t0, 0.5) == 96, "temperature 0 = argmax");
 	struct sfw_op_sample_params tiny = {
 	    .temperature = 1e-40f, .top_k = 0, .top_p = 1.0f, .greedy = 0}; /* 1/T = inf: the greedy limit */
-	CHECK(sfw_op_sample_cpu(lg, V, &tiny, 0.5) == 96 && sfw_op_sample_cpu(lg, V, &tiny, 0.999) == 96,
+	CHECK(sfw_op_sample_cpu(NULL, lg, V, &tiny, 0.5) == 96 &&
+		  sfw_op_sample_cpu(NULL, lg, V, &tiny, 0.999) == 96,
 	      "temperature 1e-40 = argmax (not the least likely id)");
 	lg[500] = INFINITY, lg[700] = INFINITY;
 	struct sfw_op_sample_params tp = {.temperature = 1.0f, .top_k = 5, .top_p = 0.5f, .greedy = 0};
-	CHECK(sfw_op_sample_cpu(lg, V, &tp, 0.99) == 500, "the first +inf wins");
+	CHECK(sfw_op_sample_cpu(NULL, lg, V, &tp, 0.99) == 500, "the first +inf wins");
 	for (int i = 0; i < V; i++)
 		lg[i] = NAN;
-	CHECK(sfw_op_sample_cpu(lg, V, &tp, 0.3) == 0, "all NaN: 0, as sfw_sampler_argmax");
+	CHECK(sfw_op_sample_cpu(NULL, lg, V, &tp, 0.3) == 0, "all NaN: 0, as sfw_sampler_argmax");
 	/* a two-token row: the draw splits at the probability mass */
 	for (int i = 0; i < V; i++)
 		lg[i] = -INFINITY;
 	lg[10] = 0, lg[20] = logf(3); /* p(10) = 1/4 in id order */
 	struct sfw_op_sample_params pl = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .greedy = 0};
-	CHECK(sfw_op_sample_cpu(lg, V, &pl, 0.2) == 10 && sfw_op_sample_cpu(lg, V, &pl, 0.3) == 20,
+	CHECK(sfw_op_sample_cpu(NULL, lg, V, &pl, 0.2) == 10 &&
+		  sfw_op_sample_cpu(NULL, lg, V, &pl, 0.3) == 20,
 	      "u below 1/4 draws the first token, above it the second");
 	/* sfw_ctx_decode_next on the CPU engine = decode + the twin */
 	const char *gd = check_golden_dir();
@@ -116,7 +119,7 @@ int main(void)
 			int32_t na = -1;
 			if ((s = sfw_ctx_decode_next(a, id, &sp, u, &na, &err)) == SFW_OK &&
 			    (s = sfw_ctx_decode(b, id, l, &err)) == SFW_OK) {
-				id = sfw_op_sample_cpu(l, Vm, &sp, u);
+				id = sfw_op_sample_cpu(NULL, l, Vm, &sp, u);
 				same += na == id;
 				steps++;
 			}

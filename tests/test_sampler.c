@@ -370,7 +370,7 @@ static void test_extras_case(const char *name, const float *l, int V, struct sfw
 	double worst = 0;
 	for (int j = 0; j < N; j++) {
 		memset(&lp, 0xff, sizeof(lp));
-		int32_t id = sfw_op_sample_cpu(l, V, &p, (j + 0.5) / N);
+		int32_t id = sfw_op_sample_cpu(NULL, l, V, &p, (j + 0.5) / N);
 		if (id < 0 || id >= V || prob[id] == 0) {
 			outside++;
 			continue;
@@ -454,28 +454,30 @@ static void test_extras(void)
 			want = i;
 	struct sfw_op_sample_params g = p;
 	g.logprobs = NULL;
-	CHECK(sfw_op_sample_cpu(l, V, &g, 0.3) == want, "greedy: the argmax after penalties (%d)", want);
+	CHECK(sfw_op_sample_cpu(NULL, l, V, &g, 0.3) == want, "greedy: the argmax after penalties (%d)",
+	      want);
 	/* logit_bias: +100 takes every draw, -100 none */
 	struct sfw_sample_adj force = {13, 0, 0, 100}, ban = {want, 0, 0, -100};
 	struct sfw_op_sample_params f = base;
 	f.adj = &force, f.n_adj = 1;
 	int all = 1;
 	for (int j = 0; j < 200; j++)
-		all &= sfw_op_sample_cpu(l, V, &f, (j + 0.5) / 200) == 13;
+		all &= sfw_op_sample_cpu(NULL, l, V, &f, (j + 0.5) / 200) == 13;
 	CHECK(all, "logit_bias +100 takes every draw");
 	f = g, f.adj = &ban, f.n_adj = 1;
-	CHECK(sfw_op_sample_cpu(l, V, &f, 0.5) != want, "logit_bias -100 bans the argmax");
+	CHECK(sfw_op_sample_cpu(NULL, l, V, &f, 0.5) != want, "logit_bias -100 bans the argmax");
 	/* the input row is left as it was */
 	float copy[V];
 	memcpy(copy, l, sizeof(copy));
-	(void)sfw_op_sample_cpu(l, V, &p, 0.5);
+	(void)sfw_op_sample_cpu(NULL, l, V, &p, 0.5);
 	CHECK(!memcmp(copy, l, sizeof(copy)), "the penalties leave the caller's logits alone");
 	/* a certain choice (+inf) has logprob 0 */
 	struct sfw_sample_lp lp;
 	struct sfw_op_sample_params q = base;
 	q.logprobs = &lp, q.top_logprobs = 2;
 	l[9] = INFINITY;
-	CHECK(sfw_op_sample_cpu(l, V, &q, 0.5) == 9 && lp.logprob == 0 && lp.n_top == 1 && lp.top_id[0] == 9,
+	CHECK(sfw_op_sample_cpu(NULL, l, V, &q, 0.5) == 9 && lp.logprob == 0 && lp.n_top == 1 &&
+		  lp.top_id[0] == 9,
 	      "+inf: the choice is certain, logprob 0");
 	/* the sampler refuses bad additions */
 	struct sfw_sampler smp;

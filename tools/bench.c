@@ -163,15 +163,13 @@ static double gemm_gflops(int M, int N, int K, int threads, const float *x, cons
 	struct sfw_ops_cpu *ex;
 	if (sfw_ops_cpu_new(threads, &ex, err) != SFW_OK)
 		return 0;
-	struct sfw_ops_cpu *prev = sfw_ops_cpu_bind(ex);
-	sfw_op_matmul_cpu(y, x, w, SFW_DTYPE_BF16, M, N, K); /* warm-up */
+	sfw_op_matmul_cpu(ex, y, x, w, SFW_DTYPE_BF16, M, N, K); /* warm-up */
 	int reps = 0;
 	double t0 = sfw_now_s(), t;
 	do {
-		sfw_op_matmul_cpu(y, x, w, SFW_DTYPE_BF16, M, N, K);
+		sfw_op_matmul_cpu(ex, y, x, w, SFW_DTYPE_BF16, M, N, K);
 		reps++;
 	} while ((t = sfw_now_s() - t0) < 0.5);
-	sfw_ops_cpu_bind(prev);
 	sfw_ops_cpu_free(ex);
 	return 2.0 * M * N * K * reps / t / 1e9;
 }
