@@ -99,17 +99,23 @@ static void run(struct attn_job *j)
 	sfwi_ops_cpu_for(nt, items, 1, attn_items, j);
 }
 
-void sfw_op_attn_dense_cpu(float *o, const float *q, const float *kc, const float *vc, int T, int nh, int nkv,
-			   int hd, int64_t pos0, float scale)
+void sfw_op_attn_dense_cpu(float *o, const float *q, const float *kc, const float *vc,
+			   const struct sfw_attn_shape *sh)
 {
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
+	int64_t pos0 = sh->pos0;
+	float scale = sh->scale;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0);
 	struct attn_job j = {o, q, kc, vc, NULL, T, nh, nkv, hd, 0, 0, pos0, scale, (size_t)(pos0 + T)};
 	run(&j);
 }
 
 void sfw_op_attn_sparse_cpu(float *o, const float *q, const float *kc, const float *vc, const int32_t *idx,
-			    int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale)
+			    const struct sfw_attn_shape *sh)
 {
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, k = sh->topk, block = sh->block;
+	int64_t pos0 = sh->pos0;
+	float scale = sh->scale;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0);
 	struct attn_job j = {o, q, kc, vc, idx, T, nh, nkv, hd, k, block, pos0, scale, (size_t)k * block};
 	run(&j);

@@ -163,7 +163,8 @@ static void cpu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void
 			    const struct sfw_bweight *w, int rows, int n, float eps)
 {
 	struct sfw_ops_cpu *prev = enter(be);
-	sfw_op_add_rmsnorm_cpu(F(y), F(x), F(b), scale, w->host, w->dtype, rows, n, eps);
+	struct sfw_norm_shape sh = {rows, n, eps, w->dtype};
+	sfw_op_add_rmsnorm_cpu(F(y), F(x), F(b), scale, w->host, &sh);
 	sfw_ops_cpu_bind(prev);
 }
 
@@ -172,7 +173,8 @@ static void cpu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, con
 			     const void *z, int rows, int n, float eps)
 {
 	struct sfw_ops_cpu *prev = enter(be);
-	sfw_op_rmsnorm_gate_cpu(F(y), F(x), w->host, w->dtype, F(z), rows, n, eps);
+	struct sfw_norm_shape sh = {rows, n, eps, w->dtype};
+	sfw_op_rmsnorm_gate_cpu(F(y), F(x), w->host, F(z), &sh);
 	sfw_ops_cpu_bind(prev);
 }
 
@@ -183,9 +185,9 @@ static void cpu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const str
 			     int64_t pos0, float theta)
 {
 	struct sfw_ops_cpu *prev = enter(be);
-	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta};
-	sfw_op_qk_norm_rope_cpu(F(q), F(k), qw ? qw->host : NULL, qw ? qw->dtype : SFW_DTYPE_F32, kw ? kw->host : NULL,
-				kw ? kw->dtype : SFW_DTYPE_F32, &sh);
+	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta, qw ? qw->dtype : SFW_DTYPE_F32,
+				  kw ? kw->dtype : SFW_DTYPE_F32};
+	sfw_op_qk_norm_rope_cpu(F(q), F(k), qw ? qw->host : NULL, kw ? kw->host : NULL, &sh);
 	sfw_ops_cpu_bind(prev);
 }
 
@@ -213,9 +215,10 @@ static void cpu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int
 static void cpu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
 	struct sfw_ops_cpu *prev = enter(be);
+	struct sfw_w8 w8 = {w->host, w->scales, w->scale_dtype, w->group};
+	struct sfw_gemm_shape sh = {M, (int)w->rows, (int)w->cols, 0, 0};
 	if (w->dtype == SFW_DTYPE_W8)
-		sfw_op_matmul_w8_cpu(F(y), F(x), w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows,
-				     (int)w->cols);
+		sfw_op_matmul_w8_cpu(F(y), F(x), &w8, &sh);
 	else
 		sfw_op_matmul_cpu(F(y), F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols);
 	sfw_ops_cpu_bind(prev);
@@ -225,6 +228,8 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 		       float in_scale)
 {
 	struct sfw_ops_cpu *prev = enter(be);
+	struct sfw_w8 w8 = {w->host, w->scales, w->scale_dtype, w->group};
+	struct sfw_gemm_shape sh = {M, (int)w->rows, (int)w->cols, 0, 0};
 	if (w->dtype == SFW_DTYPE_W8) { /* a third-party checkpoint that quantized lm_head */
 		size_t n = (size_t)M * (size_t)w->cols;
 		float *xs = sfw_malloc(n * sizeof(float));
@@ -233,12 +238,11 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 		} else {
 			for (size_t i = 0; i < n; i++)
 				xs[i] = F(x)[i] * in_scale;
-			sfw_op_matmul_w8_cpu(y, xs, w->host, w->scales, w->scale_dtype, w->group, M, (int)w->rows,
-					     (int)w->cols);
+			sfw_op_matmul_w8_cpu(y, xs, &w8, &sh);
 			sfw_free(xs);
 		}
 	} else {
-		sfw_op_logits_cpu(y, F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols, in_scale);
+		sfw_op_logits_cpu(y, F(x), w->host, w->dtype, &sh, in_scale);
 	}
 	sfw_ops_cpu_bind(prev);
 }
@@ -541,7 +545,8 @@ static void cpu_attn_dense(struct sfw_backend *be, void *o, const void *q, struc
 {
 	struct sfw_ops_cpu *prev = enter(be);
 	struct cpu_layer *l = &c->L[layer];
-	sfw_op_attn_dense_cpu(F(o), F(q), l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale);
+	struct sfw_attn_shape sh = {T, nh, c->d.nkv, c->d.hd, l->len - T, scale, 0, 0};
+	sfw_op_attn_dense_cpu(F(o), F(q), l->k, l->v, &sh);
 	sfw_ops_cpu_bind(prev);
 }
 
@@ -558,10 +563,11 @@ static enum sfw_status cpu_compress(struct sfw_backend *be, struct sfw_bcache *c
 	const struct sfw_cache_desc *d = &c->d;
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
+	struct sfw_sel_shape sh = {.nkv = d->nkv, .hd = d->hd, .ksize = d->ksize, .stride = d->stride};
 	if (t1 > l->n1)
-		sfw_op_compress_cpu(l->c1, l->k, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride);
+		sfw_op_compress_cpu(l->c1, l->k, 1, l->n1, t1, &sh);
 	if (t2 > l->n2)
-		sfw_op_compress_cpu(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride);
+		sfw_op_compress_cpu(l->c2, l->k, 2, l->n2, t2, &sh);
 	l->n1 = t1 > l->n1 ? t1 : l->n1;
 	l->n2 = t2 > l->n2 ? t2 : l->n2;
 	sfw_ops_cpu_bind(prev);
@@ -589,11 +595,14 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 	for (int r0 = 0; r0 < sp->T; r0 += rb) {
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
 		int64_t p0 = sp->pos0 + r0;
-		struct sfw_sel_shape sh = {n,	      nh,	  nkv,		     hd,	       p0,	      sp->ksize,
-					   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
-		sfw_op_stage1_cpu(scores, F(q) + (size_t)r0 * nh * hd, l->c1, n1, l->c2, l->n2, &sh);
-		sfw_op_pool_blocks_cpu(pooled, scores, n1, nb, &sh);
-		sfw_op_topk_blocks_cpu(tk, pooled, nb, nkv, n, p0, k, sp->block);
+		struct sfw_sel_shape sh = {.T = n, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = p0,
+					   .ksize = sp->ksize, .stride = sp->stride, .block = sp->block,
+					   .init_blocks = sp->init_blocks, .local_blocks = sp->local_blocks,
+					   .scale = sp->scale, .n1 = n1, .n2 = l->n2, .nblocks = nb,
+					   .topk = k};
+		sfw_op_stage1_cpu(scores, F(q) + (size_t)r0 * nh * hd, l->c1, l->c2, &sh);
+		sfw_op_pool_blocks_cpu(pooled, scores, &sh);
+		sfw_op_topk_blocks_cpu(tk, pooled, &sh);
 		for (int g = 0; g < nkv; g++)
 			memcpy(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k, (size_t)n * k * sizeof(int32_t));
 		if (pooled_last && r0 + n == sp->T)
@@ -611,8 +620,8 @@ static void cpu_attn_sparse(struct sfw_backend *be, void *o, const void *q, stru
 {
 	struct sfw_ops_cpu *prev = enter(be);
 	struct cpu_layer *l = &c->L[layer];
-	sfw_op_attn_sparse_cpu(F(o), F(q), l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->k, sp->block,
-			       sp->scale);
+	struct sfw_attn_shape sh = {sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->scale, sp->k, sp->block};
+	sfw_op_attn_sparse_cpu(F(o), F(q), l->k, l->v, idx, &sh);
 	sfw_ops_cpu_bind(prev);
 }
 
@@ -621,10 +630,11 @@ static void cpu_gla(struct sfw_backend *be, void *o, const void *q, const void *
 {
 	struct sfw_ops_cpu *prev = enter(be);
 	float *S = c->L[layer].state;
+	struct sfw_gla_shape sh = {T, nh, hd, scale, 64};
 	if (T >= 64)
-		sfw_op_gla_chunked_cpu(F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale, 64);
+		sfw_op_gla_chunked_cpu(F(o), F(q), F(k), F(v), S, decay, &sh);
 	else
-		sfw_op_gla_recurrent_cpu(F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale);
+		sfw_op_gla_recurrent_cpu(F(o), F(q), F(k), F(v), S, decay, &sh);
 	sfw_ops_cpu_bind(prev);
 }
 
