@@ -42,10 +42,12 @@ static float time_one(struct sfw_cuda_blas *b, enum kind k, int rank, const uint
 		sfw_cuda_event_record(e0, s);
 		if (k == K_GEMV) {
 			if (f32)
-				sfw_cuda_linear_f32out(b, X, K, W, Y, N, M, N, K, 1.0f, s);
+				sfw_cuda_linear_f32out(b, X, W, Y, &(struct sfw_gemm_shape){M, N, K, K, N},
+						       1.0f, s);
 			else
-				sfw_cuda_gemv(X, K, W, Y, N, M, N, K, s);
-		} else if (!sfw_cuda_gemm_rank(b, X, K, W, Y, N, M, N, K, f32, rank, s)) {
+				sfw_cuda_gemv(X, W, Y, &(struct sfw_gemm_shape){M, N, K, K, N}, s);
+		} else if (!sfw_cuda_gemm_rank(b, X, W, Y, &(struct sfw_gemm_shape){M, N, K, K, N}, f32, rank,
+					       s)) {
 			return -1;
 		}
 		sfw_cuda_event_record(e1, s);

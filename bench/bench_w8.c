@@ -47,10 +47,11 @@ static int bench_shape(struct sfw_ops_cpu *ex, int M, int N, int K, int group, d
 	for (size_t i = 0; i < (size_t)M * K; i++)
 		x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
 	size_t c = 0;
+	struct sfw_gemm_shape sh = {M, N, K, 0, 0};
+	struct sfw_w8 w8 = {NULL, NULL, SFW_DTYPE_BF16, span};
 #define CALL()                                                                                               \
-	(sfw_op_matmul_w8_cpu(ex, y, x, codes + c * wbytes, sc + c * (size_t)N * G, SFW_DTYPE_BF16, span, M, \
-			      N, K),                                                                         \
-	 c = (c + 1) % ncopy)
+	(w8.codes = codes + c * wbytes, w8.scales = sc + c * (size_t)N * G,                                  \
+	 sfw_op_matmul_w8_cpu(ex, y, x, &w8, &sh), c = (c + 1) % ncopy)
 	for (size_t i = 0; i < ncopy; i++)
 		CALL(); /* warm-up: page in every copy */
 	double t[5];

@@ -53,19 +53,23 @@ static void call(enum path p, struct bufs *b, struct sfw_cuda_blas *blas, int i,
 	int c = i % b->ncopy, rows = silu ? 2 * N : N;
 	switch (p) {
 	case P_MMA:
-		sfw_cuda_gemm_w8_mma(b->x, K, b->codes[c], b->scales[c], SFW_DTYPE_BF16, group, b->y, N, M, N, K,
-				     silu, b->ws, b->ws_bytes, s, 0);
+		sfw_cuda_gemm_w8_mma(b->x, &(struct sfw_w8){b->codes[c], b->scales[c], SFW_DTYPE_BF16, group},
+				     b->y, &(struct sfw_gemm_shape){M, N, K, K, N}, silu, b->ws, b->ws_bytes,
+				     s, 0);
 		break;
 	case P_BF16:
-		sfw_cuda_gemm(blas, b->x, K, b->wbf[i % b->nbf], b->y, rows, M, rows, K, s);
+		sfw_cuda_gemm(blas, b->x, b->wbf[i % b->nbf], b->y,
+			      &(struct sfw_gemm_shape){M, rows, K, K, rows}, s);
 		break;
 	case P_OLD:
-		sfw_cuda_gemm_w8(blas, b->x, K, b->codes[c], b->scales[c], SFW_DTYPE_BF16, group, b->y, rows, M, rows,
-				 K, b->scr, b->scr_bytes, s);
+		sfw_cuda_gemm_w8(blas, b->x,
+				 &(struct sfw_w8){b->codes[c], b->scales[c], SFW_DTYPE_BF16, group}, b->y,
+				 &(struct sfw_gemm_shape){M, rows, K, K, rows}, b->scr, b->scr_bytes, s);
 		break;
 	case P_GEMV:
-		sfw_cuda_gemv_w8_variant(b->x, K, b->codes[c], b->scales[c], SFW_DTYPE_BF16, group, b->y, rows, M,
-					 rows, K, 0, 0, s);
+		sfw_cuda_gemv_w8_variant(b->x,
+					 &(struct sfw_w8){b->codes[c], b->scales[c], SFW_DTYPE_BF16, group},
+					 b->y, &(struct sfw_gemm_shape){M, rows, K, K, rows}, 0, 0, s);
 		break;
 	}
 }

@@ -102,17 +102,22 @@ static void run(struct sfw_ops_cpu *ex, struct attn_job *j)
 }
 
 void sfw_op_attn_dense_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc, const float *vc,
-			   int T, int nh, int nkv, int hd, int64_t pos0, float scale)
+			   const struct sfw_attn_shape *sh)
 {
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
+	int64_t pos0 = sh->pos0;
+	float scale = sh->scale;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0);
 	struct attn_job j = {o, q, kc, vc, NULL, T, nh, nkv, hd, 0, 0, pos0, scale, (size_t)(pos0 + T), NULL};
 	run(ex, &j);
 }
 
-void sfw_op_attn_sparse_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc,
-			    const float *vc, const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0,
-			    int k, int block, float scale)
+void sfw_op_attn_sparse_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc, const float *vc, const int32_t *idx,
+			    const struct sfw_attn_shape *sh)
 {
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, k = sh->topk, block = sh->block;
+	int64_t pos0 = sh->pos0;
+	float scale = sh->scale;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0);
 	size_t maxkeys = (size_t)k * block;
 	struct attn_job j = {o, q, kc, vc, idx, T, nh, nkv, hd, k, block, pos0, scale, maxkeys, NULL};

@@ -366,11 +366,15 @@ static att_args att_make(void *o, const void *q, const void *kc, const void *vc,
 	return a;
 }
 
-extern "C" void sfw_cuda_attn_dense(void *o, const void *q, const void *kc, const void *vc,
-				    const struct sfw_cuda_pages *pg, int T, int nh, int nkv, int hd, int64_t pos0,
-				    float scale, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
-				    struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_attn_dense(void *o, const void *q, const struct sfw_cuda_kv *kv,
+				    const struct sfw_attn_shape *sh, const struct sfw_cuda_rowref *rr,
+				    enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	const void *kc = kv->kc, *vc = kv->vc;
+	const struct sfw_cuda_pages *pg = kv->pg;
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
+	int64_t pos0 = sh->pos0;
+	float scale = sh->scale;
 	/* rr: the split count is planned for pos0 + T keys; a split past the
 	 * row's last key writes an empty partial (max -inf, sum 0) */
 	if (!rr && sfwi_attn_tc(o, q, kc, vc, pg, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, cx))
@@ -378,27 +382,35 @@ extern "C" void sfw_cuda_attn_dense(void *o, const void *q, const void *kc, cons
 	attn_any(att_make(o, q, kc, vc, pg, NULL, T, nh, nkv, pos0, 0, 0, scale, rr), sfwc_one_seq(), hd, act, cx);
 }
 
-extern "C" void sfw_cuda_attn_sparse(void *o, const void *q, const void *kc, const void *vc,
-				     const struct sfw_cuda_pages *pg, const int32_t *idx, int T, int nh, int nkv, int hd,
-				     int64_t pos0, int k, int block, float scale, const struct sfw_cuda_rowref *rr,
+extern "C" void sfw_cuda_attn_sparse(void *o, const void *q, const struct sfw_cuda_kv *kv, const int32_t *idx,
+				     const struct sfw_attn_shape *sh, const struct sfw_cuda_rowref *rr,
 				     enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	const void *kc = kv->kc, *vc = kv->vc;
+	const struct sfw_cuda_pages *pg = kv->pg;
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, k = sh->topk, block = sh->block;
+	int64_t pos0 = sh->pos0;
+	float scale = sh->scale;
 	if (!rr && sfwi_attn_tc(o, q, kc, vc, pg, idx, T, nh, nkv, hd, pos0, k, block, scale, act, cx))
 		return;
 	attn_any(att_make(o, q, kc, vc, pg, idx, T, nh, nkv, pos0, k, block, scale, rr), sfwc_one_seq(), hd, act, cx);
 }
 
-extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
-				       int hd, int64_t pos0, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+/* The twins read the caches only (struct sfw_cuda_kv's pointers are not const). */
+extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc,
+				       const struct sfw_attn_shape *sh, enum sfw_dtype act,
+				       struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_attn_dense(o, q, kc, vc, NULL, T, nh, nkv, hd, pos0, scale, NULL, act, cx);
+	struct sfw_cuda_kv kv = {(void *)kc, (void *)vc, NULL};
+	sfw_cuda_attn_dense(o, q, &kv, sh, NULL, act, cx);
 }
 
-extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx,
-					int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
+extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc,
+					const int32_t *idx, const struct sfw_attn_shape *sh,
 					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_attn_sparse(o, q, kc, vc, NULL, idx, T, nh, nkv, hd, pos0, k, block, scale, NULL, act, cx);
+	struct sfw_cuda_kv kv = {(void *)kc, (void *)vc, NULL};
+	sfw_cuda_attn_sparse(o, q, &kv, idx, sh, NULL, act, cx);
 }
 
 /* T tokens' K and V rows (n vectors of V each) from rows 0 .. T-1 of k, v to
@@ -434,10 +446,12 @@ static void kv_write(void *kc, void *vc, const struct sfw_cuda_pages *pg, const 
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_kv_write(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
+extern "C" void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *v,
 				  size_t row_bytes, int64_t pos0, int T, const struct sfw_cuda_rowref *rr,
 				  struct sfw_cuda_ctx *cx)
 {
+	void *kc = kv->kc, *vc = kv->vc;
+	const struct sfw_cuda_pages *pg = kv->pg;
 	if (T <= 0)
 		return;
 	SFW_ASSERT(!rr || (rr->pos && !rr->k && !rr->tab)); /* the caches as given, the position from the device */
@@ -451,9 +465,12 @@ extern "C" void sfw_cuda_kv_write(void *kc, void *vc, const struct sfw_cuda_page
 
 /* ---- a batched decode step: one row per sequence (ops_cuda.h) ---- */
 
-extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sfw_cuda_seqs *s, int nh, int nkv,
-					 int hd, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sfw_cuda_seqs *s,
+					 const struct sfw_attn_shape *sh, enum sfw_dtype act,
+					 struct sfw_cuda_ctx *cx)
 {
+	int nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
+	float scale = sh->scale;
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX);
 	int64_t maxpos = 0;
 	for (int i = 0; i < s->n; i++)

@@ -86,9 +86,12 @@ static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const ui
 }
 
 extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w,
-					enum sfw_dtype wdt, int rows, int n, float eps, enum sfw_dtype act,
+					const struct sfw_norm_shape *sh, enum sfw_dtype act,
 					struct sfw_cuda_ctx *cx)
 {
+	int rows = sh->rows, n = sh->n;
+	float eps = sh->eps;
+	enum sfw_dtype wdt = sh->wdt;
 	if (rows <= 0)
 		return;
 	/* the shape sfw_op_rmsnorm_cuda runs with its block kernel; other shapes
@@ -148,9 +151,13 @@ static __global__ void rmsnorm_gate_kernel(uint16_t *y, const uint16_t *x, const
 	}
 }
 
-extern "C" void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, const void *z,
-					 int rows, int n, float eps, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, const void *z,
+					 const struct sfw_norm_shape *sh, enum sfw_dtype act,
+					 struct sfw_cuda_ctx *cx)
 {
+	int rows = sh->rows, n = sh->n;
+	float eps = sh->eps;
+	enum sfw_dtype wdt = sh->wdt;
 	if (rows <= 0)
 		return;
 	/* the shape sfw_op_rmsnorm_cuda runs with its 8-wide block kernel, and
@@ -292,28 +299,32 @@ static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_qk_norm_rope(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-				      enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, const struct sfw_cuda_rowref *rr,
+extern "C" void sfw_cuda_qk_norm_rope(void *q, void *k, const void *qw, const void *kw,
+				      const struct sfw_qk_shape *sh, const struct sfw_cuda_rowref *rr,
 				      enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	const int64_t *dpos = rr ? rr->pos : NULL;
 	int T = sh->T, nhq = sh->nhq, nhk = sh->nhk, hd = sh->hd, rope = sh->rope;
+	enum sfw_dtype qwdt = sh->qwdt, kwdt = sh->kwdt;
 	float eps = sh->eps, theta = sh->theta;
 	int64_t pos0 = sh->pos0;
 	qkn_any(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, dpos, theta, act, sfwc_one_seq(), cx);
 }
 
-extern "C" void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-					   enum sfw_dtype kwdt, const struct sfw_cuda_seqs *s, int nhq, int nhk, int hd,
-					   float eps, int rope, float theta, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, const void *kw,
+					   const struct sfw_cuda_seqs *s, const struct sfw_qk_shape *sh,
+					   enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	int nhq = sh->nhq, nhk = sh->nhk, hd = sh->hd, rope = sh->rope;
+	float eps = sh->eps, theta = sh->theta;
+	enum sfw_dtype qwdt = sh->qwdt, kwdt = sh->kwdt;
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && (hd == 32 || hd == 64 || hd == 128));
 	qkn_any(q, k, qw, qwdt, kw, kwdt, s->n, nhq, nhk, hd, eps, rope, 0, NULL, theta, act, *s, cx);
 }
 
-extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-					 enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, enum sfw_dtype act,
+extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, const void *kw,
+					 const struct sfw_qk_shape *sh, enum sfw_dtype act,
 					 struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_qk_norm_rope(q, k, qw, qwdt, kw, kwdt, sh, NULL, act, cx);
+	sfw_cuda_qk_norm_rope(q, k, qw, kw, sh, NULL, act, cx);
 }

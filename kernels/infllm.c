@@ -11,9 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-void sfw_op_compress_cpu(float *c, const float *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
-			 int stride)
+void sfw_op_compress_cpu(float *c, const float *k, int level, int64_t j0, int64_t j1,
+			 const struct sfw_sel_shape *sh)
 {
+	int nkv = sh->nkv, hd = sh->hd, lv = level == 2 ? 4 : 1;
+	int ksize = lv * sh->ksize, stride = lv * sh->stride;
+	SFW_ASSERT(level == 1 || level == 2);
 	size_t row = (size_t)nkv * hd;
 	for (int64_t j = j0; j < j1; j++) {
 		float *out = c + (size_t)j * row;
@@ -101,11 +104,11 @@ static void s1_items(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_stage1_cpu(struct sfw_ops_cpu *ex, float *scores, const float *q, const float *c1, int64_t n1,
-		       const float *c2, int64_t n2, const struct sfw_sel_shape *sh)
+void sfw_op_stage1_cpu(struct sfw_ops_cpu *ex, float *scores, const float *q, const float *c1, const float *c2,
+		       const struct sfw_sel_shape *sh)
 {
 	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
-	int64_t pos0 = sh->pos0;
+	int64_t pos0 = sh->pos0, n1 = sh->n1, n2 = sh->n2;
 	float scale = sh->scale;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0);
 	struct s1_job j = {scores, q, c1, c2, n1, n2, pos0, T, nh, nkv, hd, ksize, stride, scale};
@@ -114,12 +117,11 @@ void sfw_op_stage1_cpu(struct sfw_ops_cpu *ex, float *scores, const float *q, co
 	sfwi_ops_cpu_for(ex, work < 1e5 ? 1 : sfw_ops_cpu_threads(ex), items, 1, s1_items, &j);
 }
 
-void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
-			    const struct sfw_sel_shape *sh)
+void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, const struct sfw_sel_shape *sh)
 {
 	int nkv = sh->nkv, T = sh->T, ksize = sh->ksize, stride = sh->stride, block = sh->block;
 	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
-	int64_t pos0 = sh->pos0;
+	int64_t pos0 = sh->pos0, n1 = sh->n1, nblocks = sh->nblocks;
 	for (int g = 0; g < nkv; g++)
 		for (int r = 0; r < T; r++) {
 			int64_t p = pos0 + r, qb = p / block;
@@ -151,9 +153,10 @@ static int cmp_i32(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-void sfw_op_topk_blocks_cpu(struct sfw_ops_cpu *ex, int32_t *idx, const float *pooled, int64_t nblocks,
-			    int nkv, int T, int64_t pos0, int k, int block)
+void sfw_op_topk_blocks_cpu(struct sfw_ops_cpu *ex, int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh)
 {
+	int nkv = sh->nkv, T = sh->T, k = sh->topk, block = sh->block;
+	int64_t pos0 = sh->pos0, nblocks = sh->nblocks;
 	int kk = nblocks < k ? (int)nblocks : k;
 	float *best = sfw_malloc(((size_t)kk + 1) * sizeof(float));
 	if (!best) { /* no block selected: the attention that reads idx stays in bounds */

@@ -51,10 +51,13 @@ static void compress_range(void *c, const void *k, const struct sfw_cuda_pages *
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
-				     int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_op_compress_cuda(void *c, const void *k, int level, int64_t j0, int64_t j1,
+				     const struct sfw_sel_shape *sh, enum sfw_dtype act,
+				     struct sfw_cuda_ctx *cx)
 {
-	compress_range(c, k, NULL, nkv, hd, j0, j1, ksize, stride, act, cx);
+	int lv = level == 2 ? 4 : 1;
+	SFW_ASSERT(level == 1 || level == 2);
+	compress_range(c, k, NULL, sh->nkv, sh->hd, j0, j1, lv * sh->ksize, lv * sh->stride, act, cx);
 }
 
 /* A recorded decode step appended the token at position *dpos: the level-1
@@ -102,10 +105,13 @@ extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, i
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_compress(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd,
-				  int ksize, int stride, const int64_t *j, const struct sfw_cuda_rowref *rr,
+extern "C" void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *kv, const int64_t *j,
+				  const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr,
 				  enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	const void *k = kv->kc;
+	const struct sfw_cuda_pages *pg = kv->pg;
+	int nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
 	SFW_ASSERT(ksize >= 1 && stride >= 1 && (rr ? rr->pos != NULL : j != NULL));
 	if (!rr) {
 		compress_range(c1, k, pg, nkv, hd, j[0], j[1], ksize, stride, act, cx);
@@ -351,12 +357,12 @@ static void s1_launch(s1_args a, struct sfw_cuda_ctx *cx)
 
 static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
-extern "C" void sfw_cuda_stage1(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
-				const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
-				struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_stage1(float *scores, const void *q, const void *c1, const void *c2,
+				const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr,
+				enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
-	int64_t pos0 = rr ? 0 : sh->pos0;
+	int64_t pos0 = rr ? 0 : sh->pos0, n1 = sh->n1, n2 = sh->n2;
 	float scale = sh->scale;
 	if (T <= 0 || n1 <= 0) /* (rr: no chunk can be complete within the bound: no scores) */
 		return;
@@ -371,11 +377,11 @@ extern "C" void sfw_cuda_stage1(float *scores, const void *q, const void *c1, in
 	s1_any(a, hd, act, cx);
 }
 
-extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2,
-				   int64_t n2, const struct sfw_sel_shape *sh, enum sfw_dtype act,
+extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, const void *c2,
+				   const struct sfw_sel_shape *sh, enum sfw_dtype act,
 				   struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_stage1(scores, q, c1, n1, c2, n2, sh, NULL, act, cx);
+	sfw_cuda_stage1(scores, q, c1, c2, sh, NULL, act, cx);
 }
 
 static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
@@ -432,13 +438,13 @@ static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n
 	}
 }
 
-extern "C" void sfw_cuda_pool_blocks(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
-				     const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+extern "C" void sfw_cuda_pool_blocks(float *pooled, const float *scores, const struct sfw_sel_shape *sh,
+				     const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
 				     struct sfw_cuda_ctx *cx)
 {
 	int nkv = sh->nkv, T = sh->T, ksize = sh->ksize, stride = sh->stride, block = sh->block;
 	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
-	int64_t pos0 = rr ? 0 : sh->pos0;
+	int64_t pos0 = rr ? 0 : sh->pos0, n1 = sh->n1, nblocks = sh->nblocks;
 	(void)act; /* scores are already rounded where the reference rounds */
 	SFW_ASSERT(!rr || (rr->pos && T == 1));
 	size_t n = (size_t)nkv * T * nblocks;
@@ -450,10 +456,10 @@ extern "C" void sfw_cuda_pool_blocks(float *pooled, const float *scores, int64_t
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
-					const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, const struct sfw_sel_shape *sh,
+					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_pool_blocks(pooled, scores, n1, nblocks, sh, NULL, act, cx);
+	sfw_cuda_pool_blocks(pooled, scores, sh, NULL, act, cx);
 }
 
 /* ---- top-k ---- */
@@ -647,10 +653,12 @@ static __global__ void __launch_bounds__(NT)
 		out[i] = -1;
 }
 
-extern "C" void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
-				     int k, int block, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+extern "C" void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,
+				     const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
 				     struct sfw_cuda_ctx *cx)
 {
+	int nkv = sh->nkv, T = sh->T, k = sh->topk, block = sh->block;
+	int64_t pos0 = sh->pos0, nblocks = sh->nblocks;
 	(void)act;
 	if (T <= 0 || nkv <= 0)
 		return;
@@ -665,16 +673,17 @@ extern "C" void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, int64_t 
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T,
-					int64_t pos0, int k, int block, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,
+					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_topk_blocks(idx, pooled, nblocks, nkv, T, pos0, k, block, NULL, act, cx);
+	sfw_cuda_topk_blocks(idx, pooled, sh, NULL, act, cx);
 }
 
-extern "C" void sfw_cuda_pool_topk(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
-				   int init_blocks, int local_blocks, const struct sfw_cuda_rowref *rr,
-				   struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_pool_topk(int32_t *idx, const float *scores, const struct sfw_sel_shape *sh,
+				   const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx)
 {
+	int nkv = sh->nkv, k = sh->topk, block = sh->block, ksize = sh->ksize, stride = sh->stride;
+	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
 	SFW_ASSERT(rr && rr->pos && nkv > 0);
 	topk_pool pp = {scores, ksize, stride, init_blocks, local_blocks};
 	sfwc_launch(topk_kernel<1024, true>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, (const float *)NULL,

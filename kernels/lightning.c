@@ -47,10 +47,11 @@ static void gla_rec_heads(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_gla_recurrent_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k,
-			      const float *v, float *state, const float *decay, int T, int nh, int hd,
-			      float scale)
+void sfw_op_gla_recurrent_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k, const float *v, float *state,
+			      const float *decay, const struct sfw_gla_shape *sh)
 {
+	int T = sh->T, nh = sh->nh, hd = sh->hd;
+	float scale = sh->scale;
 	struct gla_job j = {o, q, k, v, state, decay, T, nh, hd, 0, scale, NULL};
 	int nt = T * (size_t)nh * hd * hd < 1 << 16 ? 1 : sfw_ops_cpu_threads(ex);
 	sfwi_ops_cpu_for(ex, nt, (size_t)nh, 1, gla_rec_heads, &j);
@@ -129,9 +130,11 @@ static void gla_chunk_heads(void *ctx, size_t b, size_t e, int tid)
 	sfw_free(A);
 }
 
-void sfw_op_gla_chunked_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k, const float *v,
-			    float *state, const float *decay, int T, int nh, int hd, float scale, int chunk)
+void sfw_op_gla_chunked_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k, const float *v, float *state,
+			    const float *decay, const struct sfw_gla_shape *sh)
 {
+	int T = sh->T, nh = sh->nh, hd = sh->hd, chunk = sh->chunk;
+	float scale = sh->scale;
 	SFW_ASSERT(chunk > 0);
 	struct gla_job j = {o, q, k, v, state, decay, T, nh, hd, chunk, scale, sfwi_ops_cpu_job(ex)};
 	sfwi_ops_cpu_for(ex, sfw_ops_cpu_threads(ex), (size_t)nh, 1, gla_chunk_heads, &j);

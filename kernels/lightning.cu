@@ -425,24 +425,27 @@ static void gla_any(bool chunked, void *o, const void *q, const void *k, const v
 }
 
 extern "C" void sfw_op_gla_recurrent_cuda(void *o, const void *q, const void *k, const void *v, float *state,
-					  const float *decay, int T, int nh, int hd, float scale, enum sfw_dtype act,
-					  struct sfw_cuda_ctx *cx)
+					  const float *decay, const struct sfw_gla_shape *sh,
+					  enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	gla_any(false, o, q, k, v, state, decay, T, nh, hd, scale, act, cx);
+	gla_any(false, o, q, k, v, state, decay, sh->T, sh->nh, sh->hd, sh->scale, act, cx);
 }
 
 extern "C" void sfw_op_gla_chunked_cuda(void *o, const void *q, const void *k, const void *v, float *state,
-					const float *decay, int T, int nh, int hd, float scale, int chunk,
+					const float *decay, const struct sfw_gla_shape *sh,
 					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	SFW_ASSERT(chunk > 0);
-	gla_any(true, o, q, k, v, state, decay, T, nh, hd, scale, act, cx);
+	SFW_ASSERT(sh->chunk > 0);
+	gla_any(true, o, q, k, v, state, decay, sh->T, sh->nh, sh->hd, sh->scale, act, cx);
 }
 
 /* A batched decode step: row i (T = 1) against sequence i's state. */
-extern "C" void sfw_cuda_gla_seqs(void *o, const void *q, const void *k, const void *v, const struct sfw_cuda_seqs *s,
-				  const float *decay, int nh, int hd, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_gla_seqs(void *o, const void *q, const void *k, const void *v,
+				  const struct sfw_cuda_seqs *s, const float *decay,
+				  const struct sfw_gla_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	int nh = sh->nh, hd = sh->hd;
+	float scale = sh->scale;
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX);
 	cudaStream_t st = SFW_CUDA_STREAM(cx->stream);
 #define GLA_SEQS(HD)                                                                                             \

@@ -228,16 +228,18 @@ void sfwi_cuda_gemv_logits(const uint16_t *X, const uint16_t *W, float *Y, int M
 	gemv_any(X, K, W, (sfwc_f32_bf16r *)Y, N, M, N, K, 0, 0, alpha, SFW_CUDA_STREAM(stream));
 }
 
-extern "C" void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M,
-				      int N, int K, int rows_per_warp, int unroll, void *stream)
+extern "C" void sfw_cuda_gemv_variant(const uint16_t *X, const uint16_t *W, uint16_t *Y,
+				      const struct sfw_gemm_shape *sh, int rows_per_warp, int unroll,
+				      void *stream)
 {
-	gemv_any(X, ldx, W, Y, ldy, M, N, K, rows_per_warp, unroll, 1.0f, SFW_CUDA_STREAM(stream));
+	gemv_any(X, sfw_gemm_ldx(sh), W, Y, sfw_gemm_ldy(sh), sh->M, sh->N, sh->K, rows_per_warp, unroll,
+		 1.0f, SFW_CUDA_STREAM(stream));
 }
 
-extern "C" void sfw_cuda_gemv(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M, int N,
-			      int K, void *stream)
+extern "C" void sfw_cuda_gemv(const uint16_t *X, const uint16_t *W, uint16_t *Y,
+			      const struct sfw_gemm_shape *sh, void *stream)
 {
-	sfw_cuda_gemv_variant(X, ldx, W, Y, ldy, M, N, K, 0, 0, stream);
+	sfw_cuda_gemv_variant(X, W, Y, sh, 0, 0, stream);
 }
 
 /* ---- cuBLASLt ---- */
@@ -359,34 +361,36 @@ static void gemm_any(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const 
 	gemm_rank(b, X, ldx, W, Y, ldy, M, N, K, out_f32, alpha, 0, stream);
 }
 
-extern "C" int sfw_cuda_gemm_rank(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, void *Y,
-				  int ldy, int M, int N, int K, int out_f32, int rank, void *stream)
+extern "C" int sfw_cuda_gemm_rank(struct sfw_cuda_blas *b, const uint16_t *X, const uint16_t *W, void *Y,
+				  const struct sfw_gemm_shape *sh, int out_f32, int rank, void *stream)
 {
-	return gemm_rank(b, X, ldx, W, Y, ldy, M, N, K, out_f32, 1.0f, rank, stream);
+	return gemm_rank(b, X, sfw_gemm_ldx(sh), W, Y, sfw_gemm_ldy(sh), sh->M, sh->N, sh->K, out_f32, 1.0f,
+			 rank, stream);
 }
 
-extern "C" void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y,
-			      int ldy, int M, int N, int K, void *stream)
+extern "C" void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, const uint16_t *W, uint16_t *Y,
+			      const struct sfw_gemm_shape *sh, void *stream)
 {
-	gemm_any(b, X, ldx, W, Y, ldy, M, N, K, 0, 1.0f, stream);
+	gemm_any(b, X, sfw_gemm_ldx(sh), W, Y, sfw_gemm_ldy(sh), sh->M, sh->N, sh->K, 0, 1.0f, stream);
 }
 
-extern "C" void sfw_cuda_linear_f32out(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W,
-				       float *Y, int ldy, int M, int N, int K, float alpha, void *stream)
+extern "C" void sfw_cuda_linear_f32out(struct sfw_cuda_blas *b, const uint16_t *X, const uint16_t *W,
+				       float *Y, const struct sfw_gemm_shape *sh, float alpha, void *stream)
 {
+	int ldx = sfw_gemm_ldx(sh), ldy = sfw_gemm_ldy(sh), M = sh->M, N = sh->N, K = sh->K;
 	if (M <= SFW_CUDA_GEMV_AUTO_M)
 		gemv_any(X, ldx, W, Y, ldy, M, N, K, 0, 0, alpha, SFW_CUDA_STREAM(stream));
 	else
 		gemm_any(b, X, ldx, W, Y, ldy, M, N, K, 1, alpha, stream);
 }
 
-extern "C" void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y,
-				int ldy, int M, int N, int K, void *stream)
+extern "C" void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, const uint16_t *W, uint16_t *Y,
+				const struct sfw_gemm_shape *sh, void *stream)
 {
-	if (M <= SFW_CUDA_GEMV_AUTO_M)
-		sfw_cuda_gemv(X, ldx, W, Y, ldy, M, N, K, stream);
+	if (sh->M <= SFW_CUDA_GEMV_AUTO_M)
+		sfw_cuda_gemv(X, W, Y, sh, stream);
 	else
-		sfw_cuda_gemm(b, X, ldx, W, Y, ldy, M, N, K, stream);
+		sfw_cuda_gemm(b, X, W, Y, sh, stream);
 }
 
 extern "C" enum sfw_status sfw_cuda_measure_gemm(int n, double *tflops, struct sfw_err *err)
@@ -411,12 +415,13 @@ extern "C" enum sfw_status sfw_cuda_measure_gemm(int n, double *tflops, struct s
 		cudaEvent_t e0, e1;
 		SFW_CUDA_CHECK(cudaEventCreate(&e0));
 		SFW_CUDA_CHECK(cudaEventCreate(&e1));
+		struct sfw_gemm_shape sh = {n, n, n, n, n};
 		for (int i = 0; i < 3; i++)
-			sfw_cuda_gemm(b, (uint16_t *)x, n, (uint16_t *)w, (uint16_t *)y, n, n, n, n, s);
+			sfw_cuda_gemm(b, (uint16_t *)x, (uint16_t *)w, (uint16_t *)y, &sh, s);
 		std::vector<float> t;
 		for (int i = 0; i < 10; i++) {
 			SFW_CUDA_CHECK(cudaEventRecord(e0, s));
-			sfw_cuda_gemm(b, (uint16_t *)x, n, (uint16_t *)w, (uint16_t *)y, n, n, n, n, s);
+			sfw_cuda_gemm(b, (uint16_t *)x, (uint16_t *)w, (uint16_t *)y, &sh, s);
 			SFW_CUDA_CHECK(cudaEventRecord(e1, s));
 			float ms;
 			SFW_CUDA_CHECK(cudaEventSynchronize(e1));

@@ -416,12 +416,14 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 	}
 }
 
-extern "C" void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-				    int group, int r0, int nr, int K, void *stream)
+extern "C" void sfw_cuda_dequant_w8(uint16_t *Wd, const struct sfw_w8 *w, int r0, int nr, int K, void *stream)
 {
+	const uint8_t *codes = w->codes;
+	const void *scales = w->scales;
+	enum sfw_dtype sdt = w->sdt;
 	if (nr <= 0)
 		return;
-	group = w8_group(group, K);
+	int group = w8_group(w->group, K);
 	int vec = K % 16 == 0 && group % 16 == 0 && ((uintptr_t)codes & 15) == 0 && ((uintptr_t)Wd & 15) == 0;
 	size_t work = vec ? (size_t)nr * (K / 16) : (size_t)nr * K;
 	unsigned blocks = sfwc_blocks(work, 256);
@@ -448,14 +450,16 @@ static void gemm_w8_any(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, con
 {
 	int rows = (int)sfw_cuda_w8_slab_rows(N, K, scratch_bytes);
 	SFW_ASSERT((size_t)rows * K * 2 <= scratch_bytes); /* planned: K ≤ scratch / 128 */
+	struct sfw_w8 w = {C, S, sdt, group};
 	for (int n0 = 0; n0 < N; n0 += rows) {
 		int nb = N - n0 < rows ? N - n0 : rows;
-		sfw_cuda_dequant_w8((uint16_t *)scratch, C, S, sdt, group, n0, nb, K, stream);
+		struct sfw_gemm_shape slab = {M, nb, K, ldx, ldy};
+		sfw_cuda_dequant_w8((uint16_t *)scratch, &w, n0, nb, K, stream);
 		if (out_f32)
-			sfw_cuda_linear_f32out(b, X, ldx, (const uint16_t *)scratch, (float *)Y + n0, ldy, M, nb, K, alpha,
+			sfw_cuda_linear_f32out(b, X, (const uint16_t *)scratch, (float *)Y + n0, &slab, alpha,
 					       stream);
 		else
-			sfw_cuda_gemm(b, X, ldx, (const uint16_t *)scratch, (uint16_t *)Y + n0, ldy, M, nb, K, stream);
+			sfw_cuda_gemm(b, X, (const uint16_t *)scratch, (uint16_t *)Y + n0, &slab, stream);
 	}
 	if (out_f32) {
 		size_t n = (size_t)M * N;
@@ -466,18 +470,21 @@ static void gemm_w8_any(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, con
 	}
 }
 
-extern "C" void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
-					 enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K,
-					 int rows_per_warp, int unroll, void *stream)
+extern "C" void sfw_cuda_gemv_w8_variant(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
+					 const struct sfw_gemm_shape *sh, int rows_per_warp, int unroll,
+					 void *stream)
 {
-	gemv_w8_any(X, ldx, codes, scales, sdt, group, Y, ldy, M, N, K, rows_per_warp, unroll, 1.0f,
-		    SFW_CUDA_STREAM(stream));
+	gemv_w8_any(X, sfw_gemm_ldx(sh), w->codes, w->scales, w->sdt, w->group, Y, sfw_gemm_ldy(sh), sh->M,
+		    sh->N, sh->K, rows_per_warp, unroll, 1.0f, SFW_CUDA_STREAM(stream));
 }
 
-extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-					  enum sfw_dtype sdt, int group, int N, int K, struct sfw_cuda_ctx *cx)
+extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const struct sfw_w8 *w, int N, int K,
+					  struct sfw_cuda_ctx *cx)
 {
-	group = w8_group(group, K);
+	const uint8_t *codes = w->codes;
+	const void *scales = w->scales;
+	enum sfw_dtype sdt = w->sdt;
+	int group = w8_group(w->group, K);
 	if (N <= 0 || sdt != SFW_DTYPE_BF16 || !w8_vec_ok(x, K, codes, group, 1, K))
 		return 0;
 	int blocks = (N + W8_WARPS - 1) / W8_WARPS;
@@ -489,11 +496,12 @@ extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t 
 	return 1;
 }
 
-extern "C" void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *codes,
-				 const void *scales, enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N,
-				 int K, void *scratch, size_t scratch_bytes, void *stream)
+extern "C" void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, const struct sfw_w8 *w,
+				 uint16_t *Y, const struct sfw_gemm_shape *sh, void *scratch,
+				 size_t scratch_bytes, void *stream)
 {
-	gemm_w8_any(b, X, ldx, codes, scales, sdt, group, Y, ldy, M, N, K, 0, 1.0f, scratch, scratch_bytes, stream);
+	gemm_w8_any(b, X, sfw_gemm_ldx(sh), w->codes, w->scales, w->sdt, w->group, Y, sfw_gemm_ldy(sh), sh->M,
+		    sh->N, sh->K, 0, 1.0f, scratch, scratch_bytes, stream);
 }
 
 /* The scratch the op twins dequantize into: the bound op scratch (≥
@@ -514,25 +522,32 @@ static int w8mma_rows(int M, int N, int K)
 	return M >= 3 && (M <= 32 || (M <= 64 && (N >= 2 * K || (K >= 2 * N && N >= 1024))));
 }
 
-extern "C" int sfw_op_swiglu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-				    enum sfw_dtype sdt, int group, int M, int N, int K, struct sfw_cuda_ctx *cx)
+extern "C" int sfw_op_swiglu_w8_cuda(void *y, const void *x, const struct sfw_w8 *w,
+				     const struct sfw_gemm_shape *sh, struct sfw_cuda_ctx *cx)
 {
+	int M = sh->M, N = sh->N, K = sh->K;
 	if (M < 3 || M > 64)
 		return 0;
-	return sfw_cuda_gemm_w8_mma((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 1,
-				    cx->w8ws, SFW_CUDA_W8WS_BYTES, cx->stream, cx->sms);
+	struct sfw_gemm_shape dense = {M, N, K, K, N};
+	return sfw_cuda_gemm_w8_mma((const uint16_t *)x, w, (uint16_t *)y, &dense, 1, cx->w8ws,
+				    SFW_CUDA_W8WS_BYTES, cx->stream, cx->sms);
 }
 
-extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-				      enum sfw_dtype sdt, int group, int M, int N, int K, enum sfw_dtype act,
+extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const struct sfw_w8 *w,
+				      const struct sfw_gemm_shape *sh, enum sfw_dtype act,
 				      struct sfw_cuda_ctx *cx)
 {
+	const uint8_t *codes = w->codes;
+	const void *scales = w->scales;
+	enum sfw_dtype sdt = w->sdt;
+	int group = w->group, M = sh->M, N = sh->N, K = sh->K;
 	if (M <= 0 || N <= 0)
 		return;
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
+	struct sfw_gemm_shape dense = {M, N, K, K, N};
 	if (act == SFW_DTYPE_BF16 && w8mma_rows(M, N, K) &&
-	    sfw_cuda_gemm_w8_mma((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0,
-				 cx->w8ws, SFW_CUDA_W8WS_BYTES, cx->stream, cx->sms))
+	    sfw_cuda_gemm_w8_mma((const uint16_t *)x, w, (uint16_t *)y, &dense, 0, cx->w8ws,
+				 SFW_CUDA_W8WS_BYTES, cx->stream, cx->sms))
 		return;
 	if (act == SFW_DTYPE_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
 		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0, 0,
@@ -552,10 +567,14 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *cod
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales,
-				      enum sfw_dtype sdt, int group, int M, int N, int K, float in_scale,
-				      enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_op_logits_w8_cuda(float *y, const void *x, const struct sfw_w8 *w,
+				      const struct sfw_gemm_shape *sh, float in_scale, enum sfw_dtype act,
+				      struct sfw_cuda_ctx *cx)
 {
+	const uint8_t *codes = w->codes;
+	const void *scales = w->scales;
+	enum sfw_dtype sdt = w->sdt;
+	int group = w->group, M = sh->M, N = sh->N, K = sh->K;
 	if (M <= 0 || N <= 0)
 		return;
 	SFW_ASSERT(act == SFW_DTYPE_BF16); /* the engine's activations; float twins use the CPU */

@@ -614,9 +614,11 @@ extern "C" size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu, int sms
 	return w8m_plan_for(M, N, K, silu, w8m_sms(sms)).ws_bytes;
 }
 
-extern "C" int sfw_cuda_w8mma_ok(const void *X, int ldx, const uint8_t *codes, int group, int M, int N, int K,
-				 enum sfw_dtype sdt)
+extern "C" int sfw_cuda_w8mma_ok(const void *X, const struct sfw_w8 *w, const struct sfw_gemm_shape *sh)
 {
+	const uint8_t *codes = w->codes;
+	enum sfw_dtype sdt = w->sdt;
+	int group = w->group, ldx = sfw_gemm_ldx(sh), M = sh->M, N = sh->N, K = sh->K;
 	int g = group <= 0 || group >= K ? K : group;
 	return M >= 1 && N >= 1 && K >= 16 && K % 16 == 0 && g % 16 == 0 && ldx >= K && ldx % 8 == 0 &&
 	       ((uintptr_t)X & 15) == 0 && ((uintptr_t)codes & 15) == 0 &&
@@ -647,11 +649,15 @@ static void w8m_launch(const struct w8m_plan &pl, const struct w8m_args &a, cuda
 		w8m_launch1<MT, NT, WM, WN, ST, SILU, false>(pl, a, s);
 }
 
-extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
-				    enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K, int silu,
-				    void *ws, size_t ws_bytes, void *stream, int sms)
+extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
+				    const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes,
+				    void *stream, int sms)
 {
-	if (!sfw_cuda_w8mma_ok(X, ldx, codes, group, M, N, K, sdt) || ldy < N)
+	const uint8_t *codes = w->codes;
+	const void *scales = w->scales;
+	enum sfw_dtype sdt = w->sdt;
+	int group = w->group, ldx = sfw_gemm_ldx(sh), ldy = sfw_gemm_ldy(sh), M = sh->M, N = sh->N, K = sh->K;
+	if (!sfw_cuda_w8mma_ok(X, w, sh) || ldy < N)
 		return 0;
 	int g = group <= 0 || group >= K ? K : group;
 	struct w8m_plan pl = w8m_plan_for(M, N, K, silu, w8m_sms(sms));

@@ -3,8 +3,9 @@
  * module's CUDA interface (kernels/ops_cuda.h), kept in its own header until
  * the engine calls it.
  *
- * Y [M, N] bf16 (row stride ldy) = X [M, K] bf16 (row stride ldx) · Wᵀ, W the
- * int8 layout of num/w8_layout.h read in place (codes [N, K] bytes, scales
+ * Y [M, N] bf16 (row stride ldy) = X [M, K] bf16 (row stride ldx) · Wᵀ
+ * (struct sfw_gemm_shape, kernels/ops.h), W the int8 layout of
+ * num/w8_layout.h read in place (struct sfw_w8: codes [N, K] bytes, scales
  * [N, G] BF16/F16/F32, group 32, 64, 128, any multiple of 16, or <= 0 / K
  * for per channel): the weights uploaded for the GEMV serve as they are,
  * there is no repack. Meaning: sfw_op_matmul_w8_cpu (kernels/matmul_w8.c),
@@ -43,12 +44,11 @@
 extern "C" {
 #endif
 
-int sfw_cuda_w8mma_ok(const void *X, int ldx, const uint8_t *codes, int group, int M, int N, int K,
-		      enum sfw_dtype sdt);
+int sfw_cuda_w8mma_ok(const void *X, const struct sfw_w8 *w, const struct sfw_gemm_shape *sh);
 size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu, int sms);
-int sfw_cuda_gemm_w8_mma(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-			 int group, uint16_t *Y, int ldy, int M, int N, int K, int silu, void *ws, size_t ws_bytes,
-			 void *stream, int sms);
+int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
+			 const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes, void *stream,
+			 int sms);
 
 #ifdef __cplusplus
 }

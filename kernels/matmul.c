@@ -244,8 +244,9 @@ void sfw_op_matmul_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const v
 }
 
 void sfw_op_logits_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w, enum sfw_dtype wdt,
-		       int M, int N, int K, float in_scale)
+		       const struct sfw_gemm_shape *sh, float in_scale)
 {
+	int M = sh->M, N = sh->N, K = sh->K;
 	float *xs = sfw_malloc((size_t)M * K * sizeof(float));
 	if (!xs) {
 		sfwi_ops_cpu_fail(ex);

@@ -36,7 +36,8 @@ extern "C" void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum s
 	if (M <= 0 || N <= 0)
 		return;
 	if (act == SFW_DTYPE_BF16 && wdt == SFW_DTYPE_BF16) {
-		sfw_cuda_linear(cx->blas, (const uint16_t *)x, K, (const uint16_t *)w, (uint16_t *)y, N, M, N, K,
+		struct sfw_gemm_shape sh = {M, N, K, K, N};
+		sfw_cuda_linear(cx->blas, (const uint16_t *)x, (const uint16_t *)w, (uint16_t *)y, &sh,
 				cx->stream);
 		return;
 	}
@@ -53,9 +54,11 @@ static __global__ void round_bf16_inplace(float *y, size_t n)
 		y[i] = sfwc_rbf(y[i]);
 }
 
-extern "C" void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
-				   float in_scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_dtype wdt,
+				   const struct sfw_gemm_shape *sh, float in_scale, enum sfw_dtype act,
+				   struct sfw_cuda_ctx *cx)
 {
+	int M = sh->M, N = sh->N, K = sh->K;
 	if (M <= 0 || N <= 0)
 		return;
 	if (act == SFW_DTYPE_BF16 && wdt == SFW_DTYPE_BF16) {
@@ -67,7 +70,8 @@ extern "C" void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum 
 			sfwi_cuda_gemv_logits((const uint16_t *)x, (const uint16_t *)w, y, M, N, K, in_scale, cx->stream);
 			return;
 		}
-		sfw_cuda_linear_f32out(cx->blas, (const uint16_t *)x, K, (const uint16_t *)w, y, N, M, N, K,
+		struct sfw_gemm_shape dense = {M, N, K, K, N};
+		sfw_cuda_linear_f32out(cx->blas, (const uint16_t *)x, (const uint16_t *)w, y, &dense,
 				       in_scale, cx->stream);
 		size_t n = (size_t)M * N;
 		sfwc_launch(round_bf16_inplace, dim3((unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), y, n);

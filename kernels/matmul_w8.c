@@ -286,9 +286,12 @@ static void tiles_fn(void *ctx, size_t b, size_t e, int tid)
 	}
 }
 
-void sfw_op_matmul_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const uint8_t *codes,
-			  const void *scales, enum sfw_dtype sdt, int group, int M, int N, int K)
+void sfw_op_matmul_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const struct sfw_w8 *w, const struct sfw_gemm_shape *sh)
 {
+	const uint8_t *codes = w->codes;
+	const void *scales = w->scales;
+	enum sfw_dtype sdt = w->sdt;
+	int group = w->group, M = sh->M, N = sh->N, K = sh->K;
 	if (M <= 0 || N <= 0)
 		return;
 	if (group <= 0 || group > K)
@@ -321,9 +324,9 @@ void sfw_op_matmul_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, cons
 	sfw_free(j.scratch);
 }
 
-void sfw_op_matmul_silu_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const uint8_t *codes,
-			       const void *scales, enum sfw_dtype sdt, int group, int N, int K)
+void sfw_op_matmul_silu_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const struct sfw_w8 *w, int N, int K)
 {
+	struct sfw_gemm_shape gsh = {1, 2 * N, K, 0, 0};
 	if (N <= 0)
 		return;
 	float *gu = sfw_malloc((size_t)2 * N * sizeof(float));
@@ -331,7 +334,7 @@ void sfw_op_matmul_silu_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x,
 		sfwi_ops_cpu_fail(ex); /* output undefined, the flag raised (ops.h) */
 		return;
 	}
-	sfw_op_matmul_w8_cpu(ex, gu, x, codes, scales, sdt, group, 1, 2 * N, K);
+	sfw_op_matmul_w8_cpu(ex, gu, x, w, &gsh);
 	sfw_op_silu_mul_cpu(y, gu, gu + N, (size_t)N);
 	sfw_free(gu);
 }

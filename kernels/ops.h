@@ -70,17 +70,78 @@ struct sfw_sel_shape {
 	int ksize, stride;
 	int block, init_blocks, local_blocks;
 	float scale;
+	int64_t n1, n2;	 /* the level-1 and level-2 chunks scored (stage 1, pooling) */
+	int64_t nblocks; /* the blocks pooled and ranked */
+	int topk;	 /* the blocks kept per (group, row) */
 };
 
 /* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_*): T rows
  * of nhq query and nhk key heads of hd at positions pos0 .., rmsnorm eps,
- * RoPE when rope != 0 with base theta. */
+ * RoPE when rope != 0 with base theta; the norm weights stored as qwdt and
+ * kwdt. */
 struct sfw_qk_shape {
 	int T, nhq, nhk, hd;
 	float eps;
 	int rope;
 	int64_t pos0;
 	float theta;
+	enum sfw_dtype qwdt, kwdt;
+};
+
+/* The fused norms (sfw_op_add_rmsnorm_*, sfw_op_rmsnorm_gate_*): rows rows
+ * of n, rmsnorm eps, the weight w [n] stored as wdt. */
+struct sfw_norm_shape {
+	int rows, n;
+	float eps;
+	enum sfw_dtype wdt;
+};
+
+/* A matrix product y [M, N] = x [M, K] . W[N, K]^T; rows of x and y ldx and
+ * ldy elements apart, 0 meaning dense (K, N). The sfw_op_* twins take dense
+ * rows (they read M, N, K); the CUDA linears of kernels/ops_cuda.h take
+ * strides. */
+struct sfw_gemm_shape {
+	int M, N, K;
+	int ldx, ldy;
+};
+static inline int sfw_gemm_ldx(const struct sfw_gemm_shape *sh)
+{
+	return sh->ldx ? sh->ldx : sh->K;
+}
+static inline int sfw_gemm_ldy(const struct sfw_gemm_shape *sh)
+{
+	return sh->ldy ? sh->ldy : sh->N;
+}
+
+/* An int8 weight W [N, K] (W8A16, num/w8_layout.h), in the twin's memory:
+ * W[n, k] = (codes[n * ceil(K/4)*4 + k] - 128) * scales[n, k / group],
+ * scales [N, ceil(K/group)] in sdt (BF16, F16 or F32), group = K (or <= 0)
+ * for per-channel scales. */
+struct sfw_w8 {
+	const uint8_t *codes;
+	const void *scales;
+	enum sfw_dtype sdt;
+	int group;
+};
+
+/* An attention call (sfw_op_attn_dense_*, sfw_op_attn_sparse_*): T rows at
+ * positions pos0 .. pos0 + T - 1 of nh query heads over nkv key heads of
+ * hd, scores scaled by scale; sparse: topk selected blocks of `block`
+ * tokens per (group, row). */
+struct sfw_attn_shape {
+	int T, nh, nkv, hd;
+	int64_t pos0;
+	float scale;
+	int topk, block;
+};
+
+/* A lightning (simple GLA) call: T rows of nh heads of hd, the output
+ * scaled by scale; the chunked form's chunk length (the recurrent form
+ * reads no chunk). */
+struct sfw_gla_shape {
+	int T, nh, hd;
+	float scale;
+	int chunk;
 };
 /* nthreads in [1, 256]. */
 SFW_MUST_CHECK enum sfw_status sfw_ops_cpu_new(int nthreads, struct sfw_ops_cpu **out, struct sfw_err *err);
@@ -133,21 +194,21 @@ void sfw_op_sigmoid_mul_cpu(float *y, const float *x, const float *gate, size_t 
 void sfw_op_rope_neox_cpu(float *x, int T, int nh, int hd, int64_t pos0, float theta);
 /* Fused (kernels/fused.c): x[r, :] += scale * b[r, :], then y = rmsnorm(x)
  * with w, exactly add_scaled followed by rmsnorm. y must not alias x or b. */
-void sfw_op_add_rmsnorm_cpu(struct sfw_ops_cpu *ex, float *y, float *x, const float *b, float scale,
-			    const void *w, enum sfw_dtype wdt, int rows, int n, float eps);
+void sfw_op_add_rmsnorm_cpu(struct sfw_ops_cpu *ex, float *y, float *x, const float *b, float scale, const void *w,
+			    const struct sfw_norm_shape *sh);
 /* Fused (kernels/fused.c): y = rmsnorm(x) with w, then y *= sigmoid(z)
  * (the Lightning output norm and gate, docs/model-spec.md §2.7 step 5),
  * exactly rmsnorm followed by sigmoid_mul. y may alias x, not z. */
-void sfw_op_rmsnorm_gate_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w,
-			     enum sfw_dtype wdt, const float *z, int rows, int n, float eps);
+void sfw_op_rmsnorm_gate_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w, const float *z,
+			     const struct sfw_norm_shape *sh);
 /* Fused (kernels/fused.c): the lightning layers' per-head q/k norm and RoPE
  * (docs/model-spec.md §2.7 steps 2-3) in place on q [T, nhq, hd] and k [T, nhk, hd]:
  * q = rmsnorm(q) with qw [hd] and k = rmsnorm(k) with kw [hd] per head
  * (rows T*nhq and T*nhk, n = hd; qw or kw NULL: that norm is left out),
  * then, when rope != 0, NeoX RoPE on both from pos0: exactly
  * sfw_op_rmsnorm_cpu then sfw_op_rope_neox_cpu. */
-void sfw_op_qk_norm_rope_cpu(struct sfw_ops_cpu *ex, float *q, float *k, const void *qw, enum sfw_dtype qwdt,
-			     const void *kw, enum sfw_dtype kwdt, const struct sfw_qk_shape *sh);
+void sfw_op_qk_norm_rope_cpu(struct sfw_ops_cpu *ex, float *q, float *k, const void *qw, const void *kw,
+			     const struct sfw_qk_shape *sh);
 
 /* ---- matrix products (kernels/matmul.c) ----------------------------------- */
 
@@ -156,77 +217,74 @@ void sfw_op_matmul_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const v
 		       int M, int N, int K);
 /* logits[M, N] = (x[M, K] * in_scale) . W^T ; in_scale = 1/(hidden/dim_model_base). */
 void sfw_op_logits_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const void *w, enum sfw_dtype wdt,
-		       int M, int N, int K, float in_scale);
+		       const struct sfw_gemm_shape *sh, float in_scale);
 
-/* y[M, N] = x[M, K] . W^T with W int8 (W8A16, kernels/matmul_w8.c):
- * W[n, k] = (codes[n * ceil(K/4)*4 + k] - 128) * scale[n, k / group],
- * scales [N, ceil(K/group)] in sdt (BF16, F16 or F32), group = K for
- * per-channel scales. Dequantized on the fly, fp32 accumulation. */
-void sfw_op_matmul_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const uint8_t *codes,
-			  const void *scales, enum sfw_dtype sdt, int group, int M, int N, int K);
+/* y[M, N] = x[M, K] . W^T with W int8 (W8A16, kernels/matmul_w8.c; the
+ * layout of struct sfw_w8). Dequantized on the fly, fp32 accumulation. */
+void sfw_op_matmul_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const struct sfw_w8 *w, const struct sfw_gemm_shape *sh);
 /* The decode MLP's SwiGLU over an int8 merged gate|up [2N, K] (one token):
  * y[N] = silu(g)·u with g, u the halves of x·Wᵀ, as sfw_op_matmul_w8_cpu
  * followed by sfw_op_silu_mul_cpu (the C twin of sfw_op_matmul_silu_w8_cuda). */
-void sfw_op_matmul_silu_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const uint8_t *codes,
-			       const void *scales, enum sfw_dtype sdt, int group, int N, int K);
+void sfw_op_matmul_silu_w8_cpu(struct sfw_ops_cpu *ex, float *y, const float *x, const struct sfw_w8 *w, int N, int K);
 
 /* ---- lightning attention: simple GLA, fp32 state (kernels/lightning.c) ---- */
 
 /* Per head h: S_h <- exp(-decay[h]) * S_h + k_t^T v_t ; o_t = scale * q_t S_h
- * (current token included), for t = 0..T-1 in order. q, k, v, o [T, nh, hd];
- * state [nh, hd, hd] is updated in place. decay[h] = slope_h > 0. */
-void sfw_op_gla_recurrent_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k,
-			      const float *v, float *state, const float *decay, int T, int nh, int hd,
-			      float scale);
-/* The same result computed in chunks of `chunk` tokens (64 as fla): intra-chunk
+ * (current token included), for t = 0..T-1 in order. q, k, v, o [T, nh, hd]
+ * (struct sfw_gla_shape); state [nh, hd, hd] is updated in place.
+ * decay[h] = slope_h > 0. */
+void sfw_op_gla_recurrent_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k, const float *v, float *state,
+			      const float *decay, const struct sfw_gla_shape *sh);
+/* The same result computed in chunks of sh->chunk tokens (64 as fla): intra-chunk
  * causal (q.k) with decay weights plus the inter-chunk state term. */
-void sfw_op_gla_chunked_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k, const float *v,
-			    float *state, const float *decay, int T, int nh, int hd, float scale, int chunk);
+void sfw_op_gla_chunked_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *k, const float *v, float *state,
+			    const float *decay, const struct sfw_gla_shape *sh);
 
 /* ---- attention (kernels/attention.c) -------------------------------------- */
 
-/* Dense causal GQA: o[r, h] = softmax_j(scale * q[r,h].K[j,g]) V[j,g] over
- * j <= pos0 + r, g = h / (nh/nkv). kc, vc [>= pos0+T, nkv, hd]. */
+/* Dense causal GQA (struct sfw_attn_shape): o[r, h] = softmax_j(scale *
+ * q[r,h].K[j,g]) V[j,g] over j <= pos0 + r, g = h / (nh/nkv).
+ * kc, vc [>= pos0+T, nkv, hd]. */
 void sfw_op_attn_dense_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc, const float *vc,
-			   int T, int nh, int nkv, int hd, int64_t pos0, float scale);
+			   const struct sfw_attn_shape *sh);
 /* Block-sparse causal GQA: as dense, but row r / head h (group g) sees only
- * the keys of blocks idx[g, r, 0..k-1] (block b = tokens [b*block, b*block+block-1],
- * -1 = skipped) with key position <= pos0 + r. idx [nkv, T, k]. */
-void sfw_op_attn_sparse_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc,
-			    const float *vc, const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0,
-			    int k, int block, float scale);
+ * the keys of blocks idx[g, r, 0..k-1] (k = topk; block b = tokens
+ * [b*block, b*block+block-1], -1 = skipped) with key position <= pos0 + r.
+ * idx [nkv, T, k]. */
+void sfw_op_attn_sparse_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc, const float *vc, const int32_t *idx,
+			    const struct sfw_attn_shape *sh);
 
 /* ---- InfLLM-v2 block selection (kernels/infllm.c) ------------------------- */
 
 /* Mean-pooled key compression: c[j] = mean(k[j*stride .. j*stride+ksize-1])
  * for chunks j in [j0, j1) (the caller guarantees j1*stride+ksize-1 < len(k)).
- * k [len, nkv, hd] -> c [n, nkv, hd]. Level 1: ksize 32, stride 16; level 2:
- * ksize 128, stride 64 (4x level 1, hard-coded in the reference). Incremental
- * decode passes j0 = the chunks already made. */
-void sfw_op_compress_cpu(float *c, const float *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
-			 int stride);
+ * k [len, nkv, hd] -> c [n, nkv, hd]. Level 1: sh's ksize and stride (32,
+ * 16); level 2: 4 times both (128, 64; 4x level 1, hard-coded in the
+ * reference). Reads sh's nkv, hd, ksize, stride. Incremental decode passes
+ * j0 = the chunks already made. */
+void sfw_op_compress_cpu(float *c, const float *k, int level, int64_t j0, int64_t j1,
+			 const struct sfw_sel_shape *sh);
 /* Stage-1 scores, docs/model-spec.md §2.6.4 steps 1-3. For row r (position p = pos0+r)
  * and KV group g:
  *   LSE_h = log sum_{j2 : j2*4*stride + 4*ksize - 1 <= p} exp(scale * q[r,h].c2[j2,g])
  *   s[g, r, j] = sum_{h in group g} exp(scale * q[r,h].c1[j,g] - LSE_h)
  *                for j*stride + ksize - 1 <= p, else 0 (NaN -> 0).
- * scores [nkv, T, n1]. The reference kernel's causal-offset quirk for call
+ * c1 [n1, nkv, hd], c2 [n2, nkv, hd] (sh's n1, n2); scores [nkv, T, n1].
+ * The reference kernel's causal-offset quirk for call
  * lengths = 15 (mod 16) / 63 (mod 64) (docs/model-spec.md §2.6.6, derived by reading,
  * not run) is not reproduced: every row sees exactly the chunks above. */
-void sfw_op_stage1_cpu(struct sfw_ops_cpu *ex, float *scores, const float *q, const float *c1, int64_t n1,
-		       const float *c2, int64_t n2, const struct sfw_sel_shape *sh);
+void sfw_op_stage1_cpu(struct sfw_ops_cpu *ex, float *scores, const float *q, const float *c1, const float *c2,
+		       const struct sfw_sel_shape *sh);
 /* Max-pool to blocks, §2.6.4 step 4: pooled[g, r, b] for b < nblocks =
  * +inf if b < init_blocks or qb - local_blocks <= b <= qb (qb = p / block);
  * else the max of scores[g, r, j] over the level-1 chunks j < n1 that overlap
  * block b; -inf if there are none. pooled [nkv, T, nblocks]. */
-void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
-			    const struct sfw_sel_shape *sh);
+void sfw_op_pool_blocks_cpu(float *pooled, const float *scores, const struct sfw_sel_shape *sh);
 /* Top-k, §2.6.4 step 5: per (g, r), the indices of the min(k, nblocks) largest
- * pooled values (ties -> lower index), sorted ascending, then every index >
- * qb replaced by -1 in place; slots past min(k, nblocks) are -1.
- * idx [nkv, T, k]. */
-void sfw_op_topk_blocks_cpu(struct sfw_ops_cpu *ex, int32_t *idx, const float *pooled, int64_t nblocks,
-			    int nkv, int T, int64_t pos0, int k, int block);
+ * pooled values (k = topk; ties -> lower index), sorted ascending, then every
+ * index > qb replaced by -1 in place; slots past min(k, nblocks) are -1.
+ * idx [nkv, T, k]. Reads sh's T, nkv, pos0, block, nblocks, topk. */
+void sfw_op_topk_blocks_cpu(struct sfw_ops_cpu *ex, int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh);
 
 /* ---- sampling (kernels/sample.c, kernels/sample.cu) ----------------------- */
 
@@ -313,30 +371,30 @@ void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float t
  * that): then sfw_op_sample_cpu on the same logits gives the answer. */
 void sfw_op_sample_cuda(int32_t *out, const float *logits, int V, const struct sfw_op_sample_params *p, double u,
 			struct sfw_cuda_ctx *cx);
-void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w, enum sfw_dtype wdt,
-			     int rows, int n, float eps, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w,
+			     const struct sfw_norm_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* kernels/fused.cu: one kernel for few wide rows (decode), bit-identical to
  * sfw_op_rmsnorm_cuda + sfw_op_sigmoid_mul_cuda (the two launches otherwise). */
-void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, const void *z, int rows,
-			      int n, float eps, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, const void *z,
+			      const struct sfw_norm_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* kernels/fused.cu: one launch for q and k, bit-identical to
  * sfw_op_rmsnorm_cuda on each followed by sfw_op_rope_neox_cuda on each
  * (hd 32, 64, 128; other head dims take those unfused launches). */
-void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-			      enum sfw_dtype kwdt, const struct sfw_qk_shape *sh, enum sfw_dtype act,
-			      struct sfw_cuda_ctx *cx);
+void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, const void *kw, const struct sfw_qk_shape *sh,
+			      enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* w must not be written by the kernel just before (the GEMV streams it
  * before the programmatic-launch wait: kernels/ops_cuda.h, sfw_cuda_gemv). */
 void sfw_op_matmul_cuda(void *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
 			enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_dtype wdt, int M, int N, int K,
-			float in_scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_logits_cuda(float *y, const void *x, const void *w, enum sfw_dtype wdt,
+			const struct sfw_gemm_shape *sh, float in_scale, enum sfw_dtype act,
+			struct sfw_cuda_ctx *cx);
 /* sfw_op_matmul_w8_cpu with bf16 activations (kernels/linear_w8.cu; act F32
  * runs a plain warp-per-output kernel): M <= 8 a GEMV over the codes and
  * scales, M > 8 dequantization to bf16 slabs in the op scratch + cuBLASLt.
  * codes and scales are device copies in the layout of num/w8_layout.h. */
-void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-			   int group, int M, int N, int K, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_matmul_w8_cuda(void *y, const void *x, const struct sfw_w8 *w, const struct sfw_gemm_shape *sh,
+			   enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* The decode MLP's SwiGLU in the int8 GEMV (M = 1, bf16 activations, BF16
  * scales, K and the group multiples of 16, 16-byte aligned codes and x):
  * codes/scales hold the merged gate|up [2N, K]; y[N] = silu(g)·u with g, u
@@ -344,36 +402,35 @@ void sfw_op_matmul_w8_cuda(void *y, const void *x, const uint8_t *codes, const v
  * sfw_op_matmul_w8_cuda into [2N] followed by sfw_op_silu_mul_cuda (the
  * default gate|up variant), twin sfw_op_matmul_silu_w8_cpu. Returns 0 (nothing
  * launched) for shapes it does not take. */
-int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales,
-			       enum sfw_dtype sdt, int group, int N, int K, struct sfw_cuda_ctx *cx);
+int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const struct sfw_w8 *w, int N, int K,
+			       struct sfw_cuda_ctx *cx);
 /* The same SwiGLU over M rows, y[M, N], on tensor cores (kernels/linear_w8_mma.h,
  * fused epilogue), for the row counts where that kernel wins (3 to 64); twin:
  * sfw_op_matmul_silu_w8_cpu per row. Returns 0 (nothing launched) otherwise. */
-int sfw_op_swiglu_w8_cuda(void *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-			  int group, int M, int N, int K, struct sfw_cuda_ctx *cx);
+int sfw_op_swiglu_w8_cuda(void *y, const void *x, const struct sfw_w8 *w, const struct sfw_gemm_shape *sh,
+			  struct sfw_cuda_ctx *cx);
 /* Logits with an int8 lm_head (third-party checkpoints): y = bf16-rounded
  * in_scale * x . W^T as float, like sfw_op_logits_cuda (act BF16 only). */
-void sfw_op_logits_w8_cuda(float *y, const void *x, const uint8_t *codes, const void *scales, enum sfw_dtype sdt,
-			   int group, int M, int N, int K, float in_scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_logits_w8_cuda(float *y, const void *x, const struct sfw_w8 *w, const struct sfw_gemm_shape *sh,
+			   float in_scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_gla_recurrent_cuda(void *o, const void *q, const void *k, const void *v, float *state,
-			       const float *decay, int T, int nh, int hd, float scale, enum sfw_dtype act,
+			       const float *decay, const struct sfw_gla_shape *sh, enum sfw_dtype act,
 			       struct sfw_cuda_ctx *cx);
 void sfw_op_gla_chunked_cuda(void *o, const void *q, const void *k, const void *v, float *state,
-			     const float *decay, int T, int nh, int hd, float scale, int chunk,
-			     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc, int T, int nh, int nkv,
-			    int hd, int64_t pos0, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx, int T,
-			     int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
-			     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_op_compress_cuda(void *c, const void *k, int nkv, int hd, int64_t j0, int64_t j1, int ksize,
-			  int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
+			     const float *decay, const struct sfw_gla_shape *sh, enum sfw_dtype act,
+			     struct sfw_cuda_ctx *cx);
+void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc,
+			    const struct sfw_attn_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx,
+			     const struct sfw_attn_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_compress_cuda(void *c, const void *k, int level, int64_t j0, int64_t j1,
+			  const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, const void *c2,
 			const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
-			     const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0,
-			     int k, int block, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, const struct sfw_sel_shape *sh,
+			     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,
+			     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 #endif
 
 #endif

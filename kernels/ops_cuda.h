@@ -107,6 +107,13 @@ struct sfw_cuda_pages {
 	const int32_t *tab;
 	int shift;
 };
+/* A sparse layer's K and V caches [len, nkv, hd] (device memory), or with
+ * pg the pool's arrays they are paged in; K and V as the attentions,
+ * kv_write and compress (its keys: kc) read or write them. */
+struct sfw_cuda_kv {
+	void *kc, *vc;
+	const struct sfw_cuda_pages *pg;
+};
 /* Where a recorded row's sequence is, read on the device when the kernel
  * runs: its position, and (non-NULL members) its caches' pointers and
  * block table from slots written before each replay (the step table and
@@ -122,49 +129,48 @@ struct sfw_cuda_rowref {
 void sfw_cuda_rope_neox(void *x, int T, int nh, int hd, int64_t pos0, float theta, const struct sfw_cuda_rowref *rr,
 			enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_cuda). */
-void sfw_cuda_qk_norm_rope(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw, enum sfw_dtype kwdt,
-			   const struct sfw_qk_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
-			   struct sfw_cuda_ctx *cx);
+void sfw_cuda_qk_norm_rope(void *q, void *k, const void *qw, const void *kw, const struct sfw_qk_shape *sh,
+			   const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* T rows of k and v (row_bytes each) to rows pos0 .. pos0 + T - 1 of the
  * caches (sfw_backend kv_append; a contiguous cache at host positions: one
  * copy each). rr: the caches as given (rr->pos only). */
-void sfw_cuda_kv_write(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
-		       size_t row_bytes, int64_t pos0, int T, const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
-/* The compressed keys of both levels (sfw_op_compress_cuda): level-1
- * chunks [j[0], j[1]) of (ksize, stride) into c1 and level-2 chunks [j[2],
- * j[3]) of (4 ksize, 4 stride) into c2; with rr (rr->pos only; j unused)
- * the chunks of each level that the token at *rr->pos completes
+void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *v, size_t row_bytes,
+		       int64_t pos0, int T, const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
+/* The compressed keys of both levels (sfw_op_compress_cuda) from the keys
+ * kv->kc (sh's nkv, hd, ksize, stride): level-1 chunks [j[0], j[1]) into
+ * c1 and level-2 chunks [j[2], j[3]) into c2; with rr (rr->pos only; j
+ * unused) the chunks of each level that the token at *rr->pos completes
  * ([nchunks(p), nchunks(p + 1)), at most one). */
-void sfw_cuda_compress(void *c1, void *c2, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd, int ksize,
-		       int stride, const int64_t *j, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
+void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *kv, const int64_t *j,
+		       const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
 		       struct sfw_cuda_ctx *cx);
 /* Stage 1 (sfw_op_stage1_cuda); rr: c1, c2 from its slots where it has
- * them, n1 and n2 bound the counts the actual length makes. */
-void sfw_cuda_stage1(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
+ * them, sh's n1 and n2 bound the counts the actual length makes. */
+void sfw_cuda_stage1(float *scores, const void *q, const void *c1, const void *c2,
 		     const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
 		     struct sfw_cuda_ctx *cx);
 /* Max-pool (sfw_op_pool_blocks_cuda) and top-k (sfw_op_topk_blocks_cuda);
- * rr: n1 and nblocks bound the actual ones; the scores and pooled values
- * packed at the actual lengths ([nkv, n1], [nkv, nblocks]). */
-void sfw_cuda_pool_blocks(float *pooled, const float *scores, int64_t n1, int64_t nblocks,
-			  const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
-			  struct sfw_cuda_ctx *cx);
-void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, int64_t nblocks, int nkv, int T, int64_t pos0, int k,
-			  int block, const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+ * rr: sh's n1 and nblocks bound the actual ones; the scores and pooled
+ * values packed at the actual lengths ([nkv, n1], [nkv, nblocks]). */
+void sfw_cuda_pool_blocks(float *pooled, const float *scores, const struct sfw_sel_shape *sh,
+			  const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,
+			  const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* sfw_cuda_pool_blocks then sfw_cuda_topk_blocks of one row with rr, in one
  * launch, from the level-1 scores (no pooled array written): equal idx.
- * rr required; up to 4096 blocks. */
-void sfw_cuda_pool_topk(int32_t *idx, const float *scores, int nkv, int k, int block, int ksize, int stride,
-			int init_blocks, int local_blocks, const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
+ * rr required; up to 4096 blocks. Reads sh's nkv, ksize, stride, block,
+ * init_blocks, local_blocks and topk. */
+void sfw_cuda_pool_topk(int32_t *idx, const float *scores, const struct sfw_sel_shape *sh,
+			const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
 /* Dense (sfw_op_attn_dense_cuda) and sparse (sfw_op_attn_sparse_cuda)
- * attention; rr: pos0 + T bounds the cache length; K, V and the table
- * from rr's slots where it has them. */
-void sfw_cuda_attn_dense(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
-			 int T, int nh, int nkv, int hd, int64_t pos0, float scale, const struct sfw_cuda_rowref *rr,
+ * attention over kv; rr: pos0 + T bounds the cache length; K, V and the
+ * table from rr's slots where it has them. */
+void sfw_cuda_attn_dense(void *o, const void *q, const struct sfw_cuda_kv *kv,
+			 const struct sfw_attn_shape *sh, const struct sfw_cuda_rowref *rr,
 			 enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-void sfw_cuda_attn_sparse(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
-			  const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block,
-			  float scale, const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_cuda_attn_sparse(void *o, const void *q, const struct sfw_cuda_kv *kv, const int32_t *idx,
+			  const struct sfw_attn_shape *sh, const struct sfw_cuda_rowref *rr,
+			  enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 /* ---- a batched decode step: one row per sequence ----
  * Row s->row[i] of the call's q, k, v, o belongs to sequence i of s, whose
@@ -224,19 +230,22 @@ void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const
  * the chunks each sequence's token completes (sfw_cuda_compress with rr). */
 void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
 			    enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+/* The shapes of these calls give the heads and constants; their T and
+ * pos0 are not read (the rows and positions are s's). */
 /* Dense causal GQA of each row over its cache (p[0] K, p[1] V) up to and
  * including its own position. q, o rows of [nh, hd]. */
-void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sfw_cuda_seqs *s, int nh, int nkv, int hd,
-			      float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sfw_cuda_seqs *s,
+			      const struct sfw_attn_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* The recurrent GLA step of each row against its fp32 state p[0] [nh, hd, hd].
  * q, k, v, o rows of [nh, hd]. */
 void sfw_cuda_gla_seqs(void *o, const void *q, const void *k, const void *v, const struct sfw_cuda_seqs *s,
-		       const float *decay, int nh, int hd, float scale, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+		       const float *decay, const struct sfw_gla_shape *sh, enum sfw_dtype act,
+		       struct sfw_cuda_ctx *cx);
 /* sfw_op_qk_norm_rope_cuda over the sequences' rows (q rows of [nhq, hd],
  * k rows of [nhk, hd]), sequence i's at position pos[i] (p unused). */
-void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-				enum sfw_dtype kwdt, const struct sfw_cuda_seqs *s, int nhq, int nhk, int hd, float eps,
-				int rope, float theta, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, const void *kw,
+				const struct sfw_cuda_seqs *s, const struct sfw_qk_shape *sh,
+				enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 /* sfw_op_sample_cuda (kernels/ops.h) for rows 0 .. n-1 of logits [n, V]
  * into out[0 .. n) in one launch (n <= SFW_CUDA_SEQS_MAX): row i with p[i]
@@ -258,7 +267,8 @@ SFW_MUST_CHECK enum sfw_status sfw_cuda_measure_gemm(int n, double *tflops, stru
 
 /* ---- linear layers: Y[M,N] = X[M,K] · W[N,K]ᵀ, bf16 in/out, fp32 accumulate ----
  * W is row-major [out=N, in=K] (PyTorch nn.Linear). X and Y are row-major with
- * row strides ldx / ldy elements (so Y may be a column slice of a wider tensor).
+ * row strides ldx / ldy elements (struct sfw_gemm_shape, kernels/ops.h: 0 is
+ * dense; so Y may be a column slice of a wider tensor).
  * The result is rounded to bf16 once. M ≤ SFW_CUDA_GEMV_AUTO_M runs the GEMV
  * kernel (weights streamed once for all M rows); larger M runs cuBLASLt:
  * bench/bench_gemm.c on an H200 had them even at M = 2, cuBLASLt ahead on 5
@@ -272,34 +282,35 @@ SFW_MUST_CHECK enum sfw_status sfw_cuda_blas_new(struct sfw_cuda_blas **out, siz
 						 struct sfw_err *err);
 void sfw_cuda_blas_free(struct sfw_cuda_blas *b);
 
-void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y,
-		     int ldy, int M, int N, int K, void *stream);
+void sfw_cuda_linear(struct sfw_cuda_blas *b, const uint16_t *X, const uint16_t *W, uint16_t *Y,
+		     const struct sfw_gemm_shape *sh, void *stream);
 /* Y float32 = alpha · X Wᵀ (no bf16 rounding): the logits. */
-void sfw_cuda_linear_f32out(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, float *Y,
-			    int ldy, int M, int N, int K, float alpha, void *stream);
+void sfw_cuda_linear_f32out(struct sfw_cuda_blas *b, const uint16_t *X, const uint16_t *W, float *Y,
+			    const struct sfw_gemm_shape *sh, float alpha, void *stream);
 /* Same, but always the GEMV kernel (M ≤ SFW_CUDA_GEMV_MAX_M), or always
  * cuBLASLt: for tests and benchmarks. Every GEMV (these and the M ≤ 2 calls
  * of sfw_cuda_linear / sfw_op_matmul_cuda) reads its first weights before
  * it waits for the previous kernel (programmatic dependent launch): W must
  * not be written by a kernel launched just before it on the stream (weights
  * arrive by copies; a copy orders fully). */
-void sfw_cuda_gemv(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M, int N, int K,
+void sfw_cuda_gemv(const uint16_t *X, const uint16_t *W, uint16_t *Y, const struct sfw_gemm_shape *sh,
 		   void *stream);
-void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy,
-		   int M, int N, int K, void *stream);
+void sfw_cuda_gemm(struct sfw_cuda_blas *b, const uint16_t *X, const uint16_t *W, uint16_t *Y,
+		   const struct sfw_gemm_shape *sh, void *stream);
 /* The cuBLASLt GEMM with its heuristic's answer number `rank` (0 = the one
  * sfw_cuda_gemm takes; up to 7), Y bf16 or, with out_f32, float32: 0 when
  * there are not that many answers (nothing ran). For benchmarks. */
-int sfw_cuda_gemm_rank(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint16_t *W, void *Y, int ldy,
-		       int M, int N, int K, int out_f32, int rank, void *stream);
+int sfw_cuda_gemm_rank(struct sfw_cuda_blas *b, const uint16_t *X, const uint16_t *W, void *Y,
+		       const struct sfw_gemm_shape *sh, int out_f32, int rank, void *stream);
 /* GEMV variant selection for tuning: rows per warp (1, 2, 4) and loads in
  * flight per lane (2, 4, 8); 0 = the built-in choice. */
-void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16_t *Y, int ldy, int M, int N,
-			   int K, int rows_per_warp, int unroll, void *stream);
+void sfw_cuda_gemv_variant(const uint16_t *X, const uint16_t *W, uint16_t *Y, const struct sfw_gemm_shape *sh,
+			   int rows_per_warp, int unroll, void *stream);
 
 /* ---- int8 (W8A16) linear layers (kernels/linear_w8.cu) ----
  * W is codes [N, ceil(K/4)*4] bytes + scales [N, ceil(K/group)] (BF16, F16
- * or F32), num/w8_layout.h; group = K (or <= 0) for per-channel scales. The
+ * or F32), num/w8_layout.h; group = K (or <= 0) for per-channel scales
+ * (struct sfw_w8, kernels/ops.h, in device memory). The
  * GEMV (M <= 8) reads each code and scale once, before the programmatic
  * launch wait like sfw_cuda_gemv; rows_per_warp (1, 2, 4; 101, 102 the same
  * with the next batch loaded while one is consumed) and unroll (2, 4, 8)
@@ -307,15 +318,12 @@ void sfw_cuda_gemv_variant(const uint16_t *X, int ldx, const uint16_t *W, uint16
  * scales only). sfw_cuda_gemm_w8 dequantizes slabs of
  * sfw_cuda_w8_slab_rows rows to bf16 in `scratch` ((b - 128) * scale in
  * float32, rounded to bf16) and runs cuBLASLt on each. */
-void sfw_cuda_gemv_w8_variant(const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
-			      enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K,
-			      int rows_per_warp, int unroll, void *stream);
-void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, int ldx, const uint8_t *codes, const void *scales,
-		      enum sfw_dtype sdt, int group, uint16_t *Y, int ldy, int M, int N, int K, void *scratch,
-		      size_t scratch_bytes, void *stream);
+void sfw_cuda_gemv_w8_variant(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
+			      const struct sfw_gemm_shape *sh, int rows_per_warp, int unroll, void *stream);
+void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
+		      const struct sfw_gemm_shape *sh, void *scratch, size_t scratch_bytes, void *stream);
 /* Rows [r0, r0 + nr) of W dequantized into Wd [nr, K] bf16. */
-void sfw_cuda_dequant_w8(uint16_t *Wd, const uint8_t *codes, const void *scales, enum sfw_dtype sdt, int group,
-			 int r0, int nr, int K, void *stream);
+void sfw_cuda_dequant_w8(uint16_t *Wd, const struct sfw_w8 *w, int r0, int nr, int K, void *stream);
 /* Rows per dequantized slab (a multiple of 64, at least 64, at most N). */
 size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes);
 

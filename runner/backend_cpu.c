@@ -156,14 +156,16 @@ static int cpu_sample(struct sfw_backend *be, int32_t *out, const float *logits,
 static void cpu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			    const struct sfw_bweight *w, int rows, int n, float eps)
 {
-	sfw_op_add_rmsnorm_cpu(EX(be), F(y), F(x), F(b), scale, w->host, w->dtype, rows, n, eps);
+	struct sfw_norm_shape sh = {rows, n, eps, w->dtype};
+	sfw_op_add_rmsnorm_cpu(EX(be), F(y), F(x), F(b), scale, w->host, &sh);
 }
 
 /* the composition of rmsnorm and sigmoid_mul (kernels/fused.c) */
 static void cpu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
 			     const void *z, int rows, int n, float eps)
 {
-	sfw_op_rmsnorm_gate_cpu(EX(be), F(y), F(x), w->host, w->dtype, F(z), rows, n, eps);
+	struct sfw_norm_shape sh = {rows, n, eps, w->dtype};
+	sfw_op_rmsnorm_gate_cpu(EX(be), F(y), F(x), w->host, F(z), &sh);
 }
 
 /* the norms and RoPE of kernels/fused.c; a missing norm weight leaves that
@@ -172,9 +174,9 @@ static void cpu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const str
 			     const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			     int64_t pos0, float theta)
 {
-	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta};
-	sfw_op_qk_norm_rope_cpu(EX(be), F(q), F(k), qw ? qw->host : NULL, qw ? qw->dtype : SFW_DTYPE_F32,
-				kw ? kw->host : NULL, kw ? kw->dtype : SFW_DTYPE_F32, &sh);
+	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta, qw ? qw->dtype : SFW_DTYPE_F32,
+				  kw ? kw->dtype : SFW_DTYPE_F32};
+	sfw_op_qk_norm_rope_cpu(EX(be), F(q), F(k), qw ? qw->host : NULL, kw ? kw->host : NULL, &sh);
 }
 
 static void cpu_silu_mul(struct sfw_backend *be, void *y, const void *g, const void *u, size_t n)
@@ -197,9 +199,10 @@ static void cpu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int
 
 static void cpu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
+	struct sfw_w8 w8 = {w->host, w->scales, w->scale_dtype, w->group};
+	struct sfw_gemm_shape sh = {M, (int)w->rows, (int)w->cols, 0, 0};
 	if (w->dtype == SFW_DTYPE_W8)
-		sfw_op_matmul_w8_cpu(EX(be), F(y), F(x), w->host, w->scales, w->scale_dtype, w->group, M,
-				     (int)w->rows, (int)w->cols);
+		sfw_op_matmul_w8_cpu(EX(be), F(y), F(x), &w8, &sh);
 	else
 		sfw_op_matmul_cpu(EX(be), F(y), F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols);
 }
@@ -207,6 +210,8 @@ static void cpu_matmul(struct sfw_backend *be, void *y, const void *x, const str
 static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		       float in_scale)
 {
+	struct sfw_w8 w8 = {w->host, w->scales, w->scale_dtype, w->group};
+	struct sfw_gemm_shape sh = {M, (int)w->rows, (int)w->cols, 0, 0};
 	if (w->dtype == SFW_DTYPE_W8) { /* a third-party checkpoint that quantized lm_head */
 		size_t n = (size_t)M * (size_t)w->cols;
 		float *xs = sfw_malloc(n * sizeof(float));
@@ -215,13 +220,11 @@ static void cpu_logits(struct sfw_backend *be, float *y, const void *x, const st
 		} else {
 			for (size_t i = 0; i < n; i++)
 				xs[i] = F(x)[i] * in_scale;
-			sfw_op_matmul_w8_cpu(EX(be), y, xs, w->host, w->scales, w->scale_dtype, w->group, M,
-					     (int)w->rows, (int)w->cols);
+			sfw_op_matmul_w8_cpu(EX(be), y, xs, &w8, &sh);
 			sfw_free(xs);
 		}
 	} else {
-		sfw_op_logits_cpu(EX(be), y, F(x), w->host, w->dtype, M, (int)w->rows, (int)w->cols,
-				  in_scale);
+		sfw_op_logits_cpu(EX(be), y, F(x), w->host, w->dtype, &sh, in_scale);
 	}
 }
 
@@ -570,7 +573,8 @@ static void cpu_attn_dense(struct sfw_backend *be, void *o, const void *q, struc
 			   int nh, float scale)
 {
 	struct cpu_layer *l = &c->L[layer];
-	sfw_op_attn_dense_cpu(EX(be), F(o), F(q), l->k, l->v, T, nh, c->d.nkv, c->d.hd, l->len - T, scale);
+	struct sfw_attn_shape sh = {T, nh, c->d.nkv, c->d.hd, l->len - T, scale, 0, 0};
+	sfw_op_attn_dense_cpu(EX(be), F(o), F(q), l->k, l->v, &sh);
 }
 
 static int64_t nchunks(int64_t len, int ksize, int stride)
@@ -585,10 +589,11 @@ static enum sfw_status cpu_compress(struct sfw_backend *be, struct sfw_bcache *c
 	const struct sfw_cache_desc *d = &c->d;
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
+	struct sfw_sel_shape sh = {.nkv = d->nkv, .hd = d->hd, .ksize = d->ksize, .stride = d->stride};
 	if (t1 > l->n1)
-		sfw_op_compress_cpu(l->c1, l->k, d->nkv, d->hd, l->n1, t1, d->ksize, d->stride);
+		sfw_op_compress_cpu(l->c1, l->k, 1, l->n1, t1, &sh);
 	if (t2 > l->n2)
-		sfw_op_compress_cpu(l->c2, l->k, d->nkv, d->hd, l->n2, t2, 4 * d->ksize, 4 * d->stride);
+		sfw_op_compress_cpu(l->c2, l->k, 2, l->n2, t2, &sh);
 	l->n1 = t1 > l->n1 ? t1 : l->n1;
 	l->n2 = t2 > l->n2 ? t2 : l->n2;
 	return SFW_OK;
@@ -614,11 +619,14 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 	for (int r0 = 0; r0 < sp->T; r0 += rb) {
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
 		int64_t p0 = sp->pos0 + r0;
-		struct sfw_sel_shape sh = {n,	      nh,	  nkv,		     hd,	       p0,	      sp->ksize,
-					   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
-		sfw_op_stage1_cpu(EX(be), scores, F(q) + (size_t)r0 * nh * hd, l->c1, n1, l->c2, l->n2, &sh);
-		sfw_op_pool_blocks_cpu(pooled, scores, n1, nb, &sh);
-		sfw_op_topk_blocks_cpu(EX(be), tk, pooled, nb, nkv, n, p0, k, sp->block);
+		struct sfw_sel_shape sh = {.T = n, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = p0,
+					   .ksize = sp->ksize, .stride = sp->stride, .block = sp->block,
+					   .init_blocks = sp->init_blocks, .local_blocks = sp->local_blocks,
+					   .scale = sp->scale, .n1 = n1, .n2 = l->n2, .nblocks = nb,
+					   .topk = k};
+		sfw_op_stage1_cpu(EX(be), scores, F(q) + (size_t)r0 * nh * hd, l->c1, l->c2, &sh);
+		sfw_op_pool_blocks_cpu(pooled, scores, &sh);
+		sfw_op_topk_blocks_cpu(EX(be), tk, pooled, &sh);
 		for (int g = 0; g < nkv; g++)
 			memcpy(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k, (size_t)n * k * sizeof(int32_t));
 		if (pooled_last && r0 + n == sp->T)
@@ -634,18 +642,19 @@ static void cpu_attn_sparse(struct sfw_backend *be, void *o, const void *q, stru
 			    const int32_t *idx, int nh, const struct sfw_sparse_params *sp)
 {
 	struct cpu_layer *l = &c->L[layer];
-	sfw_op_attn_sparse_cpu(EX(be), F(o), F(q), l->k, l->v, idx, sp->T, nh, c->d.nkv, c->d.hd, sp->pos0,
-			       sp->k, sp->block, sp->scale);
+	struct sfw_attn_shape sh = {sp->T, nh, c->d.nkv, c->d.hd, sp->pos0, sp->scale, sp->k, sp->block};
+	sfw_op_attn_sparse_cpu(EX(be), F(o), F(q), l->k, l->v, idx, &sh);
 }
 
 static void cpu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v,
 		    struct sfw_bcache *c, int layer, const float *decay, int T, int nh, int hd, float scale)
 {
 	float *S = c->L[layer].state;
+	struct sfw_gla_shape sh = {T, nh, hd, scale, 64};
 	if (T >= 64)
-		sfw_op_gla_chunked_cpu(EX(be), F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale, 64);
+		sfw_op_gla_chunked_cpu(EX(be), F(o), F(q), F(k), F(v), S, decay, &sh);
 	else
-		sfw_op_gla_recurrent_cpu(EX(be), F(o), F(q), F(k), F(v), S, decay, T, nh, hd, scale);
+		sfw_op_gla_recurrent_cpu(EX(be), F(o), F(q), F(k), F(v), S, decay, &sh);
 }
 
 static enum sfw_status cpu_cache_view(struct sfw_bcache *c, int layer, const int64_t *set,

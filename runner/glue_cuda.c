@@ -30,13 +30,15 @@ static void cu_add_scaled(struct sfw_backend *be, void *x, const void *b, size_t
 static void cu_add_rmsnorm(struct sfw_backend *be, void *y, void *x, const void *b, float scale,
 			   const struct sfw_bweight *w, int rows, int n, float eps)
 {
-	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, w->dtype, rows, n, eps, SFW_DTYPE_BF16, S(be)));
+	struct sfw_norm_shape sh = {rows, n, eps, w->dtype};
+	PROF(P_ADDNORM, sfw_op_add_rmsnorm_cuda(y, x, b, scale, w->dev, &sh, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w,
 			    const void *z, int rows, int n, float eps)
 {
-	PROF(P_NORMGATE, sfw_op_rmsnorm_gate_cuda(y, x, w->dev, w->dtype, z, rows, n, eps, SFW_DTYPE_BF16, S(be)));
+	struct sfw_norm_shape sh = {rows, n, eps, w->dtype};
+	PROF(P_NORMGATE, sfw_op_rmsnorm_gate_cuda(y, x, w->dev, z, &sh, SFW_DTYPE_BF16, S(be)));
 }
 
 /* One kernel when both norms are there; else the four calls. */
@@ -49,10 +51,10 @@ static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const stru
 		sfwi_compose_qk_norm_rope(be, q, k, qw, kw, T, nhq, nhk, hd, eps, rope, pos0, theta);
 		return;
 	}
-	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta};
+	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta, qw->dtype, kw->dtype};
 	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
-	PROF(P_QKNORM, sfw_cuda_qk_norm_rope(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sh, b->rec ? &rr : NULL,
-					     SFW_DTYPE_BF16, S(be)));
+	PROF(P_QKNORM,
+	     sfw_cuda_qk_norm_rope(q, k, qw->dev, kw->dev, &sh, b->rec ? &rr : NULL, SFW_DTYPE_BF16, S(be)));
 }
 
 static int cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
@@ -79,12 +81,20 @@ static void cu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int6
 	PROF(P_ROPE, sfw_cuda_rope_neox(x, T, nh, hd, pos0, theta, b->rec ? &rr : NULL, SFW_DTYPE_BF16, S(be)));
 }
 
+/* An int8 weight's device copy as the kernels take it. */
+static struct sfw_w8 w8_of(const struct sfw_bweight *w)
+{
+	struct sfw_w8 w8 = {w->dev, w->scales_dev, w->scale_dtype, w->group};
+	return w8;
+}
+
 static void cu_matmul(struct sfw_backend *be, void *y, const void *x, const struct sfw_bweight *w, int M)
 {
+	struct sfw_w8 w8 = w8_of(w);
+	struct sfw_gemm_shape sh = {M, (int)w->rows, (int)w->cols, 0, 0};
 	if (w->dtype == SFW_DTYPE_W8)
 		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
-		     sfw_op_matmul_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M, (int)w->rows,
-					   (int)w->cols, SFW_DTYPE_BF16, S(be)));
+		     sfw_op_matmul_w8_cuda(y, x, &w8, &sh, SFW_DTYPE_BF16, S(be)));
 	else
 		PROF(M <= SFW_CUDA_GEMV_MAX_M ? P_MATMUL_DEC : P_MATMUL_PRE,
 		     sfw_op_matmul_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, SFW_DTYPE_BF16, S(be)));
@@ -109,10 +119,11 @@ static void cu_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x,
 	const struct sfw_bweight *w = &gu->merged;
 	int N = (int)gu->part[0]->rows;
 	int done = 0;
+	struct sfw_w8 w8 = w8_of(w);
+	struct sfw_gemm_shape sh = {M, N, (int)w->cols, 0, 0};
 	if (M > 1 && w->rows && w->dtype == SFW_DTYPE_W8 && w->rows == (int64_t)2 * N)
-		PROF(M <= 8 ? P_MATMUL_DEC : P_MATMUL_PRE, done = sfw_op_swiglu_w8_cuda(y, x, w->dev, w->scales_dev,
-									       w->scale_dtype, w->group, M, N,
-									       (int)w->cols, S(be)));
+		PROF(M <= 8 ? P_MATMUL_DEC : P_MATMUL_PRE,
+		     done = sfw_op_swiglu_w8_cuda(y, x, &w8, &sh, S(be)));
 	if (done)
 		return;
 	if (M != 1 || !w->rows) {
@@ -120,8 +131,7 @@ static void cu_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x,
 		return;
 	}
 	if (w->dtype == SFW_DTYPE_W8 && w->rows == (int64_t)2 * N)
-		PROF(P_MATMUL_DEC, done = sfw_op_matmul_silu_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype,
-								     w->group, N, (int)w->cols, S(be)));
+		PROF(P_MATMUL_DEC, done = sfw_op_matmul_silu_w8_cuda(y, x, &w8, N, (int)w->cols, S(be)));
 	if (!done) {
 		cu_matmul(be, tmp, x, w, 1);
 		cu_silu_mul(be, y, tmp, (char *)tmp + (size_t)N * 2, (size_t)N);
@@ -131,12 +141,13 @@ static void cu_swiglu(struct sfw_backend *be, void *y, void *tmp, const void *x,
 static void cu_logits(struct sfw_backend *be, float *y, const void *x, const struct sfw_bweight *w, int M,
 		      float in_scale)
 {
+	struct sfw_w8 w8 = w8_of(w);
+	struct sfw_gemm_shape sh = {M, (int)w->rows, (int)w->cols, 0, 0};
 	if (w->dtype == SFW_DTYPE_W8)
-		PROF(P_LOGITS, sfw_op_logits_w8_cuda(y, x, w->dev, w->scales_dev, w->scale_dtype, w->group, M,
-						     (int)w->rows, (int)w->cols, in_scale, SFW_DTYPE_BF16, S(be)));
+		PROF(P_LOGITS, sfw_op_logits_w8_cuda(y, x, &w8, &sh, in_scale, SFW_DTYPE_BF16, S(be)));
 	else
-		PROF(P_LOGITS, sfw_op_logits_cuda(y, x, w->dev, w->dtype, M, (int)w->rows, (int)w->cols, in_scale,
-						  SFW_DTYPE_BF16, S(be)));
+		PROF(P_LOGITS,
+		     sfw_op_logits_cuda(y, x, w->dev, w->dtype, &sh, in_scale, SFW_DTYPE_BF16, S(be)));
 }
 
 /* While a context's step is recorded (b->rec) the ops of its cache read
@@ -147,8 +158,9 @@ static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer
 	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
 	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
+	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
 	SFW_ASSERT(l->sparse && (b->rec ? T == 1 : l->len + T <= l->cap));
-	PROF(P_KV, sfw_cuda_kv_write(l->k, l->v, &c->pg, k, v, (size_t)c->d.nkv * c->d.hd * 2, l->len, T,
+	PROF(P_KV, sfw_cuda_kv_write(&kv, k, v, (size_t)c->d.nkv * c->d.hd * 2, l->len, T,
 				     b->rec ? &rr : NULL, S(be)));
 	if (!b->rec)
 		l->len += T;
@@ -160,10 +172,11 @@ static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct
 	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
 	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
+	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
+	int64_t pos0 = b->rec ? b->rec_bound - 1 : l->len - T;
+	struct sfw_attn_shape sh = {T, nh, c->d.nkv, c->d.hd, pos0, scale, 0, 0};
 	SFW_ASSERT(!b->rec || T == 1);
-	PROF(P_DENSE, sfw_cuda_attn_dense(o, q, l->k, l->v, &c->pg, T, nh, c->d.nkv, c->d.hd,
-					  b->rec ? b->rec_bound - 1 : l->len - T, scale, b->rec ? &rr : NULL,
-					  SFW_DTYPE_BF16, S(be)));
+	PROF(P_DENSE, sfw_cuda_attn_dense(o, q, &kv, &sh, b->rec ? &rr : NULL, SFW_DTYPE_BF16, S(be)));
 }
 
 static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c, int layer, struct sfw_err *err)
@@ -173,16 +186,16 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	struct cu_layer *l = &c->L[layer];
 	const struct sfw_cache_desc *d = &c->d;
 	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
+	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
+	struct sfw_sel_shape sh = {.nkv = d->nkv, .hd = d->hd, .ksize = d->ksize, .stride = d->stride};
 	if (b->rec) { /* the chunks the step's token completes */
-		sfw_cuda_compress(l->c1, l->c2, l->k, &c->pg, d->nkv, d->hd, d->ksize, d->stride, NULL, &rr,
-				  SFW_DTYPE_BF16, S(be));
+		sfw_cuda_compress(l->c1, l->c2, &kv, NULL, &sh, &rr, SFW_DTYPE_BF16, S(be));
 		return SFW_OK;
 	}
 	int64_t t1 = sfwi_cu_nchunks(l->len, d->ksize, d->stride), t2 = sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 	int64_t j[4] = {l->n1, t1 > l->n1 ? t1 : l->n1, l->n2, t2 > l->n2 ? t2 : l->n2};
-	PROF(P_COMPRESS, sfw_cuda_compress(l->c1, l->c2, l->k, &c->pg, d->nkv, d->hd, d->ksize, d->stride, j, NULL,
-					   SFW_DTYPE_BF16, S(be)));
+	PROF(P_COMPRESS, sfw_cuda_compress(l->c1, l->c2, &kv, j, &sh, NULL, SFW_DTYPE_BF16, S(be)));
 	l->n1 = j[1], l->n2 = j[3];
 	return SFW_OK;
 }
@@ -230,17 +243,18 @@ static enum sfw_status select_recorded(struct sfw_backend *be, int32_t *idx, con
 	if (s != SFW_OK)
 		return s;
 	float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
-	struct sfw_sel_shape sh = {1,	      nh,	  nkv,		     hd,	       0,	      sp->ksize,
-				   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
-	sfw_cuda_stage1(scores, q, l->c1, n1, l->c2, n2, &sh, rr, SFW_DTYPE_BF16, S(be));
+	struct sfw_sel_shape sh = {.T = 1, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = 0, .ksize = sp->ksize,
+				   .stride = sp->stride, .block = sp->block, .init_blocks = sp->init_blocks,
+				   .local_blocks = sp->local_blocks, .scale = sp->scale, .n1 = n1, .n2 = n2,
+				   .nblocks = nb, .topk = k};
+	sfw_cuda_stage1(scores, q, l->c1, l->c2, &sh, rr, SFW_DTYPE_BF16, S(be));
 	/* up to 4096 blocks (256K tokens) top-k holds the blocks in registers
 	 * and pools them itself: one launch less */
 	if (nb <= 4096) {
-		sfw_cuda_pool_topk(idx, scores, nkv, k, sp->block, sp->ksize, sp->stride, sp->init_blocks, sp->local_blocks,
-				   rr, S(be));
+		sfw_cuda_pool_topk(idx, scores, &sh, rr, S(be));
 	} else {
-		sfw_cuda_pool_blocks(pooled, scores, n1, nb, &sh, rr, SFW_DTYPE_BF16, S(be));
-		sfw_cuda_topk_blocks(idx, pooled, nb, nkv, 1, 0, k, sp->block, rr, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_pool_blocks(pooled, scores, &sh, rr, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_topk_blocks(idx, pooled, &sh, rr, SFW_DTYPE_BF16, S(be));
 	}
 	return SFW_OK;
 }
@@ -277,12 +291,15 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
 		int64_t p0 = sp->pos0 + r0;
 		int32_t *dst = n == sp->T ? idx : tk;
-		struct sfw_sel_shape sh = {n,	      nh,	  nkv,		     hd,	       p0,	      sp->ksize,
-					   sp->stride, sp->block, sp->init_blocks, sp->local_blocks, sp->scale};
-		sfw_cuda_stage1(scores, (const char *)q + (size_t)r0 * qrow, l->c1, n1, l->c2, l->n2, &sh, NULL,
+		struct sfw_sel_shape sh = {.T = n, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = p0,
+					   .ksize = sp->ksize, .stride = sp->stride, .block = sp->block,
+					   .init_blocks = sp->init_blocks, .local_blocks = sp->local_blocks,
+					   .scale = sp->scale, .n1 = n1, .n2 = l->n2, .nblocks = nb,
+					   .topk = k};
+		sfw_cuda_stage1(scores, (const char *)q + (size_t)r0 * qrow, l->c1, l->c2, &sh, NULL,
 				SFW_DTYPE_BF16, S(be));
-		sfw_cuda_pool_blocks(pooled, scores, n1, nb, &sh, NULL, SFW_DTYPE_BF16, S(be));
-		sfw_cuda_topk_blocks(dst, pooled, nb, nkv, n, p0, k, sp->block, NULL, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_pool_blocks(pooled, scores, &sh, NULL, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_topk_blocks(dst, pooled, &sh, NULL, SFW_DTYPE_BF16, S(be));
 		if (dst != idx)
 			for (int g = 0; g < nkv; g++)
 				sfw_cuda_d2d(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k,
@@ -304,20 +321,22 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 	struct cu_layer *l = &c->L[layer];
 	struct sfw_cuda_rowref rr;
 	int rec = rec_row(be, c, layer, &rr);
+	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
+	struct sfw_attn_shape sh = {sp->T, nh, c->d.nkv, c->d.hd, rec ? 0 : sp->pos0, sp->scale, sp->k,
+				    sp->block};
 	SFW_ASSERT(!rec || sp->T == 1);
-	PROF(P_SPARSE, sfw_cuda_attn_sparse(o, q, l->k, l->v, &c->pg, idx, sp->T, nh, c->d.nkv, c->d.hd,
-					    rec ? 0 : sp->pos0, sp->k, sp->block, sp->scale, rec ? &rr : NULL,
-					    SFW_DTYPE_BF16, S(be)));
+	PROF(P_SPARSE, sfw_cuda_attn_sparse(o, q, &kv, idx, &sh, rec ? &rr : NULL, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
 		   int layer, const float *decay, int T, int nh, int hd, float scale)
 {
 	float *st = c->L[layer].state;
+	struct sfw_gla_shape sh = {T, nh, hd, scale, 64};
 	if (T >= 64)
-		PROF(P_GLA_CHUNK, sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, T, nh, hd, scale, 64, SFW_DTYPE_BF16, S(be)));
+		PROF(P_GLA_CHUNK, sfw_op_gla_chunked_cuda(o, q, k, v, st, decay, &sh, SFW_DTYPE_BF16, S(be)));
 	else
-		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, T, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
+		PROF(P_GLA_REC, sfw_op_gla_recurrent_cuda(o, q, k, v, st, decay, &sh, SFW_DTYPE_BF16, S(be)));
 }
 
 /* ---- a batched decode step's per-sequence ops (backend.h *_seqs) ----
@@ -385,8 +404,9 @@ static void cu_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const
 {
 	struct seqs_split sp;
 	if (qw && kw && seqs_split(be, s, ns, &sp, NULL, 0)) {
-		PROF(P_QKNORM, sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, qw->dtype, kw->dev, kw->dtype, &sp.t, nhq, nhk, hd,
-							  eps, rope, theta, SFW_DTYPE_BF16, S(be)));
+		struct sfw_qk_shape sh = {sp.t.n, nhq, nhk, hd, eps, rope, 0, theta, qw->dtype, kw->dtype};
+		PROF(P_QKNORM,
+		     sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, kw->dev, &sp.t, &sh, SFW_DTYPE_BF16, S(be)));
 	} else {
 		sp.nrest = ns, memcpy(sp.rest, s, (size_t)ns * sizeof(*s));
 		IMPL(be)->rec_fail |= IMPL(be)->rec_seqs; /* the single ops take host positions */
@@ -403,7 +423,8 @@ static void cu_gla_seqs(struct sfw_backend *be, void *o, const void *q, const vo
 		sp.t.pf[0] = SFW_CUDA_LSTATE;
 		for (int i = 0; !sp.t.st && i < sp.t.n; i++)
 			sp.t.p[0][i] = sp.one[i]->cache->L[layer].state;
-		PROF(P_GLA_REC, sfw_cuda_gla_seqs(o, q, k, v, &sp.t, decay, nh, hd, scale, SFW_DTYPE_BF16, S(be)));
+		struct sfw_gla_shape sh = {sp.t.n, nh, hd, scale, 0};
+		PROF(P_GLA_REC, sfw_cuda_gla_seqs(o, q, k, v, &sp.t, decay, &sh, SFW_DTYPE_BF16, S(be)));
 	}
 	if (sp.nrest)
 		sfwi_compose_gla_seqs(be, o, q, k, v, sp.rest, sp.nrest, layer, decay, nh, hd, scale);
@@ -472,8 +493,8 @@ static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, c
 			SFW_ASSERT(l->len == sp.one[i]->pos0 + 1);
 			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
 		}
-		PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &sp.t, nh, s[0].cache->d.nkv, hd, scale, SFW_DTYPE_BF16,
-						       S(be)));
+		struct sfw_attn_shape sh = {sp.t.n, nh, s[0].cache->d.nkv, hd, 0, scale, 0, 0};
+		PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &sp.t, &sh, SFW_DTYPE_BF16, S(be)));
 	}
 	if (sp.nrest)
 		sfwi_compose_attn_dense_seqs(be, o, q, sp.rest, sp.nrest, layer, nh, hd, scale);

@@ -133,11 +133,12 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int hol
 	for (size_t i = 0; i < (size_t)nkv * T * n1; i++)
 		sc[i] = urand() + 1.0f;
 	float *pooled = malloc((size_t)nkv * T * nblocks * 4);
-	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
-				   .init_blocks = 1, .local_blocks = 32};
-	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, &sh);
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16,
+				   .block = block, .init_blocks = 1, .local_blocks = 32, .n1 = n1,
+				   .nblocks = nblocks, .topk = k};
+	sfw_op_pool_blocks_cpu(pooled, sc, &sh);
 	int32_t *idx = malloc((size_t)nkv * T * k * 4);
-	sfw_op_topk_blocks_cpu(NULL, idx, pooled, nblocks, nkv, T, pos0, k, block);
+	sfw_op_topk_blocks_cpu(NULL, idx, pooled, &sh);
 	for (size_t row = 0; row < (size_t)nkv * T; row++) {
 		int32_t *s = idx + row * k;
 		if (holes)
@@ -198,10 +199,11 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 	float *ref = malloc(nq * 4), scale = 1.0f / sqrtf((float)hd);
 	int k = 96, block = 64;
 	int32_t *idx = sparse ? make_idx(nkv, T, pos0, k, block, holes, mess) : NULL;
+	struct sfw_attn_shape sh = {T, nh, nkv, hd, pos0, scale, k, block};
 	if (sparse)
-		sfw_op_attn_sparse_cpu(NULL, ref, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale);
+		sfw_op_attn_sparse_cpu(NULL, ref, q, kc, vc, idx, &sh);
 	else
-		sfw_op_attn_dense_cpu(NULL, ref, q, kc, vc, T, nh, nkv, hd, pos0, scale);
+		sfw_op_attn_dense_cpu(NULL, ref, q, kc, vc, &sh);
 	void *dq = up(qb, nq * 2), *dk = up(kb, nc * 2), *dv = up(vb, nc * 2);
 	void *didx = sparse ? up(idx, (size_t)nkv * T * k * 4) : NULL;
 	char name[128];
@@ -213,6 +215,7 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 	void *pk = paged_copy(kb, L, nkv * hd, tab), *pv = paged_copy(vb, L, nkv * hd, tab);
 	int32_t *dtab = up(tab, (size_t)(L + 63) / 64 * sizeof(int32_t));
 	struct sfw_cuda_pages pg = {dtab, 6};
+	struct sfw_cuda_kv kv = {pk, pv, &pg};
 	free(tab);
 	const char *modes[3] = {"simt", "tc", NULL};
 	float *got[3];
@@ -220,20 +223,17 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 		set_mode(modes[m]);
 		void *dout = dalloc(nq * 2);
 		if (sparse)
-			sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, T, nh, nkv, hd, pos0, k, block, scale,
-						SFW_DTYPE_BF16, g_cx);
+			sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, &sh, SFW_DTYPE_BF16, g_cx);
 		else
-			sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, SFW_DTYPE_BF16,
-					       g_cx);
+			sfw_op_attn_dense_cuda(dout, dq, dk, dv, &sh, SFW_DTYPE_BF16, g_cx);
 		got[m] = down_bf(dout, nq);
 		if (m < 2)
 			cmp(modes[m], name, got[m], ref, nq, TOL_NMSE, TOL_MAXREL);
 		/* paged: the same kernels on the shuffled blocks, bit for bit */
 		if (sparse)
-			sfw_cuda_attn_sparse(dout, dq, pk, pv, &pg, didx, T, nh, nkv, hd, pos0, k, block, scale, NULL,
-					     SFW_DTYPE_BF16, g_cx);
+			sfw_cuda_attn_sparse(dout, dq, &kv, didx, &sh, NULL, SFW_DTYPE_BF16, g_cx);
 		else
-			sfw_cuda_attn_dense(dout, dq, pk, pv, &pg, T, nh, nkv, hd, pos0, scale, NULL, SFW_DTYPE_BF16, g_cx);
+			sfw_cuda_attn_dense(dout, dq, &kv, &sh, NULL, SFW_DTYPE_BF16, g_cx);
 		float *gp = down_bf(dout, nq);
 		CHECK(memcmp(gp, got[m], nq * 4) == 0, "%s [%s]: paged cache = contiguous, bit for bit", name,
 		      modes[m] ? modes[m] : "default");
@@ -261,9 +261,9 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	float *q = randbf(nq, 1.0f, &qb), *c1 = randbf((size_t)n1 * nkv * hd, 1.0f, &c1b);
 	float *c2 = randbf((size_t)(n2 ? n2 : 1) * nkv * hd, 1.0f, &c2b);
 	float *ref = malloc(ns * 4), scale = 1.0f / sqrtf((float)hd);
-	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32, .stride = 16,
-				   .scale = scale};
-	sfw_op_stage1_cpu(NULL, ref, q, c1, n1, c2, n2, &sh);
+	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32,
+				   .stride = 16, .scale = scale, .n1 = n1, .n2 = n2};
+	sfw_op_stage1_cpu(NULL, ref, q, c1, c2, &sh);
 	void *dq = up(qb, nq * 2), *d1 = up(c1b, (size_t)n1 * nkv * hd * 2);
 	void *d2 = up(c2b, (size_t)(n2 ? n2 : 1) * nkv * hd * 2);
 	char name[128];
@@ -274,7 +274,7 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	for (int m = 0; m < 3; m++) {
 		set_mode(modes[m]);
 		void *ds = dalloc(ns * 4);
-		sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, &sh, SFW_DTYPE_BF16, g_cx);
+		sfw_op_stage1_cuda(ds, dq, d1, d2, &sh, SFW_DTYPE_BF16, g_cx);
 		got[m] = down_f32(ds, ns);
 		sfw_cuda_free(ds);
 		if (m < 2)
@@ -403,12 +403,12 @@ struct bench_attn {
 static void run_attn(void *ctx)
 {
 	struct bench_attn *b = ctx;
+	float scale = 1.0f / sqrtf((float)b->hd);
+	struct sfw_attn_shape sh = {b->T, b->nh, b->nkv, b->hd, b->pos0, scale, b->kk, 64};
 	if (b->idx)
-		sfw_op_attn_sparse_cuda(b->o, b->q, b->k, b->v, b->idx, b->T, b->nh, b->nkv, b->hd, b->pos0,
-					b->kk, 64, 1.0f / sqrtf((float)b->hd), SFW_DTYPE_BF16, g_cx);
+		sfw_op_attn_sparse_cuda(b->o, b->q, b->k, b->v, b->idx, &sh, SFW_DTYPE_BF16, g_cx);
 	else
-		sfw_op_attn_dense_cuda(b->o, b->q, b->k, b->v, b->T, b->nh, b->nkv, b->hd, b->pos0,
-				       1.0f / sqrtf((float)b->hd), SFW_DTYPE_BF16, g_cx);
+		sfw_op_attn_dense_cuda(b->o, b->q, b->k, b->v, &sh, SFW_DTYPE_BF16, g_cx);
 }
 
 static void bench_attn(int sparse, int T, int64_t L, int share)
@@ -472,9 +472,9 @@ struct bench_s1 {
 static void run_s1(void *ctx)
 {
 	struct bench_s1 *b = ctx;
-	struct sfw_sel_shape sh = {.T = b->T, .nh = 32, .nkv = 2, .hd = 128, .pos0 = b->pos0, .ksize = 32, .stride = 16,
-				   .scale = 1.0f / sqrtf(128.0f)};
-	sfw_op_stage1_cuda(b->s, b->q, b->c1, b->n1, b->c2, b->n2, &sh, SFW_DTYPE_BF16, g_cx);
+	struct sfw_sel_shape sh = {.T = b->T, .nh = 32, .nkv = 2, .hd = 128, .pos0 = b->pos0, .ksize = 32,
+				   .stride = 16, .scale = 1.0f / sqrtf(128.0f), .n1 = b->n1, .n2 = b->n2};
+	sfw_op_stage1_cuda(b->s, b->q, b->c1, b->c2, &sh, SFW_DTYPE_BF16, g_cx);
 }
 
 static void bench_stage1(int T, int64_t L)

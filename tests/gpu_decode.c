@@ -353,7 +353,9 @@ static void fused_case(int rows, int n)
 		sfw_cuda_h2d(dx, hx, N * 2, s), sfw_cuda_h2d(dx2, hx, N * 2, s), sfw_cuda_h2d(db, hb, N * 2, s);
 		sfw_cuda_h2d(dw, hw, (size_t)n * 2, s);
 		sfw_cuda_memset(dy, 0xff, N * 2, s), sfw_cuda_memset(dy2, 0xff, N * 2, s); /* NaN poison */
-		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, cx);
+		struct sfw_norm_shape nsh = {rows, n, eps, SFW_DTYPE_BF16},
+				      fsh = {rows, n, eps, SFW_DTYPE_F32};
+		sfw_op_add_rmsnorm_cuda(dy, dx, db, sc, dw, &nsh, SFW_DTYPE_BF16, cx);
 		sfw_op_add_scaled_cuda(dx2, db, N, sc, SFW_DTYPE_BF16, cx);
 		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, cx);
 		sfw_cuda_d2h(o1, dy, N * 2, s), sfw_cuda_d2h(o2, dy2, N * 2, s);
@@ -361,7 +363,7 @@ static void fused_case(int rows, int n)
 		sfw_cuda_sync(s);
 		CHECK(!memcmp(o1, o2, N * 2) && !memcmp(x1, x2, N * 2),
 		      "fused add_rmsnorm %dx%d equals add_scaled + rmsnorm on the GPU bit for bit", rows, n);
-		sfw_op_add_rmsnorm_cpu(NULL, y, x, b, sc, w, SFW_DTYPE_F32, rows, n, eps);
+		sfw_op_add_rmsnorm_cpu(NULL, y, x, b, sc, w, &fsh);
 		double e2 = 0, r2 = 0, md = 0;
 		for (size_t i = 0; i < N; i++) {
 			double d = sfw_bf16_to_f32(o1[i]) - (double)y[i];

@@ -169,15 +169,19 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	/* the recording: what one sparse layer of a decode step does */
 	sfw_cuda_graph_begin(s);
 	const struct sfw_cuda_rowref rp = {dpos, NULL, NULL, NULL, NULL, NULL}; /* the position alone */
-	struct sfw_sel_shape bsh = {1, nh, nkv, hd, 0, ks, st, blk, sh->init_blocks, sh->local_blocks, scale};
-	sfw_cuda_kv_write(dK, dV, pg, dkn, dvn, row * 2, 0, 1, &rp, cx);
-	sfw_cuda_compress(dc1, dc2, dK, pg, nkv, hd, ks, st, NULL, &rp, SFW_DTYPE_BF16, cx);
-	sfw_cuda_stage1(dsc, dq, NULL, n1b, NULL, nch(bound, 4 * ks, 4 * st), &bsh, &rr, SFW_DTYPE_BF16, cx);
-	sfw_cuda_pool_blocks(dpo, dsc, n1b, nbb, &bsh, &rp, SFW_DTYPE_BF16, cx);
-	sfw_cuda_topk_blocks(didx, dpo, nbb, nkv, 1, 0, k, blk, &rp, SFW_DTYPE_BF16, cx);
-	sfw_cuda_pool_topk(didx2, dsc, nkv, k, blk, ks, st, sh->init_blocks, sh->local_blocks, &rp, cx);
-	sfw_cuda_attn_sparse(dos, dq, NULL, NULL, &pgn, didx, 1, nh, nkv, hd, 0, k, blk, scale, &rr, SFW_DTYPE_BF16, cx);
-	sfw_cuda_attn_dense(dod, dq, dK, dV, pg, 1, nh, nkv, hd, bound - 1, scale, &rp, SFW_DTYPE_BF16, cx);
+	struct sfw_sel_shape bsh = {1, nh, nkv, hd, 0, ks, st, blk, sh->init_blocks, sh->local_blocks, scale,
+				    n1b, nch(bound, 4 * ks, 4 * st), nbb, k};
+	struct sfw_cuda_kv kv = {dK, dV, pg}, kvn = {NULL, NULL, &pgn};
+	struct sfw_attn_shape bsp = {1, nh, nkv, hd, 0, scale, k, blk},
+			      bde = {1, nh, nkv, hd, bound - 1, scale, 0, 0};
+	sfw_cuda_kv_write(&kv, dkn, dvn, row * 2, 0, 1, &rp, cx);
+	sfw_cuda_compress(dc1, dc2, &kv, NULL, &bsh, &rp, SFW_DTYPE_BF16, cx);
+	sfw_cuda_stage1(dsc, dq, NULL, NULL, &bsh, &rr, SFW_DTYPE_BF16, cx);
+	sfw_cuda_pool_blocks(dpo, dsc, &bsh, &rp, SFW_DTYPE_BF16, cx);
+	sfw_cuda_topk_blocks(didx, dpo, &bsh, &rp, SFW_DTYPE_BF16, cx);
+	sfw_cuda_pool_topk(didx2, dsc, &bsh, &rp, cx);
+	sfw_cuda_attn_sparse(dos, dq, &kvn, didx, &bsp, &rr, SFW_DTYPE_BF16, cx);
+	sfw_cuda_attn_dense(dod, dq, &kv, &bde, &rp, SFW_DTYPE_BF16, cx);
 	void *g = NULL;
 	enum sfw_status gs = sfw_cuda_graph_end(s, &g, &err);
 	CHECK(gs == SFW_OK && g, "record the step: %s", err.msg);
@@ -193,7 +197,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		/* the compressed keys current before the step (as forward.c's
 		 * catch-up makes them), K row p replaced by the new token */
 		const int64_t j[4] = {made1, nch(p, ks, st), made2, nch(p, 4 * ks, 4 * st)};
-		sfw_cuda_compress(dc1, dc2, dK, pg, nkv, hd, ks, st, j, NULL, SFW_DTYPE_BF16, cx);
+		sfw_cuda_compress(dc1, dc2, &kv, j, &bsh, NULL, SFW_DTYPE_BF16, cx);
 		memcpy(K + (size_t)p * row, kn, row * sizeof(float));
 		memcpy(Vh + (size_t)p * row, vn, row * sizeof(float));
 		sfw_cuda_h2d(dpos, &p, sizeof(p), s);
@@ -208,8 +212,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		CHECK(!memcmp(krow, kn, row * 4) && !memcmp(vrow, vn, row * 4), "p %lld: K/V row appended at p", (long long)p);
 		free(krow), free(vrow);
 		/* compressed keys against the CPU twin (rounded to bf16 as stored) */
-		sfw_op_compress_cpu(c1, K, nkv, hd, 0, n1, ks, st);
-		sfw_op_compress_cpu(c2, K, nkv, hd, 0, n2, 4 * ks, 4 * st);
+		sfw_op_compress_cpu(c1, K, 1, 0, n1, &bsh);
+		sfw_op_compress_cpu(c2, K, 2, 0, n2, &bsh);
 		for (size_t i = 0; i < (size_t)n1 * row; i++)
 			c1[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(c1[i]));
 		for (size_t i = 0; i < (size_t)n2 * row; i++)
@@ -221,12 +225,14 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		      (long long)n2, a1.maxd, a2.maxd);
 		free(g1), free(g2);
 		/* the host-position twins on the same cache */
-		struct sfw_sel_shape rsh = {1, nh, nkv, hd, p, ks, st, blk, sh->init_blocks, sh->local_blocks, scale};
-		sfw_op_stage1_cuda(rsc, dq, dc1, n1, dc2, n2, &rsh, SFW_DTYPE_BF16, cx);
-		sfw_op_pool_blocks_cuda(rpo, rsc, n1, nb, &rsh, SFW_DTYPE_BF16, cx);
-		sfw_op_topk_blocks_cuda(ridx, rpo, nb, nkv, 1, p, k, blk, SFW_DTYPE_BF16, cx);
-		sfw_cuda_attn_sparse(ros, dq, dK, dV, pg, didx, 1, nh, nkv, hd, p, k, blk, scale, NULL, SFW_DTYPE_BF16, cx);
-		sfw_cuda_attn_dense(rod, dq, dK, dV, pg, 1, nh, nkv, hd, p, scale, NULL, SFW_DTYPE_BF16, cx);
+		struct sfw_sel_shape rsh = {1, nh, nkv, hd, p, ks, st, blk, sh->init_blocks, sh->local_blocks,
+					    scale, n1, n2, nb, k};
+		struct sfw_attn_shape ash = {1, nh, nkv, hd, p, scale, k, blk};
+		sfw_op_stage1_cuda(rsc, dq, dc1, dc2, &rsh, SFW_DTYPE_BF16, cx);
+		sfw_op_pool_blocks_cuda(rpo, rsc, &rsh, SFW_DTYPE_BF16, cx);
+		sfw_op_topk_blocks_cuda(ridx, rpo, &rsh, SFW_DTYPE_BF16, cx);
+		sfw_cuda_attn_sparse(ros, dq, &kv, didx, &ash, NULL, SFW_DTYPE_BF16, cx);
+		sfw_cuda_attn_dense(rod, dq, &kv, &ash, NULL, SFW_DTYPE_BF16, cx);
 		sfw_cuda_sync(s);
 		size_t nsc = (size_t)nkv * n1, npo = (size_t)nkv * nb;
 		float *gs1 = malloc((nsc ? nsc : 1) * 4), *rs1 = malloc((nsc ? nsc : 1) * 4);
@@ -267,9 +273,9 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		      (long long)p, e1.maxd);
 		CHECK(e2.bad == 0 && e2.nmse <= 1e-5, "p %lld: dense attention = host-position twin (nmse %.2g)",
 		      (long long)p, e2.nmse);
-		sfw_op_attn_sparse_cpu(NULL, o_cpu, q, K, Vh, gi, 1, nh, nkv, hd, p, k, blk, scale);
+		sfw_op_attn_sparse_cpu(NULL, o_cpu, q, K, Vh, gi, &ash);
 		struct cmp_stats c3 = cmp_stats(os, o_cpu, (size_t)nh * hd);
-		sfw_op_attn_dense_cpu(NULL, o_cpu, q, K, Vh, 1, nh, nkv, hd, p, scale);
+		sfw_op_attn_dense_cpu(NULL, o_cpu, q, K, Vh, &ash);
 		struct cmp_stats c4 = cmp_stats(od, o_cpu, (size_t)nh * hd);
 		CHECK(c3.bad == 0 && c3.nmse <= 1e-4 && c4.bad == 0 && c4.nmse <= 1e-4,
 		      "p %lld: attention = CPU twin (sparse nmse %.2g, dense nmse %.2g)", (long long)p, c3.nmse, c4.nmse);

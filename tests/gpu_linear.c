@@ -85,11 +85,11 @@ static void correctness(struct sfw_cuda_blas *blas, void *s)
 		sfw_cuda_h2d(dw, W, nw * 2, s);
 		sfw_cuda_memset(dy, 0xff, ny * 2, s); /* poison: NaN bf16 everywhere */
 		if (cases[c].path == 1)
-			sfw_cuda_gemv(dx, ldx, dw, dy, ldy, M, N, K, s);
+			sfw_cuda_gemv(dx, dw, dy, &(struct sfw_gemm_shape){M, N, K, ldx, ldy}, s);
 		else if (cases[c].path == 2)
-			sfw_cuda_gemm(blas, dx, ldx, dw, dy, ldy, M, N, K, s);
+			sfw_cuda_gemm(blas, dx, dw, dy, &(struct sfw_gemm_shape){M, N, K, ldx, ldy}, s);
 		else
-			sfw_cuda_linear(blas, dx, ldx, dw, dy, ldy, M, N, K, s);
+			sfw_cuda_linear(blas, dx, dw, dy, &(struct sfw_gemm_shape){M, N, K, ldx, ldy}, s);
 		sfw_cuda_d2h(Y, dy, ny * 2, s);
 		sfw_cuda_sync(s);
 		char name[96];
@@ -121,10 +121,10 @@ static float time_gemv(uint16_t **w, int ncopies, const uint16_t *x, uint16_t *y
 	float t[40];
 	int reps = 40;
 	for (int i = 0; i < 3; i++)
-		sfw_cuda_gemv_variant(x, K, w[i % ncopies], y, N, M, N, K, R, U, s);
+		sfw_cuda_gemv_variant(x, w[i % ncopies], y, &(struct sfw_gemm_shape){M, N, K, K, N}, R, U, s);
 	for (int i = 0; i < reps; i++) {
 		sfw_cuda_event_record(e0, s);
-		sfw_cuda_gemv_variant(x, K, w[i % ncopies], y, N, M, N, K, R, U, s);
+		sfw_cuda_gemv_variant(x, w[i % ncopies], y, &(struct sfw_gemm_shape){M, N, K, K, N}, R, U, s);
 		sfw_cuda_event_record(e1, s);
 		t[i] = sfw_cuda_event_ms(e0, e1);
 	}
@@ -186,7 +186,7 @@ static void bench_gemv(double copy_gbps, void *s)
 		printf("  | M=4 %.0f GB/s\n", bytes / (ms4 * 1e-3) / 1e9);
 		/* the timed matrix, checked on sampled rows */
 		uint16_t *hw = malloc(bytes), *hx = malloc((size_t)K * 2), *hy = malloc((size_t)N * 2);
-		sfw_cuda_gemv(x, K, w[0], y, N, 1, N, K, s);
+		sfw_cuda_gemv(x, w[0], y, &(struct sfw_gemm_shape){1, N, K, K, N}, s);
 		sfw_cuda_d2h(hw, w[0], bytes, s);
 		sfw_cuda_d2h(hx, x, (size_t)K * 2, s);
 		sfw_cuda_d2h(hy, y, (size_t)N * 2, s);
@@ -230,10 +230,10 @@ static void bench_gemm(struct sfw_cuda_blas *blas, double gemm_tflops, void *s)
 		sfw_cuda_fill_bf16(w, (size_t)N * K, 6, 0.05f, s);
 		float t[15];
 		for (int r = 0; r < 3; r++)
-			sfw_cuda_gemm(blas, x, K, w, y, N, M, N, K, s);
+			sfw_cuda_gemm(blas, x, w, y, &(struct sfw_gemm_shape){M, N, K, K, N}, s);
 		for (int r = 0; r < 15; r++) {
 			sfw_cuda_event_record(e0, s);
-			sfw_cuda_gemm(blas, x, K, w, y, N, M, N, K, s);
+			sfw_cuda_gemm(blas, x, w, y, &(struct sfw_gemm_shape){M, N, K, K, N}, s);
 			sfw_cuda_event_record(e1, s);
 			t[r] = sfw_cuda_event_ms(e0, e1);
 		}
@@ -397,10 +397,13 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 				int span = group > 0 ? group : K;
 				for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++) {
 					int M = Ms[mi];
-					sfw_op_matmul_w8_cpu(NULL, ref, xf, h.codes, h.scales, sdt, span, M,
-							     N, K);
+					sfw_op_matmul_w8_cpu(NULL, ref, xf,
+							     &(struct sfw_w8){h.codes, h.scales, sdt, span},
+							     &(struct sfw_gemm_shape){M, N, K, 0, 0});
 					sfw_cuda_memset(dy, 0xff, (size_t)Mmax * N * 4, s);
-					sfw_op_matmul_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, SFW_DTYPE_BF16, cx);
+					sfw_op_matmul_w8_cuda(dy, dx, &(struct sfw_w8){dc, dsc, sdt, span},
+							      &(struct sfw_gemm_shape){M, N, K, 0, 0},
+							      SFW_DTYPE_BF16, cx);
 					sfw_cuda_d2h(Y, dy, (size_t)M * N * 2, s);
 					sfw_cuda_sync(s);
 					char name[128];
@@ -414,10 +417,13 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 							     {4, 2},   {4, 4},   {101, 2}, {101, 4}, {102, 2}, {202, 2},
 							     {202, 4}, {204, 2}, {204, 4}, {208, 2}, {208, 4}};
 				for (size_t v = 0; sdt == SFW_DTYPE_BF16 && v < sizeof(var) / sizeof(var[0]); v++) {
-					sfw_op_matmul_w8_cpu(NULL, ref, xf, h.codes, h.scales, sdt, span, 1,
-							     N, K);
+					sfw_op_matmul_w8_cpu(NULL, ref, xf,
+							     &(struct sfw_w8){h.codes, h.scales, sdt, span},
+							     &(struct sfw_gemm_shape){1, N, K, 0, 0});
 					sfw_cuda_memset(dy, 0xff, (size_t)N * 2, s);
-					sfw_cuda_gemv_w8_variant(dx, K, dc, dsc, sdt, span, dy, N, 1, N, K, var[v][0], var[v][1], s);
+					sfw_cuda_gemv_w8_variant(dx, &(struct sfw_w8){dc, dsc, sdt, span}, dy,
+								 &(struct sfw_gemm_shape){1, N, K, K, N},
+								 var[v][0], var[v][1], s);
 					sfw_cuda_d2h(Y, dy, (size_t)N * 2, s);
 					sfw_cuda_sync(s);
 					char name[128];
@@ -437,7 +443,8 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 					void *dyu;
 					CHECK(sfw_cuda_malloc(&dyu, (size_t)N * 2, "y", &e) == SFW_OK, "%s", e.msg);
 					sfw_cuda_memset(dy, 0xff, (size_t)I * 2, s);
-					int got = sfw_op_matmul_silu_w8_cuda(dy, dx, dc, dsc, sdt, span, I, K, cx);
+					int got = sfw_op_matmul_silu_w8_cuda(
+					    dy, dx, &(struct sfw_w8){dc, dsc, sdt, span}, I, K, cx);
 					sfw_cuda_d2h(Yf, dy, (size_t)I * 2, s);
 					sfw_cuda_sync(s);
 					char name[128];
@@ -445,7 +452,9 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 						 group ? (group == 32 ? "32" : group == 64 ? "64" : "128") : "channel", sdt_name(sdt));
 					CHECK(got == takes, "%s: returned %d, expected %d", name, got, takes);
 					if (got && takes) {
-						sfw_cuda_gemv_w8_variant(dx, K, dc, dsc, sdt, span, dyu, N, 1, N, K, 1, 2, s);
+						sfw_cuda_gemv_w8_variant(
+						    dx, &(struct sfw_w8){dc, dsc, sdt, span}, dyu,
+						    &(struct sfw_gemm_shape){1, N, K, K, N}, 1, 2, s);
 						sfw_op_silu_mul_cuda(dyu, dyu, (uint16_t *)dyu + I, (size_t)I, SFW_DTYPE_BF16, cx);
 						sfw_cuda_d2h(Yu, dyu, (size_t)I * 2, s);
 						sfw_cuda_sync(s);
@@ -459,8 +468,9 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 						 * against the twin's float32 composition: up to ~3/256 of
 						 * |r| apart, so 1/64 here, and three times the one
 						 * rounding's NMSE bound; the bits are pinned above */
-						sfw_op_matmul_silu_w8_cpu(NULL, ref, xf, h.codes, h.scales,
-									  sdt, span, I, K);
+						sfw_op_matmul_silu_w8_cpu(NULL, 
+						    ref, xf, &(struct sfw_w8){h.codes, h.scales, sdt, span},
+						    I, K);
 						w8_compare_rel(name, ref, Yf, 0, 1, I, I, 1.0 / 64, 6e-5);
 					}
 					sfw_cuda_free(dyu);
@@ -471,11 +481,14 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 					float *xs = malloc((size_t)M * K * 4);
 					for (size_t i = 0; i < (size_t)M * K; i++)
 						xs[i] = xf[i] / 16;
-					sfw_op_matmul_w8_cpu(NULL, ref, xs, h.codes, h.scales, sdt, span, M,
-							     N, K);
+					sfw_op_matmul_w8_cpu(NULL, ref, xs,
+							     &(struct sfw_w8){h.codes, h.scales, sdt, span},
+							     &(struct sfw_gemm_shape){M, N, K, 0, 0});
 					for (size_t i = 0; i < (size_t)M * N; i++)
 						ref[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(ref[i]));
-					sfw_op_logits_w8_cuda(dy, dx, dc, dsc, sdt, span, M, N, K, 1.0f / 16, SFW_DTYPE_BF16, cx);
+					sfw_op_logits_w8_cuda(dy, dx, &(struct sfw_w8){dc, dsc, sdt, span},
+							      &(struct sfw_gemm_shape){M, N, K, 0, 0},
+							      1.0f / 16, SFW_DTYPE_BF16, cx);
 					sfw_cuda_d2h(Y, dy, (size_t)M * N * 4, s);
 					sfw_cuda_sync(s);
 					char name[128];
@@ -490,7 +503,8 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 					uint16_t *got = malloc((size_t)nr * K * 2);
 					void *dw;
 					CHECK(sfw_cuda_malloc(&dw, (size_t)nr * K * 2, "w", &e) == SFW_OK, "%s", e.msg);
-					sfw_cuda_dequant_w8(dw, dc, dsc, sdt, span, r0, nr, K, s);
+					sfw_cuda_dequant_w8(dw, &(struct sfw_w8){dc, dsc, sdt, span}, r0, nr,
+							    K, s);
 					sfw_cuda_d2h(got, dw, (size_t)nr * K * 2, s);
 					sfw_cuda_sync(s);
 					long bad = 0;
@@ -532,10 +546,14 @@ static void time_gemv_w8(uint8_t **c, void **sc, int ncopies, const uint16_t *x,
 {
 	float t[25];
 	for (int i = 0; i < 3; i++)
-		sfw_cuda_gemv_w8_variant(x, K, c[i % ncopies], sc[i % ncopies], SFW_DTYPE_BF16, 128, y, N, M, N, K, R, U, s);
+		sfw_cuda_gemv_w8_variant(
+		    x, &(struct sfw_w8){c[i % ncopies], sc[i % ncopies], SFW_DTYPE_BF16, 128}, y,
+		    &(struct sfw_gemm_shape){M, N, K, K, N}, R, U, s);
 	for (int i = 0; i < 25; i++) {
 		sfw_cuda_event_record(e0, s);
-		sfw_cuda_gemv_w8_variant(x, K, c[i % ncopies], sc[i % ncopies], SFW_DTYPE_BF16, 128, y, N, M, N, K, R, U, s);
+		sfw_cuda_gemv_w8_variant(
+		    x, &(struct sfw_w8){c[i % ncopies], sc[i % ncopies], SFW_DTYPE_BF16, 128}, y,
+		    &(struct sfw_gemm_shape){M, N, K, K, N}, R, U, s);
 		sfw_cuda_event_record(e1, s);
 		t[i] = sfw_cuda_event_ms(e0, e1);
 	}
@@ -544,8 +562,11 @@ static void time_gemv_w8(uint8_t **c, void **sc, int ncopies, const uint16_t *x,
 	for (int rep = 0; rep < 9; rep++) {
 		sfw_cuda_event_record(e0, s);
 		for (int i = 0; i < 20; i++)
-			sfw_cuda_gemv_w8_variant(x, K, c[(rep * 20 + i) % ncopies], sc[(rep * 20 + i) % ncopies], SFW_DTYPE_BF16,
-						 128, y, N, M, N, K, R, U, s);
+			sfw_cuda_gemv_w8_variant(x,
+						 &(struct sfw_w8){c[(rep * 20 + i) % ncopies],
+								  sc[(rep * 20 + i) % ncopies],
+								  SFW_DTYPE_BF16, 128},
+						 y, &(struct sfw_gemm_shape){M, N, K, K, N}, R, U, s);
 		sfw_cuda_event_record(e1, s);
 		t[rep] = sfw_cuda_event_ms(e0, e1) / 20;
 	}
@@ -624,7 +645,8 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 			uint8_t *hc = malloc((size_t)n * K);
 			uint16_t *hs = malloc((size_t)n * (K / 128) * 2), *hx = malloc((size_t)K * 2), *hy = malloc((size_t)N * 2);
 			float *xf = malloc((size_t)K * 4), *ref = malloc((size_t)n * 4);
-			sfw_cuda_gemv_w8_variant(x, K, c[0], sc[0], SFW_DTYPE_BF16, 128, y, N, 1, N, K, 0, 0, s);
+			sfw_cuda_gemv_w8_variant(x, &(struct sfw_w8){c[0], sc[0], SFW_DTYPE_BF16, 128}, y,
+						 &(struct sfw_gemm_shape){1, N, K, K, N}, 0, 0, s);
 			sfw_cuda_d2h(hc, c[0], (size_t)n * K, s);
 			sfw_cuda_d2h(hs, sc[0], (size_t)n * (K / 128) * 2, s);
 			sfw_cuda_d2h(hx, x, (size_t)K * 2, s);
@@ -632,7 +654,8 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 			sfw_cuda_sync(s);
 			for (int k = 0; k < K; k++)
 				xf[k] = sfw_bf16_to_f32(hx[k]);
-			sfw_op_matmul_w8_cpu(NULL, ref, xf, hc, hs, SFW_DTYPE_BF16, 128, 1, n, K);
+			sfw_op_matmul_w8_cpu(NULL, ref, xf, &(struct sfw_w8){hc, hs, SFW_DTYPE_BF16, 128},
+					     &(struct sfw_gemm_shape){1, n, K, 0, 0});
 			char name[96];
 			snprintf(name, sizeof(name), "w8 gemv timed matrix %dx%d (first %d rows)", N, K, n);
 			w8_compare(name, ref, hy, 0, 1, n, N);
@@ -683,16 +706,18 @@ static void bench_gemm_w8(struct sfw_cuda_blas *blas, double gemm_tflops, void *
 		sfw_cuda_fill_bf16(sc, sb / 2, 8, 0.002f, s);
 		float t[2][9];
 		for (int r = 0; r < 2; r++) {
-			sfw_cuda_gemm(blas, x, K, w, y, N, M, N, K, s);
-			sfw_cuda_gemm_w8(blas, x, K, c, sc, SFW_DTYPE_BF16, 128, y, N, M, N, K, scr, scr_bytes, s);
+			sfw_cuda_gemm(blas, x, w, y, &(struct sfw_gemm_shape){M, N, K, K, N}, s);
+			sfw_cuda_gemm_w8(blas, x, &(struct sfw_w8){c, sc, SFW_DTYPE_BF16, 128}, y,
+					 &(struct sfw_gemm_shape){M, N, K, K, N}, scr, scr_bytes, s);
 		}
 		for (int r = 0; r < 9; r++) {
 			sfw_cuda_event_record(e0, s);
-			sfw_cuda_gemm(blas, x, K, w, y, N, M, N, K, s);
+			sfw_cuda_gemm(blas, x, w, y, &(struct sfw_gemm_shape){M, N, K, K, N}, s);
 			sfw_cuda_event_record(e1, s);
 			t[0][r] = sfw_cuda_event_ms(e0, e1);
 			sfw_cuda_event_record(e0, s);
-			sfw_cuda_gemm_w8(blas, x, K, c, sc, SFW_DTYPE_BF16, 128, y, N, M, N, K, scr, scr_bytes, s);
+			sfw_cuda_gemm_w8(blas, x, &(struct sfw_w8){c, sc, SFW_DTYPE_BF16, 128}, y,
+					 &(struct sfw_gemm_shape){M, N, K, K, N}, scr, scr_bytes, s);
 			sfw_cuda_event_record(e1, s);
 			t[1][r] = sfw_cuda_event_ms(e0, e1);
 		}

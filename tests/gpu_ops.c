@@ -308,8 +308,9 @@ static void t_qknorm(void)
 		uint16_t *qw = randw((size_t)hd, 0.1f, 1.0f), *kw = randw((size_t)hd, 0.1f, 1.0f);
 		float *rq = malloc(nq * 4), *rk = malloc(nk * 4);
 		memcpy(rq, q, nq * 4), memcpy(rk, k, nk * 4);
-		struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos, theta};
-		sfw_op_qk_norm_rope_cpu(NULL, rq, rk, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &sh);
+		struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos, theta, SFW_DTYPE_BF16,
+					  SFW_DTYPE_BF16};
+		sfw_op_qk_norm_rope_cpu(NULL, rq, rk, qw, kw, &sh);
 		void *dqw = up_raw(qw, (size_t)hd * 2), *dkw = up_raw(kw, (size_t)hd * 2);
 		void *dq = up(q, nq), *dk = up(k, nk), *uq = up(q, nq), *uk = up(k, nk);
 		void *dpos = up_raw(&pos, sizeof(pos));
@@ -317,9 +318,9 @@ static void t_qknorm(void)
 			struct sfw_qk_shape wrong = sh;
 			wrong.pos0 = pos + 12345;
 			const struct sfw_cuda_rowref rr = {dpos, NULL, NULL, NULL, NULL, NULL};
-			sfw_cuda_qk_norm_rope(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, &wrong, &rr, g_dt, g_cx);
+			sfw_cuda_qk_norm_rope(dq, dk, dqw, dkw, &wrong, &rr, g_dt, g_cx);
 		} else {
-			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, SFW_DTYPE_BF16, dkw, SFW_DTYPE_BF16, &sh, g_dt, g_cx);
+			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, dkw, &sh, g_dt, g_cx);
 		}
 		/* the unfused sequence forward.c runs without the fused op */
 		sfw_op_rmsnorm_cuda(uq, uq, dqw, SFW_DTYPE_BF16, T * nhq, hd, eps, g_dt, g_cx);
@@ -362,9 +363,10 @@ static void t_matmul_shape(int M, int N, int K, int f32w, int logits)
 	void *dx = up(x, (size_t)M * K), *dw = up_raw(w, (size_t)N * K * (f32w ? 4 : 2));
 	float *got;
 	if (logits) {
-		sfw_op_logits_cpu(NULL, ref, x, w, wdt, M, N, K, 0.0625f);
+		struct sfw_gemm_shape gs = {M, N, K, 0, 0};
+		sfw_op_logits_cpu(NULL, ref, x, w, wdt, &gs, 0.0625f);
 		void *dy = dalloc((size_t)M * N * 4);
-		sfw_op_logits_cuda(dy, dx, dw, wdt, M, N, K, 0.0625f, g_dt, g_cx);
+		sfw_op_logits_cuda(dy, dx, dw, wdt, &gs, 0.0625f, g_dt, g_cx);
 		got = down_f32(dy, (size_t)M * N);
 		sfw_cuda_free(dy);
 	} else {
@@ -407,16 +409,17 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 	for (int h = 0; h < nh; h++)
 		decay[h] = powf(2.0f, -8.0f * (h + 1) / nh);
 	float *ref = malloc(n * 4), scale = 1.0f / sqrtf((float)hd);
+	struct sfw_gla_shape sh = {T, nh, hd, scale, 64};
 	if (chunked)
-		sfw_op_gla_chunked_cpu(NULL, ref, q, k, v, st_ref, decay, T, nh, hd, scale, 64);
+		sfw_op_gla_chunked_cpu(NULL, ref, q, k, v, st_ref, decay, &sh);
 	else
-		sfw_op_gla_recurrent_cpu(NULL, ref, q, k, v, st_ref, decay, T, nh, hd, scale);
+		sfw_op_gla_recurrent_cpu(NULL, ref, q, k, v, st_ref, decay, &sh);
 	void *dq = up(q, n), *dk = up(k, n), *dv = up(v, n), *dst = up_raw(st, ns * 4);
 	void *dd = up_raw(decay, (size_t)nh * 4), *dout = dalloc(n * asz());
 	if (chunked)
-		sfw_op_gla_chunked_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, 64, g_dt, g_cx);
+		sfw_op_gla_chunked_cuda(dout, dq, dk, dv, dst, dd, &sh, g_dt, g_cx);
 	else
-		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, T, nh, hd, scale, g_dt, g_cx);
+		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, &sh, g_dt, g_cx);
 	float *got = down(dout, n), *gst = down_f32(dst, ns);
 	char name[96];
 	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
@@ -456,11 +459,12 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int64_t
 	for (size_t i = 0; i < (size_t)nkv * T * n1; i++)
 		sc[i] = urand() + 1.0f;
 	float *pooled = malloc((size_t)nkv * T * nblocks * 4);
-	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
-				   .init_blocks = 1, .local_blocks = 32};
-	sfw_op_pool_blocks_cpu(pooled, sc, n1, nblocks, &sh);
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16,
+				   .block = block, .init_blocks = 1, .local_blocks = 32, .n1 = n1,
+				   .nblocks = nblocks, .topk = k};
+	sfw_op_pool_blocks_cpu(pooled, sc, &sh);
 	int32_t *idx = malloc((size_t)nkv * T * k * 4);
-	sfw_op_topk_blocks_cpu(NULL, idx, pooled, nblocks, nkv, T, pos0, k, block);
+	sfw_op_topk_blocks_cpu(NULL, idx, pooled, &sh);
 	free(sc), free(pooled);
 	*nblocks_out = nblocks;
 	return idx;
@@ -475,16 +479,17 @@ static void t_attn_shape(int sparse, int T, int64_t L, int nh, int nkv, int hd)
 	int k = 96, block = 64;
 	int64_t nb = 0;
 	int32_t *idx = sparse ? make_idx(nkv, T, pos0, k, block, &nb) : NULL;
+	struct sfw_attn_shape sh = {T, nh, nkv, hd, pos0, scale, k, block};
 	if (sparse)
-		sfw_op_attn_sparse_cpu(NULL, ref, q, kc, vc, idx, T, nh, nkv, hd, pos0, k, block, scale);
+		sfw_op_attn_sparse_cpu(NULL, ref, q, kc, vc, idx, &sh);
 	else
-		sfw_op_attn_dense_cpu(NULL, ref, q, kc, vc, T, nh, nkv, hd, pos0, scale);
+		sfw_op_attn_dense_cpu(NULL, ref, q, kc, vc, &sh);
 	void *dq = up(q, nq), *dk = up(kc, nc), *dv = up(vc, nc), *dout = dalloc(nq * asz());
 	void *didx = sparse ? up_raw(idx, (size_t)nkv * T * k * 4) : NULL;
 	if (sparse)
-		sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, T, nh, nkv, hd, pos0, k, block, scale, g_dt, g_cx);
+		sfw_op_attn_sparse_cuda(dout, dq, dk, dv, didx, &sh, g_dt, g_cx);
 	else
-		sfw_op_attn_dense_cuda(dout, dq, dk, dv, T, nh, nkv, hd, pos0, scale, g_dt, g_cx);
+		sfw_op_attn_dense_cuda(dout, dq, dk, dv, &sh, g_dt, g_cx);
 	float *got = down(dout, nq);
 	char name[96];
 	snprintf(name, sizeof(name), "attn_%s T=%d L=%lld nh=%d nkv=%d hd=%d", sparse ? "sparse" : "dense", T,
@@ -517,14 +522,15 @@ static void t_compress(void)
 	float *k = randv((size_t)L * nkv * hd, 1.0f);
 	int64_t n1 = (L - 32) / 16 + 1, n2 = (L - 128) / 64 + 1;
 	float *r1 = malloc((size_t)n1 * nkv * hd * 4), *r2 = malloc((size_t)n2 * nkv * hd * 4);
-	sfw_op_compress_cpu(r1, k, nkv, hd, 0, n1, 32, 16);
-	sfw_op_compress_cpu(r2, k, nkv, hd, 0, n2, 128, 64);
+	struct sfw_sel_shape sh = {.nkv = nkv, .hd = hd, .ksize = 32, .stride = 16};
+	sfw_op_compress_cpu(r1, k, 1, 0, n1, &sh);
+	sfw_op_compress_cpu(r2, k, 2, 0, n2, &sh);
 	void *dk = up(k, (size_t)L * nkv * hd), *d1 = dalloc((size_t)n1 * nkv * hd * asz());
 	void *d2 = dalloc((size_t)n2 * nkv * hd * asz());
 	/* incrementally, as decode does: two pieces */
-	sfw_op_compress_cuda(d1, dk, nkv, hd, 0, 20, 32, 16, g_dt, g_cx);
-	sfw_op_compress_cuda(d1, dk, nkv, hd, 20, n1, 32, 16, g_dt, g_cx);
-	sfw_op_compress_cuda(d2, dk, nkv, hd, 0, n2, 128, 64, g_dt, g_cx);
+	sfw_op_compress_cuda(d1, dk, 1, 0, 20, &sh, g_dt, g_cx);
+	sfw_op_compress_cuda(d1, dk, 1, 20, n1, &sh, g_dt, g_cx);
+	sfw_op_compress_cuda(d2, dk, 2, 0, n2, &sh, g_dt, g_cx);
 	float *g1 = down(d1, (size_t)n1 * nkv * hd), *g2 = down(d2, (size_t)n2 * nkv * hd);
 	cmp("compress level 1 (32/16), L=1000, in 2 pieces", g1, r1, (size_t)n1 * nkv * hd);
 	cmp("compress level 2 (128/64), L=1000", g2, r2, (size_t)n2 * nkv * hd);
@@ -540,12 +546,12 @@ static void t_stage1_shape(int T, int64_t L, int nh, int nkv, int hd)
 	float *q = randv(nq, 1.0f), *c1 = randv((size_t)n1 * nkv * hd, 1.0f);
 	float *c2 = randv((size_t)(n2 ? n2 : 1) * nkv * hd, 1.0f);
 	float *ref = malloc((size_t)nkv * T * n1 * 4), scale = 1.0f / sqrtf((float)hd);
-	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32, .stride = 16,
-				   .scale = scale};
-	sfw_op_stage1_cpu(NULL, ref, q, c1, n1, c2, n2, &sh);
+	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32,
+				   .stride = 16, .scale = scale, .n1 = n1, .n2 = n2};
+	sfw_op_stage1_cpu(NULL, ref, q, c1, c2, &sh);
 	void *dq = up(q, nq), *d1 = up(c1, (size_t)n1 * nkv * hd), *d2 = up(c2, (size_t)(n2 ? n2 : 1) * nkv * hd);
 	void *ds = dalloc((size_t)nkv * T * n1 * 4);
-	sfw_op_stage1_cuda(ds, dq, d1, n1, d2, n2, &sh, g_dt, g_cx);
+	sfw_op_stage1_cuda(ds, dq, d1, d2, &sh, g_dt, g_cx);
 	float *got = down_f32(ds, (size_t)nkv * T * n1);
 	char name[96];
 	snprintf(name, sizeof(name), "stage1 T=%d L=%lld nh=%d nkv=%d hd=%d", T, (long long)L, nh, nkv, hd);
@@ -579,11 +585,12 @@ static void t_pool_topk(void)
 			sc[i] = NAN;
 	}
 	float *pr = malloc((size_t)nkv * T * nb * 4);
-	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
-				   .init_blocks = 1, .local_blocks = 32};
-	sfw_op_pool_blocks_cpu(pr, sc, n1, nb, &sh);
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16,
+				   .block = block, .init_blocks = 1, .local_blocks = 32, .n1 = n1,
+				   .nblocks = nb};
+	sfw_op_pool_blocks_cpu(pr, sc, &sh);
 	void *dsc = up_raw(sc, ns * 4), *dp = dalloc((size_t)nkv * T * nb * 4);
-	sfw_op_pool_blocks_cuda(dp, dsc, n1, nb, &sh, g_dt, g_cx);
+	sfw_op_pool_blocks_cuda(dp, dsc, &sh, g_dt, g_cx);
 	float *pg = down_f32(dp, (size_t)nkv * T * nb);
 	size_t diff = 0;
 	for (size_t i = 0; i < (size_t)nkv * T * nb; i++)
@@ -597,9 +604,11 @@ static void t_pool_topk(void)
 		int64_t nbx = pass ? 40 : nb;
 		int64_t p0 = pass ? 40 * 64 - T : pos0;
 		int32_t *ir = malloc((size_t)nkv * T * k * 4);
-		sfw_op_topk_blocks_cpu(NULL, ir, pr, nbx, nkv, T, p0, k, block);
+		struct sfw_sel_shape ts = {.T = T, .nkv = nkv, .pos0 = p0, .block = block, .nblocks = nbx,
+					   .topk = k};
+		sfw_op_topk_blocks_cpu(NULL, ir, pr, &ts);
 		void *dpr = up_raw(pr, (size_t)nkv * T * nbx * 4), *di = dalloc((size_t)nkv * T * k * 4);
-		sfw_op_topk_blocks_cuda(di, dpr, nbx, nkv, T, p0, k, block, g_dt, g_cx);
+		sfw_op_topk_blocks_cuda(di, dpr, &ts, g_dt, g_cx);
 		int32_t *ig = malloc((size_t)nkv * T * k * 4);
 		sfw_cuda_d2h(ig, di, (size_t)nkv * T * k * 4, g_s);
 		sfw_cuda_sync(g_s);
@@ -624,9 +633,11 @@ static void t_pool_topk(void)
 				po[i] = i % 2 ? -INFINITY : NAN;
 		}
 		int32_t *ir = malloc((size_t)nkv * k * 4), *ig = malloc((size_t)nkv * k * 4);
-		sfw_op_topk_blocks_cpu(NULL, ir, po, nbx, nkv, 1, p0, k, block);
+		struct sfw_sel_shape ts = {.T = 1, .nkv = nkv, .pos0 = p0, .block = block, .nblocks = nbx,
+					   .topk = k};
+		sfw_op_topk_blocks_cpu(NULL, ir, po, &ts);
 		void *dpo = up_raw(po, (size_t)nkv * nbx * 4), *di = dalloc((size_t)nkv * k * 4);
-		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, 1, p0, k, block, g_dt, g_cx);
+		sfw_op_topk_blocks_cuda(di, dpo, &ts, g_dt, g_cx);
 		sfw_cuda_d2h(ig, di, (size_t)nkv * k * 4, g_s);
 		sfw_cuda_sync(g_s);
 		size_t d = 0;
@@ -648,9 +659,11 @@ static void t_pool_topk(void)
 		for (size_t i = 0; i < np; i++)
 			po[i] = floorf((urand() + 1.0f) * 8.0f) * 0.0625f;
 		int32_t *ir = malloc((size_t)nkv * Tr * k * 4), *ig = malloc((size_t)nkv * Tr * k * 4);
-		sfw_op_topk_blocks_cpu(NULL, ir, po, nbx, nkv, Tr, p0, k, block);
+		struct sfw_sel_shape ts = {.T = Tr, .nkv = nkv, .pos0 = p0, .block = block, .nblocks = nbx,
+					   .topk = k};
+		sfw_op_topk_blocks_cpu(NULL, ir, po, &ts);
 		void *dpo = up_raw(po, np * 4), *di = dalloc((size_t)nkv * Tr * k * 4);
-		sfw_op_topk_blocks_cuda(di, dpo, nbx, nkv, Tr, p0, k, block, g_dt, g_cx);
+		sfw_op_topk_blocks_cuda(di, dpo, &ts, g_dt, g_cx);
 		sfw_cuda_d2h(ig, di, (size_t)nkv * Tr * k * 4, g_s);
 		sfw_cuda_sync(g_s);
 		size_t d = 0, past = 0;

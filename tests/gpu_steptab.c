@@ -187,6 +187,10 @@ int main(void)
 	if (!ok)
 		return CHECK_REPORT("gpu_steptab");
 	const float scale = 1.0f / sqrtf((float)HD);
+	const struct sfw_attn_shape ash = {ROWS, NH, NKV, HD, 0, scale, 0, 0};
+	const struct sfw_gla_shape gsh = {ROWS, LNH, HD, scale, 0};
+	const enum sfw_dtype bf = SFW_DTYPE_BF16;
+	const struct sfw_qk_shape qsh = {ROWS, LNH, LNH, HD, 1e-6f, 1, 0, 10000.0f, bf, bf};
 	/* the attention's split scratch taken before the recording (it may not
 	 * allocate inside one): a pure op, 8 rows at the bound */
 	struct sfw_cuda_seqs w;
@@ -194,7 +198,7 @@ int main(void)
 	w.n = ROWS, w.shift = SHIFT;
 	for (int i = 0; i < ROWS; i++)
 		w.pos[i] = BOUND - 1, w.row[i] = i, w.tab[i] = tab[i], w.p[0][i] = K.a, w.p[1][i] = V.a;
-	sfw_cuda_attn_dense_seqs(oatt.a, q, &w, NH, NKV, HD, scale, SFW_DTYPE_BF16, cx);
+	sfw_cuda_attn_dense_seqs(oatt.a, q, &w, &ash, SFW_DTYPE_BF16, cx);
 	sfw_cuda_sync(s);
 
 	/* the step, recorded once: append, compression, dense attention; q/k
@@ -210,11 +214,10 @@ int main(void)
 	t.pf[0] = SFW_CUDA_LC1, t.pf[1] = SFW_CUDA_LC2, t.pf[2] = SFW_CUDA_LK;
 	sfw_cuda_compress_seqs(&t, NKV, HD, KS, KST, SFW_DTYPE_BF16, cx);
 	t.pf[0] = SFW_CUDA_LAK, t.pf[1] = SFW_CUDA_LAV;
-	sfw_cuda_attn_dense_seqs(oatt.b, q, &t, NH, NKV, HD, scale, SFW_DTYPE_BF16, cx);
-	sfw_cuda_qk_norm_rope_seqs(ql.b, kl.b, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &t, LNH, LNH, HD, 1e-6f, 1,
-				   10000.0f, SFW_DTYPE_BF16, cx);
+	sfw_cuda_attn_dense_seqs(oatt.b, q, &t, &ash, SFW_DTYPE_BF16, cx);
+	sfw_cuda_qk_norm_rope_seqs(ql.b, kl.b, qw, kw, &t, &qsh, SFW_DTYPE_BF16, cx);
 	t.pf[0] = SFW_CUDA_LSTATE;
-	sfw_cuda_gla_seqs(ogla.b, ql.b, kl.b, vl, &t, decay, LNH, HD, scale, SFW_DTYPE_BF16, cx);
+	sfw_cuda_gla_seqs(ogla.b, ql.b, kl.b, vl, &t, decay, &gsh, SFW_DTYPE_BF16, cx);
 	void *g = NULL;
 	CHECK(sfw_cuda_graph_end(s, &g, &err) == SFW_OK, "the step recorded: %s", err.msg);
 
@@ -268,12 +271,11 @@ int main(void)
 				d.p[0][d.n] = K.a, d.p[1][d.n] = V.a;
 				d.n++;
 			}
-		sfw_cuda_attn_dense_seqs(oatt.a, q, &d, NH, NKV, HD, scale, SFW_DTYPE_BF16, cx);
-		sfw_cuda_qk_norm_rope_seqs(ql.a, kl.a, qw, SFW_DTYPE_BF16, kw, SFW_DTYPE_BF16, &u, LNH, LNH, HD, 1e-6f, 1,
-					   10000.0f, SFW_DTYPE_BF16, cx);
+		sfw_cuda_attn_dense_seqs(oatt.a, q, &d, &ash, SFW_DTYPE_BF16, cx);
+		sfw_cuda_qk_norm_rope_seqs(ql.a, kl.a, qw, kw, &u, &qsh, SFW_DTYPE_BF16, cx);
 		for (int i = 0; i < z->n; i++)
 			u.p[0][i] = st[z->seq[i]].a;
-		sfw_cuda_gla_seqs(ogla.a, ql.a, kl.a, vl, &u, decay, LNH, HD, scale, SFW_DTYPE_BF16, cx);
+		sfw_cuda_gla_seqs(ogla.a, ql.a, kl.a, vl, &u, decay, &gsh, SFW_DTYPE_BF16, cx);
 		sfw_cuda_sync(s);
 
 		printf("%s:\n", z->what);

@@ -255,7 +255,8 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	}
 	sfw_cuda_h2d(dx, x, nx * 2, s);
 	sfw_cuda_memset(dy, 0xff, ny * 2, s); /* poison: NaN bf16 */
-	int took = sfw_cuda_gemm_w8_mma(dx, ldx, w->dc, w->ds, w->sdt, w->group, dy, ldy, M, N, K, silu,
+	int took = sfw_cuda_gemm_w8_mma(dx, &(struct sfw_w8){w->dc, w->ds, w->sdt, w->group}, dy,
+					&(struct sfw_gemm_shape){M, N, K, ldx, ldy}, silu,
 					use_ws ? ws->p : NULL, use_ws ? ws->bytes : 0, s, 0);
 	char name[160];
 	snprintf(name, sizeof(name), "w8mma%s M=%d N=%d K=%d group %d %s%s%s", silu ? " silu" : "", M, N, K, w->group,
@@ -265,7 +266,8 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	sfw_cuda_d2h(y, dy, ny * 2, s);
 	/* again: the same bits (a deterministic split, counters left at zero) */
 	sfw_cuda_memset(dy, 0xff, ny * 2, s);
-	sfw_cuda_gemm_w8_mma(dx, ldx, w->dc, w->ds, w->sdt, w->group, dy, ldy, M, N, K, silu, use_ws ? ws->p : NULL,
+	sfw_cuda_gemm_w8_mma(dx, &(struct sfw_w8){w->dc, w->ds, w->sdt, w->group}, dy,
+			     &(struct sfw_gemm_shape){M, N, K, ldx, ldy}, silu, use_ws ? ws->p : NULL,
 			     use_ws ? ws->bytes : 0, s, 0);
 	sfw_cuda_d2h(y2, dy, ny * 2, s);
 	sfw_cuda_sync(s);
@@ -280,7 +282,8 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	CHECK(same, "%s: a second call gave other bits", name);
 	CHECK(untouched, "%s: wrote outside its columns", name);
 
-	sfw_op_matmul_w8_cpu(twin_ex, ref, xf, w->codes, w->scales, w->sdt, w->group, M, rows, K);
+	sfw_op_matmul_w8_cpu(twin_ex, ref, xf, &(struct sfw_w8){w->codes, w->scales, w->sdt, w->group},
+			     &(struct sfw_gemm_shape){M, rows, K, 0, 0});
 	if (silu) {
 		for (int m = 0; m < M; m++)
 			for (int n = 0; n < N; n++) {
@@ -380,16 +383,26 @@ int main(void)
 		}
 	}
 	/* What the kernel does not take: a clear 0, nothing written. */
-	CHECK(!sfw_cuda_w8mma_ok((const void *)16, 1000, (const uint8_t *)16, 128, 4, 100, 1000, SFW_DTYPE_BF16),
+	CHECK(!sfw_cuda_w8mma_ok((const void *)16,
+				 &(struct sfw_w8){(const uint8_t *)16, NULL, SFW_DTYPE_BF16, 128},
+				 &(struct sfw_gemm_shape){4, 100, 1000, 1000, 0}),
 	      "K = 1000 (not a multiple of 16) refused");
-	CHECK(!sfw_cuda_w8mma_ok((const void *)16, 4096, (const uint8_t *)16, 40, 4, 100, 4096, SFW_DTYPE_BF16),
+	CHECK(!sfw_cuda_w8mma_ok((const void *)16,
+				 &(struct sfw_w8){(const uint8_t *)16, NULL, SFW_DTYPE_BF16, 40},
+				 &(struct sfw_gemm_shape){4, 100, 4096, 4096, 0}),
 	      "group 40 refused");
-	CHECK(!sfw_cuda_w8mma_ok((const void *)8, 4096, (const uint8_t *)16, 128, 4, 100, 4096, SFW_DTYPE_BF16),
+	CHECK(!sfw_cuda_w8mma_ok((const void *)8,
+				 &(struct sfw_w8){(const uint8_t *)16, NULL, SFW_DTYPE_BF16, 128},
+				 &(struct sfw_gemm_shape){4, 100, 4096, 4096, 0}),
 	      "unaligned X refused");
-	CHECK(!sfw_cuda_w8mma_ok((const void *)16, 4096, (const uint8_t *)16, 128, 4, 100, 4096, SFW_DTYPE_I32),
+	CHECK(!sfw_cuda_w8mma_ok((const void *)16,
+				 &(struct sfw_w8){(const uint8_t *)16, NULL, SFW_DTYPE_I32, 128},
+				 &(struct sfw_gemm_shape){4, 100, 4096, 4096, 0}),
 	      "I32 scales refused");
-	CHECK(sfw_cuda_gemm_w8_mma((const uint16_t *)16, 4100, (const uint8_t *)16, (const void *)16, SFW_DTYPE_BF16,
-				   128, (uint16_t *)16, 100, 4, 100, 1000, 0, NULL, 0, s, 0) == 0,
+	CHECK(sfw_cuda_gemm_w8_mma(
+		  (const uint16_t *)16,
+		  &(struct sfw_w8){(const uint8_t *)16, (const void *)16, SFW_DTYPE_BF16, 128},
+		  (uint16_t *)16, &(struct sfw_gemm_shape){4, 100, 1000, 4100, 100}, 0, NULL, 0, s, 0) == 0,
 	      "a refused call returns 0");
 
 	if (ws.p)

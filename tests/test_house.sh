@@ -10,6 +10,11 @@
 #     struct sfw_ops_cpu, each passed to the ops that use it.
 #   - no `_devpos` kernel form (an identifier containing _devpos) outside
 #     tests/: the decode position is read from the step's sequence table.
+#   - no function declared (or defined inline) in a kernels/*.h header takes
+#     10 or more parameters: an entry point takes its buffers and one shape
+#     struct (struct sfw_attn_shape, sfw_gemm_shape, ... in kernels/ops.h).
+#     Counted from ctags' signature at the top level of its parentheses, so
+#     a function-pointer parameter is one however many its own list has.
 # Each checker first runs on a scratch tree with planted violations and must
 # find every one of them and nothing else (a check that cannot fail proves
 # nothing); then it runs on the tree. Every check prints its line (PASS or
@@ -29,6 +34,7 @@ CTAGS=${CTAGS:-$(command -v ctags-universal || command -v ctags || echo ctags)}
 FN_MAX=150
 FILE_MAX=1000
 BACKEND_MAX=24
+PARAM_MAX=10 # the least number of parameters that is too many
 
 # sources ROOT: the C, C++ and CUDA sources under ROOT outside tests/ and the
 # build trees, one path (relative to ROOT) a line
@@ -80,6 +86,26 @@ devpos_forms() {
 	(cd "$1" && grep -rnE '[A-Za-z0-9_]*_devpos' . --exclude-dir=tests --exclude-dir='build*' --exclude-dir=.git \
 		--exclude-dir=shared --include='*.c' --include='*.h' --include='*.cu' --include='*.cuh' \
 		--include='*.cpp' --include='*.sh' --include='*.py' --include=Makefile | sed 's|^\./||')
+}
+
+# wide_entries ROOT: "file:line name (N parameters)" for every function
+# declared or defined in a header ROOT/kernels/*.h with PARAM_MAX or more
+# parameters; N counts the commas outside any inner parentheses of the
+# signature (a function-pointer parameter's own list is one parameter)
+wide_entries() {
+	(cd "$1" && find kernels -maxdepth 1 -type f -name '*.h' 2>/dev/null | sort |
+		"$CTAGS" -L - -x --_xformat='%{input}:%{line} %{name}|%{signature}' --languages=C --langmap=C:.h \
+			--kinds-C=pf --fields=+nS) |
+		awk -F'|' -v max=$PARAM_MAX '{
+			s = $2; d = 0; n = 1
+			for (i = 2; i < length(s); i++) {
+				c = substr(s, i, 1)
+				if (c == "(") d++
+				else if (c == ")") d--
+				else if (c == "," && d == 0) n++
+			}
+			if (n >= max) printf "%s (%d parameters)\n", $1, n
+		}' | sort -t: -k1,1 -k2,2n
 }
 
 # a report: every hit on its own line after the description (at most 40)
@@ -182,6 +208,40 @@ out=$(devpos_forms "$T")
 check "planted: _devpos identifiers outside tests/ are found, a bare devpos and tests/ not" \
 	test "$(cut -d: -f1,2 <<<"$out" | sort | tr '\n' ' ')" = "kernels/dp.h:1 runner/dp.c:1 "
 
+{
+	echo '#ifndef W_H'
+	echo '#define W_H'
+	echo 'struct s { int a, b, c, d, e, f, g, h, i, j; };'
+	echo '#ifdef SFW_HAVE_CUDA'
+	echo 'void ten(void *a, const void *b, int c, int d, int e, int f, int g, int h, float i, struct s *j);'
+	echo '#endif'
+	echo '#ifdef __cplusplus'
+	echo 'extern "C" {'
+	echo '#endif'
+	echo 'SFW_MUST_CHECK enum sfw_status nine_fp(int a, int b, int c, int d, int e, int f, int g,'
+	echo '					 void (*fn)(void *, size_t, size_t, int), void *ctx);'
+	echo 'static inline int eleven(int a, int b, int c, int d, int e,'
+	echo '			 int f, int g, int h, int i, int j, int k)'
+	echo '{'
+	echo '	return a + b + c + d + e + f + g + h + i + j + k;'
+	echo '}'
+	echo 'void none(void);'
+	echo 'void nine(int a, int b, int c, int d, int e, int f, int g, int h, const int *i /* x, y */);'
+	echo '#ifdef __cplusplus'
+	echo '}'
+	echo '#endif'
+	echo '#endif'
+} >"$T/kernels/w.h"
+ten='void ten(int a, int b, int c, int d, int e, int f, int g, int h, int i, int j);'
+echo "$ten" >"$T/kernels/w.cuh"
+echo "$ten" >"$T/kernels/w.c"
+echo "$ten" >"$T/runner/w.h"
+echo "$ten" >"$T/tests/w.h"
+out=$(wide_entries "$T")
+check "planted: a 10-parameter prototype (under #ifdef) and an 11-parameter static inline in kernels/*.h are found" \
+	test "$out" = "kernels/w.h:5 ten (10 parameters)
+kernels/w.h:12 eleven (11 parameters)"
+
 # ---- the tree ----
 report "no function outside tests/ over $FN_MAX lines" "$(long_functions .)"
 report "no source under runner/, fetch/, cli/ over $FILE_MAX lines" "$(long_files .)"
@@ -191,5 +251,6 @@ check "struct sfw_backend found in runner/backend.h" test "$n" -gt 0
 	fail "struct sfw_backend has $n members (at most $BACKEND_MAX)"
 report "no __thread / thread_local / _Thread_local under kernels/ or runner/" "$(thread_locals .)"
 report "no _devpos kernel form outside tests/" "$(devpos_forms .)"
+report "no function in a kernels/*.h header takes $PARAM_MAX or more parameters" "$(wide_entries .)"
 
 check_report test_house

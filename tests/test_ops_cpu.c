@@ -112,7 +112,8 @@ static void test_matmul(void)
 			sfw_op_matmul_cpu(ex, y, x, wb, SFW_DTYPE_BF16, M, N, K);
 			CHECK(maxrel(y, ref, (size_t)M * N) < 1e-5, "matmul bf16 %dx%dx%d threads %d: rel err %.3g", M, N,
 			      K, threads, maxrel(y, ref, (size_t)M * N));
-			sfw_op_logits_cpu(ex, y2, x, wf, SFW_DTYPE_F32, M, N, K, 0.25f);
+			struct sfw_gemm_shape gsh = {M, N, K, 0, 0};
+			sfw_op_logits_cpu(ex, y2, x, wf, SFW_DTYPE_F32, &gsh, 0.25f);
 			CHECK(maxrel(y2, ref2, (size_t)M * N) < 1e-5, "logits f32 %dx%dx%d: rel err %.3g", M, N, K,
 			      maxrel(y2, ref2, (size_t)M * N));
 			free(x), free(wf), free(y), free(y2), free(wb), free(ref), free(ref2);
@@ -203,7 +204,8 @@ static void test_attention(void)
 	double *ref = malloc(sizeof(double) * T * NH * HD);
 	fill(q, T * NH * HD, 2), fill(kc, (size_t)L * NKV * HD, 2), fill(vc, (size_t)L * NKV * HD, 1);
 	float scale = 1 / sqrtf(HD);
-	sfw_op_attn_dense_cpu(NULL, o, q, kc, vc, T, NH, NKV, HD, P0, scale);
+	struct sfw_attn_shape sh = {T, NH, NKV, HD, P0, scale, 4, BLOCK};
+	sfw_op_attn_dense_cpu(NULL, o, q, kc, vc, &sh);
 	naive_attn(ref, q, kc, vc, T, NH, NKV, HD, P0, scale, NULL, 0, 0);
 	CHECK(maxrel(o, ref, T * NH * HD) < 1e-5, "dense attention: rel err %.3g", maxrel(o, ref, T * NH * HD));
 	/* every block selected == dense */
@@ -213,9 +215,9 @@ static void test_attention(void)
 			all[i * 4 + j] = j;
 		some[i * 4 + 0] = 0, some[i * 4 + 1] = (i % 2) ? 1 : 2, some[i * 4 + 2] = 3, some[i * 4 + 3] = -1;
 	}
-	sfw_op_attn_sparse_cpu(NULL, o2, q, kc, vc, all, T, NH, NKV, HD, P0, 4, BLOCK, scale);
+	sfw_op_attn_sparse_cpu(NULL, o2, q, kc, vc, all, &sh);
 	CHECK(maxrel(o2, ref, T * NH * HD) < 1e-5, "sparse attention with all blocks == dense");
-	sfw_op_attn_sparse_cpu(NULL, o2, q, kc, vc, some, T, NH, NKV, HD, P0, 4, BLOCK, scale);
+	sfw_op_attn_sparse_cpu(NULL, o2, q, kc, vc, some, &sh);
 	naive_attn(ref, q, kc, vc, T, NH, NKV, HD, P0, scale, some, 4, BLOCK);
 	CHECK(maxrel(o2, ref, T * NH * HD) < 1e-5, "block-sparse attention vs masked softmax: rel err %.3g",
 	      maxrel(o2, ref, T * NH * HD));
@@ -246,8 +248,9 @@ static void test_gla(void)
 				}
 				ref[(t * NH + h) * HD + c] = s * acc;
 			}
-	sfw_op_gla_recurrent_cpu(NULL, o1, q, k, v, S1, decay, T, NH, HD, s);
-	sfw_op_gla_chunked_cpu(NULL, o2, q, k, v, S2, decay, T, NH, HD, s, 64);
+	struct sfw_gla_shape sh = {T, NH, HD, s, 64}, pre = {130, NH, HD, s, 64}, one = {1, NH, HD, s, 64};
+	sfw_op_gla_recurrent_cpu(NULL, o1, q, k, v, S1, decay, &sh);
+	sfw_op_gla_chunked_cpu(NULL, o2, q, k, v, S2, decay, &sh);
 	CHECK(maxrel(o1, ref, n) < 1e-4, "gla recurrent vs formula: rel err %.3g", maxrel(o1, ref, n));
 	CHECK(maxrel(o2, ref, n) < 1e-4, "gla chunked vs formula: rel err %.3g", maxrel(o2, ref, n));
 	double sd[NH * HD * HD];
@@ -255,11 +258,10 @@ static void test_gla(void)
 		sd[i] = S1[i];
 	CHECK(maxrel(S2, sd, NH * HD * HD) < 1e-4, "gla chunked final state == recurrent");
 	/* a prefix chunked, the rest recurrent token by token: the state carries */
-	sfw_op_gla_chunked_cpu(NULL, o3, q, k, v, S3, decay, 130, NH, HD, s, 64);
+	sfw_op_gla_chunked_cpu(NULL, o3, q, k, v, S3, decay, &pre);
 	for (int t = 130; t < T; t++)
 		sfw_op_gla_recurrent_cpu(NULL, o3 + (size_t)t * NH * HD, q + (size_t)t * NH * HD,
-					 k + (size_t)t * NH * HD, v + (size_t)t * NH * HD, S3, decay, 1, NH,
-					 HD, s);
+					 k + (size_t)t * NH * HD, v + (size_t)t * NH * HD, S3, decay, &one);
 	CHECK(maxrel(o3, ref, n) < 1e-4, "gla chunked prefix + recurrent decode: rel err %.3g", maxrel(o3, ref, n));
 	free(q), free(k), free(v), free(o1), free(o2), free(o3), free(ref);
 }
@@ -272,15 +274,16 @@ static void test_compress(void)
 		for (int i = 0; i < NKV * HD; i++)
 			k[t * NKV * HD + i] = (float)t * (i + 1);
 	/* level 1: n1 = (300-32)/16+1 = 17 chunks; chunk j = mean of t in [16j, 16j+31] = 16j + 15.5 */
-	sfw_op_compress_cpu(c, k, NKV, HD, 0, 10, 32, 16);
-	sfw_op_compress_cpu(c, k, NKV, HD, 10, 17, 32, 16); /* incremental */
+	struct sfw_sel_shape sh = {.nkv = NKV, .hd = HD, .ksize = 32, .stride = 16};
+	sfw_op_compress_cpu(c, k, 1, 0, 10, &sh);
+	sfw_op_compress_cpu(c, k, 1, 10, 17, &sh); /* incremental */
 	int ok = 1;
 	for (int j = 0; j < 17; j++)
 		for (int i = 0; i < NKV * HD; i++)
 			ok &= fabsf(c[j * NKV * HD + i] - (16.0f * j + 15.5f) * (i + 1)) < 1e-3f;
 	CHECK(ok, "level-1 compression means (incremental)");
 	/* level 2: chunk j = mean of [64j, 64j+127] = 64j + 63.5 */
-	sfw_op_compress_cpu(c, k, NKV, HD, 0, 3, 128, 64);
+	sfw_op_compress_cpu(c, k, 2, 0, 3, &sh);
 	ok = 1;
 	for (int j = 0; j < 3; j++)
 		ok &= fabsf(c[j * NKV * HD] - (64.0f * j + 63.5f)) < 1e-3f;
@@ -296,9 +299,9 @@ static void test_stage1(void)
 	float *sc = malloc(sizeof(float) * NKV * T * N1);
 	fill(q, (size_t)T * NH * HD, 2), fill(c1, N1 * NKV * HD, 2), fill(c2, N2 * NKV * HD, 2);
 	float scale = 1 / sqrtf(HD);
-	struct sfw_sel_shape sh = {.T = T, .nh = NH, .nkv = NKV, .hd = HD, .pos0 = 0, .ksize = 32, .stride = 16,
-				   .scale = scale};
-	sfw_op_stage1_cpu(NULL, sc, q, c1, N1, c2, N2, &sh);
+	struct sfw_sel_shape sh = {.T = T, .nh = NH, .nkv = NKV, .hd = HD, .pos0 = 0, .ksize = 32,
+				   .stride = 16, .scale = scale, .n1 = N1, .n2 = N2};
+	sfw_op_stage1_cpu(NULL, sc, q, c1, c2, &sh);
 	int rows[] = {0, 31, 126, 127, 128, 191, 200, 299};
 	double worst = 0;
 	int vis_ok = 1;
@@ -342,6 +345,13 @@ static void test_stage1(void)
 	free(q), free(sc);
 }
 
+/* Top-k of one row (one group) at position p over nb blocks of 64. */
+static void topk_row(int32_t *idx, const float *pooled, int64_t nb, int64_t p, int k)
+{
+	struct sfw_sel_shape sh = {.T = 1, .nkv = 1, .pos0 = p, .block = 64, .nblocks = nb, .topk = k};
+	sfw_op_topk_blocks_cpu(NULL, idx, pooled, &sh);
+}
+
 static void test_pool_topk(void)
 {
 	/* one group, one row at position 640 (qb = 10), 11 blocks, level-1 chunks
@@ -353,8 +363,8 @@ static void test_pool_topk(void)
 	s[11] = 5.0f; /* chunk 11 = tokens 176..207: overlaps blocks 2 (4b+3) and 3 (4b-1) -> tie */
 	s[22] = 3.0f; /* chunk 22: block 5 (4*5+2) only */
 	struct sfw_sel_shape sh = {.T = 1, .nkv = 1, .pos0 = 640, .ksize = 32, .stride = 16, .block = 64,
-				   .init_blocks = 1, .local_blocks = 2};
-	sfw_op_pool_blocks_cpu(pooled, s, N1, NB, &sh);
+				   .init_blocks = 1, .local_blocks = 2, .n1 = N1, .nblocks = NB};
+	sfw_op_pool_blocks_cpu(pooled, s, &sh);
 	CHECK(isinf(pooled[0]) && isinf(pooled[8]) && isinf(pooled[9]) && isinf(pooled[10]) && pooled[0] > 0,
 	      "pool: init and local blocks forced to +inf");
 	CHECK(pooled[2] == 5.0f && pooled[3] == 5.0f && pooled[5] == 3.0f, "pool: max over the overlapping chunks");
@@ -365,18 +375,18 @@ static void test_pool_topk(void)
 	/* top-k 6: 4 forced + the two best: blocks 2 and 3 tie at 5.0, block 5 is 3.0 -> {2, 3} win.
 	 * top-k 5: 4 forced + one of the tie -> the lower index (2). */
 	int32_t idx[8];
-	sfw_op_topk_blocks_cpu(NULL, idx, pooled, NB, 1, 1, 640, 6, 64);
+	topk_row(idx, pooled, NB, 640, 6);
 	CHECK(idx[0] == 0 && idx[1] == 2 && idx[2] == 3 && idx[3] == 8 && idx[4] == 9 && idx[5] == 10,
 	      "topk: forced + best, ascending (%d %d %d %d %d %d)", idx[0], idx[1], idx[2], idx[3], idx[4], idx[5]);
-	sfw_op_topk_blocks_cpu(NULL, idx, pooled, NB, 1, 1, 640, 5, 64);
+	topk_row(idx, pooled, NB, 640, 5);
 	CHECK(idx[1] == 2 && idx[2] == 8, "topk: a tie at the k-th rank goes to the lower block index");
 	/* ties among plain values too */
 	float flat[6] = {1, 1, 1, 1, 1, 1};
-	sfw_op_topk_blocks_cpu(NULL, idx, flat, 6, 1, 1, 6 * 64 - 1, 3, 64);
+	topk_row(idx, flat, 6, 6 * 64 - 1, 3);
 	CHECK(idx[0] == 0 && idx[1] == 1 && idx[2] == 2, "topk: all equal -> lowest indices");
 	/* future blocks -> -1 after sorting; k > nblocks pads with -1 */
 	float fut[4] = {INFINITY, 0.5f, 0.0f, -INFINITY}; /* row at position 70: qb = 1 */
-	sfw_op_topk_blocks_cpu(NULL, idx, fut, 4, 1, 1, 70, 6, 64);
+	topk_row(idx, fut, 4, 70, 6);
 	CHECK(idx[0] == 0 && idx[1] == 1 && idx[2] == -1 && idx[3] == -1 && idx[4] == -1 && idx[5] == -1,
 	      "topk: future blocks and padding are -1 (%d %d %d %d %d %d)", idx[0], idx[1], idx[2], idx[3], idx[4],
 	      idx[5]);

@@ -350,9 +350,10 @@ static void test_matmul_w8(void)
 					sb[i] = sfw_f32_to_bf16((float)(0.001 * (1 + (sm_next(&s) >> 60))));
 					sf[i] = sfw_bf16_to_f32(sb[i]);
 				}
-				sfw_op_matmul_w8_cpu(NULL, y, x, codes,
-						     sdt ? (const void *)sf : (const void *)sb,
-						     sdt ? SFW_DTYPE_F32 : SFW_DTYPE_BF16, span, M, N, K);
+				struct sfw_w8 w8 = {codes, sdt ? (const void *)sf : (const void *)sb,
+						    sdt ? SFW_DTYPE_F32 : SFW_DTYPE_BF16, span};
+				struct sfw_gemm_shape gs = {M, N, K, 0, 0};
+				sfw_op_matmul_w8_cpu(NULL, y, x, &w8, &gs);
 				double worst = 0;
 				for (int m = 0; m < M; m++)
 					for (int n = 0; n < N; n++) {
@@ -414,15 +415,14 @@ static void test_matmul_w8_rows(void)
 			}
 		}
 		const void *sc = sdt == SFW_DTYPE_F32 ? (const void *)sf : (const void *)sh;
-		/* every row alone, one thread: the reference bits; then the generic path
-		 * (an executor's option: the one-thread executor's) */
+		struct sfw_w8 w8 = {codes, sc, sdt, span};
+		struct sfw_gemm_shape row = {1, N, K, 0, 0};
+		/* every row alone, one thread: the reference bits; then the generic path */
 		for (int r = 0; r < R; r++)
-			sfw_op_matmul_w8_cpu(NULL, one + (size_t)r * N, x + (size_t)r * K, codes, sc, sdt,
-					     span, 1, N, K);
+			sfw_op_matmul_w8_cpu(NULL, one + (size_t)r * N, x + (size_t)r * K, &w8, &row);
 		sfwi_op_matmul_w8_generic(ex[0], 1);
 		for (int r = 0; r < R; r++)
-			sfw_op_matmul_w8_cpu(ex[0], gen + (size_t)r * N, x + (size_t)r * K, codes, sc, sdt,
-					     span, 1, N, K);
+			sfw_op_matmul_w8_cpu(ex[0], gen + (size_t)r * N, x + (size_t)r * K, &w8, &row);
 		sfwi_op_matmul_w8_generic(ex[0], 0);
 		CHECK(!memcmp(one, gen, (size_t)R * N * 4), "w8 K=%d group %d: the generic path gives the AVX2 path's bits",
 		      K, g);
@@ -435,8 +435,8 @@ static void test_matmul_w8_rows(void)
 						int M = Ms[mi], off = offs[oi];
 						if (off + M > R)
 							continue;
-						sfw_op_matmul_w8_cpu(ex[t], y, x + (size_t)off * K, codes, sc,
-								     sdt, span, M, N, K);
+						struct sfw_gemm_shape gs = {M, N, K, 0, 0};
+						sfw_op_matmul_w8_cpu(ex[t], y, x + (size_t)off * K, &w8, &gs);
 						calls++;
 						bad += memcmp(y, one + (size_t)off * N, (size_t)M * N * 4) != 0;
 					}
@@ -479,7 +479,8 @@ static void test_matmul_silu_w8(void)
 		x[k] = (float)gauss(&s) * 0.3f;
 	for (int64_t i = 0; i < N * G; i++)
 		sb[i] = sfw_f32_to_bf16((float)(0.001 * (1 + (sm_next(&s) >> 60))));
-	sfw_op_matmul_silu_w8_cpu(NULL, y, x, codes, sb, SFW_DTYPE_BF16, span, I, K);
+	struct sfw_w8 w8 = {codes, sb, SFW_DTYPE_BF16, span};
+	sfw_op_matmul_silu_w8_cpu(NULL, y, x, &w8, I, K);
 	double worst = 0;
 	for (int i = 0; i < I; i++) {
 		double h[2], mag[2] = {0, 0};
