@@ -41,7 +41,7 @@ static enum sfw_status state_want(const struct sfw_ctx *c, const uint8_t binding
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	for (uint32_t i = 0; i < h->n_layers; i++)
 		(*sparse)[i] = cf->mixer[i] == SFW_MIXER_SPARSE;
-	h->kinds_crc = sfwi_crc64(0, *sparse, h->n_layers);
+	sfwi_sum(*sparse, h->n_layers, h->kinds_sum);
 	return SFW_OK;
 }
 
@@ -98,9 +98,9 @@ static void notes_put(struct sfw_ctx *c, const int32_t *in)
 }
 
 /* The payload of c's state: each section from backend memory (or the
- * host's notes) through buf to wr, its CRC into *crc. */
+ * host's notes) through buf to wr, and into its sum. */
 static enum sfw_status write_payload(struct sfw_ctx *c, const struct sfwi_state_hdr *h, const uint8_t *sparse,
-				     unsigned char *buf, sfw_state_write_fn wr, void *user, uint64_t *crc,
+				     unsigned char *buf, sfw_state_write_fn wr, void *user, struct sfwi_sum *sum,
 				     struct sfw_err *err)
 {
 	struct sfw_backend *be = c->m->be;
@@ -132,7 +132,7 @@ static enum sfw_status write_payload(struct sfw_ctx *c, const struct sfwi_state_
 				memcpy(buf, (char *)notes + off, n);
 			else
 				sfw_be_to_host(be, buf, (char *)base + off, n);
-			*crc = sfwi_crc64(*crc, buf, n);
+			sfwi_sum_update(sum, buf, n);
 			s = wr(user, buf, n, err);
 		}
 		sfw_free(notes);
@@ -153,23 +153,24 @@ enum sfw_status sfw_ctx_state_save(struct sfw_ctx *c, const uint8_t binding[32],
 				(long long)c->pos);
 	struct sfwi_state_hdr h;
 	uint8_t *sparse = NULL;
-	unsigned char hb[SFWI_STATE_HDR], tail[8];
+	unsigned char hb[SFWI_STATE_HDR], tail[SFWI_SUM];
 	enum sfw_status s = state_want(c, binding, &h, &sparse, err);
 	if (s != SFW_OK)
 		return s;
 	h.n_tokens = n;
-	h.ids_crc = sfwi_crc64(0, ids, n * sizeof(int32_t));
+	sfwi_sum(ids, n * sizeof(int32_t), h.ids_sum);
 	h.flags = c->last_row >= 0 ? SFWI_STATE_LOGITS : 0;
 	unsigned char *buf = sfw_malloc(XFER);
-	uint64_t crc = 0;
+	struct sfwi_sum sum;
+	sfwi_sum_init(&sum);
 	if (!buf)
 		s = sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	if (s == SFW_OK && (s = sfwi_state_payload_bytes(&h, sparse, &h.payload_bytes, err)) == SFW_OK) {
 		sfwi_state_hdr_encode(&h, hb);
 		if ((s = wr(user, hb, sizeof(hb), err)) == SFW_OK &&
 		    (s = wr(user, ids, n * sizeof(int32_t), err)) == SFW_OK &&
-		    (s = write_payload(c, &h, sparse, buf, wr, user, &crc, err)) == SFW_OK) {
-			sfw_le64_store(tail, crc);
+		    (s = write_payload(c, &h, sparse, buf, wr, user, &sum, err)) == SFW_OK) {
+			sfwi_sum_final(&sum, tail);
 			s = wr(user, tail, sizeof(tail), err);
 		}
 	}

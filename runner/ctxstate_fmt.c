@@ -1,53 +1,36 @@
 /* ctxstate_fmt.c - the context-state file as bytes (runner/ctxstate.h): the
- * CRC, the header, the sections' order and sizes, and the bounded reader
+ * sums, the header, the sections' order and sizes, and the bounded reader
  * that checks a file against what the model and the prompt imply. No
  * model, no backend: the fuzzer drives it as the engine does. */
 #include "runner/ctxstate.h"
 #include "alloc.h"
 #include "checked.h"
 
-#include <pthread.h>
 #include <string.h>
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 	       "the state's payload is the host's little-endian bytes");
 
-/* ---- CRC-64/XZ, eight bytes a step ---------------------------------------- */
+/* ---- the sums: BLAKE2b-128 (libsodium) -------------------------------- */
 
-#define CRC64_POLY 0xC96C5795D7870F42ull /* ECMA-182, reflected */
-static uint64_t crc_tab[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_tables(void)
+void sfwi_sum_init(struct sfwi_sum *s)
 {
-	for (int n = 0; n < 256; n++) {
-		uint64_t c = (uint64_t)n;
-		for (int k = 0; k < 8; k++)
-			c = c & 1 ? (c >> 1) ^ CRC64_POLY : c >> 1;
-		crc_tab[0][n] = c;
-	}
-	for (int n = 0; n < 256; n++)
-		for (int k = 1; k < 8; k++)
-			crc_tab[k][n] = (crc_tab[k - 1][n] >> 8) ^ crc_tab[0][crc_tab[k - 1][n] & 0xff];
+	crypto_generichash_init(&s->st, NULL, 0, SFWI_SUM);
 }
 
-uint64_t sfwi_crc64(uint64_t crc, const void *p, size_t n)
+void sfwi_sum_update(struct sfwi_sum *s, const void *p, size_t n)
 {
-	pthread_once(&crc_once, crc_tables);
-	const unsigned char *b = p;
-	crc = ~crc;
-	for (; n >= 8; n -= 8, b += 8) {
-		uint64_t w;
-		memcpy(&w, b, 8);
-		crc ^= w;
-		crc = crc_tab[7][crc & 0xff] ^ crc_tab[6][(crc >> 8) & 0xff] ^
-		      crc_tab[5][(crc >> 16) & 0xff] ^ crc_tab[4][(crc >> 24) & 0xff] ^
-		      crc_tab[3][(crc >> 32) & 0xff] ^ crc_tab[2][(crc >> 40) & 0xff] ^
-		      crc_tab[1][(crc >> 48) & 0xff] ^ crc_tab[0][crc >> 56];
-	}
-	while (n--)
-		crc = crc_tab[0][(crc ^ *b++) & 0xff] ^ (crc >> 8);
-	return ~crc;
+	crypto_generichash_update(&s->st, p, n);
+}
+
+void sfwi_sum_final(struct sfwi_sum *s, uint8_t out[SFWI_SUM])
+{
+	crypto_generichash_final(&s->st, out, SFWI_SUM);
+}
+
+void sfwi_sum(const void *p, size_t n, uint8_t out[SFWI_SUM])
+{
+	crypto_generichash(out, SFWI_SUM, p, n, NULL, 0);
 }
 
 /* ---- sections --------------------------------------------------------------- */
@@ -151,14 +134,14 @@ void sfwi_state_hdr_encode(const struct sfwi_state_hdr *h, unsigned char out[SFW
 			      h->lhd,	   h->ksize,	 h->stride,   h->block, h->sel_k, h->vocab};
 	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 		put32(out + 64 + 4 * i, f[i]);
-	sfw_le64_store(out + 112, h->kinds_crc);
-	put32(out + 120, h->dense_as_sparse);
-	put32(out + 124, h->chunk_rows);
-	sfw_le64_store(out + 128, h->n_tokens);
-	sfw_le64_store(out + 136, h->ids_crc);
-	put32(out + 144, h->flags);
-	sfw_le64_store(out + 152, h->payload_bytes);
-	sfw_le64_store(out + 248, sfwi_crc64(0, out, 248));
+	memcpy(out + 112, h->kinds_sum, SFWI_SUM);
+	put32(out + 128, h->dense_as_sparse);
+	put32(out + 132, h->chunk_rows);
+	sfw_le64_store(out + 136, h->n_tokens);
+	memcpy(out + 144, h->ids_sum, SFWI_SUM);
+	put32(out + 160, h->flags);
+	sfw_le64_store(out + 168, h->payload_bytes);
+	sfwi_sum(out, 240, out + 240);
 }
 
 static enum sfw_status hdr_decode(const unsigned char *b, struct sfwi_state_hdr *h, struct sfw_err *err)
@@ -169,10 +152,12 @@ static enum sfw_status hdr_decode(const unsigned char *b, struct sfwi_state_hdr 
 	if (v != SFWI_STATE_VERSION)
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "state format version %u (this salafw reads %d)", v,
 				SFWI_STATE_VERSION);
-	if (sfw_le32_load(b + 12) != SFWI_STATE_HDR || sfw_le64_load(b + 248) != sfwi_crc64(0, b, 248))
+	uint8_t sum[SFWI_SUM];
+	sfwi_sum(b, 240, sum);
+	if (sfw_le32_load(b + 12) != SFWI_STATE_HDR || sodium_memcmp(b + 240, sum, SFWI_SUM) != 0)
 		return sfw_fail(err, SFW_E_FORMAT, "the header's checksum does not match");
-	for (int i = 148; i < 248; i++)
-		if ((i < 152 || i >= 160) && b[i])
+	for (int i = 164; i < 240; i++)
+		if ((i < 168 || i >= 176) && b[i])
 			return sfw_fail(err, SFW_E_FORMAT, "reserved header bytes are not zero");
 	memset(h, 0, sizeof(*h));
 	memcpy(h->binding, b + 16, 32);
@@ -181,13 +166,13 @@ static enum sfw_status hdr_decode(const unsigned char *b, struct sfwi_state_hdr 
 			 &h->lhd,      &h->ksize,     &h->stride,   &h->block, &h->sel_k, &h->vocab};
 	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 		*f[i] = sfw_le32_load(b + 64 + 4 * i);
-	h->kinds_crc = sfw_le64_load(b + 112);
-	h->dense_as_sparse = sfw_le32_load(b + 120);
-	h->chunk_rows = sfw_le32_load(b + 124);
-	h->n_tokens = sfw_le64_load(b + 128);
-	h->ids_crc = sfw_le64_load(b + 136);
-	h->flags = sfw_le32_load(b + 144);
-	h->payload_bytes = sfw_le64_load(b + 152);
+	memcpy(h->kinds_sum, b + 112, SFWI_SUM);
+	h->dense_as_sparse = sfw_le32_load(b + 128);
+	h->chunk_rows = sfw_le32_load(b + 132);
+	h->n_tokens = sfw_le64_load(b + 136);
+	memcpy(h->ids_sum, b + 144, SFWI_SUM);
+	h->flags = sfw_le32_load(b + 160);
+	h->payload_bytes = sfw_le64_load(b + 168);
 	if (h->flags & ~SFWI_STATE_LOGITS)
 		return sfw_fail(err, SFW_E_FORMAT, "unknown flags 0x%x", h->flags);
 	if (h->n_tokens < 1 || h->n_tokens > INT32_MAX)
@@ -210,7 +195,7 @@ static enum sfw_status hdr_fits(const struct sfwi_state_hdr *h, const struct sfw
 	if (h->n_layers != want->n_layers || h->nkv != want->nkv || h->hd != want->hd ||
 	    h->lnh != want->lnh || h->lhd != want->lhd || h->ksize != want->ksize ||
 	    h->stride != want->stride || h->block != want->block || h->sel_k != want->sel_k ||
-	    h->vocab != want->vocab || h->kinds_crc != want->kinds_crc)
+	    h->vocab != want->vocab || memcmp(h->kinds_sum, want->kinds_sum, SFWI_SUM) != 0)
 		return sfw_fail(err, SFW_E_FORMAT, "made for another model layout");
 	if (h->dense_as_sparse != want->dense_as_sparse)
 		return sfw_fail(err, SFW_E_FORMAT, "made %s --dense-as-sparse",
@@ -274,10 +259,10 @@ static const char *sec_name(enum sfwi_sec k)
 	return names[k];
 }
 
-/* The payload, section by section, to sink; its CRC into *crc. */
+/* The payload, section by section, to sink; into its sum. */
 static enum sfw_status read_payload(const struct sfwi_state_hdr *h, const uint8_t *sparse,
 				    sfw_state_read_fn rd, void *ru, sfwi_state_sink_fn sink, void *su,
-				    unsigned char *buf, uint64_t *crc, struct sfw_err *err)
+				    unsigned char *buf, struct sfwi_sum *sum, struct sfw_err *err)
 {
 	struct sfwi_sec_desc d;
 	uint64_t nsk = (uint64_t)h->nkv * h->sel_k + 1; /* int32 per note */
@@ -287,7 +272,7 @@ static enum sfw_status read_payload(const struct sfwi_state_hdr *h, const uint8_
 			enum sfw_status s = read_exact(rd, ru, buf, n, sec_name(d.kind), err);
 			if (s != SFW_OK)
 				return s;
-			*crc = sfwi_crc64(*crc, buf, n);
+			sfwi_sum_update(sum, buf, n);
 			int ok = piece_ok(&d, buf, n);
 			/* a note's mode: 0 or 1 */
 			for (uint64_t j = 0; ok && d.kind == SFWI_SEC_NOTES && j < n; j += 4)
@@ -337,7 +322,9 @@ enum sfw_status sfwi_state_read(const struct sfwi_state_hdr *want, const uint8_t
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	if ((s = read_exact(rd, ru, buf, P * 4, "the token ids", err)) != SFW_OK)
 		goto out;
-	if (sfwi_crc64(0, buf, P * 4) != h.ids_crc) {
+	uint8_t ids_sum[SFWI_SUM];
+	sfwi_sum(buf, P * 4, ids_sum);
+	if (memcmp(ids_sum, h.ids_sum, SFWI_SUM) != 0) {
 		s = sfw_fail(err, SFW_E_FORMAT, "the token ids' checksum does not match");
 		goto out;
 	}
@@ -346,17 +333,19 @@ enum sfw_status sfwi_state_read(const struct sfwi_state_hdr *want, const uint8_t
 		prefix = (int32_t)sfw_le32_load(buf + 4 * i) == prompt[i];
 	if (!prefix || (P == n_prompt && !(h.flags & SFWI_STATE_LOGITS)))
 		goto out; /* SFW_OK, nothing loaded */
-	uint64_t crc = 0;
-	unsigned char tail[9];
+	struct sfwi_sum sum;
+	uint8_t tail[SFWI_SUM + 1], want_sum[SFWI_SUM];
 	size_t extra = 0;
-	if ((s = read_payload(&h, sparse, rd, ru, sink, su, buf, &crc, err)) != SFW_OK ||
-	    (s = read_exact(rd, ru, tail, 8, "the checksum", err)) != SFW_OK)
+	sfwi_sum_init(&sum);
+	if ((s = read_payload(&h, sparse, rd, ru, sink, su, buf, &sum, err)) != SFW_OK ||
+	    (s = read_exact(rd, ru, tail, SFWI_SUM, "the checksum", err)) != SFW_OK)
 		goto out;
-	if (sfw_le64_load(tail) != crc) {
+	sfwi_sum_final(&sum, want_sum);
+	if (sodium_memcmp(tail, want_sum, SFWI_SUM) != 0) {
 		s = sfw_fail(err, SFW_E_FORMAT, "the payload's checksum does not match");
 		goto out;
 	}
-	if ((s = rd(ru, tail + 8, 1, &extra, err)) != SFW_OK)
+	if ((s = rd(ru, tail + SFWI_SUM, 1, &extra, err)) != SFW_OK)
 		goto out;
 	if (extra) {
 		s = sfw_fail(err, SFW_E_FORMAT, "bytes after the end of the state");

@@ -32,7 +32,7 @@ static struct sfwi_state_hdr layout(void)
 	h.act_size = 4, h.act_dtype = 1;
 	h.n_layers = 3, h.nkv = 1, h.hd = 4, h.lnh = 1, h.lhd = 4;
 	h.ksize = 4, h.stride = 2, h.block = 8, h.sel_k = 2, h.vocab = 16;
-	h.kinds_crc = sfwi_crc64(0, SPARSE, 3);
+	sfwi_sum(SPARSE, 3, h.kinds_sum);
 	h.chunk_rows = 256;
 	return h;
 }
@@ -112,13 +112,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 /* A valid state of P tokens: the header, the prompt's ids, every section
- * (finite values; notes mode 0 and blocks -1), the payload's CRC. */
+ * (finite values; notes mode 0 and blocks -1), the payload's sum. */
 static void write_seed(const char *dir, uint64_t P, int logits)
 {
 	struct sfwi_state_hdr h = layout();
 	h.n_tokens = P;
 	h.flags = logits ? SFWI_STATE_LOGITS : 0;
-	h.ids_crc = sfwi_crc64(0, prompt, P * 4);
+	sfwi_sum(prompt, P * 4, h.ids_sum);
 	struct sfw_err err = {0};
 	if (sfwi_state_payload_bytes(&h, SPARSE, &h.payload_bytes, &err) != SFW_OK)
 		abort();
@@ -131,7 +131,8 @@ static void write_seed(const char *dir, uint64_t P, int logits)
 	sfwi_state_hdr_encode(&h, hb);
 	fwrite(hb, 1, sizeof(hb), f);
 	fwrite(prompt, 4, P, f);
-	uint64_t crc = 0;
+	struct sfwi_sum sum;
+	sfwi_sum_init(&sum);
 	struct sfwi_sec_desc d;
 	for (int i = 0; sfwi_state_section(&h, SPARSE, i, &d); i++)
 		for (uint64_t k = 0; k < d.bytes; k += 4) {
@@ -139,13 +140,12 @@ static void write_seed(const char *dir, uint64_t P, int logits)
 			int32_t v = (k / 4) % (1 + h.nkv * h.sel_k) == 0 ? 0 : -1;
 			unsigned char b[4];
 			memcpy(b, d.kind == SFWI_SEC_NOTES ? (void *)&v : (void *)&x, 4);
-			crc = sfwi_crc64(crc, b, 4);
+			sfwi_sum_update(&sum, b, 4);
 			fwrite(b, 1, 4, f);
 		}
-	unsigned char t[8];
-	for (int i = 0; i < 8; i++)
-		t[i] = (unsigned char)(crc >> (8 * i));
-	fwrite(t, 1, 8, f);
+	unsigned char t[SFWI_SUM];
+	sfwi_sum_final(&sum, t);
+	fwrite(t, 1, SFWI_SUM, f);
 	if (fclose(f) != 0)
 		abort();
 }
