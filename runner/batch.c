@@ -21,6 +21,7 @@
 #include "alloc.h"
 #include "log.h"
 #include "runner/model.h"
+#include "runner/plan.h"
 
 #include <math.h>
 #include <string.h>
@@ -308,15 +309,7 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 
 int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t tokens)
 {
-	const struct sfw_config *cf = &m->cfg;
-	int64_t act = (int64_t)sfw_be_act_size(m->be), ns = 0, nl = 0, blk = cf->sparse_block_size;
-	for (int i = 0; i < cf->num_hidden_layers; i++)
-		m->layers[i].kind == SFW_MIXER_SPARSE ? ns++ : nl++;
-	int64_t row = (int64_t)cf->num_key_value_heads * cf->head_dim * act, st = cf->sparse_kernel_stride;
-	int64_t kv = (tokens + blk - 1) / blk * blk * ns * 2 * row;
-	int64_t compressed = ns * (max_ctx / st + max_ctx / (4 * st) + 2) * row;
-	int64_t lightning = nl * (int64_t)cf->lightning_nh * cf->lightning_head_dim * cf->lightning_head_dim * 4;
-	return kv + compressed + lightning;
+	return sfw_plan_seq_bytes(&m->cfg, (int)sfw_be_act_size(m->be), max_ctx, tokens);
 }
 
 int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens)

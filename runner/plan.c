@@ -189,22 +189,40 @@ enum sfw_status sfw_plan_check_batch(const struct sfw_model *m, int seqs, int64_
 	return fit_device(m, &p, max_ctx, err);
 }
 
-static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p)
+/* One sequence's caches with act-byte activations: per token of K/V
+ * (*per_token), its K/V for `tokens` tokens in whole blocks (*kv), both
+ * levels of compressed keys for max_ctx (rounded to blocks, as a cache
+ * makes them: *compressed) and the fp32 Lightning states (*lightning). */
+static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx, int64_t tokens, double *per_token,
+			double *kv, double *compressed, double *lightning)
 {
-	double D = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
-	double hd = c->head_dim, nkv = c->num_key_value_heads;
-	double qd = (double)c->num_attention_heads * hd, kvd = nkv * hd;
-	double ld = (double)c->lightning_nh * c->lightning_head_dim, lhd = c->lightning_head_dim;
+	double kvd = (double)c->num_key_value_heads * c->head_dim, lhd = c->lightning_head_dim;
 	int ns = 0, nl = 0;
 	for (int i = 0; i < c->num_hidden_layers; i++)
 		c->mixer[i] == SFW_MIXER_SPARSE ? ns++ : nl++;
 	int64_t blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64;
 	int64_t cap = (max_ctx + blk - 1) / blk * blk;
-	p->kv_per_token = ns * 2 * kvd * 2;
-	p->kv = p->kv_per_token * (double)cap;
+	*per_token = ns * 2 * kvd * act;
+	*kv = *per_token * (double)((tokens + blk - 1) / blk * blk);
 	double st = c->sparse_kernel_stride > 0 ? c->sparse_kernel_stride : 16;
-	p->compressed = ns * ((double)(cap / (int64_t)st + 1) + (double)(cap / (int64_t)(4 * st) + 1)) * kvd * 2;
-	p->lightning = nl * (double)c->lightning_nh * lhd * lhd * 4;
+	*compressed = ns * ((double)(cap / (int64_t)st + 1) + (double)(cap / (int64_t)(4 * st) + 1)) * kvd * act;
+	*lightning = nl * (double)c->lightning_nh * lhd * lhd * 4;
+}
+
+int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int64_t max_ctx, int64_t tokens)
+{
+	double per, kv, compressed, lightning;
+	state_parts(c, act_size, max_ctx, tokens, &per, &kv, &compressed, &lightning);
+	return (int64_t)(kv + compressed + lightning);
+}
+
+static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p)
+{
+	double D = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+	double hd = c->head_dim, nkv = c->num_key_value_heads;
+	double qd = (double)c->num_attention_heads * hd, kvd = nkv * hd;
+	double ld = (double)c->lightning_nh * c->lightning_head_dim;
+	state_parts(c, 2, max_ctx, max_ctx, &p->kv_per_token, &p->kv, &p->compressed, &p->lightning);
 	double R = chunk > 0 ? chunk : 256;
 	double wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld;
 	/* a context's buffers (runner/ctx.c ctx_create): x, u, out [R, D];

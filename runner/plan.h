@@ -48,6 +48,12 @@ void sfw_plan_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_
 /* The same from a plan of one context (made for max_ctx tokens and
  * step_rows-row pieces by any of the above). */
 void sfw_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, struct sfw_mem_plan *p);
+/* The bytes one sequence's state holds in a backend whose activations are
+ * act_size bytes: its K/V for `tokens` tokens in whole blocks, the
+ * compressed keys for max_ctx, the Lightning states (the plan's kv,
+ * compressed and lightning, for one sequence; runner/batch.h
+ * sfw_seq_state_bytes). */
+int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int64_t max_ctx, int64_t tokens);
 /* The plan as one block of lines (salafw run prints it to stderr at start). */
 void sfw_plan_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk);
 /* The arithmetic of sfw_plan_check: p = the plan at n_ctx tokens, free_bytes
