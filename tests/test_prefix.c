@@ -6,6 +6,9 @@
  *     steps, gives every logit bit for bit as a sequence fed the same calls
  *     from the start; so does a second one from the same entry, and two
  *     from it stepped together in one batch;
+ *   - a state kept in the middle of a prompt (after 400 of 600 tokens):
+ *     the sequence it was kept from goes on unchanged, and one opened from
+ *     it computes every logit as fed from the start;
  *   - matching: the longest entry that is a proper prefix is taken; a
  *     prompt equal to an entry, or diverging inside it, starts empty;
  *   - eviction: least recently used first (a match counts as a use) under
@@ -181,6 +184,56 @@ static void test_exact(struct sfw_model *m)
 	      "counters: lookups %lld hits %lld cached %lld entries %lld puts %lld evictions %lld bytes %lld",
 	      (long long)st.lookups, (long long)st.hits, (long long)st.cached_tokens, (long long)st.entries,
 	      (long long)st.puts, (long long)st.evictions, (long long)st.bytes);
+out:
+	free(l), free(ref), free(got);
+	sfw_prefix_free(pc);
+	sfw_batch_free(b);
+}
+
+/* A snapshot in the middle of a long prompt: a is fed the 600-token
+ * prompt in calls of 200 and put after 400 (selection mode from 512 on),
+ * then goes on; its logits at 600 are the reference's (the put changed
+ * nothing of it), and a sequence opened from the entry at 400, fed the
+ * same calls from there, gives the reference's logits and greedy steps
+ * bit for bit (the entry shares a's whole blocks, which a no longer
+ * writes, and holds its own copy of the partial one a wrote on). */
+static void test_mid(struct sfw_model *m)
+{
+	enum { MID = 400 };
+	struct sfw_batch *b = batch(m, 6, 16384);
+	struct sfw_prefix *pc = b ? cache(b, (int64_t)1 << 40, 8) : NULL;
+	int32_t ids[P + Q];
+	rand_ids(ids, P + Q);
+	size_t LB = (size_t)V * 4;
+	float *l = malloc(LB), *ref = malloc(LB * (STEPS + 2)), *got = malloc(LB * (STEPS + 2));
+	struct sfw_err err = {0};
+	int r = -1, a = -1, s = -1;
+	int64_t hit = -1;
+	if (!pc || !l || !ref || !got)
+		goto out;
+	/* the reference: its logits at 600 in ref, then the rest as test_exact */
+	CHECK(sfw_batch_seq_open(b, &r, &err) == SFW_OK, "open: %s", err.msg);
+	if (!feed(b, r, ids, 0, P, 200, ref) || !feed(b, r, ids, P, P + Q, Q, ref + V) ||
+	    !greedy(b, r, memcpy(l, ref + V, LB), STEPS, ref + 2 * V))
+		goto out;
+	sfw_batch_seq_close(b, r);
+	CHECK(sfw_prefix_open(pc, ids, P, &a, &hit, &err) == SFW_OK && hit == 0, "a: a new prompt");
+	if (a < 0 || !feed(b, a, ids, 0, MID, 200, NULL))
+		goto out;
+	CHECK(sfw_prefix_put(pc, a, ids, MID, &err) == SFW_OK, "put in the middle of the prompt: %s", err.msg);
+	if (!feed(b, a, ids, MID, P, 200, got))
+		goto out;
+	CHECK(!memcmp(got, ref, LB), "a, going on after the put: its logits at %d are the reference's", P);
+	sfw_batch_seq_close(b, a);
+	CHECK(sfw_prefix_open(pc, ids, P + Q, &s, &hit, &err) == SFW_OK && hit == MID,
+	      "a longer prompt opens from the state at %d (hit %lld)", MID, (long long)hit);
+	if (s < 0 || !feed(b, s, ids, MID, P, 200, got) || !feed(b, s, ids, P, P + Q, Q, got + V) ||
+	    !greedy(b, s, memcpy(l, got + V, LB), STEPS, got + 2 * V))
+		goto out;
+	CHECK(!memcmp(got, ref, LB * (STEPS + 2)),
+	      "from the state at %d: the logits at %d, the rest of the prompt and %d greedy steps as fed from the start",
+	      MID, P, STEPS);
+	sfw_batch_seq_close(b, s);
 out:
 	free(l), free(ref), free(got);
 	sfw_prefix_free(pc);
@@ -371,6 +424,7 @@ int main(void)
 	V = sfw_model_config(m)->vocab_size;
 	CHECK(sfw_model_config(m)->sparse_dense_len < P, "the prompt is past dense_len: the selection runs");
 	test_exact(m);
+	test_mid(m);
 	test_evict(m);
 	test_shared(m);
 	sfw_model_free(m);
