@@ -285,8 +285,8 @@ int cmd_serve(int argc, char **argv)
 		 * will run; what cannot fit is refused with its numbers */
 		struct sfw_mem_plan pl;
 		struct sfw_batch_params bp = sfw_serve_batch_params(&sp);
-		s = sfw_plan_check_batch(m, bp.max_seqs, bp.max_ctx, bp.pool_tokens, bp.max_step_rows, &pl, &err);
-		pl.parked = sfw_serve_prefix_entries(&sp);
+		s = sfw_plan_check_batch(m, bp.max_seqs, sfw_serve_prefix_entries(&sp), bp.max_ctx, bp.pool_tokens,
+					 bp.max_step_rows, &pl, &err);
 		sfw_plan_print(stderr, C, &pl, bp.max_ctx, bp.max_step_rows);
 		if (s != SFW_OK)
 			goto fail;

@@ -102,7 +102,7 @@ void sfw_plan_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_
 void sfw_plan_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk)
 {
 	const double G = 1073741824.0;
-	if (p->seqs > 1 && p->parked > 0 && p->parked < p->seqs)
+	if (p->seqs > 1 && p->parked > 0)
 		fprintf(f, "%s: device memory plan for %d sequences of up to %lld tokens each and %d prefix-cache "
 			   "entries:\n",
 			who, p->seqs - p->parked, (long long)n_ctx, p->parked);
@@ -140,7 +140,7 @@ enum sfw_status sfw_plan_fit(const struct sfw_mem_plan *p, int64_t n_ctx, double
 				"%d sequences of %lld tokens do not fit the GPU (at most about %lld tokens each): they "
 				"need %.2f GiB beyond %.2f GiB of weights (KV %.2f, compressed keys %.2f, activations "
 				"%.2f, scratch and states %.2f GiB); %.2f GiB are free",
-				p->seqs, (long long)n_ctx, (long long)(fit / 64) * 64, need / G, p->weights / G,
+				p->seqs - p->parked, (long long)n_ctx, (long long)(fit / 64) * 64, need / G, p->weights / G,
 				p->kv / G, p->compressed / G, p->activations / G, (p->scratch + p->lightning) / G,
 				free_bytes / G);
 	/* the largest context first: the message must fit struct sfw_err */
@@ -179,11 +179,12 @@ enum sfw_status sfw_plan_check(const struct sfw_model *m, int64_t n_ctx, int chu
 	return fit_device(m, &p, n_ctx, err);
 }
 
-enum sfw_status sfw_plan_check_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_t pool_tokens,
-					  int step_rows, struct sfw_mem_plan *out, struct sfw_err *err)
+enum sfw_status sfw_plan_check_batch(const struct sfw_model *m, int seqs, int parked, int64_t max_ctx,
+					  int64_t pool_tokens, int step_rows, struct sfw_mem_plan *out, struct sfw_err *err)
 {
 	struct sfw_mem_plan p;
 	sfw_plan_batch(m, seqs, max_ctx, pool_tokens, step_rows, &p);
+	p.parked = parked > 0 && parked < seqs ? parked : 0;
 	if (out)
 		*out = p;
 	return fit_device(m, &p, max_ctx, err);

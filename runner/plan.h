@@ -67,9 +67,11 @@ SFW_MUST_CHECK enum sfw_status sfw_plan_fit(const struct sfw_mem_plan *p, int64_
  * already); SFW_OK otherwise and on the CPU. *out (may be NULL) gets the plan. */
 SFW_MUST_CHECK enum sfw_status sfw_plan_check(const struct sfw_model *m, int64_t n_ctx, int chunk,
 					      struct sfw_mem_plan *out, struct sfw_err *err);
-/* sfw_plan_check for a batch planned as sfw_plan_batch: the
- * message names the largest context per sequence that fits. */
-SFW_MUST_CHECK enum sfw_status sfw_plan_check_batch(const struct sfw_model *m, int seqs, int64_t max_ctx,
+/* sfw_plan_check for a batch planned as sfw_plan_batch, parked of its
+ * seqs slots kept for parked sequences (serve's prefix-cache entries; the
+ * plan and its messages name them apart): the message names the largest
+ * context per sequence that fits. */
+SFW_MUST_CHECK enum sfw_status sfw_plan_check_batch(const struct sfw_model *m, int seqs, int parked, int64_t max_ctx,
 						    int64_t pool_tokens, int step_rows, struct sfw_mem_plan *out,
 						    struct sfw_err *err);
 

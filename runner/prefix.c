@@ -10,7 +10,7 @@
  * adds, so a chain of prompts that extend each other costs its tokens
  * once. */
 struct link {
-	uint64_t parent; /* the entry (its uid) whose first `shared` blocks these are; 0 none */
+	uint64_t parent; /* the entry (uid()) whose first `shared` blocks these are; 0 none */
 	int64_t shared;
 };
 
@@ -19,7 +19,6 @@ struct entry {
 	int32_t *ids; /* [n] */
 	int64_t n, bytes;
 	uint64_t used; /* the use clock when last put or matched */
-	uint64_t uid;  /* its sequence's serial (sfw_batch_seq_serial) */
 	struct link lk;
 };
 
@@ -59,20 +58,27 @@ enum sfw_status sfw_prefix_new(struct sfw_batch *b, const struct sfw_prefix_para
 	return SFW_OK;
 }
 
-static int alive(const struct sfw_prefix *pc, uint64_t uid)
+/* An entry's name in links: its sequence's serial (the entry holds the
+ * sequence open). */
+static uint64_t uid(const struct sfw_prefix *pc, int i)
 {
-	for (int i = 0; uid && i < pc->n; i++)
-		if (pc->e[i].uid == uid)
+	return sfw_batch_seq_serial(pc->b, pc->e[i].seq);
+}
+
+static int alive(const struct sfw_prefix *pc, uint64_t id)
+{
+	for (int i = 0; id && i < pc->n; i++)
+		if (uid(pc, i) == id)
 			return 1;
 	return 0;
 }
 
-/* Entry gone (uid, its own link dl): a link to it now reaches its parent,
+/* Entry gone (named id, its own link dl): a link to it now reaches its parent,
  * through the blocks both shared; what the link's holder adds grows by the
  * rest (returned, in blocks). */
-static int64_t relink(struct link *lk, uint64_t uid, const struct link *dl)
+static int64_t relink(struct link *lk, uint64_t id, const struct link *dl)
 {
-	if (lk->parent != uid)
+	if (lk->parent != id)
 		return 0;
 	int64_t shared = dl->parent ? (lk->shared < dl->shared ? lk->shared : dl->shared) : 0, more = lk->shared - shared;
 	lk->parent = dl->parent, lk->shared = shared;
@@ -82,16 +88,17 @@ static int64_t relink(struct link *lk, uint64_t uid, const struct link *dl)
 static void drop(struct sfw_prefix *pc, int i)
 {
 	struct entry e = pc->e[i];
+	uint64_t gone = uid(pc, i);
 	sfw_batch_seq_close(pc->b, e.seq);
 	sfw_free(e.ids);
 	pc->st.bytes -= e.bytes;
 	pc->e[i] = pc->e[--pc->n];
 	for (int j = 0; j < pc->n; j++) {
-		int64_t more = relink(&pc->e[j].lk, e.uid, &e.lk) * pc->block_bytes;
+		int64_t more = relink(&pc->e[j].lk, gone, &e.lk) * pc->block_bytes;
 		pc->e[j].bytes += more, pc->st.bytes += more;
 	}
 	for (int s = 0; s < SFW_BATCH_MAX_SEQS; s++)
-		relink(&pc->from[s].lk, e.uid, &e.lk);
+		relink(&pc->from[s].lk, gone, &e.lk);
 }
 
 void sfw_prefix_free(struct sfw_prefix *pc)
@@ -172,7 +179,7 @@ enum sfw_status sfw_prefix_open(struct sfw_prefix *pc, const int32_t *ids, int64
 			pc->e[i].used = ++pc->clock;
 			*hit = pc->e[i].n;
 			pc->st.hits++, pc->st.cached_tokens += *hit;
-			set_origin(pc, *seq, pc->e[i].uid, *hit);
+			set_origin(pc, *seq, uid(pc, i), *hit);
 			return SFW_OK;
 		}
 		if (!for_room(s) || !evict_other(pc, src))
@@ -225,9 +232,9 @@ enum sfw_status sfw_prefix_put(struct sfw_prefix *pc, int seq, const int32_t *id
 	}
 	lk = link_of(pc, seq); /* (its parent may have made room) */
 	struct entry *e = &pc->e[pc->n++];
-	*e = (struct entry){dst, copy, n, full - lk.shared * pc->block_bytes, ++pc->clock, sfw_batch_seq_serial(pc->b, dst), lk};
+	*e = (struct entry){dst, copy, n, full - lk.shared * pc->block_bytes, ++pc->clock, lk};
 	pc->st.bytes += e->bytes, pc->st.puts++;
-	set_origin(pc, seq, e->uid, n); /* the sequence's later states share this one's blocks */
+	set_origin(pc, seq, uid(pc, pc->n - 1), n); /* the sequence's later states share this one's blocks */
 	while ((pc->n > pc->p.max_entries || pc->st.bytes > pc->p.budget_bytes) && evict_other(pc, dst))
 		;
 	if (pc->st.bytes > pc->p.budget_bytes) { /* alone, and over it: not kept */

@@ -432,7 +432,7 @@ static struct sfw_sample_adj *adj_of(struct req *r, int32_t id)
 static void keep_reply(struct sfw_server *s, struct req *r)
 {
 	int64_t pos = sfw_batch_seq_pos(s->b, r->seq), fed = pos - (int64_t)r->n_ids;
-	if (!s->pc || r->gen_lost || fed <= 0 || (size_t)fed > r->n_gen)
+	if (!s->pc || r->gen_lost || fed <= 0 || (size_t)fed > r->n_gen || pos < s->p.prefix_min_tokens)
 		return;
 	int32_t *ids = sfw_malloc((size_t)pos * sizeof(int32_t));
 	struct sfw_err err = {0};
@@ -491,7 +491,7 @@ static void take_one(struct sfw_server *s, struct took *x, struct req *r, int32_
 	x->a = tb->len, x->n = len;
 	if (x->st == SFW_OK && len && sfw_buf_append(tb, t, len) != SFW_OK)
 		x->st = sfw_fail(&x->err, SFW_E_NOMEM, "out of memory for the step's text");
-	if (x->st == SFW_OK)
+	if (x->st == SFW_OK && s->pc)
 		note_gen(r, x->id);
 	if (x->st == SFW_OK && x->fin != SFW_FINISH_NONE)
 		keep_reply(s, r);

@@ -31,6 +31,7 @@
  *     per channel): B = 1, 3, 8 and join/leave, bit for bit as alone (the
  *     int8 linears sum a row the same way whatever M, kernels/matmul_w8.c). */
 #include "check.h"
+#include "lib/golden.h"
 #include "lib/rng.h"
 #include "alloc.h"
 #include "runner/batch.h"
@@ -863,22 +864,11 @@ static void test_fork_refusals(struct sfw_model *m, const char *what)
 
 int main(void)
 {
-	const char *g = check_golden_dir();
-	if (!g)
-		return CHECK_REPORT("test_batch");
 	const char *models[] = {"tiny-sparse", "tiny-dense"};
 	for (int i = 0; i < 2; i++) {
-		char dir[4096];
-		snprintf(dir, sizeof(dir), "%s/%s", g, models[i]);
-		struct sfw_model_params mp = sfw_model_default_params();
-		mp.device = SFW_DEVICE_CPU;
-		mp.threads = 2;
-		struct sfw_model *m = NULL;
-		struct sfw_err err = {0};
-		if (sfw_model_load(dir, &mp, &m, &err) != SFW_OK) {
-			CHECK(0, "%s: %s", models[i], err.msg);
+		struct sfw_model *m = check_golden_model(models[i], 2);
+		if (!m)
 			continue;
-		}
 		printf("%s:\n", models[i]);
 		test_sizes(m);
 		test_fork(m, "fork");
@@ -914,6 +904,8 @@ int main(void)
 		}
 		sfw_model_free(m);
 	}
-	test_w8(g);
+	const char *g = check_golden_dir();
+	if (g)
+		test_w8(g);
 	return CHECK_REPORT("test_batch");
 }

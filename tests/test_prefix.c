@@ -22,6 +22,7 @@
  *     counted equal the pool's blocks in use (the backend's count of
  *     holders), and an eviction hands the shared blocks to the entry left. */
 #include "check.h"
+#include "lib/golden.h"
 #include "runner/batch.h"
 #include "runner/model.h"
 #include "runner/prefix.h"
@@ -407,20 +408,9 @@ static void test_shared(struct sfw_model *m)
 
 int main(void)
 {
-	const char *g = check_golden_dir();
-	if (!g)
+	struct sfw_model *m = check_golden_model("tiny-sparse", 2);
+	if (!m)
 		return CHECK_REPORT("test_prefix");
-	char dir[4096];
-	snprintf(dir, sizeof(dir), "%s/tiny-sparse", g);
-	struct sfw_model_params mp = sfw_model_default_params();
-	mp.device = SFW_DEVICE_CPU;
-	mp.threads = 2;
-	struct sfw_model *m = NULL;
-	struct sfw_err err = {0};
-	if (sfw_model_load(dir, &mp, &m, &err) != SFW_OK) {
-		CHECK(0, "tiny-sparse: %s", err.msg);
-		return CHECK_REPORT("test_prefix");
-	}
 	V = sfw_model_config(m)->vocab_size;
 	CHECK(sfw_model_config(m)->sparse_dense_len < P, "the prompt is past dense_len: the selection runs");
 	test_exact(m);
