@@ -32,7 +32,7 @@ struct att_args {
 	 * recorded decode step); pos0 then only bounds the launch (dense: the
 	 * cache holds at most pos0 + T tokens) */
 	const int64_t *dpos;
-	/* the cache's pages (ops_cuda.h, struct sfw_cuda_pages): NULL = contiguous */
+	/* the cache's pages (ops_cuda.h, struct sfw_pages): NULL = contiguous */
 	const int32_t *tab;
 	int shift;
 	/* non-NULL: kc, vc, tab read from these slots when the kernel runs
@@ -352,7 +352,7 @@ static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, struc
 
 /* The one entry of each attention (ops_cuda.h): host positions, or (rr)
  * the row's position and caches read on the device when the kernel runs. */
-static att_args att_make(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+static att_args att_make(void *o, const void *q, const void *kc, const void *vc, const struct sfw_pages *pg,
 			 const int32_t *idx, int T, int nh, int nkv, int64_t pos0, int k, int block, float scale,
 			 const struct sfw_cuda_rowref *rr)
 {
@@ -371,7 +371,7 @@ extern "C" void sfw_cuda_attn_dense(void *o, const void *q, const struct sfw_cud
 				    enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	const void *kc = kv->kc, *vc = kv->vc;
-	const struct sfw_cuda_pages *pg = kv->pg;
+	const struct sfw_pages *pg = kv->pg;
 	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
 	int64_t pos0 = sh->pos0;
 	float scale = sh->scale;
@@ -387,7 +387,7 @@ extern "C" void sfw_cuda_attn_sparse(void *o, const void *q, const struct sfw_cu
 				     enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	const void *kc = kv->kc, *vc = kv->vc;
-	const struct sfw_cuda_pages *pg = kv->pg;
+	const struct sfw_pages *pg = kv->pg;
 	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, k = sh->topk, block = sh->block;
 	int64_t pos0 = sh->pos0;
 	float scale = sh->scale;
@@ -429,7 +429,7 @@ static __global__ void kv_write_kernel(V *kc, V *vc, const V *k, const V *v, int
 	}
 }
 
-static void kv_write(void *kc, void *vc, const struct sfw_cuda_pages *pg, const void *k, const void *v,
+static void kv_write(void *kc, void *vc, const struct sfw_pages *pg, const void *k, const void *v,
 		     size_t row_bytes, int64_t pos0, const int64_t *dpos, int T, cudaStream_t s)
 {
 	SFW_ASSERT(row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX && T >= 1);
@@ -451,7 +451,7 @@ extern "C" void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, c
 				  struct sfw_cuda_ctx *cx)
 {
 	void *kc = kv->kc, *vc = kv->vc;
-	const struct sfw_cuda_pages *pg = kv->pg;
+	const struct sfw_pages *pg = kv->pg;
 	if (T <= 0)
 		return;
 	SFW_ASSERT(!rr || (rr->pos && !rr->k && !rr->tab)); /* the caches as given, the position from the device */

@@ -282,7 +282,7 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 	return 1;
 }
 
-int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_pages *pg,
 		 const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
 		 enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {

@@ -144,19 +144,28 @@ static inline enum tc_mode tc_mode_of(int cfg_mode)
 	return cfg_mode == 1 ? TC_SIMT : cfg_mode == 2 ? TC_FORCE : TC_AUTO;
 }
 
+/* Where stage 1 finds paged compressed keys (sfw_ckey_row, kernels/ops.h):
+ * the block table, or (ptab non-NULL) *ptab read when the kernel runs (a
+ * recorded row's slot); both NULL: contiguous. */
+struct sfwi_ckpages {
+	const int32_t *tab;
+	const int32_t *const *ptab;
+	int shift;
+};
 /* Tensor-core twins (bf16 activations only). Each returns 1 when it took the
  * call, 0 when the shape or the mode says the CUDA-core kernel should run. */
-int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_cuda_pages *pg,
+int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_pages *pg,
 		 const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
 		 enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-		   enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+		   const struct sfwi_ckpages *ck, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Stage 1 of T <= 16 rows, the keys split over many warps (rr non-NULL: a
  * recorded decode step, pos0 = *rr->pos, n1 and n2 only bound the launch,
  * c1 and c2 read from rr's slots where it has them). */
 int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+			const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
+			struct sfw_cuda_ctx *cx);
 
 #endif

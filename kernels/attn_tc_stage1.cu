@@ -25,6 +25,8 @@ struct s1tc_args {
 	int64_t n1, n2, pos0;
 	int T, nh, nkv, ksize, stride;
 	float scale_log2; /* scale * log2(e) */
+	const int32_t *tab; /* paged compressed keys (sfw_ckey_row), or NULL */
+	int shift;
 };
 
 static __device__ __forceinline__ int64_t s1t_visible(int64_t p, int64_t n, int ksize, int stride)
@@ -43,12 +45,14 @@ static __device__ __forceinline__ void s1t_load(const s1tc_args &a, uint16_t (*t
 {
 	constexpr int LD = HD + 8, CH = HD / 8;
 	const uint16_t *src = i < nA ? a.c2 : a.c1;
+	const int level = i < nA ? 2 : 1;
 	int64_t j0 = (int64_t)(i < nA ? i : i - nA) * S1T_TILE, lim = i < nA ? v2max : v1max;
 	for (int e = threadIdx.x; e < S1T_TILE * CH; e += S1T_W * 32) {
 		int row = e / CH, ch = e % CH;
 		int64_t j = j0 + row;
 		bool ok = j < lim;
-		tc_cp16(&tile[st][row * LD + ch * 8], src + (ok ? ((size_t)j * a.nkv + g) * HD + ch * 8 : 0),
+		int64_t cr = ok ? sfw_ckey_row(a.tab, a.shift, a.ksize, a.stride, level, j) : 0;
+		tc_cp16(&tile[st][row * LD + ch * 8], src + (ok ? ((size_t)cr * a.nkv + g) * HD + ch * 8 : 0),
 			ok ? 16 : 0);
 	}
 	tc_cp_commit();
@@ -223,12 +227,17 @@ struct s1d_args {
 	float scale_log2;
 	const int64_t *dpos; /* non-NULL: pos0 = *dpos, n1 and n2 follow (a recorded step) */
 	void *const *pc1, *const *pc2; /* non-NULL: c1 = *pc1, c2 = *pc2 (struct sfw_cuda_rowref) */
+	const int32_t *tab;	       /* paged compressed keys (sfw_ckey_row), or NULL */
+	const int32_t *const *ptab;    /* non-NULL: tab = *ptab */
+	int shift;
 };
 
 static __device__ __forceinline__ void s1d_resolve(s1d_args &a)
 {
 	if (a.pc1)
 		a.c1 = (const uint16_t *)*a.pc1, a.c2 = (const uint16_t *)*a.pc2;
+	if (a.ptab)
+		a.tab = *a.ptab;
 	if (!a.dpos)
 		return;
 	a.pos0 = *a.dpos;
@@ -257,17 +266,19 @@ static __device__ __forceinline__ void s1d_qfrag(uint32_t qa[HD / 16][4], const 
 }
 
 /* s[n][.] = the C fragments of q · c[j0 + 8n + .] for the 32 keys from j0
- * (keys >= lim read as zero rows). */
+ * (keys >= lim read as zero rows) of the level's compressed keys. */
 template <int HD>
-static __device__ __forceinline__ void s1d_scores(float s[4][4], const uint32_t qa[HD / 16][4], const uint16_t *c,
-						  int64_t j0, int64_t lim, int nkv, int g)
+static __device__ __forceinline__ void s1d_scores(float s[4][4], const uint32_t qa[HD / 16][4], const s1d_args &a,
+						  int level, int64_t j0, int64_t lim, int g)
 {
 	const int lane = threadIdx.x & 31, gid = lane >> 2, tq = lane & 3;
+	const uint16_t *c = level == 2 ? a.c2 : a.c1;
 	uint4 kv[4][HD / 32];
 #pragma unroll
 	for (int n = 0; n < 4; n++) {
 		int64_t j = j0 + 8 * n + gid;
-		const uint16_t *row = c + ((size_t)j * nkv + g) * HD + 8 * tq;
+		int64_t cr = j < lim ? sfw_ckey_row(a.tab, a.shift, a.ksize, a.stride, level, j) : 0;
+		const uint16_t *row = c + ((size_t)cr * a.nkv + g) * HD + 8 * tq;
 #pragma unroll
 		for (int cc = 0; cc < HD / 32; cc++)
 			kv[n][cc] = j < lim ? *(const uint4 *)(row + 32 * cc) : make_uint4(0, 0, 0, 0);
@@ -299,7 +310,7 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 	for (int64_t j0 = c0 + (int64_t)w * S1D_KEYS; j0 < c1; j0 += S1D_W * S1D_KEYS) {
 		float s[4][4];
-		s1d_scores<HD>(s, qa, a.c2, j0, c1, a.nkv, g);
+		s1d_scores<HD>(s, qa, a, 2, j0, c1, g);
 		float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
 		for (int n = 0; n < 4; n++)
@@ -383,7 +394,7 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 	uint32_t qa[HD / 16][4];
 	s1d_qfrag<HD>(qa, a, r, g, G);
 	float s[4][4];
-	s1d_scores<HD>(s, qa, a.c1, j0, v1, a.nkv, g);
+	s1d_scores<HD>(s, qa, a, 1, j0, v1, g);
 	const float lse_lo = gid < G ? lse[gid] : 0.0f, lse_hi = gid + 8 < G ? lse[gid + 8] : 0.0f;
 	float *out = a.scores + ((size_t)g * a.T + r) * (size_t)a.n1;
 	float cs[4][2];
@@ -417,7 +428,8 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 
 int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+			const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
+			struct sfw_cuda_ctx *cx)
 {
 	enum tc_mode mode = tc_mode_of(cx->stage1);
 	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || T > S1D_MAXT || n1 <= 0 || nkv <= 0 ||
@@ -453,7 +465,10 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1
 		      scale * 1.4426950408889634f,
 		      rr ? rr->pos : NULL,
 		      rr ? rr->c1 : NULL,
-		      rr ? rr->c2 : NULL};
+		      rr ? rr->c2 : NULL,
+		      ck ? ck->tab : NULL,
+		      ck ? ck->ptab : NULL,
+		      ck ? ck->shift : 0};
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 ga((unsigned)rows, (unsigned)nsplit),
 	    gb((unsigned)rows, (unsigned)((n1 + S1D_W * S1D_KEYS - 1) / (S1D_W * S1D_KEYS)));
@@ -477,7 +492,7 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1
 
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
 		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-		   enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+		   const struct sfwi_ckpages *ck, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	enum tc_mode mode = tc_mode_of(cx->stage1);
 	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || n1 <= 0 || nkv <= 0 || nh % nkv != 0 ||
@@ -492,7 +507,7 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, con
 	 * prefill-sized calls (auto) the CUDA-core kernel */
 	if (T <= S1D_MAXT)
 		return sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale,
-					   NULL, act, cx);
+					   NULL, ck, act, cx);
 	if (mode == TC_AUTO && T < 64)
 		return 0;
 	s1tc_args a = {scores,
@@ -507,7 +522,9 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, con
 		       nkv,
 		       ksize,
 		       stride,
-		       scale * 1.4426950408889634f};
+		       scale * 1.4426950408889634f,
+		       ck ? ck->tab : NULL,
+		       ck ? ck->shift : 0};
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 grid((unsigned)((T + S1T_W - 1) / S1T_W), (unsigned)nkv);
 	switch (hd) {

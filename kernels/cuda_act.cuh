@@ -214,7 +214,7 @@ void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int
 struct sfwc_one_seq {};
 
 /* Row of token t in a cache paged by tab (ops_cuda.h, struct
- * sfw_cuda_pages), or t when tab is NULL (contiguous). */
+ * sfw_pages), or t when tab is NULL (contiguous). */
 static __device__ __forceinline__ int64_t sfwc_kv_row(const int32_t *tab, int shift, int64_t t)
 {
 	return tab ? ((int64_t)tab[t >> shift] << shift) + (t & (((int64_t)1 << shift) - 1)) : t;
@@ -259,13 +259,13 @@ static __device__ __forceinline__ bool sfwc_seq_live(const sfw_cuda_seqs &s, int
 }
 
 /* A launch's view of pg (NULL: contiguous): the table and its shift. */
-static inline const int32_t *sfwc_pg_tab(const struct sfw_cuda_pages *pg)
+static inline const int32_t *sfwc_pg_tab(const struct sfw_pages *pg)
 {
 	SFW_ASSERT(!pg || !pg->tab || (pg->shift >= 5 && pg->shift < 31)); /* whole 32-token tiles per block */
 	return pg ? pg->tab : NULL;
 }
 
-static inline int sfwc_pg_shift(const struct sfw_cuda_pages *pg)
+static inline int sfwc_pg_shift(const struct sfw_pages *pg)
 {
 	return pg && pg->tab ? pg->shift : 0;
 }

@@ -11,15 +11,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const int32_t *pg_tab(const struct sfw_pages *pg)
+{
+	return pg ? pg->tab : NULL;
+}
+
+static int pg_shift(const struct sfw_pages *pg)
+{
+	return pg && pg->tab ? pg->shift : 0;
+}
+
 void sfw_op_compress_cpu(float *c, const float *k, int level, int64_t j0, int64_t j1,
-			 const struct sfw_sel_shape *sh)
+			 const struct sfw_sel_shape *sh, const struct sfw_pages *pg)
 {
 	int nkv = sh->nkv, hd = sh->hd, lv = level == 2 ? 4 : 1;
 	int ksize = lv * sh->ksize, stride = lv * sh->stride;
 	SFW_ASSERT(level == 1 || level == 2);
+	SFW_ASSERT(!pg_tab(pg) || sfw_ckey_rows_per_block(pg->shift, sh->stride) > 0);
 	size_t row = (size_t)nkv * hd;
 	for (int64_t j = j0; j < j1; j++) {
-		float *out = c + (size_t)j * row;
+		float *out = c + (size_t)sfw_ckey_row(pg_tab(pg), pg_shift(pg), sh->ksize, sh->stride, level, j) * row;
 		memset(out, 0, row * sizeof(float));
 		for (int t = 0; t < ksize; t++) {
 			const float *kt = k + ((size_t)j * stride + t) * row;
@@ -61,14 +72,23 @@ struct s1_job {
 	int64_t n1, n2, pos0;
 	int T, nh, nkv, hd, ksize, stride;
 	float scale;
+	const int32_t *tab; /* paged compressed keys (sfw_ckey_row), or NULL */
+	int shift;
 };
+
+/* Group g's part of chunk c of level lv. */
+static const float *s1_key(const struct s1_job *j, int lv, int64_t c, int g)
+{
+	const float *base = lv == 2 ? j->c2 : j->c1;
+	return base + (size_t)sfw_ckey_row(j->tab, j->shift, j->ksize, j->stride, lv, c) * j->nkv * j->hd +
+	       (size_t)g * j->hd;
+}
 
 static void s1_items(void *ctx, size_t b, size_t e, int tid)
 {
 	const struct s1_job *j = ctx;
 	(void)tid;
 	int group = j->nh / j->nkv, hd = j->hd;
-	size_t crow = (size_t)j->nkv * hd;
 	for (size_t it = b; it < e; it++) {
 		int g = (int)(it / (size_t)j->T), r = (int)(it % (size_t)j->T);
 		int64_t p = j->pos0 + r;
@@ -82,7 +102,7 @@ static void s1_items(void *ctx, size_t b, size_t e, int tid)
 			/* LSE over the visible level-2 keys (-inf when there are none) */
 			float mx = -INFINITY;
 			for (int64_t c = 0; c < v2; c++) {
-				float x = j->scale * dotf(q, j->c2 + (size_t)c * crow + (size_t)g * hd, hd);
+				float x = j->scale * dotf(q, s1_key(j, 2, c, g), hd);
 				if (x > mx)
 					mx = x;
 			}
@@ -90,11 +110,11 @@ static void s1_items(void *ctx, size_t b, size_t e, int tid)
 			if (v2 > 0) {
 				float sum = 0;
 				for (int64_t c = 0; c < v2; c++)
-					sum += expf(j->scale * dotf(q, j->c2 + (size_t)c * crow + (size_t)g * hd, hd) - mx);
+					sum += expf(j->scale * dotf(q, s1_key(j, 2, c, g), hd) - mx);
 				lse = mx + logf(sum);
 			}
 			for (int64_t c = 0; c < v1; c++) {
-				float x = j->scale * dotf(q, j->c1 + (size_t)c * crow + (size_t)g * hd, hd);
+				float x = j->scale * dotf(q, s1_key(j, 1, c, g), hd);
 				s[c] += expf(x - lse);
 			}
 		}
@@ -105,13 +125,15 @@ static void s1_items(void *ctx, size_t b, size_t e, int tid)
 }
 
 void sfw_op_stage1_cpu(struct sfw_ops_cpu *ex, float *scores, const float *q, const float *c1, const float *c2,
-		       const struct sfw_sel_shape *sh)
+		       const struct sfw_sel_shape *sh, const struct sfw_pages *pg)
 {
 	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
 	int64_t pos0 = sh->pos0, n1 = sh->n1, n2 = sh->n2;
 	float scale = sh->scale;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0);
-	struct s1_job j = {scores, q, c1, c2, n1, n2, pos0, T, nh, nkv, hd, ksize, stride, scale};
+	SFW_ASSERT(!pg_tab(pg) || sfw_ckey_rows_per_block(pg->shift, stride) > 0);
+	struct s1_job j = {scores, q,	  c1,	 c2,	 n1,	 n2,	 pos0,	      T,
+			   nh,	   nkv,	  hd,	 ksize, stride, scale, pg_tab(pg), pg_shift(pg)};
 	size_t items = (size_t)nkv * T;
 	double work = (double)items * (double)(n1 + n2) * nh / nkv * hd;
 	sfwi_ops_cpu_for(ex, work < 1e5 ? 1 : sfw_ops_cpu_threads(ex), items, 1, s1_items, &j);

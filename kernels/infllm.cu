@@ -14,12 +14,22 @@
 
 /* ---- compression ---- */
 
+/* Where a level's chunks go (sfw_ckey_row, kernels/ops.h): the level
+ * (1, 2), level 1's kernel and stride, and the block table of paged
+ * compressed keys (NULL: contiguous). */
+struct ck_dst {
+	const int32_t *tab;
+	int shift, level, ksize, stride;
+};
+
 /* Chunks [j0, j1) of one level, grid-strided over (chunk, element); token
- * t of the cache k at row sfwc_kv_row(tab, shift, t) (contiguous: t). */
+ * t of the cache k at row sfwc_kv_row(tab, shift, t) (contiguous: t), chunk
+ * j at row sfw_ckey_row of d. */
 template <typename A>
 static __device__ __forceinline__ void compress_chunks(A *c, const A *k, const int32_t *tab, int shift, int row,
-						       int64_t j0, int64_t j1, int ksize, int stride)
+						       int64_t j0, int64_t j1, const ck_dst &d)
 {
+	int lv = d.level == 2 ? 4 : 1, ksize = lv * d.ksize, stride = lv * d.stride;
 	size_t n = (size_t)(j1 - j0) * row;
 	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
 		int64_t j = j0 + (int64_t)(e / row);
@@ -27,37 +37,45 @@ static __device__ __forceinline__ void compress_chunks(A *c, const A *k, const i
 		float s = 0;
 		for (int t = 0; t < ksize; t++)
 			s += act_ld(k, (size_t)sfwc_kv_row(tab, shift, j * stride + t) * row + i);
-		act_st(c, (size_t)j * row + i, s / (float)ksize);
+		act_st(c, (size_t)sfw_ckey_row(d.tab, d.shift, d.ksize, d.stride, d.level, j) * row + i, s / (float)ksize);
 	}
 }
 
 template <typename A>
 static __global__ void compress_kernel(A *c, const A *k, const int32_t *tab, int shift, int row, int64_t j0,
-				       int64_t j1, int ksize, int stride)
+				       int64_t j1, ck_dst d)
 {
 	sfwc_pdl_wait();
-	compress_chunks(c, k, tab, shift, row, j0, j1, ksize, stride);
+	compress_chunks(c, k, tab, shift, row, j0, j1, d);
 }
 
-static void compress_range(void *c, const void *k, const struct sfw_cuda_pages *pg, int nkv, int hd, int64_t j0,
-			   int64_t j1, int ksize, int stride, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+/* kpg pages the keys, d the chunks. */
+static void compress_range(void *c, const void *k, const struct sfw_pages *kpg, int nkv, int hd, int64_t j0,
+			   int64_t j1, const ck_dst &d, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (j1 <= j0)
 		return;
 	size_t n = (size_t)(j1 - j0) * nkv * hd;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256);
 	ACT_DISPATCH(act, sfwc_launch(compress_kernel<A>, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), (A *)c,
-				      (const A *)k, sfwc_pg_tab(pg), sfwc_pg_shift(pg), nkv * hd, j0, j1, ksize, stride));
+				      (const A *)k, sfwc_pg_tab(kpg), sfwc_pg_shift(kpg), nkv * hd, j0, j1, d));
 	SFW_CUDA_LAUNCHED();
 }
 
+/* The chunk destination of level `level` for compressed keys paged by pg. */
+static ck_dst ck_dst_of(const struct sfw_pages *pg, int level, const struct sfw_sel_shape *sh)
+{
+	const int32_t *tab = sfwc_pg_tab(pg);
+	SFW_ASSERT(!tab || sfw_ckey_rows_per_block(pg->shift, sh->stride) > 0);
+	return ck_dst{tab, sfwc_pg_shift(pg), level, sh->ksize, sh->stride};
+}
+
 extern "C" void sfw_op_compress_cuda(void *c, const void *k, int level, int64_t j0, int64_t j1,
-				     const struct sfw_sel_shape *sh, enum sfw_dtype act,
+				     const struct sfw_sel_shape *sh, const struct sfw_pages *pg, enum sfw_dtype act,
 				     struct sfw_cuda_ctx *cx)
 {
-	int lv = level == 2 ? 4 : 1;
 	SFW_ASSERT(level == 1 || level == 2);
-	compress_range(c, k, NULL, sh->nkv, sh->hd, j0, j1, lv * sh->ksize, lv * sh->stride, act, cx);
+	compress_range(c, k, NULL, sh->nkv, sh->hd, j0, j1, ck_dst_of(pg, level, sh), act, cx);
 }
 
 /* A recorded decode step appended the token at position *dpos: the level-1
@@ -73,7 +91,7 @@ static __global__ void compress_token_kernel(A *c1, A *c2, const A *k, const int
 	A *c = lv ? c2 : c1;
 	int64_t p = *dpos;
 	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
-	compress_chunks(c, k, tab, shift, row, j0, j1, ks, st);
+	compress_chunks(c, k, tab, shift, row, j0, j1, ck_dst{tab, shift, lv + 1, ksize, stride});
 }
 
 /* A batched decode step: sequence blockIdx.z's token at pos[z]; p[0] c1,
@@ -92,7 +110,7 @@ static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int 
 	const int32_t *tab = sfwc_seq_tab(S, z);
 	int shift = sfwc_seq_shift(S);
 	sfwc_pdl_wait();
-	compress_chunks(c, kc, tab, shift, row, j0, j1, ks, st);
+	compress_chunks(c, kc, tab, shift, row, j0, j1, ck_dst{tab, shift, lv + 1, ksize, stride});
 }
 
 extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
@@ -110,12 +128,12 @@ extern "C" void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *
 				  enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	const void *k = kv->kc;
-	const struct sfw_cuda_pages *pg = kv->pg;
+	const struct sfw_pages *pg = kv->pg;
 	int nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
 	SFW_ASSERT(ksize >= 1 && stride >= 1 && (rr ? rr->pos != NULL : j != NULL));
 	if (!rr) {
-		compress_range(c1, k, pg, nkv, hd, j[0], j[1], ksize, stride, act, cx);
-		compress_range(c2, k, pg, nkv, hd, j[2], j[3], 4 * ksize, 4 * stride, act, cx);
+		compress_range(c1, k, pg, nkv, hd, j[0], j[1], ck_dst_of(pg, 1, sh), act, cx);
+		compress_range(c2, k, pg, nkv, hd, j[2], j[3], ck_dst_of(pg, 2, sh), act, cx);
 		return;
 	}
 	int row = nkv * hd;
@@ -152,6 +170,11 @@ struct s1_args {
 	const int64_t *dpos;
 	/* non-NULL: c1 = *pc1, c2 = *pc2 when the kernel runs (struct sfw_cuda_rowref) */
 	void *const *pc1, *const *pc2;
+	/* paged compressed keys (sfw_ckey_row): the block table, or (ptab
+	 * non-NULL) *ptab when the kernel runs; NULL: contiguous */
+	const int32_t *tab;
+	const int32_t *const *ptab;
+	int shift;
 };
 
 static __device__ __forceinline__ int64_t nchunks_dev(int64_t len, int ksize, int stride)
@@ -163,6 +186,8 @@ static __device__ __forceinline__ void s1_resolve(s1_args &a)
 {
 	if (a.pc1)
 		a.c1 = *a.pc1, a.c2 = *a.pc2;
+	if (a.ptab)
+		a.tab = *a.ptab;
 	if (!a.dpos)
 		return;
 	a.pos0 = *a.dpos;
@@ -226,7 +251,8 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 		m[h] = -INFINITY, s[h] = 0;
 	size_t crow = (size_t)a.nkv * HD;
 	for (int64_t c = c0 + threadIdx.x; c < c1; c += S1_THREADS) {
-		const A *kr = (const A *)a.c2 + (size_t)c * crow + (size_t)g * HD;
+		const A *kr = (const A *)a.c2 + (size_t)sfw_ckey_row(a.tab, a.shift, a.ksize, a.stride, 2, c) * crow +
+			      (size_t)g * HD;
 		float x[S1_MAXG];
 #pragma unroll
 		for (int h = 0; h < S1_MAXG; h++)
@@ -318,7 +344,8 @@ static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 		return;
 	float out = 0;
 	if (j < v1) {
-		const A *kr = (const A *)a.c1 + (size_t)j * a.nkv * HD + (size_t)g * HD;
+		const A *kr = (const A *)a.c1 +
+			      (size_t)sfw_ckey_row(a.tab, a.shift, a.ksize, a.stride, 1, j) * a.nkv * HD + (size_t)g * HD;
 		float x[S1_MAXG];
 #pragma unroll
 		for (int h = 0; h < S1_MAXG; h++)
@@ -358,8 +385,8 @@ static void s1_launch(s1_args a, struct sfw_cuda_ctx *cx)
 static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 extern "C" void sfw_cuda_stage1(float *scores, const void *q, const void *c1, const void *c2,
-				const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr,
-				enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+				const struct sfw_sel_shape *sh, const struct sfw_pages *pg,
+				const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
 	int64_t pos0 = rr ? 0 : sh->pos0, n1 = sh->n1, n2 = sh->n2;
@@ -367,21 +394,26 @@ extern "C" void sfw_cuda_stage1(float *scores, const void *q, const void *c1, co
 	if (T <= 0 || n1 <= 0) /* (rr: no chunk can be complete within the bound: no scores) */
 		return;
 	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG && (!rr || (T == 1 && !rr->c1 == !rr->c2)));
-	if (!rr && sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, act, cx))
+	/* the compressed keys' pages: pg's table, or the row's slot (rr->tab) */
+	struct sfwi_ckpages ck = {sfwc_pg_tab(pg), rr ? rr->tab : NULL, pg ? pg->shift : 0};
+	SFW_ASSERT(!ck.tab || sfw_ckey_rows_per_block(ck.shift, stride) > 0);
+	if (!rr && sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, &ck, act, cx))
 		return;
-	if (rr && sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, rr, act, cx))
+	if (rr && sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, rr, &ck, act,
+				      cx))
 		return;
 	s1_args a = {scores,	q,     c1,    c2,		  NULL,		       n1,
 		     n2,	pos0,  T,     nh,		  nkv,		       ksize,
-		     stride,	1,     scale, rr ? rr->pos : NULL, rr ? rr->c1 : NULL, rr ? rr->c2 : NULL};
+		     stride,	1,     scale, rr ? rr->pos : NULL, rr ? rr->c1 : NULL, rr ? rr->c2 : NULL,
+		     ck.tab,	ck.ptab, ck.shift};
 	s1_any(a, hd, act, cx);
 }
 
 extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, const void *c2,
-				   const struct sfw_sel_shape *sh, enum sfw_dtype act,
+				   const struct sfw_sel_shape *sh, const struct sfw_pages *pg, enum sfw_dtype act,
 				   struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_stage1(scores, q, c1, c2, sh, NULL, act, cx);
+	sfw_cuda_stage1(scores, q, c1, c2, sh, pg, NULL, act, cx);
 }
 
 static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx)

@@ -75,6 +75,50 @@ struct sfw_sel_shape {
 	int topk;	 /* the blocks kept per (group, row) */
 };
 
+/* A paged cache's block table: block i of the cache (tokens [i 2^shift,
+ * (i + 1) 2^shift)) is block tab[i] of its pool; tab NULL (or the struct
+ * pointer NULL) is a contiguous cache. */
+struct sfw_pages {
+	const int32_t *tab;
+	int shift;
+};
+
+#ifdef __CUDACC__
+#define SFW_HOSTDEV __host__ __device__
+#else
+#define SFW_HOSTDEV
+#endif
+
+/* Compressed keys in a paged cache. A paged cache keeps each compressed key
+ * in the KV block that holds its chunk's last token, so whoever holds the
+ * block shares the key with it (runner/backend.h, the block pool). Per
+ * block of B = 2^shift tokens: B / stride level-1 rows, then B / (4 stride)
+ * level-2 rows (the pool needs B a multiple of 4 stride); level 1's array
+ * starts at block row 0, level 2's at row B / stride of the same array.
+ * Chunk j of level `level` (1: ksize, stride; 2: 4 times both), whose last
+ * token is e = j * stride + ksize - 1, is then row
+ *   tab[e >> shift] * (B / stride + B / (4 stride)) + (e mod B) / stride
+ * of its level's array, [rows, nkv, hd] as a contiguous one; tab NULL is a
+ * contiguous array (row j). ksize and stride are level 1's. */
+static inline SFW_HOSTDEV int64_t sfw_ckey_row(const int32_t *tab, int shift, int ksize, int stride, int level,
+					       int64_t j)
+{
+	if (!tab)
+		return j;
+	int64_t B = (int64_t)1 << shift, per = B / stride + B / (4 * stride);
+	int st = level == 2 ? 4 * stride : stride;
+	int64_t e = j * st + (level == 2 ? 4 * ksize : ksize) - 1;
+	return (int64_t)tab[e >> shift] * per + (e & (B - 1)) / st;
+}
+
+/* Rows per block of a paged cache's compressed keys (both levels), 0 when
+ * blocks of 2^shift tokens cannot hold them (not a multiple of 4 stride). */
+static inline int64_t sfw_ckey_rows_per_block(int shift, int stride)
+{
+	int64_t B = (int64_t)1 << shift;
+	return stride < 1 || B % (4 * stride) ? 0 : B / stride + B / (4 * stride);
+}
+
 /* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_*): T rows
  * of nhq query and nhk key heads of hd at positions pos0 .., rmsnorm eps,
  * RoPE when rope != 0 with base theta; the norm weights stored as qwdt and
@@ -261,20 +305,22 @@ void sfw_op_attn_sparse_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, co
  * k [len, nkv, hd] -> c [n, nkv, hd]. Level 1: sh's ksize and stride (32,
  * 16); level 2: 4 times both (128, 64; 4x level 1, hard-coded in the
  * reference). Reads sh's nkv, hd, ksize, stride. Incremental decode passes
- * j0 = the chunks already made. */
+ * j0 = the chunks already made. pg (NULL: contiguous) pages c, the level's
+ * base (sfw_ckey_row); k stays [len, nkv, hd]. */
 void sfw_op_compress_cpu(float *c, const float *k, int level, int64_t j0, int64_t j1,
-			 const struct sfw_sel_shape *sh);
+			 const struct sfw_sel_shape *sh, const struct sfw_pages *pg);
 /* Stage-1 scores, docs/model-spec.md §2.6.4 steps 1-3. For row r (position p = pos0+r)
  * and KV group g:
  *   LSE_h = log sum_{j2 : j2*4*stride + 4*ksize - 1 <= p} exp(scale * q[r,h].c2[j2,g])
  *   s[g, r, j] = sum_{h in group g} exp(scale * q[r,h].c1[j,g] - LSE_h)
  *                for j*stride + ksize - 1 <= p, else 0 (NaN -> 0).
- * c1 [n1, nkv, hd], c2 [n2, nkv, hd] (sh's n1, n2); scores [nkv, T, n1].
+ * c1 [n1, nkv, hd], c2 [n2, nkv, hd] (sh's n1, n2), or paged by pg
+ * (sfw_ckey_row; NULL: contiguous); scores [nkv, T, n1].
  * The reference kernel's causal-offset quirk for call
  * lengths = 15 (mod 16) / 63 (mod 64) (docs/model-spec.md §2.6.6, derived by reading,
  * not run) is not reproduced: every row sees exactly the chunks above. */
 void sfw_op_stage1_cpu(struct sfw_ops_cpu *ex, float *scores, const float *q, const float *c1, const float *c2,
-		       const struct sfw_sel_shape *sh);
+		       const struct sfw_sel_shape *sh, const struct sfw_pages *pg);
 /* Max-pool to blocks, §2.6.4 step 4: pooled[g, r, b] for b < nblocks =
  * +inf if b < init_blocks or qb - local_blocks <= b <= qb (qb = p / block);
  * else the max of scores[g, r, j] over the level-1 chunks j < n1 that overlap
@@ -424,9 +470,11 @@ void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *
 void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc, const int32_t *idx,
 			     const struct sfw_attn_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_compress_cuda(void *c, const void *k, int level, int64_t j0, int64_t j1,
-			  const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+			  const struct sfw_sel_shape *sh, const struct sfw_pages *pg, enum sfw_dtype act,
+			  struct sfw_cuda_ctx *cx);
 void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, const void *c2,
-			const struct sfw_sel_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+			const struct sfw_sel_shape *sh, const struct sfw_pages *pg, enum sfw_dtype act,
+			struct sfw_cuda_ctx *cx);
 void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, const struct sfw_sel_shape *sh,
 			     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,

@@ -100,19 +100,18 @@ void sfw_cuda_graph_free(void *graph_exec);
  * of 2^shift tokens drawn from one pool: token t of the cache is row
  * (tab[t >> shift] << shift) + (t & (2^shift - 1)) of the pool's [blocks
  * << shift, nkv, hd] arrays kc, vc; tab (device memory, int32) is the
- * cache's block table. pg NULL or pg->tab NULL is a contiguous cache
- * (row t at t). shift >= 5 (a 32-token attention tile never straddles two
- * blocks). */
-struct sfw_cuda_pages {
-	const int32_t *tab;
-	int shift;
-};
+ * cache's block table (struct sfw_pages, kernels/ops.h). pg NULL or
+ * pg->tab NULL is a contiguous cache (row t at t). shift >= 5 (a 32-token
+ * attention tile never straddles two blocks). The compressed keys of a
+ * paged cache live in the same blocks (sfw_ckey_row, kernels/ops.h): c1 and
+ * c2 are then the level-1 and level-2 bases of the pool's compressed-key
+ * array, paged by the same table. */
 /* A sparse layer's K and V caches [len, nkv, hd] (device memory), or with
  * pg the pool's arrays they are paged in; K and V as the attentions,
  * kv_write and compress (its keys: kc) read or write them. */
 struct sfw_cuda_kv {
 	void *kc, *vc;
-	const struct sfw_cuda_pages *pg;
+	const struct sfw_pages *pg;
 };
 /* Where a recorded row's sequence is, read on the device when the kernel
  * runs: its position, and (non-NULL members) its caches' pointers and
@@ -138,17 +137,20 @@ void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *
 		       int64_t pos0, int T, const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
 /* The compressed keys of both levels (sfw_op_compress_cuda) from the keys
  * kv->kc (sh's nkv, hd, ksize, stride): level-1 chunks [j[0], j[1]) into
- * c1 and level-2 chunks [j[2], j[3]) into c2; with rr (rr->pos only; j
+ * c1 and level-2 chunks [j[2], j[3]) into c2 (paged by kv->pg as the keys
+ * are: the chunks in the blocks that hold their last tokens); with rr (rr->pos only; j
  * unused) the chunks of each level that the token at *rr->pos completes
  * ([nchunks(p), nchunks(p + 1)), at most one). */
 void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *kv, const int64_t *j,
 		       const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
 		       struct sfw_cuda_ctx *cx);
-/* Stage 1 (sfw_op_stage1_cuda); rr: c1, c2 from its slots where it has
- * them, sh's n1 and n2 bound the counts the actual length makes. */
+/* Stage 1 (sfw_op_stage1_cuda; pg: the cache's pages, whose blocks hold
+ * its compressed keys, or NULL); rr: c1, c2 and the table from its slots
+ * where it has them, sh's n1 and n2 bound the counts the actual length
+ * makes. */
 void sfw_cuda_stage1(float *scores, const void *q, const void *c1, const void *c2,
-		     const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
-		     struct sfw_cuda_ctx *cx);
+		     const struct sfw_sel_shape *sh, const struct sfw_pages *pg, const struct sfw_cuda_rowref *rr,
+		     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Max-pool (sfw_op_pool_blocks_cuda) and top-k (sfw_op_topk_blocks_cuda);
  * rr: sh's n1 and nblocks bound the actual ones; the scores and pooled
  * values packed at the actual lengths ([nkv, n1], [nkv, nblocks]). */
@@ -189,7 +191,7 @@ struct sfw_cuda_seqs {
 	void *p[3][SFW_CUDA_SEQS_MAX];    /* per op, below */
 	/* paged K/V caches (p[0], p[1], and p[2] of compress: the pool's
 	 * arrays): sequence i's block table, NULL when its cache is
-	 * contiguous; the blocks are 2^shift tokens (sfw_cuda_pages) */
+	 * contiguous; the blocks are 2^shift tokens (sfw_pages) */
 	const int32_t *tab[SFW_CUDA_SEQS_MAX];
 	int shift;
 	/* non-NULL: a recorded step of many sequences: the launch serves n

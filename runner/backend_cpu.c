@@ -12,7 +12,11 @@
  * must be whole pages (64 * nkv * hd * 4 a multiple of the page size) and
  * the mappings (blocks x sparse layers x 2) within max_maps(); otherwise
  * pool_new says SFW_E_UNSUPPORTED and the caller keeps per-sequence caches.
- * The compressed keys stay per cache (1/16 of the tokens, grown by realloc). */
+ * The compressed keys of a paged cache live in the blocks too: per sparse
+ * layer the pool holds a host array of `ckr` compressed-key rows per block
+ * (sfw_ckey_row, kernels/ops.h), read through the block table, so a block's
+ * holders share its compressed keys with its K/V. A cache of its own keeps
+ * its compressed keys in arrays grown by realloc. */
 #include "runner/backend.h"
 #include "alloc.h"
 #include "thread.h"
@@ -28,7 +32,7 @@
 struct cpu_layer {
 	int sparse;
 	float *k, *v;       /* [cap, nkv, hd] */
-	float *c1, *c2;     /* [cap1, nkv, hd], [cap2, nkv, hd] */
+	float *c1, *c2;     /* [cap1, nkv, hd], [cap2, nkv, hd]; paged: the pool's, by the table */
 	int64_t len, cap, n1, n2, cap1, cap2;
 	float *state;       /* lightning: [lnh, lhd, lhd] */
 };
@@ -60,7 +64,9 @@ static int64_t max_maps(void)
 struct sfw_bpool {
 	int fd;
 	size_t bb;      /* bytes of one block of one layer's K (or V) */
-	int nsparse;
+	int nsparse, shift; /* blocks of 2^shift tokens */
+	int64_t ckr;    /* compressed-key rows per block (both levels) */
+	float *ck;      /* [nsparse, nblocks, ckr, nkv, hd]: the blocks' compressed keys */
 	int64_t nblocks, nfree;
 	int32_t *free;  /* stack of free block ids */
 	int32_t *ref;   /* [nblocks]: the caches holding each block (forks share whole blocks) */
@@ -249,20 +255,26 @@ static enum sfw_status cpu_pool_new(struct sfw_backend *be, const struct sfw_cac
 		nsparse += d->mixer[i] == SFW_MIXER_SPARSE;
 	size_t bb = (size_t)d->block * d->nkv * d->hd * sizeof(float);
 	long page = sysconf(_SC_PAGESIZE);
-	if (blocks < 1 || page <= 0 || bb % (size_t)page || nsparse == 0 ||
+	int shift = 0;
+	while (shift < 30 && (1 << shift) < d->block)
+		shift++;
+	int64_t ckr = d->block == 1 << shift ? sfw_ckey_rows_per_block(shift, d->stride) : 0;
+	if (blocks < 1 || page <= 0 || bb % (size_t)page || nsparse == 0 || ckr == 0 ||
 	    blocks * 2 * nsparse > max_maps())
 		return sfw_fail(err, SFW_E_UNSUPPORTED,
-				"no paged KV pool of %lld blocks of %zu bytes here (whole pages, at most %lld mappings)",
+				"no paged KV pool of %lld blocks of %zu bytes here (whole pages, blocks a power of two "
+				"and a multiple of 4 strides, at most %lld mappings)",
 				(long long)blocks, bb, (long long)max_maps());
+	size_t ckn = (size_t)nsparse * (size_t)blocks * (size_t)ckr * d->nkv * d->hd;
 	struct sfw_bpool *p = sfw_calloc(1, sizeof(*p));
 	if (!p || !(p->free = sfw_malloc((size_t)blocks * sizeof(int32_t))) ||
-	    !(p->ref = sfw_calloc((size_t)blocks, sizeof(int32_t)))) {
+	    !(p->ref = sfw_calloc((size_t)blocks, sizeof(int32_t))) || !(p->ck = sfw_malloc(ckn * sizeof(float)))) {
 		if (p)
-			sfw_free(p->free);
+			sfw_free(p->free), sfw_free(p->ref);
 		sfw_free(p);
-		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+		return sfw_fail(err, SFW_E_NOMEM, "out of memory for a KV pool of %lld blocks", (long long)blocks);
 	}
-	p->bb = bb, p->nsparse = nsparse, p->nblocks = blocks, p->nfree = blocks;
+	p->bb = bb, p->nsparse = nsparse, p->shift = shift, p->ckr = ckr, p->nblocks = blocks, p->nfree = blocks;
 	for (int64_t i = 0; i < blocks; i++) /* popped lowest first */
 		p->free[i] = (int32_t)(blocks - 1 - i);
 	off_t size = pool_off(p, nsparse, 0, 0);
@@ -278,7 +290,7 @@ static enum sfw_status cpu_pool_new(struct sfw_backend *be, const struct sfw_cac
 	if (e) {
 		if (p->fd >= 0)
 			close(p->fd);
-		sfw_free(p->free), sfw_free(p->ref), sfw_free(p);
+		sfw_free(p->free), sfw_free(p->ref), sfw_free(p->ck), sfw_free(p);
 		return sfw_fail(err, e == ENOSPC || e == ENOMEM ? SFW_E_NOMEM : SFW_E_IO,
 				"cannot allocate a KV pool of %lld blocks (%.1f MiB): %s", (long long)blocks,
 				(double)size / 1048576.0, strerror(e));
@@ -295,6 +307,7 @@ static void cpu_pool_free(struct sfw_backend *be, struct sfw_bpool *p)
 	close(p->fd);
 	sfw_free(p->free);
 	sfw_free(p->ref);
+	sfw_free(p->ck);
 	sfw_free(p);
 }
 
@@ -376,9 +389,9 @@ static void cpu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 				if (l->v)
 					munmap(l->v, span);
 			} else {
-				sfw_free(l->k), sfw_free(l->v);
+				sfw_free(l->k), sfw_free(l->v), sfw_free(l->c1), sfw_free(l->c2);
 			}
-			sfw_free(l->c1), sfw_free(l->c2), sfw_free(l->state);
+			sfw_free(l->state);
 		}
 	sfw_free(c->table);
 	sfw_free(c->L);
@@ -402,10 +415,14 @@ static enum sfw_status cpu_cache_new(struct sfw_backend *be, const struct sfw_ca
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory for a block table");
 		}
 	}
-	for (int i = 0; i < d->n_layers; i++) {
+	for (int i = 0, si = 0; i < d->n_layers; i++) {
 		c->L[i].sparse = d->mixer[i] == SFW_MIXER_SPARSE;
 		if (c->L[i].sparse && d->pool) { /* address space for max_tokens, no memory */
-			size_t span = (size_t)c->maxblk * d->pool->bb;
+			struct sfw_bpool *p = d->pool;
+			size_t row = (size_t)d->nkv * d->hd, span = (size_t)c->maxblk * p->bb;
+			/* the compressed keys: the pool's, this layer's share, through the table */
+			c->L[i].c1 = p->ck + (size_t)si++ * (size_t)p->nblocks * (size_t)p->ckr * row;
+			c->L[i].c2 = c->L[i].c1 + (size_t)(((int64_t)1 << p->shift) / d->stride) * row;
 			for (int kv = 0; kv < 2; kv++) {
 				void *v = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 				if (v == MAP_FAILED) {
@@ -462,8 +479,8 @@ static enum sfw_status cpu_cache_reserve(struct sfw_backend *be, struct sfw_bcac
 		if (!l->sparse || cap <= l->cap)
 			continue;
 		int64_t cap1 = cap / d->stride + 1, cap2 = cap / (4 * d->stride) + 1;
-		if ((!d->pool && (grow(&l->k, cap, row) || grow(&l->v, cap, row))) || grow(&l->c1, cap1, row) ||
-		    grow(&l->c2, cap2, row))
+		if (!d->pool && (grow(&l->k, cap, row) || grow(&l->v, cap, row) || grow(&l->c1, cap1, row) ||
+				 grow(&l->c2, cap2, row)))
 			return sfw_fail(err, SFW_E_NOMEM, "out of memory for a KV cache of %lld tokens",
 					(long long)tokens);
 		l->cap = cap, l->cap1 = cap1, l->cap2 = cap2;
@@ -508,10 +525,10 @@ static enum sfw_status pages_share(struct sfw_backend *be, struct sfw_bcache *ds
 	return s;
 }
 
-/* dst becomes src's copy (sfw_be_cache_copy): the K/V of its tokens
- * (paged: src's whole blocks shared, the last partial one copied into a
- * block of dst's own; else into dst's room, reserved by the caller), the
- * compressed keys and their counts, the lightning states. */
+/* dst becomes src's copy (sfw_be_cache_copy): the K/V and compressed keys
+ * of its tokens (paged: src's whole blocks shared, the last partial one
+ * copied into a block of dst's own; else into dst's room, reserved by the
+ * caller), their counts, the lightning states. */
 static enum sfw_status cpu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src,
 				      struct sfw_err *err)
 {
@@ -528,6 +545,7 @@ static enum sfw_status cpu_cache_copy(struct sfw_backend *be, struct sfw_bcache 
 			return s;
 		from = len / d->block * d->block;
 	}
+	int64_t part = d->pool && len > from ? len / d->block : -1; /* the partial block, copied */
 	for (int i = 0; i < d->n_layers; i++) {
 		const struct cpu_layer *s = &src->L[i];
 		struct cpu_layer *t = &dst->L[i];
@@ -542,10 +560,17 @@ static enum sfw_status cpu_cache_copy(struct sfw_backend *be, struct sfw_bcache 
 			memcpy(t->k + at, s->k + at, (size_t)(s->len - from) * row);
 			memcpy(t->v + at, s->v + at, (size_t)(s->len - from) * row);
 		}
-		if (s->n1)
-			memcpy(t->c1, s->c1, (size_t)s->n1 * row);
-		if (s->n2)
-			memcpy(t->c2, s->c2, (size_t)s->n2 * row);
+		if (d->pool) { /* the compressed keys of the partial block (c1: its first row) */
+			size_t ckb = (size_t)d->pool->ckr * row;
+			if (part >= 0)
+				memcpy((char *)t->c1 + (size_t)dst->table[part] * ckb,
+				       (const char *)s->c1 + (size_t)src->table[part] * ckb, ckb);
+		} else {
+			if (s->n1)
+				memcpy(t->c1, s->c1, (size_t)s->n1 * row);
+			if (s->n2)
+				memcpy(t->c2, s->c2, (size_t)s->n2 * row);
+		}
 		t->len = s->len, t->n1 = s->n1, t->n2 = s->n2;
 	}
 	return SFW_OK;
@@ -582,6 +607,13 @@ static int64_t nchunks(int64_t len, int ksize, int stride)
 	return len < ksize ? 0 : (len - ksize) / stride + 1;
 }
 
+/* Where c's compressed keys are: paged by its block table, or contiguous. */
+static struct sfw_pages ckey_pages(const struct sfw_bcache *c)
+{
+	struct sfw_pages pg = {c->d.pool ? c->table : NULL, c->d.pool ? c->d.pool->shift : 0};
+	return pg;
+}
+
 static enum sfw_status cpu_compress(struct sfw_backend *be, struct sfw_bcache *c, int layer, struct sfw_err *err)
 {
 	(void)be, (void)err;
@@ -590,10 +622,11 @@ static enum sfw_status cpu_compress(struct sfw_backend *be, struct sfw_bcache *c
 	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 	struct sfw_sel_shape sh = {.nkv = d->nkv, .hd = d->hd, .ksize = d->ksize, .stride = d->stride};
+	struct sfw_pages pg = ckey_pages(c);
 	if (t1 > l->n1)
-		sfw_op_compress_cpu(l->c1, l->k, 1, l->n1, t1, &sh);
+		sfw_op_compress_cpu(l->c1, l->k, 1, l->n1, t1, &sh, &pg);
 	if (t2 > l->n2)
-		sfw_op_compress_cpu(l->c2, l->k, 2, l->n2, t2, &sh);
+		sfw_op_compress_cpu(l->c2, l->k, 2, l->n2, t2, &sh, &pg);
 	l->n1 = t1 > l->n1 ? t1 : l->n1;
 	l->n2 = t2 > l->n2 ? t2 : l->n2;
 	return SFW_OK;
@@ -609,6 +642,7 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
 	int64_t n1 = l->n1, nb = sp->nblocks;
 	int rb = sp->T < SELECT_ROWS ? sp->T : SELECT_ROWS;
+	struct sfw_pages pg = ckey_pages(c);
 	float *scores = sfw_malloc(((size_t)nkv * rb * (size_t)(n1 ? n1 : 1)) * sizeof(float));
 	float *pooled = sfw_malloc(((size_t)nkv * rb * (size_t)nb) * sizeof(float));
 	int32_t *tk = sfw_malloc((size_t)nkv * rb * k * sizeof(int32_t));
@@ -624,7 +658,7 @@ static enum sfw_status cpu_sparse_select(struct sfw_backend *be, int32_t *idx, c
 					   .init_blocks = sp->init_blocks, .local_blocks = sp->local_blocks,
 					   .scale = sp->scale, .n1 = n1, .n2 = l->n2, .nblocks = nb,
 					   .topk = k};
-		sfw_op_stage1_cpu(EX(be), scores, F(q) + (size_t)r0 * nh * hd, l->c1, l->c2, &sh);
+		sfw_op_stage1_cpu(EX(be), scores, F(q) + (size_t)r0 * nh * hd, l->c1, l->c2, &sh, &pg);
 		sfw_op_pool_blocks_cpu(pooled, scores, &sh);
 		sfw_op_topk_blocks_cpu(EX(be), tk, pooled, &sh);
 		for (int g = 0; g < nkv; g++)

@@ -7,7 +7,7 @@
  * A batch's caches may instead be paged (pool_new): their K/V blocks come
  * from one pool allocated up front, found through a block table per cache
  * that the attention, compression and K/V append kernels read
- * (kernels/ops_cuda.h, struct sfw_cuda_pages).
+ * (kernels/ops_cuda.h, struct sfw_pages).
  * Every op runs on the backend's one stream; the host waits only in transfers to the host
  * and sync. CUDA runtime calls live in kernels/ (ops_cuda.h), so the
  * backend's files are plain C. This file holds the device, the weights,

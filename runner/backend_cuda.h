@@ -87,7 +87,7 @@ struct cu_be {
 struct cu_layer {
 	int sparse;
 	void *k, *v;   /* bf16 [cap, nkv, hd] */
-	void *c1, *c2; /* bf16 [cap1, nkv, hd], [cap2, nkv, hd] */
+	void *c1, *c2; /* bf16 [cap1, nkv, hd], [cap2, nkv, hd]; paged: the pool's, by the table */
 	int64_t len, cap, n1, n2, cap1, cap2;
 	float *state;  /* lightning: fp32 [lnh, lhd, lhd] */
 };
@@ -98,19 +98,24 @@ struct sfw_bcache {
 	/* paged (d.pool != NULL): every sparse layer's k, v are the pool's
 	 * arrays of that layer, pg.tab the device copy of table[0..maxblk)
 	 * (entries [0, nblk) are the blocks taken); cap = nblk blocks. The
-	 * compressed keys are allocated for maxblk blocks at once, so they never
-	 * move (a recorded step stays valid as the cache grows). pg.tab NULL:
-	 * contiguous caches of their own. */
-	struct sfw_cuda_pages pg;
+	 * compressed keys are the pool's too (c1, c2: the layer's level-1 and
+	 * level-2 bases, sfw_ckey_row), so nothing moves as the cache grows (a
+	 * recorded step stays valid). pg.tab NULL: contiguous caches of their
+	 * own. */
+	struct sfw_pages pg;
 	int32_t *table;
 	int64_t nblk, maxblk;
 };
 
 /* The paged KV pool: per sparse layer si, K then V of `nblocks` blocks
- * (block b of layer si's K at mem + ((si * 2) * nblocks + b) * bb). */
+ * (block b of layer si's K at mem + ((si * 2) * nblocks + b) * bb), and
+ * the blocks' compressed keys (block b of layer si's at ck + (si * nblocks
+ * + b) * cb: ckr rows, kernels/ops.h sfw_ckey_row). */
 struct sfw_bpool {
-	void *mem;
+	void *mem, *ck;
 	size_t bb; /* bytes of one block of one layer's K (or V) */
+	size_t cb; /* bytes of one block's compressed keys of one layer */
+	int64_t ckr; /* their rows */
 	int nsparse, shift;
 	int64_t nblocks, nfree;
 	int32_t *free; /* stack of free block ids */

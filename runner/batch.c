@@ -307,14 +307,14 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 	q->open = 0, q->pos = 0, q->stamp = 0;
 }
 
-int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t tokens)
+int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t tokens, int paged)
 {
-	return sfw_plan_seq_bytes(&m->cfg, (int)sfw_be_act_size(m->be), max_ctx, tokens);
+	return sfw_plan_seq_bytes(&m->cfg, (int)sfw_be_act_size(m->be), max_ctx, tokens, paged);
 }
 
 int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens)
 {
-	return sfw_seq_state_bytes(b->m, b->p.max_ctx, tokens);
+	return sfw_seq_state_bytes(b->m, b->p.max_ctx, tokens, b->pool != NULL);
 }
 
 uint64_t sfw_batch_seq_serial(const struct sfw_batch *b, int seq)

@@ -32,7 +32,7 @@
  * while the memory is the pool's; the CUDA backend (blocks of a power of two
  * >= 32 tokens) gives each sequence a block table that its attention,
  * compression and K/V append kernels read (kernels/ops_cuda.h, struct
- * sfw_cuda_pages). Not paged (shapes neither can page): the blocks are a
+ * sfw_pages). Not paged (shapes neither can page): the blocks are a
  * budget over per-sequence caches grown block by block (as struct
  * sfw_ctx's); the same API and errors, but memory is taken as sequences
  * grow, not up front.
@@ -123,13 +123,14 @@ int64_t sfw_batch_seq_pos(const struct sfw_batch *b, int seq);
  * were opened or forked); 0 when seq is not open. */
 uint64_t sfw_batch_seq_serial(const struct sfw_batch *b, int seq);
 /* The bytes a sequence of `tokens` tokens holds in backend memory: its KV
- * blocks, and the caches every sequence has whatever its length (the
- * compressed keys for max_ctx tokens, the Lightning states). What
- * runner/prefix.h counts against its budget. */
+ * blocks (paged: with their compressed keys), and the caches every
+ * sequence has whatever its length (the Lightning states; caches of their
+ * own: the compressed keys for max_ctx tokens). What runner/prefix.h
+ * counts against its budget. */
 int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens);
-/* The same for a sequence of model m's batches of max_ctx tokens, without
- * a batch (its KV blocks: (this at n tokens) - (this at 0)). */
-int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t tokens);
+/* The same for a sequence of model m's batches of max_ctx tokens, paged or
+ * not, without a batch (its blocks: (this at n tokens) - (this at 0)). */
+int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t tokens, int paged);
 /* KV blocks in use by the open sequences (paged: the pool's blocks in use,
  * a block that forks share counted once), and the pool's size in blocks. */
 int64_t sfw_batch_blocks_used(const struct sfw_batch *b);

@@ -47,7 +47,7 @@ static void cu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 	if (c->L)
 		for (int i = 0; i < c->d.n_layers; i++) {
 			if (c->table) /* the pool's, not this cache's */
-				c->L[i].k = c->L[i].v = NULL;
+				c->L[i].k = c->L[i].v = c->L[i].c1 = c->L[i].c2 = NULL;
 			layer_free(&c->L[i]);
 		}
 	sfw_cuda_free((void *)c->pg.tab);
@@ -56,8 +56,8 @@ static void cu_cache_free(struct sfw_backend *be, struct sfw_bcache *c)
 	sfw_free(c);
 }
 
-/* A paged cache: the pool's arrays, a block table for max_tokens, and the
- * compressed keys for max_tokens. */
+/* A paged cache: the pool's arrays (K, V, compressed keys) and a block
+ * table for max_tokens. */
 static enum sfw_status cache_pages_new(struct sfw_bcache *c, struct sfw_err *err)
 {
 	const struct sfw_cache_desc *d = &c->d;
@@ -82,11 +82,10 @@ static enum sfw_status cache_pages_new(struct sfw_bcache *c, struct sfw_err *err
 			continue;
 		l->k = (char *)p->mem + (size_t)si * 2 * (size_t)p->nblocks * p->bb;
 		l->v = (char *)l->k + (size_t)p->nblocks * p->bb;
+		l->c1 = (char *)p->ck + (size_t)si * (size_t)p->nblocks * p->cb;
+		l->c2 = (char *)l->c1 + (size_t)(d->block / d->stride) * row;
 		si++;
-		if ((s = sfw_cuda_malloc(&l->c1, (size_t)cap1 * row, "the compressed keys", err)) != SFW_OK ||
-		    (s = sfw_cuda_malloc(&l->c2, (size_t)cap2 * row, "the compressed keys", err)) != SFW_OK)
-			return s;
-		l->cap1 = cap1, l->cap2 = cap2;
+		l->cap1 = cap1, l->cap2 = cap2; /* bounds: the chunks the table's blocks can hold */
 	}
 	return SFW_OK;
 }
@@ -232,7 +231,7 @@ static void cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 /* Paged: src's blocks [j0, nb) into dst's, each block one 2D copy of its K
  * and V in every sparse layer (rows of the pool's arrays, pitch nblocks
  * blocks: struct sfw_bpool), or one copy per array past the 2D pitch
- * limit. */
+ * limit; then its compressed keys the same way. */
 static void pages_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src, int64_t j0,
 		       int64_t nb)
 {
@@ -243,12 +242,18 @@ static void pages_copy(struct sfw_backend *be, struct sfw_bcache *dst, const str
 	for (int64_t j = j0; j < nb; j++) {
 		char *to = (char *)p->mem + (size_t)dst->table[j] * p->bb;
 		const char *from = (const char *)p->mem + (size_t)src->table[j] * p->bb;
-		if (pitch <= (size_t)INT32_MAX) {
+		char *cto = (char *)p->ck + (size_t)dst->table[j] * p->cb;
+		const char *cfrom = (const char *)p->ck + (size_t)src->table[j] * p->cb;
+		size_t cpitch = (size_t)p->nblocks * p->cb;
+		if (pitch <= (size_t)INT32_MAX && cpitch <= (size_t)INT32_MAX) {
 			sfw_cuda_d2d_2d(to, pitch, from, pitch, p->bb, rows, st);
+			sfw_cuda_d2d_2d(cto, cpitch, cfrom, cpitch, p->cb, (size_t)p->nsparse, st);
 			continue;
 		}
 		for (size_t r = 0; r < rows; r++)
 			sfw_cuda_d2d(to + r * pitch, from + r * pitch, p->bb, st);
+		for (int r = 0; r < p->nsparse; r++)
+			sfw_cuda_d2d(cto + r * cpitch, cfrom + r * cpitch, p->cb, st);
 	}
 }
 
@@ -282,10 +287,10 @@ static enum sfw_status pages_share(struct sfw_backend *be, struct sfw_bcache *ds
 }
 
 /* dst becomes src's copy (sfw_be_cache_copy), device to device on the
- * stream: the K/V of its tokens (paged: src's whole blocks shared, the
- * last partial one copied into a block of dst's own; else into dst's
- * arrays, room reserved by the caller), the compressed keys and their
- * counts, the lightning states. */
+ * stream: the K/V and compressed keys of its tokens (paged: src's whole
+ * blocks shared, the last partial one copied into a block of dst's own;
+ * else into dst's arrays, room reserved by the caller), their counts, the
+ * lightning states. */
 enum sfw_status sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst, const struct sfw_bcache *src,
 				   struct sfw_err *err)
 {
@@ -316,9 +321,9 @@ enum sfw_status sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *ds
 			sfw_cuda_d2d(t->k, s->k, (size_t)s->len * row, st);
 			sfw_cuda_d2d(t->v, s->v, (size_t)s->len * row, st);
 		}
-		if (s->n1)
+		if (!src->table && s->n1) /* (paged: in the blocks, shared or copied above) */
 			sfw_cuda_d2d(t->c1, s->c1, (size_t)s->n1 * row, st);
-		if (s->n2)
+		if (!src->table && s->n2)
 			sfw_cuda_d2d(t->c2, s->c2, (size_t)s->n2 * row, st);
 		t->len = s->len, t->n1 = s->n1, t->n2 = s->n2;
 	}
@@ -368,8 +373,8 @@ void sfwi_cu_cache_advance(struct sfw_bcache *c, int T)
 }
 
 /* The tokens a recorded step may reach: what the cache holds room for, or a
- * paged cache's whole table (its blocks are reserved before each step;
- * the compressed keys are allocated for all of it). */
+ * paged cache's whole table (its blocks, with their compressed keys, are
+ * reserved before each step). */
 int64_t sfwi_cu_cache_room(const struct sfw_bcache *c)
 {
 	if (c->table)
@@ -420,12 +425,16 @@ static enum sfw_status cu_pool_new(struct sfw_backend *be, const struct sfw_cach
 		nsparse += d->mixer[i] == SFW_MIXER_SPARSE;
 	while (shift < 30 && (1 << shift) < d->block)
 		shift++;
-	/* a block holds whole 32-token attention tiles (sfw_cuda_pages) */
-	if (nsparse == 0 || d->block != 1 << shift || shift < 5)
-		return sfw_fail(err, SFW_E_UNSUPPORTED, "no paged KV pool for blocks of %d tokens here (a power of two, at least 32)",
+	/* a block holds whole 32-token attention tiles (sfw_pages), and the
+	 * compressed keys of the chunks that end in it (sfw_ckey_row) */
+	int64_t ckr = d->block == 1 << shift ? sfw_ckey_rows_per_block(shift, d->stride) : 0;
+	if (nsparse == 0 || d->block != 1 << shift || shift < 5 || ckr == 0)
+		return sfw_fail(err, SFW_E_UNSUPPORTED,
+				"no paged KV pool for blocks of %d tokens here (a power of two, at least 32, and a multiple "
+				"of 4 strides)",
 				d->block);
-	size_t bb = (size_t)d->block * d->nkv * d->hd * 2;
-	if (blocks < 1 || blocks > INT32_MAX || (size_t)blocks > SIZE_MAX / bb / 2 / (size_t)nsparse)
+	size_t bb = (size_t)d->block * d->nkv * d->hd * 2, cb = (size_t)ckr * d->nkv * d->hd * 2;
+	if (blocks < 1 || blocks > INT32_MAX || (size_t)blocks > SIZE_MAX / (2 * bb + cb) / (size_t)nsparse)
 		return sfw_fail(err, SFW_E_INVAL, "invalid KV pool size (%lld blocks)", (long long)blocks);
 	struct sfw_bpool *p = sfw_calloc(1, sizeof(*p));
 	if (!p || !(p->free = sfw_malloc((size_t)blocks * sizeof(int32_t))) ||
@@ -435,10 +444,15 @@ static enum sfw_status cu_pool_new(struct sfw_backend *be, const struct sfw_cach
 		sfw_free(p);
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	}
-	p->bb = bb, p->nsparse = nsparse, p->shift = shift, p->nblocks = blocks, p->nfree = blocks;
+	p->bb = bb, p->cb = cb, p->ckr = ckr, p->nsparse = nsparse, p->shift = shift, p->nblocks = blocks,
+	p->nfree = blocks;
 	for (int64_t i = 0; i < blocks; i++) /* popped lowest first */
 		p->free[i] = (int32_t)(blocks - 1 - i);
 	enum sfw_status s = sfw_cuda_malloc(&p->mem, (size_t)nsparse * 2 * (size_t)blocks * bb, "the KV pool", err);
+	if (s == SFW_OK &&
+	    (s = sfw_cuda_malloc(&p->ck, (size_t)nsparse * (size_t)blocks * cb, "the KV pool's compressed keys", err)) !=
+		    SFW_OK)
+		sfw_cuda_free(p->mem);
 	if (s != SFW_OK) {
 		sfw_free(p->free), sfw_free(p->ref), sfw_free(p);
 		return s;
@@ -453,6 +467,7 @@ static void cu_pool_free(struct sfw_backend *be, struct sfw_bpool *p)
 		return;
 	sfw_cuda_sync(IMPL(be)->stream);
 	sfw_cuda_free(p->mem);
+	sfw_cuda_free(p->ck);
 	sfw_free(p->free);
 	sfw_free(p->ref);
 	sfw_free(p);

@@ -247,7 +247,7 @@ static enum sfw_status select_recorded(struct sfw_backend *be, int32_t *idx, con
 				   .stride = sp->stride, .block = sp->block, .init_blocks = sp->init_blocks,
 				   .local_blocks = sp->local_blocks, .scale = sp->scale, .n1 = n1, .n2 = n2,
 				   .nblocks = nb, .topk = k};
-	sfw_cuda_stage1(scores, q, l->c1, l->c2, &sh, rr, SFW_DTYPE_BF16, S(be));
+	sfw_cuda_stage1(scores, q, l->c1, l->c2, &sh, &c->pg, rr, SFW_DTYPE_BF16, S(be));
 	/* up to 4096 blocks (256K tokens) top-k holds the blocks in registers
 	 * and pools them itself: one launch less */
 	if (nb <= 4096) {
@@ -296,7 +296,7 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 					   .init_blocks = sp->init_blocks, .local_blocks = sp->local_blocks,
 					   .scale = sp->scale, .n1 = n1, .n2 = l->n2, .nblocks = nb,
 					   .topk = k};
-		sfw_cuda_stage1(scores, (const char *)q + (size_t)r0 * qrow, l->c1, l->c2, &sh, NULL,
+		sfw_cuda_stage1(scores, (const char *)q + (size_t)r0 * qrow, l->c1, l->c2, &sh, &c->pg, NULL,
 				SFW_DTYPE_BF16, S(be));
 		sfw_cuda_pool_blocks(pooled, scores, &sh, NULL, SFW_DTYPE_BF16, S(be));
 		sfw_cuda_topk_blocks(dst, pooled, &sh, NULL, SFW_DTYPE_BF16, S(be));

@@ -78,14 +78,29 @@ void sfw_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struc
 	plan_rest(&m->cfg, max_ctx, chunk, p);
 }
 
+/* Compressed-key rows per block of a paged cache (both levels,
+ * sfw_ckey_row: kernels/ops.h). */
+static double ckey_rows_per_block(const struct sfw_config *c)
+{
+	int64_t blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64;
+	int64_t st = c->sparse_kernel_stride > 0 ? c->sparse_kernel_stride : 16;
+	return (double)(blk / st + blk / (4 * st));
+}
+
 void sfw_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, struct sfw_mem_plan *p)
 {
 	if (seqs < 1)
 		seqs = 1;
 	/* per sequence: its caches as one context of the plan's length has them */
 	p->kv *= seqs, p->compressed *= seqs, p->lightning *= seqs;
-	if (pool_tokens > 0) /* the pool bounds the KV of all of them */
-		p->kv = p->kv_per_token * (double)((pool_tokens + 63) / 64 * 64);
+	if (pool_tokens > 0) { /* the pool bounds the KV of all of them, its blocks hold the compressed keys */
+		int64_t blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64;
+		double blocks = (double)((pool_tokens + blk - 1) / blk), ns = 0;
+		for (int i = 0; i < c->num_hidden_layers; i++)
+			ns += c->mixer[i] == SFW_MIXER_SPARSE;
+		p->kv = p->kv_per_token * blocks * (double)blk;
+		p->compressed = ns * blocks * ckey_rows_per_block(c) * (double)c->num_key_value_heads * c->head_dim * 2;
+	}
 	/* the step's float logits: a row per sequence (the plan has one) */
 	p->activations += (double)(seqs - 1) * c->vocab_size * 4;
 	p->total = p->weights + p->kv + p->compressed + p->lightning + p->activations + p->scratch;
@@ -192,10 +207,11 @@ enum sfw_status sfw_plan_check_batch(const struct sfw_model *m, int seqs, int pa
 
 /* One sequence's caches with act-byte activations: per token of K/V
  * (*per_token), its K/V for `tokens` tokens in whole blocks (*kv), both
- * levels of compressed keys for max_ctx (rounded to blocks, as a cache
- * makes them: *compressed) and the fp32 Lightning states (*lightning). */
-static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx, int64_t tokens, double *per_token,
-			double *kv, double *compressed, double *lightning)
+ * levels of compressed keys (*compressed: paged, those of its blocks;
+ * else for max_ctx, rounded to blocks, as a cache of its own makes them)
+ * and the fp32 Lightning states (*lightning). */
+static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx, int64_t tokens, int paged,
+			double *per_token, double *kv, double *compressed, double *lightning)
 {
 	double kvd = (double)c->num_key_value_heads * c->head_dim, lhd = c->lightning_head_dim;
 	int ns = 0, nl = 0;
@@ -206,14 +222,17 @@ static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx,
 	*per_token = ns * 2 * kvd * act;
 	*kv = *per_token * (double)((tokens + blk - 1) / blk * blk);
 	double st = c->sparse_kernel_stride > 0 ? c->sparse_kernel_stride : 16;
-	*compressed = ns * ((double)(cap / (int64_t)st + 1) + (double)(cap / (int64_t)(4 * st) + 1)) * kvd * act;
+	if (paged)
+		*compressed = ns * (double)((tokens + blk - 1) / blk) * ckey_rows_per_block(c) * kvd * act;
+	else
+		*compressed = ns * ((double)(cap / (int64_t)st + 1) + (double)(cap / (int64_t)(4 * st) + 1)) * kvd * act;
 	*lightning = nl * (double)c->lightning_nh * lhd * lhd * 4;
 }
 
-int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int64_t max_ctx, int64_t tokens)
+int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int64_t max_ctx, int64_t tokens, int paged)
 {
 	double per, kv, compressed, lightning;
-	state_parts(c, act_size, max_ctx, tokens, &per, &kv, &compressed, &lightning);
+	state_parts(c, act_size, max_ctx, tokens, paged, &per, &kv, &compressed, &lightning);
 	return (int64_t)(kv + compressed + lightning);
 }
 
@@ -223,7 +242,7 @@ static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, st
 	double hd = c->head_dim, nkv = c->num_key_value_heads;
 	double qd = (double)c->num_attention_heads * hd, kvd = nkv * hd;
 	double ld = (double)c->lightning_nh * c->lightning_head_dim;
-	state_parts(c, 2, max_ctx, max_ctx, &p->kv_per_token, &p->kv, &p->compressed, &p->lightning);
+	state_parts(c, 2, max_ctx, max_ctx, 0, &p->kv_per_token, &p->kv, &p->compressed, &p->lightning);
 	double R = chunk > 0 ? chunk : 256;
 	double wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld;
 	/* a context's buffers (runner/ctx.c ctx_create): x, u, out [R, D];

@@ -41,7 +41,8 @@ void sfw_plan_config_w8(const struct sfw_config *c, int64_t max_ctx, int chunk, 
 void sfw_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
 /* The plan of a batch (runner/batch.h; `salafw serve`): seqs sequences that
  * can each reach max_ctx tokens (their KV, compressed keys and lightning
- * states; the KV of pool_tokens in all when that is not 0), and one
+ * states; when pool_tokens is not 0, the KV and compressed keys of a pool
+ * of pool_tokens in all), and one
  * workspace for step_rows rows with a logits row per sequence. */
 void sfw_plan_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_t pool_tokens, int step_rows,
 		    struct sfw_mem_plan *p);
@@ -50,10 +51,10 @@ void sfw_plan_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_
 void sfw_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, struct sfw_mem_plan *p);
 /* The bytes one sequence's state holds in a backend whose activations are
  * act_size bytes: its K/V for `tokens` tokens in whole blocks, the
- * compressed keys for max_ctx, the Lightning states (the plan's kv,
- * compressed and lightning, for one sequence; runner/batch.h
- * sfw_seq_state_bytes). */
-int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int64_t max_ctx, int64_t tokens);
+ * compressed keys (paged != 0: those of its blocks; else for max_ctx), the
+ * Lightning states (the plan's kv, compressed and lightning, for one
+ * sequence; runner/batch.h sfw_seq_state_bytes). */
+int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int64_t max_ctx, int64_t tokens, int paged);
 /* The plan as one block of lines (salafw run prints it to stderr at start). */
 void sfw_plan_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk);
 /* The arithmetic of sfw_plan_check: p = the plan at n_ctx tokens, free_bytes

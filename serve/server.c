@@ -2401,9 +2401,9 @@ int64_t sfw_serve_prefix_bytes(const struct sfw_serve_params *p, const struct sf
 {
 	if (p->prefix_cache_bytes >= 0 || !sfw_serve_prefix_entries(p))
 		return sfw_serve_prefix_entries(p) ? p->prefix_cache_bytes : 0;
-	/* the pool's KV bytes, counted as the cache counts its entries */
+	/* the pool's bytes (KV and compressed keys), counted as the cache counts its entries */
 	struct sfw_batch_params bp = sfw_serve_batch_params(p);
-	return (sfw_seq_state_bytes(m, bp.max_ctx, bp.pool_tokens) - sfw_seq_state_bytes(m, bp.max_ctx, 0)) / 2;
+	return (sfw_seq_state_bytes(m, bp.max_ctx, bp.pool_tokens, 1) - sfw_seq_state_bytes(m, bp.max_ctx, 0, 1)) / 2;
 }
 
 struct sfw_batch_params sfw_serve_batch_params(const struct sfw_serve_params *p)

@@ -176,7 +176,7 @@ static int32_t *shuffled_table(int64_t nb)
 }
 
 /* A paged copy of a [L, row] bf16 cache (kernels/ops_cuda.h, struct
- * sfw_cuda_pages): block b at place t[b] of a pool of 2 nb blocks, the
+ * sfw_pages): block b at place t[b] of a pool of 2 nb blocks, the
  * other blocks NaN. */
 static void *paged_copy(const uint16_t *h, int64_t L, int row, const int32_t *t)
 {
@@ -214,7 +214,7 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 	int32_t *tab = shuffled_table((L + 63) / 64);
 	void *pk = paged_copy(kb, L, nkv * hd, tab), *pv = paged_copy(vb, L, nkv * hd, tab);
 	int32_t *dtab = up(tab, (size_t)(L + 63) / 64 * sizeof(int32_t));
-	struct sfw_cuda_pages pg = {dtab, 6};
+	struct sfw_pages pg = {dtab, 6};
 	struct sfw_cuda_kv kv = {pk, pv, &pg};
 	free(tab);
 	const char *modes[3] = {"simt", "tc", NULL};
@@ -263,7 +263,7 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	float *ref = malloc(ns * 4), scale = 1.0f / sqrtf((float)hd);
 	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32,
 				   .stride = 16, .scale = scale, .n1 = n1, .n2 = n2};
-	sfw_op_stage1_cpu(NULL, ref, q, c1, c2, &sh);
+	sfw_op_stage1_cpu(NULL, ref, q, c1, c2, &sh, NULL);
 	void *dq = up(qb, nq * 2), *d1 = up(c1b, (size_t)n1 * nkv * hd * 2);
 	void *d2 = up(c2b, (size_t)(n2 ? n2 : 1) * nkv * hd * 2);
 	char name[128];
@@ -274,7 +274,7 @@ static void t_stage1(int T, int64_t L, int nh, int nkv, int hd)
 	for (int m = 0; m < 3; m++) {
 		set_mode(modes[m]);
 		void *ds = dalloc(ns * 4);
-		sfw_op_stage1_cuda(ds, dq, d1, d2, &sh, SFW_DTYPE_BF16, g_cx);
+		sfw_op_stage1_cuda(ds, dq, d1, d2, &sh, NULL, SFW_DTYPE_BF16, g_cx);
 		got[m] = down_f32(ds, ns);
 		sfw_cuda_free(ds);
 		if (m < 2)
@@ -474,7 +474,7 @@ static void run_s1(void *ctx)
 	struct bench_s1 *b = ctx;
 	struct sfw_sel_shape sh = {.T = b->T, .nh = 32, .nkv = 2, .hd = 128, .pos0 = b->pos0, .ksize = 32,
 				   .stride = 16, .scale = 1.0f / sqrtf(128.0f), .n1 = b->n1, .n2 = b->n2};
-	sfw_op_stage1_cuda(b->s, b->q, b->c1, b->c2, &sh, SFW_DTYPE_BF16, g_cx);
+	sfw_op_stage1_cuda(b->s, b->q, b->c1, b->c2, &sh, NULL, SFW_DTYPE_BF16, g_cx);
 }
 
 static void bench_stage1(int T, int64_t L)

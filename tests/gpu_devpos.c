@@ -11,7 +11,7 @@
  * Positions cross every boundary that changes the lengths: chunk ends of
  * both compression levels, block ends, the first position with a level-2
  * chunk, and the bound itself. Every shape runs twice: with contiguous K/V
- * caches, and paged (kernels/ops_cuda.h, struct sfw_cuda_pages: the cache's
+ * caches, and paged (kernels/ops_cuda.h, struct sfw_pages: the cache's
  * 64-token blocks at shuffled places of a pool twice its size whose other
  * blocks are NaN), the CPU twins reading the same tokens as one array.
  * Stage 1 and sparse attention read their caches' pointers and block table
@@ -134,8 +134,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	int64_t nb = cap / blk;
 	int32_t *tab = malloc((size_t)2 * nb * sizeof(int32_t)), *dtab = NULL;
 	sfwt_iota_shuffle(tab, 2 * nb, &rng);
-	struct sfw_cuda_pages pgs = {NULL, shift};
-	const struct sfw_cuda_pages *pg = NULL;
+	struct sfw_pages pgs = {NULL, shift};
+	const struct sfw_pages *pg = NULL;
 	if (paged && dK && dV && (1 << shift) == blk) {
 		void *pk = paged_copy(dK, cap, blk, row, tab), *pv = paged_copy(dV, cap, blk, row, tab);
 		dtab = dev_alloc((size_t)nb * sizeof(int32_t));
@@ -165,7 +165,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	sfw_cuda_h2d(dslot, slot, sizeof(slot), NULL);
 	sfw_cuda_sync(NULL);
 	const struct sfw_cuda_rowref rr = {dpos, dslot, dslot + 1, dslot + 2, dslot + 3, (const int32_t *const *)(dslot + 4)};
-	const struct sfw_cuda_pages pgn = {NULL, shift}; /* the table from its slot */
+	const struct sfw_pages pgn = {NULL, shift}; /* the table from its slot */
 	/* the recording: what one sparse layer of a decode step does */
 	sfw_cuda_graph_begin(s);
 	const struct sfw_cuda_rowref rp = {dpos, NULL, NULL, NULL, NULL, NULL}; /* the position alone */
@@ -176,7 +176,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 			      bde = {1, nh, nkv, hd, bound - 1, scale, 0, 0};
 	sfw_cuda_kv_write(&kv, dkn, dvn, row * 2, 0, 1, &rp, cx);
 	sfw_cuda_compress(dc1, dc2, &kv, NULL, &bsh, &rp, SFW_DTYPE_BF16, cx);
-	sfw_cuda_stage1(dsc, dq, NULL, NULL, &bsh, &rr, SFW_DTYPE_BF16, cx);
+	sfw_cuda_stage1(dsc, dq, NULL, NULL, &bsh, NULL, &rr, SFW_DTYPE_BF16, cx);
 	sfw_cuda_pool_blocks(dpo, dsc, &bsh, &rp, SFW_DTYPE_BF16, cx);
 	sfw_cuda_topk_blocks(didx, dpo, &bsh, &rp, SFW_DTYPE_BF16, cx);
 	sfw_cuda_pool_topk(didx2, dsc, &bsh, &rp, cx);
@@ -212,8 +212,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		CHECK(!memcmp(krow, kn, row * 4) && !memcmp(vrow, vn, row * 4), "p %lld: K/V row appended at p", (long long)p);
 		free(krow), free(vrow);
 		/* compressed keys against the CPU twin (rounded to bf16 as stored) */
-		sfw_op_compress_cpu(c1, K, 1, 0, n1, &bsh);
-		sfw_op_compress_cpu(c2, K, 2, 0, n2, &bsh);
+		sfw_op_compress_cpu(c1, K, 1, 0, n1, &bsh, NULL);
+		sfw_op_compress_cpu(c2, K, 2, 0, n2, &bsh, NULL);
 		for (size_t i = 0; i < (size_t)n1 * row; i++)
 			c1[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(c1[i]));
 		for (size_t i = 0; i < (size_t)n2 * row; i++)
@@ -228,7 +228,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		struct sfw_sel_shape rsh = {1, nh, nkv, hd, p, ks, st, blk, sh->init_blocks, sh->local_blocks,
 					    scale, n1, n2, nb, k};
 		struct sfw_attn_shape ash = {1, nh, nkv, hd, p, scale, k, blk};
-		sfw_op_stage1_cuda(rsc, dq, dc1, dc2, &rsh, SFW_DTYPE_BF16, cx);
+		sfw_op_stage1_cuda(rsc, dq, dc1, dc2, &rsh, NULL, SFW_DTYPE_BF16, cx);
 		sfw_op_pool_blocks_cuda(rpo, rsc, &rsh, SFW_DTYPE_BF16, cx);
 		sfw_op_topk_blocks_cuda(ridx, rpo, &rsh, SFW_DTYPE_BF16, cx);
 		sfw_cuda_attn_sparse(ros, dq, &kv, didx, &ash, NULL, SFW_DTYPE_BF16, cx);

@@ -523,19 +523,90 @@ static void t_compress(void)
 	int64_t n1 = (L - 32) / 16 + 1, n2 = (L - 128) / 64 + 1;
 	float *r1 = malloc((size_t)n1 * nkv * hd * 4), *r2 = malloc((size_t)n2 * nkv * hd * 4);
 	struct sfw_sel_shape sh = {.nkv = nkv, .hd = hd, .ksize = 32, .stride = 16};
-	sfw_op_compress_cpu(r1, k, 1, 0, n1, &sh);
-	sfw_op_compress_cpu(r2, k, 2, 0, n2, &sh);
+	sfw_op_compress_cpu(r1, k, 1, 0, n1, &sh, NULL);
+	sfw_op_compress_cpu(r2, k, 2, 0, n2, &sh, NULL);
 	void *dk = up(k, (size_t)L * nkv * hd), *d1 = dalloc((size_t)n1 * nkv * hd * asz());
 	void *d2 = dalloc((size_t)n2 * nkv * hd * asz());
 	/* incrementally, as decode does: two pieces */
-	sfw_op_compress_cuda(d1, dk, 1, 0, 20, &sh, g_dt, g_cx);
-	sfw_op_compress_cuda(d1, dk, 1, 20, n1, &sh, g_dt, g_cx);
-	sfw_op_compress_cuda(d2, dk, 2, 0, n2, &sh, g_dt, g_cx);
+	sfw_op_compress_cuda(d1, dk, 1, 0, 20, &sh, NULL, g_dt, g_cx);
+	sfw_op_compress_cuda(d1, dk, 1, 20, n1, &sh, NULL, g_dt, g_cx);
+	sfw_op_compress_cuda(d2, dk, 2, 0, n2, &sh, NULL, g_dt, g_cx);
 	float *g1 = down(d1, (size_t)n1 * nkv * hd), *g2 = down(d2, (size_t)n2 * nkv * hd);
 	cmp("compress level 1 (32/16), L=1000, in 2 pieces", g1, r1, (size_t)n1 * nkv * hd);
 	cmp("compress level 2 (128/64), L=1000", g2, r2, (size_t)n2 * nkv * hd);
 	free(k), free(r1), free(r2), free(g1), free(g2);
 	sfw_cuda_free(dk), sfw_cuda_free(d1), sfw_cuda_free(d2);
+}
+
+/* A permuted block table for nb blocks (block i of the cache in pool
+ * block (5i + 3) mod nb', nb' = nb + 2 coprime to 5 chosen so): the
+ * paged twins' layout (kernels/ops.h sfw_ckey_row). */
+static int32_t *perm_table(int64_t nb, int64_t *pool_blocks)
+{
+	int64_t P = nb + 2;
+	while (P % 5 == 0)
+		P++;
+	int32_t *t = malloc((size_t)nb * sizeof(int32_t));
+	for (int64_t i = 0; i < nb; i++)
+		t[i] = (int32_t)((5 * i + 3) % P);
+	*pool_blocks = P;
+	return t;
+}
+
+/* Compressed keys written into KV blocks through a permuted table (the CPU
+ * twin with the same table is the reference; contiguous keys). */
+static void t_compress_paged(void)
+{
+	int nkv = 2, hd = 128, shift = 6;
+	int64_t L = 1000, nb = (L + 63) / 64, P;
+	int32_t *tab = perm_table(nb, &P);
+	int64_t per = sfw_ckey_rows_per_block(shift, 16), rows = P * per, row = (int64_t)nkv * hd;
+	float *k = randv((size_t)L * row, 1.0f), *ref = calloc((size_t)(rows * row), 4);
+	int64_t n1 = (L - 32) / 16 + 1, n2 = (L - 128) / 64 + 1;
+	struct sfw_sel_shape sh = {.nkv = nkv, .hd = hd, .ksize = 32, .stride = 16};
+	struct sfw_pages hpg = {tab, shift};
+	sfw_op_compress_cpu(ref, k, 1, 0, n1, &sh, &hpg);
+	sfw_op_compress_cpu(ref + (64 / 16) * row, k, 2, 0, n2, &sh, &hpg);
+	void *dk = up(k, (size_t)L * row), *dc = dalloc((size_t)(rows * row) * asz());
+	sfw_cuda_memset(dc, 0, (size_t)(rows * row) * asz(), g_s); /* rows no chunk owns: 0, as the twin's */
+	int32_t *dtab = up_raw(tab, (size_t)nb * sizeof(int32_t));
+	struct sfw_pages dpg = {dtab, shift};
+	sfw_op_compress_cuda(dc, dk, 1, 0, 20, &sh, &dpg, g_dt, g_cx);
+	sfw_op_compress_cuda(dc, dk, 1, 20, n1, &sh, &dpg, g_dt, g_cx);
+	sfw_op_compress_cuda((char *)dc + (size_t)(64 / 16) * row * asz(), dk, 2, 0, n2, &sh, &dpg, g_dt, g_cx);
+	float *got = down(dc, (size_t)(rows * row));
+	cmp("compress paged (both levels in permuted blocks), L=1000", got, ref, (size_t)(rows * row));
+	free(tab), free(k), free(ref), free(got);
+	sfw_cuda_free(dk), sfw_cuda_free(dc), sfw_cuda_free(dtab);
+}
+
+static void t_stage1_paged(int T, int64_t L, int nh, int nkv, int hd)
+{
+	int shift = 6;
+	int64_t pos0 = L - T, nb = (L + 63) / 64, P, row = (int64_t)nkv * hd;
+	int64_t n1 = (L - 32) / 16 + 1, n2 = L >= 128 ? (L - 128) / 64 + 1 : 0;
+	int32_t *tab = perm_table(nb, &P);
+	int64_t per = sfw_ckey_rows_per_block(shift, 16);
+	size_t nq = (size_t)T * nh * hd, np = (size_t)(P * per * row);
+	float *q = randv(nq, 1.0f), *c1 = randv((size_t)n1 * row, 1.0f), *c2 = randv((size_t)(n2 ? n2 : 1) * row, 1.0f);
+	float *pool = calloc(np, 4), *ref = malloc((size_t)nkv * T * n1 * 4), scale = 1.0f / sqrtf((float)hd);
+	for (int lv = 1; lv <= 2; lv++) /* the contiguous keys laid out in the blocks */
+		for (int64_t j = 0; j < (lv == 1 ? n1 : n2); j++)
+			memcpy(pool + (sfw_ckey_row(tab, shift, 32, 16, lv, j) + (lv == 2 ? 64 / 16 : 0)) * row,
+			       (lv == 1 ? c1 : c2) + j * row, (size_t)row * 4);
+	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32,
+				   .stride = 16, .scale = scale, .n1 = n1, .n2 = n2};
+	sfw_op_stage1_cpu(NULL, ref, q, c1, c2, &sh, NULL);
+	void *dq = up(q, nq), *dp = up(pool, np), *ds = dalloc((size_t)nkv * T * n1 * 4);
+	int32_t *dtab = up_raw(tab, (size_t)nb * sizeof(int32_t));
+	struct sfw_pages dpg = {dtab, shift};
+	sfw_op_stage1_cuda(ds, dq, dp, (char *)dp + (size_t)(64 / 16) * row * asz(), &sh, &dpg, g_dt, g_cx);
+	float *got = down_f32(ds, (size_t)nkv * T * n1);
+	char name[96];
+	snprintf(name, sizeof(name), "stage1 paged keys T=%d L=%lld nh=%d nkv=%d hd=%d", T, (long long)L, nh, nkv, hd);
+	cmp(name, got, ref, (size_t)nkv * T * n1);
+	free(tab), free(q), free(c1), free(c2), free(pool), free(ref), free(got);
+	sfw_cuda_free(dq), sfw_cuda_free(dp), sfw_cuda_free(ds), sfw_cuda_free(dtab);
 }
 
 static void t_stage1_shape(int T, int64_t L, int nh, int nkv, int hd)
@@ -548,10 +619,10 @@ static void t_stage1_shape(int T, int64_t L, int nh, int nkv, int hd)
 	float *ref = malloc((size_t)nkv * T * n1 * 4), scale = 1.0f / sqrtf((float)hd);
 	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32,
 				   .stride = 16, .scale = scale, .n1 = n1, .n2 = n2};
-	sfw_op_stage1_cpu(NULL, ref, q, c1, c2, &sh);
+	sfw_op_stage1_cpu(NULL, ref, q, c1, c2, &sh, NULL);
 	void *dq = up(q, nq), *d1 = up(c1, (size_t)n1 * nkv * hd), *d2 = up(c2, (size_t)(n2 ? n2 : 1) * nkv * hd);
 	void *ds = dalloc((size_t)nkv * T * n1 * 4);
-	sfw_op_stage1_cuda(ds, dq, d1, d2, &sh, g_dt, g_cx);
+	sfw_op_stage1_cuda(ds, dq, d1, d2, &sh, NULL, g_dt, g_cx);
 	float *got = down_f32(ds, (size_t)nkv * T * n1);
 	char name[96];
 	snprintf(name, sizeof(name), "stage1 T=%d L=%lld nh=%d nkv=%d hd=%d", T, (long long)L, nh, nkv, hd);
@@ -566,6 +637,11 @@ static void t_stage1(void)
 	t_stage1_shape(40, 9000, 32, 2, 128);
 	t_stage1_shape(150, 1500, 8, 2, 32);
 	t_stage1_shape(1, 3000, 8, 2, 32);
+	/* paged compressed keys: decode rows, the CUDA-core kernel, prefill */
+	t_stage1_paged(1, 100000, 32, 2, 128);
+	t_stage1_paged(40, 9000, 32, 2, 128);
+	t_stage1_paged(150, 1500, 8, 2, 32);
+	t_stage1_paged(200, 5000, 32, 2, 128);
 }
 
 /* Pooling and top-k are exact (max and comparisons): compared bit for bit,
@@ -702,6 +778,7 @@ static const struct op_test tests[] = {
 	{"gla", t_gla, {{1e-9, 1e-4}, {1e-4, 3e-2}}},
 	{"attn", t_attn, {{1e-10, 1e-4}, {3e-5, 1.6e-2}}},
 	{"compress", t_compress, {{1e-12, 1e-5}, {1e-5, 8e-3}}},
+	{"compress-paged", t_compress_paged, {{1e-12, 1e-5}, {1e-5, 8e-3}}},
 	{"stage1", t_stage1, {{1e-9, 1e-4}, {3e-5, 1.6e-2}}},
 	{"pool_topk", t_pool_topk, {{0, 0}, {0, 0}}},
 };

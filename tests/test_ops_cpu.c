@@ -275,20 +275,69 @@ static void test_compress(void)
 			k[t * NKV * HD + i] = (float)t * (i + 1);
 	/* level 1: n1 = (300-32)/16+1 = 17 chunks; chunk j = mean of t in [16j, 16j+31] = 16j + 15.5 */
 	struct sfw_sel_shape sh = {.nkv = NKV, .hd = HD, .ksize = 32, .stride = 16};
-	sfw_op_compress_cpu(c, k, 1, 0, 10, &sh);
-	sfw_op_compress_cpu(c, k, 1, 10, 17, &sh); /* incremental */
+	sfw_op_compress_cpu(c, k, 1, 0, 10, &sh, NULL);
+	sfw_op_compress_cpu(c, k, 1, 10, 17, &sh, NULL); /* incremental */
 	int ok = 1;
 	for (int j = 0; j < 17; j++)
 		for (int i = 0; i < NKV * HD; i++)
 			ok &= fabsf(c[j * NKV * HD + i] - (16.0f * j + 15.5f) * (i + 1)) < 1e-3f;
 	CHECK(ok, "level-1 compression means (incremental)");
 	/* level 2: chunk j = mean of [64j, 64j+127] = 64j + 63.5 */
-	sfw_op_compress_cpu(c, k, 2, 0, 3, &sh);
+	sfw_op_compress_cpu(c, k, 2, 0, 3, &sh, NULL);
 	ok = 1;
 	for (int j = 0; j < 3; j++)
 		ok &= fabsf(c[j * NKV * HD] - (64.0f * j + 63.5f)) < 1e-3f;
 	CHECK(ok, "level-2 compression means");
 	free(k);
+}
+
+/* Compressed keys paged into KV blocks (sfw_ckey_row): each chunk in the
+ * block of its last token, no two chunks in one row; compression into a
+ * permuted block table and stage 1 read through it give bit for bit what
+ * the contiguous arrays give. */
+static void test_ckey_pages(void)
+{
+	enum { L = 300, NB = 5, NKV = 2, HD = 8, T = 300, NH = 4 };
+	const int shift = 6, B = 64, ksize = 32, stride = 16;
+	const int32_t tab[NB] = {3, 0, 4, 1, 2};
+	int64_t per = sfw_ckey_rows_per_block(shift, stride), n1 = (L - ksize) / stride + 1,
+		n2 = (L - 4 * ksize) / (4 * stride) + 1;
+	CHECK(per == B / stride + B / (4 * stride) && sfw_ckey_rows_per_block(5, 16) == 0 &&
+		      sfw_ckey_rows_per_block(7, 16) == 10,
+	      "rows per block: both levels' chunks ending in a block (%lld), 0 where a block is not 4 strides",
+	      (long long)per);
+	/* every chunk in the block holding its last token, each row used once */
+	int used[NB * 16] = {0}, where_ok = 1, once = 1;
+	for (int lv = 1; lv <= 2; lv++)
+		for (int64_t j = 0; j < (lv == 1 ? n1 : n2); j++) {
+			int64_t last = lv == 1 ? j * stride + ksize - 1 : j * 4 * stride + 4 * ksize - 1;
+			int64_t r = sfw_ckey_row(tab, shift, ksize, stride, lv, j) + (lv == 2 ? B / stride : 0);
+			where_ok &= r / per == tab[last / B];
+			once &= r >= 0 && r < NB * per && used[r]++ == 0;
+		}
+	CHECK(where_ok && once, "paged compressed keys: each chunk in its last token's block, one row each");
+	float *k = malloc(sizeof(float) * L * NKV * HD), *c1 = malloc(sizeof(float) * n1 * NKV * HD),
+	      *c2 = malloc(sizeof(float) * n2 * NKV * HD), *pool = calloc((size_t)NB * per * NKV * HD, sizeof(float));
+	float *q = malloc(sizeof(float) * T * NH * HD), *sa = malloc(sizeof(float) * NKV * T * n1),
+	      *sb = malloc(sizeof(float) * NKV * T * n1);
+	fill(k, (size_t)L * NKV * HD, 1), fill(q, (size_t)T * NH * HD, 2);
+	struct sfw_sel_shape sh = {.T = T, .nh = NH, .nkv = NKV, .hd = HD, .pos0 = 0, .ksize = ksize,
+				   .stride = stride, .scale = 1 / sqrtf(HD), .n1 = n1, .n2 = n2};
+	struct sfw_pages pg = {tab, shift};
+	float *p1 = pool, *p2 = pool + (size_t)(B / stride) * NKV * HD;
+	sfw_op_compress_cpu(c1, k, 1, 0, n1, &sh, NULL), sfw_op_compress_cpu(c2, k, 2, 0, n2, &sh, NULL);
+	sfw_op_compress_cpu(p1, k, 1, 0, 7, &sh, &pg), sfw_op_compress_cpu(p1, k, 1, 7, n1, &sh, &pg);
+	sfw_op_compress_cpu(p2, k, 2, 0, n2, &sh, &pg);
+	int same = 1;
+	for (int lv = 1; lv <= 2; lv++)
+		for (int64_t j = 0; j < (lv == 1 ? n1 : n2); j++)
+			same &= !memcmp((lv == 1 ? p1 : p2) + sfw_ckey_row(tab, shift, ksize, stride, lv, j) * NKV * HD,
+					(lv == 1 ? c1 : c2) + j * NKV * HD, sizeof(float) * NKV * HD);
+	CHECK(same, "paged compression (incremental) = contiguous, bit for bit");
+	sfw_op_stage1_cpu(NULL, sa, q, c1, c2, &sh, NULL);
+	sfw_op_stage1_cpu(NULL, sb, q, p1, p2, &sh, &pg);
+	CHECK(!memcmp(sa, sb, sizeof(float) * NKV * T * n1), "stage 1 over paged compressed keys = contiguous, bit for bit");
+	free(k), free(c1), free(c2), free(pool), free(q), free(sa), free(sb);
 }
 
 static void test_stage1(void)
@@ -301,7 +350,7 @@ static void test_stage1(void)
 	float scale = 1 / sqrtf(HD);
 	struct sfw_sel_shape sh = {.T = T, .nh = NH, .nkv = NKV, .hd = HD, .pos0 = 0, .ksize = 32,
 				   .stride = 16, .scale = scale, .n1 = N1, .n2 = N2};
-	sfw_op_stage1_cpu(NULL, sc, q, c1, c2, &sh);
+	sfw_op_stage1_cpu(NULL, sc, q, c1, c2, &sh, NULL);
 	int rows[] = {0, 31, 126, 127, 128, 191, 200, 299};
 	double worst = 0;
 	int vis_ok = 1;
@@ -523,6 +572,7 @@ int main(void)
 	test_gla();
 	test_compress();
 	test_stage1();
+	test_ckey_pages();
 	test_pool_topk();
 	return CHECK_REPORT("test_ops_cpu");
 }

@@ -360,6 +360,18 @@ static void test_shared(struct sfw_model *m)
 		return;
 	}
 	int64_t fixed = sfw_batch_seq_bytes(b, 0), bb = sfw_batch_seq_bytes(b, 1) - fixed;
+	/* paged, the compressed keys live in the blocks (shared with them):
+	 * a state's fixed part is its Lightning states alone, a block's bytes
+	 * its K/V and compressed keys (from the config, fp32 on the CPU) */
+	const struct sfw_config *cf = sfw_model_config(m);
+	int64_t ns = 0, nl = 0, kvd = (int64_t)cf->num_key_value_heads * cf->head_dim, blk = cf->sparse_block_size,
+		st1 = cf->sparse_kernel_stride;
+	for (int i = 0; i < cf->num_hidden_layers; i++)
+		cf->mixer[i] == SFW_MIXER_SPARSE ? ns++ : nl++;
+	CHECK(fixed == nl * cf->lightning_nh * cf->lightning_head_dim * cf->lightning_head_dim * 4 &&
+		      bb == ns * (2 * blk + blk / st1 + blk / (4 * st1)) * kvd * 4,
+	      "paged: no compressed keys outside the blocks (fixed %lld, block %lld bytes)", (long long)fixed,
+	      (long long)bb);
 	struct sfw_prefix *pc = cache(b, 2 * fixed + 8 * bb, 8);
 	int s = -1, t = -1;
 	int64_t hit = -1;
