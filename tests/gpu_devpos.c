@@ -136,7 +136,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	sfwt_iota_shuffle(tab, 2 * nb, &rng);
 	struct sfw_pages pgs = {NULL, shift};
 	const struct sfw_pages *pg = NULL;
-	if (paged && dK && dV && (1 << shift) == blk) {
+	int64_t ckr = sfw_ckey_rows_per_block(shift, st); /* paged: the compressed keys' rows per block */
+	if (paged && dK && dV && (1 << shift) == blk && ckr > 0) {
 		void *pk = paged_copy(dK, cap, blk, row, tab), *pv = paged_copy(dV, cap, blk, row, tab);
 		dtab = dev_alloc((size_t)nb * sizeof(int32_t));
 		if (dtab)
@@ -145,6 +146,11 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		sfw_cuda_free(dK), sfw_cuda_free(dV);
 		dK = pk, dV = pv;
 		pgs.tab = dtab, pg = &pgs;
+		/* the compressed keys in the pool's 2 nb blocks, by the same table */
+		sfw_cuda_free(dc1), sfw_cuda_free(dc2);
+		dc1 = dev_alloc((size_t)2 * nb * ckr * row * 2), dc2 = NULL;
+		if (dc1)
+			dc2 = (char *)dc1 + (size_t)(blk / st) * row * 2;
 	}
 	sfw_cuda_sync(NULL); /* the uploads and poisoning ran on the default stream */
 	if (!dK || !dV || !dq || !dkn || !dvn || !dc1 || !dc2 || !dsc || !dpo || !didx || !didx2 || !dos || !dod ||
@@ -165,7 +171,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	sfw_cuda_h2d(dslot, slot, sizeof(slot), NULL);
 	sfw_cuda_sync(NULL);
 	const struct sfw_cuda_rowref rr = {dpos, dslot, dslot + 1, dslot + 2, dslot + 3, (const int32_t *const *)(dslot + 4)};
-	const struct sfw_pages pgn = {NULL, shift}; /* the table from its slot */
+	const struct sfw_pages pgn = {NULL, shift}; /* the table from its slot, the block size from here */
 	/* the recording: what one sparse layer of a decode step does */
 	sfw_cuda_graph_begin(s);
 	const struct sfw_cuda_rowref rp = {dpos, NULL, NULL, NULL, NULL, NULL}; /* the position alone */
@@ -176,7 +182,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 			      bde = {1, nh, nkv, hd, bound - 1, scale, 0, 0};
 	sfw_cuda_kv_write(&kv, dkn, dvn, row * 2, 0, 1, &rp, cx);
 	sfw_cuda_compress(dc1, dc2, &kv, NULL, &bsh, &rp, SFW_DTYPE_BF16, cx);
-	sfw_cuda_stage1(dsc, dq, NULL, NULL, &bsh, NULL, &rr, SFW_DTYPE_BF16, cx);
+	sfw_cuda_stage1(dsc, dq, NULL, NULL, &bsh, &pgn, &rr, SFW_DTYPE_BF16, cx);
 	sfw_cuda_pool_blocks(dpo, dsc, &bsh, &rp, SFW_DTYPE_BF16, cx);
 	sfw_cuda_topk_blocks(didx, dpo, &bsh, &rp, SFW_DTYPE_BF16, cx);
 	sfw_cuda_pool_topk(didx2, dsc, &bsh, &rp, cx);
@@ -218,7 +224,20 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 			c1[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(c1[i]));
 		for (size_t i = 0; i < (size_t)n2 * row; i++)
 			c2[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(c2[i]));
-		float *g1 = bf16_to_host(dc1, (size_t)n1 * row, s), *g2 = bf16_to_host(dc2, (size_t)n2 * row, s);
+		float *g1, *g2;
+		if (pg) { /* gathered from the blocks (kernels/ops.h sfw_ckey_row) */
+			float *all = bf16_to_host(dc1, (size_t)2 * nb * ckr * row, s);
+			g1 = malloc(((size_t)n1 + 1) * row * 4), g2 = malloc(((size_t)n2 + 1) * row * 4);
+			for (int lv = 1; lv <= 2; lv++)
+				for (int64_t j = 0; j < (lv == 1 ? n1 : n2); j++)
+					memcpy((lv == 1 ? g1 : g2) + (size_t)j * row,
+					       all + (size_t)(sfw_ckey_row(tab, shift, ks, st, lv, j) +
+							      (lv == 2 ? blk / st : 0)) * row,
+					       row * 4);
+			free(all);
+		} else {
+			g1 = bf16_to_host(dc1, (size_t)n1 * row, s), g2 = bf16_to_host(dc2, (size_t)n2 * row, s);
+		}
 		struct cmp_stats a1 = cmp_stats(g1, c1, (size_t)n1 * row), a2 = cmp_stats(g2, c2, (size_t)n2 * row);
 		CHECK(a1.bad == 0 && a2.bad == 0 && a1.maxd <= 1e-2 * (a1.maxr + 1e-30) && a2.maxd <= 1e-2 * (a2.maxr + 1e-30),
 		      "p %lld: compressed keys (%lld, %lld) = CPU twin (max diff %g, %g)", (long long)p, (long long)n1,
@@ -228,7 +247,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		struct sfw_sel_shape rsh = {1, nh, nkv, hd, p, ks, st, blk, sh->init_blocks, sh->local_blocks,
 					    scale, n1, n2, nb, k};
 		struct sfw_attn_shape ash = {1, nh, nkv, hd, p, scale, k, blk};
-		sfw_op_stage1_cuda(rsc, dq, dc1, dc2, &rsh, NULL, SFW_DTYPE_BF16, cx);
+		sfw_op_stage1_cuda(rsc, dq, dc1, dc2, &rsh, pg, SFW_DTYPE_BF16, cx);
 		sfw_op_pool_blocks_cuda(rpo, rsc, &rsh, SFW_DTYPE_BF16, cx);
 		sfw_op_topk_blocks_cuda(ridx, rpo, &rsh, SFW_DTYPE_BF16, cx);
 		sfw_cuda_attn_sparse(ros, dq, &kv, didx, &ash, NULL, SFW_DTYPE_BF16, cx);
@@ -282,7 +301,8 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		free(gs1), free(rs1), free(gpo), free(rpoh), free(gi), free(ri), free(os), free(od), free(rs), free(rd);
 	}
 	sfw_cuda_graph_free(g);
-	void *bufs[] = {dK, dV, dq, dkn, dvn, dc1, dc2, dsc, dpo, didx, didx2, dos, dod, rsc, rpo, ridx, ros, rod, dpos, dtab};
+	void *bufs[] = {dK, dV, dq, dkn, dvn, dc1, pg ? NULL : dc2, dsc, dpo, didx, didx2, dos, dod, rsc, rpo, ridx, ros, rod,
+			dpos, dtab};
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		sfw_cuda_free(bufs[i]);
 	free(K), free(Vh), free(q), free(kn), free(vn), free(c1), free(c2), free(o_cpu), free(tab);

@@ -7,8 +7,9 @@
  * tables written in between. Each replay is compared bit for bit with the
  * same ops launched with the sequences in their parameters (st NULL: the
  * route gpu_backend_ops holds to the CPU twins) on a copy of the same data:
- * the paged K/V pools after the append, the compressed keys, the lightning
- * states, the dense attention and GLA outputs, the normed and rotated q/k.
+ * the paged K/V pools after the append, the compressed keys (in the same
+ * blocks), the lightning states, the dense attention and GLA outputs, the
+ * normed and rotated q/k.
  * The rows past a set's sequences (padding) and the dense attention of the
  * selecting row must stay untouched (their outputs keep a sentinel; the
  * pools, keys and states equal the parameter route's, which never saw
@@ -40,7 +41,10 @@
 
 static const int64_t BOUND = (int64_t)SEQBLK * BLK; /* every sequence's room, and the launch's bound */
 static const size_t KROW = (size_t)NKV * HD; /* elements of one token's K (or V) */
-static const int64_t CAP1 = (int64_t)SEQBLK * BLK / KST + 1, CAP2 = (int64_t)SEQBLK * BLK / (4 * KST) + 1;
+/* the pool's compressed keys: per block, BLK / KST level-1 rows, then
+ * BLK / (4 KST) level-2 rows (kernels/ops.h sfw_ckey_row) */
+static const int64_t CKR = BLK / KST + BLK / (4 * KST);
+static const size_t C2OFF = (size_t)(BLK / KST) * NKV * HD * 2; /* level 2's base, bytes past level 1's */
 
 static void *dmalloc(size_t n)
 {
@@ -135,14 +139,12 @@ int main(void)
 	}
 	const size_t ld = (size_t)LNH * HD, qd = (size_t)NH * HD, sbytes = (size_t)LNH * HD * HD * 4;
 	/* the mutable state, one copy per route */
-	struct pair K, V, c1[NSEQ], c2[NSEQ], st[NSEQ], oatt, ogla, ql, kl;
+	struct pair K, V, C, st[NSEQ], oatt, ogla, ql, kl;
 	pair_new(&K, (size_t)NBLK * BLK * KROW * 2, 0, 1, 1.0f);
 	pair_new(&V, (size_t)NBLK * BLK * KROW * 2, 0, 2, 1.0f);
-	for (int i = 0; i < NSEQ; i++) {
-		pair_new(&c1[i], (size_t)CAP1 * KROW * 2, 0, 10 + (uint64_t)i, 1.0f);
-		pair_new(&c2[i], (size_t)CAP2 * KROW * 2, 0, 20 + (uint64_t)i, 1.0f);
+	pair_new(&C, (size_t)NBLK * CKR * KROW * 2, 0, 10, 1.0f); /* the compressed keys, in the pool's blocks */
+	for (int i = 0; i < NSEQ; i++)
 		pair_new(&st[i], sbytes, 1, 30 + (uint64_t)i, 0.05f);
-	}
 	pair_new(&oatt, ROWS * qd * 2, 0, 3, 1.0f);
 	pair_new(&ogla, ROWS * ld * 2, 0, 4, 1.0f);
 	pair_new(&ql, ROWS * ld * 2, 0, 5, 1.0f);
@@ -152,9 +154,10 @@ int main(void)
 	void *vl = dmalloc(ROWS * ld * 2), *ql0 = dmalloc(ROWS * ld * 2), *kl0 = dmalloc(ROWS * ld * 2);
 	void *qw = dmalloc(HD * 2), *kw = dmalloc(HD * 2);
 	float *decay = dmalloc(LNH * 4);
-	int ok = q && kn && vn && vl && ql0 && kl0 && qw && kw && decay && K.b && V.b && oatt.b && ogla.b && ql.b && kl.b;
+	int ok = q && kn && vn && vl && ql0 && kl0 && qw && kw && decay && K.b && V.b && C.b && oatt.b && ogla.b && ql.b &&
+		 kl.b;
 	for (int i = 0; i < NSEQ; i++)
-		ok &= c1[i].b && c2[i].b && st[i].b; /* pair_new: both copies or none (a failed CHECK) */
+		ok &= st[i].b != NULL; /* pair_new: both copies or none (a failed CHECK) */
 	if (ok) {
 		sfw_cuda_fill_bf16(q, ROWS * qd, 7, 1.0f, NULL);
 		sfw_cuda_fill_bf16(kn, ROWS * KROW, 8, 1.0f, NULL);
@@ -243,7 +246,7 @@ int main(void)
 			int q_ = z->seq[i];
 			ht.pos[i] = z->pos[i], ht.tab[i] = tab[q_];
 			hp[SFW_CUDA_LK][i] = K.b, hp[SFW_CUDA_LV][i] = V.b;
-			hp[SFW_CUDA_LC1][i] = c1[q_].b, hp[SFW_CUDA_LC2][i] = c2[q_].b;
+			hp[SFW_CUDA_LC1][i] = C.b, hp[SFW_CUDA_LC2][i] = (char *)C.b + C2OFF;
 			hp[SFW_CUDA_LSTATE][i] = st[q_].b;
 			if (i != z->selecting)
 				hp[SFW_CUDA_LAK][i] = K.b, hp[SFW_CUDA_LAV][i] = V.b;
@@ -261,7 +264,7 @@ int main(void)
 		}
 		sfw_cuda_kv_append_seqs(&u, kn, vn, KROW * 2, cx);
 		for (int i = 0; i < z->n; i++)
-			u.p[0][i] = c1[z->seq[i]].a, u.p[1][i] = c2[z->seq[i]].a, u.p[2][i] = K.a;
+			u.p[0][i] = C.a, u.p[1][i] = (char *)C.a + C2OFF, u.p[2][i] = K.a;
 		sfw_cuda_compress_seqs(&u, NKV, HD, KS, KST, SFW_DTYPE_BF16, cx);
 		struct sfw_cuda_seqs d = u; /* dense attention: the rows that do not select */
 		d.n = 0;
@@ -281,11 +284,9 @@ int main(void)
 		printf("%s:\n", z->what);
 		CHECK(pair_same(&K, 0, K.bytes) && pair_same(&V, 0, V.bytes),
 		      "%s: the K/V pools after the append equal the parameter route's", z->what);
-		int keys = 1, states = 1;
-		for (int i = 0; i < NSEQ; i++) {
-			keys &= pair_same(&c1[i], 0, c1[i].bytes) && pair_same(&c2[i], 0, c2[i].bytes);
+		int keys = pair_same(&C, 0, C.bytes), states = 1;
+		for (int i = 0; i < NSEQ; i++)
 			states &= pair_same(&st[i], 0, st[i].bytes);
-		}
 		CHECK(keys, "%s: the compressed keys equal the parameter route's", z->what);
 		CHECK(states, "%s: the lightning states equal the parameter route's", z->what);
 		for (int i = 0; i < z->n; i++) {
@@ -305,9 +306,9 @@ int main(void)
 	}
 	if (g)
 		sfw_cuda_graph_free(g);
-	pair_free(&K), pair_free(&V), pair_free(&oatt), pair_free(&ogla), pair_free(&ql), pair_free(&kl);
+	pair_free(&K), pair_free(&V), pair_free(&C), pair_free(&oatt), pair_free(&ogla), pair_free(&ql), pair_free(&kl);
 	for (int i = 0; i < NSEQ; i++)
-		pair_free(&c1[i]), pair_free(&c2[i]), pair_free(&st[i]), sfw_cuda_free(tab[i]);
+		pair_free(&st[i]), sfw_cuda_free(tab[i]);
 	sfw_cuda_free(q), sfw_cuda_free(kn), sfw_cuda_free(vn), sfw_cuda_free(vl), sfw_cuda_free(ql0);
 	sfw_cuda_free(kl0), sfw_cuda_free(qw), sfw_cuda_free(kw), sfw_cuda_free(decay), sfw_cuda_free(dst);
 	sfw_cuda_free(dsp);
