@@ -226,7 +226,7 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 			c2[i] = sfw_bf16_to_f32(sfw_f32_to_bf16(c2[i]));
 		float *g1, *g2;
 		if (pg) { /* gathered from the blocks (kernels/ops.h sfw_ckey_row) */
-			float *all = bf16_to_host(dc1, (size_t)2 * nb * ckr * row, s);
+			float *all = bf16_to_host(dc1, (size_t)2 * (cap / blk) * ckr * row, s); /* the whole pool */
 			g1 = malloc(((size_t)n1 + 1) * row * 4), g2 = malloc(((size_t)n2 + 1) * row * 4);
 			for (int lv = 1; lv <= 2; lv++)
 				for (int64_t j = 0; j < (lv == 1 ? n1 : n2); j++)
