@@ -25,7 +25,8 @@
  *
  * Caches belong to the backend: per sparse layer the K and V of every token
  * [len, nkv, hd], growing in 64-token blocks, and the two levels of
- * compressed keys; per lightning layer the fp32 state [nh, hd, hd]. Memory
+ * compressed keys (paged: in the KV blocks, kernels/ops.h sfw_ckey_row);
+ * per lightning layer the fp32 state [nh, hd, hd]. Memory
  * follows the context actually used (cache_reserve), never
  * max_position_embeddings. */
 #ifndef SFW_BACKEND_H
@@ -653,7 +654,8 @@ static inline int sfw_be_sample(struct sfw_backend *be, int32_t *out, const floa
  * sparse layer's K and V of src's tokens, both levels of compressed keys
  * and their counts, every lightning layer's state; then the ops give on dst
  * what they give on src, bit for bit. Paged (dst holds no blocks): dst
- * shares src's whole blocks, by reference (the pool counts their holders
+ * shares src's whole blocks with the compressed keys they hold, by
+ * reference (the pool counts their holders
  * and frees a block when the last lets go; a whole block is never written
  * again, as tokens are only appended), and takes a free block for src's
  * last, partial one, whose tokens are copied (SFW_E_NOSPACE "KV pool full"

@@ -50,8 +50,9 @@
  * new recording. Rows in selection mode keep their own selection launches
  * in the recording, which read the row's position, caches and block table
  * on the device too: the recording serves any sequences that select
- * blocks in those rows. Steps with prefill chunks launch op by op. The compressed keys (1/16 of the tokens) stay per sequence
- * (paged caches allocate them for max_ctx when they are made).
+ * blocks in those rows. Steps with prefill chunks launch op by op. A paged
+ * cache's compressed keys live in its KV blocks (each in the block of its
+ * chunk's last token), so they are shared and freed with the blocks.
  *
  * A batch is used by one thread at a time. */
 #ifndef SFW_BATCH_H

@@ -2,10 +2,11 @@
  * same prompt twice.
  *
  * An entry is a snapshot of a sequence's state: a fork of it
- * (sfw_batch_seq_fork: on a paged batch its whole KV blocks shared by
- * reference and the partial last block copied, else every block copied;
- * the compressed keys and every Lightning layer's recurrent state copied,
- * in backend memory) that no step touches, with the token ids that made
+ * (sfw_batch_seq_fork: on a paged batch its whole KV blocks, with the
+ * compressed keys they hold, shared by reference and the partial last
+ * block copied, else every block and the compressed keys copied; every
+ * Lightning layer's recurrent state copied, in backend memory) that no
+ * step touches, with the token ids that made
  * it. A new sequence whose
  * tokens start with an entry's tokens (and go on past them: at least one
  * token is left to prefill, whose logits choose the next token) opens as a
