@@ -37,22 +37,56 @@ static __device__ __forceinline__ int64_t s1t_visible(int64_t p, int64_t n, int 
 	return v < n ? v : n;
 }
 
-/* tile i -> stage st: level-2 tile i for i < nA, else level-1 tile i - nA;
- * chunks past the CTA's visible ones (v2max, v1max) are zeros */
+/* The rows of a tile each thread copies (s1t_load): S1T_TILE rows of HD / 8
+ * 16-byte pieces over the CTA's threads. */
+template <int HD> struct s1t_rows {
+	static constexpr int N = S1T_TILE * (HD / 8) / (S1T_W * 32);
+	static_assert(N * S1T_W * 32 == S1T_TILE * (HD / 8), "a tile's pieces over the CTA's threads");
+	/* the compressed-key row of each (sfw_ckey_row) is blk[k] * per + off[k]
+	 * (contiguous: blk 0); off -1: past the visible chunks. blk holds the
+	 * block-table load, used only when the tile is copied. */
+	int32_t blk[N];
+	int64_t off[N];
+};
+
+/* Where tile i's rows are (level-2 tile i for i < nA, else level-1 tile
+ * i - nA; chunks past the CTA's visible ones, v2max and v1max, are -1).
+ * Paged keys cost a block-table load per row: the caller fetches a tile's
+ * rows a tile ahead of its copy, so the loads are in flight while the
+ * tile before is computed. */
+template <int HD>
+static __device__ __forceinline__ void s1t_where(const s1tc_args &a, s1t_rows<HD> &w, int i, int nA, int64_t v1max,
+						 int64_t v2max)
+{
+	constexpr int CH = HD / 8;
+	const int level = i < nA ? 2 : 1;
+	int64_t j0 = (int64_t)(i < nA ? i : i - nA) * S1T_TILE, lim = i < nA ? v2max : v1max;
+#pragma unroll
+	for (int k = 0; k < s1t_rows<HD>::N; k++) {
+		int64_t j = j0 + (threadIdx.x + k * S1T_W * 32) / CH;
+		w.blk[k] = 0, w.off[k] = j < lim ? j : -1;
+		if (a.tab && j < lim) { /* sfw_ckey_row in two parts */
+			int64_t e = sfw_ckey_last(a.ksize, a.stride, level, j);
+			w.blk[k] = __ldg(&a.tab[e >> a.shift]);
+			w.off[k] = sfw_ckey_slot(a.shift, a.stride, level, e);
+		}
+	}
+}
+
+/* tile i -> stage st, from the rows w says (s1t_where) */
 template <int HD>
 static __device__ __forceinline__ void s1t_load(const s1tc_args &a, uint16_t (*tile)[S1T_TILE * (HD + 8)],
-						int i, int st, int nA, int64_t v1max, int64_t v2max, int g)
+						const s1t_rows<HD> &w, int i, int st, int nA, int g)
 {
 	constexpr int LD = HD + 8, CH = HD / 8;
 	const uint16_t *src = i < nA ? a.c2 : a.c1;
-	const int level = i < nA ? 2 : 1;
-	int64_t j0 = (int64_t)(i < nA ? i : i - nA) * S1T_TILE, lim = i < nA ? v2max : v1max;
-	for (int e = threadIdx.x; e < S1T_TILE * CH; e += S1T_W * 32) {
-		int row = e / CH, ch = e % CH;
-		int64_t j = j0 + row;
-		bool ok = j < lim;
-		int64_t cr = ok ? sfw_ckey_row(a.tab, a.shift, a.ksize, a.stride, level, j) : 0;
-		tc_cp16(&tile[st][row * LD + ch * 8], src + (ok ? ((size_t)cr * a.nkv + g) * HD + ch * 8 : 0),
+	const int64_t per = a.tab ? sfw_ckey_per(a.shift, a.stride) : 0;
+#pragma unroll
+	for (int k = 0; k < s1t_rows<HD>::N; k++) {
+		int e = threadIdx.x + k * S1T_W * 32, row = e / CH, ch = e % CH;
+		bool ok = w.off[k] >= 0;
+		int64_t r = (int64_t)w.blk[k] * per + w.off[k];
+		tc_cp16(&tile[st][row * LD + ch * 8], src + (ok ? ((size_t)r * a.nkv + g) * HD + ch * 8 : 0),
 			ok ? 16 : 0);
 	}
 	tc_cp_commit();
@@ -167,11 +201,18 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 	float *out = a.scores + ((size_t)g * a.T + r) * (size_t)a.n1;
 
 	const int N = nA + nB;
-	if (N > 0)
-		s1t_load<HD>(a, tile, 0, 0, nA, v1max, v2max, g);
+	s1t_rows<HD> wn; /* the rows of the next tile to copy */
+	if (N > 0) {
+		s1t_where<HD>(a, wn, 0, nA, v1max, v2max);
+		s1t_load<HD>(a, tile, wn, 0, 0, nA, g);
+		if (N > 1)
+			s1t_where<HD>(a, wn, 1, nA, v1max, v2max);
+	}
 	for (int i = 0, st = 0; i < N; i++, st ^= 1) {
 		if (i + 1 < N) {
-			s1t_load<HD>(a, tile, i + 1, st ^ 1, nA, v1max, v2max, g);
+			s1t_load<HD>(a, tile, wn, i + 1, st ^ 1, nA, g);
+			if (i + 2 < N) /* tile i + 2's rows: in flight while tile i is computed */
+				s1t_where<HD>(a, wn, i + 2, nA, v1max, v2max);
 			tc_cp_wait<1>();
 		} else {
 			tc_cp_wait<0>();

@@ -89,34 +89,66 @@ struct sfw_pages {
 #define SFW_HOSTDEV
 #endif
 
+/* log2 of a power of two. */
+static inline SFW_HOSTDEV int sfw_log2i(int x)
+{
+#ifdef __CUDA_ARCH__
+	return __ffs(x) - 1;
+#else
+	return __builtin_ctz((unsigned)x);
+#endif
+}
+
 /* Compressed keys in a paged cache. A paged cache keeps each compressed key
  * in the KV block that holds its chunk's last token, so whoever holds the
  * block shares the key with it (runner/backend.h, the block pool). Per
  * block of B = 2^shift tokens: B / stride level-1 rows, then B / (4 stride)
- * level-2 rows (the pool needs B a multiple of 4 stride); level 1's array
- * starts at block row 0, level 2's at row B / stride of the same array.
- * Chunk j of level `level` (1: ksize, stride; 2: 4 times both), whose last
- * token is e = j * stride + ksize - 1, is then row
+ * level-2 rows (the pool needs stride a power of two and B a multiple of 4
+ * stride: sfw_ckey_rows_per_block); level 1's array starts at block row 0,
+ * level 2's at row B / stride of the same array. Chunk j of level `level`
+ * (1: ksize, stride; 2: 4 times both), whose last token is e = j * stride +
+ * ksize - 1, is then row
  *   tab[e >> shift] * (B / stride + B / (4 stride)) + (e mod B) / stride
  * of its level's array, [rows, nkv, hd] as a contiguous one; tab NULL is a
- * contiguous array (row j). ksize and stride are level 1's. */
+ * contiguous array (row j). ksize and stride are level 1's. Shifts only:
+ * the kernels' loaders call this per key row. */
+/* Its pieces (kernels that fetch tab[e >> shift] ahead use them apart):
+ * the chunk's last token e, its row within the block, the rows per block. */
+static inline SFW_HOSTDEV int64_t sfw_ckey_last(int ksize, int stride, int level, int64_t j)
+{
+	int lv = level == 2 ? 2 : 0;
+	return (j << (sfw_log2i(stride) + lv)) + ((int64_t)ksize << lv) - 1;
+}
+
+static inline SFW_HOSTDEV int sfw_ckey_slot(int shift, int stride, int level, int64_t e)
+{
+	return (int)(e & (((int64_t)1 << shift) - 1)) >> (sfw_log2i(stride) + (level == 2 ? 2 : 0));
+}
+
+static inline SFW_HOSTDEV int64_t sfw_ckey_per(int shift, int stride)
+{
+	int ls = sfw_log2i(stride);
+	return ((int64_t)1 << (shift - ls)) + ((int64_t)1 << (shift - ls - 2));
+}
+
 static inline SFW_HOSTDEV int64_t sfw_ckey_row(const int32_t *tab, int shift, int ksize, int stride, int level,
 					       int64_t j)
 {
 	if (!tab)
 		return j;
-	int64_t B = (int64_t)1 << shift, per = B / stride + B / (4 * stride);
-	int st = level == 2 ? 4 * stride : stride;
-	int64_t e = j * st + (level == 2 ? 4 * ksize : ksize) - 1;
-	return (int64_t)tab[e >> shift] * per + (e & (B - 1)) / st;
+	int64_t e = sfw_ckey_last(ksize, stride, level, j);
+	return (int64_t)tab[e >> shift] * sfw_ckey_per(shift, stride) + sfw_ckey_slot(shift, stride, level, e);
 }
 
 /* Rows per block of a paged cache's compressed keys (both levels), 0 when
- * blocks of 2^shift tokens cannot hold them (not a multiple of 4 stride). */
+ * blocks of 2^shift tokens cannot hold them (stride not a power of two, or
+ * the block not a multiple of 4 strides). */
 static inline int64_t sfw_ckey_rows_per_block(int shift, int stride)
 {
 	int64_t B = (int64_t)1 << shift;
-	return stride < 1 || B % (4 * stride) ? 0 : B / stride + B / (4 * stride);
+	if (stride < 1 || (stride & (stride - 1)) || B % (4 * stride))
+		return 0;
+	return B / stride + B / (4 * stride);
 }
 
 /* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_*): T rows
