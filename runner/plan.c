@@ -79,13 +79,18 @@ void sfw_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struc
 }
 
 /* Compressed-key rows per block of a paged cache (both levels,
- * sfw_ckey_row: kernels/ops.h). */
+ * kernels/ops.h; 0 where the blocks cannot be paged). */
 static double ckey_rows_per_block(const struct sfw_config *c)
 {
-	int64_t blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64;
-	int64_t st = c->sparse_kernel_stride > 0 ? c->sparse_kernel_stride : 16;
-	return (double)(blk / st + blk / (4 * st));
+	int blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64, shift = 0;
+	while (shift < 30 && (1 << shift) < blk)
+		shift++;
+	int stride = c->sparse_kernel_stride > 0 ? c->sparse_kernel_stride : 16;
+	return blk == 1 << shift ? (double)sfw_ckey_rows_per_block(shift, stride) : 0;
 }
+
+static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx, int64_t tokens, int paged,
+			double *per_token, double *kv, double *compressed, double *lightning);
 
 void sfw_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, struct sfw_mem_plan *p)
 {
@@ -94,12 +99,8 @@ void sfw_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, st
 	/* per sequence: its caches as one context of the plan's length has them */
 	p->kv *= seqs, p->compressed *= seqs, p->lightning *= seqs;
 	if (pool_tokens > 0) { /* the pool bounds the KV of all of them, its blocks hold the compressed keys */
-		int64_t blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64;
-		double blocks = (double)((pool_tokens + blk - 1) / blk), ns = 0;
-		for (int i = 0; i < c->num_hidden_layers; i++)
-			ns += c->mixer[i] == SFW_MIXER_SPARSE;
-		p->kv = p->kv_per_token * blocks * (double)blk;
-		p->compressed = ns * blocks * ckey_rows_per_block(c) * (double)c->num_key_value_heads * c->head_dim * 2;
+		double per, states;
+		state_parts(c, 2, 0, pool_tokens, 1, &per, &p->kv, &p->compressed, &states);
 	}
 	/* the step's float logits: a row per sequence (the plan has one) */
 	p->activations += (double)(seqs - 1) * c->vocab_size * 4;
