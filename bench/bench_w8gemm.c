@@ -2,7 +2,7 @@
  * kernels/linear_w8_mma.cu) against the bf16 cuBLASLt GEMM on the same shape
  * (sfw_cuda_gemm) and the int8 path it replaces (dequantize slabs to bf16,
  * then cuBLASLt: sfw_cuda_gemm_w8), and, for M <= 8, the int8 decode GEMV:
- *   bench_w8gemm [--m 1,2,4,...] [--group G] [--shape o_proj|kv|gate_up|down]
+ *   bench_w8gemm [--m 1,2,4,...] [--group G] [--shape o_proj|kv|gate_up|down] [--sweep]
  * Shapes: MiniCPM-SALA's o_proj (4096 x 4096), K/V of one layer (256 x
  * 4096), gate|up (32768 x 4096; the int8 GEMM with its fused SiLU, the
  * others the plain GEMM: the SiLU kernel they would add is not timed),
@@ -11,6 +11,10 @@
  * 10 calls (3 warm-ups). TFLOP/s counts 2 M N K; GB/s the weight bytes
  * (int8 codes + scales, or bf16) plus X and Y. Ratios: bf16 time / int8
  * time and old time / int8 time (> 1: the new GEMM is faster).
+ * --sweep: instead, every tile configuration of the int8 GEMM
+ * (sfw_cuda_w8mma_cfg_name) at each M beside the kernel's own choice and
+ * bf16, and the fastest (how w8m_cfg_for in kernels/linear_w8_mma.cu is
+ * chosen).
  * Built in every build; without CUDA=1 it says so and exits 0. */
 #include "sfw.h"
 
@@ -29,6 +33,8 @@ int main(void)
 #include "kernels/ops_cuda.h"
 
 enum path { P_MMA, P_BF16, P_OLD, P_GEMV };
+
+static int g_cfg = -1; /* P_MMA's tile configuration (-1: the kernel's choice for M) */
 
 struct bufs {
 	int ncopy;
@@ -53,9 +59,9 @@ static void call(enum path p, struct bufs *b, struct sfw_cuda_blas *blas, int i,
 	int c = i % b->ncopy, rows = silu ? 2 * N : N;
 	switch (p) {
 	case P_MMA:
-		sfw_cuda_gemm_w8_mma(b->x, &(struct sfw_w8){b->codes[c], b->scales[c], SFW_DTYPE_BF16, group},
-				     b->y, &(struct sfw_gemm_shape){M, N, K, K, N}, silu, b->ws, b->ws_bytes,
-				     s, 0);
+		sfw_cuda_gemm_w8_mma_cfg(b->x, &(struct sfw_w8){b->codes[c], b->scales[c], SFW_DTYPE_BF16, group},
+					 b->y, &(struct sfw_gemm_shape){M, N, K, K, N}, silu, b->ws, b->ws_bytes, s,
+					 0, g_cfg);
 		break;
 	case P_BF16:
 		sfw_cuda_gemm(blas, b->x, b->wbf[i % b->nbf], b->y,
@@ -91,6 +97,34 @@ static float time_path(enum path p, struct bufs *b, struct sfw_cuda_blas *blas, 
 	return t[3];
 }
 
+/* One line of the sweep: bf16, the kernel's choice, every configuration. */
+static void sweep_row(struct bufs *b, struct sfw_cuda_blas *blas, const char *what, int M, int N, int K, int group,
+		      int silu, void *s, void *e0, void *e1)
+{
+	float tb = time_path(P_BF16, b, blas, M, N, K, group, silu, s, e0, e1);
+	g_cfg = -1;
+	float tc = time_path(P_MMA, b, blas, M, N, K, group, silu, s, e0, e1);
+	printf("%-13s %5d | %8.4f %8.4f |", what, M, tb, tc);
+	int best = -1;
+	float tbest = 0;
+	for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++) {
+		g_cfg = c;
+		if (!sfw_cuda_gemm_w8_mma_cfg(b->x, &(struct sfw_w8){b->codes[0], b->scales[0], SFW_DTYPE_BF16, group},
+					      b->y, &(struct sfw_gemm_shape){M, N, K, K, N}, silu, b->ws, b->ws_bytes,
+					      s, 0, c)) {
+			printf(" %9s", "-");
+			continue;
+		}
+		float t = time_path(P_MMA, b, blas, M, N, K, group, silu, s, e0, e1);
+		printf(" %9.4f", t);
+		if (best < 0 || t < tbest)
+			best = c, tbest = t;
+	}
+	g_cfg = -1;
+	printf(" | c%d %s %.4f, %.2f, %.2f\n", best, sfw_cuda_w8mma_cfg_name(best), tbest, tb / tbest, tc / tbest);
+	fflush(stdout);
+}
+
 static int parse_list(const char *s, int *out, int max)
 {
 	int n = 0;
@@ -111,6 +145,7 @@ int main(int argc, char **argv)
 {
 	int Ms[32] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192}, nm = 13, group = 128;
 	const char *only = NULL;
+	int sweep = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--m") && i + 1 < argc) {
 			nm = parse_list(argv[++i], Ms, 32);
@@ -126,8 +161,11 @@ int main(int argc, char **argv)
 			}
 		} else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
 			only = argv[++i];
+		} else if (!strcmp(argv[i], "--sweep")) {
+			sweep = 1;
 		} else {
-			fprintf(stderr, "usage: bench_w8gemm [--m 1,2,4,...] [--group 32|64|128|0] [--shape NAME]\n");
+			fprintf(stderr, "usage: bench_w8gemm [--m 1,2,4,...] [--group 32|64|128|0] [--shape NAME] "
+					"[--sweep]\n");
 			return 2;
 		}
 	}
@@ -157,8 +195,18 @@ int main(int argc, char **argv)
 	int maxM = 1;
 	for (int i = 0; i < nm; i++)
 		maxM = Ms[i] > maxM ? Ms[i] : maxM;
-	printf("%-13s %5s | %9s %6s %6s | %9s %6s | %9s %6s | %9s | %6s %6s\n", "shape", "M", "int8 mma", "TF/s",
-	       "GB/s", "bf16", "TF/s", "old w8", "TF/s", "gemv", "/bf16", "/old");
+	if (sweep) {
+		printf("configurations:");
+		for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++)
+			printf(" c%d = %s;", c, sfw_cuda_w8mma_cfg_name(c));
+		printf("\n%-13s %5s | %8s %8s |", "shape", "M", "bf16", "choice");
+		for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++)
+			printf(" %7s%-2d", "c", c);
+		printf(" | fastest, bf16 / it, choice / it\n");
+	} else {
+		printf("%-13s %5s | %9s %6s %6s | %9s %6s | %9s %6s | %9s | %6s %6s\n", "shape", "M", "int8 mma",
+		       "TF/s", "GB/s", "bf16", "TF/s", "old w8", "TF/s", "gemv", "/bf16", "/old");
+	}
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
 		if (only && strncmp(shapes[si].what, only, strlen(only)))
 			continue;
@@ -188,10 +236,11 @@ int main(int argc, char **argv)
 		size_t xb = (size_t)maxM * K * 2, yb = (size_t)maxM * rows * 2;
 		b.scr_bytes = SFW_CUDA_SCRATCH_MIN;
 		b.ws_bytes = 0;
-		for (int i = 0; i < nm; i++) {
-			size_t w = sfw_cuda_w8mma_ws_bytes(Ms[i], N, K, silu, 0);
-			b.ws_bytes = w > b.ws_bytes ? w : b.ws_bytes;
-		}
+		for (int i = 0; i < nm; i++)
+			for (int c = -1; c < sfw_cuda_w8mma_ncfg(); c++) {
+				size_t w = sfw_cuda_w8mma_ws_bytes_cfg(Ms[i], N, K, silu, 0, c);
+				b.ws_bytes = w > b.ws_bytes ? w : b.ws_bytes;
+			}
 		ok = ok && sfw_cuda_malloc((void **)&b.x, xb, "x", &err) == SFW_OK &&
 		     sfw_cuda_malloc((void **)&b.y, yb, "y", &err) == SFW_OK &&
 		     sfw_cuda_malloc(&b.scr, b.scr_bytes, "scratch", &err) == SFW_OK &&
@@ -203,7 +252,9 @@ int main(int argc, char **argv)
 		sfw_cuda_memset(b.x, 0x3c, xb, s);
 		if (b.ws)
 			sfw_cuda_memset(b.ws, 0, b.ws_bytes, s);
-		for (int i = 0; i < nm; i++) {
+		for (int i = 0; sweep && i < nm; i++)
+			sweep_row(&b, blas, shapes[si].what, Ms[i], N, K, group, silu, s, e0, e1);
+		for (int i = 0; !sweep && i < nm; i++) {
 			int M = Ms[i];
 			double fl = 2.0 * M * rows * K;
 			float tm = time_path(P_MMA, &b, blas, M, N, K, group, silu, s, e0, e1);
@@ -234,7 +285,11 @@ int main(int argc, char **argv)
 		if (b.ws)
 			sfw_cuda_free(b.ws);
 	}
-	printf("times in ms (median of 7 x 10 calls); /bf16 = bf16 time / int8 mma time; /old = old dequant path "
+	if (sweep)
+		printf("times in ms (median of 7 x 10 calls); choice: the kernel's own configuration for M; - : the "
+		       "configuration cannot do the call\n");
+	else
+		printf("times in ms (median of 7 x 10 calls); /bf16 = bf16 time / int8 mma time; /old = old dequant path "
 	       "time / int8 mma time, or g = the int8 GEMV's (M <= 8)\n");
 	sfw_cuda_event_free(e0), sfw_cuda_event_free(e1);
 	sfw_cuda_blas_free(blas);

@@ -445,8 +445,8 @@ static __device__ __forceinline__ void w8m_epilogue(const struct w8m_args &p, in
 		}
 }
 
-template <int TT, int WT, int WM, int WN, int STAGES, bool SILU, bool SBF>
-static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args p)
+template <int TT, int WT, int WM, int WN, int STAGES, int MINB, bool SILU, bool SBF>
+static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8m_args p)
 {
 	using CF = w8m_cfg<TT, WT, WM, WN, STAGES, SILU>;
 	using sc_t = w8m_sc_t<SBF>;
@@ -536,62 +536,137 @@ static __global__ void __launch_bounds__(WM *WN * 32) w8m_kernel(struct w8m_args
 
 /* ---- plan and launch ---- */
 
-enum { W8M_M8, W8M_M16, W8M_M32, W8M_M64, W8M_LARGE, W8M_NCFG };
-
-/* The tile configurations (TT, WT, WM, WN, STAGES), by M: <= 8 rows, <= 16,
- * <= 32, <= 64, more. Every one takes 128 weight rows per block. */
+/* The tile configurations X(id, TT, WT, WM, WN, STAGES, MINB): a block is
+ * WM x WN warps, each TT activation tiles (8 rows) x WT weight tiles (16
+ * rows), K streamed in STAGES stages; MINB the blocks per multiprocessor
+ * the register allocation is held to (__launch_bounds__). Which one a call
+ * takes follows M (w8m_cfg_for, chosen on the H200 with bench_w8gemm
+ * --sweep, bench/RESULTS.md); the others stay for the sweep and are tested
+ * like the chosen ones (tests/gpu_w8gemm.c). The SiLU epilogue needs WT
+ * even. */
 #define W8M_CFGS(X)                                                                                       \
-	X(W8M_M8, 1, 2, 1, 4, 4)                                                                          \
-	X(W8M_M16, 2, 2, 1, 4, 4)                                                                         \
-	X(W8M_M32, 4, 2, 1, 4, 4)                                                                         \
-	X(W8M_M64, 4, 2, 2, 4, 3)                                                                         \
-	X(W8M_LARGE, 8, 2, 2, 4, 3)
+	X(0, 1, 2, 1, 4, 4, 1)                                                                            \
+	X(1, 2, 2, 1, 4, 4, 1)                                                                            \
+	X(2, 4, 2, 1, 4, 4, 1)                                                                            \
+	X(3, 4, 2, 2, 4, 3, 1)                                                                            \
+	X(4, 8, 2, 2, 4, 3, 1)                                                                            \
+	X(5, 2, 1, 1, 8, 4, 1)                                                                            \
+	X(6, 4, 1, 1, 4, 4, 1)                                                                            \
+	X(7, 4, 1, 1, 8, 3, 1)                                                                            \
+	X(8, 8, 1, 1, 4, 3, 1)                                                                            \
+	X(9, 8, 1, 1, 8, 3, 1)                                                                            \
+	X(10, 8, 2, 1, 4, 3, 1)                                                                           \
+	X(11, 4, 1, 2, 4, 4, 1)                                                                           \
+	X(12, 4, 2, 1, 2, 4, 1)                                                                           \
+	X(13, 4, 2, 2, 4, 3, 2)                                                                           \
+	X(14, 8, 1, 1, 8, 3, 2)                                                                           \
+	X(15, 2, 2, 1, 4, 3, 2)
+#define W8M_NCFG 16
+
+/* The configuration a call of M rows takes. */
+static int w8m_cfg_for(int M, int silu)
+{
+	(void)silu;
+	return M <= 8 ? 0 : M <= 16 ? 1 : M <= 32 ? 2 : M <= 64 ? 3 : 4;
+}
 
 struct w8m_plan {
-	int cfg, bm, bn, threads, acc, smem;
+	int cfg, bm, bn, threads, acc, smem, per_sm;
 	int tiles_m, tiles_n, splits, cps;
 	size_t ws_bytes; /* counters + partials (0: no split) */
 };
 
-static int w8m_cfg_for(int M)
+/* The kernel's shared-memory limit raised, once per device. */
+template <int MT, int NT, int WM, int WN, int ST, int MB, bool SILU, bool SBF> static void w8m_attr(void)
 {
-	return M <= 8 ? W8M_M8 : M <= 16 ? W8M_M16 : M <= 32 ? W8M_M32 : M <= 64 ? W8M_M64 : W8M_LARGE;
+	using CF = w8m_cfg<MT, NT, WM, WN, ST, SILU>;
+	static bool set[SFWC_MAX_DEVICES];
+	int dev = sfwc_device();
+	if (!set[dev]) {
+		SFW_CUDA_CHECK(cudaFuncSetAttribute(w8m_kernel<MT, NT, WM, WN, ST, MB, SILU, SBF>,
+						    cudaFuncAttributeMaxDynamicSharedMemorySize, CF::SMEM));
+		set[dev] = true;
+	}
 }
 
-static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms)
+/* Blocks of the kernel resident per multiprocessor (shared memory and
+ * registers both count), as the runtime computes it; once per device. */
+template <int MT, int NT, int WM, int WN, int ST, int MB, bool SILU> static int w8m_occ(void)
 {
-	struct w8m_plan pl = {};
-	pl.cfg = w8m_cfg_for(M);
-#define X(id, MT, NT, WM, WN, ST)                                                                         \
-	if (pl.cfg == id) {                                                                               \
-		using CF = w8m_cfg<MT, NT, WM, WN, ST, false>;                                            \
-		pl.bm = CF::BM, pl.bn = CF::BN, pl.threads = CF::THREADS, pl.acc = CF::ACC, pl.smem = CF::SMEM; \
+	using CF = w8m_cfg<MT, NT, WM, WN, ST, SILU>;
+	static int occ[SFWC_MAX_DEVICES];
+	int dev = sfwc_device();
+	if (!occ[dev]) {
+		int n = 0;
+		w8m_attr<MT, NT, WM, WN, ST, MB, SILU, true>();
+		SFW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+		    &n, w8m_kernel<MT, NT, WM, WN, ST, MB, SILU, true>, CF::THREADS, CF::SMEM));
+		occ[dev] = n < 1 ? 1 : n;
 	}
-	W8M_CFGS(X)
+	return occ[dev];
+}
+
+static int w8m_cfg_ok(int cfg, int silu)
+{
+	switch (cfg) {
+#define X(id, MT, NT, WM, WN, ST, MB)                                                                     \
+	case id:                                                                                          \
+		return !silu || NT % 2 == 0;
+		W8M_CFGS(X)
 #undef X
-	int outn = silu ? pl.bn / 2 : pl.bn; /* output columns per block */
-	pl.tiles_m = (M + pl.bm - 1) / pl.bm;
-	pl.tiles_n = (N + outn - 1) / outn;
+	default:
+		return 0;
+	}
+}
+
+/* The split over K: enough blocks to fill every multiprocessor once
+ * (per_sm resident each), each split at least two stages, and its partials
+ * within ws_max bytes of workspace. */
+static void w8m_split(struct w8m_plan *pl, int K, int sms, size_t ws_max)
+{
 	int kcn = (K + W8M_BK - 1) / W8M_BK;
-	long tiles = (long)pl.tiles_m * pl.tiles_n;
-	/* Blocks resident per SM, by shared memory (228 KiB per SM on sm_90,
-	 * 1 KiB of it reserved per block), at most 3. */
-	int per_sm = (228 * 1024) / (pl.smem + 1024);
-	per_sm = per_sm < 1 ? 1 : per_sm > 3 ? 3 : per_sm;
-	long want = (long)sms * per_sm;
+	long tiles = (long)pl->tiles_m * pl->tiles_n;
+	long want = (long)sms * pl->per_sm;
+	size_t per_split = (size_t)tiles * pl->threads * pl->acc * sizeof(float);
 	int s = 1;
 	if (tiles < want && tiles <= W8M_CNT_MAX) {
 		s = (int)((want + tiles - 1) / tiles);
 		if (s > kcn / 2)
-			s = kcn / 2; /* each split at least two stages */
+			s = kcn / 2;
+		size_t room = ws_max > W8M_CNT_MAX * sizeof(int) ? ws_max - W8M_CNT_MAX * sizeof(int) : 0;
+		if ((size_t)s * per_split > room)
+			s = (int)(room / per_split);
 		if (s < 1)
 			s = 1;
 	}
-	pl.cps = (kcn + s - 1) / s;
-	pl.splits = (kcn + pl.cps - 1) / pl.cps; /* no empty split */
-	if (pl.splits > 1) {
-		pl.ws_bytes = W8M_CNT_MAX * sizeof(int) + (size_t)tiles * pl.splits * pl.threads * pl.acc * sizeof(float);
+	pl->cps = (kcn + s - 1) / s;
+	pl->splits = (kcn + pl->cps - 1) / pl->cps; /* no empty split */
+	pl->ws_bytes = pl->splits > 1 ? W8M_CNT_MAX * sizeof(int) + (size_t)pl->splits * per_split : 0;
+}
+
+static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms, int cfg, size_t ws_max)
+{
+	struct w8m_plan pl = {};
+	pl.cfg = cfg;
+	switch (cfg) {
+#define X(id, MT, NT, WM, WN, ST, MB)                                                                     \
+	case id: {                                                                                        \
+		using CF = w8m_cfg<MT, NT, WM, WN, ST, false>;                                            \
+		pl.bm = CF::BM, pl.bn = CF::BN, pl.threads = CF::THREADS, pl.acc = CF::ACC, pl.smem = CF::SMEM; \
+		if constexpr (NT % 2 == 0)                                                                \
+			pl.per_sm = silu ? w8m_occ<MT, NT, WM, WN, ST, MB, true>()                       \
+					 : w8m_occ<MT, NT, WM, WN, ST, MB, false>();                     \
+		else                                                                                      \
+			pl.per_sm = w8m_occ<MT, NT, WM, WN, ST, MB, false>();                            \
+		break;                                                                                    \
 	}
+		W8M_CFGS(X)
+#undef X
+	}
+	int outn = silu ? pl.bn / 2 : pl.bn; /* output columns per block */
+	pl.tiles_m = (M + pl.bm - 1) / pl.bm;
+	pl.tiles_n = (N + outn - 1) / outn;
+	w8m_split(&pl, K, sms, ws_max);
 	return pl;
 }
 
@@ -607,11 +682,43 @@ static int w8m_sms(int sms)
 	return n;
 }
 
-extern "C" size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu, int sms)
+extern "C" int sfw_cuda_w8mma_ncfg(void)
+{
+	return W8M_NCFG;
+}
+
+extern "C" const char *sfw_cuda_w8mma_cfg_name(int cfg)
+{
+	switch (cfg) {
+#define X(id, MT, NT, WM, WN, ST, MB)                                                                     \
+	case id:                                                                                          \
+		return "t" #MT "w" #NT " " #WM "x" #WN " s" #ST " b" #MB;
+		W8M_CFGS(X)
+#undef X
+	default:
+		return "?";
+	}
+}
+
+extern "C" int sfw_cuda_w8mma_cfg_takes(int cfg, int silu)
+{
+	return w8m_cfg_ok(cfg, silu);
+}
+
+extern "C" size_t sfw_cuda_w8mma_ws_bytes_cfg(int M, int N, int K, int silu, int sms, int cfg)
 {
 	if (M <= 0 || N <= 0 || K <= 0)
 		return 0;
-	return w8m_plan_for(M, N, K, silu, w8m_sms(sms)).ws_bytes;
+	if (cfg < 0)
+		cfg = w8m_cfg_for(M, silu);
+	if (!w8m_cfg_ok(cfg, silu))
+		return 0;
+	return w8m_plan_for(M, N, K, silu, w8m_sms(sms), cfg, SIZE_MAX).ws_bytes;
+}
+
+extern "C" size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu, int sms)
+{
+	return sfw_cuda_w8mma_ws_bytes_cfg(M, N, K, silu, sms, -1);
 }
 
 extern "C" int sfw_cuda_w8mma_ok(const void *X, const struct sfw_w8 *w, const struct sfw_gemm_shape *sh)
@@ -625,33 +732,30 @@ extern "C" int sfw_cuda_w8mma_ok(const void *X, const struct sfw_w8 *w, const st
 	       (sdt == SFW_DTYPE_BF16 || sdt == SFW_DTYPE_F16 || sdt == SFW_DTYPE_F32);
 }
 
-template <int MT, int NT, int WM, int WN, int ST, bool SILU, bool SBF>
+template <int MT, int NT, int WM, int WN, int ST, int MB, bool SILU, bool SBF>
 static void w8m_launch1(const struct w8m_plan &pl, const struct w8m_args &a, cudaStream_t s)
 {
 	using CF = w8m_cfg<MT, NT, WM, WN, ST, SILU>;
-	auto k = w8m_kernel<MT, NT, WM, WN, ST, SILU, SBF>;
-	static bool attr_set[SFWC_MAX_DEVICES];
-	int dev = sfwc_device();
-	if (!attr_set[dev]) {
-		SFW_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, CF::SMEM));
-		attr_set[dev] = true;
-	}
-	sfwc_launch(k, dim3(pl.tiles_n, pl.tiles_m, pl.splits), dim3(CF::THREADS), CF::SMEM, s, a);
+	w8m_attr<MT, NT, WM, WN, ST, MB, SILU, SBF>();
+	sfwc_launch(w8m_kernel<MT, NT, WM, WN, ST, MB, SILU, SBF>, dim3(pl.tiles_n, pl.tiles_m, pl.splits),
+		    dim3(CF::THREADS), CF::SMEM, s, a);
 	SFW_CUDA_LAUNCHED();
 }
 
-template <int MT, int NT, int WM, int WN, int ST, bool SILU>
+template <int MT, int NT, int WM, int WN, int ST, int MB, bool SILU>
 static void w8m_launch(const struct w8m_plan &pl, const struct w8m_args &a, cudaStream_t s)
 {
-	if (a.sdt == SFW_DTYPE_BF16)
-		w8m_launch1<MT, NT, WM, WN, ST, SILU, true>(pl, a, s);
-	else
-		w8m_launch1<MT, NT, WM, WN, ST, SILU, false>(pl, a, s);
+	if constexpr (!SILU || NT % 2 == 0) {
+		if (a.sdt == SFW_DTYPE_BF16)
+			w8m_launch1<MT, NT, WM, WN, ST, MB, SILU, true>(pl, a, s);
+		else
+			w8m_launch1<MT, NT, WM, WN, ST, MB, SILU, false>(pl, a, s);
+	}
 }
 
-extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
-				    const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes,
-				    void *stream, int sms)
+extern "C" int sfw_cuda_gemm_w8_mma_cfg(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
+					const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes,
+					void *stream, int sms, int cfg)
 {
 	const uint8_t *codes = w->codes;
 	const void *scales = w->scales;
@@ -659,13 +763,15 @@ extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, u
 	int group = w->group, ldx = sfw_gemm_ldx(sh), ldy = sfw_gemm_ldy(sh), M = sh->M, N = sh->N, K = sh->K;
 	if (!sfw_cuda_w8mma_ok(X, w, sh) || ldy < N)
 		return 0;
+	if (cfg < 0)
+		cfg = w8m_cfg_for(M, silu);
+	if (!w8m_cfg_ok(cfg, silu))
+		return 0;
 	int g = group <= 0 || group >= K ? K : group;
-	struct w8m_plan pl = w8m_plan_for(M, N, K, silu, w8m_sms(sms));
-	if (pl.splits > 1 && (!ws || ws_bytes < pl.ws_bytes || ((uintptr_t)ws & 255))) {
-		/* no room for the partials: one block per tile over the whole K */
-		int kcn = (K + W8M_BK - 1) / W8M_BK;
-		pl.splits = 1, pl.cps = kcn, pl.ws_bytes = 0;
-	}
+	/* a workspace that is missing, misaligned or small: fewer splits (at
+	 * worst one block per tile over the whole K) */
+	size_t room = ws && ((uintptr_t)ws & 255) == 0 ? ws_bytes : 0;
+	struct w8m_plan pl = w8m_plan_for(M, N, K, silu, w8m_sms(sms), cfg, room);
 	struct w8m_args a = {};
 	a.X = X, a.C = codes, a.S = scales, a.Y = Y;
 	a.ldx = ldx, a.ldy = ldy, a.M = M, a.N = N, a.K = K;
@@ -676,14 +782,23 @@ extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, u
 		a.part = (float *)((char *)ws + W8M_CNT_MAX * sizeof(int));
 	}
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
-#define X(id, MT, NT, WM, WN, ST)                                                                         \
-	if (pl.cfg == id) {                                                                               \
+	switch (cfg) {
+#define X(id, MT, NT, WM, WN, ST, MB)                                                                     \
+	case id:                                                                                          \
 		if (silu)                                                                                 \
-			w8m_launch<MT, NT, WM, WN, ST, true>(pl, a, s);                                    \
+			w8m_launch<MT, NT, WM, WN, ST, MB, true>(pl, a, s);                                \
 		else                                                                                      \
-			w8m_launch<MT, NT, WM, WN, ST, false>(pl, a, s);                                   \
-	}
-	W8M_CFGS(X)
+			w8m_launch<MT, NT, WM, WN, ST, MB, false>(pl, a, s);                               \
+		break;
+		W8M_CFGS(X)
 #undef X
+	}
 	return 1;
+}
+
+extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
+				    const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes,
+				    void *stream, int sms)
+{
+	return sfw_cuda_gemm_w8_mma_cfg(X, w, Y, sh, silu, ws, ws_bytes, stream, sms, -1);
 }

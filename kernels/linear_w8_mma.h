@@ -19,7 +19,8 @@
  * workspace of sfw_cuda_w8mma_ws_bytes(M, N, K, silu) bytes (0: none),
  * 256-byte aligned, zeroed once when allocated (the kernel leaves it zeroed;
  * one call at a time per workspace: calls on one stream share one). With a
- * smaller or no workspace the call runs unsplit (correct, slower at small M).
+ * smaller workspace the call splits less, with none it runs unsplit
+ * (correct, slower at small M).
  *
  * sms: the device's multiprocessors (struct sfw_cuda_ctx's), which size the
  * split; 0 asks the runtime (a query per call: tests and benchmarks).
@@ -49,6 +50,22 @@ size_t sfw_cuda_w8mma_ws_bytes(int M, int N, int K, int silu, int sms);
 int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
 			 const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes, void *stream,
 			 int sms);
+
+/* The kernel's tile configurations, for the sweep that chooses among them
+ * (bench_w8gemm --sweep) and the test that checks each: cfg 0 ..
+ * sfw_cuda_w8mma_ncfg() - 1, named by sfw_cuda_w8mma_cfg_name ("t4w2 1x4
+ * s4 b1": activation tiles of 8 rows and weight tiles of 16 rows per warp,
+ * warps in M x N, stages, blocks per multiprocessor the registers are held
+ * to); cfg -1 is the one the calls above take for M. A configuration that
+ * cannot do the call (sfw_cuda_w8mma_cfg_takes 0: the SiLU epilogue needs
+ * an even number of weight tiles) returns 0 and needs no workspace. */
+int sfw_cuda_w8mma_ncfg(void);
+const char *sfw_cuda_w8mma_cfg_name(int cfg);
+int sfw_cuda_w8mma_cfg_takes(int cfg, int silu);
+size_t sfw_cuda_w8mma_ws_bytes_cfg(int M, int N, int K, int silu, int sms, int cfg);
+int sfw_cuda_gemm_w8_mma_cfg(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
+			     const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes, void *stream,
+			     int sms, int cfg);
 
 #ifdef __cplusplus
 }

@@ -42,6 +42,7 @@
 #include <string.h>
 
 static uint64_t rng_state = 0x5eed8;
+static int case_cfg = -1; /* run_case's tile configuration (-1: the kernel's choice) */
 static struct sfw_ops_cpu *twin_ex; /* the C twin's executor (main) */
 
 static float urand(void)
@@ -241,7 +242,7 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	CHECK(ok, "%s", e.msg);
 	if (!ok)
 		goto done;
-	size_t need = sfw_cuda_w8mma_ws_bytes(M, N, K, silu, 0);
+	size_t need = sfw_cuda_w8mma_ws_bytes_cfg(M, N, K, silu, 0, case_cfg);
 	if (use_ws && need > ws->bytes) {
 		if (ws->p)
 			sfw_cuda_free(ws->p);
@@ -255,20 +256,31 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	}
 	sfw_cuda_h2d(dx, x, nx * 2, s);
 	sfw_cuda_memset(dy, 0xff, ny * 2, s); /* poison: NaN bf16 */
-	int took = sfw_cuda_gemm_w8_mma(dx, &(struct sfw_w8){w->dc, w->ds, w->sdt, w->group}, dy,
-					&(struct sfw_gemm_shape){M, N, K, ldx, ldy}, silu,
-					use_ws ? ws->p : NULL, use_ws ? ws->bytes : 0, s, 0);
-	char name[160];
-	snprintf(name, sizeof(name), "w8mma%s M=%d N=%d K=%d group %d %s%s%s", silu ? " silu" : "", M, N, K, w->group,
-		 sdt_name(w->sdt), ldx != K || ldy != N ? " strided" : "",
-		 use_ws ? (need ? " split" : "") : " no-ws");
+	int took = sfw_cuda_gemm_w8_mma_cfg(dx, &(struct sfw_w8){w->dc, w->ds, w->sdt, w->group}, dy,
+					    &(struct sfw_gemm_shape){M, N, K, ldx, ldy}, silu,
+					    use_ws ? ws->p : NULL, use_ws ? ws->bytes : 0, s, 0, case_cfg);
+	char name[192];
+	snprintf(name, sizeof(name), "w8mma%s M=%d N=%d K=%d group %d %s%s%s%s%s", silu ? " silu" : "", M, N, K,
+		 w->group, sdt_name(w->sdt), ldx != K || ldy != N ? " strided" : "",
+		 use_ws ? (need ? " split" : "") : " no-ws", case_cfg >= 0 ? " cfg " : "",
+		 case_cfg >= 0 ? sfw_cuda_w8mma_cfg_name(case_cfg) : "");
+	if (!took && case_cfg >= 0 && silu && !sfw_cuda_w8mma_cfg_takes(case_cfg, silu)) {
+		/* refused, as it says it would: nothing written */
+		int untouched = 1;
+		sfw_cuda_d2h(y, dy, ny * 2, s);
+		sfw_cuda_sync(s);
+		for (size_t i = 0; i < ny; i++)
+			untouched &= y[i] == 0xffff;
+		CHECK(untouched, "%s: refused, yet wrote", name);
+		goto done;
+	}
 	CHECK(took == 1, "%s: the call was not taken", name);
 	sfw_cuda_d2h(y, dy, ny * 2, s);
 	/* again: the same bits (a deterministic split, counters left at zero) */
 	sfw_cuda_memset(dy, 0xff, ny * 2, s);
-	sfw_cuda_gemm_w8_mma(dx, &(struct sfw_w8){w->dc, w->ds, w->sdt, w->group}, dy,
-			     &(struct sfw_gemm_shape){M, N, K, ldx, ldy}, silu, use_ws ? ws->p : NULL,
-			     use_ws ? ws->bytes : 0, s, 0);
+	sfw_cuda_gemm_w8_mma_cfg(dx, &(struct sfw_w8){w->dc, w->ds, w->sdt, w->group}, dy,
+				 &(struct sfw_gemm_shape){M, N, K, ldx, ldy}, silu, use_ws ? ws->p : NULL,
+				 use_ws ? ws->bytes : 0, s, 0, case_cfg);
 	sfw_cuda_d2h(y2, dy, ny * 2, s);
 	sfw_cuda_sync(s);
 	int same = 1, untouched = 1;
@@ -382,6 +394,26 @@ int main(void)
 			w8_free(&w);
 		}
 	}
+	/* Every tile configuration (the ones the sweep may choose tomorrow):
+	 * off the tile grid in every dimension, split and unsplit, plain and
+	 * SiLU (where it can: an even number of weight tiles), and a real shape
+	 * at 64 rows. A configuration that cannot take the SiLU call says so
+	 * with 0. */
+	for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++) {
+		struct w8 w;
+		case_cfg = c;
+		if (w8_make(&w, 1000, 1040, 32, SFW_DTYPE_F16, s)) {
+			run_case(&w, 17, 1048, 1004, 0, 1, &ws, s);
+			run_case(&w, 41, 1040, 1000, 0, 0, &ws, s);
+			run_case(&w, 33, 1056, 508, 1, 1, &ws, s);
+			w8_free(&w);
+		}
+		if (w8_make(&w, 4096, 4096, 128, SFW_DTYPE_BF16, s)) {
+			run_case(&w, 64, 4096, 4096, 0, 1, &ws, s);
+			w8_free(&w);
+		}
+	}
+	case_cfg = -1;
 	/* What the kernel does not take: a clear 0, nothing written. */
 	CHECK(!sfw_cuda_w8mma_ok((const void *)16,
 				 &(struct sfw_w8){(const uint8_t *)16, NULL, SFW_DTYPE_BF16, 128},
