@@ -97,31 +97,42 @@ static float time_path(enum path p, struct bufs *b, struct sfw_cuda_blas *blas, 
 	return t[3];
 }
 
-/* One line of the sweep: bf16, the kernel's choice, every configuration. */
+/* One line of the sweep: bf16, the kernel's choice, every configuration
+ * (µs), then the three fastest. */
 static void sweep_row(struct bufs *b, struct sfw_cuda_blas *blas, const char *what, int M, int N, int K, int group,
 		      int silu, void *s, void *e0, void *e1)
 {
 	float tb = time_path(P_BF16, b, blas, M, N, K, group, silu, s, e0, e1);
 	g_cfg = -1;
 	float tc = time_path(P_MMA, b, blas, M, N, K, group, silu, s, e0, e1);
-	printf("%-13s %5d | %8.4f %8.4f |", what, M, tb, tc);
-	int best = -1;
-	float tbest = 0;
-	for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++) {
+	printf("%-13s %5d | %7.1f %7.1f |", what, M, tb * 1e3, tc * 1e3);
+	int nc = sfw_cuda_w8mma_ncfg(), top[3] = {-1, -1, -1};
+	float t[128];
+	for (int c = 0; c < nc && c < 128; c++) {
+		t[c] = -1;
 		g_cfg = c;
 		if (!sfw_cuda_gemm_w8_mma_cfg(b->x, &(struct sfw_w8){b->codes[0], b->scales[0], SFW_DTYPE_BF16, group},
 					      b->y, &(struct sfw_gemm_shape){M, N, K, K, N}, silu, b->ws, b->ws_bytes,
 					      s, 0, c)) {
-			printf(" %9s", "-");
+			printf(" %6s", "-");
 			continue;
 		}
-		float t = time_path(P_MMA, b, blas, M, N, K, group, silu, s, e0, e1);
-		printf(" %9.4f", t);
-		if (best < 0 || t < tbest)
-			best = c, tbest = t;
+		t[c] = time_path(P_MMA, b, blas, M, N, K, group, silu, s, e0, e1);
+		printf(" %6.1f", t[c] * 1e3);
+		for (int k = 0; k < 3; k++)
+			if (top[k] < 0 || t[c] < t[top[k]]) {
+				for (int m = 2; m > k; m--)
+					top[m] = top[m - 1];
+				top[k] = c;
+				break;
+			}
 	}
 	g_cfg = -1;
-	printf(" | c%d %s %.4f, %.2f, %.2f\n", best, sfw_cuda_w8mma_cfg_name(best), tbest, tb / tbest, tc / tbest);
+	printf(" |");
+	for (int k = 0; k < 3 && top[k] >= 0; k++)
+		printf(" c%d (%s) %.1f bf16/%.2f;", top[k], sfw_cuda_w8mma_cfg_name(top[k]), t[top[k]] * 1e3,
+		       tb / t[top[k]]);
+	printf(" choice/best %.2f\n", top[0] >= 0 ? tc / t[top[0]] : 0.0);
 	fflush(stdout);
 }
 
@@ -199,10 +210,13 @@ int main(int argc, char **argv)
 		printf("configurations:");
 		for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++)
 			printf(" c%d = %s;", c, sfw_cuda_w8mma_cfg_name(c));
-		printf("\n%-13s %5s | %8s %8s |", "shape", "M", "bf16", "choice");
-		for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++)
-			printf(" %7s%-2d", "c", c);
-		printf(" | fastest, bf16 / it, choice / it\n");
+		printf("\n%-13s %5s | %7s %7s |", "shape", "M", "bf16", "choice");
+		for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++) {
+			char nm[16];
+			snprintf(nm, sizeof(nm), "c%d", c);
+			printf(" %6s", nm);
+		}
+		printf(" | the three fastest (bf16 time / theirs); choice time / the fastest\n");
 	} else {
 		printf("%-13s %5s | %9s %6s %6s | %9s %6s | %9s %6s | %9s | %6s %6s\n", "shape", "M", "int8 mma",
 		       "TF/s", "GB/s", "bf16", "TF/s", "old w8", "TF/s", "gemv", "/bf16", "/old");
@@ -286,7 +300,7 @@ int main(int argc, char **argv)
 			sfw_cuda_free(b.ws);
 	}
 	if (sweep)
-		printf("times in ms (median of 7 x 10 calls); choice: the kernel's own configuration for M; - : the "
+		printf("times in µs (median of 7 x 10 calls); choice: the kernel's own configuration for M; - : the "
 		       "configuration cannot do the call\n");
 	else
 		printf("times in ms (median of 7 x 10 calls); /bf16 = bf16 time / int8 mma time; /old = old dequant path "

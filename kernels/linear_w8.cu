@@ -514,12 +514,13 @@ static void *w8_scratch(struct sfw_cuda_ctx *cx, int K, size_t *bytes)
 }
 
 /* Where the tensor-core GEMM (linear_w8_mma.cu) beats both the GEMV and
- * dequantize + cuBLASLt on an H200 (bench/RESULTS.md, bench_w8gemm): 3 to 32
- * rows on every shape of the model; 64 rows on gate|up (N >= 2K) and down
- * (K >= 2N, N wide); the GEMV below 3 rows, the dequantize path above. */
-static int w8mma_rows(int M, int N, int K)
+ * dequantize + cuBLASLt on an H200 (bench/RESULTS.md, bench_w8gemm --sweep):
+ * 3 to 64 rows on every shape of the model (4096 x 4096 at 64 rows: 24.5
+ * µs against the dequantize path's ~26.5); the GEMV below 3 rows, the
+ * dequantize path above. */
+static int w8mma_rows(int M)
 {
-	return M >= 3 && (M <= 32 || (M <= 64 && (N >= 2 * K || (K >= 2 * N && N >= 1024))));
+	return M >= 3 && M <= 64;
 }
 
 extern "C" int sfw_op_swiglu_w8_cuda(void *y, const void *x, const struct sfw_w8 *w,
@@ -545,7 +546,7 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const struct sfw_w
 		return;
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	struct sfw_gemm_shape dense = {M, N, K, K, N};
-	if (act == SFW_DTYPE_BF16 && w8mma_rows(M, N, K) &&
+	if (act == SFW_DTYPE_BF16 && w8mma_rows(M) &&
 	    sfw_cuda_gemm_w8_mma((const uint16_t *)x, w, (uint16_t *)y, &dense, 0, cx->w8ws,
 				 SFW_CUDA_W8WS_BYTES, cx->stream, cx->sms))
 		return;

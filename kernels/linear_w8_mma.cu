@@ -116,11 +116,43 @@ static __device__ __forceinline__ void w8m_dequant4(uint32_t w, float s, uint32_
  * multiply by the scale s2 = (s, s): the product of two 8-bit significands is
  * exact before its one rounding to nearest even, so the bits equal those of
  * w8m_dequant4. */
-static __device__ __forceinline__ void w8m_dequant4_bf(uint32_t w, uint32_t s2, uint32_t &lo, uint32_t &hi)
+/* (a & b) | c and (a & b) ^ c in one LOP3 each: with the constants in
+ * registers (the "r" operands), not as immediates, of which an instruction
+ * takes one (written in C, each is two LOP3s). */
+static __device__ __forceinline__ uint32_t w8m_and_or(uint32_t a, uint32_t b, uint32_t c)
+{
+	uint32_t d;
+	asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+	return d;
+}
+static __device__ __forceinline__ uint32_t w8m_and_xor(uint32_t a, uint32_t b, uint32_t c)
+{
+	uint32_t d;
+	asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+	return d;
+}
+
+/* The constants of w8m_dequant4_bf, once in registers. */
+struct w8m_bfk {
+	uint32_t m7f, c43, m80, c4380;
+};
+static __device__ __forceinline__ w8m_bfk w8m_bfk_make(void)
+{
+	w8m_bfk k;
+	/* through a volatile move, so that the compiler keeps them in registers */
+	asm volatile("mov.b32 %0, 0x007f007f;\n" : "=r"(k.m7f));
+	asm volatile("mov.b32 %0, 0x43004300;\n" : "=r"(k.c43));
+	asm volatile("mov.b32 %0, 0x00800080;\n" : "=r"(k.m80));
+	asm volatile("mov.b32 %0, 0x43804380;\n" : "=r"(k.c4380));
+	return k;
+}
+
+static __device__ __forceinline__ void w8m_dequant4_bf(uint32_t w, uint32_t s2, const w8m_bfk &k, uint32_t &lo,
+						       uint32_t &hi)
 {
 	uint32_t v0 = __byte_perm(w, 0, 0x4140), v1 = __byte_perm(w, 0, 0x4342); /* bytes to 16-bit lanes */
-	uint32_t x0 = (v0 & 0x007f007fu) | 0x43004300u, c0 = (v0 & 0x00800080u) ^ 0x43804380u;
-	uint32_t x1 = (v1 & 0x007f007fu) | 0x43004300u, c1 = (v1 & 0x00800080u) ^ 0x43804380u;
+	uint32_t x0 = w8m_and_or(v0, k.m7f, k.c43), c0 = w8m_and_xor(v0, k.m80, k.c4380);
+	uint32_t x1 = w8m_and_or(v1, k.m7f, k.c43), c1 = w8m_and_xor(v1, k.m80, k.c4380);
 	__nv_bfloat162 s = *(__nv_bfloat162 *)&s2;
 	__nv_bfloat162 q0 = __hsub2(*(__nv_bfloat162 *)&x0, *(__nv_bfloat162 *)&c0);
 	__nv_bfloat162 q1 = __hsub2(*(__nv_bfloat162 *)&x1, *(__nv_bfloat162 *)&c1);
@@ -154,6 +186,7 @@ struct w8m_args {
 	float *part; /* split: [tiles][splits][threads][acc] */
 	int ldx, ldy, M, N, K; /* N: output columns (silu: half the weight rows) */
 	int sdt, group, G;     /* group: k per scale (K for per channel) */
+	int gshift;            /* log2(group) when a power of two, else -1 */
 	int splits, cps;       /* K splits, 128-chunks per split */
 };
 
@@ -192,67 +225,98 @@ static __device__ __forceinline__ int w8m_wrow(const struct w8m_args &p, int r)
  * / 16, unit tid % 16). Activations = [BM][16 units of 8 bf16], unit u of
  * row r at u ^ (r & 1); codes = [BN][8 units of 16], unit u at u ^ ((r & 1)
  * << 2): the fragment loads below hit distinct banks. */
-template <int BU, int AU> struct w8m_copies {
-	const uint8_t *bsrc[BU];
-	uint32_t bdst[BU];
-	const uint16_t *asrc[AU];
-	uint32_t adst[AU];
+template <int BU, bool SILU> struct w8m_copies {
+	/* codes: unit x at byte boff (SiLU: boff[x]) from the codes' base
+	 * (sfw_cuda_w8mma_ok bounds N K to 32 bits), valid for x < bn (SiLU:
+	 * bit x of bvalid); into shared byte bdst + x (T / 8) W8M_BK (the rows
+	 * x T / 8 apart keep their parity, so their swizzle) */
+	uint32_t boff[SILU ? BU : 1], bstep, bdst;
+	int bn;
+	unsigned bvalid;
+	/* activations: unit x at element aoff + x astep from X's base, valid
+	 * for x < an; into shared byte adst + x (T / 16) 2 W8M_BK */
+	uint32_t aoff, astep, adst;
+	int an;
 	int bu, au;
-	unsigned bvalid, avalid;
 };
+
+/* The number of x in [0, n) with r0 + x step < lim. */
+static __device__ __forceinline__ int w8m_count(int r0, int step, int lim, int n)
+{
+	if (r0 >= lim)
+		return 0;
+	int c = (lim - r0 + step - 1) / step;
+	return c < n ? c : n;
+}
 
 template <class CF, int WT, bool SILU, int BU, int AU>
 static __device__ __forceinline__ void w8m_copy_plan(const struct w8m_args &p, int tid, int m0,
-						     struct w8m_copies<BU, AU> &cp)
+						     struct w8m_copies<BU, SILU> &cp)
 {
 	constexpr int T = CF::THREADS;
-	int bu = tid & 7, au = tid & 15;
-	unsigned bvalid = 0, avalid = 0;
+	static_assert((T / 8) % 2 == 0 && (T / 16) % 2 == 0, "rows x apart keep their parity");
+	int bu = tid & 7, au = tid & 15, rb = tid >> 3, ra = tid >> 4;
+	if constexpr (SILU) {
+		unsigned bvalid = 0;
 #pragma unroll
-	for (int x = 0; x < BU; x++) {
-		int r = (tid >> 3) + x * (T / 8), n = w8m_wrow<WT, CF::BN, SILU>(p, r);
-		bvalid |= (n >= 0 ? 1u : 0u) << x;
-		cp.bsrc[x] = p.C + (size_t)(n < 0 ? 0 : n) * p.K + bu * 16;
-		cp.bdst[x] = (uint32_t)(CF::A_BYTES + r * W8M_BK + ((bu ^ ((r & 1) << 2)) << 4));
+		for (int x = 0; x < BU; x++) {
+			int n = w8m_wrow<WT, CF::BN, SILU>(p, rb + x * (T / 8));
+			bvalid |= (n >= 0 ? 1u : 0u) << x;
+			cp.boff[x] = (uint32_t)(n < 0 ? 0 : n) * (uint32_t)p.K + (uint32_t)(bu * 16);
+		}
+		cp.bvalid = bvalid;
+	} else {
+		int n0 = blockIdx.x * CF::BN + rb;
+		cp.boff[0] = (uint32_t)(n0 < p.N ? n0 : 0) * (uint32_t)p.K + (uint32_t)(bu * 16);
+		cp.bn = w8m_count(n0, T / 8, p.N, BU);
 	}
-#pragma unroll
-	for (int x = 0; x < AU; x++) {
-		int r = (tid >> 4) + x * (T / 16), m = m0 + r;
-		avalid |= (m < p.M ? 1u : 0u) << x;
-		cp.asrc[x] = p.X + (size_t)(m < p.M ? m : 0) * p.ldx + au * 8;
-		cp.adst[x] = (uint32_t)(r * (W8M_BK * 2) + ((au ^ (r & 1)) << 4));
-	}
+	cp.bstep = (uint32_t)(T / 8) * (uint32_t)p.K;
+	cp.bdst = (uint32_t)(CF::A_BYTES + rb * W8M_BK + ((bu ^ ((rb & 1) << 2)) << 4));
+	int am = m0 + ra;
+	cp.aoff = (uint32_t)(am < p.M ? am : 0) * (uint32_t)p.ldx + (uint32_t)(au * 8);
+	cp.astep = (uint32_t)(T / 16) * (uint32_t)p.ldx;
+	cp.an = w8m_count(am, T / 16, p.M, AU);
+	cp.adst = (uint32_t)(ra * (W8M_BK * 2) + ((au ^ (ra & 1)) << 4));
 	cp.bu = bu, cp.au = au;
-	cp.bvalid = bvalid, cp.avalid = avalid;
 }
 
 /* Starts the copies of chunk kc's codes into stage st. */
-template <class CF, int BU, int AU>
+template <class CF, int BU, bool SILU>
 static __device__ __forceinline__ void w8m_load_b(unsigned char *smem, const struct w8m_args &p,
-						  const struct w8m_copies<BU, AU> &cp, int st, int kc)
+						  const struct w8m_copies<BU, SILU> &cp, int st, int kc)
 {
-	unsigned char *base = smem + (size_t)st * CF::STAGE;
+	constexpr int T = CF::THREADS;
+	unsigned char *base = smem + (size_t)st * CF::STAGE + cp.bdst;
 	int k0 = kc * W8M_BK;
 	bool kin = k0 + cp.bu * 16 < p.K;
+	const uint8_t *src = p.C + k0; /* (k0 < K: in bounds with offset 0, the address a skipped copy names) */
 #pragma unroll
 	for (int x = 0; x < BU; x++) {
-		bool ok = kin && ((cp.bvalid >> x) & 1);
-		w8m_cp16(base + cp.bdst[x], ok ? cp.bsrc[x] + k0 : p.C, ok ? 16 : 0);
+		bool ok;
+		uint32_t off;
+		if constexpr (SILU)
+			ok = kin && ((cp.bvalid >> x) & 1), off = cp.boff[x];
+		else
+			ok = kin && x < cp.bn, off = cp.boff[0] + (uint32_t)x * cp.bstep;
+		w8m_cp16(base + x * (T / 8) * W8M_BK, src + (ok ? off : 0u), ok ? 16 : 0);
 	}
 }
 
 /* Starts the copies of chunk kc's activations into stage st. */
-template <class CF, int BU, int AU>
+template <class CF, int AU, int BU, bool SILU>
 static __device__ __forceinline__ void w8m_load_a(unsigned char *smem, const struct w8m_args &p,
-						  const struct w8m_copies<BU, AU> &cp, int st, int kc)
+						  const struct w8m_copies<BU, SILU> &cp, int st, int kc)
 {
-	unsigned char *base = smem + (size_t)st * CF::STAGE;
+	constexpr int T = CF::THREADS;
+	unsigned char *base = smem + (size_t)st * CF::STAGE + cp.adst;
 	int k0 = kc * W8M_BK;
 	bool kin = k0 + cp.au * 8 < p.K;
+	const uint16_t *src = p.X + k0; /* (k0 < K <= ldx: in bounds with offset 0) */
 #pragma unroll
 	for (int x = 0; x < AU; x++) {
-		bool ok = kin && ((cp.avalid >> x) & 1);
-		w8m_cp16(base + cp.adst[x], ok ? cp.asrc[x] + k0 : p.X, ok ? 16 : 0);
+		bool ok = kin && x < cp.an;
+		w8m_cp16(base + x * (T / 16) * (W8M_BK * 2), src + (ok ? cp.aoff + (uint32_t)x * cp.astep : 0u),
+			 ok ? 16 : 0);
 	}
 }
 
@@ -279,7 +343,7 @@ static __device__ __forceinline__ void w8m_scales(const struct w8m_args &p, cons
 						  int c, int kc, int half, w8m_sc_t<SBF> (*sv)[2])
 {
 	int k = kc * W8M_BK + half * 64 + c * 16;
-	int gi = min(k / p.group, p.G - 1);
+	int gi = min(p.gshift >= 0 ? k >> p.gshift : k / p.group, p.G - 1);
 #pragma unroll
 	for (int j = 0; j < WT; j++)
 #pragma unroll
@@ -298,7 +362,7 @@ static __device__ __forceinline__ void w8m_scales(const struct w8m_args &p, cons
  * = s % 2), into acc. */
 template <int TT, int WT, bool SBF>
 static __device__ __forceinline__ void w8m_step(const uint4 (&bw)[WT][2], const uint4 (&a)[TT],
-						const w8m_sc_t<SBF> (&sc)[WT][2], int s, int t,
+						const w8m_sc_t<SBF> (&sc)[WT][2], int s, int t, const w8m_bfk &k,
 						float (&acc)[TT][WT][4])
 {
 	uint32_t wf[WT][4]; /* A fragments: a0 a1 a2 a3 */
@@ -311,7 +375,7 @@ static __device__ __forceinline__ void w8m_step(const uint4 (&bw)[WT][2], const 
 				     : s == 2 ? bw[j][h].z
 					      : bw[j][h].w;
 			if constexpr (SBF)
-				w8m_dequant4_bf(w, sc[j][h], wf[j][h], wf[j][2 + h]);
+				w8m_dequant4_bf(w, sc[j][h], k, wf[j][h], wf[j][2 + h]);
 			else
 				w8m_dequant4(w, sc[j][h], wf[j][h], wf[j][2 + h]);
 		}
@@ -329,7 +393,8 @@ static __device__ __forceinline__ void w8m_step(const uint4 (&bw)[WT][2], const 
 template <int TT, int WT, bool SBF>
 static __device__ __forceinline__ void w8m_stage(const unsigned char *A, const unsigned char *B, int wm,
 						 int g, int c, const int (&brow)[WT][2],
-						 const w8m_sc_t<SBF> (&sc)[2][WT][2], float (&acc)[TT][WT][4])
+						 const w8m_sc_t<SBF> (&sc)[2][WT][2], const w8m_bfk &k,
+						 float (&acc)[TT][WT][4])
 {
 #pragma unroll
 	for (int half = 0; half < 2; half++) {
@@ -351,7 +416,7 @@ static __device__ __forceinline__ void w8m_stage(const unsigned char *A, const u
 			}
 #pragma unroll
 			for (int t = 0; t < 2; t++)
-				w8m_step<TT, WT, SBF>(bw, a, sc[half], q * 2 + t, t, acc);
+				w8m_step<TT, WT, SBF>(bw, a, sc[half], q * 2 + t, t, k, acc);
 		}
 	}
 }
@@ -462,11 +527,12 @@ static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8
 	int kc1 = min(kcn, kc0 + p.cps);
 	int nst = kc1 - kc0; /* stages of this block (>= 1 by the plan) */
 
-	struct w8m_copies<BU, AU> cp;
-	w8m_copy_plan<CF, WT, SILU>(p, tid, m0, cp);
+	struct w8m_copies<BU, SILU> cp;
+	w8m_copy_plan<CF, WT, SILU, BU, AU>(p, tid, m0, cp);
 	int brow[WT][2];
 	size_t srow[WT][2];
 	w8m_lane_rows<WT, BN, SILU>(p, wn, g, brow, srow);
+	const w8m_bfk bfk = w8m_bfk_make();
 
 	/* acc[i][j]: activation tile i (8 rows) × weight tile j (16 rows); the
 	 * MMA's D: element e is weight row g + 8 (e / 2), activation row 2c +
@@ -485,7 +551,7 @@ static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8
 #pragma unroll
 	for (int s = 0; s < STAGES - 1; s++)
 		if (s < nst)
-			w8m_load_b<CF>(smem, p, cp, s, kc0 + s);
+			w8m_load_b<CF, BU, SILU>(smem, p, cp, s, kc0 + s);
 	sc_t sc[2][WT][2];
 	w8m_scales<WT, SBF>(p, srow, c, kc0, 0, sc[0]);
 	w8m_scales<WT, SBF>(p, srow, c, kc0, 1, sc[1]);
@@ -493,21 +559,22 @@ static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8
 #pragma unroll
 	for (int s = 0; s < STAGES - 1; s++) {
 		if (s < nst)
-			w8m_load_a<CF>(smem, p, cp, s, kc0 + s);
+			w8m_load_a<CF, AU, BU, SILU>(smem, p, cp, s, kc0 + s);
 		w8m_commit();
 	}
 
-	for (int it = 0; it < nst; it++) {
-		int st = it % STAGES;
+	/* st = it % STAGES, sn = (it + STAGES - 1) % STAGES, kept without a division */
+	for (int it = 0, st = 0, sn = STAGES - 1; it < nst; it++) {
 		w8m_wait<STAGES - 2>();
 		__syncthreads(); /* stage st landed for all; stage (it - 1) % STAGES is free */
 		{
 			int nx = it + STAGES - 1;
 			if (nx < nst) {
-				w8m_load_b<CF>(smem, p, cp, nx % STAGES, kc0 + nx);
-				w8m_load_a<CF>(smem, p, cp, nx % STAGES, kc0 + nx);
+				w8m_load_b<CF, BU, SILU>(smem, p, cp, sn, kc0 + nx);
+				w8m_load_a<CF, AU, BU, SILU>(smem, p, cp, sn, kc0 + nx);
 			}
 			w8m_commit();
+			sn = sn + 1 == STAGES ? 0 : sn + 1;
 		}
 		sc_t scn[2][WT][2];
 		if (it + 1 < nst) {
@@ -515,7 +582,7 @@ static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8
 			w8m_scales<WT, SBF>(p, srow, c, kc0 + it + 1, 1, scn[1]);
 		}
 		const unsigned char *A = smem + (size_t)st * CF::STAGE;
-		w8m_stage<TT, WT, SBF>(A, A + CF::A_BYTES, wm, g, c, brow, sc, acc);
+		w8m_stage<TT, WT, SBF>(A, A + CF::A_BYTES, wm, g, c, brow, sc, bfk, acc);
 		if (it + 1 < nst) {
 #pragma unroll
 			for (int j = 0; j < WT; j++)
@@ -523,6 +590,7 @@ static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8
 				for (int h = 0; h < 2; h++)
 					sc[0][j][h] = scn[0][j][h], sc[1][j][h] = scn[1][j][h];
 		}
+		st = st + 1 == STAGES ? 0 : st + 1;
 	}
 	w8m_wait<0>();
 
@@ -539,11 +607,13 @@ static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8
 /* The tile configurations X(id, TT, WT, WM, WN, STAGES, MINB): a block is
  * WM x WN warps, each TT activation tiles (8 rows) x WT weight tiles (16
  * rows), K streamed in STAGES stages; MINB the blocks per multiprocessor
- * the register allocation is held to (__launch_bounds__). Which one a call
- * takes follows M (w8m_cfg_for, chosen on the H200 with bench_w8gemm
- * --sweep, bench/RESULTS.md); the others stay for the sweep and are tested
- * like the chosen ones (tests/gpu_w8gemm.c). The SiLU epilogue needs WT
- * even. */
+ * the register allocation is held to (__launch_bounds__). Each runs with
+ * one of two split targets (w8m_split): as many blocks as fit on the
+ * device at once, or one per multiprocessor (longer K per block). A call's
+ * configuration and target follow M (w8m_cfg_for, chosen on the H200 with
+ * bench_w8gemm --sweep, bench/RESULTS.md); the others stay for the sweep
+ * and are tested like the chosen ones (tests/gpu_w8gemm.c). The SiLU
+ * epilogue needs WT even. */
 #define W8M_CFGS(X)                                                                                       \
 	X(0, 1, 2, 1, 4, 4, 1)                                                                            \
 	X(1, 2, 2, 1, 4, 4, 1)                                                                            \
@@ -560,14 +630,39 @@ static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8
 	X(12, 4, 2, 1, 2, 4, 1)                                                                           \
 	X(13, 4, 2, 2, 4, 3, 2)                                                                           \
 	X(14, 8, 1, 1, 8, 3, 2)                                                                           \
-	X(15, 2, 2, 1, 4, 3, 2)
-#define W8M_NCFG 16
+	X(15, 2, 2, 1, 4, 3, 2)                                                                           \
+	X(16, 1, 2, 1, 2, 6, 1)                                                                           \
+	X(17, 2, 2, 1, 2, 6, 1)                                                                           \
+	X(18, 4, 2, 1, 2, 6, 1)
+#define W8M_NBASE 19
+/* cfg = 2 x the table's id + the split target (0: fill the device, 1: one
+ * block per multiprocessor) */
+#define W8M_NCFG (2 * W8M_NBASE)
 
-/* The configuration a call of M rows takes. */
-static int w8m_cfg_for(int M, int silu)
+/* The configuration a call of M rows and N outputs takes: the fastest of
+ * the sweep on the H200 (bench/RESULTS.md, 2026-12-03 fourteenth session)
+ * for the model's shapes. The SiLU calls (gate|up, N = 16384): t2w2 up to
+ * 16 rows, t4w2 to 32, t8w2 beyond, one block per multiprocessor. Narrow
+ * outputs (the K/V projections, N = 256): 8 warps of 16 weight rows, or
+ * 2 x 2 tiles of the 6-stage config up to 32 rows. The others: t2w1 x 8
+ * warps up to 16 rows, t4w1 x 8 warps to 32; to 64 t8w1 x 4 warps for
+ * down (K >= 2N), 2 x 2 tiles of t4w2 in 6 stages for 4096 x 4096; to 128
+ * t8w2 x 4 and t4w1 x 8. Past 128 rows t8w2 in 2 x 4 warps. */
+static int w8m_cfg_for(int M, int N, int K, int silu)
 {
-	(void)silu;
-	return M <= 8 ? 0 : M <= 16 ? 1 : M <= 32 ? 2 : M <= 64 ? 3 : 4;
+	if (M > 128) /* prefill pieces (the engine dequantizes there): the widest tiles */
+		return 2 * 4;
+	if (silu)
+		return M <= 16 ? 2 * 1 + 1 : M <= 32 ? 2 * 2 + 1 : 2 * 10 + 1;
+	if (N <= 512)
+		return M <= 32 ? 2 * 16 : 2 * 5;
+	if (M <= 16)
+		return 2 * 5;
+	if (M <= 32)
+		return 2 * 7;
+	if (M <= 64)
+		return K >= 2 * N ? 2 * 8 + 1 : 2 * 18 + 1;
+	return K >= 2 * N ? 2 * 10 + 1 : 2 * 7 + 1;
 }
 
 struct w8m_plan {
@@ -608,7 +703,9 @@ template <int MT, int NT, int WM, int WN, int ST, int MB, bool SILU> static int 
 
 static int w8m_cfg_ok(int cfg, int silu)
 {
-	switch (cfg) {
+	if (cfg < 0 || cfg >= W8M_NCFG)
+		return 0;
+	switch (cfg / 2) {
 #define X(id, MT, NT, WM, WN, ST, MB)                                                                     \
 	case id:                                                                                          \
 		return !silu || NT % 2 == 0;
@@ -619,14 +716,14 @@ static int w8m_cfg_ok(int cfg, int silu)
 	}
 }
 
-/* The split over K: enough blocks to fill every multiprocessor once
- * (per_sm resident each), each split at least two stages, and its partials
- * within ws_max bytes of workspace. */
-static void w8m_split(struct w8m_plan *pl, int K, int sms, size_t ws_max)
+/* The split over K: enough blocks to fill the device once (per_sm on each
+ * multiprocessor; one: one on each), each split at least two stages, and
+ * its partials within ws_max bytes of workspace. */
+static void w8m_split(struct w8m_plan *pl, int K, int sms, int one, size_t ws_max)
 {
 	int kcn = (K + W8M_BK - 1) / W8M_BK;
 	long tiles = (long)pl->tiles_m * pl->tiles_n;
-	long want = (long)sms * pl->per_sm;
+	long want = (long)sms * (one ? 1 : pl->per_sm);
 	size_t per_split = (size_t)tiles * pl->threads * pl->acc * sizeof(float);
 	int s = 1;
 	if (tiles < want && tiles <= W8M_CNT_MAX) {
@@ -648,7 +745,7 @@ static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms, int 
 {
 	struct w8m_plan pl = {};
 	pl.cfg = cfg;
-	switch (cfg) {
+	switch (cfg / 2) {
 #define X(id, MT, NT, WM, WN, ST, MB)                                                                     \
 	case id: {                                                                                        \
 		using CF = w8m_cfg<MT, NT, WM, WN, ST, false>;                                            \
@@ -666,7 +763,7 @@ static struct w8m_plan w8m_plan_for(int M, int N, int K, int silu, int sms, int 
 	int outn = silu ? pl.bn / 2 : pl.bn; /* output columns per block */
 	pl.tiles_m = (M + pl.bm - 1) / pl.bm;
 	pl.tiles_n = (N + outn - 1) / outn;
-	w8m_split(&pl, K, sms, ws_max);
+	w8m_split(&pl, K, sms, cfg % 2, ws_max);
 	return pl;
 }
 
@@ -689,10 +786,14 @@ extern "C" int sfw_cuda_w8mma_ncfg(void)
 
 extern "C" const char *sfw_cuda_w8mma_cfg_name(int cfg)
 {
+	if (cfg < 0 || cfg >= W8M_NCFG)
+		return "?";
 	switch (cfg) {
 #define X(id, MT, NT, WM, WN, ST, MB)                                                                     \
-	case id:                                                                                          \
-		return "t" #MT "w" #NT " " #WM "x" #WN " s" #ST " b" #MB;
+	case 2 * id:                                                                                      \
+		return "t" #MT "w" #NT " " #WM "x" #WN " s" #ST " b" #MB " fill";                         \
+	case 2 * id + 1:                                                                                  \
+		return "t" #MT "w" #NT " " #WM "x" #WN " s" #ST " b" #MB " one";
 		W8M_CFGS(X)
 #undef X
 	default:
@@ -710,7 +811,7 @@ extern "C" size_t sfw_cuda_w8mma_ws_bytes_cfg(int M, int N, int K, int silu, int
 	if (M <= 0 || N <= 0 || K <= 0)
 		return 0;
 	if (cfg < 0)
-		cfg = w8m_cfg_for(M, silu);
+		cfg = w8m_cfg_for(M, N, K, silu);
 	if (!w8m_cfg_ok(cfg, silu))
 		return 0;
 	return w8m_plan_for(M, N, K, silu, w8m_sms(sms), cfg, SIZE_MAX).ws_bytes;
@@ -727,6 +828,9 @@ extern "C" int sfw_cuda_w8mma_ok(const void *X, const struct sfw_w8 *w, const st
 	enum sfw_dtype sdt = w->sdt;
 	int group = w->group, ldx = sfw_gemm_ldx(sh), M = sh->M, N = sh->N, K = sh->K;
 	int g = group <= 0 || group >= K ? K : group;
+	/* the copies address codes and X with 32-bit offsets */
+	if ((uint64_t)N * (uint64_t)K > UINT32_MAX / 2 || (uint64_t)M * (uint64_t)ldx > UINT32_MAX / 2)
+		return 0;
 	return M >= 1 && N >= 1 && K >= 16 && K % 16 == 0 && g % 16 == 0 && ldx >= K && ldx % 8 == 0 &&
 	       ((uintptr_t)X & 15) == 0 && ((uintptr_t)codes & 15) == 0 &&
 	       (sdt == SFW_DTYPE_BF16 || sdt == SFW_DTYPE_F16 || sdt == SFW_DTYPE_F32);
@@ -764,7 +868,7 @@ extern "C" int sfw_cuda_gemm_w8_mma_cfg(const uint16_t *X, const struct sfw_w8 *
 	if (!sfw_cuda_w8mma_ok(X, w, sh) || ldy < N)
 		return 0;
 	if (cfg < 0)
-		cfg = w8m_cfg_for(M, silu);
+		cfg = w8m_cfg_for(M, N, K, silu);
 	if (!w8m_cfg_ok(cfg, silu))
 		return 0;
 	int g = group <= 0 || group >= K ? K : group;
@@ -776,13 +880,17 @@ extern "C" int sfw_cuda_gemm_w8_mma_cfg(const uint16_t *X, const struct sfw_w8 *
 	a.X = X, a.C = codes, a.S = scales, a.Y = Y;
 	a.ldx = ldx, a.ldy = ldy, a.M = M, a.N = N, a.K = K;
 	a.sdt = (int)sdt, a.group = g, a.G = (K + g - 1) / g;
+	a.gshift = -1;
+	if ((g & (g - 1)) == 0)
+		for (a.gshift = 0; (1 << a.gshift) < g; a.gshift++)
+			;
 	a.splits = pl.splits, a.cps = pl.cps;
 	if (pl.splits > 1) {
 		a.cnt = (int *)ws;
 		a.part = (float *)((char *)ws + W8M_CNT_MAX * sizeof(int));
 	}
 	cudaStream_t s = SFW_CUDA_STREAM(stream);
-	switch (cfg) {
+	switch (cfg / 2) {
 #define X(id, MT, NT, WM, WN, ST, MB)                                                                     \
 	case id:                                                                                          \
 		if (silu)                                                                                 \

@@ -54,9 +54,11 @@ int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
 /* The kernel's tile configurations, for the sweep that chooses among them
  * (bench_w8gemm --sweep) and the test that checks each: cfg 0 ..
  * sfw_cuda_w8mma_ncfg() - 1, named by sfw_cuda_w8mma_cfg_name ("t4w2 1x4
- * s4 b1": activation tiles of 8 rows and weight tiles of 16 rows per warp,
- * warps in M x N, stages, blocks per multiprocessor the registers are held
- * to); cfg -1 is the one the calls above take for M. A configuration that
+ * s4 b1 fill": activation tiles of 8 rows and weight tiles of 16 rows per
+ * warp, warps in M x N, stages, blocks per multiprocessor the registers are
+ * held to, and the split of K sized to fill the device with blocks or to
+ * put one on each multiprocessor); cfg -1 is the one the calls above take
+ * for M. A configuration that
  * cannot do the call (sfw_cuda_w8mma_cfg_takes 0: the SiLU epilogue needs
  * an even number of weight tiles) returns 0 and needs no workspace. */
 int sfw_cuda_w8mma_ncfg(void);

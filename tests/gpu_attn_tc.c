@@ -164,17 +164,6 @@ static int32_t *make_idx(int nkv, int T, int64_t pos0, int k, int block, int hol
 	return idx;
 }
 
-/* A block table for a cache of nb 64-token blocks: distinct places in a
- * pool of 2 nb blocks, shuffled. */
-static int32_t *shuffled_table(int64_t nb)
-{
-	int64_t pool = 2 * nb;
-	int32_t *t = malloc((size_t)pool * sizeof(int32_t));
-	if (t)
-		sfwt_iota_shuffle(t, pool, &rng);
-	return t;
-}
-
 /* A paged copy of a [L, row] bf16 cache (kernels/ops_cuda.h, struct
  * sfw_pages): block b at place t[b] of a pool of 2 nb blocks, the
  * other blocks NaN. */
@@ -211,7 +200,7 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 		 sparse ? "sparse" : "dense", T, (long long)L, nh, nkv, hd, holes ? " -1s" : "",
 		 mess ? " unsorted+future" : "");
 	/* the same cache paged: 64-token blocks shuffled in a pool */
-	int32_t *tab = shuffled_table((L + 63) / 64);
+	int32_t *tab = sfwt_block_table((L + 63) / 64, &rng);
 	void *pk = paged_copy(kb, L, nkv * hd, tab), *pv = paged_copy(vb, L, nkv * hd, tab);
 	int32_t *dtab = up(tab, (size_t)(L + 63) / 64 * sizeof(int32_t));
 	struct sfw_pages pg = {dtab, 6};
@@ -484,7 +473,7 @@ static void run_s1(void *ctx)
 static void *paged_ckeys(const void *c1, int64_t n1, const void *c2, int64_t n2, int64_t L, int32_t **dtab)
 {
 	int64_t nb = (L + 63) / 64, per = sfw_ckey_rows_per_block(6, 16), row = 256;
-	int32_t *t = shuffled_table(nb);
+	int32_t *t = sfwt_block_table(nb, &rng);
 	uint16_t *h1 = malloc((size_t)n1 * row * 2), *h2 = malloc((size_t)n2 * row * 2);
 	uint16_t *pool = calloc((size_t)(2 * nb * per * row), 2);
 	sfw_cuda_d2h(h1, c1, (size_t)n1 * row * 2, g_s), sfw_cuda_d2h(h2, c2, (size_t)n2 * row * 2, g_s);

@@ -538,28 +538,14 @@ static void t_compress(void)
 	sfw_cuda_free(dk), sfw_cuda_free(d1), sfw_cuda_free(d2);
 }
 
-/* A permuted block table for nb blocks (block i of the cache in pool
- * block (5i + 3) mod nb', nb' = nb + 2 coprime to 5 chosen so): the
- * paged twins' layout (kernels/ops.h sfw_ckey_row). */
-static int32_t *perm_table(int64_t nb, int64_t *pool_blocks)
-{
-	int64_t P = nb + 2;
-	while (P % 5 == 0)
-		P++;
-	int32_t *t = malloc((size_t)nb * sizeof(int32_t));
-	for (int64_t i = 0; i < nb; i++)
-		t[i] = (int32_t)((5 * i + 3) % P);
-	*pool_blocks = P;
-	return t;
-}
-
 /* Compressed keys written into KV blocks through a permuted table (the CPU
  * twin with the same table is the reference; contiguous keys). */
 static void t_compress_paged(void)
 {
 	int nkv = 2, hd = 128, shift = 6;
 	int64_t L = 1000, nb = (L + 63) / 64, P;
-	int32_t *tab = perm_table(nb, &P);
+	int32_t *tab = sfwt_block_table(nb, &rng);
+	P = 2 * nb;
 	int64_t per = sfw_ckey_rows_per_block(shift, 16), rows = P * per, row = (int64_t)nkv * hd;
 	float *k = randv((size_t)L * row, 1.0f), *ref = calloc((size_t)(rows * row), 4);
 	int64_t n1 = (L - 32) / 16 + 1, n2 = (L - 128) / 64 + 1;
@@ -585,7 +571,8 @@ static void t_stage1_paged(int T, int64_t L, int nh, int nkv, int hd)
 	int shift = 6;
 	int64_t pos0 = L - T, nb = (L + 63) / 64, P, row = (int64_t)nkv * hd;
 	int64_t n1 = (L - 32) / 16 + 1, n2 = L >= 128 ? (L - 128) / 64 + 1 : 0;
-	int32_t *tab = perm_table(nb, &P);
+	int32_t *tab = sfwt_block_table(nb, &rng);
+	P = 2 * nb;
 	int64_t per = sfw_ckey_rows_per_block(shift, 16);
 	size_t nq = (size_t)T * nh * hd, np = (size_t)(P * per * row);
 	float *q = randv(nq, 1.0f), *c1 = randv((size_t)n1 * row, 1.0f), *c2 = randv((size_t)(n2 ? n2 : 1) * row, 1.0f);

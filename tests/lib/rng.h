@@ -4,6 +4,7 @@
 #define SFW_TEST_RNG_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
 static inline uint64_t sfwt_next(uint64_t *state)
 {
@@ -36,6 +37,18 @@ static inline void sfwt_iota_shuffle(int32_t *t, int64_t n, uint64_t *state)
 		int32_t x = t[i];
 		t[i] = t[j], t[j] = x;
 	}
+}
+
+/* A paged cache's block table for nb blocks (kernels/ops.h, struct
+ * sfw_pages): distinct places in a pool of 2 nb blocks, shuffled; the
+ * table holds all 2 nb (the first nb are the cache's). malloc'd; NULL when
+ * out of memory. */
+static inline int32_t *sfwt_block_table(int64_t nb, uint64_t *state)
+{
+	int32_t *t = (int32_t *)malloc((size_t)(2 * nb) * sizeof(int32_t));
+	if (t)
+		sfwt_iota_shuffle(t, 2 * nb, state);
+	return t;
 }
 
 #endif
