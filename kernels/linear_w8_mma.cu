@@ -43,9 +43,13 @@
  * to bf16, silu(g) rounded, the product rounded on the store): y [M, N].
  *
  * Measured (H200, bench/bench_w8gemm.c, bench/RESULTS.md): at M <= 16 it
- * streams the codes at 1.1-2.3 TB/s, on par with or ahead of the bf16
- * cuBLASLt GEMM; from M ~ 64 (by shape) the dequantize-then-cuBLASLt path is
- * faster (this kernel reaches ~200 TFLOP/s, cuBLASLt ~850). */
+ * is ahead of the bf16 cuBLASLt GEMM on every shape; from M = 24 it runs
+ * below it on the square and down shapes: ncu puts the issue rate at one
+ * instruction per 4 cycles per scheduler with 2 warps each (shared memory
+ * bounds the blocks), and the SMs ~60% busy over the call (one wave, the
+ * split's last block per tile adds the partials). Past M = 128 the
+ * dequantize-then-cuBLASLt path is faster (this kernel reaches ~200
+ * TFLOP/s, cuBLASLt ~850). */
 #include "cuda_common.cuh"
 
 #include <cuda_bf16.h>

@@ -28,11 +28,13 @@
  * sfw_cuda_gemm_w8_mma returns 1 when it launched, 0 when the call is not
  * one it takes (sfw_cuda_w8mma_ok: K and group multiples of 16, X and codes
  * 16-byte aligned, ldx a multiple of 8; the caller then keeps its old path).
- * Any M >= 1 is taken. Where it wins (H200, bench/RESULTS.md, group 128):
- * the int8 GEMV stays faster at M <= 2; from M = 3 to 32 this kernel beats
- * the GEMV and the dequantize-then-cuBLASLt path on every shape of the
- * model; at M = 64 it still wins on gate|up (1.33x) and down (1.02x), not on
- * o_proj or K/V; from M = 128 the dequantize path is faster. */
+ * Any M >= 1 is taken. Where it wins (H200, bench/RESULTS.md, group 128,
+ * bench_w8gemm --sweep): the int8 GEMV stays faster at M <= 2; from M = 3
+ * to 64 this kernel beats the GEMV and the dequantize-then-cuBLASLt path on
+ * every shape of the model; from M = 128 the dequantize path is faster.
+ * Against the bf16 cuBLASLt GEMM on the same shape it is faster to M = 16
+ * on every shape (1.1-2.4x), to 32 on gate|up and K/V, and 0.5-0.9x of it
+ * on 4096 x 4096 and down from 24 rows. */
 #ifndef SFW_KERNELS_LINEAR_W8_MMA_H
 #define SFW_KERNELS_LINEAR_W8_MMA_H
 
