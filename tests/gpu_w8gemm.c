@@ -11,7 +11,10 @@
  * (32, 64, 128, per channel) and scale dtype (BF16, F16, F32) on shapes that
  * are not multiples of the tiles (N = 1000, K = 1040, strided X and Y), plain
  * and SiLU; the split-K workspace path and the unsplit one; repeated calls
- * bit-equal.
+ * bit-equal; then every tile configuration (sfw_cuda_w8mma_cfg_name) on
+ * those off-grid shapes, split and unsplit, plain and SiLU (a configuration
+ * that cannot do SiLU must refuse it and write nothing), and on 4096 x 4096
+ * at 64 rows.
  *
  * Tolerances, per output (bf16) against the C twin r (float32 weights
  * w = (b - 128) scale): |y - r| <= |r| / 128 + 1.6e-2 rms(r) and NMSE <
