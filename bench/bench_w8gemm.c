@@ -11,6 +11,8 @@
  * 10 calls (3 warm-ups). TFLOP/s counts 2 M N K; GB/s the weight bytes
  * (int8 codes + scales, or bf16) plus X and Y. Ratios: bf16 time / int8
  * time and old time / int8 time (> 1: the new GEMM is faster).
+ * --slab: the dequantize path's slab in MiB (default the engine's,
+ * SFW_CUDA_W8_SLAB_BYTES).
  * --sweep: instead, every tile configuration of the int8 GEMM
  * (sfw_cuda_w8mma_cfg_name) at each M beside the kernel's own choice and
  * bf16, and the fastest (how w8m_cfg_for in kernels/linear_w8_mma.cu is
@@ -156,7 +158,7 @@ int main(int argc, char **argv)
 {
 	int Ms[32] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192}, nm = 13, group = 128;
 	const char *only = NULL;
-	int sweep = 0;
+	int sweep = 0, slab_mib = (int)(SFW_CUDA_W8_SLAB_BYTES >> 20);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--m") && i + 1 < argc) {
 			nm = parse_list(argv[++i], Ms, 32);
@@ -174,9 +176,15 @@ int main(int argc, char **argv)
 			only = argv[++i];
 		} else if (!strcmp(argv[i], "--sweep")) {
 			sweep = 1;
+		} else if (!strcmp(argv[i], "--slab") && i + 1 < argc) {
+			slab_mib = atoi(argv[++i]);
+			if (slab_mib < 1 || slab_mib > 64) {
+				fprintf(stderr, "bench_w8gemm: --slab: MiB of the dequantize path's slab, 1..64\n");
+				return 2;
+			}
 		} else {
 			fprintf(stderr, "usage: bench_w8gemm [--m 1,2,4,...] [--group 32|64|128|0] [--shape NAME] "
-					"[--sweep]\n");
+					"[--sweep] [--slab MiB]\n");
 			return 2;
 		}
 	}
@@ -248,7 +256,9 @@ int main(int argc, char **argv)
 				sfw_cuda_memset(b.wbf[c], 0x3b, wb, s);
 		}
 		size_t xb = (size_t)maxM * K * 2, yb = (size_t)maxM * rows * 2;
-		b.scr_bytes = SFW_CUDA_SCRATCH_MIN;
+		b.scr_bytes = (size_t)slab_mib << 20;
+		if (b.scr_bytes < (size_t)64 * K * 2)
+			b.scr_bytes = (size_t)64 * K * 2;
 		b.ws_bytes = 0;
 		for (int i = 0; i < nm; i++)
 			for (int c = -1; c < sfw_cuda_w8mma_ncfg(); c++) {

@@ -248,28 +248,39 @@ static __global__ void gemv_w8_scalar_kernel(const A *X, int ldx, const uint8_t 
 }
 
 /* Rows [r0, r0 + nr) dequantized to bf16 Wd[nr, K]: (b - 128) · scale in
- * float32, rounded once. */
-static __global__ void dequant_w8_kernel(uint16_t *Wd, const uint8_t *C, const void *S, enum sfw_dtype sdt,
-					 int group, int r0, int nr, int K, int vec)
+ * float32, rounded once. The vector form (K and the group multiples of 16,
+ * aligned): thread x of the grid's x extent takes the 16 codes x of rows
+ * blockIdx.y, blockIdx.y + gridDim.y, ... (no division per vector: a 64-bit
+ * one per 16 codes made the dequantize slower than the memory); gshift as
+ * the GEMV's (log2(group / 16), or -1). */
+static __global__ void dequant_w8_vec_kernel(uint16_t *Wd, const uint8_t *C, const void *S, enum sfw_dtype sdt,
+					     int group, int gshift, int r0, int nr, int K)
 {
 	sfwc_pdl_wait(); /* Wd may still be read by the kernel before (the last slab's GEMM) */
+	int per = K / 16, v = blockIdx.x * blockDim.x + threadIdx.x;
+	if (v >= per)
+		return;
+	int G = (K + group - 1) / group, gi = gshift >= 0 ? v >> gshift : (v * 16) / group;
+	for (int r = blockIdx.y; r < nr; r += gridDim.y) {
+		size_t row = (size_t)r0 + r;
+		uint4 c = __ldg((const uint4 *)(C + row * (size_t)K) + v);
+		float sc = w8_scale_any(S, sdt, row * G + gi), q[16];
+		w8_unpack16(c, q);
+		uint4 *o = (uint4 *)(Wd + (size_t)r * K) + 2 * v;
+		o[0] = make_uint4(sfwc_pack2(q[0] * sc, q[1] * sc), sfwc_pack2(q[2] * sc, q[3] * sc),
+				  sfwc_pack2(q[4] * sc, q[5] * sc), sfwc_pack2(q[6] * sc, q[7] * sc));
+		o[1] = make_uint4(sfwc_pack2(q[8] * sc, q[9] * sc), sfwc_pack2(q[10] * sc, q[11] * sc),
+				  sfwc_pack2(q[12] * sc, q[13] * sc), sfwc_pack2(q[14] * sc, q[15] * sc));
+	}
+}
+
+/* The scalar form: any K, group and alignment. */
+static __global__ void dequant_w8_kernel(uint16_t *Wd, const uint8_t *C, const void *S, enum sfw_dtype sdt,
+					 int group, int r0, int nr, int K)
+{
+	sfwc_pdl_wait();
 	size_t rb = (size_t)(K + 3) / 4 * 4, G = (size_t)((K + group - 1) / group);
 	size_t stride = (size_t)gridDim.x * blockDim.x;
-	if (vec) {
-		size_t per = (size_t)K / 16, n = (size_t)nr * per;
-		for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += stride) {
-			size_t r = t / per, k = (t % per) * 16, row = (size_t)r0 + r;
-			uint4 c = __ldg((const uint4 *)(C + row * rb + k));
-			float sc = w8_scale_any(S, sdt, row * G + k / group), q[16];
-			w8_unpack16(c, q);
-			uint4 *o = (uint4 *)(Wd + r * K + k);
-			o[0] = make_uint4(sfwc_pack2(q[0] * sc, q[1] * sc), sfwc_pack2(q[2] * sc, q[3] * sc),
-					  sfwc_pack2(q[4] * sc, q[5] * sc), sfwc_pack2(q[6] * sc, q[7] * sc));
-			o[1] = make_uint4(sfwc_pack2(q[8] * sc, q[9] * sc), sfwc_pack2(q[10] * sc, q[11] * sc),
-					  sfwc_pack2(q[12] * sc, q[13] * sc), sfwc_pack2(q[14] * sc, q[15] * sc));
-		}
-		return;
-	}
 	size_t n = (size_t)nr * K;
 	for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += stride) {
 		size_t r = t / K, k = t % K, row = (size_t)r0 + r;
@@ -425,12 +436,19 @@ extern "C" void sfw_cuda_dequant_w8(uint16_t *Wd, const struct sfw_w8 *w, int r0
 		return;
 	int group = w8_group(w->group, K);
 	int vec = K % 16 == 0 && group % 16 == 0 && ((uintptr_t)codes & 15) == 0 && ((uintptr_t)Wd & 15) == 0;
-	size_t work = vec ? (size_t)nr * (K / 16) : (size_t)nr * K;
-	unsigned blocks = sfwc_blocks(work, 256);
-	if (blocks > 132 * 16)
-		blocks = 132 * 16;
-	sfwc_launch(dequant_w8_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), Wd, codes, scales, sdt,
-		    group, r0, nr, K, vec);
+	if (vec) {
+		/* 128 vectors per block along a row; rows over y (at most 65535
+		 * a launch: the kernel strides over the rest) */
+		unsigned bx = (unsigned)((K / 16 + 127) / 128), by = (unsigned)(nr < 65535 ? nr : 65535);
+		sfwc_launch(dequant_w8_vec_kernel, dim3(bx, by), dim3(128), 0, SFW_CUDA_STREAM(stream), Wd, codes,
+			    scales, sdt, group, w8_gshift(group), r0, nr, K);
+	} else {
+		unsigned blocks = sfwc_blocks((size_t)nr * K, 256);
+		if (blocks > 132 * 16)
+			blocks = 132 * 16;
+		sfwc_launch(dequant_w8_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(stream), Wd, codes, scales,
+			    sdt, group, r0, nr, K);
+	}
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -504,12 +522,12 @@ extern "C" void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, con
 		    sh->N, sh->K, 0, 1.0f, scratch, scratch_bytes, stream);
 }
 
-/* The scratch the op twins dequantize into: the bound op scratch (≥
- * SFW_CUDA_SCRATCH_MIN, reused in stream order), at least 64 rows. */
+/* The scratch the op twins dequantize into: SFW_CUDA_W8_SLAB_BYTES of the
+ * bound op scratch (reused in stream order), at least 64 rows. */
 static void *w8_scratch(struct sfw_cuda_ctx *cx, int K, size_t *bytes)
 {
 	size_t want = (size_t)64 * K * 2;
-	*bytes = want > SFW_CUDA_SCRATCH_MIN ? want : SFW_CUDA_SCRATCH_MIN;
+	*bytes = want > SFW_CUDA_W8_SLAB_BYTES ? want : SFW_CUDA_W8_SLAB_BYTES;
 	return sfwi_cuda_scratch(cx, *bytes);
 }
 

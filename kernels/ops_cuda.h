@@ -328,6 +328,12 @@ void sfw_cuda_gemm_w8(struct sfw_cuda_blas *b, const uint16_t *X, const struct s
 void sfw_cuda_dequant_w8(uint16_t *Wd, const struct sfw_w8 *w, int r0, int nr, int K, void *stream);
 /* Rows per dequantized slab (a multiple of 64, at least 64, at most N). */
 size_t sfw_cuda_w8_slab_rows(int N, int K, size_t scratch_bytes);
+/* The slab the engine's int8 GEMMs past 64 rows dequantize into before each
+ * cuBLASLt call (at least 64 rows). Larger is faster on the H200: at 1,024
+ * rows 8, 16, 32 and 64 MiB give gate|up 428, 533, 598, 625 TFLOP/s, down
+ * 336, 453, 549, 646 (bench_w8gemm --slab, bench/RESULTS.md): fewer, wider
+ * GEMMs outweigh an L2-resident slab. */
+#define SFW_CUDA_W8_SLAB_BYTES ((size_t)64 << 20)
 
 
 /* ---- the state an op runs with ----
