@@ -250,9 +250,9 @@ static __global__ void gemv_w8_scalar_kernel(const A *X, int ldx, const uint8_t 
 /* Rows [r0, r0 + nr) dequantized to bf16 Wd[nr, K]: (b - 128) · scale in
  * float32, rounded once. The vector form (K and the group multiples of 16,
  * aligned): thread x of the grid's x extent takes the 16 codes x of rows
- * blockIdx.y, blockIdx.y + gridDim.y, ... (no division per vector: a 64-bit
- * one per 16 codes made the dequantize slower than the memory); gshift as
- * the GEMV's (log2(group / 16), or -1). */
+ * blockIdx.y, blockIdx.y + gridDim.y, ... (no division per vector; as fast
+ * as the grid-stride form with a 64-bit division per 16 codes it replaced,
+ * bench/RESULTS.md); gshift as the GEMV's (log2(group / 16), or -1). */
 static __global__ void dequant_w8_vec_kernel(uint16_t *Wd, const uint8_t *C, const void *S, enum sfw_dtype sdt,
 					     int group, int gshift, int r0, int nr, int K)
 {

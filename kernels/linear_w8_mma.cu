@@ -643,15 +643,15 @@ static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8
  * block per multiprocessor) */
 #define W8M_NCFG (2 * W8M_NBASE)
 
-/* The configuration a call of M rows and N outputs takes: the fastest of
- * the sweep on the H200 (bench/RESULTS.md, 2026-12-03 fourteenth session)
- * for the model's shapes. The SiLU calls (gate|up, N = 16384): t2w2 up to
- * 16 rows, t4w2 to 32, t8w2 beyond, one block per multiprocessor. Narrow
- * outputs (the K/V projections, N = 256): 8 warps of 16 weight rows, or
- * 2 x 2 tiles of the 6-stage config up to 32 rows. The others: t2w1 x 8
- * warps up to 16 rows, t4w1 x 8 warps to 32; to 64 t8w1 x 4 warps for
- * down (K >= 2N), 2 x 2 tiles of t4w2 in 6 stages for 4096 x 4096; to 128
- * t8w2 x 4 and t4w1 x 8. Past 128 rows t8w2 in 2 x 4 warps. */
+/* The configuration a call of M rows and N outputs over K takes: the
+ * fastest of the sweep on the H200 (bench/RESULTS.md, the fourteenth
+ * session) for the model's shapes, in sfw_cuda_w8mma_cfg_name's terms.
+ * SiLU (gate|up): t2w2 1x4 to 16 rows, t4w2 1x4 to 32, t8w2 1x4 beyond,
+ * split to one block per multiprocessor. Narrow outputs (K/V, N <= 512):
+ * t1w2 1x2 s6 to 32 rows, t2w1 1x8 beyond. The others: t2w1 1x8 to 16
+ * rows, t4w1 1x8 to 32; to 64 t8w1 1x4 (down, K >= 2N) or t4w2 1x2 s6
+ * (4096 x 4096), one block per multiprocessor; to 128 t8w2 1x4 or t4w1
+ * 1x8, one per multiprocessor; past 128 rows t8w2 2x4. */
 static int w8m_cfg_for(int M, int N, int K, int silu)
 {
 	if (M > 128) /* prefill pieces (the engine dequantizes there): the widest tiles */
