@@ -267,6 +267,9 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 		 w->group, sdt_name(w->sdt), ldx != K || ldy != N ? " strided" : "",
 		 use_ws ? (need ? " split" : "") : " no-ws", case_cfg >= 0 ? " cfg " : "",
 		 case_cfg >= 0 ? sfw_cuda_w8mma_cfg_name(case_cfg) : "");
+	if (case_cfg >= 0)
+		CHECK(took == sfw_cuda_w8mma_cfg_takes(case_cfg, silu), "%s: took the call: %d, says it takes it: %d",
+		      name, took, sfw_cuda_w8mma_cfg_takes(case_cfg, silu));
 	if (!took && case_cfg >= 0 && silu && !sfw_cuda_w8mma_cfg_takes(case_cfg, silu)) {
 		/* refused, as it says it would: nothing written */
 		int untouched = 1;
