@@ -32,8 +32,10 @@
  * tiles × WT weight tiles), streaming K in stages of 128 through shared
  * memory with cp.async (STAGES deep; 16-byte units placed with an XOR
  * swizzle so that the fragment loads hit distinct banks); the configuration
- * follows M (w8m_cfg_for). Few tiles (small M, narrow N) split K over S
- * blocks: each writes its fp32 partial tile to the workspace, and the last
+ * follows M, N and K (w8m_cfg_for). Few tiles (small M, narrow N) split K
+ * over S blocks, enough to fill the device once (with the blocks that fit
+ * on a multiprocessor, or one each: the configuration's split target);
+ * each writes its fp32 partial tile to the workspace, and the last
  * of the S to arrive (a counter per tile) adds the S partials in the order
  * 0..S-1 and writes Y: deterministic, no atomics on data.
  *
