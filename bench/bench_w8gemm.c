@@ -63,7 +63,7 @@ static void call(enum path p, struct bufs *b, struct sfw_cuda_blas *blas, int i,
 	case P_MMA:
 		sfw_cuda_gemm_w8_mma_cfg(b->x, &(struct sfw_w8){b->codes[c], b->scales[c], SFW_DTYPE_BF16, group},
 					 b->y, &(struct sfw_gemm_shape){M, N, K, K, N}, silu, b->ws, b->ws_bytes, s,
-					 0, g_cfg);
+					 g_cfg);
 		break;
 	case P_BF16:
 		sfw_cuda_gemm(blas, b->x, b->wbf[i % b->nbf], b->y,
@@ -99,6 +99,68 @@ static float time_path(enum path p, struct bufs *b, struct sfw_cuda_blas *blas, 
 	return t[3];
 }
 
+/* One shape's buffers: weight copies rotating over >= 256 MiB (int8 codes
+ * and scales, bf16), X and Y for the largest M, the dequantize path's slab
+ * of slab_mib MiB (at least 64 rows), and the int8 GEMM's workspace for
+ * every configuration at every M. 0 with err set when out of memory. */
+static int bufs_make(struct bufs *b, int N, int K, int silu, int group, const int *Ms, int nm, int slab_mib, void *s,
+		     struct sfw_err *err)
+{
+	int rows = silu ? 2 * N : N, span = group > 0 ? group : K, maxM = 1;
+	size_t cb = (size_t)rows * K, sb = (size_t)rows * ((K + span - 1) / span) * 2, wb = cb * 2;
+	memset(b, 0, sizeof(*b));
+	b->ncopy = (int)(((size_t)256 << 20) / cb) + 1;
+	b->nbf = (int)(((size_t)256 << 20) / wb) + 1;
+	b->ncopy = b->ncopy > 64 ? 64 : b->ncopy;
+	b->nbf = b->nbf > 64 ? 64 : b->nbf;
+	int ok = 1;
+	for (int c = 0; c < b->ncopy && ok; c++) {
+		ok = sfw_cuda_malloc((void **)&b->codes[c], cb, "codes", err) == SFW_OK &&
+		     sfw_cuda_malloc(&b->scales[c], sb, "scales", err) == SFW_OK;
+		if (ok) {
+			sfw_cuda_memset(b->codes[c], 0x85 + c, cb, s);
+			sfw_cuda_memset(b->scales[c], 0x3a, sb, s); /* bf16 0x3a3a ~ 7e-4 */
+		}
+	}
+	for (int c = 0; c < b->nbf && ok; c++) {
+		ok = sfw_cuda_malloc((void **)&b->wbf[c], wb, "bf16 weight", err) == SFW_OK;
+		if (ok)
+			sfw_cuda_memset(b->wbf[c], 0x3b, wb, s);
+	}
+	for (int i = 0; i < nm; i++)
+		maxM = Ms[i] > maxM ? Ms[i] : maxM;
+	size_t xb = (size_t)maxM * K * 2, yb = (size_t)maxM * rows * 2;
+	b->scr_bytes = (size_t)slab_mib << 20;
+	if (b->scr_bytes < (size_t)64 * K * 2)
+		b->scr_bytes = (size_t)64 * K * 2;
+	for (int i = 0; i < nm; i++)
+		for (int c = -1; c < sfw_cuda_w8mma_ncfg(); c++) {
+			size_t w = sfw_cuda_w8mma_ws_bytes_cfg(Ms[i], N, K, silu, 0, c);
+			b->ws_bytes = w > b->ws_bytes ? w : b->ws_bytes;
+		}
+	ok = ok && sfw_cuda_malloc((void **)&b->x, xb, "x", err) == SFW_OK &&
+	     sfw_cuda_malloc((void **)&b->y, yb, "y", err) == SFW_OK &&
+	     sfw_cuda_malloc(&b->scr, b->scr_bytes, "scratch", err) == SFW_OK &&
+	     (!b->ws_bytes || sfw_cuda_malloc(&b->ws, b->ws_bytes, "ws", err) == SFW_OK);
+	if (!ok)
+		return 0;
+	sfw_cuda_memset(b->x, 0x3c, xb, s);
+	if (b->ws)
+		sfw_cuda_memset(b->ws, 0, b->ws_bytes, s);
+	return 1;
+}
+
+static void bufs_free(struct bufs *b)
+{
+	for (int c = 0; c < b->ncopy; c++)
+		sfw_cuda_free(b->codes[c]), sfw_cuda_free(b->scales[c]);
+	for (int c = 0; c < b->nbf; c++)
+		sfw_cuda_free(b->wbf[c]);
+	sfw_cuda_free(b->x), sfw_cuda_free(b->y), sfw_cuda_free(b->scr);
+	if (b->ws)
+		sfw_cuda_free(b->ws);
+}
+
 /* One line of the sweep: bf16, the kernel's choice, every configuration
  * (µs), then the three fastest. */
 static void sweep_row(struct bufs *b, struct sfw_cuda_blas *blas, const char *what, int M, int N, int K, int group,
@@ -115,7 +177,7 @@ static void sweep_row(struct bufs *b, struct sfw_cuda_blas *blas, const char *wh
 		g_cfg = c;
 		if (!sfw_cuda_gemm_w8_mma_cfg(b->x, &(struct sfw_w8){b->codes[0], b->scales[0], SFW_DTYPE_BF16, group},
 					      b->y, &(struct sfw_gemm_shape){M, N, K, K, N}, silu, b->ws, b->ws_bytes,
-					      s, 0, c)) {
+					      s, c)) {
 			printf(" %6s", "-");
 			continue;
 		}
@@ -211,18 +273,15 @@ int main(int argc, char **argv)
 		{"gate_up+silu", 16384, 4096, 1},
 		{"down", 4096, 16384, 0},
 	};
-	int maxM = 1;
-	for (int i = 0; i < nm; i++)
-		maxM = Ms[i] > maxM ? Ms[i] : maxM;
 	if (sweep) {
 		printf("configurations:");
 		for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++)
 			printf(" c%d = %s;", c, sfw_cuda_w8mma_cfg_name(c));
 		printf("\n%-13s %5s | %7s %7s |", "shape", "M", "bf16", "choice");
 		for (int c = 0; c < sfw_cuda_w8mma_ncfg(); c++) {
-			char nm[16];
-			snprintf(nm, sizeof(nm), "c%d", c);
-			printf(" %6s", nm);
+			char hd[16];
+			snprintf(hd, sizeof(hd), "c%d", c);
+			printf(" %6s", hd);
 		}
 		printf(" | the three fastest (bf16 time / theirs); choice time / the fastest\n");
 	} else {
@@ -234,48 +293,12 @@ int main(int argc, char **argv)
 			continue;
 		int N = shapes[si].N, K = shapes[si].K, silu = shapes[si].silu, rows = silu ? 2 * N : N;
 		int span = group > 0 ? group : K;
-		size_t cb = (size_t)rows * K, sb = (size_t)rows * ((K + span - 1) / span) * 2, wb = cb * 2;
+		size_t cb = (size_t)rows * K, sb = (size_t)rows * ((K + span - 1) / span) * 2;
 		struct bufs b;
-		memset(&b, 0, sizeof(b));
-		b.ncopy = (int)(((size_t)256 << 20) / cb) + 1;
-		b.nbf = (int)(((size_t)256 << 20) / wb) + 1;
-		b.ncopy = b.ncopy > 64 ? 64 : b.ncopy;
-		b.nbf = b.nbf > 64 ? 64 : b.nbf;
-		int ok = 1;
-		for (int c = 0; c < b.ncopy && ok; c++) {
-			ok = sfw_cuda_malloc((void **)&b.codes[c], cb, "codes", &err) == SFW_OK &&
-			     sfw_cuda_malloc(&b.scales[c], sb, "scales", &err) == SFW_OK;
-			if (ok) {
-				sfw_cuda_memset(b.codes[c], 0x85 + c, cb, s);
-				sfw_cuda_memset(b.scales[c], 0x3a, sb, s); /* bf16 0x3a3a ~ 7e-4 */
-			}
-		}
-		for (int c = 0; c < b.nbf && ok; c++) {
-			ok = sfw_cuda_malloc((void **)&b.wbf[c], wb, "bf16 weight", &err) == SFW_OK;
-			if (ok)
-				sfw_cuda_memset(b.wbf[c], 0x3b, wb, s);
-		}
-		size_t xb = (size_t)maxM * K * 2, yb = (size_t)maxM * rows * 2;
-		b.scr_bytes = (size_t)slab_mib << 20;
-		if (b.scr_bytes < (size_t)64 * K * 2)
-			b.scr_bytes = (size_t)64 * K * 2;
-		b.ws_bytes = 0;
-		for (int i = 0; i < nm; i++)
-			for (int c = -1; c < sfw_cuda_w8mma_ncfg(); c++) {
-				size_t w = sfw_cuda_w8mma_ws_bytes_cfg(Ms[i], N, K, silu, 0, c);
-				b.ws_bytes = w > b.ws_bytes ? w : b.ws_bytes;
-			}
-		ok = ok && sfw_cuda_malloc((void **)&b.x, xb, "x", &err) == SFW_OK &&
-		     sfw_cuda_malloc((void **)&b.y, yb, "y", &err) == SFW_OK &&
-		     sfw_cuda_malloc(&b.scr, b.scr_bytes, "scratch", &err) == SFW_OK &&
-		     (!b.ws_bytes || sfw_cuda_malloc(&b.ws, b.ws_bytes, "ws", &err) == SFW_OK);
-		if (!ok) {
+		if (!bufs_make(&b, N, K, silu, group, Ms, nm, slab_mib, s, &err)) {
 			fprintf(stderr, "bench_w8gemm: %s\n", err.msg);
 			return 1;
 		}
-		sfw_cuda_memset(b.x, 0x3c, xb, s);
-		if (b.ws)
-			sfw_cuda_memset(b.ws, 0, b.ws_bytes, s);
 		for (int i = 0; sweep && i < nm; i++)
 			sweep_row(&b, blas, shapes[si].what, Ms[i], N, K, group, silu, s, e0, e1);
 		for (int i = 0; !sweep && i < nm; i++) {
@@ -301,13 +324,7 @@ int main(int argc, char **argv)
 			       old, oldtf, gemv, tb / tm, rold);
 			fflush(stdout);
 		}
-		for (int c = 0; c < b.ncopy; c++)
-			sfw_cuda_free(b.codes[c]), sfw_cuda_free(b.scales[c]);
-		for (int c = 0; c < b.nbf; c++)
-			sfw_cuda_free(b.wbf[c]);
-		sfw_cuda_free(b.x), sfw_cuda_free(b.y), sfw_cuda_free(b.scr);
-		if (b.ws)
-			sfw_cuda_free(b.ws);
+		bufs_free(&b);
 	}
 	if (sweep)
 		printf("times in µs (median of 7 x 10 calls); choice: the kernel's own configuration for M; - : the "

@@ -863,9 +863,9 @@ static void w8m_launch(const struct w8m_plan &pl, const struct w8m_args &a, cuda
 	}
 }
 
-extern "C" int sfw_cuda_gemm_w8_mma_cfg(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
-					const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes,
-					void *stream, int sms, int cfg)
+/* The call, with configuration cfg (-1: w8m_cfg_for's). */
+static int w8m_gemm(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y, const struct sfw_gemm_shape *sh,
+		    int silu, void *ws, size_t ws_bytes, void *stream, int sms, int cfg)
 {
 	const uint8_t *codes = w->codes;
 	const void *scales = w->scales;
@@ -914,5 +914,12 @@ extern "C" int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, u
 				    const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes,
 				    void *stream, int sms)
 {
-	return sfw_cuda_gemm_w8_mma_cfg(X, w, Y, sh, silu, ws, ws_bytes, stream, sms, -1);
+	return w8m_gemm(X, w, Y, sh, silu, ws, ws_bytes, stream, sms, -1);
+}
+
+extern "C" int sfw_cuda_gemm_w8_mma_cfg(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
+					const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes,
+					void *stream, int cfg)
+{
+	return w8m_gemm(X, w, Y, sh, silu, ws, ws_bytes, stream, 0, cfg);
 }

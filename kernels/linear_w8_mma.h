@@ -62,14 +62,15 @@ int sfw_cuda_gemm_w8_mma(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
  * put one on each multiprocessor); cfg -1 is the one the calls above take
  * for M. A configuration that
  * cannot do the call (sfw_cuda_w8mma_cfg_takes 0: the SiLU epilogue needs
- * an even number of weight tiles) returns 0 and needs no workspace. */
+ * an even number of weight tiles) returns 0 and needs no workspace. The
+ * _cfg call asks the runtime for the multiprocessors (sms 0 above). */
 int sfw_cuda_w8mma_ncfg(void);
 const char *sfw_cuda_w8mma_cfg_name(int cfg);
 int sfw_cuda_w8mma_cfg_takes(int cfg, int silu);
 size_t sfw_cuda_w8mma_ws_bytes_cfg(int M, int N, int K, int silu, int sms, int cfg);
 int sfw_cuda_gemm_w8_mma_cfg(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y,
 			     const struct sfw_gemm_shape *sh, int silu, void *ws, size_t ws_bytes, void *stream,
-			     int sms, int cfg);
+			     int cfg);
 
 #ifdef __cplusplus
 }

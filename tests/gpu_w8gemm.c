@@ -261,7 +261,7 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	sfw_cuda_memset(dy, 0xff, ny * 2, s); /* poison: NaN bf16 */
 	int took = sfw_cuda_gemm_w8_mma_cfg(dx, &(struct sfw_w8){w->dc, w->ds, w->sdt, w->group}, dy,
 					    &(struct sfw_gemm_shape){M, N, K, ldx, ldy}, silu,
-					    use_ws ? ws->p : NULL, use_ws ? ws->bytes : 0, s, 0, case_cfg);
+					    use_ws ? ws->p : NULL, use_ws ? ws->bytes : 0, s, case_cfg);
 	char name[192];
 	snprintf(name, sizeof(name), "w8mma%s M=%d N=%d K=%d group %d %s%s%s%s%s", silu ? " silu" : "", M, N, K,
 		 w->group, sdt_name(w->sdt), ldx != K || ldy != N ? " strided" : "",
@@ -286,7 +286,7 @@ static void run_case(const struct w8 *w, int M, int ldx, int ldy, int silu, int 
 	sfw_cuda_memset(dy, 0xff, ny * 2, s);
 	sfw_cuda_gemm_w8_mma_cfg(dx, &(struct sfw_w8){w->dc, w->ds, w->sdt, w->group}, dy,
 				 &(struct sfw_gemm_shape){M, N, K, ldx, ldy}, silu, use_ws ? ws->p : NULL,
-				 use_ws ? ws->bytes : 0, s, 0, case_cfg);
+				 use_ws ? ws->bytes : 0, s, case_cfg);
 	sfw_cuda_d2h(y2, dy, ny * 2, s);
 	sfw_cuda_sync(s);
 	int same = 1, untouched = 1;
