@@ -545,7 +545,7 @@ extern "C" int sfw_op_swiglu_w8_cuda(void *y, const void *x, const struct sfw_w8
 				     const struct sfw_gemm_shape *sh, struct sfw_cuda_ctx *cx)
 {
 	int M = sh->M, N = sh->N, K = sh->K;
-	if (M < 3 || M > 64)
+	if (!w8mma_rows(M))
 		return 0;
 	struct sfw_gemm_shape dense = {M, N, K, K, N};
 	return sfw_cuda_gemm_w8_mma((const uint16_t *)x, w, (uint16_t *)y, &dense, 1, cx->w8ws,

@@ -886,10 +886,7 @@ static int w8m_gemm(const uint16_t *X, const struct sfw_w8 *w, uint16_t *Y, cons
 	a.X = X, a.C = codes, a.S = scales, a.Y = Y;
 	a.ldx = ldx, a.ldy = ldy, a.M = M, a.N = N, a.K = K;
 	a.sdt = (int)sdt, a.group = g, a.G = (K + g - 1) / g;
-	a.gshift = -1;
-	if ((g & (g - 1)) == 0)
-		for (a.gshift = 0; (1 << a.gshift) < g; a.gshift++)
-			;
+	a.gshift = (g & (g - 1)) == 0 ? sfw_log2i(g) : -1;
 	a.splits = pl.splits, a.cps = pl.cps;
 	if (pl.splits > 1) {
 		a.cnt = (int *)ws;

@@ -82,11 +82,9 @@ void sfw_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struc
  * kernels/ops.h; 0 where the blocks cannot be paged). */
 static double ckey_rows_per_block(const struct sfw_config *c)
 {
-	int blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64, shift = 0;
-	while (shift < 30 && (1 << shift) < blk)
-		shift++;
+	int blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64;
 	int stride = c->sparse_kernel_stride > 0 ? c->sparse_kernel_stride : 16;
-	return blk == 1 << shift ? (double)sfw_ckey_rows_per_block(shift, stride) : 0;
+	return blk & (blk - 1) ? 0 : (double)sfw_ckey_rows_per_block(sfw_log2i(blk), stride);
 }
 
 static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx, int64_t tokens, int paged,
