@@ -26,11 +26,9 @@ struct att_args {
 	void *o;
 	float *part; /* split partials: [rows*nkv][nsplit][G][HD + 2] */
 	int T, nh, nkv, k, block, nsplit;
-	int64_t pos0;
+	int64_t pos0; /* bounds the launch (dense: the cache holds at most pos0 + T tokens) */
 	float scale;
-	/* non-NULL: the position of row 0 is *dpos when the kernel runs (a
-	 * recorded decode step); pos0 then only bounds the launch (dense: the
-	 * cache holds at most pos0 + T tokens) */
+	/* the position of row 0, read when the kernel runs */
 	const int64_t *dpos;
 	/* the cache's pages (ops_cuda.h, struct sfw_pages): NULL = contiguous */
 	const int32_t *tab;
@@ -122,7 +120,7 @@ static __device__ __forceinline__ int64_t row_seq(const att_args &a, const sfwc_
 						  const void **vc, const int32_t **tab, int *shift)
 {
 	*kc = a.pk ? *a.pk : a.kc, *vc = a.pv ? *a.pv : a.vc, *tab = a.ptab ? *a.ptab : a.tab, *shift = a.shift;
-	return (a.dpos ? *a.dpos : a.pos0) + r;
+	return *a.dpos + r;
 }
 
 static __device__ __forceinline__ int64_t row_seq(const att_args &, const sfw_cuda_seqs &s, int r, const void **kc,
@@ -350,19 +348,19 @@ static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, struc
 	}
 }
 
-/* The one entry of each attention (ops_cuda.h): host positions, or (rr)
- * the row's position and caches read on the device when the kernel runs. */
+/* The one entry of each attention (ops_cuda.h): the row's position, and
+ * where rr has them its caches, read on the device when the kernel runs. */
 static att_args att_make(void *o, const void *q, const void *kc, const void *vc, const struct sfw_pages *pg,
 			 const int32_t *idx, int T, int nh, int nkv, int64_t pos0, int k, int block, float scale,
 			 const struct sfw_cuda_rowref *rr)
 {
-	SFW_ASSERT(!rr || (rr->pos && !rr->k == !rr->v && (!rr->tab || pg)));
+	SFW_ASSERT(rr->pos && !rr->k == !rr->v && (!rr->tab || pg));
 	/* a table from a slot: pg gives its blocks' size (pg->tab unused) */
-	int shift = rr && rr->tab ? pg->shift : sfwc_pg_shift(pg);
+	int shift = rr->tab ? pg->shift : sfwc_pg_shift(pg);
 	att_args a = {q,	 kc,		  vc,	 idx,		  o,		   NULL,
 		      T,	 nh,		  nkv,	 k,		  block,	   1,
-		      pos0,	 scale,		  rr ? rr->pos : NULL, sfwc_pg_tab(pg), shift,	   rr ? rr->k : NULL,
-		      rr ? rr->v : NULL, rr ? rr->tab : NULL};
+		      pos0,	 scale,		  rr->pos, sfwc_pg_tab(pg), shift,	   rr->k,
+		      rr->v, rr->tab};
 	return a;
 }
 
@@ -375,9 +373,10 @@ extern "C" void sfw_cuda_attn_dense(void *o, const void *q, const struct sfw_cud
 	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
 	int64_t pos0 = sh->pos0;
 	float scale = sh->scale;
-	/* rr: the split count is planned for pos0 + T keys; a split past the
-	 * row's last key writes an empty partial (max -inf, sum 0) */
-	if (!rr && sfwi_attn_tc(o, q, kc, vc, pg, NULL, T, nh, nkv, hd, pos0, 0, 0, scale, act, cx))
+	/* the split count is planned for pos0 + T keys; a split past the row's
+	 * last key writes an empty partial (max -inf, sum 0). The tensor-core
+	 * kernel takes the caches as given only. */
+	if (!rr->k && !rr->tab && sfwi_attn_tc(o, q, kv, NULL, sh, rr->pos, act, cx))
 		return;
 	attn_any(att_make(o, q, kc, vc, pg, NULL, T, nh, nkv, pos0, 0, 0, scale, rr), sfwc_one_seq(), hd, act, cx);
 }
@@ -391,7 +390,7 @@ extern "C" void sfw_cuda_attn_sparse(void *o, const void *q, const struct sfw_cu
 	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, k = sh->topk, block = sh->block;
 	int64_t pos0 = sh->pos0;
 	float scale = sh->scale;
-	if (!rr && sfwi_attn_tc(o, q, kc, vc, pg, idx, T, nh, nkv, hd, pos0, k, block, scale, act, cx))
+	if (!rr->k && !rr->tab && sfwi_attn_tc(o, q, kv, idx, sh, rr->pos, act, cx))
 		return;
 	attn_any(att_make(o, q, kc, vc, pg, idx, T, nh, nkv, pos0, k, block, scale, rr), sfwc_one_seq(), hd, act, cx);
 }
@@ -402,7 +401,8 @@ extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, c
 				       struct sfw_cuda_ctx *cx)
 {
 	struct sfw_cuda_kv kv = {(void *)kc, (void *)vc, NULL};
-	sfw_cuda_attn_dense(o, q, &kv, sh, NULL, act, cx);
+	struct sfw_cuda_rowref rr = sfwc_rowref_at(sfw_cuda_ctx_pos(cx, sh->pos0));
+	sfw_cuda_attn_dense(o, q, &kv, sh, &rr, act, cx);
 }
 
 extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void *vc,
@@ -410,19 +410,19 @@ extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, 
 					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	struct sfw_cuda_kv kv = {(void *)kc, (void *)vc, NULL};
-	sfw_cuda_attn_sparse(o, q, &kv, idx, sh, NULL, act, cx);
+	struct sfw_cuda_rowref rr = sfwc_rowref_at(sfw_cuda_ctx_pos(cx, sh->pos0));
+	sfw_cuda_attn_sparse(o, q, &kv, idx, sh, &rr, act, cx);
 }
 
 /* T tokens' K and V rows (n vectors of V each) from rows 0 .. T-1 of k, v to
- * the cache rows of tokens pos0 + r (pos0 = *dpos when dpos is non-NULL):
- * one block per token. */
+ * the cache rows of tokens *dpos + r: one block per token. */
 template <typename V>
-static __global__ void kv_write_kernel(V *kc, V *vc, const V *k, const V *v, int n, int64_t pos0,
-				       const int64_t *dpos, const int32_t *tab, int shift)
+static __global__ void kv_write_kernel(V *kc, V *vc, const V *k, const V *v, int n, const int64_t *dpos,
+				       const int32_t *tab, int shift)
 {
 	sfwc_pdl_wait();
 	int r = blockIdx.x;
-	size_t base = (size_t)sfwc_kv_row(tab, shift, (dpos ? *dpos : pos0) + r) * (size_t)n, src = (size_t)r * n;
+	size_t base = (size_t)sfwc_kv_row(tab, shift, *dpos + r) * (size_t)n, src = (size_t)r * n;
 	for (int i = threadIdx.x; i < n; i += blockDim.x) {
 		kc[base + i] = k[src + i];
 		vc[base + i] = v[src + i];
@@ -430,7 +430,7 @@ static __global__ void kv_write_kernel(V *kc, V *vc, const V *k, const V *v, int
 }
 
 static void kv_write(void *kc, void *vc, const struct sfw_pages *pg, const void *k, const void *v,
-		     size_t row_bytes, int64_t pos0, const int64_t *dpos, int T, cudaStream_t s)
+		     size_t row_bytes, const int64_t *dpos, int T, cudaStream_t s)
 {
 	SFW_ASSERT(row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX && T >= 1);
 	uintptr_t al = (uintptr_t)kc | (uintptr_t)vc | (uintptr_t)k | (uintptr_t)v | (uintptr_t)row_bytes;
@@ -438,29 +438,21 @@ static void kv_write(void *kc, void *vc, const struct sfw_pages *pg, const void 
 	int shift = sfwc_pg_shift(pg);
 	if (al % 16 == 0)
 		sfwc_launch(kv_write_kernel<uint4>, dim3((unsigned)T), dim3(256), 0, s, (uint4 *)kc, (uint4 *)vc,
-			    (const uint4 *)k, (const uint4 *)v, (int)(row_bytes / 16), pos0, dpos, tab, shift);
+			    (const uint4 *)k, (const uint4 *)v, (int)(row_bytes / 16), dpos, tab, shift);
 	else
 		sfwc_launch(kv_write_kernel<uint16_t>, dim3((unsigned)T), dim3(256), 0, s, (uint16_t *)kc,
-			    (uint16_t *)vc, (const uint16_t *)k, (const uint16_t *)v, (int)(row_bytes / 2), pos0, dpos,
-			    tab, shift);
+			    (uint16_t *)vc, (const uint16_t *)k, (const uint16_t *)v, (int)(row_bytes / 2), dpos, tab,
+			    shift);
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *v,
-				  size_t row_bytes, int64_t pos0, int T, const struct sfw_cuda_rowref *rr,
-				  struct sfw_cuda_ctx *cx)
+				  size_t row_bytes, int T, const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx)
 {
-	void *kc = kv->kc, *vc = kv->vc;
-	const struct sfw_pages *pg = kv->pg;
 	if (T <= 0)
 		return;
-	SFW_ASSERT(!rr || (rr->pos && !rr->k && !rr->tab)); /* the caches as given, the position from the device */
-	if (!rr && !sfwc_pg_tab(pg)) { /* contiguous at a host position: the rows are one range */
-		sfw_cuda_d2d((char *)kc + (size_t)pos0 * row_bytes, k, (size_t)T * row_bytes, cx->stream);
-		sfw_cuda_d2d((char *)vc + (size_t)pos0 * row_bytes, v, (size_t)T * row_bytes, cx->stream);
-		return;
-	}
-	kv_write(kc, vc, pg, k, v, row_bytes, pos0, rr ? rr->pos : NULL, T, SFW_CUDA_STREAM(cx->stream));
+	SFW_ASSERT(rr->pos && !rr->k && !rr->tab); /* the caches as given, the position from the device */
+	kv_write(kv->kc, kv->vc, kv->pg, k, v, row_bytes, rr->pos, T, SFW_CUDA_STREAM(cx->stream));
 }
 
 /* ---- a batched decode step: one row per sequence (ops_cuda.h) ---- */

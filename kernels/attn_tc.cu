@@ -29,7 +29,7 @@ struct atc_args {
 	const int32_t *idx; /* NULL: dense */
 	uint16_t *o;
 	int T, nh, nkv, k;
-	int64_t pos0;
+	const int64_t *dpos; /* the position of row 0, read when the kernel runs */
 	float scale_log2; /* scale * log2(e) */
 	const int32_t *tab; /* the cache's pages (ops_cuda.h); NULL: contiguous */
 	int shift;
@@ -209,8 +209,9 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_k
 	const int g = blockIdx.y, G = a.nh / a.nkv;
 	const int r0 = blockIdx.x * ATC_W, r = r0 + w;
 	const bool active = r < a.T;
-	const int64_t p = a.pos0 + r;
-	const int64_t pmax = a.pos0 + min(a.T - 1, r0 + ATC_W - 1);
+	const int64_t pos0 = *a.dpos;
+	const int64_t p = pos0 + r;
+	const int64_t pmax = pos0 + min(a.T - 1, r0 + ATC_W - 1);
 
 	atc_build_list(a, lists, lens_s, active, r, g, p, w, lane);
 	__syncthreads();
@@ -282,10 +283,12 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 	return 1;
 }
 
-int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_pages *pg,
-		 const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
-		 enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+int sfwi_attn_tc(void *o, const void *q, const struct sfw_cuda_kv *kv, const int32_t *idx,
+		 const struct sfw_attn_shape *sh, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, k = sh->topk, block = sh->block;
+	int64_t pos0 = sh->pos0;
+	const struct sfw_pages *pg = kv->pg;
 	enum tc_mode mode = tc_mode_of(cx->attn);
 	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || nkv <= 0 || nh % nkv != 0 || nh / nkv > 16)
 		return 0;
@@ -293,7 +296,8 @@ int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const s
 		return 0;
 	if (hd != 32 && hd != 64 && hd != 128)
 		return 0;
-	/* (p / 64) + 1 must fit an int; the merge uses INT_MAX as "done" */
+	/* (p / 64) + 1 must fit an int (pos0 + T bounds the positions); the
+	 * merge uses INT_MAX as "done" */
 	if (pos0 + T >= (int64_t)INT_MAX)
 		return 0;
 	/* auto: prefill-sized calls only; decode rows (few, long) are better
@@ -301,16 +305,16 @@ int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const s
 	if (mode == TC_AUTO && T < 128)
 		return 0;
 	atc_args a = {(const uint16_t *)q,
-		      (const uint16_t *)kc,
-		      (const uint16_t *)vc,
+		      (const uint16_t *)kv->kc,
+		      (const uint16_t *)kv->vc,
 		      idx,
 		      (uint16_t *)o,
 		      T,
 		      nh,
 		      nkv,
 		      k,
-		      pos0,
-		      scale * 1.4426950408889634f,
+		      dpos,
+		      sh->scale * 1.4426950408889634f,
 		      sfwc_pg_tab(pg),
 		      sfwc_pg_shift(pg)};
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);

@@ -154,18 +154,16 @@ struct sfwi_ckpages {
 };
 /* Tensor-core twins (bf16 activations only). Each returns 1 when it took the
  * call, 0 when the shape or the mode says the CUDA-core kernel should run. */
-int sfwi_attn_tc(void *o, const void *q, const void *kc, const void *vc, const struct sfw_pages *pg,
-		 const int32_t *idx, int T, int nh, int nkv, int hd, int64_t pos0, int k, int block, float scale,
-		 enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
-		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-		   const struct sfwi_ckpages *ck, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-/* Stage 1 of T <= 16 rows, the keys split over many warps (rr non-NULL: a
- * recorded decode step, pos0 = *rr->pos, n1 and n2 only bound the launch,
- * c1 and c2 read from rr's slots where it has them). */
-int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
-			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
-			struct sfw_cuda_ctx *cx);
+/* Attention (sfw_cuda_attn_dense / _sparse: idx NULL is dense) over the
+ * caches kv as given (paged by kv->pg); row 0 at position *dpos, sh->pos0 + T
+ * bounding the positions. */
+int sfwi_attn_tc(void *o, const void *q, const struct sfw_cuda_kv *kv, const int32_t *idx,
+		 const struct sfw_attn_shape *sh, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+/* Stage 1 (sfw_cuda_stage1) on tensor cores; rr (required: the rows and
+ * counts, struct sfwc_selpos) and ck say where the rows and the compressed
+ * keys are; sh's n1 and n2 bound the counts. */
+int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
+		   const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
+		   struct sfw_cuda_ctx *cx);
 
 #endif

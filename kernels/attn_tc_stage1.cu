@@ -22,7 +22,8 @@
 struct s1tc_args {
 	float *scores;
 	const uint16_t *q, *c1, *c2;
-	int64_t n1, n2, pos0;
+	int64_t n1, n2, pos0; /* from sp when the kernel runs */
+	sfwc_selpos sp;
 	int T, nh, nkv, ksize, stride;
 	float scale_log2; /* scale * log2(e) */
 	const int32_t *tab; /* paged compressed keys (sfw_ckey_row), or NULL */
@@ -178,6 +179,9 @@ static __device__ __forceinline__ void s1t_level1(const float (&s)[8][4], float 
 template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_args a)
 {
 	sfwc_pdl_wait();
+	a.pos0 = *a.sp.pos + a.sp.off;
+	a.n1 = sfwc_nchunks(*a.sp.pos + a.sp.len, a.ksize, a.stride);
+	a.n2 = sfwc_nchunks(*a.sp.pos + a.sp.len, 4 * a.ksize, 4 * a.stride);
 	constexpr int LD = HD + 8; /* padded rows: conflict-free ldmatrix */
 	__shared__ __align__(16) uint16_t tile[2][S1T_TILE * LD];
 	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, tq = lane & 3;
@@ -263,10 +267,10 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 struct s1d_args {
 	float *scores, *part; /* part: [T*nkv][nsplit][G] of (max, sum), log2 domain */
 	const uint16_t *q, *c1, *c2;
-	int64_t n1, n2, pos0;
+	int64_t n1, n2, pos0; /* from sp when the kernel runs */
 	int T, nh, nkv, ksize, stride, nsplit;
 	float scale_log2;
-	const int64_t *dpos; /* non-NULL: pos0 = *dpos, n1 and n2 follow (a recorded step) */
+	sfwc_selpos sp;
 	void *const *pc1, *const *pc2; /* non-NULL: c1 = *pc1, c2 = *pc2 (struct sfw_cuda_rowref) */
 	const int32_t *tab;	       /* paged compressed keys (sfw_ckey_row), or NULL */
 	const int32_t *const *ptab;    /* non-NULL: tab = *ptab */
@@ -279,12 +283,10 @@ static __device__ __forceinline__ void s1d_resolve(s1d_args &a)
 		a.c1 = (const uint16_t *)*a.pc1, a.c2 = (const uint16_t *)*a.pc2;
 	if (a.ptab)
 		a.tab = *a.ptab;
-	if (!a.dpos)
-		return;
-	a.pos0 = *a.dpos;
-	int64_t len = a.pos0 + a.T;
-	a.n1 = len < a.ksize ? 0 : (len - a.ksize) / a.stride + 1;
-	a.n2 = len < 4 * a.ksize ? 0 : (len - 4 * a.ksize) / (4 * a.stride) + 1;
+	int64_t len = *a.sp.pos + a.sp.len;
+	a.pos0 = *a.sp.pos + a.sp.off;
+	a.n1 = sfwc_nchunks(len, a.ksize, a.stride);
+	a.n2 = sfwc_nchunks(len, 4 * a.ksize, 4 * a.stride);
 }
 
 /* The A fragments of query row r, group g (rows >= G zero), in the permuted
@@ -467,23 +469,18 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 			}
 }
 
-int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
-			int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-			const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
-			struct sfw_cuda_ctx *cx)
+/* T <= 16 rows: the keys split over many warps; c1, c2 and the table from
+ * rr's and ck's slots where they have them. */
+static int stage1_tc_rows(float *scores, const void *q, const void *c1, const void *c2,
+			  const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr,
+			  const struct sfwi_ckpages *ck, struct sfw_cuda_ctx *cx)
 {
-	enum tc_mode mode = tc_mode_of(cx->stage1);
-	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || T > S1D_MAXT || n1 <= 0 || nkv <= 0 ||
-	    nh % nkv != 0 || nh / nkv > 16)
-		return 0;
-	if (hd != 32 && hd != 64 && hd != 128)
-		return 0;
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
+	int64_t n1 = sh->n1, n2 = sh->n2 > 0 ? sh->n2 : 0;
 	/* grid.y of pass B is unsigned, and so are the key indices' products */
-	if (n1 / (S1D_W * S1D_KEYS) >= (int64_t)1 << 30)
+	if (T > S1D_MAXT || n1 / (S1D_W * S1D_KEYS) >= (int64_t)1 << 30)
 		return 0;
 	int G = nh / nkv, rows = T * nkv, sms = sfwi_cuda_sms(cx);
-	if (n2 < 0)
-		n2 = 0;
 	/* pass A: splits of at least one CTA's step of keys, enough CTAs to
 	 * cover the machine once */
 	int nsplit = 1;
@@ -496,20 +493,20 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1
 		      (const uint16_t *)c2,
 		      n1,
 		      n2,
-		      pos0,
+		      0,
 		      T,
 		      nh,
 		      nkv,
-		      ksize,
-		      stride,
+		      sh->ksize,
+		      sh->stride,
 		      nsplit,
-		      scale * 1.4426950408889634f,
-		      rr ? rr->pos : NULL,
-		      rr ? rr->c1 : NULL,
-		      rr ? rr->c2 : NULL,
-		      ck ? ck->tab : NULL,
-		      ck ? ck->ptab : NULL,
-		      ck ? ck->shift : 0};
+		      sh->scale * 1.4426950408889634f,
+		      sfwc_selpos{rr->pos, rr->off, rr->len},
+		      rr->c1,
+		      rr->c2,
+		      ck->tab,
+		      ck->ptab,
+		      ck->shift};
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 ga((unsigned)rows, (unsigned)nsplit),
 	    gb((unsigned)rows, (unsigned)((n1 + S1D_W * S1D_KEYS - 1) / (S1D_W * S1D_KEYS)));
@@ -531,10 +528,12 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, int64_t n1
 	return 1;
 }
 
-int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, const void *c2, int64_t n2,
-		   int T, int nh, int nkv, int hd, int64_t pos0, int ksize, int stride, float scale,
-		   const struct sfwi_ckpages *ck, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
+		   const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
+		   struct sfw_cuda_ctx *cx)
 {
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
+	int64_t n1 = sh->n1, n2 = sh->n2;
 	enum tc_mode mode = tc_mode_of(cx->stage1);
 	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || n1 <= 0 || nkv <= 0 || nh % nkv != 0 ||
 	    nh / nkv > 16)
@@ -545,11 +544,11 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, con
 	if (n1 / S1T_TILE >= (int64_t)1 << 30 || n2 / S1T_TILE >= (int64_t)1 << 30)
 		return 0;
 	/* decode rows: the split over the keys above; between those and
-	 * prefill-sized calls (auto) the CUDA-core kernel */
+	 * prefill-sized calls (auto) the CUDA-core kernel; the prefill kernel
+	 * takes the compressed keys as given only */
 	if (T <= S1D_MAXT)
-		return sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale,
-					   NULL, ck, act, cx);
-	if (mode == TC_AUTO && T < 64)
+		return stage1_tc_rows(scores, q, c1, c2, sh, rr, ck, cx);
+	if ((mode == TC_AUTO && T < 64) || rr->c1 || ck->ptab)
 		return 0;
 	s1tc_args a = {scores,
 		       (const uint16_t *)q,
@@ -557,15 +556,16 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, int64_t n1, con
 		       (const uint16_t *)c2,
 		       n1,
 		       n2 > 0 ? n2 : 0,
-		       pos0,
+		       0,
+		       sfwc_selpos{rr->pos, rr->off, rr->len},
 		       T,
 		       nh,
 		       nkv,
-		       ksize,
-		       stride,
-		       scale * 1.4426950408889634f,
-		       ck ? ck->tab : NULL,
-		       ck ? ck->shift : 0};
+		       sh->ksize,
+		       sh->stride,
+		       sh->scale * 1.4426950408889634f,
+		       ck->tab,
+		       ck->shift};
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 grid((unsigned)((T + S1T_W - 1) / S1T_W), (unsigned)nkv);
 	switch (hd) {

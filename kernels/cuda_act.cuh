@@ -204,8 +204,33 @@ bool sfwi_rmsnorm_vec_ok(const void *y, const void *x, int n, enum sfw_dtype act
 /* Y[M, N] float = round_bf16(alpha · X Wᵀ) by the bf16 GEMV (M ≤ SFW_CUDA_GEMV_MAX_M; kernels/linear.cu). */
 void sfwi_cuda_gemv_logits(const uint16_t *X, const uint16_t *W, float *Y, int M, int N, int K, float alpha,
 			   void *stream);
-void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
-			 enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+/* NeoX RoPE of T rows at positions *dpos + t (device memory). */
+void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, enum sfw_dtype act,
+			 struct sfw_cuda_ctx *cx);
+
+/* Level-1 chunks of a cache of len tokens (sfw_ckey_row's chunking: ksize
+ * tokens every stride; level 2 is 4 ksize every 4 stride). */
+static __host__ __device__ __forceinline__ int64_t sfwc_nchunks(int64_t len, int ksize, int stride)
+{
+	return len < ksize ? 0 : (len - ksize) / stride + 1;
+}
+
+/* Where a selection call's rows are when its kernels run (struct
+ * sfw_cuda_rowref's pos, off and len): row r is the token at *pos + off +
+ * r of a cache of *pos + len tokens, whose chunk and block counts are
+ * those of the call. */
+struct sfwc_selpos {
+	const int64_t *pos;
+	int64_t off, len;
+};
+
+/* A row reference with only its position (the twins'). */
+static inline struct sfw_cuda_rowref sfwc_rowref_at(const int64_t *pos)
+{
+	struct sfw_cuda_rowref rr = {};
+	rr.pos = pos;
+	return rr;
+}
 
 /* A kernel's sequences: sfwc_one_seq (the call's own cache, an empty
  * launch parameter) or struct sfw_cuda_seqs (ops_cuda.h: row i of a

@@ -281,8 +281,7 @@ struct rope_table {
 };
 
 template <typename T>
-static __global__ void rope_kernel(T *x, int T_, int nh, int hd, int64_t pos0, const rope_table tab,
-				   const int64_t *dpos)
+static __global__ void rope_kernel(T *x, int T_, int nh, int hd, const rope_table tab, const int64_t *dpos)
 {
 	sfwc_pdl_wait();
 	int half = hd >> 1;
@@ -291,8 +290,7 @@ static __global__ void rope_kernel(T *x, int T_, int nh, int hd, int64_t pos0, c
 		int m = (int)(i % half);
 		size_t th = i / half;
 		int t = (int)(th / nh);
-		int64_t p0 = dpos ? *dpos : pos0;
-		float a = (float)(p0 + t) * tab.inv[m];
+		float a = (float)(*dpos + t) * tab.inv[m];
 		float c = cosf(a), s = sinf(a);
 		T *v = x + th * hd;
 		float x0 = act_ld(v, m), x1 = act_ld(v, m + half);
@@ -301,29 +299,29 @@ static __global__ void rope_kernel(T *x, int T_, int nh, int hd, int64_t pos0, c
 	}
 }
 
-void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, const int64_t *dpos, float theta,
-			 enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, enum sfw_dtype act,
+			 struct sfw_cuda_ctx *cx)
 {
 	size_t n = (size_t)T * nh * (hd / 2);
 	if (n == 0)
 		return;
-	SFW_ASSERT(hd % 2 == 0 && hd / 2 <= 256);
+	SFW_ASSERT(hd % 2 == 0 && hd / 2 <= 256 && dpos);
 	rope_table tab;
 	for (int m = 0; m < hd / 2; m++)
 		tab.inv[m] = 1.0f / powf(theta, (float)(2 * m) / (float)hd);
-	ACT_DISPATCH(act, sfwc_launch(rope_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), (A *)x, T, nh, hd, pos0,
-											   tab, dpos));
+	ACT_DISPATCH(act, sfwc_launch(rope_kernel<A>, dim3(grid_for(n)), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), (A *)x, T, nh, hd, tab,
+											   dpos));
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_rope_neox(void *x, int T, int nh, int hd, int64_t pos0, float theta,
-				   const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_rope_neox(void *x, int T, int nh, int hd, float theta, const struct sfw_cuda_rowref *rr,
+				   enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfwi_rope_neox_cuda(x, T, nh, hd, pos0, rr ? rr->pos : NULL, theta, act, cx);
+	sfwi_rope_neox_cuda(x, T, nh, hd, rr->pos, theta, act, cx);
 }
 
 extern "C" void sfw_op_rope_neox_cuda(void *x, int T, int nh, int hd, int64_t pos0, float theta,
 				      enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfwi_rope_neox_cuda(x, T, nh, hd, pos0, NULL, theta, act, cx);
+	sfwi_rope_neox_cuda(x, T, nh, hd, sfw_cuda_ctx_pos(cx, pos0), theta, act, cx);
 }

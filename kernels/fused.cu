@@ -186,14 +186,14 @@ struct qkn_table {
 	float inv[64];
 };
 
-/* Row t's position: pos0 (or *dpos) + t for one sequence, pos[t] for row t
- * of a batched decode step. */
-static __device__ __forceinline__ int64_t qkn_pos(const sfwc_one_seq &, int64_t pos0, const int64_t *dpos, int t)
+/* Row t's position: *dpos + t for one sequence, pos[t] for row t of a
+ * batched decode step. */
+static __device__ __forceinline__ int64_t qkn_pos(const sfwc_one_seq &, const int64_t *dpos, int t)
 {
-	return (dpos ? *dpos : pos0) + t;
+	return *dpos + t;
 }
 
-static __device__ __forceinline__ int64_t qkn_pos(const sfw_cuda_seqs &sq, int64_t, const int64_t *, int t)
+static __device__ __forceinline__ int64_t qkn_pos(const sfw_cuda_seqs &sq, const int64_t *, int t)
 {
 	return sfwc_seq_pos(sq, t);
 }
@@ -213,8 +213,7 @@ static __device__ __forceinline__ size_t qkn_head(const sfw_cuda_seqs &sq, int r
 template <typename A, int HD, typename SQ>
 static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
 					   enum sfw_dtype kwdt, int rows_q, int rows, int nhq, int nhk, int n,
-					   float eps, int rope, int64_t pos0, const qkn_table tab,
-					   const int64_t *dpos, const SQ sq)
+					   float eps, int rope, const qkn_table tab, const int64_t *dpos, const SQ sq)
 {
 	constexpr int NJ = HD / 32;
 	int lane = threadIdx.x & 31;
@@ -254,7 +253,7 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 	__syncwarp(); /* the warp's stores are visible to its lanes */
 	int t = rr / (isq ? nhq : nhk);
 	for (int m = lane; m < HD / 2; m += 32) {
-		float a = (float)qkn_pos(sq, pos0, dpos, t) * tab.inv[m];
+		float a = (float)qkn_pos(sq, dpos, t) * tab.inv[m];
 		float c = cosf(a), s = sinf(a);
 		float x0 = act_ld(xr, m), x1 = act_ld(xr, m + HD / 2);
 		act_st(xr, m, x0 * c - x1 * s);
@@ -264,7 +263,7 @@ static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_
 
 template <typename SQ>
 static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const void *kw, enum sfw_dtype kwdt, int T,
-		    int nhq, int nhk, int hd, float eps, int rope, int64_t pos0, const int64_t *dpos, float theta,
+		    int nhq, int nhk, int hd, float eps, int rope, const int64_t *dpos, float theta,
 		    enum sfw_dtype act, const SQ &sq, struct sfw_cuda_ctx *cx)
 {
 	if (T <= 0 || nhq + nhk <= 0)
@@ -274,8 +273,8 @@ static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const
 		sfw_op_rmsnorm_cuda(q, q, qw, qwdt, T * nhq, hd, eps, act, cx);
 		sfw_op_rmsnorm_cuda(k, k, kw, kwdt, T * nhk, hd, eps, act, cx);
 		if (rope) {
-			sfwi_rope_neox_cuda(q, T, nhq, hd, pos0, dpos, theta, act, cx);
-			sfwi_rope_neox_cuda(k, T, nhk, hd, pos0, dpos, theta, act, cx);
+			sfwi_rope_neox_cuda(q, T, nhq, hd, dpos, theta, act, cx);
+			sfwi_rope_neox_cuda(k, T, nhk, hd, dpos, theta, act, cx);
 		}
 		return;
 	}
@@ -287,7 +286,7 @@ static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const
 	dim3 grid((unsigned)((rows + QKN_WARPS - 1) / QKN_WARPS)), block(32 * QKN_WARPS);
 #define QKN_LAUNCH(HD)                                                                                            \
 	ACT_DISPATCH(act, sfwc_launch(qk_norm_rope_kernel<A, HD, SQ>, grid, block, 0, SFW_CUDA_STREAM(cx->stream),       \
-				      (A *)q, (A *)k, qw, qwdt, kw, kwdt, rows_q, rows, nhq, nhk, hd, eps, rope, pos0, \
+				      (A *)q, (A *)k, qw, qwdt, kw, kwdt, rows_q, rows, nhq, nhk, hd, eps, rope,       \
 				      tab, dpos, sq))
 	if (hd == 32)
 		QKN_LAUNCH(32);
@@ -303,12 +302,12 @@ extern "C" void sfw_cuda_qk_norm_rope(void *q, void *k, const void *qw, const vo
 				      const struct sfw_qk_shape *sh, const struct sfw_cuda_rowref *rr,
 				      enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	const int64_t *dpos = rr ? rr->pos : NULL;
+	const int64_t *dpos = rr->pos;
 	int T = sh->T, nhq = sh->nhq, nhk = sh->nhk, hd = sh->hd, rope = sh->rope;
 	enum sfw_dtype qwdt = sh->qwdt, kwdt = sh->kwdt;
 	float eps = sh->eps, theta = sh->theta;
-	int64_t pos0 = sh->pos0;
-	qkn_any(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, pos0, dpos, theta, act, sfwc_one_seq(), cx);
+	SFW_ASSERT(dpos);
+	qkn_any(q, k, qw, qwdt, kw, kwdt, T, nhq, nhk, hd, eps, rope, dpos, theta, act, sfwc_one_seq(), cx);
 }
 
 extern "C" void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, const void *kw,
@@ -319,12 +318,13 @@ extern "C" void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, con
 	float eps = sh->eps, theta = sh->theta;
 	enum sfw_dtype qwdt = sh->qwdt, kwdt = sh->kwdt;
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && (hd == 32 || hd == 64 || hd == 128));
-	qkn_any(q, k, qw, qwdt, kw, kwdt, s->n, nhq, nhk, hd, eps, rope, 0, NULL, theta, act, *s, cx);
+	qkn_any(q, k, qw, qwdt, kw, kwdt, s->n, nhq, nhk, hd, eps, rope, NULL, theta, act, *s, cx);
 }
 
 extern "C" void sfw_op_qk_norm_rope_cuda(void *q, void *k, const void *qw, const void *kw,
 					 const struct sfw_qk_shape *sh, enum sfw_dtype act,
 					 struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_qk_norm_rope(q, k, qw, kw, sh, NULL, act, cx);
+	struct sfw_cuda_rowref rr = sfwc_rowref_at(sfw_cuda_ctx_pos(cx, sh->pos0));
+	sfw_cuda_qk_norm_rope(q, k, qw, kw, sh, &rr, act, cx);
 }

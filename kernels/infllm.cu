@@ -78,20 +78,20 @@ extern "C" void sfw_op_compress_cuda(void *c, const void *k, int level, int64_t 
 	compress_range(c, k, NULL, sh->nkv, sh->hd, j0, j1, ck_dst_of(pg, level, sh), act, cx);
 }
 
-/* A recorded decode step appended the token at position *dpos: the level-1
- * (blockIdx.y 0) and level-2 (1) chunks that this token completes, i.e.
- * chunks [nchunks(p), nchunks(p + 1)) of each level (at most one). */
+/* The level-1 (blockIdx.y 0) and level-2 (1) chunks that the T tokens at
+ * positions *dpos .. *dpos + T - 1 complete: chunks [nchunks(p),
+ * nchunks(p + T)) of each level. */
 template <typename A>
-static __global__ void compress_token_kernel(A *c1, A *c2, const A *k, const int32_t *tab, int shift, int row,
-					      int ksize, int stride, const int64_t *dpos)
+static __global__ void compress_tokens_kernel(A *c1, A *c2, const A *k, const int32_t *tab, int shift, int row,
+					      int ksize, int stride, const int64_t *dpos, int T)
 {
 	sfwc_pdl_wait();
 	int lv = blockIdx.y;
 	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
 	A *c = lv ? c2 : c1;
 	int64_t p = *dpos;
-	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
-	compress_chunks(c, k, tab, shift, row, j0, j1, ck_dst{tab, shift, lv + 1, ksize, stride});
+	compress_chunks(c, k, tab, shift, row, sfwc_nchunks(p, ks, st), sfwc_nchunks(p + T, ks, st),
+			ck_dst{tab, shift, lv + 1, ksize, stride});
 }
 
 /* A batched decode step: sequence blockIdx.z's token at pos[z]; p[0] c1,
@@ -105,7 +105,7 @@ static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int 
 	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
 	A *c = (A *)sfwc_seq_p(S, lv, z);
 	int64_t p = sfwc_seq_pos(S, z);
-	int64_t j0 = p < ks ? 0 : (p - ks) / st + 1, j1 = p + 1 < ks ? 0 : (p + 1 - ks) / st + 1;
+	int64_t j0 = sfwc_nchunks(p, ks, st), j1 = sfwc_nchunks(p + 1, ks, st);
 	const A *kc = (const A *)sfwc_seq_p(S, 2, z);
 	const int32_t *tab = sfwc_seq_tab(S, z);
 	int shift = sfwc_seq_shift(S);
@@ -123,23 +123,24 @@ extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, i
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *kv, const int64_t *j,
-				  const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr,
-				  enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *kv, const struct sfw_sel_shape *sh,
+				  const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	const void *k = kv->kc;
 	const struct sfw_pages *pg = kv->pg;
-	int nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
-	SFW_ASSERT(ksize >= 1 && stride >= 1 && (rr ? rr->pos != NULL : j != NULL));
-	if (!rr) {
-		compress_range(c1, k, pg, nkv, hd, j[0], j[1], ck_dst_of(pg, 1, sh), act, cx);
-		compress_range(c2, k, pg, nkv, hd, j[2], j[3], ck_dst_of(pg, 2, sh), act, cx);
+	int nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride, T = sh->T;
+	SFW_ASSERT(ksize >= 1 && stride >= 1 && rr->pos && !rr->k && !rr->tab);
+	if (T <= 0)
 		return;
-	}
+	(void)ck_dst_of(pg, 1, sh); /* (its check of the pages) */
+	/* T tokens complete at most (T - 1) / stride + 1 level-1 chunks: the
+	 * grid covers those, striding when the elements outnumber it */
 	int row = nkv * hd;
-	ACT_DISPATCH(act, sfwc_launch(compress_token_kernel<A>, dim3((unsigned)((row + 255) / 256), 2), dim3(256), 0,
+	size_t n = (size_t)((T - 1) / stride + 1) * row;
+	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256);
+	ACT_DISPATCH(act, sfwc_launch(compress_tokens_kernel<A>, dim3(blocks, 2), dim3(256), 0,
 				      SFW_CUDA_STREAM(cx->stream), (A *)c1, (A *)c2, (const A *)k, sfwc_pg_tab(pg),
-				      sfwc_pg_shift(pg), row, ksize, stride, rr->pos));
+				      sfwc_pg_shift(pg), row, ksize, stride, rr->pos, T));
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -161,13 +162,12 @@ struct s1_args {
 	float *scores;
 	const void *q, *c1, *c2;
 	float *part; /* [rows*nkv][nsplit][G][2] = (max, sum) of the level-2 exponentials */
+	/* the rows' first position and the counts (also the score stride),
+	 * from sp when the kernel runs; the host's values bound the launch */
 	int64_t n1, n2, pos0;
 	int T, nh, nkv, ksize, stride, nsplit;
 	float scale;
-	/* non-NULL: a recorded decode step; pos0 = *dpos when the kernel runs
-	 * and n1, n2 (also the score stride) follow from the cache length
-	 * pos0 + T; the host values only bound the launch */
-	const int64_t *dpos;
+	sfwc_selpos sp;
 	/* non-NULL: c1 = *pc1, c2 = *pc2 when the kernel runs (struct sfw_cuda_rowref) */
 	void *const *pc1, *const *pc2;
 	/* paged compressed keys (sfw_ckey_row): the block table, or (ptab
@@ -177,22 +177,16 @@ struct s1_args {
 	int shift;
 };
 
-static __device__ __forceinline__ int64_t nchunks_dev(int64_t len, int ksize, int stride)
-{
-	return len < ksize ? 0 : (len - ksize) / stride + 1;
-}
-
 static __device__ __forceinline__ void s1_resolve(s1_args &a)
 {
 	if (a.pc1)
 		a.c1 = *a.pc1, a.c2 = *a.pc2;
 	if (a.ptab)
 		a.tab = *a.ptab;
-	if (!a.dpos)
-		return;
-	a.pos0 = *a.dpos;
-	a.n1 = nchunks_dev(a.pos0 + a.T, a.ksize, a.stride);
-	a.n2 = nchunks_dev(a.pos0 + a.T, 4 * a.ksize, 4 * a.stride);
+	int64_t len = *a.sp.pos + a.sp.len;
+	a.pos0 = *a.sp.pos + a.sp.off;
+	a.n1 = sfwc_nchunks(len, a.ksize, a.stride);
+	a.n2 = sfwc_nchunks(len, 4 * a.ksize, 4 * a.stride);
 }
 
 /* x[h] += q_h · k for the G heads of the group, d ascending (as the CPU
@@ -388,32 +382,55 @@ extern "C" void sfw_cuda_stage1(float *scores, const void *q, const void *c1, co
 				const struct sfw_sel_shape *sh, const struct sfw_pages *pg,
 				const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, ksize = sh->ksize, stride = sh->stride;
-	int64_t pos0 = rr ? 0 : sh->pos0, n1 = sh->n1, n2 = sh->n2;
-	float scale = sh->scale;
-	if (T <= 0 || n1 <= 0) /* (rr: no chunk can be complete within the bound: no scores) */
+	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
+	if (T <= 0 || sh->n1 <= 0) /* (no chunk can be complete within the bound: no scores) */
 		return;
-	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG && (!rr || (T == 1 && !rr->c1 == !rr->c2)));
+	SFW_ASSERT(nkv > 0 && nh % nkv == 0 && nh / nkv <= S1_MAXG && rr->pos && !rr->c1 == !rr->c2);
 	/* the compressed keys' pages: pg's table, or the row's slot (rr->tab) */
-	struct sfwi_ckpages ck = {sfwc_pg_tab(pg), rr ? rr->tab : NULL, pg ? pg->shift : 0};
-	SFW_ASSERT(!ck.tab || sfw_ckey_rows_per_block(ck.shift, stride) > 0);
-	if (!rr && sfwi_stage1_tc(scores, q, c1, n1, c2, n2, T, nh, nkv, hd, pos0, ksize, stride, scale, &ck, act, cx))
+	struct sfwi_ckpages ck = {sfwc_pg_tab(pg), rr->tab, pg ? pg->shift : 0};
+	SFW_ASSERT(!ck.tab || sfw_ckey_rows_per_block(ck.shift, sh->stride) > 0);
+	if (sfwi_stage1_tc(scores, q, c1, c2, sh, rr, &ck, act, cx))
 		return;
-	if (rr && sfwi_stage1_tc_rows(scores, q, c1, n1, c2, n2, 1, nh, nkv, hd, 0, ksize, stride, scale, rr, &ck, act,
-				      cx))
-		return;
-	s1_args a = {scores,	q,     c1,    c2,		  NULL,		       n1,
-		     n2,	pos0,  T,     nh,		  nkv,		       ksize,
-		     stride,	1,     scale, rr ? rr->pos : NULL, rr ? rr->c1 : NULL, rr ? rr->c2 : NULL,
-		     ck.tab,	ck.ptab, ck.shift};
+	s1_args a = {scores, q,	      c1,		     c2,     NULL,    sh->n1,  sh->n2, 0,	 T,
+		     nh,     nkv,     sh->ksize,	     sh->stride, 1,   sh->scale, sfwc_selpos{rr->pos, rr->off, rr->len},
+		     rr->c1, rr->c2,  ck.tab,		     ck.ptab, ck.shift};
 	s1_any(a, hd, act, cx);
+}
+
+/* The counts a twin is given as the length of a cache (the kernels take
+ * them so: struct sfwc_selpos): the least length whose chunk counts of the
+ * first `levels` levels (0, 1 or 2: n1, n2) and, with blocks, block count
+ * are sh's. The CUDA twins of stage 1 (both levels), pooling (level 1 and
+ * blocks) and top-k (blocks) take counts that one length gives, as the
+ * engine's always are. */
+static int64_t twin_len(const struct sfw_sel_shape *sh, int levels, int blocks)
+{
+	int64_t lo = 0, hi = INT64_MAX;
+	for (int lv = 1; lv <= levels; lv++) {
+		int64_t n = lv == 1 ? sh->n1 : (sh->n2 > 0 ? sh->n2 : 0);
+		int64_t ks = lv == 1 ? sh->ksize : 4 * (int64_t)sh->ksize, st = lv == 1 ? sh->stride : 4 * (int64_t)sh->stride;
+		int64_t a = n ? ks + (n - 1) * st : 0, b = ks + n * st - 1;
+		lo = a > lo ? a : lo, hi = b < hi ? b : hi;
+	}
+	if (blocks) {
+		int64_t a = sh->nblocks ? (sh->nblocks - 1) * sh->block + 1 : 0, b = sh->nblocks * sh->block;
+		lo = a > lo ? a : lo, hi = b < hi ? b : hi;
+	}
+	if (lo > hi) {
+		fprintf(stderr, "salafw: selection counts n1 %lld, n2 %lld, nblocks %lld are not those of one cache length\n",
+			(long long)sh->n1, (long long)sh->n2, (long long)sh->nblocks);
+		abort();
+	}
+	return lo;
 }
 
 extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, const void *c2,
 				   const struct sfw_sel_shape *sh, const struct sfw_pages *pg, enum sfw_dtype act,
 				   struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_stage1(scores, q, c1, c2, sh, pg, NULL, act, cx);
+	struct sfw_cuda_rowref rr = sfwc_rowref_at(sfw_cuda_ctx_pos(cx, sh->pos0));
+	rr.len = twin_len(sh, 2, 0) - sh->pos0;
+	sfw_cuda_stage1(scores, q, c1, c2, sh, pg, &rr, act, cx);
 }
 
 static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
@@ -451,16 +468,13 @@ static __device__ __forceinline__ float pool_value(const float *s, int64_t n1, i
 	return m;
 }
 
-static __global__ void pool_kernel(float *pooled, const float *scores, int64_t n1, int64_t nblocks, int nkv, int T,
-				   int64_t pos0, int ksize, int stride, int block, int init_blocks, int local_blocks,
-				   const int64_t *dpos)
+static __global__ void pool_kernel(float *pooled, const float *scores, int nkv, int T, int ksize, int stride,
+				   int block, int init_blocks, int local_blocks, const sfwc_selpos sp)
 {
 	sfwc_pdl_wait();
-	if (dpos) { /* a recorded decode step: lengths from the position */
-		pos0 = *dpos;
-		n1 = nchunks_dev(pos0 + T, ksize, stride);
-		nblocks = (pos0 + T + block - 1) / block;
-	}
+	/* the rows' positions and the counts, from the device */
+	int64_t len = *sp.pos + sp.len, pos0 = *sp.pos + sp.off;
+	int64_t n1 = sfwc_nchunks(len, ksize, stride), nblocks = (len + block - 1) / block;
 	size_t n = (size_t)nkv * T * nblocks;
 	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
 		int64_t b = (int64_t)(e % nblocks);
@@ -476,22 +490,24 @@ extern "C" void sfw_cuda_pool_blocks(float *pooled, const float *scores, const s
 {
 	int nkv = sh->nkv, T = sh->T, ksize = sh->ksize, stride = sh->stride, block = sh->block;
 	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
-	int64_t pos0 = rr ? 0 : sh->pos0, n1 = sh->n1, nblocks = sh->nblocks;
+	int64_t nblocks = sh->nblocks; /* the bound */
 	(void)act; /* scores are already rounded where the reference rounds */
-	SFW_ASSERT(!rr || (rr->pos && T == 1));
+	SFW_ASSERT(rr->pos);
 	size_t n = (size_t)nkv * T * nblocks;
 	if (n == 0)
 		return;
 	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
-	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), pooled, scores, n1, nblocks, nkv,
-		    T, pos0, ksize, stride, block, init_blocks, local_blocks, rr ? rr->pos : (const int64_t *)NULL);
+	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), pooled, scores, nkv, T, ksize,
+		    stride, block, init_blocks, local_blocks, sfwc_selpos{rr->pos, rr->off, rr->len});
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, const struct sfw_sel_shape *sh,
 					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_pool_blocks(pooled, scores, sh, NULL, act, cx);
+	struct sfw_cuda_rowref rr = sfwc_rowref_at(sfw_cuda_ctx_pos(cx, sh->pos0));
+	rr.len = twin_len(sh, 1, 1) - sh->pos0;
+	sfw_cuda_pool_blocks(pooled, scores, sh, &rr, act, cx);
 }
 
 /* ---- top-k ---- */
@@ -562,17 +578,12 @@ struct topk_pool {
 };
 template <int NT, bool POOL = false>
 static __global__ void __launch_bounds__(NT)
-	topk_kernel(int32_t *idx, const float *pooled, int64_t nblocks, int T, int64_t pos0, int k, int block,
-		    const int64_t *dpos, const topk_pool pp)
+	topk_kernel(int32_t *idx, const float *pooled, int T, int k, int block, const sfwc_selpos sp, const topk_pool pp)
 {
 	sfwc_pdl_wait();
-	int64_t n1 = 0;
-	if (dpos) { /* a recorded decode step */
-		pos0 = *dpos;
-		nblocks = (pos0 + T + block - 1) / block;
-		if (POOL)
-			n1 = nchunks_dev(pos0 + T, pp.ksize, pp.stride);
-	}
+	/* the rows' positions and the counts, from the device */
+	int64_t len = *sp.pos + sp.len, pos0 = *sp.pos + sp.off;
+	int64_t nblocks = (len + block - 1) / block, n1 = POOL ? sfwc_nchunks(len, pp.ksize, pp.stride) : 0;
 	__shared__ int hist[256];
 	__shared__ int wsum[NT / 32];
 	__shared__ uint32_t s_prefix;
@@ -690,25 +701,26 @@ extern "C" void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, const st
 				     struct sfw_cuda_ctx *cx)
 {
 	int nkv = sh->nkv, T = sh->T, k = sh->topk, block = sh->block;
-	int64_t pos0 = sh->pos0, nblocks = sh->nblocks;
 	(void)act;
 	if (T <= 0 || nkv <= 0)
 		return;
-	SFW_ASSERT(nblocks >= 1 && (!rr || (rr->pos && T == 1)));
-	const int64_t *dpos = rr ? rr->pos : NULL;
+	SFW_ASSERT(sh->nblocks >= 1 && rr->pos);
+	sfwc_selpos sp = {rr->pos, rr->off, rr->len};
 	if ((int64_t)nkv * T < 64) /* a decode step: few blocks, each with many threads */
-		sfwc_launch(topk_kernel<1024>, dim3(nkv * T), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, nblocks,
-			    T, pos0, k, block, dpos, topk_pool{});
+		sfwc_launch(topk_kernel<1024>, dim3(nkv * T), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, T, k,
+			    block, sp, topk_pool{});
 	else
-		sfwc_launch(topk_kernel<256>, dim3(nkv * T), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, nblocks,
-			    T, pos0, k, block, dpos, topk_pool{});
+		sfwc_launch(topk_kernel<256>, dim3(nkv * T), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, T, k,
+			    block, sp, topk_pool{});
 	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,
 					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	sfw_cuda_topk_blocks(idx, pooled, sh, NULL, act, cx);
+	struct sfw_cuda_rowref rr = sfwc_rowref_at(sfw_cuda_ctx_pos(cx, sh->pos0));
+	rr.len = twin_len(sh, 0, 1) - sh->pos0;
+	sfw_cuda_topk_blocks(idx, pooled, sh, &rr, act, cx);
 }
 
 extern "C" void sfw_cuda_pool_topk(int32_t *idx, const float *scores, const struct sfw_sel_shape *sh,
@@ -716,9 +728,9 @@ extern "C" void sfw_cuda_pool_topk(int32_t *idx, const float *scores, const stru
 {
 	int nkv = sh->nkv, k = sh->topk, block = sh->block, ksize = sh->ksize, stride = sh->stride;
 	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
-	SFW_ASSERT(rr && rr->pos && nkv > 0);
+	SFW_ASSERT(rr->pos && nkv > 0 && sh->T == 1);
 	topk_pool pp = {scores, ksize, stride, init_blocks, local_blocks};
 	sfwc_launch(topk_kernel<1024, true>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, (const float *)NULL,
-		    (int64_t)1, 1, (int64_t)0, k, block, rr->pos, pp);
+		    1, k, block, sfwc_selpos{rr->pos, rr->off, rr->len}, pp);
 	SFW_CUDA_LAUNCHED();
 }

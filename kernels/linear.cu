@@ -460,6 +460,8 @@ extern "C" enum sfw_status sfw_cuda_ctx_new(void *stream, struct sfw_cuda_ctx **
 		s = sfw_cuda_malloc(&cx->w8ws, SFW_CUDA_W8WS_BYTES, "int8 GEMM workspace", err);
 	if (s == SFW_OK)
 		sfw_cuda_memset(cx->w8ws, 0, SFW_CUDA_W8WS_BYTES, stream);
+	if (s == SFW_OK)
+		s = sfw_cuda_malloc((void **)&cx->pos, sizeof(int64_t), "op positions", err);
 	if (s != SFW_OK) {
 		sfw_cuda_ctx_free(cx);
 		return s;
@@ -481,7 +483,21 @@ extern "C" void sfw_cuda_ctx_free(struct sfw_cuda_ctx *cx)
 	sfw_cuda_blas_free(cx->blas);
 	sfw_cuda_free(cx->scratch);
 	sfw_cuda_free(cx->w8ws);
+	sfw_cuda_free(cx->pos);
 	free(cx);
+}
+
+extern "C" const int64_t *sfw_cuda_ctx_pos(struct sfw_cuda_ctx *cx, int64_t pos)
+{
+	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+	SFW_CUDA_CHECK(cudaStreamIsCapturing(SFW_CUDA_STREAM(cx->stream), &cs));
+	SFW_ASSERT(cs == cudaStreamCaptureStatusNone);
+	if (!cx->pos_known || cx->pos_at != pos) {
+		/* from pageable memory: staged before the call returns */
+		sfw_cuda_h2d(cx->pos, &pos, sizeof(pos), cx->stream);
+		cx->pos_at = pos, cx->pos_known = 1;
+	}
+	return cx->pos;
 }
 
 int sfwi_cuda_sms(const struct sfw_cuda_ctx *cx)

@@ -85,17 +85,18 @@ void sfw_cuda_graph_launch(void *graph_exec, void *stream);
 void sfw_cuda_graph_free(void *graph_exec);
 
 /* ---- the ops of one sequence's rows, as the engine calls them ----
- * One entry per op. Each means its sfw_op_*_cuda twin (kernels/ops.h) on
- * the call's rows at positions pos0, pos0 + 1, ...; with rr (struct
- * sfw_cuda_rowref, below) the position of row 0 is instead *rr->pos, read
- * on the device when the kernel runs, and where rr has them the caches'
- * pointers and block table too: a recorded step (runner/capture_cuda.c)
- * then replays for whatever position and sequence its row holds. With rr
- * the host values only bound the launch: pos0 (attention) or the chunk
- * and block counts (selection) are those of the largest length the
- * recording serves, which sizes grids, split counts and scratch; the
- * kernels work at the actual lengths. Calls with rr have one row (T = 1)
- * except RoPE and the q/k norms.
+ * One entry per op, in one form. Each means its sfw_op_*_cuda twin
+ * (kernels/ops.h) on the call's rows at positions *rr->pos, *rr->pos + 1,
+ * ... (struct sfw_cuda_rowref, below: device memory, read when the kernel
+ * runs), and where rr has them the caches' pointers and block table too
+ * (else the arguments'). The twins, and the engine's unrecorded steps,
+ * write their host position there (sfw_cuda_ctx_pos); a recorded step
+ * (runner/capture_cuda.c) reads its row's from the slots written before
+ * each replay, so it serves whatever position and sequence its row holds.
+ * The host values only bound the launch: pos0 (attention) or the chunk
+ * and block counts (selection) are at least those the rows reach (a
+ * recording's: those of the largest length it serves), which sizes grids,
+ * split counts and scratch; the kernels work at the actual lengths.
  *   The caches may be paged: the K and V of a paged cache live in blocks
  * of 2^shift tokens drawn from one pool: token t of the cache is row
  * (tab[t >> shift] << shift) + (t & (2^shift - 1)) of the pool's [blocks
@@ -113,47 +114,50 @@ struct sfw_cuda_kv {
 	void *kc, *vc;
 	const struct sfw_pages *pg;
 };
-/* Where a recorded row's sequence is, read on the device when the kernel
- * runs: its position, and (non-NULL members) its caches' pointers and
- * block table from slots written before each replay (the step table and
- * pointer table of a step of several sequences), so a recording whose rows
- * select blocks serves whatever sequences sit in those rows. NULL members:
- * the arguments themselves (with tab: pg gives the blocks' size). */
+/* Where a call's rows are, read on the device when the kernel runs: the
+ * position of its first row, and (non-NULL members) its caches' pointers
+ * and block table from slots written before each replay (the step table
+ * and pointer table of a step of several sequences), so a recording whose
+ * rows select blocks serves whatever sequences sit in those rows. NULL
+ * members: the arguments themselves (with tab: pg gives the blocks' size).
+ * Selection (stage 1, pooling, top-k) also reads off and len: row r is the
+ * token at *pos + off + r of a cache of *pos + len tokens, which gives the
+ * call's chunk and block counts (a decode row: off 0, len 1; the rows of a
+ * longer call taken in batches: each batch's off, the call's len). */
 struct sfw_cuda_rowref {
 	const int64_t *pos; /* required */
 	void *const *k, *const *v, *const *c1, *const *c2;
 	const int32_t *const *tab;
+	int64_t off, len;
 };
 /* NeoX RoPE (sfw_op_rope_neox_cuda). */
-void sfw_cuda_rope_neox(void *x, int T, int nh, int hd, int64_t pos0, float theta, const struct sfw_cuda_rowref *rr,
+void sfw_cuda_rope_neox(void *x, int T, int nh, int hd, float theta, const struct sfw_cuda_rowref *rr,
 			enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_cuda). */
 void sfw_cuda_qk_norm_rope(void *q, void *k, const void *qw, const void *kw, const struct sfw_qk_shape *sh,
 			   const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-/* T rows of k and v (row_bytes each) to rows pos0 .. pos0 + T - 1 of the
- * caches (sfw_backend kv_append; a contiguous cache at host positions: one
- * copy each). rr: the caches as given (rr->pos only). */
-void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *v, size_t row_bytes,
-		       int64_t pos0, int T, const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
+/* T rows of k and v (row_bytes each) to the caches' rows of tokens *rr->pos
+ * .. *rr->pos + T - 1 (sfw_backend kv_append; the caches as given: rr->pos
+ * only). */
+void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *v, size_t row_bytes, int T,
+		       const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
 /* The compressed keys of both levels (sfw_op_compress_cuda) from the keys
- * kv->kc (sh's nkv, hd, ksize, stride): level-1 chunks [j[0], j[1]) into
- * c1 and level-2 chunks [j[2], j[3]) into c2 (paged by kv->pg as the keys
- * are: the chunks in the blocks that hold their last tokens); with rr (rr->pos only; j
- * unused) the chunks of each level that the token at *rr->pos completes
- * ([nchunks(p), nchunks(p + 1)), at most one). */
-void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *kv, const int64_t *j,
-		       const struct sfw_sel_shape *sh, const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
-		       struct sfw_cuda_ctx *cx);
+ * kv->kc (sh's nkv, hd, ksize, stride) that the sh->T tokens at *rr->pos
+ * .. complete: level-1 chunks [nchunks(p), nchunks(p + T)) into c1, level
+ * 2's into c2 (paged by kv->pg as the keys are: the chunks in the blocks
+ * that hold their last tokens); rr->pos only. */
+void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *kv, const struct sfw_sel_shape *sh,
+		       const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Stage 1 (sfw_op_stage1_cuda; pg: the cache's pages, whose blocks hold
- * its compressed keys, or NULL); rr: c1, c2 and the table from its slots
- * where it has them, sh's n1 and n2 bound the counts the actual length
- * makes. */
+ * its compressed keys, or NULL); c1, c2 and the table from rr's slots where
+ * it has them; sh's n1 and n2 bound the counts rr's length makes (the
+ * scores are packed at those: [nkv, T, n1]). */
 void sfw_cuda_stage1(float *scores, const void *q, const void *c1, const void *c2,
 		     const struct sfw_sel_shape *sh, const struct sfw_pages *pg, const struct sfw_cuda_rowref *rr,
 		     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Max-pool (sfw_op_pool_blocks_cuda) and top-k (sfw_op_topk_blocks_cuda);
- * rr: sh's n1 and nblocks bound the actual ones; the scores and pooled
- * values packed at the actual lengths ([nkv, n1], [nkv, nblocks]). */
+ * sh's n1 and nblocks bound the counts rr's length makes; the scores and
+ * pooled values packed at those ([nkv, T, n1], [nkv, T, nblocks]). */
 void sfw_cuda_pool_blocks(float *pooled, const float *scores, const struct sfw_sel_shape *sh,
 			  const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,
@@ -165,7 +169,7 @@ void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, const struct sfw_se
 void sfw_cuda_pool_topk(int32_t *idx, const float *scores, const struct sfw_sel_shape *sh,
 			const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
 /* Dense (sfw_op_attn_dense_cuda) and sparse (sfw_op_attn_sparse_cuda)
- * attention over kv; rr: pos0 + T bounds the cache length; K, V and the
+ * attention over kv; sh's pos0 + T bounds the cache length; K, V and the
  * table from rr's slots where it has them. */
 void sfw_cuda_attn_dense(void *o, const void *q, const struct sfw_cuda_kv *kv,
 			 const struct sfw_attn_shape *sh, const struct sfw_cuda_rowref *rr,
@@ -363,8 +367,23 @@ struct sfw_cuda_ctx {
 		     * cores only ("simt"), 2 tensor cores for every shape they support ("tc") */
 	int stage1; /* stage-1 scoring: the same three modes (auto: tensor cores for decode rows too) */
 	int sms;    /* multiprocessors of the device (sfw_cuda_ctx_new asks it) */
+	/* the position of ops given at a host value (sfw_cuda_ctx_pos): device
+	 * memory, whose value is pos_at when pos_known */
+	int64_t *pos;
+	int64_t pos_at;
+	int pos_known;
 };
 SFW_MUST_CHECK enum sfw_status sfw_cuda_ctx_new(void *stream, struct sfw_cuda_ctx **out, struct sfw_err *err);
 void sfw_cuda_ctx_free(struct sfw_cuda_ctx *cx); /* NULL is a no-op */
+/* Device memory that holds pos for the ops queued next on cx's stream: the
+ * one way an op given a host position (an sfw_op_*_cuda twin, or the
+ * engine's unrecorded path) hands it to its kernels, which read every
+ * position from device memory (struct sfw_cuda_rowref). The slot is
+ * written by an 8-byte copy on the stream when the value changes (a copy
+ * orders fully: kernels may read it before their programmatic-launch
+ * wait); ops queued before a change read the value they were queued with.
+ * Never while the stream is captured: a host position has no place in a
+ * recording (it reads its rows' positions from its step table). */
+const int64_t *sfw_cuda_ctx_pos(struct sfw_cuda_ctx *cx, int64_t pos);
 
 #endif

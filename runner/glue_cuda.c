@@ -41,20 +41,35 @@ static void cu_rmsnorm_gate(struct sfw_backend *be, void *y, const void *x, cons
 	PROF(P_NORMGATE, sfw_op_rmsnorm_gate_cuda(y, x, w->dev, z, &sh, SFW_DTYPE_BF16, S(be)));
 }
 
+/* Where an op of a context's rows finds their first position: the
+ * recording's slot while its step is recorded (written before each
+ * replay), else device memory holding pos (written when it changes). A
+ * step of many sequences being recorded has no slot for a single op's
+ * host position: that recording is dropped (rec_fail). */
+static const int64_t *at(struct sfw_backend *be, int64_t pos)
+{
+	struct cu_be *b = IMPL(be);
+	if (b->rec)
+		return b->rec_pos;
+	if (b->rec_seqs) {
+		b->rec_fail = 1;
+		return S(be)->pos;
+	}
+	return sfw_cuda_ctx_pos(S(be), pos);
+}
+
 /* One kernel when both norms are there; else the four calls. */
 static void cu_qk_norm_rope(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
 			    const struct sfw_bweight *kw, int T, int nhq, int nhk, int hd, float eps, int rope,
 			    int64_t pos0, float theta)
 {
-	struct cu_be *b = IMPL(be);
 	if (!qw || !kw) {
 		sfwi_compose_qk_norm_rope(be, q, k, qw, kw, T, nhq, nhk, hd, eps, rope, pos0, theta);
 		return;
 	}
 	struct sfw_qk_shape sh = {T, nhq, nhk, hd, eps, rope, pos0, theta, qw->dtype, kw->dtype};
-	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
-	PROF(P_QKNORM,
-	     sfw_cuda_qk_norm_rope(q, k, qw->dev, kw->dev, &sh, b->rec ? &rr : NULL, SFW_DTYPE_BF16, S(be)));
+	struct sfw_cuda_rowref rr = {.pos = at(be, pos0)};
+	PROF(P_QKNORM, sfw_cuda_qk_norm_rope(q, k, qw->dev, kw->dev, &sh, &rr, SFW_DTYPE_BF16, S(be)));
 }
 
 static int cu_sample(struct sfw_backend *be, int32_t *out, const float *logits, int V, int n,
@@ -76,9 +91,8 @@ static void cu_sigmoid_mul(struct sfw_backend *be, void *y, const void *x, const
 
 static void cu_rope(struct sfw_backend *be, void *x, int T, int nh, int hd, int64_t pos0, float theta)
 {
-	struct cu_be *b = IMPL(be);
-	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
-	PROF(P_ROPE, sfw_cuda_rope_neox(x, T, nh, hd, pos0, theta, b->rec ? &rr : NULL, SFW_DTYPE_BF16, S(be)));
+	struct sfw_cuda_rowref rr = {.pos = at(be, pos0)};
+	PROF(P_ROPE, sfw_cuda_rope_neox(x, T, nh, hd, theta, &rr, SFW_DTYPE_BF16, S(be)));
 }
 
 /* An int8 weight's device copy as the kernels take it. */
@@ -150,18 +164,17 @@ static void cu_logits(struct sfw_backend *be, float *y, const void *x, const str
 		     sfw_op_logits_cuda(y, x, w->dev, w->dtype, &sh, in_scale, SFW_DTYPE_BF16, S(be)));
 }
 
-/* While a context's step is recorded (b->rec) the ops of its cache read
- * the position from the device (rec_pos; the lengths move after each
- * launch: sfwi_cu_cache_advance) and plan for lengths up to rec_bound. */
+/* While a context's step is recorded (b->rec) the ops of its cache plan
+ * for lengths up to rec_bound (the lengths move after each launch:
+ * sfwi_cu_cache_advance). */
 static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v, int T)
 {
 	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
-	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
+	struct sfw_cuda_rowref rr = {.pos = at(be, l->len)};
 	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
 	SFW_ASSERT(l->sparse && (b->rec ? T == 1 : l->len + T <= l->cap));
-	PROF(P_KV, sfw_cuda_kv_write(&kv, k, v, (size_t)c->d.nkv * c->d.hd * 2, l->len, T,
-				     b->rec ? &rr : NULL, S(be)));
+	PROF(P_KV, sfw_cuda_kv_write(&kv, k, v, (size_t)c->d.nkv * c->d.hd * 2, T, &rr, S(be)));
 	if (!b->rec)
 		l->len += T;
 }
@@ -171,12 +184,13 @@ static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct
 {
 	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
-	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
 	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
+	struct sfw_cuda_rowref rr = {.pos = at(be, l->len - T)};
+	/* (recording: the bound) */
 	int64_t pos0 = b->rec ? b->rec_bound - 1 : l->len - T;
 	struct sfw_attn_shape sh = {T, nh, c->d.nkv, c->d.hd, pos0, scale, 0, 0};
 	SFW_ASSERT(!b->rec || T == 1);
-	PROF(P_DENSE, sfw_cuda_attn_dense(o, q, &kv, &sh, b->rec ? &rr : NULL, SFW_DTYPE_BF16, S(be)));
+	PROF(P_DENSE, sfw_cuda_attn_dense(o, q, &kv, &sh, &rr, SFW_DTYPE_BF16, S(be)));
 }
 
 static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c, int layer, struct sfw_err *err)
@@ -185,18 +199,28 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
 	const struct sfw_cache_desc *d = &c->d;
-	struct sfw_cuda_rowref rr = {b->rec_pos, NULL, NULL, NULL, NULL, NULL};
 	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
-	struct sfw_sel_shape sh = {.nkv = d->nkv, .hd = d->hd, .ksize = d->ksize, .stride = d->stride};
+	struct sfw_sel_shape sh = {.T = 1, .nkv = d->nkv, .hd = d->hd, .ksize = d->ksize, .stride = d->stride};
 	if (b->rec) { /* the chunks the step's token completes */
-		sfw_cuda_compress(l->c1, l->c2, &kv, NULL, &sh, &rr, SFW_DTYPE_BF16, S(be));
+		struct sfw_cuda_rowref rr = {.pos = b->rec_pos};
+		sfw_cuda_compress(l->c1, l->c2, &kv, &sh, &rr, SFW_DTYPE_BF16, S(be));
 		return SFW_OK;
 	}
+	/* the tokens since the compressed keys were made: from the first
+	 * length whose chunk counts of both levels are n1 and n2 (they are
+	 * those of the length last compressed) to len */
+	int64_t p1 = l->n1 ? d->ksize + (l->n1 - 1) * d->stride : 0;
+	int64_t p2 = l->n2 ? 4 * d->ksize + (l->n2 - 1) * 4 * d->stride : 0, p = p1 > p2 ? p1 : p2;
 	int64_t t1 = sfwi_cu_nchunks(l->len, d->ksize, d->stride), t2 = sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
-	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
-	int64_t j[4] = {l->n1, t1 > l->n1 ? t1 : l->n1, l->n2, t2 > l->n2 ? t2 : l->n2};
-	PROF(P_COMPRESS, sfw_cuda_compress(l->c1, l->c2, &kv, j, &sh, NULL, SFW_DTYPE_BF16, S(be)));
-	l->n1 = j[1], l->n2 = j[3];
+	SFW_ASSERT(p <= l->len && sfwi_cu_nchunks(p, d->ksize, d->stride) == l->n1 &&
+		   sfwi_cu_nchunks(p, 4 * d->ksize, 4 * d->stride) == l->n2 && t1 <= l->cap1 && t2 <= l->cap2);
+	if (p == l->len)
+		return SFW_OK;
+	SFW_ASSERT(l->len - p <= INT32_MAX);
+	sh.T = (int)(l->len - p);
+	struct sfw_cuda_rowref rr = {.pos = at(be, p)};
+	PROF(P_COMPRESS, sfw_cuda_compress(l->c1, l->c2, &kv, &sh, &rr, SFW_DTYPE_BF16, S(be)));
+	l->n1 = t1, l->n2 = t2;
 	return SFW_OK;
 }
 
@@ -209,6 +233,7 @@ static int rec_row(struct sfw_backend *be, const struct sfw_bcache *c, int layer
 {
 	struct cu_be *b = IMPL(be);
 	memset(rr, 0, sizeof(*rr));
+	rr->len = 1; /* a decode row: the cache holds its token */
 	if (b->rec) {
 		rr->pos = b->rec_pos;
 		return 1;
@@ -296,10 +321,13 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 					   .init_blocks = sp->init_blocks, .local_blocks = sp->local_blocks,
 					   .scale = sp->scale, .n1 = n1, .n2 = l->n2, .nblocks = nb,
 					   .topk = k};
-		sfw_cuda_stage1(scores, (const char *)q + (size_t)r0 * qrow, l->c1, l->c2, &sh, &c->pg, NULL,
+		/* rows r0 .. of the call's T; the counts are the cache's (len = T) */
+		struct sfw_cuda_rowref rr = {.pos = at(be, sp->pos0)};
+		rr.off = r0, rr.len = sp->T;
+		sfw_cuda_stage1(scores, (const char *)q + (size_t)r0 * qrow, l->c1, l->c2, &sh, &c->pg, &rr,
 				SFW_DTYPE_BF16, S(be));
-		sfw_cuda_pool_blocks(pooled, scores, &sh, NULL, SFW_DTYPE_BF16, S(be));
-		sfw_cuda_topk_blocks(dst, pooled, &sh, NULL, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_pool_blocks(pooled, scores, &sh, &rr, SFW_DTYPE_BF16, S(be));
+		sfw_cuda_topk_blocks(dst, pooled, &sh, &rr, SFW_DTYPE_BF16, S(be));
 		if (dst != idx)
 			for (int g = 0; g < nkv; g++)
 				sfw_cuda_d2d(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k,
@@ -321,11 +349,13 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 	struct cu_layer *l = &c->L[layer];
 	struct sfw_cuda_rowref rr;
 	int rec = rec_row(be, c, layer, &rr);
+	if (!rec)
+		rr.pos = at(be, sp->pos0);
 	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
 	struct sfw_attn_shape sh = {sp->T, nh, c->d.nkv, c->d.hd, rec ? 0 : sp->pos0, sp->scale, sp->k,
 				    sp->block};
 	SFW_ASSERT(!rec || sp->T == 1);
-	PROF(P_SPARSE, sfw_cuda_attn_sparse(o, q, &kv, idx, &sh, rec ? &rr : NULL, SFW_DTYPE_BF16, S(be)));
+	PROF(P_SPARSE, sfw_cuda_attn_sparse(o, q, &kv, idx, &sh, &rr, SFW_DTYPE_BF16, S(be)));
 }
 
 static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k, const void *v, struct sfw_bcache *c,
@@ -409,7 +439,7 @@ static void cu_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const
 		     sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, kw->dev, &sp.t, &sh, SFW_DTYPE_BF16, S(be)));
 	} else {
 		sp.nrest = ns, memcpy(sp.rest, s, (size_t)ns * sizeof(*s));
-		IMPL(be)->rec_fail |= IMPL(be)->rec_seqs; /* the single ops take host positions */
+		IMPL(be)->rec_fail |= IMPL(be)->rec_seqs; /* the single ops take host positions (at) */
 	}
 	if (sp.nrest)
 		sfwi_compose_qk_norm_rope_seqs(be, q, k, qw, kw, sp.rest, sp.nrest, nhq, nhk, hd, eps, rope, theta);

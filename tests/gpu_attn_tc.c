@@ -219,10 +219,11 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 		if (m < 2)
 			cmp(modes[m], name, got[m], ref, nq, TOL_NMSE, TOL_MAXREL);
 		/* paged: the same kernels on the shuffled blocks, bit for bit */
+		struct sfw_cuda_rowref rr = {.pos = sfw_cuda_ctx_pos(g_cx, sh.pos0)};
 		if (sparse)
-			sfw_cuda_attn_sparse(dout, dq, &kv, didx, &sh, NULL, SFW_DTYPE_BF16, g_cx);
+			sfw_cuda_attn_sparse(dout, dq, &kv, didx, &sh, &rr, SFW_DTYPE_BF16, g_cx);
 		else
-			sfw_cuda_attn_dense(dout, dq, &kv, &sh, NULL, SFW_DTYPE_BF16, g_cx);
+			sfw_cuda_attn_dense(dout, dq, &kv, &sh, &rr, SFW_DTYPE_BF16, g_cx);
 		float *gp = down_bf(dout, nq);
 		CHECK(memcmp(gp, got[m], nq * 4) == 0, "%s [%s]: paged cache = contiguous, bit for bit", name,
 		      modes[m] ? modes[m] : "default");

@@ -6,8 +6,13 @@
  *   - the CPU twins (kernels/ops.h) on the same bf16 data: the appended K/V
  *     row, the compressed keys, the attention outputs (dense, and sparse over
  *     the blocks the GPU selected);
- *   - the same ops called with the position from the host (sfw_op_*_cuda,
- *     T = 1): stage-1 scores, pooled scores, selected blocks, attention.
+ *   - the same ops called at each position anew, with exact counts and the
+ *     caches as arguments (the sfw_op_*_cuda twins, T = 1, whose position
+ *     the host writes at each call: sfw_cuda_ctx_pos): stage-1 scores,
+ *     pooled scores, selected blocks, attention.
+ * Between steps the compressed keys catch up over the tokens the step
+ * skipped: sfw_cuda_compress with T > 1 tokens from a host-written
+ * position.
  * Positions cross every boundary that changes the lengths: chunk ends of
  * both compression levels, block ends, the first position with a level-2
  * chunk, and the bound itself. Every shape runs twice: with contiguous K/V
@@ -170,18 +175,19 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	void *slot[5] = {dK, dV, dc1, dc2, pg ? (void *)pg->tab : NULL};
 	sfw_cuda_h2d(dslot, slot, sizeof(slot), NULL);
 	sfw_cuda_sync(NULL);
-	const struct sfw_cuda_rowref rr = {dpos, dslot, dslot + 1, dslot + 2, dslot + 3, (const int32_t *const *)(dslot + 4)};
+	const struct sfw_cuda_rowref rr = {dpos, dslot, dslot + 1, dslot + 2, dslot + 3, (const int32_t *const *)(dslot + 4),
+					   0, 1};
 	const struct sfw_pages pgn = {NULL, shift}; /* the table from its slot, the block size from here */
 	/* the recording: what one sparse layer of a decode step does */
 	sfw_cuda_graph_begin(s);
-	const struct sfw_cuda_rowref rp = {dpos, NULL, NULL, NULL, NULL, NULL}; /* the position alone */
+	const struct sfw_cuda_rowref rp = {.pos = dpos, .len = 1}; /* the position alone */
 	struct sfw_sel_shape bsh = {1, nh, nkv, hd, 0, ks, st, blk, sh->init_blocks, sh->local_blocks, scale,
 				    n1b, nch(bound, 4 * ks, 4 * st), nbb, k};
 	struct sfw_cuda_kv kv = {dK, dV, pg}, kvn = {NULL, NULL, &pgn};
 	struct sfw_attn_shape bsp = {1, nh, nkv, hd, 0, scale, k, blk},
 			      bde = {1, nh, nkv, hd, bound - 1, scale, 0, 0};
-	sfw_cuda_kv_write(&kv, dkn, dvn, row * 2, 0, 1, &rp, cx);
-	sfw_cuda_compress(dc1, dc2, &kv, NULL, &bsh, &rp, SFW_DTYPE_BF16, cx);
+	sfw_cuda_kv_write(&kv, dkn, dvn, row * 2, 1, &rp, cx);
+	sfw_cuda_compress(dc1, dc2, &kv, &bsh, &rp, SFW_DTYPE_BF16, cx);
 	sfw_cuda_stage1(dsc, dq, NULL, NULL, &bsh, &pgn, &rr, SFW_DTYPE_BF16, cx);
 	sfw_cuda_pool_blocks(dpo, dsc, &bsh, &rp, SFW_DTYPE_BF16, cx);
 	sfw_cuda_topk_blocks(didx, dpo, &bsh, &rp, SFW_DTYPE_BF16, cx);
@@ -195,22 +201,26 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		return;
 	float *c1 = calloc((size_t)cap1 * row, sizeof(float)), *c2 = calloc((size_t)cap2 * row, sizeof(float));
 	float *o_cpu = malloc((size_t)nh * hd * sizeof(float));
-	int64_t made1 = 0, made2 = 0; /* compressed keys the device holds */
+	int64_t made = 0; /* the tokens the device's compressed keys cover */
 	for (int pi = 0; pi < npos; pi++) {
 		int64_t p = pos[pi], len = p + 1;
 		if (p >= bound)
 			continue;
 		/* the compressed keys current before the step (as forward.c's
 		 * catch-up makes them), K row p replaced by the new token */
-		const int64_t j[4] = {made1, nch(p, ks, st), made2, nch(p, 4 * ks, 4 * st)};
-		sfw_cuda_compress(dc1, dc2, &kv, j, &bsh, NULL, SFW_DTYPE_BF16, cx);
+		if (p > made) {
+			struct sfw_sel_shape csh = bsh;
+			csh.T = (int)(p - made);
+			struct sfw_cuda_rowref rc = {.pos = sfw_cuda_ctx_pos(cx, made)};
+			sfw_cuda_compress(dc1, dc2, &kv, &csh, &rc, SFW_DTYPE_BF16, cx);
+		}
 		memcpy(K + (size_t)p * row, kn, row * sizeof(float));
 		memcpy(Vh + (size_t)p * row, vn, row * sizeof(float));
 		sfw_cuda_h2d(dpos, &p, sizeof(p), s);
 		sfw_cuda_graph_launch(g, s);
 		sfw_cuda_sync(s);
 		int64_t n1 = nch(len, ks, st), n2 = nch(len, 4 * ks, 4 * st), nb = (len + blk - 1) / blk;
-		made1 = n1, made2 = n2;
+		made = len;
 		/* appended row */
 		int64_t prow = pg ? (int64_t)tab[p / blk] * blk + p % blk : p; /* where token p lives */
 		float *krow = bf16_to_host((uint16_t *)dK + (size_t)prow * row, row, s);
@@ -250,8 +260,9 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 		sfw_op_stage1_cuda(rsc, dq, dc1, dc2, &rsh, pg, SFW_DTYPE_BF16, cx);
 		sfw_op_pool_blocks_cuda(rpo, rsc, &rsh, SFW_DTYPE_BF16, cx);
 		sfw_op_topk_blocks_cuda(ridx, rpo, &rsh, SFW_DTYPE_BF16, cx);
-		sfw_cuda_attn_sparse(ros, dq, &kv, didx, &ash, NULL, SFW_DTYPE_BF16, cx);
-		sfw_cuda_attn_dense(rod, dq, &kv, &ash, NULL, SFW_DTYPE_BF16, cx);
+		struct sfw_cuda_rowref rh = {.pos = sfw_cuda_ctx_pos(cx, p)};
+		sfw_cuda_attn_sparse(ros, dq, &kv, didx, &ash, &rh, SFW_DTYPE_BF16, cx);
+		sfw_cuda_attn_dense(rod, dq, &kv, &ash, &rh, SFW_DTYPE_BF16, cx);
 		sfw_cuda_sync(s);
 		size_t nsc = (size_t)nkv * n1, npo = (size_t)nkv * nb;
 		float *gs1 = malloc((nsc ? nsc : 1) * 4), *rs1 = malloc((nsc ? nsc : 1) * 4);

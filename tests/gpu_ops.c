@@ -317,7 +317,7 @@ static void t_qknorm(void)
 		if (devpos) { /* the host position is ignored: the device's is read */
 			struct sfw_qk_shape wrong = sh;
 			wrong.pos0 = pos + 12345;
-			const struct sfw_cuda_rowref rr = {dpos, NULL, NULL, NULL, NULL, NULL};
+			const struct sfw_cuda_rowref rr = {.pos = dpos};
 			sfw_cuda_qk_norm_rope(dq, dk, dqw, dkw, &wrong, &rr, g_dt, g_cx);
 		} else {
 			sfw_op_qk_norm_rope_cuda(dq, dk, dqw, dkw, &sh, g_dt, g_cx);
