@@ -463,13 +463,10 @@ extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sf
 {
 	int nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
 	float scale = sh->scale;
-	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX);
-	int64_t maxpos = 0;
-	for (int i = 0; i < s->n; i++)
-		maxpos = s->pos[i] > maxpos ? s->pos[i] : maxpos;
+	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && s->st && s->sp);
 	/* pos0 + T = the longest row's keys: it plans the split count; a split
 	 * past a shorter row's last key writes an empty partial */
-	att_args a = {q, NULL, NULL, NULL, o, NULL, s->n, nh, nkv, 0, 0, 1, maxpos + 1 - s->n, scale, NULL, NULL, 0, NULL, NULL, NULL};
+	att_args a = {q, NULL, NULL, NULL, o, NULL, s->n, nh, nkv, 0, 0, 1, s->maxpos + 1 - s->n, scale, NULL, NULL, 0, NULL, NULL, NULL};
 	attn_any(a, *s, hd, act, cx);
 }
 
@@ -496,10 +493,8 @@ extern "C" void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const voi
 {
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX);
 	cudaStream_t st = SFW_CUDA_STREAM(cx->stream);
+	/* the caches: cudaMalloc'd or pool blocks, rows of row_bytes */
 	uintptr_t al = (uintptr_t)k | (uintptr_t)v | (uintptr_t)row_bytes;
-	/* a recorded step's caches: cudaMalloc'd or pool blocks, rows of row_bytes */
-	for (int i = 0; !s->st && i < s->n; i++)
-		al |= (uintptr_t)s->p[0][i] | (uintptr_t)s->p[1][i];
 	if (al % 16 == 0)
 		sfwc_launch(kv_append_seqs_kernel<uint4>, dim3(s->n), dim3(256), 0, st, *s, (const uint4 *)k,
 			    (const uint4 *)v, (int)(row_bytes / 16));

@@ -209,7 +209,7 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_k
 	const int g = blockIdx.y, G = a.nh / a.nkv;
 	const int r0 = blockIdx.x * ATC_W, r = r0 + w;
 	const bool active = r < a.T;
-	const int64_t pos0 = *a.dpos;
+	const int64_t pos0 = __ldg(a.dpos);
 	const int64_t p = pos0 + r;
 	const int64_t pmax = pos0 + min(a.T - 1, r0 + ATC_W - 1);
 

@@ -255,32 +255,32 @@ static __device__ __forceinline__ bool sfwc_seq_live(const sfwc_one_seq &, int)
 
 static __device__ __forceinline__ int64_t sfwc_seq_pos(const sfw_cuda_seqs &s, int i)
 {
-	return s.st ? s.st->pos[i] : s.pos[i];
+	return s.st->pos[i];
 }
 
 static __device__ __forceinline__ int sfwc_seq_row(const sfw_cuda_seqs &s, int i)
 {
-	return s.st ? i : s.row[i];
+	return s.st->row[i];
 }
 
 static __device__ __forceinline__ const int32_t *sfwc_seq_tab(const sfw_cuda_seqs &s, int i)
 {
-	return s.st ? s.st->tab[i] : s.tab[i];
+	return s.st->tab[i];
 }
 
 static __device__ __forceinline__ int sfwc_seq_shift(const sfw_cuda_seqs &s)
 {
-	return s.st ? s.st->shift : s.shift;
+	return s.st->shift;
 }
 
 static __device__ __forceinline__ void *sfwc_seq_p(const sfw_cuda_seqs &s, int j, int i)
 {
-	return s.st ? s.sp[(size_t)(s.layer * SFW_CUDA_LN + s.pf[j]) * s.n + i] : s.p[j][i];
+	return s.sp[(size_t)(s.layer * SFW_CUDA_LN + s.pf[j]) * s.n + i];
 }
 
 static __device__ __forceinline__ bool sfwc_seq_live(const sfw_cuda_seqs &s, int i)
 {
-	return !s.st || sfwc_seq_p(s, 0, i) != NULL;
+	return sfwc_seq_p(s, 0, i) != NULL;
 }
 
 /* A launch's view of pg (NULL: contiguous): the table and its shift. */

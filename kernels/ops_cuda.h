@@ -179,55 +179,49 @@ void sfw_cuda_attn_sparse(void *o, const void *q, const struct sfw_cuda_kv *kv, 
 			  enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 
 /* ---- a batched decode step: one row per sequence ----
- * Row s->row[i] of the call's q, k, v, o belongs to sequence i of s, whose
- * token sits at position s->pos[i] (the row it appends: its cache then
- * holds pos[i] + 1 tokens) and whose caches are s->p[..][i]. Each op means its
- * single-sequence twin (sfw_op_*_cuda with T = 1 and pos0 = pos[i], or the
- * sfw_cuda_* entry above at *rr->pos = pos[i]) on every row, so the plain-C
- * twins are those of the single ops, applied sequence by sequence
- * (runner/backend_compose.c). The table travels by value in the launch
- * parameters (3 KiB): no staging copy, and a recorded launch keeps it. */
+ * Sequence i of a call's table sits in row st->row[i] of its q, k, v, o;
+ * its token is at position st->pos[i] (the row it appends: its cache then
+ * holds pos[i] + 1 tokens) and its caches are pointers of the pointer
+ * table. Each op means its single-sequence twin (sfw_op_*_cuda with T = 1
+ * and pos0 = pos[i], or the sfw_cuda_* entry above at *rr->pos = pos[i]) on
+ * every row, so the plain-C twins are those of the single ops, applied
+ * sequence by sequence (runner/backend_compose.c). The tables are device
+ * memory, written by the host (a copy) before the launch and read when it
+ * runs: a recorded step of many sequences (runner/capture_cuda.c) writes
+ * them before each replay and so serves whatever sequences sit in its
+ * rows; an unrecorded step writes its own before each op. */
 #define SFW_CUDA_SEQS_MAX 64
-struct sfw_cuda_seqs {
-	int n;                            /* 1 .. SFW_CUDA_SEQS_MAX */
-	int64_t pos[SFW_CUDA_SEQS_MAX];
-	int row[SFW_CUDA_SEQS_MAX];       /* its row of q, k, v, o (distinct) */
-	void *p[3][SFW_CUDA_SEQS_MAX];    /* per op, below */
-	/* paged K/V caches (p[0], p[1], and p[2] of compress: the pool's
-	 * arrays): sequence i's block table, NULL when its cache is
-	 * contiguous; the blocks are 2^shift tokens (sfw_pages) */
-	const int32_t *tab[SFW_CUDA_SEQS_MAX];
-	int shift;
-	/* non-NULL: a recorded step of many sequences: the launch serves n
-	 * rows (a batch-size bucket) and reads what they are when it runs,
-	 * from device memory written before each replay: row i's position
-	 * st->pos[i], block table st->tab[i] (shift st->shift), and its
-	 * pointer j sp[(layer * SFW_CUDA_LN + pf[j]) * n + i] (one load: a
-	 * block that needs its caches waits on no chain of them). A NULL
-	 * pointer 0 leaves the row alone: a padding row, or a row that selects
-	 * blocks in dense attention's fields. The per-row ops that need no
-	 * cache compute padding rows too, at position 0. pos[], row[], tab[],
-	 * p[] and shift are then unused, but pos[0 .. n) bounds the launch. */
-	const struct sfw_cuda_steptab *st;
-	void *const *sp;
-	int layer;
-	int pf[3];
-};
-/* The pointers of a recorded step's rows (sfw_cuda_seqs.sp), per layer:
- * K, V (append, compression), the level-1 and level-2 compressed keys,
- * the lightning state, and K, V again for dense attention (NULL for a row
- * in selection mode: its own selection launches serve it). */
+/* The pointers of a step's rows, per layer: K, V (append, compression), the
+ * level-1 and level-2 compressed keys, the lightning state, and K, V again
+ * for dense attention (NULL for a row in selection mode: its own selection
+ * launches serve it). */
 enum { SFW_CUDA_LK, SFW_CUDA_LV, SFW_CUDA_LC1, SFW_CUDA_LC2, SFW_CUDA_LSTATE, SFW_CUDA_LAK, SFW_CUDA_LAV, SFW_CUDA_LN };
-/* The positions and block tables of a recorded step's rows (device memory,
- * written before each replay): n sequences in rows 0 .. n-1, sequence i at
- * pos[i] (0 for padding) with block table tab[i] (NULL: contiguous). A row
- * in selection mode has its own selection launches in the recording, which
- * read its position and block table here and its caches from the pointer
- * table (struct sfw_cuda_rowref). */
+/* A step's rows (device memory): sequences 0 .. n-1, sequence i at pos[i]
+ * (0 for padding) in row row[i] with block table tab[i] (NULL:
+ * contiguous; the blocks are 2^shift tokens, struct sfw_pages). A row in
+ * selection mode has its own selection launches, which read its position
+ * and block table here and its caches from the pointer table (struct
+ * sfw_cuda_rowref). */
 struct sfw_cuda_steptab {
 	int n, shift;
 	int64_t pos[SFW_CUDA_SEQS_MAX];
 	const int32_t *tab[SFW_CUDA_SEQS_MAX];
+	int row[SFW_CUDA_SEQS_MAX];
+};
+/* One call over a step's table: it serves sequences 0 .. n-1 of st (a
+ * bucket's rows, padding included), row i's pointer j being sp[(layer *
+ * SFW_CUDA_LN + pf[j]) * n + i] (one load: a block that needs its caches
+ * waits on no chain of them). A NULL pointer 0 leaves the row alone: a
+ * padding row, or a row that selects blocks in dense attention's fields.
+ * The per-row ops that need no cache compute padding rows too, at position
+ * 0. maxpos bounds the rows' positions (it sizes the attention's splits). */
+struct sfw_cuda_seqs {
+	int n; /* 1 .. SFW_CUDA_SEQS_MAX */
+	int64_t maxpos;
+	const struct sfw_cuda_steptab *st;
+	void *const *sp;
+	int layer;
+	int pf[3];
 };
 /* p[0] the K caches, p[1] the V caches; k, v rows of row_bytes. */
 void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,
@@ -248,7 +242,7 @@ void sfw_cuda_gla_seqs(void *o, const void *q, const void *k, const void *v, con
 		       const float *decay, const struct sfw_gla_shape *sh, enum sfw_dtype act,
 		       struct sfw_cuda_ctx *cx);
 /* sfw_op_qk_norm_rope_cuda over the sequences' rows (q rows of [nhq, hd],
- * k rows of [nhk, hd]), sequence i's at position pos[i] (p unused). */
+ * k rows of [nhk, hd]), sequence i's at position pos[i] (no pointers). */
 void sfw_cuda_qk_norm_rope_seqs(void *q, void *k, const void *qw, const void *kw,
 				const struct sfw_cuda_seqs *s, const struct sfw_qk_shape *sh,
 				enum sfw_dtype act, struct sfw_cuda_ctx *cx);

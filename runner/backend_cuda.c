@@ -47,6 +47,7 @@ static void cu_destroy(struct sfw_backend *be)
 	for (int i = 0; i < b->nslabs; i++)
 		sfw_cuda_arena_release(&b->slab[i]);
 	sfw_cuda_free(b->sel);
+	sfw_cuda_free(b->seqtab);
 	sfw_cuda_ctx_free(b->cx);
 	sfw_cuda_stream_free(b->stream);
 	sfw_free(b->stage);
@@ -451,7 +452,10 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 		s = sfw_cuda_stream_new(&b->stream, err);
 	if (s == SFW_OK)
 		s = sfw_cuda_ctx_new(b->stream, &b->cx, err);
+	if (s == SFW_OK)
+		s = sfw_cuda_malloc(&b->seqtab, SFWI_CU_SEQTAB_BYTES, "the step tables", err);
 	if (s != SFW_OK) {
+		sfw_cuda_ctx_free(b->cx);
 		sfw_cuda_stream_free(b->stream);
 		sfw_free(be), sfw_free(b);
 		return s;

@@ -37,6 +37,9 @@ struct cu_be {
 	/* block-selection scratch (device): scores, pooled, top-k of one row batch */
 	void *sel;
 	size_t sel_bytes;
+	/* an unrecorded step's table of sequences and its op's pointers
+	 * (device, SFWI_CU_SEQTAB_BYTES: glue_cuda.c seqs_put) */
+	void *seqtab;
 	/* SALAFW_CUDA_PROFILE=1: device time per op, from events around each op
 	 * (the host waits for each op, so this slows the run; the device times
 	 * themselves stay right) */
@@ -83,6 +86,10 @@ struct cu_be {
 	struct sfw_bweight **pend;
 	size_t npend, pend_cap;
 };
+
+/* A struct sfw_cuda_steptab, then a pointer table of one layer (struct
+ * sfw_cuda_seqs.sp: SFW_CUDA_LN columns of up to SFW_CUDA_SEQS_MAX rows). */
+#define SFWI_CU_SEQTAB_BYTES (sizeof(struct sfw_cuda_steptab) + (size_t)SFW_CUDA_LN * SFW_CUDA_SEQS_MAX * sizeof(void *))
 
 struct cu_layer {
 	int sparse;

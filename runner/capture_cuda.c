@@ -299,6 +299,7 @@ static void seqs_tables(struct sfw_backend *be, struct cu_bstep *r, const struct
 	t->n = n, t->shift = st->caches[0]->pg.shift;
 	for (int i = 0; i < rows; i++) {
 		t->pos[i] = i < n ? st->pos[i] : 0;
+		t->row[i] = i;
 		t->tab[i] = i < n ? st->caches[i]->pg.tab : NULL;
 	}
 	size_t np = (size_t)r->layers * SFW_CUDA_LN * (size_t)rows;

@@ -373,9 +373,16 @@ static void cu_gla(struct sfw_backend *be, void *o, const void *q, const void *k
  * The sequences with one row (decode rows) in one launch (kernels/ops_cuda.h,
  * struct sfw_cuda_seqs), when there are at least two of them; the others
  * (prefill chunks of a mixed step), and every sequence while recording a
- * step, one by one (runner/backend_compose.c). */
+ * step, one by one (runner/backend_compose.c). The launch reads its rows
+ * from device tables: a recording's (written before each replay), or
+ * unrecorded the table this split makes, written before the op (seqs_put). */
 struct seqs_split {
 	struct sfw_cuda_seqs t;           /* the ones one launch serves */
+	/* unrecorded: their rows, and the op's np pointers of each (columns
+	 * t.pf[0 .. np) of the pointer table) */
+	struct sfw_cuda_steptab tab;
+	void *p[3][SFW_CUDA_SEQS_MAX];
+	int np;
 	const struct sfw_bseq *one[SFW_CUDA_SEQS_MAX];
 	struct sfw_bseq rest[SFW_BSEQ_MAX]; /* the others */
 	int nrest;
@@ -389,31 +396,34 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 	struct cu_be *b = IMPL(be);
 	int n = 0;
 	sp->nrest = 0;
-	sp->t.shift = 0;
+	sp->np = 0;
 	sp->t.layer = layer;
+	sp->t.pf[0] = sp->t.pf[1] = sp->t.pf[2] = 0;
 	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
 	if (b->rec_seqs) {
 		/* recording many sequences (cu_step_seqs made sure each of these
 		 * qualifies): the bucket's rows, their sequences read from rec_tab
-		 * when the replay runs; pos[] only bounds the launch */
+		 * when the replay runs; the bound sizes the launch */
 		sp->t.st = b->rec_tab, sp->t.sp = b->rec_ptr;
 		sp->t.n = b->rec_rows;
-		for (int i = 0; i < b->rec_rows; i++)
-			sp->t.pos[i] = b->rec_bound - 1;
+		sp->t.maxpos = b->rec_bound - 1;
 		return b->rec_rows;
 	}
-	sp->t.st = NULL;
+	sp->t.st = NULL, sp->t.sp = NULL;
+	sp->t.maxpos = 0;
+	sp->tab.shift = 0;
 	for (int i = 0; i < ns; i++) {
 		if (!b->rec && s[i].R == 1 && n < SFW_CUDA_SEQS_MAX && (!ok || ok(&s[i], layer))) {
 			const struct sfw_bcache *c = s[i].cache;
 			sp->one[n] = &s[i];
-			sp->t.pos[n] = s[i].pos0;
-			sp->t.row[n] = s[i].row0;
-			sp->t.tab[n] = c->pg.tab; /* one pool per batch: one shift */
+			sp->tab.pos[n] = s[i].pos0;
+			sp->tab.row[n] = s[i].row0;
+			sp->tab.tab[n] = c->pg.tab; /* one pool per batch: one shift */
 			if (c->pg.tab) {
-				SFW_ASSERT(sp->t.shift == 0 || sp->t.shift == c->pg.shift);
-				sp->t.shift = c->pg.shift;
+				SFW_ASSERT(sp->tab.shift == 0 || sp->tab.shift == c->pg.shift);
+				sp->tab.shift = c->pg.shift;
 			}
+			sp->t.maxpos = s[i].pos0 > sp->t.maxpos ? s[i].pos0 : sp->t.maxpos;
 			n++;
 		} else {
 			sp->rest[sp->nrest++] = s[i];
@@ -424,8 +434,38 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 		memcpy(sp->rest, s, (size_t)ns * sizeof(*s));
 		return 0;
 	}
-	sp->t.n = n;
+	sp->t.n = sp->tab.n = n;
 	return n;
+}
+
+/* Before an unrecorded launch: its table of rows and its pointers to the
+ * device (one copy, staged before it returns and ordered after the launches
+ * before it, which read the previous table), as a recording's are laid out
+ * (layer 0 of a one-layer pointer table). A recording's launch reads the
+ * recording's own tables: nothing to write. */
+static void seqs_put(struct sfw_backend *be, struct seqs_split *sp)
+{
+	struct cu_be *b = IMPL(be);
+	if (sp->t.st)
+		return;
+	union {
+		struct sfw_cuda_steptab t;
+		unsigned char bytes[SFWI_CU_SEQTAB_BYTES];
+	} h;
+	int n = sp->t.n;
+	h.t = sp->tab;
+	void **ptr = (void **)(h.bytes + sizeof(struct sfw_cuda_steptab));
+	size_t used = 0; /* the columns up to the last one the op reads */
+	for (int j = 0; j < sp->np; j++)
+		used = (size_t)(sp->t.pf[j] + 1) * n > used ? (size_t)(sp->t.pf[j] + 1) * n : used;
+	memset(ptr, 0, used * sizeof(void *));
+	for (int j = 0; j < sp->np; j++)
+		for (int i = 0; i < n; i++)
+			ptr[(size_t)sp->t.pf[j] * n + i] = sp->p[j][i];
+	sfw_cuda_h2d(b->seqtab, h.bytes, sizeof(struct sfw_cuda_steptab) + used * sizeof(void *), b->stream);
+	sp->t.st = b->seqtab;
+	sp->t.sp = (void *const *)((char *)b->seqtab + sizeof(struct sfw_cuda_steptab));
+	sp->t.layer = 0;
 }
 
 static void cu_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const struct sfw_bweight *qw,
@@ -435,6 +475,7 @@ static void cu_qk_norm_rope_seqs(struct sfw_backend *be, void *q, void *k, const
 	struct seqs_split sp;
 	if (qw && kw && seqs_split(be, s, ns, &sp, NULL, 0)) {
 		struct sfw_qk_shape sh = {sp.t.n, nhq, nhk, hd, eps, rope, 0, theta, qw->dtype, kw->dtype};
+		seqs_put(be, &sp);
 		PROF(P_QKNORM,
 		     sfw_cuda_qk_norm_rope_seqs(q, k, qw->dev, kw->dev, &sp.t, &sh, SFW_DTYPE_BF16, S(be)));
 	} else {
@@ -450,10 +491,11 @@ static void cu_gla_seqs(struct sfw_backend *be, void *o, const void *q, const vo
 {
 	struct seqs_split sp;
 	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
-		sp.t.pf[0] = SFW_CUDA_LSTATE;
+		sp.t.pf[0] = SFW_CUDA_LSTATE, sp.np = 1;
 		for (int i = 0; !sp.t.st && i < sp.t.n; i++)
-			sp.t.p[0][i] = sp.one[i]->cache->L[layer].state;
+			sp.p[0][i] = sp.one[i]->cache->L[layer].state;
 		struct sfw_gla_shape sh = {sp.t.n, nh, hd, scale, 0};
+		seqs_put(be, &sp);
 		PROF(P_GLA_REC, sfw_cuda_gla_seqs(o, q, k, v, &sp.t, decay, &sh, SFW_DTYPE_BF16, S(be)));
 	}
 	if (sp.nrest)
@@ -465,16 +507,17 @@ static void cu_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, 
 {
 	struct seqs_split sp;
 	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
-		sp.t.pf[0] = SFW_CUDA_LK, sp.t.pf[1] = SFW_CUDA_LV;
+		sp.t.pf[0] = SFW_CUDA_LK, sp.t.pf[1] = SFW_CUDA_LV, sp.np = 2;
 		SFW_ASSERT(s[0].cache->d.nkv * s[0].cache->d.hd == kvd);
 		/* recording: sfwi_cu_cache_advance after each replay */
 		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
 			struct cu_layer *l = &sp.one[i]->cache->L[layer];
 			SFW_ASSERT(l->sparse);
-			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
+			sp.p[0][i] = l->k, sp.p[1][i] = l->v;
 			SFW_ASSERT(l->len == sp.one[i]->pos0 && l->len + 1 <= l->cap);
 			l->len++;
 		}
+		seqs_put(be, &sp);
 		PROF(P_KV, sfw_cuda_kv_append_seqs(&sp.t, k, v, (size_t)kvd * 2, S(be)));
 	}
 	if (sp.nrest)
@@ -497,15 +540,16 @@ static enum sfw_status cu_compress_seqs(struct sfw_backend *be, const struct sfw
 	struct seqs_split sp;
 	if (seqs_split(be, s, ns, &sp, compress_current, layer)) {
 		const struct sfw_cache_desc *d = &s[0].cache->d; /* one batch: one shape */
-		sp.t.pf[0] = SFW_CUDA_LC1, sp.t.pf[1] = SFW_CUDA_LC2, sp.t.pf[2] = SFW_CUDA_LK;
+		sp.t.pf[0] = SFW_CUDA_LC1, sp.t.pf[1] = SFW_CUDA_LC2, sp.t.pf[2] = SFW_CUDA_LK, sp.np = 3;
 		/* recording: every cache current, with room for rec_bound (bstep_current) */
 		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
 			struct cu_layer *l = &sp.one[i]->cache->L[layer];
-			sp.t.p[0][i] = l->c1, sp.t.p[1][i] = l->c2, sp.t.p[2][i] = l->k;
+			sp.p[0][i] = l->c1, sp.p[1][i] = l->c2, sp.p[2][i] = l->k;
 			int64_t t1 = sfwi_cu_nchunks(l->len, d->ksize, d->stride), t2 = sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 			SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 			l->n1 = t1, l->n2 = t2;
 		}
+		seqs_put(be, &sp);
 		PROF(P_COMPRESS, sfw_cuda_compress_seqs(&sp.t, d->nkv, d->hd, d->ksize, d->stride, SFW_DTYPE_BF16, S(be)));
 	}
 	return sp.nrest ? sfwi_compose_compress_seqs(be, sp.rest, sp.nrest, layer, err) : SFW_OK;
@@ -517,13 +561,14 @@ static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, c
 	struct seqs_split sp;
 	if (seqs_split(be, s, ns, &sp, NULL, layer)) {
 		/* recording: the rows in selection mode have NULL here (their own ops attend) */
-		sp.t.pf[0] = SFW_CUDA_LAK, sp.t.pf[1] = SFW_CUDA_LAV;
+		sp.t.pf[0] = SFW_CUDA_LAK, sp.t.pf[1] = SFW_CUDA_LAV, sp.np = 2;
 		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
 			const struct cu_layer *l = &sp.one[i]->cache->L[layer];
 			SFW_ASSERT(l->len == sp.one[i]->pos0 + 1);
-			sp.t.p[0][i] = l->k, sp.t.p[1][i] = l->v;
+			sp.p[0][i] = l->k, sp.p[1][i] = l->v;
 		}
 		struct sfw_attn_shape sh = {sp.t.n, nh, s[0].cache->d.nkv, hd, 0, scale, 0, 0};
+		seqs_put(be, &sp);
 		PROF(P_DENSE, sfw_cuda_attn_dense_seqs(o, q, &sp.t, &sh, SFW_DTYPE_BF16, S(be)));
 	}
 	if (sp.nrest)

@@ -1,18 +1,20 @@
 /* modules: kernels num core */
 /* gpu_steptab.c - the batched decode ops as a recorded step of many
- * sequences runs them (kernels/ops_cuda.h, struct sfw_cuda_seqs with st
- * set): one CUDA graph recorded once for a bucket of 8 rows, replayed for
- * three different sets of sequences (5 sequences, then 3 others, then all
- * 8 in another order with one of them selecting blocks), only the device
- * tables written in between. Each replay is compared bit for bit with the
- * same ops launched with the sequences in their parameters (st NULL: the
- * route gpu_backend_ops holds to the CPU twins) on a copy of the same data:
- * the paged K/V pools after the append, the compressed keys (in the same
- * blocks), the lightning states, the dense attention and GLA outputs, the
- * normed and rotated q/k.
+ * sequences runs them (kernels/ops_cuda.h, struct sfw_cuda_seqs): one CUDA
+ * graph recorded once for a bucket of 8 rows, replayed for three different
+ * sets of sequences (5 sequences, then 3 others, then all 8 in another
+ * order with one of them selecting blocks), only the device tables written
+ * in between. Each replay is compared bit for bit with the same ops
+ * launched unrecorded, as an unrecorded step runs them (the route
+ * gpu_backend_ops holds to the CPU twins): tables of exactly the set's
+ * sequences, no padding, written before the ops, the dense attention's
+ * table listing only the rows that do not select (their rows by the row
+ * table); on a copy of the same data: the paged K/V pools after the
+ * append, the compressed keys (in the same blocks), the lightning states,
+ * the dense attention and GLA outputs, the normed and rotated q/k.
  * The rows past a set's sequences (padding) and the dense attention of the
  * selecting row must stay untouched (their outputs keep a sentinel; the
- * pools, keys and states equal the parameter route's, which never saw
+ * pools, keys and states equal the unrecorded route's, which never saw
  * them). Every set has a sequence at the bound's last position, so both
  * routes plan the attention's splits alike (a recorded step plans for its
  * bound; a shorter plan sums in another order). */
@@ -57,7 +59,7 @@ static void *dmalloc(size_t n)
 	return p;
 }
 
-/* Both routes' copy of one mutable buffer: a (parameters) and b (step table). */
+/* Both routes' copy of one mutable buffer: a (unrecorded) and b (recorded). */
 struct pair {
 	void *a, *b;
 	size_t bytes;
@@ -113,6 +115,26 @@ static int untouched(const void *d, size_t off, size_t n)
 	}
 	free(x);
 	return ok;
+}
+
+/* An unrecorded launch's tables: n sequences, sequence i at pos[i] in row
+ * row[i] with block table tab[i], every pointer column filled (a layer of
+ * the recording's layout) from cols[j][i], written to dt and dp. */
+static void put_tables(struct sfw_cuda_steptab *dt, void **dp, int n, const int64_t *pos, const int *row,
+		       int32_t *const *tab, void *const (*cols)[ROWS], void *s)
+{
+	struct sfw_cuda_steptab ht;
+	void *hp[SFW_CUDA_LN * ROWS];
+	memset(&ht, 0, sizeof(ht));
+	memset(hp, 0, sizeof(hp));
+	ht.n = n, ht.shift = SHIFT;
+	for (int i = 0; i < n; i++) {
+		ht.pos[i] = pos[i], ht.row[i] = row[i], ht.tab[i] = tab[i];
+		for (int j = 0; j < SFW_CUDA_LN; j++)
+			hp[j * n + i] = cols[j][i];
+	}
+	sfw_cuda_h2d(dt, &ht, sizeof(ht), s);
+	sfw_cuda_h2d(dp, hp, sizeof(hp), s);
 }
 
 struct set {
@@ -183,9 +205,13 @@ int main(void)
 		if (tab[i])
 			sfw_cuda_h2d(tab[i], perm + i * SEQBLK, SEQBLK * sizeof(int32_t), NULL);
 	}
-	struct sfw_cuda_steptab *dst = dmalloc(sizeof(*dst));
+	/* the recording's tables, the unrecorded launches' (all the set's
+	 * sequences; the dense attention's rows) */
+	struct sfw_cuda_steptab *dst = dmalloc(sizeof(*dst)), *dua = dmalloc(sizeof(*dua)), *dud = dmalloc(sizeof(*dud));
 	void **dsp = dmalloc((size_t)SFW_CUDA_LN * ROWS * sizeof(void *));
-	ok &= dst && dsp;
+	void **dpa = dmalloc((size_t)SFW_CUDA_LN * ROWS * sizeof(void *));
+	void **dpd = dmalloc((size_t)SFW_CUDA_LN * ROWS * sizeof(void *));
+	ok &= dst && dsp && dua && dud && dpa && dpd;
 	sfw_cuda_sync(NULL);
 	if (!ok)
 		return CHECK_REPORT("gpu_steptab");
@@ -196,21 +222,22 @@ int main(void)
 	const struct sfw_qk_shape qsh = {ROWS, LNH, LNH, HD, 1e-6f, 1, 0, 10000.0f, bf, bf};
 	/* the attention's split scratch taken before the recording (it may not
 	 * allocate inside one): a pure op, 8 rows at the bound */
-	struct sfw_cuda_seqs w;
-	memset(&w, 0, sizeof(w));
-	w.n = ROWS, w.shift = SHIFT;
-	for (int i = 0; i < ROWS; i++)
-		w.pos[i] = BOUND - 1, w.row[i] = i, w.tab[i] = tab[i], w.p[0][i] = K.a, w.p[1][i] = V.a;
-	sfw_cuda_attn_dense_seqs(oatt.a, q, &w, &ash, SFW_DTYPE_BF16, cx);
-	sfw_cuda_sync(s);
+	{
+		int64_t wpos[ROWS];
+		int wrow[ROWS];
+		void *wc[SFW_CUDA_LN][ROWS];
+		memset(wc, 0, sizeof(wc));
+		for (int i = 0; i < ROWS; i++)
+			wpos[i] = BOUND - 1, wrow[i] = i, wc[SFW_CUDA_LAK][i] = K.a, wc[SFW_CUDA_LAV][i] = V.a;
+		put_tables(dud, dpd, ROWS, wpos, wrow, tab, wc, s);
+		struct sfw_cuda_seqs w = {ROWS, BOUND - 1, dud, (void *const *)dpd, 0, {SFW_CUDA_LAK, SFW_CUDA_LAV, 0}};
+		sfw_cuda_attn_dense_seqs(oatt.a, q, &w, &ash, SFW_DTYPE_BF16, cx);
+		sfw_cuda_sync(s);
+	}
 
 	/* the step, recorded once: append, compression, dense attention; q/k
 	 * norm + RoPE, GLA; all over the bucket's rows, layer 0 of the table */
-	struct sfw_cuda_seqs t;
-	memset(&t, 0, sizeof(t));
-	t.n = ROWS, t.st = dst, t.sp = (void *const *)dsp, t.layer = 0;
-	for (int i = 0; i < ROWS; i++)
-		t.pos[i] = BOUND - 1; /* the launch's bound */
+	struct sfw_cuda_seqs t = {ROWS, BOUND - 1, dst, (void *const *)dsp, 0, {0, 0, 0}}; /* the bound: the last position */
 	sfw_cuda_graph_begin(s);
 	t.pf[0] = SFW_CUDA_LK, t.pf[1] = SFW_CUDA_LV;
 	sfw_cuda_kv_append_seqs(&t, kn, vn, KROW * 2, cx);
@@ -242,6 +269,8 @@ int main(void)
 		memset(&ht, 0, sizeof(ht));
 		memset(hp, 0, sizeof(hp));
 		ht.n = z->n, ht.shift = SHIFT;
+		for (int i = 0; i < ROWS; i++)
+			ht.row[i] = i;
 		for (int i = 0; i < z->n; i++) {
 			int q_ = z->seq[i];
 			ht.pos[i] = z->pos[i], ht.tab[i] = tab[q_];
@@ -254,41 +283,51 @@ int main(void)
 		sfw_cuda_h2d(dst, &ht, sizeof(ht), s);
 		sfw_cuda_h2d(dsp, hp, sizeof(hp), s);
 		sfw_cuda_graph_launch(g, s);
-		/* the parameter route on the other copies */
-		struct sfw_cuda_seqs u;
-		memset(&u, 0, sizeof(u));
-		u.n = z->n, u.shift = SHIFT;
+		/* the unrecorded route on the other copies: the set's sequences
+		 * alone, each in its row */
+		int64_t upos[ROWS], dpos[ROWS];
+		int urow[ROWS], drow[ROWS], nd = 0;
+		int32_t *utab[ROWS], *dtab[ROWS];
+		void *uc[SFW_CUDA_LN][ROWS], *dc[SFW_CUDA_LN][ROWS];
+		memset(uc, 0, sizeof(uc));
+		memset(dc, 0, sizeof(dc));
 		for (int i = 0; i < z->n; i++) {
-			u.pos[i] = z->pos[i], u.row[i] = i, u.tab[i] = tab[z->seq[i]];
-			u.p[0][i] = K.a, u.p[1][i] = V.a;
-		}
-		sfw_cuda_kv_append_seqs(&u, kn, vn, KROW * 2, cx);
-		for (int i = 0; i < z->n; i++)
-			u.p[0][i] = C.a, u.p[1][i] = (char *)C.a + C2OFF, u.p[2][i] = K.a;
-		sfw_cuda_compress_seqs(&u, NKV, HD, KS, KST, SFW_DTYPE_BF16, cx);
-		struct sfw_cuda_seqs d = u; /* dense attention: the rows that do not select */
-		d.n = 0;
-		for (int i = 0; i < z->n; i++)
-			if (i != z->selecting) {
-				d.pos[d.n] = z->pos[i], d.row[d.n] = i, d.tab[d.n] = tab[z->seq[i]];
-				d.p[0][d.n] = K.a, d.p[1][d.n] = V.a;
-				d.n++;
+			upos[i] = z->pos[i], urow[i] = i, utab[i] = tab[z->seq[i]];
+			uc[SFW_CUDA_LK][i] = K.a, uc[SFW_CUDA_LV][i] = V.a;
+			uc[SFW_CUDA_LC1][i] = C.a, uc[SFW_CUDA_LC2][i] = (char *)C.a + C2OFF;
+			uc[SFW_CUDA_LSTATE][i] = st[z->seq[i]].a;
+			if (i != z->selecting) { /* dense attention: the rows that do not select */
+				dpos[nd] = z->pos[i], drow[nd] = i, dtab[nd] = tab[z->seq[i]];
+				dc[SFW_CUDA_LAK][nd] = K.a, dc[SFW_CUDA_LAV][nd] = V.a;
+				nd++;
 			}
+		}
+		put_tables(dua, dpa, z->n, upos, urow, utab, uc, s);
+		put_tables(dud, dpd, nd, dpos, drow, dtab, dc, s);
+		int64_t umax = 0, dmax = 0;
+		for (int i = 0; i < z->n; i++)
+			umax = upos[i] > umax ? upos[i] : umax;
+		for (int i = 0; i < nd; i++)
+			dmax = dpos[i] > dmax ? dpos[i] : dmax;
+		struct sfw_cuda_seqs u = {z->n, umax, dua, (void *const *)dpa, 0, {SFW_CUDA_LK, SFW_CUDA_LV, 0}};
+		sfw_cuda_kv_append_seqs(&u, kn, vn, KROW * 2, cx);
+		u.pf[0] = SFW_CUDA_LC1, u.pf[1] = SFW_CUDA_LC2, u.pf[2] = SFW_CUDA_LK;
+		sfw_cuda_compress_seqs(&u, NKV, HD, KS, KST, SFW_DTYPE_BF16, cx);
+		struct sfw_cuda_seqs d = {nd, dmax, dud, (void *const *)dpd, 0, {SFW_CUDA_LAK, SFW_CUDA_LAV, 0}};
 		sfw_cuda_attn_dense_seqs(oatt.a, q, &d, &ash, SFW_DTYPE_BF16, cx);
 		sfw_cuda_qk_norm_rope_seqs(ql.a, kl.a, qw, kw, &u, &qsh, SFW_DTYPE_BF16, cx);
-		for (int i = 0; i < z->n; i++)
-			u.p[0][i] = st[z->seq[i]].a;
+		u.pf[0] = SFW_CUDA_LSTATE;
 		sfw_cuda_gla_seqs(ogla.a, ql.a, kl.a, vl, &u, decay, &gsh, SFW_DTYPE_BF16, cx);
 		sfw_cuda_sync(s);
 
 		printf("%s:\n", z->what);
 		CHECK(pair_same(&K, 0, K.bytes) && pair_same(&V, 0, V.bytes),
-		      "%s: the K/V pools after the append equal the parameter route's", z->what);
+		      "%s: the K/V pools after the append equal the unrecorded route's", z->what);
 		int keys = pair_same(&C, 0, C.bytes), states = 1;
 		for (int i = 0; i < NSEQ; i++)
 			states &= pair_same(&st[i], 0, st[i].bytes);
-		CHECK(keys, "%s: the compressed keys equal the parameter route's", z->what);
-		CHECK(states, "%s: the lightning states equal the parameter route's", z->what);
+		CHECK(keys, "%s: the compressed keys equal the unrecorded route's", z->what);
+		CHECK(states, "%s: the lightning states equal the unrecorded route's", z->what);
 		for (int i = 0; i < z->n; i++) {
 			if (i == z->selecting)
 				CHECK(untouched(oatt.b, (size_t)i * qd * 2, qd * 2),
@@ -311,7 +350,7 @@ int main(void)
 		pair_free(&st[i]), sfw_cuda_free(tab[i]);
 	sfw_cuda_free(q), sfw_cuda_free(kn), sfw_cuda_free(vn), sfw_cuda_free(vl), sfw_cuda_free(ql0);
 	sfw_cuda_free(kl0), sfw_cuda_free(qw), sfw_cuda_free(kw), sfw_cuda_free(decay), sfw_cuda_free(dst);
-	sfw_cuda_free(dsp);
+	sfw_cuda_free(dsp), sfw_cuda_free(dua), sfw_cuda_free(dud), sfw_cuda_free(dpa), sfw_cuda_free(dpd);
 	sfw_cuda_ctx_free(cx);
 	sfw_cuda_stream_free(s);
 	return CHECK_REPORT("gpu_steptab");
