@@ -504,6 +504,10 @@ void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, const void 
 void sfw_op_compress_cuda(void *c, const void *k, int level, int64_t j0, int64_t j1,
 			  const struct sfw_sel_shape *sh, const struct sfw_pages *pg, enum sfw_dtype act,
 			  struct sfw_cuda_ctx *cx);
+/* The selection twins take counts (n1, n2, nblocks) that one cache length
+ * gives, as the engine's always are: their kernels derive the counts from a
+ * length (kernels/ops_cuda.h, struct sfw_cuda_rowref); other counts abort
+ * with a message. */
 void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, const void *c2,
 			const struct sfw_sel_shape *sh, const struct sfw_pages *pg, enum sfw_dtype act,
 			struct sfw_cuda_ctx *cx);
