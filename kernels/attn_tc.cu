@@ -43,7 +43,7 @@ template <int HD> static constexpr size_t atc_smem(void)
 /* this warp's block list into shared memory (lens_s[w]): the non-negative
  * entries of idx[g, r, :] in order, or for a dense row the implicit 0..p/64 */
 static __device__ __forceinline__ void atc_build_list(const atc_args &a, int *lists, int *lens_s, bool active,
-						      int r, int g, int64_t p, int w, int lane)
+						      int r, int g, int p, int w, int lane)
 {
 	if (a.idx) {
 		int n = 0;
@@ -84,17 +84,18 @@ static __device__ __forceinline__ int atc_next(const int (&len)[ATC_W], int (&cu
 }
 
 /* block b -> stage st of kvs; keys past the CTA's last position pmax are
- * zeros (they may lie past the cache; masked anyway) */
+ * zeros (they may lie past the cache; masked anyway). Positions are ints
+ * here (the launch makes sure every one fits). */
 template <int HD>
-static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs, int b, int st, int64_t pmax,
-						int g)
+static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs, int b, int st, int pmax, int g)
 {
 	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8;
 	uint16_t *dst = kvs + (size_t)st * 2 * TILE;
+	const int last = pmax - b * ATC_BLK; /* the tile's last key row to load */
 	for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
 		int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH, ch = rem % CH;
 		int64_t t = (int64_t)b * ATC_BLK + row;
-		bool ok = t <= pmax;
+		bool ok = row <= last;
 		const uint16_t *src =
 		    (which ? a.vc : a.kc) +
 		    (ok ? ((size_t)sfwc_kv_row(a.tab, a.shift, t) * a.nkv + g) * HD + ch * 8 : 0);
@@ -103,23 +104,23 @@ static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs
 	tc_cp_commit();
 }
 
-/* one tile's scores s (keys kb..kb+63): scale, causal mask (key position <=
- * p), then the online softmax update of rows gid (lo) and gid + 8 (hi): the
- * running maxima m, the per-lane partial sums l and O rescaled, s turned
- * into P = exp2(s - max) */
+/* one tile's scores s (keys kb..kb+63): scale, causal mask (key kb + c
+ * visible while c <= last = p - kb), then the online softmax update of rows
+ * gid (lo) and gid + 8 (hi): the running maxima m, the per-lane partial sums
+ * l and O rescaled, s turned into P = exp2(s - max) */
 template <int HD>
 static __device__ __forceinline__ void atc_softmax(float (&s)[8][4], float (&o)[HD / 8][4], float &m_lo,
-						   float &m_hi, float &l_lo, float &l_hi, int64_t kb,
-						   int64_t p, float scale_log2, int tq)
+						   float &m_hi, float &l_lo, float &l_hi, int last,
+						   float scale_log2, int tq)
 {
-	const bool full = kb + ATC_BLK - 1 <= p;
+	const bool full = last >= ATC_BLK - 1;
 	float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
 	for (int j = 0; j < 8; j++)
 #pragma unroll
 		for (int e = 0; e < 2; e++) {
 			float x0 = s[j][e] * scale_log2, x1 = s[j][2 + e] * scale_log2;
-			if (!full && kb + j * 8 + 2 * tq + e > p)
+			if (!full && j * 8 + 2 * tq + e > last)
 				x0 = x1 = -INFINITY;
 			s[j][e] = x0, s[j][2 + e] = x1;
 			mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
@@ -195,7 +196,7 @@ static __device__ __forceinline__ void atc_store(const atc_args &a, const float 
 	}
 }
 
-template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_kernel(atc_args a)
+template <int HD> static __global__ void __launch_bounds__(ATC_W * 32, 3) attn_tc_kernel(atc_args a)
 {
 	sfwc_pdl_wait();
 	/* K and V tiles [64][HD + 8]: rows 16 bytes longer than HD so that the 8
@@ -209,9 +210,10 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_k
 	const int g = blockIdx.y, G = a.nh / a.nkv;
 	const int r0 = blockIdx.x * ATC_W, r = r0 + w;
 	const bool active = r < a.T;
-	const int64_t pos0 = __ldg(a.dpos);
-	const int64_t p = pos0 + r;
-	const int64_t pmax = pos0 + min(a.T - 1, r0 + ATC_W - 1);
+	/* (the launch makes sure pos0 + T fits an int) */
+	const int pos0 = (int)__ldg(a.dpos);
+	const int p = pos0 + r;
+	const int pmax = pos0 + min(a.T - 1, r0 + ATC_W - 1);
 
 	atc_build_list(a, lists, lens_s, active, r, g, p, w, lane);
 	__syncthreads();
@@ -250,8 +252,7 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32) attn_tc_k
 			for (int j = 0; j < 8; j++)
 				s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 			tc_qk_tile<HD>(s, qa, Ks, lane);
-			atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, (int64_t)b0 * ATC_BLK, p, a.scale_log2,
-					tq);
+			atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, p - b0 * ATC_BLK, a.scale_log2, tq);
 			atc_pv<HD>(o, s, Vs, lane);
 		}
 		__syncthreads(); /* stage st is free for the load two steps on */
@@ -272,6 +273,11 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 			(void)cudaGetLastError(); /* clear it: the CUDA-core kernel runs instead */
 			ready = -1;
 		} else {
+			/* three CTAs per SM (launch bounds) need the whole carveout;
+			 * a refusal only costs occupancy */
+			if (cudaFuncSetAttribute(attn_tc_kernel<HD>, cudaFuncAttributePreferredSharedMemoryCarveout,
+						 100) != cudaSuccess)
+				(void)cudaGetLastError();
 			ready = 1;
 		}
 	}
@@ -296,8 +302,8 @@ int sfwi_attn_tc(void *o, const void *q, const struct sfw_cuda_kv *kv, const int
 		return 0;
 	if (hd != 32 && hd != 64 && hd != 128)
 		return 0;
-	/* (p / 64) + 1 must fit an int (pos0 + T bounds the positions); the
-	 * merge uses INT_MAX as "done" */
+	/* every position must fit an int (pos0 + T bounds them: the kernel
+	 * works in ints); the merge uses INT_MAX as "done" */
 	if (pos0 + T >= (int64_t)INT_MAX)
 		return 0;
 	/* auto: prefill-sized calls only; decode rows (few, long) are better

@@ -352,8 +352,9 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 	if (!rec)
 		rr.pos = at(be, sp->pos0);
 	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
-	struct sfw_attn_shape sh = {sp->T, nh, c->d.nkv, c->d.hd, rec ? 0 : sp->pos0, sp->scale, sp->k,
-				    sp->block};
+	/* (recording: the bound of the positions the replays may give) */
+	struct sfw_attn_shape sh = {sp->T, nh, c->d.nkv, c->d.hd, rec ? IMPL(be)->rec_bound - 1 : sp->pos0, sp->scale,
+				    sp->k, sp->block};
 	SFW_ASSERT(!rec || sp->T == 1);
 	PROF(P_SPARSE, sfw_cuda_attn_sparse(o, q, &kv, idx, &sh, &rr, SFW_DTYPE_BF16, S(be)));
 }

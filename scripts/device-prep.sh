@@ -3,7 +3,7 @@
 # machine: builds the CUDA binaries, and fills the git-ignored folders that
 # travel with `carry`:
 #   .devlib/bundle.tar.xz  (one file, ~9 MB; ~70 MB unpacked)
-#       bin/   stripped salafw, bench_gpu, bench_batch, bench_gemm, bench_w8gemm and tests/gpu_* of a CUDA build (and
+#       bin/   stripped salafw, bench_gpu, bench_batch, bench_gemm, bench_w8gemm, bench_attn and tests/gpu_* of a CUDA build (and
 #              test_wide, for gpu-run.sh wide-ref), and the tests/gpu_*.sh scripts
 #       lib/   shared libraries the GPU image lacks (libcjson)
 #       cupti/ the kernel timeline library of gpu-run.sh trace and its libcupti
@@ -43,6 +43,17 @@ if [ -n "$before" ]; then
 	# beside this tree's under the device tool's 64 MiB)
 	rm -rf .devlib-before && mkdir -p .devlib-before "$wt/.b"
 	tar -C "$wt/.b" -xJf "$wt/.devlib/bundle.tar.xz" ./bin/salafw ./bin/bench_gpu ./bin/bench_batch ./lib
+	# bench_attn times the ops through the twins' signatures only: where REV
+	# lacks it, this tree's source is built against REV (skipped when those
+	# signatures differ there)
+	if [ ! -f "$wt/bench/bench_attn.c" ]; then
+		cp bench/bench_attn.c "$wt/bench/"
+	fi
+	if make -C "$wt" CUDA=1 CUDA_ARCH="${CUDA_ARCH:-sm_90}" BUILD=build-cuda -j2 build-cuda/bench/bench_attn >/dev/null 2>&1; then
+		strip -o "$wt/.b/bin/bench_attn" "$wt/build-cuda/bench/bench_attn"
+	else
+		echo "device-prep: bench_attn does not build against $rev (gpu-run.sh before-after attn will skip it)" >&2
+	fi
 	tar -C "$wt/.b" -cf - . | xz -T2 -6 >.devlib-before/bundle.tar.xz && echo "$rev" >.devlib-before/REV
 	rm -rf "$wt"
 	echo "device-prep: .devlib-before holds $rev"
@@ -58,7 +69,7 @@ for d in .devlib $BUILD; do
 done
 if [ $build = 1 ]; then
 	# each target on its own: a broken file elsewhere must not stop the rest
-	for t in $BUILD/salafw $BUILD/bench/bench_gpu $BUILD/bench/bench_batch $BUILD/bench/bench_gemm $BUILD/bench/bench_w8gemm $BUILD/tests/test_wide $(ls tests/gpu_*.c 2>/dev/null | sed "s|tests/\(.*\)\.c|$BUILD/tests/\1|"); do
+	for t in $BUILD/salafw $BUILD/bench/bench_gpu $BUILD/bench/bench_batch $BUILD/bench/bench_gemm $BUILD/bench/bench_w8gemm $BUILD/bench/bench_attn $BUILD/tests/test_wide $(ls tests/gpu_*.c 2>/dev/null | sed "s|tests/\(.*\)\.c|$BUILD/tests/\1|"); do
 		if ! make CUDA=1 CUDA_ARCH="$ARCH" BUILD="$BUILD" -j2 "$t" >/dev/null; then
 			echo "device-prep: cannot build $t (skipped)" >&2
 			failed="$failed $t"
@@ -69,7 +80,7 @@ if [ $build = 1 ]; then
 fi
 ST=.devlib/stage
 rm -rf .devlib .devgold && mkdir -p $ST/bin $ST/lib
-for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD/bench/bench_batch" "$BUILD/bench/bench_gemm" "$BUILD/bench/bench_w8gemm" "$BUILD/tests/test_wide" "$BUILD"/tests/gpu_*; do
+for b in "$BUILD/salafw" "$BUILD/bench/bench_gpu" "$BUILD/bench/bench_batch" "$BUILD/bench/bench_gemm" "$BUILD/bench/bench_w8gemm" "$BUILD/bench/bench_attn" "$BUILD/tests/test_wide" "$BUILD"/tests/gpu_*; do
 	case $b in *.o | *.d) continue ;; esac
 	[ -x "$b" ] || continue
 	strip -o "$ST/bin/$(basename "$b")" "$b"

@@ -22,7 +22,9 @@
 #   bash scripts/gpu-run.sh before-after [what]  the same benchmarks with this tree's build and an older one
 #                                            (.devlib-before, scripts/device-prep.sh --before REV), interleaved:
 #                                            what = bench (salafw bench bf16 + int8 at 1K, 32K, 128K), batch
-#                                            (bench_batch B = 1..64 at 1K), serve (serve-bench at 32); default all
+#                                            (bench_batch B = 1..64 at 1K), serve (serve-bench at 32), attn
+#                                            (bench_attn: a 32K and a 128K prefill chunk's attention ops); default
+#                                            bench batch serve
 #   bash scripts/gpu-run.sh w8-vs-bf16 [G]   bf16 and int8 g128 full-size models in one call: batched decode
 #                                            (bench_batch B = 1..64 at 1K and 1K-32K), bench_gpu prefill and
 #                                            decode at 1K/32K/128K, and serving at concurrency 32
@@ -432,7 +434,7 @@ before-after)
 	what=${*:-bench batch serve}
 	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
 	Q=${SALAFW_BENCH_MODEL_W8:-/tmp/sala-full-w8}
-	full_models "$M" "$Q"
+	case " $what " in *" bench "* | *" batch "* | *" serve "*) full_models "$M" "$Q" ;; esac # (attn needs none)
 	rc=0
 	round=0
 	for w in $what; do
@@ -458,6 +460,15 @@ before-after)
 			serve)
 				echo "== $tag: serve $M, 32 concurrent, 1K prompt, 256 out" | tee -a "$OUT/before-after.log"
 				serve_bench "$b" "$M" 32 "$tag" || rc=1 ;;
+			attn)
+				if [ ! -x "$b/bench_attn" ]; then
+					echo "== $tag: no bench_attn in this build (skipped)" | tee -a "$OUT/before-after.log"
+					continue
+				fi
+				echo "== $tag: bench_attn --ctx 32768,131072 --rows 8192" | tee -a "$OUT/before-after.log"
+				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_attn" --ctx 32768,131072 --rows 8192 2>&1 |
+					tee -a "$OUT/before-after.log"
+				[ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
 			*) echo "before-after: unknown benchmark $w" >&2; exit 2 ;;
 			esac
 		done
