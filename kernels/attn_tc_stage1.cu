@@ -180,8 +180,8 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 {
 	sfwc_pdl_wait();
 	a.pos0 = *a.sp.pos + a.sp.off;
-	a.n1 = sfwc_nchunks(*a.sp.pos + a.sp.len, a.ksize, a.stride);
-	a.n2 = sfwc_nchunks(*a.sp.pos + a.sp.len, 4 * a.ksize, 4 * a.stride);
+	a.n1 = sfw_nchunks(*a.sp.pos + a.sp.len, a.ksize, a.stride);
+	a.n2 = sfw_nchunks(*a.sp.pos + a.sp.len, 4 * a.ksize, 4 * a.stride);
 	constexpr int LD = HD + 8; /* padded rows: conflict-free ldmatrix */
 	__shared__ __align__(16) uint16_t tile[2][S1T_TILE * LD];
 	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, tq = lane & 3;
@@ -285,8 +285,8 @@ static __device__ __forceinline__ void s1d_resolve(s1d_args &a)
 		a.tab = *a.ptab;
 	int64_t len = *a.sp.pos + a.sp.len;
 	a.pos0 = *a.sp.pos + a.sp.off;
-	a.n1 = sfwc_nchunks(len, a.ksize, a.stride);
-	a.n2 = sfwc_nchunks(len, 4 * a.ksize, 4 * a.stride);
+	a.n1 = sfw_nchunks(len, a.ksize, a.stride);
+	a.n2 = sfw_nchunks(len, 4 * a.ksize, 4 * a.stride);
 }
 
 /* The A fragments of query row r, group g (rows >= G zero), in the permuted

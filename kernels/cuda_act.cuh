@@ -208,13 +208,6 @@ void sfwi_cuda_gemv_logits(const uint16_t *X, const uint16_t *W, float *Y, int M
 void sfwi_rope_neox_cuda(void *x, int T, int nh, int hd, const int64_t *dpos, float theta, enum sfw_dtype act,
 			 struct sfw_cuda_ctx *cx);
 
-/* Level-1 chunks of a cache of len tokens (sfw_ckey_row's chunking: ksize
- * tokens every stride; level 2 is 4 ksize every 4 stride). */
-static __host__ __device__ __forceinline__ int64_t sfwc_nchunks(int64_t len, int ksize, int stride)
-{
-	return len < ksize ? 0 : (len - ksize) / stride + 1;
-}
-
 /* Where a selection call's rows are when its kernels run (struct
  * sfw_cuda_rowref's pos, off and len): row r is the token at *pos + off +
  * r of a cache of *pos + len tokens, whose chunk and block counts are

@@ -90,7 +90,7 @@ static __global__ void compress_tokens_kernel(A *c1, A *c2, const A *k, const in
 	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
 	A *c = lv ? c2 : c1;
 	int64_t p = *dpos;
-	compress_chunks(c, k, tab, shift, row, sfwc_nchunks(p, ks, st), sfwc_nchunks(p + T, ks, st),
+	compress_chunks(c, k, tab, shift, row, sfw_nchunks(p, ks, st), sfw_nchunks(p + T, ks, st),
 			ck_dst{tab, shift, lv + 1, ksize, stride});
 }
 
@@ -105,7 +105,7 @@ static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int 
 	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
 	A *c = (A *)sfwc_seq_p(S, lv, z);
 	int64_t p = sfwc_seq_pos(S, z);
-	int64_t j0 = sfwc_nchunks(p, ks, st), j1 = sfwc_nchunks(p + 1, ks, st);
+	int64_t j0 = sfw_nchunks(p, ks, st), j1 = sfw_nchunks(p + 1, ks, st);
 	const A *kc = (const A *)sfwc_seq_p(S, 2, z);
 	const int32_t *tab = sfwc_seq_tab(S, z);
 	int shift = sfwc_seq_shift(S);
@@ -132,7 +132,7 @@ extern "C" void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *
 	SFW_ASSERT(ksize >= 1 && stride >= 1 && rr->pos && !rr->k && !rr->tab);
 	if (T <= 0)
 		return;
-	(void)ck_dst_of(pg, 1, sh); /* (its check of the pages) */
+	SFW_ASSERT(!sfwc_pg_tab(pg) || sfw_ckey_rows_per_block(pg->shift, stride) > 0);
 	/* T tokens complete at most (T - 1) / stride + 1 level-1 chunks: the
 	 * grid covers those, striding when the elements outnumber it */
 	int row = nkv * hd;
@@ -185,8 +185,8 @@ static __device__ __forceinline__ void s1_resolve(s1_args &a)
 		a.tab = *a.ptab;
 	int64_t len = *a.sp.pos + a.sp.len;
 	a.pos0 = *a.sp.pos + a.sp.off;
-	a.n1 = sfwc_nchunks(len, a.ksize, a.stride);
-	a.n2 = sfwc_nchunks(len, 4 * a.ksize, 4 * a.stride);
+	a.n1 = sfw_nchunks(len, a.ksize, a.stride);
+	a.n2 = sfw_nchunks(len, 4 * a.ksize, 4 * a.stride);
 }
 
 /* x[h] += q_h · k for the G heads of the group, d ascending (as the CPU
@@ -405,23 +405,14 @@ extern "C" void sfw_cuda_stage1(float *scores, const void *q, const void *c1, co
  * engine's always are. */
 static int64_t twin_len(const struct sfw_sel_shape *sh, int levels, int blocks)
 {
-	int64_t lo = 0, hi = INT64_MAX;
-	for (int lv = 1; lv <= levels; lv++) {
-		int64_t n = lv == 1 ? sh->n1 : (sh->n2 > 0 ? sh->n2 : 0);
-		int64_t ks = lv == 1 ? sh->ksize : 4 * (int64_t)sh->ksize, st = lv == 1 ? sh->stride : 4 * (int64_t)sh->stride;
-		int64_t a = n ? ks + (n - 1) * st : 0, b = ks + n * st - 1;
-		lo = a > lo ? a : lo, hi = b < hi ? b : hi;
-	}
-	if (blocks) {
-		int64_t a = sh->nblocks ? (sh->nblocks - 1) * sh->block + 1 : 0, b = sh->nblocks * sh->block;
-		lo = a > lo ? a : lo, hi = b < hi ? b : hi;
-	}
-	if (lo > hi) {
+	int64_t len = sfw_len_of_counts(sh->n1, sh->n2 > 0 ? sh->n2 : 0, sh->nblocks, sh->ksize, sh->stride, sh->block,
+					levels, blocks);
+	if (len < 0) {
 		fprintf(stderr, "salafw: selection counts n1 %lld, n2 %lld, nblocks %lld are not those of one cache length\n",
 			(long long)sh->n1, (long long)sh->n2, (long long)sh->nblocks);
 		abort();
 	}
-	return lo;
+	return len;
 }
 
 extern "C" void sfw_op_stage1_cuda(float *scores, const void *q, const void *c1, const void *c2,
@@ -474,7 +465,7 @@ static __global__ void pool_kernel(float *pooled, const float *scores, int nkv, 
 	sfwc_pdl_wait();
 	/* the rows' positions and the counts, from the device */
 	int64_t len = *sp.pos + sp.len, pos0 = *sp.pos + sp.off;
-	int64_t n1 = sfwc_nchunks(len, ksize, stride), nblocks = (len + block - 1) / block;
+	int64_t n1 = sfw_nchunks(len, ksize, stride), nblocks = (len + block - 1) / block;
 	size_t n = (size_t)nkv * T * nblocks;
 	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
 		int64_t b = (int64_t)(e % nblocks);
@@ -583,7 +574,7 @@ static __global__ void __launch_bounds__(NT)
 	sfwc_pdl_wait();
 	/* the rows' positions and the counts, from the device */
 	int64_t len = *sp.pos + sp.len, pos0 = *sp.pos + sp.off;
-	int64_t nblocks = (len + block - 1) / block, n1 = POOL ? sfwc_nchunks(len, pp.ksize, pp.stride) : 0;
+	int64_t nblocks = (len + block - 1) / block, n1 = POOL ? sfw_nchunks(len, pp.ksize, pp.stride) : 0;
 	__shared__ int hist[256];
 	__shared__ int wsum[NT / 32];
 	__shared__ uint32_t s_prefix;

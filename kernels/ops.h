@@ -99,6 +99,39 @@ static inline SFW_HOSTDEV int sfw_log2i(int x)
 #endif
 }
 
+/* Level-1 chunks of a cache of len tokens (sfw_ckey_row's chunking: ksize
+ * tokens every stride; level 2 is 4 ksize every 4 stride). */
+static inline SFW_HOSTDEV int64_t sfw_nchunks(int64_t len, int ksize, int stride)
+{
+	return len < ksize ? 0 : (len - ksize) / stride + 1;
+}
+
+/* The inverse: the least cache length whose level-1 chunk count is n1
+ * (levels >= 1), whose level-2 count is n2 (levels == 2) and, with blocks,
+ * whose count of `block`-token blocks is nblocks; -1 when no length gives
+ * them all (the counts are not those of one cache). */
+static inline int64_t sfw_len_of_counts(int64_t n1, int64_t n2, int64_t nblocks, int ksize, int stride, int block,
+					int levels, int blocks)
+{
+	int64_t lo = 0, hi = INT64_MAX;
+	for (int lv = 1; lv <= levels; lv++) {
+		int64_t n = lv == 1 ? n1 : n2;
+		int64_t ks = lv == 1 ? ksize : 4 * (int64_t)ksize, st = lv == 1 ? stride : 4 * (int64_t)stride;
+		if (n < 0)
+			return -1;
+		/* nchunks(len) == n: len in [ks + (n - 1) st, ks + n st - 1], or [0, ks - 1] for n = 0 */
+		int64_t a = n ? ks + (n - 1) * st : 0, b = ks + n * st - 1;
+		lo = a > lo ? a : lo, hi = b < hi ? b : hi;
+	}
+	if (blocks) {
+		if (nblocks < 0)
+			return -1;
+		int64_t a = nblocks ? (nblocks - 1) * block + 1 : 0, b = nblocks * (int64_t)block;
+		lo = a > lo ? a : lo, hi = b < hi ? b : hi;
+	}
+	return lo <= hi ? lo : -1;
+}
+
 /* Compressed keys in a paged cache. A paged cache keeps each compressed key
  * in the KV block that holds its chunk's last token, so whoever holds the
  * block shares the key with it (runner/backend.h, the block pool). Per

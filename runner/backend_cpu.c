@@ -602,11 +602,6 @@ static void cpu_attn_dense(struct sfw_backend *be, void *o, const void *q, struc
 	sfw_op_attn_dense_cpu(EX(be), F(o), F(q), l->k, l->v, &sh);
 }
 
-static int64_t nchunks(int64_t len, int ksize, int stride)
-{
-	return len < ksize ? 0 : (len - ksize) / stride + 1;
-}
-
 /* Where c's compressed keys are: paged by its block table, or contiguous. */
 static struct sfw_pages ckey_pages(const struct sfw_bcache *c)
 {
@@ -619,7 +614,7 @@ static enum sfw_status cpu_compress(struct sfw_backend *be, struct sfw_bcache *c
 	(void)be, (void)err;
 	struct cpu_layer *l = &c->L[layer];
 	const struct sfw_cache_desc *d = &c->d;
-	int64_t t1 = nchunks(l->len, d->ksize, d->stride), t2 = nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+	int64_t t1 = sfw_nchunks(l->len, d->ksize, d->stride), t2 = sfw_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 	SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 	struct sfw_sel_shape sh = {.nkv = d->nkv, .hd = d->hd, .ksize = d->ksize, .stride = d->stride};
 	struct sfw_pages pg = ckey_pages(c);

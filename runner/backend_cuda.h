@@ -162,16 +162,11 @@ static inline void sfwi_cu_prof_end(struct sfw_backend *be, enum prof_op op)
 		sfwi_cu_prof_end(be, op);                                                                         \
 	} while (0)
 
-static inline int64_t sfwi_cu_nchunks(int64_t len, int ksize, int stride)
-{
-	return len < ksize ? 0 : (len - ksize) / stride + 1;
-}
-
 /* Selection scratch of one recorded decode row at cache lengths up to bound:
  * scores [nkv, n1], pooled [nkv, nblocks], and the sizes of the first two. */
 static inline size_t sfwi_cu_sel_plan_row(const struct sfw_cache_desc *d, int64_t bound, int k, size_t *sc, size_t *po)
 {
-	int64_t n1 = sfwi_cu_nchunks(bound, d->ksize, d->stride), nb = (bound + d->block - 1) / d->block;
+	int64_t n1 = sfw_nchunks(bound, d->ksize, d->stride), nb = (bound + d->block - 1) / d->block;
 	*sc = sfw_cuda_arena_round((size_t)d->nkv * (size_t)(n1 ? n1 : 1) * 4);
 	*po = sfw_cuda_arena_round((size_t)d->nkv * (size_t)nb * 4);
 	return *sc + *po + (size_t)d->nkv * k * 4;

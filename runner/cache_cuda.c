@@ -366,7 +366,7 @@ void sfwi_cu_cache_advance(struct sfw_bcache *c, int T)
 			continue;
 		SFW_ASSERT(T >= 0 && l->len + T <= l->cap);
 		l->len += T;
-		int64_t t1 = sfwi_cu_nchunks(l->len, d->ksize, d->stride), t2 = sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+		int64_t t1 = sfw_nchunks(l->len, d->ksize, d->stride), t2 = sfw_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 		l->n1 = t1 > l->n1 ? t1 : l->n1;
 		l->n2 = t2 > l->n2 ? t2 : l->n2;
 	}

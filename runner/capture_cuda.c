@@ -252,8 +252,8 @@ static int bstep_current(struct sfw_bcache *const *caches, const int64_t *pos, i
 			return 0;
 		for (int li = 0; li < d->n_layers; li++) {
 			const struct cu_layer *l = &c->L[li];
-			if (l->sparse && (l->len != pos[i] || l->len + 1 > l->cap || l->n1 != sfwi_cu_nchunks(l->len, d->ksize, d->stride) ||
-					  l->n2 != sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride)))
+			if (l->sparse && (l->len != pos[i] || l->len + 1 > l->cap || l->n1 != sfw_nchunks(l->len, d->ksize, d->stride) ||
+					  l->n2 != sfw_nchunks(l->len, 4 * d->ksize, 4 * d->stride)))
 				return 0;
 		}
 	}

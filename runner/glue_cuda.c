@@ -209,11 +209,9 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	/* the tokens since the compressed keys were made: from the first
 	 * length whose chunk counts of both levels are n1 and n2 (they are
 	 * those of the length last compressed) to len */
-	int64_t p1 = l->n1 ? d->ksize + (l->n1 - 1) * d->stride : 0;
-	int64_t p2 = l->n2 ? 4 * d->ksize + (l->n2 - 1) * 4 * d->stride : 0, p = p1 > p2 ? p1 : p2;
-	int64_t t1 = sfwi_cu_nchunks(l->len, d->ksize, d->stride), t2 = sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
-	SFW_ASSERT(p <= l->len && sfwi_cu_nchunks(p, d->ksize, d->stride) == l->n1 &&
-		   sfwi_cu_nchunks(p, 4 * d->ksize, 4 * d->stride) == l->n2 && t1 <= l->cap1 && t2 <= l->cap2);
+	int64_t p = sfw_len_of_counts(l->n1, l->n2, 0, d->ksize, d->stride, 0, 2, 0);
+	int64_t t1 = sfw_nchunks(l->len, d->ksize, d->stride), t2 = sfw_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+	SFW_ASSERT(p >= 0 && p <= l->len && t1 <= l->cap1 && t2 <= l->cap2);
 	if (p == l->len)
 		return SFW_OK;
 	SFW_ASSERT(l->len - p <= INT32_MAX);
@@ -261,7 +259,7 @@ static enum sfw_status select_recorded(struct sfw_backend *be, int32_t *idx, con
 	struct cu_be *b = IMPL(be);
 	int nkv = c->d.nkv, hd = c->d.hd, k = sp->k;
 	int64_t bound = b->rec_bound, nb = (bound + sp->block - 1) / sp->block;
-	int64_t n1 = sfwi_cu_nchunks(bound, sp->ksize, sp->stride), n2 = sfwi_cu_nchunks(bound, 4 * sp->ksize, 4 * sp->stride);
+	int64_t n1 = sfw_nchunks(bound, sp->ksize, sp->stride), n2 = sfw_nchunks(bound, 4 * sp->ksize, 4 * sp->stride);
 	size_t sc, po;
 	SFW_ASSERT(sp->T == 1);
 	enum sfw_status s = sfwi_cu_sel_room(be, sfwi_cu_sel_plan_row(&c->d, bound, k, &sc, &po), err);
@@ -531,8 +529,8 @@ static int compress_current(const struct sfw_bseq *q, int layer)
 {
 	const struct cu_layer *l = &q->cache->L[layer];
 	const struct sfw_cache_desc *d = &q->cache->d;
-	return l->len == q->pos0 + 1 && l->n1 == sfwi_cu_nchunks(l->len - 1, d->ksize, d->stride) &&
-	       l->n2 == sfwi_cu_nchunks(l->len - 1, 4 * d->ksize, 4 * d->stride);
+	return l->len == q->pos0 + 1 && l->n1 == sfw_nchunks(l->len - 1, d->ksize, d->stride) &&
+	       l->n2 == sfw_nchunks(l->len - 1, 4 * d->ksize, 4 * d->stride);
 }
 
 static enum sfw_status cu_compress_seqs(struct sfw_backend *be, const struct sfw_bseq *s, int ns, int layer,
@@ -546,7 +544,7 @@ static enum sfw_status cu_compress_seqs(struct sfw_backend *be, const struct sfw
 		for (int i = 0; !sp.t.st && i < sp.t.n; i++) {
 			struct cu_layer *l = &sp.one[i]->cache->L[layer];
 			sp.p[0][i] = l->c1, sp.p[1][i] = l->c2, sp.p[2][i] = l->k;
-			int64_t t1 = sfwi_cu_nchunks(l->len, d->ksize, d->stride), t2 = sfwi_cu_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
+			int64_t t1 = sfw_nchunks(l->len, d->ksize, d->stride), t2 = sfw_nchunks(l->len, 4 * d->ksize, 4 * d->stride);
 			SFW_ASSERT(t1 <= l->cap1 && t2 <= l->cap2);
 			l->n1 = t1, l->n2 = t2;
 		}

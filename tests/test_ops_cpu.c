@@ -291,6 +291,65 @@ static void test_compress(void)
 	free(k);
 }
 
+/* The chunk counts of a cache length (sfw_nchunks) and the least length
+ * with given counts (sfw_len_of_counts), against counting chunks and blocks
+ * one by one: every length up to 3,000 at the model's sizes and at odd
+ * ones, and count triples that no length has. */
+static void test_counts(void)
+{
+	static const int sizes[][3] = {{32, 16, 64}, {5, 3, 7}, {8, 8, 8}};
+	enum { MAXLEN = 3000 };
+	for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+		int ks = sizes[z][0], st = sizes[z][1], blk = sizes[z][2];
+		int counts_ok = 1, inverse_ok = 1, none_ok = 1;
+		static int64_t c1[MAXLEN + 1], c2[MAXLEN + 1], cb[MAXLEN + 1];
+		for (int64_t len = 0; len <= MAXLEN; len++) {
+			int64_t n1 = 0, n2 = 0, nb = 0;
+			for (int64_t j = 0; j * st + ks <= len; j++) /* chunk j: tokens j st .. j st + ks - 1 */
+				n1++;
+			for (int64_t j = 0; j * 4 * st + 4 * ks <= len; j++)
+				n2++;
+			for (int64_t b = 0; b * blk < len; b++)
+				nb++;
+			c1[len] = n1, c2[len] = n2, cb[len] = nb;
+			counts_ok &= sfw_nchunks(len, ks, st) == n1 && sfw_nchunks(len, 4 * ks, 4 * st) == n2;
+		}
+		for (int64_t len = 0; len <= MAXLEN; len++) {
+			/* the least length with len's counts: the first one scanning up */
+			int64_t least[4] = {-1, -1, -1, -1}; /* levels 1; 1, 2; 1 + blocks; blocks */
+			for (int64_t m = 0; m <= len; m++) {
+				if (least[0] < 0 && c1[m] == c1[len])
+					least[0] = m;
+				if (least[1] < 0 && c1[m] == c1[len] && c2[m] == c2[len])
+					least[1] = m;
+				if (least[2] < 0 && c1[m] == c1[len] && cb[m] == cb[len])
+					least[2] = m;
+				if (least[3] < 0 && cb[m] == cb[len])
+					least[3] = m;
+			}
+			inverse_ok &= sfw_len_of_counts(c1[len], 0, 0, ks, st, blk, 1, 0) == least[0] &&
+				      sfw_len_of_counts(c1[len], c2[len], 0, ks, st, blk, 2, 0) == least[1] &&
+				      sfw_len_of_counts(c1[len], 0, cb[len], ks, st, blk, 1, 1) == least[2] &&
+				      sfw_len_of_counts(0, 0, cb[len], ks, st, blk, 0, 1) == least[3];
+		}
+		/* triples no length has: -1 exactly when the scan finds none */
+		for (int64_t n1 = 0; n1 < 40; n1++)
+			for (int64_t n2 = 0; n2 < 12; n2++) {
+				int64_t first = -1;
+				for (int64_t m = 0; m <= MAXLEN && first < 0; m++)
+					if (c1[m] == n1 && c2[m] == n2)
+						first = m;
+				none_ok &= sfw_len_of_counts(n1, n2, 0, ks, st, blk, 2, 0) == first;
+			}
+		none_ok &= sfw_len_of_counts(-1, 0, 0, ks, st, blk, 1, 0) == -1 &&
+			   sfw_len_of_counts(0, 0, -1, ks, st, blk, 0, 1) == -1;
+		CHECK(counts_ok, "chunk counts (ksize %d, stride %d) of every length up to %d, as counted", ks, st, MAXLEN);
+		CHECK(inverse_ok, "least length with a length's counts (ksize %d, stride %d, block %d), as scanned", ks, st,
+		      blk);
+		CHECK(none_ok, "counts no length has (ksize %d, stride %d): -1, as scanned", ks, st);
+	}
+}
+
 /* Compressed keys paged into KV blocks (sfw_ckey_row): each chunk in the
  * block of its last token, no two chunks in one row; compression into a
  * permuted block table and stage 1 read through it give bit for bit what
@@ -571,6 +630,7 @@ int main(void)
 	test_attention();
 	test_gla();
 	test_compress();
+	test_counts();
 	test_stage1();
 	test_ckey_pages();
 	test_pool_topk();
