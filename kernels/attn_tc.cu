@@ -83,14 +83,6 @@ static __device__ __forceinline__ int atc_next(const int (&len)[ATC_W], int (&cu
 	return b;
 }
 
-/* the last column of block b's tile at or before position p: p - 64 b
- * clamped to [-1, 63] (-1: none; any b, no overflow) */
-static __device__ __forceinline__ int atc_last(int p, int b)
-{
-	int64_t d = (int64_t)p - (int64_t)b * ATC_BLK;
-	return d > ATC_BLK - 1 ? ATC_BLK - 1 : d < -1 ? -1 : (int)d;
-}
-
 /* block b -> stage st of kvs; keys past the CTA's last position pmax are
  * zeros (they may lie past the cache; masked anyway). Positions are ints
  * here (the launch makes sure every one fits). */
@@ -99,7 +91,7 @@ static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs
 {
 	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8;
 	uint16_t *dst = kvs + (size_t)st * 2 * TILE;
-	const int last = atc_last(pmax, b); /* the tile's last key row to load */
+	const int last = pmax - b * ATC_BLK; /* the tile's last key row to load */
 	for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
 		int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH, ch = rem % CH;
 		int64_t t = (int64_t)b * ATC_BLK + row;
@@ -260,7 +252,7 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32, 3) attn_t
 			for (int j = 0; j < 8; j++)
 				s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 			tc_qk_tile<HD>(s, qa, Ks, lane);
-			atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, atc_last(p, b0), a.scale_log2, tq);
+			atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, p - b0 * ATC_BLK, a.scale_log2, tq);
 			atc_pv<HD>(o, s, Vs, lane);
 		}
 		__syncthreads(); /* stage st is free for the load two steps on */
