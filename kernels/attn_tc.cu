@@ -26,7 +26,8 @@
 
 struct atc_args {
 	const uint16_t *q, *kc, *vc;
-	const int32_t *idx; /* NULL: dense */
+	const int32_t *idx; /* NULL: dense; else entries -1 or blocks of the cache (64 b <= pos0 + T - 1,
+			     * an int: the launch makes sure), as top-k gives them */
 	uint16_t *o;
 	int T, nh, nkv, k;
 	const int64_t *dpos; /* the position of row 0, read when the kernel runs */

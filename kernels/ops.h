@@ -358,7 +358,8 @@ void sfw_op_attn_dense_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, con
 			   const struct sfw_attn_shape *sh);
 /* Block-sparse causal GQA: as dense, but row r / head h (group g) sees only
  * the keys of blocks idx[g, r, 0..k-1] (k = topk; block b = tokens
- * [b*block, b*block+block-1], -1 = skipped) with key position <= pos0 + r.
+ * [b*block, b*block+block-1], -1 = skipped; any other entry is a block of
+ * the cache, b*block < pos0 + T) with key position <= pos0 + r.
  * idx [nkv, T, k]. */
 void sfw_op_attn_sparse_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, const float *kc, const float *vc, const int32_t *idx,
 			    const struct sfw_attn_shape *sh);
