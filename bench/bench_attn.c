@@ -39,6 +39,13 @@ struct bufs {
 	int32_t *idx;
 };
 
+static void bufs_free(struct bufs *b)
+{
+	sfw_cuda_free(b->k), sfw_cuda_free(b->v), sfw_cuda_free(b->q), sfw_cuda_free(b->o);
+	sfw_cuda_free(b->c1), sfw_cuda_free(b->c2), sfw_cuda_free(b->scores), sfw_cuda_free(b->pooled);
+	sfw_cuda_free(b->idx);
+}
+
 static int cmp_f(const void *a, const void *b)
 {
 	float x = *(const float *)a, y = *(const float *)b;
@@ -145,6 +152,7 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 	if (!ok) {
 		if (!err->msg[0])
 			snprintf(err->msg, sizeof(err->msg), "out of host memory");
+		bufs_free(&b);
 		return 0;
 	}
 	float scale = 0.08838834764831845f; /* 1 / sqrt(128) */
@@ -165,9 +173,7 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 	       t[O_STAGE1] + t[O_POOL] + t[O_TOPK] + t[O_SPARSE],
 	       t[O_DENSE] / (t[O_STAGE1] + t[O_POOL] + t[O_TOPK] + t[O_SPARSE]));
 	fflush(stdout);
-	sfw_cuda_free(b.k), sfw_cuda_free(b.v), sfw_cuda_free(b.q), sfw_cuda_free(b.o);
-	sfw_cuda_free(b.c1), sfw_cuda_free(b.c2), sfw_cuda_free(b.scores), sfw_cuda_free(b.pooled);
-	sfw_cuda_free(b.idx);
+	bufs_free(&b);
 	return 1;
 }
 

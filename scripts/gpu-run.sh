@@ -572,7 +572,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn ...] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
 	exit 2
 	;;
 esac
