@@ -1,17 +1,20 @@
-/* bench_attn.c - the long-context attention ops of one prefill chunk, each
- * timed alone on the device: stage 1 (the compressed keys' scores), pooling,
- * top-k, sparse attention over the blocks top-k chose, and dense attention
- * over the whole cache for comparison, at MiniCPM-SALA's shapes (32 query
- * heads, 2 KV heads of 128, blocks of 64, top 96, level-1 chunks 32/16):
+/* bench_attn.c - the long-context attention ops of one prefill chunk or
+ * decode row, each timed alone on the device: stage 1 (the compressed keys'
+ * scores), pooling, top-k, pooling and top-k in one launch (a single row:
+ * what a recorded decode step runs up to 4,096 blocks, 256K tokens), sparse
+ * attention over the blocks top-k chose, and dense attention over the whole
+ * cache for comparison, at MiniCPM-SALA's shapes (32 query heads, 2 KV
+ * heads of 128, blocks of 64, top 96, level-1 chunks 32/16):
  *   bench_attn [--ctx 32768,131072] [--rows 8192]
  * For each context length L the chunk is the last `rows` tokens (positions
  * L - rows .. L - 1) over a cache of L tokens, as the engine's last prefill
- * chunk. K, V and q are random (a fixed seed), the compressed keys are made
- * by the compression op, and each op reads the previous op's output, so the
- * blocks attention loads are those top-k picks. Each figure is the median of
- * 7 rounds of 3 calls (1 warm-up), in ms; the ops go through the twins
- * (sfw_op_*_cuda), whose signatures this tool needs only, so the same
- * source builds against an older tree (gpu-run.sh before-after attn).
+ * chunk (--rows 1: a decode row). K, V and q are random (a fixed seed), the
+ * compressed keys are made by the compression op, and each op reads the
+ * previous op's output, so the blocks attention loads are those top-k
+ * picks. Each figure is the median of 7 rounds of 3 calls (1 warm-up), in
+ * ms; the ops go through the twins (sfw_op_*_cuda) and sfw_cuda_pool_topk,
+ * whose signatures this tool needs only, so the same source builds against
+ * an older tree (gpu-run.sh before-after attn).
  * Built in every build; without CUDA=1 it says so and exits 0. */
 #include "sfw.h"
 
@@ -30,8 +33,8 @@ int main(void)
 #include "kernels/ops_cuda.h"
 
 enum { NH = 32, NKV = 2, HD = 128, KSIZE = 32, STRIDE = 16, BLOCK = 64, TOPK = 96, INIT = 1, LOCAL = 32 };
-enum op { O_STAGE1, O_POOL, O_TOPK, O_SPARSE, O_DENSE, O_N };
-static const char *op_name[O_N] = {"stage1", "pool", "topk", "attn_sparse", "attn_dense"};
+enum op { O_STAGE1, O_POOL, O_TOPK, O_POOL_TOPK, O_SPARSE, O_DENSE, O_N };
+static const char *op_name[O_N] = {"stage1", "pool", "topk", "pool_topk", "attn_sparse", "attn_dense"};
 
 struct bufs {
 	void *k, *v, *q, *o, *c1, *c2;
@@ -90,6 +93,11 @@ static void call(enum op op, struct bufs *b, const struct sfw_sel_shape *ss, con
 	case O_TOPK:
 		sfw_op_topk_blocks_cuda(b->idx, b->pooled, ss, SFW_DTYPE_BF16, cx);
 		break;
+	case O_POOL_TOPK: { /* (one row: the fused form takes no more) */
+		struct sfw_cuda_rowref rr = {.pos = sfw_cuda_ctx_pos(cx, ss->pos0), .len = ss->T};
+		sfw_cuda_pool_topk(b->idx, b->scores, ss, &rr, cx);
+		break;
+	}
 	case O_SPARSE:
 		sfw_op_attn_sparse_cuda(b->o, b->q, b->k, b->v, b->idx, as, SFW_DTYPE_BF16, cx);
 		break;
@@ -163,15 +171,17 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 				    .topk = TOPK, .block = BLOCK};
 	sfw_op_compress_cuda(b.c1, b.k, 1, 0, n1, &ss, NULL, SFW_DTYPE_BF16, cx);
 	sfw_op_compress_cuda(b.c2, b.k, 2, 0, n2, &ss, NULL, SFW_DTYPE_BF16, cx);
-	float t[O_N];
+	float t[O_N] = {0};
 	for (int op = 0; op < O_N; op++)
-		t[op] = time_op((enum op)op, &b, &ss, &as, cx, e0, e1);
+		if (op != O_POOL_TOPK || T == 1)
+			t[op] = time_op((enum op)op, &b, &ss, &as, cx, e0, e1);
 	printf("ctx %7lld rows %5d |", (long long)L, T);
 	for (int op = 0; op < O_N; op++)
-		printf(" %s %8.3f |", op_name[op], t[op]);
-	printf(" select %.3f, sparse path %.3f, dense / sparse path %.2f\n", t[O_STAGE1] + t[O_POOL] + t[O_TOPK],
-	       t[O_STAGE1] + t[O_POOL] + t[O_TOPK] + t[O_SPARSE],
-	       t[O_DENSE] / (t[O_STAGE1] + t[O_POOL] + t[O_TOPK] + t[O_SPARSE]));
+		if (op != O_POOL_TOPK || T == 1)
+			printf(" %s %8.3f |", op_name[op], t[op]);
+	float sel = t[O_STAGE1] + t[O_POOL] + t[O_TOPK];
+	printf(" select %.3f, sparse path %.3f, dense / sparse path %.2f\n", sel, sel + t[O_SPARSE],
+	       t[O_DENSE] / (sel + t[O_SPARSE]));
 	fflush(stdout);
 	bufs_free(&b);
 	return 1;

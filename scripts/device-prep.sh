@@ -43,12 +43,10 @@ if [ -n "$before" ]; then
 	# beside this tree's under the device tool's 64 MiB)
 	rm -rf .devlib-before && mkdir -p .devlib-before "$wt/.b"
 	tar -C "$wt/.b" -xJf "$wt/.devlib/bundle.tar.xz" ./bin/salafw ./bin/bench_gpu ./bin/bench_batch ./lib
-	# bench_attn times the ops through the twins' signatures only: where REV
-	# lacks it, this tree's source is built against REV (skipped when those
-	# signatures differ there)
-	if [ ! -f "$wt/bench/bench_attn.c" ]; then
-		cp bench/bench_attn.c "$wt/bench/"
-	fi
+	# bench_attn times the ops through the twins' signatures only: this
+	# tree's source is built against REV, so both sides time the same ops
+	# (skipped when those signatures differ there)
+	cp bench/bench_attn.c "$wt/bench/"
 	if make -C "$wt" CUDA=1 CUDA_ARCH="${CUDA_ARCH:-sm_90}" BUILD=build-cuda -j2 build-cuda/bench/bench_attn >/dev/null 2>&1; then
 		strip -o "$wt/.b/bin/bench_attn" "$wt/build-cuda/bench/bench_attn"
 	else

@@ -23,7 +23,9 @@
 #                                            (.devlib-before, scripts/device-prep.sh --before REV), interleaved:
 #                                            what = bench (salafw bench bf16 + int8 at 1K, 32K, 128K), batch
 #                                            (bench_batch B = 1..64 at 1K), serve (serve-bench at 32), attn
-#                                            (bench_attn: a 32K and a 128K prefill chunk's attention ops); default
+#                                            (bench_attn: a 32K and a 128K prefill chunk's attention ops, and a
+#                                            decode row's at 1K, 128K and 1M), long (bench_gpu bf16, a 1M-token
+#                                            prompt and 64 decode steps); default
 #                                            bench batch serve
 #   bash scripts/gpu-run.sh w8-vs-bf16 [G]   bf16 and int8 g128 full-size models in one call: batched decode
 #                                            (bench_batch B = 1..64 at 1K and 1K-32K), bench_gpu prefill and
@@ -434,7 +436,7 @@ before-after)
 	what=${*:-bench batch serve}
 	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
 	Q=${SALAFW_BENCH_MODEL_W8:-/tmp/sala-full-w8}
-	case " $what " in *" bench "* | *" batch "* | *" serve "*) full_models "$M" "$Q" ;; esac # (attn needs none)
+	case " $what " in *" bench "* | *" batch "* | *" serve "* | *" long "*) full_models "$M" "$Q" ;; esac # (attn needs none)
 	rc=0
 	round=0
 	for w in $what; do
@@ -452,6 +454,11 @@ before-after)
 						grep -v uploaded | tee -a "$OUT/before-after.log"
 					[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 				done ;;
+			long)
+				echo "== $tag: bench_gpu $M --runs 1048576:64" | tee -a "$OUT/before-after.log"
+				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_gpu" "$M" --runs 1048576:64 2>&1 |
+					grep -v uploaded | tee -a "$OUT/before-after.log"
+				[ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
 			batch)
 				echo "== $tag: bench_batch $M --batch 1,2,4,8,16,32,64 --ctx 1024 --gen 32" | tee -a "$OUT/before-after.log"
 				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_batch" "$M" --device cuda --batch 1,2,4,8,16,32,64 \
@@ -465,10 +472,14 @@ before-after)
 					echo "== $tag: no bench_attn in this build (skipped)" | tee -a "$OUT/before-after.log"
 					continue
 				fi
-				echo "== $tag: bench_attn --ctx 32768,131072 --rows 8192" | tee -a "$OUT/before-after.log"
-				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_attn" --ctx 32768,131072 --rows 8192 2>&1 |
-					tee -a "$OUT/before-after.log"
-				[ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+				# a prefill chunk at 32K and 128K, then a decode row at 1K .. 1M
+				for a in "--ctx 32768,131072 --rows 8192" "--ctx 1024,131072,1048576 --rows 1"; do
+					echo "== $tag: bench_attn $a" | tee -a "$OUT/before-after.log"
+					# shellcheck disable=SC2086 # $a: the options, split on purpose
+					LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_attn" $a 2>&1 |
+						tee -a "$OUT/before-after.log"
+					[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+				done ;;
 			*) echo "before-after: unknown benchmark $w" >&2; exit 2 ;;
 			esac
 		done
@@ -572,7 +583,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn ...] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn|long ...] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
 	exit 2
 	;;
 esac
