@@ -109,6 +109,12 @@ static void call(enum op op, struct bufs *b, const struct sfw_sel_shape *ss, con
 	}
 }
 
+/* The fused pooling + top-k takes one row only */
+static int op_runs(enum op op, int T)
+{
+	return op != O_POOL_TOPK || T == 1;
+}
+
 static float time_op(enum op op, struct bufs *b, const struct sfw_sel_shape *ss, const struct sfw_attn_shape *as,
 		     struct sfw_cuda_ctx *cx, void *e0, void *e1)
 {
@@ -173,11 +179,11 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 	sfw_op_compress_cuda(b.c2, b.k, 2, 0, n2, &ss, NULL, SFW_DTYPE_BF16, cx);
 	float t[O_N] = {0};
 	for (int op = 0; op < O_N; op++)
-		if (op != O_POOL_TOPK || T == 1)
+		if (op_runs((enum op)op, T))
 			t[op] = time_op((enum op)op, &b, &ss, &as, cx, e0, e1);
 	printf("ctx %7lld rows %5d |", (long long)L, T);
 	for (int op = 0; op < O_N; op++)
-		if (op != O_POOL_TOPK || T == 1)
+		if (op_runs((enum op)op, T))
 			printf(" %s %8.3f |", op_name[op], t[op]);
 	float sel = t[O_STAGE1] + t[O_POOL] + t[O_TOPK];
 	printf(" select %.3f, sparse path %.3f, dense / sparse path %.2f\n", sel, sel + t[O_SPARSE],

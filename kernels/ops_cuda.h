@@ -164,7 +164,9 @@ void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, const struct sfw_se
 			  const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* sfw_cuda_pool_blocks then sfw_cuda_topk_blocks of one row with rr, in one
  * launch, from the level-1 scores (no pooled array written): equal idx.
- * rr required; up to 4096 blocks. Reads sh's nkv, ksize, stride, block,
+ * rr required. Right at any length, but past 4096 blocks (256K tokens) it
+ * pools every block once per radix pass and the engine pools apart instead
+ * (bench_attn times both). Reads sh's nkv, ksize, stride, block,
  * init_blocks, local_blocks and topk. */
 void sfw_cuda_pool_topk(int32_t *idx, const float *scores, const struct sfw_sel_shape *sh,
 			const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);

@@ -436,7 +436,11 @@ before-after)
 	what=${*:-bench batch serve}
 	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
 	Q=${SALAFW_BENCH_MODEL_W8:-/tmp/sala-full-w8}
-	case " $what " in *" bench "* | *" batch "* | *" serve "* | *" long "*) full_models "$M" "$Q" ;; esac # (attn needs none)
+	# (attn needs no model, long only the bf16 one)
+	case " $what " in
+	*" bench "* | *" batch "* | *" serve "*) full_models "$M" "$Q" ;;
+	*" long "*) full_models "$M" ;;
+	esac
 	rc=0
 	round=0
 	for w in $what; do
