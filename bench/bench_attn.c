@@ -1,7 +1,7 @@
 /* bench_attn.c - the long-context attention ops of one prefill chunk or
  * decode row, each timed alone on the device: stage 1 (the compressed keys'
  * scores), pooling, top-k, pooling and top-k in one launch (a single row:
- * what a recorded decode step runs up to 4,096 blocks, 256K tokens), sparse
+ * what a recorded decode step runs; older trees: up to 4,096 blocks), sparse
  * attention over the blocks top-k chose, and dense attention over the whole
  * cache for comparison, at MiniCPM-SALA's shapes (32 query heads, 2 KV
  * heads of 128, blocks of 64, top 96, level-1 chunks 32/16):

@@ -308,15 +308,15 @@ static __device__ __forceinline__ void s1d_qfrag(uint32_t qa[HD / 16][4], const 
 	}
 }
 
-/* s[n][.] = the C fragments of q · c[j0 + 8n + .] for the 32 keys from j0
- * (keys >= lim read as zero rows) of the level's compressed keys. */
+/* The 32 keys from j0 of the level's compressed keys (keys >= lim read
+ * as zero rows), as B fragments in the permuted order: kv[n][cc] of key
+ * j0 + 8n + gid. */
 template <int HD>
-static __device__ __forceinline__ void s1d_scores(float s[4][4], const uint32_t qa[HD / 16][4], const s1d_args &a,
-						  int level, int64_t j0, int64_t lim, int g)
+static __device__ __forceinline__ void s1d_load(uint4 kv[4][HD / 32], const s1d_args &a, int level, int64_t j0,
+						int64_t lim, int g)
 {
 	const int lane = threadIdx.x & 31, gid = lane >> 2, tq = lane & 3;
 	const uint16_t *c = level == 2 ? a.c2 : a.c1;
-	uint4 kv[4][HD / 32];
 #pragma unroll
 	for (int n = 0; n < 4; n++) {
 		int64_t j = j0 + 8 * n + gid;
@@ -326,6 +326,12 @@ static __device__ __forceinline__ void s1d_scores(float s[4][4], const uint32_t 
 		for (int cc = 0; cc < HD / 32; cc++)
 			kv[n][cc] = j < lim ? *(const uint4 *)(row + 32 * cc) : make_uint4(0, 0, 0, 0);
 	}
+}
+
+/* s[n][.] = the C fragments of q · (the keys s1d_load gave). */
+template <int HD>
+static __device__ __forceinline__ void s1d_mma(float s[4][4], const uint32_t qa[HD / 16][4], const uint4 kv[4][HD / 32])
+{
 #pragma unroll
 	for (int n = 0; n < 4; n++) {
 		s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -335,6 +341,17 @@ static __device__ __forceinline__ void s1d_scores(float s[4][4], const uint32_t 
 			tc_mma(s[n], qa[2 * cc + 1], kv[n][cc].z, kv[n][cc].w);
 		}
 	}
+}
+
+/* s[n][.] = the C fragments of q · c[j0 + 8n + .] for the 32 keys from j0
+ * (keys >= lim read as zero rows) of the level's compressed keys. */
+template <int HD>
+static __device__ __forceinline__ void s1d_scores(float s[4][4], const uint32_t qa[HD / 16][4], const s1d_args &a,
+						  int level, int64_t j0, int64_t lim, int g)
+{
+	uint4 kv[4][HD / 32];
+	s1d_load<HD>(kv, a, level, j0, lim, g);
+	s1d_mma<HD>(s, qa, kv);
 }
 
 /* Pass A: grid (T*nkv, nsplit); this CTA's share of the visible level-2 keys. */
@@ -416,6 +433,12 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 	if ((int64_t)blockIdx.y * S1D_W * S1D_KEYS >= a.n1)
 		return; /* the whole CTA: past this call's keys (a recorded step's bound) */
 	const int64_t v1 = s1t_visible(a.pos0 + r, a.n1, a.ksize, a.stride);
+	/* this warp's keys and query first: their loads run while the
+	 * splits are merged */
+	uint4 kv[4][HD / 32];
+	s1d_load<HD>(kv, a, 1, j0, v1, g);
+	uint32_t qa[HD / 16][4];
+	s1d_qfrag<HD>(qa, a, r, g, G);
 	/* LSE_h: warp w merges heads w, w + S1D_W, ... over the splits */
 	const float *pr = a.part + (size_t)rg * a.nsplit * G * 2;
 	for (int h = w; h < G; h += S1D_W) {
@@ -434,10 +457,8 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 	__syncthreads();
 	if (j0 >= a.n1)
 		return;
-	uint32_t qa[HD / 16][4];
-	s1d_qfrag<HD>(qa, a, r, g, G);
 	float s[4][4];
-	s1d_scores<HD>(s, qa, a, 1, j0, v1, g);
+	s1d_mma<HD>(s, qa, kv);
 	const float lse_lo = gid < G ? lse[gid] : 0.0f, lse_hi = gid + 8 < G ? lse[gid + 8] : 0.0f;
 	float *out = a.scores + ((size_t)g * a.T + r) * (size_t)a.n1;
 	float cs[4][2];

@@ -155,6 +155,9 @@ static __device__ __forceinline__ void sfwc_pdl_wait(void)
 /* The context's multiprocessor count, or the current device's when it has
  * none (kernels/linear.cu). */
 int sfwi_cuda_sms(const struct sfw_cuda_ctx *cx);
+/* The shared-memory limit of top-k's kernels raised on the current device:
+ * the bytes of keys one block may hold, 0 when refused (kernels/infllm.cu) */
+size_t sfwi_topk_smem_prepare(void);
 
 /* The current device, for memos of per-device driver state (a kernel's
  * shared-memory limit is set once per device, as the driver keeps it). */

@@ -438,40 +438,48 @@ static void s1_any(s1_args a, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *c
 
 /* ---- pooling ---- */
 
-/* Block b's pooled score for a row at position p: +inf for the initial and
- * local blocks (always kept), else the max of the level-1 scores s[0, n1)
- * whose chunks overlap the block (-inf when none does). */
-static __device__ __forceinline__ float pool_value(const float *s, int64_t n1, int64_t b, int64_t p, int ksize,
-						   int stride, int block, int init_blocks, int local_blocks)
+/* Block b's pooled score for a row whose query block is qb: +inf for the
+ * initial and local blocks (always kept), else the max of the level-1
+ * scores s[0, n1) whose chunks overlap the block (-inf when none does). In
+ * 32 bits: the launches keep the blocks' tokens below 2^31. */
+static __device__ __forceinline__ float pool_value(const float *s, int n1, int b, int qb, int ksize, int stride,
+						   int block, int init_blocks, int local_blocks)
 {
-	int64_t qb = p / block;
 	if (b < init_blocks || (b >= qb - local_blocks && b <= qb))
 		return INFINITY;
-	int64_t lo_num = b * block - ksize + 1;
-	int64_t lo = lo_num <= 0 ? 0 : (lo_num + stride - 1) / stride;
-	int64_t hi = (b * block + block - 1) / stride;
+	int lo_num = b * block - ksize + 1;
+	int lo = lo_num <= 0 ? 0 : (int)(((unsigned)lo_num + (unsigned)stride - 1u) / (unsigned)stride);
+	int hi = (int)((unsigned)(b * block + block - 1) / (unsigned)stride);
 	if (hi > n1 - 1)
 		hi = n1 - 1;
 	float m = -INFINITY;
-	for (int64_t c = lo; c <= hi; c++)
+	for (int c = lo; c <= hi; c++)
 		if (s[c] > m)
 			m = s[c];
 	return m;
 }
 
-static __global__ void pool_kernel(float *pooled, const float *scores, int nkv, int T, int ksize, int stride,
-				   int block, int init_blocks, int local_blocks, const sfwc_selpos sp)
+/* The pooling and top-k launches' bound: every block's tokens in an int. */
+static void pool_bound_check(const struct sfw_sel_shape *sh)
+{
+	SFW_ASSERT(sh->block > 0 && sh->nblocks <= (int64_t)INT32_MAX / sh->block &&
+		   (int64_t)sh->nkv * sh->T <= INT32_MAX);
+}
+
+/* grid (x: blocks of the row, y: rows nkv * T, strided) */
+static __global__ void pool_kernel(float *pooled, const float *scores, int T, int ksize, int stride, int block,
+				   int init_blocks, int local_blocks, int rows, const sfwc_selpos sp)
 {
 	sfwc_pdl_wait();
 	/* the rows' positions and the counts, from the device */
 	int64_t len = *sp.pos + sp.len, pos0 = *sp.pos + sp.off;
-	int64_t n1 = sfw_nchunks(len, ksize, stride), nblocks = (len + block - 1) / block;
-	size_t n = (size_t)nkv * T * nblocks;
-	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-		int64_t b = (int64_t)(e % nblocks);
-		size_t gr = e / nblocks;
-		int r = (int)(gr % T);
-		pooled[e] = pool_value(scores + gr * n1, n1, b, pos0 + r, ksize, stride, block, init_blocks, local_blocks);
+	int n1 = (int)sfw_nchunks(len, ksize, stride), nblocks = (int)((len + block - 1) / block);
+	for (int gr = blockIdx.y; gr < rows; gr += gridDim.y) {
+		int qb = (int)((pos0 + gr % T) / block);
+		const float *sc = scores + (size_t)gr * n1;
+		float *out = pooled + (size_t)gr * nblocks;
+		for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += gridDim.x * blockDim.x)
+			out[b] = pool_value(sc, n1, b, qb, ksize, stride, block, init_blocks, local_blocks);
 	}
 }
 
@@ -484,12 +492,15 @@ extern "C" void sfw_cuda_pool_blocks(float *pooled, const float *scores, const s
 	int64_t nblocks = sh->nblocks; /* the bound */
 	(void)act; /* scores are already rounded where the reference rounds */
 	SFW_ASSERT(rr->pos);
-	size_t n = (size_t)nkv * T * nblocks;
-	if (n == 0)
+	pool_bound_check(sh);
+	if ((int64_t)nkv * T * nblocks == 0)
 		return;
-	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 * 8 ? 65535 * 8 : (n + 255) / 256);
-	sfwc_launch(pool_kernel, dim3(blocks), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), pooled, scores, nkv, T, ksize,
-		    stride, block, init_blocks, local_blocks, sfwc_selpos{rr->pos, rr->off, rr->len});
+	int rows = nkv * T;
+	unsigned bx = (unsigned)((nblocks + 255) / 256), by = (unsigned)(rows < 65535 ? rows : 65535);
+	if ((uint64_t)bx * by > 65535u * 8)
+		bx = (unsigned)((65535u * 8) / by > 0 ? (65535u * 8) / by : 1);
+	sfwc_launch(pool_kernel, dim3(bx, by), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), pooled, scores, T, ksize,
+		    stride, block, init_blocks, local_blocks, rows, sfwc_selpos{rr->pos, rr->off, rr->len});
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -515,8 +526,6 @@ static __device__ __forceinline__ uint32_t fkey(float v)
 	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* Exclusive prefix sum of one count per thread across the block of NT
- * threads; *total gets the block's sum. */
 /* Inclusive prefix sum of one value per lane across the (full) warp. */
 static __device__ __forceinline__ int warp_incl_scan(int x)
 {
@@ -530,89 +539,44 @@ static __device__ __forceinline__ int warp_incl_scan(int x)
 	return x;
 }
 
-template <int NT>
-static __device__ __forceinline__ int block_scan(int count, int *wsum, int *total)
-{
-	int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-	int x = warp_incl_scan(count);
-	__syncthreads();
-	if (lane == 31)
-		wsum[w] = x;
-	__syncthreads();
-	int before = 0, all = 0;
-	for (int i = 0; i < NT / 32; i++) {
-		if (i < w)
-			before += wsum[i];
-		all += wsum[i];
-	}
-	*total = all;
-	return before + x - count;
-}
-
-/* One block of NT threads per (group, row): 256 when rows are many
- * (prefill), 1024 for the few rows of a decode step, whose one block per
- * KV group would otherwise walk 16K blocks (1M tokens) with 256 threads.
- * Each thread owns one contiguous range of blocks; when the ranges are at
- * most TOPK_KPT long (4096 blocks, 256K tokens, at 1024 threads) its keys
- * are read once into registers, not once per radix digit and twice more
- * for the outputs (six passes over global memory, most of a decode step's
- * top-k). The histogram counts do not depend on which thread counts what,
- * so the outputs are the same either way. */
-#define TOPK_KPT 4
-/* POOL (a recorded decode step, one row): the keys are pool_value of the
- * level-1 scores (pp), computed where top-k reads them, instead of a pooled
- * array written by pool_kernel: one launch less per sparse layer, the same
- * keys. */
-struct topk_pool {
-	const float *scores;
-	int ksize, stride, init_blocks, local_blocks;
+/* Top-k over the keys key(i), i in [0, n), of one row, by a block of NT
+ * threads: topk_select finds the kk-th largest key (the threshold) and how
+ * many keys equal to it are taken (the first ones in index order: ties go
+ * to the lower index); topk_emit hands put(j, i) the j-th taken index i in
+ * index order, j = 0 .. kk - 1. The histogram counts do not depend on which
+ * thread counts what, so the result is the CPU twin's in every form. */
+template <int NT> struct topk_smem {
+	int hist[256];
+	int w_above[NT / 32], w_equal[NT / 32], w_pos[NT / 32], w_take[NT / 32];
+	uint32_t prefix;
+	int remaining;
 };
-template <int NT, bool POOL = false>
-static __global__ void __launch_bounds__(NT)
-	topk_kernel(int32_t *idx, const float *pooled, int T, int k, int block, const sfwc_selpos sp, const topk_pool pp)
+
+/* Radix select, 8 bits at a time from the top. The histogram adds are
+ * aggregated per warp (the top byte of most keys is one of a few
+ * exponents). Starts with a barrier: keys written to shared memory before
+ * the call are in place. */
+template <int NT, typename K>
+static __device__ __forceinline__ void topk_select(const K &key, int n, int kk, topk_smem<NT> &sm, uint32_t &prefix,
+						   int &remaining)
 {
-	sfwc_pdl_wait();
-	/* the rows' positions and the counts, from the device */
-	int64_t len = *sp.pos + sp.len, pos0 = *sp.pos + sp.off;
-	int64_t nblocks = (len + block - 1) / block, n1 = POOL ? sfw_nchunks(len, pp.ksize, pp.stride) : 0;
-	__shared__ int hist[256];
-	__shared__ int wsum[NT / 32];
-	__shared__ uint32_t s_prefix;
-	__shared__ int s_remaining;
-	int gr = blockIdx.x, r = gr % T;
-	const float *s = pooled + (size_t)gr * nblocks, *sc = POOL ? pp.scores + (size_t)gr * n1 : NULL;
-	auto key_at = [&](int64_t b) {
-		return fkey(POOL ? pool_value(sc, n1, b, pos0 + r, pp.ksize, pp.stride, block, pp.init_blocks,
-					      pp.local_blocks)
-				 : s[b]);
-	};
-	int32_t *out = idx + (size_t)gr * k;
-	int64_t qb = (pos0 + r) / block;
-	int kk = nblocks < k ? (int)nblocks : k;
-	int64_t per = (nblocks + NT - 1) / NT;
-	int64_t b0 = (int64_t)threadIdx.x * per, b1 = min(nblocks, b0 + per);
-	const bool cached = per <= TOPK_KPT; /* uniform over the block */
-	uint32_t kr[TOPK_KPT];
-#pragma unroll
-	for (int j = 0; j < TOPK_KPT; j++)
-		kr[j] = cached && b0 + j < b1 ? key_at(b0 + j) : 0;
-	/* radix select: the kk-th largest key, 8 bits at a time from the top */
-	uint32_t prefix = 0, mask = 0;
-	int remaining = kk;
+	const int lane = threadIdx.x & 31;
+	const unsigned lt = (1u << lane) - 1u;
+	uint32_t mask = 0;
+	prefix = 0, remaining = kk;
 	for (int shift = 24; shift >= 0; shift -= 8) {
 		for (int i = threadIdx.x; i < 256; i += NT)
-			hist[i] = 0;
+			sm.hist[i] = 0;
 		__syncthreads();
-		if (cached) {
-#pragma unroll
-			for (int j = 0; j < TOPK_KPT; j++)
-				if (b0 + j < b1 && (kr[j] & mask) == prefix)
-					atomicAdd(&hist[(kr[j] >> shift) & 255], 1);
-		} else {
-			for (int64_t b = threadIdx.x; b < nblocks; b += NT) {
-				uint32_t key = key_at(b);
-				if ((key & mask) == prefix)
-					atomicAdd(&hist[(key >> shift) & 255], 1);
+		for (int i0 = 0; i0 < n; i0 += NT) { /* uniform trip count: full-warp votes */
+			int i = i0 + threadIdx.x;
+			uint32_t kv = i < n ? key(i) : 0;
+			bool hit = i < n && (kv & mask) == prefix;
+			unsigned d = (kv >> shift) & 255u, any = __ballot_sync(0xffffffffu, hit);
+			if (hit) {
+				unsigned peers = __match_any_sync(any, d);
+				if ((peers & lt) == 0)
+					atomicAdd(&sm.hist[d], __popc(peers));
 			}
 		}
 		__syncthreads();
@@ -620,90 +584,290 @@ static __global__ void __launch_bounds__(NT)
 			/* the highest digit d whose count from 255 down to d reaches
 			 * `remaining` (0 when none does): lane l sums bins
 			 * 255 - 8l .. 248 - 8l, a warp scan finds the lane, the lane
-			 * walks its 8 bins (one thread walking 256 bins in a row cost
-			 * ~4 µs per digit in a decode step) */
-			int lane = threadIdx.x, top = 255 - 8 * lane, c = 0;
+			 * walks its 8 bins */
+			int top = 255 - 8 * lane, c = 0;
 #pragma unroll
 			for (int j = 0; j < 8; j++)
-				c += hist[top - j];
+				c += sm.hist[top - j];
 			int incl = warp_incl_scan(c);
-			unsigned hit = __ballot_sync(0xffffffffu, incl >= remaining);
-			int owner = hit ? __ffs(hit) - 1 : 31;
+			unsigned hitl = __ballot_sync(0xffffffffu, incl >= remaining);
+			int owner = hitl ? __ffs(hitl) - 1 : 31;
 			if (lane == owner) {
 				int above = incl - c, d = top;
-				while (d > top - 7 && above + hist[d] < remaining)
-					above += hist[d--];
-				s_prefix = prefix | ((uint32_t)d << shift);
-				s_remaining = remaining - above;
+				while (d > top - 7 && above + sm.hist[d] < remaining)
+					above += sm.hist[d--];
+				sm.prefix = prefix | ((uint32_t)d << shift);
+				sm.remaining = remaining - above;
 			}
 		}
 		__syncthreads();
-		prefix = s_prefix;
-		remaining = s_remaining;
+		prefix = sm.prefix;
+		remaining = sm.remaining;
 		mask |= 255u << shift;
 	}
-	/* prefix = the threshold key; take every key above it and the first
-	 * `remaining` equal to it in index order; index order is the output
-	 * order, so two block scans over the threads' ranges place every output. */
-	int above = 0, equal = 0, tot;
-	if (cached) {
-#pragma unroll
-		for (int j = 0; j < TOPK_KPT; j++)
-			if (b0 + j < b1)
-				above += kr[j] > prefix, equal += kr[j] == prefix;
-	} else {
-		for (int64_t b = b0; b < b1; b++) {
-			uint32_t key = key_at(b);
-			above += key > prefix;
-			equal += key == prefix;
+}
+
+/* Warp w owns the w-th contiguous range of [0, n) (a multiple of 32 long),
+ * counts its keys above and equal to the threshold, a scan over the warps
+ * places each warp's outputs, and each warp walks its range 32 keys at a
+ * time. */
+template <int NT, typename K, typename P>
+static __device__ __forceinline__ void topk_emit(const K &key, int n, uint32_t prefix, int remaining,
+						 topk_smem<NT> &sm, const P &put)
+{
+	constexpr int NW = NT / 32;
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	const unsigned lt = (1u << lane) - 1u;
+	int per = ((n + NW - 1) / NW + 31) / 32 * 32;
+	int lo = w * per, hi = min(n, lo + per);
+	int above = 0, equal = 0;
+	for (int i = lo + lane; i < hi; i += 32) {
+		uint32_t kv = key(i);
+		above += kv > prefix;
+		equal += kv == prefix;
+	}
+	above = __reduce_add_sync(0xffffffffu, above);
+	equal = __reduce_add_sync(0xffffffffu, equal);
+	if (lane == 0)
+		sm.w_above[w] = above, sm.w_equal[w] = equal;
+	__syncthreads();
+	if (threadIdx.x == 0) { /* where each warp's outputs start, and its equal keys taken */
+		int at = 0, left = remaining;
+		for (int i = 0; i < NW; i++) {
+			int take = min(left, sm.w_equal[i]);
+			sm.w_pos[i] = at, sm.w_take[i] = take;
+			at += sm.w_above[i] + take, left -= take;
 		}
 	}
-	int eq_before = block_scan<NT>(equal, wsum, &tot);
-	int eq_take = min(max(remaining - eq_before, 0), equal);
-	int pos = block_scan<NT>(above + eq_take, wsum, &tot);
-	if (cached) {
-#pragma unroll
-		for (int j = 0; j < TOPK_KPT; j++) {
-			int64_t b = b0 + j;
-			if (b >= b1)
-				break;
-			int take = kr[j] > prefix;
-			if (kr[j] == prefix && eq_take > 0)
-				take = 1, eq_take--;
-			if (take)
-				out[pos++] = b > qb ? -1 : (int32_t)b;
-		}
-	} else {
-		for (int64_t b = b0; b < b1; b++) {
-			uint32_t key = key_at(b);
-			int take = key > prefix;
-			if (key == prefix && eq_take > 0)
-				take = 1, eq_take--;
-			if (take)
-				out[pos++] = b > qb ? -1 : (int32_t)b;
-		}
+	__syncthreads();
+	int pos = sm.w_pos[w], etake = sm.w_take[w], eseen = 0;
+	for (int i0 = lo; i0 < hi; i0 += 32) {
+		int i = i0 + lane;
+		uint32_t kv = i < hi ? key(i) : 0;
+		bool eq = i < hi && kv == prefix;
+		unsigned em = __ballot_sync(0xffffffffu, eq);
+		bool take = (i < hi && kv > prefix) || (eq && eseen + __popc(em & lt) < etake);
+		unsigned tm = __ballot_sync(0xffffffffu, take);
+		if (take)
+			put(pos + __popc(tm & lt), i);
+		pos += __popc(tm), eseen += __popc(em);
 	}
+}
+
+/* Where a row's keys come from: the pooled array (pooled) or, POOL, the
+ * level-1 scores pooled here (scores, the rows' pooling parameters). */
+struct topk_src {
+	const float *pooled, *scores;
+	int ksize, stride, init_blocks, local_blocks;
+};
+
+/* A row's counts and its query block, from the device (sp). */
+struct topk_row {
+	int nblocks, n1, qb;
+};
+template <bool POOL>
+static __device__ __forceinline__ topk_row topk_row_at(const sfwc_selpos &sp, int block, const topk_src &src, int r)
+{
+	int64_t len = *sp.pos + sp.len, pos0 = *sp.pos + sp.off;
+	topk_row t;
+	t.nblocks = (int)((len + block - 1) / block);
+	t.n1 = POOL ? (int)sfw_nchunks(len, src.ksize, src.stride) : 0;
+	t.qb = (int)((pos0 + r) / block);
+	return t;
+}
+
+template <bool POOL>
+static __device__ __forceinline__ uint32_t topk_key(const topk_src &src, const topk_row &t, int gr, int b, int block)
+{
+	return fkey(POOL ? pool_value(src.scores + (size_t)gr * t.n1, t.n1, b, t.qb, src.ksize, src.stride, block,
+				      src.init_blocks, src.local_blocks)
+			 : src.pooled[(size_t)gr * t.nblocks + b]);
+}
+
+/* One block of NT threads per (group, row): 256 when rows are many
+ * (prefill), 1024 for the few rows of a decode step. SMEM: the row's keys
+ * are read (pooled, when POOL) once into dynamic shared memory and every
+ * later pass reads them there; without SMEM (rows longer than the device's
+ * shared memory holds) each pass reads or pools them again. */
+template <int NT, bool POOL, bool SMEM>
+static __global__ void __launch_bounds__(NT)
+	topk_kernel(int32_t *idx, const topk_src src, int T, int k, int block, const sfwc_selpos sp)
+{
+	sfwc_pdl_wait();
+	extern __shared__ uint32_t ks[]; /* SMEM: the keys, [nblocks] */
+	__shared__ topk_smem<NT> sm;
+	const int gr = blockIdx.x;
+	const topk_row t = topk_row_at<POOL>(sp, block, src, gr % T);
+	/* the launch sized the keys' room for the bound of the rows' counts; a
+	 * row past it reads its keys from global memory like a longer one */
+	uint32_t room;
+	asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(room));
+	const bool in_smem = SMEM && (uint64_t)t.nblocks * sizeof(uint32_t) <= room;
+	if (in_smem)
+		for (int b = threadIdx.x; b < t.nblocks; b += NT)
+			ks[b] = topk_key<POOL>(src, t, gr, b, block);
+	auto key = [&](int b) { return in_smem ? ks[b] : topk_key<POOL>(src, t, gr, b, block); };
+	int kk = min(t.nblocks, k), remaining;
+	uint32_t prefix;
+	topk_select<NT>(key, t.nblocks, kk, sm, prefix, remaining);
+	int32_t *out = idx + (size_t)gr * k;
+	const int qb = t.qb;
+	topk_emit<NT>(key, t.nblocks, prefix, remaining, sm,
+		      [&](int j, int b) { out[j] = b > qb ? -1 : (int32_t)b; });
 	for (int i = kk + threadIdx.x; i < k; i += NT)
 		out[i] = -1;
+}
+
+/* The decode form's split (few rows, many blocks): pass A, grid (rows,
+ * parts), takes the top min(k, part) of each part of TOPK_PART blocks
+ * (ties to the lower index, as the whole row's) and writes them in index
+ * order to k candidate slots, the rest key 0 (below every real key: fkey
+ * maps -inf to 0x007fffff); pass B takes the top kk of a row's parts * k
+ * candidates. Under the order (key descending, index ascending) a row's
+ * top k are among its parts' top k, and the candidates sit in index order,
+ * so pass B's result is the whole row's. */
+#define TOPK_PART 1024
+#define TOPK_PART_NT 256
+template <bool POOL>
+static __global__ void __launch_bounds__(TOPK_PART_NT)
+	topk_part_kernel(uint32_t *ckey, int32_t *cidx, const topk_src src, int T, int k, int block, const sfwc_selpos sp)
+{
+	sfwc_pdl_wait();
+	__shared__ uint32_t ks[TOPK_PART];
+	__shared__ topk_smem<TOPK_PART_NT> sm;
+	const int gr = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
+	const topk_row t = topk_row_at<POOL>(sp, block, src, gr % T);
+	/* parts of equal length, at most TOPK_PART (the launch sized the parts
+	 * for the bound; a row past it would not fit: its blocks beyond are
+	 * left out, which the launch's bound precondition excludes) */
+	int per = min((t.nblocks + parts - 1) / parts, TOPK_PART);
+	int b0 = part * per, n = max(0, min(t.nblocks, b0 + per) - b0);
+	for (int i = threadIdx.x; i < n; i += TOPK_PART_NT)
+		ks[i] = topk_key<POOL>(src, t, gr, b0 + i, block);
+	auto key = [&](int i) { return ks[i]; };
+	int kk = min(n, k), remaining;
+	uint32_t prefix;
+	topk_select<TOPK_PART_NT>(key, n, kk, sm, prefix, remaining);
+	uint32_t *ok = ckey + ((size_t)gr * parts + part) * k;
+	int32_t *oi = cidx + ((size_t)gr * parts + part) * k;
+	topk_emit<TOPK_PART_NT>(key, n, prefix, remaining, sm, [&](int j, int i) { ok[j] = ks[i], oi[j] = b0 + i; });
+	for (int j = kk + threadIdx.x; j < k; j += TOPK_PART_NT)
+		ok[j] = 0, oi[j] = -1;
+}
+
+template <int NT>
+static __global__ void __launch_bounds__(NT)
+	topk_merge_kernel(int32_t *idx, const uint32_t *ckey, const int32_t *cidx, int T, int k, int parts, int block,
+			  const sfwc_selpos sp)
+{
+	sfwc_pdl_wait();
+	extern __shared__ uint32_t ks[]; /* the row's candidates' keys, [parts * k] */
+	__shared__ topk_smem<NT> sm;
+	const int gr = blockIdx.x, n = parts * k;
+	const topk_row t = topk_row_at<false>(sp, block, topk_src{}, gr % T);
+	const uint32_t *rk = ckey + (size_t)gr * n;
+	const int32_t *ri = cidx + (size_t)gr * n;
+	for (int i = threadIdx.x; i < n; i += NT)
+		ks[i] = rk[i];
+	auto key = [&](int i) { return ks[i]; };
+	int kk = min(t.nblocks, k), remaining;
+	uint32_t prefix;
+	topk_select<NT>(key, n, kk, sm, prefix, remaining);
+	int32_t *out = idx + (size_t)gr * k;
+	const int qb = t.qb;
+	topk_emit<NT>(key, n, prefix, remaining, sm, [&](int j, int i) {
+		int32_t b = ri[i];
+		out[j] = b > qb ? -1 : b;
+	});
+	for (int i = kk + threadIdx.x; i < k; i += NT)
+		out[i] = -1;
+}
+
+/* The largest key array top-k keeps in shared memory on this device (0:
+ * none), its kernels' limit raised to it; sfw_cuda_ctx_new asks once per
+ * context (never while a stream is captured). */
+#define TOPK_SMEM_RESERVE 4096 /* the kernels' static shared memory, and more */
+template <typename F> static int topk_smem_raise(F *f, int bytes)
+{
+	return cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+}
+
+size_t sfwi_topk_smem_prepare(void)
+{
+	int dev = 0, optin = 0;
+	SFW_CUDA_CHECK(cudaGetDevice(&dev));
+	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+	int bytes = optin - TOPK_SMEM_RESERVE;
+	if (bytes <= 0)
+		return 0;
+	if (!(topk_smem_raise(topk_kernel<1024, false, true>, bytes) &&
+	      topk_smem_raise(topk_kernel<1024, true, true>, bytes) &&
+	      topk_smem_raise(topk_kernel<256, false, true>, bytes) &&
+	      topk_smem_raise(topk_kernel<256, true, true>, bytes) && topk_smem_raise(topk_merge_kernel<1024>, bytes))) {
+		(void)cudaGetLastError(); /* clear it: the global-memory form runs instead */
+		return 0;
+	}
+	return (size_t)bytes;
+}
+
+/* Top-k over nkv * T rows whose keys are pooled (src.scores NULL) or pooled
+ * here from the level-1 scores; nblocks bounds the rows' block counts. A
+ * decode step's few rows of more than one part split over parts when the
+ * candidates fit in shared memory; else one block per row, its keys in
+ * shared memory when they fit. */
+static void topk_launch(int32_t *idx, const topk_src &src, int T, int nkv, int k, int block, int64_t nblocks,
+			const sfwc_selpos &sp, struct sfw_cuda_ctx *cx)
+{
+	int rows = nkv * T;
+	bool pool = src.scores != NULL, decode = rows < 64;
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
+	int64_t parts = (nblocks + TOPK_PART - 1) / TOPK_PART;
+	size_t cand = (size_t)parts * k * sizeof(uint32_t);
+	if (decode && parts > 1 && parts <= 65535 && cand <= cx->topk_smem) {
+		size_t per_row = (size_t)parts * k;
+		uint32_t *ckey = (uint32_t *)sfwi_cuda_scratch(cx, (size_t)rows * per_row * 8);
+		int32_t *cidx = (int32_t *)(ckey + (size_t)rows * per_row);
+		dim3 ga((unsigned)rows, (unsigned)parts);
+		if (pool)
+			sfwc_launch(topk_part_kernel<true>, ga, dim3(TOPK_PART_NT), 0, s, ckey, cidx, src, T, k, block, sp);
+		else
+			sfwc_launch(topk_part_kernel<false>, ga, dim3(TOPK_PART_NT), 0, s, ckey, cidx, src, T, k, block, sp);
+		SFW_CUDA_LAUNCHED();
+		sfwc_launch(topk_merge_kernel<1024>, dim3((unsigned)rows), dim3(1024), cand, s, idx, (const uint32_t *)ckey,
+			    (const int32_t *)cidx, T, k, (int)parts, block, sp);
+		SFW_CUDA_LAUNCHED();
+		return;
+	}
+	size_t smem = (size_t)nblocks * sizeof(uint32_t);
+	bool in_smem = smem <= cx->topk_smem;
+	dim3 grid((unsigned)rows);
+#define TOPK_GO(NT, POOL, SMEM) \
+	sfwc_launch(topk_kernel<NT, POOL, SMEM>, grid, dim3(NT), SMEM ? smem : 0, s, idx, src, T, k, block, sp)
+	if (decode && pool) {
+		in_smem ? TOPK_GO(1024, true, true) : TOPK_GO(1024, true, false);
+	} else if (decode) {
+		in_smem ? TOPK_GO(1024, false, true) : TOPK_GO(1024, false, false);
+	} else if (pool) {
+		in_smem ? TOPK_GO(256, true, true) : TOPK_GO(256, true, false);
+	} else {
+		in_smem ? TOPK_GO(256, false, true) : TOPK_GO(256, false, false);
+	}
+#undef TOPK_GO
+	SFW_CUDA_LAUNCHED();
 }
 
 extern "C" void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,
 				     const struct sfw_cuda_rowref *rr, enum sfw_dtype act,
 				     struct sfw_cuda_ctx *cx)
 {
-	int nkv = sh->nkv, T = sh->T, k = sh->topk, block = sh->block;
 	(void)act;
-	if (T <= 0 || nkv <= 0)
+	if (sh->T <= 0 || sh->nkv <= 0)
 		return;
 	SFW_ASSERT(sh->nblocks >= 1 && rr->pos);
-	sfwc_selpos sp = {rr->pos, rr->off, rr->len};
-	if ((int64_t)nkv * T < 64) /* a decode step: few blocks, each with many threads */
-		sfwc_launch(topk_kernel<1024>, dim3(nkv * T), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, T, k,
-			    block, sp, topk_pool{});
-	else
-		sfwc_launch(topk_kernel<256>, dim3(nkv * T), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), idx, pooled, T, k,
-			    block, sp, topk_pool{});
-	SFW_CUDA_LAUNCHED();
+	pool_bound_check(sh);
+	topk_src src = {pooled, NULL, 0, 0, 0, 0};
+	topk_launch(idx, src, sh->T, sh->nkv, sh->topk, sh->block, sh->nblocks, sfwc_selpos{rr->pos, rr->off, rr->len},
+		    cx);
 }
 
 extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,
@@ -717,11 +881,16 @@ extern "C" void sfw_op_topk_blocks_cuda(int32_t *idx, const float *pooled, const
 extern "C" void sfw_cuda_pool_topk(int32_t *idx, const float *scores, const struct sfw_sel_shape *sh,
 				   const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx)
 {
-	int nkv = sh->nkv, k = sh->topk, block = sh->block, ksize = sh->ksize, stride = sh->stride;
-	int init_blocks = sh->init_blocks, local_blocks = sh->local_blocks;
-	SFW_ASSERT(rr->pos && nkv > 0 && sh->T == 1);
-	topk_pool pp = {scores, ksize, stride, init_blocks, local_blocks};
-	sfwc_launch(topk_kernel<1024, true>, dim3(nkv), dim3(1024), 0, SFW_CUDA_STREAM(cx->stream), idx, (const float *)NULL,
-		    1, k, block, sfwc_selpos{rr->pos, rr->off, rr->len}, pp);
-	SFW_CUDA_LAUNCHED();
+	if (sh->T <= 0 || sh->nkv <= 0)
+		return;
+	SFW_ASSERT(sh->nblocks >= 1 && rr->pos);
+	pool_bound_check(sh);
+	topk_src src = {NULL, scores, sh->ksize, sh->stride, sh->init_blocks, sh->local_blocks};
+	topk_launch(idx, src, sh->T, sh->nkv, sh->topk, sh->block, sh->nblocks, sfwc_selpos{rr->pos, rr->off, rr->len},
+		    cx);
+}
+
+int sfw_cuda_pool_topk_fits(const struct sfw_sel_shape *sh, const struct sfw_cuda_ctx *cx)
+{
+	return (size_t)sh->nblocks * sizeof(uint32_t) <= cx->topk_smem;
 }

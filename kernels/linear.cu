@@ -470,6 +470,7 @@ extern "C" enum sfw_status sfw_cuda_ctx_new(void *stream, struct sfw_cuda_ctx **
 	int dev = 0;
 	SFW_CUDA_CHECK(cudaGetDevice(&dev));
 	SFW_CUDA_CHECK(cudaDeviceGetAttribute(&cx->sms, cudaDevAttrMultiProcessorCount, dev));
+	cx->topk_smem = sfwi_topk_smem_prepare();
 	*out = cx;
 	return SFW_OK;
 }

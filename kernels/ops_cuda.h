@@ -162,14 +162,17 @@ void sfw_cuda_pool_blocks(float *pooled, const float *scores, const struct sfw_s
 			  const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 void sfw_cuda_topk_blocks(int32_t *idx, const float *pooled, const struct sfw_sel_shape *sh,
 			  const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-/* sfw_cuda_pool_blocks then sfw_cuda_topk_blocks of one row with rr, in one
- * launch, from the level-1 scores (no pooled array written): equal idx.
- * rr required. Right at any length, but past 4096 blocks (256K tokens) it
- * pools every block once per radix pass and the engine pools apart instead
- * (bench_attn times both). Reads sh's nkv, ksize, stride, block,
- * init_blocks, local_blocks and topk. */
+/* sfw_cuda_pool_blocks then sfw_cuda_topk_blocks, from the level-1
+ * scores (no pooled array written): equal idx. Reads sh's T, nkv, ksize,
+ * stride, block, init_blocks, local_blocks, nblocks and topk. Each block is
+ * pooled once where the rows' keys fit in shared memory
+ * (sfw_cuda_pool_topk_fits: a row's nblocks; a decode step's few rows split
+ * into parts of 1,024 blocks and fit far longer); longer rows are right
+ * too, but pool every block once per pass (six). The split form uses the
+ * context's scratch. */
 void sfw_cuda_pool_topk(int32_t *idx, const float *scores, const struct sfw_sel_shape *sh,
 			const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
+int sfw_cuda_pool_topk_fits(const struct sfw_sel_shape *sh, const struct sfw_cuda_ctx *cx);
 /* Dense (sfw_op_attn_dense_cuda) and sparse (sfw_op_attn_sparse_cuda)
  * attention over kv; sh's pos0 + T bounds the cache length; K, V and the
  * table from rr's slots where it has them. */
@@ -363,6 +366,7 @@ struct sfw_cuda_ctx {
 		     * cores only ("simt"), 2 tensor cores for every shape they support ("tc") */
 	int stage1; /* stage-1 scoring: the same three modes (auto: tensor cores for decode rows too) */
 	int sms;    /* multiprocessors of the device (sfw_cuda_ctx_new asks it) */
+	size_t topk_smem; /* the most bytes of keys top-k holds in shared memory (0: none) */
 	/* the position of ops given at a host value (sfw_cuda_ctx_pos): device
 	 * memory, whose value is pos_at when pos_known */
 	int64_t *pos;

@@ -265,20 +265,15 @@ static enum sfw_status select_recorded(struct sfw_backend *be, int32_t *idx, con
 	enum sfw_status s = sfwi_cu_sel_room(be, sfwi_cu_sel_plan_row(&c->d, bound, k, &sc, &po), err);
 	if (s != SFW_OK)
 		return s;
-	float *scores = b->sel, *pooled = (float *)((char *)b->sel + sc);
+	float *scores = b->sel; /* (the plan's pooled array after it is the unrecorded path's) */
 	struct sfw_sel_shape sh = {.T = 1, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = 0, .ksize = sp->ksize,
 				   .stride = sp->stride, .block = sp->block, .init_blocks = sp->init_blocks,
 				   .local_blocks = sp->local_blocks, .scale = sp->scale, .n1 = n1, .n2 = n2,
 				   .nblocks = nb, .topk = k};
 	sfw_cuda_stage1(scores, q, l->c1, l->c2, &sh, &c->pg, rr, SFW_DTYPE_BF16, S(be));
-	/* up to 4096 blocks (256K tokens) top-k holds the blocks in registers
-	 * and pools them itself: one launch less */
-	if (nb <= 4096) {
-		sfw_cuda_pool_topk(idx, scores, &sh, rr, S(be));
-	} else {
-		sfw_cuda_pool_blocks(pooled, scores, &sh, rr, SFW_DTYPE_BF16, S(be));
-		sfw_cuda_topk_blocks(idx, pooled, &sh, rr, SFW_DTYPE_BF16, S(be));
-	}
+	/* top-k pools the blocks itself (split over parts of 1,024 blocks past
+	 * one part) */
+	sfw_cuda_pool_topk(idx, scores, &sh, rr, S(be));
 	return SFW_OK;
 }
 
@@ -324,8 +319,12 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 		rr.off = r0, rr.len = sp->T;
 		sfw_cuda_stage1(scores, (const char *)q + (size_t)r0 * qrow, l->c1, l->c2, &sh, &c->pg, &rr,
 				SFW_DTYPE_BF16, S(be));
-		sfw_cuda_pool_blocks(pooled, scores, &sh, &rr, SFW_DTYPE_BF16, S(be));
-		sfw_cuda_topk_blocks(dst, pooled, &sh, &rr, SFW_DTYPE_BF16, S(be));
+		if (!pooled_last && sfw_cuda_pool_topk_fits(&sh, S(be))) {
+			sfw_cuda_pool_topk(dst, scores, &sh, &rr, S(be));
+		} else {
+			sfw_cuda_pool_blocks(pooled, scores, &sh, &rr, SFW_DTYPE_BF16, S(be));
+			sfw_cuda_topk_blocks(dst, pooled, &sh, &rr, SFW_DTYPE_BF16, S(be));
+		}
 		if (dst != idx)
 			for (int g = 0; g < nkv; g++)
 				sfw_cuda_d2d(idx + ((size_t)g * sp->T + r0) * k, tk + (size_t)g * n * k,

@@ -631,6 +631,97 @@ static void t_stage1(void)
 	t_stage1_paged(200, 5000, 32, 2, 128);
 }
 
+/* Top-k's forms against the CPU's pooling and top-k, bit for bit: rows
+ * T of level-1 scores sc ([nkv, T, n1] of a cache of L tokens, the rows the
+ * last T), through pooling + top-k or the fused pool_topk, with the keys in
+ * shared memory (the context's limit) or read from global memory (limit
+ * 0); the launches bounded by `bound` tokens (>= L: a recorded step's bound
+ * is its bucket's, its rows shorter). Returns the indices that differ. */
+static size_t topk_forms(const float *sc, int nkv, int T, int64_t L, int64_t bound, int fused, int in_smem)
+{
+	int k = 96, block = 64;
+	int64_t pos0 = L - T, n1 = (L - 32) / 16 + 1, nb = (L + block - 1) / block;
+	struct sfw_sel_shape sh = {.T = T, .nkv = nkv, .pos0 = pos0, .ksize = 32, .stride = 16, .block = block,
+				   .init_blocks = 1, .local_blocks = 32, .n1 = n1, .nblocks = nb, .topk = k};
+	float *pr = malloc((size_t)nkv * T * nb * 4);
+	int32_t *ir = malloc((size_t)nkv * T * k * 4), *ig = malloc((size_t)nkv * T * k * 4);
+	sfw_op_pool_blocks_cpu(pr, sc, &sh);
+	sfw_op_topk_blocks_cpu(NULL, ir, pr, &sh);
+	void *dsc = up_raw(sc, (size_t)nkv * T * n1 * 4), *di = dalloc((size_t)nkv * T * k * 4);
+	void *dp = dalloc((size_t)nkv * T * nb * 4);
+	sh.n1 = (bound - 32) / 16 + 1, sh.nblocks = (bound + block - 1) / block; /* the launches' bounds */
+	struct sfw_cuda_rowref rr = {.pos = sfw_cuda_ctx_pos(g_cx, pos0), .len = T};
+	size_t lim = g_cx->topk_smem;
+	if (!in_smem)
+		g_cx->topk_smem = 0;
+	if (fused) {
+		sfw_cuda_pool_topk(di, dsc, &sh, &rr, g_cx);
+	} else {
+		sfw_cuda_pool_blocks(dp, dsc, &sh, &rr, g_dt, g_cx);
+		sfw_cuda_topk_blocks(di, dp, &sh, &rr, g_dt, g_cx);
+	}
+	g_cx->topk_smem = lim;
+	sfw_cuda_d2h(ig, di, (size_t)nkv * T * k * 4, g_s);
+	sfw_cuda_sync(g_s);
+	size_t d = 0;
+	for (size_t i = 0; i < (size_t)nkv * T * k; i++)
+		d += ig[i] != ir[i];
+	free(pr), free(ir), free(ig);
+	sfw_cuda_free(dsc), sfw_cuda_free(di), sfw_cuda_free(dp);
+	return d;
+}
+
+/* Level-1 scores for topk_forms: 8 levels (ties everywhere), some -inf and
+ * NaN; tight: most values equal 0.5 (one top byte for every key). */
+static float *tie_scores(size_t n, int tight)
+{
+	float *sc = malloc(n * 4);
+	for (size_t i = 0; i < n; i++) {
+		float u = urand();
+		sc[i] = tight ? (u > 0.9f ? 0.5f + 0.25f * u : 0.5f) : floorf((u + 1.0f) * 4.0f) * 0.125f;
+		if (i % 997 == 0)
+			sc[i] = -INFINITY;
+		if (i % 1999 == 0)
+			sc[i] = NAN;
+	}
+	return sc;
+}
+
+/* Every form: prefill rows (256 threads per row), a decode row of one part
+ * (1,024 blocks or fewer) and of many (the split into parts and the
+ * merge), in shared and in global memory, launches bounded at the rows'
+ * length and far past it. */
+static void t_topk_forms(void)
+{
+	/* the limit sfw_cuda_ctx_new raised: a 1M-token row's 16K blocks
+	 * (64 KiB) fit on every sm_80+ card (99 KiB and more) */
+	printf("  top-k keys in shared memory: up to %zu bytes\n", g_cx->topk_smem);
+	CHECK(g_cx->topk_smem >= 16384 * 4, "top-k's shared memory holds %zu bytes, not a 1M-token row",
+	      g_cx->topk_smem);
+	struct {
+		int nkv, T, tight;
+		int64_t L, bound;
+	} cs[] = {{2, 50, 0, 40000, 40000},	  {2, 1, 0, 1048576, 1048576}, {2, 1, 1, 1048576, 1048576},
+		  {2, 20, 1, 200000, 200000},	  {2, 3, 0, 100, 100},	       {2, 1, 0, 65536, 65536},
+		  {2, 1, 0, 65600, 1048576},	  {2, 1, 1, 300000, 2000000},  {2, 1, 0, 1000, 1048576},
+		  {2, 50, 0, 40000, 100000}};
+	for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
+		int64_t n1 = (cs[c].L - 32) / 16 + 1;
+		float *sc = tie_scores((size_t)cs[c].nkv * cs[c].T * n1, cs[c].tight);
+		for (int form = 0; form < 4; form++) {
+			int fused = form & 1, in_smem = !(form & 2);
+			size_t d = topk_forms(sc, cs[c].nkv, cs[c].T, cs[c].L, cs[c].bound, fused, in_smem);
+			printf("  %-4s %-11s %-6s T=%-3d L=%-8lld bound %-8lld%s %zu indices differ\n",
+			       g_dt == SFW_DTYPE_BF16 ? "bf16" : "f32", fused ? "pool_topk" : "pool + topk",
+			       in_smem ? "shared" : "global", cs[c].T, (long long)cs[c].L, (long long)cs[c].bound,
+			       cs[c].tight ? " (one top byte)" : "", d);
+			CHECK(d == 0, "top-k %s %s T=%d L=%lld bound %lld: %zu indices differ", fused ? "fused" : "pooled",
+			      in_smem ? "shared" : "global", cs[c].T, (long long)cs[c].L, (long long)cs[c].bound, d);
+		}
+		free(sc);
+	}
+}
+
 /* Pooling and top-k are exact (max and comparisons): compared bit for bit,
  * on scores with many exact ties, NaN and -inf. */
 static void t_pool_topk(void)
@@ -768,6 +859,7 @@ static const struct op_test tests[] = {
 	{"compress-paged", t_compress_paged, {{1e-12, 1e-5}, {1e-5, 8e-3}}},
 	{"stage1", t_stage1, {{1e-9, 1e-4}, {3e-5, 1.6e-2}}},
 	{"pool_topk", t_pool_topk, {{0, 0}, {0, 0}}},
+	{"topk_forms", t_topk_forms, {{0, 0}, {0, 0}}},
 };
 
 int main(int argc, char **argv)
