@@ -355,7 +355,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 2) {
 		fprintf(stderr, "usage: bench_batch MODEL [--device cpu|cuda] [--threads N] [--batch 1,8,32,64] "
-				"[--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--profile 1]\n"
+				"[--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C] [--profile 1] [--kv-cache bf16|fp8]\n"
 				"       bench_batch MODEL --serve N:P:G [--batch R] [--chunk C] [--tokens 1] [--device ...] "
 				"[--threads N] [--profile 1]\n");
 		return 2;
@@ -383,6 +383,8 @@ int main(int argc, char **argv)
 			chunk = atoi(v);
 		else if (!strcmp(o, "--profile"))
 			mp.be.profile = atoi(v) != 0;
+		else if (!strcmp(o, "--kv-cache") && (!strcmp(v, "bf16") || !strcmp(v, "fp8")))
+			mp.kv_cache = !strcmp(v, "fp8") ? SFW_KV_CACHE_FP8 : SFW_KV_CACHE_ACT;
 		else {
 			fprintf(stderr, "bench_batch: unknown option '%s'\n", o);
 			return 2;

@@ -1,7 +1,7 @@
 /* bench_gpu.c - the CUDA engine's speed and memory on one model directory
  * (normally `salafw mkmodel --preset full`: the real shapes, random bf16
  * weights), with the two ceilings measured in the same process:
- *   bench_gpu MODEL [--runs P:G[@CTX],...] [--chunk C]
+ *   bench_gpu MODEL [--runs P:G[@CTX],...] [--chunk C] [--kv-cache bf16|fp8]
  * For each run: a fresh context reserved for CTX tokens (default P+G), one
  * prefill of P random ids in pieces of C rows (default 8192), then G greedy
  * one-token steps. Prints prefill tok/s, TTFT, decode tok/s, the peak device
@@ -31,16 +31,18 @@ int main(void)
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		fprintf(stderr, "usage: bench_gpu MODEL [--runs P:G[@CTX],...] [--chunk C]\n");
+		fprintf(stderr, "usage: bench_gpu MODEL [--runs P:G[@CTX],...] [--chunk C] [--kv-cache bf16|fp8]\n");
 		return 2;
 	}
 	const char *dir = argv[1], *runs = "1024:128";
-	int chunk = 8192;
+	int chunk = 8192, kv8 = 0;
 	for (int i = 2; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--runs"))
 			runs = argv[i + 1];
 		else if (!strcmp(argv[i], "--chunk"))
 			chunk = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--kv-cache"))
+			kv8 = !strcmp(argv[i + 1], "fp8");
 	}
 	struct sfw_err err = {0};
 	struct sfw_cuda_info info;
@@ -56,6 +58,7 @@ int main(int argc, char **argv)
 	printf("device %s; LIMIT copy %.0f GB/s, LIMIT gemm %.0f TFLOP/s (measured now)\n", info.name, copy, gemm);
 	struct sfw_model_params mp = sfw_model_default_params();
 	mp.device = SFW_DEVICE_CUDA;
+	mp.kv_cache = kv8 ? SFW_KV_CACHE_FP8 : SFW_KV_CACHE_ACT;
 	struct sfw_model *m = NULL;
 	double t0 = sfw_now_s();
 	if (sfw_model_load(dir, &mp, &m, &err) != SFW_OK) {
@@ -74,7 +77,8 @@ int main(int argc, char **argv)
 	       "%.2f GiB (driver)\n",
 	       dir, cf->num_hidden_layers, sfw_model_device_name(m), sfw_now_s() - t0, wlive / 1073741824.0,
 	       wused / 1073741824.0);
-	printf("weights on the device: %.2f GiB (the plan's figure for this model)\n", wp.weights / 1073741824.0);
+	printf("weights on the device: %.2f GiB (the plan's figure for this model); KV cache %s\n",
+	       wp.weights / 1073741824.0, kv8 ? "fp8" : "bf16");
 	const char *r = runs;
 	int rc = 0;
 	while (*r) {

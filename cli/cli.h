@@ -116,6 +116,7 @@ struct cli_model_opts {
 	int threads; /* 0 = all cores */
 	int no_verify, verify_full;
 	const char *pubkey;
+	int kv_cache; /* enum sfw_kv_cache; --kv-cache (run, score, bench, serve) */
 };
 /* The same options as typed rows (struct cli_arg) of a command whose values
  * struct T holds a struct cli_model_opts F: CLI_MODEL_ARGS(T, F, VERB) are
@@ -134,6 +135,14 @@ int cli_take_device(const char *cmd, const char *label, const char *value, void 
 	 CLI_K_STR, offsetof(T, F.pubkey), 0, 0, NULL, NULL}
 #define CLI_DEVICE_ARG(T, F, HELP)                                                                           \
 	{{"device", 0, "cpu|cuda", HELP}, CLI_K_CALL, offsetof(T, F.device), 0, 0, cli_take_device, "SALAFW_DEVICE"}
+/* --kv-cache bf16|fp8 (SALAFW_KV_CACHE): how the sparse layers keep K and V
+ * (enum sfw_kv_cache, runner/runner.h). */
+int cli_take_kv_cache(const char *cmd, const char *label, const char *value, void *kv);
+#define CLI_KV_CACHE_ARG(T, F)                                                                               \
+	{{"kv-cache", 0, "bf16|fp8",                                                                          \
+	  "the K/V cache: bf16 (default; float32 on the CPU), or fp8 E4M3 with a scale per token and head (about "  \
+	  "half the memory)"},                                                                                \
+	 CLI_K_CALL, offsetof(T, F.kv_cache), 0, 0, cli_take_kv_cache, "SALAFW_KV_CACHE"}
 void cli_model_opts_init(struct cli_model_opts *o);
 
 /* Shared by run, score, bench and quant (cli/model.c). cli_model_gate enforces the

@@ -33,6 +33,7 @@ static const struct cli_arg args[] = {
     {{"gemm", 0, "MxNxK", "instead: time the CPU bf16 GEMM at this shape, all threads vs one"},
      CLI_K_STR, OFF(gemm), 0, 0, NULL, NULL},
     CLI_DEVICE_ARG(struct bench_args, mo, "where to run (default: cuda when available, else cpu)"),
+    CLI_KV_CACHE_ARG(struct bench_args, mo),
     {{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"}, CLI_K_FLAG, OFF(das), 0, 0, NULL, NULL},
     CLI_MODEL_ARGS(struct bench_args, mo, "run"),
     {{0}, 0, 0, 0, 0, NULL, NULL},

@@ -55,6 +55,7 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 {
 	*mp = sfw_model_default_params();
 	mp->device = o->device;
+	mp->kv_cache = (enum sfw_kv_cache)o->kv_cache;
 	const char *dev = getenv("SALAFW_DEVICE");
 	int d = SFW_DEVICE_AUTO;
 	if (mp->device == SFW_DEVICE_AUTO && dev && *dev) {
@@ -171,6 +172,7 @@ static const struct cli_arg args[] = {
       "prefills only the rest (README, run)"},
      CLI_K_STR, OFF(pcache), 0, 0, NULL, NULL},
     CLI_DEVICE_ARG(struct run_args, mo, "where to run (default: cuda when available, else cpu)"),
+    CLI_KV_CACHE_ARG(struct run_args, mo),
     {{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"}, CLI_K_FLAG, OFF(das), 0, 0, NULL, NULL},
     {{"max-context", 0, "N", "reserve the context for N tokens up front (default: the context size)"},
      CLI_K_U64, OFF(max_ctx), 0, 1 << 30, NULL, NULL},

@@ -35,6 +35,7 @@ static const struct cli_arg args[] = {
      CLI_K_FLAG, OFF(taps), 0, 0, NULL, NULL},
     {{"output", 'o', "OUT", "output safetensors file"}, CLI_K_STR, OFF(outp), 0, 0, NULL, NULL},
     CLI_DEVICE_ARG(struct score_args, mo, "where to run (default: cuda when available, else cpu)"),
+    CLI_KV_CACHE_ARG(struct score_args, mo),
     {{"chunk", 0, "N", "rows per internal prefill step (default 256)"}, CLI_K_U64, OFF(chunk), 1, 1 << 20, NULL, NULL},
     {{"dense-as-sparse", 0, NULL, "use InfLLM-v2 sparse attention at every length"}, CLI_K_FLAG, OFF(das), 0, 0, NULL, NULL},
     CLI_MODEL_ARGS(struct score_args, mo, "score"),

@@ -82,6 +82,7 @@ static const struct cli_arg args[] = {
     {{"conns-per-ip", 0, "N", "open connections per client address (default 128; 0: no limit, e.g. behind a proxy)"},
      CLI_K_INT, OFF(sp.conns_per_ip), 0, 65536, NULL, NULL},
     CLI_DEVICE_ARG(struct serve_args, mo, "where to run (default: cuda when available, else cpu)"),
+    CLI_KV_CACHE_ARG(struct serve_args, mo),
     {{"served-model-name", 0, "NAME",
       "a model id requests may name, listed by /v1/models (repeatable; default: the manifest's repo id, listed, and "
       "the directory's name)"},

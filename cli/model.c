@@ -35,6 +35,17 @@ int cli_take_device(const char *cmd, const char *label, const char *value, void 
 	return 0;
 }
 
+int cli_take_kv_cache(const char *cmd, const char *label, const char *value, void *kv)
+{
+	if (!strcmp(value, "bf16"))
+		*(int *)kv = SFW_KV_CACHE_ACT;
+	else if (!strcmp(value, "fp8"))
+		*(int *)kv = SFW_KV_CACHE_FP8;
+	else
+		return cli_usage_error(cmd, "%s must be bf16 or fp8", label);
+	return 0;
+}
+
 /* ---- the verified-weights gate ------------------------------------------------
  * Every refusal names the command that fixes it: a missing manifest -> the
  * get (or, for a model salafw derived, the sign) command; an unsigned

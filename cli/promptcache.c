@@ -103,7 +103,8 @@ int cli_pcache_bind(struct cli_pcache *pc, const char *dir, const struct cli_gat
 		free(ents);
 	}
 	char num[96];
-	snprintf(num, sizeof(num), "\ndevice %s attn %d stage1 %d\n", device, mp->be.attn, mp->be.stage1);
+	snprintf(num, sizeof(num), "\ndevice %s attn %d stage1 %d kv %d\n", device, mp->be.attn, mp->be.stage1,
+		 (int)mp->kv_cache);
 	sfw_sha256_update(&h, num, strlen(num));
 	sfw_sha256_final(&h, pc->bind);
 	sfw_sha256_release(&h);

@@ -123,3 +123,67 @@ void sfw_op_attn_sparse_cpu(struct sfw_ops_cpu *ex, float *o, const float *q, co
 	struct attn_job j = {o, q, kc, vc, idx, T, nh, nkv, hd, k, block, pos0, scale, maxkeys, NULL};
 	run(ex, &j);
 }
+
+/* ---- the fp8 KV cache (ops.h) ---- */
+
+static int64_t kv8_row(const struct sfw_pages *pg, int64_t t)
+{
+	if (!pg || !pg->tab)
+		return t;
+	return ((int64_t)pg->tab[t >> pg->shift] << pg->shift) + (t & (((int64_t)1 << pg->shift) - 1));
+}
+
+/* one head's hd values to codes and a scale */
+static void kv8_quant(uint8_t *codes, float *scale, const float *x, int hd)
+{
+	float amax = 0, s, inv;
+	for (int i = 0; i < hd; i++)
+		amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+	sfw_kv8_scale_of(amax, &s, &inv);
+	for (int i = 0; i < hd; i++)
+		codes[i] = sfw_e4m3_from_f32(x[i] * inv);
+	*scale = s;
+}
+
+void sfw_op_kv8_write_cpu(uint8_t *kc, uint8_t *vc, const float *k, const float *v, int T, int nkv, int hd,
+			  int64_t pos0, const struct sfw_pages *pg)
+{
+	for (int r = 0; r < T; r++) {
+		int64_t row = kv8_row(pg, pos0 + r);
+		for (int g = 0; g < nkv; g++) {
+			size_t src = ((size_t)r * nkv + g) * hd, co = sfw_kv8_codes_off(row, g, nkv, hd),
+			       so = sfw_kv8_scale_off(row, g, nkv, hd);
+			float s;
+			kv8_quant(kc + co, &s, k + src, hd);
+			memcpy(kc + so, &s, 4);
+			kv8_quant(vc + co, &s, v + src, hd);
+			memcpy(vc + so, &s, 4);
+		}
+	}
+}
+
+void sfw_op_kv8_read_cpu(float *x, const uint8_t *c, int64_t t0, int64_t t1, int nkv, int hd,
+			 const struct sfw_pages *pg)
+{
+	for (int64_t t = t0; t < t1; t++) {
+		int64_t row = kv8_row(pg, t);
+		for (int g = 0; g < nkv; g++) {
+			const uint8_t *codes = c + sfw_kv8_codes_off(row, g, nkv, hd);
+			float s;
+			memcpy(&s, c + sfw_kv8_scale_off(row, g, nkv, hd), 4);
+			float *out = x + ((size_t)(t - t0) * nkv + g) * hd;
+			for (int i = 0; i < hd; i++)
+				out[i] = sfw_e4m3_to_f32(codes[i]) * s;
+		}
+	}
+}
+
+void sfw_op_kv8_round_cpu(float *x, int hd)
+{
+	uint8_t codes[1024];
+	SFW_ASSERT(hd > 0 && hd <= 1024);
+	float s;
+	kv8_quant(codes, &s, x, hd);
+	for (int i = 0; i < hd; i++)
+		x[i] = sfw_e4m3_to_f32(codes[i]) * s;
+}

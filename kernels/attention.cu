@@ -11,6 +11,11 @@
  * (few rows, many keys) split their units over several blocks and merge the
  * partial (max, sum, o) in a second kernel (flash-decoding).
  *
+ * An fp8 cache (struct sfw_cuda_kv's kv8; kernels/ops.h, "the fp8 KV
+ * cache") is read by its own tile loader (kv8_tile): a 32-key tile is one
+ * group of the layout, dequantized to fp32 as it is stored to shared memory,
+ * so the scoring and P·V code is the same for both caches.
+ *
  * Prefill-sized bf16 calls go to the tensor-core kernel (kernels/attn_tc.cu)
  * unless SALAFW_CUDA_ATTN=simt; SALAFW_CUDA_ATTN=tc sends every shape it
  * supports there (tests). */
@@ -37,6 +42,7 @@ struct att_args {
 	 * (struct sfw_cuda_rowref; one sequence's recorded row) */
 	void *const *pk, *const *pv;
 	const int32_t *const *ptab;
+	int kv8; /* the caches are fp8 (struct sfw_cuda_kv): the launch picks the kernel by it */
 };
 
 /* Unit u of row (r, g): the first token of a 32-key tile, or -1 when the
@@ -68,8 +74,9 @@ template <typename A, int HD>
 struct kv_tile {
 	static constexpr int NV = (ATT_KT * HD / 8 + ATT_THREADS - 1) / ATT_THREADS;
 	vec8<A> k[NV], v[NV];
-	__device__ __forceinline__ void load(const A *kc, const A *vc, size_t kstride, int g, int64_t t0, int64_t r0,
-					     int64_t p)
+	/* kstride = nkv * HD elements from one row to the next */
+	__device__ __forceinline__ void load(const void *kc, const void *vc, size_t kstride, int, int g, int64_t t0,
+					     int64_t r0, int64_t p)
 	{
 #pragma unroll
 		for (int n = 0; n < NV; n++) {
@@ -78,7 +85,7 @@ struct kv_tile {
 			int64_t t = t0 + j;
 			if (i < ATT_KT * HD / 8 && t <= p) {
 				size_t off = (size_t)(r0 + j) * kstride + (size_t)g * HD + c;
-				k[n].load(kc + off), v[n].load(vc + off);
+				k[n].load((const A *)kc + off), v[n].load((const A *)vc + off);
 			} else {
 				k[n].zero(), v[n].zero();
 			}
@@ -101,6 +108,65 @@ struct kv_tile {
 			*(float4 *)&Vs[j][c + 4] = make_float4(f[4], f[5], f[6], f[7]);
 		}
 	}
+};
+
+/* The same tile of an fp8 cache: the tile's rows r0 .. r0 + 31 are one
+ * group of the layout (r0 is a multiple of 32: tiles start at multiples of
+ * 32 tokens, and a paged block holds whole groups), head g's codes are 32
+ * rows of HD bytes (sfw_kv8_codes_off) and its scales 32 floats
+ * (sfw_kv8_scale_off). Each thread holds the same 8-element vectors as
+ * kv_tile (so the same shared-memory stores): one 8-byte load of 8 codes
+ * and its row's scale per cache, dequantized (sfw_op_kv8_read_cpu's
+ * values, bit for bit) when stored. */
+template <int HD>
+struct kv8_tile {
+	static constexpr int NV = (ATT_KT * HD / 8 + ATT_THREADS - 1) / ATT_THREADS;
+	uint2 k[NV], v[NV];
+	float ks[NV], vs[NV]; /* the rows' scales times SFWC_E4M3_H2_UNIT */
+	__device__ __forceinline__ void load(const void *kc, const void *vc, size_t, int nkv, int g, int64_t t0,
+					     int64_t r0, int64_t p)
+	{
+		const uint8_t *kb = (const uint8_t *)kc, *vb = (const uint8_t *)vc;
+#pragma unroll
+		for (int n = 0; n < NV; n++) {
+			int i = threadIdx.x + n * ATT_THREADS;
+			int j = i / (HD / 8), c = (i % (HD / 8)) * 8;
+			int64_t t = t0 + j;
+			if (i < ATT_KT * HD / 8 && t <= p) {
+				size_t co = sfw_kv8_codes_off(r0 + j, g, nkv, HD) + c, so = sfw_kv8_scale_off(r0 + j, g, nkv, HD);
+				k[n] = __ldg((const uint2 *)(kb + co)), v[n] = __ldg((const uint2 *)(vb + co));
+				ks[n] = __ldg((const float *)(kb + so)) * SFWC_E4M3_H2_UNIT;
+				vs[n] = __ldg((const float *)(vb + so)) * SFWC_E4M3_H2_UNIT;
+			} else {
+				k[n] = v[n] = make_uint2(0, 0), ks[n] = vs[n] = 0.0f;
+			}
+		}
+	}
+	__device__ __forceinline__ void store(float (*Ks)[HD + 4], float (*Vs)[HD]) const
+	{
+#pragma unroll
+		for (int n = 0; n < NV; n++) {
+			int i = threadIdx.x + n * ATT_THREADS;
+			if (i >= ATT_KT * HD / 8)
+				break;
+			int j = i / (HD / 8), c = (i % (HD / 8)) * 8;
+			float f[8];
+			sfwc_e4m3x8_f32(k[n], ks[n], f);
+			*(float4 *)&Ks[j][c] = make_float4(f[0], f[1], f[2], f[3]);
+			*(float4 *)&Ks[j][c + 4] = make_float4(f[4], f[5], f[6], f[7]);
+			sfwc_e4m3x8_f32(v[n], vs[n], f);
+			*(float4 *)&Vs[j][c] = make_float4(f[0], f[1], f[2], f[3]);
+			*(float4 *)&Vs[j][c + 4] = make_float4(f[4], f[5], f[6], f[7]);
+		}
+	}
+};
+
+/* The tile loader of a cache: activations A, or (KV8) fp8. */
+template <typename A, int HD, bool KV8> struct tile_of {
+	typedef kv_tile<A, HD> type;
+};
+template <typename A, int HD> struct tile_of<A, HD, true> {
+	typedef kv8_tile<HD> type;
 };
 
 /* The first unit in [u, u1) that is not empty (u1 when none). Uniform over
@@ -141,7 +207,7 @@ static __device__ __forceinline__ size_t row_at(const sfw_cuda_seqs &s, int r)
 	return (size_t)sfwc_seq_row(s, r);
 }
 
-template <typename A, int HD, int HPW, typename SQ>
+template <typename A, int HD, int HPW, typename SQ, bool KV8>
 static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, const SQ sq)
 {
 	constexpr int CPL = HD / 32; /* value columns per lane */
@@ -157,7 +223,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 	const int32_t *tab;
 	int shift;
 	int64_t p = row_seq(a, sq, r, &kv, &vv, &tab, &shift);
-	const A *q = (const A *)a.q, *kc = (const A *)kv, *vc = (const A *)vv;
+	const A *q = (const A *)a.q;
 	const int32_t *sel = a.idx ? a.idx + ((size_t)g * a.T + r) * a.k : NULL;
 	/* the row's sequence (positions and cache pointers: written by the host
 	 * before the launch, never by a kernel) before the programmatic-launch
@@ -177,11 +243,11 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 			acc[j][c] = 0;
 	}
 	size_t kstride = (size_t)a.nkv * HD;
-	kv_tile<A, HD> tile;
+	typename tile_of<A, HD, KV8>::type tile;
 	int64_t t0 = -1, tn = -1;
 	int u = next_unit(a, sel, u0, u1, p, &t0);
 	if (u < u1)
-		tile.load(kc, vc, kstride, g, t0, sfwc_kv_row(tab, shift, t0), p);
+		tile.load(kv, vv, kstride, a.nkv, g, t0, sfwc_kv_row(tab, shift, t0), p);
 	while (u < u1) {
 		__syncthreads(); /* the previous tile is no longer read */
 		tile.store(Ks, Vs);
@@ -189,7 +255,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(att_args a, co
 		/* the next tile's loads fly while this one is scored */
 		int un = next_unit(a, sel, u + 1, u1, p, &tn);
 		if (un < u1)
-			tile.load(kc, vc, kstride, g, tn, sfwc_kv_row(tab, shift, tn), p);
+			tile.load(kv, vv, kstride, a.nkv, g, tn, sfwc_kv_row(tab, shift, tn), p);
 		bool valid = t0 + lane <= p;
 		/* scores of this warp's heads against key `lane`, all heads in one pass */
 		float s[HPW];
@@ -302,7 +368,7 @@ static __global__ void __launch_bounds__(HD) attn_combine_kernel(att_args a, con
 	act_st((A *)a.o, (row_at(sq, r) * a.nh + (size_t)g * G + hh) * HD + c, L > 0 ? o / L : 0.0f);
 }
 
-template <typename A, int HD, typename SQ>
+template <typename A, int HD, bool KV8, typename SQ>
 static void attn_launch(att_args a, const SQ &sq, int sms, struct sfw_cuda_ctx *cx)
 {
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
@@ -320,9 +386,9 @@ static void attn_launch(att_args a, const SQ &sq, int sms, struct sfw_cuda_ctx *
 	a.nsplit = nsplit;
 	dim3 grid(rows, nsplit);
 	if (G <= ATT_WARPS)
-		sfwc_launch(attn_kernel<A, HD, 1, SQ>, dim3(grid), dim3(ATT_THREADS), 0, s, a, sq);
+		sfwc_launch(attn_kernel<A, HD, 1, SQ, KV8>, dim3(grid), dim3(ATT_THREADS), 0, s, a, sq);
 	else
-		sfwc_launch(attn_kernel<A, HD, 2, SQ>, dim3(grid), dim3(ATT_THREADS), 0, s, a, sq);
+		sfwc_launch(attn_kernel<A, HD, 2, SQ, KV8>, dim3(grid), dim3(ATT_THREADS), 0, s, a, sq);
 	SFW_CUDA_LAUNCHED();
 	if (nsplit > 1) {
 		sfwc_launch(attn_combine_kernel<A, HD, SQ>, dim3(rows, G), dim3(HD), 0, s, a, sq);
@@ -330,6 +396,20 @@ static void attn_launch(att_args a, const SQ &sq, int sms, struct sfw_cuda_ctx *
 	}
 }
 
+template <bool KV8, typename SQ>
+static void attn_hd(const att_args &a, const SQ &sq, int hd, enum sfw_dtype act, int sms, struct sfw_cuda_ctx *cx)
+{
+	switch (hd) {
+	case 32: ACT_DISPATCH(act, attn_launch<A, 32, KV8>(a, sq, sms, cx)); break;
+	case 64: ACT_DISPATCH(act, attn_launch<A, 64, KV8>(a, sq, sms, cx)); break;
+	case 128: ACT_DISPATCH(act, attn_launch<A, 128, KV8>(a, sq, sms, cx)); break;
+	default:
+		fprintf(stderr, "salafw: attention head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
+		abort();
+	}
+}
+
+/* The CUDA-core attention of either cache kind (a.kv8). */
 template <typename SQ>
 static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
@@ -338,29 +418,42 @@ static void attn_any(att_args a, const SQ &sq, int hd, enum sfw_dtype act, struc
 	SFW_ASSERT(a.nkv > 0 && a.nh % a.nkv == 0 && a.nh / a.nkv <= 2 * ATT_WARPS);
 	SFW_ASSERT(!a.idx || a.block % ATT_KT == 0);
 	int sms = sfwi_cuda_sms(cx);
-	switch (hd) {
-	case 32: ACT_DISPATCH(act, attn_launch<A, 32>(a, sq, sms, cx)); break;
-	case 64: ACT_DISPATCH(act, attn_launch<A, 64>(a, sq, sms, cx)); break;
-	case 128: ACT_DISPATCH(act, attn_launch<A, 128>(a, sq, sms, cx)); break;
-	default:
-		fprintf(stderr, "salafw: attention head_dim %d is not supported on CUDA (32, 64, 128)\n", hd);
-		abort();
-	}
+	if (a.kv8)
+		attn_hd<true>(a, sq, hd, act, sms, cx);
+	else
+		attn_hd<false>(a, sq, hd, act, sms, cx);
 }
 
 /* The one entry of each attention (ops_cuda.h): the row's position, and
  * where rr has them its caches, read on the device when the kernel runs. */
-static att_args att_make(void *o, const void *q, const void *kc, const void *vc, const struct sfw_pages *pg,
-			 const int32_t *idx, int T, int nh, int nkv, int64_t pos0, int k, int block, float scale,
-			 const struct sfw_cuda_rowref *rr)
+static att_args att_make(void *o, const void *q, const struct sfw_cuda_kv *kv, const int32_t *idx,
+			 const struct sfw_attn_shape *sh, const struct sfw_cuda_rowref *rr)
 {
+	const struct sfw_pages *pg = kv->pg;
 	SFW_ASSERT(rr->pos && !rr->k == !rr->v && (!rr->tab || pg));
 	/* a table from a slot: pg gives its blocks' size (pg->tab unused) */
 	int shift = rr->tab ? pg->shift : sfwc_pg_shift(pg);
-	att_args a = {q,	 kc,		  vc,	 idx,		  o,		   NULL,
-		      T,	 nh,		  nkv,	 k,		  block,	   1,
-		      pos0,	 scale,		  rr->pos, sfwc_pg_tab(pg), shift,	   rr->k,
-		      rr->v, rr->tab};
+	att_args a = {q,
+		      kv->kc,
+		      kv->vc,
+		      idx,
+		      o,
+		      NULL,
+		      sh->T,
+		      sh->nh,
+		      sh->nkv,
+		      idx ? sh->topk : 0,
+		      idx ? sh->block : 0,
+		      1,
+		      sh->pos0,
+		      sh->scale,
+		      rr->pos,
+		      sfwc_pg_tab(pg),
+		      shift,
+		      rr->k,
+		      rr->v,
+		      rr->tab,
+		      kv->kv8 != 0};
 	return a;
 }
 
@@ -368,39 +461,30 @@ extern "C" void sfw_cuda_attn_dense(void *o, const void *q, const struct sfw_cud
 				    const struct sfw_attn_shape *sh, const struct sfw_cuda_rowref *rr,
 				    enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	const void *kc = kv->kc, *vc = kv->vc;
-	const struct sfw_pages *pg = kv->pg;
-	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
-	int64_t pos0 = sh->pos0;
-	float scale = sh->scale;
 	/* the split count is planned for pos0 + T keys; a split past the row's
 	 * last key writes an empty partial (max -inf, sum 0). The tensor-core
-	 * kernel takes the caches as given only. */
+	 * kernel takes the caches as given only. Both read either cache kind. */
 	if (!rr->k && !rr->tab && sfwi_attn_tc(o, q, kv, NULL, sh, rr->pos, act, cx))
 		return;
-	attn_any(att_make(o, q, kc, vc, pg, NULL, T, nh, nkv, pos0, 0, 0, scale, rr), sfwc_one_seq(), hd, act, cx);
+	attn_any(att_make(o, q, kv, NULL, sh, rr), sfwc_one_seq(), sh->hd, act, cx);
 }
 
 extern "C" void sfw_cuda_attn_sparse(void *o, const void *q, const struct sfw_cuda_kv *kv, const int32_t *idx,
 				     const struct sfw_attn_shape *sh, const struct sfw_cuda_rowref *rr,
 				     enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	const void *kc = kv->kc, *vc = kv->vc;
-	const struct sfw_pages *pg = kv->pg;
-	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd, k = sh->topk, block = sh->block;
-	int64_t pos0 = sh->pos0;
-	float scale = sh->scale;
 	if (!rr->k && !rr->tab && sfwi_attn_tc(o, q, kv, idx, sh, rr->pos, act, cx))
 		return;
-	attn_any(att_make(o, q, kc, vc, pg, idx, T, nh, nkv, pos0, k, block, scale, rr), sfwc_one_seq(), hd, act, cx);
+	attn_any(att_make(o, q, kv, idx, sh, rr), sfwc_one_seq(), sh->hd, act, cx);
 }
 
-/* The twins read the caches only (struct sfw_cuda_kv's pointers are not const). */
+/* The twins read the caches only (struct sfw_cuda_kv's pointers are not
+ * const); their caches are in the activation dtype. */
 extern "C" void sfw_op_attn_dense_cuda(void *o, const void *q, const void *kc, const void *vc,
 				       const struct sfw_attn_shape *sh, enum sfw_dtype act,
 				       struct sfw_cuda_ctx *cx)
 {
-	struct sfw_cuda_kv kv = {(void *)kc, (void *)vc, NULL};
+	struct sfw_cuda_kv kv = {(void *)kc, (void *)vc, NULL, 0};
 	struct sfw_cuda_rowref rr = sfwc_rowref_at(sfw_cuda_ctx_pos(cx, sh->pos0));
 	sfw_cuda_attn_dense(o, q, &kv, sh, &rr, act, cx);
 }
@@ -409,9 +493,56 @@ extern "C" void sfw_op_attn_sparse_cuda(void *o, const void *q, const void *kc, 
 					const int32_t *idx, const struct sfw_attn_shape *sh,
 					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
-	struct sfw_cuda_kv kv = {(void *)kc, (void *)vc, NULL};
+	struct sfw_cuda_kv kv = {(void *)kc, (void *)vc, NULL, 0};
 	struct sfw_cuda_rowref rr = sfwc_rowref_at(sfw_cuda_ctx_pos(cx, sh->pos0));
 	sfw_cuda_attn_sparse(o, q, &kv, idx, sh, &rr, act, cx);
+}
+
+/* ---- appending to the caches ---- */
+
+/* One warp quantizes one (token, head) x[0 .. hd) into row `row`, head g
+ * of an fp8 cache: sfw_op_kv8_write_cpu's arithmetic, bit for bit (amax
+ * = max |x| over the head, its scale and reciprocal by sfw_kv8_scale_of,
+ * code_i = sfw_e4m3_from_f32(x_i * inv)). Lanes take elements lane, lane
+ * + 32, ...: a warp's code stores fill 32 consecutive bytes. */
+template <typename A>
+static __device__ __forceinline__ void kv8_quant_head(uint8_t *c, int64_t row, int g, int nkv, int hd, const A *x,
+						      int lane)
+{
+	float amax = 0.0f; /* NaN never wins, as in the twin's compare */
+	for (int i = lane; i < hd; i += 32)
+		amax = fmaxf(amax, fabsf(act_ld(x, i)));
+	amax = sfwc_warp_max(amax);
+	float s, inv;
+	sfw_kv8_scale_of(amax, &s, &inv);
+	uint8_t *codes = c + sfw_kv8_codes_off(row, g, nkv, hd);
+	for (int i = lane; i < hd; i += 32)
+		codes[i] = sfw_e4m3_from_f32(__fmul_rn(act_ld(x, i), inv));
+	if (lane == 0)
+		*(float *)(c + sfw_kv8_scale_off(row, g, nkv, hd)) = s;
+}
+
+/* One token's K and V ([nkv, hd] each at k, v) into cache row `row` of an
+ * fp8 pair: the block's warps take the 2 nkv (cache, head) pairs. */
+template <typename A>
+static __device__ __forceinline__ void kv8_quant_row(uint8_t *kc, uint8_t *vc, const A *k, const A *v, int64_t row,
+						     int nkv, int hd)
+{
+	int lane = threadIdx.x & 31;
+	for (int w = threadIdx.x >> 5; w < 2 * nkv; w += blockDim.x >> 5) {
+		int g = w >> 1;
+		size_t src = (size_t)g * hd;
+		if (w & 1)
+			kv8_quant_head(vc, row, g, nkv, hd, v + src, lane);
+		else
+			kv8_quant_head(kc, row, g, nkv, hd, k + src, lane);
+	}
+}
+
+/* Threads of a quantizing block: a warp per (cache, head), at most 8. */
+static unsigned kv8_threads(int nkv)
+{
+	return 32u * (unsigned)(2 * nkv < 8 ? 2 * nkv : 8);
 }
 
 /* T tokens' K and V rows (n vectors of V each) from rows 0 .. T-1 of k, v to
@@ -427,6 +558,18 @@ static __global__ void kv_write_kernel(V *kc, V *vc, const V *k, const V *v, int
 		kc[base + i] = k[src + i];
 		vc[base + i] = v[src + i];
 	}
+}
+
+/* The same into an fp8 pair: token r's rows of k, v ([T, nkv, hd] in A)
+ * quantized into the cache row of token *dpos + r; one block per token. */
+template <typename A>
+static __global__ void kv8_write_kernel(uint8_t *kc, uint8_t *vc, const A *k, const A *v, int nkv, int hd,
+					const int64_t *dpos, const int32_t *tab, int shift)
+{
+	sfwc_pdl_wait();
+	int r = blockIdx.x;
+	size_t src = (size_t)r * nkv * hd;
+	kv8_quant_row(kc, vc, k + src, v + src, sfwc_kv_row(tab, shift, *dpos + r), nkv, hd);
 }
 
 static void kv_write(void *kc, void *vc, const struct sfw_pages *pg, const void *k, const void *v,
@@ -446,13 +589,22 @@ static void kv_write(void *kc, void *vc, const struct sfw_pages *pg, const void 
 	SFW_CUDA_LAUNCHED();
 }
 
-extern "C" void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *v,
-				  size_t row_bytes, int T, const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx)
+extern "C" void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *v, int nkv, int hd, int T,
+				  const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
 {
 	if (T <= 0)
 		return;
 	SFW_ASSERT(rr->pos && !rr->k && !rr->tab); /* the caches as given, the position from the device */
-	kv_write(kv->kc, kv->vc, kv->pg, k, v, row_bytes, rr->pos, T, SFW_CUDA_STREAM(cx->stream));
+	SFW_ASSERT(nkv >= 1 && hd >= 1 && (act == SFW_DTYPE_BF16 || act == SFW_DTYPE_F32));
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
+	if (!kv->kv8) {
+		kv_write(kv->kc, kv->vc, kv->pg, k, v, (size_t)nkv * hd * (act == SFW_DTYPE_BF16 ? 2 : 4), rr->pos, T, s);
+		return;
+	}
+	ACT_DISPATCH(act, sfwc_launch(kv8_write_kernel<A>, dim3((unsigned)T), dim3(kv8_threads(nkv)), 0, s,
+				      (uint8_t *)kv->kc, (uint8_t *)kv->vc, (const A *)k, (const A *)v, nkv, hd, rr->pos,
+				      sfwc_pg_tab(kv->pg), sfwc_pg_shift(kv->pg)));
+	SFW_CUDA_LAUNCHED();
 }
 
 /* ---- a batched decode step: one row per sequence (ops_cuda.h) ---- */
@@ -466,7 +618,9 @@ extern "C" void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sf
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && s->st && s->sp);
 	/* pos0 + T = the longest row's keys: it plans the split count; a split
 	 * past a shorter row's last key writes an empty partial */
-	att_args a = {q, NULL, NULL, NULL, o, NULL, s->n, nh, nkv, 0, 0, 1, s->maxpos + 1 - s->n, scale, NULL, NULL, 0, NULL, NULL, NULL};
+	att_args a = {q,     NULL, NULL, NULL, o,    NULL, s->n, nh,   nkv,  0,	  0,
+		      1,     s->maxpos + 1 - s->n, scale, NULL, NULL, 0,    NULL, NULL, NULL,
+		      s->kv8 != 0};
 	attn_any(a, *s, hd, act, cx);
 }
 
@@ -488,11 +642,35 @@ static __global__ void kv_append_seqs_kernel(const sfw_cuda_seqs S, const V *k, 
 	}
 }
 
-extern "C" void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,
-					struct sfw_cuda_ctx *cx)
+/* The same into fp8 pairs: row row[b] of k, v ([nkv, hd] in A) quantized
+ * into row pos[b] of sequence b's caches. */
+template <typename A>
+static __global__ void kv8_append_seqs_kernel(const sfw_cuda_seqs S, const A *k, const A *v, int nkv, int hd)
 {
-	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && row_bytes % 2 == 0 && row_bytes / 2 <= INT32_MAX);
+	int b = blockIdx.x; /* its sequence before the wait: the host's table */
+	if (!sfwc_seq_live(S, b))
+		return;
+	uint8_t *kc = (uint8_t *)sfwc_seq_p(S, 0, b), *vc = (uint8_t *)sfwc_seq_p(S, 1, b);
+	int64_t row = sfwc_kv_row(sfwc_seq_tab(S, b), sfwc_seq_shift(S), sfwc_seq_pos(S, b));
+	size_t src = (size_t)sfwc_seq_row(S, b) * nkv * hd;
+	sfwc_pdl_wait();
+	kv8_quant_row(kc, vc, k + src, v + src, row, nkv, hd);
+}
+
+extern "C" void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, int nkv, int hd,
+					enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+{
+	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && nkv >= 1 && hd >= 1);
+	SFW_ASSERT(act == SFW_DTYPE_BF16 || act == SFW_DTYPE_F32);
 	cudaStream_t st = SFW_CUDA_STREAM(cx->stream);
+	if (s->kv8) {
+		ACT_DISPATCH(act, sfwc_launch(kv8_append_seqs_kernel<A>, dim3(s->n), dim3(kv8_threads(nkv)), 0, st, *s,
+					      (const A *)k, (const A *)v, nkv, hd));
+		SFW_CUDA_LAUNCHED();
+		return;
+	}
+	size_t row_bytes = (size_t)nkv * hd * (act == SFW_DTYPE_BF16 ? 2 : 4);
+	SFW_ASSERT(row_bytes / 2 <= INT32_MAX);
 	/* the caches: cudaMalloc'd or pool blocks, rows of row_bytes */
 	uintptr_t al = (uintptr_t)k | (uintptr_t)v | (uintptr_t)row_bytes;
 	if (al % 16 == 0)

@@ -15,7 +15,14 @@
  * Every thread runs the merge itself on the lists in shared memory, so the
  * next block is known without a barrier and can be prefetched.
  * Dense rows use the implicit lists 0..p/64. Softmax: online, in the log2
- * domain, fp32; P is rounded to bf16 for the P·V product (as flash-attn). */
+ * domain, fp32; P is rounded to bf16 for the P·V product (as flash-attn).
+ *
+ * An fp8 cache (kernels/ops.h, "the fp8 KV cache") keeps the same pipeline
+ * one step earlier: cp.async brings a block's raw codes and scales (two
+ * stages, about half the bytes of bf16 tiles), and after the wait the CTA
+ * turns the current stage into the one bf16 K/V tile (each value rounded to
+ * bf16 from e4m3(code) * scale), behind one more barrier; the MMA code reads
+ * that tile exactly as it reads a bf16 cache's. */
 #include "attn_tc.cuh"
 
 #include <limits.h>
@@ -25,6 +32,7 @@
 #define ATC_KMAX 256 /* longest block list held in shared memory */
 
 struct atc_args {
+	/* q; kc, vc bf16, or (the kernel's KV8) the fp8 form's arrays, read as bytes */
 	const uint16_t *q, *kc, *vc;
 	const int32_t *idx; /* NULL: dense; else entries -1 or blocks of the cache (64 b <= pos0 + T - 1,
 			     * an int: the launch makes sure), as top-k gives them */
@@ -36,9 +44,21 @@ struct atc_args {
 	int shift;
 };
 
-template <int HD> static constexpr size_t atc_smem(void)
+/* Dynamic shared memory: the K/V tiles [stage][K, V][64][HD + 8] bf16 (the
+ * fp8 form: one stage of them, then two raw stages of atc_raw_bytes), then
+ * the block lists. */
+template <int HD> static __host__ __device__ constexpr size_t atc_raw_bytes(void)
 {
-	return (size_t)2 * 2 * ATC_BLK * (HD + 8) * 2 + (size_t)ATC_W * ATC_KMAX * 4;
+	return (size_t)2 * ATC_BLK * HD + (size_t)2 * ATC_BLK * 4; /* K, V codes [64][HD]; K, V scales [64] */
+}
+template <int HD, bool KV8> static __host__ __device__ constexpr size_t atc_lists_off(void)
+{
+	return KV8 ? (size_t)2 * ATC_BLK * (HD + 8) * 2 + 2 * atc_raw_bytes<HD>()
+		   : (size_t)2 * 2 * ATC_BLK * (HD + 8) * 2;
+}
+template <int HD, bool KV8> static __host__ __device__ constexpr size_t atc_smem(void)
+{
+	return atc_lists_off<HD, KV8>() + (size_t)ATC_W * ATC_KMAX * 4;
 }
 
 /* this warp's block list into shared memory (lens_s[w]): the non-negative
@@ -103,6 +123,69 @@ static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs
 		tc_cp16(dst + which * TILE + row * LD + ch * 8, src, ok ? 16 : 0);
 	}
 	tc_cp_commit();
+}
+
+/* The fp8 form: block b's raw codes and scales of head g -> raw stage st
+ * (atc_raw_bytes: K codes [64][HD], V codes [64][HD], K scales [64], V
+ * scales [64]), keys past pmax zeros (code 0, scale 0: value 0). A row's
+ * codes are HD contiguous bytes (sfw_kv8_codes_off), copied 16 at a time;
+ * its scale is one float (sfw_kv8_scale_off). */
+template <int HD>
+static __device__ __forceinline__ void atc_load8(const atc_args &a, unsigned char *raw, int b, int st, int pmax,
+						 int g)
+{
+	constexpr int CH = HD / 16;
+	unsigned char *dst = raw + (size_t)st * atc_raw_bytes<HD>();
+	const unsigned char *kc = (const unsigned char *)a.kc, *vc = (const unsigned char *)a.vc;
+	const int last = pmax - b * ATC_BLK;
+	for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
+		int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH, ch = rem % CH;
+		int64_t t = (int64_t)b * ATC_BLK + row;
+		bool ok = row <= last;
+		const unsigned char *src =
+		    (which ? vc : kc) +
+		    (ok ? sfw_kv8_codes_off(sfwc_kv_row(a.tab, a.shift, t), g, a.nkv, HD) + ch * 16 : 0);
+		tc_cp16(dst + (size_t)which * ATC_BLK * HD + row * HD + ch * 16, src, ok ? 16 : 0);
+	}
+	for (int i = threadIdx.x; i < 2 * ATC_BLK; i += ATC_W * 32) {
+		int which = i / ATC_BLK, row = i % ATC_BLK;
+		int64_t t = (int64_t)b * ATC_BLK + row;
+		bool ok = row <= last;
+		const unsigned char *src =
+		    (which ? vc : kc) + (ok ? sfw_kv8_scale_off(sfwc_kv_row(a.tab, a.shift, t), g, a.nkv, HD) : 0);
+		tc_cp4(dst + (size_t)2 * ATC_BLK * HD + i * 4, src, ok ? 4 : 0);
+	}
+	tc_cp_commit();
+}
+
+/* Raw stage `raw` (atc_load8's, landed and visible to the CTA) -> the bf16
+ * K/V tiles kvs [K, V][64][HD + 8]: every value
+ * __float2bfloat16_rn(e4m3(code) * scale), 8 per thread and step (an 8-byte
+ * read, a 16-byte store at the bf16 form's places). */
+template <int HD>
+static __device__ __forceinline__ void atc_convert(const unsigned char *raw, uint16_t *kvs)
+{
+	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8;
+	const float *scales = (const float *)(raw + (size_t)2 * ATC_BLK * HD);
+	for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
+		int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH, ch = rem % CH;
+		uint2 c = *(const uint2 *)(raw + (size_t)which * ATC_BLK * HD + row * HD + ch * 8);
+		float f[8];
+		sfwc_e4m3x8_f32(c, scales[which * ATC_BLK + row] * SFWC_E4M3_H2_UNIT, f);
+		*(uint4 *)(kvs + which * TILE + row * LD + ch * 8) =
+		    make_uint4(tc_pack(f[0], f[1]), tc_pack(f[2], f[3]), tc_pack(f[4], f[5]), tc_pack(f[6], f[7]));
+	}
+}
+
+/* Block b -> stage st: the bf16 tiles (cp.async), or the fp8 form's raw stage. */
+template <int HD, bool KV8>
+static __device__ __forceinline__ void atc_fetch(const atc_args &a, uint16_t *kvs, unsigned char *raw, int b, int st,
+						 int pmax, int g)
+{
+	if constexpr (KV8)
+		atc_load8<HD>(a, raw, b, st, pmax, g);
+	else
+		atc_load<HD>(a, kvs, b, st, pmax, g);
 }
 
 /* one tile's scores s (keys kb..kb+63): scale, causal mask (key kb + c
@@ -197,15 +280,16 @@ static __device__ __forceinline__ void atc_store(const atc_args &a, const float 
 	}
 }
 
-template <int HD> static __global__ void __launch_bounds__(ATC_W * 32, 3) attn_tc_kernel(atc_args a)
+template <int HD, bool KV8> static __global__ void __launch_bounds__(ATC_W * 32, 3) attn_tc_kernel(atc_args a)
 {
 	sfwc_pdl_wait();
 	/* K and V tiles [64][HD + 8]: rows 16 bytes longer than HD so that the 8
 	 * row addresses of one ldmatrix fall in 8 different 4-bank groups. */
 	constexpr int LD = HD + 8, TILE = ATC_BLK * LD;
 	extern __shared__ __align__(16) unsigned char smem_raw[];
-	uint16_t *kvs = (uint16_t *)smem_raw; /* [stage][K, V][64][LD] */
-	int *lists = (int *)(smem_raw + (size_t)2 * 2 * TILE * 2);
+	uint16_t *kvs = (uint16_t *)smem_raw; /* [stage][K, V][64][LD]; KV8: one stage */
+	unsigned char *raw = smem_raw + (size_t)2 * TILE * 2; /* KV8: the raw stages */
+	int *lists = (int *)(smem_raw + atc_lists_off<HD, KV8>());
 	__shared__ int lens_s[ATC_W];
 	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, tq = lane & 3;
 	const int g = blockIdx.y, G = a.nh / a.nkv;
@@ -235,19 +319,24 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32, 3) attn_t
 	unsigned mask0, mask1;
 	int b0 = atc_next(len, cur, lists, dense, &mask0), st = 0;
 	if (b0 != INT_MAX)
-		atc_load<HD>(a, kvs, b0, 0, pmax, g);
+		atc_fetch<HD, KV8>(a, kvs, raw, b0, 0, pmax, g);
 	while (b0 != INT_MAX) {
 		int b1 = atc_next(len, cur, lists, dense, &mask1);
 		if (b1 != INT_MAX) {
 			/* that stage was last read before the previous barrier */
-			atc_load<HD>(a, kvs, b1, st ^ 1, pmax, g);
+			atc_fetch<HD, KV8>(a, kvs, raw, b1, st ^ 1, pmax, g);
 			tc_cp_wait<1>();
 		} else {
 			tc_cp_wait<0>();
 		}
 		__syncthreads();
+		if constexpr (KV8) {
+			/* stage st landed; the tile was last read before the previous barrier */
+			atc_convert<HD>(raw + (size_t)st * atc_raw_bytes<HD>(), kvs);
+			__syncthreads();
+		}
 		if ((mask0 >> w) & 1) {
-			const uint16_t *Ks = kvs + (size_t)st * 2 * TILE, *Vs = Ks + TILE;
+			const uint16_t *Ks = KV8 ? kvs : kvs + (size_t)st * 2 * TILE, *Vs = Ks + TILE;
 			float s[8][4]; /* S = Q Kᵀ: 8 n-tiles of 8 keys */
 #pragma unroll
 			for (int j = 0; j < 8; j++)
@@ -262,13 +351,13 @@ template <int HD> static __global__ void __launch_bounds__(ATC_W * 32, 3) attn_t
 	atc_store<HD>(a, o, l_lo, l_hi, active, r, g, G, lane);
 }
 
-template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
+template <int HD, bool KV8> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 {
 	static int ready_dev[SFWC_MAX_DEVICES]; /* per device: 1 limit raised; -1: refused */
 	int &ready = ready_dev[sfwc_device()];
-	size_t smem = atc_smem<HD>();
+	size_t smem = atc_smem<HD, KV8>();
 	if (!ready) {
-		cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<HD>,
+		cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<HD, KV8>,
 						     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 		if (e != cudaSuccess) {
 			(void)cudaGetLastError(); /* clear it: the CUDA-core kernel runs instead */
@@ -276,7 +365,7 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 		} else {
 			/* three CTAs per SM (launch bounds) need the whole carveout;
 			 * a refusal only costs occupancy */
-			if (cudaFuncSetAttribute(attn_tc_kernel<HD>, cudaFuncAttributePreferredSharedMemoryCarveout,
+			if (cudaFuncSetAttribute(attn_tc_kernel<HD, KV8>, cudaFuncAttributePreferredSharedMemoryCarveout,
 						 100) != cudaSuccess)
 				(void)cudaGetLastError();
 			ready = 1;
@@ -285,7 +374,7 @@ template <int HD> static int attn_tc_launch(const atc_args &a, cudaStream_t s)
 	if (ready < 0)
 		return 0;
 	dim3 grid((unsigned)((a.T + ATC_W - 1) / ATC_W), (unsigned)a.nkv);
-	sfwc_launch(attn_tc_kernel<HD>, grid, dim3(ATC_W * 32), smem, s, a);
+	sfwc_launch(attn_tc_kernel<HD, KV8>, grid, dim3(ATC_W * 32), smem, s, a);
 	SFW_CUDA_LAUNCHED();
 	return 1;
 }
@@ -325,12 +414,21 @@ int sfwi_attn_tc(void *o, const void *q, const struct sfw_cuda_kv *kv, const int
 		      sfwc_pg_tab(pg),
 		      sfwc_pg_shift(pg)};
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
+	if (kv->kv8) /* the fp8 form: the same kernel with its own loads */
+		switch (hd) {
+		case 32:
+			return attn_tc_launch<32, true>(a, s);
+		case 64:
+			return attn_tc_launch<64, true>(a, s);
+		default:
+			return attn_tc_launch<128, true>(a, s);
+		}
 	switch (hd) {
 	case 32:
-		return attn_tc_launch<32>(a, s);
+		return attn_tc_launch<32, false>(a, s);
 	case 64:
-		return attn_tc_launch<64>(a, s);
+		return attn_tc_launch<64, false>(a, s);
 	default:
-		return attn_tc_launch<128>(a, s);
+		return attn_tc_launch<128, false>(a, s);
 	}
 }

@@ -78,6 +78,13 @@ static __device__ __forceinline__ void tc_cp16(void *dst, const void *src, int b
 		     "r"(bytes)
 		     : "memory");
 }
+/* 4-byte global -> shared copy (through L1: .cg takes 16 bytes only);
+ * bytes = 0 writes zeros. */
+static __device__ __forceinline__ void tc_cp4(void *dst, const void *src, int bytes)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(tc_smem_addr(dst)), "l"(src), "r"(bytes)
+		     : "memory");
+}
 static __device__ __forceinline__ void tc_cp_commit(void)
 {
 	asm volatile("cp.async.commit_group;" ::: "memory");
@@ -155,8 +162,8 @@ struct sfwi_ckpages {
 /* Tensor-core twins (bf16 activations only). Each returns 1 when it took the
  * call, 0 when the shape or the mode says the CUDA-core kernel should run. */
 /* Attention (sfw_cuda_attn_dense / _sparse: idx NULL is dense) over the
- * caches kv as given (paged by kv->pg); row 0 at position *dpos, sh->pos0 + T
- * bounding the positions. */
+ * caches kv as given (paged by kv->pg; bf16, or fp8 with kv->kv8); row 0 at
+ * position *dpos, sh->pos0 + T bounding the positions. */
 int sfwi_attn_tc(void *o, const void *q, const struct sfw_cuda_kv *kv, const int32_t *idx,
 		 const struct sfw_attn_shape *sh, const int64_t *dpos, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Stage 1 (sfw_cuda_stage1) on tensor cores; rr (required: the rows and

@@ -1,10 +1,12 @@
 /* cuda_common.cuh - shared by every kernels/ *.cu files: the CUDA fault check,
- * warp/block reductions and bf16 helpers. Device code only sees raw uint16_t
- * bf16 storage (the same bits the CPU twins use), converted here. */
+ * warp/block reductions, bf16 helpers and the fp8 (E4M3) KV cache's decode.
+ * Device code only sees raw uint16_t bf16 storage and uint8_t fp8 codes (the
+ * same bits the CPU twins use), converted here. */
 #ifndef SFW_CUDA_COMMON_CUH
 #define SFW_CUDA_COMMON_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -121,6 +123,72 @@ static __device__ __forceinline__ void sfwc_unpack8(uint4 v, float f[8])
 static __device__ __forceinline__ uint32_t sfwc_pack2(float a, float b)
 {
 	return (uint32_t)sfwc_tobf(a) | ((uint32_t)sfwc_tobf(b) << 16);
+}
+
+/* ---- fp8 E4M3 codes (kernels/ops.h, "the fp8 KV cache") ----
+ * The fast exact decode: two codes to two fp16 halves, then float. sm_89+
+ * converts in one instruction (cvt.rn.f16x2.e4m3x2, the codes' values).
+ * Older devices place a code's 7 magnitude bits under fp16's exponent and
+ * mantissa fields ((c & 0x7f) << 7, the sign to bit 15): e4m3's bias is 7,
+ * fp16's 15, so every finite code, subnormals included, reads as its value
+ * times 2^-8; NaN codes (0x7f, 0xff) get an all-ones exponent. Both are
+ * exact; SFWC_E4M3_H2_UNIT is the factor the halves fall short by, to be
+ * multiplied into a row's scale once (exact too: a scale is 0, a normal
+ * float at most FLT_MAX / 448, infinite or NaN). SFWC_E4M3_SOFT=1 (a
+ * compiler flag) takes the bit form on every device: the older devices'
+ * path, tested on a newer one. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !SFWC_E4M3_SOFT
+#define SFWC_E4M3_HW 1
+#else
+#define SFWC_E4M3_HW 0
+#endif
+#if SFWC_E4M3_HW
+#define SFWC_E4M3_H2_UNIT 1.0f
+#else
+#define SFWC_E4M3_H2_UNIT 256.0f
+#endif
+
+/* The codes in bits 0-7 (low half) and 8-15 (high half) of c2 as fp16
+ * bits, valued code / SFWC_E4M3_H2_UNIT. */
+static __device__ __forceinline__ uint32_t sfwc_e4m3x2_h2(uint32_t c2)
+{
+#if SFWC_E4M3_HW
+	uint32_t h;
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)c2));
+	return h;
+#else
+	uint32_t w = (c2 & 0xffu) | ((c2 & 0xff00u) << 8); /* one code per 16-bit half */
+	uint32_t mag = w & 0x007f007fu;
+	uint32_t nan = ((mag + 0x00010001u) & 0x00800080u) >> 7; /* 1 in a half whose code is 0x7f */
+	return ((w & 0x00800080u) << 8) | (mag << 7) | nan * 0x7e00u;
+#endif
+}
+
+/* The two values of sfwc_e4m3x2_h2's halves times su, each product
+ * rounded once (__fmul_rn: never fused into a later add). With su = s *
+ * SFWC_E4M3_H2_UNIT that is sfw_e4m3_to_f32(code) * s, bit for bit. */
+static __device__ __forceinline__ float2 sfwc_e4m3x2_mul(uint32_t c2, float su)
+{
+	uint32_t h = sfwc_e4m3x2_h2(c2);
+	__half2_raw r;
+	r.x = (unsigned short)(h & 0xffffu), r.y = (unsigned short)(h >> 16);
+	float2 f = __half22float2(__half2(r));
+	return make_float2(__fmul_rn(f.x, su), __fmul_rn(f.y, su));
+}
+
+/* 8 codes (c's bytes, lowest first) to their values times s (su = s *
+ * SFWC_E4M3_H2_UNIT), as sfw_op_kv8_read_cpu reads them. */
+static __device__ __forceinline__ void sfwc_e4m3x8_f32(uint2 c, float su, float f[8])
+{
+	float2 a = sfwc_e4m3x2_mul(c.x, su), b = sfwc_e4m3x2_mul(c.x >> 16, su);
+	float2 d = sfwc_e4m3x2_mul(c.y, su), e = sfwc_e4m3x2_mul(c.y >> 16, su);
+	f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = d.x, f[5] = d.y, f[6] = e.x, f[7] = e.y;
+}
+
+/* One code's value times s (su = s * SFWC_E4M3_H2_UNIT). */
+static __device__ __forceinline__ float sfwc_e4m3_mul(uint8_t c, float su)
+{
+	return sfwc_e4m3x2_mul(c, su).x;
 }
 
 /* Streaming 16-byte load that does not allocate in L1: weights are read once

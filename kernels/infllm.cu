@@ -22,11 +22,43 @@ struct ck_dst {
 	int shift, level, ksize, stride;
 };
 
+/* The keys compression reads, element i of cache row r (i < nkv * hd): a
+ * cache in the activation dtype A, or (KV8) an fp8 one (kernels/ops.h, "the
+ * fp8 KV cache"), read as sfw_op_kv8_read_cpu reads it. make() takes the
+ * cache's array (a kernel's argument, or a sequence's pointer). */
+template <typename A, bool KV8> struct ck_keys {
+	const A *k;
+	int row;
+	static __device__ __host__ ck_keys make(const void *k, int nkv, int hd)
+	{
+		return ck_keys{(const A *)k, nkv * hd};
+	}
+	__device__ __forceinline__ float at(int64_t r, int i) const
+	{
+		return act_ld(k, (size_t)r * row + i);
+	}
+};
+template <typename A> struct ck_keys<A, true> {
+	const uint8_t *k;
+	int nkv, hd;
+	static __device__ __host__ ck_keys make(const void *k, int nkv, int hd)
+	{
+		return ck_keys{(const uint8_t *)k, nkv, hd};
+	}
+	/* the value rounded once (sfwc_e4m3_mul): never fused into the sum */
+	__device__ __forceinline__ float at(int64_t r, int i) const
+	{
+		int g = i / hd, d = i - g * hd;
+		float s = __ldg((const float *)(k + sfw_kv8_scale_off(r, g, nkv, hd)));
+		return sfwc_e4m3_mul(k[sfw_kv8_codes_off(r, g, nkv, hd) + d], s * SFWC_E4M3_H2_UNIT);
+	}
+};
+
 /* Chunks [j0, j1) of one level, grid-strided over (chunk, element); token
- * t of the cache k at row sfwc_kv_row(tab, shift, t) (contiguous: t), chunk
- * j at row sfw_ckey_row of d. */
-template <typename A>
-static __device__ __forceinline__ void compress_chunks(A *c, const A *k, const int32_t *tab, int shift, int row,
+ * t of the cache `keys` at row sfwc_kv_row(tab, shift, t) (contiguous: t),
+ * chunk j at row sfw_ckey_row of d. */
+template <typename A, typename K>
+static __device__ __forceinline__ void compress_chunks(A *c, const K &keys, const int32_t *tab, int shift, int row,
 						       int64_t j0, int64_t j1, const ck_dst &d)
 {
 	int lv = d.level == 2 ? 4 : 1, ksize = lv * d.ksize, stride = lv * d.stride;
@@ -36,7 +68,7 @@ static __device__ __forceinline__ void compress_chunks(A *c, const A *k, const i
 		int i = (int)(e % row);
 		float s = 0;
 		for (int t = 0; t < ksize; t++)
-			s += act_ld(k, (size_t)sfwc_kv_row(tab, shift, j * stride + t) * row + i);
+			s += keys.at(sfwc_kv_row(tab, shift, j * stride + t), i);
 		act_st(c, (size_t)sfw_ckey_row(d.tab, d.shift, d.ksize, d.stride, d.level, j) * row + i, s / (float)ksize);
 	}
 }
@@ -46,7 +78,7 @@ static __global__ void compress_kernel(A *c, const A *k, const int32_t *tab, int
 				       int64_t j1, ck_dst d)
 {
 	sfwc_pdl_wait();
-	compress_chunks(c, k, tab, shift, row, j0, j1, d);
+	compress_chunks(c, ck_keys<A, false>{k, row}, tab, shift, row, j0, j1, d);
 }
 
 /* kpg pages the keys, d the chunks. */
@@ -81,8 +113,8 @@ extern "C" void sfw_op_compress_cuda(void *c, const void *k, int level, int64_t 
 /* The level-1 (blockIdx.y 0) and level-2 (1) chunks that the T tokens at
  * positions *dpos .. *dpos + T - 1 complete: chunks [nchunks(p),
  * nchunks(p + T)) of each level. */
-template <typename A>
-static __global__ void compress_tokens_kernel(A *c1, A *c2, const A *k, const int32_t *tab, int shift, int row,
+template <typename A, typename K>
+static __global__ void compress_tokens_kernel(A *c1, A *c2, const K keys, const int32_t *tab, int shift, int row,
 					      int ksize, int stride, const int64_t *dpos, int T)
 {
 	sfwc_pdl_wait();
@@ -90,14 +122,14 @@ static __global__ void compress_tokens_kernel(A *c1, A *c2, const A *k, const in
 	int ks = lv ? 4 * ksize : ksize, st = lv ? 4 * stride : stride;
 	A *c = lv ? c2 : c1;
 	int64_t p = *dpos;
-	compress_chunks(c, k, tab, shift, row, sfw_nchunks(p, ks, st), sfw_nchunks(p + T, ks, st),
+	compress_chunks(c, keys, tab, shift, row, sfw_nchunks(p, ks, st), sfw_nchunks(p + T, ks, st),
 			ck_dst{tab, shift, lv + 1, ksize, stride});
 }
 
 /* A batched decode step: sequence blockIdx.z's token at pos[z]; p[0] c1,
- * p[1] c2, p[2] its K cache (paged by tab[z]). */
-template <typename A>
-static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int ksize, int stride)
+ * p[1] c2, p[2] its K cache (paged by tab[z]; fp8 with KV8). */
+template <typename A, bool KV8>
+static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int nkv, int hd, int ksize, int stride)
 {
 	int lv = blockIdx.y, z = blockIdx.z; /* its sequence before the wait: the host's table */
 	if (!sfwc_seq_live(S, z))
@@ -106,11 +138,11 @@ static __global__ void compress_seqs_kernel(const sfw_cuda_seqs S, int row, int 
 	A *c = (A *)sfwc_seq_p(S, lv, z);
 	int64_t p = sfwc_seq_pos(S, z);
 	int64_t j0 = sfw_nchunks(p, ks, st), j1 = sfw_nchunks(p + 1, ks, st);
-	const A *kc = (const A *)sfwc_seq_p(S, 2, z);
+	const ck_keys<A, KV8> keys = ck_keys<A, KV8>::make(sfwc_seq_p(S, 2, z), nkv, hd);
 	const int32_t *tab = sfwc_seq_tab(S, z);
 	int shift = sfwc_seq_shift(S);
 	sfwc_pdl_wait();
-	compress_chunks(c, kc, tab, shift, row, j0, j1, ck_dst{tab, shift, lv + 1, ksize, stride});
+	compress_chunks(c, keys, tab, shift, nkv * hd, j0, j1, ck_dst{tab, shift, lv + 1, ksize, stride});
 }
 
 extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
@@ -118,8 +150,28 @@ extern "C" void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, i
 {
 	SFW_ASSERT(s->n >= 1 && s->n <= SFW_CUDA_SEQS_MAX && ksize >= 1 && stride >= 1);
 	int row = nkv * hd;
-	ACT_DISPATCH(act, sfwc_launch(compress_seqs_kernel<A>, dim3((unsigned)((row + 255) / 256), 2, s->n), dim3(256),
-				      0, SFW_CUDA_STREAM(cx->stream), *s, row, ksize, stride));
+	dim3 grid((unsigned)((row + 255) / 256), 2, s->n);
+	cudaStream_t st = SFW_CUDA_STREAM(cx->stream);
+	if (s->kv8)
+		ACT_DISPATCH(act, sfwc_launch(compress_seqs_kernel<A, true>, grid, dim3(256), 0, st, *s, nkv, hd, ksize,
+					      stride));
+	else
+		ACT_DISPATCH(act, sfwc_launch(compress_seqs_kernel<A, false>, grid, dim3(256), 0, st, *s, nkv, hd, ksize,
+					      stride));
+	SFW_CUDA_LAUNCHED();
+}
+
+/* sfw_cuda_compress's launch over keys of either kind (K: ck_keys). */
+template <typename A, typename K>
+static void compress_tokens(void *c1, void *c2, const K &keys, const struct sfw_pages *pg, int row, int ksize,
+			    int stride, const int64_t *dpos, int T, struct sfw_cuda_ctx *cx)
+{
+	/* T tokens complete at most (T - 1) / stride + 1 level-1 chunks: the
+	 * grid covers those, striding when the elements outnumber it */
+	size_t n = (size_t)((T - 1) / stride + 1) * row;
+	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256);
+	sfwc_launch(compress_tokens_kernel<A, K>, dim3(blocks, 2), dim3(256), 0, SFW_CUDA_STREAM(cx->stream), (A *)c1,
+		    (A *)c2, keys, sfwc_pg_tab(pg), sfwc_pg_shift(pg), row, ksize, stride, dpos, T);
 	SFW_CUDA_LAUNCHED();
 }
 
@@ -133,15 +185,13 @@ extern "C" void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *
 	if (T <= 0)
 		return;
 	SFW_ASSERT(!sfwc_pg_tab(pg) || sfw_ckey_rows_per_block(pg->shift, stride) > 0);
-	/* T tokens complete at most (T - 1) / stride + 1 level-1 chunks: the
-	 * grid covers those, striding when the elements outnumber it */
 	int row = nkv * hd;
-	size_t n = (size_t)((T - 1) / stride + 1) * row;
-	unsigned blocks = (unsigned)((n + 255) / 256 > 65535 ? 65535 : (n + 255) / 256);
-	ACT_DISPATCH(act, sfwc_launch(compress_tokens_kernel<A>, dim3(blocks, 2), dim3(256), 0,
-				      SFW_CUDA_STREAM(cx->stream), (A *)c1, (A *)c2, (const A *)k, sfwc_pg_tab(pg),
-				      sfwc_pg_shift(pg), row, ksize, stride, rr->pos, T));
-	SFW_CUDA_LAUNCHED();
+	if (kv->kv8) /* the keys read from the fp8 cache; c1, c2 in act */
+		ACT_DISPATCH(act, compress_tokens<A>(c1, c2, ck_keys<A, true>::make(k, nkv, hd), pg, row, ksize, stride,
+						     rr->pos, T, cx));
+	else
+		ACT_DISPATCH(act, compress_tokens<A>(c1, c2, ck_keys<A, false>::make(k, nkv, hd), pg, row, ksize,
+						     stride, rr->pos, T, cx));
 }
 
 /* ---- stage 1 ---- */

@@ -184,6 +184,114 @@ static inline int64_t sfw_ckey_rows_per_block(int shift, int stride)
 	return B / stride + B / (4 * stride);
 }
 
+/* ---- the fp8 KV cache (--kv-cache fp8) ----------------------------------
+ * A sparse layer's K and V may be stored as OCP FP8 E4M3 ("e4m3fn": bias 7,
+ * no infinities, 0x7f/0xff NaN, largest finite 448) with one float32 scale
+ * per (token, KV head): a head's hd values x become codes e4m3(x / s),
+ * s = amax|x| / 448 (rounded to nearest even; a head whose amax is below
+ * 2^-100 stores zeros and s = 0), and read back as e4m3_value(code) * s.
+ *
+ * Layout: the cache's rows (the token t of a contiguous cache, or the pool
+ * row of a paged one: (tab[t >> shift] << shift) + (t mod 2^shift), as for
+ * a bf16 cache) are grouped 32 to a group; group G = row >> 5 is
+ *   codes [32, nkv, hd] bytes, then scales [32, nkv] float32,
+ * SFW_KV8_GROUP_BYTES(nkv, hd) bytes, group after group from the array's
+ * start. A 32-row attention tile is then one group; a paged block (2^shift
+ * rows, shift >= 5) is 2^(shift - 5) whole groups, so blocks still move as
+ * one copy each. Row r's head g: codes at sfw_kv8_codes, scale at
+ * sfw_kv8_scale. */
+#define SFW_KV8_GROUP 32
+static inline SFW_HOSTDEV size_t sfw_kv8_group_bytes(int nkv, int hd)
+{
+	return (size_t)SFW_KV8_GROUP * (size_t)nkv * ((size_t)hd + 4);
+}
+/* Bytes of an fp8 cache array holding rows rows (whole groups). */
+static inline SFW_HOSTDEV size_t sfw_kv8_bytes(int64_t rows, int nkv, int hd)
+{
+	return (size_t)((rows + SFW_KV8_GROUP - 1) / SFW_KV8_GROUP) * sfw_kv8_group_bytes(nkv, hd);
+}
+static inline SFW_HOSTDEV size_t sfw_kv8_codes_off(int64_t row, int g, int nkv, int hd)
+{
+	return (size_t)(row >> 5) * sfw_kv8_group_bytes(nkv, hd) + ((size_t)(row & 31) * nkv + g) * (size_t)hd;
+}
+static inline SFW_HOSTDEV size_t sfw_kv8_scale_off(int64_t row, int g, int nkv, int hd)
+{
+	return (size_t)(row >> 5) * sfw_kv8_group_bytes(nkv, hd) + (size_t)SFW_KV8_GROUP * nkv * hd +
+	       ((size_t)(row & 31) * nkv + g) * 4;
+}
+
+/* float -> e4m3 code: round to nearest even, |x| >= 448 saturates to 448,
+ * NaN stays NaN (0x7f with x's sign). */
+static inline SFW_HOSTDEV uint8_t sfw_e4m3_from_f32(float x)
+{
+	union {
+		float f;
+		uint32_t u;
+	} v = {.f = x};
+	uint8_t sign = (uint8_t)((v.u >> 24) & 0x80);
+	uint32_t a = v.u & 0x7fffffffu;
+	if (a > 0x7f800000u)
+		return sign | 0x7f;
+	if (a >= 0x43e00000u) /* 448 and up (infinity too) */
+		return sign | 0x7e;
+	if (a < 0x3c800000u) { /* below 2^-6: multiples of 2^-9; 2^23 + y rounds y to an integer, ties to even */
+		union {
+			uint32_t u;
+			float f;
+		} m = {.u = a};
+		float r = (m.f * 512.0f + 8388608.0f) - 8388608.0f;
+		return sign | (uint8_t)r; /* 8 is 2^-6, the least normal: the codes run on */
+	}
+	/* normal: keep 3 mantissa bits, to nearest even; the exponent rebiased
+	 * from 127 to 7 (a carry into the exponent is the right next code) */
+	uint32_t r = (a + 0x7ffffu + ((a >> 20) & 1)) >> 20;
+	r -= 120u << 3;
+	return sign | (uint8_t)(r > 0x7eu ? 0x7eu : r);
+}
+
+/* e4m3 code -> float (exact). */
+static inline SFW_HOSTDEV float sfw_e4m3_to_f32(uint8_t c)
+{
+	union {
+		uint32_t u;
+		float f;
+	} v;
+	uint32_t e = (c >> 3) & 15, m = c & 7;
+	if ((c & 0x7f) == 0x7f)
+		v.u = 0x7fc00000u;
+	else if (e)
+		v.u = ((e + 120) << 23) | (m << 20);
+	else
+		v.f = (float)m * 0x1p-9f; /* subnormal codes: normal floats */
+	v.u |= (uint32_t)(c & 0x80) << 24;
+	return v.f;
+}
+
+/* The scale of one head's values (amax = max |x|) and its reciprocal, as
+ * the CUDA kernels compute them (IEEE division both). */
+static inline SFW_HOSTDEV void sfw_kv8_scale_of(float amax, float *s, float *inv)
+{
+	if (!(amax >= 0x1p-100f)) { /* zero, tiny or NaN: a zero head */
+		*s = 0.0f, *inv = 0.0f;
+		return;
+	}
+	*s = amax / 448.0f;
+	*inv = 448.0f / amax;
+}
+
+/* T rows of k and v ([T, nkv, hd] float) into an fp8 cache pair at the
+ * tokens pos0 .. pos0 + T - 1 (pg: its pages, NULL contiguous): the twin of
+ * the CUDA append kernels. */
+void sfw_op_kv8_write_cpu(uint8_t *kc, uint8_t *vc, const float *k, const float *v, int T, int nkv, int hd,
+			  int64_t pos0, const struct sfw_pages *pg);
+/* Tokens t0 .. t1 - 1 of an fp8 cache array, read back as float [t1 - t0,
+ * nkv, hd] (the values every fp8 kernel computes with). */
+void sfw_op_kv8_read_cpu(float *x, const uint8_t *c, int64_t t0, int64_t t1, int nkv, int hd,
+			 const struct sfw_pages *pg);
+/* One head's hd values through the cache (quantized and read back), in
+ * place: what the CPU backend's fp8 cache keeps (its caches stay float). */
+void sfw_op_kv8_round_cpu(float *x, int hd);
+
 /* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_*): T rows
  * of nhq query and nhk key heads of hd at positions pos0 .., rmsnorm eps,
  * RoPE when rope != 0 with base theta; the norm weights stored as qwdt and

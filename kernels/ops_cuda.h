@@ -109,10 +109,13 @@ void sfw_cuda_graph_free(void *graph_exec);
  * array, paged by the same table. */
 /* A sparse layer's K and V caches [len, nkv, hd] (device memory), or with
  * pg the pool's arrays they are paged in; K and V as the attentions,
- * kv_write and compress (its keys: kc) read or write them. */
+ * kv_write and compress (its keys: kc) read or write them. kv8: the caches
+ * are fp8 (kernels/ops.h, "the fp8 KV cache": codes and a scale per token
+ * and head, in groups of 32 rows), else in the activation dtype. */
 struct sfw_cuda_kv {
 	void *kc, *vc;
 	const struct sfw_pages *pg;
+	int kv8;
 };
 /* Where a call's rows are, read on the device when the kernel runs: the
  * position of its first row, and (non-NULL members) its caches' pointers
@@ -136,16 +139,18 @@ void sfw_cuda_rope_neox(void *x, int T, int nh, int hd, float theta, const struc
 /* The lightning layers' q/k norms and RoPE (sfw_op_qk_norm_rope_cuda). */
 void sfw_cuda_qk_norm_rope(void *q, void *k, const void *qw, const void *kw, const struct sfw_qk_shape *sh,
 			   const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
-/* T rows of k and v (row_bytes each) to the caches' rows of tokens *rr->pos
- * .. *rr->pos + T - 1 (sfw_backend kv_append; the caches as given: rr->pos
- * only). */
-void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *v, size_t row_bytes, int T,
-		       const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
+/* T rows of k and v ([T, nkv, hd] in act) to the caches' rows of tokens
+ * *rr->pos .. *rr->pos + T - 1 (sfw_backend kv_append; the caches as given:
+ * rr->pos only): copied, or for an fp8 pair quantized (sfw_op_kv8_write_cpu
+ * its twin). */
+void sfw_cuda_kv_write(const struct sfw_cuda_kv *kv, const void *k, const void *v, int nkv, int hd, int T,
+		       const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* The compressed keys of both levels (sfw_op_compress_cuda) from the keys
- * kv->kc (sh's nkv, hd, ksize, stride) that the sh->T tokens at *rr->pos
- * .. complete: level-1 chunks [nchunks(p), nchunks(p + T)) into c1, level
- * 2's into c2 (paged by kv->pg as the keys are: the chunks in the blocks
- * that hold their last tokens); rr->pos only. */
+ * kv->kc (sh's nkv, hd, ksize, stride; with kv->kv8 fp8, read as
+ * sfw_op_kv8_read_cpu reads them; c1, c2 in act) that the sh->T tokens at
+ * *rr->pos .. complete: level-1 chunks [nchunks(p), nchunks(p + T)) into
+ * c1, level 2's into c2 (paged by kv->pg as the keys are: the chunks in the
+ * blocks that hold their last tokens); rr->pos only. */
 void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *kv, const struct sfw_sel_shape *sh,
 		       const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Stage 1 (sfw_op_stage1_cuda; pg: the cache's pages, whose blocks hold
@@ -174,8 +179,9 @@ void sfw_cuda_pool_topk(int32_t *idx, const float *scores, const struct sfw_sel_
 			const struct sfw_cuda_rowref *rr, struct sfw_cuda_ctx *cx);
 int sfw_cuda_pool_topk_fits(const struct sfw_sel_shape *sh, const struct sfw_cuda_ctx *cx);
 /* Dense (sfw_op_attn_dense_cuda) and sparse (sfw_op_attn_sparse_cuda)
- * attention over kv; sh's pos0 + T bounds the cache length; K, V and the
- * table from rr's slots where it has them. */
+ * attention over kv (either kind: kv->kv8; an fp8 cache means its values
+ * as sfw_op_kv8_read_cpu reads them); sh's pos0 + T bounds the cache
+ * length; K, V and the table from rr's slots where it has them. */
 void sfw_cuda_attn_dense(void *o, const void *q, const struct sfw_cuda_kv *kv,
 			 const struct sfw_attn_shape *sh, const struct sfw_cuda_rowref *rr,
 			 enum sfw_dtype act, struct sfw_cuda_ctx *cx);
@@ -227,18 +233,21 @@ struct sfw_cuda_seqs {
 	void *const *sp;
 	int layer;
 	int pf[3];
+	int kv8; /* the K/V caches are fp8 (struct sfw_cuda_kv) */
 };
-/* p[0] the K caches, p[1] the V caches; k, v rows of row_bytes. */
-void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, size_t row_bytes,
-			     struct sfw_cuda_ctx *cx);
-/* p[0] the level-1, p[1] the level-2 compressed keys, p[2] the K caches:
- * the chunks each sequence's token completes (sfw_cuda_compress with rr). */
+/* p[0] the K caches, p[1] the V caches (fp8 when s->kv8); k, v rows of
+ * [nkv, hd] in act. */
+void sfw_cuda_kv_append_seqs(const struct sfw_cuda_seqs *s, const void *k, const void *v, int nkv, int hd,
+			     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+/* p[0] the level-1, p[1] the level-2 compressed keys, p[2] the K caches
+ * (fp8 when s->kv8): the chunks each sequence's token completes
+ * (sfw_cuda_compress with rr). */
 void sfw_cuda_compress_seqs(const struct sfw_cuda_seqs *s, int nkv, int hd, int ksize, int stride,
 			    enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* The shapes of these calls give the heads and constants; their T and
  * pos0 are not read (the rows and positions are s's). */
-/* Dense causal GQA of each row over its cache (p[0] K, p[1] V) up to and
- * including its own position. q, o rows of [nh, hd]. */
+/* Dense causal GQA of each row over its cache (p[0] K, p[1] V; fp8 when
+ * s->kv8) up to and including its own position. q, o rows of [nh, hd]. */
 void sfw_cuda_attn_dense_seqs(void *o, const void *q, const struct sfw_cuda_seqs *s,
 			      const struct sfw_attn_shape *sh, enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* The recurrent GLA step of each row against its fp32 state p[0] [nh, hd, hd].

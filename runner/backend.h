@@ -88,6 +88,8 @@ struct sfw_cache_desc {
 	int ksize, stride;           /* level-1 compression (level 2: x4) */
 	int block;                   /* KV growth granule and selection block (64) */
 	int sel_k;                   /* blocks selected per row (topk + window/block) */
+	int kv8;                     /* the sparse layers' K and V in fp8 (kernels/ops.h; the
+				      * CPU backend keeps them in float, rounded as fp8) */
 	/* Paged KV (backends that support SFW_OP_POOL): the K and V of the sparse layers
 	 * in blocks drawn from pool by cache_reserve, at most max_tokens;
 	 * NULL: the cache grows on its own. */

@@ -589,8 +589,14 @@ static void cpu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int laye
 	struct cpu_layer *l = &c->L[layer];
 	size_t row = (size_t)c->d.nkv * c->d.hd;
 	SFW_ASSERT(l->sparse && l->len + T <= l->cap);
-	memcpy(l->k + (size_t)l->len * row, k, (size_t)T * row * sizeof(float));
-	memcpy(l->v + (size_t)l->len * row, v, (size_t)T * row * sizeof(float));
+	float *kd = l->k + (size_t)l->len * row, *vd = l->v + (size_t)l->len * row;
+	memcpy(kd, k, (size_t)T * row * sizeof(float));
+	memcpy(vd, v, (size_t)T * row * sizeof(float));
+	if (c->d.kv8) /* the values an fp8 cache holds (kernels/ops.h), kept as floats */
+		for (size_t h = 0; h < (size_t)T * c->d.nkv; h++) {
+			sfw_op_kv8_round_cpu(kd + h * c->d.hd, c->d.hd);
+			sfw_op_kv8_round_cpu(vd + h * c->d.hd, c->d.hd);
+		}
 	l->len += T;
 }
 

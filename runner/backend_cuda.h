@@ -93,7 +93,7 @@ struct cu_be {
 
 struct cu_layer {
 	int sparse;
-	void *k, *v;   /* bf16 [cap, nkv, hd] */
+	void *k, *v;   /* bf16 [cap, nkv, hd], or fp8 (kernels/ops.h: groups of 32 rows) */
 	void *c1, *c2; /* bf16 [cap1, nkv, hd], [cap2, nkv, hd]; paged: the pool's, by the table */
 	int64_t len, cap, n1, n2, cap1, cap2;
 	float *state;  /* lightning: fp32 [lnh, lhd, lhd] */
@@ -124,6 +124,7 @@ struct sfw_bpool {
 	size_t cb; /* bytes of one block's compressed keys of one layer */
 	int64_t ckr; /* their rows */
 	int nsparse, shift;
+	int kv8; /* its blocks hold fp8 K/V (struct sfw_cache_desc) */
 	int64_t nblocks, nfree;
 	int32_t *free; /* stack of free block ids */
 	int32_t *ref;  /* [nblocks]: the caches holding each block (forks share whole blocks) */

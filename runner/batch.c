@@ -309,7 +309,7 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 
 int64_t sfw_seq_state_bytes(const struct sfw_model *m, int64_t max_ctx, int64_t tokens, int paged)
 {
-	return sfw_plan_seq_bytes(&m->cfg, (int)sfw_be_act_size(m->be), max_ctx, tokens, paged);
+	return sfw_plan_seq_bytes(&m->cfg, (int)sfw_be_act_size(m->be), sfwi_kv8_layout(m), max_ctx, tokens, paged);
 }
 
 int64_t sfw_batch_seq_bytes(const struct sfw_batch *b, int64_t tokens)

@@ -13,6 +13,13 @@
 
 /* ---- caches ---- */
 
+/* Bytes of a K (or V) array of rows rows: bf16, or the fp8 layout's whole
+ * groups (kernels/ops.h). */
+static size_t kv_bytes(const struct sfw_cache_desc *d, int64_t rows)
+{
+	return d->kv8 ? sfw_kv8_bytes(rows, d->nkv, d->hd) : (size_t)rows * d->nkv * d->hd * 2;
+}
+
 static void layer_free(struct cu_layer *l)
 {
 	sfw_cuda_free(l->k), sfw_cuda_free(l->v), sfw_cuda_free(l->c1), sfw_cuda_free(l->c2);
@@ -62,8 +69,9 @@ static enum sfw_status cache_pages_new(struct sfw_bcache *c, struct sfw_err *err
 {
 	const struct sfw_cache_desc *d = &c->d;
 	struct sfw_bpool *p = d->pool;
-	if (d->max_tokens < 1 || d->block != 1 << p->shift)
-		return sfw_fail(err, SFW_E_INVAL, "a paged KV cache needs a context length and the pool's block size");
+	if (d->max_tokens < 1 || d->block != 1 << p->shift || d->kv8 != p->kv8)
+		return sfw_fail(err, SFW_E_INVAL,
+				"a paged KV cache needs a context length and the pool's block size and KV kind");
 	c->maxblk = (d->max_tokens + d->block - 1) / d->block;
 	size_t tb = (size_t)c->maxblk * sizeof(int32_t);
 	if (!(c->table = sfw_malloc(tb)))
@@ -199,8 +207,8 @@ static enum sfw_status cu_cache_reserve(struct sfw_backend *be, struct sfw_bcach
 		cap = (cap + d->block - 1) / d->block * d->block;
 		int64_t cap1 = cap / d->stride + 1, cap2 = cap / (4 * d->stride) + 1;
 		enum sfw_status s;
-		if ((s = regrow(be, &l->k, (size_t)l->len * row, (size_t)cap * row, "the KV cache", err)) ||
-		    (s = regrow(be, &l->v, (size_t)l->len * row, (size_t)cap * row, "the KV cache", err)) ||
+		if ((s = regrow(be, &l->k, kv_bytes(d, l->len), kv_bytes(d, cap), "the KV cache", err)) ||
+		    (s = regrow(be, &l->v, kv_bytes(d, l->len), kv_bytes(d, cap), "the KV cache", err)) ||
 		    (s = regrow(be, &l->c1, (size_t)l->n1 * row, (size_t)cap1 * row, "the compressed keys", err)) ||
 		    (s = regrow(be, &l->c2, (size_t)l->n2 * row, (size_t)cap2 * row, "the compressed keys", err)))
 			return sfw_err_prefix(err, "KV cache for %lld tokens", (long long)tokens);
@@ -318,8 +326,8 @@ enum sfw_status sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *ds
 		}
 		SFW_ASSERT(s->len <= t->cap && s->n1 <= t->cap1 && s->n2 <= t->cap2);
 		if (!src->table && s->len) {
-			sfw_cuda_d2d(t->k, s->k, (size_t)s->len * row, st);
-			sfw_cuda_d2d(t->v, s->v, (size_t)s->len * row, st);
+			sfw_cuda_d2d(t->k, s->k, kv_bytes(d, s->len), st);
+			sfw_cuda_d2d(t->v, s->v, kv_bytes(d, s->len), st);
 		}
 		if (!src->table && s->n1) /* (paged: in the blocks, shared or copied above) */
 			sfw_cuda_d2d(t->c1, s->c1, (size_t)s->n1 * row, st);
@@ -433,7 +441,7 @@ static enum sfw_status cu_pool_new(struct sfw_backend *be, const struct sfw_cach
 				"no paged KV pool for blocks of %d tokens here (a power of two, at least 32, and a multiple "
 				"of 4 strides)",
 				d->block);
-	size_t bb = (size_t)d->block * d->nkv * d->hd * 2, cb = (size_t)ckr * d->nkv * d->hd * 2;
+	size_t bb = kv_bytes(d, d->block), cb = (size_t)ckr * d->nkv * d->hd * 2;
 	if (blocks < 1 || blocks > INT32_MAX || (size_t)blocks > SIZE_MAX / (2 * bb + cb) / (size_t)nsparse)
 		return sfw_fail(err, SFW_E_INVAL, "invalid KV pool size (%lld blocks)", (long long)blocks);
 	struct sfw_bpool *p = sfw_calloc(1, sizeof(*p));
@@ -445,7 +453,7 @@ static enum sfw_status cu_pool_new(struct sfw_backend *be, const struct sfw_cach
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
 	}
 	p->bb = bb, p->cb = cb, p->ckr = ckr, p->nsparse = nsparse, p->shift = shift, p->nblocks = blocks,
-	p->nfree = blocks;
+	p->nfree = blocks, p->kv8 = d->kv8;
 	for (int64_t i = 0; i < blocks; i++) /* popped lowest first */
 		p->free[i] = (int32_t)(blocks - 1 - i);
 	enum sfw_status s = sfw_cuda_malloc(&p->mem, (size_t)nsparse * 2 * (size_t)blocks * bb, "the KV pool", err);

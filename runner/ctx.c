@@ -72,6 +72,7 @@ void sfwi_cache_desc(const struct sfw_model *m, struct sfw_bpool *pool, int64_t 
 	d->stride = cf->sparse_kernel_stride;
 	d->block = cf->sparse_block_size;
 	d->sel_k = cf->sparse_k;
+	d->kv8 = m->kv_cache == SFW_KV_CACHE_FP8;
 	d->pool = pool;
 	d->max_tokens = max_tokens;
 }

@@ -35,6 +35,9 @@ static enum sfw_status state_want(const struct sfw_ctx *c, const uint8_t binding
 	h->block = (uint32_t)cf->sparse_block_size, h->sel_k = (uint32_t)cf->sparse_k;
 	h->vocab = (uint32_t)cf->vocab_size;
 	h->dense_as_sparse = c->p.dense_as_sparse != 0;
+	h->kv = c->m->kv_cache != SFW_KV_CACHE_FP8 ? SFWI_STATE_KV_ACT
+		: sfwi_kv8_layout(c->m)		   ? SFWI_STATE_KV_FP8
+						   : SFWI_STATE_KV_ROUNDED;
 	h->chunk_rows = (uint32_t)c->cap_rows;
 	*sparse = sfw_malloc(h->n_layers ? h->n_layers : 1);
 	if (!*sparse)
@@ -97,6 +100,23 @@ static void notes_put(struct sfw_ctx *c, const int32_t *in)
 	}
 }
 
+/* An fp8 K or V section's piece (n bytes at off): the rows past the
+ * state's n_tokens in its last group of 32 zeroed (the cache's bytes there
+ * were never written). */
+static void kv8_zero_tail(const struct sfwi_state_hdr *h, uint64_t off, unsigned char *buf, size_t n)
+{
+	uint64_t P = h->n_tokens, r0 = P % 32;
+	if (r0 == 0)
+		return;
+	uint64_t gb = 32 * (uint64_t)h->nkv * (h->hd + 4ull), cb = 32 * (uint64_t)h->nkv * h->hd, g0 = P / 32 * gb;
+	const uint64_t span[2][2] = {{g0 + r0 * h->nkv * h->hd, g0 + cb}, {g0 + cb + r0 * h->nkv * 4, g0 + gb}};
+	for (int k = 0; k < 2; k++) {
+		uint64_t a = span[k][0] > off ? span[k][0] : off, b = span[k][1] < off + n ? span[k][1] : off + n;
+		if (a < b)
+			memset(buf + (a - off), 0, (size_t)(b - a));
+	}
+}
+
 /* The payload of c's state: each section from backend memory (or the
  * host's notes) through buf to wr, and into its sum. */
 static enum sfw_status write_payload(struct sfw_ctx *c, const struct sfwi_state_hdr *h, const uint8_t *sparse,
@@ -132,6 +152,8 @@ static enum sfw_status write_payload(struct sfw_ctx *c, const struct sfwi_state_
 				memcpy(buf, (char *)notes + off, n);
 			else
 				sfw_be_to_host(be, buf, (char *)base + off, n);
+			if (d.elem == 1)
+				kv8_zero_tail(h, off, buf, n);
 			sfwi_sum_update(sum, buf, n);
 			s = wr(user, buf, n, err);
 		}

@@ -22,13 +22,17 @@
  *   136     8  n_tokens P (1 .. INT32_MAX)
  *   144    16  sum of the token ids (P int32)
  *   160     4  flags: bit 0 = the last row's logits are included
- *   164     4  0
+ *   164     4  kv: the sparse layers' K/V, 0 as the activations, 1 the same
+ *              elements rounded as fp8 (the CPU's --kv-cache fp8), 2 the fp8
+ *              layout (the CUDA backend's --kv-cache fp8: K and V sections
+ *              of ceil(P / 32) groups of kernels/ops.h, "the fp8 KV cache";
+ *              the rows past P of the last group are zeros)
  *   168     8  payload bytes (what the fields above imply, checked)
  *   176    64  0
  *   240    16  sum of bytes 0 .. 239
  *   256  4*P  the token ids, int32
  *        ...   the payload: per layer in order, a sparse layer's K [P, nkv, hd],
- *              V [P, nkv, hd], level-1 keys [n1, nkv, hd], level-2 keys
+ *              V [P, nkv, hd] (kv 2: the fp8 groups), level-1 keys [n1, nkv, hd], level-2 keys
  *              [n2, nkv, hd] (activation elements; n1 = chunks(P, ksize,
  *              stride), n2 = chunks(P, 4 ksize, 4 stride), chunks(L, k, s) =
  *              L < k ? 0 : (L - k) / s + 1), a lightning layer's state
@@ -80,8 +84,12 @@ struct sfwi_state_hdr {
 	uint64_t n_tokens;
 	uint8_t ids_sum[SFWI_SUM];
 	uint32_t flags;
+	uint32_t kv; /* SFWI_STATE_KV_* */
 	uint64_t payload_bytes;
 };
+#define SFWI_STATE_KV_ACT 0u
+#define SFWI_STATE_KV_ROUNDED 1u
+#define SFWI_STATE_KV_FP8 2u
 
 /* The payload's sections, in file order. */
 enum sfwi_sec {
@@ -98,7 +106,7 @@ struct sfwi_sec_desc {
 	int layer;     /* -1 for notes and logits */
 	uint64_t rows; /* K, V, C1, C2: rows of nkv * hd elements */
 	uint64_t bytes;
-	int elem; /* 4 fp32, 2 bf16 (the activations), 0 int32 notes */
+	int elem; /* 4 fp32, 2 bf16 (the activations), 1 fp8 groups (kv 2), 0 int32 notes */
 };
 
 /* Section i (0, 1, ...) of a state with header h and layer kinds

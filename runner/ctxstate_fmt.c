@@ -65,6 +65,10 @@ int sfwi_state_section(const struct sfwi_state_hdr *h, const uint8_t *sparse, in
 				   : nchunks(P, 4ull * h->ksize, 4ull * h->stride);
 		d->bytes = d->rows * row;
 		d->elem = (int)h->act_size;
+		if (j < 2 && h->kv == SFWI_STATE_KV_FP8) { /* whole groups of 32 rows */
+			d->bytes = (P + 31) / 32 * (32 * (uint64_t)h->nkv * (h->hd + 4ull));
+			d->elem = 1;
+		}
 		return 1;
 	}
 	memset(d, 0, sizeof(*d));
@@ -102,9 +106,14 @@ enum sfw_status sfwi_state_payload_bytes(const struct sfwi_state_hdr *h, const u
 			continue;
 		}
 		ns++;
-		uint64_t rows = 2 * h->n_tokens + nchunks(h->n_tokens, h->ksize, h->stride) +
+		uint64_t rows = (h->kv == SFWI_STATE_KV_FP8 ? 0 : 2 * h->n_tokens) +
+				nchunks(h->n_tokens, h->ksize, h->stride) +
 				nchunks(h->n_tokens, 4ull * h->ksize, 4ull * h->stride);
 		if (!sfw_mul_ok(rows, row, &t) || !sfw_add_ok(total, t, &total))
+			return sfw_fail(err, SFW_E_FORMAT, "sizes out of range");
+		if (h->kv == SFWI_STATE_KV_FP8 && /* K and V: whole groups (u32 nkv, hd: no overflow) */
+		    (!sfw_mul_ok((h->n_tokens + 31) / 32, 64 * (uint64_t)h->nkv * (h->hd + 4ull), &t) ||
+		     !sfw_add_ok(total, t, &total)))
 			return sfw_fail(err, SFW_E_FORMAT, "sizes out of range");
 	}
 	if (!sfw_mul_ok(ns, (1 + (uint64_t)h->nkv * h->sel_k) * 4, &t) || !sfw_add_ok(total, t, &total) ||
@@ -140,6 +149,7 @@ void sfwi_state_hdr_encode(const struct sfwi_state_hdr *h, unsigned char out[SFW
 	sfw_le64_store(out + 136, h->n_tokens);
 	memcpy(out + 144, h->ids_sum, SFWI_SUM);
 	put32(out + 160, h->flags);
+	put32(out + 164, h->kv);
 	sfw_le64_store(out + 168, h->payload_bytes);
 	sfwi_sum(out, 240, out + 240);
 }
@@ -156,8 +166,8 @@ static enum sfw_status hdr_decode(const unsigned char *b, struct sfwi_state_hdr 
 	sfwi_sum(b, 240, sum);
 	if (sfw_le32_load(b + 12) != SFWI_STATE_HDR || sodium_memcmp(b + 240, sum, SFWI_SUM) != 0)
 		return sfw_fail(err, SFW_E_FORMAT, "the header's checksum does not match");
-	for (int i = 164; i < 240; i++)
-		if ((i < 168 || i >= 176) && b[i])
+	for (int i = 176; i < 240; i++)
+		if (b[i])
 			return sfw_fail(err, SFW_E_FORMAT, "reserved header bytes are not zero");
 	memset(h, 0, sizeof(*h));
 	memcpy(h->binding, b + 16, 32);
@@ -172,9 +182,12 @@ static enum sfw_status hdr_decode(const unsigned char *b, struct sfwi_state_hdr 
 	h->n_tokens = sfw_le64_load(b + 136);
 	memcpy(h->ids_sum, b + 144, SFWI_SUM);
 	h->flags = sfw_le32_load(b + 160);
+	h->kv = sfw_le32_load(b + 164);
 	h->payload_bytes = sfw_le64_load(b + 168);
 	if (h->flags & ~SFWI_STATE_LOGITS)
 		return sfw_fail(err, SFW_E_FORMAT, "unknown flags 0x%x", h->flags);
+	if (h->kv > SFWI_STATE_KV_FP8)
+		return sfw_fail(err, SFW_E_FORMAT, "unknown K/V kind %u", h->kv);
 	if (h->n_tokens < 1 || h->n_tokens > INT32_MAX)
 		return sfw_fail(err, SFW_E_FORMAT, "%llu tokens (1 to %d allowed)",
 				(unsigned long long)h->n_tokens, INT32_MAX);
@@ -197,6 +210,11 @@ static enum sfw_status hdr_fits(const struct sfwi_state_hdr *h, const struct sfw
 	    h->stride != want->stride || h->block != want->block || h->sel_k != want->sel_k ||
 	    h->vocab != want->vocab || memcmp(h->kinds_sum, want->kinds_sum, SFWI_SUM) != 0)
 		return sfw_fail(err, SFW_E_FORMAT, "made for another model layout");
+	if (h->kv != want->kv) {
+		static const char *const kv[] = {"bf16", "fp8"};
+		return sfw_fail(err, SFW_E_FORMAT, "made with --kv-cache %s, not %s", kv[h->kv != SFWI_STATE_KV_ACT],
+				kv[want->kv != SFWI_STATE_KV_ACT]);
+	}
 	if (h->dense_as_sparse != want->dense_as_sparse)
 		return sfw_fail(err, SFW_E_FORMAT, "made %s --dense-as-sparse",
 				h->dense_as_sparse ? "with" : "without");
@@ -230,10 +248,28 @@ static enum sfw_status read_exact(sfw_state_read_fn rd, void *ru, void *p, size_
 	return SFW_OK;
 }
 
-/* Finite floats only (fp32, or bf16: exponent not all ones), notes in range. */
-static int piece_ok(const struct sfwi_sec_desc *d, const unsigned char *p, size_t n)
+/* Finite floats only (fp32, or bf16: exponent not all ones; fp8 groups:
+ * no NaN code, scales finite and not negative), notes in range. off: the
+ * piece's offset in its section (a multiple of 4). */
+static int piece_ok(const struct sfwi_state_hdr *h, const struct sfwi_sec_desc *d, uint64_t off,
+		    const unsigned char *p, size_t n)
 {
-	if (d->elem == 4) {
+	if (d->elem == 1) {
+		uint64_t gb = 32 * (uint64_t)h->nkv * (h->hd + 4ull), cb = 32 * (uint64_t)h->nkv * h->hd;
+		for (size_t i = 0; i < n;) {
+			uint64_t in = (off + i) % gb;
+			if (in < cb) {
+				if ((p[i] & 0x7f) == 0x7f)
+					return 0;
+				i++;
+			} else {
+				uint32_t u = sfw_le32_load(p + i);
+				if ((u & 0x7f800000u) == 0x7f800000u || (u >> 31))
+					return 0;
+				i += 4;
+			}
+		}
+	} else if (d->elem == 4) {
 		for (size_t i = 0; i < n; i += 4)
 			if ((sfw_le32_load(p + i) & 0x7f800000u) == 0x7f800000u)
 				return 0;
@@ -273,7 +309,7 @@ static enum sfw_status read_payload(const struct sfwi_state_hdr *h, const uint8_
 			if (s != SFW_OK)
 				return s;
 			sfwi_sum_update(sum, buf, n);
-			int ok = piece_ok(&d, buf, n);
+			int ok = piece_ok(h, &d, off, buf, n);
 			/* a note's mode: 0 or 1 */
 			for (uint64_t j = 0; ok && d.kind == SFWI_SEC_NOTES && j < n; j += 4)
 				if (((off + j) / 4) % nsk == 0 && sfw_le32_load(buf + j) > 1)

@@ -172,9 +172,9 @@ static void cu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer
 	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
 	struct sfw_cuda_rowref rr = {.pos = at(be, l->len)};
-	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
+	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg, c->d.kv8};
 	SFW_ASSERT(l->sparse && (b->rec ? T == 1 : l->len + T <= l->cap));
-	PROF(P_KV, sfw_cuda_kv_write(&kv, k, v, (size_t)c->d.nkv * c->d.hd * 2, T, &rr, S(be)));
+	PROF(P_KV, sfw_cuda_kv_write(&kv, k, v, c->d.nkv, c->d.hd, T, &rr, SFW_DTYPE_BF16, S(be)));
 	if (!b->rec)
 		l->len += T;
 }
@@ -184,7 +184,7 @@ static void cu_attn_dense(struct sfw_backend *be, void *o, const void *q, struct
 {
 	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
-	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
+	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg, c->d.kv8};
 	struct sfw_cuda_rowref rr = {.pos = at(be, l->len - T)};
 	/* (recording: the bound) */
 	int64_t pos0 = b->rec ? b->rec_bound - 1 : l->len - T;
@@ -199,7 +199,7 @@ static enum sfw_status cu_compress(struct sfw_backend *be, struct sfw_bcache *c,
 	struct cu_be *b = IMPL(be);
 	struct cu_layer *l = &c->L[layer];
 	const struct sfw_cache_desc *d = &c->d;
-	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
+	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg, c->d.kv8};
 	struct sfw_sel_shape sh = {.T = 1, .nkv = d->nkv, .hd = d->hd, .ksize = d->ksize, .stride = d->stride};
 	if (b->rec) { /* the chunks the step's token completes */
 		struct sfw_cuda_rowref rr = {.pos = b->rec_pos};
@@ -348,7 +348,7 @@ static void cu_attn_sparse(struct sfw_backend *be, void *o, const void *q, struc
 	int rec = rec_row(be, c, layer, &rr);
 	if (!rec)
 		rr.pos = at(be, sp->pos0);
-	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg};
+	struct sfw_cuda_kv kv = {l->k, l->v, &c->pg, c->d.kv8};
 	/* (recording: the bound of the positions the replays may give) */
 	struct sfw_attn_shape sh = {sp->T, nh, c->d.nkv, c->d.hd, rec ? IMPL(be)->rec_bound - 1 : sp->pos0, sp->scale,
 				    sp->k, sp->block};
@@ -398,6 +398,7 @@ static int seqs_split(struct sfw_backend *be, const struct sfw_bseq *s, int ns, 
 	sp->t.layer = layer;
 	sp->t.pf[0] = sp->t.pf[1] = sp->t.pf[2] = 0;
 	SFW_ASSERT(ns >= 0 && ns <= SFW_BSEQ_MAX);
+	sp->t.kv8 = ns > 0 && s[0].cache->d.kv8; /* one batch: one model, one cache kind */
 	if (b->rec_seqs) {
 		/* recording many sequences (cu_step_seqs made sure each of these
 		 * qualifies): the bucket's rows, their sequences read from rec_tab
@@ -516,7 +517,7 @@ static void cu_kv_append_seqs(struct sfw_backend *be, const struct sfw_bseq *s, 
 			l->len++;
 		}
 		seqs_put(be, &sp);
-		PROF(P_KV, sfw_cuda_kv_append_seqs(&sp.t, k, v, (size_t)kvd * 2, S(be)));
+		PROF(P_KV, sfw_cuda_kv_append_seqs(&sp.t, k, v, s[0].cache->d.nkv, s[0].cache->d.hd, SFW_DTYPE_BF16, S(be)));
 	}
 	if (sp.nrest)
 		sfwi_compose_kv_append_seqs(be, sp.rest, sp.nrest, layer, k, v, kvd);

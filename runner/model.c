@@ -420,7 +420,7 @@ static enum sfw_status groups_bind(struct sfw_model *m, struct sfw_err *err)
 
 struct sfw_model_params sfw_model_default_params(void)
 {
-	struct sfw_model_params p = {SFW_DEVICE_AUTO, 0, {0}};
+	struct sfw_model_params p = {SFW_DEVICE_AUTO, 0, {0}, SFW_KV_CACHE_ACT};
 	return p;
 }
 
@@ -459,9 +459,12 @@ enum sfw_status sfw_model_load(const char *dir, const struct sfw_model_params *p
 	if (!p)
 		p = &dp;
 	*out = NULL;
+	if (p->kv_cache != SFW_KV_CACHE_ACT && p->kv_cache != SFW_KV_CACHE_FP8)
+		return sfw_fail(err, SFW_E_INVAL, "unknown KV cache kind %d", (int)p->kv_cache);
 	struct sfw_model *m = sfw_calloc(1, sizeof(*m));
 	if (!m)
 		return sfw_fail(err, SFW_E_NOMEM, "out of memory");
+	m->kv_cache = p->kv_cache;
 	enum sfw_status s = backend_pick(p, m, err);
 	if (s != SFW_OK) {
 		sfw_free(m);

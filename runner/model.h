@@ -33,7 +33,16 @@ struct sfw_model {
 	int quant_groups[8]; /* group sizes the config declares (0 = channel) */
 	int n_quant_groups;
 	int n_w8;            /* linears bound as int8 */
+	enum sfw_kv_cache kv_cache; /* struct sfw_model_params */
 };
+
+/* Whether m's backend keeps its K/V in the fp8 layout (kernels/ops.h): an
+ * fp8 KV cache on a bf16 backend (the CPU backend keeps float caches,
+ * rounded as fp8). */
+static inline int sfwi_kv8_layout(const struct sfw_model *m)
+{
+	return m->kv_cache == SFW_KV_CACHE_FP8 && m->be->act != SFW_DTYPE_F32;
+}
 
 /* Model loading (sfw_model_load, runner/model.c) picks the backend from the
  * registry (backend.h), opens, checks and binds every tensor, and forms the

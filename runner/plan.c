@@ -75,6 +75,7 @@ void sfw_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struc
 	memset(p, 0, sizeof(*p));
 	sfwi_model_weight_bytes(m, &all, &step);
 	p->weights = all;
+	p->kv8 = m->kv_cache == SFW_KV_CACHE_FP8;
 	plan_rest(&m->cfg, max_ctx, chunk, p);
 }
 
@@ -87,7 +88,7 @@ static double ckey_rows_per_block(const struct sfw_config *c)
 	return blk & (blk - 1) ? 0 : (double)sfw_ckey_rows_per_block(sfw_log2i(blk), stride);
 }
 
-static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx, int64_t tokens, int paged,
+static void state_parts(const struct sfw_config *c, double act, int kv8, int64_t max_ctx, int64_t tokens, int paged,
 			double *per_token, double *kv, double *compressed, double *lightning);
 
 void sfw_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, struct sfw_mem_plan *p)
@@ -98,7 +99,7 @@ void sfw_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, st
 	p->kv *= seqs, p->compressed *= seqs, p->lightning *= seqs;
 	if (pool_tokens > 0) { /* the pool bounds the KV of all of them, its blocks hold the compressed keys */
 		double per, states;
-		state_parts(c, 2, 0, pool_tokens, 1, &per, &p->kv, &p->compressed, &states);
+		state_parts(c, 2, p->kv8, 0, pool_tokens, 1, &per, &p->kv, &p->compressed, &states);
 	}
 	/* the step's float logits: a row per sequence (the plan has one) */
 	p->activations += (double)(seqs - 1) * c->vocab_size * 4;
@@ -127,13 +128,13 @@ void sfw_plan_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int6
 		fprintf(f, "%s: device memory plan for %lld tokens:\n", who, (long long)n_ctx);
 	fprintf(f,
 		"  weights            %8.2f GiB\n"
-		"  KV cache           %8.2f GiB (%.0f B/token)\n"
+		"  KV cache           %8.2f GiB (%.0f B/token%s)\n"
 		"  compressed keys    %8.2f GiB\n"
 		"  lightning states   %8.2f GiB\n"
 		"  activations        %8.2f GiB (%d-row pieces)\n"
 		"  scratch            %8.2f GiB (op scratch, cuBLASLt workspace, block selection)\n"
 		"  total              %8.2f GiB\n",
-		p->weights / G, p->kv / G, p->kv_per_token, p->compressed / G, p->lightning / G,
+		p->weights / G, p->kv / G, p->kv_per_token, p->kv8 ? ", fp8" : "", p->compressed / G, p->lightning / G,
 		p->activations / G, chunk, p->scratch / G, p->total / G);
 }
 
@@ -205,11 +206,13 @@ enum sfw_status sfw_plan_check_batch(const struct sfw_model *m, int seqs, int pa
 }
 
 /* One sequence's caches with act-byte activations: per token of K/V
- * (*per_token), its K/V for `tokens` tokens in whole blocks (*kv), both
+ * (*per_token: act bytes an element, or with kv8 a byte and a float32
+ * scale per head, kernels/ops.h), its K/V for `tokens` tokens in whole
+ * blocks (*kv), both
  * levels of compressed keys (*compressed: paged, those of its blocks;
  * else for max_ctx, rounded to blocks, as a cache of its own makes them)
  * and the fp32 Lightning states (*lightning). */
-static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx, int64_t tokens, int paged,
+static void state_parts(const struct sfw_config *c, double act, int kv8, int64_t max_ctx, int64_t tokens, int paged,
 			double *per_token, double *kv, double *compressed, double *lightning)
 {
 	double kvd = (double)c->num_key_value_heads * c->head_dim, lhd = c->lightning_head_dim;
@@ -218,7 +221,7 @@ static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx,
 		c->mixer[i] == SFW_MIXER_SPARSE ? ns++ : nl++;
 	int64_t blk = c->sparse_block_size > 0 ? c->sparse_block_size : 64;
 	int64_t cap = (max_ctx + blk - 1) / blk * blk;
-	*per_token = ns * 2 * kvd * act;
+	*per_token = kv8 ? ns * 2 * (double)c->num_key_value_heads * (c->head_dim + 4) : ns * 2 * kvd * act;
 	*kv = *per_token * (double)((tokens + blk - 1) / blk * blk);
 	double st = c->sparse_kernel_stride > 0 ? c->sparse_kernel_stride : 16;
 	if (paged)
@@ -228,10 +231,11 @@ static void state_parts(const struct sfw_config *c, double act, int64_t max_ctx,
 	*lightning = nl * (double)c->lightning_nh * lhd * lhd * 4;
 }
 
-int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int64_t max_ctx, int64_t tokens, int paged)
+int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int kv8, int64_t max_ctx, int64_t tokens,
+			   int paged)
 {
 	double per, kv, compressed, lightning;
-	state_parts(c, act_size, max_ctx, tokens, paged, &per, &kv, &compressed, &lightning);
+	state_parts(c, act_size, kv8, max_ctx, tokens, paged, &per, &kv, &compressed, &lightning);
 	return (int64_t)(kv + compressed + lightning);
 }
 
@@ -241,7 +245,7 @@ static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, st
 	double hd = c->head_dim, nkv = c->num_key_value_heads;
 	double qd = (double)c->num_attention_heads * hd, kvd = nkv * hd;
 	double ld = (double)c->lightning_nh * c->lightning_head_dim;
-	state_parts(c, 2, max_ctx, max_ctx, 0, &p->kv_per_token, &p->kv, &p->compressed, &p->lightning);
+	state_parts(c, 2, p->kv8, max_ctx, max_ctx, 0, &p->kv_per_token, &p->kv, &p->compressed, &p->lightning);
 	double R = chunk > 0 ? chunk : 256;
 	double wq = qd > ld ? qd : ld, wk = kvd > ld ? kvd : ld;
 	/* a context's buffers (runner/ctx.c ctx_create): x, u, out [R, D];
@@ -256,5 +260,13 @@ static void plan_rest(const struct sfw_config *c, int64_t max_ctx, int chunk, st
 	 * past the dense length, the block-selection scratch */
 	p->scratch = (double)((size_t)64 << 20) + (double)((size_t)32 << 20) + (double)((size_t)20 << 20) +
 		     (max_ctx >= c->sparse_dense_len ? (double)((size_t)256 << 20) : 0);
+	p->total = p->weights + p->kv + p->compressed + p->lightning + p->activations + p->scratch;
+}
+
+void sfw_plan_kv8(const struct sfw_config *c, int64_t max_ctx, struct sfw_mem_plan *p)
+{
+	double states;
+	p->kv8 = 1;
+	state_parts(c, 2, 1, max_ctx, max_ctx, 0, &p->kv_per_token, &p->kv, &p->compressed, &states);
 	p->total = p->weights + p->kv + p->compressed + p->lightning + p->activations + p->scratch;
 }

@@ -21,7 +21,7 @@ double sfw_plan_linear_params(const struct sfw_config *c);
  * bytes (bf16 weights and activations). */
 struct sfw_mem_plan {
 	double weights;        /* every tensor, bf16 */
-	double kv_per_token;   /* sparse layers' K and V */
+	double kv_per_token;   /* sparse layers' K and V (bf16, or with kv8 fp8 and its scales) */
 	double kv;             /* kv_per_token * max_ctx (64-token blocks) */
 	double compressed;     /* both levels of compressed keys */
 	double lightning;      /* fp32 states */
@@ -31,13 +31,19 @@ struct sfw_mem_plan {
 	int seqs;              /* sequences planned for (sfw_plan_batch); 0 or 1: one context */
 	int parked;            /* of them, slots kept for parked sequences (serve's prefix-cache
 				* entries): named apart when printed; their KV is the pool's */
+	int kv8;               /* the KV cache is fp8 (--kv-cache fp8; sfw_plan_model from the
+				* model, sfw_plan_kv8), else bf16 */
 };
 void sfw_plan_config(const struct sfw_config *c, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
 /* The same with int8 decoder linears (codes + BF16 scales of `group`, 32,
  * 64, 128 or SFW_QL_GROUP_CHANNEL), embedding, lm_head and norms bf16: what
  * `salafw quant --group G` and `mkmodel --w8` produce. */
 void sfw_plan_config_w8(const struct sfw_config *c, int64_t max_ctx, int chunk, int group, struct sfw_mem_plan *p);
-/* The plan of a loaded model: its weights as bound (int8 or bf16). */
+/* A plan of one context of max_ctx tokens made by either of the above,
+ * its KV cache made fp8 (--kv-cache fp8). */
+void sfw_plan_kv8(const struct sfw_config *c, int64_t max_ctx, struct sfw_mem_plan *p);
+/* The plan of a loaded model: its weights as bound (int8 or bf16), its KV
+ * cache as the model keeps it (struct sfw_model_params kv_cache). */
 void sfw_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struct sfw_mem_plan *p);
 /* The plan of a batch (runner/batch.h; `salafw serve`): seqs sequences that
  * can each reach max_ctx tokens (their KV, compressed keys and lightning
@@ -50,11 +56,12 @@ void sfw_plan_batch(const struct sfw_model *m, int seqs, int64_t max_ctx, int64_
  * step_rows-row pieces by any of the above). */
 void sfw_plan_seqs(const struct sfw_config *c, int seqs, int64_t pool_tokens, struct sfw_mem_plan *p);
 /* The bytes one sequence's state holds in a backend whose activations are
- * act_size bytes: its K/V for `tokens` tokens in whole blocks, the
+ * act_size bytes (kv8: an fp8 KV cache): its K/V for `tokens` tokens in whole blocks, the
  * compressed keys (paged != 0: those of its blocks; else for max_ctx), the
  * Lightning states (the plan's kv, compressed and lightning, for one
  * sequence; runner/batch.h sfw_seq_state_bytes). */
-int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int64_t max_ctx, int64_t tokens, int paged);
+int64_t sfw_plan_seq_bytes(const struct sfw_config *c, int act_size, int kv8, int64_t max_ctx, int64_t tokens,
+			   int paged);
 /* The plan as one block of lines (salafw run prints it to stderr at start). */
 void sfw_plan_print(FILE *f, const char *who, const struct sfw_mem_plan *p, int64_t n_ctx, int chunk);
 /* The arithmetic of sfw_plan_check: p = the plan at n_ctx tokens, free_bytes

@@ -40,11 +40,19 @@ struct sfw_backend_opts {
 	int select_mb;       /* block-selection scratch in MiB; 0 = 256 */
 };
 
+/* How the sparse layers keep their K and V (--kv-cache): in the
+ * activation dtype (bf16 on CUDA, float32 on the CPU), or as fp8 E4M3 with a
+ * float32 scale per token and KV head (kernels/ops.h, "the fp8 KV cache"):
+ * 0.52 of bf16's bytes on CUDA. The CPU backend rounds its float caches
+ * as fp8 (the same values, no memory saved). */
+enum sfw_kv_cache { SFW_KV_CACHE_ACT = 0, SFW_KV_CACHE_FP8 = 1 };
+
 struct sfw_model_params {
 	enum sfw_device device; /* AUTO: CUDA when built with it and a GPU answers, else CPU */
 	int threads;            /* CPU threads (the CPU backend's own pool), at most 256;
 				 * 0 = sfw_default_threads() */
 	struct sfw_backend_opts be;
+	enum sfw_kv_cache kv_cache; /* the contexts' and batches' K/V caches */
 };
 struct sfw_model_params sfw_model_default_params(void);
 

@@ -35,6 +35,10 @@
 #                                            conversation; prefix cache on, off (on: on only, no conversation)
 #   bash scripts/gpu-run.sh prompt-cache [W]  mkmodel --preset full, then salafw run with a prompt of W random words
 #                                            (default 117000, ~131K tokens): without the cache, saving it, loading it
+#   bash scripts/gpu-run.sh kv-cache [P]     the fp8 KV cache against bf16's in one call: bench_gpu on the bf16
+#                                            model at 1K/32K/128K with --kv-cache bf16, then fp8; then the int8
+#                                            g128 model with --kv-cache fp8 --chunk 2048 at P tokens (default
+#                                            1048576): TTFT, decode and the peak against the plan and 14.9 GiB
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
 # Logs go to $OUT (the folder that comes back) or .devout. The device tool
 # brings back at most 8 files: when a mode leaves more, they are packed on
@@ -244,6 +248,29 @@ bench-w8)
 		"$BIN/bench_gpu" "$d" --runs "$runs" 2>&1 | grep -v uploaded | tee -a "$OUT/bench-w8.log"
 		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 	done
+	exit $rc
+	;;
+kv-cache)
+	# bash scripts/gpu-run.sh kv-cache [P]: --kv-cache bf16 vs fp8 on the same
+	# model in one call, then int8 + fp8 at P tokens in 2048-row pieces
+	M=${SALAFW_BENCH_MODEL:-/tmp/sala-full}
+	Q=${SALAFW_BENCH_MODEL_W8:-/tmp/sala-full-w8}
+	P=${1:-1048576}
+	full_models "$M" "$Q"
+	rc=0
+	for kv in bf16 fp8; do
+		echo "== bench_gpu $M --kv-cache $kv" | tee -a "$OUT/kv-cache.log"
+		"$BIN/bench_gpu" "$M" --runs 1024:128,32768:32,131072:32 --kv-cache $kv 2>&1 | grep -v uploaded |
+			tee -a "$OUT/kv-cache.log"
+		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	done
+	echo "== bench_gpu $Q --kv-cache fp8 --chunk 2048 --runs $P:64" | tee -a "$OUT/kv-cache.log"
+	"$BIN/bench_gpu" "$Q" --runs "$P:64" --chunk 2048 --kv-cache fp8 2>&1 | grep -v uploaded | tee -a "$OUT/kv-cache.log"
+	[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	grep -E 'RUN   peak' "$OUT/kv-cache.log" | tail -n 1 |
+		awk '{ if ($5 + 0 <= 14.9) print "int8 + fp8 peak " $5 " GiB <= 14.9 GiB: OK"; else { print "int8 + fp8 peak " $5 " GiB > 14.9 GiB"; exit 1 } }' |
+		tee -a "$OUT/kv-cache.log"
+	[ "${PIPESTATUS[1]}" = 0 ] || rc=1
 	exit $rc
 	;;
 batch)

@@ -204,7 +204,7 @@ static void t_attn(int sparse, int T, int64_t L, int nh, int nkv, int hd, int ho
 	void *pk = paged_copy(kb, L, nkv * hd, tab), *pv = paged_copy(vb, L, nkv * hd, tab);
 	int32_t *dtab = up(tab, (size_t)(L + 63) / 64 * sizeof(int32_t));
 	struct sfw_pages pg = {dtab, 6};
-	struct sfw_cuda_kv kv = {pk, pv, &pg};
+	struct sfw_cuda_kv kv = {pk, pv, &pg, 0};
 	free(tab);
 	const char *modes[3] = {"simt", "tc", NULL};
 	float *got[3];

@@ -521,5 +521,25 @@ int main(void)
 		}
 		sfw_model_free(m);
 	}
+	/* --kv-cache fp8 (tiny-sparse): batched, recorded, joined, forked and
+	 * paged sequences against the same sequences alone, all with the fp8
+	 * cache (the *_seqs kernels and the pool's fp8 blocks) */
+	char dir[4096];
+	snprintf(dir, sizeof(dir), "%s/tiny-sparse", g);
+	struct sfw_model_params mp = sfw_model_default_params();
+	mp.device = SFW_DEVICE_CUDA;
+	mp.kv_cache = SFW_KV_CACHE_FP8;
+	struct sfw_model *m = NULL;
+	if (sfw_model_load(dir, &mp, &m, &err) == SFW_OK) {
+		printf("tiny-sparse, --kv-cache fp8:\n");
+		batch_case(m, "fp8 B=8", 8, lens, NULL, 0);
+		static const int sl[5] = {560, 600, 640, 580, 620}, sj[5] = {0, 0, 0, 30, 30};
+		batch_case(m, "fp8 selection join/leave", 5, sl, sj, W_REPLAY | W_SPARSE | W_SEL_OTHERS);
+		pool_case(m);
+		fork_case(m, "fp8 fork");
+		sfw_model_free(m);
+	} else {
+		CHECK(0, "%s with --kv-cache fp8: %s", dir, err.msg);
+	}
 	return CHECK_REPORT("gpu_batch");
 }

@@ -183,10 +183,10 @@ static void run_case(const struct shape *sh, const int64_t *pos, int npos, int p
 	const struct sfw_cuda_rowref rp = {.pos = dpos, .len = 1}; /* the position alone */
 	struct sfw_sel_shape bsh = {1, nh, nkv, hd, 0, ks, st, blk, sh->init_blocks, sh->local_blocks, scale,
 				    n1b, nch(bound, 4 * ks, 4 * st), nbb, k};
-	struct sfw_cuda_kv kv = {dK, dV, pg}, kvn = {NULL, NULL, &pgn};
+	struct sfw_cuda_kv kv = {dK, dV, pg, 0}, kvn = {NULL, NULL, &pgn, 0};
 	struct sfw_attn_shape bsp = {1, nh, nkv, hd, 0, scale, k, blk},
 			      bde = {1, nh, nkv, hd, bound - 1, scale, 0, 0};
-	sfw_cuda_kv_write(&kv, dkn, dvn, row * 2, 1, &rp, cx);
+	sfw_cuda_kv_write(&kv, dkn, dvn, nkv, hd, 1, &rp, SFW_DTYPE_BF16, cx);
 	sfw_cuda_compress(dc1, dc2, &kv, &bsh, &rp, SFW_DTYPE_BF16, cx);
 	sfw_cuda_stage1(dsc, dq, NULL, NULL, &bsh, &pgn, &rr, SFW_DTYPE_BF16, cx);
 	sfw_cuda_pool_blocks(dpo, dsc, &bsh, &rp, SFW_DTYPE_BF16, cx);

@@ -6,7 +6,10 @@
  * tolerances are test_golden.c's (TOL_BF16: logits 1.5e-2 absolute, hidden
  * states 3e-2 relative, selections not required equal since bf16 ties move
  * them, first greedy token equal); the measured maxima are printed so the
- * real distance is on record.
+ * real distance is on record. With --kv-cache fp8 (every case): the CUDA
+ * engine against golden_bf16 and against the CPU engine with the same fp8
+ * cache, the same tolerances, and its distance from the bf16 cache printed
+ * (logits relative to their largest magnitude, top-1 per row).
  *   gpu_golden [case]     (SALAFW_GOLDEN names the golden folder) */
 #define main test_golden_main
 #include "test_golden.c"
@@ -39,18 +42,24 @@ static struct sfw_record *run_on(struct sfw_model *m, const struct sfw_st_file *
 	return s == SFW_OK ? r : NULL;
 }
 
-static struct sfw_model *load(const char *dir, enum sfw_device dev)
+static struct sfw_model *load_kv(const char *dir, enum sfw_device dev, enum sfw_kv_cache kv)
 {
 	struct sfw_err err = {0};
 	struct sfw_model *m = NULL;
 	struct sfw_model_params mp = sfw_model_default_params();
 	mp.device = dev;
+	mp.kv_cache = kv;
 	enum sfw_status s = sfw_model_load(dir, &mp, &m, &err);
 	CHECK(s == SFW_OK, "%s: load on %s: %s", dir, dev == SFW_DEVICE_CUDA ? "cuda" : "cpu", err.msg);
 	if (s == SFW_OK)
 		CHECK(strcmp(sfw_model_device_name(m), dev == SFW_DEVICE_CUDA ? "cuda" : "cpu") == 0,
 		      "%s: runs on %s", dir, sfw_model_device_name(m));
 	return s == SFW_OK ? m : NULL;
+}
+
+static struct sfw_model *load(const char *dir, enum sfw_device dev)
+{
+	return load_kv(dir, dev, SFW_KV_CACHE_ACT);
 }
 
 /* The memory plan on a loaded CUDA model: a context far past the device is
@@ -201,6 +210,91 @@ static void gpu_case(const char *gdir, const char *name)
 	sfw_st_close(g);
 }
 
+/* max |a - b| / max |a| over the logits of two records, and the rows whose
+ * argmax agree */
+static void logits_vs(const struct sfw_record *ra, const struct sfw_record *rb, const char *label)
+{
+	const char *names[] = {"prefill.logits", "decode.logits"};
+	for (int k = 0; k < 2; k++) {
+		const struct sfw_record_tensor *a = sfw_record_find(ra, names[k]), *b = sfw_record_find(rb, names[k]);
+		if (!a || !b || a->shape[0] != b->shape[0] || a->shape[1] != b->shape[1]) {
+			CHECK(0, "%s: %s in both", label, names[k]);
+			continue;
+		}
+		int64_t R = a->shape[0], V = a->shape[1], agree = 0;
+		const float *x = a->data, *y = b->data;
+		double amax = 0, dmax = 0;
+		for (int64_t r = 0; r < R; r++) {
+			int64_t ia = 0, ib = 0;
+			for (int64_t j = 0; j < V; j++) {
+				double u = x[r * V + j], w = y[r * V + j];
+				amax = fabs(u) > amax ? fabs(u) : amax;
+				dmax = fabs(u - w) > dmax ? fabs(u - w) : dmax;
+				ia = u > x[r * V + ia] ? j : ia;
+				ib = w > y[r * V + ib] ? j : ib;
+			}
+			agree += ia == ib;
+		}
+		double rel = dmax / (amax > 0 ? amax : 1);
+		printf("  %s %s: logits max rel %.3g, top-1 %lld / %lld rows\n", label, names[k], rel, (long long)agree,
+		       (long long)R);
+		CHECK(rel > 0 && rel < 0.03 && agree * 100 >= R * 98, "%s %s: within 3%% of the scale, top-1 on 98%% of rows",
+		      label, names[k]);
+	}
+}
+
+/* --kv-cache fp8 on CUDA: against golden_bf16, the CPU engine's fp8 cache
+ * and the CUDA bf16 cache. */
+static void gpu_case_kv8(const char *gdir, const char *name)
+{
+	char dir[4096], path[4200], tmp[256];
+	struct sfw_err err = {0};
+	snprintf(dir, sizeof(dir), "%s/%s", gdir, name);
+	snprintf(path, sizeof(path), "%s/golden_bf16.safetensors", dir);
+	struct sfw_st_file *g = NULL;
+	if (sfw_st_open(path, &g, &err) != SFW_OK) {
+		CHECK(0, "%s: %s", path, err.msg);
+		return;
+	}
+	struct sfw_model *g8 = load_kv(dir, SFW_DEVICE_CUDA, SFW_KV_CACHE_FP8),
+			 *c8 = load_kv(dir, SFW_DEVICE_CPU, SFW_KV_CACHE_FP8), *gb = load(dir, SFW_DEVICE_CUDA);
+	if (g8 && c8 && gb) {
+		const struct sfw_config *cf = sfw_model_config(g8);
+		int group = cf->num_attention_heads / cf->num_key_value_heads;
+		g_score_factor = group < 16 ? 16.0 / group : 1;
+		double t = 0;
+		struct sfw_record *r8 = run_on(g8, g, &t), *rc = run_on(c8, g, &t), *rb = run_on(gb, g, &t);
+		char label[160];
+		struct worst w;
+		if (r8) {
+			snprintf(label, sizeof(label), "%s cuda fp8 K/V vs golden_bf16", name);
+			compare(label, g, from_record, r8, &TOL_BF16, &w);
+		}
+		if (r8 && rc) {
+			snprintf(tmp, sizeof(tmp), "/tmp/gpu_golden_cpu8_%d.safetensors", (int)getpid());
+			enum sfw_status s = sfw_record_write(rc, tmp, "case", name, &err);
+			CHECK(s == SFW_OK, "write %s: %s", tmp, err.msg);
+			struct sfw_st_file *cpu = NULL;
+			if (s == SFW_OK && sfw_st_open(tmp, &cpu, &err) == SFW_OK) {
+				double keep = g_score_factor;
+				g_score_factor = 1;
+				snprintf(label, sizeof(label), "%s cuda fp8 K/V vs cpu fp8 K/V", name);
+				compare(label, cpu, from_record, r8, &TOL_BF16, &w);
+				g_score_factor = keep;
+				sfw_st_close(cpu);
+			}
+			unlink(tmp);
+		}
+		if (r8 && rb) {
+			snprintf(label, sizeof(label), "%s cuda: fp8 K/V vs bf16 K/V", name);
+			logits_vs(rb, r8, label);
+		}
+		sfw_record_free(r8), sfw_record_free(rc), sfw_record_free(rb);
+	}
+	sfw_model_free(g8), sfw_model_free(c8), sfw_model_free(gb);
+	sfw_st_close(g);
+}
+
 int main(int argc, char **argv)
 {
 	const char *gdir = check_golden_dir();
@@ -209,6 +303,7 @@ int main(int argc, char **argv)
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 			if (argc < 2 || strcmp(argv[1], cases[i]) == 0) {
 				gpu_case(gdir, cases[i]);
+				gpu_case_kv8(gdir, cases[i]);
 				/* int8: every case at two group sizes, all four sizes covered */
 				static const int groups[][2] = {{128, 32}, {64, SFW_QL_GROUP_CHANNEL}, {32, 128}};
 				for (int k = 0; k < 2; k++)

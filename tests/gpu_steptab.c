@@ -230,17 +230,17 @@ int main(void)
 		for (int i = 0; i < ROWS; i++)
 			wpos[i] = BOUND - 1, wrow[i] = i, wc[SFW_CUDA_LAK][i] = K.a, wc[SFW_CUDA_LAV][i] = V.a;
 		put_tables(dud, dpd, ROWS, wpos, wrow, tab, wc, s);
-		struct sfw_cuda_seqs w = {ROWS, BOUND - 1, dud, (void *const *)dpd, 0, {SFW_CUDA_LAK, SFW_CUDA_LAV, 0}};
+		struct sfw_cuda_seqs w = {ROWS, BOUND - 1, dud, (void *const *)dpd, 0, {SFW_CUDA_LAK, SFW_CUDA_LAV, 0}, 0};
 		sfw_cuda_attn_dense_seqs(oatt.a, q, &w, &ash, SFW_DTYPE_BF16, cx);
 		sfw_cuda_sync(s);
 	}
 
 	/* the step, recorded once: append, compression, dense attention; q/k
 	 * norm + RoPE, GLA; all over the bucket's rows, layer 0 of the table */
-	struct sfw_cuda_seqs t = {ROWS, BOUND - 1, dst, (void *const *)dsp, 0, {0, 0, 0}}; /* the bound: the last position */
+	struct sfw_cuda_seqs t = {ROWS, BOUND - 1, dst, (void *const *)dsp, 0, {0, 0, 0}, 0}; /* the bound: the last position */
 	sfw_cuda_graph_begin(s);
 	t.pf[0] = SFW_CUDA_LK, t.pf[1] = SFW_CUDA_LV;
-	sfw_cuda_kv_append_seqs(&t, kn, vn, KROW * 2, cx);
+	sfw_cuda_kv_append_seqs(&t, kn, vn, NKV, HD, SFW_DTYPE_BF16, cx);
 	t.pf[0] = SFW_CUDA_LC1, t.pf[1] = SFW_CUDA_LC2, t.pf[2] = SFW_CUDA_LK;
 	sfw_cuda_compress_seqs(&t, NKV, HD, KS, KST, SFW_DTYPE_BF16, cx);
 	t.pf[0] = SFW_CUDA_LAK, t.pf[1] = SFW_CUDA_LAV;
@@ -309,11 +309,11 @@ int main(void)
 			umax = upos[i] > umax ? upos[i] : umax;
 		for (int i = 0; i < nd; i++)
 			dmax = dpos[i] > dmax ? dpos[i] : dmax;
-		struct sfw_cuda_seqs u = {z->n, umax, dua, (void *const *)dpa, 0, {SFW_CUDA_LK, SFW_CUDA_LV, 0}};
-		sfw_cuda_kv_append_seqs(&u, kn, vn, KROW * 2, cx);
+		struct sfw_cuda_seqs u = {z->n, umax, dua, (void *const *)dpa, 0, {SFW_CUDA_LK, SFW_CUDA_LV, 0}, 0};
+		sfw_cuda_kv_append_seqs(&u, kn, vn, NKV, HD, SFW_DTYPE_BF16, cx);
 		u.pf[0] = SFW_CUDA_LC1, u.pf[1] = SFW_CUDA_LC2, u.pf[2] = SFW_CUDA_LK;
 		sfw_cuda_compress_seqs(&u, NKV, HD, KS, KST, SFW_DTYPE_BF16, cx);
-		struct sfw_cuda_seqs d = {nd, dmax, dud, (void *const *)dpd, 0, {SFW_CUDA_LAK, SFW_CUDA_LAV, 0}};
+		struct sfw_cuda_seqs d = {nd, dmax, dud, (void *const *)dpd, 0, {SFW_CUDA_LAK, SFW_CUDA_LAV, 0}, 0};
 		sfw_cuda_attn_dense_seqs(oatt.a, q, &d, &ash, SFW_DTYPE_BF16, cx);
 		sfw_cuda_qk_norm_rope_seqs(ql.a, kl.a, qw, kw, &u, &qsh, SFW_DTYPE_BF16, cx);
 		u.pf[0] = SFW_CUDA_LSTATE;

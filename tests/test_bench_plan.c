@@ -15,7 +15,7 @@
 /* The largest context, in 64-token blocks, whose plan fits a card of
  * card_gib GiB after the README's allowances: the 0.55 GiB CUDA context
  * measured on the H200 and 0.5 GiB left to the driver and display. */
-static int64_t card_fit(const struct sfw_config *c, int w8, int chunk, double card_gib)
+static int64_t card_fit(const struct sfw_config *c, int w8, int kv8, int chunk, double card_gib)
 {
 	const double G = 1073741824.0;
 	int64_t lo = 0, hi = (int64_t)1 << 26; /* blocks; 4G tokens fit no card here */
@@ -26,6 +26,8 @@ static int64_t card_fit(const struct sfw_config *c, int w8, int chunk, double ca
 			sfw_plan_config_w8(c, n, chunk, 128, &p);
 		else
 			sfw_plan_config(c, n, chunk, &p);
+		if (kv8)
+			sfw_plan_kv8(c, n, &p);
 		struct sfw_err e = {0};
 		double fr = (card_gib - 0.55 - 0.5) * G - p.weights;
 		if (fr > 0 && sfw_plan_fit(&p, n, fr, &e) == SFW_OK)
@@ -66,8 +68,10 @@ static void test_readme_cards(const struct sfw_config *c)
 	CHECK(f != NULL, "README.md readable from the repository root");
 	if (!f)
 		return;
-	/* the columns: bf16 default pieces, bf16 2048, int8 g128 default, int8 2048 */
-	static const int col_w8[] = {0, 0, 1, 1}, col_chunk[] = {8192, 2048, 8192, 2048};
+	/* the columns: bf16 default pieces, bf16 2048, int8 g128 default, int8 2048,
+	 * int8 with the fp8 KV cache 2048 */
+	static const int col_w8[] = {0, 0, 1, 1, 1}, col_kv8[] = {0, 0, 0, 0, 1},
+			 col_chunk[] = {8192, 2048, 8192, 2048, 2048};
 	int rows = 0, header = 0, gb;
 	char line[1024];
 	while (fgets(line, sizeof(line), f)) {
@@ -75,22 +79,24 @@ static void test_readme_cards(const struct sfw_config *c)
 			header = strstr(line, "| bf16, 8192-row") &&
 				 strstr(line, "| bf16, `--prefill-chunk 2048`") &&
 				 strstr(line, "| int8 g128, default") &&
-				 strstr(line, "| int8 g128, `--prefill-chunk 2048`");
+				 strstr(line, "| int8 g128, `--prefill-chunk 2048` |") &&
+				 strstr(line, "| int8 g128, `--kv-cache fp8 --prefill-chunk 2048` |");
 		if (sscanf(line, "| %d GB |", &gb) != 1 || (gb != 12 && gb != 16 && gb != 24 && gb != 32))
 			continue;
 		rows++;
 		char *cell = strchr(line + 1, '|');
-		for (int col = 0; col < 4; col++) {
+		for (int col = 0; col < 5; col++) {
 			char *end = cell ? strchr(cell + 1, '|') : NULL;
 			if (!end) {
 				CHECK(0, "README %d GB row: %d cells", gb, col);
 				break;
 			}
 			*end = 0;
-			int64_t fit = card_fit(c, col_w8[col], col_chunk[col], gb);
+			int64_t fit = card_fit(c, col_w8[col], col_kv8[col], col_chunk[col], gb);
 			CHECK(card_cell_ok(cell + 1, fit),
-			      "README %d GB, %s, %d-row pieces: '%s' vs the plan's %lld tokens", gb,
-			      col_w8[col] ? "int8 g128" : "bf16", col_chunk[col], cell + 1, (long long)fit);
+			      "README %d GB, %s%s, %d-row pieces: '%s' vs the plan's %lld tokens", gb,
+			      col_w8[col] ? "int8 g128" : "bf16", col_kv8[col] ? " + fp8 K/V" : "", col_chunk[col], cell + 1,
+			      (long long)fit);
 			cell = end;
 		}
 	}
@@ -242,6 +248,25 @@ int main(void)
 			printf("int8 g128 plan at 1M tokens: weights %.2f GiB, total %.2f GiB (bf16: %.2f, %.2f)\n",
 			       w8.weights / 1073741824.0, w8.total / 1073741824.0, p.weights / 1073741824.0,
 			       p.total / 1073741824.0);
+			/* int8 + fp8 K/V: 8 layers x 2 heads x (128 codes + a 4-byte scale) x (K+V)
+			 * = 4224 B per token; at 1M with 2048-row prefill pieces the whole
+			 * plan within 14.9 GiB (a 16 GiB card less its CUDA context) */
+			for (int chunk = 8192; chunk >= 1024; chunk /= 2) {
+				struct sfw_mem_plan f8;
+				sfw_plan_config_w8(&wpl.config, 1 << 20, chunk, 128, &f8);
+				sfw_plan_kv8(&wpl.config, 1 << 20, &f8);
+				if (chunk == 8192)
+					CHECK(f8.kv_per_token == 4224 && f8.kv == 4224.0 * (1 << 20) && f8.kv8 &&
+						  f8.total == w8.total - (p.kv - f8.kv),
+					      "fp8 K/V: %.0f B per token (4224), the rest as bf16's", f8.kv_per_token);
+				printf("int8 g128 + fp8 K/V at 1M tokens, %d-row pieces: KV %.2f GiB, activations %.2f GiB, "
+				       "total %.2f GiB\n",
+				       chunk, f8.kv / 1073741824.0, f8.activations / 1073741824.0, f8.total / 1073741824.0);
+				if (chunk == 2048)
+					CHECK(f8.total / 1073741824.0 <= 14.9,
+					      "int8 + fp8 K/V at 1M with --prefill-chunk 2048: %.2f GiB <= 14.9",
+					      f8.total / 1073741824.0);
+			}
 		}
 		sfw_mkmodel_plan_free(&wpl);
 	}

@@ -23,7 +23,11 @@
  * byte in each part, a trailing byte, a non-finite value under a valid
  * checksum: each an error, the context reset and, prefilled from scratch
  * after a failed load that had written into its caches, equal to a fresh
- * one. tests/gpu_ctxstate.c runs the same on the CUDA backend. */
+ * one. Then the same with --kv-cache fp8 (the CPU: float caches rounded as
+ * fp8; CUDA: the fp8 layout, its last group's unused rows zeroed): the
+ * same calls bit for bit, a state of the other K/V kind refused, and on
+ * CUDA a NaN code or a negative scale under a valid checksum refused.
+ * tests/gpu_ctxstate.c runs the same on the CUDA backend. */
 #include "check.h"
 #include "alloc.h"
 #include "kernels/ops.h"
@@ -292,6 +296,55 @@ static void misfits(struct sfw_model *m, const int32_t *ids)
 	free(st.p), sfw_free(bad.p);
 }
 
+/* The fp8 K/V cache's states (m8: the model with --kv-cache fp8, m the same
+ * with bf16): the same calls bit for bit; another K/V kind refused; the
+ * fp8 layout's values checked under a valid checksum. */
+static void kv8_states(struct sfw_model *m, struct sfw_model *m8, const int32_t *ids, struct mem *st)
+{
+	same_calls(m8, ids, 600, 40, 0, st);
+	same_calls(m8, ids, 100, 30, 0, st); /* 100 = 3 groups of 32 and 4 rows */
+	same_calls(m8, ids, 150, 20, 1, st);
+	/* st: m8's 150-token state (--dense-as-sparse) */
+	uint32_t kv = (uint32_t)st->p[164] | (uint32_t)st->p[165] << 8;
+	CHECK(kv == (CS_DEVICE == SFW_DEVICE_CPU ? SFWI_STATE_KV_ROUNDED : SFWI_STATE_KV_FP8),
+	      "the header names the K/V kind (%u)", kv);
+	struct sfw_err err = {0};
+	int64_t got = -1;
+	struct sfw_ctx *c = new_ctx(m, 1, 0);
+	CHECK(load(c, st, ids, NTOK, &got, &err) == SFW_E_FORMAT && got == 0 &&
+		  strstr(err.msg, "made with --kv-cache fp8, not bf16"),
+	      "an fp8 state into a bf16 context: %s", err.msg);
+	sfw_ctx_free(c);
+	if (kv != SFWI_STATE_KV_FP8)
+		return;
+	/* layer 0 is sparse: its K section starts the payload, codes first;
+	 * its first group's scales follow 32 * nkv * hd code bytes */
+	const struct sfw_config *cf = sfw_model_config(m8);
+	size_t p0 = 256 + 4 * 150, pl = st->n - p0 - SFWI_SUM;
+	size_t sc = p0 + (size_t)32 * cf->num_key_value_heads * cf->head_dim;
+	struct mem bad = {sfw_malloc(st->n), st->n, st->n, 0};
+	const struct {
+		size_t at;
+		uint8_t v;
+		const char *what;
+	} cases[] = {{p0 + 5, 0x7f, "a NaN code"}, {p0 + 5, 0xff, "a negative NaN code"}, {sc + 3, 0x80, "a negative scale"},
+		     {sc + 3, 0x7f, "an infinite scale"}};
+	for (size_t i = 0; bad.p && i < sizeof(cases) / sizeof(cases[0]); i++) {
+		memcpy(bad.p, st->p, st->n);
+		bad.p[cases[i].at] = cases[i].v;
+		if (cases[i].v == 0x7f && cases[i].at == sc + 3)
+			bad.p[sc + 2] = 0x80; /* 0x7f80_0000: infinity */
+		sfwi_sum(bad.p + p0, pl, bad.p + st->n - SFWI_SUM);
+		bad.at = 0;
+		c = new_ctx(m8, 1, 0);
+		enum sfw_status s = load(c, &bad, ids, NTOK, &got, &err);
+		CHECK(s == SFW_E_FORMAT && got == 0 && sfw_ctx_pos(c) == 0, "%s under a valid checksum: %s", cases[i].what,
+		      err.msg);
+		sfw_ctx_free(c);
+	}
+	sfw_free(bad.p);
+}
+
 /* The sums against Python's hashlib.blake2b(b"123456789", digest_size=16),
  * in one piece and in two. */
 static void sum_checks(void)
@@ -341,8 +394,16 @@ int main(void)
 	same_calls(m, ids, 100, 30, 0, &st);
 	same_calls(m, ids, 300, 1, 0, &st);
 	same_calls(m, ids, 150, 20, 1, &st);
-	free(st.p);
 	misfits(m, ids);
+	struct sfw_model *m8 = NULL;
+	p.kv_cache = SFW_KV_CACHE_FP8;
+	if (sfw_model_load(dir, &p, &m8, &err) == SFW_OK) {
+		kv8_states(m, m8, ids, &st);
+		sfw_model_free(m8);
+	} else {
+		CHECK(0, "load with --kv-cache fp8: %s", err.msg);
+	}
+	free(st.p);
 	sfw_model_free(m);
 	char cmd[8500];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);

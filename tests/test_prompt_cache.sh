@@ -210,5 +210,18 @@ else
 	fail "signing a copy of the model"
 fi
 
+# --kv-cache fp8: its own binding (a bf16 state is not loaded into it), and
+# its states load back to the uncached fp8 text (the CPU keeps the fp8
+# values in float: kernels/ops.h)
+plainF=$(run "$S/t" -p "$P" --kv-cache fp8 2>/dev/null)
+[ -n "$plainF" ] && pass "an fp8 K/V run prints text" || fail "an fp8 K/V run"
+crun "$S/t" -p "$P"
+crun "$S/t" -p "$P" --kv-cache fp8
+one_warning "fp8 K/V: a bf16 state is another binding" "ignored: made for another model"
+has_err "fp8 K/V: saves its own state" "saved 26 tokens"
+crun "$S/t" -p "$P" --kv-cache fp8
+has_err "fp8 K/V: loads it" "loaded 26 of 26"
+same_out "fp8 K/V: prints the uncached fp8 text" "$plainF"
+
 check_exit "--prompt-cache with -i is a usage error" 2 $SALAFW run "$S/t" --no-verify -i --prompt-cache "$C"
 check_report test_prompt_cache

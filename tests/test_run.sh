@@ -118,6 +118,9 @@ check_err "run --max-context too large" 2 "^salafw run: --max-context must be at
 	$R --max-context 1073741825
 check_err "run --prefill-chunk 0" 2 "^salafw run: --prefill-chunk must be 1 to 1048576 \(see --help\)" $R --prefill-chunk 0
 check_err "run --threads too large" 2 "^salafw run: --threads must be at most 256" $R --threads 257
+check_err "run --kv-cache fp16" 2 "^salafw run: --kv-cache must be bf16 or fp8" $R --kv-cache fp16
+check_err "SALAFW_KV_CACHE=x" 2 "^salafw run: SALAFW_KV_CACHE must be bf16 or fp8" env SALAFW_KV_CACHE=x $R
+check_err "serve --kv-cache x" 2 "^salafw serve: --kv-cache must be bf16 or fp8" $SALAFW serve "$D" --no-verify --kv-cache x
 check_err "score --decode too large" 2 "^salafw score: --decode must be at most 1048576 \(see --help\)" \
 	$SALAFW score "$D" --ids "$S/ids.txt" -o "$S/x.safetensors" --no-verify --decode 1048577
 check_err "score --chunk 0" 2 "^salafw score: --chunk must be 1 to 1048576 \(see --help\)" \
