@@ -228,6 +228,8 @@ static void logits_diff(const struct sfw_record_tensor *a, const struct sfw_reco
 static void golden_accuracy(void)
 {
 	const char *gdir = check_golden_dir();
+	if (!gdir) /* one FAIL line said so */
+		return;
 	const char *cases[] = {"tiny-dense", "tiny-sparse", "tiny-cross"};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char dir[4096];
