@@ -27,6 +27,7 @@
  *   gpu_kv8 all       both */
 #include "check.h"
 #include "lib/compare.h"
+#include "lib/gpu_mem.h"
 #include "lib/rng.h"
 
 #include "kernels/ops.h"
@@ -71,22 +72,12 @@ static float *randv(size_t n, float scale, enum sfw_dtype act)
 
 static void *dalloc(size_t bytes)
 {
-	void *p;
-	struct sfw_err e = {0};
-	if (sfw_cuda_malloc(&p, bytes ? bytes : 4, "test", &e) != SFW_OK) {
-		printf("FAIL %s\n", e.msg);
-		exit(1);
-	}
-	sfw_cuda_memset(p, 0xff, bytes ? bytes : 4, g_s); /* NaN: unwritten outputs fail */
-	return p;
+	return sfwt_dalloc(bytes, g_s);
 }
 
 static void *up(const void *h, size_t bytes)
 {
-	void *d = dalloc(bytes);
-	sfw_cuda_h2d(d, h, bytes, g_s);
-	sfw_cuda_sync(g_s);
-	return d;
+	return sfwt_up(h, bytes, g_s);
 }
 
 static void *down(const void *d, size_t bytes)

@@ -8,6 +8,7 @@
  * Outputs are poisoned before each run so unwritten elements fail. */
 #include "check.h"
 #include "lib/compare.h"
+#include "lib/gpu_mem.h"
 #include "lib/rng.h"
 
 #include "kernels/ops.h"
@@ -62,14 +63,7 @@ static size_t asz(void)
 
 static void *dalloc(size_t bytes)
 {
-	void *p;
-	struct sfw_err e = {0};
-	if (sfw_cuda_malloc(&p, bytes ? bytes : 4, "test", &e) != SFW_OK) {
-		printf("FAIL %s\n", e.msg);
-		exit(1);
-	}
-	sfw_cuda_memset(p, 0xff, bytes ? bytes : 4, g_s); /* NaN in both dtypes */
-	return p;
+	return sfwt_dalloc(bytes, g_s);
 }
 
 static void *up_raw(const void *h, size_t bytes)
