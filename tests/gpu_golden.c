@@ -15,6 +15,7 @@
 #include "test_golden.c"
 #undef main
 
+#include "lib/compare.h"
 #include "quant/quant.h"
 #include "runner/backend.h"
 #include "tools/tools.h"
@@ -227,37 +228,13 @@ static void logits_vs(const struct sfw_record *ra, const struct sfw_record *rb, 
 			CHECK(0, "%s: %s in both", label, names[k]);
 			continue;
 		}
-		int64_t R = a->shape[0], V = a->shape[1], agree = 0, close = 0;
-		const float *x = a->data, *y = b->data;
-		double amax = 0, dmax = 0;
-		for (int64_t r = 0; r < R; r++) {
-			int64_t ia = 0, ib = 0;
-			for (int64_t j = 0; j < V; j++) {
-				double u = x[r * V + j], w = y[r * V + j];
-				amax = fabs(u) > amax ? fabs(u) : amax;
-				dmax = fabs(u - w) > dmax ? fabs(u - w) : dmax;
-				ia = u > x[r * V + ia] ? j : ia;
-				ib = w > y[r * V + ib] ? j : ib;
-			}
-			agree += ia == ib;
-		}
-		for (int64_t r = 0; r < R; r++) { /* rows whose top-2 gap (in a) a change of dmax could close */
-			const float *row = x + r * V;
-			float m1 = -INFINITY, m2 = -INFINITY;
-			for (int64_t j = 0; j < V; j++) {
-				if (row[j] > m1)
-					m2 = m1, m1 = row[j];
-				else if (row[j] > m2)
-					m2 = row[j];
-			}
-			close += m1 - m2 <= dmax;
-		}
-		double rel = dmax / (amax > 0 ? amax : 1);
+		long long R = a->shape[0];
+		struct cmp_logits c = cmp_logits(a->data, b->data, R, a->shape[1]);
 		printf("  %s %s: logits max rel %.3g, top-1 %lld / %lld rows (%lld rows with a top-2 gap under the largest "
 		       "difference)\n",
-		       label, names[k], rel, (long long)agree, (long long)R, (long long)close);
-		CHECK(rel > 0 && rel < 0.03 && agree * 100 >= R * 96, "%s %s: within 3%% of the scale, top-1 on 96%% of rows",
-		      label, names[k]);
+		       label, names[k], c.rel, c.agree, R, c.close);
+		CHECK(c.rel > 0 && c.rel < 0.03 && c.agree * 100 >= R * 96,
+		      "%s %s: within 3%% of the scale, top-1 on 96%% of rows", label, names[k]);
 	}
 }
 

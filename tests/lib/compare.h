@@ -15,4 +15,15 @@ struct cmp_stats {
 
 struct cmp_stats cmp_stats(const float *got, const float *ref, size_t n);
 
+/* Two [rows, V] logits matrices a (the reference) and b: max |a - b| /
+ * max |a|, the rows whose argmax (first of equals) agree, and the rows
+ * whose top-2 gap in a is at most max |a - b| (those a change of that size
+ * could flip). */
+struct cmp_logits {
+	double rel;
+	long long agree, close;
+};
+
+struct cmp_logits cmp_logits(const float *a, const float *b, long long rows, long long V);
+
 #endif
