@@ -210,10 +210,9 @@ static enum sfw_status hdr_fits(const struct sfwi_state_hdr *h, const struct sfw
 	    h->stride != want->stride || h->block != want->block || h->sel_k != want->sel_k ||
 	    h->vocab != want->vocab || memcmp(h->kinds_sum, want->kinds_sum, SFWI_SUM) != 0)
 		return sfw_fail(err, SFW_E_FORMAT, "made for another model layout");
-	if (h->kv != want->kv) {
-		static const char *const kv[] = {"bf16", "fp8"};
-		return sfw_fail(err, SFW_E_FORMAT, "made with --kv-cache %s, not %s", kv[h->kv != SFWI_STATE_KV_ACT],
-				kv[want->kv != SFWI_STATE_KV_ACT]);
+	if (h->kv != want->kv) { /* (hdr_decode bounded h->kv) */
+		static const char *const kv[] = {"bf16", "fp8 (the CPU's rounded values)", "fp8 (the CUDA layout)"};
+		return sfw_fail(err, SFW_E_FORMAT, "made with --kv-cache %s, not %s", kv[h->kv], kv[want->kv]);
 	}
 	if (h->dense_as_sparse != want->dense_as_sparse)
 		return sfw_fail(err, SFW_E_FORMAT, "made %s --dense-as-sparse",

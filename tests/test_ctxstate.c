@@ -312,7 +312,7 @@ static void kv8_states(struct sfw_model *m, struct sfw_model *m8, const int32_t 
 	int64_t got = -1;
 	struct sfw_ctx *c = new_ctx(m, 1, 0);
 	CHECK(load(c, st, ids, NTOK, &got, &err) == SFW_E_FORMAT && got == 0 &&
-		  strstr(err.msg, "made with --kv-cache fp8, not bf16"),
+		  strstr(err.msg, "made with --kv-cache fp8 (") && strstr(err.msg, "), not bf16"),
 	      "an fp8 state into a bf16 context: %s", err.msg);
 	sfw_ctx_free(c);
 	if (kv != SFWI_STATE_KV_FP8)
