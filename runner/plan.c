@@ -75,7 +75,7 @@ void sfw_plan_model(const struct sfw_model *m, int64_t max_ctx, int chunk, struc
 	memset(p, 0, sizeof(*p));
 	sfwi_model_weight_bytes(m, &all, &step);
 	p->weights = all;
-	p->kv8 = m->kv_cache == SFW_KV_CACHE_FP8;
+	p->kv8 = sfwi_kv8_layout(m); /* (the CPU keeps fp8 values in float) */
 	plan_rest(&m->cfg, max_ctx, chunk, p);
 }
 
