@@ -5,7 +5,10 @@
  * layers S L S) and a 32-token prompt. Checked on every input: the sink sees
  * sections in order, within their sizes, and all of the payload when a
  * state loads; a loaded state's tokens are a prefix of the prompt; an error
- * has a message. SFW_FUZZ_WRITE_SEEDS=DIR writes valid states (1, 5 and 32
+ * has a message. Every input is read twice: for a context whose K/V are
+ * activations and for one with the fp8 layout (--kv-cache fp8 on a bf16
+ * backend: K and V sections of whole groups of codes and scales).
+ * SFW_FUZZ_WRITE_SEEDS=DIR writes valid states of both kinds (1, 5 and 32
  * tokens, with and without logits) there and exits: the seeds in
  * tests/fuzz/seeds/fuzz_promptcache. */
 #include "runner/ctxstate.h"
@@ -22,14 +25,17 @@ static const uint8_t SPARSE[3] = {1, 0, 1};
 #define NPROMPT 32
 static int32_t prompt[NPROMPT];
 
-static struct sfwi_state_hdr layout(void)
+/* kv: SFWI_STATE_KV_ACT (float activations) or SFWI_STATE_KV_FP8 (bf16
+ * activations, the fp8 layout) */
+static struct sfwi_state_hdr layout(uint32_t kv)
 {
 	struct sfwi_state_hdr h;
 	memset(&h, 0, sizeof(h));
 	for (int i = 0; i < 32; i++)
 		h.binding[i] = (uint8_t)(i * 7);
-	memcpy(h.backend, "cpu", 3);
-	h.act_size = 4, h.act_dtype = 1;
+	memcpy(h.backend, kv == SFWI_STATE_KV_FP8 ? "cuda" : "cpu", kv == SFWI_STATE_KV_FP8 ? 4 : 3);
+	h.act_size = kv == SFWI_STATE_KV_FP8 ? 2 : 4, h.act_dtype = 1;
+	h.kv = kv;
 	h.n_layers = 3, h.nkv = 1, h.hd = 4, h.lnh = 1, h.lhd = 4;
 	h.ksize = 4, h.stride = 2, h.block = 8, h.sel_k = 2, h.vocab = 16;
 	sfwi_sum(SPARSE, 3, h.kinds_sum);
@@ -88,9 +94,9 @@ static enum sfw_status on_piece(void *user, const struct sfwi_state_hdr *h, cons
 	return SFW_OK;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+static void one(const uint8_t *data, size_t size, uint32_t kv)
 {
-	struct sfwi_state_hdr want = layout(), got;
+	struct sfwi_state_hdr want = layout(kv), got;
 	struct input in = {data, size, 0, (unsigned)size};
 	struct sink sk = {-1, SFWI_SEC_K, 0, 0, 0};
 	struct sfw_err err = {0};
@@ -108,14 +114,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (s == SFW_OK && n == 0 && sk.total != 0)
 		abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	one(data, size, SFWI_STATE_KV_ACT);
+	one(data, size, SFWI_STATE_KV_FP8);
 	return 0;
 }
 
 /* A valid state of P tokens: the header, the prompt's ids, every section
- * (finite values; notes mode 0 and blocks -1), the payload's sum. */
-static void write_seed(const char *dir, uint64_t P, int logits)
+ * (finite values, read as float32, bf16 or fp8 codes and scales: the bytes
+ * of 0, 0.25, .. 1.5 are none of their NaN or negative forms; notes mode 0
+ * and blocks -1), the payload's sum. */
+static void write_seed(const char *dir, uint64_t P, int logits, uint32_t kv)
 {
-	struct sfwi_state_hdr h = layout();
+	struct sfwi_state_hdr h = layout(kv);
 	h.n_tokens = P;
 	h.flags = logits ? SFWI_STATE_LOGITS : 0;
 	sfwi_sum(prompt, P * 4, h.ids_sum);
@@ -123,7 +137,8 @@ static void write_seed(const char *dir, uint64_t P, int logits)
 	if (sfwi_state_payload_bytes(&h, SPARSE, &h.payload_bytes, &err) != SFW_OK)
 		abort();
 	char path[4200];
-	snprintf(path, sizeof(path), "%s/state-%llu%s", dir, (unsigned long long)P, logits ? "-logits" : "");
+	snprintf(path, sizeof(path), "%s/state-%llu%s%s", dir, (unsigned long long)P, logits ? "-logits" : "",
+		 kv == SFWI_STATE_KV_FP8 ? "-fp8" : "");
 	FILE *f = fopen(path, "wb");
 	if (!f)
 		abort();
@@ -157,10 +172,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		prompt[i] = (int32_t)((i * 5 + 3) % 16);
 	const char *dir = getenv("SFW_FUZZ_WRITE_SEEDS");
 	if (dir && *dir) {
-		write_seed(dir, 1, 1);
-		write_seed(dir, 5, 0);
-		write_seed(dir, 5, 1);
-		write_seed(dir, NPROMPT, 1);
+		const uint32_t kinds[] = {SFWI_STATE_KV_ACT, SFWI_STATE_KV_FP8};
+		for (int i = 0; i < 2; i++) {
+			write_seed(dir, 1, 1, kinds[i]);
+			write_seed(dir, 5, 0, kinds[i]);
+			write_seed(dir, 5, 1, kinds[i]);
+			write_seed(dir, NPROMPT, 1, kinds[i]);
+		}
 		exit(0);
 	}
 	return 0;
