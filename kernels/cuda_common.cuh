@@ -129,14 +129,14 @@ static __device__ __forceinline__ uint32_t sfwc_pack2(float a, float b)
  * The fast exact decode: two codes to two fp16 halves, then float. sm_89+
  * converts in one instruction (cvt.rn.f16x2.e4m3x2, the codes' values).
  * Older devices place a code's 7 magnitude bits under fp16's exponent and
- * mantissa fields ((c & 0x7f) << 7, the sign to bit 15): e4m3's bias is 7,
- * fp16's 15, so every finite code, subnormals included, reads as its value
- * times 2^-8; NaN codes (0x7f, 0xff) get an all-ones exponent. Both are
+ * mantissa fields (sfw_e4m3x2_half_bits, kernels/ops.h): every finite code,
+ * subnormals included, reads as its value times 2^-8. Both are
  * exact; SFWC_E4M3_H2_UNIT is the factor the halves fall short by, to be
  * multiplied into a row's scale once (exact too: a scale is 0, a normal
  * float at most FLT_MAX / 448, infinite or NaN). SFWC_E4M3_SOFT=1 (a
- * compiler flag) takes the bit form on every device: the older devices'
- * path, tested on a newer one. */
+ * compiler flag) takes the bit form on every device, to run the older
+ * devices' path on a newer one; test_kv8 checks the bit form for every pair
+ * of codes on the CPU. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !SFWC_E4M3_SOFT
 #define SFWC_E4M3_HW 1
 #else
@@ -157,10 +157,7 @@ static __device__ __forceinline__ uint32_t sfwc_e4m3x2_h2(uint32_t c2)
 	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)c2));
 	return h;
 #else
-	uint32_t w = (c2 & 0xffu) | ((c2 & 0xff00u) << 8); /* one code per 16-bit half */
-	uint32_t mag = w & 0x007f007fu;
-	uint32_t nan = ((mag + 0x00010001u) & 0x00800080u) >> 7; /* 1 in a half whose code is 0x7f */
-	return ((w & 0x00800080u) << 8) | (mag << 7) | nan * 0x7e00u;
+	return sfw_e4m3x2_half_bits(c2); /* (kernels/ops.h; test_kv8 checks every pair of codes) */
 #endif
 }
 

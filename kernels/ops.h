@@ -267,6 +267,21 @@ static inline SFW_HOSTDEV float sfw_e4m3_to_f32(uint8_t c)
 	return v.f;
 }
 
+/* Two codes (c2's bits 0-7 and 8-15) as the bits of two IEEE halves (low
+ * and high 16 bits) valued code * 2^-8, exactly: a code's 7 magnitude bits
+ * under the half's exponent and mantissa fields (e4m3's bias is 7, the
+ * half's 15; subnormal codes land on subnormal halves), its sign on bit 15,
+ * and a NaN code (0x7f, 0xff) given an all-ones exponent. The CUDA kernels'
+ * fp8 decode on devices without the e4m3 conversion instruction (below
+ * sm_89: kernels/cuda_common.cuh). */
+static inline SFW_HOSTDEV uint32_t sfw_e4m3x2_half_bits(uint32_t c2)
+{
+	uint32_t w = (c2 & 0xffu) | ((c2 & 0xff00u) << 8); /* one code per 16-bit half */
+	uint32_t mag = w & 0x007f007fu;
+	uint32_t nan = ((mag + 0x00010001u) & 0x00800080u) >> 7; /* 1 in a half whose code is 0x7f */
+	return ((w & 0x00800080u) << 8) | (mag << 7) | nan * 0x7e00u;
+}
+
 /* The scale of one head's values (amax = max |x|) and its reciprocal, as
  * the CUDA kernels compute them (IEEE division both). */
 static inline SFW_HOSTDEV void sfw_kv8_scale_of(float amax, float *s, float *inv)
