@@ -286,15 +286,12 @@ static void half(const char *kind, const char *dir, const char *refs, enum sfw_d
 		       kind, worst, tol, near_greedy, sel.same, sel.ties, sel.worst_tie, sel.real,
 		       sel.worst_real);
 		double mean = ss.n ? ss.mean_sum / ss.n : INFINITY;
-		if (kv8) /* fp8 keys move the compressed keys: reported, not bounded */
-			printf("  %s: the engine's pooled scores against the cpu's (float K/V) over the cpu's blocks: "
-			       "mean relative error %.3g, max %.3g (reported, not checked); selections not the top k of "
-			       "its own scores: %ld\n",
-			       kind, mean, ss.max, ss.self_bad);
-		else
-			printf("  %s: the engine's pooled scores against the cpu's over the cpu's blocks: mean relative "
-			       "error %.3g (<= %.3g), max %.3g (<= %.3g); selections not the top k of its own scores: %ld\n",
-			       kind, mean, WIDE_SCORE_MEAN, ss.max, WIDE_SCORE_MAX, ss.self_bad);
+		char bounds[64] = " (reported, not checked: fp8 keys move the compressed keys)";
+		if (!kv8)
+			snprintf(bounds, sizeof(bounds), " (bounds %.3g and %.3g)", WIDE_SCORE_MEAN, WIDE_SCORE_MAX);
+		printf("  %s: the engine's pooled scores against the cpu's over the cpu's blocks: mean relative "
+		       "error %.3g, max %.3g%s; selections not the top k of its own scores: %ld\n",
+		       kind, mean, ss.max, bounds, ss.self_bad);
 		CHECK(ss.self_bad == 0, "%s: %ld KV-head selections are not the top k of the engine's own scores", kind,
 		      ss.self_bad);
 		CHECK(kv8 || (mean <= WIDE_SCORE_MEAN && ss.max <= WIDE_SCORE_MAX),

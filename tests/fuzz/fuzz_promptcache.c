@@ -33,7 +33,8 @@ static struct sfwi_state_hdr layout(uint32_t kv)
 	memset(&h, 0, sizeof(h));
 	for (int i = 0; i < 32; i++)
 		h.binding[i] = (uint8_t)(i * 7);
-	memcpy(h.backend, kv == SFWI_STATE_KV_FP8 ? "cuda" : "cpu", kv == SFWI_STATE_KV_FP8 ? 4 : 3);
+	const char *backend = kv == SFWI_STATE_KV_FP8 ? "cuda" : "cpu";
+	memcpy(h.backend, backend, strlen(backend));
 	h.act_size = kv == SFWI_STATE_KV_FP8 ? 2 : 4, h.act_dtype = 1;
 	h.kv = kv;
 	h.n_layers = 3, h.nkv = 1, h.hd = 4, h.lnh = 1, h.lhd = 4;
