@@ -778,6 +778,11 @@ static __global__ void __launch_bounds__(NT)
  * so pass B's result is the whole row's. */
 #define TOPK_PART 1024
 #define TOPK_PART_NT 256
+/* A row splits only past this many parts: at 2 parts (128K tokens) the
+ * second launch cost more than the split saved (0.018 against 0.012 ms a
+ * row on an H100, bench/RESULTS.md), at 16 (1M) the split is 0.13 of the
+ * one-block form. */
+#define TOPK_SPLIT_PARTS 4
 template <bool POOL>
 static __global__ void __launch_bounds__(TOPK_PART_NT)
 	topk_part_kernel(uint32_t *ckey, int32_t *cidx, const topk_src src, int T, int k, int block, const sfwc_selpos sp)
@@ -862,9 +867,9 @@ size_t sfwi_topk_smem_prepare(void)
 
 /* Top-k over nkv * T rows whose keys are pooled (src.scores NULL) or pooled
  * here from the level-1 scores; nblocks bounds the rows' block counts. A
- * decode step's few rows of more than one part split over parts when the
- * candidates fit in shared memory; else one block per row, its keys in
- * shared memory when they fit. */
+ * decode step's few rows of more than TOPK_SPLIT_PARTS parts split over
+ * parts when the candidates fit in shared memory; else one block per row,
+ * its keys in shared memory when they fit. */
 static void topk_launch(int32_t *idx, const topk_src &src, int T, int nkv, int k, int block, int64_t nblocks,
 			const sfwc_selpos &sp, struct sfw_cuda_ctx *cx)
 {
@@ -873,7 +878,7 @@ static void topk_launch(int32_t *idx, const topk_src &src, int T, int nkv, int k
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	int64_t parts = (nblocks + TOPK_PART - 1) / TOPK_PART;
 	size_t cand = (size_t)parts * k * sizeof(uint32_t);
-	if (decode && parts > 1 && parts <= 65535 && cand <= cx->topk_smem) {
+	if (decode && parts > TOPK_SPLIT_PARTS && parts <= 65535 && cand <= cx->topk_smem) {
 		size_t per_row = (size_t)parts * k;
 		uint32_t *ckey = (uint32_t *)sfwi_cuda_scratch(cx, (size_t)rows * per_row * 8);
 		int32_t *cidx = (int32_t *)(ckey + (size_t)rows * per_row);

@@ -24,9 +24,12 @@
 #                                            what = bench (salafw bench bf16 + int8 at 1K, 32K, 128K), batch
 #                                            (bench_batch B = 1..64 at 1K), serve (serve-bench at 32), attn
 #                                            (bench_attn: a 32K and a 128K prefill chunk's attention ops, and a
-#                                            decode row's at 1K, 128K and 1M), long (bench_gpu bf16, a 1M-token
+#                                            decode row's at 1K, 128K, 256K, 512K and 1M), long (bench_gpu bf16, a 1M-token
 #                                            prompt and 64 decode steps); default
 #                                            bench batch serve
+#   bash scripts/gpu-run.sh ncu-attn [L [ROWS]]  Nsight Compute on bench_attn's stage 1 and sparse attention kernels
+#                                            at context L (default 131072) for a chunk of ROWS (8192): speed of
+#                                            light, memory, occupancy, warp stalls (one instance of each kernel)
 #   bash scripts/gpu-run.sh w8-vs-bf16 [G]   bf16 and int8 g128 full-size models in one call: batched decode
 #                                            (bench_batch B = 1..64 at 1K and 1K-32K), bench_gpu prefill and
 #                                            decode at 1K/32K/128K, and serving at concurrency 32
@@ -504,7 +507,7 @@ before-after)
 					continue
 				fi
 				# a prefill chunk at 32K and 128K, then a decode row at 1K .. 1M
-				for a in "--ctx 32768,131072 --rows 8192" "--ctx 1024,131072,1048576 --rows 1"; do
+				for a in "--ctx 32768,131072 --rows 8192" "--ctx 1024,131072,262144,524288,1048576 --rows 1"; do
 					echo "== $tag: bench_attn $a" | tee -a "$OUT/before-after.log"
 					# shellcheck disable=SC2086 # $a: the options, split on purpose
 					LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_attn" $a 2>&1 |
@@ -514,6 +517,25 @@ before-after)
 			*) echo "before-after: unknown benchmark $w" >&2; exit 2 ;;
 			esac
 		done
+	done
+	exit $rc
+	;;
+ncu-attn)
+	# bash scripts/gpu-run.sh ncu-attn [L [ROWS]]: one instance of stage 1's
+	# prefill kernel and one of the sparse attention (bench_attn's third
+	# call of each: its first op, then after the warm-up) under Nsight
+	# Compute, clocks left alone (METHOD.md)
+	L=${1:-131072} R=${2:-8192}
+	NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+	[ -n "$NCU" ] || { echo "ncu-attn: no ncu on this machine" >&2; exit 1; }
+	rc=0
+	for k in stage1_tc_kernel attn_tc_kernel; do
+		echo "== ncu $k, bench_attn --ctx $L --rows $R" | tee -a "$OUT/ncu-attn.log"
+		"$NCU" --clock-control none -k "regex:$k" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+			--section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
+			--section LaunchStats --section WarpStateStats --section SchedulerStats \
+			"$BIN/bench_attn" --ctx "$L" --rows "$R" 2>&1 | tee -a "$OUT/ncu-attn.log"
+		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 	done
 	exit $rc
 	;;
@@ -614,7 +636,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn|long ...] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn|long ...] | ncu-attn [L [ROWS]] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
 	exit 2
 	;;
 esac

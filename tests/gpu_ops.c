@@ -681,10 +681,10 @@ static float *tie_scores(size_t n, int tight)
 	return sc;
 }
 
-/* Every form: prefill rows (256 threads per row), a decode row of one part
- * (1,024 blocks or fewer) and of many (the split into parts and the
- * merge), in shared and in global memory, launches bounded at the rows'
- * length and far past it. */
+/* Every form: prefill rows (256 threads per row), a decode row in one
+ * block (up to 4 parts of 1,024 blocks: 3,125 and 4,096 blocks here) and
+ * split (4,097 blocks and more: the parts and the merge), in shared and in
+ * global memory, launches bounded at the rows' length and far past it. */
 static void t_topk_forms(void)
 {
 	/* the limit sfw_cuda_ctx_new raised: a 1M-token row's 16K blocks
@@ -698,7 +698,8 @@ static void t_topk_forms(void)
 	} cs[] = {{2, 50, 0, 40000, 40000},	  {2, 1, 0, 1048576, 1048576}, {2, 1, 1, 1048576, 1048576},
 		  {2, 20, 1, 200000, 200000},	  {2, 3, 0, 100, 100},	       {2, 1, 0, 65536, 65536},
 		  {2, 1, 0, 65600, 1048576},	  {2, 1, 1, 300000, 2000000},  {2, 1, 0, 1000, 1048576},
-		  {2, 50, 0, 40000, 100000}};
+		  {2, 50, 0, 40000, 100000},	  {2, 1, 0, 200000, 200000},   {2, 1, 1, 262144, 262144},
+		  {2, 1, 0, 262145, 262145},	  {2, 1, 0, 200000, 1048576}};
 	for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
 		int64_t n1 = (cs[c].L - 32) / 16 + 1;
 		float *sc = tie_scores((size_t)cs[c].nkv * cs[c].T * n1, cs[c].tight);
