@@ -28,8 +28,8 @@
 #                                            prompt and 64 decode steps); default
 #                                            bench batch serve
 #   bash scripts/gpu-run.sh ncu-attn [L [ROWS]]  Nsight Compute on bench_attn's stage 1 and sparse attention kernels
-#                                            at context L (default 131072) for a chunk of ROWS (8192): speed of
-#                                            light, memory, occupancy, warp stalls (one instance of each kernel)
+#                                            at context L (default 131072) for a chunk of ROWS (8192), and on a
+#                                            1M decode row's stage 1: speed of light, memory, occupancy, warp stalls
 #   bash scripts/gpu-run.sh w8-vs-bf16 [G]   bf16 and int8 g128 full-size models in one call: batched decode
 #                                            (bench_batch B = 1..64 at 1K and 1K-32K), bench_gpu prefill and
 #                                            decode at 1K/32K/128K, and serving at concurrency 32
@@ -521,20 +521,23 @@ before-after)
 	exit $rc
 	;;
 ncu-attn)
-	# bash scripts/gpu-run.sh ncu-attn [L [ROWS]]: one instance of stage 1's
-	# prefill kernel and one of the sparse attention (bench_attn's third
-	# call of each: its first op, then after the warm-up) under Nsight
-	# Compute, clocks left alone (METHOD.md)
+	# bash scripts/gpu-run.sh ncu-attn [L [ROWS]]: one instance of each
+	# kernel under Nsight Compute (clocks left alone, METHOD.md), from
+	# bench_attn's third call of the op (after its warm-up): a prefill chunk
+	# of ROWS (default 8192) at context L (default 131072): stage 1 and the
+	# sparse attention; then a decode row at 1M: stage 1's two passes
 	L=${1:-131072} R=${2:-8192}
 	NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 	[ -n "$NCU" ] || { echo "ncu-attn: no ncu on this machine" >&2; exit 1; }
 	rc=0
-	for k in stage1_tc_kernel attn_tc_kernel; do
-		echo "== ncu $k, bench_attn --ctx $L --rows $R" | tee -a "$OUT/ncu-attn.log"
-		"$NCU" --clock-control none -k "regex:$k" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+	for job in "stage1_tc_kernel 2 1 $L $R" "attn_tc_kernel 2 1 $L $R" "stage1_dec 4 2 1048576 1"; do
+		# shellcheck disable=SC2086 # $job: the fields, split on purpose
+		set -- $job
+		echo "== ncu $1 (skip $2, count $3), bench_attn --ctx $4 --rows $5" | tee -a "$OUT/ncu-attn.log"
+		"$NCU" --clock-control none -k "regex:$1" --launch-skip "$2" --launch-count "$3" --section SpeedOfLight \
 			--section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
 			--section LaunchStats --section WarpStateStats --section SchedulerStats \
-			"$BIN/bench_attn" --ctx "$L" --rows "$R" 2>&1 | tee -a "$OUT/ncu-attn.log"
+			"$BIN/bench_attn" --ctx "$4" --rows "$5" 2>&1 | tee -a "$OUT/ncu-attn.log"
 		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 	done
 	exit $rc
