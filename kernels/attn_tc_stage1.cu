@@ -5,19 +5,30 @@
  *   s[g, r, j] = sum_{h in g} exp(scale q_h.c1[j] - LSE_h) for visible j, else 0.
  * Fragment layouts: kernels/attn_tc.cuh.
  *
- * Prefill: one warp owns one query token and the G heads of one KV group (an M = 16
- * tile, rows >= G masked); a CTA holds S1T_W consecutive tokens of one group,
- * which read the same compressed keys, so each 64-chunk tile is loaded once
- * per CTA (cp.async, two stages). The CTA first walks the level-2 tiles (an
- * online max / sum of exp per head: the LSE), then the level-1 tiles: per
- * element exp2(x - LSE_h) (log2 domain), summed over the 16 rows of the tile
- * (the heads) with shuffles, NaN -> 0, rounded to bf16 as the CUDA-core
- * kernel, and written as 64 consecutive floats per warp. Columns past the
+ * Prefill: the products are taken transposed, keys as the M side: a warp
+ * computes D[key][head] = K[key] . Q[head] for S1T_TOK query tokens at once,
+ * each 16-key m-tile of compressed keys (an A fragment, ldmatrix from shared
+ * memory) against every token's G heads of one KV group (two n-tiles of 8
+ * heads, B fragments held in registers; heads >= G are zero). A key tile thus
+ * feeds S1T_TOK tokens' MMAs from one shared-memory read, and the sum over a
+ * token's heads is a sum over the columns a lane holds: four values in the
+ * lane, then a reduce-scatter over its quad (3 shuffles give each lane one
+ * finished (token, key) sum). A CTA holds S1T_W warps, S1T_R = S1T_W *
+ * S1T_TOK consecutive tokens of one group, which read the same compressed
+ * keys: each 64-chunk tile is loaded once per CTA (cp.async, two stages). The
+ * CTA first walks the level-2 tiles (an online max / sum of exp2 per head and
+ * lane, merged over the lanes of a head at the switch: the LSE), then the
+ * level-1 tiles: per element exp2(x - LSE_h) (log2 domain), summed over the
+ * heads, NaN -> 0, rounded to bf16 as the CUDA-core kernel. Columns past the
  * CTA's tiles up to n1 are written as zeros (the CPU twin's memset). */
 #include "attn_tc.cuh"
 
-#define S1T_TILE 64 /* compressed keys per tile */
-#define S1T_W 8	    /* warps = query tokens per CTA */
+#include <limits.h>
+
+#define S1T_TILE 64		  /* compressed keys per tile */
+#define S1T_W 4			  /* warps per CTA */
+#define S1T_TOK 2		  /* query tokens per warp */
+#define S1T_R (S1T_W * S1T_TOK) /* query tokens per CTA */
 
 struct s1tc_args {
 	float *scores;
@@ -47,7 +58,7 @@ template <int HD> struct s1t_rows {
 	 * (contiguous: blk 0); off -1: past the visible chunks. blk holds the
 	 * block-table load, used only when the tile is copied. */
 	int32_t blk[N];
-	int64_t off[N];
+	int32_t off[N]; /* (the launch keeps n1 and n2 below INT_MAX) */
 };
 
 /* Where tile i's rows are (level-2 tile i for i < nA, else level-1 tile
@@ -65,7 +76,7 @@ static __device__ __forceinline__ void s1t_where(const s1tc_args &a, s1t_rows<HD
 #pragma unroll
 	for (int k = 0; k < s1t_rows<HD>::N; k++) {
 		int64_t j = j0 + (threadIdx.x + k * S1T_W * 32) / CH;
-		w.blk[k] = 0, w.off[k] = j < lim ? j : -1;
+		w.blk[k] = 0, w.off[k] = j < lim ? (int32_t)j : -1;
 		if (a.tab && j < lim) { /* sfw_ckey_row in two parts */
 			int64_t e = sfw_ckey_last(a.ksize, a.stride, level, j);
 			w.blk[k] = __ldg(&a.tab[e >> a.shift]);
@@ -93,90 +104,143 @@ static __device__ __forceinline__ void s1t_load(const s1tc_args &a, uint16_t (*t
 	tc_cp_commit();
 }
 
-/* level 2, chunks j0..j0+63 (v2 visible): the online max m / per-lane
- * partial sum l of exp2 of rows gid (lo) and gid + 8 (hi), log2 domain */
-static __device__ __forceinline__ void s1t_level2(float (&s)[8][4], float &m_lo, float &m_hi, float &l_lo,
-						  float &l_hi, int64_t j0, int64_t v2, float scale_log2,
-						  int tq)
-{
-	float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-	for (int j = 0; j < 8; j++)
-#pragma unroll
-		for (int e = 0; e < 2; e++) {
-			bool vis = j0 + j * 8 + 2 * tq + e < v2;
-			float x0 = vis ? s[j][e] * scale_log2 : -INFINITY;
-			float x1 = vis ? s[j][2 + e] * scale_log2 : -INFINITY;
-			s[j][e] = x0, s[j][2 + e] = x1;
-			mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
-		}
-	float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-	float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-	l_lo *= exp2f(m_lo - mu_lo), l_hi *= exp2f(m_hi - mu_hi);
-	m_lo = mn_lo, m_hi = mn_hi;
-#pragma unroll
-	for (int j = 0; j < 8; j++)
-		l_lo += exp2f(s[j][0] - mu_lo) + exp2f(s[j][1] - mu_lo),
-		    l_hi += exp2f(s[j][2] - mu_hi) + exp2f(s[j][3] - mu_hi);
-}
-
-/* LSE of each row from the 4 lanes of its quad (lane-local maxima differ) */
-static __device__ __forceinline__ void s1t_lse(float m_lo, float m_hi, float l_lo, float l_hi, float &lse_lo,
-					       float &lse_hi)
-{
-	float M_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, 1));
-	M_lo = fmaxf(M_lo, __shfl_xor_sync(0xffffffffu, M_lo, 2));
-	float M_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, 1));
-	M_hi = fmaxf(M_hi, __shfl_xor_sync(0xffffffffu, M_hi, 2));
-	float L_lo = M_lo == -INFINITY ? 0.0f : l_lo * exp2f(m_lo - M_lo);
-	float L_hi = M_hi == -INFINITY ? 0.0f : l_hi * exp2f(m_hi - M_hi);
-	L_lo += __shfl_xor_sync(0xffffffffu, L_lo, 1);
-	L_lo += __shfl_xor_sync(0xffffffffu, L_lo, 2);
-	L_hi += __shfl_xor_sync(0xffffffffu, L_hi, 1);
-	L_hi += __shfl_xor_sync(0xffffffffu, L_hi, 2);
-	lse_lo = M_lo == -INFINITY ? -INFINITY : M_lo + log2f(L_lo);
-	lse_hi = M_hi == -INFINITY ? -INFINITY : M_hi + log2f(L_hi);
-}
-
-/* level 1, chunks j0..j0+63 (v1 visible): column sums over the heads of
- * exp2(x - LSE); lane (gid, tq) of an active row writes n-tile gid, 64
- * consecutive floats per warp (NaN -> 0, rounded to bf16) */
-static __device__ __forceinline__ void s1t_level1(const float (&s)[8][4], float *out, int64_t n1, int64_t j0,
-						  int64_t v1, float lse_lo, float lse_hi, float scale_log2,
-						  bool active, int G, int lane)
+/* Token t's Q as B fragments of D = K Qᵀ (k = head dims, n = heads):
+ * qb[kk][nt] = {Q[8nt + gid][16kk + 2tq, +1], Q[8nt + gid][16kk + 2tq + 8, +9]}
+ * of the G heads of group g (heads >= G, or an inactive row, zero). */
+template <int HD>
+static __device__ __forceinline__ void s1t_load_qb(uint32_t (&qb)[HD / 16][2][2], const uint16_t *q, bool active,
+						   int r, int nh, int g, int G, int lane)
 {
 	const int gid = lane >> 2, tq = lane & 3;
-	float cs[8][2];
 #pragma unroll
-	for (int j = 0; j < 8; j++)
+	for (int kk = 0; kk < HD / 16; kk++)
 #pragma unroll
-		for (int e = 0; e < 2; e++) {
-			bool vis = j0 + j * 8 + 2 * tq + e < v1;
-			float lo = vis && gid < G ? exp2f(s[j][e] * scale_log2 - lse_lo) : 0.0f;
-			float hi = vis && gid + 8 < G ? exp2f(s[j][2 + e] * scale_log2 - lse_hi) : 0.0f;
-			float v = lo + hi;
-			v += __shfl_xor_sync(0xffffffffu, v, 4);
-			v += __shfl_xor_sync(0xffffffffu, v, 8);
-			v += __shfl_xor_sync(0xffffffffu, v, 16);
-			cs[j][e] = v; /* every lane: columns 8j + 2tq + e */
+		for (int nt = 0; nt < 2; nt++) {
+			int h = 8 * nt + gid;
+			const uint16_t *row = q + ((size_t)r * nh + (size_t)g * G + h) * HD + kk * 16 + 2 * tq;
+			bool ok = active && h < G;
+			qb[kk][nt][0] = ok ? *(const uint32_t *)row : 0u;
+			qb[kk][nt][1] = ok ? *(const uint32_t *)(row + 8) : 0u;
 		}
-	if (active) {
+}
+
+/* d[t][nt] = the C fragments of keys 16m.. of tile Ks [64][HD + 8] against
+ * token t's heads of n-tile nt: c[0], c[1] = key gid, heads 8nt + 2tq, +1;
+ * c[2], c[3] = key gid + 8, the same heads */
+template <int HD>
+static __device__ __forceinline__ void s1t_mtile(float (&d)[S1T_TOK][2][4], const uint32_t (&qb)[S1T_TOK][HD / 16][2][2],
+						 const uint16_t *Ks, int m, int lane)
+{
+	constexpr int LD = HD + 8;
 #pragma unroll
-		for (int j = 0; j < 8; j++)
-			if (j == gid)
+	for (int t = 0; t < S1T_TOK; t++)
 #pragma unroll
-				for (int e = 0; e < 2; e++) {
-					int64_t col = j0 + j * 8 + 2 * tq + e;
-					float v = cs[j][e];
-					if (isnan(v))
-						v = 0.0f;
-					if (col < n1)
-						out[col] = sfwc_rbf(v);
-				}
+		for (int nt = 0; nt < 2; nt++)
+			d[t][nt][0] = d[t][nt][1] = d[t][nt][2] = d[t][nt][3] = 0.0f;
+#pragma unroll
+	for (int kk = 0; kk < HD / 16; kk++) {
+		uint32_t ka[4];
+		tc_ldsm_x4(ka, Ks + (m * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+		for (int t = 0; t < S1T_TOK; t++)
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++)
+				tc_mma(d[t][nt], ka, qb[t][kk][nt][0], qb[t][kk][nt][1]);
 	}
 }
 
-template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1_tc_kernel(s1tc_args a)
+/* Level 2, one m-tile (keys jA = gid and jB = gid + 8 of it, visible while
+ * below v2): the lane's online max m and sum l of exp2 per (token, head
+ * slot 2nt + e), log2 domain; l is rescaled only when m grows. */
+static __device__ __forceinline__ void s1t_level2(const float (&d)[S1T_TOK][2][4], float (&m)[S1T_TOK][4],
+						  float (&l)[S1T_TOK][4], int64_t jA, const int64_t (&v2)[S1T_TOK],
+						  float scale_log2)
+{
+#pragma unroll
+	for (int t = 0; t < S1T_TOK; t++) {
+		const bool va = jA < v2[t], vb = jA + 8 < v2[t];
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const int hs = 2 * nt + e;
+				float xa = va ? d[t][nt][e] * scale_log2 : -INFINITY;
+				float xb = vb ? d[t][nt][2 + e] * scale_log2 : -INFINITY;
+				float mn = fmaxf(m[t][hs], fmaxf(xa, xb));
+				if (mn == -INFINITY)
+					continue;
+				if (mn > m[t][hs]) {
+					l[t][hs] *= exp2f(m[t][hs] - mn); /* 0 while m = -inf */
+					m[t][hs] = mn;
+				}
+				l[t][hs] += exp2f(xa - mn) + exp2f(xb - mn);
+			}
+	}
+}
+
+/* The LSE of each (token, head slot) from the 8 lanes holding that head
+ * (the same tq): their maxima differ, so sums are rescaled to the largest */
+static __device__ __forceinline__ void s1t_lse(const float (&m)[S1T_TOK][4], const float (&l)[S1T_TOK][4],
+					       float (&lse)[S1T_TOK][4])
+{
+#pragma unroll
+	for (int t = 0; t < S1T_TOK; t++)
+#pragma unroll
+		for (int hs = 0; hs < 4; hs++) {
+			float M = m[t][hs];
+			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 4));
+			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 8));
+			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 16));
+			float L = M == -INFINITY ? 0.0f : l[t][hs] * exp2f(m[t][hs] - M);
+			L += __shfl_xor_sync(0xffffffffu, L, 4);
+			L += __shfl_xor_sync(0xffffffffu, L, 8);
+			L += __shfl_xor_sync(0xffffffffu, L, 16);
+			lse[t][hs] = M == -INFINITY ? -INFINITY : M + log2f(L);
+		}
+}
+
+/* Level 1, one m-tile (keys jA = j0 + gid and jA + 8, visible while below
+ * v1): each lane sums exp2(x - LSE) over its four heads for its two keys and
+ * S1T_TOK tokens (v[2t + k]), then the quad reduce-scatters so that lane tq
+ * holds the whole sum of entry tq: token tq >> 1, key jA + 8 (tq & 1). That
+ * lane writes it (NaN -> 0, rounded to bf16) when the token is active. */
+static __device__ __forceinline__ void s1t_level1(const float (&d)[S1T_TOK][2][4], const float (&lse)[S1T_TOK][4],
+						  float *const (&out)[S1T_TOK], const bool (&active)[S1T_TOK],
+						  int64_t n1, int64_t jA, const int64_t (&v1)[S1T_TOK],
+						  float scale_log2, int G, int tq)
+{
+	static_assert(S1T_TOK == 2, "the reduce-scatter below spreads 2 tokens x 2 keys over a quad");
+	float v[4];
+#pragma unroll
+	for (int t = 0; t < S1T_TOK; t++) {
+		const bool va = jA < v1[t], vb = jA + 8 < v1[t];
+		float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const int hs = 2 * nt + e;
+				const bool hv = 8 * nt + 2 * tq + e < G;
+				sa += va && hv ? exp2f(d[t][nt][e] * scale_log2 - lse[t][hs]) : 0.0f;
+				sb += vb && hv ? exp2f(d[t][nt][2 + e] * scale_log2 - lse[t][hs]) : 0.0f;
+			}
+		v[2 * t] = sa, v[2 * t + 1] = sb;
+	}
+	/* round 1 (lanes tq, tq ^ 1): keep the entries of parity b0, pass the others */
+	const int b0 = tq & 1, b1 = tq >> 1;
+	float k0 = (b0 ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, b0 ? v[0] : v[1], 1);
+	float k1 = (b0 ? v[3] : v[2]) + __shfl_xor_sync(0xffffffffu, b0 ? v[2] : v[3], 1);
+	/* round 2 (lanes tq, tq ^ 2): entry b0 + 2 b1 = tq */
+	float sum = (b1 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, b1 ? k0 : k1, 2);
+	const int64_t col = jA + 8 * b0;
+	if (isnan(sum))
+		sum = 0.0f;
+	/* (selects, not indexing: the arrays stay in registers) */
+	if ((b1 ? active[1] : active[0]) && col < n1)
+		(b1 ? out[1] : out[0])[col] = sfwc_rbf(sum);
+}
+
+template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1_tc_kernel(s1tc_args a)
 {
 	sfwc_pdl_wait();
 	a.pos0 = *a.sp.pos + a.sp.off;
@@ -184,25 +248,35 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 	a.n2 = sfw_nchunks(*a.sp.pos + a.sp.len, 4 * a.ksize, 4 * a.stride);
 	constexpr int LD = HD + 8; /* padded rows: conflict-free ldmatrix */
 	__shared__ __align__(16) uint16_t tile[2][S1T_TILE * LD];
-	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, tq = lane & 3;
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
 	const int g = blockIdx.y, G = a.nh / a.nkv;
-	const int r0 = blockIdx.x * S1T_W, r = r0 + w;
-	const bool active = r < a.T;
-	const int64_t p = a.pos0 + r, pmax = a.pos0 + min(a.T - 1, r0 + S1T_W - 1);
-	const int64_t v1 = active ? s1t_visible(p, a.n1, a.ksize, a.stride) : 0;
-	const int64_t v2 = active ? s1t_visible(p, a.n2, 4 * a.ksize, 4 * a.stride) : 0;
+	const int r0 = blockIdx.x * S1T_R;
+	const int64_t pmax = a.pos0 + min(a.T - 1, r0 + S1T_R - 1);
 	/* visibility grows with p: the CTA's last token sees the most */
 	const int64_t v1max = s1t_visible(pmax, a.n1, a.ksize, a.stride);
 	const int64_t v2max = s1t_visible(pmax, a.n2, 4 * a.ksize, 4 * a.stride);
 	const int nA = (int)((v2max + S1T_TILE - 1) / S1T_TILE),
 		  nB = (int)((v1max + S1T_TILE - 1) / S1T_TILE);
 
-	uint32_t qa[HD / 16][4];
-	tc_load_q<HD>(qa, a.q, active, r, a.nh, g, G, lane);
-	/* rows gid and gid + 8: running max / per-lane partial sum (log2 domain) */
-	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-	float lse_lo = -INFINITY, lse_hi = -INFINITY;
-	float *out = a.scores + ((size_t)g * a.T + r) * (size_t)a.n1;
+	/* this warp's tokens: r0 + S1T_TOK w + t */
+	bool active[S1T_TOK];
+	int64_t v1[S1T_TOK], v2[S1T_TOK];
+	float *out[S1T_TOK];
+	uint32_t qb[S1T_TOK][HD / 16][2][2];
+	float m[S1T_TOK][4], l[S1T_TOK][4], lse[S1T_TOK][4];
+#pragma unroll
+	for (int t = 0; t < S1T_TOK; t++) {
+		const int r = r0 + S1T_TOK * w + t;
+		active[t] = r < a.T;
+		v1[t] = active[t] ? s1t_visible(a.pos0 + r, a.n1, a.ksize, a.stride) : 0;
+		v2[t] = active[t] ? s1t_visible(a.pos0 + r, a.n2, 4 * a.ksize, 4 * a.stride) : 0;
+		out[t] = a.scores + ((size_t)g * a.T + (active[t] ? r : 0)) * (size_t)a.n1;
+		s1t_load_qb<HD>(qb[t], a.q, active[t], r, a.nh, g, G, lane);
+#pragma unroll
+		for (int hs = 0; hs < 4; hs++)
+			m[t][hs] = -INFINITY, l[t][hs] = 0.0f, lse[t][hs] = -INFINITY;
+	}
+	const bool any = active[0]; /* token 0 of the warp is the first: none active without it */
 
 	const int N = nA + nB;
 	s1t_rows<HD> wn; /* the rows of the next tile to copy */
@@ -222,26 +296,28 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 2) stage1
 			tc_cp_wait<0>();
 		}
 		__syncthreads();
-		float s[8][4];
+		if (i == nA) /* the switch to level 1: every level-2 tile is in */
+			s1t_lse(m, l, lse);
+		if (any) {
+			const int64_t j0 = (int64_t)(i < nA ? i : i - nA) * S1T_TILE;
 #pragma unroll
-		for (int j = 0; j < 8; j++)
-			s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-		if (active)
-			tc_qk_tile<HD>(s, qa, tile[st], lane);
-		if (active && i < nA) {
-			/* level 2: online log-sum-exp per head over the visible chunks */
-			s1t_level2(s, m_lo, m_hi, l_lo, l_hi, (int64_t)i * S1T_TILE, v2, a.scale_log2, tq);
-		} else if (i >= nA) {
-			if (i == nA)
-				s1t_lse(m_lo, m_hi, l_lo, l_hi, lse_lo, lse_hi);
-			s1t_level1(s, out, a.n1, (int64_t)(i - nA) * S1T_TILE, v1, lse_lo, lse_hi,
-				   a.scale_log2, active, G, lane);
+			for (int mt = 0; mt < S1T_TILE / 16; mt++) {
+				float d[S1T_TOK][2][4];
+				s1t_mtile<HD>(d, qb, tile[st], mt, lane);
+				const int64_t jA = j0 + 16 * mt + gid;
+				if (i < nA)
+					s1t_level2(d, m, l, jA, v2, a.scale_log2);
+				else
+					s1t_level1(d, lse, out, active, a.n1, jA, v1, a.scale_log2, G, tq);
+			}
 		}
 		__syncthreads(); /* stage st is free for the load two steps on */
 	}
-	if (active)
-		for (int64_t col = (int64_t)nB * S1T_TILE + lane; col < a.n1; col += 32)
-			out[col] = 0.0f;
+#pragma unroll
+	for (int t = 0; t < S1T_TOK; t++)
+		if (active[t])
+			for (int64_t col = (int64_t)nB * S1T_TILE + lane; col < a.n1; col += 32)
+				out[t][col] = 0.0f;
 }
 
 /* ---- decode rows (T <= S1D_MAXT): the work split over the keys ----
@@ -561,8 +637,8 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2,
 		return 0;
 	if (hd != 32 && hd != 64 && hd != 128)
 		return 0;
-	/* tile counts are int */
-	if (n1 / S1T_TILE >= (int64_t)1 << 30 || n2 / S1T_TILE >= (int64_t)1 << 30)
+	/* tile counts and the prefill kernel's key indices are int */
+	if (n1 >= INT_MAX || n2 >= INT_MAX)
 		return 0;
 	/* decode rows: the split over the keys above; between those and
 	 * prefill-sized calls (auto) the CUDA-core kernel; the prefill kernel
@@ -588,7 +664,7 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2,
 		       ck->tab,
 		       ck->shift};
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
-	dim3 grid((unsigned)((T + S1T_W - 1) / S1T_W), (unsigned)nkv);
+	dim3 grid((unsigned)((T + S1T_R - 1) / S1T_R), (unsigned)nkv);
 	switch (hd) {
 	case 32:
 		sfwc_launch(stage1_tc_kernel<32>, grid, dim3(S1T_W * 32), 0, s, a);
