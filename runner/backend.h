@@ -10,10 +10,13 @@
  * backend's memory space, so (char *)p + i * sfw_be_act_size(be) is element
  * i (forward.c offsets rows this way).
  *
- * The table has five groups a reader can name: memory and transfers,
- * weights, caches and the block pool, the ops, capture and sync. Every op
- * goes through one member, op(), with an op kind and its arguments (struct
- * sfw_op); callers use the typed sfw_be_* calls below, which fill one.
+ * The table (name, act, impl and 18 function members) has five groups a
+ * reader can name: memory and transfers, weights, caches and the block
+ * pool, the ops, steps. Every op goes through one member, op(), with an op
+ * kind and its arguments (struct sfw_op); callers use the typed sfw_be_*
+ * calls below, which fill one. The caches' bookkeeping is ops too: a
+ * layer's counts and addresses (SFW_OP_CACHE_VIEW), a reset
+ * (SFW_OP_CACHE_RESET), a sequence's copy (SFW_OP_CACHE_COPY).
  * Optional members are NULL, and the one place that stands in for them is
  * runner/backend_compose.c (sfwi_op, sfwi_step, ...): an op a backend does
  * not take (supports_op, the single way to ask) is composed there from the
@@ -148,6 +151,7 @@ enum sfw_opk {
 	SFW_OP_SAMPLE,
 	SFW_OP_CACHE_COPY, /* optional, not composable: no fork without it (sfw_be_cache_copy) */
 	SFW_OP_CACHE_VIEW,      /* every backend's: not composable */
+	SFW_OP_CACHE_RESET,     /* every backend's: not composable */
 	SFW_OP_N,
 	/* capabilities (supports_op only; dtype ignored) */
 	SFW_OP_POOL = SFW_OP_N, /* paged KV (pool_new) */
@@ -163,12 +167,14 @@ struct sfw_bseq {
 	int row0, R;
 };
 
-/* One layer's cache as backend addresses (SFW_OP_CACHE_VIEW): for copies
- * of a whole sequence's state through transfer (runner/ctxstate.c). Sparse
- * layers: k, v [cap, nkv, hd] and the compressed keys c1 [cap1, nkv, hd],
- * c2 [cap2, nkv, hd], in activation elements, holding len, n1, n2 rows
- * (state NULL); lightning layers: the fp32 state [lnh, lhd, lhd] (the
- * others NULL, the counts 0). */
+/* One layer's cache (SFW_OP_CACHE_VIEW): its counts, and its buffers as
+ * backend addresses for copies of a whole sequence's state through
+ * transfer (runner/ctxstate.c). Sparse layers: len, n1, n2 rows held
+ * (tokens, level-1 and level-2 compressed keys) of cap, cap1, cap2, and k,
+ * v [cap, nkv, hd] and the compressed keys c1 [cap1, nkv, hd], c2 [cap2,
+ * nkv, hd], in activation elements (state NULL); k, v, c1, c2 are NULL
+ * where they are not at one address (a paged cache). Lightning layers: the
+ * fp32 state [lnh, lhd, lhd] (the others NULL, the counts 0). */
 struct sfw_cache_view {
 	void *k, *v, *c1, *c2;
 	float *state;
@@ -266,6 +272,10 @@ struct sfw_op {
 			const int64_t *set;
 			struct sfw_cache_view *out;
 		} view;
+		/* cache_reset: c forgets its tokens (sfw_be_cache_reset) */
+		struct {
+			struct sfw_bcache *c;
+		} reset;
 	};
 };
 
@@ -317,10 +327,11 @@ struct sfw_backend {
 	SFW_MUST_CHECK enum sfw_status (*sync)(struct sfw_backend *be, int wait, struct sfw_err *err);
 
 	/* ---- weights ---- */
-	/* Uploads (or, on the CPU, adopts) one weight; fills w->dev. */
+	/* Uploads (or, on the CPU, adopts) one weight; fills w->dev. An
+	 * uploaded weight lives until the backend is destroyed (there is no
+	 * release of one weight). */
 	SFW_MUST_CHECK enum sfw_status (*weight_upload)(struct sfw_backend *be, struct sfw_bweight *w,
 							struct sfw_err *err);
-	void (*weight_release)(struct sfw_backend *be, struct sfw_bweight *w);
 	/* Merged projections (docs/performance.md §5.7), optional. Between
 	 * load(begin) and load(end) weight_upload may defer its copy. merge
 	 * places parts[0..n-1] (same cols and dtype) as consecutive row ranges
@@ -339,22 +350,17 @@ struct sfw_backend {
 	 * whole blocks); never shrinks. */
 	SFW_MUST_CHECK enum sfw_status (*cache_reserve)(struct sfw_backend *be, struct sfw_bcache *c,
 							int64_t tokens, struct sfw_err *err);
-	/* Forgets every token and zeroes the lightning states. */
-	void (*cache_reset)(struct sfw_backend *be, struct sfw_bcache *c);
-	/* A sparse layer's tokens (out[0], every sparse layer agrees) and
-	 * level-1 and level-2 compressed keys made (out[1], out[2]). */
-	void (*cache_info)(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3]);
 	/* Paged KV (runner/batch.h): a pool of `blocks` blocks of d->block
 	 * tokens, each holding those tokens' K and V in every sparse layer,
 	 * allocated now. Caches made with d->pool set take a free block per
 	 * d->block tokens in cache_reserve (SFW_E_NOSPACE "KV pool full" when
 	 * none is left; a failed reserve takes none) and give every block back
-	 * in cache_reset and cache_free. The ops mean what they mean on a
-	 * cache's K/V as [len, nkv, hd] at one address (the CPU backend maps the
-	 * blocks there, backend_cpu.c; the CUDA kernels read each cache's block
-	 * table, cache_cuda.c). SFW_E_UNSUPPORTED: no paging here (supports_op
-	 * SFW_OP_POOL is 0) or the shapes do not allow it; the caller keeps
-	 * caches of their own. pool_used: blocks taken. */
+	 * in a reset (sfw_be_cache_reset) and cache_free. The ops mean what
+	 * they mean on a cache's K/V as [len, nkv, hd] at one address (the CPU
+	 * backend maps the blocks there, backend_cpu.c; the CUDA kernels read
+	 * each cache's block table, cache_cuda.c). SFW_E_UNSUPPORTED: no paging
+	 * here (supports_op SFW_OP_POOL is 0) or the shapes do not allow it; the
+	 * caller keeps caches of their own. pool_used: blocks taken. */
 	SFW_MUST_CHECK enum sfw_status (*pool_new)(struct sfw_backend *be, const struct sfw_cache_desc *d,
 						   int64_t blocks, struct sfw_bpool **out, struct sfw_err *err);
 	void (*pool_free)(struct sfw_backend *be, struct sfw_bpool *p);
@@ -423,19 +429,29 @@ static inline void sfw_be_from_host_f32(struct sfw_backend *be, void *dst, const
 }
 /* Waits for every op queued so far (a failure it reports is logged). */
 void sfw_be_wait(struct sfw_backend *be);
+/* A layer's counts (SFW_OP_CACHE_VIEW without set, which every cache
+ * answers: it cannot fail for a layer of c). */
+static inline struct sfw_cache_view sfwi_cache_counts(struct sfw_backend *be, const struct sfw_bcache *c,
+						      int layer)
+{
+	struct sfw_cache_view v;
+	struct sfw_op op = {.kind = SFW_OP_CACHE_VIEW,
+			    .view = {(struct sfw_bcache *)(uintptr_t)c, layer, NULL, &v}};
+	enum sfw_status s = sfwi_op(be, &op, NULL);
+	SFW_ASSERT(s == SFW_OK);
+	return v;
+}
+/* A sparse layer's tokens (every sparse layer agrees). */
 static inline int64_t sfw_be_cache_len(struct sfw_backend *be, const struct sfw_bcache *c, int layer)
 {
-	int64_t o[3];
-	be->cache_info(be, c, layer, o);
-	return o[0];
+	return sfwi_cache_counts(be, c, layer).len;
 }
 /* (level-1, level-2) compressed keys currently made for a sparse layer. */
 static inline void sfw_be_cache_ncompressed(struct sfw_backend *be, const struct sfw_bcache *c, int layer,
 					    int64_t out[2])
 {
-	int64_t o[3];
-	be->cache_info(be, c, layer, o);
-	out[0] = o[1], out[1] = o[2];
+	struct sfw_cache_view v = sfwi_cache_counts(be, c, layer);
+	out[0] = v.n1, out[1] = v.n2;
 }
 
 /* The ops, one call each (meaning: kernels/ops.h). The ops that cannot fail
@@ -689,18 +705,32 @@ static inline SFW_MUST_CHECK enum sfw_status sfwi_cache_counts_fit(const int64_t
 	return SFW_OK;
 }
 
-/* A layer's cache as backend addresses (struct sfw_cache_view), after
- * making its counts set[0..3) when set is not NULL: each within its
- * capacity (room reserved with cache_reserve), else SFW_E_RANGE and nothing
- * changed. A paged cache (d->pool) is SFW_E_UNSUPPORTED: its K/V are not at
- * one address on every backend. The counts change nothing in backend
- * memory: a caller that sets them has written (transfer) what they count. */
+/* A layer's cache (struct sfw_cache_view), after making its counts
+ * set[0..3) when set is not NULL: each within its capacity (room reserved
+ * with cache_reserve), else SFW_E_RANGE and nothing changed. Every cache
+ * gives its counts; a paged cache (d->pool) gives no buffers (k, v, c1, c2
+ * NULL: its K/V are not at one address on every backend) and refuses set
+ * (SFW_E_UNSUPPORTED "a paged KV cache has no view"). The counts change
+ * nothing in backend memory: a caller that sets them has written
+ * (transfer) what they count. */
 static inline SFW_MUST_CHECK enum sfw_status sfw_be_cache_view(struct sfw_backend *be, struct sfw_bcache *c, int layer,
 							       const int64_t *set, struct sfw_cache_view *out,
 							       struct sfw_err *err)
 {
 	struct sfw_op op = {.kind = SFW_OP_CACHE_VIEW, .view = {c, layer, set, out}};
 	return sfwi_op(be, &op, err);
+}
+
+/* c forgets every token (and the compressed keys) and its lightning
+ * states are zeroed, ordered with the ops: SFW_OP_CACHE_RESET, every
+ * backend's, which cannot fail. Its room stays reserved, except a paged
+ * cache's: it lets go of its blocks (each back to the pool when no other
+ * cache holds it). */
+static inline void sfw_be_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
+{
+	struct sfw_op op = {.kind = SFW_OP_CACHE_RESET, .reset = {c}};
+	enum sfw_status s = sfwi_op(be, &op, NULL);
+	SFW_ASSERT(s == SFW_OK);
 }
 
 /* The CPU backend; nthreads <= 0 means sfw_default_threads(). */

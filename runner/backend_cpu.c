@@ -97,11 +97,6 @@ static enum sfw_status cpu_weight_upload(struct sfw_backend *be, struct sfw_bwei
 	return SFW_OK;
 }
 
-static void cpu_weight_release(struct sfw_backend *be, struct sfw_bweight *w)
-{
-	(void)be, (void)w;
-}
-
 static void *cpu_alloc(struct sfw_backend *be, size_t bytes)
 {
 	(void)be;
@@ -576,12 +571,6 @@ static enum sfw_status cpu_cache_copy(struct sfw_backend *be, struct sfw_bcache 
 	return SFW_OK;
 }
 
-static void cpu_cache_info(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3])
-{
-	(void)be;
-	out[0] = c->L[layer].len, out[1] = c->L[layer].n1, out[2] = c->L[layer].n2;
-}
-
 static void cpu_kv_append(struct sfw_backend *be, struct sfw_bcache *c, int layer, const void *k, const void *v,
 			  int T)
 {
@@ -692,10 +681,13 @@ static void cpu_gla(struct sfw_backend *be, void *o, const void *q, const void *
 		sfw_op_gla_recurrent_cpu(EX(be), F(o), F(q), F(k), F(v), S, decay, &sh);
 }
 
+/* SFW_OP_CACHE_VIEW (backend.h): the layer's counts and buffers, after
+ * setting its counts; a paged cache's counts only (its compressed keys are
+ * the pool's, through the block table) and no set. */
 static enum sfw_status cpu_cache_view(struct sfw_bcache *c, int layer, const int64_t *set,
 				      struct sfw_cache_view *out, struct sfw_err *err)
 {
-	if (c->d.pool)
+	if (set && c->d.pool)
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "a paged KV cache has no view");
 	SFW_ASSERT(layer >= 0 && layer < c->d.n_layers);
 	struct cpu_layer *l = &c->L[layer];
@@ -706,6 +698,8 @@ static enum sfw_status cpu_cache_view(struct sfw_bcache *c, int layer, const int
 		l->len = set[0], l->n1 = set[1], l->n2 = set[2];
 	}
 	*out = (struct sfw_cache_view){l->k, l->v, l->c1, l->c2, l->state, l->len, l->n1, l->n2, l->cap, l->cap1, l->cap2};
+	if (c->d.pool)
+		out->k = out->v = out->c1 = out->c2 = NULL;
 	return SFW_OK;
 }
 
@@ -797,6 +791,9 @@ static enum sfw_status cpu_op(struct sfw_backend *be, const struct sfw_op *o, st
 		return cpu_cache_copy(be, o->copy.dst, o->copy.src, err);
 	case SFW_OP_CACHE_VIEW:
 		return cpu_cache_view(o->view.c, o->view.layer, o->view.set, o->view.out, err);
+	case SFW_OP_CACHE_RESET:
+		cpu_cache_reset(be, o->reset.c);
+		break;
 	default:
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "the cpu backend has no op %d", (int)o->kind);
 	}
@@ -814,12 +811,9 @@ static const struct sfw_backend cpu_backend = {
 	.transfer = cpu_transfer,
 	.sync = cpu_sync,
 	.weight_upload = cpu_weight_upload,
-	.weight_release = cpu_weight_release,
 	.cache_new = cpu_cache_new,
 	.cache_free = cpu_cache_free,
 	.cache_reserve = cpu_cache_reserve,
-	.cache_reset = cpu_cache_reset,
-	.cache_info = cpu_cache_info,
 	.pool_new = cpu_pool_new,
 	.pool_free = cpu_pool_free,
 	.pool_used = cpu_pool_used,

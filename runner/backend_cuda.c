@@ -273,13 +273,6 @@ static enum sfw_status cu_load(struct sfw_backend *be, int end, struct sfw_err *
 	return s;
 }
 
-static void cu_weight_release(struct sfw_backend *be, struct sfw_bweight *w)
-{
-	(void)be;
-	w->dev = NULL; /* the slabs go with the backend */
-	w->scales_dev = NULL;
-}
-
 static void *cu_alloc(struct sfw_backend *be, size_t bytes)
 {
 	(void)be;
@@ -430,7 +423,6 @@ static const struct sfw_backend cuda_backend = {
 	.transfer = cu_transfer,
 	.sync = cu_sync,
 	.weight_upload = cu_weight_upload,
-	.weight_release = cu_weight_release,
 	.merge = cu_merge,
 	.load = cu_load,
 	.supports_op = cu_supports_op,

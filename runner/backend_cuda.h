@@ -184,9 +184,10 @@ int64_t sfwi_cu_cache_room(const struct sfw_bcache *c);
 void sfwi_cu_cache_advance(struct sfw_bcache *c, int T);
 SFW_MUST_CHECK enum sfw_status sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *dst,
 						  const struct sfw_bcache *src, struct sfw_err *err);
-/* SFW_OP_CACHE_VIEW (cache_cuda.c). */
+/* SFW_OP_CACHE_VIEW and SFW_OP_CACHE_RESET (cache_cuda.c). */
 SFW_MUST_CHECK enum sfw_status sfwi_cu_cache_view(struct sfw_bcache *c, int layer, const int64_t *set,
 						  struct sfw_cache_view *out, struct sfw_err *err);
+void sfwi_cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c);
 SFW_MUST_CHECK enum sfw_status sfwi_cu_sel_room(struct sfw_backend *be, size_t bytes, struct sfw_err *err);
 /* glue_cuda.c: the op members */
 void sfwi_cu_ops(struct sfw_backend *be);

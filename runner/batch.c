@@ -198,7 +198,7 @@ enum sfw_status sfw_batch_seq_open(struct sfw_batch *b, int *seq, struct sfw_err
 		if (q->open)
 			continue;
 		if (q->cache) { /* parked: emptied, its room kept */
-			b->m->be->cache_reset(b->m->be, q->cache);
+			sfw_be_cache_reset(b->m->be, q->cache);
 		} else {
 			enum sfw_status s = sfwi_cache_new(b->m, b->pool, b->p.max_ctx, &q->cache, err);
 			if (s != SFW_OK) {
@@ -265,7 +265,7 @@ enum sfw_status sfw_batch_seq_fork(struct sfw_batch *b, int src, int *dst, struc
 	struct bseq *q = &b->seq[slot];
 	enum sfw_status s = SFW_OK;
 	if (q->cache) { /* parked: emptied, its room kept */
-		be->cache_reset(be, q->cache);
+		sfw_be_cache_reset(be, q->cache);
 	} else {
 		s = sfwi_cache_new(b->m, b->pool, b->p.max_ctx, &q->cache, err);
 		if (s != SFW_OK) {
@@ -301,7 +301,7 @@ void sfw_batch_seq_close(struct sfw_batch *b, int seq)
 	sfwi_step_free(b->m->be, q->rec); /* recorded over this sequence's lengths */
 	q->rec = NULL;
 	if (b->pool) { /* paged: the blocks go back to the pool now; the cache is parked without them */
-		b->m->be->cache_reset(b->m->be, q->cache);
+		sfw_be_cache_reset(b->m->be, q->cache);
 		q->room = 0;
 	}
 	q->open = 0, q->pos = 0, q->stamp = 0;

@@ -224,7 +224,9 @@ static enum sfw_status cu_cache_reserve(struct sfw_backend *be, struct sfw_bcach
 	return SFW_OK;
 }
 
-static void cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
+/* SFW_OP_CACHE_RESET (backend.h): the host's counts (and a paged cache's
+ * blocks) at once, the lightning states zeroed on the stream. */
+void sfwi_cu_cache_reset(struct sfw_backend *be, struct sfw_bcache *c)
 {
 	if (c->table) /* every block back to the pool */
 		pages_release(c);
@@ -338,18 +340,13 @@ enum sfw_status sfwi_cu_cache_copy(struct sfw_backend *be, struct sfw_bcache *ds
 	return SFW_OK;
 }
 
-static void cu_cache_info(struct sfw_backend *be, const struct sfw_bcache *c, int layer, int64_t out[3])
-{
-	(void)be;
-	out[0] = c->L[layer].len, out[1] = c->L[layer].n1, out[2] = c->L[layer].n2;
-}
-
-/* SFW_OP_CACHE_VIEW (backend.h): the layer's buffers, after setting its
- * counts; contiguous caches only (a paged one's K/V live in pool blocks). */
+/* SFW_OP_CACHE_VIEW (backend.h): the layer's counts and buffers, after
+ * setting its counts; a paged cache's counts only (its K/V live in pool
+ * blocks) and no set. */
 enum sfw_status sfwi_cu_cache_view(struct sfw_bcache *c, int layer, const int64_t *set, struct sfw_cache_view *out,
 				   struct sfw_err *err)
 {
-	if (c->table)
+	if (set && c->table)
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "a paged KV cache has no view");
 	SFW_ASSERT(layer >= 0 && layer < c->d.n_layers);
 	struct cu_layer *l = &c->L[layer];
@@ -360,6 +357,8 @@ enum sfw_status sfwi_cu_cache_view(struct sfw_bcache *c, int layer, const int64_
 		l->len = set[0], l->n1 = set[1], l->n2 = set[2];
 	}
 	*out = (struct sfw_cache_view){l->k, l->v, l->c1, l->c2, l->state, l->len, l->n1, l->n2, l->cap, l->cap1, l->cap2};
+	if (c->table)
+		out->k = out->v = out->c1 = out->c2 = NULL;
 	return SFW_OK;
 }
 
@@ -492,8 +491,6 @@ void sfwi_cu_caches(struct sfw_backend *be)
 	be->cache_new = cu_cache_new;
 	be->cache_free = cu_cache_free;
 	be->cache_reserve = cu_cache_reserve;
-	be->cache_reset = cu_cache_reset;
-	be->cache_info = cu_cache_info;
 	be->pool_new = cu_pool_new;
 	be->pool_free = cu_pool_free;
 	be->pool_used = cu_pool_used;

@@ -175,7 +175,7 @@ enum sfw_status sfwi_ctx_workspace(struct sfw_model *m, int rows, int logit_rows
 
 void sfw_ctx_reset(struct sfw_ctx *c)
 {
-	c->m->be->cache_reset(c->m->be, c->cache);
+	sfw_be_cache_reset(c->m->be, c->cache);
 	c->pos = 0;
 	c->broken = 0;
 	c->last_row = -1;

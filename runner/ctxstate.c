@@ -64,6 +64,8 @@ static enum sfw_status sec_base(struct sfw_ctx *c, const struct sfwi_sec_desc *d
 	enum sfw_status s = sfw_be_cache_view(c->m->be, c->cache, d->layer, NULL, &v, err);
 	if (s != SFW_OK)
 		return s;
+	if (d->kind != SFWI_SEC_STATE && !v.k) /* its counts only: the K/V are in pool blocks */
+		return sfw_fail(err, SFW_E_UNSUPPORTED, "a paged KV cache has no view");
 	void *const p[] = {v.k, v.v, v.c1, v.c2, v.state};
 	const int64_t room[] = {v.cap, v.cap, v.cap1, v.cap2, 1};
 	*base = p[d->kind];

@@ -576,8 +576,12 @@ static void cu_attn_dense_seqs(struct sfw_backend *be, void *o, const void *q, c
 
 static enum sfw_status cu_op(struct sfw_backend *be, const struct sfw_op *o, struct sfw_err *err)
 {
-	if (IMPL(be)->skip) /* a replayed step: the op is in its recording (capture_cuda.c) */
+	if (IMPL(be)->skip) { /* a replayed step: the op is in its recording (capture_cuda.c) */
+		/* the caches' own ops (views, resets, copies) come between steps */
+		SFW_ASSERT(o->kind != SFW_OP_CACHE_VIEW && o->kind != SFW_OP_CACHE_RESET &&
+			   o->kind != SFW_OP_CACHE_COPY);
 		return SFW_OK;
+	}
 	switch (o->kind) {
 	case SFW_OP_EMBED:
 		cu_embed(be, o->embed.x, o->embed.E, o->embed.ids, o->embed.T, o->embed.scale);
@@ -664,6 +668,9 @@ static enum sfw_status cu_op(struct sfw_backend *be, const struct sfw_op *o, str
 		return sfwi_cu_cache_copy(be, o->copy.dst, o->copy.src, err);
 	case SFW_OP_CACHE_VIEW:
 		return sfwi_cu_cache_view(o->view.c, o->view.layer, o->view.set, o->view.out, err);
+	case SFW_OP_CACHE_RESET:
+		sfwi_cu_cache_reset(be, o->reset.c);
+		break;
 	default:
 		return sfw_fail(err, SFW_E_UNSUPPORTED, "the cuda backend has no op %d", (int)o->kind);
 	}

@@ -260,10 +260,10 @@ static enum sfw_status bindf(struct binder *b, struct sfw_bweight *w, int ndim, 
 	return bind(b, w, name, ndim, d0, d1);
 }
 
-static void release(struct sfw_model *m, struct sfw_bweight *w)
+/* An uploaded weight lives as long as the backend (sfw_model_free destroys
+ * it after this): only the binding is cleared. */
+static void release(struct sfw_bweight *w)
 {
-	if (w->host && m->be)
-		m->be->weight_release(m->be, w);
 	memset(w, 0, sizeof(*w));
 }
 
@@ -377,14 +377,14 @@ static void model_close(struct sfw_model *m)
 						    &L->k, &L->v, &L->o, &L->o_gate, &L->z, &L->q_norm, &L->k_norm,
 						    &L->o_norm};
 			for (size_t k = 0; k < sizeof(ws) / sizeof(ws[0]); k++)
-				release(m, ws[k]);
+				release(ws[k]);
 		}
 		sfw_free(m->layers);
 		m->layers = NULL;
 	}
-	release(m, &m->embed);
-	release(m, &m->norm);
-	release(m, &m->lm_head);
+	release(&m->embed);
+	release(&m->norm);
+	release(&m->lm_head);
 	if (m->decay && m->be)
 		m->be->free(m->be, m->decay);
 	m->decay = NULL;

@@ -31,8 +31,8 @@ enum bo_op {
 	BO_DENSE,  /* cache_reserve + kv_append + attn_dense, call after call */
 	BO_SPARSE, /* kv_append + compress + sparse_select + attn_sparse */
 	BO_GLA,	   /* gla against the lightning state, call after call */
-	BO_CACHE,  /* cache_len, cache_ncompressed, cache_reset */
-	BO_POOL,   /* pool_new, paged cache_reserve, pool_used, exhaustion */
+	BO_CACHE,  /* cache_len, cache_ncompressed, cache_view, cache_reset */
+	BO_POOL,   /* pool_new, paged cache_reserve, pool_used, exhaustion, a paged view */
 	BO_SEQS,   /* the *_seqs ops over several caches at different lengths */
 };
 
@@ -342,13 +342,6 @@ static int wup(struct run *x, struct bo_weight *bw)
 	return 0;
 }
 
-static void wrelease(struct run *x, struct bo_weight *bw)
-{
-	for (int i = 0; i < 2; i++)
-		x->b[i]->weight_release(x->b[i], &bw->w[i]);
-	bo_weight_free(bw);
-}
-
 /* n activation elements in b's memory holding h. */
 static void *dup_act(struct sfw_backend *b, const float *h, size_t n)
 {
@@ -459,7 +452,7 @@ static void t_embed(struct run *x)
 		sfw_be_embed(x->b[i], y.d[i], &E.w[i], id.d[i], c->M, 12.0f);
 	pair_cmp(x, "x = E[ids] * 12", &y, n);
 	pair_free(x, &y), pair_free(x, &id), free(ids);
-	wrelease(x, &E);
+	bo_weight_free(&E);
 }
 
 static void t_rmsnorm(struct run *x)
@@ -479,7 +472,7 @@ static void t_rmsnorm(struct run *x)
 		sfw_be_rmsnorm(x->b[i], in.d[i], in.d[i], &w.w[i], c->M, c->K, 1e-6f);
 	pair_cmp(x, "x = rmsnorm(x) in place", &in, n);
 	pair_free(x, &in), pair_free(x, &y), free(h);
-	wrelease(x, &w);
+	bo_weight_free(&w);
 }
 
 static void t_elementwise(struct run *x)
@@ -564,7 +557,7 @@ static void t_matmul(struct run *x)
 		free(g[0]), free(g[1]), free(nan);
 	}
 	pair_free(x, &in), free(h);
-	wrelease(x, &w);
+	bo_weight_free(&w);
 }
 
 /* Rows [r0, r0 + n) of an uploaded weight as a weight of their own (host
@@ -639,7 +632,7 @@ static void t_swiglu(struct run *x)
 		pair_free(x, &y);
 	}
 	pair_free(x, &in), pair_free(x, &t), pair_free(x, &ry), free(h);
-	wrelease(x, &w);
+	bo_weight_free(&w);
 }
 
 /* add_rmsnorm against the reference's (or its add_scaled + rmsnorm), and
@@ -687,7 +680,7 @@ static void t_add_rmsnorm(struct run *x)
 	free(f), free(u);
 	be->free(be, a2), be->free(be, y2);
 	pair_free(x, &a), pair_free(x, &b), pair_free(x, &y), free(ha), free(hb);
-	wrelease(x, &w);
+	bo_weight_free(&w);
 }
 
 /* rmsnorm_gate against the reference's, in place (y = x, as forward.c
@@ -720,7 +713,7 @@ static void t_rmsnorm_gate(struct run *x)
 	free(f), free(g), free(u);
 	be->free(be, a2), be->free(be, y3);
 	pair_free(x, &a), pair_free(x, &z), pair_free(x, &y), free(ha), free(hz);
-	wrelease(x, &w);
+	bo_weight_free(&w);
 }
 
 static void qk_compose(struct sfw_backend *b, void *q, void *k, const struct sfw_bweight *qw,
@@ -760,7 +753,7 @@ static void t_qk_norm_rope(struct run *x)
 	free(a), free(b), free(e), free(f);
 	be->free(be, q2), be->free(be, k2);
 	pair_free(x, &q), pair_free(x, &k), free(hq), free(hk);
-	wrelease(x, &qw), wrelease(x, &kw);
+	bo_weight_free(&qw), bo_weight_free(&kw);
 }
 
 static void t_sample(struct run *x)
@@ -1163,12 +1156,14 @@ static void t_seqs(struct run *x)
 	}
 	for (int i = 0; i < made; i++)
 		caches_free(x, cc[i]);
-	wrelease(x, &qw), wrelease(x, &kw);
+	bo_weight_free(&qw), bo_weight_free(&kw);
 	pair_free(x, &dec), free(hs);
 }
 
-/* cache_len / cache_ncompressed / cache_reset: a reset forgets the tokens and
- * zeroes the lightning state (the gla after it matches a fresh cache's). */
+/* cache_len / cache_ncompressed / cache_view / cache_reset: a view gives
+ * each layer's counts and buffers (a lightning layer: its state, counts 0),
+ * a reset forgets the tokens and zeroes the lightning state (the gla after
+ * it matches a fresh cache's). */
 static void t_cache(struct run *x)
 {
 	struct sfw_cache_desc d;
@@ -1190,9 +1185,22 @@ static void t_cache(struct run *x)
 		check(x, sfw_be_cache_len(x->b[0], cc[0], 0) == 70 && n[0] == 3 && n[1] == 0,
 		      "70 tokens: len %lld, compressed (%lld, %lld), want (3, 0)",
 		      (long long)sfw_be_cache_len(x->b[0], cc[0], 0), (long long)n[0], (long long)n[1]);
+		for (int i = 0; i < 2; i++) {
+			struct sfw_cache_view v[2];
+			struct sfw_err err = {0};
+			memset(v, 0, sizeof(v));
+			check(x, sfw_be_cache_view(x->b[i], cc[i], 0, NULL, &v[0], &err) == SFW_OK &&
+				      sfw_be_cache_view(x->b[i], cc[i], 1, NULL, &v[1], &err) == SFW_OK,
+			      "cache_view on %s: %s", x->b[i]->name, err.msg);
+			check(x, v[0].len == 70 && v[0].n1 == 3 && v[0].n2 == 0 && v[0].cap >= 70 && v[0].k && v[0].v &&
+				      v[0].c1 && v[0].c2 && !v[0].state,
+			      "%s: the sparse layer's view: 70 tokens, (3, 0) compressed, its buffers", x->b[i]->name);
+			check(x, v[1].len == 0 && v[1].n1 == 0 && v[1].n2 == 0 && v[1].state && !v[1].k && !v[1].c1,
+			      "%s: the lightning layer's view: its state, counts 0", x->b[i]->name);
+		}
 		gla_calls(x, cc, warm, 2, "before reset: ");
 		for (int i = 0; i < 2; i++)
-			x->b[i]->cache_reset(x->b[i], cc[i]);
+			sfw_be_cache_reset(x->b[i], cc[i]);
 		sfw_be_cache_ncompressed(x->b[0], cc[0], 0, n);
 		check(x, sfw_be_cache_len(x->b[0], cc[0], 0) == 0 && n[0] == 0 && n[1] == 0,
 		      "reset: empty");
@@ -1253,7 +1261,7 @@ static void t_pool(struct run *x)
 		      "64 tokens take the last block: %s", err.msg);
 		check(x, be->cache_reserve(be, B, 65, &err) == SFW_E_NOSPACE && be->pool_used(be, pool) == 3,
 		      "the full pool refuses a fourth block");
-		be->cache_reset(be, B);
+		sfw_be_cache_reset(be, B);
 		check(x, be->pool_used(be, pool) == 2 && sfw_be_cache_len(be, B, 0) == 0,
 		      "a reset gives the block back");
 		s = ref->cache_reserve(ref, cc[1], 100, &err);
@@ -1261,6 +1269,21 @@ static void t_pool(struct run *x)
 		cc[0] = A;
 		if (s == SFW_OK) {
 			append(x, cc, 100, &d);
+			/* a paged cache's view: the counts, no buffers, no set */
+			struct sfw_cache_view v[2];
+			memset(v, 0, sizeof(v));
+			check(x, sfw_be_cache_view(be, A, 0, NULL, &v[0], &err) == SFW_OK &&
+				      sfw_be_cache_view(be, A, 1, NULL, &v[1], &err) == SFW_OK,
+			      "a paged cache's view: %s", err.msg);
+			check(x, v[0].len == 100 && sfw_be_cache_len(be, A, 0) == 100 && !v[0].k && !v[0].v &&
+				      !v[0].c1 && !v[0].c2 && v[1].state && v[1].len == 0,
+			      "a paged cache's view: 100 tokens, no K/V address, the lightning state");
+			const int64_t set[3] = {0, 0, 0};
+			err.msg[0] = 0;
+			enum sfw_status sv = sfw_be_cache_view(be, A, 0, set, &v[0], &err);
+			check(x, sv == SFW_E_UNSUPPORTED && !strcmp(err.msg, "a paged KV cache has no view") &&
+				      sfw_be_cache_len(be, A, 0) == 100,
+			      "a paged cache's counts are not set (%d): '%s'", (int)sv, err.msg);
 			size_t n = (size_t)5 * c->nh * c->hd;
 			float *hq = bo_rand_act(n, 1.0f, &x->rng);
 			struct pair q = pair_act(x, hq, n), o = pair_poisoned(x, n);
