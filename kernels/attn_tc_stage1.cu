@@ -149,16 +149,28 @@ static __device__ __forceinline__ void s1t_mtile(float (&d)[S1T_TOK][2][4], cons
 	}
 }
 
-/* Level 2, one m-tile (keys jA = gid and jB = gid + 8 of it, visible while
- * below v2): the lane's online max m and sum l of exp2 per (token, head
- * slot 2nt + e), log2 domain; l is rescaled only when m grows. */
+/* 2^x in one MUFU instruction (exp2f adds a range fix-up for results
+ * below 2^-126: four more instructions per element); such results flush to
+ * 0, which a score of 1e-38 or less is taken to be. */
+static __device__ __forceinline__ float s1t_ex2(float x)
+{
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
+}
+
+/* Level 2, one m-tile (keys jA = j0 + gid and jA + 8, visible while below
+ * v2; FULL: the whole m-tile is visible to both tokens): the lane's online
+ * max m and sum l of exp2 per (token, head slot 2nt + e), log2 domain; l is
+ * rescaled only when m grows. */
+template <bool FULL>
 static __device__ __forceinline__ void s1t_level2(const float (&d)[S1T_TOK][2][4], float (&m)[S1T_TOK][4],
-						  float (&l)[S1T_TOK][4], int64_t jA, const int64_t (&v2)[S1T_TOK],
+						  float (&l)[S1T_TOK][4], int jA, const int (&v2)[S1T_TOK],
 						  float scale_log2)
 {
 #pragma unroll
 	for (int t = 0; t < S1T_TOK; t++) {
-		const bool va = jA < v2[t], vb = jA + 8 < v2[t];
+		const bool va = FULL || jA < v2[t], vb = FULL || jA + 8 < v2[t];
 #pragma unroll
 		for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -167,21 +179,23 @@ static __device__ __forceinline__ void s1t_level2(const float (&d)[S1T_TOK][2][4
 				float xa = va ? d[t][nt][e] * scale_log2 : -INFINITY;
 				float xb = vb ? d[t][nt][2 + e] * scale_log2 : -INFINITY;
 				float mn = fmaxf(m[t][hs], fmaxf(xa, xb));
-				if (mn == -INFINITY)
+				if (!FULL && mn == -INFINITY)
 					continue;
 				if (mn > m[t][hs]) {
-					l[t][hs] *= exp2f(m[t][hs] - mn); /* 0 while m = -inf */
+					l[t][hs] *= s1t_ex2(m[t][hs] - mn); /* 0 while m = -inf */
 					m[t][hs] = mn;
 				}
-				l[t][hs] += exp2f(xa - mn) + exp2f(xb - mn);
+				l[t][hs] += s1t_ex2(xa - mn) + s1t_ex2(xb - mn);
 			}
 	}
 }
 
 /* The LSE of each (token, head slot) from the 8 lanes holding that head
- * (the same tq): their maxima differ, so sums are rescaled to the largest */
+ * (the same tq): their maxima differ, so sums are rescaled to the largest.
+ * A head slot past the group (8nt + 2tq + e >= G: a zero row of Q) gets
+ * +inf, so that level 1's exp2(x - LSE) is 0 there without a test. */
 static __device__ __forceinline__ void s1t_lse(const float (&m)[S1T_TOK][4], const float (&l)[S1T_TOK][4],
-					       float (&lse)[S1T_TOK][4])
+					       float (&lse)[S1T_TOK][4], int G, int tq)
 {
 #pragma unroll
 	for (int t = 0; t < S1T_TOK; t++)
@@ -191,38 +205,41 @@ static __device__ __forceinline__ void s1t_lse(const float (&m)[S1T_TOK][4], con
 			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 4));
 			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 8));
 			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 16));
-			float L = M == -INFINITY ? 0.0f : l[t][hs] * exp2f(m[t][hs] - M);
+			float L = M == -INFINITY ? 0.0f : l[t][hs] * s1t_ex2(m[t][hs] - M);
 			L += __shfl_xor_sync(0xffffffffu, L, 4);
 			L += __shfl_xor_sync(0xffffffffu, L, 8);
 			L += __shfl_xor_sync(0xffffffffu, L, 16);
-			lse[t][hs] = M == -INFINITY ? -INFINITY : M + log2f(L);
+			const int h = 8 * (hs >> 1) + 2 * tq + (hs & 1);
+			lse[t][hs] = h >= G ? INFINITY : M == -INFINITY ? -INFINITY : M + log2f(L);
 		}
 }
 
 /* Level 1, one m-tile (keys jA = j0 + gid and jA + 8, visible while below
- * v1): each lane sums exp2(x - LSE) over its four heads for its two keys and
- * S1T_TOK tokens (v[2t + k]), then the quad reduce-scatters so that lane tq
- * holds the whole sum of entry tq: token tq >> 1, key jA + 8 (tq & 1). That
- * lane writes it (NaN -> 0, rounded to bf16) when the token is active. */
+ * v1; FULL: all visible to both tokens): each lane sums exp2(x - LSE) over
+ * its four heads for its two keys and S1T_TOK tokens (v[2t + k]), then the
+ * quad reduce-scatters so that lane tq holds the whole sum of entry tq:
+ * token tq >> 1, key jA + 8 (tq & 1). That lane writes it (NaN -> 0,
+ * rounded to bf16) when the token is active. */
+template <bool FULL>
 static __device__ __forceinline__ void s1t_level1(const float (&d)[S1T_TOK][2][4], const float (&lse)[S1T_TOK][4],
-						  float *const (&out)[S1T_TOK], const bool (&active)[S1T_TOK],
-						  int64_t n1, int64_t jA, const int64_t (&v1)[S1T_TOK],
-						  float scale_log2, int G, int tq)
+						  float *const (&out)[S1T_TOK], const bool (&active)[S1T_TOK], int n1,
+						  int jA, const int (&v1)[S1T_TOK], float scale_log2, int tq)
 {
 	static_assert(S1T_TOK == 2, "the reduce-scatter below spreads 2 tokens x 2 keys over a quad");
 	float v[4];
 #pragma unroll
 	for (int t = 0; t < S1T_TOK; t++) {
-		const bool va = jA < v1[t], vb = jA + 8 < v1[t];
+		const bool va = FULL || jA < v1[t], vb = FULL || jA + 8 < v1[t];
 		float sa = 0.0f, sb = 0.0f;
 #pragma unroll
 		for (int nt = 0; nt < 2; nt++)
 #pragma unroll
 			for (int e = 0; e < 2; e++) {
 				const int hs = 2 * nt + e;
-				const bool hv = 8 * nt + 2 * tq + e < G;
-				sa += va && hv ? exp2f(d[t][nt][e] * scale_log2 - lse[t][hs]) : 0.0f;
-				sb += vb && hv ? exp2f(d[t][nt][2 + e] * scale_log2 - lse[t][hs]) : 0.0f;
+				float ea = s1t_ex2(d[t][nt][e] * scale_log2 - lse[t][hs]);
+				float eb = s1t_ex2(d[t][nt][2 + e] * scale_log2 - lse[t][hs]);
+				sa += FULL || va ? ea : 0.0f;
+				sb += FULL || vb ? eb : 0.0f;
 			}
 		v[2 * t] = sa, v[2 * t + 1] = sb;
 	}
@@ -232,7 +249,7 @@ static __device__ __forceinline__ void s1t_level1(const float (&d)[S1T_TOK][2][4
 	float k1 = (b0 ? v[3] : v[2]) + __shfl_xor_sync(0xffffffffu, b0 ? v[2] : v[3], 1);
 	/* round 2 (lanes tq, tq ^ 2): entry b0 + 2 b1 = tq */
 	float sum = (b1 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, b1 ? k0 : k1, 2);
-	const int64_t col = jA + 8 * b0;
+	const int col = jA + 8 * b0;
 	if (isnan(sum))
 		sum = 0.0f;
 	/* (selects, not indexing: the arrays stay in registers) */
@@ -258,18 +275,22 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1
 	const int nA = (int)((v2max + S1T_TILE - 1) / S1T_TILE),
 		  nB = (int)((v1max + S1T_TILE - 1) / S1T_TILE);
 
-	/* this warp's tokens: r0 + S1T_TOK w + t */
+	/* this warp's tokens: r0 + S1T_TOK w + t (counts in ints: the launch
+	 * keeps n1 and n2 below INT_MAX) */
 	bool active[S1T_TOK];
-	int64_t v1[S1T_TOK], v2[S1T_TOK];
+	int v1[S1T_TOK], v2[S1T_TOK];
 	float *out[S1T_TOK];
 	uint32_t qb[S1T_TOK][HD / 16][2][2];
 	float m[S1T_TOK][4], l[S1T_TOK][4], lse[S1T_TOK][4];
+	int v1min = INT_MAX, v2min = INT_MAX; /* over the active tokens: tiles below are whole */
 #pragma unroll
 	for (int t = 0; t < S1T_TOK; t++) {
 		const int r = r0 + S1T_TOK * w + t;
 		active[t] = r < a.T;
-		v1[t] = active[t] ? s1t_visible(a.pos0 + r, a.n1, a.ksize, a.stride) : 0;
-		v2[t] = active[t] ? s1t_visible(a.pos0 + r, a.n2, 4 * a.ksize, 4 * a.stride) : 0;
+		v1[t] = active[t] ? (int)s1t_visible(a.pos0 + r, a.n1, a.ksize, a.stride) : 0;
+		v2[t] = active[t] ? (int)s1t_visible(a.pos0 + r, a.n2, 4 * a.ksize, 4 * a.stride) : 0;
+		if (active[t])
+			v1min = min(v1min, v1[t]), v2min = min(v2min, v2[t]);
 		out[t] = a.scores + ((size_t)g * a.T + (active[t] ? r : 0)) * (size_t)a.n1;
 		s1t_load_qb<HD>(qb[t], a.q, active[t], r, a.nh, g, G, lane);
 #pragma unroll
@@ -277,6 +298,7 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1
 			m[t][hs] = -INFINITY, l[t][hs] = 0.0f, lse[t][hs] = -INFINITY;
 	}
 	const bool any = active[0]; /* token 0 of the warp is the first: none active without it */
+	const int n1 = (int)a.n1;
 
 	const int N = nA + nB;
 	s1t_rows<HD> wn; /* the rows of the next tile to copy */
@@ -297,18 +319,25 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1
 		}
 		__syncthreads();
 		if (i == nA) /* the switch to level 1: every level-2 tile is in */
-			s1t_lse(m, l, lse);
+			s1t_lse(m, l, lse, G, tq);
 		if (any) {
-			const int64_t j0 = (int64_t)(i < nA ? i : i - nA) * S1T_TILE;
+			const int j0 = (i < nA ? i : i - nA) * S1T_TILE;
+			const bool full = j0 + S1T_TILE <= (i < nA ? v2min : v1min); /* the warp's: uniform */
 #pragma unroll
 			for (int mt = 0; mt < S1T_TILE / 16; mt++) {
 				float d[S1T_TOK][2][4];
 				s1t_mtile<HD>(d, qb, tile[st], mt, lane);
-				const int64_t jA = j0 + 16 * mt + gid;
-				if (i < nA)
-					s1t_level2(d, m, l, jA, v2, a.scale_log2);
-				else
-					s1t_level1(d, lse, out, active, a.n1, jA, v1, a.scale_log2, G, tq);
+				const int jA = j0 + 16 * mt + gid;
+				if (i < nA) {
+					if (full)
+						s1t_level2<true>(d, m, l, jA, v2, a.scale_log2);
+					else
+						s1t_level2<false>(d, m, l, jA, v2, a.scale_log2);
+				} else if (full) {
+					s1t_level1<true>(d, lse, out, active, n1, jA, v1, a.scale_log2, tq);
+				} else {
+					s1t_level1<false>(d, lse, out, active, n1, jA, v1, a.scale_log2, tq);
+				}
 			}
 		}
 		__syncthreads(); /* stage st is free for the load two steps on */
@@ -316,7 +345,7 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1
 #pragma unroll
 	for (int t = 0; t < S1T_TOK; t++)
 		if (active[t])
-			for (int64_t col = (int64_t)nB * S1T_TILE + lane; col < a.n1; col += 32)
+			for (int col = nB * S1T_TILE + lane; col < n1; col += 32)
 				out[t][col] = 0.0f;
 }
 

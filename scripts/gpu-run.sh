@@ -24,7 +24,8 @@
 #                                            what = bench (salafw bench bf16 + int8 at 1K, 32K, 128K), batch
 #                                            (bench_batch B = 1..64 at 1K), serve (serve-bench at 32), attn
 #                                            (bench_attn: a 32K and a 128K prefill chunk's attention ops, and a
-#                                            decode row's at 1K, 128K, 256K, 512K and 1M), long (bench_gpu bf16, a 1M-token
+#                                            decode row's at 1K, 128K, 256K, 512K and 1M), prefill (bench_gpu bf16 at
+#                                            32K and 128K), long (bench_gpu bf16, a 1M-token
 #                                            prompt and 64 decode steps); default
 #                                            bench batch serve
 #   bash scripts/gpu-run.sh ncu-attn [L [ROWS]]  Nsight Compute on bench_attn's stage 1 and sparse attention kernels
@@ -469,7 +470,7 @@ before-after)
 	# (attn needs no model, long only the bf16 one)
 	case " $what " in
 	*" bench "* | *" batch "* | *" serve "*) full_models "$M" "$Q" ;;
-	*" long "*) full_models "$M" ;;
+	*" long "* | *" prefill "*) full_models "$M" ;;
 	esac
 	rc=0
 	round=0
@@ -488,6 +489,11 @@ before-after)
 						grep -v uploaded | tee -a "$OUT/before-after.log"
 					[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 				done ;;
+			prefill)
+				echo "== $tag: bench_gpu $M --runs 32768:16,131072:16" | tee -a "$OUT/before-after.log"
+				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_gpu" "$M" --runs 32768:16,131072:16 2>&1 |
+					grep -v uploaded | tee -a "$OUT/before-after.log"
+				[ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
 			long)
 				echo "== $tag: bench_gpu $M --runs 1048576:64" | tee -a "$OUT/before-after.log"
 				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_gpu" "$M" --runs 1048576:64 2>&1 |
@@ -639,7 +645,7 @@ shell)
 	bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn|long ...] | ncu-attn [L [ROWS]] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn|prefill|long ...] | ncu-attn [L [ROWS]] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
 	exit 2
 	;;
 esac
