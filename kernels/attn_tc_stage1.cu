@@ -666,8 +666,9 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2,
 		return 0;
 	if (hd != 32 && hd != 64 && hd != 128)
 		return 0;
-	/* tile counts and the prefill kernel's key indices are int */
-	if (n1 >= INT_MAX || n2 >= INT_MAX)
+	/* tile counts and the prefill kernel's key indices (up to a tile past
+	 * the counts) are int */
+	if (n1 >= INT_MAX - S1T_TILE || n2 >= INT_MAX - S1T_TILE)
 		return 0;
 	/* decode rows: the split over the keys above; between those and
 	 * prefill-sized calls (auto) the CUDA-core kernel; the prefill kernel
