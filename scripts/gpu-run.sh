@@ -459,6 +459,14 @@ before-after)
 	# (.devlib-before/bundle.tar.xz, unpacked into $DEV-before), one after the
 	# other and in alternating order per round, on the same models (made once
 	# by this build's mkmodel), so a difference is the code and not the drift
+
+	# ab_bench_gpu BIN TAG MODEL RUNS: one build's bench_gpu, logged
+	ab_bench_gpu() {
+		echo "== $2: bench_gpu $3 --runs $4" | tee -a "$OUT/before-after.log"
+		LD_LIBRARY_PATH="$(dirname "$1")/lib$cudalib" "$1/bench_gpu" "$3" --runs "$4" 2>&1 |
+			grep -v uploaded | tee -a "$OUT/before-after.log"
+		[ "${PIPESTATUS[0]}" = 0 ]
+	}
 	[ -f .devlib-before/bundle.tar.xz ] || { echo "before-after: no .devlib-before (scripts/device-prep.sh --before REV)" >&2; exit 2; }
 	OLD=$DEV-before
 	rm -rf "$OLD" && mkdir -p "$OLD"
@@ -484,21 +492,10 @@ before-after)
 			case $w in
 			bench)
 				for d in "$M" "$Q"; do
-					echo "== $tag: bench_gpu $d --runs 1024:128,32768:32,131072:32" | tee -a "$OUT/before-after.log"
-					LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_gpu" "$d" --runs 1024:128,32768:32,131072:32 2>&1 |
-						grep -v uploaded | tee -a "$OUT/before-after.log"
-					[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+					ab_bench_gpu "$b" "$tag" "$d" 1024:128,32768:32,131072:32 || rc=1
 				done ;;
-			prefill)
-				echo "== $tag: bench_gpu $M --runs 32768:16,131072:16" | tee -a "$OUT/before-after.log"
-				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_gpu" "$M" --runs 32768:16,131072:16 2>&1 |
-					grep -v uploaded | tee -a "$OUT/before-after.log"
-				[ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
-			long)
-				echo "== $tag: bench_gpu $M --runs 1048576:64" | tee -a "$OUT/before-after.log"
-				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_gpu" "$M" --runs 1048576:64 2>&1 |
-					grep -v uploaded | tee -a "$OUT/before-after.log"
-				[ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+			prefill) ab_bench_gpu "$b" "$tag" "$M" 32768:16,131072:16 || rc=1 ;;
+			long) ab_bench_gpu "$b" "$tag" "$M" 1048576:64 || rc=1 ;;
 			batch)
 				echo "== $tag: bench_batch $M --batch 1,2,4,8,16,32,64 --ctx 1024 --gen 32" | tee -a "$OUT/before-after.log"
 				LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_batch" "$M" --device cuda --batch 1,2,4,8,16,32,64 \
