@@ -104,23 +104,44 @@ static __device__ __forceinline__ int atc_next(const int (&len)[ATC_W], int (&cu
 	return b;
 }
 
+/* The first pool row of each 32-row half of block b (pages hold 2^shift >= 32
+ * tokens, so a half never crosses a page): row h32 + i of the block is pool
+ * row base[h] + i for i < 32. The second half's lookup is skipped when the
+ * tile holds no row past 31 (last < 32). */
+static __device__ __forceinline__ void atc_half_rows(const atc_args &a, int b, int last, int64_t (&base)[2])
+{
+	const int64_t t0 = (int64_t)b * ATC_BLK;
+	base[0] = sfwc_kv_row(a.tab, a.shift, t0);
+	base[1] = last >= 32 ? sfwc_kv_row(a.tab, a.shift, t0 + 32) : base[0];
+}
+
 /* block b -> stage st of kvs; keys past the CTA's last position pmax are
  * zeros (they may lie past the cache; masked anyway). Positions are ints
- * here (the launch makes sure every one fits). */
+ * here (the launch makes sure every one fits). A thread copies one 16-byte
+ * column ch of rows r0, r0 + RS, ... of K and V: two table lookups per block
+ * (atc_half_rows), then one add per copy. */
 template <int HD>
 static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs, int b, int st, int pmax, int g)
 {
-	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8;
+	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8, RS = ATC_W * 32 / CH;
+	static_assert(ATC_W * 32 % CH == 0 && 32 % RS == 0, "a thread's rows must keep one column and halves");
 	uint16_t *dst = kvs + (size_t)st * 2 * TILE;
 	const int last = pmax - b * ATC_BLK; /* the tile's last key row to load */
-	for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
-		int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH, ch = rem % CH;
-		int64_t t = (int64_t)b * ATC_BLK + row;
-		bool ok = row <= last;
-		const uint16_t *src =
-		    (which ? a.vc : a.kc) +
-		    (ok ? ((size_t)sfwc_kv_row(a.tab, a.shift, t) * a.nkv + g) * HD + ch * 8 : 0);
-		tc_cp16(dst + which * TILE + row * LD + ch * 8, src, ok ? 16 : 0);
+	const int ch = threadIdx.x % CH, r0 = threadIdx.x / CH;
+	const size_t stride = (size_t)a.nkv * HD; /* one pool row */
+	int64_t base[2];
+	atc_half_rows(a, b, last, base);
+	size_t off[2];
+#pragma unroll
+	for (int h = 0; h < 2; h++)
+		off[h] = ((size_t)base[h] * a.nkv + g) * HD + ch * 8 + (size_t)r0 * stride;
+#pragma unroll
+	for (int k = 0; k < ATC_BLK / RS; k++) {
+		const int row = r0 + k * RS;
+		const bool ok = row <= last;
+		const size_t o = ok ? off[k * RS / 32] + (size_t)(k * RS % 32) * stride : 0;
+		tc_cp16(dst + row * LD + ch * 8, a.kc + o, ok ? 16 : 0);
+		tc_cp16(dst + TILE + row * LD + ch * 8, a.vc + o, ok ? 16 : 0);
 	}
 	tc_cp_commit();
 }
@@ -134,25 +155,36 @@ template <int HD>
 static __device__ __forceinline__ void atc_load8(const atc_args &a, unsigned char *raw, int b, int st, int pmax,
 						 int g)
 {
-	constexpr int CH = HD / 16;
+	constexpr int CH = HD / 16, RS = ATC_W * 32 / CH;
+	static_assert(ATC_W * 32 % CH == 0, "a thread's rows must keep one column");
 	unsigned char *dst = raw + (size_t)st * atc_raw_bytes<HD>();
 	const unsigned char *kc = (const unsigned char *)a.kc, *vc = (const unsigned char *)a.vc;
 	const int last = pmax - b * ATC_BLK;
-	for (int i = threadIdx.x; i < 2 * ATC_BLK * CH; i += ATC_W * 32) {
-		int which = i / (ATC_BLK * CH), rem = i % (ATC_BLK * CH), row = rem / CH, ch = rem % CH;
-		int64_t t = (int64_t)b * ATC_BLK + row;
-		bool ok = row <= last;
-		const unsigned char *src =
-		    (which ? vc : kc) +
-		    (ok ? sfw_kv8_codes_off(sfwc_kv_row(a.tab, a.shift, t), g, a.nkv, HD) + ch * 16 : 0);
-		tc_cp16(dst + (size_t)which * ATC_BLK * HD + row * HD + ch * 16, src, ok ? 16 : 0);
+	int64_t base[2];
+	atc_half_rows(a, b, last, base);
+	/* within a 32-row group a row's codes are nkv * HD bytes after the
+	 * previous row's, its scale nkv * 4 (sfw_kv8_codes_off, _scale_off) */
+	const int ch = threadIdx.x % CH, r0 = threadIdx.x / CH;
+	const size_t cstride = (size_t)a.nkv * HD;
+	size_t off[2];
+#pragma unroll
+	for (int h = 0; h < 2; h++)
+		off[h] = sfw_kv8_codes_off(base[h], g, a.nkv, HD) + ch * 16;
+#pragma unroll
+	for (int k = 0; k < ATC_BLK / RS; k++) {
+		const int row = r0 + k * RS;
+		const bool ok = row <= last;
+		/* RS dividing 32: the half and the row within it fold to constants plus r0 */
+		const int h = 32 % RS == 0 ? k * RS / 32 : row / 32, i = 32 % RS == 0 ? r0 + k * RS % 32 : row % 32;
+		const size_t o = ok ? off[h] + (size_t)i * cstride : 0;
+		tc_cp16(dst + row * HD + ch * 16, kc + o, ok ? 16 : 0);
+		tc_cp16(dst + (size_t)ATC_BLK * HD + row * HD + ch * 16, vc + o, ok ? 16 : 0);
 	}
 	for (int i = threadIdx.x; i < 2 * ATC_BLK; i += ATC_W * 32) {
 		int which = i / ATC_BLK, row = i % ATC_BLK;
-		int64_t t = (int64_t)b * ATC_BLK + row;
 		bool ok = row <= last;
 		const unsigned char *src =
-		    (which ? vc : kc) + (ok ? sfw_kv8_scale_off(sfwc_kv_row(a.tab, a.shift, t), g, a.nkv, HD) : 0);
+		    (which ? vc : kc) + (ok ? sfw_kv8_scale_off((row < 32 ? base[0] : base[1]) + row % 32, g, a.nkv, HD) : 0);
 		tc_cp4(dst + (size_t)2 * ATC_BLK * HD + i * 4, src, ok ? 4 : 0);
 	}
 	tc_cp_commit();
@@ -216,7 +248,7 @@ static __device__ __forceinline__ void atc_softmax(float (&s)[8][4], float (&o)[
 	mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
 	float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
 	float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-	float c_lo = exp2f(m_lo - mu_lo), c_hi = exp2f(m_hi - mu_hi); /* 0 while m = -inf */
+	float c_lo = tc_ex2(m_lo - mu_lo), c_hi = tc_ex2(m_hi - mu_hi); /* 0 while m = -inf */
 	m_lo = mn_lo, m_hi = mn_hi;
 	l_lo *= c_lo, l_hi *= c_hi; /* per-lane partial sums; the quad is summed at the end */
 #pragma unroll
@@ -224,8 +256,8 @@ static __device__ __forceinline__ void atc_softmax(float (&s)[8][4], float (&o)[
 		o[j][0] *= c_lo, o[j][1] *= c_lo, o[j][2] *= c_hi, o[j][3] *= c_hi;
 #pragma unroll
 	for (int j = 0; j < 8; j++) {
-		s[j][0] = exp2f(s[j][0] - mu_lo), s[j][1] = exp2f(s[j][1] - mu_lo);
-		s[j][2] = exp2f(s[j][2] - mu_hi), s[j][3] = exp2f(s[j][3] - mu_hi);
+		s[j][0] = tc_ex2(s[j][0] - mu_lo), s[j][1] = tc_ex2(s[j][1] - mu_lo);
+		s[j][2] = tc_ex2(s[j][2] - mu_hi), s[j][3] = tc_ex2(s[j][3] - mu_hi);
 		l_lo += s[j][0] + s[j][1], l_hi += s[j][2] + s[j][3];
 	}
 }

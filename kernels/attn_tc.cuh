@@ -50,6 +50,16 @@ static __device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], u
 	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* 2^x in one MUFU instruction (exp2f adds a range fix-up for results
+ * below 2^-126: four more instructions per element); such results flush to
+ * 0, which a score or probability of 1e-38 or less is taken to be. */
+static __device__ __forceinline__ float tc_ex2(float x)
+{
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
+}
+
 static __device__ __forceinline__ uint32_t tc_smem_addr(const void *p)
 {
 	return (uint32_t)__cvta_generic_to_shared(p);

@@ -149,16 +149,6 @@ static __device__ __forceinline__ void s1t_mtile(float (&d)[S1T_TOK][2][4], cons
 	}
 }
 
-/* 2^x in one MUFU instruction (exp2f adds a range fix-up for results
- * below 2^-126: four more instructions per element); such results flush to
- * 0, which a score of 1e-38 or less is taken to be. */
-static __device__ __forceinline__ float s1t_ex2(float x)
-{
-	float y;
-	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-	return y;
-}
-
 /* Level 2, one m-tile (keys jA = j0 + gid and jA + 8, visible while below
  * v2; FULL: the whole m-tile is visible to both tokens): the lane's online
  * max m and sum l of exp2 per (token, head slot 2nt + e), log2 domain; l is
@@ -182,10 +172,10 @@ static __device__ __forceinline__ void s1t_level2(const float (&d)[S1T_TOK][2][4
 				if (!FULL && mn == -INFINITY)
 					continue;
 				if (mn > m[t][hs]) {
-					l[t][hs] *= s1t_ex2(m[t][hs] - mn); /* 0 while m = -inf */
+					l[t][hs] *= tc_ex2(m[t][hs] - mn); /* 0 while m = -inf */
 					m[t][hs] = mn;
 				}
-				l[t][hs] += s1t_ex2(xa - mn) + s1t_ex2(xb - mn);
+				l[t][hs] += tc_ex2(xa - mn) + tc_ex2(xb - mn);
 			}
 	}
 }
@@ -205,7 +195,7 @@ static __device__ __forceinline__ void s1t_lse(const float (&m)[S1T_TOK][4], con
 			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 4));
 			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 8));
 			M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 16));
-			float L = M == -INFINITY ? 0.0f : l[t][hs] * s1t_ex2(m[t][hs] - M);
+			float L = M == -INFINITY ? 0.0f : l[t][hs] * tc_ex2(m[t][hs] - M);
 			L += __shfl_xor_sync(0xffffffffu, L, 4);
 			L += __shfl_xor_sync(0xffffffffu, L, 8);
 			L += __shfl_xor_sync(0xffffffffu, L, 16);
@@ -236,8 +226,8 @@ static __device__ __forceinline__ void s1t_level1(const float (&d)[S1T_TOK][2][4
 #pragma unroll
 			for (int e = 0; e < 2; e++) {
 				const int hs = 2 * nt + e;
-				float ea = s1t_ex2(d[t][nt][e] * scale_log2 - lse[t][hs]);
-				float eb = s1t_ex2(d[t][nt][2 + e] * scale_log2 - lse[t][hs]);
+				float ea = tc_ex2(d[t][nt][e] * scale_log2 - lse[t][hs]);
+				float eb = tc_ex2(d[t][nt][2 + e] * scale_log2 - lse[t][hs]);
 				sa += FULL || va ? ea : 0.0f;
 				sb += FULL || vb ? eb : 0.0f;
 			}
