@@ -356,7 +356,7 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1
  * 64 contiguous bytes of a row per load, a warp 8 rows. */
 #define S1D_W 4	       /* warps per CTA */
 #define S1D_KEYS 32    /* keys per warp and step: 4 n-tiles */
-#define S1D_MAXSPLIT 64 /* pass A's CTAs per (row, group) */
+#define S1D_MAXSPLIT 128 /* pass A's CTAs per (row, group) */
 #define S1D_MAXT 16    /* rows a call may have */
 
 struct s1d_args {
@@ -449,7 +449,9 @@ static __device__ __forceinline__ void s1d_scores(float s[4][4], const uint32_t 
 	s1d_mma<HD>(s, qa, kv);
 }
 
-/* Pass A: grid (T*nkv, nsplit); this CTA's share of the visible level-2 keys. */
+/* Pass A: grid (T*nkv, nsplit); this CTA's share of the visible level-2
+ * keys, 32 per warp and step, the next step's keys loaded before this
+ * step's products. */
 template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_dec_lse_kernel(s1d_args a)
 {
 	sfwc_pdl_wait();
@@ -463,9 +465,16 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 	uint32_t qa[HD / 16][4];
 	s1d_qfrag<HD>(qa, a, r, g, G);
 	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-	for (int64_t j0 = c0 + (int64_t)w * S1D_KEYS; j0 < c1; j0 += S1D_W * S1D_KEYS) {
+	int64_t j0 = c0 + (int64_t)w * S1D_KEYS;
+	uint4 kv[4][HD / 32];
+	if (j0 < c1)
+		s1d_load<HD>(kv, a, 2, j0, c1, g);
+	for (; j0 < c1; j0 += S1D_W * S1D_KEYS) {
+		uint4 nx[4][HD / 32];
+		if (j0 + S1D_W * S1D_KEYS < c1)
+			s1d_load<HD>(nx, a, 2, j0 + S1D_W * S1D_KEYS, c1, g);
 		float s[4][4];
-		s1d_scores<HD>(s, qa, a, 2, j0, c1, g);
+		s1d_mma<HD>(s, qa, kv);
 		float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
 		for (int n = 0; n < 4; n++)
@@ -479,12 +488,17 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 			}
 		float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
 		float mu_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-		l_lo *= exp2f(m_lo - mu_lo), l_hi *= exp2f(m_hi - mu_hi);
+		l_lo *= tc_ex2(m_lo - mu_lo), l_hi *= tc_ex2(m_hi - mu_hi);
 		m_lo = mn_lo, m_hi = mn_hi;
 #pragma unroll
 		for (int n = 0; n < 4; n++)
-			l_lo += exp2f(s[n][0] - mu_lo) + exp2f(s[n][1] - mu_lo),
-			    l_hi += exp2f(s[n][2] - mu_hi) + exp2f(s[n][3] - mu_hi);
+			l_lo += tc_ex2(s[n][0] - mu_lo) + tc_ex2(s[n][1] - mu_lo),
+			    l_hi += tc_ex2(s[n][2] - mu_hi) + tc_ex2(s[n][3] - mu_hi);
+#pragma unroll
+		for (int n = 0; n < 4; n++)
+#pragma unroll
+			for (int cc = 0; cc < HD / 32; cc++)
+				kv[n][cc] = nx[n][cc];
 	}
 	/* each row over its quad, then over the warps */
 	float M_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, 1));
@@ -515,8 +529,10 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 	}
 }
 
-/* Pass B: grid (T*nkv, ceil(n1 / (S1D_W*S1D_KEYS))); LSE_h from pass A's
- * splits, then 32 level-1 scores per warp. */
+/* Pass B: grid (T*nkv, nb); LSE_h from pass A's splits (once per CTA),
+ * then the level-1 scores: warp w of CTA y takes the 32 keys from
+ * (y * S1D_W + w) * 32, then every nb * S1D_W * 32 keys on, the next step's
+ * keys loaded before this step's products. */
 template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_dec_score_kernel(s1d_args a)
 {
 	sfwc_pdl_wait();
@@ -524,65 +540,78 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 	__shared__ float lse[16];
 	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
 	const int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
-	const int64_t j0 = ((int64_t)blockIdx.y * S1D_W + w) * S1D_KEYS;
+	const int64_t step = (int64_t)gridDim.y * S1D_W * S1D_KEYS;
+	int64_t j0 = ((int64_t)blockIdx.y * S1D_W + w) * S1D_KEYS;
 	if ((int64_t)blockIdx.y * S1D_W * S1D_KEYS >= a.n1)
 		return; /* the whole CTA: past this call's keys (a recorded step's bound) */
 	const int64_t v1 = s1t_visible(a.pos0 + r, a.n1, a.ksize, a.stride);
-	/* this warp's keys and query first: their loads run while the
-	 * splits are merged */
+	/* this warp's first keys and the query first: their loads run while
+	 * the splits are merged */
 	uint4 kv[4][HD / 32];
-	s1d_load<HD>(kv, a, 1, j0, v1, g);
+	if (j0 < a.n1)
+		s1d_load<HD>(kv, a, 1, j0, v1, g);
 	uint32_t qa[HD / 16][4];
 	s1d_qfrag<HD>(qa, a, r, g, G);
-	/* LSE_h: warp w merges heads w, w + S1D_W, ... over the splits */
+	/* LSE_h: warp w merges heads w, w + S1D_W, ... over the splits, lane i
+	 * holding splits i, i + 32, ... */
 	const float *pr = a.part + (size_t)rg * a.nsplit * G * 2;
 	for (int h = w; h < G; h += S1D_W) {
-		float m0 = -INFINITY, m1 = -INFINITY, s0 = 0.0f, s1 = 0.0f;
-		if (lane < a.nsplit)
-			m0 = pr[((size_t)lane * G + h) * 2], s0 = pr[((size_t)lane * G + h) * 2 + 1];
-		if (lane + 32 < a.nsplit)
-			m1 = pr[((size_t)(lane + 32) * G + h) * 2], s1 = pr[((size_t)(lane + 32) * G + h) * 2 + 1];
-		float M = sfwc_warp_max(fmaxf(m0, m1));
-		float S = M == -INFINITY ? 0.0f
-					 : sfwc_warp_sum((m0 == -INFINITY ? 0.0f : s0 * exp2f(m0 - M)) +
-							 (m1 == -INFINITY ? 0.0f : s1 * exp2f(m1 - M)));
+		float mx = -INFINITY;
+		for (int i = lane; i < a.nsplit; i += 32)
+			mx = fmaxf(mx, pr[((size_t)i * G + h) * 2]);
+		const float M = sfwc_warp_max(mx);
+		float t = 0.0f;
+		if (M != -INFINITY)
+			for (int i = lane; i < a.nsplit; i += 32) {
+				float m = pr[((size_t)i * G + h) * 2];
+				t += m == -INFINITY ? 0.0f : pr[((size_t)i * G + h) * 2 + 1] * exp2f(m - M);
+			}
+		const float S = M == -INFINITY ? 0.0f : sfwc_warp_sum(t);
 		if (lane == 0)
 			lse[h] = M == -INFINITY ? -INFINITY : M + log2f(S);
 	}
 	__syncthreads();
-	if (j0 >= a.n1)
-		return;
-	float s[4][4];
-	s1d_mma<HD>(s, qa, kv);
 	const float lse_lo = gid < G ? lse[gid] : 0.0f, lse_hi = gid + 8 < G ? lse[gid + 8] : 0.0f;
 	float *out = a.scores + ((size_t)g * a.T + r) * (size_t)a.n1;
-	float cs[4][2];
+	for (; j0 < a.n1; j0 += step) {
+		uint4 nx[4][HD / 32];
+		if (j0 + step < a.n1)
+			s1d_load<HD>(nx, a, 1, j0 + step, v1, g);
+		float s[4][4];
+		s1d_mma<HD>(s, qa, kv);
+		float cs[4][2];
 #pragma unroll
-	for (int n = 0; n < 4; n++)
-#pragma unroll
-		for (int e = 0; e < 2; e++) {
-			bool vis = j0 + 8 * n + 2 * tq + e < v1;
-			float lo = vis && gid < G ? exp2f(s[n][e] * a.scale_log2 - lse_lo) : 0.0f;
-			float hi = vis && gid + 8 < G ? exp2f(s[n][2 + e] * a.scale_log2 - lse_hi) : 0.0f;
-			float v = lo + hi;
-			v += __shfl_xor_sync(0xffffffffu, v, 4);
-			v += __shfl_xor_sync(0xffffffffu, v, 8);
-			v += __shfl_xor_sync(0xffffffffu, v, 16);
-			cs[n][e] = v; /* every lane: columns 8n + 2tq + e */
-		}
-	/* lanes of gid n < 4 write n-tile n: 32 consecutive floats per warp */
-#pragma unroll
-	for (int n = 0; n < 4; n++)
-		if (n == gid)
+		for (int n = 0; n < 4; n++)
 #pragma unroll
 			for (int e = 0; e < 2; e++) {
-				int64_t col = j0 + 8 * n + 2 * tq + e;
-				float v = cs[n][e];
-				if (isnan(v))
-					v = 0.0f;
-				if (col < a.n1)
-					out[col] = sfwc_rbf(v);
+				bool vis = j0 + 8 * n + 2 * tq + e < v1;
+				float lo = vis && gid < G ? tc_ex2(s[n][e] * a.scale_log2 - lse_lo) : 0.0f;
+				float hi = vis && gid + 8 < G ? tc_ex2(s[n][2 + e] * a.scale_log2 - lse_hi) : 0.0f;
+				float v = lo + hi;
+				v += __shfl_xor_sync(0xffffffffu, v, 4);
+				v += __shfl_xor_sync(0xffffffffu, v, 8);
+				v += __shfl_xor_sync(0xffffffffu, v, 16);
+				cs[n][e] = v; /* every lane: columns 8n + 2tq + e */
 			}
+		/* lanes of gid n < 4 write n-tile n: 32 consecutive floats per warp */
+#pragma unroll
+		for (int n = 0; n < 4; n++)
+			if (n == gid)
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					int64_t col = j0 + 8 * n + 2 * tq + e;
+					float v = cs[n][e];
+					if (isnan(v))
+						v = 0.0f;
+					if (col < a.n1)
+						out[col] = sfwc_rbf(v);
+				}
+#pragma unroll
+		for (int n = 0; n < 4; n++)
+#pragma unroll
+			for (int cc = 0; cc < HD / 32; cc++)
+				kv[n][cc] = nx[n][cc];
+	}
 }
 
 /* T <= 16 rows: the keys split over many warps; c1, c2 and the table from
@@ -597,11 +626,15 @@ static int stage1_tc_rows(float *scores, const void *q, const void *c1, const vo
 	if (T > S1D_MAXT || n1 / (S1D_W * S1D_KEYS) >= (int64_t)1 << 30)
 		return 0;
 	int G = nh / nkv, rows = T * nkv, sms = sfwi_cuda_sms(cx);
-	/* pass A: splits of at least one CTA's step of keys, enough CTAs to
-	 * cover the machine once */
+	/* pass A: splits of at least one CTA's step of keys, enough CTAs for
+	 * two per SM */
 	int nsplit = 1;
-	while (nsplit < S1D_MAXSPLIT && rows * nsplit < sms && n2 / (2 * nsplit) >= S1D_W * S1D_KEYS)
+	while (nsplit < S1D_MAXSPLIT && rows * nsplit < 2 * sms && n2 / (2 * nsplit) >= S1D_W * S1D_KEYS)
 		nsplit *= 2;
+	/* pass B: two CTAs per SM, or one per step of keys when fewer */
+	int64_t nb = (n1 + S1D_W * S1D_KEYS - 1) / (S1D_W * S1D_KEYS), nbmax = (2 * sms + rows - 1) / rows;
+	if (nb > nbmax)
+		nb = nbmax;
 	s1d_args a = {scores,
 		      (float *)sfwi_cuda_scratch(cx, (size_t)rows * nsplit * G * 2 * sizeof(float)),
 		      (const uint16_t *)q,
@@ -625,7 +658,7 @@ static int stage1_tc_rows(float *scores, const void *q, const void *c1, const vo
 		      ck->shift};
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 ga((unsigned)rows, (unsigned)nsplit),
-	    gb((unsigned)rows, (unsigned)((n1 + S1D_W * S1D_KEYS - 1) / (S1D_W * S1D_KEYS)));
+	    gb((unsigned)rows, (unsigned)nb);
 	switch (hd) {
 	case 32:
 		sfwc_launch(stage1_dec_lse_kernel<32>, ga, dim3(S1D_W * 32), 0, s, a);

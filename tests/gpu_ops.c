@@ -618,8 +618,14 @@ static void t_stage1(void)
 	t_stage1_shape(40, 9000, 32, 2, 128);
 	t_stage1_shape(150, 1500, 8, 2, 32);
 	t_stage1_shape(1, 3000, 8, 2, 32);
+	/* decode rows whose warps take several steps of keys in both passes
+	 * (1M: pass A's 128 splits, pass B's CTAs striding) */
+	t_stage1_shape(1, 1048576, 32, 2, 128);
+	t_stage1_shape(16, 300000, 32, 2, 128);
+	t_stage1_shape(3, 40000, 16, 2, 64);
 	/* paged compressed keys: decode rows, the CUDA-core kernel, prefill */
 	t_stage1_paged(1, 100000, 32, 2, 128);
+	t_stage1_paged(1, 400000, 32, 2, 128);
 	t_stage1_paged(40, 9000, 32, 2, 128);
 	t_stage1_paged(150, 1500, 8, 2, 32);
 	t_stage1_paged(200, 5000, 32, 2, 128);
