@@ -1,7 +1,8 @@
 /* attn_tc.cuh - tensor-core (sm_80+ mma.sync m16n8k16 bf16, fp32 accumulate)
- * building blocks shared by the tensor-core attention (kernels/attn_tc.cu)
- * and stage-1 scoring (kernels/attn_tc_stage1.cu), and the run-time switch
- * between them and the CUDA-core kernels.
+ * building blocks shared by the tensor-core attention (kernels/attn_tc.cu),
+ * stage-1 scoring (kernels/attn_tc_stage1.cu) and the Lightning prefill
+ * (kernels/lightning.cu), and the run-time switch between the attention
+ * kernels and the CUDA-core ones.
  *
  * Fragment layouts of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
  * (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"),
@@ -109,6 +110,18 @@ static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
 {
 	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
 	return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Two fp32 values as a sum of two bf16x2 words (lo in the low halves, as
+ * tc_pack): *hi = bf16(x), *lo = bf16(x - hi), x - hi being exact. hi + lo
+ * keeps 16 significant bits: |x - hi - lo| <= 2^-16 |x|, against 2^-8 for hi
+ * alone, so two MMAs (hi y + lo y, y an exact bf16 operand) give an fp32
+ * operand's product to about 2^-16 relative (kernels/lightning.cu). */
+static __device__ __forceinline__ void tc_split(float x, float y, uint32_t *hi, uint32_t *lo)
+{
+	uint32_t h = tc_pack(x, y);
+	*hi = h;
+	*lo = tc_pack(x - __uint_as_float(h << 16), y - __uint_as_float(h & 0xffff0000u));
 }
 
 /* Q of warp row r as A fragments (zeros when the row is inactive): rows =

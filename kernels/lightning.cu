@@ -8,7 +8,7 @@
  * walks the sequence in sub-chunks of up to 32 tokens (intra-chunk causal
  * part + inter-chunk state term, as fla's chunk_simple_gla; the sub-chunk
  * length changes only the fp32 summation order, not the function). */
-#include "cuda_act.cuh"
+#include "attn_tc.cuh"
 
 #include <string.h>
 
@@ -177,63 +177,111 @@ static __global__ void __launch_bounds__(GLA_THREADS)
  *   scan:  D[j] <- S at the start of chunk j, S = γ^c S + D[j] (in place,
  *          one thread per state element, serial over the group's chunks)
  *   out:   o_i = scale (γ^(i+1) q_i S_j + Σ_{r≤i} γ^(i-r) (q_i·k_r) v_r)
- * The same function as the serial form and the CPU twin; only the fp32
- * summation order differs. D lives in the op scratch. */
+ * D lives in the op scratch.
+ *
+ * delta and out run on tensor cores (mma.sync m16n8k16, bf16 in, fp32
+ * accumulate; fragment layouts: attn_tc.cuh). Products of bf16 q, k, v are
+ * exact in fp32, so those MMAs differ from the CPU twin only in the fp32
+ * summation order. Three operands are fp32 instead: the decayed keys
+ * γ^(c-1-r) k_r of delta, the decayed intra-chunk weights A[i][r] =
+ * γ^(i-r) (q_i·k_r) of out, and the state S_j. Rounding them to bf16 would
+ * lose all but 8 significant bits; each is split instead into hi + lo
+ * (tc_split: hi = bf16(x), lo = bf16(x - hi)) and multiplied by two MMAs,
+ * hi y + lo y, against an exact bf16 y, so every product is within 2^-16
+ * relative of the fp32 one. The row factor γ^(i+1) of the inter-chunk term
+ * is applied to the fp32 accumulator, as the twin does. Decay powers are
+ * expf(-decay n), the twin's expression. */
 #define GLA_C 64
+#define GLA_OW 4 /* warps of the out kernel: warp w owns chunk rows 16w..16w+15 */
+#define GLA_SR 32 /* state rows per slab in the out kernel */
 
-/* Register tiles of the chunk-parallel kernels: acc = 0, and acc += a bᵀ. */
-template <int X, int Y> static __device__ __forceinline__ void tile_zero(float (&acc)[X][Y])
+/* The rows tok..tok+c-1 of head h of x [T][nh][HD] -> xs [GLA_C][HD + 8]
+ * by cp.async (not committed), rows c.. zeros. Rows are 16 bytes longer
+ * than HD so that the 8 row addresses of one ldmatrix fall in 8 different
+ * 4-bank groups. */
+template <int HD, int NT>
+static __device__ __forceinline__ void gla_tile_load(uint16_t *xs, const uint16_t *x, int tok, int c, int h,
+						     int nh)
 {
-#pragma unroll
-	for (int x = 0; x < X; x++)
-#pragma unroll
-		for (int y = 0; y < Y; y++)
-			acc[x][y] = 0;
+	constexpr int LD = HD + 8, CH = HD / 8;
+	for (int i = threadIdx.x; i < GLA_C * CH; i += NT) {
+		int r = i / CH, ch = i % CH;
+		bool ok = r < c;
+		tc_cp16(xs + r * LD + ch * 8, x + (ok ? ((size_t)(tok + r) * nh + h) * HD + ch * 8 : 0),
+			ok ? 16 : 0);
+	}
 }
 
-template <int X, int Y>
-static __device__ __forceinline__ void tile_outer(float (&acc)[X][Y], const float (&a)[X], const float (&b)[Y])
+template <int HD> static constexpr size_t gla_delta_smem()
 {
-#pragma unroll
-	for (int x = 0; x < X; x++)
-#pragma unroll
-		for (int y = 0; y < Y; y++)
-			acc[x][y] = fmaf(a[x], b[y], acc[x][y]);
+	/* the decayed keys' hi and lo, and v: [GLA_C][HD + 8] bf16 each */
+	return (size_t)3 * GLA_C * (HD + 8) * 2;
 }
 
-/* per thread: TA rows x TA cols of the HD x HD delta (16 x 16 threads) */
+/* D[j][h] = Wᵀ V with W[r][a] = γ^(c-1-r) k_r[a]: M = key dim a, N = value
+ * dim b, K = the chunk's tokens r (rows r >= c zero). HD / 16 warps; warp w
+ * owns rows a = 16w..16w+15 and all HD columns. */
 template <int HD>
-static __global__ void __launch_bounds__(GLA_THREADS)
+static __global__ void __launch_bounds__(HD * 2)
 	gla_delta_kernel(float *D, const uint16_t *k, const uint16_t *v, const float *decay, int T, int t0, int nh)
 {
 	sfwc_pdl_wait();
-	constexpr int TA = HD / 16;
-	__shared__ uint16_t ks[GLA_C][HD], vs[GLA_C][HD];
-	int j = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-	int tb = t0 + j * GLA_C, c = min(GLA_C, T - tb);
-	size_t rs = (size_t)nh * HD;
-	for (int i = tid; i < c * HD; i += GLA_THREADS) {
-		size_t g = (size_t)(tb + i / HD) * rs + (size_t)h * HD + i % HD;
-		ks[i / HD][i % HD] = k[g], vs[i / HD][i % HD] = v[g];
-	}
-	__syncthreads();
+	constexpr int LD = HD + 8, NT = HD * 2, CH = HD / 8;
+	extern __shared__ __align__(16) unsigned char smem_raw[];
+	uint16_t *whi = (uint16_t *)smem_raw, *wlo = whi + GLA_C * LD, *vs = wlo + GLA_C * LD;
+	const int j = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+	const int gid = lane >> 2, tq = lane & 3;
+	const int tb = t0 + j * GLA_C, c = min(GLA_C, T - tb);
+	gla_tile_load<HD, NT>(vs, v, tb, c, h, nh);
+	tc_cp_commit();
 	float lg = -decay[h];
-	int ta = tid / 16, tc = tid % 16; /* rows ta + 16x, cols tc + 16y */
-	float acc[TA][TA];
-	tile_zero(acc);
-	for (int r = 0; r < c; r++) {
-		float w = expf(lg * (float)(c - 1 - r)), kk[TA], vv[TA];
-#pragma unroll
-		for (int x = 0; x < TA; x++)
-			kk[x] = sfwc_bf(ks[r][ta + 16 * x]) * w, vv[x] = sfwc_bf(vs[r][tc + 16 * x]);
-		tile_outer(acc, kk, vv);
+	for (int i = tid; i < GLA_C * CH; i += NT) {
+		int r = i / CH, ch = i % CH;
+		uint4 hv = make_uint4(0, 0, 0, 0), lv = hv;
+		if (r < c) {
+			float f[8], g = expf(lg * (float)(c - 1 - r));
+			sfwc_unpack8(*(const uint4 *)(k + ((size_t)(tb + r) * nh + h) * HD + ch * 8), f);
+			tc_split(f[0] * g, f[1] * g, &hv.x, &lv.x);
+			tc_split(f[2] * g, f[3] * g, &hv.y, &lv.y);
+			tc_split(f[4] * g, f[5] * g, &hv.z, &lv.z);
+			tc_split(f[6] * g, f[7] * g, &hv.w, &lv.w);
+		}
+		*(uint4 *)(whi + r * LD + ch * 8) = hv;
+		*(uint4 *)(wlo + r * LD + ch * 8) = lv;
 	}
-	float *Dj = D + ((size_t)j * nh + h) * HD * HD;
+	tc_cp_wait<0>();
+	__syncthreads();
+	float acc[HD / 8][4];
 #pragma unroll
-	for (int x = 0; x < TA; x++)
+	for (int n = 0; n < HD / 8; n++)
+		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
-		for (int y = 0; y < TA; y++)
-			Dj[(size_t)(ta + 16 * x) * HD + tc + 16 * y] = acc[x][y];
+	for (int kt = 0; kt < GLA_C / 16; kt++) {
+		if (16 * kt >= c) /* zero rows only */
+			break;
+		/* A = Wᵀ (W stored [r][a]): ldmatrix.trans, matrices (r, a) +
+		 * (0, 0), (0, 8), (8, 0), (8, 8) give a[0..3] */
+		uint32_t ah[4], al[4];
+		int ao = (kt * 16 + (lane & 7) + (lane >> 4) * 8) * LD + 16 * w + ((lane >> 3) & 1) * 8;
+		tc_ldsm_x4_trans(ah, whi + ao);
+		tc_ldsm_x4_trans(al, wlo + ao);
+#pragma unroll
+		for (int dp = 0; dp < HD / 16; dp++) {
+			uint32_t bv[4];
+			tc_ldsm_x4_trans(bv, vs + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+						 dp * 16 + (lane >> 4) * 8);
+			tc_mma(acc[2 * dp], ah, bv[0], bv[1]);
+			tc_mma(acc[2 * dp], al, bv[0], bv[1]);
+			tc_mma(acc[2 * dp + 1], ah, bv[2], bv[3]);
+			tc_mma(acc[2 * dp + 1], al, bv[2], bv[3]);
+		}
+	}
+	float *Dj = D + ((size_t)j * nh + h) * HD * HD + (size_t)(16 * w + gid) * HD;
+#pragma unroll
+	for (int n = 0; n < HD / 8; n++) {
+		*(float2 *)(Dj + n * 8 + 2 * tq) = make_float2(acc[n][0], acc[n][1]);
+		*(float2 *)(Dj + 8 * HD + n * 8 + 2 * tq) = make_float2(acc[n][2], acc[n][3]);
+	}
 }
 
 static __global__ void gla_scan_kernel(float *D, float *state, const float *decay, int T, int t0, int nh, int hd,
@@ -257,96 +305,171 @@ static __global__ void gla_scan_kernel(float *D, float *state, const float *deca
 
 template <int HD> static constexpr size_t gla_out_smem()
 {
-	/* q, k [C][HD+2] and v [C][HD] bf16; A [C][C+1] and a 32-row state slab fp32 */
-	return (size_t)2 * GLA_C * (HD + 2) * 2 + (size_t)GLA_C * HD * 2 + sizeof(float) * ((size_t)GLA_C * (GLA_C + 1) + 32 * HD);
+	/* q, k, v [GLA_C][HD + 8] and a state slab's hi and lo [GLA_SR][HD + 8]
+	 * bf16; γ^n for n = 0..GLA_C */
+	return (size_t)(3 * GLA_C + 2 * GLA_SR) * (HD + 8) * 2 + sizeof(float) * (GLA_C + 1);
 }
 
-/* rows i = ti + 16x (x < 4), value columns b = tb + 16y (y < HD/16) */
+/* A state slab (GLA_SR rows of S_j, fp32) in registers: element 4 (tid + u NT). */
 template <int HD>
-static __global__ void __launch_bounds__(GLA_THREADS)
+static __device__ __forceinline__ void gla_slab_get(float4 (&pf)[GLA_SR * HD / 4 / (GLA_OW * 32)],
+						    const float *S)
+{
+#pragma unroll
+	for (int u = 0; u < GLA_SR * HD / 4 / (GLA_OW * 32); u++)
+		pf[u] = ((const float4 *)S)[threadIdx.x + u * GLA_OW * 32];
+}
+
+/* ... split, into shi and slo [GLA_SR][HD + 8] */
+template <int HD>
+static __device__ __forceinline__ void gla_slab_put(uint16_t *shi, uint16_t *slo,
+						    const float4 (&pf)[GLA_SR * HD / 4 / (GLA_OW * 32)])
+{
+#pragma unroll
+	for (int u = 0; u < GLA_SR * HD / 4 / (GLA_OW * 32); u++) {
+		int e = threadIdx.x + u * GLA_OW * 32, off = e / (HD / 4) * (HD + 8) + e % (HD / 4) * 4;
+		uint2 hv, lv;
+		tc_split(pf[u].x, pf[u].y, &hv.x, &lv.x);
+		tc_split(pf[u].z, pf[u].w, &hv.y, &lv.y);
+		*(uint2 *)(shi + off) = hv;
+		*(uint2 *)(slo + off) = lv;
+	}
+}
+
+/* o of chunk j, head h: warp w computes rows i = 16w + gid (+ 8) (rows >= c
+ * are not stored), all HD columns, in three steps into one accumulator:
+ *   inter: Q S_j, S_j staged GLA_SR rows at a time as hi/lo (the next slab's
+ *          loads in flight meanwhile), then rows times γ^(i+1);
+ *   A = Q Kᵀ over keys r < 16(w+1) (exact), times γ^(i-r) for r <= i < c,
+ *          else 0, in the accumulator registers;
+ *   intra: A V, A taken from those registers as the A operand (attn_tc.cuh),
+ *          split hi/lo. */
+template <int HD>
+static __global__ void __launch_bounds__(GLA_OW * 32)
 	gla_out_kernel(uint16_t *o, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *D,
 		       const float *decay, int T, int t0, int nh, float scale)
 {
 	sfwc_pdl_wait();
-	constexpr int LDB = HD + 2, TB = HD / 16;
-	extern __shared__ float4 sm4[];
-	uint16_t *qs = (uint16_t *)sm4, *ks = qs + GLA_C * LDB, *vs = ks + GLA_C * LDB;
-	float *Am = (float *)(vs + GLA_C * HD), *Ss = Am + GLA_C * (GLA_C + 1);
-	int j = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-	int tok = t0 + j * GLA_C, c = min(GLA_C, T - tok);
-	size_t rs = (size_t)nh * HD;
-	for (int i = tid; i < c * HD; i += GLA_THREADS) {
-		int r = i / HD, a = i % HD;
-		size_t g = (size_t)(tok + r) * rs + (size_t)h * HD + a;
-		qs[r * LDB + a] = q[g], ks[r * LDB + a] = k[g], vs[r * HD + a] = v[g];
-	}
-	__syncthreads();
+	constexpr int LD = HD + 8, NT = GLA_OW * 32, NS = HD / GLA_SR;
+	extern __shared__ __align__(16) unsigned char smem_raw[];
+	uint16_t *qs = (uint16_t *)smem_raw, *ks = qs + GLA_C * LD, *vs = ks + GLA_C * LD;
+	uint16_t *shi = vs + GLA_C * LD, *slo = shi + GLA_SR * LD;
+	float *dec = (float *)(slo + GLA_SR * LD);
+	const int j = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+	const int gid = lane >> 2, tq = lane & 3, i0 = 16 * w + gid, i1 = i0 + 8;
+	const int tok = t0 + j * GLA_C, c = min(GLA_C, T - tok);
+	gla_tile_load<HD, NT>(qs, q, tok, c, h, nh);
+	gla_tile_load<HD, NT>(ks, k, tok, c, h, nh);
+	gla_tile_load<HD, NT>(vs, v, tok, c, h, nh);
+	tc_cp_commit();
+	const float *Sj = D + ((size_t)j * nh + h) * HD * HD;
+	float4 pf[GLA_SR * HD / 4 / NT];
+	gla_slab_get<HD>(pf, Sj);
 	float lg = -decay[h];
-	int ti = tid / 16, tb = tid % 16;
-	{ /* A[i][r] = γ^(i-r) q_i·k_r for r <= i < c, else 0 */
-		float acc[4][4];
-		tile_zero(acc);
-		for (int a = 0; a < HD; a++) {
-			float qv[4], kv[4];
+	for (int n = tid; n <= GLA_C; n += NT)
+		dec[n] = expf(lg * (float)n);
+	/* A fragment of Q: rows 16w.., columns kc.. (ldmatrix, attn_tc.cuh) */
+	const uint16_t *qa_p = qs + (16 * w + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+	/* B fragments of a [k][n] tile by ldmatrix.trans: this lane's offset */
+	const int bt = ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+	float acc[HD / 8][4];
 #pragma unroll
-			for (int x = 0; x < 4; x++)
-				qv[x] = sfwc_bf(qs[(ti + 16 * x) * LDB + a]), kv[x] = sfwc_bf(ks[(tb + 16 * x) * LDB + a]);
-			tile_outer(acc, qv, kv);
+	for (int n = 0; n < HD / 8; n++)
+		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+	for (int s = 0; s < NS; s++) {
+		if (s > 0)
+			__syncthreads(); /* the slab before is read */
+		gla_slab_put<HD>(shi, slo, pf);
+		if (s + 1 < NS)
+			gla_slab_get<HD>(pf, Sj + (size_t)(s + 1) * GLA_SR * HD);
+		if (s == 0)
+			tc_cp_wait<0>();
+		__syncthreads();
+#pragma unroll
+		for (int kk = 0; kk < GLA_SR / 16; kk++) {
+			uint32_t qa[4];
+			tc_ldsm_x4(qa, qa_p + s * GLA_SR + kk * 16);
+#pragma unroll
+			for (int dp = 0; dp < HD / 16; dp++) {
+				uint32_t bh[4], bl[4];
+				tc_ldsm_x4_trans(bh, shi + kk * 16 * LD + dp * 16 + bt);
+				tc_ldsm_x4_trans(bl, slo + kk * 16 * LD + dp * 16 + bt);
+				tc_mma(acc[2 * dp], qa, bh[0], bh[1]);
+				tc_mma(acc[2 * dp], qa, bl[0], bl[1]);
+				tc_mma(acc[2 * dp + 1], qa, bh[2], bh[3]);
+				tc_mma(acc[2 * dp + 1], qa, bl[2], bl[3]);
+			}
 		}
+	}
+	const float g0 = dec[i0 + 1], g1 = dec[i1 + 1];
 #pragma unroll
-		for (int x = 0; x < 4; x++)
+	for (int n = 0; n < HD / 8; n++)
+		acc[n][0] *= g0, acc[n][1] *= g0, acc[n][2] *= g1, acc[n][3] *= g1;
+	/* A = Q Kᵀ: 8 n-tiles of 8 keys; this warp's rows see keys < 16(w + 1) */
+	float a[GLA_C / 8][4];
 #pragma unroll
-			for (int y = 0; y < 4; y++) {
-				int i = ti + 16 * x, r = tb + 16 * y;
-				Am[i * (GLA_C + 1) + r] = r <= i && i < c ? acc[x][y] * expf(lg * (float)(i - r)) : 0.0f;
+	for (int n = 0; n < GLA_C / 8; n++)
+		a[n][0] = a[n][1] = a[n][2] = a[n][3] = 0.0f;
+#pragma unroll
+	for (int kk = 0; kk < HD / 16; kk++) {
+		uint32_t qa[4];
+		tc_ldsm_x4(qa, qa_p + kk * 16);
+#pragma unroll
+		for (int np = 0; np < GLA_OW; np++)
+			if (np <= w) {
+				uint32_t kb[4];
+				tc_ldsm_x4(kb, ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 +
+						       ((lane >> 3) & 1) * 8);
+				tc_mma(a[2 * np], qa, kb[0], kb[1]);
+				tc_mma(a[2 * np + 1], qa, kb[2], kb[3]);
 			}
 	}
-	float acc[4][TB];
-	tile_zero(acc);
-	/* inter-chunk: q_i S_j, S_j streamed through shared memory 32 rows at a time */
-	const float *Sj = D + ((size_t)j * nh + h) * HD * HD;
-	for (int a0 = 0; a0 < HD; a0 += 32) {
-		__syncthreads();
-		for (int e = tid; e < 32 * HD; e += GLA_THREADS)
-			Ss[e] = Sj[(size_t)a0 * HD + e];
-		__syncthreads();
-		for (int aa = 0; aa < 32; aa++) {
-			float qv[4], sv[TB];
+	/* a[n][e]: row e < 2 ? i0 : i1, key r = 8n + 2tq + (e & 1) */
 #pragma unroll
-			for (int x = 0; x < 4; x++)
-				qv[x] = sfwc_bf(qs[(ti + 16 * x) * LDB + a0 + aa]);
+	for (int n = 0; n < GLA_C / 8; n++)
 #pragma unroll
-			for (int y = 0; y < TB; y++)
-				sv[y] = Ss[aa * HD + tb + 16 * y];
-			tile_outer(acc, qv, sv);
+		for (int e = 0; e < 4; e++) {
+			int i = e < 2 ? i0 : i1, r = 8 * n + 2 * tq + (e & 1);
+			a[n][e] = r <= i && i < c ? a[n][e] * dec[i - r] : 0.0f;
 		}
+#pragma unroll
+	for (int kt = 0; kt < GLA_OW; kt++)
+		if (kt <= w) {
+			uint32_t ah[4], al[4];
+			tc_split(a[2 * kt][0], a[2 * kt][1], &ah[0], &al[0]);
+			tc_split(a[2 * kt][2], a[2 * kt][3], &ah[1], &al[1]);
+			tc_split(a[2 * kt + 1][0], a[2 * kt + 1][1], &ah[2], &al[2]);
+			tc_split(a[2 * kt + 1][2], a[2 * kt + 1][3], &ah[3], &al[3]);
+#pragma unroll
+			for (int dp = 0; dp < HD / 16; dp++) {
+				uint32_t bv[4];
+				tc_ldsm_x4_trans(bv, vs + kt * 16 * LD + dp * 16 + bt);
+				tc_mma(acc[2 * dp], ah, bv[0], bv[1]);
+				tc_mma(acc[2 * dp], al, bv[0], bv[1]);
+				tc_mma(acc[2 * dp + 1], ah, bv[2], bv[3]);
+				tc_mma(acc[2 * dp + 1], al, bv[2], bv[3]);
+			}
+		}
+	size_t rs = (size_t)nh * HD;
+	uint16_t *o0 = o + (size_t)(tok + i0) * rs + (size_t)h * HD + 2 * tq, *o1 = o0 + 8 * rs;
+#pragma unroll
+	for (int n = 0; n < HD / 8; n++) {
+		if (i0 < c)
+			*(uint32_t *)(o0 + n * 8) = sfwc_pack2(acc[n][0] * scale, acc[n][1] * scale);
+		if (i1 < c)
+			*(uint32_t *)(o1 + n * 8) = sfwc_pack2(acc[n][2] * scale, acc[n][3] * scale);
 	}
-#pragma unroll
-	for (int x = 0; x < 4; x++) {
-		float w = expf(lg * (float)(ti + 16 * x + 1));
-#pragma unroll
-		for (int y = 0; y < TB; y++)
-			acc[x][y] *= w;
-	}
-	/* intra-chunk: Σ_r A[i][r] v_r (A is 0 above the diagonal) */
-	for (int r = 0; r < c; r++) {
-		float av[4], vv[TB];
-#pragma unroll
-		for (int x = 0; x < 4; x++)
-			av[x] = Am[(ti + 16 * x) * (GLA_C + 1) + r];
-#pragma unroll
-		for (int y = 0; y < TB; y++)
-			vv[y] = sfwc_bf(vs[r * HD + tb + 16 * y]);
-		tile_outer(acc, av, vv);
-	}
-#pragma unroll
-	for (int x = 0; x < 4; x++) {
-		int i = ti + 16 * x;
-		if (i >= c)
-			continue;
-#pragma unroll
-		for (int y = 0; y < TB; y++)
-			o[(size_t)(tok + i) * rs + (size_t)h * HD + tb + 16 * y] = sfwc_tobf(acc[x][y] * scale);
+}
+
+/* A kernel's dynamic shared memory limit, raised once per device. */
+template <typename K> static void gla_smem_attr(K kernel, size_t smem, bool *set_dev)
+{
+	bool &set = set_dev[sfwc_device()]; /* harmless if raced */
+	if (!set) {
+		SFW_CUDA_CHECK(
+		    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		set = true;
 	}
 }
 
@@ -355,28 +478,28 @@ static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, c
 			    const float *decay, int T, int nh, float scale, struct sfw_cuda_ctx *cx)
 {
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
+	/* the tiles come by 16-byte copies: rows of nh * HD bf16 from the
+	 * activation arena (a multiple of 16 bytes apart) */
+	SFW_ASSERT((((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15) == 0 && ((uintptr_t)o & 3) == 0);
 	size_t per_chunk = (size_t)nh * HD * HD * sizeof(float);
 	int64_t chunks = (T + GLA_C - 1) / GLA_C, cap = (int64_t)(((size_t)32 << 20) / per_chunk);
 	int NC = (int)(chunks < cap ? chunks : cap > 0 ? cap : 1);
 	float *D = (float *)sfwi_cuda_scratch(cx, (size_t)NC * per_chunk);
-	constexpr size_t smem = gla_out_smem<HD>();
-	static bool attr_dev[SFWC_MAX_DEVICES]; /* per instantiation and device; harmless if raced */
-	bool &attr_set = attr_dev[sfwc_device()];
-	if (!attr_set) {
-		SFW_CUDA_CHECK(cudaFuncSetAttribute(gla_out_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						    (int)smem));
-		attr_set = true;
-	}
+	constexpr size_t dsmem = gla_delta_smem<HD>(), osmem = gla_out_smem<HD>();
+	static bool dset[SFWC_MAX_DEVICES], oset[SFWC_MAX_DEVICES]; /* per instantiation and device */
+	gla_smem_attr(gla_delta_kernel<HD>, dsmem, dset);
+	gla_smem_attr(gla_out_kernel<HD>, osmem, oset);
 	unsigned sblocks = (unsigned)(((size_t)nh * HD * HD + GLA_THREADS - 1) / GLA_THREADS);
 	for (int t0 = 0; t0 < T; t0 += NC * GLA_C) {
 		int nc = (int)(((int64_t)T - t0 + GLA_C - 1) / GLA_C);
 		nc = nc < NC ? nc : NC;
-		sfwc_launch(gla_delta_kernel<HD>, dim3(nc, nh), dim3(GLA_THREADS), 0, s, D, k, v, decay, T, t0, nh);
+		sfwc_launch(gla_delta_kernel<HD>, dim3(nc, nh), dim3(HD * 2), dsmem, s, D, k, v, decay, T, t0,
+			    nh);
 		SFW_CUDA_LAUNCHED();
 		sfwc_launch(gla_scan_kernel, dim3(sblocks), dim3(GLA_THREADS), 0, s, D, state, decay, T, t0, nh, HD, nc);
 		SFW_CUDA_LAUNCHED();
-		sfwc_launch(gla_out_kernel<HD>, dim3(nc, nh), dim3(GLA_THREADS), smem, s, o, q, k, v, (const float *)D,
-			    decay, T, t0, nh, scale);
+		sfwc_launch(gla_out_kernel<HD>, dim3(nc, nh), dim3(GLA_OW * 32), osmem, s, o, q, k, v,
+			    (const float *)D, decay, T, t0, nh, scale);
 		SFW_CUDA_LAUNCHED();
 	}
 }

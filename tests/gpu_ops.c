@@ -421,7 +421,16 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
 	struct tol keep = g_tol;
 	g_tol.nmse = 1e-9, g_tol.maxrel = 1e-4; /* the state is fp32 in both dtypes */
+	/* bf16 (the scan path on tensor cores, kernels/lightning.cu): the
+	 * fp32 operands of the MMAs, split hi + lo, keep 16 bits, so the state
+	 * stays near fp32 (an emulation on the CPU, tensor-core accumulation
+	 * taken as fp32 rounding toward zero: NMSE ~7e-12, max|diff|/max|ref|
+	 * ~2.4e-6); a plain bf16 rounding of them gives ~2.4e-6 and ~1.5e-3,
+	 * which these bounds reject. The outputs are bf16 and hold the bf16
+	 * tolerance either way (their rounding, 2^-9, dwarfs the split's 2^-16). */
 	if (g_dt == SFW_DTYPE_BF16)
+		g_tol.nmse = 1e-8, g_tol.maxrel = 3e-4;
+	if (g_dt == SFW_DTYPE_BF16 && !chunked)
 		g_tol = keep;
 	cmp(name, gst, st_ref, ns);
 	g_tol = keep;
@@ -442,6 +451,15 @@ static void t_gla(void)
 	t_gla_shape(1, 64, 4, 64);
 	t_gla_shape(1, 2100, 32, 128);
 	t_gla_shape(1, 1, 8, 32);
+	/* the tensor-core kernels' edges: 8192 rows at the model's shape (8
+	 * groups of 16 chunks, the op's size in a long prefill); partial last
+	 * chunks at every head dim (rows past c zero in the tiles, masked in
+	 * the output); a chunk shorter than one 16-row k-step */
+	t_gla_shape(1, 8192, 32, 128);
+	t_gla_shape(1, 1000, 4, 64);
+	t_gla_shape(1, 77, 2, 128);
+	t_gla_shape(1, 45, 4, 32);
+	t_gla_shape(1, 12, 3, 64);
 }
 
 /* A valid selection: the CPU pool + top-k on random scores. */
