@@ -494,7 +494,7 @@ before-after)
 				for d in "$M" "$Q"; do
 					ab_bench_gpu "$b" "$tag" "$d" 1024:128,32768:32,131072:32 || rc=1
 				done ;;
-			prefill) ab_bench_gpu "$b" "$tag" "$M" 32768:16,131072:16 || rc=1 ;;
+			prefill) ab_bench_gpu "$b" "$tag" "$M" 32768:8,131072:8 || rc=1 ;;
 			long) ab_bench_gpu "$b" "$tag" "$M" 1048576:64 || rc=1 ;;
 			batch)
 				echo "== $tag: bench_batch $M --batch 1,2,4,8,16,32,64 --ctx 1024 --gen 32" | tee -a "$OUT/before-after.log"
