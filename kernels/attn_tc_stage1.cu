@@ -346,7 +346,11 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1
  * many warps instead, in two launches as the CUDA-core kernels of
  * kernels/infllm.cu do: pass A, per split of the level-2 keys, the running
  * max and sum of exp2 per head (log2 domain); pass B merges the splits into
- * LSE_h and writes the level-1 scores, 32 keys per warp.
+ * LSE_h once per CTA and writes the level-1 scores, 32 keys per warp and
+ * step. Both launch about two CTAs per SM: pass A's splits are at least one
+ * CTA step of keys, and pass B's CTAs stride over the keys, so a 1M-token
+ * row (65,536 level-1 keys) keeps every SM busy with a few steps per warp,
+ * each step's loads issued before the step before is computed.
  *
  * No shared-memory staging: the dot products sum over the head dimension,
  * so any fixed permutation of it may be used for both operands. Lane (gid,
