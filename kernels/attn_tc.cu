@@ -15,7 +15,8 @@
  * Every thread runs the merge itself on the lists in shared memory, so the
  * next block is known without a barrier and can be prefetched.
  * Dense rows use the implicit lists 0..p/64. Softmax: online, in the log2
- * domain, fp32; P is rounded to bf16 for the P·V product (as flash-attn).
+ * domain, fp32, exp2 by one ex2.approx.ftz (tc_ex2: a probability below
+ * 2^-126 is 0); P is rounded to bf16 for the P·V product (as flash-attn).
  *
  * An fp8 cache (kernels/ops.h, "the fp8 KV cache") keeps the same pipeline
  * one step earlier: cp.async brings a block's raw codes and scales (two
