@@ -519,13 +519,8 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 		return;
 	} else {
 		constexpr size_t smem = gla_chunk_smem<HD>();
-		static bool attr_dev[SFWC_MAX_DEVICES]; /* per instantiation and device; harmless if raced */
-		bool &attr_set = attr_dev[sfwc_device()];
-		if (!attr_set) {
-			SFW_CUDA_CHECK(cudaFuncSetAttribute(gla_chunk_kernel<A, HD>,
-							    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-			attr_set = true;
-		}
+		static bool set[SFWC_MAX_DEVICES]; /* per instantiation and device */
+		gla_smem_attr(gla_chunk_kernel<A, HD>, smem, set);
 		sfwc_launch(gla_chunk_kernel<A, HD>, dim3(grid), dim3(GLA_THREADS), smem, s, (A *)o, (const A *)q, (const A *)k,
 									 (const A *)v, state, decay, T, nh, scale);
 	}
