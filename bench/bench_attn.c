@@ -14,10 +14,13 @@
  * picks. Each figure is the median of 7 rounds of 3 calls (1 warm-up), in
  * ms; the ops go through the twins (sfw_op_*_cuda) and sfw_cuda_pool_topk,
  * whose signatures this tool needs only, so the same source builds against
- * an older tree (gpu-run.sh before-after attn).
+ * an older tree (gpu-run.sh before-after attn). A prefill chunk also times
+ * a Lightning layer's chunked prefill over its rows (gla: 32 heads of 128,
+ * the model's decays), which does not depend on the context.
  * Built in every build; without CUDA=1 it says so and exits 0. */
 #include "sfw.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,20 +36,21 @@ int main(void)
 #include "kernels/ops_cuda.h"
 
 enum { NH = 32, NKV = 2, HD = 128, KSIZE = 32, STRIDE = 16, BLOCK = 64, TOPK = 96, INIT = 1, LOCAL = 32 };
-enum op { O_STAGE1, O_POOL, O_TOPK, O_POOL_TOPK, O_SPARSE, O_DENSE, O_N };
-static const char *op_name[O_N] = {"stage1", "pool", "topk", "pool_topk", "attn_sparse", "attn_dense"};
+enum op { O_STAGE1, O_POOL, O_TOPK, O_POOL_TOPK, O_SPARSE, O_DENSE, O_GLA, O_N };
+static const char *op_name[O_N] = {"stage1", "pool", "topk", "pool_topk", "attn_sparse", "attn_dense", "gla"};
 
 struct bufs {
 	void *k, *v, *q, *o, *c1, *c2;
 	float *scores, *pooled;
 	int32_t *idx;
+	float *state, *decay; /* a Lightning layer's: [NH][HD][HD], [NH] */
 };
 
 static void bufs_free(struct bufs *b)
 {
 	sfw_cuda_free(b->k), sfw_cuda_free(b->v), sfw_cuda_free(b->q), sfw_cuda_free(b->o);
 	sfw_cuda_free(b->c1), sfw_cuda_free(b->c2), sfw_cuda_free(b->scores), sfw_cuda_free(b->pooled);
-	sfw_cuda_free(b->idx);
+	sfw_cuda_free(b->idx), sfw_cuda_free(b->state), sfw_cuda_free(b->decay);
 }
 
 static int cmp_f(const void *a, const void *b)
@@ -104,15 +108,21 @@ static void call(enum op op, struct bufs *b, const struct sfw_sel_shape *ss, con
 	case O_DENSE:
 		sfw_op_attn_dense_cuda(b->o, b->q, b->k, b->v, as, SFW_DTYPE_BF16, cx);
 		break;
+	case O_GLA: { /* a Lightning layer's prefill over the chunk's rows: q as q, k and v (timing only) */
+		struct sfw_gla_shape gs = {.T = as->T, .nh = NH, .hd = HD, .scale = as->scale, .chunk = 64};
+		sfw_op_gla_chunked_cuda(b->o, b->q, b->q, b->q, b->state, b->decay, &gs, SFW_DTYPE_BF16, cx);
+		break;
+	}
 	default:
 		break;
 	}
 }
 
-/* The fused pooling + top-k takes one row only */
+/* The fused pooling + top-k takes one row only; Lightning's chunked form
+ * is a prefill's (64 rows or more) */
 static int op_runs(enum op op, int T)
 {
-	return op != O_POOL_TOPK || T == 1;
+	return op == O_POOL_TOPK ? T == 1 : op == O_GLA ? T >= 64 : 1;
 }
 
 static float time_op(enum op op, struct bufs *b, const struct sfw_sel_shape *ss, const struct sfw_attn_shape *as,
@@ -129,6 +139,54 @@ static float time_op(enum op op, struct bufs *b, const struct sfw_sel_shape *ss,
 	}
 	qsort(t, 7, sizeof(float), cmp_f);
 	return t[3];
+}
+
+/* How much consecutive rows' selections overlap (what a query block of W
+ * rows that loads each distinct block once loads): the mean number of
+ * distinct blocks in the union of W consecutive rows' lists, per KV head */
+static void print_unions(const int32_t *didx, int T, void *stream)
+{
+	size_t n = (size_t)NKV * T * TOPK;
+	int32_t *idx = malloc(n * 4);
+	unsigned char *seen = NULL;
+	int32_t maxb = 0;
+	if (!idx)
+		return;
+	sfw_cuda_d2h(idx, didx, n * 4, stream);
+	sfw_cuda_sync(stream);
+	for (size_t i = 0; i < n; i++)
+		maxb = idx[i] > maxb ? idx[i] : maxb;
+	seen = calloc((size_t)maxb + 1, 1);
+	if (!seen) {
+		free(idx);
+		return;
+	}
+	printf("    union of W consecutive rows' blocks (top %d), mean:", TOPK);
+	for (int W = 1; W <= 64; W *= 2) {
+		double sum = 0;
+		long groups = 0;
+		for (int g = 0; g < NKV; g++)
+			for (int r0 = 0; r0 + W <= T; r0 += W, groups++) {
+				int u = 0;
+				for (int r = r0; r < r0 + W; r++)
+					for (int j = 0; j < TOPK; j++) {
+						int32_t v = idx[((size_t)g * T + r) * TOPK + j];
+						if (v >= 0 && !seen[v])
+							seen[v] = 1, u++;
+					}
+				sum += u;
+				for (int r = r0; r < r0 + W; r++)
+					for (int j = 0; j < TOPK; j++) {
+						int32_t v = idx[((size_t)g * T + r) * TOPK + j];
+						if (v >= 0)
+							seen[v] = 0;
+					}
+			}
+		printf(" W %d: %.1f |", W, groups ? sum / groups : 0.0);
+	}
+	printf("\n");
+	free(seen);
+	free(idx);
 }
 
 static int parse_list(const char *s, int64_t *out, int max)
@@ -160,9 +218,19 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 		 sfw_cuda_malloc(&b.c2, (size_t)n2 * NKV * HD * 2 + 2, "c2", err) == SFW_OK &&
 		 sfw_cuda_malloc((void **)&b.scores, (size_t)NKV * T * n1 * 4, "scores", err) == SFW_OK &&
 		 sfw_cuda_malloc((void **)&b.pooled, (size_t)NKV * T * nb * 4, "pooled", err) == SFW_OK &&
-		 sfw_cuda_malloc((void **)&b.idx, (size_t)NKV * T * TOPK * 4, "idx", err) == SFW_OK;
+		 sfw_cuda_malloc((void **)&b.idx, (size_t)NKV * T * TOPK * 4, "idx", err) == SFW_OK &&
+		 sfw_cuda_malloc((void **)&b.state, (size_t)NH * HD * HD * 4, "state", err) == SFW_OK &&
+		 sfw_cuda_malloc((void **)&b.decay, NH * 4, "decay", err) == SFW_OK;
 	ok = ok && fill_random(b.k, kv / 2, 1, cx->stream) && fill_random(b.v, kv / 2, 2, cx->stream) &&
 	     fill_random(b.q, qb / 2, 3, cx->stream);
+	if (ok) { /* the model's decays (model-spec: slope 2^(-(h+1)/4)), a zero state */
+		float dec[NH];
+		for (int h = 0; h < NH; h++)
+			dec[h] = exp2f(-(float)(h + 1) / 4);
+		sfw_cuda_h2d(b.decay, dec, sizeof(dec), cx->stream);
+		sfw_cuda_memset(b.state, 0, (size_t)NH * HD * HD * 4, cx->stream);
+		sfw_cuda_sync(cx->stream);
+	}
 	if (!ok) {
 		if (!err->msg[0])
 			snprintf(err->msg, sizeof(err->msg), "out of host memory");
@@ -188,6 +256,8 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 	float sel = t[O_STAGE1] + t[O_POOL] + t[O_TOPK];
 	printf(" select %.3f, sparse path %.3f, dense / sparse path %.2f\n", sel, sel + t[O_SPARSE],
 	       t[O_DENSE] / (sel + t[O_SPARSE]));
+	if (T >= 64)
+		print_unions(b.idx, T, cx->stream);
 	fflush(stdout);
 	bufs_free(&b);
 	return 1;

@@ -28,7 +28,7 @@
 #                                            32K and 128K), long (bench_gpu bf16, a 1M-token
 #                                            prompt and 64 decode steps); default
 #                                            bench batch serve
-#   bash scripts/gpu-run.sh ncu-attn [L [ROWS]]  Nsight Compute on bench_attn's stage 1 and sparse attention kernels
+#   bash scripts/gpu-run.sh ncu-attn [L [ROWS]]  Nsight Compute on bench_attn's stage 1, sparse attention and Lightning kernels
 #                                            at context L (default 131072) for a chunk of ROWS (8192), and on a
 #                                            1M decode row's stage 1: speed of light, memory, occupancy, warp stalls
 #   bash scripts/gpu-run.sh w8-vs-bf16 [G]   bf16 and int8 g128 full-size models in one call: batched decode
@@ -528,12 +528,16 @@ ncu-attn)
 	# kernel under Nsight Compute (clocks left alone, METHOD.md), from
 	# bench_attn's third call of the op (after its warm-up): a prefill chunk
 	# of ROWS (default 8192) at context L (default 131072): stage 1 and the
-	# sparse attention; then a decode row at 1M: stage 1's two passes
+	# sparse attention, and Lightning's chunked prefill over the chunk's rows;
+	# then a decode row at 1M: stage 1's two passes
 	L=${1:-131072} R=${2:-8192}
 	NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 	[ -n "$NCU" ] || { echo "ncu-attn: no ncu on this machine" >&2; exit 1; }
 	rc=0
-	for job in "stage1_tc_kernel 2 1 $L $R" "attn_tc_kernel 2 1 $L $R" "stage1_dec 4 2 1048576 1"; do
+	# gla_: one group of Lightning's chunked prefill (delta, scan, out) from
+	# the op's second call (24 launches a call at 8,192 rows)
+	for job in "stage1_tc_kernel 2 1 $L $R" "attn_tc_kernel 2 1 $L $R" "gla_ 24 3 $L $R" \
+		"stage1_dec 4 2 1048576 1"; do
 		# shellcheck disable=SC2086 # $job: the fields, split on purpose
 		set -- $job
 		echo "== ncu $1 (skip $2, count $3), bench_attn --ctx $4 --rows $5" | tee -a "$OUT/ncu-attn.log"
