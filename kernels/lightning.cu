@@ -1,13 +1,16 @@
 /* lightning.cu - CUDA twins of kernels/lightning.c: simple gated linear
  * attention with an fp32 state [nh, hd(k), hd(v)] updated in place.
  *
- * Both forms split a head's state by value columns into tiles of 32: one
- * block per (head, tile), so the state never leaves the block between tokens
- * and no block depends on another. The recurrent form (decode) keeps its
- * tile in registers; the chunked form (prefill) keeps it in shared memory and
- * walks the sequence in sub-chunks of up to 32 tokens (intra-chunk causal
- * part + inter-chunk state term, as fla's chunk_simple_gla; the sub-chunk
- * length changes only the fp32 summation order, not the function). */
+ * Every form splits a head's state by value columns into tiles (of 32, or
+ * of 16 or 32 on tensor cores): one block per (head, tile), so the state
+ * never leaves the block between tokens and no block depends on another.
+ * The recurrent form (decode) keeps its tile in registers; the chunked form
+ * (prefill) walks the sequence in chunks (intra-chunk causal part +
+ * inter-chunk state term, as fla's chunk_simple_gla; the chunk length
+ * changes only the fp32 summation order, not the function): on fp32 in
+ * sub-chunks of up to 32 tokens with its tile in shared memory, on bf16 in
+ * chunks of 64 on tensor cores with its tile in registers (the section
+ * "chunked prefill on tensor cores"). */
 #include "attn_tc.cuh"
 
 #include <string.h>
@@ -169,263 +172,194 @@ static __global__ void __launch_bounds__(GLA_THREADS)
 		Sg[(size_t)(i >> 5) * HD + c0 + (i & 31)] = S[(i >> 5) * 33 + (i & 31)];
 }
 
-/* ---- chunk-parallel prefill (bf16; fp32 takes the serial kernel above) ----
- * The serial kernel above walks every token of a head in one block; this
- * form spreads the chunks (64 tokens) of a piece over blocks, three launches
- * per group of up to NC chunks:
- *   delta: D[j] = Σ_r γ^(c-1-r) k_rᵀ v_r             (block per chunk, head)
- *   scan:  D[j] <- S at the start of chunk j, S = γ^c S + D[j] (in place,
- *          one thread per state element, serial over the group's chunks)
- *   out:   o_i = scale (γ^(i+1) q_i S_j + Σ_{r≤i} γ^(i-r) (q_i·k_r) v_r)
- * D lives in the op scratch.
+/* ---- chunked prefill on tensor cores, one kernel (bf16; fp32 takes the serial kernel above) ----
+ * One launch per call. A block owns head h and the value columns b0 ..
+ * b0 + BV - 1 and walks all the call's chunks of GLA_C tokens in order (the
+ * last one partial, c = min(GLA_C, T - tok)); its state slice S[a][b0..)
+ * (a = 0..HD-1, fp32) stays in registers for the whole call, read from and
+ * written back to state once. Per chunk j, with S_j the slice before it:
+ *   out:    o_i = scale (γ^(i+1) q_i S_j + Σ_{r≤i} γ^(i-r) (q_i·k_r) v_r),
+ *           rows i >= c not stored;
+ *   update: S_{j+1} = γ^c S_j + Wᵀ V, W[r][a] = γ^(c-1-r) k_r[a]: the
+ *           registers are scaled by γ^c, then Wᵀ V is accumulated onto them.
+ * This replaces a three-launch form (per chunk deltas Wᵀ V in global memory,
+ * a serial scan over them, then the outputs) whose fp32 per-chunk states,
+ * 64 KB per chunk and head (~1 GB of traffic for 8,192 rows of 32 heads of
+ * 128), and 24 launches per call cost far more than its FLOPs. The price
+ * here is that the HD / BV blocks of a head each compute the chunk's Q Kᵀ,
+ * and that one block is a serial walk over the chunks.
  *
- * delta and out run on tensor cores (mma.sync m16n8k16, bf16 in, fp32
+ * Every product runs on tensor cores (mma.sync m16n8k16, bf16 in, fp32
  * accumulate; fragment layouts: attn_tc.cuh). Products of bf16 q, k, v are
  * exact in fp32, so those MMAs differ from the CPU twin only in the fp32
- * summation order. Three operands are fp32 instead: the decayed keys
- * γ^(c-1-r) k_r of delta, the decayed intra-chunk weights A[i][r] =
- * γ^(i-r) (q_i·k_r) of out, and the state S_j. Rounding them to bf16 would
+ * summation order. Three operands are fp32 instead: the state S_j (a B
+ * operand of the out step), the decayed intra-chunk weights A[i][r] =
+ * γ^(i-r) (q_i·k_r) and the decayed keys W. Rounding them to bf16 would
  * lose all but 8 significant bits; each is split instead into hi + lo
  * (tc_split: hi = bf16(x), lo = bf16(x - hi)) and multiplied by two MMAs,
  * hi y + lo y, against an exact bf16 y, so every product is within 2^-16
- * relative of the fp32 one. The row factor γ^(i+1) of the inter-chunk term
- * is applied to the fp32 accumulator, as the twin does. Decay powers are
- * expf(-decay n), the twin's expression. */
+ * relative of the fp32 one. The state is fp32 in the registers; the out step
+ * reads its hi/lo copy in shared memory, rewritten after each update. The
+ * row factor γ^(i+1) of the inter-chunk term is applied to the fp32
+ * accumulator, as the twin does. Decay powers are expf(-decay n), the
+ * twin's expression.
+ *
+ * Warps: GLA_FW; in the out step warp w owns chunk rows 16w..16w+15 (all BV
+ * columns; its keys r <= i lie in k-tiles 0..w), in the update it owns
+ * m-tiles (state rows a) and n-tiles (columns) of the slice (gla_part).
+ * Shared memory: two stages of q, k [GLA_C][HD + 8] and v [GLA_C][BV + 8]
+ * (the next chunk's copies by cp.async in flight while this one computes),
+ * the slice's hi and lo [HD][BV + 8]; W's hi and lo are written over the
+ * chunk's q and k once the out step has read them. Rows are 16 bytes longer
+ * than the data so that the 8 row addresses of one ldmatrix fall in 8
+ * different 4-bank groups. */
 #define GLA_C 64
-#define GLA_OW 4 /* warps of the out kernel: warp w owns chunk rows 16w..16w+15 */
-#define GLA_SR 32 /* state rows per slab in the out kernel */
+#define GLA_FW 4 /* warps of the fused kernel: GLA_C / 16 */
+#define GLA_FT (GLA_FW * 32)
 
-/* The rows tok..tok+c-1 of head h of x [T][nh][HD] -> xs [GLA_C][HD + 8]
- * by cp.async (not committed), rows c.. zeros. Rows are 16 bytes longer
- * than HD so that the 8 row addresses of one ldmatrix fall in 8 different
- * 4-bank groups. */
-template <int HD, int NT>
-static __device__ __forceinline__ void gla_tile_load(uint16_t *xs, const uint16_t *x, int tok, int c, int h,
-						     int nh)
+template <int HD, int BV> static constexpr size_t gla_fused_smem()
 {
-	constexpr int LD = HD + 8, CH = HD / 8;
-	for (int i = threadIdx.x; i < GLA_C * CH; i += NT) {
+	/* two stages of q, k [GLA_C][HD + 8] and v [GLA_C][BV + 8], the state
+	 * slice's hi and lo [HD][BV + 8] (bf16); γ^n for n = 0..GLA_C */
+	return ((size_t)2 * GLA_C * (2 * (HD + 8) + BV + 8) + (size_t)2 * HD * (BV + 8)) * 2 +
+	       sizeof(float) * (GLA_C + 1);
+}
+
+/* Rows tok..tok+c-1 of x (row stride rs elements, W columns from x) -> xs
+ * [GLA_C][W + 8] by cp.async (not committed), rows c.. zeros. */
+template <int W>
+static __device__ __forceinline__ void gla_tile_load(uint16_t *xs, const uint16_t *x, size_t rs, int tok,
+						     int c)
+{
+	constexpr int CH = W / 8;
+	for (int i = threadIdx.x; i < GLA_C * CH; i += GLA_FT) {
 		int r = i / CH, ch = i % CH;
 		bool ok = r < c;
-		tc_cp16(xs + r * LD + ch * 8, x + (ok ? ((size_t)(tok + r) * nh + h) * HD + ch * 8 : 0),
+		tc_cp16(xs + r * (W + 8) + ch * 8, x + (ok ? (size_t)(tok + r) * rs + ch * 8 : 0),
 			ok ? 16 : 0);
 	}
 }
 
-template <int HD> static constexpr size_t gla_delta_smem()
-{
-	/* the decayed keys' hi and lo, and v: [GLA_C][HD + 8] bf16 each */
-	return (size_t)3 * GLA_C * (HD + 8) * 2;
-}
+/* The block's state slice: MPW m-tiles x NPW n-tiles of 16 x 8 per warp, in
+ * the C/D fragment layout (attn_tc.cuh); warp w = wm + WM wn, its m-tile mi
+ * is state rows 16 (wm + WM mi).., its n-tile jn columns 8 (wn NPW + jn)..
+ * of the slice (hd 32: two warps split the columns of each m-tile). */
+template <int HD, int BV> struct gla_part {
+	static constexpr int MT = HD / 16, WM = MT < GLA_FW ? MT : GLA_FW, WN = GLA_FW / WM;
+	static constexpr int MPW = MT / WM, NPW = BV / 8 / WN;
+	static_assert(WM * WN == GLA_FW && NPW >= 1 && (NPW == 1 || NPW % 2 == 0), "state tiling");
+};
 
-/* D[j][h] = Wᵀ V with W[r][a] = γ^(c-1-r) k_r[a]: M = key dim a, N = value
- * dim b, K = the chunk's tokens r (rows r >= c zero). HD / 16 warps; warp w
- * owns rows a = 16w..16w+15 and all HD columns. */
-template <int HD>
-static __global__ void __launch_bounds__(HD * 2)
-	gla_delta_kernel(float *D, const uint16_t *k, const uint16_t *v, const float *decay, int T, int t0, int nh)
+/* The slice's registers -> its hi/lo copy [HD][BV + 8] (the B operand of
+ * the out step). */
+template <int HD, int BV>
+static __device__ __forceinline__ void
+gla_state_put(uint16_t *shi, uint16_t *slo, const float (&s)[gla_part<HD, BV>::MPW][gla_part<HD, BV>::NPW][4],
+	      int wm, int wn, int lane)
 {
-	sfwc_pdl_wait();
-	constexpr int LD = HD + 8, NT = HD * 2, CH = HD / 8;
-	extern __shared__ __align__(16) unsigned char smem_raw[];
-	uint16_t *whi = (uint16_t *)smem_raw, *wlo = whi + GLA_C * LD, *vs = wlo + GLA_C * LD;
-	const int j = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-	const int gid = lane >> 2, tq = lane & 3;
-	const int tb = t0 + j * GLA_C, c = min(GLA_C, T - tb);
-	gla_tile_load<HD, NT>(vs, v, tb, c, h, nh);
-	tc_cp_commit();
-	float lg = -decay[h];
-	for (int i = tid; i < GLA_C * CH; i += NT) {
-		int r = i / CH, ch = i % CH;
-		uint4 hv = make_uint4(0, 0, 0, 0), lv = hv;
-		if (r < c) {
-			float f[8], g = expf(lg * (float)(c - 1 - r));
-			sfwc_unpack8(*(const uint4 *)(k + ((size_t)(tb + r) * nh + h) * HD + ch * 8), f);
-			tc_split(f[0] * g, f[1] * g, &hv.x, &lv.x);
-			tc_split(f[2] * g, f[3] * g, &hv.y, &lv.y);
-			tc_split(f[4] * g, f[5] * g, &hv.z, &lv.z);
-			tc_split(f[6] * g, f[7] * g, &hv.w, &lv.w);
+	using P = gla_part<HD, BV>;
+	constexpr int LV = BV + 8;
+#pragma unroll
+	for (int mi = 0; mi < P::MPW; mi++)
+#pragma unroll
+		for (int jn = 0; jn < P::NPW; jn++) {
+			int off = (16 * (wm + P::WM * mi) + (lane >> 2)) * LV + 8 * (wn * P::NPW + jn) +
+				  2 * (lane & 3);
+			uint32_t hw, lw;
+			tc_split(s[mi][jn][0], s[mi][jn][1], &hw, &lw);
+			*(uint32_t *)(shi + off) = hw, *(uint32_t *)(slo + off) = lw;
+			tc_split(s[mi][jn][2], s[mi][jn][3], &hw, &lw);
+			*(uint32_t *)(shi + off + 8 * LV) = hw, *(uint32_t *)(slo + off + 8 * LV) = lw;
 		}
-		*(uint4 *)(whi + r * LD + ch * 8) = hv;
-		*(uint4 *)(wlo + r * LD + ch * 8) = lv;
-	}
-	tc_cp_wait<0>();
-	__syncthreads();
-	float acc[HD / 8][4];
+}
+
+/* The slice's registers from (STORE false) or to (STORE true) the state,
+ * Sg = the slice's first column of row 0. */
+template <int HD, int BV, bool STORE>
+static __device__ __forceinline__ void
+gla_state_io(float (&s)[gla_part<HD, BV>::MPW][gla_part<HD, BV>::NPW][4], float *Sg, int wm, int wn, int lane)
+{
+	using P = gla_part<HD, BV>;
 #pragma unroll
-	for (int n = 0; n < HD / 8; n++)
-		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+	for (int mi = 0; mi < P::MPW; mi++)
 #pragma unroll
-	for (int kt = 0; kt < GLA_C / 16; kt++) {
-		if (16 * kt >= c) /* zero rows only */
-			break;
-		/* A = Wᵀ (W stored [r][a]): ldmatrix.trans, matrices (r, a) +
-		 * (0, 0), (0, 8), (8, 0), (8, 8) give a[0..3] */
-		uint32_t ah[4], al[4];
-		int ao = (kt * 16 + (lane & 7) + (lane >> 4) * 8) * LD + 16 * w + ((lane >> 3) & 1) * 8;
-		tc_ldsm_x4_trans(ah, whi + ao);
-		tc_ldsm_x4_trans(al, wlo + ao);
-#pragma unroll
-		for (int dp = 0; dp < HD / 16; dp++) {
-			uint32_t bv[4];
-			tc_ldsm_x4_trans(bv, vs + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
-						 dp * 16 + (lane >> 4) * 8);
-			tc_mma(acc[2 * dp], ah, bv[0], bv[1]);
-			tc_mma(acc[2 * dp], al, bv[0], bv[1]);
-			tc_mma(acc[2 * dp + 1], ah, bv[2], bv[3]);
-			tc_mma(acc[2 * dp + 1], al, bv[2], bv[3]);
+		for (int jn = 0; jn < P::NPW; jn++) {
+			float *p = Sg + (size_t)(16 * (wm + P::WM * mi) + (lane >> 2)) * HD +
+				   8 * (wn * P::NPW + jn) + 2 * (lane & 3);
+			if (STORE) {
+				*(float2 *)p = make_float2(s[mi][jn][0], s[mi][jn][1]);
+				*(float2 *)(p + 8 * HD) = make_float2(s[mi][jn][2], s[mi][jn][3]);
+			} else {
+				float2 x0 = *(const float2 *)p, x1 = *(const float2 *)(p + 8 * HD);
+				s[mi][jn][0] = x0.x, s[mi][jn][1] = x0.y, s[mi][jn][2] = x1.x,
+				s[mi][jn][3] = x1.y;
+			}
 		}
-	}
-	float *Dj = D + ((size_t)j * nh + h) * HD * HD + (size_t)(16 * w + gid) * HD;
-#pragma unroll
-	for (int n = 0; n < HD / 8; n++) {
-		*(float2 *)(Dj + n * 8 + 2 * tq) = make_float2(acc[n][0], acc[n][1]);
-		*(float2 *)(Dj + 8 * HD + n * 8 + 2 * tq) = make_float2(acc[n][2], acc[n][3]);
-	}
 }
 
-static __global__ void gla_scan_kernel(float *D, float *state, const float *decay, int T, int t0, int nh, int hd,
-				       int nc)
-{
-	sfwc_pdl_wait();
-	size_t hh = (size_t)hd * hd, e = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-	if (e >= (size_t)nh * hh)
-		return;
-	int h = (int)(e / hh);
-	float lg = -decay[h], S = state[e];
-	for (int j = 0; j < nc; j++) {
-		int c = min(GLA_C, T - (t0 + j * GLA_C));
-		float *dp = D + (size_t)j * nh * hh + e; /* D[j][h][a][b], e = h*hh + a*hd + b */
-		float d = *dp;
-		*dp = S;
-		S = expf(lg * (float)c) * S + d;
-	}
-	state[e] = S;
-}
-
-template <int HD> static constexpr size_t gla_out_smem()
-{
-	/* q, k, v [GLA_C][HD + 8] and a state slab's hi and lo [GLA_SR][HD + 8]
-	 * bf16; γ^n for n = 0..GLA_C */
-	return (size_t)(3 * GLA_C + 2 * GLA_SR) * (HD + 8) * 2 + sizeof(float) * (GLA_C + 1);
-}
-
-/* A state slab (GLA_SR rows of S_j, fp32) in registers: element 4 (tid + u NT). */
-template <int HD>
-static __device__ __forceinline__ void gla_slab_get(float4 (&pf)[GLA_SR * HD / 4 / (GLA_OW * 32)],
-						    const float *S)
-{
-#pragma unroll
-	for (int u = 0; u < GLA_SR * HD / 4 / (GLA_OW * 32); u++)
-		pf[u] = ((const float4 *)S)[threadIdx.x + u * GLA_OW * 32];
-}
-
-/* ... split, into shi and slo [GLA_SR][HD + 8] */
-template <int HD>
-static __device__ __forceinline__ void gla_slab_put(uint16_t *shi, uint16_t *slo,
-						    const float4 (&pf)[GLA_SR * HD / 4 / (GLA_OW * 32)])
-{
-#pragma unroll
-	for (int u = 0; u < GLA_SR * HD / 4 / (GLA_OW * 32); u++) {
-		int e = threadIdx.x + u * GLA_OW * 32, off = e / (HD / 4) * (HD + 8) + e % (HD / 4) * 4;
-		uint2 hv, lv;
-		tc_split(pf[u].x, pf[u].y, &hv.x, &lv.x);
-		tc_split(pf[u].z, pf[u].w, &hv.y, &lv.y);
-		*(uint2 *)(shi + off) = hv;
-		*(uint2 *)(slo + off) = lv;
-	}
-}
-
-/* o of chunk j, head h: warp w computes rows i = 16w + gid (+ 8) (rows >= c
- * are not stored), all HD columns, in three steps into one accumulator:
- *   inter: Q S_j, S_j staged GLA_SR rows at a time as hi/lo (the next slab's
- *          loads in flight meanwhile), then rows times γ^(i+1);
+/* The out step of one chunk of c rows for warp w: rows i0 = 16w + gid and
+ * i1 = i0 + 8 (rows >= c not stored) at o0 and o0 + 8 rs, BV columns; qs, ks,
+ * vs the chunk's tiles, shi/slo the slice S_j, dec[n] = γ^n. Three steps
+ * into one accumulator:
+ *   inter: Q S_j, S_j as hi + lo, then rows times γ^(i+1);
  *   A = Q Kᵀ over keys r < 16(w+1) (exact), times γ^(i-r) for r <= i < c,
  *          else 0, in the accumulator registers;
  *   intra: A V, A taken from those registers as the A operand (attn_tc.cuh),
- *          split hi/lo. */
-template <int HD>
-static __global__ void __launch_bounds__(GLA_OW * 32)
-	gla_out_kernel(uint16_t *o, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *D,
-		       const float *decay, int T, int t0, int nh, float scale)
+ *          split hi/lo.
+ * Lane offsets of ldmatrix (attn_tc.cuh): qa_o, the A fragment of Q
+ * (row-major, this warp's rows); bt_o, a B fragment of a [k][n] tile by
+ * .trans (the state, v); kb_o, a B fragment of an [n][k] tile (k). */
+template <int HD, int BV>
+static __device__ __forceinline__ void
+gla_chunk_out(uint16_t *o0, size_t rs, const uint16_t *qs, const uint16_t *ks, const uint16_t *vs,
+	      const uint16_t *shi, const uint16_t *slo, const float *dec, int c, float scale)
 {
-	sfwc_pdl_wait();
-	constexpr int LD = HD + 8, NT = GLA_OW * 32, NS = HD / GLA_SR;
-	extern __shared__ __align__(16) unsigned char smem_raw[];
-	uint16_t *qs = (uint16_t *)smem_raw, *ks = qs + GLA_C * LD, *vs = ks + GLA_C * LD;
-	uint16_t *shi = vs + GLA_C * LD, *slo = shi + GLA_SR * LD;
-	float *dec = (float *)(slo + GLA_SR * LD);
-	const int j = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-	const int gid = lane >> 2, tq = lane & 3, i0 = 16 * w + gid, i1 = i0 + 8;
-	const int tok = t0 + j * GLA_C, c = min(GLA_C, T - tok);
-	gla_tile_load<HD, NT>(qs, q, tok, c, h, nh);
-	gla_tile_load<HD, NT>(ks, k, tok, c, h, nh);
-	gla_tile_load<HD, NT>(vs, v, tok, c, h, nh);
-	tc_cp_commit();
-	const float *Sj = D + ((size_t)j * nh + h) * HD * HD;
-	float4 pf[GLA_SR * HD / 4 / NT];
-	gla_slab_get<HD>(pf, Sj);
-	float lg = -decay[h];
-	for (int n = tid; n <= GLA_C; n += NT)
-		dec[n] = expf(lg * (float)n);
-	/* A fragment of Q: rows 16w.., columns kc.. (ldmatrix, attn_tc.cuh) */
-	const uint16_t *qa_p = qs + (16 * w + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
-	/* B fragments of a [k][n] tile by ldmatrix.trans: this lane's offset */
-	const int bt = ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
-	float acc[HD / 8][4];
+	constexpr int LK = HD + 8, LV = BV + 8;
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, tq = lane & 3;
+	const int i0 = 16 * w + (lane >> 2), i1 = i0 + 8;
+	const int qa_o = (16 * w + (lane & 7) + ((lane >> 3) & 1) * 8) * LK + (lane >> 4) * 8;
+	const int bt_o = ((lane & 7) + ((lane >> 3) & 1) * 8) * LV + (lane >> 4) * 8;
+	const int kb_o = ((lane & 7) + (lane >> 4) * 8) * LK + ((lane >> 3) & 1) * 8;
+	uint32_t qa[HD / 16][4];
 #pragma unroll
-	for (int n = 0; n < HD / 8; n++)
+	for (int kk = 0; kk < HD / 16; kk++)
+		tc_ldsm_x4(qa[kk], qs + qa_o + kk * 16);
+	float acc[BV / 8][4];
+#pragma unroll
+	for (int n = 0; n < BV / 8; n++)
 		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
-	for (int s = 0; s < NS; s++) {
-		if (s > 0)
-			__syncthreads(); /* the slab before is read */
-		gla_slab_put<HD>(shi, slo, pf);
-		if (s + 1 < NS)
-			gla_slab_get<HD>(pf, Sj + (size_t)(s + 1) * GLA_SR * HD);
-		if (s == 0)
-			tc_cp_wait<0>();
-		__syncthreads();
+	for (int kk = 0; kk < HD / 16; kk++)
 #pragma unroll
-		for (int kk = 0; kk < GLA_SR / 16; kk++) {
-			uint32_t qa[4];
-			tc_ldsm_x4(qa, qa_p + s * GLA_SR + kk * 16);
-#pragma unroll
-			for (int dp = 0; dp < HD / 16; dp++) {
-				uint32_t bh[4], bl[4];
-				tc_ldsm_x4_trans(bh, shi + kk * 16 * LD + dp * 16 + bt);
-				tc_ldsm_x4_trans(bl, slo + kk * 16 * LD + dp * 16 + bt);
-				tc_mma(acc[2 * dp], qa, bh[0], bh[1]);
-				tc_mma(acc[2 * dp], qa, bl[0], bl[1]);
-				tc_mma(acc[2 * dp + 1], qa, bh[2], bh[3]);
-				tc_mma(acc[2 * dp + 1], qa, bl[2], bl[3]);
-			}
+		for (int dp = 0; dp < BV / 16; dp++) {
+			uint32_t bh[4], bl[4];
+			tc_ldsm_x4_trans(bh, shi + kk * 16 * LV + dp * 16 + bt_o);
+			tc_ldsm_x4_trans(bl, slo + kk * 16 * LV + dp * 16 + bt_o);
+			tc_mma(acc[2 * dp], qa[kk], bh[0], bh[1]);
+			tc_mma(acc[2 * dp], qa[kk], bl[0], bl[1]);
+			tc_mma(acc[2 * dp + 1], qa[kk], bh[2], bh[3]);
+			tc_mma(acc[2 * dp + 1], qa[kk], bl[2], bl[3]);
 		}
-	}
 	const float g0 = dec[i0 + 1], g1 = dec[i1 + 1];
 #pragma unroll
-	for (int n = 0; n < HD / 8; n++)
+	for (int n = 0; n < BV / 8; n++)
 		acc[n][0] *= g0, acc[n][1] *= g0, acc[n][2] *= g1, acc[n][3] *= g1;
-	/* A = Q Kᵀ: 8 n-tiles of 8 keys; this warp's rows see keys < 16(w + 1) */
+	/* A: 8 n-tiles of 8 keys; keys >= c are zero rows of ks */
 	float a[GLA_C / 8][4];
 #pragma unroll
 	for (int n = 0; n < GLA_C / 8; n++)
 		a[n][0] = a[n][1] = a[n][2] = a[n][3] = 0.0f;
 #pragma unroll
-	for (int kk = 0; kk < HD / 16; kk++) {
-		uint32_t qa[4];
-		tc_ldsm_x4(qa, qa_p + kk * 16);
+	for (int kk = 0; kk < HD / 16; kk++)
 #pragma unroll
-		for (int np = 0; np < GLA_OW; np++)
-			if (np <= w) {
+		for (int np = 0; np < GLA_FW; np++)
+			if (np <= w && 16 * np < c) {
 				uint32_t kb[4];
-				tc_ldsm_x4(kb, ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 +
-						       ((lane >> 3) & 1) * 8);
-				tc_mma(a[2 * np], qa, kb[0], kb[1]);
-				tc_mma(a[2 * np + 1], qa, kb[2], kb[3]);
+				tc_ldsm_x4(kb, ks + np * 16 * LK + kk * 16 + kb_o);
+				tc_mma(a[2 * np], qa[kk], kb[0], kb[1]);
+				tc_mma(a[2 * np + 1], qa[kk], kb[2], kb[3]);
 			}
-	}
-	/* a[n][e]: row e < 2 ? i0 : i1, key r = 8n + 2tq + (e & 1) */
+			/* a[n][e]: row e < 2 ? i0 : i1, key r = 8n + 2tq + (e & 1) */
 #pragma unroll
 	for (int n = 0; n < GLA_C / 8; n++)
 #pragma unroll
@@ -434,32 +368,163 @@ static __global__ void __launch_bounds__(GLA_OW * 32)
 			a[n][e] = r <= i && i < c ? a[n][e] * dec[i - r] : 0.0f;
 		}
 #pragma unroll
-	for (int kt = 0; kt < GLA_OW; kt++)
-		if (kt <= w) {
+	for (int kt = 0; kt < GLA_FW; kt++)
+		if (kt <= w && 16 * kt < c) {
 			uint32_t ah[4], al[4];
 			tc_split(a[2 * kt][0], a[2 * kt][1], &ah[0], &al[0]);
 			tc_split(a[2 * kt][2], a[2 * kt][3], &ah[1], &al[1]);
 			tc_split(a[2 * kt + 1][0], a[2 * kt + 1][1], &ah[2], &al[2]);
 			tc_split(a[2 * kt + 1][2], a[2 * kt + 1][3], &ah[3], &al[3]);
 #pragma unroll
-			for (int dp = 0; dp < HD / 16; dp++) {
+			for (int dp = 0; dp < BV / 16; dp++) {
 				uint32_t bv[4];
-				tc_ldsm_x4_trans(bv, vs + kt * 16 * LD + dp * 16 + bt);
+				tc_ldsm_x4_trans(bv, vs + kt * 16 * LV + dp * 16 + bt_o);
 				tc_mma(acc[2 * dp], ah, bv[0], bv[1]);
 				tc_mma(acc[2 * dp], al, bv[0], bv[1]);
 				tc_mma(acc[2 * dp + 1], ah, bv[2], bv[3]);
 				tc_mma(acc[2 * dp + 1], al, bv[2], bv[3]);
 			}
 		}
-	size_t rs = (size_t)nh * HD;
-	uint16_t *o0 = o + (size_t)(tok + i0) * rs + (size_t)h * HD + 2 * tq, *o1 = o0 + 8 * rs;
+	uint16_t *o1 = o0 + 8 * rs;
 #pragma unroll
-	for (int n = 0; n < HD / 8; n++) {
+	for (int n = 0; n < BV / 8; n++) {
 		if (i0 < c)
 			*(uint32_t *)(o0 + n * 8) = sfwc_pack2(acc[n][0] * scale, acc[n][1] * scale);
 		if (i1 < c)
 			*(uint32_t *)(o1 + n * 8) = sfwc_pack2(acc[n][2] * scale, acc[n][3] * scale);
 	}
+}
+
+/* The chunk's decayed keys W[r][a] = γ^(c-1-r) k_r[a] (k in ks, rows >= c
+ * zero), split: hi written over qs, lo over ks, in place. */
+template <int HD>
+static __device__ __forceinline__ void gla_w_put(uint16_t *qs, uint16_t *ks, const float *dec, int c)
+{
+	constexpr int LK = HD + 8;
+	for (int i = threadIdx.x; i < GLA_C * HD / 8; i += GLA_FT) {
+		int r = i / (HD / 8), off = r * LK + i % (HD / 8) * 8;
+		uint4 hv = make_uint4(0, 0, 0, 0), lv = hv;
+		if (r < c) {
+			float f[8], g = dec[c - 1 - r];
+			sfwc_unpack8(*(const uint4 *)(ks + off), f);
+			tc_split(f[0] * g, f[1] * g, &hv.x, &lv.x);
+			tc_split(f[2] * g, f[3] * g, &hv.y, &lv.y);
+			tc_split(f[4] * g, f[5] * g, &hv.z, &lv.z);
+			tc_split(f[6] * g, f[7] * g, &hv.w, &lv.w);
+		}
+		*(uint4 *)(qs + off) = hv;
+		*(uint4 *)(ks + off) = lv;
+	}
+}
+
+/* The update of the slice's registers over one chunk of c rows: S = γ^c S +
+ * Wᵀ V, M = state rows a, N = the slice's columns, K = the chunk's tokens r
+ * (k-tiles past c skipped); whi/wlo = W's hi and lo (gla_w_put), vs = V.
+ * Wᵀ's A fragments by ldmatrix.trans of W [r][a], lane offset as a B
+ * fragment of an [n][k] tile (attn_tc.cuh): matrices (r, a) + (0, 0), (0,
+ * 8), (8, 0), (8, 8) give a[0..3]. */
+template <int HD, int BV>
+static __device__ __forceinline__ void
+gla_state_update(float (&s)[gla_part<HD, BV>::MPW][gla_part<HD, BV>::NPW][4], const uint16_t *whi,
+		 const uint16_t *wlo, const uint16_t *vs, const float *dec, int c, int wm, int wn, int lane)
+{
+	using P = gla_part<HD, BV>;
+	constexpr int LK = HD + 8, LV = BV + 8, NPP = (P::NPW + 1) / 2;
+	const int bt_o = ((lane & 7) + ((lane >> 3) & 1) * 8) * LV + (lane >> 4) * 8;
+	const int wa_o = ((lane & 7) + (lane >> 4) * 8) * LK + ((lane >> 3) & 1) * 8;
+	const float gc = dec[c];
+#pragma unroll
+	for (int mi = 0; mi < P::MPW; mi++)
+#pragma unroll
+		for (int jn = 0; jn < P::NPW; jn++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				s[mi][jn][e] *= gc;
+#pragma unroll
+	for (int kt = 0; kt < GLA_C / 16; kt++) {
+		if (16 * kt >= c)
+			break;
+		/* V's B fragments: pairs of n-tiles; one n-tile per warp (NPW
+		 * 1) takes its half of a pair */
+		uint32_t bv[NPP][4];
+#pragma unroll
+		for (int p = 0; p < NPP; p++)
+			tc_ldsm_x4_trans(bv[p],
+					 vs + kt * 16 * LV + ((wn * P::NPW) >> 1) * 16 + p * 16 + bt_o);
+#pragma unroll
+		for (int mi = 0; mi < P::MPW; mi++) {
+			uint32_t ah[4], al[4];
+			int ao = kt * 16 * LK + 16 * (wm + P::WM * mi) + wa_o;
+			tc_ldsm_x4_trans(ah, whi + ao);
+			tc_ldsm_x4_trans(al, wlo + ao);
+#pragma unroll
+			for (int jn = 0; jn < P::NPW; jn++) {
+				bool hi = P::NPW == 1 ? (wn & 1) : (jn & 1);
+				uint32_t x0 = hi ? bv[jn >> 1][2] : bv[jn >> 1][0];
+				uint32_t x1 = hi ? bv[jn >> 1][3] : bv[jn >> 1][1];
+				tc_mma(s[mi][jn], ah, x0, x1);
+				tc_mma(s[mi][jn], al, x0, x1);
+			}
+		}
+	}
+}
+
+/* grid (nh, HD / BV), GLA_FT threads: the state slice of head blockIdx.x,
+ * columns blockIdx.y BV.., over all T rows (the section's comment). */
+template <int HD, int BV>
+static __global__ void __launch_bounds__(GLA_FT)
+    gla_fused_kernel(uint16_t *o, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *state,
+		     const float *decay, int T, int nh, float scale)
+{
+	sfwc_pdl_wait();
+	using P = gla_part<HD, BV>;
+	constexpr int LK = HD + 8, LV = BV + 8, SZ = GLA_C * (2 * LK + LV); /* SZ: one stage */
+	static_assert(BV % 16 == 0 && BV <= HD && GLA_C == 16 * GLA_FW, "shape");
+	extern __shared__ __align__(16) unsigned char smem_raw[];
+	uint16_t *stg = (uint16_t *)smem_raw, *shi = stg + 2 * SZ, *slo = shi + HD * LV;
+	float *dec = (float *)(slo + HD * LV);
+	const int h = blockIdx.x, b0 = blockIdx.y * BV, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+	const int wm = w % P::WM, wn = w / P::WM;
+	const size_t rs = (size_t)nh * HD;
+	const uint16_t *qh = q + (size_t)h * HD, *kh = k + (size_t)h * HD, *vh = v + (size_t)h * HD + b0;
+	float *Sg = state + (size_t)h * HD * HD + b0;
+	gla_tile_load<HD>(stg, qh, rs, 0, min(GLA_C, T));
+	gla_tile_load<HD>(stg + GLA_C * LK, kh, rs, 0, min(GLA_C, T));
+	gla_tile_load<BV>(stg + 2 * GLA_C * LK, vh, rs, 0, min(GLA_C, T));
+	tc_cp_commit();
+	const float lg = -decay[h];
+	for (int n = tid; n <= GLA_C; n += GLA_FT)
+		dec[n] = expf(lg * (float)n);
+	float s[P::MPW][P::NPW][4];
+	gla_state_io<HD, BV, false>(s, Sg, wm, wn, lane);
+	gla_state_put<HD, BV>(shi, slo, s, wm, wn, lane);
+	/* this lane's output rows 16w + gid (+ 8), columns b0 + 2tq.. */
+	uint16_t *ol = o + (size_t)(16 * w + (lane >> 2)) * rs + (size_t)h * HD + b0 + 2 * (lane & 3);
+	const int nch = (int)(((int64_t)T + GLA_C - 1) / GLA_C);
+	for (int j = 0; j < nch; j++) {
+		const int tok = j * GLA_C, c = min(GLA_C, T - tok);
+		uint16_t *qs = stg + (j & 1) * SZ, *ks = qs + GLA_C * LK, *vs = ks + GLA_C * LK;
+		tc_cp_wait<0>();
+		/* chunk j's tiles are in; every warp is done with chunk j - 1
+		 * (its stage is free, the slice's hi/lo rewritten) */
+		__syncthreads();
+		if (j + 1 < nch) {
+			uint16_t *nq = stg + ((j + 1) & 1) * SZ;
+			int nt = tok + GLA_C, cn = min(GLA_C, T - nt);
+			gla_tile_load<HD>(nq, qh, rs, nt, cn);
+			gla_tile_load<HD>(nq + GLA_C * LK, kh, rs, nt, cn);
+			gla_tile_load<BV>(nq + 2 * GLA_C * LK, vh, rs, nt, cn);
+			tc_cp_commit();
+		}
+		gla_chunk_out<HD, BV>(ol + (size_t)tok * rs, rs, qs, ks, vs, shi, slo, dec, c, scale);
+		__syncthreads(); /* q and k of this chunk are read */
+		gla_w_put<HD>(qs, ks, dec, c);
+		__syncthreads(); /* W is written */
+		gla_state_update<HD, BV>(s, qs, ks, vs, dec, c, wm, wn, lane);
+		if (j + 1 < nch)
+			gla_state_put<HD, BV>(shi, slo, s, wm, wn, lane);
+	}
+	gla_state_io<HD, BV, true>(s, Sg, wm, wn, lane);
 }
 
 /* A kernel's dynamic shared memory limit, raised once per device. */
@@ -473,35 +538,57 @@ template <typename K> static void gla_smem_attr(K kernel, size_t smem, bool *set
 	}
 }
 
+/* gla_fused_kernel<HD, BV> made ready on the current device (its shared
+ * memory limit raised); returns how many of its blocks one SM holds there
+ * (asked once per device). */
+template <int HD, int BV> static int gla_fused_prepare(void)
+{
+	constexpr size_t smem = gla_fused_smem<HD, BV>();
+	static bool set[SFWC_MAX_DEVICES];
+	static int fit[SFWC_MAX_DEVICES]; /* 0: not asked yet; harmless if raced */
+	gla_smem_attr(gla_fused_kernel<HD, BV>, smem, set);
+	int &n = fit[sfwc_device()];
+	if (n == 0) {
+		int b = 0;
+		SFW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gla_fused_kernel<HD, BV>,
+									     GLA_FT, smem));
+		n = b > 0 ? b : -1;
+	}
+	return n;
+}
+
+template <int HD, int BV>
+static void gla_fused_go(uint16_t *o, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *state,
+			 const float *decay, int T, int nh, float scale, cudaStream_t s)
+{
+	(void)gla_fused_prepare<HD, BV>();
+	sfwc_launch(gla_fused_kernel<HD, BV>, dim3(nh, HD / BV), dim3(GLA_FT), gla_fused_smem<HD, BV>(), s, o,
+		    q, k, v, state, decay, T, nh, scale);
+}
+
 template <int HD>
-static void gla_scan_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *state,
-			    const float *decay, int T, int nh, float scale, struct sfw_cuda_ctx *cx)
+static void gla_fused_launch(uint16_t *o, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+			     float *state, const float *decay, int T, int nh, float scale,
+			     struct sfw_cuda_ctx *cx)
 {
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	/* the tiles come by 16-byte copies: rows of nh * HD bf16 from the
 	 * activation arena (a multiple of 16 bytes apart) */
 	SFW_ASSERT((((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15) == 0 && ((uintptr_t)o & 3) == 0);
-	size_t per_chunk = (size_t)nh * HD * HD * sizeof(float);
-	int64_t chunks = (T + GLA_C - 1) / GLA_C, cap = (int64_t)(((size_t)32 << 20) / per_chunk);
-	int NC = (int)(chunks < cap ? chunks : cap > 0 ? cap : 1);
-	float *D = (float *)sfwi_cuda_scratch(cx, (size_t)NC * per_chunk);
-	constexpr size_t dsmem = gla_delta_smem<HD>(), osmem = gla_out_smem<HD>();
-	static bool dset[SFWC_MAX_DEVICES], oset[SFWC_MAX_DEVICES]; /* per instantiation and device */
-	gla_smem_attr(gla_delta_kernel<HD>, dsmem, dset);
-	gla_smem_attr(gla_out_kernel<HD>, osmem, oset);
-	unsigned sblocks = (unsigned)(((size_t)nh * HD * HD + GLA_THREADS - 1) / GLA_THREADS);
-	for (int t0 = 0; t0 < T; t0 += NC * GLA_C) {
-		int nc = (int)(((int64_t)T - t0 + GLA_C - 1) / GLA_C);
-		nc = nc < NC ? nc : NC;
-		sfwc_launch(gla_delta_kernel<HD>, dim3(nc, nh), dim3(HD * 2), dsmem, s, D, k, v, decay, T, t0,
-			    nh);
-		SFW_CUDA_LAUNCHED();
-		sfwc_launch(gla_scan_kernel, dim3(sblocks), dim3(GLA_THREADS), 0, s, D, state, decay, T, t0, nh, HD, nc);
-		SFW_CUDA_LAUNCHED();
-		sfwc_launch(gla_out_kernel<HD>, dim3(nc, nh), dim3(GLA_OW * 32), osmem, s, o, q, k, v,
-			    (const float *)D, decay, T, t0, nh, scale);
-		SFW_CUDA_LAUNCHED();
-	}
+	/* The slice width. A block is one serial walk over the chunks by 4
+	 * warps, bound by the latency of its dependent MMAs and barriers, not
+	 * by the tensor pipes: a second resident block per SM does nearly
+	 * twice the work in the same time. So BV = 32 when its grid alone
+	 * gives every SM two blocks; else BV = 16, twice the blocks (each
+	 * re-computes the chunk's Q Kᵀ for a slice half as wide; the rest of
+	 * its work halves), provided an SM holds two of them (else they only
+	 * add waves). 32 heads of 128 on an H100 (132 SMs): 128 blocks at 32,
+	 * so 256 at 16, two per SM for all but 8 SMs (86 KB of shared memory
+	 * each). */
+	if ((int64_t)nh * (HD / 32) >= 2 * (int64_t)sfwi_cuda_sms(cx) || gla_fused_prepare<HD, 16>() < 2)
+		gla_fused_go<HD, 32>(o, q, k, v, state, decay, T, nh, scale, s);
+	else
+		gla_fused_go<HD, 16>(o, q, k, v, state, decay, T, nh, scale, s);
 }
 
 template <typename A, int HD>
@@ -514,9 +601,8 @@ static void gla_launch(bool chunked, void *o, const void *q, const void *k, cons
 		sfwc_launch(gla_rec_kernel<A, HD, sfwc_one_seq>, dim3(grid), dim3(GLA_THREADS), 0, s, (A *)o, (const A *)q,
 			    (const A *)k, (const A *)v, state, decay, T, nh, scale, sfwc_one_seq());
 	} else if (sizeof(A) == 2) {
-		gla_scan_launch<HD>((uint16_t *)o, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, state,
-				    decay, T, nh, scale, cx);
-		return;
+		gla_fused_launch<HD>((uint16_t *)o, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, state,
+				     decay, T, nh, scale, cx);
 	} else {
 		constexpr size_t smem = gla_chunk_smem<HD>();
 		static bool set[SFWC_MAX_DEVICES]; /* per instantiation and device */

@@ -534,9 +534,9 @@ ncu-attn)
 	NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 	[ -n "$NCU" ] || { echo "ncu-attn: no ncu on this machine" >&2; exit 1; }
 	rc=0
-	# gla_: one group of Lightning's chunked prefill (delta, scan, out) from
-	# the op's second call (24 launches a call at 8,192 rows)
-	for job in "stage1_tc_kernel 2 1 $L $R" "attn_tc_kernel 2 1 $L $R" "gla_ 24 3 $L $R" \
+	# gla_: Lightning's chunked prefill (one launch a call) from the op's
+	# second call
+	for job in "stage1_tc_kernel 2 1 $L $R" "attn_tc_kernel 2 1 $L $R" "gla_ 1 1 $L $R" \
 		"stage1_dec 4 2 1048576 1"; do
 		# shellcheck disable=SC2086 # $job: the fields, split on purpose
 		set -- $job

@@ -392,8 +392,12 @@ static void t_logits(void)
 	t_matmul_shape(20, 1024, 256, 0, 1);
 }
 
-static void t_gla_shape(int chunked, int T, int nh, int hd)
+/* sms > 0: the op sees that many multiprocessors (bf16 chunked only), which
+ * moves its choice of slice width (kernels/lightning.cu, gla_fused_launch) */
+static void t_gla_shape(int chunked, int T, int nh, int hd, int sms)
 {
+	if (sms && (!chunked || g_dt != SFW_DTYPE_BF16))
+		return;
 	size_t n = (size_t)T * nh * hd, ns = (size_t)nh * hd * hd;
 	float *q = randv(n, 1.0f), *k = randv(n, 1.0f), *v = randv(n, 1.0f);
 	float *st = malloc(ns * 4), *st_ref = malloc(ns * 4), decay[64];
@@ -410,18 +414,25 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 		sfw_op_gla_recurrent_cpu(NULL, ref, q, k, v, st_ref, decay, &sh);
 	void *dq = up(q, n), *dk = up(k, n), *dv = up(v, n), *dst = up_raw(st, ns * 4);
 	void *dd = up_raw(decay, (size_t)nh * 4), *dout = dalloc(n * asz());
+	int keep_sms = g_cx->sms;
+	if (sms)
+		g_cx->sms = sms;
 	if (chunked)
 		sfw_op_gla_chunked_cuda(dout, dq, dk, dv, dst, dd, &sh, g_dt, g_cx);
 	else
 		sfw_op_gla_recurrent_cuda(dout, dq, dk, dv, dst, dd, &sh, g_dt, g_cx);
+	g_cx->sms = keep_sms;
 	float *got = down(dout, n), *gst = down_f32(dst, ns);
-	char name[96];
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: o", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	const char *form = !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 ? "chunked (serial)" : "chunked (fused)";
+	char name[128], at[24] = "";
+	if (sms)
+		snprintf(at, sizeof(at), " sms=%d", sms);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d%s: o", form, T, nh, hd, at);
 	cmp(name, got, ref, n);
-	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d: state", !chunked ? "recurrent" : g_dt != SFW_DTYPE_BF16 ? "chunked (serial)" : "chunked (scan)", T, nh, hd);
+	snprintf(name, sizeof(name), "gla_%s T=%d nh=%d hd=%d%s: state", form, T, nh, hd, at);
 	struct tol keep = g_tol;
 	g_tol.nmse = 1e-9, g_tol.maxrel = 1e-4; /* the state is fp32 in both dtypes */
-	/* bf16 (the scan path on tensor cores, kernels/lightning.cu): the
+	/* bf16 (the fused form on tensor cores, kernels/lightning.cu): the
 	 * fp32 operands of the MMAs, split hi + lo, keep 16 bits, so the state
 	 * stays near fp32 (an emulation on the CPU, tensor-core accumulation
 	 * taken as fp32 rounding toward zero: NMSE ~7e-12, max|diff|/max|ref|
@@ -442,25 +453,39 @@ static void t_gla_shape(int chunked, int T, int nh, int hd)
 
 static void t_gla(void)
 {
-	t_gla_shape(0, 1, 32, 128);
-	t_gla_shape(0, 7, 8, 32);
-	/* chunked: the chunk-parallel form on bf16, the serial one on fp32;
-	 * 2100 rows = 33 chunks, the last partial, in three groups of at most
-	 * 16 chunks at the model's shape */
-	t_gla_shape(1, 300, 32, 128);
-	t_gla_shape(1, 130, 8, 32);
-	t_gla_shape(1, 64, 4, 64);
-	t_gla_shape(1, 2100, 32, 128);
-	t_gla_shape(1, 1, 8, 32);
-	/* the tensor-core kernels' edges: 8192 rows at the model's shape (8
-	 * groups of 16 chunks, the op's size in a long prefill); partial last
-	 * chunks at every head dim (rows past c zero in the tiles, masked in
-	 * the output); a chunk shorter than one 16-row k-step */
-	t_gla_shape(1, 8192, 32, 128);
-	t_gla_shape(1, 1000, 4, 64);
-	t_gla_shape(1, 77, 2, 128);
-	t_gla_shape(1, 45, 4, 32);
-	t_gla_shape(1, 12, 3, 64);
+	t_gla_shape(0, 1, 32, 128, 0);
+	t_gla_shape(0, 7, 8, 32, 0);
+	/* chunked: the fused tensor-core form on bf16, the serial one on fp32;
+	 * 2100 rows = 33 chunks of 64, the last partial (52 rows), at the
+	 * model's shape */
+	t_gla_shape(1, 300, 32, 128, 0);
+	t_gla_shape(1, 130, 8, 32, 0);
+	t_gla_shape(1, 64, 4, 64, 0);
+	t_gla_shape(1, 2100, 32, 128, 0);
+	t_gla_shape(1, 1, 8, 32, 0);
+	/* the tensor-core kernel's edges: 8192 rows at the model's shape (128
+	 * chunks through the two cp.async stages, the op's size in a long
+	 * prefill); partial last chunks at every head dim (rows past c zero in
+	 * the tiles, masked in the output); chunks shorter than one 16-row
+	 * k-step */
+	t_gla_shape(1, 8192, 32, 128, 0);
+	t_gla_shape(1, 1000, 4, 64, 0);
+	t_gla_shape(1, 77, 2, 128, 0);
+	t_gla_shape(1, 45, 4, 32, 0);
+	t_gla_shape(1, 12, 3, 64, 0);
+	/* several chunks whose last one has 1 row and 63 rows; grids of 7 x 8,
+	 * 5 x 4 and 3 x 2 blocks, no multiple of any device's SM count */
+	t_gla_shape(1, 193, 7, 128, 0);
+	t_gla_shape(1, 255, 5, 64, 0);
+	t_gla_shape(1, 641, 3, 32, 0);
+	/* the other slice width: seen as a device of one SM, the op takes
+	 * BV = 32 (HD / 32 blocks a head, one at hd 32) where the shapes above
+	 * take BV = 16 on a GPU of more than 64 SMs (an H100 has 132) */
+	t_gla_shape(1, 2100, 32, 128, 1);
+	t_gla_shape(1, 1000, 4, 64, 1);
+	t_gla_shape(1, 193, 7, 128, 1);
+	t_gla_shape(1, 77, 3, 32, 1);
+	t_gla_shape(1, 12, 3, 64, 1);
 }
 
 /* A valid selection: the CPU pool + top-k on random scores. */
