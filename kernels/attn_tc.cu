@@ -29,16 +29,7 @@
 #include <limits.h>
 
 #define ATC_BLK 64   /* keys per tile = the sparse block size */
-#ifndef ATC_W
-#define ATC_W 4 /* warps = query tokens per CTA */
-#endif
-#ifndef ATC_MINB
-#define ATC_MINB 3 /* CTAs per SM the registers are sized for */
-#endif
-#ifndef ATC_ST
-#define ATC_ST 2 /* pipeline stages: blocks in flight ahead of the one computed, plus one */
-#endif
-#define ATC_LT (ATC_W * 32 < 256 ? ATC_W * 32 : 256) /* at most this many threads issue the tile copies */
+#define ATC_W 4	     /* warps = query tokens per CTA */
 #define ATC_KMAX 256 /* longest block list held in shared memory */
 
 struct atc_args {
@@ -55,16 +46,16 @@ struct atc_args {
 };
 
 /* Dynamic shared memory: the K/V tiles [stage][K, V][64][HD + 8] bf16 (the
- * fp8 form: one stage of them, then ATC_ST raw stages of atc_raw_bytes),
- * then the block lists. */
+ * fp8 form: one stage of them, then two raw stages of atc_raw_bytes), then
+ * the block lists. */
 template <int HD> static __host__ __device__ constexpr size_t atc_raw_bytes(void)
 {
 	return (size_t)2 * ATC_BLK * HD + (size_t)2 * ATC_BLK * 4; /* K, V codes [64][HD]; K, V scales [64] */
 }
 template <int HD, bool KV8> static __host__ __device__ constexpr size_t atc_lists_off(void)
 {
-	return KV8 ? (size_t)2 * ATC_BLK * (HD + 8) * 2 + ATC_ST * atc_raw_bytes<HD>()
-		   : (size_t)ATC_ST * 2 * ATC_BLK * (HD + 8) * 2;
+	return KV8 ? (size_t)2 * ATC_BLK * (HD + 8) * 2 + 2 * atc_raw_bytes<HD>()
+		   : (size_t)2 * 2 * ATC_BLK * (HD + 8) * 2;
 }
 template <int HD, bool KV8> static __host__ __device__ constexpr size_t atc_smem(void)
 {
@@ -133,9 +124,8 @@ static __device__ __forceinline__ void atc_half_rows(const atc_args &a, int b, i
 template <int HD>
 static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs, int b, int st, int pmax, int g)
 {
-	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8;
-	constexpr int NL = ATC_LT < CH * ATC_BLK ? ATC_LT : CH * ATC_BLK, RS = NL / CH; /* NL threads copy */
-	static_assert(NL % CH == 0 && ATC_BLK % RS == 0, "a thread's rows must keep one column");
+	constexpr int LD = HD + 8, TILE = ATC_BLK * LD, CH = HD / 8, RS = ATC_W * 32 / CH;
+	static_assert(ATC_W * 32 % CH == 0 && 32 % RS == 0, "a thread's rows must keep one column and halves");
 	uint16_t *dst = kvs + (size_t)st * 2 * TILE;
 	const int last = pmax - b * ATC_BLK; /* the tile's last key row to load */
 	const int ch = threadIdx.x % CH, r0 = threadIdx.x / CH;
@@ -145,19 +135,15 @@ static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs
 	size_t off[2];
 #pragma unroll
 	for (int h = 0; h < 2; h++)
-		off[h] = ((size_t)base[h] * a.nkv + g) * HD + ch * 8 + (32 % RS == 0 ? (size_t)r0 * stride : 0);
-	if (ATC_W * 32 <= NL || threadIdx.x < NL)
+		off[h] = ((size_t)base[h] * a.nkv + g) * HD + ch * 8 + (size_t)r0 * stride;
 #pragma unroll
-		for (int k = 0; k < ATC_BLK / RS; k++) {
-			const int row = r0 + k * RS;
-			const bool ok = row <= last;
-			/* RS dividing 32: the half and the row within it fold to constants (r0 is in off) */
-			const size_t o = !ok ? 0
-					 : 32 % RS == 0 ? off[k * RS / 32] + (size_t)(k * RS % 32) * stride
-							: off[row / 32] + (size_t)(row % 32) * stride;
-			tc_cp16(dst + row * LD + ch * 8, a.kc + o, ok ? 16 : 0);
-			tc_cp16(dst + TILE + row * LD + ch * 8, a.vc + o, ok ? 16 : 0);
-		}
+	for (int k = 0; k < ATC_BLK / RS; k++) {
+		const int row = r0 + k * RS;
+		const bool ok = row <= last;
+		const size_t o = ok ? off[k * RS / 32] + (size_t)(k * RS % 32) * stride : 0;
+		tc_cp16(dst + row * LD + ch * 8, a.kc + o, ok ? 16 : 0);
+		tc_cp16(dst + TILE + row * LD + ch * 8, a.vc + o, ok ? 16 : 0);
+	}
 	tc_cp_commit();
 }
 
@@ -170,9 +156,8 @@ template <int HD>
 static __device__ __forceinline__ void atc_load8(const atc_args &a, unsigned char *raw, int b, int st, int pmax,
 						 int g)
 {
-	constexpr int CH = HD / 16;
-	constexpr int NL = ATC_LT < CH * ATC_BLK ? ATC_LT : CH * ATC_BLK, RS = NL / CH; /* NL threads copy */
-	static_assert(NL % CH == 0 && ATC_BLK % RS == 0, "a thread's rows must keep one column");
+	constexpr int CH = HD / 16, RS = ATC_W * 32 / CH;
+	static_assert(ATC_W * 32 % CH == 0, "a thread's rows must keep one column");
 	unsigned char *dst = raw + (size_t)st * atc_raw_bytes<HD>();
 	const unsigned char *kc = (const unsigned char *)a.kc, *vc = (const unsigned char *)a.vc;
 	const int last = pmax - b * ATC_BLK;
@@ -186,18 +171,16 @@ static __device__ __forceinline__ void atc_load8(const atc_args &a, unsigned cha
 #pragma unroll
 	for (int h = 0; h < 2; h++)
 		off[h] = sfw_kv8_codes_off(base[h], g, a.nkv, HD) + ch * 16;
-	if (ATC_W * 32 <= NL || threadIdx.x < NL)
 #pragma unroll
-		for (int k = 0; k < ATC_BLK / RS; k++) {
-			const int row = r0 + k * RS;
-			const bool ok = row <= last;
-			/* RS dividing 32: the half and the row within it fold to constants plus r0 */
-			const int h = 32 % RS == 0 ? k * RS / 32 : row / 32,
-				  i = 32 % RS == 0 ? r0 + k * RS % 32 : row % 32;
-			const size_t o = ok ? off[h] + (size_t)i * cstride : 0;
-			tc_cp16(dst + row * HD + ch * 16, kc + o, ok ? 16 : 0);
-			tc_cp16(dst + (size_t)ATC_BLK * HD + row * HD + ch * 16, vc + o, ok ? 16 : 0);
-		}
+	for (int k = 0; k < ATC_BLK / RS; k++) {
+		const int row = r0 + k * RS;
+		const bool ok = row <= last;
+		/* RS dividing 32: the half and the row within it fold to constants plus r0 */
+		const int h = 32 % RS == 0 ? k * RS / 32 : row / 32, i = 32 % RS == 0 ? r0 + k * RS % 32 : row % 32;
+		const size_t o = ok ? off[h] + (size_t)i * cstride : 0;
+		tc_cp16(dst + row * HD + ch * 16, kc + o, ok ? 16 : 0);
+		tc_cp16(dst + (size_t)ATC_BLK * HD + row * HD + ch * 16, vc + o, ok ? 16 : 0);
+	}
 	for (int i = threadIdx.x; i < 2 * ATC_BLK; i += ATC_W * 32) {
 		int which = i / ATC_BLK, row = i % ATC_BLK;
 		bool ok = row <= last;
@@ -330,7 +313,7 @@ static __device__ __forceinline__ void atc_store(const atc_args &a, const float 
 	}
 }
 
-template <int HD, bool KV8> static __global__ void __launch_bounds__(ATC_W * 32, ATC_MINB) attn_tc_kernel(atc_args a)
+template <int HD, bool KV8> static __global__ void __launch_bounds__(ATC_W * 32, 3) attn_tc_kernel(atc_args a)
 {
 	sfwc_pdl_wait();
 	/* K and V tiles [64][HD + 8]: rows 16 bytes longer than HD so that the 8
@@ -366,53 +349,37 @@ template <int HD, bool KV8> static __global__ void __launch_bounds__(ATC_W * 32,
 		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 	float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f; /* rows gid, gid + 8 */
 
-	/* the pipeline: bq[0] is the block computed this step (stage st), bq[1..]
-	 * the ATC_ST - 1 in flight after it; every step commits one copy group
-	 * (empty past the merge's end), so "all but the last ATC_ST - 2 groups
-	 * landed" means bq[0]'s has */
-	int bq[ATC_ST - 1];
-	unsigned mq[ATC_ST - 1];
-#pragma unroll
-	for (int i = 0; i < ATC_ST - 1; i++) {
-		bq[i] = atc_next(len, cur, lists, dense, &mq[i]);
-		if (bq[i] != INT_MAX)
-			atc_fetch<HD, KV8>(a, kvs, raw, bq[i], i, pmax, g);
-		else
-			tc_cp_commit();
-	}
-	int st = 0;
-	while (bq[0] != INT_MAX) {
-		tc_cp_wait<ATC_ST - 2>();
-		/* bq[0]'s tiles are visible to the CTA, and every warp is done
-		 * with the step before, whose stage the next fetch takes */
+	unsigned mask0, mask1;
+	int b0 = atc_next(len, cur, lists, dense, &mask0), st = 0;
+	if (b0 != INT_MAX)
+		atc_fetch<HD, KV8>(a, kvs, raw, b0, 0, pmax, g);
+	while (b0 != INT_MAX) {
+		int b1 = atc_next(len, cur, lists, dense, &mask1);
+		if (b1 != INT_MAX) {
+			/* that stage was last read before the previous barrier */
+			atc_fetch<HD, KV8>(a, kvs, raw, b1, st ^ 1, pmax, g);
+			tc_cp_wait<1>();
+		} else {
+			tc_cp_wait<0>();
+		}
 		__syncthreads();
-		unsigned mn;
-		int bn = atc_next(len, cur, lists, dense, &mn);
-		int sn = st + ATC_ST - 1 >= ATC_ST ? st - 1 : st + ATC_ST - 1;
-		if (bn != INT_MAX)
-			atc_fetch<HD, KV8>(a, kvs, raw, bn, sn, pmax, g);
-		else
-			tc_cp_commit();
 		if constexpr (KV8) {
-			/* stage st landed; the bf16 tile was last read before the barrier */
+			/* stage st landed; the tile was last read before the previous barrier */
 			atc_convert<HD>(raw + (size_t)st * atc_raw_bytes<HD>(), kvs);
 			__syncthreads();
 		}
-		if ((mq[0] >> w) & 1) {
+		if ((mask0 >> w) & 1) {
 			const uint16_t *Ks = KV8 ? kvs : kvs + (size_t)st * 2 * TILE, *Vs = Ks + TILE;
 			float s[8][4]; /* S = Q Kᵀ: 8 n-tiles of 8 keys */
 #pragma unroll
 			for (int j = 0; j < 8; j++)
 				s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 			tc_qk_tile<HD>(s, qa, Ks, lane);
-			atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, p - bq[0] * ATC_BLK, a.scale_log2, tq);
+			atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, p - b0 * ATC_BLK, a.scale_log2, tq);
 			atc_pv<HD>(o, s, Vs, lane);
 		}
-#pragma unroll
-		for (int i = 0; i < ATC_ST - 2; i++)
-			bq[i] = bq[i + 1], mq[i] = mq[i + 1];
-		bq[ATC_ST - 2] = bn, mq[ATC_ST - 2] = mn;
-		st = st + 1 == ATC_ST ? 0 : st + 1;
+		__syncthreads(); /* stage st is free for the load two steps on */
+		b0 = b1, mask0 = mask1, st ^= 1;
 	}
 	atc_store<HD>(a, o, l_lo, l_hi, active, r, g, G, lane);
 }
