@@ -43,7 +43,7 @@
 #                                            model at 1K/32K/128K with --kv-cache bf16, then fp8; then the int8
 #                                            g128 model with --kv-cache fp8 --chunk 2048 at P tokens (default
 #                                            1048576): TTFT, decode and the peak against the plan and 14.9 GiB
-#   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set
+#   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set ($BIN: this build's binaries)
 # Logs go to $OUT (the folder that comes back) or .devout. The device tool
 # brings back at most 8 files: when a mode leaves more, they are packed on
 # exit into $OUT/logs.tar.gz (tar xzf it here).
@@ -643,7 +643,8 @@ EOF
 	ls -l /tmp/pc.bin | tee -a "$OUT/prompt-cache.log"
 	;;
 shell)
-	bash -c "$1"
+	# the command sees this script's environment, and $BIN, $DEV and $OUT
+	BIN=$BIN DEV=$DEV OUT=$OUT bash -c "$1"
 	;;
 *)
 	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn|prefill|long ...] | ncu-attn [L [ROWS]] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
