@@ -16,7 +16,9 @@
  * whose signatures this tool needs only, so the same source builds against
  * an older tree (gpu-run.sh before-after attn). A prefill chunk also times
  * a Lightning layer's chunked prefill over its rows (gla: 32 heads of 128,
- * the model's decays), which does not depend on the context.
+ * the model's decays), which does not depend on the context, and stage 1
+ * with the pooling in its kernel (stage1_pool, what the engine's prefill
+ * runs before top-k).
  * Built in every build; without CUDA=1 it says so and exits 0. */
 #include "sfw.h"
 
@@ -35,9 +37,16 @@ int main(void)
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
 
+/* (declared here and weak: older trees, which gpu-run.sh before-after
+ * builds this source against, lack it; the op is then skipped) */
+int sfw_cuda_stage1_pool(float *pooled, const void *q, const void *c1, const void *c2,
+			 const struct sfw_sel_shape *sh, const struct sfw_pages *pg, const struct sfw_cuda_rowref *rr,
+			 enum sfw_dtype act, struct sfw_cuda_ctx *cx) __attribute__((weak));
+
 enum { NH = 32, NKV = 2, HD = 128, KSIZE = 32, STRIDE = 16, BLOCK = 64, TOPK = 96, INIT = 1, LOCAL = 32 };
-enum op { O_STAGE1, O_POOL, O_TOPK, O_POOL_TOPK, O_SPARSE, O_DENSE, O_GLA, O_N };
-static const char *op_name[O_N] = {"stage1", "pool", "topk", "pool_topk", "attn_sparse", "attn_dense", "gla"};
+enum op { O_STAGE1, O_POOL, O_TOPK, O_POOL_TOPK, O_SPARSE, O_DENSE, O_GLA, O_S1POOL, O_N };
+static const char *op_name[O_N] = {"stage1", "pool", "topk", "pool_topk", "attn_sparse", "attn_dense", "gla",
+				   "stage1_pool"};
 
 struct bufs {
 	void *k, *v, *q, *o, *c1, *c2;
@@ -113,6 +122,14 @@ static void call(enum op op, struct bufs *b, const struct sfw_sel_shape *ss, con
 		sfw_op_gla_chunked_cuda(b->o, b->q, b->q, b->q, b->state, b->decay, &gs, SFW_DTYPE_BF16, cx);
 		break;
 	}
+	case O_S1POOL: { /* stage 1 pooling as it scores (a prefill's rows) */
+		struct sfw_cuda_rowref rr = {.pos = sfw_cuda_ctx_pos(cx, ss->pos0), .len = ss->T};
+		if (!sfw_cuda_stage1_pool(b->pooled, b->q, b->c1, b->c2, ss, NULL, &rr, SFW_DTYPE_BF16, cx)) {
+			fprintf(stderr, "bench_attn: stage1_pool declined the call\n");
+			exit(1);
+		}
+		break;
+	}
 	default:
 		break;
 	}
@@ -122,6 +139,8 @@ static void call(enum op op, struct bufs *b, const struct sfw_sel_shape *ss, con
  * is a prefill's (64 rows or more) */
 static int op_runs(enum op op, int T)
 {
+	if (op == O_S1POOL)
+		return T >= 64 && sfw_cuda_stage1_pool != NULL;
 	return op == O_POOL_TOPK ? T == 1 : op == O_GLA ? T >= 64 : 1;
 }
 
@@ -254,8 +273,11 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 		if (op_runs((enum op)op, T))
 			printf(" %s %8.3f |", op_name[op], t[op]);
 	float sel = t[O_STAGE1] + t[O_POOL] + t[O_TOPK];
-	printf(" select %.3f, sparse path %.3f, dense / sparse path %.2f\n", sel, sel + t[O_SPARSE],
+	printf(" select %.3f, sparse path %.3f, dense / sparse path %.2f", sel, sel + t[O_SPARSE],
 	       t[O_DENSE] / (sel + t[O_SPARSE]));
+	if (op_runs(O_S1POOL, T)) /* the engine's prefill form: stage1_pool, then top-k */
+		printf(", select with stage1_pool %.3f", t[O_S1POOL] + t[O_TOPK]);
+	printf("\n");
 	if (T >= 64)
 		print_unions(b.idx, T, cx->stream);
 	fflush(stdout);

@@ -195,5 +195,12 @@ int sfwi_attn_tc(void *o, const void *q, const struct sfw_cuda_kv *kv, const int
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
 		   const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
 		   struct sfw_cuda_ctx *cx);
+/* Stage 1 with the max-pool to blocks in the prefill kernel
+ * (sfw_cuda_stage1_pool): sfwi_stage1_tc_pools says whether it takes sh
+ * (0: no; else the rows one wave of its CTAs holds on this device). */
+int sfwi_stage1_tc_pools(const struct sfw_sel_shape *sh, enum sfw_dtype act, const struct sfw_cuda_ctx *cx);
+int sfwi_stage1_tc_pool(float *pooled, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
+			const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
+			struct sfw_cuda_ctx *cx);
 
 #endif

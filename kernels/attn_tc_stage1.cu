@@ -39,6 +39,9 @@ struct s1tc_args {
 	float scale_log2; /* scale * log2(e) */
 	const int32_t *tab; /* paged compressed keys (sfw_ckey_row), or NULL */
 	int shift;
+	/* POOL: the pooled blocks' parameters (ksize = 2 stride, block = 4
+	 * stride: block b pools chunks 4b - 1 .. 4b + 3) */
+	int block, init_blocks, local_blocks;
 };
 
 static __device__ __forceinline__ int64_t s1t_visible(int64_t p, int64_t n, int ksize, int stride)
@@ -209,9 +212,10 @@ static __device__ __forceinline__ void s1t_lse(const float (&m)[S1T_TOK][4], con
  * its four heads for its two keys and S1T_TOK tokens (v[2t + k]), then the
  * quad reduce-scatters so that lane tq holds the whole sum of entry tq:
  * token tq >> 1, key jA + 8 (tq & 1). That lane writes it (NaN -> 0,
- * rounded to bf16) when the token is active. */
-template <bool FULL>
-static __device__ __forceinline__ void s1t_level1(const float (&d)[S1T_TOK][2][4], const float (&lse)[S1T_TOK][4],
+ * rounded to bf16) when the token is active; POOL, returns it instead (-inf
+ * past the chunks) for s1t_pool. */
+template <bool FULL, bool POOL>
+static __device__ __forceinline__ float s1t_level1(const float (&d)[S1T_TOK][2][4], const float (&lse)[S1T_TOK][4],
 						  float *const (&out)[S1T_TOK], const bool (&active)[S1T_TOK], int n1,
 						  int jA, const int (&v1)[S1T_TOK], float scale_log2, int tq)
 {
@@ -242,17 +246,55 @@ static __device__ __forceinline__ void s1t_level1(const float (&d)[S1T_TOK][2][4
 	const int col = jA + 8 * b0;
 	if (isnan(sum))
 		sum = 0.0f;
+	if (POOL) /* the chunk's score, or -inf past the chunks (none to pool) */
+		return col < n1 ? sfwc_rbf(sum) : -INFINITY;
 	/* (selects, not indexing: the arrays stay in registers) */
 	if ((b1 ? active[1] : active[0]) && col < n1)
 		(b1 ? out[1] : out[0])[col] = sfwc_rbf(sum);
+	return 0.0f;
 }
 
-template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1_tc_kernel(s1tc_args a)
+/* POOL: the max-pool of one m-tile's level-1 scores (model-spec §2.6.4
+ * step 4, the CPU twin's pool_blocks) into its four blocks, b = jA0 / 4 + bl
+ * for the m-tile's first chunk jA0: block b pools chunks 4b - 1 .. 4b + 3.
+ * v is the lane's score from s1t_level1 (token tq >> 1, chunk jA0 + gid +
+ * 8 (tq & 1)); carry holds the last chunk of the m-tile before (chunk jA0 -
+ * 1, -inf at the first), and is this m-tile's last on return. The maxima
+ * of chunks 4bl .. 4bl + 3 are over the lanes of gid bits 0 and 1; lanes gid
+ * 0 and 4 (bl = gid / 4 + 2 (tq & 1)) add chunk 4bl - 1 and write their
+ * token's block, +inf for the initial and local blocks. */
+static __device__ __forceinline__ void s1t_pool(float v, float &carry, float *const (&out)[S1T_TOK],
+						const bool (&active)[S1T_TOK], const int (&qb)[S1T_TOK], int jA0,
+						int nblocks, int init_blocks, int local_blocks, int gid, int tq)
+{
+	static_assert(S1T_TOK == 2, "a quad holds 2 tokens x 2 chunk halves");
+	float g4 = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+	g4 = fmaxf(g4, __shfl_xor_sync(0xffffffffu, g4, 8));
+	/* chunk 4bl - 1: 3 + 8 (tq & 1) (gid 3, this tq) for bl 1 and 3, 7 (gid
+	 * 7, the token's first half) for bl 2, the carry for bl 0 */
+	const float c3 = __shfl_sync(0xffffffffu, v, 12 | tq);
+	const float c7 = __shfl_sync(0xffffffffu, v, 28 | (tq & 2));
+	const float c15 = __shfl_sync(0xffffffffu, v, 28 | tq | 1);
+	const float prev = (gid & 4) ? c3 : (tq & 1) ? c7 : carry;
+	carry = c15;
+	const int t = tq >> 1;
+	const int b = jA0 / 4 + (gid >> 2) + 2 * (tq & 1);
+	if ((gid & 3) == 0 && (t ? active[1] : active[0]) && b < nblocks) {
+		const int q = t ? qb[1] : qb[0];
+		const bool kept = b < init_blocks || (b >= q - local_blocks && b <= q);
+		(t ? out[1] : out[0])[b] = kept ? INFINITY : fmaxf(g4, prev);
+	}
+}
+
+template <int HD, bool POOL>
+static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1_tc_kernel(s1tc_args a)
 {
 	sfwc_pdl_wait();
 	a.pos0 = *a.sp.pos + a.sp.off;
 	a.n1 = sfw_nchunks(*a.sp.pos + a.sp.len, a.ksize, a.stride);
 	a.n2 = sfw_nchunks(*a.sp.pos + a.sp.len, 4 * a.ksize, 4 * a.stride);
+	/* POOL: the rows' blocks, the out rows' length (as the pool kernel's) */
+	const int nblocks = POOL ? (int)((*a.sp.pos + a.sp.len + a.block - 1) / a.block) : 0;
 	constexpr int LD = HD + 8; /* padded rows: conflict-free ldmatrix */
 	__shared__ __align__(16) uint16_t tile[2][S1T_TILE * LD];
 	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
@@ -270,6 +312,8 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1
 	bool active[S1T_TOK];
 	int v1[S1T_TOK], v2[S1T_TOK];
 	float *out[S1T_TOK];
+	int qblk[S1T_TOK]; /* POOL: the token's query block (blocks fit an int: the launch) */
+	float carry = -INFINITY; /* POOL: s1t_pool's */
 	uint32_t qb[S1T_TOK][HD / 16][2][2];
 	float m[S1T_TOK][4], l[S1T_TOK][4], lse[S1T_TOK][4];
 	int v1min = INT_MAX, v2min = INT_MAX; /* over the active tokens: tiles below are whole */
@@ -281,7 +325,8 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1
 		v2[t] = active[t] ? (int)s1t_visible(a.pos0 + r, a.n2, 4 * a.ksize, 4 * a.stride) : 0;
 		if (active[t])
 			v1min = min(v1min, v1[t]), v2min = min(v2min, v2[t]);
-		out[t] = a.scores + ((size_t)g * a.T + (active[t] ? r : 0)) * (size_t)a.n1;
+		out[t] = a.scores + ((size_t)g * a.T + (active[t] ? r : 0)) * (size_t)(POOL ? nblocks : a.n1);
+		qblk[t] = POOL ? (int)((a.pos0 + r) / a.block) : 0;
 		s1t_load_qb<HD>(qb[t], a.q, active[t], r, a.nh, g, G, lane);
 #pragma unroll
 		for (int hs = 0; hs < 4; hs++)
@@ -323,20 +368,43 @@ template <int HD> static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1
 						s1t_level2<true>(d, m, l, jA, v2, a.scale_log2);
 					else
 						s1t_level2<false>(d, m, l, jA, v2, a.scale_log2);
-				} else if (full) {
-					s1t_level1<true>(d, lse, out, active, n1, jA, v1, a.scale_log2, tq);
 				} else {
-					s1t_level1<false>(d, lse, out, active, n1, jA, v1, a.scale_log2, tq);
+					const float v =
+						full ? s1t_level1<true, POOL>(d, lse, out, active, n1, jA, v1, a.scale_log2, tq)
+						     : s1t_level1<false, POOL>(d, lse, out, active, n1, jA, v1, a.scale_log2, tq);
+					if (POOL)
+						s1t_pool(v, carry, out, active, qblk, j0 + 16 * mt, nblocks, a.init_blocks,
+							 a.local_blocks, gid, tq);
 				}
 			}
 		}
 		__syncthreads(); /* stage st is free for the load two steps on */
 	}
+	if constexpr (POOL) {
+		/* the blocks past the tiles: their chunks below n1 are beyond every
+		 * row's visible ones (score 0); block 16 nB's first chunk is the
+		 * last tile's last (the carry of lanes 0 and 2: token 0, 1) */
+		const int bt = nB * (S1T_TILE / 4);
 #pragma unroll
-	for (int t = 0; t < S1T_TOK; t++)
-		if (active[t])
-			for (int col = nB * S1T_TILE + lane; col < n1; col += 32)
-				out[t][col] = 0.0f;
+		for (int t = 0; t < S1T_TOK; t++) {
+			const float ct = __shfl_sync(0xffffffffu, carry, 2 * t);
+			if (active[t])
+				for (int b = bt + lane; b < nblocks; b += 32) {
+					const int lo = max(0, 4 * b - 1), hi = min(4 * b + 3, n1 - 1);
+					float v = max(lo, nB * S1T_TILE) <= hi ? 0.0f : -INFINITY;
+					if (b == bt && nB > 0)
+						v = fmaxf(v, ct);
+					const bool kept = b < a.init_blocks || (b >= qblk[t] - a.local_blocks && b <= qblk[t]);
+					out[t][b] = kept ? INFINITY : v;
+				}
+		}
+	} else {
+#pragma unroll
+		for (int t = 0; t < S1T_TOK; t++)
+			if (active[t])
+				for (int col = nB * S1T_TILE + lane; col < n1; col += 32)
+					out[t][col] = 0.0f;
+	}
 }
 
 /* ---- decode rows (T <= S1D_MAXT): the work split over the keys ----
@@ -681,58 +749,113 @@ static int stage1_tc_rows(float *scores, const void *q, const void *c1, const vo
 	return 1;
 }
 
-int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
-		   const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
-		   struct sfw_cuda_ctx *cx)
+/* The prefill kernel's launch (the checks done): out is the scores, or
+ * with pooling (s1tc_args's block, init_blocks, local_blocks set) the
+ * pooled blocks. */
+template <bool POOL> static void s1t_launch(const s1tc_args &a, int hd, struct sfw_cuda_ctx *cx)
 {
-	int T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
-	int64_t n1 = sh->n1, n2 = sh->n2;
-	enum tc_mode mode = tc_mode_of(cx->stage1);
-	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || T <= 0 || n1 <= 0 || nkv <= 0 || nh % nkv != 0 ||
+	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
+	dim3 grid((unsigned)((a.T + S1T_R - 1) / S1T_R), (unsigned)a.nkv);
+	switch (hd) {
+	case 32:
+		sfwc_launch(stage1_tc_kernel<32, POOL>, grid, dim3(S1T_W * 32), 0, s, a);
+		break;
+	case 64:
+		sfwc_launch(stage1_tc_kernel<64, POOL>, grid, dim3(S1T_W * 32), 0, s, a);
+		break;
+	default:
+		sfwc_launch(stage1_tc_kernel<128, POOL>, grid, dim3(S1T_W * 32), 0, s, a);
+		break;
+	}
+	SFW_CUDA_LAUNCHED();
+}
+
+/* The shapes every tensor-core form takes (else the CUDA-core kernel) */
+static int s1t_shape_ok(const struct sfw_sel_shape *sh, enum sfw_dtype act, enum tc_mode mode)
+{
+	int nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
+	if (mode == TC_SIMT || act != SFW_DTYPE_BF16 || sh->T <= 0 || sh->n1 <= 0 || nkv <= 0 || nh % nkv != 0 ||
 	    nh / nkv > 16)
 		return 0;
 	if (hd != 32 && hd != 64 && hd != 128)
 		return 0;
 	/* tile counts and the prefill kernel's key indices (up to a tile past
 	 * the counts) are int */
-	if (n1 >= INT_MAX - S1T_TILE || n2 >= INT_MAX - S1T_TILE)
+	return sh->n1 < INT_MAX - S1T_TILE && sh->n2 < INT_MAX - S1T_TILE;
+}
+
+static s1tc_args s1t_args(float *out, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
+			  const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck)
+{
+	s1tc_args a;
+	memset(&a, 0, sizeof(a));
+	a.scores = out, a.q = (const uint16_t *)q, a.c1 = (const uint16_t *)c1, a.c2 = (const uint16_t *)c2;
+	a.n1 = sh->n1, a.n2 = sh->n2 > 0 ? sh->n2 : 0;
+	a.sp = sfwc_selpos{rr->pos, rr->off, rr->len};
+	a.T = sh->T, a.nh = sh->nh, a.nkv = sh->nkv, a.ksize = sh->ksize, a.stride = sh->stride;
+	a.scale_log2 = sh->scale * 1.4426950408889634f;
+	a.tab = ck->tab, a.shift = ck->shift;
+	return a;
+}
+
+int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
+		   const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
+		   struct sfw_cuda_ctx *cx)
+{
+	enum tc_mode mode = tc_mode_of(cx->stage1);
+	if (!s1t_shape_ok(sh, act, mode))
 		return 0;
 	/* decode rows: the split over the keys above; between those and
 	 * prefill-sized calls (auto) the CUDA-core kernel; the prefill kernel
 	 * takes the compressed keys as given only */
-	if (T <= S1D_MAXT)
+	if (sh->T <= S1D_MAXT)
 		return stage1_tc_rows(scores, q, c1, c2, sh, rr, ck, cx);
-	if ((mode == TC_AUTO && T < 64) || rr->c1 || ck->ptab)
+	if ((mode == TC_AUTO && sh->T < 64) || rr->c1 || ck->ptab)
 		return 0;
-	s1tc_args a = {scores,
-		       (const uint16_t *)q,
-		       (const uint16_t *)c1,
-		       (const uint16_t *)c2,
-		       n1,
-		       n2 > 0 ? n2 : 0,
-		       0,
-		       sfwc_selpos{rr->pos, rr->off, rr->len},
-		       T,
-		       nh,
-		       nkv,
-		       sh->ksize,
-		       sh->stride,
-		       sh->scale * 1.4426950408889634f,
-		       ck->tab,
-		       ck->shift};
-	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
-	dim3 grid((unsigned)((T + S1T_R - 1) / S1T_R), (unsigned)nkv);
-	switch (hd) {
-	case 32:
-		sfwc_launch(stage1_tc_kernel<32>, grid, dim3(S1T_W * 32), 0, s, a);
-		break;
-	case 64:
-		sfwc_launch(stage1_tc_kernel<64>, grid, dim3(S1T_W * 32), 0, s, a);
-		break;
-	default:
-		sfwc_launch(stage1_tc_kernel<128>, grid, dim3(S1T_W * 32), 0, s, a);
-		break;
+	s1t_launch<false>(s1t_args(scores, q, c1, c2, sh, rr, ck), sh->hd, cx);
+	return 1;
+}
+
+/* The pooling kernel's CTAs resident on an SM of this device (asked once
+ * per device and head size; 0: not asked yet, harmless if raced). */
+static int s1t_pool_fit(int hd)
+{
+	static int fit[SFWC_MAX_DEVICES][3];
+	int &n = fit[sfwc_device()][hd == 32 ? 0 : hd == 64 ? 1 : 2];
+	if (n == 0) {
+		int b = 0;
+		const int nt = S1T_W * 32;
+		if (hd == 32)
+			SFW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, stage1_tc_kernel<32, true>, nt, 0));
+		else if (hd == 64)
+			SFW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, stage1_tc_kernel<64, true>, nt, 0));
+		else
+			SFW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, stage1_tc_kernel<128, true>, nt, 0));
+		n = b > 0 ? b : 1;
 	}
-	SFW_CUDA_LAUNCHED();
+	return n;
+}
+
+int sfwi_stage1_tc_pools(const struct sfw_sel_shape *sh, enum sfw_dtype act, const struct sfw_cuda_ctx *cx)
+{
+	/* the prefill kernel (any T past the decode rows'), and blocks of four
+	 * chunks of a stride, chunks of two (s1t_pool) */
+	if (!(s1t_shape_ok(sh, act, tc_mode_of(cx->stage1)) && sh->T > S1D_MAXT && sh->stride >= 2 &&
+	      sh->ksize == 2 * sh->stride && sh->block == 4 * sh->stride && sh->nblocks >= 1 &&
+	      sh->nblocks <= INT_MAX / sh->block && sh->init_blocks >= 0 && sh->local_blocks >= 0))
+		return 0;
+	/* the rows one wave of CTAs holds: each CTA takes S1T_R rows of a group */
+	return s1t_pool_fit(sh->hd) * sfwi_cuda_sms(cx) * S1T_R / sh->nkv;
+}
+
+int sfwi_stage1_tc_pool(float *pooled, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
+			const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
+			struct sfw_cuda_ctx *cx)
+{
+	if (!sfwi_stage1_tc_pools(sh, act, cx) || rr->c1 || ck->ptab)
+		return 0;
+	s1tc_args a = s1t_args(pooled, q, c1, c2, sh, rr, ck);
+	a.block = sh->block, a.init_blocks = sh->init_blocks, a.local_blocks = sh->local_blocks;
+	s1t_launch<true>(a, sh->hd, cx);
 	return 1;
 }

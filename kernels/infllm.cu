@@ -562,6 +562,25 @@ extern "C" void sfw_op_pool_blocks_cuda(float *pooled, const float *scores, cons
 	sfw_cuda_pool_blocks(pooled, scores, sh, &rr, act, cx);
 }
 
+/* ---- stage 1 and pooling in one pass ---- */
+
+extern "C" int sfw_cuda_stage1_pools(const struct sfw_sel_shape *sh, enum sfw_dtype act,
+				    const struct sfw_cuda_ctx *cx)
+{
+	return sfwi_stage1_tc_pools(sh, act, cx);
+}
+
+extern "C" int sfw_cuda_stage1_pool(float *pooled, const void *q, const void *c1, const void *c2,
+				   const struct sfw_sel_shape *sh, const struct sfw_pages *pg,
+				   const struct sfw_cuda_rowref *rr, enum sfw_dtype act, struct sfw_cuda_ctx *cx)
+{
+	SFW_ASSERT(sh->nkv > 0 && rr->pos && !rr->c1 == !rr->c2);
+	pool_bound_check(sh);
+	struct sfwi_ckpages ck = {sfwc_pg_tab(pg), rr->tab, pg ? pg->shift : 0};
+	SFW_ASSERT(!ck.tab || sfw_ckey_rows_per_block(ck.shift, sh->stride) > 0);
+	return sfwi_stage1_tc_pool(pooled, q, c1, c2, sh, rr, &ck, act, cx);
+}
+
 /* ---- top-k ---- */
 
 /* Order-preserving map float -> uint32 (NaN ranks as +inf, -0 as +0, as the

@@ -160,6 +160,17 @@ void sfw_cuda_compress(void *c1, void *c2, const struct sfw_cuda_kv *kv, const s
 void sfw_cuda_stage1(float *scores, const void *q, const void *c1, const void *c2,
 		     const struct sfw_sel_shape *sh, const struct sfw_pages *pg, const struct sfw_cuda_rowref *rr,
 		     enum sfw_dtype act, struct sfw_cuda_ctx *cx);
+/* Stage 1 and the max-pool in one pass (sfw_cuda_stage1 then
+ * sfw_cuda_pool_blocks, equal pooled values; no scores written): returns 1
+ * when it ran, 0 when it cannot take the call; then the caller runs the
+ * two. pooled as sfw_cuda_pool_blocks's. sfw_cuda_stage1_pools says
+ * whether it takes sh (a prefill's rows, bf16, tensor cores, blocks of 4
+ * strides and chunks of 2): 0 if not, else the rows one wave of its
+ * launch holds on this device (calls of a multiple of them fill it). */
+int sfw_cuda_stage1_pools(const struct sfw_sel_shape *sh, enum sfw_dtype act, const struct sfw_cuda_ctx *cx);
+int sfw_cuda_stage1_pool(float *pooled, const void *q, const void *c1, const void *c2,
+			 const struct sfw_sel_shape *sh, const struct sfw_pages *pg, const struct sfw_cuda_rowref *rr,
+			 enum sfw_dtype act, struct sfw_cuda_ctx *cx);
 /* Max-pool (sfw_op_pool_blocks_cuda) and top-k (sfw_op_topk_blocks_cuda);
  * sh's n1 and nblocks bound the counts rr's length makes; the scores and
  * pooled values packed at those ([nkv, T, n1], [nkv, T, nblocks]). */

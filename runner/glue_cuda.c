@@ -287,14 +287,40 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 	if (rec_row(be, c, layer, &rr)) /* (no taps while recording: pooled_last is NULL) */
 		return select_recorded(be, idx, q, c, l, nh, sp, &rr, err);
 	int64_t n1 = l->n1, nb = sp->nblocks;
-	/* rows per batch: scores [nkv, rb, n1] + pooled [nkv, rb, nb] within select_bytes() */
-	size_t per_row = (size_t)nkv * ((size_t)(n1 ? n1 : 1) + (size_t)nb + (size_t)k) * 4;
-	int rb = (int)(IMPL(be)->select_bytes / per_row);
-	if (rb < 1)
-		rb = 1;
-	if (rb > sp->T)
-		rb = sp->T;
-	size_t sc_bytes = sfw_cuda_arena_round((size_t)nkv * rb * (size_t)(n1 ? n1 : 1) * 4);
+	struct sfw_sel_shape sh = {.T = sp->T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = sp->pos0,
+				   .ksize = sp->ksize, .stride = sp->stride, .block = sp->block,
+				   .init_blocks = sp->init_blocks, .local_blocks = sp->local_blocks,
+				   .scale = sp->scale, .n1 = n1, .n2 = l->n2, .nblocks = nb,
+				   .topk = k};
+	/* Row batches within select_bytes(): pooled [nkv, rb, nb] and top-k
+	 * [nkv, rb, k], and unless stage 1 pools as it scores
+	 * (sfw_cuda_stage1_pool) the scores [nkv, rb, n1]. The pooling form's
+	 * batches are whole waves of its launch where more than one batch is
+	 * needed, and each must be one it takes (its last, the smallest, too);
+	 * the others are of equal size. */
+	int fused = 0, rb = 0;
+	for (int f = 1; f >= 0 && !fused; f--) {
+		size_t per_row = (size_t)nkv * ((f ? 0 : (size_t)(n1 ? n1 : 1)) + (size_t)nb + (size_t)k) * 4;
+		int64_t cap = (int64_t)(IMPL(be)->select_bytes / per_row);
+		cap = cap < 1 ? 1 : cap > sp->T ? sp->T : cap;
+		int nbatch = (int)((sp->T + cap - 1) / cap);
+		rb = (int)((sp->T + nbatch - 1) / nbatch);
+		if (!f)
+			break;
+		sh.T = sp->T;
+		int wave = sfw_cuda_stage1_pools(&sh, SFW_DTYPE_BF16, S(be));
+		if (wave <= 0)
+			continue;
+		if (cap < sp->T && cap >= wave) { /* whole waves, if the pooling form takes the last batch */
+			int rw = (int)(cap / wave * wave);
+			sh.T = sp->T - (sp->T - 1) / rw * rw;
+			if (sfw_cuda_stage1_pools(&sh, SFW_DTYPE_BF16, S(be)) > 0)
+				rb = rw;
+		}
+		sh.T = sp->T - (sp->T - 1) / rb * rb; /* the last batch, the smallest */
+		fused = sfw_cuda_stage1_pools(&sh, SFW_DTYPE_BF16, S(be)) > 0;
+	}
+	size_t sc_bytes = fused ? 0 : sfw_cuda_arena_round((size_t)nkv * rb * (size_t)(n1 ? n1 : 1) * 4);
 	size_t po_bytes = sfw_cuda_arena_round((size_t)nkv * rb * (size_t)nb * 4);
 	size_t tk_bytes = (size_t)nkv * rb * k * 4;
 	enum sfw_status s = sfwi_cu_sel_room(be, sc_bytes + po_bytes + tk_bytes, err);
@@ -307,23 +333,24 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 	sfwi_cu_prof_begin(be);
 	for (int r0 = 0; r0 < sp->T; r0 += rb) {
 		int n = sp->T - r0 < rb ? sp->T - r0 : rb;
-		int64_t p0 = sp->pos0 + r0;
 		int32_t *dst = n == sp->T ? idx : tk;
-		struct sfw_sel_shape sh = {.T = n, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = p0,
-					   .ksize = sp->ksize, .stride = sp->stride, .block = sp->block,
-					   .init_blocks = sp->init_blocks, .local_blocks = sp->local_blocks,
-					   .scale = sp->scale, .n1 = n1, .n2 = l->n2, .nblocks = nb,
-					   .topk = k};
+		sh.T = n, sh.pos0 = sp->pos0 + r0;
 		/* rows r0 .. of the call's T; the counts are the cache's (len = T) */
 		struct sfw_cuda_rowref rr = {.pos = at(be, sp->pos0)};
 		rr.off = r0, rr.len = sp->T;
-		sfw_cuda_stage1(scores, (const char *)q + (size_t)r0 * qrow, l->c1, l->c2, &sh, &c->pg, &rr,
-				SFW_DTYPE_BF16, S(be));
-		if (!pooled_last && sfw_cuda_pool_topk_fits(&sh, S(be))) {
-			sfw_cuda_pool_topk(dst, scores, &sh, &rr, S(be));
-		} else {
-			sfw_cuda_pool_blocks(pooled, scores, &sh, &rr, SFW_DTYPE_BF16, S(be));
+		const void *qr = (const char *)q + (size_t)r0 * qrow;
+		if (fused) {
+			int ran = sfw_cuda_stage1_pool(pooled, qr, l->c1, l->c2, &sh, &c->pg, &rr, SFW_DTYPE_BF16, S(be));
+			SFW_ASSERT(ran);
 			sfw_cuda_topk_blocks(dst, pooled, &sh, &rr, SFW_DTYPE_BF16, S(be));
+		} else {
+			sfw_cuda_stage1(scores, qr, l->c1, l->c2, &sh, &c->pg, &rr, SFW_DTYPE_BF16, S(be));
+			if (!pooled_last && sfw_cuda_pool_topk_fits(&sh, S(be))) {
+				sfw_cuda_pool_topk(dst, scores, &sh, &rr, S(be));
+			} else {
+				sfw_cuda_pool_blocks(pooled, scores, &sh, &rr, SFW_DTYPE_BF16, S(be));
+				sfw_cuda_topk_blocks(dst, pooled, &sh, &rr, SFW_DTYPE_BF16, S(be));
+			}
 		}
 		if (dst != idx)
 			for (int g = 0; g < nkv; g++)

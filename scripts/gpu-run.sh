@@ -510,7 +510,7 @@ before-after)
 					continue
 				fi
 				# a prefill chunk at 32K and 128K, then a decode row at 1K .. 1M
-				for a in "--ctx 32768,131072 --rows 8192" "--ctx 1024,131072,262144,524288,1048576 --rows 1"; do
+				for a in "--ctx 32768,131072,1048576 --rows 8192" "--ctx 1024,131072,262144,524288,1048576 --rows 1"; do
 					echo "== $tag: bench_attn $a" | tee -a "$OUT/before-after.log"
 					# shellcheck disable=SC2086 # $a: the options, split on purpose
 					LD_LIBRARY_PATH="$(dirname "$b")/lib$cudalib" "$b/bench_attn" $a 2>&1 |

@@ -675,6 +675,91 @@ static void t_stage1(void)
 	t_stage1_paged(200, 5000, 32, 2, 128);
 }
 
+/* Stage 1 with the pooling in its kernel (sfw_cuda_stage1_pool), T rows
+ * at the end of a cache of L tokens, its compressed keys contiguous or in
+ * the permuted blocks of a paged cache: bit for bit the GPU's stage 1 then
+ * its pooling (the same scores, pooled), and within stage 1's tolerance the
+ * CPU twins' stage 1 then pooling. Only bf16 takes it (tensor cores): f32
+ * must decline. */
+static void t_stage1_pool_case(int T, int64_t L, int nh, int nkv, int hd, int init, int local, int paged)
+{
+	int shift = 6, block = 64;
+	int64_t pos0 = L - T, nb = (L + block - 1) / block, row = (int64_t)nkv * hd;
+	int64_t n1 = (L - 32) / 16 + 1, n2 = L >= 128 ? (L - 128) / 64 + 1 : 0;
+	size_t nq = (size_t)T * nh * hd, ns = (size_t)nkv * T * n1, np = (size_t)nkv * T * nb;
+	float *q = randv(nq, 1.0f), *c1 = randv((size_t)n1 * row, 1.0f), *c2 = randv((size_t)(n2 ? n2 : 1) * row, 1.0f);
+	struct sfw_sel_shape sh = {.T = T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = pos0, .ksize = 32, .stride = 16,
+				   .block = block, .init_blocks = init, .local_blocks = local,
+				   .scale = 1.0f / sqrtf((float)hd), .n1 = n1, .n2 = n2, .nblocks = nb};
+	float *sc = malloc(ns * 4), *ref = malloc(np * 4);
+	sfw_op_stage1_cpu(NULL, sc, q, c1, c2, &sh, NULL);
+	sfw_op_pool_blocks_cpu(ref, sc, &sh);
+	void *dq = up(q, nq), *d1, *d2, *dpool = NULL;
+	int32_t *tab = NULL, *dtab = NULL;
+	struct sfw_pages dpg = {NULL, shift};
+	if (paged) { /* the keys laid out in the blocks, as t_stage1_paged */
+		tab = sfwt_block_table(nb, &rng);
+		int64_t per = sfw_ckey_rows_per_block(shift, 16);
+		size_t npool = (size_t)(2 * nb * per * row);
+		float *pool = calloc(npool, 4);
+		for (int lv = 1; lv <= 2; lv++)
+			for (int64_t j = 0; j < (lv == 1 ? n1 : n2); j++)
+				memcpy(pool + (sfw_ckey_row(tab, shift, 32, 16, lv, j) + (lv == 2 ? 64 / 16 : 0)) * row,
+				       (lv == 1 ? c1 : c2) + j * row, (size_t)row * 4);
+		dpool = up(pool, npool);
+		free(pool);
+		dtab = up_raw(tab, (size_t)nb * sizeof(int32_t));
+		dpg.tab = dtab;
+		d1 = dpool, d2 = (char *)dpool + (size_t)(64 / 16) * row * asz();
+	} else {
+		d1 = up(c1, (size_t)n1 * row), d2 = up(c2, (size_t)(n2 ? n2 : 1) * row);
+	}
+	void *ds = dalloc(ns * 4), *dp0 = dalloc(np * 4), *dp1 = dalloc(np * 4);
+	struct sfw_cuda_rowref rr = {.pos = sfw_cuda_ctx_pos(g_cx, pos0), .len = T};
+	const struct sfw_pages *pg = paged ? &dpg : NULL;
+	int ran = sfw_cuda_stage1_pool(dp1, dq, d1, d2, &sh, pg, &rr, g_dt, g_cx);
+	char name[112];
+	snprintf(name, sizeof(name), "stage1+pool%s T=%d L=%lld nh=%d hd=%d init %d local %d", paged ? " paged" : "", T,
+		 (long long)L, nh, hd, init, local);
+	if (g_dt != SFW_DTYPE_BF16) {
+		CHECK(!ran, "%s: f32 activations taken by the bf16 tensor-core kernel", name);
+	} else {
+		CHECK(ran, "%s: the pooling stage 1 declined a bf16 prefill call", name);
+		sfw_cuda_stage1(ds, dq, d1, d2, &sh, pg, &rr, g_dt, g_cx);
+		sfw_cuda_pool_blocks(dp0, ds, &sh, &rr, g_dt, g_cx);
+		float *g0 = down_f32(dp0, np), *g1 = down_f32(dp1, np);
+		size_t diff = 0;
+		for (size_t i = 0; i < np; i++)
+			diff += memcmp(&g0[i], &g1[i], 4) != 0;
+		printf("  bf16 %-46s %zu of %zu differ from stage1 + pool\n", name, diff, np);
+		CHECK(diff == 0, "%s: %zu of %zu pooled values differ from stage 1 then pooling", name, diff, np);
+		cmp(name, g1, ref, np);
+		free(g0), free(g1);
+	}
+	free(q), free(c1), free(c2), free(sc), free(ref), free(tab);
+	sfw_cuda_free(dq), sfw_cuda_free(d1), sfw_cuda_free(ds), sfw_cuda_free(dp0), sfw_cuda_free(dp1);
+	sfw_cuda_free(dtab);
+	if (!paged)
+		sfw_cuda_free(d2);
+}
+
+static void t_stage1_pool(void)
+{
+	/* the model's shape (init 1, local 32) near a tile's edges and far past
+	 * the local blocks; a call just past the decode rows (17) and odd
+	 * counts (a last warp with one token); fewer chunks than a tile, no
+	 * level-2 chunk for the first rows; other initial and local counts */
+	t_stage1_pool_case(40, 9000, 32, 2, 128, 1, 32, 0);
+	t_stage1_pool_case(17, 20000, 32, 2, 128, 1, 32, 0);
+	t_stage1_pool_case(301, 70001, 32, 2, 128, 1, 32, 0);
+	t_stage1_pool_case(150, 1500, 8, 2, 32, 1, 32, 0);
+	t_stage1_pool_case(100, 100, 16, 2, 64, 1, 32, 0);
+	t_stage1_pool_case(64, 4159, 32, 2, 128, 2, 3, 0);
+	t_stage1_pool_case(33, 12310, 16, 1, 64, 0, 0, 0); /* a block past the last tile */
+	t_stage1_pool_case(40, 9000, 32, 2, 128, 1, 32, 1);
+	t_stage1_pool_case(200, 5000, 32, 2, 128, 3, 5, 1);
+}
+
 /* Top-k's forms against the CPU's pooling and top-k, bit for bit: rows
  * T of level-1 scores sc ([nkv, T, n1] of a cache of L tokens, the rows the
  * last T), through pooling + top-k or the fused pool_topk, with the keys in
@@ -903,6 +988,7 @@ static const struct op_test tests[] = {
 	{"compress", t_compress, {{1e-12, 1e-5}, {1e-5, 8e-3}}},
 	{"compress-paged", t_compress_paged, {{1e-12, 1e-5}, {1e-5, 8e-3}}},
 	{"stage1", t_stage1, {{1e-9, 1e-4}, {3e-5, 1.6e-2}}},
+	{"stage1_pool", t_stage1_pool, {{1e-9, 1e-4}, {3e-5, 1.6e-2}}},
 	{"pool_topk", t_pool_topk, {{0, 0}, {0, 0}}},
 	{"topk_forms", t_topk_forms, {{0, 0}, {0, 0}}},
 };
