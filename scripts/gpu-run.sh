@@ -23,7 +23,7 @@
 #                                            (.devlib-before, scripts/device-prep.sh --before REV), interleaved:
 #                                            what = bench (salafw bench bf16 + int8 at 1K, 32K, 128K), batch
 #                                            (bench_batch B = 1..64 at 1K), serve (serve-bench at 32), attn
-#                                            (bench_attn: a 32K and a 128K prefill chunk's attention ops, and a
+#                                            (bench_attn: a 32K, a 128K and a 1M prefill chunk's attention ops, and a
 #                                            decode row's at 1K, 128K, 256K, 512K and 1M), prefill (bench_gpu bf16 at
 #                                            32K and 128K), long (bench_gpu bf16, a 1M-token
 #                                            prompt and 64 decode steps); default
@@ -509,7 +509,7 @@ before-after)
 					echo "== $tag: no bench_attn in this build (skipped)" | tee -a "$OUT/before-after.log"
 					continue
 				fi
-				# a prefill chunk at 32K and 128K, then a decode row at 1K .. 1M
+				# a prefill chunk at 32K, 128K and 1M, then a decode row at 1K .. 1M
 				for a in "--ctx 32768,131072,1048576 --rows 8192" "--ctx 1024,131072,262144,524288,1048576 --rows 1"; do
 					echo "== $tag: bench_attn $a" | tee -a "$OUT/before-after.log"
 					# shellcheck disable=SC2086 # $a: the options, split on purpose
