@@ -286,6 +286,8 @@ static enum sfw_status cu_sparse_select(struct sfw_backend *be, int32_t *idx, co
 	struct sfw_cuda_rowref rr;
 	if (rec_row(be, c, layer, &rr)) /* (no taps while recording: pooled_last is NULL) */
 		return select_recorded(be, idx, q, c, l, nh, sp, &rr, err);
+	if (sp->T <= 0) /* (no rows: nothing to batch) */
+		return SFW_OK;
 	int64_t n1 = l->n1, nb = sp->nblocks;
 	struct sfw_sel_shape sh = {.T = sp->T, .nh = nh, .nkv = nkv, .hd = hd, .pos0 = sp->pos0,
 				   .ksize = sp->ksize, .stride = sp->stride, .block = sp->block,
