@@ -16,20 +16,74 @@
 #   .devlib-before/bundle.tar.xz  with --before REV: the same bundle (no gold)
 #       of commit REV, built in a temporary worktree by REV's own
 #       device-prep.sh, for `gpu-run.sh before-after` (carry both folders)
-# Usage: scripts/device-prep.sh [--gold] [--no-build] [--before REV]
+#   .devlib-x/bench_attn_NAME.xz  with --variant NAME FLAGS (after a plain
+#       run, which builds build-cuda): this tree's bench_attn compiled with
+#       the extra preprocessor FLAGS ("-DS1T_MINB=3 ..."), for `gpu-run.sh
+#       variants` (carry .devlib-x too; each variant adds ~1.5 MB)
+# Usage: scripts/device-prep.sh [--gold] [--no-build] [--before REV] [--variant NAME FLAGS]
 # Then: run(command="bash scripts/gpu-run.sh ...", carry=[".devlib"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gold=0 build=1 failed= before=
+vname="" vflags=""
 while [ $# -gt 0 ]; do
 	case $1 in
 	--gold) gold=1 ;;
 	--no-build) build=0 ;;
 	--before) [ $# -ge 2 ] || { echo "$0: --before wants a revision" >&2; exit 2; }; before=$2; shift ;;
-	*) echo "usage: $0 [--gold] [--no-build] [--before REV]" >&2; exit 2 ;;
+	--variant)
+		[ $# -ge 3 ] || { echo "$0: --variant wants a name and its -D flags" >&2; exit 2; }
+		vname=$2 vflags=$3
+		shift 2 ;;
+	*) echo "usage: $0 [--gold] [--no-build] [--before REV] [--variant NAME FLAGS]" >&2; exit 2 ;;
 	esac
 	shift
 done
+if [ -n "$vname" ]; then
+	# a name for a file, and only -DNAME[=VALUE] flags (they reach the compilers' command lines)
+	case $vname in *[!A-Za-z0-9_-]* | "") echo "$0: --variant: the name may hold letters, digits, _ and - only" >&2; exit 2 ;; esac
+	macros=
+	for f in $vflags; do
+		case $f in
+		-D[A-Za-z_]*) m=${f#-D} m=${m%%=*}
+			case $m in *[!A-Za-z0-9_]*) echo "$0: --variant: '$f' is not a -DNAME[=VALUE] flag" >&2; exit 2 ;; esac
+			case ${f#*=} in *[!A-Za-z0-9_.-]*) echo "$0: --variant: '$f': a value may hold letters, digits, _ . and - only" >&2; exit 2 ;; esac
+			macros="$macros $m" ;;
+		*) echo "$0: --variant: '$f' is not a -DNAME[=VALUE] flag" >&2; exit 2 ;;
+		esac
+	done
+	[ -n "$macros" ] || { echo "$0: --variant: no -D flags" >&2; exit 2; }
+	[ -x build-cuda/bench/bench_attn ] || { echo "$0: --variant: build-cuda has no bench_attn (run $0 first)" >&2; exit 2; }
+	exclude=$(git rev-parse --git-common-dir)/info/exclude
+	grep -qx "/.devlib-x/" "$exclude" 2>/dev/null || echo "/.devlib-x/" >>"$exclude"
+	# build-cuda's objects, less those of the CUDA sources that name a
+	# macro (make does not see a flag change), rebuilt with the flags
+	vb=$(mktemp -d)
+	cp -a build-cuda/. "$vb/"
+	for m in $macros; do
+		{ grep -lw "$m" kernels/*.cu kernels/*.cuh runner/*_cuda.c 2>/dev/null || true; } | while read -r src; do
+			case $src in
+			*.cuh) rm -f "$vb"/kernels/*.cu.o ;; # (the objects do not list their headers for this)
+			*) rm -f "$vb/$src.o" "$vb/${src%.c}.o" ;;
+			esac
+		done
+	done
+	rm -f "$vb/bench/bench_attn"
+	# shellcheck disable=SC2086 # $vflags: the flags, split on purpose
+	if ! make CUDA=1 CUDA_ARCH="${CUDA_ARCH:-sm_90}" BUILD="$vb" DEFS="-D_GNU_SOURCE -DSFW_HAVE_CUDA=1 $vflags" -j2 \
+		"$vb/bench/bench_attn" >/dev/null; then
+		rm -rf "$vb"
+		echo "device-prep: the variant $vname ($vflags) does not build" >&2
+		exit 1
+	fi
+	mkdir -p .devlib-x
+	strip -o ".devlib-x/bench_attn_$vname" "$vb/bench/bench_attn"
+	rm -f ".devlib-x/bench_attn_$vname.xz" && xz -T2 -6 ".devlib-x/bench_attn_$vname"
+	echo "$vflags" >".devlib-x/$vname.flags"
+	rm -rf "$vb"
+	echo "device-prep: .devlib-x/bench_attn_$vname.xz: bench_attn with $vflags"
+	exit 0
+fi
 if [ -n "$before" ]; then
 	rev=$(git rev-parse --verify --quiet "$before^{commit}") || { echo "$0: --before: '$before' is not a commit" >&2; exit 2; }
 	exclude=$(git rev-parse --git-common-dir)/info/exclude

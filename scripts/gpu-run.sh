@@ -43,6 +43,9 @@
 #                                            model at 1K/32K/128K with --kv-cache bf16, then fp8; then the int8
 #                                            g128 model with --kv-cache fp8 --chunk 2048 at P tokens (default
 #                                            1048576): TTFT, decode and the peak against the plan and 14.9 GiB
+#   bash scripts/gpu-run.sh variants [CTX [ROWS]]  bench_attn of this build and of each variant that
+#                                            device-prep.sh --variant made (.devlib-x), in turn, this build
+#                                            first and last: a prefill chunk of ROWS (8192) at CTX (131072,1048576)
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set ($BIN: this build's binaries)
 # Logs go to $OUT (the folder that comes back) or .devout. The device tool
 # brings back at most 8 files: when a mode leaves more, they are packed on
@@ -642,12 +645,39 @@ EOF
 	done
 	ls -l /tmp/pc.bin | tee -a "$OUT/prompt-cache.log"
 	;;
+variants)
+	# bash scripts/gpu-run.sh variants [CTX [ROWS]]: the same source compiled
+	# with other -D flags (device-prep.sh --variant), timed beside this build
+	C=${1:-131072,1048576} R=${2:-8192}
+	ls .devlib-x/bench_attn_*.xz >/dev/null 2>&1 || { echo "variants: no .devlib-x (scripts/device-prep.sh --variant NAME FLAGS)" >&2; exit 2; }
+	rm -rf "$DEV-x" && mkdir -p "$DEV-x"
+	rc=0
+	names=now
+	for f in .devlib-x/bench_attn_*.xz; do
+		n=${f#.devlib-x/bench_attn_} n=${n%.xz}
+		if ! xz -dc "$f" >"$DEV-x/bench_attn_$n" || ! chmod +x "$DEV-x/bench_attn_$n"; then
+			echo "variants: cannot unpack $f" >&2
+			exit 5
+		fi
+		names="$names $n"
+	done
+	for n in $names now; do
+		b=$BIN/bench_attn flags="(this build)"
+		if [ "$n" != now ]; then
+			b=$DEV-x/bench_attn_$n flags=$(cat ".devlib-x/$n.flags" 2>/dev/null)
+		fi
+		echo "== $n $flags: bench_attn --ctx $C --rows $R" | tee -a "$OUT/variants.log"
+		"$b" --ctx "$C" --rows "$R" 2>&1 | tee -a "$OUT/variants.log"
+		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+	done
+	exit $rc
+	;;
 shell)
 	# the command sees this script's environment, and $BIN, $DEV and $OUT
 	BIN=$BIN DEV=$DEV OUT=$OUT bash -c "$1"
 	;;
 *)
-	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn|prefill|long ...] | ncu-attn [L [ROWS]] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | shell CMD" >&2
+	echo "usage: $0 tests | test NAME [args] | bench [args] | bench-w8 [args] | batch [G] | decode-ab [P [G]] | env-ab [--w8] P G SETTING... | profile [P [G]] | quant-time [args] | serve-bench [C] | wide-ref [K] | trace [--w8] P G | before-after [bench|batch|serve|attn|prefill|long ...] | ncu-attn [L [ROWS]] | w8-vs-bf16 [G] | prefix-ttft [N [on]] | prompt-cache [WORDS] | variants [CTX [ROWS]] | shell CMD" >&2
 	exit 2
 	;;
 esac
