@@ -56,6 +56,8 @@ if [ -n "$vname" ]; then
 	[ -x build-cuda/bench/bench_attn ] || { echo "$0: --variant: build-cuda has no bench_attn (run $0 first)" >&2; exit 2; }
 	exclude=$(git rev-parse --git-common-dir)/info/exclude
 	grep -qx "/.devlib-x/" "$exclude" 2>/dev/null || echo "/.devlib-x/" >>"$exclude"
+	# (a failed build must not leave an older variant of this name to be timed)
+	rm -f ".devlib-x/bench_attn_$vname" ".devlib-x/bench_attn_$vname.xz" ".devlib-x/$vname.flags"
 	# build-cuda's objects, less those of the CUDA sources that name a
 	# macro (make does not see a flag change), rebuilt with the flags
 	vb=$(mktemp -d)
@@ -78,7 +80,7 @@ if [ -n "$vname" ]; then
 	fi
 	mkdir -p .devlib-x
 	strip -o ".devlib-x/bench_attn_$vname" "$vb/bench/bench_attn"
-	rm -f ".devlib-x/bench_attn_$vname.xz" && xz -T2 -6 ".devlib-x/bench_attn_$vname"
+	xz -T2 -6 ".devlib-x/bench_attn_$vname"
 	echo "$vflags" >".devlib-x/$vname.flags"
 	rm -rf "$vb"
 	echo "device-prep: .devlib-x/bench_attn_$vname.xz: bench_attn with $vflags"
