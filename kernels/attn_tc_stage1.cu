@@ -257,37 +257,116 @@ static __device__ __forceinline__ float s1t_level1(const float (&d)[S1T_TOK][2][
 /* POOL: the max-pool of one m-tile's level-1 scores (model-spec §2.6.4
  * step 4, the CPU twin's pool_blocks) into its four blocks, b = jA0 / 4 + bl
  * for the m-tile's first chunk jA0: block b pools chunks 4b - 1 .. 4b + 3.
- * v is the lane's score from s1t_level1 (token tq >> 1, chunk jA0 + gid +
- * 8 (tq & 1)); carry holds the last chunk of the m-tile before (chunk jA0 -
- * 1, -inf at the first), and is this m-tile's last on return. The maxima
- * of chunks 4bl .. 4bl + 3 are over the lanes of gid bits 0 and 1; lanes gid
- * 0 and 4 (bl = gid / 4 + 2 (tq & 1)) add chunk 4bl - 1 and write their
+ * v is the lane's score from s1t_level1: token tq >> 1, chunk c = gid +
+ * 8 (tq & 1) of the m-tile. Each lane takes the score of chunk c - 1 (one
+ * shuffle), so the max of (v, that) over the four lanes of a block (gid
+ * bits 0 and 1: two shuffles) covers chunks 4bl - 1 .. 4bl + 3. Chunk -1 is
+ * the m-tile before's chunk 15, which lanes 29 and 31 (gid 7, tq 1 and 3)
+ * hold in last and offer in the first shuffle instead of their v (no lane
+ * needs this m-tile's chunk 15 as a chunk before); last is -inf before the
+ * first m-tile and each lane's v on return. Lanes gid 0 and 4 write their
  * token's block, +inf for the initial and local blocks. */
-static __device__ __forceinline__ void s1t_pool(float v, float &carry, float *const (&out)[S1T_TOK],
+static __device__ __forceinline__ void s1t_pool(float v, float &last, float *const (&out)[S1T_TOK],
 						const bool (&active)[S1T_TOK], const int (&qb)[S1T_TOK], int jA0,
 						int nblocks, int init_blocks, int local_blocks, int gid, int tq)
 {
 	static_assert(S1T_TOK == 2, "a quad holds 2 tokens x 2 chunk halves");
-	float g4 = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+	const int lane = 4 * gid + tq;
+	const float offer = (lane | 2) == 31 ? last : v;
+	/* chunk c - 1: gid - 1 (lane - 4); gid 0 of the second half: chunk 7
+	 * (gid 7, the token's first half); gid 0 of the first: chunk -1 */
+	const int src = gid ? lane - 4 : (tq & 1) ? 28 | (tq & 2) : 29 | (tq & 2);
+	float g4 = fmaxf(v, __shfl_sync(0xffffffffu, offer, src));
+	g4 = fmaxf(g4, __shfl_xor_sync(0xffffffffu, g4, 4));
 	g4 = fmaxf(g4, __shfl_xor_sync(0xffffffffu, g4, 8));
-	/* chunk 4bl - 1: 3 + 8 (tq & 1) (gid 3, this tq) for bl 1 and 3, 7 (gid
-	 * 7, the token's first half) for bl 2, the carry for bl 0 */
-	const float c3 = __shfl_sync(0xffffffffu, v, 12 | tq);
-	const float c7 = __shfl_sync(0xffffffffu, v, 28 | (tq & 2));
-	const float c15 = __shfl_sync(0xffffffffu, v, 28 | tq | 1);
-	const float prev = (gid & 4) ? c3 : (tq & 1) ? c7 : carry;
-	carry = c15;
+	last = v;
 	const int t = tq >> 1;
 	const int b = jA0 / 4 + (gid >> 2) + 2 * (tq & 1);
 	if ((gid & 3) == 0 && (t ? active[1] : active[0]) && b < nblocks) {
 		const int q = t ? qb[1] : qb[0];
 		const bool kept = b < init_blocks || (b >= q - local_blocks && b <= q);
-		(t ? out[1] : out[0])[b] = kept ? INFINITY : fmaxf(g4, prev);
+		(t ? out[1] : out[0])[b] = kept ? INFINITY : g4;
 	}
 }
 
+/* A warp's state over the tiles: its S1T_TOK tokens' Q fragments,
+ * visibility and outputs, the level-2 running max and sum, the LSE, and
+ * POOL's last scores (s1t_pool). */
+template <int HD> struct s1t_warp {
+	uint32_t qb[S1T_TOK][HD / 16][2][2];
+	float m[S1T_TOK][4], l[S1T_TOK][4], lse[S1T_TOK][4];
+	float *out[S1T_TOK];
+	bool active[S1T_TOK];
+	int v1[S1T_TOK], v2[S1T_TOK], qblk[S1T_TOK];
+	float last;
+};
+
+/* One tile's four m-tiles (keys j0 ..), in straight-line code: the MMAs of
+ * m-tile mt + 1 are issued before the exponentials of m-tile mt, so the
+ * tensor pipe and the SFU work at once (the level and fullness are the
+ * template's, not tests in the loop). */
+template <int HD, bool L2, bool FULL, bool POOL>
+static __device__ __forceinline__ void s1t_tile(s1t_warp<HD> &s, const uint16_t *Ks, int j0, int n1, int nblocks,
+						const s1tc_args &a, int lane)
+{
+	const int gid = lane >> 2, tq = lane & 3;
+	float d[2][S1T_TOK][2][4];
+	s1t_mtile<HD>(d[0], s.qb, Ks, 0, lane);
+#pragma unroll
+	for (int mt = 0; mt < S1T_TILE / 16; mt++) {
+		if (mt + 1 < S1T_TILE / 16)
+			s1t_mtile<HD>(d[(mt + 1) & 1], s.qb, Ks, mt + 1, lane);
+		const int jA = j0 + 16 * mt + gid;
+		if (L2) {
+			s1t_level2<FULL>(d[mt & 1], s.m, s.l, jA, s.v2, a.scale_log2);
+		} else {
+			const float v = s1t_level1<FULL, POOL>(d[mt & 1], s.lse, s.out, s.active, n1, jA, s.v1,
+								a.scale_log2, tq);
+			if (POOL)
+				s1t_pool(v, s.last, s.out, s.active, s.qblk, j0 + 16 * mt, nblocks, a.init_blocks,
+					 a.local_blocks, gid, tq);
+		}
+	}
+}
+
+/* Tiles i0 .. i1 - 1 of the N (level 2 below nA), each copied a tile ahead
+ * of its use (two stages; wn: the rows of the next tile to copy, fetched a
+ * tile before that). */
+template <int HD, bool L2, bool POOL>
+static __device__ __forceinline__ void s1t_pass(s1t_warp<HD> &s, const s1tc_args &a,
+						uint16_t (*tile)[S1T_TILE * (HD + 8)], s1t_rows<HD> &wn, int i0,
+						int i1, int N, int nA, int64_t v1max, int64_t v2max, int vmin, int n1,
+						int nblocks, int g, int lane)
+{
+	const bool any = s.active[0]; /* token 0 of the warp is the first: none active without it */
+	for (int i = i0; i < i1; i++) {
+		const int st = i & 1;
+		if (i + 1 < N) {
+			s1t_load<HD>(a, tile, wn, i + 1, st ^ 1, nA, g);
+			if (i + 2 < N) /* tile i + 2's rows: in flight while tile i is computed */
+				s1t_where<HD>(a, wn, i + 2, nA, v1max, v2max);
+			tc_cp_wait<1>();
+		} else {
+			tc_cp_wait<0>();
+		}
+		__syncthreads();
+		if (any) {
+			const int j0 = (L2 ? i : i - nA) * S1T_TILE;
+			if (j0 + S1T_TILE <= vmin) /* the warp's tokens all see the whole tile */
+				s1t_tile<HD, L2, true, POOL>(s, tile[st], j0, n1, nblocks, a, lane);
+			else
+				s1t_tile<HD, L2, false, POOL>(s, tile[st], j0, n1, nblocks, a, lane);
+		}
+		__syncthreads(); /* stage st is free for the load two steps on */
+	}
+}
+
+#ifndef S1T_MINB
+#define S1T_MINB 2 /* CTAs an SM: 248 registers; at 3, ptxas spills and moves the MMAs behind the exponentials */
+#endif
+
 template <int HD, bool POOL>
-static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1_tc_kernel(s1tc_args a)
+static __global__ void __launch_bounds__(S1T_W * 32, S1T_MINB) stage1_tc_kernel(s1tc_args a)
 {
 	sfwc_pdl_wait();
 	a.pos0 = *a.sp.pos + a.sp.off;
@@ -297,7 +376,7 @@ static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1_tc_kernel(s1tc_ar
 	const int nblocks = POOL ? (int)((*a.sp.pos + a.sp.len + a.block - 1) / a.block) : 0;
 	constexpr int LD = HD + 8; /* padded rows: conflict-free ldmatrix */
 	__shared__ __align__(16) uint16_t tile[2][S1T_TILE * LD];
-	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, tq = lane & 3;
 	const int g = blockIdx.y, G = a.nh / a.nkv;
 	const int r0 = blockIdx.x * S1T_R;
 	const int64_t pmax = a.pos0 + min(a.T - 1, r0 + S1T_R - 1);
@@ -309,30 +388,24 @@ static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1_tc_kernel(s1tc_ar
 
 	/* this warp's tokens: r0 + S1T_TOK w + t (counts in ints: the launch
 	 * keeps n1 and n2 below INT_MAX) */
-	bool active[S1T_TOK];
-	int v1[S1T_TOK], v2[S1T_TOK];
-	float *out[S1T_TOK];
-	int qblk[S1T_TOK]; /* POOL: the token's query block (blocks fit an int: the launch) */
-	float carry = -INFINITY; /* POOL: s1t_pool's */
-	uint32_t qb[S1T_TOK][HD / 16][2][2];
-	float m[S1T_TOK][4], l[S1T_TOK][4], lse[S1T_TOK][4];
+	s1t_warp<HD> s;
 	int v1min = INT_MAX, v2min = INT_MAX; /* over the active tokens: tiles below are whole */
 #pragma unroll
 	for (int t = 0; t < S1T_TOK; t++) {
 		const int r = r0 + S1T_TOK * w + t;
-		active[t] = r < a.T;
-		v1[t] = active[t] ? (int)s1t_visible(a.pos0 + r, a.n1, a.ksize, a.stride) : 0;
-		v2[t] = active[t] ? (int)s1t_visible(a.pos0 + r, a.n2, 4 * a.ksize, 4 * a.stride) : 0;
-		if (active[t])
-			v1min = min(v1min, v1[t]), v2min = min(v2min, v2[t]);
-		out[t] = a.scores + ((size_t)g * a.T + (active[t] ? r : 0)) * (size_t)(POOL ? nblocks : a.n1);
-		qblk[t] = POOL ? (int)((a.pos0 + r) / a.block) : 0;
-		s1t_load_qb<HD>(qb[t], a.q, active[t], r, a.nh, g, G, lane);
+		s.active[t] = r < a.T;
+		s.v1[t] = s.active[t] ? (int)s1t_visible(a.pos0 + r, a.n1, a.ksize, a.stride) : 0;
+		s.v2[t] = s.active[t] ? (int)s1t_visible(a.pos0 + r, a.n2, 4 * a.ksize, 4 * a.stride) : 0;
+		if (s.active[t])
+			v1min = min(v1min, s.v1[t]), v2min = min(v2min, s.v2[t]);
+		s.out[t] = a.scores + ((size_t)g * a.T + (s.active[t] ? r : 0)) * (size_t)(POOL ? nblocks : a.n1);
+		s.qblk[t] = POOL ? (int)((a.pos0 + r) / a.block) : 0;
+		s1t_load_qb<HD>(s.qb[t], a.q, s.active[t], r, a.nh, g, G, lane);
 #pragma unroll
 		for (int hs = 0; hs < 4; hs++)
-			m[t][hs] = -INFINITY, l[t][hs] = 0.0f, lse[t][hs] = -INFINITY;
+			s.m[t][hs] = -INFINITY, s.l[t][hs] = 0.0f, s.lse[t][hs] = -INFINITY;
 	}
-	const bool any = active[0]; /* token 0 of the warp is the first: none active without it */
+	s.last = -INFINITY;
 	const int n1 = (int)a.n1;
 
 	const int N = nA + nB;
@@ -343,67 +416,36 @@ static __global__ void __launch_bounds__(S1T_W * 32, 3) stage1_tc_kernel(s1tc_ar
 		if (N > 1)
 			s1t_where<HD>(a, wn, 1, nA, v1max, v2max);
 	}
-	for (int i = 0, st = 0; i < N; i++, st ^= 1) {
-		if (i + 1 < N) {
-			s1t_load<HD>(a, tile, wn, i + 1, st ^ 1, nA, g);
-			if (i + 2 < N) /* tile i + 2's rows: in flight while tile i is computed */
-				s1t_where<HD>(a, wn, i + 2, nA, v1max, v2max);
-			tc_cp_wait<1>();
-		} else {
-			tc_cp_wait<0>();
-		}
-		__syncthreads();
-		if (i == nA) /* the switch to level 1: every level-2 tile is in */
-			s1t_lse(m, l, lse, G, tq);
-		if (any) {
-			const int j0 = (i < nA ? i : i - nA) * S1T_TILE;
-			const bool full = j0 + S1T_TILE <= (i < nA ? v2min : v1min); /* the warp's: uniform */
-#pragma unroll
-			for (int mt = 0; mt < S1T_TILE / 16; mt++) {
-				float d[S1T_TOK][2][4];
-				s1t_mtile<HD>(d, qb, tile[st], mt, lane);
-				const int jA = j0 + 16 * mt + gid;
-				if (i < nA) {
-					if (full)
-						s1t_level2<true>(d, m, l, jA, v2, a.scale_log2);
-					else
-						s1t_level2<false>(d, m, l, jA, v2, a.scale_log2);
-				} else {
-					const float v =
-						full ? s1t_level1<true, POOL>(d, lse, out, active, n1, jA, v1, a.scale_log2, tq)
-						     : s1t_level1<false, POOL>(d, lse, out, active, n1, jA, v1, a.scale_log2, tq);
-					if (POOL)
-						s1t_pool(v, carry, out, active, qblk, j0 + 16 * mt, nblocks, a.init_blocks,
-							 a.local_blocks, gid, tq);
-				}
-			}
-		}
-		__syncthreads(); /* stage st is free for the load two steps on */
-	}
+	/* level 2 (the LSE's max and sum), the LSE, then level 1: two loops,
+	 * so that the running max and sum are dead in the second */
+	s1t_pass<HD, true, POOL>(s, a, tile, wn, 0, nA, N, nA, v1max, v2max, v2min, n1, nblocks, g, lane);
+	s1t_lse(s.m, s.l, s.lse, G, tq);
+	s1t_pass<HD, false, POOL>(s, a, tile, wn, nA, N, N, nA, v1max, v2max, v1min, n1, nblocks, g, lane);
 	if constexpr (POOL) {
 		/* the blocks past the tiles: their chunks below n1 are beyond every
 		 * row's visible ones (score 0); block 16 nB's first chunk is the
-		 * last tile's last (the carry of lanes 0 and 2: token 0, 1) */
+		 * last tile's last (the last scores of lanes 29 and 31: token 0, 1) */
 		const int bt = nB * (S1T_TILE / 4);
 #pragma unroll
 		for (int t = 0; t < S1T_TOK; t++) {
-			const float ct = __shfl_sync(0xffffffffu, carry, 2 * t);
-			if (active[t])
+			const float ct = __shfl_sync(0xffffffffu, s.last, 29 + 2 * t);
+			if (s.active[t])
 				for (int b = bt + lane; b < nblocks; b += 32) {
 					const int lo = max(0, 4 * b - 1), hi = min(4 * b + 3, n1 - 1);
 					float v = max(lo, nB * S1T_TILE) <= hi ? 0.0f : -INFINITY;
 					if (b == bt && nB > 0)
 						v = fmaxf(v, ct);
-					const bool kept = b < a.init_blocks || (b >= qblk[t] - a.local_blocks && b <= qblk[t]);
-					out[t][b] = kept ? INFINITY : v;
+					const bool kept =
+						b < a.init_blocks || (b >= s.qblk[t] - a.local_blocks && b <= s.qblk[t]);
+					s.out[t][b] = kept ? INFINITY : v;
 				}
 		}
 	} else {
 #pragma unroll
 		for (int t = 0; t < S1T_TOK; t++)
-			if (active[t])
+			if (s.active[t])
 				for (int col = nB * S1T_TILE + lane; col < n1; col += 32)
-					out[t][col] = 0.0f;
+					s.out[t][col] = 0.0f;
 	}
 }
 

@@ -293,9 +293,10 @@ static __global__ void rope_kernel(T *x, int T_, int nh, int hd, const rope_tabl
 		float a = (float)(*dpos + t) * tab.inv[m];
 		float c = cosf(a), s = sinf(a);
 		T *v = x + th * hd;
-		float x0 = act_ld(v, m), x1 = act_ld(v, m + half);
-		act_st(v, m, x0 * c - x1 * s);
-		act_st(v, m + half, x1 * c + x0 * s);
+		float y0, y1;
+		sfwc_rope_rot(act_ld(v, m), act_ld(v, m + half), c, s, y0, y1);
+		act_st(v, m, y0);
+		act_st(v, m + half, y1);
 	}
 }
 

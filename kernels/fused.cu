@@ -173,12 +173,16 @@ extern "C" void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, 
 	sfw_op_sigmoid_mul_cuda(y, y, z, (size_t)rows * (size_t)n, act, cx);
 }
 
-/* ---- per-head q/k RMSNorm + NeoX RoPE (lightning layers) ----
- * One warp per head row, q rows first, then k rows, 8 warps a block: the
- * lane/element assignment (i = lane + 32 j), fmaf order and warp reduction
- * of rmsnorm_warp_kernel at n = hd and its store (rounded to the activation
- * type), then, in the same warp, rope_kernel's arithmetic on the stored row
- * (lane m rotates the pairs (m, m + hd/2), m += 32). */
+/* ---- per-head q/k RMSNorm + NeoX RoPE (lightning layers), one pass ----
+ * A CTA takes one token's head rows (q rows, then k rows), or with grid.y
+ * > 1 (calls of few tokens: decode) a share of them; a warp takes a row at
+ * a time. The token's cosines and sines are taken once into shared memory
+ * (the angles of rope_kernel: float(p) * inv_freq[m]). Each row is read
+ * once: rmsnorm_warp_kernel's lane/element assignment (i = lane + 32 j),
+ * fmaf order, warp reduction and two roundings (to the activation type,
+ * then times the weight, as its store), then rope_kernel's rotation
+ * (sfwc_rope_rot) of the pairs (m, m + hd/2) in registers (a shuffle at
+ * hd = 32), and one store: the bits of the unfused launches. */
 #define QKN_WARPS 8
 
 /* inv_freq as sfwi_rope_neox_cuda computes it (host powf), hd <= 128 */
@@ -198,66 +202,83 @@ static __device__ __forceinline__ int64_t qkn_pos(const sfw_cuda_seqs &sq, const
 	return sfwc_seq_pos(sq, t);
 }
 
-/* Head rr (of nh per row) of row t of the call: for a batched step, t
- * counts sequences and their rows are row[t]. */
-static __device__ __forceinline__ size_t qkn_head(const sfwc_one_seq &, int rr, int)
+/* Head h (of nh) of row t of the call: for a batched step, t counts
+ * sequences and their rows are row[t]. */
+static __device__ __forceinline__ size_t qkn_head(const sfwc_one_seq &, int t, int h, int nh)
 {
-	return (size_t)rr;
+	return (size_t)t * nh + h;
 }
 
-static __device__ __forceinline__ size_t qkn_head(const sfw_cuda_seqs &sq, int rr, int nh)
+static __device__ __forceinline__ size_t qkn_head(const sfw_cuda_seqs &sq, int t, int h, int nh)
 {
-	return (size_t)sfwc_seq_row(sq, rr / nh) * nh + rr % nh;
+	return (size_t)sfwc_seq_row(sq, t) * nh + h;
 }
 
 template <typename A, int HD, typename SQ>
-static __global__ void qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_dtype qwdt, const void *kw,
-					   enum sfw_dtype kwdt, int rows_q, int rows, int nhq, int nhk, int n,
-					   float eps, int rope, const qkn_table tab, const int64_t *dpos, const SQ sq)
+static __global__ void __launch_bounds__(32 * QKN_WARPS)
+	qk_norm_rope_kernel(A *q, A *k, const void *qw, enum sfw_dtype qwdt, const void *kw, enum sfw_dtype kwdt,
+			    int nhq, int nhk, int n, float eps, int rope, const qkn_table tab, const int64_t *dpos,
+			    const SQ sq)
 {
 	constexpr int NJ = HD / 32;
-	int lane = threadIdx.x & 31;
-	int r = blockIdx.x * QKN_WARPS + (threadIdx.x >> 5);
-	if (r >= rows) /* whole warps leave: the shuffles and __syncwarp below see all lanes */
-		return;
-	int isq = r < rows_q, rr = isq ? r : r - rows_q;
-	const void *w = isq ? qw : kw;
-	enum sfw_dtype wdt = isq ? qwdt : kwdt;
+	__shared__ float cs[2][HD / 2];
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = blockIdx.x;
+	const int nr = nhq + nhk, per = (nr + (int)gridDim.y - 1) / (int)gridDim.y;
+	const int r0 = (int)blockIdx.y * per, r1 = min(nr, r0 + per);
 	/* the norm weights before the programmatic-launch wait: they are
 	 * written only by copies (as the GEMVs' weights) */
-	float wv[NJ];
+	float wq[NJ], wk[NJ];
 #pragma unroll
 	for (int j = 0; j < NJ; j++)
-		wv[j] = wget(w, wdt, lane + 32 * j);
+		wq[j] = wget(qw, qwdt, lane + 32 * j), wk[j] = wget(kw, kwdt, lane + 32 * j);
 	sfwc_pdl_wait();
-	A *xr = (isq ? q : k) + qkn_head(sq, rr, isq ? nhq : nhk) * HD;
-	float y[NJ];
-	float ss = 0;
-#pragma unroll
-	for (int j = 0; j < NJ; j++) {
-		y[j] = act_ld(xr, lane + 32 * j);
-		ss = fmaf(y[j], y[j], ss);
+	if (rope) {
+		const float p = (float)qkn_pos(sq, dpos, t);
+		for (int m = threadIdx.x; m < HD / 2; m += blockDim.x) {
+			const float a = p * tab.inv[m];
+			cs[0][m] = cosf(a), cs[1][m] = sinf(a);
+		}
+		__syncthreads();
 	}
-	ss = sfwc_warp_sum(ss);
-	/* n = HD passed at run time: a constant divisor could be folded into
-	 * a multiply-add with eps, which the rmsnorm kernel cannot do */
-	float inv = 1.0f / sqrtf(ss / (float)n + eps);
+	for (int r = r0 + w; r < r1; r += QKN_WARPS) {
+		const bool isq = r < nhq;
+		A *xr = isq ? q + qkn_head(sq, t, r, nhq) * HD : k + qkn_head(sq, t, r - nhq, nhk) * HD;
+		float y[NJ];
+		float ss = 0;
 #pragma unroll
-	for (int j = 0; j < NJ; j++) /* rmsnorm's store */
-		act_st(xr, lane + 32 * j, act_round<A>(y[j] * inv) * wv[j]);
-	if (!rope)
-		return;
-	/* rope_kernel's arithmetic on values loaded back as it loads them: with
-	 * registers (or a shuffle) instead, the compiler contracted x1*c + x0*s
-	 * into a different FMA than rope_kernel's at hd = 32 (f32 bits differed) */
-	__syncwarp(); /* the warp's stores are visible to its lanes */
-	int t = rr / (isq ? nhq : nhk);
-	for (int m = lane; m < HD / 2; m += 32) {
-		float a = (float)qkn_pos(sq, dpos, t) * tab.inv[m];
-		float c = cosf(a), s = sinf(a);
-		float x0 = act_ld(xr, m), x1 = act_ld(xr, m + HD / 2);
-		act_st(xr, m, x0 * c - x1 * s);
-		act_st(xr, m + HD / 2, x1 * c + x0 * s);
+		for (int j = 0; j < NJ; j++) {
+			y[j] = act_ld(xr, lane + 32 * j);
+			ss = fmaf(y[j], y[j], ss);
+		}
+		ss = sfwc_warp_sum(ss);
+		/* n = HD passed at run time: a constant divisor could be folded into
+		 * a multiply-add with eps, which the rmsnorm kernel cannot do */
+		const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+		for (int j = 0; j < NJ; j++) /* the value rmsnorm stores */
+			y[j] = act_round<A>(act_round<A>(y[j] * inv) * (isq ? wq[j] : wk[j]));
+		if (rope) {
+			if (HD == 32) { /* the pair of lanes m and m + 16 */
+				const float o = __shfl_xor_sync(0xffffffffu, y[0], 16);
+				const int m = lane & 15;
+				float y0, y1;
+				if (lane < 16)
+					sfwc_rope_rot(y[0], o, cs[0][m], cs[1][m], y0, y1), y[0] = y0;
+				else
+					sfwc_rope_rot(o, y[0], cs[0][m], cs[1][m], y0, y1), y[0] = y1;
+			} else { /* the pairs (j, j + NJ / 2) of the lane */
+#pragma unroll
+				for (int j = 0; j < NJ / 2; j++) {
+					const int m = lane + 32 * j;
+					float y0, y1;
+					sfwc_rope_rot(y[j], y[j + NJ / 2], cs[0][m], cs[1][m], y0, y1);
+					y[j] = y0, y[j + NJ / 2] = y1;
+				}
+			}
+		}
+#pragma unroll
+		for (int j = 0; j < NJ; j++)
+			act_st(xr, lane + 32 * j, y[j]);
 	}
 }
 
@@ -278,16 +299,18 @@ static void qkn_any(void *q, void *k, const void *qw, enum sfw_dtype qwdt, const
 		}
 		return;
 	}
-	int rows_q = T * nhq, rows = T * (nhq + nhk);
 	qkn_table tab = {};
 	if (rope)
 		for (int m = 0; m < hd / 2; m++)
 			tab.inv[m] = 1.0f / powf(theta, (float)(2 * m) / (float)hd);
-	dim3 grid((unsigned)((rows + QKN_WARPS - 1) / QKN_WARPS)), block(32 * QKN_WARPS);
+	/* a CTA a token; below 4 CTAs an SM, a token's rows over CTAs of a row
+	 * a warp (each takes the angles again: hd / 2 of them) */
+	const int nr = nhq + nhk;
+	const int split = T < 4 * sfwi_cuda_sms(cx) ? (nr + QKN_WARPS - 1) / QKN_WARPS : 1;
+	dim3 grid((unsigned)T, (unsigned)split), block(32 * QKN_WARPS);
 #define QKN_LAUNCH(HD)                                                                                            \
 	ACT_DISPATCH(act, sfwc_launch(qk_norm_rope_kernel<A, HD, SQ>, grid, block, 0, SFW_CUDA_STREAM(cx->stream),       \
-				      (A *)q, (A *)k, qw, qwdt, kw, kwdt, rows_q, rows, nhq, nhk, hd, eps, rope,       \
-				      tab, dpos, sq))
+				      (A *)q, (A *)k, qw, qwdt, kw, kwdt, nhq, nhk, hd, eps, rope, tab, dpos, sq))
 	if (hd == 32)
 		QKN_LAUNCH(32);
 	else if (hd == 64)

@@ -271,7 +271,8 @@ static void same_bits(const char *what, const void *da, const void *db, size_t n
  * against the unfused CUDA launches it replaces (rmsnorm q, rmsnorm k, rope
  * q, rope k) with equal bits. devpos: the position comes from device memory
  * and the host pos0 passed beside it is wrong on purpose. hd 96 takes the
- * unfused fallback inside the op. */
+ * unfused fallback inside the op. Calls of fewer than 4 x SMs tokens split
+ * a token's rows over CTAs, longer ones take a CTA a token. */
 static const struct {
 	int T, nhq, nhk, hd, rope, devpos;
 	int64_t pos;
@@ -288,6 +289,11 @@ static const struct {
 	{17, 8, 4, 32, 1, 1, 100003},
 	{5, 2, 2, 32, 0, 0, 0},
 	{3, 4, 4, 96, 1, 1, 500},
+	/* past 4 x SMs tokens (132 SMs: 528): a CTA a token */
+	{600, 32, 32, 128, 1, 0, 1040000},
+	{1100, 4, 2, 128, 1, 1, 70001},
+	{700, 8, 4, 32, 1, 0, 99},
+	{640, 5, 3, 64, 0, 0, 0},
 };
 
 static void t_qknorm(void)
