@@ -26,7 +26,9 @@
 #include <limits.h>
 
 #define S1T_TILE 64		  /* compressed keys per tile */
-#define S1T_W 4			  /* warps per CTA */
+#ifndef S1T_W
+#define S1T_W 4 /* warps per CTA (-D: for measuring other shapes) */
+#endif
 #define S1T_TOK 2		  /* query tokens per warp */
 #define S1T_R (S1T_W * S1T_TOK) /* query tokens per CTA */
 
