@@ -85,6 +85,41 @@ static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const ui
 	rms_store_vec8(y + (size_t)blockIdx.x * n, x + (size_t)blockIdx.x * n, w, wdt, n, inv, threadIdx.x, blockDim.x);
 }
 
+/* Prefill rows (rows >= 1024, bf16, n >= 1024, 16-byte aligned): a warp
+ * a row, 8 a block, as rmsnorm_warp_kernel's VEC form runs them. Lane l
+ * adds the vectors v = l, l + 32, ... as ew8's add_scaled does, stores the
+ * rounded sums and takes their squares in rms_sumsq_vec8's order; the
+ * norm's store rereads only the lane's own vectors (rms_store_vec8): the
+ * bits of add_scaled + rmsnorm, one pass over x and b fewer. */
+static __global__ void add_rmsnorm_warp_kernel(uint16_t *y, uint16_t *x, const uint16_t *b, float scale, const void *w,
+					       enum sfw_dtype wdt, int rows, int n, float eps)
+{
+	sfwc_pdl_wait();
+	const int lane = threadIdx.x & 31;
+	const long r = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	if (r >= rows)
+		return;
+	uint4 *xr = (uint4 *)(x + (size_t)r * n);
+	const uint4 *br = (const uint4 *)(b + (size_t)r * n);
+	float ss = 0;
+	for (int v = lane; v < n / 8; v += 32) {
+		float fx[8], fb[8];
+		sfwc_unpack8(xr[v], fx);
+		sfwc_unpack8(br[v], fb);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			fx[e] = sfwc_rbf(fx[e] + sfwc_rbf(scale * fb[e]));
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ss = fmaf(fx[e], fx[e], ss);
+		xr[v] = make_uint4(sfwc_pack2(fx[0], fx[1]), sfwc_pack2(fx[2], fx[3]), sfwc_pack2(fx[4], fx[5]),
+				   sfwc_pack2(fx[6], fx[7]));
+	}
+	ss = sfwc_warp_sum(ss);
+	const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+	rms_store_vec8(y + (size_t)r * n, x + (size_t)r * n, w, wdt, n, inv, lane, 32);
+}
+
 extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float scale, const void *w,
 					const struct sfw_norm_shape *sh, enum sfw_dtype act,
 					struct sfw_cuda_ctx *cx)
@@ -94,8 +129,16 @@ extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float s
 	enum sfw_dtype wdt = sh->wdt;
 	if (rows <= 0)
 		return;
+	/* prefill rows: the warp form of sfw_op_rmsnorm_cuda's VEC shape */
+	if (n >= 1024 && rows >= 1024 && sfwi_rmsnorm_vec_ok(y, x, n, act) && !((uintptr_t)b & 15)) {
+		sfwc_launch(add_rmsnorm_warp_kernel, dim3((unsigned)((rows + 7) / 8)), dim3(256), 0,
+			    SFW_CUDA_STREAM(cx->stream), (uint16_t *)y, (uint16_t *)x, (const uint16_t *)b, scale, w, wdt,
+			    rows, n, eps);
+		SFW_CUDA_LAUNCHED();
+		return;
+	}
 	/* the shape sfw_op_rmsnorm_cuda runs with its block kernel; other shapes
-	 * (prefill) take the two unfused launches */
+	 * take the two unfused launches */
 	if (!(n >= 1024 && rows < 1024)) {
 		sfw_op_add_scaled_cuda(x, b, (size_t)rows * (size_t)n, scale, act, cx);
 		sfw_op_rmsnorm_cuda(y, x, w, wdt, rows, n, eps, act, cx);
@@ -151,6 +194,35 @@ static __global__ void rmsnorm_gate_kernel(uint16_t *y, const uint16_t *x, const
 	}
 }
 
+/* Prefill rows (rows >= 1024): rmsnorm_warp_kernel's VEC arithmetic, a
+ * warp a row, then the gate on each stored value as above. Each lane
+ * rereads only its own vectors, so y may alias x. */
+static __global__ void rmsnorm_gate_warp_kernel(uint16_t *y, const uint16_t *x, const void *w, enum sfw_dtype wdt,
+						const uint16_t *z, int rows, int n, float eps)
+{
+	sfwc_pdl_wait();
+	const int lane = threadIdx.x & 31;
+	const long r = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	if (r >= rows)
+		return;
+	const uint16_t *xr = x + (size_t)r * n;
+	const uint4 *zr = (const uint4 *)(z + (size_t)r * n);
+	uint4 *yr = (uint4 *)(y + (size_t)r * n);
+	const float ss = sfwc_warp_sum(rms_sumsq_vec8(xr, n, lane, 32));
+	const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+	for (int v = lane; v < n / 8; v += 32) {
+		float f[8], fz[8];
+		sfwc_unpack8(((const uint4 *)xr)[v], f);
+		sfwc_unpack8(zr[v], fz);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			f[e] = sfwc_rbf(sfwc_rbf(f[e] * inv) * wget(w, wdt, (size_t)8 * v + e)) *
+			       sfwc_rbf(1.0f / (1.0f + expf(-fz[e])));
+		yr[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]), sfwc_pack2(f[4], f[5]),
+				   sfwc_pack2(f[6], f[7]));
+	}
+}
+
 extern "C" void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, const void *z,
 					 const struct sfw_norm_shape *sh, enum sfw_dtype act,
 					 struct sfw_cuda_ctx *cx)
@@ -166,6 +238,13 @@ extern "C" void sfw_op_rmsnorm_gate_cuda(void *y, const void *x, const void *w, 
 	    rms_regs_ok(w, wdt, n, 512)) {
 		sfwc_launch(rmsnorm_gate_kernel, dim3(rows), dim3(512), 0, SFW_CUDA_STREAM(cx->stream), (uint16_t *)y,
 			    (const uint16_t *)x, w, wdt, (const uint16_t *)z, n, eps);
+		SFW_CUDA_LAUNCHED();
+		return;
+	}
+	if (n >= 1024 && rows >= 1024 && sfwi_rmsnorm_vec_ok(y, x, n, act) && !((uintptr_t)z & 15)) {
+		sfwc_launch(rmsnorm_gate_warp_kernel, dim3((unsigned)((rows + 7) / 8)), dim3(256), 0,
+			    SFW_CUDA_STREAM(cx->stream), (uint16_t *)y, (const uint16_t *)x, w, wdt, (const uint16_t *)z,
+			    rows, n, eps);
 		SFW_CUDA_LAUNCHED();
 		return;
 	}

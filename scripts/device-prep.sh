@@ -62,20 +62,34 @@ if [ -n "$vname" ]; then
 	# macro (make does not see a flag change), rebuilt with the flags
 	vb=$(mktemp -d)
 	cp -a build-cuda/. "$vb/"
+	# The objects are named as make goals: make takes a missing object that
+	# only an archive lists for an intermediate file, and would not rebuild
+	# it while the archive is newer than its source.
+	goals=
 	for m in $macros; do
-		{ grep -lw "$m" kernels/*.cu kernels/*.cuh runner/*_cuda.c 2>/dev/null || true; } | while read -r src; do
+		for src in $(grep -lw "$m" kernels/*.cu kernels/*.cuh runner/*_cuda.c 2>/dev/null || true); do
 			case $src in
-			*.cuh) rm -f "$vb"/kernels/*.cu.o ;; # (the objects do not list their headers for this)
-			*) rm -f "$vb/$src.o" "$vb/${src%.c}.o" ;;
+			*.cuh) objs=$(ls kernels/*.cu | sed "s|^|$vb/|; s|\$|.o|") ;; # (the objects do not list their headers for this)
+			*.cu) objs="$vb/$src.o" ;;
+			*) objs="$vb/${src%.c}.o" ;;
 			esac
+			# shellcheck disable=SC2086 # $objs: a list
+			rm -f $objs
+			goals="$goals $objs"
 		done
 	done
 	rm -f "$vb/bench/bench_attn"
-	# shellcheck disable=SC2086 # $vflags: the flags, split on purpose
+	# shellcheck disable=SC2086 # $vflags: the flags, and $goals, split on purpose
 	if ! make CUDA=1 CUDA_ARCH="${CUDA_ARCH:-sm_90}" BUILD="$vb" DEFS="-D_GNU_SOURCE -DSFW_HAVE_CUDA=1 $vflags" -j2 \
-		"$vb/bench/bench_attn" >/dev/null; then
+		$goals "$vb/bench/bench_attn" >/dev/null; then
 		rm -rf "$vb"
 		echo "device-prep: the variant $vname ($vflags) does not build" >&2
+		exit 1
+	fi
+	# a variant that came out as this build's bench_attn did not take its flags
+	if cmp -s "$vb/bench/bench_attn" build-cuda/bench/bench_attn; then
+		rm -rf "$vb"
+		echo "device-prep: the variant $vname ($vflags) is this build's bench_attn: the flags changed nothing" >&2
 		exit 1
 	fi
 	mkdir -p .devlib-x

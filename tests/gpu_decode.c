@@ -374,6 +374,28 @@ static void fused_case(int rows, int n)
 		printf("  fused add_rmsnorm %dx%d vs CPU twin: NMSE %.3g, max |diff| %.3g\n", rows, n, nmse, md);
 		CHECK(nmse < 1e-4 && md < 0.1, "fused add_rmsnorm %dx%d vs the CPU twin (bf16 rounding points): NMSE %g",
 		      rows, n, nmse);
+		/* the Lightning output norm and gate on the sums (x1 = x2), b as the gate */
+		sfw_cuda_memset(dy, 0xff, N * 2, s), sfw_cuda_memset(dy2, 0xff, N * 2, s);
+		sfw_op_rmsnorm_gate_cuda(dy, dx, dw, db, &nsh, SFW_DTYPE_BF16, cx);
+		sfw_op_rmsnorm_cuda(dy2, dx2, dw, SFW_DTYPE_BF16, rows, n, eps, SFW_DTYPE_BF16, cx);
+		sfw_op_sigmoid_mul_cuda(dy2, dy2, db, N, SFW_DTYPE_BF16, cx);
+		sfw_cuda_d2h(o1, dy, N * 2, s), sfw_cuda_d2h(o2, dy2, N * 2, s);
+		sfw_cuda_sync(s);
+		CHECK(!memcmp(o1, o2, N * 2), "fused rmsnorm_gate %dx%d equals rmsnorm + sigmoid_mul on the GPU bit for bit",
+		      rows, n);
+		for (size_t i = 0; i < N; i++)
+			x[i] = sfw_bf16_to_f32(x1[i]);
+		sfw_op_rmsnorm_gate_cpu(NULL, y, x, w, b, &fsh);
+		e2 = 0, r2 = 0, md = 0;
+		for (size_t i = 0; i < N; i++) {
+			double d = sfw_bf16_to_f32(o1[i]) - (double)y[i];
+			e2 += d * d, r2 += (double)y[i] * y[i];
+			md = fabs(d) > md || isnan(d) ? fabs(d) : md;
+		}
+		nmse = e2 / (r2 > 0 ? r2 : 1);
+		printf("  fused rmsnorm_gate %dx%d vs CPU twin: NMSE %.3g, max |diff| %.3g\n", rows, n, nmse, md);
+		CHECK(nmse < 1e-4 && md < 0.1, "fused rmsnorm_gate %dx%d vs the CPU twin (bf16 rounding points): NMSE %g",
+		      rows, n, nmse);
 	}
 	sfw_cuda_free(dx), sfw_cuda_free(db), sfw_cuda_free(dw), sfw_cuda_free(dy), sfw_cuda_free(dx2),
 		sfw_cuda_free(dy2);
@@ -513,6 +535,8 @@ int main(void)
 	fused_case(2, 1028);   /* n % 8 != 0: the scalar fused kernel against the scalar norm */
 	fused_case(1, 256);    /* unfused fallback shape */
 	fused_case(2048, 256); /* unfused fallback shape */
+	fused_case(1100, 4096); /* prefill rows: the warp forms */
+	fused_case(1024, 1032);
 	const char *g = check_golden_dir();
 	if (g) {
 		const char *cases[] = {"tiny-dense", "tiny-sparse", "tiny-cross"};
