@@ -40,13 +40,15 @@ template <> __device__ __forceinline__ float act_round<uint16_t>(float v)
 }
 
 /* NeoX RoPE's rotation of the pair (x0, x1) by the angle of cosine c and
- * sine s, in the CPU twin's expression with every product and sum rounded
- * on its own (_rn: no contraction into an FMA), so that every kernel that
- * rotates gives the same bits (rope_kernel, the fused q/k norm + RoPE). */
+ * sine s: y0 = x0 c - x1 s, y1 = x1 c + x0 s, each as one FMA over the
+ * rounded product of x1 (the contraction nvcc chose for rope_kernel's
+ * plain expression, so the engine's bits stay what they were), spelled
+ * with _rn intrinsics so that no kernel that rotates can be contracted
+ * another way: rope_kernel and the fused q/k norm + RoPE give equal bits. */
 static __device__ __forceinline__ void sfwc_rope_rot(float x0, float x1, float c, float s, float &y0, float &y1)
 {
-	y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-	y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+	y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+	y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
 }
 
 /* 8 consecutive activations as raw bits: one 16-byte load in bf16, two in

@@ -731,7 +731,13 @@ static void t_stage1_pool_case(int T, int64_t L, int nh, int nkv, int hd, int in
 		CHECK(!ran, "%s: f32 activations taken by the bf16 tensor-core kernel", name);
 	} else {
 		CHECK(ran, "%s: the pooling stage 1 declined a bf16 prefill call", name);
+		/* the same scoring kernel: below 64 rows auto mode would score
+		 * with the CUDA-core kernel, whose sums may round to other bf16
+		 * values (both are held to the CPU twin by the stage1 cases) */
+		const int keep = g_cx->stage1;
+		g_cx->stage1 = 2;
 		sfw_cuda_stage1(ds, dq, d1, d2, &sh, pg, &rr, g_dt, g_cx);
+		g_cx->stage1 = keep;
 		sfw_cuda_pool_blocks(dp0, ds, &sh, &rr, g_dt, g_cx);
 		float *g0 = down_f32(dp0, np), *g1 = down_f32(dp1, np);
 		size_t diff = 0;
