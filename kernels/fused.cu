@@ -1,7 +1,8 @@
 /* fused.cu - CUDA fused ops (CPU twins: kernels/fused.c). Each computes
  * exactly what the unfused kernels compute, with the same rounding points
  * and the same reduction order, so fused and unfused results are equal bit
- * for bit; the gain is launches (decode runs ~600 small kernels a token). */
+ * for bit; the gain is launches (decode runs ~600 small kernels a token)
+ * and, for prefill rows, passes over memory. */
 #include "cuda_act.cuh"
 
 extern "C" {
@@ -29,6 +30,29 @@ static __global__ void add_rmsnorm_kernel(T *y, T *x, const T *b, float scale, c
 	ss = sfwc_block_sum(ss, red);
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
 	rms_store(yr, xr, w, wdt, n, inv, threadIdx.x, blockDim.x);
+}
+
+/* x += round(scale*b) over the 8-element vectors v = first, first + step,
+ * ... of a bf16 row (ew8's add_scaled), the rounded sums stored; returns
+ * the sum of their squares in rms_sumsq_vec8's order. */
+static __device__ __forceinline__ float add_sumsq_vec8(uint4 *xr, const uint4 *br, float scale, int n, int first,
+							int step)
+{
+	float ss = 0;
+	for (int v = first; v < n / 8; v += step) {
+		float fx[8], fb[8];
+		sfwc_unpack8(xr[v], fx);
+		sfwc_unpack8(br[v], fb);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			fx[e] = sfwc_rbf(fx[e] + sfwc_rbf(scale * fb[e]));
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ss = fmaf(fx[e], fx[e], ss);
+		xr[v] = make_uint4(sfwc_pack2(fx[0], fx[1]), sfwc_pack2(fx[2], fx[3]), sfwc_pack2(fx[4], fx[5]),
+				   sfwc_pack2(fx[6], fx[7]));
+	}
+	return ss;
 }
 
 /* bf16, 8-wide: the vectors of rmsnorm_block_kernel's VEC form, in its
@@ -67,20 +91,7 @@ static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const ui
 		rms_store_regs(y + (size_t)blockIdx.x * n, R, 1.0f / sqrtf(ss / (float)n + eps), n / 8);
 		return;
 	}
-	for (int v = threadIdx.x; v < n / 8; v += blockDim.x) {
-		float fx[8], fb[8];
-		sfwc_unpack8(xr[v], fx);
-		sfwc_unpack8(br[v], fb);
-#pragma unroll
-		for (int e = 0; e < 8; e++)
-			fx[e] = sfwc_rbf(fx[e] + sfwc_rbf(scale * fb[e]));
-#pragma unroll
-		for (int e = 0; e < 8; e++)
-			ss = fmaf(fx[e], fx[e], ss);
-		xr[v] = make_uint4(sfwc_pack2(fx[0], fx[1]), sfwc_pack2(fx[2], fx[3]), sfwc_pack2(fx[4], fx[5]),
-				   sfwc_pack2(fx[6], fx[7]));
-	}
-	ss = sfwc_block_sum(ss, red);
+	ss = sfwc_block_sum(add_sumsq_vec8(xr, br, scale, n, threadIdx.x, blockDim.x), red);
 	float inv = 1.0f / sqrtf(ss / (float)n + eps);
 	rms_store_vec8(y + (size_t)blockIdx.x * n, x + (size_t)blockIdx.x * n, w, wdt, n, inv, threadIdx.x, blockDim.x);
 }
@@ -101,21 +112,7 @@ static __global__ void add_rmsnorm_warp_kernel(uint16_t *y, uint16_t *x, const u
 		return;
 	uint4 *xr = (uint4 *)(x + (size_t)r * n);
 	const uint4 *br = (const uint4 *)(b + (size_t)r * n);
-	float ss = 0;
-	for (int v = lane; v < n / 8; v += 32) {
-		float fx[8], fb[8];
-		sfwc_unpack8(xr[v], fx);
-		sfwc_unpack8(br[v], fb);
-#pragma unroll
-		for (int e = 0; e < 8; e++)
-			fx[e] = sfwc_rbf(fx[e] + sfwc_rbf(scale * fb[e]));
-#pragma unroll
-		for (int e = 0; e < 8; e++)
-			ss = fmaf(fx[e], fx[e], ss);
-		xr[v] = make_uint4(sfwc_pack2(fx[0], fx[1]), sfwc_pack2(fx[2], fx[3]), sfwc_pack2(fx[4], fx[5]),
-				   sfwc_pack2(fx[6], fx[7]));
-	}
-	ss = sfwc_warp_sum(ss);
+	const float ss = sfwc_warp_sum(add_sumsq_vec8(xr, br, scale, n, lane, 32));
 	const float inv = 1.0f / sqrtf(ss / (float)n + eps);
 	rms_store_vec8(y + (size_t)r * n, x + (size_t)r * n, w, wdt, n, inv, lane, 32);
 }
