@@ -364,7 +364,7 @@ static __device__ __forceinline__ void s1t_pass(s1t_warp<HD> &s, const s1tc_args
 }
 
 #ifndef S1T_MINB
-#define S1T_MINB 2 /* CTAs an SM: 248 registers; at 3, ptxas spills and moves the MMAs behind the exponentials */
+#define S1T_MINB 2 /* CTAs an SM: 246-249 registers, no spills (at 3: 168 registers, and the pooling form spills) */
 #endif
 
 template <int HD, bool POOL>
