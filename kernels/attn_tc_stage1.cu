@@ -308,7 +308,7 @@ template <int HD> struct s1t_warp {
  * tensor pipe and the SFU work at once (the level and fullness are the
  * template's, not tests in the loop). */
 template <int HD, bool L2, bool FULL, bool POOL>
-static __device__ __forceinline__ void s1t_tile(s1t_warp<HD> &s, const uint16_t *Ks, int j0, int n1, int nblocks,
+static __device__ __forceinline__ void s1t_tile(s1t_warp<HD> &s, const uint16_t *Ks, int j0, int nblocks,
 						const s1tc_args &a, int lane)
 {
 	const int gid = lane >> 2, tq = lane & 3;
@@ -322,8 +322,8 @@ static __device__ __forceinline__ void s1t_tile(s1t_warp<HD> &s, const uint16_t 
 		if (L2) {
 			s1t_level2<FULL>(d[mt & 1], s.m, s.l, jA, s.v2, a.scale_log2);
 		} else {
-			const float v = s1t_level1<FULL, POOL>(d[mt & 1], s.lse, s.out, s.active, n1, jA, s.v1,
-								a.scale_log2, tq);
+			const float v = s1t_level1<FULL, POOL>(d[mt & 1], s.lse, s.out, s.active, (int)a.n1, jA,
+								s.v1, a.scale_log2, tq);
 			if (POOL)
 				s1t_pool(v, s.last, s.out, s.active, s.qblk, j0 + 16 * mt, nblocks, a.init_blocks,
 					 a.local_blocks, gid, tq);
@@ -337,8 +337,8 @@ static __device__ __forceinline__ void s1t_tile(s1t_warp<HD> &s, const uint16_t 
 template <int HD, bool L2, bool POOL>
 static __device__ __forceinline__ void s1t_pass(s1t_warp<HD> &s, const s1tc_args &a,
 						uint16_t (*tile)[S1T_TILE * (HD + 8)], s1t_rows<HD> &wn, int i0,
-						int i1, int N, int nA, int64_t v1max, int64_t v2max, int vmin, int n1,
-						int nblocks, int g, int lane)
+						int i1, int N, int nA, int64_t v1max, int64_t v2max, int vmin, int nblocks,
+						int g, int lane)
 {
 	const bool any = s.active[0]; /* token 0 of the warp is the first: none active without it */
 	for (int i = i0; i < i1; i++) {
@@ -355,9 +355,9 @@ static __device__ __forceinline__ void s1t_pass(s1t_warp<HD> &s, const s1tc_args
 		if (any) {
 			const int j0 = (L2 ? i : i - nA) * S1T_TILE;
 			if (j0 + S1T_TILE <= vmin) /* the warp's tokens all see the whole tile */
-				s1t_tile<HD, L2, true, POOL>(s, tile[st], j0, n1, nblocks, a, lane);
+				s1t_tile<HD, L2, true, POOL>(s, tile[st], j0, nblocks, a, lane);
 			else
-				s1t_tile<HD, L2, false, POOL>(s, tile[st], j0, n1, nblocks, a, lane);
+				s1t_tile<HD, L2, false, POOL>(s, tile[st], j0, nblocks, a, lane);
 		}
 		__syncthreads(); /* stage st is free for the load two steps on */
 	}
@@ -420,9 +420,9 @@ static __global__ void __launch_bounds__(S1T_W * 32, S1T_MINB) stage1_tc_kernel(
 	}
 	/* level 2 (the LSE's max and sum), the LSE, then level 1: two loops,
 	 * so that the running max and sum are dead in the second */
-	s1t_pass<HD, true, POOL>(s, a, tile, wn, 0, nA, N, nA, v1max, v2max, v2min, n1, nblocks, g, lane);
+	s1t_pass<HD, true, POOL>(s, a, tile, wn, 0, nA, N, nA, v1max, v2max, v2min, nblocks, g, lane);
 	s1t_lse(s.m, s.l, s.lse, G, tq);
-	s1t_pass<HD, false, POOL>(s, a, tile, wn, nA, N, N, nA, v1max, v2max, v1min, n1, nblocks, g, lane);
+	s1t_pass<HD, false, POOL>(s, a, tile, wn, nA, N, N, nA, v1max, v2max, v1min, nblocks, g, lane);
 	if constexpr (POOL) {
 		/* the blocks past the tiles: their chunks below n1 are beyond every
 		 * row's visible ones (score 0); block 16 nB's first chunk is the

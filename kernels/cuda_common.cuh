@@ -125,6 +125,12 @@ static __device__ __forceinline__ uint32_t sfwc_pack2(float a, float b)
 	return (uint32_t)sfwc_tobf(a) | ((uint32_t)sfwc_tobf(b) << 16);
 }
 
+/* 8 floats to 8 bf16 values (one 16-byte vector), each rounded. */
+static __device__ __forceinline__ uint4 sfwc_pack8(const float f[8])
+{
+	return make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]), sfwc_pack2(f[4], f[5]), sfwc_pack2(f[6], f[7]));
+}
+
 /* ---- fp8 E4M3 codes (kernels/ops.h, "the fp8 KV cache") ----
  * The fast exact decode: two codes to two fp16 halves, then float. sm_89+
  * converts in one instruction (cvt.rn.f16x2.e4m3x2, the codes' values).

@@ -49,8 +49,7 @@ static __device__ __forceinline__ float add_sumsq_vec8(uint4 *xr, const uint4 *b
 #pragma unroll
 		for (int e = 0; e < 8; e++)
 			ss = fmaf(fx[e], fx[e], ss);
-		xr[v] = make_uint4(sfwc_pack2(fx[0], fx[1]), sfwc_pack2(fx[2], fx[3]), sfwc_pack2(fx[4], fx[5]),
-				   sfwc_pack2(fx[6], fx[7]));
+		xr[v] = sfwc_pack8(fx);
 	}
 	return ss;
 }
@@ -84,8 +83,7 @@ static __global__ void add_rmsnorm_vec_kernel(uint16_t *y, uint16_t *x, const ui
 #pragma unroll
 			for (int e = 0; e < 8; e++)
 				ss = fmaf(R.x[c][e], R.x[c][e], ss);
-			xr[v] = make_uint4(sfwc_pack2(R.x[c][0], R.x[c][1]), sfwc_pack2(R.x[c][2], R.x[c][3]),
-					   sfwc_pack2(R.x[c][4], R.x[c][5]), sfwc_pack2(R.x[c][6], R.x[c][7]));
+			xr[v] = sfwc_pack8(R.x[c]);
 		}
 		ss = sfwc_block_sum(ss, red);
 		rms_store_regs(y + (size_t)blockIdx.x * n, R, 1.0f / sqrtf(ss / (float)n + eps), n / 8);
@@ -156,6 +154,19 @@ extern "C" void sfw_op_add_rmsnorm_cuda(void *y, void *x, const void *b, float s
 	SFW_CUDA_LAUNCHED();
 }
 
+/* The gated norm of one 8-element vector: rmsnorm's stored value (x inv
+ * rounded, times the weight, rounded) times ew8's rounded sigmoid of the
+ * gate z, packed (the bits of rmsnorm followed by sigmoid_mul). */
+static __device__ __forceinline__ uint4 rms_gate8(const float x[8], float inv, const float w[8], uint4 z)
+{
+	float f[8], fz[8];
+	sfwc_unpack8(z, fz);
+#pragma unroll
+	for (int e = 0; e < 8; e++)
+		f[e] = sfwc_rbf(sfwc_rbf(x[e] * inv) * w[e]) * sfwc_rbf(1.0f / (1.0f + expf(-fz[e])));
+	return sfwc_pack8(f);
+}
+
 /* rmsnorm_block_kernel's VEC arithmetic on the row held in registers
  * (rms_regs), then ew8's sigmoid gate on the values rmsnorm stores (bf16):
  * equal bits to sfw_op_rmsnorm_cuda followed by sfw_op_sigmoid_mul_cuda.
@@ -181,13 +192,7 @@ static __global__ void rmsnorm_gate_kernel(uint16_t *y, const uint16_t *x, const
 		int v = threadIdx.x + c * blockDim.x;
 		if (v >= n / 8)
 			break;
-		float f[8], fz[8];
-		sfwc_unpack8(zv[c], fz);
-#pragma unroll
-		for (int e = 0; e < 8; e++)
-			f[e] = sfwc_rbf(sfwc_rbf(R.x[c][e] * inv) * R.w[c][e]) * sfwc_rbf(1.0f / (1.0f + expf(-fz[e])));
-		yr[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]), sfwc_pack2(f[4], f[5]),
-				   sfwc_pack2(f[6], f[7]));
+		yr[v] = rms_gate8(R.x[c], inv, R.w[c], zv[c]);
 	}
 }
 
@@ -208,15 +213,12 @@ static __global__ void rmsnorm_gate_warp_kernel(uint16_t *y, const uint16_t *x, 
 	const float ss = sfwc_warp_sum(rms_sumsq_vec8(xr, n, lane, 32));
 	const float inv = 1.0f / sqrtf(ss / (float)n + eps);
 	for (int v = lane; v < n / 8; v += 32) {
-		float f[8], fz[8];
+		float f[8], wv[8];
 		sfwc_unpack8(((const uint4 *)xr)[v], f);
-		sfwc_unpack8(zr[v], fz);
 #pragma unroll
 		for (int e = 0; e < 8; e++)
-			f[e] = sfwc_rbf(sfwc_rbf(f[e] * inv) * wget(w, wdt, (size_t)8 * v + e)) *
-			       sfwc_rbf(1.0f / (1.0f + expf(-fz[e])));
-		yr[v] = make_uint4(sfwc_pack2(f[0], f[1]), sfwc_pack2(f[2], f[3]), sfwc_pack2(f[4], f[5]),
-				   sfwc_pack2(f[6], f[7]));
+			wv[e] = wget(w, wdt, (size_t)8 * v + e);
+		yr[v] = rms_gate8(f, inv, wv, zr[v]);
 	}
 }
 
