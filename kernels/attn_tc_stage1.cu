@@ -132,6 +132,9 @@ static __device__ __forceinline__ void s1t_load_qb(uint32_t (&qb)[HD / 16][2][2]
 /* d[t][nt] = the C fragments of keys 16m.. of tile Ks [64][HD + 8] against
  * token t's heads of n-tile nt: c[0], c[1] = key gid, heads 8nt + 2tq, +1;
  * c[2], c[3] = key gid + 8, the same heads */
+#ifndef S1T_KSPLIT
+#define S1T_KSPLIT 0 /* 1: even and odd k-steps in two accumulators, summed at the end (-D: for measuring) */
+#endif
 template <int HD>
 static __device__ __forceinline__ void s1t_mtile(float (&d)[S1T_TOK][2][4], const uint32_t (&qb)[S1T_TOK][HD / 16][2][2],
 						 const uint16_t *Ks, int m, int lane)
@@ -142,6 +145,16 @@ static __device__ __forceinline__ void s1t_mtile(float (&d)[S1T_TOK][2][4], cons
 #pragma unroll
 		for (int nt = 0; nt < 2; nt++)
 			d[t][nt][0] = d[t][nt][1] = d[t][nt][2] = d[t][nt][3] = 0.0f;
+#if S1T_KSPLIT
+	/* twice the independent MMA chains, half as deep; the fp32 sum is
+	 * taken in another order (not the default's bits) */
+	float e[S1T_TOK][2][4];
+#pragma unroll
+	for (int t = 0; t < S1T_TOK; t++)
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+			e[t][nt][0] = e[t][nt][1] = e[t][nt][2] = e[t][nt][3] = 0.0f;
+#endif
 #pragma unroll
 	for (int kk = 0; kk < HD / 16; kk++) {
 		uint32_t ka[4];
@@ -149,9 +162,25 @@ static __device__ __forceinline__ void s1t_mtile(float (&d)[S1T_TOK][2][4], cons
 #pragma unroll
 		for (int t = 0; t < S1T_TOK; t++)
 #pragma unroll
-			for (int nt = 0; nt < 2; nt++)
+			for (int nt = 0; nt < 2; nt++) {
+#if S1T_KSPLIT
+				if (kk & 1) {
+					tc_mma(e[t][nt], ka, qb[t][kk][nt][0], qb[t][kk][nt][1]);
+					continue;
+				}
+#endif
 				tc_mma(d[t][nt], ka, qb[t][kk][nt][0], qb[t][kk][nt][1]);
+			}
 	}
+#if S1T_KSPLIT
+#pragma unroll
+	for (int t = 0; t < S1T_TOK; t++)
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				d[t][nt][i] += e[t][nt][i];
+#endif
 }
 
 /* Level 2, one m-tile (keys jA = j0 + gid and jA + 8, visible while below
