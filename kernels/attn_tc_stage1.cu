@@ -75,36 +75,54 @@ template <int HD>
 static __device__ __forceinline__ void s1t_where(const s1tc_args &a, s1t_rows<HD> &w, int i, int nA, int64_t v1max,
 						 int64_t v2max)
 {
-	constexpr int CH = HD / 8;
+	constexpr int CH = HD / 8, RSTEP = S1T_W * 32 / CH; /* a thread's rows RSTEP apart */
+	static_assert(S1T_W * 32 % CH == 0, "a thread keeps its column");
 	const int level = i < nA ? 2 : 1;
-	int64_t j0 = (int64_t)(i < nA ? i : i - nA) * S1T_TILE, lim = i < nA ? v2max : v1max;
+	const int j0 = (i < nA ? i : i - nA) * S1T_TILE + (int)threadIdx.x / CH; /* the thread's first row */
+	const int lim = (int)(i < nA ? v2max : v1max);
+	if (!a.tab) {
+#pragma unroll
+		for (int k = 0; k < s1t_rows<HD>::N; k++) {
+			const int j = j0 + k * RSTEP;
+			w.blk[k] = 0, w.off[k] = j < lim ? j : -1;
+		}
+		return;
+	}
+	/* sfw_ckey_row in two parts, in 32 bits (s1t_keys_ok: every chunk's
+	 * last token is an int): chunk j's last token is e = j 2^L + c */
+	const int L = sfw_log2i(a.stride) + (level == 2 ? 2 : 0), c = (a.ksize << (level == 2 ? 2 : 0)) - 1;
+	const unsigned mask = (1u << a.shift) - 1u;
 #pragma unroll
 	for (int k = 0; k < s1t_rows<HD>::N; k++) {
-		int64_t j = j0 + (threadIdx.x + k * S1T_W * 32) / CH;
-		w.blk[k] = 0, w.off[k] = j < lim ? (int32_t)j : -1;
-		if (a.tab && j < lim) { /* sfw_ckey_row in two parts */
-			int64_t e = sfw_ckey_last(a.ksize, a.stride, level, j);
+		const int j = j0 + k * RSTEP;
+		const unsigned e = ((unsigned)j << L) + (unsigned)c;
+		w.blk[k] = 0, w.off[k] = -1;
+		if (j < lim) {
 			w.blk[k] = __ldg(&a.tab[e >> a.shift]);
-			w.off[k] = sfw_ckey_slot(a.shift, a.stride, level, e);
+			w.off[k] = (int)((e & mask) >> L);
 		}
 	}
 }
 
-/* tile i -> stage st, from the rows w says (s1t_where) */
+/* tile i -> stage st, from the rows w says (s1t_where): row blk per + off
+ * of the level's array [rows, nkv, HD], the thread's column of head g */
 template <int HD>
 static __device__ __forceinline__ void s1t_load(const s1tc_args &a, uint16_t (*tile)[S1T_TILE * (HD + 8)],
 						const s1t_rows<HD> &w, int i, int st, int nA, int g)
 {
-	constexpr int LD = HD + 8, CH = HD / 8;
-	const uint16_t *src = i < nA ? a.c2 : a.c1;
-	const int64_t per = a.tab ? sfw_ckey_per(a.shift, a.stride) : 0;
+	constexpr int LD = HD + 8, CH = HD / 8, RSTEP = S1T_W * 32 / CH; /* a thread's rows RSTEP apart */
+	const int ch = (int)threadIdx.x % CH;
+	const char *src = (const char *)((i < nA ? a.c2 : a.c1) + g * HD + ch * 8);
+	/* bytes a row and a block (both nonnegative, as blk and off of a row
+	 * that is copied: unsigned products, one IMAD.WIDE.U32 each) */
+	const unsigned rs = (unsigned)(a.nkv * HD * 2);
+	const unsigned brs = a.tab ? (unsigned)sfw_ckey_per(a.shift, a.stride) * rs : 0u;
+	uint16_t *dst = &tile[st][((int)threadIdx.x / CH) * LD + ch * 8];
 #pragma unroll
 	for (int k = 0; k < s1t_rows<HD>::N; k++) {
-		int e = threadIdx.x + k * S1T_W * 32, row = e / CH, ch = e % CH;
-		bool ok = w.off[k] >= 0;
-		int64_t r = (int64_t)w.blk[k] * per + w.off[k];
-		tc_cp16(&tile[st][row * LD + ch * 8], src + (ok ? ((size_t)r * a.nkv + g) * HD + ch * 8 : 0),
-			ok ? 16 : 0);
+		const bool ok = w.off[k] >= 0;
+		const char *p = src + (uint64_t)(unsigned)w.blk[k] * brs + (uint64_t)(unsigned)w.off[k] * rs;
+		tc_cp16(dst + k * RSTEP * LD, ok ? p : src, ok ? 16 : 0);
 	}
 	tc_cp_commit();
 }
@@ -857,6 +875,17 @@ static int s1t_shape_ok(const struct sfw_sel_shape *sh, enum sfw_dtype act, enum
 	return sh->n1 < INT_MAX - S1T_TILE && sh->n2 < INT_MAX - S1T_TILE;
 }
 
+/* The prefill kernel's paged keys (s1t_where) take a chunk's last token in
+ * 32 bits: every tile's chunks, up to a tile past the counts, end below
+ * INT_MAX (asked of contiguous keys too, so that the pooling form's
+ * answer does not depend on the pages). */
+static int s1t_keys_ok(const struct sfw_sel_shape *sh)
+{
+	return sh->stride >= 1 && sh->ksize >= 1 &&
+	       ((int64_t)sh->n1 + S1T_TILE) * sh->stride + sh->ksize < (int64_t)INT_MAX &&
+	       ((int64_t)sh->n2 + S1T_TILE) * 4 * sh->stride + 4 * (int64_t)sh->ksize < (int64_t)INT_MAX;
+}
+
 static s1tc_args s1t_args(float *out, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
 			  const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck)
 {
@@ -883,7 +912,7 @@ int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2,
 	 * takes the compressed keys as given only */
 	if (sh->T <= S1D_MAXT)
 		return stage1_tc_rows(scores, q, c1, c2, sh, rr, ck, cx);
-	if ((mode == TC_AUTO && sh->T < 64) || rr->c1 || ck->ptab)
+	if ((mode == TC_AUTO && sh->T < 64) || rr->c1 || ck->ptab || !s1t_keys_ok(sh))
 		return 0;
 	s1t_launch<false>(s1t_args(scores, q, c1, c2, sh, rr, ck), sh->hd, cx);
 	return 1;
@@ -915,7 +944,7 @@ int sfwi_stage1_tc_pools(const struct sfw_sel_shape *sh, enum sfw_dtype act, con
 	 * chunks of a stride, chunks of two (s1t_pool) */
 	if (!(s1t_shape_ok(sh, act, tc_mode_of(cx->stage1)) && sh->T > S1D_MAXT && sh->stride >= 2 &&
 	      sh->ksize == 2 * sh->stride && sh->block == 4 * sh->stride && sh->nblocks >= 1 &&
-	      sh->nblocks <= INT_MAX / sh->block && sh->init_blocks >= 0 && sh->local_blocks >= 0))
+	      sh->nblocks <= INT_MAX / sh->block && sh->init_blocks >= 0 && sh->local_blocks >= 0 && s1t_keys_ok(sh)))
 		return 0;
 	/* the rows one wave of CTAs holds: each CTA takes S1T_R rows of a group */
 	return s1t_pool_fit(sh->hd) * sfwi_cuda_sms(cx) * S1T_R / sh->nkv;
