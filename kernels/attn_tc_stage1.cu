@@ -147,12 +147,13 @@ static __device__ __forceinline__ void s1t_load_qb(uint32_t (&qb)[HD / 16][2][2]
 		}
 }
 
-/* d[t][nt] = the C fragments of keys 16m.. of tile Ks [64][HD + 8] against
- * token t's heads of n-tile nt: c[0], c[1] = key gid, heads 8nt + 2tq, +1;
- * c[2], c[3] = key gid + 8, the same heads */
 #ifndef S1T_KSPLIT
 #define S1T_KSPLIT 0 /* 1: even and odd k-steps in two accumulators, summed at the end (-D: for measuring) */
 #endif
+
+/* d[t][nt] = the C fragments of keys 16m.. of tile Ks [64][HD + 8] against
+ * token t's heads of n-tile nt: c[0], c[1] = key gid, heads 8nt + 2tq, +1;
+ * c[2], c[3] = key gid + 8, the same heads */
 template <int HD>
 static __device__ __forceinline__ void s1t_mtile(float (&d)[S1T_TOK][2][4], const uint32_t (&qb)[S1T_TOK][HD / 16][2][2],
 						 const uint16_t *Ks, int m, int lane)
