@@ -412,7 +412,7 @@ static __device__ __forceinline__ void s1t_pass(s1t_warp<HD> &s, const s1tc_args
 }
 
 #ifndef S1T_MINB
-#define S1T_MINB 2 /* CTAs an SM: 246-249 registers, no spills (at 3: 168 registers, and the pooling form spills) */
+#define S1T_MINB 3 /* CTAs an SM: 168 registers (the pooling form spills 124 bytes, yet is the fastest: docs/performance.md §5.16) */
 #endif
 
 template <int HD, bool POOL>
