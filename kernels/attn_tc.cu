@@ -136,20 +136,6 @@ static __device__ __forceinline__ void atc_load(const atc_args &a, uint16_t *kvs
 #pragma unroll
 	for (int h = 0; h < 2; h++)
 		off[h] = ((size_t)base[h] * a.nkv + g) * HD + ch * 8 + (size_t)r0 * stride;
-	if (last >= ATC_BLK - 1) {
-		/* the whole tile (every block but the CTA's last): no row tests,
-		 * and each half's rows a fixed step apart from two pointers */
-		const uint16_t *kp[2] = {a.kc + off[0], a.kc + off[1]}, *vp[2] = {a.vc + off[0], a.vc + off[1]};
-		const size_t step = (size_t)RS * stride;
-#pragma unroll
-		for (int k = 0; k < ATC_BLK / RS; k++) {
-			const int row = r0 + k * RS, h = k * RS / 32, i = k * RS % 32 / RS;
-			tc_cp16(dst + row * LD + ch * 8, kp[h] + i * step, 16);
-			tc_cp16(dst + TILE + row * LD + ch * 8, vp[h] + i * step, 16);
-		}
-		tc_cp_commit();
-		return;
-	}
 #pragma unroll
 	for (int k = 0; k < ATC_BLK / RS; k++) {
 		const int row = r0 + k * RS;
