@@ -222,23 +222,22 @@ static __device__ __forceinline__ void atc_fetch(const atc_args &a, uint16_t *kv
 }
 
 /* one tile's scores s (keys kb..kb+63): scale, causal mask (key kb + c
- * visible while c <= last = p - kb; FULL: last >= 63, no key masked, and
- * the tests are left out: every tile but a row's diagonal one), then the
- * online softmax update of rows gid (lo) and gid + 8 (hi): the running
- * maxima m, the per-lane partial sums l and O rescaled, s turned into P =
- * exp2(s - max) */
-template <int HD, bool FULL>
+ * visible while c <= last = p - kb), then the online softmax update of rows
+ * gid (lo) and gid + 8 (hi): the running maxima m, the per-lane partial sums
+ * l and O rescaled, s turned into P = exp2(s - max) */
+template <int HD>
 static __device__ __forceinline__ void atc_softmax(float (&s)[8][4], float (&o)[HD / 8][4], float &m_lo,
 						   float &m_hi, float &l_lo, float &l_hi, int last,
 						   float scale_log2, int tq)
 {
+	const bool full = last >= ATC_BLK - 1;
 	float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
 	for (int j = 0; j < 8; j++)
 #pragma unroll
 		for (int e = 0; e < 2; e++) {
 			float x0 = s[j][e] * scale_log2, x1 = s[j][2 + e] * scale_log2;
-			if (!FULL && j * 8 + 2 * tq + e > last)
+			if (!full && j * 8 + 2 * tq + e > last)
 				x0 = x1 = -INFINITY;
 			s[j][e] = x0, s[j][2 + e] = x1;
 			mx_lo = fmaxf(mx_lo, x0), mx_hi = fmaxf(mx_hi, x1);
@@ -287,22 +286,6 @@ static __device__ __forceinline__ void atc_pv(float (&o)[HD / 8][4], const float
 	}
 }
 
-/* One block for the warp's token: S = Q Kᵀ, the softmax update, O += P V
- * (FULL: no key masked, atc_softmax) */
-template <int HD, bool FULL>
-static __device__ __forceinline__ void atc_block(const uint32_t (&qa)[HD / 16][4], const uint16_t *Ks,
-						 const uint16_t *Vs, float (&o)[HD / 8][4], float &m_lo, float &m_hi,
-						 float &l_lo, float &l_hi, int last, float scale_log2, int lane)
-{
-	float s[8][4]; /* S = Q Kᵀ: 8 n-tiles of 8 keys */
-#pragma unroll
-	for (int j = 0; j < 8; j++)
-		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-	tc_qk_tile<HD>(s, qa, Ks, lane);
-	atc_softmax<HD, FULL>(s, o, m_lo, m_hi, l_lo, l_hi, last, scale_log2, lane & 3);
-	atc_pv<HD>(o, s, Vs, lane);
-}
-
 /* the quads' row sums, then O / l as bf16 into o's rows of this token's G
  * heads (no visible key: zeros, as the CPU twin) */
 template <int HD>
@@ -341,7 +324,7 @@ template <int HD, bool KV8> static __global__ void __launch_bounds__(ATC_W * 32,
 	unsigned char *raw = smem_raw + (size_t)2 * TILE * 2; /* KV8: the raw stages */
 	int *lists = (int *)(smem_raw + atc_lists_off<HD, KV8>());
 	__shared__ int lens_s[ATC_W];
-	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, tq = lane & 3;
 	const int g = blockIdx.y, G = a.nh / a.nkv;
 	const int r0 = blockIdx.x * ATC_W, r = r0 + w;
 	const bool active = r < a.T;
@@ -387,11 +370,13 @@ template <int HD, bool KV8> static __global__ void __launch_bounds__(ATC_W * 32,
 		}
 		if ((mask0 >> w) & 1) {
 			const uint16_t *Ks = KV8 ? kvs : kvs + (size_t)st * 2 * TILE, *Vs = Ks + TILE;
-			const int last = p - b0 * ATC_BLK; /* the warp's own: a uniform branch */
-			if (last >= ATC_BLK - 1)
-				atc_block<HD, true>(qa, Ks, Vs, o, m_lo, m_hi, l_lo, l_hi, last, a.scale_log2, lane);
-			else
-				atc_block<HD, false>(qa, Ks, Vs, o, m_lo, m_hi, l_lo, l_hi, last, a.scale_log2, lane);
+			float s[8][4]; /* S = Q Kᵀ: 8 n-tiles of 8 keys */
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+			tc_qk_tile<HD>(s, qa, Ks, lane);
+			atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, p - b0 * ATC_BLK, a.scale_log2, tq);
+			atc_pv<HD>(o, s, Vs, lane);
 		}
 		__syncthreads(); /* stage st is free for the load two steps on */
 		b0 = b1, mask0 = mask1, st ^= 1;
