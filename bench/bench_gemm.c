@@ -9,6 +9,10 @@
  * (M <= 8, sfw_cuda_gemv / the logits GEMV) and cuBLASLt's heuristic answers
  * 0..7 (answer 0 is what sfw_cuda_gemm runs), each the median of 20 timed
  * calls on random data; GB/s counts the weight, input and output bytes.
+ *   bench_gemm --m 8192 [--m ...]: a prefill chunk's rows (M 65 .. 16384):
+ * the shapes prefill runs, one projection at a time (q, o_gate and a
+ * lightning part 4096 x 4096, k and v 256 x 4096, gate and up 16384 x 4096,
+ * down), the answers in TFLOP/s against the bf16 GEMM ceiling measured now.
  * Built in every build; without CUDA=1 it says so and exits 0. */
 #include "sfw.h"
 
@@ -75,14 +79,40 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_gemm: %s\n", err.msg);
 		return 1;
 	}
-	printf("device %s; LIMIT copy %.0f GB/s (measured now)\n", info.name, copy);
-	static const struct {
+	/* the largest M asked for decides the shapes and the buffers */
+	long mmax = 0;
+	for (const char *p = ms; *p;) {
+		char *e;
+		long M = strtol(p, &e, 10);
+		if (e == p || M < 1 || M > 16384) {
+			fprintf(stderr, "bench_gemm: --m: '%s' is not a list of row counts 1..16384\n", ms);
+			return 2;
+		}
+		mmax = M > mmax ? M : mmax;
+		p = *e == ',' ? e + 1 : e;
+	}
+	int prefill = mmax > 64;
+	double gemm = 0;
+	if (prefill && sfw_cuda_measure_gemm(8192, &gemm, &err) != SFW_OK) {
+		fprintf(stderr, "bench_gemm: %s\n", err.msg);
+		return 1;
+	}
+	printf("device %s; LIMIT copy %.0f GB/s", info.name, copy);
+	if (prefill)
+		printf(", LIMIT gemm %.0f TFLOP/s", gemm);
+	printf(" (measured now)\n");
+	static const struct shape {
 		const char *name;
 		int N, K, f32;
-	} shapes[] = {{"sparse q|k|v|o_gate", 8704, 4096, 0}, {"lightning q|k|v|z", 16384, 4096, 0},
-		      {"o_proj", 4096, 4096, 0},		{"gate|up", 32768, 4096, 0},
-		      {"down", 4096, 16384, 0},			{"lm_head (f32 out)", 73448, 4096, 1}};
-	size_t wmax = (size_t)73448 * 4096, xmax = (size_t)64 * 16384, ymax = (size_t)64 * 73448 * 4;
+	} dshapes[] = {{"sparse q|k|v|o_gate", 8704, 4096, 0}, {"lightning q|k|v|z", 16384, 4096, 0},
+		       {"o_proj", 4096, 4096, 0},		  {"gate|up", 32768, 4096, 0},
+		       {"down", 4096, 16384, 0},		  {"lm_head (f32 out)", 73448, 4096, 1}},
+	  pshapes[] = {{"q|o_gate|o|lightning", 4096, 4096, 0}, {"k|v (2 KV heads)", 256, 4096, 0},
+		       {"gate|up, each", 16384, 4096, 0},	  {"down", 4096, 16384, 0}};
+	const struct shape *shapes = prefill ? pshapes : dshapes;
+	size_t nshapes = prefill ? sizeof(pshapes) / sizeof(pshapes[0]) : sizeof(dshapes) / sizeof(dshapes[0]);
+	size_t wmax = (size_t)73448 * 4096, xmax = (size_t)(mmax > 64 ? mmax : 64) * 16384,
+	       ymax = prefill ? (size_t)mmax * 16384 * 2 : (size_t)64 * 73448 * 4;
 	uint16_t *W, *X;
 	void *Y;
 	if (sfw_cuda_malloc((void **)&W, wmax * 2, "bench", &err) != SFW_OK ||
@@ -94,17 +124,20 @@ int main(int argc, char **argv)
 	sfw_cuda_fill_bf16(W, wmax, 1, 0.05f, s);
 	sfw_cuda_fill_bf16(X, xmax, 2, 1.0f, s);
 	void *e0 = sfw_cuda_event_new(), *e1 = sfw_cuda_event_new();
-	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+	for (size_t si = 0; si < nshapes; si++) {
 		int N = shapes[si].N, K = shapes[si].K, f32 = shapes[si].f32;
 		for (const char *p = ms; *p;) {
 			char *e;
 			long M = strtol(p, &e, 10);
-			if (e == p || M < 1 || M > 64)
+			if (e == p)
 				break;
 			p = *e == ',' ? e + 1 : e;
+			if (prefill != (M > 64)) /* a list takes decode rows or prefill rows */
+				continue;
 			double bytes = (double)N * K * 2 + (double)M * K * 2 + (double)M * N * (f32 ? 4 : 2);
 			printf("GEMM %-20s M=%-2ld N=%-5d K=%-5d", shapes[si].name, M, N, K);
-			float best = 1e30f;
+			fflush(stdout);
+			float best = 1e30f, lt0 = 1e30f;
 			int br = -1; /* -1: the GEMV, else the cuBLASLt answer */
 			if (M <= SFW_CUDA_GEMV_MAX_M) {
 				best = time_one(b, K_GEMV, 0, X, W, Y, (int)M, N, K, f32, s, e0, e1);
@@ -115,14 +148,22 @@ int main(int argc, char **argv)
 				if (t < 0)
 					break;
 				printf("  lt%d %7.1f", r, t * 1e3);
+				if (r == 0)
+					lt0 = t;
 				if (t < best)
 					best = t, br = r;
 			}
 			char bn[8] = "gemv";
 			if (br >= 0)
 				snprintf(bn, sizeof(bn), "lt%d", br);
-			printf("  | best %s %.1f us, %.0f GB/s, %.2f of copy\n", bn, best * 1e3, bytes / (best * 1e-3) / 1e9,
-			       bytes / (best * 1e-3) / 1e9 / copy);
+			if (prefill) {
+				double tf = 2.0 * (double)M * N * K / (best * 1e-3) / 1e12;
+				printf("  | best %s %.1f us, %.0f TFLOP/s, %.2f of gemm (lt0 %.2f)\n", bn, best * 1e3, tf,
+				       tf / gemm, 2.0 * (double)M * N * K / (lt0 * 1e-3) / 1e12 / gemm);
+			} else {
+				printf("  | best %s %.1f us, %.0f GB/s, %.2f of copy\n", bn, best * 1e3,
+				       bytes / (best * 1e-3) / 1e9, bytes / (best * 1e-3) / 1e9 / copy);
+			}
 		}
 	}
 	sfw_cuda_event_free(e0);
