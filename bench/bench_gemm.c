@@ -9,7 +9,7 @@
  * (M <= 8, sfw_cuda_gemv / the logits GEMV) and cuBLASLt's heuristic answers
  * 0..7 (answer 0 is what sfw_cuda_gemm runs), each the median of 20 timed
  * calls on random data; GB/s counts the weight, input and output bytes.
- *   bench_gemm --m 8192 [--m ...]: a prefill chunk's rows (M 65 .. 16384):
+ *   bench_gemm --m 4096,8192: a prefill chunk's rows (M 65 .. 16384):
  * the shapes prefill runs, one projection at a time (q, o_gate and a
  * lightning part 4096 x 4096, k and v 256 x 4096, gate and up 16384 x 4096,
  * down), the answers in TFLOP/s against the bf16 GEMM ceiling measured now.

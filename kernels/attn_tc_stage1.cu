@@ -413,7 +413,7 @@ static __device__ __forceinline__ void s1t_pass(s1t_warp<HD> &s, const s1tc_args
 
 #ifndef S1T_MINB
 /* CTAs an SM. At 3: 168 registers, 4 bytes of spill stores (12-16 of
- * loads), and the fastest of the shapes timed on an H100 at 32K, 128K and 1M
+ * loads), and the fastest of the shapes timed on an H100 at 128K and 1M
  * (docs/performance.md §5.16). At 2: 246-249 registers, no spills. */
 #define S1T_MINB 3
 #endif
