@@ -31,6 +31,20 @@
 #define ATC_BLK 64   /* keys per tile = the sparse block size */
 #define ATC_W 4	     /* warps = query tokens per CTA */
 #define ATC_KMAX 256 /* longest block list held in shared memory */
+/* Stages of the bf16 tiles (-D, for gpu-run.sh variants). 2: block i + 1's
+ * load is issued before block i's wait, and a step takes two barriers. 3:
+ * block i + 2's load is issued after step i's barrier, into the stage step
+ * i - 1 read, and a step takes one barrier (at head size 128 the tiles fill
+ * 102 KiB: two CTAs an SM, and past sm_86's and sm_89's 99 KiB a block, where
+ * the launch declines and the CUDA-core kernel runs). The fp8 form keeps its
+ * own two raw stages. */
+#ifndef ATC_STAGES
+#define ATC_STAGES 2
+#endif
+#ifndef ATC_MINB
+#define ATC_MINB 3 /* CTAs an SM the registers allow (launch bounds): 168 registers */
+#endif
+static_assert(ATC_STAGES == 2 || ATC_STAGES == 3, "ATC_STAGES: 2 or 3");
 
 struct atc_args {
 	/* q; kc, vc bf16, or (the kernel's KV8) the fp8 form's arrays, read as bytes */
@@ -45,9 +59,9 @@ struct atc_args {
 	int shift;
 };
 
-/* Dynamic shared memory: the K/V tiles [stage][K, V][64][HD + 8] bf16 (the
- * fp8 form: one stage of them, then two raw stages of atc_raw_bytes), then
- * the block lists. */
+/* Dynamic shared memory: the K/V tiles [stage][K, V][64][HD + 8] bf16
+ * (ATC_STAGES of them; the fp8 form: one stage, then two raw stages of
+ * atc_raw_bytes), then the block lists. */
 template <int HD> static __host__ __device__ constexpr size_t atc_raw_bytes(void)
 {
 	return (size_t)2 * ATC_BLK * HD + (size_t)2 * ATC_BLK * 4; /* K, V codes [64][HD]; K, V scales [64] */
@@ -55,7 +69,7 @@ template <int HD> static __host__ __device__ constexpr size_t atc_raw_bytes(void
 template <int HD, bool KV8> static __host__ __device__ constexpr size_t atc_lists_off(void)
 {
 	return KV8 ? (size_t)2 * ATC_BLK * (HD + 8) * 2 + 2 * atc_raw_bytes<HD>()
-		   : (size_t)2 * 2 * ATC_BLK * (HD + 8) * 2;
+		   : (size_t)ATC_STAGES * 2 * ATC_BLK * (HD + 8) * 2;
 }
 template <int HD, bool KV8> static __host__ __device__ constexpr size_t atc_smem(void)
 {
@@ -286,6 +300,24 @@ static __device__ __forceinline__ void atc_pv(float (&o)[HD / 8][4], const float
 	}
 }
 
+/* one step of a warp whose row chose the block at tile Ks (its V tile
+ * follows): S = Q Kᵀ, the online softmax (last: the row's last visible key
+ * of the tile), O += P V */
+template <int HD>
+static __device__ __forceinline__ void atc_tile(const uint16_t *Ks, const uint32_t (&qa)[HD / 16][4],
+						float (&o)[HD / 8][4], float &m_lo, float &m_hi, float &l_lo,
+						float &l_hi, int last, float scale_log2, int lane, int tq)
+{
+	const uint16_t *Vs = Ks + ATC_BLK * (HD + 8);
+	float s[8][4]; /* S = Q Kᵀ: 8 n-tiles of 8 keys */
+#pragma unroll
+	for (int j = 0; j < 8; j++)
+		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+	tc_qk_tile<HD>(s, qa, Ks, lane);
+	atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, last, scale_log2, tq);
+	atc_pv<HD>(o, s, Vs, lane);
+}
+
 /* the quads' row sums, then O / l as bf16 into o's rows of this token's G
  * heads (no visible key: zeros, as the CPU twin) */
 template <int HD>
@@ -313,7 +345,7 @@ static __device__ __forceinline__ void atc_store(const atc_args &a, const float 
 	}
 }
 
-template <int HD, bool KV8> static __global__ void __launch_bounds__(ATC_W * 32, 3) attn_tc_kernel(atc_args a)
+template <int HD, bool KV8> static __global__ void __launch_bounds__(ATC_W * 32, ATC_MINB) attn_tc_kernel(atc_args a)
 {
 	sfwc_pdl_wait();
 	/* K and V tiles [64][HD + 8]: rows 16 bytes longer than HD so that the 8
@@ -353,33 +385,48 @@ template <int HD, bool KV8> static __global__ void __launch_bounds__(ATC_W * 32,
 	int b0 = atc_next(len, cur, lists, dense, &mask0), st = 0;
 	if (b0 != INT_MAX)
 		atc_fetch<HD, KV8>(a, kvs, raw, b0, 0, pmax, g);
-	while (b0 != INT_MAX) {
+	if constexpr (!KV8 && ATC_STAGES == 3) {
 		int b1 = atc_next(len, cur, lists, dense, &mask1);
-		if (b1 != INT_MAX) {
-			/* that stage was last read before the previous barrier */
-			atc_fetch<HD, KV8>(a, kvs, raw, b1, st ^ 1, pmax, g);
-			tc_cp_wait<1>();
-		} else {
-			tc_cp_wait<0>();
+		if (b1 != INT_MAX)
+			atc_load<HD>(a, kvs, b1, 1, pmax, g);
+		while (b0 != INT_MAX) {
+			/* pending: b0's load and b1's */
+			if (b1 != INT_MAX)
+				tc_cp_wait<1>();
+			else
+				tc_cp_wait<0>();
+			__syncthreads(); /* stage st landed; every warp is done with the step that read stage st - 1 */
+			unsigned mask2;
+			const int b2 = atc_next(len, cur, lists, dense, &mask2), st2 = st == 0 ? 2 : st - 1;
+			if (b2 != INT_MAX)
+				atc_load<HD>(a, kvs, b2, st2, pmax, g);
+			if ((mask0 >> w) & 1)
+				atc_tile<HD>(kvs + (size_t)st * 2 * TILE, qa, o, m_lo, m_hi, l_lo, l_hi, p - b0 * ATC_BLK,
+					     a.scale_log2, lane, tq);
+			b0 = b1, mask0 = mask1, b1 = b2, mask1 = mask2, st = st == 2 ? 0 : st + 1;
 		}
-		__syncthreads();
-		if constexpr (KV8) {
-			/* stage st landed; the tile was last read before the previous barrier */
-			atc_convert<HD>(raw + (size_t)st * atc_raw_bytes<HD>(), kvs);
+	} else {
+		while (b0 != INT_MAX) {
+			int b1 = atc_next(len, cur, lists, dense, &mask1);
+			if (b1 != INT_MAX) {
+				/* that stage was last read before the previous barrier */
+				atc_fetch<HD, KV8>(a, kvs, raw, b1, st ^ 1, pmax, g);
+				tc_cp_wait<1>();
+			} else {
+				tc_cp_wait<0>();
+			}
 			__syncthreads();
+			if constexpr (KV8) {
+				/* stage st landed; the tile was last read before the previous barrier */
+				atc_convert<HD>(raw + (size_t)st * atc_raw_bytes<HD>(), kvs);
+				__syncthreads();
+			}
+			if ((mask0 >> w) & 1)
+				atc_tile<HD>(KV8 ? kvs : kvs + (size_t)st * 2 * TILE, qa, o, m_lo, m_hi, l_lo, l_hi,
+					     p - b0 * ATC_BLK, a.scale_log2, lane, tq);
+			__syncthreads(); /* stage st is free for the load two steps on */
+			b0 = b1, mask0 = mask1, st ^= 1;
 		}
-		if ((mask0 >> w) & 1) {
-			const uint16_t *Ks = KV8 ? kvs : kvs + (size_t)st * 2 * TILE, *Vs = Ks + TILE;
-			float s[8][4]; /* S = Q Kᵀ: 8 n-tiles of 8 keys */
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-				s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-			tc_qk_tile<HD>(s, qa, Ks, lane);
-			atc_softmax<HD>(s, o, m_lo, m_hi, l_lo, l_hi, p - b0 * ATC_BLK, a.scale_log2, tq);
-			atc_pv<HD>(o, s, Vs, lane);
-		}
-		__syncthreads(); /* stage st is free for the load two steps on */
-		b0 = b1, mask0 = mask1, st ^= 1;
 	}
 	atc_store<HD>(a, o, l_lo, l_hi, active, r, g, G, lane);
 }
@@ -396,8 +443,8 @@ template <int HD, bool KV8> static int attn_tc_launch(const atc_args &a, cudaStr
 			(void)cudaGetLastError(); /* clear it: the CUDA-core kernel runs instead */
 			ready = -1;
 		} else {
-			/* three CTAs per SM (launch bounds) need the whole carveout;
-			 * a refusal only costs occupancy */
+			/* ATC_MINB CTAs an SM (launch bounds) need the whole
+			 * carveout; a refusal only costs occupancy */
 			if (cudaFuncSetAttribute(attn_tc_kernel<HD, KV8>, cudaFuncAttributePreferredSharedMemoryCarveout,
 						 100) != cudaSuccess)
 				(void)cudaGetLastError();
