@@ -19,6 +19,10 @@
  * the model's decays), which does not depend on the context, and stage 1
  * with the pooling in its kernel (stage1_pool, what the engine's prefill
  * runs before top-k).
+ * After each context a line "bits:" gives 64-bit FNV-1a hashes of what the
+ * ops made: the blocks top-k chose (from stage 1 + pooling, and from
+ * stage1_pool), and the sparse attention's output. Two builds whose hashes
+ * agree computed the same bits (gpu-run.sh variants compares them).
  * Built in every build; without CUDA=1 it says so and exits 0. */
 #include "sfw.h"
 
@@ -160,6 +164,23 @@ static float time_op(enum op op, struct bufs *b, const struct sfw_sel_shape *ss,
 	return t[3];
 }
 
+/* 64-bit FNV-1a of n bytes of device memory */
+static unsigned long long dev_hash(const void *d, size_t n, void *stream)
+{
+	unsigned char *h = malloc(n ? n : 1);
+	if (!h) {
+		fprintf(stderr, "bench_attn: out of host memory for a %zu-byte copy\n", n);
+		exit(1);
+	}
+	sfw_cuda_d2h(h, d, n, stream);
+	sfw_cuda_sync(stream);
+	unsigned long long x = 0xcbf29ce484222325ull;
+	for (size_t i = 0; i < n; i++)
+		x = (x ^ h[i]) * 0x100000001b3ull;
+	free(h);
+	return x;
+}
+
 /* How much consecutive rows' selections overlap (what a query block of W
  * rows that loads each distinct block once loads): the mean number of
  * distinct blocks in the union of W consecutive rows' lists, per KV head */
@@ -265,9 +286,18 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 	sfw_op_compress_cuda(b.c1, b.k, 1, 0, n1, &ss, NULL, SFW_DTYPE_BF16, cx);
 	sfw_op_compress_cuda(b.c2, b.k, 2, 0, n2, &ss, NULL, SFW_DTYPE_BF16, cx);
 	float t[O_N] = {0};
-	for (int op = 0; op < O_N; op++)
-		if (op_runs((enum op)op, T))
-			t[op] = time_op((enum op)op, &b, &ss, &as, cx, e0, e1);
+	size_t idx_bytes = (size_t)NKV * T * TOPK * 4;
+	unsigned long long h_sel = 0, h_attn = 0, h_sel1 = 0;
+	for (int op = 0; op < O_N; op++) {
+		if (!op_runs((enum op)op, T))
+			continue;
+		t[op] = time_op((enum op)op, &b, &ss, &as, cx, e0, e1);
+		if (op == O_TOPK)
+			h_sel = dev_hash(b.idx, idx_bytes, cx->stream);
+		else if (op == O_SPARSE)
+			h_attn = dev_hash(b.o, qb, cx->stream);
+	}
+
 	printf("ctx %7lld rows %5d |", (long long)L, T);
 	for (int op = 0; op < O_N; op++)
 		if (op_runs((enum op)op, T))
@@ -280,6 +310,14 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 	printf("\n");
 	if (T >= 64)
 		print_unions(b.idx, T, cx->stream);
+	if (op_runs(O_S1POOL, T)) { /* top-k of stage1_pool's pooled scores (the last op timed) */
+		call(O_TOPK, &b, &ss, &as, cx);
+		h_sel1 = dev_hash(b.idx, idx_bytes, cx->stream);
+	}
+	printf("    bits: selection %016llx | attn_sparse %016llx", h_sel, h_attn);
+	if (op_runs(O_S1POOL, T))
+		printf(" | selection by stage1_pool %016llx", h_sel1);
+	printf("\n");
 	fflush(stdout);
 	bufs_free(&b);
 	return 1;

@@ -647,7 +647,9 @@ EOF
 	;;
 variants)
 	# bash scripts/gpu-run.sh variants [CTX [ROWS]]: the same source compiled
-	# with other -D flags (device-prep.sh --variant), timed beside this build
+	# with other -D flags (device-prep.sh --variant), timed beside this build;
+	# each build's "bits:" lines (the ops' results hashed) are compared with
+	# this build's, so a variant that computes other bits says so
 	C=${1:-131072,1048576} R=${2:-8192}
 	ls .devlib-x/bench_attn_*.xz >/dev/null 2>&1 || { echo "variants: no .devlib-x (scripts/device-prep.sh --variant NAME FLAGS)" >&2; exit 2; }
 	rm -rf "$DEV-x" && mkdir -p "$DEV-x"
@@ -661,14 +663,28 @@ variants)
 		fi
 		names="$names $n"
 	done
+	first=1
 	for n in $names now; do
 		b=$BIN/bench_attn flags="(this build)"
 		if [ "$n" != now ]; then
 			b=$DEV-x/bench_attn_$n flags=$(cat ".devlib-x/$n.flags" 2>/dev/null)
 		fi
 		echo "== $n $flags: bench_attn --ctx $C --rows $R" | tee -a "$OUT/variants.log"
-		"$b" --ctx "$C" --rows "$R" 2>&1 | tee -a "$OUT/variants.log"
+		"$b" --ctx "$C" --rows "$R" 2>&1 | tee "$DEV-x/$n.out" | tee -a "$OUT/variants.log"
 		[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+		# the bits each op made (bench_attn's "bits:" lines), against this build's first run
+		grep '^    bits:' "$DEV-x/$n.out" >"$DEV-x/$n.bits"
+		if [ "$first" = 1 ]; then
+			cp "$DEV-x/$n.bits" "$DEV-x/ref.bits"
+			first=0
+		elif [ ! -s "$DEV-x/$n.bits" ]; then
+			echo "== $n: no bits lines (an older bench_attn)" | tee -a "$OUT/variants.log"
+		elif cmp -s "$DEV-x/$n.bits" "$DEV-x/ref.bits"; then
+			echo "== $n: the same bits as this build" | tee -a "$OUT/variants.log"
+		else
+			echo "== $n: bits differ from this build's (an op's result changed):" | tee -a "$OUT/variants.log"
+			diff "$DEV-x/ref.bits" "$DEV-x/$n.bits" | tee -a "$OUT/variants.log"
+		fi
 	done
 	exit $rc
 	;;
