@@ -49,7 +49,8 @@
 #   bash scripts/gpu-run.sh shell 'CMD'      any command with the environment set ($BIN: this build's binaries)
 # Logs go to $OUT (the folder that comes back) or .devout. The device tool
 # brings back at most 8 files: when a mode leaves more, they are packed on
-# exit into $OUT/logs.tar.gz (tar xzf it here).
+# exit into $OUT/logs.tar.gz (tar xzf it here), with what an earlier mode of
+# the same call packed there (a later file of the same name wins).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.devout}
@@ -58,7 +59,9 @@ pack_logs() {
 	local n
 	n=$(find "$OUT" -type f ! -name logs.tar.gz | wc -l)
 	[ "$n" -gt 7 ] || return 0
-	(cd "$OUT" && find . -type f ! -name logs.tar.gz -print0 | tar czf logs.tar.gz --null -T - &&
+	(cd "$OUT" && { [ ! -f logs.tar.gz ] || tar xzf logs.tar.gz --skip-old-files; } &&
+		find . -type f ! -name logs.tar.gz -print0 | tar czf logs.tar.gz.new --null -T - &&
+		mv logs.tar.gz.new logs.tar.gz &&
 		find . -mindepth 1 ! -name logs.tar.gz -delete)
 }
 trap pack_logs EXIT
