@@ -20,9 +20,10 @@
  * with the pooling in its kernel (stage1_pool, what the engine's prefill
  * runs before top-k).
  * After each context a line "bits:" gives 64-bit FNV-1a hashes of what the
- * ops made: the blocks top-k chose (from stage 1 + pooling, and from
- * stage1_pool), and the sparse attention's output. Two builds whose hashes
- * agree computed the same bits (gpu-run.sh variants compares them).
+ * ops made: a decode row's stage-1 scores, the blocks top-k chose (from
+ * stage 1 + pooling, and from stage1_pool), and the sparse attention's
+ * output. Two builds whose hashes agree computed the same bits (gpu-run.sh
+ * variants compares them).
  * Built in every build; without CUDA=1 it says so and exits 0. */
 #include "sfw.h"
 
@@ -287,12 +288,14 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 	sfw_op_compress_cuda(b.c2, b.k, 2, 0, n2, &ss, NULL, SFW_DTYPE_BF16, cx);
 	float t[O_N] = {0};
 	size_t idx_bytes = (size_t)NKV * T * TOPK * 4;
-	unsigned long long h_sel = 0, h_attn = 0, h_sel1 = 0;
+	unsigned long long h_sel = 0, h_attn = 0, h_sel1 = 0, h_s1 = 0;
 	for (int op = 0; op < O_N; op++) {
 		if (!op_runs((enum op)op, T))
 			continue;
 		t[op] = time_op((enum op)op, &b, &ss, &as, cx, e0, e1);
-		if (op == O_TOPK)
+		if (op == O_STAGE1 && T <= 16) /* a decode row's scores (a prefill chunk's are GiBs) */
+			h_s1 = dev_hash(b.scores, (size_t)NKV * T * n1 * 4, cx->stream);
+		else if (op == O_TOPK)
 			h_sel = dev_hash(b.idx, idx_bytes, cx->stream);
 		else if (op == O_SPARSE)
 			h_attn = dev_hash(b.o, qb, cx->stream);
@@ -314,7 +317,10 @@ static int run_ctx(int64_t L, int T, struct sfw_cuda_ctx *cx, void *e0, void *e1
 		call(O_TOPK, &b, &ss, &as, cx);
 		h_sel1 = dev_hash(b.idx, idx_bytes, cx->stream);
 	}
-	printf("    bits: selection %016llx | attn_sparse %016llx", h_sel, h_attn);
+	printf("    bits:");
+	if (T <= 16)
+		printf(" stage1 %016llx |", h_s1);
+	printf(" selection %016llx | attn_sparse %016llx", h_sel, h_attn);
 	if (op_runs(O_S1POOL, T))
 		printf(" | selection by stage1_pool %016llx", h_sel1);
 	printf("\n");
