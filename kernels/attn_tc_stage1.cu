@@ -147,10 +147,6 @@ static __device__ __forceinline__ void s1t_load_qb(uint32_t (&qb)[HD / 16][2][2]
 		}
 }
 
-#ifndef S1T_KSPLIT
-#define S1T_KSPLIT 0 /* 1: even and odd k-steps in two accumulators, summed at the end (-D: for measuring) */
-#endif
-
 /* d[t][nt] = the C fragments of keys 16m.. of tile Ks [64][HD + 8] against
  * token t's heads of n-tile nt: c[0], c[1] = key gid, heads 8nt + 2tq, +1;
  * c[2], c[3] = key gid + 8, the same heads */
@@ -164,16 +160,6 @@ static __device__ __forceinline__ void s1t_mtile(float (&d)[S1T_TOK][2][4], cons
 #pragma unroll
 		for (int nt = 0; nt < 2; nt++)
 			d[t][nt][0] = d[t][nt][1] = d[t][nt][2] = d[t][nt][3] = 0.0f;
-#if S1T_KSPLIT
-	/* twice the independent MMA chains, half as deep; the fp32 sum is
-	 * taken in another order (not the default's bits) */
-	float e[S1T_TOK][2][4];
-#pragma unroll
-	for (int t = 0; t < S1T_TOK; t++)
-#pragma unroll
-		for (int nt = 0; nt < 2; nt++)
-			e[t][nt][0] = e[t][nt][1] = e[t][nt][2] = e[t][nt][3] = 0.0f;
-#endif
 #pragma unroll
 	for (int kk = 0; kk < HD / 16; kk++) {
 		uint32_t ka[4];
@@ -182,24 +168,9 @@ static __device__ __forceinline__ void s1t_mtile(float (&d)[S1T_TOK][2][4], cons
 		for (int t = 0; t < S1T_TOK; t++)
 #pragma unroll
 			for (int nt = 0; nt < 2; nt++) {
-#if S1T_KSPLIT
-				if (kk & 1) {
-					tc_mma(e[t][nt], ka, qb[t][kk][nt][0], qb[t][kk][nt][1]);
-					continue;
-				}
-#endif
 				tc_mma(d[t][nt], ka, qb[t][kk][nt][0], qb[t][kk][nt][1]);
 			}
 	}
-#if S1T_KSPLIT
-#pragma unroll
-	for (int t = 0; t < S1T_TOK; t++)
-#pragma unroll
-		for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-				d[t][nt][i] += e[t][nt][i];
-#endif
 }
 
 /* Level 2, one m-tile (keys jA = j0 + gid and jA + 8, visible while below
@@ -515,9 +486,8 @@ static __global__ void __launch_bounds__(S1T_W * 32, S1T_MINB) stage1_tc_kernel(
  * row (65,536 level-1 keys) keeps every SM busy with a few steps per warp,
  * each step's loads issued before the step before is computed.
  *
- * No shared memory between lanes (S1D_STAGES below stages each lane's own
- * loads): the dot products sum over the head dimension, so any fixed
- * permutation of it may be used for both operands. Lane (gid,
+ * No shared-memory staging: the dot products sum over the head dimension,
+ * so any fixed permutation of it may be used for both operands. Lane (gid,
  * tq) loads 16 contiguous bytes of key row gid (dims 32c + 8tq .. +7) and of
  * its two query rows; of these the .x/.y words are the b[0]/b[1] (a[0]/a[2])
  * of k-step 2c and the .z/.w words those of k-step 2c + 1. A quad thus reads
@@ -526,16 +496,6 @@ static __global__ void __launch_bounds__(S1T_W * 32, S1T_MINB) stage1_tc_kernel(
 #define S1D_KEYS 32    /* keys per warp and step: 4 n-tiles */
 #define S1D_MAXSPLIT 128 /* pass A's CTAs per (row, group) */
 #define S1D_MAXT 16    /* rows a call may have */
-/* Pass B's key loads (-D, for gpu-run.sh variants). 0: the next step's keys
- * in registers (one step ahead). 2 or 3: through shared memory, each lane
- * copying (cp.async) and reading back only its own 16-byte pieces, in a
- * ring of S1D_STAGES steps, so its loads run S1D_STAGES - 1 steps ahead
- * without a barrier and without the second set of registers. At head size
- * 128 and 3 stages a CTA holds 96 KiB: the two CTAs an SM the grid asks. */
-#ifndef S1D_STAGES
-#define S1D_STAGES 0
-#endif
-static_assert(S1D_STAGES == 0 || S1D_STAGES == 2 || S1D_STAGES == 3, "S1D_STAGES: 0, 2 or 3");
 
 struct s1d_args {
 	float *scores, *part; /* part: [T*nkv][nsplit][G] of (max, sum), log2 domain */
@@ -599,34 +559,6 @@ static __device__ __forceinline__ void s1d_load(uint4 kv[4][HD / 32], const s1d_
 		for (int cc = 0; cc < HD / 32; cc++)
 			kv[n][cc] = j < lim ? *(const uint4 *)(row + 32 * cc) : make_uint4(0, 0, 0, 0);
 	}
-}
-
-/* Shared memory of pass B's ring (S1D_STAGES > 0): [stage][warp][piece][lane]
- * of 16-byte pieces, HD / 8 pieces a lane and step (s1d_load's kv[n][cc]
- * as piece n * HD / 32 + cc). */
-template <int HD> static constexpr size_t s1d_ring_bytes(void)
-{
-	return (size_t)(S1D_STAGES > 0 ? S1D_STAGES : 1) * S1D_W * (HD / 8) * 32 * 16;
-}
-
-/* s1d_load's pieces (level 1) copied into this lane's slots of one stage
- * (slot: the stage's piece 0 of this lane; pieces 32 apart), as one
- * cp.async group; keys >= lim are zero-filled. */
-template <int HD>
-static __device__ __forceinline__ void s1d_stage(uint4 *slot, const s1d_args &a, int64_t j0, int64_t lim, int g)
-{
-	const int lane = threadIdx.x & 31, gid = lane >> 2, tq = lane & 3;
-#pragma unroll
-	for (int n = 0; n < 4; n++) {
-		int64_t j = j0 + 8 * n + gid;
-		const bool ok = j < lim;
-		int64_t cr = ok ? sfw_ckey_row(a.tab, a.shift, a.ksize, a.stride, 1, j) : 0;
-		const uint16_t *row = a.c1 + ((size_t)cr * a.nkv + g) * HD + 8 * tq;
-#pragma unroll
-		for (int cc = 0; cc < HD / 32; cc++)
-			tc_cp16(slot + (n * (HD / 32) + cc) * 32, row + 32 * cc, ok ? 16 : 0);
-	}
-	tc_cp_commit();
 }
 
 /* s[n][.] = the C fragments of q · (the keys s1d_load gave). */
@@ -754,20 +686,8 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 	/* this warp's first keys and the query first: their loads run while
 	 * the splits are merged */
 	uint4 kv[4][HD / 32];
-#if S1D_STAGES > 0
-	extern __shared__ uint4 s1d_smem[];
-	uint4 *ring = s1d_smem + (size_t)w * (HD / 8) * 32 + lane; /* this lane's slots of stage 0 */
-	for (int k = 0; k < S1D_STAGES - 1; k++) {
-		const int64_t jk = j0 + (int64_t)k * step;
-		if (jk < a.n1)
-			s1d_stage<HD>(ring + (size_t)k * S1D_W * (HD / 8) * 32, a, jk, v1, g);
-		else
-			tc_cp_commit();
-	}
-#else
 	if (j0 < a.n1)
 		s1d_load<HD>(kv, a, 1, j0, v1, g);
-#endif
 	uint32_t qa[HD / 16][4];
 	s1d_qfrag<HD>(qa, a, r, g, G);
 	/* LSE_h: warp w merges heads w, w + S1D_W, ... over the splits, lane i
@@ -791,31 +711,10 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 	__syncthreads();
 	const float lse_lo = gid < G ? lse[gid] : 0.0f, lse_hi = gid + 8 < G ? lse[gid + 8] : 0.0f;
 	float *out = a.scores + ((size_t)g * a.T + r) * (size_t)a.n1;
-#if S1D_STAGES > 0
-	for (int st = 0; j0 < a.n1; j0 += step, st = st == S1D_STAGES - 1 ? 0 : st + 1) {
-		/* step j0 + (S - 1) * step into the stage the step before read
-		 * (this lane's own slots: its reads are done), then this step's */
-		{
-			const int64_t jn = j0 + (int64_t)(S1D_STAGES - 1) * step;
-			const int sn = st == 0 ? S1D_STAGES - 1 : st - 1;
-			if (jn < a.n1)
-				s1d_stage<HD>(ring + (size_t)sn * S1D_W * (HD / 8) * 32, a, jn, v1, g);
-			else
-				tc_cp_commit();
-			tc_cp_wait<S1D_STAGES - 1>();
-			const uint4 *sl = ring + (size_t)st * S1D_W * (HD / 8) * 32;
-#pragma unroll
-			for (int n = 0; n < 4; n++)
-#pragma unroll
-				for (int cc = 0; cc < HD / 32; cc++)
-					kv[n][cc] = sl[(n * (HD / 32) + cc) * 32];
-		}
-#else
 	for (; j0 < a.n1; j0 += step) {
 		uint4 nx[4][HD / 32];
 		if (j0 + step < a.n1)
 			s1d_load<HD>(nx, a, 1, j0 + step, v1, g);
-#endif
 		float s[4][4];
 		s1d_mma<HD>(s, qa, kv);
 		float cs[4][2];
@@ -845,35 +744,12 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 					if (col < a.n1)
 						out[col] = sfwc_rbf(v);
 				}
-#if S1D_STAGES == 0
 #pragma unroll
 		for (int n = 0; n < 4; n++)
 #pragma unroll
 			for (int cc = 0; cc < HD / 32; cc++)
 				kv[n][cc] = nx[n][cc];
-#endif
 	}
-}
-
-/* Pass B's ring may be launched on this device (S1D_STAGES > 0: its shared
- * memory limit raised once per device and head size; refused, the caller
- * declines and the CUDA-core kernel runs). */
-template <int HD> static bool s1d_ring_ready(void)
-{
-	if (S1D_STAGES == 0)
-		return true;
-	static int ready_dev[SFWC_MAX_DEVICES]; /* 1 raised; -1 refused */
-	int &ready = ready_dev[sfwc_device()];
-	if (!ready) {
-		if (cudaFuncSetAttribute(stage1_dec_score_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					 (int)s1d_ring_bytes<HD>()) == cudaSuccess) {
-			ready = 1;
-		} else {
-			(void)cudaGetLastError();
-			ready = -1;
-		}
-	}
-	return ready > 0;
 }
 
 /* T <= 16 rows: the keys split over many warps; c1, c2 and the table from
@@ -923,23 +799,16 @@ static int stage1_tc_rows(float *scores, const void *q, const void *c1, const vo
 	    gb((unsigned)rows, (unsigned)nb);
 	switch (hd) {
 	case 32:
-		if (!s1d_ring_ready<32>())
-			return 0;
 		sfwc_launch(stage1_dec_lse_kernel<32>, ga, dim3(S1D_W * 32), 0, s, a);
-		sfwc_launch(stage1_dec_score_kernel<32>, gb, dim3(S1D_W * 32), S1D_STAGES ? s1d_ring_bytes<32>() : 0, s, a);
+		sfwc_launch(stage1_dec_score_kernel<32>, gb, dim3(S1D_W * 32), 0, s, a);
 		break;
 	case 64:
-		if (!s1d_ring_ready<64>())
-			return 0;
 		sfwc_launch(stage1_dec_lse_kernel<64>, ga, dim3(S1D_W * 32), 0, s, a);
-		sfwc_launch(stage1_dec_score_kernel<64>, gb, dim3(S1D_W * 32), S1D_STAGES ? s1d_ring_bytes<64>() : 0, s, a);
+		sfwc_launch(stage1_dec_score_kernel<64>, gb, dim3(S1D_W * 32), 0, s, a);
 		break;
 	default:
-		if (!s1d_ring_ready<128>())
-			return 0;
 		sfwc_launch(stage1_dec_lse_kernel<128>, ga, dim3(S1D_W * 32), 0, s, a);
-		sfwc_launch(stage1_dec_score_kernel<128>, gb, dim3(S1D_W * 32), S1D_STAGES ? s1d_ring_bytes<128>() : 0, s,
-			    a);
+		sfwc_launch(stage1_dec_score_kernel<128>, gb, dim3(S1D_W * 32), 0, s, a);
 		break;
 	}
 	SFW_CUDA_LAUNCHED();
