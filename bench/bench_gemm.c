@@ -69,6 +69,21 @@ int main(int argc, char **argv)
 	for (int i = 1; i + 1 < argc; i += 2)
 		if (!strcmp(argv[i], "--m"))
 			ms = argv[i + 1];
+	/* the rows asked for, checked before the device starts; the largest
+	 * decides the shapes and the buffers */
+	long mlist[32], mmax = 0;
+	int nm = 0;
+	for (const char *p = ms; *p;) {
+		char *e;
+		long M = strtol(p, &e, 10);
+		if (e == p || M < 1 || M > 16384 || nm == 32) {
+			fprintf(stderr, "bench_gemm: --m: '%s' is not a list of at most 32 row counts 1..16384\n", ms);
+			return 2;
+		}
+		mlist[nm++] = M;
+		mmax = M > mmax ? M : mmax;
+		p = *e == ',' ? e + 1 : e;
+	}
 	struct sfw_err err = {0};
 	struct sfw_cuda_info info;
 	double copy = 0;
@@ -78,18 +93,6 @@ int main(int argc, char **argv)
 	    sfw_cuda_blas_new(&b, (size_t)32 << 20, &err) != SFW_OK || sfw_cuda_stream_new(&s, &err) != SFW_OK) {
 		fprintf(stderr, "bench_gemm: %s\n", err.msg);
 		return 1;
-	}
-	/* the largest M asked for decides the shapes and the buffers */
-	long mmax = 0;
-	for (const char *p = ms; *p;) {
-		char *e;
-		long M = strtol(p, &e, 10);
-		if (e == p || M < 1 || M > 16384) {
-			fprintf(stderr, "bench_gemm: --m: '%s' is not a list of row counts 1..16384\n", ms);
-			return 2;
-		}
-		mmax = M > mmax ? M : mmax;
-		p = *e == ',' ? e + 1 : e;
 	}
 	int prefill = mmax > 64;
 	double gemm = 0;
@@ -126,12 +129,8 @@ int main(int argc, char **argv)
 	void *e0 = sfw_cuda_event_new(), *e1 = sfw_cuda_event_new();
 	for (size_t si = 0; si < nshapes; si++) {
 		int N = shapes[si].N, K = shapes[si].K, f32 = shapes[si].f32;
-		for (const char *p = ms; *p;) {
-			char *e;
-			long M = strtol(p, &e, 10);
-			if (e == p)
-				break;
-			p = *e == ',' ? e + 1 : e;
+		for (int mi = 0; mi < nm; mi++) {
+			long M = mlist[mi];
 			if (prefill != (M > 64)) /* a list takes decode rows or prefill rows */
 				continue;
 			double bytes = (double)N * K * 2 + (double)M * K * 2 + (double)M * N * (f32 ? 4 : 2);
