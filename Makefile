@@ -106,13 +106,17 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
-# The CUDA objects depend on a stamp named after CUDA_ARCH: building for
-# other architectures rebuilds them (and so relinks what uses them).
-CUDA_ARCH_STAMP := $(BUILD)/.cuda-arch.$(subst $(eval) ,-,$(strip $(CUDA_ARCH)))
-$(CUDA_ARCH_STAMP):
-	@mkdir -p $(dir $@)
-	@rm -f $(BUILD)/.cuda-arch.*
-	@touch $@
+# The CUDA objects depend on a stamp that holds CUDA_ARCH, rewritten (so made
+# newer) whenever a build asks for other architectures: they are rebuilt (and
+# what uses them relinked). It is written while the Makefile is read, not by
+# a rule: under .SECONDARY a missing stamp made by a rule would not force the
+# objects' rebuild.
+CUDA_ARCH_STAMP := $(BUILD)/.cuda-arch
+ifeq ($(CUDA),1)
+_ := $(shell mkdir -p $(BUILD) && rm -f $(BUILD)/.cuda-arch.* && \
+	{ [ "$$(cat $(CUDA_ARCH_STAMP) 2>/dev/null)" = "$(strip $(CUDA_ARCH))" ] || \
+	  echo "$(strip $(CUDA_ARCH))" >$(CUDA_ARCH_STAMP); })
+endif
 $(BUILD)/%.cu.o: %.cu $(CUDA_ARCH_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
