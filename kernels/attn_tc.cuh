@@ -1,8 +1,8 @@
 /* attn_tc.cuh - tensor-core (sm_80+ mma.sync m16n8k16 bf16, fp32 accumulate)
  * building blocks shared by the tensor-core attention (kernels/attn_tc.cu),
- * stage-1 scoring (kernels/attn_tc_stage1.cu) and the Lightning prefill
- * (kernels/lightning.cu), and the run-time switch between the attention
- * kernels and the CUDA-core ones.
+ * stage-1 scoring (kernels/attn_tc_stage1.cu, attn_tc_stage1_dec.cu) and the
+ * Lightning prefill (kernels/lightning.cu), and the run-time switch between
+ * the attention kernels and the CUDA-core ones.
  *
  * Fragment layouts of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
  * (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"),
@@ -174,6 +174,16 @@ static inline enum tc_mode tc_mode_of(int cfg_mode)
 	return cfg_mode == 1 ? TC_SIMT : cfg_mode == 2 ? TC_FORCE : TC_AUTO;
 }
 
+/* The compressed keys (chunks of ksize tokens, stride apart, n made) that
+ * position p sees: those whose chunk ends at or before p. */
+static __device__ __forceinline__ int64_t tc_visible(int64_t p, int64_t n, int ksize, int stride)
+{
+	if (p < ksize - 1)
+		return 0;
+	int64_t v = (p - (ksize - 1)) / stride + 1;
+	return v < n ? v : n;
+}
+
 /* Where stage 1 finds paged compressed keys (sfw_ckey_row, kernels/ops.h):
  * the block table, or (ptab non-NULL) *ptab read when the kernel runs (a
  * recorded row's slot); both NULL: contiguous. */
@@ -195,6 +205,11 @@ int sfwi_attn_tc(void *o, const void *q, const struct sfw_cuda_kv *kv, const int
 int sfwi_stage1_tc(float *scores, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
 		   const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, enum sfw_dtype act,
 		   struct sfw_cuda_ctx *cx);
+/* Stage 1 of T <= S1D_MAXT decode rows (kernels/attn_tc_stage1_dec.cu):
+ * sfwi_stage1_tc's form for them, with its checks and arguments. */
+#define S1D_MAXT 16
+int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
+			const struct sfw_cuda_rowref *rr, const struct sfwi_ckpages *ck, struct sfw_cuda_ctx *cx);
 /* Stage 1 with the max-pool to blocks in the prefill kernel
  * (sfw_cuda_stage1_pool): sfwi_stage1_tc_pools says whether it takes sh
  * (0: no; else the rows one wave of its CTAs holds on this device). */
