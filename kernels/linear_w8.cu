@@ -21,6 +21,7 @@
  * the same meaning. */
 #include "cuda_act.cuh"
 #include "kernels/linear_w8_mma.h"
+#include "w8_bits.cuh"
 
 #include <cuda_fp16.h>
 
@@ -220,6 +221,93 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
 	}
 }
 
+/* The decode row (M = 1) on the tensor cores (the variant R = 301 of
+ * sfw_cuda_gemv_w8_variant, U the 64-code slices a lane keeps in flight; not
+ * yet the engine's choice, see docs/performance.md §5.18). A block takes 16
+ * rows (one m16 tile, the MMA's A operand) and W8T_KS warps split K between
+ * them; the activation row is the B operand (its n8 tile's column 0; the
+ * other columns hold copies and are never read). Per 64-code slice, lane
+ * (g, c) loads the 16 codes W[n0 + g, k0 + 16c ..] and W[n0 + g + 8, same k]
+ * (16-byte no-L1-allocate loads, the first U slices before the
+ * programmatic-launch wait) and the 16 activations of the same k; MMA step t
+ * (0..3) takes codes and activations 4t .. 4t + 3 of those 16 in the
+ * fragment positions k = 2c, 2c + 1, 2c + 8, 2c + 9 (as kernels/
+ * linear_w8_mma.cu: A and B only have to agree on the order of k). The codes
+ * become the exact bf16 values b - 128 (w8_codes4_bf: 2 instructions a code,
+ * against the CUDA-core kernel's 3 and its activations' unpacking), the MMA
+ * sums a group's products in fp32, and each group's sum is multiplied by its
+ * scale into the row's fp32 total: w = (b - 128) · scale in float32, the C
+ * twin's meaning, summed in another order. Groups are whole slices (a
+ * multiple of 64, or one per row); the warps' partial rows are added in
+ * shared memory in warp order. */
+#define W8T_KS 8
+template <int U, int SDT>
+static __global__ void __launch_bounds__(W8T_KS * 32)
+	gemv_w8_tc_kernel(const uint16_t *__restrict__ X, const uint8_t *__restrict__ C, const void *__restrict__ S,
+			  int G, int spg, uint16_t *__restrict__ Y, int K, float alpha)
+{
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+	const int n0 = blockIdx.x * 16, ns = K >> 6, per = (ns + W8T_KS - 1) / W8T_KS;
+	const int s0 = min(ns, warp * per), s1 = min(ns, s0 + per);
+	const uint4 *r0 = (const uint4 *)(C + (size_t)(n0 + g) * K) + c;
+	const uint4 *r1 = (const uint4 *)(C + (size_t)(n0 + g + 8) * K) + c;
+	const uint4 *xr = (const uint4 *)X + 2 * c;
+	const w8_bfk bk = w8_bfk_make();
+	uint4 wa[U], wb[U];
+#pragma unroll
+	for (int u = 0; u < U; u++)
+		if (s0 + u < s1)
+			wa[u] = sfwc_ld_stream(r0 + 4 * (s0 + u)), wb[u] = sfwc_ld_stream(r1 + 4 * (s0 + u));
+	sfwc_pdl_wait();
+	float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ga[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+	int gi = s0 / spg, left = spg - s0 % spg; /* this slice's group, and its slices from here */
+	for (int sb = s0; sb < s1; sb += U) {
+		uint4 na[U], nb[U];
+#pragma unroll
+		for (int u = 0; u < U; u++)
+			if (sb + U + u < s1)
+				na[u] = sfwc_ld_stream(r0 + 4 * (sb + U + u)), nb[u] = sfwc_ld_stream(r1 + 4 * (sb + U + u));
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const int sl = sb + u;
+			if (sl >= s1)
+				break;
+			const uint4 xa = __ldg(xr + 8 * sl), xb = __ldg(xr + 8 * sl + 1);
+			const uint32_t ca[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, cb[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+			const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+			for (int t = 0; t < 4; t++) {
+				uint32_t a0, a1, a2, a3;
+				w8_codes4_bf(ca[t], bk, a0, a2); /* row g: k pairs (2c, 2c + 1), (2c + 8, 2c + 9) */
+				w8_codes4_bf(cb[t], bk, a1, a3); /* row g + 8 */
+				w8_mma(ga, a0, a1, a2, a3, xv[2 * t], xv[2 * t + 1]);
+			}
+			if (--left == 0 || sl == s1 - 1) { /* the group ends here, or this warp's share */
+				const size_t o0 = (size_t)(n0 + g) * G + gi, o1 = (size_t)(n0 + g + 8) * G + gi;
+				const float sg = w8_scale<SDT>(S, o0), sg8 = w8_scale<SDT>(S, o1);
+				acc[0] = fmaf(ga[0], sg, acc[0]), acc[2] = fmaf(ga[2], sg8, acc[2]);
+				ga[0] = ga[1] = ga[2] = ga[3] = 0.0f;
+				gi++, left = spg;
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++)
+			wa[u] = na[u], wb[u] = nb[u];
+	}
+	/* column 0 (the activation row) sits in lanes c = 0: rows g (acc[0]) and g + 8 (acc[2]) */
+	__shared__ float part[W8T_KS][16];
+	if (c == 0)
+		part[warp][g] = acc[0], part[warp][g + 8] = acc[2];
+	__syncthreads();
+	if (threadIdx.x < 16) {
+		float t = part[0][threadIdx.x];
+#pragma unroll
+		for (int j = 1; j < W8T_KS; j++)
+			t += part[j][threadIdx.x];
+		w8_out(Y, (size_t)n0 + threadIdx.x, alpha * t);
+	}
+}
+
 /* Any K, group, alignment and activation type: one warp per (row, m). */
 template <typename A, typename TO>
 static __global__ void gemv_w8_scalar_kernel(const A *X, int ldx, const uint8_t *C, const void *S,
@@ -369,6 +457,26 @@ static void w8_default_variant(int N, int K, int *R, int *U)
 	*R = ks > 1 ? 200 + ks : 1, *U = 2;
 }
 
+/* The tensor-core decode row (variant 301): 16-row blocks, groups of whole
+ * 64-code slices; 0 where the shape does not fit it. */
+template <int U>
+static int launch_w8_tc(const uint16_t *X, const uint8_t *C, const void *S, enum sfw_dtype sdt, int group,
+			uint16_t *Y, int N, int K, float alpha, cudaStream_t s)
+{
+	if (N % 16 != 0 || K % 64 != 0 || group % 64 != 0 || ((uintptr_t)C & 15) || ((uintptr_t)X & 15))
+		return 0;
+	int G = (K + group - 1) / group, spg = group / 64; /* (a last group may be partial) */
+	dim3 grid((unsigned)(N / 16)), block(W8T_KS * 32);
+	if (sdt == SFW_DTYPE_F32)
+		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F32>, grid, block, 0, s, X, C, S, G, spg, Y, K, alpha);
+	else if (sdt == SFW_DTYPE_F16)
+		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F16>, grid, block, 0, s, X, C, S, G, spg, Y, K, alpha);
+	else
+		sfwc_launch(gemv_w8_tc_kernel<U, SDT_BF16>, grid, block, 0, s, X, C, S, G, spg, Y, K, alpha);
+	SFW_CUDA_LAUNCHED();
+	return 1;
+}
+
 template <typename TO>
 static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void *S, enum sfw_dtype sdt, int group,
 			TO *Y, int ldy, int M, int N, int K, int R, int U, float alpha, cudaStream_t s)
@@ -382,6 +490,14 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 		SFW_CUDA_LAUNCHED();
 		return;
 	}
+	/* 301: the tensor-core decode row (any scale type; K % 64 == 0 and
+	 * whole-slice groups, else the default below) */
+	if (R == 301 && M == 1 && sizeof(TO) == 2 &&
+	    (U == 2 ? launch_w8_tc<2>(X, C, S, sdt, group, (uint16_t *)Y, N, K, alpha, s)
+		    : launch_w8_tc<4>(X, C, S, sdt, group, (uint16_t *)Y, N, K, alpha, s)))
+		return;
+	if (R == 301)
+		R = 0, U = 0;
 	if (R == 0 && U == 0 && M == 1 && sdt == SFW_DTYPE_BF16 && sizeof(TO) == 2)
 		w8_default_variant(N, K, &R, &U);
 	if (R == 0) /* M > 1 or other scales: two rows per warp on wide matrices */

@@ -53,6 +53,7 @@
  * dequantize-then-cuBLASLt path is faster (this kernel reaches ~200
  * TFLOP/s, cuBLASLt ~850). */
 #include "cuda_common.cuh"
+#include "w8_bits.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -117,64 +118,20 @@ static __device__ __forceinline__ void w8m_dequant4(uint32_t w, float s, uint32_
 }
 
 /* The same for BF16 scales, without conversions: b - 128 as an exact bf16
- * from bit operations (the low 7 bits under the exponent of 2^7 give 128 +
- * (b & 127); minus 128 where bit 7 is set, else minus 256), then one bf16
- * multiply by the scale s2 = (s, s): the product of two 8-bit significands is
- * exact before its one rounding to nearest even, so the bits equal those of
- * w8m_dequant4. */
-/* (a & b) | c and (a & b) ^ c in one LOP3 each: with the constants in
- * registers (the "r" operands), not as immediates, of which an instruction
- * takes one (written in C, each is two LOP3s). */
-static __device__ __forceinline__ uint32_t w8m_and_or(uint32_t a, uint32_t b, uint32_t c)
-{
-	uint32_t d;
-	asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-	return d;
-}
-static __device__ __forceinline__ uint32_t w8m_and_xor(uint32_t a, uint32_t b, uint32_t c)
-{
-	uint32_t d;
-	asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-	return d;
-}
-
-/* The constants of w8m_dequant4_bf, once in registers. */
-struct w8m_bfk {
-	uint32_t m7f, c43, m80, c4380;
-};
-static __device__ __forceinline__ w8m_bfk w8m_bfk_make(void)
-{
-	w8m_bfk k;
-	/* through a volatile move, so that the compiler keeps them in registers */
-	asm volatile("mov.b32 %0, 0x007f007f;\n" : "=r"(k.m7f));
-	asm volatile("mov.b32 %0, 0x43004300;\n" : "=r"(k.c43));
-	asm volatile("mov.b32 %0, 0x00800080;\n" : "=r"(k.m80));
-	asm volatile("mov.b32 %0, 0x43804380;\n" : "=r"(k.c4380));
-	return k;
-}
-
-static __device__ __forceinline__ void w8m_dequant4_bf(uint32_t w, uint32_t s2, const w8m_bfk &k, uint32_t &lo,
+ * (w8_codes4_bf, kernels/w8_bits.cuh), then one bf16 multiply by the scale
+ * s2 = (s, s): the product of two 8-bit significands is exact before its one
+ * rounding to nearest even, so the bits equal those of w8m_dequant4. */
+static __device__ __forceinline__ void w8m_dequant4_bf(uint32_t w, uint32_t s2, const w8_bfk &k, uint32_t &lo,
 						       uint32_t &hi)
 {
-	uint32_t v0 = __byte_perm(w, 0, 0x4140), v1 = __byte_perm(w, 0, 0x4342); /* bytes to 16-bit lanes */
-	uint32_t x0 = w8m_and_or(v0, k.m7f, k.c43), c0 = w8m_and_xor(v0, k.m80, k.c4380);
-	uint32_t x1 = w8m_and_or(v1, k.m7f, k.c43), c1 = w8m_and_xor(v1, k.m80, k.c4380);
+	uint32_t u0, u1;
+	w8_codes4_bf(w, k, u0, u1);
 	__nv_bfloat162 s = *(__nv_bfloat162 *)&s2;
-	__nv_bfloat162 q0 = __hsub2(*(__nv_bfloat162 *)&x0, *(__nv_bfloat162 *)&c0);
-	__nv_bfloat162 q1 = __hsub2(*(__nv_bfloat162 *)&x1, *(__nv_bfloat162 *)&c1);
-	__nv_bfloat162 r0 = __hmul2(q0, s), r1 = __hmul2(q1, s);
+	__nv_bfloat162 r0 = __hmul2(*(__nv_bfloat162 *)&u0, s), r1 = __hmul2(*(__nv_bfloat162 *)&u1, s);
 	lo = *(uint32_t *)&r0;
 	hi = *(uint32_t *)&r1;
 }
 
-static __device__ __forceinline__ void w8m_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-					       uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-		     "{%0,%1,%2,%3};\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 static __device__ __forceinline__ uint4 w8m_lds(const void *p)
 {
@@ -368,7 +325,7 @@ static __device__ __forceinline__ void w8m_scales(const struct w8m_args &p, cons
  * = s % 2), into acc. */
 template <int TT, int WT, bool SBF>
 static __device__ __forceinline__ void w8m_step(const uint4 (&bw)[WT][2], const uint4 (&a)[TT],
-						const w8m_sc_t<SBF> (&sc)[WT][2], int s, int t, const w8m_bfk &k,
+						const w8m_sc_t<SBF> (&sc)[WT][2], int s, int t, const w8_bfk &k,
 						float (&acc)[TT][WT][4])
 {
 	uint32_t wf[WT][4]; /* A fragments: a0 a1 a2 a3 */
@@ -390,7 +347,7 @@ static __device__ __forceinline__ void w8m_step(const uint4 (&bw)[WT][2], const 
 		uint32_t b0 = t ? a[i].z : a[i].x, b1 = t ? a[i].w : a[i].y;
 #pragma unroll
 		for (int j = 0; j < WT; j++)
-			w8m_mma(acc[i][j], wf[j][0], wf[j][1], wf[j][2], wf[j][3], b0, b1);
+			w8_mma(acc[i][j], wf[j][0], wf[j][1], wf[j][2], wf[j][3], b0, b1);
 	}
 }
 
@@ -399,7 +356,7 @@ static __device__ __forceinline__ void w8m_step(const uint4 (&bw)[WT][2], const 
 template <int TT, int WT, bool SBF>
 static __device__ __forceinline__ void w8m_stage(const unsigned char *A, const unsigned char *B, int wm,
 						 int g, int c, const int (&brow)[WT][2],
-						 const w8m_sc_t<SBF> (&sc)[2][WT][2], const w8m_bfk &k,
+						 const w8m_sc_t<SBF> (&sc)[2][WT][2], const w8_bfk &k,
 						 float (&acc)[TT][WT][4])
 {
 #pragma unroll
@@ -538,7 +495,7 @@ static __global__ void __launch_bounds__(WM *WN * 32, MINB) w8m_kernel(struct w8
 	int brow[WT][2];
 	size_t srow[WT][2];
 	w8m_lane_rows<WT, BN, SILU>(p, wn, g, brow, srow);
-	const w8m_bfk bfk = w8m_bfk_make();
+	const w8_bfk bfk = w8_bfk_make();
 
 	/* acc[i][j]: activation tile i (8 rows) × weight tile j (16 rows); the
 	 * MMA's D: element e is weight row g + 8 (e / 2), activation row 2c +

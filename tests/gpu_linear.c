@@ -415,7 +415,8 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 				/* every tuning variant of the M = 1 GEMV (BF16 scales) on the same data */
 				static const int var[][2] = {{1, 2},   {1, 4},   {1, 8},   {2, 2},   {2, 4},   {2, 8},
 							     {4, 2},   {4, 4},   {101, 2}, {101, 4}, {102, 2}, {202, 2},
-							     {202, 4}, {204, 2}, {204, 4}, {208, 2}, {208, 4}};
+							     {202, 4}, {204, 2}, {204, 4}, {208, 2}, {208, 4}, {301, 2},
+							     {301, 4}};
 				for (size_t v = 0; sdt == SFW_DTYPE_BF16 && v < sizeof(var) / sizeof(var[0]); v++) {
 					sfw_op_matmul_w8_cpu(NULL, ref, xf,
 							     &(struct sfw_w8){h.codes, h.scales, sdt, span},
@@ -428,7 +429,7 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 					sfw_cuda_sync(s);
 					char name[128];
 					snprintf(name, sizeof(name), "w8 gemv variant %s%dU%d N=%d K=%d group %d",
-						 var[v][0] > 200 ? "S" : var[v][0] > 100 ? "P" : "R",
+						 var[v][0] > 300 ? "T" : var[v][0] > 200 ? "S" : var[v][0] > 100 ? "P" : "R",
 						 var[v][0] % 100, var[v][1], N, K, group);
 					w8_compare(name, ref, Y, 0, 1, N, N);
 				}
@@ -589,7 +590,8 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 	/* rows per warp 101, 102: the pipelined forms (next batch in flight);
 	 * 202, 204, 208: one row over 2, 4, 8 warps (split K, S2U2 ..) */
 	static const int variants[][2] = {{1, 2},   {1, 4},   {1, 8},   {2, 2},   {2, 4},   {4, 4},   {101, 2},
-					  {101, 4}, {202, 2}, {202, 4}, {204, 2}, {204, 4}, {208, 2}, {0, 0}};
+					  {101, 4}, {202, 2}, {202, 4}, {204, 2}, {204, 4}, {208, 2}, {301, 2},
+					  {301, 4}, {0, 0}};
 	size_t nv = sizeof(variants) / sizeof(variants[0]);
 	void *e0 = sfw_cuda_event_new(), *e1 = sfw_cuda_event_new();
 	printf("\nGEMV int8 (g128, BF16 scales), M=1: GB/s of code + scale bytes, ratio to the copy ceiling %.0f GB/s;\n"
@@ -626,7 +628,11 @@ static void bench_gemv_w8(double copy_gbps, void *s)
 			double ga = bytes / (a * 1e-3) / 1e9, gb = bytes / (b * 1e-3) / 1e9;
 			char nm[16];
 			if (variants[v][0])
-				snprintf(nm, sizeof(nm), "%s%dU%d", variants[v][0] > 200 ? "S" : variants[v][0] > 100 ? "P" : "R",
+				snprintf(nm, sizeof(nm), "%s%dU%d",
+					 variants[v][0] > 300   ? "T"
+					 : variants[v][0] > 200 ? "S"
+					 : variants[v][0] > 100 ? "P"
+								: "R",
 					 variants[v][0] % 100,
 					 variants[v][1]);
 			else
@@ -735,6 +741,64 @@ static void bench_gemm_w8(struct sfw_cuda_blas *blas, double gemm_tflops, void *
 	sfw_cuda_event_free(e0), sfw_cuda_event_free(e1);
 }
 
+/* The tensor-core decode row (sfw_cuda_gemv_w8_variant R = 301, U 2 and 4;
+ * kernels/linear_w8.cu) against the C twin, held to the GEMV's bound (its
+ * products are exact, its sums fp32): the real model's shapes (o_proj
+ * 4096 x 4096, merged gate|up 32768 x 4096, down 4096 x 16384, the 2-head K/V
+ * 256 x 4096) with g128, and odd splits: K = 2112 (33 slices over 8 warps:
+ * one warp idle, a last group of one slice at g128) at groups 64, 128 and per
+ * channel, each scale type. Shapes it does not take (group 32, K % 64) run
+ * the default kernel; those the vector loop above covers. */
+static void test_w8_tc(struct sfw_cuda_ctx *cx)
+{
+	void *s = cx->stream;
+	static const struct {
+		int N, K, group;
+	} shapes[] = {{4096, 4096, 128}, {32768, 4096, 128}, {4096, 16384, 128}, {256, 4096, 128},
+		      {64, 2112, 64},	 {64, 2112, 128},    {64, 2112, 0}};
+	static const enum sfw_dtype sdts[] = {SFW_DTYPE_BF16, SFW_DTYPE_F16, SFW_DTYPE_F32};
+	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+		for (size_t di = 0; di < sizeof(sdts) / sizeof(sdts[0]); di++) {
+			int N = shapes[si].N, K = shapes[si].K, group = shapes[si].group;
+			enum sfw_dtype sdt = sdts[di];
+			if (N > 4096 && sdt != SFW_DTYPE_BF16) /* (the widest once: the C twin's time) */
+				continue;
+			struct w8_host h;
+			w8_make(&h, N, K, group, sdt);
+			uint16_t *X = malloc((size_t)K * 2), *Y = malloc((size_t)N * 2);
+			float *xf = malloc((size_t)K * 4), *ref = malloc((size_t)N * 4);
+			rand_bf16(X, (size_t)K, 1.0f);
+			for (int i = 0; i < K; i++)
+				xf[i] = sfw_bf16_to_f32(X[i]);
+			int span = group > 0 ? group : K;
+			sfw_op_matmul_w8_cpu(NULL, ref, xf, &(struct sfw_w8){h.codes, h.scales, sdt, span},
+					     &(struct sfw_gemm_shape){1, N, K, 0, 0});
+			void *dx, *dc, *dsc, *dy;
+			struct sfw_err e = {0};
+			CHECK(sfw_cuda_malloc(&dx, (size_t)K * 2, "x", &e) == SFW_OK, "%s", e.msg);
+			CHECK(sfw_cuda_malloc(&dc, h.cbytes, "codes", &e) == SFW_OK, "%s", e.msg);
+			CHECK(sfw_cuda_malloc(&dsc, h.sbytes, "scales", &e) == SFW_OK, "%s", e.msg);
+			CHECK(sfw_cuda_malloc(&dy, (size_t)N * 2, "y", &e) == SFW_OK, "%s", e.msg);
+			sfw_cuda_h2d(dx, X, (size_t)K * 2, s);
+			sfw_cuda_h2d(dc, h.codes, h.cbytes, s);
+			sfw_cuda_h2d(dsc, h.scales, h.sbytes, s);
+			for (int u = 2; u <= 4; u += 2) {
+				sfw_cuda_memset(dy, 0xff, (size_t)N * 2, s);
+				sfw_cuda_gemv_w8_variant(dx, &(struct sfw_w8){dc, dsc, sdt, span}, dy,
+							 &(struct sfw_gemm_shape){1, N, K, K, N}, 301, u, s);
+				sfw_cuda_d2h(Y, dy, (size_t)N * 2, s);
+				sfw_cuda_sync(s);
+				char name[128];
+				snprintf(name, sizeof(name), "w8 gemv tensor cores T1U%d N=%d K=%d group %d %s", u, N, K,
+					 span, sdt_name(sdt));
+				w8_compare(name, ref, Y, 0, 1, N, N);
+			}
+			sfw_cuda_free(dx), sfw_cuda_free(dc), sfw_cuda_free(dsc), sfw_cuda_free(dy);
+			w8_free(&h);
+			free(X), free(Y), free(xf), free(ref);
+		}
+}
+
 int main(void)
 {
 	struct sfw_cuda_info info;
@@ -753,8 +817,10 @@ int main(void)
 	correctness(blas, s);
 	struct sfw_cuda_ctx *cx = NULL; /* the W8 op twins' handle and scratch, on s */
 	CHECK(sfw_cuda_ctx_new(s, &cx, &err) == SFW_OK, "%s", err.msg);
-	if (cx)
+	if (cx) {
 		correctness_w8(cx);
+		test_w8_tc(cx);
+	}
 	sfw_cuda_ctx_free(cx);
 	if (!getenv("GPU_LINEAR_QUICK")) {
 		double copy = 0, gemm = 0;
