@@ -76,6 +76,7 @@ int cli_model_params(const char *cmd, const struct cli_model_opts *o, struct sfw
 	struct sfw_backend_opts *b = &mp->be;
 	b->attn = env_tc("SALAFW_CUDA_ATTN");
 	b->stage1 = env_tc("SALAFW_CUDA_STAGE1");
+	b->w8gemv = env_tc("SALAFW_CUDA_W8GEMV");
 	b->no_graph = env_on("SALAFW_CUDA_NOGRAPH");
 	b->profile = env_on("SALAFW_CUDA_PROFILE");
 	const char *mb = getenv("SALAFW_CUDA_SELECT_MB");

@@ -685,8 +685,9 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const struct sfw_w
 				 SFW_CUDA_W8WS_BYTES, cx->stream, cx->sms))
 		return;
 	if (act == SFW_DTYPE_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
-		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0, 0,
-			    1.0f, s);
+		int tc = M == 1 && cx->w8gemv == 2; /* (variant 301; shapes it does not take run the default) */
+		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, tc ? 301 : 0,
+			    tc ? 4 : 0, 1.0f, s);
 		return;
 	}
 	if (act == SFW_DTYPE_BF16) {

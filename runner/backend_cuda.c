@@ -462,6 +462,7 @@ enum sfw_status sfw_backend_cuda_new(const struct sfw_backend_opts *o, struct sf
 	b->select_bytes = o->select_mb > 0 ? (size_t)o->select_mb << 20 : SELECT_BYTES_DEFAULT;
 	b->cx->attn = o->attn;
 	b->cx->stage1 = o->stage1;
+	b->cx->w8gemv = o->w8gemv;
 	b->cx->sms = b->info.sm_count;
 	sfw_log(SFW_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs), %.1f GiB free of %.1f GiB", b->info.name, b->info.cc_major,
 		b->info.cc_minor, b->info.sm_count, b->info.free_mem / 1073741824.0, b->info.total_mem / 1073741824.0);

@@ -793,6 +793,17 @@ static void test_w8_tc(struct sfw_cuda_ctx *cx)
 					 span, sdt_name(sdt));
 				w8_compare(name, ref, Y, 0, 1, N, N);
 			}
+			/* the engine's op with the context's switch (SALAFW_CUDA_W8GEMV=tc) */
+			cx->w8gemv = 2;
+			sfw_cuda_memset(dy, 0xff, (size_t)N * 2, s);
+			sfw_op_matmul_w8_cuda(dy, dx, &(struct sfw_w8){dc, dsc, sdt, span}, &(struct sfw_gemm_shape){1, N, K, 0, 0},
+					      SFW_DTYPE_BF16, cx);
+			cx->w8gemv = 0;
+			sfw_cuda_d2h(Y, dy, (size_t)N * 2, s);
+			sfw_cuda_sync(s);
+			char name[128];
+			snprintf(name, sizeof(name), "w8 op, w8gemv tc, N=%d K=%d group %d %s", N, K, span, sdt_name(sdt));
+			w8_compare(name, ref, Y, 0, 1, N, N);
 			sfw_cuda_free(dx), sfw_cuda_free(dc), sfw_cuda_free(dsc), sfw_cuda_free(dy);
 			w8_free(&h);
 			free(X), free(Y), free(xf), free(ref);
