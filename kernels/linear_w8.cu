@@ -222,8 +222,9 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
 }
 
 /* The decode row (M = 1) on the tensor cores (the variant R = 301 of
- * sfw_cuda_gemv_w8_variant, U the 64-code slices a lane keeps in flight; not
- * yet the engine's choice, see docs/performance.md §5.18). A block takes 16
+ * sfw_cuda_gemv_w8_variant, U the 64-code slices a lane keeps in flight; the
+ * engine's with SALAFW_CUDA_W8GEMV=tc while it is measured, docs/
+ * performance.md §5.18). A block takes 16
  * rows (one m16 tile, the MMA's A operand) and W8T_KS warps split K between
  * them; the activation row is the B operand (its n8 tile's column 0; the
  * other columns hold copies and are never read). Per 64-code slice, lane
@@ -241,70 +242,105 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
  * multiple of 64, or one per row); the warps' partial rows are added in
  * shared memory in warp order. */
 #define W8T_KS 8
-template <int U, int SDT>
+/* SILU: the merged gate|up [2N, K]; the block's tiles are gate rows n0 ..
+ * n0 + 15 and up rows N + n0 .., and it writes silu(g)·u for its 16 outputs
+ * with the roundings of gemv_w8_kernel's SILU form (g and u to bf16, silu(g)
+ * to bf16, the product on the store). */
+template <int U, int SDT, bool SILU>
 static __global__ void __launch_bounds__(W8T_KS * 32)
 	gemv_w8_tc_kernel(const uint16_t *__restrict__ X, const uint8_t *__restrict__ C, const void *__restrict__ S,
-			  int G, int spg, uint16_t *__restrict__ Y, int K, float alpha)
+			  int G, int spg, uint16_t *__restrict__ Y, int N, int K, float alpha)
 {
+	constexpr int NT = SILU ? 2 : 1; /* m16 tiles of the block */
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 	const int n0 = blockIdx.x * 16, ns = K >> 6, per = (ns + W8T_KS - 1) / W8T_KS;
 	const int s0 = min(ns, warp * per), s1 = min(ns, s0 + per);
-	const uint4 *r0 = (const uint4 *)(C + (size_t)(n0 + g) * K) + c;
-	const uint4 *r1 = (const uint4 *)(C + (size_t)(n0 + g + 8) * K) + c;
+	const uint4 *rr[NT][2];
+#pragma unroll
+	for (int j = 0; j < NT; j++)
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+			rr[j][h] = (const uint4 *)(C + (size_t)(j * N + n0 + g + 8 * h) * K) + c;
 	const uint4 *xr = (const uint4 *)X + 2 * c;
 	const w8_bfk bk = w8_bfk_make();
-	uint4 wa[U], wb[U];
+	uint4 w[U][NT][2];
 #pragma unroll
 	for (int u = 0; u < U; u++)
 		if (s0 + u < s1)
-			wa[u] = sfwc_ld_stream(r0 + 4 * (s0 + u)), wb[u] = sfwc_ld_stream(r1 + 4 * (s0 + u));
+#pragma unroll
+			for (int j = 0; j < NT; j++)
+				w[u][j][0] = sfwc_ld_stream(rr[j][0] + 4 * (s0 + u)),
+				w[u][j][1] = sfwc_ld_stream(rr[j][1] + 4 * (s0 + u));
 	sfwc_pdl_wait();
-	float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ga[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+	float acc[NT][4] = {}, ga[NT][4] = {};
 	int gi = s0 / spg, left = spg - s0 % spg; /* this slice's group, and its slices from here */
 	for (int sb = s0; sb < s1; sb += U) {
-		uint4 na[U], nb[U];
+		uint4 nx[U][NT][2];
 #pragma unroll
 		for (int u = 0; u < U; u++)
 			if (sb + U + u < s1)
-				na[u] = sfwc_ld_stream(r0 + 4 * (sb + U + u)), nb[u] = sfwc_ld_stream(r1 + 4 * (sb + U + u));
+#pragma unroll
+				for (int j = 0; j < NT; j++)
+					nx[u][j][0] = sfwc_ld_stream(rr[j][0] + 4 * (sb + U + u)),
+					nx[u][j][1] = sfwc_ld_stream(rr[j][1] + 4 * (sb + U + u));
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			const int sl = sb + u;
 			if (sl >= s1)
 				break;
 			const uint4 xa = __ldg(xr + 8 * sl), xb = __ldg(xr + 8 * sl + 1);
-			const uint32_t ca[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, cb[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
 			const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-			for (int t = 0; t < 4; t++) {
-				uint32_t a0, a1, a2, a3;
-				w8_codes4_bf(ca[t], bk, a0, a2); /* row g: k pairs (2c, 2c + 1), (2c + 8, 2c + 9) */
-				w8_codes4_bf(cb[t], bk, a1, a3); /* row g + 8 */
-				w8_mma(ga, a0, a1, a2, a3, xv[2 * t], xv[2 * t + 1]);
+			for (int j = 0; j < NT; j++) {
+				const uint4 p = w[u][j][0], q = w[u][j][1];
+				const uint32_t ca[4] = {p.x, p.y, p.z, p.w}, cb[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+				for (int t = 0; t < 4; t++) {
+					uint32_t a0, a1, a2, a3;
+					w8_codes4_bf(ca[t], bk, a0, a2); /* row g: k pairs (2c, 2c + 1), (2c + 8, 2c + 9) */
+					w8_codes4_bf(cb[t], bk, a1, a3); /* row g + 8 */
+					w8_mma(ga[j], a0, a1, a2, a3, xv[2 * t], xv[2 * t + 1]);
+				}
 			}
 			if (--left == 0 || sl == s1 - 1) { /* the group ends here, or this warp's share */
-				const size_t o0 = (size_t)(n0 + g) * G + gi, o1 = (size_t)(n0 + g + 8) * G + gi;
-				const float sg = w8_scale<SDT>(S, o0), sg8 = w8_scale<SDT>(S, o1);
-				acc[0] = fmaf(ga[0], sg, acc[0]), acc[2] = fmaf(ga[2], sg8, acc[2]);
-				ga[0] = ga[1] = ga[2] = ga[3] = 0.0f;
+#pragma unroll
+				for (int j = 0; j < NT; j++) {
+					const size_t o0 = (size_t)(j * N + n0 + g) * G + gi, o1 = o0 + (size_t)8 * G;
+					const float sg = w8_scale<SDT>(S, o0), sg8 = w8_scale<SDT>(S, o1);
+					acc[j][0] = fmaf(ga[j][0], sg, acc[j][0]), acc[j][2] = fmaf(ga[j][2], sg8, acc[j][2]);
+					ga[j][0] = ga[j][1] = ga[j][2] = ga[j][3] = 0.0f;
+				}
 				gi++, left = spg;
 			}
 		}
 #pragma unroll
 		for (int u = 0; u < U; u++)
-			wa[u] = na[u], wb[u] = nb[u];
+#pragma unroll
+			for (int j = 0; j < NT; j++)
+				w[u][j][0] = nx[u][j][0], w[u][j][1] = nx[u][j][1];
 	}
-	/* column 0 (the activation row) sits in lanes c = 0: rows g (acc[0]) and g + 8 (acc[2]) */
-	__shared__ float part[W8T_KS][16];
+	/* column 0 (the activation row) sits in lanes c = 0: rows g (acc[.][0]) and g + 8 (acc[.][2]) */
+	__shared__ float part[W8T_KS][NT][16];
 	if (c == 0)
-		part[warp][g] = acc[0], part[warp][g + 8] = acc[2];
+#pragma unroll
+		for (int j = 0; j < NT; j++)
+			part[warp][j][g] = acc[j][0], part[warp][j][g + 8] = acc[j][2];
 	__syncthreads();
 	if (threadIdx.x < 16) {
-		float t = part[0][threadIdx.x];
+		float t[NT];
 #pragma unroll
-		for (int j = 1; j < W8T_KS; j++)
-			t += part[j][threadIdx.x];
-		w8_out(Y, (size_t)n0 + threadIdx.x, alpha * t);
+		for (int j = 0; j < NT; j++) {
+			t[j] = part[0][j][threadIdx.x];
+#pragma unroll
+			for (int i = 1; i < W8T_KS; i++)
+				t[j] += part[i][j][threadIdx.x];
+		}
+		if (SILU) {
+			float gv = sfwc_rbf(alpha * t[0]), uv = sfwc_rbf(alpha * t[NT - 1]);
+			w8_out(Y, (size_t)n0 + threadIdx.x, sfwc_rbf(gv / (1.0f + expf(-gv))) * uv);
+		} else {
+			w8_out(Y, (size_t)n0 + threadIdx.x, alpha * t[0]);
+		}
 	}
 }
 
@@ -459,7 +495,7 @@ static void w8_default_variant(int N, int K, int *R, int *U)
 
 /* The tensor-core decode row (variant 301): 16-row blocks, groups of whole
  * 64-code slices; 0 where the shape does not fit it. */
-template <int U>
+template <int U, bool SILU = false>
 static int launch_w8_tc(const uint16_t *X, const uint8_t *C, const void *S, enum sfw_dtype sdt, int group,
 			uint16_t *Y, int N, int K, float alpha, cudaStream_t s)
 {
@@ -468,11 +504,11 @@ static int launch_w8_tc(const uint16_t *X, const uint8_t *C, const void *S, enum
 	int G = (K + group - 1) / group, spg = group / 64; /* (a last group may be partial) */
 	dim3 grid((unsigned)(N / 16)), block(W8T_KS * 32);
 	if (sdt == SFW_DTYPE_F32)
-		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F32>, grid, block, 0, s, X, C, S, G, spg, Y, K, alpha);
+		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F32, SILU>, grid, block, 0, s, X, C, S, G, spg, Y, N, K, alpha);
 	else if (sdt == SFW_DTYPE_F16)
-		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F16>, grid, block, 0, s, X, C, S, G, spg, Y, K, alpha);
+		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F16, SILU>, grid, block, 0, s, X, C, S, G, spg, Y, N, K, alpha);
 	else
-		sfwc_launch(gemv_w8_tc_kernel<U, SDT_BF16>, grid, block, 0, s, X, C, S, G, spg, Y, K, alpha);
+		sfwc_launch(gemv_w8_tc_kernel<U, SDT_BF16, SILU>, grid, block, 0, s, X, C, S, G, spg, Y, N, K, alpha);
 	SFW_CUDA_LAUNCHED();
 	return 1;
 }
@@ -621,6 +657,11 @@ extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const struct s
 	int group = w8_group(w->group, K);
 	if (N <= 0 || sdt != SFW_DTYPE_BF16 || !w8_vec_ok(x, K, codes, group, 1, K))
 		return 0;
+	/* SALAFW_CUDA_W8GEMV=tc: the tensor-core form (two slices in flight:
+	 * its two tiles' codes), where the shape fits it */
+	if (cx->w8gemv == 2 && launch_w8_tc<2, true>((const uint16_t *)x, codes, scales, sdt, group, (uint16_t *)y, N,
+						       K, 1.0f, SFW_CUDA_STREAM(cx->stream)))
+		return 1;
 	int blocks = (N + W8_WARPS - 1) / W8_WARPS;
 	/* U2: the unroll of the plain decode GEMV on gate|up (w8_default_variant) */
 	sfwc_launch(gemv_w8_kernel<2, 2, 1, SDT_BF16, uint16_t, false, 1, true>, dim3(blocks), dim3(W8_WARPS * 32), 0,

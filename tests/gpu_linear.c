@@ -473,6 +473,19 @@ static void correctness_w8(struct sfw_cuda_ctx *cx)
 						    ref, xf, &(struct sfw_w8){h.codes, h.scales, sdt, span},
 						    I, K);
 						w8_compare_rel(name, ref, Yf, 0, 1, I, I, 1.0 / 64, 6e-5);
+						/* the tensor-core form (SALAFW_CUDA_W8GEMV=tc; the default
+						 * kernel where the shape does not fit it): the same bound */
+						cx->w8gemv = 2;
+						sfw_cuda_memset(dy, 0xff, (size_t)I * 2, s);
+						got = sfw_op_matmul_silu_w8_cuda(dy, dx, &(struct sfw_w8){dc, dsc, sdt, span}, I,
+										 K, cx);
+						cx->w8gemv = 0;
+						sfw_cuda_d2h(Yf, dy, (size_t)I * 2, s);
+						sfw_cuda_sync(s);
+						snprintf(name, sizeof(name), "w8 gemv+silu, w8gemv tc, I=%d K=%d group %d", I, K,
+							 span);
+						CHECK(got == 1, "%s: returned %d", name, got);
+						w8_compare_rel(name, ref, Yf, 0, 1, I, I, 1.0 / 64, 6e-5);
 					}
 					sfw_cuda_free(dyu);
 					free(Yf), free(Yu);
@@ -747,8 +760,9 @@ static void bench_gemm_w8(struct sfw_cuda_blas *blas, double gemm_tflops, void *
  * 4096 x 4096, merged gate|up 32768 x 4096, down 4096 x 16384, the 2-head K/V
  * 256 x 4096) with g128, and odd splits: K = 2112 (33 slices over 8 warps:
  * one warp idle, a last group of one slice at g128) at groups 64, 128 and per
- * channel, each scale type. Shapes it does not take (group 32, K % 64) run
- * the default kernel; those the vector loop above covers. */
+ * channel, each scale type; the engine's op with SALAFW_CUDA_W8GEMV=tc's
+ * switch, and the merged gate|up's SwiGLU form. Shapes it does not take
+ * (group 32, K % 64) run the default kernel; those the loop above covers. */
 static void test_w8_tc(struct sfw_cuda_ctx *cx)
 {
 	void *s = cx->stream;
@@ -804,6 +818,22 @@ static void test_w8_tc(struct sfw_cuda_ctx *cx)
 			char name[128];
 			snprintf(name, sizeof(name), "w8 op, w8gemv tc, N=%d K=%d group %d %s", N, K, span, sdt_name(sdt));
 			w8_compare(name, ref, Y, 0, 1, N, N);
+			/* the merged gate|up's SwiGLU form on the tensor cores (BF16 scales:
+			 * the form's precondition), against the C twin's composition with
+			 * the bound of the CUDA-core form's check */
+			if (N == 32768 && sdt == SFW_DTYPE_BF16) {
+				int I = N / 2;
+				sfw_op_matmul_silu_w8_cpu(NULL, ref, xf, &(struct sfw_w8){h.codes, h.scales, sdt, span}, I, K);
+				cx->w8gemv = 2;
+				sfw_cuda_memset(dy, 0xff, (size_t)I * 2, s);
+				int got = sfw_op_matmul_silu_w8_cuda(dy, dx, &(struct sfw_w8){dc, dsc, sdt, span}, I, K, cx);
+				cx->w8gemv = 0;
+				sfw_cuda_d2h(Y, dy, (size_t)I * 2, s);
+				sfw_cuda_sync(s);
+				snprintf(name, sizeof(name), "w8 gemv+silu, w8gemv tc, I=%d K=%d group %d", I, K, span);
+				CHECK(got == 1, "%s: returned %d", name, got);
+				w8_compare_rel(name, ref, Y, 0, 1, I, I, 1.0 / 64, 6e-5);
+			}
 			sfw_cuda_free(dx), sfw_cuda_free(dc), sfw_cuda_free(dsc), sfw_cuda_free(dy);
 			w8_free(&h);
 			free(X), free(Y), free(xf), free(ref);
