@@ -221,19 +221,19 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
 	}
 }
 
-/* The decode row (M = 1) on the tensor cores (the variant R = 301 of
+/* Decode rows (M <= 8) on the tensor cores (the variant R = 301 of
  * sfw_cuda_gemv_w8_variant, U the 64-code slices a lane keeps in flight; the
  * engine's with SALAFW_CUDA_W8GEMV=tc while it is measured, docs/
- * performance.md §5.18). A block takes 16
- * rows (one m16 tile, the MMA's A operand) and W8T_KS warps split K between
- * them; the activation row is the B operand (its n8 tile's column 0; the
- * other columns hold copies and are never read). Per 64-code slice, lane
+ * performance.md §5.18). A block takes 16 rows (one m16 tile, the MMA's A
+ * operand) and W8T_KS warps split K between them; activation row m is the B operand's column m (an n8 tile: columns
+ * past M hold copies of row 0 and are never stored). Per 64-code slice, lane
  * (g, c) loads the 16 codes W[n0 + g, k0 + 16c ..] and W[n0 + g + 8, same k]
  * (16-byte no-L1-allocate loads, the first U slices before the
  * programmatic-launch wait) and the 16 activations of the same k; MMA step t
  * (0..3) takes codes and activations 4t .. 4t + 3 of those 16 in the
  * fragment positions k = 2c, 2c + 1, 2c + 8, 2c + 9 (as kernels/
- * linear_w8_mma.cu: A and B only have to agree on the order of k). The codes
+ * linear_w8_mma.cu: A and B only have to agree on the order of k); the
+ * codes are read once whatever M. The codes
  * become the exact bf16 values b - 128 (w8_codes4_bf: 2 instructions a code,
  * against the CUDA-core kernel's 3 and its activations' unpacking), the MMA
  * sums a group's products in fp32, and each group's sum is multiplied by its
@@ -248,8 +248,9 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
  * to bf16, the product on the store). */
 template <int U, int SDT, bool SILU>
 static __global__ void __launch_bounds__(W8T_KS * 32)
-	gemv_w8_tc_kernel(const uint16_t *__restrict__ X, const uint8_t *__restrict__ C, const void *__restrict__ S,
-			  int G, int spg, uint16_t *__restrict__ Y, int N, int K, float alpha)
+	gemv_w8_tc_kernel(const uint16_t *__restrict__ X, int ldx, int M, const uint8_t *__restrict__ C,
+			  const void *__restrict__ S, int G, int spg, uint16_t *__restrict__ Y, int ldy, int N, int K,
+			  float alpha)
 {
 	constexpr int NT = SILU ? 2 : 1; /* m16 tiles of the block */
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -261,7 +262,9 @@ static __global__ void __launch_bounds__(W8T_KS * 32)
 #pragma unroll
 		for (int h = 0; h < 2; h++)
 			rr[j][h] = (const uint4 *)(C + (size_t)(j * N + n0 + g + 8 * h) * K) + c;
-	const uint4 *xr = (const uint4 *)X + 2 * c;
+	/* the B operand's column g: activation row g (rows past M read row 0;
+	 * their columns are never stored) */
+	const uint4 *xr = (const uint4 *)(X + (size_t)(g < M ? g : 0) * ldx) + 2 * c;
 	const w8_bfk bk = w8_bfk_make();
 	uint4 w[U][NT][2];
 #pragma unroll
@@ -307,7 +310,8 @@ static __global__ void __launch_bounds__(W8T_KS * 32)
 				for (int j = 0; j < NT; j++) {
 					const size_t o0 = (size_t)(j * N + n0 + g) * G + gi, o1 = o0 + (size_t)8 * G;
 					const float sg = w8_scale<SDT>(S, o0), sg8 = w8_scale<SDT>(S, o1);
-					acc[j][0] = fmaf(ga[j][0], sg, acc[j][0]), acc[j][2] = fmaf(ga[j][2], sg8, acc[j][2]);
+					acc[j][0] = fmaf(ga[j][0], sg, acc[j][0]), acc[j][1] = fmaf(ga[j][1], sg, acc[j][1]);
+					acc[j][2] = fmaf(ga[j][2], sg8, acc[j][2]), acc[j][3] = fmaf(ga[j][3], sg8, acc[j][3]);
 					ga[j][0] = ga[j][1] = ga[j][2] = ga[j][3] = 0.0f;
 				}
 				gi++, left = spg;
@@ -319,27 +323,30 @@ static __global__ void __launch_bounds__(W8T_KS * 32)
 			for (int j = 0; j < NT; j++)
 				w[u][j][0] = nx[u][j][0], w[u][j][1] = nx[u][j][1];
 	}
-	/* column 0 (the activation row) sits in lanes c = 0: rows g (acc[.][0]) and g + 8 (acc[.][2]) */
-	__shared__ float part[W8T_KS][NT][16];
-	if (c == 0)
+	/* lane (g, c) holds rows g (acc[.][0, 1]) and g + 8 (acc[.][2, 3]) of
+	 * columns 2c, 2c + 1: activation rows */
+	__shared__ float part[W8T_KS][NT][16][8];
 #pragma unroll
-		for (int j = 0; j < NT; j++)
-			part[warp][j][g] = acc[j][0], part[warp][j][g + 8] = acc[j][2];
+	for (int j = 0; j < NT; j++)
+#pragma unroll
+		for (int e = 0; e < 2; e++)
+			part[warp][j][g][2 * c + e] = acc[j][e], part[warp][j][g + 8][2 * c + e] = acc[j][2 + e];
 	__syncthreads();
-	if (threadIdx.x < 16) {
+	const int r = threadIdx.x & 15, m = threadIdx.x >> 4; /* output (row n0 + r, activation row m) */
+	if (m < M) {
 		float t[NT];
 #pragma unroll
 		for (int j = 0; j < NT; j++) {
-			t[j] = part[0][j][threadIdx.x];
+			t[j] = part[0][j][r][m];
 #pragma unroll
 			for (int i = 1; i < W8T_KS; i++)
-				t[j] += part[i][j][threadIdx.x];
+				t[j] += part[i][j][r][m];
 		}
 		if (SILU) {
 			float gv = sfwc_rbf(alpha * t[0]), uv = sfwc_rbf(alpha * t[NT - 1]);
-			w8_out(Y, (size_t)n0 + threadIdx.x, sfwc_rbf(gv / (1.0f + expf(-gv))) * uv);
+			w8_out(Y, (size_t)m * ldy + n0 + r, sfwc_rbf(gv / (1.0f + expf(-gv))) * uv);
 		} else {
-			w8_out(Y, (size_t)n0 + threadIdx.x, alpha * t[0]);
+			w8_out(Y, (size_t)m * ldy + n0 + r, alpha * t[0]);
 		}
 	}
 }
@@ -496,19 +503,23 @@ static void w8_default_variant(int N, int K, int *R, int *U)
 /* The tensor-core decode row (variant 301): 16-row blocks, groups of whole
  * 64-code slices; 0 where the shape does not fit it. */
 template <int U, bool SILU = false>
-static int launch_w8_tc(const uint16_t *X, const uint8_t *C, const void *S, enum sfw_dtype sdt, int group,
-			uint16_t *Y, int N, int K, float alpha, cudaStream_t s)
+static int launch_w8_tc(const uint16_t *X, int ldx, int M, const uint8_t *C, const void *S, enum sfw_dtype sdt,
+			int group, uint16_t *Y, int ldy, int N, int K, float alpha, cudaStream_t s)
 {
-	if (N % 16 != 0 || K % 64 != 0 || group % 64 != 0 || ((uintptr_t)C & 15) || ((uintptr_t)X & 15))
+	if (M < 1 || M > 8 || (SILU && M != 1) || N % 16 != 0 || K % 64 != 0 || group % 64 != 0 ||
+	    ((uintptr_t)C & 15) || ((uintptr_t)X & 15) || (M > 1 && ldx % 8 != 0))
 		return 0;
 	int G = (K + group - 1) / group, spg = group / 64; /* (a last group may be partial) */
 	dim3 grid((unsigned)(N / 16)), block(W8T_KS * 32);
 	if (sdt == SFW_DTYPE_F32)
-		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F32, SILU>, grid, block, 0, s, X, C, S, G, spg, Y, N, K, alpha);
+		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F32, SILU>, grid, block, 0, s, X, ldx, M, C, S, G, spg, Y, ldy, N, K,
+			    alpha);
 	else if (sdt == SFW_DTYPE_F16)
-		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F16, SILU>, grid, block, 0, s, X, C, S, G, spg, Y, N, K, alpha);
+		sfwc_launch(gemv_w8_tc_kernel<U, SDT_F16, SILU>, grid, block, 0, s, X, ldx, M, C, S, G, spg, Y, ldy, N, K,
+			    alpha);
 	else
-		sfwc_launch(gemv_w8_tc_kernel<U, SDT_BF16, SILU>, grid, block, 0, s, X, C, S, G, spg, Y, N, K, alpha);
+		sfwc_launch(gemv_w8_tc_kernel<U, SDT_BF16, SILU>, grid, block, 0, s, X, ldx, M, C, S, G, spg, Y, ldy, N, K,
+			    alpha);
 	SFW_CUDA_LAUNCHED();
 	return 1;
 }
@@ -526,11 +537,11 @@ static void gemv_w8_any(const uint16_t *X, int ldx, const uint8_t *C, const void
 		SFW_CUDA_LAUNCHED();
 		return;
 	}
-	/* 301: the tensor-core decode row (any scale type; K % 64 == 0 and
-	 * whole-slice groups, else the default below) */
-	if (R == 301 && M == 1 && sizeof(TO) == 2 &&
-	    (U == 2 ? launch_w8_tc<2>(X, C, S, sdt, group, (uint16_t *)Y, N, K, alpha, s)
-		    : launch_w8_tc<4>(X, C, S, sdt, group, (uint16_t *)Y, N, K, alpha, s)))
+	/* 301: the tensor-core decode rows (M <= 8, any scale type; K % 64 == 0
+	 * and whole-slice groups, else the default below) */
+	if (R == 301 && sizeof(TO) == 2 &&
+	    (U == 2 ? launch_w8_tc<2>(X, ldx, M, C, S, sdt, group, (uint16_t *)Y, ldy, N, K, alpha, s)
+		    : launch_w8_tc<4>(X, ldx, M, C, S, sdt, group, (uint16_t *)Y, ldy, N, K, alpha, s)))
 		return;
 	if (R == 301)
 		R = 0, U = 0;
@@ -659,8 +670,8 @@ extern "C" int sfw_op_matmul_silu_w8_cuda(void *y, const void *x, const struct s
 		return 0;
 	/* SALAFW_CUDA_W8GEMV=tc: the tensor-core form (two slices in flight:
 	 * its two tiles' codes), where the shape fits it */
-	if (cx->w8gemv == 2 && launch_w8_tc<2, true>((const uint16_t *)x, codes, scales, sdt, group, (uint16_t *)y, N,
-						       K, 1.0f, SFW_CUDA_STREAM(cx->stream)))
+	if (cx->w8gemv == 2 && launch_w8_tc<2, true>((const uint16_t *)x, K, 1, codes, scales, sdt, group, (uint16_t *)y,
+						       N, N, K, 1.0f, SFW_CUDA_STREAM(cx->stream)))
 		return 1;
 	int blocks = (N + W8_WARPS - 1) / W8_WARPS;
 	/* U2: the unroll of the plain decode GEMV on gate|up (w8_default_variant) */
@@ -721,14 +732,18 @@ extern "C" void sfw_op_matmul_w8_cuda(void *y, const void *x, const struct sfw_w
 		return;
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	struct sfw_gemm_shape dense = {M, N, K, K, N};
+	/* SALAFW_CUDA_W8GEMV=tc: up to 8 rows on the tensor-core GEMV, where the shape fits it */
+	if (act == SFW_DTYPE_BF16 && cx->w8gemv == 2 && M <= 8 &&
+	    launch_w8_tc<4>((const uint16_t *)x, K, M, codes, scales, sdt, w8_group(group, K), (uint16_t *)y, N, N, K,
+			    1.0f, s))
+		return;
 	if (act == SFW_DTYPE_BF16 && w8mma_rows(M) &&
 	    sfw_cuda_gemm_w8_mma((const uint16_t *)x, w, (uint16_t *)y, &dense, 0, cx->w8ws,
 				 SFW_CUDA_W8WS_BYTES, cx->stream, cx->sms))
 		return;
 	if (act == SFW_DTYPE_BF16 && M <= SFW_CUDA_GEMV_MAX_M) {
-		int tc = M == 1 && cx->w8gemv == 2; /* (variant 301; shapes it does not take run the default) */
-		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, tc ? 301 : 0,
-			    tc ? 4 : 0, 1.0f, s);
+		gemv_w8_any((const uint16_t *)x, K, codes, scales, sdt, group, (uint16_t *)y, N, M, N, K, 0, 0,
+			    1.0f, s);
 		return;
 	}
 	if (act == SFW_DTYPE_BF16) {

@@ -385,8 +385,8 @@ struct sfw_cuda_ctx {
 	int attn;   /* attention: 0 auto (tensor cores for supported prefill-sized calls), 1 CUDA
 		     * cores only ("simt"), 2 tensor cores for every shape they support ("tc") */
 	int stage1; /* stage-1 scoring: the same three modes (auto: tensor cores for decode rows too) */
-	int w8gemv; /* an int8 decode row (M = 1, not the logits): 2 the tensor-core GEMV (kernels/linear_w8.cu,
-		     * being measured), else the CUDA-core one */
+	int w8gemv; /* int8 decode rows (M <= 8, not the logits): 2 the tensor-core GEMV (kernels/linear_w8.cu,
+		     * being measured), else the CUDA-core GEMV (M <= 2) and the tensor-core GEMM */
 	int sms;    /* multiprocessors of the device (sfw_cuda_ctx_new asks it) */
 	size_t topk_smem; /* the most bytes of keys top-k holds in shared memory (0: none) */
 	/* the position of ops given at a host value (sfw_cuda_ctx_pos): device

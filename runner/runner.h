@@ -35,7 +35,7 @@ struct sfw_backend_opts {
 	int cuda_device;     /* GPU index */
 	int attn;            /* attention kernels: 0 auto, 1 CUDA cores only, 2 tensor cores wherever supported */
 	int stage1;          /* stage-1 scoring kernels: the same */
-	int w8gemv;          /* an int8 decode row's GEMV: 2 on the tensor cores, else the CUDA-core kernel */
+	int w8gemv;          /* int8 decode rows (up to 8): 2 the tensor-core GEMV, else the default kernels */
 	int no_graph;        /* no recorded decode steps: every op launched one by one (the debug escape) */
 	int profile;         /* device time per op, printed when the model is freed (no recorded steps) */
 	int select_mb;       /* block-selection scratch in MiB; 0 = 256 */

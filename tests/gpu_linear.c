@@ -754,15 +754,25 @@ static void bench_gemm_w8(struct sfw_cuda_blas *blas, double gemm_tflops, void *
 	sfw_cuda_event_free(e0), sfw_cuda_event_free(e1);
 }
 
-/* The tensor-core decode row (sfw_cuda_gemv_w8_variant R = 301, U 2 and 4;
- * kernels/linear_w8.cu) against the C twin, held to the GEMV's bound (its
- * products are exact, its sums fp32): the real model's shapes (o_proj
- * 4096 x 4096, merged gate|up 32768 x 4096, down 4096 x 16384, the 2-head K/V
- * 256 x 4096) with g128, and odd splits: K = 2112 (33 slices over 8 warps:
- * one warp idle, a last group of one slice at g128) at groups 64, 128 and per
- * channel, each scale type; the engine's op with SALAFW_CUDA_W8GEMV=tc's
- * switch, and the merged gate|up's SwiGLU form. Shapes it does not take
- * (group 32, K % 64) run the default kernel; those the loop above covers. */
+/* The tensor-core decode rows (sfw_cuda_gemv_w8_variant R = 301, U 2 and 4;
+ * kernels/linear_w8.cu) against the C twin, each activation row held to the
+ * GEMV's bound (its products are exact, its sums fp32), at M = 1, 2, 3 and 8:
+ * the real model's shapes (o_proj 4096 x 4096, merged gate|up 32768 x 4096,
+ * down 4096 x 16384, the 2-head K/V 256 x 4096) with g128, and odd splits:
+ * K = 2112 (33 slices over 8 warps: one warp idle, a last group of one slice
+ * at g128) at groups 64, 128 and per channel, each scale type; the engine's
+ * op with SALAFW_CUDA_W8GEMV=tc's switch, and the merged gate|up's SwiGLU
+ * form. Shapes it does not take (group 32, K % 64) run the default kernels;
+ * those the loop above covers. */
+static void w8_tc_check(const char *what, const float *ref, const uint16_t *Y, int M, int N)
+{
+	for (int m = 0; m < M; m++) {
+		char name[160];
+		snprintf(name, sizeof(name), "%s, row %d of %d", what, m, M);
+		w8_compare(name, ref + (size_t)m * N, Y + (size_t)m * N, 0, 1, N, N);
+	}
+}
+
 static void test_w8_tc(struct sfw_cuda_ctx *cx)
 {
 	void *s = cx->stream;
@@ -771,6 +781,7 @@ static void test_w8_tc(struct sfw_cuda_ctx *cx)
 	} shapes[] = {{4096, 4096, 128}, {32768, 4096, 128}, {4096, 16384, 128}, {256, 4096, 128},
 		      {64, 2112, 64},	 {64, 2112, 128},    {64, 2112, 0}};
 	static const enum sfw_dtype sdts[] = {SFW_DTYPE_BF16, SFW_DTYPE_F16, SFW_DTYPE_F32};
+	static const int Ms[] = {1, 2, 3, 8};
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
 		for (size_t di = 0; di < sizeof(sdts) / sizeof(sdts[0]); di++) {
 			int N = shapes[si].N, K = shapes[si].K, group = shapes[si].group;
@@ -779,54 +790,58 @@ static void test_w8_tc(struct sfw_cuda_ctx *cx)
 				continue;
 			struct w8_host h;
 			w8_make(&h, N, K, group, sdt);
-			uint16_t *X = malloc((size_t)K * 2), *Y = malloc((size_t)N * 2);
-			float *xf = malloc((size_t)K * 4), *ref = malloc((size_t)N * 4);
-			rand_bf16(X, (size_t)K, 1.0f);
-			for (int i = 0; i < K; i++)
+			uint16_t *X = malloc((size_t)8 * K * 2), *Y = malloc((size_t)8 * N * 2);
+			float *xf = malloc((size_t)8 * K * 4), *ref = malloc((size_t)8 * N * 4);
+			rand_bf16(X, (size_t)8 * K, 1.0f);
+			for (size_t i = 0; i < (size_t)8 * K; i++)
 				xf[i] = sfw_bf16_to_f32(X[i]);
 			int span = group > 0 ? group : K;
-			sfw_op_matmul_w8_cpu(NULL, ref, xf, &(struct sfw_w8){h.codes, h.scales, sdt, span},
-					     &(struct sfw_gemm_shape){1, N, K, 0, 0});
+			struct sfw_w8 hw = {h.codes, h.scales, sdt, span};
+			sfw_op_matmul_w8_cpu(NULL, ref, xf, &hw, &(struct sfw_gemm_shape){8, N, K, 0, 0});
 			void *dx, *dc, *dsc, *dy;
 			struct sfw_err e = {0};
-			CHECK(sfw_cuda_malloc(&dx, (size_t)K * 2, "x", &e) == SFW_OK, "%s", e.msg);
+			CHECK(sfw_cuda_malloc(&dx, (size_t)8 * K * 2, "x", &e) == SFW_OK, "%s", e.msg);
 			CHECK(sfw_cuda_malloc(&dc, h.cbytes, "codes", &e) == SFW_OK, "%s", e.msg);
 			CHECK(sfw_cuda_malloc(&dsc, h.sbytes, "scales", &e) == SFW_OK, "%s", e.msg);
-			CHECK(sfw_cuda_malloc(&dy, (size_t)N * 2, "y", &e) == SFW_OK, "%s", e.msg);
-			sfw_cuda_h2d(dx, X, (size_t)K * 2, s);
+			CHECK(sfw_cuda_malloc(&dy, (size_t)8 * N * 2, "y", &e) == SFW_OK, "%s", e.msg);
+			sfw_cuda_h2d(dx, X, (size_t)8 * K * 2, s);
 			sfw_cuda_h2d(dc, h.codes, h.cbytes, s);
 			sfw_cuda_h2d(dsc, h.scales, h.sbytes, s);
-			for (int u = 2; u <= 4; u += 2) {
-				sfw_cuda_memset(dy, 0xff, (size_t)N * 2, s);
-				sfw_cuda_gemv_w8_variant(dx, &(struct sfw_w8){dc, dsc, sdt, span}, dy,
-							 &(struct sfw_gemm_shape){1, N, K, K, N}, 301, u, s);
-				sfw_cuda_d2h(Y, dy, (size_t)N * 2, s);
-				sfw_cuda_sync(s);
-				char name[128];
-				snprintf(name, sizeof(name), "w8 gemv tensor cores T1U%d N=%d K=%d group %d %s", u, N, K,
-					 span, sdt_name(sdt));
-				w8_compare(name, ref, Y, 0, 1, N, N);
-			}
-			/* the engine's op with the context's switch (SALAFW_CUDA_W8GEMV=tc) */
-			cx->w8gemv = 2;
-			sfw_cuda_memset(dy, 0xff, (size_t)N * 2, s);
-			sfw_op_matmul_w8_cuda(dy, dx, &(struct sfw_w8){dc, dsc, sdt, span}, &(struct sfw_gemm_shape){1, N, K, 0, 0},
-					      SFW_DTYPE_BF16, cx);
-			cx->w8gemv = 0;
-			sfw_cuda_d2h(Y, dy, (size_t)N * 2, s);
-			sfw_cuda_sync(s);
+			struct sfw_w8 dw = {dc, dsc, sdt, span};
 			char name[128];
-			snprintf(name, sizeof(name), "w8 op, w8gemv tc, N=%d K=%d group %d %s", N, K, span, sdt_name(sdt));
-			w8_compare(name, ref, Y, 0, 1, N, N);
+			for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++) {
+				int M = Ms[mi];
+				for (int u = 2; u <= 4; u += 2) {
+					sfw_cuda_memset(dy, 0xff, (size_t)8 * N * 2, s);
+					sfw_cuda_gemv_w8_variant(dx, &dw, dy, &(struct sfw_gemm_shape){M, N, K, K, N}, 301, u,
+								 s);
+					sfw_cuda_d2h(Y, dy, (size_t)M * N * 2, s);
+					sfw_cuda_sync(s);
+					snprintf(name, sizeof(name), "w8 gemv tensor cores T1U%d M=%d N=%d K=%d group %d %s", u,
+						 M, N, K, span, sdt_name(sdt));
+					w8_tc_check(name, ref, Y, M, N);
+				}
+				/* the engine's op with the context's switch (SALAFW_CUDA_W8GEMV=tc) */
+				cx->w8gemv = 2;
+				sfw_cuda_memset(dy, 0xff, (size_t)8 * N * 2, s);
+				sfw_op_matmul_w8_cuda(dy, dx, &dw, &(struct sfw_gemm_shape){M, N, K, 0, 0}, SFW_DTYPE_BF16,
+						      cx);
+				cx->w8gemv = 0;
+				sfw_cuda_d2h(Y, dy, (size_t)M * N * 2, s);
+				sfw_cuda_sync(s);
+				snprintf(name, sizeof(name), "w8 op, w8gemv tc, M=%d N=%d K=%d group %d %s", M, N, K, span,
+					 sdt_name(sdt));
+				w8_tc_check(name, ref, Y, M, N);
+			}
 			/* the merged gate|up's SwiGLU form on the tensor cores (BF16 scales:
 			 * the form's precondition), against the C twin's composition with
 			 * the bound of the CUDA-core form's check */
 			if (N == 32768 && sdt == SFW_DTYPE_BF16) {
 				int I = N / 2;
-				sfw_op_matmul_silu_w8_cpu(NULL, ref, xf, &(struct sfw_w8){h.codes, h.scales, sdt, span}, I, K);
+				sfw_op_matmul_silu_w8_cpu(NULL, ref, xf, &hw, I, K);
 				cx->w8gemv = 2;
 				sfw_cuda_memset(dy, 0xff, (size_t)I * 2, s);
-				int got = sfw_op_matmul_silu_w8_cuda(dy, dx, &(struct sfw_w8){dc, dsc, sdt, span}, I, K, cx);
+				int got = sfw_op_matmul_silu_w8_cuda(dy, dx, &dw, I, K, cx);
 				cx->w8gemv = 0;
 				sfw_cuda_d2h(Y, dy, (size_t)I * 2, s);
 				sfw_cuda_sync(s);
