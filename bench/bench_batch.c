@@ -2,7 +2,7 @@
  * (runner/batch.h) on one model directory:
  *   bench_batch MODEL [--device cpu|cuda] [--threads N] [--batch 1,8,32,64]
  *               [--ctx L | --ctx LMIN-LMAX] [--gen G] [--chunk C]
- *               [--profile 1]
+ *               [--profile 1] [--w8gemv tc|simt]
  * One batch of Bmax sequences (the largest B asked for), prefilled once:
  * sequence i gets a prompt of L tokens (or, with LMIN-LMAX, lengths spread
  * geometrically from LMIN to LMAX: the mixed-length case), BOS then random
@@ -14,6 +14,8 @@
  * (B * G / time), the lengths it ran at and the median step, against B
  * times the B = 1 figure of the same run. (Each run leaves its sequences
  * G + 1 tokens longer for the next: small against the contexts measured.)
+ * --w8gemv tc: an int8 model's steps of up to 8 rows on the tensor-core GEMV
+ * (SALAFW_CUDA_W8GEMV=tc's switch, docs/performance.md §5.18).
  * --profile 1: the device time per op (SALAFW_CUDA_PROFILE's, printed at exit). Built in
  * every build; on the CPU it runs as is (small presets: the
  * prefill dominates the wall time, keep L small).
@@ -383,6 +385,8 @@ int main(int argc, char **argv)
 			chunk = atoi(v);
 		else if (!strcmp(o, "--profile"))
 			mp.be.profile = atoi(v) != 0;
+		else if (!strcmp(o, "--w8gemv") && (!strcmp(v, "tc") || !strcmp(v, "simt")))
+			mp.be.w8gemv = !strcmp(v, "tc") ? 2 : 1;
 		else if (!strcmp(o, "--kv-cache") && (!strcmp(v, "bf16") || !strcmp(v, "fp8")))
 			mp.kv_cache = !strcmp(v, "fp8") ? SFW_KV_CACHE_FP8 : SFW_KV_CACHE_ACT;
 		else {
