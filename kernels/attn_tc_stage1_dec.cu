@@ -420,6 +420,16 @@ template <int HD> static bool s1d_ring_ready(void)
 	return ready > 0;
 }
 
+/* Pass A, then pass B (0: pass B's ring may not be launched here). */
+template <int HD> static int s1d_launch(const s1d_args &a, dim3 ga, dim3 gb, cudaStream_t s)
+{
+	if (!s1d_ring_ready<HD>())
+		return 0;
+	sfwc_launch(stage1_dec_lse_kernel<HD>, ga, dim3(S1D_W * 32), 0, s, a);
+	sfwc_launch(stage1_dec_score_kernel<HD>, gb, dim3(S1D_W * 32), S1D_STAGES ? s1d_ring_bytes<HD>() : 0, s, a);
+	return 1;
+}
+
 /* T <= 16 rows: the keys split over many warps; c1, c2 and the table from
  * rr's and ck's slots where they have them. */
 int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, const void *c2, const struct sfw_sel_shape *sh,
@@ -464,27 +474,11 @@ int sfwi_stage1_tc_rows(float *scores, const void *q, const void *c1, const void
 	cudaStream_t s = SFW_CUDA_STREAM(cx->stream);
 	dim3 ga((unsigned)rows, (unsigned)nsplit),
 	    gb((unsigned)rows, (unsigned)nb);
-	switch (hd) {
-	case 32:
-		if (!s1d_ring_ready<32>())
-			return 0;
-		sfwc_launch(stage1_dec_lse_kernel<32>, ga, dim3(S1D_W * 32), 0, s, a);
-		sfwc_launch(stage1_dec_score_kernel<32>, gb, dim3(S1D_W * 32), S1D_STAGES ? s1d_ring_bytes<32>() : 0, s, a);
-		break;
-	case 64:
-		if (!s1d_ring_ready<64>())
-			return 0;
-		sfwc_launch(stage1_dec_lse_kernel<64>, ga, dim3(S1D_W * 32), 0, s, a);
-		sfwc_launch(stage1_dec_score_kernel<64>, gb, dim3(S1D_W * 32), S1D_STAGES ? s1d_ring_bytes<64>() : 0, s, a);
-		break;
-	default:
-		if (!s1d_ring_ready<128>())
-			return 0;
-		sfwc_launch(stage1_dec_lse_kernel<128>, ga, dim3(S1D_W * 32), 0, s, a);
-		sfwc_launch(stage1_dec_score_kernel<128>, gb, dim3(S1D_W * 32), S1D_STAGES ? s1d_ring_bytes<128>() : 0, s,
-			    a);
-		break;
-	}
+	int ran = hd == 32   ? s1d_launch<32>(a, ga, gb, s)
+		  : hd == 64 ? s1d_launch<64>(a, ga, gb, s)
+			     : s1d_launch<128>(a, ga, gb, s);
+	if (!ran)
+		return 0;
 	SFW_CUDA_LAUNCHED();
 	return 1;
 }
