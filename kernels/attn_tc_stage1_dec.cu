@@ -65,18 +65,6 @@ struct s1d_args {
 	int shift;
 };
 
-static __device__ __forceinline__ void s1d_resolve(s1d_args &a)
-{
-	if (a.pc1)
-		a.c1 = (const uint16_t *)*a.pc1, a.c2 = (const uint16_t *)*a.pc2;
-	if (a.ptab)
-		a.tab = *a.ptab;
-	int64_t len = *a.sp.pos + a.sp.len;
-	a.pos0 = *a.sp.pos + a.sp.off;
-	a.n1 = sfw_nchunks(len, a.ksize, a.stride);
-	a.n2 = sfw_nchunks(len, 4 * a.ksize, 4 * a.stride);
-}
-
 /* The A fragments of query row r, group g (rows >= G zero), in the permuted
  * order described above. */
 template <int HD>
@@ -185,7 +173,7 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 #if !S1D_EARLY
 	sfwc_pdl_wait();
 #endif
-	s1d_resolve(a);
+	sfwc_s1_resolve(a);
 	__shared__ float red[S1D_W][16][2];
 	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
 	const int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
@@ -283,7 +271,7 @@ template <int HD> static __global__ void __launch_bounds__(S1D_W * 32) stage1_de
 #if !S1D_EARLY
 	sfwc_pdl_wait();
 #endif
-	s1d_resolve(a);
+	sfwc_s1_resolve(a);
 	__shared__ float lse[16];
 	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
 	const int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;

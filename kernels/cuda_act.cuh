@@ -229,6 +229,22 @@ struct sfwc_selpos {
 	int64_t off, len;
 };
 
+/* A stage-1 kernel's arguments (kernels/infllm.cu s1_args, kernels/
+ * attn_tc_stage1_dec.cu s1d_args) resolved when it runs: the compressed
+ * keys and their table from a recorded row's slots where it has them, the
+ * rows' first position and the level-1 and level-2 chunk counts from sp. */
+template <class S> static __device__ __forceinline__ void sfwc_s1_resolve(S &a)
+{
+	if (a.pc1)
+		a.c1 = (decltype(a.c1))*a.pc1, a.c2 = (decltype(a.c2))*a.pc2;
+	if (a.ptab)
+		a.tab = *a.ptab;
+	int64_t len = *a.sp.pos + a.sp.len;
+	a.pos0 = *a.sp.pos + a.sp.off;
+	a.n1 = sfw_nchunks(len, a.ksize, a.stride);
+	a.n2 = sfw_nchunks(len, 4 * a.ksize, 4 * a.stride);
+}
+
 /* A row reference with only its position (the twins'). */
 static inline struct sfw_cuda_rowref sfwc_rowref_at(const int64_t *pos)
 {

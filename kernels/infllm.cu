@@ -227,18 +227,6 @@ struct s1_args {
 	int shift;
 };
 
-static __device__ __forceinline__ void s1_resolve(s1_args &a)
-{
-	if (a.pc1)
-		a.c1 = *a.pc1, a.c2 = *a.pc2;
-	if (a.ptab)
-		a.tab = *a.ptab;
-	int64_t len = *a.sp.pos + a.sp.len;
-	a.pos0 = *a.sp.pos + a.sp.off;
-	a.n1 = sfw_nchunks(len, a.ksize, a.stride);
-	a.n2 = sfw_nchunks(len, 4 * a.ksize, 4 * a.stride);
-}
-
 /* x[h] += q_h · k for the G heads of the group, d ascending (as the CPU
  * twin sums). The key row is read as 16-byte vectors, all in flight at
  * once; the head loop stays rolled: unrolled over heads and dimensions the
@@ -278,7 +266,7 @@ template <typename A, int HD>
 static __global__ void __launch_bounds__(S1_THREADS) s1_lse_kernel(s1_args a)
 {
 	sfwc_pdl_wait();
-	s1_resolve(a);
+	sfwc_s1_resolve(a);
 	__shared__ __align__(16) float qs[S1_MAXG][HD];
 	__shared__ float wred[S1_MAXG][S1_THREADS / 32];
 	int rg = blockIdx.x, r = rg / a.nkv, g = rg % a.nkv, G = a.nh / a.nkv;
@@ -352,7 +340,7 @@ template <typename A, int HD>
 static __global__ void __launch_bounds__(S1_THREADS) s1_score_kernel(s1_args a)
 {
 	sfwc_pdl_wait();
-	s1_resolve(a);
+	sfwc_s1_resolve(a);
 	__shared__ __align__(16) float qs[S1_MAXG][HD];
 	__shared__ float lse[S1_MAXG];
 	__shared__ float parts[S1_MAXSPLIT * S1_MAXG * 2];
