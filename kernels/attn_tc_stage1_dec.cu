@@ -10,7 +10,7 @@
 /* The work split over the keys.
  *
  * One decode row has one m16 tile per KV group (its G heads), so the
- * prefill kernel above would run on two warps. Here the keys are spread over
+ * prefill kernel (attn_tc_stage1.cu) would run on two warps. Here the keys are spread over
  * many warps instead, in two launches as the CUDA-core kernels of
  * kernels/infllm.cu do: pass A, per split of the level-2 keys, the running
  * max and sum of exp2 per head (log2 domain); pass B merges the splits into

@@ -225,20 +225,21 @@ static __global__ void __launch_bounds__(W8_BW(KS) * 32)
  * sfw_cuda_gemv_w8_variant, U the 64-code slices a lane keeps in flight; the
  * engine's with SALAFW_CUDA_W8GEMV=tc while it is measured, docs/
  * performance.md §5.18). A block takes 16 rows (one m16 tile, the MMA's A
- * operand) and W8T_KS warps split K between them; activation row m is the B operand's column m (an n8 tile: columns
- * past M hold copies of row 0 and are never stored). Per 64-code slice, lane
- * (g, c) loads the 16 codes W[n0 + g, k0 + 16c ..] and W[n0 + g + 8, same k]
- * (16-byte no-L1-allocate loads, the first U slices before the
- * programmatic-launch wait) and the 16 activations of the same k; MMA step t
- * (0..3) takes codes and activations 4t .. 4t + 3 of those 16 in the
- * fragment positions k = 2c, 2c + 1, 2c + 8, 2c + 9 (as kernels/
- * linear_w8_mma.cu: A and B only have to agree on the order of k); the
- * codes are read once whatever M. The codes
- * become the exact bf16 values b - 128 (w8_codes4_bf: 2 instructions a code,
- * against the CUDA-core kernel's 3 and its activations' unpacking), the MMA
- * sums a group's products in fp32, and each group's sum is multiplied by its
- * scale into the row's fp32 total: w = (b - 128) · scale in float32, the C
- * twin's meaning, summed in another order. Groups are whole slices (a
+ * operand) and W8T_KS warps split K between them; activation row m is the B
+ * operand's column m (an n8 tile: columns past M hold copies of row 0 and
+ * are never stored), so the codes are read once whatever M. Per 64-code
+ * slice, lane (g, c) loads the 16 codes W[n0 + g, k0 + 16c ..] and
+ * W[n0 + g + 8, same k] (16-byte no-L1-allocate loads, the first U slices
+ * before the programmatic-launch wait) and the 16 activations of the same k
+ * of its row g; MMA step t (0..3) takes codes and activations 4t .. 4t + 3
+ * of those 16 in the fragment positions k = 2c, 2c + 1, 2c + 8, 2c + 9 (as
+ * kernels/linear_w8_mma.cu: A and B only have to agree on the order of k).
+ * The codes become the exact bf16 values b - 128 (w8_codes4_bf: 2
+ * instructions a code, against the CUDA-core kernel's 3 and its
+ * activations' unpacking), the MMA sums a group's products in fp32, and each
+ * group's sum is multiplied by its scale into the row's fp32 total:
+ * w = (b - 128) · scale in float32, the C twin's meaning, summed in another
+ * order. Groups are whole slices (a
  * multiple of 64, or one per row); the warps' partial rows are added in
  * shared memory in warp order. */
 #define W8T_KS 8
