@@ -108,9 +108,9 @@ $(BUILD)/%.o: %.cpp
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 # The CUDA objects depend on a stamp that holds CUDA_ARCH, rewritten (so made
 # newer) whenever a build asks for other architectures: they are rebuilt (and
-# what uses them relinked). It is written while the Makefile is read, not by
-# a rule: under .SECONDARY a missing stamp made by a rule would not force the
-# objects' rebuild.
+# what uses them relinked). It is written while the Makefile is read (make -n
+# too), not by a rule: under .SECONDARY a missing stamp made by a rule would
+# not force the objects' rebuild.
 CUDA_ARCH_STAMP := $(BUILD)/.cuda-arch
 ifeq ($(CUDA),1)
 _ := $(shell mkdir -p $(BUILD) && rm -f $(BUILD)/.cuda-arch.* && \
