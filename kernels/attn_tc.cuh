@@ -1,8 +1,9 @@
 /* attn_tc.cuh - tensor-core (sm_80+ mma.sync m16n8k16 bf16, fp32 accumulate)
  * building blocks shared by the tensor-core attention (kernels/attn_tc.cu),
- * stage-1 scoring (kernels/attn_tc_stage1.cu, attn_tc_stage1_dec.cu) and the
- * Lightning prefill (kernels/lightning.cu), and the run-time switch between
- * the attention kernels and the CUDA-core ones.
+ * stage-1 scoring (kernels/attn_tc_stage1.cu, attn_tc_stage1_dec.cu), the
+ * Lightning prefill (kernels/lightning.cu) and the int8 linears (tc_mma,
+ * through kernels/w8_bits.cuh), and the run-time switch between the
+ * attention kernels and the CUDA-core ones.
  *
  * Fragment layouts of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
  * (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"),

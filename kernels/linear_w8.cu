@@ -300,10 +300,10 @@ static __global__ void __launch_bounds__(W8T_KS * 32)
 				const uint32_t ca[4] = {p.x, p.y, p.z, p.w}, cb[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
 				for (int t = 0; t < 4; t++) {
-					uint32_t a0, a1, a2, a3;
-					w8_codes4_bf(ca[t], bk, a0, a2); /* row g: k pairs (2c, 2c + 1), (2c + 8, 2c + 9) */
-					w8_codes4_bf(cb[t], bk, a1, a3); /* row g + 8 */
-					w8_mma(ga[j], a0, a1, a2, a3, xv[2 * t], xv[2 * t + 1]);
+					uint32_t a[4];
+					w8_codes4_bf(ca[t], bk, a[0], a[2]); /* row g: k pairs (2c, 2c + 1), (2c + 8, 2c + 9) */
+					w8_codes4_bf(cb[t], bk, a[1], a[3]); /* row g + 8 */
+					tc_mma(ga[j], a, xv[2 * t], xv[2 * t + 1]);
 				}
 			}
 			if (--left == 0 || sl == s1 - 1) { /* the group ends here, or this warp's share */

@@ -347,7 +347,7 @@ static __device__ __forceinline__ void w8m_step(const uint4 (&bw)[WT][2], const 
 		uint32_t b0 = t ? a[i].z : a[i].x, b1 = t ? a[i].w : a[i].y;
 #pragma unroll
 		for (int j = 0; j < WT; j++)
-			w8_mma(acc[i][j], wf[j][0], wf[j][1], wf[j][2], wf[j][3], b0, b1);
+			tc_mma(acc[i][j], wf[j], b0, b1);
 	}
 }
 

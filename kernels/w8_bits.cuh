@@ -1,9 +1,12 @@
 /* w8_bits.cuh - int8 codes (W8A16, num/w8_layout.h: w = (b - 128) * scale)
- * into bf16 registers for the tensor cores, shared by the int8 GEMM
+ * into bf16 registers for the tensor cores (tc_mma, kernels/attn_tc.cuh,
+ * takes them), shared by the int8 GEMM
  * (kernels/linear_w8_mma.cu) and the tensor-core decode GEMV
  * (kernels/linear_w8.cu). */
 #ifndef SFW_W8_BITS_CUH
 #define SFW_W8_BITS_CUH
+
+#include "attn_tc.cuh" /* tc_mma */
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -53,16 +56,6 @@ static __device__ __forceinline__ void w8_codes4_bf(uint32_t w, const w8_bfk &k,
 	__nv_bfloat162 q1 = __hsub2(*(__nv_bfloat162 *)&x1, *(__nv_bfloat162 *)&c1);
 	lo = *(uint32_t *)&q0;
 	hi = *(uint32_t *)&q1;
-}
-
-/* D += A B: mma.sync m16n8k16, bf16 in, fp32 accumulation (sm_80+). */
-static __device__ __forceinline__ void w8_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-					      uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-		     "{%0,%1,%2,%3};\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 #endif
